@@ -1,0 +1,114 @@
+"""The ``packtool`` command line: thin wrappers that parse options, build a config and call one
+function. Errors raised on purpose (:class:`PacktoolError`) become one line and exit status 1;
+usage errors are click's (exit 2); ``--debug`` shows the traceback instead."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+
+from packtool import __version__
+from packtool.errors import PacktoolError
+from packtool.types import LabelMode, Overflow, Strategy
+
+__all__ = ["cli", "main"]
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except PacktoolError as exc:
+            if ctx.meta.get("packtool.debug"):
+                raise
+            raise click.ClickException(str(exc)) from None
+
+
+def _choice(enum) -> click.Choice:
+    return click.Choice([e.value for e in enum])
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="packtool")
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug logs).")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
+    """Pack tokenized documents into fixed-capacity rows for document-masked LLM training."""
+    ctx.meta["packtool.debug"] = debug
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(), metavar="INPUT... OUTPUT")
+@click.option("--capacity", "-c", type=int, default=2048, show_default=True, metavar="C",
+              help="Tokens per packed row.")
+@click.option("--column", default="input_ids", show_default=True, metavar="NAME",
+              help="Token column of the input (list of integer ids).")
+@click.option("--strategy", type=_choice(Strategy), default="obfd", show_default=True,
+              help="obfd: best-fit-decreasing; ordered: next-fit in input order; concat: "
+                   "stream cut every C tokens.")
+@click.option("--overflow", type=_choice(Overflow), default="split", show_default=True,
+              help="Documents longer than C: split into chunks, truncate, drop, or error.")
+@click.option("--labels", type=_choice(LabelMode), default="unshifted", show_default=True,
+              help="unshifted: the model shifts (Hugging Face); shifted: already shifted; none.")
+@click.option("--pad-id", type=int, default=0, show_default=True, metavar="ID",
+              help="Token id written on padding.")
+@click.option("--append-eos", type=int, default=None, metavar="ID",
+              help="Append this end-of-document id to every document before packing.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the row shuffle.")
+@click.option("--no-shuffle", is_flag=True, help="Keep rows in creation order.")
+@click.option("--rows-per-shard", type=int, default=8192, show_default=True, metavar="N",
+              help="Rows per output Parquet file.")
+@click.option("--workers", "-j", type=int, default=None, metavar="N",
+              help="Threads for layout and encoding [default: all cores].")
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty OUTPUT.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars and no summary.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def pack(paths, capacity, column, strategy, overflow, labels, pad_id, append_eos, seed,
+         no_shuffle, rows_per_shard, workers, overwrite, quiet, as_json):
+    """Pack tokenized Parquet INPUT files or directories into OUTPUT.
+
+    Writes part-NNNNN.parquet shards (input_ids, segment_ids, position_ids, labels, cu_seqlens,
+    max_seqlen, num_targets, doc_ids, doc_offsets) and manifest.json, last.
+    """
+    import json
+
+    from packtool.config import PackConfig
+    from packtool.pipeline import run_pack
+
+    if len(paths) < 2:
+        raise click.UsageError("give at least one INPUT and an OUTPUT directory")
+    cfg = PackConfig(inputs=tuple(paths[:-1]), output=paths[-1], capacity=capacity,
+                     column=column, strategy=strategy, overflow=overflow, labels=labels,
+                     pad_id=pad_id, append_eos=append_eos, seed=seed, shuffle=not no_shuffle,
+                     rows_per_shard=rows_per_shard, workers=workers or os.cpu_count() or 1,
+                     overwrite=overwrite)
+    result = run_pack(cfg, progress=not quiet)
+    s = result.stats
+    if as_json:
+        click.echo(json.dumps({"stats": s.to_dict(), "seconds": result.seconds,
+                               "shards_reused": result.shards_reused}, indent=2))
+    elif not quiet:
+        rate = s.tokens_in / result.seconds if result.seconds else 0.0
+        click.echo(
+            f"packed {s.docs_in:,} documents ({s.tokens_in:,} tokens) into {s.rows:,} rows of "
+            f"{s.capacity} in {len(result.manifest['outputs'])} shard(s) -> {cfg.output}\n"
+            f"  fill {100 * s.fill:.2f}%  padding {s.padding_tokens:,} tokens "
+            f"({100 * s.padding_fraction:.2f}%)  extra rows over ceil(tokens/C): {s.extra_rows}\n"
+            f"  effective targets {s.effective_targets:,} ({s.targets_per_token:.4f} per token)  "
+            f"segments {s.segments:,}\n"
+            f"  empty skipped {s.docs_empty:,}  split {s.docs_split:,} (+{s.split_fragments:,} "
+            f"pieces)  truncated {s.docs_truncated:,} (-{s.tokens_truncated:,} tokens)  "
+            f"dropped {s.docs_dropped:,} (-{s.tokens_dropped:,} tokens)\n"
+            f"  {result.seconds:.2f} s, {rate / 1e6:.2f} M tokens/s"
+            + (f", {result.shards_reused} shard(s) reused" if result.shards_reused else ""))
+
+
+def main() -> None:
+    """Console entry point."""
+    cli(prog_name="packtool")

@@ -1,0 +1,132 @@
+"""Row layout: from a plan and the documents' tokens to the packed columns.
+
+For a row of capacity C holding segments of lengths l1..lk and p = C - sum(l) padding tokens:
+
+- ``input_ids``: the segments' tokens, then ``pad_id`` * p;
+- ``segment_ids``: 1..k per segment, 0 on the padding tail;
+- ``position_ids``: 0..l-1 in each segment; the padding tail counts as one pseudo-segment
+  (0..p-1), so every row starts at position 0 and positions never exceed C - 1;
+- ``cu_seqlens``: [0, l1, l1+l2, ..., C]: the padding tail is one more segment when p > 0, so the
+  last entry is always C, entries strictly increase (no zero-length segment) and no query row of
+  a varlen kernel is left fully masked; ``max_seqlen`` = max difference;
+- ``labels``: unshifted (the model shifts; Hugging Face convention): the token, except -100 at
+  each segment's first token and on padding; shifted: labels[i] = input_ids[i+1] inside the same
+  segment, else -100;
+- ``num_targets`` = count(labels != -100) = sum over segments of (l - 1): the effective targets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from packtool.core import _kernels as K
+from packtool.core.packing import PackPlan
+from packtool.errors import ConfigError
+from packtool.types import LabelMode
+
+__all__ = ["PackedRows", "layout_rows", "append_eos"]
+
+_LABEL_CODE = {LabelMode.UNSHIFTED: K.LABELS_UNSHIFTED, LabelMode.SHIFTED: K.LABELS_SHIFTED,
+               LabelMode.NONE: K.LABELS_NONE}
+
+
+@dataclass(frozen=True, eq=False)
+class PackedRows:
+    """Columns of ``n`` packed rows (all int32 unless noted)."""
+
+    input_ids: np.ndarray  #: int32[n, C]
+    segment_ids: np.ndarray  #: int32[n, C], 1..k, 0 = padding
+    position_ids: np.ndarray  #: int32[n, C]
+    labels: np.ndarray | None  #: int32[n, C], -100 = ignored; None for ``labels="none"``
+    cu_values: np.ndarray  #: int32[total], all rows' cu_seqlens back to back
+    cu_offsets: np.ndarray  #: int64[n + 1], row k's cu_seqlens = cu_values[cu_offsets[k]:cu_offsets[k+1]]
+    num_targets: np.ndarray  #: int32[n], effective targets per row
+    max_seqlen: np.ndarray  #: int32[n]
+    doc_ids: np.ndarray  #: int64[segments], global document index of each segment
+    doc_offsets: np.ndarray  #: int64[segments], token offset of each segment in its document
+    seg_offsets: np.ndarray  #: int64[n + 1], row k's segments = doc_ids[seg_offsets[k]:seg_offsets[k+1]]
+
+    def cu_seqlens(self, k: int) -> np.ndarray:
+        """int32[segments_k + 1 (+1 with padding)]: cumulative lengths of row ``k``."""
+        return self.cu_values[self.cu_offsets[k]:self.cu_offsets[k + 1]]
+
+
+def layout_rows(
+    plan: PackPlan,
+    rows: np.ndarray,
+    tokens: np.ndarray,
+    doc_starts: np.ndarray,
+    *,
+    pad_id: int = 0,
+    labels: LabelMode | str = LabelMode.UNSHIFTED,
+) -> PackedRows:
+    """Materialise rows ``rows`` of ``plan`` into packed columns.
+
+    Args:
+        plan: the packing plan (capacity C).
+        rows: int[n], plan row ids in output order.
+        tokens: int32[T], every document's tokens back to back (any array-like, e.g. a memmap).
+        doc_starts: int64[num_docs], index in ``tokens`` of each document's first token.
+        pad_id: token id written on padding (int32 range).
+        labels: ``unshifted`` (default), ``shifted`` or ``none``.
+
+    Returns:
+        :class:`PackedRows` (shapes documented on its fields).
+
+    Raises:
+        ConfigError: ``pad_id`` outside int32, unknown label mode, or a row id out of range.
+    """
+    try:
+        mode = LabelMode(labels)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if not -(2**31) <= int(pad_id) < 2**31:
+        raise ConfigError(f"--pad-id must fit int32, got {pad_id}")
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    if rows.size and (rows.min() < 0 or rows.max() >= plan.num_rows):
+        raise ConfigError(f"row ids must lie in 0..{plan.num_rows - 1}")
+    # only the segments of the requested rows are gathered (bounded memory per shard)
+    seg_counts = plan.row_offsets[rows + 1] - plan.row_offsets[rows]
+    seg_offsets = np.zeros(rows.size + 1, dtype=np.int64)  # shape: (n + 1,)
+    np.cumsum(seg_counts, out=seg_offsets[1:])
+    if rows.size:
+        seg_index = np.repeat(plan.row_offsets[rows] - seg_offsets[:-1], seg_counts) + np.arange(
+            seg_offsets[-1])
+    else:
+        seg_index = np.zeros(0, dtype=np.int64)
+    doc_ids = plan.seg_doc[seg_index]
+    doc_offsets = plan.seg_offset[seg_index]
+    seg_len = np.ascontiguousarray(plan.seg_len[seg_index])
+    seg_src = np.asarray(doc_starts, dtype=np.int64)[doc_ids] + doc_offsets
+    local_rows = np.arange(rows.size, dtype=np.int64)
+    tok = tokens if isinstance(tokens, np.ndarray) and tokens.dtype == np.int32 else np.asarray(
+        tokens, dtype=np.int32)
+    out = K._fill_rows(local_rows, seg_offsets, seg_len, seg_src, tok, plan.capacity,
+                       np.int32(pad_id), _LABEL_CODE[mode])
+    ids, seg, pos, lab, cu_values, cu_offsets, num_targets, max_seqlen = out
+    return PackedRows(ids, seg, pos, None if mode is LabelMode.NONE else lab, cu_values,
+                      cu_offsets, num_targets, max_seqlen, doc_ids, doc_offsets, seg_offsets)
+
+
+def append_eos(lengths: np.ndarray, tokens: np.ndarray, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Append ``eos_id`` to every non-empty document.
+
+    Args:
+        lengths: int64[docs], tokens per document.
+        tokens: int32[sum(lengths)], documents back to back.
+        eos_id: end-of-document token id (int32 range).
+
+    Returns:
+        (lengths int64[docs], tokens int32[sum(new lengths)]); empty documents stay empty.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    new_lengths = lengths + (lengths > 0)
+    ends = np.cumsum(new_lengths)  # shape: (docs,), one past each document's new last token
+    is_eos = np.zeros(int(new_lengths.sum()), dtype=bool)
+    is_eos[ends[lengths > 0] - 1] = True
+    out = np.empty(is_eos.size, dtype=np.int32)
+    out[is_eos] = eos_id
+    out[~is_eos] = tokens
+    return new_lengths, out

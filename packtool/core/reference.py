@@ -1,0 +1,122 @@
+"""Slow, obviously-correct twins of the packer and the layout, for tests.
+
+Plain Python lists and loops, no numpy tricks. Each function mirrors one public function:
+:func:`reference_pack` <-> :func:`packtool.core.packing.pack_lengths` and
+:func:`reference_layout` <-> :func:`packtool.core.layout.layout_rows`.
+"""
+
+from __future__ import annotations
+
+__all__ = ["reference_chunks", "reference_pack", "reference_layout"]
+
+IGNORE = -100
+
+
+def reference_chunks(lengths, capacity, overflow="split"):
+    """[(doc, offset, length)] in document-then-chunk order after the overflow policy."""
+    chunks = []
+    for doc, length in enumerate(lengths):
+        if length == 0:
+            continue
+        if length <= capacity:
+            chunks.append((doc, 0, length))
+        elif overflow == "split":
+            for off in range(0, length, capacity):
+                chunks.append((doc, off, min(capacity, length - off)))
+        elif overflow == "truncate":
+            chunks.append((doc, 0, capacity))
+        elif overflow == "drop":
+            pass
+        else:
+            raise ValueError(f"document {doc} longer than capacity")
+    return chunks
+
+
+def reference_pack(lengths, capacity, strategy="obfd", overflow="split"):
+    """Rows as lists of (doc, offset, length) segments, in layout order.
+
+    obfd: scan every bin; take the one with the least remaining capacity that fits; among equal
+    remaining capacities, the one whose remaining capacity changed most recently. O(N * bins).
+    """
+    lengths = [int(x) for x in lengths]
+    if strategy == "concat":
+        cap = max([capacity] + lengths) if overflow in ("split", "error") else capacity
+        chunks = reference_chunks(lengths, cap, overflow)
+        rows, row, used = [], [], 0
+        for doc, _, length in chunks:
+            off = 0
+            while off < length:
+                if used == capacity:
+                    rows.append(row)
+                    row, used = [], 0
+                take = min(length - off, capacity - used)
+                row.append((doc, off, take))
+                used += take
+                off += take
+        if row:
+            rows.append(row)
+        return rows
+    chunks = reference_chunks(lengths, capacity, overflow)
+    if strategy == "ordered":
+        rows, used = [], capacity
+        for chunk in chunks:
+            if chunk[2] > capacity - used:
+                rows.append([])
+                used = 0
+            rows[-1].append(chunk)
+            used += chunk[2]
+        return rows
+    # obfd: sort by length descending; Python's sort is stable, so ties keep chunk order
+    ordered = sorted(chunks, key=lambda c: -c[2])
+    bins = []  # each: [remaining, last_changed_step, segments]
+    for step, chunk in enumerate(ordered):
+        best = None
+        for b in bins:
+            if b[0] >= chunk[2]:
+                if best is None or b[0] < best[0] or (b[0] == best[0] and b[1] > best[1]):
+                    best = b
+        if best is None:
+            best = [capacity, step, []]
+            bins.append(best)
+        best[0] -= chunk[2]
+        best[1] = step
+        best[2].append(chunk)
+    return [b[2] for b in bins]
+
+
+def reference_layout(rows, docs, capacity, pad_id=0, labels="unshifted"):
+    """Columns of each row as plain lists: a list of dicts with the contract's fields."""
+    out = []
+    for row in rows:
+        ids, seg, pos, lab, cu = [], [], [], [], [0]
+        for k, (doc, off, length) in enumerate(row, start=1):
+            piece = list(docs[doc][off:off + length])
+            for t, tok in enumerate(piece):
+                ids.append(tok)
+                seg.append(k)
+                pos.append(t)
+                if labels == "shifted":
+                    lab.append(piece[t + 1] if t + 1 < length else IGNORE)
+                else:
+                    lab.append(tok if t > 0 else IGNORE)
+            cu.append(len(ids))
+        pad = capacity - len(ids)
+        for t in range(pad):
+            ids.append(pad_id)
+            seg.append(0)
+            pos.append(t)
+            lab.append(IGNORE)
+        if pad:
+            cu.append(capacity)
+        out.append({
+            "input_ids": ids,
+            "segment_ids": seg,
+            "position_ids": pos,
+            "labels": None if labels == "none" else lab,
+            "cu_seqlens": cu,
+            "max_seqlen": max(b - a for a, b in zip(cu, cu[1:])),
+            "num_targets": sum(length - 1 for _, _, length in row),
+            "doc_ids": [d for d, _, _ in row],
+            "doc_offsets": [o for _, o, _ in row],
+        })
+    return out

@@ -1,0 +1,1 @@
+"""The Arrow/Parquet boundary: the only package that imports pyarrow."""

@@ -1,0 +1,100 @@
+"""Packing statistics: plain counts that merge with ``+``; ratios are derived.
+
+``effective_targets`` is the number of labels != -100, i.e. sum over segments of (len - 1): the
+denominator of a token-mean loss. It differs from real tokens (one per segment less) and from
+the tensor size (rows * C).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+__all__ = ["PackStats"]
+
+
+@dataclass(frozen=True)
+class PackStats:
+    """Counts of one pack (or one shard); merge shards with ``+``."""
+
+    capacity: int = 0  #: tokens per row (C); equal for merged stats
+    rows: int = 0  #: packed rows
+    segments: int = 0  #: document pieces laid out (a split document counts once per chunk)
+    docs_in: int = 0  #: documents read (including empty ones)
+    docs_empty: int = 0  #: empty documents, skipped
+    docs_split: int = 0  #: documents over capacity split into chunks
+    split_fragments: int = 0  #: chunks beyond the first of split documents (each costs a target)
+    docs_truncated: int = 0  #: documents cut to capacity (--overflow truncate)
+    tokens_truncated: int = 0  #: tokens removed by truncation
+    docs_dropped: int = 0  #: documents left out (--overflow drop)
+    tokens_dropped: int = 0  #: tokens of dropped documents
+    docs_cut: int = 0  #: documents spread over more than one segment
+    tokens_in: int = 0  #: tokens read (after --append-eos)
+    real_tokens: int = 0  #: non-padding tokens written
+    padding_tokens: int = 0  #: padding tokens written
+    effective_targets: int = 0  #: labels != -100 (sum of segment_len - 1)
+    attention_work: int = 0  #: sum over segments of len**2: attention score entries with document masking
+
+    def __add__(self, other: "PackStats") -> "PackStats":
+        if not isinstance(other, PackStats):
+            return NotImplemented
+        if self.capacity and other.capacity and self.capacity != other.capacity:
+            raise ValueError(f"cannot merge stats of capacity {self.capacity} and {other.capacity}")
+        merged = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        merged["capacity"] = self.capacity or other.capacity
+        return PackStats(**merged)
+
+    @property
+    def tokens_lost(self) -> int:
+        """Tokens read but not written (truncated + dropped)."""
+        return self.tokens_truncated + self.tokens_dropped
+
+    @property
+    def lower_bound_rows(self) -> int:
+        """ceil(real_tokens / C): the fewest rows any packer could use."""
+        return -(-self.real_tokens // self.capacity) if self.capacity else 0
+
+    @property
+    def extra_rows(self) -> int:
+        """Rows over :attr:`lower_bound_rows`."""
+        return self.rows - self.lower_bound_rows
+
+    @property
+    def padding_fraction(self) -> float:
+        """padding_tokens / (rows * C)."""
+        slots = self.rows * self.capacity
+        return self.padding_tokens / slots if slots else 0.0
+
+    @property
+    def fill(self) -> float:
+        """real_tokens / (rows * C)."""
+        slots = self.rows * self.capacity
+        return self.real_tokens / slots if slots else 0.0
+
+    @property
+    def targets_per_token(self) -> float:
+        """effective_targets / real_tokens."""
+        return self.effective_targets / self.real_tokens if self.real_tokens else 0.0
+
+    @property
+    def full_attention_work(self) -> int:
+        """Attention score entries of full rows without document masking: rows * C**2."""
+        return self.rows * self.capacity**2
+
+    def to_dict(self) -> dict:
+        """Counts plus derived figures, JSON-ready."""
+        d = asdict(self)
+        d.update(
+            lower_bound_rows=self.lower_bound_rows,
+            extra_rows=self.extra_rows,
+            padding_fraction=self.padding_fraction,
+            fill=self.fill,
+            targets_per_token=self.targets_per_token,
+            tokens_lost=self.tokens_lost,
+            full_attention_work=self.full_attention_work,
+        )
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PackStats":
+        """Inverse of :meth:`to_dict` (derived figures are ignored)."""
+        return cls(**{f.name: int(d[f.name]) for f in fields(cls) if f.name in d})

@@ -1,0 +1,46 @@
+"""Shared constants and choice enums.
+
+The CLI builds its ``click.Choice`` lists from these enums, so there is one list of names.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+__all__ = ["IGNORE_INDEX", "Strategy", "Overflow", "LabelMode", "INT32_MAX"]
+
+#: Label value that loss functions skip (PyTorch ``cross_entropy(ignore_index=-100)``).
+IGNORE_INDEX = -100
+
+#: Largest token id the packed ``input_ids`` column (int32) can hold.
+INT32_MAX = 2**31 - 1
+
+
+class _StrEnum(str, Enum):
+    def __str__(self) -> str:  # pragma: no cover - trivial
+        return self.value
+
+
+class Strategy(_StrEnum):
+    """How documents are assigned to rows."""
+
+    OBFD = "obfd"  #: best-fit-decreasing over a capacity tree (arXiv 2404.10830)
+    ORDERED = "ordered"  #: order-preserving next-fit
+    CONCAT = "concat"  #: one continuous stream cut every C tokens
+
+
+class Overflow(_StrEnum):
+    """What happens to a document longer than the capacity."""
+
+    SPLIT = "split"  #: consecutive chunks of C tokens, each its own segment
+    TRUNCATE = "truncate"  #: keep the first C tokens
+    DROP = "drop"  #: leave the document out
+    ERROR = "error"  #: refuse the input
+
+
+class LabelMode(_StrEnum):
+    """Which ``labels`` column is written."""
+
+    UNSHIFTED = "unshifted"  #: Hugging Face convention: the model shifts
+    SHIFTED = "shifted"  #: labels[i] = input_ids[i + 1] within a segment
+    NONE = "none"  #: no labels column
