@@ -1,0 +1,146 @@
+"""The row layout: kernel == reference twin, and the output contract's invariants."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packtool.core import layout_rows, pack_lengths
+from packtool.core.layout import append_eos
+from packtool.core.reference import reference_layout, reference_pack
+from packtool.errors import ConfigError
+
+
+def flat(docs):
+    lengths = np.array([len(d) for d in docs], dtype=np.int64)
+    tokens = np.array([t for d in docs for t in d], dtype=np.int32)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    return lengths, tokens, starts
+
+
+def kernel_rows(docs, capacity, *, strategy="obfd", overflow="split", pad_id=0,
+                labels="unshifted"):
+    lengths, tokens, starts = flat(docs)
+    plan = pack_lengths(lengths, capacity, strategy=strategy, overflow=overflow)
+    out = layout_rows(plan, np.arange(plan.num_rows), tokens, starts, pad_id=pad_id,
+                      labels=labels)
+    rows = []
+    for k in range(plan.num_rows):
+        segs = slice(out.seg_offsets[k], out.seg_offsets[k + 1])
+        rows.append({
+            "input_ids": out.input_ids[k].tolist(),
+            "segment_ids": out.segment_ids[k].tolist(),
+            "position_ids": out.position_ids[k].tolist(),
+            "labels": None if out.labels is None else out.labels[k].tolist(),
+            "cu_seqlens": out.cu_seqlens(k).tolist(),
+            "max_seqlen": int(out.max_seqlen[k]),
+            "num_targets": int(out.num_targets[k]),
+            "doc_ids": out.doc_ids[segs].tolist(),
+            "doc_offsets": out.doc_offsets[segs].tolist(),
+        })
+    return rows
+
+
+def test_contract_hand_case_two_documents():
+    """Docs [11,12,13],[21,22] at C=6: the issue's literal contract example (B01, B03, B06)."""
+    (row,) = kernel_rows([[11, 12, 13], [21, 22]], 6)
+    assert row["input_ids"] == [11, 12, 13, 21, 22, 0]
+    assert row["segment_ids"] == [1, 1, 1, 2, 2, 0]
+    assert row["position_ids"] == [0, 1, 2, 0, 1, 0]
+    assert row["cu_seqlens"] == [0, 3, 5, 6]
+    assert row["labels"] == [-100, 12, 13, -100, 22, -100]
+    assert row["max_seqlen"] == 3 and row["num_targets"] == 3
+
+
+def test_shifted_labels_never_cross_a_boundary():
+    """B04: shifted labels are per document: position 2 is -100, not 21."""
+    (row,) = kernel_rows([[11, 12, 13], [21, 22]], 6, labels="shifted")
+    assert row["labels"] == [12, 13, -100, 22, -100, -100]
+
+
+def test_full_row_has_no_padding_segment():
+    """B07(b): a row filled exactly ends cu_seqlens at C once, with no zero-length segment."""
+    (row,) = kernel_rows([[4, 5, 6, 7, 8], [1, 2, 3]], 8)
+    assert row["cu_seqlens"] == [0, 5, 8]
+
+
+def test_padding_tail_is_one_pseudo_segment():
+    """The padding tail gets positions 0..p-1 and one cu_seqlens entry; it is never a target."""
+    (row,) = kernel_rows([[1, 2, 3, 4, 5]], 8, pad_id=7)
+    assert row["input_ids"] == [1, 2, 3, 4, 5, 7, 7, 7]
+    assert row["position_ids"] == [0, 1, 2, 3, 4, 0, 1, 2]
+    assert row["cu_seqlens"] == [0, 5, 8]
+    assert row["labels"][5:] == [-100, -100, -100]
+
+
+def test_labels_none_omits_labels():
+    (row,) = kernel_rows([[1, 2]], 4, labels="none")
+    assert row["labels"] is None and row["num_targets"] == 1
+
+
+def test_pad_id_outside_int32_is_refused():
+    lengths, tokens, starts = flat([[1]])
+    plan = pack_lengths(lengths, 4)
+    with pytest.raises(ConfigError, match="pad-id"):
+        layout_rows(plan, [0], tokens, starts, pad_id=2**31)
+
+
+def test_append_eos_adds_one_token_to_non_empty_documents():
+    lengths, tokens = append_eos(np.array([2, 0, 1]), np.array([5, 6, 7], dtype=np.int32), 99)
+    assert lengths.tolist() == [3, 0, 2]
+    assert tokens.tolist() == [5, 6, 99, 7, 99]
+
+
+docs_strategy = st.lists(st.lists(st.integers(0, 2**31 - 1), max_size=30), max_size=25)
+
+
+@settings(max_examples=150, deadline=None)
+@given(docs=docs_strategy, capacity=st.integers(2, 40),
+       strategy=st.sampled_from(["obfd", "ordered", "concat"]),
+       overflow=st.sampled_from(["split", "truncate", "drop"]),
+       labels=st.sampled_from(["unshifted", "shifted"]))
+def test_layout_kernel_equals_reference(docs, capacity, strategy, overflow, labels):
+    """Kernel layout == the naive twin's layout, column by column, on generated documents."""
+    got = kernel_rows(docs, capacity, strategy=strategy, overflow=overflow, labels=labels)
+    want = reference_layout(reference_pack([len(d) for d in docs], capacity, strategy, overflow),
+                            docs, capacity, labels=labels)
+    assert got == want
+
+
+@settings(max_examples=150, deadline=None)
+@given(docs=docs_strategy, capacity=st.integers(2, 40),
+       strategy=st.sampled_from(["obfd", "ordered", "concat"]))
+def test_contract_invariants_hold(docs, capacity, strategy):
+    """Positions restart at every segment, no label crosses a segment, cu_seqlens strictly
+    increases to C, padding only at the tail, and every token is written exactly once."""
+    rows = kernel_rows(docs, capacity, strategy=strategy)
+    written = []
+    for row in rows:
+        seg, pos, ids, lab = row["segment_ids"], row["position_ids"], row["input_ids"], row["labels"]
+        assert len(seg) == len(pos) == len(ids) == len(lab) == capacity
+        cu = row["cu_seqlens"]
+        assert cu[0] == 0 and cu[-1] == capacity and all(b > a for a, b in zip(cu, cu[1:]))
+        real = sum(1 for s in seg if s)
+        assert all(s == 0 for s in seg[real:]) and all(s > 0 for s in seg[:real])
+        for i in range(capacity):
+            if i == 0 or seg[i] != seg[i - 1]:
+                assert pos[i] == 0
+                assert lab[i] == -100
+            else:
+                assert pos[i] == pos[i - 1] + 1
+                assert lab[i] == (ids[i] if seg[i] else -100)
+        assert row["num_targets"] == sum(1 for x in lab if x != -100)
+        for d, off, k in zip(row["doc_ids"], row["doc_offsets"], range(1, len(row["doc_ids"]) + 1)):
+            piece = [ids[i] for i in range(capacity) if seg[i] == k]
+            assert piece == docs[d][off:off + len(piece)]
+            written.append((d, off, len(piece)))
+    # conservation: each document's pieces tile it exactly
+    for d, doc in enumerate(docs):
+        pieces = sorted((o, n) for dd, o, n in written if dd == d)
+        covered = 0
+        for o, n in pieces:
+            assert o == covered
+            covered += n
+        assert covered == len(doc)
