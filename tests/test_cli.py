@@ -1,0 +1,58 @@
+"""The CLI through click's test runner: help, usage errors (exit 2), errors (exit 1, one line)."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from packtool import __version__
+from packtool.cli import cli
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def test_help_lists_commands_and_pack_options():
+    res = run("--help")
+    assert res.exit_code == 0 and "pack" in res.output
+    res = run("pack", "--help")
+    assert res.exit_code == 0
+    for opt in ("--capacity", "--strategy", "--overflow", "--labels", "--pad-id", "--append-eos",
+                "--seed", "--no-shuffle", "--rows-per-shard", "--workers", "--overwrite"):
+        assert opt in res.output
+
+
+def test_version():
+    res = run("--version")
+    assert res.exit_code == 0 and __version__ in res.output
+
+
+def test_unknown_strategy_is_a_usage_error(docs_dir, tmp_path):
+    res = run("pack", docs_dir([[1]]), tmp_path / "o", "--strategy", "nope")
+    assert res.exit_code == 2
+
+
+def test_missing_output_is_a_usage_error(docs_dir):
+    res = run("pack", docs_dir([[1]]))
+    assert res.exit_code == 2 and "OUTPUT" in res.output
+
+
+def test_capacity_below_two_is_refused_in_one_line(docs_dir, tmp_path):
+    res = run("pack", docs_dir([[1]]), tmp_path / "o", "--capacity", "1")
+    assert res.exit_code == 1
+    assert "--capacity 1" in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+def test_debug_shows_the_exception(docs_dir, tmp_path):
+    res = run("--debug", "pack", docs_dir([[1]]), tmp_path / "o", "--capacity", "1")
+    assert res.exit_code == 1 and res.exception is not None
+
+
+def test_module_entry_point_runs():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "packtool", "--version"], capture_output=True,
+                         text=True, check=True)
+    assert __version__ in out.stdout
