@@ -12,7 +12,7 @@ import click
 
 from packtool import __version__
 from packtool.errors import PacktoolError
-from packtool.types import LabelMode, Overflow, Strategy
+from packtool.types import Engine, LabelMode, Overflow, Strategy
 
 __all__ = ["cli", "main"]
 
@@ -67,10 +67,20 @@ def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
 @click.option("--workers", "-j", type=int, default=None, metavar="N",
               help="Threads for layout and encoding [default: all cores].")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty OUTPUT.")
+@click.option("--window-docs", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Plan and write windows of about N documents independently (bounded memory; "
+                   "a few extra rows per window) [default: one plan over all documents].")
+@click.option("--engine", type=_choice(Engine), default="local", show_default=True,
+              help="local: this process; ray: one Ray task per window (needs packtool[ray]; "
+                   "--window-docs defaults to 1,000,000). Same bytes either way.")
+@click.option("--ray-address", default=None, metavar="ADDRESS", envvar="RAY_ADDRESS",
+              help="Ray cluster to join with --engine ray [default: start a local Ray on "
+                   "--workers CPUs].")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars and no summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def pack(paths, capacity, column, strategy, overflow, labels, pad_id, append_eos, seed,
-         no_shuffle, rows_per_shard, workers, overwrite, quiet, as_json):
+         no_shuffle, rows_per_shard, workers, overwrite, window_docs, engine, ray_address, quiet,
+         as_json):
     """Pack tokenized Parquet INPUT files or directories into OUTPUT.
 
     Writes part-NNNNN.parquet shards (input_ids, segment_ids, position_ids, labels, cu_seqlens,
@@ -87,7 +97,8 @@ def pack(paths, capacity, column, strategy, overflow, labels, pad_id, append_eos
                      column=column, strategy=strategy, overflow=overflow, labels=labels,
                      pad_id=pad_id, append_eos=append_eos, seed=seed, shuffle=not no_shuffle,
                      rows_per_shard=rows_per_shard, workers=workers or os.cpu_count() or 1,
-                     overwrite=overwrite)
+                     overwrite=overwrite, window_docs=window_docs, engine=engine,
+                     ray_address=ray_address if engine == Engine.RAY.value else None)
     result = run_pack(cfg, progress=not quiet)
     s = result.stats
     if as_json:
@@ -107,6 +118,11 @@ def pack(paths, capacity, column, strategy, overflow, labels, pad_id, append_eos
             f"dropped {s.docs_dropped:,} (-{s.tokens_dropped:,} tokens)\n"
             f"  {result.seconds:.2f} s, {rate / 1e6:.2f} M tokens/s"
             + (f", {result.shards_reused} shard(s) reused" if result.shards_reused else ""))
+        if "windows" in result.manifest:
+            extra = [w["extra_rows"] for w in result.manifest["windows"]]
+            click.echo(f"  windows {len(extra):,} of ~{cfg.window_docs:,} documents: extra rows "
+                       f"per window max {max(extra, default=0)}, sum {sum(extra)}; total extra "
+                       f"over the global bound {s.extra_rows}")
 
 
 def main() -> None:

@@ -7,9 +7,13 @@ from dataclasses import asdict, dataclass, field
 
 from packtool.core.packing import MAX_CAPACITY
 from packtool.errors import ConfigError
-from packtool.types import LabelMode, Overflow, Strategy
+from packtool.types import Engine, LabelMode, Overflow, Strategy
 
-__all__ = ["PackConfig"]
+__all__ = ["PackConfig", "DEFAULT_RAY_WINDOW_DOCS"]
+
+#: Window used by ``--engine ray`` when ``--window-docs`` is not given (see docs/ray.md for the
+#: extra rows it costs on web-like lengths).
+DEFAULT_RAY_WINDOW_DOCS = 1_000_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,12 +50,20 @@ class PackConfig:
     """Threads laying out and encoding shards."""
     overwrite: bool = False
     """Replace an existing non-empty OUTPUT."""
+    window_docs: int | None = None
+    """Plan and write windows of about this many documents independently (None: one global
+    plan). Decides the output bytes; see :mod:`packtool.windows`."""
+    engine: Engine = Engine.LOCAL
+    """Where the pack runs; ``ray`` needs a window (defaults to DEFAULT_RAY_WINDOW_DOCS)."""
+    ray_address: str | None = None
+    """Ray cluster to join (``--engine ray``); None starts a local Ray on ``workers`` CPUs."""
 
     def __post_init__(self) -> None:
         def bad(name, value, why):
             raise ConfigError(f"--{name.replace('_', '-')} {value!r}: {why}")
 
-        for name, enum in (("strategy", Strategy), ("overflow", Overflow), ("labels", LabelMode)):
+        for name, enum in (("strategy", Strategy), ("overflow", Overflow), ("labels", LabelMode),
+                           ("engine", Engine)):
             try:
                 object.__setattr__(self, name, enum(getattr(self, name)))
             except ValueError:
@@ -72,18 +84,27 @@ class PackConfig:
             bad("workers", self.workers, "must be >= 1")
         if not 0 <= self.seed < 2**63:
             bad("seed", self.seed, "must be in 0..2**63-1")
+        if self.window_docs is not None and self.window_docs < 1:
+            bad("window_docs", self.window_docs, "must be >= 1 documents")
+        if self.ray_address is not None and self.engine is not Engine.RAY:
+            bad("ray_address", self.ray_address, "only applies with --engine ray")
+        if self.engine is Engine.RAY and self.window_docs is None:
+            object.__setattr__(self, "window_docs", DEFAULT_RAY_WINDOW_DOCS)
 
     def to_dict(self) -> dict:
         """The options as JSON-ready values (what the manifest records)."""
         d = asdict(self)
         d["inputs"] = list(self.inputs)
-        for k in ("strategy", "overflow", "labels"):
+        for k in ("strategy", "overflow", "labels", "engine"):
             d[k] = d[k].value
         return d
 
     def layout_options(self) -> dict:
-        """The options that decide the output bytes (workers and overwrite do not)."""
+        """The options that decide the output bytes (workers, overwrite and the engine do not;
+        ``window_docs`` is listed only when set, so one-plan manifests keep their old form)."""
         d = self.to_dict()
-        for k in ("inputs", "output", "workers", "overwrite"):
+        for k in ("inputs", "output", "workers", "overwrite", "engine", "ray_address"):
             d.pop(k)
+        if d["window_docs"] is None:
+            d.pop("window_docs")
         return d

@@ -169,6 +169,10 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
         OutputError: OUTPUT cannot be used.
         PackingError: a document over capacity with ``--overflow error``.
     """
+    if cfg.window_docs is not None:  # windowed mode, local or Ray: see packtool.windows
+        from packtool.windows import run_windowed
+
+        return run_windowed(cfg, progress=progress)
     t0 = time.perf_counter()
     show = progress and sys.stderr.isatty()
     files = discover_inputs(list(cfg.inputs))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["IGNORE_INDEX", "Strategy", "Overflow", "LabelMode", "INT32_MAX"]
+__all__ = ["IGNORE_INDEX", "Strategy", "Overflow", "LabelMode", "Engine", "INT32_MAX"]
 
 #: Label value that loss functions skip (PyTorch ``cross_entropy(ignore_index=-100)``).
 IGNORE_INDEX = -100
@@ -44,3 +44,10 @@ class LabelMode(_StrEnum):
     UNSHIFTED = "unshifted"  #: Hugging Face convention: the model shifts
     SHIFTED = "shifted"  #: labels[i] = input_ids[i + 1] within a segment
     NONE = "none"  #: no labels column
+
+
+class Engine(_StrEnum):
+    """Where ``packtool pack`` runs (the output bytes do not depend on it)."""
+
+    LOCAL = "local"  #: this process, threads for layout and encoding
+    RAY = "ray"  #: one Ray task per window, on a local Ray instance or a cluster

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -100,8 +100,12 @@ def _row_of_value(arr: pa.Array, value_index: int) -> int:
     return int(np.searchsorted(np.cumsum(lengths), value_index, side="right"))
 
 
-def iter_token_batches(path: Path, column: str, batch_rows: int = 8192) -> Iterator[TokenBatch]:
+def iter_token_batches(path: Path, column: str, batch_rows: int = 8192,
+                       row_groups: Sequence[int] | None = None) -> Iterator[TokenBatch]:
     """Stream one file's documents as :class:`TokenBatch` es.
+
+    ``row_groups`` (ascending indices) restricts the read to those row groups; ``first_row``
+    and error messages still count rows from the start of the file.
 
     Raises:
         InputError: the file cannot be read (the message names the row group).
@@ -109,8 +113,12 @@ def iter_token_batches(path: Path, column: str, batch_rows: int = 8192) -> Itera
             names the file and the row).
     """
     pf = open_input(path, column)
-    row = 0
-    for rg in range(pf.num_row_groups):
+    groups = range(pf.num_row_groups) if row_groups is None else row_groups
+    # shape: (num_row_groups + 1,), first row of each row group
+    rg_start = np.cumsum([0] + [pf.metadata.row_group(i).num_rows
+                                for i in range(pf.num_row_groups)])
+    for rg in groups:
+        row = int(rg_start[rg])
         try:
             batches = list(pf.iter_batches(batch_size=batch_rows, row_groups=[rg],
                                            columns=[column], use_threads=False))
