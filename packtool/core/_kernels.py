@@ -176,61 +176,135 @@ def _tree_next(tree, offs, nlev, x):
 
 
 @njit(cache=True)
-def _obfd_place(chunks, capacity):
-    """Best-fit-decreasing placement (OBFD, Ding et al. 2024, arXiv 2404.10830, Sec. 3.2 and App. B).
+def _chunk_histogram(lengths, capacity, overflow):
+    """Histogram of chunk lengths after the overflow policy, with its bookkeeping.
 
-    Chunks are visited by length descending (stable counting sort, ties by chunk order). Each goes
-    into the open bin whose remaining capacity is the smallest one >= its length; among bins with
-    that same remaining capacity, the one that reached it most recently (a stack per capacity).
-    The search is a 64-ary segment tree of bits over remaining capacities 0..C ("is some bin left
-    with exactly r tokens free?"), so each placement costs O(log_64 C) word operations.
-
-    Args: chunks int64[S, 3] (doc, offset, length). Returns placed int64[S, 3] (the chunks in
-    placement order), bin_of int64[S] (bin of placed[j]) and the number of bins.
+    Args: lengths int64[N] (>= 0); capacity C; overflow code (split, truncate or drop).
+    Returns hist int64[C + 1] (hist[l] = chunks of length l; hist[0] = empty documents) and
+    counts int64[8] as ``_split_chunks`` (counts[7] = number of chunks S).
     """
-    s = chunks.shape[0]
-    # counting sort, descending: bucket of length l starts at start[C - l]
+    n = lengths.shape[0]
+    counts = np.zeros(8, dtype=np.int64)
+    hist = np.zeros(capacity + 1, dtype=np.int64)
+    for i in range(n):
+        length = lengths[i]
+        if length <= capacity:
+            hist[length] += 1
+        elif overflow == OVERFLOW_SPLIT:
+            full = length // capacity
+            rest = length - full * capacity
+            hist[capacity] += full
+            if rest > 0:
+                hist[rest] += 1
+            counts[1] += 1
+            counts[2] += full - (rest == 0)
+        elif overflow == OVERFLOW_TRUNCATE:
+            hist[capacity] += 1
+            counts[3] += 1
+            counts[4] += length - capacity
+        else:
+            counts[5] += 1
+            counts[6] += length
+    counts[0] = hist[0]
+    counts[7] = n - hist[0] - counts[5] + counts[2]
+    return hist, counts
+
+
+@njit(cache=True)
+def _obfd_plan(lengths, capacity, overflow, hist, sdoc, runs, heads, data, row_offsets, seg_doc,
+               seg_offset, seg_len):
+    """Counting sort + best-fit placement + CSR of bins, in place; returns the number of bins.
+
+    Same bins and segment order as ``_split_chunks`` + ``_obfd_place`` + ``_group_by_bin`` (and
+    as ``reference_pack``), without a 3-column chunk table or a scatter by bin:
+
+    - the sorted order holds document ids only: a chunk's length is its bucket, and its offset is
+      0, or its rank among its document's chunks times C (bucket C), or ``length(doc) - l`` for
+      the last chunk of a split document (stored as ``-1 - doc`` to flag it);
+    - a run of equal-length chunks is placed in bulk: a bin popped with remaining capacity r
+      takes min(run left, r // l) chunks of length l at once (it stays the best fit and the most
+      recent bin at its new remaining capacity until that drops below l), so the capacity tree
+      is searched only when a stack empties;
+    - a bin is a linked list of such runs, and the stacks hold each bin's last run, so the plan
+      is written bin by bin with sequential stores.
+
+    The caller allocates every large array (numpy asks for huge pages; the first-touch page
+    faults of small pages cost more than the placement itself).
+
+    Args:
+        lengths: int64[N] (>= 0); capacity: C; overflow: split, truncate or drop code.
+        hist: int64[C + 1] from ``_chunk_histogram``.
+        sdoc: int32|int64[S] scratch (flagged document id of each sorted chunk).
+        runs: same dtype [S, 4] scratch (first sorted position, count, length, next run or -1).
+        heads: same dtype [S] scratch (first run of each bin).
+        data: same dtype [(S // _BLOCK + C + 2) * _BLOCK] scratch (stack blocks of run ids).
+        row_offsets: int64[S + 1]; on return ``row_offsets[:nbins + 1]`` is the CSR.
+        seg_doc, seg_offset, seg_len: int64[S] outputs, bins in creation order, segments in
+            placement order.
+    """
+    n = lengths.shape[0]
+    # start[l]: first sorted position of length l (lengths descending); bucket l ends at start[l-1]
     start = np.zeros(capacity + 1, dtype=np.int64)
-    for i in range(s):
-        start[capacity - chunks[i, 2] + 1] += 1
-    for k in range(1, capacity + 1):
-        start[k] += start[k - 1]
-    placed = np.empty((s, 3), dtype=np.int64)
-    fill = start.copy()
-    for i in range(s):
-        q = fill[capacity - chunks[i, 2]]
-        placed[q, 0] = chunks[i, 0]
-        placed[q, 1] = chunks[i, 1]
-        placed[q, 2] = chunks[i, 2]
-        fill[capacity - chunks[i, 2]] = q + 1
+    acc = 0
+    for l in range(capacity, 0, -1):
+        start[l] = acc
+        acc += hist[l]
+    start[0] = acc
+    # 1. stable scatter of document ids into length-descending order (ties: doc, then chunk)
+    pos = start.copy()
+    for i in range(n):
+        length = lengths[i]
+        if length == 0:
+            continue
+        if length <= capacity:
+            q = pos[length]
+            sdoc[q] = i
+            pos[length] = q + 1
+        elif overflow == OVERFLOW_SPLIT:
+            full = length // capacity
+            rest = length - full * capacity
+            q = pos[capacity]
+            for k in range(full):
+                sdoc[q + k] = i
+            pos[capacity] = q + full
+            if rest > 0:
+                q = pos[rest]
+                sdoc[q] = -1 - i  # flag: offset is length - rest
+                pos[rest] = q + 1
+        elif overflow == OVERFLOW_TRUNCATE:
+            q = pos[capacity]
+            sdoc[q] = i
+            pos[capacity] = q + 1
+    # 2. placement, one length class at a time
     offs, nlev = _tree_layout(capacity + 1)
     tree = np.zeros(offs[nlev], dtype=np.uint64)
-    # One LIFO stack of bins per remaining capacity r, stored in blocks of _BLOCK bin ids so the
-    # top of every stack stays in cache (a linked list through bin ids misses cache per pop).
-    max_blocks = s // _BLOCK + capacity + 2
-    data = np.empty(max_blocks * _BLOCK, dtype=np.int64)
+    max_blocks = data.shape[0] // _BLOCK
     prev = np.empty(max_blocks, dtype=np.int64)  # block below in the same stack / free list link
     top = np.full(capacity + 1, -1, dtype=np.int64)  # top block of stack r, -1 = empty
     cnt = np.zeros(capacity + 1, dtype=np.int64)  # entries used in the top block
     free = -1
     used_blocks = 0
-    bin_of = np.empty(s, dtype=np.int64)
     nbins = 0
-    for slot in range(capacity):
-        length = capacity - slot
-        j = start[slot]
-        hi = start[slot + 1]
-        big = 2 * length > capacity  # no open bin can take a chunk over C/2: skip the search
+    nruns = 0
+    for length in range(capacity, 0, -1):
+        j = start[length]
+        hi = start[length - 1]
+        if j == hi:
+            continue
+        big = 2 * length > capacity  # no open bin can take it: one new bin per chunk
+        r = -1 if big else _tree_next(tree, offs, nlev, length)
         while j < hi:
-            r = -1 if big else _tree_next(tree, offs, nlev, length)
             if r < 0:
-                b = nbins
+                heads[nbins] = nruns
                 nbins += 1
-                left = capacity - length
-            else:  # pop the top of stack r
+                k = 1 if big else min(hi - j, capacity // length)
+                left = capacity - k * length
+            else:  # pop the top of stack r: the last run of the best-fitting bin
                 t = top[r]
                 c = cnt[r] - 1
-                b = data[t * _BLOCK + c]
+                runs[np.int64(data[t * _BLOCK + c]), 3] = nruns
+                k = min(hi - j, r // length)
+                left = r - k * length
                 if c == 0:
                     p = prev[t]
                     prev[t] = free
@@ -239,13 +313,19 @@ def _obfd_place(chunks, capacity):
                     if p < 0:
                         cnt[r] = 0
                         _tree_clear(tree, offs, nlev, r)
+                        # stacks in [length, r) are empty and `left` < length unless the run
+                        # ends here: the next best fit lies above r
+                        if j + k < hi:
+                            r = _tree_next(tree, offs, nlev, r + 1)
                     else:
                         cnt[r] = _BLOCK
                 else:
                     cnt[r] = c
-                left = r - length
-            bin_of[j] = b
-            if left > 0:  # push b on stack `left`
+            runs[nruns, 0] = j
+            runs[nruns, 1] = k
+            runs[nruns, 2] = length
+            runs[nruns, 3] = -1
+            if left > 0:  # push the bin (its last run) on stack `left`
                 t = top[left]
                 if t < 0 or cnt[left] == _BLOCK:
                     if free >= 0:
@@ -260,11 +340,38 @@ def _obfd_place(chunks, capacity):
                     if t < 0:
                         _tree_set(tree, offs, nlev, left)
                     t = nb
-                data[t * _BLOCK + cnt[left]] = b
+                data[t * _BLOCK + cnt[left]] = nruns
                 cnt[left] += 1
-            j += 1
-    return placed, bin_of, nbins
-
+            nruns += 1
+            j += k
+    # 3. write the plan bin by bin (sequential stores). Bins of length-C chunks come first, one
+    # chunk each, in sorted order, so a split document's full chunks are consecutive there.
+    q = 0
+    last = -1
+    off = 0
+    row_offsets[0] = 0
+    for b in range(nbins):
+        r = np.int64(heads[b])
+        while r >= 0:
+            j = np.int64(runs[r, 0])
+            length = np.int64(runs[r, 2])
+            for jj in range(j, j + np.int64(runs[r, 1])):
+                d = np.int64(sdoc[jj])
+                if length == capacity:  # whole, truncated, or the k-th full chunk of a split doc
+                    off = off + capacity if d == last else 0
+                    last = d
+                elif d < 0:  # the last, shorter chunk of a split document
+                    d = -1 - d
+                    off = lengths[d] - length
+                else:
+                    off = 0
+                seg_doc[q] = d
+                seg_offset[q] = off
+                seg_len[q] = length
+                q += 1
+            r = np.int64(runs[r, 3])
+        row_offsets[b + 1] = q
+    return nbins
 
 @njit(cache=True)
 def _ordered_place(chunks, capacity):

@@ -125,15 +125,59 @@ def pack_lengths(
             "use --overflow split|truncate|drop or a larger capacity"
         )
     code = _OVERFLOW_CODE.get(overflow, K.OVERFLOW_SPLIT)
+    tokens_in = int(lengths.sum())
+    if strategy is Strategy.OBFD:
+        return _plan_obfd(lengths, capacity, code, tokens_in)
     if strategy is Strategy.CONCAT and overflow in (Overflow.SPLIT, Overflow.ERROR):
         # the stream cuts long documents itself: no chunking by C before it
         chunk_cap = max(capacity, int(lengths.max()) if lengths.size else 0)
         chunks, c = K._split_chunks(lengths, chunk_cap, code)
     else:
         chunks, c = K._split_chunks(lengths, capacity, code)
-    counts = {
-        "docs_in": int(lengths.size),
-        "tokens_in": int(lengths.sum()),
+    counts = _counts(lengths.size, tokens_in, c)
+    if strategy is Strategy.CONCAT:
+        row_offsets, seg_doc, seg_offset, seg_len = K._concat_segments(chunks, capacity)
+        # chunks here are whole (or truncated) documents: a document is cut when its pieces > 1
+        # each cut document has exactly one piece at offset > 0 right after its first piece
+        counts["docs_cut"] = int(np.count_nonzero((seg_offset[1:] > 0) & (seg_offset[:-1] == 0)))
+    else:
+        placed, bin_of, nbins = K._ordered_place(chunks, capacity)
+        row_offsets, segs = K._group_by_bin(placed, bin_of, nbins)
+        seg_doc, seg_offset, seg_len = segs[:, 0], segs[:, 1], segs[:, 2]  # views, no copies
+        counts["docs_cut"] = counts["docs_split"]  # only split documents span several segments
+    return PackPlan(capacity, row_offsets, seg_doc, seg_offset, seg_len, counts)
+
+
+def _index_dtype(num_chunks: int, num_docs: int):
+    """int32 document/run ids when they fit (half the scratch memory traffic), else int64."""
+    return np.int32 if max(num_chunks, num_docs) < 2**31 - 1 else np.int64
+
+
+def _plan_obfd(lengths: np.ndarray, capacity: int, code: int, tokens_in: int) -> PackPlan:
+    """OBFD plan; the large arrays are allocated here by numpy (huge pages, cheap first touch)."""
+    hist, c = K._chunk_histogram(lengths, capacity, code)
+    s = int(c[7])
+    idx = _index_dtype(s, lengths.size)
+    sdoc = np.empty(s, dtype=idx)  # shape: (S,)
+    runs = np.empty((s, 4), dtype=idx)  # shape: (S, 4), at most one run per chunk
+    heads = np.empty(s, dtype=idx)  # shape: (S,), at most one bin per chunk
+    data = np.empty((s // K._BLOCK + capacity + 2) * K._BLOCK, dtype=idx)
+    row_offsets = np.empty(s + 1, dtype=np.int64)  # shape: (S + 1,), first nbins + 1 used
+    seg_doc = np.empty(s, dtype=np.int64)  # shape: (S,)
+    seg_offset = np.empty(s, dtype=np.int64)  # shape: (S,)
+    seg_len = np.empty(s, dtype=np.int64)  # shape: (S,)
+    nbins = K._obfd_plan(lengths, capacity, code, hist, sdoc, runs, heads, data, row_offsets,
+                         seg_doc, seg_offset, seg_len)
+    counts = _counts(lengths.size, tokens_in, c)
+    counts["docs_cut"] = counts["docs_split"]  # only split documents span several segments
+    return PackPlan(capacity, row_offsets[:nbins + 1], seg_doc, seg_offset, seg_len, counts)
+
+
+def _counts(docs_in: int, tokens_in: int, c: np.ndarray) -> dict:
+    """Overflow bookkeeping from a kernel's counts int64[8] (see ``_split_chunks``)."""
+    return {
+        "docs_in": int(docs_in),
+        "tokens_in": int(tokens_in),
         "docs_empty": int(c[0]),
         "docs_split": int(c[1]),
         "split_fragments": int(c[2]),
@@ -142,17 +186,3 @@ def pack_lengths(
         "docs_dropped": int(c[5]),
         "tokens_dropped": int(c[6]),
     }
-    if strategy is Strategy.CONCAT:
-        row_offsets, seg_doc, seg_offset, seg_len = K._concat_segments(chunks, capacity)
-        # chunks here are whole (or truncated) documents: a document is cut when its pieces > 1
-        # each cut document has exactly one piece at offset > 0 right after its first piece
-        counts["docs_cut"] = int(np.count_nonzero((seg_offset[1:] > 0) & (seg_offset[:-1] == 0)))
-    else:
-        if strategy is Strategy.OBFD:
-            placed, bin_of, nbins = K._obfd_place(chunks, capacity)
-        else:
-            placed, bin_of, nbins = K._ordered_place(chunks, capacity)
-        row_offsets, segs = K._group_by_bin(placed, bin_of, nbins)
-        seg_doc, seg_offset, seg_len = segs[:, 0], segs[:, 1], segs[:, 2]  # views, no copies
-        counts["docs_cut"] = counts["docs_split"]  # only split documents span several segments
-    return PackPlan(capacity, row_offsets, seg_doc, seg_offset, seg_len, counts)
