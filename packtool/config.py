@@ -13,7 +13,7 @@ __all__ = ["PackConfig", "DEFAULT_RAY_WINDOW_DOCS"]
 
 #: Window used by ``--engine ray`` when ``--window-docs`` is not given (see docs/ray.md for the
 #: extra rows it costs on web-like lengths).
-DEFAULT_RAY_WINDOW_DOCS = 1_000_000
+DEFAULT_RAY_WINDOW_DOCS = 250_000
 
 
 @dataclass(frozen=True, kw_only=True)

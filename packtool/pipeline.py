@@ -33,13 +33,14 @@ from packtool import __version__
 from packtool.config import PackConfig
 from packtool.core.layout import append_eos, layout_rows
 from packtool.core.packing import PackPlan, pack_lengths
-from packtool.errors import OutputError
+from packtool.errors import InputError, OutputError, PackingError, PacktoolError
 from packtool.formats.manifest import (FORMAT_VERSION, MANIFEST_NAME, sha256_file, shard_name,
                                        write_json_atomic)
-from packtool.formats.reader import InputFile, discover_inputs, iter_token_batches
+from packtool.formats.reader import InputFile, discover_inputs, iter_token_batches, open_input
 from packtool.formats.schema import packed_schema
 from packtool.formats.writer import rows_to_table, write_shard
 from packtool.stats import PackStats
+from packtool.types import Overflow
 
 __all__ = ["run_pack", "PackResult", "IN_PROGRESS_NAME", "TMP_DIR_NAME"]
 
@@ -47,6 +48,18 @@ log = logging.getLogger(__name__)
 
 IN_PROGRESS_NAME = ".packtool-in-progress.json"
 TMP_DIR_NAME = ".packtool-tmp"
+
+#: Test hook (used only by tests/test_crash_resume.py): ``PACKTOOL_TEST_PAUSE_AT=<phase>[:<shard>]``
+#: with phase ``read``, ``plan``, ``write-shard`` or ``manifest`` makes ``pack`` print a line to
+#: stderr and sleep at that point, so a test can SIGKILL it there. Unset, it costs one lookup.
+PAUSE_ENV = "PACKTOOL_TEST_PAUSE_AT"
+
+
+def _test_pause(phase: str, shard: int = 0) -> None:
+    want = os.environ.get(PAUSE_ENV)
+    if want and want.partition(":")[0] == phase and int(want.partition(":")[2] or 0) == shard:
+        print(f"packtool: test pause at {want}", file=sys.stderr, flush=True)
+        time.sleep(3600)
 
 
 @dataclass(frozen=True)
@@ -131,6 +144,7 @@ def _read_and_spill(cfg, files, spill_path, show):
                     lengths, tokens = append_eos(lengths, tokens, cfg.append_eos)
                 spill.write(np.ascontiguousarray(tokens, dtype=np.int32).tobytes())
                 parts.append(lengths)
+                _test_pause("read")
                 rows += lengths.size
             file_rows.append(rows)
             bar.update(f.bytes)
@@ -176,14 +190,39 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
     t0 = time.perf_counter()
     show = progress and sys.stderr.isatty()
     files = discover_inputs(list(cfg.inputs))
+    for f in files:  # unreadable files and bad schemas are refused before OUTPUT is touched
+        open_input(f.path, cfg.column)
     fingerprint = _fingerprint(cfg, files)
-    resume = _prepare_output(cfg, files, fingerprint)
     out = Path(cfg.output)
+    out_existed = out.exists()
+    resume = _prepare_output(cfg, files, fingerprint)
     tmp = out / TMP_DIR_NAME
     spill_path = tmp / "tokens.int32"
-    lengths, file_rows = _read_and_spill(cfg, files, spill_path, show)
-    log.info("read %d documents, %d tokens", lengths.size, int(lengths.sum()))
-    plan = pack_lengths(lengths, cfg.capacity, strategy=cfg.strategy, overflow=cfg.overflow)
+    try:
+        lengths, file_rows = _read_and_spill(cfg, files, spill_path, show)
+        log.info("read %d documents, %d tokens", lengths.size, int(lengths.sum()))
+        if not lengths.any():
+            where = files[0].path if len(files) == 1 else f"{len(files)} input files"
+            what = (f"all {lengths.size} documents in column {cfg.column!r} are empty"
+                    if lengths.size else "no documents (empty shards)")
+            raise InputError(f"{where}: no tokens to pack: {what}; check the INPUT and --column")
+        _test_pause("plan")
+        if cfg.overflow is Overflow.ERROR and lengths.max() > cfg.capacity:
+            bad = int(np.argmax(lengths > cfg.capacity))
+            f = int(np.searchsorted(np.cumsum(file_rows), bad, side="right"))
+            row = bad - sum(file_rows[:f])
+            raise PackingError(f"{files[f].path}: row {row}: document {bad} has "
+                               f"{int(lengths[bad])} tokens, more than --capacity {cfg.capacity}; "
+                               "use --overflow split|truncate|drop or a larger --capacity")
+        plan = pack_lengths(lengths, cfg.capacity, strategy=cfg.strategy, overflow=cfg.overflow)
+    except PacktoolError:
+        # bad input found while reading or planning: leave OUTPUT as it was before this run
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not out_existed:
+            shutil.rmtree(out, ignore_errors=True)
+        elif not resume:
+            (out / IN_PROGRESS_NAME).unlink(missing_ok=True)
+        raise
     doc_starts = np.zeros(lengths.size, dtype=np.int64)  # shape: (docs,)
     if lengths.size:
         np.cumsum(lengths[:-1], out=doc_starts[1:])
@@ -206,6 +245,7 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
                     packed = layout_rows(plan, rows[lo:lo + cfg.rows_per_group], tokens,
                                          doc_starts, pad_id=cfg.pad_id, labels=cfg.labels)
                     yield rows_to_table(packed, schema)
+                    _test_pause("write-shard", i)
             write_shard(path, schema, tables())
         entry = {"file": path.name, "rows": int(rows.size), "bytes": path.stat().st_size,
                  "sha256": sha256_file(path)}
@@ -237,6 +277,7 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
         "outputs": outputs,
         "totals": total.to_dict(),
     }
+    _test_pause("manifest")
     write_json_atomic(out / MANIFEST_NAME, manifest)
     (out / IN_PROGRESS_NAME).unlink(missing_ok=True)
     return PackResult(total, manifest, time.perf_counter() - t0, reused)

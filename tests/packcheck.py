@@ -1,0 +1,143 @@
+"""Helpers for the end-to-end tests: run ``packtool pack`` through click's test runner, read the
+shards with pyarrow, and check the output contract with an independent checker.
+
+The checker uses only plain Python lists and the contract as written in the README (it never
+calls packtool's own layout or packing functions), so a bug shared by the kernel and its twin
+still shows here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from click.testing import CliRunner
+
+from packtool.cli import cli
+
+IGNORE = -100
+
+
+def write_docs(path: Path, docs, value_type=pa.int64(), column: str = "input_ids") -> Path:
+    """One Parquet file, one row per document, a ``list<value_type>`` token column."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({column: pa.array(docs, pa.list_(value_type))}), path)
+    return path
+
+
+def invoke(args, **kw):
+    """``packtool ARGS`` through click's runner (exceptions are caught and reported)."""
+    return CliRunner().invoke(cli, [str(a) for a in args], **kw)
+
+
+def read_output(out: Path) -> tuple[list[dict], dict]:
+    """All rows of a packed output in manifest order, and the manifest."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    rows: list[dict] = []
+    for entry in manifest["outputs"]:
+        rows.extend(pq.read_table(out / entry["file"]).to_pylist())
+    return rows, manifest
+
+
+def pack_docs(tmp_path: Path, docs, capacity: int, *extra, value_type=pa.int64()):
+    """Write ``docs``, run ``pack --no-shuffle``, return (rows, manifest); fail on a bad exit."""
+    src = write_docs(tmp_path / "in" / "docs.parquet", docs, value_type)
+    out = tmp_path / "out"
+    res = invoke(["pack", "--no-shuffle", "-q", "--capacity", capacity, *extra, src, out])
+    assert res.exit_code == 0, res.output
+    return read_output(out)
+
+
+def hash_tree(directory: Path) -> dict[str, str]:
+    """sha256 of every file under ``directory`` (relative path -> hex digest)."""
+    return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def segments_of(row: dict) -> list[tuple[int, int]]:
+    """(start, length) of each document segment, read from ``segment_ids`` alone."""
+    seg = row["segment_ids"]
+    out: list[tuple[int, int]] = []
+    i = 0
+    while i < len(seg) and seg[i] != 0:
+        j = i
+        while j < len(seg) and seg[j] == seg[i]:
+            j += 1
+        out.append((i, j - i))
+        i = j
+    return out
+
+
+def check_row(row: dict, capacity: int, pad_id: int, labels: str) -> list[tuple[int, int]]:
+    """Assert the output contract on one row; return its segments as (start, length)."""
+    seg, pos, ids = row["segment_ids"], row["position_ids"], row["input_ids"]
+    for name in ("input_ids", "segment_ids", "position_ids") + (("labels",) if labels != "none"
+                                                                   else ()):
+        assert len(row[name]) == capacity, f"{name} has {len(row[name])} items, not C={capacity}"
+    segs = segments_of(row)
+    real = sum(n for _, n in segs)
+    assert segs, "a row without any document segment"
+    # segment ids are 1..k in order, then padding 0 only at the tail
+    assert [seg[s] for s, _ in segs] == list(range(1, len(segs) + 1))
+    assert seg[real:] == [0] * (capacity - real), "padding (segment 0) only at the tail"
+    assert ids[real:] == [pad_id] * (capacity - real)
+    # positions restart at every segment start; the padding tail is one pseudo-segment
+    for s, n in segs + ([(real, capacity - real)] if real < capacity else []):
+        assert pos[s:s + n] == list(range(n)), f"positions of segment at {s} are not 0..{n - 1}"
+    # cu_seqlens: boundaries of the segments, then the padding tail, ending at C
+    cu = row["cu_seqlens"]
+    expect_cu = [0] + [s + n for s, n in segs] + ([capacity] if real < capacity else [])
+    assert cu == expect_cu
+    assert all(a < b for a, b in zip(cu, cu[1:])), "cu_seqlens not strictly increasing"
+    assert cu[-1] == capacity
+    assert row["max_seqlen"] == max(b - a for a, b in zip(cu, cu[1:]))
+    # labels: no target crosses a segment boundary
+    if labels == "unshifted":
+        want = [IGNORE] * capacity
+        for s, n in segs:
+            want[s + 1:s + n] = ids[s + 1:s + n]
+        assert row["labels"] == want
+    elif labels == "shifted":
+        want = [IGNORE] * capacity
+        for s, n in segs:
+            want[s:s + n - 1] = ids[s + 1:s + n]
+        assert row["labels"] == want
+    else:
+        assert "labels" not in row
+    assert row["num_targets"] == sum(n - 1 for _, n in segs)
+    if labels != "none":
+        assert row["num_targets"] == sum(1 for x in row["labels"] if x != IGNORE)
+    assert len(row["doc_ids"]) == len(row["doc_offsets"]) == len(segs)
+    return segs
+
+
+def check_output(rows, docs, capacity, *, pad_id=0, labels="unshifted", overflow="split",
+                 append_eos=None):
+    """Contract on every row, plus: every kept token appears exactly once, at its recorded
+    document and offset; returns the multiset of real output tokens."""
+    docs = [list(d) + ([append_eos] if append_eos is not None and d else []) for d in docs]
+    pieces: dict[int, list[tuple[int, int]]] = {}
+    out_tokens: Counter = Counter()
+    for row in rows:
+        segs = check_row(row, capacity, pad_id, labels)
+        for (s, n), d, off in zip(segs, row["doc_ids"], row["doc_offsets"]):
+            assert row["input_ids"][s:s + n] == docs[d][off:off + n], (
+                f"segment of doc {d} at offset {off} does not hold that document's tokens")
+            pieces.setdefault(d, []).append((off, n))
+            out_tokens.update(row["input_ids"][s:s + n])
+    for d, doc in enumerate(docs):
+        if not doc or (overflow == "drop" and len(doc) > capacity):
+            assert d not in pieces, f"document {d} should not appear"
+            continue
+        keep = min(len(doc), capacity) if overflow == "truncate" else len(doc)
+        got = sorted(pieces.get(d, []))
+        at = 0
+        for off, n in got:
+            assert off == at, f"document {d}: tokens {at}..{off} lost or duplicated"
+            at += n
+        assert at == keep, f"document {d}: {at} of {keep} tokens in the output"
+    return out_tokens

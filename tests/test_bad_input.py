@@ -1,0 +1,341 @@
+"""Bad input is refused with one line that names the file (and row), what is wrong and what to
+do; exit 1 (2 for usage errors); no traceback unless ``--debug``; nothing half-written in OUTPUT.
+
+Mixed integer types across shards (int8 in one, uint64 in another, ...) are accepted and widened:
+every value is range-checked and then stored as int32, so the type of the source column does not
+matter, only the values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from packcheck import hash_tree, invoke, read_output, write_docs
+from packtool.errors import ManifestError
+from packtool.formats.manifest import load_manifest
+
+
+def refused(args, out: Path, *words, code: int = 1):
+    """Run ``packtool ARGS``; assert the exit code, one ``Error:`` line holding ``words``, no
+    traceback, and no OUTPUT left behind."""
+    res = invoke(args)
+    assert res.exit_code == code, res.output
+    assert isinstance(res.exception, SystemExit), repr(res.exception)
+    text = res.output
+    assert "Traceback" not in text
+    error_lines = [line for line in text.splitlines() if line.startswith("Error:")]
+    assert len(error_lines) == 1, text
+    if code == 1:
+        assert text.strip() == error_lines[0], "exit-1 errors are exactly one line"
+    for w in words:
+        assert w in error_lines[0], f"{w!r} not in {error_lines[0]!r}"
+    assert not out.exists(), f"OUTPUT left behind: {sorted(os.listdir(out))}"
+    return error_lines[0]
+
+
+def pack_args(*inputs, out, capacity=4, extra=()):
+    return ["pack", "-q", "--capacity", capacity, *extra, *inputs, out]
+
+
+@pytest.fixture
+def good(tmp_path):
+    return write_docs(tmp_path / "good" / "a.parquet", [[1, 2, 3], [4, 5]])
+
+
+def test_missing_input_path(tmp_path):
+    out = tmp_path / "out"
+    refused(pack_args(tmp_path / "nope.parquet", out=out), out, "nope.parquet",
+            "no such file", "check the INPUT")
+
+
+def test_directory_without_parquet(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "notes.txt").write_text("hello")
+    out = tmp_path / "out"
+    refused(pack_args(tmp_path / "in", out=out), out, "in", "no *.parquet")
+
+
+def test_zero_byte_file(tmp_path):
+    (tmp_path / "z.parquet").write_bytes(b"")
+    out = tmp_path / "out"
+    refused(pack_args(tmp_path / "z.parquet", out=out), out, "z.parquet", "empty (0 bytes)",
+            "regenerate")
+
+
+def test_truncated_parquet(tmp_path, good):
+    data = good.read_bytes()
+    (tmp_path / "t.parquet").write_bytes(data[: len(data) // 2])
+    out = tmp_path / "out"
+    refused(pack_args(tmp_path / "t.parquet", out=out), out, "t.parquet",
+            "not a readable Parquet file", "regenerate")
+
+
+def test_text_file_named_parquet(tmp_path):
+    (tmp_path / "x.parquet").write_text("input_ids\n1 2 3\n" * 20)
+    out = tmp_path / "out"
+    refused(pack_args(tmp_path / "x.parquet", out=out), out, "x.parquet",
+            "not a readable Parquet file")
+
+
+def test_bad_file_after_a_good_one_writes_nothing(tmp_path, good):
+    """The second file is broken: refused before OUTPUT is created."""
+    (good.parent / "b.parquet").write_bytes(b"PAR1 not really")
+    out = tmp_path / "out"
+    refused(pack_args(good.parent, out=out), out, "b.parquet", "not a readable Parquet file")
+
+
+def test_missing_token_column_lists_available_columns(tmp_path):
+    pq.write_table(pa.table({"text": ["a"], "tokens": [[1, 2]]}), tmp_path / "c.parquet")
+    out = tmp_path / "out"
+    refused(pack_args(tmp_path / "c.parquet", out=out), out, "c.parquet", "no column 'input_ids'",
+            "available columns: text, tokens", "--column")
+
+
+@pytest.mark.parametrize("array,typ", [
+    (pa.array([["a", "b"]]), "type list<element: string>"),
+    (pa.array([[1.0, 2.0]]), "type list<element: double>"),
+    (pa.array([[[1, 2]]]), "type list<element: list<element: int64>>"),
+    (pa.array(["some text"]), "type string"),
+    (pa.array([1.5]), "type double"),
+    (pa.array([7]), "type int64"),
+], ids=["list-string", "list-float", "nested-list", "string", "float", "scalar-int"])
+def test_non_integer_list_column(tmp_path, array, typ):
+    pq.write_table(pa.table({"input_ids": array}), tmp_path / "s.parquet")
+    out = tmp_path / "out"
+    refused(pack_args(tmp_path / "s.parquet", out=out), out, "s.parquet", "'input_ids'",
+            typ, "expected a list of integer token ids")
+
+
+def test_null_document(tmp_path):
+    write_docs(tmp_path / "n.parquet", [[1, 2], [3], None])
+    out = tmp_path / "out"
+    refused(pack_args(tmp_path / "n.parquet", out=out), out, "n.parquet", "row 2", "is null",
+            "drop or fill")
+
+
+def test_null_token_inside_a_document(tmp_path):
+    write_docs(tmp_path / "n.parquet", [[1, 2], [3, None, 4]])
+    out = tmp_path / "out"
+    refused(pack_args(tmp_path / "n.parquet", out=out), out, "n.parquet", "row 1",
+            "token id is null")
+
+
+def test_null_in_a_later_row_group_names_the_file_row(tmp_path):
+    """Rows are counted from the start of the file, across row groups."""
+    pq.write_table(pa.table({"input_ids": pa.array([[1]] * 5 + [None], pa.list_(pa.int32()))}),
+                   tmp_path / "g.parquet", row_group_size=2)
+    out = tmp_path / "out"
+    refused(pack_args(tmp_path / "g.parquet", out=out), out, "g.parquet", "row 5", "null")
+
+
+def test_negative_id(tmp_path):
+    write_docs(tmp_path / "neg.parquet", [[1, 2], [3, -5]])
+    out = tmp_path / "out"
+    refused(pack_args(tmp_path / "neg.parquet", out=out), out, "neg.parquet", "row 1",
+            "negative token id -5", ">= 0")
+
+
+@pytest.mark.parametrize("value,typ", [(2**31, pa.int64()), (2**32 + 1, pa.uint64()),
+                                       (2**64 - 1, pa.uint64())])
+def test_id_above_int32(tmp_path, value, typ):
+    write_docs(tmp_path / "big.parquet", [[1], [2], [value, 1]], typ)
+    out = tmp_path / "out"
+    refused(pack_args(tmp_path / "big.parquet", out=out), out, "big.parquet", "row 2",
+            f"token id {value}", "does not fit int32")
+
+
+def test_mixed_integer_types_across_shards_are_widened(tmp_path):
+    """Decision: accept and widen (every value is range-checked, then stored as int32)."""
+    d = tmp_path / "in"
+    write_docs(d / "a.parquet", [[1, 2, 127]], pa.int8())
+    write_docs(d / "b.parquet", [[60000, 3]], pa.uint16())
+    write_docs(d / "c.parquet", [[2**31 - 1]], pa.uint64())
+    write_docs(d / "d.parquet", [[7, 8]], pa.int64())
+    pq.write_table(pa.table({"input_ids": pa.array([[9]], pa.large_list(pa.int32()))}),
+                   d / "e.parquet")
+    out = tmp_path / "out"
+    res = invoke(["pack", "-q", "--no-shuffle", "--capacity", 4, d, out])
+    assert res.exit_code == 0, res.output
+    rows, manifest = read_output(out)
+    real = sorted(t for r in rows for t, s in zip(r["input_ids"], r["segment_ids"]) if s)
+    assert real == sorted([1, 2, 127, 60000, 3, 2**31 - 1, 7, 8, 9])
+    assert [i["rows"] for i in manifest["inputs"]] == [1, 1, 1, 1, 1]
+
+
+def test_empty_shard_among_others_is_accepted(tmp_path):
+    """A shard with no rows adds no documents; the document index continues across it."""
+    d = tmp_path / "in"
+    write_docs(d / "a.parquet", [[1, 2]])
+    write_docs(d / "b.parquet", [])
+    write_docs(d / "c.parquet", [[3, 4, 5]])
+    out = tmp_path / "out"
+    res = invoke(["pack", "-q", "--no-shuffle", "--capacity", 8, d, out])
+    assert res.exit_code == 0, res.output
+    rows, manifest = read_output(out)
+    assert rows[0]["doc_ids"] == [1, 0]
+    assert manifest["totals"]["docs_in"] == 2
+
+
+def test_only_empty_shards(tmp_path):
+    write_docs(tmp_path / "in" / "a.parquet", [])
+    write_docs(tmp_path / "in" / "b.parquet", [])
+    out = tmp_path / "out"
+    refused(pack_args(tmp_path / "in", out=out), out, "2 input files", "no tokens to pack",
+            "no documents")
+
+
+def test_all_documents_empty(tmp_path):
+    write_docs(tmp_path / "e.parquet", [[], [], []])
+    out = tmp_path / "out"
+    refused(pack_args(tmp_path / "e.parquet", out=out), out, "e.parquet", "no tokens to pack",
+            "all 3 documents", "--column")
+
+
+@pytest.mark.parametrize("capacity", [0, 1, -4, 10**12])
+def test_bad_capacity(tmp_path, good, capacity):
+    out = tmp_path / "out"
+    refused(pack_args(good, out=out, capacity=capacity), out, f"--capacity {capacity}",
+            "must be in 2..")
+
+
+def test_capacity_not_a_number_is_a_usage_error(tmp_path, good):
+    out = tmp_path / "out"
+    refused(pack_args(good, out=out, capacity="big"), out, "--capacity", "not a valid integer",
+            code=2)
+
+
+def test_missing_output_is_a_usage_error(tmp_path, good):
+    refused(["pack", good], tmp_path / "out", "INPUT", "OUTPUT", code=2)
+
+
+@pytest.mark.parametrize("pad_id", [2**31, -(2**31) - 1])
+def test_pad_id_outside_int32(tmp_path, good, pad_id):
+    out = tmp_path / "out"
+    refused(pack_args(good, out=out, extra=("--pad-id", pad_id)), out, f"--pad-id {pad_id}",
+            "int32")
+
+
+def test_output_equal_to_input(tmp_path, good):
+    before = hash_tree(good.parent)
+    refused(pack_args(good.parent, out=good.parent), tmp_path / "absent", "overlaps INPUT",
+            "outside the input")
+    assert hash_tree(good.parent) == before
+
+
+def test_output_inside_input(tmp_path, good):
+    out = good.parent / "packed"
+    refused(pack_args(good.parent, out=out), out, "overlaps INPUT")
+
+
+def test_output_is_an_existing_file(tmp_path, good):
+    f = tmp_path / "out.txt"
+    f.write_text("keep me")
+    refused(pack_args(good, out=f), tmp_path / "absent", "out.txt", "is a file", "directory")
+    assert f.read_text() == "keep me"
+
+
+def test_unwritable_output(tmp_path, good):
+    """OUTPUT under a regular file cannot be created (root ignores permission bits)."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    out = blocker / "out"
+    refused(pack_args(good, out=out), out, "cannot write", "writable OUTPUT")
+
+
+def test_non_empty_output_is_kept_without_overwrite(tmp_path, good):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "precious.txt").write_text("data")
+    res = invoke(pack_args(good, out=out))
+    assert res.exit_code == 1 and "--overwrite" in res.output
+    assert sorted(os.listdir(out)) == ["precious.txt"]
+
+
+def test_bad_input_leaves_an_existing_output_dir_as_it_was(tmp_path):
+    """A value error found while reading (after OUTPUT was prepared) removes what it made."""
+    write_docs(tmp_path / "neg.parquet", [[1, -1]])
+    out = tmp_path / "out"
+    out.mkdir()
+    res = invoke(pack_args(tmp_path / "neg.parquet", out=out))
+    assert res.exit_code == 1 and "negative" in res.output
+    assert os.listdir(out) == []
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    write_docs(tmp_path / "neg.parquet", [[1, -1]])
+    res = invoke(["--debug", *pack_args(tmp_path / "neg.parquet", out=tmp_path / "out")])
+    assert res.exit_code != 0
+    assert type(res.exception).__name__ == "SchemaError"
+
+
+def test_real_process_prints_one_stderr_line(tmp_path):
+    """Outside the test runner too: one line on stderr, exit 1, empty stdout."""
+    write_docs(tmp_path / "neg.parquet", [[1, 2], [3, -5]])
+    proc = subprocess.run([sys.executable, "-m", "packtool", "pack", "-q", "--capacity", "4",
+                           str(tmp_path / "neg.parquet"), str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("Error: ")
+    assert "row 1" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ---- a damaged packed directory: the manifest's sizes and checksums catch it ---------------
+
+@pytest.fixture
+def packed(tmp_path):
+    src = write_docs(tmp_path / "in" / "a.parquet", [[i + 1] * (i % 5 + 1) for i in range(40)])
+    out = tmp_path / "packed"
+    res = invoke(["pack", "-q", "--capacity", 8, "--rows-per-shard", 4, src, out])
+    assert res.exit_code == 0, res.output
+    assert len(load_manifest(out, check_hashes=True)["outputs"]) >= 3
+    return out
+
+
+def test_manifest_refuses_missing_shard(packed):
+    (packed / "part-00001.parquet").unlink()
+    with pytest.raises(ManifestError, match=r"part-00001\.parquet: shard listed .* missing"):
+        load_manifest(packed)
+
+
+def test_manifest_refuses_resized_shard(packed):
+    with open(packed / "part-00000.parquet", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(ManifestError, match=r"part-00000\.parquet: size .* modified"):
+        load_manifest(packed)
+
+
+def test_manifest_refuses_edited_shard_of_same_size(packed):
+    p = packed / "part-00002.parquet"
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    p.write_bytes(bytes(data))
+    load_manifest(packed)  # the cheap check (sizes) cannot see it ...
+    with pytest.raises(ManifestError, match=r"part-00002\.parquet: sha256 differs"):
+        load_manifest(packed, check_hashes=True)  # ... the checksums do
+
+
+def test_manifest_refuses_extra_shard(packed):
+    (packed / "part-00099.parquet").write_bytes((packed / "part-00000.parquet").read_bytes())
+    with pytest.raises(ManifestError, match=r"part-00099\.parquet: shard not listed"):
+        load_manifest(packed)
+
+
+def test_manifest_refuses_directory_without_manifest(packed):
+    (packed / "manifest.json").unlink()
+    with pytest.raises(ManifestError, match="no manifest.json"):
+        load_manifest(packed)
+
+
+def test_manifest_refuses_garbled_manifest(packed):
+    (packed / "manifest.json").write_text(json.dumps({"format_version": 1})[:-3])
+    with pytest.raises(ManifestError, match="unreadable manifest"):
+        load_manifest(packed)

@@ -1,0 +1,129 @@
+"""A ``pack`` killed with SIGKILL at any phase leaves no manifest (nothing a reader accepts);
+rerunning the same command finishes the job with the bytes of an uninterrupted run, reusing
+the shards already finished; a rerun with other options reuses nothing.
+
+The kill points come from the pipeline's test hook ``PACKTOOL_TEST_PAUSE_AT=<phase>[:<shard>]``:
+the process announces the phase on stderr and sleeps there until the test kills it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from packcheck import hash_tree, invoke, write_docs
+from packtool.errors import ManifestError
+from packtool.formats.manifest import load_manifest
+
+OPTIONS = ["--capacity", "16", "--rows-per-shard", "4", "--workers", "1", "--seed", "3"]
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("crash") / "in"
+    for f in range(2):
+        write_docs(d / f"{f}.parquet",
+                   [[f * 1000 + i * 10 + k for k in range(i % 11)] for i in range(40)])
+    return d
+
+
+@pytest.fixture(scope="module")
+def reference(src, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ref") / "out"
+    res = invoke(["pack", "-q", *OPTIONS, src, out])
+    assert res.exit_code == 0, res.output
+    assert len(load_manifest(out, check_hashes=True)["outputs"]) >= 4
+    return out
+
+
+def kill_at(phase: str, src: Path, out: Path, options=OPTIONS) -> None:
+    """Start ``packtool pack`` as a process, wait until it pauses at ``phase``, SIGKILL it."""
+    env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT=phase)
+    proc = subprocess.Popen([sys.executable, "-m", "packtool", "pack", "-q", *options,
+                             str(src), str(out)], stderr=subprocess.PIPE, text=True, env=env)
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        line = proc.stderr.readline()
+        assert f"test pause at {phase}" in line, f"no pause at {phase}: {line!r}"
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait() == -signal.SIGKILL
+    finally:
+        watchdog.cancel()
+        proc.kill()
+        proc.stderr.close()
+
+
+def rerun(src: Path, out: Path, options=OPTIONS) -> dict:
+    res = invoke(["pack", "--json", *options, src, out])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+@pytest.mark.parametrize("phase,reused", [
+    ("read", 0), ("plan", 0), ("write-shard:0", 0), ("write-shard:2", 2), ("manifest", "all"),
+])
+def test_killed_pack_is_incomplete_and_rerun_finishes_identically(tmp_path, src, reference,
+                                                                    phase, reused):
+    out = tmp_path / "out"
+    kill_at(phase, src, out)
+    assert out.is_dir()
+    assert not (out / "manifest.json").exists()
+    with pytest.raises(ManifestError, match="no manifest.json"):
+        load_manifest(out)
+    if phase.startswith("write-shard"):  # the shard being written is only a temporary file
+        shard = int(phase.split(":")[1])
+        assert not (out / f"part-{shard:05d}.parquet").exists()
+        assert (out / f".part-{shard:05d}.parquet.tmp").exists()
+    result = rerun(src, out)
+    n_shards = len(json.loads((reference / "manifest.json").read_text())["outputs"])
+    assert result["shards_reused"] == (n_shards if reused == "all" else reused)
+    assert hash_tree(out) == hash_tree(reference)
+    load_manifest(out, check_hashes=True)
+
+
+def test_rerun_with_other_options_does_not_reuse_stale_shards(tmp_path, src):
+    out = tmp_path / "out"
+    kill_at("write-shard:2", src, out)
+    assert (out / "part-00001.parquet").exists()
+    other = [o if o != "3" else "4" for o in OPTIONS]  # another --seed: other shard contents
+    result = rerun(src, out, other)
+    assert result["shards_reused"] == 0
+    fresh = tmp_path / "fresh"
+    rerun(src, fresh, other)
+    assert hash_tree(out) == hash_tree(fresh)
+
+
+def test_rerun_after_input_changed_does_not_reuse(tmp_path, src):
+    """The fingerprint covers the inputs: an edited input shard invalidates finished shards."""
+    import shutil
+
+    mine = tmp_path / "in"
+    shutil.copytree(src, mine)
+    out = tmp_path / "out"
+    kill_at("write-shard:2", mine, out)
+    write_docs(mine / "0.parquet", [[5, 6, 7]] * 40)
+    result = rerun(mine, out)
+    assert result["shards_reused"] == 0
+    fresh = tmp_path / "fresh"
+    rerun(mine, fresh)
+    assert {k: v for k, v in hash_tree(out).items() if k != "manifest.json"} == {
+        k: v for k, v in hash_tree(fresh).items() if k != "manifest.json"}
+    load_manifest(out, check_hashes=True)
+
+
+def test_finished_output_is_not_replaced_without_overwrite(tmp_path, src, reference):
+    """Only an interrupted output (in-progress marker, no manifest) is resumed silently."""
+    out = tmp_path / "out"
+    rerun(src, out)
+    before = hash_tree(out)
+    res = invoke(["pack", "-q", *OPTIONS, src, out])
+    assert res.exit_code == 1 and "--overwrite" in res.output
+    assert hash_tree(out) == before
