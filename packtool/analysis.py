@@ -1,0 +1,296 @@
+"""``packtool stats``: the figures that decide a packing set-up, recounted from the data.
+
+On a packed output, every figure is recounted from the shards (not copied from the manifest) and
+compared with the manifest totals; a disagreement is reported, never hidden (B15). On raw input,
+a dry run on document lengths alone puts ``concat``, ``ordered`` and ``obfd`` side by side.
+
+Figures: rows, documents, segments, split/truncated/dropped documents and tokens, real and padding
+tokens, effective targets (labels != -100 = sum over segments of len - 1, the loss denominator,
+B21) and targets per token, extra rows over ceil(tokens / C), the fill distribution, and attention
+work: sum over segments of len**2 with document masking against rows * C**2 for full causal rows.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from packtool.core.packing import pack_lengths
+from packtool.formats.packed import PackedReader
+from packtool.stats import PackStats
+from packtool.types import IGNORE_INDEX, Overflow, Strategy
+
+__all__ = ["PackedAnalysis", "analyze_packed", "compare_strategies", "input_lengths",
+           "format_packed", "format_compare", "plot_packed", "plot_compare", "RECOUNTED"]
+
+#: PackStats fields that can be recounted from the shards (the others only the manifest knows).
+RECOUNTED = ("rows", "segments", "real_tokens", "padding_tokens", "effective_targets",
+             "attention_work", "docs_cut")
+_FILL_EDGES = np.linspace(0.0, 1.0, 11)
+
+
+@dataclass
+class PackedAnalysis:
+    """Recount of a packed output, next to its manifest totals."""
+
+    path: str
+    stats: PackStats  #: recounted figures; fields not recountable taken from the manifest
+    manifest_totals: dict  #: the manifest's ``totals``
+    mismatches: dict  #: field -> (recounted, manifest) where they differ
+    fill_hist: list  #: rows per fill decile [0-10%, ..., 90-100%]
+    row_fill: np.ndarray  #: float64[rows], real tokens / C per row
+    segment_lengths: np.ndarray  #: int64[segments], real segment lengths
+    per_bin: list = field(default_factory=list)  #: per row: shard, row, targets, segment targets
+    documents: int = 0  #: distinct doc_ids in the shards
+
+    def to_dict(self) -> dict:
+        d = {"path": self.path, "stats": self.stats.to_dict(), "documents": self.documents,
+             "manifest_totals": self.manifest_totals,
+             "mismatches": {k: {"recounted": a, "manifest": b}
+                            for k, (a, b) in self.mismatches.items()},
+             "fill_histogram": {"edges": _FILL_EDGES.tolist(), "rows": self.fill_hist},
+             "fill_quantiles": _quantiles(self.row_fill)}
+        if self.per_bin:
+            d["per_bin"] = self.per_bin
+            d["targets_total"] = int(sum(b["targets"] for b in self.per_bin))
+        return d
+
+
+def _quantiles(x: np.ndarray) -> dict:
+    if x.size == 0:
+        return {}
+    q = np.quantile(x, [0.0, 0.1, 0.5, 0.9, 1.0])
+    return {"min": float(q[0]), "p10": float(q[1]), "p50": float(q[2]), "p90": float(q[3]),
+            "max": float(q[4])}
+
+
+def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False) -> PackedAnalysis:
+    """Recount the figures of a packed output directory from its shards.
+
+    Args:
+        path: OUTPUT directory of ``packtool pack``.
+        per_bin: also list, per row, its target count and each segment's (B19, B20).
+
+    Returns:
+        :class:`PackedAnalysis`; ``mismatches`` lists recounted fields that differ from the
+        manifest totals.
+
+    Raises:
+        ManifestError: not a complete packed output (missing, edited or extra shard).
+    """
+    reader = PackedReader(path)
+    C = reader.capacity
+    cols = [c for c in ("segment_ids", "labels", "cu_seqlens", "doc_ids", "doc_offsets",
+                        "num_targets") if c in reader.columns]
+    has_labels = "labels" in cols
+    rows = segs = real = targets = work = 0
+    fills, seg_lens, bins, doc_parts = [], [], [], {}
+    for block in reader.iter_blocks(cols):
+        seg_BC = block.columns["segment_ids"]
+        real_R = np.count_nonzero(seg_BC, axis=1)  # shape: (rows,)
+        if has_labels:
+            lab_BC = block.columns["labels"]
+            tmask_BC = lab_BC != IGNORE_INDEX
+            targets += int(tmask_BC.sum())
+        else:
+            targets += int(block.columns["num_targets"].sum())
+        for i in range(block.num_rows):
+            cu = block.columns["cu_seqlens"][i].astype(np.int64)
+            k = len(block.columns["doc_ids"][i])
+            lens = np.diff(cu)[:k]  # real segments; the padding tail, if any, is last
+            seg_lens.append(lens)
+            work += int((lens * lens).sum())
+            for d in block.columns["doc_ids"][i].tolist():
+                doc_parts[d] = doc_parts.get(d, 0) + 1
+            if per_bin:
+                if has_labels:
+                    seg_t = [int(tmask_BC[i, a:b].sum()) for a, b in zip(cu[:k], cu[1:k + 1])]
+                else:
+                    seg_t = [max(0, int(n) - 1) for n in lens]
+                bins.append({"shard": block.shard, "row": block.first_row + i,
+                             "segments": k, "real_tokens": int(real_R[i]),
+                             "targets": int(sum(seg_t)), "segment_targets": seg_t})
+            segs += k
+        rows += block.num_rows
+        real += int(real_R.sum())
+        fills.append(real_R / C)
+    row_fill = np.concatenate(fills) if fills else np.zeros(0)
+    totals = dict(reader.manifest.get("totals", {}))
+    recount = {"rows": rows, "segments": segs, "real_tokens": real,
+               "padding_tokens": rows * C - real, "effective_targets": targets,
+               "attention_work": work,
+               "docs_cut": sum(1 for n in doc_parts.values() if n > 1)}
+    base = {k: v for k, v in totals.items() if k in PackStats.__dataclass_fields__}
+    base.update(recount, capacity=C)
+    stats = PackStats.from_dict(base)
+    mismatches = {k: (v, totals[k]) for k, v in recount.items()
+                  if k in totals and int(totals[k]) != v}
+    hist = np.histogram(row_fill, bins=_FILL_EDGES)[0].tolist() if rows else [0] * 10
+    lens = np.concatenate(seg_lens) if seg_lens else np.zeros(0, dtype=np.int64)
+    return PackedAnalysis(str(path), stats, totals, mismatches, hist, row_fill, lens, bins,
+                          len(doc_parts))
+
+
+def input_lengths(inputs, column: str = "input_ids") -> np.ndarray:
+    """Document lengths of raw tokenized Parquet INPUT paths, in global document order.
+
+    Returns:
+        int64[num_docs].
+
+    Raises:
+        InputError, SchemaError: as :func:`packtool.formats.reader.iter_token_batches`.
+    """
+    from packtool.formats.reader import discover_inputs, iter_token_batches
+
+    parts = [tb.lengths for f in discover_inputs(list(inputs))
+             for tb in iter_token_batches(f.path, column)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def compare_strategies(lengths: np.ndarray, capacity: int, *,
+                       overflow: str = Overflow.SPLIT,
+                       strategies=(Strategy.CONCAT, Strategy.ORDERED, Strategy.OBFD)) -> list:
+    """Dry-run each strategy on document lengths alone.
+
+    Args:
+        lengths: int[num_docs] document lengths in tokens.
+        capacity: tokens per row (C).
+        overflow: long-document policy for ``ordered`` and ``obfd``.
+
+    Returns:
+        One dict per strategy: ``strategy``, ``rows``, ``lower_bound_rows``, ``extra_rows``,
+        ``padding_tokens``, ``padding_pct``, ``docs_cut`` (documents spread over several
+        segments), ``docs_cut_below_capacity`` (cut although they fit in one row),
+        ``docs_split``, ``segments``, ``effective_targets``, ``targets_per_token``,
+        ``attention_work`` and ``attention_work_pct`` (vs rows * C**2).
+
+    Raises:
+        ConfigError, PackingError: as :func:`packtool.core.pack_lengths`.
+    """
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)  # shape: (num_docs,)
+    out = []
+    for s in strategies:
+        plan = pack_lengths(lengths, capacity, strategy=s, overflow=overflow)
+        seg_len = plan.seg_len.astype(np.int64)  # shape: (num_segments,)
+        real = int(seg_len.sum())
+        rows = plan.num_rows
+        pieces = np.bincount(plan.seg_doc, minlength=lengths.size) if lengths.size else \
+            np.zeros(0, dtype=np.int64)
+        cut = pieces > 1
+        lb = -(-real // capacity)
+        out.append({
+            "strategy": str(s), "rows": rows, "lower_bound_rows": lb, "extra_rows": rows - lb,
+            "padding_tokens": rows * capacity - real,
+            "padding_pct": 100.0 * (rows * capacity - real) / (rows * capacity) if rows else 0.0,
+            "docs_cut": int(cut.sum()),
+            "docs_cut_below_capacity": int((cut & (lengths <= capacity)).sum()),
+            "docs_split": int(plan.counts["docs_split"]),
+            "segments": int(seg_len.size),
+            "effective_targets": int(real - seg_len.size),
+            "targets_per_token": (real - seg_len.size) / real if real else 0.0,
+            "attention_work": int((seg_len * seg_len).sum()),
+            "attention_work_pct": 100.0 * float((seg_len * seg_len).sum()) / (rows * capacity**2)
+            if rows else 0.0,
+        })
+    return out
+
+
+def format_packed(a: PackedAnalysis) -> str:
+    """Human table of :func:`analyze_packed`."""
+    s = a.stats
+    C = s.capacity
+    q = _quantiles(a.row_fill)
+    lines = [
+        f"packed output {a.path} (capacity {C})",
+        f"  rows                      {s.rows:,}  (ceil(tokens/C) = {s.lower_bound_rows:,}, "
+        f"extra {s.extra_rows:,})",
+        f"  documents                 {a.documents:,} in {s.segments:,} segments "
+        f"(in: {s.docs_in:,}, empty skipped {s.docs_empty:,})",
+        f"  split                     {s.docs_split:,} documents (+{s.split_fragments:,} pieces)",
+        f"  truncated                 {s.docs_truncated:,} documents, {s.tokens_truncated:,} tokens",
+        f"  dropped                   {s.docs_dropped:,} documents, {s.tokens_dropped:,} tokens",
+        f"  real tokens               {s.real_tokens:,}",
+        f"  padding tokens            {s.padding_tokens:,} ({100 * s.padding_fraction:.3f}%)",
+        f"  effective targets         {s.effective_targets:,} "
+        f"({s.targets_per_token:.4f} per real token)",
+        f"  attention work (masked)   {s.attention_work:,} = "
+        f"{100 * s.attention_work / s.full_attention_work if s.full_attention_work else 0:.2f}% "
+        f"of full causal rows ({s.full_attention_work:,} = rows * C^2)",
+    ]
+    if q:
+        lines.append(f"  fill per row              min {100 * q['min']:.1f}%  p10 "
+                     f"{100 * q['p10']:.1f}%  median {100 * q['p50']:.1f}%  max "
+                     f"{100 * q['max']:.1f}%")
+        lines.append("  fill histogram (deciles)  " + " ".join(str(n) for n in a.fill_hist))
+    if a.mismatches:
+        for k, (rc, m) in a.mismatches.items():
+            lines.append(f"  MISMATCH {k}: recounted {rc:,}, manifest {int(m):,}")
+    else:
+        lines.append("  manifest totals agree with the recount")
+    if a.per_bin:
+        lines.append("  shard               row  segments  real  targets  per segment")
+        for b in a.per_bin:
+            lines.append(f"  {b['shard']:18} {b['row']:4} {b['segments']:9} {b['real_tokens']:5} "
+                         f"{b['targets']:8}  {b['segment_targets']}")
+        lines.append(f"  total targets {sum(b['targets'] for b in a.per_bin):,}")
+    return "\n".join(lines)
+
+
+def format_compare(rows: list, capacity: int, num_docs: int, tokens: int) -> str:
+    """Human side-by-side table of :func:`compare_strategies`."""
+    head = (f"dry run: {num_docs:,} documents, {tokens:,} tokens, capacity {capacity}\n"
+            f"{'strategy':9} {'rows':>8} {'extra':>6} {'padding%':>9} {'docs cut':>9} "
+            f"{'cut<=C':>7} {'split':>6} {'targets':>11} {'attn work%':>10}")
+    body = [f"{r['strategy']:9} {r['rows']:8,} {r['extra_rows']:6,} {r['padding_pct']:9.3f} "
+            f"{r['docs_cut']:9,} {r['docs_cut_below_capacity']:7,} {r['docs_split']:6,} "
+            f"{r['effective_targets']:11,} {r['attention_work_pct']:10.2f}" for r in rows]
+    return "\n".join([head] + body)
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        from packtool.errors import MissingDependencyError
+
+        raise MissingDependencyError("--plot needs matplotlib: pip install 'packtool[plot]'")
+    return plt
+
+
+def plot_packed(a: PackedAnalysis, out: str | os.PathLike) -> None:
+    """Write a PNG: fill histogram and segment-length histogram with the capacity marked."""
+    plt = _pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.hist(100 * a.row_fill, bins=50)
+    ax1.set(xlabel="row fill (%)", ylabel="rows", title="fill per row")
+    ax2.hist(a.segment_lengths, bins=50)
+    ax2.axvline(a.stats.capacity, color="red", ls="--", label=f"capacity {a.stats.capacity}")
+    ax2.set(xlabel="segment length (tokens)", ylabel="segments", title="segment lengths")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
+                 overflow: str = Overflow.SPLIT) -> None:
+    """Write a PNG: document-length histogram (capacity marked) and row fill per strategy."""
+    plt = _pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.hist(lengths, bins=60, log=True)
+    ax1.axvline(capacity, color="red", ls="--", label=f"capacity {capacity}")
+    ax1.set(xlabel="document length (tokens)", ylabel="documents", title="document lengths")
+    ax1.legend()
+    for s in (Strategy.CONCAT, Strategy.ORDERED, Strategy.OBFD):
+        plan = pack_lengths(lengths, capacity, strategy=s, overflow=overflow)
+        ax2.hist(100 * plan.row_lengths() / capacity, bins=50, histtype="step", label=str(s))
+    ax2.set(xlabel="row fill (%)", ylabel="rows", title="fill per row", yscale="log")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,199 @@
+"""Reading a packed OUTPUT directory (the output contract of ``packtool pack``).
+
+:class:`PackedReader` opens the directory through :func:`load_manifest` (which refuses missing,
+edited or extra shards), then reads shards row group by row group, so random access to row ``i``
+costs one row group in memory, never a whole shard. Columns come back as NumPy arrays:
+per-token columns as ``int32[rows, C]``, ragged columns (``cu_seqlens``, ``doc_ids``,
+``doc_offsets``) as a list of 1-D arrays, scalar columns as ``int32[rows]``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packtool.errors import ManifestError
+from packtool.formats.manifest import load_manifest
+
+__all__ = ["PackedReader", "RowGroupBlock", "TOKEN_COLUMNS", "RAGGED_COLUMNS", "SCALAR_COLUMNS"]
+
+#: list<int32>[C] columns, returned as int32[rows, C].
+TOKEN_COLUMNS = ("input_ids", "segment_ids", "position_ids", "labels")
+#: variable-length list columns, returned as a list of 1-D arrays.
+RAGGED_COLUMNS = ("cu_seqlens", "doc_ids", "doc_offsets")
+#: one integer per row, returned as int32[rows].
+SCALAR_COLUMNS = ("max_seqlen", "num_targets")
+
+
+@dataclass(frozen=True)
+class RowGroupBlock:
+    """Rows ``first_row .. first_row + num_rows - 1`` of one shard, as NumPy columns."""
+
+    shard: str  #: shard file name (``part-00000.parquet``)
+    first_row: int  #: row index inside the shard of the block's first row
+    global_first_row: int  #: row index over the whole output (shards in manifest order)
+    columns: dict  #: name -> int32[rows, C] | list[np.ndarray] | int32[rows]
+
+    @property
+    def num_rows(self) -> int:
+        for v in self.columns.values():
+            return len(v)
+        return 0
+
+
+def _to_numpy(name: str, arr: pa.ChunkedArray | pa.Array, capacity: int):
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if name in TOKEN_COLUMNS:
+        flat = arr.flatten().to_numpy(zero_copy_only=False)
+        if flat.size != len(arr) * capacity:
+            raise ManifestError(f"column {name!r} has {flat.size} values for {len(arr)} rows of "
+                                f"capacity {capacity}; the shard breaks the output contract")
+        return flat.reshape(len(arr), capacity)  # shape: (rows, C)
+    if name in RAGGED_COLUMNS:
+        flat = arr.flatten().to_numpy(zero_copy_only=False)
+        offsets = arr.offsets.to_numpy() - arr.offsets[0].as_py()
+        return [flat[offsets[i]:offsets[i + 1]] for i in range(len(arr))]
+    return arr.to_numpy(zero_copy_only=False)  # shape: (rows,)
+
+
+class PackedReader:
+    """A packed output directory: its manifest, shards, rows and columns.
+
+    Args:
+        path: the OUTPUT directory of ``packtool pack``.
+        check_hashes: also compare each shard's sha256 with the manifest (reads every byte).
+
+    Raises:
+        ManifestError: no manifest, an edited/missing/extra shard (see
+            :func:`~packtool.formats.manifest.load_manifest`), or a shard whose row count
+            differs from the manifest.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, check_hashes: bool = False) -> None:
+        self.path = Path(path)
+        self.manifest = load_manifest(self.path, check_hashes=check_hashes)
+        opts = self.manifest.get("options", {})
+        self.capacity: int = int(opts["capacity"])
+        #: ``unshifted`` | ``shifted`` | ``none``
+        self.labels_mode: str = str(opts.get("labels", "unshifted"))
+        self.shards: list[str] = [o["file"] for o in self.manifest["outputs"]]
+        self._files: dict[str, pq.ParquetFile] = {}
+        # per shard: row offset of each row group, shape (num_row_groups + 1,)
+        self._rg_offsets: list[np.ndarray] = []
+        rows = []
+        for o in self.manifest["outputs"]:
+            md = self._file(o["file"]).metadata
+            n = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+            self._rg_offsets.append(np.concatenate([[0], np.cumsum(n, dtype=np.int64)]))
+            if md.num_rows != o["rows"]:
+                raise ManifestError(f"{self.path / o['file']}: {md.num_rows} rows, manifest says "
+                                    f"{o['rows']}; rerun packtool pack")
+            rows.append(md.num_rows)
+        # global row offset of each shard, shape (num_shards + 1,)
+        self.shard_offsets = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
+        self._cache: tuple | None = None  # (shard index, row group, columns key, block)
+
+    def _file(self, name: str) -> pq.ParquetFile:
+        f = self._files.get(name)
+        if f is None:
+            f = self._files[name] = pq.ParquetFile(self.path / name)
+        return f
+
+    @property
+    def columns(self) -> list[str]:
+        """Column names present in the shards."""
+        if not self.shards:
+            return []
+        return list(self._file(self.shards[0]).schema_arrow.names)
+
+    def __len__(self) -> int:
+        return int(self.shard_offsets[-1])
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(shard index, row inside that shard) of global row ``index``.
+
+        Raises:
+            IndexError: ``index`` outside ``0 .. len(self) - 1`` (negative indices count from the
+                end).
+        """
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"row {index} out of range for {n} rows in {self.path}")
+        s = int(np.searchsorted(self.shard_offsets, index, side="right") - 1)
+        return s, int(index - self.shard_offsets[s])
+
+    def _read_group(self, s: int, g: int, columns: Sequence[str]) -> RowGroupBlock:
+        key = tuple(columns)
+        if self._cache is not None and self._cache[:3] == (s, g, key):
+            return self._cache[3]
+        name = self.shards[s]
+        table = self._file(name).read_row_group(g, columns=list(columns))
+        cols = {c: _to_numpy(c, table.column(c), self.capacity) for c in columns}
+        first = int(self._rg_offsets[s][g])
+        block = RowGroupBlock(name, first, int(self.shard_offsets[s]) + first, cols)
+        self._cache = (s, g, key, block)
+        return block
+
+    def _resolve(self, columns: Sequence[str] | None) -> list[str]:
+        have = self.columns
+        if columns is None:
+            return have
+        missing = [c for c in columns if c not in have]
+        if missing:
+            raise ManifestError(f"{self.path}: shards have no column(s) {missing}; available: "
+                                f"{', '.join(have)}")
+        return list(columns)
+
+    def read_row(self, index: int, columns: Sequence[str] | None = None) -> dict:
+        """Row ``index`` (global, shards in manifest order) as a dict of NumPy values.
+
+        Reads (and caches) only the row group holding the row. Per-token columns are
+        ``int32[C]``, ragged ones 1-D arrays (``cu_seqlens`` int32, ``doc_ids``/``doc_offsets``
+        int64), scalars Python ints. Extra keys: ``shard`` (file name), ``row`` (row inside the
+        shard), ``index`` (global row).
+
+        Raises:
+            IndexError: ``index`` out of range.
+            ManifestError: a requested column is not in the shards.
+        """
+        cols = self._resolve(columns)
+        s, r = self.locate(index)
+        g = int(np.searchsorted(self._rg_offsets[s], r, side="right") - 1)
+        block = self._read_group(s, g, cols)
+        i = r - block.first_row
+        out = {}
+        for c in cols:
+            v = block.columns[c][i]
+            out[c] = int(v) if c in SCALAR_COLUMNS else v
+        out.update(shard=block.shard, row=r, index=int(self.shard_offsets[s]) + r)
+        return out
+
+    def iter_blocks(self, columns: Sequence[str] | None = None) -> Iterator[RowGroupBlock]:
+        """Every row group of every shard, in manifest order, as :class:`RowGroupBlock`."""
+        cols = self._resolve(columns)
+        for s, name in enumerate(self.shards):
+            for g in range(len(self._rg_offsets[s]) - 1):
+                table = self._file(name).read_row_group(g, columns=cols)
+                first = int(self._rg_offsets[s][g])
+                yield RowGroupBlock(name, first, int(self.shard_offsets[s]) + first,
+                                    {c: _to_numpy(c, table.column(c), self.capacity)
+                                     for c in cols})
+
+    def iter_rows(self, columns: Sequence[str] | None = None) -> Iterator[dict]:
+        """Every row as :meth:`read_row` returns it, streaming by row group."""
+        for block in self.iter_blocks(columns):
+            for i in range(block.num_rows):
+                row = {c: (int(v[i]) if c in SCALAR_COLUMNS else v[i])
+                       for c, v in block.columns.items()}
+                row.update(shard=block.shard, row=block.first_row + i,
+                           index=block.global_first_row + i)
+                yield row

@@ -1,0 +1,161 @@
+"""The small seeded causal decoder verify runs, and the attention backends it can use.
+
+Shape legend: B = rows, C = capacity (tokens per row), L = tokens of one document, H = heads,
+D = head dim, E = model width, V = vocabulary of the test model, T = B * C flattened tokens.
+
+The decoder is fp32, seeded, with several layers and heads. Positions enter twice, both driven by
+``position_ids``: an absolute sinusoidal embedding added to the token embedding (a position that
+was not reset at a document start changes the logits; RoPE alone would not show it, since it
+only sees position differences) and rotary embeddings inside attention. Token ids are folded into
+the model's vocabulary with ``id % V`` (real vocabularies reach 131k ids; the logits stay small).
+
+Every attention backend has the signature ``attend(q_BHCD, k_BHCD, v_BHCD) -> out_BHCD`` and is
+built from a collated batch (:func:`packtool.verify.loader.collate`) with the mask helpers of
+:mod:`packtool.verify.masks`, so what is verified is what training code calls.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+from packtool.verify import require_torch
+from packtool.verify.masks import block_causal_mask, document_block_mask
+
+__all__ = ["build_model", "reference_attend", "make_attend", "BACKEND_ATTENDS"]
+
+#: backends of the packtool test model (``hf`` runs a Hugging Face model instead).
+BACKEND_ATTENDS = ("sdpa", "flex", "varlen", "flash")
+
+
+def build_model(*, vocab: int = 512, width: int = 64, heads: int = 4, layers: int = 3,
+                seed: int = 0):
+    """The seeded fp32 test decoder (a ``torch.nn.Module``; eval mode, CPU)."""
+    torch = require_torch()
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1 = nn.RMSNorm(width)
+            self.qkv = nn.Linear(width, 3 * width, bias=False)
+            self.out = nn.Linear(width, width, bias=False)
+            self.norm2 = nn.RMSNorm(width)
+            self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
+                                     nn.Linear(4 * width, width))
+
+    class TinyDecoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.vocab, self.width, self.heads = vocab, width, heads
+            self.emb = nn.Embedding(vocab, width)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.norm = nn.RMSNorm(width)
+            self.head = nn.Linear(width, vocab, bias=False)
+
+        def embed(self, input_ids_BC):
+            """float [B, C, E] token embeddings of ``input_ids % V``."""
+            return self.emb(input_ids_BC % self.vocab)
+
+        def forward_embeds(self, h_BCE, position_ids_BC, attend):
+            """Logits float [B, C, V] from embeddings, positions and an attention function."""
+            B, C, E = h_BCE.shape
+            H, D = self.heads, E // self.heads
+            dt, dev = h_BCE.dtype, h_BCE.device
+            # angles in fp32 whatever the model dtype: bf16 cannot hold positions over 256 exactly
+            pos_BC1 = position_ids_BC.to(torch.float32)[..., None]
+            freq_E2 = torch.exp(torch.arange(0, E, 2, device=dev, dtype=torch.float32)
+                                * (-math.log(10000.0) / E))
+            ang_BCE2 = pos_BC1 * freq_E2
+            x_BCE = h_BCE + torch.cat([ang_BCE2.sin(), ang_BCE2.cos()], dim=-1).to(dt)
+            inv_D2 = 1.0 / (10000.0 ** (torch.arange(0, D, 2, device=dev,
+                                                       dtype=torch.float32) / D))
+            rot_B1CD2 = (pos_BC1 * inv_D2)[:, None]
+            cos_B1CD2, sin_B1CD2 = rot_B1CD2.cos().to(dt), rot_B1CD2.sin().to(dt)
+
+            def rope(t_BHCD):
+                a, b = t_BHCD[..., : D // 2], t_BHCD[..., D // 2:]
+                return torch.cat([a * cos_B1CD2 - b * sin_B1CD2,
+                                  a * sin_B1CD2 + b * cos_B1CD2], dim=-1)
+
+            for blk in self.blocks:
+                q, k, v = blk.qkv(blk.norm1(x_BCE)).view(B, C, 3, H, D).permute(2, 0, 3, 1, 4)
+                o_BHCD = attend(rope(q), rope(k), v)
+                x_BCE = x_BCE + blk.out(o_BHCD.transpose(1, 2).reshape(B, C, E))
+                x_BCE = x_BCE + blk.mlp(blk.norm2(x_BCE))
+            return self.head(self.norm(x_BCE))
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = TinyDecoder()
+    return model.eval()
+
+
+def reference_attend(q_BHLD, k_BHLD, v_BHLD):
+    """Plain causal attention written out (softmax of masked scores): the per-document reference."""
+    torch = require_torch()
+    L, D = q_BHLD.shape[-2], q_BHLD.shape[-1]
+    s_BHLL = (q_BHLD @ k_BHLD.transpose(-1, -2)) / math.sqrt(D)
+    causal_LL = torch.ones(L, L, dtype=torch.bool, device=q_BHLD.device).tril()
+    s_BHLL = s_BHLL.masked_fill(~causal_LL, float("-inf"))
+    return torch.softmax(s_BHLL.float(), dim=-1).to(v_BHLD.dtype) @ v_BHLD
+
+
+def make_attend(backend: str, batch: dict, *, device="cpu", compile: bool = False):
+    """The packed attention function of ``backend`` for a collated ``batch``.
+
+    Args:
+        backend: ``sdpa`` (boolean block-diagonal causal mask), ``flex`` (FlexAttention document
+            block mask), ``varlen`` (``torch.nn.attention.varlen.varlen_attn``) or ``flash``
+            (``flash_attn_varlen_func``); the last two take ``cu_seqlens`` (int32) and
+            ``max_seqlen`` (Python int) from the batch.
+        batch: output of :func:`~packtool.verify.loader.collate`.
+        device: where q/k/v live (``cu_seqlens`` and masks are moved there).
+        compile: wrap FlexAttention in ``torch.compile``.
+
+    Returns:
+        ``attend(q_BHCD, k_BHCD, v_BHCD) -> out_BHCD``.
+
+    Raises:
+        ValueError: unknown backend.
+    """
+    torch = require_torch()
+    F = torch.nn.functional
+    seg_BC = batch["segment_ids"].to(device)
+    if backend == "sdpa":
+        mask_B1CC = block_causal_mask(seg_BC)
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask_B1CC)
+    if backend == "flex":
+        from torch.nn.attention.flex_attention import flex_attention
+
+        block_mask = document_block_mask(seg_BC)
+        fn = torch.compile(flex_attention, dynamic=False) if compile else flex_attention
+
+        def attend_flex(q, k, v):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return fn(q, k, v, block_mask=block_mask)
+
+        return attend_flex
+    if backend in ("varlen", "flash"):
+        cu_S1 = batch["cu_seqlens"].to(device)
+        max_seqlen = batch["max_seqlen"]
+        assert cu_S1.dtype == torch.int32 and type(max_seqlen) is int  # B06, B24
+
+        def attend_varlen(q, k, v):
+            B, H, C, D = q.shape
+            flat = [t.transpose(1, 2).reshape(B * C, H, D) for t in (q, k, v)]  # [T, H, D]
+            if backend == "flash":
+                from flash_attn import flash_attn_varlen_func
+
+                o_THD = flash_attn_varlen_func(*flat, cu_S1, cu_S1, max_seqlen, max_seqlen,
+                                               causal=True)
+            else:
+                from torch.nn.attention.varlen import varlen_attn
+
+                o_THD = varlen_attn(*flat, cu_S1, cu_S1, max_seqlen, max_seqlen,
+                                    window_size=(-1, 0))
+            return o_THD.reshape(B, C, H, D).transpose(1, 2)
+
+        return attend_varlen
+    raise ValueError(f"unknown attention backend {backend!r}")

@@ -1,0 +1,106 @@
+"""packtool stats: figures recounted from shards agree with an independent count and the manifest."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+from click.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parent / "verify"))
+from packed_helpers import edit_rows, pack_docs  # noqa: E402
+
+from packtool.analysis import analyze_packed, compare_strategies, input_lengths  # noqa: E402
+from packtool.cli import cli  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_b21_targets_are_sum_len_minus_one(tmp_path):
+    """docs [[11,12,13],[21,22]] at C=8: 1 row, 5 real, 3 padding (0.375), 3 targets."""
+    out = pack_docs(tmp_path, [[11, 12, 13], [21, 22]], 8)
+    s = analyze_packed(out).stats
+    assert (s.rows, s.real_tokens, s.padding_tokens, s.effective_targets) == (1, 5, 3, 3)
+    assert s.padding_fraction == 0.375
+
+
+def test_b19_b20_per_bin_targets(tmp_path):
+    """B19: one row A(4)+B(2) has segment targets [3,1]; B20: two bins give targets [3,1], 4."""
+    one = analyze_packed(pack_docs(tmp_path, [[1, 2, 3, 4], [5, 6]], 6, name="one"),
+                         per_bin=True)
+    assert [b["segment_targets"] for b in one.per_bin] == [[3, 1]]
+    two = analyze_packed(pack_docs(tmp_path, [[1, 2, 3, 4], [5, 6]], 4, name="two"),
+                         per_bin=True)
+    assert [b["targets"] for b in two.per_bin] == [3, 1]
+    assert two.to_dict()["targets_total"] == 4
+    # the token mean over the step is 16/4, not the mean of per-bin means (2 + 10) / 2
+    losses = {0: [1.0, 2.0, 3.0], 1: [10.0]}
+    total = sum(sum(v) for v in losses.values()) / two.to_dict()["targets_total"]
+    assert total == 4.0
+
+
+def test_b15_stats_after_last_row_removed(tmp_path):
+    """Deleting the last row: stats report 2 rows, 8 tokens, no padding, fill 1.0 and flag it."""
+    out = pack_docs(tmp_path, [[1, 1, 1, 1], [2, 2, 2, 2], [3]], 4)
+    edit_rows(out, lambda rows: rows[:2])
+    a = analyze_packed(out)
+    s = a.stats
+    assert (s.rows, s.real_tokens, s.padding_tokens, s.fill) == (2, 8, 0, 1.0)
+    assert a.mismatches["rows"] == (2, 3)
+    r = CliRunner().invoke(cli, ["stats", str(out)])
+    assert r.exit_code == 1 and "rows" in r.output
+    edit_rows(out, lambda rows: [])
+    s = analyze_packed(out).stats
+    assert (s.rows, s.real_tokens, s.padding_tokens, s.fill) == (0, 0, 0, 0.0)
+
+
+def test_stats_equal_independent_recount_and_manifest(tmp_path):
+    """On sample_data at C=512, every recounted figure equals a plain pyarrow count."""
+    out = tmp_path / "out"
+    r = CliRunner().invoke(cli, ["pack", "-c", "512", "-q", "--rows-per-shard", "2000",
+                                 str(ROOT / "sample_data"), str(out)])
+    assert r.exit_code == 0, r.output
+    a = analyze_packed(out)
+    assert a.mismatches == {}
+    rows = [row for f in sorted(out.glob("part-*.parquet")) for row in
+            pq.read_table(f).to_pylist()]
+    seg_lens = [np.diff(r["cu_seqlens"])[:len(r["doc_ids"])] for r in rows]
+    assert a.stats.rows == len(rows)
+    assert a.stats.real_tokens == sum(sum(1 for s in r["segment_ids"] if s) for r in rows)
+    assert a.stats.effective_targets == sum(sum(1 for x in r["labels"] if x != -100)
+                                            for r in rows)
+    assert a.stats.effective_targets == sum(int((l - 1).sum()) for l in seg_lens)
+    assert a.stats.attention_work == sum(int((l * l).sum()) for l in seg_lens)
+    m = json.loads((out / "manifest.json").read_text())["totals"]
+    for k in ("rows", "real_tokens", "padding_tokens", "effective_targets", "segments"):
+        assert getattr(a.stats, k) == m[k], k
+
+
+def test_compare_on_sample_data_concat_cuts_obfd_does_not():
+    """The article's comparison on real data: concat cuts documents that fit; obfd cuts none."""
+    lengths = input_lengths([ROOT / "sample_data"])
+    res = {r["strategy"]: r for r in compare_strategies(lengths, 2048)}
+    assert res["concat"]["docs_cut_below_capacity"] > 0
+    assert res["obfd"]["docs_cut_below_capacity"] == 0
+    assert res["ordered"]["docs_cut_below_capacity"] == 0
+    assert res["obfd"]["extra_rows"] <= 5
+    assert res["obfd"]["rows"] < res["ordered"]["rows"]
+    real = int(lengths.sum())
+    for r in res.values():
+        assert r["effective_targets"] == real - r["segments"]
+
+
+def test_cli_stats_compare_json_and_plot(tmp_path):
+    """--compare --json lists the three strategies; --plot writes a PNG."""
+    png = tmp_path / "f.png"
+    r = CliRunner().invoke(cli, ["stats", str(ROOT / "sample_data"), "--capacity", "2048",
+                                 "--compare", "--json", "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    assert [s["strategy"] for s in json.loads(r.output)["strategies"]] == \
+        ["concat", "ordered", "obfd"]
+    assert png.stat().st_size > 1000
+    r = CliRunner().invoke(cli, ["stats", str(ROOT / "sample_data"), "--compare"])
+    assert r.exit_code == 2

@@ -1,0 +1,158 @@
+"""packtool verify passes on good output and fails on each deliberately broken one (B02, B29)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from click.testing import CliRunner  # noqa: E402
+
+from packtool.cli import cli  # noqa: E402
+from packtool.verify.checks import check_row_contract, run_verify  # noqa: E402
+
+from packed_helpers import edit_rows, pack_docs  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+RNG = np.random.default_rng(0)
+# several documents per row, ids above 65535 (16-bit bugs show), one document over C (split)
+DOCS = [list(map(int, RNG.integers(0, 131_000, n))) for n in [9, 5, 7, 3, 12, 4, 6, 2, 40, 8, 1]]
+C = 16
+
+
+def _failed(report, backend, check):
+    return [r for r in report.results
+            if r.backend == backend and r.check == check and r.status == "fail"]
+
+
+@pytest.fixture
+def good(tmp_path):
+    return pack_docs(tmp_path, DOCS, C)
+
+
+def test_verify_passes_on_good_output_with_sdpa_flex_and_hf(good):
+    """Every check on every CPU backend passes; GPU-only backends are skipped, not passed."""
+    rep = run_verify(good, rows=0, backends=["sdpa", "flex", "hf", "flash", "varlen"])
+    assert rep.ok, rep.format_text()
+    ran = {(r.backend, r.check) for r in rep.results if r.status == "pass"}
+    for b in ("sdpa", "flex", "hf"):
+        assert (b, "logits_match") in ran and (b, "isolation") in ran
+        assert (b, "loss_denominator") in ran
+    if not torch.cuda.is_available():
+        skipped = {r.backend for r in rep.results if r.status == "skip" and r.check == "all"}
+        assert {"flash", "varlen"} <= skipped
+    lm = next(r for r in rep.results if r.backend == "sdpa" and r.check == "logits_match")
+    assert lm.figures["max_abs_diff"] <= 1e-5
+
+
+def test_b02_b29_plain_causal_mask_fails_and_names_segment_2(tmp_path):
+    """A plain causal mask (no document blocks) lets B see A: verify must fail at segment 2."""
+    out = pack_docs(tmp_path, [[5, 6, 7], [8, 9]], 5)
+    F = torch.nn.functional
+    plain = {"sdpa": lambda b, dev: (lambda q, k, v: F.scaled_dot_product_attention(
+        q, k, v, is_causal=True))}
+    rep = run_verify(out, rows=0, backends=["sdpa"], attend_overrides=plain)
+    assert not rep.ok
+    iso = _failed(rep, "sdpa", "isolation")
+    assert iso and iso[0].where["segment"] == 2 and iso[0].where["row"] == 0
+    assert _failed(rep, "sdpa", "logits_match")[0].where["segment"] == 2
+    good = run_verify(out, rows=0, backends=["sdpa"])
+    assert good.ok, good.format_text()
+
+
+def _row_with_two_docs(rows):
+    return next(i for i, r in enumerate(rows) if len(r["doc_ids"]) >= 2)
+
+
+def test_positions_not_reset_fail(good):
+    """B01: one running position counter over the row shows in the logits of every backend."""
+    def edit(rows):
+        i = _row_with_two_docs(rows)
+        rows[i]["position_ids"] = list(range(C))
+        return rows
+
+    edit_rows(good, edit)
+    rep = run_verify(good, rows=0, backends=["sdpa", "hf"])
+    assert _failed(rep, "data", "position_ids")
+    assert _failed(rep, "sdpa", "logits_match")
+    assert _failed(rep, "hf", "logits_match")  # transformers finds documents from position_ids
+
+
+def test_cu_seqlens_boundary_moved_fails(good):
+    """A boundary moved by one token in cu_seqlens disagrees with segment_ids and the model."""
+    def edit(rows):
+        i = _row_with_two_docs(rows)
+        rows[i]["cu_seqlens"][1] += 1
+        return rows
+
+    edit_rows(good, edit)
+    rep = run_verify(good, rows=0, backends=["sdpa"])
+    assert _failed(rep, "data", "segment_ids") or _failed(rep, "data", "cu_seqlens")
+    assert _failed(rep, "sdpa", "logits_match")
+
+
+def test_label_crossing_a_boundary_fails(good):
+    """B03: the first token of document 2 as a target of document 1's last token must fail."""
+    def edit(rows):
+        i = _row_with_two_docs(rows)
+        j = rows[i]["cu_seqlens"][1]
+        rows[i]["labels"][j] = rows[i]["input_ids"][j]
+        rows[i]["num_targets"] += 1  # keep the count self-consistent: only the label is wrong
+        return rows
+
+    edit_rows(good, edit)
+    rep = run_verify(good, rows=0, backends=["sdpa"])
+    lab = _failed(rep, "data", "labels")
+    assert lab and lab[0].where["segment"] == 2
+    den = _failed(rep, "sdpa", "loss_denominator")
+    assert den and den[0].where["segment"] == 2
+
+
+def test_segment_ids_merged_fails(good):
+    """Two documents under one segment id attend to each other: verify must fail."""
+    def edit(rows):
+        i = _row_with_two_docs(rows)
+        rows[i]["segment_ids"] = [1 if s == 2 else s for s in rows[i]["segment_ids"]]
+        return rows
+
+    edit_rows(good, edit)
+    rep = run_verify(good, rows=0, backends=["sdpa", "flex"])
+    assert _failed(rep, "data", "segment_ids")
+    assert _failed(rep, "sdpa", "logits_match") and _failed(rep, "sdpa", "isolation")
+    assert _failed(rep, "flex", "logits_match")
+
+
+def test_cli_verify_exit_codes_and_json(good):
+    """exit 0 and a JSON report on good output; exit 1 naming shard, row, segment and check."""
+    r = CliRunner().invoke(cli, ["verify", str(good), "--backend", "sdpa", "--json",
+                                 "--rows", "3"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["ok"] is True
+
+    def edit(rows):
+        i = _row_with_two_docs(rows)
+        rows[i]["segment_ids"] = [1 if s == 2 else s for s in rows[i]["segment_ids"]]
+        return rows
+
+    edit_rows(good, edit)
+    r = CliRunner().invoke(cli, ["verify", str(good), "--backend", "sdpa", "--rows", "0"])
+    assert r.exit_code == 1
+    last = r.output.strip().splitlines()[-1]
+    for word in ("part-00000.parquet", "row", "segment", "segment_ids"):
+        assert word in last, last
+
+
+def test_b05_shifted_labels_checked_against_their_own_convention(tmp_path):
+    """Shifted output passes; the same labels read as unshifted fail (a double shift)."""
+    out = pack_docs(tmp_path, [[11, 12, 13, 14]], 4, "--labels", "shifted")
+    rep = run_verify(out, rows=0, backends=["sdpa"])
+    assert rep.ok, rep.format_text()
+    row = {"input_ids": [11, 12, 13, 14], "segment_ids": [1, 1, 1, 1],
+           "position_ids": [0, 1, 2, 3], "cu_seqlens": [0, 4], "max_seqlen": 4,
+           "num_targets": 3, "doc_ids": [0], "labels": [12, 13, 14, -100]}
+    assert check_row_contract(row, "shifted") == []
+    assert [c for c, _, _ in check_row_contract(row, "unshifted")] == ["labels"]
