@@ -235,6 +235,14 @@ def test_output_inside_input(tmp_path, good):
     refused(pack_args(good.parent, out=out), out, "overlaps INPUT")
 
 
+def test_input_inside_output(tmp_path):
+    src = write_docs(tmp_path / "out" / "in" / "a.parquet", [[1, 2]])
+    before = hash_tree(tmp_path / "out")
+    res = invoke(pack_args(src, out=tmp_path / "out"))
+    assert res.exit_code == 1 and "overlaps INPUT" in res.output
+    assert hash_tree(tmp_path / "out") == before
+
+
 def test_output_is_an_existing_file(tmp_path, good):
     f = tmp_path / "out.txt"
     f.write_text("keep me")
