@@ -34,7 +34,9 @@ test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[bench]"
 	$(BIN)/python scripts/bench_packer.py
+	$(BIN)/python scripts/bench_pipeline.py --encodings
 
 sample: $(STAMP)
 	$(BIN)/python scripts/make_sample_data.py
