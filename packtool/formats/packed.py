@@ -85,6 +85,8 @@ class PackedReader:
         self.labels_mode: str = str(opts.get("labels", "unshifted"))
         self.shards: list[str] = [o["file"] for o in self.manifest["outputs"]]
         self._files: dict[str, pq.ParquetFile] = {}
+        self._pid = os.getpid()
+        self._cache: tuple | None = None  # (shard index, row group, columns key, block)
         # per shard: row offset of each row group, shape (num_row_groups + 1,)
         self._rg_offsets: list[np.ndarray] = []
         rows = []
@@ -101,6 +103,8 @@ class PackedReader:
         self._cache: tuple | None = None  # (shard index, row group, columns key, block)
 
     def _file(self, name: str) -> pq.ParquetFile:
+        if self._pid != os.getpid():  # a DataLoader worker after fork: open its own handles
+            self._files, self._cache, self._pid = {}, None, os.getpid()
         f = self._files.get(name)
         if f is None:
             f = self._files[name] = pq.ParquetFile(self.path / name)

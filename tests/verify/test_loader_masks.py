@@ -90,3 +90,23 @@ def test_flex_block_mask_equals_sdpa_mask():
 def test_block_mask_rejects_wrong_rank():
     with pytest.raises(ValueError):
         block_causal_mask(torch.zeros(5, dtype=torch.long))
+
+
+def test_dataloader_with_workers_and_collate(out):
+    """A torch DataLoader (two worker processes) over PackedDataset yields every row once."""
+    dl = torch.utils.data.DataLoader(PackedDataset(out), batch_size=2, collate_fn=collate,
+                                     num_workers=2)
+    seen = [row for b in dl for row in b["row"]]
+    assert sorted(seen) == [0, 1, 2]
+
+
+def test_missing_torch_names_the_verify_extra(monkeypatch):
+    """Without torch, the torch path fails with a one-line error naming the pip extra."""
+    import sys
+
+    from packtool.errors import MissingDependencyError
+    from packtool.verify import require_torch
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'packtool\[verify\]'"):
+        require_torch()
