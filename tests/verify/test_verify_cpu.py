@@ -156,3 +156,25 @@ def test_b05_shifted_labels_checked_against_their_own_convention(tmp_path):
            "num_targets": 3, "doc_ids": [0], "labels": [12, 13, 14, -100]}
     assert check_row_contract(row, "shifted") == []
     assert [c for c, _, _ in check_row_contract(row, "unshifted")] == ["labels"]
+
+
+def test_verify_cli_passes_on_packed_sample_data(tmp_path, sample_data):
+    """The real sample output, through the CLI as CI users run it: sdpa, flex and hf agree with
+    per-document forwards (hf skips, reported, when transformers is missing)."""
+    from click.testing import CliRunner
+
+    from packtool.cli import cli
+
+    out = tmp_path / "packed"
+    res = CliRunner().invoke(cli, ["pack", "-q", "--capacity", "2048", str(sample_data), str(out)])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(cli, ["verify", str(out), "--rows", "2", "--backend", "sdpa",
+                                   "--backend", "flex", "--backend", "hf", "--json"])
+    assert res.exit_code == 0, res.output
+    import json
+
+    report = json.loads(res.output)
+    assert report["ok"] is True
+    ran = {(r["backend"], r["status"]) for r in report["results"]}
+    assert ("sdpa", "pass") in ran and ("flex", "pass") in ran
+    assert not any(r["status"] == "fail" for r in report["results"])
