@@ -64,12 +64,41 @@ def make_corpus(folder: Path, tokens: int, vocab: int, files: int, seed: int = 0
     return {"docs": n_docs, "tokens": n_tok}
 
 
-def _peak_rss() -> int:
+def _status() -> dict:
+    """Fields of /proc/self/status in bytes (VmHWM, VmRSS, RssAnon, RssFile)."""
+    out = {}
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
+            key, _, rest = line.partition(":")
+            if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
+                out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
+def _peak_rss() -> int:
+    return _status().get("VmHWM", 0)
+
+
+class _AnonPeak:
+    """Samples RssAnon every 10 ms: the peak of private memory, without the page cache of
+    memory-mapped files (the spill file's pages are file-backed and reclaimable)."""
+
+    def __enter__(self):
+        import threading
+
+        self.peak, self._stop = 0, threading.Event()
+
+        def loop():
+            while not self._stop.wait(0.01):
+                self.peak = max(self.peak, _status().get("RssAnon", 0))
+
+        self._t = threading.Thread(target=loop, daemon=True)
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
 
 
 def child_pack(inp: str, out: str, workers: int, capacity: int) -> dict:
@@ -78,12 +107,14 @@ def child_pack(inp: str, out: str, workers: int, capacity: int) -> dict:
 
     cfg = PackConfig(inputs=(inp,), output=out, capacity=capacity, workers=workers,
                      overwrite=True)
-    t = time.perf_counter()
-    res = run_pack(cfg, progress=False)
-    secs = time.perf_counter() - t
+    with _AnonPeak() as anon:
+        t = time.perf_counter()
+        res = run_pack(cfg, progress=False)
+        secs = time.perf_counter() - t
     out_bytes = sum(p.stat().st_size for p in Path(out).glob("part-*.parquet"))
-    return {"seconds": secs, "peak_rss": _peak_rss(), "out_bytes": out_bytes,
-            "rows": res.stats.rows, "tokens": res.stats.real_tokens}
+    return {"seconds": secs, "peak_rss": _peak_rss(), "peak_anon": anon.peak,
+            "out_bytes": out_bytes, "rows": res.stats.rows, "tokens": res.stats.real_tokens,
+            "docs": res.stats.docs_in}
 
 
 def child_floor(inp: str, packed: str, workers: int) -> dict:
@@ -237,9 +268,15 @@ def main() -> None:
     half_pack = _spawn("pack", str(half), str(work / "out-half"), w, args.capacity)
     full_rss = [r for r in results["runs"] if r["workers"] == w][0]["pack"]["peak_rss"]
     results["rss_half"], results["rss_full"] = half_pack["peak_rss"], full_rss
-    rss = (f"peak RSS of pack (workers={w}): half corpus {half_pack['peak_rss'] / 2**20:.0f} MiB,"
-           f" full corpus {full_rss / 2**20:.0f} MiB (+{(full_rss - half_pack['peak_rss']) / 2**20:.0f}"
-           f" MiB for +{corpus['docs'] - 0:,} docs total)")
+    half_anon = half_pack["peak_anon"]
+    full_anon = [r for r in results["runs"] if r["workers"] == w][0]["pack"]["peak_anon"]
+    extra_docs = corpus["docs"] - half_pack["docs"]
+    rss = (f"pack, workers={w}: peak RSS half corpus {half_pack['peak_rss'] / 2**20:.0f} MiB, "
+           f"full {full_rss / 2**20:.0f} MiB; peak private (anonymous) RSS half "
+           f"{half_anon / 2**20:.0f} MiB, full {full_anon / 2**20:.0f} MiB "
+           f"(+{(full_anon - half_anon) / 2**20:.0f} MiB for +{extra_docs:,} documents, "
+           f"{(full_anon - half_anon) / max(extra_docs, 1):.0f} B/document)")
+    results["anon_half"], results["anon_full"] = half_anon, full_anon
     print(rss)
     if args.encodings:
         enc = _spawn("enc", str(work / f"out-w{w}"))

@@ -12,6 +12,12 @@ Three strategies, all planned from document lengths alone (no tokens needed):
     capacities 0..C with fan-out 64 (one 64-bit word per node, find-next-set-bit), so a placement
     costs O(log_64 C) word operations and the whole plan O(S + C). Ties between bins with equal
     remaining capacity go to the bin that reached that remaining capacity most recently.
+    Chunks of equal length are placed in bulk: the best-fit bin for a chunk of length l with r
+    tokens free takes min(r // l, chunks left) of them at once, which is exactly what placing
+    them one by one under the tie rule does, so the tree is searched only when the stack of bins
+    with r tokens free runs empty. Measured on 2 cores of an AMD EPYC VM, 10 M web-like
+    documents at C = 2048 plan in about 0.2 s (best of 3; 0.6 s in a fresh process, which also
+    pays the page faults of the plan's memory): see ``docs/benchmarks.md``.
     The paper reports fewer than 0.003 % extra sequences over ceil(tokens / C) at C = 2048; on
     ``sample_data/`` the plan needs 0 to 1 rows over that bound (see README).
 ``ordered``
