@@ -211,16 +211,17 @@ def _chunk_histogram(lengths, capacity, overflow):
 
 
 @njit(cache=True)
-def _obfd_plan(lengths, capacity, overflow, hist, sdoc, runs, heads, data, row_offsets, seg_doc,
-               seg_offset, seg_len):
+def _obfd_plan(lengths, capacity, overflow, hist, sdoc, sfull, runs, heads, data, row_offsets,
+               seg_doc, seg_offset, seg_len):
     """Counting sort + best-fit placement + CSR of bins, in place; returns the number of bins.
 
-    Same bins and segment order as ``_split_chunks`` + ``_obfd_place`` + ``_group_by_bin`` (and
-    as ``reference_pack``), without a 3-column chunk table or a scatter by bin:
+    Same bins and segment order as one-chunk-at-a-time best-fit-decreasing (and as
+    ``reference_pack``), without a 3-column chunk table or a scatter by bin:
 
     - the sorted order holds document ids only: a chunk's length is its bucket, and its offset is
-      0, or its rank among its document's chunks times C (bucket C), or ``length(doc) - l`` for
-      the last chunk of a split document (stored as ``-1 - doc`` to flag it);
+      0, or its rank among its document's chunks times C (bucket C), or C times the number of
+      full chunks for the last chunk of a split document (stored as ``-1 - doc`` to flag it,
+      that number beside it in ``sfull``: no random reads of ``lengths`` after the scatter);
     - a run of equal-length chunks is placed in bulk: a bin popped with remaining capacity r
       takes min(run left, r // l) chunks of length l at once (it stays the best fit and the most
       recent bin at its new remaining capacity until that drops below l), so the capacity tree
@@ -235,7 +236,10 @@ def _obfd_plan(lengths, capacity, overflow, hist, sdoc, runs, heads, data, row_o
         lengths: int64[N] (>= 0); capacity: C; overflow: split, truncate or drop code.
         hist: int64[C + 1] from ``_chunk_histogram``.
         sdoc: int32|int64[S] scratch (flagged document id of each sorted chunk).
-        runs: same dtype [S, 4] scratch (first sorted position, count, length, next run or -1).
+        sfull: same dtype [S] scratch (full chunks before a flagged chunk; other slots unset).
+        runs: same dtype [S, 5] scratch, one row per run: (first sorted position, count, length,
+            next run of the bin or -1, unused) or, for a run of one chunk, (document, 0, length,
+            next, offset).
         heads: same dtype [S] scratch (first run of each bin).
         data: same dtype [(S // _BLOCK + C + 2) * _BLOCK] scratch (stack blocks of run ids).
         row_offsets: int64[S + 1]; on return ``row_offsets[:nbins + 1]`` is the CSR.
@@ -269,7 +273,8 @@ def _obfd_plan(lengths, capacity, overflow, hist, sdoc, runs, heads, data, row_o
             pos[capacity] = q + full
             if rest > 0:
                 q = pos[rest]
-                sdoc[q] = -1 - i  # flag: offset is length - rest
+                sdoc[q] = -1 - i  # flag: offset is full * C
+                sfull[q] = full
                 pos[rest] = q + 1
         elif overflow == OVERFLOW_TRUNCATE:
             q = pos[capacity]
@@ -321,8 +326,19 @@ def _obfd_plan(lengths, capacity, overflow, hist, sdoc, runs, heads, data, row_o
                         cnt[r] = _BLOCK
                 else:
                     cnt[r] = c
-            runs[nruns, 0] = j
-            runs[nruns, 1] = k
+            if k == 1:  # one chunk: keep its document and offset in the run (no sdoc lookup
+                # in the pointer chase of step 3; the lengths[] reads here are independent)
+                d = np.int64(sdoc[j])
+                if d < 0:
+                    d = -1 - d
+                    runs[nruns, 4] = sfull[j] * capacity
+                else:
+                    runs[nruns, 4] = 0
+                runs[nruns, 0] = d
+                runs[nruns, 1] = 0
+            else:
+                runs[nruns, 0] = j
+                runs[nruns, 1] = k
             runs[nruns, 2] = length
             runs[nruns, 3] = -1
             if left > 0:  # push the bin (its last run) on stack `left`
@@ -353,8 +369,21 @@ def _obfd_plan(lengths, capacity, overflow, hist, sdoc, runs, heads, data, row_o
     for b in range(nbins):
         r = np.int64(heads[b])
         while r >= 0:
-            j = np.int64(runs[r, 0])
             length = np.int64(runs[r, 2])
+            if runs[r, 1] == 0:  # a single chunk, document and offset in the run
+                d = np.int64(runs[r, 0])
+                if length == capacity:
+                    off = off + capacity if d == last else 0
+                    last = d
+                else:
+                    off = np.int64(runs[r, 4])
+                seg_doc[q] = d
+                seg_offset[q] = off
+                seg_len[q] = length
+                q += 1
+                r = np.int64(runs[r, 3])
+                continue
+            j = np.int64(runs[r, 0])
             for jj in range(j, j + np.int64(runs[r, 1])):
                 d = np.int64(sdoc[jj])
                 if length == capacity:  # whole, truncated, or the k-th full chunk of a split doc
@@ -362,7 +391,7 @@ def _obfd_plan(lengths, capacity, overflow, hist, sdoc, runs, heads, data, row_o
                     last = d
                 elif d < 0:  # the last, shorter chunk of a split document
                     d = -1 - d
-                    off = lengths[d] - length
+                    off = np.int64(sfull[jj]) * capacity
                 else:
                     off = 0
                 seg_doc[q] = d

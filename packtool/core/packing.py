@@ -154,26 +154,27 @@ def pack_lengths(
     return PackPlan(capacity, row_offsets, seg_doc, seg_offset, seg_len, counts)
 
 
-def _index_dtype(num_chunks: int, num_docs: int):
-    """int32 document/run ids when they fit (half the scratch memory traffic), else int64."""
-    return np.int32 if max(num_chunks, num_docs) < 2**31 - 1 else np.int64
+def _index_dtype(num_chunks: int, num_docs: int, max_length: int = 0):
+    """int32 ids (and in-chunk offsets) when they fit: half the scratch memory traffic."""
+    return np.int32 if max(num_chunks, num_docs, max_length) < 2**31 - 1 else np.int64
 
 
 def _plan_obfd(lengths: np.ndarray, capacity: int, code: int, tokens_in: int) -> PackPlan:
     """OBFD plan; the large arrays are allocated here by numpy (huge pages, cheap first touch)."""
     hist, c = K._chunk_histogram(lengths, capacity, code)
     s = int(c[7])
-    idx = _index_dtype(s, lengths.size)
+    idx = _index_dtype(s, lengths.size, int(lengths.max()) if lengths.size else 0)
     sdoc = np.empty(s, dtype=idx)  # shape: (S,)
-    runs = np.empty((s, 4), dtype=idx)  # shape: (S, 4), at most one run per chunk
+    sfull = np.empty(s, dtype=idx)  # shape: (S,), set only where a split document ends
+    runs = np.empty((s, 5), dtype=idx)  # shape: (S, 5), at most one run per chunk
     heads = np.empty(s, dtype=idx)  # shape: (S,), at most one bin per chunk
     data = np.empty((s // K._BLOCK + capacity + 2) * K._BLOCK, dtype=idx)
     row_offsets = np.empty(s + 1, dtype=np.int64)  # shape: (S + 1,), first nbins + 1 used
     seg_doc = np.empty(s, dtype=np.int64)  # shape: (S,)
     seg_offset = np.empty(s, dtype=np.int64)  # shape: (S,)
     seg_len = np.empty(s, dtype=np.int64)  # shape: (S,)
-    nbins = K._obfd_plan(lengths, capacity, code, hist, sdoc, runs, heads, data, row_offsets,
-                         seg_doc, seg_offset, seg_len)
+    nbins = K._obfd_plan(lengths, capacity, code, hist, sdoc, sfull, runs, heads, data,
+                         row_offsets, seg_doc, seg_offset, seg_len)
     counts = _counts(lengths.size, tokens_in, c)
     counts["docs_cut"] = counts["docs_split"]  # only split documents span several segments
     return PackPlan(capacity, row_offsets[:nbins + 1], seg_doc, seg_offset, seg_len, counts)

@@ -96,7 +96,7 @@ def test_int64_ids_path_matches_int32_path():
     want = rows_of(pack_lengths(lengths, 128))
     orig = packing._index_dtype
     try:
-        packing._index_dtype = lambda s, n: np.int64
+        packing._index_dtype = lambda *a: np.int64
         got = rows_of(pack_lengths(lengths, 128))
     finally:
         packing._index_dtype = orig
