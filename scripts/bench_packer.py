@@ -141,7 +141,8 @@ def run_case(method: str, dist: str, n: int, capacity: int, repeat: int) -> dict
 
         raise ImportError("olmo-core's packer takes token files, not lengths")
     lower = -(-tokens // capacity)
-    row.update(seconds=secs, first_seconds=first, docs_per_s=n / secs if secs > 0 else float("inf"), rows=rows,
+    row.update(seconds=secs, first_seconds=first,
+               docs_per_s=n / secs if secs > 0 else float("inf"), rows=rows,
                fill=tokens / (rows * capacity) if rows else 0.0, extra_rows=rows - lower,
                peak_mib=peak / 2**20, status="ok")
     return row
@@ -188,7 +189,8 @@ def _fmt(row: dict) -> str:
     head = f"| {row['dist']} | {row['capacity']} | {row['n']:.0e} | {row['method']} |"
     if row.get("status") != "ok":
         return head + f" {row['status']} | | | | | | |"
-    return (head + f" {row['seconds']:.3f} | {row['first_seconds']:.3f} | {row['docs_per_s'] / 1e6:.2f} M | {row['rows']:,} |"
+    return (head + f" {row['seconds']:.3f} | {row['first_seconds']:.3f} |"
+            f" {row['docs_per_s'] / 1e6:.2f} M | {row['rows']:,} |"
             f" {100 * row['fill']:.3f} % | {row['extra_rows']} | {row['peak_mib']:.0f} |")
 
 
@@ -218,8 +220,8 @@ def main() -> None:
                                               if m != "twin"]
             for method, n in cases:
                 if method == "packtool" and n * 120 > avail:
-                    notes.append(f"{dist} C={capacity} N={n:.0e}: skipped, needs ~{n * 120 / 2**30:.0f}"
-                                 f" GiB, {avail / 2**30:.0f} GiB available")
+                    notes.append(f"{dist} C={capacity} N={n:.0e}: skipped, needs about "
+                                 f"{n * 120 / 2**30:.0f} GiB, {avail / 2**30:.0f} GiB available")
                     continue
                 if method in ("lightbinpack", "trl") and n > PEER_MAX_N:
                     continue

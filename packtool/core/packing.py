@@ -16,8 +16,8 @@ Three strategies, all planned from document lengths alone (no tokens needed):
     tokens free takes min(r // l, chunks left) of them at once, which is exactly what placing
     them one by one under the tie rule does, so the tree is searched only when the stack of bins
     with r tokens free runs empty. Measured on 2 cores of an AMD EPYC VM, 10 M web-like
-    documents at C = 2048 plan in about 0.16 s (best of 3; 0.3 to 0.65 s in a fresh process, which
-    also pays the page faults of the plan's memory): see ``docs/benchmarks.md``.
+    documents at C = 2048 plan in about 0.16 s (best of 3; 0.3 to 0.65 s in a fresh process,
+    which also pays the page faults of the plan's memory): see ``docs/benchmarks.md``.
     The paper reports fewer than 0.003 % extra sequences over ceil(tokens / C) at C = 2048; on
     ``sample_data/`` the plan needs 0 to 1 rows over that bound (see README).
 ``ordered``

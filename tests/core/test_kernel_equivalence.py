@@ -72,7 +72,7 @@ def test_counting_sort_is_stable_ties_by_document_then_chunk():
     """Chunks over C/2 each open a bin, so bin order is the sort order: length desc, doc, chunk."""
     c = 10
     rng = np.random.default_rng(7)
-    lengths = rng.integers(6, 35, size=200)  # chunks of 10 and remainders; remainders <= 5 land in bins
+    lengths = rng.integers(6, 35, size=200)  # chunks of 10, remainders 1..9
     plan = pack_lengths(lengths, c)
     firsts = [row[0] for row in rows_of(plan)]
     big = [ch for ch in reference_chunks(list(lengths), c) if 2 * ch[2] > c]
