@@ -142,7 +142,8 @@ def _read_and_spill(cfg, files, spill_path, show):
                 lengths, tokens = batch.lengths, batch.tokens
                 if cfg.append_eos is not None:
                     lengths, tokens = append_eos(lengths, tokens, cfg.append_eos)
-                spill.write(np.ascontiguousarray(tokens, dtype=np.int32).tobytes())
+                # the buffer itself, no bytes copy (a 200 MB corpus spent 0.06 s in tobytes)
+                spill.write(memoryview(np.ascontiguousarray(tokens, dtype=np.int32)))
                 parts.append(lengths)
                 _test_pause("read")
                 rows += lengths.size
