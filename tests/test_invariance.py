@@ -52,10 +52,12 @@ def _rows(out: Path, manifest: dict) -> list[dict]:
     return rows
 
 
-def test_shards_are_byte_identical_for_any_worker_count(corpus, tmp_path):
-    """workers=1 and workers=2 write the same files, byte for byte."""
-    m1 = _pack(corpus, tmp_path / "w1", workers=1, rows_per_shard=40, rows_per_group=16)
-    m2 = _pack(corpus, tmp_path / "w2", workers=2, rows_per_shard=40, rows_per_group=16)
+@pytest.mark.parametrize("window_docs", [None, 150])
+def test_shards_are_byte_identical_for_any_worker_count(corpus, tmp_path, window_docs):
+    """workers=1 and workers=2 write the same files, byte for byte (also in windowed mode)."""
+    kw = dict(rows_per_shard=40, rows_per_group=16, window_docs=window_docs)
+    m1 = _pack(corpus, tmp_path / "w1", workers=1, **kw)
+    m2 = _pack(corpus, tmp_path / "w2", workers=2, **kw)
     assert len(m1["outputs"]) > 2
     assert _digests(tmp_path / "w1", m1) == _digests(tmp_path / "w2", m2)
     assert [e["sha256"] for e in m1["outputs"]] == [e["sha256"] for e in m2["outputs"]]
