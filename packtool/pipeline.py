@@ -16,6 +16,7 @@ Memory stays bounded whatever the corpus size:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -173,6 +174,54 @@ def _shard_stats(capacity: int, figs: np.ndarray) -> PackStats:
                      attention_work=attn)
 
 
+def write_plan_shard(path: Path, cfg: PackConfig, schema, plan: PackPlan, rows: np.ndarray,
+                     tokens: np.ndarray, doc_starts: np.ndarray, *, doc_id_offset: int = 0,
+                     after_group=None) -> dict:
+    """Lay out plan rows ``rows`` (int64[n], output order) and write them as one shard.
+
+    Rows are laid out ``cfg.rows_per_group`` at a time (one Parquet row group each), so memory
+    stays at one row group. ``doc_id_offset`` is added to ``doc_ids`` (windows number documents
+    from their first one). ``after_group`` is called after each row group (a test hook).
+
+    Returns:
+        The manifest entry: ``{"file", "rows", "bytes", "sha256"}``.
+    """
+    def tables():
+        for lo in range(0, rows.size, cfg.rows_per_group):
+            packed = layout_rows(plan, rows[lo:lo + cfg.rows_per_group], tokens, doc_starts,
+                                 pad_id=cfg.pad_id, labels=cfg.labels)
+            if doc_id_offset:
+                packed = dataclasses.replace(packed, doc_ids=packed.doc_ids + doc_id_offset)
+            yield rows_to_table(packed, schema)
+            if after_group is not None:
+                after_group()
+
+    size = write_shard(path, schema, tables())
+    return {"file": path.name, "rows": int(rows.size), "bytes": size, "sha256": sha256_file(path)}
+
+
+def write_manifest(out: Path, cfg: PackConfig, files: list[InputFile], file_rows: list[int],
+                   outputs: list[dict], total: PackStats, **extra) -> dict:
+    """Write ``OUTPUT/manifest.json`` (atomically, last) and drop the in-progress marker.
+
+    ``extra`` adds top-level keys (the windowed engine adds ``windows``). Returns the manifest.
+    """
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "packtool_version": __version__,
+        "options": cfg.layout_options(),
+        "labels_shifted": cfg.labels.value == "shifted",
+        "inputs": [{"path": str(f.path), "rows": r, "bytes": f.bytes}
+                   for f, r in zip(files, file_rows)],
+        "outputs": outputs,
+        **extra,
+        "totals": total.to_dict(),
+    }
+    write_json_atomic(out / MANIFEST_NAME, manifest)
+    (out / IN_PROGRESS_NAME).unlink(missing_ok=True)
+    return manifest
+
+
 def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
     """Pack ``cfg.inputs`` into ``cfg.output`` (see the module docstring for the phases).
 
@@ -240,16 +289,12 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
         rows = order[i * cfg.rows_per_shard:(i + 1) * cfg.rows_per_shard]
         path = out / shard_name(i)
         reused = resume and path.is_file()
-        if not reused:
-            def tables():
-                for lo in range(0, rows.size, cfg.rows_per_group):
-                    packed = layout_rows(plan, rows[lo:lo + cfg.rows_per_group], tokens,
-                                         doc_starts, pad_id=cfg.pad_id, labels=cfg.labels)
-                    yield rows_to_table(packed, schema)
-                    _test_pause("write-shard", i)
-            write_shard(path, schema, tables())
-        entry = {"file": path.name, "rows": int(rows.size), "bytes": path.stat().st_size,
-                 "sha256": sha256_file(path)}
+        if reused:
+            entry = {"file": path.name, "rows": int(rows.size), "bytes": path.stat().st_size,
+                     "sha256": sha256_file(path)}
+        else:
+            entry = write_plan_shard(path, cfg, schema, plan, rows, tokens, doc_starts,
+                                     after_group=lambda: _test_pause("write-shard", i))
         return entry, _shard_stats(plan.capacity, figs[rows]), reused
 
     outputs, total, reused = [], PackStats(capacity=cfg.capacity), 0
@@ -260,25 +305,8 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
             total = total + st
             reused += was_reused
             bar.update(1)
-    c = plan.counts
-    total = total + PackStats(
-        docs_in=c["docs_in"], docs_empty=c["docs_empty"], docs_split=c["docs_split"],
-        split_fragments=c["split_fragments"], docs_truncated=c["docs_truncated"],
-        tokens_truncated=c["tokens_truncated"], docs_dropped=c["docs_dropped"],
-        tokens_dropped=c["tokens_dropped"], docs_cut=c["docs_cut"], tokens_in=c["tokens_in"])
-    del tokens
+    total = total + PackStats.from_dict(plan.counts)  # documents/tokens read, split, lost
     shutil.rmtree(tmp, ignore_errors=True)
-    manifest = {
-        "format_version": FORMAT_VERSION,
-        "packtool_version": __version__,
-        "options": cfg.layout_options(),
-        "labels_shifted": cfg.labels.value == "shifted",
-        "inputs": [{"path": str(f.path), "rows": r, "bytes": f.bytes}
-                   for f, r in zip(files, file_rows)],
-        "outputs": outputs,
-        "totals": total.to_dict(),
-    }
     _test_pause("manifest")
-    write_json_atomic(out / MANIFEST_NAME, manifest)
-    (out / IN_PROGRESS_NAME).unlink(missing_ok=True)
+    manifest = write_manifest(out, cfg, files, file_rows, outputs, total)
     return PackResult(total, manifest, time.perf_counter() - t0, reused)

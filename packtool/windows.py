@@ -36,7 +36,6 @@ names, ``os.replace``).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import shutil
@@ -49,16 +48,15 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from packtool import __version__
 from packtool.config import PackConfig
-from packtool.core.layout import append_eos, layout_rows
+from packtool.core.layout import append_eos
 from packtool.core.packing import PackPlan, pack_lengths
 from packtool.errors import InputError, PackingError, PacktoolError
-from packtool.formats.manifest import (FORMAT_VERSION, MANIFEST_NAME, sha256_file,
-                                       write_json_atomic)
+from packtool.formats.manifest import write_json_atomic
 from packtool.formats.reader import InputFile, discover_inputs, iter_token_batches, open_input
 from packtool.formats.schema import packed_schema
-from packtool.formats.writer import rows_to_table, write_shard
+from packtool.pipeline import (TMP_DIR_NAME, PackResult, _fingerprint, _prepare_output,
+                               _progress, write_manifest, write_plan_shard)
 from packtool.stats import PackStats
 from packtool.types import Engine, Overflow
 
@@ -216,16 +214,11 @@ def _plan_stats(plan: PackPlan) -> PackStats:
     """Counts of a whole plan (rows, segments, tokens, padding, targets, attention work)."""
     seg_len = plan.seg_len
     real = int(seg_len.sum())
-    c = plan.counts
     return PackStats(
         capacity=plan.capacity, rows=plan.num_rows, segments=plan.num_segments,
         real_tokens=real, padding_tokens=plan.num_rows * plan.capacity - real,
         effective_targets=real - plan.num_segments,
-        attention_work=int((seg_len * seg_len).sum()),
-        docs_in=c["docs_in"], docs_empty=c["docs_empty"], docs_split=c["docs_split"],
-        split_fragments=c["split_fragments"], docs_truncated=c["docs_truncated"],
-        tokens_truncated=c["tokens_truncated"], docs_dropped=c["docs_dropped"],
-        tokens_dropped=c["tokens_dropped"], docs_cut=c["docs_cut"], tokens_in=c["tokens_in"])
+        attention_work=int((seg_len * seg_len).sum())) + PackStats.from_dict(plan.counts)
 
 
 def _marker_path(out: Path, index: int) -> Path:
@@ -290,19 +283,9 @@ def pack_window(cfg: PackConfig, window: Window, output: str, workers: int = 1) 
 
     def do_shard(s: int) -> dict:
         rows = order[s * cfg.rows_per_shard:(s + 1) * cfg.rows_per_shard]
-        path = out / window_shard_name(window.index, s)
-
-        def tables():
-            for lo in range(0, rows.size, cfg.rows_per_group):
-                packed = layout_rows(plan, rows[lo:lo + cfg.rows_per_group], tokens, doc_starts,
-                                     pad_id=cfg.pad_id, labels=cfg.labels)
-                # the plan numbers documents within the window; the output keeps global ids
-                packed = dataclasses.replace(packed, doc_ids=packed.doc_ids + window.first_doc)
-                yield rows_to_table(packed, schema)
-
-        size = write_shard(path, schema, tables())
-        return {"file": path.name, "rows": int(rows.size), "bytes": size,
-                "sha256": sha256_file(path)}
+        # the plan numbers documents within the window; the output keeps global ids
+        return write_plan_shard(out / window_shard_name(window.index, s), cfg, schema, plan, rows,
+                                tokens, doc_starts, doc_id_offset=window.first_doc)
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         outputs = list(pool.map(do_shard, range(n_shards)))
@@ -347,8 +330,6 @@ def run_windowed(cfg: PackConfig, *, progress: bool = True,
         MissingDependencyError: ``--engine ray`` without Ray installed.
     """
     from packtool.errors import ConfigError
-    from packtool.pipeline import (IN_PROGRESS_NAME, TMP_DIR_NAME, PackResult, _fingerprint,
-                                   _prepare_output, _progress)
 
     if cfg.window_docs is None:
         raise ConfigError("--window-docs is not set; run_windowed needs a window size")
@@ -392,19 +373,7 @@ def run_windowed(cfg: PackConfig, *, progress: bool = True,
     for w in windows:
         for p in w.parts:
             file_rows[p.file] += p.docs
-    manifest = {
-        "format_version": FORMAT_VERSION,
-        "packtool_version": __version__,
-        "options": cfg.layout_options(),
-        "labels_shifted": cfg.labels.value == "shifted",
-        "inputs": [{"path": str(f.path), "rows": r, "bytes": f.bytes}
-                   for f, r in zip(files, file_rows)],
-        "outputs": outputs,
-        "windows": records,
-        "totals": total.to_dict(),
-    }
-    write_json_atomic(out / MANIFEST_NAME, manifest)
-    (out / IN_PROGRESS_NAME).unlink(missing_ok=True)
+    manifest = write_manifest(out, cfg, files, file_rows, outputs, total, windows=records)
     shutil.rmtree(out / WINDOWS_DIR_NAME, ignore_errors=True)
     shutil.rmtree(out / TMP_DIR_NAME, ignore_errors=True)
     return PackResult(total, manifest, time.perf_counter() - t0, reused)
