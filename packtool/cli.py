@@ -178,7 +178,11 @@ def stats(path, capacity, compare, column, overflow, per_bin, as_json, plot):
 @cli.command()
 @click.argument("output", type=click.Path(exists=True, file_okay=False), metavar="OUTPUT")
 @click.option("--rows", type=int, default=None, metavar="N",
-              help="Rows to check, spread over all shards [default: 8; 0 = all].")
+              help="Rows run through the models, spread over all shards, drawn from rows that "
+                   "hold two documents or more [default: 8; 0 = all].")
+@click.option("--scan/--no-scan", "scan_all", default=True, show_default=True,
+              help="Check the columns of every row (NumPy only); --no-scan checks only the "
+                   "sampled rows.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the row sample and the test models.")
 @click.option("--backend", "backends", multiple=True,
@@ -190,7 +194,7 @@ def stats(path, capacity, compare, column, overflow, per_bin, as_json, plot):
 @click.option("--compile", "compile_", is_flag=True,
               help="Run FlexAttention through torch.compile.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def verify(output, rows, seed, backends, batch_size, compile_, as_json):
+def verify(output, rows, seed, backends, batch_size, compile_, as_json, scan_all):
     """Prove that packed rows of OUTPUT compute what separate documents compute.
 
     Runs a small seeded decoder (and a tiny random Hugging Face Llama) on sampled rows with each
@@ -203,7 +207,7 @@ def verify(output, rows, seed, backends, batch_size, compile_, as_json):
     from packtool.verify.checks import ALL_BACKENDS, run_verify
 
     report = run_verify(output, rows=rows, seed=seed, backends=backends or ALL_BACKENDS,
-                        batch_size=batch_size, compile=compile_)
+                        batch_size=batch_size, compile=compile_, scan_all=scan_all)
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.format_text())
     if report.failures:
         raise PacktoolError(report.first_failure_message())

@@ -18,7 +18,7 @@ from packtool.formats.packed import PackedReader
 from packtool.types import IGNORE_INDEX
 from packtool.verify import require_torch
 
-__all__ = ["PackedDataset", "collate"]
+__all__ = ["PackedDataset", "collate", "unshifted_labels"]
 
 _ROW_COLUMNS = ("input_ids", "segment_ids", "position_ids", "labels", "cu_seqlens",
                 "max_seqlen", "num_targets", "doc_ids", "doc_offsets")
@@ -30,7 +30,7 @@ class PackedDataset:
     Reads the manifest (refusing edited or missing shards) and reads one Parquet row group at a
     time, so memory stays at one row group whatever the output size. Each item is a dict of
     NumPy values: ``input_ids``, ``segment_ids``, ``position_ids``, ``labels`` int32[C]
-    (``labels`` all -100 when the output was packed with ``--labels none``), ``cu_seqlens``
+    (derived by the unshifted rule when the output was packed with ``--labels none``), ``cu_seqlens``
     int32[k + 1 (+1 with padding)], ``max_seqlen``, ``num_targets`` ints, ``doc_ids``,
     ``doc_offsets`` int64[k], and ``shard``, ``row``, ``index``.
 
@@ -55,10 +55,26 @@ class PackedDataset:
 
     def __getitem__(self, index: int) -> dict:
         row = self.reader.read_row(int(index), self._cols)
-        if "labels" not in row:
-            row["labels"] = np.full(self.capacity, IGNORE_INDEX, dtype=np.int32)
+        if "labels" not in row:  # packed with --labels none: derive the unshifted labels
+            row["labels"] = unshifted_labels(row["input_ids"], row["segment_ids"])
         row["labels_mode"] = self.labels_mode
         return row
+
+
+def unshifted_labels(input_ids: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
+    """Unshifted labels of one row from its tokens and segments (the output contract's rule).
+
+    Args:
+        input_ids: int[C]; segment_ids: int[C] (0 = padding).
+
+    Returns:
+        int32[C]: ``input_ids``, except -100 at each segment's first token and on padding.
+    """
+    ids = np.asarray(input_ids, dtype=np.int32)
+    seg = np.asarray(segment_ids)
+    first = np.ones(seg.shape, dtype=bool)  # shape: (C,)
+    first[1:] = seg[1:] != seg[:-1]
+    return np.where(first | (seg == 0), np.int32(IGNORE_INDEX), ids).astype(np.int32)
 
 
 def collate(batch: list[dict]) -> dict:

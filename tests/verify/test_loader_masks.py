@@ -110,3 +110,21 @@ def test_missing_torch_names_the_verify_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)
     with pytest.raises(MissingDependencyError, match=r"pip install 'packtool\[verify\]'"):
         require_torch()
+
+
+def test_labels_none_output_trains_with_derived_labels(tmp_path):
+    """--labels none omits the column; the loader derives the unshifted labels, so the loss
+    denominator (num_targets) is sum(len - 1), not 0 (which would make the loss NaN)."""
+    from packed_helpers import pack_docs
+
+    from packtool.verify.checks import run_verify
+    from packtool.verify.loader import PackedDataset, collate
+
+    out = pack_docs(tmp_path, [[11, 12, 13], [21, 22]], 6, "--labels", "none")
+    batch = collate([PackedDataset(out)[0]])
+    assert batch["labels"].tolist() == [[-100, 12, 13, -100, 22, -100]]
+    assert batch["num_targets"] == 3
+    rep = run_verify(out, rows=0, backends=["sdpa"])
+    assert rep.ok, rep.format_text()
+    loss = next(r for r in rep.results if r.backend == "sdpa" and r.check == "loss_denominator")
+    assert loss.status == "pass"

@@ -178,3 +178,36 @@ def test_verify_cli_passes_on_packed_sample_data(tmp_path, sample_data):
     ran = {(r["backend"], r["status"]) for r in report["results"]}
     assert ("sdpa", "pass") in ran and ("flex", "pass") in ran
     assert not any(r["status"] == "fail" for r in report["results"])
+
+
+def _many_single_doc_rows_plus_packed_ones():
+    """Mostly rows holding one document (long documents) and a few rows holding several."""
+    rng = np.random.default_rng(5)
+    return ([list(map(int, rng.integers(1, 1000, C))) for _ in range(30)]
+            + [list(map(int, rng.integers(1, 1000, n))) for n in (5, 4, 3, 2, 2)])
+
+
+def test_one_broken_row_among_many_is_found_by_the_scan(tmp_path):
+    """A sample of 2 rows would likely miss the one broken row: the column scan covers every
+    row, and the model sample is drawn from rows that hold two documents or more."""
+    out = pack_docs(tmp_path, _many_single_doc_rows_plus_packed_ones(), C)
+
+    def edit(rows):
+        i = max(range(len(rows)), key=lambda k: len(rows[k]["doc_ids"]))
+        rows[i]["position_ids"] = list(range(C))
+        return rows
+
+    edit_rows(out, edit)
+    rep = run_verify(out, rows=2, backends=["sdpa"])
+    assert _failed(rep, "data", "position_ids")
+    assert _failed(rep, "sdpa", "logits_match")  # the sample holds the multi-document rows
+    sampled = run_verify(out, rows=2, backends=["sdpa"], scan_all=False, seed=1)
+    data_checked = [r.figures["rows_checked"] for r in sampled.results if r.backend == "data"]
+    assert set(data_checked) == {2}
+
+
+def test_isolation_is_checked_even_when_most_rows_hold_one_document(tmp_path):
+    out = pack_docs(tmp_path, _many_single_doc_rows_plus_packed_ones(), C)
+    rep = run_verify(out, rows=2, backends=["sdpa"])
+    iso = next(r for r in rep.results if r.backend == "sdpa" and r.check == "isolation")
+    assert iso.status == "pass", rep.format_text()
