@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from packtool.core.packing import pack_lengths
+from packtool.errors import OutputError
 from packtool.formats.packed import PackedReader
 from packtool.stats import PackStats
 from packtool.types import IGNORE_INDEX, Overflow, Strategy
@@ -209,6 +210,8 @@ def format_packed(a: PackedAnalysis) -> str:
         f"  documents                 {a.documents:,} in {s.segments:,} segments "
         f"(in: {s.docs_in:,}, empty skipped {s.docs_empty:,})",
         f"  split                     {s.docs_split:,} documents (+{s.split_fragments:,} pieces)",
+        f"  cut across segments       {s.docs_cut:,} documents (split ones, or cut by the "
+        "concat stream)",
         f"  truncated                 {s.docs_truncated:,} documents, {s.tokens_truncated:,} tokens",
         f"  dropped                   {s.docs_dropped:,} documents, {s.tokens_dropped:,} tokens",
         f"  real tokens               {s.real_tokens:,}",
@@ -246,7 +249,11 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int) -> str
     body = [f"{r['strategy']:9} {r['rows']:8,} {r['extra_rows']:6,} {r['padding_pct']:9.3f} "
             f"{r['docs_cut']:9,} {r['docs_cut_below_capacity']:7,} {r['docs_split']:6,} "
             f"{r['effective_targets']:11,} {r['attention_work_pct']:10.2f}" for r in rows]
-    return "\n".join([head] + body)
+    legend = ("extra: rows over ceil(tokens/C); docs cut: documents spread over several segments, "
+              "cut<=C: of them, documents that fit in one row;\nattn work%: attention score "
+              "entries with document masking (sum of segment_len^2) as a % of full rows (C^2 per "
+              "row); lower is cheaper")
+    return "\n".join([head] + body + [legend])
 
 
 def _pyplot():
@@ -262,6 +269,15 @@ def _pyplot():
     return plt
 
 
+def _save(fig, out: str | os.PathLike) -> None:
+    """Save a figure; a path that cannot be written is an :class:`OutputError`."""
+    try:
+        fig.savefig(out, dpi=100)
+    except OSError as exc:
+        raise OutputError(f"{out}: cannot write the plot ({exc.strerror or exc}); choose a "
+                          "writable path") from None
+
+
 def plot_packed(a: PackedAnalysis, out: str | os.PathLike) -> None:
     """Write a PNG: fill histogram and segment-length histogram with the capacity marked."""
     plt = _pyplot()
@@ -273,8 +289,10 @@ def plot_packed(a: PackedAnalysis, out: str | os.PathLike) -> None:
     ax2.set(xlabel="segment length (tokens)", ylabel="segments", title="segment lengths")
     ax2.legend()
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    try:
+        _save(fig, out)
+    finally:
+        plt.close(fig)
 
 
 def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
@@ -292,5 +310,7 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
     ax2.set(xlabel="row fill (%)", ylabel="rows", title="fill per row", yscale="log")
     ax2.legend()
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    try:
+        _save(fig, out)
+    finally:
+        plt.close(fig)

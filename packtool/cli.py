@@ -96,10 +96,15 @@ def pack(paths, capacity, column, strategy, overflow, labels, pad_id, append_eos
     cfg = PackConfig(inputs=tuple(paths[:-1]), output=paths[-1], capacity=capacity,
                      column=column, strategy=strategy, overflow=overflow, labels=labels,
                      pad_id=pad_id, append_eos=append_eos, seed=seed, shuffle=not no_shuffle,
-                     rows_per_shard=rows_per_shard, workers=workers or os.cpu_count() or 1,
+                     rows_per_shard=rows_per_shard,
+                     workers=(os.cpu_count() or 1) if workers is None else workers,
                      overwrite=overwrite, window_docs=window_docs, engine=engine,
                      ray_address=ray_address if engine == Engine.RAY.value else None)
-    result = run_pack(cfg, progress=not quiet)
+    try:
+        result = run_pack(cfg, progress=not quiet)
+    except KeyboardInterrupt:
+        raise click.ClickException(f"interrupted: {cfg.output} is incomplete (no manifest.json); "
+                                   "rerun the same command to finish it") from None
     s = result.stats
     if as_json:
         click.echo(json.dumps({"stats": s.to_dict(), "seconds": result.seconds,
@@ -149,9 +154,18 @@ def stats(path, capacity, compare, column, overflow, per_bin, as_json, plot):
 
     from packtool import analysis
 
+    from pathlib import Path
+
+    from packtool.errors import ManifestError
+    from packtool.formats.manifest import MANIFEST_NAME
+
     if compare:
         if capacity is None:
             raise click.UsageError("--compare needs --capacity C")
+        packed = [p for p in path if (Path(p) / MANIFEST_NAME).is_file()]
+        if packed:
+            raise ManifestError(f"{packed[0]}: is a packed output; --compare takes raw tokenized "
+                                "input (drop --compare to see this output's figures)")
         lengths = analysis.input_lengths(path, column)
         rows = analysis.compare_strategies(lengths, capacity, overflow=overflow)
         if as_json:
@@ -162,13 +176,25 @@ def stats(path, capacity, compare, column, overflow, per_bin, as_json, plot):
                                                int(lengths.sum())))
         if plot:
             analysis.plot_compare(lengths, capacity, plot, overflow=overflow)
+            if not as_json:
+                click.echo(f"wrote {plot}")
         return
     if len(path) != 1:
         raise click.UsageError("give one packed OUTPUT directory (or use --compare)")
-    a = analysis.analyze_packed(path[0], per_bin=per_bin)
+    if capacity is not None:
+        raise click.UsageError("--capacity applies to --compare only: a packed output records "
+                               "its own capacity")
+    out = Path(path[0])
+    if out.is_dir() and not (out / MANIFEST_NAME).exists() and any(out.rglob("*.parquet")) \
+            and not any(out.glob(".packtool-*")):
+        raise ManifestError(f"{out}: no {MANIFEST_NAME}, so not a packed output; for raw "
+                            f"tokenized input run: packtool stats {out} --capacity C --compare")
+    a = analysis.analyze_packed(out, per_bin=per_bin)
     click.echo(json.dumps(a.to_dict(), indent=2) if as_json else analysis.format_packed(a))
     if plot:
         analysis.plot_packed(a, plot)
+        if not as_json:
+            click.echo(f"wrote {plot}")
     if a.mismatches:
         k, (rc, m) = next(iter(a.mismatches.items()))
         raise PacktoolError(f"{path[0]}: recounted {k} {rc} differs from the manifest's {m}; "

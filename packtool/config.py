@@ -35,7 +35,7 @@ class PackConfig:
     labels: LabelMode = LabelMode.UNSHIFTED
     """Labels convention written."""
     pad_id: int = 0
-    """Token id written on padding (int32)."""
+    """Token id written on padding (0..2**31-1)."""
     append_eos: int | None = None
     """If set, this id is appended to every non-empty document before packing."""
     seed: int = 0
@@ -72,8 +72,9 @@ class PackConfig:
             raise ConfigError("give at least one INPUT")
         if not 2 <= self.capacity <= MAX_CAPACITY:
             bad("capacity", self.capacity, f"must be in 2..{MAX_CAPACITY} tokens")
-        if not -(2**31) <= self.pad_id < 2**31:
-            bad("pad_id", self.pad_id, "must fit int32")
+        if not 0 <= self.pad_id < 2**31:
+            # a negative id would index an embedding table out of range
+            bad("pad_id", self.pad_id, "must be a token id in 0..2**31-1 (int32, not negative)")
         if self.append_eos is not None and not 0 <= self.append_eos < 2**31:
             bad("append_eos", self.append_eos, "must be a token id in 0..2**31-1")
         if self.rows_per_shard < 1:

@@ -273,6 +273,9 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
         elif not resume:
             (out / IN_PROGRESS_NAME).unlink(missing_ok=True)
         raise
+    except KeyboardInterrupt:  # the spill file can be large; the marker stays for the rerun
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     doc_starts = np.zeros(lengths.size, dtype=np.int64)  # shape: (docs,)
     if lengths.size:
         np.cumsum(lengths[:-1], out=doc_starts[1:])
@@ -298,13 +301,22 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
         return entry, _shard_stats(plan.capacity, figs[rows]), reused
 
     outputs, total, reused = [], PackStats(capacity=cfg.capacity), 0
-    with _progress(n_shards, "write", "shard", show) as bar, ThreadPoolExecutor(
-            max_workers=cfg.workers) as pool:
-        for entry, st, was_reused in pool.map(do_shard, range(n_shards)):
-            outputs.append(entry)
-            total = total + st
-            reused += was_reused
-            bar.update(1)
+    pool = ThreadPoolExecutor(max_workers=cfg.workers)
+    try:
+        with _progress(n_shards, "write", "shard", show) as bar:
+            for entry, st, was_reused in pool.map(do_shard, range(n_shards)):
+                outputs.append(entry)
+                total = total + st
+                reused += was_reused
+                bar.update(1)
+    except BaseException as exc:
+        # shards being written finish under their temporary names and are renamed (complete);
+        # queued ones are cancelled, so Ctrl-C stops within one shard
+        pool.shutdown(wait=True, cancel_futures=True)
+        if isinstance(exc, KeyboardInterrupt):  # finished shards stay for the rerun
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    pool.shutdown()
     total = total + PackStats.from_dict(plan.counts)  # documents/tokens read, split, lost
     shutil.rmtree(tmp, ignore_errors=True)
     _test_pause("manifest")

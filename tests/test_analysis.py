@@ -104,3 +104,26 @@ def test_cli_stats_compare_json_and_plot(tmp_path):
     assert png.stat().st_size > 1000
     r = CliRunner().invoke(cli, ["stats", str(ROOT / "sample_data"), "--compare"])
     assert r.exit_code == 2
+
+
+def test_stats_messages_point_to_the_right_use(tmp_path, sample_data):
+    """Raw input without --compare points to --compare; --compare on a packed output and
+    --capacity without --compare are refused; an unwritable --plot is one line, exit 1."""
+    from click.testing import CliRunner
+
+    from packtool.cli import cli
+
+    def run(*args):
+        return CliRunner().invoke(cli, ["stats", *map(str, args)])
+
+    res = run(sample_data)
+    assert res.exit_code == 1 and "--capacity C --compare" in res.output
+    out = tmp_path / "packed"
+    assert CliRunner().invoke(cli, ["pack", "-q", str(sample_data), str(out)]).exit_code == 0
+    res = run(out, "--capacity", 1000, "--compare")
+    assert res.exit_code == 1 and "is a packed output" in res.output
+    res = run(out, "--capacity", 1000)
+    assert res.exit_code == 2 and "--compare only" in res.output
+    res = run(out, "--plot", tmp_path / "no" / "such" / "dir" / "x.png")
+    assert res.exit_code == 1 and "cannot write the plot" in res.output
+    assert "Traceback" not in res.output

@@ -216,8 +216,9 @@ def test_missing_output_is_a_usage_error(tmp_path, good):
     refused(["pack", good], tmp_path / "out", "INPUT", "OUTPUT", code=2)
 
 
-@pytest.mark.parametrize("pad_id", [2**31, -(2**31) - 1])
+@pytest.mark.parametrize("pad_id", [2**31, -(2**31) - 1, -1, -100])
 def test_pad_id_outside_int32(tmp_path, good, pad_id):
+    """Padding ids must be valid token ids: negative ones would index an embedding out of range."""
     out = tmp_path / "out"
     refused(pack_args(good, out=out, extra=("--pad-id", pad_id)), out, f"--pad-id {pad_id}",
             "int32")
@@ -347,3 +348,23 @@ def test_manifest_refuses_garbled_manifest(packed):
     (packed / "manifest.json").write_text(json.dumps({"format_version": 1})[:-3])
     with pytest.raises(ManifestError, match="unreadable manifest"):
         load_manifest(packed)
+
+
+def test_same_file_given_twice_is_refused(tmp_path, good):
+    """A file listed twice (directly and through its directory) would pack its documents twice."""
+    out = tmp_path / "out"
+    refused(pack_args(good.parent, good, out=out), out, "a.parquet", "given twice")
+
+
+def test_workers_zero_is_refused(tmp_path, good):
+    out = tmp_path / "out"
+    refused(pack_args(good, out=out, extra=("--workers", 0)), out, "--workers 0", ">= 1")
+
+
+def test_upper_case_parquet_suffix_is_found(tmp_path):
+    src = tmp_path / "in"
+    write_docs(src / "A.PARQUET", [[1, 2, 3]])
+    out = tmp_path / "out"
+    res = invoke(pack_args(src, out=out))
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "manifest.json").read_text())["totals"]["tokens_in"] == 3

@@ -127,3 +127,29 @@ def test_finished_output_is_not_replaced_without_overwrite(tmp_path, src, refere
     res = invoke(["pack", "-q", *OPTIONS, src, out])
     assert res.exit_code == 1 and "--overwrite" in res.output
     assert hash_tree(out) == before
+
+
+def test_ctrl_c_says_how_to_resume_and_removes_the_spill_file(tmp_path, src, reference):
+    """SIGINT (Ctrl-C) while reading: exit 1 with one line saying how to finish, no manifest,
+    no leftover spill file; the rerun finishes with the reference bytes."""
+    out = tmp_path / "out"
+    env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT="read")
+    proc = subprocess.Popen([sys.executable, "-m", "packtool", "pack", "-q", *OPTIONS,
+                             str(src), str(out)], stderr=subprocess.PIPE, text=True, env=env)
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        assert "test pause at read" in proc.stderr.readline()
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait() == 1
+        err = proc.stderr.read()
+    finally:
+        watchdog.cancel()
+        proc.kill()
+        proc.stderr.close()
+    assert "interrupted" in err and "rerun the same command" in err
+    assert "Traceback" not in err
+    assert not (out / "manifest.json").exists()
+    assert not (out / ".packtool-tmp").exists()
+    rerun(src, out)
+    assert hash_tree(out) == hash_tree(reference)

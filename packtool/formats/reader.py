@@ -44,18 +44,19 @@ class TokenBatch:
 
 
 def _is_data_file(p: Path) -> bool:
-    return p.suffix == ".parquet" and not p.name.startswith((".", "_"))
+    return p.suffix.lower() == ".parquet" and not p.name.startswith((".", "_"))
 
 
 def discover_inputs(inputs: list[str | os.PathLike]) -> list[InputFile]:
     """Expand INPUT paths into Parquet files.
 
-    A file is taken as is; a directory is searched recursively for ``*.parquet`` (names starting
-    with ``.`` or ``_`` are skipped), taken in sorted relative-path order. The resulting order
+    A file is taken as is; a directory is searched recursively for ``*.parquet`` (any case; names
+    starting with ``.`` or ``_`` are skipped), taken in sorted relative-path order. The resulting order
     defines the global document index (file order, then row order).
 
     Raises:
-        InputError: a path does not exist, or a directory holds no Parquet file.
+        InputError: a path does not exist, a directory holds no Parquet file, or a file is
+            given twice (directly or through a directory).
     """
     files: list[InputFile] = []
     for given in inputs:
@@ -63,7 +64,7 @@ def discover_inputs(inputs: list[str | os.PathLike]) -> list[InputFile]:
         if not p.exists():
             raise InputError(f"{p}: no such file or directory; check the INPUT path")
         if p.is_dir():
-            found = sorted((q for q in p.rglob("*.parquet") if q.is_file() and _is_data_file(q)),
+            found = sorted((q for q in p.rglob("*") if q.is_file() and _is_data_file(q)),
                            key=lambda q: q.relative_to(p).as_posix())
             if not found:
                 raise InputError(f"{p}: directory holds no *.parquet file; point INPUT at the "
@@ -74,6 +75,13 @@ def discover_inputs(inputs: list[str | os.PathLike]) -> list[InputFile]:
         else:
             st = p.stat()
             files.append(InputFile(p, p.name, st.st_size, st.st_mtime_ns))
+    seen: dict[Path, str] = {}
+    for f in files:
+        key = f.path.resolve()
+        if key in seen:
+            raise InputError(f"{f.path}: given twice (also as {seen[key]}); its documents would "
+                             "be packed twice: list each input once")
+        seen[key] = str(f.path)
     return files
 
 
