@@ -118,8 +118,8 @@ def pack(paths, capacity, column, strategy, overflow, labels, pad_id, append_eos
             f"({100 * s.padding_fraction:.2f}%)  extra rows over ceil(tokens/C): {s.extra_rows}\n"
             f"  effective targets {s.effective_targets:,} ({s.targets_per_token:.4f} per token)  "
             f"segments {s.segments:,}\n"
-            f"  empty skipped {s.docs_empty:,}  split {s.docs_split:,} (+{s.split_fragments:,} "
-            f"pieces)  truncated {s.docs_truncated:,} (-{s.tokens_truncated:,} tokens)  "
+            f"  empty skipped {s.docs_empty:,}  cut across segments {s.docs_cut:,}  split "
+            f"{s.docs_split:,} (+{s.split_fragments:,} pieces)  truncated {s.docs_truncated:,} (-{s.tokens_truncated:,} tokens)  "
             f"dropped {s.docs_dropped:,} (-{s.tokens_dropped:,} tokens)\n"
             f"  {result.seconds:.2f} s, {rate / 1e6:.2f} M tokens/s"
             + (f", {result.shards_reused} shard(s) reused" if result.shards_reused else ""))
