@@ -269,13 +269,16 @@ def _pyplot():
     return plt
 
 
-def _save(fig, out: str | os.PathLike) -> None:
-    """Save a figure; a path that cannot be written is an :class:`OutputError`."""
+def _save(plt, fig, out: str | os.PathLike) -> None:
+    """Lay out, save and close a figure; a path that cannot be written is an OutputError."""
+    fig.tight_layout()
     try:
         fig.savefig(out, dpi=100)
     except OSError as exc:
         raise OutputError(f"{out}: cannot write the plot ({exc.strerror or exc}); choose a "
                           "writable path") from None
+    finally:
+        plt.close(fig)
 
 
 def plot_packed(a: PackedAnalysis, out: str | os.PathLike) -> None:
@@ -288,11 +291,7 @@ def plot_packed(a: PackedAnalysis, out: str | os.PathLike) -> None:
     ax2.axvline(a.stats.capacity, color="red", ls="--", label=f"capacity {a.stats.capacity}")
     ax2.set(xlabel="segment length (tokens)", ylabel="segments", title="segment lengths")
     ax2.legend()
-    fig.tight_layout()
-    try:
-        _save(fig, out)
-    finally:
-        plt.close(fig)
+    _save(plt, fig, out)
 
 
 def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
@@ -309,8 +308,4 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
         ax2.hist(100 * plan.row_lengths() / capacity, bins=50, histtype="step", label=str(s))
     ax2.set(xlabel="row fill (%)", ylabel="rows", title="fill per row", yscale="log")
     ax2.legend()
-    fig.tight_layout()
-    try:
-        _save(fig, out)
-    finally:
-        plt.close(fig)
+    _save(plt, fig, out)
