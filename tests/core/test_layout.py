@@ -44,7 +44,7 @@ def kernel_rows(docs, capacity, *, strategy="obfd", overflow="split", pad_id=0,
 
 
 def test_contract_hand_case_two_documents():
-    """Docs [11,12,13],[21,22] at C=6: the issue's literal contract example (B01, B03, B06)."""
+    """Docs [11,12,13],[21,22] at C=6: the README's contract example (B01, B03, B06)."""
     (row,) = kernel_rows([[11, 12, 13], [21, 22]], 6)
     assert row["input_ids"] == [11, 12, 13, 21, 22, 0]
     assert row["segment_ids"] == [1, 1, 1, 2, 2, 0]
