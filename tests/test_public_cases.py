@@ -1,5 +1,6 @@
-"""The public failure cases of ``pack`` (../shared/cases/public_reports.md), each with its exact
-expected values, through the public CLI (``--no-shuffle``) and read back with pyarrow.
+"""Faults reported in public packing tools' trackers (case ids B01..B34), each rewritten as a tiny
+``pack`` input with its exact expected values, run through the public CLI (``--no-shuffle``) and
+read back with pyarrow.
 
 Each kind of fault a case exposes also gets a property test over random inputs (hypothesis):
 positions restart at every segment, no label crosses a segment, cu_seqlens is strictly
