@@ -211,3 +211,23 @@ def test_isolation_is_checked_even_when_most_rows_hold_one_document(tmp_path):
     rep = run_verify(out, rows=2, backends=["sdpa"])
     iso = next(r for r in rep.results if r.backend == "sdpa" and r.check == "isolation")
     assert iso.status == "pass", rep.format_text()
+
+
+def test_b32_compiled_flex_matches_and_does_not_recompile_for_other_segment_counts(tmp_path):
+    """B32: shard A holds one row of segments [3, 2] (cu [0,3,5,8]), shard B one row of
+    [2, 1, 1, 1] (cu [0,2,3,4,5,8]); compiled FlexAttention matches the per-document reference on
+    both, and the second shape of segments compiles no new graph (the mask is data, not shape)."""
+    from torch._dynamo.utils import counters
+
+    a = pack_docs(tmp_path, [[1, 2, 3], [4, 5]], 8, name="a")
+    b = pack_docs(tmp_path, [[1, 2], [3], [4], [5]], 8, name="b")
+    from packtool.formats.packed import PackedReader
+
+    assert PackedReader(a).read_row(0)["cu_seqlens"].tolist() == [0, 3, 5, 8]
+    assert PackedReader(b).read_row(0)["cu_seqlens"].tolist() == [0, 2, 3, 4, 5, 8]
+    ra = run_verify(a, rows=0, backends=["flex"], compile=True)
+    assert ra.ok, ra.format_text()
+    graphs = counters["stats"]["unique_graphs"]
+    rb = run_verify(b, rows=0, backends=["flex"], compile=True)
+    assert rb.ok, rb.format_text()
+    assert counters["stats"]["unique_graphs"] - graphs <= 1
