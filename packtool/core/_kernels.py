@@ -43,8 +43,6 @@ else:
 
 _ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
 _ONE = np.uint64(1)
-_SIX = np.uint64(6)
-_M63 = np.uint64(63)
 _BLOCK = 32  # bin ids per stack block
 
 
@@ -403,45 +401,25 @@ def _obfd_plan(lengths, capacity, overflow, hist, sdoc, sfull, runs, heads, data
     return nbins
 
 @njit(cache=True)
-def _ordered_place(chunks, capacity):
-    """Order-preserving next-fit: chunks in input order; a new bin when the next one does not fit."""
+def _ordered_rows(chunks, capacity):
+    """Order-preserving next-fit: chunks in input order; a new row when the next one does not fit.
+
+    Rows hold consecutive chunks, so the plan is the chunk table itself plus row_offsets
+    int64[num_rows + 1] (row r = chunks[row_offsets[r]:row_offsets[r + 1]]).
+    """
     s = chunks.shape[0]
-    bin_of = np.empty(s, dtype=np.int64)
-    nbins = 0
-    used = capacity  # forces a first bin
+    row_offsets = np.empty(s + 1, dtype=np.int64)
+    nrows = 0
+    used = capacity  # forces a first row
     for j in range(s):
         length = chunks[j, 2]
         if length > capacity - used:
-            nbins += 1
+            row_offsets[nrows] = j
+            nrows += 1
             used = 0
-        bin_of[j] = nbins - 1
         used += length
-    return chunks, bin_of, nbins
-
-
-@njit(cache=True)
-def _group_by_bin(placed, bin_of, nbins):
-    """CSR of bins, placement order kept within each bin.
-
-    Returns row_offsets int64[nbins + 1] and segs int64[S, 3] (doc, offset, length per segment).
-    The three fields sit in one row so each scattered write touches one cache line.
-    """
-    s = placed.shape[0]
-    row_offsets = np.zeros(nbins + 1, dtype=np.int64)
-    for j in range(s):
-        row_offsets[bin_of[j] + 1] += 1
-    for b in range(nbins):
-        row_offsets[b + 1] += row_offsets[b]
-    fill = row_offsets[:-1].copy()
-    segs = np.empty((s, 3), dtype=np.int64)
-    for j in range(s):
-        b = bin_of[j]
-        q = fill[b]
-        fill[b] = q + 1
-        segs[q, 0] = placed[j, 0]
-        segs[q, 1] = placed[j, 1]
-        segs[q, 2] = placed[j, 2]
-    return row_offsets, segs
+    row_offsets[nrows] = s
+    return row_offsets[:nrows + 1].copy()
 
 
 @njit(cache=True)

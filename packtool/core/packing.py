@@ -143,13 +143,12 @@ def pack_lengths(
     counts = _counts(lengths.size, tokens_in, c)
     if strategy is Strategy.CONCAT:
         row_offsets, seg_doc, seg_offset, seg_len = K._concat_segments(chunks, capacity)
-        # chunks here are whole (or truncated) documents: a document is cut when its pieces > 1
-        # each cut document has exactly one piece at offset > 0 right after its first piece
+        # chunks here are whole (or truncated) documents; each cut document has exactly one
+        # piece at offset > 0 right after its first piece
         counts["docs_cut"] = int(np.count_nonzero((seg_offset[1:] > 0) & (seg_offset[:-1] == 0)))
     else:
-        placed, bin_of, nbins = K._ordered_place(chunks, capacity)
-        row_offsets, segs = K._group_by_bin(placed, bin_of, nbins)
-        seg_doc, seg_offset, seg_len = segs[:, 0], segs[:, 1], segs[:, 2]  # views, no copies
+        row_offsets = K._ordered_rows(chunks, capacity)
+        seg_doc, seg_offset, seg_len = chunks[:, 0], chunks[:, 1], chunks[:, 2]  # views
         counts["docs_cut"] = counts["docs_split"]  # only split documents span several segments
     return PackPlan(capacity, row_offsets, seg_doc, seg_offset, seg_len, counts)
 
