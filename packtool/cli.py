@@ -89,6 +89,7 @@ def pack(paths, capacity, column, strategy, overflow, labels, pad_id, append_eos
     import json
 
     from packtool.config import PackConfig
+    from packtool.formats.reader import discover
     from packtool.pipeline import run_pack
 
     if len(paths) < 2:
@@ -100,6 +101,8 @@ def pack(paths, capacity, column, strategy, overflow, labels, pad_id, append_eos
                      workers=(os.cpu_count() or 1) if workers is None else workers,
                      overwrite=overwrite, window_docs=window_docs, engine=engine,
                      ray_address=ray_address if engine == Engine.RAY.value else None)
+    # what discovery skipped on purpose is part of the summary (the pack walks INPUT again)
+    skipped = "" if quiet else discover(cfg.inputs).skipped_note()
     try:
         result = run_pack(cfg, progress=not quiet)
     except KeyboardInterrupt:
@@ -108,7 +111,8 @@ def pack(paths, capacity, column, strategy, overflow, labels, pad_id, append_eos
     s = result.stats
     if as_json:
         click.echo(json.dumps({"stats": s.to_dict(), "seconds": result.seconds,
-                               "shards_reused": result.shards_reused}, indent=2))
+                               "shards_reused": result.shards_reused,
+                               "inputs_skipped": skipped}, indent=2))
     elif not quiet:
         rate = s.tokens_in / result.seconds if result.seconds else 0.0
         click.echo(
@@ -122,7 +126,8 @@ def pack(paths, capacity, column, strategy, overflow, labels, pad_id, append_eos
             f"{s.docs_split:,} (+{s.split_fragments:,} pieces)  truncated {s.docs_truncated:,} (-{s.tokens_truncated:,} tokens)  "
             f"dropped {s.docs_dropped:,} (-{s.tokens_dropped:,} tokens)\n"
             f"  {result.seconds:.2f} s, {rate / 1e6:.2f} M tokens/s"
-            + (f", {result.shards_reused} shard(s) reused" if result.shards_reused else ""))
+            + (f", {result.shards_reused} shard(s) reused" if result.shards_reused else "")
+            + (f"\n  INPUT: {skipped}" if skipped else ""))
         if "windows" in result.manifest:
             extra = [w["extra_rows"] for w in result.manifest["windows"]]
             click.echo(f"  windows {len(extra):,} of ~{cfg.window_docs:,} documents: extra rows "

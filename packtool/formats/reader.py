@@ -1,37 +1,77 @@
-"""Streaming reader of tokenized Parquet shards (one document per row, a list-of-int column).
+"""Finding and streaming tokenized input: one document per row, an integer-list token column.
 
-Files are read row group by row group through ``ParquetFile.iter_batches``; no shard is ever
+Formats (chosen by file name, then checked by content):
+
+- Parquet (``*.parquet``): read row group by row group through ``ParquetFile.iter_batches``.
+- Arrow IPC, file or stream form (``*.arrow``, ``*.feather``, ``*.ipc``, ``*.arrows``; Feather
+  v2 is the IPC file form): memory-mapped, each record batch is one "row group".
+- Hugging Face ``datasets`` ``save_to_disk`` folders (``state.json`` + ``dataset_info.json`` +
+  ``data-*.arrow`` in the IPC stream form): read with pyarrow, in the order ``state.json``
+  lists the files; ``datasets`` itself is not imported.
+
+The token column may be any Arrow integer list layout: ``list``, ``large_list``,
+``fixed_size_list``, ``list_view`` and ``large_list_view`` of any integer width. No shard is
 materialised as Python lists. Every value is checked on the way in (nulls, negative ids, ids
 over int32) and errors name the file, the row and the fix.
+
+Discovery (:func:`discover`) lists directories through :mod:`pyarrow.fs`, one level at a time so
+that it can prune and report: hidden (``.``) and ``_``-prefixed entries (Spark/Hadoop
+``_temporary``, ``.ipynb_checkpoints``, ...) are skipped at every level, symbolic links are
+followed with a guard against loops, and a packtool output (its ``manifest.json`` or
+in-progress marker, or ``packtool.*`` schema metadata in a shard) is refused, so packed rows are
+never read back as documents.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from packtool.errors import InputError, SchemaError
 from packtool.formats.schema import check_token_column
 from packtool.types import INT32_MAX
 
-__all__ = ["InputFile", "TokenBatch", "discover_inputs", "open_input", "iter_token_batches"]
+__all__ = ["InputFile", "TokenBatch", "Discovery", "InputSource", "discover", "discover_inputs",
+           "open_input", "iter_token_batches", "list_parts", "SUPPORTED_FORMATS"]
+
+log = logging.getLogger(__name__)
+
+#: One phrase naming what INPUT may be (used in every "unsupported" message).
+SUPPORTED_FORMATS = ("Parquet (*.parquet), Arrow IPC/Feather v2 (*.arrow, *.feather, *.ipc, "
+                     "*.arrows) and Hugging Face save_to_disk folders")
+
+_PARQUET_SUFFIXES = (".parquet",)
+_IPC_SUFFIXES = (".arrow", ".feather", ".ipc", ".arrows")
+#: Files that mark a directory as a packtool output (manifest written last, marker first).
+_PACKED_MARKERS = ("manifest.json", ".packtool-in-progress.json")
+_PACKED_META_PREFIX = b"packtool."
+_HF_STATE = "state.json"
+_HF_INFO = "dataset_info.json"
+_HF_DICT = "dataset_dict.json"
+_IPC_FILE_MAGIC = b"ARROW1"
+_FEATHER_V1_MAGIC = b"FEA1"
 
 
 @dataclass(frozen=True)
 class InputFile:
-    """One input shard: its path, path relative to the INPUT it was found under, size in bytes."""
+    """One input shard: its path, path relative to the INPUT it was found under, size in bytes,
+    modification time (ns) and format (``parquet`` or ``arrow``)."""
 
     path: Path
     rel: str
     bytes: int
     mtime_ns: int
+    format: str = "parquet"
 
 
 @dataclass(frozen=True)
@@ -43,76 +83,335 @@ class TokenBatch:
     tokens: np.ndarray  #: int32[sum(lengths)], the documents' tokens back to back
 
 
-def _is_data_file(p: Path) -> bool:
-    return p.suffix.lower() == ".parquet" and not p.name.startswith((".", "_"))
+@dataclass(frozen=True)
+class Discovery:
+    """What :func:`discover` found: the files in global document order and what it skipped."""
+
+    files: list[InputFile]
+    #: paths skipped on purpose (hidden/``_`` entries, link loops), as given or found
+    skipped: list[str] = field(default_factory=list)
+
+    def skipped_note(self, limit: int = 3) -> str:
+        """One line naming the skipped entries (empty when nothing was skipped)."""
+        if not self.skipped:
+            return ""
+        names = ", ".join(self.skipped[:limit]) + (", ..." if len(self.skipped) > limit else "")
+        return (f"skipped {len(self.skipped)} hidden, '_'-prefixed or looping entr"
+                f"{'y' if len(self.skipped) == 1 else 'ies'}: {names}")
 
 
-def discover_inputs(inputs: list[str | os.PathLike]) -> list[InputFile]:
-    """Expand INPUT paths into Parquet files.
+def _format_of(name: str) -> str | None:
+    low = name.lower()
+    if low.endswith(_PARQUET_SUFFIXES):
+        return "parquet"
+    if low.endswith(_IPC_SUFFIXES):
+        return "arrow"
+    return None
 
-    A file is taken as is; a directory is searched recursively for ``*.parquet`` (any case; names
-    starting with ``.`` or ``_`` are skipped), taken in sorted relative-path order. The resulting order
-    defines the global document index (file order, then row order).
+
+def _file_key(path: Path) -> tuple[int, int]:
+    st = os.stat(path)  # follows links: a link and its target, or two hard links, share a key
+    return st.st_dev, st.st_ino
+
+
+def _packed_marker(fs: pafs.FileSystem, names: set[str], directory: str) -> str | None:
+    """Name of the file that marks ``directory`` as a packtool output, or None."""
+    if _PACKED_MARKERS[1] in names:
+        return _PACKED_MARKERS[1]
+    if _PACKED_MARKERS[0] in names:
+        try:
+            with fs.open_input_stream(f"{directory}/{_PACKED_MARKERS[0]}") as fh:
+                doc = json.loads(fh.read(1 << 20))
+        except (OSError, ValueError, pa.ArrowException):
+            return None
+        if isinstance(doc, dict) and "packtool_version" in doc:
+            return _PACKED_MARKERS[0]
+    return None
+
+
+def _refuse_packed(where: Path | str, marker: str) -> None:
+    raise InputError(f"{where}: is a packtool output ({marker}), not tokenized documents; point "
+                     "INPUT at the raw tokenized data (to inspect packed rows use packtool stats)")
+
+
+def _hf_files(fs: pafs.FileSystem, directory: str, dpath: Path) -> list[str]:
+    """Data file names of a ``save_to_disk`` folder, in its own order (``state.json``)."""
+    try:
+        with fs.open_input_stream(f"{directory}/{_HF_STATE}") as fh:
+            state = json.loads(fh.read())
+        names = [d["filename"] for d in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+        raise InputError(f"{dpath / _HF_STATE}: not a readable Hugging Face dataset state "
+                         f"({exc}); save the dataset again with save_to_disk") from None
+    if not names:
+        raise InputError(f"{dpath}: Hugging Face dataset with no data files; save it again")
+    return names
+
+
+def _walk(root: Path, skipped: list[str]) -> list[tuple[Path, str, str]]:
+    """(path, relative path, format) of every data file under ``root`` (unsorted)."""
+    fs = pafs.LocalFileSystem()
+    found: list[tuple[Path, str, str]] = []
+    other: list[str] = []
+    # depth-first; each entry carries the (dev, inode) of its ancestors: a link back to one of
+    # them is a loop and is skipped
+    stack: list[tuple[Path, str, tuple[tuple[int, int], ...]]] = [(root, "", (_file_key(root),))]
+    while stack:
+        dpath, drel, ancestors = stack.pop()
+        infos = fs.get_file_info(pafs.FileSelector(str(dpath), recursive=False))
+        names = {Path(i.path).name for i in infos}
+        marker = _packed_marker(fs, names, str(dpath))
+        if marker:
+            _refuse_packed(dpath, marker)
+        if _HF_DICT in names and _HF_STATE not in names:
+            splits = sorted(n for n in names if (dpath / n).is_dir()
+                            and not n.startswith((".", "_")))
+            example = "train" if "train" in splits or not splits else splits[0]
+            raise InputError(f"{dpath}: Hugging Face DatasetDict with splits "
+                             f"{', '.join(splits) or '(none)'}; pass one split folder as INPUT, "
+                             f"e.g. {dpath / example}")
+        if _HF_STATE in names and _HF_INFO in names:
+            for name in _hf_files(fs, str(dpath), dpath):
+                p = dpath / name
+                if not p.is_file():
+                    raise InputError(f"{p}: listed in {dpath / _HF_STATE} but missing; save the "
+                                     "dataset again")
+                found.append((p, f"{drel}{name}", "arrow"))
+            continue
+        for info in sorted(infos, key=lambda i: i.path):
+            p = Path(info.path)
+            name = p.name
+            if name.startswith((".", "_")):
+                skipped.append(str(p))
+                continue
+            if info.type == pafs.FileType.Directory:
+                key = _file_key(p)
+                if key in ancestors:
+                    skipped.append(f"{p} (link loop)")
+                    continue
+                stack.append((p, f"{drel}{name}/", ancestors + (key,)))
+            elif info.type == pafs.FileType.File:
+                fmt = _format_of(name)
+                if fmt is None:
+                    other.append(name)
+                else:
+                    found.append((p, f"{drel}{name}", fmt))
+    if not found:
+        seen = f" (found {', '.join(sorted(other)[:3])}{', ...' if len(other) > 3 else ''})" \
+            if other else ""
+        raise InputError(f"{root}: directory holds no *.parquet, Arrow IPC file or Hugging "
+                         f"Face dataset{seen}; point INPUT at the tokenized shards (supported: "
+                         f"{SUPPORTED_FORMATS})")
+    return found
+
+
+def discover(inputs: Sequence[str | os.PathLike]) -> Discovery:
+    """Expand INPUT paths into data files, in global document order.
+
+    A file is taken as is (its format from its name). A directory is searched recursively;
+    files are taken in sorted relative-path order, a ``save_to_disk`` folder in the order of its
+    ``state.json``. The resulting order defines the global document index (file order, then row
+    order).
+
+    Returns:
+        :class:`Discovery` (files, and the entries skipped on purpose).
 
     Raises:
-        InputError: a path does not exist, a directory holds no Parquet file, or a file is
-            given twice (directly or through a directory).
+        InputError: a path does not exist; a file or directory holds no supported format (the
+            message names the supported formats); a packtool output is given or nested inside
+            INPUT; a Hugging Face DatasetDict (pass one split); the same file is reached twice
+            (by path, symbolic link or hard link).
     """
     files: list[InputFile] = []
+    skipped: list[str] = []
     for given in inputs:
         p = Path(given)
         if not p.exists():
             raise InputError(f"{p}: no such file or directory; check the INPUT path")
         if p.is_dir():
-            found = sorted((q for q in p.rglob("*") if q.is_file() and _is_data_file(q)),
-                           key=lambda q: q.relative_to(p).as_posix())
-            if not found:
-                raise InputError(f"{p}: directory holds no *.parquet file; point INPUT at the "
-                                 "tokenized shards")
-            for q in found:
+            if p.name.startswith((".", "_")) and p.name not in (".", ".."):
+                log.info("%s: hidden or '_'-prefixed, taken because it was given", p)
+            found = sorted(_walk(p, skipped), key=lambda t: t[1])
+            for q, rel, fmt in found:
                 st = q.stat()
-                files.append(InputFile(q, q.relative_to(p).as_posix(), st.st_size, st.st_mtime_ns))
+                files.append(InputFile(q, rel, st.st_size, st.st_mtime_ns, fmt))
         else:
+            fmt = _format_of(p.name)
+            if fmt is None:
+                raise InputError(f"{p}: unsupported input format; supported: {SUPPORTED_FORMATS} "
+                                 "(convert other data, e.g. JSONL, to Parquet first)")
             st = p.stat()
-            files.append(InputFile(p, p.name, st.st_size, st.st_mtime_ns))
-    seen: dict[Path, str] = {}
+            files.append(InputFile(p, p.name, st.st_size, st.st_mtime_ns, fmt))
+    seen: dict[tuple[int, int], str] = {}
     for f in files:
-        key = f.path.resolve()
+        key = _file_key(f.path)
         if key in seen:
             raise InputError(f"{f.path}: given twice (also as {seen[key]}); its documents would "
                              "be packed twice: list each input once")
         seen[key] = str(f.path)
-    return files
+    return Discovery(files, skipped)
 
 
-def open_input(path: Path, column: str) -> pq.ParquetFile:
-    """Open a Parquet file and check its token column.
+def discover_inputs(inputs: Sequence[str | os.PathLike]) -> list[InputFile]:
+    """The files of :func:`discover`; what was skipped is logged (one line, level INFO: the
+    ``pack`` summary states it).
 
     Raises:
-        InputError: the file is empty, truncated or not Parquet.
-        SchemaError: the token column is missing or not a list of integers.
+        InputError: as :func:`discover`.
     """
-    try:
-        pf = pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as exc:
-        size = path.stat().st_size if path.exists() else 0
-        what = "is empty (0 bytes)" if size == 0 else f"is not a readable Parquet file ({exc})"
-        raise InputError(f"{path}: {what}; remove it or regenerate it") from None
-    check_token_column(pf.schema_arrow, column, str(path))
-    return pf
+    d = discover(inputs)
+    if d.skipped:
+        log.info("%s", d.skipped_note())
+    return d.files
 
 
-def _row_of_value(arr: pa.Array, value_index: int) -> int:
-    """Row (within ``arr``) holding flat value ``value_index``."""
-    lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
+class _RowGroup:
+    __slots__ = ("num_rows",)
+
+    def __init__(self, num_rows: int):
+        self.num_rows = num_rows
+
+
+class InputSource:
+    """One opened input file, whatever its format: schema and row groups.
+
+    A "row group" is a Parquet row group or an Arrow IPC record batch. ``metadata`` answers
+    ``num_rows``, ``num_row_groups`` and ``row_group(i).num_rows`` like a Parquet footer, so
+    windowing code reads any format the same way.
+    """
+
+    def __init__(self, path: Path, fmt: str, schema: pa.Schema, row_group_rows: Sequence[int],
+                 parquet: pq.ParquetFile | None = None, batches: list | None = None):
+        self.path = path
+        self.format = fmt
+        self.schema_arrow = schema
+        self.row_group_rows = tuple(int(n) for n in row_group_rows)
+        self.num_rows = sum(self.row_group_rows)
+        self.num_row_groups = len(self.row_group_rows)
+        self._parquet = parquet
+        self._batches = batches
+
+    @property
+    def metadata(self) -> "InputSource":
+        """Row counts in the shape of a Parquet footer (see the class docstring)."""
+        return self
+
+    def row_group(self, i: int) -> _RowGroup:
+        """Row group ``i``: its ``num_rows``."""
+        return _RowGroup(self.row_group_rows[i])
+
+    def iter_batches(self, row_group: int, columns: list[str],
+                     batch_rows: int = 8192) -> Iterator[pa.RecordBatch]:
+        """Record batches of row group ``row_group`` holding ``columns``.
+
+        Raises:
+            InputError: the row group cannot be read (damaged or truncated file).
+        """
+        try:
+            if self._parquet is not None:
+                yield from list(self._parquet.iter_batches(
+                    batch_size=batch_rows, row_groups=[row_group], columns=columns,
+                    use_threads=False))
+            else:
+                batch = self._batches[row_group].select(columns)
+                for lo in range(0, batch.num_rows, batch_rows):
+                    yield batch.slice(lo, batch_rows)
+        except (pa.ArrowException, OSError) as exc:
+            raise InputError(f"{self.path}: row group {row_group} cannot be read ({exc}); the "
+                             "file is damaged or truncated: regenerate it") from None
+
+
+def _unreadable(path: Path, kind: str, exc: Exception) -> InputError:
+    size = path.stat().st_size if path.exists() else 0
+    what = "is empty (0 bytes)" if size == 0 else f"is not a readable {kind} file ({exc})"
+    return InputError(f"{path}: {what}; remove it or regenerate it")
+
+
+def _open_arrow(path: Path) -> tuple[pa.Schema, list]:
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+    if head.startswith(_FEATHER_V1_MAGIC):
+        raise InputError(f"{path}: Feather v1 file; write it again as Feather v2 / Arrow IPC "
+                         "(pyarrow.feather.write_feather) or Parquet")
+    source = pa.memory_map(str(path), "r")  # zero-copy: batches point into the mapping
+    if head.startswith(_IPC_FILE_MAGIC):
+        reader = pa.ipc.open_file(source)
+        return reader.schema, [reader.get_batch(i) for i in range(reader.num_record_batches)]
+    reader = pa.ipc.open_stream(source)
+    return reader.schema, list(reader)
+
+
+def open_input(path: Path, column: str, fmt: str | None = None) -> InputSource:
+    """Open one input file and check its token column.
+
+    Args:
+        path: the file.
+        column: the token column.
+        fmt: ``parquet`` or ``arrow``; None decides from the file name (Parquet otherwise).
+
+    Raises:
+        InputError: the file is empty, truncated or not in its format; it is a packtool output
+            (``packtool.*`` schema metadata).
+        SchemaError: the token column is missing or not an integer list.
+    """
+    path = Path(path)
+    fmt = fmt or _format_of(path.name) or "parquet"
+    if fmt == "arrow":
+        try:
+            schema, batches = _open_arrow(path)
+        except (pa.ArrowException, OSError) as exc:
+            raise _unreadable(path, "Arrow IPC", exc) from None
+        src = InputSource(path, fmt, schema, [b.num_rows for b in batches], batches=batches)
+    else:
+        try:
+            pf = pq.ParquetFile(path)
+        except (pa.ArrowException, OSError) as exc:
+            raise _unreadable(path, "Parquet", exc) from None
+        md = pf.metadata
+        src = InputSource(path, fmt, pf.schema_arrow,
+                          [md.row_group(i).num_rows for i in range(md.num_row_groups)],
+                          parquet=pf)
+    meta = src.schema_arrow.metadata or {}
+    packed = sorted(k.decode() for k in meta if k.startswith(_PACKED_META_PREFIX))
+    if packed:
+        _refuse_packed(path, f"schema metadata {packed[0]}")
+    check_token_column(src.schema_arrow, column, str(path))
+    return src
+
+
+def list_parts(arr: pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """Row lengths and values of an integer list array of any layout, in row order.
+
+    Args:
+        arr: ``list``, ``large_list``, ``fixed_size_list``, ``list_view`` or
+            ``large_list_view`` array without null rows (slices allowed).
+
+    Returns:
+        (lengths int64[rows], values: the rows' items back to back, ``sum(lengths)`` long).
+        List views (whose rows may overlap or come in any order in the child array) are
+        gathered into row order.
+    """
+    # ``flatten`` honours slices and, for list views, gathers each row's view in row order
+    # (a cast of a list view to a list is avoided: pyarrow 26 builds invalid offsets for views
+    # that are out of order)
+    lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
+    return lengths, arr.flatten()
+
+
+def _row_of_value(lengths: np.ndarray, value_index: int) -> int:
+    """Row holding flat value ``value_index``, given the rows' lengths."""
     return int(np.searchsorted(np.cumsum(lengths), value_index, side="right"))
 
 
 def iter_token_batches(path: Path, column: str, batch_rows: int = 8192,
-                       row_groups: Sequence[int] | None = None) -> Iterator[TokenBatch]:
+                       row_groups: Sequence[int] | None = None,
+                       row_range: tuple[int, int] | None = None,
+                       fmt: str | None = None) -> Iterator[TokenBatch]:
     """Stream one file's documents as :class:`TokenBatch` es.
 
-    ``row_groups`` (ascending indices) restricts the read to those row groups; ``first_row``
+    ``row_groups`` (ascending indices) restricts the read to those row groups (Arrow IPC: record
+    batches); ``row_range`` ``(start, stop)`` (file rows) to the rows in it, cutting row groups
+    at record batches (rows of a row group before ``start`` are decoded and skipped). ``first_row``
     and error messages still count rows from the start of the file.
 
     Raises:
@@ -120,43 +419,48 @@ def iter_token_batches(path: Path, column: str, batch_rows: int = 8192,
         SchemaError: a null document, a null token, a negative id or an id over int32 (the message
             names the file and the row).
     """
-    pf = open_input(path, column)
-    groups = range(pf.num_row_groups) if row_groups is None else row_groups
+    src = open_input(path, column, fmt)
     # shape: (num_row_groups + 1,), first row of each row group
-    rg_start = np.cumsum([0] + [pf.metadata.row_group(i).num_rows
-                                for i in range(pf.num_row_groups)])
+    rg_start = np.cumsum((0,) + src.row_group_rows)
+    lo, hi = (0, int(rg_start[-1])) if row_range is None else row_range
+    if row_groups is not None:
+        groups = row_groups
+    else:
+        groups = [g for g in range(src.num_row_groups)
+                  if row_range is None or (rg_start[g] < hi and rg_start[g + 1] > lo)]
     for rg in groups:
         row = int(rg_start[rg])
-        try:
-            batches = list(pf.iter_batches(batch_size=batch_rows, row_groups=[rg],
-                                           columns=[column], use_threads=False))
-        except (pa.ArrowException, OSError) as exc:
-            raise InputError(f"{path}: row group {rg} cannot be read ({exc}); the file is "
-                             "damaged or truncated: regenerate it") from None
-        for batch in batches:
+        for batch in src.iter_batches(rg, [column], batch_rows):
+            if row >= hi:
+                break
             arr = batch.column(0)
+            if row + len(arr) <= lo:
+                row += len(arr)
+                continue
+            if row < lo or row + len(arr) > hi:  # keep only the rows inside the range
+                a = max(lo - row, 0)
+                arr = arr.slice(a, min(hi - row, len(arr)) - a)
+                row += a
             n = len(arr)
             if arr.null_count:
                 bad = row + int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
                 raise SchemaError(f"{path}: row {bad}: {column!r} is null; drop or fill null "
                                   "documents before packing")
-            values = arr.flatten()
+            lengths, values = list_parts(arr)
             if values.null_count:
                 vi = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
-                raise SchemaError(f"{path}: row {row + _row_of_value(arr, vi)}: a token id is "
-                                  "null; fix the tokenizer output")
+                raise SchemaError(f"{path}: row {row + _row_of_value(lengths, vi)}: a token id "
+                                  "is null; fix the tokenizer output")
             flat = values.to_numpy(zero_copy_only=False)
             if flat.size:
-                lo, hi = flat.min(), flat.max()
-                if lo < 0:
+                if flat.min() < 0:
                     vi = int(np.argmax(flat < 0))
-                    raise SchemaError(f"{path}: row {row + _row_of_value(arr, vi)}: negative "
+                    raise SchemaError(f"{path}: row {row + _row_of_value(lengths, vi)}: negative "
                                       f"token id {int(flat[vi])}; token ids must be >= 0")
-                if hi > INT32_MAX:
+                if flat.max() > INT32_MAX:
                     vi = int(np.argmax(flat > INT32_MAX))
-                    raise SchemaError(f"{path}: row {row + _row_of_value(arr, vi)}: token id "
+                    raise SchemaError(f"{path}: row {row + _row_of_value(lengths, vi)}: token id "
                                       f"{int(flat[vi])} does not fit int32; packed input_ids are "
                                       "int32 (vocabularies up to 2**31 - 1)")
-            lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
             yield TokenBatch(row, lengths, flat.astype(np.int32, copy=False))
             row += n

@@ -6,7 +6,8 @@ import pyarrow as pa
 
 from packtool.errors import SchemaError
 
-__all__ = ["packed_schema", "check_token_column", "LABELS_META_KEY", "CAPACITY_META_KEY"]
+__all__ = ["packed_schema", "check_token_column", "is_integer_list", "LABELS_META_KEY",
+           "CAPACITY_META_KEY"]
 
 LABELS_META_KEY = b"packtool.labels"
 CAPACITY_META_KEY = b"packtool.capacity"
@@ -39,8 +40,19 @@ def packed_schema(capacity: int, labels: str) -> pa.Schema:
     return pa.schema(fields, metadata=meta)
 
 
+def is_integer_list(typ: pa.DataType) -> bool:
+    """True for a list of integers in any Arrow list layout (see :func:`check_token_column`)."""
+    layouts = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list,
+               pa.types.is_list_view, pa.types.is_large_list_view)
+    return any(f(typ) for f in layouts) and pa.types.is_integer(typ.value_type)
+
+
 def check_token_column(schema: pa.Schema, column: str, path: str) -> None:
-    """Raise :class:`SchemaError` unless ``column`` is a list/large_list of integers.
+    """Raise :class:`SchemaError` unless ``column`` is an integer list of any Arrow layout.
+
+    Accepted: ``list``, ``large_list``, ``fixed_size_list``, ``list_view`` and
+    ``large_list_view`` whose items are integers of any width (signed or not); the values
+    themselves are range-checked when read.
 
     Raises:
         SchemaError: the column is missing (the message lists the available columns) or has
@@ -51,8 +63,7 @@ def check_token_column(schema: pa.Schema, column: str, path: str) -> None:
         raise SchemaError(
             f"{path}: no column {column!r}; available columns: {avail}; pass --column NAME")
     typ = schema.field(column).type
-    ok = (pa.types.is_list(typ) or pa.types.is_large_list(typ)) and pa.types.is_integer(
-        typ.value_type)
+    ok = is_integer_list(typ)
     if not ok:
         raise SchemaError(
             f"{path}: column {column!r} has type {typ}, expected a list of integer token ids "

@@ -1,0 +1,221 @@
+"""Every Arrow integer list layout and every input format gives the same packed bytes as the
+plain ``list<int64>`` Parquet input holding the same documents."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+
+from packcheck import hash_tree, invoke, write_docs
+from packtool.errors import SchemaError
+from packtool.formats.reader import iter_token_batches, list_parts
+
+DOCS = [[5, 6, 7], [1, 2], [9] * 6, [3], [4, 4, 4, 4], [8, 9, 10, 11, 12]]
+FIXED = [[i, i + 1, i + 2, i + 3] for i in range(1, 40, 4)]  # fixed length 4
+
+
+def _pack(src, out, *extra):
+    res = invoke(["pack", "-q", "--capacity", 8, *extra, src, out])
+    assert res.exit_code == 0, res.output
+    return {k: v for k, v in hash_tree(out).items() if k != "manifest.json"}
+
+
+def _reference(tmp_path, docs, name="ref"):
+    src = write_docs(tmp_path / name / "in" / "a.parquet", docs)
+    return _pack(src, tmp_path / name / "out")
+
+
+def _list_view(docs, large=False):
+    """A list view whose rows sit in the child array in reverse order (views, not offsets)."""
+    values, offsets, sizes = [], [0] * len(docs), [len(d) for d in docs]
+    for i in reversed(range(len(docs))):
+        offsets[i] = len(values)
+        values.extend(docs[i])
+    cls = pa.LargeListViewArray if large else pa.ListViewArray
+    ot = pa.int64() if large else pa.int32()
+    return cls.from_arrays(pa.array(offsets, ot), pa.array(sizes, ot), pa.array(values, pa.int32()))
+
+
+LAYOUTS = {
+    "list<int8>": lambda d: pa.array(d, pa.list_(pa.int8())),
+    "large_list<uint16>": lambda d: pa.array(d, pa.large_list(pa.uint16())),
+    "list<uint64>": lambda d: pa.array(d, pa.list_(pa.uint64())),
+    "list_view<int32>": _list_view,
+    "large_list_view<int32>": lambda d: _list_view(d, large=True),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_list_layouts_give_the_same_bytes_as_list(tmp_path, layout):
+    ref = _reference(tmp_path, DOCS)
+    src = tmp_path / "in" / "a.parquet"
+    src.parent.mkdir()
+    pq.write_table(pa.table({"input_ids": LAYOUTS[layout](DOCS)}), src)
+    assert _pack(src, tmp_path / "out") == ref
+
+
+def test_fixed_size_list_gives_the_same_bytes_as_list(tmp_path):
+    """What fixed-length tokenization produces (``fixed_size_list<int32>[4]``)."""
+    ref = _reference(tmp_path, FIXED)
+    src = tmp_path / "in" / "a.parquet"
+    src.parent.mkdir()
+    pq.write_table(pa.table({"input_ids": pa.array(FIXED, pa.list_(pa.int32(), 4))}), src,
+                   row_group_size=3)
+    assert pq.read_schema(src).field("input_ids").type == pa.list_(pa.int32(), 4)
+    assert _pack(src, tmp_path / "out") == ref
+
+
+def test_chunked_arrow_file_gives_the_same_bytes_as_one_chunk(tmp_path):
+    """An Arrow IPC file of several record batches (a chunked column) packs like one chunk."""
+    ref = _reference(tmp_path, DOCS)
+    table = pa.table({"input_ids": pa.array(DOCS, pa.list_(pa.int32()))})
+    src = tmp_path / "in" / "a.arrow"
+    src.parent.mkdir()
+    with pa.ipc.new_file(src, table.schema) as w:
+        for b in table.to_batches(max_chunksize=2):
+            w.write_batch(b)
+    assert pa.ipc.open_file(src).num_record_batches == 3
+    assert _pack(src, tmp_path / "out") == ref
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS) + ["fixed_size_list<int32>[2]"])
+def test_list_parts_matches_python_lists(layout):
+    """Kernel-free check of the flattening: lengths and values in row order, slices honoured."""
+    docs = [[1, 2], [3, 4], [5, 6], [7, 8]] if "fixed" in layout else DOCS
+    arr = (pa.array(docs, pa.list_(pa.int32(), 2)) if "fixed" in layout
+           else LAYOUTS[layout](docs))
+    for lo in range(len(docs)):
+        part = arr.slice(lo)
+        lengths, values = list_parts(part)
+        assert lengths.tolist() == [len(d) for d in docs[lo:]]
+        assert values.to_pylist() == [t for d in docs[lo:] for t in d]
+
+
+def test_out_of_range_checks_hold_for_list_views(tmp_path):
+    src = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"input_ids": _list_view([[1, 2], [3, -4], [5]])}), src)
+    with pytest.raises(SchemaError, match="row 1: negative token id -4"):
+        list(iter_token_batches(src, "input_ids"))
+
+
+def test_fixed_size_list_of_floats_is_refused(tmp_path):
+    src = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"input_ids": pa.array([[1.0, 2.0]], pa.list_(pa.float32(), 2))}),
+                   src)
+    res = invoke(["pack", "-q", src, tmp_path / "out"])
+    assert res.exit_code == 1 and "expected a list of integer token ids" in res.output
+
+
+@pytest.mark.parametrize("suffix", ["arrow", "feather"])
+def test_arrow_ipc_file_packs_like_parquet(tmp_path, suffix):
+    ref = _reference(tmp_path, DOCS)
+    src = tmp_path / "in" / f"a.{suffix}"
+    src.parent.mkdir()
+    feather.write_feather(pa.table({"input_ids": pa.array(DOCS, pa.list_(pa.int32()))}), src,
+                          chunksize=4)
+    assert _pack(src, tmp_path / "out") == ref
+
+
+def _save_to_disk(folder, docs, shards=2):
+    """What ``datasets.Dataset.save_to_disk`` writes: IPC stream files listed in state.json."""
+    folder.mkdir(parents=True)
+    names = []
+    for i, part in enumerate(np.array_split(np.arange(len(docs)), shards)):
+        name = f"data-{i:05d}-of-{shards:05d}.arrow"
+        table = pa.table({"input_ids": pa.array([docs[j] for j in part], pa.list_(pa.int32())),
+                          "attention_mask": pa.array([[1] * len(docs[j]) for j in part],
+                                                     pa.list_(pa.int8()))})
+        with pa.ipc.new_stream(folder / name, table.schema) as w:
+            w.write_table(table, max_chunksize=2)
+        names.append(name)
+    (folder / "dataset_info.json").write_text(json.dumps({"features": {}}))
+    (folder / "state.json").write_text(json.dumps(
+        {"_data_files": [{"filename": n} for n in names], "_split": None}))
+    return folder
+
+
+def test_hugging_face_save_to_disk_folder_packs_like_parquet(tmp_path):
+    ref = _reference(tmp_path, DOCS)
+    src = _save_to_disk(tmp_path / "hf", DOCS)
+    assert _pack(src, tmp_path / "out") == ref
+
+
+def test_hugging_face_dataset_dict_asks_for_one_split(tmp_path):
+    root = tmp_path / "hf"
+    _save_to_disk(root / "train", DOCS)
+    _save_to_disk(root / "test", DOCS[:2])
+    (root / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
+    res = invoke(["pack", "-q", root, tmp_path / "out"])
+    assert res.exit_code == 1, res.output
+    assert "splits test, train" in res.output and "train" in res.output.split("e.g.")[1]
+
+
+@pytest.mark.parametrize("name", ["docs.jsonl", "docs.json", "docs.csv"])
+def test_other_formats_get_one_line_naming_the_supported_ones(tmp_path, name):
+    src = tmp_path / name
+    src.write_text('{"input_ids": [1, 2, 3]}\n')
+    out = tmp_path / "out"
+    res = invoke(["pack", "-q", src, out])
+    assert res.exit_code == 1
+    assert res.output.count("\n") == 1, res.output
+    for word in (name, "unsupported input format", "Parquet", "Arrow IPC", "Hugging Face"):
+        assert word in res.output
+    assert not out.exists()
+
+
+def test_directory_of_jsonl_names_what_it_found_and_what_is_supported(tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.jsonl").write_text("{}\n")
+    res = invoke(["pack", "-q", src, tmp_path / "out"])
+    assert res.exit_code == 1
+    assert "found a.jsonl" in res.output and "Hugging Face" in res.output
+
+
+def test_feather_v1_is_refused_with_the_fix(tmp_path):
+    src = tmp_path / "a.feather"
+    src.write_bytes(b"FEA1" + b"\0" * 64)
+    res = invoke(["pack", "-q", src, tmp_path / "out"])
+    assert res.exit_code == 1 and "Feather v1" in res.output
+
+
+def test_windows_over_arrow_record_batches_match_parquet_row_groups(tmp_path):
+    """--window-docs cuts an IPC file at record batches as it cuts Parquet at row groups."""
+    docs = [[i + 1] * (1 + i % 5) for i in range(30)]
+    ref_src = tmp_path / "ref" / "a.parquet"
+    ref_src.parent.mkdir()
+    pq.write_table(pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32()))}), ref_src,
+                   row_group_size=7)
+    ref = _pack(ref_src, tmp_path / "ref_out", "--window-docs", 10)
+    src = tmp_path / "in" / "a.arrow"
+    src.parent.mkdir()
+    table = pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32()))})
+    with pa.ipc.new_file(src, table.schema) as w:
+        w.write_table(table, max_chunksize=7)
+    assert _pack(src, tmp_path / "out", "--window-docs", 10) == ref
+
+
+@pytest.mark.parametrize("suffix", ["parquet", "arrow"])
+def test_row_range_reads_exactly_those_rows(tmp_path, suffix):
+    """Any (start, stop) gives the documents start..stop-1, across row groups and batches."""
+    docs = [[i + 1] * (1 + i % 4) for i in range(23)]
+    table = pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32()))})
+    src = tmp_path / f"a.{suffix}"
+    if suffix == "parquet":
+        pq.write_table(table, src, row_group_size=5)
+    else:
+        with pa.ipc.new_file(src, table.schema) as w:
+            w.write_table(table, max_chunksize=5)
+    for start, stop in [(0, 23), (3, 4), (4, 11), (10, 10), (5, 20), (22, 23)]:
+        got, first = [], None
+        for tb in iter_token_batches(src, "input_ids", batch_rows=3, row_range=(start, stop)):
+            first = tb.first_row if first is None else first
+            ends = np.cumsum(tb.lengths)
+            got += [tb.tokens[e - n:e].tolist() for e, n in zip(ends, tb.lengths)]
+        assert got == docs[start:stop]
+        assert first in (None, start)
