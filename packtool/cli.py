@@ -54,8 +54,10 @@ def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
                    "stream cut every C tokens.")
 @click.option("--overflow", type=_choice(Overflow), default="split", show_default=True,
               help="Documents longer than C: split into chunks, truncate, drop, or error.")
-@click.option("--labels", type=_choice(LabelMode), default="unshifted", show_default=True,
-              help="unshifted: the model shifts (Hugging Face); shifted: already shifted; none.")
+@click.option("--labels", type=_choice(LabelMode), default="none", show_default=True,
+              help="none: no labels column (readers derive the unshifted labels from input_ids "
+                   "and segment_ids); unshifted: store them, the model shifts (Hugging Face); "
+                   "shifted: store them already shifted.")
 @click.option("--pad-id", type=int, default=0, show_default=True, metavar="ID",
               help="Token id written on padding.")
 @click.option("--append-eos", type=int, default=None, metavar="ID",
@@ -83,8 +85,8 @@ def pack(paths, capacity, column, strategy, overflow, labels, pad_id, append_eos
          as_json):
     """Pack tokenized Parquet INPUT files or directories into OUTPUT.
 
-    Writes part-NNNNN.parquet shards (input_ids, segment_ids, position_ids, labels, cu_seqlens,
-    max_seqlen, num_targets, doc_ids, doc_offsets) and manifest.json, last.
+    Writes part-NNNNN.parquet shards (input_ids, segment_ids, position_ids, [labels],
+    cu_seqlens, max_seqlen, num_targets, doc_ids, doc_offsets) and the manifest, last.
     """
     import json
 

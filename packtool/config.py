@@ -32,8 +32,9 @@ class PackConfig:
     """Packing strategy."""
     overflow: Overflow = Overflow.SPLIT
     """Policy for documents longer than the capacity."""
-    labels: LabelMode = LabelMode.UNSHIFTED
-    """Labels convention written."""
+    labels: LabelMode = LabelMode.NONE
+    """Labels column written: ``none`` (default: not stored, readers derive the unshifted labels
+    from input_ids and segment_ids), ``unshifted`` or ``shifted``."""
     pad_id: int = 0
     """Token id written on padding (0..2**31-1)."""
     append_eos: int | None = None

@@ -38,7 +38,7 @@ from packtool.errors import InputError, OutputError, PackingError, PacktoolError
 from packtool.formats.manifest import (FORMAT_VERSION, MANIFEST_NAME, sha256_file, shard_name,
                                        write_json_atomic)
 from packtool.formats.reader import InputFile, discover_inputs, iter_token_batches, open_input
-from packtool.formats.schema import packed_schema
+from packtool.formats.schema import labels_convention, packed_columns, packed_schema
 from packtool.formats.writer import rows_to_table, write_shard
 from packtool.stats import PackStats
 from packtool.types import Overflow
@@ -196,8 +196,8 @@ def write_plan_shard(path: Path, cfg: PackConfig, schema, plan: PackPlan, rows: 
             if after_group is not None:
                 after_group()
 
-    size = write_shard(path, schema, tables())
-    return {"file": path.name, "rows": int(rows.size), "bytes": size, "sha256": sha256_file(path)}
+    size, digest = write_shard(path, schema, tables())  # sha256 taken while writing
+    return {"file": path.name, "rows": int(rows.size), "bytes": size, "sha256": digest}
 
 
 def write_manifest(out: Path, cfg: PackConfig, files: list[InputFile], file_rows: list[int],
@@ -211,6 +211,9 @@ def write_manifest(out: Path, cfg: PackConfig, files: list[InputFile], file_rows
         "packtool_version": __version__,
         "options": cfg.layout_options(),
         "labels_shifted": cfg.labels.value == "shifted",
+        "labels": {"stored": cfg.labels.value != "none",
+                   "convention": labels_convention(cfg.labels.value)},
+        "columns": packed_columns(cfg.labels.value),
         "inputs": [{"path": str(f.path), "rows": r, "bytes": f.bytes}
                    for f, r in zip(files, file_rows)],
         "outputs": outputs,

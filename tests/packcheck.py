@@ -44,9 +44,15 @@ def read_output(out: Path) -> tuple[list[dict], dict]:
 
 
 def pack_docs(tmp_path: Path, docs, capacity: int, *extra, value_type=pa.int64()):
-    """Write ``docs``, run ``pack --no-shuffle``, return (rows, manifest); fail on a bad exit."""
+    """Write ``docs``, run ``pack --no-shuffle``, return (rows, manifest); fail on a bad exit.
+
+    The contract cases check the stored labels, so ``--labels unshifted`` is passed unless
+    ``extra`` names a ``--labels`` mode (the default, ``none``, stores no labels column).
+    """
     src = write_docs(tmp_path / "in" / "docs.parquet", docs, value_type)
     out = tmp_path / "out"
+    if "--labels" not in [str(e) for e in extra]:
+        extra = ("--labels", "unshifted", *extra)
     res = invoke(["pack", "--no-shuffle", "-q", "--capacity", capacity, *extra, src, out])
     assert res.exit_code == 0, res.output
     return read_output(out)

@@ -60,7 +60,7 @@ def test_b15_stats_after_last_row_removed(tmp_path):
 def test_stats_equal_independent_recount_and_manifest(tmp_path):
     """On sample_data at C=512, every recounted figure equals a plain pyarrow count."""
     out = tmp_path / "out"
-    r = CliRunner().invoke(cli, ["pack", "-c", "512", "-q", "--rows-per-shard", "2000",
+    r = CliRunner().invoke(cli, ["pack", "-c", "512", "-q", "--rows-per-shard", "2000", "--labels", "unshifted",
                                  str(ROOT / "sample_data"), str(out)])
     assert r.exit_code == 0, r.output
     a = analyze_packed(out)

@@ -76,7 +76,10 @@ def test_sample_rows_close_to_lower_bound_and_figures_agree(sample_out):
     manifest = json.loads((out / "manifest.json").read_text())
     t = manifest["totals"]
     real = sum(sum(1 for s in r["segment_ids"] if s) for r in rows)
-    targets = sum(sum(1 for x in r["labels"] if x != -100) for r in rows)
+    assert all("labels" not in r for r in rows)  # default --labels none: not stored
+    # targets: tokens that continue the segment of the token before them (sum of len - 1)
+    targets = sum(sum(1 for a, b in zip(r["segment_ids"], r["segment_ids"][1:]) if b and a == b)
+                  for r in rows)
     assert t["rows"] == len(rows) == res.stats.rows
     assert t["real_tokens"] == real == t["tokens_in"]
     assert t["effective_targets"] == targets == sum(r["num_targets"] for r in rows)
@@ -135,7 +138,8 @@ def test_overflow_error_exits_1_naming_the_row(docs_dir, tmp_path):
 def test_append_eos_and_pad_id(docs_dir, tmp_path):
     src = docs_dir([[5, 6], [7]])
     out = tmp_path / "o"
-    pack([src, out, "--capacity", "8", "--append-eos", "2", "--pad-id", "9", "--no-shuffle"])
+    pack([src, out, "--capacity", "8", "--append-eos", "2", "--pad-id", "9", "--no-shuffle",
+          "--labels", "unshifted"])
     (row,) = read_rows(out)
     assert row["input_ids"] == [5, 6, 2, 7, 2, 9, 9, 9]
     assert row["labels"] == [-100, 6, 2, -100, 2, -100, -100, -100]
@@ -163,15 +167,20 @@ def test_shard_metadata_records_label_convention(docs_dir, tmp_path):
 
 
 def test_schema_types_are_int32_lists(docs_dir, tmp_path):
-    """B06/B27/B28: per-token columns and cu_seqlens are list<int32>; max_seqlen int32."""
+    """B06/B27/B28: per-token columns are fixed_size_list<int32>[C] (no offsets to wrap),
+    cu_seqlens list<int32>; max_seqlen int32."""
     import pyarrow as pa
 
     src = docs_dir([[1, 2, 3], [4, 5]], value_type=pa.uint16())
     out = tmp_path / "o"
-    pack([src, out, "--capacity", "6"])
+    pack([src, out, "--capacity", "6", "--labels", "unshifted"])
     schema = pq.read_schema(out / "part-00000.parquet")
-    for name in ("input_ids", "segment_ids", "position_ids", "labels", "cu_seqlens"):
-        assert schema.field(name).type.value_type == pa.int32()
+    for name in ("input_ids", "segment_ids", "position_ids", "labels"):
+        typ = schema.field(name).type
+        assert pa.types.is_fixed_size_list(typ) and typ.list_size == 6
+        assert typ.value_type == pa.int32()
+    assert pa.types.is_list(schema.field("cu_seqlens").type)
+    assert schema.field("cu_seqlens").type.value_type == pa.int32()
     assert schema.field("max_seqlen").type == pa.int32()
     assert schema.field("doc_ids").type.value_type == pa.int64()
 

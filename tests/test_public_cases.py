@@ -185,7 +185,9 @@ def test_B27_per_token_columns_all_have_length_C(tmp_path):
                 == len(r["segment_ids"]) == 16)
     schema = pq.read_schema(tmp_path / "random" / "out" / "part-00000.parquet")
     for name in ("input_ids", "labels", "position_ids", "segment_ids"):
-        assert schema.field(name).type == pa.list_(pa.field("item", pa.int32(), nullable=False))
+        typ = schema.field(name).type  # fixed_size_list<int32>[C]: the length is in the type
+        assert pa.types.is_fixed_size_list(typ) and typ.list_size == 16
+        assert typ.value_type == pa.int32()
     check_output(rows, docs, 16)
 
 

@@ -20,15 +20,48 @@ import pyarrow.parquet as pq
 
 from packtool.errors import ManifestError
 from packtool.formats.manifest import load_manifest
+from packtool.formats.schema import (RAGGED_COLUMNS, SCALAR_COLUMNS, TOKEN_COLUMNS,
+                                     labels_convention)
+from packtool.types import IGNORE_INDEX
 
-__all__ = ["PackedReader", "RowGroupBlock", "TOKEN_COLUMNS", "RAGGED_COLUMNS", "SCALAR_COLUMNS"]
+__all__ = ["PackedReader", "RowGroupBlock", "TOKEN_COLUMNS", "RAGGED_COLUMNS", "SCALAR_COLUMNS",
+           "derive_labels"]
 
-#: list<int32>[C] columns, returned as int32[rows, C].
-TOKEN_COLUMNS = ("input_ids", "segment_ids", "position_ids", "labels")
-#: variable-length list columns, returned as a list of 1-D arrays.
-RAGGED_COLUMNS = ("cu_seqlens", "doc_ids", "doc_offsets")
-#: one integer per row, returned as int32[rows].
-SCALAR_COLUMNS = ("max_seqlen", "num_targets")
+
+def derive_labels(input_ids: np.ndarray, segment_ids: np.ndarray,
+                  convention: str = "unshifted") -> np.ndarray:
+    """Labels of packed rows from their tokens and segments (the output contract's rule).
+
+    What ``--labels unshifted|shifted`` would have stored; readers call it for outputs packed
+    with ``--labels none`` (the default).
+
+    Args:
+        input_ids: int[..., C] tokens of one row or of a block of rows.
+        segment_ids: int[..., C], same shape, 0 = padding.
+        convention: ``unshifted`` (the token, except -100 at each segment's first token and on
+            padding; the model shifts) or ``shifted`` (``input_ids[i + 1]`` inside the same
+            segment, else -100).
+
+    Returns:
+        int32[..., C], ``IGNORE_INDEX`` (-100) where nothing is predicted.
+
+    Raises:
+        ValueError: shapes differ or an unknown convention.
+    """
+    ids = np.asarray(input_ids)
+    seg = np.asarray(segment_ids)
+    if ids.shape != seg.shape or ids.ndim == 0:
+        raise ValueError(f"input_ids {ids.shape} and segment_ids {seg.shape} must have one shape")
+    same = np.zeros(seg.shape, dtype=bool)  # same[..., i]: token i continues token i-1's segment
+    same[..., 1:] = (seg[..., 1:] == seg[..., :-1]) & (seg[..., 1:] != 0)
+    out = np.full(ids.shape, IGNORE_INDEX, dtype=np.int32)
+    if convention == "unshifted":
+        np.copyto(out, ids, where=same, casting="unsafe")
+    elif convention == "shifted":
+        np.copyto(out[..., :-1], ids[..., 1:], where=same[..., 1:], casting="unsafe")
+    else:
+        raise ValueError(f"labels convention {convention!r}: choose unshifted or shifted")
+    return out
 
 
 @dataclass(frozen=True)
@@ -51,7 +84,7 @@ def _to_numpy(name: str, arr: pa.ChunkedArray | pa.Array, capacity: int):
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     if name in TOKEN_COLUMNS:
-        flat = arr.flatten().to_numpy(zero_copy_only=False)
+        flat = arr.flatten().to_numpy(zero_copy_only=False)  # fixed_size_list: no offsets
         if flat.size != len(arr) * capacity:
             raise ManifestError(f"column {name!r} has {flat.size} values for {len(arr)} rows of "
                                 f"capacity {capacity}; the shard breaks the output contract")
@@ -81,8 +114,10 @@ class PackedReader:
         self.manifest = load_manifest(self.path, check_hashes=check_hashes)
         opts = self.manifest.get("options", {})
         self.capacity: int = int(opts["capacity"])
-        #: ``unshifted`` | ``shifted`` | ``none``
+        #: the ``--labels`` option: ``unshifted`` | ``shifted`` | ``none`` (not stored)
         self.labels_mode: str = str(opts.get("labels", "unshifted"))
+        #: convention of the labels this reader returns (stored, or derived when not stored)
+        self.labels_convention: str = labels_convention(self.labels_mode)
         self.shards: list[str] = [o["file"] for o in self.manifest["outputs"]]
         self._files: dict[str, pq.ParquetFile] = {}
         self._pid = os.getpid()
@@ -112,10 +147,27 @@ class PackedReader:
 
     @property
     def columns(self) -> list[str]:
-        """Column names present in the shards."""
+        """Column names stored in the shards (``labels`` only when packed with
+        ``--labels unshifted|shifted``; it can still be requested, see :meth:`read_row`)."""
         if not self.shards:
             return []
         return list(self._file(self.shards[0]).schema_arrow.names)
+
+    def _table_columns(self, name: str, g: int | None, columns: Sequence[str]) -> dict:
+        """Read ``columns`` of row group ``g`` (all groups when None) of shard ``name`` as
+        NumPy, deriving ``labels`` from ``input_ids`` and ``segment_ids`` when not stored."""
+        stored = set(self.columns)
+        derive = "labels" in columns and "labels" not in stored
+        want = [c for c in columns if c in stored]
+        if derive:
+            want += [c for c in ("input_ids", "segment_ids") if c not in want]
+        f = self._file(name)
+        table = f.read_row_group(g, columns=want) if g is not None else f.read(columns=want)
+        cols = {c: _to_numpy(c, table.column(c), self.capacity) for c in want}
+        if derive:
+            cols["labels"] = derive_labels(cols["input_ids"], cols["segment_ids"],
+                                           self.labels_convention)
+        return {c: cols[c] for c in columns}
 
     def __len__(self) -> int:
         return int(self.shard_offsets[-1])
@@ -140,8 +192,7 @@ class PackedReader:
         if self._cache is not None and self._cache[:3] == (s, g, key):
             return self._cache[3]
         name = self.shards[s]
-        table = self._file(name).read_row_group(g, columns=list(columns))
-        cols = {c: _to_numpy(c, table.column(c), self.capacity) for c in columns}
+        cols = self._table_columns(name, g, columns)
         first = int(self._rg_offsets[s][g])
         block = RowGroupBlock(name, first, int(self.shard_offsets[s]) + first, cols)
         self._cache = (s, g, key, block)
@@ -151,7 +202,8 @@ class PackedReader:
         have = self.columns
         if columns is None:
             return have
-        missing = [c for c in columns if c not in have]
+        derivable = {"labels"} if {"input_ids", "segment_ids"} <= set(have) else set()
+        missing = [c for c in columns if c not in have and c not in derivable]
         if missing:
             raise ManifestError(f"{self.path}: shards have no column(s) {missing}; available: "
                                 f"{', '.join(have)}")
@@ -163,11 +215,13 @@ class PackedReader:
         Reads (and caches) only the row group holding the row. Per-token columns are
         ``int32[C]``, ragged ones 1-D arrays (``cu_seqlens`` int32, ``doc_ids``/``doc_offsets``
         int64), scalars Python ints. Extra keys: ``shard`` (file name), ``row`` (row inside the
-        shard), ``index`` (global row).
+        shard), ``index`` (global row). ``columns=None`` means the stored columns; ``labels`` may
+        be requested from an output packed with ``--labels none``: it is then derived
+        (:func:`derive_labels`, convention :attr:`labels_convention`).
 
         Raises:
             IndexError: ``index`` out of range.
-            ManifestError: a requested column is not in the shards.
+            ManifestError: a requested column is not in the shards (and not derivable).
         """
         cols = self._resolve(columns)
         s, r = self.locate(index)
@@ -186,11 +240,9 @@ class PackedReader:
         cols = self._resolve(columns)
         for s, name in enumerate(self.shards):
             for g in range(len(self._rg_offsets[s]) - 1):
-                table = self._file(name).read_row_group(g, columns=cols)
                 first = int(self._rg_offsets[s][g])
                 yield RowGroupBlock(name, first, int(self.shard_offsets[s]) + first,
-                                    {c: _to_numpy(c, table.column(c), self.capacity)
-                                     for c in cols})
+                                    self._table_columns(name, g, cols))
 
     def iter_rows(self, columns: Sequence[str] | None = None) -> Iterator[dict]:
         """Every row as :meth:`read_row` returns it, streaming by row group."""

@@ -1,4 +1,16 @@
-"""Input and packed Arrow schemas, in one place."""
+"""Input and packed Arrow schemas, in one place.
+
+Per-token columns are ``fixed_size_list<int32>[C]``: the type carries the capacity and no list
+offsets, so no int32 offset can wrap however large a row group is (``list<int32>`` offsets are
+``(rows + 1) * C`` and wrap at 2**31 tokens per row group). The variable-length columns
+(``cu_seqlens``, ``doc_ids``, ``doc_offsets``) hold one entry per segment (at most C + 1 per row)
+and stay ``list``.
+
+``labels`` is a pure function of ``input_ids`` and ``segment_ids`` under both conventions, so it
+is stored only on request (``--labels unshifted|shifted``); by default (``--labels none``) readers
+derive it. The schema metadata says which convention a reader gets either way
+(:data:`LABELS_CONVENTION_META_KEY`).
+"""
 
 from __future__ import annotations
 
@@ -6,37 +18,73 @@ import pyarrow as pa
 
 from packtool.errors import SchemaError
 
-__all__ = ["packed_schema", "check_token_column", "is_integer_list", "LABELS_META_KEY",
-           "CAPACITY_META_KEY"]
+__all__ = ["packed_schema", "packed_columns", "labels_convention", "check_token_column",
+           "is_integer_list",
+           "LABELS_META_KEY", "LABELS_CONVENTION_META_KEY", "CAPACITY_META_KEY",
+           "TOKEN_COLUMNS", "RAGGED_COLUMNS", "SCALAR_COLUMNS"]
 
+#: Schema metadata key: the ``--labels`` option the shard was written with
+#: (``none`` | ``unshifted`` | ``shifted``).
 LABELS_META_KEY = b"packtool.labels"
+#: Schema metadata key: the labels convention a reader gets, stored or derived
+#: (``unshifted`` | ``shifted``; ``--labels none`` means readers derive ``unshifted``).
+LABELS_CONVENTION_META_KEY = b"packtool.labels_convention"
+#: Schema metadata key: the capacity C (tokens per row), decimal.
 CAPACITY_META_KEY = b"packtool.capacity"
+
+#: fixed_size_list<int32>[C] columns, in schema order (``labels`` only when stored).
+TOKEN_COLUMNS = ("input_ids", "segment_ids", "position_ids", "labels")
+#: variable-length list columns (one entry per segment, ``cu_seqlens`` one more).
+RAGGED_COLUMNS = ("cu_seqlens", "doc_ids", "doc_offsets")
+#: one int32 per row.
+SCALAR_COLUMNS = ("max_seqlen", "num_targets")
+
+
+def labels_convention(labels: str) -> str:
+    """The convention of the labels a reader gets for ``--labels labels``.
+
+    ``unshifted`` and ``shifted`` are stored as such; ``none`` stores nothing and readers derive
+    the ``unshifted`` labels (the model shifts; Hugging Face convention) from ``input_ids`` and
+    ``segment_ids``.
+
+    Raises:
+        ValueError: ``labels`` is not ``none``, ``unshifted`` or ``shifted``.
+    """
+    if labels not in ("none", "unshifted", "shifted"):
+        raise ValueError(f"labels mode {labels!r}: choose none, unshifted or shifted")
+    return "unshifted" if labels == "none" else labels
+
+
+def packed_columns(labels: str) -> list[str]:
+    """Column names of a packed shard, in order, for ``--labels labels``."""
+    return [c for c in TOKEN_COLUMNS if c != "labels" or labels != "none"] + list(
+        RAGGED_COLUMNS[:1] + SCALAR_COLUMNS + RAGGED_COLUMNS[1:])
 
 
 def packed_schema(capacity: int, labels: str) -> pa.Schema:
     """The schema of a packed shard (see README, "Output contract").
 
-    Per-token columns are ``list<int32>`` of exactly ``capacity`` items; ``labels`` is omitted
-    when ``labels == "none"``. Schema metadata records the capacity and the label convention
-    (``unshifted``: the model shifts; ``shifted``: already shifted), so no reader shifts twice.
+    Args:
+        capacity: C, tokens per row (2 .. 2**24).
+        labels: ``none`` (no ``labels`` column; readers derive unshifted labels), ``unshifted``
+            or ``shifted``.
+
+    Returns:
+        Per-token columns ``fixed_size_list<int32>[C]``, ``cu_seqlens`` ``list<int32>``,
+        ``max_seqlen``/``num_targets`` ``int32``, ``doc_ids``/``doc_offsets`` ``list<int64>``,
+        none nullable. Metadata: :data:`CAPACITY_META_KEY`, :data:`LABELS_META_KEY`,
+        :data:`LABELS_CONVENTION_META_KEY`.
     """
-    tok = pa.list_(pa.field("item", pa.int32(), nullable=False))
-    fields = [
-        pa.field("input_ids", tok, nullable=False),
-        pa.field("segment_ids", tok, nullable=False),
-        pa.field("position_ids", tok, nullable=False),
-    ]
-    if labels != "none":
-        fields.append(pa.field("labels", tok, nullable=False))
-    fields += [
-        pa.field("cu_seqlens", tok, nullable=False),
-        pa.field("max_seqlen", pa.int32(), nullable=False),
-        pa.field("num_targets", pa.int32(), nullable=False),
-        pa.field("doc_ids", pa.list_(pa.field("item", pa.int64(), nullable=False)), nullable=False),
-        pa.field("doc_offsets", pa.list_(pa.field("item", pa.int64(), nullable=False)),
-                 nullable=False),
-    ]
-    meta = {LABELS_META_KEY: labels.encode(), CAPACITY_META_KEY: str(capacity).encode()}
+    tok = pa.list_(pa.field("element", pa.int32(), nullable=False), capacity)
+    i32 = pa.list_(pa.field("element", pa.int32(), nullable=False))
+    i64 = pa.list_(pa.field("element", pa.int64(), nullable=False))
+    types = {"input_ids": tok, "segment_ids": tok, "position_ids": tok, "labels": tok,
+             "cu_seqlens": i32, "max_seqlen": pa.int32(), "num_targets": pa.int32(),
+             "doc_ids": i64, "doc_offsets": i64}
+    fields = [pa.field(c, types[c], nullable=False) for c in packed_columns(labels)]
+    meta = {LABELS_META_KEY: labels.encode(),
+            LABELS_CONVENTION_META_KEY: labels_convention(labels).encode(),
+            CAPACITY_META_KEY: str(capacity).encode()}
     return pa.schema(fields, metadata=meta)
 
 

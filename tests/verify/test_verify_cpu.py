@@ -95,8 +95,9 @@ def test_cu_seqlens_boundary_moved_fails(good):
     assert _failed(rep, "sdpa", "logits_match")
 
 
-def test_label_crossing_a_boundary_fails(good):
+def test_label_crossing_a_boundary_fails(tmp_path):
     """B03: the first token of document 2 as a target of document 1's last token must fail."""
+    good = pack_docs(tmp_path, DOCS, C, "--labels", "unshifted")  # a stored labels column
     def edit(rows):
         i = _row_with_two_docs(rows)
         j = rows[i]["cu_seqlens"][1]

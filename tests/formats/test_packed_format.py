@@ -1,0 +1,128 @@
+"""The packed format: fixed-size per-token columns, labels derived unless asked for, checksums
+taken while writing, and what the README table, the manifest and the schema metadata say."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from packtool.config import PackConfig
+from packtool.formats.manifest import MANIFEST_NAME
+from packtool.formats.packed import PackedReader, derive_labels
+from packtool.formats.schema import (CAPACITY_META_KEY, LABELS_CONVENTION_META_KEY,
+                                     LABELS_META_KEY, packed_columns)
+from packtool.pipeline import run_pack
+
+
+def _pack(src, out, **kw):
+    return run_pack(PackConfig(inputs=(str(src),), output=str(out), workers=2, **kw),
+                    progress=False)
+
+
+@pytest.fixture(scope="module")
+def three_outputs(tmp_path_factory, sample_data):
+    """sample_data packed at C=512 with each --labels mode (same plan, same rows)."""
+    base = tmp_path_factory.mktemp("labels")
+    outs = {}
+    for mode in ("none", "unshifted", "shifted"):
+        outs[mode] = base / mode
+        _pack(sample_data, outs[mode], capacity=512, labels=mode, rows_per_shard=1000)
+    return outs
+
+
+def test_default_stores_no_labels_and_says_what_readers_derive(three_outputs):
+    """Default --labels none: no labels column; metadata and manifest name the derived
+    convention (unshifted), and list the same columns as the shard schema."""
+    assert PackConfig(inputs=("x",), output="y").labels.value == "none"
+    out = three_outputs["none"]
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    schema = pq.read_schema(out / manifest["outputs"][0]["file"])
+    assert "labels" not in schema.names
+    assert schema.metadata[LABELS_META_KEY] == b"none"
+    assert schema.metadata[LABELS_CONVENTION_META_KEY] == b"unshifted"
+    assert schema.metadata[CAPACITY_META_KEY] == b"512"
+    assert manifest["labels"] == {"stored": False, "convention": "unshifted"}
+    assert manifest["columns"] == schema.names == packed_columns("none")
+    for mode in ("unshifted", "shifted"):
+        m = json.loads((three_outputs[mode] / MANIFEST_NAME).read_text())
+        s = pq.read_schema(three_outputs[mode] / m["outputs"][0]["file"])
+        assert m["labels"] == {"stored": True, "convention": mode}
+        assert m["columns"] == s.names and "labels" in s.names
+        assert s.metadata[LABELS_CONVENTION_META_KEY] == mode.encode()
+
+
+@pytest.mark.parametrize("mode", ["unshifted", "shifted"])
+def test_derived_labels_equal_stored_labels(three_outputs, mode):
+    """B03/B05: labels derived from input_ids and segment_ids are exactly the stored ones."""
+    stored = PackedReader(three_outputs[mode])
+    derived = PackedReader(three_outputs["none"])
+    assert len(stored) == len(derived) > 100
+    n_targets = 0
+    for a, b in zip(stored.iter_blocks(["labels", "input_ids", "num_targets"]),
+                    derived.iter_blocks(["input_ids", "segment_ids", "num_targets"])):
+        np.testing.assert_array_equal(a.columns["input_ids"], b.columns["input_ids"])
+        lab = derive_labels(b.columns["input_ids"], b.columns["segment_ids"], mode)
+        np.testing.assert_array_equal(a.columns["labels"], lab)
+        np.testing.assert_array_equal((lab != -100).sum(axis=1), b.columns["num_targets"])
+        n_targets += int((lab != -100).sum())
+    assert n_targets == json.loads((three_outputs["none"] / MANIFEST_NAME).read_text())[
+        "totals"]["effective_targets"]
+    if mode == "unshifted":  # the reader derives the recorded convention on request
+        for i in (0, len(derived) // 2, len(derived) - 1):
+            np.testing.assert_array_equal(derived.read_row(i, ["labels"])["labels"],
+                                          stored.read_row(i, ["labels"])["labels"])
+
+
+def test_derive_labels_hand_case():
+    """B03/B04: docs [11,12,13] and [21,22] at C=6."""
+    ids = np.array([11, 12, 13, 21, 22, 0])
+    seg = np.array([1, 1, 1, 2, 2, 0])
+    assert derive_labels(ids, seg).tolist() == [-100, 12, 13, -100, 22, -100]
+    assert derive_labels(ids, seg, "shifted").tolist() == [12, 13, -100, 22, -100, -100]
+    with pytest.raises(ValueError):
+        derive_labels(ids, seg[:5])
+
+
+def test_sha256_is_taken_while_writing_and_matches_the_file(three_outputs):
+    """The manifest's sha256 (computed as the bytes went out) is the file's sha256."""
+    out = three_outputs["unshifted"]
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    for o in manifest["outputs"]:
+        data = (out / o["file"]).read_bytes()
+        assert o["bytes"] == len(data)
+        assert o["sha256"] == hashlib.sha256(data).hexdigest()
+    PackedReader(out, check_hashes=True)
+
+
+def test_capacity_2_pow_22_packs_without_offsets(tmp_path):
+    """C = 2**22: per-token columns are fixed_size_list (no int32 offsets that could wrap) and
+    the rows hold exactly the documents."""
+    C = 2**22
+    rng = np.random.default_rng(22)
+    lens = [3_000_000, 2_000_000, 1_500_000, 7]
+    docs = [rng.integers(0, 131_072, n, dtype=np.int32) for n in lens]
+    src = tmp_path / "in.parquet"
+    arr = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(lens)]), pa.int32()),
+                                   pa.array(np.concatenate(docs)))
+    pq.write_table(pa.table({"input_ids": arr}), src)
+    out = tmp_path / "out"
+    _pack(src, out, capacity=C, shuffle=False)
+    reader = PackedReader(out)
+    typ = pq.read_schema(out / reader.shards[0]).field("input_ids").type
+    assert pa.types.is_fixed_size_list(typ) and typ.list_size == C
+    assert len(reader) == 2  # obfd: [3.0 M + 7 ...], [2.0 M + 1.5 M]
+    seen = {}
+    for row in reader.iter_rows(["input_ids", "segment_ids", "position_ids", "cu_seqlens",
+                                 "doc_ids", "doc_offsets"]):
+        assert row["input_ids"].shape == (C,) and row["cu_seqlens"][-1] == C
+        for k, (d, off) in enumerate(zip(row["doc_ids"], row["doc_offsets"]), start=1):
+            piece = row["input_ids"][row["segment_ids"] == k]
+            np.testing.assert_array_equal(piece, docs[d][off:off + piece.size])
+            assert row["position_ids"][row["segment_ids"] == k][-1] == piece.size - 1
+            seen[int(d)] = seen.get(int(d), 0) + piece.size
+    assert seen == dict(enumerate(lens))
