@@ -524,3 +524,43 @@ def _fill_rows(rows, row_offsets, seg_len, seg_src, tokens, capacity, pad_id, la
                 longest = pad
         max_seqlen[k] = longest
     return input_ids, segment_ids, position_ids, labels, cu_values, cu_offsets, num_targets, max_seqlen
+
+
+@njit(cache=True, nogil=True)
+def _mask_labels(seg_offsets, seg_len, seg_src, targets, labels, num_targets, shifted):
+    """Set -100 on labels whose target token is masked in the input; recount num_targets.
+
+    seg_offsets int64[n + 1] (row k's segments), seg_len int64[S], seg_src int64[S] (flat index
+    in ``targets`` of each segment's first token), targets uint8[T] (0 = not a target), labels
+    int32[n, C] (modified in place), num_targets int32[n] (overwritten). Unshifted: position t
+    of a segment predicts its own token t; shifted: position t predicts token t + 1. Either way
+    the first token of a segment is never a target.
+    """
+    n = seg_offsets.shape[0] - 1
+    for k in range(n):
+        pos = 0
+        count = 0
+        for q in range(seg_offsets[k], seg_offsets[k + 1]):
+            length = seg_len[q]
+            src = seg_src[q]
+            for t in range(1, length):
+                p = pos + t if shifted == 0 else pos + t - 1
+                if targets[src + t] == 0:
+                    labels[k, p] = _IGNORE
+                else:
+                    count += 1
+            pos += length
+        num_targets[k] = count
+
+
+@njit(cache=True, nogil=True)
+def _segment_targets(seg_src, seg_len, targets):
+    """int64[S]: effective targets of each segment: tokens 1..len-1 whose targets flag is set."""
+    out = np.zeros(seg_len.shape[0], dtype=np.int64)
+    for q in range(seg_len.shape[0]):
+        src = seg_src[q]
+        c = 0
+        for t in range(1, seg_len[q]):
+            c += targets[src + t] != 0
+        out[q] = c
+    return out

@@ -2,12 +2,16 @@
 
 Plain Python lists and loops, no numpy tricks. Each function mirrors one public function:
 :func:`reference_pack` <-> :func:`packtool.core.packing.pack_lengths` and
-:func:`reference_layout` <-> :func:`packtool.core.layout.layout_rows`.
+:func:`reference_layout` <-> :func:`packtool.core.layout.layout_rows` (with ``targets``: and
+:func:`packtool.core.masks.mask_labels`), :func:`reference_drop_masked` <->
+:func:`packtool.core.masks.drop_masked_tokens`, :func:`reference_boundary_tokens` <->
+:func:`packtool.core.masks.add_boundary_tokens`.
 """
 
 from __future__ import annotations
 
-__all__ = ["reference_chunks", "reference_pack", "reference_layout"]
+__all__ = ["reference_chunks", "reference_pack", "reference_layout", "reference_drop_masked",
+           "reference_boundary_tokens"]
 
 IGNORE = -100
 
@@ -84,21 +88,27 @@ def reference_pack(lengths, capacity, strategy="obfd", overflow="split"):
     return [b[2] for b in bins]
 
 
-def reference_layout(rows, docs, capacity, pad_id=0, labels="unshifted"):
-    """Columns of each row as plain lists: a list of dicts with the contract's fields."""
+def reference_layout(rows, docs, capacity, pad_id=0, labels="unshifted", targets=None):
+    """Columns of each row as plain lists: a list of dicts with the contract's fields.
+
+    ``targets`` (optional, one list of 0/1 per document, like ``docs``): a label whose target
+    token is flagged 0 is -100 too, and ``num_targets`` counts the labels that are not -100.
+    """
     out = []
     for row in rows:
         ids, seg, pos, lab, cu = [], [], [], [], [0]
         for k, (doc, off, length) in enumerate(row, start=1):
             piece = list(docs[doc][off:off + length])
+            flags = [1] * length if targets is None else list(targets[doc][off:off + length])
             for t, tok in enumerate(piece):
                 ids.append(tok)
                 seg.append(k)
                 pos.append(t)
                 if labels == "shifted":
-                    lab.append(piece[t + 1] if t + 1 < length else IGNORE)
+                    nxt = t + 1 < length and flags[t + 1]
+                    lab.append(piece[t + 1] if nxt else IGNORE)
                 else:
-                    lab.append(tok if t > 0 else IGNORE)
+                    lab.append(tok if t > 0 and flags[t] else IGNORE)
             cu.append(len(ids))
         pad = capacity - len(ids)
         for t in range(pad):
@@ -115,8 +125,45 @@ def reference_layout(rows, docs, capacity, pad_id=0, labels="unshifted"):
             "labels": None if labels == "none" else lab,
             "cu_seqlens": cu,
             "max_seqlen": max(b - a for a, b in zip(cu, cu[1:])),
-            "num_targets": sum(length - 1 for _, _, length in row),
+            "num_targets": sum(x != IGNORE for x in lab),
             "doc_ids": [d for d, _, _ in row],
             "doc_offsets": [o for _, o, _ in row],
         })
     return out
+
+
+def reference_drop_masked(docs, masks, targets=None):
+    """Documents without their attention-mask-0 tokens: (docs, targets or None, removed)."""
+    out_docs, out_targets, removed = [], [], 0
+    for i, (doc, mask) in enumerate(zip(docs, masks)):
+        out_docs.append([t for t, m in zip(doc, mask) if m])
+        if targets is not None:
+            out_targets.append([f for f, m in zip(targets[i], mask) if m])
+        removed += sum(1 for m in mask if not m)
+    return out_docs, (out_targets if targets is not None else None), removed
+
+
+def reference_boundary_tokens(docs, targets=None, bos=None, eos=None):
+    """BOS/EOS added to non-empty documents lacking them: (docs, targets, counts dict)."""
+    counts = {"bos_added": 0, "bos_present": 0, "eos_added": 0, "eos_present": 0}
+    out_docs, out_targets = [], []
+    for i, doc in enumerate(docs):
+        doc = list(doc)
+        flags = None if targets is None else list(targets[i])
+        if doc and bos is not None:
+            if doc[0] == bos:
+                counts["bos_present"] += 1
+            else:
+                counts["bos_added"] += 1
+                doc = [bos] + doc
+                flags = None if flags is None else [1] + flags
+        if doc and eos is not None:
+            if doc[-1] == eos:
+                counts["eos_present"] += 1
+            else:
+                counts["eos_added"] += 1
+                doc = doc + [eos]
+                flags = None if flags is None else flags + [flags[-1]]
+        out_docs.append(doc)
+        out_targets.append(flags)
+    return out_docs, (out_targets if targets is not None else None), counts

@@ -1,0 +1,188 @@
+"""Token masks carried through packing: padding removed, prompt tokens kept out of the loss,
+BOS/EOS added once.
+
+Inputs come as the documents' tokens back to back (``tokens`` int32[T]) with their lengths
+(``lengths`` int64[docs]), and optionally a per-token flag ``targets`` (uint8[T], 0 = the token
+is not a target: its input label was -100, e.g. the prompt of an SFT example).
+
+- :func:`drop_masked_tokens`: tokens whose ``attention_mask`` is 0 (padding of a padded
+  tokenization) are removed before packing; a document may become empty.
+- :func:`add_boundary_tokens`: ``--prepend-bos`` / ``--append-eos`` add the id to every non-empty
+  document that does not already start / end with it (never a doubled BOS or EOS). An added BOS
+  is the segment's first token, which the boundary rule never makes a target; an added EOS
+  takes the targets flag of the document's last token (the end of a response is learned, the
+  end of a masked prompt is not).
+- :func:`mask_labels`: after layout, a label is -100 where its target token is flagged 0, in
+  addition to the boundary rule; ``num_targets`` is recounted.
+- :func:`segment_targets`: effective targets per plan segment, without laying rows out (what
+  ``stats`` and the pack summary count).
+
+Numba kernels: ``core/_kernels.py``; slow twins: ``core/reference.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from packtool.core import _kernels as K
+from packtool.core.packing import PackPlan
+
+__all__ = ["BoundaryCounts", "drop_masked_tokens", "add_boundary_tokens", "mask_labels",
+           "segment_targets", "plan_segment_targets"]
+
+
+@dataclass(frozen=True)
+class BoundaryCounts:
+    """What :func:`add_boundary_tokens` did, in documents."""
+
+    bos_added: int = 0  #: documents that got a BOS
+    bos_present: int = 0  #: non-empty documents that already started with it (left alone)
+    eos_added: int = 0  #: documents that got an EOS
+    eos_present: int = 0  #: non-empty documents that already ended with it (left alone)
+
+    def __add__(self, other: "BoundaryCounts") -> "BoundaryCounts":
+        return BoundaryCounts(self.bos_added + other.bos_added,
+                              self.bos_present + other.bos_present,
+                              self.eos_added + other.eos_added,
+                              self.eos_present + other.eos_present)
+
+
+def _doc_of_token(lengths: np.ndarray) -> np.ndarray:
+    return np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)  # shape: (T,)
+
+
+def drop_masked_tokens(lengths: np.ndarray, tokens: np.ndarray, keep: np.ndarray,
+                       targets: np.ndarray | None = None):
+    """Remove the tokens whose attention mask is 0.
+
+    Args:
+        lengths: int64[docs], tokens per document.
+        tokens: int32[T], T = sum(lengths).
+        keep: bool or integer [T], the attention mask (nonzero = a real token).
+        targets: optional uint8[T] flags, filtered alike.
+
+    Returns:
+        (lengths int64[docs], tokens int32[T'], targets uint8[T'] or None, removed tokens).
+
+    Raises:
+        ValueError: ``keep`` or ``targets`` does not have T entries.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    keep = np.asarray(keep) != 0
+    if keep.size != tokens.size or (targets is not None and targets.size != tokens.size):
+        raise ValueError("keep and targets must have one entry per token")
+    removed = int(keep.size - np.count_nonzero(keep))
+    if not removed:
+        return lengths, tokens, targets, 0
+    new_lengths = np.bincount(_doc_of_token(lengths)[keep], minlength=lengths.size)
+    return (new_lengths.astype(np.int64), tokens[keep],
+            None if targets is None else targets[keep], removed)
+
+
+def add_boundary_tokens(lengths: np.ndarray, tokens: np.ndarray,
+                        targets: np.ndarray | None = None, *, bos: int | None = None,
+                        eos: int | None = None):
+    """Prepend ``bos`` and append ``eos`` to every non-empty document lacking them.
+
+    Args:
+        lengths: int64[docs], tokens per document.
+        tokens: int32[T], T = sum(lengths).
+        targets: optional uint8[T] flags (0 = not a target); an added BOS gets 1 (it is a
+            segment's first token, never a target), an added EOS the flag of the last token.
+        bos, eos: token ids (int32 range) or None.
+
+    Returns:
+        (lengths int64[docs], tokens int32[T'], targets uint8[T'] or None,
+        :class:`BoundaryCounts`). Empty documents stay empty.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    tokens = np.asarray(tokens, dtype=np.int32)
+    nonempty = lengths > 0
+    ends = np.cumsum(lengths)  # shape: (docs,), one past each document's last token
+    starts = ends - lengths
+    add_b = np.zeros(lengths.size, dtype=bool)
+    add_e = np.zeros(lengths.size, dtype=bool)
+    if bos is not None:
+        add_b = nonempty.copy()
+        add_b[nonempty] = tokens[starts[nonempty]] != bos
+    if eos is not None:
+        add_e = nonempty.copy()
+        add_e[nonempty] = tokens[ends[nonempty] - 1] != eos
+    n_docs_nonempty = int(nonempty.sum())
+    counts = BoundaryCounts(
+        int(add_b.sum()), n_docs_nonempty - int(add_b.sum()) if bos is not None else 0,
+        int(add_e.sum()), n_docs_nonempty - int(add_e.sum()) if eos is not None else 0)
+    if not (add_b.any() or add_e.any()):
+        return lengths, tokens, targets, counts
+    new_lengths = lengths + add_b + add_e
+    new_ends = np.cumsum(new_lengths)
+    new_starts = new_ends - new_lengths
+    is_old = np.ones(int(new_ends[-1]), dtype=bool)
+    is_old[new_starts[add_b]] = False
+    is_old[new_ends[add_e] - 1] = False
+    out = np.empty(is_old.size, dtype=np.int32)
+    out[is_old] = tokens
+    if bos is not None:
+        out[new_starts[add_b]] = bos
+    if eos is not None:
+        out[new_ends[add_e] - 1] = eos
+    new_targets = None
+    if targets is not None:
+        new_targets = np.ones(is_old.size, dtype=np.uint8)
+        new_targets[is_old] = targets
+        new_targets[new_ends[add_e] - 1] = targets[ends[add_e] - 1]
+    return new_lengths, out, new_targets, counts
+
+
+def mask_labels(labels: np.ndarray, num_targets: np.ndarray, seg_offsets: np.ndarray,
+                seg_len: np.ndarray, seg_src: np.ndarray, targets: np.ndarray, *,
+                shifted: bool) -> None:
+    """Apply input target flags to laid-out labels, in place, and recount ``num_targets``.
+
+    Args:
+        labels: int32[n, C], from the layout (boundary rule applied), modified in place.
+        num_targets: int32[n], overwritten with count(labels != -100) per row.
+        seg_offsets: int64[n + 1], row k's segments are ``seg_offsets[k]:seg_offsets[k+1]``.
+        seg_len: int64[S], seg_src: int64[S] (flat index of each segment's first token).
+        targets: uint8[T] (any array-like, e.g. a memmap), 0 = not a target.
+        shifted: the labels convention (False: unshifted, the model shifts).
+    """
+    K._mask_labels(np.ascontiguousarray(seg_offsets, dtype=np.int64),
+                   np.ascontiguousarray(seg_len, dtype=np.int64),
+                   np.ascontiguousarray(seg_src, dtype=np.int64),
+                   targets if isinstance(targets, np.ndarray) and targets.dtype == np.uint8
+                   else np.asarray(targets, dtype=np.uint8), labels, num_targets,
+                   1 if shifted else 0)
+
+
+def segment_targets(seg_src: np.ndarray, seg_len: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Effective targets of each segment (tokens 1..len-1 flagged as targets).
+
+    Args:
+        seg_src: int64[S], flat index in ``targets`` of each segment's first token.
+        seg_len: int64[S], segment lengths in tokens.
+        targets: uint8[T] flags (a memmap is read sequentially per segment).
+
+    Returns:
+        int64[S]; without masks this is ``seg_len - 1`` (the boundary rule alone).
+    """
+    return K._segment_targets(np.ascontiguousarray(seg_src, dtype=np.int64),
+                              np.ascontiguousarray(seg_len, dtype=np.int64),
+                              targets if isinstance(targets, np.ndarray)
+                              and targets.dtype == np.uint8
+                              else np.asarray(targets, dtype=np.uint8))
+
+
+def plan_segment_targets(plan: PackPlan, doc_starts: np.ndarray,
+                         targets: np.ndarray | None) -> np.ndarray:
+    """int64[S]: effective targets of every segment of ``plan`` (``seg_len - 1`` without flags).
+
+    ``doc_starts``: int64[docs], flat index of each document's first token.
+    """
+    seg_len = plan.seg_len.astype(np.int64)
+    if targets is None:
+        return seg_len - 1
+    seg_src = np.asarray(doc_starts, dtype=np.int64)[plan.seg_doc] + plan.seg_offset
+    return segment_targets(seg_src, seg_len, targets)
