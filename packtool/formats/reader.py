@@ -37,12 +37,14 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from packtool.core.masks import drop_masked_tokens
 from packtool.errors import InputError, SchemaError
-from packtool.formats.schema import check_token_column
-from packtool.types import INT32_MAX
+from packtool.formats.schema import check_token_column, is_integer_list
+from packtool.types import IGNORE_INDEX, INT32_MAX
 
-__all__ = ["InputFile", "TokenBatch", "Discovery", "InputSource", "discover", "discover_inputs",
-           "open_input", "iter_token_batches", "list_parts", "SUPPORTED_FORMATS"]
+__all__ = ["InputFile", "TokenBatch", "Discovery", "InputSource", "MaskColumns", "discover",
+           "discover_inputs", "open_input", "iter_token_batches", "list_parts",
+           "resolve_mask_columns", "SUPPORTED_FORMATS", "AUTO"]
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +78,66 @@ class InputFile:
 
 @dataclass(frozen=True)
 class TokenBatch:
-    """Documents ``first_row .. first_row + len(lengths) - 1`` of one file."""
+    """Documents ``first_row .. first_row + len(lengths) - 1`` of one file.
+
+    With an attention-mask column, its 0 tokens are already removed (``masked_tokens`` counts
+    them); with a labels column, ``targets`` flags the tokens whose input label is not -100.
+    """
 
     first_row: int  #: row index in the file of the first document
     lengths: np.ndarray  #: int64[docs], tokens per document
     tokens: np.ndarray  #: int32[sum(lengths)], the documents' tokens back to back
+    targets: np.ndarray | None = None  #: uint8[sum(lengths)], 0 = input label -100; None: no labels
+    masked_tokens: int = 0  #: tokens removed because their attention mask was 0
+
+
+#: Mask column option value: use the column of the default name when the file has it.
+AUTO = "auto"
+ATTENTION_MASK_COLUMN = "attention_mask"
+LABELS_COLUMN = "labels"
+
+
+@dataclass(frozen=True)
+class MaskColumns:
+    """The mask columns used for one file (None: not used)."""
+
+    attention_mask: str | None = None
+    labels: str | None = None
+
+
+def resolve_mask_columns(schema: pa.Schema, path, column: str, attention_mask: str | None = AUTO,
+                         labels: str | None = AUTO) -> MaskColumns:
+    """Decide which mask columns of a file are read.
+
+    Args:
+        schema: the file's Arrow schema.
+        path: the file (for messages).
+        column: the token column.
+        attention_mask, labels: a column name, :data:`AUTO` (use ``attention_mask`` /
+            ``labels`` when the file has such an integer-list column) or None (off).
+
+    Raises:
+        SchemaError: a named column is missing, is not an integer list, or is the token column.
+    """
+    def pick(name, default, option):
+        if name is None:
+            return None
+        if name == AUTO:
+            ok = default in schema.names and is_integer_list(schema.field(default).type)
+            return default if ok and default != column else None
+        if name == column:
+            raise SchemaError(f"{path}: {option} {name!r} is the token column; name the mask "
+                              "column")
+        if name not in schema.names:
+            raise SchemaError(f"{path}: no column {name!r} for {option}; available columns: "
+                              f"{', '.join(schema.names)}; pass {option} none to pack without it")
+        if not is_integer_list(schema.field(name).type):
+            raise SchemaError(f"{path}: {option} column {name!r} has type "
+                              f"{schema.field(name).type}, expected a list of integers")
+        return name
+
+    return MaskColumns(pick(attention_mask, ATTENTION_MASK_COLUMN, "--attention-mask-column"),
+                       pick(labels, LABELS_COLUMN, "--labels-column"))
 
 
 @dataclass(frozen=True)
@@ -406,7 +463,8 @@ def _row_of_value(lengths: np.ndarray, value_index: int) -> int:
 def iter_token_batches(path: Path, column: str, batch_rows: int = 8192,
                        row_groups: Sequence[int] | None = None,
                        row_range: tuple[int, int] | None = None,
-                       fmt: str | None = None) -> Iterator[TokenBatch]:
+                       fmt: str | None = None, *, attention_mask: str | None = None,
+                       labels: str | None = None) -> Iterator[TokenBatch]:
     """Stream one file's documents as :class:`TokenBatch` es.
 
     ``row_groups`` (ascending indices) restricts the read to those row groups (Arrow IPC: record
@@ -414,12 +472,19 @@ def iter_token_batches(path: Path, column: str, batch_rows: int = 8192,
     at record batches (rows of a row group before ``start`` are decoded and skipped). ``first_row``
     and error messages still count rows from the start of the file.
 
+    ``attention_mask`` / ``labels``: mask columns as in :func:`resolve_mask_columns` (default
+    None: not read). Tokens whose attention mask is 0 are removed; a labels column (unshifted:
+    ``labels[i]`` is ``input_ids[i]`` or -100) becomes ``TokenBatch.targets``.
+
     Raises:
         InputError: the file cannot be read (the message names the row group).
-        SchemaError: a null document, a null token, a negative id or an id over int32 (the message
-            names the file and the row).
+        SchemaError: a null document, a null token, a negative id or an id over int32; a mask
+            row of another length than its document; a label that is neither -100 nor its token
+            (the message names the file and the row).
     """
     src = open_input(path, column, fmt)
+    masks = resolve_mask_columns(src.schema_arrow, path, column, attention_mask, labels)
+    columns = [column] + [c for c in (masks.attention_mask, masks.labels) if c is not None]
     # shape: (num_row_groups + 1,), first row of each row group
     rg_start = np.cumsum((0,) + src.row_group_rows)
     lo, hi = (0, int(rg_start[-1])) if row_range is None else row_range
@@ -430,17 +495,17 @@ def iter_token_batches(path: Path, column: str, batch_rows: int = 8192,
                   if row_range is None or (rg_start[g] < hi and rg_start[g + 1] > lo)]
     for rg in groups:
         row = int(rg_start[rg])
-        for batch in src.iter_batches(rg, [column], batch_rows):
+        for batch in src.iter_batches(rg, columns, batch_rows):
             if row >= hi:
                 break
-            arr = batch.column(0)
-            if row + len(arr) <= lo:
-                row += len(arr)
+            if row + batch.num_rows <= lo:
+                row += batch.num_rows
                 continue
-            if row < lo or row + len(arr) > hi:  # keep only the rows inside the range
+            if row < lo or row + batch.num_rows > hi:  # keep only the rows inside the range
                 a = max(lo - row, 0)
-                arr = arr.slice(a, min(hi - row, len(arr)) - a)
+                batch = batch.slice(a, min(hi - row, batch.num_rows) - a)
                 row += a
+            arr = batch.column(0)
             n = len(arr)
             if arr.null_count:
                 bad = row + int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
@@ -462,5 +527,43 @@ def iter_token_batches(path: Path, column: str, batch_rows: int = 8192,
                     raise SchemaError(f"{path}: row {row + _row_of_value(lengths, vi)}: token id "
                                       f"{int(flat[vi])} does not fit int32; packed input_ids are "
                                       "int32 (vocabularies up to 2**31 - 1)")
-            yield TokenBatch(row, lengths, flat.astype(np.int32, copy=False))
+            tokens = flat.astype(np.int32, copy=False)
+            targets, masked = None, 0
+            if masks.labels is not None:
+                lab = _mask_values(batch.column(masks.labels), lengths, path, row,
+                                   masks.labels)
+                bad = (lab != IGNORE_INDEX) & (lab != tokens)
+                if bad.any():
+                    vi = int(np.argmax(bad))
+                    raise SchemaError(
+                        f"{path}: row {row + _row_of_value(lengths, vi)}: label {int(lab[vi])} "
+                        f"is neither -100 nor its token {int(tokens[vi])}; the "
+                        f"{masks.labels!r} column is read as unshifted labels (input_ids or "
+                        "-100): fix it or pass --labels-column none")
+                targets = (lab != IGNORE_INDEX).astype(np.uint8)
+            if masks.attention_mask is not None:
+                keep = _mask_values(batch.column(masks.attention_mask), lengths, path, row,
+                                    masks.attention_mask)
+                lengths, tokens, targets, masked = drop_masked_tokens(lengths, tokens, keep,
+                                                                      targets)
+            yield TokenBatch(row, lengths, tokens, targets, masked)
             row += n
+
+
+def _mask_values(arr: pa.Array, lengths: np.ndarray, path, row: int, name: str) -> np.ndarray:
+    """Values of a per-token mask column, checked to be shaped like the tokens."""
+    if arr.null_count:
+        bad = row + int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+        raise SchemaError(f"{path}: row {bad}: {name!r} is null; fill it or pass "
+                          f"--{name.replace('_', '-')}-column none")
+    mlen, values = list_parts(arr)
+    if not np.array_equal(mlen, lengths):
+        bad = int(np.argmax(mlen != lengths))
+        raise SchemaError(f"{path}: row {row + bad}: {name!r} has {int(mlen[bad])} entries for "
+                          f"{int(lengths[bad])} tokens; a mask column must be shaped like the "
+                          "tokens (or name another column)")
+    if values.null_count:
+        vi = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
+        raise SchemaError(f"{path}: row {row + _row_of_value(lengths, vi)}: a {name!r} value is "
+                          "null; fill it")
+    return values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
