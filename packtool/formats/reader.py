@@ -332,9 +332,9 @@ class _RowGroup:
 class InputSource:
     """One opened input file, whatever its format: schema and row groups.
 
-    A "row group" is a Parquet row group or an Arrow IPC record batch. ``metadata`` answers
-    ``num_rows``, ``num_row_groups`` and ``row_group(i).num_rows`` like a Parquet footer, so
-    windowing code reads any format the same way.
+    A "row group" is a Parquet row group or an Arrow IPC record batch. ``num_rows``,
+    ``num_row_groups`` and ``row_group(i).num_rows`` answer like a Parquet footer, for every
+    format, so windowing code reads any format the same way.
     """
 
     def __init__(self, path: Path, fmt: str, schema: pa.Schema, row_group_rows: Sequence[int],
@@ -349,9 +349,16 @@ class InputSource:
         self._batches = batches
 
     @property
-    def metadata(self) -> "InputSource":
-        """Row counts in the shape of a Parquet footer (see the class docstring)."""
-        return self
+    def metadata(self):
+        """The Parquet footer (``pyarrow.parquet.FileMetaData``); for Arrow IPC, this object,
+        which answers the row counts of a footer and ``num_columns == 0`` (no column chunk
+        statistics)."""
+        return self._parquet.metadata if self._parquet is not None else self
+
+    @property
+    def num_columns(self) -> int:
+        """Column chunks with statistics: 0 outside Parquet (see :attr:`metadata`)."""
+        return 0 if self._parquet is None else self._parquet.metadata.num_columns
 
     def row_group(self, i: int) -> _RowGroup:
         """Row group ``i``: its ``num_rows``."""
