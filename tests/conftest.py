@@ -48,3 +48,62 @@ def sample_data() -> Path:
     if not any(SAMPLE_DATA.glob("*.parquet")):
         pytest.fail("sample_data/ has no Parquet shards; they are committed with the repository")
     return SAMPLE_DATA
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """A local S3-compatible server (moto's server mode) on 127.0.0.1, for the whole session.
+
+    Yields the endpoint URL; skipped when moto is not installed. Nothing leaves the machine.
+    """
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    pytest.importorskip("moto.server")
+    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
+    proc = subprocess.Popen(cmd + ["-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(url, timeout=1)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    pytest.fail("moto_server exited at start")
+                time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def s3(s3_endpoint, monkeypatch, request):
+    """A fresh bucket on the local S3 server; the AWS environment points at it.
+
+    Returns ``(filesystem, bucket)``: a ``pyarrow.fs.S3FileSystem`` and the bucket name.
+    """
+    import re
+
+    import pyarrow.fs as pafs
+
+    for k, v in {"AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                 "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                 "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(k, v)
+    fs = pafs.S3FileSystem(endpoint_override=s3_endpoint, access_key="testing",
+                           secret_key="testing", region="us-east-1", allow_bucket_creation=True,
+                           allow_bucket_deletion=True)
+    bucket = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-")
+    fs.create_dir(bucket)
+    return fs, bucket

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -44,7 +45,7 @@ from packtool.types import IGNORE_INDEX, INT32_MAX
 
 __all__ = ["InputFile", "TokenBatch", "Discovery", "InputSource", "MaskColumns", "discover",
            "discover_inputs", "open_input", "iter_token_batches", "list_parts",
-           "resolve_mask_columns", "SUPPORTED_FORMATS", "AUTO"]
+           "resolve_mask_columns", "filesystem_of", "is_remote", "SUPPORTED_FORMATS", "AUTO"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,10 @@ _HF_STATE = "state.json"
 _HF_INFO = "dataset_info.json"
 _HF_DICT = "dataset_dict.json"
 _IPC_FILE_MAGIC = b"ARROW1"
+#: a URI scheme (two characters or more, so a Windows drive letter is not one)
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
+#: what ``pathlib.Path`` makes of a URI: ``s3:/bucket/key``
+_FOLDED_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/(?!/)")
 _FEATHER_V1_MAGIC = b"FEA1"
 
 
@@ -166,9 +171,54 @@ def _format_of(name: str) -> str | None:
     return None
 
 
-def _file_key(path: Path) -> tuple[int, int]:
-    st = os.stat(path)  # follows links: a link and its target, or two hard links, share a key
-    return st.st_dev, st.st_ino
+def is_remote(location) -> bool:
+    """True for a URI with a scheme other than ``file`` (``s3://bucket/key``, ``gs://...``)."""
+    return _URI.match(str(location)) is not None and not str(location).startswith("file:")
+
+
+def _location(given) -> str:
+    """``given`` as a string, with a URI's ``//`` restored where ``pathlib`` folded it."""
+    s = os.fspath(given) if not isinstance(given, str) else given
+    m = _FOLDED_URI.match(s)
+    return f"{m.group(1)}://{s[m.end():]}" if m else s
+
+
+def filesystem_of(location) -> tuple[pafs.FileSystem, str, str]:
+    """(filesystem, path inside it, URI prefix) of a local path or a URI.
+
+    A URI goes through :func:`pyarrow.fs.FileSystem.from_uri` (S3, GCS, HDFS, ... as pyarrow
+    provides them; S3 reads ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ... from the
+    environment, or ``?endpoint_override=...`` from the URI). The prefix turns a path inside the
+    filesystem back into a URI (``"s3://"``; ``""`` for local paths).
+
+    Raises:
+        InputError: the URI cannot be opened (unknown scheme, no credentials, ...).
+    """
+    loc = _location(location)
+    if not is_remote(loc):
+        return pafs.LocalFileSystem(), os.path.abspath(loc), ""
+    try:
+        fs, path = pafs.FileSystem.from_uri(loc)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise InputError(f"{loc}: cannot open this location ({exc}); check the URI and the "
+                         "credentials in the environment") from None
+    return fs, path.rstrip("/"), loc.split("://", 1)[0] + "://"
+
+
+class _Place:
+    """A filesystem, how to name its paths in messages and how to tell two names of one file."""
+
+    def __init__(self, fs: pafs.FileSystem, prefix: str):
+        self.fs, self.prefix = fs, prefix
+
+    def show(self, path: str):
+        return Path(path) if not self.prefix else f"{self.prefix}{path}"
+
+    def key(self, path: str):
+        if self.prefix:  # object stores: no links, one name per object
+            return (self.prefix, path)
+        st = os.stat(path)  # follows links: a link and its target, or two hard links, share a key
+        return st.st_dev, st.st_ino
 
 
 def _packed_marker(fs: pafs.FileSystem, names: set[str], directory: str) -> str | None:
@@ -191,84 +241,88 @@ def _refuse_packed(where: Path | str, marker: str) -> None:
                      "INPUT at the raw tokenized data (to inspect packed rows use packtool stats)")
 
 
-def _hf_files(fs: pafs.FileSystem, directory: str, dpath: Path) -> list[str]:
+def _hf_files(fs: pafs.FileSystem, directory: str, shown) -> list[str]:
     """Data file names of a ``save_to_disk`` folder, in its own order (``state.json``)."""
     try:
         with fs.open_input_stream(f"{directory}/{_HF_STATE}") as fh:
             state = json.loads(fh.read())
         names = [d["filename"] for d in state["_data_files"]]
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
-        raise InputError(f"{dpath / _HF_STATE}: not a readable Hugging Face dataset state "
+        raise InputError(f"{shown}/{_HF_STATE}: not a readable Hugging Face dataset state "
                          f"({exc}); save the dataset again with save_to_disk") from None
     if not names:
-        raise InputError(f"{dpath}: Hugging Face dataset with no data files; save it again")
+        raise InputError(f"{shown}: Hugging Face dataset with no data files; save it again")
     return names
 
 
-def _walk(root: Path, skipped: list[str]) -> list[tuple[Path, str, str]]:
-    """(path, relative path, format) of every data file under ``root`` (unsorted)."""
-    fs = pafs.LocalFileSystem()
-    found: list[tuple[Path, str, str]] = []
+def _name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _walk(place: _Place, root: str, skipped: list[str]) -> list[tuple[str, str, str, object]]:
+    """(path, relative path, format, FileInfo) of every data file under ``root`` (unsorted)."""
+    fs = place.fs
+    found: list[tuple[str, str, str, object]] = []
     other: list[str] = []
-    # depth-first; each entry carries the (dev, inode) of its ancestors: a link back to one of
-    # them is a loop and is skipped
-    stack: list[tuple[Path, str, tuple[tuple[int, int], ...]]] = [(root, "", (_file_key(root),))]
+    # depth-first; each entry carries the keys of its ancestors: a link back to one of them is
+    # a loop and is skipped
+    stack = [(root, "", (place.key(root),))]
     while stack:
         dpath, drel, ancestors = stack.pop()
-        infos = fs.get_file_info(pafs.FileSelector(str(dpath), recursive=False))
-        names = {Path(i.path).name for i in infos}
-        marker = _packed_marker(fs, names, str(dpath))
+        infos = fs.get_file_info(pafs.FileSelector(dpath, recursive=False))
+        by_name = {_name(i.path): i for i in infos}
+        marker = _packed_marker(fs, set(by_name), dpath)
         if marker:
-            _refuse_packed(dpath, marker)
-        if _HF_DICT in names and _HF_STATE not in names:
-            splits = sorted(n for n in names if (dpath / n).is_dir()
+            _refuse_packed(place.show(dpath), marker)
+        if _HF_DICT in by_name and _HF_STATE not in by_name:
+            splits = sorted(n for n, i in by_name.items() if i.type == pafs.FileType.Directory
                             and not n.startswith((".", "_")))
             example = "train" if "train" in splits or not splits else splits[0]
-            raise InputError(f"{dpath}: Hugging Face DatasetDict with splits "
+            raise InputError(f"{place.show(dpath)}: Hugging Face DatasetDict with splits "
                              f"{', '.join(splits) or '(none)'}; pass one split folder as INPUT, "
-                             f"e.g. {dpath / example}")
-        if _HF_STATE in names and _HF_INFO in names:
-            for name in _hf_files(fs, str(dpath), dpath):
-                p = dpath / name
-                if not p.is_file():
-                    raise InputError(f"{p}: listed in {dpath / _HF_STATE} but missing; save the "
-                                     "dataset again")
-                found.append((p, f"{drel}{name}", "arrow"))
+                             f"e.g. {place.show(f'{dpath}/{example}')}")
+        if _HF_STATE in by_name and _HF_INFO in by_name:
+            for name in _hf_files(fs, dpath, place.show(dpath)):
+                info = by_name.get(name)
+                if info is None or info.type != pafs.FileType.File:
+                    raise InputError(f"{place.show(f'{dpath}/{name}')}: listed in "
+                                     f"{_HF_STATE} but missing; save the dataset again")
+                found.append((info.path, f"{drel}{name}", "arrow", info))
             continue
         for info in sorted(infos, key=lambda i: i.path):
-            p = Path(info.path)
-            name = p.name
+            name = _name(info.path)
             if name.startswith((".", "_")):
-                skipped.append(str(p))
+                skipped.append(str(place.show(info.path)))
                 continue
             if info.type == pafs.FileType.Directory:
-                key = _file_key(p)
+                key = place.key(info.path)
                 if key in ancestors:
-                    skipped.append(f"{p} (link loop)")
+                    skipped.append(f"{place.show(info.path)} (link loop)")
                     continue
-                stack.append((p, f"{drel}{name}/", ancestors + (key,)))
+                stack.append((info.path, f"{drel}{name}/", ancestors + (key,)))
             elif info.type == pafs.FileType.File:
                 fmt = _format_of(name)
                 if fmt is None:
                     other.append(name)
                 else:
-                    found.append((p, f"{drel}{name}", fmt))
+                    found.append((info.path, f"{drel}{name}", fmt, info))
     if not found:
         seen = f" (found {', '.join(sorted(other)[:3])}{', ...' if len(other) > 3 else ''})" \
             if other else ""
-        raise InputError(f"{root}: directory holds no *.parquet, Arrow IPC file or Hugging "
-                         f"Face dataset{seen}; point INPUT at the tokenized shards (supported: "
-                         f"{SUPPORTED_FORMATS})")
+        raise InputError(f"{place.show(root)}: directory holds no *.parquet, Arrow IPC file or "
+                         f"Hugging Face dataset{seen}; point INPUT at the tokenized shards "
+                         f"(supported: {SUPPORTED_FORMATS})")
     return found
 
 
 def discover(inputs: Sequence[str | os.PathLike]) -> Discovery:
-    """Expand INPUT paths into data files, in global document order.
+    """Expand INPUT paths or URIs into data files, in global document order.
 
-    A file is taken as is (its format from its name). A directory is searched recursively;
-    files are taken in sorted relative-path order, a ``save_to_disk`` folder in the order of its
-    ``state.json``. The resulting order defines the global document index (file order, then row
-    order).
+    A file is taken as is (its format from its name). A directory (or an object-store prefix)
+    is searched recursively; files are taken in sorted relative-path order, a ``save_to_disk``
+    folder in the order of its ``state.json``. The resulting order defines the global document
+    index (file order, then row order). Local files keep :class:`~pathlib.Path` paths; files in
+    an object store are named by URI (``s3://bucket/key``).
 
     Returns:
         :class:`Discovery` (files, and the entries skipped on purpose).
@@ -281,27 +335,35 @@ def discover(inputs: Sequence[str | os.PathLike]) -> Discovery:
     """
     files: list[InputFile] = []
     skipped: list[str] = []
+    keys: list = []
     for given in inputs:
-        p = Path(given)
-        if not p.exists():
-            raise InputError(f"{p}: no such file or directory; check the INPUT path")
-        if p.is_dir():
-            if p.name.startswith((".", "_")) and p.name not in (".", ".."):
-                log.info("%s: hidden or '_'-prefixed, taken because it was given", p)
-            found = sorted(_walk(p, skipped), key=lambda t: t[1])
-            for q, rel, fmt in found:
-                st = q.stat()
-                files.append(InputFile(q, rel, st.st_size, st.st_mtime_ns, fmt))
+        fs, path, prefix = filesystem_of(given)
+        place = _Place(fs, prefix)
+        shown = place.show(path) if prefix else Path(given)
+        try:
+            info = fs.get_file_info(path)
+        except (pa.ArrowException, OSError) as exc:
+            raise InputError(f"{shown}: cannot be read ({exc}); check the INPUT path and the "
+                             "credentials") from None
+        if info.type == pafs.FileType.NotFound:
+            raise InputError(f"{shown}: no such file or directory; check the INPUT path")
+        if info.type == pafs.FileType.Directory:
+            found = sorted(_walk(place, path, skipped), key=lambda t: t[1])
+            for q, rel, fmt, qi in found:
+                where = place.show(q) if prefix else Path(given) / rel
+                files.append(InputFile(where, rel, int(qi.size or 0), int(qi.mtime_ns or 0), fmt))
+                keys.append(place.key(q))
         else:
-            fmt = _format_of(p.name)
+            fmt = _format_of(_name(path))
             if fmt is None:
-                raise InputError(f"{p}: unsupported input format; supported: {SUPPORTED_FORMATS} "
-                                 "(convert other data, e.g. JSONL, to Parquet first)")
-            st = p.stat()
-            files.append(InputFile(p, p.name, st.st_size, st.st_mtime_ns, fmt))
-    seen: dict[tuple[int, int], str] = {}
-    for f in files:
-        key = _file_key(f.path)
+                raise InputError(f"{shown}: unsupported input format; supported: "
+                                 f"{SUPPORTED_FORMATS} (convert other data, e.g. JSONL, to "
+                                 "Parquet first)")
+            files.append(InputFile(shown, _name(path), int(info.size or 0),
+                                   int(info.mtime_ns or 0), fmt))
+            keys.append(place.key(path))
+    seen: dict = {}
+    for f, key in zip(files, keys):
         if key in seen:
             raise InputError(f"{f.path}: given twice (also as {seen[key]}); its documents would "
                              "be packed twice: list each input once")
@@ -385,19 +447,23 @@ class InputSource:
                              "file is damaged or truncated: regenerate it") from None
 
 
-def _unreadable(path: Path, kind: str, exc: Exception) -> InputError:
-    size = path.stat().st_size if path.exists() else 0
+def _unreadable(shown, fs: pafs.FileSystem, path: str, kind: str, exc: Exception) -> InputError:
+    try:
+        size = fs.get_file_info(path).size or 0
+    except (pa.ArrowException, OSError):
+        size = 0
     what = "is empty (0 bytes)" if size == 0 else f"is not a readable {kind} file ({exc})"
-    return InputError(f"{path}: {what}; remove it or regenerate it")
+    return InputError(f"{shown}: {what}; remove it or regenerate it")
 
 
-def _open_arrow(path: Path) -> tuple[pa.Schema, list]:
-    with open(path, "rb") as fh:
+def _open_arrow(shown, fs: pafs.FileSystem, path: str, local: bool) -> tuple[pa.Schema, list]:
+    with fs.open_input_stream(path) as fh:
         head = fh.read(8)
     if head.startswith(_FEATHER_V1_MAGIC):
-        raise InputError(f"{path}: Feather v1 file; write it again as Feather v2 / Arrow IPC "
+        raise InputError(f"{shown}: Feather v1 file; write it again as Feather v2 / Arrow IPC "
                          "(pyarrow.feather.write_feather) or Parquet")
-    source = pa.memory_map(str(path), "r")  # zero-copy: batches point into the mapping
+    # local: zero-copy, batches point into a memory map; remote: read into memory
+    source = pa.memory_map(path, "r") if local else fs.open_input_file(path)
     if head.startswith(_IPC_FILE_MAGIC):
         reader = pa.ipc.open_file(source)
         return reader.schema, [reader.get_batch(i) for i in range(reader.num_record_batches)]
@@ -405,11 +471,12 @@ def _open_arrow(path: Path) -> tuple[pa.Schema, list]:
     return reader.schema, list(reader)
 
 
-def open_input(path: Path, column: str, fmt: str | None = None) -> InputSource:
+def open_input(path, column: str, fmt: str | None = None) -> InputSource:
     """Open one input file and check its token column.
 
     Args:
-        path: the file.
+        path: the file: a local path or a URI (``s3://bucket/key``; a URI folded by
+            ``pathlib.Path`` into ``s3:/bucket/key`` is read as the URI).
         column: the token column.
         fmt: ``parquet`` or ``arrow``; None decides from the file name (Parquet otherwise).
 
@@ -418,28 +485,29 @@ def open_input(path: Path, column: str, fmt: str | None = None) -> InputSource:
             (``packtool.*`` schema metadata).
         SchemaError: the token column is missing or not an integer list.
     """
-    path = Path(path)
-    fmt = fmt or _format_of(path.name) or "parquet"
+    fs, fpath, prefix = filesystem_of(path)
+    shown = f"{prefix}{fpath}" if prefix else Path(path)
+    fmt = fmt or _format_of(_name(fpath)) or "parquet"
     if fmt == "arrow":
         try:
-            schema, batches = _open_arrow(path)
+            schema, batches = _open_arrow(shown, fs, fpath, not prefix)
         except (pa.ArrowException, OSError) as exc:
-            raise _unreadable(path, "Arrow IPC", exc) from None
-        src = InputSource(path, fmt, schema, [b.num_rows for b in batches], batches=batches)
+            raise _unreadable(shown, fs, fpath, "Arrow IPC", exc) from None
+        src = InputSource(shown, fmt, schema, [b.num_rows for b in batches], batches=batches)
     else:
         try:
-            pf = pq.ParquetFile(path)
+            pf = pq.ParquetFile(fpath if not prefix else fs.open_input_file(fpath))
         except (pa.ArrowException, OSError) as exc:
-            raise _unreadable(path, "Parquet", exc) from None
+            raise _unreadable(shown, fs, fpath, "Parquet", exc) from None
         md = pf.metadata
-        src = InputSource(path, fmt, pf.schema_arrow,
+        src = InputSource(shown, fmt, pf.schema_arrow,
                           [md.row_group(i).num_rows for i in range(md.num_row_groups)],
                           parquet=pf)
     meta = src.schema_arrow.metadata or {}
     packed = sorted(k.decode() for k in meta if k.startswith(_PACKED_META_PREFIX))
     if packed:
-        _refuse_packed(path, f"schema metadata {packed[0]}")
-    check_token_column(src.schema_arrow, column, str(path))
+        _refuse_packed(shown, f"schema metadata {packed[0]}")
+    check_token_column(src.schema_arrow, column, str(shown))
     return src
 
 
@@ -467,7 +535,7 @@ def _row_of_value(lengths: np.ndarray, value_index: int) -> int:
     return int(np.searchsorted(np.cumsum(lengths), value_index, side="right"))
 
 
-def iter_token_batches(path: Path, column: str, batch_rows: int = 8192,
+def iter_token_batches(path, column: str, batch_rows: int = 8192,
                        row_groups: Sequence[int] | None = None,
                        row_range: tuple[int, int] | None = None,
                        fmt: str | None = None, *, attention_mask: str | None = None,
@@ -490,6 +558,7 @@ def iter_token_batches(path: Path, column: str, batch_rows: int = 8192,
             (the message names the file and the row).
     """
     src = open_input(path, column, fmt)
+    path = src.path  # a URI folded by pathlib is named as the URI
     masks = resolve_mask_columns(src.schema_arrow, path, column, attention_mask, labels)
     columns = [column] + [c for c in (masks.attention_mask, masks.labels) if c is not None]
     # shape: (num_row_groups + 1,), first row of each row group
