@@ -108,7 +108,7 @@ def pack(paths, capacity, column, strategy, overflow, labels, pad_id, append_eos
     try:
         result = run_pack(cfg, progress=not quiet)
     except KeyboardInterrupt:
-        raise click.ClickException(f"interrupted: {cfg.output} is incomplete (no manifest.json); "
+        raise click.ClickException(f"interrupted: {cfg.output} is incomplete (no manifest); "
                                    "rerun the same command to finish it") from None
     s = result.stats
     if as_json:

@@ -8,7 +8,7 @@ Memory stays bounded whatever the corpus size:
 2. The plan is built from the lengths alone (about 48 bytes per document piece).
 3. Shards are laid out row group by row group from a memory map of the spill file, by
    ``workers`` threads (the Numba layout kernel and Parquet encoding release the GIL).
-4. ``manifest.json`` is written last; until then ``OUTPUT/.packtool-in-progress.json`` marks the
+4. The manifest (:data:`~packtool.formats.manifest.MANIFEST_NAME`) is written last; until then ``OUTPUT/.packtool-in-progress.json`` marks the
    directory as incomplete. A rerun with the same inputs and options keeps the shards already
    finished (they are identical: a shard depends only on the plan), writes the rest, and ends
    with the same bytes as an uninterrupted run.
@@ -35,8 +35,9 @@ from packtool.config import PackConfig
 from packtool.core.layout import append_eos, layout_rows
 from packtool.core.packing import PackPlan, pack_lengths
 from packtool.errors import InputError, OutputError, PackingError, PacktoolError
-from packtool.formats.manifest import (FORMAT_VERSION, MANIFEST_NAME, sha256_file, shard_name,
-                                       write_json_atomic)
+from packtool.formats.manifest import (FORMAT_VERSION, IN_PROGRESS_NAME, MANIFEST_NAME,
+                                       SHARD_GLOB, TMP_DIR_NAME, sha256_file, shard_name,
+                                       write_json_atomic, write_manifest_file)
 from packtool.formats.reader import InputFile, discover_inputs, iter_token_batches, open_input
 from packtool.formats.schema import labels_convention, packed_columns, packed_schema
 from packtool.formats.writer import rows_to_table, write_shard
@@ -47,8 +48,6 @@ __all__ = ["run_pack", "PackResult", "IN_PROGRESS_NAME", "TMP_DIR_NAME"]
 
 log = logging.getLogger(__name__)
 
-IN_PROGRESS_NAME = ".packtool-in-progress.json"
-TMP_DIR_NAME = ".packtool-tmp"
 
 #: Test hook (used only by tests/test_crash_resume.py): ``PACKTOOL_TEST_PAUSE_AT=<phase>[:<shard>]``
 #: with phase ``read``, ``plan``, ``write-shard`` or ``manifest`` makes ``pack`` print a line to
@@ -118,7 +117,7 @@ def _prepare_output(cfg: PackConfig, files: list[InputFile], fingerprint: str) -
         if not resume:
             # manifest first, so the directory never looks complete while it is being replaced
             (out / MANIFEST_NAME).unlink(missing_ok=True)
-            for p in out.glob("part-*.parquet"):
+            for p in out.glob(SHARD_GLOB):
                 p.unlink()
             for p in out.glob(".part-*.parquet.tmp"):
                 p.unlink()
@@ -202,7 +201,8 @@ def write_plan_shard(path: Path, cfg: PackConfig, schema, plan: PackPlan, rows: 
 
 def write_manifest(out: Path, cfg: PackConfig, files: list[InputFile], file_rows: list[int],
                    outputs: list[dict], total: PackStats, **extra) -> dict:
-    """Write ``OUTPUT/manifest.json`` (atomically, last) and drop the in-progress marker.
+    """Write the manifest (``OUTPUT/.packtool-manifest.parquet``, atomically, last) and drop the
+    in-progress marker.
 
     ``extra`` adds top-level keys (the windowed engine adds ``windows``). Returns the manifest.
     """
@@ -220,7 +220,7 @@ def write_manifest(out: Path, cfg: PackConfig, files: list[InputFile], file_rows
         **extra,
         "totals": total.to_dict(),
     }
-    write_json_atomic(out / MANIFEST_NAME, manifest)
+    write_manifest_file(out, manifest, packed_schema(cfg.capacity, cfg.labels.value))
     (out / IN_PROGRESS_NAME).unlink(missing_ok=True)
     return manifest
 

@@ -312,7 +312,7 @@ def run_windowed(cfg: PackConfig, *, progress: bool = True,
     The driver lists the inputs, prepares OUTPUT (same rules as the one-plan pack: refuses a
     non-empty OUTPUT without ``--overwrite``, resumes an interrupted identical pack), cuts the
     windows, runs :func:`pack_window` on each through ``map_windows`` (results in window order),
-    then writes ``manifest.json`` last.
+    then writes the manifest last.
 
     Args:
         cfg: options; ``cfg.window_docs`` must be set. With ``cfg.engine == "ray"`` and no

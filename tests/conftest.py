@@ -7,6 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from packtool.formats.manifest import read_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_DATA = ROOT / "sample_data"
@@ -25,7 +26,7 @@ def read_rows(out_dir: Path) -> list[dict]:
     """All rows of a packed output, shard by shard in manifest order."""
     import json
 
-    manifest = json.loads((out_dir / "manifest.json").read_text())
+    manifest = read_manifest(out_dir)
     rows = []
     for entry in manifest["outputs"]:
         rows.extend(pq.read_table(out_dir / entry["file"]).to_pylist())

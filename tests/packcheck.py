@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from click.testing import CliRunner
 
+from packtool.formats.manifest import read_manifest
 from packtool.cli import cli
 
 IGNORE = -100
@@ -36,7 +37,7 @@ def invoke(args, **kw):
 
 def read_output(out: Path) -> tuple[list[dict], dict]:
     """All rows of a packed output in manifest order, and the manifest."""
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = read_manifest(out)
     rows: list[dict] = []
     for entry in manifest["outputs"]:
         rows.extend(pq.read_table(out / entry["file"]).to_pylist())

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).parent / "verify"))
 from packed_helpers import edit_rows, pack_docs  # noqa: E402
 
+from packtool.formats.manifest import read_manifest
 from packtool.analysis import analyze_packed, compare_strategies, input_lengths  # noqa: E402
 from packtool.cli import cli  # noqa: E402
 
@@ -74,7 +75,7 @@ def test_stats_equal_independent_recount_and_manifest(tmp_path):
                                             for r in rows)
     assert a.stats.effective_targets == sum(int((l - 1).sum()) for l in seg_lens)
     assert a.stats.attention_work == sum(int((l * l).sum()) for l in seg_lens)
-    m = json.loads((out / "manifest.json").read_text())["totals"]
+    m = read_manifest(out)["totals"]
     for k in ("rows", "real_tokens", "padding_tokens", "effective_targets", "segments"):
         assert getattr(a.stats, k) == m[k], k
 

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from packcheck import hash_tree, invoke, read_output, write_docs
+from packtool.formats.manifest import MANIFEST_NAME, read_manifest
 from packtool.errors import ManifestError
 from packtool.formats.manifest import load_manifest
 
@@ -339,13 +340,13 @@ def test_manifest_refuses_extra_shard(packed):
 
 
 def test_manifest_refuses_directory_without_manifest(packed):
-    (packed / "manifest.json").unlink()
-    with pytest.raises(ManifestError, match="no manifest.json"):
+    (packed / MANIFEST_NAME).unlink()
+    with pytest.raises(ManifestError, match="no .packtool-manifest.parquet"):
         load_manifest(packed)
 
 
 def test_manifest_refuses_garbled_manifest(packed):
-    (packed / "manifest.json").write_text(json.dumps({"format_version": 1})[:-3])
+    (packed / MANIFEST_NAME).write_text(json.dumps({"format_version": 1})[:-3])
     with pytest.raises(ManifestError, match="unreadable manifest"):
         load_manifest(packed)
 
@@ -367,4 +368,4 @@ def test_upper_case_parquet_suffix_is_found(tmp_path):
     out = tmp_path / "out"
     res = invoke(pack_args(src, out=out))
     assert res.exit_code == 0, res.output
-    assert json.loads((out / "manifest.json").read_text())["totals"]["tokens_in"] == 3
+    assert read_manifest(out)["totals"]["tokens_in"] == 3

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from packcheck import hash_tree, invoke, write_docs
+from packtool.formats.manifest import MANIFEST_NAME, read_manifest
 from packtool.errors import ManifestError
 from packtool.formats.manifest import load_manifest
 
@@ -75,15 +76,15 @@ def test_killed_pack_is_incomplete_and_rerun_finishes_identically(tmp_path, src,
     out = tmp_path / "out"
     kill_at(phase, src, out)
     assert out.is_dir()
-    assert not (out / "manifest.json").exists()
-    with pytest.raises(ManifestError, match="no manifest.json"):
+    assert not (out / MANIFEST_NAME).exists()
+    with pytest.raises(ManifestError, match="no .packtool-manifest.parquet"):
         load_manifest(out)
     if phase.startswith("write-shard"):  # the shard being written is only a temporary file
         shard = int(phase.split(":")[1])
         assert not (out / f"part-{shard:05d}.parquet").exists()
         assert (out / f".part-{shard:05d}.parquet.tmp").exists()
     result = rerun(src, out)
-    n_shards = len(json.loads((reference / "manifest.json").read_text())["outputs"])
+    n_shards = len(read_manifest(reference)["outputs"])
     assert result["shards_reused"] == (n_shards if reused == "all" else reused)
     assert hash_tree(out) == hash_tree(reference)
     load_manifest(out, check_hashes=True)
@@ -114,8 +115,8 @@ def test_rerun_after_input_changed_does_not_reuse(tmp_path, src):
     assert result["shards_reused"] == 0
     fresh = tmp_path / "fresh"
     rerun(mine, fresh)
-    assert {k: v for k, v in hash_tree(out).items() if k != "manifest.json"} == {
-        k: v for k, v in hash_tree(fresh).items() if k != "manifest.json"}
+    assert {k: v for k, v in hash_tree(out).items() if k != MANIFEST_NAME} == {
+        k: v for k, v in hash_tree(fresh).items() if k != MANIFEST_NAME}
     load_manifest(out, check_hashes=True)
 
 
@@ -149,7 +150,7 @@ def test_ctrl_c_says_how_to_resume_and_removes_the_spill_file(tmp_path, src, ref
         proc.stderr.close()
     assert "interrupted" in err and "rerun the same command" in err
     assert "Traceback" not in err
-    assert not (out / "manifest.json").exists()
+    assert not (out / MANIFEST_NAME).exists()
     assert not (out / ".packtool-tmp").exists()
     rerun(src, out)
     assert hash_tree(out) == hash_tree(reference)

@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from packtool.formats.manifest import read_manifest
 
 from packcheck import hash_tree, invoke, read_output, write_docs
 
@@ -39,7 +40,7 @@ def test_same_input_same_bytes_across_runs_and_worker_counts(tmp_path, src):
     c = pack(src, tmp_path / "c", "--workers", "2")
     assert len([k for k in a if k.startswith("part-")]) >= 3
     assert a == b == c
-    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    manifest = read_manifest(tmp_path / "a")
     assert "workers" not in manifest["options"] and "output" not in manifest["options"]
 
 

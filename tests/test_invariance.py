@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from packtool.formats.manifest import read_manifest
 from packtool.config import PackConfig
 from packtool.pipeline import run_pack
 from conftest import write_docs
@@ -37,7 +38,7 @@ def corpus(tmp_path_factory) -> Path:
 def _pack(corpus: Path, out: Path, **kw) -> dict:
     cfg = PackConfig(inputs=(str(corpus),), output=str(out), capacity=64, **kw)
     run_pack(cfg, progress=False)
-    return json.loads((out / "manifest.json").read_text())
+    return read_manifest(out)
 
 
 def _digests(out: Path, manifest: dict) -> list[str]:

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import read_rows
+from packtool.formats.manifest import MANIFEST_NAME, read_manifest
 from packtool.cli import cli
 from packtool.config import PackConfig
 from packtool.pipeline import run_pack
@@ -73,7 +74,7 @@ def test_sample_rows_close_to_lower_bound_and_figures_agree(sample_out):
     """Rows exceed ceil(tokens / C) by a handful at most; manifest totals == the shards."""
     out, res = sample_out
     rows = read_rows(out)
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = read_manifest(out)
     t = manifest["totals"]
     real = sum(sum(1 for s in r["segment_ids"] if s) for r in rows)
     assert all("labels" not in r for r in rows)  # default --labels none: not stored
@@ -120,7 +121,7 @@ def test_overflow_modes_are_counted_in_manifest(docs_dir, tmp_path):
         out = tmp_path / mode
         pack([src, out, "--capacity", "4", "--overflow", mode, "--no-shuffle"])
         assert [r["input_ids"] for r in read_rows(out)] == rows
-        t = json.loads((out / "manifest.json").read_text())["totals"]
+        t = read_manifest(out)["totals"]
         for k, v in counts.items():
             assert t[k] == v
         assert t["tokens_in"] == t["real_tokens"] + t["tokens_lost"] == 6
@@ -132,7 +133,7 @@ def test_overflow_error_exits_1_naming_the_row(docs_dir, tmp_path):
                                    "--overflow", "error"])
     assert res.exit_code == 1
     assert "document 1 has 6 tokens" in res.output
-    assert not (tmp_path / "o" / "manifest.json").exists()
+    assert not (tmp_path / "o" / MANIFEST_NAME).exists()
 
 
 def test_append_eos_and_pad_id(docs_dir, tmp_path):
@@ -162,7 +163,7 @@ def test_shard_metadata_records_label_convention(docs_dir, tmp_path):
         pack([src, out, "--capacity", "4", "--labels", mode])
         meta = pq.read_schema(out / "part-00000.parquet").metadata
         assert meta[b"packtool.labels"] == mode.encode()
-        assert json.loads((out / "manifest.json").read_text())["labels_shifted"] == (
+        assert read_manifest(out)["labels_shifted"] == (
             mode == "shifted")
 
 

@@ -10,6 +10,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from conftest import read_rows, write_docs  # noqa: E402
+from packtool.formats.manifest import read_manifest
 from packtool.config import PackConfig  # noqa: E402
 from packtool.errors import PackingError  # noqa: E402
 from packtool.pipeline import run_pack  # noqa: E402
@@ -63,7 +64,7 @@ def test_ray_manifest_totals_match_windows_and_shards(ray_local, corpus, tmp_pat
     """Totals are the sum of the windows; rows and documents agree with the shards."""
     inp, docs = corpus
     res = run_pack(_cfg(inp, tmp_path / "out", engine="ray"), progress=False)
-    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    m = read_manifest(tmp_path / "out")
     t = m["totals"]
     assert t == res.stats.to_dict()
     assert t["docs_in"] == len(docs) == sum(w["docs"] for w in m["windows"])

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import read_rows, write_docs
+from packtool.formats.manifest import MANIFEST_NAME, read_manifest
 from packtool.cli import cli
 from packtool.config import PackConfig
 from packtool.errors import PackingError
@@ -74,7 +75,7 @@ def test_window_extra_rows_are_reported_per_window_and_in_total(tmp_path):
     """The manifest's windows add up to its totals, each with its own lower bound."""
     _corpus(tmp_path / "in")
     res = _pack(tmp_path / "in", tmp_path / "out", window_docs=30)
-    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    m = read_manifest(tmp_path / "out")
     assert m == res.manifest and m["options"]["window_docs"] == 30
     ws = m["windows"]
     assert len(ws) > 3
@@ -106,7 +107,7 @@ def test_rows_are_shuffled_within_their_window_only(tmp_path):
     _corpus(tmp_path / "in")
     _pack(tmp_path / "in", tmp_path / "s", window_docs=30, rows_per_shard=1000)
     _pack(tmp_path / "in", tmp_path / "n", window_docs=30, rows_per_shard=1000, shuffle=False)
-    ms = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    ms = read_manifest(tmp_path / "s")
     shuffled_any = False
     for w in ms["windows"]:
         import pyarrow.parquet as pq
@@ -124,8 +125,8 @@ def test_default_mode_is_one_global_plan(tmp_path):
     _corpus(tmp_path / "in")
     _pack(tmp_path / "in", tmp_path / "g", shuffle=False)
     _pack(tmp_path / "in", tmp_path / "w", shuffle=False, window_docs=10**9)
-    mg = json.loads((tmp_path / "g" / "manifest.json").read_text())
-    mw = json.loads((tmp_path / "w" / "manifest.json").read_text())
+    mg = read_manifest(tmp_path / "g")
+    mw = read_manifest(tmp_path / "w")
     assert "windows" not in mg and "window_docs" not in mg["options"]
     assert [o["file"] for o in mg["outputs"]][:2] == ["part-00000.parquet", "part-00001.parquet"]
     assert len(mw["windows"]) == 1
@@ -161,7 +162,7 @@ def test_interrupted_windowed_pack_resumes_with_same_bytes(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         run_windowed(cfg, progress=False, map_windows=crash_after_two)
     out = tmp_path / "out"
-    assert not (out / "manifest.json").exists()
+    assert not (out / MANIFEST_NAME).exists()
     done = {o["file"] for w in ref.manifest["windows"][:2] for o in ref.manifest["outputs"]
             if o["file"] in w["outputs"]}
     res = run_pack(cfg, progress=False)

@@ -2,7 +2,7 @@
 
 The driver (the ``packtool`` process) lists the inputs, cuts the windows
 (:func:`packtool.windows.plan_windows`, Parquet footers only), submits one task per window and
-writes ``manifest.json`` last from the per-window results. Each task runs
+writes the manifest last from the per-window results. Each task runs
 :func:`packtool.windows.pack_window` where Ray places it: it reads its window's files, plans them
 with OBFD, writes its own shards (temporary name, then ``os.replace``) and returns only names,
 sizes, hashes and counts. No tokens go through the Ray object store.

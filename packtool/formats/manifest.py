@@ -1,8 +1,34 @@
-"""``manifest.json``: written last, atomically; its presence means the output is complete.
+"""The manifest: written last, atomically; its presence means the output is complete.
 
 It records the packtool version, the full options, the input files (path, rows, bytes), every
-output shard (file, rows, bytes, sha256) and the totals. Readers (``stats``, ``verify``, the
-torch loader) call :func:`load_manifest`, which refuses incomplete, edited or extra shards.
+output shard (file, rows, bytes, sha256), the columns, the labels convention and the totals.
+Readers (``stats``, ``verify``, the loaders) call :func:`load_manifest`, which refuses
+incomplete, edited or extra shards.
+
+**A directory that is a dataset.** OUTPUT must open as it is, as a directory, in every common
+Parquet reader. Measured with pyarrow 26, polars 2.1, duckdb 2.0 and datasets 5.2:
+
+==================================  ==========  =======  ======  ============================
+extra file beside the shards        pyarrow     polars   duckdb  ``load_dataset("parquet",
+                                    dataset,                     data_dir=...)``
+                                    read_table
+==================================  ==========  =======  ======  ============================
+``manifest.json``                   fails       fails    ok      fails
+``_manifest.json``, ``_x/m.json``   skips       fails    ok      fails
+``.manifest.json``, ``.x/m.json``   skips       fails    ok      skips
+``_manifest.parquet`` (0 rows)      skips       0 rows   0 rows  fails (batch size 0)
+``.packtool-manifest.parquet``      skips       0 rows   0 rows  skips
+(0 rows, the shards' schema)
+==================================  ==========  =======  ======  ============================
+
+polars refuses any directory holding a file of another extension, hidden or not, so no JSON
+name works for every reader. The manifest is therefore a hidden Parquet file with the shards'
+schema and no rows, its JSON in the key-value metadata (:data:`MANIFEST_META_KEY`), the way
+Parquet's own ``_common_metadata`` file carries a schema: pyarrow and datasets skip it (leading
+``.``), polars and duckdb add zero rows. :func:`read_manifest` returns the JSON as a dict.
+
+While ``pack`` runs, OUTPUT also holds :data:`IN_PROGRESS_NAME` and :data:`TMP_DIR_NAME`
+(removed when the manifest is written); an output with them is incomplete anyway.
 """
 
 from __future__ import annotations
@@ -12,13 +38,26 @@ import json
 import os
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from packtool.errors import ManifestError
 
-__all__ = ["MANIFEST_NAME", "FORMAT_VERSION", "sha256_file", "write_json_atomic",
-           "load_manifest", "shard_name"]
+__all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NAME",
+           "SHARD_GLOB", "FORMAT_VERSION", "sha256_file", "write_json_atomic", "write_manifest_file",
+           "read_manifest", "load_manifest", "shard_name"]
 
-MANIFEST_NAME = "manifest.json"
-FORMAT_VERSION = 1
+#: File name of the manifest inside OUTPUT (a zero-row Parquet file, see the module docstring).
+MANIFEST_NAME = ".packtool-manifest.parquet"
+#: Key-value metadata key of the manifest file holding the manifest JSON.
+MANIFEST_META_KEY = b"packtool.manifest"
+#: Marker of a pack in progress (its input fingerprint), removed when the manifest is written.
+IN_PROGRESS_NAME = ".packtool-in-progress.json"
+#: Scratch directory of a pack in progress (the token spill file, window markers).
+TMP_DIR_NAME = ".packtool-tmp"
+#: Glob of the output shards at OUTPUT's top level.
+SHARD_GLOB = "part-*.parquet"
+FORMAT_VERSION = 2
 
 
 def shard_name(index: int) -> str:
@@ -46,6 +85,45 @@ def write_json_atomic(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
+def write_manifest_file(directory: Path, manifest: dict, schema: pa.Schema) -> Path:
+    """Write ``manifest`` as ``directory/.packtool-manifest.parquet``: zero rows of ``schema`` (the
+    shards' schema), the JSON under :data:`MANIFEST_META_KEY`; temporary name, fsync, rename.
+
+    Returns:
+        The manifest's path.
+    """
+    meta = dict(schema.metadata or {})
+    meta[MANIFEST_META_KEY] = json.dumps(manifest, sort_keys=True).encode()
+    table = schema.with_metadata(meta).empty_table()
+    path = Path(directory) / MANIFEST_NAME
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp, compression="zstd")
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_manifest(directory: str | os.PathLike) -> dict:
+    """The manifest JSON of a packed OUTPUT directory, without checking the shards.
+
+    Raises:
+        ManifestError: no manifest, or one that is not readable.
+    """
+    d = Path(directory)
+    mpath = d / MANIFEST_NAME
+    if not mpath.is_file():
+        raise ManifestError(f"{d}: no {MANIFEST_NAME}: not a packtool output or an interrupted "
+                            "pack; rerun packtool pack to finish it")
+    try:
+        meta = pq.read_schema(mpath).metadata or {}
+        manifest = json.loads(meta[MANIFEST_META_KEY])
+        manifest["outputs"]
+    except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
+        raise ManifestError(f"{mpath}: unreadable manifest ({exc}); rerun packtool pack") from None
+    return manifest
+
+
 def load_manifest(directory: str | os.PathLike, *, check_hashes: bool = False) -> dict:
     """Read and check a packed directory's manifest.
 
@@ -59,15 +137,9 @@ def load_manifest(directory: str | os.PathLike, *, check_hashes: bool = False) -
     d = Path(directory)
     if not d.is_dir():
         raise ManifestError(f"{d}: not a directory; pass the OUTPUT directory of packtool pack")
+    manifest = read_manifest(d)
     mpath = d / MANIFEST_NAME
-    if not mpath.is_file():
-        raise ManifestError(f"{d}: no {MANIFEST_NAME}: not a packtool output or an interrupted "
-                            "pack; rerun packtool pack to finish it")
-    try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-        outputs = manifest["outputs"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ManifestError(f"{mpath}: unreadable manifest ({exc}); rerun packtool pack") from None
+    outputs = manifest["outputs"]
     if manifest.get("format_version") != FORMAT_VERSION:
         raise ManifestError(f"{mpath}: format_version {manifest.get('format_version')!r}, this "
                             f"packtool reads {FORMAT_VERSION}; repack with this version")
@@ -83,7 +155,7 @@ def load_manifest(directory: str | os.PathLike, *, check_hashes: bool = False) -
         if check_hashes and sha256_file(p) != o["sha256"]:
             raise ManifestError(f"{p}: sha256 differs from the manifest: the shard was modified;"
                                 " rerun packtool pack")
-    extra = sorted(q.name for q in d.glob("part-*.parquet") if q.name not in listed)
+    extra = sorted(q.name for q in d.glob(SHARD_GLOB) if q.name not in listed)
     if extra:
         raise ManifestError(f"{d / extra[0]}: shard not listed in the manifest; remove it or "
                             "rerun packtool pack")

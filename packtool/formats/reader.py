@@ -17,7 +17,7 @@ over int32) and errors name the file, the row and the fix.
 Discovery (:func:`discover`) lists directories through :mod:`pyarrow.fs`, one level at a time so
 that it can prune and report: hidden (``.``) and ``_``-prefixed entries (Spark/Hadoop
 ``_temporary``, ``.ipynb_checkpoints``, ...) are skipped at every level, symbolic links are
-followed with a guard against loops, and a packtool output (its ``manifest.json`` or
+followed with a guard against loops, and a packtool output (its manifest or
 in-progress marker, or ``packtool.*`` schema metadata in a shard) is refused, so packed rows are
 never read back as documents.
 """
@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 
 from packtool.core.masks import drop_masked_tokens
 from packtool.errors import InputError, SchemaError
+from packtool.formats.manifest import IN_PROGRESS_NAME, MANIFEST_META_KEY, MANIFEST_NAME
 from packtool.formats.schema import check_token_column, is_integer_list
 from packtool.types import IGNORE_INDEX, INT32_MAX
 
@@ -56,7 +57,7 @@ SUPPORTED_FORMATS = ("Parquet (*.parquet), Arrow IPC/Feather v2 (*.arrow, *.feat
 _PARQUET_SUFFIXES = (".parquet",)
 _IPC_SUFFIXES = (".arrow", ".feather", ".ipc", ".arrows")
 #: Files that mark a directory as a packtool output (manifest written last, marker first).
-_PACKED_MARKERS = ("manifest.json", ".packtool-in-progress.json")
+_PACKED_MARKERS = (MANIFEST_NAME, IN_PROGRESS_NAME)
 _PACKED_META_PREFIX = b"packtool."
 _HF_STATE = "state.json"
 _HF_INFO = "dataset_info.json"
@@ -227,11 +228,11 @@ def _packed_marker(fs: pafs.FileSystem, names: set[str], directory: str) -> str 
         return _PACKED_MARKERS[1]
     if _PACKED_MARKERS[0] in names:
         try:
-            with fs.open_input_stream(f"{directory}/{_PACKED_MARKERS[0]}") as fh:
-                doc = json.loads(fh.read(1 << 20))
+            with fs.open_input_file(f"{directory}/{_PACKED_MARKERS[0]}") as fh:
+                meta = pq.read_schema(fh).metadata or {}
         except (OSError, ValueError, pa.ArrowException):
             return None
-        if isinstance(doc, dict) and "packtool_version" in doc:
+        if MANIFEST_META_KEY in meta:
             return _PACKED_MARKERS[0]
     return None
 

@@ -13,6 +13,7 @@ import os
 import pytest
 
 from packcheck import invoke, read_output, write_docs
+from packtool.formats.manifest import MANIFEST_NAME
 from packtool.errors import InputError
 from packtool.formats.reader import discover
 
@@ -111,7 +112,7 @@ def test_packed_output_inside_input_is_refused(tmp_path):
     packed = _packed_output(tmp_path)
     src = tmp_path / "raw"
     os.rename(packed, src / "old_pack")
-    with pytest.raises(InputError, match=r"old_pack: is a packtool output \(manifest.json\)"):
+    with pytest.raises(InputError, match=r"old_pack: is a packtool output \(\.packtool-manifest"):
         discover([src])
 
 
@@ -129,6 +130,7 @@ def test_unrelated_manifest_json_is_not_mistaken_for_packed_output(tmp_path):
     src = tmp_path / "in"
     write_docs(src / "a.parquet", [[1, 2]])
     (src / "manifest.json").write_text(json.dumps({"source": "crawl"}))
+    (src / MANIFEST_NAME).write_text(json.dumps({"packtool_version": "0"}))  # not Parquet
     assert _rels(discover([src])) == ["a.parquet"]
 
 

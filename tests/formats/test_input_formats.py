@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from packcheck import hash_tree, invoke, write_docs
+from packtool.formats.manifest import MANIFEST_NAME
 from packtool.errors import SchemaError
 from packtool.formats.reader import iter_token_batches, list_parts
 
@@ -22,7 +23,7 @@ FIXED = [[i, i + 1, i + 2, i + 3] for i in range(1, 40, 4)]  # fixed length 4
 def _pack(src, out, *extra):
     res = invoke(["pack", "-q", "--capacity", 8, *extra, src, out])
     assert res.exit_code == 0, res.output
-    return {k: v for k, v in hash_tree(out).items() if k != "manifest.json"}
+    return {k: v for k, v in hash_tree(out).items() if k != MANIFEST_NAME}
 
 
 def _reference(tmp_path, docs, name="ref"):

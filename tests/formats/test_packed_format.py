@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from packtool.config import PackConfig
-from packtool.formats.manifest import MANIFEST_NAME
+from packtool.formats.manifest import MANIFEST_NAME, read_manifest
 from packtool.formats.packed import PackedReader, derive_labels
 from packtool.formats.schema import (CAPACITY_META_KEY, LABELS_CONVENTION_META_KEY,
                                      LABELS_META_KEY, packed_columns)
@@ -40,7 +40,7 @@ def test_default_stores_no_labels_and_says_what_readers_derive(three_outputs):
     convention (unshifted), and list the same columns as the shard schema."""
     assert PackConfig(inputs=("x",), output="y").labels.value == "none"
     out = three_outputs["none"]
-    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    manifest = read_manifest(out)
     schema = pq.read_schema(out / manifest["outputs"][0]["file"])
     assert "labels" not in schema.names
     assert schema.metadata[LABELS_META_KEY] == b"none"
@@ -49,7 +49,7 @@ def test_default_stores_no_labels_and_says_what_readers_derive(three_outputs):
     assert manifest["labels"] == {"stored": False, "convention": "unshifted"}
     assert manifest["columns"] == schema.names == packed_columns("none")
     for mode in ("unshifted", "shifted"):
-        m = json.loads((three_outputs[mode] / MANIFEST_NAME).read_text())
+        m = read_manifest(three_outputs[mode])
         s = pq.read_schema(three_outputs[mode] / m["outputs"][0]["file"])
         assert m["labels"] == {"stored": True, "convention": mode}
         assert m["columns"] == s.names and "labels" in s.names
@@ -70,7 +70,7 @@ def test_derived_labels_equal_stored_labels(three_outputs, mode):
         np.testing.assert_array_equal(a.columns["labels"], lab)
         np.testing.assert_array_equal((lab != -100).sum(axis=1), b.columns["num_targets"])
         n_targets += int((lab != -100).sum())
-    assert n_targets == json.loads((three_outputs["none"] / MANIFEST_NAME).read_text())[
+    assert n_targets == read_manifest(three_outputs["none"])[
         "totals"]["effective_targets"]
     if mode == "unshifted":  # the reader derives the recorded convention on request
         for i in (0, len(derived) // 2, len(derived) - 1):
@@ -91,7 +91,7 @@ def test_derive_labels_hand_case():
 def test_sha256_is_taken_while_writing_and_matches_the_file(three_outputs):
     """The manifest's sha256 (computed as the bytes went out) is the file's sha256."""
     out = three_outputs["unshifted"]
-    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    manifest = read_manifest(out)
     for o in manifest["outputs"]:
         data = (out / o["file"]).read_bytes()
         assert o["bytes"] == len(data)
