@@ -12,7 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from packcheck import hash_tree, invoke, write_docs
+from packtool.formats.manifest import MANIFEST_NAME, read_manifest, write_manifest_file
 from packtool.formats.reader import discover, iter_token_batches
+from packtool.formats.schema import packed_schema
 
 DOCS_A = [[5, 6, 7], [1, 2], [9] * 6]
 DOCS_B = [[3], [4, 4, 4, 4], [8, 9, 10, 11, 12]]
@@ -24,7 +26,7 @@ def _put(fs, key, docs):
 
 
 def _shards(out):
-    return {k: v for k, v in hash_tree(out).items() if k != "manifest.json"}
+    return {k: v for k, v in hash_tree(out).items() if k != MANIFEST_NAME}
 
 
 def test_pack_from_s3_gives_the_same_bytes_as_local(tmp_path, s3):
@@ -42,7 +44,7 @@ def test_pack_from_s3_gives_the_same_bytes_as_local(tmp_path, s3):
     assert res.exit_code == 0, res.output
     assert _shards(out) == _shards(ref)
     assert "skipped 1" in res.output and f"s3://{bucket}/corpus/_temporary" in res.output
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = read_manifest(out)
     assert [i["path"] for i in manifest["inputs"]] == [f"s3://{bucket}/corpus/a.parquet",
                                                        f"s3://{bucket}/corpus/sub/b.parquet"]
 
@@ -94,8 +96,12 @@ def test_s3_input_errors_are_one_line(tmp_path, s3, what):
     fs, bucket = s3
     if what == "packed":
         _put(fs, f"{bucket}/p/part-00000.parquet", DOCS_A)
-        with fs.open_output_stream(f"{bucket}/p/manifest.json") as fh:
-            fh.write(json.dumps({"packtool_version": "0"}).encode())
+        local = tmp_path / "m"
+        local.mkdir()
+        mpath = write_manifest_file(local, {"packtool_version": "0", "outputs": []},
+                                    packed_schema(8, "none"))
+        with fs.open_output_stream(f"{bucket}/p/{MANIFEST_NAME}") as fh:
+            fh.write(mpath.read_bytes())
     out = tmp_path / "out"
     res = invoke(["pack", "-q", f"s3://{bucket}/p", out])
     assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
