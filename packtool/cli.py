@@ -70,8 +70,9 @@ def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
               help="Threads for layout and encoding [default: all cores].")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty OUTPUT.")
 @click.option("--window-docs", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Plan and write windows of about N documents independently (bounded memory; "
-                   "a few extra rows per window) [default: one plan over all documents].")
+              help="Plan windows of N documents independently (row groups are cut; a few "
+                   "extra rows per window); rows of all windows are mixed in the output "
+                   "[default: one plan over all documents].")
 @click.option("--engine", type=_choice(Engine), default="local", show_default=True,
               help="local: this process; ray: one Ray task per window (needs packtool[ray]; "
                    "--window-docs defaults to 250,000). Same bytes either way.")
@@ -80,22 +81,31 @@ def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
                    "--workers CPUs].")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars and no summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def pack(paths, capacity, column, strategy, overflow, labels, pad_id, append_eos, seed,
+@click.pass_context
+def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, append_eos, seed,
          no_shuffle, rows_per_shard, workers, overwrite, window_docs, engine, ray_address, quiet,
          as_json):
     """Pack tokenized Parquet INPUT files or directories into OUTPUT.
 
     Writes part-NNNNN.parquet shards (input_ids, segment_ids, position_ids, [labels],
-    cu_seqlens, max_seqlen, num_targets, doc_ids, doc_offsets) and the manifest, last.
+    cu_seqlens, max_seqlen, num_targets, doc_ids, doc_offsets) and the manifest, last. Rerunning
+    an interrupted pack finishes it; rerunning a finished one does nothing. Ctrl-C exits 130.
     """
     import json
+
+    from click.core import ParameterSource
 
     from packtool.config import PackConfig
     from packtool.formats.reader import discover
     from packtool.pipeline import run_pack
+    from packtool.signals import EXIT_INTERRUPTED
+    from packtool.startup import compile_note
 
     if len(paths) < 2:
         raise click.UsageError("give at least one INPUT and an OUTPUT directory")
+    if (ray_address is not None and engine != Engine.RAY.value
+            and ctx.get_parameter_source("ray_address") is ParameterSource.COMMANDLINE):
+        raise click.UsageError("--ray-address applies only with --engine ray")
     cfg = PackConfig(inputs=tuple(paths[:-1]), output=paths[-1], capacity=capacity,
                      column=column, strategy=strategy, overflow=overflow, labels=labels,
                      pad_id=pad_id, append_eos=append_eos, seed=seed, shuffle=not no_shuffle,
@@ -105,16 +115,27 @@ def pack(paths, capacity, column, strategy, overflow, labels, pad_id, append_eos
                      ray_address=ray_address if engine == Engine.RAY.value else None)
     # what discovery skipped on purpose is part of the summary (the pack walks INPUT again)
     skipped = "" if quiet else discover(cfg.inputs).skipped_note()
+    note = compile_note() if sys.stderr.isatty() else None
+    if note:
+        click.echo(note, err=True)
     try:
         result = run_pack(cfg, progress=not quiet)
     except KeyboardInterrupt:
-        raise click.ClickException(f"interrupted: {cfg.output} is incomplete (no manifest); "
-                                   "rerun the same command to finish it") from None
+        click.echo(f"Error: interrupted: {cfg.output} has no manifest (as before the run, "
+                   "or resumable); rerun the same command to finish it", err=True)
+        ctx.exit(EXIT_INTERRUPTED)
     s = result.stats
+    for w in result.warnings:  # loud, whatever the output format
+        click.echo(f"WARNING: {w}", err=True)
     if as_json:
         click.echo(json.dumps({"stats": s.to_dict(), "seconds": result.seconds,
                                "shards_reused": result.shards_reused,
-                               "inputs_skipped": skipped}, indent=2))
+                               "inputs_skipped": skipped,
+                               "already_complete": result.already_complete,
+                               "warnings": result.warnings}, indent=2))
+    elif result.already_complete:
+        click.echo(f"{cfg.output}: already holds this pack (same inputs, options and versions); "
+                   "nothing to do")
     elif not quiet:
         rate = s.tokens_in / result.seconds if result.seconds else 0.0
         click.echo(
@@ -125,16 +146,23 @@ def pack(paths, capacity, column, strategy, overflow, labels, pad_id, append_eos
             f"  effective targets {s.effective_targets:,} ({s.targets_per_token:.4f} per token)  "
             f"segments {s.segments:,}\n"
             f"  empty skipped {s.docs_empty:,}  cut across segments {s.docs_cut:,}  split "
-            f"{s.docs_split:,} (+{s.split_fragments:,} pieces)  truncated {s.docs_truncated:,} (-{s.tokens_truncated:,} tokens)  "
+            f"{s.docs_split:,} (+{s.split_fragments:,} pieces)  truncated {s.docs_truncated:,} "
+            f"(-{s.tokens_truncated:,} tokens)  "
             f"dropped {s.docs_dropped:,} (-{s.tokens_dropped:,} tokens)\n"
-            f"  {result.seconds:.2f} s, {rate / 1e6:.2f} M tokens/s"
+            f"  {result.seconds:.2f} s ({cfg.engine.value} engine, start-up included), "
+            f"{rate / 1e6:.2f} M tokens/s"
             + (f", {result.shards_reused} shard(s) reused" if result.shards_reused else "")
             + (f"\n  INPUT: {skipped}" if skipped else ""))
         if "windows" in result.manifest:
-            extra = [w["extra_rows"] for w in result.manifest["windows"]]
-            click.echo(f"  windows {len(extra):,} of ~{cfg.window_docs:,} documents: extra rows "
-                       f"per window max {max(extra, default=0)}, sum {sum(extra)}; total extra "
-                       f"over the global bound {s.extra_rows}")
+            ws = result.manifest["windows"]
+            extra = [w["extra_rows"] for w in ws]
+            docs = [w["docs"] for w in ws]
+            click.echo(f"  windows {len(ws):,} of {min(docs):,}..{max(docs):,} documents "
+                       f"(--window-docs {cfg.window_docs:,}): extra rows per window max "
+                       f"{max(extra, default=0)}, sum {sum(extra)}; total extra over the "
+                       f"global bound {s.extra_rows}")
+        for w in result.warnings:
+            click.echo(f"  WARNING: {w}")
 
 
 @cli.command()
@@ -249,5 +277,6 @@ def verify(output, rows, seed, backends, batch_size, compile_, as_json, scan_all
 
 
 def main() -> None:
-    """Console entry point."""
+    """Console entry point (see :func:`packtool.__main__.main`, which also handles an early
+    Ctrl-C)."""
     cli(prog_name="packtool")

@@ -53,7 +53,7 @@ class PackConfig:
     """Replace an existing non-empty OUTPUT."""
     window_docs: int | None = None
     """Plan and write windows of about this many documents independently (None: one global
-    plan). Decides the output bytes; see :mod:`packtool.windows`."""
+    plan). Decides the output bytes; see :mod:`packtool.pipeline.read`."""
     engine: Engine = Engine.LOCAL
     """Where the pack runs; ``ray`` needs a window (defaults to DEFAULT_RAY_WINDOW_DOCS)."""
     ray_address: str | None = None

@@ -16,6 +16,7 @@ __all__ = [
     "ManifestError",
     "VerifyError",
     "MissingDependencyError",
+    "EngineError",
 ]
 
 
@@ -53,3 +54,8 @@ class VerifyError(PacktoolError):
 
 class MissingDependencyError(PacktoolError):
     """An optional dependency is not installed; the message names the pip extra to install."""
+
+
+class EngineError(PacktoolError):
+    """A task failed in the engine for a reason other than bad input (e.g. a Ray worker lost
+    after its retries); OUTPUT is left resumable."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+import numpy as np
+
 __all__ = ["PackStats"]
 
 
@@ -93,6 +95,35 @@ class PackStats:
             full_attention_work=self.full_attention_work,
         )
         return d
+
+    @classmethod
+    def from_plan(cls, plan) -> "PackStats":
+        """Every count of a whole plan, from the plan alone (no tokens needed).
+
+        Args:
+            plan: a :class:`packtool.core.packing.PackPlan` (capacity C, ``seg_len`` int64[S],
+                ``counts``: documents/tokens read, skipped, split, truncated, dropped, cut).
+
+        Returns:
+            The plan's counts: rows, segments, real and padding tokens, effective targets
+            (sum of len - 1) and attention work (sum of len**2), plus ``plan.counts``.
+        """
+        seg_len = plan.seg_len
+        real = int(seg_len.sum())
+        return cls(capacity=plan.capacity, rows=plan.num_rows, segments=plan.num_segments,
+                   real_tokens=real, padding_tokens=plan.num_rows * plan.capacity - real,
+                   effective_targets=real - plan.num_segments,
+                   attention_work=int(np.dot(seg_len, seg_len))) + cls.from_dict(plan.counts)
+
+    def overflow_warning(self, overflow: str, threshold: float = 0.01) -> str | None:
+        """A loud line when ``--overflow drop|truncate`` removed more than ``threshold`` (a
+        fraction, default 1 %) of the tokens read; None otherwise."""
+        if not self.tokens_in or self.tokens_lost <= threshold * self.tokens_in:
+            return None
+        docs = self.docs_dropped + self.docs_truncated
+        return (f"--overflow {overflow} removed {100 * self.tokens_lost / self.tokens_in:.1f}% "
+                f"of the tokens ({self.tokens_lost:,} of {self.tokens_in:,}, {docs:,} documents "
+                "over --capacity); use --overflow split or a larger --capacity to keep them")
 
     @classmethod
     def from_dict(cls, d: dict) -> "PackStats":

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from packcheck import hash_tree, invoke, write_docs
-from packtool.formats.manifest import MANIFEST_NAME, read_manifest
 from packtool.errors import ManifestError
-from packtool.formats.manifest import load_manifest
+from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
+                                       load_manifest, read_manifest)
 
 OPTIONS = ["--capacity", "16", "--rows-per-shard", "4", "--workers", "1", "--seed", "3"]
 
@@ -77,12 +77,12 @@ def test_killed_pack_is_incomplete_and_rerun_finishes_identically(tmp_path, src,
     kill_at(phase, src, out)
     assert out.is_dir()
     assert not (out / MANIFEST_NAME).exists()
-    with pytest.raises(ManifestError, match="no .packtool-manifest.parquet"):
+    with pytest.raises(ManifestError, match=f"no {MANIFEST_NAME}"):
         load_manifest(out)
     if phase.startswith("write-shard"):  # the shard being written is only a temporary file
         shard = int(phase.split(":")[1])
         assert not (out / f"part-{shard:05d}.parquet").exists()
-        assert (out / f".part-{shard:05d}.parquet.tmp").exists()
+        assert list((out / TMP_DIR_NAME).glob(f"*part-{shard:05d}.parquet*"))
     result = rerun(src, out)
     n_shards = len(read_manifest(reference)["outputs"])
     assert result["shards_reused"] == (n_shards if reused == "all" else reused)
@@ -120,37 +120,90 @@ def test_rerun_after_input_changed_does_not_reuse(tmp_path, src):
     load_manifest(out, check_hashes=True)
 
 
-def test_finished_output_is_not_replaced_without_overwrite(tmp_path, src, reference):
-    """Only an interrupted output (in-progress marker, no manifest) is resumed silently."""
+def test_finished_output_is_kept_and_an_identical_rerun_does_nothing(tmp_path, src):
+    """A finished OUTPUT: the same command is a no-op (exit 0); other options need
+    --overwrite."""
     out = tmp_path / "out"
     rerun(src, out)
     before = hash_tree(out)
-    res = invoke(["pack", "-q", *OPTIONS, src, out])
+    res = invoke(["pack", *OPTIONS, src, out])
+    assert res.exit_code == 0 and "nothing to do" in res.output, res.output
+    assert hash_tree(out) == before
+    other = [o if o != "3" else "4" for o in OPTIONS]
+    res = invoke(["pack", "-q", *other, src, out])
     assert res.exit_code == 1 and "--overwrite" in res.output
     assert hash_tree(out) == before
 
 
-def test_ctrl_c_says_how_to_resume_and_removes_the_spill_file(tmp_path, src, reference):
-    """SIGINT (Ctrl-C) while reading: exit 1 with one line saying how to finish, no manifest,
-    no leftover spill file; the rerun finishes with the reference bytes."""
-    out = tmp_path / "out"
-    env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT="read")
-    proc = subprocess.Popen([sys.executable, "-m", "packtool", "pack", "-q", *OPTIONS,
+def _start(src: Path, out: Path, pause: str | None = None, options=OPTIONS):
+    env = dict(os.environ)
+    env.pop("PACKTOOL_TEST_PAUSE_AT", None)
+    if pause:
+        env["PACKTOOL_TEST_PAUSE_AT"] = pause
+    return subprocess.Popen([sys.executable, "-m", "packtool", "pack", "-q", *options,
                              str(src), str(out)], stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _clean_or_resumable(out: Path) -> None:
+    """No manifest, no scratch, no lock file: either nothing at all or marker + shards."""
+    if not out.exists():
+        return
+    names = {p.name for p in out.iterdir()}
+    assert MANIFEST_NAME not in names and TMP_DIR_NAME not in names and LOCK_NAME not in names
+    assert names <= {IN_PROGRESS_NAME} | {p.name for p in out.glob("part-*.parquet")}
+
+
+@pytest.mark.parametrize("delay", [0.1, 0.5, 1.0, 3.0, "write"])
+def test_sigint_at_any_moment_exits_130_clean_or_resumable(tmp_path, src, reference, delay):
+    """Ctrl-C at 0.1 s, 0.5 s, 1 s, 3 s after start and while writing a shard: exit 130 with one
+    line and no traceback; OUTPUT is clean or resumable and the rerun gives the reference."""
+    import time
+
+    out = tmp_path / "out"
+    proc = _start(src, out, pause="write-shard:1")  # the run waits there: it cannot finish
     watchdog = threading.Timer(120, proc.kill)
     watchdog.start()
     try:
-        assert "test pause at read" in proc.stderr.readline()
+        if delay == "write":
+            assert "test pause at write-shard:1" in proc.stderr.readline()
+        else:
+            time.sleep(delay)
         os.kill(proc.pid, signal.SIGINT)
-        assert proc.wait() == 1
+        code = proc.wait()
         err = proc.stderr.read()
     finally:
         watchdog.cancel()
         proc.kill()
         proc.stderr.close()
-    assert "interrupted" in err and "rerun the same command" in err
-    assert "Traceback" not in err
-    assert not (out / MANIFEST_NAME).exists()
-    assert not (out / ".packtool-tmp").exists()
+    assert code == 130, err
+    assert "Traceback" not in err and "interrupted" in err, err
+    _clean_or_resumable(out)
+    if delay == "write":
+        assert (out / "part-00000.parquet").is_file()
+    rerun(src, out)
+    assert hash_tree(out) == hash_tree(reference)
+
+
+def test_second_identical_pack_is_refused_at_once_while_the_first_runs(tmp_path, src, reference):
+    """Two identical packs into one OUTPUT: the second is refused with one line (lock held) and
+    touches nothing; the first, killed, is then finished by a rerun."""
+    import time
+
+    out = tmp_path / "out"
+    first = _start(src, out, pause="write-shard:1")
+    try:
+        assert "test pause at write-shard:1" in first.stderr.readline()
+        before = sorted(p.name for p in out.iterdir())
+        t = time.perf_counter()
+        res = invoke(["pack", "-q", *OPTIONS, src, out])
+        assert time.perf_counter() - t < 10
+        assert res.exit_code == 1
+        assert res.output.count("\n") == 1 and "another packtool pack is writing" in res.output
+        assert sorted(p.name for p in out.iterdir()) == before
+        assert list((out / TMP_DIR_NAME).iterdir())  # the first run's scratch is untouched
+    finally:
+        first.kill()
+        first.wait()
+        first.stderr.close()
     rerun(src, out)
     assert hash_tree(out) == hash_tree(reference)

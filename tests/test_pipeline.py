@@ -147,12 +147,28 @@ def test_append_eos_and_pad_id(docs_dir, tmp_path):
 
 
 def test_non_empty_output_needs_overwrite(docs_dir, tmp_path):
+    """Another pack into a finished OUTPUT is refused without --overwrite."""
     src = docs_dir([[1, 2]])
     out = tmp_path / "o"
     pack([src, out, "--capacity", "4"])
-    res = CliRunner().invoke(cli, ["pack", "-q", str(src), str(out), "--capacity", "4"])
+    res = CliRunner().invoke(cli, ["pack", "-q", str(src), str(out), "--capacity", "5"])
     assert res.exit_code == 1 and "--overwrite" in res.output
-    pack([src, out, "--capacity", "4", "--overwrite"])
+    pack([src, out, "--capacity", "5", "--overwrite"])
+    assert read_manifest(out)["options"]["capacity"] == 5
+
+
+def test_completed_identical_rerun_is_a_no_op_that_says_so(docs_dir, tmp_path):
+    """The same command on a finished OUTPUT writes nothing, says so and exits 0."""
+    src = docs_dir([[1, 2], [3, 4, 5]])
+    out = tmp_path / "o"
+    pack([src, out, "--capacity", "4"])
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.iterdir()}
+    res = CliRunner().invoke(cli, ["pack", str(src), str(out), "--capacity", "4"])
+    assert res.exit_code == 0, res.output
+    assert "already holds this pack" in res.output and "nothing to do" in res.output
+    assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.iterdir()} == before
+    res = CliRunner().invoke(cli, ["pack", "--json", str(src), str(out), "--capacity", "4"])
+    assert res.exit_code == 0 and json.loads(res.output)["already_complete"] is True
 
 
 def test_shard_metadata_records_label_convention(docs_dir, tmp_path):

@@ -93,7 +93,7 @@ def test_ray_task_error_reaches_the_user_as_packtool_error(ray_local, tmp_path):
     """A bad document found inside a task is the same one-line error as locally."""
     write_docs(tmp_path / "in" / "a.parquet", [[1] * 5] * 50 + [[2] * (C + 3)],
                row_group_size=10)
-    with pytest.raises(PackingError, match=r"a\.parquet: row 50: document of 67 tokens"):
+    with pytest.raises(PackingError, match=r"a\.parquet: row 50: document 50 has 67 tokens"):
         run_pack(_cfg(tmp_path / "in", tmp_path / "out", engine="ray", overflow="error"),
                  progress=False)
 

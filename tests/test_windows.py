@@ -1,4 +1,4 @@
-"""Windowed packing (``--window-docs``): windows of whole files or row groups, planned alone."""
+"""Windowed packing (``--window-docs``): windows of N documents planned alone, rows mixed."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import read_rows, write_docs
-from packtool.formats.manifest import MANIFEST_NAME, read_manifest
 from packtool.cli import cli
 from packtool.config import PackConfig
 from packtool.errors import PackingError
+from packtool.formats.manifest import MANIFEST_NAME, read_manifest
 from packtool.formats.reader import discover_inputs
 from packtool.pipeline import run_pack
-from packtool.windows import plan_windows
+from packtool.pipeline.read import plan_windows
 
 C = 64
 
@@ -40,18 +40,42 @@ def _pack(inp, out, **kw):
     return run_pack(PackConfig(inputs=(str(inp),), output=str(out), **kw), progress=False)
 
 
-def test_windows_are_whole_files_or_row_groups_in_input_order(tmp_path):
-    """Window assignment depends only on the sorted files and their footers."""
+def test_windows_are_runs_of_n_documents_across_files_and_row_groups(tmp_path):
+    """Windows hold exactly N documents (the last one fewer), cutting files and row groups."""
     _corpus(tmp_path / "in", files=(40, 7, 90, 0, 25), row_group=16)
     files = discover_inputs([tmp_path / "in"])
     ws = plan_windows(files, "input_ids", 50)
-    assert [w.docs for w in ws] == [47, 48, 42, 25]  # f00+f01 | f02 rg0-2 | f02 rg3-5 + f03 | f04
-    assert ws[0].parts[0].row_groups is None and ws[0].parts[1].row_groups is None
-    assert ws[1].parts[0].row_groups == (0, 1, 2) and ws[1].parts[0].first_row == 0
-    assert ws[2].parts[0].row_groups == (3, 4, 5) and ws[2].parts[0].first_row == 48
+    assert [w.docs for w in ws] == [50, 50, 50, 12]
+    assert [(p.file, p.first_row, p.docs) for p in ws[0].parts] == [(0, 0, 40), (1, 0, 7),
+                                                                     (2, 0, 3)]
+    assert [(p.file, p.first_row, p.docs) for p in ws[1].parts] == [(2, 3, 50)]
+    assert [(p.file, p.first_row, p.docs) for p in ws[3].parts] == [(4, 13, 12)]
     first = np.cumsum([0] + [w.docs for w in ws])
     assert [w.first_doc for w in ws] == first[:-1].tolist()
     assert all(w.index == i for i, w in enumerate(ws))
+    assert len(plan_windows(files, "input_ids", None)) == 1
+
+
+def test_window_size_holds_with_one_huge_row_group(tmp_path):
+    """A file written as one row group of 500 documents still gives windows of 40."""
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(0, 1000, int(k)).tolist() for k in rng.integers(1, 90, 500)]
+    write_docs(tmp_path / "in" / "big.parquet", docs, row_group_size=500)
+    import pyarrow.parquet as pq
+
+    assert pq.ParquetFile(tmp_path / "in" / "big.parquet").num_row_groups == 1
+    files = discover_inputs([tmp_path / "in"])
+    ws = plan_windows(files, "input_ids", 40)
+    assert [w.docs for w in ws] == [40] * 12 + [20]
+    res = _pack(tmp_path / "in", tmp_path / "out", window_docs=40, rows_per_shard=1000)
+    recs = res.manifest["windows"]
+    assert [w["docs"] for w in recs] == [40] * 12 + [20]
+    assert [w["inputs"][0]["first_row"] for w in recs] == list(range(0, 500, 40))
+    for w in recs:  # each window's rows hold only its own documents
+        assert w["tokens"] == sum(len(d) for d in docs[w["first_doc"]:w["first_doc"] + w["docs"]])
+    rows = read_rows(tmp_path / "out")
+    assert sorted((d, o) for r in rows for d, o in zip(r["doc_ids"], r["doc_offsets"])) == \
+        sorted((d, o) for d, doc in enumerate(docs) for o in range(0, len(doc), C))
 
 
 def test_windowed_pack_conserves_every_token(tmp_path):
@@ -87,8 +111,8 @@ def test_window_extra_rows_are_reported_per_window_and_in_total(tmp_path):
         assert w["lower_bound_rows"] == -(-w["real_tokens"] // C)
         assert w["extra_rows"] == w["rows"] - w["lower_bound_rows"] >= 0
     assert t["extra_rows"] == t["rows"] - -(-t["real_tokens"] // C)
-    assert [o["file"] for o in m["outputs"]] == [f for w in ws for f in w["outputs"]]
-    assert m["outputs"][0]["file"] == "part-00000-00000.parquet"
+    assert [o["file"] for o in m["outputs"]] == [f"part-{i:05d}.parquet"
+                                                 for i in range(len(m["outputs"]))]
 
 
 def test_windowed_output_is_deterministic_for_any_worker_count(tmp_path):
@@ -102,26 +126,38 @@ def test_windowed_output_is_deterministic_for_any_worker_count(tmp_path):
         assert (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes(), n
 
 
-def test_rows_are_shuffled_within_their_window_only(tmp_path):
-    """The shuffle permutes a window's rows (seeded by seed and window index), never across."""
-    _corpus(tmp_path / "in")
-    _pack(tmp_path / "in", tmp_path / "s", window_docs=30, rows_per_shard=1000)
-    _pack(tmp_path / "in", tmp_path / "n", window_docs=30, rows_per_shard=1000, shuffle=False)
-    ms = read_manifest(tmp_path / "s")
-    shuffled_any = False
-    for w in ms["windows"]:
-        import pyarrow.parquet as pq
+def _window_of_rows(out, ws):
+    """Window index of each output row, in reading order (manifest, then row order)."""
+    firsts = np.array([w["first_doc"] for w in ws])
+    return [int(np.searchsorted(firsts, r["doc_ids"][0], side="right") - 1)
+            for r in read_rows(out)]
 
-        a = pq.read_table(tmp_path / "s" / w["outputs"][0]).column("doc_ids").to_pylist()
-        b = pq.read_table(tmp_path / "n" / w["outputs"][0]).column("doc_ids").to_pylist()
-        assert sorted(a) == sorted(b)
-        assert all(w["first_doc"] <= d < w["first_doc"] + w["docs"] for r in a for d in r)
-        shuffled_any |= a != b
-    assert shuffled_any
+
+def test_rows_of_all_windows_are_mixed_in_reading_order(tmp_path):
+    """Read in order, the output does not follow the input window by window: the first shard
+    already holds rows of most windows, and window changes happen all along."""
+    _corpus(tmp_path / "in")
+    res = _pack(tmp_path / "in", tmp_path / "s", window_docs=30, rows_per_shard=20)
+    ws = res.manifest["windows"]
+    order = _window_of_rows(tmp_path / "s", ws)
+    assert len(ws) >= 6 and len(order) > 40
+    first_shard = set(order[:20])
+    assert len(first_shard) >= len(ws) // 2, first_shard
+    changes = sum(a != b for a, b in zip(order, order[1:]))
+    assert changes > len(order) // 2  # window-granular order would change len(ws) - 1 times
+    assert order != sorted(order)
+    # each row still holds documents of one window only
+    firsts = [w["first_doc"] for w in ws] + [10**9]
+    for r, w in zip(read_rows(tmp_path / "s"), order):
+        assert all(firsts[w] <= d < firsts[w + 1] for d in r["doc_ids"])
+    # --no-shuffle keeps creation order: window after window
+    res = _pack(tmp_path / "in", tmp_path / "n", window_docs=30, shuffle=False)
+    assert _window_of_rows(tmp_path / "n", ws) == sorted(_window_of_rows(tmp_path / "n", ws))
 
 
 def test_default_mode_is_one_global_plan(tmp_path):
-    """Without --window-docs the output is the single global plan, as before windows existed."""
+    """Without --window-docs the output is the single global plan; a window larger than the
+    corpus gives the same shards."""
     _corpus(tmp_path / "in")
     _pack(tmp_path / "in", tmp_path / "g", shuffle=False)
     _pack(tmp_path / "in", tmp_path / "w", shuffle=False, window_docs=10**9)
@@ -145,28 +181,32 @@ def test_overflow_error_names_file_and_row_of_the_long_document(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_interrupted_windowed_pack_resumes_with_same_bytes(tmp_path):
-    """A rerun after a crash reuses the complete windows and ends with the uninterrupted bytes."""
-    from packtool.windows import pack_window, run_windowed
+def test_interrupted_windowed_pack_resumes_with_same_bytes(tmp_path, monkeypatch):
+    """A failure after some shards were written leaves them; the rerun reuses them and ends
+    with the bytes of an uninterrupted run."""
+    from packtool.pipeline import write as write_mod
 
     _corpus(tmp_path / "in")
-    ref = _pack(tmp_path / "in", tmp_path / "ref", window_docs=30)
-    cfg = PackConfig(inputs=(str(tmp_path / "in"),), output=str(tmp_path / "out"), capacity=C,
-                     workers=2, rows_per_shard=7, window_docs=30)
+    ref = _pack(tmp_path / "in", tmp_path / "ref", window_docs=30, workers=1)
+    real = write_mod.write_shard_task
+    calls = []
 
-    def crash_after_two(c, windows, out):
-        for w in windows[:2]:
-            yield pack_window(c, w, out)
-        raise KeyboardInterrupt
+    def crash_at_third(cfg, job, plans):
+        calls.append(job.index)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(cfg, job, plans)
 
+    monkeypatch.setattr("packtool.pipeline.write_shard_task", crash_at_third)
     with pytest.raises(KeyboardInterrupt):
-        run_windowed(cfg, progress=False, map_windows=crash_after_two)
+        _pack(tmp_path / "in", tmp_path / "out", window_docs=30, workers=1)
+    monkeypatch.undo()
     out = tmp_path / "out"
     assert not (out / MANIFEST_NAME).exists()
-    done = {o["file"] for w in ref.manifest["windows"][:2] for o in ref.manifest["outputs"]
-            if o["file"] in w["outputs"]}
-    res = run_pack(cfg, progress=False)
-    assert res.shards_reused == len(done) > 0
+    assert sorted(p.name for p in out.glob("part-*")) == ["part-00000.parquet",
+                                                          "part-00001.parquet"]
+    res = _pack(tmp_path / "in", out, window_docs=30, workers=1)
+    assert res.shards_reused == 2
     assert res.manifest["outputs"] == ref.manifest["outputs"]
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in
                                                             (tmp_path / "ref").iterdir())
@@ -180,7 +220,8 @@ def test_cli_summary_reports_windows(tmp_path):
     r = CliRunner().invoke(cli, ["pack", "-c", str(C), "--window-docs", "30",
                                  str(tmp_path / "in"), str(tmp_path / "out")])
     assert r.exit_code == 0, r.output
-    assert "windows 8 of ~30 documents: extra rows per window max" in r.output
+    assert "windows 6 of 12..30 documents (--window-docs 30): extra rows per window max" in \
+        r.output
     r = CliRunner().invoke(cli, ["pack", "--window-docs", "0", str(tmp_path / "in"),
                                  str(tmp_path / "o2")])
     assert r.exit_code == 2

@@ -1,36 +1,26 @@
-"""``packtool pack --engine ray``: one Ray task per window, on a local Ray or a cluster.
+"""``--engine ray``: one Ray task per item, on a local Ray instance or a cluster.
 
-The driver (the ``packtool`` process) lists the inputs, cuts the windows
-(:func:`packtool.windows.plan_windows`, Parquet footers only), submits one task per window and
-writes the manifest last from the per-window results. Each task runs
-:func:`packtool.windows.pack_window` where Ray places it: it reads its window's files, plans them
-with OBFD, writes its own shards (temporary name, then ``os.replace``) and returns only names,
-sizes, hashes and counts. No tokens go through the Ray object store.
-
-Bytes: a window's shards depend only on the window and the options, so the output equals the
-local engine's with the same ``--window-docs`` at any number of Ray workers. Retries: a task
-killed with its worker is retried by Ray (``max_retries``); shard names are fixed by (window,
-shard) and complete windows leave a marker, so a retry rewrites the same files or skips the
-window, never duplicating or losing a shard.
-
-Needs: ``pip install 'packtool[ray]'``; on a cluster, the same packtool version on every node
-and INPUT and OUTPUT on a filesystem every node sees at the same path (see docs/ray.md).
+The driver (the ``packtool`` process) maps the same functions as the local engine: one task
+per window (read, spill, plan), then one task per output shard (lay out, encode, write). Tasks
+read and write files on a filesystem every node sees at the same path and return only small
+records (counts, names, sizes, hashes); no tokens go through the Ray object store. A task whose
+worker dies is retried by Ray (:data:`MAX_RETRIES`); every task writes under unique temporary
+names and publishes with ``os.replace``, so a retry beside a slow first attempt never exposes
+a half-written file. Needs ``pip install 'packtool[ray]'`` (the same version on every node).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Iterator
+from typing import Callable, Iterator, Sequence
 
-from packtool.config import PackConfig
-from packtool.errors import MissingDependencyError, PacktoolError
-from packtool.windows import Window, WindowResult, pack_window, run_windowed
+from packtool.errors import EngineError, MissingDependencyError, PacktoolError
 
-__all__ = ["run_ray", "import_ray"]
+__all__ = ["RayEngine", "import_ray", "MAX_RETRIES"]
 
 log = logging.getLogger(__name__)
 
-#: Ray retries of a window whose worker died (a raised PacktoolError is not retried).
+#: Ray retries of a task whose worker died (a raised PacktoolError is not retried).
 MAX_RETRIES = 3
 
 
@@ -44,50 +34,75 @@ def import_ray():
     return ray
 
 
-def _map_ray(ray, cfg: PackConfig, windows: list[Window], output: str) -> Iterator[WindowResult]:
-    """Submit every window as a task (1 CPU each); yield the results in window order."""
-    task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(pack_window)
-    refs = [task.remote(cfg, w, output, 1) for w in windows]
-    for ref in refs:
-        try:
-            yield ray.get(ref)
-        except ray.exceptions.RayTaskError as exc:
-            for other in refs:
-                ray.cancel(other)
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, PacktoolError):
-                raise cause from None
-            raise
+class RayEngine:
+    """Map tasks as Ray tasks (1 CPU each); results come back in task order.
 
-
-def run_ray(cfg: PackConfig, *, progress: bool = True):
-    """Run a windowed pack on Ray (``cfg.window_docs`` set, ``cfg.engine == "ray"``).
-
-    Joins ``cfg.ray_address`` when given, else starts a local Ray instance with ``cfg.workers``
-    CPUs; a Ray already initialised in this process (e.g. by a test or a notebook) is used as
-    is. A Ray started here is shut down at the end.
-
-    Returns:
-        :class:`packtool.pipeline.PackResult`, as :func:`packtool.windows.run_windowed`.
+    Joins ``address`` when given, else starts a local Ray with ``workers`` CPUs; a Ray already
+    initialised in this process (a test, a notebook) is used as is. A Ray started here is shut
+    down on exit. Start-up happens in ``__enter__``, inside the run's measured wall time.
 
     Raises:
         MissingDependencyError: Ray is not installed.
-        ConnectionError: ``cfg.ray_address`` cannot be reached (Ray's own message).
-        InputError, SchemaError, OutputError, PackingError: as the local engine.
+        ConnectionError: ``address`` cannot be reached (Ray's own message).
     """
-    ray = import_ray()
-    started = False
-    if not ray.is_initialized():
-        if cfg.ray_address:
-            ray.init(address=cfg.ray_address, logging_level=logging.WARNING,
-                     log_to_driver=False)
-        else:
-            ray.init(num_cpus=cfg.workers, include_dashboard=False,
-                     logging_level=logging.WARNING, log_to_driver=False)
-        started = True
-    try:
-        return run_windowed(cfg, progress=progress,
-                            map_windows=lambda c, ws, out: _map_ray(ray, c, ws, out))
-    finally:
-        if started:
-            ray.shutdown()
+
+    name = "ray"
+
+    def __init__(self, *, workers: int, address: str | None = None):
+        self.workers = workers
+        self.address = address
+        self.ray = import_ray()
+        self._started = False
+
+    def __enter__(self) -> "RayEngine":
+        ray = self.ray
+        if not ray.is_initialized():
+            kw = dict(logging_level=logging.WARNING, log_to_driver=False)
+            if self.address:
+                ray.init(address=self.address, **kw)
+            else:
+                ray.init(num_cpus=self.workers, include_dashboard=False, **kw)
+            self._started = True
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self._started:
+            self.ray.shutdown()
+        return False
+
+    def map(self, fn: Callable, items: Sequence[tuple]) -> Iterator:
+        """Yield ``fn(*item)`` for each item, in order; on failure cancel the other tasks.
+
+        Raises:
+            PacktoolError: the one a task raised (bad input found inside a task).
+            EngineError: a task failed for another reason (worker lost after its retries,
+                unexpected exception), with Ray's first line.
+        """
+        ray = self.ray
+        task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(fn)
+        refs = [task.remote(*item) for item in items]
+        try:
+            for ref in refs:
+                try:
+                    yield ray.get(ref)
+                except ray.exceptions.RayTaskError as exc:
+                    cause = getattr(exc, "cause", None)
+                    if isinstance(cause, PacktoolError):
+                        raise cause from None
+                    raise EngineError(f"a Ray task of {fn.__name__} failed: "
+                                      f"{_first_line(cause or exc)}") from None
+                except ray.exceptions.RayError as exc:
+                    raise EngineError(f"a Ray task of {fn.__name__} failed: "
+                                      f"{_first_line(exc)}") from None
+        except BaseException:
+            for other in refs:
+                try:
+                    ray.cancel(other, force=True)
+                except Exception:  # already finished or gone
+                    pass
+            raise
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"

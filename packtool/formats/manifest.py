@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 
 from packtool.errors import ManifestError
 
-__all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NAME",
+__all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NAME", "LOCK_NAME",
            "SHARD_GLOB", "FORMAT_VERSION", "sha256_file", "write_json_atomic", "write_manifest_file",
            "read_manifest", "load_manifest", "shard_name"]
 
@@ -55,6 +55,8 @@ MANIFEST_META_KEY = b"packtool.manifest"
 IN_PROGRESS_NAME = ".packtool-in-progress.json"
 #: Scratch directory of a pack in progress (the token spill file, window markers).
 TMP_DIR_NAME = ".packtool-tmp"
+#: Lock file held by the one ``pack`` writing OUTPUT (removed when it ends).
+LOCK_NAME = ".packtool.lock"
 #: Glob of the output shards at OUTPUT's top level.
 SHARD_GLOB = "part-*.parquet"
 FORMAT_VERSION = 2

@@ -435,10 +435,10 @@ class InputSource:
             InputError: the row group cannot be read (damaged or truncated file).
         """
         try:
-            if self._parquet is not None:
-                yield from list(self._parquet.iter_batches(
+            if self._parquet is not None:  # lazily: a huge row group is never held whole
+                yield from self._parquet.iter_batches(
                     batch_size=batch_rows, row_groups=[row_group], columns=columns,
-                    use_threads=False))
+                    use_threads=False)
             else:
                 batch = self._batches[row_group].select(columns)
                 for lo in range(0, batch.num_rows, batch_rows):

@@ -1,0 +1,296 @@
+"""The one owner of OUTPUT: lock, fingerprint, temporary names, resume, manifest last, cleanup.
+
+A pack goes through :class:`Output` and nothing else writes into OUTPUT:
+
+1. :meth:`Output.open` (the ``with`` entry) refuses an OUTPUT that overlaps INPUT or is a file,
+   creates the directory, takes an exclusive lock (:mod:`filelock`, not waiting: a second
+   ``pack`` into the same OUTPUT is refused at once), then decides from what it finds: a
+   complete output with the same fingerprint is *complete* (the run is a no-op); an interrupted
+   one with the same fingerprint is *resumed* (its finished shards are kept); a foreign or
+   different non-empty OUTPUT is refused unless ``--overwrite``.
+2. While the input is read and planned, only the scratch directory
+   (:data:`~packtool.formats.manifest.TMP_DIR_NAME`) is written; an existing output is left as it
+   was. :meth:`Output.begin_write` then removes what ``--overwrite`` replaces (manifest first)
+   and writes the in-progress marker.
+3. Shards are written under unique temporary names (:meth:`Output.temp_path`) and published
+   with ``os.replace`` (:meth:`Output.publish`), so two attempts of one shard (a Ray retry beside
+   a slow first attempt) never expose a half-written file.
+4. :meth:`Output.commit` writes the manifest last and removes the marker, scratch and lock.
+
+Every failure leaves through :meth:`Output.__exit__`, the one cleanup path: the scratch
+directory (token spills, plans, temporary shards) is always removed, so a full disk is never
+left full. A failure before writing began (bad value in any window, ENOSPC while spilling,
+Ctrl-C while reading) leaves OUTPUT as it was before the run (a new OUTPUT is removed); after
+that (ENOSPC or EIO while writing shards, Ctrl-C, a failed Ray task) the finished shards and the
+marker stay, and rerunning the same command finishes the output byte-identically. ``OSError``
+becomes one :class:`~packtool.errors.OutputError` line naming the path and the cause (for a
+full disk: about how many bytes were needed and how many are free).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from importlib import metadata
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from packtool.errors import OutputError
+from packtool.errors import ManifestError
+from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
+                                       read_manifest, write_json_atomic, write_manifest_file)
+
+__all__ = ["Output", "fingerprint", "footer_sha256", "BYTE_DECIDING_PACKAGES"]
+
+#: Distributions whose version can change the output bytes (recorded in the fingerprint).
+BYTE_DECIDING_PACKAGES = ("packtool", "pyarrow", "numpy", "numba")
+
+
+def _versions() -> dict:
+    out = {}
+    for name in BYTE_DECIDING_PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    if out["packtool"] is None:  # run from a source tree that is not installed
+        from packtool import __version__
+
+        out["packtool"] = __version__
+    return out
+
+
+def footer_sha256(path: Path, tail_bytes: int = 1 << 16) -> str:
+    """sha256 of a Parquet file's footer (metadata block + its length + ``PAR1``).
+
+    The footer holds every row group's offsets, sizes and statistics, so a rewrite with the
+    same size and a reset mtime still changes it. Reads only the file's tail; a file that is
+    not Parquet (Arrow IPC) is represented by its last ``tail_bytes`` bytes.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        if size < 8:
+            return hashlib.sha256(b"").hexdigest()
+        f.seek(size - 8)
+        tail = f.read(8)
+        n = int.from_bytes(tail[:4], "little") if tail[4:] == b"PAR1" else tail_bytes - 8
+        f.seek(max(0, size - 8 - n))
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def fingerprint(options: dict, files) -> str:
+    """sha256 that changes whenever the output bytes could.
+
+    Args:
+        options: the options that decide the bytes (``PackConfig.layout_options()``).
+        files: :class:`~packtool.formats.reader.InputFile` list in document order; each is
+            recorded by resolved path (``in/`` and ``./in/`` agree), size, mtime and the
+            sha256 of its Parquet footer.
+
+    Returns:
+        64 hex characters; also covers the versions of :data:`BYTE_DECIDING_PACKAGES`.
+    """
+    blob = json.dumps({
+        "options": options,
+        "versions": _versions(),
+        "inputs": [[str(Path(f.path).resolve()), f.bytes, f.mtime_ns, footer_sha256(f.path)]
+                   for f in files],
+    }, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _inside(child: Path, parent: Path) -> bool:
+    return child == parent or parent in child.parents
+
+
+def _is_full_disk(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(exc)
+
+
+class Output:
+    """OUTPUT of one pack; use as a context manager (see the module docstring).
+
+    Args:
+        path: the OUTPUT directory.
+        inputs: INPUT paths as given (OUTPUT may not lie inside one, nor contain one).
+        fingerprint: from :func:`fingerprint`.
+        overwrite: replace a non-empty OUTPUT that is not an interrupted identical pack.
+
+    Attributes after entry: ``complete`` (a finished identical output is there: nothing to do),
+    ``resume`` (an interrupted identical pack is there: keep its shards), ``tmp`` (scratch
+    directory), ``manifest`` (the existing manifest when ``complete``).
+    """
+
+    def __init__(self, path: str | os.PathLike, inputs, fingerprint: str, *,
+                 overwrite: bool = False):
+        self.path = Path(path)
+        self.inputs = [Path(p) for p in inputs]
+        self.fingerprint = fingerprint
+        self.overwrite = overwrite
+        self.tmp = self.path / TMP_DIR_NAME
+        self.complete = False
+        self.resume = False
+        self.manifest: dict | None = None
+        self.bytes_needed = 0  #: what the current phase still has to write (ENOSPC message)
+        self._created = False
+        self._writing = False
+        self._lock: FileLock | None = None
+
+    # -- entry: checks, lock, decision ---------------------------------------------------------
+    def __enter__(self) -> "Output":
+        out = self.path
+        out_abs = out.resolve()
+        for src in self.inputs:
+            s = src.resolve()
+            if _inside(out_abs, s) or _inside(s, out_abs):
+                raise OutputError(f"{out}: OUTPUT overlaps INPUT {src}; choose a directory "
+                                  "outside the input")
+        if out.exists() and not out.is_dir():
+            raise OutputError(f"{out}: exists and is a file; OUTPUT must be a directory")
+        try:
+            self._created = not out.exists()
+            out.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(out / LOCK_NAME)
+            lock.acquire(timeout=0)
+        except Timeout:
+            raise OutputError(f"{out}: another packtool pack is writing this OUTPUT (lock "
+                              f"{LOCK_NAME} is held); wait for it to end or choose another "
+                              "OUTPUT") from None
+        except OSError as exc:
+            self._remove_created()
+            raise OutputError(f"{out}: cannot write ({exc.strerror}); choose a writable "
+                              "OUTPUT") from None
+        self._lock = lock
+        try:
+            self._decide()
+            if not self.complete:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+                self.tmp.mkdir()
+        except BaseException as exc:
+            self._cleanup(exc)
+            raise
+        return self
+
+    def _decide(self) -> None:
+        out = self.path
+        manifest, marker = out / MANIFEST_NAME, out / IN_PROGRESS_NAME
+        if manifest.is_file():
+            try:
+                m = read_manifest(out)
+            except ManifestError:
+                m = {}
+            if m.get("fingerprint") == self.fingerprint and self._shards_intact(m):
+                self.complete, self.manifest = True, m
+                return
+        elif marker.is_file():
+            try:
+                self.resume = json.loads(marker.read_text())["fingerprint"] == self.fingerprint
+            except (ValueError, KeyError, TypeError):
+                self.resume = False
+            if not self.resume:
+                self.overwrite = True  # an interrupted pack of other options: ours to replace
+            return
+        others = [p for p in out.iterdir() if p.name not in (LOCK_NAME, TMP_DIR_NAME)]
+        if others and not self.overwrite:
+            raise OutputError(f"{out}: OUTPUT is not empty; pass --overwrite to replace it or "
+                              "choose another directory")
+
+    def _shards_intact(self, m: dict) -> bool:
+        try:
+            return all((self.path / o["file"]).stat().st_size == o["bytes"] for o in m["outputs"])
+        except (OSError, KeyError, TypeError):
+            return False
+
+    # -- scratch and shard names ---------------------------------------------------------------
+    def temp_path(self, name: str) -> Path:
+        """A unique scratch path for a file that will be published as ``name``."""
+        return self.tmp / f"{uuid.uuid4().hex}-{name}"
+
+    def shard_path(self, name: str) -> Path:
+        """Final path of shard ``name``."""
+        return self.path / name
+
+    @staticmethod
+    def publish(tmp: Path, final: Path) -> None:
+        """Move a finished temporary file to its final name (atomic on one filesystem)."""
+        os.replace(tmp, final)
+
+    # -- writing -------------------------------------------------------------------------------
+    def begin_write(self) -> None:
+        """Remove what this run replaces (manifest first) and mark OUTPUT as in progress."""
+        out = self.path
+        if not self.resume:
+            (out / MANIFEST_NAME).unlink(missing_ok=True)
+            for p in out.iterdir():
+                if p.name in (LOCK_NAME, TMP_DIR_NAME):
+                    continue
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        write_json_atomic(out / IN_PROGRESS_NAME, {"fingerprint": self.fingerprint})
+        self._writing = True
+
+    def commit(self, manifest: dict, schema) -> None:
+        """Write the manifest (atomically, last; ``schema``: the shards' schema, see
+        :func:`~packtool.formats.manifest.write_manifest_file`); drop the marker and scratch."""
+        write_manifest_file(self.path, manifest, schema)
+        (self.path / IN_PROGRESS_NAME).unlink(missing_ok=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self._writing = False
+        self.manifest = manifest
+
+    # -- exit: the one cleanup path --------------------------------------------------------------
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self._cleanup(exc)
+        if isinstance(exc, OSError):
+            raise self._os_error(exc) from None
+        return False
+
+    def _cleanup(self, exc: BaseException | None) -> None:
+        """Release OUTPUT after the run; on failure restore it or leave it resumable."""
+        try:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            (self.path / LOCK_NAME).unlink(missing_ok=True)  # still held: nobody waits on it
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+            if exc is not None and not self._writing:
+                self._remove_created()
+
+    def _remove_created(self) -> None:
+        if self._created:
+            try:
+                self.path.rmdir()  # only when empty: never removes something not ours
+            except OSError:
+                pass
+
+    def _os_error(self, exc: OSError) -> OutputError:
+        where = exc.filename or self.path
+        state = ("the finished shards are kept: rerun the same command to finish"
+                 if self._writing else "OUTPUT is as it was before the run")
+        if _is_full_disk(exc):
+            try:
+                free = shutil.disk_usage(self.path if self.path.exists() else
+                                         self.path.parent).free
+            except OSError:
+                free = 0
+            return OutputError(f"{where}: no space left on device: this pack needed about "
+                               f"{self.bytes_needed:,} bytes more ({free:,} free); free space or "
+                               f"choose another OUTPUT ({state})")
+        cause = exc.strerror or str(exc).splitlines()[0]
+        return OutputError(f"{where}: cannot write ({cause}); {state}")
+
+    def check_space(self, needed: int) -> None:
+        """Refuse at once when the filesystem of OUTPUT has less than ``needed`` bytes free."""
+        self.bytes_needed = needed
+        free = shutil.disk_usage(self.path).free
+        if free < needed:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.path))

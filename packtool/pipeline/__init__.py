@@ -1,0 +1,171 @@
+"""``packtool pack``: the one driver. Every run is a list of windows mapped by an engine.
+
+    read (pipeline/read.py) -> plan (pipeline/plan.py) -> layout (pipeline/layout.py)
+        -> write (pipeline/write.py), engines (packtool/engines/) beside, OUTPUT owned by
+        packtool/output.py
+
+1. The inputs are listed and their footers checked; the corpus is cut into windows
+   (no ``--window-docs``: one window of the whole corpus).
+2. The engine maps :func:`~packtool.pipeline.plan.prepare_window` over the windows: each
+   window's tokens are validated and spilled to a flat int32 file in OUTPUT's scratch directory,
+   its rows are planned from the lengths alone, and only counts come back. A bad value in any
+   window stops the run here, before anything outside the scratch directory is written.
+3. :func:`~packtool.pipeline.plan.row_order` places every planned row of every window in the
+   output (a seeded permutation over all windows), and the engine maps
+   :func:`~packtool.pipeline.write.write_shard_task` over the output shards.
+4. The manifest (:data:`~packtool.formats.manifest.MANIFEST_NAME`) is written last
+   (:meth:`packtool.output.Output.commit`).
+
+Memory: document lengths and plans (about 48 bytes per document piece), one record batch per
+reading task and one row group per writing task; the spill is read through short-lived memory
+maps (see :mod:`packtool.pipeline.layout`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from packtool import __version__
+from packtool.config import PackConfig
+from packtool.engines import make_engine
+from packtool.errors import InputError
+from packtool.formats.manifest import FORMAT_VERSION, shard_name
+from packtool.formats.reader import discover_inputs
+from packtool.formats.schema import labels_convention, packed_columns, packed_schema
+from packtool.output import Output, fingerprint
+from packtool.pipeline.layout import WindowPlans
+from packtool.pipeline.plan import WindowInfo, prepare_window, row_order
+from packtool.pipeline.read import Window, file_rows, plan_windows
+from packtool.pipeline.write import ShardJob, write_shard_task
+from packtool.signals import interruptible, test_pause
+from packtool.stats import PackStats
+
+__all__ = ["run_pack", "PackResult", "plan_windows", "Window"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PackResult:
+    """What :func:`run_pack` did."""
+
+    stats: PackStats  #: counts of the whole output
+    manifest: dict  #: the manifest written (or found, when ``already_complete``)
+    seconds: float  #: wall time, engine start-up included
+    shards_reused: int  #: shards kept from an interrupted identical run
+    already_complete: bool = False  #: OUTPUT already held this pack: nothing was done
+    warnings: list = field(default_factory=list)  #: loud notes (e.g. many tokens dropped)
+
+
+def _progress(total, desc, unit, enabled):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False,
+                disable=not enabled, file=sys.stderr)
+
+
+def _window_record(w: Window, info: WindowInfo) -> dict:
+    s = info.stats
+    return {"index": w.index, "first_doc": w.first_doc, "docs": w.docs,
+            "inputs": [{"path": p.path, "first_row": p.first_row, "docs": p.docs}
+                       for p in w.parts],
+            "tokens": s.tokens_in, "real_tokens": s.real_tokens, "rows": s.rows,
+            "lower_bound_rows": s.lower_bound_rows, "extra_rows": s.extra_rows}
+
+
+def _warnings(cfg: PackConfig, stats: PackStats) -> list[str]:
+    note = stats.overflow_warning(cfg.overflow.value)
+    return [note] if note else []
+
+
+def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
+    """Pack ``cfg.inputs`` into ``cfg.output`` (phases in the module docstring).
+
+    Returns:
+        :class:`PackResult` with the merged :class:`PackStats` and the manifest.
+
+    Raises:
+        InputError, SchemaError: bad input (file, row and fix named); OUTPUT is as before.
+        OutputError: OUTPUT cannot be used (another pack holds it, not empty, full disk...).
+        PackingError: a document over capacity with ``--overflow error``.
+        EngineError: a Ray task failed (OUTPUT is left resumable).
+        MissingDependencyError: ``--engine ray`` without Ray installed.
+        KeyboardInterrupt: Ctrl-C; OUTPUT is as before or resumable.
+    """
+    t0 = time.perf_counter()
+    show = progress and sys.stderr.isatty()
+    files = discover_inputs(list(cfg.inputs))
+    windows = plan_windows(files, cfg.column, cfg.window_docs)  # footers only
+    fp = fingerprint(cfg.layout_options(), files)
+    with interruptible(), Output(cfg.output, cfg.inputs, fp, overwrite=cfg.overwrite) as out:
+        if out.complete:
+            m = out.manifest
+            stats = PackStats.from_dict(m["totals"])
+            return PackResult(stats, m, time.perf_counter() - t0, len(m["outputs"]), True,
+                              _warnings(cfg, stats))
+        out.check_space(4 * sum(w.tokens + (w.docs if cfg.append_eos is not None else 0)
+                                for w in windows))
+        with make_engine(cfg.engine.value, workers=cfg.workers,
+                         ray_address=cfg.ray_address) as engine:
+            infos: list[WindowInfo] = []
+            with _progress(len(windows), "read+plan", "window", show) as bar:
+                for info in engine.map(prepare_window, [(cfg, w, str(out.tmp)) for w in windows]):
+                    infos.append(info)
+                    bar.update(1)
+            total = PackStats(capacity=cfg.capacity)
+            for info in infos:
+                total = total + info.stats
+            if total.tokens_in == 0:
+                where = files[0].path if len(files) == 1 else f"{len(files)} input files"
+                what = (f"all {total.docs_in} documents in column {cfg.column!r} are empty"
+                        if total.docs_in else "no documents (empty shards)")
+                raise InputError(f"{where}: no tokens to pack: {what}; check the INPUT and "
+                                 "--column")
+            log.info("planned %d windows, %d rows", len(infos), total.rows)
+            row_starts = np.concatenate([[0], np.cumsum([i.rows for i in infos])])
+            order = row_order([i.rows for i in infos], seed=cfg.seed, shuffle=cfg.shuffle)
+            plans = WindowPlans([i.directory for i in infos], [i.first_doc for i in infos],
+                                row_starts, cfg.capacity)
+            per = cfg.rows_per_shard
+            jobs = [ShardJob(s, shard_name(s), order[s * per:(s + 1) * per], str(out.path),
+                             str(out.tmp), out.resume)
+                    for s in range(-(-order.size // per))]
+            out.begin_write()
+            # a full disk while writing: about the rows left at capacity * 4 bytes per column
+            out.bytes_needed = 4 * cfg.capacity * order.size
+            outputs, reused = [], 0
+            with _progress(len(jobs), "write", "shard", show) as bar:
+                for entry, was_reused in engine.map(write_shard_task,
+                                                    [(cfg, j, plans) for j in jobs]):
+                    outputs.append(entry)
+                    reused += was_reused
+                    out.bytes_needed = max(0, out.bytes_needed - 4 * cfg.capacity * entry["rows"])
+                    bar.update(1)
+        test_pause("manifest")
+        extra = {}
+        if cfg.window_docs is not None:
+            extra["windows"] = [_window_record(w, i) for w, i in zip(windows, infos)]
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "packtool_version": __version__,
+            "fingerprint": fp,
+            "options": cfg.layout_options(),
+            "labels_shifted": cfg.labels.value == "shifted",
+            "labels": {"stored": cfg.labels.value != "none",
+                       "convention": labels_convention(cfg.labels.value)},
+            "columns": packed_columns(cfg.labels.value),
+            "inputs": [{"path": str(f.path), "rows": r, "bytes": f.bytes}
+                       for f, r in zip(files, file_rows(windows, len(files)))],
+            "outputs": outputs,
+            **extra,
+            "totals": total.to_dict(),
+        }
+        out.commit(manifest, packed_schema(cfg.capacity, cfg.labels.value))
+    return PackResult(total, manifest, time.perf_counter() - t0, reused, False,
+                      _warnings(cfg, total))

@@ -1,0 +1,147 @@
+"""Plan: one window read, spilled and planned (the first task of a pack), and the row order.
+
+:func:`prepare_window` is what an engine runs once per window: it streams the window's tokens
+into a spill file (:func:`packtool.pipeline.read.read_window`), plans the rows from the lengths
+alone (:func:`packtool.core.packing.pack_lengths`) and saves the plan beside the spill. All of
+it goes to a directory with a unique name that is renamed into place when complete, so two
+attempts of one window (a Ray retry) never mix their files. Only counts come back.
+
+:func:`row_order` then decides where every planned row of every window goes in the output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from packtool.core.packing import PackPlan, pack_lengths
+from packtool.errors import PackingError
+from packtool.pipeline.read import Window, read_window
+from packtool.signals import check, test_pause
+from packtool.stats import PackStats
+from packtool.types import Overflow
+
+__all__ = ["WindowInfo", "prepare_window", "load_plan", "row_order", "window_dir",
+           "TOKENS_FILE"]
+
+#: Spill file of a window's tokens (raw int32, documents back to back) in its directory.
+TOKENS_FILE = "tokens.int32"
+_PLAN_ARRAYS = ("row_offsets", "seg_doc", "seg_offset", "seg_len", "doc_starts")
+
+
+@dataclass(frozen=True)
+class WindowInfo:
+    """What :func:`prepare_window` returns for one window (small: it crosses processes)."""
+
+    index: int  #: window number
+    directory: str  #: where its spill and plan are
+    first_doc: int  #: global index of its first document
+    rows: int  #: planned rows
+    stats: PackStats  #: the plan's counts (PackStats.from_plan)
+
+
+def window_dir(tmp: str | os.PathLike, index: int) -> Path:
+    """Directory of window ``index``'s spill and plan inside the scratch directory ``tmp``."""
+    return Path(tmp) / f"window-{index:05d}"
+
+
+def _check_overflow(capacity: int, window: Window, lengths: np.ndarray) -> None:
+    if lengths.size and lengths.max() > capacity:
+        bad = int(np.argmax(lengths > capacity))
+        ends = np.cumsum([p.docs for p in window.parts])  # shape: (parts,)
+        k = int(np.searchsorted(ends, bad, side="right"))
+        part = window.parts[k]
+        row = part.first_row + bad - int(ends[k] - part.docs)
+        raise PackingError(f"{part.path}: row {row}: document {window.first_doc + bad} has "
+                           f"{int(lengths[bad])} tokens, longer than --capacity {capacity}; use "
+                           "--overflow split|truncate|drop or a larger --capacity")
+
+
+def prepare_window(cfg, window: Window, tmp: str) -> WindowInfo:
+    """Read, validate, spill and plan one window into ``window_dir(tmp, window.index)``.
+
+    Args:
+        cfg: :class:`packtool.config.PackConfig` (column, capacity, strategy, overflow, EOS).
+        window: from :func:`packtool.pipeline.read.plan_windows`.
+        tmp: the scratch directory of OUTPUT (on a filesystem the writing tasks see).
+
+    Returns:
+        :class:`WindowInfo` (counts only).
+
+    Raises:
+        InputError, SchemaError: bad input (file and row named).
+        PackingError: a document over capacity with ``--overflow error`` (file and row named).
+        OSError: the spill or plan cannot be written (e.g. a full disk).
+    """
+    final = window_dir(tmp, window.index)
+    work = Path(tmp) / f".{uuid.uuid4().hex}-{final.name}"
+    work.mkdir()
+    try:
+        with open(work / TOKENS_FILE, "wb") as spill:
+            lengths = read_window(cfg.column, cfg.append_eos, window, spill)
+        check()
+        test_pause("plan")
+        if cfg.overflow is Overflow.ERROR:
+            _check_overflow(cfg.capacity, window, lengths)
+        plan = pack_lengths(lengths, cfg.capacity, strategy=cfg.strategy, overflow=cfg.overflow)
+        doc_starts = np.zeros(lengths.size, dtype=np.int64)  # shape: (docs,)
+        if lengths.size:
+            np.cumsum(lengths[:-1], out=doc_starts[1:])
+        arrays = dict(row_offsets=plan.row_offsets, seg_doc=plan.seg_doc,
+                      seg_offset=plan.seg_offset, seg_len=plan.seg_len, doc_starts=doc_starts)
+        for name in _PLAN_ARRAYS:
+            np.save(work / f"{name}.npy", np.ascontiguousarray(arrays[name], dtype=np.int64))
+        stats = PackStats.from_plan(plan)
+        (work / "done.json").write_text(json.dumps(stats.to_dict()))
+        try:
+            os.rename(work, final)
+        except OSError:
+            if not (final / "done.json").is_file():
+                raise
+            shutil.rmtree(work, ignore_errors=True)  # another attempt finished the same bytes
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return WindowInfo(window.index, str(final), window.first_doc, plan.num_rows, stats)
+
+
+def load_plan(directory: str | os.PathLike, capacity: int) -> tuple[PackPlan, np.ndarray]:
+    """A saved window plan, memory-mapped (pages are read when touched).
+
+    Returns:
+        (plan, doc_starts int64[docs]): document numbers in the plan are window-local.
+    """
+    d = Path(directory)
+    arrays = {}
+    for name in _PLAN_ARRAYS:
+        try:
+            arrays[name] = np.asarray(np.load(d / f"{name}.npy", mmap_mode="r"))
+        except ValueError:  # an empty array cannot be memory-mapped
+            arrays[name] = np.load(d / f"{name}.npy")
+    doc_starts = arrays.pop("doc_starts")
+    return PackPlan(capacity=capacity, **arrays), doc_starts
+
+
+def row_order(window_rows: list[int], *, seed: int, shuffle: bool) -> np.ndarray:
+    """Output order of every planned row of every window.
+
+    Rows are numbered globally, window after window (window ``w``'s row ``r`` is
+    ``sum(window_rows[:w]) + r``). With ``shuffle`` the order is
+    ``numpy.random.default_rng(seed).permutation(total)``: each output shard draws its rows from
+    all windows, and with one window it is the row shuffle of a single global plan. Without
+    ``shuffle`` rows keep creation order (window by window).
+
+    Returns:
+        int64[sum(window_rows)], a permutation; depends only on the arguments (not on the
+        engine or the worker count).
+    """
+    total = int(sum(window_rows))
+    if shuffle:
+        return np.random.default_rng(seed).permutation(total)
+    return np.arange(total, dtype=np.int64)

@@ -1,0 +1,157 @@
+"""Read: cut the input into windows of documents and stream a window's tokens to a spill file.
+
+Windows. Input files are taken in the sorted order that defines the global document index.
+With a window size N the corpus is cut into consecutive runs of exactly N documents (the last
+one shorter), whatever the files and row groups: a window may span several files, and a row
+group is cut at record batches (see :func:`packtool.formats.reader.iter_token_batches`). Without
+a window size the whole corpus is one window. The cut depends only on the row counts in the
+Parquet footers, never on the engine or the number of workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from packtool.core.layout import append_eos
+from packtool.errors import InputError
+from packtool.formats.reader import InputFile, iter_token_batches, open_input
+from packtool.signals import check, test_pause
+
+__all__ = ["WindowPart", "Window", "plan_windows", "read_window", "file_rows"]
+
+
+@dataclass(frozen=True)
+class WindowPart:
+    """Rows ``first_row .. first_row + docs - 1`` of one input file."""
+
+    file: int  #: index of the file in the input list
+    path: str  #: the input file
+    first_row: int  #: row index in the file of the part's first document
+    docs: int  #: documents (rows) in the part
+    format: str = "parquet"  #: input format (``parquet`` or ``arrow``)
+
+
+@dataclass(frozen=True)
+class Window:
+    """A run of consecutive documents planned on its own."""
+
+    index: int  #: window number, from 0, in input order
+    first_doc: int  #: global index of the window's first document
+    docs: int  #: documents in the window (empty ones included)
+    parts: tuple[WindowPart, ...]  #: where they are, in input order
+    tokens: int = 0  #: token values of the window per the footers (an estimate before EOS)
+
+
+def _token_estimate(f: InputFile, column: str) -> int:
+    """Token values of a file: the footer's value count of the token column (Parquet), else an
+    upper estimate from the file size."""
+    if f.format != "parquet":
+        return f.bytes // 2
+    import pyarrow.parquet as pq
+
+    md = pq.read_metadata(f.path)
+    leaf = [i for i in range(md.num_columns)
+            if md.schema.column(i).path.split(".")[0] == column]
+    if not leaf:
+        return 0
+    return sum(md.row_group(g).column(leaf[0]).num_values for g in range(md.num_row_groups))
+
+
+def plan_windows(files: list[InputFile], column: str, window_docs: int | None) -> list[Window]:
+    """Cut the input into windows of ``window_docs`` documents (None: one window of all).
+
+    Reads only the Parquet footers (and checks the token column of every file).
+
+    Args:
+        files: input files in global document order (from ``discover_inputs``).
+        column: token column name.
+        window_docs: documents per window (>= 1), or None.
+
+    Returns:
+        Windows in order, never empty (an input without rows is one window of 0 documents);
+        ``windows[i].first_doc + windows[i].docs == windows[i+1].first_doc``.
+
+    Raises:
+        InputError, SchemaError: a file is not readable Parquet or lacks the token column.
+        ValueError: ``window_docs`` < 1.
+    """
+    if window_docs is not None and window_docs < 1:
+        raise ValueError(f"window_docs must be >= 1, got {window_docs}")
+    rows, tokens_per_row = [], []
+    for f in files:
+        md = open_input(f.path, column, f.format).metadata
+        rows.append(md.num_rows)
+        tokens_per_row.append((_token_estimate(f, column), md.num_rows))
+    total = sum(rows)
+    n = total if window_docs is None else window_docs
+    windows: list[Window] = []
+    start = 0
+    while start < total or not windows:
+        stop = min(start + max(n, 1), total)
+        parts, tok, first = [], 0, 0
+        for i, (f, r) in enumerate(zip(files, rows)):
+            lo, hi = max(start - first, 0), min(stop - first, r)
+            if lo < hi:
+                parts.append(WindowPart(i, str(f.path), lo, hi - lo, f.format))
+                t, nr = tokens_per_row[i]
+                tok += t * (hi - lo) // max(nr, 1)
+            first += r
+        windows.append(Window(len(windows), start, stop - start, tuple(parts), tok))
+        start = stop
+        if total == 0:
+            break
+    return windows
+
+
+def file_rows(windows: list[Window], n_files: int) -> list[int]:
+    """Documents read from each input file (int per file, in file order)."""
+    out = [0] * n_files
+    for w in windows:
+        for p in w.parts:
+            out[p.file] += p.docs
+    return out
+
+
+def read_window(column: str, append_eos_id: int | None, window: Window,
+                spill: BinaryIO) -> np.ndarray:
+    """Validate a window's documents and append their tokens to ``spill`` as raw int32.
+
+    Only the lengths stay in memory; tokens go to the file one record batch at a time.
+
+    Args:
+        column: token column.
+        append_eos_id: if not None, appended to every non-empty document.
+        window: from :func:`plan_windows`.
+        spill: binary file open for writing.
+
+    Returns:
+        int64[window.docs]: tokens per document (EOS included).
+
+    Raises:
+        InputError, SchemaError: bad input (file and row named); a file holding a different
+            number of rows than its footer said when the windows were cut.
+        KeyboardInterrupt: the run was told to stop (:func:`packtool.signals.check`).
+    """
+    parts = []
+    for part in window.parts:
+        n = 0
+        for batch in iter_token_batches(Path(part.path), column, fmt=part.format,
+                                        row_range=(part.first_row, part.first_row + part.docs)):
+            check()
+            lengths, tokens = batch.lengths, batch.tokens
+            if append_eos_id is not None:
+                lengths, tokens = append_eos(lengths, tokens, append_eos_id)
+            # the buffer itself, no bytes copy (a 200 MB corpus spent 0.06 s in tobytes)
+            spill.write(memoryview(np.ascontiguousarray(tokens, dtype=np.int32)))
+            parts.append(lengths)
+            n += lengths.size
+            test_pause("read")
+        if n != part.docs:
+            raise InputError(f"{part.path}: {n} rows read from row {part.first_row}, {part.docs}"
+                             " expected; the file changed during the pack: rerun packtool pack")
+    return (np.concatenate(parts) if parts else np.zeros(0, np.int64)).astype(np.int64,
+                                                                                copy=False)

@@ -1,0 +1,90 @@
+"""Ctrl-C (SIGINT) for ``packtool``: exit status 130 at any moment, never a library traceback.
+
+Two handlers, swapped by the pack driver:
+
+- before OUTPUT is touched (start-up, imports, argument parsing, reading footers) there is
+  nothing to clean up, so :func:`install_early_handler` makes SIGINT print one line and end the
+  process with status 130 at once;
+- while a pack owns OUTPUT, :func:`interruptible` makes SIGINT set :data:`STOP` and raise
+  ``KeyboardInterrupt`` in the main thread, so the run leaves through its one cleanup path
+  (:mod:`packtool.output`). Worker threads call :func:`check` between record batches and row
+  groups; a library that swallows the ``KeyboardInterrupt`` cannot make the run go on, because
+  :data:`STOP` stays set and the next check raises again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+__all__ = ["EXIT_INTERRUPTED", "STOP", "install_early_handler", "interruptible", "check",
+           "test_pause", "PAUSE_ENV"]
+
+#: Exit status of an interrupted command (128 + SIGINT, what shells report for Ctrl-C).
+EXIT_INTERRUPTED = 130
+
+#: Set by SIGINT (or by a failed task) while a pack runs: every worker stops at its next check.
+STOP = threading.Event()
+
+
+def _early(signum, frame) -> None:  # pragma: no cover - runs in a subprocess
+    os.write(2, b"packtool: interrupted; nothing was written\n")
+    os._exit(EXIT_INTERRUPTED)
+
+
+def install_early_handler() -> None:
+    """SIGINT ends the process at once with status 130 (only before OUTPUT is touched)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _early)
+
+
+def _raise(signum, frame) -> None:
+    STOP.set()
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """While inside: SIGINT sets :data:`STOP` and raises ``KeyboardInterrupt`` (main thread).
+
+    :data:`STOP` is cleared on entry; the previous handler is restored on exit. Outside the
+    main thread (where signal handlers cannot be set) only :data:`STOP` is managed.
+    """
+    STOP.clear()
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if main else None
+    if main:
+        signal.signal(signal.SIGINT, _raise)
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
+
+
+def check() -> None:
+    """Raise ``KeyboardInterrupt`` when the run was told to stop (call between units of work)."""
+    if STOP.is_set():
+        raise KeyboardInterrupt
+
+
+#: Test hook (used only by the crash and interrupt tests): ``PACKTOOL_TEST_PAUSE_AT=<phase>[:<n>]``
+#: with phase ``read``, ``plan``, ``write-shard`` (n = shard) or ``manifest`` makes ``pack`` print
+#: a line to stderr and wait there until it is killed or told to stop. Unset, it costs one lookup.
+PAUSE_ENV = "PACKTOOL_TEST_PAUSE_AT"
+
+
+def test_pause(phase: str, n: int = 0) -> None:
+    """Wait at ``phase`` when :data:`PAUSE_ENV` asks for it (see there)."""
+    want = os.environ.get(PAUSE_ENV)
+    if want and want.partition(":")[0] == phase and int(want.partition(":")[2] or 0) == n:
+        import sys
+        import time
+
+        print(f"packtool: test pause at {want}", file=sys.stderr, flush=True)
+        while True:
+            check()
+            time.sleep(0.05)

@@ -1,0 +1,304 @@
+"""Every failure leaves through the one cleanup path of packtool.output: a late bad value in any
+window, a full disk or an I/O error at several write points, a failed engine task. Afterwards
+OUTPUT is as it was before the run, or resumable and finished byte-identically by a rerun; no
+spill file is ever left. Also: the fingerprint (versions, path spellings), loud summaries and
+option checks."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import numpy as np
+import pytest
+
+from packcheck import hash_tree, invoke, write_docs
+from packtool.config import PackConfig
+from packtool.errors import EngineError, OutputError, SchemaError
+from packtool.formats.manifest import IN_PROGRESS_NAME, LOCK_NAME, TMP_DIR_NAME
+from packtool.pipeline import run_pack
+
+C = 16
+OPTS = dict(capacity=C, rows_per_shard=4, workers=1, seed=3)
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    d = tmp_path_factory.mktemp("rob") / "in"
+    rng = np.random.default_rng(2)
+    for f in range(2):
+        write_docs(d / f"{f}.parquet", [rng.integers(0, 500, int(k)).tolist()
+                                        for k in rng.integers(0, 30, 40)])
+    return d
+
+
+@pytest.fixture(scope="module")
+def reference(src, tmp_path_factory):
+    out = tmp_path_factory.mktemp("robref") / "out"
+    run_pack(PackConfig(inputs=(str(src),), output=str(out), window_docs=15, **OPTS),
+             progress=False)
+    return out
+
+
+def _cfg(src, out, **kw):
+    return PackConfig(inputs=(str(src),), output=str(out), **{**OPTS, "window_docs": 15, **kw})
+
+
+def _no_scratch(out):
+    if out.exists():
+        names = {p.name for p in out.iterdir()}
+        assert TMP_DIR_NAME not in names and LOCK_NAME not in names, names
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_late_bad_value_in_the_last_window_leaves_output_as_before(tmp_path, existing):
+    """An empty (or missing) OUTPUT, windows of 5 documents and a negative id in the last
+    window: the run fails with one line and OUTPUT is exactly as before."""
+    docs = [[1, 2, 3]] * 23 + [[4, -5, 6]]
+    write_docs(tmp_path / "in" / "a.parquet", docs)
+    out = tmp_path / "out"
+    if existing:
+        out.mkdir()
+    res = invoke(["pack", "-q", "--window-docs", "5", "-c", C, tmp_path / "in", out])
+    assert res.exit_code == 1 and "row 23: negative token id" in res.output
+    assert res.output.count("\n") == 1
+    if existing:
+        assert list(out.iterdir()) == []
+    else:
+        assert not out.exists()
+
+
+def test_bad_value_under_overwrite_keeps_the_previous_output(tmp_path, src):
+    """--overwrite replaces the old output only once the new input has been read cleanly."""
+    out = tmp_path / "out"
+    run_pack(_cfg(src, out), progress=False)
+    before = hash_tree(out)
+    write_docs(tmp_path / "bad" / "a.parquet", [[1, 2]] * 9 + [[3, -1]])
+    with pytest.raises(SchemaError, match="negative token id"):
+        run_pack(_cfg(tmp_path / "bad", out, overwrite=True), progress=False)
+    assert hash_tree(out) == before
+    _no_scratch(out)
+
+
+def _full_disk(*_a, **_k):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _io_error(*_a, **_k):
+    raise OSError(errno.EIO, "Input/output error")
+
+
+def _fail_on_call(real, n, fail):
+    calls = []
+
+    def wrapper(*a, **k):
+        calls.append(1)
+        if len(calls) == n:
+            fail()
+        return real(*a, **k)
+
+    return wrapper
+
+
+@pytest.mark.parametrize("point", ["preflight", "spill", "plan-save", "shard-0", "shard-2",
+                                   "manifest"])
+def test_full_disk_at_any_write_point_is_one_line_and_leaves_no_spill(tmp_path, src, reference,
+                                                                      monkeypatch, point):
+    """ENOSPC injected while spilling, saving a plan, writing shard 0 or 2, or the manifest (and
+    a preflight with too little free space): one OutputError line naming the bytes needed; no
+    scratch left; OUTPUT is as before or resumable, and a rerun ends byte-identical."""
+    from packtool.pipeline import plan as plan_mod
+    from packtool.pipeline import write as write_mod
+
+    out = tmp_path / "out"
+    if point == "preflight":
+        import shutil as sh
+
+        usage = sh.disk_usage
+        monkeypatch.setattr("packtool.output.shutil.disk_usage",
+                            lambda p: usage(p)._replace(free=10))
+    elif point == "spill":
+        real, calls = plan_mod.read_window, []
+
+        def spill_then_fail(column, eos, window, spill):
+            calls.append(1)
+            if len(calls) == 2:
+                spill.write(b"\0" * 64)
+                _full_disk()
+            return real(column, eos, window, spill)
+
+        monkeypatch.setattr(plan_mod, "read_window", spill_then_fail)
+    elif point == "plan-save":
+        monkeypatch.setattr(plan_mod.np, "save", _fail_on_call(np.save, 7, _full_disk))
+    elif point.startswith("shard"):
+        k = int(point.split("-")[1])
+        monkeypatch.setattr(write_mod, "write_shard",
+                            _fail_on_call(write_mod.write_shard, k + 1, _full_disk))
+    else:
+        from packtool import output
+
+        monkeypatch.setattr(output, "write_manifest_file",
+                            _fail_on_call(output.write_manifest_file, 1, _full_disk))
+    with pytest.raises(OutputError) as err:
+        run_pack(_cfg(src, out), progress=False)
+    msg = str(err.value)
+    assert "\n" not in msg and "no space left on device" in msg and "bytes more" in msg, msg
+    monkeypatch.undo()
+    _no_scratch(out)
+    if point in ("preflight", "spill", "plan-save"):
+        assert not out.exists() and "as it was before" in msg
+    else:
+        assert (out / IN_PROGRESS_NAME).is_file() and "rerun the same command" in msg
+    n_ref = len(list(reference.glob("part-*.parquet")))
+    done = {"shard-2": 2, "manifest": n_ref}.get(point, 0)
+    assert len(list(out.glob("part-*.parquet"))) == done
+    res = run_pack(_cfg(src, out), progress=False)
+    assert res.shards_reused == done
+    assert hash_tree(out) == hash_tree(reference)
+
+
+def test_io_error_while_writing_is_one_line_and_resumable(tmp_path, src, reference, monkeypatch):
+    from packtool.pipeline import write as write_mod
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(write_mod, "write_shard", _fail_on_call(write_mod.write_shard, 4,
+                                                                _io_error))
+    with pytest.raises(OutputError, match=r"cannot write \(Input/output error\); the finished "
+                                          r"shards are kept"):
+        run_pack(_cfg(src, out), progress=False)
+    monkeypatch.undo()
+    _no_scratch(out)
+    assert run_pack(_cfg(src, out), progress=False).shards_reused == 3
+    assert hash_tree(out) == hash_tree(reference)
+
+
+def test_failed_engine_task_takes_the_same_cleanup_path(tmp_path, src, reference, monkeypatch):
+    """A task failing for another reason than bad input (as a Ray task whose worker is lost):
+    scratch removed, finished shards kept, rerun finishes."""
+    from packtool.pipeline import write as write_mod
+
+    def lost(*_a, **_k):
+        raise EngineError("a Ray task of write_shard_task failed: worker died")
+
+    out = tmp_path / "out"
+    monkeypatch.setattr("packtool.pipeline.write_shard_task",
+                        _fail_on_call(write_mod.write_shard_task, 2, lambda: lost()))
+    with pytest.raises(EngineError, match="worker died"):
+        run_pack(_cfg(src, out), progress=False)
+    monkeypatch.undo()
+    _no_scratch(out)
+    assert (out / IN_PROGRESS_NAME).is_file()
+    run_pack(_cfg(src, out), progress=False)
+    assert hash_tree(out) == hash_tree(reference)
+
+
+def _crash_after(monkeypatch, n):
+    from packtool.pipeline import write as write_mod
+
+    def stop():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("packtool.pipeline.write_shard_task",
+                        _fail_on_call(write_mod.write_shard_task, n + 1, stop))
+
+
+def test_fingerprint_takes_the_resolved_input_path(tmp_path, src, monkeypatch):
+    """`in` and `./in` are the same input: the rerun keeps the finished shards."""
+    import shutil
+
+    shutil.copytree(src, tmp_path / "in")
+    monkeypatch.chdir(tmp_path)
+    _crash_after(monkeypatch, 2)
+    with pytest.raises(KeyboardInterrupt):
+        run_pack(_cfg("in", "out"), progress=False)
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert run_pack(_cfg("./in/", "out"), progress=False).shards_reused == 2
+
+
+def test_fingerprint_covers_library_versions(tmp_path, src, reference, monkeypatch):
+    """After an upgrade of a library that decides the bytes, finished shards are not reused,
+    and a finished output is no longer 'already done'."""
+    from packtool import output
+
+    out = tmp_path / "out"
+    _crash_after(monkeypatch, 2)
+    with pytest.raises(KeyboardInterrupt):
+        run_pack(_cfg(src, out), progress=False)
+    monkeypatch.undo()
+    real = output._versions
+    monkeypatch.setattr(output, "_versions", lambda: {**real(), "numpy": "99.0"})
+    res = run_pack(_cfg(src, out), progress=False)
+    assert res.shards_reused == 0
+    assert run_pack(_cfg(src, out), progress=False).already_complete
+    monkeypatch.setattr(output, "_versions", lambda: {**real(), "pyarrow": "99.0"})
+    with pytest.raises(OutputError, match="--overwrite"):
+        run_pack(_cfg(src, out), progress=False)
+
+
+def test_fingerprint_sees_a_rewritten_input_with_the_same_size_and_mtime(tmp_path, src):
+    import shutil
+
+    from packtool.formats.reader import discover_inputs
+    from packtool.output import fingerprint
+
+    shutil.copytree(src, tmp_path / "in")
+    f = tmp_path / "in" / "0.parquet"
+    before = fingerprint({}, discover_inputs([tmp_path / "in"]))
+    st = f.stat()
+    data = bytearray(f.read_bytes())
+    data[-20] ^= 1  # a byte inside the footer
+    f.write_bytes(bytes(data))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert fingerprint({}, discover_inputs([tmp_path / "in"])) != before
+
+
+@pytest.mark.parametrize("overflow,words", [("drop", "removed"), ("truncate", "removed")])
+def test_overflow_removing_many_tokens_is_loud(tmp_path, overflow, words):
+    """Most tokens in documents over C: the summary and --json say how many were removed."""
+    write_docs(tmp_path / "in" / "a.parquet", [[1] * 50, [2] * 5, [3] * 60])
+    res = invoke(["pack", "-c", C, "--overflow", overflow, tmp_path / "in", tmp_path / "o"])
+    assert res.exit_code == 0, res.output
+    assert "WARNING: --overflow " + overflow in res.output and "% of the tokens" in res.output
+    res = invoke(["pack", "--json", "-c", C, "--overflow", overflow, tmp_path / "in",
+                  tmp_path / "j"])
+    body = res.output[res.output.index("{"):]
+    assert any(words in w for w in json.loads(body)["warnings"])
+    res = invoke(["pack", "--json", "-c", 64, "--overflow", overflow, tmp_path / "in",
+                  tmp_path / "k"])
+    assert json.loads(res.output)["warnings"] == []
+
+
+def test_ray_address_without_ray_engine_is_a_usage_error(tmp_path, src):
+    res = invoke(["pack", "--ray-address", "auto", src, tmp_path / "o"])
+    assert res.exit_code == 2 and "--ray-address applies only with --engine ray" in res.output
+    assert not (tmp_path / "o").exists()
+    res = invoke(["pack", "-q", "-c", C, src, tmp_path / "o"], env={"RAY_ADDRESS": "auto"})
+    assert res.exit_code == 0, res.output  # the environment variable alone is not an option
+
+
+def test_read_only_install_puts_the_kernel_cache_in_a_user_directory(tmp_path):
+    """When packtool/core is not writable, NUMBA_CACHE_DIR points to a user cache directory."""
+    import subprocess
+    import sys
+
+    code = ("import os\nos.access = lambda p, m: False\nimport packtool\n"
+            "print(os.environ.get('NUMBA_CACHE_DIR'))")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert res.stdout.strip() == str(tmp_path / "cache" / "packtool" / "numba"), res.stderr
+
+
+def test_first_compile_note(tmp_path, monkeypatch):
+    """Without a kernel cache the note is given; with one, not."""
+    from packtool import startup
+
+    monkeypatch.setattr(startup, "_KERNELS", tmp_path / "core" / "_kernels.py")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "nc"))
+    monkeypatch.delenv("NUMBA_DISABLE_JIT", raising=False)
+    assert "compiling the packing kernels" in startup.compile_note()
+    (tmp_path / "nc" / "x").mkdir(parents=True)
+    (tmp_path / "nc" / "x" / "_kernels._fill_rows-462.py311.nbi").write_bytes(b"")
+    assert startup.compile_note() is None

@@ -1,0 +1,155 @@
+"""The package's shape: no import cycle (lazy imports inside functions included), one driver,
+and a start-up that does not pay for numba."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "packtool"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PKG.rglob("*.py")}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Edges module -> packtool module it imports, anywhere in its source (functions too).
+
+    ``from a.b import c`` counts as an edge to ``a.b.c`` when that is a module, else to
+    ``a.b``; a relative import is resolved against the importing module.
+    """
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        tree = ast.parse(path.read_text(), str(path))
+        dynamic = "import_module" in path.read_text()
+        for node in ast.walk(tree):
+            if dynamic and isinstance(node, ast.Constant) and node.value in mods \
+                    and node.value != name:
+                graph[name].add(node.value)  # a module named for importlib.import_module
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base
+                           for a in node.names]
+            elif (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module"
+                  and node.args and isinstance(node.args[0], ast.Constant)):
+                targets = [node.args[0].value]
+            for t in targets:
+                while t and t not in mods:  # packtool.x.y where y is a name in module x
+                    t = t.rpartition(".")[0]
+                if t and t != name:
+                    graph[name].add(t)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules, or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str):
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return stack[stack.index(n):] + [n]
+            if n not in state and (c := visit(n)):
+                return c
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (c := visit(m)):
+            return c
+    return None
+
+
+def test_the_import_graph_of_the_package_has_no_cycle():
+    graph = import_graph()
+    assert "packtool.pipeline.write" in graph["packtool.pipeline"]
+    assert "packtool.core" in graph["packtool"]  # the lazy attributes of the package count
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    """The check above can fail: a made-up graph with a lazy back edge is caught."""
+    g = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
+    assert find_cycle(g) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_engines_know_nothing_of_shards_windows_or_output():
+    """Engines only map: they import neither the pipeline, the formats nor the OUTPUT owner."""
+    graph = import_graph()
+    for name, deps in graph.items():
+        if name.startswith("packtool.engines"):
+            bad = {d for d in deps if d.startswith(("packtool.pipeline", "packtool.formats",
+                                                    "packtool.output"))}
+            assert not bad, (name, bad)
+
+
+def test_the_flow_is_visible_in_the_folders():
+    """read -> plan -> layout -> write in the pipeline package, engines beside it."""
+    for step in ("read", "plan", "layout", "write"):
+        assert (PKG / "pipeline" / f"{step}.py").is_file(), step
+    assert (PKG / "engines" / "local.py").is_file() and (PKG / "engines" / "ray_engine.py").is_file()
+    graph = import_graph()
+    assert "packtool.pipeline.read" not in graph["packtool.pipeline.write"]  # write reads no input
+    assert not any(d.startswith("packtool.pipeline") for d in graph["packtool.output"])
+
+
+def test_one_shard_writer_and_one_sha256_call():
+    """Only pipeline/write.py writes shards, and only its shard_entry hashes them."""
+    writers, hashers = [], []
+    for name, path in _modules().items():
+        text = path.read_text()
+        if "write_shard(" in text and not name.startswith("packtool.formats"):
+            writers.append(name)
+        if "sha256_file(" in text and not name.startswith(("packtool.formats",
+                                                           "packtool.verify", "packtool.analysis")):
+            hashers.append(name)
+    assert writers == ["packtool.pipeline.write"] and hashers == ["packtool.pipeline.write"]
+
+
+@pytest.mark.parametrize("code", [
+    "import packtool",
+    "import packtool.cli",
+    "from packtool.cli import cli\nfrom click.testing import CliRunner\n"
+    "assert CliRunner().invoke(cli, ['--help']).exit_code == 0\n"
+    "assert CliRunner().invoke(cli, ['--version']).exit_code == 0\n"
+    "assert CliRunner().invoke(cli, ['pack', '--help']).exit_code == 0",
+])
+def test_start_up_does_not_import_numba(code):
+    """--help, --version and a bare import never load numba or the kernels."""
+    probe = code + "\nimport sys\nbad = [m for m in sys.modules if m.split('.')[0] == 'numba'" \
+                   " or m == 'packtool.core._kernels']\nassert not bad, bad[:5]\n"
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def test_lazy_attributes_still_work():
+    import packtool
+
+    assert callable(packtool.pack_lengths) and packtool.IGNORE_INDEX == -100
+    with pytest.raises(AttributeError):
+        packtool.no_such_name
