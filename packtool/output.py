@@ -65,19 +65,22 @@ def _versions() -> dict:
     return out
 
 
-def footer_sha256(path: Path, tail_bytes: int = 1 << 16) -> str:
+def footer_sha256(path, tail_bytes: int = 1 << 16) -> str:
     """sha256 of a Parquet file's footer (metadata block + its length + ``PAR1``).
 
     The footer holds every row group's offsets, sizes and statistics, so a rewrite with the
-    same size and a reset mtime still changes it. Reads only the file's tail; a file that is
-    not Parquet (Arrow IPC) is represented by its last ``tail_bytes`` bytes.
+    same size and a reset mtime still changes it. Reads only the file's tail (local path or
+    URI, through :mod:`pyarrow.fs`); a file that is not Parquet (Arrow IPC) is represented by its
+    last ``tail_bytes`` bytes.
 
     Raises:
         OSError: the file cannot be read.
     """
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
+    from packtool.formats.reader import filesystem_of
+
+    fs, inner, _ = filesystem_of(path)
+    with fs.open_input_file(inner) as f:
+        size = f.size()
         if size < 8:
             return hashlib.sha256(b"").hexdigest()
         f.seek(size - 8)
@@ -85,6 +88,14 @@ def footer_sha256(path: Path, tail_bytes: int = 1 << 16) -> str:
         n = int.from_bytes(tail[:4], "little") if tail[4:] == b"PAR1" else tail_bytes - 8
         f.seek(max(0, size - 8 - n))
         return hashlib.sha256(f.read()).hexdigest()
+
+
+def _resolved(path) -> str:
+    """A local path made absolute with links resolved; a URI as it is."""
+    from packtool.formats.reader import filesystem_of
+
+    _, inner, scheme = filesystem_of(path)
+    return scheme + inner if scheme else str(Path(path).resolve())
 
 
 def fingerprint(options: dict, files) -> str:
@@ -102,7 +113,7 @@ def fingerprint(options: dict, files) -> str:
     blob = json.dumps({
         "options": options,
         "versions": _versions(),
-        "inputs": [[str(Path(f.path).resolve()), f.bytes, f.mtime_ns, footer_sha256(f.path)]
+        "inputs": [[_resolved(f.path), f.bytes, f.mtime_ns, footer_sha256(f.path)]
                    for f in files],
     }, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()

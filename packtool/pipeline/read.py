@@ -46,14 +46,11 @@ class Window:
     tokens: int = 0  #: token values of the window per the footers (an estimate before EOS)
 
 
-def _token_estimate(f: InputFile, column: str) -> int:
-    """Token values of a file: the footer's value count of the token column (Parquet), else an
+def _token_estimate(f: InputFile, md, column: str) -> int:
+    """Token values of a file: the Parquet footer's value count of the token column, else an
     upper estimate from the file size."""
-    if f.format != "parquet":
+    if f.format != "parquet" or not hasattr(md, "schema"):
         return f.bytes // 2
-    import pyarrow.parquet as pq
-
-    md = pq.read_metadata(f.path)
     leaf = [i for i in range(md.num_columns)
             if md.schema.column(i).path.split(".")[0] == column]
     if not leaf:
@@ -85,7 +82,7 @@ def plan_windows(files: list[InputFile], column: str, window_docs: int | None) -
     for f in files:
         md = open_input(f.path, column, f.format).metadata
         rows.append(md.num_rows)
-        tokens_per_row.append((_token_estimate(f, column), md.num_rows))
+        tokens_per_row.append((_token_estimate(f, md, column), md.num_rows))
     total = sum(rows)
     n = total if window_docs is None else window_docs
     windows: list[Window] = []
