@@ -16,12 +16,14 @@ import os
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from packtool.core.packing import pack_lengths
 from packtool.errors import OutputError
 from packtool.formats.packed import PackedReader
 from packtool.stats import PackStats
-from packtool.types import IGNORE_INDEX, Overflow, Strategy
+from packtool.types import Overflow, Strategy
 
 __all__ = ["PackedAnalysis", "analyze_packed", "compare_strategies", "input_lengths",
            "format_packed", "format_compare", "plot_packed", "plot_compare", "RECOUNTED"]
@@ -34,17 +36,34 @@ _FILL_EDGES = np.linspace(0.0, 1.0, 11)
 
 @dataclass
 class PackedAnalysis:
-    """Recount of a packed output, next to its manifest totals."""
+    """Recount of a packed output, next to its manifest totals.
+
+    The per-row and per-segment figures are kept as counts over 0..C (memory O(C), independent
+    of the number of rows and segments); :attr:`row_fill` and :attr:`segment_lengths` expand
+    them (sorted, not in row order) for a caller that wants the values.
+    """
 
     path: str
     stats: PackStats  #: recounted figures; fields not recountable taken from the manifest
     manifest_totals: dict  #: the manifest's ``totals``
     mismatches: dict  #: field -> (recounted, manifest) where they differ
     fill_hist: list  #: rows per fill decile [0-10%, ..., 90-100%]
-    row_fill: np.ndarray  #: float64[rows], real tokens / C per row
-    segment_lengths: np.ndarray  #: int64[segments], real segment lengths
+    fill_counts: np.ndarray  #: int64[C + 1], rows holding exactly i real tokens
+    segment_length_counts: np.ndarray  #: int64[C + 1], real segments of exactly i tokens
     per_bin: list = field(default_factory=list)  #: per row: shard, row, targets, segment targets
-    documents: int = 0  #: distinct doc_ids in the shards
+    documents: int = 0  #: distinct documents in the shards (segments at offset 0)
+
+    @property
+    def row_fill(self) -> np.ndarray:
+        """float64[rows]: real tokens / C of every row, ascending (expanded from the counts)."""
+        c = self.fill_counts.size - 1
+        return np.repeat(np.arange(c + 1, dtype=np.float64) / max(c, 1), self.fill_counts)
+
+    @property
+    def segment_lengths(self) -> np.ndarray:
+        """int64[segments]: every real segment's length, ascending (expanded from the counts)."""
+        return np.repeat(np.arange(self.segment_length_counts.size, dtype=np.int64),
+                         self.segment_length_counts)
 
     def to_dict(self) -> dict:
         d = {"path": self.path, "stats": self.stats.to_dict(), "documents": self.documents,
@@ -52,7 +71,7 @@ class PackedAnalysis:
              "mismatches": {k: {"recounted": a, "manifest": b}
                             for k, (a, b) in self.mismatches.items()},
              "fill_histogram": {"edges": _FILL_EDGES.tolist(), "rows": self.fill_hist},
-             "fill_quantiles": _quantiles(self.row_fill)}
+             "fill_quantiles": _count_quantiles(self.fill_counts)}
         if self.per_bin:
             d["per_bin"] = self.per_bin
             d["targets_total"] = int(sum(b["targets"] for b in self.per_bin))
@@ -67,71 +86,124 @@ def _quantiles(x: np.ndarray) -> dict:
             "max": float(q[4])}
 
 
+def _count_quantiles(counts: np.ndarray) -> dict:
+    """:func:`_quantiles` of the fill values ``i / C`` repeated ``counts[i]`` times, without
+    expanding them (same linear interpolation as ``np.quantile``)."""
+    n = int(counts.sum())
+    if n == 0:
+        return {}
+    c = max(counts.size - 1, 1)
+    ends = np.cumsum(counts)  # sorted value at position j is the i with ends[i-1] <= j < ends[i]
+    pos = np.array([0.0, 0.1, 0.5, 0.9, 1.0]) * (n - 1)
+    lo, hi = np.floor(pos).astype(np.int64), np.ceil(pos).astype(np.int64)
+    vlo = np.searchsorted(ends, lo, side="right") / c
+    vhi = np.searchsorted(ends, hi, side="right") / c
+    q = vlo + (vhi - vlo) * (pos - lo)
+    return {"min": float(q[0]), "p10": float(q[1]), "p50": float(q[2]), "p90": float(q[3]),
+            "max": float(q[4])}
+
+
+#: Rows per batch of the recount (structural columns only: a few MB per batch).
+_RECOUNT_BATCH_ROWS = 65536
+
+
+def _list_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(values, offsets int64[n + 1] from 0) of a list array, zero-copy where Arrow allows."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    off = arr.offsets.to_numpy().astype(np.int64)
+    vals = arr.values.to_numpy(zero_copy_only=False)[off[0]:off[-1]]
+    return vals, off - off[0]
+
+
 def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False) -> PackedAnalysis:
     """Recount the figures of a packed output directory from its shards.
 
+    The recount reads only the structural columns (``cu_seqlens``, ``doc_ids``,
+    ``doc_offsets``, ``num_targets``) in batches of up to 65,536 rows and is vectorised per
+    batch (NumPy), so time is linear in rows and segments and memory does not grow with them:
+    O(C) for the fill and segment-length counts, plus one bit per document id for the
+    documents cut (measured: docs/benchmarks.md, "stats"). Segment lengths come from
+    ``cu_seqlens`` (the first k differences, k = len(doc_ids)); effective targets are
+    sum(len - 1) (B21), checked against the ``num_targets`` column row by row; a document is
+    cut when one of its segments starts at ``doc_offsets > 0``.
+
     Args:
         path: OUTPUT directory of ``packtool pack``.
-        per_bin: also list, per row, its target count and each segment's (B19, B20).
+        per_bin: also list, per row, its target count and each segment's (B19, B20); this list
+            grows with the rows.
 
     Returns:
         :class:`PackedAnalysis`; ``mismatches`` lists recounted fields that differ from the
-        manifest totals.
+        manifest totals (and ``num_targets`` when the column disagrees with the segments).
 
     Raises:
         ManifestError: not a complete packed output (missing, edited or extra shard).
     """
     reader = PackedReader(path)
     C = reader.capacity
-    cols = [c for c in ("segment_ids", "labels", "cu_seqlens", "doc_ids", "doc_offsets",
-                        "num_targets") if c in reader.columns]
-    has_labels = "labels" in cols
-    rows = segs = real = targets = work = 0
-    fills, seg_lens, bins, doc_parts = [], [], [], {}
-    for block in reader.iter_blocks(cols):
-        seg_BC = block.columns["segment_ids"]
-        real_R = np.count_nonzero(seg_BC, axis=1)  # shape: (rows,)
-        if has_labels:
-            lab_BC = block.columns["labels"]
-            tmask_BC = lab_BC != IGNORE_INDEX
-            targets += int(tmask_BC.sum())
-        else:
-            targets += int(block.columns["num_targets"].sum())
-        for i in range(block.num_rows):
-            cu = block.columns["cu_seqlens"][i].astype(np.int64)
-            k = len(block.columns["doc_ids"][i])
-            lens = np.diff(cu)[:k]  # real segments; the padding tail, if any, is last
-            seg_lens.append(lens)
+    cols = ["cu_seqlens", "doc_ids", "doc_offsets", "num_targets"]
+    rows = segs = real = targets = work = documents = bad_num_targets = 0
+    fill_counts = np.zeros(C + 1, dtype=np.int64)  # shape: (C + 1,)
+    seg_counts = np.zeros(C + 1, dtype=np.int64)  # shape: (C + 1,)
+    cut_bits = np.zeros(0, dtype=np.uint8)  # one bit per document id seen at offset > 0
+    bins = []
+    for shard in reader.shards:
+        pf = pq.ParquetFile(reader.path / shard)
+        first = 0
+        for batch in pf.iter_batches(batch_size=_RECOUNT_BATCH_ROWS, columns=cols,
+                                     use_threads=False):
+            n = batch.num_rows
+            cu, cu_off = _list_parts(batch.column("cu_seqlens"))
+            doc, k_off = _list_parts(batch.column("doc_ids"))
+            dof, _ = _list_parts(batch.column("doc_offsets"))
+            k = np.diff(k_off)  # shape: (n,), real segments per row
+            # index in cu of each real segment's start: row r's segments are cu[o_r .. o_r+k_r]
+            start = np.repeat(cu_off[:-1] - k_off[:-1], k) + np.arange(k_off[-1])
+            cu64 = cu.astype(np.int64)
+            lens = cu64[start + 1] - cu64[start]  # shape: (segments,)
+            real_R = cu64[cu_off[:-1] + k]  # shape: (n,), end of the last real segment
+            row_t = np.add.reduceat(lens - 1, k_off[:-1]) if lens.size else np.zeros(n, np.int64)
+            row_t[k == 0] = 0  # reduceat's value for empty rows is not a sum
+            nt = batch.column("num_targets").to_numpy(zero_copy_only=False)
+            bad_num_targets += int(np.count_nonzero(nt != row_t))
+            rows += n
+            segs += int(k.sum())
+            real += int(real_R.sum())
+            targets += int(row_t.sum())
             work += int((lens * lens).sum())
-            for d in block.columns["doc_ids"][i].tolist():
-                doc_parts[d] = doc_parts.get(d, 0) + 1
+            fill_counts += np.bincount(real_R, minlength=C + 1)[:C + 1]
+            seg_counts += np.bincount(lens, minlength=C + 1)[:C + 1]
+            documents += int(np.count_nonzero(dof == 0))
+            cut = doc[dof > 0]
+            if cut.size:
+                need = int(cut.max()) // 8 + 1
+                if need > cut_bits.size:
+                    cut_bits = np.concatenate([cut_bits, np.zeros(need - cut_bits.size,
+                                                                  dtype=np.uint8)])
+                np.bitwise_or.at(cut_bits, cut >> 3, (1 << (cut & 7)).astype(np.uint8))
             if per_bin:
-                if has_labels:
-                    seg_t = [int(tmask_BC[i, a:b].sum()) for a, b in zip(cu[:k], cu[1:k + 1])]
-                else:
-                    seg_t = [max(0, int(n) - 1) for n in lens]
-                bins.append({"shard": block.shard, "row": block.first_row + i,
-                             "segments": k, "real_tokens": int(real_R[i]),
-                             "targets": int(sum(seg_t)), "segment_targets": seg_t})
-            segs += k
-        rows += block.num_rows
-        real += int(real_R.sum())
-        fills.append(real_R / C)
-    row_fill = np.concatenate(fills) if fills else np.zeros(0)
+                seg_t = np.split(lens - 1, k_off[1:-1])
+                bins.extend({"shard": shard, "row": first + i, "segments": int(k[i]),
+                             "real_tokens": int(real_R[i]), "targets": int(row_t[i]),
+                             "segment_targets": seg_t[i].tolist()} for i in range(n))
+            first += n
     totals = dict(reader.manifest.get("totals", {}))
     recount = {"rows": rows, "segments": segs, "real_tokens": real,
                "padding_tokens": rows * C - real, "effective_targets": targets,
                "attention_work": work,
-               "docs_cut": sum(1 for n in doc_parts.values() if n > 1)}
+               "docs_cut": int(np.unpackbits(cut_bits).sum())}
     base = {k: v for k, v in totals.items() if k in PackStats.__dataclass_fields__}
     base.update(recount, capacity=C)
     stats = PackStats.from_dict(base)
     mismatches = {k: (v, totals[k]) for k, v in recount.items()
                   if k in totals and int(totals[k]) != v}
-    hist = np.histogram(row_fill, bins=_FILL_EDGES)[0].tolist() if rows else [0] * 10
-    lens = np.concatenate(seg_lens) if seg_lens else np.zeros(0, dtype=np.int64)
-    return PackedAnalysis(str(path), stats, totals, mismatches, hist, row_fill, lens, bins,
-                          len(doc_parts))
+    if bad_num_targets:  # rows whose num_targets column is not sum(len - 1), against none
+        mismatches["num_targets_rows_wrong"] = (bad_num_targets, 0)
+    fill = np.arange(C + 1) / C
+    hist = np.histogram(fill, bins=_FILL_EDGES, weights=fill_counts)[0].astype(np.int64).tolist()
+    return PackedAnalysis(str(path), stats, totals, mismatches, hist, fill_counts, seg_counts,
+                          bins, documents)
 
 
 def input_lengths(inputs, column: str = "input_ids") -> np.ndarray:

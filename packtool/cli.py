@@ -66,6 +66,10 @@ def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
 @click.option("--no-shuffle", is_flag=True, help="Keep rows in creation order.")
 @click.option("--rows-per-shard", type=int, default=8192, show_default=True, metavar="N",
               help="Rows per output Parquet file.")
+@click.option("--row-group-mb", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True, metavar="MIB",
+              help="Parquet row-group size as MiB of per-token data (one random row decodes one "
+                   "row group).")
 @click.option("--workers", "-j", type=int, default=None, metavar="N",
               help="Threads for layout and encoding [default: all cores].")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty OUTPUT.")
@@ -83,8 +87,8 @@ def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_context
 def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, append_eos, seed,
-         no_shuffle, rows_per_shard, workers, overwrite, window_docs, engine, ray_address, quiet,
-         as_json):
+         no_shuffle, rows_per_shard, row_group_mb, workers, overwrite, window_docs, engine,
+         ray_address, quiet, as_json):
     """Pack tokenized Parquet INPUT files or directories into OUTPUT.
 
     Writes part-NNNNN.parquet shards (input_ids, segment_ids, position_ids, [labels],
@@ -109,7 +113,7 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
     cfg = PackConfig(inputs=tuple(paths[:-1]), output=paths[-1], capacity=capacity,
                      column=column, strategy=strategy, overflow=overflow, labels=labels,
                      pad_id=pad_id, append_eos=append_eos, seed=seed, shuffle=not no_shuffle,
-                     rows_per_shard=rows_per_shard,
+                     rows_per_shard=rows_per_shard, row_group_mb=row_group_mb,
                      workers=(os.cpu_count() or 1) if workers is None else workers,
                      overwrite=overwrite, window_docs=window_docs, engine=engine,
                      ray_address=ray_address if engine == Engine.RAY.value else None)

@@ -9,7 +9,28 @@ from packtool.core.packing import MAX_CAPACITY
 from packtool.errors import ConfigError
 from packtool.types import Engine, LabelMode, Overflow, Strategy
 
-__all__ = ["PackConfig", "DEFAULT_RAY_WINDOW_DOCS"]
+__all__ = ["PackConfig", "DEFAULT_RAY_WINDOW_DOCS", "DEFAULT_ROW_GROUP_MB", "rows_per_group_for"]
+
+#: Default Parquet row-group budget in MiB of per-token data (4 bytes x C x token columns per
+#: row). Chosen by measurement (docs/benchmarks.md, "Random access"): 1 MiB keeps one random
+#: ``PackedReader.read_row`` at about 1.3 ms at C = 2048 and 2.5 ms at C = 8192 (a row group is
+#: decoded per row), while the output is within 5 % of the size with 8 MiB groups.
+DEFAULT_ROW_GROUP_MB = 1.0
+
+
+def rows_per_group_for(row_group_mb: float, capacity: int, token_columns: int) -> int:
+    """Rows per Parquet row group that fit ``row_group_mb`` MiB of per-token int32 data.
+
+    Args:
+        row_group_mb: budget in MiB (> 0).
+        capacity: C, tokens per row.
+        token_columns: per-token columns stored (3, or 4 with labels).
+
+    Returns:
+        ``max(1, floor(budget / (4 * C * token_columns)))``: one row when a row alone is over
+        the budget (C = 2**24 rows are 64 MiB per column).
+    """
+    return max(1, int(row_group_mb * 2**20) // (4 * capacity * token_columns))
 
 #: Window used by ``--engine ray`` when ``--window-docs`` is not given (see docs/ray.md for the
 #: extra rows it costs on web-like lengths).
@@ -45,8 +66,11 @@ class PackConfig:
     """Shuffle output rows (False keeps creation order)."""
     rows_per_shard: int = 8192
     """Rows per output shard."""
-    rows_per_group: int = 1024
-    """Rows per Parquet row group (bounds memory per worker)."""
+    row_group_mb: float = DEFAULT_ROW_GROUP_MB
+    """Parquet row-group budget in MiB of per-token data; decides ``rows_per_group``."""
+    rows_per_group: int | None = None
+    """Rows per Parquet row group (bounds memory per worker and the cost of one random row);
+    None: from ``row_group_mb`` (:func:`rows_per_group_for`)."""
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     """Threads laying out and encoding shards."""
     overwrite: bool = False
@@ -80,6 +104,12 @@ class PackConfig:
             bad("append_eos", self.append_eos, "must be a token id in 0..2**31-1")
         if self.rows_per_shard < 1:
             bad("rows_per_shard", self.rows_per_shard, "must be >= 1")
+        if not self.row_group_mb > 0:
+            bad("row_group_mb", self.row_group_mb, "must be > 0 MiB")
+        if self.rows_per_group is None:
+            ncols = 3 if self.labels is LabelMode.NONE else 4
+            object.__setattr__(self, "rows_per_group",
+                               rows_per_group_for(self.row_group_mb, self.capacity, ncols))
         if self.rows_per_group < 1:
             bad("rows_per_group", self.rows_per_group, "must be >= 1")
         if self.workers < 1:

@@ -11,7 +11,7 @@ content hash. Every document is tokenized with Mistral's Tekken tokenizer exactl
 ids above 65,535).
 
 Output: ``OUT/part-NNNNN.parquet``, zstd, column ``input_ids`` (``list<int32>``) and ``source``
-(the path), about 100,000 documents per shard; ``OUT/corpus.json`` lists the sources, documents,
+(the path), about 20,000 documents per shard; ``OUT/corpus.json`` lists the sources, documents,
 tokens and length quantiles. Stops after ``--tokens`` tokens.
 
 Usage::
@@ -45,7 +45,7 @@ EXTENSIONS = frozenset(".py .pyi .pyx .c .h .cc .cpp .hpp .cu .cuh .rs .go .js .
 #: Files larger than this are skipped (generated tables, vendored bundles).
 MAX_FILE_BYTES = 2 << 20
 #: Documents per output shard.
-DOCS_PER_SHARD = 100_000
+DOCS_PER_SHARD = 20_000
 SCHEMA = pa.schema([pa.field("input_ids", pa.list_(pa.field("item", pa.int32(), nullable=False)),
                              nullable=False),
                     pa.field("source", pa.string(), nullable=False)])

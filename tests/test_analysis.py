@@ -8,14 +8,15 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent / "verify"))
 from packed_helpers import edit_rows, pack_docs  # noqa: E402
 
-from packtool.formats.manifest import read_manifest
 from packtool.analysis import analyze_packed, compare_strategies, input_lengths  # noqa: E402
 from packtool.cli import cli  # noqa: E402
+from packtool.formats.manifest import read_manifest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,3 +129,43 @@ def test_stats_messages_point_to_the_right_use(tmp_path, sample_data):
     res = run(out, "--plot", tmp_path / "no" / "such" / "dir" / "x.png")
     assert res.exit_code == 1 and "cannot write the plot" in res.output
     assert "Traceback" not in res.output
+
+
+def test_fill_quantiles_from_counts_equal_numpy_quantiles():
+    """The recount keeps counts over 0..C, not one value per row; its quantiles are exact."""
+    from packtool.analysis import _count_quantiles, _quantiles
+
+    rng = np.random.default_rng(6)
+    for C in (1, 7, 2048):
+        counts = rng.integers(0, 5, C + 1) * (rng.random(C + 1) < 0.3)
+        values = np.repeat(np.arange(C + 1) / C, counts)
+        got, want = _count_quantiles(counts), _quantiles(values)
+        assert got.keys() == want.keys()
+        for k in want:
+            assert got[k] == pytest.approx(want[k], abs=1e-12), (C, k)
+
+
+def test_recount_documents_and_cut_documents_match_an_independent_count(tmp_path):
+    """documents = distinct doc_ids, docs_cut = doc_ids in more than one segment (split and
+    concat cuts), from the structural columns alone."""
+    docs = [[1] * 9, [2] * 3, [3] * 5, [4] * 2, [5] * 11, [6]]
+    for strategy in ("obfd", "concat"):
+        out = pack_docs(tmp_path, docs, 4, "--strategy", strategy, name=strategy)
+        a = analyze_packed(out)
+        rows = [r for f in sorted(out.glob("part-*.parquet")) for r in pq.read_table(f).to_pylist()]
+        ids = [d for r in rows for d in r["doc_ids"]]
+        assert a.documents == len(set(ids)) == len(docs)
+        assert a.stats.docs_cut == sum(1 for d in set(ids) if ids.count(d) > 1)
+        assert a.mismatches == {}
+
+
+def test_recount_flags_a_num_targets_column_that_disagrees_with_the_segments(tmp_path):
+    """A row whose num_targets is not sum(len - 1) is reported, not hidden."""
+    out = pack_docs(tmp_path, [[1, 2, 3], [4, 5]], 8)
+
+    def edit(rows):
+        rows[0]["num_targets"] += 1
+        return rows
+
+    edit_rows(out, edit)
+    assert analyze_packed(out).mismatches["num_targets_rows_wrong"] == (1, 0)

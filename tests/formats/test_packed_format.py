@@ -31,7 +31,8 @@ def three_outputs(tmp_path_factory, sample_data):
     outs = {}
     for mode in ("none", "unshifted", "shifted"):
         outs[mode] = base / mode
-        _pack(sample_data, outs[mode], capacity=512, labels=mode, rows_per_shard=1000)
+        _pack(sample_data, outs[mode], capacity=512, labels=mode, rows_per_shard=1000,
+              rows_per_group=64)  # same row groups whatever the column count
     return outs
 
 
@@ -126,3 +127,27 @@ def test_capacity_2_pow_22_packs_without_offsets(tmp_path):
             assert row["position_ids"][row["segment_ids"] == k][-1] == piece.size - 1
             seen[int(d)] = seen.get(int(d), 0) + piece.size
     assert seen == dict(enumerate(lens))
+
+
+@pytest.mark.parametrize("mb, labels", [(1.0, "none"), (0.25, "unshifted")])
+def test_row_groups_are_sized_by_the_byte_budget(tmp_path, sample_data, mb, labels):
+    """--row-group-mb: every row group but a shard's last holds floor(budget / (4 C columns))
+    rows, so memory per worker and the cost of one random row do not depend on C."""
+    from click.testing import CliRunner
+
+    from packtool.cli import cli
+    from packtool.config import rows_per_group_for
+
+    out = tmp_path / "out"
+    res = CliRunner().invoke(cli, ["pack", "-q", "-c", "2048", "--row-group-mb", str(mb),
+                                   "--labels", labels, "--rows-per-shard", "500",
+                                   str(sample_data), str(out)])
+    assert res.exit_code == 0, res.output
+    ncols = 3 if labels == "none" else 4
+    want = int(mb * 2**20) // (4 * 2048 * ncols)
+    assert rows_per_group_for(mb, 2048, ncols) == want > 1
+    for o in read_manifest(out)["outputs"]:
+        md = pq.read_metadata(out / o["file"])
+        sizes = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+        assert sizes[:-1] == [want] * (len(sizes) - 1) and 0 < sizes[-1] <= want
+    assert rows_per_group_for(1.0, 2**24, 3) == 1
