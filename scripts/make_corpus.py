@@ -59,7 +59,7 @@ def source_roots() -> list[Path]:
         if os.path.isdir(base):
             cands += sorted(str(p) for p in Path(base).glob("python3*/*-packages"))
     cands.append("/usr/share/doc")
-    roots, seen = [], set()
+    roots, seen = [], {Path(__file__).resolve().parent}  # not this script's own folder
     for c in cands:
         p = Path(c).resolve() if c else None
         if p is None or not p.is_dir() or p in seen or any(r in p.parents for r in roots):
