@@ -8,6 +8,9 @@ Figures: rows, documents, segments, split/truncated/dropped documents and tokens
 tokens, effective targets (labels != -100 = sum over segments of len - 1, the loss denominator,
 B21) and targets per token, extra rows over ceil(tokens / C), the fill distribution, and attention
 work: sum over segments of len**2 with document masking against rows * C**2 for full causal rows.
+
+Reports are made to be compared across strategies: absolute units (rows, tokens, token^2), never
+a ratio whose denominator differs per strategy; JSON figures are integers or rounded decimals.
 """
 
 from __future__ import annotations
@@ -20,18 +23,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool.core.packing import pack_lengths
-from packtool.errors import OutputError
+from packtool.errors import OutputError, install_hint
 from packtool.formats.packed import PackedReader
 from packtool.stats import PackStats
 from packtool.types import Overflow, Strategy
 
 __all__ = ["PackedAnalysis", "analyze_packed", "compare_strategies", "input_lengths",
-           "format_packed", "format_compare", "plot_packed", "plot_compare", "RECOUNTED"]
+           "format_packed", "format_compare", "plot_packed", "plot_compare", "require_matplotlib",
+           "least_waste", "RECOUNTED"]
 
 #: PackStats fields that can be recounted from the shards (the others only the manifest knows).
 RECOUNTED = ("rows", "segments", "real_tokens", "padding_tokens", "effective_targets",
              "attention_work", "docs_cut")
-_FILL_EDGES = np.linspace(0.0, 1.0, 11)
+_FILL_EDGES = np.arange(11) / 10  # 0.0, 0.1, ..., 1.0, each the double nearest the decimal
+_DECIMALS = 6  #: ratios in JSON are rounded to this many decimals (no float noise)
 
 
 @dataclass
@@ -52,6 +57,7 @@ class PackedAnalysis:
     segment_length_counts: np.ndarray  #: int64[C + 1], real segments of exactly i tokens
     per_bin: list = field(default_factory=list)  #: per row: shard, row, targets, segment targets
     documents: int = 0  #: distinct documents in the shards (segments at offset 0)
+    per_bin_limit: int | None = None  #: rows listed at most in ``per_bin`` (None: all)
 
     @property
     def row_fill(self) -> np.ndarray:
@@ -74,7 +80,9 @@ class PackedAnalysis:
              "fill_quantiles": _count_quantiles(self.fill_counts)}
         if self.per_bin:
             d["per_bin"] = self.per_bin
-            d["targets_total"] = int(sum(b["targets"] for b in self.per_bin))
+            d["per_bin_rows_listed"] = len(self.per_bin)
+            d["per_bin_limit"] = self.per_bin_limit
+            d["targets_total"] = int(self.stats.effective_targets)  # every row, listed or not
         return d
 
 
@@ -82,8 +90,7 @@ def _quantiles(x: np.ndarray) -> dict:
     if x.size == 0:
         return {}
     q = np.quantile(x, [0.0, 0.1, 0.5, 0.9, 1.0])
-    return {"min": float(q[0]), "p10": float(q[1]), "p50": float(q[2]), "p90": float(q[3]),
-            "max": float(q[4])}
+    return {k: round(float(v), _DECIMALS) for k, v in zip(("min", "p10", "p50", "p90", "max"), q)}
 
 
 def _count_quantiles(counts: np.ndarray) -> dict:
@@ -99,8 +106,7 @@ def _count_quantiles(counts: np.ndarray) -> dict:
     vlo = np.searchsorted(ends, lo, side="right") / c
     vhi = np.searchsorted(ends, hi, side="right") / c
     q = vlo + (vhi - vlo) * (pos - lo)
-    return {"min": float(q[0]), "p10": float(q[1]), "p50": float(q[2]), "p90": float(q[3]),
-            "max": float(q[4])}
+    return {k: round(float(v), _DECIMALS) for k, v in zip(("min", "p10", "p50", "p90", "max"), q)}
 
 
 #: Rows per batch of the recount (structural columns only: a few MB per batch).
@@ -116,7 +122,8 @@ def _list_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return vals, off - off[0]
 
 
-def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False) -> PackedAnalysis:
+def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False,
+                   per_bin_limit: int | None = None) -> PackedAnalysis:
     """Recount the figures of a packed output directory from its shards.
 
     The recount reads only the structural columns (``cu_seqlens``, ``doc_ids``,
@@ -132,6 +139,8 @@ def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False) -> PackedA
         path: OUTPUT directory of ``packtool pack``.
         per_bin: also list, per row, its target count and each segment's (B19, B20); this list
             grows with the rows.
+        per_bin_limit: list at most this many rows (the first in manifest order); None lists
+            all. Totals still count every row.
 
     Returns:
         :class:`PackedAnalysis`; ``mismatches`` lists recounted fields that differ from the
@@ -182,11 +191,12 @@ def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False) -> PackedA
                     cut_bits = np.concatenate([cut_bits, np.zeros(need - cut_bits.size,
                                                                   dtype=np.uint8)])
                 np.bitwise_or.at(cut_bits, cut >> 3, (1 << (cut & 7)).astype(np.uint8))
-            if per_bin:
+            room = n if per_bin_limit is None else min(n, per_bin_limit - len(bins))
+            if per_bin and room > 0:
                 seg_t = np.split(lens - 1, k_off[1:-1])
                 bins.extend({"shard": shard, "row": first + i, "segments": int(k[i]),
                              "real_tokens": int(real_R[i]), "targets": int(row_t[i]),
-                             "segment_targets": seg_t[i].tolist()} for i in range(n))
+                             "segment_targets": seg_t[i].tolist()} for i in range(room))
             first += n
     totals = dict(reader.manifest.get("totals", {}))
     recount = {"rows": rows, "segments": segs, "real_tokens": real,
@@ -203,7 +213,7 @@ def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False) -> PackedA
     fill = np.arange(C + 1) / C
     hist = np.histogram(fill, bins=_FILL_EDGES, weights=fill_counts)[0].astype(np.int64).tolist()
     return PackedAnalysis(str(path), stats, totals, mismatches, hist, fill_counts, seg_counts,
-                          bins, documents)
+                          bins, documents, per_bin_limit if per_bin else None)
 
 
 def input_lengths(inputs, column: str = "input_ids") -> np.ndarray:
@@ -227,17 +237,24 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
                        strategies=(Strategy.CONCAT, Strategy.ORDERED, Strategy.OBFD)) -> list:
     """Dry-run each strategy on document lengths alone.
 
+    Every figure is in absolute units, so the dicts compare directly across strategies.
+
     Args:
         lengths: int[num_docs] document lengths in tokens.
         capacity: tokens per row (C).
         overflow: long-document policy for ``ordered`` and ``obfd``.
 
     Returns:
-        One dict per strategy: ``strategy``, ``rows``, ``lower_bound_rows``, ``extra_rows``,
-        ``padding_tokens``, ``padding_pct``, ``docs_cut`` (documents spread over several
-        segments), ``docs_cut_below_capacity`` (cut although they fit in one row),
-        ``docs_split``, ``segments``, ``effective_targets``, ``targets_per_token``,
-        ``attention_work`` and ``attention_work_pct`` (vs rows * C**2).
+        One dict per strategy: ``strategy``, ``rows``, ``lower_bound_rows`` (ceil(tokens / C)),
+        ``extra_rows``, ``tokens_processed`` (rows * C, what a training step computes on),
+        ``padding_tokens``, ``padding_pct`` (of ``tokens_processed``, 4 decimals), ``docs_cut``
+        (documents spread over several segments), ``docs_cut_below_capacity`` (cut although
+        they fit in one row), ``docs_split``, ``segments``, ``effective_targets``,
+        ``targets_per_token`` (6 decimals), ``attention_work`` (token^2: sum of segment_len^2,
+        the score entries of document-masked attention), ``attention_work_full_rows``
+        (token^2: rows * C^2, the same rows without document masking) and
+        ``attention_work_vs_least`` (``attention_work`` over the smallest of the strategies
+        compared, 4 decimals).
 
     Raises:
         ConfigError, PackingError: as :func:`packtool.core.pack_lengths`.
@@ -253,28 +270,55 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
             np.zeros(0, dtype=np.int64)
         cut = pieces > 1
         lb = -(-real // capacity)
+        slots = rows * capacity
         out.append({
             "strategy": str(s), "rows": rows, "lower_bound_rows": lb, "extra_rows": rows - lb,
-            "padding_tokens": rows * capacity - real,
-            "padding_pct": 100.0 * (rows * capacity - real) / (rows * capacity) if rows else 0.0,
+            "tokens_processed": slots,
+            "padding_tokens": slots - real,
+            "padding_pct": round(100.0 * (slots - real) / slots, 4) if rows else 0.0,
             "docs_cut": int(cut.sum()),
             "docs_cut_below_capacity": int((cut & (lengths <= capacity)).sum()),
             "docs_split": int(plan.counts["docs_split"]),
             "segments": int(seg_len.size),
             "effective_targets": int(real - seg_len.size),
-            "targets_per_token": (real - seg_len.size) / real if real else 0.0,
+            "targets_per_token": round((real - seg_len.size) / real, _DECIMALS) if real else 0.0,
             "attention_work": int((seg_len * seg_len).sum()),
-            "attention_work_pct": 100.0 * float((seg_len * seg_len).sum()) / (rows * capacity**2)
-            if rows else 0.0,
+            "attention_work_full_rows": rows * capacity**2,
         })
+    least = min((r["attention_work"] for r in out), default=0)
+    for r in out:
+        r["attention_work_vs_least"] = round(r["attention_work"] / least, 4) if least else 1.0
     return out
 
 
+def least_waste(rows: list) -> dict:
+    """The strategy that wastes least among :func:`compare_strategies`' results.
+
+    Waste is padding (tokens a step computes on for nothing); only strategies that cut no
+    document that fits in one row compete (cutting such a document costs a target and breaks
+    its context); ties go to fewer rows, then to the order given.
+
+    Returns:
+        The winning dict of ``rows``, or of all of them when every strategy cuts such documents.
+    """
+    whole = [r for r in rows if r["docs_cut_below_capacity"] == 0] or rows
+    return min(whole, key=lambda r: (r["padding_tokens"], r["rows"]))
+
+
+def _n(count: int, noun: str) -> str:
+    """``"1 row"``, ``"2 rows"``."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def _width(values, minimum: int) -> int:
+    return max([minimum] + [len(v) for v in values])
+
+
 def format_packed(a: PackedAnalysis) -> str:
-    """Human table of :func:`analyze_packed`."""
+    """Human table of :func:`analyze_packed` (counts with thousands separators)."""
     s = a.stats
     C = s.capacity
-    q = _quantiles(a.row_fill)
+    q = _count_quantiles(a.fill_counts)
     lines = [
         f"packed output {a.path} (capacity {C})",
         f"  rows                      {s.rows:,}  (ceil(tokens/C) = {s.lower_bound_rows:,}, "
@@ -287,48 +331,86 @@ def format_packed(a: PackedAnalysis) -> str:
         f"  truncated                 {s.docs_truncated:,} documents, {s.tokens_truncated:,} tokens",
         f"  dropped                   {s.docs_dropped:,} documents, {s.tokens_dropped:,} tokens",
         f"  real tokens               {s.real_tokens:,}",
-        f"  padding tokens            {s.padding_tokens:,} ({100 * s.padding_fraction:.3f}%)",
+        f"  padding tokens            {s.padding_tokens:,} ({100 * s.padding_fraction:.3f}% of "
+        f"rows * C)",
         f"  effective targets         {s.effective_targets:,} "
         f"({s.targets_per_token:.4f} per real token)",
-        f"  attention work (masked)   {s.attention_work:,} = "
+        f"  attention work (masked)   {s.attention_work:,} token^2 (sum of segment_len^2) = "
         f"{100 * s.attention_work / s.full_attention_work if s.full_attention_work else 0:.2f}% "
-        f"of full causal rows ({s.full_attention_work:,} = rows * C^2)",
+        f"of the same rows unmasked ({s.full_attention_work:,} = rows * C^2)",
     ]
     if q:
         lines.append(f"  fill per row              min {100 * q['min']:.1f}%  p10 "
                      f"{100 * q['p10']:.1f}%  median {100 * q['p50']:.1f}%  max "
                      f"{100 * q['max']:.1f}%")
-        lines.append("  fill histogram (deciles)  " + " ".join(str(n) for n in a.fill_hist))
+        lines.append("  rows per fill decile      " + " ".join(
+            f"{10 * i}-{10 * i + 10}%:{n:,}" for i, n in enumerate(a.fill_hist)))
     if a.mismatches:
         for k, (rc, m) in a.mismatches.items():
             lines.append(f"  MISMATCH {k}: recounted {rc:,}, manifest {int(m):,}")
     else:
         lines.append("  manifest totals agree with the recount")
     if a.per_bin:
-        lines.append("  shard               row  segments  real  targets  per segment")
+        w = _width((b["shard"] for b in a.per_bin), len("shard"))
+        lines.append(f"  {'shard':{w}} {'row':>7} {'segments':>8} {'real':>7} {'targets':>7}  "
+                     "targets per segment")
         for b in a.per_bin:
-            lines.append(f"  {b['shard']:18} {b['row']:4} {b['segments']:9} {b['real_tokens']:5} "
-                         f"{b['targets']:8}  {b['segment_targets']}")
-        lines.append(f"  total targets {sum(b['targets'] for b in a.per_bin):,}")
+            lines.append(f"  {b['shard']:{w}} {b['row']:7,} {b['segments']:8,} "
+                         f"{b['real_tokens']:7,} {b['targets']:7,}  {b['segment_targets']}")
+        listed = len(a.per_bin)
+        if listed < s.rows:
+            lines.append(f"  (first {listed:,} of {s.rows:,} rows; --per-bin-limit N lists more, "
+                         "0 lists all)")
+        lines.append(f"  total targets {s.effective_targets:,} over {s.rows:,} rows")
     return "\n".join(lines)
 
 
 def format_compare(rows: list, capacity: int, num_docs: int, tokens: int) -> str:
-    """Human side-by-side table of :func:`compare_strategies`."""
-    head = (f"dry run: {num_docs:,} documents, {tokens:,} tokens, capacity {capacity}\n"
-            f"{'strategy':9} {'rows':>8} {'extra':>6} {'padding%':>9} {'docs cut':>9} "
-            f"{'cut<=C':>7} {'split':>6} {'targets':>11} {'attn work%':>10}")
-    body = [f"{r['strategy']:9} {r['rows']:8,} {r['extra_rows']:6,} {r['padding_pct']:9.3f} "
-            f"{r['docs_cut']:9,} {r['docs_cut_below_capacity']:7,} {r['docs_split']:6,} "
-            f"{r['effective_targets']:11,} {r['attention_work_pct']:10.2f}" for r in rows]
-    legend = ("extra: rows over ceil(tokens/C); docs cut: documents spread over several segments, "
-              "cut<=C: of them, documents that fit in one row;\nattn work%: attention score "
-              "entries with document masking (sum of segment_len^2) as a % of full rows (C^2 per "
-              "row); lower is cheaper")
-    return "\n".join([head] + body + [legend])
+    """Human side-by-side table of :func:`compare_strategies`, then which strategy wastes least
+    (:func:`least_waste`). Every column is absolute, so rows compare across strategies."""
+    lb = rows[0]["lower_bound_rows"] if rows else 0
+    cols = [("strategy", "s", lambda r: r["strategy"]),
+            ("rows", ",", lambda r: r["rows"]),
+            ("extra rows", ",", lambda r: r["extra_rows"]),
+            ("padding tokens", ",", lambda r: r["padding_tokens"]),
+            ("padding %", ".3f", lambda r: r["padding_pct"]),
+            ("docs cut", ",", lambda r: r["docs_cut"]),
+            ("of them <= C", ",", lambda r: r["docs_cut_below_capacity"]),
+            ("effective targets", ",", lambda r: r["effective_targets"]),
+            ("attention M token^2", ",.0f", lambda r: r["attention_work"] / 1e6)]
+    cells = [[format(f(r), spec) for _, spec, f in cols] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _, _) in enumerate(cols)]
+
+    def line(values):
+        return "  ".join(v.ljust(w) if i == 0 else v.rjust(w)
+                         for i, (v, w) in enumerate(zip(values, widths)))
+
+    out = [f"dry run: {num_docs:,} documents, {tokens:,} tokens, capacity {capacity}; "
+           f"ceil(tokens/C) = {lb:,} rows",
+           line([h for h, _, _ in cols])] + [line(c) for c in cells]
+    if rows:
+        best = least_waste(rows)
+        fewest = min(rows, key=lambda r: r["padding_tokens"])
+        verdict = (f"least waste: {best['strategy']} ({best['padding_tokens']:,} padding tokens, "
+                   f"{_n(best['extra_rows'], 'row')} over ceil(tokens/C), no document that fits in "
+                   "a row cut)" if best["docs_cut_below_capacity"] == 0 else
+                   f"least padding: {best['strategy']} ({best['padding_tokens']:,} tokens)")
+        if fewest is not best and fewest["padding_tokens"] < best["padding_tokens"]:
+            verdict += (f"; {fewest['strategy']} pads less ({fewest['padding_tokens']:,}) but "
+                        f"cuts {fewest['docs_cut_below_capacity']:,} documents that fit in a row")
+        out.append(verdict)
+    out.append("padding %: of rows * C; docs cut: documents spread over several segments (of "
+               "them <= C: ones that fit in one row);\nattention: sum of segment_len^2 with "
+               "document masking, in millions of token^2 (the same units for every strategy)")
+    return "\n".join(out)
 
 
-def _pyplot():
+def require_matplotlib():
+    """Import matplotlib with the non-interactive Agg backend and return ``pyplot``.
+
+    Raises:
+        MissingDependencyError: matplotlib is not installed (names the extra that brings it).
+    """
     try:
         import matplotlib
 
@@ -337,7 +419,7 @@ def _pyplot():
     except ImportError:
         from packtool.errors import MissingDependencyError
 
-        raise MissingDependencyError("--plot needs matplotlib: pip install 'packtool[plot]'")
+        raise MissingDependencyError("--plot needs matplotlib: " + install_hint("plot")) from None
     return plt
 
 
@@ -353,31 +435,94 @@ def _save(plt, fig, out: str | os.PathLike) -> None:
         plt.close(fig)
 
 
+def _log_bins(x: np.ndarray, n: int = 50) -> np.ndarray:
+    """Log-spaced histogram edges from 1 to max(x) (lengths span several decades)."""
+    hi = max(2.0, float(x.max()) if x.size else 2.0)
+    return np.unique(np.geomspace(1.0, hi * 1.0001, n + 1))
+
+
+_STRATEGY_COLORS = {"concat": "tab:gray", "ordered": "tab:orange", "obfd": "tab:blue"}
+
+
 def plot_packed(a: PackedAnalysis, out: str | os.PathLike) -> None:
-    """Write a PNG: fill histogram and segment-length histogram with the capacity marked."""
-    plt = _pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    ax1.hist(100 * a.row_fill, bins=50)
-    ax1.set(xlabel="row fill (%)", ylabel="rows", title="fill per row")
-    ax2.hist(a.segment_lengths, bins=50)
-    ax2.axvline(a.stats.capacity, color="red", ls="--", label=f"capacity {a.stats.capacity}")
-    ax2.set(xlabel="segment length (tokens)", ylabel="segments", title="segment lengths")
+    """Write an image (format from the suffix) of a packed output: rows per fill (log count, so
+    the few part-filled rows show next to the full ones) and segment lengths (log-spaced bins on
+    a log axis, capacity marked).
+
+    Raises:
+        MissingDependencyError: no matplotlib. OutputError: ``out`` cannot be written.
+    """
+    plt = require_matplotlib()
+    s = a.stats
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig.suptitle(f"packtool stats {a.path}: {s.rows:,} rows of C = {s.capacity:,}, "
+                 f"{s.padding_tokens:,} padding tokens ({100 * s.padding_fraction:.2f}%)")
+    ax1.hist(100 * a.row_fill, bins=np.linspace(0, 100, 51), color="tab:blue")
+    ax1.set(xlabel="row fill: real tokens / C (%)", ylabel="rows (log scale)", yscale="log",
+            title="rows per fill level", xlim=(0, 101))
+    if a.segment_lengths.size:
+        ax2.hist(a.segment_lengths, bins=_log_bins(a.segment_lengths), color="tab:blue")
+        ax2.set_xscale("log")
+    ax2.axvline(s.capacity, color="red", ls="--", label=f"capacity {s.capacity:,}")
+    ax2.set(xlabel="segment length (tokens, log scale)", ylabel="segments (log scale)",
+            yscale="log",
+            title="segment lengths (documents and chunks)")
     ax2.legend()
     _save(plt, fig, out)
 
 
 def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
                  overflow: str = Overflow.SPLIT) -> None:
-    """Write a PNG: document-length histogram (capacity marked) and row fill per strategy."""
-    plt = _pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    ax1.hist(lengths, bins=60, log=True)
-    ax1.axvline(capacity, color="red", ls="--", label=f"capacity {capacity}")
-    ax1.set(xlabel="document length (tokens)", ylabel="documents", title="document lengths")
-    ax1.legend()
-    for s in (Strategy.CONCAT, Strategy.ORDERED, Strategy.OBFD):
-        plan = pack_lengths(lengths, capacity, strategy=s, overflow=overflow)
-        ax2.hist(100 * plan.row_lengths() / capacity, bins=50, histtype="step", label=str(s))
-    ax2.set(xlabel="row fill (%)", ylabel="rows", title="fill per row", yscale="log")
-    ax2.legend()
+    """Write an image (format from the suffix) comparing the strategies on the same lengths:
+    document lengths (log-spaced bins, log axis, capacity marked); padding tokens per strategy
+    (log axis: 0.1 % and 10 % both show, values written on the bars); documents cut that fit in
+    one row; rows per fill level per strategy (log count).
+
+    Raises:
+        ConfigError, PackingError: as :func:`compare_strategies`. MissingDependencyError: no
+        matplotlib. OutputError: ``out`` cannot be written.
+    """
+    plt = require_matplotlib()
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    res = compare_strategies(lengths, capacity, overflow=overflow)
+    best = least_waste(res)
+    names = [r["strategy"] for r in res]
+    colors = [_STRATEGY_COLORS.get(n, "tab:green") for n in names]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    (ax_len, ax_pad), (ax_cut, ax_fill) = axes
+    fig.suptitle(f"packtool stats --compare: {lengths.size:,} documents, {int(lengths.sum()):,} "
+                 f"tokens, capacity {capacity:,}; least waste: {best['strategy']}")
+    pos = lengths[lengths > 0]
+    if pos.size:
+        ax_len.hist(pos, bins=_log_bins(pos), color="tab:gray")
+        ax_len.set_xscale("log")
+    ax_len.axvline(capacity, color="red", ls="--", label=f"capacity {capacity:,}")
+    ax_len.set(xlabel="document length (tokens, log scale)", ylabel="documents",
+               title="input: document lengths")
+    ax_len.legend()
+
+    pad = [max(r["padding_tokens"], 0) for r in res]
+    bars = ax_pad.bar(names, pad, color=colors)
+    ax_pad.set_yscale("symlog", linthresh=1)
+    ax_pad.set_ylim(0, max(pad + [1]) * 10)
+    ax_pad.bar_label(bars, labels=[f"{r['padding_tokens']:,}\n{_n(r['extra_rows'], 'extra row')}"
+                                   for r in res], fontsize=8)
+    ax_pad.set(ylabel="padding tokens (log scale)",
+               title="waste: padding tokens per strategy (lower is better)")
+
+    cut = [r["docs_cut_below_capacity"] for r in res]
+    bars = ax_cut.bar(names, cut, color=colors)
+    ax_cut.bar_label(bars, labels=[f"{c:,}" for c in cut], fontsize=8)
+    ax_cut.set_ylim(0, max(cut + [1]) * 1.25)
+    ax_cut.set(ylabel="documents",
+               title="documents cut although they fit in one row (lower is better)")
+
+    edges = np.linspace(0, 100, 51)
+    for r, color in zip(res, colors):
+        plan = pack_lengths(lengths, capacity, strategy=r["strategy"], overflow=overflow)
+        ax_fill.hist(100 * plan.row_lengths() / capacity, bins=edges, histtype="step",
+                     color=color, lw=1.5, label=f"{r['strategy']} ({r['rows']:,} rows)")
+    ax_fill.set(xlabel="row fill: real tokens / C (%)", ylabel="rows (log scale)", yscale="log",
+                title="rows per fill level", xlim=(0, 101))
+    ax_fill.legend(loc="upper left")
     _save(plt, fig, out)

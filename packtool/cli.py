@@ -1,6 +1,11 @@
 """The ``packtool`` command line: thin wrappers that parse options, build a config and call one
-function. Errors raised on purpose (:class:`PacktoolError`) become one line and exit status 1;
-usage errors are click's (exit 2); ``--debug`` shows the traceback instead."""
+function.
+
+One exit-status rule for every command (:mod:`packtool.errors`): 0 success; 1 bad input or
+output data, a failed check or a missing dependency; 2 a command line that cannot run (click's
+usage errors and :class:`~packtool.errors.ConfigError`); 130 interrupted (Ctrl-C). Every error
+is one ``Error: ...`` line on stderr; ``packtool --debug CMD ...`` shows the traceback instead.
+"""
 
 from __future__ import annotations
 
@@ -11,20 +16,60 @@ import sys
 import click
 
 from packtool import __version__
-from packtool.errors import PacktoolError
+from packtool.errors import (EXIT_DATA, EXIT_INTERRUPTED, InputError, Interrupted,
+                             PacktoolError)
 from packtool.types import Engine, LabelMode, Overflow, Strategy
 
 __all__ = ["cli", "main"]
 
 
+class _Failure(click.ClickException):
+    """A one-line ``Error: ...`` with the exit status of the error it stands for."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 class _Group(click.Group):
+    """Maps every failure of a subcommand to one line and one exit status (see the module
+    docstring); with ``--debug`` the original exception propagates with its traceback."""
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise  # click's own: usage errors exit 2, with the usage line
         except PacktoolError as exc:
             if ctx.meta.get("packtool.debug"):
                 raise
-            raise click.ClickException(str(exc)) from None
+            raise _Failure(str(exc), exc.exit_code) from None
+        except KeyboardInterrupt:
+            if ctx.meta.get("packtool.debug"):
+                raise
+            raise _Failure("interrupted", EXIT_INTERRUPTED) from None
+        except OSError as exc:
+            # an I/O failure no layer turned into a PacktoolError (disk full, permissions)
+            if ctx.meta.get("packtool.debug"):
+                raise
+            where = f"{exc.filename}: " if exc.filename else ""
+            raise _Failure(f"{where}{exc.strerror or exc}", EXIT_DATA) from None
+        except Exception as exc:  # a bug: still one line, and how to see more
+            if ctx.meta.get("packtool.debug"):
+                raise
+            raise _Failure(f"internal error ({type(exc).__name__}: {exc}); rerun as "
+                           f"`packtool --debug {ctx.invoked_subcommand or ''} ...` for the "
+                           "traceback and report it", EXIT_DATA) from None
+
+
+class _ExistingPath(click.Path):
+    """A path that must exist; a missing one is an input error (exit 1) in every command, not a
+    usage error."""
+
+    def convert(self, value, param, ctx):
+        if not os.path.lexists(value):
+            raise InputError(f"{value}: no such file or directory; check the path")
+        return super().convert(value, param, ctx)
 
 
 def _choice(enum) -> click.Choice:
@@ -102,7 +147,6 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
     from packtool.config import PackConfig
     from packtool.formats.reader import discover
     from packtool.pipeline import run_pack
-    from packtool.signals import EXIT_INTERRUPTED
     from packtool.startup import compile_note
 
     if len(paths) < 2:
@@ -125,9 +169,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
     try:
         result = run_pack(cfg, progress=not quiet)
     except KeyboardInterrupt:
-        click.echo(f"Error: interrupted: {cfg.output} has no manifest (as before the run, "
-                   "or resumable); rerun the same command to finish it", err=True)
-        ctx.exit(EXIT_INTERRUPTED)
+        raise Interrupted(f"interrupted: {cfg.output} has no manifest (as before the run, or "
+                          "resumable); rerun the same command to finish it") from None
     s = result.stats
     for w in result.warnings:  # loud, whatever the output format
         click.echo(f"WARNING: {w}", err=True)
@@ -158,19 +201,50 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
             + (f", {result.shards_reused} shard(s) reused" if result.shards_reused else "")
             + (f"\n  INPUT: {skipped}" if skipped else ""))
         if "windows" in result.manifest:
+            # extra rows over ceil(tokens/C) = packing inside each window (rows over the
+            # window's own bound) + rounding each window's tokens up to whole rows
             ws = result.manifest["windows"]
             extra = [w["extra_rows"] for w in ws]
             docs = [w["docs"] for w in ws]
+            rounding = sum(w["lower_bound_rows"] for w in ws) - s.lower_bound_rows
             click.echo(f"  windows {len(ws):,} of {min(docs):,}..{max(docs):,} documents "
-                       f"(--window-docs {cfg.window_docs:,}): extra rows per window max "
-                       f"{max(extra, default=0)}, sum {sum(extra)}; total extra over the "
-                       f"global bound {s.extra_rows}")
+                       f"(--window-docs {cfg.window_docs:,}): extra rows {s.extra_rows:,} = "
+                       f"{sum(extra):,} from packing within windows (max {max(extra, default=0):,} "
+                       f"in one) + {rounding:,} from rounding each window up to whole rows")
         for w in result.warnings:
             click.echo(f"  WARNING: {w}")
 
 
+#: suffixes --plot accepts; matplotlib picks the format from it
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+#: rows --per-bin lists unless --per-bin-limit says otherwise
+DEFAULT_PER_BIN_LIMIT = 50
+
+
+def _plot_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Check --plot before any work: a known image suffix and an existing directory."""
+    from pathlib import Path
+
+    from packtool.errors import ConfigError
+
+    if value is None:
+        return None
+    p = Path(value)
+    if p.is_dir():
+        raise ConfigError(f"--plot {value}: is a directory; give a file name such as "
+                          f"{p / 'stats.png'}")
+    if p.suffix.lower() not in PLOT_SUFFIXES:
+        raise ConfigError(f"--plot {value}: the file name must end in "
+                          f"{', '.join(PLOT_SUFFIXES)} (the image format is taken from it)")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise ConfigError(f"--plot {value}: directory {parent} does not exist; create it or "
+                          "choose another path")
+    return value
+
+
 @cli.command()
-@click.argument("path", type=click.Path(exists=True), metavar="PATH...", nargs=-1, required=True)
+@click.argument("path", type=_ExistingPath(), metavar="PATH...", nargs=-1, required=True)
 @click.option("--capacity", "-c", type=int, default=None, metavar="C",
               help="With --compare: tokens per row of the dry run.")
 @click.option("--compare", is_flag=True,
@@ -179,28 +253,43 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
               help="With --compare: token column of the input.")
 @click.option("--overflow", type=_choice(Overflow), default="split", show_default=True,
               help="With --compare: long-document policy of the dry run.")
-@click.option("--per-bin", is_flag=True, help="List targets per row and per segment.")
+@click.option("--per-bin", is_flag=True,
+              help="List targets per row and per segment (packed output only).")
+@click.option("--per-bin-limit", type=click.IntRange(min=0), default=None, metavar="N",
+              help=f"With --per-bin: list the first N rows (0 = all) [default: "
+                   f"{DEFAULT_PER_BIN_LIMIT}]; totals always cover every row.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.option("--plot", type=click.Path(dir_okay=False), default=None, metavar="FILE.png",
-              help="Write fill and length histograms (needs matplotlib).")
-def stats(path, capacity, compare, column, overflow, per_bin, as_json, plot):
+@click.option("--plot", default=None, metavar="FILE.png", callback=_plot_path,
+              help="Write the figures as an image (.png, .svg or .pdf; needs matplotlib): fill "
+                   "and segment lengths, or with --compare the strategies side by side.")
+@click.pass_context
+def stats(ctx, path, capacity, compare, column, overflow, per_bin, per_bin_limit, as_json, plot):
     """Figures of a packed OUTPUT (recounted from the shards, checked against the manifest), or,
     with --capacity C --compare, a dry run of every strategy on raw INPUT lengths.
 
     Exits 1 when the recount disagrees with the manifest.
     """
     import json
-
-    from packtool import analysis
-
     from pathlib import Path
 
-    from packtool.errors import ManifestError
+    from packtool import analysis
+    from packtool.errors import ConfigError, ManifestError
     from packtool.formats.manifest import MANIFEST_NAME
 
+    def given(name: str) -> bool:
+        return ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+
+    if per_bin_limit is not None and not per_bin:
+        raise ConfigError("--per-bin-limit applies with --per-bin only")
+    if plot:
+        analysis.require_matplotlib()  # before the work, not after it
     if compare:
+        if per_bin:
+            raise ConfigError("--per-bin lists the rows of a packed output; a --compare dry "
+                              "run writes no rows (pack, then run packtool stats OUTPUT "
+                              "--per-bin)")
         if capacity is None:
-            raise click.UsageError("--compare needs --capacity C")
+            raise ConfigError("--compare needs --capacity C")
         packed = [p for p in path if (Path(p) / MANIFEST_NAME).is_file()]
         if packed:
             raise ManifestError(f"{packed[0]}: is a packed output; --compare takes raw tokenized "
@@ -218,17 +307,23 @@ def stats(path, capacity, compare, column, overflow, per_bin, as_json, plot):
             if not as_json:
                 click.echo(f"wrote {plot}")
         return
+    for name in ("column", "overflow"):
+        if given(name):
+            raise ConfigError(f"--{name} applies to --compare only: a packed output records "
+                              "its own")
     if len(path) != 1:
-        raise click.UsageError("give one packed OUTPUT directory (or use --compare)")
+        raise ConfigError("give one packed OUTPUT directory (or raw input with --capacity C "
+                          "--compare)")
     if capacity is not None:
-        raise click.UsageError("--capacity applies to --compare only: a packed output records "
-                               "its own capacity")
+        raise ConfigError("--capacity applies to --compare only: a packed output records "
+                          "its own capacity")
     out = Path(path[0])
     if out.is_dir() and not (out / MANIFEST_NAME).exists() and any(out.rglob("*.parquet")) \
             and not any(out.glob(".packtool-*")):
         raise ManifestError(f"{out}: no {MANIFEST_NAME}, so not a packed output; for raw "
                             f"tokenized input run: packtool stats {out} --capacity C --compare")
-    a = analysis.analyze_packed(out, per_bin=per_bin)
+    limit = DEFAULT_PER_BIN_LIMIT if per_bin_limit is None else per_bin_limit
+    a = analysis.analyze_packed(out, per_bin=per_bin, per_bin_limit=limit or None)
     click.echo(json.dumps(a.to_dict(), indent=2) if as_json else analysis.format_packed(a))
     if plot:
         analysis.plot_packed(a, plot)
@@ -241,7 +336,7 @@ def stats(path, capacity, compare, column, overflow, per_bin, as_json, plot):
 
 
 @cli.command()
-@click.argument("output", type=click.Path(exists=True, file_okay=False), metavar="OUTPUT")
+@click.argument("output", type=_ExistingPath(), metavar="OUTPUT")
 @click.option("--rows", type=int, default=None, metavar="N",
               help="Rows run through the models, spread over all shards, drawn from rows that "
                    "hold two documents or more [default: 8; 0 = all].")

@@ -110,7 +110,8 @@ def test_cli_stats_compare_json_and_plot(tmp_path):
 
 def test_stats_messages_point_to_the_right_use(tmp_path, sample_data):
     """Raw input without --compare points to --compare; --compare on a packed output and
-    --capacity without --compare are refused; an unwritable --plot is one line, exit 1."""
+    --capacity without --compare are refused; --plot into a missing directory is one line,
+    exit 2, before any work."""
     from click.testing import CliRunner
 
     from packtool.cli import cli
@@ -127,7 +128,7 @@ def test_stats_messages_point_to_the_right_use(tmp_path, sample_data):
     res = run(out, "--capacity", 1000)
     assert res.exit_code == 2 and "--compare only" in res.output
     res = run(out, "--plot", tmp_path / "no" / "such" / "dir" / "x.png")
-    assert res.exit_code == 1 and "cannot write the plot" in res.output
+    assert res.exit_code == 2 and "does not exist" in res.output
     assert "Traceback" not in res.output
 
 

@@ -38,15 +38,16 @@ def test_missing_output_is_a_usage_error(docs_dir):
 
 
 def test_capacity_below_two_is_refused_in_one_line(docs_dir, tmp_path):
+    """A bad option value is a usage error (exit 2), in one line naming the option."""
     res = run("pack", docs_dir([[1]]), tmp_path / "o", "--capacity", "1")
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert "--capacity 1" in res.output and "Traceback" not in res.output
     assert len(res.output.strip().splitlines()) == 1
 
 
 def test_debug_shows_the_exception(docs_dir, tmp_path):
     res = run("--debug", "pack", docs_dir([[1]]), tmp_path / "o", "--capacity", "1")
-    assert res.exit_code == 1 and res.exception is not None
+    assert res.exit_code == 1 and type(res.exception).__name__ == "ConfigError"
 
 
 def test_module_entry_point_runs():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 
 import numpy as np
 import pytest
@@ -175,7 +176,8 @@ def test_overflow_error_names_file_and_row_of_the_long_document(tmp_path):
     """--overflow error in a later window names the real file and row, not a window index."""
     docs = [[1] * 10] * 20 + [[2] * (C + 1)]
     write_docs(tmp_path / "in" / "a.parquet", docs, row_group_size=8)
-    with pytest.raises(PackingError, match=r"a\.parquet: row 20: .*longer than --capacity"):
+    with pytest.raises(PackingError,
+                       match=r"a\.parquet: row 20 \(0-based\): .*longer than --capacity"):
         _pack(tmp_path / "in", tmp_path / "out", window_docs=8, overflow="error")
     assert not (tmp_path / "out").exists()
 
@@ -219,8 +221,13 @@ def test_cli_summary_reports_windows(tmp_path):
     r = CliRunner().invoke(cli, ["pack", "-c", str(C), "--window-docs", "30",
                                  str(tmp_path / "in"), str(tmp_path / "out")])
     assert r.exit_code == 0, r.output
-    assert "windows 6 of 12..30 documents (--window-docs 30): extra rows per window max" in \
-        r.output
+    line = next(x for x in r.output.splitlines()
+                if "windows 6 of 12..30 documents (--window-docs 30)" in x)
+    # the parts add up to the total extra rows of the summary's first lines
+    total, packing, rounding = (int(x.replace(",", "")) for x in re.findall(
+        r"extra rows ([\d,]+) = ([\d,]+) from packing .* \+ ([\d,]+) from rounding", line)[0])
+    assert total == packing + rounding
+    assert f"extra rows over ceil(tokens/C): {total}" in r.output
     r = CliRunner().invoke(cli, ["pack", "--window-docs", "0", str(tmp_path / "in"),
                                  str(tmp_path / "o2")])
     assert r.exit_code == 2

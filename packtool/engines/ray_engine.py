@@ -6,7 +6,8 @@ read and write files on a filesystem every node sees at the same path and return
 records (counts, names, sizes, hashes); no tokens go through the Ray object store. A task whose
 worker dies is retried by Ray (:data:`MAX_RETRIES`); every task writes under unique temporary
 names and publishes with ``os.replace``, so a retry beside a slow first attempt never exposes
-a half-written file. Needs ``pip install 'packtool[ray]'`` (the same version on every node).
+a half-written file. Needs the ``ray`` extra (``pip install "packtool[ray] @ git+URL"``; the
+same version on every node).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Iterator, Sequence
 
-from packtool.errors import EngineError, MissingDependencyError, PacktoolError
+from packtool.errors import EngineError, MissingDependencyError, PacktoolError, install_hint
 
 __all__ = ["RayEngine", "import_ray", "MAX_RETRIES"]
 
@@ -30,7 +31,7 @@ def import_ray():
         import ray
     except ImportError:
         raise MissingDependencyError(
-            "--engine ray needs Ray: pip install 'packtool[ray]'") from None
+            "--engine ray needs Ray: " + install_hint("ray")) from None
     return ray
 
 

@@ -39,7 +39,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from packtool.core.masks import drop_masked_tokens
-from packtool.errors import InputError, SchemaError
+from packtool.errors import InputError, SchemaError, row_ref
 from packtool.formats.manifest import IN_PROGRESS_NAME, MANIFEST_META_KEY, MANIFEST_NAME
 from packtool.formats.schema import check_token_column, is_integer_list
 from packtool.types import IGNORE_INDEX, INT32_MAX
@@ -586,22 +586,24 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
             n = len(arr)
             if arr.null_count:
                 bad = row + int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
-                raise SchemaError(f"{path}: row {bad}: {column!r} is null; drop or fill null "
+                raise SchemaError(f"{path}: {row_ref(bad)}: {column!r} is null; drop or fill null "
                                   "documents before packing")
             lengths, values = list_parts(arr)
             if values.null_count:
                 vi = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
-                raise SchemaError(f"{path}: row {row + _row_of_value(lengths, vi)}: a token id "
-                                  "is null; fix the tokenizer output")
+                where = row_ref(row + _row_of_value(lengths, vi))
+                raise SchemaError(f"{path}: {where}: a token id is null; fix the tokenizer output")
             flat = values.to_numpy(zero_copy_only=False)
             if flat.size:
                 if flat.min() < 0:
                     vi = int(np.argmax(flat < 0))
-                    raise SchemaError(f"{path}: row {row + _row_of_value(lengths, vi)}: negative "
-                                      f"token id {int(flat[vi])}; token ids must be >= 0")
+                    where = row_ref(row + _row_of_value(lengths, vi))
+                    raise SchemaError(f"{path}: {where}: negative token id {int(flat[vi])}; "
+                                      "token ids must be >= 0")
                 if flat.max() > INT32_MAX:
                     vi = int(np.argmax(flat > INT32_MAX))
-                    raise SchemaError(f"{path}: row {row + _row_of_value(lengths, vi)}: token id "
+                    where = row_ref(row + _row_of_value(lengths, vi))
+                    raise SchemaError(f"{path}: {where}: token id "
                                       f"{int(flat[vi])} does not fit int32; packed input_ids are "
                                       "int32 (vocabularies up to 2**31 - 1)")
             tokens = flat.astype(np.int32, copy=False)
@@ -613,7 +615,7 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
                 if bad.any():
                     vi = int(np.argmax(bad))
                     raise SchemaError(
-                        f"{path}: row {row + _row_of_value(lengths, vi)}: label {int(lab[vi])} "
+                        f"{path}: {row_ref(row + _row_of_value(lengths, vi))}: label {int(lab[vi])} "
                         f"is neither -100 nor its token {int(tokens[vi])}; the "
                         f"{masks.labels!r} column is read as unshifted labels (input_ids or "
                         "-100): fix it or pass --labels-column none")
@@ -631,16 +633,16 @@ def _mask_values(arr: pa.Array, lengths: np.ndarray, path, row: int, name: str) 
     """Values of a per-token mask column, checked to be shaped like the tokens."""
     if arr.null_count:
         bad = row + int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
-        raise SchemaError(f"{path}: row {bad}: {name!r} is null; fill it or pass "
+        raise SchemaError(f"{path}: {row_ref(bad)}: {name!r} is null; fill it or pass "
                           f"--{name.replace('_', '-')}-column none")
     mlen, values = list_parts(arr)
     if not np.array_equal(mlen, lengths):
         bad = int(np.argmax(mlen != lengths))
-        raise SchemaError(f"{path}: row {row + bad}: {name!r} has {int(mlen[bad])} entries for "
+        raise SchemaError(f"{path}: {row_ref(row + bad)}: {name!r} has {int(mlen[bad])} entries for "
                           f"{int(lengths[bad])} tokens; a mask column must be shaped like the "
                           "tokens (or name another column)")
     if values.null_count:
         vi = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
-        raise SchemaError(f"{path}: row {row + _row_of_value(lengths, vi)}: a {name!r} value is "
+        raise SchemaError(f"{path}: {row_ref(row + _row_of_value(lengths, vi))}: a {name!r} value is "
                           "null; fill it")
     return values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)

@@ -64,9 +64,11 @@ class PackResult:
 
 
 def _progress(total, desc, unit, enabled):
+    """A tqdm bar on stderr; counts stay integers (``3/33 shard``), only an open-ended count
+    (``total=None``) is abbreviated (``1.2M doc``)."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False,
+    return tqdm(total=total, desc=desc, unit=f" {unit}", unit_scale=total is None, leave=False,
                 disable=not enabled, file=sys.stderr)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from packtool.core.packing import PackPlan, pack_lengths
-from packtool.errors import PackingError
+from packtool.errors import PackingError, row_ref
 from packtool.pipeline.read import Window, read_window
 from packtool.signals import check, test_pause
 from packtool.stats import PackStats
@@ -58,7 +58,7 @@ def _check_overflow(capacity: int, window: Window, lengths: np.ndarray) -> None:
         k = int(np.searchsorted(ends, bad, side="right"))
         part = window.parts[k]
         row = part.first_row + bad - int(ends[k] - part.docs)
-        raise PackingError(f"{part.path}: row {row}: document {window.first_doc + bad} has "
+        raise PackingError(f"{part.path}: {row_ref(row)}: document {window.first_doc + bad} has "
                            f"{int(lengths[bad])} tokens, longer than --capacity {capacity}; use "
                            "--overflow split|truncate|drop or a larger --capacity")
 

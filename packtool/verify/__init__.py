@@ -2,7 +2,8 @@
 
 This is the only package that imports torch, and it does so lazily: importing
 ``packtool.verify`` works without torch; calling into it raises
-:class:`~packtool.errors.MissingDependencyError` naming ``pip install 'packtool[verify]'``.
+:class:`~packtool.errors.MissingDependencyError` naming what to install
+(:func:`packtool.errors.install_hint`).
 
 Modules: :mod:`~packtool.verify.loader` (``PackedDataset``, ``collate``),
 :mod:`~packtool.verify.masks` (SDPA block-diagonal mask, FlexAttention document mask),
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from packtool.errors import MissingDependencyError
+from packtool.errors import MissingDependencyError, install_hint
 
 __all__ = ["require_torch", "has_torch", "has_cuda", "has_flash_attn", "has_flex_attention",
            "has_transformers"]
@@ -36,7 +37,7 @@ def require_torch():
     except ImportError:
         raise MissingDependencyError(
             "torch is not installed; the torch loader and packtool verify need it: "
-            "pip install 'packtool[verify]'") from None
+            + install_hint("verify")) from None
     return torch
 
 

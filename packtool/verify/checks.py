@@ -31,7 +31,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, install_hint
 from packtool.types import IGNORE_INDEX
 from packtool.verify import (has_cuda, has_flash_attn, has_flex_attention, has_transformers,
                              require_torch)
@@ -644,9 +644,9 @@ def _unavailable(name: str, capacity: int) -> str:
         if not has_cuda():
             return "no CUDA GPU"
         if not has_flash_attn():
-            return "flash-attn not installed (pip install 'packtool[gpu]')"
+            return f"flash-attn not installed ({install_hint('gpu')})"
     if name == "hf" and not has_transformers():
-        return "transformers not installed (pip install 'packtool[dev]')"
+        return f"transformers not installed ({install_hint('hf')})"
     return ""
 
 

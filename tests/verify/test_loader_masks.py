@@ -108,7 +108,8 @@ def test_missing_torch_names_the_verify_extra(monkeypatch):
     from packtool.verify import require_torch
 
     monkeypatch.setitem(sys.modules, "torch", None)
-    with pytest.raises(MissingDependencyError, match=r"pip install 'packtool\[verify\]'"):
+    with pytest.raises(MissingDependencyError,
+                       match=r"pip install 'torch>=[\d.]+' --index-url \S+/whl/cpu"):
         require_torch()
 
 

@@ -1,0 +1,288 @@
+"""README.md and docs/ say only what is true: every command they show runs against this CLI
+(options exist, values parse, repository files exist), `make` targets and pip extras exist,
+generated figures match a fresh run, and quoted error messages match what packtool prints."""
+
+from __future__ import annotations
+
+import glob
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import click
+import pytest
+
+from packtool.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+        ROOT / "sample_data" / "README.md"]
+SHELL_BUILTINS = {"cd", ".", "source", "git"}
+
+
+def shell_commands(md: Path) -> list[tuple[int, list[str]]]:
+    """(line number, argv) of every command in the ```bash blocks of ``md``, comments dropped,
+    ``a && b`` split into two."""
+    out, in_block = [], False
+    for n, line in enumerate(md.read_text().splitlines(), 1):
+        if line.startswith("```"):
+            in_block = not in_block and line.strip() in ("```bash", "```sh", "```shell")
+            continue
+        if not in_block:
+            continue
+        argv = shlex.split(line, comments=True)
+        while argv:
+            cut = argv.index("&&") if "&&" in argv else len(argv)
+            out.append((n, argv[:cut]))
+            argv = argv[cut + 1:]
+    return out
+
+
+def inline_packtool(md: Path) -> list[tuple[int, list[str]]]:
+    """(line number, argv) of every `packtool ...` code span in the prose of ``md``."""
+    out = []
+    for n, line in enumerate(md.read_text().splitlines(), 1):
+        for span in re.findall(r"`(packtool [^`]*)`", line):
+            out.append((n, shlex.split(span)))
+    return out
+
+
+def _placeholder(token: str) -> bool:
+    """INPUT, OUTPUT..., C, N, FILE.png, CMD, URL, ...: stands for a value the user picks."""
+    return token in ("...", "…") or bool(re.fullmatch(r"[A-Z][A-Z_]*(\.\.\.|\.[a-z]+)?", token))
+
+
+def _check_path(value: str, where: str) -> None:
+    """A path into the repository (its first part is a top-level entry of the checkout) must
+    exist; other paths (in/, out/, /shared/...) are the user's."""
+    first = Path(value).parts[0] if Path(value).parts else ""
+    if not value.startswith("/") and (ROOT / first).exists() and first not in ("out",):
+        assert glob.glob(str(ROOT / value)), f"{where}: {value} does not exist in the checkout"
+
+
+def check_packtool(argv: list[str], where: str, *, partial: bool = False) -> None:
+    """Walk ``packtool ARGS`` the way click would: every option exists on its command, every
+    value parses (placeholders aside), positional arguments are enough, paths into the
+    repository exist. ``partial``: a mention in prose, which may leave arguments out."""
+    assert argv[0] == "packtool", where
+    args = argv[1:]
+    group_opts = {o for p in cli.params for o in (*p.opts, *p.secondary_opts)}
+    group_opts |= {"-h", "--help"}
+    while args and args[0].startswith("-"):
+        assert args[0] in group_opts, f"{where}: packtool has no option {args[0]}"
+        args = args[1:]
+    if not args:
+        return
+    if _placeholder(args[0]):  # `packtool --debug CMD ...`
+        return
+    assert args[0] in cli.commands, f"{where}: packtool has no command {args[0]!r}"
+    cmd = cli.commands[args[0]]
+    opts = {o: p for p in cmd.params if isinstance(p, click.Option)
+            for o in (*p.opts, *p.secondary_opts)}
+    positional, rest = [], args[1:]
+    i = 0
+    while i < len(rest):
+        tok = rest[i]
+        if tok.startswith("-") and len(tok) > 1 and not _placeholder(tok):
+            name, eq, value = tok.partition("=")
+            if name in ("-h", "--help"):
+                i += 1
+                continue
+            assert name in opts, f"{where}: packtool {args[0]} has no option {name}"
+            p = opts[name]
+            if not (p.is_flag or p.count):
+                if not eq:
+                    i += 1
+                    assert i < len(rest), f"{where}: {name} needs a value"
+                    value = rest[i]
+                if not _placeholder(value):
+                    if isinstance(p.type, click.Path):
+                        _check_path(value, where)
+                    elif p.callback is None:
+                        try:
+                            p.type.convert(value, p, None)
+                        except click.BadParameter as exc:
+                            raise AssertionError(f"{where}: {name} {value}: {exc}") from None
+        else:
+            positional.append(tok)
+        i += 1
+    for value in positional:
+        if not _placeholder(value):
+            _check_path(value, where)
+    if not partial:
+        # an argument's metavar names what it takes: "INPUT... OUTPUT" is at least two paths
+        need = sum(max(a.nargs, len((a.metavar or "X").split())) for a in cmd.params
+                   if isinstance(a, click.Argument) and a.required)
+        assert len(positional) >= need, f"{where}: packtool {args[0]} needs {need} argument(s)"
+
+
+def _makefile_targets() -> set[str]:
+    text = (ROOT / "Makefile").read_text()
+    return set(re.findall(r"^([A-Za-z][\w-]*):", text, re.M))
+
+
+def _extras() -> set[str]:
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return set(meta["project"]["optional-dependencies"])
+
+
+def check_pip(argv: list[str], where: str) -> None:
+    """``pip install`` of packtool: from a checkout (``.``/``'.[x]'``) or ``packtool[x] @ URL``,
+    with extras that exist; never ``packtool`` from a package index (it is not published)."""
+    assert argv[:2] == ["pip", "install"], where
+    for req in argv[2:]:
+        if req.startswith("-") or req.startswith("http"):
+            continue
+        m = re.fullmatch(r"(\.|packtool)(?:\[([\w,-]+)\])?(\s*@\s*git\+\S+)?", req)
+        if m is None:
+            assert not req.startswith("packtool"), f"{where}: {req!r}"
+            continue  # another package (torch from its index)
+        if m.group(1) == "packtool":
+            assert m.group(3), f"{where}: {req!r} installs from an index; packtool is not on one"
+        for extra in (m.group(2) or "").split(","):
+            assert not extra or extra in _extras(), f"{where}: no extra [{extra}]"
+
+
+def check_command(argv: list[str], where: str) -> None:
+    if argv[0] == "packtool":
+        check_packtool(argv, where)
+    elif argv[0] == "make":
+        targets = [a for a in argv[1:] if "=" not in a]
+        for t in targets:
+            assert t in _makefile_targets(), f"{where}: the Makefile has no target {t}"
+    elif argv[0] == "pip":
+        check_pip(argv, where)
+    elif argv[0] in SHELL_BUILTINS or argv[:3] == ["python3", "-m", "venv"]:
+        pass
+    elif argv[0] in ("python", "python3", ".venv/bin/python"):
+        script = ROOT / argv[1]
+        assert script.is_file(), f"{where}: {argv[1]} does not exist"
+        text = script.read_text()
+        for opt in (a.split("=")[0] for a in argv[2:] if a.startswith("--")):
+            assert f'"{opt}"' in text, f"{where}: {argv[1]} has no option {opt}"
+    else:
+        raise AssertionError(f"{where}: no rule checks `{argv[0]}` commands; add one here")
+
+
+@pytest.mark.parametrize("md", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_shell_command_in_the_docs_is_valid(md):
+    commands = shell_commands(md)
+    for n, argv in commands:
+        check_command(argv, f"{md.name}:{n}")
+    for n, argv in inline_packtool(md):
+        check_packtool(argv, f"{md.name}:{n}", partial=True)
+
+
+def test_the_checker_catches_what_it_should():
+    """The checks above fail on a wrong option, a bad value, a missing file, too few arguments
+    or an install from a package index."""
+    bad = [(check_packtool, ["packtool", "pack", "--capcity", "2048", "in/", "out/"]),
+           (check_packtool, ["packtool", "pack", "--strategy", "bfd", "in/", "out/"]),
+           (check_packtool, ["packtool", "stats", "sample_data/no-such.parquet"]),
+           (check_packtool, ["packtool", "pack", "in/"]),
+           (check_packtool, ["packtool", "statistics", "out/"]),
+           (check_pip, ["pip", "install", "packtool[verify]"]),
+           (check_pip, ["pip", "install", ".[no-such-extra]"]),
+           (check_command, ["make", "no-such-target"])]
+    for fn, argv in bad:
+        with pytest.raises(AssertionError):
+            fn(argv, "case")
+
+
+def test_readme_says_what_make_demo_runs():
+    """The README quotes the commands of the Makefile's demo recipe."""
+    text = (ROOT / "Makefile").read_text()
+    recipe = text.split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    quoted = re.findall(r"`(packtool [^`]*)`", (ROOT / "README.md").read_text().split(
+        "## Install")[0])
+    ran = [line.split("$(BIN)/", 1)[1] for line in recipe.splitlines()
+           if "$(BIN)/packtool" in line]
+    assert ran and quoted == ran, (quoted, ran)
+
+
+def test_readme_compare_table_matches_a_fresh_run():
+    """README's 'What packing buys' block is what scripts/readme_figures.py computes now."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_figures.py"),
+                           "--check"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr + "\nrun: make docs"
+
+
+def test_readme_verify_figures_name_every_cpu_backend():
+    """The verify figures block exists and names the backends CI runs (make docs VERIFY=1
+    regenerates the numbers)."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("<!-- begin: verify -->", 1)[1].split("<!-- end: verify -->", 1)[0]
+    for backend in ("sdpa", "flex", "hf"):
+        assert re.search(rf"{backend} \d\.\de-\d\d", block), block
+
+
+# ---- docs/robustness.md: each quoted message is what packtool prints ---------------------------
+
+def _doc_messages() -> list[str]:
+    text = (ROOT / "docs" / "robustness.md").read_text()
+    table = text.split("| Input | Message says |", 1)[1].split("\n\n", 1)[0]
+    return [m for row in table.splitlines()[2:] for m in re.findall(r"`([^`]+)`",
+                                                                   row.rsplit("|", 2)[1])]
+
+
+def _pattern(msg: str) -> re.Pattern:
+    """The quoted message with its placeholders (N, V, D, L, C, <file>, ...) as wildcards."""
+    parts = re.split(r"(<file>|\.\.\.|\b[NVDLC]\b)", msg)
+    return re.compile("".join(".+?" if i % 2 else re.escape(p) for i, p in enumerate(parts)))
+
+
+def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from conftest import write_docs
+
+    good = write_docs(tmp_path / "good" / "a.parquet", [[1, 2, 3], [4, 5]])
+    (tmp_path / "nopq").mkdir()
+    (tmp_path / "zero.parquet").write_bytes(b"")
+    (tmp_path / "text.parquet").write_text("not parquet")
+    pq.write_table(pa.table({"text": ["a"]}), tmp_path / "nocol.parquet")
+    pq.write_table(pa.table({"input_ids": ["a"]}), tmp_path / "str.parquet")
+    write_docs(tmp_path / "nulldoc.parquet", [[1], None])
+    write_docs(tmp_path / "nulltok.parquet", [[1, None]])
+    write_docs(tmp_path / "neg.parquet", [[1, -1]])
+    write_docs(tmp_path / "big.parquet", [[2**31]])
+    write_docs(tmp_path / "empty.parquet", [[]])
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+
+    def pack(*args):
+        return [*args[:-1], "-q", args[-1]]
+
+    cases = [pack(tmp_path / "missing", tmp_path / "o"), pack(tmp_path / "nopq", tmp_path / "o"),
+             pack(tmp_path / "zero.parquet", tmp_path / "o"),
+             pack(tmp_path / "text.parquet", tmp_path / "o"),
+             pack(tmp_path / "nocol.parquet", tmp_path / "o"),
+             pack(tmp_path / "str.parquet", tmp_path / "o"),
+             pack(tmp_path / "nulldoc.parquet", tmp_path / "o"),
+             pack(tmp_path / "nulltok.parquet", tmp_path / "o"),
+             pack(tmp_path / "neg.parquet", tmp_path / "o"),
+             pack(tmp_path / "big.parquet", tmp_path / "o"),
+             pack(tmp_path / "empty.parquet", tmp_path / "o"),
+             ["--capacity", "1", *pack(good, tmp_path / "o")],
+             ["--pad-id", "-1", *pack(good, tmp_path / "o")],
+             ["--capacity", "2", "--overflow", "error", *pack(good, tmp_path / "o")],
+             pack(good.parent, good.parent / "sub"),
+             pack(good, tmp_path / "afile"),
+             pack(good, tmp_path / "afile" / "o"),
+             pack(good, tmp_path / "full")]
+    from click.testing import CliRunner
+
+    printed = []
+    for args in cases:
+        res = CliRunner().invoke(cli, ["pack", *map(str, args)])
+        assert res.exit_code in (1, 2), (args, res.output)
+        printed.append(res.output.strip())
+    for msg in _doc_messages():
+        pat = _pattern(msg)
+        assert any(pat.search(p) for p in printed), f"docs/robustness.md quotes {msg!r}, " \
+            f"which packtool does not print:\n" + "\n".join(printed)

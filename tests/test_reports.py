@@ -1,0 +1,215 @@
+"""Reports that cannot mislead: absolute units across strategies, log scales where ranges are
+wide, titles that say what is compared, JSON without float noise, a bounded --per-bin listing
+that stays aligned, integer progress counts."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import write_docs
+from packtool import analysis
+from packtool.analysis import analyze_packed, compare_strategies, least_waste
+from packtool.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def sample_lengths():
+    return analysis.input_lengths([ROOT / "sample_data"])
+
+
+def _floats(obj):
+    if isinstance(obj, float):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _floats(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _floats(v)
+
+
+def test_compare_figures_are_absolute_and_comparable(sample_lengths):
+    """ordered and obfd lay out the same segments, so their attention work in token^2 is equal
+    (the old per-strategy percentage made ordered look cheaper); rows and padding differ."""
+    res = {r["strategy"]: r for r in compare_strategies(sample_lengths, 2048)}
+    o, b = res["ordered"], res["obfd"]
+    assert o["attention_work"] == b["attention_work"]
+    assert o["attention_work_vs_least"] == b["attention_work_vs_least"]
+    assert o["rows"] > b["rows"] and o["padding_tokens"] > b["padding_tokens"]
+    for r in res.values():
+        assert r["tokens_processed"] == r["rows"] * 2048
+        # split keeps every token, so padding is what the rows hold beyond the input
+        assert r["padding_tokens"] == r["tokens_processed"] - int(sample_lengths.sum())
+        assert r["attention_work_full_rows"] == r["rows"] * 2048**2
+    text = analysis.format_compare(list(res.values()), 2048, sample_lengths.size,
+                                   int(sample_lengths.sum()))
+    assert "%" not in text.splitlines()[1].replace("padding %", "")  # no relative columns
+    assert "least waste: obfd" in text
+    assert "concat pads less" in text and "cuts 153 documents" in text
+
+
+def test_least_waste_prefers_no_cut_documents_then_padding():
+    rows = [{"strategy": "a", "padding_tokens": 1, "rows": 5, "docs_cut_below_capacity": 3},
+            {"strategy": "b", "padding_tokens": 50, "rows": 6, "docs_cut_below_capacity": 0},
+            {"strategy": "c", "padding_tokens": 9, "rows": 5, "docs_cut_below_capacity": 0}]
+    assert least_waste(rows)["strategy"] == "c"
+    for r in rows:
+        r["docs_cut_below_capacity"] = 1
+    assert least_waste(rows)["strategy"] == "a"
+
+
+def test_json_has_no_float_noise(tmp_path, sample_lengths):
+    """Histogram edges print as 0.3, not 0.30000000000000004; ratios are rounded; counts are
+    integers."""
+    write_docs(tmp_path / "in" / "a.parquet", [[1] * n for n in (3, 7, 2, 9, 4, 4, 1, 6)])
+    assert run("pack", "-q", "-c", 10, tmp_path / "in", tmp_path / "out").exit_code == 0
+    res = run("stats", tmp_path / "out", "--json", "--per-bin")
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert d["fill_histogram"]["edges"] == [i / 10 for i in range(11)]
+    assert "0.30000000000000004" not in res.output
+    for v in d["fill_quantiles"].values():
+        assert v == round(v, 6)
+    assert all(isinstance(b["targets"], int) for b in d["per_bin"])
+    res = run("stats", tmp_path / "in", "-c", 10, "--compare", "--json")
+    for x in _floats(json.loads(res.output)):
+        assert x == round(x, 6), x
+    for r in compare_strategies(sample_lengths, 2048):
+        for x in _floats(r):
+            assert x == round(x, 6), x
+
+
+def _packed_many_rows(tmp_path):
+    write_docs(tmp_path / "in" / "a.parquet", [[1] * (3 + i % 5) for i in range(40)])
+    args = ["pack", "-q", "-c", 8, "--no-shuffle", "--rows-per-shard", 7]
+    assert run(*args, tmp_path / "in", tmp_path / "out").exit_code == 0
+    return tmp_path / "out"
+
+
+def test_per_bin_limit_lists_the_first_rows_and_totals_every_row(tmp_path):
+    out = _packed_many_rows(tmp_path)
+    full = analyze_packed(out, per_bin=True)
+    total = full.stats.effective_targets
+    assert sum(b["targets"] for b in full.per_bin) == total
+    res = run("stats", out, "--per-bin", "--per-bin-limit", 3, "--json")
+    d = json.loads(res.output)
+    assert [b["row"] for b in d["per_bin"]] == [0, 1, 2]
+    assert d["per_bin"] == full.per_bin[:3]
+    assert d["targets_total"] == total and d["per_bin_rows_listed"] == 3
+    res = run("stats", out, "--per-bin", "--per-bin-limit", 3)
+    assert f"first 3 of {full.stats.rows} rows" in res.output
+    assert f"total targets {total:,}" in res.output
+    d = json.loads(run("stats", out, "--per-bin", "--per-bin-limit", 0, "--json").output)
+    assert len(d["per_bin"]) == full.stats.rows
+    default = json.loads(run("stats", out, "--per-bin", "--json").output)
+    assert len(default["per_bin"]) == min(full.stats.rows, 50)
+
+
+def test_per_bin_columns_stay_aligned_whatever_the_shard_names(tmp_path):
+    """Columns line up under their header for shard names of any length (a fixed width once
+    broke on longer names)."""
+    a = analyze_packed(_packed_many_rows(tmp_path), per_bin=True)
+    for i, b in enumerate(a.per_bin):  # names longer than the old fixed width, and shorter
+        b["shard"] = "part-00000-00000.parquet" if i % 2 else "p.parquet"
+    lines = analysis.format_packed(a).splitlines()
+    head = next(i for i, line in enumerate(lines) if line.strip().startswith("shard"))
+    rows = [line for line in lines[head + 1:] if ".parquet" in line]
+    assert len(rows) == len(a.per_bin)
+    # the end of the "targets" column is at the same place on the header and every row
+    end = lines[head].index("targets") + len("targets")
+    for line in rows:
+        assert line[end - 1].isdigit() and line[end] == " ", line
+
+
+def _capture_figure(monkeypatch):
+    figs = []
+
+    def keep(plt, fig, out):
+        figs.append(fig)
+
+    monkeypatch.setattr(analysis, "_save", keep)
+    return figs
+
+
+def test_compare_plot_uses_log_scales_and_says_what_it_compares(monkeypatch, sample_lengths):
+    pytest.importorskip("matplotlib")
+    figs = _capture_figure(monkeypatch)
+    analysis.plot_compare(sample_lengths, 2048, "unused.png")
+    (fig,) = figs
+    axes = {ax.get_title(): ax for ax in fig.axes}
+    lengths = next(ax for t, ax in axes.items() if "document lengths" in t)
+    padding = next(ax for t, ax in axes.items() if "padding" in t)
+    fill = next(ax for t, ax in axes.items() if "fill" in t)
+    assert lengths.get_xscale() == "log"  # 1 .. 16k tokens
+    assert padding.get_yscale() in ("log", "symlog")  # 317 .. 426,301 tokens
+    assert fill.get_yscale() == "log"
+    assert [t.get_text() for t in padding.get_xticklabels()] == ["concat", "ordered", "obfd"]
+    assert "least waste: obfd" in fig._suptitle.get_text()
+    assert "capacity 2,048" in fig._suptitle.get_text()
+    labels = " ".join(t.get_text() for t in padding.texts)
+    assert "426,301" in labels and "2,365" in labels
+
+
+def test_packed_plot_uses_log_scales(monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = _packed_many_rows(tmp_path)
+    figs = _capture_figure(monkeypatch)
+    analysis.plot_packed(analyze_packed(out), "unused.png")
+    (fig,) = figs
+    fill, seg = fig.axes
+    assert fill.get_yscale() == "log" and seg.get_xscale() == "log"
+    assert "capacity" in " ".join(t.get_text() for t in seg.get_legend().get_texts())
+
+
+def test_plot_that_cannot_be_written_is_one_line_exit_1(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib.figure
+
+    def refuse(self, *a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", refuse)
+    out = _packed_many_rows(tmp_path)
+    res = run("stats", out, "--plot", tmp_path / "f.png")
+    assert res.exit_code == 1 and "cannot write the plot (Permission denied)" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_progress_counts_are_integers(monkeypatch):
+    """A shard bar reads 3/33, never 3.00/33.0; an open-ended document count may abbreviate."""
+    from packtool.pipeline import _progress
+
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    with _progress(33, "write", "shard", True) as bar:
+        bar.update(3)
+        bar.refresh()
+    text = err.getvalue()
+    assert "3/33" in text and "3.00" not in text and "33.0" not in text
+    err.truncate(0)
+    with _progress(None, "read", "doc", True) as bar:
+        bar.update(812)
+        bar.refresh()
+    assert "812 doc" in err.getvalue()
+
+
+def test_sample_figures_in_readme_name_the_least_wasteful(sample_lengths):
+    """The README's table marks the strategy the verdict names (bold), so a reader sees it."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("<!-- begin: compare -->", 1)[1].split("<!-- end: compare -->", 1)[0]
+    best = least_waste(compare_strategies(sample_lengths, 2048))["strategy"]
+    assert f"| **{best}** |" in block and f"Least waste: **{best}**" in block
