@@ -615,8 +615,8 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
                 if bad.any():
                     vi = int(np.argmax(bad))
                     raise SchemaError(
-                        f"{path}: {row_ref(row + _row_of_value(lengths, vi))}: label {int(lab[vi])} "
-                        f"is neither -100 nor its token {int(tokens[vi])}; the "
+                        f"{path}: {row_ref(row + _row_of_value(lengths, vi))}: label "
+                        f"{int(lab[vi])} is neither -100 nor its token {int(tokens[vi])}; the "
                         f"{masks.labels!r} column is read as unshifted labels (input_ids or "
                         "-100): fix it or pass --labels-column none")
                 targets = (lab != IGNORE_INDEX).astype(np.uint8)
@@ -638,11 +638,11 @@ def _mask_values(arr: pa.Array, lengths: np.ndarray, path, row: int, name: str) 
     mlen, values = list_parts(arr)
     if not np.array_equal(mlen, lengths):
         bad = int(np.argmax(mlen != lengths))
-        raise SchemaError(f"{path}: {row_ref(row + bad)}: {name!r} has {int(mlen[bad])} entries for "
-                          f"{int(lengths[bad])} tokens; a mask column must be shaped like the "
+        raise SchemaError(f"{path}: {row_ref(row + bad)}: {name!r} has {int(mlen[bad])} entries "
+                          f"for {int(lengths[bad])} tokens; a mask column must be shaped like the "
                           "tokens (or name another column)")
     if values.null_count:
         vi = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
-        raise SchemaError(f"{path}: {row_ref(row + _row_of_value(lengths, vi))}: a {name!r} value is "
-                          "null; fill it")
+        where = row_ref(row + _row_of_value(lengths, vi))
+        raise SchemaError(f"{path}: {where}: a {name!r} value is null; fill it")
     return values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)

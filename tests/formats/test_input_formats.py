@@ -100,7 +100,7 @@ def test_list_parts_matches_python_lists(layout):
 def test_out_of_range_checks_hold_for_list_views(tmp_path):
     src = tmp_path / "a.parquet"
     pq.write_table(pa.table({"input_ids": _list_view([[1, 2], [3, -4], [5]])}), src)
-    with pytest.raises(SchemaError, match="row 1: negative token id -4"):
+    with pytest.raises(SchemaError, match=r"row 1 \(0-based\): negative token id -4"):
         list(iter_token_batches(src, "input_ids"))
 
 

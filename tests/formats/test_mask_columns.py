@@ -71,7 +71,8 @@ def test_mask_row_of_another_length_is_refused_with_the_row(tmp_path):
     bad = [m[:] for m in MASK]
     bad[2] = bad[2][:4]
     src = _write(tmp_path / "a.parquet", input_ids=IDS, attention_mask=bad)
-    with pytest.raises(SchemaError, match="row 2: 'attention_mask' has 4 entries for 5 tokens"):
+    with pytest.raises(SchemaError,
+                       match=r"row 2 \(0-based\): 'attention_mask' has 4 entries for 5 tokens"):
         _read(src, attention_mask=AUTO)
 
 
@@ -80,5 +81,6 @@ def test_label_that_is_not_its_token_is_refused(tmp_path):
     bad = [row[:] for row in LABELS]
     bad[2][3] = 5
     src = _write(tmp_path / "a.parquet", input_ids=IDS, labels=bad)
-    with pytest.raises(SchemaError, match="row 2: label 5 is neither -100 nor its token 4"):
+    with pytest.raises(SchemaError,
+                       match=r"row 2 \(0-based\): label 5 is neither -100 nor its token 4"):
         _read(src, labels=AUTO)
