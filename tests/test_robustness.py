@@ -61,7 +61,7 @@ def test_late_bad_value_in_the_last_window_leaves_output_as_before(tmp_path, exi
     if existing:
         out.mkdir()
     res = invoke(["pack", "-q", "--window-docs", "5", "-c", C, tmp_path / "in", out])
-    assert res.exit_code == 1 and "row 23: negative token id" in res.output
+    assert res.exit_code == 1 and "row 23 (0-based): negative token id" in res.output
     assert res.output.count("\n") == 1
     if existing:
         assert list(out.iterdir()) == []
