@@ -61,6 +61,7 @@ def layout_rows(
     *,
     pad_id: int = 0,
     labels: LabelMode | str = LabelMode.UNSHIFTED,
+    targets: np.ndarray | None = None,
 ) -> PackedRows:
     """Materialise rows ``rows`` of ``plan`` into packed columns.
 
@@ -71,6 +72,10 @@ def layout_rows(
         doc_starts: int64[num_docs], index in ``tokens`` of each document's first token.
         pad_id: token id written on padding (int32 range).
         labels: ``unshifted`` (default), ``shifted`` or ``none``.
+        targets: optional uint8[T] input target flags, like ``tokens`` (0: the input label was
+            -100, e.g. an SFT prompt): such a token is never a target, in addition to the
+            boundary rule, and ``num_targets`` counts what is left
+            (:func:`packtool.core.masks.mask_labels`).
 
     Returns:
         :class:`PackedRows` (shapes documented on its fields).
@@ -106,12 +111,17 @@ def layout_rows(
     out = K._fill_rows(local_rows, seg_offsets, seg_len, seg_src, tok, plan.capacity,
                        np.int32(pad_id), _LABEL_CODE[mode])
     ids, seg, pos, lab, cu_values, cu_offsets, num_targets, max_seqlen = out
+    if targets is not None:
+        from packtool.core.masks import mask_labels
+
+        mask_labels(lab, num_targets, seg_offsets, seg_len, seg_src, targets,
+                    shifted=mode is LabelMode.SHIFTED)
     return PackedRows(ids, seg, pos, None if mode is LabelMode.NONE else lab, cu_values,
                       cu_offsets, num_targets, max_seqlen, doc_ids, doc_offsets, seg_offsets)
 
 
 def append_eos(lengths: np.ndarray, tokens: np.ndarray, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Append ``eos_id`` to every non-empty document.
+    """Append ``eos_id`` to every non-empty document that does not already end with it.
 
     Args:
         lengths: int64[docs], tokens per document.
@@ -119,14 +129,10 @@ def append_eos(lengths: np.ndarray, tokens: np.ndarray, eos_id: int) -> tuple[np
         eos_id: end-of-document token id (int32 range).
 
     Returns:
-        (lengths int64[docs], tokens int32[sum(new lengths)]); empty documents stay empty.
+        (lengths int64[docs], tokens int32[sum(new lengths)]); empty documents stay empty. The
+        counts and target flags: :func:`packtool.core.masks.add_boundary_tokens`.
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    new_lengths = lengths + (lengths > 0)
-    ends = np.cumsum(new_lengths)  # shape: (docs,), one past each document's new last token
-    is_eos = np.zeros(int(new_lengths.sum()), dtype=bool)
-    is_eos[ends[lengths > 0] - 1] = True
-    out = np.empty(is_eos.size, dtype=np.int32)
-    out[is_eos] = eos_id
-    out[~is_eos] = tokens
+    from packtool.core.masks import add_boundary_tokens
+
+    new_lengths, out, _, _ = add_boundary_tokens(lengths, tokens, eos=eos_id)
     return new_lengths, out

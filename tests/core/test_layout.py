@@ -93,6 +93,13 @@ def test_append_eos_adds_one_token_to_non_empty_documents():
     assert tokens.tolist() == [5, 6, 99, 7, 99]
 
 
+def test_append_eos_never_doubles_an_eos():
+    """[..., 2] + EOS 2 would train an EOS -> EOS target."""
+    lengths, tokens = append_eos(np.array([2, 1]), np.array([5, 99, 99], dtype=np.int32), 99)
+    assert lengths.tolist() == [2, 1]
+    assert tokens.tolist() == [5, 99, 99]
+
+
 docs_strategy = st.lists(st.lists(st.integers(0, 2**31 - 1), max_size=30), max_size=25)
 
 
