@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from packtool.core.masks import drop_masked_tokens
+from packtool.core.masks import BoundaryCounts, add_boundary_tokens, drop_masked_tokens
 from packtool.errors import InputError, SchemaError, row_ref
 from packtool.formats.manifest import IN_PROGRESS_NAME, MANIFEST_META_KEY, MANIFEST_NAME
 from packtool.formats.schema import check_token_column, is_integer_list
@@ -46,7 +46,8 @@ from packtool.types import IGNORE_INDEX, INT32_MAX
 
 __all__ = ["InputFile", "TokenBatch", "Discovery", "InputSource", "MaskColumns", "discover",
            "discover_inputs", "open_input", "iter_token_batches", "list_parts",
-           "resolve_mask_columns", "filesystem_of", "is_remote", "SUPPORTED_FORMATS", "AUTO"]
+           "resolve_mask_columns", "reads_labels", "filesystem_of", "is_remote",
+           "SUPPORTED_FORMATS", "AUTO"]
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,20 @@ class TokenBatch:
     first_row: int  #: row index in the file of the first document
     lengths: np.ndarray  #: int64[docs], tokens per document
     tokens: np.ndarray  #: int32[sum(lengths)], the documents' tokens back to back
-    targets: np.ndarray | None = None  #: uint8[sum(lengths)], 0 = input label -100; None: no labels
+    #: uint8[sum(lengths)], 0 = the input label was -100; None: no labels column
+    targets: np.ndarray | None = None
     masked_tokens: int = 0  #: tokens removed because their attention mask was 0
+    #: BOS/EOS added or found already there (--prepend-bos/--append-eos)
+    boundary: BoundaryCounts = BoundaryCounts()
+
+    def mask_counts(self) -> dict:
+        """The batch's mask figures under their :class:`packtool.stats.PackStats` names."""
+        b = self.boundary
+        return {"tokens_attention_masked": self.masked_tokens,
+                "tokens_label_masked": 0 if self.targets is None
+                else int(self.targets.size - np.count_nonzero(self.targets)),
+                "docs_bos_added": b.bos_added, "docs_bos_present": b.bos_present,
+                "docs_eos_added": b.eos_added, "docs_eos_present": b.eos_present}
 
 
 #: Mask column option value: use the column of the default name when the file has it.
@@ -144,6 +157,24 @@ def resolve_mask_columns(schema: pa.Schema, path, column: str, attention_mask: s
 
     return MaskColumns(pick(attention_mask, ATTENTION_MASK_COLUMN, "--attention-mask-column"),
                        pick(labels, LABELS_COLUMN, "--labels-column"))
+
+
+def reads_labels(files, column: str, labels: str | None) -> bool:
+    """True when a labels column will be read from at least one of ``files`` (footers only).
+
+    Decided before reading, so every window of a pack stores the same columns.
+
+    Raises:
+        InputError, SchemaError: as :func:`open_input` and :func:`resolve_mask_columns`.
+    """
+    if labels is None:
+        return False
+    found = False
+    for f in files:
+        src = open_input(f.path, column)
+        found |= resolve_mask_columns(src.schema_arrow, src.path, column, None,
+                                      labels).labels is not None
+    return found
 
 
 @dataclass(frozen=True)
@@ -540,7 +571,8 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
                        row_groups: Sequence[int] | None = None,
                        row_range: tuple[int, int] | None = None,
                        fmt: str | None = None, *, attention_mask: str | None = None,
-                       labels: str | None = None) -> Iterator[TokenBatch]:
+                       labels: str | None = None, bos: int | None = None,
+                       eos: int | None = None) -> Iterator[TokenBatch]:
     """Stream one file's documents as :class:`TokenBatch` es.
 
     ``row_groups`` (ascending indices) restricts the read to those row groups (Arrow IPC: record
@@ -550,7 +582,9 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
 
     ``attention_mask`` / ``labels``: mask columns as in :func:`resolve_mask_columns` (default
     None: not read). Tokens whose attention mask is 0 are removed; a labels column (unshifted:
-    ``labels[i]`` is ``input_ids[i]`` or -100) becomes ``TokenBatch.targets``.
+    ``labels[i]`` is ``input_ids[i]`` or -100) becomes ``TokenBatch.targets``. ``bos`` / ``eos``:
+    added to every non-empty document lacking them (after the attention mask), never doubled
+    (:func:`packtool.core.masks.add_boundary_tokens`).
 
     Raises:
         InputError: the file cannot be read (the message names the row group).
@@ -625,7 +659,11 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
                                     masks.attention_mask)
                 lengths, tokens, targets, masked = drop_masked_tokens(lengths, tokens, keep,
                                                                       targets)
-            yield TokenBatch(row, lengths, tokens, targets, masked)
+            boundary = BoundaryCounts()
+            if bos is not None or eos is not None:
+                lengths, tokens, targets, boundary = add_boundary_tokens(
+                    lengths, tokens, targets, bos=bos, eos=eos)
+            yield TokenBatch(row, lengths, tokens, targets, masked, boundary)
             row += n
 
 
