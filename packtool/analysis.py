@@ -26,9 +26,10 @@ from packtool.core.packing import pack_lengths
 from packtool.errors import OutputError, install_hint
 from packtool.formats.packed import PackedReader
 from packtool.stats import PackStats
-from packtool.types import Overflow, Strategy
+from packtool.types import IGNORE_INDEX, Overflow, Strategy
 
 __all__ = ["PackedAnalysis", "analyze_packed", "compare_strategies", "input_lengths",
+           "input_documents", "InputDocuments",
            "format_packed", "format_compare", "plot_packed", "plot_compare", "require_matplotlib",
            "least_waste", "RECOUNTED"]
 
@@ -152,6 +153,13 @@ def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False,
     reader = PackedReader(path)
     C = reader.capacity
     cols = ["cu_seqlens", "doc_ids", "doc_offsets", "num_targets"]
+    # an input labels column (SFT prompt masking) left some tokens -100 on purpose: the targets
+    # are then the stored labels != -100, at most sum(len - 1) per segment
+    label_masked = (int(reader.manifest.get("totals", {}).get("tokens_label_masked", 0)) > 0
+                    and "labels" in reader.columns)
+    batch_rows = max(1, (1 << 22) // C) if label_masked else _RECOUNT_BATCH_ROWS
+    if label_masked:
+        cols.append("labels")
     rows = segs = real = targets = work = documents = bad_num_targets = 0
     fill_counts = np.zeros(C + 1, dtype=np.int64)  # shape: (C + 1,)
     seg_counts = np.zeros(C + 1, dtype=np.int64)  # shape: (C + 1,)
@@ -160,7 +168,7 @@ def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False,
     for shard in reader.shards:
         pf = pq.ParquetFile(reader.path / shard)
         first = 0
-        for batch in pf.iter_batches(batch_size=_RECOUNT_BATCH_ROWS, columns=cols,
+        for batch in pf.iter_batches(batch_size=batch_rows, columns=cols,
                                      use_threads=False):
             n = batch.num_rows
             cu, cu_off = _list_parts(batch.column("cu_seqlens"))
@@ -172,7 +180,16 @@ def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False,
             cu64 = cu.astype(np.int64)
             lens = cu64[start + 1] - cu64[start]  # shape: (segments,)
             real_R = cu64[cu_off[:-1] + k]  # shape: (n,), end of the last real segment
-            row_t = np.add.reduceat(lens - 1, k_off[:-1]) if lens.size else np.zeros(n, np.int64)
+            seg_t = lens - 1  # shape: (segments,), targets per segment (boundary rule)
+            if label_masked:
+                lab = batch.column("labels").flatten().to_numpy(zero_copy_only=False)  # (n*C,)
+                # shape: (n * C + 1,), targets before each flat position
+                cs = np.concatenate([[0], np.cumsum(lab != IGNORE_INDEX, dtype=np.int64)])
+                seg_row = np.repeat(np.arange(n, dtype=np.int64) * C, k)
+                kept = cs[seg_row + cu64[start + 1]] - cs[seg_row + cu64[start]]
+                bad_num_targets += int(np.count_nonzero(kept > seg_t))
+                seg_t = np.minimum(kept, seg_t)
+            row_t = np.add.reduceat(seg_t, k_off[:-1]) if lens.size else np.zeros(n, np.int64)
             row_t[k == 0] = 0  # reduceat's value for empty rows is not a sum
             nt = batch.column("num_targets").to_numpy(zero_copy_only=False)
             bad_num_targets += int(np.count_nonzero(nt != row_t))
@@ -193,7 +210,7 @@ def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False,
                 np.bitwise_or.at(cut_bits, cut >> 3, (1 << (cut & 7)).astype(np.uint8))
             room = n if per_bin_limit is None else min(n, per_bin_limit - len(bins))
             if per_bin and room > 0:
-                seg_t = np.split(lens - 1, k_off[1:-1])
+                seg_t = np.split(seg_t, k_off[1:-1])
                 bins.extend({"shard": shard, "row": first + i, "segments": int(k[i]),
                              "real_tokens": int(real_R[i]), "targets": int(row_t[i]),
                              "segment_targets": seg_t[i].tolist()} for i in range(room))
@@ -216,8 +233,56 @@ def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False,
                           bins, documents, per_bin_limit if per_bin else None)
 
 
+@dataclass(frozen=True)
+class InputDocuments:
+    """Raw INPUT as ``pack`` would see it before planning (masks and BOS/EOS applied)."""
+
+    lengths: np.ndarray  #: int64[num_docs], tokens per document
+    targets: np.ndarray | None  #: uint8[sum(lengths)] input target flags; None: no labels column
+    masked_tokens: int  #: tokens removed by an attention mask
+    boundary: object  #: :class:`packtool.core.masks.BoundaryCounts`
+
+
+def input_documents(inputs, column: str = "input_ids", *, attention_mask: str | None = None,
+                    labels: str | None = None, bos: int | None = None,
+                    eos: int | None = None) -> InputDocuments:
+    """Document lengths (and input target flags) of raw INPUT, in global document order,
+    with the same mask and BOS/EOS rules as ``pack`` (:mod:`packtool.core.masks`).
+
+    Args:
+        inputs: INPUT paths.
+        column: token column.
+        attention_mask, labels: mask columns (a name, ``"auto"`` or None), as ``pack``.
+        bos, eos: ``--prepend-bos`` / ``--append-eos`` ids or None.
+
+    Memory: 8 bytes per document, plus 1 byte per token when a labels column is read.
+
+    Raises:
+        InputError, SchemaError: as :func:`packtool.formats.reader.iter_token_batches`.
+    """
+    from packtool.core.masks import BoundaryCounts, add_boundary_tokens
+    from packtool.formats.reader import discover_inputs, iter_token_batches
+
+    lengths, flags, masked, counts = [], [], 0, BoundaryCounts()
+    any_flags = False
+    for f in discover_inputs(list(inputs)):
+        for tb in iter_token_batches(f.path, column, attention_mask=attention_mask,
+                                     labels=labels):
+            ln, tok, tg = tb.lengths, tb.tokens, tb.targets
+            if bos is not None or eos is not None:
+                ln, tok, tg, c = add_boundary_tokens(ln, tok, tg, bos=bos, eos=eos)
+                counts = counts + c
+            any_flags |= tg is not None
+            lengths.append(ln)
+            flags.append(tg if tg is not None else np.ones(int(ln.sum()), dtype=np.uint8))
+            masked += tb.masked_tokens
+    cat = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+    targets = (np.concatenate(flags) if flags else np.zeros(0, np.uint8)) if any_flags else None
+    return InputDocuments(cat, targets, masked, counts)
+
+
 def input_lengths(inputs, column: str = "input_ids") -> np.ndarray:
-    """Document lengths of raw tokenized Parquet INPUT paths, in global document order.
+    """Document lengths of raw tokenized INPUT paths, in global document order (no masks).
 
     Returns:
         int64[num_docs].
@@ -225,16 +290,13 @@ def input_lengths(inputs, column: str = "input_ids") -> np.ndarray:
     Raises:
         InputError, SchemaError: as :func:`packtool.formats.reader.iter_token_batches`.
     """
-    from packtool.formats.reader import discover_inputs, iter_token_batches
-
-    parts = [tb.lengths for f in discover_inputs(list(inputs))
-             for tb in iter_token_batches(f.path, column)]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return input_documents(inputs, column).lengths
 
 
 def compare_strategies(lengths: np.ndarray, capacity: int, *,
                        overflow: str = Overflow.SPLIT,
-                       strategies=(Strategy.CONCAT, Strategy.ORDERED, Strategy.OBFD)) -> list:
+                       strategies=(Strategy.CONCAT, Strategy.ORDERED, Strategy.OBFD),
+                       targets: np.ndarray | None = None) -> list:
     """Dry-run each strategy on document lengths alone.
 
     Every figure is in absolute units, so the dicts compare directly across strategies.
@@ -243,6 +305,8 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
         lengths: int[num_docs] document lengths in tokens.
         capacity: tokens per row (C).
         overflow: long-document policy for ``ordered`` and ``obfd``.
+        targets: optional uint8[sum(lengths)] input target flags (0: input label -100); the
+            effective targets then leave those tokens out, as ``pack`` does.
 
     Returns:
         One dict per strategy: ``strategy``, ``rows``, ``lower_bound_rows`` (ceil(tokens / C)),
@@ -259,12 +323,18 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
     Raises:
         ConfigError, PackingError: as :func:`packtool.core.pack_lengths`.
     """
+    from packtool.core.masks import plan_segment_targets
+
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)  # shape: (num_docs,)
+    doc_starts = np.zeros(lengths.size, dtype=np.int64)  # shape: (num_docs,)
+    if lengths.size:
+        np.cumsum(lengths[:-1], out=doc_starts[1:])
     out = []
     for s in strategies:
         plan = pack_lengths(lengths, capacity, strategy=s, overflow=overflow)
         seg_len = plan.seg_len.astype(np.int64)  # shape: (num_segments,)
         real = int(seg_len.sum())
+        effective = int(plan_segment_targets(plan, doc_starts, targets).sum())
         rows = plan.num_rows
         pieces = np.bincount(plan.seg_doc, minlength=lengths.size) if lengths.size else \
             np.zeros(0, dtype=np.int64)
@@ -280,8 +350,8 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
             "docs_cut_below_capacity": int((cut & (lengths <= capacity)).sum()),
             "docs_split": int(plan.counts["docs_split"]),
             "segments": int(seg_len.size),
-            "effective_targets": int(real - seg_len.size),
-            "targets_per_token": round((real - seg_len.size) / real, _DECIMALS) if real else 0.0,
+            "effective_targets": effective,
+            "targets_per_token": round(effective / real, _DECIMALS) if real else 0.0,
             "attention_work": int((seg_len * seg_len).sum()),
             "attention_work_full_rows": rows * capacity**2,
         })

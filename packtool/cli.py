@@ -106,7 +106,16 @@ def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
 @click.option("--pad-id", type=int, default=0, show_default=True, metavar="ID",
               help="Token id written on padding.")
 @click.option("--append-eos", type=int, default=None, metavar="ID",
-              help="Append this end-of-document id to every document before packing.")
+              help="Append this end-of-document id to every document not already ending with it.")
+@click.option("--prepend-bos", type=int, default=None, metavar="ID",
+              help="Prepend this beginning-of-document id to every document not already "
+                   "starting with it.")
+@click.option("--attention-mask-column", default="auto", show_default=True, metavar="NAME",
+              help="Input column whose 0 entries are removed before packing (padding); auto: "
+                   "attention_mask when present; none: ignore.")
+@click.option("--labels-column", default="auto", show_default=True, metavar="NAME",
+              help="Input column of unshifted labels whose -100 entries (e.g. SFT prompts) stay "
+                   "non-targets; auto: labels when present; none: ignore.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the row shuffle.")
 @click.option("--no-shuffle", is_flag=True, help="Keep rows in creation order.")
 @click.option("--rows-per-shard", type=int, default=8192, show_default=True, metavar="N",
@@ -131,9 +140,9 @@ def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars and no summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_context
-def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, append_eos, seed,
-         no_shuffle, rows_per_shard, row_group_mb, workers, overwrite, window_docs, engine,
-         ray_address, quiet, as_json):
+def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, append_eos,
+         prepend_bos, attention_mask_column, labels_column, seed, no_shuffle, rows_per_shard,
+         row_group_mb, workers, overwrite, window_docs, engine, ray_address, quiet, as_json):
     """Pack tokenized Parquet INPUT files or directories into OUTPUT.
 
     Writes part-NNNNN.parquet shards (input_ids, segment_ids, position_ids, [labels],
@@ -156,7 +165,9 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
         raise click.UsageError("--ray-address applies only with --engine ray")
     cfg = PackConfig(inputs=tuple(paths[:-1]), output=paths[-1], capacity=capacity,
                      column=column, strategy=strategy, overflow=overflow, labels=labels,
-                     pad_id=pad_id, append_eos=append_eos, seed=seed, shuffle=not no_shuffle,
+                     pad_id=pad_id, append_eos=append_eos, prepend_bos=prepend_bos,
+                     attention_mask_column=attention_mask_column, labels_column=labels_column,
+                     seed=seed, shuffle=not no_shuffle,
                      rows_per_shard=rows_per_shard, row_group_mb=row_group_mb,
                      workers=(os.cpu_count() or 1) if workers is None else workers,
                      overwrite=overwrite, window_docs=window_docs, engine=engine,
@@ -199,7 +210,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
             f"  {result.seconds:.2f} s ({cfg.engine.value} engine, start-up included), "
             f"{rate / 1e6:.2f} M tokens/s"
             + (f", {result.shards_reused} shard(s) reused" if result.shards_reused else "")
-            + (f"\n  INPUT: {skipped}" if skipped else ""))
+            + (f"\n  INPUT: {skipped}" if skipped else "")
+            + (f"\n  {_mask_note(s)}" if _mask_note(s) else ""))
         if "windows" in result.manifest:
             # extra rows over ceil(tokens/C) = packing inside each window (rows over the
             # window's own bound) + rounding each window's tokens up to whole rows
@@ -243,6 +255,25 @@ def _plot_path(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return value
 
 
+def _none(value: str) -> str | None:
+    return None if value.lower() == "none" else value
+
+
+def _mask_note(s) -> str:
+    """One summary line on token masks and BOS/EOS (empty when none was in effect)."""
+    parts = []
+    if s.tokens_attention_masked:
+        parts.append(f"attention mask removed {s.tokens_attention_masked:,} tokens")
+    if s.tokens_label_masked:
+        parts.append(f"input labels -100 kept {s.tokens_label_masked:,} tokens out of the "
+                     "targets")
+    for what, added, present in (("BOS", s.docs_bos_added, s.docs_bos_present),
+                                 ("EOS", s.docs_eos_added, s.docs_eos_present)):
+        if added or present:
+            parts.append(f"{what} added to {added:,} documents ({present:,} had it already)")
+    return "masks: " + "; ".join(parts) if parts else ""
+
+
 @cli.command()
 @click.argument("path", type=_ExistingPath(), metavar="PATH...", nargs=-1, required=True)
 @click.option("--capacity", "-c", type=int, default=None, metavar="C",
@@ -253,6 +284,14 @@ def _plot_path(ctx: click.Context, param: click.Parameter, value: str | None) ->
               help="With --compare: token column of the input.")
 @click.option("--overflow", type=_choice(Overflow), default="split", show_default=True,
               help="With --compare: long-document policy of the dry run.")
+@click.option("--append-eos", type=int, default=None, metavar="ID",
+              help="With --compare: as pack --append-eos.")
+@click.option("--prepend-bos", type=int, default=None, metavar="ID",
+              help="With --compare: as pack --prepend-bos.")
+@click.option("--attention-mask-column", default="auto", show_default=True, metavar="NAME",
+              help="With --compare: as pack --attention-mask-column.")
+@click.option("--labels-column", default="auto", show_default=True, metavar="NAME",
+              help="With --compare: as pack --labels-column.")
 @click.option("--per-bin", is_flag=True,
               help="List targets per row and per segment (packed output only).")
 @click.option("--per-bin-limit", type=click.IntRange(min=0), default=None, metavar="N",
@@ -263,7 +302,8 @@ def _plot_path(ctx: click.Context, param: click.Parameter, value: str | None) ->
               help="Write the figures as an image (.png, .svg or .pdf; needs matplotlib): fill "
                    "and segment lengths, or with --compare the strategies side by side.")
 @click.pass_context
-def stats(ctx, path, capacity, compare, column, overflow, per_bin, per_bin_limit, as_json, plot):
+def stats(ctx, path, capacity, compare, column, overflow, append_eos, prepend_bos,
+          attention_mask_column, labels_column, per_bin, per_bin_limit, as_json, plot):
     """Figures of a packed OUTPUT (recounted from the shards, checked against the manifest), or,
     with --capacity C --compare, a dry run of every strategy on raw INPUT lengths.
 
@@ -294,8 +334,12 @@ def stats(ctx, path, capacity, compare, column, overflow, per_bin, per_bin_limit
         if packed:
             raise ManifestError(f"{packed[0]}: is a packed output; --compare takes raw tokenized "
                                 "input (drop --compare to see this output's figures)")
-        lengths = analysis.input_lengths(path, column)
-        rows = analysis.compare_strategies(lengths, capacity, overflow=overflow)
+        docs = analysis.input_documents(
+            path, column, attention_mask=_none(attention_mask_column),
+            labels=_none(labels_column), bos=prepend_bos, eos=append_eos)
+        lengths = docs.lengths
+        rows = analysis.compare_strategies(lengths, capacity, overflow=overflow,
+                                           targets=docs.targets)
         if as_json:
             click.echo(json.dumps({"capacity": capacity, "documents": int(lengths.size),
                                    "tokens": int(lengths.sum()), "strategies": rows}, indent=2))
@@ -307,10 +351,11 @@ def stats(ctx, path, capacity, compare, column, overflow, per_bin, per_bin_limit
             if not as_json:
                 click.echo(f"wrote {plot}")
         return
-    for name in ("column", "overflow"):
+    for name in ("column", "overflow", "append_eos", "prepend_bos", "attention_mask_column",
+                 "labels_column"):
         if given(name):
-            raise ConfigError(f"--{name} applies to --compare only: a packed output records "
-                              "its own")
+            raise ConfigError(f"--{name.replace('_', '-')} applies to --compare only: a "
+                              "packed output records its own")
     if len(path) != 1:
         raise ConfigError("give one packed OUTPUT directory (or raw input with --capacity C "
                           "--compare)")

@@ -59,7 +59,17 @@ class PackConfig:
     pad_id: int = 0
     """Token id written on padding (0..2**31-1)."""
     append_eos: int | None = None
-    """If set, this id is appended to every non-empty document before packing."""
+    """If set, this id is appended to every non-empty document not already ending with it."""
+    prepend_bos: int | None = None
+    """If set, this id is prepended to every non-empty document not already starting with it."""
+    attention_mask_column: str | None = "auto"
+    """Input column whose 0 entries mark tokens to remove before packing (padding of a padded
+    tokenization); ``"auto"``: ``attention_mask`` when a file has it; None: ignore."""
+    labels_column: str | None = "auto"
+    """Input column of unshifted labels whose -100 entries stay non-targets after packing (SFT
+    prompt masking); ``"auto"``: ``labels`` when a file has it; None: ignore. When such a
+    column is read, the packed labels carry real information and are stored (unshifted when
+    ``labels`` is ``none``)."""
     seed: int = 0
     """Seed of the output row shuffle."""
     shuffle: bool = True
@@ -102,6 +112,14 @@ class PackConfig:
             bad("pad_id", self.pad_id, "must be a token id in 0..2**31-1 (int32, not negative)")
         if self.append_eos is not None and not 0 <= self.append_eos < 2**31:
             bad("append_eos", self.append_eos, "must be a token id in 0..2**31-1")
+        if self.prepend_bos is not None and not 0 <= self.prepend_bos < 2**31:
+            bad("prepend_bos", self.prepend_bos, "must be a token id in 0..2**31-1")
+        for name in ("attention_mask_column", "labels_column"):
+            value = getattr(self, name)
+            if value is not None and value.lower() == "none":
+                object.__setattr__(self, name, None)
+            elif value is not None and value == self.column:
+                bad(name, value, f"is the token column (--column {self.column})")
         if self.rows_per_shard < 1:
             bad("rows_per_shard", self.rows_per_shard, "must be >= 1")
         if not self.row_group_mb > 0:
@@ -122,6 +140,12 @@ class PackConfig:
             bad("ray_address", self.ray_address, "only applies with --engine ray")
         if self.engine is Engine.RAY and self.window_docs is None:
             object.__setattr__(self, "window_docs", DEFAULT_RAY_WINDOW_DOCS)
+
+    def read_options(self) -> dict:
+        """Keyword arguments of :func:`packtool.formats.reader.iter_token_batches`: the mask
+        columns and BOS/EOS."""
+        return {"attention_mask": self.attention_mask_column, "labels": self.labels_column,
+                "bos": self.prepend_bos, "eos": self.append_eos}
 
     def to_dict(self) -> dict:
         """The options as JSON-ready values (what the manifest records)."""

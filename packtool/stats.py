@@ -1,7 +1,8 @@
 """Packing statistics: plain counts that merge with ``+``; ratios are derived.
 
-``effective_targets`` is the number of labels != -100, i.e. sum over segments of (len - 1): the
-denominator of a token-mean loss. It differs from real tokens (one per segment less) and from
+``effective_targets`` is the number of labels != -100, i.e. sum over segments of (len - 1), less
+the tokens an input labels column set to -100 (SFT prompts): the denominator of a token-mean
+loss. It differs from real tokens (one per segment less) and from
 the tensor size (rows * C).
 """
 
@@ -30,10 +31,17 @@ class PackStats:
     docs_dropped: int = 0  #: documents left out (--overflow drop)
     tokens_dropped: int = 0  #: tokens of dropped documents
     docs_cut: int = 0  #: documents spread over more than one segment
-    tokens_in: int = 0  #: tokens read (after --append-eos)
+    #: tokens read (after attention-mask removal and --prepend-bos/--append-eos)
+    tokens_in: int = 0
+    tokens_attention_masked: int = 0  #: input tokens whose attention mask was 0, removed
+    tokens_label_masked: int = 0  #: tokens whose input label was -100 (never targets)
+    docs_bos_added: int = 0  #: documents given a BOS (--prepend-bos)
+    docs_bos_present: int = 0  #: documents already starting with it (not doubled)
+    docs_eos_added: int = 0  #: documents given an EOS (--append-eos)
+    docs_eos_present: int = 0  #: documents already ending with it (not doubled)
     real_tokens: int = 0  #: non-padding tokens written
     padding_tokens: int = 0  #: padding tokens written
-    effective_targets: int = 0  #: labels != -100 (sum of segment_len - 1)
+    effective_targets: int = 0  #: labels != -100 (sum of segment_len - 1, less input labels -100)
     attention_work: int = 0  #: sum over segments of len**2: attention score entries with document masking
 
     def __add__(self, other: "PackStats") -> "PackStats":

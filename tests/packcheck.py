@@ -126,7 +126,9 @@ def check_output(rows, docs, capacity, *, pad_id=0, labels="unshifted", overflow
                  append_eos=None):
     """Contract on every row, plus: every kept token appears exactly once, at its recorded
     document and offset; returns the multiset of real output tokens."""
-    docs = [list(d) + ([append_eos] if append_eos is not None and d else []) for d in docs]
+    # --append-eos never doubles an EOS a document already ends with
+    docs = [list(d) + ([append_eos] if append_eos is not None and d and d[-1] != append_eos
+                       else []) for d in docs]
     pieces: dict[int, list[tuple[int, int]]] = {}
     out_tokens: Counter = Counter()
     for row in rows:

@@ -63,7 +63,7 @@ def test_fuzz_pack_obeys_the_contract_and_conserves_tokens(tmp_path, case):
 
     docs = [d for f in case["files"] for d in f]  # global document index: file order, row order
     eos = case["append_eos"]
-    full = [d + [eos] if eos is not None and d else d for d in docs]
+    full = [d + [eos] if eos is not None and d and d[-1] != eos else d for d in docs]
     capacity = case["capacity"]
     out_tokens = check_output(rows, docs, capacity, pad_id=case["pad_id"],
                               labels=case["labels"], overflow=case["overflow"], append_eos=eos)

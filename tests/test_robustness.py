@@ -121,12 +121,12 @@ def test_full_disk_at_any_write_point_is_one_line_and_leaves_no_spill(tmp_path, 
     elif point == "spill":
         real, calls = plan_mod.read_window, []
 
-        def spill_then_fail(column, eos, window, spill):
+        def spill_then_fail(column, eos, window, spill, *args):
             calls.append(1)
             if len(calls) == 2:
                 spill.write(b"\0" * 64)
                 _full_disk()
-            return real(column, eos, window, spill)
+            return real(column, eos, window, spill, *args)
 
         monkeypatch.setattr(plan_mod, "read_window", spill_then_fail)
     elif point == "plan-save":

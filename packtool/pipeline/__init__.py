@@ -41,7 +41,7 @@ from packtool.formats.schema import labels_convention, packed_columns, packed_sc
 from packtool.output import Output, fingerprint
 from packtool.pipeline.layout import WindowPlans
 from packtool.pipeline.plan import WindowInfo, prepare_window, row_order
-from packtool.pipeline.read import Window, file_rows, plan_windows
+from packtool.pipeline.read import Window, file_rows, input_labels_config, plan_windows
 from packtool.pipeline.write import ShardJob, write_shard_task
 from packtool.signals import interruptible, test_pause
 from packtool.stats import PackStats
@@ -103,6 +103,7 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
     t0 = time.perf_counter()
     show = progress and sys.stderr.isatty()
     files = discover_inputs(list(cfg.inputs))
+    cfg = input_labels_config(cfg, files)  # an input labels column: labels are stored
     windows = plan_windows(files, cfg.column, cfg.window_docs)  # footers only
     fp = fingerprint(cfg.layout_options(), files)
     with interruptible(), Output(cfg.output, cfg.inputs, fp, overwrite=cfg.overwrite) as out:

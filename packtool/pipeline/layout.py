@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from packtool.core.layout import PackedRows, layout_rows
-from packtool.pipeline.plan import TOKENS_FILE, load_plan
+from packtool.pipeline.plan import TARGETS_FILE, TOKENS_FILE, load_plan
 
 __all__ = ["WindowPlans", "layout_group"]
 
@@ -48,15 +48,24 @@ def _layout_window(plans: WindowPlans, w: int, rows: np.ndarray, pad_id: int,
     plan, doc_starts = plans.plan(w)
     with open(Path(plans.dirs[w]) / TOKENS_FILE, "rb") as f:
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    targets_path = Path(plans.dirs[w]) / TARGETS_FILE  # input label masks, when there are any
+    tm = None
+    if targets_path.is_file() and targets_path.stat().st_size:
+        with open(targets_path, "rb") as f:
+            tm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
         tokens = np.frombuffer(mm, dtype=np.int32)
-        packed = layout_rows(plan, rows, tokens, doc_starts, pad_id=pad_id, labels=labels)
-        del tokens
+        targets = None if tm is None else np.frombuffer(tm, dtype=np.uint8)
+        packed = layout_rows(plan, rows, tokens, doc_starts, pad_id=pad_id, labels=labels,
+                             targets=targets)
+        del tokens, targets
     finally:
-        try:
-            mm.close()  # unmap: the pages touched leave the resident set
-        except BufferError:  # pragma: no cover - a view still alive; freed with it
-            pass
+        for m in (mm, tm):
+            try:
+                if m is not None:
+                    m.close()  # unmap: the pages touched leave the resident set
+            except BufferError:  # pragma: no cover - a view still alive; freed with it
+                pass
     if plans.first_docs[w]:  # plans number documents within their window
         packed = dataclasses.replace(packed, doc_ids=packed.doc_ids + plans.first_docs[w])
     return packed

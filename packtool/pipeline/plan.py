@@ -11,6 +11,7 @@ attempts of one window (a Ray retry) never mix their files. Only counts come bac
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from packtool.core.masks import plan_segment_targets
 from packtool.core.packing import PackPlan, pack_lengths
 from packtool.errors import PackingError, row_ref
 from packtool.pipeline.read import Window, read_window
@@ -28,10 +30,12 @@ from packtool.stats import PackStats
 from packtool.types import Overflow
 
 __all__ = ["WindowInfo", "prepare_window", "load_plan", "row_order", "window_dir",
-           "TOKENS_FILE"]
+           "TOKENS_FILE", "TARGETS_FILE"]
 
 #: Spill file of a window's tokens (raw int32, documents back to back) in its directory.
 TOKENS_FILE = "tokens.int32"
+#: Input target flags of a window's tokens (raw uint8, 0 = input label -100), when it has any.
+TARGETS_FILE = "targets.uint8"
 _PLAN_ARRAYS = ("row_offsets", "seg_doc", "seg_offset", "seg_len", "doc_starts")
 
 
@@ -84,7 +88,8 @@ def prepare_window(cfg, window: Window, tmp: str) -> WindowInfo:
     work.mkdir()
     try:
         with open(work / TOKENS_FILE, "wb") as spill:
-            lengths = read_window(cfg.column, cfg.append_eos, window, spill)
+            lengths, read_counts = read_window(cfg.column, cfg.append_eos, window, spill,
+                                               cfg.read_options(), work / TARGETS_FILE)
         check()
         test_pause("plan")
         if cfg.overflow is Overflow.ERROR:
@@ -97,7 +102,12 @@ def prepare_window(cfg, window: Window, tmp: str) -> WindowInfo:
                       seg_offset=plan.seg_offset, seg_len=plan.seg_len, doc_starts=doc_starts)
         for name in _PLAN_ARRAYS:
             np.save(work / f"{name}.npy", np.ascontiguousarray(arrays[name], dtype=np.int64))
-        stats = PackStats.from_plan(plan)
+        stats = PackStats.from_plan(plan) + read_counts
+        if (work / TARGETS_FILE).is_file():  # input labels -100 are not targets either
+            targets = np.memmap(work / TARGETS_FILE, dtype=np.uint8, mode="r")
+            stats = dataclasses.replace(stats, effective_targets=int(
+                plan_segment_targets(plan, doc_starts, targets).sum()))
+            del targets
         (work / "done.json").write_text(json.dumps(stats.to_dict()))
         try:
             os.rename(work, final)

@@ -10,18 +10,22 @@ Parquet footers, never on the engine or the number of workers.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
-from packtool.core.layout import append_eos
 from packtool.errors import InputError
-from packtool.formats.reader import InputFile, iter_token_batches, open_input
+from packtool.formats.reader import InputFile, iter_token_batches, open_input, reads_labels
 from packtool.signals import check, test_pause
+from packtool.stats import PackStats
+from packtool.types import LabelMode
 
-__all__ = ["WindowPart", "Window", "plan_windows", "read_window", "file_rows"]
+__all__ = ["WindowPart", "Window", "plan_windows", "read_window", "file_rows",
+           "input_labels_config"]
 
 
 @dataclass(frozen=True)
@@ -113,42 +117,77 @@ def file_rows(windows: list[Window], n_files: int) -> list[int]:
     return out
 
 
-def read_window(column: str, append_eos_id: int | None, window: Window,
-                spill: BinaryIO) -> np.ndarray:
+def read_window(column: str, append_eos_id: int | None, window: Window, spill: BinaryIO,
+                options: dict | None = None,
+                targets_path: str | os.PathLike | None = None) -> tuple[np.ndarray, PackStats]:
     """Validate a window's documents and append their tokens to ``spill`` as raw int32.
 
-    Only the lengths stay in memory; tokens go to the file one record batch at a time.
+    Only the lengths stay in memory; tokens go to the file one record batch at a time. When a
+    batch carries input target flags (a labels column, :mod:`packtool.core.masks`), the flags
+    of the whole window go to ``targets_path`` as raw uint8 (1 for tokens of files without
+    labels); without any, no such file is written.
 
     Args:
         column: token column.
-        append_eos_id: if not None, appended to every non-empty document.
+        append_eos_id: if not None, appended to every non-empty document not ending with it
+            (used when ``options`` is None).
         window: from :func:`plan_windows`.
         spill: binary file open for writing.
+        options: mask columns and BOS/EOS (:meth:`packtool.config.PackConfig.read_options`).
+        targets_path: where the target flags go, if any.
 
     Returns:
-        int64[window.docs]: tokens per document (EOS included).
+        (int64[window.docs] tokens per document after masks and BOS/EOS, the mask counts as
+        a :class:`PackStats`).
 
     Raises:
         InputError, SchemaError: bad input (file and row named); a file holding a different
             number of rows than its footer said when the windows were cut.
         KeyboardInterrupt: the run was told to stop (:func:`packtool.signals.check`).
     """
-    parts = []
-    for part in window.parts:
-        n = 0
-        for batch in iter_token_batches(Path(part.path), column, fmt=part.format,
-                                        row_range=(part.first_row, part.first_row + part.docs)):
-            check()
-            lengths, tokens = batch.lengths, batch.tokens
-            if append_eos_id is not None:
-                lengths, tokens = append_eos(lengths, tokens, append_eos_id)
-            # the buffer itself, no bytes copy (a 200 MB corpus spent 0.06 s in tobytes)
-            spill.write(memoryview(np.ascontiguousarray(tokens, dtype=np.int32)))
-            parts.append(lengths)
-            n += lengths.size
-            test_pause("read")
-        if n != part.docs:
-            raise InputError(f"{part.path}: {n} rows read from row {part.first_row}, {part.docs}"
-                             " expected; the file changed during the pack: rerun packtool pack")
-    return (np.concatenate(parts) if parts else np.zeros(0, np.int64)).astype(np.int64,
-                                                                                copy=False)
+    options = {"eos": append_eos_id} if options is None else options
+    parts, counts, written, tspill = [], PackStats(), 0, None
+    try:
+        for part in window.parts:
+            n = 0
+            for batch in iter_token_batches(
+                    Path(part.path), column, fmt=part.format,
+                    row_range=(part.first_row, part.first_row + part.docs), **options):
+                check()
+                # the buffer itself, no bytes copy (a 200 MB corpus spent 0.06 s in tobytes)
+                spill.write(memoryview(np.ascontiguousarray(batch.tokens, dtype=np.int32)))
+                if batch.targets is not None and tspill is None and targets_path is not None:
+                    tspill = open(targets_path, "wb")
+                    tspill.write(memoryview(np.ones(written, np.uint8)))  # earlier: all targets
+                if tspill is not None:
+                    t = (batch.targets if batch.targets is not None
+                         else np.ones(batch.tokens.size, np.uint8))
+                    tspill.write(memoryview(np.ascontiguousarray(t, dtype=np.uint8)))
+                written += batch.tokens.size
+                parts.append(batch.lengths)
+                counts = counts + PackStats(**batch.mask_counts())
+                n += batch.lengths.size
+                test_pause("read")
+            if n != part.docs:
+                raise InputError(f"{part.path}: {n} rows read from row {part.first_row}, "
+                                 f"{part.docs} expected; the file changed during the pack: "
+                                 "rerun packtool pack")
+    finally:
+        if tspill is not None:
+            tspill.close()
+    lengths = (np.concatenate(parts) if parts else np.zeros(0, np.int64)).astype(np.int64,
+                                                                                   copy=False)
+    return lengths, counts
+
+
+def input_labels_config(cfg, files: list[InputFile]):
+    """The config a pack runs with: when a labels column will be read (SFT prompt masking),
+    the labels carry real information and are stored, so ``--labels none`` becomes
+    ``unshifted`` (the shards' schema and the manifest say so).
+
+    Raises:
+        InputError, SchemaError: as :func:`packtool.formats.reader.reads_labels`.
+    """
+    if cfg.labels is LabelMode.NONE and reads_labels(files, cfg.column, cfg.labels_column):
+        cfg = dataclasses.replace(cfg, labels=LabelMode.UNSHIFTED)
+    return cfg

@@ -128,13 +128,17 @@ def select_rows(num_rows: int, n: int | None, seed: int) -> np.ndarray:
     return np.array([rng.integers(edges[i], edges[i + 1]) for i in range(n)], dtype=np.int64)
 
 
-def check_row_contract(row: dict, labels_mode: str) -> list[tuple[str, int | None, str]]:
+def check_row_contract(row: dict, labels_mode: str,
+                       label_masked: bool = False) -> list[tuple[str, int | None, str]]:
     """Contract violations of one packed row as ``(check, segment or None, message)``.
 
     Checks ``cu_seqlens`` (starts at 0, strictly increasing, ends at C), ``segment_ids`` (1..k on
     the cu_seqlens spans, 0 on the padding tail), ``position_ids`` (0..len-1 on every span),
     ``max_seqlen``, ``doc_ids`` (k entries), labels (the recorded convention, nothing across a
     boundary, -100 on padding) and ``num_targets`` (= count(labels != -100) = sum(len - 1)).
+    ``label_masked``: the pack read an input labels column, so a label may also be -100 where
+    the convention gives a token (an input label -100); ``num_targets`` then counts the labels
+    and is at most sum(len - 1).
     """
     out = []
     ids = np.asarray(row["input_ids"])
@@ -178,14 +182,16 @@ def check_row_contract(row: dict, labels_mode: str) -> list[tuple[str, int | Non
                 want[a:b - 1] = ids[a + 1:b]
             else:
                 want[a + 1:b] = ids[a + 1:b]
-        bad = np.flatnonzero(lab != want)
+        # with input label masks a target may be -100 too, never the other way round
+        bad = np.flatnonzero((lab != want) & ~(label_masked & (lab == IGNORE_INDEX)))
         if bad.size:
             j = int(bad[0])
             q = int(np.searchsorted(cu, j, side="right"))
             out.append(("labels", q, f"label at token {j} is {int(lab[j])}, the {labels_mode} "
                         f"convention gives {int(want[j])}"))
         counted = int(np.count_nonzero(lab != IGNORE_INDEX))
-        if int(row["num_targets"]) != counted or counted != expected_targets:
+        if int(row["num_targets"]) != counted or counted > expected_targets or (
+                counted != expected_targets and not label_masked):
             out.append(("num_targets", None, f"num_targets {row['num_targets']}, labels != -100: "
                         f"{counted}, sum(len - 1): {expected_targets}"))
     elif int(row["num_targets"]) != expected_targets:
@@ -489,12 +495,19 @@ def _reference(runner, batch, models=None):
             for a, b in spans:
                 toks = batch["input_ids"][r, a:b].to(runner.device)
                 lg = runner.reference(toks, models)
-                if b - a > 1:
+                # targets: tokens a+1..b-1; with input label masks, those whose label is kept
+                keep = torch.ones(max(b - a - 1, 0), dtype=torch.bool, device=toks.device)
+                if batch.get("label_masked") and b - a > 1:
+                    lab = batch["labels"][r].to(toks.device)
+                    keep = (lab[a:b - 1] if batch.get("labels_shifted") else lab[a + 1:b]) != \
+                        IGNORE_INDEX
+                if b - a > 1 and bool(keep.any()):
                     V = lg.shape[-1]
-                    s = float(F.cross_entropy(lg[:-1], toks[1:] % V, reduction="sum"))
+                    s = float(F.cross_entropy(lg[:-1][keep], toks[1:][keep] % V,
+                                              reduction="sum"))
                 else:
                     s = 0.0
-                docs.append((lg, s, b - a - 1))
+                docs.append((lg, s, int(keep.sum())))
         out["spans"].append(spans)
         out["docs"].append(docs)
     return out
@@ -546,6 +559,8 @@ def run_verify(
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
     ds = PackedDataset(path)
 
+    # an input labels column (SFT prompt masking) leaves some targets -100 on purpose
+    label_masked = int(ds.reader.manifest.get("totals", {}).get("tokens_label_masked", 0)) > 0
     # column contract, backend independent: every row when scan_all (cheap, NumPy only), else
     # the sampled rows. The scan also counts documents per row for the model sample.
     by_check: dict[str, list] = {}
@@ -553,7 +568,7 @@ def run_verify(
 
     def contract(it):
         segments_per_row[it["index"]] = len(it["doc_ids"])
-        for check, seg, msg in check_row_contract(it, ds.labels_mode):
+        for check, seg, msg in check_row_contract(it, ds.labels_mode, label_masked):
             by_check.setdefault(check, []).append(({"shard": it["shard"], "row": it["row"],
                                                     **({"segment": seg} if seg else {})}, msg))
 
@@ -587,6 +602,8 @@ def run_verify(
         return report
 
     batches = [collate(items[i:i + batch_size]) for i in range(0, len(items), batch_size)]
+    for b in batches:  # the per-document reference counts the same targets as the labels
+        b["label_masked"], b["labels_shifted"] = label_masked, ds.labels_mode == "shifted"
     # what the loader hands to training: with --labels none it derives unshifted labels
     train_labels = "unshifted" if ds.labels_mode == "none" else ds.labels_mode
     model = build_model(seed=seed)
