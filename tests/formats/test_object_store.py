@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
@@ -108,3 +109,80 @@ def test_s3_input_errors_are_one_line(tmp_path, s3, what):
     assert f"s3://{bucket}/p" in res.output
     assert ("no such file" if what == "missing" else "is a packtool output") in res.output
     assert not out.exists()
+
+
+def _remote_tree(fs, base):
+    import hashlib
+
+    out = {}
+    for info in fs.get_file_info(pafs.FileSelector(base, recursive=True)):
+        if info.type == pafs.FileType.File:
+            with fs.open_input_stream(info.path) as fh:
+                out[info.path[len(base) + 1:]] = hashlib.sha256(fh.read()).hexdigest()
+    return out
+
+
+OPTS = ["-c", 8, "--rows-per-shard", 2, "--workers", 1]
+
+
+def _corpus(fs, bucket, tmp_path):
+    docs = [[i * 10 + k for k in range(1 + i % 6)] for i in range(30)]
+    _put(fs, f"{bucket}/in/a.parquet", docs)
+    local = write_docs(tmp_path / "local" / "a.parquet", docs)
+    ref = tmp_path / "ref"
+    assert invoke(["pack", "-q", *OPTS, local, ref]).exit_code == 0
+    return ref
+
+
+def test_pack_s3_to_s3_gives_the_same_bytes_as_local(tmp_path, s3, monkeypatch):
+    fs, bucket = s3
+    monkeypatch.setenv("PACKTOOL_STAGING_DIR", str(tmp_path / "stage"))
+    ref = _corpus(fs, bucket, tmp_path)
+    res = invoke(["pack", "-q", *OPTS, f"s3://{bucket}/in", f"s3://{bucket}/out"])
+    assert res.exit_code == 0, res.output
+    remote = _remote_tree(fs, f"{bucket}/out")
+    assert {k: v for k, v in remote.items() if k != "manifest.json"} == _shards(ref)
+    assert "manifest.json" in remote and not any(k.startswith(".") for k in remote)
+    assert not any((tmp_path / "stage").iterdir()), "the staging directory is removed"
+    # a packed output in S3 is refused as OUTPUT without --overwrite, and as INPUT
+    again = invoke(["pack", "-q", *OPTS, f"s3://{bucket}/in", f"s3://{bucket}/out"])
+    assert again.exit_code == 1 and "not empty" in again.output
+    back = invoke(["pack", "-q", *OPTS, f"s3://{bucket}/out", tmp_path / "x"])
+    assert back.exit_code == 1 and "packtool output" in back.output
+
+
+@pytest.mark.parametrize("phase", ["write-shard:2", "upload:3"])
+def test_killed_s3_pack_resumes_with_the_same_bytes(tmp_path, s3, phase):
+    """SIGKILL while packing (staged) or while publishing: no manifest in S3; the rerun
+    finishes with the bytes of an uninterrupted local pack, reusing what was done."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    fs, bucket = s3
+    ref = _corpus(fs, bucket, tmp_path)
+    env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT=phase,
+               PACKTOOL_STAGING_DIR=str(tmp_path / "stage"))
+    args = ["pack", "-q", *[str(a) for a in OPTS], f"s3://{bucket}/in", f"s3://{bucket}/out"]
+    proc = subprocess.Popen([sys.executable, "-m", "packtool", *args], stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        line = proc.stderr.readline()
+        assert f"test pause at {phase}" in line, line
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        proc.kill()
+    remote = _remote_tree(fs, f"{bucket}/out")
+    assert "manifest.json" not in remote
+    if phase.startswith("upload"):
+        assert {"part-00000.parquet", "part-00002.parquet"} <= set(remote)
+    env.pop("PACKTOOL_TEST_PAUSE_AT")
+    res = subprocess.run([sys.executable, "-m", "packtool", *args[:1], "--json", *args[2:]],
+                         capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    if phase.startswith("upload"):
+        assert json.loads(res.stdout)["shards_reused"] == 3
+    remote = _remote_tree(fs, f"{bucket}/out")
+    assert {k: v for k, v in remote.items() if k != "manifest.json"} == _shards(ref)
