@@ -10,7 +10,7 @@ way:
    local disk for the whole output.
 2. **Publish.** An in-progress marker object is written first, then each shard with one PUT to
    its final key: a PUT is atomic (an object appears whole or not at all), so no temporary name
-   is needed. ``manifest.json`` is written last, then the marker is deleted, so a reader never
+   is needed. The manifest is written last, then the marker is deleted, so a reader never
    sees a manifest before every shard it lists. The marker lists the sha256 of every shard to
    be published; a rerun after a kill keeps an object that an earlier marker promised with the
    same sha256 and that has the right size (a PUT is all or nothing), and uploads the rest.
@@ -42,8 +42,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from packtool.errors import OutputError
-from packtool.formats.manifest import MANIFEST_NAME
+from packtool.errors import ManifestError, OutputError
+from packtool.formats.manifest import IN_PROGRESS_NAME, MANIFEST_NAME, read_manifest
 from packtool.formats.reader import discover_inputs, filesystem_of
 
 __all__ = ["staging_dir", "pack_to_store", "LOCK_NAME", "MARKER_NAME"]
@@ -51,7 +51,7 @@ __all__ = ["staging_dir", "pack_to_store", "LOCK_NAME", "MARKER_NAME"]
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".packtool-lock.json"
-MARKER_NAME = ".packtool-in-progress.json"
+MARKER_NAME = IN_PROGRESS_NAME  # the in-progress marker, as in a local OUTPUT
 _PAUSE_ENV = "PACKTOOL_TEST_PAUSE_AT"  # the pipeline's test hook, here for the publish phase
 
 
@@ -105,8 +105,8 @@ def _stale(lock: dict) -> bool:
 def _stage_is_complete(stage: Path, cfg) -> dict | None:
     """The staged manifest when it is a finished pack of these inputs and options."""
     try:
-        m = json.loads((stage / MANIFEST_NAME).read_text())
-    except (OSError, ValueError):
+        m = read_manifest(stage)
+    except ManifestError:
         return None
     if m.get("options") != json.loads(json.dumps(cfg.layout_options())):
         return None
@@ -193,8 +193,9 @@ def pack_to_store(cfg, *, progress: bool = True):
                 continue
             with open(stage / entry["file"], "rb") as src, fs.open_output_stream(key) as dst:
                 shutil.copyfileobj(src, dst, 1 << 22)
-        _write_bytes(fs, f"{base}/{MANIFEST_NAME}",
-                     json.dumps(manifest, indent=2, sort_keys=False).encode())
+        with open(stage / MANIFEST_NAME, "rb") as src, \
+                fs.open_output_stream(f"{base}/{MANIFEST_NAME}") as dst:
+            shutil.copyfileobj(src, dst)
         fs.delete_file(f"{base}/{MARKER_NAME}")
     except (OSError, pa.ArrowException) as exc:
         raise OutputError(f"{uri}: cannot write ({exc}); rerun the same command to resume") \

@@ -141,8 +141,8 @@ def test_pack_s3_to_s3_gives_the_same_bytes_as_local(tmp_path, s3, monkeypatch):
     res = invoke(["pack", "-q", *OPTS, f"s3://{bucket}/in", f"s3://{bucket}/out"])
     assert res.exit_code == 0, res.output
     remote = _remote_tree(fs, f"{bucket}/out")
-    assert {k: v for k, v in remote.items() if k != "manifest.json"} == _shards(ref)
-    assert "manifest.json" in remote and not any(k.startswith(".") for k in remote)
+    assert {k: v for k, v in remote.items() if k != MANIFEST_NAME} == _shards(ref)
+    assert [k for k in remote if k.startswith(".")] == [MANIFEST_NAME]
     assert not any((tmp_path / "stage").iterdir()), "the staging directory is removed"
     # a packed output in S3 is refused as OUTPUT without --overwrite, and as INPUT
     again = invoke(["pack", "-q", *OPTS, f"s3://{bucket}/in", f"s3://{bucket}/out"])
@@ -175,7 +175,7 @@ def test_killed_s3_pack_resumes_with_the_same_bytes(tmp_path, s3, phase):
     finally:
         proc.kill()
     remote = _remote_tree(fs, f"{bucket}/out")
-    assert "manifest.json" not in remote
+    assert MANIFEST_NAME not in remote
     if phase.startswith("upload"):
         assert {"part-00000.parquet", "part-00002.parquet"} <= set(remote)
     env.pop("PACKTOOL_TEST_PAUSE_AT")
@@ -185,4 +185,4 @@ def test_killed_s3_pack_resumes_with_the_same_bytes(tmp_path, s3, phase):
     if phase.startswith("upload"):
         assert json.loads(res.stdout)["shards_reused"] == 3
     remote = _remote_tree(fs, f"{bucket}/out")
-    assert {k: v for k, v in remote.items() if k != "manifest.json"} == _shards(ref)
+    assert {k: v for k, v in remote.items() if k != MANIFEST_NAME} == _shards(ref)
