@@ -54,12 +54,16 @@ def test_attention_mask_column_none_keeps_every_token(tmp_path):
     assert manifest["totals"]["tokens_attention_masked"] == 0
 
 
-@pytest.mark.parametrize("labels", [None, "unshifted", "shifted"])
-def test_sft_prompt_labels_stay_ignored_after_packing(tmp_path, labels):
-    """Prompt positions are -100 in the stored labels; num_targets counts only the responses."""
+@pytest.mark.parametrize("labels,window", [(None, None), ("unshifted", None), ("shifted", None),
+                                           (None, 2)])
+def test_sft_prompt_labels_stay_ignored_after_packing(tmp_path, labels, window):
+    """Prompt positions are -100 in the stored labels; num_targets counts only the responses
+    (one plan, or windows of two documents)."""
     src = _write(tmp_path / "in" / "a.parquet", input_ids=IDS, attention_mask=MASK,
                  labels=LABELS)
     extra = () if labels is None else ("--labels", labels)
+    if window:
+        extra += ("--window-docs", window)
     _, rows, manifest = _pack(src, tmp_path / "out", *extra)
     mode = labels or "unshifted"
     assert all("labels" in r for r in rows), "labels carry real information: always stored"
@@ -172,3 +176,15 @@ def test_verify_still_fails_a_label_that_targets_a_prompt_free_position_wrongly(
     row["num_targets"] = 2
     assert [c for c, _, _ in check_row_contract(row, "unshifted", label_masked=True)] == [
         "labels"]
+
+
+@pytest.mark.parametrize("window", [None, 2])
+def test_file_without_labels_next_to_sft_file_keeps_all_its_targets(tmp_path, window):
+    """Flags are 1 for documents of a file without a labels column, whatever window they share."""
+    _write(tmp_path / "in" / "a.parquet", input_ids=[[1, 2, 3], [4, 5]])
+    _write(tmp_path / "in" / "b.parquet", input_ids=[[6, 7, 8, 9]], labels=[[-100, -100, 8, 9]])
+    extra = () if window is None else ("--window-docs", window)
+    _, rows, manifest = _pack(tmp_path / "in", tmp_path / "out", *extra)
+    got = sorted(x for r in rows for x in r["labels"] if x != IGNORE)
+    assert got == [2, 3, 5, 8, 9]
+    assert manifest["totals"]["effective_targets"] == 5
