@@ -174,6 +174,7 @@ def test_ctrl_c_exits_130_in_every_command(packed, tmp_path, monkeypatch):
     monkeypatch.setattr(packtool.pipeline, "run_pack", interrupt)
     monkeypatch.setattr(packtool.analysis, "analyze_packed", interrupt)
     monkeypatch.setattr(packtool.analysis, "input_lengths", interrupt)
+    monkeypatch.setattr(packtool.analysis, "input_documents", interrupt)
     monkeypatch.setattr(packtool.verify.checks, "run_verify", interrupt)
     assert_error(run("pack", "-q", packed / "in", tmp_path / "o"), EXIT_INTERRUPTED,
                  "interrupted", "rerun the same command")
