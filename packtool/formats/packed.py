@@ -162,7 +162,10 @@ class PackedReader:
         if derive:
             want += [c for c in ("input_ids", "segment_ids") if c not in want]
         f = self._file(name)
-        table = f.read_row_group(g, columns=want) if g is not None else f.read(columns=want)
+        # one thread: a row group is a few MB, and pyarrow's column threads cost more than they
+        # save at that size (and contend with DataLoader workers)
+        table = (f.read_row_group(g, columns=want, use_threads=False) if g is not None
+                 else f.read(columns=want, use_threads=False))
         cols = {c: _to_numpy(c, table.column(c), self.capacity) for c in want}
         if derive:
             cols["labels"] = derive_labels(cols["input_ids"], cols["segment_ids"],

@@ -1,25 +1,24 @@
 """Packed shard writer: explicit schema, measured encodings, sha256 computed as the bytes go out.
 
 Encodings and compression were chosen by measurement on real token ids (Tekken ids of source
-code and docs: ``sample_data/`` and a 100 M-token corpus built by
-``scripts/make_corpus.py``; ``scripts/bench_encodings.py`` reproduces the table in
-docs/benchmarks.md):
+code and docs: ``sample_data/`` and the 120 M-token corpus of ``scripts/make_corpus.py``;
+``scripts/bench_format.py encodings`` reproduces the tables in docs/benchmarks.md, "Parquet
+encodings of the output"). Bytes per packed token on the corpus, C = 2048, 1 MiB row groups:
 
-- ``input_ids`` (and ``labels`` when stored): PLAIN + zstd level 3. Real ids are not random:
-  zstd finds the repeated byte patterns of frequent tokens, which DELTA_BINARY_PACKED destroys
-  (it stores the differences of consecutive ids, which are as wide as the ids themselves). On the
-  sample data PLAIN is about half the bytes of DELTA (1.07 against 2.0 bytes/token at 1 MB row
-  groups). zstd level 3 is 9 % smaller than level 1 at a similar write time; level 9 costs 4x
-  the time for 5 % more.
-- ``segment_ids`` and ``position_ids``: DELTA_BINARY_PACKED + zstd: runs and ramps become runs of
-  constant deltas (together under 0.015 bytes/token).
-- ``doc_ids``: DELTA_BINARY_PACKED (consecutive ids inside a row); ``cu_seqlens``,
-  ``doc_offsets``, ``max_seqlen``, ``num_targets``: PLAIN + zstd. All of them together cost
-  about 0.01 bytes/token.
+- ``input_ids`` (and ``labels`` when stored): PLAIN + zstd level 3, 1.05 bytes/token. Real ids
+  are not random: zstd finds the repeated byte patterns of frequent tokens, which
+  DELTA_BINARY_PACKED destroys (differences of consecutive ids are as wide as the ids): DELTA +
+  zstd 3 costs 1.99. zstd 1 is 6 % larger (1.11) for a similar write time; zstd 9 is 8 %
+  smaller (0.97) but 3.6x slower to write; BYTE_STREAM_SPLIT 1.19, dictionary 1.46.
+- ``position_ids``: DELTA_BINARY_PACKED + zstd (0.008; ramps become constant deltas; PLAIN
+  0.053). ``doc_ids``: DELTA (0.0034 against 0.0040).
+- ``segment_ids``, ``cu_seqlens``, ``doc_offsets``, ``max_seqlen``, ``num_targets``: PLAIN +
+  zstd (0.0035, 0.0029, 0.0029, 0.0018, 0.0016; DELTA is equal or larger).
 
-BYTE_STREAM_SPLIT is not used (not smaller on real ids, and not every reader decodes it for
-integers); dictionary encoding is off (larger on ids, nothing gained elsewhere). All encodings
-are Parquet 2 standard ones.
+All structural columns together cost 0.024 bytes/token, 2.3 % of ``input_ids``.
+BYTE_STREAM_SPLIT is not used (larger on ids, and not every reader decodes it for integers);
+dictionary encoding is off (larger everywhere but ``doc_offsets``). All encodings are Parquet 2
+standard ones.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ __all__ = ["rows_to_table", "write_shard", "COLUMN_ENCODING", "column_encodings"
 COLUMN_ENCODING = {
     "input_ids": "PLAIN",
     "labels": "PLAIN",
-    "segment_ids": "DELTA_BINARY_PACKED",
+    "segment_ids": "PLAIN",
     "position_ids": "DELTA_BINARY_PACKED",
     "cu_seqlens": "PLAIN",
     "max_seqlen": "PLAIN",
