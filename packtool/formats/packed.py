@@ -24,8 +24,15 @@ from packtool.formats.schema import (RAGGED_COLUMNS, SCALAR_COLUMNS, TOKEN_COLUM
                                      labels_convention)
 from packtool.types import IGNORE_INDEX
 
-__all__ = ["PackedReader", "RowGroupBlock", "TOKEN_COLUMNS", "RAGGED_COLUMNS", "SCALAR_COLUMNS",
+__all__ = ["PackedReader", "RowGroupBlock", "READAHEAD_GROUPS", "TOKEN_COLUMNS", "RAGGED_COLUMNS", "SCALAR_COLUMNS",
            "derive_labels"]
+
+
+#: Row groups read in one call when rows are read in order (``iter_blocks``, or ``read_row`` on
+#: the row group right after the cached block): about 8 MiB of per-token data at the default
+#: ``--row-group-mb``, which amortises pyarrow's per-call cost; a random row still decodes its
+#: one row group only.
+READAHEAD_GROUPS = 8
 
 
 def derive_labels(input_ids: np.ndarray, segment_ids: np.ndarray,
@@ -121,7 +128,7 @@ class PackedReader:
         self.shards: list[str] = [o["file"] for o in self.manifest["outputs"]]
         self._files: dict[str, pq.ParquetFile] = {}
         self._pid = os.getpid()
-        self._cache: tuple | None = None  # (shard index, row group, columns key, block)
+        self._cache: tuple | None = None  # (shard, first group, end group, columns key, block)
         # per shard: row offset of each row group, shape (num_row_groups + 1,)
         self._rg_offsets: list[np.ndarray] = []
         rows = []
@@ -135,7 +142,7 @@ class PackedReader:
             rows.append(md.num_rows)
         # global row offset of each shard, shape (num_shards + 1,)
         self.shard_offsets = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
-        self._cache: tuple | None = None  # (shard index, row group, columns key, block)
+        self._cache: tuple | None = None  # (shard, first group, end group, columns key, block)
 
     def _file(self, name: str) -> pq.ParquetFile:
         if self._pid != os.getpid():  # a DataLoader worker after fork: open its own handles
@@ -153,9 +160,9 @@ class PackedReader:
             return []
         return list(self._file(self.shards[0]).schema_arrow.names)
 
-    def _table_columns(self, name: str, g: int | None, columns: Sequence[str]) -> dict:
-        """Read ``columns`` of row group ``g`` (all groups when None) of shard ``name`` as
-        NumPy, deriving ``labels`` from ``input_ids`` and ``segment_ids`` when not stored."""
+    def _table_columns(self, name: str, groups: Sequence[int], columns: Sequence[str]) -> dict:
+        """Read ``columns`` of the consecutive row groups ``groups`` of shard ``name`` as NumPy,
+        deriving ``labels`` from ``input_ids`` and ``segment_ids`` when not stored."""
         stored = set(self.columns)
         derive = "labels" in columns and "labels" not in stored
         want = [c for c in columns if c in stored]
@@ -164,8 +171,7 @@ class PackedReader:
         f = self._file(name)
         # one thread: a row group is a few MB, and pyarrow's column threads cost more than they
         # save at that size (and contend with DataLoader workers)
-        table = (f.read_row_group(g, columns=want, use_threads=False) if g is not None
-                 else f.read(columns=want, use_threads=False))
+        table = f.read_row_groups(list(groups), columns=want, use_threads=False)
         cols = {c: _to_numpy(c, table.column(c), self.capacity) for c in want}
         if derive:
             cols["labels"] = derive_labels(cols["input_ids"], cols["segment_ids"],
@@ -191,14 +197,21 @@ class PackedReader:
         return s, int(index - self.shard_offsets[s])
 
     def _read_group(self, s: int, g: int, columns: Sequence[str]) -> RowGroupBlock:
+        """The block holding row group ``g`` of shard ``s``: the cached one, or a fresh read of
+        ``g`` alone (random access) or of ``g`` and up to :data:`READAHEAD_GROUPS` - 1 groups
+        after it when the previous block ended right before ``g`` (sequential reads)."""
         key = tuple(columns)
-        if self._cache is not None and self._cache[:3] == (s, g, key):
-            return self._cache[3]
+        c = self._cache
+        if c is not None and c[0] == s and c[1] <= g < c[2] and c[3] == key:
+            return c[4]
+        ng = len(self._rg_offsets[s]) - 1
+        sequential = c is not None and c[0] == s and c[2] == g and c[3] == key
+        hi = min(ng, g + READAHEAD_GROUPS) if sequential else g + 1
         name = self.shards[s]
-        cols = self._table_columns(name, g, columns)
+        cols = self._table_columns(name, range(g, hi), columns)
         first = int(self._rg_offsets[s][g])
         block = RowGroupBlock(name, first, int(self.shard_offsets[s]) + first, cols)
-        self._cache = (s, g, key, block)
+        self._cache = (s, g, hi, key, block)
         return block
 
     def _resolve(self, columns: Sequence[str] | None) -> list[str]:
@@ -239,13 +252,16 @@ class PackedReader:
         return out
 
     def iter_blocks(self, columns: Sequence[str] | None = None) -> Iterator[RowGroupBlock]:
-        """Every row group of every shard, in manifest order, as :class:`RowGroupBlock`."""
+        """Every row of every shard, in manifest order, as :class:`RowGroupBlock` s of up to
+        :data:`READAHEAD_GROUPS` consecutive row groups of one shard (one pyarrow call each)."""
         cols = self._resolve(columns)
         for s, name in enumerate(self.shards):
-            for g in range(len(self._rg_offsets[s]) - 1):
+            ng = len(self._rg_offsets[s]) - 1
+            for g in range(0, ng, READAHEAD_GROUPS):
                 first = int(self._rg_offsets[s][g])
+                groups = range(g, min(ng, g + READAHEAD_GROUPS))
                 yield RowGroupBlock(name, first, int(self.shard_offsets[s]) + first,
-                                    self._table_columns(name, g, cols))
+                                    self._table_columns(name, groups, cols))
 
     def iter_rows(self, columns: Sequence[str] | None = None) -> Iterator[dict]:
         """Every row as :meth:`read_row` returns it, streaming by row group."""

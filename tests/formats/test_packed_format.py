@@ -151,3 +151,23 @@ def test_row_groups_are_sized_by_the_byte_budget(tmp_path, sample_data, mb, labe
         sizes = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
         assert sizes[:-1] == [want] * (len(sizes) - 1) and 0 < sizes[-1] <= want
     assert rows_per_group_for(1.0, 2**24, 3) == 1
+
+
+def test_reader_returns_the_same_rows_in_any_access_order(three_outputs):
+    """Random read_row, sequential read_row (which reads ahead several row groups) and
+    iter_blocks (several row groups per block) give the same row for every index."""
+    out = three_outputs["unshifted"]
+    cols = ["input_ids", "labels", "cu_seqlens", "doc_ids", "num_targets"]
+    ref = {}
+    for b in PackedReader(out).iter_blocks(cols):
+        for i in range(b.num_rows):
+            ref[b.global_first_row + i] = (b.columns["input_ids"][i].copy(),
+                                           b.columns["cu_seqlens"][i].copy())
+    r = PackedReader(out)
+    assert sorted(ref) == list(range(len(r)))
+    order = list(range(len(r))) + list(np.random.default_rng(1).permutation(len(r))[:200])
+    for i in order:
+        row = r.read_row(int(i), cols)
+        assert row["index"] == i
+        np.testing.assert_array_equal(row["input_ids"], ref[i][0])
+        np.testing.assert_array_equal(row["cu_seqlens"], ref[i][1])
