@@ -12,9 +12,10 @@ from packtool.types import Engine, LabelMode, Overflow, Strategy
 __all__ = ["PackConfig", "DEFAULT_RAY_WINDOW_DOCS", "DEFAULT_ROW_GROUP_MB", "rows_per_group_for"]
 
 #: Default Parquet row-group budget in MiB of per-token data (4 bytes x C x token columns per
-#: row). Chosen by measurement (docs/benchmarks.md, "Random access"): 1 MiB keeps one random
-#: ``PackedReader.read_row`` at about 1.3 ms at C = 2048 and 2.5 ms at C = 8192 (a row group is
-#: decoded per row), while the output is within 5 % of the size with 8 MiB groups.
+#: row). Chosen by measurement (docs/benchmarks.md, "Random access"): with 1 MiB one random
+#: ``PackedReader.read_row`` (one row group decoded) cost 1.3 to 2.4 ms at C = 2048 and 1.8 ms at
+#: C = 8192 on a lightly loaded 2-core machine, 4 MiB cost 6x that, and the output is 2 to 6 %
+#: larger than with 4 MiB groups.
 DEFAULT_ROW_GROUP_MB = 1.0
 
 

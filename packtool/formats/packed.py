@@ -24,8 +24,8 @@ from packtool.formats.schema import (RAGGED_COLUMNS, SCALAR_COLUMNS, TOKEN_COLUM
                                      labels_convention)
 from packtool.types import IGNORE_INDEX
 
-__all__ = ["PackedReader", "RowGroupBlock", "READAHEAD_GROUPS", "TOKEN_COLUMNS", "RAGGED_COLUMNS", "SCALAR_COLUMNS",
-           "derive_labels"]
+__all__ = ["PackedReader", "RowGroupBlock", "READAHEAD_GROUPS", "TOKEN_COLUMNS", "RAGGED_COLUMNS",
+           "SCALAR_COLUMNS", "derive_labels"]
 
 
 #: Row groups read in one call when rows are read in order (``iter_blocks``, or ``read_row`` on
