@@ -385,6 +385,9 @@ def stats(ctx, path, capacity, compare, column, overflow, append_eos, prepend_bo
                             "the shards were changed after packing: rerun packtool pack")
 
 
+_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
+
+
 @cli.command()
 @click.argument("output", type=_ExistingPath(), metavar="OUTPUT")
 @click.option("--rows", type=int, default=None, metavar="N",
@@ -392,37 +395,75 @@ def stats(ctx, path, capacity, compare, column, overflow, append_eos, prepend_bo
                    "hold two documents or more [default: 8; 0 = all].")
 @click.option("--scan/--no-scan", "scan_all", default=True, show_default=True,
               help="Check the columns of every row (NumPy only); --no-scan checks only the "
-                   "sampled rows.")
+                   "sampled rows (and looks for one row holding two documents if none does).")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the row sample and the test models.")
-@click.option("--backend", "backends", multiple=True,
-              type=click.Choice(["sdpa", "flex", "varlen", "flash", "hf"]),
-              help="Attention backend to check (repeatable) [default: all; those that cannot "
-                   "run here are reported as skipped].")
-@click.option("--batch-size", type=int, default=4, show_default=True, metavar="B",
-              help="Rows per forward pass.")
-@click.option("--compile", "compile_", is_flag=True,
-              help="Run FlexAttention through torch.compile.")
+@click.option("--backend", "backends", multiple=True, type=click.Choice(_BACKENDS),
+              help="Attention backend to check (repeatable); each one named must run and pass "
+                   "[default: every backend that can run here; the others are listed as "
+                   "skipped].")
+@click.option("--check", "checks", multiple=True, metavar="NAME",
+              help="Report only these checks (repeatable): logits_match, isolation, "
+                   "loss_denominator, grad_zero_ignored, grad_zero_padding, finite, or a column "
+                   "check (cu_seqlens, segment_ids, position_ids, max_seqlen, doc_ids, labels, "
+                   "num_targets) [default: all].")
+@click.option("--data-only", is_flag=True,
+              help="Check the columns only (NumPy; torch not needed); no attention check is "
+                   "asked for.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+              show_default=True, help="Device of sdpa, flex and hf (varlen and flash always "
+                                      "run on CUDA).")
+@click.option("--max-memory", default=None, metavar="SIZE",
+              help="Memory for model passes, e.g. 4G [default: half of the available memory, "
+                   "at most 2G]; batches and attention blocks are sized to fit.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=4, show_default=True,
+              metavar="B", help="Most rows per forward pass (fewer when the memory budget "
+                                "says so).")
+@click.option("--compile/--no-compile", "compile_", default=None,
+              help="Run FlexAttention through torch.compile [default: on CUDA, and on CPU from "
+                   "C = 2048 up].")
+@click.option("--progress/--no-progress", default=None,
+              help="A progress line per backend and batch on stderr [default: on, off with "
+                   "--json].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def verify(output, rows, seed, backends, batch_size, compile_, as_json, scan_all):
+def verify(output, rows, seed, backends, checks, data_only, device, max_memory, batch_size,
+           compile_, progress, as_json, scan_all):
     """Prove that packed rows of OUTPUT compute what separate documents compute.
 
-    Runs a small seeded decoder (and a tiny random Hugging Face Llama) on sampled rows with each
-    attention backend and compares with per-document forwards: logits, isolation, labels, the
-    loss denominator, gradients at ignored positions, finiteness. Exit 0 only when every check
-    that ran passed; otherwise exit 1 naming shard, row, segment and check.
+    Checks the column contract of every row, then runs a small seeded decoder (and a tiny random
+    Hugging Face Llama) on sampled rows with each attention backend and compares with
+    per-document forwards: logits, isolation, the loss denominator, gradients at ignored
+    positions and padding, finiteness. Exit 0 only when every requested check ran and passed
+    and an attention check ran on a row holding two or more documents (or --data-only); a
+    0-row output, a skipped requested backend, or a failed check exit 1 saying why.
     """
     import json
 
-    from packtool.verify.checks import ALL_BACKENDS, run_verify
+    from packtool.errors import ConfigError
+    from packtool.verify.checks import run_verify
 
-    report = run_verify(output, rows=rows, seed=seed, backends=backends or ALL_BACKENDS,
-                        batch_size=batch_size, compile=compile_, scan_all=scan_all)
+    budget = None
+    if max_memory is not None:
+        from packtool.verify.runners import parse_size
+
+        try:
+            budget = parse_size(max_memory)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--max-memory") from None
+    if data_only and backends:
+        raise click.UsageError("--data-only runs no backend; drop --backend")
+    show = (not as_json) if progress is None else progress
+    try:
+        report = run_verify(output, rows=rows, seed=seed, backends=backends or None,
+                            checks=checks or None, batch_size=batch_size, compile=compile_,
+                            scan_all=scan_all, data_only=data_only, device=device,
+                            max_memory=budget,
+                            progress=(lambda m: click.echo(m, err=True)) if show else None)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.format_text())
-    if report.failures:
-        raise PacktoolError(report.first_failure_message())
     if not report.ok:
-        raise PacktoolError("verify ran no check (every backend skipped)")
+        raise PacktoolError(report.first_failure_message())
 
 
 def main() -> None:

@@ -54,11 +54,22 @@ def document_mask_mod(segment_ids_BC):
     return mask_mod
 
 
-def document_block_mask(segment_ids_BC):
+def document_block_mask(segment_ids_BC, *, block_size: int = 128):
     """FlexAttention ``BlockMask`` of :func:`document_mask_mod` for a [B, C] batch.
 
+    The block structure is computed from ``segment_ids`` at tile level (``block_size`` x
+    ``block_size`` tiles), not by evaluating the mask on all C x C pairs: segments are contiguous
+    runs and the padding tail comes last, so a tile holds an allowed pair exactly when it is on or
+    below the diagonal and the segment ranges of its query and key blocks overlap. Memory is
+    O(B * (C / block_size)^2) whatever C is (``create_block_mask`` materializes C x C per row:
+    about 3 GB at C = 16,384). Tiles below the diagonal whose query and key blocks hold one and
+    the same segment are marked full (no ``mask_mod`` call); every other non-empty tile is
+    partial and runs :func:`document_mask_mod`, which decides each pair.
+
     Args:
-        segment_ids_BC: integer tensor [B, C].
+        segment_ids_BC: integer tensor [B, C]: 1..k on contiguous document runs, 0 on the padding
+            tail.
+        block_size: tile size in tokens (FlexAttention's default 128).
 
     Returns:
         ``torch.nn.attention.flex_attention.BlockMask`` for B rows, all heads, C x C.
@@ -67,9 +78,39 @@ def document_block_mask(segment_ids_BC):
         MissingDependencyError: torch is missing.
         ImportError: this torch has no FlexAttention.
     """
-    require_torch()
-    from torch.nn.attention.flex_attention import create_block_mask
+    torch = require_torch()
+    from torch.nn.attention.flex_attention import BlockMask
 
     B, C = segment_ids_BC.shape
-    return create_block_mask(document_mask_mod(segment_ids_BC), B, None, C, C,
-                             device=str(segment_ids_BC.device))
+    dev = segment_ids_BC.device
+    nb = -(-C // block_size)
+    # padding (0) sorts after every document, so ids are non-decreasing along the row
+    big = torch.iinfo(torch.int64).max
+    ordered_BC = torch.where(segment_ids_BC == 0, big, segment_ids_BC.to(torch.int64))
+    pad = nb * block_size - C
+    lo_Bn = torch.nn.functional.pad(ordered_BC, (0, pad), value=big).view(B, nb, block_size)
+    hi_Bn = torch.nn.functional.pad(ordered_BC, (0, pad), value=-1).view(B, nb, block_size)
+    lo_Bn, hi_Bn = lo_Bn.amin(-1), hi_Bn.amax(-1)  # min / max id in each block, [B, nb]
+    qi = torch.arange(nb, device=dev)
+    causal_nn = qi[None, :] <= qi[:, None]  # [q block, kv block]
+    overlap_Bnn = (lo_Bn[:, :, None] <= hi_Bn[:, None, :]) & (lo_Bn[:, None, :] <= hi_Bn[:, :, None])
+    any_Bnn = overlap_Bnn & causal_nn
+    one_seg_Bn = lo_Bn == hi_Bn
+    whole = torch.ones(nb, dtype=torch.bool, device=dev)
+    if pad:
+        whole[-1] = False  # the last block is cut short: never full
+    full_Bnn = (any_Bnn & (qi[None, :] < qi[:, None]) & one_seg_Bn[:, :, None]
+                & one_seg_Bn[:, None, :] & (lo_Bn[:, :, None] == lo_Bn[:, None, :])
+                & whole[:, None] & whole[None, :])
+    partial_Bnn = any_Bnn & ~full_Bnn
+
+    def to_blocks(m_Bnn):  # counts [B, 1, nb] and indices [B, 1, nb, nb], listed first
+        num = m_Bnn.sum(-1).to(torch.int32)
+        idx = torch.argsort((~m_Bnn).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+        return num[:, None], idx[:, None]
+
+    kv_num, kv_idx = to_blocks(partial_Bnn)
+    full_num, full_idx = to_blocks(full_Bnn)
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block_size,
+                                    mask_mod=document_mask_mod(segment_ids_BC),
+                                    seq_lengths=(C, C))

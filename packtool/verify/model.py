@@ -91,17 +91,59 @@ def build_model(*, vocab: int = 512, width: int = 64, heads: int = 4, layers: in
     return model.eval()
 
 
-def reference_attend(q_BHLD, k_BHLD, v_BHLD):
-    """Plain causal attention written out (softmax of masked scores): the per-document reference."""
+def reference_attend(q_BHLD, k_BHLD, v_BHLD, *, query_block: int | None = None):
+    """Plain causal attention written out (softmax of masked scores): the per-document reference.
+
+    Args:
+        q_BHLD, k_BHLD, v_BHLD: float tensors [B, H, L, D] of B documents (right-padded to one
+            length L: causality keeps the padding after a document out of its tokens' outputs).
+        query_block: queries per step; scores are [B, H, query_block, L] at a time, so memory is
+            bounded by the block, not by L^2 (None: all L at once).
+
+    Returns:
+        float tensor [B, H, L, D], dtype of ``v``.
+    """
     torch = require_torch()
     L, D = q_BHLD.shape[-2], q_BHLD.shape[-1]
-    s_BHLL = (q_BHLD @ k_BHLD.transpose(-1, -2)) / math.sqrt(D)
-    causal_LL = torch.ones(L, L, dtype=torch.bool, device=q_BHLD.device).tril()
-    s_BHLL = s_BHLL.masked_fill(~causal_LL, float("-inf"))
-    return torch.softmax(s_BHLL.float(), dim=-1).to(v_BHLD.dtype) @ v_BHLD
+    step = L if not query_block else max(1, int(query_block))
+    outs = []
+    for i0 in range(0, L, step):
+        i1 = min(L, i0 + step)
+        s_BHQL = (q_BHLD[..., i0:i1, :] @ k_BHLD[..., :i1, :].transpose(-1, -2)) / math.sqrt(D)
+        causal_QL = (torch.arange(i0, i1, device=q_BHLD.device)[:, None]
+                     >= torch.arange(i1, device=q_BHLD.device)[None, :])
+        s_BHQL = s_BHQL.masked_fill(~causal_QL, float("-inf"))
+        outs.append(torch.softmax(s_BHQL.float(), dim=-1).to(v_BHLD.dtype) @ v_BHLD[..., :i1, :])
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
 
 
-def make_attend(backend: str, batch: dict, *, device="cpu", compile: bool = False):
+def _compiled_flex():
+    """FlexAttention through ``torch.compile``, built once per process (one graph cache)."""
+    global _COMPILED_FLEX
+    if _COMPILED_FLEX is None:
+        torch = require_torch()
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED_FLEX
+
+
+_COMPILED_FLEX = None
+
+
+def _sdpa_rows(q, k, v, seg_BC, i0: int, i1: int):
+    """SDPA of queries i0..i1-1 with those rows of the block-diagonal causal mask."""
+    torch = require_torch()
+    C = seg_BC.shape[1]
+    rows = torch.arange(i0, i1, device=seg_BC.device)
+    mask_B1QC = ((seg_BC[:, i0:i1, None] == seg_BC[:, None, :])
+                 & (torch.arange(C, device=seg_BC.device)[None, :] <= rows[:, None]))[:, None]
+    return torch.nn.functional.scaled_dot_product_attention(q[..., i0:i1, :], k, v,
+                                                            attn_mask=mask_B1QC)
+
+
+def make_attend(backend: str, batch: dict, *, device="cpu", compile: bool = False,
+                query_block: int | None = None):
     """The packed attention function of ``backend`` for a collated ``batch``.
 
     Args:
@@ -111,7 +153,10 @@ def make_attend(backend: str, batch: dict, *, device="cpu", compile: bool = Fals
             ``max_seqlen`` (Python int) from the batch.
         batch: output of :func:`~packtool.verify.loader.collate`.
         device: where q/k/v live (``cu_seqlens`` and masks are moved there).
-        compile: wrap FlexAttention in ``torch.compile``.
+        compile: wrap FlexAttention in ``torch.compile`` (one compiled function per process).
+        query_block: ``sdpa`` only: run SDPA on blocks of this many queries with the matching
+            rows of the mask, each under activation checkpointing, so no [C, C] mask of a row is
+            ever held (None: the full :func:`block_causal_mask`, as training code passes it).
 
     Returns:
         ``attend(q_BHCD, k_BHCD, v_BHCD) -> out_BHCD``.
@@ -123,13 +168,23 @@ def make_attend(backend: str, batch: dict, *, device="cpu", compile: bool = Fals
     F = torch.nn.functional
     seg_BC = batch["segment_ids"].to(device)
     if backend == "sdpa":
+        C = seg_BC.shape[1]
+        if query_block and query_block < C:
+            from torch.utils.checkpoint import checkpoint
+
+            def attend_sdpa_blocks(q, k, v):
+                return torch.cat([checkpoint(_sdpa_rows, q, k, v, seg_BC, i0,
+                                             min(C, i0 + query_block), use_reentrant=False)
+                                  for i0 in range(0, C, query_block)], dim=-2)
+
+            return attend_sdpa_blocks
         mask_B1CC = block_causal_mask(seg_BC)
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask_B1CC)
     if backend == "flex":
         from torch.nn.attention.flex_attention import flex_attention
 
         block_mask = document_block_mask(seg_BC)
-        fn = torch.compile(flex_attention, dynamic=False) if compile else flex_attention
+        fn = _compiled_flex() if compile else flex_attention
 
         def attend_flex(q, k, v):
             with warnings.catch_warnings():

@@ -35,15 +35,17 @@ def good(tmp_path):
 
 
 def test_verify_passes_on_good_output_with_sdpa_flex_and_hf(good):
-    """Every check on every CPU backend passes; GPU-only backends are skipped, not passed."""
-    rep = run_verify(good, rows=0, backends=["sdpa", "flex", "hf", "flash", "varlen"])
+    """By default every backend that can run here runs and passes; GPU-only backends are listed
+    as skipped (not required), never as passed."""
+    rep = run_verify(good, rows=0)
     assert rep.ok, rep.format_text()
     ran = {(r.backend, r.check) for r in rep.results if r.status == "pass"}
     for b in ("sdpa", "flex", "hf"):
         assert (b, "logits_match") in ran and (b, "isolation") in ran
         assert (b, "loss_denominator") in ran
     if not torch.cuda.is_available():
-        skipped = {r.backend for r in rep.results if r.status == "skip" and r.check == "all"}
+        skipped = {r.backend for r in rep.results if r.status == "skip" and r.check == "all"
+                   and not r.required}
         assert {"flash", "varlen"} <= skipped
     lm = next(r for r in rep.results if r.backend == "sdpa" and r.check == "logits_match")
     assert lm.figures["max_abs_diff"] <= 1e-5
@@ -149,7 +151,7 @@ def test_cli_verify_exit_codes_and_json(good):
 
 def test_b05_shifted_labels_checked_against_their_own_convention(tmp_path):
     """Shifted output passes; the same labels read as unshifted fail (a double shift)."""
-    out = pack_docs(tmp_path, [[11, 12, 13, 14]], 4, "--labels", "shifted")
+    out = pack_docs(tmp_path, [[11, 12, 13, 14], [21, 22]], 8, "--labels", "shifted")
     rep = run_verify(out, rows=0, backends=["sdpa"])
     assert rep.ok, rep.format_text()
     row = {"input_ids": [11, 12, 13, 14], "segment_ids": [1, 1, 1, 1],
@@ -203,8 +205,9 @@ def test_one_broken_row_among_many_is_found_by_the_scan(tmp_path):
     assert _failed(rep, "data", "position_ids")
     assert _failed(rep, "sdpa", "logits_match")  # the sample holds the multi-document rows
     sampled = run_verify(out, rows=2, backends=["sdpa"], scan_all=False, seed=1)
-    data_checked = [r.figures["rows_checked"] for r in sampled.results if r.backend == "data"]
-    assert set(data_checked) == {2}
+    data_checked = {r.figures["rows_checked"] for r in sampled.results if r.backend == "data"}
+    # the 2 sampled rows, plus one row holding two documents when neither of them does
+    assert data_checked == {len(sampled.rows)} and len(sampled.rows) in (2, 3)
 
 
 def test_isolation_is_checked_even_when_most_rows_hold_one_document(tmp_path):

@@ -1,0 +1,307 @@
+"""The output contract of a packed row, checked with NumPy alone (no torch, no Numba).
+
+Shape legend: R = rows in a block (one Parquet row group), C = capacity, S = segments of all R
+rows together (documents plus one padding segment per padded row, as stored in ``cu_seqlens``).
+
+For every row, ``cu_seqlens`` is taken as the truth (0, strictly increasing, ending at C) and the
+other columns are rebuilt from it and compared:
+
+* ``segment_ids``: q on the q-th span while the span starts before the padding, 0 after;
+* ``position_ids``: 0..len-1 on every span (the padding tail is one pseudo-segment);
+* ``max_seqlen``: the longest span;
+* ``doc_ids``: one entry per real span;
+* ``labels`` in their convention (stored, or derived by the reader when not stored): unshifted,
+  the token except -100 at each span's first token and on padding; shifted, the next token inside
+  the span, else -100; so no label pairs the end of one document with the start of the next;
+* ``num_targets`` = count(labels != -100) = sum(len - 1) over the real spans.
+
+Checks run on a whole block at once (one ``np.repeat`` per column, no loop over tokens), so a scan
+of every row costs about as much as reading the columns. ``stats`` and ``verify --data-only`` use
+this module; it is the only part of verify that works without torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from packtool.types import IGNORE_INDEX
+
+__all__ = ["CONTRACT_CHECKS", "DEFAULT_ROWS", "ContractScan", "check_block", "check_row_contract",
+           "expected_labels", "select_rows", "scan_contract"]
+
+#: the column checks, in report order
+CONTRACT_CHECKS = ("cu_seqlens", "segment_ids", "position_ids", "max_seqlen", "doc_ids",
+                   "labels", "num_targets")
+#: rows run through the models when ``--rows`` is not given
+DEFAULT_ROWS = 8
+
+
+def select_rows(num_rows: int, n: int | None, seed: int) -> np.ndarray:
+    """``n`` distinct row indices spread over ``0..num_rows-1``: one seeded pick per stratum.
+
+    Args:
+        num_rows: rows to choose from (>= 0).
+        n: how many; ``None`` means :data:`DEFAULT_ROWS`, ``n <= 0`` all rows.
+        seed: seeds the pick inside each stratum.
+
+    Returns:
+        int64[min(n, num_rows)], sorted ascending.
+    """
+    n = DEFAULT_ROWS if n is None else n
+    if n <= 0 or n >= num_rows:
+        return np.arange(num_rows, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    edges = np.linspace(0, num_rows, n + 1).astype(np.int64)  # shape: (n + 1,)
+    return np.array([rng.integers(edges[i], edges[i + 1]) for i in range(n)], dtype=np.int64)
+
+
+def expected_labels(input_ids: np.ndarray, span_id: np.ndarray, first: np.ndarray,
+                    convention: str) -> np.ndarray:
+    """Labels the contract prescribes, from tokens and the spans of ``cu_seqlens``.
+
+    Args:
+        input_ids: int[R, C] tokens.
+        span_id: int[R, C], the 1-based span of each token, 0 on the padding tail.
+        first: bool[R, C], True at the first token of each span.
+        convention: ``unshifted`` or ``shifted``.
+
+    Returns:
+        int64[R, C] with :data:`~packtool.types.IGNORE_INDEX` where nothing is predicted.
+
+    Raises:
+        ValueError: unknown convention.
+    """
+    ids = np.asarray(input_ids, dtype=np.int64)
+    want = np.full(ids.shape, IGNORE_INDEX, dtype=np.int64)  # shape: (R, C)
+    if convention == "unshifted":
+        keep = (span_id != 0) & ~first
+        want[keep] = ids[keep]
+    elif convention == "shifted":
+        nxt = np.zeros(ids.shape, dtype=bool)  # token i+1 continues token i's span
+        nxt[:, :-1] = (span_id[:, :-1] != 0) & ~first[:, 1:]
+        want[:, :-1][nxt[:, :-1]] = ids[:, 1:][nxt[:, :-1]]
+    else:
+        raise ValueError(f"labels convention {convention!r}: choose unshifted or shifted")
+    return want
+
+
+def _first_bad(bad_RC: np.ndarray) -> np.ndarray:
+    """int64[R]: first True column per row, -1 where the row has none."""
+    any_R = bad_RC.any(axis=1)
+    return np.where(any_R, bad_RC.argmax(axis=1), -1)
+
+
+def check_block(cols: dict, capacity: int, convention: str,
+                label_masked: bool = False) -> list[tuple[int, str, int | None, str]]:
+    """Contract violations of a block of rows.
+
+    Args:
+        cols: ``input_ids``, ``segment_ids``, ``position_ids``, ``labels`` as int[R, C]
+            (``labels`` may be absent: then the label check is skipped and ``num_targets`` is
+            compared with sum(len - 1) only); ``cu_seqlens``, ``doc_ids`` as lists of R 1-D
+            arrays; ``max_seqlen``, ``num_targets`` as int[R].
+        capacity: C.
+        convention: labels convention, ``unshifted`` or ``shifted``.
+        label_masked: the pack read an input labels column (SFT prompt masks), so a label may
+            also be -100 where the convention gives a token, never the other way round;
+            ``num_targets`` then counts the labels and is at most sum(len - 1).
+
+    Returns:
+        ``[(row in block, check, segment or None, message)]``, at most one per (row, check),
+        checks named as in :data:`CONTRACT_CHECKS`.
+    """
+    C = int(capacity)
+    ids = np.asarray(cols["input_ids"]).reshape(-1, C)
+    R = ids.shape[0]
+    seg = np.asarray(cols["segment_ids"]).reshape(R, C)
+    pos = np.asarray(cols["position_ids"]).reshape(R, C)
+    cus = [np.asarray(c, dtype=np.int64) for c in cols["cu_seqlens"]]
+    out: list[tuple[int, str, int | None, str]] = []
+
+    # cu_seqlens: 0 < ... < C strictly increasing; rows that break it are not checked further
+    valid = np.array([c.size >= 2 and c[0] == 0 and c[-1] == C and bool(np.all(np.diff(c) > 0))
+                      for c in cus], dtype=bool)  # shape: (R,)
+    for r in np.flatnonzero(~valid):
+        c = cus[r]
+        out.append((int(r), "cu_seqlens", None, f"cu_seqlens {c.tolist()[:8]}"
+                    f"{'...' if c.size > 8 else ''} must go 0 < ... < C={C} strictly increasing"))
+    rows = np.flatnonzero(valid)
+    if rows.size == 0:
+        return out
+    real_R = np.count_nonzero(seg[rows], axis=1).astype(np.int64)  # shape: (Rv,)
+    starts = [cus[r][:-1] for r in rows]
+    n_spans = np.array([s.size for s in starts], dtype=np.int64)  # shape: (Rv,)
+    starts_S = np.concatenate(starts)  # shape: (S,)
+    lens_S = np.concatenate([np.diff(cus[r]) for r in rows])  # shape: (S,)
+    row_of_S = np.repeat(np.arange(rows.size), n_spans)  # shape: (S,)
+    q_S = np.arange(starts_S.size) - np.repeat(np.cumsum(n_spans) - n_spans, n_spans) + 1
+    real_span_S = starts_S < real_R[row_of_S]  # a span that starts before the padding tail
+    # expected columns, flat over the Rv valid rows (each row's spans cover exactly C tokens)
+    span_id = np.repeat(np.where(real_span_S, q_S, 0), lens_S).reshape(rows.size, C)
+    span_q = np.repeat(q_S, lens_S).reshape(rows.size, C)
+    want_pos = (np.arange(rows.size * C) - np.repeat(
+        starts_S + row_of_S * C, lens_S)).reshape(rows.size, C)
+    first = want_pos == 0
+    k_R = np.bincount(row_of_S, weights=real_span_S, minlength=rows.size).astype(np.int64)
+    span_end_S = starts_S + lens_S
+    last_real_end = np.zeros(rows.size, dtype=np.int64)
+    np.maximum.at(last_real_end, row_of_S[real_span_S], span_end_S[real_span_S])
+
+    def report(check, bad_RC, msg_fn):
+        fb = _first_bad(bad_RC)
+        for i in np.flatnonzero(fb >= 0):
+            j = int(fb[i])
+            out.append((int(rows[i]), check, int(span_q[i, j]), msg_fn(i, j)))
+
+    # segment_ids agree with the spans (this also catches a boundary moved in cu_seqlens)
+    doc_ids = cols.get("doc_ids")
+    for i, r in enumerate(rows):
+        k = len(doc_ids[r]) if doc_ids is not None else int(k_R[i])
+        if k != k_R[i] or (k and last_real_end[i] != real_R[i]):
+            out.append((int(r), "cu_seqlens", None, f"cu_seqlens {cus[r].tolist()[:10]} does not "
+                        f"cut the {int(real_R[i])} real tokens into the {k} documents of "
+                        "doc_ids"))
+        if doc_ids is not None and len(doc_ids[r]) != k_R[i]:
+            out.append((int(r), "doc_ids", None, f"{len(doc_ids[r])} doc_ids for {int(k_R[i])} "
+                        "real segments"))
+    seg_v = seg[rows]
+    report("segment_ids", seg_v != span_id,
+           lambda i, j: f"segment_id at token {j} is {int(seg_v[i, j])}, cu_seqlens says "
+           f"{int(span_id[i, j])}")
+    pos_v = pos[rows]
+    report("position_ids", pos_v != want_pos,
+           lambda i, j: f"position at token {j} is {int(pos_v[i, j])}, expected "
+           f"{int(want_pos[i, j])} (positions restart at 0 in every segment)")
+    mx = np.asarray(cols["max_seqlen"]).reshape(-1)[rows].astype(np.int64)
+    seg_max = np.zeros(rows.size, dtype=np.int64)
+    np.maximum.at(seg_max, row_of_S, lens_S)
+    for i in np.flatnonzero(mx != seg_max):
+        out.append((int(rows[i]), "max_seqlen", None, f"max_seqlen {int(mx[i])} != longest "
+                    f"segment {int(seg_max[i])}"))
+    # effective targets: sum(len - 1) over the real part of the real spans
+    real_len_S = np.minimum(span_end_S, real_R[row_of_S]) - starts_S
+    targets_R = np.bincount(row_of_S, weights=np.where(real_span_S, real_len_S - 1, 0),
+                            minlength=rows.size).astype(np.int64)
+    nt = np.asarray(cols["num_targets"]).reshape(-1)[rows].astype(np.int64)
+    if cols.get("labels") is not None:
+        lab = np.asarray(cols["labels"]).reshape(R, C)[rows].astype(np.int64)
+        want = expected_labels(ids[rows], span_id, first, convention)
+        # with input label masks a target may be -100 too, never the other way round
+        report("labels", (lab != want) & ~(label_masked & (lab == IGNORE_INDEX)),
+               lambda i, j: f"label at token {j} is {int(lab[i, j])}, the {convention} "
+               f"convention gives {int(want[i, j])}")
+        counted = np.count_nonzero(lab != IGNORE_INDEX, axis=1)
+        off = (counted > targets_R) | ((counted != targets_R) & (not label_masked))
+        for i in np.flatnonzero((nt != counted) | off):
+            out.append((int(rows[i]), "num_targets", None, f"num_targets {int(nt[i])}, labels "
+                        f"!= -100: {int(counted[i])}, sum(len - 1): {int(targets_R[i])}"))
+    else:
+        for i in np.flatnonzero(nt != targets_R):
+            out.append((int(rows[i]), "num_targets", None, f"num_targets {int(nt[i])} != "
+                        f"sum(len - 1) {int(targets_R[i])}"))
+    return out
+
+
+def check_row_contract(row: dict, labels_mode: str,
+                       label_masked: bool = False) -> list[tuple[str, int | None, str]]:
+    """Contract violations of one packed row as ``(check, segment or None, message)``.
+
+    Args:
+        row: one row as :meth:`~packtool.formats.packed.PackedReader.read_row` returns it
+            (per-token columns int[C]); ``labels`` may be absent.
+        labels_mode: ``unshifted``, ``shifted``, or ``none`` (labels not checked).
+        label_masked: input label masks allowed (see :func:`check_block`).
+
+    Returns:
+        The violations of :func:`check_block` for this row, without the row index.
+    """
+    ids = np.asarray(row["input_ids"])
+    cols = {k: np.asarray(row[k])[None] for k in ("input_ids", "segment_ids", "position_ids")}
+    if labels_mode != "none" and row.get("labels") is not None:
+        cols["labels"] = np.asarray(row["labels"])[None]
+    cols.update(cu_seqlens=[np.asarray(row["cu_seqlens"])], doc_ids=[row["doc_ids"]],
+                max_seqlen=np.array([row["max_seqlen"]]), num_targets=np.array([row["num_targets"]]))
+    conv = labels_mode if labels_mode != "none" else "unshifted"
+    return [(c, q, m) for _, c, q, m in check_block(cols, ids.shape[0], conv, label_masked)]
+
+
+@dataclass
+class ContractScan:
+    """What a scan of the column contract found."""
+
+    rows_checked: int = 0
+    #: check -> ``[(where, message)]`` of every bad row (``where``: shard, row, segment)
+    bad: dict = field(default_factory=dict)
+    #: global index -> segments (``len(doc_ids)``) of each scanned row
+    segments: dict = field(default_factory=dict)
+    labels_stored: bool = True
+
+
+def _labels_of(reader, block_cols: dict, convention: str, stored: bool):
+    if stored:
+        return block_cols["labels"]
+    from packtool.verify.loader import unshifted_labels
+
+    if convention != "unshifted":  # pragma: no cover - depends on the output format
+        return None
+    return np.stack([unshifted_labels(i, s) for i, s in
+                     zip(block_cols["input_ids"], block_cols["segment_ids"])]) \
+        if len(block_cols["input_ids"]) else None
+
+
+def scan_contract(reader, convention: str, *, indices=None, progress=None,
+                  label_masked: bool = False) -> ContractScan:
+    """Check the column contract on every row of a packed output (or on ``indices``).
+
+    Args:
+        reader: a :class:`~packtool.formats.packed.PackedReader`.
+        convention: the labels convention readers get (``unshifted`` or ``shifted``).
+        indices: global row indices to check; None checks every row, streaming by row group.
+        progress: optional ``callable(str)`` told about the scan.
+        label_masked: input label masks allowed (see :func:`check_block`).
+
+    Returns:
+        A :class:`ContractScan`. When the shards store no ``labels``, the labels the loader
+        derives are checked instead.
+    """
+    from packtool.formats.packed import RowGroupBlock
+
+    stored = "labels" in reader.columns
+    want = ["input_ids", "segment_ids", "position_ids", "cu_seqlens", "max_seqlen",
+            "num_targets", "doc_ids"] + (["labels"] if stored else [])
+    scan = ContractScan(labels_stored=stored)
+
+    def run(block: RowGroupBlock, local_rows=None):
+        cols = dict(block.columns)
+        if local_rows is not None:
+            cols = {k: ([v[i] for i in local_rows] if isinstance(v, list) else v[local_rows])
+                    for k, v in cols.items()}
+            row_of = [block.first_row + i for i in local_rows]
+            glob_of = [block.global_first_row + i for i in local_rows]
+        else:
+            row_of = list(range(block.first_row, block.first_row + block.num_rows))
+            glob_of = list(range(block.global_first_row, block.global_first_row + block.num_rows))
+        cols["labels"] = _labels_of(reader, cols, convention, stored)
+        for i, g in enumerate(glob_of):
+            scan.segments[g] = len(cols["doc_ids"][i])
+        for i, check, q, msg in check_block(cols, reader.capacity, convention, label_masked):
+            where = {"shard": block.shard, "row": row_of[i], **({"segment": q} if q else {})}
+            scan.bad.setdefault(check, []).append((where, msg))
+        scan.rows_checked += len(glob_of)
+
+    if indices is None:
+        for block in reader.iter_blocks(want):
+            run(block)
+    else:
+        for g in sorted(int(i) for i in indices):
+            row = reader.read_row(g, want)
+            one = RowGroupBlock(row["shard"], row["row"], g,
+                                {k: ([row[k]] if k in ("cu_seqlens", "doc_ids") else
+                                     np.asarray(row[k])[None]) for k in want})
+            run(one)
+    if progress:
+        bad = sum(len(v) for v in scan.bad.values())
+        progress(f"data: {scan.rows_checked} rows checked, {bad} contract violations")
+    return scan

@@ -1,0 +1,317 @@
+"""Packed rows against per-document forwards: one measurement pass, then small named checks.
+
+Shape legend: B = rows in a batch, C = capacity, L = tokens of one document, V = model vocabulary.
+
+:func:`measure_batch` runs one backend on one collated batch (packed forward, backward when the
+backend has one, and a second forward with document 1 of every multi-document row changed) and
+adds what it saw to a :class:`Measurements`. Each check below is a function of the measurements
+alone that returns one :class:`~packtool.verify.report.CheckResult`; :data:`CHECKS` maps names to
+them, and :func:`run_checks` returns the results by name:
+
+* ``logits_match``: at every real token, packed logits equal the per-document logits;
+* ``isolation``: changing document 1 changes its own logits and no other document's (B02, B29);
+* ``loss_denominator``: per segment, the packed targets and loss sum equal the separate
+  document's; the packed token-mean equals the token-weighted per-document loss, not a mean of
+  per-document means (B19);
+* ``grad_zero_ignored``: the loss gradient is exactly 0 on logits of positions without a target;
+* ``grad_zero_padding``: the gradient reaching padding inputs is exactly 0 (needs a backward pass
+  through attention);
+* ``finite``: no NaN or inf in logits or gradients, padding included (B07, B22).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from packtool.types import IGNORE_INDEX
+from packtool.verify import require_torch
+from packtool.verify.report import FAIL, PASS, SKIP, CheckResult
+
+__all__ = ["MODEL_CHECKS", "CHECKS", "Measurements", "measure_batch", "run_checks",
+           "per_target_loss"]
+
+#: the model checks, in report order
+MODEL_CHECKS = ("logits_match", "isolation", "loss_denominator", "grad_zero_ignored",
+                "grad_zero_padding", "finite")
+
+
+class _Max:
+    """Running max (NaN counts as inf) and mean, with the location of the worst case."""
+
+    def __init__(self):
+        self.max, self.sum, self.n, self.where = 0.0, 0.0, 0, None
+
+    def add(self, values, where):
+        if values.numel() == 0:
+            return
+        m = float(values.max())
+        if m != m:
+            m = float("inf")
+        self.sum += float(values.sum())
+        self.n += values.numel()
+        if self.where is None or m > self.max:
+            self.max, self.where = m, where
+
+    @property
+    def mean(self) -> float:
+        return self.sum / self.n if self.n else 0.0
+
+
+@dataclass
+class Measurements:
+    """What one backend showed over all batches (inputs of the named checks)."""
+
+    backend: str
+    device: str = ""
+    dtype: str = ""
+    backward: bool = True
+    no_backward_reason: str = ""
+    rows: int = 0
+    rows_multi_doc: int = 0
+    tol: float = 0.0
+    logit: _Max = field(default_factory=_Max)
+    iso_other: _Max = field(default_factory=_Max)
+    iso_effect_min: float = float("inf")
+    iso_effect_where: dict | None = None
+    grad_ignored: _Max = field(default_factory=_Max)
+    grad_pad: _Max = field(default_factory=_Max)
+    nonfinite_rows: int = 0
+    nonfinite_where: dict | None = None
+    loss_packed_sum: float = 0.0
+    loss_ref_sum: float = 0.0
+    targets_packed: int = 0
+    targets_ref: int = 0
+    doc_means: list = field(default_factory=list)
+    seg_loss: _Max = field(default_factory=_Max)
+    seg_count_bad: tuple | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def per_target_loss(logits_BCV, labels_BC, shifted: bool, vocab: int):
+    """Per-target cross-entropy re-indexed by target token, and the target mask.
+
+    Args:
+        logits_BCV: float [B, C, V]; labels_BC: int64 [B, C] with -100 where nothing is predicted.
+        shifted: labels already shifted (``labels[j]`` is predicted from logits j); else the
+            model shifts (``labels[j]`` is predicted from logits j - 1).
+        vocab: V; label ids are folded with ``% V`` like the model's inputs.
+
+    Returns:
+        ``(ce_BC, mask_BC)``: float [B, C], 0 where ignored; bool [B, C]. Position j holds the
+        loss of the target predicted *inside* the segment of token j (unshifted: target token j;
+        shifted: the target predicted at j).
+    """
+    torch = require_torch()
+    F = torch.nn.functional
+    B, C, V = logits_BCV.shape
+    if shifted:
+        pred, tgt = logits_BCV, labels_BC
+    else:
+        pred, tgt = logits_BCV[:, :-1], labels_BC[:, 1:]
+    mask = tgt != IGNORE_INDEX
+    tgt_v = torch.where(mask, tgt % vocab, torch.full_like(tgt, IGNORE_INDEX))
+    ce = F.cross_entropy(pred.reshape(-1, V), tgt_v.reshape(-1), ignore_index=IGNORE_INDEX,
+                         reduction="none").reshape(tgt.shape)
+    if not shifted:
+        z = torch.zeros((B, 1), dtype=ce.dtype, device=ce.device)
+        ce = torch.cat([z, ce], dim=1)
+        mask = torch.cat([torch.zeros((B, 1), dtype=torch.bool, device=mask.device), mask], 1)
+    return ce, mask
+
+
+def _where(batch, r, seg=None):
+    w = {"shard": batch["shard"][r], "row": batch["row"][r]}
+    if seg is not None:
+        w["segment"] = seg
+    return w
+
+
+def measure_batch(m: Measurements, runner, batch: dict, spans: list, refs: list,
+                  shifted: bool, attend_factory=None) -> None:
+    """Run ``runner`` on one collated ``batch`` and add what it shows to ``m``.
+
+    Args:
+        m: the backend's measurements so far.
+        runner: a :class:`~packtool.verify.runners.Runner`.
+        batch: output of ``collate`` (int64 [B, C] columns, ``cu_seqlens``, provenance).
+        spans: per row, the real document spans ``[(a, b)]`` cut by the stored ``cu_seqlens``.
+        refs: per row, per span, ``(logits float32 [L, V], loss sum, targets)`` of the document
+            alone.
+        shifted: the labels convention of the batch.
+        attend_factory: replaces the backend's attention (negative controls in tests).
+    """
+    torch = require_torch()
+    B, C = batch["input_ids"].shape
+    backward = runner.backward
+    ids = batch["input_ids"]
+    h = runner.embed(ids).detach().requires_grad_(backward)
+    with torch.set_grad_enabled(backward):
+        logits = runner.forward(h, batch, attend_factory)
+    # the loss-side gradient runs on a leaf copy of the logits, so it exists on every backend
+    leaf = logits.detach().requires_grad_(True)
+    labels = batch["labels"].to(logits.device)
+    ce, tmask = per_target_loss(leaf, labels, shifted, runner.vocab)
+    n_t = int(tmask.sum())
+    loss = ce.sum() / max(n_t, 1)  # token mean over effective targets (B19)
+    loss.backward()
+    if backward:
+        logits.backward(leaf.grad)
+    ref_absmax = max((float(d[0].abs().max()) for row in refs for d in row), default=1.0)
+    m.tol = max(m.tol, runner.tolerance(ref_absmax))
+    with torch.no_grad():
+        grads = [leaf.grad] + ([h.grad] if backward else [])
+        bad_rows = (~torch.isfinite(logits)).flatten(1).any(1)
+        for g in grads:
+            bad_rows |= (~torch.isfinite(g.float())).flatten(1).any(1).to(bad_rows.device)
+        if bool(bad_rows.any()):
+            r = int(torch.nonzero(bad_rows)[0])
+            m.nonfinite_rows += int(bad_rows.sum())
+            m.nonfinite_where = m.nonfinite_where or _where(batch, r)
+        g_BC = leaf.grad.abs().amax(-1)
+        has_target = tmask.clone() if shifted else torch.zeros_like(tmask)
+        if not shifted:
+            has_target[:, :-1] = tmask[:, 1:]
+        seg = batch["segment_ids"].to(logits.device)
+        for r in range(B):
+            m.grad_ignored.add(g_BC[r][~has_target[r]], _where(batch, r))
+            if backward:
+                m.grad_pad.add(h.grad[r][seg[r] == 0].float().abs(), _where(batch, r))
+        m.loss_packed_sum += float(ce.sum())
+        m.targets_packed += n_t
+        for r in range(B):
+            m.rows += 1
+            m.rows_multi_doc += len(spans[r]) >= 2
+            for q, (a, b) in enumerate(spans[r], start=1):
+                w = _where(batch, r, q)
+                ref_logits, ref_sum, ref_n = refs[r][q - 1]
+                m.logit.add((logits[r, a:b] - ref_logits.to(logits.device)).abs().amax(-1), w)
+                p_sum = float(ce[r, a:b].sum())
+                p_n = int(tmask[r, a:b].sum())
+                if p_n != ref_n and m.seg_count_bad is None:
+                    m.seg_count_bad = (w, p_n, ref_n)
+                m.seg_loss.add(torch.tensor([abs(p_sum - ref_sum)]), w)
+                m.loss_ref_sum += ref_sum
+                m.targets_ref += ref_n
+                if ref_n:
+                    m.doc_means.append(ref_sum / ref_n)
+        # isolation: change document 1 of each row holding two or more documents
+        rows2 = [r for r in range(B) if len(spans[r]) >= 2]
+        if not rows2:
+            return
+        ids2 = ids.clone()
+        for r in rows2:
+            a, b = spans[r][0]
+            ids2[r, a:b] = ids2[r, a:b] + 1
+        logits2 = runner.forward(runner.embed(ids2), batch, attend_factory)
+        for r in rows2:
+            a, b = spans[r][0]
+            eff = float((logits2[r, a:b] - logits[r, a:b]).abs().max())
+            if eff < m.iso_effect_min:
+                m.iso_effect_min, m.iso_effect_where = eff, _where(batch, r, 1)
+            for q, (a, b) in enumerate(spans[r][1:], start=2):
+                m.iso_other.add((logits2[r, a:b] - logits[r, a:b]).abs().amax(-1),
+                                _where(batch, r, q))
+
+
+def _result(m: Measurements, check: str, status: str, figures=None, where=None, message="",
+            required=True) -> CheckResult:
+    return CheckResult(m.backend, check, status, figures or {}, where, message, required,
+                       m.device, m.dtype)
+
+
+def logits_match(m: Measurements) -> CheckResult:
+    """Packed logits at every real token equal the per-document forward's, within ``m.tol``."""
+    ok = m.logit.max <= m.tol and m.logit.n > 0
+    figs = {"max_abs_diff": m.logit.max, "mean_abs_diff": m.logit.mean, "tol": m.tol,
+            "rows": m.rows, "rows_multi_doc": m.rows_multi_doc}
+    if m.logit.n == 0:
+        return _result(m, "logits_match", FAIL, figs, None, "no real token was compared")
+    return _result(m, "logits_match", PASS if ok else FAIL, figs, m.logit.where,
+                   "" if ok else f"packed logits differ from the per-document forward by "
+                   f"{m.logit.max:.3g} > {m.tol:.3g}")
+
+
+def isolation(m: Measurements) -> CheckResult:
+    """Changing document 1 moves its own logits and leaves every other document's unchanged."""
+    figs = {"max_change_other_docs": m.iso_other.max,
+            "min_change_changed_doc": m.iso_effect_min, "rows_multi_doc": m.rows_multi_doc,
+            "tol": m.tol}
+    if not m.rows_multi_doc:
+        return _result(m, "isolation", SKIP, {"rows_multi_doc": 0}, None,
+                       "no row run through the model holds two documents")
+    if m.iso_other.max > m.tol:
+        return _result(m, "isolation", FAIL, figs, m.iso_other.where,
+                       f"changing document 1 moved another document's logits by "
+                       f"{m.iso_other.max:.3g} (cross-document attention)")
+    if not m.iso_effect_min > m.tol:
+        return _result(m, "isolation", FAIL, figs, m.iso_effect_where,
+                       "changing document 1 did not change its own logits; the check has no "
+                       "power")
+    return _result(m, "isolation", PASS, figs)
+
+
+def loss_denominator(m: Measurements) -> CheckResult:
+    """Per segment the packed targets and loss equal the separate document's; the token mean
+    over effective targets equals the token-weighted per-document loss (B19)."""
+    import numpy as np
+
+    p_mean = m.loss_packed_sum / m.targets_packed if m.targets_packed else 0.0
+    r_mean = m.loss_ref_sum / m.targets_ref if m.targets_ref else 0.0
+    tol = m.tol * max(1.0, abs(r_mean))
+    figs = {"packed_loss": p_mean, "per_doc_token_weighted": r_mean,
+            "mean_of_doc_means": float(np.mean(m.doc_means)) if m.doc_means else 0.0,
+            "targets_packed": m.targets_packed, "targets_per_doc": m.targets_ref, "tol": tol}
+    if m.seg_count_bad is not None:
+        w, p_n, r_n = m.seg_count_bad
+        return _result(m, "loss_denominator", FAIL, figs, w,
+                       f"{p_n} targets in this segment, a separate document has {r_n} (a label "
+                       "across a boundary?)")
+    if m.targets_packed != m.targets_ref or abs(p_mean - r_mean) > tol:
+        return _result(m, "loss_denominator", FAIL, figs, m.seg_loss.where,
+                       f"packed loss {p_mean:.6g} over {m.targets_packed} targets != "
+                       f"token-weighted per-document loss {r_mean:.6g} over {m.targets_ref}")
+    return _result(m, "loss_denominator", PASS, figs)
+
+
+def grad_zero_ignored(m: Measurements) -> CheckResult:
+    """The loss gradient on logits of positions without a target is exactly 0."""
+    ok = m.grad_ignored.max == 0.0
+    return _result(m, "grad_zero_ignored", PASS if ok else FAIL,
+                   {"max_grad_ignored_logits": m.grad_ignored.max},
+                   None if ok else m.grad_ignored.where,
+                   "" if ok else "non-zero gradient on the logits of a position without target")
+
+
+def grad_zero_padding(m: Measurements) -> CheckResult:
+    """The gradient that reaches padding inputs through attention is exactly 0."""
+    if not m.backward:
+        return _result(m, "grad_zero_padding", SKIP, {}, None, m.no_backward_reason,
+                       required=False)
+    ok = m.grad_pad.max == 0.0
+    return _result(m, "grad_zero_padding", PASS if ok else FAIL,
+                   {"max_grad_padding_inputs": m.grad_pad.max},
+                   None if ok else m.grad_pad.where,
+                   "" if ok else "non-zero gradient at a padding input (a real token attends "
+                   "padding)")
+
+
+def finite(m: Measurements) -> CheckResult:
+    """No NaN or inf in logits or gradients, padding included."""
+    ok = not m.nonfinite_rows
+    return _result(m, "finite", PASS if ok else FAIL, {"rows_with_nan_or_inf": m.nonfinite_rows},
+                   m.nonfinite_where, "" if ok else "NaN or inf in logits or gradients "
+                   "(padding included)")
+
+
+CHECKS = {"logits_match": logits_match, "isolation": isolation,
+          "loss_denominator": loss_denominator, "grad_zero_ignored": grad_zero_ignored,
+          "grad_zero_padding": grad_zero_padding, "finite": finite}
+
+
+def run_checks(m: Measurements, names=MODEL_CHECKS) -> dict[str, CheckResult]:
+    """The named checks of one backend's measurements, by name, in :data:`MODEL_CHECKS` order."""
+    out = {n: CHECKS[n](m) for n in MODEL_CHECKS if n in names}
+    for r in out.values():
+        if r.check == "logits_match":
+            r.figures.update({k: v for k, v in m.extra.items() if k not in ("device", "dtype")})
+    return out

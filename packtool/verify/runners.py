@@ -1,0 +1,374 @@
+"""One runner per attention backend, each with an explicit device and dtype, under a memory budget.
+
+Shape legend: B = rows in a batch, C = capacity, L = tokens of one document, V = model vocabulary,
+E = model width, H = heads.
+
+| backend  | attention call                                        | device            | dtype    |
+|----------|-------------------------------------------------------|-------------------|----------|
+| sdpa     | ``scaled_dot_product_attention`` + block-causal mask  | CUDA if present   | float32  |
+| flex     | ``flex_attention`` + document ``BlockMask``, compiled | CUDA if present   | float32  |
+| varlen   | ``torch.nn.attention.varlen.varlen_attn``, cu_seqlens | CUDA only         | bfloat16 |
+| flash    | ``flash_attn_varlen_func``, cu_seqlens                | CUDA + flash-attn | bfloat16 |
+| hf       | tiny random ``LlamaForCausalLM``, position_ids only   | as sdpa           | float32  |
+
+Every runner compares with per-document forwards of the same model in float32 on its own device
+(right-padded batches of documents, written-out causal attention in query blocks). Tolerance on
+logits: float32 on CPU ``1e-5 * max(1, max|ref|)``; float32 on CUDA ``1e-4 * max(1, max|ref|)``
+(kernels reorder sums; TF32 is switched off while verify runs); bfloat16 the flash-attention test
+rule ``2 * max|eager_bf16 - ref| + 1e-3``, where eager_bf16 is the per-document reference forward
+run in bfloat16.
+
+Memory: :func:`memory_budget` gives the bytes verify may use for model passes (``--max-memory``,
+else half of the available memory, at most 2 GiB). Each runner estimates its bytes per row at
+capacity C (activations, and for sdpa/hf the C x C mask) and the batch size follows; SDPA switches
+to query blocks under activation checkpointing when one row's mask would not fit, and a backend
+that cannot fit one row is skipped with the figures.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import logging
+from dataclasses import dataclass
+
+from packtool.errors import install_hint
+from packtool.verify import (has_cuda, has_flash_attn, has_flex_attention, has_transformers,
+                             require_torch)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ALL_BACKENDS", "MemoryBudget", "memory_budget", "parse_size", "unavailable",
+           "make_runner", "Runner", "HF_VOCAB"]
+
+ALL_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
+FP32_RTOL_CPU = 1e-5
+FP32_RTOL_CUDA = 1e-4
+BF16_FLOOR = 1e-3
+HF_VOCAB = 512
+_GIB = 1 << 30
+#: bytes per token of one row's forward + backward activations of the test decoder (measured
+#: 2026 on torch 2.13 CPU: about 24 KB at E = 64, 3 layers, V = 512; rounded up)
+_ACT_BYTES_PER_TOKEN = 32 << 10
+#: bytes per C x C element of a dense mask pass (the bool mask, its intermediates and SDPA's
+#: additive copy; measured about 5 at C = 16,384)
+_MASK_BYTES_PER_PAIR = 6
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """Bytes verify may use for model passes, and where the figure came from."""
+
+    bytes: int
+    source: str
+
+    def __str__(self) -> str:
+        return f"{self.bytes / _GIB:.2f} GiB ({self.source})"
+
+
+def parse_size(text: str) -> int:
+    """Bytes of a size such as ``4G``, ``512M``, ``1.5GiB``, ``2000000``.
+
+    Raises:
+        ValueError: not a size.
+    """
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    try:
+        if t and t[-1] in mult:
+            return int(float(t[:-1]) * mult[t[-1]])
+        return int(float(t))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size; use e.g. 4G, 512M or a number of bytes") \
+            from None
+
+
+def _available_bytes() -> tuple[int, str]:
+    avail, src = None, ""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail, src = int(line.split()[1]) * 1024, "MemAvailable"
+    except OSError:
+        pass
+    try:  # a container's own limit (cgroup v2)
+        lim = open("/sys/fs/cgroup/memory.max").read().strip()
+        cur = int(open("/sys/fs/cgroup/memory.current").read().strip())
+        if lim != "max" and (avail is None or int(lim) - cur < avail):
+            avail, src = int(lim) - cur, "cgroup memory.max - memory.current"
+    except (OSError, ValueError):
+        pass
+    if avail is None:
+        avail, src = 4 * _GIB, "no memory figure found; assumed 4 GiB"
+    return max(avail, 0), src
+
+
+def memory_budget(max_memory: int | None = None) -> MemoryBudget:
+    """The memory budget of the model passes.
+
+    Args:
+        max_memory: bytes given by the user (``--max-memory``); None derives one: half of the
+            available memory (``MemAvailable``, or a cgroup's limit minus its usage), at most
+            2 GiB, at least 256 MiB.
+
+    Returns:
+        A :class:`MemoryBudget`.
+
+    Raises:
+        ValueError: ``max_memory`` below 64 MiB.
+    """
+    if max_memory is not None:
+        if max_memory < 64 << 20:
+            raise ValueError(f"--max-memory {max_memory} bytes is below 64 MiB")
+        return MemoryBudget(int(max_memory), "--max-memory")
+    avail, src = _available_bytes()
+    b = int(min(max(avail // 2, 256 << 20), 2 * _GIB))
+    return MemoryBudget(b, f"half of {src} {avail / _GIB:.1f} GiB, at most 2 GiB")
+
+
+def unavailable(name: str, device: str) -> str:
+    """Why backend ``name`` cannot run on ``device`` here, or ''."""
+    if name == "flex" and not has_flex_attention():
+        return "this torch has no torch.nn.attention.flex_attention"
+    if name in ("varlen", "flash") or device == "cuda":
+        if not has_cuda():
+            what = {"varlen": "torch.nn.attention.varlen runs flash kernels on CUDA only",
+                    "flash": "flash_attn_varlen_func runs on CUDA only"}.get(name, "--device cuda")
+            return f"{what}; no CUDA GPU here"
+    if name == "varlen" and importlib.util.find_spec("torch.nn.attention.varlen") is None:
+        return "this torch has no torch.nn.attention.varlen"
+    if name == "flash" and not has_flash_attn():
+        return f"flash-attn is not installed or cannot be imported ({install_hint('gpu')})"
+    if name == "hf" and not has_transformers():
+        return f"transformers is not installed ({install_hint('hf')})"
+    return ""
+
+
+class Runner:
+    """One attention backend on the seeded test decoder.
+
+    Attributes:
+        name: backend name; device: ``cpu`` | ``cuda``; dtype: torch dtype of the packed pass.
+        backward: whether a backward pass through attention runs (FlexAttention has none on CPU).
+        compiled: FlexAttention through ``torch.compile``.
+        query_block: SDPA query block (None: whole rows).
+        per_row: run rows one at a time (compiled FlexAttention: one graph for every batch).
+    """
+
+    def __init__(self, name, base_model, device, dtype, *, compiled=False, query_block=None):
+        torch = require_torch()
+        self.name, self.device, self.dtype = name, device, dtype
+        self.ref_model = base_model if device == "cpu" else copy.deepcopy(base_model).to(device)
+        self.model = (self.ref_model if dtype == torch.float32
+                      else copy.deepcopy(self.ref_model).to(dtype))
+        self.vocab = base_model.vocab
+        self.compiled, self.query_block = compiled, query_block
+        self.backward = not (name == "flex" and device == "cpu")
+        self.no_backward_reason = ("FlexAttention has no backward pass on CPU (torch raises "
+                                   "NotImplementedError)" if not self.backward else "")
+        self.per_row = name == "flex" and compiled
+        self.eager_error = 0.0  #: bf16 only: max |per-document forward in dtype - fp32 ref|
+
+    @property
+    def ref_key(self):
+        """Runners with the same key share their float32 per-document references."""
+        return ("decoder", self.device)
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    def describe(self) -> dict:
+        d = {"device": self.device, "dtype": self.dtype_name}
+        if self.name == "flex":
+            d["compiled"] = self.compiled
+        if self.query_block:
+            d["query_block"] = self.query_block
+        return d
+
+    def embed(self, ids_BC):
+        return self.model.embed(ids_BC.to(self.device)).to(self.dtype)
+
+    def _attend(self, batch):
+        from packtool.verify.model import make_attend
+
+        return make_attend(self.name, batch, device=self.device, compile=self.compiled,
+                           query_block=self.query_block)
+
+    def forward(self, h_BCE, batch, attend_factory=None):
+        """float32 logits [B, C, V] of the packed rows."""
+        torch = require_torch()
+        pos = batch["position_ids"].to(self.device)
+        make = attend_factory or (lambda b, dev: self._attend(b))
+        if self.per_row and h_BCE.shape[0] > 1:
+            outs = []
+            for r in range(h_BCE.shape[0]):
+                sub = {**batch, "segment_ids": batch["segment_ids"][r:r + 1]}
+                outs.append(self.model.forward_embeds(h_BCE[r:r + 1], pos[r:r + 1],
+                                                      make(sub, self.device)))
+            return torch.cat(outs).float()
+        return self.model.forward_embeds(h_BCE, pos, make(batch, self.device)).float()
+
+    def reference(self, docs, budget: int, *, model=None):
+        """Per-document logits: list of float32 [L, V], one per document in ``docs``.
+
+        Documents (1-D token tensors) are grouped by length into right-padded batches that fit
+        ``budget`` bytes; attention is the written-out causal reference in query blocks.
+        """
+        torch = require_torch()
+        from packtool.verify.model import reference_attend
+
+        m = model if model is not None else self.ref_model
+        out = [None] * len(docs)
+        for group, qb in _doc_groups([int(d.shape[0]) for d in docs], budget, m.heads):
+            Lmax = max(int(docs[i].shape[0]) for i in group)
+            ids = torch.zeros((len(group), Lmax), dtype=torch.int64)
+            for j, i in enumerate(group):
+                ids[j, :docs[i].shape[0]] = docs[i]
+            ids = ids.to(self.device)
+            pos = torch.arange(Lmax, device=self.device)[None].expand(len(group), Lmax)
+            h = m.embed(ids).to(next(m.parameters()).dtype)
+            lg = m.forward_embeds(h, pos, lambda q, k, v: reference_attend(q, k, v,
+                                                                           query_block=qb))
+            for j, i in enumerate(group):
+                out[i] = lg[j, :docs[i].shape[0]].float()
+        return out
+
+    def tolerance(self, ref_absmax: float) -> float:
+        torch = require_torch()
+        if self.dtype != torch.float32:
+            return 2 * self.eager_error + BF16_FLOOR
+        rtol = FP32_RTOL_CPU if self.device == "cpu" else FP32_RTOL_CUDA
+        return rtol * max(1.0, ref_absmax)
+
+    def row_bytes(self, capacity: int) -> int:
+        """Estimated bytes of one row's packed forward + backward at capacity C."""
+        act = capacity * _ACT_BYTES_PER_TOKEN
+        if self.name == "sdpa":
+            rows = self.query_block or capacity
+            return act + _MASK_BYTES_PER_PAIR * rows * capacity
+        if self.name == "flex" and not self.compiled:  # eager: dense scores per head
+            return act + 4 * 4 * self.model.heads * capacity * capacity
+        return act
+
+
+def _doc_groups(lengths, budget: int, heads: int):
+    """Yield (document indices, query block) groups for batched reference passes.
+
+    Documents are sorted by length; a group grows while its padded tokens' activations plus one
+    query block of scores (heads x query block x L floats, three copies) stay within ``budget``.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    i = 0
+    while i < len(order):
+        group = [order[i]]
+        L = lengths[order[i]]
+        j = i + 1
+        while j < len(order):
+            L2 = lengths[order[j]]
+            if (len(group) + 1) * L2 * _ACT_BYTES_PER_TOKEN > budget // 2 or len(group) >= 64:
+                break
+            group.append(order[j])
+            L = L2
+            j += 1
+        qb = max(16, int((budget // 4) // max(1, 12 * heads * L * len(group))))
+        yield group, (None if qb >= L else qb)
+        i = j
+
+
+class HFRunner(Runner):
+    """A tiny random ``LlamaForCausalLM`` fed the packed rows through ``position_ids`` only,
+    called as the README says (``use_cache=False``, no ``attention_mask``)."""
+
+    def __init__(self, seed: int, capacity: int, device: str):
+        torch = require_torch()
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = LlamaConfig(vocab_size=HF_VOCAB, hidden_size=64, intermediate_size=128,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=max(2048, capacity), use_cache=False)
+        cfg._attn_implementation = "sdpa"
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = LlamaForCausalLM(cfg).eval().to(device)
+        self.name, self.device, self.dtype = "hf", device, torch.float32
+        self.model = self.ref_model = model
+        self.vocab, self.compiled, self.query_block = HF_VOCAB, False, None
+        self.backward, self.no_backward_reason, self.per_row = True, "", False
+        self.eager_error = 0.0
+
+    @property
+    def ref_key(self):
+        return ("hf", self.device)
+
+    def describe(self) -> dict:
+        return {"device": self.device, "dtype": self.dtype_name}
+
+    def embed(self, ids_BC):
+        return self.model.get_input_embeddings()(ids_BC.to(self.device) % HF_VOCAB)
+
+    def forward(self, h_BCE, batch, attend_factory=None):
+        # no attention_mask: transformers derives the document blocks from position_ids
+        return self.model(inputs_embeds=h_BCE, position_ids=batch["position_ids"].to(self.device),
+                          use_cache=False).logits.float()
+
+    def reference(self, docs, budget: int, *, model=None):
+        torch = require_torch()
+        out = [None] * len(docs)
+        for group, _ in _doc_groups([int(d.shape[0]) for d in docs], budget, 4):
+            Lmax = max(int(docs[i].shape[0]) for i in group)
+            ids = torch.zeros((len(group), Lmax), dtype=torch.int64)
+            for j, i in enumerate(group):
+                ids[j, :docs[i].shape[0]] = docs[i] % HF_VOCAB
+            # right padding without attention_mask: causality keeps it out of the real tokens
+            lg = self.model(input_ids=ids.to(self.device), use_cache=False).logits
+            for j, i in enumerate(group):
+                out[i] = lg[j, :docs[i].shape[0]].float()
+        return out
+
+    def row_bytes(self, capacity: int) -> int:
+        return capacity * _ACT_BYTES_PER_TOKEN + _MASK_BYTES_PER_PAIR * capacity * capacity
+
+
+def make_runner(name: str, base_model, *, device: str, capacity: int, budget: MemoryBudget,
+                seed: int, compile: bool | None):
+    """Build the runner of backend ``name``.
+
+    Args:
+        name: one of :data:`ALL_BACKENDS`.
+        base_model: the float32 test decoder on CPU (:func:`~packtool.verify.model.build_model`).
+        device: ``cpu`` or ``cuda`` for sdpa, flex and hf; varlen and flash always use CUDA.
+        capacity: C of the output.
+        budget: bytes for one batch of model passes.
+        seed: seeds the Hugging Face model.
+        compile: FlexAttention through ``torch.compile``; None: compiled unless C is small
+            enough that eager FlexAttention (dense scores) fits the budget on CPU, always on CUDA.
+
+    Returns:
+        ``(runner, reason)``: a runner, or None and why the backend cannot run within the budget.
+    """
+    torch = require_torch()
+    if name == "hf":
+        r = HFRunner(seed, capacity, device)
+    elif name in ("varlen", "flash"):
+        r = Runner(name, base_model, "cuda", torch.bfloat16)
+    elif name == "flex":
+        if compile is None:
+            eager_bytes = 4 * 4 * base_model.heads * capacity * capacity
+            compile = device == "cuda" or eager_bytes + capacity * _ACT_BYTES_PER_TOKEN > \
+                budget.bytes or capacity >= 2048
+        r = Runner(name, base_model, device, torch.float32, compiled=bool(compile))
+    else:
+        r = Runner(name, base_model, device, torch.float32)
+        if r.row_bytes(capacity) > budget.bytes:
+            spare = budget.bytes - capacity * _ACT_BYTES_PER_TOKEN
+            qb = spare // (_MASK_BYTES_PER_PAIR * capacity)
+            if qb < 16:
+                return None, (f"one row at C={capacity} needs more than the memory budget "
+                              f"{budget}; raise --max-memory")
+            r.query_block = int(min(qb, capacity))
+    if r.row_bytes(capacity) > budget.bytes:
+        return None, (f"one row at C={capacity} needs about {r.row_bytes(capacity) / _GIB:.2f} "
+                      f"GiB, over the memory budget {budget}; raise --max-memory")
+    return r, ""
