@@ -1,0 +1,211 @@
+"""verify cannot pass by accident: every requested backend and check runs or the exit is non-zero."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from click.testing import CliRunner  # noqa: E402
+
+from packtool.cli import cli  # noqa: E402
+from packtool.verify.checks import run_verify  # noqa: E402
+from packtool.verify.equivalence import CHECKS, MODEL_CHECKS, Measurements, run_checks  # noqa: E402
+from packtool.verify.report import FAIL, PASS, SKIP  # noqa: E402
+
+from packed_helpers import pack_docs  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+RNG = np.random.default_rng(3)
+DOCS = [list(map(int, RNG.integers(1, 1000, n))) for n in [9, 5, 7, 3, 12, 4, 6, 2, 8]]
+
+
+def _verify(*args):
+    return CliRunner().invoke(cli, ["verify", *map(str, args)])
+
+
+@pytest.fixture
+def good(tmp_path):
+    return pack_docs(tmp_path, DOCS, 16)
+
+
+def test_gpu_only_backends_without_cuda_exit_non_zero_saying_no_attention_check_ran(good):
+    """`--backend flash --backend varlen` on a CPU machine: both SKIP with a reason, exit 1, and
+    the message says no attention check ran (it used to print OK and exit 0)."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    r = _verify(good, "--backend", "flash", "--backend", "varlen")
+    assert r.exit_code == 1, r.output
+    assert "no attention check ran" in r.output
+    for b in ("flash", "varlen"):
+        assert any(ln.startswith("SKIP") and f" {b}" in ln and "CUDA" in ln
+                   for ln in r.output.splitlines()), r.output
+    assert "OK:" not in r.output
+
+
+def test_a_requested_backend_that_cannot_run_fails_the_verdict_even_when_another_passes(good):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    rep = run_verify(good, rows=2, backends=["sdpa", "flash"])
+    assert rep.get("sdpa", "logits_match").status == PASS
+    assert not rep.ok
+    assert any("flash" in p and "did not run" in p for p in rep.problems())
+
+
+def test_default_backends_list_the_ones_that_cannot_run_as_not_required_skips(good):
+    rep = run_verify(good, rows=2)
+    assert rep.ok, rep.format_text()
+    for b in ("sdpa", "flex", "varlen", "flash", "hf"):
+        assert any(r.backend == b for r in rep.results), b  # every backend is named
+    for r in rep.results:
+        assert r.status in (PASS, SKIP) and (r.status == PASS or r.message), r.line()
+
+
+def test_zero_row_output_is_nothing_to_verify(tmp_path):
+    """Every document dropped (B11): 0 rows; verify says so and exits 1, also --data-only."""
+    out = pack_docs(tmp_path, [[1, 2, 3, 4, 5, 6]], 4, "--overflow", "drop")
+    for extra in ([], ["--data-only"]):
+        r = _verify(out, *extra)
+        assert r.exit_code == 1, r.output
+        assert "nothing to verify" in r.output and "0 rows" in r.output
+
+
+def _single_doc_rows_then_one_packed_row(tmp_path):
+    rng = np.random.default_rng(1)
+    docs = [list(map(int, rng.integers(1, 500, 16))) for _ in range(12)] + [[7, 8, 9], [3, 4]]
+    return pack_docs(tmp_path, docs, 16)
+
+
+def test_no_scan_finds_a_multi_document_row_when_the_sample_has_none(tmp_path):
+    """--no-scan with a sample of one single-document row: verify reads doc_ids until it finds
+    the one row holding two documents and runs isolation on it."""
+    out = _single_doc_rows_then_one_packed_row(tmp_path)
+    rep = run_verify(out, rows=1, backends=["sdpa"], scan_all=False, seed=0)
+    iso = rep.get("sdpa", "isolation")
+    assert iso.status == PASS and iso.figures["rows_multi_doc"] == 1, rep.format_text()
+    assert rep.ok and any("added row" in n for n in rep.notes)
+
+
+def test_no_scan_fails_when_no_row_holds_two_documents(tmp_path):
+    rng = np.random.default_rng(2)
+    out = pack_docs(tmp_path, [list(map(int, rng.integers(1, 500, 16))) for _ in range(5)], 16)
+    r = _verify(out, "--no-scan", "--backend", "sdpa", "--rows", "2")
+    assert r.exit_code == 1, r.output
+    assert "two or more documents" in r.output
+    rep = run_verify(out, rows=2, backends=["sdpa"])  # the scan finds none either
+    assert not rep.ok and rep.get("sdpa", "isolation").status == SKIP
+
+
+def test_data_only_passes_without_an_attention_check_and_runs_without_torch(good):
+    """--data-only in a process where `import torch` fails: the column checks run and pass."""
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from packtool.cli import main\n"
+            f"sys.argv = ['packtool', 'verify', {str(good)!r}, '--data-only']\n"
+            "main()\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "PASS  data" in p.stdout and "OK:" in p.stdout
+    assert "torch" not in p.stdout
+    code2 = code.replace(", '--data-only'", "")
+    p2 = subprocess.run([sys.executable, "-c", code2], capture_output=True, text=True, timeout=300)
+    assert p2.returncode == 1 and "pip install" in p2.stdout + p2.stderr
+
+
+def test_data_only_still_fails_a_broken_column(good):
+    from packed_helpers import edit_rows
+
+    def edit(rows):
+        i = next(i for i, r in enumerate(rows) if len(r["doc_ids"]) >= 2)
+        rows[i]["position_ids"] = list(range(16))
+        return rows
+
+    edit_rows(good, edit)
+    r = _verify(good, "--data-only")
+    assert r.exit_code == 1 and "position_ids" in r.output.splitlines()[-1]
+
+
+def test_every_requested_check_is_reported_and_unknown_names_are_usage_errors(good):
+    r = _verify(good, "--backend", "sdpa", "--check", "isolation", "--check", "labels", "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert {(x["backend"], x["check"]) for x in rep["results"]} == {("sdpa", "isolation"),
+                                                                    ("data", "labels")}
+    assert _verify(good, "--check", "nonsense").exit_code == 2
+
+
+def test_progress_line_per_backend_on_stderr(good):
+    r = _verify(good, "--backend", "sdpa", "--backend", "hf", "--rows", "2")
+    assert r.exit_code == 0, r.output
+    for b in ("sdpa", "hf"):
+        assert any(ln.startswith("verify:") and f" {b} " in ln for ln in r.stderr.splitlines()), \
+            r.stderr
+    assert "verify:" not in r.stdout
+
+
+def test_named_checks_each_read_their_own_measurement():
+    """Each check is a function of the measurements returning its result by name; a fault in
+    one measurement fails exactly that check."""
+    def clean():
+        m = Measurements("sdpa", rows=2, rows_multi_doc=2, tol=1e-5)
+        m.logit.add(torch.tensor([1e-7]), {"row": 0})
+        m.iso_other.add(torch.tensor([0.0]), {"row": 0})
+        m.iso_effect_min = 1.0
+        m.loss_packed_sum = m.loss_ref_sum = 6.0
+        m.targets_packed = m.targets_ref = 3
+        return m
+
+    assert {n: r.status for n, r in run_checks(clean()).items()} == dict.fromkeys(MODEL_CHECKS,
+                                                                                  PASS)
+    faults = {"logits_match": lambda m: m.logit.add(torch.tensor([1.0]), {"row": 1}),
+              "isolation": lambda m: m.iso_other.add(torch.tensor([0.5]), {"row": 1}),
+              "loss_denominator": lambda m: setattr(m, "targets_packed", 4),
+              "grad_zero_ignored": lambda m: m.grad_ignored.add(torch.tensor([1e-3]), {}),
+              "grad_zero_padding": lambda m: m.grad_pad.add(torch.tensor([1e-3]), {}),
+              "finite": lambda m: setattr(m, "nonfinite_rows", 1)}
+    assert set(faults) == set(CHECKS)
+    for name, fault in faults.items():
+        m = clean()
+        fault(m)
+        res = run_checks(m)
+        assert [n for n, r in res.items() if r.status == FAIL] == [name], name
+
+
+def test_b22_padding_rows_fully_masked_give_nan_and_fail_verify(tmp_path):
+    """B22 negative control: attention written out with a mask that leaves padding query rows
+    with no key (softmax of a row of -inf is NaN); verify must fail (finite), while the real
+    mask passes."""
+    out = pack_docs(tmp_path, [[5, 6, 7], [8, 9, 10, 11]], 5)
+    def no_padding_block(batch, dev):
+        seg = batch["segment_ids"].to(dev)
+        C = seg.shape[1]
+        m = ((seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] != 0)
+             & torch.ones(C, C, dtype=torch.bool, device=dev).tril())[:, None]
+
+        def attend(q, k, v):
+            s = (q @ k.transpose(-1, -2)).masked_fill(~m, float("-inf"))
+            return torch.softmax(s / q.shape[-1] ** 0.5, dim=-1) @ v
+
+        return attend
+
+    rep = run_verify(out, rows=0, backends=["sdpa"], attend_overrides={"sdpa": no_padding_block})
+    assert rep.get("sdpa", "finite").status == FAIL and not rep.ok
+    good = run_verify(out, rows=0, backends=["sdpa"])
+    # rows hold one document each here: the verdict asks for a multi-document row
+    assert good.get("sdpa", "finite").status == PASS
+
+
+def test_a_backend_that_raises_is_a_failure_not_a_skip(good):
+    def broken(batch, dev):
+        def attend(q, k, v):
+            raise RuntimeError("kernel refused the mask")
+        return attend
+
+    rep = run_verify(good, rows=2, backends=["sdpa"], attend_overrides={"sdpa": broken})
+    run = rep.get("sdpa", "run")
+    assert run.status == FAIL and "kernel refused the mask" in run.message and not rep.ok
