@@ -415,7 +415,7 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
                                       "run on CUDA).")
 @click.option("--max-memory", default=None, metavar="SIZE",
               help="Memory for model passes, e.g. 4G [default: half of the available memory, "
-                   "at most 2G]; batches and attention blocks are sized to fit.")
+                   "at most 1G]; batches and attention blocks are sized to fit.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=4, show_default=True,
               metavar="B", help="Most rows per forward pass (fewer when the memory budget "
                                 "says so).")

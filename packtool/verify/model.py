@@ -91,14 +91,18 @@ def build_model(*, vocab: int = 512, width: int = 64, heads: int = 4, layers: in
     return model.eval()
 
 
-def reference_attend(q_BHLD, k_BHLD, v_BHLD, *, query_block: int | None = None):
+def reference_attend(q_BHLD, k_BHLD, v_BHLD, *, query_block: int | None = 512):
     """Plain causal attention written out (softmax of masked scores): the per-document reference.
+
+    Queries are taken ``query_block`` at a time; block [i0, i1) is scored against keys 0..i1-1
+    only (the rest is masked by causality anyway), and only its last ``i1 - i0`` key columns need
+    the causal mask. Memory is [B, H, query_block, L] scores at a time; the work is about half of
+    the full L x L.
 
     Args:
         q_BHLD, k_BHLD, v_BHLD: float tensors [B, H, L, D] of B documents (right-padded to one
             length L: causality keeps the padding after a document out of its tokens' outputs).
-        query_block: queries per step; scores are [B, H, query_block, L] at a time, so memory is
-            bounded by the block, not by L^2 (None: all L at once).
+        query_block: queries per step (None: all L at once).
 
     Returns:
         float tensor [B, H, L, D], dtype of ``v``.
@@ -106,14 +110,15 @@ def reference_attend(q_BHLD, k_BHLD, v_BHLD, *, query_block: int | None = None):
     torch = require_torch()
     L, D = q_BHLD.shape[-2], q_BHLD.shape[-1]
     step = L if not query_block else max(1, int(query_block))
+    q_BHLD = q_BHLD * (1.0 / math.sqrt(D))
     outs = []
     for i0 in range(0, L, step):
         i1 = min(L, i0 + step)
-        s_BHQL = (q_BHLD[..., i0:i1, :] @ k_BHLD[..., :i1, :].transpose(-1, -2)) / math.sqrt(D)
-        causal_QL = (torch.arange(i0, i1, device=q_BHLD.device)[:, None]
-                     >= torch.arange(i1, device=q_BHLD.device)[None, :])
-        s_BHQL = s_BHQL.masked_fill(~causal_QL, float("-inf"))
-        outs.append(torch.softmax(s_BHQL.float(), dim=-1).to(v_BHLD.dtype) @ v_BHLD[..., :i1, :])
+        s_BHQK = q_BHLD[..., i0:i1, :] @ k_BHLD[..., :i1, :].transpose(-1, -2)
+        above_QQ = torch.ones(i1 - i0, i1 - i0, dtype=torch.bool, device=q_BHLD.device).triu(1)
+        s_BHQK[..., i0:i1].masked_fill_(above_QQ, float("-inf"))
+        p_BHQK = torch.softmax(s_BHQK.float(), dim=-1).to(v_BHLD.dtype)
+        outs.append(p_BHQK @ v_BHLD[..., :i1, :])
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
 
 

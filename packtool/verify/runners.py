@@ -19,7 +19,7 @@ rule ``2 * max|eager_bf16 - ref| + 1e-3``, where eager_bf16 is the per-document 
 run in bfloat16.
 
 Memory: :func:`memory_budget` gives the bytes verify may use for model passes (``--max-memory``,
-else half of the available memory, at most 2 GiB). Each runner estimates its bytes per row at
+else half of the available memory, at most 1 GiB). Each runner estimates its bytes per row at
 capacity C (activations, and for sdpa/hf the C x C mask) and the batch size follows; SDPA switches
 to query blocks under activation checkpointing when one row's mask would not fit, and a backend
 that cannot fit one row is skipped with the figures.
@@ -110,7 +110,7 @@ def memory_budget(max_memory: int | None = None) -> MemoryBudget:
     Args:
         max_memory: bytes given by the user (``--max-memory``); None derives one: half of the
             available memory (``MemAvailable``, or a cgroup's limit minus its usage), at most
-            2 GiB, at least 256 MiB.
+            1 GiB, at least 256 MiB.
 
     Returns:
         A :class:`MemoryBudget`.
@@ -123,8 +123,8 @@ def memory_budget(max_memory: int | None = None) -> MemoryBudget:
             raise ValueError(f"--max-memory {max_memory} bytes is below 64 MiB")
         return MemoryBudget(int(max_memory), "--max-memory")
     avail, src = _available_bytes()
-    b = int(min(max(avail // 2, 256 << 20), 2 * _GIB))
-    return MemoryBudget(b, f"half of {src} {avail / _GIB:.1f} GiB, at most 2 GiB")
+    b = int(min(max(avail // 2, 256 << 20), _GIB))
+    return MemoryBudget(b, f"half of {src} {avail / _GIB:.1f} GiB, at most 1 GiB")
 
 
 def unavailable(name: str, device: str) -> str:
@@ -272,8 +272,8 @@ def _doc_groups(lengths, budget: int, heads: int):
             group.append(order[j])
             L = L2
             j += 1
-        qb = max(16, int((budget // 4) // max(1, 12 * heads * L * len(group))))
-        yield group, (None if qb >= L else qb)
+        qb = max(16, min(512, int((budget // 4) // max(1, 12 * heads * L * len(group)))))
+        yield group, qb
         i = j
 
 
@@ -328,7 +328,8 @@ class HFRunner(Runner):
         return out
 
     def row_bytes(self, capacity: int) -> int:
-        return capacity * _ACT_BYTES_PER_TOKEN + _MASK_BYTES_PER_PAIR * capacity * capacity
+        # transformers builds the packed-sequence mask itself (bool and float copies)
+        return capacity * _ACT_BYTES_PER_TOKEN + 2 * _MASK_BYTES_PER_PAIR * capacity * capacity
 
 
 def make_runner(name: str, base_model, *, device: str, capacity: int, budget: MemoryBudget,
