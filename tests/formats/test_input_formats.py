@@ -220,3 +220,13 @@ def test_row_range_reads_exactly_those_rows(tmp_path, suffix):
             got += [tb.tokens[e - n:e].tolist() for e, n in zip(ends, tb.lengths)]
         assert got == docs[start:stop]
         assert first in (None, start)
+
+
+def test_real_save_to_disk_folder_packs_in_the_datasets_order(tmp_path):
+    """A folder written by ``datasets`` itself (shuffled and selected: save_to_disk writes the
+    rows in the dataset's order) packs like the same rows in Parquet."""
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({"input_ids": DOCS}).shuffle(seed=1).select(range(5))
+    ds.save_to_disk(str(tmp_path / "hf"), num_shards=2)
+    ref = _reference(tmp_path, [list(d) for d in ds["input_ids"]])
+    assert _pack(tmp_path / "hf", tmp_path / "out") == ref
