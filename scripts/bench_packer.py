@@ -46,20 +46,29 @@ TWIN_MAX_N = 2_000  # the twin scans every open bin per chunk: O(N * bins)
 PEER_MAX_N = 10_000_000
 
 
+LENGTH_BLOCK = 1 << 22  #: documents drawn per generator call
+
+
+def length_block(rng: np.random.Generator, dist: str, m: int, capacity: int) -> np.ndarray:
+    """float64 or int64[m]: the next ``m`` lengths of ``dist`` drawn from ``rng``."""
+    if dist == "web":
+        return np.clip(np.rint(rng.lognormal(np.log(300), 1.17, m)), 1, 100_000)
+    if dist == "code":
+        return np.clip(np.rint(rng.lognormal(np.log(1700), 1.2, m)), 1, 100_000)
+    return rng.integers(1, capacity + 1, m)
+
+
 def make_lengths(dist: str, n: int, capacity: int, seed: int = 0) -> np.ndarray:
-    """int64[n] synthetic document lengths, generated in blocks (no float64[n] temporary)."""
+    """int64[n] synthetic document lengths, generated in blocks (no float64[n] temporary).
+
+    Document i's length depends only on (dist, seed, i): the blocks of ``LENGTH_BLOCK`` come
+    from one generator in order, so ``scripts/bench_scale.py`` streams the same documents.
+    """
     rng = np.random.default_rng(seed)
     out = np.empty(n, dtype=np.int64)
-    block = 1 << 22
-    for lo in range(0, n, block):
-        m = min(block, n - lo)
-        if dist == "web":
-            x = np.clip(np.rint(rng.lognormal(np.log(300), 1.17, m)), 1, 100_000)
-        elif dist == "code":
-            x = np.clip(np.rint(rng.lognormal(np.log(1700), 1.2, m)), 1, 100_000)
-        else:
-            x = rng.integers(1, capacity + 1, m)
-        out[lo:lo + m] = x
+    for lo in range(0, n, LENGTH_BLOCK):
+        m = min(LENGTH_BLOCK, n - lo)
+        out[lo:lo + m] = length_block(rng, dist, m, capacity)
     return out
 
 
