@@ -10,7 +10,8 @@ Two commands:
     one window plus a generator block of 65,536 lengths, whatever the corpus size), plans every
     window with :func:`packtool.core.packing.pack_lengths` (obfd, overflow split, C =
     ``--capacity``) and reports: generation and plan seconds, wall seconds, documents/s, peak
-    RSS of the process and its growth over the imported baseline, rows, extra rows over
+    RSS of the process, its growth over the imported baseline ("growth") and that growth per
+    document of one window ("B/doc"), rows, extra rows over
     ceil(tokens / C) for the whole corpus and per window (sum, mean, max).
 
     ``global`` is one plan over every document (the lengths of the whole corpus in memory).
@@ -30,7 +31,8 @@ Two commands:
     schema, row groups, encodings, zstd) from memory, loaded a batch of shards at a time
     (``--floor-batch-gib``) before each timed write so memory stays bounded. Prints both, their
     ratio, and the per-window extra rows from the manifest. The corpus and the outputs are
-    deleted at the end unless ``--keep``.
+    deleted at the end unless ``--keep`` (a rerun with the same ``--work`` and options reuses a
+    kept corpus; ``--corpus-only`` just writes it).
 
 Run it niced on a shared machine; every figure of a comparison comes from the same run.
 
@@ -91,6 +93,7 @@ class LengthStream:
         self.pos = 0
 
     def take(self, m: int) -> np.ndarray:
+        """int64[m]: the next ``m`` document lengths in tokens (1..100,000 for web/code)."""
         out = np.empty(m, dtype=np.int64)  # shape: (m,)
         done = 0
         while done < m:
@@ -106,7 +109,11 @@ class LengthStream:
 
 
 def iter_windows(dist: str, docs: int, window: int, capacity: int, seed: int = 0):
-    """Yield int64 length arrays of ``window`` consecutive documents (the last may be short)."""
+    """Yield int64[window] lengths (tokens) of consecutive documents, ``docs`` in all.
+
+    The last window is short when ``window`` does not divide ``docs``; ``window >= docs``
+    yields one array of every document (the global plan's input).
+    """
     stream = LengthStream(dist, capacity, seed)
     for lo in range(0, docs, window):
         yield stream.take(min(window, docs - lo))
@@ -151,6 +158,17 @@ def _available_bytes() -> int:
 def plan_case(dist: str, docs: int, window: int, capacity: int, seed: int = 0) -> dict:
     """Plan ``docs`` documents in windows of ``window`` (``window >= docs``: one global plan).
 
+    Args:
+        dist: ``web``, ``code`` or ``uniform`` (see ``bench_packer.length_block``).
+        docs: documents in the corpus; window: documents per window; capacity: tokens per row.
+
+    Returns:
+        A JSON-ready dict: seconds (``gen_s`` generating lengths, ``plan_s`` in
+        ``pack_lengths``, ``wall_s`` both), ``peak_rss`` / ``rss_growth`` in bytes (the peak
+        mark is reset after the imports), ``bytes_per_doc`` (growth per document of one window),
+        ``rows``, ``tokens``, ``bound_rows`` = ceil(tokens / capacity), ``extra_rows`` = rows -
+        bound_rows, and per-window extra rows (sum, mean, max).
+
     Runs in the calling process; ``plan`` runs each case in a fresh one for a clean peak RSS.
     """
     from packtool.core.packing import pack_lengths
@@ -185,7 +203,8 @@ def plan_case(dist: str, docs: int, window: int, capacity: int, seed: int = 0) -
             "capacity": capacity, "windows": n_windows, "gen_s": gen_s, "plan_s": plan_s,
             "wall_s": wall, "docs_per_s_plan": docs / plan_s if plan_s else math.inf,
             "docs_per_s_wall": docs / wall if wall else math.inf, "peak_rss": peak,
-            "rss_growth": peak - base, "bytes_per_doc": (peak - base) / docs, "rows": rows,
+            "rss_growth": peak - base, "bytes_per_doc": (peak - base) / min(window, docs),
+            "rows": rows,
             "tokens": tokens, "bound_rows": bound, "extra_rows": rows - bound,
             "extra_in_windows": extra_sum, "extra_max_window": extra_max,
             "extra_mean_window": extra_sum / n_windows if n_windows else 0.0,
@@ -279,7 +298,12 @@ def cmd_plan(args) -> list[dict]:
 
 def make_corpus(folder: Path, tokens: int, docs_per_file: int, capacity: int,
                 seed: int = 0) -> dict:
-    """Write web-like documents (int32 token lists) until ``tokens`` tokens; return counts."""
+    """Write web-like documents until there are at least ``tokens`` tokens.
+
+    Files ``input-NNNNN.parquet`` of ``docs_per_file`` documents, column ``input_ids`` as
+    list<int32> (ids uniform in 0..VOCAB-1), row groups of 10,000, zstd. Returns ``docs``,
+    ``tokens``, ``files`` and ``bytes`` (on disk).
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -307,7 +331,13 @@ def make_corpus(folder: Path, tokens: int, docs_per_file: int, capacity: int,
 
 
 def floor_child(inp: str, packed: str, workers: int, batch_bytes: int, scratch: str) -> dict:
-    """pyarrow reads every input token column, then writes ``packed``'s shards from memory."""
+    """The Parquet floor: read every input token column, then write ``packed``'s shards.
+
+    The shards are loaded a batch of about ``batch_bytes`` (in-memory bytes) at a time, outside
+    the clock, then written into ``scratch`` by ``workers`` threads with packtool's schema,
+    row groups and encodings, inside the clock (and deleted). Returns ``seconds`` (read +
+    write), ``read_s``, ``write_s``, ``tokens`` read and ``shards`` written.
+    """
     from concurrent.futures import ThreadPoolExecutor
 
     import pyarrow as pa
@@ -377,11 +407,23 @@ def cmd_pack(args) -> dict:
         raise SystemExit(f"{work}: {free / 2**30:.0f} GiB free, about {need / 2**30:.0f} GiB "
                          "needed; pass a smaller --tokens or another --work")
     inp, out = work / "input", work / "packed"
+    key = {"tokens": int(args.tokens), "docs_per_file": args.docs_per_file,
+           "capacity": args.capacity, "seed": args.seed}
+    done = work / "corpus.json"  # written last: a complete corpus of these options
     try:
-        t = time.perf_counter()
-        corpus = make_corpus(inp, int(args.tokens), args.docs_per_file, args.capacity,
-                             args.seed)
-        corpus["make_s"] = time.perf_counter() - t
+        if done.is_file() and json.loads(done.read_text())["key"] == key:
+            corpus = json.loads(done.read_text())["corpus"]
+        else:
+            done.unlink(missing_ok=True)
+            shutil.rmtree(inp, ignore_errors=True)
+            t = time.perf_counter()
+            corpus = make_corpus(inp, int(args.tokens), args.docs_per_file, args.capacity,
+                                 args.seed)
+            corpus["make_s"] = time.perf_counter() - t
+            done.write_text(json.dumps({"key": key, "corpus": corpus}))
+        if args.corpus_only:
+            print(f"corpus ready in {inp}: {corpus}")
+            return corpus
         print(f"corpus: {corpus['docs']:,} documents, {corpus['tokens']:,} tokens, "
               f"{corpus['files']} files, {corpus['bytes'] / 2**30:.2f} GiB "
               f"({corpus['make_s']:.0f} s to make)", flush=True)
@@ -389,6 +431,7 @@ def cmd_pack(args) -> dict:
         pack_cmd = [sys.executable, "-m", "packtool", "pack", "--capacity", str(args.capacity),
                     "--window-docs", str(args.window_docs), "--workers", workers, "--json",
                     "--overwrite", str(inp), str(out)]
+        load_before = os.getloadavg()[0]
         pack_s, pack_rss, proc = _time_v(pack_cmd)
         summary = json.loads(proc.stdout)
         manifest = json.loads((out / "manifest.json").read_text())
@@ -397,21 +440,22 @@ def cmd_pack(args) -> dict:
         floor_cmd = [sys.executable, __file__, "_floor", json.dumps(
             [str(inp), str(out), args.workers, int(args.floor_batch_gib * 2**30),
              str(work / "floor")])]
-        floor_s, floor_rss, fproc = _time_v(floor_cmd)
+        floor_proc_s, floor_rss, fproc = _time_v(floor_cmd)
         floor = json.loads([x for x in fproc.stdout.splitlines()
                             if x.startswith("RESULT ")][0][7:])
     finally:
-        if not args.keep:
+        if not (args.keep or args.corpus_only):
             shutil.rmtree(work, ignore_errors=True)
     s = summary["stats"]
     res = {"corpus": corpus, "capacity": args.capacity, "window_docs": args.window_docs,
            "workers": args.workers, "pack_s": pack_s, "pack_peak_rss": pack_rss,
-           "floor_s": floor_s, "floor_inner_s": floor["seconds"], "floor_read_s": floor["read_s"],
-           "floor_write_s": floor["write_s"], "floor_peak_rss": floor_rss,
-           "ratio": pack_s / floor_s, "ratio_inner": pack_s / floor["seconds"],
+           "floor_s": floor["seconds"], "floor_read_s": floor["read_s"],
+           "floor_write_s": floor["write_s"], "floor_process_s": floor_proc_s,
+           "floor_peak_rss": floor_rss, "ratio": pack_s / floor["seconds"],
            "rows": s["rows"], "extra_rows": s["extra_rows"], "windows": len(extras),
            "extra_max_window": max(extras, default=0), "extra_in_windows": sum(extras),
-           "out_bytes": out_bytes, "load": os.getloadavg()[0], "summary": summary}
+           "out_bytes": out_bytes, "load_before": load_before, "load": os.getloadavg()[0],
+           "summary": summary}
     lines = [
         f"corpus: {corpus['docs']:,} web-like documents, {corpus['tokens']:,} tokens, "
         f"{corpus['files']} files ({corpus['bytes'] / 2**30:.2f} GiB); C = {args.capacity}, "
@@ -420,7 +464,7 @@ def cmd_pack(args) -> dict:
         "| run | wall s | ratio to floor | M tokens/s | peak RSS MiB (time -v) |",
         "|---|---|---|---|---|",
         f"| Parquet floor (read {floor['read_s']:.0f} s + write {floor['write_s']:.0f} s; "
-        f"process {floor_s:.0f} s) | {floor['seconds']:.1f} | 1.00 | "
+        f"{floor_proc_s:.0f} s with the untimed shard loads) | {floor['seconds']:.1f} | 1.00 | "
         f"{corpus['tokens'] / floor['seconds'] / 1e6:.1f} | {floor_rss / 2**20:,.0f} |",
         f"| packtool pack --window-docs {args.window_docs:,} | {pack_s:.1f} | "
         f"{pack_s / floor['seconds']:.2f} | {corpus['tokens'] / pack_s / 1e6:.1f} | "
@@ -430,7 +474,8 @@ def cmd_pack(args) -> dict:
         f"({out_bytes / corpus['tokens']:.3f} B/token); extra rows over ceil(tokens/C): total "
         f"{s['extra_rows']:,} ({100 * s['extra_rows'] / s['rows']:.4f} %), per window sum "
         f"{sum(extras):,}, max {max(extras, default=0)}; pack reported {summary['seconds']:.1f} s "
-        f"inside the process; load average at the end {res['load']:.1f}",
+        f"inside the process; load average (1 min) {load_before:.1f} before the pack, "
+        f"{res['load']:.1f} after the floor",
     ]
     print("\n".join(lines))
     _write(args.out, "pack", {"machine": _machine(), **res}, "\n".join(
@@ -499,7 +544,10 @@ def main(argv: list[str] | None = None) -> None:
                    help="output bytes (in memory) written per timed floor batch")
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--work", default=None, help="scratch folder (default: new under /tmp)")
-    q.add_argument("--keep", action="store_true", help="keep the corpus and outputs")
+    q.add_argument("--keep", action="store_true",
+                   help="keep the corpus (reused by a rerun with the same options) and outputs")
+    q.add_argument("--corpus-only", action="store_true",
+                   help="only write the corpus into --work (kept), to pack later")
     q.add_argument("--out", default=str(ROOT / "bench_results"))
     args = ap.parse_args(argv)
     if args.command == "plan":

@@ -90,5 +90,6 @@ def test_pack_command_reports_the_manifest_and_removes_its_data(tmp_path):
     assert res["summary"]["stats"]["tokens_in"] == res["corpus"]["tokens"]
     assert res["rows"] == -(-res["corpus"]["tokens"] // 2048) + res["extra_rows"]
     assert res["windows"] >= 2 and res["extra_max_window"] <= res["extra_in_windows"]
-    assert res["pack_peak_rss"] > 0 and res["floor_inner_s"] > 0
+    assert res["pack_peak_rss"] > 0 and res["floor_s"] > 0
+    assert res["ratio"] == pytest.approx(res["pack_s"] / res["floor_s"])
     assert not work.exists()
