@@ -399,6 +399,8 @@ def _time_v(cmd: list[str]) -> tuple[float, int, subprocess.CompletedProcess]:
 
 
 def cmd_pack(args) -> dict:
+    from packtool.formats.manifest import read_manifest
+
     need = args.tokens * 14  # input ~2.2 B/token + output ~4.6 B/token + spill, with margin
     work = Path(args.work or tempfile.mkdtemp(prefix="packtool-scale-", dir="/tmp"))
     work.mkdir(parents=True, exist_ok=True)
@@ -434,7 +436,7 @@ def cmd_pack(args) -> dict:
         load_before = os.getloadavg()[0]
         pack_s, pack_rss, proc = _time_v(pack_cmd)
         summary = json.loads(proc.stdout)
-        manifest = json.loads((out / "manifest.json").read_text())
+        manifest = read_manifest(out)
         extras = [w["extra_rows"] for w in manifest.get("windows", [])]
         out_bytes = sum(p.stat().st_size for p in out.glob("part-*.parquet"))
         floor_cmd = [sys.executable, __file__, "_floor", json.dumps(
