@@ -36,9 +36,14 @@ def _early(signum, frame) -> None:  # pragma: no cover - runs in a subprocess
 
 
 def install_early_handler() -> None:
-    """SIGINT ends the process at once with status 130 (only before OUTPUT is touched)."""
+    """SIGINT ends the process at once with status 130 (only before OUTPUT is touched).
+
+    SIGINT is also unblocked, in case the parent started us with it blocked: a SIGINT that was
+    held pending (sent before this handler existed) is delivered here, to this handler.
+    """
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _early)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _raise(signum, frame) -> None:

@@ -11,14 +11,24 @@ Measurements, each in a fresh subprocess (clean peak RSS, read from ``VmHWM``):
   writes, from memory, tables with exactly packtool's output schema, row count, row groups and
   per-column encodings (the packed output itself, loaded before the clock starts): the decode +
   encode cost any packer must pay. Run with 1 and with all threads.
-- ``pack``: :func:`packtool.pipeline.run_pack` with ``workers`` = 1 and all cores.
+- ``pack``: :func:`packtool.pipeline.run_pack` with ``workers`` = 1 and all cores; with
+  ``--window-docs N`` also with windows of N documents (all cores).
+- ``--baseline TREE``: the same ``pack`` runs with the packtool source tree TREE (e.g. the
+  previous commit, ``git archive <rev> packtool | tar -x -C TREE``), side by side in the same
+  run, so "before" and "after" ratios to the floor share the machine's load.
+
+Every ``pack`` child runs under ``/usr/bin/time -v`` when it exists: its "Maximum resident set
+size" (file-backed pages of memory maps included, what a container's memory accounting sees) is
+reported beside the private (anonymous) peak sampled inside.
 
 Printed: seconds, ratio pack / floor, tokens/s, output bytes per token, peak RSS; and peak RSS
-of ``pack`` (all workers) on the half corpus. ``--encodings`` also compares Parquet encodings
-per column on one output shard (size and write time).
+of ``pack`` (all workers) on the half corpus. ``--scaling`` packs corpora of 1x, 2x and 4x
+``--tokens`` and prints peak RSS against corpus size (for each tree). ``--encodings`` also
+compares Parquet encodings per column on one output shard (size and write time).
 
-Usage: ``python scripts/bench_pipeline.py [--tokens 50e6] [--quick]``; writes
-``bench_pipeline.json`` and ``bench_pipeline.md`` into ``--out``.
+Usage: ``python scripts/bench_pipeline.py [--tokens 50e6] [--quick] [--window-docs 20000]
+[--baseline TREE] [--scaling]``; writes ``bench_pipeline.json`` and ``bench_pipeline.md`` into
+``--out``.
 """
 
 from __future__ import annotations
@@ -36,7 +46,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+#: source tree of the packtool measured by a child (``--baseline`` sets another one)
+TREE_ENV = "PACKTOOL_BENCH_TREE"
+sys.path.insert(0, os.environ.get(TREE_ENV, str(ROOT)))
+TIME = "/usr/bin/time"
 
 
 def make_corpus(folder: Path, tokens: int, vocab: int, files: int, seed: int = 0) -> dict:
@@ -101,20 +114,32 @@ class _AnonPeak:
         self._t.join()
 
 
-def child_pack(inp: str, out: str, workers: int, capacity: int) -> dict:
+def child_pack(inp: str, out: str, workers: int, capacity: int,
+               window_docs: int | None = None) -> dict:
     from packtool.config import PackConfig
     from packtool.pipeline import run_pack
 
     cfg = PackConfig(inputs=(inp,), output=out, capacity=capacity, workers=workers,
-                     overwrite=True)
+                     overwrite=True, window_docs=window_docs)
     with _AnonPeak() as anon:
         t = time.perf_counter()
         res = run_pack(cfg, progress=False)
         secs = time.perf_counter() - t
-    out_bytes = sum(p.stat().st_size for p in Path(out).glob("part-*.parquet"))
+    shutil.rmtree(out, ignore_errors=True)  # the shards are not needed again
+    out_bytes = res.manifest and sum(o["bytes"] for o in res.manifest["outputs"])
     return {"seconds": secs, "peak_rss": _peak_rss(), "peak_anon": anon.peak,
             "out_bytes": out_bytes, "rows": res.stats.rows, "tokens": res.stats.real_tokens,
             "docs": res.stats.docs_in}
+
+
+def child_pack_keep(inp: str, out: str, workers: int, capacity: int) -> dict:
+    """A pack whose shards stay (the floor rewrites them); not timed."""
+    from packtool.config import PackConfig
+    from packtool.pipeline import run_pack
+
+    run_pack(PackConfig(inputs=(inp,), output=out, capacity=capacity, workers=workers,
+                        overwrite=True), progress=False)
+    return {}
 
 
 def child_floor(inp: str, packed: str, workers: int) -> dict:
@@ -209,13 +234,52 @@ def child_encodings(packed: str) -> dict:
     return out
 
 
-def _spawn(*args) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(args)],
-                          capture_output=True, text=True)
+def _spawn(*args, tree: str | None = None) -> dict:
+    """Run ``--child args`` in a fresh process (with ``tree`` as packtool's source when given),
+    under ``/usr/bin/time -v`` when it exists; its maximum RSS lands in ``time_maxrss``."""
+    env = dict(os.environ)
+    if tree:
+        env[TREE_ENV] = tree
+    cmd = [sys.executable, __file__, "--child", json.dumps(args)]
+    timed = os.path.exists(TIME)
+    proc = subprocess.run(([TIME, "-v"] if timed else []) + cmd, capture_output=True, text=True,
+                          env=env)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[7:])
+            res = json.loads(line[7:])
+            for err in proc.stderr.splitlines():
+                if "Maximum resident set size" in err:
+                    res["time_maxrss"] = int(err.rsplit(":", 1)[1]) * 1024
+            return res
     raise RuntimeError(proc.stderr[-2000:])
+
+
+def _warm(tree: str | None, work: Path) -> None:
+    """Compile (or load) the tree's kernels once, outside any measurement."""
+    tiny = work / "warm-in"
+    if not tiny.exists():
+        make_corpus(tiny, 200_000, 1000, 1)
+    _spawn("pack", str(tiny), str(work / "warm-out"), 1, 2048, tree=tree)
+
+
+def scaling(args, work: Path, trees: dict) -> list[str]:
+    """Peak RSS (time -v and private) of pack on 1x, 2x, 4x the corpus, for each tree."""
+    lines = ["| tree | tokens | documents | seconds | max RSS (time -v) MiB | private peak MiB |",
+             "|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    for k in (1, 2, 4):
+        folder = work / f"scale-{k}"
+        corpus = make_corpus(folder, int(args.tokens) * k, args.vocab, args.files * k)
+        for label, tree in trees.items():
+            r = _spawn("pack", str(folder), str(work / "scale-out"), args.workers,
+                       args.capacity, tree=tree)
+            row = (f"| {label} | {corpus['tokens']:,} | {corpus['docs']:,} | {r['seconds']:.1f}"
+                   f" | {r.get('time_maxrss', r['peak_rss']) / 2**20:.0f} | "
+                   f"{r['peak_anon'] / 2**20:.0f} |")
+            lines.append(row)
+            print(row, flush=True)
+        shutil.rmtree(folder, ignore_errors=True)
+    return lines
 
 
 def main() -> None:
@@ -227,13 +291,20 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="'all' workers")
     ap.add_argument("--quick", action="store_true", help="5 M tokens")
     ap.add_argument("--encodings", action="store_true", help="also compare column encodings")
+    ap.add_argument("--window-docs", type=int, default=None, metavar="N",
+                    help="also pack with windows of N documents (all workers)")
+    ap.add_argument("--baseline", default=None, metavar="TREE",
+                    help="also run pack from this packtool source tree (before/after)")
+    ap.add_argument("--scaling", action="store_true",
+                    help="peak RSS on 1x, 2x, 4x --tokens (each tree)")
     ap.add_argument("--work", default=None, help="scratch folder (default: a temp dir)")
     ap.add_argument("--out", default=str(ROOT / "bench_results"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         kind, *rest = json.loads(args.child)
-        fn = {"pack": child_pack, "floor": child_floor, "enc": child_encodings}[kind]
+        fn = {"pack": child_pack, "pack-keep": child_pack_keep, "floor": child_floor,
+              "enc": child_encodings}[kind]
         print("RESULT " + json.dumps(fn(*rest)))
         return
     tokens = int(5e6 if args.quick else args.tokens)
@@ -248,38 +319,63 @@ def main() -> None:
           f"{sum(p.stat().st_size for p in full.glob('*.parquet')) / 2**20:.0f} MiB "
           f"({time.perf_counter() - t:.1f} s to make)", flush=True)
     results = {"corpus": corpus, "capacity": args.capacity, "runs": []}
+    trees = {"this tree": None}
+    if args.baseline:
+        trees = {"baseline": str(Path(args.baseline).resolve()), "this tree": None}
+    for tree in trees.values():
+        _warm(tree, work)
     lines = ["| run | workers | seconds | ratio to floor | tokens/s | out bytes/token | "
-             "peak RSS MiB |", "|---|---|---|---|---|---|---|"]
+             "max RSS (time -v) MiB |", "|---|---|---|---|---|---|---|"]
     print(lines[0] + "\n" + lines[1], flush=True)
-    for w in sorted({1, args.workers}):
-        packed = work / f"out-w{w}"
-        pack = _spawn("pack", str(full), str(packed), w, args.capacity)
-        floor = _spawn("floor", str(full), str(packed), w)
-        ratio = pack["seconds"] / floor["seconds"]
-        for name, r in (("floor (read + write)", floor), ("packtool pack", pack)):
-            row = (f"| {name} | {w} | {r['seconds']:.2f} | "
-                   f"{ratio if name.startswith('packtool') else 1.0:.2f} | "
-                   f"{corpus['tokens'] / r['seconds'] / 1e6:.1f} M | "
-                   f"{pack['out_bytes'] / corpus['tokens']:.3f} | {r['peak_rss'] / 2**20:.0f} |")
+    configs = [(w, None) for w in sorted({1, args.workers})]
+    if args.window_docs:
+        configs.append((args.workers, args.window_docs))
+    for w, wd in configs:
+        floor_dir = work / f"floor-w{w}"
+        if not floor_dir.exists():  # the floor writes what an unwindowed pack writes
+            child_out = work / "floor-src"
+            _spawn("pack-keep", str(full), str(child_out), w, args.capacity)
+            child_out.rename(floor_dir)
+        floor = _spawn("floor", str(full), str(floor_dir), w)
+        row = (f"| floor (read + write) | {w} | {floor['seconds']:.2f} | 1.00 | "
+               f"{corpus['tokens'] / floor['seconds'] / 1e6:.1f} M | | "
+               f"{floor.get('time_maxrss', floor['peak_rss']) / 2**20:.0f} |")
+        lines.append(row)
+        print(row, flush=True)
+        for label, tree in trees.items():
+            pack = _spawn("pack", str(full), str(work / "out"), w, args.capacity, wd, tree=tree)
+            ratio = pack["seconds"] / floor["seconds"]
+            name = f"pack, {label}" + (f", --window-docs {wd:,}" if wd else "")
+            row = (f"| {name} | {w} | {pack['seconds']:.2f} | {ratio:.2f} | "
+                   f"{corpus['tokens'] / pack['seconds'] / 1e6:.1f} M | "
+                   f"{pack['out_bytes'] / corpus['tokens']:.3f} | "
+                   f"{pack.get('time_maxrss', pack['peak_rss']) / 2**20:.0f} |")
             lines.append(row)
             print(row, flush=True)
-        results["runs"].append({"workers": w, "pack": pack, "floor": floor, "ratio": ratio})
+            results["runs"].append({"workers": w, "window_docs": wd, "tree": label,
+                                    "pack": pack, "floor": floor, "ratio": ratio})
     w = args.workers
     half_pack = _spawn("pack", str(half), str(work / "out-half"), w, args.capacity)
-    full_rss = [r for r in results["runs"] if r["workers"] == w][0]["pack"]["peak_rss"]
-    results["rss_half"], results["rss_full"] = half_pack["peak_rss"], full_rss
+    mine = [r for r in results["runs"] if r["workers"] == w and r["tree"] == "this tree"
+            and not r["window_docs"]][0]["pack"]
+    full_rss = mine.get("time_maxrss", mine["peak_rss"])
+    results["rss_half"] = half_pack.get("time_maxrss", half_pack["peak_rss"])
+    results["rss_full"] = full_rss
     half_anon = half_pack["peak_anon"]
-    full_anon = [r for r in results["runs"] if r["workers"] == w][0]["pack"]["peak_anon"]
+    full_anon = mine["peak_anon"]
     extra_docs = corpus["docs"] - half_pack["docs"]
-    rss = (f"pack, workers={w}: peak RSS half corpus {half_pack['peak_rss'] / 2**20:.0f} MiB, "
+    rss = (f"pack, workers={w}: peak RSS half corpus {results['rss_half'] / 2**20:.0f} MiB, "
            f"full {full_rss / 2**20:.0f} MiB; peak private (anonymous) RSS half "
            f"{half_anon / 2**20:.0f} MiB, full {full_anon / 2**20:.0f} MiB "
            f"(+{(full_anon - half_anon) / 2**20:.0f} MiB for +{extra_docs:,} documents, "
            f"{(full_anon - half_anon) / max(extra_docs, 1):.0f} B/document)")
     results["anon_half"], results["anon_full"] = half_anon, full_anon
     print(rss)
+    if args.scaling:
+        results["scaling"] = scaling(args, work, trees)
+        rss += "\n\n" + "\n".join(results["scaling"])
     if args.encodings:
-        enc = _spawn("enc", str(work / f"out-w{w}"))
+        enc = _spawn("enc", str(work / f"floor-w{w}"))
         results["encodings"] = enc
         cur = enc["current"]["bytes"]
         print("| encoding variant | shard bytes | vs current | write s |\n|---|---|---|---|")

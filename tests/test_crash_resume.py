@@ -135,13 +135,21 @@ def test_finished_output_is_kept_and_an_identical_rerun_does_nothing(tmp_path, s
     assert hash_tree(out) == before
 
 
-def _start(src: Path, out: Path, pause: str | None = None, options=OPTIONS):
+def _start(src: Path, out: Path, pause: str | None = None, options=OPTIONS, hold_sigint=False):
+    """``packtool pack`` as a process. ``hold_sigint``: SIGINT starts blocked, so one sent while
+    the interpreter itself starts (site, path hooks: before any packtool code exists, over
+    100 ms on a loaded machine) stays pending until packtool's handler unblocks it."""
     env = dict(os.environ)
     env.pop("PACKTOOL_TEST_PAUSE_AT", None)
     if pause:
         env["PACKTOOL_TEST_PAUSE_AT"] = pause
+
+    def block():
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
     return subprocess.Popen([sys.executable, "-m", "packtool", "pack", "-q", *options,
-                             str(src), str(out)], stderr=subprocess.PIPE, text=True, env=env)
+                             str(src), str(out)], stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=block if hold_sigint else None)
 
 
 def _clean_or_resumable(out: Path) -> None:
@@ -160,7 +168,7 @@ def test_sigint_at_any_moment_exits_130_clean_or_resumable(tmp_path, src, refere
     import time
 
     out = tmp_path / "out"
-    proc = _start(src, out, pause="write-shard:1")  # the run waits there: it cannot finish
+    proc = _start(src, out, pause="write-shard:1", hold_sigint=True)  # the run waits there
     watchdog = threading.Timer(120, proc.kill)
     watchdog.start()
     try:

@@ -134,13 +134,14 @@ def test_one_shard_writer_and_one_sha256_call():
 @pytest.mark.parametrize("code", [
     "import packtool",
     "import packtool.cli",
+    "import packtool.verify.loader\nimport packtool.formats.packed",
     "from packtool.cli import cli\nfrom click.testing import CliRunner\n"
     "assert CliRunner().invoke(cli, ['--help']).exit_code == 0\n"
     "assert CliRunner().invoke(cli, ['--version']).exit_code == 0\n"
     "assert CliRunner().invoke(cli, ['pack', '--help']).exit_code == 0",
 ])
 def test_start_up_does_not_import_numba(code):
-    """--help, --version and a bare import never load numba or the kernels."""
+    """--help, --version, a bare import and the loaders never load numba or the kernels."""
     probe = code + "\nimport sys\nbad = [m for m in sys.modules if m.split('.')[0] == 'numba'" \
                    " or m == 'packtool.core._kernels']\nassert not bad, bad[:5]\n"
     res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)

@@ -1,20 +1,23 @@
 """Layout: the packed columns of a group of output rows, drawn from any windows' plans.
 
-Tokens are read from each window's spill file through a memory map opened for one row group
-and closed right after, so the pages it touched leave the process: the resident set (file-backed
-pages included, as ``/usr/bin/time -v`` and container memory accounting count it) stays at a
-few row groups per worker, whatever the corpus size.
+Only the tokens of the rows being laid out are read from each window's spill file, with
+``pread`` into a private buffer (one read per run of segments that are contiguous in the spill);
+input target flags (label masks), when a window has them, are read the same way. No memory map
+of the spill exists, so its pages never enter the resident set: peak RSS (file pages included,
+as ``/usr/bin/time -v`` and container memory accounting count it) stays at one row group per
+worker, whatever the corpus size.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import mmap
+import os
 from pathlib import Path
 
 import numpy as np
 
 from packtool.core.layout import PackedRows, layout_rows
+from packtool.core.packing import PackPlan
 from packtool.pipeline.plan import TARGETS_FILE, TOKENS_FILE, load_plan
 
 __all__ = ["WindowPlans", "layout_group"]
@@ -43,89 +46,98 @@ class WindowPlans:
         return self._plans[w]
 
 
-def _layout_window(plans: WindowPlans, w: int, rows: np.ndarray, pad_id: int,
-                   labels) -> PackedRows:
-    plan, doc_starts = plans.plan(w)
-    with open(Path(plans.dirs[w]) / TOKENS_FILE, "rb") as f:
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    targets_path = Path(plans.dirs[w]) / TARGETS_FILE  # input label masks, when there are any
-    tm = None
-    if targets_path.is_file() and targets_path.stat().st_size:
-        with open(targets_path, "rb") as f:
-            tm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+def _read_segments(path: Path, src: np.ndarray, seg_len: np.ndarray,
+                   dtype=np.int32) -> np.ndarray:
+    """dtype[sum(seg_len)] (read-only): items ``src[i] .. src[i] + seg_len[i] - 1`` of a flat
+    spill file of ``dtype``, back to back. Segments that follow each other in the file are read
+    with one ``pread``; the pieces are joined once."""
+    if not src.size:
+        return np.zeros(0, dtype=dtype)
+    size = np.dtype(dtype).itemsize
+    # runs of segments contiguous in the spill (consecutive documents, chunks of one document)
+    breaks = np.flatnonzero(src[1:] != src[:-1] + seg_len[:-1]) + 1
+    first = np.concatenate([[0], breaks])
+    ends = np.cumsum(seg_len)
+    starts = ends - seg_len
+    sizes = ((ends[np.concatenate([breaks, [src.size]]) - 1] - starts[first]) * size).tolist()
+    offsets = (src[first] * size).tolist()
+    fd = os.open(path, os.O_RDONLY)
     try:
-        tokens = np.frombuffer(mm, dtype=np.int32)
-        targets = None if tm is None else np.frombuffer(tm, dtype=np.uint8)
-        packed = layout_rows(plan, rows, tokens, doc_starts, pad_id=pad_id, labels=labels,
-                             targets=targets)
-        del tokens, targets
+        data = b"".join([os.pread(fd, n, off) for n, off in zip(sizes, offsets)])
     finally:
-        for m in (mm, tm):
-            try:
-                if m is not None:
-                    m.close()  # unmap: the pages touched leave the resident set
-            except BufferError:  # pragma: no cover - a view still alive; freed with it
-                pass
-    if plans.first_docs[w]:  # plans number documents within their window
-        packed = dataclasses.replace(packed, doc_ids=packed.doc_ids + plans.first_docs[w])
-    return packed
-
-
-def _scatter_ragged(parts, n: int, values: str, offsets: str):
-    """Merge the ragged column ``values``/``offsets`` of ``parts`` [(positions, rows)]."""
-    lens = np.zeros(n, dtype=np.int64)
-    for pos, p in parts:
-        lens[pos] = np.diff(getattr(p, offsets))
-    new_off = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lens, out=new_off[1:])
-    dtype = getattr(parts[0][1], values).dtype
-    out = np.empty(int(new_off[-1]), dtype=dtype)
-    for pos, p in parts:
-        off = getattr(p, offsets)
-        counts = np.diff(off)
-        dest = np.repeat(new_off[pos] - off[:-1], counts) + np.arange(int(off[-1]))
-        out[dest] = getattr(p, values)[off[0]:off[-1]] if off[0] else getattr(p, values)
-    return out, new_off
-
-
-def _merge(parts, n: int) -> PackedRows:
-    """Rows of several windows' :class:`PackedRows` put at their output positions."""
-    first = parts[0][1]
-
-    def fixed(name):
-        if getattr(first, name) is None:
-            return None
-        out = np.empty((n,) + getattr(first, name).shape[1:], dtype=getattr(first, name).dtype)
-        for pos, p in parts:
-            out[pos] = getattr(p, name)
-        return out
-
-    cu_values, cu_offsets = _scatter_ragged(parts, n, "cu_values", "cu_offsets")
-    doc_ids, seg_offsets = _scatter_ragged(parts, n, "doc_ids", "seg_offsets")
-    doc_offsets, _ = _scatter_ragged(parts, n, "doc_offsets", "seg_offsets")
-    return PackedRows(fixed("input_ids"), fixed("segment_ids"), fixed("position_ids"),
-                      fixed("labels"), cu_values, cu_offsets, fixed("num_targets"),
-                      fixed("max_seqlen"), doc_ids, doc_offsets, seg_offsets)
+        os.close(fd)
+    if len(data) != int(ends[-1]) * size:
+        raise OSError(f"{path}: short read ({len(data)} of {int(ends[-1]) * size} bytes): the "
+                      "spill file is truncated")
+    return np.frombuffer(data, dtype=dtype)
 
 
 def layout_group(plans: WindowPlans, rows: np.ndarray, *, pad_id: int, labels) -> PackedRows:
     """Lay out output rows ``rows`` (int64[n], global row numbers, in output order).
 
-    Each window's rows are laid out by :func:`packtool.core.layout.layout_rows` from its plan
-    and spill, then put at their positions; ``doc_ids`` are global.
+    The rows' segments are gathered from their windows' plans in output order; only their
+    tokens (and input target flags, for windows that have them) are read from the spills
+    (:func:`_read_segments`, window by window, into one private buffer); one
+    :func:`packtool.core.layout.layout_rows` call then lays them out through a plan whose
+    documents are these segments, and ``doc_ids``/``doc_offsets`` are set to the segments' real
+    (global) documents and offsets.
 
     Returns:
         :class:`PackedRows` of the ``n`` rows in the order given.
     """
     rows = np.asarray(rows, dtype=np.int64)
+    n = rows.size
     win = np.searchsorted(plans.row_starts, rows, side="right") - 1  # shape: (n,)
-    windows = np.unique(win)
-    if windows.size == 1:
-        w = int(windows[0])
-        return _layout_window(plans, w, rows - plans.row_starts[w], pad_id, labels)
-    parts = []
-    for w in windows.tolist():
+    local = rows - plans.row_starts[win]  # row number inside its window
+    counts = np.zeros(n, dtype=np.int64)  # segments per row
+    windows = np.unique(win).tolist()
+    for w in windows:
         pos = np.flatnonzero(win == w)
-        parts.append((pos, _layout_window(plans, w, rows[pos] - plans.row_starts[w], pad_id,
-                                          labels)))
-    return _merge(parts, rows.size)
+        ro = plans.plan(w)[0].row_offsets
+        counts[pos] = ro[local[pos] + 1] - ro[local[pos]]
+    seg_offsets = np.zeros(n + 1, dtype=np.int64)  # shape: (n + 1,)
+    np.cumsum(counts, out=seg_offsets[1:])
+    n_seg = int(seg_offsets[-1])
+    seg_len = np.zeros(n_seg, dtype=np.int64)
+    seg_doc = np.zeros(n_seg, dtype=np.int64)
+    seg_off = np.zeros(n_seg, dtype=np.int64)
+    starts = np.zeros(n_seg, dtype=np.int64)  # each segment's first token in the buffer
+    blocks, flags, filled = [], [], 0
+    has = {w: _nonempty(Path(plans.dirs[w]) / TARGETS_FILE) for w in windows}
+    any_targets = any(has.values())
+    for w in windows:
+        plan, doc_starts = plans.plan(w)
+        pos = np.flatnonzero(win == w)
+        c = counts[pos]
+        within = np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c)
+        dest = np.repeat(seg_offsets[pos], c) + within  # output segment numbers
+        src_seg = np.repeat(plan.row_offsets[local[pos]], c) + within  # plan segment numbers
+        lens = plan.seg_len[src_seg]
+        docs = plan.seg_doc[src_seg]
+        offs = plan.seg_offset[src_seg]
+        seg_len[dest], seg_doc[dest], seg_off[dest] = lens, docs + plans.first_docs[w], offs
+        starts[dest] = filled + np.cumsum(lens) - lens
+        src = doc_starts[docs] + offs
+        blocks.append(_read_segments(Path(plans.dirs[w]) / TOKENS_FILE, src, lens))
+        if any_targets:  # input label masks: flags beside the tokens (1 = target) when present
+            tpath = Path(plans.dirs[w]) / TARGETS_FILE
+            flags.append(_read_segments(tpath, src, lens, np.uint8) if has[w]
+                         else np.ones(int(lens.sum()), dtype=np.uint8))
+        filled += int(lens.sum())
+    tokens = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+    targets = None
+    if any_targets:
+        targets = flags[0] if len(flags) == 1 else np.concatenate(flags)
+    sub = PackPlan(capacity=plans.capacity, row_offsets=seg_offsets,
+                   seg_doc=np.arange(n_seg, dtype=np.int64), seg_offset=np.zeros_like(seg_len),
+                   seg_len=seg_len)
+    packed = layout_rows(sub, np.arange(n, dtype=np.int64), tokens, starts, pad_id=pad_id,
+                         labels=labels, targets=targets)
+    return dataclasses.replace(packed, doc_ids=seg_doc, doc_offsets=seg_off)
+
+
+def _nonempty(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
