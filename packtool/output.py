@@ -42,8 +42,9 @@ from filelock import FileLock, Timeout
 
 from packtool.errors import OutputError
 from packtool.errors import ManifestError
-from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
-                                       read_manifest, write_json_atomic, write_manifest_file)
+from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, SHARD_GLOB,
+                                       TMP_DIR_NAME, read_manifest, write_json_atomic,
+                                       write_manifest_file)
 
 __all__ = ["Output", "fingerprint", "footer_sha256", "BYTE_DECIDING_PACKAGES"]
 
@@ -237,14 +238,13 @@ class Output:
 
     # -- writing -------------------------------------------------------------------------------
     def begin_write(self) -> None:
-        """Remove what this run replaces (manifest first) and mark OUTPUT as in progress."""
+        """Remove what this run replaces (manifest first, then the shards; other files stay) and
+        mark OUTPUT as in progress."""
         out = self.path
-        if not self.resume:
+        if not self.resume:  # packtool's own files only; anything else is left alone
             (out / MANIFEST_NAME).unlink(missing_ok=True)
-            for p in out.iterdir():
-                if p.name in (LOCK_NAME, TMP_DIR_NAME):
-                    continue
-                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            for p in out.glob(SHARD_GLOB):
+                p.unlink()
         write_json_atomic(out / IN_PROGRESS_NAME, {"fingerprint": self.fingerprint})
         self._writing = True
 

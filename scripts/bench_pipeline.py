@@ -254,6 +254,12 @@ def _spawn(*args, tree: str | None = None) -> dict:
     raise RuntimeError(proc.stderr[-2000:])
 
 
+def _median(runs: list[dict]) -> dict:
+    """The run with the median seconds (the others' seconds kept in ``all_seconds``)."""
+    runs = sorted(runs, key=lambda r: r["seconds"])
+    return {**runs[len(runs) // 2], "all_seconds": [r["seconds"] for r in runs]}
+
+
 def _warm(tree: str | None, work: Path) -> None:
     """Compile (or load) the tree's kernels once, outside any measurement."""
     tiny = work / "warm-in"
@@ -295,8 +301,11 @@ def main() -> None:
                     help="also pack with windows of N documents (all workers)")
     ap.add_argument("--baseline", default=None, metavar="TREE",
                     help="also run pack from this packtool source tree (before/after)")
+    ap.add_argument("--repeat", type=int, default=1, metavar="K",
+                    help="run the floor and each pack K times, trees interleaved; report medians")
     ap.add_argument("--scaling", action="store_true",
                     help="peak RSS on 1x, 2x, 4x --tokens (each tree)")
+    ap.add_argument("--scaling-only", action="store_true", help="only the --scaling table")
     ap.add_argument("--work", default=None, help="scratch folder (default: a temp dir)")
     ap.add_argument("--out", default=str(ROOT / "bench_results"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -309,6 +318,19 @@ def main() -> None:
         return
     tokens = int(5e6 if args.quick else args.tokens)
     work = Path(args.work or tempfile.mkdtemp(prefix="packtool-bench-"))
+    if args.scaling_only:
+        trees = {"this tree": None}
+        if args.baseline:
+            trees = {"baseline": str(Path(args.baseline).resolve()), "this tree": None}
+        work.mkdir(parents=True, exist_ok=True)
+        for tree in trees.values():
+            _warm(tree, work)
+        lines = scaling(args, work, trees)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "bench_pipeline_scaling.md").write_text("\n".join(lines) + "\n")
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     full, half = work / "full", work / "half"
     t = time.perf_counter()
     corpus = make_corpus(full, tokens, args.vocab, args.files)
@@ -336,17 +358,26 @@ def main() -> None:
             child_out = work / "floor-src"
             _spawn("pack-keep", str(full), str(child_out), w, args.capacity)
             child_out.rename(floor_dir)
-        floor = _spawn("floor", str(full), str(floor_dir), w)
+        packs: dict = {label: [] for label in trees}
+        floors = []
+        for _ in range(args.repeat):  # interleaved, so the machine's load hits all alike
+            floors.append(_spawn("floor", str(full), str(floor_dir), w))
+            for label, tree in trees.items():
+                packs[label].append(_spawn("pack", str(full), str(work / "out"), w,
+                                           args.capacity, wd, tree=tree))
+        floor = _median(floors)
         row = (f"| floor (read + write) | {w} | {floor['seconds']:.2f} | 1.00 | "
                f"{corpus['tokens'] / floor['seconds'] / 1e6:.1f} M | | "
                f"{floor.get('time_maxrss', floor['peak_rss']) / 2**20:.0f} |")
         lines.append(row)
         print(row, flush=True)
-        for label, tree in trees.items():
-            pack = _spawn("pack", str(full), str(work / "out"), w, args.capacity, wd, tree=tree)
-            ratio = pack["seconds"] / floor["seconds"]
+        for label in trees:
+            pack = _median(packs[label])
+            ratio = float(np.median([p["seconds"] / f["seconds"]
+                                     for p, f in zip(packs[label], floors)]))
             name = f"pack, {label}" + (f", --window-docs {wd:,}" if wd else "")
-            row = (f"| {name} | {w} | {pack['seconds']:.2f} | {ratio:.2f} | "
+            row = (f"| {name} | {w} | {pack['seconds']:.2f} | {ratio:.2f} "
+                   f"({', '.join(f'{x:.1f}' for x in pack['all_seconds'])} s) | "
                    f"{corpus['tokens'] / pack['seconds'] / 1e6:.1f} M | "
                    f"{pack['out_bytes'] / corpus['tokens']:.3f} | "
                    f"{pack.get('time_maxrss', pack['peak_rss']) / 2**20:.0f} |")
