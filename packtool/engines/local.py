@@ -47,6 +47,7 @@ class LocalEngine:
             try:
                 return fn(*item)
             except KeyboardInterrupt:
+                STOP.set()  # no task starts after an interrupted one
                 raise
             except BaseException as exc:
                 failures.append(exc)
