@@ -193,6 +193,7 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
     if as_json:
         click.echo(json.dumps({"stats": s.to_dict(), "seconds": result.seconds,
                                "shards_reused": result.shards_reused,
+                               "windows_reused": result.windows_reused,
                                "inputs_skipped": skipped,
                                "already_complete": result.already_complete,
                                "warnings": result.warnings}, indent=2))
@@ -215,6 +216,7 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
             f"  {result.seconds:.2f} s ({cfg.engine.value} engine, start-up included), "
             f"{rate / 1e6:.2f} M tokens/s"
             + (f", {result.shards_reused} shard(s) reused" if result.shards_reused else "")
+            + (f", {result.windows_reused} window(s) reused" if result.windows_reused else "")
             + (f"\n  INPUT: {skipped}" if skipped else "")
             + (f"\n  {_mask_note(s)}" if _mask_note(s) else ""))
         if "windows" in result.manifest:

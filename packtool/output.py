@@ -46,7 +46,15 @@ from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAM
                                        TMP_DIR_NAME, read_manifest, write_json_atomic,
                                        write_manifest_file)
 
-__all__ = ["Output", "fingerprint", "footer_sha256", "BYTE_DECIDING_PACKAGES"]
+__all__ = ["Output", "fingerprint", "footer_sha256", "BYTE_DECIDING_PACKAGES", "WINDOW_DIR_PREFIX",
+           "WINDOW_DONE", "SCRATCH_FINGERPRINT"]
+
+#: A window's spill and plan live in ``<scratch>/window-NNNNN/``, complete once ``done.json``
+#: is there (it is written before the directory is renamed into place).
+WINDOW_DIR_PREFIX = "window-"
+WINDOW_DONE = "done.json"
+#: The fingerprint of the run that created the scratch directory (a file inside it).
+SCRATCH_FINGERPRINT = "fingerprint"
 
 #: Distributions whose version can change the output bytes (recorded in the fingerprint).
 BYTE_DECIDING_PACKAGES = ("packtool", "pyarrow", "numpy", "numba")
@@ -139,7 +147,8 @@ class Output:
 
     Attributes after entry: ``complete`` (a finished identical output is there: nothing to do),
     ``resume`` (an interrupted identical pack is there: keep its shards), ``tmp`` (scratch
-    directory), ``manifest`` (the existing manifest when ``complete``).
+    directory), ``windows_kept`` (finished windows kept in the scratch directory from an
+    identical run that was killed), ``manifest`` (the existing manifest when ``complete``).
     """
 
     def __init__(self, path: str | os.PathLike, inputs, fingerprint: str, *,
@@ -153,6 +162,7 @@ class Output:
         self.resume = False
         self.manifest: dict | None = None
         self.bytes_needed = 0  #: what the current phase still has to write (ENOSPC message)
+        self.windows_kept = 0  #: finished windows kept from a killed identical run
         self._created = False
         self._writing = False
         self._lock: FileLock | None = None
@@ -185,8 +195,7 @@ class Output:
         try:
             self._decide()
             if not self.complete:
-                shutil.rmtree(self.tmp, ignore_errors=True)
-                self.tmp.mkdir()
+                self._open_scratch()
         except BaseException as exc:
             self._cleanup(exc)
             raise
@@ -215,6 +224,36 @@ class Output:
         if others and not self.overwrite:
             raise OutputError(f"{out}: OUTPUT is not empty; pass --overwrite to replace it or "
                               "choose another directory")
+
+    def _open_scratch(self) -> None:
+        """Create the scratch directory, keeping the finished windows of a killed identical run.
+
+        A run killed without cleanup (SIGKILL, a lost machine) leaves its scratch behind. When
+        that scratch carries this run's fingerprint, the window directories that were renamed
+        into place (complete by construction: ``done.json`` is written before the rename) are
+        kept and their windows are not read again; everything else (half-written windows,
+        temporary shards) is removed. Any other scratch is removed whole.
+        """
+        tag = self.tmp / SCRATCH_FINGERPRINT
+        try:
+            same = tag.read_text() == self.fingerprint
+        except OSError:
+            same = False
+        if not same:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp.mkdir()
+            tmp = self.tmp / f".{uuid.uuid4().hex}-{SCRATCH_FINGERPRINT}"
+            tmp.write_text(self.fingerprint)
+            os.replace(tmp, tag)
+            return
+        for p in self.tmp.iterdir():
+            if p.name == SCRATCH_FINGERPRINT:
+                continue
+            if (p.name.startswith(WINDOW_DIR_PREFIX) and p.is_dir()
+                    and (p / WINDOW_DONE).is_file()):
+                self.windows_kept += 1
+                continue
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
     def _shards_intact(self, m: dict) -> bool:
         try:

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 __all__ = ["EXIT_INTERRUPTED", "STOP", "install_early_handler", "interruptible", "check",
-           "test_pause", "PAUSE_ENV"]
+           "test_pause", "PAUSE_ENV", "PAUSE_ONCE_ENV", "TEST_ENVS"]
 
 #: Exit status of an interrupted command (128 + SIGINT, what shells report for Ctrl-C).
 EXIT_INTERRUPTED = 130
@@ -76,19 +76,37 @@ def check() -> None:
         raise KeyboardInterrupt
 
 
-#: Test hook (used only by the crash and interrupt tests): ``PACKTOOL_TEST_PAUSE_AT=<phase>[:<n>]``
-#: with phase ``read``, ``plan``, ``write-shard`` (n = shard) or ``manifest`` makes ``pack`` print
-#: a line to stderr and wait there until it is killed or told to stop. Unset, it costs one lookup.
+#: Test hook (used only by the crash, interrupt and cluster tests):
+#: ``PACKTOOL_TEST_PAUSE_AT=<phase>[:<n>]`` with phase ``read``, ``plan`` (n = window),
+#: ``write-shard`` (n = shard) or ``manifest`` makes ``pack`` print a line to stderr and wait
+#: there until it is killed or told to stop. Unset, it costs one lookup.
 PAUSE_ENV = "PACKTOOL_TEST_PAUSE_AT"
+
+#: With :data:`PAUSE_ENV`: ``PACKTOOL_TEST_PAUSE_ONCE=<file>`` pauses only the first process
+#: that creates ``<file>`` (it writes its pid there), so a retried task runs through, and a
+#: test knows which process (a Ray worker, on any node) to kill.
+PAUSE_ONCE_ENV = "PACKTOOL_TEST_PAUSE_ONCE"
+
+#: The test hooks' variables, which the Ray engine hands on to its tasks when they are set.
+TEST_ENVS = (PAUSE_ENV, PAUSE_ONCE_ENV)
 
 
 def test_pause(phase: str, n: int = 0) -> None:
-    """Wait at ``phase`` when :data:`PAUSE_ENV` asks for it (see there)."""
+    """Wait at ``phase`` when :data:`PAUSE_ENV` asks for it (see there and
+    :data:`PAUSE_ONCE_ENV`)."""
     want = os.environ.get(PAUSE_ENV)
     if want and want.partition(":")[0] == phase and int(want.partition(":")[2] or 0) == n:
         import sys
         import time
 
+        once = os.environ.get(PAUSE_ONCE_ENV)
+        if once:
+            try:
+                fd = os.open(once, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return  # another attempt paused already: this one runs through
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
         print(f"packtool: test pause at {want}", file=sys.stderr, flush=True)
         while True:
             check()

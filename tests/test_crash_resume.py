@@ -215,3 +215,25 @@ def test_second_identical_pack_is_refused_at_once_while_the_first_runs(tmp_path,
         first.stderr.close()
     rerun(src, out)
     assert hash_tree(out) == hash_tree(reference)
+
+
+def test_killed_during_the_windows_rerun_reuses_the_finished_windows(tmp_path, src):
+    """SIGKILL while window 1 is planned (window 0 finished): the rerun reads only the windows
+    not finished, and ends with the bytes of an uninterrupted windowed run; a rerun with other
+    options reuses no window."""
+    options = [*OPTIONS, "--window-docs", "25"]
+    ref = tmp_path / "ref"
+    assert rerun(src, ref, options)["windows_reused"] == 0
+    out = tmp_path / "out"
+    kill_at("plan:1", src, out, options)
+    assert (out / TMP_DIR_NAME / "window-00000" / "done.json").is_file()
+    assert not (out / TMP_DIR_NAME / "window-00001").exists()
+    report = rerun(src, out, options)
+    assert report["windows_reused"] == 1
+    assert hash_tree(out) == hash_tree(ref)
+    assert not (out / TMP_DIR_NAME).exists()
+
+    other = tmp_path / "other"
+    kill_at("plan:1", src, other, options)
+    seeded = [o if o != "3" else "4" for o in options]  # --seed: a different fingerprint
+    assert rerun(src, other, seeded)["windows_reused"] == 0

@@ -13,16 +13,21 @@ same version on every node).
 from __future__ import annotations
 
 import logging
+import os
 from typing import Callable, Iterator, Sequence
 
 from packtool.errors import EngineError, MissingDependencyError, PacktoolError, install_hint
+from packtool.signals import TEST_ENVS
 
-__all__ = ["RayEngine", "import_ray", "MAX_RETRIES"]
+__all__ = ["RayEngine", "import_ray", "MAX_RETRIES", "CANCEL_WAIT_S"]
 
 log = logging.getLogger(__name__)
 
 #: Ray retries of a task whose worker died (a raised PacktoolError is not retried).
 MAX_RETRIES = 3
+
+#: Seconds the driver waits, after a failure, for the cancelled tasks' workers to be gone.
+CANCEL_WAIT_S = 30.0
 
 
 def import_ray():
@@ -40,7 +45,10 @@ class RayEngine:
 
     Joins ``address`` when given, else starts a local Ray with ``workers`` CPUs; a Ray already
     initialised in this process (a test, a notebook) is used as is. A Ray started here is shut
-    down on exit. Start-up happens in ``__enter__``, inside the run's measured wall time.
+    down on exit. Start-up happens in ``__enter__``, inside the run's measured wall time. The
+    test hooks' variables (:data:`packtool.signals.TEST_ENVS`), when set in the driver, are
+    handed to every task through the job's ``runtime_env`` (workers on other nodes do not
+    inherit the driver's environment).
 
     Raises:
         MissingDependencyError: Ray is not installed.
@@ -59,6 +67,9 @@ class RayEngine:
         ray = self.ray
         if not ray.is_initialized():
             kw = dict(logging_level=logging.WARNING, log_to_driver=False)
+            hooks = {k: os.environ[k] for k in TEST_ENVS if os.environ.get(k)}
+            if hooks:
+                kw["runtime_env"] = {"env_vars": hooks}
             if self.address:
                 ray.init(address=self.address, **kw)
             else:
@@ -72,36 +83,66 @@ class RayEngine:
         return False
 
     def map(self, fn: Callable, items: Sequence[tuple]) -> Iterator:
-        """Yield ``fn(*item)`` for each item, in order; on failure cancel the other tasks.
+        """Yield ``fn(*item)`` for each item, in order; the first failure stops everything.
+
+        Tasks are watched as they finish (not in order), so a failing task is seen at once even
+        while earlier ones still run. A task whose worker or node died is retried by Ray
+        (``max_retries``); an exception raised by ``fn`` is not. On the first failure (or when
+        the consumer stops: Ctrl-C, its own error) every other task is cancelled (their workers
+        are killed) and waited for, up to :data:`CANCEL_WAIT_S`, so none of them still writes
+        into OUTPUT's scratch directory while the driver cleans it up.
 
         Raises:
             PacktoolError: the one a task raised (bad input found inside a task).
-            EngineError: a task failed for another reason (worker lost after its retries,
-                unexpected exception), with Ray's first line.
+            EngineError: a task failed for another reason (worker or node lost after its
+                retries, unexpected exception), with Ray's first line.
         """
         ray = self.ray
         task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(fn)
         refs = [task.remote(*item) for item in items]
+        index = {ref: i for i, ref in enumerate(refs)}
+        done: dict[int, object] = {}
+        pending = list(refs)
+        nxt = 0
         try:
-            for ref in refs:
-                try:
-                    yield ray.get(ref)
-                except ray.exceptions.RayTaskError as exc:
-                    cause = getattr(exc, "cause", None)
-                    if isinstance(cause, PacktoolError):
-                        raise cause from None
-                    raise EngineError(f"a Ray task of {fn.__name__} failed: "
-                                      f"{_first_line(cause or exc)}") from None
-                except ray.exceptions.RayError as exc:
-                    raise EngineError(f"a Ray task of {fn.__name__} failed: "
-                                      f"{_first_line(exc)}") from None
+            while nxt < len(refs):
+                if nxt not in done:
+                    ready, pending = ray.wait(pending, num_returns=1)
+                    for ref in ready:
+                        done[index[ref]] = self._get(ray, ref, fn)
+                    continue
+                yield done.pop(nxt)
+                nxt += 1
         except BaseException:
-            for other in refs:
-                try:
-                    ray.cancel(other, force=True)
-                except Exception:  # already finished or gone
-                    pass
+            self._cancel(ray, refs)
             raise
+
+    @staticmethod
+    def _get(ray, ref, fn):
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, PacktoolError):
+                raise cause from None
+            raise EngineError(f"a Ray task of {fn.__name__} failed: "
+                              f"{_first_line(cause or exc)}") from None
+        except ray.exceptions.RayError as exc:
+            raise EngineError(f"a Ray task of {fn.__name__} failed: "
+                              f"{_first_line(exc)}") from None
+
+    @staticmethod
+    def _cancel(ray, refs) -> None:
+        """Cancel (force: kill the worker) every task not finished, then wait for them."""
+        for ref in refs:
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:  # already finished or gone
+                pass
+        try:
+            ray.wait(refs, num_returns=len(refs), timeout=CANCEL_WAIT_S)
+        except Exception:  # Ray itself going away (Ctrl-C during shutdown)
+            pass
 
 
 def _first_line(exc: BaseException) -> str:

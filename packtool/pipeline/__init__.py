@@ -61,6 +61,7 @@ class PackResult:
     shards_reused: int  #: shards kept from an interrupted identical run
     already_complete: bool = False  #: OUTPUT already held this pack: nothing was done
     warnings: list = field(default_factory=list)  #: loud notes (e.g. many tokens dropped)
+    windows_reused: int = 0  #: windows kept finished from an identical run that was killed
 
 
 def _progress(total, desc, unit, enabled):
@@ -171,4 +172,4 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
         }
         out.commit(manifest, packed_schema(cfg.capacity, cfg.labels.value))
     return PackResult(total, manifest, time.perf_counter() - t0, reused, False,
-                      _warnings(cfg, total))
+                      _warnings(cfg, total), windows_reused=sum(i.reused for i in infos))

@@ -24,6 +24,7 @@ import numpy as np
 from packtool.core.masks import plan_segment_targets
 from packtool.core.packing import PackPlan, pack_lengths
 from packtool.errors import PackingError, row_ref
+from packtool.output import WINDOW_DIR_PREFIX, WINDOW_DONE
 from packtool.pipeline.read import Window, read_window
 from packtool.signals import check, test_pause
 from packtool.stats import PackStats
@@ -48,11 +49,12 @@ class WindowInfo:
     first_doc: int  #: global index of its first document
     rows: int  #: planned rows
     stats: PackStats  #: the plan's counts (PackStats.from_plan)
+    reused: bool = False  #: found finished in the scratch directory (a killed run's), not redone
 
 
 def window_dir(tmp: str | os.PathLike, index: int) -> Path:
     """Directory of window ``index``'s spill and plan inside the scratch directory ``tmp``."""
-    return Path(tmp) / f"window-{index:05d}"
+    return Path(tmp) / f"{WINDOW_DIR_PREFIX}{index:05d}"
 
 
 def _check_overflow(capacity: int, window: Window, lengths: np.ndarray) -> None:
@@ -75,6 +77,9 @@ def prepare_window(cfg, window: Window, tmp: str) -> WindowInfo:
         window: from :func:`packtool.pipeline.read.plan_windows`.
         tmp: the scratch directory of OUTPUT (on a filesystem the writing tasks see).
 
+    A window already finished in ``tmp`` (kept by :class:`packtool.output.Output` from an
+    identical run that was killed) is not read again: its saved counts come back.
+
     Returns:
         :class:`WindowInfo` (counts only).
 
@@ -84,6 +89,9 @@ def prepare_window(cfg, window: Window, tmp: str) -> WindowInfo:
         OSError: the spill or plan cannot be written (e.g. a full disk).
     """
     final = window_dir(tmp, window.index)
+    if (final / WINDOW_DONE).is_file():  # finished by an identical run that was killed
+        stats = PackStats.from_dict(json.loads((final / WINDOW_DONE).read_text()))
+        return WindowInfo(window.index, str(final), window.first_doc, stats.rows, stats, True)
     work = Path(tmp) / f".{uuid.uuid4().hex}-{final.name}"
     work.mkdir()
     try:
@@ -91,7 +99,7 @@ def prepare_window(cfg, window: Window, tmp: str) -> WindowInfo:
             lengths, read_counts = read_window(cfg.column, cfg.append_eos, window, spill,
                                                cfg.read_options(), work / TARGETS_FILE)
         check()
-        test_pause("plan")
+        test_pause("plan", window.index)
         if cfg.overflow is Overflow.ERROR:
             _check_overflow(cfg.capacity, window, lengths)
         plan = pack_lengths(lengths, cfg.capacity, strategy=cfg.strategy, overflow=cfg.overflow)
@@ -108,11 +116,11 @@ def prepare_window(cfg, window: Window, tmp: str) -> WindowInfo:
             stats = dataclasses.replace(stats, effective_targets=int(
                 plan_segment_targets(plan, doc_starts, targets).sum()))
             del targets
-        (work / "done.json").write_text(json.dumps(stats.to_dict()))
+        (work / WINDOW_DONE).write_text(json.dumps(stats.to_dict()))
         try:
             os.rename(work, final)
         except OSError:
-            if not (final / "done.json").is_file():
+            if not (final / WINDOW_DONE).is_file():
                 raise
             shutil.rmtree(work, ignore_errors=True)  # another attempt finished the same bytes
     except BaseException:
