@@ -88,9 +88,9 @@ class RayEngine:
         Tasks are watched as they finish (not in order), so a failing task is seen at once even
         while earlier ones still run. A task whose worker or node died is retried by Ray
         (``max_retries``); an exception raised by ``fn`` is not. On the first failure (or when
-        the consumer stops: Ctrl-C, its own error) every other task is cancelled (their workers
-        are killed) and waited for, up to :data:`CANCEL_WAIT_S`, so none of them still writes
-        into OUTPUT's scratch directory while the driver cleans it up.
+        the consumer stops: Ctrl-C, its own error) every other task is cancelled and waited for
+        (:meth:`_cancel`), so none of them still writes into OUTPUT's scratch directory while
+        the driver cleans it up.
 
         Raises:
             PacktoolError: the one a task raised (bad input found inside a task).
@@ -133,14 +133,25 @@ class RayEngine:
 
     @staticmethod
     def _cancel(ray, refs) -> None:
-        """Cancel (force: kill the worker) every task not finished, then wait for them."""
-        for ref in refs:
-            try:
-                ray.cancel(ref, force=True)
-            except Exception:  # already finished or gone
-                pass
+        """Cancel every task not finished and wait for them to end.
+
+        Only tasks not finished are cancelled (cancelling one that is completing at that moment
+        can trip an internal check of Ray's task manager). They are first interrupted
+        (``KeyboardInterrupt`` in the task, which removes its partial files); those still
+        running after :data:`CANCEL_WAIT_S` (inside a long native call) are force-cancelled:
+        their workers are killed.
+        """
         try:
-            ray.wait(refs, num_returns=len(refs), timeout=CANCEL_WAIT_S)
+            for force in (False, True):
+                _, pending = ray.wait(refs, num_returns=len(refs), timeout=0)
+                if not pending:
+                    return
+                for ref in pending:
+                    try:
+                        ray.cancel(ref, force=force)
+                    except Exception:  # finished meanwhile, or gone
+                        pass
+                ray.wait(pending, num_returns=len(pending), timeout=CANCEL_WAIT_S)
         except Exception:  # Ray itself going away (Ctrl-C during shutdown)
             pass
 
