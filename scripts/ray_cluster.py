@@ -1,0 +1,563 @@
+"""A Ray cluster of three nodes on this one machine, `packtool pack --engine ray` across it, and
+faults on it, each checked against an undisturbed run byte for byte.
+
+    python scripts/ray_cluster.py                       # cluster, reference runs, every fault
+    python scripts/ray_cluster.py --faults kill-worker,stop-node --docs 4000
+    python scripts/ray_cluster.py --s3                  # INPUT on a local S3 server (moto)
+
+The cluster: a head started with ``ray start --head`` (no CPUs: it runs only the driver, like a
+head node kept free of work) and two nodes joined with ``ray start --address``, each with its
+own ``--temp-dir``, its own ports, 1 CPU and a custom resource naming it, so two tasks (1 CPU
+each) run on two different nodes. Every Ray process runs under ``nice``. Each node is one
+``ray start --block`` process in its own session; stopping a node kills that process and all
+of its descendants (raylet, agents, workers), and the cluster is always stopped this way at
+the end, even on failure (never ``ray stop``, which would stop every Ray on the machine).
+
+The runs (``packtool pack --engine ray --ray-address HEAD``, each a separate driver process):
+
+- reference: an undisturbed run on the cluster, which must also equal ``--engine local``;
+- ``kill-worker``: the worker writing output shard 1 is SIGKILLed in the middle of the shard
+  (after its first row group); Ray retries the task;
+- ``kill-driver``: the driver is SIGKILLed while a window task runs and at least one window is
+  finished; the same command, rerun, reuses the finished windows;
+- ``data-error``: one window holds a negative token id while another window task is held
+  running; the run must stop with the one-line error at once, cancel the held task (its worker
+  is gone when the command returns), and leave an existing OUTPUT as it was;
+- ``stop-node``: the whole node running a window task is killed (raylet, agents, workers); the
+  other node finishes the run. Run last, since the cluster has one node less afterwards.
+
+Where a fault must land at a given moment, the pack's test hook holds one task there
+(``PACKTOOL_TEST_PAUSE_AT`` with ``PACKTOOL_TEST_PAUSE_ONCE``, which records the pid of the held
+worker, on whatever node it runs); the fault then kills that process, its node or the driver.
+
+Prints one line per run (seconds, exit status, result) and exits 1 if any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+FAULTS = ("kill-worker", "kill-driver", "data-error", "stop-node")
+BIN = Path(sys.executable).parent
+CAPACITY = 256
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill_tree(proc: psutil.Process, sig=signal.SIGKILL) -> list[psutil.Process]:
+    """Send ``sig`` to ``proc`` and every descendant; returns them."""
+    try:
+        procs = proc.children(recursive=True) + [proc]
+    except psutil.NoSuchProcess:
+        return []
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+    return procs
+
+
+@dataclass
+class Node:
+    """One ``ray start --block`` process (a Ray node) and its temp dir."""
+
+    name: str
+    proc: subprocess.Popen
+    temp_dir: Path
+    log: Path
+    alive: bool = True
+
+    def processes(self) -> list[psutil.Process]:
+        """The node's processes: the ``ray start`` process and all its descendants."""
+        try:
+            p = psutil.Process(self.proc.pid)
+            return [p] + p.children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+
+@dataclass
+class Cluster:
+    """A head and ``workers`` more Ray nodes on this machine; a context manager that always
+    stops every process it started.
+
+    Args:
+        root: a short directory path (Ray's socket paths must stay under 108 bytes).
+        workers: nodes besides the head, each with ``cpus`` CPUs.
+        env: environment of every Ray process (the tasks inherit it: object-store credentials).
+    """
+
+    root: Path
+    workers: int = 2
+    cpus: int = 1
+    env: dict = field(default_factory=dict)
+    nodes: list = field(default_factory=list)
+    address: str = ""
+    seen: list = field(default_factory=list)  #: every process stopped (to check none is left)
+
+    def _start(self, name: str, args: list[str], timeout: float = 180.0) -> Node:
+        temp = self.root / name
+        temp.mkdir(parents=True, exist_ok=True)
+        log = self.root / f"{name}.log"
+        ports = ["--node-manager-port", free_port(), "--object-manager-port", free_port(),
+                 "--dashboard-agent-listen-port", free_port(),
+                 "--dashboard-agent-grpc-port", free_port(),
+                 "--runtime-env-agent-port", free_port(), "--metrics-export-port", free_port()]
+        cmd = ["nice", "-n", "10", str(BIN / "ray"), "start", "--block", "--temp-dir", str(temp),
+               "--node-ip-address", "127.0.0.1", "--object-store-memory", str(100 << 20),
+               "--disable-usage-stats", *map(str, ports), *args]
+        env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", **self.env)
+        with open(log, "wb") as f:
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+        node = Node(name, proc, temp, log)
+        self.nodes.append(node)
+        t0 = time.monotonic()
+        while b"Ray runtime started" not in log.read_bytes():
+            if proc.poll() is not None or time.monotonic() - t0 > timeout:
+                raise RuntimeError(f"Ray node {name} did not start; see {log}:\n"
+                                   + log.read_text(errors="replace")[-2000:])
+            time.sleep(0.2)
+        return node
+
+    def __enter__(self) -> "Cluster":
+        self.root.mkdir(parents=True, exist_ok=True)
+        # token authentication (Ray's default for a new head), with a token of this cluster's
+        # own: every node and every driver gets it through the environment
+        token = self.root / "auth_token"
+        token.write_text(secrets.token_hex(32))
+        token.chmod(0o600)
+        self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
+        try:
+            port = free_port()
+            self._start("head", ["--head", "--port", str(port), "--num-cpus", "0",
+                                 "--include-dashboard", "false",
+                                 "--resources", json.dumps({"head": 1})])
+            self.address = f"127.0.0.1:{port}"
+            for k in range(1, self.workers + 1):
+                self._start(f"node{k}", ["--address", self.address, "--num-cpus",
+                                         str(self.cpus),
+                                         "--min-worker-port", "0", "--max-worker-port", "0",
+                                         "--resources", json.dumps({f"node{k}": 1})])
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.stop()
+        return False
+
+    def node_of(self, pid: int) -> Node | None:
+        """The node whose process tree holds ``pid``."""
+        for node in self.nodes:
+            if node.alive and any(p.pid == pid for p in node.processes()):
+                return node
+        return None
+
+    def kill_node(self, node: Node) -> None:
+        """Kill a node at once: its ``ray start`` process and every descendant (SIGKILL)."""
+        procs = node.processes()
+        self.seen += procs
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=10)
+        node.proc.wait(timeout=10)
+        node.alive = False
+
+    def stop(self) -> None:
+        """Stop every node, workers first, head last: SIGTERM, then SIGKILL what is left."""
+        for node in reversed(self.nodes):
+            procs = node.processes()
+            self.seen += procs
+            for p in procs[:1]:
+                try:
+                    p.terminate()
+                except psutil.NoSuchProcess:
+                    pass
+            _, left = psutil.wait_procs(procs, timeout=15)
+            for p in left:
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            psutil.wait_procs(left, timeout=10)
+            try:
+                node.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            node.alive = False
+        self.nodes.clear()
+
+
+# --- corpus and runs ---------------------------------------------------------------------------
+
+def make_corpus(root: Path, *, files: int, docs: int, seed: int = 0, bad_file: int | None = None):
+    """``files`` Parquet files of ``docs`` web-like documents in total (lengths lognormal,
+    median about 60 tokens at this capacity, a few longer than it), 3 row groups each.
+    ``bad_file``: that file's last document gets a negative id (a data error)."""
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    per = -(-docs // files)
+    for i in range(files):
+        lengths = np.clip(rng.lognormal(4.1, 0.9, per).astype(np.int64), 1, 3 * CAPACITY)
+        ids = rng.integers(0, 50_000, int(lengths.sum()), dtype=np.int64)
+        if bad_file == i:
+            ids[-1] = -7
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        col = pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids))
+        pq.write_table(pa.table({"input_ids": col}), root / f"part-{i:03d}.parquet",
+                       row_group_size=-(-per // 3))
+    return root
+
+
+def tree_hashes(out: Path) -> dict:
+    """sha256 of every file in OUTPUT (shards and the manifest), by name."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(out.iterdir()) if p.is_file()}
+
+
+@dataclass
+class Runner:
+    """Runs ``packtool pack`` with fixed options against the cluster (or locally)."""
+
+    cluster: Cluster
+    root: Path
+    window_docs: int
+    rows_per_shard: int
+    env: dict = field(default_factory=dict)
+    count: int = 0
+
+    def fresh(self, name: str) -> tuple[Path, Path]:
+        """A new OUTPUT path and hold-marker path for one run of fault ``name``."""
+        self.count += 1
+        return self.root / f"out-{name}-{self.count}", self.root / f"held-{name}-{self.count}"
+
+    def argv(self, inputs, out, *, engine="ray", extra=()) -> list[str]:
+        args = [str(BIN / "packtool"), "pack", "--json", "--capacity", str(CAPACITY),
+                "--window-docs", str(self.window_docs), "--rows-per-shard",
+                str(self.rows_per_shard), "--engine", engine, *extra]
+        if engine == "ray":
+            args += ["--ray-address", self.cluster.address]
+        return ["nice", "-n", "10", *args, *map(str, inputs), str(out)]
+
+    def popen(self, inputs, out, *, pause=None, once=None, **kw) -> subprocess.Popen:
+        env = dict(os.environ, **self.env)
+        for k in ("PACKTOOL_TEST_PAUSE_AT", "PACKTOOL_TEST_PAUSE_ONCE"):
+            env.pop(k, None)
+        if pause:
+            env.update(PACKTOOL_TEST_PAUSE_AT=pause, PACKTOOL_TEST_PAUSE_ONCE=str(once))
+        return subprocess.Popen(self.argv(inputs, out, **kw), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def run(self, inputs, out, timeout=300, **kw) -> subprocess.CompletedProcess:
+        p = self.popen(inputs, out, **kw)
+        try:
+            so, se = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            so, se = p.communicate()
+            raise RuntimeError(f"pack did not end in {timeout} s:\n{se[-3000:]}")
+        return subprocess.CompletedProcess(p.args, p.returncode, so, se)
+
+
+def wait_pid(marker: Path, proc: subprocess.Popen | None = None, timeout=240.0) -> int:
+    """The pid a held task wrote to ``marker`` (waits for it)."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            text = marker.read_text().strip()
+            if text:
+                return int(text)
+        except FileNotFoundError:
+            pass
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"pack ended (rc {proc.returncode}) before the task was held:\n"
+                               + proc.stderr.read()[-3000:])
+        if time.monotonic() - t0 > timeout:
+            raise RuntimeError(f"no task was held within {timeout} s ({marker})")
+        time.sleep(0.1)
+
+
+def gone(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` ends within ``timeout`` seconds."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@dataclass
+class Result:
+    name: str
+    ok: bool
+    seconds: float
+    note: str
+
+
+def _finish(name, t0, checks: dict, note="") -> Result:
+    bad = [k for k, v in checks.items() if not v]
+    return Result(name, not bad, time.monotonic() - t0,
+                  note + ("" if not bad else f" FAILED: {', '.join(bad)}"))
+
+
+def fault_kill_worker(r: Runner, inputs, ref: dict) -> Result:
+    t0, (out, marker) = time.monotonic(), r.fresh("kill-worker")
+    p = r.popen(inputs, out, pause="write-shard:1", once=marker)
+    pid = wait_pid(marker, p)
+    node = r.cluster.node_of(pid)
+    os.kill(pid, signal.SIGKILL)
+    so, se = p.communicate(timeout=300)
+    return _finish("kill-worker", t0, {
+        "exit 0": p.returncode == 0, "same bytes": p.returncode == 0 and tree_hashes(out) == ref,
+        "worker was on a worker node": node is not None and node.name != "head"},
+        f"SIGKILLed worker {pid} on {node.name if node else '?'} while it wrote shard 1")
+
+
+def fault_kill_driver(r: Runner, inputs, ref: dict) -> Result:
+    t0, (out, marker) = time.monotonic(), r.fresh("kill-driver")
+    windows = len(ref_windows(r, inputs))
+    held = min(2, windows - 1)
+    p = r.popen(inputs, out, pause=f"plan:{held}", once=marker)
+    pid = wait_pid(marker, p)
+    scratch = out / ".packtool-tmp"
+    deadline = time.monotonic() + 240
+    while not any((d / "done.json").is_file() for d in scratch.glob("window-*")):
+        if time.monotonic() > deadline or p.poll() is not None:
+            break
+        time.sleep(0.1)
+    finished = sum((d / "done.json").is_file() for d in scratch.glob("window-*"))
+    p.kill()  # SIGKILL: no cleanup at all
+    p.communicate()
+    worker_gone = gone(pid, 60)  # Ray ends the dead driver's tasks
+    again = r.run(inputs, out)
+    report = json.loads(again.stdout) if again.returncode == 0 else {}
+    return _finish("kill-driver", t0, {
+        "a window finished before the kill": finished >= 1,
+        "held task ended with its driver": worker_gone,
+        "rerun exit 0": again.returncode == 0,
+        "rerun reused the finished windows": report.get("windows_reused", 0) >= finished >= 1,
+        "same bytes": again.returncode == 0 and tree_hashes(out) == ref},
+        f"SIGKILLed the driver with {finished} of {windows} windows finished; the rerun reused "
+        f"{report.get('windows_reused')}")
+
+
+def fault_data_error(r: Runner, bad_inputs, ref_out: Path) -> Result:
+    t0, (out, marker) = time.monotonic(), r.fresh("data-error")
+    shutil.copytree(ref_out, out)  # an existing finished OUTPUT that must stay as it was
+    before = tree_hashes(out)
+    p = r.popen(bad_inputs, out, pause="plan:0", once=marker, extra=("--overwrite",))
+    pid = wait_pid(marker, p)
+    try:
+        so, se = p.communicate(timeout=240)
+    except subprocess.TimeoutExpired:  # the held task was waited for instead of cancelled
+        p.kill()
+        so, se = p.communicate()
+    lines = [ln for ln in se.splitlines() if ln.strip()]
+    return _finish("data-error", t0, {
+        "exit 1": p.returncode == 1,
+        "one-line error naming file and row": (len(lines) == 1 and lines[0].startswith("Error:")
+                                               and ".parquet: row" in lines[0]),
+        "held task cancelled before exit": not psutil.pid_exists(pid)
+        or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+        "OUTPUT as before": tree_hashes(out) == before
+        and not (out / ".packtool-tmp").exists()},
+        f"{lines[0] if lines else '(no error line)'}")
+
+
+def fault_stop_node(r: Runner, inputs, ref: dict) -> Result:
+    t0, (out, marker) = time.monotonic(), r.fresh("stop-node")
+    p = r.popen(inputs, out, pause="plan:1", once=marker)
+    pid = wait_pid(marker, p)
+    node = r.cluster.node_of(pid)
+    if node is None or node.name == "head":
+        p.kill()
+        p.communicate()
+        return Result("stop-node", False, time.monotonic() - t0, "held task not on a worker node")
+    r.cluster.kill_node(node)
+    so, se = p.communicate(timeout=300)
+    return _finish("stop-node", t0, {
+        "exit 0": p.returncode == 0, "same bytes": p.returncode == 0 and tree_hashes(out) == ref},
+        f"killed node {node.name} (all its processes) while it ran window 1"
+        + ("" if p.returncode == 0 else f": {se.strip().splitlines()[-1:]}"))
+
+
+def ref_windows(r: Runner, inputs) -> list:
+    """The windows of the undisturbed run (from its manifest)."""
+    from packtool.formats.manifest import read_manifest
+
+    return read_manifest(r.root / "out-ref")["windows"]
+
+
+def run_all(root: Path, *, faults=FAULTS, docs: int = 6000, files: int = 6,
+            window_docs: int = 1000, rows_per_shard: int = 64, s3: str | None = None,
+            log=print) -> list[Result]:
+    """Start the cluster under ``root``, run the reference runs and ``faults``, stop it.
+
+    Args:
+        s3: endpoint URL of an S3-compatible server: INPUT is uploaded there and read as
+            ``s3://`` by every node (credentials ``testing``); None: a local directory.
+
+    Returns:
+        one :class:`Result` per run (reference runs first).
+    """
+    env = {}
+    src = make_corpus(root / "in", files=files, docs=docs)
+    bad = make_corpus(root / "in-bad", files=files, docs=docs, bad_file=files - 1)
+    inputs, bad_inputs = [src], [bad]
+    if s3:
+        import pyarrow.fs as pafs
+
+        env = {"AWS_ENDPOINT_URL": s3, "AWS_ACCESS_KEY_ID": "testing",
+               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+               "AWS_EC2_METADATA_DISABLED": "true"}
+        fs = pafs.S3FileSystem(endpoint_override=s3, access_key="testing", secret_key="testing",
+                               region="us-east-1", allow_bucket_creation=True)
+        fs.create_dir("corpus")
+        for d in (src, bad):
+            for f in sorted(d.iterdir()):
+                pafs.copy_files(str(f), f"corpus/{d.name}/{f.name}",
+                                destination_filesystem=fs)
+        inputs, bad_inputs = ["s3://corpus/in/"], ["s3://corpus/in-bad/"]
+    results = []
+    t0 = time.monotonic()
+    cluster = Cluster(root / "ray", env=env)
+    try:
+        _runs(cluster, root, inputs, bad_inputs, faults, window_docs, rows_per_shard, env,
+              results, log, t0)
+    finally:
+        cluster.stop()
+        seen = cluster.seen
+        left = [p.pid for p in seen if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        results.append(Result("cluster stopped", not left, 0.0,
+                              f"{len(seen)} processes stopped" if not left
+                              else f"FAILED: still running: {left}"))
+        log(_line(results[-1]))
+    return results
+
+
+def _runs(cluster, root, inputs, bad_inputs, faults, window_docs, rows_per_shard, env, results,
+          log, t0):
+    with cluster:
+        log(f"cluster up in {time.monotonic() - t0:.1f} s at {cluster.address}: "
+            + ", ".join(n.name for n in cluster.nodes))
+        r = Runner(cluster, root, window_docs, rows_per_shard, cluster.env)
+        t = time.monotonic()
+        local = r.run(inputs, root / "out-local", engine="local", extra=("--workers", "1"))
+        results.append(Result("local engine", local.returncode == 0, time.monotonic() - t,
+                              local.stderr.strip()[-300:]))
+        t = time.monotonic()
+        ray_ref = r.run(inputs, root / "out-ref")
+        ok = ray_ref.returncode == 0
+        ref = tree_hashes(root / "out-ref") if ok else {}
+        same = ok and local.returncode == 0 and ref == tree_hashes(root / "out-local")
+        results.append(Result("cluster, undisturbed", ok and same, time.monotonic() - t,
+                              (f"{len(ref) - 1} shards, same bytes as --engine local"
+                               if same else f"FAILED: {ray_ref.stderr.strip()[-500:]}")))
+        log(_line(results[-2]))
+        log(_line(results[-1]))
+        if not ok:
+            return
+        for name in faults:
+            try:
+                if name == "kill-worker":
+                    res = fault_kill_worker(r, inputs, ref)
+                elif name == "kill-driver":
+                    res = fault_kill_driver(r, inputs, ref)
+                elif name == "data-error":
+                    res = fault_data_error(r, bad_inputs, root / "out-ref")
+                elif name == "stop-node":
+                    res = fault_stop_node(r, inputs, ref)
+                else:
+                    raise ValueError(f"unknown fault {name!r}; choose from {', '.join(FAULTS)}")
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                res = Result(name, False, 0.0, f"FAILED: {exc}")
+            results.append(res)
+            log(_line(res))
+
+
+def _line(r: Result) -> str:
+    return f"{'ok  ' if r.ok else 'FAIL'} {r.name:<22} {r.seconds:6.1f} s  {r.note}"
+
+
+def _moto():
+    exe = shutil.which("moto_server", path=str(BIN))
+    port = free_port()
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import urllib.request
+
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            return proc, url
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("moto_server did not start")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--faults", default=",".join(FAULTS),
+                    help=f"comma-separated, in order (default: {','.join(FAULTS)})")
+    ap.add_argument("--docs", type=int, default=6000)
+    ap.add_argument("--files", type=int, default=6)
+    ap.add_argument("--window-docs", type=int, default=1000)
+    ap.add_argument("--rows-per-shard", type=int, default=64)
+    ap.add_argument("--s3", action="store_true", help="INPUT on a local S3 server (moto)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    a = ap.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="ptc-", dir="/tmp"))
+    moto = None
+    try:
+        url = None
+        if a.s3:
+            moto, url = _moto()
+        results = run_all(root, faults=[f for f in a.faults.split(",") if f], docs=a.docs,
+                          files=a.files, window_docs=a.window_docs,
+                          rows_per_shard=a.rows_per_shard, s3=url)
+    finally:
+        if moto is not None:
+            moto.terminate()
+            moto.wait(timeout=10)
+        if a.keep:
+            print(f"work directory kept: {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
