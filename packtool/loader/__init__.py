@@ -1,0 +1,35 @@
+"""Training on a packed output: datasets, batches, Hugging Face glue.
+
+``import packtool.loader`` needs only NumPy and pyarrow: no numba, no packer, no torch. torch is
+imported where a tensor is made (the collate functions) and by
+:class:`~packtool.loader.distributed.PackedIterableDataset` (a ``torch.utils.data.IterableDataset``),
+which is loaded on first access.
+
+- :class:`PackedIterableDataset`: ranks x DataLoader workers, seeded epochs, bounded shuffle,
+  exact resume (``state_dict``/``load_state_dict``), whole row groups per rank. Train with this.
+- :class:`PackedDataset`: any row by index (random access, inspection, verify).
+- :func:`collate` ([B, C]), :func:`collate_flat` ([1, B * C], FlashAttention 2 keyword names),
+  :class:`HFCollator` (``transformers.Trainer``, ``use_cache=False`` in every batch).
+- :func:`unshifted_labels`, :func:`shifted_labels`: labels derived from ``input_ids`` and
+  ``segment_ids`` when the output does not store them.
+"""
+
+from __future__ import annotations
+
+from packtool.loader._shards import shifted_labels, unshifted_labels
+from packtool.loader.collate import (batch_cu_seqlens, collate, collate_flat, count_targets,
+                                     to_unshifted)
+from packtool.loader.dataset import PackedDataset
+from packtool.loader.hf import HFCollator
+
+__all__ = ["PackedIterableDataset", "PackedDataset", "collate", "collate_flat", "HFCollator",
+           "batch_cu_seqlens", "count_targets", "to_unshifted", "unshifted_labels",
+           "shifted_labels"]
+
+
+def __getattr__(name: str):
+    if name == "PackedIterableDataset":  # a torch IterableDataset: import torch only now
+        from packtool.loader.distributed import PackedIterableDataset
+
+        return PackedIterableDataset
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

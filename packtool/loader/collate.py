@@ -1,0 +1,212 @@
+"""Batches in the forms trainers take, from loader items (torch imported only here, when called).
+
+Shape legend: B = rows in the batch, C = capacity, S = segments in the batch (documents plus one
+padding segment per padded row, as ``cu_seqlens`` stores them).
+
+- :func:`collate`: the [B, C] form. ``cu_seqlens`` int32 [S + 1] over the rows flattened to
+  [B * C] (what ``flash_attn_varlen_func`` and ``torch.nn.attention.varlen`` take; B06), checked
+  to fit int32, and ``max_seqlen`` a Python ``int`` (B24), never a tensor.
+- :func:`collate_flat`: the padding-free flattened form, [1, B * C] ``input_ids``,
+  ``position_ids``, ``labels`` plus the keyword names Hugging Face passes to FlashAttention 2
+  (``cu_seq_lens_q``, ``cu_seq_lens_k`` int32, ``max_length_q``, ``max_length_k`` int), as
+  ``transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` names them.
+- ``num_targets`` in both: labels != -100 in the batch, the loss denominator (B19, B20): sum the
+  token losses over a step's batches and divide once by the sum of their ``num_targets``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from packtool.loader._shards import shifted_labels, unshifted_labels
+from packtool.types import IGNORE_INDEX
+
+__all__ = ["collate", "collate_flat", "batch_cu_seqlens", "to_unshifted", "count_targets",
+           "require_torch", "INT32_MAX"]
+
+#: Largest value an int32 ``cu_seqlens`` can hold: B * C must not exceed it.
+INT32_MAX = 2**31 - 1
+
+
+def require_torch():
+    """Import and return torch.
+
+    Raises:
+        MissingDependencyError: torch is not installed (names the ``verify`` extra).
+    """
+    try:
+        import torch
+    except ImportError:
+        from packtool.errors import MissingDependencyError
+
+        raise MissingDependencyError(
+            "torch is not installed; the torch loader and packtool verify need it: "
+            "pip install 'packtool[verify]'") from None
+    return torch
+
+
+def _capacity(batch: list[dict]) -> int:
+    if not batch:
+        raise ValueError("collate needs at least one row")
+    C = len(batch[0]["input_ids"])
+    if any(len(item["input_ids"]) != C for item in batch):
+        raise ValueError("rows of different capacity in one batch")
+    return C
+
+
+def _row_cu(item: dict) -> np.ndarray:
+    """int64[k + 1 (+1)], one row's cu_seqlens (stored, or rebuilt from segment_ids)."""
+    cu = item.get("cu_seqlens")
+    if cu is not None:
+        return np.asarray(cu, dtype=np.int64)
+    seg = np.asarray(item["segment_ids"])
+    starts = np.flatnonzero(np.concatenate([[True], seg[1:] != seg[:-1]]))
+    return np.concatenate([starts, [len(seg)]]).astype(np.int64)
+
+
+def batch_cu_seqlens(batch: list[dict]) -> tuple[np.ndarray, int]:
+    """Batch boundaries of rows laid end to end: (int32[S + 1], max_seqlen as a Python int).
+
+    Row r's boundaries are offset by r * C; the last entry is B * C, so padding tails are covered
+    (B07) and every segment is non-empty (B08).
+
+    Raises:
+        ValueError: empty batch, rows of different capacity.
+        OverflowError: B * C > 2**31 - 1, which int32 boundaries cannot hold (use fewer rows per
+            batch).
+    """
+    C = _capacity(batch)
+    B = len(batch)
+    if B * C > INT32_MAX:
+        raise OverflowError(f"batch of {B} rows x {C} tokens = {B * C} positions does not fit "
+                            f"int32 cu_seqlens (max {INT32_MAX}); use at most "
+                            f"{INT32_MAX // C} rows per batch")
+    cus = [_row_cu(item) for item in batch]
+    parts = [cu[:-1] + r * C for r, cu in enumerate(cus)] + [np.array([B * C], np.int64)]
+    cu_seqlens = np.concatenate(parts)  # shape: (S + 1,)
+    max_seqlen = max(int(np.diff(cu).max()) for cu in cus)
+    return cu_seqlens.astype(np.int32), int(max_seqlen)
+
+
+def to_unshifted(labels: np.ndarray, segment_ids: np.ndarray, mode: str) -> np.ndarray:
+    """Labels in the unshifted convention (the one Hugging Face models take: they shift).
+
+    Args:
+        labels: int[..., C] in convention ``mode``; segment_ids: int[..., C].
+        mode: ``unshifted`` (returned as is) or ``shifted`` (moved one position right inside each
+            segment, so a stored mask survives; a segment's first token gets -100).
+
+    Returns:
+        int32[..., C].
+
+    Raises:
+        ValueError: unknown ``mode``.
+    """
+    labels = np.asarray(labels)
+    if mode == "unshifted":
+        return labels.astype(np.int32, copy=False)
+    if mode != "shifted":
+        raise ValueError(f"unknown labels convention {mode!r}; expected unshifted or shifted")
+    seg = np.asarray(segment_ids)
+    out = np.full(labels.shape, IGNORE_INDEX, dtype=np.int32)
+    same = (seg[..., 1:] == seg[..., :-1]) & (seg[..., 1:] != 0)
+    out[..., 1:] = np.where(same, labels[..., :-1], IGNORE_INDEX)
+    return out
+
+
+def count_targets(labels) -> int:
+    """Effective targets: ``labels != -100`` (NumPy array or tensor), as a Python int."""
+    return int((labels != IGNORE_INDEX).sum())
+
+
+def _stack(batch: list[dict], name: str) -> np.ndarray:
+    return np.stack([np.asarray(item[name]) for item in batch])  # shape: (B, C)
+
+
+def _labels(batch: list[dict], unshifted: bool) -> np.ndarray:
+    lab = _stack(batch, "labels") if "labels" in batch[0] else None
+    seg = _stack(batch, "segment_ids")
+    mode = batch[0].get("labels_mode", "unshifted")
+    if lab is None:
+        fn = shifted_labels if mode == "shifted" and not unshifted else unshifted_labels
+        return fn(_stack(batch, "input_ids"), seg)
+    return to_unshifted(lab, seg, mode) if unshifted else lab
+
+
+def collate(batch: list[dict]) -> dict:
+    """Stack loader items into the [B, C] training batch.
+
+    Args:
+        batch: B >= 1 items of :class:`~packtool.loader.PackedDataset` or
+            :class:`~packtool.loader.PackedIterableDataset` (same capacity C).
+
+    Returns:
+        dict with
+        ``input_ids``, ``labels``, ``position_ids``, ``segment_ids``: torch.int64 [B, C]
+        (int64 for embedding lookup, RoPE indexing and the loss, B28; labels as stored or
+        derived, convention in ``labels_mode``);
+        ``cu_seqlens``: torch.int32 [S + 1] (see :func:`batch_cu_seqlens`);
+        ``max_seqlen``: Python int, the longest segment (B24);
+        ``num_targets``: Python int, labels != -100 in the batch (the loss denominator, B20);
+        ``labels_mode``: str; ``shard``, ``row``, ``index``: lists of B provenance values;
+        ``doc_ids``: list of B int64 arrays.
+
+    Raises:
+        ValueError: empty batch or rows of different capacity.
+        OverflowError: B * C does not fit int32 ``cu_seqlens``.
+        MissingDependencyError: torch is missing.
+    """
+    torch = require_torch()
+    cu_seqlens, max_seqlen = batch_cu_seqlens(batch)
+    labels = _labels(batch, unshifted=False)
+
+    def t(a):
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
+
+    return {
+        "input_ids": t(_stack(batch, "input_ids")),
+        "labels": t(labels),
+        "position_ids": t(_stack(batch, "position_ids")),
+        "segment_ids": t(_stack(batch, "segment_ids")),
+        "cu_seqlens": torch.from_numpy(cu_seqlens),
+        "max_seqlen": max_seqlen,
+        "num_targets": count_targets(labels),
+        "labels_mode": batch[0].get("labels_mode", "unshifted"),
+        "shard": [item.get("shard") for item in batch],
+        "row": [item.get("row") for item in batch],
+        "index": [item.get("index") for item in batch],
+        "doc_ids": [item.get("doc_ids") for item in batch],
+    }
+
+
+def collate_flat(batch: list[dict]) -> dict:
+    """The padding-free flattened form: B rows laid end to end as one sequence of B * C tokens.
+
+    Padding tails stay in place as their own segments (labels -100), so ``cu_seqlens`` is the one
+    of :func:`collate` and covers every position. Labels are unshifted (converted when the
+    output stores shifted ones), since the Hugging Face models this form feeds shift themselves.
+
+    Returns:
+        dict with ``input_ids``, ``position_ids``, ``labels``: torch.int64 [1, B * C];
+        ``cu_seq_lens_q``, ``cu_seq_lens_k``: the same torch.int32 [S + 1] tensor;
+        ``max_length_q``, ``max_length_k``: Python int; ``num_targets``: Python int.
+
+    Raises:
+        ValueError, OverflowError, MissingDependencyError: as :func:`collate`.
+    """
+    torch = require_torch()
+    cu_seqlens, max_seqlen = batch_cu_seqlens(batch)
+    labels = _labels(batch, unshifted=True)
+
+    def t(a):
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64).reshape(1, -1))
+
+    cu = torch.from_numpy(cu_seqlens)
+    return {
+        "input_ids": t(_stack(batch, "input_ids")),
+        "position_ids": t(_stack(batch, "position_ids")),
+        "labels": t(labels),
+        "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
+        "max_length_q": max_seqlen, "max_length_k": max_seqlen,
+        "num_targets": count_targets(labels),
+    }

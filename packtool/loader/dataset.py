@@ -1,0 +1,106 @@
+"""Map-style access to a packed output: any row by index, picklable, bounded open files.
+
+:class:`PackedDataset` subclasses nothing, so importing it needs neither torch nor numba;
+``torch.utils.data.DataLoader`` accepts any object with ``__len__`` and ``__getitem__``. For
+training, :class:`~packtool.loader.distributed.PackedIterableDataset` (ranks, workers, epochs,
+exact resume) reads whole row groups in a seeded order; this class is for random access
+(inspection, ``packtool verify``) and small outputs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import Sequence
+
+from packtool.loader._shards import OpenFiles, ShardIndex, decode_row_group, default_columns
+
+__all__ = ["PackedDataset"]
+
+
+class PackedDataset:
+    """Any row of a packed OUTPUT directory by index.
+
+    Each item is a dict of NumPy values: ``input_ids``, ``segment_ids``, ``position_ids``,
+    ``labels`` int32[C] (``labels`` derived in the recorded convention when the shards do not
+    store them), ``cu_seqlens`` int32[k + 1 (+1 with padding)], ``doc_ids``, ``doc_offsets``
+    int64[k], ``max_seqlen``, ``num_targets`` Python ints, and ``shard`` (file name), ``row``
+    (inside the shard), ``index`` (global), ``labels_mode`` (``unshifted`` | ``shifted``).
+
+    A row costs the decode of its row group; the last ``cached_row_groups`` decoded groups are
+    kept, so reading in order costs one decode per row group. At most ``max_open_files``
+    shards are open at once (least recently used closed first). Pickling drops handles and
+    caches (DataLoader workers under ``spawn``, ``forkserver`` and ``fork`` each open their own).
+
+    Args:
+        path: the OUTPUT directory of ``packtool pack``.
+        columns: columns each item carries (default: all present, plus derived ``labels``).
+        max_open_files: open shard handles per process (>= 1).
+        cached_row_groups: decoded row groups kept per process (>= 1).
+
+    Raises:
+        ManifestError: not a complete packed output, or a requested column is missing (when the
+            row is read).
+        ValueError: ``max_open_files`` or ``cached_row_groups`` < 1.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, columns: Sequence[str] | None = None,
+                 max_open_files: int = 64, cached_row_groups: int = 2) -> None:
+        if cached_row_groups < 1:
+            raise ValueError(f"cached_row_groups must be >= 1, got {cached_row_groups}")
+        self.index = ShardIndex.open(path)
+        self.path = self.index.root
+        self.capacity = self.index.capacity
+        self.labels_mode = self.index.labels_mode
+        self.columns = list(columns) if columns is not None else default_columns(self.index)
+        self.cached_row_groups = int(cached_row_groups)
+        self._files = OpenFiles(self.index.root, max_open_files)
+        self._blocks: OrderedDict = OrderedDict()
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_blocks"] = OrderedDict()
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._pid = os.getpid()
+
+    def __len__(self) -> int:
+        return self.index.num_rows
+
+    @property
+    def open_files(self) -> int:
+        """Shard handles this process holds open now."""
+        return len(self._files)
+
+    def __getitem__(self, index: int) -> dict:
+        """Row ``index`` (global, manifest order; negative counts from the end).
+
+        Raises:
+            IndexError: out of range.
+        """
+        n = len(self)
+        i = int(index)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"row {index} out of range for {n} rows in {self.path}")
+        if self._pid != os.getpid():
+            self._blocks, self._pid = OrderedDict(), os.getpid()
+        g = self.index.group_of(i)
+        block = self._blocks.get(g)
+        if block is None:
+            block = decode_row_group(self.index, self._files, g, self.columns)
+            self._blocks[g] = block
+            while len(self._blocks) > self.cached_row_groups:
+                self._blocks.popitem(last=False)
+        else:
+            self._blocks.move_to_end(g)
+        return block.row(i - block.first, self.labels_mode)
+
+    def close(self) -> None:
+        """Close open shard handles and drop cached row groups."""
+        self._files.close()
+        self._blocks.clear()

@@ -1,0 +1,66 @@
+"""Hugging Face ``transformers.Trainer`` glue: a data collator that keeps documents isolated.
+
+Hugging Face causal LMs find document boundaries in a packed row from ``position_ids`` restarting
+at 0, but only when no key/value cache is built and no ``attention_mask`` is given; with the
+default ``use_cache=True`` (train mode included) they fall back to one causal mask over the row
+and documents attend to each other (B02, B29). :class:`HFCollator` therefore puts
+``use_cache=False`` in every batch, next to ``input_ids``, ``position_ids`` and unshifted
+``labels``: all four are parameters of the model's ``forward``, so ``Trainer``'s default
+``remove_unused_columns=True`` strips none of them and ``Trainer`` passes ``use_cache=False``
+through to the model. ``Trainer`` counts labels != -100 over a step's batches
+(``num_items_in_batch``) and divides the summed loss by it once, which is the effective-target
+denominator (B20).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from packtool.loader.collate import batch_cu_seqlens, _labels, _stack, require_torch
+
+__all__ = ["HFCollator"]
+
+
+class HFCollator:
+    """``data_collator`` for ``transformers.Trainer`` over packtool loader items.
+
+    Args:
+        flatten: False: [B, C] tensors; True: the padding-free [1, B * C] form (what
+            ``DataCollatorWithFlattening`` gives; Hugging Face's FlashAttention 2 path derives
+            ``cu_seqlens`` from the position resets).
+        flash_attn_kwargs: with ``flatten``, also return ``cu_seq_lens_q``/``cu_seq_lens_k``
+            (int32) and ``max_length_q``/``max_length_k`` (int). They are not parameters of the
+            model's ``forward``, so ``Trainer`` strips them unless ``remove_unused_columns=False``.
+
+    Call: ``collator(items)`` -> dict with ``input_ids``, ``position_ids``, ``labels`` torch.int64
+    [B, C] (or [1, B * C]), ``use_cache=False``; labels unshifted (converted from a shifted
+    output).
+
+    Raises:
+        ValueError: empty batch or rows of different capacity (when called).
+        OverflowError: B * C does not fit int32 boundaries (when called).
+    """
+
+    def __init__(self, *, flatten: bool = False, flash_attn_kwargs: bool = False) -> None:
+        if flash_attn_kwargs and not flatten:
+            raise ValueError("flash_attn_kwargs needs flatten=True")
+        self.flatten = bool(flatten)
+        self.flash_attn_kwargs = bool(flash_attn_kwargs)
+
+    def __call__(self, batch: list[dict]) -> dict:
+        torch = require_torch()
+        cu_seqlens, max_seqlen = batch_cu_seqlens(batch)  # checks capacity and int32 range
+        shape = (1, -1) if self.flatten else (len(batch), -1)
+
+        def t(a):
+            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64).reshape(shape))
+
+        out = {"input_ids": t(_stack(batch, "input_ids")),
+               "position_ids": t(_stack(batch, "position_ids")),
+               "labels": t(_labels(batch, unshifted=True)),
+               "use_cache": False}
+        if self.flash_attn_kwargs:
+            cu = torch.from_numpy(cu_seqlens)
+            out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max_seqlen,
+                       max_length_k=max_seqlen)
+        return out
