@@ -1,0 +1,36 @@
+"""Helpers for the loader tests: pack small inputs through the CLI, read every row back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from click.testing import CliRunner
+
+from packtool.cli import cli
+
+
+def write_input(directory: Path, docs, name: str = "a.parquet") -> Path:
+    """One Parquet input file of ``docs`` (lists of token ids) in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"input_ids": pa.array(docs, pa.list_(pa.int64()))}),
+                   directory / name)
+    return directory
+
+
+def pack(src: Path, out: Path, capacity: int, *extra: str) -> Path:
+    """``packtool pack`` ``src`` into ``out`` (quiet), asserting success."""
+    res = CliRunner().invoke(cli, ["pack", "--capacity", str(capacity), "-q", *extra,
+                                   str(src), str(out)])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def random_docs(n: int, max_len: int, seed: int = 0) -> list[list[int]]:
+    """``n`` documents of 1..max_len tokens; token ids encode the document (doc * 1000 + pos),
+    so a row's content tells which document it holds."""
+    rng = np.random.default_rng(seed)
+    return [[d * 1000 + p + 1 for p in range(int(k))]
+            for d, k in enumerate(rng.integers(1, max_len + 1, n))]
