@@ -16,14 +16,13 @@ which is loaded on first access.
 
 from __future__ import annotations
 
-from packtool.loader._shards import shifted_labels, unshifted_labels
-from packtool.loader.collate import (batch_cu_seqlens, collate, collate_flat, count_targets,
-                                     to_unshifted)
+from packtool.loader._shards import convert_labels, shifted_labels, unshifted_labels
+from packtool.loader.collate import (batch_cu_seqlens, collate, collate_flat, count_targets)
 from packtool.loader.dataset import PackedDataset
 from packtool.loader.hf import HFCollator
 
 __all__ = ["PackedIterableDataset", "PackedDataset", "collate", "collate_flat", "HFCollator",
-           "batch_cu_seqlens", "count_targets", "to_unshifted", "unshifted_labels",
+           "batch_cu_seqlens", "count_targets", "convert_labels", "unshifted_labels",
            "shifted_labels"]
 
 

@@ -33,7 +33,7 @@ from packtool.errors import ManifestError
 from packtool.types import IGNORE_INDEX
 
 __all__ = ["ShardIndex", "OpenFiles", "Block", "decode_row_group", "unshifted_labels",
-           "shifted_labels", "TOKEN_COLUMNS", "RAGGED_COLUMNS", "SCALAR_COLUMNS"]
+           "shifted_labels", "convert_labels", "TOKEN_COLUMNS", "RAGGED_COLUMNS", "SCALAR_COLUMNS"]
 
 #: per-token columns, decoded as int32[R, C]
 TOKEN_COLUMNS = ("input_ids", "segment_ids", "position_ids", "labels")
@@ -77,6 +77,35 @@ def shifted_labels(input_ids: np.ndarray, segment_ids: np.ndarray) -> np.ndarray
     out = np.full(ids.shape, IGNORE_INDEX, dtype=np.int32)  # shape: (..., C)
     same = (seg[..., 1:] == seg[..., :-1]) & (seg[..., :-1] != 0)
     out[..., :-1] = np.where(same, ids[..., 1:], IGNORE_INDEX)
+    return out
+
+
+def convert_labels(labels: np.ndarray, segment_ids: np.ndarray, src: str, dst: str) -> np.ndarray:
+    """Labels moved from convention ``src`` to ``dst`` (``unshifted`` | ``shifted``) inside each
+    segment, so a stored mask (a -100 that is not a boundary) survives the move.
+
+    Args:
+        labels: int[..., C]; segment_ids: int[..., C] (0 on padding).
+
+    Returns:
+        int32[..., C]; a position with no counterpart in the segment gets -100.
+
+    Raises:
+        ValueError: unknown convention.
+    """
+    for mode in (src, dst):
+        if mode not in _LABEL_MODES:
+            raise ValueError(f"unknown labels convention {mode!r}; expected unshifted or shifted")
+    labels = np.asarray(labels)
+    if src == dst:
+        return labels.astype(np.int32, copy=False)
+    seg = np.asarray(segment_ids)
+    out = np.full(labels.shape, IGNORE_INDEX, dtype=np.int32)  # shape: (..., C)
+    same = (seg[..., 1:] == seg[..., :-1]) & (seg[..., 1:] != 0)
+    if dst == "unshifted":  # the target of position i moves to position i + 1
+        out[..., 1:] = np.where(same, labels[..., :-1], IGNORE_INDEX)
+    else:
+        out[..., :-1] = np.where(same, labels[..., 1:], IGNORE_INDEX)
     return out
 
 
@@ -303,10 +332,11 @@ def _flat_values(arr, name: str, path: Path):
 
 
 def decode_row_group(index: ShardIndex, files: OpenFiles, group: int,
-                     columns: Sequence[str]) -> Block:
+                     columns: Sequence[str], labels_mode: str | None = None) -> Block:
     """Read whole row group ``group`` (over all shards) and decode ``columns``.
 
-    ``labels`` is derived (see module docstring) when requested and not stored.
+    ``labels`` is derived (see module docstring) when requested and not stored, and converted
+    to ``labels_mode`` when given and different from the output's convention.
 
     Raises:
         ManifestError: a requested column is missing or a per-token column does not hold
@@ -319,9 +349,13 @@ def decode_row_group(index: ShardIndex, files: OpenFiles, group: int,
     path = index.root / name
     want = list(dict.fromkeys(columns))
     derive = "labels" in want and not index.stored_labels
+    mode = labels_mode or index.labels_mode
+    convert = "labels" in want and index.stored_labels and mode != index.labels_mode
     read = [c for c in want if c != "labels" or not derive]
     if derive:
         read += [c for c in ("input_ids", "segment_ids") if c not in read]
+    if convert and "segment_ids" not in read:
+        read.append("segment_ids")
     missing = [c for c in read if c not in index.columns]
     if missing:
         raise ManifestError(f"{path}: no column(s) {missing}; available: "
@@ -347,11 +381,14 @@ def decode_row_group(index: ShardIndex, files: OpenFiles, group: int,
         else:
             scalars[c] = arr.to_numpy(zero_copy_only=False)  # shape: (R,)
     if derive:
-        fn = shifted_labels if index.labels_mode == "shifted" else unshifted_labels
+        fn = shifted_labels if mode == "shifted" else unshifted_labels
         tokens["labels"] = fn(tokens["input_ids"], tokens["segment_ids"])
-        for c in ("input_ids", "segment_ids"):
-            if c not in want:
-                del tokens[c]
+    elif convert:
+        tokens["labels"] = convert_labels(tokens["labels"], tokens["segment_ids"],
+                                          index.labels_mode, mode)
+    for c in ("input_ids", "segment_ids"):
+        if c in tokens and c not in want:
+            del tokens[c]
     first = int(index.rg_first[group])
     shard_first = first - int(index.rg_first[np.searchsorted(index.rg_shard, s, side="left")])
     return Block(group=group, first=first, shard_row0=shard_first, shard=name, num_rows=R,

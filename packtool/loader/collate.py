@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from packtool.loader._shards import shifted_labels, unshifted_labels
+from packtool.loader._shards import convert_labels, shifted_labels, unshifted_labels
 from packtool.types import IGNORE_INDEX
 
-__all__ = ["collate", "collate_flat", "batch_cu_seqlens", "to_unshifted", "count_targets",
+__all__ = ["collate", "collate_flat", "batch_cu_seqlens", "count_targets",
            "require_torch", "INT32_MAX"]
 
 #: Largest value an int32 ``cu_seqlens`` can hold: B * C must not exceed it.
@@ -54,12 +54,22 @@ def _capacity(batch: list[dict]) -> int:
     return C
 
 
+def segments_of(item: dict) -> np.ndarray:
+    """int[C] segment numbering of one item: its ``segment_ids``, or, when a trainer dropped
+    them, one number per run of ``position_ids`` restarting at 0 (the padding tail, positions
+    0..p-1, is then one more segment, as ``cu_seqlens`` counts it)."""
+    seg = item.get("segment_ids")
+    if seg is not None:
+        return np.asarray(seg)
+    return np.cumsum(np.asarray(item["position_ids"]) == 0)
+
+
 def _row_cu(item: dict) -> np.ndarray:
-    """int64[k + 1 (+1)], one row's cu_seqlens (stored, or rebuilt from segment_ids)."""
+    """int64[k + 1 (+1)], one row's cu_seqlens (stored, or rebuilt from the segments)."""
     cu = item.get("cu_seqlens")
     if cu is not None:
         return np.asarray(cu, dtype=np.int64)
-    seg = np.asarray(item["segment_ids"])
+    seg = segments_of(item)
     starts = np.flatnonzero(np.concatenate([[True], seg[1:] != seg[:-1]]))
     return np.concatenate([starts, [len(seg)]]).astype(np.int64)
 
@@ -88,32 +98,6 @@ def batch_cu_seqlens(batch: list[dict]) -> tuple[np.ndarray, int]:
     return cu_seqlens.astype(np.int32), int(max_seqlen)
 
 
-def to_unshifted(labels: np.ndarray, segment_ids: np.ndarray, mode: str) -> np.ndarray:
-    """Labels in the unshifted convention (the one Hugging Face models take: they shift).
-
-    Args:
-        labels: int[..., C] in convention ``mode``; segment_ids: int[..., C].
-        mode: ``unshifted`` (returned as is) or ``shifted`` (moved one position right inside each
-            segment, so a stored mask survives; a segment's first token gets -100).
-
-    Returns:
-        int32[..., C].
-
-    Raises:
-        ValueError: unknown ``mode``.
-    """
-    labels = np.asarray(labels)
-    if mode == "unshifted":
-        return labels.astype(np.int32, copy=False)
-    if mode != "shifted":
-        raise ValueError(f"unknown labels convention {mode!r}; expected unshifted or shifted")
-    seg = np.asarray(segment_ids)
-    out = np.full(labels.shape, IGNORE_INDEX, dtype=np.int32)
-    same = (seg[..., 1:] == seg[..., :-1]) & (seg[..., 1:] != 0)
-    out[..., 1:] = np.where(same, labels[..., :-1], IGNORE_INDEX)
-    return out
-
-
 def count_targets(labels) -> int:
     """Effective targets: ``labels != -100`` (NumPy array or tensor), as a Python int."""
     return int((labels != IGNORE_INDEX).sum())
@@ -123,14 +107,16 @@ def _stack(batch: list[dict], name: str) -> np.ndarray:
     return np.stack([np.asarray(item[name]) for item in batch])  # shape: (B, C)
 
 
-def _labels(batch: list[dict], unshifted: bool) -> np.ndarray:
-    lab = _stack(batch, "labels") if "labels" in batch[0] else None
-    seg = _stack(batch, "segment_ids")
-    mode = batch[0].get("labels_mode", "unshifted")
-    if lab is None:
+def _labels(batch: list[dict], unshifted: bool, default_mode: str = "unshifted") -> np.ndarray:
+    """int[B, C] labels of the batch; unshifted: converted to the unshifted convention."""
+    mode = batch[0].get("labels_mode", default_mode)
+    mode = "unshifted" if mode == "none" else mode  # derived by the unshifted rule
+    seg = np.stack([segments_of(item) for item in batch])  # shape: (B, C)
+    if "labels" not in batch[0]:
         fn = shifted_labels if mode == "shifted" and not unshifted else unshifted_labels
         return fn(_stack(batch, "input_ids"), seg)
-    return to_unshifted(lab, seg, mode) if unshifted else lab
+    lab = _stack(batch, "labels")
+    return convert_labels(lab, seg, mode, "unshifted") if unshifted else lab
 
 
 def collate(batch: list[dict]) -> dict:
@@ -167,7 +153,7 @@ def collate(batch: list[dict]) -> dict:
         "input_ids": t(_stack(batch, "input_ids")),
         "labels": t(labels),
         "position_ids": t(_stack(batch, "position_ids")),
-        "segment_ids": t(_stack(batch, "segment_ids")),
+        "segment_ids": t(np.stack([segments_of(item) for item in batch])),
         "cu_seqlens": torch.from_numpy(cu_seqlens),
         "max_seqlen": max_seqlen,
         "num_targets": count_targets(labels),

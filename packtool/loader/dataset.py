@@ -35,23 +35,28 @@ class PackedDataset:
     Args:
         path: the OUTPUT directory of ``packtool pack``.
         columns: columns each item carries (default: all present, plus derived ``labels``).
+        labels: convention of the labels items carry: ``unshifted`` (what Hugging Face models
+            take) or ``shifted``; default: the output's own (as stored, or as recorded when
+            derived). Converted inside each segment, so stored masks survive.
         max_open_files: open shard handles per process (>= 1).
         cached_row_groups: decoded row groups kept per process (>= 1).
 
     Raises:
         ManifestError: not a complete packed output, or a requested column is missing (when the
             row is read).
-        ValueError: ``max_open_files`` or ``cached_row_groups`` < 1.
+        ValueError: unknown ``labels`` convention, ``max_open_files`` or ``cached_row_groups`` < 1.
     """
 
     def __init__(self, path: str | os.PathLike, *, columns: Sequence[str] | None = None,
-                 max_open_files: int = 64, cached_row_groups: int = 2) -> None:
+                 labels: str | None = None, max_open_files: int = 64, cached_row_groups: int = 2) -> None:
         if cached_row_groups < 1:
             raise ValueError(f"cached_row_groups must be >= 1, got {cached_row_groups}")
         self.index = ShardIndex.open(path)
         self.path = self.index.root
         self.capacity = self.index.capacity
-        self.labels_mode = self.index.labels_mode
+        if labels not in (None, "unshifted", "shifted"):
+            raise ValueError(f"labels must be 'unshifted' or 'shifted', got {labels!r}")
+        self.labels_mode = labels or self.index.labels_mode
         self.columns = list(columns) if columns is not None else default_columns(self.index)
         self.cached_row_groups = int(cached_row_groups)
         self._files = OpenFiles(self.index.root, max_open_files)
@@ -92,7 +97,8 @@ class PackedDataset:
         g = self.index.group_of(i)
         block = self._blocks.get(g)
         if block is None:
-            block = decode_row_group(self.index, self._files, g, self.columns)
+            block = decode_row_group(self.index, self._files, g, self.columns,
+                                     self.labels_mode)
             self._blocks[g] = block
             while len(self._blocks) > self.cached_row_groups:
                 self._blocks.popitem(last=False)

@@ -65,17 +65,20 @@ class PackedIterableDataset(IterableDataset):
             ``2 * shuffle_buffer`` decoded rows plus two row groups per worker.
         drop_last: drop the remainder instead of repeating rows.
         columns: columns each item carries (default: all present, plus derived ``labels``).
+        labels: convention of the labels items carry: ``unshifted`` (what Hugging Face models
+            take) or ``shifted``; default: the output's own (as stored, or as recorded when
+            derived). Converted inside each segment, so stored masks survive.
         max_open_files: open shard handles per worker (>= 1), least recently used closed first.
 
     Raises:
         ManifestError: not a complete packed output.
-        ValueError: bad rank, world_size, seed, epoch, shuffle_buffer or max_open_files.
+        ValueError: unknown ``labels`` convention, bad rank, world_size, seed, epoch, shuffle_buffer or max_open_files.
     """
 
     def __init__(self, path: str | os.PathLike, *, rank: int | None = None,
                  world_size: int | None = None, seed: int = 0, epoch: int = 0,
                  shuffle: bool = True, shuffle_buffer: int = 1024, drop_last: bool = False,
-                 columns: Sequence[str] | None = None, max_open_files: int = 64) -> None:
+                 columns: Sequence[str] | None = None, labels: str | None = None, max_open_files: int = 64) -> None:
         if rank is None or world_size is None:
             r, w = _default_rank_world()
             rank = r if rank is None else rank
@@ -88,7 +91,9 @@ class PackedIterableDataset(IterableDataset):
         self.index = ShardIndex.open(path)
         self.path = self.index.root
         self.capacity = self.index.capacity
-        self.labels_mode = self.index.labels_mode
+        if labels not in (None, "unshifted", "shifted"):
+            raise ValueError(f"labels must be 'unshifted' or 'shifted', got {labels!r}")
+        self.labels_mode = labels or self.index.labels_mode
         self.rank, self.world_size = int(rank), int(world_size)
         self.seed, self.epoch = check_seed(seed), check_seed(epoch)
         self.shuffle, self.shuffle_buffer = bool(shuffle), int(shuffle_buffer)
@@ -164,7 +169,8 @@ class PackedIterableDataset(IterableDataset):
         for k, g in enumerate(groups.tolist()):
             block = blocks.get(g)
             if block is None:
-                block = blocks[g] = decode_row_group(self.index, self._files, g, self.columns)
+                block = blocks[g] = decode_row_group(self.index, self._files, g,
+                                                     self.columns, self.labels_mode)
             item = block.row(int(rows[start + k] - first[g]), self.labels_mode)
             if last_use[g] == k:
                 del blocks[g]

@@ -7,7 +7,9 @@ and documents attend to each other (B02, B29). :class:`HFCollator` therefore put
 ``use_cache=False`` in every batch, next to ``input_ids``, ``position_ids`` and unshifted
 ``labels``: all four are parameters of the model's ``forward``, so ``Trainer``'s default
 ``remove_unused_columns=True`` strips none of them and ``Trainer`` passes ``use_cache=False``
-through to the model. ``Trainer`` counts labels != -100 over a step's batches
+through to the model. That default also drops, before the collator runs, every item key the
+model's ``forward`` does not name (``segment_ids``, ``cu_seqlens``, ``labels_mode``, ...), so the
+collator needs only those three: segments are recovered from ``position_ids`` restarting at 0. ``Trainer`` counts labels != -100 over a step's batches
 (``num_items_in_batch``) and divides the summed loss by it once, which is the effective-target
 denominator (B20).
 """
@@ -31,6 +33,10 @@ class HFCollator:
         flash_attn_kwargs: with ``flatten``, also return ``cu_seq_lens_q``/``cu_seq_lens_k``
             (int32) and ``max_length_q``/``max_length_k`` (int). They are not parameters of the
             model's ``forward``, so ``Trainer`` strips them unless ``remove_unused_columns=False``.
+        labels_mode: convention of the items' labels when they do not say (``Trainer``'s default
+            ``remove_unused_columns`` drops every item key but ``input_ids``, ``position_ids``
+            and ``labels`` before the collator runs); build the dataset with
+            ``labels="unshifted"`` and keep the default.
 
     Call: ``collator(items)`` -> dict with ``input_ids``, ``position_ids``, ``labels`` torch.int64
     [B, C] (or [1, B * C]), ``use_cache=False``; labels unshifted (converted from a shifted
@@ -41,9 +47,13 @@ class HFCollator:
         OverflowError: B * C does not fit int32 boundaries (when called).
     """
 
-    def __init__(self, *, flatten: bool = False, flash_attn_kwargs: bool = False) -> None:
+    def __init__(self, *, flatten: bool = False, flash_attn_kwargs: bool = False,
+                 labels_mode: str = "unshifted") -> None:
         if flash_attn_kwargs and not flatten:
             raise ValueError("flash_attn_kwargs needs flatten=True")
+        if labels_mode not in ("unshifted", "shifted"):
+            raise ValueError(f"labels_mode must be 'unshifted' or 'shifted', got {labels_mode!r}")
+        self.labels_mode = labels_mode
         self.flatten = bool(flatten)
         self.flash_attn_kwargs = bool(flash_attn_kwargs)
 
@@ -57,7 +67,7 @@ class HFCollator:
 
         out = {"input_ids": t(_stack(batch, "input_ids")),
                "position_ids": t(_stack(batch, "position_ids")),
-               "labels": t(_labels(batch, unshifted=True)),
+               "labels": t(_labels(batch, unshifted=True, default_mode=self.labels_mode)),
                "use_cache": False}
         if self.flash_attn_kwargs:
             cu = torch.from_numpy(cu_seqlens)
