@@ -184,9 +184,16 @@ class ShardIndex:
         if schema is not None and not {"input_ids", "segment_ids"} <= set(columns):
             raise ManifestError(f"{root / files[0]}: shards lack input_ids/segment_ids (columns: "
                                 f"{', '.join(columns)}); not a packtool output")
-        recorded = meta.get(b"packtool.labels", b"").decode() or str(opts.get("labels", ""))
+        # the convention readers get, stored or derived: schema metadata, then the manifest;
+        # an output that records none (or only "none") gets the unshifted rule
+        recorded = [meta.get(b"packtool.labels_convention", b"").decode(),
+                    meta.get(b"packtool.labels", b"").decode()]
+        labels_info = manifest.get("labels")
+        if isinstance(labels_info, dict):
+            recorded.append(str(labels_info.get("convention", "")))
+        recorded.append(str(opts.get("labels", "")))
         stored = "labels" in columns
-        mode = recorded if recorded in _LABEL_MODES else "unshifted"
+        mode = next((m for m in recorded if m in _LABEL_MODES), "unshifted")
         first = np.zeros(len(rows) + 1, dtype=np.int64)  # shape: (G + 1,)
         np.cumsum(np.asarray(rows, dtype=np.int64), out=first[1:])
         return cls(root=root, files=files, capacity=int(capacity), labels_mode=mode,

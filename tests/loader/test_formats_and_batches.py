@@ -28,9 +28,10 @@ def test_import_loads_neither_numba_nor_the_packer_nor_torch():
     assert res.stdout.strip() == "[]"
 
 
-def _rewrite_fixed_size_without_labels(out):
-    """Rewrite every shard with per-token columns as fixed_size_list<int32>[C] and no labels
-    column (the manifest entry's bytes and sha256 updated), as an output may store them."""
+def _rewrite_other_list_type_without_labels(out):
+    """Rewrite every shard with the per-token columns in the other list type (list<int32> <->
+    fixed_size_list<int32>[C]) and no labels column (the manifest entry's bytes and sha256
+    updated): both layouts a packed output has had."""
     from packtool.formats.manifest import MANIFEST_NAME, sha256_file
 
     mpath = out / MANIFEST_NAME
@@ -45,7 +46,11 @@ def _rewrite_fixed_size_without_labels(out):
                 continue
             col = t.column(f.name).combine_chunks()
             if f.name in ("input_ids", "segment_ids", "position_ids"):
-                col = pa.FixedSizeListArray.from_arrays(col.flatten(), C)
+                if pa.types.is_fixed_size_list(col.type):
+                    col = pa.ListArray.from_arrays(pa.array(np.arange(len(col) + 1) * C,
+                                                            pa.int32()), col.flatten())
+                else:
+                    col = pa.FixedSizeListArray.from_arrays(col.flatten(), C)
             cols.append(col)
             fields.append(pa.field(f.name, col.type))
         meta = dict(t.schema.metadata or {})
@@ -55,13 +60,16 @@ def _rewrite_fixed_size_without_labels(out):
     mpath.write_text(json.dumps(manifest))
 
 
-def test_fixed_size_lists_without_labels_read_like_lists_with_labels(tmp_path):
-    """The same rows come back from list<int32> columns with stored labels and from
-    fixed_size_list<int32>[C] columns with labels derived (unshifted rule)."""
+def test_both_list_types_with_or_without_labels_read_the_same(tmp_path):
+    """The same rows come back from one per-token list type with stored labels and from the
+    other list type with labels derived (unshifted rule)."""
     src = write_input(tmp_path / "in", random_docs(40, 9, seed=2))
-    a = pack(src, tmp_path / "a", 12, "--rows-per-shard", "5")
-    b = pack(src, tmp_path / "b", 12, "--rows-per-shard", "5")
-    _rewrite_fixed_size_without_labels(b)
+    a = pack(src, tmp_path / "a", 12, "--rows-per-shard", "5", "--labels", "unshifted")
+    b = pack(src, tmp_path / "b", 12, "--rows-per-shard", "5", "--labels", "unshifted")
+    _rewrite_other_list_type_without_labels(b)
+    ta = pq.read_schema(a / PackedDataset(a).index.files[0]).field("input_ids").type
+    tb = pq.read_schema(b / PackedDataset(b).index.files[0]).field("input_ids").type
+    assert pa.types.is_fixed_size_list(ta) != pa.types.is_fixed_size_list(tb)
     da, db = PackedDataset(a), PackedDataset(b)
     assert da.index.stored_labels and not db.index.stored_labels
     assert len(da) == len(db) > 5
