@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from click.testing import CliRunner
 
 from packtool.cli import cli
@@ -34,3 +35,12 @@ def random_docs(n: int, max_len: int, seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [[d * 1000 + p + 1 for p in range(int(k))]
             for d, k in enumerate(rng.integers(1, max_len + 1, n))]
+
+
+@pytest.fixture(scope="session")
+def many_groups(tmp_path_factory):
+    """~150 rows at C = 16 in shards of 7 rows (one row group each, the last one shorter):
+    enough row groups that ranks x workers split unevenly. Test modules import it."""
+    d = tmp_path_factory.mktemp("many_groups")
+    write_input(d / "in", random_docs(300, 12, seed=1))
+    return pack(d / "in", d / "out", 16, "--rows-per-shard", "7", "--seed", "3")

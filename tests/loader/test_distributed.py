@@ -13,6 +13,8 @@ torch = pytest.importorskip("torch")
 
 from packtool.loader import PackedIterableDataset, collate  # noqa: E402
 
+from loader_helpers import many_groups  # noqa: E402,F401
+
 
 def epoch_rows(out, world_size, num_workers, *, epoch=0, seed=0, **kw):
     """Global row indices each rank yields in one epoch through a DataLoader."""

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from packtool.loader import PackedDataset, PackedIterableDataset, collate  # noqa: E402
 
-from loader_helpers import pack, write_input  # noqa: E402
+from loader_helpers import pack, write_input, many_groups  # noqa: E402,F401
 
 
 @pytest.mark.parametrize("context", ["spawn", "forkserver", "fork"])

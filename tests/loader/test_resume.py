@@ -17,6 +17,8 @@ stateful = pytest.importorskip("torchdata.stateful_dataloader")
 
 from packtool.loader import PackedIterableDataset, collate  # noqa: E402
 
+from loader_helpers import many_groups  # noqa: E402,F401
+
 
 def make_loader(out, num_workers, epoch=1):
     ds = PackedIterableDataset(out, rank=1, world_size=2, seed=4, shuffle_buffer=8)

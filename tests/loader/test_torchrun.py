@@ -15,6 +15,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from loader_helpers import many_groups  # noqa: E402,F401
+
 WORKER = textwrap.dedent("""
     import json, sys
     import torch
