@@ -3,8 +3,8 @@
 :class:`PackedIterableDataset` is a ``torch.utils.data.IterableDataset`` (torch is imported by
 this module only; ``import packtool.loader`` loads it on first use). Which rows each rank and
 worker yields, and in which order, is the policy of :mod:`packtool.loader.plan`: shuffled row-group
-order per (seed, epoch), contiguous whole-row-group ranges per rank, pieces dealt round-robin to
-workers, a bounded shuffle window inside each worker; remainder rows repeated (default) or
+order per (seed, epoch), contiguous whole-row-group ranges per rank, equal contiguous runs of
+them per worker, a bounded shuffle window inside each worker; remainder rows repeated (default) or
 dropped, and counted.
 
 Resume is exact because the order is a pure function of (seed, epoch, rank, world size, worker,

@@ -18,8 +18,11 @@ recompute exactly where it stopped without reading a byte:
    makes ``q = floor(N / W)`` and leaves out the last ``N - W * q`` rows of the sequence
    (``dropped_rows``; a different set each epoch when shuffled). Every rank yields exactly
    ``q`` rows, so collective calls stay in step.
-3. **Workers and the shuffle buffer.** A rank's range, cut at row-group boundaries into pieces,
-   is dealt round-robin to its DataLoader workers. With ``shuffle`` each worker permutes its
+3. **Workers and the shuffle buffer.** A rank's range is cut into ``num_workers`` contiguous
+   runs of ``q // num_workers`` or one more rows (the first ``q % num_workers`` runs get the extra
+   row), one per DataLoader worker, so workers also read whole row groups and every rank's
+   workers yield the same counts: ranks make the same number of batches, partial ones
+   included, and collectives stay in step. With ``shuffle`` each worker permutes its
    stream inside a bounded window: row ``p`` gets the key ``p + u * shuffle_buffer`` with ``u``
    uniform in [0, 1) from ``default_rng((seed, epoch, rank, worker, num_workers))``, and rows are
    yielded by key. No row moves ``shuffle_buffer`` positions or more, so a worker holds at most
@@ -130,13 +133,18 @@ def worker_rows(pieces: np.ndarray, rg_first: np.ndarray, *, worker: int, num_wo
         raise ValueError(f"need 0 <= worker < num_workers, got {worker}, {num_workers}")
     if shuffle_buffer < 1:
         raise ValueError(f"shuffle_buffer must be >= 1 row, got {shuffle_buffer}")
-    mine = np.asarray(pieces, dtype=np.int64)[worker::num_workers]  # shape: (P_w, 3)
-    lengths = mine[:, 2] - mine[:, 1]
-    n = int(lengths.sum())
-    starts = np.asarray(rg_first, dtype=np.int64)[mine[:, 0]] + mine[:, 1]
-    # row p of the stream = start of its piece + offset inside the piece
+    pieces = np.asarray(pieces, dtype=np.int64).reshape(-1, 3)
+    lengths = pieces[:, 2] - pieces[:, 1]  # shape: (P,)
+    q = int(lengths.sum())
+    # this worker's contiguous run [a, b) of the rank's q rows
+    base, extra = divmod(q, num_workers)
+    a = worker * base + min(worker, extra)
+    b = a + base + (worker < extra)
+    starts = np.asarray(rg_first, dtype=np.int64)[pieces[:, 0]] + pieces[:, 1]
+    # row p of the rank's stream = start of its piece + offset inside the piece
     piece_first = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    rows = np.repeat(starts - piece_first, lengths) + np.arange(n, dtype=np.int64)  # (n,)
+    rows = (np.repeat(starts - piece_first, lengths) + np.arange(q, dtype=np.int64))[a:b]
+    n = len(rows)  # shape of rows: (n,)
     if shuffle and shuffle_buffer > 1 and n > 1:
         rng = np.random.default_rng((check_seed(seed), check_seed(epoch), rank, worker,
                                      num_workers))

@@ -56,6 +56,20 @@ def test_drop_last_drops_exactly_the_counted_remainder(many_groups, world_size, 
     assert [len(r) for r in per_rank] == [N // world_size] * world_size
 
 
+@pytest.mark.parametrize("world_size,num_workers", [(3, 2), (8, 2)])
+def test_ranks_make_the_same_number_of_batches_with_workers(many_groups, world_size,
+                                                            num_workers):
+    """Workers take equal contiguous runs of the rank's rows, so every rank makes the same
+    number of (partial) batches and a DDP job does not wait on a rank that has finished."""
+    counts = set()
+    for rank in range(world_size):
+        ds = PackedIterableDataset(many_groups, rank=rank, world_size=world_size, seed=2)
+        dl = torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=collate,
+                                         num_workers=num_workers)
+        counts.add(sum(1 for _ in dl))
+    assert len(counts) == 1, counts
+
+
 def test_fewer_rows_than_ranks_still_gives_every_rank_rows(tmp_path):
     """3 rows over 8 ranks: each rank yields 1 row, every row at least once, 5 repeats."""
     from loader_helpers import pack, write_input
