@@ -32,11 +32,11 @@ def _rewrite_other_list_type_without_labels(out):
     """Rewrite every shard with the per-token columns in the other list type (list<int32> <->
     fixed_size_list<int32>[C]) and no labels column (the manifest entry's bytes and sha256
     updated): both layouts a packed output has had."""
-    from packtool.formats.manifest import MANIFEST_NAME, sha256_file
+    from packtool.formats.manifest import read_manifest, sha256_file, write_manifest_file
 
-    mpath = out / MANIFEST_NAME
-    manifest = json.loads(mpath.read_text())
+    manifest = read_manifest(out)
     C = int(manifest["options"]["capacity"])
+    schema = None
     for entry in manifest["outputs"]:
         path = out / entry["file"]
         t = pq.read_table(path)
@@ -54,10 +54,12 @@ def _rewrite_other_list_type_without_labels(out):
             cols.append(col)
             fields.append(pa.field(f.name, col.type))
         meta = dict(t.schema.metadata or {})
-        meta[b"packtool.labels"] = b"unshifted"
-        pq.write_table(pa.Table.from_arrays(cols, schema=pa.schema(fields, metadata=meta)), path)
+        meta[b"packtool.labels"] = b"none"
+        meta[b"packtool.labels_convention"] = b"unshifted"
+        schema = pa.schema(fields, metadata=meta)
+        pq.write_table(pa.Table.from_arrays(cols, schema=schema), path)
         entry.update(bytes=path.stat().st_size, sha256=sha256_file(path))
-    mpath.write_text(json.dumps(manifest))
+    write_manifest_file(out, manifest, schema)
 
 
 def test_both_list_types_with_or_without_labels_read_the_same(tmp_path):
@@ -103,13 +105,15 @@ def test_label_conventions_convert_both_ways_B04_B05():
 
 
 def test_windowed_output_read_in_order_does_not_follow_input_file_order(tmp_path):
-    """--window-docs shuffles rows only inside each window (one window per input file here);
-    the loader's first rows come from many files, not from the first file."""
+    """An output whose rows follow the input files (windows of one file each, --no-shuffle:
+    the worst case of an output shuffled only inside windows) is read by the loader with rows
+    of many files from the start, uncorrelated with file order."""
     src = tmp_path / "in"
     for f in range(6):
         write_input(src, [[f * 10_000 + d * 10 + p + 1 for p in range(5)] for d in range(40)],
                     name=f"f{f}.parquet")
-    out = pack(src, tmp_path / "out", 16, "--window-docs", "40", "--rows-per-shard", "4")
+    out = pack(src, tmp_path / "out", 16, "--window-docs", "40", "--rows-per-shard", "4",
+               "--no-shuffle")
     torch = pytest.importorskip("torch")  # noqa: F841
     from packtool.loader import PackedIterableDataset
 
