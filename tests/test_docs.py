@@ -157,6 +157,8 @@ def check_command(argv: list[str], where: str) -> None:
         check_pip(argv, where)
     elif argv[0] in SHELL_BUILTINS or argv[:3] == ["python3", "-m", "venv"]:
         pass
+    elif argv[0] == "torchrun":  # torchrun [OPTIONS] SCRIPT: the script is in the checkout
+        assert (ROOT / argv[-1]).is_file(), f"{where}: {argv[-1]} does not exist"
     elif argv[0] in ("python", "python3", ".venv/bin/python"):
         script = ROOT / argv[1]
         assert script.is_file(), f"{where}: {argv[1]} does not exist"

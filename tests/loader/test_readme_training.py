@@ -30,8 +30,10 @@ def test_training_section_runs_as_pasted(tmp_path):
     shell = [body for lang, body in blocks if lang == "bash"]
     scripts = [body for lang, body in blocks if lang == "python"]
     assert len(shell) == 1 and len(scripts) == 2
-    for body in scripts:  # each script block opens with "# NAME.py: ..."
+    for body in scripts:  # each script block opens with "# examples/NAME.py: ..."
         name = re.match(r"# (\S+\.py)", body).group(1)
+        assert (ROOT / name).read_text() == body, f"{name} differs from the README"
+        (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(body)
     (tmp_path / "sample_data").symlink_to(ROOT / "sample_data")
     bindir = os.path.dirname(sys.executable)

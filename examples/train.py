@@ -1,0 +1,46 @@
+# examples/train.py: a plain torch loop with gradient accumulation
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from packtool.loader import PackedIterableDataset, collate
+
+if "RANK" in os.environ:                       # started by torchrun
+    dist.init_process_group("gloo")            # "nccl" on GPUs
+world = dist.get_world_size() if dist.is_initialized() else 1
+torch.manual_seed(0)
+model = LlamaForCausalLM(LlamaConfig(vocab_size=131_072, hidden_size=32, intermediate_size=64,
+                                     num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2))
+if dist.is_initialized():
+    model = torch.nn.parallel.DistributedDataParallel(model)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+ds = PackedIterableDataset("packed/", seed=0)  # rank and world size from torchrun
+loader = DataLoader(ds, batch_size=1, collate_fn=collate, num_workers=2)
+accum, max_steps = 2, 2
+for epoch in range(1):
+    ds.set_epoch(epoch)                        # a new seeded order every epoch
+    batches = iter(loader)
+    for step in range(max_steps):
+        micro = [next(batches) for _ in range(accum)]
+        targets = torch.tensor(sum(b["num_targets"] for b in micro))
+        if dist.is_initialized():
+            dist.all_reduce(targets)           # effective targets of the step on all ranks
+        total = 0.0
+        for b in micro:
+            logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"],
+                           use_cache=False).logits
+            loss_sum = F.cross_entropy(logits[:, :-1].flatten(0, 1),
+                                       b["labels"][:, 1:].flatten(), reduction="sum")
+            (loss_sum * world / targets).backward()  # DDP averages gradients over ranks
+            total += loss_sum.item()
+        opt.step()
+        opt.zero_grad()
+        print(f"step {step}: {total / targets.item() * world:.3f} per target on this rank")
+if dist.is_initialized():
+    dist.destroy_process_group()

@@ -1,0 +1,15 @@
+# examples/train_hf.py: the Hugging Face Trainer
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+from packtool.loader import HFCollator, PackedIterableDataset
+
+torch.manual_seed(0)
+model = LlamaForCausalLM(LlamaConfig(vocab_size=131_072, hidden_size=32, intermediate_size=64,
+                                     num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2))
+args = TrainingArguments(output_dir="hf-run", max_steps=2, per_device_train_batch_size=1)
+trainer = Trainer(model=model, args=args,
+                  train_dataset=PackedIterableDataset("packed/", labels="unshifted"),
+                  data_collator=HFCollator())
+trainer.train()
