@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import warnings
 
-from packtool.loader import HFCollator, PackedIterableDataset, collate, collate_flat  # noqa: F401
 from packtool.loader import PackedDataset as _PackedDataset
-from packtool.loader import unshifted_labels
+from packtool.loader import collate, unshifted_labels  # noqa: F401
 
 __all__ = ["PackedDataset", "collate", "unshifted_labels"]
 
