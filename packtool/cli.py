@@ -188,8 +188,9 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
         raise Interrupted(f"interrupted: {cfg.output} has no manifest (as before the run, or "
                           "resumable); rerun the same command to finish it") from None
     s = result.stats
-    for w in result.warnings:  # loud, whatever the output format
-        click.echo(f"WARNING: {w}", err=True)
+    if not result.already_complete:  # once, on stderr, loud whatever the output format
+        for w in result.warnings:
+            click.echo(f"WARNING: {w}", err=True)
     if as_json:
         click.echo(json.dumps({"stats": s.to_dict(), "seconds": result.seconds,
                                "shards_reused": result.shards_reused,
@@ -203,7 +204,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
     elif not quiet:
         rate = s.tokens_in / result.seconds if result.seconds else 0.0
         click.echo(
-            f"packed {s.docs_in:,} documents ({s.tokens_in:,} tokens) into {s.rows:,} rows of "
+            f"packed {s.docs_in:,} documents ({s.tokens_in:,} tokens in, "
+            f"{s.rows * s.capacity - s.padding_tokens:,} packed) into {s.rows:,} rows of "
             f"{s.capacity} in {len(result.manifest['outputs'])} shard(s) -> {cfg.output}\n"
             f"  fill {100 * s.fill:.2f}%  padding {s.padding_tokens:,} tokens "
             f"({100 * s.padding_fraction:.2f}%)  extra rows over ceil(tokens/C): {s.extra_rows}\n"
@@ -230,8 +232,6 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
                        f"(--window-docs {cfg.window_docs:,}): extra rows {s.extra_rows:,} = "
                        f"{sum(extra):,} from packing within windows (max {max(extra, default=0):,} "
                        f"in one) + {rounding:,} from rounding each window up to whole rows")
-        for w in result.warnings:
-            click.echo(f"  WARNING: {w}")
 
 
 #: suffixes --plot accepts; matplotlib picks the format from it

@@ -7,7 +7,9 @@ A pack goes through :class:`Output` and nothing else writes into OUTPUT:
    ``pack`` into the same OUTPUT is refused at once), then decides from what it finds: a
    complete output with the same fingerprint is *complete* (the run is a no-op); an interrupted
    one with the same fingerprint is *resumed* (its finished shards are kept); a foreign or
-   different non-empty OUTPUT is refused unless ``--overwrite``.
+   different non-empty OUTPUT is refused unless ``--overwrite``; an OUTPUT holding files packtool
+   did not write, or inside another packed output, is always refused (they would break the
+   directory as a Parquet dataset).
 2. While the input is read and planned, only the scratch directory
    (:data:`~packtool.formats.manifest.TMP_DIR_NAME`) is written; an existing output is left as it
    was. :meth:`Output.begin_write` then removes what ``--overwrite`` replaces (manifest first)
@@ -178,6 +180,10 @@ class Output:
                                   "outside the input")
         if out.exists() and not out.is_dir():
             raise OutputError(f"{out}: exists and is a file; OUTPUT must be a directory")
+        for parent in out_abs.parents:  # shards of another schema would break its dataset
+            if (parent / MANIFEST_NAME).is_file() or (parent / IN_PROGRESS_NAME).is_file():
+                raise OutputError(f"{out}: OUTPUT is inside the packed output {parent}; choose "
+                                  "a directory outside it")
         try:
             self._created = not out.exists()
             out.mkdir(parents=True, exist_ok=True)
@@ -224,6 +230,14 @@ class Output:
         if others and not self.overwrite:
             raise OutputError(f"{out}: OUTPUT is not empty; pass --overwrite to replace it or "
                               "choose another directory")
+        own = (MANIFEST_NAME, IN_PROGRESS_NAME)
+        foreign = sorted(p.name for p in others
+                         if p.name not in own and not (p.is_file() and p.match(SHARD_GLOB)))
+        if foreign:  # never deleted, and beside the shards they would break Parquet readers
+            raise OutputError(f"{out}: OUTPUT holds {len(foreign)} entr"
+                              f"{'y' if len(foreign) == 1 else 'ies'} packtool did not write "
+                              f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
+                              "move them away or choose another directory")
 
     def _open_scratch(self) -> None:
         """Create the scratch directory, keeping the finished windows of a killed identical run.

@@ -261,6 +261,10 @@ def test_overflow_removing_many_tokens_is_loud(tmp_path, overflow, words):
     res = invoke(["pack", "-c", C, "--overflow", overflow, tmp_path / "in", tmp_path / "o"])
     assert res.exit_code == 0, res.output
     assert "WARNING: --overflow " + overflow in res.output and "% of the tokens" in res.output
+    assert res.output.count("WARNING") == 1  # once, on stderr
+    again = invoke(["pack", "-c", C, "--overflow", overflow, tmp_path / "in", tmp_path / "o"])
+    assert again.exit_code == 0 and "nothing to do" in again.output
+    assert "WARNING" not in again.output  # a no-op rerun wrote nothing to warn about
     res = invoke(["pack", "--json", "-c", C, "--overflow", overflow, tmp_path / "in",
                   tmp_path / "j"])
     body = res.output[res.output.index("{"):]
@@ -302,3 +306,40 @@ def test_first_compile_note(tmp_path, monkeypatch):
     (tmp_path / "nc" / "x").mkdir(parents=True)
     (tmp_path / "nc" / "x" / "_kernels._fill_rows-462.py311.nbi").write_bytes(b"")
     assert startup.compile_note() is None
+
+
+def test_output_inside_a_packed_output_is_refused(tmp_path, src, reference):
+    """Shards of another pack nested in a packed output would break it as a Parquet dataset."""
+    import shutil
+    outer = tmp_path / "outer"
+    shutil.copytree(reference, outer)
+    before = hash_tree(outer)
+    res = invoke(["pack", "-q", "-c", C, src, outer / "sub"])
+    assert res.exit_code == 1 and "inside the packed output" in res.output, res.output
+    assert res.output.count("\n") == 1
+    assert hash_tree(outer) == before and not (outer / "sub").exists()
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_output_holding_foreign_files_is_refused_and_they_are_kept(tmp_path, src, overwrite):
+    """Files packtool did not write are never deleted, and never left beside new shards."""
+    out = tmp_path / "out"
+    (out / "sub").mkdir(parents=True)
+    (out / "notes.txt").write_text("mine")
+    (out / "sub" / "y.txt").write_text("mine too")
+    res = invoke(["pack", "-q", "-c", C, *(["--overwrite"] if overwrite else []), src, out])
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    if overwrite:
+        assert "did not write (notes.txt, sub)" in res.output
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "sub"]
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_overwrite_replaces_a_previous_pack(tmp_path, src, reference):
+    """--overwrite still replaces packtool's own output (shards and manifest)."""
+    out = tmp_path / "out"
+    assert invoke(["pack", "-q", "-c", 32, src, out]).exit_code == 0
+    opts = ["-c", C, "--rows-per-shard", 4, "--workers", 1, "--seed", 3, "--window-docs", 15]
+    res = invoke(["pack", "-q", "--overwrite", *opts, src, out])
+    assert res.exit_code == 0, res.output
+    assert hash_tree(out) == hash_tree(reference)

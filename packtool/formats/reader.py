@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from packtool.core.masks import BoundaryCounts, add_boundary_tokens, drop_masked_tokens
 from packtool.errors import InputError, SchemaError, row_ref
 from packtool.formats.manifest import IN_PROGRESS_NAME, MANIFEST_META_KEY, MANIFEST_NAME
-from packtool.formats.schema import check_token_column, is_integer_list
+from packtool.formats.schema import check_token_column, is_integer_list, is_list_layout
 from packtool.types import IGNORE_INDEX, INT32_MAX
 
 __all__ = ["InputFile", "TokenBatch", "Discovery", "InputSource", "MaskColumns", "discover",
@@ -133,30 +133,41 @@ def resolve_mask_columns(schema: pa.Schema, path, column: str, attention_mask: s
         path: the file (for messages).
         column: the token column.
         attention_mask, labels: a column name, :data:`AUTO` (use ``attention_mask`` /
-            ``labels`` when the file has such an integer-list column) or None (off).
+            ``labels`` when the file has such a column) or None (off). The attention mask may be
+            a list of integers or booleans; labels a list of integers. Under :data:`AUTO` a
+            present column of another type is refused, never skipped in silence.
 
     Raises:
-        SchemaError: a named column is missing, is not an integer list, or is the token column.
+        SchemaError: a named column is missing, a used column has another type, or a named
+            column is the token column.
     """
-    def pick(name, default, option):
+    def usable(typ, allow_bool) -> bool:
+        if is_integer_list(typ):
+            return True
+        return allow_bool and is_list_layout(typ) and pa.types.is_boolean(typ.value_type)
+
+    def pick(name, default, option, allow_bool):
         if name is None:
             return None
         if name == AUTO:
-            ok = default in schema.names and is_integer_list(schema.field(default).type)
-            return default if ok and default != column else None
-        if name == column:
+            if default not in schema.names or default == column:
+                return None
+            name = default  # present: used, or refused below; never skipped in silence
+        elif name == column:
             raise SchemaError(f"{path}: {option} {name!r} is the token column; name the mask "
                               "column")
         if name not in schema.names:
             raise SchemaError(f"{path}: no column {name!r} for {option}; available columns: "
                               f"{', '.join(schema.names)}; pass {option} none to pack without it")
-        if not is_integer_list(schema.field(name).type):
+        if not usable(schema.field(name).type, allow_bool):
+            kind = "integers or booleans" if allow_bool else "integers"
             raise SchemaError(f"{path}: {option} column {name!r} has type "
-                              f"{schema.field(name).type}, expected a list of integers")
+                              f"{schema.field(name).type}, expected a list of {kind}; pass "
+                              f"{option} none to pack without it")
         return name
 
-    return MaskColumns(pick(attention_mask, ATTENTION_MASK_COLUMN, "--attention-mask-column"),
-                       pick(labels, LABELS_COLUMN, "--labels-column"))
+    return MaskColumns(pick(attention_mask, ATTENTION_MASK_COLUMN, "--attention-mask-column", True),
+                       pick(labels, LABELS_COLUMN, "--labels-column", False))
 
 
 def reads_labels(files, column: str, labels: str | None) -> bool:

@@ -19,7 +19,7 @@ import pyarrow as pa
 from packtool.errors import SchemaError
 
 __all__ = ["packed_schema", "packed_columns", "labels_convention", "check_token_column",
-           "is_integer_list",
+           "is_integer_list", "is_list_layout",
            "LABELS_META_KEY", "LABELS_CONVENTION_META_KEY", "CAPACITY_META_KEY",
            "TOKEN_COLUMNS", "RAGGED_COLUMNS", "SCALAR_COLUMNS"]
 
@@ -88,11 +88,16 @@ def packed_schema(capacity: int, labels: str) -> pa.Schema:
     return pa.schema(fields, metadata=meta)
 
 
-def is_integer_list(typ: pa.DataType) -> bool:
-    """True for a list of integers in any Arrow list layout (see :func:`check_token_column`)."""
+def is_list_layout(typ: pa.DataType) -> bool:
+    """True for any Arrow list layout: list, large_list, fixed_size_list, (large_)list_view."""
     layouts = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list,
                pa.types.is_list_view, pa.types.is_large_list_view)
-    return any(f(typ) for f in layouts) and pa.types.is_integer(typ.value_type)
+    return any(f(typ) for f in layouts)
+
+
+def is_integer_list(typ: pa.DataType) -> bool:
+    """True for a list of integers in any Arrow list layout (see :func:`check_token_column`)."""
+    return is_list_layout(typ) and pa.types.is_integer(typ.value_type)
 
 
 def check_token_column(schema: pa.Schema, column: str, path: str) -> None:

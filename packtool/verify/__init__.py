@@ -5,7 +5,7 @@ This is the only package that imports torch, and it does so lazily: importing
 :class:`~packtool.errors.MissingDependencyError` naming what to install
 (:func:`packtool.errors.install_hint`).
 
-Modules: :mod:`~packtool.verify.loader` (``PackedDataset``, ``collate``),
+Modules: :mod:`~packtool.verify.contract` (the NumPy output contract),
 :mod:`~packtool.verify.masks` (SDPA block-diagonal mask, FlexAttention document mask),
 :mod:`~packtool.verify.model` (the small seeded decoder and its attention backends),
 :mod:`~packtool.verify.checks` (``run_verify`` and the report).

@@ -194,7 +194,7 @@ def _run_models(report, path, idx, capacity, convention, explicit, backends, wan
 
     torch = require_torch()
     from packtool.verify.equivalence import MODEL_CHECKS, Measurements, measure_batch, run_checks
-    from packtool.verify.loader import PackedDataset, collate
+    from packtool.loader import PackedDataset, collate
     from packtool.verify.model import build_model
     from packtool.verify.runners import make_runner, memory_budget, unavailable
 

@@ -242,7 +242,7 @@ class ContractScan:
 def _labels_of(reader, block_cols: dict, convention: str, stored: bool):
     if stored:
         return block_cols["labels"]
-    from packtool.verify.loader import unshifted_labels
+    from packtool.loader import unshifted_labels
 
     if convention != "unshifted":  # pragma: no cover - depends on the output format
         return None

@@ -10,7 +10,7 @@ only sees position differences) and rotary embeddings inside attention. Token id
 the model's vocabulary with ``id % V`` (real vocabularies reach 131k ids; the logits stay small).
 
 Every attention backend has the signature ``attend(q_BHCD, k_BHCD, v_BHCD) -> out_BHCD`` and is
-built from a collated batch (:func:`packtool.verify.loader.collate`) with the mask helpers of
+built from a collated batch (:func:`packtool.loader.collate`) with the mask helpers of
 :mod:`packtool.verify.masks`, so what is verified is what training code calls.
 """
 
@@ -156,7 +156,7 @@ def make_attend(backend: str, batch: dict, *, device="cpu", compile: bool = Fals
             block mask), ``varlen`` (``torch.nn.attention.varlen.varlen_attn``) or ``flash``
             (``flash_attn_varlen_func``); the last two take ``cu_seqlens`` (int32) and
             ``max_seqlen`` (Python int) from the batch.
-        batch: output of :func:`~packtool.verify.loader.collate`.
+        batch: output of :func:`~packtool.loader.collate`.
         device: where q/k/v live (``cu_seqlens`` and masks are moved there).
         compile: wrap FlexAttention in ``torch.compile`` (one compiled function per process).
         query_block: ``sdpa`` only: run SDPA on blocks of this many queries with the matching

@@ -84,3 +84,32 @@ def test_label_that_is_not_its_token_is_refused(tmp_path):
     with pytest.raises(SchemaError,
                        match=r"row 2 \(0-based\): label 5 is neither -100 nor its token 4"):
         _read(src, labels=AUTO)
+
+
+def test_boolean_attention_mask_is_applied_under_auto(tmp_path):
+    """A list<bool> attention_mask (common from tokenizers) removes its False tokens."""
+    table = pa.table({"input_ids": pa.array(IDS, pa.list_(pa.int64())),
+                      "attention_mask": pa.array([[bool(v) for v in m] for m in MASK],
+                                                 pa.list_(pa.bool_()))})
+    src = tmp_path / "b.parquet"
+    pq.write_table(table, src)
+    docs, _, masked = _read(src, attention_mask=AUTO)
+    assert docs == [[5, 6, 7], [8, 9], [1, 2, 3, 4, 5]] and masked == 5
+
+
+@pytest.mark.parametrize("name,typ", [("attention_mask", pa.list_(pa.float64())),
+                                      ("attention_mask", pa.list_(pa.string())),
+                                      ("labels", pa.list_(pa.float32())),
+                                      ("labels", pa.list_(pa.bool_()))])
+def test_auto_refuses_a_present_mask_column_of_another_type(tmp_path, name, typ):
+    """Under auto a present mask column that cannot be used is an error, never skipped."""
+    cast = {pa.types.is_string: str, pa.types.is_boolean: bool}
+    conv = next((f for test, f in cast.items() if test(typ.value_type)), lambda v: v)
+    vals = [[conv(v) for v in m] for m in MASK]
+    table = pa.table({"input_ids": pa.array(IDS, pa.list_(pa.int64())),
+                      name: pa.array(vals, typ)})
+    src = tmp_path / "c.parquet"
+    pq.write_table(table, src)
+    with pytest.raises(SchemaError, match=f"{name}.*none"):
+        _read(src, attention_mask=AUTO, labels=AUTO)
+    assert _read(src, attention_mask=None, labels=None)[0] == IDS
