@@ -384,7 +384,8 @@ def stats(ctx, path, capacity, compare, column, overflow, append_eos, prepend_bo
     if a.mismatches:
         k, (rc, m) = next(iter(a.mismatches.items()))
         raise PacktoolError(f"{path[0]}: recounted {k} {rc} differs from the manifest's {m}; "
-                            "the shards were changed after packing: rerun packtool pack")
+                            "the shards were changed after packing: rerun the same packtool pack "
+                            "with --overwrite")
 
 
 _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")

@@ -215,9 +215,12 @@ class Output:
                 m = read_manifest(out)
             except ManifestError:
                 m = {}
-            if m.get("fingerprint") == self.fingerprint and self._shards_intact(m):
-                self.complete, self.manifest = True, m
-                return
+            if m.get("fingerprint") == self.fingerprint:
+                if not self._shards_intact(m):
+                    self.overwrite = True  # this very pack, damaged since: ours to redo
+                elif not self.overwrite:  # --overwrite asks for the shards to be written anew
+                    self.complete, self.manifest = True, m
+                    return
         elif marker.is_file():
             try:
                 self.resume = json.loads(marker.read_text())["fingerprint"] == self.fingerprint

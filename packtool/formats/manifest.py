@@ -122,7 +122,7 @@ def read_manifest(directory: str | os.PathLike) -> dict:
         manifest = json.loads(meta[MANIFEST_META_KEY])
         manifest["outputs"]
     except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
-        raise ManifestError(f"{mpath}: unreadable manifest ({exc}); rerun packtool pack") from None
+        raise ManifestError(f"{mpath}: unreadable manifest ({exc}); rerun the same packtool pack with --overwrite") from None
     return manifest
 
 
@@ -153,12 +153,12 @@ def load_manifest(directory: str | os.PathLike, *, check_hashes: bool = False) -
                                 "pack")
         if p.stat().st_size != o["bytes"]:
             raise ManifestError(f"{p}: size {p.stat().st_size} bytes, manifest says {o['bytes']}:"
-                                " the shard was modified; rerun packtool pack")
+                                " the shard was modified; rerun the same packtool pack with --overwrite")
         if check_hashes and sha256_file(p) != o["sha256"]:
             raise ManifestError(f"{p}: sha256 differs from the manifest: the shard was modified;"
-                                " rerun packtool pack")
+                                " rerun the same packtool pack with --overwrite")
     extra = sorted(q.name for q in d.glob(SHARD_GLOB) if q.name not in listed)
     if extra:
         raise ManifestError(f"{d / extra[0]}: shard not listed in the manifest; remove it or "
-                            "rerun packtool pack")
+                            "rerun the same packtool pack with --overwrite")
     return manifest

@@ -138,7 +138,7 @@ class PackedReader:
             self._rg_offsets.append(np.concatenate([[0], np.cumsum(n, dtype=np.int64)]))
             if md.num_rows != o["rows"]:
                 raise ManifestError(f"{self.path / o['file']}: {md.num_rows} rows, manifest says "
-                                    f"{o['rows']}; rerun packtool pack")
+                                    f"{o['rows']}; rerun the same packtool pack with --overwrite")
             rows.append(md.num_rows)
         # global row offset of each shard, shape (num_shards + 1,)
         self.shard_offsets = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])

@@ -167,7 +167,7 @@ class ShardIndex:
                                     "pack") from None
             if md.num_rows != int(o["rows"]):
                 raise ManifestError(f"{p}: {md.num_rows} rows, manifest says {o['rows']}; "
-                                    "rerun packtool pack")
+                                    "rerun the same packtool pack with --overwrite")
             if schema is None:
                 schema = md.schema.to_arrow_schema()
             for g in range(md.num_row_groups):
@@ -179,7 +179,7 @@ class ShardIndex:
         meta = (schema.metadata or {}) if schema is not None else {}
         capacity = opts.get("capacity", meta.get(b"packtool.capacity"))
         if capacity is None:
-            raise ManifestError(f"{root}: the manifest records no capacity; rerun packtool pack")
+            raise ManifestError(f"{root}: the manifest records no capacity; rerun the same packtool pack with --overwrite")
         columns = tuple(schema.names) if schema is not None else ()
         if schema is not None and not {"input_ids", "segment_ids"} <= set(columns):
             raise ManifestError(f"{root / files[0]}: shards lack input_ids/segment_ids (columns: "
@@ -330,7 +330,7 @@ def _flat_values(arr, name: str, path: Path):
 
     if arr.null_count:
         raise ManifestError(f"{path}: column {name!r} has null rows; the shard breaks the output "
-                            "contract; rerun packtool pack")
+                            "contract; rerun the same packtool pack with --overwrite")
     if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)
             or pa.types.is_fixed_size_list(arr.type)):
         raise ManifestError(f"{path}: column {name!r} has type {arr.type}, expected a list of "

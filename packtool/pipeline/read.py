@@ -171,7 +171,7 @@ def read_window(column: str, append_eos_id: int | None, window: Window, spill: B
             if n != part.docs:
                 raise InputError(f"{part.path}: {n} rows read from row {part.first_row}, "
                                  f"{part.docs} expected; the file changed during the pack: "
-                                 "rerun packtool pack")
+                                 "rerun the same packtool pack with --overwrite")
     finally:
         if tspill is not None:
             tspill.close()
