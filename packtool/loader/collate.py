@@ -29,19 +29,19 @@ INT32_MAX = 2**31 - 1
 
 
 def require_torch():
-    """Import and return torch.
+    """Import and return torch (the one place packtool imports it for the loader and verify).
 
     Raises:
-        MissingDependencyError: torch is not installed (names the ``verify`` extra).
+        MissingDependencyError: torch is not installed (names what to install).
     """
     try:
         import torch
     except ImportError:
-        from packtool.errors import MissingDependencyError
+        from packtool.errors import MissingDependencyError, install_hint
 
         raise MissingDependencyError(
             "torch is not installed; the torch loader and packtool verify need it: "
-            "pip install 'packtool[verify]'") from None
+            + install_hint("verify")) from None
     return torch
 
 

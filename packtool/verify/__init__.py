@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from packtool.errors import MissingDependencyError, install_hint
+from packtool.loader.collate import require_torch
 
 __all__ = ["require_torch", "has_torch", "has_cuda", "has_flash_attn", "has_flex_attention",
            "has_transformers"]
@@ -26,19 +26,6 @@ def has_torch() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def require_torch():
-    """Import and return torch.
-
-    Raises:
-        MissingDependencyError: torch is not installed (names the ``verify`` extra).
-    """
-    try:
-        import torch
-    except ImportError:
-        raise MissingDependencyError(
-            "torch is not installed; the torch loader and packtool verify need it: "
-            + install_hint("verify")) from None
-    return torch
 
 
 def has_cuda() -> bool:
