@@ -367,3 +367,19 @@ def test_damaged_output_is_restored_by_the_rerun_the_messages_name(tmp_path, src
     res = invoke(["pack", "-q", "--overwrite", *opts, src, out])
     assert res.exit_code == 0, res.output
     assert hash_tree(out) == hash_tree(reference)
+
+
+def test_interrupted_manifest_write_leaves_no_temporary(tmp_path, monkeypatch):
+    """Ctrl-C while the manifest's temporary is half written: no temporary and no manifest."""
+    import pyarrow as pa
+
+    from packtool.formats import manifest as mf
+
+    def half_then_interrupt(table, where, **kw):
+        open(where, "wb").write(b"PAR1 half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mf.pq, "write_table", half_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        mf.write_manifest_file(tmp_path, {"rows": 0}, pa.schema([("x", pa.int32())]))
+    assert list(tmp_path.iterdir()) == []

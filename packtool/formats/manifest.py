@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -76,15 +77,25 @@ def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def _publish_atomic(path: Path, write) -> None:
+    """Call ``write(tmp)`` on a unique temporary name beside ``path``, fsync it, then
+    ``os.replace`` it onto ``path``; on any failure (Ctrl-C included) the temporary is removed, so
+    two writers never share a temporary and an interrupted write leaves nothing behind."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_json_atomic(path: Path, obj: dict) -> None:
-    """Write ``obj`` as JSON to ``path`` via a temporary file, fsync and ``os.replace``."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write ``obj`` as JSON to ``path`` atomically (unique temporary name, fsync, rename)."""
+    text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
+    _publish_atomic(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def write_manifest_file(directory: Path, manifest: dict, schema: pa.Schema) -> Path:
@@ -98,11 +109,7 @@ def write_manifest_file(directory: Path, manifest: dict, schema: pa.Schema) -> P
     meta[MANIFEST_META_KEY] = json.dumps(manifest, sort_keys=True).encode()
     table = schema.with_metadata(meta).empty_table()
     path = Path(directory) / MANIFEST_NAME
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    _publish_atomic(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
     return path
 
 
