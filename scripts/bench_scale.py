@@ -66,7 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_packer import length_block  # noqa: E402
+from bench_packer import _machine, length_block  # noqa: E402
 
 PAPER_SECONDS_1B = 10_816  # OBFD, 1 B documents (arXiv 2404.10830)
 VOCAB = 131_072
@@ -486,18 +486,6 @@ def cmd_pack(args) -> dict:
 
 
 # --------------------------------------------------------------------------- common
-
-
-def _machine() -> str:
-    model = "unknown CPU"
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-            if line.startswith("Model name"):
-                model = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{model}, {os.cpu_count()} cores, {mem:.0f} GiB RAM"
 
 
 def _write(out: str, name: str, data: dict, md: str) -> None:

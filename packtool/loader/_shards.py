@@ -32,7 +32,7 @@ import numpy as np
 from packtool.errors import ManifestError
 from packtool.types import IGNORE_INDEX
 
-__all__ = ["ShardIndex", "OpenFiles", "Block", "decode_row_group", "unshifted_labels",
+__all__ = ["ShardIndex", "open_index", "OpenFiles", "Block", "decode_row_group", "unshifted_labels",
            "shifted_labels", "convert_labels", "TOKEN_COLUMNS", "RAGGED_COLUMNS", "SCALAR_COLUMNS"]
 
 #: per-token columns, decoded as int32[R, C]
@@ -400,6 +400,23 @@ def decode_row_group(index: ShardIndex, files: OpenFiles, group: int,
     shard_first = first - int(index.rg_first[np.searchsorted(index.rg_shard, s, side="left")])
     return Block(group=group, first=first, shard_row0=shard_first, shard=name, num_rows=R,
                  tokens=tokens, ragged=ragged, scalars=scalars)
+
+
+def open_index(path, labels: str | None) -> tuple["ShardIndex", str]:
+    """The :class:`ShardIndex` of a packed OUTPUT and the labels convention items carry.
+
+    Args:
+        path: the packed output directory.
+        labels: ``unshifted``, ``shifted`` or None (the convention the output records).
+
+    Raises:
+        ManifestError: not a complete packed output.
+        ValueError: an unknown ``labels`` convention.
+    """
+    if labels not in (None, "unshifted", "shifted"):
+        raise ValueError(f"labels must be 'unshifted' or 'shifted', got {labels!r}")
+    index = ShardIndex.open(path)
+    return index, labels or index.labels_mode
 
 
 def default_columns(index: ShardIndex) -> list[str]:

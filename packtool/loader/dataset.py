@@ -13,7 +13,7 @@ import os
 from collections import OrderedDict
 from typing import Sequence
 
-from packtool.loader._shards import OpenFiles, ShardIndex, decode_row_group, default_columns
+from packtool.loader._shards import OpenFiles, decode_row_group, default_columns, open_index
 
 __all__ = ["PackedDataset"]
 
@@ -51,12 +51,9 @@ class PackedDataset:
                  labels: str | None = None, max_open_files: int = 64, cached_row_groups: int = 2) -> None:
         if cached_row_groups < 1:
             raise ValueError(f"cached_row_groups must be >= 1, got {cached_row_groups}")
-        self.index = ShardIndex.open(path)
+        self.index, self.labels_mode = open_index(path, labels)
         self.path = self.index.root
         self.capacity = self.index.capacity
-        if labels not in (None, "unshifted", "shifted"):
-            raise ValueError(f"labels must be 'unshifted' or 'shifted', got {labels!r}")
-        self.labels_mode = labels or self.index.labels_mode
         self.columns = list(columns) if columns is not None else default_columns(self.index)
         self.cached_row_groups = int(cached_row_groups)
         self._files = OpenFiles(self.index.root, max_open_files)

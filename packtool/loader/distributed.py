@@ -22,7 +22,7 @@ from typing import Iterator, Sequence
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from packtool.loader._shards import OpenFiles, ShardIndex, decode_row_group, default_columns
+from packtool.loader._shards import OpenFiles, decode_row_group, default_columns, open_index
 from packtool.loader.plan import check_seed, split_ranks, worker_rows
 
 __all__ = ["PackedIterableDataset"]
@@ -88,12 +88,9 @@ class PackedIterableDataset(IterableDataset):
                              f"world_size={world_size}")
         if shuffle_buffer < 1:
             raise ValueError(f"shuffle_buffer must be >= 1 row, got {shuffle_buffer}")
-        self.index = ShardIndex.open(path)
+        self.index, self.labels_mode = open_index(path, labels)
         self.path = self.index.root
         self.capacity = self.index.capacity
-        if labels not in (None, "unshifted", "shifted"):
-            raise ValueError(f"labels must be 'unshifted' or 'shifted', got {labels!r}")
-        self.labels_mode = labels or self.index.labels_mode
         self.rank, self.world_size = int(rank), int(world_size)
         self.seed, self.epoch = check_seed(seed), check_seed(epoch)
         self.shuffle, self.shuffle_buffer = bool(shuffle), int(shuffle_buffer)
