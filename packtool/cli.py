@@ -154,7 +154,7 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
     from click.core import ParameterSource
 
     from packtool.config import PackConfig
-    from packtool.formats.reader import discover, is_remote
+    from packtool.formats.reader import discover
     from packtool.pipeline import run_pack
     from packtool.startup import compile_note
 
@@ -178,12 +178,7 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
     if note:
         click.echo(note, err=True)
     try:
-        if is_remote(cfg.output):  # an object store: staged locally, then published
-            from packtool.formats.object_store import pack_to_store
-
-            result = pack_to_store(cfg, progress=not quiet)
-        else:
-            result = run_pack(cfg, progress=not quiet)
+        result = run_pack(cfg, progress=not quiet)
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted: {cfg.output} has no manifest (as before the run, or "
                           "resumable); rerun the same command to finish it") from None

@@ -32,24 +32,32 @@ full disk: about how many bytes were needed and how many are free).
 from __future__ import annotations
 
 import errno
+import fnmatch
 import hashlib
 import json
 import os
 import shutil
+import time
 import uuid
 from importlib import metadata
 from pathlib import Path
 
+import pyarrow.fs as pafs
 from filelock import FileLock, Timeout
 
 from packtool.errors import OutputError
 from packtool.errors import ManifestError
+from packtool.formats import object_store as store
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, SHARD_GLOB,
-                                       TMP_DIR_NAME, read_manifest, write_json_atomic,
+                                       TMP_DIR_NAME, manifest_bytes, manifest_from_bytes,
+                                       read_manifest, write_json_atomic,
                                        write_manifest_file)
 
 __all__ = ["Output", "fingerprint", "footer_sha256", "BYTE_DECIDING_PACKAGES", "WINDOW_DIR_PREFIX",
-           "WINDOW_DONE", "SCRATCH_FINGERPRINT"]
+           "WINDOW_DONE", "SCRATCH_FINGERPRINT", "window_done", "window_workdir", "publish_window",
+           "window_file", "file_size", "read_ranges", "shard_temp", "discard_shard_temp",
+           "publish_shard", "kept_shard",
+           "MARKER_EVERY_S"]
 
 #: A window's spill and plan live in ``<scratch>/window-NNNNN/``, complete once ``done.json``
 #: is there (it is written before the directory is renamed into place).
@@ -155,11 +163,20 @@ class Output:
 
     def __init__(self, path: str | os.PathLike, inputs, fingerprint: str, *,
                  overwrite: bool = False):
-        self.path = Path(path)
-        self.inputs = [Path(p) for p in inputs]
+        from packtool.formats.reader import _location, is_remote
+
+        self.remote = is_remote(path)  #: OUTPUT is a URI: the object-store rules below
         self.fingerprint = fingerprint
         self.overwrite = overwrite
-        self.tmp = self.path / TMP_DIR_NAME
+        if self.remote:
+            self.path = _location(path).rstrip("/")
+            self.tmp = store.join(self.path, TMP_DIR_NAME)
+            self._given = [_location(p).rstrip("/") for p in inputs]
+            self.inputs = []
+        else:
+            self.path = Path(path)
+            self.tmp = self.path / TMP_DIR_NAME
+            self.inputs = [Path(p) for p in inputs if not is_remote(p)]
         self.complete = False
         self.resume = False
         self.manifest: dict | None = None
@@ -168,9 +185,15 @@ class Output:
         self._created = False
         self._writing = False
         self._lock: FileLock | None = None
+        self._store_lock: dict | None = None  # the lock object written (object store)
+        self._promised: dict = {}  # shard -> {"bytes", "sha256"} from an interrupted run's marker
+        self._written: dict = {}  # shard -> {"bytes", "sha256"} finished in this run
+        self._marker_at = 0.0  # when the marker last listed the finished shards
 
     # -- entry: checks, lock, decision ---------------------------------------------------------
     def __enter__(self) -> "Output":
+        if self.remote:
+            return self._enter_store()
         out = self.path
         out_abs = out.resolve()
         for src in self.inputs:
@@ -296,6 +319,8 @@ class Output:
     def begin_write(self) -> None:
         """Remove what this run replaces (manifest first, then the shards; other files stay) and
         mark OUTPUT as in progress."""
+        if self.remote:
+            return self._begin_write_store()
         out = self.path
         if not self.resume:  # packtool's own files only; anything else is left alone
             (out / MANIFEST_NAME).unlink(missing_ok=True)
@@ -307,6 +332,8 @@ class Output:
     def commit(self, manifest: dict, schema) -> None:
         """Write the manifest (atomically, last; ``schema``: the shards' schema, see
         :func:`~packtool.formats.manifest.write_manifest_file`); drop the marker and scratch."""
+        if self.remote:
+            return self._commit_store(manifest, schema)
         write_manifest_file(self.path, manifest, schema)
         (self.path / IN_PROGRESS_NAME).unlink(missing_ok=True)
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -316,12 +343,14 @@ class Output:
     # -- exit: the one cleanup path --------------------------------------------------------------
     def __exit__(self, exc_type, exc, tb) -> bool:
         self._cleanup(exc)
-        if isinstance(exc, OSError):
+        if isinstance(exc, OSError) or (self.remote and isinstance(exc, store.STORE_ERRORS)):
             raise self._os_error(exc) from None
         return False
 
     def _cleanup(self, exc: BaseException | None) -> None:
         """Release OUTPUT after the run; on failure restore it or leave it resumable."""
+        if self.remote:
+            return self._cleanup_store(exc)
         try:
             shutil.rmtree(self.tmp, ignore_errors=True)
             (self.path / LOCK_NAME).unlink(missing_ok=True)  # still held: nobody waits on it
@@ -343,6 +372,8 @@ class Output:
         where = exc.filename or self.path
         state = ("the finished shards are kept: rerun the same command to finish"
                  if self._writing else "OUTPUT is as it was before the run")
+        if self.remote:
+            return OutputError(f"{self.path}: cannot write ({store._first(exc)}); {state}")
         if _is_full_disk(exc):
             try:
                 free = shutil.disk_usage(self.path if self.path.exists() else
@@ -356,8 +387,298 @@ class Output:
         return OutputError(f"{where}: cannot write ({cause}); {state}")
 
     def check_space(self, needed: int) -> None:
-        """Refuse at once when the filesystem of OUTPUT has less than ``needed`` bytes free."""
+        """Refuse at once when the filesystem of OUTPUT has less than ``needed`` bytes free
+        (an object store: not checked)."""
         self.bytes_needed = needed
+        if self.remote:
+            return
         free = shutil.disk_usage(self.path).free
         if free < needed:
             raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+
+    # -- shards finished (the driver reports each) -----------------------------------------------
+    def promised(self, name: str) -> dict | None:
+        """``{"bytes", "sha256"}`` of shard ``name`` as an interrupted identical run finished it
+        (object store: from its marker; a local OUTPUT needs none, a renamed file is whole)."""
+        return self._promised.get(name) if self.resume else None
+
+    def shard_written(self, entry: dict) -> None:
+        """Record a finished shard (its manifest entry). In an object store the marker lists
+        the finished shards (rewritten at most every :data:`MARKER_EVERY_S` seconds, and when
+        the run fails), so a rerun keeps them by size and sha256."""
+        if not self.remote:
+            return
+        self._written[entry["file"]] = {"bytes": entry["bytes"], "sha256": entry["sha256"]}
+        now = time.monotonic()
+        if now - self._marker_at >= MARKER_EVERY_S:
+            self._write_marker()
+
+    def _write_marker(self) -> None:
+        store.write_bytes(store.join(self.path, IN_PROGRESS_NAME), json.dumps(
+            {"fingerprint": self.fingerprint, "shards": {**self._promised, **self._written}},
+            sort_keys=True).encode())
+        self._marker_at = time.monotonic()
+
+    # -- the object-store rules (OUTPUT is a URI) -----------------------------------------------
+    def _enter_store(self) -> "Output":
+        uri = self.path
+        bare = uri.split("://", 1)[1]
+        for src in self._given:
+            if "://" in src and src.split("://", 1)[0] == uri.split("://", 1)[0]:
+                s = src.split("://", 1)[1]
+                if _inside_key(bare, s) or _inside_key(s, bare):
+                    raise OutputError(f"{uri}: OUTPUT overlaps INPUT {src}; choose a prefix "
+                                      "outside the input")
+        try:
+            found = store.listing(uri)
+            parts = bare.split("/")
+            for k in range(len(parts) - 1, 0, -1):  # inside another packed output?
+                parent = f"{uri.split('://', 1)[0]}://{'/'.join(parts[:k])}"
+                if any(store.size_of(store.join(parent, n)) is not None
+                       for n in (MANIFEST_NAME, IN_PROGRESS_NAME)):
+                    raise OutputError(f"{uri}: OUTPUT is inside the packed output {parent}; "
+                                      "choose a prefix outside it")
+        except store.STORE_ERRORS as exc:
+            raise OutputError(f"{uri}: cannot list OUTPUT ({store._first(exc)}); check the URI "
+                              "and the credentials") from None
+        found.pop(LOCK_NAME, None)
+        self._created = not found
+        self._store_lock = store.take_lock(uri, overwrite=self.overwrite)
+        try:
+            self._decide_store(found)
+            if not self.complete:
+                self._open_scratch_store()
+        except BaseException as exc:
+            self._cleanup(exc)
+            if isinstance(exc, store.STORE_ERRORS):
+                raise self._os_error(exc) from None
+            raise
+        return self
+
+    def _decide_store(self, found: dict) -> None:
+        uri = self.path
+        if MANIFEST_NAME in found:
+            try:
+                m = manifest_from_bytes(store.read_bytes(store.join(uri, MANIFEST_NAME)), uri)
+            except ManifestError:
+                m = {}
+            if m.get("fingerprint") == self.fingerprint:
+                intact = all(isinstance(o, dict) and o.get("file") in found
+                             and found[o["file"]].size == o.get("bytes")
+                             for o in m.get("outputs", []))
+                if not intact:
+                    self.overwrite = True
+                elif not self.overwrite:
+                    self.complete, self.manifest = True, m
+                    return
+        elif IN_PROGRESS_NAME in found:
+            marker = store.read_json(store.join(uri, IN_PROGRESS_NAME)) or {}
+            self.resume = marker.get("fingerprint") == self.fingerprint
+            if not self.resume:
+                self.overwrite = True
+            elif isinstance(marker.get("shards"), dict):
+                self._promised = dict(marker["shards"])
+            return
+        others = [n for n in found if n != TMP_DIR_NAME]
+        if others and not self.overwrite:
+            raise OutputError(f"{uri}: OUTPUT is not empty; pass --overwrite to replace it or "
+                              "choose another prefix")
+        own = (MANIFEST_NAME, IN_PROGRESS_NAME)
+        foreign = sorted(n for n in others if n not in own and not (
+            found[n].type == pafs.FileType.File and fnmatch.fnmatchcase(n, SHARD_GLOB)))
+        if foreign:
+            raise OutputError(f"{uri}: OUTPUT holds {len(foreign)} entr"
+                              f"{'y' if len(foreign) == 1 else 'ies'} packtool did not write "
+                              f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
+                              "move them away or choose another prefix")
+
+    def _open_scratch_store(self) -> None:
+        """:meth:`_open_scratch` in a store: the scratch prefix keeps the finished windows
+        (``done.json`` present, put last) of a killed identical run; the rest is deleted."""
+        tag = store.join(self.tmp, SCRATCH_FINGERPRINT)
+        try:
+            same = store.read_bytes(tag).decode() == self.fingerprint
+        except (*store.STORE_ERRORS, UnicodeDecodeError):
+            same = False
+        if not same:
+            store.delete_tree(self.tmp)
+            store.write_bytes(tag, self.fingerprint.encode())
+            return
+        for name, info in store.listing(self.tmp).items():
+            if name == SCRATCH_FINGERPRINT:
+                continue
+            where = store.join(self.tmp, name)
+            if (name.startswith(WINDOW_DIR_PREFIX) and info.type == pafs.FileType.Directory
+                    and store.size_of(store.join(where, WINDOW_DONE)) is not None):
+                self.windows_kept += 1
+                continue
+            store.delete_tree(where) if info.type == pafs.FileType.Directory \
+                else store.delete(where)
+
+    def _begin_write_store(self) -> None:
+        uri = self.path
+        if not self.resume:  # the manifest first, so a replaced pack never looks complete
+            store.delete(store.join(uri, MANIFEST_NAME))
+            for name, info in store.listing(uri).items():
+                if info.type == pafs.FileType.File and fnmatch.fnmatchcase(name, SHARD_GLOB):
+                    store.delete(store.join(uri, name))
+        self._write_marker()
+        self._writing = True
+
+    def _commit_store(self, manifest: dict, schema) -> None:
+        store.write_bytes(store.join(self.path, MANIFEST_NAME), manifest_bytes(manifest, schema))
+        self._writing = False
+        self.manifest = manifest
+        store.delete(store.join(self.path, IN_PROGRESS_NAME))
+        store.delete_tree(self.tmp)
+
+    def _cleanup_store(self, exc: BaseException | None) -> None:
+        try:
+            try:
+                store.delete_tree(self.tmp)
+            except store.STORE_ERRORS:
+                pass
+            if exc is not None and self._writing:
+                try:  # the marker lists every shard finished, for the rerun
+                    self._write_marker()
+                except store.STORE_ERRORS:
+                    pass
+        finally:
+            if self._store_lock is not None:
+                store.release_lock(self.path, self._store_lock)
+                self._store_lock = None
+
+
+#: Seconds between two rewrites of an object-store marker listing the finished shards.
+MARKER_EVERY_S = 10.0
+
+
+def _inside_key(child: str, parent: str) -> bool:
+    child, parent = child.rstrip("/"), parent.rstrip("/")
+    return child == parent or child.startswith(parent + "/")
+
+
+# -- the I/O of the pack's tasks: a scratch directory or prefix, shards, on any node --------------
+
+def _remote(where) -> bool:
+    from packtool.formats.reader import is_remote
+
+    return is_remote(where)
+
+
+def window_done(final: str) -> dict | None:
+    """The saved counts of a finished window (its ``done.json``), None when not finished."""
+    if _remote(final):
+        return store.read_json(store.join(final, WINDOW_DONE))
+    try:
+        return json.loads((Path(final) / WINDOW_DONE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def window_workdir(tmp: str, name: str) -> Path:
+    """A new empty local directory where a window task writes ``name``'s files: inside the
+    scratch directory (renamed into place later), or, for a scratch prefix in a store, in the
+    task's own temporary directory (its node's disk; uploaded, then removed)."""
+    work = (store.node_temp(name) if _remote(tmp)
+            else Path(tmp) / f".{uuid.uuid4().hex}-{name}")
+    work.mkdir()
+    return work
+
+
+def publish_window(work: Path, final: str) -> None:
+    """Make a finished window directory ``work`` (``done.json`` in it) the window ``final``.
+
+    Local: one rename (an attempt that lost the race to an identical one is dropped). Store:
+    every file is put under ``final/``, ``done.json`` last, then ``work`` is removed; a window
+    whose ``done.json`` is there is complete.
+    """
+    if _remote(final):
+        try:
+            for p in sorted(work.iterdir(), key=lambda q: q.name == WINDOW_DONE):
+                store.put_file(p, store.join(final, p.name))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
+    try:
+        os.rename(work, final)
+    except OSError:
+        if not (Path(final) / WINDOW_DONE).is_file():
+            raise
+        shutil.rmtree(work, ignore_errors=True)  # another attempt finished the same bytes
+
+
+def window_file(directory: str, name: str) -> str:
+    """Location of file ``name`` of a window directory (path or URI)."""
+    return store.join(directory, name) if _remote(directory) else str(Path(directory) / name)
+
+
+def file_size(where: str) -> int | None:
+    """Size in bytes of a scratch file (path or URI), None when absent."""
+    if _remote(where):
+        return store.size_of(where)
+    try:
+        return os.stat(where).st_size
+    except OSError:
+        return None
+
+
+def read_ranges(where: str, sizes: list, offsets: list) -> bytes:
+    """Bytes ``offsets[i] .. offsets[i] + sizes[i] - 1`` of a scratch file (path or URI) for
+    every ``i``, back to back: ``os.pread`` locally, ranged GETs in a store."""
+    if _remote(where):
+        return store.read_ranges(where, sizes, offsets)
+    fd = os.open(where, os.O_RDONLY)
+    try:
+        return b"".join([os.pread(fd, n, off) for n, off in zip(sizes, offsets)])
+    finally:
+        os.close(fd)
+
+
+def shard_temp(tmp: str, name: str) -> Path:
+    """A unique local path where a shard task writes shard ``name`` before publishing it: in
+    the scratch directory, or (scratch in a store) in a new directory of the task's own
+    temporary directory. :func:`discard_shard_temp` removes what is left of it."""
+    if _remote(tmp):
+        d = store.node_temp("shard")
+        d.mkdir()
+        return d / name
+    return Path(tmp) / f"{uuid.uuid4().hex}-{name}"
+
+
+def discard_shard_temp(path: Path, tmp: str) -> None:
+    """Remove a shard task's local file (and, for a store, its directory with the writer's own
+    temporary file in it); the scratch directory's leftovers go with the scratch directory."""
+    if _remote(tmp):
+        shutil.rmtree(path.parent, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def publish_shard(written: Path, output: str, name: str) -> None:
+    """Publish the finished shard file ``written`` as ``output/name``: ``os.replace`` locally,
+    one upload (whole or not at all) to a store (the caller removes the local file)."""
+    if _remote(output):
+        store.put_file(written, store.join(output, name))
+        return
+    os.replace(written, Path(output) / name)
+
+
+def kept_shard(output: str, name: str, promised: dict | None) -> tuple[int, str | None] | None:
+    """(bytes, sha256) of shard ``name`` already in OUTPUT from an interrupted identical run,
+    or None when it must be written.
+
+    Local: a file at the final name is whole (renamed into place); its sha256 is None (the
+    caller hashes the file). Store:
+    kept only when the marker ``promised`` its size and sha256 and the object has that size (a
+    put is whole or absent, and every attempt puts the same bytes).
+    """
+    if _remote(output):
+        if not promised:
+            return None
+        size = store.size_of(store.join(output, name))
+        return (size, promised["sha256"]) if size == promised.get("bytes") else None
+    final = Path(output) / name
+    if not final.is_file():
+        return None
+    return final.stat().st_size, None

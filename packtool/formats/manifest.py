@@ -46,6 +46,7 @@ from packtool.errors import ManifestError
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NAME", "LOCK_NAME",
            "SHARD_GLOB", "FORMAT_VERSION", "sha256_file", "write_json_atomic", "write_manifest_file",
+           "manifest_bytes", "manifest_from_bytes",
            "read_manifest", "load_manifest", "shard_name"]
 
 #: File name of the manifest inside OUTPUT (a zero-row Parquet file, see the module docstring).
@@ -98,6 +99,19 @@ def write_json_atomic(path: Path, obj: dict) -> None:
     _publish_atomic(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
+def _manifest_table(manifest: dict, schema: pa.Schema) -> pa.Table:
+    meta = dict(schema.metadata or {})
+    meta[MANIFEST_META_KEY] = json.dumps(manifest, sort_keys=True).encode()
+    return schema.with_metadata(meta).empty_table()
+
+
+def manifest_bytes(manifest: dict, schema: pa.Schema) -> bytes:
+    """The bytes :func:`write_manifest_file` writes, for a store (one PUT)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(_manifest_table(manifest, schema), sink, compression="zstd")
+    return sink.getvalue().to_pybytes()
+
+
 def write_manifest_file(directory: Path, manifest: dict, schema: pa.Schema) -> Path:
     """Write ``manifest`` as ``directory/.packtool-manifest.parquet``: zero rows of ``schema`` (the
     shards' schema), the JSON under :data:`MANIFEST_META_KEY`; temporary name, fsync, rename.
@@ -105,12 +119,26 @@ def write_manifest_file(directory: Path, manifest: dict, schema: pa.Schema) -> P
     Returns:
         The manifest's path.
     """
-    meta = dict(schema.metadata or {})
-    meta[MANIFEST_META_KEY] = json.dumps(manifest, sort_keys=True).encode()
-    table = schema.with_metadata(meta).empty_table()
+    table = _manifest_table(manifest, schema)
     path = Path(directory) / MANIFEST_NAME
     _publish_atomic(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
     return path
+
+
+def manifest_from_bytes(data: bytes, where) -> dict:
+    """The manifest JSON held by a manifest file's bytes (``where`` names it in errors).
+
+    Raises:
+        ManifestError: not a readable manifest.
+    """
+    try:
+        meta = pq.read_schema(pa.BufferReader(data)).metadata or {}
+        manifest = json.loads(meta[MANIFEST_META_KEY])
+        manifest["outputs"]
+    except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
+        raise ManifestError(f"{where}: unreadable manifest ({exc}); rerun the same packtool pack "
+                            "with --overwrite") from None
+    return manifest
 
 
 def read_manifest(directory: str | os.PathLike) -> dict:
@@ -125,12 +153,11 @@ def read_manifest(directory: str | os.PathLike) -> dict:
         raise ManifestError(f"{d}: no {MANIFEST_NAME}: not a packtool output or an interrupted "
                             "pack; rerun packtool pack to finish it")
     try:
-        meta = pq.read_schema(mpath).metadata or {}
-        manifest = json.loads(meta[MANIFEST_META_KEY])
-        manifest["outputs"]
-    except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
-        raise ManifestError(f"{mpath}: unreadable manifest ({exc}); rerun the same packtool pack with --overwrite") from None
-    return manifest
+        data = mpath.read_bytes()
+    except OSError as exc:
+        raise ManifestError(f"{mpath}: unreadable manifest ({exc}); rerun the same packtool pack "
+                            "with --overwrite") from None
+    return manifest_from_bytes(data, mpath)
 
 
 def load_manifest(directory: str | os.PathLike, *, check_hashes: bool = False) -> dict:

@@ -1,95 +1,205 @@
-"""OUTPUT in an object store (``s3://bucket/prefix``, ...): stage locally, then publish.
+"""The object-store backend of OUTPUT (``s3://bucket/prefix``, ``gs://...``): what
+:class:`packtool.output.Output` and the pack's tasks call when OUTPUT is a URI.
 
-An object store has no rename, no hard links and no atomic "create if absent", which the local
-OUTPUT relies on (temporary names, ``os.replace``, a lock file). The guarantees are kept this
-way:
+An object store has no rename, no hard links and no atomic "create if absent", which a local
+OUTPUT relies on (temporary names, ``os.replace``, a lock file). Every node of a cluster reaches
+it, so the pack writes there directly and nothing a task needs lives on the driver's disk:
 
-1. **Stage.** The pack runs unchanged into a local staging directory named after the OUTPUT
-   URI (under ``$PACKTOOL_STAGING_DIR``, default the system temporary directory), with every
-   local rule: temporary names, rename, lock, resume of an interrupted identical pack. It needs
-   local disk for the whole output.
-2. **Publish.** An in-progress marker object is written first, then each shard with one PUT to
-   its final key: a PUT is atomic (an object appears whole or not at all), so no temporary name
-   is needed. The manifest is written last, then the marker is deleted, so a reader never
-   sees a manifest before every shard it lists. The marker lists the sha256 of every shard to
-   be published; a rerun after a kill keeps an object that an earlier marker promised with the
-   same sha256 and that has the right size (a PUT is all or nothing), and uploads the rest.
-3. **Lock.** A lock object (``.packtool-lock.json``: run id, host, pid) is written before
-   anything else and read back; another live run's lock refuses the run with its id and host.
-   A lock whose process is gone from this host (a killed run) is taken over, so a plain rerun
-   resumes; a lock from another host is honoured until ``--overwrite``. Without an atomic create
-   this is advisory: two runs started within the same moment could both pass, as pyarrow
-   exposes no conditional PUT. The lock is removed at the end.
+- **Shards.** A shard task writes its shard to a file in its own node's temporary directory,
+  then puts it under its final key with one call (:func:`put_file`, one PUT or one multipart
+  upload done in native code): an object appears whole or not at all, and a retried task puts
+  the same bytes. A Python exception cannot stop that call halfway (pyarrow's output streams
+  publish what was written so far when closed on an exception, so no Python loop writes a final
+  object).
+- **Scratch.** Window spills and plans go under ``OUTPUT/.packtool-tmp/`` in the store; a shard
+  task on any node reads a window's spill with range reads (:func:`read_ranges`) and its plan
+  arrays whole (:func:`read_bytes`, cached per process).
+- **Lock.** An object (:data:`~packtool.formats.manifest.LOCK_NAME`: run id, host, pid) written
+  before anything else and read back; see :func:`take_lock`.
 
-The staging directory is removed once the manifest is published.
+Filesystems are opened once per process and URI root (:func:`store_of`); S3 takes its endpoint
+and credentials from the environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...) of the
+process that opens it, so every node needs them.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
-import logging
 import os
-import shutil
+import signal
 import socket
-import sys
-import tempfile
-import time
+import threading
 import uuid
+from collections import OrderedDict
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from packtool.errors import ManifestError, OutputError
-from packtool.formats.manifest import IN_PROGRESS_NAME, MANIFEST_NAME, read_manifest
-from packtool.formats.reader import discover_inputs, filesystem_of
+from packtool.errors import OutputError
+from packtool.formats.manifest import LOCK_NAME
 
-__all__ = ["staging_dir", "pack_to_store", "LOCK_NAME", "MARKER_NAME"]
+__all__ = ["store_of", "join", "read_bytes", "read_json", "write_bytes", "put_file", "size_of",
+           "listing", "delete", "delete_tree", "read_ranges", "take_lock", "release_lock",
+           "cached_bytes", "node_temp", "STORE_ERRORS"]
 
-log = logging.getLogger(__name__)
+#: What a store call raises on failure (pyarrow maps most to OSError).
+STORE_ERRORS = (OSError, pa.ArrowException)
 
-LOCK_NAME = ".packtool-lock.json"
-MARKER_NAME = IN_PROGRESS_NAME  # the in-progress marker, as in a local OUTPUT
-_PAUSE_ENV = "PACKTOOL_TEST_PAUSE_AT"  # the pipeline's test hook, here for the publish phase
-
-
-def _test_pause(phase: str, index: int) -> None:
-    want = os.environ.get(_PAUSE_ENV)
-    if want and want.partition(":")[0] == phase and int(want.partition(":")[2] or 0) == index:
-        print(f"packtool: test pause at {want}", file=sys.stderr, flush=True)
-        time.sleep(3600)
+_FS: dict[str, pafs.FileSystem] = {}
+_FS_LOCK = threading.Lock()
 
 
-def staging_dir(output_uri: str) -> Path:
-    """The local staging directory of OUTPUT ``output_uri`` (stable across reruns)."""
-    root = Path(os.environ.get("PACKTOOL_STAGING_DIR") or tempfile.gettempdir())
-    return root / f"packtool-stage-{hashlib.sha256(output_uri.encode()).hexdigest()[:16]}"
+def join(uri: str, *names: str) -> str:
+    """``uri`` with ``names`` appended, ``/``-separated (a URI is not a ``pathlib`` path)."""
+    return "/".join([str(uri).rstrip("/"), *names])
 
 
-def _read_json(fs: pafs.FileSystem, path: str) -> dict | None:
+def store_of(uri: str) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, path inside it) of ``uri``; one filesystem per process and URI root
+    (scheme, bucket and query), so a task's many reads share one client.
+
+    Raises:
+        InputError: the URI cannot be opened (unknown scheme, no credentials, ...).
+    """
+    from packtool.formats.reader import _location, filesystem_of
+
+    loc = _location(uri)
+    scheme, _, rest = loc.partition("://")
+    rest, _, query = rest.partition("?")
+    root = f"{scheme}://{rest.split('/', 1)[0]}?{query}"
+    with _FS_LOCK:
+        fs = _FS.get(root)
+    if fs is None:
+        fs, path, _ = filesystem_of(loc)
+        with _FS_LOCK:
+            _FS.setdefault(root, fs)
+        return fs, path
+    return fs, rest.rstrip("/")
+
+
+def read_bytes(uri: str) -> bytes:
+    """The whole object ``uri``. Raises ``OSError`` (``FileNotFoundError`` when absent)."""
+    fs, path = store_of(uri)
+    with fs.open_input_stream(path) as fh:
+        return fh.read()
+
+
+def read_json(uri: str) -> dict | None:
+    """The JSON object stored at ``uri``, or None when absent or not a JSON object."""
     try:
-        with fs.open_input_stream(path) as fh:
-            doc = json.loads(fh.read())
-    except (OSError, ValueError, pa.ArrowException):
+        doc = json.loads(read_bytes(uri))
+    except (*STORE_ERRORS, ValueError):
         return None
     return doc if isinstance(doc, dict) else None
 
 
-def _write_bytes(fs: pafs.FileSystem, path: str, data: bytes, metadata=None) -> None:
-    with fs.open_output_stream(path, metadata=metadata) as fh:
-        fh.write(data)
-
-
-def _listing(fs: pafs.FileSystem, base: str) -> dict[str, pafs.FileInfo]:
+@contextmanager
+def _signals_held():
+    """Hold SIGINT/SIGTERM (main thread only) until the block ends: a stream closed by an
+    exception would publish what was written so far."""
+    main = threading.current_thread() is threading.main_thread()
+    held = {signal.SIGINT, signal.SIGTERM}
+    if main:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
-        infos = fs.get_file_info(pafs.FileSelector(base, recursive=False, allow_not_found=True))
-    except (OSError, pa.ArrowException) as exc:
-        raise OutputError(f"{base}: cannot list OUTPUT ({exc}); check the URI and the "
-                          "credentials") from None
+        yield
+    finally:
+        if main:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def write_bytes(uri: str, data: bytes) -> None:
+    """Put ``data`` at ``uri``: small objects (markers, the manifest), buffered and sent with
+    one PUT when the stream closes; Ctrl-C is held meanwhile, so the object is whole or absent.
+    Large files go through :func:`put_file`."""
+    fs, path = store_of(uri)
+    with _signals_held():
+        with fs.open_output_stream(path) as fh:
+            fh.write(data)
+
+
+def put_file(local: str | os.PathLike, uri: str) -> None:
+    """Upload the local file ``local`` to ``uri`` in one native call (whole or not at all)."""
+    fs, path = store_of(uri)
+    pafs.copy_files(os.fspath(local), path, source_filesystem=pafs.LocalFileSystem(),
+                    destination_filesystem=fs)
+
+
+def size_of(uri: str) -> int | None:
+    """Size in bytes of object ``uri``, None when absent."""
+    fs, path = store_of(uri)
+    info = fs.get_file_info(path)
+    return info.size if info.type == pafs.FileType.File else None
+
+
+def listing(uri: str) -> dict[str, pafs.FileInfo]:
+    """Entries directly under prefix ``uri`` by name (objects and common prefixes)."""
+    fs, path = store_of(uri)
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=False, allow_not_found=True))
     return {i.path.rsplit("/", 1)[-1]: i for i in infos}
 
+
+def delete(uri: str) -> None:
+    """Delete object ``uri``; absent is fine."""
+    fs, path = store_of(uri)
+    try:
+        fs.delete_file(path)
+    except FileNotFoundError:
+        pass
+
+
+def delete_tree(uri: str) -> None:
+    """Delete every object under prefix ``uri``; absent is fine."""
+    fs, path = store_of(uri)
+    try:
+        fs.delete_dir(path)
+    except FileNotFoundError:
+        pass
+
+
+def read_ranges(uri: str, sizes: list[int], offsets: list[int]) -> bytes:
+    """Bytes ``offsets[i] .. offsets[i] + sizes[i] - 1`` of object ``uri`` for every ``i``,
+    back to back (one ranged GET each, one open per call).
+
+    Raises:
+        OSError: the object cannot be read.
+    """
+    fs, path = store_of(uri)
+    with fs.open_input_file(path) as fh:
+        return b"".join([fh.read_at(n, off) for n, off in zip(sizes, offsets)])
+
+
+_CACHE: "OrderedDict[tuple, bytes]" = OrderedDict()
+_CACHE_BYTES = [0]
+_CACHE_LOCK = threading.Lock()
+#: Bytes of whole objects :func:`cached_bytes` keeps per process (window plans).
+CACHE_LIMIT = int(os.environ.get("PACKTOOL_STORE_CACHE_MB", "512")) << 20
+
+
+def cached_bytes(uri: str, tag: str) -> bytes:
+    """:func:`read_bytes` through a per-process LRU cache keyed by ``(uri, tag)``, up to
+    :data:`CACHE_LIMIT` bytes. ``tag`` names the content (the run's fingerprint): the objects
+    read this way (finished window plans) never change under one tag."""
+    key = (uri, tag)
+    with _CACHE_LOCK:
+        data = _CACHE.get(key)
+        if data is not None:
+            _CACHE.move_to_end(key)
+            return data
+    data = read_bytes(uri)
+    with _CACHE_LOCK:
+        if key not in _CACHE and len(data) <= CACHE_LIMIT:
+            _CACHE[key] = data
+            _CACHE_BYTES[0] += len(data)
+            while _CACHE_BYTES[0] > CACHE_LIMIT:
+                _, old = _CACHE.popitem(last=False)
+                _CACHE_BYTES[0] -= len(old)
+    return data
+
+
+# -- the lock object ----------------------------------------------------------------------------
 
 def _stale(lock: dict) -> bool:
     """True for a lock left by a process of this machine that no longer runs (killed)."""
@@ -102,110 +212,55 @@ def _stale(lock: dict) -> bool:
     return False
 
 
-def _stage_is_complete(stage: Path, cfg) -> dict | None:
-    """The staged manifest when it is a finished pack of these inputs and options."""
-    try:
-        m = read_manifest(stage)
-    except ManifestError:
-        return None
-    if m.get("options") != json.loads(json.dumps(cfg.layout_options())):
-        return None
-    files = discover_inputs(list(cfg.inputs))
-    if [(i.get("path"), i.get("bytes")) for i in m.get("inputs", [])] != [
-            (str(f.path), f.bytes) for f in files]:
-        return None
-    return m
+def take_lock(uri: str, *, overwrite: bool) -> dict:
+    """Write the lock object of OUTPUT ``uri`` and read it back; returns what was written.
 
-
-def pack_to_store(cfg, *, progress: bool = True):
-    """Run ``packtool pack`` with OUTPUT in an object store (the rules in the module doc).
-
-    Args:
-        cfg: :class:`packtool.config.PackConfig` whose ``output`` is a URI.
-        progress: progress bars on stderr.
-
-    Returns:
-        :class:`packtool.pipeline.PackResult` (its manifest is the one published).
+    A lock held by another live run refuses the run with its id and host. A lock whose process
+    is gone from this host (a killed run) is taken over, so a plain rerun resumes; a lock from
+    another host is honoured unless ``overwrite``. Advisory: pyarrow exposes no conditional
+    PUT, so two runs started within the same moment could both pass the first check; the
+    read-back refuses the one whose lock was overwritten.
 
     Raises:
-        OutputError: OUTPUT holds other data or a complete pack (without ``--overwrite``),
-            another run holds its lock, or it cannot be written.
-        InputError, SchemaError, PackingError: as :func:`packtool.pipeline.run_pack`.
+        OutputError: the lock is held, or OUTPUT cannot be written.
     """
-    from packtool.pipeline import PackResult, run_pack
-    from packtool.stats import PackStats
-
-    uri = cfg.output.rstrip("/")
-    fs, base, _ = filesystem_of(uri)
-    t0 = time.perf_counter()
-    found = _listing(fs, base)
-    lock = _read_json(fs, f"{base}/{LOCK_NAME}") if found.pop(LOCK_NAME, None) else None
-    ours = MARKER_NAME in found and MANIFEST_NAME not in found
-    if lock is not None and not cfg.overwrite and not _stale(lock):
-        raise OutputError(f"{uri}: another pack (run {lock.get('run', '?')} on "
-                          f"{lock.get('host', '?')}) holds {LOCK_NAME}; wait for it, or pass "
-                          "--overwrite if it was killed")
-    if found and not ours and not (lock is not None and set(found) <= {MARKER_NAME}) \
-            and not cfg.overwrite:
-        raise OutputError(f"{uri}: OUTPUT is not empty; pass --overwrite to replace it or choose "
-                          "another prefix")
-    run_id = uuid.uuid4().hex
-    mine = {"run": run_id, "host": socket.gethostname(), "pid": os.getpid()}
+    key = join(uri, LOCK_NAME)
     try:
-        _write_bytes(fs, f"{base}/{LOCK_NAME}", json.dumps(mine).encode())
-        if _read_json(fs, f"{base}/{LOCK_NAME}") != mine:
-            raise OutputError(f"{uri}: another pack took {LOCK_NAME} at the same time; retry")
-    except (OSError, pa.ArrowException) as exc:
-        raise OutputError(f"{uri}: cannot write ({exc}); check the URI and the "
+        held = read_json(key)
+        if held is not None and not overwrite and not _stale(held):
+            raise OutputError(f"{uri}: another packtool pack (run {held.get('run', '?')} on "
+                              f"{held.get('host', '?')}) is writing this OUTPUT (lock "
+                              f"{LOCK_NAME}); wait for it to end, or pass --overwrite if it was "
+                              "killed")
+        mine = {"run": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid()}
+        write_bytes(key, json.dumps(mine).encode())
+    except STORE_ERRORS as exc:
+        raise OutputError(f"{uri}: cannot write ({_first(exc)}); check the URI and the "
                           "credentials") from None
+    if read_json(key) != mine:
+        raise OutputError(f"{uri}: another packtool pack took the lock {LOCK_NAME} at the same "
+                          "time; wait for it to end or choose another OUTPUT")
+    return mine
+
+
+def release_lock(uri: str, mine: dict) -> None:
+    """Delete the lock object of OUTPUT ``uri`` when it is still ``mine``."""
+    key = join(uri, LOCK_NAME)
     try:
-        stage = staging_dir(uri)
-        manifest = _stage_is_complete(stage, cfg)
-        reused = 0
-        if manifest is None:
-            # the pack itself: local rules (temporary names, rename, resume) in the stage
-            local = dataclasses.replace(cfg, output=str(stage), overwrite=True)
-            result = run_pack(local, progress=progress)
-            manifest, reused = result.manifest, result.shards_reused
-        if not ours:
-            # replacing a finished pack: its manifest goes first, so it never looks complete
-            for name, info in found.items():
-                if name == MANIFEST_NAME:
-                    fs.delete_file(info.path)
-            for name, info in found.items():
-                if info.type == pafs.FileType.File and name.startswith("part-"):
-                    fs.delete_file(info.path)
-        # the marker lists the sha256 of every shard this publish puts there: a rerun keeps an
-        # object only when an earlier marker promised the same bytes under that name
-        before = (_read_json(fs, f"{base}/{MARKER_NAME}") or {}) if ours else {}
-        promised = before.get("sha256", {}) if isinstance(before.get("sha256"), dict) else {}
-        shas = {e["file"]: e["sha256"] for e in manifest["outputs"]}
-        _write_bytes(fs, f"{base}/{MARKER_NAME}",
-                     json.dumps({"run": run_id, "sha256": shas}).encode())
-        found = _listing(fs, base)
-        for k, entry in enumerate(manifest["outputs"]):
-            _test_pause("upload", k)
-            key = f"{base}/{entry['file']}"
-            have = found.get(entry["file"])
-            if (have is not None and have.size == entry["bytes"]
-                    and promised.get(entry["file"]) == entry["sha256"]):
-                reused += 1
-                continue
-            with open(stage / entry["file"], "rb") as src, fs.open_output_stream(key) as dst:
-                shutil.copyfileobj(src, dst, 1 << 22)
-        with open(stage / MANIFEST_NAME, "rb") as src, \
-                fs.open_output_stream(f"{base}/{MANIFEST_NAME}") as dst:
-            shutil.copyfileobj(src, dst)
-        fs.delete_file(f"{base}/{MARKER_NAME}")
-    except (OSError, pa.ArrowException) as exc:
-        raise OutputError(f"{uri}: cannot write ({exc}); rerun the same command to resume") \
-            from None
-    finally:
-        try:
-            if _read_json(fs, f"{base}/{LOCK_NAME}") == mine:
-                fs.delete_file(f"{base}/{LOCK_NAME}")
-        except (OSError, pa.ArrowException):
-            pass
-    shutil.rmtree(stage, ignore_errors=True)
-    total = PackStats.from_dict(manifest["totals"])
-    return PackResult(total, manifest, time.perf_counter() - t0, reused)
+        if read_json(key) == mine:
+            delete(key)
+    except STORE_ERRORS:
+        pass
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def node_temp(name: str) -> Path:
+    """A unique path for ``name`` in this process's temporary directory (``TMPDIR``: on a
+    cluster, the node's own disk). The caller removes it."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"packtool-{uuid.uuid4().hex}-{name}"

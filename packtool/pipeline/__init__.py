@@ -135,10 +135,10 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
             row_starts = np.concatenate([[0], np.cumsum([i.rows for i in infos])])
             order = row_order([i.rows for i in infos], seed=cfg.seed, shuffle=cfg.shuffle)
             plans = WindowPlans([i.directory for i in infos], [i.first_doc for i in infos],
-                                row_starts, cfg.capacity)
+                                row_starts, cfg.capacity, fp)
             per = cfg.rows_per_shard
             jobs = [ShardJob(s, shard_name(s), order[s * per:(s + 1) * per], str(out.path),
-                             str(out.tmp), out.resume)
+                             str(out.tmp), out.resume, out.promised(shard_name(s)))
                     for s in range(-(-order.size // per))]
             out.begin_write()
             # a full disk while writing: about the rows left at capacity * 4 bytes per column
@@ -148,6 +148,7 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
                 for entry, was_reused in engine.map(write_shard_task,
                                                     [(cfg, j, plans) for j in jobs]):
                     outputs.append(entry)
+                    out.shard_written(entry)
                     reused += was_reused
                     out.bytes_needed = max(0, out.bytes_needed - 4 * cfg.capacity * entry["rows"])
                     bar.update(1)

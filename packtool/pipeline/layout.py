@@ -11,13 +11,12 @@ worker, whatever the corpus size.
 from __future__ import annotations
 
 import dataclasses
-import os
-from pathlib import Path
 
 import numpy as np
 
 from packtool.core.layout import PackedRows, layout_rows
 from packtool.core.packing import PackPlan
+from packtool.output import file_size, read_ranges, window_file
 from packtool.pipeline.plan import TARGETS_FILE, TOKENS_FILE, load_plan
 
 __all__ = ["WindowPlans", "layout_group"]
@@ -33,20 +32,28 @@ class WindowPlans:
         capacity: tokens per row.
     """
 
-    def __init__(self, dirs, first_docs, row_starts, capacity: int):
-        self.dirs = list(dirs)
+    def __init__(self, dirs, first_docs, row_starts, capacity: int, tag: str = ""):
+        self.dirs = [str(d) for d in dirs]
         self.first_docs = [int(x) for x in first_docs]
         self.row_starts = np.asarray(row_starts, dtype=np.int64)
         self.capacity = capacity
+        self.tag = tag  #: the run's fingerprint (names the plans' content in a store cache)
         self._plans: dict = {}
+        self._targets: dict = {}
 
     def plan(self, w: int):
         if w not in self._plans:
-            self._plans[w] = load_plan(self.dirs[w], self.capacity)
+            self._plans[w] = load_plan(self.dirs[w], self.capacity, self.tag)
         return self._plans[w]
 
+    def has_targets(self, w: int) -> bool:
+        """Whether window ``w`` saved input target flags (a non-empty targets file)."""
+        if w not in self._targets:
+            self._targets[w] = bool(file_size(window_file(self.dirs[w], TARGETS_FILE)))
+        return self._targets[w]
 
-def _read_segments(path: Path, src: np.ndarray, seg_len: np.ndarray,
+
+def _read_segments(path: str, src: np.ndarray, seg_len: np.ndarray,
                    dtype=np.int32) -> np.ndarray:
     """dtype[sum(seg_len)] (read-only): items ``src[i] .. src[i] + seg_len[i] - 1`` of a flat
     spill file of ``dtype``, back to back. Segments that follow each other in the file are read
@@ -61,11 +68,7 @@ def _read_segments(path: Path, src: np.ndarray, seg_len: np.ndarray,
     starts = ends - seg_len
     sizes = ((ends[np.concatenate([breaks, [src.size]]) - 1] - starts[first]) * size).tolist()
     offsets = (src[first] * size).tolist()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        data = b"".join([os.pread(fd, n, off) for n, off in zip(sizes, offsets)])
-    finally:
-        os.close(fd)
+    data = read_ranges(path, sizes, offsets)  # pread, or ranged GETs for a store
     if len(data) != int(ends[-1]) * size:
         raise OSError(f"{path}: short read ({len(data)} of {int(ends[-1]) * size} bytes): the "
                       "spill file is truncated")
@@ -103,7 +106,7 @@ def layout_group(plans: WindowPlans, rows: np.ndarray, *, pad_id: int, labels) -
     seg_off = np.zeros(n_seg, dtype=np.int64)
     starts = np.zeros(n_seg, dtype=np.int64)  # each segment's first token in the buffer
     blocks, flags, filled = [], [], 0
-    has = {w: _nonempty(Path(plans.dirs[w]) / TARGETS_FILE) for w in windows}
+    has = {w: plans.has_targets(w) for w in windows}
     any_targets = any(has.values())
     for w in windows:
         plan, doc_starts = plans.plan(w)
@@ -118,9 +121,9 @@ def layout_group(plans: WindowPlans, rows: np.ndarray, *, pad_id: int, labels) -
         seg_len[dest], seg_doc[dest], seg_off[dest] = lens, docs + plans.first_docs[w], offs
         starts[dest] = filled + np.cumsum(lens) - lens
         src = doc_starts[docs] + offs
-        blocks.append(_read_segments(Path(plans.dirs[w]) / TOKENS_FILE, src, lens))
+        blocks.append(_read_segments(window_file(plans.dirs[w], TOKENS_FILE), src, lens))
         if any_targets:  # input label masks: flags beside the tokens (1 = target) when present
-            tpath = Path(plans.dirs[w]) / TARGETS_FILE
+            tpath = window_file(plans.dirs[w], TARGETS_FILE)
             flags.append(_read_segments(tpath, src, lens, np.uint8) if has[w]
                          else np.ones(int(lens.sum()), dtype=np.uint8))
         filled += int(lens.sum())
@@ -135,9 +138,3 @@ def layout_group(plans: WindowPlans, rows: np.ndarray, *, pad_id: int, labels) -
                          labels=labels, targets=targets)
     return dataclasses.replace(packed, doc_ids=seg_doc, doc_offsets=seg_off)
 
-
-def _nonempty(path: Path) -> bool:
-    try:
-        return path.stat().st_size > 0
-    except OSError:
-        return False

@@ -12,10 +12,10 @@ attempts of one window (a Ray retry) never mix their files. Only counts come bac
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +24,8 @@ import numpy as np
 from packtool.core.masks import plan_segment_targets
 from packtool.core.packing import PackPlan, pack_lengths
 from packtool.errors import PackingError, row_ref
-from packtool.output import WINDOW_DIR_PREFIX, WINDOW_DONE
+from packtool.output import (WINDOW_DIR_PREFIX, WINDOW_DONE, publish_window, window_done,
+                             window_file, window_workdir)
 from packtool.pipeline.read import Window, read_window
 from packtool.signals import check, test_pause
 from packtool.stats import PackStats
@@ -52,9 +53,10 @@ class WindowInfo:
     reused: bool = False  #: found finished in the scratch directory (a killed run's), not redone
 
 
-def window_dir(tmp: str | os.PathLike, index: int) -> Path:
-    """Directory of window ``index``'s spill and plan inside the scratch directory ``tmp``."""
-    return Path(tmp) / f"{WINDOW_DIR_PREFIX}{index:05d}"
+def window_dir(tmp: str | os.PathLike, index: int) -> str:
+    """Directory of window ``index``'s spill and plan inside the scratch directory ``tmp`` (a
+    path, or a URI when the scratch is in an object store)."""
+    return window_file(str(tmp), f"{WINDOW_DIR_PREFIX}{index:05d}")
 
 
 def _check_overflow(capacity: int, window: Window, lengths: np.ndarray) -> None:
@@ -89,11 +91,11 @@ def prepare_window(cfg, window: Window, tmp: str) -> WindowInfo:
         OSError: the spill or plan cannot be written (e.g. a full disk).
     """
     final = window_dir(tmp, window.index)
-    if (final / WINDOW_DONE).is_file():  # finished by an identical run that was killed
-        stats = PackStats.from_dict(json.loads((final / WINDOW_DONE).read_text()))
-        return WindowInfo(window.index, str(final), window.first_doc, stats.rows, stats, True)
-    work = Path(tmp) / f".{uuid.uuid4().hex}-{final.name}"
-    work.mkdir()
+    done = window_done(final)
+    if done is not None:  # finished by an identical run that was killed
+        stats = PackStats.from_dict(done)
+        return WindowInfo(window.index, final, window.first_doc, stats.rows, stats, True)
+    work = window_workdir(str(tmp), final.rsplit("/", 1)[-1])
     try:
         with open(work / TOKENS_FILE, "wb") as spill:
             lengths, read_counts = read_window(cfg.column, cfg.append_eos, window, spill,
@@ -117,31 +119,37 @@ def prepare_window(cfg, window: Window, tmp: str) -> WindowInfo:
                 plan_segment_targets(plan, doc_starts, targets).sum()))
             del targets
         (work / WINDOW_DONE).write_text(json.dumps(stats.to_dict()))
-        try:
-            os.rename(work, final)
-        except OSError:
-            if not (final / WINDOW_DONE).is_file():
-                raise
-            shutil.rmtree(work, ignore_errors=True)  # another attempt finished the same bytes
+        publish_window(work, final)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    return WindowInfo(window.index, str(final), window.first_doc, plan.num_rows, stats)
+    return WindowInfo(window.index, final, window.first_doc, plan.num_rows, stats)
 
 
-def load_plan(directory: str | os.PathLike, capacity: int) -> tuple[PackPlan, np.ndarray]:
-    """A saved window plan, memory-mapped (pages are read when touched).
+def load_plan(directory: str | os.PathLike, capacity: int,
+              tag: str = "") -> tuple[PackPlan, np.ndarray]:
+    """A saved window plan: memory-mapped from a directory (pages are read when touched), or
+    read whole from a scratch prefix in an object store (each array one GET, kept in a
+    per-process cache under ``tag``, the run's fingerprint: see
+    :func:`packtool.formats.object_store.cached_bytes`).
 
     Returns:
         (plan, doc_starts int64[docs]): document numbers in the plan are window-local.
     """
-    d = Path(directory)
+    from packtool.formats.reader import is_remote
+
     arrays = {}
     for name in _PLAN_ARRAYS:
+        where = window_file(str(directory), f"{name}.npy")
+        if is_remote(where):
+            from packtool.formats.object_store import cached_bytes
+
+            arrays[name] = np.load(io.BytesIO(cached_bytes(where, tag)))
+            continue
         try:
-            arrays[name] = np.asarray(np.load(d / f"{name}.npy", mmap_mode="r"))
+            arrays[name] = np.asarray(np.load(where, mmap_mode="r"))
         except ValueError:  # an empty array cannot be memory-mapped
-            arrays[name] = np.load(d / f"{name}.npy")
+            arrays[name] = np.load(where)
     doc_starts = arrays.pop("doc_starts")
     return PackPlan(capacity=capacity, **arrays), doc_starts
 

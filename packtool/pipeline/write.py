@@ -2,14 +2,13 @@
 
 A shard is ``rows_per_shard`` output rows, laid out ``rows_per_group`` at a time (one Parquet row
 group each, so memory stays at one row group per worker), written under a unique temporary name
-in the scratch directory and published under its final name with ``os.replace``. Its bytes
+locally and published whole under its final name (a rename in a directory, one upload to an
+object store). Its bytes
 depend only on the plans and its row numbers, never on the engine or the worker count.
 """
 
 from __future__ import annotations
 
-import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import numpy as np
 from packtool.formats.manifest import sha256_file
 from packtool.formats.schema import packed_schema
 from packtool.formats.writer import rows_to_table, write_shard
+from packtool.output import discard_shard_temp, kept_shard, publish_shard, shard_temp
 from packtool.pipeline.layout import WindowPlans, layout_group
 from packtool.signals import check, test_pause
 
@@ -31,23 +31,30 @@ class ShardJob:
     index: int  #: shard number
     name: str  #: final file name
     rows: np.ndarray  #: int64[n], global row numbers in output order
-    output: str  #: OUTPUT directory
-    tmp: str  #: scratch directory
-    reuse: bool  #: keep the file if it exists already (resuming an identical pack)
+    output: str  #: OUTPUT directory or URI
+    tmp: str  #: scratch directory or URI
+    reuse: bool  #: keep the shard if it is there already (resuming an identical pack)
+    promised: dict | None = None  #: its ``{"bytes", "sha256"}`` from the marker (object store)
 
 
-def shard_entry(path: Path, rows: int, digest: str | None = None) -> dict:
+def shard_entry(name: str, rows: int, size: int, digest: str | None = None,
+                path: Path | None = None) -> dict:
     """The manifest entry of a finished shard: ``{"file", "rows", "bytes", "sha256"}``.
 
-    ``digest`` is the sha256 the writer took while writing; a shard kept from an interrupted run
-    is hashed here (the only place a written shard is read back for its sha256).
+    ``digest`` is the sha256 the writer took while writing (or the marker recorded); a shard
+    kept from an interrupted run in a directory is hashed here from ``path`` (the only place a
+    written shard is read back for its sha256).
     """
-    return {"file": path.name, "rows": int(rows), "bytes": path.stat().st_size,
+    return {"file": name, "rows": int(rows), "bytes": int(size),
             "sha256": digest if digest is not None else sha256_file(path)}
 
 
 def write_shard_task(cfg, job: ShardJob, plans: WindowPlans) -> tuple[dict, bool]:
     """Lay out and write one shard (or keep it when resuming and it is there).
+
+    The shard is written to a local file (:func:`packtool.output.shard_temp`: in the scratch
+    directory, or in the task's own temporary directory when OUTPUT is in an object store)
+    and published whole (:func:`packtool.output.publish_shard`: a rename, or one upload).
 
     Args:
         cfg: :class:`packtool.config.PackConfig` (capacity, labels, pad_id, rows_per_group).
@@ -58,12 +65,14 @@ def write_shard_task(cfg, job: ShardJob, plans: WindowPlans) -> tuple[dict, bool
         (manifest entry, reused).
 
     Raises:
-        OSError: the shard cannot be written (full disk, I/O error).
+        OSError: the shard cannot be written (full disk, I/O error, the store refused it).
         KeyboardInterrupt: the run was told to stop (checked between row groups).
     """
-    final = Path(job.output) / job.name
-    if job.reuse and final.is_file():
-        return shard_entry(final, job.rows.size), True
+    if job.reuse:
+        kept = kept_shard(job.output, job.name, job.promised)
+        if kept is not None:
+            return shard_entry(job.name, job.rows.size, *kept,
+                               path=Path(job.output) / job.name), True
     schema = packed_schema(cfg.capacity, cfg.labels.value)
 
     def tables():
@@ -74,8 +83,11 @@ def write_shard_task(cfg, job: ShardJob, plans: WindowPlans) -> tuple[dict, bool
             yield rows_to_table(packed, schema)
             test_pause("write-shard", job.index)
 
-    tmp = Path(job.tmp) / f"{uuid.uuid4().hex}-{job.name}"
-    _, digest = write_shard(tmp, schema, tables())  # sha256 taken while writing
-    check()  # a run that is stopping publishes nothing more
-    os.replace(tmp, final)
-    return shard_entry(final, job.rows.size, digest), False
+    tmp = shard_temp(job.tmp, job.name)
+    try:
+        size, digest = write_shard(tmp, schema, tables())  # sha256 taken while writing
+        check()  # a run that is stopping publishes nothing more
+        publish_shard(tmp, job.output, job.name)
+    finally:
+        discard_shard_temp(tmp, job.tmp)
+    return shard_entry(job.name, job.rows.size, size, digest), False

@@ -6,6 +6,7 @@ local directory, and discovery keeps its rules (``_temporary`` skipped, packed o
 from __future__ import annotations
 
 import json
+import os
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -13,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from packcheck import hash_tree, invoke, write_docs
-from packtool.formats.manifest import MANIFEST_NAME, read_manifest, write_manifest_file
+from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
+                                       manifest_from_bytes, read_manifest, write_manifest_file)
 from packtool.formats.reader import discover, iter_token_batches
 from packtool.formats.schema import packed_schema
 
@@ -134,55 +136,113 @@ def _corpus(fs, bucket, tmp_path):
     return ref
 
 
+def _node_temp(tmp_path, monkeypatch):
+    """The process's temporary directory (where tasks write before uploading), made empty."""
+    import tempfile
+
+    node = tmp_path / "node"
+    node.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(node))
+    return node
+
+
 def test_pack_s3_to_s3_gives_the_same_bytes_as_local(tmp_path, s3, monkeypatch):
     fs, bucket = s3
-    monkeypatch.setenv("PACKTOOL_STAGING_DIR", str(tmp_path / "stage"))
+    node = _node_temp(tmp_path, monkeypatch)
     ref = _corpus(fs, bucket, tmp_path)
     res = invoke(["pack", "-q", *OPTS, f"s3://{bucket}/in", f"s3://{bucket}/out"])
     assert res.exit_code == 0, res.output
     remote = _remote_tree(fs, f"{bucket}/out")
     assert {k: v for k, v in remote.items() if k != MANIFEST_NAME} == _shards(ref)
-    assert [k for k in remote if k.startswith(".")] == [MANIFEST_NAME]
-    assert not any((tmp_path / "stage").iterdir()), "the staging directory is removed"
-    # a packed output in S3 is refused as OUTPUT without --overwrite, and as INPUT
+    assert [k for k in remote if k.startswith(".")] == [MANIFEST_NAME], "scratch, lock removed"
+    assert not any(node.iterdir()), "the local files written before each upload are removed"
+    with fs.open_input_stream(f"{bucket}/out/{MANIFEST_NAME}") as fh:
+        m = manifest_from_bytes(fh.read(), "out")
+    assert [o["file"] for o in m["outputs"]] == sorted(_shards(ref))
+    # the same command again: the finished pack is kept (a no-op), as in a directory
     again = invoke(["pack", "-q", *OPTS, f"s3://{bucket}/in", f"s3://{bucket}/out"])
-    assert again.exit_code == 1 and "not empty" in again.output
+    assert again.exit_code == 0 and "already holds this pack" in again.output, again.output
+    assert _remote_tree(fs, f"{bucket}/out") == remote
+    # other options: refused without --overwrite; a packed output is refused as INPUT
+    other = invoke(["pack", "-q", *OPTS[:-2], "--workers", 2, "--seed", 3,
+                    f"s3://{bucket}/in", f"s3://{bucket}/out"])
+    assert other.exit_code == 1 and "not empty" in other.output, other.output
     back = invoke(["pack", "-q", *OPTS, f"s3://{bucket}/out", tmp_path / "x"])
     assert back.exit_code == 1 and "packtool output" in back.output
 
 
-@pytest.mark.parametrize("phase", ["write-shard:2", "upload:3"])
-def test_killed_s3_pack_resumes_with_the_same_bytes(tmp_path, s3, phase):
-    """SIGKILL while packing (staged) or while publishing: no manifest in S3; the rerun
-    finishes with the bytes of an uninterrupted local pack, reusing what was done."""
-    import os
+def test_s3_output_refuses_foreign_objects_and_a_held_lock(tmp_path, s3, monkeypatch):
+    import socket
+
+    fs, bucket = s3
+    _node_temp(tmp_path, monkeypatch)
+    _corpus(fs, bucket, tmp_path)
+    with fs.open_output_stream(f"{bucket}/o1/notes.txt") as fh:
+        fh.write(b"x")
+    res = invoke(["pack", "-q", *OPTS, "--overwrite", f"s3://{bucket}/in", f"s3://{bucket}/o1"])
+    assert res.exit_code == 1 and "packtool did not write (notes.txt)" in res.output, res.output
+    with fs.open_output_stream(f"{bucket}/o2/{LOCK_NAME}") as fh:  # a live run of this host
+        fh.write(json.dumps({"run": "r1", "host": socket.gethostname(),
+                             "pid": os.getpid()}).encode())
+    res = invoke(["pack", "-q", *OPTS, f"s3://{bucket}/in", f"s3://{bucket}/o2"])
+    assert res.exit_code == 1 and "another packtool pack (run r1" in res.output, res.output
+    assert set(_remote_tree(fs, f"{bucket}/o2")) == {LOCK_NAME}
+
+
+@pytest.mark.parametrize("phase, sig", [("write-shard:2", "SIGKILL"), ("write-shard:3", "SIGINT")])
+def test_interrupted_s3_pack_resumes_with_the_same_bytes(tmp_path, s3, phase, sig):
+    """SIGKILL (no cleanup: the scratch windows stay in the store and are reused) or Ctrl-C
+    (cleanup: scratch deleted, the marker lists the finished shards, which the rerun keeps) while
+    shards are written straight to S3: no manifest; the rerun ends with the local bytes."""
     import signal
     import subprocess
     import sys
 
     fs, bucket = s3
+    out = f"out-{sig}"  # one bucket per test name, which both cases share
     ref = _corpus(fs, bucket, tmp_path)
-    env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT=phase,
-               PACKTOOL_STAGING_DIR=str(tmp_path / "stage"))
-    args = ["pack", "-q", *[str(a) for a in OPTS], f"s3://{bucket}/in", f"s3://{bucket}/out"]
+    node = tmp_path / "node"
+    node.mkdir()
+    env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT=phase, TMPDIR=str(node))
+    args = ["pack", "-q", *[str(a) for a in OPTS], f"s3://{bucket}/in", f"s3://{bucket}/{out}"]
     proc = subprocess.Popen([sys.executable, "-m", "packtool", *args], stderr=subprocess.PIPE,
                             text=True, env=env)
     try:
         line = proc.stderr.readline()
         assert f"test pause at {phase}" in line, line
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        os.kill(proc.pid, getattr(signal, sig))
+        proc.wait(timeout=60)
     finally:
         proc.kill()
-    remote = _remote_tree(fs, f"{bucket}/out")
-    assert MANIFEST_NAME not in remote
-    if phase.startswith("upload"):
-        assert {"part-00000.parquet", "part-00002.parquet"} <= set(remote)
+    remote = _remote_tree(fs, f"{bucket}/{out}")
+    assert MANIFEST_NAME not in remote and IN_PROGRESS_NAME in remote
+    scratch = sorted(k for k in remote if k.startswith(TMP_DIR_NAME + "/"))
+    if sig == "SIGINT":
+        assert proc.returncode == 130
+        assert not scratch and LOCK_NAME not in remote, sorted(remote)
+        assert not any(node.iterdir())
+    else:
+        assert f"{TMP_DIR_NAME}/window-00000/done.json" in scratch, scratch
     env.pop("PACKTOOL_TEST_PAUSE_AT")
     res = subprocess.run([sys.executable, "-m", "packtool", *args[:1], "--json", *args[2:]],
                          capture_output=True, text=True, env=env)
     assert res.returncode == 0, res.stderr
-    if phase.startswith("upload"):
-        assert json.loads(res.stdout)["shards_reused"] == 3
-    remote = _remote_tree(fs, f"{bucket}/out")
+    report = json.loads(res.stdout)
+    if sig == "SIGINT":
+        assert report["shards_reused"] == 3, report
+    else:
+        assert report["windows_reused"] == 1, report
+    remote = _remote_tree(fs, f"{bucket}/{out}")
     assert {k: v for k, v in remote.items() if k != MANIFEST_NAME} == _shards(ref)
+    assert [k for k in remote if k.startswith(".")] == [MANIFEST_NAME]
+
+
+def test_manifest_bytes_equal_the_manifest_file(tmp_path):
+    """A store's manifest (one PUT of these bytes) is the file a directory gets."""
+    from packtool.formats.manifest import manifest_bytes
+
+    m = {"outputs": [{"file": "part-00000.parquet", "rows": 2}], "fingerprint": "f"}
+    schema = packed_schema(8, "none")
+    path = write_manifest_file(tmp_path, m, schema)
+    assert manifest_bytes(m, schema) == path.read_bytes()
+    assert manifest_from_bytes(path.read_bytes(), "m") == m
