@@ -90,6 +90,7 @@ class Node:
     temp_dir: Path
     log: Path
     alive: bool = True
+    args: list = field(default_factory=list)  #: its ``ray start`` options (to restart it)
 
     def processes(self) -> list[psutil.Process]:
         """The node's processes: the ``ray start`` process and all its descendants."""
@@ -122,6 +123,8 @@ class Cluster:
     def _start(self, name: str, args: list[str], timeout: float = 180.0) -> Node:
         temp = self.root / name
         temp.mkdir(parents=True, exist_ok=True)
+        tmpdir = self.root / "tmp" / name  # the node's own disk: its tasks' TMPDIR
+        tmpdir.mkdir(parents=True, exist_ok=True)
         log = self.root / f"{name}.log"
         ports = ["--node-manager-port", free_port(), "--object-manager-port", free_port(),
                  "--dashboard-agent-listen-port", free_port(),
@@ -130,11 +133,11 @@ class Cluster:
         cmd = ["nice", "-n", "10", str(BIN / "ray"), "start", "--block", "--temp-dir", str(temp),
                "--node-ip-address", "127.0.0.1", "--object-store-memory", str(100 << 20),
                "--disable-usage-stats", *map(str, ports), *args]
-        env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", **self.env)
+        env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", **self.env, TMPDIR=str(tmpdir))
         with open(log, "wb") as f:
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
-        node = Node(name, proc, temp, log)
+        node = Node(name, proc, temp, log, args=list(args))
         self.nodes.append(node)
         t0 = time.monotonic()
         while b"Ray runtime started" not in log.read_bytes():
@@ -192,6 +195,11 @@ class Cluster:
         node.proc.wait(timeout=10)
         node.alive = False
 
+    def restart(self, node: Node) -> Node:
+        """Start a killed node again, with its name and options (a replacement machine)."""
+        self.nodes.remove(node)
+        return self._start(node.name, node.args)
+
     def stop(self) -> None:
         """Stop every node, workers first, head last: SIGTERM, then SIGKILL what is left."""
         for node in reversed(self.nodes):
@@ -238,10 +246,60 @@ def make_corpus(root: Path, *, files: int, docs: int, seed: int = 0, bad_file: i
     return root
 
 
-def tree_hashes(out: Path) -> dict:
-    """sha256 of every file in OUTPUT (shards and the manifest), by name."""
+def _store(uri: str):
+    """(pyarrow filesystem, path inside it) of an ``s3://`` URI (endpoint from the environment)."""
+    import pyarrow.fs as pafs
+
+    fs, path = pafs.FileSystem.from_uri(uri)
+    return fs, path.rstrip("/")
+
+
+def tree_hashes(out) -> dict:
+    """sha256 of every file in OUTPUT (shards and the manifest), by name. An ``s3://`` OUTPUT
+    is listed recursively, so any object left beside them (scratch, lock) shows as an entry."""
+    if isinstance(out, str) and "://" in out:
+        import pyarrow.fs as pafs
+
+        fs, base = _store(out)
+        got = {}
+        for info in fs.get_file_info(pafs.FileSelector(base, recursive=True,
+                                                       allow_not_found=True)):
+            if info.type == pafs.FileType.File:
+                with fs.open_input_stream(info.path) as fh:
+                    got[info.path[len(base) + 1:]] = hashlib.sha256(fh.read()).hexdigest()
+        return dict(sorted(got.items()))
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(out.iterdir()) if p.is_file()}
+            for p in sorted(Path(out).iterdir()) if p.is_file()}
+
+
+def copy_tree(src, dst) -> None:
+    """Copy OUTPUT ``src`` to ``dst`` (both directories or both ``s3://`` prefixes)."""
+    if isinstance(src, str) and "://" in src:
+        import pyarrow.fs as pafs
+
+        fs, a = _store(src)
+        _, b = _store(dst)
+        pafs.copy_files(a, b, source_filesystem=fs, destination_filesystem=fs)
+    else:
+        shutil.copytree(src, dst)
+
+
+def windows_done(out) -> int:
+    """Windows finished in OUTPUT's scratch (``window-*/done.json``)."""
+    if isinstance(out, str) and "://" in out:
+        import pyarrow.fs as pafs
+
+        fs, base = _store(out)
+        infos = fs.get_file_info(pafs.FileSelector(f"{base}/.packtool-tmp", recursive=True,
+                                                   allow_not_found=True))
+        return sum(i.path.endswith("/done.json") and "/window-" in i.path for i in infos)
+    return sum((d / "done.json").is_file() for d in (Path(out) / ".packtool-tmp").glob("window-*"))
+
+
+def packtool_files(where: Path) -> list[str]:
+    """Names of packtool's temporary files and directories under ``where``."""
+    return sorted(p.name for p in where.rglob("*") if "packtool" in p.name) \
+        if where.is_dir() else []
 
 
 @dataclass
@@ -254,11 +312,16 @@ class Runner:
     rows_per_shard: int
     env: dict = field(default_factory=dict)
     count: int = 0
+    store: str | None = None  #: an ``s3://`` prefix: OUTPUTs go there, else under ``root``
+    ref: object = None  #: OUTPUT of the undisturbed cluster run in this place
 
-    def fresh(self, name: str) -> tuple[Path, Path]:
-        """A new OUTPUT path and hold-marker path for one run of fault ``name``."""
+    def fresh(self, name: str):
+        """A new OUTPUT (path, or URI in the store) and hold-marker path for one run."""
         self.count += 1
-        return self.root / f"out-{name}-{self.count}", self.root / f"held-{name}-{self.count}"
+        held = self.root / f"held-{name}-{'s3' if self.store else 'dir'}-{self.count}"
+        if self.store:
+            return f"{self.store}/out-{name}-{self.count}", held
+        return self.root / f"out-{name}-{self.count}", held
 
     def argv(self, inputs, out, *, engine="ray", extra=()) -> list[str]:
         args = [str(BIN / "packtool"), "pack", "--json", "--capacity", str(CAPACITY),
@@ -269,7 +332,9 @@ class Runner:
         return ["nice", "-n", "10", *args, *map(str, inputs), str(out)]
 
     def popen(self, inputs, out, *, pause=None, once=None, **kw) -> subprocess.Popen:
-        env = dict(os.environ, **self.env)
+        driver_tmp = self.root / "tmp" / "driver"  # watched: no packtool file may appear
+        driver_tmp.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, **self.env, TMPDIR=str(driver_tmp))
         for k in ("PACKTOOL_TEST_PAUSE_AT", "PACKTOOL_TEST_PAUSE_ONCE"):
             env.pop(k, None)
         if pause:
@@ -335,7 +400,13 @@ def fault_kill_worker(r: Runner, inputs, ref: dict) -> Result:
     p = r.popen(inputs, out, pause="write-shard:1", once=marker)
     pid = wait_pid(marker, p)
     node = r.cluster.node_of(pid)
-    os.kill(pid, signal.SIGKILL)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        p.kill()
+        so, se = p.communicate()
+        return Result("kill-worker", False, time.monotonic() - t0,
+                      f"FAILED: held worker {pid} gone before the kill: {se.strip()[-800:]}")
     so, se = p.communicate(timeout=300)
     return _finish("kill-worker", t0, {
         "exit 0": p.returncode == 0, "same bytes": p.returncode == 0 and tree_hashes(out) == ref,
@@ -349,13 +420,12 @@ def fault_kill_driver(r: Runner, inputs, ref: dict) -> Result:
     held = min(2, windows - 1)
     p = r.popen(inputs, out, pause=f"plan:{held}", once=marker)
     pid = wait_pid(marker, p)
-    scratch = out / ".packtool-tmp"
     deadline = time.monotonic() + 240
-    while not any((d / "done.json").is_file() for d in scratch.glob("window-*")):
+    while not windows_done(out):
         if time.monotonic() > deadline or p.poll() is not None:
             break
-        time.sleep(0.1)
-    finished = sum((d / "done.json").is_file() for d in scratch.glob("window-*"))
+        time.sleep(0.2)
+    finished = windows_done(out)
     p.kill()  # SIGKILL: no cleanup at all
     p.communicate()
     worker_gone = gone(pid, 60)  # Ray ends the dead driver's tasks
@@ -371,9 +441,9 @@ def fault_kill_driver(r: Runner, inputs, ref: dict) -> Result:
         f"{report.get('windows_reused')}")
 
 
-def fault_data_error(r: Runner, bad_inputs, ref_out: Path) -> Result:
+def fault_data_error(r: Runner, bad_inputs, ref_out) -> Result:
     t0, (out, marker) = time.monotonic(), r.fresh("data-error")
-    shutil.copytree(ref_out, out)  # an existing finished OUTPUT that must stay as it was
+    copy_tree(ref_out, out)  # an existing finished OUTPUT that must stay as it was
     before = tree_hashes(out)
     p = r.popen(bad_inputs, out, pause="plan:0", once=marker, extra=("--overwrite",))
     pid = wait_pid(marker, p)
@@ -389,12 +459,12 @@ def fault_data_error(r: Runner, bad_inputs, ref_out: Path) -> Result:
                                                and ".parquet: row" in lines[0]),
         "held task cancelled before exit": not psutil.pid_exists(pid)
         or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
-        "OUTPUT as before": tree_hashes(out) == before
-        and not (out / ".packtool-tmp").exists()},
+        "OUTPUT as before (no scratch, no lock)": tree_hashes(out) == before
+        and (r.store is not None or not (out / ".packtool-tmp").exists())},
         f"{lines[0] if lines else '(no error line)'}")
 
 
-def fault_stop_node(r: Runner, inputs, ref: dict) -> Result:
+def fault_stop_node(r: Runner, inputs, ref: dict, restart: bool = False) -> Result:
     t0, (out, marker) = time.monotonic(), r.fresh("stop-node")
     p = r.popen(inputs, out, pause="plan:1", once=marker)
     pid = wait_pid(marker, p)
@@ -405,6 +475,8 @@ def fault_stop_node(r: Runner, inputs, ref: dict) -> Result:
         return Result("stop-node", False, time.monotonic() - t0, "held task not on a worker node")
     r.cluster.kill_node(node)
     so, se = p.communicate(timeout=300)
+    if restart:  # more runs follow: the cluster gets its node back
+        r.cluster.restart(node)
     return _finish("stop-node", t0, {
         "exit 0": p.returncode == 0, "same bytes": p.returncode == 0 and tree_hashes(out) == ref},
         f"killed node {node.name} (all its processes) while it ran window 1"
@@ -415,17 +487,60 @@ def ref_windows(r: Runner, inputs) -> list:
     """The windows of the undisturbed run (from its manifest)."""
     from packtool.formats.manifest import read_manifest
 
-    return read_manifest(r.root / "out-ref")["windows"]
+    if r.store:
+        from packtool.formats.manifest import manifest_from_bytes
+
+        fs, base = _store(r.ref)
+        with fs.open_input_stream(f"{base}/.packtool-manifest.parquet") as fh:
+            return manifest_from_bytes(fh.read(), r.ref)["windows"]
+    return read_manifest(r.ref)["windows"]
+
+
+class Watch:
+    """Polls directories in a thread and records every packtool file seen in each."""
+
+    def __init__(self, dirs: dict):
+        import threading
+
+        self.dirs, self.seen = dirs, {k: set() for k in dirs}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            for k, d in self.dirs.items():
+                try:
+                    self.seen[k].update(packtool_files(d))
+                except OSError:  # a file went away while listed
+                    pass
+            self._stop.wait(0.1)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        return False
+
+
+PLACES = ("dir", "s3")
 
 
 def run_all(root: Path, *, faults=FAULTS, docs: int = 6000, files: int = 6,
             window_docs: int = 1000, rows_per_shard: int = 64, s3: str | None = None,
-            log=print) -> list[Result]:
+            places=("dir",), fault_places=None, log=print) -> list[Result]:
     """Start the cluster under ``root``, run the reference runs and ``faults``, stop it.
 
     Args:
         s3: endpoint URL of an S3-compatible server: INPUT is uploaded there and read as
             ``s3://`` by every node (credentials ``testing``); None: a local directory.
+        places: where OUTPUT goes in the undisturbed cluster runs, each compared with
+            ``--engine local`` into a directory: ``dir`` (a directory under ``root``, which
+            every node of this machine sees) and ``s3`` (a prefix on the S3 server: the nodes
+            then share nothing but the store; needs ``s3``).
+        fault_places: the places where every fault runs (default: ``places``).
 
     Returns:
         one :class:`Result` per run (reference runs first).
@@ -434,15 +549,19 @@ def run_all(root: Path, *, faults=FAULTS, docs: int = 6000, files: int = 6,
     src = make_corpus(root / "in", files=files, docs=docs)
     bad = make_corpus(root / "in-bad", files=files, docs=docs, bad_file=files - 1)
     inputs, bad_inputs = [src], [bad]
+    if "s3" in places and not s3:
+        raise ValueError("OUTPUT on S3 needs the S3 server (s3=URL)")
     if s3:
         import pyarrow.fs as pafs
 
         env = {"AWS_ENDPOINT_URL": s3, "AWS_ACCESS_KEY_ID": "testing",
                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
                "AWS_EC2_METADATA_DISABLED": "true"}
+        os.environ.update(env)  # this script reads the outputs back from the store too
         fs = pafs.S3FileSystem(endpoint_override=s3, access_key="testing", secret_key="testing",
                                region="us-east-1", allow_bucket_creation=True)
         fs.create_dir("corpus")
+        fs.create_dir("packed")
         for d in (src, bad):
             for f in sorted(d.iterdir()):
                 pafs.copy_files(str(f), f"corpus/{d.name}/{f.name}",
@@ -452,8 +571,8 @@ def run_all(root: Path, *, faults=FAULTS, docs: int = 6000, files: int = 6,
     t0 = time.monotonic()
     cluster = Cluster(root / "ray", env=env)
     try:
-        _runs(cluster, root, inputs, bad_inputs, faults, window_docs, rows_per_shard, env,
-              results, log, t0)
+        _runs(cluster, root, inputs, bad_inputs, faults, window_docs, rows_per_shard, results,
+              log, t0, list(places), list(places if fault_places is None else fault_places))
     finally:
         cluster.stop()
         seen = cluster.seen
@@ -465,48 +584,80 @@ def run_all(root: Path, *, faults=FAULTS, docs: int = 6000, files: int = 6,
     return results
 
 
-def _runs(cluster, root, inputs, bad_inputs, faults, window_docs, rows_per_shard, env, results,
-          log, t0):
+def _runs(cluster, root, inputs, bad_inputs, faults, window_docs, rows_per_shard, results,
+          log, t0, places, fault_places):
+    def add(res):
+        results.append(res)
+        log(_line(res))
+
     with cluster:
         log(f"cluster up in {time.monotonic() - t0:.1f} s at {cluster.address}: "
             + ", ".join(n.name for n in cluster.nodes))
-        r = Runner(cluster, root, window_docs, rows_per_shard, cluster.env)
-        t = time.monotonic()
-        local = r.run(inputs, root / "out-local", engine="local", extra=("--workers", "1"))
-        results.append(Result("local engine", local.returncode == 0, time.monotonic() - t,
-                              local.stderr.strip()[-300:]))
-        t = time.monotonic()
-        ray_ref = r.run(inputs, root / "out-ref")
-        ok = ray_ref.returncode == 0
-        ref = tree_hashes(root / "out-ref") if ok else {}
-        same = ok and local.returncode == 0 and ref == tree_hashes(root / "out-local")
-        results.append(Result("cluster, undisturbed", ok and same, time.monotonic() - t,
-                              (f"{len(ref) - 1} shards, same bytes as --engine local"
-                               if same else f"FAILED: {ray_ref.stderr.strip()[-500:]}")))
-        log(_line(results[-2]))
-        log(_line(results[-1]))
-        if not ok:
-            return
-        for name in faults:
-            try:
-                if name == "kill-worker":
-                    res = fault_kill_worker(r, inputs, ref)
-                elif name == "kill-driver":
-                    res = fault_kill_driver(r, inputs, ref)
-                elif name == "data-error":
-                    res = fault_data_error(r, bad_inputs, root / "out-ref")
-                elif name == "stop-node":
-                    res = fault_stop_node(r, inputs, ref)
-                else:
-                    raise ValueError(f"unknown fault {name!r}; choose from {', '.join(FAULTS)}")
-            except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                res = Result(name, False, 0.0, f"FAILED: {exc}")
-            results.append(res)
-            log(_line(res))
+        node_tmp = {n.name: cluster.root / "tmp" / n.name for n in cluster.nodes
+                    if n.name != "head"}
+        runners = {}
+        for place in dict.fromkeys(places + fault_places):
+            runners[place] = Runner(cluster, root, window_docs, rows_per_shard, cluster.env,
+                                    store="s3://packed" if place == "s3" else None)
+        any_r = runners[places[0]]
+        with Watch({"driver": root / "tmp" / "driver"}) as driver_watch:
+            t = time.monotonic()
+            local = any_r.run(inputs, root / "out-local", engine="local",
+                              extra=("--workers", "1"))
+            add(Result("local engine", local.returncode == 0, time.monotonic() - t,
+                       "into a directory, 1 worker" if local.returncode == 0
+                       else local.stderr.strip()[-300:]))
+            if local.returncode != 0:
+                return
+            want = tree_hashes(root / "out-local")
+            for place in places:
+                r = runners[place]
+                r.ref = r.fresh("ref")[0]
+                t = time.monotonic()
+                with Watch(node_tmp) as nodes_watch:
+                    ref_run = r.run(inputs, r.ref)
+                ok = ref_run.returncode == 0
+                got = tree_hashes(r.ref) if ok else {}
+                left = {k: packtool_files(d) for k, d in node_tmp.items()}
+                used = sum(len(v) for v in nodes_watch.seen.values())
+                checks = {"exit 0": ok, "same bytes as --engine local": got == want,
+                          "no packtool file left on the nodes": not any(left.values())}
+                add(_finish(f"cluster, undisturbed, {place}", t, checks,
+                            f"{len(got) - 1} shards + manifest"
+                            + (f"; nodes' TMPDIR held {used} packtool temporaries during the "
+                               "run, none after" if place == "s3" else "")
+                            + ("" if ok else f": {ref_run.stderr.strip()[-500:]}")))
+            for k, place in enumerate(fault_places):
+                r = runners[place]
+                if r.ref is None or tree_hashes(r.ref) != want:
+                    add(Result(f"faults, {place}", False, 0.0, "no undisturbed run to compare"))
+                    continue
+                for name in faults:
+                    try:
+                        if name == "kill-worker":
+                            res = fault_kill_worker(r, inputs, want)
+                        elif name == "kill-driver":
+                            res = fault_kill_driver(r, inputs, want)
+                        elif name == "data-error":
+                            res = fault_data_error(r, bad_inputs, r.ref)
+                        elif name == "stop-node":
+                            res = fault_stop_node(r, inputs, want,
+                                                  restart=k < len(fault_places) - 1)
+                        else:
+                            raise ValueError(f"unknown fault {name!r}; choose from "
+                                             f"{', '.join(FAULTS)}")
+                    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                        res = Result(name, False, 0.0, f"FAILED: {exc}")
+                    res.name = f"{res.name}, {place}"
+                    add(res)
+        seen = sorted(driver_watch.seen["driver"])
+        add(Result("driver TMPDIR", not seen, 0.0,
+                   "no packtool file appeared in the driver's TMPDIR during any run" if not seen
+                   else f"FAILED: the driver wrote {seen[:5]}"))
 
 
 def _line(r: Result) -> str:
-    return f"{'ok  ' if r.ok else 'FAIL'} {r.name:<22} {r.seconds:6.1f} s  {r.note}"
+    return f"{'ok  ' if r.ok else 'FAIL'} {r.name:<30} {r.seconds:6.1f} s  {r.note}"
 
 
 def _moto():
@@ -537,17 +688,22 @@ def main(argv=None) -> int:
     ap.add_argument("--window-docs", type=int, default=1000)
     ap.add_argument("--rows-per-shard", type=int, default=64)
     ap.add_argument("--s3", action="store_true", help="INPUT on a local S3 server (moto)")
+    ap.add_argument("--output", default="dir", choices=("dir", "s3", "both"),
+                    help="where OUTPUT goes: a directory, a prefix on the S3 server (implies "
+                         "--s3; the nodes share nothing but the store), or both, one after the "
+                         "other on the same cluster (default: dir)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     a = ap.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="ptc-", dir="/tmp"))
     moto = None
     try:
         url = None
-        if a.s3:
+        places = list(PLACES) if a.output == "both" else [a.output]
+        if a.s3 or "s3" in places:
             moto, url = _moto()
         results = run_all(root, faults=[f for f in a.faults.split(",") if f], docs=a.docs,
                           files=a.files, window_docs=a.window_docs,
-                          rows_per_shard=a.rows_per_shard, s3=url)
+                          rows_per_shard=a.rows_per_shard, s3=url, places=places)
     finally:
         if moto is not None:
             moto.terminate()
