@@ -246,3 +246,27 @@ def test_manifest_bytes_equal_the_manifest_file(tmp_path):
     path = write_manifest_file(tmp_path, m, schema)
     assert manifest_bytes(m, schema) == path.read_bytes()
     assert manifest_from_bytes(path.read_bytes(), "m") == m
+
+
+@pytest.mark.parametrize("hole", [0, 100, 1 << 20])
+def test_read_ranges_gives_the_bytes_of_each_range_in_order(s3, monkeypatch, hole):
+    """Unsorted, overlapping, empty and far-apart ranges, coalesced or not: the same bytes as
+    slicing the object."""
+    import numpy as np
+
+    from packtool.formats import object_store as store
+
+    fs, bucket = s3
+    data = np.random.default_rng(0).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    with fs.open_output_stream(f"{bucket}/blob") as fh:
+        fh.write(data)
+    monkeypatch.setattr(store, "HOLE_LIMIT", hole)
+    monkeypatch.setattr(store, "SPAN_LIMIT", 50_000)
+    rng = np.random.default_rng(1)
+    offsets = rng.integers(0, 290_000, 200).tolist() + [5, 5, 299_990, 0]
+    sizes = rng.integers(0, 10_000, 200).tolist() + [10, 0, 10, 1]
+    sizes = [min(n, len(data) - o) for n, o in zip(sizes, offsets)]
+    got = store.read_ranges(f"s3://{bucket}/blob", sizes, offsets)
+    assert got == b"".join(data[o:o + n] for n, o in zip(sizes, offsets))
+    with pytest.raises(OSError, match="short read"):
+        store.read_ranges(f"s3://{bucket}/blob", [20], [299_990])
