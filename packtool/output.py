@@ -27,6 +27,17 @@ that (ENOSPC or EIO while writing shards, Ctrl-C, a failed Ray task) the finishe
 marker stay, and rerunning the same command finishes the output byte-identically. ``OSError``
 becomes one :class:`~packtool.errors.OutputError` line naming the path and the cause (for a
 full disk: about how many bytes were needed and how many are free).
+
+**OUTPUT in an object store** (a URI: ``s3://bucket/prefix``; the store calls are in
+:mod:`packtool.formats.object_store`) follows the same steps with what a store offers: the lock
+is an object written and read back (advisory); the scratch directory is the prefix
+``OUTPUT/.packtool-tmp/``, where a window task puts its files (written first in its own
+temporary directory) with ``done.json`` last; a shard task writes its shard in its own
+temporary directory and puts it under the final name with one upload (whole or absent, so no
+temporary name); the marker also lists the finished shards with size and sha256
+(:meth:`Output.shard_written`), which a rerun keeps; the manifest is put last, then the marker
+and the scratch prefix are deleted. So the tasks of a cluster share nothing but the store, and
+the driver writes nothing on its own disk.
 """
 
 from __future__ import annotations

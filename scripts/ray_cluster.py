@@ -4,6 +4,9 @@ faults on it, each checked against an undisturbed run byte for byte.
     python scripts/ray_cluster.py                       # cluster, reference runs, every fault
     python scripts/ray_cluster.py --faults kill-worker,stop-node --docs 4000
     python scripts/ray_cluster.py --s3                  # INPUT on a local S3 server (moto)
+    python scripts/ray_cluster.py --output s3           # INPUT and OUTPUT on it: nodes share
+                                                        # nothing but the store
+    python scripts/ray_cluster.py --output both         # both places, one cluster
 
 The cluster: a head started with ``ray start --head`` (no CPUs: it runs only the driver, like a
 head node kept free of work) and two nodes joined with ``ray start --address``, each with its
@@ -12,10 +15,16 @@ each) run on two different nodes. Every Ray process runs under ``nice``. Each no
 ``ray start --block`` process in its own session; stopping a node kills that process and all
 of its descendants (raylet, agents, workers), and the cluster is always stopped this way at
 the end, even on failure (never ``ray stop``, which would stop every Ray on the machine).
+Each node gets its own ``TMPDIR`` (its tasks' temporary files: its own disk), and so does the
+driver; with OUTPUT on the S3 server nothing else is shared, and a watcher checks that no
+packtool file ever appears in the driver's ``TMPDIR`` and none is left on a node after an
+undisturbed run.
 
 The runs (``packtool pack --engine ray --ray-address HEAD``, each a separate driver process):
 
-- reference: an undisturbed run on the cluster, which must also equal ``--engine local``;
+- reference: an undisturbed run on the cluster, in each OUTPUT place (a directory, or a prefix
+  on the S3 server, read back object by object), which must equal ``--engine local`` into a
+  directory, shards and manifest, with nothing else left under OUTPUT;
 - ``kill-worker``: the worker writing output shard 1 is SIGKILLed in the middle of the shard
   (after its first row group); Ray retries the task;
 - ``kill-driver``: the driver is SIGKILLed while a window task runs and at least one window is
@@ -24,7 +33,8 @@ The runs (``packtool pack --engine ray --ray-address HEAD``, each a separate dri
   running; the run must stop with the one-line error at once, cancel the held task (its worker
   is gone when the command returns), and leave an existing OUTPUT as it was;
 - ``stop-node``: the whole node running a window task is killed (raylet, agents, workers); the
-  other node finishes the run. Run last, since the cluster has one node less afterwards.
+  other node finishes the run. Run last in a place; the node is started again when another
+  place's faults follow.
 
 Where a fault must land at a given moment, the pack's test hook holds one task there
 (``PACKTOOL_TEST_PAUSE_AT`` with ``PACKTOOL_TEST_PAUSE_ONCE``, which records the pid of the held

@@ -2,11 +2,12 @@
 
 The driver (the ``packtool`` process) maps the same functions as the local engine: one task
 per window (read, spill, plan), then one task per output shard (lay out, encode, write). Tasks
-read and write files on a filesystem every node sees at the same path and return only small
+read and write OUTPUT and its scratch on a filesystem every node sees at the same path, or in
+an object store (an ``s3://`` OUTPUT: then the nodes share nothing else), and return only small
 records (counts, names, sizes, hashes); no tokens go through the Ray object store. A task whose
-worker dies is retried by Ray (:data:`MAX_RETRIES`); every task writes under unique temporary
-names and publishes with ``os.replace``, so a retry beside a slow first attempt never exposes
-a half-written file. Needs the ``ray`` extra (``pip install "packtool[ray] @ git+URL"``; the
+worker dies is retried by Ray (:data:`MAX_RETRIES`); every task publishes whole files only (a
+rename, or one upload to a store), so a retry beside a slow first attempt never exposes a
+half-written file. Needs the ``ray`` extra (``pip install "packtool[ray] @ git+URL"``; the
 same version on every node).
 """
 
