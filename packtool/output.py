@@ -65,10 +65,9 @@ from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAM
                                        write_manifest_file)
 
 __all__ = ["Output", "fingerprint", "footer_sha256", "BYTE_DECIDING_PACKAGES", "WINDOW_DIR_PREFIX",
-           "WINDOW_DONE", "SCRATCH_FINGERPRINT", "window_done", "window_workdir", "publish_window",
-           "window_file", "file_size", "read_ranges", "shard_temp", "discard_shard_temp",
-           "publish_shard", "kept_shard",
-           "MARKER_EVERY_S"]
+           "WINDOW_DONE", "SCRATCH_FINGERPRINT", "LAYOUT_REVISION", "window_done", "window_workdir",
+           "publish_window", "window_file", "shard_temp",
+           "discard_shard_temp", "publish_shard", "kept_shard", "MARKER_EVERY_S"]
 
 #: A window's spill and plan live in ``<scratch>/window-NNNNN/``, complete once ``done.json``
 #: is there (it is written before the directory is renamed into place).
@@ -79,6 +78,10 @@ SCRATCH_FINGERPRINT = "fingerprint"
 
 #: Distributions whose version can change the output bytes (recorded in the fingerprint).
 BYTE_DECIDING_PACKAGES = ("packtool", "pyarrow", "numpy", "numba")
+#: Revision of how packtool lays out and orders the rows of given options and inputs (and of
+#: the scratch files a killed run leaves for its rerun); recorded in the fingerprint, so a
+#: change between two runs of one packtool version never mixes their shards or windows.
+LAYOUT_REVISION = 2
 
 
 def _versions() -> dict:
@@ -143,6 +146,7 @@ def fingerprint(options: dict, files) -> str:
     blob = json.dumps({
         "options": options,
         "versions": _versions(),
+        "layout_revision": LAYOUT_REVISION,
         "inputs": [[_resolved(f.path), f.bytes, f.mtime_ns, footer_sha256(f.path)]
                    for f in files],
     }, sort_keys=True)
@@ -622,28 +626,6 @@ def publish_window(work: Path, final: str) -> None:
 def window_file(directory: str, name: str) -> str:
     """Location of file ``name`` of a window directory (path or URI)."""
     return store.join(directory, name) if _remote(directory) else str(Path(directory) / name)
-
-
-def file_size(where: str) -> int | None:
-    """Size in bytes of a scratch file (path or URI), None when absent."""
-    if _remote(where):
-        return store.size_of(where)
-    try:
-        return os.stat(where).st_size
-    except OSError:
-        return None
-
-
-def read_ranges(where: str, sizes: list, offsets: list) -> bytes:
-    """Bytes ``offsets[i] .. offsets[i] + sizes[i] - 1`` of a scratch file (path or URI) for
-    every ``i``, back to back: ``os.pread`` locally, ranged GETs in a store."""
-    if _remote(where):
-        return store.read_ranges(where, sizes, offsets)
-    fd = os.open(where, os.O_RDONLY)
-    try:
-        return b"".join([os.pread(fd, n, off) for n, off in zip(sizes, offsets)])
-    finally:
-        os.close(fd)
 
 
 def shard_temp(tmp: str, name: str) -> Path:

@@ -101,12 +101,12 @@ def _fail_on_call(real, n, fail):
     return wrapper
 
 
-@pytest.mark.parametrize("point", ["preflight", "spill", "plan-save", "shard-0", "shard-2",
+@pytest.mark.parametrize("point", ["preflight", "spill", "row-spill", "shard-0", "shard-2",
                                    "manifest"])
 def test_full_disk_at_any_write_point_is_one_line_and_leaves_no_spill(tmp_path, src, reference,
                                                                       monkeypatch, point):
-    """ENOSPC injected while spilling, saving a plan, writing shard 0 or 2, or the manifest (and
-    a preflight with too little free space): one OutputError line naming the bytes needed; no
+    """ENOSPC injected while spilling, spilling a window's rows in row order, writing shard 0 or
+    2, or the manifest (and a preflight with too little free space): one OutputError line naming the bytes needed; no
     scratch left; OUTPUT is as before or resumable, and a rerun ends byte-identical."""
     from packtool.pipeline import plan as plan_mod
     from packtool.pipeline import write as write_mod
@@ -129,8 +129,9 @@ def test_full_disk_at_any_write_point_is_one_line_and_leaves_no_spill(tmp_path, 
             return real(column, eos, window, spill, *args)
 
         monkeypatch.setattr(plan_mod, "read_window", spill_then_fail)
-    elif point == "plan-save":
-        monkeypatch.setattr(plan_mod.np, "save", _fail_on_call(np.save, 7, _full_disk))
+    elif point == "row-spill":  # window 2's row spill (3 files per window before it)
+        monkeypatch.setattr(plan_mod, "spill_writer",
+                            _fail_on_call(plan_mod.spill_writer, 7, _full_disk))
     elif point.startswith("shard"):
         k = int(point.split("-")[1])
         monkeypatch.setattr(write_mod, "write_shard",
@@ -146,7 +147,7 @@ def test_full_disk_at_any_write_point_is_one_line_and_leaves_no_spill(tmp_path, 
     assert "\n" not in msg and "no space left on device" in msg and "bytes more" in msg, msg
     monkeypatch.undo()
     _no_scratch(out)
-    if point in ("preflight", "spill", "plan-save"):
+    if point in ("preflight", "spill", "row-spill"):
         assert not out.exists() and "as it was before" in msg
     else:
         assert (out / IN_PROGRESS_NAME).is_file() and "rerun the same command" in msg

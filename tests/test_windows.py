@@ -231,3 +231,75 @@ def test_cli_summary_reports_windows(tmp_path):
     r = CliRunner().invoke(cli, ["pack", "--window-docs", "0", str(tmp_path / "in"),
                                  str(tmp_path / "o2")])
     assert r.exit_code == 2
+
+
+def _tree_bytes(out):
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+@pytest.mark.parametrize("window_docs", [None, 30])
+def test_windows_over_the_memory_budget_spill_and_give_the_same_bytes(tmp_path, monkeypatch,
+                                                                      window_docs):
+    """A window task holds WINDOW_MEMORY bytes of input-order tokens and spills the rest to a
+    file it reads back with pread: the output is byte-identical either way, input label masks
+    included (flags spilled beside the tokens), and no spill is left."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packtool.pipeline import plan as plan_mod
+
+    docs = _corpus(tmp_path / "in")
+    rng = np.random.default_rng(9)
+    labels = [[-100 if rng.random() < 0.3 else t for t in d] for d in docs[:60]]
+    pq.write_table(pa.table({"input_ids": pa.array(docs[:60], pa.list_(pa.int64())),
+                             "labels": pa.array(labels, pa.list_(pa.int64()))}),
+                   tmp_path / "in" / "f00.parquet", row_group_size=16)
+    ref = _pack(tmp_path / "in", tmp_path / "ref", window_docs=window_docs)
+    assert ref.stats.tokens_label_masked > 0
+    used = []  # (items held in memory, a spill file was written) of every DocSpill
+    real = plan_mod.DocSpill.finish
+
+    def spy(self):
+        used.append((self.held, self._file is not None))
+        return real(self)
+
+    monkeypatch.setattr(plan_mod, "WINDOW_MEMORY", 4 * 1000)  # 1,000 tokens in memory
+    monkeypatch.setattr(plan_mod.DocSpill, "finish", spy)
+    res = _pack(tmp_path / "in", tmp_path / "small", window_docs=window_docs)
+    assert any(h for h, _ in used) and any(f for _, f in used)  # both places were used
+    assert res.manifest["totals"] == ref.manifest["totals"]
+    assert _tree_bytes(tmp_path / "small") == _tree_bytes(tmp_path / "ref")
+
+
+def test_a_row_group_reads_one_token_range_per_window(tmp_path, monkeypatch):
+    """Each window's rows are spilled in the order the output takes them, so laying out a row
+    group reads one contiguous range of each window's row spill it draws from, and every
+    window's spill is read front to back over the whole pack."""
+    from packtool.pipeline import layout as layout_mod
+    from packtool.pipeline.spill import ROW_TOKENS
+
+    _corpus(tmp_path / "in")
+    reads, groups = [], []
+    real_read, real_group = layout_mod.read_spill, layout_mod.layout_group
+
+    def read(location, offsets, sizes):
+        if str(location).endswith(ROW_TOKENS):
+            reads.append((str(location), int(offsets[0]), int(sizes[0])))
+        return real_read(location, offsets, sizes)
+
+    def group(spills, shard, lo, hi, **kw):
+        groups.append(len(set(shard.slot[lo:hi].tolist())))
+        return real_group(spills, shard, lo, hi, **kw)
+
+    monkeypatch.setattr(layout_mod, "read_spill", read)
+    monkeypatch.setattr("packtool.pipeline.write.layout_group", group)
+    res = _pack(tmp_path / "in", tmp_path / "out", window_docs=30, workers=1, rows_per_group=3)
+    assert len(res.manifest["windows"]) >= 6 and max(groups) > 1
+    assert len(reads) == sum(groups)  # one read per (row group, window present)
+    ends = {}
+    for loc, off, size in reads:  # front to back, without gaps or overlaps
+        assert off == ends.get(loc, 0), (loc, off)
+        ends[loc] = off + size
+    spilled = {int(re.search(r"window-(\d+)", loc).group(1)): end for loc, end in ends.items()}
+    assert spilled == {i: 4 * w["real_tokens"] for i, w in enumerate(res.manifest["windows"])
+                       if w["real_tokens"]}

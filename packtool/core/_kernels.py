@@ -527,6 +527,17 @@ def _fill_rows(rows, row_offsets, seg_len, seg_src, tokens, capacity, pad_id, la
 
 
 @njit(cache=True, nogil=True)
+def _copy_segments(values, src, lens, out, dest):
+    """out[dest[q] .. dest[q] + lens[q] - 1] = values[src[q] .. src[q] + lens[q] - 1] for every
+    segment q (int64 src, lens, dest; values and out of one dtype)."""
+    for q in range(src.shape[0]):
+        s = src[q]
+        d = dest[q]
+        for t in range(lens[q]):
+            out[d + t] = values[s + t]
+
+
+@njit(cache=True, nogil=True)
 def _mask_labels(seg_offsets, seg_len, seg_src, targets, labels, num_targets, shifted):
     """Set -100 on labels whose target token is masked in the input; recount num_targets.
 

@@ -26,7 +26,7 @@ from packtool.core.packing import PackPlan
 from packtool.errors import ConfigError
 from packtool.types import LabelMode
 
-__all__ = ["PackedRows", "layout_rows", "append_eos"]
+__all__ = ["PackedRows", "layout_rows", "append_eos", "gather_segments"]
 
 _LABEL_CODE = {LabelMode.UNSHIFTED: K.LABELS_UNSHIFTED, LabelMode.SHIFTED: K.LABELS_SHIFTED,
                LabelMode.NONE: K.LABELS_NONE}
@@ -118,6 +118,43 @@ def layout_rows(
                     shifted=mode is LabelMode.SHIFTED)
     return PackedRows(ids, seg, pos, None if mode is LabelMode.NONE else lab, cu_values,
                       cu_offsets, num_targets, max_seqlen, doc_ids, doc_offsets, seg_offsets)
+
+
+def gather_segments(values: np.ndarray, src: np.ndarray, lens: np.ndarray,
+                    out: np.ndarray | None = None, dest: np.ndarray | None = None) -> np.ndarray:
+    """Copy segments of a flat array: ``values[src[q] : src[q] + lens[q]]`` for each ``q``.
+
+    Args:
+        values: 1-D array (any dtype, e.g. int32 tokens or uint8 target flags).
+        src: int[S], first item of each segment in ``values``.
+        lens: int[S], items of each segment (>= 0).
+        out: where to copy (1-D, ``values``' dtype); None: a new array of ``sum(lens)`` items.
+        dest: int[S], first item of each segment in ``out``; None: back to back from 0.
+
+    Returns:
+        ``out`` (the segments back to back unless ``dest`` says otherwise).
+
+    Raises:
+        ValueError: a segment outside ``values`` or ``out``, or mismatched dtypes/shapes.
+    """
+    src = np.ascontiguousarray(src, dtype=np.int64)
+    lens = np.ascontiguousarray(lens, dtype=np.int64)
+    if src.shape != lens.shape or src.ndim != 1:
+        raise ValueError(f"src and lens must be 1-D of one shape, got {src.shape}, {lens.shape}")
+    if dest is None:
+        dest = np.zeros(lens.size, dtype=np.int64)
+        if lens.size:
+            np.cumsum(lens[:-1], out=dest[1:])
+    dest = np.ascontiguousarray(dest, dtype=np.int64)
+    if out is None:
+        out = np.empty(int(lens.sum()), dtype=values.dtype)
+    if out.dtype != values.dtype or dest.shape != src.shape:
+        raise ValueError("out must have the dtype of values, dest the shape of src")
+    if src.size and (lens.min() < 0 or src.min() < 0 or (src + lens).max() > values.size
+                     or dest.min() < 0 or (dest + lens).max() > out.size):
+        raise ValueError("a segment lies outside values or out")
+    K._copy_segments(values, src, lens, out, dest)
+    return out
 
 
 def append_eos(lengths: np.ndarray, tokens: np.ndarray, eos_id: int) -> tuple[np.ndarray, np.ndarray]:

@@ -5,13 +5,14 @@ Plain Python lists and loops, no numpy tricks. Each function mirrors one public 
 :func:`reference_layout` <-> :func:`packtool.core.layout.layout_rows` (with ``targets``: and
 :func:`packtool.core.masks.mask_labels`), :func:`reference_drop_masked` <->
 :func:`packtool.core.masks.drop_masked_tokens`, :func:`reference_boundary_tokens` <->
-:func:`packtool.core.masks.add_boundary_tokens`.
+:func:`packtool.core.masks.add_boundary_tokens`, :func:`reference_gather_segments` <->
+:func:`packtool.core.layout.gather_segments`.
 """
 
 from __future__ import annotations
 
 __all__ = ["reference_chunks", "reference_pack", "reference_layout", "reference_drop_masked",
-           "reference_boundary_tokens"]
+           "reference_boundary_tokens", "reference_gather_segments"]
 
 IGNORE = -100
 
@@ -167,3 +168,12 @@ def reference_boundary_tokens(docs, targets=None, bos=None, eos=None):
         out_docs.append(doc)
         out_targets.append(flags)
     return out_docs, (out_targets if targets is not None else None), counts
+
+
+def reference_gather_segments(values, src, lens):
+    """Slow twin of :func:`packtool.core.layout.gather_segments`: the segments back to back,
+    as a list."""
+    out = []
+    for s, n in zip(src, lens):
+        out.extend(values[s:s + n])
+    return out

@@ -11,9 +11,9 @@ it, so the pack writes there directly and nothing a task needs lives on the driv
   the same bytes. A Python exception cannot stop that call halfway (pyarrow's output streams
   publish what was written so far when closed on an exception, so no Python loop writes a final
   object).
-- **Scratch.** Window spills and plans go under ``OUTPUT/.packtool-tmp/`` in the store; a shard
-  task on any node reads a window's spill with range reads (:func:`read_ranges`) and its plan
-  arrays whole (:func:`read_bytes`, cached per process).
+- **Scratch.** Window spills (tokens in row order, row index, segments) go under
+  ``OUTPUT/.packtool-tmp/`` in the store; a shard task on any node reads the ranges it needs
+  with ranged GETs (:func:`read_ranges`, called by :func:`packtool.pipeline.spill.read_spill`).
 - **Lock.** An object (:data:`~packtool.formats.manifest.LOCK_NAME`: run id, host, pid) written
   before anything else and read back; see :func:`take_lock`.
 
@@ -30,7 +30,6 @@ import signal
 import socket
 import threading
 import uuid
-from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,7 +41,7 @@ from packtool.formats.manifest import LOCK_NAME
 
 __all__ = ["store_of", "join", "read_bytes", "read_json", "write_bytes", "put_file", "size_of",
            "listing", "delete", "delete_tree", "read_ranges", "take_lock", "release_lock",
-           "cached_bytes", "node_temp", "STORE_ERRORS"]
+           "node_temp", "STORE_ERRORS"]
 
 #: What a store call raises on failure (pyarrow maps most to OSError).
 STORE_ERRORS = (OSError, pa.ArrowException)
@@ -196,34 +195,6 @@ def read_ranges(uri: str, sizes: list[int], offsets: list[int]) -> bytes:
             for i in order[a:b]:
                 pieces[i] = data[offsets[i] - lo:offsets[i] - lo + sizes[i]]
     return b"".join(pieces)
-
-
-_CACHE: "OrderedDict[tuple, bytes]" = OrderedDict()
-_CACHE_BYTES = [0]
-_CACHE_LOCK = threading.Lock()
-#: Bytes of whole objects :func:`cached_bytes` keeps per process (window plans).
-CACHE_LIMIT = int(os.environ.get("PACKTOOL_STORE_CACHE_MB", "512")) << 20
-
-
-def cached_bytes(uri: str, tag: str) -> bytes:
-    """:func:`read_bytes` through a per-process LRU cache keyed by ``(uri, tag)``, up to
-    :data:`CACHE_LIMIT` bytes. ``tag`` names the content (the run's fingerprint): the objects
-    read this way (finished window plans) never change under one tag."""
-    key = (uri, tag)
-    with _CACHE_LOCK:
-        data = _CACHE.get(key)
-        if data is not None:
-            _CACHE.move_to_end(key)
-            return data
-    data = read_bytes(uri)
-    with _CACHE_LOCK:
-        if key not in _CACHE and len(data) <= CACHE_LIMIT:
-            _CACHE[key] = data
-            _CACHE_BYTES[0] += len(data)
-            while _CACHE_BYTES[0] > CACHE_LIMIT:
-                _, old = _CACHE.popitem(last=False)
-                _CACHE_BYTES[0] -= len(old)
-    return data
 
 
 # -- the lock object ----------------------------------------------------------------------------

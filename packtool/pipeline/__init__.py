@@ -7,18 +7,22 @@
 1. The inputs are listed and their footers checked; the corpus is cut into windows
    (no ``--window-docs``: one window of the whole corpus).
 2. The engine maps :func:`~packtool.pipeline.plan.prepare_window` over the windows: each
-   window's tokens are validated and spilled to a flat int32 file in OUTPUT's scratch directory,
-   its rows are planned from the lengths alone, and only counts come back. A bad value in any
-   window stops the run here, before anything outside the scratch directory is written.
-3. :func:`~packtool.pipeline.plan.row_order` places every planned row of every window in the
-   output (a seeded permutation over all windows), and the engine maps
-   :func:`~packtool.pipeline.write.write_shard_task` over the output shards.
+   window's tokens are validated and spilled to OUTPUT's scratch directory, its rows are
+   planned from the lengths alone and spilled again in the window's (seeded, shuffled) row
+   order, and only counts come back. A bad value in any window stops the run here, before
+   anything outside the scratch directory is written.
+3. :func:`~packtool.pipeline.plan.merge_windows` decides which window every output row comes
+   from (a seeded shuffle of the window labels: as mixed as one permutation of all rows), and
+   the engine maps :func:`~packtool.pipeline.write.write_shard_task` over the output shards;
+   each reads, per row group and window present, one contiguous range of that window's row
+   spill.
 4. The manifest (:data:`~packtool.formats.manifest.MANIFEST_NAME`) is written last
    (:meth:`packtool.output.Output.commit`).
 
-Memory: document lengths and plans (about 48 bytes per document piece), one record batch per
-reading task and one row group per writing task; the spill is read through short-lived memory
-maps (see :mod:`packtool.pipeline.layout`).
+Memory: the document lengths and plan of a window (about 50 bytes per document piece) per
+window task, with the tokens in the spill; one record batch and 16 MiB of row-ordered tokens
+per window task; one row group and its shard's segments per writing task. Spills are read with
+``pread``, never memory-mapped (see :mod:`packtool.pipeline.layout`).
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ from packtool.formats.manifest import FORMAT_VERSION, shard_name
 from packtool.formats.reader import discover_inputs
 from packtool.formats.schema import labels_convention, packed_columns, packed_schema
 from packtool.output import Output, fingerprint
-from packtool.pipeline.layout import WindowPlans
-from packtool.pipeline.plan import WindowInfo, prepare_window, row_order
+from packtool.pipeline.layout import WindowSpills
+from packtool.pipeline.plan import WindowInfo, merge_windows, prepare_window
 from packtool.pipeline.read import Window, file_rows, input_labels_config, plan_windows
 from packtool.pipeline.write import ShardJob, write_shard_task
 from packtool.signals import interruptible, test_pause
@@ -87,6 +91,20 @@ def _warnings(cfg: PackConfig, stats: PackStats) -> list[str]:
     return [note] if note else []
 
 
+def _shard_jobs(labels: np.ndarray, n_windows: int, per: int, out: Output) -> list[ShardJob]:
+    """One job per ``per`` output rows: the window of each row and, per window present, the
+    position in its row order of its first row in the shard (the rows it took before)."""
+    taken = np.zeros(n_windows, dtype=np.int64)  # rows of each window in earlier shards
+    jobs = []
+    for s in range(-(-labels.size // per)):
+        windows = labels[s * per:(s + 1) * per]
+        present, counts = np.unique(windows, return_counts=True)
+        jobs.append(ShardJob(s, shard_name(s), windows, taken[present].copy(), str(out.path),
+                             str(out.tmp), out.resume, out.promised(shard_name(s))))
+        taken[present] += counts
+    return jobs
+
+
 def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
     """Pack ``cfg.inputs`` into ``cfg.output`` (phases in the module docstring).
 
@@ -113,8 +131,10 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
             stats = PackStats.from_dict(m["totals"])
             return PackResult(stats, m, time.perf_counter() - t0, len(m["outputs"]), True,
                               _warnings(cfg, stats))
-        out.check_space(4 * sum(w.tokens + (w.docs if cfg.append_eos is not None else 0)
-                                for w in windows))
+        tokens = sorted(w.tokens + (w.docs if cfg.append_eos is not None else 0)
+                        for w in windows)
+        # the row spills, plus the input-order spills of the windows being read at once
+        out.check_space(4 * (sum(tokens) + sum(tokens[-max(1, cfg.workers):])))
         with make_engine(cfg.engine.value, workers=cfg.workers,
                          ray_address=cfg.ray_address) as engine:
             infos: list[WindowInfo] = []
@@ -132,21 +152,18 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
                 raise InputError(f"{where}: no tokens to pack: {what}; check the INPUT and "
                                  "--column")
             log.info("planned %d windows, %d rows", len(infos), total.rows)
-            row_starts = np.concatenate([[0], np.cumsum([i.rows for i in infos])])
-            order = row_order([i.rows for i in infos], seed=cfg.seed, shuffle=cfg.shuffle)
-            plans = WindowPlans([i.directory for i in infos], [i.first_doc for i in infos],
-                                row_starts, cfg.capacity, fp)
-            per = cfg.rows_per_shard
-            jobs = [ShardJob(s, shard_name(s), order[s * per:(s + 1) * per], str(out.path),
-                             str(out.tmp), out.resume, out.promised(shard_name(s)))
-                    for s in range(-(-order.size // per))]
+            labels = merge_windows([i.rows for i in infos], seed=cfg.seed, shuffle=cfg.shuffle)
+            spills = WindowSpills(tuple(i.directory for i in infos),
+                                  tuple(i.first_doc for i in infos),
+                                  tuple(i.targets for i in infos), cfg.capacity)
+            jobs = _shard_jobs(labels, len(infos), cfg.rows_per_shard, out)
             out.begin_write()
             # a full disk while writing: about the rows left at capacity * 4 bytes per column
-            out.bytes_needed = 4 * cfg.capacity * order.size
+            out.bytes_needed = 4 * cfg.capacity * labels.size
             outputs, reused = [], 0
             with _progress(len(jobs), "write", "shard", show) as bar:
                 for entry, was_reused in engine.map(write_shard_task,
-                                                    [(cfg, j, plans) for j in jobs]):
+                                                    [(cfg, j, spills) for j in jobs]):
                     outputs.append(entry)
                     out.shard_written(entry)
                     reused += was_reused

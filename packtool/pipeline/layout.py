@@ -1,140 +1,145 @@
-"""Layout: the packed columns of a group of output rows, drawn from any windows' plans.
+"""Layout: the packed columns of a group of output rows, drawn from any windows' row spills.
 
-Only the tokens of the rows being laid out are read from each window's spill file, with
-``pread`` into a private buffer (one read per run of segments that are contiguous in the spill);
-input target flags (label masks), when a window has them, are read the same way. No memory map
-of the spill exists, so its pages never enter the resident set: peak RSS (file pages included,
-as ``/usr/bin/time -v`` and container memory accounting count it) stays at one row group per
-worker, whatever the corpus size.
+Every window's rows are spilled in the window's row order (:mod:`packtool.pipeline.plan`), and
+the output takes each window's rows in that order (:func:`packtool.pipeline.plan.merge_windows`).
+So the rows an output shard holds from one window are one contiguous run of that window's row
+order, and the rows a row group holds from it are one contiguous range of its row spill: a
+writing task reads, per window present in its shard, that run's row index and segments once
+(:class:`ShardRows`), then per row group and window one range of tokens
+(:func:`packtool.pipeline.spill.read_spill`: ``pread``, or one ranged GET when the scratch is in an
+object store). Reads move forward through every window's spill, shard after shard.
+
+No memory map of a spill exists, so its pages never enter the resident set: peak RSS (file
+pages included, as ``/usr/bin/time -v`` and container memory accounting count it) stays at one
+row group and one shard's segments per worker, whatever the corpus size.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 
 from packtool.core.layout import PackedRows, layout_rows
 from packtool.core.packing import PackPlan
-from packtool.output import file_size, read_ranges, window_file
-from packtool.pipeline.plan import TARGETS_FILE, TOKENS_FILE, load_plan
+from packtool.output import window_file
+from packtool.pipeline.spill import (ROW_INDEX, ROW_TARGETS, ROW_TOKENS, SEGMENTS, read_records,
+                                     read_spill)
 
-__all__ = ["WindowPlans", "layout_group"]
+__all__ = ["WindowSpills", "ShardRows", "layout_group"]
 
 
-class WindowPlans:
-    """The saved plans of a pack's windows, loaded (memory-mapped) on first use.
+@dataclass(frozen=True)
+class WindowSpills:
+    """Where every window's row spill is (small: it crosses processes).
 
-    Args:
-        dirs: directory of each window (``WindowInfo.directory``), in window order.
-        first_docs: int[windows], global index of each window's first document.
-        row_starts: int64[windows + 1], global number of each window's first row.
+    Attributes:
+        dirs: directory of each window (``WindowInfo.directory``: a path or a URI), in window
+            order.
+        first_docs: global index of each window's first document.
+        targets: whether each window has input target flags (a labels column).
         capacity: tokens per row.
     """
 
-    def __init__(self, dirs, first_docs, row_starts, capacity: int, tag: str = ""):
-        self.dirs = [str(d) for d in dirs]
-        self.first_docs = [int(x) for x in first_docs]
-        self.row_starts = np.asarray(row_starts, dtype=np.int64)
-        self.capacity = capacity
-        self.tag = tag  #: the run's fingerprint (names the plans' content in a store cache)
-        self._plans: dict = {}
-        self._targets: dict = {}
-
-    def plan(self, w: int):
-        if w not in self._plans:
-            self._plans[w] = load_plan(self.dirs[w], self.capacity, self.tag)
-        return self._plans[w]
-
-    def has_targets(self, w: int) -> bool:
-        """Whether window ``w`` saved input target flags (a non-empty targets file)."""
-        if w not in self._targets:
-            self._targets[w] = bool(file_size(window_file(self.dirs[w], TARGETS_FILE)))
-        return self._targets[w]
+    dirs: tuple[str, ...]
+    first_docs: tuple[int, ...]
+    targets: tuple[bool, ...]
+    capacity: int
 
 
-def _read_segments(path: str, src: np.ndarray, seg_len: np.ndarray,
-                   dtype=np.int32) -> np.ndarray:
-    """dtype[sum(seg_len)] (read-only): items ``src[i] .. src[i] + seg_len[i] - 1`` of a flat
-    spill file of ``dtype``, back to back. Segments that follow each other in the file are read
-    with one ``pread``; the pieces are joined once."""
-    if not src.size:
-        return np.zeros(0, dtype=dtype)
-    size = np.dtype(dtype).itemsize
-    # runs of segments contiguous in the spill (consecutive documents, chunks of one document)
-    breaks = np.flatnonzero(src[1:] != src[:-1] + seg_len[:-1]) + 1
-    first = np.concatenate([[0], breaks])
-    ends = np.cumsum(seg_len)
-    starts = ends - seg_len
-    sizes = ((ends[np.concatenate([breaks, [src.size]]) - 1] - starts[first]) * size).tolist()
-    offsets = (src[first] * size).tolist()
-    data = read_ranges(path, sizes, offsets)  # pread, or ranged GETs for a store
-    if len(data) != int(ends[-1]) * size:
-        raise OSError(f"{path}: short read ({len(data)} of {int(ends[-1]) * size} bytes): the "
-                      "spill file is truncated")
-    return np.frombuffer(data, dtype=dtype)
+class ShardRows:
+    """The row index and segments of one shard's rows, read once per window present.
+
+    Args:
+        spills: the windows' spills.
+        windows: int[n], the window of each of the shard's rows, in output order.
+        starts: int64[k], for each window present (ascending window number), the position in
+            that window's row order of its first row in the shard.
+
+    Raises:
+        OSError: a spill file cannot be read.
+    """
+
+    def __init__(self, spills: WindowSpills, windows: np.ndarray, starts: np.ndarray):
+        windows = np.asarray(windows, dtype=np.int64)
+        self.ids, self.slot, counts = np.unique(windows, return_inverse=True, return_counts=True)
+        if self.ids.size != len(starts):
+            raise ValueError(f"{self.ids.size} windows in the shard, {len(starts)} starts given")
+        # position of each row among its window's rows in this shard
+        order = np.argsort(self.slot, kind="stable")
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        self.local = np.empty(windows.size, dtype=np.int64)  # shape: (n,)
+        self.local[order] = np.arange(windows.size) - np.repeat(first, counts)
+        self.index, self.segments = [], []
+        for w, s, c in zip(self.ids.tolist(), np.asarray(starts).tolist(), counts.tolist()):
+            d = spills.dirs[w]
+            idx = read_records(window_file(d, ROW_INDEX), np.int64, 2, s, s + c + 1)
+            self.index.append(idx)  # (first segment, first token) of each row, and the ends
+            self.segments.append(read_records(window_file(d, SEGMENTS), np.int64, 3,
+                                              int(idx[0, 0]), int(idx[-1, 0])))
 
 
-def layout_group(plans: WindowPlans, rows: np.ndarray, *, pad_id: int, labels) -> PackedRows:
-    """Lay out output rows ``rows`` (int64[n], global row numbers, in output order).
+def layout_group(spills: WindowSpills, shard: ShardRows, lo: int, hi: int, *, pad_id: int,
+                 labels) -> PackedRows:
+    """Lay out the shard's output rows ``lo .. hi - 1`` (in output order).
 
-    The rows' segments are gathered from their windows' plans in output order; only their
-    tokens (and input target flags, for windows that have them) are read from the spills
-    (:func:`_read_segments`, window by window, into one private buffer); one
-    :func:`packtool.core.layout.layout_rows` call then lays them out through a plan whose
-    documents are these segments, and ``doc_ids``/``doc_offsets`` are set to the segments' real
+    For each window present, its rows here are consecutive in its row order: their tokens (and
+    input target flags, for windows that have them) are one range of its row spill, read with
+    one :func:`~packtool.pipeline.spill.read_spill`. One
+    :func:`packtool.core.layout.layout_rows` call then lays the rows out through a plan whose
+    documents are their segments, and ``doc_ids``/``doc_offsets`` are set to the segments' real
     (global) documents and offsets.
 
     Returns:
-        :class:`PackedRows` of the ``n`` rows in the order given.
+        :class:`PackedRows` of the ``hi - lo`` rows in output order.
+
+    Raises:
+        OSError: a spill file cannot be read (or is truncated).
     """
-    rows = np.asarray(rows, dtype=np.int64)
-    n = rows.size
-    win = np.searchsorted(plans.row_starts, rows, side="right") - 1  # shape: (n,)
-    local = rows - plans.row_starts[win]  # row number inside its window
-    counts = np.zeros(n, dtype=np.int64)  # segments per row
-    windows = np.unique(win).tolist()
-    for w in windows:
-        pos = np.flatnonzero(win == w)
-        ro = plans.plan(w)[0].row_offsets
-        counts[pos] = ro[local[pos] + 1] - ro[local[pos]]
-    seg_offsets = np.zeros(n + 1, dtype=np.int64)  # shape: (n + 1,)
-    np.cumsum(counts, out=seg_offsets[1:])
-    n_seg = int(seg_offsets[-1])
-    seg_len = np.zeros(n_seg, dtype=np.int64)
-    seg_doc = np.zeros(n_seg, dtype=np.int64)
-    seg_off = np.zeros(n_seg, dtype=np.int64)
-    starts = np.zeros(n_seg, dtype=np.int64)  # each segment's first token in the buffer
-    blocks, flags, filled = [], [], 0
-    has = {w: plans.has_targets(w) for w in windows}
-    any_targets = any(has.values())
-    for w in windows:
-        plan, doc_starts = plans.plan(w)
-        pos = np.flatnonzero(win == w)
-        c = counts[pos]
-        within = np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c)
-        dest = np.repeat(seg_offsets[pos], c) + within  # output segment numbers
-        src_seg = np.repeat(plan.row_offsets[local[pos]], c) + within  # plan segment numbers
-        lens = plan.seg_len[src_seg]
-        docs = plan.seg_doc[src_seg]
-        offs = plan.seg_offset[src_seg]
-        seg_len[dest], seg_doc[dest], seg_off[dest] = lens, docs + plans.first_docs[w], offs
-        starts[dest] = filled + np.cumsum(lens) - lens
-        src = doc_starts[docs] + offs
-        blocks.append(_read_segments(window_file(plans.dirs[w], TOKENS_FILE), src, lens))
+    slot = shard.slot[lo:hi]
+    local = shard.local[lo:hi]
+    n = slot.size
+    present = np.unique(slot).tolist()
+    combined = np.empty(n, dtype=np.int64)  # each output row's number in the combined plan
+    offsets, lens, docs, offs, tokens, flags = [np.zeros(1, dtype=np.int64)], [], [], [], [], []
+    any_targets = any(spills.targets[int(shard.ids[k])] for k in present)
+    n_rows = n_seg = 0
+    for k in present:
+        w = int(shard.ids[k])
+        d = spills.dirs[w]
+        pos = np.flatnonzero(slot == k)
+        j0, j1 = int(local[pos[0]]), int(local[pos[-1]]) + 1  # consecutive by construction
+        idx = shard.index[k]
+        s0, s1 = int(idx[j0, 0]), int(idx[j1, 0])
+        t0, t1 = int(idx[j0, 1]), int(idx[j1, 1])
+        segs = shard.segments[k][s0 - int(idx[0, 0]):s1 - int(idx[0, 0])]
+        combined[pos] = n_rows + local[pos] - j0
+        offsets.append(idx[j0 + 1:j1 + 1, 0] - s0 + n_seg)
+        lens.append(segs[:, 0])
+        docs.append(segs[:, 1] + spills.first_docs[w])
+        offs.append(segs[:, 2])
+        tokens.append(read_spill(window_file(d, ROW_TOKENS), [4 * t0], [4 * (t1 - t0)]).view(np.int32))
         if any_targets:  # input label masks: flags beside the tokens (1 = target) when present
-            tpath = window_file(plans.dirs[w], TARGETS_FILE)
-            flags.append(_read_segments(tpath, src, lens, np.uint8) if has[w]
-                         else np.ones(int(lens.sum()), dtype=np.uint8))
-        filled += int(lens.sum())
-    tokens = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+            flags.append(read_spill(window_file(d, ROW_TARGETS), [t0], [t1 - t0]) if spills.targets[w]
+                         else np.ones(t1 - t0, dtype=np.uint8))
+        n_rows += j1 - j0
+        n_seg += s1 - s0
+    seg_len = np.concatenate(lens) if lens else np.zeros(0, dtype=np.int64)
+    seg_doc = np.concatenate(docs) if docs else np.zeros(0, dtype=np.int64)
+    seg_off = np.concatenate(offs) if offs else np.zeros(0, dtype=np.int64)
+    buf = (tokens[0] if len(tokens) == 1 else
+           np.concatenate(tokens) if tokens else np.zeros(0, dtype=np.int32))
     targets = None
     if any_targets:
-        targets = flags[0] if len(flags) == 1 else np.concatenate(flags)
-    sub = PackPlan(capacity=plans.capacity, row_offsets=seg_offsets,
+        targets = np.concatenate(flags) if len(flags) != 1 else flags[0]
+    starts = np.zeros(n_seg, dtype=np.int64)  # each segment's first token in ``buf``
+    if n_seg:
+        np.cumsum(seg_len[:-1], out=starts[1:])
+    sub = PackPlan(capacity=spills.capacity, row_offsets=np.concatenate(offsets),
                    seg_doc=np.arange(n_seg, dtype=np.int64), seg_offset=np.zeros_like(seg_len),
                    seg_len=seg_len)
-    packed = layout_rows(sub, np.arange(n, dtype=np.int64), tokens, starts, pad_id=pad_id,
-                         labels=labels, targets=targets)
-    return dataclasses.replace(packed, doc_ids=seg_doc, doc_offsets=seg_off)
-
+    packed = layout_rows(sub, combined, buf, starts,
+                         pad_id=pad_id, labels=labels, targets=targets)
+    return dataclasses.replace(packed, doc_ids=seg_doc[packed.doc_ids],
+                               doc_offsets=seg_off[packed.doc_ids])

@@ -1,44 +1,64 @@
-"""Plan: one window read, spilled and planned (the first task of a pack), and the row order.
+"""Plan: one window read, planned and spilled in row order (the first task of a pack), and the
+output order of every window's rows.
 
-:func:`prepare_window` is what an engine runs once per window: it streams the window's tokens
-into a spill file (:func:`packtool.pipeline.read.read_window`), plans the rows from the lengths
-alone (:func:`packtool.core.packing.pack_lengths`) and saves the plan beside the spill. All of
-it goes to a directory with a unique name that is renamed into place when complete, so two
-attempts of one window (a Ray retry) never mix their files. Only counts come back.
+:func:`prepare_window` is what an engine runs once per window:
 
-:func:`row_order` then decides where every planned row of every window goes in the output.
+1. read and validate the window's documents (:func:`packtool.pipeline.read.read_window`),
+   holding the first :data:`WINDOW_MEMORY` bytes of their tokens in memory and spilling the
+   rest to a file in input order (:class:`packtool.pipeline.spill.DocSpill`);
+2. plan the rows from the lengths alone (:func:`packtool.core.packing.pack_lengths`);
+3. put the rows in the window's row order (:func:`window_row_order`: a seeded shuffle of the
+   window's rows, or plan order with ``--no-shuffle``) and write the window's tokens in that
+   order, with a row index and the segments (the files of :mod:`packtool.pipeline.spill`),
+   :data:`REWRITE_TOKENS` at a time; the input-order tokens are then dropped.
+
+So a run of consecutive rows of a window's row order is one contiguous range of its row spill:
+whichever rows of a window an output row group holds, they are read with one ``pread`` (one
+ranged GET when the scratch is in an object store). All of it goes to a local directory with a
+unique name that is published when complete (:func:`packtool.output.publish_window`: renamed
+into place, or uploaded with ``done.json`` last), so two attempts of one window (a Ray retry)
+never mix their files. Only counts come back.
+
+:func:`merge_windows` then decides which window every output row comes from: a seeded shuffle
+of the window labels (each window's rows taken in its row order). A uniform shuffle of the
+labels followed by uniform shuffles within windows is a uniform shuffle of all rows, so the
+output is as mixed as one permutation of every row of every window would make it, while each
+window's rows are read in its row order.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import os
 import shutil
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from packtool.core.masks import plan_segment_targets
+from packtool.core.masks import segment_targets
 from packtool.core.packing import PackPlan, pack_lengths
 from packtool.errors import PackingError, row_ref
 from packtool.output import (WINDOW_DIR_PREFIX, WINDOW_DONE, publish_window, window_done,
                              window_file, window_workdir)
 from packtool.pipeline.read import Window, read_window
+from packtool.pipeline.spill import (DOC_TARGETS, DOC_TOKENS, ROW_INDEX, ROW_TARGETS,
+                                     ROW_TOKENS, SEGMENTS, DocSpill, spill_writer)
 from packtool.signals import check, test_pause
 from packtool.stats import PackStats
 from packtool.types import Overflow
 
-__all__ = ["WindowInfo", "prepare_window", "load_plan", "row_order", "window_dir",
-           "TOKENS_FILE", "TARGETS_FILE"]
+__all__ = ["WindowInfo", "prepare_window", "window_row_order", "merge_windows", "window_dir"]
 
-#: Spill file of a window's tokens (raw int32, documents back to back) in its directory.
-TOKENS_FILE = "tokens.int32"
-#: Input target flags of a window's tokens (raw uint8, 0 = input label -100), when it has any.
-TARGETS_FILE = "targets.uint8"
-_PLAN_ARRAYS = ("row_offsets", "seg_doc", "seg_offset", "seg_len", "doc_starts")
+#: Tokens of the rows rewritten in row order at a time (16 MiB of int32): a window task's
+#: memory for the rewrite, whatever the window size.
+REWRITE_TOKENS = 1 << 22
+#: Bytes of a window's input-order tokens a window task holds in memory (the rest goes to a
+#: spill file and is read back with ``pread``): a window of up to 64 M tokens never touches
+#: the disk before its rows are spilled in row order. Flags of a labels column add a quarter.
+WINDOW_MEMORY = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -46,17 +66,51 @@ class WindowInfo:
     """What :func:`prepare_window` returns for one window (small: it crosses processes)."""
 
     index: int  #: window number
-    directory: str  #: where its spill and plan are
+    directory: str  #: where its spill files are
     first_doc: int  #: global index of its first document
     rows: int  #: planned rows
     stats: PackStats  #: the plan's counts (PackStats.from_plan)
     reused: bool = False  #: found finished in the scratch directory (a killed run's), not redone
+    targets: bool = False  #: input target flags were spilled beside the tokens (labels column)
 
 
 def window_dir(tmp: str | os.PathLike, index: int) -> str:
-    """Directory of window ``index``'s spill and plan inside the scratch directory ``tmp`` (a
+    """Directory of window ``index``'s spill files inside the scratch directory ``tmp`` (a
     path, or a URI when the scratch is in an object store)."""
     return window_file(str(tmp), f"{WINDOW_DIR_PREFIX}{index:05d}")
+
+
+def window_row_order(rows: int, *, seed: int, window: int, shuffle: bool) -> np.ndarray:
+    """The order in which window ``window``'s planned rows are spilled and written.
+
+    Returns:
+        int64[rows], a permutation of the plan's row numbers:
+        ``numpy.random.default_rng((seed, window)).permutation(rows)`` with ``shuffle``, else
+        ``0 .. rows - 1`` (plan order). Depends only on the arguments.
+    """
+    if shuffle:
+        return np.random.default_rng((seed, window)).permutation(rows).astype(np.int64)
+    return np.arange(rows, dtype=np.int64)
+
+
+def merge_windows(window_rows: list[int], *, seed: int, shuffle: bool) -> np.ndarray:
+    """The window of every output row, in output order.
+
+    Output row ``k`` is the next row, in its window's row order (:func:`window_row_order`), of
+    window ``labels[k]``. With ``shuffle`` the labels (window ``w`` repeated ``window_rows[w]``
+    times) are shuffled by ``numpy.random.default_rng(seed)``; with one window that is the
+    window's own shuffled order. Without ``shuffle`` they stay sorted: creation order, window
+    after window, rows in plan order.
+
+    Returns:
+        int32[sum(window_rows)]; depends only on the arguments (not on the engine or the worker
+        count).
+    """
+    labels = np.repeat(np.arange(len(window_rows), dtype=np.int32),
+                       np.asarray(window_rows, dtype=np.int64))
+    if shuffle and len(window_rows) > 1:
+        np.random.default_rng(seed).shuffle(labels)
+    return labels
 
 
 def _check_overflow(capacity: int, window: Window, lengths: np.ndarray) -> None:
@@ -71,13 +125,66 @@ def _check_overflow(capacity: int, window: Window, lengths: np.ndarray) -> None:
                            "--overflow split|truncate|drop or a larger --capacity")
 
 
+def _spill_rows(work: Path, plan: PackPlan, doc_starts: np.ndarray, order: np.ndarray,
+                tokens: DocSpill, targets: DocSpill | None) -> int:
+    """Write the window's rows in ``order`` (the row spill, index and segments of
+    :mod:`packtool.pipeline.spill`), gathering their segments from the input-order ``tokens``
+    (and ``targets`` flags), :data:`REWRITE_TOKENS` at most at a time.
+
+    Returns:
+        The effective targets of the window (sum over segments of the flagged tokens 1..len-1;
+        ``seg_len - 1`` each without flags).
+    """
+    step = max(1, REWRITE_TOKENS // plan.capacity)
+    ro = plan.row_offsets
+    seg_base = tok_base = effective = 0
+    with ExitStack() as stack:
+        tok_f = stack.enter_context(spill_writer(work / ROW_TOKENS))
+        idx_f = stack.enter_context(spill_writer(work / ROW_INDEX))
+        seg_f = stack.enter_context(spill_writer(work / SEGMENTS))
+        tgt_f = stack.enter_context(spill_writer(work / ROW_TARGETS)) if targets else None
+        buf = np.empty(step * plan.capacity, dtype=np.int32)  # reused by every chunk
+        fbuf = np.empty(step * plan.capacity, dtype=np.uint8) if targets else None
+        for lo in range(0, order.size, step):
+            check()
+            rows = order[lo:lo + step]
+            counts = ro[rows + 1] - ro[rows]  # segments per row
+            first = np.zeros(rows.size + 1, dtype=np.int64)  # shape: (rows + 1,)
+            np.cumsum(counts, out=first[1:])
+            n_seg = int(first[-1])
+            seg = np.repeat(ro[rows] - first[:-1], counts) + np.arange(n_seg, dtype=np.int64)
+            lens = np.asarray(plan.seg_len[seg], dtype=np.int64)
+            docs = np.asarray(plan.seg_doc[seg], dtype=np.int64)
+            offs = np.asarray(plan.seg_offset[seg], dtype=np.int64)
+            starts = np.zeros(n_seg + 1, dtype=np.int64)  # each segment's first token here
+            np.cumsum(lens, out=starts[1:])
+            index = np.stack([first[:-1] + seg_base, starts[first[:-1]] + tok_base], axis=1)
+            idx_f.write(memoryview(np.ascontiguousarray(index)))
+            seg_f.write(memoryview(np.ascontiguousarray(np.stack([lens, docs, offs], axis=1))))
+            src = doc_starts[docs] + offs  # shape: (n_seg,), first token in input order
+            tok_f.write(memoryview(tokens.gather(src, lens, buf)))
+            if tgt_f is not None:
+                flags = targets.gather(src, lens, fbuf)
+                tgt_f.write(memoryview(flags))
+                effective += int(segment_targets(starts[:-1], lens, flags).sum())
+            else:
+                effective += int(lens.sum()) - n_seg
+            seg_base += n_seg
+            tok_base += int(starts[-1])
+        idx_f.write(memoryview(np.array([[seg_base, tok_base]], dtype=np.int64)))
+    return effective
+
+
 def prepare_window(cfg, window: Window, tmp: str) -> WindowInfo:
-    """Read, validate, spill and plan one window into ``window_dir(tmp, window.index)``.
+    """Read, validate, plan and spill (in row order) one window into
+    ``window_dir(tmp, window.index)``.
 
     Args:
-        cfg: :class:`packtool.config.PackConfig` (column, capacity, strategy, overflow, EOS).
+        cfg: :class:`packtool.config.PackConfig` (column, capacity, strategy, overflow, EOS,
+            seed and shuffle).
         window: from :func:`packtool.pipeline.read.plan_windows`.
-        tmp: the scratch directory of OUTPUT (on a filesystem the writing tasks see).
+        tmp: the scratch directory of OUTPUT (on a filesystem the writing tasks see, or a
+            prefix in an object store).
 
     A window already finished in ``tmp`` (kept by :class:`packtool.output.Output` from an
     identical run that was killed) is not read again: its saved counts come back.
@@ -88,86 +195,45 @@ def prepare_window(cfg, window: Window, tmp: str) -> WindowInfo:
     Raises:
         InputError, SchemaError: bad input (file and row named).
         PackingError: a document over capacity with ``--overflow error`` (file and row named).
-        OSError: the spill or plan cannot be written (e.g. a full disk).
+        OSError: a spill file cannot be written (e.g. a full disk).
     """
     final = window_dir(tmp, window.index)
     done = window_done(final)
     if done is not None:  # finished by an identical run that was killed
-        stats = PackStats.from_dict(done)
-        return WindowInfo(window.index, final, window.first_doc, stats.rows, stats, True)
+        stats = PackStats.from_dict(done["stats"])
+        return WindowInfo(window.index, final, window.first_doc, stats.rows, stats, True,
+                          done["targets"])
     work = window_workdir(str(tmp), final.rsplit("/", 1)[-1])
     try:
-        with open(work / TOKENS_FILE, "wb") as spill:
-            lengths, read_counts = read_window(cfg.column, cfg.append_eos, window, spill,
-                                               cfg.read_options(), work / TARGETS_FILE)
-        check()
-        test_pause("plan", window.index)
-        if cfg.overflow is Overflow.ERROR:
-            _check_overflow(cfg.capacity, window, lengths)
-        plan = pack_lengths(lengths, cfg.capacity, strategy=cfg.strategy, overflow=cfg.overflow)
-        doc_starts = np.zeros(lengths.size, dtype=np.int64)  # shape: (docs,)
-        if lengths.size:
-            np.cumsum(lengths[:-1], out=doc_starts[1:])
-        arrays = dict(row_offsets=plan.row_offsets, seg_doc=plan.seg_doc,
-                      seg_offset=plan.seg_offset, seg_len=plan.seg_len, doc_starts=doc_starts)
-        for name in _PLAN_ARRAYS:
-            np.save(work / f"{name}.npy", np.ascontiguousarray(arrays[name], dtype=np.int64))
-        stats = PackStats.from_plan(plan) + read_counts
-        if (work / TARGETS_FILE).is_file():  # input labels -100 are not targets either
-            targets = np.memmap(work / TARGETS_FILE, dtype=np.uint8, mode="r")
-            stats = dataclasses.replace(stats, effective_targets=int(
-                plan_segment_targets(plan, doc_starts, targets).sum()))
-            del targets
-        (work / WINDOW_DONE).write_text(json.dumps(stats.to_dict()))
+        held = WINDOW_MEMORY // 4
+        with DocSpill(work / DOC_TOKENS, np.int32, held) as tokens, \
+                DocSpill(work / DOC_TARGETS, np.uint8, held) as flags:
+            lengths, read_counts = read_window(cfg.column, cfg.append_eos, window, tokens,
+                                               cfg.read_options(), flags)
+            tokens.finish()
+            flags.finish()
+            check()
+            test_pause("plan", window.index)
+            if cfg.overflow is Overflow.ERROR:
+                _check_overflow(cfg.capacity, window, lengths)
+            plan = pack_lengths(lengths, cfg.capacity, strategy=cfg.strategy,
+                                overflow=cfg.overflow)
+            doc_starts = np.zeros(lengths.size, dtype=np.int64)  # shape: (docs,)
+            if lengths.size:
+                np.cumsum(lengths[:-1], out=doc_starts[1:])
+            del lengths
+            targets = flags.items > 0
+            order = window_row_order(plan.num_rows, seed=cfg.seed, window=window.index,
+                                     shuffle=cfg.shuffle)
+            effective = _spill_rows(work, plan, doc_starts, order, tokens,
+                                    flags if targets else None)
+        stats = dataclasses.replace(PackStats.from_plan(plan) + read_counts,
+                                    effective_targets=effective)
+        (work / WINDOW_DONE).write_text(json.dumps({"stats": stats.to_dict(),
+                                                    "targets": targets}))
         publish_window(work, final)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    return WindowInfo(window.index, final, window.first_doc, plan.num_rows, stats)
-
-
-def load_plan(directory: str | os.PathLike, capacity: int,
-              tag: str = "") -> tuple[PackPlan, np.ndarray]:
-    """A saved window plan: memory-mapped from a directory (pages are read when touched), or
-    read whole from a scratch prefix in an object store (each array one GET, kept in a
-    per-process cache under ``tag``, the run's fingerprint: see
-    :func:`packtool.formats.object_store.cached_bytes`).
-
-    Returns:
-        (plan, doc_starts int64[docs]): document numbers in the plan are window-local.
-    """
-    from packtool.formats.reader import is_remote
-
-    arrays = {}
-    for name in _PLAN_ARRAYS:
-        where = window_file(str(directory), f"{name}.npy")
-        if is_remote(where):
-            from packtool.formats.object_store import cached_bytes
-
-            arrays[name] = np.load(io.BytesIO(cached_bytes(where, tag)))
-            continue
-        try:
-            arrays[name] = np.asarray(np.load(where, mmap_mode="r"))
-        except ValueError:  # an empty array cannot be memory-mapped
-            arrays[name] = np.load(where)
-    doc_starts = arrays.pop("doc_starts")
-    return PackPlan(capacity=capacity, **arrays), doc_starts
-
-
-def row_order(window_rows: list[int], *, seed: int, shuffle: bool) -> np.ndarray:
-    """Output order of every planned row of every window.
-
-    Rows are numbered globally, window after window (window ``w``'s row ``r`` is
-    ``sum(window_rows[:w]) + r``). With ``shuffle`` the order is
-    ``numpy.random.default_rng(seed).permutation(total)``: each output shard draws its rows from
-    all windows, and with one window it is the row shuffle of a single global plan. Without
-    ``shuffle`` rows keep creation order (window by window).
-
-    Returns:
-        int64[sum(window_rows)], a permutation; depends only on the arguments (not on the
-        engine or the worker count).
-    """
-    total = int(sum(window_rows))
-    if shuffle:
-        return np.random.default_rng(seed).permutation(total)
-    return np.arange(total, dtype=np.int64)
+    return WindowInfo(window.index, final, window.first_doc, plan.num_rows, stats,
+                      targets=targets)

@@ -11,7 +11,6 @@ Parquet footers, never on the engine or the number of workers.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -119,22 +118,24 @@ def file_rows(windows: list[Window], n_files: int) -> list[int]:
 
 def read_window(column: str, append_eos_id: int | None, window: Window, spill: BinaryIO,
                 options: dict | None = None,
-                targets_path: str | os.PathLike | None = None) -> tuple[np.ndarray, PackStats]:
+                targets: BinaryIO | None = None) -> tuple[np.ndarray, PackStats]:
     """Validate a window's documents and append their tokens to ``spill`` as raw int32.
 
-    Only the lengths stay in memory; tokens go to the file one record batch at a time. When a
-    batch carries input target flags (a labels column, :mod:`packtool.core.masks`), the flags
-    of the whole window go to ``targets_path`` as raw uint8 (1 for tokens of files without
-    labels); without any, no such file is written.
+    Only the lengths are kept here; tokens go to ``spill`` one record batch (whole documents)
+    at a time. When a batch carries input target flags (a labels column,
+    :mod:`packtool.core.masks`), the flags of the whole window go to ``targets`` as raw uint8
+    (1 for tokens of files without labels), from its first token on; without any, nothing is
+    written to ``targets``.
 
     Args:
         column: token column.
         append_eos_id: if not None, appended to every non-empty document not ending with it
             (used when ``options`` is None).
         window: from :func:`plan_windows`.
-        spill: binary file open for writing.
+        spill: where the tokens go (``write(buffer)``: a binary file or a
+            :class:`packtool.pipeline.spill.DocSpill`).
         options: mask columns and BOS/EOS (:meth:`packtool.config.PackConfig.read_options`).
-        targets_path: where the target flags go, if any.
+        targets: where the target flags go, if any (like ``spill``).
 
     Returns:
         (int64[window.docs] tokens per document after masks and BOS/EOS, the mask counts as
@@ -146,35 +147,32 @@ def read_window(column: str, append_eos_id: int | None, window: Window, spill: B
         KeyboardInterrupt: the run was told to stop (:func:`packtool.signals.check`).
     """
     options = {"eos": append_eos_id} if options is None else options
-    parts, counts, written, tspill = [], PackStats(), 0, None
-    try:
-        for part in window.parts:
-            n = 0
-            for batch in iter_token_batches(
-                    Path(part.path), column, fmt=part.format,
-                    row_range=(part.first_row, part.first_row + part.docs), **options):
-                check()
-                # the buffer itself, no bytes copy (a 200 MB corpus spent 0.06 s in tobytes)
-                spill.write(memoryview(np.ascontiguousarray(batch.tokens, dtype=np.int32)))
-                if batch.targets is not None and tspill is None and targets_path is not None:
-                    tspill = open(targets_path, "wb")
-                    tspill.write(memoryview(np.ones(written, np.uint8)))  # earlier: all targets
-                if tspill is not None:
-                    t = (batch.targets if batch.targets is not None
-                         else np.ones(batch.tokens.size, np.uint8))
-                    tspill.write(memoryview(np.ascontiguousarray(t, dtype=np.uint8)))
-                written += batch.tokens.size
-                parts.append(batch.lengths)
-                counts = counts + PackStats(**batch.mask_counts())
-                n += batch.lengths.size
-                test_pause("read")
-            if n != part.docs:
-                raise InputError(f"{part.path}: {n} rows read from row {part.first_row}, "
-                                 f"{part.docs} expected; the file changed during the pack: "
-                                 "rerun the same packtool pack with --overwrite")
-    finally:
-        if tspill is not None:
-            tspill.close()
+    parts, counts, written, flags = [], PackStats(), 0, False
+    for part in window.parts:
+        n = 0
+        for batch in iter_token_batches(
+                Path(part.path), column, fmt=part.format,
+                row_range=(part.first_row, part.first_row + part.docs), **options):
+            check()
+            # the buffer itself, no bytes copy (a 200 MB corpus spent 0.06 s in tobytes)
+            spill.write(memoryview(np.ascontiguousarray(batch.tokens, dtype=np.int32)))
+            if batch.targets is not None and not flags and targets is not None:
+                flags = True
+                if written:  # earlier tokens: all targets
+                    targets.write(memoryview(np.ones(written, np.uint8)))
+            if flags:
+                t = (batch.targets if batch.targets is not None
+                     else np.ones(batch.tokens.size, np.uint8))
+                targets.write(memoryview(np.ascontiguousarray(t, dtype=np.uint8)))
+            written += batch.tokens.size
+            parts.append(batch.lengths)
+            counts = counts + PackStats(**batch.mask_counts())
+            n += batch.lengths.size
+            test_pause("read")
+        if n != part.docs:
+            raise InputError(f"{part.path}: {n} rows read from row {part.first_row}, "
+                             f"{part.docs} expected; the file changed during the pack: "
+                             "rerun the same packtool pack with --overwrite")
     lengths = (np.concatenate(parts) if parts else np.zeros(0, np.int64)).astype(np.int64,
                                                                                    copy=False)
     return lengths, counts

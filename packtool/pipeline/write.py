@@ -3,8 +3,8 @@
 A shard is ``rows_per_shard`` output rows, laid out ``rows_per_group`` at a time (one Parquet row
 group each, so memory stays at one row group per worker), written under a unique temporary name
 locally and published whole under its final name (a rename in a directory, one upload to an
-object store). Its bytes
-depend only on the plans and its row numbers, never on the engine or the worker count.
+object store). Its bytes depend only on the windows' row spills and on which window each of its
+rows comes from, never on the engine or the worker count.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from packtool.formats.manifest import sha256_file
 from packtool.formats.schema import packed_schema
 from packtool.formats.writer import rows_to_table, write_shard
 from packtool.output import discard_shard_temp, kept_shard, publish_shard, shard_temp
-from packtool.pipeline.layout import WindowPlans, layout_group
+from packtool.pipeline.layout import ShardRows, WindowSpills, layout_group
 from packtool.signals import check, test_pause
 
 __all__ = ["ShardJob", "write_shard_task", "shard_entry"]
@@ -30,7 +30,8 @@ class ShardJob:
 
     index: int  #: shard number
     name: str  #: final file name
-    rows: np.ndarray  #: int64[n], global row numbers in output order
+    windows: np.ndarray  #: int32[n], the window of each of its rows, in output order
+    starts: np.ndarray  #: int64[k], per window present (ascending): first position in its row order
     output: str  #: OUTPUT directory or URI
     tmp: str  #: scratch directory or URI
     reuse: bool  #: keep the shard if it is there already (resuming an identical pack)
@@ -49,7 +50,7 @@ def shard_entry(name: str, rows: int, size: int, digest: str | None = None,
             "sha256": digest if digest is not None else sha256_file(path)}
 
 
-def write_shard_task(cfg, job: ShardJob, plans: WindowPlans) -> tuple[dict, bool]:
+def write_shard_task(cfg, job: ShardJob, spills: WindowSpills) -> tuple[dict, bool]:
     """Lay out and write one shard (or keep it when resuming and it is there).
 
     The shard is written to a local file (:func:`packtool.output.shard_temp`: in the scratch
@@ -59,26 +60,29 @@ def write_shard_task(cfg, job: ShardJob, plans: WindowPlans) -> tuple[dict, bool
     Args:
         cfg: :class:`packtool.config.PackConfig` (capacity, labels, pad_id, rows_per_group).
         job: the shard.
-        plans: the windows' saved plans.
+        spills: the windows' row spills.
 
     Returns:
         (manifest entry, reused).
 
     Raises:
-        OSError: the shard cannot be written (full disk, I/O error, the store refused it).
+        OSError: the shard cannot be written (full disk, I/O error, the store refused it), or a
+            spill cannot be read.
         KeyboardInterrupt: the run was told to stop (checked between row groups).
     """
     if job.reuse:
         kept = kept_shard(job.output, job.name, job.promised)
         if kept is not None:
-            return shard_entry(job.name, job.rows.size, *kept,
+            return shard_entry(job.name, job.windows.size, *kept,
                                path=Path(job.output) / job.name), True
     schema = packed_schema(cfg.capacity, cfg.labels.value)
+    n = job.windows.size
 
     def tables():
-        for lo in range(0, job.rows.size, cfg.rows_per_group):
+        rows = ShardRows(spills, job.windows, job.starts)
+        for lo in range(0, n, cfg.rows_per_group):
             check()
-            packed = layout_group(plans, job.rows[lo:lo + cfg.rows_per_group],
+            packed = layout_group(spills, rows, lo, min(n, lo + cfg.rows_per_group),
                                   pad_id=cfg.pad_id, labels=cfg.labels)
             yield rows_to_table(packed, schema)
             test_pause("write-shard", job.index)
@@ -90,4 +94,4 @@ def write_shard_task(cfg, job: ShardJob, plans: WindowPlans) -> tuple[dict, bool
         publish_shard(tmp, job.output, job.name)
     finally:
         discard_shard_temp(tmp, job.tmp)
-    return shard_entry(job.name, job.rows.size, size, digest), False
+    return shard_entry(job.name, n, size, digest), False

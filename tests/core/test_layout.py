@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packtool.core import layout_rows, pack_lengths
-from packtool.core.layout import append_eos
-from packtool.core.reference import reference_layout, reference_pack
+from packtool.core.layout import append_eos, gather_segments
+from packtool.core.reference import (reference_gather_segments, reference_layout,
+                                     reference_pack)
 from packtool.errors import ConfigError
 
 
@@ -151,3 +152,30 @@ def test_contract_invariants_hold(docs, capacity, strategy):
             assert o == covered
             covered += n
         assert covered == len(doc)
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), size=st.integers(0, 300), dtype=st.sampled_from([np.int32, np.uint8]))
+def test_gather_segments_equals_reference(data, size, dtype):
+    """Segments copied back to back, or to given places, equal the slow twin."""
+    values = np.arange(size, dtype=np.int64).astype(dtype) * 7 + 3
+    n = data.draw(st.integers(0, 20))
+    src = [data.draw(st.integers(0, size)) for _ in range(n)]
+    lens = [data.draw(st.integers(0, size - s)) for s in src]
+    got = gather_segments(values, np.array(src, dtype=np.int64), np.array(lens, dtype=np.int64))
+    assert got.dtype == values.dtype
+    assert got.tolist() == [int(x) for x in reference_gather_segments(values, src, lens)]
+    # placed in reverse order in a larger buffer: each segment lands at its dest
+    ends = np.cumsum(lens[::-1])
+    dest = np.array((ends - np.array(lens[::-1], dtype=np.int64)).tolist()[::-1],
+                    dtype=np.int64) + 5
+    out = np.full(int(sum(lens)) + 5, 99, dtype=dtype)
+    gather_segments(values, np.array(src, dtype=np.int64), np.array(lens, dtype=np.int64),
+                    out, dest)
+    want = [int(x) for s, n in zip(src[::-1], lens[::-1]) for x in values[s:s + n]]
+    assert out[:5].tolist() == [99] * 5 and out[5:].tolist() == want
+
+
+def test_gather_segments_refuses_a_segment_outside_the_values():
+    with pytest.raises(ValueError, match="outside"):
+        gather_segments(np.zeros(4, np.int32), np.array([2]), np.array([3]))
