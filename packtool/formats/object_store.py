@@ -30,7 +30,8 @@ import signal
 import socket
 import threading
 import uuid
-from contextlib import contextmanager
+from collections import OrderedDict
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -40,7 +41,8 @@ from packtool.errors import OutputError
 from packtool.formats.manifest import LOCK_NAME
 
 __all__ = ["store_of", "join", "read_bytes", "read_json", "write_bytes", "put_file", "size_of",
-           "listing", "delete", "delete_tree", "read_ranges", "take_lock", "release_lock",
+           "listing", "delete", "delete_tree", "read_ranges", "read_session", "take_lock",
+           "release_lock",
            "node_temp", "STORE_ERRORS"]
 
 #: What a store call raises on failure (pyarrow maps most to OSError).
@@ -165,17 +167,80 @@ HOLE_LIMIT = 1 << 20
 SPAN_LIMIT = 64 << 20
 
 
+#: Within a :func:`read_session`, a GET reads at least this many bytes (clipped to the object),
+#: so the next row groups' ranges of one spill, which follow, are served from memory.
+READ_AHEAD = 256 << 10
+#: Bytes a :func:`read_session` keeps at most (the least recently used object's span goes).
+SESSION_BUDGET = 64 << 20
+
+_LOCAL = threading.local()
+
+
+class _Session:
+    """Open objects and the last span read of each (see :func:`read_session`)."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.files: dict = {}
+        self.spans: "OrderedDict[str, tuple[int, memoryview]]" = OrderedDict()
+        self.held = 0
+
+    def file(self, uri: str):
+        fh = self.files.get(uri)
+        if fh is None:
+            fs, path = store_of(uri)
+            fh = self.files[uri] = fs.open_input_file(path)  # one HEAD per object
+        return fh
+
+    def read(self, uri: str, lo: int, hi: int) -> memoryview:
+        got = self.spans.get(uri)
+        if got is not None and got[0] <= lo and hi <= got[0] + len(got[1]):
+            self.spans.move_to_end(uri)
+            return got[1][lo - got[0]:hi - got[0]]
+        fh = self.file(uri)
+        end = min(max(hi, lo + READ_AHEAD), max(hi, fh.size()))
+        data = memoryview(fh.read_at(end - lo, lo))
+        if got is not None:
+            self.held -= len(self.spans.pop(uri)[1])
+        self.spans[uri] = (lo, data)
+        self.held += len(data)
+        while self.held > self.budget and len(self.spans) > 1:
+            self.held -= len(self.spans.popitem(last=False)[1][1])
+        return data[:hi - lo]
+
+    def close(self) -> None:
+        for fh in self.files.values():
+            fh.close()
+        self.files.clear()
+        self.spans.clear()
+
+
+@contextmanager
+def read_session(budget: int = SESSION_BUDGET):
+    """Within the block (this thread), :func:`read_ranges` keeps every object it reads open (one
+    HEAD per object instead of one per call) and reads ahead at least :data:`READ_AHEAD` bytes
+    per GET, keeping up to ``budget`` bytes. For readers whose objects do not change while the
+    block runs (a shard task reading finished windows, which read each spill forwards)."""
+    prev = getattr(_LOCAL, "session", None)
+    session = _LOCAL.session = _Session(budget)
+    try:
+        yield session
+    finally:
+        _LOCAL.session = prev
+        session.close()
+
+
 def read_ranges(uri: str, sizes: list[int], offsets: list[int]) -> bytes:
     """Bytes ``offsets[i] .. offsets[i] + sizes[i] - 1`` of object ``uri`` for every ``i``,
     back to back in the order given.
 
     Ranges are sorted and those closer than :data:`HOLE_LIMIT` are coalesced into one ranged GET
-    (at most :data:`SPAN_LIMIT` bytes), so many small pieces of one spill cost a few requests.
+    (at most :data:`SPAN_LIMIT` bytes), so many small pieces of one spill cost a few requests;
+    inside a :func:`read_session` the object stays open and GETs read ahead.
 
     Raises:
         OSError: the object cannot be read, or is shorter than a range.
     """
-    fs, path = store_of(uri)
     sizes, offsets = list(map(int, sizes)), list(map(int, offsets))
     order = sorted(range(len(sizes)), key=offsets.__getitem__)
     spans: list[list[int]] = []  # [start, end, first index in order, last index + 1]
@@ -187,9 +252,14 @@ def read_ranges(uri: str, sizes: list[int], offsets: list[int]) -> bytes:
         else:
             spans.append([lo, hi, k, k + 1])
     pieces: list = [b""] * len(sizes)
-    with fs.open_input_file(path) as fh:
+    session = getattr(_LOCAL, "session", None)
+    with ExitStack() as stack:
+        if session is None:
+            fs, path = store_of(uri)
+            fh = stack.enter_context(fs.open_input_file(path))
         for lo, hi, a, b in spans:
-            data = memoryview(fh.read_at(hi - lo, lo))
+            data = (session.read(uri, lo, hi) if session is not None
+                    else memoryview(fh.read_at(hi - lo, lo)))
             if len(data) != hi - lo:
                 raise OSError(f"{uri}: short read ({len(data)} of {hi - lo} bytes at {lo})")
             for i in order[a:b]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from packtool.formats.manifest import sha256_file
+from packtool.formats.object_store import read_session
 from packtool.formats.schema import packed_schema
 from packtool.formats.writer import rows_to_table, write_shard
 from packtool.output import discard_shard_temp, kept_shard, publish_shard, shard_temp
@@ -89,7 +90,8 @@ def write_shard_task(cfg, job: ShardJob, spills: WindowSpills) -> tuple[dict, bo
 
     tmp = shard_temp(job.tmp, job.name)
     try:
-        size, digest = write_shard(tmp, schema, tables())  # sha256 taken while writing
+        with read_session():  # a scratch in a store: objects kept open, GETs read ahead
+            size, digest = write_shard(tmp, schema, tables())  # sha256 taken while writing
         check()  # a run that is stopping publishes nothing more
         publish_shard(tmp, job.output, job.name)
     finally:

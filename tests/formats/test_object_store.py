@@ -270,3 +270,52 @@ def test_read_ranges_gives_the_bytes_of_each_range_in_order(s3, monkeypatch, hol
     assert got == b"".join(data[o:o + n] for n, o in zip(sizes, offsets))
     with pytest.raises(OSError, match="short read"):
         store.read_ranges(f"s3://{bucket}/blob", [20], [299_990])
+
+
+def test_read_session_serves_forward_reads_from_one_open_object(s3, monkeypatch):
+    """Inside a read session: the same bytes as without one, each object opened once, one GET
+    per READ_AHEAD bytes of forward reads, and no more than the budget held."""
+    import numpy as np
+
+    from packtool.formats import object_store as store
+
+    fs, bucket = s3
+    data = np.random.default_rng(2).integers(0, 256, 200_000, dtype=np.uint8).tobytes()
+    for name in ("a", "b"):
+        with fs.open_output_stream(f"{bucket}/{name}") as fh:
+            fh.write(data)
+    monkeypatch.setattr(store, "READ_AHEAD", 50_000)
+    opened, gets = [], []
+
+    class Counted:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def read_at(self, n, off):
+            gets.append(off)
+            return self.fh.read_at(n, off)
+
+        def size(self):
+            return self.fh.size()
+
+        def close(self):
+            self.fh.close()
+
+    with store.read_session(budget=120_000) as session:
+        first_open = session.file
+
+        def file(uri):
+            if uri not in session.files:
+                opened.append(uri)
+                session.files[uri] = Counted(first_open(uri))
+            return session.files[uri]
+
+        session.file = file
+        for lo in range(0, 200_000, 10_000):  # forward reads of two objects, interleaved
+            for name in ("a", "b"):
+                got = store.read_ranges(f"s3://{bucket}/{name}", [3000, 10], [lo, lo + 5000])
+                assert got == data[lo:lo + 3000] + data[lo + 5000:lo + 5010]
+        assert session.held <= 120_000
+    assert sorted(opened) == [f"s3://{bucket}/a", f"s3://{bucket}/b"]
+    assert len(gets) == 2 * 4  # 200,000 bytes, 50,000 per GET, for each object
+    assert store.read_ranges(f"s3://{bucket}/a", [7], [199_990]) == data[199_990:199_997]
