@@ -165,7 +165,7 @@ class Output:
     """OUTPUT of one pack; use as a context manager (see the module docstring).
 
     Args:
-        path: the OUTPUT directory.
+        path: the OUTPUT directory, or a URI in an object store (``s3://bucket/prefix``).
         inputs: INPUT paths as given (OUTPUT may not lie inside one, nor contain one).
         fingerprint: from :func:`fingerprint`.
         overwrite: replace a non-empty OUTPUT that is not an interrupted identical pack.
@@ -384,7 +384,7 @@ class Output:
                 pass
 
     def _os_error(self, exc: OSError) -> OutputError:
-        where = exc.filename or self.path
+        where = getattr(exc, "filename", None) or self.path
         state = ("the finished shards are kept: rerun the same command to finish"
                  if self._writing else "OUTPUT is as it was before the run")
         if self.remote:
