@@ -319,3 +319,35 @@ def test_read_session_serves_forward_reads_from_one_open_object(s3, monkeypatch)
     assert sorted(opened) == [f"s3://{bucket}/a", f"s3://{bucket}/b"]
     assert len(gets) == 2 * 4  # 200,000 bytes, 50,000 per GET, for each object
     assert store.read_ranges(f"s3://{bucket}/a", [7], [199_990]) == data[199_990:199_997]
+
+
+def test_ctrl_c_while_a_small_object_is_written_leaves_it_whole(s3, monkeypatch):
+    """Ctrl-C arriving between opening a marker/manifest object and writing it: the object is
+    put whole, then the KeyboardInterrupt comes (a stream closed by the exception would have
+    published an empty object)."""
+    import signal
+
+    from packtool.formats import object_store as store
+
+    fs, bucket = s3
+    real_store_of = store.store_of
+
+    class Interrupting:
+        def __init__(self, fs):
+            self.fs = fs
+
+        def open_output_stream(self, path, **kw):
+            stream = self.fs.open_output_stream(path, **kw)
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C right after the open
+            return stream
+
+    monkeypatch.setattr(store, "store_of",
+                        lambda uri: (Interrupting(real_store_of(uri)[0]), real_store_of(uri)[1]))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            store.write_bytes(f"s3://{bucket}/marker.json", b'{"whole": true}')
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    with fs.open_input_stream(f"{bucket}/marker.json") as fh:
+        assert fh.read() == b'{"whole": true}'
