@@ -623,7 +623,8 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
             if row + batch.num_rows <= lo:
                 row += batch.num_rows
                 continue
-            if row < lo or row + batch.num_rows > hi:  # keep only the rows inside the range
+            cut = row < lo or row + batch.num_rows > hi
+            if cut:  # keep only the rows inside the range
                 a = max(lo - row, 0)
                 batch = batch.slice(a, min(hi - row, batch.num_rows) - a)
                 row += a
@@ -651,7 +652,9 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
                     raise SchemaError(f"{path}: {where}: token id "
                                       f"{int(flat[vi])} does not fit int32; packed input_ids are "
                                       "int32 (vocabularies up to 2**31 - 1)")
-            tokens = flat.astype(np.int32, copy=False)
+            # a cut batch's values are a view of the whole batch's: own them, so whoever keeps
+            # the tokens (a window task holds them) does not keep the rest of the batch
+            tokens = flat.astype(np.int32, copy=cut)
             targets, masked = None, 0
             if masks.labels is not None:
                 lab = _mask_values(batch.column(masks.labels), lengths, path, row,

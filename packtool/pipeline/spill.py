@@ -26,7 +26,6 @@ are ranged GETs (:func:`packtool.formats.object_store.read_ranges`).
 
 from __future__ import annotations
 
-import mmap
 import os
 from contextlib import ExitStack, contextmanager
 from typing import BinaryIO, Iterator
@@ -92,7 +91,7 @@ def read_spill(location: str | os.PathLike, offsets, sizes) -> np.ndarray:
         from packtool.formats.object_store import read_ranges
 
         data = read_ranges(str(location), sizes.tolist(), offsets.tolist())
-        return np.frombuffer(data, dtype=np.uint8)
+        return np.frombuffer(bytearray(data), dtype=np.uint8)  # private and writable
     out = np.empty(total, dtype=np.uint8)
     # runs of ranges contiguous in the file become one read
     breaks = np.flatnonzero(offsets[1:] != offsets[:-1] + sizes[:-1]) + 1
@@ -139,23 +138,14 @@ def remove_spill(location: str | os.PathLike) -> None:
         pass
 
 
-def _lazy_buffer(items: int, dtype: np.dtype) -> np.ndarray:
-    """dtype[items] on an anonymous memory map: pages are touched only as they fill, and no
-    transparent-huge-page advice is given (NumPy advises it for large arrays; on a host whose
-    memory is fragmented, the compaction that asks for stalls the run)."""
-    if not items:
-        return np.zeros(0, dtype=dtype)
-    return np.frombuffer(mmap.mmap(-1, items * dtype.itemsize), dtype=dtype)
-
-
 class DocSpill:
     """A window's tokens (or target flags) in input order, as the window task reads them.
 
-    The first ``memory_items`` items are held in a private buffer (its pages are touched only
-    as they fill); from the first write that does not fit on, everything goes to the spill file
-    ``location`` (through :func:`spill_writer`). Each write holds whole documents, so no
-    document lies partly in memory and partly in the file. Use as a context manager: on exit
-    the buffer is dropped and the file removed.
+    The first ``memory_items`` items are held in memory as they were written (the buffers
+    themselves, no copy: the caller must not reuse them); from the first write that does not
+    fit on, everything goes to the spill file ``location`` (through :func:`spill_writer`). Each
+    write holds whole documents, so no document lies partly in memory and partly in the file.
+    Use as a context manager: on exit the buffers are dropped and the file removed.
 
     Args:
         location: the spill file, created only when needed.
@@ -166,7 +156,9 @@ class DocSpill:
     def __init__(self, location: str | os.PathLike, dtype, memory_items: int):
         self.location = location
         self.dtype = np.dtype(dtype)
-        self._buf = _lazy_buffer(max(0, int(memory_items)), self.dtype)
+        self.memory_items = max(0, int(memory_items))
+        self._parts: list[np.ndarray] = []  # the buffers written, held as they are (no copy)
+        self._firsts = [0]  # item number of each part's first item, then the end
         self.held = 0  #: items in memory (the first ones)
         self.items = 0  #: items written
         self._stack = ExitStack()
@@ -180,11 +172,13 @@ class DocSpill:
         return False
 
     def write(self, data) -> int:
-        """Append ``data`` (a buffer of whole documents' items); returns its bytes."""
+        """Append ``data`` (a buffer of whole documents' items, kept as it is while it fits in
+        memory); returns its bytes."""
         arr = np.frombuffer(data, dtype=self.dtype)
-        if self._file is None and self.held + arr.size <= self._buf.size:
-            self._buf[self.held:self.held + arr.size] = arr
+        if self._file is None and self.held + arr.size <= self.memory_items:
+            self._parts.append(arr)
             self.held += arr.size
+            self._firsts.append(self.held)
         else:
             if self._file is None:
                 self._file = self._stack.enter_context(spill_writer(self.location))
@@ -218,11 +212,15 @@ class DocSpill:
         dest = np.zeros(lens.size, dtype=np.int64)
         if lens.size:
             np.cumsum(lens[:-1], out=dest[1:])
-        mem = src < self.held  # shape: (S,)
-        if mem.all():
-            return gather_segments(self._buf[:self.held], src, lens, out, dest)
-        gather_segments(self._buf[:self.held], src[mem], lens[mem], out, dest[mem])
-        far = ~mem
+        part = np.searchsorted(np.asarray(self._firsts), src, side="right") - 1  # shape: (S,)
+        for k in np.unique(part).tolist():
+            if k >= len(self._parts):
+                continue
+            sel = part == k
+            gather_segments(self._parts[k], src[sel] - self._firsts[k], lens[sel], out, dest[sel])
+        far = src >= self.held
+        if not far.any():
+            return out
         size = self.dtype.itemsize
         got = read_spill(self.location, (src[far] - self.held) * size,
                          lens[far] * size).view(self.dtype)
@@ -232,7 +230,7 @@ class DocSpill:
     def remove(self) -> None:
         """Drop the buffer and delete the file."""
         self._stack.close()
-        self._buf = np.empty(0, dtype=self.dtype)
+        self._parts, self._firsts = [], [0]
         self.held = 0
         if self._file is not None:
             remove_spill(self.location)
