@@ -303,4 +303,3 @@ def test_a_row_group_reads_one_token_range_per_window(tmp_path, monkeypatch):
     spilled = {int(re.search(r"window-(\d+)", loc).group(1)): end for loc, end in ends.items()}
     assert spilled == {i: 4 * w["real_tokens"] for i, w in enumerate(res.manifest["windows"])
                        if w["real_tokens"]}
-

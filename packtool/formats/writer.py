@@ -79,7 +79,7 @@ def _fixed_lists(mat: np.ndarray, typ: pa.DataType) -> pa.Array:
 def _ragged(values: np.ndarray, offsets: np.ndarray, typ: pa.DataType, value_type) -> pa.Array:
     # one entry per segment: at most rows * (C + 1) values per row group, far below 2**31
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32), pa.int32()),
-                                    pa.array(values, value_type)).cast(typ)
+                                    pa.array(values, value_type), type=typ)
 
 
 def rows_to_table(rows: PackedRows, schema: pa.Schema) -> pa.Table:

@@ -49,13 +49,25 @@ class WindowSpills:
 
 
 class ShardRows:
-    """The row index and segments of one shard's rows, read once per window present.
+    """Where each of one shard's rows is: its segments and its tokens, read once per window.
+
+    For each window present, the rows the shard takes from it are a contiguous run of its row
+    order: that run's row index and segments are read once (two reads per window and shard).
 
     Args:
         spills: the windows' spills.
         windows: int[n], the window of each of the shard's rows, in output order.
         starts: int64[k], for each window present (ascending window number), the position in
             that window's row order of its first row in the shard.
+
+    Attributes:
+        ids: int64[k], the windows present (ascending).
+        slot: int64[n], each row's window as an index into ``ids``.
+        seg_len, seg_doc, seg_offset: int64[segments of the shard], every segment of the
+            shard's rows, window after window (``seg_doc`` global).
+        row_seg: int64[n], each row's first segment in those arrays; ``row_nseg``: how many.
+        row_tok: int64[n], each row's first token in its window's row spill; ``row_ntok``:
+            how many.
 
     Raises:
         OSError: a spill file cannot be read.
@@ -69,15 +81,35 @@ class ShardRows:
         # position of each row among its window's rows in this shard
         order = np.argsort(self.slot, kind="stable")
         first = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        self.local = np.empty(windows.size, dtype=np.int64)  # shape: (n,)
-        self.local[order] = np.arange(windows.size) - np.repeat(first, counts)
-        self.index, self.segments = [], []
+        local = np.empty(windows.size, dtype=np.int64)  # shape: (n,)
+        local[order] = np.arange(windows.size) - np.repeat(first, counts)
+        index, segments = [], []
         for w, s, c in zip(self.ids.tolist(), np.asarray(starts).tolist(), counts.tolist()):
             d = spills.dirs[w]
             idx = read_records(window_file(d, ROW_INDEX), np.int64, 2, s, s + c + 1)
-            self.index.append(idx)  # (first segment, first token) of each row, and the ends
-            self.segments.append(read_records(window_file(d, SEGMENTS), np.int64, 3,
-                                              int(idx[0, 0]), int(idx[-1, 0])))
+            index.append(idx)  # (first segment, first token) of each row, and the ends
+            seg = read_records(window_file(d, SEGMENTS), np.int64, 3, int(idx[0, 0]),
+                               int(idx[-1, 0]))  # (length, window-local document, offset)
+            seg[:, 1] += spills.first_docs[w]
+            segments.append(seg)
+        index_base = np.concatenate([[0], np.cumsum(counts + 1)])  # each window's first entry
+        seg_base = np.concatenate([[0], np.cumsum([len(x) for x in segments])])
+        idx_all = np.concatenate(index) if index else np.zeros((0, 2), dtype=np.int64)
+        seg_all = np.concatenate(segments) if segments else np.zeros((0, 3), dtype=np.int64)
+        self.seg_len, self.seg_doc, self.seg_offset = (np.ascontiguousarray(seg_all[:, i])
+                                                       for i in range(3))
+        p = index_base[self.slot] + local  # each row's entry in idx_all
+        self.row_seg = seg_base[self.slot] + idx_all[p, 0] - idx_all[index_base[self.slot], 0]
+        self.row_nseg = idx_all[p + 1, 0] - idx_all[p, 0]
+        self.row_tok = idx_all[p, 1]
+        self.row_ntok = idx_all[p + 1, 1] - idx_all[p, 1]
+
+
+def _exclusive_cumsum(x: np.ndarray) -> np.ndarray:
+    out = np.zeros(x.size, dtype=np.int64)
+    if x.size:
+        np.cumsum(x[:-1], out=out[1:])
+    return out
 
 
 def layout_group(spills: WindowSpills, shard: ShardRows, lo: int, hi: int, *, pad_id: int,
@@ -86,7 +118,7 @@ def layout_group(spills: WindowSpills, shard: ShardRows, lo: int, hi: int, *, pa
 
     For each window present, its rows here are consecutive in its row order: their tokens (and
     input target flags, for windows that have them) are one range of its row spill, read with
-    one :func:`~packtool.pipeline.spill.read_spill`. One
+    one :func:`~packtool.pipeline.spill.read_spill` into one buffer, window after window. One
     :func:`packtool.core.layout.layout_rows` call then lays the rows out through a plan whose
     documents are their segments, and ``doc_ids``/``doc_offsets`` are set to the segments' real
     (global) documents and offsets.
@@ -98,48 +130,43 @@ def layout_group(spills: WindowSpills, shard: ShardRows, lo: int, hi: int, *, pa
         OSError: a spill file cannot be read (or is truncated).
     """
     slot = shard.slot[lo:hi]
-    local = shard.local[lo:hi]
     n = slot.size
-    present = np.unique(slot).tolist()
-    combined = np.empty(n, dtype=np.int64)  # each output row's number in the combined plan
-    offsets, lens, docs, offs, tokens, flags = [np.zeros(1, dtype=np.int64)], [], [], [], [], []
-    any_targets = any(spills.targets[int(shard.ids[k])] for k in present)
-    n_rows = n_seg = 0
-    for k in present:
-        w = int(shard.ids[k])
+    row_tok, row_ntok = shard.row_tok[lo:hi], shard.row_ntok[lo:hi]
+    # each window's rows here, first and last (output order keeps its row order)
+    wm = np.argsort(slot, kind="stable")
+    present, first, count = np.unique(slot[wm], return_index=True, return_counts=True)
+    head, tail = wm[first], wm[first + count - 1]
+    t0 = row_tok[head]
+    t1 = row_tok[tail] + row_ntok[tail]
+    base = _exclusive_cumsum(t1 - t0)  # each window's first token in the buffer
+    windows = shard.ids[present].tolist()
+    any_targets = any(spills.targets[w] for w in windows)
+    tokens, flags = [], []
+    for w, a, b in zip(windows, t0.tolist(), t1.tolist()):
         d = spills.dirs[w]
-        pos = np.flatnonzero(slot == k)
-        j0, j1 = int(local[pos[0]]), int(local[pos[-1]]) + 1  # consecutive by construction
-        idx = shard.index[k]
-        s0, s1 = int(idx[j0, 0]), int(idx[j1, 0])
-        t0, t1 = int(idx[j0, 1]), int(idx[j1, 1])
-        segs = shard.segments[k][s0 - int(idx[0, 0]):s1 - int(idx[0, 0])]
-        combined[pos] = n_rows + local[pos] - j0
-        offsets.append(idx[j0 + 1:j1 + 1, 0] - s0 + n_seg)
-        lens.append(segs[:, 0])
-        docs.append(segs[:, 1] + spills.first_docs[w])
-        offs.append(segs[:, 2])
-        tokens.append(read_spill(window_file(d, ROW_TOKENS), [4 * t0], [4 * (t1 - t0)]).view(np.int32))
-        if any_targets:  # input label masks: flags beside the tokens (1 = target) when present
-            flags.append(read_spill(window_file(d, ROW_TARGETS), [t0], [t1 - t0]) if spills.targets[w]
-                         else np.ones(t1 - t0, dtype=np.uint8))
-        n_rows += j1 - j0
-        n_seg += s1 - s0
-    seg_len = np.concatenate(lens) if lens else np.zeros(0, dtype=np.int64)
-    seg_doc = np.concatenate(docs) if docs else np.zeros(0, dtype=np.int64)
-    seg_off = np.concatenate(offs) if offs else np.zeros(0, dtype=np.int64)
-    buf = (tokens[0] if len(tokens) == 1 else
-           np.concatenate(tokens) if tokens else np.zeros(0, dtype=np.int32))
+        tokens.append(read_spill(window_file(d, ROW_TOKENS), [4 * a], [4 * (b - a)]))
+        if any_targets:  # input label masks: flags beside the tokens (1 = target) if present
+            flags.append(read_spill(window_file(d, ROW_TARGETS), [a], [b - a])
+                         if spills.targets[w] else np.ones(b - a, dtype=np.uint8))
+    buf = (tokens[0] if len(tokens) == 1 else np.concatenate(tokens)).view(np.int32)
     targets = None
     if any_targets:
-        targets = np.concatenate(flags) if len(flags) != 1 else flags[0]
-    starts = np.zeros(n_seg, dtype=np.int64)  # each segment's first token in ``buf``
-    if n_seg:
-        np.cumsum(seg_len[:-1], out=starts[1:])
-    sub = PackPlan(capacity=spills.capacity, row_offsets=np.concatenate(offsets),
-                   seg_doc=np.arange(n_seg, dtype=np.int64), seg_offset=np.zeros_like(seg_len),
-                   seg_len=seg_len)
-    packed = layout_rows(sub, combined, buf, starts,
-                         pad_id=pad_id, labels=labels, targets=targets)
-    return dataclasses.replace(packed, doc_ids=seg_doc[packed.doc_ids],
-                               doc_offsets=seg_off[packed.doc_ids])
+        targets = flags[0] if len(flags) == 1 else np.concatenate(flags)
+    # the rows' segments, in output order
+    rank = np.searchsorted(present, slot)  # each row's window among those present
+    row_start = base[rank] + row_tok - t0[rank]  # each row's first token in the buffer
+    nseg = shard.row_nseg[lo:hi]
+    offsets = np.zeros(n + 1, dtype=np.int64)  # shape: (n + 1,)
+    np.cumsum(nseg, out=offsets[1:])
+    seg = np.repeat(shard.row_seg[lo:hi] - offsets[:-1], nseg) + np.arange(offsets[-1])
+    seg_len = shard.seg_len[seg]
+    within = _exclusive_cumsum(seg_len)
+    within -= np.repeat(within[offsets[:-1][nseg > 0]], nseg[nseg > 0])
+    src = np.repeat(row_start, nseg) + within  # each segment's first token in the buffer
+    sub = PackPlan(capacity=spills.capacity, row_offsets=offsets,
+                   seg_doc=np.arange(seg.size, dtype=np.int64),
+                   seg_offset=np.zeros_like(seg_len), seg_len=seg_len)
+    packed = layout_rows(sub, np.arange(n, dtype=np.int64), buf, src, pad_id=pad_id,
+                         labels=labels, targets=targets)
+    return dataclasses.replace(packed, doc_ids=shard.seg_doc[seg],
+                               doc_offsets=shard.seg_offset[seg])
