@@ -303,3 +303,26 @@ def test_a_row_group_reads_one_token_range_per_window(tmp_path, monkeypatch):
     spilled = {int(re.search(r"window-(\d+)", loc).group(1)): end for loc, end in ends.items()}
     assert spilled == {i: 4 * w["real_tokens"] for i, w in enumerate(res.manifest["windows"])
                        if w["real_tokens"]}
+
+
+def test_row_order_rewrite_in_chunks_and_threads_gives_the_same_bytes(tmp_path, monkeypatch):
+    """A window rewritten in row order a few rows at a time, gathered by spare threads (one
+    window, three workers) or in this thread, gives the bytes of a one-chunk rewrite."""
+    from packtool.pipeline import plan as plan_mod
+
+    _corpus(tmp_path / "in")
+    _pack(tmp_path / "in", tmp_path / "ref", workers=1)
+    calls = []
+    real = plan_mod._row_chunk
+
+    def spy(plan, doc_starts, rows, tokens, targets):
+        calls.append(rows.size)
+        return real(plan, doc_starts, rows, tokens, targets)
+
+    monkeypatch.setattr(plan_mod, "REWRITE_TOKENS", 3 * C)  # 3 rows per chunk
+    monkeypatch.setattr(plan_mod, "_row_chunk", spy)
+    for workers in (1, 3):
+        out = tmp_path / f"w{workers}"
+        _pack(tmp_path / "in", out, workers=workers)
+        assert _tree_bytes(out) == _tree_bytes(tmp_path / "ref")
+    assert len(calls) > 10 and max(calls) == 3

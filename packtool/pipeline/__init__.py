@@ -139,7 +139,10 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
                          ray_address=cfg.ray_address) as engine:
             infos: list[WindowInfo] = []
             with _progress(len(windows), "read+plan", "window", show) as bar:
-                for info in engine.map(prepare_window, [(cfg, w, str(out.tmp)) for w in windows]):
+                # fewer windows than local workers: the spare ones help rewrite a window's rows
+                threads = max(1, cfg.workers // len(windows)) if engine.name == "local" else 1
+                for info in engine.map(prepare_window,
+                                       [(cfg, w, str(out.tmp), threads) for w in windows]):
                     infos.append(info)
                     bar.update(1)
             total = PackStats(capacity=cfg.capacity)

@@ -32,6 +32,8 @@ import dataclasses
 import json
 import os
 import shutil
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,57 +127,85 @@ def _check_overflow(capacity: int, window: Window, lengths: np.ndarray) -> None:
                            "--overflow split|truncate|drop or a larger --capacity")
 
 
+def _row_chunk(plan: PackPlan, doc_starts: np.ndarray, rows: np.ndarray, tokens: DocSpill,
+               targets: DocSpill | None) -> tuple:
+    """One chunk of the row-order rewrite: (index int64[rows, 2] counted from the chunk's
+    start, segments int64[S, 3], tokens int32[T], flags uint8[T] or None, effective targets)."""
+    ro = plan.row_offsets
+    counts = ro[rows + 1] - ro[rows]  # segments per row
+    first = np.zeros(rows.size + 1, dtype=np.int64)  # shape: (rows + 1,)
+    np.cumsum(counts, out=first[1:])
+    n_seg = int(first[-1])
+    seg = np.repeat(ro[rows] - first[:-1], counts) + np.arange(n_seg, dtype=np.int64)
+    lens = np.asarray(plan.seg_len[seg], dtype=np.int64)
+    docs = np.asarray(plan.seg_doc[seg], dtype=np.int64)
+    offs = np.asarray(plan.seg_offset[seg], dtype=np.int64)
+    starts = np.zeros(n_seg + 1, dtype=np.int64)  # each segment's first token here
+    np.cumsum(lens, out=starts[1:])
+    index = np.stack([first[:-1], starts[first[:-1]]], axis=1)
+    segments = np.ascontiguousarray(np.stack([lens, docs, offs], axis=1))
+    src = doc_starts[docs] + offs  # shape: (n_seg,), first token in input order
+    toks = tokens.gather(src, lens)
+    flags = None
+    if targets is not None:
+        flags = targets.gather(src, lens)
+        effective = int(segment_targets(starts[:-1], lens, flags).sum())
+    else:
+        effective = int(lens.sum()) - n_seg
+    return index, segments, toks, flags, effective
+
+
 def _spill_rows(work: Path, plan: PackPlan, doc_starts: np.ndarray, order: np.ndarray,
-                tokens: DocSpill, targets: DocSpill | None) -> int:
+                tokens: DocSpill, targets: DocSpill | None, threads: int = 1) -> int:
     """Write the window's rows in ``order`` (the row spill, index and segments of
     :mod:`packtool.pipeline.spill`), gathering their segments from the input-order ``tokens``
-    (and ``targets`` flags), :data:`REWRITE_TOKENS` at most at a time.
+    (and ``targets`` flags), :data:`REWRITE_TOKENS` at most at a time. With ``threads`` > 1,
+    that many chunks are gathered ahead by other threads while this one writes (the files are
+    written in order either way).
 
     Returns:
         The effective targets of the window (sum over segments of the flagged tokens 1..len-1;
         ``seg_len - 1`` each without flags).
     """
     step = max(1, REWRITE_TOKENS // plan.capacity)
-    ro = plan.row_offsets
     seg_base = tok_base = effective = 0
+
+    def chunk(lo: int) -> tuple:
+        return _row_chunk(plan, doc_starts, order[lo:lo + step], tokens, targets)
+
+    los = list(range(0, order.size, step))
+    pool = ThreadPoolExecutor(max_workers=threads - 1) if threads > 1 and len(los) > 1 else None
     with ExitStack() as stack:
         tok_f = stack.enter_context(spill_writer(work / ROW_TOKENS))
         idx_f = stack.enter_context(spill_writer(work / ROW_INDEX))
         seg_f = stack.enter_context(spill_writer(work / SEGMENTS))
         tgt_f = stack.enter_context(spill_writer(work / ROW_TARGETS)) if targets else None
-        buf = np.empty(step * plan.capacity, dtype=np.int32)  # reused by every chunk
-        fbuf = np.empty(step * plan.capacity, dtype=np.uint8) if targets else None
-        for lo in range(0, order.size, step):
+        if pool is not None:
+            stack.callback(pool.shutdown, wait=True, cancel_futures=True)
+            ahead = deque(pool.submit(chunk, lo) for lo in los[:threads])
+            pending = los[threads:]
+        for k in range(len(los)):
             check()
-            rows = order[lo:lo + step]
-            counts = ro[rows + 1] - ro[rows]  # segments per row
-            first = np.zeros(rows.size + 1, dtype=np.int64)  # shape: (rows + 1,)
-            np.cumsum(counts, out=first[1:])
-            n_seg = int(first[-1])
-            seg = np.repeat(ro[rows] - first[:-1], counts) + np.arange(n_seg, dtype=np.int64)
-            lens = np.asarray(plan.seg_len[seg], dtype=np.int64)
-            docs = np.asarray(plan.seg_doc[seg], dtype=np.int64)
-            offs = np.asarray(plan.seg_offset[seg], dtype=np.int64)
-            starts = np.zeros(n_seg + 1, dtype=np.int64)  # each segment's first token here
-            np.cumsum(lens, out=starts[1:])
-            index = np.stack([first[:-1] + seg_base, starts[first[:-1]] + tok_base], axis=1)
-            idx_f.write(memoryview(np.ascontiguousarray(index)))
-            seg_f.write(memoryview(np.ascontiguousarray(np.stack([lens, docs, offs], axis=1))))
-            src = doc_starts[docs] + offs  # shape: (n_seg,), first token in input order
-            tok_f.write(memoryview(tokens.gather(src, lens, buf)))
-            if tgt_f is not None:
-                flags = targets.gather(src, lens, fbuf)
-                tgt_f.write(memoryview(flags))
-                effective += int(segment_targets(starts[:-1], lens, flags).sum())
+            if pool is None:
+                index, segments, toks, flags, eff = chunk(los[k])
             else:
-                effective += int(lens.sum()) - n_seg
-            seg_base += n_seg
-            tok_base += int(starts[-1])
+                index, segments, toks, flags, eff = ahead.popleft().result()
+                if pending:
+                    ahead.append(pool.submit(chunk, pending.pop(0)))
+            index += np.array([seg_base, tok_base], dtype=np.int64)
+            idx_f.write(memoryview(np.ascontiguousarray(index)))
+            seg_f.write(memoryview(segments))
+            tok_f.write(memoryview(toks))
+            if tgt_f is not None:
+                tgt_f.write(memoryview(flags))
+            effective += eff
+            seg_base += segments.shape[0]
+            tok_base += toks.size
         idx_f.write(memoryview(np.array([[seg_base, tok_base]], dtype=np.int64)))
     return effective
 
 
-def prepare_window(cfg, window: Window, tmp: str) -> WindowInfo:
+def prepare_window(cfg, window: Window, tmp: str, threads: int = 1) -> WindowInfo:
     """Read, validate, plan and spill (in row order) one window into
     ``window_dir(tmp, window.index)``.
 
@@ -185,6 +215,8 @@ def prepare_window(cfg, window: Window, tmp: str) -> WindowInfo:
         window: from :func:`packtool.pipeline.read.plan_windows`.
         tmp: the scratch directory of OUTPUT (on a filesystem the writing tasks see, or a
             prefix in an object store).
+        threads: threads for the row-order rewrite (the bytes do not depend on it; the local
+            engine gives a window its spare workers when there are fewer windows than workers).
 
     A window already finished in ``tmp`` (kept by :class:`packtool.output.Output` from an
     identical run that was killed) is not read again: its saved counts come back.
@@ -226,7 +258,7 @@ def prepare_window(cfg, window: Window, tmp: str) -> WindowInfo:
             order = window_row_order(plan.num_rows, seed=cfg.seed, window=window.index,
                                      shuffle=cfg.shuffle)
             effective = _spill_rows(work, plan, doc_starts, order, tokens,
-                                    flags if targets else None)
+                                    flags if targets else None, threads)
         stats = dataclasses.replace(PackStats.from_plan(plan) + read_counts,
                                     effective_targets=effective)
         (work / WINDOW_DONE).write_text(json.dumps({"stats": stats.to_dict(),
