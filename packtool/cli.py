@@ -63,10 +63,15 @@ class _Group(click.Group):
 
 
 class _ExistingPath(click.Path):
-    """A path that must exist; a missing one is an input error (exit 1) in every command, not a
-    usage error."""
+    """A local path that must exist; a missing one is an input error (exit 1) in every command,
+    not a usage error. A URI (``s3://bucket/key``) is passed on as given: the reader looks it up
+    in its filesystem and names it when it is missing."""
 
     def convert(self, value, param, ctx):
+        from packtool.formats.reader import is_remote
+
+        if is_remote(value):
+            return value
         if not os.path.lexists(value):
             raise InputError(f"{value}: no such file or directory; check the path")
         return super().convert(value, param, ctx)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import uuid
 from pathlib import Path
 
@@ -160,6 +161,20 @@ def read_manifest(directory: str | os.PathLike) -> dict:
     return manifest_from_bytes(data, mpath)
 
 
+#: ``scheme:/`` or ``scheme://`` at the start of a path (pathlib folds ``//`` into ``/``)
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+")
+
+
+def _store_uri(directory) -> str | None:
+    """``directory`` as a URI when it names a location in a store (``s3://b/p``, or ``s3:/b/p``
+    as pathlib folds it), else None (local paths and ``file:`` URIs)."""
+    text = os.fspath(directory)
+    m = _SCHEME.match(text)
+    if m is None or m.group(1).lower() == "file":
+        return None
+    return f"{m.group(1)}://{text[m.end():]}"
+
+
 def load_manifest(directory: str | os.PathLike, *, check_hashes: bool = False) -> dict:
     """Read and check a packed directory's manifest.
 
@@ -168,8 +183,14 @@ def load_manifest(directory: str | os.PathLike, *, check_hashes: bool = False) -
 
     Raises:
         ManifestError: no manifest (incomplete or not a packtool output), unreadable manifest,
-            missing, resized, edited or extra shard.
+            missing, resized, edited or extra shard; a URI (``s3://...``): readers take a local
+            copy of the output.
     """
+    uri = _store_uri(directory)
+    if uri:
+        raise ManifestError(f"{uri}: a packed output in an object store is read from a local "
+                            "copy; copy it to a directory first (e.g. `aws s3 sync URI DIR`) "
+                            "and pass DIR")
     d = Path(directory)
     if not d.is_dir():
         raise ManifestError(f"{d}: not a directory; pass the OUTPUT directory of packtool pack")

@@ -351,3 +351,45 @@ def test_ctrl_c_while_a_small_object_is_written_leaves_it_whole(s3, monkeypatch)
         signal.signal(signal.SIGINT, previous)
     with fs.open_input_stream(f"{bucket}/marker.json") as fh:
         assert fh.read() == b'{"whole": true}'
+
+
+def test_stats_compare_reads_an_s3_input_like_a_local_one(tmp_path, s3):
+    """``stats INPUT --compare`` takes every INPUT pack takes, a URI included."""
+    fs, bucket = s3
+    _put(fs, f"{bucket}/corpus/a.parquet", DOCS_A)
+    _put(fs, f"{bucket}/corpus/sub/b.parquet", DOCS_B)
+    write_docs(tmp_path / "local" / "a.parquet", DOCS_A)
+    write_docs(tmp_path / "local" / "sub" / "b.parquet", DOCS_B)
+    ref = invoke(["stats", tmp_path / "local", "-c", 8, "--compare", "--json"])
+    assert ref.exit_code == 0, ref.output
+    res = invoke(["stats", f"s3://{bucket}/corpus", "-c", 8, "--compare", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output) == json.loads(ref.output)
+    missing = invoke(["stats", f"s3://{bucket}/nothing", "-c", 8, "--compare"])
+    assert missing.exit_code == 1
+    assert missing.output.strip().splitlines() == [
+        f"Error: s3://{bucket}/nothing: no such file or directory; check the INPUT path"]
+
+
+@pytest.mark.parametrize("command", ["stats", "verify", "loader"])
+def test_packed_output_in_s3_is_refused_by_readers_with_one_line(tmp_path, s3, command):
+    """stats, verify and the loaders read a local OUTPUT: a store URI is refused by its full
+    name, saying to copy it, never as a missing path."""
+    fs, bucket = s3
+    _put(fs, f"{bucket}/in/a.parquet", DOCS_A)
+    uri = f"s3://{bucket}/out-{command}"
+    packed = invoke(["pack", "-q", "-c", 8, f"s3://{bucket}/in", uri])
+    assert packed.exit_code == 0, packed.output
+    if command == "loader":
+        from packtool.errors import ManifestError
+        from packtool.loader import PackedDataset
+        with pytest.raises(ManifestError) as err:
+            PackedDataset(uri)
+        msg = str(err.value)
+    else:
+        res = invoke([command, *(["--data-only"] if command == "verify" else []), uri])
+        assert res.exit_code == 1, res.output
+        lines = res.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: "), res.output
+        msg = lines[0]
+    assert f"{uri}: " in msg and "copy" in msg and "no such file" not in msg, msg
