@@ -2,13 +2,25 @@
 
 
 def main() -> None:
-    """Entry point: Ctrl-C from the first instant exits 130 with one line, then the CLI runs."""
+    """Entry point: Ctrl-C from the first instant exits 130 with one line, then the CLI runs.
+
+    Once the command has ended (its output written, its exit status decided), SIGINT is ignored
+    in every thread: a Ctrl-C during the interpreter's teardown, which takes a fraction of a
+    second after a pack, would otherwise end a finished command with status 130 and no message
+    (Python restores the default action of the signals it handled as it exits) or with the
+    start-up handler's "nothing was written".
+    """
+    import signal
+
     from packtool.signals import install_early_handler
 
     install_early_handler()
     from packtool.cli import main as cli_main
 
-    cli_main()
+    try:
+        cli_main()
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

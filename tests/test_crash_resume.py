@@ -237,3 +237,22 @@ def test_killed_during_the_windows_rerun_reuses_the_finished_windows(tmp_path, s
     kill_at("plan:1", src, other, options)
     seeded = [o if o != "3" else "4" for o in options]  # --seed: a different fingerprint
     assert rerun(src, other, seeded)["windows_reused"] == 0
+
+
+def test_ctrl_c_once_the_pack_has_ended_leaves_exit_0_and_no_interrupted_line(tmp_path, src,
+                                                                           reference):
+    """Ctrl-C after the manifest is written, while the process tears down (the interpreter's
+    exit takes a fraction of a second): the pack is finished, so the exit status stays 0 and no
+    "interrupted ... nothing was written" line is printed."""
+    out = tmp_path / "out"
+    code = ("import atexit, os, signal, sys, time\n"
+            "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(1)))\n"
+            f"sys.argv = ['packtool', 'pack', '-q', *{[str(o) for o in OPTIONS]!r}, "
+            f"{str(src)!r}, {str(out)!r}]\n"
+            "from packtool.__main__ import main\n"
+            "main()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "interrupted" not in proc.stderr, proc.stderr
+    assert hash_tree(out) == hash_tree(reference)
