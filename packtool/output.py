@@ -56,6 +56,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 from filelock import FileLock, Timeout
 
+from packtool import signals
 from packtool.errors import OutputError
 from packtool.errors import ManifestError
 from packtool.formats import object_store as store
@@ -200,6 +201,7 @@ class Output:
         self._created = False
         self._writing = False
         self._lock: FileLock | None = None
+        self._release_sigint = None  # set by commit(): Ctrl-C held until __exit__ ends
         self._store_lock: dict | None = None  # the lock object written (object store)
         self._promised: dict = {}  # shard -> {"bytes", "sha256"} from an interrupted run's marker
         self._written: dict = {}  # shard -> {"bytes", "sha256"} finished in this run
@@ -346,7 +348,13 @@ class Output:
 
     def commit(self, manifest: dict, schema) -> None:
         """Write the manifest (atomically, last; ``schema``: the shards' schema, see
-        :func:`~packtool.formats.manifest.write_manifest_file`); drop the marker and scratch."""
+        :func:`~packtool.formats.manifest.write_manifest_file`); drop the marker and scratch.
+
+        From here to the end of :meth:`__exit__` Ctrl-C is held (:func:`packtool.signals.hold`):
+        once the manifest is written the pack is complete, so the marker, scratch and lock are
+        removed and the run ends as a success, never as "interrupted" beside a manifest."""
+        if self._release_sigint is None:
+            self._release_sigint = signals.hold()
         if self.remote:
             return self._commit_store(manifest, schema)
         write_manifest_file(self.path, manifest, schema)
@@ -357,7 +365,12 @@ class Output:
 
     # -- exit: the one cleanup path --------------------------------------------------------------
     def __exit__(self, exc_type, exc, tb) -> bool:
-        self._cleanup(exc)
+        try:
+            self._cleanup(exc)
+        finally:
+            if self._release_sigint is not None:
+                self._release_sigint()  # a Ctrl-C after commit() began: the pack is complete
+                self._release_sigint = None
         if isinstance(exc, OSError) or (self.remote and isinstance(exc, store.STORE_ERRORS)):
             raise self._os_error(exc) from None
         return False

@@ -18,9 +18,9 @@ import os
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
-__all__ = ["EXIT_INTERRUPTED", "STOP", "install_early_handler", "interruptible", "check",
+__all__ = ["EXIT_INTERRUPTED", "STOP", "install_early_handler", "interruptible", "check", "hold",
            "test_pause", "PAUSE_ENV", "PAUSE_ONCE_ENV", "TEST_ENVS"]
 
 #: Exit status of an interrupted command (128 + SIGINT, what shells report for Ctrl-C).
@@ -68,6 +68,26 @@ def interruptible() -> Iterator[None]:
     finally:
         if main:
             signal.signal(signal.SIGINT, previous)
+
+
+def hold() -> Callable[[], bool]:
+    """From now on SIGINT only sets a flag (main thread; elsewhere nothing changes): for work
+    that must not be cut short, such as tidying OUTPUT once its manifest is written.
+
+    Returns:
+        ``release()``: restores the previous handler and returns whether a SIGINT came
+        meanwhile (the caller decides whether that still matters). Call it once.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: False
+    noted: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+
+    def release() -> bool:
+        signal.signal(signal.SIGINT, previous)
+        return bool(noted)
+
+    return release
 
 
 def check() -> None:

@@ -256,3 +256,25 @@ def test_ctrl_c_once_the_pack_has_ended_leaves_exit_0_and_no_interrupted_line(tm
     assert proc.returncode == 0, proc.stderr
     assert "interrupted" not in proc.stderr, proc.stderr
     assert hash_tree(out) == hash_tree(reference)
+
+
+def test_ctrl_c_just_after_the_manifest_is_written_finishes_the_pack(tmp_path, src, reference,
+                                                                     monkeypatch):
+    """Ctrl-C once the manifest is on disk: the pack is complete, so the run tidies OUTPUT
+    (marker, scratch, lock removed) and exits 0; it never reports "no manifest" beside one."""
+    import packtool.output as output
+
+    original = output.write_manifest_file
+
+    def then_ctrl_c(*args, **kwargs):
+        original(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        import time
+        time.sleep(0.2)  # the handler runs here, in the main thread
+
+    monkeypatch.setattr(output, "write_manifest_file", then_ctrl_c)
+    out = tmp_path / "out"
+    res = invoke(["pack", "-q", *OPTIONS, src, out])
+    assert res.exit_code == 0, res.output
+    assert hash_tree(out) == hash_tree(reference)
+    assert {p.name for p in out.iterdir() if p.name.startswith(".")} == {MANIFEST_NAME}
