@@ -99,16 +99,25 @@ def read_json(uri: str) -> dict | None:
 @contextmanager
 def _signals_held():
     """Hold SIGINT/SIGTERM (main thread only) until the block ends: a stream closed by an
-    exception would publish what was written so far."""
-    main = threading.current_thread() is threading.main_thread()
-    held = {signal.SIGINT, signal.SIGTERM}
-    if main:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    exception would publish what was written so far.
+
+    The handlers are swapped for ones that only note the signal, and a noted signal is raised
+    again once the previous handlers are back. A signal mask would not do: the kernel hands a
+    signal the main thread blocks to any other thread (a worker pool, pyarrow's I/O threads),
+    and Python then runs its handler in the main thread all the same."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: noted.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        if main:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: set in C
+        for sig in dict.fromkeys(noted):
+            signal.raise_signal(sig)
 
 
 def write_bytes(uri: str, data: bytes) -> None:
