@@ -393,7 +393,7 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
 
 @cli.command()
 @click.argument("output", type=_ExistingPath(), metavar="OUTPUT")
-@click.option("--rows", type=int, default=None, metavar="N",
+@click.option("--rows", type=click.IntRange(min=0), default=None, metavar="N",
               help="Rows run through the models, spread over all shards, drawn from rows that "
                    "hold two documents or more [default: 8; 0 = all].")
 @click.option("--scan/--no-scan", "scan_all", default=True, show_default=True,
@@ -447,10 +447,11 @@ def verify(output, rows, seed, backends, checks, data_only, device, max_memory, 
 
     budget = None
     if max_memory is not None:
-        from packtool.verify.runners import parse_size
+        from packtool.verify.runners import memory_budget, parse_size
 
         try:
             budget = parse_size(max_memory)
+            memory_budget(budget)  # a budget too small is refused before any work
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--max-memory") from None
     if data_only and backends:

@@ -123,8 +123,8 @@ class PackConfig:
                 bad(name, value, f"is the token column (--column {self.column})")
         if self.rows_per_shard < 1:
             bad("rows_per_shard", self.rows_per_shard, "must be >= 1")
-        if not self.row_group_mb > 0:
-            bad("row_group_mb", self.row_group_mb, "must be > 0 MiB")
+        if not 0 < self.row_group_mb < float("inf"):
+            bad("row_group_mb", self.row_group_mb, "must be a finite number > 0 MiB")
         if self.rows_per_group is None:
             ncols = 3 if self.labels is LabelMode.NONE else 4
             object.__setattr__(self, "rows_per_group",

@@ -52,6 +52,7 @@ def packed(tmp_path_factory):
     (["pack", "--workers", 0], ["--workers 0"]),
     (["pack", "--pad-id", -1], ["--pad-id -1"]),
     (["pack", "--append-eos", 2**31], ["--append-eos"]),
+    (["pack", "--row-group-mb", "inf"], ["--row-group-mb inf"]),
 ])
 def test_pack_bad_option_values_exit_2_in_one_line(packed, tmp_path, args, words):
     """Every out-of-range option value is a usage error, whichever layer checks it."""
@@ -88,6 +89,20 @@ def test_malformed_command_lines_exit_2(packed, args):
 def test_stats_option_combinations_that_do_not_apply_exit_2(packed, args, words):
     args = [packed / "in" if a == "IN" else packed / "out" if a == "OUT" else a for a in args]
     assert_error(run(*args), EXIT_USAGE, *words)
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--rows", -1], ["--rows", "-1"]),
+    (["--max-memory", "inf"], ["--max-memory", "inf"]),
+    (["--max-memory", "1e400"], ["--max-memory"]),
+    (["--max-memory", 0], ["--max-memory", "64 MiB"]),
+])
+def test_verify_bad_option_values_exit_2_before_any_work(packed, args, words):
+    """An out-of-range verify option is a usage error (exit 2) given before the column scan,
+    never an internal error nor a run over every row."""
+    res = run("verify", *args, packed / "out")
+    assert_error(res, EXIT_USAGE, *words, one_line=False)
+    assert "checking" not in res.output and "PASS" not in res.output, res.output
 
 
 @pytest.mark.parametrize("name,words", [

@@ -78,7 +78,7 @@ def parse_size(text: str) -> int:
         if t and t[-1] in mult:
             return int(float(t[:-1]) * mult[t[-1]])
         return int(float(t))
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: inf, 1e400
         raise ValueError(f"{text!r} is not a size; use e.g. 4G, 512M or a number of bytes") \
             from None
 
