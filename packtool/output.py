@@ -202,6 +202,7 @@ class Output:
         self._writing = False
         self._lock: FileLock | None = None
         self._release_sigint = None  # set by commit(): Ctrl-C held until __exit__ ends
+        self._scratch_needed = 0  # bytes of scratch the run asked for (check_space)
         self._store_lock: dict | None = None  # the lock object written (object store)
         self._promised: dict = {}  # shard -> {"bytes", "sha256"} from an interrupted run's marker
         self._written: dict = {}  # shard -> {"bytes", "sha256"} finished in this run
@@ -408,16 +409,19 @@ class Output:
                                          self.path.parent).free
             except OSError:
                 free = 0
-            return OutputError(f"{where}: no space left on device: this pack needed about "
-                               f"{self.bytes_needed:,} bytes more ({free:,} free); free space or "
-                               f"choose another OUTPUT ({state})")
+            # while shards are written, bytes_needed counts the shards left; the scratch (the
+            # window spills, removed on the way out) is written again by the rerun
+            needed = self.bytes_needed + (self._scratch_needed if self._writing else 0)
+            return OutputError(f"{where}: no space left on device: this pack needs about "
+                               f"{needed:,} bytes more to finish, its scratch included ({free:,} "
+                               f"free); free space or choose another OUTPUT ({state})")
         cause = exc.strerror or str(exc).splitlines()[0]
         return OutputError(f"{where}: cannot write ({cause}); {state}")
 
     def check_space(self, needed: int) -> None:
         """Refuse at once when the filesystem of OUTPUT has less than ``needed`` bytes free
         (an object store: not checked)."""
-        self.bytes_needed = needed
+        self.bytes_needed = self._scratch_needed = needed
         if self.remote:
             return
         free = shutil.disk_usage(self.path).free

@@ -159,6 +159,33 @@ def test_full_disk_at_any_write_point_is_one_line_and_leaves_no_spill(tmp_path, 
     assert hash_tree(out) == hash_tree(reference)
 
 
+@pytest.mark.parametrize("point", ["shard-0", "shard-2"])
+def test_full_disk_while_writing_names_what_a_rerun_needs(tmp_path, src, reference, monkeypatch,
+                                                          point):
+    """The bytes a full-disk message asks for are enough for the rerun it suggests: with that
+    much free, the rerun (which spills the windows again before the shards left) is not refused
+    by its own free-space check, and it ends byte-identical."""
+    import re
+    import shutil as sh
+
+    from packtool.pipeline import write as write_mod
+
+    out = tmp_path / "out"
+    k = int(point.split("-")[1])
+    monkeypatch.setattr(write_mod, "write_shard",
+                        _fail_on_call(write_mod.write_shard, k + 1, _full_disk))
+    with pytest.raises(OutputError) as err:
+        run_pack(_cfg(src, out), progress=False)
+    monkeypatch.undo()
+    msg = str(err.value)
+    asked = int(re.search(r"about ([\d,]+) bytes", msg).group(1).replace(",", ""))
+    usage = sh.disk_usage
+    monkeypatch.setattr("packtool.output.shutil.disk_usage",
+                        lambda p: usage(p)._replace(free=asked))
+    run_pack(_cfg(src, out), progress=False)
+    assert hash_tree(out) == hash_tree(reference)
+
+
 def test_io_error_while_writing_is_one_line_and_resumable(tmp_path, src, reference, monkeypatch):
     from packtool.pipeline import write as write_mod
 
