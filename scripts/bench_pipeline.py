@@ -21,10 +21,12 @@ Every ``pack`` child runs under ``/usr/bin/time -v`` when it exists: its "Maximu
 size" (file-backed pages of memory maps included, what a container's memory accounting sees) is
 reported beside the private (anonymous) peak sampled inside.
 
-Printed: seconds, ratio pack / floor, tokens/s, output bytes per token, peak RSS; and peak RSS
-of ``pack`` (all workers) on the half corpus. ``--scaling`` packs corpora of 1x, 2x and 4x
-``--tokens`` and prints peak RSS against corpus size (for each tree). ``--encodings`` also
-compares Parquet encodings per column on one output shard (size and write time).
+Printed: seconds, ratio pack / floor (median over ``--repeat`` rounds, and each round's
+ratio, so two trees can be compared round by round), tokens/s, output bytes per token, peak
+RSS; and peak RSS of ``pack`` (all workers) on the half corpus. ``--scaling`` packs corpora
+of 1x, 2x and 4x ``--tokens`` and prints peak RSS against corpus size (for each tree).
+``--encodings`` also compares Parquet encodings per column on one output shard (size and write
+time).
 
 Usage: ``python scripts/bench_pipeline.py [--tokens 50e6] [--quick] [--window-docs 20000]
 [--baseline TREE] [--scaling]``; writes ``bench_pipeline.json`` and ``bench_pipeline.md`` into
@@ -373,8 +375,8 @@ def main() -> None:
         print(row, flush=True)
         for label in trees:
             pack = _median(packs[label])
-            ratio = float(np.median([p["seconds"] / f["seconds"]
-                                     for p, f in zip(packs[label], floors)]))
+            ratios = [p["seconds"] / f["seconds"] for p, f in zip(packs[label], floors)]
+            ratio = float(np.median(ratios))
             name = f"pack, {label}" + (f", --window-docs {wd:,}" if wd else "")
             row = (f"| {name} | {w} | {pack['seconds']:.2f} | {ratio:.2f} "
                    f"({', '.join(f'{x:.1f}' for x in pack['all_seconds'])} s) | "
@@ -384,7 +386,10 @@ def main() -> None:
             lines.append(row)
             print(row, flush=True)
             results["runs"].append({"workers": w, "window_docs": wd, "tree": label,
-                                    "pack": pack, "floor": floor, "ratio": ratio})
+                                    "pack": pack, "floor": floor, "ratio": ratio,
+                                    "ratios": ratios})
+            print(f"  per-repeat ratios ({label}): "
+                  + ", ".join(f"{x:.2f}" for x in ratios), flush=True)
     w = args.workers
     half_pack = _spawn("pack", str(half), str(work / "out-half"), w, args.capacity)
     mine = [r for r in results["runs"] if r["workers"] == w and r["tree"] == "this tree"
