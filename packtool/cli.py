@@ -68,10 +68,11 @@ class _ExistingPath(click.Path):
     in its filesystem and names it when it is missing."""
 
     def convert(self, value, param, ctx):
-        from packtool.formats.reader import is_remote
+        from packtool.formats.reader import _location, is_remote
 
         if is_remote(value):
             return value
+        value = _location(value)  # a file: URI is its local path
         if not os.path.lexists(value):
             raise InputError(f"{value}: no such file or directory; check the path")
         return super().convert(value, param, ctx)

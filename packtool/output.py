@@ -190,9 +190,9 @@ class Output:
             self._given = [_location(p).rstrip("/") for p in inputs]
             self.inputs = []
         else:
-            self.path = Path(path)
+            self.path = Path(_location(path))  # a file: URI is its local path
             self.tmp = self.path / TMP_DIR_NAME
-            self.inputs = [Path(p) for p in inputs if not is_remote(p)]
+            self.inputs = [Path(_location(p)) for p in inputs if not is_remote(p)]
         self.complete = False
         self.resume = False
         self.manifest: dict | None = None

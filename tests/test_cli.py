@@ -57,3 +57,21 @@ def test_module_entry_point_runs():
     out = subprocess.run([sys.executable, "-m", "packtool", "--version"], capture_output=True,
                          text=True, check=True)
     assert __version__ in out.stdout
+
+
+def test_file_uris_are_the_local_paths(tmp_path, monkeypatch):
+    """``file:///abs/path`` for INPUT and OUTPUT (and for ``stats --compare``) means the local
+    path: the same bytes, nothing written under a ``file:`` folder of the working directory."""
+    from packcheck import hash_tree, invoke, write_docs
+
+    monkeypatch.chdir(tmp_path)
+    write_docs(tmp_path / "in" / "a.parquet", [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10]])
+    ref = invoke(["pack", "-q", "-c", 4, tmp_path / "in", tmp_path / "ref"])
+    assert ref.exit_code == 0, ref.output
+    res = invoke(["pack", "-q", "-c", 4, f"file://{tmp_path}/in", f"file://{tmp_path}/out"])
+    assert res.exit_code == 0, res.output
+    assert hash_tree(tmp_path / "out") == hash_tree(tmp_path / "ref")
+    assert not (tmp_path / "file:").exists()
+    local = invoke(["stats", tmp_path / "in", "-c", 4, "--compare", "--json"])
+    uri = invoke(["stats", f"file://{tmp_path}/in", "-c", 4, "--compare", "--json"])
+    assert uri.exit_code == 0 and uri.output == local.output, uri.output

@@ -68,6 +68,8 @@ _IPC_FILE_MAGIC = b"ARROW1"
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 #: what ``pathlib.Path`` makes of a URI: ``s3:/bucket/key``
 _FOLDED_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/(?!/)")
+#: a ``file:`` URI's scheme (and empty host), before the absolute path it names
+_FILE_URI = re.compile(r"^file:(?://)?(?=/)", re.IGNORECASE)
 _FEATHER_V1_MAGIC = b"FEA1"
 
 
@@ -220,8 +222,13 @@ def is_remote(location) -> bool:
 
 
 def _location(given) -> str:
-    """``given`` as a string, with a URI's ``//`` restored where ``pathlib`` folded it."""
+    """``given`` as a string, with a URI's ``//`` restored where ``pathlib`` folded it; a
+    ``file:`` URI (``file:///abs/path``, or ``file:/abs/path`` as pathlib folds it) becomes its
+    local path."""
     s = os.fspath(given) if not isinstance(given, str) else given
+    f = _FILE_URI.match(s)
+    if f:
+        return s[f.end():]
     m = _FOLDED_URI.match(s)
     return f"{m.group(1)}://{s[m.end():]}" if m else s
 
@@ -382,7 +389,7 @@ def discover(inputs: Sequence[str | os.PathLike]) -> Discovery:
     for given in inputs:
         fs, path, prefix = filesystem_of(given)
         place = _Place(fs, prefix)
-        shown = place.show(path) if prefix else Path(given)
+        shown = place.show(path) if prefix else Path(_location(given))
         try:
             info = fs.get_file_info(path)
         except (pa.ArrowException, OSError) as exc:
@@ -393,7 +400,7 @@ def discover(inputs: Sequence[str | os.PathLike]) -> Discovery:
         if info.type == pafs.FileType.Directory:
             found = sorted(_walk(place, path, skipped), key=lambda t: t[1])
             for q, rel, fmt, qi in found:
-                where = place.show(q) if prefix else Path(given) / rel
+                where = place.show(q) if prefix else Path(_location(given)) / rel
                 files.append(InputFile(where, rel, int(qi.size or 0), int(qi.mtime_ns or 0), fmt))
                 keys.append(place.key(q))
         else:
