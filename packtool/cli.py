@@ -187,7 +187,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
         result = run_pack(cfg, progress=not quiet)
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted: {cfg.output} has no manifest (as before the run, or "
-                          "resumable); rerun the same command to finish it") from None
+                          "resumable: finished windows and shards are kept); rerun the same "
+                          "command to resume and finish it") from None
     s = result.stats
     if not result.already_complete:  # once, on stderr, loud whatever the output format
         for w in result.warnings:

@@ -19,12 +19,16 @@ A pack goes through :class:`Output` and nothing else writes into OUTPUT:
    a slow first attempt) never expose a half-written file.
 4. :meth:`Output.commit` writes the manifest last and removes the marker, scratch and lock.
 
-Every failure leaves through :meth:`Output.__exit__`, the one cleanup path: the scratch
-directory (token spills, plans, temporary shards) is always removed, so a full disk is never
-left full. A failure before writing began (bad value in any window, ENOSPC while spilling,
-Ctrl-C while reading) leaves OUTPUT as it was before the run (a new OUTPUT is removed); after
-that (ENOSPC or EIO while writing shards, Ctrl-C, a failed Ray task) the finished shards and the
-marker stay, and rerunning the same command finishes the output byte-identically. ``OSError``
+Every failure leaves through :meth:`Output.__exit__`, the one cleanup path. Ctrl-C leaves what
+SIGKILL would, tidied: the scratch directory keeps its finished windows (their row-order spills
+and plans) and fingerprint, everything under a unique temporary name goes, and the lock is
+released, so rerunning the same command reads and plans only the windows not finished; a
+Ctrl-C before any window finished keeps no scratch. Any other failure removes the scratch
+directory (token spills, plans, temporary shards), so a full disk is never left full. A failure
+before writing began (bad value in any window, ENOSPC while spilling, Ctrl-C before a window
+finished) leaves OUTPUT as it was before the run (a new OUTPUT is removed); after that (ENOSPC
+or EIO while writing shards, Ctrl-C, a failed Ray task) the finished shards and the marker
+stay, and rerunning the same command finishes the output byte-identically. ``OSError``
 becomes one :class:`~packtool.errors.OutputError` line naming the path and the cause (for a
 full disk: about how many bytes were needed and how many are free).
 
@@ -304,14 +308,34 @@ class Output:
             tmp.write_text(self.fingerprint)
             os.replace(tmp, tag)
             return
+        self.windows_kept = self._trim_scratch()
+
+    def _scratch_is_ours(self) -> bool:
+        """The scratch directory (or prefix) carries this run's fingerprint."""
+        try:
+            if self.remote:
+                tag = store.read_bytes(store.join(self.tmp, SCRATCH_FINGERPRINT)).decode()
+            else:
+                tag = (self.tmp / SCRATCH_FINGERPRINT).read_text()
+        except (OSError, *store.STORE_ERRORS, UnicodeDecodeError):
+            return False
+        return tag == self.fingerprint
+
+    def _trim_scratch(self) -> int:
+        """Remove from the scratch directory (or prefix) everything but its fingerprint and the
+        finished windows (``done.json`` in them); return how many finished windows are there."""
+        if self.remote:
+            return self._trim_scratch_store()
+        kept = 0
         for p in self.tmp.iterdir():
             if p.name == SCRATCH_FINGERPRINT:
                 continue
             if (p.name.startswith(WINDOW_DIR_PREFIX) and p.is_dir()
                     and (p / WINDOW_DONE).is_file()):
-                self.windows_kept += 1
+                kept += 1
                 continue
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        return kept
 
     def _shards_intact(self, m: dict) -> bool:
         try:
@@ -376,18 +400,34 @@ class Output:
             raise self._os_error(exc) from None
         return False
 
+    def _keeps_windows(self, exc: BaseException | None) -> bool:
+        """Ctrl-C leaves what a rerun of the same command resumes from, as SIGKILL would: the
+        scratch stays when it is this run's and holds at least one finished window, trimmed to
+        those windows and its fingerprint (half-written windows and temporary shards, under
+        unique names, go). Any other failure (bad input, full disk, a failed task) removes it."""
+        if not isinstance(exc, KeyboardInterrupt):
+            return False
+        try:
+            return self._scratch_is_ours() and self._trim_scratch() > 0
+        except (OSError, *store.STORE_ERRORS):
+            return False
+
     def _cleanup(self, exc: BaseException | None) -> None:
-        """Release OUTPUT after the run; on failure restore it or leave it resumable."""
+        """Release OUTPUT after the run; on failure restore it or leave it resumable (after
+        Ctrl-C the finished windows too, see :meth:`_keeps_windows`)."""
         if self.remote:
             return self._cleanup_store(exc)
+        keep = False
         try:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            keep = self._keeps_windows(exc)
+            if not keep:
+                shutil.rmtree(self.tmp, ignore_errors=True)
             (self.path / LOCK_NAME).unlink(missing_ok=True)  # still held: nobody waits on it
         finally:
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
-            if exc is not None and not self._writing:
+            if exc is not None and not self._writing and not keep:
                 self._remove_created()
 
     def _remove_created(self) -> None:
@@ -536,16 +576,22 @@ class Output:
             store.delete_tree(self.tmp)
             store.write_bytes(tag, self.fingerprint.encode())
             return
+        self.windows_kept = self._trim_scratch_store()
+
+    def _trim_scratch_store(self) -> int:
+        """:meth:`_trim_scratch` in a store."""
+        kept = 0
         for name, info in store.listing(self.tmp).items():
             if name == SCRATCH_FINGERPRINT:
                 continue
             where = store.join(self.tmp, name)
             if (name.startswith(WINDOW_DIR_PREFIX) and info.type == pafs.FileType.Directory
                     and store.size_of(store.join(where, WINDOW_DONE)) is not None):
-                self.windows_kept += 1
+                kept += 1
                 continue
             store.delete_tree(where) if info.type == pafs.FileType.Directory \
                 else store.delete(where)
+        return kept
 
     def _begin_write_store(self) -> None:
         uri = self.path
@@ -567,7 +613,8 @@ class Output:
     def _cleanup_store(self, exc: BaseException | None) -> None:
         try:
             try:
-                store.delete_tree(self.tmp)
+                if not self._keeps_windows(exc):
+                    store.delete_tree(self.tmp)
             except store.STORE_ERRORS:
                 pass
             if exc is not None and self._writing:

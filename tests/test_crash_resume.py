@@ -22,6 +22,7 @@ from packcheck import hash_tree, invoke, write_docs
 from packtool.errors import ManifestError
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
                                        load_manifest, read_manifest)
+from packtool.output import SCRATCH_FINGERPRINT, WINDOW_DIR_PREFIX, WINDOW_DONE
 
 OPTIONS = ["--capacity", "16", "--rows-per-shard", "4", "--workers", "1", "--seed", "3"]
 
@@ -152,13 +153,22 @@ def _start(src: Path, out: Path, pause: str | None = None, options=OPTIONS, hold
                             preexec_fn=block if hold_sigint else None)
 
 
-def _clean_or_resumable(out: Path) -> None:
-    """No manifest, no scratch, no lock file: either nothing at all or marker + shards."""
+def _clean_or_resumable(out: Path) -> int:
+    """No manifest, no lock file, no temporary name: either nothing at all, or the scratch with
+    only its fingerprint and finished windows, marker and shards. Returns the finished windows
+    kept."""
     if not out.exists():
-        return
+        return 0
     names = {p.name for p in out.iterdir()}
-    assert MANIFEST_NAME not in names and TMP_DIR_NAME not in names and LOCK_NAME not in names
-    assert names <= {IN_PROGRESS_NAME} | {p.name for p in out.glob("part-*.parquet")}
+    assert MANIFEST_NAME not in names and LOCK_NAME not in names
+    assert names <= {IN_PROGRESS_NAME, TMP_DIR_NAME} | {p.name for p in out.glob("part-*.parquet")}
+    if TMP_DIR_NAME not in names:
+        return 0
+    kept = {p.name for p in (out / TMP_DIR_NAME).iterdir()} - {SCRATCH_FINGERPRINT}
+    assert kept and all(n.startswith(WINDOW_DIR_PREFIX) for n in kept), kept
+    assert all((out / TMP_DIR_NAME / n / WINDOW_DONE).is_file() for n in kept), kept
+    assert (out / TMP_DIR_NAME / SCRATCH_FINGERPRINT).is_file()
+    return len(kept)
 
 
 @pytest.mark.parametrize("delay", [0.1, 0.5, 1.0, 3.0, "write"])
@@ -185,10 +195,11 @@ def test_sigint_at_any_moment_exits_130_clean_or_resumable(tmp_path, src, refere
         proc.stderr.close()
     assert code == 130, err
     assert "Traceback" not in err and "interrupted" in err, err
-    _clean_or_resumable(out)
+    kept = _clean_or_resumable(out)
     if delay == "write":
         assert (out / "part-00000.parquet").is_file()
-    rerun(src, out)
+        assert kept == 1  # the one window was planned before writing began
+    assert rerun(src, out)["windows_reused"] == kept
     assert hash_tree(out) == hash_tree(reference)
 
 
@@ -278,3 +289,53 @@ def test_ctrl_c_just_after_the_manifest_is_written_finishes_the_pack(tmp_path, s
     assert res.exit_code == 0, res.output
     assert hash_tree(out) == hash_tree(reference)
     assert {p.name for p in out.iterdir() if p.name.startswith(".")} == {MANIFEST_NAME}
+
+
+def _ctrl_c_at(pause: str, src: Path, out: Path, options) -> str:
+    """Start ``packtool pack``, wait until it pauses at ``pause``, send SIGINT; returns stderr."""
+    proc = _start(src, out, pause=pause, options=options)
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        assert f"test pause at {pause}" in proc.stderr.readline()
+        os.kill(proc.pid, signal.SIGINT)
+        code = proc.wait()
+        err = proc.stderr.read()
+    finally:
+        watchdog.cancel()
+        proc.kill()
+        proc.stderr.close()
+    assert code == 130, err
+    assert "Traceback" not in err, err
+    return err
+
+
+def test_ctrl_c_after_a_window_finished_keeps_it_for_the_rerun(tmp_path, src):
+    """Ctrl-C while window 1 is planned (window 0 finished): exit 130, a line saying a rerun
+    resumes; the scratch keeps window 0 (and nothing under a temporary name), the lock is
+    released; the rerun reuses window 0 and ends with the bytes of an undisturbed run. A Ctrl-C
+    before any window finished leaves a new OUTPUT absent, as before the run."""
+    options = [*OPTIONS, "--window-docs", "25"]
+    ref = tmp_path / "ref"
+    assert rerun(src, ref, options)["windows_reused"] == 0
+    out = tmp_path / "out"
+    err = _ctrl_c_at("plan:1", src, out, options)
+    assert "rerun the same command to resume" in err, err
+    assert _clean_or_resumable(out) == 1
+    assert (out / TMP_DIR_NAME / "window-00000" / WINDOW_DONE).is_file()
+    assert not (out / IN_PROGRESS_NAME).exists()  # writing had not begun
+    report = rerun(src, out, options)
+    assert report["windows_reused"] == 1
+    assert hash_tree(out) == hash_tree(ref)
+    assert not (out / TMP_DIR_NAME).exists()
+
+    early = tmp_path / "early"
+    _ctrl_c_at("plan:0", src, early, options)
+    assert not early.exists()
+    # what the kept scratch implies for another command into that OUTPUT: as after SIGKILL,
+    # a scratch of other options is no pack to protect; it is replaced, nothing is reused
+    other = tmp_path / "other"
+    _ctrl_c_at("plan:1", src, other, options)
+    seeded = [o if o != "3" else "4" for o in options]  # --seed: a different fingerprint
+    assert rerun(src, other, seeded)["windows_reused"] == 0
+    assert not (other / TMP_DIR_NAME).exists()

@@ -17,6 +17,7 @@ from packcheck import hash_tree, invoke, write_docs
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
                                        manifest_from_bytes, read_manifest, write_manifest_file)
 from packtool.formats.reader import discover, iter_token_batches
+from packtool.output import SCRATCH_FINGERPRINT
 from packtool.formats.schema import packed_schema
 
 DOCS_A = [[5, 6, 7], [1, 2], [9] * 6]
@@ -192,8 +193,9 @@ def test_s3_output_refuses_foreign_objects_and_a_held_lock(tmp_path, s3, monkeyp
 @pytest.mark.parametrize("phase, sig", [("write-shard:2", "SIGKILL"), ("write-shard:3", "SIGINT")])
 def test_interrupted_s3_pack_resumes_with_the_same_bytes(tmp_path, s3, phase, sig):
     """SIGKILL (no cleanup: the scratch windows stay in the store and are reused) or Ctrl-C
-    (cleanup: scratch deleted, the marker lists the finished shards, which the rerun keeps) while
-    shards are written straight to S3: no manifest; the rerun ends with the local bytes."""
+    (cleanup: the scratch keeps only its fingerprint and the finished window, the marker lists
+    the finished shards, the rerun reuses both) while shards are written straight to S3: no
+    manifest; the rerun ends with the local bytes."""
     import signal
     import subprocess
     import sys
@@ -219,7 +221,10 @@ def test_interrupted_s3_pack_resumes_with_the_same_bytes(tmp_path, s3, phase, si
     scratch = sorted(k for k in remote if k.startswith(TMP_DIR_NAME + "/"))
     if sig == "SIGINT":
         assert proc.returncode == 130
-        assert not scratch and LOCK_NAME not in remote, sorted(remote)
+        assert LOCK_NAME not in remote, sorted(remote)
+        window = [k for k in scratch if k.startswith(f"{TMP_DIR_NAME}/window-00000/")]
+        assert f"{TMP_DIR_NAME}/window-00000/done.json" in window, scratch
+        assert sorted(set(scratch) - set(window)) == [f"{TMP_DIR_NAME}/{SCRATCH_FINGERPRINT}"], scratch
         assert not any(node.iterdir())
     else:
         assert f"{TMP_DIR_NAME}/window-00000/done.json" in scratch, scratch
@@ -229,7 +234,7 @@ def test_interrupted_s3_pack_resumes_with_the_same_bytes(tmp_path, s3, phase, si
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
     if sig == "SIGINT":
-        assert report["shards_reused"] == 3, report
+        assert report["shards_reused"] == 3 and report["windows_reused"] == 1, report
     else:
         assert report["windows_reused"] == 1, report
     remote = _remote_tree(fs, f"{bucket}/{out}")
