@@ -326,11 +326,16 @@ def test_read_session_serves_forward_reads_from_one_open_object(s3, monkeypatch)
     assert store.read_ranges(f"s3://{bucket}/a", [7], [199_990]) == data[199_990:199_997]
 
 
-def test_ctrl_c_while_a_small_object_is_written_leaves_it_whole(s3, monkeypatch):
+@pytest.mark.parametrize("other_thread", [False, True])
+def test_ctrl_c_while_a_small_object_is_written_leaves_it_whole(s3, monkeypatch, other_thread):
     """Ctrl-C arriving between opening a marker/manifest object and writing it: the object is
     put whole, then the KeyboardInterrupt comes (a stream closed by the exception would have
-    published an empty object)."""
+    published an empty object). With another thread alive (a pack has its worker pool) the
+    kernel may hand a SIGINT the main thread blocks to that thread, so holding it must not
+    depend on the main thread's signal mask."""
     import signal
+    import threading
+    import time
 
     from packtool.formats import object_store as store
 
@@ -344,16 +349,24 @@ def test_ctrl_c_while_a_small_object_is_written_leaves_it_whole(s3, monkeypatch)
         def open_output_stream(self, path, **kw):
             stream = self.fs.open_output_stream(path, **kw)
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C right after the open
+            time.sleep(0.2)  # where the interrupt would land if it were not held
             return stream
 
     monkeypatch.setattr(store, "store_of",
                         lambda uri: (Interrupting(real_store_of(uri)[0]), real_store_of(uri)[1]))
+    done = threading.Event()
+    other = threading.Thread(target=done.wait)
+    if other_thread:
+        other.start()
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
             store.write_bytes(f"s3://{bucket}/marker.json", b'{"whole": true}')
     finally:
         signal.signal(signal.SIGINT, previous)
+        done.set()
+        if other_thread:
+            other.join()
     with fs.open_input_stream(f"{bucket}/marker.json") as fh:
         assert fh.read() == b'{"whole": true}'
 
@@ -398,45 +411,3 @@ def test_packed_output_in_s3_is_refused_by_readers_with_one_line(tmp_path, s3, c
         assert len(lines) == 1 and lines[0].startswith("Error: "), res.output
         msg = lines[0]
     assert f"{uri}: " in msg and "copy" in msg and "no such file" not in msg, msg
-
-
-def test_ctrl_c_while_a_small_object_is_written_leaves_it_whole_with_other_threads(s3,
-                                                                                   monkeypatch):
-    """As above, in a process with other threads (a pack has its worker pool): the kernel hands
-    a SIGINT that the main thread blocks to another thread, so holding it must not depend on
-    the main thread's signal mask."""
-    import signal
-    import threading
-
-    from packtool.formats import object_store as store
-
-    fs, bucket = s3
-    real_store_of = store.store_of
-
-    class Interrupting:
-        def __init__(self, fs):
-            self.fs = fs
-
-        def open_output_stream(self, path, **kw):
-            stream = self.fs.open_output_stream(path, **kw)
-            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C right after the open
-            time.sleep(0.2)  # where the interrupt would land if it were not held
-            return stream
-
-    import time
-
-    monkeypatch.setattr(store, "store_of",
-                        lambda uri: (Interrupting(real_store_of(uri)[0]), real_store_of(uri)[1]))
-    done = threading.Event()
-    other = threading.Thread(target=done.wait)
-    other.start()
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            store.write_bytes(f"s3://{bucket}/marker.json", b'{"whole": true}')
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        done.set()
-        other.join()
-    with fs.open_input_stream(f"{bucket}/marker.json") as fh:
-        assert fh.read() == b'{"whole": true}'
