@@ -165,6 +165,27 @@ def read_manifest(directory: str | os.PathLike) -> dict:
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+")
 
 
+#: a ``file:`` URI's scheme (and empty host), before the absolute path it names
+FILE_URI = re.compile(r"^file:(?://)?(?=/)", re.IGNORECASE)
+
+
+def output_dir(directory: str | os.PathLike) -> Path:
+    """The local directory of a packed OUTPUT given as a path or a ``file:`` URI
+    (``file:///abs/out``, or ``file:/abs/out`` as pathlib folds it).
+
+    Raises:
+        ManifestError: a location in an object store (``s3://...``): readers take a local copy.
+    """
+    uri = _store_uri(directory)
+    if uri:
+        raise ManifestError(f"{uri}: a packed output in an object store is read from a local "
+                            "copy; copy it to a directory first (e.g. `aws s3 sync URI DIR`) "
+                            "and pass DIR")
+    text = os.fspath(directory)
+    m = FILE_URI.match(text)
+    return Path(text[m.end():] if m else text)
+
+
 def _store_uri(directory) -> str | None:
     """``directory`` as a URI when it names a location in a store (``s3://b/p``, or ``s3:/b/p``
     as pathlib folds it), else None (local paths and ``file:`` URIs)."""
@@ -186,12 +207,7 @@ def load_manifest(directory: str | os.PathLike, *, check_hashes: bool = False) -
             missing, resized, edited or extra shard; a URI (``s3://...``): readers take a local
             copy of the output.
     """
-    uri = _store_uri(directory)
-    if uri:
-        raise ManifestError(f"{uri}: a packed output in an object store is read from a local "
-                            "copy; copy it to a directory first (e.g. `aws s3 sync URI DIR`) "
-                            "and pass DIR")
-    d = Path(directory)
+    d = output_dir(directory)
     if not d.is_dir():
         raise ManifestError(f"{d}: not a directory; pass the OUTPUT directory of packtool pack")
     manifest = read_manifest(d)

@@ -40,7 +40,8 @@ import pyarrow.parquet as pq
 
 from packtool.core.masks import BoundaryCounts, add_boundary_tokens, drop_masked_tokens
 from packtool.errors import InputError, SchemaError, row_ref
-from packtool.formats.manifest import IN_PROGRESS_NAME, MANIFEST_META_KEY, MANIFEST_NAME
+from packtool.formats.manifest import (FILE_URI, IN_PROGRESS_NAME, MANIFEST_META_KEY,
+                                       MANIFEST_NAME)
 from packtool.formats.schema import check_token_column, is_integer_list, is_list_layout
 from packtool.types import IGNORE_INDEX, INT32_MAX
 
@@ -68,8 +69,6 @@ _IPC_FILE_MAGIC = b"ARROW1"
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 #: what ``pathlib.Path`` makes of a URI: ``s3:/bucket/key``
 _FOLDED_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/(?!/)")
-#: a ``file:`` URI's scheme (and empty host), before the absolute path it names
-_FILE_URI = re.compile(r"^file:(?://)?(?=/)", re.IGNORECASE)
 _FEATHER_V1_MAGIC = b"FEA1"
 
 
@@ -226,7 +225,7 @@ def _location(given) -> str:
     ``file:`` URI (``file:///abs/path``, or ``file:/abs/path`` as pathlib folds it) becomes its
     local path."""
     s = os.fspath(given) if not isinstance(given, str) else given
-    f = _FILE_URI.match(s)
+    f = FILE_URI.match(s)
     if f:
         return s[f.end():]
     m = _FOLDED_URI.match(s)

@@ -149,9 +149,9 @@ class ShardIndex:
         """
         import pyarrow.parquet as pq
 
-        from packtool.formats.manifest import load_manifest
+        from packtool.formats.manifest import load_manifest, output_dir
 
-        root = Path(path)
+        root = output_dir(path)  # a file: URI is its local path; a store URI is refused
         manifest = load_manifest(root)
         outputs = manifest["outputs"]
         files = tuple(str(o["file"]) for o in outputs)

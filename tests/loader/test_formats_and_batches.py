@@ -90,6 +90,22 @@ def test_labels_none_output_derives_unshifted_labels_B03(tmp_path):
                                                                         -100, -100]
 
 
+@pytest.mark.parametrize("spell", ["file://{}", "file:{}"])
+def test_loaders_take_a_file_uri_as_its_local_directory(tmp_path, spell):
+    """``file:///abs/out`` (and ``file:/abs/out``, as pathlib folds it) names the local OUTPUT:
+    both datasets read exactly the rows of the plain path."""
+    from packtool.loader import PackedIterableDataset
+
+    out = pack(write_input(tmp_path / "in", random_docs(40, 30)), tmp_path / "out", 32)
+    uri = spell.format(out.resolve())
+    plain, via_uri = PackedDataset(out), PackedDataset(uri)
+    assert len(via_uri) == len(plain) > 1
+    for i in range(len(plain)):
+        assert via_uri[i]["input_ids"].tolist() == plain[i]["input_ids"].tolist()
+    rows = [r["input_ids"].tolist() for r in PackedIterableDataset(uri, shuffle=False)]
+    assert rows == [r["input_ids"].tolist() for r in PackedIterableDataset(out, shuffle=False)]
+
+
 def test_label_conventions_convert_both_ways_B04_B05():
     """B04/B05: shifted <-> unshifted inside each segment; derived labels agree."""
     ids = np.array([11, 12, 13, 21, 22, 0])
