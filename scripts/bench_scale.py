@@ -66,7 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_packer import _machine, length_block  # noqa: E402
+from bench_packer import _machine, _reset_peak, _status_kb, length_block  # noqa: E402
 
 PAPER_SECONDS_1B = 10_816  # OBFD, 1 B documents (arXiv 2404.10830)
 VOCAB = 131_072
@@ -120,27 +120,6 @@ def iter_windows(dist: str, docs: int, window: int, capacity: int, seed: int = 0
 
 
 # --------------------------------------------------------------------------- memory
-
-
-def _status() -> dict:
-    """VmHWM, VmRSS of this process in bytes."""
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if key in ("VmHWM", "VmRSS"):
-                out[key] = int(rest.split()[0]) * 1024
-    return out
-
-
-def _reset_peak() -> int:
-    """Reset the peak-RSS mark (Linux clear_refs 5); return the current RSS in bytes."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-    return _status()["VmRSS"]
 
 
 def _available_bytes() -> int:
@@ -197,7 +176,7 @@ def plan_case(dist: str, docs: int, window: int, capacity: int, seed: int = 0) -
         extra_max = max(extra_max, w_extra)
         del plan, lengths  # the next window must not overlap this one in memory
     wall = time.perf_counter() - wall
-    peak = _status()["VmHWM"]
+    peak = _status_kb("VmHWM") * 1024
     bound = -(-tokens // capacity)
     return {"dist": dist, "docs": docs, "window": "global" if window >= docs else window,
             "capacity": capacity, "windows": n_windows, "gen_s": gen_s, "plan_s": plan_s,
