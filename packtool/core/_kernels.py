@@ -460,54 +460,58 @@ def _concat_segments(chunks, capacity):
 
 
 @njit(cache=True, nogil=True)
-def _fill_rows(rows, row_offsets, seg_len, seg_src, tokens, capacity, pad_id, labels_mode):
-    """Lay out the given rows: token, segment, position and label columns plus cu_seqlens.
+def _complete_rows(seg_offsets, seg_len, input_ids, flags, has_flags, capacity, pad_id,
+                   labels_mode, segment_ids, position_ids, labels, cu_values, cu_offsets,
+                   num_targets, max_seqlen):
+    """Finish rows whose segments' tokens are already at the start of each ``input_ids`` row.
 
-    rows int64[n] (row ids in output order); seg_src int64[S] (flat index in ``tokens`` of each
-    segment's first token). Returns input_ids, segment_ids, position_ids, labels (int32[n, C]),
-    cu_values int32[n_cu] with cu_offsets int64[n + 1] (row k's cu_seqlens is
-    cu_values[cu_offsets[k]:cu_offsets[k + 1]]), num_targets int32[n], max_seqlen int32[n].
+    seg_offsets int64[n + 1] (row k's segments), seg_len int64[S]; input_ids int32[n, C] (the
+    padding tail is written here); flags uint8[n, C] aligned with input_ids (0 = the token is
+    not a target; read only when has_flags is 1). Writes segment_ids, position_ids, labels
+    (int32[n, C]; labels untouched for LABELS_NONE), cu_values (int32, at least n + S + n
+    entries), cu_offsets int64[n + 1], num_targets and max_seqlen (int32[n]).
     """
-    n = rows.shape[0]
-    input_ids = np.empty((n, capacity), dtype=np.int32)
-    segment_ids = np.empty((n, capacity), dtype=np.int32)
-    position_ids = np.empty((n, capacity), dtype=np.int32)
-    labels = np.empty((n, capacity), dtype=np.int32)
-    num_targets = np.zeros(n, dtype=np.int32)
-    max_seqlen = np.zeros(n, dtype=np.int32)
-    cu_offsets = np.zeros(n + 1, dtype=np.int64)  # shape: (n + 1,)
+    n = seg_offsets.shape[0] - 1
+    c = 0
+    cu_offsets[0] = 0
     for k in range(n):
-        r = rows[k]
-        used = 0
-        for q in range(row_offsets[r], row_offsets[r + 1]):
-            used += seg_len[q]
-        # 0, one boundary per segment, and the padding tail as one more segment
-        entries = 1 + (row_offsets[r + 1] - row_offsets[r]) + (1 if used < capacity else 0)
-        cu_offsets[k + 1] = cu_offsets[k] + entries
-    cu_values = np.empty(cu_offsets[n], dtype=np.int32)
-    for k in range(n):
-        r = rows[k]
         pos = 0
-        c = cu_offsets[k]
         cu_values[c] = 0
         c += 1
-        seg = 0
+        segno = 0
         longest = 0
-        for q in range(row_offsets[r], row_offsets[r + 1]):
-            seg += 1
+        count = 0
+        for q in range(seg_offsets[k], seg_offsets[k + 1]):
+            segno += 1
             length = seg_len[q]
-            src = seg_src[q]
             for t in range(length):
-                tok = tokens[src + t]
-                input_ids[k, pos + t] = tok
-                segment_ids[k, pos + t] = seg
+                segment_ids[k, pos + t] = segno
                 position_ids[k, pos + t] = t
-                if labels_mode == LABELS_UNSHIFTED:
-                    labels[k, pos + t] = tok if t > 0 else _IGNORE
-                elif labels_mode == LABELS_SHIFTED:
-                    labels[k, pos + t] = tokens[src + t + 1] if t + 1 < length else _IGNORE
+            if labels_mode == LABELS_UNSHIFTED:
+                if length > 0:
+                    labels[k, pos] = _IGNORE
+                for t in range(1, length):
+                    if has_flags and flags[k, pos + t] == 0:
+                        labels[k, pos + t] = _IGNORE
+                    else:
+                        labels[k, pos + t] = input_ids[k, pos + t]
+                        count += 1
+            elif labels_mode == LABELS_SHIFTED:
+                for t in range(length - 1):
+                    if has_flags and flags[k, pos + t + 1] == 0:
+                        labels[k, pos + t] = _IGNORE
+                    else:
+                        labels[k, pos + t] = input_ids[k, pos + t + 1]
+                        count += 1
+                if length > 0:
+                    labels[k, pos + length - 1] = _IGNORE
+            elif has_flags:
+                for t in range(1, length):
+                    if flags[k, pos + t] != 0:
+                        count += 1
+            elif length > 0:
+                count += length - 1
             pos += length
-            num_targets[k] += length - 1
             cu_values[c] = pos
             c += 1
             if length > longest:
@@ -517,13 +521,17 @@ def _fill_rows(rows, row_offsets, seg_len, seg_src, tokens, capacity, pad_id, la
             input_ids[k, pos + t] = pad_id
             segment_ids[k, pos + t] = 0
             position_ids[k, pos + t] = t
-            labels[k, pos + t] = _IGNORE
+        if labels_mode != LABELS_NONE:
+            for t in range(pad):
+                labels[k, pos + t] = _IGNORE
         if pad > 0:
             cu_values[c] = capacity
+            c += 1
             if pad > longest:
                 longest = pad
+        cu_offsets[k + 1] = c
+        num_targets[k] = count
         max_seqlen[k] = longest
-    return input_ids, segment_ids, position_ids, labels, cu_values, cu_offsets, num_targets, max_seqlen
 
 
 @njit(cache=True, nogil=True)

@@ -26,7 +26,8 @@ from packtool.core.packing import PackPlan
 from packtool.errors import ConfigError
 from packtool.types import LabelMode
 
-__all__ = ["PackedRows", "layout_rows", "append_eos", "gather_segments"]
+__all__ = ["PackedRows", "layout_rows", "complete_rows", "row_destinations", "append_eos",
+           "gather_segments"]
 
 _LABEL_CODE = {LabelMode.UNSHIFTED: K.LABELS_UNSHIFTED, LabelMode.SHIFTED: K.LABELS_SHIFTED,
                LabelMode.NONE: K.LABELS_NONE}
@@ -65,6 +66,9 @@ def layout_rows(
 ) -> PackedRows:
     """Materialise rows ``rows`` of ``plan`` into packed columns.
 
+    The segments' tokens are copied to the start of their rows (:func:`gather_segments`), then
+    :func:`complete_rows` writes everything else.
+
     Args:
         plan: the packing plan (capacity C).
         rows: int[n], plan row ids in output order.
@@ -74,8 +78,7 @@ def layout_rows(
         labels: ``unshifted`` (default), ``shifted`` or ``none``.
         targets: optional uint8[T] input target flags, like ``tokens`` (0: the input label was
             -100, e.g. an SFT prompt): such a token is never a target, in addition to the
-            boundary rule, and ``num_targets`` counts what is left
-            (:func:`packtool.core.masks.mask_labels`).
+            boundary rule, and ``num_targets`` counts what is left.
 
     Returns:
         :class:`PackedRows` (shapes documented on its fields).
@@ -83,12 +86,7 @@ def layout_rows(
     Raises:
         ConfigError: ``pad_id`` outside int32, unknown label mode, or a row id out of range.
     """
-    try:
-        mode = LabelMode(labels)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if not -(2**31) <= int(pad_id) < 2**31:
-        raise ConfigError(f"--pad-id must fit int32, got {pad_id}")
+    mode = _label_mode(labels)
     rows = np.ascontiguousarray(rows, dtype=np.int64)
     if rows.size and (rows.min() < 0 or rows.max() >= plan.num_rows):
         raise ConfigError(f"row ids must lie in 0..{plan.num_rows - 1}")
@@ -103,21 +101,127 @@ def layout_rows(
         seg_index = np.zeros(0, dtype=np.int64)
     doc_ids = plan.seg_doc[seg_index]
     doc_offsets = plan.seg_offset[seg_index]
-    seg_len = np.ascontiguousarray(plan.seg_len[seg_index])
+    seg_len = np.ascontiguousarray(plan.seg_len[seg_index], dtype=np.int64)
     seg_src = np.asarray(doc_starts, dtype=np.int64)[doc_ids] + doc_offsets
-    local_rows = np.arange(rows.size, dtype=np.int64)
     tok = tokens if isinstance(tokens, np.ndarray) and tokens.dtype == np.int32 else np.asarray(
         tokens, dtype=np.int32)
-    out = K._fill_rows(local_rows, seg_offsets, seg_len, seg_src, tok, plan.capacity,
-                       np.int32(pad_id), _LABEL_CODE[mode])
-    ids, seg, pos, lab, cu_values, cu_offsets, num_targets, max_seqlen = out
+    n, cap = rows.size, plan.capacity
+    dest = row_destinations(seg_offsets, seg_len, cap)
+    ids = np.empty((n, cap), dtype=np.int32)
+    K._copy_segments(tok, seg_src, seg_len, ids.reshape(-1), dest)
+    flags = None
     if targets is not None:
-        from packtool.core.masks import mask_labels
+        t = targets if isinstance(targets, np.ndarray) and targets.dtype == np.uint8 \
+            else np.asarray(targets, dtype=np.uint8)
+        flags = np.empty((n, cap), dtype=np.uint8)
+        K._copy_segments(t, seg_src, seg_len, flags.reshape(-1), dest)
+    return complete_rows(seg_offsets, seg_len, ids, pad_id=pad_id, labels=mode, flags=flags,
+                         doc_ids=doc_ids, doc_offsets=doc_offsets)
 
-        mask_labels(lab, num_targets, seg_offsets, seg_len, seg_src, targets,
-                    shifted=mode is LabelMode.SHIFTED)
-    return PackedRows(ids, seg, pos, None if mode is LabelMode.NONE else lab, cu_values,
-                      cu_offsets, num_targets, max_seqlen, doc_ids, doc_offsets, seg_offsets)
+
+def row_destinations(seg_offsets: np.ndarray, seg_len: np.ndarray, capacity: int) -> np.ndarray:
+    """Where each segment's first token goes in the flat ``n * C`` buffer of ``n`` rows.
+
+    Args:
+        seg_offsets: int64[n + 1], row k's segments are ``seg_offsets[k]:seg_offsets[k+1]``.
+        seg_len: int64[S], segment lengths in tokens (a row's sum at most ``capacity``).
+        capacity: tokens per row (C).
+
+    Returns:
+        int64[S]: ``k * C`` plus the tokens of row k's earlier segments (segments back to back
+        from the start of their row).
+    """
+    seg_offsets = np.asarray(seg_offsets, dtype=np.int64)
+    seg_len = np.asarray(seg_len, dtype=np.int64)
+    nseg = np.diff(seg_offsets)
+    within = np.zeros(seg_len.size, dtype=np.int64)  # shape: (S,)
+    if seg_len.size:
+        np.cumsum(seg_len[:-1], out=within[1:])
+        firsts = seg_offsets[:-1][nseg > 0]
+        within -= np.repeat(within[firsts], nseg[nseg > 0])
+    row = np.repeat(np.arange(nseg.size, dtype=np.int64), nseg)
+    return row * capacity + within
+
+
+def _label_mode(labels) -> LabelMode:
+    try:
+        return LabelMode(labels)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def complete_rows(seg_offsets: np.ndarray, seg_len: np.ndarray, input_ids: np.ndarray, *,
+                  pad_id: int = 0, labels: LabelMode | str = LabelMode.UNSHIFTED,
+                  flags: np.ndarray | None = None, doc_ids: np.ndarray | None = None,
+                  doc_offsets: np.ndarray | None = None, out: dict | None = None) -> PackedRows:
+    """Finish ``n`` rows whose segments' tokens are already in place.
+
+    Row ``k`` of ``input_ids`` holds its segments ``seg_offsets[k]:seg_offsets[k+1]`` back to
+    back from position 0 (what :func:`row_destinations` says, e.g. read straight from a spill);
+    its tail is overwritten with ``pad_id``. Everything else of the output contract (module
+    docstring) is written from the segment lengths: ``segment_ids``, ``position_ids``,
+    ``labels``, ``cu_seqlens``, ``max_seqlen``, ``num_targets``.
+
+    Args:
+        seg_offsets: int64[n + 1]; seg_len: int64[S], each >= 1, a row's sum <= C.
+        input_ids: int32[n, C], C-contiguous; its padding tail is written in place.
+        pad_id: token id written on padding (int32 range).
+        labels: ``unshifted``, ``shifted`` or ``none`` (no labels column; ``num_targets`` is
+            still counted).
+        flags: optional uint8[n, C] aligned with ``input_ids``: 0 marks a token that is never a
+            target (its input label was -100), in addition to the boundary rule.
+        doc_ids, doc_offsets: int64[S], carried into the result (None: zeros).
+        out: optional reusable buffers ``{"segment_ids", "position_ids", "labels"}`` (int32
+            [at least n, C]) and ``"cu_values"`` (int32[at least 2n + S]), so a writer that
+            lays out one row group after another allocates nothing per group.
+
+    Returns:
+        :class:`PackedRows` whose arrays are ``input_ids`` and views of ``out`` when given.
+
+    Raises:
+        ConfigError: ``pad_id`` outside int32 or an unknown label mode.
+        ValueError: shapes that do not match.
+    """
+    mode = _label_mode(labels)
+    if not -(2**31) <= int(pad_id) < 2**31:
+        raise ConfigError(f"--pad-id must fit int32, got {pad_id}")
+    seg_offsets = np.ascontiguousarray(seg_offsets, dtype=np.int64)
+    seg_len = np.ascontiguousarray(seg_len, dtype=np.int64)
+    n = seg_offsets.size - 1
+    if input_ids.dtype != np.int32 or input_ids.ndim != 2 or input_ids.shape[0] != n \
+            or not input_ids.flags.c_contiguous:
+        raise ValueError(f"input_ids must be C-contiguous int32[{n}, C], got {input_ids.dtype}"
+                         f"{list(input_ids.shape)}")
+    cap = input_ids.shape[1]
+    if flags is not None and (flags.shape != input_ids.shape or flags.dtype != np.uint8):
+        raise ValueError("flags must be uint8 shaped like input_ids")
+    out = out or {}
+
+    def buf(name, shape, dtype):
+        b = out.get(name)
+        if b is None or b.size < int(np.prod(shape)):
+            return np.empty(shape, dtype=dtype)
+        return b.reshape(-1)[:int(np.prod(shape))].reshape(shape)
+
+    seg = buf("segment_ids", (n, cap), np.int32)
+    pos = buf("position_ids", (n, cap), np.int32)
+    lab = buf("labels", (n, cap), np.int32) if mode is not LabelMode.NONE else _NO_LABELS
+    cu_values = buf("cu_values", (2 * n + seg_len.size,), np.int32)
+    cu_offsets = np.empty(n + 1, dtype=np.int64)  # shape: (n + 1,)
+    num_targets = np.empty(n, dtype=np.int32)
+    max_seqlen = np.empty(n, dtype=np.int32)
+    K._complete_rows(seg_offsets, seg_len, input_ids, _NO_FLAGS if flags is None else flags,
+                     0 if flags is None else 1, cap, np.int32(pad_id), _LABEL_CODE[mode], seg,
+                     pos, lab, cu_values, cu_offsets, num_targets, max_seqlen)
+    zeros = np.zeros(seg_len.size, dtype=np.int64)
+    return PackedRows(input_ids, seg, pos, None if mode is LabelMode.NONE else lab,
+                      cu_values[:cu_offsets[n]], cu_offsets, num_targets, max_seqlen,
+                      zeros if doc_ids is None else doc_ids,
+                      zeros if doc_offsets is None else doc_offsets, seg_offsets)
+
+
+_NO_LABELS = np.zeros((0, 0), dtype=np.int32)  # labels="none": nothing is written
+_NO_FLAGS = np.zeros((0, 0), dtype=np.uint8)  # no input target flags
 
 
 def gather_segments(values: np.ndarray, src: np.ndarray, lens: np.ndarray,
