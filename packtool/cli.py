@@ -185,10 +185,12 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
         click.echo(note, err=True)
     try:
         result = run_pack(cfg, progress=not quiet)
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted: {cfg.output} has no manifest (as before the run, or "
-                          "resumable: finished windows and shards are kept); rerun the same "
-                          "command to resume and finish it") from None
+    except KeyboardInterrupt as exc:
+        kept = str(exc)
+        raise Interrupted(f"interrupted: {cfg.output} has no manifest; "
+                          + (f"kept for the rerun: {kept}; " if kept
+                             else "nothing was kept (OUTPUT is as before the run); ")
+                          + "rerun the same command to resume and finish it") from None
     s = result.stats
     if not result.already_complete:  # once, on stderr, loud whatever the output format
         for w in result.warnings:
@@ -197,6 +199,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
         click.echo(json.dumps({"stats": s.to_dict(), "seconds": result.seconds,
                                "shards_reused": result.shards_reused,
                                "windows_reused": result.windows_reused,
+                               "parts_reused": result.parts_reused,
+                               "docs_reused": result.docs_reused,
                                "inputs_skipped": skipped,
                                "already_complete": result.already_complete,
                                "warnings": result.warnings}, indent=2))
@@ -220,6 +224,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
             f"  {result.seconds:.2f} s ({cfg.engine.value} engine, start-up included), "
             f"{rate / 1e6:.2f} M tokens/s"
             + (f", {result.shards_reused} shard(s) reused" if result.shards_reused else "")
+            + (f", {result.docs_reused:,} documents not read again" if result.docs_reused
+               else "")
             + (f", {result.windows_reused} window(s) reused" if result.windows_reused else "")
             + (f"\n  INPUT: {skipped}" if skipped else "")
             + (f"\n  {_mask_note(s)}" if _mask_note(s) else ""))

@@ -20,10 +20,11 @@ A pack goes through :class:`Output` and nothing else writes into OUTPUT:
 4. :meth:`Output.commit` writes the manifest last and removes the marker, scratch and lock.
 
 Every failure leaves through :meth:`Output.__exit__`, the one cleanup path. Ctrl-C leaves what
-SIGKILL would, tidied: the scratch directory keeps its finished windows (their row-order spills
-and plans) and fingerprint, everything under a unique temporary name goes, and the lock is
-released, so rerunning the same command reads and plans only the windows not finished; a
-Ctrl-C before any window finished keeps no scratch. Any other failure removes the scratch
+SIGKILL would, tidied: the scratch directory keeps its finished read parts (token spills), the
+work directories of read parts begun (with their progress records), its finished windows
+(plans) and fingerprint; everything else under a unique temporary name goes, and the lock is
+released, so rerunning the same command reads only what was not read and plans only the
+windows not planned; a Ctrl-C before anything was kept keeps no scratch. Any other failure removes the scratch
 directory (token spills, plans, temporary shards), so a full disk is never left full. A failure
 before writing began (bad value in any window, ENOSPC while spilling, Ctrl-C before a window
 finished) leaves OUTPUT as it was before the run (a new OUTPUT is removed); after that (ENOSPC
@@ -70,13 +71,21 @@ from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAM
                                        write_manifest_file)
 
 __all__ = ["Output", "fingerprint", "footer_sha256", "BYTE_DECIDING_PACKAGES", "WINDOW_DIR_PREFIX",
+           "READ_DIR_PREFIX", "SCRATCH_UNITS", "PARTIAL_PROGRESS", "claim_partial", "ScratchKept",
            "WINDOW_DONE", "SCRATCH_FINGERPRINT", "LAYOUT_REVISION", "window_done", "window_workdir",
            "publish_window", "window_file", "shard_temp",
            "discard_shard_temp", "publish_shard", "kept_shard", "MARKER_EVERY_S"]
 
-#: A window's spill and plan live in ``<scratch>/window-NNNNN/``, complete once ``done.json``
-#: is there (it is written before the directory is renamed into place).
+#: A window's plan lives in ``<scratch>/window-NNNNN/``, complete once ``done.json`` is there
+#: (it is written before the directory is renamed into place).
 WINDOW_DIR_PREFIX = "window-"
+#: A read part's spill lives in ``<scratch>/read-NNNNN/``, complete like a window.
+READ_DIR_PREFIX = "read-"
+#: Finished units of a scratch directory that a rerun of the same pack keeps.
+SCRATCH_UNITS = (WINDOW_DIR_PREFIX, READ_DIR_PREFIX)
+#: The progress record of a read part's work directory that a killed run left half done
+#: (:mod:`packtool.pipeline.read`): such a directory is kept for the rerun too.
+PARTIAL_PROGRESS = "progress.json"
 WINDOW_DONE = "done.json"
 #: The fingerprint of the run that created the scratch directory (a file inside it).
 SCRATCH_FINGERPRINT = "fingerprint"
@@ -86,7 +95,7 @@ BYTE_DECIDING_PACKAGES = ("packtool", "pyarrow", "numpy", "numba")
 #: Revision of how packtool lays out and orders the rows of given options and inputs (and of
 #: the scratch files a killed run leaves for its rerun); recorded in the fingerprint, so a
 #: change between two runs of one packtool version never mixes their shards or windows.
-LAYOUT_REVISION = 2
+LAYOUT_REVISION = 3
 
 
 def _versions() -> dict:
@@ -201,7 +210,9 @@ class Output:
         self.resume = False
         self.manifest: dict | None = None
         self.bytes_needed = 0  #: what the current phase still has to write (ENOSPC message)
-        self.windows_kept = 0  #: finished windows kept from a killed identical run
+        self.windows_kept = 0  #: finished scratch units kept from a killed identical run
+        self.kept = ScratchKept()  #: what the scratch holds for a rerun (after a trim)
+        self.shards_done = 0  #: shards finished (written or kept) in this run
         self._created = False
         self._writing = False
         self._lock: FileLock | None = None
@@ -322,20 +333,25 @@ class Output:
         return tag == self.fingerprint
 
     def _trim_scratch(self) -> int:
-        """Remove from the scratch directory (or prefix) everything but its fingerprint and the
-        finished windows (``done.json`` in them); return how many finished windows are there."""
+        """Remove from the scratch directory (or prefix) everything but its fingerprint, the
+        finished units (windows and read parts: ``done.json`` in them) and the work directories
+        of read parts with a progress record; return how many of those are there (what is kept
+        is in :attr:`kept`)."""
         if self.remote:
             return self._trim_scratch_store()
-        kept = 0
+        kept = ScratchKept()
         for p in self.tmp.iterdir():
             if p.name == SCRATCH_FINGERPRINT:
                 continue
-            if (p.name.startswith(WINDOW_DIR_PREFIX) and p.is_dir()
-                    and (p / WINDOW_DONE).is_file()):
-                kept += 1
+            if p.is_dir() and p.name.startswith(SCRATCH_UNITS) and (p / WINDOW_DONE).is_file():
+                kept.add(p.name, p / WINDOW_DONE)
+                continue
+            if p.is_dir() and f"-{READ_DIR_PREFIX}" in p.name and (p / PARTIAL_PROGRESS).is_file():
+                kept.add(p.name, p / PARTIAL_PROGRESS, partial=True)
                 continue
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-        return kept
+        self.kept = kept
+        return kept.units
 
     def _shards_intact(self, m: dict) -> bool:
         try:
@@ -402,9 +418,11 @@ class Output:
 
     def _keeps_windows(self, exc: BaseException | None) -> bool:
         """Ctrl-C leaves what a rerun of the same command resumes from, as SIGKILL would: the
-        scratch stays when it is this run's and holds at least one finished window, trimmed to
-        those windows and its fingerprint (half-written windows and temporary shards, under
-        unique names, go). Any other failure (bad input, full disk, a failed task) removes it."""
+        scratch stays when it is this run's and holds at least one finished window or read part,
+        or a read part's work directory with a progress record, trimmed to those and its
+        fingerprint (half-written units and temporary shards, under unique names, go; what
+        stays is in :attr:`kept`). Any other failure (bad input, full disk, a failed task)
+        removes it."""
         if not isinstance(exc, KeyboardInterrupt):
             return False
         try:
@@ -414,7 +432,7 @@ class Output:
 
     def _cleanup(self, exc: BaseException | None) -> None:
         """Release OUTPUT after the run; on failure restore it or leave it resumable (after
-        Ctrl-C the finished windows too, see :meth:`_keeps_windows`)."""
+        Ctrl-C the finished units too, see :meth:`_keeps_windows`)."""
         if self.remote:
             return self._cleanup_store(exc)
         keep = False
@@ -478,6 +496,7 @@ class Output:
         """Record a finished shard (its manifest entry). In an object store the marker lists
         the finished shards (rewritten at most every :data:`MARKER_EVERY_S` seconds, and when
         the run fails), so a rerun keeps them by size and sha256."""
+        self.shards_done += 1
         if not self.remote:
             return
         self._written[entry["file"]] = {"bytes": entry["bytes"], "sha256": entry["sha256"]}
@@ -579,19 +598,21 @@ class Output:
         self.windows_kept = self._trim_scratch_store()
 
     def _trim_scratch_store(self) -> int:
-        """:meth:`_trim_scratch` in a store."""
-        kept = 0
+        """:meth:`_trim_scratch` in a store (read parts are kept only when finished: their
+        work directories are on the tasks' own disks)."""
+        kept = ScratchKept()
         for name, info in store.listing(self.tmp).items():
             if name == SCRATCH_FINGERPRINT:
                 continue
             where = store.join(self.tmp, name)
-            if (name.startswith(WINDOW_DIR_PREFIX) and info.type == pafs.FileType.Directory
+            if (name.startswith(SCRATCH_UNITS) and info.type == pafs.FileType.Directory
                     and store.size_of(store.join(where, WINDOW_DONE)) is not None):
-                kept += 1
+                kept.add(name, None)
                 continue
             store.delete_tree(where) if info.type == pafs.FileType.Directory \
                 else store.delete(where)
-        return kept
+        self.kept = kept
+        return kept.units
 
     def _begin_write_store(self) -> None:
         uri = self.path
@@ -635,6 +656,77 @@ MARKER_EVERY_S = 10.0
 def _inside_key(child: str, parent: str) -> bool:
     child, parent = child.rstrip("/"), parent.rstrip("/")
     return child == parent or child.startswith(parent + "/")
+
+
+class ScratchKept:
+    """What a scratch directory holds for a rerun: finished windows and read parts, and read
+    parts begun (with the documents and tokens their records count, where known)."""
+
+    def __init__(self) -> None:
+        self.windows = 0
+        self.parts = 0
+        self.partial = 0
+        self.docs = 0  #: documents in the kept read parts, finished or begun
+        self.tokens = 0  #: their tokens
+
+    @property
+    def units(self) -> int:
+        return self.windows + self.parts + self.partial
+
+    def add(self, name: str, record: Path | None, partial: bool = False) -> None:
+        if partial:
+            self.partial += 1
+        elif name.startswith(WINDOW_DIR_PREFIX):
+            self.windows += 1
+            return
+        else:
+            self.parts += 1
+        try:
+            rec = json.loads(record.read_text()) if record is not None else {}
+            self.docs += int(rec.get("docs", 0))
+            self.tokens += int(rec.get("tokens", 0))
+        except (OSError, ValueError, TypeError):
+            pass
+
+    def describe(self, shards: int = 0) -> str:
+        """One phrase for the interrupted message (empty when nothing is kept), ``shards``
+        output shards finished included."""
+        bits = []
+        if self.parts or self.partial:
+            what = f"{self.parts} read part{'s' * (self.parts != 1)}"
+            if self.partial:
+                what += f" and {self.partial} begun"
+            if self.docs:
+                what += f" ({self.docs:,} documents, {self.tokens:,} tokens read)"
+            bits.append(what)
+        if self.windows:
+            bits.append(f"{self.windows} planned window{'s' * (self.windows != 1)}")
+        if shards:
+            bits.append(f"{shards} finished shard{'s' * (shards != 1)}")
+        return ", ".join(bits)
+
+
+def claim_partial(tmp: str, name: str, record: str) -> Path | None:
+    """Take over the work directory a killed run left for unit ``name`` (one holding
+    ``record``): renamed to a new unique name, so that only one task resumes it. None when
+    there is none (or the scratch is in an object store)."""
+    if _remote(tmp):
+        return None
+    suffix = f"-{name}"
+    try:
+        found = sorted(p for p in Path(tmp).iterdir()
+                       if p.name.startswith(".") and p.name.endswith(suffix)
+                       and (p / record).is_file())
+    except OSError:
+        return None
+    for p in found:
+        mine = Path(tmp) / f".{uuid.uuid4().hex}{suffix}"
+        try:
+            os.rename(p, mine)
+        except OSError:
+            continue  # another task took it
+        return mine
+    return None
 
 
 # -- the I/O of the pack's tasks: a scratch directory or prefix, shards, on any node --------------

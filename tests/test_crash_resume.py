@@ -22,7 +22,8 @@ from packcheck import hash_tree, invoke, write_docs
 from packtool.errors import ManifestError
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
                                        load_manifest, read_manifest)
-from packtool.output import SCRATCH_FINGERPRINT, WINDOW_DIR_PREFIX, WINDOW_DONE
+from packtool.output import (PARTIAL_PROGRESS, READ_DIR_PREFIX, SCRATCH_FINGERPRINT,
+                             WINDOW_DIR_PREFIX, WINDOW_DONE)
 
 OPTIONS = ["--capacity", "16", "--rows-per-shard", "4", "--workers", "1", "--seed", "3"]
 
@@ -155,7 +156,8 @@ def _start(src: Path, out: Path, pause: str | None = None, options=OPTIONS, hold
 
 def _clean_or_resumable(out: Path) -> int:
     """No manifest, no lock file, no temporary name: either nothing at all, or the scratch with
-    only its fingerprint and finished windows, marker and shards. Returns the finished windows
+    only its fingerprint, finished windows and read parts, and the work directories of read
+    parts begun with their progress records; marker and shards. Returns the finished windows
     kept."""
     if not out.exists():
         return 0
@@ -165,10 +167,14 @@ def _clean_or_resumable(out: Path) -> int:
     if TMP_DIR_NAME not in names:
         return 0
     kept = {p.name for p in (out / TMP_DIR_NAME).iterdir()} - {SCRATCH_FINGERPRINT}
-    assert kept and all(n.startswith(WINDOW_DIR_PREFIX) for n in kept), kept
-    assert all((out / TMP_DIR_NAME / n / WINDOW_DONE).is_file() for n in kept), kept
+    finished = {n for n in kept if n.startswith((WINDOW_DIR_PREFIX, READ_DIR_PREFIX))}
+    begun = kept - finished
+    assert kept, kept
+    assert all((out / TMP_DIR_NAME / n / WINDOW_DONE).is_file() for n in finished), kept
+    assert all(n.startswith(".") and f"-{READ_DIR_PREFIX}" in n
+               and (out / TMP_DIR_NAME / n / PARTIAL_PROGRESS).is_file() for n in begun), kept
     assert (out / TMP_DIR_NAME / SCRATCH_FINGERPRINT).is_file()
-    return len(kept)
+    return sum(n.startswith(WINDOW_DIR_PREFIX) for n in finished)
 
 
 @pytest.mark.parametrize("delay", [0.1, 0.5, 1.0, 3.0, "write"])
@@ -307,7 +313,8 @@ def test_ctrl_c_after_a_window_finished_keeps_it_for_the_rerun(tmp_path, src):
     """Ctrl-C while window 1 is planned (window 0 finished): exit 130, a line saying a rerun
     resumes; the scratch keeps window 0 (and nothing under a temporary name), the lock is
     released; the rerun reuses window 0 and ends with the bytes of an undisturbed run. A Ctrl-C
-    before any window finished leaves a new OUTPUT absent, as before the run."""
+    before any window finished keeps the read parts; before anything was read, a new OUTPUT is
+    left absent, as before the run."""
     options = [*OPTIONS, "--window-docs", "25"]
     ref = tmp_path / "ref"
     assert rerun(src, ref, options)["windows_reused"] == 0
@@ -322,9 +329,17 @@ def test_ctrl_c_after_a_window_finished_keeps_it_for_the_rerun(tmp_path, src):
     assert hash_tree(out) == hash_tree(ref)
     assert not (out / TMP_DIR_NAME).exists()
 
+    # Ctrl-C while the only read part is read (its one piece not finished): nothing is kept
     early = tmp_path / "early"
-    _ctrl_c_at("plan:0", src, early, options)
-    assert not early.exists()
+    err = _ctrl_c_at("read", src, early, options)
+    assert not early.exists() and "nothing was kept" in err, err
+    # before any window finished, the read parts are kept, and the message says so
+    planning = tmp_path / "planning"
+    err = _ctrl_c_at("plan:0", src, planning, options)
+    assert "kept for the rerun: 1 read part (80 documents" in err, err
+    assert _clean_or_resumable(planning) == 0
+    assert rerun(src, planning, options)["parts_reused"] == 1
+    assert hash_tree(planning) == hash_tree(ref)
     # what the kept scratch implies for another command into that OUTPUT: as after SIGKILL,
     # a scratch of other options is no pack to protect; it is replaced, nothing is reused
     other = tmp_path / "other"

@@ -3,8 +3,8 @@
 A shard is ``rows_per_shard`` output rows, laid out ``rows_per_group`` at a time (one Parquet row
 group each, so memory stays at one row group per worker), written under a unique temporary name
 locally and published whole under its final name (a rename in a directory, one upload to an
-object store). Its bytes depend only on the windows' row spills and on which window each of its
-rows comes from, never on the engine or the worker count.
+object store). Its bytes depend only on the windows' plans, the read parts' spills and on which window each of
+its rows comes from, never on the engine or the worker count.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import numpy as np
 from packtool.formats.manifest import sha256_file
 from packtool.formats.object_store import read_session
 from packtool.formats.schema import packed_schema
-from packtool.formats.writer import rows_to_table, write_shard
+from packtool.formats.writer import rows_to_table, shard_num_targets, write_shard
 from packtool.output import discard_shard_temp, kept_shard, publish_shard, shard_temp
-from packtool.pipeline.layout import ShardRows, WindowSpills, layout_group
+from packtool.pipeline.layout import RowBuffers, ShardRows, ShardSources, layout_group
+from packtool.pipeline.spill import SpillReader
 from packtool.signals import check, test_pause
 
 __all__ = ["ShardJob", "write_shard_task", "shard_entry"]
@@ -51,7 +52,7 @@ def shard_entry(name: str, rows: int, size: int, digest: str | None = None,
             "sha256": digest if digest is not None else sha256_file(path)}
 
 
-def write_shard_task(cfg, job: ShardJob, spills: WindowSpills) -> tuple[dict, bool]:
+def write_shard_task(cfg, job: ShardJob, sources: ShardSources) -> tuple[dict, bool, int]:
     """Lay out and write one shard (or keep it when resuming and it is there).
 
     The shard is written to a local file (:func:`packtool.output.shard_temp`: in the scratch
@@ -61,10 +62,11 @@ def write_shard_task(cfg, job: ShardJob, spills: WindowSpills) -> tuple[dict, bo
     Args:
         cfg: :class:`packtool.config.PackConfig` (capacity, labels, pad_id, rows_per_group).
         job: the shard.
-        spills: the windows' row spills.
+        sources: the windows' plans and the read parts' spills.
 
     Returns:
-        (manifest entry, reused).
+        (manifest entry, reused, effective targets of the shard: the sum of its
+        ``num_targets``; 0 for a reused shard unless the input had target flags).
 
     Raises:
         OSError: the shard cannot be written (full disk, I/O error, the store refused it), or a
@@ -74,26 +76,41 @@ def write_shard_task(cfg, job: ShardJob, spills: WindowSpills) -> tuple[dict, bo
     if job.reuse:
         kept = kept_shard(job.output, job.name, job.promised)
         if kept is not None:
+            where = (Path(job.output) / job.name if not _remote(job.output)
+                     else f"{job.output}/{job.name}")
+            targets = shard_num_targets(where) if sources.any_targets else 0
             return shard_entry(job.name, job.windows.size, *kept,
-                               path=Path(job.output) / job.name), True
+                               path=Path(job.output) / job.name), True, targets
     schema = packed_schema(cfg.capacity, cfg.labels.value)
     n = job.windows.size
+    group = min(n, cfg.rows_per_group)
+    targets = [0]
 
-    def tables():
-        rows = ShardRows(spills, job.windows, job.starts)
+    def tables(reader):
+        rows = ShardRows(sources, job.windows, job.starts)
+        buffers = RowBuffers(group, cfg.capacity, cfg.labels.value != "none",
+                             sources.any_targets)
         for lo in range(0, n, cfg.rows_per_group):
             check()
-            packed = layout_group(spills, rows, lo, min(n, lo + cfg.rows_per_group),
-                                  pad_id=cfg.pad_id, labels=cfg.labels)
-            yield rows_to_table(packed, schema)
+            packed = layout_group(sources, rows, lo, min(n, lo + cfg.rows_per_group),
+                                  pad_id=cfg.pad_id, labels=cfg.labels, buffers=buffers,
+                                  reader=reader)
+            targets[0] += int(packed.num_targets.sum(dtype=np.int64))
+            yield rows_to_table(packed, schema)  # written before the buffers are reused
             test_pause("write-shard", job.index)
 
     tmp = shard_temp(job.tmp, job.name)
     try:
-        with read_session():  # a scratch in a store: objects kept open, GETs read ahead
-            size, digest = write_shard(tmp, schema, tables())  # sha256 taken while writing
+        with read_session(), SpillReader() as reader:  # spills kept open for the task
+            size, digest = write_shard(tmp, schema, tables(reader))  # sha256 while writing
         check()  # a run that is stopping publishes nothing more
         publish_shard(tmp, job.output, job.name)
     finally:
         discard_shard_temp(tmp, job.tmp)
-    return shard_entry(job.name, n, size, digest), False
+    return shard_entry(job.name, n, size, digest), False, targets[0]
+
+
+def _remote(where: str) -> bool:
+    from packtool.formats.reader import is_remote
+
+    return is_remote(where)
