@@ -347,3 +347,58 @@ def test_ctrl_c_after_a_window_finished_keeps_it_for_the_rerun(tmp_path, src):
     seeded = [o if o != "3" else "4" for o in options]  # --seed: a different fingerprint
     assert rerun(src, other, seeded)["windows_reused"] == 0
     assert not (other / TMP_DIR_NAME).exists()
+
+
+@pytest.fixture(scope="module")
+def four_files(tmp_path_factory) -> Path:
+    """Four small files: one read part of four pieces (one per file)."""
+    d = tmp_path_factory.mktemp("pieces") / "in"
+    for f in range(4):
+        write_docs(d / f"{f}.parquet",
+                   [[f * 1000 + i * 10 + k for k in range(1 + i % 13)] for i in range(30)])
+    return d
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGINT"])
+def test_a_read_part_killed_between_pieces_resumes_from_its_last_piece(tmp_path, four_files,
+                                                                       sig):
+    """Killed (or Ctrl-C) while the third file of a read part is about to be read: the work
+    directory keeps the two files read, with their progress record; the rerun reads only the
+    other two (``docs_reused``), says so, and ends with the bytes of an undisturbed run. A
+    Ctrl-C says what was kept."""
+    from packtool.pipeline.read import plan_reads
+    from packtool.formats.reader import discover_inputs
+
+    parts = plan_reads(discover_inputs([four_files]), "input_ids")
+    assert len(parts) == 1 and len(parts[0].pieces) == 4
+    ref = tmp_path / "ref"
+    rerun(four_files, ref)
+    out = tmp_path / "out"
+    if sig == "SIGKILL":
+        kill_at("read-piece:2", four_files, out)
+    else:
+        err = _ctrl_c_at("read-piece:2", four_files, out, OPTIONS)
+        assert "kept for the rerun: 0 read parts and 1 begun (60 documents" in err, err
+        assert _clean_or_resumable(out) == 0
+    begun = [p for p in (out / TMP_DIR_NAME).iterdir() if p.name.endswith("-read-00000")]
+    assert len(begun) == 1 and (begun[0] / "progress.json").is_file()
+    assert json.loads((begun[0] / "progress.json").read_text())["docs"] == 60
+    report = rerun(four_files, out)
+    assert report["docs_reused"] == 60 and report["parts_reused"] == 0
+    assert hash_tree(out) == hash_tree(ref)
+    assert not (out / TMP_DIR_NAME).exists()
+
+
+def test_a_progress_record_longer_than_its_files_is_not_trusted(tmp_path, four_files):
+    """A work directory whose files are shorter than its progress record says (a machine that
+    lost its page cache) is read again from the start, never extended with zeros."""
+    ref = tmp_path / "ref"
+    rerun(four_files, ref)
+    out = tmp_path / "out"
+    kill_at("read-piece:2", four_files, out)
+    begun = next(p for p in (out / TMP_DIR_NAME).iterdir() if p.name.endswith("-read-00000"))
+    tokens = begun / "tokens.int32"
+    os.truncate(tokens, tokens.stat().st_size - 8)
+    report = rerun(four_files, out)
+    assert report["docs_reused"] == 0
+    assert hash_tree(out) == hash_tree(ref)

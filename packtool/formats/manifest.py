@@ -103,7 +103,8 @@ def write_json_atomic(path: Path, obj: dict) -> None:
 def _manifest_table(manifest: dict, schema: pa.Schema) -> pa.Table:
     meta = dict(schema.metadata or {})
     meta[MANIFEST_META_KEY] = json.dumps(manifest, sort_keys=True).encode()
-    return schema.with_metadata(meta).empty_table()
+    # no rows; ``Schema.empty_table`` would import pandas (a tenth of a CPU-second)
+    return pa.Table.from_batches([], schema=schema.with_metadata(meta))
 
 
 def manifest_bytes(manifest: dict, schema: pa.Schema) -> bytes:

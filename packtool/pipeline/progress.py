@@ -24,6 +24,7 @@ class Phase:
     def __init__(self, desc: str, total_tokens: int, total_docs: int, enabled: bool):
         from tqdm import tqdm
 
+        self.desc = desc
         self.docs = 0
         self.tokens = 0
         self.total_docs = total_docs

@@ -301,6 +301,7 @@ def read_part(cfg, part: ReadPart, tmp: str) -> PartInfo:
             try:
                 for k in range(state["pieces"], len(part.pieces)):
                     piece = part.pieces[k]
+                    test_pause("read-piece", k)
                     n = 0
                     for batch in iter_token_batches(
                             piece.path, cfg.column, fmt=piece.format,
