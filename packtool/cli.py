@@ -307,6 +307,9 @@ def _mask_note(s) -> str:
               help="With --compare: as pack --attention-mask-column.")
 @click.option("--labels-column", default="auto", show_default=True, metavar="NAME",
               help="With --compare: as pack --labels-column.")
+@click.option("--window-docs", type=click.IntRange(min=1), default=None, metavar="N",
+              help="With --compare: also dry-run obfd in windows of N documents, as pack "
+                   "--window-docs deals them.")
 @click.option("--per-bin", is_flag=True,
               help="List targets per row and per segment (packed output only).")
 @click.option("--per-bin-limit", type=click.IntRange(min=0), default=None, metavar="N",
@@ -318,7 +321,8 @@ def _mask_note(s) -> str:
                    "and segment lengths, or with --compare the strategies side by side.")
 @click.pass_context
 def stats(ctx, path, capacity, compare, column, overflow, append_eos, prepend_bos,
-          attention_mask_column, labels_column, per_bin, per_bin_limit, as_json, plot):
+          attention_mask_column, labels_column, window_docs, per_bin, per_bin_limit, as_json,
+          plot):
     """Figures of a packed OUTPUT (recounted from the shards, checked against the manifest), or,
     with --capacity C --compare, a dry run of every strategy on raw INPUT lengths.
 
@@ -354,7 +358,7 @@ def stats(ctx, path, capacity, compare, column, overflow, append_eos, prepend_bo
             labels=_none(labels_column), bos=prepend_bos, eos=append_eos)
         lengths = docs.lengths
         rows = analysis.compare_strategies(lengths, capacity, overflow=overflow,
-                                           targets=docs.targets)
+                                           targets=docs.targets, window_docs=window_docs)
         if as_json:
             click.echo(json.dumps({"capacity": capacity, "documents": int(lengths.size),
                                    "tokens": int(lengths.sum()), "strategies": rows}, indent=2))
@@ -367,7 +371,7 @@ def stats(ctx, path, capacity, compare, column, overflow, append_eos, prepend_bo
                 click.echo(f"wrote {plot}")
         return
     for name in ("column", "overflow", "append_eos", "prepend_bos", "attention_mask_column",
-                 "labels_column"):
+                 "labels_column", "window_docs"):
         if given(name):
             raise ConfigError(f"--{name.replace('_', '-')} applies to --compare only: a "
                               "packed output records its own")

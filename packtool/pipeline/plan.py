@@ -2,14 +2,8 @@
 output order of every window's rows.
 
 **Windows.** Without ``--window-docs`` the whole corpus is one window: one global plan. With a
-window size N, documents are dealt to windows in blocks (:class:`Windows`): the corpus, in
-global document order, is cut into blocks of ``b = max(1, N // DEAL_BLOCKS)`` documents and
-block ``j`` goes to window ``j mod K``, with K the fewest windows that hold at most N documents
-each. So each window holds about :data:`DEAL_BLOCKS` blocks spread evenly over the whole input:
-a sample of every source and of every length, however the input is sorted (corpora are usually
-stored by source, and contiguous windows of one source pack much worse than one global plan:
-their long documents find no short ones to fill the gaps). The deal depends only on the
-document count and N.
+window size N, documents are dealt to windows in blocks spread over the whole input
+(:mod:`packtool.core.windows`), so each window holds a sample of every source and length.
 
 :func:`plan_window` is what an engine runs once per window, after the read parts are spilled
 (:mod:`packtool.pipeline.read`):
@@ -45,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from packtool.core.packing import PackPlan, pack_lengths
+from packtool.core.windows import DEAL_BLOCKS, Windows, plan_windows
 from packtool.errors import PackingError, row_ref
 from packtool.formats.reader import is_remote
 from packtool.output import (WINDOW_DIR_PREFIX, WINDOW_DONE, publish_window, window_done,
@@ -59,76 +54,11 @@ from packtool.types import Overflow
 __all__ = ["Windows", "plan_windows", "PartIndex", "WindowInfo", "plan_window",
            "window_row_order", "merge_windows", "window_dir", "DEAL_BLOCKS"]
 
-#: Blocks a window is dealt (about): the finer, the closer a window's mix of lengths is to the
-#: corpus's. 64 blocks per window bring the extra rows of windows close to one global plan's
-#: on corpora sorted by source (docs/benchmarks.md, "Windows").
-DEAL_BLOCKS = 64
 #: Tokens of the rows rewritten in row order at a time (object-store scratch only).
 REWRITE_TOKENS = 1 << 22
 #: Bytes of a window's tokens the rewrite holds in memory (object-store scratch only; the rest
 #: goes to a local file, read back with ``pread``).
 WINDOW_MEMORY = 256 << 20
-
-
-@dataclass(frozen=True)
-class Windows:
-    """How documents are dealt to windows (small: it crosses processes).
-
-    Block ``j`` (documents ``j * block .. (j + 1) * block - 1`` in global order) belongs to
-    window ``j mod count``.
-    """
-
-    docs: int  #: documents in the corpus
-    count: int  #: windows (>= 1)
-    block: int  #: documents per block (>= 1)
-
-    @property
-    def blocks(self) -> int:
-        return -(-self.docs // self.block) if self.docs else 0
-
-    def ranges(self, w: int) -> np.ndarray:
-        """int64[m, 2]: the global document ranges ``[start, stop)`` of window ``w``, ascending
-        (adjacent blocks merged)."""
-        j = np.arange(w, self.blocks, self.count, dtype=np.int64)
-        r = np.stack([j * self.block, np.minimum((j + 1) * self.block, self.docs)], axis=1)
-        if len(r) > 1:  # merge runs of adjacent blocks (one window: one range)
-            cut = np.flatnonzero(r[1:, 0] != r[:-1, 1]) + 1
-            first = np.concatenate([[0], cut])
-            last = np.concatenate([cut, [len(r)]]) - 1
-            r = np.stack([r[first, 0], r[last, 1]], axis=1)
-        return r.reshape(-1, 2)
-
-    def sizes(self) -> np.ndarray:
-        """int64[count]: documents of each window."""
-        j = np.arange(self.blocks, dtype=np.int64)
-        n = np.minimum((j + 1) * self.block, self.docs) - j * self.block
-        return np.bincount(j % self.count, weights=n, minlength=self.count).astype(np.int64)
-
-    def window_of(self, doc: np.ndarray) -> np.ndarray:
-        """Window of each global document number."""
-        return (np.asarray(doc, dtype=np.int64) // self.block) % self.count
-
-    def to_dict(self) -> dict:
-        return {"windows": self.count, "block_docs": self.block,
-                "rule": "block j (documents j*block_docs .. (j+1)*block_docs-1) is in window "
-                        "j mod windows"}
-
-
-def plan_windows(total_docs: int, window_docs: int | None) -> Windows:
-    """Deal ``total_docs`` documents to windows of at most ``window_docs`` documents (module
-    docstring); None: one window of every document.
-
-    Raises:
-        ValueError: ``window_docs`` < 1.
-    """
-    if window_docs is not None and window_docs < 1:
-        raise ValueError(f"window_docs must be >= 1, got {window_docs}")
-    if window_docs is None or window_docs >= total_docs:
-        return Windows(total_docs, 1, max(1, total_docs))
-    block = max(1, window_docs // DEAL_BLOCKS)
-    per = window_docs // block  # blocks per window at most
-    blocks = -(-total_docs // block)
-    return Windows(total_docs, -(-blocks // per), block)
 
 
 @dataclass(frozen=True)
