@@ -434,15 +434,20 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
 @click.option("--batch-size", type=click.IntRange(min=1), default=4, show_default=True,
               metavar="B", help="Most rows per forward pass (fewer when the memory budget "
                                 "says so).")
+@click.option("--row-window", type=click.IntRange(min=0), default=None, metavar="TOKENS",
+              help="Run the model checks on a window of this many tokens of each sampled row, "
+                   "from a document's start across a boundary (and into the padding when it "
+                   "reaches it); the column scan still covers every token [default: 1024; 0 = "
+                   "whole rows].")
 @click.option("--compile/--no-compile", "compile_", default=None,
               help="Run FlexAttention through torch.compile [default: on CUDA, and on CPU from "
-                   "C = 2048 up].")
+                   "2,048 tokens per row window up].")
 @click.option("--progress/--no-progress", default=None,
               help="A progress line per backend and batch on stderr [default: on, off with "
                    "--json].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def verify(output, rows, seed, backends, checks, data_only, device, max_memory, batch_size,
-           compile_, progress, as_json, scan_all):
+           row_window, compile_, progress, as_json, scan_all):
     """Prove that packed rows of OUTPUT compute what separate documents compute.
 
     Checks the column contract of every row, then runs a small seeded decoder (and a tiny random
@@ -473,7 +478,7 @@ def verify(output, rows, seed, backends, checks, data_only, device, max_memory, 
         report = run_verify(output, rows=rows, seed=seed, backends=backends or None,
                             checks=checks or None, batch_size=batch_size, compile=compile_,
                             scan_all=scan_all, data_only=data_only, device=device,
-                            max_memory=budget,
+                            max_memory=budget, row_window=row_window,
                             progress=(lambda m: click.echo(m, err=True)) if show else None)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None

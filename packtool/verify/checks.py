@@ -31,8 +31,9 @@ from packtool.verify.report import FAIL, PASS, SKIP, CheckResult, VerifyReport
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ALL_BACKENDS", "ALL_CHECKS", "DEFAULT_ROWS", "CheckResult", "VerifyReport",
-           "run_verify", "select_rows", "check_row_contract"]
+__all__ = ["ALL_BACKENDS", "ALL_CHECKS", "DEFAULT_ROWS", "DEFAULT_ROW_WINDOW", "CheckResult",
+           "VerifyReport", "run_verify", "row_windows", "estimate_seconds", "select_rows",
+           "check_row_contract"]
 
 ALL_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
 #: model checks, then the column checks (``--check`` accepts any of them)
@@ -76,6 +77,7 @@ def run_verify(
     device: str = "auto",
     max_memory: int | None = None,
     progress: Callable[[str], None] | None = None,
+    row_window: int | None = None,
 ) -> VerifyReport:
     """Verify a packed output directory.
 
@@ -99,7 +101,13 @@ def run_verify(
         device: ``auto`` (CUDA when present), ``cpu`` or ``cuda`` for sdpa, flex and hf.
         max_memory: bytes for model passes (None: derived, see
             :func:`~packtool.verify.runners.memory_budget`).
-        progress: ``callable(str)`` told what runs, one line per backend and batch.
+        progress: ``callable(str)`` told what runs, one line per backend and batch, after a
+            first line saying how long verify expects to take (:func:`estimate_seconds`).
+        row_window: the model checks run on a window of this many tokens of each sampled row
+            (:func:`row_window`: from the start of a document, across at least one document
+            boundary, with the padding tail when it reaches it); None:
+            :data:`DEFAULT_ROW_WINDOW`; 0 or at least C: whole rows. The column scan always
+            covers every token of every row.
 
     Returns:
         A :class:`VerifyReport`; ``report.ok`` is the verdict.
@@ -126,6 +134,8 @@ def run_verify(
         raise ConfigError(f"device {device!r}: choose auto, cpu or cuda")
     if explicit and not backends and not data_only:
         raise ConfigError("no backend given; name one with --backend or pass --data-only")
+    if row_window is not None and row_window < 0:
+        raise ConfigError(f"row_window must be >= 0 tokens, got {row_window}")
 
     t0 = time.perf_counter()
     reader = PackedReader(path)
@@ -137,6 +147,12 @@ def run_verify(
     report = VerifyReport(str(path), [], n_rows, data_only)
     if n_rows == 0:
         return report
+    window = _window_tokens(reader.capacity, row_window)
+    if progress:
+        est = estimate_seconds(n_rows if scan_all else 0, reader.capacity,
+                               0 if data_only else (rows or DEFAULT_ROWS) if rows != 0
+                               else n_rows, window, backends, explicit, device, compile)
+        progress(f"verify: expecting about {_duration(est['total'])} ({est['detail']})")
 
     # 1. the column contract
     _say(progress, f"verify: data: checking the column contract of "
@@ -182,14 +198,16 @@ def run_verify(
 
     _run_models(report, path, [int(i) for i in idx], reader.capacity, convention, explicit,
                 backends, wanted, seed, batch_size, compile, attend_overrides or {}, device,
-                max_memory, progress, label_masked)
+                max_memory, progress, label_masked, window)
     _say(progress, f"verify: done in {time.perf_counter() - t0:.1f} s")
     return report
 
 
 def _run_models(report, path, idx, capacity, convention, explicit, backends, wanted, seed,
-                batch_size, compile, overrides, device, max_memory, progress, label_masked):
-    """Run the sampled rows through every backend and add the model checks to ``report``."""
+                batch_size, compile, overrides, device, max_memory, progress, label_masked,
+                window):
+    """Run the sampled rows (their row windows of ``window`` tokens) through every backend and
+    add the model checks to ``report``."""
     from packtool.verify import has_cuda, require_torch
 
     torch = require_torch()
@@ -211,7 +229,7 @@ def _run_models(report, path, idx, capacity, convention, explicit, backends, wan
         reason = unavailable(name, dev)
         runner = None
         if not reason:
-            runner, reason = make_runner(name, base, device=dev, capacity=capacity,
+            runner, reason = make_runner(name, base, device=dev, capacity=window,
                                          budget=budget, seed=seed, compile=compile)
         if runner is None:
             report.add(CheckResult(name, "all", SKIP, {}, None, reason, required=explicit))
@@ -220,12 +238,18 @@ def _run_models(report, path, idx, capacity, convention, explicit, backends, wan
         runners.append(runner)
     if not runners or not model_checks:
         return
-    per_row = max(r.row_bytes(capacity) for r in runners)
+    per_row = max(r.row_bytes(window) for r in runners)
     B = int(max(1, min(batch_size, budget.bytes // max(per_row, 1))))
-    report.notes.append(f"{len(idx)} rows in batches of {B}")
     ds = PackedDataset(path)
     items = [ds[i] for i in idx]
     report.rows = [(it["shard"], it["row"]) for it in items]
+    if window < capacity:
+        items = [w for it in items for w in row_windows(it, window)]
+        report.notes.append(f"{len(idx)} rows in batches of {B}; the model checks on "
+                            f"{len(items)} windows of {window} of their {capacity} tokens "
+                            f"(first tokens {[it['window'][0] for it in items]})")
+    else:
+        report.notes.append(f"{len(idx)} rows in batches of {B}")
     shifted = convention == "shifted"
     meas = {r.name: Measurements(r.name, r.device, r.dtype_name, r.backward,
                                  r.no_backward_reason, extra=r.describe()) for r in runners}
@@ -238,6 +262,9 @@ def _run_models(report, path, idx, capacity, convention, explicit, backends, wan
         for bi in range(nb):
             chunk = items[bi * B:(bi + 1) * B]
             batch = collate(chunk)
+            # reports name the row's segment numbers and the window's place
+            batch["segment_base"] = [it.get("segment_base", 0) for it in chunk]
+            batch["window"] = [it.get("window") for it in chunk]
             spans = [_spans(it) for it in chunk]
             docs = [[batch["input_ids"][r, a:b] for a, b in sp] for r, sp in enumerate(spans)]
             flat_docs = [d for row in docs for d in row]
@@ -247,7 +274,9 @@ def _run_models(report, path, idx, capacity, convention, explicit, backends, wan
                     continue
                 t = time.perf_counter()
                 _say(progress, f"verify: [{bi + 1}/{nb}] {runner.name} ({runner.device}, "
-                     f"{runner.dtype_name}): {len(chunk)} rows of {capacity}")
+                     f"{runner.dtype_name}): {len(chunk)} rows"
+                     + (f" of {capacity}" if window >= capacity
+                        else f", {window} of their {capacity} tokens"))
                 try:
                     with torch.no_grad():
                         key = runner.ref_key
@@ -331,3 +360,139 @@ def _doc_refs(runner, flat_docs, docs, budget_bytes, labels_BC, spans, shifted, 
             row_refs.append((lg, s, n))
         out.append(row_refs)
     return out
+
+
+#: Tokens of each sampled row that the model checks run on (a window across document
+#: boundaries): at C = 8192 the checks cost about a twentieth of whole rows (docs/verify.md).
+DEFAULT_ROW_WINDOW = 1024
+
+
+def _window_tokens(capacity: int, row_window: int | None) -> int:
+    w = DEFAULT_ROW_WINDOW if row_window is None else row_window
+    return capacity if w <= 0 or w >= capacity else int(w)
+
+
+def row_windows(item: dict, window: int) -> list[dict]:
+    """Windows of ``window`` consecutive tokens of one loader item, each an item of its own.
+
+    Each window starts at the first token of a document and reaches past its end, so it holds a
+    document boundary whenever the row has one that a window can span: the first window starts
+    at the first document shorter than the window (or at the row's start when there is none);
+    when the row has a padding tail that this window does not reach, a second window starts at
+    the last document and holds the boundary to padding (whose gradients and finiteness are
+    checked). Inside a window every column is the row's own: ``position_ids`` restart at each
+    document as stored, ``cu_seqlens`` are the stored boundaries inside the window (so a boundary
+    stored in the wrong place is still seen), and a stored shifted label that would predict a
+    token past the window's end becomes -100 (nothing past the window is computed).
+
+    Args:
+        item: a row from :class:`packtool.loader.PackedDataset` (capacity C > ``window``).
+        window: tokens (>= 2).
+
+    Returns:
+        One or two items of C = ``window`` with the row's keys, plus ``window`` = (first
+        token, end) in the row and ``segment_base``: the row's segment number of the window's
+        first document, less one (reports name the row's segments).
+    """
+    cu = np.asarray(item["cu_seqlens"], dtype=np.int64)
+    seg = np.asarray(item["segment_ids"])
+    C = seg.size
+    real = int(np.count_nonzero(seg))
+    starts = cu[:-1][cu[:-1] < real]  # first token of each document
+    ends = np.append(starts[1:], real)
+    short = np.flatnonzero(ends - starts < window)
+    firsts = [int(starts[short[0]]) if short.size else 0]
+    if real < C and not real < firsts[0] + window:  # the padding boundary, in a second window
+        firsts.append(int(starts[-1]))
+    out = []
+    for a in firsts:
+        a = min(a, C - window)
+        a = int(starts[np.searchsorted(starts, a, side="right") - 1])  # a document's start
+        if out and out[-1]["window"][0] == a:
+            continue
+        b = a + window
+        w = dict(item)
+        for name in ("input_ids", "segment_ids", "position_ids", "labels"):
+            if item.get(name) is not None:
+                w[name] = np.asarray(item[name])[a:b]
+        inside = cu[(cu > a) & (cu < b)] - a
+        w["cu_seqlens"] = np.concatenate([[0], inside, [window]]).astype(np.int32)
+        w["max_seqlen"] = int(np.diff(w["cu_seqlens"]).max())
+        if item.get("labels") is not None and item.get("labels_mode") == "shifted" and b < C \
+                and seg[b] == seg[b - 1]:
+            lab = np.array(w["labels"])
+            lab[-1] = -100  # it predicts token b, outside the window
+            w["labels"] = lab
+        w["window"] = (a, b)
+        w["segment_base"] = int(np.searchsorted(starts, a, side="right")) - 1
+        out.append(w)
+    return out
+
+
+# -- how long verify expects to take ----------------------------------------------------------
+
+#: Seconds per token of the column scan (NumPy over whole row groups), measured on a 2-core
+#: AMD EPYC VM (docs/verify.md).
+_SCAN_S_PER_TOKEN = 4.5e-8
+#: Seconds per token of one backend's model passes on CPU (packed forward, backward, the
+#: isolation forward, and its share of the per-document references; FlexAttention eager, as
+#: below 2,048 tokens), and per token pair of attention; the same machine. A row gives one
+#: window, or two when its padding tail is checked too (about a quarter of them).
+_MODEL_S_PER_TOKEN = {"sdpa": 2.5e-4, "flex": 4e-4, "hf": 1.5e-4}
+_MODEL_S_PER_PAIR = {"sdpa": 3e-8, "flex": 3e-8, "hf": 3e-8}
+_WINDOWS_PER_ROW = 1.25
+#: Start-up of torch (and transformers for hf), and torch.compile of FlexAttention, seconds.
+_TORCH_S, _HF_S, _COMPILE_S = 2.5, 2.5, 25.0
+_GPU_SPEEDUP = 20.0
+
+
+def estimate_seconds(scan_rows: int, capacity: int, model_rows: int, window: int,
+                     backends, explicit: bool, device: str, compile: bool | None) -> dict:
+    """What verify expects to take, in seconds, from the output's size and the options.
+
+    Args:
+        scan_rows: rows whose columns are scanned (0: none); capacity: C.
+        model_rows: rows run through the models (0: none); window: tokens of each.
+        backends: the backends asked for; explicit: named by the user (else those that
+            cannot run here are left out).
+        device: ``auto``, ``cpu`` or ``cuda``; compile: as :func:`run_verify`.
+
+    Returns:
+        ``{"total": seconds, "detail": one line naming the parts}``. A rough figure (the
+        constants were measured on one machine), for planning, not a promise.
+    """
+    from packtool.verify import has_cuda, has_flex_attention, has_transformers
+
+    cuda = has_cuda() if device == "auto" else device == "cuda"
+    scan = scan_rows * capacity * _SCAN_S_PER_TOKEN
+    parts = [f"column scan {_duration(scan)}"] if scan_rows else []
+    total = scan
+    if model_rows:
+        runs = [b for b in backends if explicit or b in ("sdpa", "flex", "hf")]
+        if not cuda:
+            runs = [b for b in runs if b in ("sdpa", "flex", "hf")]
+        if "flex" in runs and not has_flex_attention():
+            runs.remove("flex")
+        if "hf" in runs and not has_transformers():
+            runs.remove("hf")
+        per_row = _WINDOWS_PER_ROW if window < capacity else 1.0
+        tokens = model_rows * window * per_row
+        models = 0.0
+        for b in runs:
+            models += (tokens * _MODEL_S_PER_TOKEN.get(b, 2.5e-4)
+                       + model_rows * per_row * window**2 * _MODEL_S_PER_PAIR.get(b, 3e-8))
+        if cuda:
+            models /= _GPU_SPEEDUP
+        start = _TORCH_S + (_HF_S if "hf" in runs else 0.0)
+        compiled = "flex" in runs and (compile if compile is not None
+                                       else cuda or window >= 2048)
+        total += models + start + (_COMPILE_S if compiled else 0.0)
+        parts.append(f"{', '.join(runs) or 'no backend'} on {model_rows} rows of {window} "
+                     f"tokens {_duration(models)}, torch start-up {_duration(start)}")
+        if compiled:
+            parts.append(f"FlexAttention compile about {_duration(_COMPILE_S)} once")
+    return {"total": total, "detail": "; ".join(parts) or "nothing to run"}
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
