@@ -65,16 +65,23 @@ def test_windows_deal_blocks_of_documents_across_the_whole_input():
     assert plan_windows(162, 30).count == 6
 
 
-def test_read_parts_cut_files_at_row_groups_and_never_mix_a_cut(tmp_path):
-    """Files are cut into pieces at row-group boundaries under the byte budget (one row group
-    over it into equal row ranges), pieces are grouped into parts under the budget, and the
-    parts tile the global document order."""
+def test_read_parts_cut_files_at_row_groups_and_never_mix_a_cut(tmp_path, monkeypatch):
+    """Files are cut into pieces at row-group boundaries under the byte budget (a row group over
+    the most a part may hold into equal row ranges), pieces are grouped into parts under the
+    budget, and the parts tile the global document order."""
+    from packtool.pipeline import read as read_mod
+
     rng = np.random.default_rng(5)
     docs = [rng.integers(0, 1000, int(k)).tolist() for k in rng.integers(1, 90, 500)]
     write_docs(tmp_path / "in" / "a.parquet", docs[:100], row_group_size=10)
     write_docs(tmp_path / "in" / "b.parquet", docs[100:], row_group_size=400)  # 1 big group
     files = discover_inputs([tmp_path / "in"])
+    assert len(plan_reads(files, "input_ids")) == 1  # both files fit one smallest part
     budget = files[1].bytes // 5
+    assert len(plan_reads(files, "input_ids", budget)) > 1
+    assert all(p.first_row == 0 for part in plan_reads(files, "input_ids", budget)
+               for p in part.pieces if p.file == 1)  # a budget alone never cuts a row group
+    monkeypatch.setattr(read_mod, "READ_PART_BYTES", budget)
     parts = plan_reads(files, "input_ids", budget)
     pieces = [p for part in parts for p in part.pieces]
     assert sum(p.docs for p in pieces) == 500
@@ -86,7 +93,6 @@ def test_read_parts_cut_files_at_row_groups_and_never_mix_a_cut(tmp_path):
     assert all(sum(p.bytes for p in part.pieces) <= budget or len(part.pieces) == 1
                for part in parts)
     assert [part.index for part in parts] == list(range(len(parts)))
-    assert len(plan_reads(files, "input_ids")) == 1  # both files fit one smallest part
 
 
 def test_one_huge_row_group_read_in_parts_gives_the_same_bytes(tmp_path, monkeypatch):
@@ -103,6 +109,7 @@ def test_one_huge_row_group_read_in_parts_gives_the_same_bytes(tmp_path, monkeyp
     for wd in (None, 40):
         _pack(tmp_path / "in", tmp_path / f"ref-{wd}", window_docs=wd, rows_per_shard=1000)
     monkeypatch.setattr(read_mod, "MIN_PART_BYTES", 2000)
+    monkeypatch.setattr(read_mod, "READ_PART_BYTES", 2000)
     assert len(read_mod.plan_reads(discover_inputs([tmp_path / "in"]), "input_ids")) > 10
     for wd in (None, 40):
         res = _pack(tmp_path / "in", tmp_path / f"out-{wd}", window_docs=wd, rows_per_shard=1000)

@@ -2,8 +2,8 @@
 
 **Pieces and parts.** Input files are taken in the sorted order that defines the global document
 index. Each file is cut, at row-group boundaries (Arrow IPC: record batches), into *pieces* of
-at most a part's budget of stored input (a row group larger than that is cut into equal row
-ranges); consecutive pieces, of one file or several small ones, form a *read part* within the
+at most a part's budget of stored input (a row group larger than :data:`READ_PART_BYTES` is
+cut into equal row ranges); consecutive pieces, of one file or several small ones, form a *read part* within the
 budget (and :data:`MAX_PART_PIECES` pieces). The budget is the input's size over
 :data:`TARGET_PARTS`, at least :data:`MIN_PART_BYTES` and at most :data:`READ_PART_BYTES`
 (64 MB), so a small corpus is still read by several tasks at once. The cut depends only on the
@@ -155,8 +155,10 @@ def _file_pieces(i: int, f: InputFile, column: str, first_doc: int,
     for n, b, t in zip(rows, sizes, toks):
         if acc[0] and acc[1] + b > part_bytes:
             flush()
-        if b > part_bytes and n > 1:  # one row group over the budget: equal row ranges
-            k = min(n, -(-b // part_bytes))
+        if b > READ_PART_BYTES and n > 1:
+            # a row group over the most a part may hold: equal row ranges (each piece decodes
+            # the rows of the group before its own, so smaller budgets never cut a group)
+            k = min(n, -(-b // READ_PART_BYTES))
             cuts = [n * j // k for j in range(k + 1)]
             for a, z in zip(cuts, cuts[1:]):
                 row += z - a
