@@ -26,9 +26,11 @@ processes running during the measurements ("both cores busy"). Peak RSS comes fr
 1x, 2x and 4x ``--tokens`` and prints peak RSS against corpus size. ``--baseline TREE`` runs the
 same packs with the packtool source tree TREE (``git archive <rev> packtool | tar -x -C TREE``)
 in the same rounds. ``--encodings`` compares Parquet encodings per column on one shard.
+``--resume`` measures instead a rerun after Ctrl-C late in the read (every read part kept but
+the last) against a whole pack, alternating, best of ``--repeat``.
 
 Usage: ``python scripts/bench_pipeline.py [--tokens 50e6 | --input DIR] [--repeat 5]
-[--window-docs 20000] [--busy 2] [--baseline TREE] [--scaling]``; writes
+[--window-docs 20000] [--busy 2] [--baseline TREE] [--scaling | --resume]``; writes
 ``bench_pipeline.json`` and ``bench_pipeline.md`` into ``--out``.
 """
 
@@ -236,6 +238,61 @@ def _pack_cli(inp: str, out: str, workers: int, capacity: int, window_docs: int 
     return res
 
 
+def _interrupted_pack(inp: str, out: str, workers: int, capacity: int, part: int) -> str:
+    """``packtool pack`` stopped by Ctrl-C while it reads read part ``part`` (the test hook
+    holds that part after its first record batch while the others finish): returns the
+    interrupted line. Its CPU is not counted."""
+    import signal
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PACKTOOL_TEST_PAUSE_AT=f"read:{part}")
+    proc = subprocess.Popen([sys.executable, "-m", "packtool", "pack", "-q", "-c", str(capacity),
+                             "-j", str(workers), "--overwrite", inp, out],
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=tempfile.gettempdir())
+    line = proc.stderr.readline()
+    if "test pause" not in line:
+        proc.kill()
+        raise RuntimeError(f"no pause at read:{part}: {line}")
+    time.sleep(2)  # the other read parts finish meanwhile
+    proc.send_signal(signal.SIGINT)
+    err = proc.stderr.read()
+    if proc.wait() != 130:
+        raise RuntimeError(f"interrupted pack exited {proc.returncode}: {err[-500:]}")
+    return err.strip().splitlines()[-1]
+
+
+def resume(args, work: Path, full: Path) -> list[str]:
+    """CPU of a rerun after Ctrl-C late in the read (all read parts but the last kept) against
+    a whole pack, alternating, best of ``--repeat``."""
+    sys.path.insert(0, str(ROOT))
+    from packtool.formats.reader import discover_inputs
+    from packtool.pipeline.read import plan_reads
+
+    parts = len(plan_reads(discover_inputs([full]), "input_ids"))
+    whole, rerun, loads, note = [], [], [], ""
+    for k in range(args.repeat):
+        loads.append(os.getloadavg()[0])
+        for kind in (("whole", "rerun") if k % 2 == 0 else ("rerun", "whole")):
+            out = work / f"resume-{kind}"
+            if kind == "whole":
+                whole.append(_pack_cli(str(full), str(out), args.workers, args.capacity))
+            else:
+                shutil.rmtree(out, ignore_errors=True)
+                note = _interrupted_pack(str(full), str(out), args.workers, args.capacity,
+                                         parts - 1)
+                rerun.append(_pack_cli(str(full), str(out), args.workers, args.capacity))
+        loads.append(os.getloadavg()[0])
+    w, r = _best(whole), _best(rerun)
+    lines = [f"Ctrl-C late in the read ({parts} read parts, the last one held), then the same "
+             f"command again; {args.workers} workers, best of {args.repeat} (load average "
+             f"{min(loads):.1f} to {max(loads):.1f}):", "",
+             f"- interrupted: `{note}`",
+             f"- whole pack {w['cpu']:.2f} CPU-s, rerun {r['cpu']:.2f} CPU-s: **{r['cpu'] / w['cpu']:.2f}x** "
+             f"(per round: " + ", ".join(f"{b['cpu'] / a['cpu']:.2f}" for a, b in zip(whole, rerun))
+             + ")"]
+    print("\n".join(lines), flush=True)
+    return lines
+
+
 def _tiny_input(work: Path) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -298,6 +355,9 @@ def main() -> None:
     ap.add_argument("--scaling", action="store_true",
                     help="peak RSS on 1x, 2x, 4x --tokens (each tree)")
     ap.add_argument("--scaling-only", action="store_true", help="only the --scaling table")
+    ap.add_argument("--resume", action="store_true",
+                    help="only: CPU of a rerun after Ctrl-C late in the read, against a whole "
+                         "pack")
     ap.add_argument("--work", default=None, help="scratch folder (default: a temp dir)")
     ap.add_argument("--out", default=str(ROOT / "bench_results"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -322,6 +382,14 @@ def main() -> None:
             lines = scaling(args, work, trees)
             Path(args.out).mkdir(parents=True, exist_ok=True)
             (Path(args.out) / "bench_pipeline_scaling.md").write_text("\n".join(lines) + "\n")
+            return
+        if args.resume:
+            full = Path(args.input) if args.input else work / "full"
+            if not args.input:
+                make_corpus(full, tokens, args.vocab, args.files)
+            lines = resume(args, work, full)
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / "bench_pipeline_resume.md").write_text("\n".join(lines) + "\n")
             return
         _rounds(args, work, trees, tokens, tiny)
     finally:
