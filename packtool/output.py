@@ -186,8 +186,9 @@ class Output:
 
     Attributes after entry: ``complete`` (a finished identical output is there: nothing to do),
     ``resume`` (an interrupted identical pack is there: keep its shards), ``tmp`` (scratch
-    directory), ``windows_kept`` (finished windows kept in the scratch directory from an
-    identical run that was killed), ``manifest`` (the existing manifest when ``complete``).
+    directory), ``windows_kept`` (units kept in the scratch directory from an identical run that
+    was killed: windows, read parts, read parts begun; what they are in ``kept``), ``manifest``
+    (the existing manifest when ``complete``).
     """
 
     def __init__(self, path: str | os.PathLike, inputs, fingerprint: str, *,

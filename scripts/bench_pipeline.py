@@ -8,10 +8,11 @@ files; or ``--input DIR``, an existing tokenized corpus (e.g. real ids from
 What is measured, each in a fresh subprocess, in rounds that alternate the runs (so the
 machine's load hits them alike), best of ``--repeat`` rounds (fewest CPU seconds):
 
-- ``floor``: pyarrow reads the input token column (every file, all row groups) and writes, from
-  memory, tables with exactly packtool's output schema, row count, row groups, encodings and
-  zstd level (the packed output itself, loaded before the timed section): the decode + encode
-  work any packer must do. CPU of the timed section.
+- ``floor``: pyarrow reads the input token column (every file, batch by batch) and writes
+  tables with exactly packtool's output schema, row count, row groups, encodings and zstd
+  level (the packed output itself, each shard loaded before its timed write and dropped after
+  it, so the floor streams as a pack does): the decode + encode work any packer must do. CPU
+  of the timed sections, in one thread.
 - ``start-up``: ``packtool pack`` of a two-document input, whole process: the fixed cost of a
   run (interpreter, imports, loading the compiled kernels, OUTPUT's lock and manifest).
 - ``pack``: ``packtool pack`` (the CLI, as users run it) with ``workers`` = 1 and all cores; with
@@ -81,7 +82,10 @@ def make_corpus(folder: Path, tokens: int, vocab: int, files: int, seed: int = 0
 
 
 def child_floor(inp: str, packed: str, workers: int) -> dict:
-    """The floor in this process: CPU and wall of the timed section (read + write)."""
+    """The floor in this process, streaming like a pack: CPU and wall of the timed sections
+    only. Read: every input file's token column, batch by batch. Write: each output shard is
+    loaded (not timed), written (timed) and dropped, so the floor holds one shard at a time.
+    One thread (CPU seconds do not depend on it; ``workers`` only sets pyarrow's pools)."""
     import resource
 
     import pyarrow as pa
@@ -92,47 +96,42 @@ def child_floor(inp: str, packed: str, workers: int) -> dict:
     pa.set_cpu_count(workers)
     pa.set_io_thread_count(workers)
     shards = sorted(Path(packed).glob("part-*.parquet"))
-    # what packtool writes, loaded first: tables with its schema, row groups and row count
-    tables = []
-    for p in shards:
-        f = pq.ParquetFile(p)
-        tables.append([f.read_row_group(i) for i in range(f.num_row_groups)])
     inputs = sorted(Path(inp).rglob("*.parquet"))
     tmp = Path(tempfile.mkdtemp(dir=Path(packed).parent))
 
-    def write(k):
-        groups = tables[k]
+    def cpu(a, b):
+        return (b.ru_utime - a.ru_utime) + (b.ru_stime - a.ru_stime)
+
+    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    n_tok = 0
+    for path in inputs:
+        for batch in pq.ParquetFile(path).iter_batches(columns=["input_ids"],
+                                                       use_threads=False):
+            n_tok += len(batch.column(0).values)
+    r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    read_cpu, read_s = cpu(r0, r1), t1 - t0
+    user, sys_ = r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
+    write_cpu = write_s = 0.0
+    for k, path in enumerate(shards):
+        f = pq.ParquetFile(path)
+        groups = [f.read_row_group(i) for i in range(f.num_row_groups)]  # not timed
         schema = groups[0].schema
+        ra, ta = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         with pq.ParquetWriter(tmp / f"floor-{k:05d}.parquet", schema, compression=COMPRESSION,
                               compression_level=COMPRESSION_LEVEL, use_dictionary=False,
                               column_encoding=column_encodings(schema),
                               write_statistics=False) as w:
             for g in groups:
                 w.write_table(g, row_group_size=max(1, g.num_rows))
-
-    def read(path):
-        n = 0
-        for b in pq.ParquetFile(path).iter_batches(columns=["input_ids"], use_threads=False):
-            n += len(b.column(0).values)
-        return n
-
-    from concurrent.futures import ThreadPoolExecutor
-
-    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    with ThreadPoolExecutor(workers) as pool:
-        n_tok = sum(pool.map(read, inputs))
-    r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(write, range(len(tables))))
-    r2, t2 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        rb, tb = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        write_cpu += cpu(ra, rb)
+        write_s += tb - ta
+        user += rb.ru_utime - ra.ru_utime
+        sys_ += rb.ru_stime - ra.ru_stime
+        del groups
     shutil.rmtree(tmp)
-
-    def cpu(a, b):
-        return (b.ru_utime - a.ru_utime) + (b.ru_stime - a.ru_stime)
-
-    return {"cpu": cpu(r0, r2), "user": r2.ru_utime - r0.ru_utime,
-            "sys": r2.ru_stime - r0.ru_stime, "read_cpu": cpu(r0, r1),
-            "write_cpu": cpu(r1, r2), "seconds": t2 - t0, "tokens": n_tok}
+    return {"cpu": read_cpu + write_cpu, "user": user, "sys": sys_, "read_cpu": read_cpu,
+            "write_cpu": write_cpu, "seconds": read_s + write_s, "tokens": n_tok}
 
 
 def child_encodings(packed: str) -> dict:
@@ -422,7 +421,7 @@ def _rounds(args, work: Path, trees: dict, tokens: int, tiny: Path) -> None:
     configs = [(w, None) for w in sorted({1, args.workers})]
     if args.window_docs:
         configs.append((args.workers, args.window_docs))
-    runs: list[tuple] = [("floor", None, w, None) for w in sorted({1, args.workers})]
+    runs: list[tuple] = [("floor", None, 1, None)]
     runs += [("start-up", label, 1, None) for label in trees]
     runs += [("pack", label, w, wd) for label in trees for w, wd in configs]
     got: dict = {r: [] for r in runs}
@@ -447,7 +446,7 @@ def _rounds(args, work: Path, trees: dict, tokens: int, tiny: Path) -> None:
             if kind == "pack":
                 net = this[(kind, label, w, wd)]["cpu"] - this[("start-up", label, 1, None)]["cpu"]
                 ratios[f"{label}, {w} workers{f', windows {wd}' if wd else ''}"] = round(
-                    net / this[("floor", None, w, None)]["cpu"], 3)
+                    net / this[("floor", None, 1, None)]["cpu"], 3)
         results["rounds"].append({"load": [loads[-2], loads[-1]], "ratios": ratios})
         print(f"round {k + 1}: load {loads[-2]:.1f} -> {loads[-1]:.1f}; CPU ratios without "
               f"start-up: " + ", ".join(f"{n} {x:.2f}" for n, x in ratios.items()), flush=True)
@@ -455,8 +454,8 @@ def _rounds(args, work: Path, trees: dict, tokens: int, tiny: Path) -> None:
              f"{' (' + corpus['input'] + ')' if args.input else ''}, C = {args.capacity}; "
              f"best of {args.repeat} rounds; load average {min(loads):.1f} to {max(loads):.1f}"
              f"{f'; {args.busy} spinning processes beside' if args.busy else ''}", "",
-             "| run | workers | CPU s | user / sys | CPU ratio to floor | without start-up "
-             "(per round) | wall s | tokens/s (wall) | peak RSS MiB |",
+             "| run | workers | CPU s | user / sys | CPU ratio to floor | without start-up: "
+             "best (median of rounds: each round) | wall s | tokens/s (wall) | peak RSS MiB |",
              "|---|---|---|---|---|---|---|---|---|"]
     starts = {label: _best(got[("start-up", label, 1, None)]) for label in trees}
     for kind, label, w, wd in runs:
@@ -466,13 +465,14 @@ def _rounds(args, work: Path, trees: dict, tokens: int, tiny: Path) -> None:
         elif kind == "start-up":
             name, ratio, net = f"start-up ({label}, 2 documents)", "", ""
         else:
-            floor = _best(got[("floor", None, w, None)])["cpu"]
+            floor = _best(got[("floor", None, 1, None)])["cpu"]
             per = [r["cpu"] - s["cpu"] for r, s in zip(got[(kind, label, w, wd)],
                                                        got[("start-up", label, 1, None)])]
-            per_ratio = [x / f["cpu"] for x, f in zip(per, got[("floor", None, w, None)])]
+            per_ratio = [x / f["cpu"] for x, f in zip(per, got[("floor", None, 1, None)])]
             name = f"pack, {label}" + (f", --window-docs {wd:,}" if wd else "")
             ratio = f"{best['cpu'] / floor:.2f}"
-            net = (f"**{(best['cpu'] - starts[label]['cpu']) / floor:.2f}** ("
+            net = (f"**{(best['cpu'] - starts[label]['cpu']) / floor:.2f}** (median "
+                   f"{float(np.median(per_ratio)):.2f}: "
                    + ", ".join(f"{x:.2f}" for x in per_ratio) + ")")
         rss = best.get("maxrss", 0) / 2**20
         rate = "" if kind == "start-up" else f"{corpus['tokens'] / best['seconds'] / 1e6:.1f} M"
