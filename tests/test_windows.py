@@ -322,21 +322,21 @@ def test_every_token_is_spilled_once_and_read_once_into_its_row(tmp_path, monkey
 
     _corpus(tmp_path / "in")
     files, reads = {}, []
-    real_writer, real_gather = spill_mod.spill_writer, spill_mod.gather_spill
+    real_writer, real_pread = spill_mod.spill_writer, spill_mod._pread_segments
 
     def writer(location, append=False):
         name = str(location).rsplit("/", 1)[-1]
         files[name] = files.get(name, 0) + 1
         return real_writer(location, append)
 
-    def gather(locations, which, src, lens, out, dest, **kw):
+    def pread(fds, src, lens, out, dest):  # every local read of a spill goes through it
         if out.dtype == np.int32:
             reads.append(int(np.asarray(lens).sum()))
-        return real_gather(locations, which, src, lens, out, dest, **kw)
+        return real_pread(fds, src, lens, out, dest)
 
     monkeypatch.setattr("packtool.pipeline.read.spill_writer", writer)
     monkeypatch.setattr("packtool.pipeline.plan.spill_writer", writer)
-    monkeypatch.setattr(spill_mod, "gather_spill", gather)
+    monkeypatch.setattr(spill_mod, "_pread_segments", pread)
     res = _pack(tmp_path / "in", tmp_path / "out", window_docs=30, workers=1, rows_per_group=3)
     assert set(files) == {"tokens.int32", "starts.int64", ROW_INDEX, SEGMENTS}, files
     assert files[ROW_INDEX] == files[SEGMENTS] == len(res.manifest["windows"])

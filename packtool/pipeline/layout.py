@@ -131,6 +131,8 @@ class ShardRows:
                                      dtype=bool)
         # each segment's place in the flat n * C buffer of the shard's rows
         self.seg_dest = row_destinations(self.seg_offsets, self.seg_len, sources.capacity)
+        self.seg_fd: np.ndarray | None = None  # descriptor of each segment's file, once open
+        self.files_local: bool | None = None
 
 
 class RowBuffers:
@@ -157,6 +159,19 @@ def _gather(shard: ShardRows, a: int, b: int, dest: np.ndarray, out: np.ndarray,
     """Read segments ``a .. b - 1`` of the shard into ``out`` at ``dest``: their tokens, or
     with ``flags`` their target flags (segments of files without flags are left alone: the
     caller set them to 1)."""
+    if not flags:  # the hot path: every file local and open for the whole task
+        if shard.seg_fd is None and shard.files_local is None:
+            used = np.unique(shard.seg_file)  # the files this shard reads
+            fds = reader.pinned([shard.files[u] for u in used.tolist()])
+            shard.files_local = fds is not None
+            if fds is not None:
+                lut = np.full(len(shard.files), -1, dtype=np.int32)
+                lut[used] = fds
+                shard.seg_fd = lut[shard.seg_file]
+        if shard.seg_fd is not None:
+            reader.read_into(shard.seg_fd[a:b], shard.seg_src[a:b], shard.seg_len[a:b], out,
+                             dest, shard.files, shard.seg_file[a:b])
+            return
     which = shard.seg_file[a:b]
     src, lens = shard.seg_src[a:b], shard.seg_len[a:b]
     if flags:

@@ -246,6 +246,41 @@ class SpillReader:
         """:func:`gather_spill` with this reader's descriptors."""
         return gather_spill(locations, which, src, lens, out, dest, reader=self)
 
+    def pinned(self, locations: list[str]) -> np.ndarray | None:
+        """int32 descriptors of local ``locations``, kept open until :meth:`close` (None when one
+        is in an object store or they are more than :attr:`limit`): for :meth:`read_into`."""
+        if len(locations) > self.limit or any(is_remote(loc) for loc in locations):
+            return None
+        fds, extra = self.fds([str(loc) for loc in locations])
+        if extra:
+            self.release(extra)
+            return None
+        return fds
+
+    def read_into(self, fds: np.ndarray, src: np.ndarray, lens: np.ndarray, out: np.ndarray,
+                  dest: np.ndarray, locations: list[str] | None = None,
+                  which: np.ndarray | None = None) -> np.ndarray:
+        """Items ``src[q] ..`` of the file open as ``fds[q]`` (from :meth:`pinned`) to
+        ``out[dest[q] ..]``, ``lens[q]`` each: one ``pread`` per segment, nothing else per call
+        (the hot path of a writing task).
+
+        Raises:
+            ValueError: a segment outside ``out``.
+            OSError: a short read (named by ``locations[which[q]]`` when given).
+        """
+        if not src.size:
+            return out
+        if dest[-1] + lens[-1] > out.size or dest.min() < 0 or (dest + lens).max() > out.size:
+            raise ValueError("a segment lies outside out")
+        bad = _pread_segments(fds, src, lens, out, dest)
+        if bad >= 0:
+            where = (locations[int(which[bad])] if locations is not None and which is not None
+                     else f"descriptor {int(fds[bad])}")
+            size = out.dtype.itemsize
+            raise OSError(f"{where}: short read of {int(lens[bad]) * size} bytes at byte "
+                          f"{int(src[bad]) * size}: the spill file is truncated or unreadable")
+        return out
+
 
 def gather_spill(locations: list[str], which: np.ndarray, src: np.ndarray, lens: np.ndarray,
                  out: np.ndarray, dest: np.ndarray, *,
