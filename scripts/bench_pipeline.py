@@ -10,9 +10,9 @@ machine's load hits them alike), best of ``--repeat`` rounds (fewest CPU seconds
 
 - ``floor``: pyarrow reads the input token column (every file, batch by batch) and writes
   tables with exactly packtool's output schema, row count, row groups, encodings and zstd
-  level (the packed output itself, each shard loaded before its timed write and dropped after
-  it, so the floor streams as a pack does): the decode + encode work any packer must do. CPU
-  of the timed sections, in one thread.
+  level (the packed output itself, ``workers`` shards at a time loaded before their timed
+  write and dropped after it, so the floor streams as a pack does), on 1 and on all threads:
+  the decode + encode work any packer must do. CPU of the timed sections (every thread).
 - ``start-up``: ``packtool pack`` of a two-document input, whole process: the fixed cost of a
   run (interpreter, imports, loading the compiled kernels, OUTPUT's lock and manifest).
 - ``pack``: ``packtool pack`` (the CLI, as users run it) with ``workers`` = 1 and all cores; with
@@ -82,11 +82,13 @@ def make_corpus(folder: Path, tokens: int, vocab: int, files: int, seed: int = 0
 
 
 def child_floor(inp: str, packed: str, workers: int) -> dict:
-    """The floor in this process, streaming like a pack: CPU and wall of the timed sections
-    only. Read: every input file's token column, batch by batch. Write: each output shard is
-    loaded (not timed), written (timed) and dropped, so the floor holds one shard at a time.
-    One thread (CPU seconds do not depend on it; ``workers`` only sets pyarrow's pools)."""
+    """The floor in this process, streaming like a pack, on ``workers`` threads: CPU (user +
+    system of every thread of the process, ``getrusage``) and wall of the timed sections only.
+    Read: every input file's token column, batch by batch, files spread over the threads.
+    Write: ``workers`` output shards at a time are loaded (not timed), written in parallel
+    (timed) and dropped, so the floor holds ``workers`` shards at a time."""
     import resource
+    from concurrent.futures import ThreadPoolExecutor
 
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -99,39 +101,48 @@ def child_floor(inp: str, packed: str, workers: int) -> dict:
     inputs = sorted(Path(inp).rglob("*.parquet"))
     tmp = Path(tempfile.mkdtemp(dir=Path(packed).parent))
 
-    def cpu(a, b):
-        return (b.ru_utime - a.ru_utime) + (b.ru_stime - a.ru_stime)
-
-    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    n_tok = 0
-    for path in inputs:
+    def read(path):
+        n = 0
         for batch in pq.ParquetFile(path).iter_batches(columns=["input_ids"],
                                                        use_threads=False):
-            n_tok += len(batch.column(0).values)
-    r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    read_cpu, read_s = cpu(r0, r1), t1 - t0
-    user, sys_ = r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
-    write_cpu = write_s = 0.0
-    for k, path in enumerate(shards):
-        f = pq.ParquetFile(path)
-        groups = [f.read_row_group(i) for i in range(f.num_row_groups)]  # not timed
+            n += len(batch.column(0).values)
+        return n
+
+    def write(job):
+        k, groups = job
         schema = groups[0].schema
-        ra, ta = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         with pq.ParquetWriter(tmp / f"floor-{k:05d}.parquet", schema, compression=COMPRESSION,
                               compression_level=COMPRESSION_LEVEL, use_dictionary=False,
                               column_encoding=column_encodings(schema),
                               write_statistics=False) as w:
             for g in groups:
                 w.write_table(g, row_group_size=max(1, g.num_rows))
-        rb, tb = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-        write_cpu += cpu(ra, rb)
-        write_s += tb - ta
-        user += rb.ru_utime - ra.ru_utime
-        sys_ += rb.ru_stime - ra.ru_stime
-        del groups
+
+    def load(k):
+        f = pq.ParquetFile(shards[k])
+        return k, [f.read_row_group(i) for i in range(f.num_row_groups)]
+
+    def usage():
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime, r.ru_stime, time.perf_counter()
+
+    pool = ThreadPoolExecutor(workers)
+    u0, s0, t0 = usage()
+    n_tok = sum(pool.map(read, inputs))
+    u1, s1, t1 = usage()
+    user, sys_, wall = u1 - u0, s1 - s0, t1 - t0
+    read_cpu = user + sys_
+    for k in range(0, len(shards), workers):
+        jobs = [load(j) for j in range(k, min(k + workers, len(shards)))]  # not timed
+        ua, sa, ta = usage()
+        list(pool.map(write, jobs))
+        ub, sb, tb = usage()
+        user, sys_, wall = user + ub - ua, sys_ + sb - sa, wall + tb - ta
+        del jobs
+    pool.shutdown()
     shutil.rmtree(tmp)
-    return {"cpu": read_cpu + write_cpu, "user": user, "sys": sys_, "read_cpu": read_cpu,
-            "write_cpu": write_cpu, "seconds": read_s + write_s, "tokens": n_tok}
+    return {"cpu": user + sys_, "user": user, "sys": sys_, "read_cpu": read_cpu,
+            "write_cpu": user + sys_ - read_cpu, "seconds": wall, "tokens": n_tok}
 
 
 def child_encodings(packed: str) -> dict:
@@ -421,7 +432,7 @@ def _rounds(args, work: Path, trees: dict, tokens: int, tiny: Path) -> None:
     configs = [(w, None) for w in sorted({1, args.workers})]
     if args.window_docs:
         configs.append((args.workers, args.window_docs))
-    runs: list[tuple] = [("floor", None, 1, None)]
+    runs: list[tuple] = [("floor", None, w, None) for w in sorted({1, args.workers})]
     runs += [("start-up", label, 1, None) for label in trees]
     runs += [("pack", label, w, wd) for label in trees for w, wd in configs]
     got: dict = {r: [] for r in runs}
@@ -446,7 +457,7 @@ def _rounds(args, work: Path, trees: dict, tokens: int, tiny: Path) -> None:
             if kind == "pack":
                 net = this[(kind, label, w, wd)]["cpu"] - this[("start-up", label, 1, None)]["cpu"]
                 ratios[f"{label}, {w} workers{f', windows {wd}' if wd else ''}"] = round(
-                    net / this[("floor", None, 1, None)]["cpu"], 3)
+                    net / this[("floor", None, w, None)]["cpu"], 3)
         results["rounds"].append({"load": [loads[-2], loads[-1]], "ratios": ratios})
         print(f"round {k + 1}: load {loads[-2]:.1f} -> {loads[-1]:.1f}; CPU ratios without "
               f"start-up: " + ", ".join(f"{n} {x:.2f}" for n, x in ratios.items()), flush=True)
@@ -454,7 +465,7 @@ def _rounds(args, work: Path, trees: dict, tokens: int, tiny: Path) -> None:
              f"{' (' + corpus['input'] + ')' if args.input else ''}, C = {args.capacity}; "
              f"best of {args.repeat} rounds; load average {min(loads):.1f} to {max(loads):.1f}"
              f"{f'; {args.busy} spinning processes beside' if args.busy else ''}", "",
-             "| run | workers | CPU s | user / sys | CPU ratio to floor | without start-up: "
+             "| run | workers | CPU s | user / sys (floor: read + write) | CPU ratio to floor | without start-up: "
              "best (median of rounds: each round) | wall s | tokens/s (wall) | peak RSS MiB |",
              "|---|---|---|---|---|---|---|---|---|"]
     starts = {label: _best(got[("start-up", label, 1, None)]) for label in trees}
@@ -465,10 +476,10 @@ def _rounds(args, work: Path, trees: dict, tokens: int, tiny: Path) -> None:
         elif kind == "start-up":
             name, ratio, net = f"start-up ({label}, 2 documents)", "", ""
         else:
-            floor = _best(got[("floor", None, 1, None)])["cpu"]
+            floor = _best(got[("floor", None, w, None)])["cpu"]
             per = [r["cpu"] - s["cpu"] for r, s in zip(got[(kind, label, w, wd)],
                                                        got[("start-up", label, 1, None)])]
-            per_ratio = [x / f["cpu"] for x, f in zip(per, got[("floor", None, 1, None)])]
+            per_ratio = [x / f["cpu"] for x, f in zip(per, got[("floor", None, w, None)])]
             name = f"pack, {label}" + (f", --window-docs {wd:,}" if wd else "")
             ratio = f"{best['cpu'] / floor:.2f}"
             net = (f"**{(best['cpu'] - starts[label]['cpu']) / floor:.2f}** (median "
@@ -476,9 +487,10 @@ def _rounds(args, work: Path, trees: dict, tokens: int, tiny: Path) -> None:
                    + ", ".join(f"{x:.2f}" for x in per_ratio) + ")")
         rss = best.get("maxrss", 0) / 2**20
         rate = "" if kind == "start-up" else f"{corpus['tokens'] / best['seconds'] / 1e6:.1f} M"
-        lines.append(f"| {name} | {w} | {best['cpu']:.2f} | {best['user']:.2f} / "
-                     f"{best['sys']:.2f} | {ratio} | {net} | {best['seconds']:.2f} | {rate} | "
-                     f"{rss:.0f} |")
+        split = (f"read {best['read_cpu']:.2f} + write {best['write_cpu']:.2f}"
+                 if kind == "floor" else f"{best['user']:.2f} / {best['sys']:.2f}")
+        lines.append(f"| {name} | {w} | {best['cpu']:.2f} | {split} | {ratio} | {net} | "
+                     f"{best['seconds']:.2f} | {rate} | {rss:.0f} |")
     print("\n".join(lines), flush=True)
     results["table"] = lines
     results["runs"] = {" ".join(str(x) for x in r): got[r] for r in runs}
