@@ -208,7 +208,7 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
         click.echo(
             f"packed {s.docs_in:,} documents ({s.tokens_in:,} tokens in, "
             f"{s.rows * s.capacity - s.padding_tokens:,} packed) into {s.rows:,} rows of "
-            f"{s.capacity} in {len(result.manifest['outputs'])} shard(s) -> {cfg.output}\n"
+            f"{s.capacity} in {len(result.manifest.shards)} shard(s) -> {cfg.output}\n"
             f"  fill {100 * s.fill:.2f}%  padding {s.padding_tokens:,} tokens "
             f"({100 * s.padding_fraction:.2f}%)  extra rows over ceil(tokens/C): {s.extra_rows}\n"
             f"  effective targets {s.effective_targets:,} ({s.targets_per_token:.4f} per token)  "
@@ -223,13 +223,13 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
             + (f", {result.windows_reused} window(s) reused" if result.windows_reused else "")
             + (f"\n  INPUT: {skipped}" if skipped else "")
             + (f"\n  {_mask_note(s)}" if _mask_note(s) else ""))
-        if "windows" in result.manifest:
+        if result.manifest.windows:
             # extra rows over ceil(tokens/C) = packing inside each window (rows over the
             # window's own bound) + rounding each window's tokens up to whole rows
-            ws = result.manifest["windows"]
-            extra = [w["extra_rows"] for w in ws]
-            docs = [w["docs"] for w in ws]
-            rounding = sum(w["lower_bound_rows"] for w in ws) - s.lower_bound_rows
+            ws = result.manifest.windows
+            extra = [w.extra_rows for w in ws]
+            docs = [w.docs for w in ws]
+            rounding = sum(w.lower_bound_rows for w in ws) - s.lower_bound_rows
             click.echo(f"  windows {len(ws):,} of {min(docs):,}..{max(docs):,} documents "
                        f"(--window-docs {cfg.window_docs:,}): extra rows {s.extra_rows:,} = "
                        f"{sum(extra):,} from packing within windows (max {max(extra, default=0):,} "
@@ -306,13 +306,16 @@ def _mask_note(s) -> str:
 @click.option("--per-bin-limit", type=click.IntRange(min=0), default=None, metavar="N",
               help=f"With --per-bin: list the first N rows (0 = all) [default: "
                    f"{DEFAULT_PER_BIN_LIMIT}]; totals always cover every row.")
+@click.option("--no-hash", is_flag=True,
+              help="Packed output: skip the sha256 of every shard against the manifest (it "
+                   "reads every byte; sizes, footers and page checksums are still checked).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--plot", default=None, metavar="FILE.png", callback=_plot_path,
               help="Write the figures as an image (.png, .svg or .pdf; needs matplotlib): fill "
                    "and segment lengths, or with --compare the strategies side by side.")
 @click.pass_context
 def stats(ctx, path, capacity, compare, column, overflow, append_eos, prepend_bos,
-          attention_mask_column, labels_column, per_bin, per_bin_limit, as_json, plot):
+          attention_mask_column, labels_column, per_bin, per_bin_limit, no_hash, as_json, plot):
     """Figures of a packed OUTPUT (recounted from the shards, checked against the manifest), or,
     with --capacity C --compare, a dry run of every strategy on raw INPUT lengths.
 
@@ -371,13 +374,16 @@ def stats(ctx, path, capacity, compare, column, overflow, append_eos, prepend_bo
     if capacity is not None:
         raise ConfigError("--capacity applies to --compare only: a packed output records "
                           "its own capacity")
-    out = Path(path[0])
-    if out.is_dir() and not (out / MANIFEST_NAME).exists() and any(out.rglob("*.parquet")) \
-            and not any(out.glob(".packtool-*")):
+    from packtool.location import Location
+
+    out = Location.parse(path[0])
+    if out.is_local and out.path.is_dir() and not (out.path / MANIFEST_NAME).exists() \
+            and any(out.path.rglob("*.parquet")) and not any(out.path.glob(".packtool-*")):
         raise ManifestError(f"{out}: no {MANIFEST_NAME}, so not a packed output; for raw "
                             f"tokenized input run: packtool stats {out} --capacity C --compare")
     limit = DEFAULT_PER_BIN_LIMIT if per_bin_limit is None else per_bin_limit
-    a = analysis.analyze_packed(out, per_bin=per_bin, per_bin_limit=limit or None)
+    a = analysis.analyze_packed(out, per_bin=per_bin, per_bin_limit=limit or None,
+                                check_hashes=not no_hash)
     click.echo(json.dumps(a.to_dict(), indent=2) if as_json else analysis.format_packed(a))
     if plot:
         analysis.plot_packed(a, plot)
@@ -430,9 +436,12 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
 @click.option("--progress/--no-progress", default=None,
               help="A progress line per backend and batch on stderr [default: on, off with "
                    "--json].")
+@click.option("--no-hash", is_flag=True,
+              help="Skip the sha256 of every shard against the manifest (it reads every byte; "
+                   "sizes, footers and page checksums are still checked).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def verify(output, rows, seed, backends, checks, data_only, device, max_memory, batch_size,
-           compile_, progress, as_json, scan_all):
+           compile_, progress, no_hash, as_json, scan_all):
     """Prove that packed rows of OUTPUT compute what separate documents compute.
 
     Checks the column contract of every row, then runs a small seeded decoder (and a tiny random
@@ -463,13 +472,28 @@ def verify(output, rows, seed, backends, checks, data_only, device, max_memory, 
         report = run_verify(output, rows=rows, seed=seed, backends=backends or None,
                             checks=checks or None, batch_size=batch_size, compile=compile_,
                             scan_all=scan_all, data_only=data_only, device=device,
-                            max_memory=budget,
+                            max_memory=budget, check_hashes=not no_hash,
                             progress=(lambda m: click.echo(m, err=True)) if show else None)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.format_text())
     if not report.ok:
         raise PacktoolError(report.first_failure_message())
+
+
+@cli.command()
+@click.argument("output", type=_ExistingPath(), metavar="OUTPUT")
+def upgrade(output):
+    """Rewrite the manifest of an OUTPUT packed by an older packtool in this version's format,
+    without rewriting its shards (every shard's sha256 is checked first).
+    """
+    from packtool.formats.manifest import FORMAT_VERSION, upgrade_manifest
+
+    if upgrade_manifest(output):
+        click.echo(f"{output}: manifest rewritten as format version {FORMAT_VERSION}; shards "
+                   "unchanged")
+    else:
+        click.echo(f"{output}: already format version {FORMAT_VERSION}; nothing to do")
 
 
 def main() -> None:

@@ -121,7 +121,7 @@ def bench_capacity(src: Path, C: int, work: Path, random_rows: int, seed: int,
 
     def arrow_groups():
         n = 0
-        for name in ds.index.files:
+        for name in ds.output.shards:
             f = pq.ParquetFile(out / name)
             for g in range(f.num_row_groups):
                 t = f.read_row_group(g, columns=list(TOKEN_COLS))
@@ -139,7 +139,7 @@ def bench_capacity(src: Path, C: int, work: Path, random_rows: int, seed: int,
             return len(order)
         return run
 
-    res = {"capacity": C, "rows": N, "row_groups": ds.index.num_row_groups,
+    res = {"capacity": C, "rows": N, "row_groups": ds.output.num_row_groups,
            "rows_per_group": rows_per_group}
     res["memmap sequential"] = rate(memmap(range(N)))
     res["memmap random"] = rate(memmap(picks))

@@ -28,8 +28,8 @@ def read_rows(out_dir: Path) -> list[dict]:
 
     manifest = read_manifest(out_dir)
     rows = []
-    for entry in manifest["outputs"]:
-        rows.extend(pq.read_table(out_dir / entry["file"]).to_pylist())
+    for entry in manifest.shards:
+        rows.extend(pq.read_table(out_dir / entry.file).to_pylist())
     return rows
 
 

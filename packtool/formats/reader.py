@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -40,9 +39,9 @@ import pyarrow.parquet as pq
 
 from packtool.core.masks import BoundaryCounts, add_boundary_tokens, drop_masked_tokens
 from packtool.errors import InputError, SchemaError, row_ref
-from packtool.formats.manifest import (FILE_URI, IN_PROGRESS_NAME, MANIFEST_META_KEY,
-                                       MANIFEST_NAME)
+from packtool.formats.manifest import IN_PROGRESS_NAME, MANIFEST_META_KEY, MANIFEST_NAME
 from packtool.formats.schema import check_token_column, is_integer_list, is_list_layout
+from packtool.location import Location
 from packtool.types import IGNORE_INDEX, INT32_MAX
 
 __all__ = ["InputFile", "TokenBatch", "Discovery", "InputSource", "MaskColumns", "discover",
@@ -65,10 +64,6 @@ _HF_STATE = "state.json"
 _HF_INFO = "dataset_info.json"
 _HF_DICT = "dataset_dict.json"
 _IPC_FILE_MAGIC = b"ARROW1"
-#: a URI scheme (two characters or more, so a Windows drive letter is not one)
-_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
-#: what ``pathlib.Path`` makes of a URI: ``s3:/bucket/key``
-_FOLDED_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/(?!/)")
 _FEATHER_V1_MAGIC = b"FEA1"
 
 
@@ -216,52 +211,48 @@ def _format_of(name: str) -> str | None:
 
 
 def is_remote(location) -> bool:
-    """True for a URI with a scheme other than ``file`` (``s3://bucket/key``, ``gs://...``)."""
-    return _URI.match(str(location)) is not None and not str(location).startswith("file:")
+    """True for a location in a store (``s3://bucket/key``, ``gs://...``), not a local path or a
+    ``file:`` URI (:class:`packtool.location.Location` decides)."""
+    return not Location.parse(location).is_local
 
 
 def _location(given) -> str:
-    """``given`` as a string, with a URI's ``//`` restored where ``pathlib`` folded it; a
-    ``file:`` URI (``file:///abs/path``, or ``file:/abs/path`` as pathlib folds it) becomes its
-    local path."""
-    s = os.fspath(given) if not isinstance(given, str) else given
-    f = FILE_URI.match(s)
-    if f:
-        return s[f.end():]
-    m = _FOLDED_URI.match(s)
-    return f"{m.group(1)}://{s[m.end():]}" if m else s
+    """``given`` as a string: a local path (a ``file:`` URI becomes its path), or a store URI
+    with its options (``//`` restored where ``pathlib`` folded it)."""
+    return str(Location.parse(given))
 
 
 def filesystem_of(location) -> tuple[pafs.FileSystem, str, str]:
     """(filesystem, path inside it, URI prefix) of a local path or a URI.
 
-    A URI goes through :func:`pyarrow.fs.FileSystem.from_uri` (S3, GCS, HDFS, ... as pyarrow
-    provides them; S3 reads ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ... from the
+    A URI goes through :meth:`packtool.location.StoreURI.filesystem` (S3, GCS, HDFS, ... as
+    pyarrow provides them; S3 reads ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ... from the
     environment, or ``?endpoint_override=...`` from the URI). The prefix turns a path inside the
     filesystem back into a URI (``"s3://"``; ``""`` for local paths).
 
     Raises:
         InputError: the URI cannot be opened (unknown scheme, no credentials, ...).
     """
-    loc = _location(location)
-    if not is_remote(loc):
-        return pafs.LocalFileSystem(), os.path.abspath(loc), ""
+    loc = Location.parse(location)
     try:
-        fs, path = pafs.FileSystem.from_uri(loc)
+        fs, path = loc.filesystem()
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InputError(f"{loc}: cannot open this location ({exc}); check the URI and the "
-                         "credentials in the environment") from None
-    return fs, path.rstrip("/"), loc.split("://", 1)[0] + "://"
+        raise InputError(f"{loc.display}: cannot open this location ({exc}); check the URI and "
+                         "the credentials in the environment") from None
+    return fs, path, "" if loc.is_local else f"{loc.scheme}://"
 
 
 class _Place:
-    """A filesystem, how to name its paths in messages and how to tell two names of one file."""
+    """A filesystem, how to name its paths (a store's with the URI's options, so a file found
+    through an endpoint is reopened through it) and how to tell two names of one file."""
 
-    def __init__(self, fs: pafs.FileSystem, prefix: str):
-        self.fs, self.prefix = fs, prefix
+    def __init__(self, fs: pafs.FileSystem, prefix: str, query: str = ""):
+        self.fs, self.prefix, self.query = fs, prefix, query
 
     def show(self, path: str):
-        return Path(path) if not self.prefix else f"{self.prefix}{path}"
+        if not self.prefix:
+            return Path(path)
+        return f"{self.prefix}{path}" + (f"?{self.query}" if self.query else "")
 
     def key(self, path: str):
         if self.prefix:  # object stores: no links, one name per object
@@ -387,7 +378,7 @@ def discover(inputs: Sequence[str | os.PathLike]) -> Discovery:
     keys: list = []
     for given in inputs:
         fs, path, prefix = filesystem_of(given)
-        place = _Place(fs, prefix)
+        place = _Place(fs, prefix, getattr(Location.parse(given), "query", ""))
         shown = place.show(path) if prefix else Path(_location(given))
         try:
             info = fs.get_file_info(path)
@@ -535,7 +526,7 @@ def open_input(path, column: str, fmt: str | None = None) -> InputSource:
         SchemaError: the token column is missing or not an integer list.
     """
     fs, fpath, prefix = filesystem_of(path)
-    shown = f"{prefix}{fpath}" if prefix else Path(path)
+    shown = Location.parse(path).display if prefix else Path(_location(path))
     fmt = fmt or _format_of(_name(fpath)) or "parquet"
     if fmt == "arrow":
         try:

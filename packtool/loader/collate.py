@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from packtool.loader._shards import convert_labels, shifted_labels, unshifted_labels
+from packtool.formats.packed import convert_labels, shifted_labels, unshifted_labels
 from packtool.types import IGNORE_INDEX
 
 __all__ = ["collate", "collate_flat", "batch_cu_seqlens", "count_targets",

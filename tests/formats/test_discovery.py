@@ -47,7 +47,7 @@ def test_pack_summary_names_what_was_skipped(tmp_path):
     assert res.exit_code == 0, res.output
     assert "skipped 1" in res.output and "_temporary" in res.output
     _, manifest = read_output(out)
-    assert manifest["totals"]["docs_in"] == 1
+    assert manifest.totals.docs_in == 1
 
 
 def test_symlinked_directory_is_followed(tmp_path):
