@@ -68,11 +68,12 @@ class _ExistingPath(click.Path):
     in its filesystem and names it when it is missing."""
 
     def convert(self, value, param, ctx):
-        from packtool.formats.reader import _location, is_remote
+        from packtool.location import Location
 
-        if is_remote(value):
+        loc = Location.parse(value)
+        if not loc.is_local:
             return value
-        value = _location(value)  # a file: URI is its local path
+        value = str(loc)  # a file: URI is its local path
         if not os.path.lexists(value):
             raise InputError(f"{value}: no such file or directory; check the path")
         return super().convert(value, param, ctx)

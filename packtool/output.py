@@ -51,9 +51,8 @@ from packtool import signals
 from packtool.errors import ManifestError, OutputError
 from packtool.formats import object_store as store
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
-                                       Manifest, ShardEntry, footer_of, footer_sha256,
-                                       is_shard_name, publish_manifest, read_manifest,
-                                       sha256_of)
+                                       Manifest, ShardEntry, footer_sha256, is_shard_name,
+                                       publish_manifest, read_manifest, shard_entry_of)
 from packtool.location import Location
 
 __all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256",
@@ -532,7 +531,7 @@ def kept_shard(output, name: str, promised: dict | None) -> ShardEntry | None:
 
     A shard is published whole (a rename, or one put), so a file at its final name is complete:
     its entry is the one the marker ``promised`` when the size agrees, else it is read back (sha256
-    and footer) from the file.
+    and footer) from the file (:func:`~packtool.formats.manifest.shard_entry_of`).
     """
     loc = Location.parse(output).join(name)
     size = loc.size()
@@ -542,12 +541,4 @@ def kept_shard(output, name: str, promised: dict | None) -> ShardEntry | None:
         return ShardEntry(name, int(promised["rows"]), size, str(promised["sha256"]),
                           promised["footer_sha256"],
                           tuple((int(r), int(n)) for r, n in promised.get("row_groups") or ()))
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    with loc.open_input() as f:
-        footer = footer_of(f, size)
-    md = pq.read_metadata(pa.BufferReader(b"PAR1" + footer))
-    groups = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
-    return ShardEntry(name, md.num_rows, size, sha256_of(loc), hashlib.sha256(footer).hexdigest(),
-                      ShardEntry.run_lengths(groups))
+    return shard_entry_of(loc)

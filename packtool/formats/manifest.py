@@ -64,7 +64,8 @@ __all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NA
            "InputEntry", "LabelsInfo", "WindowEntry", "manifest_bytes", "publish_manifest",
            "read_manifest", "read_manifest_and_schema", "load_manifest", "check_shards",
            "sha256_of",
-           "footer_sha256", "footer_of", "upgrade_manifest", "shard_name", "is_shard_name"]
+           "footer_sha256", "footer_of", "upgrade_manifest", "shard_entry_of", "shard_name",
+           "is_shard_name"]
 
 #: File name of the manifest inside OUTPUT (a zero-row Parquet file, see the module docstring).
 MANIFEST_NAME = ".packtool-manifest.parquet"
@@ -545,15 +546,24 @@ def upgrade_manifest(output, *, progress: Callable[[int, int], None] | None = No
     if manifest.format_version == FORMAT_VERSION:
         return False
     check_shards(out, manifest, hashes=True, progress=progress)
-    shards = []
-    for s in manifest.shards:
-        with out.join(s.file).open_input() as f:
-            footer = footer_of(f, f.size())
-        md = pq.read_metadata(pa.BufferReader(b"PAR1" + footer))
-        groups = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
-        shards.append(ShardEntry(s.file, s.rows, s.bytes, s.sha256,
-                                 hashlib.sha256(footer).hexdigest(),
-                                 ShardEntry.run_lengths(groups)))
+    shards = [shard_entry_of(out.join(s.file), sha256=s.sha256) for s in manifest.shards]
     publish_manifest(out, manifest.replace_shards(shards), schema)
     return True
+
+
+def shard_entry_of(loc, *, sha256: str | None = None) -> ShardEntry:
+    """The manifest entry of the shard file at ``loc`` as it is: rows, row groups and footer
+    sha256 from its footer, size, and its sha256 (read whole unless ``sha256`` is given).
+
+    Raises:
+        OSError: the file cannot be read or is not Parquet.
+    """
+    loc = Location.parse(loc)
+    with loc.open_input() as f:
+        size = f.size()
+        footer = footer_of(f, size)
+    md = pq.read_metadata(pa.BufferReader(b"PAR1" + footer))
+    groups = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+    return ShardEntry(loc.name, md.num_rows, size, sha256 or sha256_of(loc),
+                      hashlib.sha256(footer).hexdigest(), ShardEntry.run_lengths(groups))
 
