@@ -133,6 +133,9 @@ def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
 @click.option("--workers", "-j", type=int, default=None, metavar="N",
               help="Threads for layout and encoding [default: all cores].")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty OUTPUT.")
+@click.option("--skip-unsupported", is_flag=True,
+              help="Pack the supported files of an INPUT directory and list the others in the "
+                   "summary [default: refuse a directory holding files of another format].")
 @click.option("--window-docs", type=click.IntRange(min=1), default=None, metavar="N",
               help="Plan windows of N documents independently (row groups are cut; a few "
                    "extra rows per window); rows of all windows are mixed in the output "
@@ -148,7 +151,8 @@ def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
 @click.pass_context
 def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, append_eos,
          prepend_bos, attention_mask_column, labels_column, seed, no_shuffle, rows_per_shard,
-         row_group_mb, workers, overwrite, window_docs, engine, ray_address, quiet, as_json):
+         row_group_mb, workers, overwrite, skip_unsupported, window_docs, engine, ray_address,
+         quiet, as_json):
     """Pack tokenized Parquet INPUT files or directories into OUTPUT.
 
     Writes part-NNNNN.parquet shards (input_ids, segment_ids, position_ids, [labels],
@@ -177,9 +181,13 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
                      rows_per_shard=rows_per_shard, row_group_mb=row_group_mb,
                      workers=(os.cpu_count() or 1) if workers is None else workers,
                      overwrite=overwrite, window_docs=window_docs, engine=engine,
-                     ray_address=ray_address if engine == Engine.RAY.value else None)
-    # what discovery skipped on purpose is part of the summary (the pack walks INPUT again)
-    skipped = "" if quiet else discover(cfg.inputs).skipped_note()
+                     ray_address=ray_address if engine == Engine.RAY.value else None,
+                     skip_unsupported=skip_unsupported)
+    # what discovery did not read is part of the summary (the pack walks INPUT again)
+    found = None if quiet else discover(cfg.inputs, skip_unsupported=cfg.skip_unsupported)
+    skipped = found.skipped_note() if found else ""
+    input_notes = [skipped] if skipped else []
+    input_notes += found.notes if found else []
     note = compile_note() if sys.stderr.isatty() else None
     if note:
         click.echo(note, err=True)
@@ -198,6 +206,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
                                "shards_reused": result.shards_reused,
                                "windows_reused": result.windows_reused,
                                "inputs_skipped": skipped,
+                               "inputs_not_read": found.skipped if found else [],
+                               "input_notes": found.notes if found else [],
                                "already_complete": result.already_complete,
                                "warnings": result.warnings}, indent=2))
     elif result.already_complete:
@@ -221,7 +231,7 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
             f"{rate / 1e6:.2f} M tokens/s"
             + (f", {result.shards_reused} shard(s) reused" if result.shards_reused else "")
             + (f", {result.windows_reused} window(s) reused" if result.windows_reused else "")
-            + (f"\n  INPUT: {skipped}" if skipped else "")
+            + "".join(f"\n  INPUT: {n}" for n in input_notes)
             + (f"\n  {_mask_note(s)}" if _mask_note(s) else ""))
         if "windows" in result.manifest:
             # extra rows over ceil(tokens/C) = packing inside each window (rows over the

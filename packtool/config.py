@@ -93,6 +93,9 @@ class PackConfig:
     """Where the pack runs; ``ray`` needs a window (defaults to DEFAULT_RAY_WINDOW_DOCS)."""
     ray_address: str | None = None
     """Ray cluster to join (``--engine ray``); None starts a local Ray on ``workers`` CPUs."""
+    skip_unsupported: bool = False
+    """Skip files of an unsupported format inside an INPUT directory (reported) instead of
+    refusing them."""
 
     def __post_init__(self) -> None:
         def bad(name, value, why):
@@ -160,7 +163,8 @@ class PackConfig:
         """The options that decide the output bytes (workers, overwrite and the engine do not;
         ``window_docs`` is listed only when set, so one-plan manifests keep their old form)."""
         d = self.to_dict()
-        for k in ("inputs", "output", "workers", "overwrite", "engine", "ray_address"):
+        for k in ("inputs", "output", "workers", "overwrite", "engine", "ray_address",
+                  "skip_unsupported"):  # which files are read is in the fingerprint's file list
             d.pop(k)
         if d["window_docs"] is None:
             d.pop("window_docs")

@@ -191,19 +191,34 @@ def reads_labels(files, column: str, labels: str | None) -> bool:
 
 @dataclass(frozen=True)
 class Discovery:
-    """What :func:`discover` found: the files in global document order and what it skipped."""
+    """What :func:`discover` found: the files in global document order, every file or folder
+    it did not read (and why), and notes on the order."""
 
     files: list[InputFile]
-    #: paths skipped on purpose (hidden/``_`` entries, link loops), as given or found
+    #: every entry under INPUT that is not read, as ``"path (reason)"``: hidden or
+    #: ``_``-prefixed, a link loop, a documentation file, a file a ``save_to_disk`` folder's
+    #: ``state.json`` does not list, or (``skip_unsupported``) a file of another format
     skipped: list[str] = field(default_factory=list)
+    #: notes on the order (file names whose numbers are not zero-padded)
+    notes: list[str] = field(default_factory=list)
 
     def skipped_note(self, limit: int = 3) -> str:
-        """One line naming the skipped entries (empty when nothing was skipped)."""
+        """One line naming the entries not read, by reason (empty when every file was read).
+
+        Up to ``limit`` names per reason; :attr:`skipped` lists them all."""
         if not self.skipped:
             return ""
-        names = ", ".join(self.skipped[:limit]) + (", ..." if len(self.skipped) > limit else "")
-        return (f"skipped {len(self.skipped)} hidden, '_'-prefixed or looping entr"
-                f"{'y' if len(self.skipped) == 1 else 'ies'}: {names}")
+        by_reason: dict[str, list[str]] = {}
+        for entry in self.skipped:
+            path, _, reason = entry.rpartition(" (")
+            by_reason.setdefault(reason.rstrip(")") if path else "skipped",
+                                 []).append(path or entry)
+        parts = []
+        for reason, paths in by_reason.items():
+            names = ", ".join(paths[:limit]) + (", ..." if len(paths) > limit else "")
+            parts.append(f"{len(paths)} {reason}: {names}")
+        n = len(self.skipped)
+        return f"skipped {n} entr{'y' if n == 1 else 'ies'} (not read): " + "; ".join(parts)
 
 
 def _format_of(name: str) -> str | None:
@@ -291,14 +306,27 @@ def _refuse_packed(where: Path | str, marker: str) -> None:
 
 
 def _hf_files(fs: pafs.FileSystem, directory: str, shown) -> list[str]:
-    """Data file names of a ``save_to_disk`` folder, in its own order (``state.json``)."""
+    """Data file names of a ``save_to_disk`` folder, in its own order (``state.json``).
+
+    Raises:
+        InputError: ``state.json`` is not readable, lists no file, or holds an indices mapping
+            (an older ``datasets`` saved a selection or shuffle as row numbers over the data
+            files: the dataset's rows are then not the files' rows in order).
+    """
     try:
         with fs.open_input_stream(f"{directory}/{_HF_STATE}") as fh:
             state = json.loads(fh.read())
         names = [d["filename"] for d in state["_data_files"]]
-    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+        indices = state.get("_indices_data_files")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError,
+            pa.ArrowException) as exc:
         raise InputError(f"{shown}/{_HF_STATE}: not a readable Hugging Face dataset state "
                          f"({exc}); save the dataset again with save_to_disk") from None
+    if indices:
+        raise InputError(f"{shown}: Hugging Face dataset saved with an indices mapping "
+                         f"({_HF_STATE} lists {', '.join(str(d.get('filename', d)) for d in indices)}"
+                         "): its row order is not the data files' order; load it, call "
+                         "flatten_indices() and save_to_disk again")
     if not names:
         raise InputError(f"{shown}: Hugging Face dataset with no data files; save it again")
     return names
@@ -308,11 +336,49 @@ def _name(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1]
 
 
-def _walk(place: _Place, root: str, skipped: list[str]) -> list[tuple[str, str, str, object]]:
-    """(path, relative path, format, FileInfo) of every data file under ``root`` (unsorted)."""
+#: files next to data that are never data (read by people, not by packtool): reported as
+#: skipped, never refused
+_DOC_NAMES = re.compile(r"^(readme|license|licence|copying|notice|changelog)([._-].*)?$|\.md$",
+                        re.IGNORECASE)
+
+
+def _natural_key(name: str):
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name) if t]
+
+
+def _order_note(place: "_Place", dpath: str, names: list[str]) -> str | None:
+    """A note when names in one folder whose numbers differ in width are read in text order
+    against their numeric order (``part-10`` before ``part-2``); None otherwise."""
+    text = sorted(names)
+    natural = sorted(names, key=_natural_key)
+    if text == natural:
+        return None
+    i = next(k for k, (a, b) in enumerate(zip(text, natural)) if a != b)
+    first, second = text[i], natural[i]
+    return (f"{place.show(dpath)}: file names are read in text order, so {first} comes before "
+            f"{second} (as pyarrow.dataset reads them); zero-pad the numbers in the names, or "
+            "pass the files in the order you mean, if that is not the order of the documents")
+
+
+#: one walk entry: (path, relative path, format, FileInfo, sort key)
+_Found = tuple
+
+
+def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
+          skip_unsupported: bool) -> list[_Found]:
+    """Every data file under ``root``, each with its key in the global document order.
+
+    The key is the relative path, except for the files of a ``save_to_disk`` folder, which
+    sort at the folder's relative path in their ``state.json`` order (their names say nothing
+    of it). Entries not read go to ``skipped`` with the reason.
+
+    Raises:
+        InputError: as :func:`discover`; a file of another format inside the folder (unless
+            ``skip_unsupported``).
+    """
     fs = place.fs
-    found: list[tuple[str, str, str, object]] = []
-    other: list[str] = []
+    found: list[_Found] = []
+    other: list[tuple[str, str]] = []  # files of another format: (relative path, shown)
     # depth-first; each entry carries the keys of its ancestors: a link back to one of them is
     # a loop and is skipped
     stack = [(root, "", (place.key(root),))]
@@ -331,17 +397,23 @@ def _walk(place: _Place, root: str, skipped: list[str]) -> list[tuple[str, str, 
                              f"{', '.join(splits) or '(none)'}; pass one split folder as INPUT, "
                              f"e.g. {place.show(f'{dpath}/{example}')}")
         if _HF_STATE in by_name and _HF_INFO in by_name:
-            for name in _hf_files(fs, dpath, place.show(dpath)):
+            listed = _hf_files(fs, dpath, place.show(dpath))
+            for i, name in enumerate(listed):
                 info = by_name.get(name)
                 if info is None or info.type != pafs.FileType.File:
                     raise InputError(f"{place.show(f'{dpath}/{name}')}: listed in "
                                      f"{_HF_STATE} but missing; save the dataset again")
-                found.append((info.path, f"{drel}{name}", "arrow", info))
+                found.append((info.path, f"{drel}{name}", "arrow", info, (drel, i)))
+            for name in sorted(set(by_name) - set(listed) - {_HF_STATE, _HF_INFO}):
+                why = "hidden or '_'-prefixed" if name.startswith((".", "_")) else \
+                    f"not listed in {_HF_STATE}"
+                skipped.append(f"{place.show(by_name[name].path)} ({why})")
             continue
+        read_here = []
         for info in sorted(infos, key=lambda i: i.path):
             name = _name(info.path)
             if name.startswith((".", "_")):
-                skipped.append(str(place.show(info.path)))
+                skipped.append(f"{place.show(info.path)} (hidden or '_'-prefixed)")
                 continue
             if info.type == pafs.FileType.Directory:
                 key = place.key(info.path)
@@ -349,41 +421,75 @@ def _walk(place: _Place, root: str, skipped: list[str]) -> list[tuple[str, str, 
                     skipped.append(f"{place.show(info.path)} (link loop)")
                     continue
                 stack.append((info.path, f"{drel}{name}/", ancestors + (key,)))
+                read_here.append(name)
             elif info.type == pafs.FileType.File:
                 fmt = _format_of(name)
-                if fmt is None:
-                    other.append(name)
+                if fmt is not None:
+                    found.append((info.path, f"{drel}{name}", fmt, info, (f"{drel}{name}", 0)))
+                    read_here.append(name)
+                elif _DOC_NAMES.search(name):
+                    skipped.append(f"{place.show(info.path)} (documentation)")
                 else:
-                    found.append((info.path, f"{drel}{name}", fmt, info))
+                    other.append((f"{drel}{name}", str(place.show(info.path))))
+        note = _order_note(place, dpath, read_here)
+        if note:
+            notes.append(note)
+    other.sort()
     if not found:
-        seen = f" (found {', '.join(sorted(other)[:3])}{', ...' if len(other) > 3 else ''})" \
+        names = [_name(rel) for rel, _ in other]
+        seen = f" (found {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})" \
             if other else ""
         raise InputError(f"{place.show(root)}: directory holds no *.parquet, Arrow IPC file or "
                          f"Hugging Face dataset{seen}; point INPUT at the tokenized shards "
                          f"(supported: {SUPPORTED_FORMATS})")
+    if other and not skip_unsupported:
+        names = ", ".join(rel for rel, _ in other[:5]) + (
+            f", ... ({len(other)} in all)" if len(other) > 5 else "")
+        raise InputError(f"{place.show(root)}: holds {len(other)} file"
+                         f"{'' if len(other) == 1 else 's'} of an unsupported format that would "
+                         f"not be packed: {names}; supported: {SUPPORTED_FORMATS}; convert "
+                         "them (e.g. JSONL to Parquet), move them out of INPUT, or pass "
+                         "--skip-unsupported to pack the rest")
+    skipped.extend(f"{shown} (unsupported format)" for _, shown in other)
     return found
 
 
-def discover(inputs: Sequence[str | os.PathLike]) -> Discovery:
+def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = False) -> Discovery:
     """Expand INPUT paths or URIs into data files, in global document order.
 
-    A file is taken as is (its format from its name). A directory (or an object-store prefix)
-    is searched recursively; files are taken in sorted relative-path order, a ``save_to_disk``
-    folder in the order of its ``state.json``. The resulting order defines the global document
-    index (file order, then row order). Local files keep :class:`~pathlib.Path` paths; files in
-    an object store are named by URI (``s3://bucket/key``).
+    Order (what ``doc_ids`` numbers): the INPUT paths in the order given; inside a directory
+    (or an object-store prefix), searched recursively, files in sorted relative-path order
+    (Python string order of the path with ``/`` separators, as ``pyarrow.dataset`` sorts them);
+    a ``save_to_disk`` folder's files, at the folder's place in that order, in the order its
+    ``state.json`` lists them (what ``datasets.load_from_disk`` returns); then rows in file
+    order (Parquet row groups, Arrow IPC record batches). Local files keep
+    :class:`~pathlib.Path` paths; files in an object store are named by URI
+    (``s3://bucket/key``).
+
+    Every entry that is not read is reported in :attr:`Discovery.skipped` with the reason:
+    hidden or ``_``-prefixed entries, link loops, documentation files (``README*``,
+    ``LICENSE*``, ``*.md``), files a ``save_to_disk`` folder does not list, and, with
+    ``skip_unsupported``, files of another format.
+
+    Args:
+        inputs: INPUT paths or URIs.
+        skip_unsupported: skip files of an unsupported format inside a directory (listed in
+            ``skipped``) instead of refusing them.
 
     Returns:
-        :class:`Discovery` (files, and the entries skipped on purpose).
+        :class:`Discovery` (files, entries not read, notes).
 
     Raises:
         InputError: a path does not exist; a file or directory holds no supported format (the
-            message names the supported formats); a packtool output is given or nested inside
-            INPUT; a Hugging Face DatasetDict (pass one split); the same file is reached twice
-            (by path, symbolic link or hard link).
+            message names the supported formats); a directory holds files of an unsupported
+            format (unless ``skip_unsupported``); a packtool output is given or nested inside
+            INPUT; a Hugging Face DatasetDict (pass one split) or a dataset saved with an
+            indices mapping; the same file is reached twice (by path, symbolic link or hard
+            link).
     """
     files: list[InputFile] = []
     skipped: list[str] = []
+    notes: list[str] = []
     keys: list = []
     for given in inputs:
         fs, path, prefix = filesystem_of(given)
@@ -397,8 +503,9 @@ def discover(inputs: Sequence[str | os.PathLike]) -> Discovery:
         if info.type == pafs.FileType.NotFound:
             raise InputError(f"{shown}: no such file or directory; check the INPUT path")
         if info.type == pafs.FileType.Directory:
-            found = sorted(_walk(place, path, skipped), key=lambda t: t[1])
-            for q, rel, fmt, qi in found:
+            found = sorted(_walk(place, path, skipped, notes, skip_unsupported),
+                           key=lambda t: t[4])
+            for q, rel, fmt, qi, _ in found:
                 where = place.show(q) if prefix else Path(_location(given)) / rel
                 files.append(InputFile(where, rel, int(qi.size or 0), int(qi.mtime_ns or 0), fmt))
                 keys.append(place.key(q))
@@ -417,17 +524,18 @@ def discover(inputs: Sequence[str | os.PathLike]) -> Discovery:
             raise InputError(f"{f.path}: given twice (also as {seen[key]}); its documents would "
                              "be packed twice: list each input once")
         seen[key] = str(f.path)
-    return Discovery(files, skipped)
+    return Discovery(files, skipped, notes)
 
 
-def discover_inputs(inputs: Sequence[str | os.PathLike]) -> list[InputFile]:
+def discover_inputs(inputs: Sequence[str | os.PathLike], *,
+                    skip_unsupported: bool = False) -> list[InputFile]:
     """The files of :func:`discover`; what was skipped is logged (one line, level INFO: the
     ``pack`` summary states it).
 
     Raises:
         InputError: as :func:`discover`.
     """
-    d = discover(inputs)
+    d = discover(inputs, skip_unsupported=skip_unsupported)
     if d.skipped:
         log.info("%s", d.skipped_note())
     return d.files
