@@ -24,6 +24,7 @@ never read back as documents.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -38,17 +39,16 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from packtool.core.masks import BoundaryCounts, add_boundary_tokens, drop_masked_tokens
 from packtool.errors import InputError, SchemaError, row_ref
 from packtool.formats.manifest import (FILE_URI, IN_PROGRESS_NAME, MANIFEST_META_KEY,
                                        MANIFEST_NAME)
 from packtool.formats.schema import check_token_column, is_integer_list, is_list_layout
 from packtool.types import IGNORE_INDEX, INT32_MAX
 
-__all__ = ["InputFile", "TokenBatch", "Discovery", "InputSource", "MaskColumns", "discover",
-           "discover_inputs", "open_input", "iter_token_batches", "list_parts",
-           "resolve_mask_columns", "reads_labels", "filesystem_of", "is_remote",
-           "SUPPORTED_FORMATS", "AUTO"]
+__all__ = ["InputFile", "RawBatch", "Discovery", "InputSource", "MaskColumns", "InputColumns",
+           "discover", "discover_inputs", "open_input", "input_schema", "iter_token_batches",
+           "list_parts", "resolve_mask_columns", "input_columns", "reads_labels",
+           "filesystem_of", "is_remote", "SUPPORTED_FORMATS", "AUTO", "LOSS_MASK_COLUMNS"]
 
 log = logging.getLogger(__name__)
 
@@ -85,48 +85,49 @@ class InputFile:
 
 
 @dataclass(frozen=True)
-class TokenBatch:
-    """Documents ``first_row .. first_row + len(lengths) - 1`` of one file.
-
-    With an attention-mask column, its 0 tokens are already removed (``masked_tokens`` counts
-    them); with a labels column, ``targets`` flags the tokens whose input label is not -100.
-    """
+class RawBatch:
+    """Documents ``first_row .. first_row + len(lengths) - 1`` of one file as stored: the tokens
+    and the mask columns read with them, each checked (shape, nulls, values) but not applied.
+    :func:`packtool.core.masks.prepare_documents` turns them into the documents packed."""
 
     first_row: int  #: row index in the file of the first document
     lengths: np.ndarray  #: int64[docs], tokens per document
     tokens: np.ndarray  #: int32[sum(lengths)], the documents' tokens back to back
-    #: uint8[sum(lengths)], 0 = the input label was -100; None: no labels column
-    targets: np.ndarray | None = None
-    masked_tokens: int = 0  #: tokens removed because their attention mask was 0
-    #: BOS/EOS added or found already there (--prepend-bos/--append-eos)
-    boundary: BoundaryCounts = BoundaryCounts()
-
-    def mask_counts(self) -> dict:
-        """The batch's mask figures under their :class:`packtool.stats.PackStats` names."""
-        b = self.boundary
-        return {"tokens_attention_masked": self.masked_tokens,
-                "tokens_label_masked": 0 if self.targets is None
-                else int(self.targets.size - np.count_nonzero(self.targets)),
-                "docs_bos_added": b.bos_added, "docs_bos_present": b.bos_present,
-                "docs_eos_added": b.eos_added, "docs_eos_present": b.eos_present}
+    keep: np.ndarray | None = None  #: int64[sum(lengths)] attention mask (0 = padding); None: not read
+    labels: np.ndarray | None = None  #: int64[sum(lengths)] unshifted labels (-100 or the token)
+    loss_masks: tuple = ()  #: int64[sum(lengths)] loss masks, 1 = learn, 0 = not a target
 
 
 #: Mask column option value: use the column of the default name when the file has it.
 AUTO = "auto"
 ATTENTION_MASK_COLUMN = "attention_mask"
 LABELS_COLUMN = "labels"
+#: Loss masks recognised under :data:`AUTO` (TRL's SFT columns, 1 = a token to learn):
+#: ``completion_mask`` (prompt-completion data) and ``assistant_masks`` (chat templates with
+#: ``return_assistant_tokens_mask``).
+LOSS_MASK_COLUMNS = ("completion_mask", "assistant_masks")
+#: a per-token column whose name says it masks something (named in the summary when unused)
+_MASK_LIKE = re.compile(r"mask|label", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class MaskColumns:
-    """The mask columns used for one file (None: not used)."""
+    """The mask columns used for one file (None or empty: not used), and the per-token columns
+    whose name looks like a mask that are not used."""
 
     attention_mask: str | None = None
     labels: str | None = None
+    loss_masks: tuple[str, ...] = ()
+    unused: tuple[str, ...] = ()
+
+    @property
+    def targets(self) -> bool:
+        """True when target flags come from this file (a labels column or a loss mask)."""
+        return self.labels is not None or bool(self.loss_masks)
 
 
 def resolve_mask_columns(schema: pa.Schema, path, column: str, attention_mask: str | None = AUTO,
-                         labels: str | None = AUTO) -> MaskColumns:
+                         labels: str | None = AUTO, loss_mask: str | None = AUTO) -> MaskColumns:
     """Decide which mask columns of a file are read.
 
     Args:
@@ -137,6 +138,13 @@ def resolve_mask_columns(schema: pa.Schema, path, column: str, attention_mask: s
             ``labels`` when the file has such a column) or None (off). The attention mask may be
             a list of integers or booleans; labels a list of integers. Under :data:`AUTO` a
             present column of another type is refused, never skipped in silence.
+        loss_mask: a column name (0/1 per token, 1 = learn), :data:`AUTO` (each of
+            :data:`LOSS_MASK_COLUMNS` the file has) or None (off); integers or booleans.
+
+    Returns:
+        :class:`MaskColumns`, with ``unused`` the other list columns whose name holds ``mask``
+        or ``label`` (e.g. ``special_tokens_mask``, or ``labels`` with ``--labels-column
+        none``).
 
     Raises:
         SchemaError: a named column is missing, a used column has another type, or a named
@@ -167,26 +175,67 @@ def resolve_mask_columns(schema: pa.Schema, path, column: str, attention_mask: s
                               f"{option} none to pack without it")
         return name
 
-    return MaskColumns(pick(attention_mask, ATTENTION_MASK_COLUMN, "--attention-mask-column", True),
-                       pick(labels, LABELS_COLUMN, "--labels-column", False))
+    option = "--loss-mask-column"
+    if loss_mask == AUTO:
+        loss = tuple(n for n in (pick(AUTO, d, option, True) for d in LOSS_MASK_COLUMNS) if n)
+    else:
+        loss = tuple(n for n in [pick(loss_mask, None, option, True)] if n)
+    cols = MaskColumns(pick(attention_mask, ATTENTION_MASK_COLUMN, "--attention-mask-column", True),
+                       pick(labels, LABELS_COLUMN, "--labels-column", False), loss)
+    used = {column, cols.attention_mask, cols.labels, *cols.loss_masks}
+    unused = tuple(f.name for f in schema if f.name not in used and _MASK_LIKE.search(f.name)
+                   and is_list_layout(f.type))
+    return dataclasses.replace(cols, unused=unused)
 
 
-def reads_labels(files, column: str, labels: str | None) -> bool:
-    """True when a labels column will be read from at least one of ``files`` (footers only).
+@dataclass(frozen=True)
+class InputColumns:
+    """What the mask columns of a whole INPUT come to (schemas only, read before packing)."""
+
+    targets: bool  #: target flags come from at least one file (labels column or loss mask)
+    #: per-token columns that look like masks but are not used -> files holding them
+    unused: dict = field(default_factory=dict)
+
+    def unused_note(self) -> str:
+        """One line naming the unused mask-like columns (empty when there is none)."""
+        if not self.unused:
+            return ""
+        parts = [f"{name} ({len(paths)} file{'' if len(paths) == 1 else 's'})"
+                 for name, paths in self.unused.items()]
+        return ("input columns that look like masks but are not used: " + ", ".join(parts)
+                + "; name one with --attention-mask-column, --labels-column or "
+                "--loss-mask-column if it should apply")
+
+
+def input_columns(files, column: str, attention_mask: str | None = AUTO,
+                  labels: str | None = AUTO, loss_mask: str | None = AUTO) -> InputColumns:
+    """Which mask columns INPUT's files will be read with (their schemas only).
 
     Decided before reading, so every window of a pack stores the same columns.
 
     Raises:
-        InputError, SchemaError: as :func:`open_input` and :func:`resolve_mask_columns`.
+        InputError, SchemaError: as :func:`input_schema` and :func:`resolve_mask_columns`.
     """
-    if labels is None:
-        return False
-    found = False
+    targets, unused = False, {}
     for f in files:
-        src = open_input(f.path, column)
-        found |= resolve_mask_columns(src.schema_arrow, src.path, column, None,
-                                      labels).labels is not None
-    return found
+        schema, shown = input_schema(f.path, getattr(f, "format", None))
+        cols = resolve_mask_columns(schema, shown, column, attention_mask, labels, loss_mask)
+        targets |= cols.targets
+        for name in cols.unused:
+            unused.setdefault(name, []).append(str(shown))
+    return InputColumns(targets, unused)
+
+
+def reads_labels(files, column: str, labels: str | None, loss_mask: str | None = None) -> bool:
+    """True when target flags (a labels column, or a loss mask) will be read from at least one
+    of ``files`` (schemas only): the packed labels then carry real information.
+
+    Raises:
+        InputError, SchemaError: as :func:`input_columns`.
+    """
+    if labels is None and loss_mask is None:
+        return False
+    return input_columns(files, column, None, labels, loss_mask).targets
 
 
 @dataclass(frozen=True)
@@ -668,6 +717,33 @@ def open_input(path, column: str, fmt: str | None = None) -> InputSource:
     return src
 
 
+def input_schema(path, fmt: str | None = None) -> tuple[pa.Schema, object]:
+    """The Arrow schema of one input file, read cheaply (a Parquet footer, an Arrow IPC file's
+    footer or a stream's first message), and the file's name for messages.
+
+    Raises:
+        InputError: the file is empty or not in its format.
+    """
+    fs, fpath, prefix = filesystem_of(path)
+    shown = f"{prefix}{fpath}" if prefix else Path(path)
+    fmt = fmt or _format_of(_name(fpath)) or "parquet"
+    kind = "Arrow IPC" if fmt == "arrow" else "Parquet"
+    try:
+        if fmt == "parquet":
+            with fs.open_input_file(fpath) as fh:
+                return pq.read_schema(fh), shown
+        with fs.open_input_file(fpath) as fh:
+            head = fh.read(8)
+            if head.startswith(_FEATHER_V1_MAGIC):
+                return open_input(path, "", fmt).schema_arrow, shown  # refused there
+            fh.seek(0)
+            if head.startswith(_IPC_FILE_MAGIC):
+                return pa.ipc.open_file(fh).schema, shown
+            return pa.ipc.open_stream(fh).schema, shown
+    except (pa.ArrowException, OSError) as exc:
+        raise _unreadable(shown, fs, fpath, kind, exc) from None
+
+
 def list_parts(arr: pa.Array) -> tuple[np.ndarray, pa.Array]:
     """Row lengths and values of an integer list array of any layout, in row order.
 
@@ -696,31 +772,32 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
                        row_groups: Sequence[int] | None = None,
                        row_range: tuple[int, int] | None = None,
                        fmt: str | None = None, *, attention_mask: str | None = None,
-                       labels: str | None = None, bos: int | None = None,
-                       eos: int | None = None) -> Iterator[TokenBatch]:
-    """Stream one file's documents as :class:`TokenBatch` es.
+                       labels: str | None = None,
+                       loss_mask: str | None = None) -> Iterator[RawBatch]:
+    """Stream one file's documents and mask columns as :class:`RawBatch` es, checked, as stored.
 
     ``row_groups`` (ascending indices) restricts the read to those row groups (Arrow IPC: record
     batches); ``row_range`` ``(start, stop)`` (file rows) to the rows in it, cutting row groups
     at record batches (rows of a row group before ``start`` are decoded and skipped). ``first_row``
     and error messages still count rows from the start of the file.
 
-    ``attention_mask`` / ``labels``: mask columns as in :func:`resolve_mask_columns` (default
-    None: not read). Tokens whose attention mask is 0 are removed; a labels column (unshifted:
-    ``labels[i]`` is ``input_ids[i]`` or -100) becomes ``TokenBatch.targets``. ``bos`` / ``eos``:
-    added to every non-empty document lacking them (after the attention mask), never doubled
-    (:func:`packtool.core.masks.add_boundary_tokens`).
+    ``attention_mask`` / ``labels`` / ``loss_mask``: mask columns as in
+    :func:`resolve_mask_columns` (default None: not read). Nothing is applied here:
+    :func:`packtool.core.masks.prepare_documents` does that, for ``pack`` and ``compare`` alike
+    (:func:`packtool.pipeline.read.iter_documents`).
 
     Raises:
         InputError: the file cannot be read (the message names the row group).
         SchemaError: a null document, a null token, a negative id or an id over int32; a mask
-            row of another length than its document; a label that is neither -100 nor its token
-            (the message names the file and the row).
+            row of another length than its document; a label that is neither -100 nor its
+            token; a loss mask value other than 0 or 1 (the message names the file and the row).
     """
     src = open_input(path, column, fmt)
     path = src.path  # a URI folded by pathlib is named as the URI
-    masks = resolve_mask_columns(src.schema_arrow, path, column, attention_mask, labels)
-    columns = [column] + [c for c in (masks.attention_mask, masks.labels) if c is not None]
+    masks = resolve_mask_columns(src.schema_arrow, path, column, attention_mask, labels,
+                                 loss_mask)
+    columns = [column] + [c for c in (masks.attention_mask, masks.labels, *masks.loss_masks)
+                          if c is not None]
     # shape: (num_row_groups + 1,), first row of each row group
     rg_start = np.cumsum((0,) + src.row_group_rows)
     lo, hi = (0, int(rg_start[-1])) if row_range is None else row_range
@@ -769,10 +846,10 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
             # a cut batch's values are a view of the whole batch's: own them, so whoever keeps
             # the tokens (a window task holds them) does not keep the rest of the batch
             tokens = flat.astype(np.int32, copy=cut)
-            targets, masked = None, 0
+            lab = keep = None
             if masks.labels is not None:
                 lab = _mask_values(batch.column(masks.labels), lengths, path, row,
-                                   masks.labels)
+                                   masks.labels, "--labels-column")
                 bad = (lab != IGNORE_INDEX) & (lab != tokens)
                 if bad.any():
                     vi = int(np.argmax(bad))
@@ -781,26 +858,32 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
                         f"{int(lab[vi])} is neither -100 nor its token {int(tokens[vi])}; the "
                         f"{masks.labels!r} column is read as unshifted labels (input_ids or "
                         "-100): fix it or pass --labels-column none")
-                targets = (lab != IGNORE_INDEX).astype(np.uint8)
+            loss = []
+            for name in masks.loss_masks:
+                m = _mask_values(batch.column(name), lengths, path, row, name,
+                                 "--loss-mask-column")
+                bad = (m != 0) & (m != 1)
+                if bad.any():
+                    vi = int(np.argmax(bad))
+                    raise SchemaError(
+                        f"{path}: {row_ref(row + _row_of_value(lengths, vi))}: {name!r} holds "
+                        f"{int(m[vi])}; a loss mask holds 1 on the tokens to learn and 0 "
+                        "elsewhere: fix it or pass --loss-mask-column none")
+                loss.append(m)
             if masks.attention_mask is not None:
                 keep = _mask_values(batch.column(masks.attention_mask), lengths, path, row,
-                                    masks.attention_mask)
-                lengths, tokens, targets, masked = drop_masked_tokens(lengths, tokens, keep,
-                                                                      targets)
-            boundary = BoundaryCounts()
-            if bos is not None or eos is not None:
-                lengths, tokens, targets, boundary = add_boundary_tokens(
-                    lengths, tokens, targets, bos=bos, eos=eos)
-            yield TokenBatch(row, lengths, tokens, targets, masked, boundary)
+                                    masks.attention_mask, "--attention-mask-column")
+            yield RawBatch(row, lengths, tokens, keep, lab, tuple(loss))
             row += n
 
 
-def _mask_values(arr: pa.Array, lengths: np.ndarray, path, row: int, name: str) -> np.ndarray:
+def _mask_values(arr: pa.Array, lengths: np.ndarray, path, row: int, name: str,
+                 option: str) -> np.ndarray:
     """Values of a per-token mask column, checked to be shaped like the tokens."""
     if arr.null_count:
         bad = row + int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
         raise SchemaError(f"{path}: {row_ref(bad)}: {name!r} is null; fill it or pass "
-                          f"--{name.replace('_', '-')}-column none")
+                          f"{option} none")
     mlen, values = list_parts(arr)
     if not np.array_equal(mlen, lengths):
         bad = int(np.argmax(mlen != lengths))

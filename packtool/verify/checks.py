@@ -127,6 +127,16 @@ def run_verify(
     if explicit and not backends and not data_only:
         raise ConfigError("no backend given; name one with --backend or pass --data-only")
 
+    if not data_only:  # say it before the column scan, not after it
+        from packtool.verify import has_torch
+
+        if not has_torch():
+            from packtool.errors import MissingDependencyError, install_hint
+
+            raise MissingDependencyError(
+                "torch is not installed; packtool verify runs its attention checks with it: "
+                + install_hint("verify") + "; or pass --data-only to check the columns alone "
+                "(NumPy, no torch)")
     t0 = time.perf_counter()
     reader = PackedReader(path)
     convention = getattr(reader, "labels_convention", None) or (
