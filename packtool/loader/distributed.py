@@ -65,9 +65,12 @@ class PackedIterableDataset(IterableDataset):
             ``2 * shuffle_buffer`` decoded rows plus two row groups per worker.
         drop_last: drop the remainder instead of repeating rows.
         columns: columns each item carries (default: all present, plus derived ``labels``).
-        labels: convention of the labels items carry: ``unshifted`` (what Hugging Face models
-            take) or ``shifted``; default: the output's own (as stored, or as recorded when
-            derived). Converted inside each segment, so stored masks survive.
+        labels: convention of the labels items carry, whatever the output stores:
+            ``unshifted`` (default; ``labels[i]`` is token ``i`` or -100, the Hugging Face
+            convention: the model or the loss shifts them) or ``shifted`` (``labels[i]`` is the
+            token after ``i`` or -100: no shift at the loss); None: the output's own (as
+            stored, or as recorded when derived). Converted inside each segment, so stored
+            masks survive.
         max_open_files: open shard handles per worker (>= 1), least recently used closed first.
 
     Raises:
@@ -78,7 +81,8 @@ class PackedIterableDataset(IterableDataset):
     def __init__(self, path: str | os.PathLike, *, rank: int | None = None,
                  world_size: int | None = None, seed: int = 0, epoch: int = 0,
                  shuffle: bool = True, shuffle_buffer: int = 1024, drop_last: bool = False,
-                 columns: Sequence[str] | None = None, labels: str | None = None, max_open_files: int = 64) -> None:
+                 columns: Sequence[str] | None = None, labels: str | None = "unshifted",
+                 max_open_files: int = 64) -> None:
         if rank is None or world_size is None:
             r, w = _default_rank_world()
             rank = r if rank is None else rank
@@ -106,6 +110,11 @@ class PackedIterableDataset(IterableDataset):
         return split_ranks(self.index.rg_rows, rank=self.rank, world_size=self.world_size,
                            seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
                            drop_last=self.drop_last)
+
+    @property
+    def labels_convention(self) -> str:
+        """Convention of the labels items carry: ``unshifted`` or ``shifted``."""
+        return self.labels_mode
 
     def __len__(self) -> int:
         """Rows this rank yields per epoch (the same on every rank)."""

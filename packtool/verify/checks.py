@@ -233,7 +233,7 @@ def _run_models(report, path, idx, capacity, convention, explicit, backends, wan
     per_row = max(r.row_bytes(capacity) for r in runners)
     B = int(max(1, min(batch_size, budget.bytes // max(per_row, 1))))
     report.notes.append(f"{len(idx)} rows in batches of {B}")
-    ds = PackedDataset(path)
+    ds = PackedDataset(path, labels=convention)  # the labels the checks below expect
     items = [ds[i] for i in idx]
     report.rows = [(it["shard"], it["row"]) for it in items]
     shifted = convention == "shifted"
