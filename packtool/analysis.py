@@ -577,7 +577,7 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
     colors = [_STRATEGY_COLORS.get(n, "tab:green") for n in names]
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     (ax_len, ax_pad), (ax_cut, ax_fill) = axes
-    fig.suptitle(f"packtool stats --compare: {lengths.size:,} documents, {int(lengths.sum()):,} "
+    fig.suptitle(f"packtool compare: {lengths.size:,} documents, {int(lengths.sum()):,} "
                  f"tokens, capacity {capacity:,}; least waste: {best['strategy']}")
     pos = lengths[lengths > 0]
     if pos.size:

@@ -395,7 +395,7 @@ def _natural_key(name: str):
     return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name) if t]
 
 
-def _order_note(place: "_Place", dpath: str, names: list[str]) -> str | None:
+def _order_note(shown, names: list[str]) -> str | None:
     """A note when names in one folder whose numbers differ in width are read in text order
     against their numeric order (``part-10`` before ``part-2``); None otherwise."""
     text = sorted(names)
@@ -404,7 +404,7 @@ def _order_note(place: "_Place", dpath: str, names: list[str]) -> str | None:
         return None
     i = next(k for k, (a, b) in enumerate(zip(text, natural)) if a != b)
     first, second = text[i], natural[i]
-    return (f"{place.show(dpath)}: file names are read in text order, so {first} comes before "
+    return (f"{shown}: file names are read in text order, so {first} comes before "
             f"{second} (as pyarrow.dataset reads them); zero-pad the numbers in the names, or "
             "pass the files in the order you mean, if that is not the order of the documents")
 
@@ -414,18 +414,20 @@ _Found = tuple
 
 
 def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
-          skip_unsupported: bool) -> list[_Found]:
+          skip_unsupported: bool, disp=None) -> list[_Found]:
     """Every data file under ``root``, each with its key in the global document order.
 
     The key is the relative path, except for the files of a ``save_to_disk`` folder, which
     sort at the folder's relative path in their ``state.json`` order (their names say nothing
-    of it). Entries not read go to ``skipped`` with the reason.
+    of it). Entries not read go to ``skipped`` with the reason, named by ``disp(relative
+    path)`` (default: the path inside the filesystem).
 
     Raises:
         InputError: as :func:`discover`; a file of another format inside the folder (unless
             ``skip_unsupported``).
     """
     fs = place.fs
+    disp = disp or (lambda rel: place.show(f"{root}/{rel}" if rel else root))
     found: list[_Found] = []
     other: list[tuple[str, str]] = []  # files of another format: (relative path, shown)
     # depth-first; each entry carries the keys of its ancestors: a link back to one of them is
@@ -456,18 +458,18 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
             for name in sorted(set(by_name) - set(listed) - {_HF_STATE, _HF_INFO}):
                 why = "hidden or '_'-prefixed" if name.startswith((".", "_")) else \
                     f"not listed in {_HF_STATE}"
-                skipped.append(f"{place.show(by_name[name].path)} ({why})")
+                skipped.append(f"{disp(drel + name)} ({why})")
             continue
         read_here = []
         for info in sorted(infos, key=lambda i: i.path):
             name = _name(info.path)
             if name.startswith((".", "_")):
-                skipped.append(f"{place.show(info.path)} (hidden or '_'-prefixed)")
+                skipped.append(f"{disp(drel + name)} (hidden or '_'-prefixed)")
                 continue
             if info.type == pafs.FileType.Directory:
                 key = place.key(info.path)
                 if key in ancestors:
-                    skipped.append(f"{place.show(info.path)} (link loop)")
+                    skipped.append(f"{disp(drel + name)} (link loop)")
                     continue
                 stack.append((info.path, f"{drel}{name}/", ancestors + (key,)))
                 read_here.append(name)
@@ -477,10 +479,10 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
                     found.append((info.path, f"{drel}{name}", fmt, info, (f"{drel}{name}", 0)))
                     read_here.append(name)
                 elif _DOC_NAMES.search(name):
-                    skipped.append(f"{place.show(info.path)} (documentation)")
+                    skipped.append(f"{disp(drel + name)} (documentation)")
                 else:
-                    other.append((f"{drel}{name}", str(place.show(info.path))))
-        note = _order_note(place, dpath, read_here)
+                    other.append((f"{drel}{name}", str(disp(drel + name))))
+        note = _order_note(disp(drel.rstrip("/")), read_here)
         if note:
             notes.append(note)
     other.sort()
@@ -552,7 +554,13 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
         if info.type == pafs.FileType.NotFound:
             raise InputError(f"{shown}: no such file or directory; check the INPUT path")
         if info.type == pafs.FileType.Directory:
-            found = sorted(_walk(place, path, skipped, notes, skip_unsupported),
+            if prefix:
+                def disp(rel, _p=path):
+                    return place.show(f"{_p}/{rel}" if rel else _p)
+            else:
+                def disp(rel, _g=Path(_location(given))):
+                    return _g / rel if rel else _g
+            found = sorted(_walk(place, path, skipped, notes, skip_unsupported, disp),
                            key=lambda t: t[4])
             for q, rel, fmt, qi, _ in found:
                 where = place.show(q) if prefix else Path(_location(given)) / rel
