@@ -298,10 +298,6 @@ def _plot_path(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return value
 
 
-def _none(value: str) -> str | None:
-    return None if value.lower() == "none" else value
-
-
 def _input_notes(found, columns) -> list[str]:
     """Summary lines on INPUT: entries not read, order notes, mask-like columns not used."""
     notes = [found.skipped_note()] if found is not None and found.skipped else []
@@ -465,8 +461,7 @@ def stats(ctx, path, per_bin, per_bin_limit, as_json, plot, capacity, compare, c
     import json
 
     from packtool import analysis
-    from packtool.errors import ConfigError, ManifestError
-    from packtool.formats.manifest import MANIFEST_NAME
+    from packtool.errors import ConfigError
 
     def given(name: str) -> bool:
         return ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT

@@ -9,7 +9,8 @@ from packtool.core.packing import MAX_CAPACITY
 from packtool.errors import ConfigError
 from packtool.types import Engine, LabelMode, Overflow, Strategy
 
-__all__ = ["PackConfig", "CompareConfig", "DEFAULT_RAY_WINDOW_DOCS", "DEFAULT_ROW_GROUP_MB", "rows_per_group_for"]
+__all__ = ["PackConfig", "CompareConfig", "DEFAULT_RAY_WINDOW_DOCS", "DEFAULT_ROW_GROUP_MB",
+           "rows_per_group_for"]
 
 #: Default Parquet row-group budget in MiB of per-token data (4 bytes x C x token columns per
 #: row). Chosen by measurement (docs/benchmarks.md, "Random access"): with 1 MiB one random

@@ -19,7 +19,13 @@ that it can prune and report: hidden (``.``) and ``_``-prefixed entries (Spark/H
 ``_temporary``, ``.ipynb_checkpoints``, ...) are skipped at every level, symbolic links are
 followed with a guard against loops, and a packtool output (its manifest or
 in-progress marker, or ``packtool.*`` schema metadata in a shard) is refused, so packed rows are
-never read back as documents.
+never read back as documents. Every entry it does not read is reported with the reason; a file
+of another format inside a directory is refused unless the caller asks to skip such files. The
+global document order keeps each format's own order (a ``save_to_disk`` folder's
+``state.json``; docs/inputs.md states the rule for every format).
+
+The reader checks the mask columns (shape, nulls, values) but applies none of them:
+:func:`packtool.core.masks.prepare_documents` does, for ``pack`` and ``compare`` alike.
 """
 
 from __future__ import annotations
@@ -93,7 +99,8 @@ class RawBatch:
     first_row: int  #: row index in the file of the first document
     lengths: np.ndarray  #: int64[docs], tokens per document
     tokens: np.ndarray  #: int32[sum(lengths)], the documents' tokens back to back
-    keep: np.ndarray | None = None  #: int64[sum(lengths)] attention mask (0 = padding); None: not read
+    #: int64[sum(lengths)] attention mask (0 = padding); None: not read
+    keep: np.ndarray | None = None
     labels: np.ndarray | None = None  #: int64[sum(lengths)] unshifted labels (-100 or the token)
     loss_masks: tuple = ()  #: int64[sum(lengths)] loss masks, 1 = learn, 0 = not a target
 
@@ -372,10 +379,11 @@ def _hf_files(fs: pafs.FileSystem, directory: str, shown) -> list[str]:
         raise InputError(f"{shown}/{_HF_STATE}: not a readable Hugging Face dataset state "
                          f"({exc}); save the dataset again with save_to_disk") from None
     if indices:
+        listed = ", ".join(str(d.get("filename", d)) if isinstance(d, dict) else str(d)
+                           for d in indices)
         raise InputError(f"{shown}: Hugging Face dataset saved with an indices mapping "
-                         f"({_HF_STATE} lists {', '.join(str(d.get('filename', d)) for d in indices)}"
-                         "): its row order is not the data files' order; load it, call "
-                         "flatten_indices() and save_to_disk again")
+                         f"({_HF_STATE} lists {listed}): its row order is not the data files' "
+                         "order; load it, call flatten_indices() and save_to_disk again")
     if not names:
         raise InputError(f"{shown}: Hugging Face dataset with no data files; save it again")
     return names

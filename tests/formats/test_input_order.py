@@ -110,7 +110,8 @@ def test_save_to_disk_folder_with_an_indices_mapping_is_refused(tmp_path):
 def test_save_to_disk_order_holds_in_an_object_store(s3, tmp_path):
     """The same rule for a folder listed through an object store."""
     fs, bucket = s3
-    local = _hf_folder(tmp_path / "hf", {"a.arrow": [[1]], "b.arrow": [[2]]}, ["b.arrow", "a.arrow"])
+    local = _hf_folder(tmp_path / "hf", {"a.arrow": [[1]], "b.arrow": [[2]]},
+                       ["b.arrow", "a.arrow"])
     for p in local.iterdir():
         with fs.open_output_stream(f"{bucket}/hf/{p.name}") as fh:
             fh.write(p.read_bytes())
