@@ -235,47 +235,64 @@ class InputDocuments:
     """Raw INPUT as ``pack`` would see it before planning (masks and BOS/EOS applied)."""
 
     lengths: np.ndarray  #: int64[num_docs], tokens per document
-    targets: np.ndarray | None  #: uint8[sum(lengths)] input target flags; None: no labels column
+    #: uint8[sum(lengths)] input target flags; None: no labels column and no loss mask read
+    targets: np.ndarray | None
     masked_tokens: int  #: tokens removed by an attention mask
     boundary: object  #: :class:`packtool.core.masks.BoundaryCounts`
+    #: :class:`packtool.formats.reader.Discovery`: the files read, the entries not read
+    discovery: object = None
+    #: :class:`packtool.formats.reader.InputColumns`: mask-like columns not used
+    columns: object = None
+
+    @property
+    def label_masked(self) -> int:
+        """Tokens kept out of the targets by input labels or loss masks."""
+        return 0 if self.targets is None else int(self.targets.size
+                                                  - np.count_nonzero(self.targets))
 
 
 def input_documents(inputs, column: str = "input_ids", *, attention_mask: str | None = None,
-                    labels: str | None = None, bos: int | None = None,
-                    eos: int | None = None) -> InputDocuments:
+                    labels: str | None = None, loss_mask: str | None = None,
+                    bos: int | None = None, eos: int | None = None,
+                    skip_unsupported: bool = False) -> InputDocuments:
     """Document lengths (and input target flags) of raw INPUT, in global document order,
-    with the same mask and BOS/EOS rules as ``pack`` (:mod:`packtool.core.masks`).
+    read through the same path as ``pack`` (:func:`packtool.pipeline.read.iter_documents`:
+    the same discovery, mask columns and BOS/EOS).
 
     Args:
         inputs: INPUT paths.
         column: token column.
-        attention_mask, labels: mask columns (a name, ``"auto"`` or None), as ``pack``.
+        attention_mask, labels, loss_mask: mask columns (a name, ``"auto"`` or None), as
+            ``pack``.
         bos, eos: ``--prepend-bos`` / ``--append-eos`` ids or None.
+        skip_unsupported: as ``pack --skip-unsupported``.
 
-    Memory: 8 bytes per document, plus 1 byte per token when a labels column is read.
+    Memory: 8 bytes per document, plus 1 byte per token when target flags are read.
 
     Raises:
-        InputError, SchemaError: as :func:`packtool.formats.reader.iter_token_batches`.
+        InputError, SchemaError: as :func:`packtool.formats.reader.discover` and
+            :func:`packtool.pipeline.read.iter_documents`.
     """
-    from packtool.core.masks import BoundaryCounts, add_boundary_tokens
-    from packtool.formats.reader import discover_inputs, iter_token_batches
+    from packtool.core.masks import BoundaryCounts
+    from packtool.formats.reader import discover, input_columns
+    from packtool.pipeline.read import iter_documents
 
+    found = discover(list(inputs), skip_unsupported=skip_unsupported)
+    cols = input_columns(found.files, column, attention_mask, labels, loss_mask)
     lengths, flags, masked, counts = [], [], 0, BoundaryCounts()
     any_flags = False
-    for f in discover_inputs(list(inputs)):
-        for tb in iter_token_batches(f.path, column, attention_mask=attention_mask,
-                                     labels=labels):
-            ln, tok, tg = tb.lengths, tb.tokens, tb.targets
-            if bos is not None or eos is not None:
-                ln, tok, tg, c = add_boundary_tokens(ln, tok, tg, bos=bos, eos=eos)
-                counts = counts + c
-            any_flags |= tg is not None
-            lengths.append(ln)
-            flags.append(tg if tg is not None else np.ones(int(ln.sum()), dtype=np.uint8))
+    for f in found.files:
+        for tb in iter_documents(f.path, column, fmt=f.format, attention_mask=attention_mask,
+                                 labels=labels, loss_mask=loss_mask, bos=bos, eos=eos):
+            any_flags |= tb.targets is not None
+            lengths.append(tb.lengths)
+            flags.append(tb.targets if tb.targets is not None
+                         else np.ones(tb.tokens.size, dtype=np.uint8))
             masked += tb.masked_tokens
+            counts = counts + tb.boundary
     cat = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
     targets = (np.concatenate(flags) if flags else np.zeros(0, np.uint8)) if any_flags else None
-    return InputDocuments(cat, targets, masked, counts)
+    return InputDocuments(cat, targets, masked, counts, found, cols)
 
 
 def input_lengths(inputs, column: str = "input_ids") -> np.ndarray:
@@ -285,7 +302,7 @@ def input_lengths(inputs, column: str = "input_ids") -> np.ndarray:
         int64[num_docs].
 
     Raises:
-        InputError, SchemaError: as :func:`packtool.formats.reader.iter_token_batches`.
+        InputError, SchemaError: as :func:`input_documents`.
     """
     return input_documents(inputs, column).lengths
 
@@ -566,7 +583,7 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
     colors = [_STRATEGY_COLORS.get(n, "tab:green") for n in names]
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     (ax_len, ax_pad), (ax_cut, ax_fill) = axes
-    fig.suptitle(f"packtool stats --compare: {lengths.size:,} documents, {int(lengths.sum()):,} "
+    fig.suptitle(f"packtool compare: {lengths.size:,} documents, {int(lengths.sum()):,} "
                  f"tokens, capacity {capacity:,}; least waste: {best['strategy']}")
     pos = lengths[lengths > 0]
     if pos.size:

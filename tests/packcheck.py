@@ -9,7 +9,6 @@ still shows here.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import Counter
 from pathlib import Path
 

@@ -1,5 +1,5 @@
 """Token masks carried through ``pack`` end to end: padding removed, SFT prompts kept out of the
-targets, BOS/EOS added once, and ``stats --compare`` modelling the same options.
+targets, BOS/EOS added once, and ``compare`` modelling the same options.
 
 The expected rows are derived independently: documents after masking are packed with
 ``--no-shuffle`` and each row is checked with the plain-Python contract checker, then the
@@ -125,7 +125,7 @@ def test_bos_is_prepended_once(tmp_path):
     assert (t["docs_bos_added"], t["docs_bos_present"]) == (1, 2)
 
 
-def test_stats_compare_models_the_same_options_as_pack(tmp_path):
+def test_compare_models_the_same_options_as_pack(tmp_path):
     """The dry run's obfd row equals the real pack's rows, padding and effective targets."""
     ids = [[i + 1] * (2 + i % 7) + [2] * (i % 2) for i in range(40)]
     mask = [[1] * (len(d) - 1) + [int(i % 3 != 0)] for i, d in enumerate(ids)]
@@ -133,7 +133,7 @@ def test_stats_compare_models_the_same_options_as_pack(tmp_path):
     src = _write(tmp_path / "in" / "a.parquet", input_ids=ids, attention_mask=mask,
                  labels=labels)
     opts = ["--append-eos", 2, "--prepend-bos", 1]
-    res = invoke(["stats", src, "--capacity", 16, "--compare", "--json", *opts])
+    res = invoke(["compare", src, "--capacity", 16, "--json", *opts])
     assert res.exit_code == 0, res.output
     dry = {r["strategy"]: r for r in json.loads(res.output)["strategies"]}["obfd"]
     _, _, manifest = _pack(src, tmp_path / "out", *opts, capacity=16)

@@ -25,7 +25,8 @@ class PackedDataset:
     ``labels`` int32[C] (``labels`` derived in the recorded convention when the shards do not
     store them), ``cu_seqlens`` int32[k + 1 (+1 with padding)], ``doc_ids``, ``doc_offsets``
     int64[k], ``max_seqlen``, ``num_targets`` Python ints, and ``shard`` (file name), ``row``
-    (inside the shard), ``index`` (global), ``labels_mode`` (``unshifted`` | ``shifted``).
+    (inside the shard), ``index`` (global), ``labels_mode`` (``unshifted`` | ``shifted``: the
+    convention of the item's labels, also :attr:`labels_convention`).
 
     A row costs the decode of its row group; the last ``cached_row_groups`` decoded groups are
     kept, so reading in order costs one decode per row group. At most ``max_open_files``
@@ -36,9 +37,12 @@ class PackedDataset:
         path: the OUTPUT of ``packtool pack``: a directory, a ``file:`` URI or a store URI
             (``s3://bucket/packed/``, credentials and endpoint as for ``pack``).
         columns: columns each item carries (default: all present, plus derived ``labels``).
-        labels: convention of the labels items carry: ``unshifted`` (what Hugging Face models
-            take) or ``shifted``; default: the output's own (as stored, or as recorded when
-            derived). Converted inside each segment, so stored masks survive.
+        labels: convention of the labels items carry, whatever the output stores:
+            ``unshifted`` (default; ``labels[i]`` is token ``i`` or -100, the Hugging Face
+            convention: the model or the loss shifts them) or ``shifted`` (``labels[i]`` is the
+            token after ``i`` or -100: no shift at the loss); None: the output's own (as
+            stored, or as recorded when derived). Converted inside each segment, so stored
+            masks survive.
         max_open_files: open shard handles per process (>= 1).
         cached_row_groups: decoded row groups kept per process (>= 1).
         cache_dir, cache_limit: a local directory keeping whole shards of a store output, at
@@ -55,9 +59,9 @@ class PackedDataset:
     """
 
     def __init__(self, path: str | os.PathLike, *, columns: Sequence[str] | None = None,
-                 labels: str | None = None, max_open_files: int = 64, cached_row_groups: int = 2,
-                 cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None,
-                 integrity: str = "footer") -> None:
+                 labels: str | None = "unshifted", max_open_files: int = 64,
+                 cached_row_groups: int = 2, cache_dir: str | os.PathLike | None = None,
+                 cache_limit: int | str | None = None, integrity: str = "footer") -> None:
         if cached_row_groups < 1:
             raise ValueError(f"cached_row_groups must be >= 1, got {cached_row_groups}")
         self.output, self.labels_mode = open_source(
@@ -82,6 +86,11 @@ class PackedDataset:
 
     def __len__(self) -> int:
         return self.output.num_rows
+
+    @property
+    def labels_convention(self) -> str:
+        """Convention of the labels items carry: ``unshifted`` or ``shifted``."""
+        return self.labels_mode
 
     @property
     def open_files(self) -> int:

@@ -66,9 +66,12 @@ class PackedIterableDataset(IterableDataset):
             ``2 * shuffle_buffer`` decoded rows plus two row groups per worker.
         drop_last: drop the remainder instead of repeating rows.
         columns: columns each item carries (default: all present, plus derived ``labels``).
-        labels: convention of the labels items carry: ``unshifted`` (what Hugging Face models
-            take) or ``shifted``; default: the output's own (as stored, or as recorded when
-            derived). Converted inside each segment, so stored masks survive.
+        labels: convention of the labels items carry, whatever the output stores:
+            ``unshifted`` (default; ``labels[i]`` is token ``i`` or -100, the Hugging Face
+            convention: the model or the loss shifts them) or ``shifted`` (``labels[i]`` is the
+            token after ``i`` or -100: no shift at the loss); None: the output's own (as
+            stored, or as recorded when derived). Converted inside each segment, so stored
+            masks survive.
         max_open_files: open shard handles per worker (>= 1), least recently used closed first.
         cache_dir, cache_limit: a local directory keeping whole shards of a store output, at
             most ``cache_limit`` bytes (an int or ``"20G"``), shared by the ranks and workers of
@@ -84,7 +87,7 @@ class PackedIterableDataset(IterableDataset):
     def __init__(self, path: str | os.PathLike, *, rank: int | None = None,
                  world_size: int | None = None, seed: int = 0, epoch: int = 0,
                  shuffle: bool = True, shuffle_buffer: int = 1024, drop_last: bool = False,
-                 columns: Sequence[str] | None = None, labels: str | None = None,
+                 columns: Sequence[str] | None = None, labels: str | None = "unshifted",
                  max_open_files: int = 64, cache_dir: str | os.PathLike | None = None,
                  cache_limit: int | str | None = None, integrity: str = "footer") -> None:
         if rank is None or world_size is None:
@@ -116,6 +119,11 @@ class PackedIterableDataset(IterableDataset):
         return split_ranks(self.output.rg_rows, rank=self.rank, world_size=self.world_size,
                            seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
                            drop_last=self.drop_last)
+
+    @property
+    def labels_convention(self) -> str:
+        """Convention of the labels items carry: ``unshifted`` or ``shifted``."""
+        return self.labels_mode
 
     def __len__(self) -> int:
         """Rows this rank yields per epoch (the same on every rank)."""

@@ -127,7 +127,7 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
     """
     t0 = time.perf_counter()
     show = progress and sys.stderr.isatty()
-    files = discover_inputs(list(cfg.inputs))
+    files = discover_inputs(list(cfg.inputs), skip_unsupported=cfg.skip_unsupported)
     cfg = input_labels_config(cfg, files)  # an input labels column: labels are stored
     windows = plan_windows(files, cfg.column, cfg.window_docs)  # footers only
     fp = fingerprint(cfg.layout_options(), files)

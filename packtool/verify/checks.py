@@ -130,6 +130,16 @@ def run_verify(
     if explicit and not backends and not data_only:
         raise ConfigError("no backend given; name one with --backend or pass --data-only")
 
+    if not data_only:  # say it before the column scan, not after it
+        from packtool.verify import has_torch
+
+        if not has_torch():
+            from packtool.errors import MissingDependencyError, install_hint
+
+            raise MissingDependencyError(
+                "torch is not installed; packtool verify runs its attention checks with it: "
+                + install_hint("verify") + "; or pass --data-only to check the columns alone "
+                "(NumPy, no torch)")
     t0 = time.perf_counter()
     reader = PackedOutput.open(path, integrity="sha256" if check_hashes else "footer")
     if check_hashes:
@@ -228,7 +238,9 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
     per_row = max(r.row_bytes(capacity) for r in runners)
     B = int(max(1, min(batch_size, budget.bytes // max(per_row, 1))))
     report.notes.append(f"{len(idx)} rows in batches of {B}")
-    ds = PackedDataset(reader)  # the rows through the loader's own dataset, on the same reader
+    # the rows through the loader's own dataset, on the same reader, with the labels the
+    # checks below expect
+    ds = PackedDataset(reader, labels=convention)
     items = [ds[i] for i in idx]
     report.rows = [(it["shard"], it["row"]) for it in items]
     shifted = convention == "shifted"

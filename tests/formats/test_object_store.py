@@ -374,19 +374,19 @@ def test_ctrl_c_while_a_small_object_is_written_leaves_it_whole(s3, monkeypatch,
         assert fh.read() == b'{"whole": true}'
 
 
-def test_stats_compare_reads_an_s3_input_like_a_local_one(tmp_path, s3):
-    """``stats INPUT --compare`` takes every INPUT pack takes, a URI included."""
+def test_compare_reads_an_s3_input_like_a_local_one(tmp_path, s3):
+    """``compare INPUT`` takes every INPUT pack takes, a URI included."""
     fs, bucket = s3
     _put(fs, f"{bucket}/corpus/a.parquet", DOCS_A)
     _put(fs, f"{bucket}/corpus/sub/b.parquet", DOCS_B)
     write_docs(tmp_path / "local" / "a.parquet", DOCS_A)
     write_docs(tmp_path / "local" / "sub" / "b.parquet", DOCS_B)
-    ref = invoke(["stats", tmp_path / "local", "-c", 8, "--compare", "--json"])
+    ref = invoke(["compare", tmp_path / "local", "-c", 8, "--json"])
     assert ref.exit_code == 0, ref.output
-    res = invoke(["stats", f"s3://{bucket}/corpus", "-c", 8, "--compare", "--json"])
+    res = invoke(["compare", f"s3://{bucket}/corpus", "-c", 8, "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output) == json.loads(ref.output)
-    missing = invoke(["stats", f"s3://{bucket}/nothing", "-c", 8, "--compare"])
+    missing = invoke(["compare", f"s3://{bucket}/nothing", "-c", 8])
     assert missing.exit_code == 1
     assert missing.output.strip().splitlines() == [
         f"Error: s3://{bucket}/nothing: no such file or directory; check the INPUT path"]

@@ -4,7 +4,6 @@ taken while writing, and what the README table, the manifest and the schema meta
 from __future__ import annotations
 
 import hashlib
-import json
 
 import numpy as np
 import pyarrow as pa
@@ -12,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from packtool.config import PackConfig
-from packtool.formats.manifest import FORMAT_VERSION, MANIFEST_NAME, read_manifest
+from packtool.formats.manifest import FORMAT_VERSION, read_manifest
 from packtool.formats.packed import PackedOutput, labels_in
 from packtool.formats.schema import (CAPACITY_META_KEY, FORMAT_VERSION_META_KEY,
                                      LABELS_CONVENTION_META_KEY, packed_columns)

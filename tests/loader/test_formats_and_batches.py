@@ -3,7 +3,6 @@ labels, windowed outputs mixed, the [B, C] and flattened batches with their chec
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -188,7 +187,7 @@ def test_hf_collator_rebuilds_segments_from_positions_when_keys_were_dropped(tmp
 
     out = pack(write_input(tmp_path / "in", random_docs(30, 7, seed=4)), tmp_path / "out", 10,
                "--labels", "shifted")
-    ds = PackedDataset(out)
+    ds = PackedDataset(out, labels="shifted")
     items = [ds[i] for i in range(3)]
     stripped = [{k: it[k] for k in ("input_ids", "position_ids", "labels")} for it in items]
     full = HFCollator(flatten=True, flash_attn_kwargs=True, labels_mode="shifted")(stripped)
