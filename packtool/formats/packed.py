@@ -27,7 +27,16 @@ what training reads:
   default) also hashes every shard whole at open.
 - **One decoder.** :meth:`PackedOutput.decode` reads one row group and returns a :class:`Block` of
   NumPy columns: per-token columns ``int32[R, C]``, ragged ones as (values, offsets), scalars
-  ``[R]``; nulls, other types and wrong sizes are refused naming shard and column.
+  ``[R]``; nulls, other types and wrong sizes are refused naming shard and column. With
+  ``structure="derived"`` it reads no ``segment_ids`` or ``position_ids`` pages and computes both
+  from ``cu_seqlens`` and the segment count (:func:`structure_from_cu`, the output contract's
+  definition): a training read decodes ``input_ids`` and two small columns, about a third of the
+  bytes (``docs/benchmarks.md``). ``packtool verify`` checks the stored columns against
+  ``cu_seqlens``, so both ways give the same arrays on a verified output.
+- **Rows as slices.** :meth:`Rows.gather` takes any rows of decoded blocks (a training batch)
+  into one :class:`Rows` of ``[B, C]`` arrays with one copy per column and block, no per-row
+  dicts; :func:`iter_decoded` decodes row groups of several outputs (a mixture) ahead in one
+  thread.
 - **One read-side label rule.** ``labels`` comes back in the convention asked for: as stored,
   converted inside each segment (:func:`convert_labels`, so a stored input mask survives), or
   derived from ``input_ids`` and ``segment_ids`` when not stored (:func:`unshifted_labels`,
@@ -41,7 +50,7 @@ import os
 import threading
 from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -56,9 +65,10 @@ from packtool.formats.schema import (RAGGED_COLUMNS, SCALAR_COLUMNS, SHARD_META_
 from packtool.location import Location
 from packtool.types import IGNORE_INDEX
 
-__all__ = ["PackedOutput", "Block", "INTEGRITY", "LABEL_CONVENTIONS", "KNOWN_COLUMNS",
-           "unshifted_labels", "shifted_labels", "convert_labels", "labels_in",
-           "TOKEN_COLUMNS", "RAGGED_COLUMNS", "SCALAR_COLUMNS"]
+__all__ = ["PackedOutput", "Block", "Rows", "INTEGRITY", "LABEL_CONVENTIONS", "KNOWN_COLUMNS",
+           "STRUCTURE", "unshifted_labels", "shifted_labels", "convert_labels", "labels_in",
+           "structure_from_cu", "iter_decoded", "TOKEN_COLUMNS", "RAGGED_COLUMNS",
+           "SCALAR_COLUMNS"]
 
 #: Integrity levels of :meth:`PackedOutput.open`, weakest first (see the module docstring).
 INTEGRITY = ("size", "footer", "sha256")
@@ -68,6 +78,9 @@ LABEL_CONVENTIONS = ("unshifted", "shifted")
 KNOWN_COLUMNS = TOKEN_COLUMNS + RAGGED_COLUMNS + SCALAR_COLUMNS
 #: Row groups decoded ahead by :meth:`PackedOutput.iter_groups` (in one background thread).
 READ_AHEAD = 2
+#: How :meth:`PackedOutput.decode` gets ``segment_ids`` and ``position_ids``: ``stored`` (read
+#: their pages) or ``derived`` (computed from ``cu_seqlens`` and the segment count).
+STRUCTURE = ("stored", "derived")
 
 
 def unshifted_labels(input_ids: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
@@ -158,6 +171,80 @@ def labels_in(convention: str, *, input_ids: np.ndarray, segment_ids: np.ndarray
     return convert_labels(stored, segment_ids, stored_convention, convention)
 
 
+def structure_from_cu(cu_values: np.ndarray, cu_offsets: np.ndarray, num_segments: np.ndarray,
+                      capacity: int, where: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """``segment_ids`` and ``position_ids`` of R rows from their ``cu_seqlens`` (README, "Output
+    contract": segments 1..k, 0 on the padding tail; positions 0..len-1 in each segment, the
+    padding tail counted as one pseudo-segment).
+
+    Args:
+        cu_values: int[E], every row's ``cu_seqlens`` back to back; cu_offsets: int64[R + 1],
+            row r's entries are ``cu_values[cu_offsets[r]:cu_offsets[r + 1]]``.
+        num_segments: int[R], k, real segments per row (the length of its ``doc_ids``).
+        capacity: C.
+        where: names the shard in error messages.
+
+    Returns:
+        (segment_ids int32[R, C], position_ids int32[R, C]).
+
+    Raises:
+        ManifestError: a row's ``cu_seqlens`` does not start at 0, end at C and strictly
+            increase, or does not have k + 1 or k + 2 entries.
+    """
+    C = int(capacity)
+    cu = np.asarray(cu_values, dtype=np.int64)
+    offs = np.asarray(cu_offsets, dtype=np.int64)
+    k = np.asarray(num_segments, dtype=np.int64)
+    R = offs.size - 1
+    n_ent = np.diff(offs)  # shape: (R,), entries per row
+    first, last = offs[:-1], offs[1:] - 1
+    bad = (n_ent < 2) | (n_ent - 1 < k) | (n_ent - 1 > k + 1)
+    if not bad.any():
+        bad = (cu[first] != 0) | (cu[last] != C)
+    if not bad.any() and cu.size > 1:
+        step = np.diff(cu)  # shape: (E - 1,)
+        inside = np.ones(step.size, dtype=bool)
+        inside[last[:-1]] = False  # the pair (last of row r, first of row r + 1)
+        if (step[inside] <= 0).any():
+            i = int(np.flatnonzero(inside & (step <= 0))[0])
+            bad = np.zeros(R, dtype=bool)
+            bad[int(np.searchsorted(offs, i, side="right") - 1)] = True
+    if bad.any():
+        r = int(np.flatnonzero(bad)[0])
+        raise ManifestError(f"{where}: row {r} of its row group: cu_seqlens "
+                            f"{cu[offs[r]:offs[r + 1]].tolist()[:8]} with {int(k[r])} segments "
+                            f"breaks the output contract (0 .. {C}, increasing, one entry per "
+                            "segment and the padding tail); rerun the same packtool pack with "
+                            "--overwrite")
+    left = np.ones(cu.size, dtype=bool)
+    left[last] = False  # every entry but a row's last opens a segment
+    row_of = np.repeat(np.arange(R, dtype=np.int64), n_ent - 1)  # shape: (segments,)
+    starts = cu[left] + row_of * C  # shape: (segments,), flat position of each segment
+    lengths = np.diff(np.append(starts, R * C))
+    j = np.arange(starts.size, dtype=np.int64) - np.repeat(first - np.arange(R), n_ent - 1)
+    ids = np.where(j < k[row_of], j + 1, 0).astype(np.int32)
+    seg = np.repeat(ids, lengths).reshape(R, C)  # shape: (R, C)
+    # one new array each (fresh pages cost more than the arithmetic at these sizes)
+    if R * C < 2**31:
+        pos = np.repeat(starts.astype(np.int32), lengths)  # shape: (R * C,)
+        np.subtract(_arange32(R * C), pos, out=pos)
+    else:
+        pos = (np.arange(R * C, dtype=np.int64) - np.repeat(starts, lengths)).astype(np.int32)
+    return seg, pos.reshape(R, C)
+
+
+_ARANGE32 = [np.zeros(0, dtype=np.int32)]
+
+
+def _arange32(n: int) -> np.ndarray:
+    """A read-only view of ``0 .. n - 1`` as int32, kept between calls (grows as needed)."""
+    if _ARANGE32[0].size < n:
+        a = np.arange(max(n, 2 * _ARANGE32[0].size), dtype=np.int32)
+        a.flags.writeable = False
+        _ARANGE32[0] = a
+    return _ARANGE32[0][:n]
+
+
 @dataclass
 class Block:
     """One decoded row group: NumPy columns of its R rows.
@@ -202,6 +289,93 @@ class Block:
         out.update(shard=self.shard, row=self.shard_row0 + i, index=self.first + i,
                    labels_mode=self.labels_mode)
         return out
+
+
+@dataclass
+class Rows:
+    """B rows of one or more decoded row groups, gathered: what a batch is built from.
+
+    Attributes:
+        tokens: name -> int32[B, C].
+        ragged: name -> (values, offsets int64[B + 1] from 0).
+        scalars: name -> int[B].
+        index: int64[B], each row's global row in its output.
+        row: int64[B], each row's row inside its shard.
+        shard: B shard file names.
+        labels_mode: convention of ``tokens["labels"]`` when present.
+        meta: name -> list of B per-row values added by the caller (e.g. ``source``).
+    """
+
+    tokens: dict
+    ragged: dict
+    scalars: dict
+    index: np.ndarray
+    row: np.ndarray
+    shard: list
+    labels_mode: str = "unshifted"
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def num_rows(self) -> int:
+        """B."""
+        return int(self.index.size)
+
+    def ragged_rows(self, name: str) -> list[np.ndarray]:
+        """Column ``name`` as one 1-D array per row (views)."""
+        vals, offs = self.ragged[name]
+        return [vals[offs[i]:offs[i + 1]] for i in range(self.num_rows)]
+
+    @classmethod
+    def gather(cls, parts: Sequence[tuple["Block", np.ndarray]], meta: dict | None = None
+               ) -> "Rows":
+        """Rows ``idx`` of each block, in the order given, as one :class:`Rows`.
+
+        Each per-token column is written once into a fresh ``[B, C]`` array (one copy per
+        column and block); ragged columns are gathered by index.
+
+        Args:
+            parts: ``(block, idx)`` pairs, ``idx`` int[n] rows of that block; every block has
+                the same columns and labels convention.
+            meta: per-row lists to carry (each of B entries).
+
+        Raises:
+            ValueError: no rows, or blocks with different columns.
+        """
+        parts = [(b, np.asarray(i, dtype=np.int64)) for b, i in parts]
+        B = sum(i.size for _, i in parts)
+        if not B:
+            raise ValueError("no rows to gather")
+        b0 = parts[0][0]
+        if any(b.tokens.keys() != b0.tokens.keys() or b.ragged.keys() != b0.ragged.keys()
+               for b, _ in parts):
+            raise ValueError("blocks with different columns cannot be gathered")
+        tokens = {}
+        for name, arr in b0.tokens.items():
+            out = np.empty((B, arr.shape[1]), dtype=arr.dtype)  # shape: (B, C)
+            at = 0
+            for b, idx in parts:
+                np.take(b.tokens[name], idx, axis=0, out=out[at:at + idx.size])
+                at += idx.size
+            tokens[name] = out
+        ragged = {}
+        for name in b0.ragged:
+            vals, lens = [], []
+            for b, idx in parts:
+                v, o = b.ragged[name]
+                n = o[idx + 1] - o[idx]
+                start = np.repeat(o[idx] - np.concatenate([[0], np.cumsum(n)[:-1]]), n)
+                vals.append(v[start + np.arange(int(n.sum()))])
+                lens.append(n)
+            n = np.concatenate(lens)
+            offs = np.zeros(B + 1, dtype=np.int64)  # shape: (B + 1,)
+            np.cumsum(n, out=offs[1:])
+            ragged[name] = (np.concatenate(vals), offs)
+        scalars = {name: np.concatenate([b.scalars[name][idx] for b, idx in parts])
+                   for name in b0.scalars}
+        index = np.concatenate([b.first + idx for b, idx in parts])
+        row = np.concatenate([b.shard_row0 + idx for b, idx in parts])
+        shard = [b.shard for b, idx in parts for _ in range(idx.size)]
+        return cls(tokens, ragged, scalars, index, row, shard, b0.labels_mode, dict(meta or {}))
 
 
 def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
@@ -503,30 +677,44 @@ class PackedOutput:
             handle.close()
 
     # -- decoding --------------------------------------------------------------------------------
-    def decode(self, group: int, columns: Sequence[str], labels: str | None = None) -> Block:
+    def decode(self, group: int, columns: Sequence[str], labels: str | None = None, *,
+               structure: str = "stored") -> Block:
         """Read whole row group ``group`` (over all shards) and decode ``columns``.
 
         Args:
             group: 0 .. G - 1.
             columns: column names; ``labels`` is always available (see the module docstring).
             labels: the convention of the ``labels`` handed out (None: the output's own).
+            structure: ``stored`` reads ``segment_ids`` / ``position_ids``; ``derived``
+                computes them from ``cu_seqlens`` and ``doc_ids`` (:func:`structure_from_cu`)
+                and reads neither.
 
         Returns:
             A :class:`Block`.
 
         Raises:
             ManifestError: a column the shards lack, a damaged page (checksum), nulls, another
-                type or a per-token column that does not hold R * C values (the message names
-                shard, row group and column).
+                type or a per-token column that does not hold R * C values, a ``cu_seqlens``
+                that breaks the contract (``derived``) (the message names shard, row group and
+                column).
+            ValueError: unknown ``structure``.
         """
+        if structure not in STRUCTURE:
+            raise ValueError(f"structure {structure!r}: choose stored or derived")
         mode = labels or self.labels.convention
         want = self.check_columns(columns)
         s, g = int(self.rg_shard[group]), int(self.rg_index[group])
         where = self._where(s)
         stored = self.labels.stored
-        read = [c for c in want if c != "labels" or stored]
+        derive = {c for c in ("segment_ids", "position_ids")
+                  if structure == "derived" and c in want}
+        if structure == "derived" and "labels" in want:
+            derive.add("segment_ids")  # the label rule needs the segments
+        read = [c for c in want if (c != "labels" or stored) and c not in derive]
         if "labels" in want:
-            read += [c for c in ("input_ids", "segment_ids") if c not in read]
+            read += [c for c in ("input_ids", "segment_ids") if c not in read and c not in derive]
+        if derive:
+            read += [c for c in ("cu_seqlens", "doc_ids") if c not in read]
         pf = self._open.get(s)
         try:
             table = pf.read_row_group(g, columns=read, use_threads=False)
@@ -556,6 +744,14 @@ class PackedOutput:
                 ragged[c] = (vals, offs - offs[0])
             else:
                 scalars[c] = arr.to_numpy(zero_copy_only=False)  # shape: (R,)
+        if derive:
+            cu_vals, cu_offs = ragged["cu_seqlens"]
+            seg, pos = structure_from_cu(cu_vals, cu_offs, np.diff(ragged["doc_ids"][1]), C,
+                                         f"{where}: row group {g}")
+            if "segment_ids" in derive:
+                tokens["segment_ids"] = seg
+            if "position_ids" in derive:
+                tokens["position_ids"] = pos
         if "labels" in want:
             tokens["labels"] = labels_in(mode, input_ids=tokens["input_ids"],
                                          segment_ids=tokens["segment_ids"],
@@ -564,13 +760,18 @@ class PackedOutput:
         for c in ("input_ids", "segment_ids"):
             if c in tokens and c not in want:
                 del tokens[c]
+        for c in ("cu_seqlens", "doc_ids"):
+            if c in ragged and c not in want:
+                del ragged[c]
+        tokens = {c: tokens[c] for c in TOKEN_COLUMNS if c in tokens}  # contract order
         first = int(self.rg_first[group])
         return Block(group=group, first=first, shard_row0=first - int(self.shard_first[s]),
                      shard=self.shards[s], num_rows=R, tokens=tokens, ragged=ragged,
                      scalars=scalars, labels_mode=mode)
 
     def iter_groups(self, groups: Iterable[int], columns: Sequence[str],
-                    labels: str | None = None, ahead: int = READ_AHEAD) -> Iterator[Block]:
+                    labels: str | None = None, ahead: int = READ_AHEAD, *,
+                    structure: str = "stored") -> Iterator[Block]:
         """Decode ``groups`` in order, up to ``ahead`` of them in a background thread while the
         caller uses the current one (``ahead=0``: in the caller's thread).
 
@@ -578,23 +779,8 @@ class PackedOutput:
             ManifestError: as :meth:`decode`.
         """
         cols = self.check_columns(columns)
-        if ahead <= 0:
-            for g in groups:
-                yield self.decode(int(g), cols, labels)
-            return
-        it = iter(groups)
-        pending: deque = deque()
-        with ThreadPoolExecutor(1, thread_name_prefix="packtool-read") as pool:
-            try:
-                for g in it:
-                    pending.append(pool.submit(self.decode, int(g), cols, labels))
-                    if len(pending) > ahead:
-                        yield pending.popleft().result()
-                while pending:
-                    yield pending.popleft().result()
-            finally:
-                for f in pending:
-                    f.cancel()
+        return iter_decoded(((self, int(g)) for g in groups), cols, labels, ahead,
+                            structure=structure)
 
     def iter_blocks(self, columns: Sequence[str] | None = None, labels: str | None = None,
                     ahead: int = READ_AHEAD) -> Iterator[Block]:
@@ -620,6 +806,35 @@ class PackedOutput:
     def close(self) -> None:
         """Close every shard handle this process holds."""
         self._open.close()
+
+
+def iter_decoded(jobs: Iterable[tuple["PackedOutput", int]], columns: Sequence[str],
+                 labels: str | None = None, ahead: int = READ_AHEAD, *,
+                 structure: str = "stored") -> Iterator[Block]:
+    """Decode ``(output, group)`` jobs in order, of one output or several (a mixture), up to
+    ``ahead`` of them in one background thread while the caller uses the current one
+    (``ahead=0``: in the caller's thread). Every output is asked for the same ``columns``.
+
+    Raises:
+        ManifestError: as :meth:`PackedOutput.decode`.
+    """
+    if ahead <= 0:
+        for out, g in jobs:
+            yield out.decode(int(g), columns, labels, structure=structure)
+        return
+    pending: deque = deque()
+    with ThreadPoolExecutor(1, thread_name_prefix="packtool-read") as pool:
+        try:
+            for out, g in jobs:
+                pending.append(pool.submit(out.decode, int(g), columns, labels,
+                                           structure=structure))
+                if len(pending) > ahead:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for f in pending:
+                f.cancel()
 
 
 def _list_values(arr: pa.Array, name: str, where: str) -> np.ndarray:

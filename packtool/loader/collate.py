@@ -1,7 +1,13 @@
-"""Batches in the forms trainers take, from loader items (torch imported only here, when called).
+"""Batches in the forms trainers take, from loader items or gathered rows (torch imported only
+here, when called).
 
 Shape legend: B = rows in the batch, C = capacity, S = segments in the batch (documents plus one
 padding segment per padded row, as ``cu_seqlens`` stores them).
+
+Every function takes either a list of items (dicts, as a ``DataLoader`` hands them over) or a
+:class:`~packtool.formats.packed.Rows` (what
+:class:`~packtool.loader.distributed.PackedIterableDataset` gathers with ``batch_size``: rows as
+slices of the decoded row groups, no per-row dict), and builds the batch in one step per column.
 
 - :func:`collate`: the [B, C] form. ``cu_seqlens`` int32 [S + 1] over the rows flattened to
   [B * C] (what ``flash_attn_varlen_func`` and ``torch.nn.attention.varlen`` take; B06), checked
@@ -12,6 +18,23 @@ padding segment per padded row, as ``cu_seqlens`` stores them).
   ``transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` names them.
 - ``num_targets`` in both: labels != -100 in the batch, the loss denominator (B19, B20): sum the
   token losses over a step's batches and divide once by the sum of their ``num_targets``.
+
+**Dtypes.** ``input_ids``, ``position_ids``, ``segment_ids`` and ``token_source_ids`` are int32,
+as stored: embedding lookups, rotary position embeddings and Hugging Face causal LMs take int32
+(``nn.Embedding`` indexes with int32 or int64; positions are cast to float for RoPE). Only
+``labels`` is int64: ``cross_entropy`` / ``nll_loss`` refuse int32 class targets. Inside a
+DataLoader worker the tensors are built in shared memory, so handing a batch to the training
+process copies nothing.
+
+**What each form needs.** The padding tail is not a document: only ``segment_ids`` (0 on
+padding) or ``labels`` (-100 on padding) tell it apart; positions alone cannot (the tail restarts
+at 0 like a document, and labels derived from them would train it). Every form needs
+``input_ids`` and either ``segment_ids`` or ``position_ids`` with ``labels`` (what
+``transformers.Trainer`` leaves of an item); missing positions are rebuilt from the segments.
+Items without them are refused with the columns named, never batched with an invented
+boundary, and :func:`check_item_columns` refuses a dataset whose ``columns=`` cannot make a
+batch. Rebuilt from positions, ``segment_ids`` numbers the padding tail like one more segment
+(as ``cu_seqlens`` counts it) instead of 0; its labels are -100.
 
 Labels convention. Each batch says which one it holds (``labels_convention``): ``unshifted``
 (``labels[i]`` is token ``i`` or -100; the model or the loss shifts, as Hugging Face models do
@@ -26,13 +49,15 @@ labels are never shifted twice in silence (B05).
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
-from packtool.formats.packed import convert_labels, shifted_labels, unshifted_labels
+from packtool.formats.packed import Rows, convert_labels, shifted_labels, unshifted_labels
 from packtool.types import IGNORE_INDEX
 
-__all__ = ["collate", "collate_flat", "batch_cu_seqlens", "count_targets",
-           "require_torch", "INT32_MAX", "CONVENTIONS"]
+__all__ = ["collate", "collate_flat", "batch_cu_seqlens", "count_targets", "rows_of",
+           "check_item_columns", "require_torch", "INT32_MAX", "CONVENTIONS"]
 
 #: The two labels conventions (see the module docstring).
 CONVENTIONS = ("unshifted", "shifted")
@@ -58,72 +83,164 @@ def require_torch():
     return torch
 
 
-def _capacity(batch: list[dict]) -> int:
+# --- what each form needs -------------------------------------------------------------------
+
+def _missing(have) -> str | None:
+    """What a batch lacks among columns ``have`` (None: nothing)."""
+    have = set(have)
+    if "input_ids" not in have:
+        return "input_ids"
+    if "segment_ids" in have or {"position_ids", "labels"} <= have:
+        return None
+    return "labels" if "position_ids" in have else "segment_ids"
+
+
+def check_item_columns(columns: Sequence[str], *, labels_stored: bool = True) -> None:
+    """Refuse columns no collate function can make a correct batch of. Every form needs
+    ``input_ids`` and either ``segment_ids`` (0 on the padding tail) or ``position_ids`` with
+    ``labels`` (-100 on the padding tail): positions alone restart at 0 on the padding tail as on
+    a document, and derived labels would train it.
+
+    Raises:
+        ValueError: names the columns given, what is missing and the fix.
+    """
+    missing = _missing(columns)
+    if missing:
+        raise ValueError(
+            f"a batch needs input_ids and segment_ids, or input_ids, position_ids and labels "
+            f"(columns: {', '.join(sorted(set(columns))) or 'none'}; missing {missing}): "
+            "without segment_ids or labels the padding tail cannot be told from a document; "
+            "keep them in columns=")
+
+
+def _needs(columns) -> None:
+    check_item_columns(columns)
+
+
+# --- items -> rows --------------------------------------------------------------------------
+
+_TOKENS = ("input_ids", "segment_ids", "position_ids", "labels")
+_RAGGED = ("cu_seqlens", "doc_ids", "doc_offsets", "source_ids")
+_SCALARS = ("max_seqlen", "num_targets")
+
+
+def rows_of(batch) -> Rows:
+    """The batch as :class:`~packtool.formats.packed.Rows` (items are stacked once per column;
+    a ``Rows`` is returned as it is). The labels convention is the items' (``labels_convention``
+    or ``labels_mode`` key), or None when they do not say.
+
+    Raises:
+        ValueError: an empty batch, rows of different capacity, or items with different keys.
+    """
+    if isinstance(batch, Rows):
+        return batch
     if not batch:
         raise ValueError("collate needs at least one row")
-    C = len(batch[0]["input_ids"])
+    first = batch[0]
+    if "input_ids" not in first:
+        check_item_columns(first.keys())
+    C = len(first["input_ids"])
     if any(len(item["input_ids"]) != C for item in batch):
         raise ValueError("rows of different capacity in one batch")
-    return C
+    keys = [k for k in _TOKENS if k in first]
+    if any(any(k not in item for k in keys) for item in batch):
+        raise ValueError("items with different columns in one batch")
+    tokens = {k: np.stack([np.asarray(item[k]) for item in batch]) for k in keys}
+    ragged = {}
+    for k in _RAGGED:
+        if k in first:
+            parts = [np.asarray(item[k]) for item in batch]
+            offs = np.zeros(len(parts) + 1, dtype=np.int64)  # shape: (B + 1,)
+            np.cumsum([p.size for p in parts], out=offs[1:])
+            ragged[k] = (np.concatenate(parts), offs)
+    scalars = {k: np.asarray([item[k] for item in batch]) for k in _SCALARS if k in first}
+    mode = first.get("labels_convention", first.get("labels_mode"))
+    mode = "unshifted" if mode == "none" else mode  # derived by the unshifted rule
+
+    def col(name):
+        return [item.get(name) for item in batch]
+
+    meta = {"source": col("source")} if "source" in first else {}
+    return Rows(tokens, ragged, scalars, np.asarray(col("index"), dtype=object),
+                np.asarray(col("row"), dtype=object), col("shard"), mode, meta)
 
 
-def segments_of(item: dict) -> np.ndarray:
-    """int[C] segment numbering of one item: its ``segment_ids``, or, when a trainer dropped
-    them, one number per run of ``position_ids`` restarting at 0 (the padding tail, positions
-    0..p-1, is then one more segment, as ``cu_seqlens`` counts it)."""
-    seg = item.get("segment_ids")
+# --- boundaries, labels ---------------------------------------------------------------------
+
+def _starts(rows: Rows) -> np.ndarray:
+    """bool[B, C], True where a segment (or the padding tail) starts."""
+    seg = rows.tokens.get("segment_ids")
+    ref = seg if seg is not None else rows.tokens["position_ids"]
+    B, C = ref.shape
+    starts = np.empty((B, C), dtype=bool)  # shape: (B, C)
+    starts[:, 0] = True
     if seg is not None:
-        return np.asarray(seg)
-    return np.cumsum(np.asarray(item["position_ids"]) == 0)
+        np.not_equal(seg[:, 1:], seg[:, :-1], out=starts[:, 1:])
+    else:  # positions restart at 0 at every segment and at the padding tail
+        np.equal(ref[:, 1:], 0, out=starts[:, 1:])
+    return starts
 
 
-def _row_cu(item: dict) -> np.ndarray:
-    """int64[k + 1 (+1)], one row's cu_seqlens (stored, or rebuilt from the segments)."""
-    cu = item.get("cu_seqlens")
-    if cu is not None:
-        return np.asarray(cu, dtype=np.int64)
-    seg = segments_of(item)
-    starts = np.flatnonzero(np.concatenate([[True], seg[1:] != seg[:-1]]))
-    return np.concatenate([starts, [len(seg)]]).astype(np.int64)
+def _segments(rows: Rows) -> np.ndarray:
+    """int[B, C] segment numbering: ``segment_ids``, or one number per run of positions
+    restarting at 0 (the padding tail then numbered like a segment: only for converting
+    labels inside segments, never to decide what is padding)."""
+    seg = rows.tokens.get("segment_ids")
+    return seg if seg is not None else np.cumsum(rows.tokens["position_ids"] == 0, axis=1)
 
 
-def batch_cu_seqlens(batch: list[dict]) -> tuple[np.ndarray, int]:
+def _positions(rows: Rows) -> np.ndarray:
+    """int[B, C] ``position_ids``: the rows', or 0..len-1 inside each segment of
+    ``segment_ids`` (the padding tail one pseudo-segment, as the output contract has it)."""
+    pos = rows.tokens.get("position_ids")
+    if pos is not None:
+        return pos
+    starts = _starts(rows).ravel()
+    flat = np.arange(starts.size, dtype=np.int64)  # shape: (B * C,)
+    first = np.maximum.accumulate(np.where(starts, flat, 0))
+    return (flat - first).reshape(rows.tokens["segment_ids"].shape)
+
+
+def _cu(rows: Rows) -> tuple[np.ndarray, int]:
+    """(int32[S + 1] boundaries of the rows laid end to end, max_seqlen)."""
+    B, C = rows.tokens["input_ids"].shape
+    if B * C > INT32_MAX:
+        raise OverflowError(f"batch of {B} rows x {C} tokens = {B * C} positions does not fit "
+                            f"int32 cu_seqlens (max {INT32_MAX}); use at most "
+                            f"{INT32_MAX // C} rows per batch")
+    if "cu_seqlens" in rows.ragged:
+        vals, offs = rows.ragged["cu_seqlens"]
+        keep = np.ones(vals.size, dtype=bool)
+        keep[offs[1:] - 1] = False  # each row's last entry (C) is the next row's 0
+        row_of = np.repeat(np.arange(B, dtype=np.int64), np.diff(offs))
+        cu = np.append(vals[keep].astype(np.int64) + row_of[keep] * C, B * C)
+    else:
+        cu = np.append(np.flatnonzero(_starts(rows).ravel()), B * C)  # shape: (S + 1,)
+    return cu.astype(np.int32), int(np.diff(cu).max())
+
+
+def batch_cu_seqlens(batch) -> tuple[np.ndarray, int]:
     """Batch boundaries of rows laid end to end: (int32[S + 1], max_seqlen as a Python int).
 
     Row r's boundaries are offset by r * C; the last entry is B * C, so padding tails are covered
     (B07) and every segment is non-empty (B08).
 
     Raises:
-        ValueError: empty batch, rows of different capacity.
+        ValueError: empty batch, rows of different capacity, or neither ``cu_seqlens``,
+            ``segment_ids`` nor ``position_ids``.
         OverflowError: B * C > 2**31 - 1, which int32 boundaries cannot hold (use fewer rows per
             batch).
     """
-    C = _capacity(batch)
-    B = len(batch)
-    if B * C > INT32_MAX:
-        raise OverflowError(f"batch of {B} rows x {C} tokens = {B * C} positions does not fit "
-                            f"int32 cu_seqlens (max {INT32_MAX}); use at most "
-                            f"{INT32_MAX // C} rows per batch")
-    cus = [_row_cu(item) for item in batch]
-    parts = [cu[:-1] + r * C for r, cu in enumerate(cus)] + [np.array([B * C], np.int64)]
-    cu_seqlens = np.concatenate(parts)  # shape: (S + 1,)
-    max_seqlen = max(int(np.diff(cu).max()) for cu in cus)
-    return cu_seqlens.astype(np.int32), int(max_seqlen)
+    rows = rows_of(batch)
+    have = set(rows.tokens) | set(rows.ragged)
+    if not have & {"cu_seqlens", "segment_ids", "position_ids"}:
+        raise ValueError("batch boundaries need cu_seqlens, segment_ids or position_ids")
+    return _cu(rows)
 
 
 def count_targets(labels) -> int:
     """Effective targets: ``labels != -100`` (NumPy array or tensor), as a Python int."""
     return int((labels != IGNORE_INDEX).sum())
-
-
-def _stack(batch: list[dict], name: str) -> np.ndarray:
-    return np.stack([np.asarray(item[name]) for item in batch])  # shape: (B, C)
-
-
-def _item_convention(item: dict) -> str | None:
-    """The labels convention an item says it carries (None: it does not say)."""
-    mode = item.get("labels_convention", item.get("labels_mode"))
-    return "unshifted" if mode == "none" else mode  # derived by the unshifted rule
 
 
 def _check_convention(lab: np.ndarray, ids: np.ndarray, seg: np.ndarray, mode: str) -> None:
@@ -151,110 +268,165 @@ def _check_convention(lab: np.ndarray, ids: np.ndarray, seg: np.ndarray, mode: s
         "that no labels are shifted twice")
 
 
-def _labels(batch: list[dict], want: str | None = None,
+def _labels(rows: Rows, want: str | None = None,
             default_mode: str = "unshifted") -> tuple[np.ndarray, str]:
     """int[B, C] labels of the batch and their convention.
 
     Args:
-        want: the convention to hand out (converted inside each segment); None: the items'.
-        default_mode: the convention of items that do not say (checked against the values).
+        want: the convention to hand out (converted inside each segment); None: the rows'.
+        default_mode: the convention of rows that do not say (checked against the values).
     """
-    mode = _item_convention(batch[0])
-    seg = np.stack([segments_of(item) for item in batch])  # shape: (B, C)
-    ids = _stack(batch, "input_ids")
-    if "labels" not in batch[0]:
+    mode = rows.labels_mode
+    ids = rows.tokens["input_ids"]
+    lab = rows.tokens.get("labels")
+    if lab is None:  # derived: needs the real segments (padding 0)
         out = want or mode or "unshifted"
         fn = shifted_labels if out == "shifted" else unshifted_labels
-        return fn(ids, seg), out
-    lab = _stack(batch, "labels")
+        return fn(ids, rows.tokens["segment_ids"]), out
     if mode is None:
         mode = default_mode
-        _check_convention(lab, ids, seg, mode)
+        _check_convention(lab, ids, _segments(rows), mode)
     out = want or mode
-    return (convert_labels(lab, seg, mode, out) if out != mode else lab), out
+    return (convert_labels(lab, _segments(rows), mode, out) if out != mode else lab), out
 
 
-def collate(batch: list[dict]) -> dict:
-    """Stack loader items into the [B, C] training batch.
+# --- tensors --------------------------------------------------------------------------------
+
+def _tensor(torch, arr: np.ndarray, dtype, shape=None):
+    """``arr`` as a torch tensor of ``dtype`` (reshaped to ``shape``): zero-copy when it
+    already has the dtype in the training process; written straight into shared memory inside
+    a DataLoader worker (what sending the batch to the training process then moves is a file
+    handle, not the bytes)."""
+    shape = tuple(arr.shape if shape is None else shape)
+    from torch.utils.data import get_worker_info
+
+    if get_worker_info() is None or not hasattr(torch.UntypedStorage, "_new_shared"):
+        t = torch.from_numpy(np.ascontiguousarray(arr))
+        return (t if t.dtype == dtype else t.to(dtype)).reshape(shape)
+    n = int(np.prod(shape))
+    size = torch.empty((), dtype=dtype).element_size()
+    storage = torch.UntypedStorage._new_shared(max(1, n * size))
+    t = torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+    t.numpy().reshape(arr.shape)[...] = arr  # one copy, cast on the way
+    return t
+
+
+def _token_sources(rows: Rows) -> np.ndarray | None:
+    """int32[B, C] per-token source ids from per-segment ``source_ids`` (-1 on padding)."""
+    if "source_ids" not in rows.ragged or "segment_ids" not in rows.tokens:
+        return None
+    vals, offs = rows.ragged["source_ids"]
+    seg = rows.tokens["segment_ids"]
+    idx = offs[:-1, None] + seg.astype(np.int64) - 1  # shape: (B, C)
+    out = np.full(seg.shape, -1, dtype=np.int32)
+    real = seg > 0
+    out[real] = vals[idx[real]]
+    return out
+
+
+def collate(batch) -> dict:
+    """Stack loader items (or gathered rows) into the [B, C] training batch.
 
     Args:
         batch: B >= 1 items of :class:`~packtool.loader.PackedDataset` or
-            :class:`~packtool.loader.PackedIterableDataset` (same capacity C).
+            :class:`~packtool.loader.PackedIterableDataset` (same capacity C), or a
+            :class:`~packtool.formats.packed.Rows`. Needs ``input_ids`` and ``segment_ids``, or
+            ``input_ids``, ``position_ids`` and ``labels`` (module docstring).
 
     Returns:
         dict with
-        ``input_ids``, ``labels``, ``position_ids``, ``segment_ids``: torch.int64 [B, C]
-        (int64 for embedding lookup, RoPE indexing and the loss, B28; labels in the items'
-        convention, named by ``labels_convention``);
+        ``input_ids``, ``position_ids``, ``segment_ids``: torch.int32 [B, C] (positions rebuilt
+        from the segments when the items have none, segments from the positions);
+        ``labels``: torch.int64 [B, C] in the items' convention, named by
+        ``labels_convention`` (int64: the loss needs it);
         ``cu_seqlens``: torch.int32 [S + 1] (see :func:`batch_cu_seqlens`);
         ``max_seqlen``: Python int, the longest segment (B24);
         ``num_targets``: Python int, labels != -100 in the batch (the loss denominator, B20);
         ``labels_convention``: ``unshifted`` (the loss shifts: ``logits[:, :-1]`` against
         ``labels[:, 1:]``) or ``shifted`` (no shift: ``logits`` against ``labels``);
         ``labels_mode``: the same (older name); ``shard``, ``row``, ``index``: lists of B
-        provenance values;
-        ``doc_ids``: list of B int64 arrays.
+        provenance values; ``doc_ids``: list of B int64 arrays (None where not read);
+        ``source``: list of B source names (mixtures; None where unknown);
+        ``token_source_ids``: torch.int32 [B, C], each token's per-segment source id (-1 on
+        padding), when the rows carry ``source_ids`` (``pack --source-column``).
 
     Raises:
-        ValueError: empty batch or rows of different capacity; items that do not say their
-            labels convention and whose labels are not unshifted.
+        ValueError: empty batch or rows of different capacity; items without the columns named
+            above (the padding tail could not be told from a document); items that do not say
+            their labels convention and whose labels are not unshifted.
         OverflowError: B * C does not fit int32 ``cu_seqlens``.
         MissingDependencyError: torch is missing.
     """
     torch = require_torch()
-    cu_seqlens, max_seqlen = batch_cu_seqlens(batch)
-    labels, convention = _labels(batch)
-
-    def t(a):
-        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
-
-    return {
-        "input_ids": t(_stack(batch, "input_ids")),
-        "labels": t(labels),
-        "position_ids": t(_stack(batch, "position_ids")),
-        "segment_ids": t(np.stack([segments_of(item) for item in batch])),
+    rows = rows_of(batch)
+    _needs(rows.tokens)
+    cu_seqlens, max_seqlen = _cu(rows)
+    labels, convention = _labels(rows)
+    seg = _segments(rows)
+    pos = _positions(rows)
+    B = seg.shape[0]
+    out = {
+        "input_ids": _tensor(torch, rows.tokens["input_ids"], torch.int32),
+        "labels": _tensor(torch, labels, torch.int64),
+        "position_ids": _tensor(torch, pos, torch.int32),
+        "segment_ids": _tensor(torch, seg, torch.int32),
         "cu_seqlens": torch.from_numpy(cu_seqlens),
         "max_seqlen": max_seqlen,
         "num_targets": count_targets(labels),
         "labels_convention": convention,
         "labels_mode": convention,
-        "shard": [item.get("shard") for item in batch],
-        "row": [item.get("row") for item in batch],
-        "index": [item.get("index") for item in batch],
-        "doc_ids": [item.get("doc_ids") for item in batch],
+        "shard": list(rows.shard),
+        "row": [None if r is None else int(r) for r in rows.row],
+        "index": [None if i is None else int(i) for i in rows.index],
+        "doc_ids": (rows.ragged_rows("doc_ids") if "doc_ids" in rows.ragged else [None] * B),
+        "source": list(rows.meta.get("source") or [None] * B),
     }
+    token_src = _token_sources(rows)
+    if token_src is not None:
+        out["token_source_ids"] = _tensor(torch, token_src, torch.int32)
+    return out
 
 
-def collate_flat(batch: list[dict]) -> dict:
+collate.needs_columns = _needs
+
+
+def collate_flat(batch) -> dict:
     """The padding-free flattened form: B rows laid end to end as one sequence of B * C tokens.
 
     Padding tails stay in place as their own segments (labels -100), so ``cu_seqlens`` is the one
     of :func:`collate` and covers every position. Labels are unshifted (converted when the
     output stores shifted ones), since the Hugging Face models this form feeds shift themselves.
 
+    Args:
+        batch: items or a :class:`~packtool.formats.packed.Rows`; needs what :func:`collate`
+            needs.
+
     Returns:
-        dict with ``input_ids``, ``position_ids``, ``labels``: torch.int64 [1, B * C];
-        ``cu_seq_lens_q``, ``cu_seq_lens_k``: the same torch.int32 [S + 1] tensor;
-        ``max_length_q``, ``max_length_k``: Python int; ``num_targets``: Python int;
-        ``labels_convention``: ``unshifted``.
+        dict with ``input_ids``, ``position_ids``: torch.int32 [1, B * C]; ``labels``:
+        torch.int64 [1, B * C]; ``cu_seq_lens_q``, ``cu_seq_lens_k``: the same torch.int32
+        [S + 1] tensor; ``max_length_q``, ``max_length_k``: Python int; ``num_targets``: Python
+        int; ``labels_convention``: ``unshifted``.
 
     Raises:
-        ValueError, OverflowError, MissingDependencyError: as :func:`collate`.
+        ValueError, OverflowError, MissingDependencyError: as :func:`collate` (items without
+            the columns named above).
     """
     torch = require_torch()
-    cu_seqlens, max_seqlen = batch_cu_seqlens(batch)
-    labels, _ = _labels(batch, want="unshifted")
-
-    def t(a):
-        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64).reshape(1, -1))
-
+    rows = rows_of(batch)
+    _needs(rows.tokens)
+    cu_seqlens, max_seqlen = _cu(rows)
+    labels, _ = _labels(rows, want="unshifted")
+    flat = (1, labels.size)
     cu = torch.from_numpy(cu_seqlens)
     return {
-        "input_ids": t(_stack(batch, "input_ids")),
-        "position_ids": t(_stack(batch, "position_ids")),
-        "labels": t(labels),
+        "input_ids": _tensor(torch, rows.tokens["input_ids"], torch.int32, flat),
+        "position_ids": _tensor(torch, _positions(rows), torch.int32, flat),
+        "labels": _tensor(torch, labels, torch.int64, flat),
         "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
         "max_length_q": max_seqlen, "max_length_k": max_seqlen,
         "num_targets": count_targets(labels),
         "labels_convention": "unshifted",
     }
+
+
+collate_flat.needs_columns = _needs

@@ -28,15 +28,20 @@ class PackedDataset:
     (inside the shard), ``index`` (global), ``labels_mode`` (``unshifted`` | ``shifted``: the
     convention of the item's labels, also :attr:`labels_convention`).
 
-    A row costs the decode of its row group; the last ``cached_row_groups`` decoded groups are
-    kept, so reading in order costs one decode per row group. At most ``max_open_files``
+    A row costs the decode of its row group: ``input_ids`` and the small ``cu_seqlens`` and
+    ``doc_ids`` columns, ``segment_ids`` and ``position_ids`` computed from them
+    (``structure="derived"``, the default; about 0.4 ms of CPU at C = 8192 with the default
+    1 MiB row groups, 0.15 ms with ``pack --row-group-mb 0.25``: ``docs/benchmarks.md``). The
+    last ``cached_row_groups`` decoded groups are kept, so reading in order costs one decode per
+    row group. At most ``max_open_files``
     shards are open at once (least recently used closed first). Pickling drops handles and
     caches (DataLoader workers under ``spawn``, ``forkserver`` and ``fork`` each open their own).
 
     Args:
         path: the OUTPUT of ``packtool pack``: a directory, a ``file:`` URI or a store URI
             (``s3://bucket/packed/``, credentials and endpoint as for ``pack``).
-        columns: columns each item carries (default: all present, plus derived ``labels``).
+        columns: columns each item carries (default: all present, plus derived ``labels``);
+            refused when no collate function could make a correct batch of them.
         labels: convention of the labels items carry, whatever the output stores:
             ``unshifted`` (default; ``labels[i]`` is token ``i`` or -100, the Hugging Face
             convention: the model or the loss shifts them) or ``shifted`` (``labels[i]`` is the
@@ -51,19 +56,26 @@ class PackedDataset:
         integrity: ``footer`` (default: each shard's size and footer checked when first opened,
             page checksums on every read), ``size``, or ``sha256`` (every shard hashed whole at
             once); see :mod:`packtool.formats.packed`.
+        structure: ``derived`` (default) or ``stored``: how ``segment_ids`` and
+            ``position_ids`` are obtained (:meth:`~packtool.formats.packed.PackedOutput.decode`).
 
     Raises:
         ManifestError: not a complete packed output, a shard that differs from the manifest, or
             a requested column is missing.
-        ValueError: unknown ``labels`` convention, ``max_open_files`` or ``cached_row_groups`` < 1.
+        ValueError: unknown ``labels`` convention or ``structure``, ``max_open_files`` or
+            ``cached_row_groups`` < 1, or columns no batch can be made of.
     """
 
     def __init__(self, path: str | os.PathLike, *, columns: Sequence[str] | None = None,
                  labels: str | None = "unshifted", max_open_files: int = 64,
                  cached_row_groups: int = 2, cache_dir: str | os.PathLike | None = None,
-                 cache_limit: int | str | None = None, integrity: str = "footer") -> None:
+                 cache_limit: int | str | None = None, integrity: str = "footer",
+                 structure: str = "derived") -> None:
         if cached_row_groups < 1:
             raise ValueError(f"cached_row_groups must be >= 1, got {cached_row_groups}")
+        if structure not in ("stored", "derived"):
+            raise ValueError(f"structure {structure!r}: choose stored or derived")
+        self.structure = structure
         self.output, self.labels_mode = open_source(
             path, labels, max_open_files=max_open_files, cache_dir=cache_dir,
             cache_limit=cache_limit, integrity=integrity)
@@ -71,6 +83,10 @@ class PackedDataset:
         self.capacity = self.output.capacity
         self.columns = self.output.check_columns(columns) if columns is not None \
             else self.output.default_columns()
+        if columns is not None:
+            from packtool.loader.collate import check_item_columns
+
+            check_item_columns(self.columns)
         self.cached_row_groups = int(cached_row_groups)
         self._blocks: OrderedDict = OrderedDict()
         self._pid = os.getpid()
@@ -114,7 +130,8 @@ class PackedDataset:
         g = self.output.group_of(i)
         block = self._blocks.get(g)
         if block is None:
-            block = self.output.decode(g, self.columns, self.labels_mode)
+            block = self.output.decode(g, self.columns, self.labels_mode,
+                                       structure=self.structure)
             self._blocks[g] = block
             while len(self._blocks) > self.cached_row_groups:
                 self._blocks.popitem(last=False)

@@ -20,9 +20,7 @@ effective-target denominator (B20).
 
 from __future__ import annotations
 
-import numpy as np
-
-from packtool.loader.collate import batch_cu_seqlens, _labels, _stack, require_torch
+from packtool.loader.collate import _cu, _labels, _needs, _positions, _tensor, require_torch, rows_of
 
 __all__ = ["HFCollator"]
 
@@ -42,13 +40,16 @@ class HFCollator:
             and ``labels`` before the collator runs); checked against the values. Build the
             dataset with ``labels="unshifted"`` (the default) and keep this default.
 
-    Call: ``collator(items)`` -> dict with ``input_ids``, ``position_ids``, ``labels`` torch.int64
-    [B, C] (or [1, B * C]), ``use_cache=False``; labels in :attr:`labels_convention`,
-    ``unshifted`` (converted from items that say they are shifted).
+    Call: ``collator(items)`` (or a :class:`~packtool.formats.packed.Rows`) -> dict with
+    ``input_ids``, ``position_ids`` torch.int32 and ``labels`` torch.int64 [B, C] (or
+    [1, B * C]), ``use_cache=False``; labels in :attr:`labels_convention`, ``unshifted``
+    (converted from items that say they are shifted).
 
     Raises:
-        ValueError: empty batch or rows of different capacity; items that do not say their
-            convention and whose labels contradict ``labels_mode`` (when called).
+        ValueError: empty batch or rows of different capacity; items without ``input_ids``
+            and ``segment_ids`` or ``position_ids`` with ``labels`` (the padding tail could not
+            be told from a document); items that do not say their convention and whose labels
+            contradict ``labels_mode`` (when called).
         OverflowError: B * C does not fit int32 boundaries (when called).
     """
 
@@ -65,17 +66,26 @@ class HFCollator:
         self.flatten = bool(flatten)
         self.flash_attn_kwargs = bool(flash_attn_kwargs)
 
-    def __call__(self, batch: list[dict]) -> dict:
+    def needs_columns(self, columns) -> None:
+        """Refuse item columns this collator cannot make a correct batch of.
+
+        Raises:
+            ValueError: ``input_ids`` missing, or both ``segment_ids`` and ``position_ids`` with
+                ``labels`` (:func:`~packtool.loader.collate.check_item_columns`).
+        """
+        _needs(columns)
+
+    def __call__(self, batch) -> dict:
         torch = require_torch()
-        cu_seqlens, max_seqlen = batch_cu_seqlens(batch)  # checks capacity and int32 range
-        shape = (1, -1) if self.flatten else (len(batch), -1)
-
-        def t(a):
-            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64).reshape(shape))
-
-        out = {"input_ids": t(_stack(batch, "input_ids")),
-               "position_ids": t(_stack(batch, "position_ids")),
-               "labels": t(_labels(batch, want="unshifted", default_mode=self.labels_mode)[0]),
+        rows = rows_of(batch)
+        _needs(rows.tokens)
+        cu_seqlens, max_seqlen = _cu(rows)  # checks the int32 range
+        ids = rows.tokens["input_ids"]
+        shape = (1, ids.size) if self.flatten else ids.shape
+        labels = _labels(rows, want="unshifted", default_mode=self.labels_mode)[0]
+        out = {"input_ids": _tensor(torch, ids, torch.int32, shape),
+               "position_ids": _tensor(torch, _positions(rows), torch.int32, shape),
+               "labels": _tensor(torch, labels, torch.int64, shape),
                "use_cache": False}
         if self.flash_attn_kwargs:
             cu = torch.from_numpy(cu_seqlens)

@@ -239,8 +239,9 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
     B = int(max(1, min(batch_size, budget.bytes // max(per_row, 1))))
     report.notes.append(f"{len(idx)} rows in batches of {B}")
     # the rows through the loader's own dataset, on the same reader, with the labels the
-    # checks below expect
-    ds = PackedDataset(reader, labels=convention)
+    # checks below expect; the stored segment_ids / position_ids go through the models (the
+    # loader's default derives them from cu_seqlens, which the column checks prove equal)
+    ds = PackedDataset(reader, labels=convention, structure="stored")
     items = [ds[i] for i in idx]
     report.rows = [(it["shard"], it["row"]) for it in items]
     shifted = convention == "shifted"
@@ -343,8 +344,8 @@ def _doc_refs(runner, flat_docs, docs, budget_bytes, labels_BC, spans, shifted, 
             keep = ((lab != IGNORE_INDEX) if label_masked
                     else torch.ones(max(L - 1, 0), dtype=torch.bool)).to(lg.device)
             n = int(keep.sum()) if L > 1 else 0
-            s = float(F.cross_entropy(lg[:-1][keep], (toks[1:].to(lg.device) % lg.shape[-1])[keep],
-                                      reduction="sum")) if n else 0.0
+            tgt = toks[1:].to(lg.device).long() % lg.shape[-1]  # the loss takes Long targets
+            s = float(F.cross_entropy(lg[:-1][keep], tgt[keep], reduction="sum")) if n else 0.0
             row_refs.append((lg, s, n))
         out.append(row_refs)
     return out

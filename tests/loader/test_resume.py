@@ -49,12 +49,20 @@ def test_resume_at_several_points_yields_exactly_the_remaining_rows(many_groups,
         assert k < n_batches
 
 
-def test_state_from_another_world_size_is_refused(many_groups):
-    """A state saved at one world size cannot resume exactly at another: ValueError."""
+def test_one_workers_state_cannot_resize_the_job(many_groups):
+    """One worker's state (of a loader with 2) says nothing of its sibling's progress: loading
+    it at another world size is refused when iteration starts, naming the whole-state fix; a
+    state of another seed is refused in mid-epoch."""
     ds = PackedIterableDataset(many_groups, rank=0, world_size=2)
+    state = ds.state_dict()
+    state.update(num_workers=2, worker=1, yielded=3)
     other = PackedIterableDataset(many_groups, rank=0, world_size=3)
-    with pytest.raises(ValueError, match="world_size"):
-        other.load_state_dict(ds.state_dict())
+    other.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"worker 1's of 2.*ds.load_state_dict\(loader_state\)"):
+        iter(other)
+    reseeded = PackedIterableDataset(many_groups, rank=0, world_size=2, seed=9)
+    with pytest.raises(ValueError, match="seed"):
+        reseeded.load_state_dict(ds.state_dict() | {"yielded": 2})
 
 
 def test_state_dict_without_workers_counts_rows_yielded(many_groups):
