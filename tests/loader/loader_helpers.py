@@ -60,7 +60,7 @@ def rows_120(tmp_path_factory):
 def web_and_code(tmp_path_factory):
     """Two outputs to mix at C = 16: ``web`` (the larger) and ``code`` (the smaller)."""
     d = tmp_path_factory.mktemp("mixture")
-    web = pack(write_input(d / "web_in", random_docs(160, 12, seed=5)), d / "web", 16,
+    web = pack(write_input(d / "web_in", random_docs(400, 12, seed=5)), d / "web", 16,
                "--rows-per-shard", "7", "--seed", "1")
     code = pack(write_input(d / "code_in", random_docs(30, 12, seed=6)), d / "code", 16,
                 "--rows-per-shard", "5", "--seed", "2")
