@@ -58,6 +58,12 @@ class PackedAnalysis:
     #: shards and bytes whose sha256 was checked against the manifest, and the seconds it took
     #: (0 shards: skipped with ``check_hashes=False``)
     hashed: tuple = (0, 0, 0.0)
+    #: ``pack --source-column``: the column, and per source id a dict of ``source`` (its
+    #: value), ``rows`` (rows holding one of its segments), ``segments``, ``real_tokens``,
+    #: ``padding_tokens`` (the padding of rows whose last segment is of this source) and
+    #: ``effective_targets``; tokens, padding, targets and segments sum to the totals
+    source_column: str | None = None
+    per_source: list = field(default_factory=list)
 
     @property
     def row_fill(self) -> np.ndarray:
@@ -80,6 +86,9 @@ class PackedAnalysis:
              "fill_quantiles": _count_quantiles(self.fill_counts),
              "integrity": {"shards_hashed": self.hashed[0], "bytes_hashed": self.hashed[1],
                            "hash_seconds": round(self.hashed[2], 3)}}
+        if self.source_column is not None:
+            d["source_column"] = self.source_column
+            d["per_source"] = self.per_source
         if self.per_bin:
             d["per_bin"] = self.per_bin
             d["per_bin_rows_listed"] = len(self.per_bin)
@@ -159,6 +168,11 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
     label_masked = reader.manifest.label_masked and reader.labels.stored
     if label_masked:
         cols.append("labels")
+    n_src = len(reader.manifest.source_values)
+    if reader.manifest.source_column is not None:
+        cols.append("source_ids")
+    # per source id: rows holding it, segments, real tokens, padding, effective targets
+    by_src = np.zeros((5, n_src), dtype=np.int64)  # shape: (5, sources)
     rows = segs = real = targets = work = documents = bad_num_targets = 0
     fill_counts = np.zeros(C + 1, dtype=np.int64)  # shape: (C + 1,)
     seg_counts = np.zeros(C + 1, dtype=np.int64)  # shape: (C + 1,)
@@ -186,6 +200,18 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
             seg_t = np.minimum(kept, seg_t)
         row_t = np.add.reduceat(seg_t, k_off[:-1]) if lens.size else np.zeros(n, np.int64)
         row_t[k == 0] = 0  # reduceat's value for empty rows is not a sum
+        if n_src:
+            src = block.ragged["source_ids"][0].astype(np.int64)  # shape: (segments,)
+            row_of = np.repeat(np.arange(n, dtype=np.int64), k)
+            held = np.unique(row_of * n_src + src) % n_src  # one per (row, source) pair
+            last = k_off[1:][k > 0] - 1  # each non-empty row's last segment
+            by_src += np.stack([
+                np.bincount(held, minlength=n_src),
+                np.bincount(src, minlength=n_src),
+                np.bincount(src, weights=lens, minlength=n_src).astype(np.int64),
+                np.bincount(src[last], weights=(C - real_R)[k > 0],
+                            minlength=n_src).astype(np.int64),
+                np.bincount(src, weights=seg_t, minlength=n_src).astype(np.int64)])
         nt = block.scalars["num_targets"]
         bad_num_targets += int(np.count_nonzero(nt != row_t))
         rows += n
@@ -225,9 +251,13 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
         mismatches["num_targets_rows_wrong"] = (bad_num_targets, 0)
     fill = np.arange(C + 1) / C
     hist = np.histogram(fill, bins=_FILL_EDGES, weights=fill_counts)[0].astype(np.int64).tolist()
+    per_source = [{"source": v, "rows": int(by_src[0, i]), "segments": int(by_src[1, i]),
+                   "real_tokens": int(by_src[2, i]), "padding_tokens": int(by_src[3, i]),
+                   "effective_targets": int(by_src[4, i])}
+                  for i, v in enumerate(reader.manifest.source_values)]
     return PackedAnalysis(reader.location.display, stats, totals, mismatches, hist, fill_counts,
                           seg_counts, bins, documents, per_bin_limit if per_bin else None,
-                          hashed)
+                          hashed, reader.manifest.source_column, per_source)
 
 
 @dataclass(frozen=True)
@@ -436,6 +466,16 @@ def format_packed(a: PackedAnalysis) -> str:
                  f"match the manifest ({secs:.2f} s; --no-hash skips it)" if n else
                  "  integrity                 sha256 not checked (--no-hash); sizes, footers and "
                  "page checksums of what was read were")
+    if a.source_column is not None:
+        w = _width((str(p["source"]) for p in a.per_source), len("source"))
+        lines.append(f"  per source ({a.source_column}; a row's padding counts to the source of "
+                     "its last segment)")
+        lines.append(f"    {'source':{w}} {'rows':>10} {'segments':>10} {'real tokens':>14} "
+                     f"{'padding':>11} {'targets':>14}")
+        for p in a.per_source:
+            lines.append(f"    {str(p['source']):{w}} {p['rows']:10,} {p['segments']:10,} "
+                         f"{p['real_tokens']:14,} {p['padding_tokens']:11,} "
+                         f"{p['effective_targets']:14,}")
     if a.mismatches:
         for k, (rc, m) in a.mismatches.items():
             lines.append(f"  MISMATCH {k}: recounted {rc:,}, manifest {int(m):,}")

@@ -145,6 +145,10 @@ def _input_options(f):
                    "shifted: store them already shifted.")
 @click.option("--pad-id", type=int, default=0, show_default=True, metavar="ID",
               help="Token id written on padding.")
+@click.option("--source-column", default=None, metavar="NAME",
+              help="Input column (a string or integer per document: source, lang, domain) "
+                   "carried into the rows as each segment's source_ids, the id -> value table "
+                   "in the manifest; stats then counts per source [default: none].")
 @_input_options
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the row shuffle.")
 @click.option("--no-shuffle", is_flag=True, help="Keep rows in creation order.")
@@ -170,14 +174,15 @@ def _input_options(f):
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars and no summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_context
-def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, append_eos,
-         prepend_bos, attention_mask_column, labels_column, loss_mask_column, skip_unsupported,
-         seed, no_shuffle, rows_per_shard, row_group_mb, workers, overwrite, window_docs, engine,
-         ray_address, quiet, as_json):
+def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, source_column,
+         append_eos, prepend_bos, attention_mask_column, labels_column, loss_mask_column,
+         skip_unsupported, seed, no_shuffle, rows_per_shard, row_group_mb, workers, overwrite,
+         window_docs, engine, ray_address, quiet, as_json):
     """Pack tokenized Parquet INPUT files or directories into OUTPUT.
 
     Writes part-NNNNN.parquet shards (input_ids, segment_ids, position_ids, [labels],
-    cu_seqlens, max_seqlen, num_targets, doc_ids, doc_offsets) and the manifest, last. Rerunning
+    cu_seqlens, max_seqlen, num_targets, doc_ids, doc_offsets, [source_ids]) and the manifest,
+    last. Rerunning
     an interrupted pack finishes it; rerunning a finished one does nothing. Ctrl-C exits 130.
     """
     import json
@@ -203,7 +208,7 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
                      workers=(os.cpu_count() or 1) if workers is None else workers,
                      overwrite=overwrite, window_docs=window_docs, engine=engine,
                      ray_address=ray_address if engine == Engine.RAY.value else None,
-                     skip_unsupported=skip_unsupported)
+                     skip_unsupported=skip_unsupported, source_column=source_column)
     # what discovery did not read, and mask-like columns not used, are part of the summary
     # (the pack walks INPUT again)
     found = None if quiet else discover(cfg.inputs, skip_unsupported=cfg.skip_unsupported)

@@ -59,8 +59,11 @@ def _check_input_options(cfg, bad) -> None:
 
 
 def _read_options(cfg) -> dict:
-    return {"attention_mask": cfg.attention_mask_column, "labels": cfg.labels_column,
+    opts = {"attention_mask": cfg.attention_mask_column, "labels": cfg.labels_column,
             "loss_mask": cfg.loss_mask_column, "bos": cfg.prepend_bos, "eos": cfg.append_eos}
+    if getattr(cfg, "source_column", None) is not None:
+        opts["source"] = cfg.source_column
+    return opts
 
 
 def _bad(name, value, why):
@@ -129,11 +132,21 @@ class PackConfig:
     skip_unsupported: bool = False
     """Skip files of an unsupported format inside an INPUT directory (reported) instead of
     refusing them."""
+    source_column: str | None = None
+    """Input column (a string or integer per document: source, lang, a URL's domain) carried
+    into the packed rows as each segment's ``source_ids``, its id -> value table in the
+    manifest; None: not carried."""
 
     def __post_init__(self) -> None:
         def bad(name, value, why):
             raise ConfigError(f"--{name.replace('_', '-')} {value!r}: {why}")
 
+        if self.source_column is not None:
+            if not self.source_column:
+                bad("source_column", self.source_column, "give a column name")
+            if self.source_column == self.column:
+                bad("source_column", self.source_column, f"is the token column (--column "
+                    f"{self.column})")
         for name, enum in (("strategy", Strategy), ("overflow", Overflow), ("labels", LabelMode),
                            ("engine", Engine)):
             try:
@@ -187,6 +200,8 @@ class PackConfig:
             d.pop(k)
         if d["window_docs"] is None:
             d.pop("window_docs")
+        if d["source_column"] is None:  # listed only when set: older manifests keep their form
+            d.pop("source_column")
         return d
 
 

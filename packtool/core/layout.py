@@ -47,6 +47,8 @@ class PackedRows:
     doc_ids: np.ndarray  #: int64[segments], global document index of each segment
     doc_offsets: np.ndarray  #: int64[segments], token offset of each segment in its document
     seg_offsets: np.ndarray  #: int64[n + 1], row k's segments = doc_ids[seg_offsets[k]:seg_offsets[k+1]]
+    #: int32[segments], the source id of each segment (``pack --source-column``), else None
+    source_ids: np.ndarray | None = None
 
     def cu_seqlens(self, k: int) -> np.ndarray:
         """int32[segments_k + 1 (+1 with padding)]: cumulative lengths of row ``k``."""

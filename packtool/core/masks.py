@@ -70,6 +70,9 @@ class TokenBatch:
     masked_tokens: int = 0  #: tokens removed because their attention mask was 0
     #: BOS/EOS added or found already there (--prepend-bos/--append-eos)
     boundary: BoundaryCounts = BoundaryCounts()
+    #: [docs] each document's ``--source-column`` value as read (int64 or str objects),
+    #: carried untouched; None: not read
+    sources: np.ndarray | None = None
 
     def mask_counts(self) -> dict:
         """The batch's mask figures under their :class:`packtool.stats.PackStats` names

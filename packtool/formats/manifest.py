@@ -204,6 +204,9 @@ class Manifest:
         shards: the shards in row order.
         totals: the counts of the whole output.
         windows: the windows of a windowed pack (empty otherwise).
+        source_column: the input column ``pack --source-column`` carried, or None.
+        source_values: the id -> value table of the shards' ``source_ids`` (id ``i`` is
+            ``source_values[i]``: strings or ints, sorted), empty without ``--source-column``.
     """
 
     format_version: int
@@ -216,9 +219,12 @@ class Manifest:
     shards: tuple = ()
     totals: PackStats = field(default_factory=PackStats)
     windows: tuple = ()
+    source_column: str | None = None
+    source_values: tuple = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+        object.__setattr__(self, "source_values", tuple(self.source_values))
 
     def __reduce__(self):  # a mapping proxy does not pickle: rebuild from the plain values
         return (_manifest_from_state, (self.to_dict(),))
@@ -261,6 +267,8 @@ class Manifest:
              "totals": self.totals.to_dict()}
         if self.windows:
             d["windows"] = [w.to_dict() for w in self.windows]
+        if self.source_column is not None:
+            d["sources"] = {"column": self.source_column, "values": list(self.source_values)}
         return d
 
     @classmethod
@@ -301,6 +309,8 @@ class Manifest:
                 tuple(dict(i) for i in w.get("inputs", ())), int(w["tokens"]),
                 int(w["real_tokens"]), int(w["rows"]), int(w["lower_bound_rows"]),
                 int(w["extra_rows"])) for w in d.get("windows") or ())
+            src = d.get("sources") or {}
+            values = tuple(v if isinstance(v, str) else int(v) for v in src.get("values") or ())
             return cls(format_version=int(version),
                        packtool_version=str(d.get("packtool_version", "")),
                        fingerprint=str(d.get("fingerprint", "")), capacity=capacity,
@@ -308,7 +318,9 @@ class Manifest:
                        inputs=tuple(InputEntry(str(i["path"]), int(i["rows"]), int(i["bytes"]))
                                     for i in d.get("inputs") or ()),
                        shards=shards, totals=PackStats.from_dict(d.get("totals") or {}),
-                       windows=windows)
+                       windows=windows,
+                       source_column=None if not src else str(src["column"]),
+                       source_values=values)
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"{where}: malformed manifest ({type(exc).__name__}: {exc}); "
                                 "rerun the same packtool pack with --overwrite") from None

@@ -326,8 +326,8 @@ class Rows:
         return [vals[offs[i]:offs[i + 1]] for i in range(self.num_rows)]
 
     @classmethod
-    def gather(cls, parts: Sequence[tuple["Block", np.ndarray]], meta: dict | None = None
-               ) -> "Rows":
+    def gather(cls, parts: Sequence[tuple["Block", np.ndarray]], meta: dict | None = None,
+               alloc=None) -> "Rows":
         """Rows ``idx`` of each block, in the order given, as one :class:`Rows`.
 
         Each per-token column is written once into a fresh ``[B, C]`` array (one copy per
@@ -337,6 +337,8 @@ class Rows:
             parts: ``(block, idx)`` pairs, ``idx`` int[n] rows of that block; every block has
                 the same columns and labels convention.
             meta: per-row lists to carry (each of B entries).
+            alloc: ``alloc(name, shape, dtype)`` -> the array a per-token column is written
+                into (e.g. a view of shared memory); None: ``np.empty``.
 
         Raises:
             ValueError: no rows, or blocks with different columns.
@@ -349,27 +351,40 @@ class Rows:
         if any(b.tokens.keys() != b0.tokens.keys() or b.ragged.keys() != b0.ragged.keys()
                for b, _ in parts):
             raise ValueError("blocks with different columns cannot be gathered")
+        # a shuffled batch takes one or two rows of many blocks: per-row slices cost less
+        # than vectorised gathers there, so only runs of several rows use the latter
         tokens = {}
         for name, arr in b0.tokens.items():
-            out = np.empty((B, arr.shape[1]), dtype=arr.dtype)  # shape: (B, C)
+            out = (np.empty((B, arr.shape[1]), dtype=arr.dtype) if alloc is None
+                   else alloc(name, (B, arr.shape[1]), arr.dtype))  # shape: (B, C)
             at = 0
             for b, idx in parts:
-                np.take(b.tokens[name], idx, axis=0, out=out[at:at + idx.size])
+                src = b.tokens[name]
+                if idx.size == 1:
+                    out[at] = src[idx[0]]
+                else:
+                    src.take(idx, axis=0, out=out[at:at + idx.size])
                 at += idx.size
             tokens[name] = out
         ragged = {}
         for name in b0.ragged:
-            vals, lens = [], []
+            pieces = []
             for b, idx in parts:
                 v, o = b.ragged[name]
-                n = o[idx + 1] - o[idx]
-                start = np.repeat(o[idx] - np.concatenate([[0], np.cumsum(n)[:-1]]), n)
-                vals.append(v[start + np.arange(int(n.sum()))])
-                lens.append(n)
-            n = np.concatenate(lens)
+                if idx.size <= 4:
+                    pieces.extend(v[o[i]:o[i + 1]] for i in idx.tolist())
+                else:
+                    n = o[idx + 1] - o[idx]
+                    first = np.zeros(n.size, dtype=np.int64)
+                    n[:-1].cumsum(out=first[1:])
+                    pieces.append(v[(o[idx] - first).repeat(n) + np.arange(int(n.sum()))])
+            lens = np.fromiter((p.size for p in pieces), dtype=np.int64, count=len(pieces))
+            if len(pieces) != B:  # a vectorised run: recount per row
+                lens = np.concatenate([b.ragged[name][1][idx + 1] - b.ragged[name][1][idx]
+                                       for b, idx in parts])
             offs = np.zeros(B + 1, dtype=np.int64)  # shape: (B + 1,)
-            np.cumsum(n, out=offs[1:])
-            ragged[name] = (np.concatenate(vals), offs)
+            lens.cumsum(out=offs[1:])
+            ragged[name] = (np.concatenate(pieces), offs)
         scalars = {name: np.concatenate([b.scalars[name][idx] for b, idx in parts])
                    for name in b0.scalars}
         index = np.concatenate([b.first + idx for b, idx in parts])
@@ -475,6 +490,11 @@ class PackedOutput:
                                 f"{'' if self.labels.stored else 'not '}stored, the schema "
                                 f"{'lacks' if self.labels.stored else 'has'} a labels column; "
                                 "rerun the same packtool pack with --overwrite")
+        if (manifest.source_column is not None) != ("source_ids" in self.columns) \
+                and manifest.shards:
+            raise ManifestError(f"{location.display}: the manifest and the shards disagree on "
+                                "source_ids (pack --source-column); rerun the same packtool "
+                                "pack with --overwrite")
         self._open = _OpenShards(self, max_open_files)
         if manifest.indexed:
             groups = [s.group_rows() for s in manifest.shards]

@@ -53,7 +53,7 @@ from packtool.types import IGNORE_INDEX, INT32_MAX
 
 __all__ = ["InputFile", "RawBatch", "Discovery", "InputSource", "MaskColumns", "InputColumns",
            "discover", "discover_inputs", "open_input", "input_schema", "iter_token_batches",
-           "list_parts", "resolve_mask_columns", "input_columns", "reads_labels",
+           "list_parts", "resolve_mask_columns", "input_columns", "reads_labels", "check_source_column",
            "filesystem_of", "is_remote", "SUPPORTED_FORMATS", "AUTO", "LOSS_MASK_COLUMNS"]
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,9 @@ class RawBatch:
     keep: np.ndarray | None = None
     labels: np.ndarray | None = None  #: int64[sum(lengths)] unshifted labels (-100 or the token)
     loss_masks: tuple = ()  #: int64[sum(lengths)] loss masks, 1 = learn, 0 = not a target
+    #: [docs] the ``--source-column`` value of each document (int64, or str objects); None:
+    #: not read
+    sources: np.ndarray | None = None
 
 
 #: Mask column option value: use the column of the default name when the file has it.
@@ -776,12 +779,52 @@ def _row_of_value(lengths: np.ndarray, value_index: int) -> int:
     return int(np.searchsorted(np.cumsum(lengths), value_index, side="right"))
 
 
+def check_source_column(schema: pa.Schema, name: str, path) -> None:
+    """Refuse a ``--source-column`` a file lacks or holds in a type that is not one value per
+    document (a string or an integer, plain or dictionary-encoded).
+
+    Raises:
+        SchemaError: names the file, the column and the fix.
+    """
+    if name not in schema.names:
+        raise SchemaError(f"{path}: no column {name!r} for --source-column; available columns: "
+                          f"{', '.join(schema.names) or '(none)'}")
+    typ = schema.field(name).type
+    if pa.types.is_dictionary(typ):
+        typ = typ.value_type
+    if not (pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_integer(typ)
+            or getattr(pa.types, "is_string_view", lambda t: False)(typ)):
+        raise SchemaError(f"{path}: --source-column {name!r} has type "
+                          f"{schema.field(name).type}; it must hold one string or integer per "
+                          "document (e.g. source, lang, a URL's domain)")
+
+
+def _source_values(arr, path, row: int, name: str) -> np.ndarray:
+    """The source values of a batch's documents: int64 for an integer column, str objects
+    for a string column.
+
+    Raises:
+        SchemaError: a null value (file and row named).
+    """
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    if arr.null_count:
+        bad = row + int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+        raise SchemaError(f"{path}: {row_ref(bad)}: --source-column {name!r} is null; fill it "
+                          "(e.g. 'unknown') before packing")
+    if pa.types.is_integer(arr.type):
+        return arr.to_numpy(zero_copy_only=False).astype(np.int64)
+    return np.asarray(arr.cast(pa.large_string()).to_pylist(), dtype=object)
+
+
 def iter_token_batches(path, column: str, batch_rows: int = 8192,
                        row_groups: Sequence[int] | None = None,
                        row_range: tuple[int, int] | None = None,
                        fmt: str | None = None, *, attention_mask: str | None = None,
-                       labels: str | None = None,
-                       loss_mask: str | None = None) -> Iterator[RawBatch]:
+                       labels: str | None = None, loss_mask: str | None = None,
+                       source: str | None = None) -> Iterator[RawBatch]:
     """Stream one file's documents and mask columns as :class:`RawBatch` es, checked, as stored.
 
     ``row_groups`` (ascending indices) restricts the read to those row groups (Arrow IPC: record
@@ -790,7 +833,9 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
     and error messages still count rows from the start of the file.
 
     ``attention_mask`` / ``labels`` / ``loss_mask``: mask columns as in
-    :func:`resolve_mask_columns` (default None: not read). Nothing is applied here:
+    :func:`resolve_mask_columns` (default None: not read). ``source``: a ``--source-column``
+    read as each document's source value (:attr:`RawBatch.sources`;
+    :func:`check_source_column`). Nothing is applied here:
     :func:`packtool.core.masks.prepare_documents` does that, for ``pack`` and ``compare`` alike
     (:func:`packtool.pipeline.read.iter_documents`).
 
@@ -798,7 +843,8 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
         InputError: the file cannot be read (the message names the row group).
         SchemaError: a null document, a null token, a negative id or an id over int32; a mask
             row of another length than its document; a label that is neither -100 nor its
-            token; a loss mask value other than 0 or 1 (the message names the file and the row).
+            token; a loss mask value other than 0 or 1; a source column missing, of another
+            type or null (the message names the file and the row).
     """
     src = open_input(path, column, fmt)
     path = src.path  # a URI folded by pathlib is named as the URI
@@ -806,6 +852,10 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
                                  loss_mask)
     columns = [column] + [c for c in (masks.attention_mask, masks.labels, *masks.loss_masks)
                           if c is not None]
+    if source is not None:
+        check_source_column(src.schema_arrow, source, path)
+        if source not in columns:
+            columns.append(source)
     # shape: (num_row_groups + 1,), first row of each row group
     rg_start = np.cumsum((0,) + src.row_group_rows)
     lo, hi = (0, int(rg_start[-1])) if row_range is None else row_range
@@ -881,7 +931,9 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
             if masks.attention_mask is not None:
                 keep = _mask_values(batch.column(masks.attention_mask), lengths, path, row,
                                     masks.attention_mask, "--attention-mask-column")
-            yield RawBatch(row, lengths, tokens, keep, lab, tuple(loss))
+            srcs = None if source is None else _source_values(batch.column(source), path, row,
+                                                                source)
+            yield RawBatch(row, lengths, tokens, keep, lab, tuple(loss), srcs)
             row += n
 
 

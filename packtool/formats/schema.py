@@ -39,8 +39,9 @@ SHARD_META_KEY = b"packtool.shard"
 
 #: fixed_size_list<int32>[C] columns, in schema order (``labels`` only when stored).
 TOKEN_COLUMNS = ("input_ids", "segment_ids", "position_ids", "labels")
-#: variable-length list columns (one entry per segment, ``cu_seqlens`` one more).
-RAGGED_COLUMNS = ("cu_seqlens", "doc_ids", "doc_offsets")
+#: variable-length list columns (one entry per segment, ``cu_seqlens`` one more;
+#: ``source_ids`` only with ``pack --source-column``).
+RAGGED_COLUMNS = ("cu_seqlens", "doc_ids", "doc_offsets", "source_ids")
 #: one int32 per row.
 SCALAR_COLUMNS = ("max_seqlen", "num_targets")
 
@@ -60,24 +61,29 @@ def labels_convention(labels: str) -> str:
     return "unshifted" if labels == "none" else labels
 
 
-def packed_columns(labels: str) -> list[str]:
-    """Column names of a packed shard, in order, for ``--labels labels``."""
+def packed_columns(labels: str, sources: bool = False) -> list[str]:
+    """Column names of a packed shard, in order, for ``--labels labels`` (and
+    ``--source-column`` when ``sources``)."""
+    ragged = [c for c in RAGGED_COLUMNS[1:] if c != "source_ids" or sources]
     return [c for c in TOKEN_COLUMNS if c != "labels" or labels != "none"] + list(
-        RAGGED_COLUMNS[:1] + SCALAR_COLUMNS + RAGGED_COLUMNS[1:])
+        RAGGED_COLUMNS[:1] + SCALAR_COLUMNS) + ragged
 
 
-def packed_schema(capacity: int, labels: str) -> pa.Schema:
+def packed_schema(capacity: int, labels: str, sources: bool = False) -> pa.Schema:
     """The schema of a packed shard (see README, "Output contract").
 
     Args:
         capacity: C, tokens per row (2 .. 2**24).
         labels: ``none`` (no ``labels`` column; readers derive unshifted labels), ``unshifted``
             or ``shifted``.
+        sources: add ``source_ids`` (``pack --source-column``): ``list<int32>``, one id per
+            segment, beside ``doc_ids``; the manifest holds the id -> value table.
 
     Returns:
         Per-token columns ``fixed_size_list<int32>[C]``, ``cu_seqlens`` ``list<int32>``,
-        ``max_seqlen``/``num_targets`` ``int32``, ``doc_ids``/``doc_offsets`` ``list<int64>``,
-        none nullable. Metadata: :data:`CAPACITY_META_KEY`, :data:`LABELS_CONVENTION_META_KEY`,
+        ``max_seqlen``/``num_targets`` ``int32``, ``doc_ids``/``doc_offsets`` ``list<int64>``
+        (and ``source_ids`` ``list<int32>``), none nullable. Metadata:
+        :data:`CAPACITY_META_KEY`, :data:`LABELS_CONVENTION_META_KEY`,
         :data:`FORMAT_VERSION_META_KEY`.
     """
     tok = pa.list_(pa.field("element", pa.int32(), nullable=False), capacity)
@@ -85,8 +91,8 @@ def packed_schema(capacity: int, labels: str) -> pa.Schema:
     i64 = pa.list_(pa.field("element", pa.int64(), nullable=False))
     types = {"input_ids": tok, "segment_ids": tok, "position_ids": tok, "labels": tok,
              "cu_seqlens": i32, "max_seqlen": pa.int32(), "num_targets": pa.int32(),
-             "doc_ids": i64, "doc_offsets": i64}
-    fields = [pa.field(c, types[c], nullable=False) for c in packed_columns(labels)]
+             "doc_ids": i64, "doc_offsets": i64, "source_ids": i32}
+    fields = [pa.field(c, types[c], nullable=False) for c in packed_columns(labels, sources)]
     from packtool.formats.manifest import FORMAT_VERSION
 
     meta = {LABELS_CONVENTION_META_KEY: labels_convention(labels).encode(),

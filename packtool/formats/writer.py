@@ -50,6 +50,7 @@ COLUMN_ENCODING = {
     "num_targets": "PLAIN",
     "doc_ids": "DELTA_BINARY_PACKED",
     "doc_offsets": "PLAIN",
+    "source_ids": "PLAIN",
 }
 #: Parquet compression codec of every column.
 COMPRESSION = "zstd"
@@ -92,6 +93,8 @@ def rows_to_table(rows: PackedRows, schema: pa.Schema) -> pa.Table:
     """
     if "labels" in schema.names and rows.labels is None:
         raise ValueError("the schema stores labels but the rows were laid out without them")
+    if "source_ids" in schema.names and rows.source_ids is None:
+        raise ValueError("the schema stores source_ids but the rows carry none")
     cols = {
         "input_ids": lambda t: _fixed_lists(rows.input_ids, t),
         "segment_ids": lambda t: _fixed_lists(rows.segment_ids, t),
@@ -102,6 +105,7 @@ def rows_to_table(rows: PackedRows, schema: pa.Schema) -> pa.Table:
         "num_targets": lambda t: pa.array(rows.num_targets, pa.int32()),
         "doc_ids": lambda t: _ragged(rows.doc_ids, rows.seg_offsets, t, pa.int64()),
         "doc_offsets": lambda t: _ragged(rows.doc_offsets, rows.seg_offsets, t, pa.int64()),
+        "source_ids": lambda t: _ragged(rows.source_ids, rows.seg_offsets, t, pa.int32()),
     }
     return pa.Table.from_arrays([cols[f.name](f.type) for f in schema], schema=schema)
 

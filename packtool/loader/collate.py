@@ -23,8 +23,8 @@ slices of the decoded row groups, no per-row dict), and builds the batch in one 
 as stored: embedding lookups, rotary position embeddings and Hugging Face causal LMs take int32
 (``nn.Embedding`` indexes with int32 or int64; positions are cast to float for RoPE). Only
 ``labels`` is int64: ``cross_entropy`` / ``nll_loss`` refuse int32 class targets. Inside a
-DataLoader worker the tensors are built in shared memory, so handing a batch to the training
-process copies nothing.
+DataLoader worker a batch crosses to the training process with its arrays pickled by value (one
+copy), not as one shared-memory segment per tensor, which cost more CPU than the copy.
 
 **What each form needs.** The padding tail is not a document: only ``segment_ids`` (0 on
 padding) or ``labels`` (-100 on padding) tell it apart; positions alone cannot (the tail restarts
@@ -53,7 +53,7 @@ from typing import Sequence
 
 import numpy as np
 
-from packtool.formats.packed import Rows, convert_labels, shifted_labels, unshifted_labels
+from packtool.formats.packed import Rows, convert_labels
 from packtool.types import IGNORE_INDEX
 
 __all__ = ["collate", "collate_flat", "batch_cu_seqlens", "count_targets", "rows_of",
@@ -90,16 +90,18 @@ def _missing(have) -> str | None:
     have = set(have)
     if "input_ids" not in have:
         return "input_ids"
-    if "segment_ids" in have or {"position_ids", "labels"} <= have:
+    if ("segment_ids" in have or {"cu_seqlens", "doc_ids"} <= have
+            or {"position_ids", "labels"} <= have):
         return None
     return "labels" if "position_ids" in have else "segment_ids"
 
 
 def check_item_columns(columns: Sequence[str], *, labels_stored: bool = True) -> None:
     """Refuse columns no collate function can make a correct batch of. Every form needs
-    ``input_ids`` and either ``segment_ids`` (0 on the padding tail) or ``position_ids`` with
-    ``labels`` (-100 on the padding tail): positions alone restart at 0 on the padding tail as on
-    a document, and derived labels would train it.
+    ``input_ids`` and one of: ``segment_ids`` (0 on the padding tail), ``cu_seqlens`` with
+    ``doc_ids`` (the segments past the documents are the padding tail), or ``position_ids`` with
+    ``labels`` (-100 on the padding tail). Positions alone restart at 0 on the padding tail as on
+    a document, and labels derived from them would train it.
 
     Raises:
         ValueError: names the columns given, what is missing and the fix.
@@ -107,10 +109,10 @@ def check_item_columns(columns: Sequence[str], *, labels_stored: bool = True) ->
     missing = _missing(columns)
     if missing:
         raise ValueError(
-            f"a batch needs input_ids and segment_ids, or input_ids, position_ids and labels "
-            f"(columns: {', '.join(sorted(set(columns))) or 'none'}; missing {missing}): "
-            "without segment_ids or labels the padding tail cannot be told from a document; "
-            "keep them in columns=")
+            f"a batch needs input_ids and segment_ids (or cu_seqlens and doc_ids, or "
+            f"position_ids and labels) (columns: {', '.join(sorted(set(columns))) or 'none'}; "
+            f"missing {missing}): without segment_ids or labels the padding tail cannot be told "
+            "from a document; keep them in columns=")
 
 
 def _needs(columns) -> None:
@@ -179,6 +181,21 @@ def _starts(rows: Rows) -> np.ndarray:
     else:  # positions restart at 0 at every segment and at the padding tail
         np.equal(ref[:, 1:], 0, out=starts[:, 1:])
     return starts
+
+
+def _structure(rows: Rows) -> None:
+    """Add ``segment_ids`` and ``position_ids`` to rows that have ``cu_seqlens`` and
+    ``doc_ids`` but not them (the training batch path reads only those), computed once for the
+    whole batch (:func:`~packtool.formats.packed.structure_from_cu`)."""
+    if "segment_ids" in rows.tokens or not {"cu_seqlens", "doc_ids"} <= rows.ragged.keys():
+        return
+    from packtool.formats.packed import structure_from_cu
+
+    vals, offs = rows.ragged["cu_seqlens"]
+    seg, pos = structure_from_cu(vals, offs, np.diff(rows.ragged["doc_ids"][1]),
+                                 rows.tokens["input_ids"].shape[1], "batch")
+    rows.tokens["segment_ids"] = seg
+    rows.tokens.setdefault("position_ids", pos)
 
 
 def _segments(rows: Rows) -> np.ndarray:
@@ -268,6 +285,26 @@ def _check_convention(lab: np.ndarray, ids: np.ndarray, seg: np.ndarray, mode: s
         "that no labels are shifted twice")
 
 
+def _derived_labels64(ids: np.ndarray, seg: np.ndarray, convention: str) -> np.ndarray:
+    """int64[B, C] labels of ``convention`` derived from tokens and segments, built in the
+    int64 array the loss takes (one cast, then -100 written at the boundaries): the same
+    values as :func:`~packtool.formats.packed.unshifted_labels` /
+    :func:`~packtool.formats.packed.shifted_labels`."""
+    B, C = ids.shape
+    lab = np.empty((B, C), dtype=np.int64)  # shape: (B, C)
+    change = seg[:, 1:] != seg[:, :-1]  # shape: (B, C - 1), a boundary between i and i + 1
+    if convention == "shifted":
+        lab[:, :-1] = ids[:, 1:]
+        lab[:, -1] = IGNORE_INDEX
+        lab[:, :-1][change] = IGNORE_INDEX  # the last token of a segment predicts nothing
+    else:
+        lab[:] = ids
+        lab[:, 0] = IGNORE_INDEX
+        lab[:, 1:][change] = IGNORE_INDEX  # each segment's first token is no target
+    lab[seg == 0] = IGNORE_INDEX
+    return lab
+
+
 def _labels(rows: Rows, want: str | None = None,
             default_mode: str = "unshifted") -> tuple[np.ndarray, str]:
     """int[B, C] labels of the batch and their convention.
@@ -281,8 +318,7 @@ def _labels(rows: Rows, want: str | None = None,
     lab = rows.tokens.get("labels")
     if lab is None:  # derived: needs the real segments (padding 0)
         out = want or mode or "unshifted"
-        fn = shifted_labels if out == "shifted" else unshifted_labels
-        return fn(ids, rows.tokens["segment_ids"]), out
+        return _derived_labels64(ids, rows.tokens["segment_ids"], out), out
     if mode is None:
         mode = default_mode
         _check_convention(lab, ids, _segments(rows), mode)
@@ -293,22 +329,44 @@ def _labels(rows: Rows, want: str | None = None,
 # --- tensors --------------------------------------------------------------------------------
 
 def _tensor(torch, arr: np.ndarray, dtype, shape=None):
-    """``arr`` as a torch tensor of ``dtype`` (reshaped to ``shape``): zero-copy when it
-    already has the dtype in the training process; written straight into shared memory inside
-    a DataLoader worker (what sending the batch to the training process then moves is a file
-    handle, not the bytes)."""
+    """``arr`` as a torch tensor of ``dtype`` (reshaped to ``shape``), zero-copy when it already
+    has the dtype. The cast is NumPy's: torch's own runs on its intra-op thread pool, which
+    cost 100x the copy on a loaded machine (busy-waiting threads)."""
     shape = tuple(arr.shape if shape is None else shape)
+    np_dtype = np.int64 if dtype == torch.int64 else np.int32
+    return torch.from_numpy(np.ascontiguousarray(arr, dtype=np_dtype)).reshape(shape)
+
+
+class _Batch(dict):
+    """A batch built in a DataLoader worker: a plain dict, except that it crosses to the
+    training process with its tensors pickled by value, as NumPy arrays (the tensors are
+    rebuilt there, zero-copy). torch would move each tensor through its own shared-memory
+    segment and file descriptor instead, which costs more CPU than the copy at these sizes
+    (``docs/benchmarks.md``, "Workers")."""
+
+    def __reduce__(self):
+        import torch
+
+        out = {}
+        for k, v in self.items():
+            if isinstance(v, torch.Tensor) and v.device.type == "cpu" and not v.requires_grad:
+                out[k] = ("tensor", v.numpy())
+            else:
+                out[k] = ("value", v)
+        return _unbatch, (out,)
+
+
+def _unbatch(fields: dict) -> dict:
+    import torch
+
+    return {k: torch.from_numpy(v) if kind == "tensor" else v for k, (kind, v) in fields.items()}
+
+
+def _deliver(batch: dict) -> dict:
+    """``batch``, as a :class:`_Batch` inside a DataLoader worker."""
     from torch.utils.data import get_worker_info
 
-    if get_worker_info() is None or not hasattr(torch.UntypedStorage, "_new_shared"):
-        t = torch.from_numpy(np.ascontiguousarray(arr))
-        return (t if t.dtype == dtype else t.to(dtype)).reshape(shape)
-    n = int(np.prod(shape))
-    size = torch.empty((), dtype=dtype).element_size()
-    storage = torch.UntypedStorage._new_shared(max(1, n * size))
-    t = torch.empty(0, dtype=dtype).set_(storage, 0, shape)
-    t.numpy().reshape(arr.shape)[...] = arr  # one copy, cast on the way
-    return t
+    return batch if get_worker_info() is None else _Batch(batch)
 
 
 def _token_sources(rows: Rows) -> np.ndarray | None:
@@ -359,7 +417,8 @@ def collate(batch) -> dict:
     """
     torch = require_torch()
     rows = rows_of(batch)
-    _needs(rows.tokens)
+    _needs(set(rows.tokens) | set(rows.ragged))
+    _structure(rows)
     cu_seqlens, max_seqlen = _cu(rows)
     labels, convention = _labels(rows)
     seg = _segments(rows)
@@ -384,7 +443,7 @@ def collate(batch) -> dict:
     token_src = _token_sources(rows)
     if token_src is not None:
         out["token_source_ids"] = _tensor(torch, token_src, torch.int32)
-    return out
+    return _deliver(out)
 
 
 collate.needs_columns = _needs
@@ -413,12 +472,13 @@ def collate_flat(batch) -> dict:
     """
     torch = require_torch()
     rows = rows_of(batch)
-    _needs(rows.tokens)
+    _needs(set(rows.tokens) | set(rows.ragged))
+    _structure(rows)
     cu_seqlens, max_seqlen = _cu(rows)
     labels, _ = _labels(rows, want="unshifted")
     flat = (1, labels.size)
     cu = torch.from_numpy(cu_seqlens)
-    return {
+    return _deliver({
         "input_ids": _tensor(torch, rows.tokens["input_ids"], torch.int32, flat),
         "position_ids": _tensor(torch, _positions(rows), torch.int32, flat),
         "labels": _tensor(torch, labels, torch.int64, flat),
@@ -426,7 +486,7 @@ def collate_flat(batch) -> dict:
         "max_length_q": max_seqlen, "max_length_k": max_seqlen,
         "num_targets": count_targets(labels),
         "labels_convention": "unshifted",
-    }
+    })
 
 
 collate_flat.needs_columns = _needs

@@ -13,6 +13,8 @@ import os
 from collections import OrderedDict
 from typing import Sequence
 
+import numpy as np
+
 from packtool.loader.source import open_source
 
 __all__ = ["PackedDataset"]
@@ -87,6 +89,15 @@ class PackedDataset:
             from packtool.loader.collate import check_item_columns
 
             check_item_columns(self.columns)
+        # derived: decode the stored columns only; a row's segments, positions and (when not
+        # stored) labels are computed for that row alone, not for its whole row group
+        self._derive = [c for c in ("segment_ids", "position_ids", "labels")
+                        if structure == "derived" and c in self.columns
+                        and (c != "labels" or not self.output.labels.stored)]
+        self._read = [c for c in self.columns if c not in self._derive]
+        if self._derive:
+            self._read += [c for c in ("input_ids", "cu_seqlens", "doc_ids")
+                           if c not in self._read]
         self.cached_row_groups = int(cached_row_groups)
         self._blocks: OrderedDict = OrderedDict()
         self._pid = os.getpid()
@@ -130,14 +141,34 @@ class PackedDataset:
         g = self.output.group_of(i)
         block = self._blocks.get(g)
         if block is None:
-            block = self.output.decode(g, self.columns, self.labels_mode,
+            block = self.output.decode(g, self._read, self.labels_mode,
                                        structure=self.structure)
             self._blocks[g] = block
             while len(self._blocks) > self.cached_row_groups:
                 self._blocks.popitem(last=False)
         else:
             self._blocks.move_to_end(g)
-        return block.row(i - block.first)
+        item = block.row(i - block.first)
+        if self._derive:
+            self._complete(item)
+        return item
+
+    def _complete(self, item: dict) -> None:
+        """Add the derived columns of one row, drop the helper columns not asked for."""
+        from packtool.formats.packed import labels_in, structure_from_cu
+
+        cu = np.asarray(item["cu_seqlens"])
+        seg, pos = structure_from_cu(cu, np.array([0, cu.size]), np.array([len(item["doc_ids"])]),
+                                     self.capacity, f"{item['shard']} row {item['row']}")
+        derived = {"segment_ids": seg[0], "position_ids": pos[0]}
+        if "labels" in self._derive:
+            derived["labels"] = labels_in(self.labels_mode, input_ids=item["input_ids"],
+                                          segment_ids=seg[0])
+        for c in self._derive:
+            item[c] = derived[c]
+        for c in ("input_ids", "cu_seqlens", "doc_ids"):
+            if c not in self.columns:
+                item.pop(c, None)
 
     def close(self) -> None:
         """Close open shard handles and drop cached row groups."""

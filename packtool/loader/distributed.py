@@ -109,6 +109,10 @@ class PackedIterableDataset(IterableDataset):
         structure: ``derived`` (default) computes ``segment_ids`` and ``position_ids`` from
             ``cu_seqlens`` instead of decoding them (a third of the bytes decoded); ``stored``
             reads them (:mod:`packtool.formats.packed`).
+        read_ahead: row groups decoded ahead in a background thread, per worker; None
+            (default): 0 for local outputs (decoding is CPU-bound there, and a second thread
+            cost about a third more CPU per row in ``scripts/bench_loader.py``), 2 when an
+            output is in a store (hides the latency of ranged reads).
         max_open_files: open shard handles per worker and output (>= 1), least recently used
             closed first.
         cache_dir, cache_limit: a local directory keeping whole shards of a store output, at
@@ -131,7 +135,7 @@ class PackedIterableDataset(IterableDataset):
                  drop_last: bool = False, columns: Sequence[str] | None = None,
                  labels: str | None = "unshifted", batch_size: int | None = None,
                  collate_fn: Callable | None = None, structure: str = "derived",
-                 max_open_files: int = 64, cache_dir: str | os.PathLike | None = None,
+                 read_ahead: int | None = None, max_open_files: int = 64, cache_dir: str | os.PathLike | None = None,
                  cache_limit: int | str | None = None, integrity: str = "footer") -> None:
         if rank is None or world_size is None:
             r, w = _default_rank_world()
@@ -172,7 +176,21 @@ class PackedIterableDataset(IterableDataset):
                 needs(self.columns)
         else:
             self.collate_fn = None
+        # what is decoded: the items' columns, or for whole batches only what a batch is
+        # built from (segments, positions and labels are derived for the batch at once)
+        self._read = self.columns
+        if self.batch_size is not None and columns is None:
+            self._read = ["input_ids", "cu_seqlens", "doc_ids"] + [
+                c for c in ("source_ids",) if c in self.columns]
+            if any(o.labels.stored for o in self.mixture.outputs):
+                self._read.append("labels")
         self.structure = structure
+        if read_ahead is None:
+            remote = any(not o.location.is_local for o in self.mixture.outputs)
+            read_ahead = 2 if remote else 0
+        if isinstance(read_ahead, bool) or read_ahead < 0:
+            raise ValueError(f"read_ahead must be >= 0 row groups, got {read_ahead!r}")
+        self.read_ahead = int(read_ahead)
         self._history: tuple = ()  # finished phases of this epoch
         self._pending: dict | None = None  # a loaded state not yet started
         self._yielded = 0  # rows of the current phase yielded by this process (this worker)
@@ -310,7 +328,8 @@ class PackedIterableDataset(IterableDataset):
         jobs = (self._job(int(g)) for g in need)
         from packtool.formats.packed import Rows, iter_decoded
 
-        decoded = iter_decoded(jobs, self.columns, self.labels_mode, structure=self.structure)
+        decoded = iter_decoded(jobs, self._read, self.labels_mode, self.read_ahead,
+                               structure=self.structure)
         blocks: dict = {}
         step = self.batch_size or 1
         glist, llist, slist = groups.tolist(), local.tolist(), src.tolist()
@@ -333,8 +352,11 @@ class PackedIterableDataset(IterableDataset):
                 item = block.row(i)
                 item["source"] = srcs[0]
                 out = item
-            else:
+            elif get_worker_info() is None:
                 out = self.collate_fn(Rows.gather(_runs(parts), meta={"source": srcs}))
+            else:  # a DataLoader worker: the rows cross as they are, collated on arrival
+                out = _InTransit(Rows.gather(_runs(parts), meta={"source": srcs}),
+                                 self.collate_fn)
             for k in range(lo, hi):
                 if last_use[glist[k]] == k:
                     del blocks[glist[k]]
@@ -422,6 +444,31 @@ class PackedIterableDataset(IterableDataset):
 
     def __getstate__(self) -> dict:
         return self.__dict__.copy()  # the readers pickle without their handles
+
+
+class _InTransit:
+    """A batch on its way from a DataLoader worker to the training process.
+
+    The worker decodes and gathers (most of the work); the gathered rows cross pickled by value
+    (``input_ids`` and the small ``cu_seqlens`` / ``doc_ids`` arrays: 4 bytes a token), and the
+    collate function runs where they are unpickled, in the training process (positions,
+    segments and labels derived there, about a fifth of the work of a row). A collated batch
+    would move five times the bytes, and torch would send each of its tensors through its own
+    shared-memory segment and file descriptor: that cost more CPU than reading the rows
+    (``docs/benchmarks.md``, "Workers"). Only the DataLoader sees this object: the training
+    loop receives the collated batch.
+    """
+
+    def __init__(self, rows, collate_fn) -> None:
+        self.rows, self.collate_fn = rows, collate_fn
+
+    def __reduce__(self):
+        return _arrive, (self.rows, self.collate_fn)
+
+
+def _arrive(rows, collate_fn):
+    """The batch of an :class:`_InTransit`, collated in the process that receives it."""
+    return collate_fn(rows)
 
 
 def _runs(parts: list) -> list:

@@ -20,7 +20,8 @@ effective-target denominator (B20).
 
 from __future__ import annotations
 
-from packtool.loader.collate import _cu, _labels, _needs, _positions, _tensor, require_torch, rows_of
+from packtool.loader.collate import (_cu, _deliver, _labels, _needs, _positions, _structure,
+                                     _tensor, require_torch, rows_of)
 
 __all__ = ["HFCollator"]
 
@@ -78,7 +79,8 @@ class HFCollator:
     def __call__(self, batch) -> dict:
         torch = require_torch()
         rows = rows_of(batch)
-        _needs(rows.tokens)
+        _needs(set(rows.tokens) | set(rows.ragged))
+        _structure(rows)
         cu_seqlens, max_seqlen = _cu(rows)  # checks the int32 range
         ids = rows.tokens["input_ids"]
         shape = (1, ids.size) if self.flatten else ids.shape
@@ -91,4 +93,4 @@ class HFCollator:
             cu = torch.from_numpy(cu_seqlens)
             out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max_seqlen,
                        max_length_k=max_seqlen)
-        return out
+        return _deliver(out)

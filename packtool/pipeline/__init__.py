@@ -97,6 +97,25 @@ def _warnings(cfg: PackConfig, stats: PackStats) -> list[str]:
     return [note] if note else []
 
 
+def _source_table(column: str | None, infos: list[WindowInfo]):
+    """``--source-column``: the output's id -> value table (the sorted values of every window)
+    and, per window, int32[its ids] -> the table's ids; ``((), None)`` without the option.
+
+    Raises:
+        InputError: the column holds strings in some windows and integers in others.
+    """
+    if column is None:
+        return (), None
+    kinds = {type(v) is str for i in infos for v in i.sources}
+    if len(kinds) > 1:
+        raise InputError(f"--source-column {column!r} holds strings in some input files and "
+                         "integers in others; cast it to one type before packing")
+    table = tuple(sorted({v for i in infos for v in i.sources}))
+    index = {v: k for k, v in enumerate(table)}
+    maps = tuple(np.asarray([index[v] for v in i.sources], dtype=np.int32) for i in infos)
+    return table, maps
+
+
 def _shard_jobs(labels: np.ndarray, n_windows: int, per: int, out: Output) -> list[ShardJob]:
     """One job per ``per`` output rows: the window of each row and, per window present, the
     position in its row order of its first row in the shard (the rows it took before)."""
@@ -161,9 +180,10 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
                                  "--column")
             log.info("planned %d windows, %d rows", len(infos), total.rows)
             labels = merge_windows([i.rows for i in infos], seed=cfg.seed, shuffle=cfg.shuffle)
+            source_values, source_maps = _source_table(cfg.source_column, infos)
             spills = WindowSpills(tuple(i.directory for i in infos),
                                   tuple(i.first_doc for i in infos),
-                                  tuple(i.targets for i in infos), cfg.capacity)
+                                  tuple(i.targets for i in infos), cfg.capacity, source_maps)
             jobs = _shard_jobs(labels, len(infos), cfg.rows_per_shard, out)
             out.begin_write()
             # a full disk while writing: about the rows left at capacity * 4 bytes per column
@@ -188,7 +208,9 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
                          for f, r in zip(files, file_rows(windows, len(files)))),
             shards=tuple(outputs), totals=total,
             windows=tuple(_window_record(w, i) for w, i in zip(windows, infos))
-            if cfg.window_docs is not None else ())
-        out.commit(manifest, packed_schema(cfg.capacity, cfg.labels.value))
+            if cfg.window_docs is not None else (),
+            source_column=cfg.source_column, source_values=source_values)
+        out.commit(manifest, packed_schema(cfg.capacity, cfg.labels.value,
+                                           cfg.source_column is not None))
     return PackResult(total, manifest, time.perf_counter() - t0, reused, False,
                       _warnings(cfg, total), windows_reused=sum(i.reused for i in infos))

@@ -24,8 +24,8 @@ import numpy as np
 from packtool.core.layout import PackedRows, layout_rows
 from packtool.core.packing import PackPlan
 from packtool.output import window_file
-from packtool.pipeline.spill import (ROW_INDEX, ROW_TARGETS, ROW_TOKENS, SEGMENTS, read_records,
-                                     read_spill)
+from packtool.pipeline.spill import (ROW_INDEX, ROW_TARGETS, ROW_TOKENS, SEG_SOURCES, SEGMENTS,
+                                     read_records, read_spill)
 
 __all__ = ["WindowSpills", "ShardRows", "layout_group"]
 
@@ -40,12 +40,15 @@ class WindowSpills:
         first_docs: global index of each window's first document.
         targets: whether each window has input target flags (a labels column).
         capacity: tokens per row.
+        source_maps: ``--source-column``: per window, int32[ids of its own table] -> id in
+            the output's table; None without the option.
     """
 
     dirs: tuple[str, ...]
     first_docs: tuple[int, ...]
     targets: tuple[bool, ...]
     capacity: int
+    source_maps: tuple | None = None
 
 
 class ShardRows:
@@ -68,6 +71,8 @@ class ShardRows:
         row_seg: int64[n], each row's first segment in those arrays; ``row_nseg``: how many.
         row_tok: int64[n], each row's first token in its window's row spill; ``row_ntok``:
             how many.
+        seg_source: int32[segments of the shard], each segment's source id in the output's
+            table (``--source-column``), else None.
 
     Raises:
         OSError: a spill file cannot be read.
@@ -83,7 +88,7 @@ class ShardRows:
         first = np.concatenate([[0], np.cumsum(counts)[:-1]])
         local = np.empty(windows.size, dtype=np.int64)  # shape: (n,)
         local[order] = np.arange(windows.size) - np.repeat(first, counts)
-        index, segments = [], []
+        index, segments, sources = [], [], []
         for w, s, c in zip(self.ids.tolist(), np.asarray(starts).tolist(), counts.tolist()):
             d = spills.dirs[w]
             idx = read_records(window_file(d, ROW_INDEX), np.int64, 2, s, s + c + 1)
@@ -92,6 +97,14 @@ class ShardRows:
                                int(idx[-1, 0]))  # (length, window-local document, offset)
             seg[:, 1] += spills.first_docs[w]
             segments.append(seg)
+            if spills.source_maps is not None:  # the same segments' source ids, renumbered
+                ids = read_records(window_file(d, SEG_SOURCES), np.int32, 1, int(idx[0, 0]),
+                                   int(idx[-1, 0]))[:, 0]
+                sources.append(np.asarray(spills.source_maps[w], dtype=np.int32)[ids])
+        self.seg_source = None
+        if spills.source_maps is not None:
+            self.seg_source = (np.concatenate(sources) if sources
+                               else np.zeros(0, dtype=np.int32))
         index_base = np.concatenate([[0], np.cumsum(counts + 1)])  # each window's first entry
         seg_base = np.concatenate([[0], np.cumsum([len(x) for x in segments])])
         idx_all = np.concatenate(index) if index else np.zeros((0, 2), dtype=np.int64)
@@ -169,4 +182,6 @@ def layout_group(spills: WindowSpills, shard: ShardRows, lo: int, hi: int, *, pa
     packed = layout_rows(sub, np.arange(n, dtype=np.int64), buf, src, pad_id=pad_id,
                          labels=labels, targets=targets)
     return dataclasses.replace(packed, doc_ids=shard.seg_doc[seg],
-                               doc_offsets=shard.seg_offset[seg])
+                               doc_offsets=shard.seg_offset[seg],
+                               source_ids=None if shard.seg_source is None
+                               else shard.seg_source[seg])

@@ -42,12 +42,12 @@ import numpy as np
 
 from packtool.core.masks import segment_targets
 from packtool.core.packing import PackPlan, pack_lengths
-from packtool.errors import PackingError, row_ref
+from packtool.errors import InputError, PackingError, row_ref
 from packtool.output import (WINDOW_DIR_PREFIX, WINDOW_DONE, publish_window, window_done,
                              window_file, window_workdir)
 from packtool.pipeline.read import Window, read_window
 from packtool.pipeline.spill import (DOC_TARGETS, DOC_TOKENS, ROW_INDEX, ROW_TARGETS,
-                                     ROW_TOKENS, SEGMENTS, DocSpill, spill_writer)
+                                     ROW_TOKENS, SEG_SOURCES, SEGMENTS, DocSpill, spill_writer)
 from packtool.signals import check, test_pause
 from packtool.stats import PackStats
 from packtool.types import Overflow
@@ -74,6 +74,9 @@ class WindowInfo:
     stats: PackStats  #: the plan's counts (PackStats.from_plan)
     reused: bool = False  #: found finished in the scratch directory (a killed run's), not redone
     targets: bool = False  #: input target flags were spilled beside the tokens (labels column)
+    #: ``--source-column``: the window's own id -> value table (sorted), its segments' ids in
+    #: :data:`~packtool.pipeline.spill.SEG_SOURCES`
+    sources: tuple = ()
 
 
 def window_dir(tmp: str | os.PathLike, index: int) -> str:
@@ -156,12 +159,15 @@ def _row_chunk(plan: PackPlan, doc_starts: np.ndarray, rows: np.ndarray, tokens:
 
 
 def _spill_rows(work: Path, plan: PackPlan, doc_starts: np.ndarray, order: np.ndarray,
-                tokens: DocSpill, targets: DocSpill | None, threads: int = 1) -> int:
+                tokens: DocSpill, targets: DocSpill | None, threads: int = 1,
+                doc_sources: np.ndarray | None = None) -> int:
     """Write the window's rows in ``order`` (the row spill, index and segments of
     :mod:`packtool.pipeline.spill`), gathering their segments from the input-order ``tokens``
     (and ``targets`` flags), :data:`REWRITE_TOKENS` at most at a time. With ``threads`` > 1,
     that many chunks are gathered ahead by other threads while this one writes (the files are
     written in order either way).
+    ``doc_sources`` (int32[docs], ``--source-column``) writes each segment's source id to
+    :data:`~packtool.pipeline.spill.SEG_SOURCES`, beside :data:`SEGMENTS`.
 
     Returns:
         The effective targets of the window (sum over segments of the flagged tokens 1..len-1;
@@ -180,6 +186,8 @@ def _spill_rows(work: Path, plan: PackPlan, doc_starts: np.ndarray, order: np.nd
         idx_f = stack.enter_context(spill_writer(work / ROW_INDEX))
         seg_f = stack.enter_context(spill_writer(work / SEGMENTS))
         tgt_f = stack.enter_context(spill_writer(work / ROW_TARGETS)) if targets else None
+        src_f = (stack.enter_context(spill_writer(work / SEG_SOURCES))
+                 if doc_sources is not None else None)
         if pool is not None:
             stack.callback(pool.shutdown, wait=True, cancel_futures=True)
             ahead = deque(pool.submit(chunk, lo) for lo in los[:threads])
@@ -195,6 +203,8 @@ def _spill_rows(work: Path, plan: PackPlan, doc_starts: np.ndarray, order: np.nd
             index += np.array([seg_base, tok_base], dtype=np.int64)
             idx_f.write(memoryview(np.ascontiguousarray(index)))
             seg_f.write(memoryview(segments))
+            if src_f is not None:  # beside the segments: a source id per segment
+                src_f.write(memoryview(np.ascontiguousarray(doc_sources[segments[:, 1]])))
             tok_f.write(memoryview(toks))
             if tgt_f is not None:
                 tgt_f.write(memoryview(flags))
@@ -234,14 +244,16 @@ def prepare_window(cfg, window: Window, tmp: str, threads: int = 1) -> WindowInf
     if done is not None:  # finished by an identical run that was killed
         stats = PackStats.from_dict(done["stats"])
         return WindowInfo(window.index, final, window.first_doc, stats.rows, stats, True,
-                          done["targets"])
+                          done["targets"], tuple(done.get("sources") or ()))
     work = window_workdir(str(tmp), final.rsplit("/", 1)[-1])
     try:
         held = WINDOW_MEMORY // 4
         with DocSpill(work / DOC_TOKENS, np.int32, held) as tokens, \
                 DocSpill(work / DOC_TARGETS, np.uint8, held) as flags:
+            values = [] if cfg.source_column is not None else None
             lengths, read_counts = read_window(cfg.column, cfg.append_eos, window, tokens,
-                                               cfg.read_options(), flags)
+                                               cfg.read_options(), flags, values)
+            table, doc_sources = _window_sources(cfg.source_column, window, values)
             tokens.finish()
             flags.finish()
             check()
@@ -258,14 +270,34 @@ def prepare_window(cfg, window: Window, tmp: str, threads: int = 1) -> WindowInf
             order = window_row_order(plan.num_rows, seed=cfg.seed, window=window.index,
                                      shuffle=cfg.shuffle)
             effective = _spill_rows(work, plan, doc_starts, order, tokens,
-                                    flags if targets else None, threads)
+                                    flags if targets else None, threads, doc_sources)
         stats = dataclasses.replace(PackStats.from_plan(plan) + read_counts,
                                     effective_targets=effective)
         (work / WINDOW_DONE).write_text(json.dumps({"stats": stats.to_dict(),
-                                                    "targets": targets}))
+                                                    "targets": targets,
+                                                    "sources": list(table)}))
         publish_window(work, final)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
     return WindowInfo(window.index, final, window.first_doc, plan.num_rows, stats,
-                      targets=targets)
+                      targets=targets, sources=table)
+
+
+def _window_sources(column: str | None, window: Window, values: list | None):
+    """The window's id -> value table (sorted) and each document's id in it (int32[docs]),
+    from the ``--source-column`` values read; ``((), None)`` without the option.
+
+    Raises:
+        InputError: the column holds strings in some files and integers in others.
+    """
+    if values is None:
+        return (), None
+    if not values:
+        return (), np.zeros(0, dtype=np.int32)
+    if len({v.dtype.kind for v in values}) > 1:
+        files = ", ".join(p.path for p in window.parts[:3])
+        raise InputError(f"{files}: --source-column {column!r} holds strings in some files "
+                         "and integers in others; cast it to one type before packing")
+    table, ids = np.unique(np.concatenate(values), return_inverse=True)
+    return tuple(v.item() if hasattr(v, "item") else v for v in table), ids.astype(np.int32)

@@ -121,7 +121,7 @@ def iter_documents(path, column: str, *, fmt: str | None = None,
                    row_range: tuple[int, int] | None = None, batch_rows: int = 8192,
                    attention_mask: str | None = None, labels: str | None = None,
                    loss_mask: str | None = None, bos: int | None = None,
-                   eos: int | None = None) -> Iterator[TokenBatch]:
+                   eos: int | None = None, source: str | None = None) -> Iterator[TokenBatch]:
     """One file's documents as they are packed: the one read path of ``pack`` and ``compare``.
 
     The file's columns are read and checked by
@@ -133,20 +133,23 @@ def iter_documents(path, column: str, *, fmt: str | None = None,
         column: token column; row_range: ``(start, stop)`` file rows, or None for all.
         attention_mask, labels, loss_mask: mask columns (a name, ``"auto"`` or None).
         bos, eos: ``--prepend-bos`` / ``--append-eos`` ids or None.
+        source: ``--source-column``: each batch carries its documents' values
+            (:attr:`TokenBatch.sources`), or None.
 
     Raises:
         InputError, SchemaError: as :func:`~packtool.formats.reader.iter_token_batches`.
     """
     for raw in iter_token_batches(path, column, batch_rows, row_range=row_range, fmt=fmt,
                                   attention_mask=attention_mask, labels=labels,
-                                  loss_mask=loss_mask):
-        yield prepare_documents(raw.first_row, raw.lengths, raw.tokens, keep=raw.keep,
-                                labels=raw.labels, loss_masks=raw.loss_masks, bos=bos, eos=eos)
+                                  loss_mask=loss_mask, source=source):
+        batch = prepare_documents(raw.first_row, raw.lengths, raw.tokens, keep=raw.keep,
+                                  labels=raw.labels, loss_masks=raw.loss_masks, bos=bos, eos=eos)
+        yield batch if raw.sources is None else dataclasses.replace(batch, sources=raw.sources)
 
 
 def read_window(column: str, append_eos_id: int | None, window: Window, spill: BinaryIO,
-                options: dict | None = None,
-                targets: BinaryIO | None = None) -> tuple[np.ndarray, PackStats]:
+                options: dict | None = None, targets: BinaryIO | None = None,
+                sources: list | None = None) -> tuple[np.ndarray, PackStats]:
     """Validate a window's documents and append their tokens to ``spill`` as raw int32.
 
     Only the lengths are kept here; tokens go to ``spill`` one record batch (whole documents)
@@ -164,6 +167,8 @@ def read_window(column: str, append_eos_id: int | None, window: Window, spill: B
             :class:`packtool.pipeline.spill.DocSpill`).
         options: mask columns and BOS/EOS (:meth:`packtool.config.PackConfig.read_options`).
         targets: where the target flags go, if any (like ``spill``).
+        sources: with ``options["source"]`` (``--source-column``), a list that gets each
+            batch's per-document source values, in document order.
 
     Returns:
         (int64[window.docs] tokens per document after masks and BOS/EOS, the mask counts as
@@ -194,6 +199,8 @@ def read_window(column: str, append_eos_id: int | None, window: Window, spill: B
                 targets.write(memoryview(np.ascontiguousarray(t, dtype=np.uint8)))
             written += batch.tokens.size
             parts.append(batch.lengths)
+            if sources is not None and batch.sources is not None:
+                sources.append(batch.sources)
             counts = counts + PackStats(**batch.mask_counts())
             n += batch.lengths.size
             test_pause("read")

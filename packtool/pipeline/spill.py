@@ -17,7 +17,8 @@ string (a path or a URI), byte offsets and sizes. The files of a window (names b
 - :data:`ROW_INDEX` int64[rows + 1, 2]: for each row in that order, its first segment in
   :data:`SEGMENTS` and its first token in :data:`ROW_TOKENS` (last entry: the totals).
 - :data:`SEGMENTS` int64[segments, 3]: each segment's length, window-local document number and
-  token offset in its document.
+  token offset in its document; :data:`SEG_SOURCES` int32[segments] beside it with
+  ``--source-column`` (each segment's source id in the window's own table).
 
 Local reads use ``pread`` into a private buffer, never a memory map, so the spill's pages never
 count in a task's resident set (see :mod:`packtool.pipeline.layout`); in an object store they
@@ -36,7 +37,7 @@ from packtool.core.layout import gather_segments
 from packtool.formats.reader import is_remote
 
 __all__ = ["spill_writer", "read_spill", "read_records", "remove_spill", "DocSpill", "DOC_TOKENS",
-           "DOC_TARGETS", "ROW_TOKENS", "ROW_TARGETS", "ROW_INDEX", "SEGMENTS"]
+           "DOC_TARGETS", "ROW_TOKENS", "ROW_TARGETS", "ROW_INDEX", "SEGMENTS", "SEG_SOURCES"]
 
 DOC_TOKENS = "docs.int32"
 DOC_TARGETS = "docs-targets.uint8"
@@ -44,6 +45,7 @@ ROW_TOKENS = "rows.int32"
 ROW_TARGETS = "rows-targets.uint8"
 ROW_INDEX = "rows-index.int64"
 SEGMENTS = "segments.int64"
+SEG_SOURCES = "segment-sources.int32"
 
 #: Bytes of the largest single ``pread`` (Linux reads at most about 2 GiB per call).
 _MAX_READ = 1 << 30

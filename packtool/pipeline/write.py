@@ -62,7 +62,8 @@ def write_shard_task(cfg, job: ShardJob, spills: WindowSpills) -> tuple[ShardEnt
         kept = kept_shard(job.output, job.name, job.promised)
         if kept is not None:
             return kept, True
-    schema = shard_schema(packed_schema(cfg.capacity, cfg.labels.value), job.name)
+    schema = shard_schema(packed_schema(cfg.capacity, cfg.labels.value,
+                                        cfg.source_column is not None), job.name)
     n = job.windows.size
 
     def tables():

@@ -9,7 +9,8 @@ other columns are rebuilt from it and compared:
 * ``segment_ids``: q on the q-th span while the span starts before the padding, 0 after;
 * ``position_ids``: 0..len-1 on every span (the padding tail is one pseudo-segment);
 * ``max_seqlen``: the longest span;
-* ``doc_ids``: one entry per real span;
+* ``doc_ids``: one entry per real span; ``source_ids`` (``pack --source-column``), checked under
+  the same name: one entry per ``doc_ids`` entry, each an id of the manifest's table;
 * ``labels`` in their convention (stored, or derived by the reader when not stored): unshifted,
   the token except -100 at each span's first token and on padding; shifted, the next token inside
   the span, else -100; so no label pairs the end of one document with the start of the next;
@@ -93,8 +94,8 @@ def _first_bad(bad_RC: np.ndarray) -> np.ndarray:
     return np.where(any_R, bad_RC.argmax(axis=1), -1)
 
 
-def check_block(cols: dict, capacity: int, convention: str,
-                label_masked: bool = False) -> list[tuple[int, str, int | None, str]]:
+def check_block(cols: dict, capacity: int, convention: str, label_masked: bool = False,
+                num_sources: int | None = None) -> list[tuple[int, str, int | None, str]]:
     """Contract violations of a block of rows.
 
     Args:
@@ -107,6 +108,9 @@ def check_block(cols: dict, capacity: int, convention: str,
         label_masked: the pack read an input labels column (SFT prompt masks), so a label may
             also be -100 where the convention gives a token, never the other way round;
             ``num_targets`` then counts the labels and is at most sum(len - 1).
+        num_sources: the size of the manifest's source table when ``cols`` holds
+            ``source_ids`` (a list of R arrays): each row needs one id in 0 .. num_sources - 1
+            per ``doc_ids`` entry (reported as ``doc_ids``).
 
     Returns:
         ``[(row in block, check, segment or None, message)]``, at most one per (row, check),
@@ -166,6 +170,12 @@ def check_block(cols: dict, capacity: int, convention: str,
         if doc_ids is not None and len(doc_ids[r]) != k_R[i]:
             out.append((int(r), "doc_ids", None, f"{len(doc_ids[r])} doc_ids for {int(k_R[i])} "
                         "real segments"))
+        elif cols.get("source_ids") is not None:
+            src = np.asarray(cols["source_ids"][r])
+            if src.size != k or (src.size and (src.min() < 0 or src.max() >= (num_sources or 0))):
+                out.append((int(r), "doc_ids", None, f"source_ids {src.tolist()[:8]} for {k} "
+                            f"segments: one id in 0..{(num_sources or 0) - 1} per segment "
+                            "expected"))
     seg_v = seg[rows]
     report("segment_ids", seg_v != span_id,
            lambda i, j: f"segment_id at token {j} is {int(seg_v[i, j])}, cu_seqlens says "
@@ -269,6 +279,10 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
     """
     want = ["input_ids", "segment_ids", "position_ids", "labels", "cu_seqlens", "max_seqlen",
             "num_targets", "doc_ids"]
+    num_sources = None
+    if reader.manifest.source_column is not None:
+        want.append("source_ids")
+        num_sources = len(reader.manifest.source_values)
     scan = ContractScan(labels_stored=reader.labels.stored)
 
     def run(block, local_rows=None):
@@ -279,7 +293,8 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
                     for k, v in cols.items()}
         for i, r in enumerate(rows.tolist()):
             scan.segments[block.first + r] = len(cols["doc_ids"][i])
-        for i, check, q, msg in check_block(cols, reader.capacity, convention, label_masked):
+        for i, check, q, msg in check_block(cols, reader.capacity, convention, label_masked,
+                                            num_sources):
             r = int(rows[i])
             where = {"shard": block.shard, "row": block.shard_row0 + r,
                      **({"segment": q} if q else {})}
