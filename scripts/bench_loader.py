@@ -25,7 +25,8 @@ are 10 ms), the least CPU per row of ``--trials`` runs kept.
   (``DataLoader(PackedIterableDataset(batch_size=B), batch_size=None)``), packtool items
   collated (``DataLoader(PackedIterableDataset(), batch_size=B, collate_fn=collate)``), the
   memmap (a map-style dataset, shuffled sampler, items stacked into the same int32/int64
-  tensors), and LitData (``StreamingDataset(shuffle=True)`` through ``StreamingDataLoader``,
+  tensors by a minimal collate, and collated by packtool's ``collate``: the same batch, so the
+  reader is all that differs), and LitData (``StreamingDataset(shuffle=True)`` through ``StreamingDataLoader``,
   default collate). Workers are persistent: one warm-up pass, then a whole pass measured, so
   worker start-up is left out (printed apart).
 
@@ -126,7 +127,9 @@ class MemmapRows:
     def __getitem__(self, i: int) -> dict:
         if self.mm is None:  # opened in the process that reads (workers open their own)
             self.mm = {c: np.load(p, mmap_mode="r") for c, p in self.paths.items()}
-        return {c: np.array(m[i]) for c, m in self.mm.items()}
+        item = {c: np.array(m[i]) for c, m in self.mm.items()}
+        item["labels_convention"] = "unshifted"  # as packtool's items say
+        return item
 
     def __getstate__(self) -> dict:
         return {"paths": self.paths, "mm": None}
@@ -237,6 +240,8 @@ def bench_capacity(src: Path, C: int, work: Path, args) -> dict:
                 collate_fn=collate, **pw),
             "memmap": lambda: torch.utils.data.DataLoader(
                 MemmapRows(paths), batch_size=B, shuffle=True, collate_fn=memmap_collate, **pw),
+            "memmap + packtool collate": lambda: torch.utils.data.DataLoader(
+                MemmapRows(paths), batch_size=B, shuffle=True, collate_fn=collate, **pw),
         }
         if has_lit:
             import litdata
@@ -261,19 +266,21 @@ def report(r: dict) -> None:
     print(f"\nC = {r['capacity']}: {r['rows']} rows, {r['row_groups']} row groups of "
           f"{r['rows_per_group']} rows (small groups: {r['small_rows_per_group']} rows), "
           f"batch {r['batch']}")
-    print(f"{'reader':<44}{'rows/CPU-s':>12}{'CPU ms/row':>12}{'rows/s':>10}")
+    print(f"{'reader':<48}{'rows/CPU-s':>12}{'CPU ms/row':>12}{'rows/s':>10}")
     for k, v in r.items():
         if isinstance(v, dict):
-            print(f"{k:<44}{v['rows_per_cpu_s']:>12,.0f}{v['cpu_ms_per_row']:>12.3f}"
+            print(f"{k:<48}{v['rows_per_cpu_s']:>12,.0f}{v['cpu_ms_per_row']:>12.3f}"
                   f"{v['rows_per_s']:>10,.0f}")
     for w in (0, 2):
-        mm = r.get(f"DataLoader w={w}: memmap")
-        for name in ("packtool batches", "packtool items + collate", "litdata"):
-            v = r.get(f"DataLoader w={w}: {name}")
-            if v and mm:
-                print(f"  w={w}: {name} / memmap rows per CPU-s = "
-                      f"{v['rows_per_cpu_s'] / mm['rows_per_cpu_s']:.2f}")
-    for name in ("packtool batches", "memmap", "litdata"):
+        for base in ("memmap", "memmap + packtool collate"):
+            mm = r.get(f"DataLoader w={w}: {base}")
+            for name in ("packtool batches", "packtool items + collate", "litdata"):
+                v = r.get(f"DataLoader w={w}: {name}")
+                if v and mm:
+                    print(f"  w={w}: {name} / {base}, rows per CPU-s: "
+                          f"{v['rows_per_cpu_s'] / mm['rows_per_cpu_s']:.2f}")
+    for name in ("packtool batches", "packtool items + collate", "memmap",
+                 "memmap + packtool collate", "litdata"):
         a, b = r.get(f"DataLoader w=0: {name}"), r.get(f"DataLoader w=2: {name}")
         if a and b:
             print(f"  {name}: CPU per row with 2 workers / 0 workers = "

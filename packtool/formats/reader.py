@@ -53,7 +53,8 @@ from packtool.types import IGNORE_INDEX, INT32_MAX
 
 __all__ = ["InputFile", "RawBatch", "Discovery", "InputSource", "MaskColumns", "InputColumns",
            "discover", "discover_inputs", "open_input", "input_schema", "iter_token_batches",
-           "list_parts", "resolve_mask_columns", "input_columns", "reads_labels", "check_source_column",
+           "list_parts", "resolve_mask_columns", "input_columns", "reads_labels",
+           "check_source_column",
            "filesystem_of", "is_remote", "SUPPORTED_FORMATS", "AUTO", "LOSS_MASK_COLUMNS"]
 
 log = logging.getLogger(__name__)

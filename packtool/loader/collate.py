@@ -285,45 +285,54 @@ def _check_convention(lab: np.ndarray, ids: np.ndarray, seg: np.ndarray, mode: s
         "that no labels are shifted twice")
 
 
-def _derived_labels64(ids: np.ndarray, seg: np.ndarray, convention: str) -> np.ndarray:
-    """int64[B, C] labels of ``convention`` derived from tokens and segments, built in the
-    int64 array the loss takes (one cast, then -100 written at the boundaries): the same
-    values as :func:`~packtool.formats.packed.unshifted_labels` /
-    :func:`~packtool.formats.packed.shifted_labels`."""
+def _derived_labels64(ids: np.ndarray, seg: np.ndarray, cu: np.ndarray,
+                      convention: str) -> tuple[np.ndarray, int]:
+    """int64[B, C] labels of ``convention`` derived from tokens and segments, and their
+    effective targets: the same values as :func:`~packtool.formats.packed.unshifted_labels` /
+    :func:`~packtool.formats.packed.shifted_labels`, built in the int64 array the loss takes
+    (one cast, then -100 written at each boundary and over each padding tail, found from the
+    batch's boundaries ``cu``: int[S + 1] over the rows laid end to end)."""
     B, C = ids.shape
     lab = np.empty((B, C), dtype=np.int64)  # shape: (B, C)
-    change = seg[:, 1:] != seg[:, :-1]  # shape: (B, C - 1), a boundary between i and i + 1
+    flat = lab.reshape(-1)
+    starts = np.asarray(cu[:-1], dtype=np.int64)  # shape: (S,), every segment's first token
+    ends = np.asarray(cu[1:], dtype=np.int64)
+    real = seg.reshape(-1)[starts] != 0  # shape: (S,), False on padding tails
     if convention == "shifted":
         lab[:, :-1] = ids[:, 1:]
-        lab[:, -1] = IGNORE_INDEX
-        lab[:, :-1][change] = IGNORE_INDEX  # the last token of a segment predicts nothing
+        flat[ends - 1] = IGNORE_INDEX  # the last token of a segment predicts nothing
     else:
         lab[:] = ids
-        lab[:, 0] = IGNORE_INDEX
-        lab[:, 1:][change] = IGNORE_INDEX  # each segment's first token is no target
-    lab[seg == 0] = IGNORE_INDEX
-    return lab
+        flat[starts] = IGNORE_INDEX  # each segment's first token is no target
+    for a, b in zip(starts[~real].tolist(), ends[~real].tolist()):
+        flat[a:b] = IGNORE_INDEX  # padding tails
+    return lab, int((ends - starts)[real].sum() - np.count_nonzero(real))
 
 
-def _labels(rows: Rows, want: str | None = None,
-            default_mode: str = "unshifted") -> tuple[np.ndarray, str]:
-    """int[B, C] labels of the batch and their convention.
+def _labels(rows: Rows, want: str | None = None, default_mode: str = "unshifted",
+            cu: np.ndarray | None = None) -> tuple[np.ndarray, str, int]:
+    """int[B, C] labels of the batch, their convention and their effective targets.
 
     Args:
         want: the convention to hand out (converted inside each segment); None: the rows'.
         default_mode: the convention of rows that do not say (checked against the values).
+        cu: the batch's boundaries (:func:`_cu`), used when labels are derived.
     """
     mode = rows.labels_mode
     ids = rows.tokens["input_ids"]
     lab = rows.tokens.get("labels")
     if lab is None:  # derived: needs the real segments (padding 0)
         out = want or mode or "unshifted"
-        return _derived_labels64(ids, rows.tokens["segment_ids"], out), out
+        if cu is None:
+            cu = _cu(rows)[0]
+        lab, n = _derived_labels64(ids, rows.tokens["segment_ids"], cu, out)
+        return lab, out, n
     if mode is None:
         mode = default_mode
         _check_convention(lab, ids, _segments(rows), mode)
     out = want or mode
-    return (convert_labels(lab, _segments(rows), mode, out) if out != mode else lab), out
+    lab = convert_labels(lab, _segments(rows), mode, out) if out != mode else lab
+    return lab, out, count_targets(lab)
 
 
 # --- tensors --------------------------------------------------------------------------------
@@ -420,7 +429,7 @@ def collate(batch) -> dict:
     _needs(set(rows.tokens) | set(rows.ragged))
     _structure(rows)
     cu_seqlens, max_seqlen = _cu(rows)
-    labels, convention = _labels(rows)
+    labels, convention, targets = _labels(rows, cu=cu_seqlens)
     seg = _segments(rows)
     pos = _positions(rows)
     B = seg.shape[0]
@@ -431,7 +440,7 @@ def collate(batch) -> dict:
         "segment_ids": _tensor(torch, seg, torch.int32),
         "cu_seqlens": torch.from_numpy(cu_seqlens),
         "max_seqlen": max_seqlen,
-        "num_targets": count_targets(labels),
+        "num_targets": targets,
         "labels_convention": convention,
         "labels_mode": convention,
         "shard": list(rows.shard),
@@ -475,7 +484,7 @@ def collate_flat(batch) -> dict:
     _needs(set(rows.tokens) | set(rows.ragged))
     _structure(rows)
     cu_seqlens, max_seqlen = _cu(rows)
-    labels, _ = _labels(rows, want="unshifted")
+    labels, _, targets = _labels(rows, want="unshifted", cu=cu_seqlens)
     flat = (1, labels.size)
     cu = torch.from_numpy(cu_seqlens)
     return _deliver({
@@ -484,7 +493,7 @@ def collate_flat(batch) -> dict:
         "labels": _tensor(torch, labels, torch.int64, flat),
         "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
         "max_length_q": max_seqlen, "max_length_k": max_seqlen,
-        "num_targets": count_targets(labels),
+        "num_targets": targets,
         "labels_convention": "unshifted",
     })
 

@@ -135,7 +135,8 @@ class PackedIterableDataset(IterableDataset):
                  drop_last: bool = False, columns: Sequence[str] | None = None,
                  labels: str | None = "unshifted", batch_size: int | None = None,
                  collate_fn: Callable | None = None, structure: str = "derived",
-                 read_ahead: int | None = None, max_open_files: int = 64, cache_dir: str | os.PathLike | None = None,
+                 read_ahead: int | None = None, max_open_files: int = 64,
+                 cache_dir: str | os.PathLike | None = None,
                  cache_limit: int | str | None = None, integrity: str = "footer") -> None:
         if rank is None or world_size is None:
             r, w = _default_rank_world()

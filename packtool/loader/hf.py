@@ -84,7 +84,8 @@ class HFCollator:
         cu_seqlens, max_seqlen = _cu(rows)  # checks the int32 range
         ids = rows.tokens["input_ids"]
         shape = (1, ids.size) if self.flatten else ids.shape
-        labels = _labels(rows, want="unshifted", default_mode=self.labels_mode)[0]
+        labels = _labels(rows, want="unshifted", default_mode=self.labels_mode,
+                         cu=cu_seqlens)[0]
         out = {"input_ids": _tensor(torch, ids, torch.int32, shape),
                "position_ids": _tensor(torch, _positions(rows), torch.int32, shape),
                "labels": _tensor(torch, labels, torch.int64, shape),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -85,3 +87,35 @@ def test_batches_gathered_from_row_groups_equal_collated_items(many_groups, name
                 assert all(np.array_equal(x, y) for x, y in zip(v, b[key]))
             else:
                 assert v == b[key], key
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.integers(1, 9), min_size=0, max_size=5), min_size=1, max_size=4),
+       st.sampled_from(["unshifted", "shifted"]))
+def test_batch_labels_equal_the_read_side_rule(rows_segments, convention):
+    """The labels a batch derives (one int64 cast, -100 written at boundaries and over padding
+    tails) equal the reader's rule, unshifted_labels / shifted_labels, for any segment layout
+    (one-token segments, full rows, rows of padding only), and the targets count them."""
+    from packtool.formats.packed import shifted_labels, unshifted_labels
+    from packtool.loader.collate import _derived_labels64
+
+    C = 16
+    seg = np.zeros((len(rows_segments), C), dtype=np.int32)
+    cu = []
+    for r, lens in enumerate(rows_segments):
+        at = 0
+        for q, n in enumerate(lens, start=1):
+            n = min(n, C - at)
+            if n <= 0:
+                break
+            seg[r, at:at + n] = q
+            cu.append(r * C + at)
+            at += n
+        if at < C:
+            cu.append(r * C + at)  # the padding tail
+    cu.append(seg.size)
+    ids = np.arange(seg.size, dtype=np.int32).reshape(seg.shape) + 100
+    lab, n = _derived_labels64(ids, seg, np.asarray(cu), convention)
+    ref = (shifted_labels if convention == "shifted" else unshifted_labels)(ids, seg)
+    assert lab.dtype == np.int64 and lab.tolist() == ref.tolist()
+    assert n == int((ref != -100).sum())
