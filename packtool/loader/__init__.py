@@ -5,8 +5,10 @@ imported where a tensor is made (the collate functions) and by
 :class:`~packtool.loader.distributed.PackedIterableDataset` (a ``torch.utils.data.IterableDataset``),
 which is loaded on first access.
 
-- :class:`PackedIterableDataset`: ranks x DataLoader workers, seeded epochs, bounded shuffle,
-  exact resume (``state_dict``/``load_state_dict``), whole row groups per rank. Train with this.
+- :class:`PackedIterableDataset`: one output or a weighted mixture of several
+  (:mod:`~packtool.loader.mixture`), ranks x DataLoader workers, seeded epochs, bounded shuffle,
+  exact and elastic resume (``state_dict``/``load_state_dict``, :mod:`~packtool.loader.resume`),
+  whole row groups per rank, rows or whole batches. Train with this (``docs/training.md``).
 - :class:`PackedDataset`: any row by index (random access, inspection, verify).
 - :func:`collate` ([B, C]), :func:`collate_flat` ([1, B * C], FlashAttention 2 keyword names),
   :class:`HFCollator` (``transformers.Trainer``, ``use_cache=False`` in every batch).

@@ -237,12 +237,16 @@ class PackedIterableDataset(IterableDataset):
                          else history, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
                          shuffle_buffer=self.shuffle_buffer, drop_last=self.drop_last)
 
+    def _current(self) -> EpochPlan:
+        """The plan of the current phase (a loaded state counted in, as a DataLoader without
+        workers would resume it)."""
+        return self._plan(self._resolve(0, 1)[0] if self._pending is not None else None)
+
     @property
     def rows_per_rank(self) -> int:
         """Rows this rank yields in the current epoch (the same on every rank; after an
         elastic resume, in the rest of the epoch)."""
-        history = self._resolve(0, 1)[0] if self._pending is not None else self._history
-        return rank_rows(self._plan(history).length(), self.world_size, self.drop_last)
+        return rank_rows(self._current().length(), self.world_size, self.drop_last)
 
     def __len__(self) -> int:
         """Rows this rank yields per epoch (:attr:`rows_per_rank`); with ``batch_size``, the
@@ -253,14 +257,14 @@ class PackedIterableDataset(IterableDataset):
     @property
     def repeated_rows(self) -> int:
         """Rows yielded twice in the current phase over all ranks (``drop_last=False``)."""
-        L = self._plan().length()
+        L = self._current().length()
         return 0 if self.drop_last else max(0, rank_rows(L, self.world_size, False)
                                             * self.world_size - L)
 
     @property
     def dropped_rows(self) -> int:
         """Rows no rank yields in the current phase (``drop_last=True``)."""
-        L = self._plan().length()
+        L = self._current().length()
         return max(0, L - rank_rows(L, self.world_size, self.drop_last) * self.world_size)
 
     def set_epoch(self, epoch: int) -> None:
