@@ -116,3 +116,29 @@ def test_a_checkpoint_at_the_end_of_an_epoch_starts_the_next_one(rows_120, worke
     assert ds.epoch == 1
     ds.set_epoch(1)
     assert [i for b in dl for i in b["index"]] == epoch1
+
+
+def test_a_rest_the_new_ranks_do_not_divide_is_evened_up_and_counted(rows_120):
+    """2 ranks read 7 rows each; 4 ranks take the remaining 106 rows: 27 each, the 2 extra rows
+    repeated from the start of the rest and counted in repeated_rows (drop_last=True: the last
+    2 left out, counted in dropped_rows), every row of the epoch at least once."""
+    before, state = [], None
+    for rank in range(2):
+        ds = PackedIterableDataset(rows_120, rank=rank, world_size=2, seed=4)
+        it = iter(ds)
+        before += [x["index"] for x in (next(it) for _ in range(7))]
+        state = state or ds.state_dict()
+    after = []
+    for rank in range(4):
+        ds = PackedIterableDataset(rows_120, rank=rank, world_size=4, seed=4)
+        ds.load_state_dict(state)
+        assert (ds.rows_per_rank, ds.repeated_rows, ds.dropped_rows) == (27, 2, 0)
+        after += [x["index"] for x in ds]
+    counts = Counter(before + after)
+    assert set(counts) == set(range(120)) and sum(counts.values()) == 122
+    dropped = PackedIterableDataset(rows_120, rank=0, world_size=4, seed=4, drop_last=True)
+    state_dl = PackedIterableDataset(rows_120, rank=0, world_size=2, seed=4, drop_last=True)
+    it = iter(state_dl)
+    [next(it) for _ in range(7)]
+    dropped.load_state_dict(state_dl.state_dict())
+    assert (dropped.rows_per_rank, dropped.repeated_rows, dropped.dropped_rows) == (26, 0, 2)
