@@ -28,13 +28,15 @@ def _docs(n, seed):
 
 @pytest.fixture(scope="module")
 def src(tmp_path_factory) -> Path:
-    """Two files: string sources (one file dictionary-encoded), documents of 1..29 tokens."""
+    """Two files: string sources (one file dictionary-encoded), documents of 1..29 tokens; the
+    sources change along the documents (runs of 50), so windows of 37 documents each see
+    another set of values and number them differently."""
     d = tmp_path_factory.mktemp("sources") / "in"
     d.mkdir()
     a, b = _docs(150, 1), _docs(60, 2)
-    pq.write_table(pa.table({"input_ids": a, "source": [SOURCES[i % 3] for i in range(150)]}),
+    pq.write_table(pa.table({"input_ids": a, "source": [SOURCES[i // 50] for i in range(150)]}),
                    d / "a.parquet")
-    lang = pa.array([SOURCES[(i * 7) % 4] for i in range(60)]).dictionary_encode()
+    lang = pa.array([SOURCES[3 - (i % 2)] for i in range(60)]).dictionary_encode()
     pq.write_table(pa.table({"input_ids": b, "source": lang}), d / "b.parquet")
     return d
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packtool.loader.plan import (EpochOrder, EpochPlan, Phase, apportion, mix_prefix,
-                                  rank_rows, worker_bounds)
+from packtool.loader.plan import (EpochOrder, EpochPlan, Phase, SourceStream, apportion,
+                                  mix_prefix, rank_rows, worker_bounds)
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -127,6 +127,27 @@ def test_a_large_source_gives_another_subset_each_epoch():
     for e in range(8):
         keys, src, _ = _epoch_rows(rg, [25, 5], e)
         assert len(set(keys[src == 0].tolist())) == 25
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=5), st.integers(1, 30), st.booleans())
+def test_the_urn_never_gives_a_row_twice_in_an_epoch(groups, share, shuffle):
+    """Whatever the row groups and the share, over 12 epochs: the draws beyond the whole
+    passes never repeat a row inside one epoch (also when an epoch runs from one round of the
+    urn into the next), every row is drawn once before any is drawn again, and any slice of an
+    epoch equals that slice of the whole epoch."""
+    s = SourceStream(np.asarray(groups), share, seed=3, salt=7, shuffle=shuffle)
+    n = sum(groups)
+    counts = Counter()
+    for e in range(12):
+        rows = s.epoch_rows(e, 0, share)
+        rest = rows[(share // n) * n:].tolist()
+        assert len(set(rest)) == len(rest), (e, rest)
+        for x in rest:
+            counts[x] += 1
+            assert max(counts.values()) - min(counts[i] for i in range(n)) <= 1
+        for a in range(0, share, 4):
+            assert s.epoch_rows(e, a, min(share, a + 5)).tolist() == rows[a:a + 5].tolist()
 
 
 def test_any_range_of_the_epoch_agrees_with_the_whole():
