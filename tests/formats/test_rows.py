@@ -23,8 +23,8 @@ def out(request, tmp_path_factory):
     d = tmp_path_factory.mktemp(f"rows-{request.param}")
     docs = [[(5 * i + k) % 89 + 1 for k in range(1 + (i * 7) % 29)] for i in range(80)]
     write_docs(d / "in" / "a.parquet", docs)
-    res = invoke(["pack", "-q", "--capacity", "24", "--rows-per-shard", "9", "--row-group-mb",
-                  "0.0003", "--labels", request.param, d / "in", d / "out"])
+    res = invoke(["pack", "-q", "--capacity", "24", "--rows-per-shard", "9", "--labels",
+                  request.param, d / "in", d / "out"])  # one group of 9 rows per shard
     assert res.exit_code == 0, res.output
     return d / "out"
 
@@ -77,10 +77,12 @@ def test_a_cu_seqlens_that_breaks_the_contract_is_refused():
 
 
 def test_gathered_rows_equal_the_rows_one_by_one(out):
-    """Rows.gather over rows of several blocks, in any order and with runs of one block,
-    holds exactly what Block.row gives for each row."""
+    """Rows.gather over rows of several blocks, in any order, single rows and runs of up to a
+    whole block (both ways of gathering ragged columns), holds exactly what Block.row gives
+    for each row."""
     o = PackedOutput.open(out)
     blocks = [o.decode(g, ALL, "unshifted") for g in range(o.num_row_groups)]
+    assert max(b.num_rows for b in blocks) > 4
     rng = np.random.default_rng(0)
     for _ in range(20):
         parts = [(blocks[g], rng.choice(blocks[g].num_rows, rng.integers(1, blocks[g].num_rows + 1),
