@@ -721,6 +721,8 @@ class PackedOutput:
         """
         if structure not in STRUCTURE:
             raise ValueError(f"structure {structure!r}: choose stored or derived")
+        if "cu_seqlens_unpadded" in self.columns:
+            structure = "stored"  # padded spans: cu_seqlens alone does not give the segments
         mode = labels or self.labels.convention
         want = self.check_columns(columns)
         s, g = int(self.rg_shard[group]), int(self.rg_index[group])

@@ -91,8 +91,9 @@ class PackedDataset:
             check_item_columns(self.columns)
         # derived: decode the stored columns only; a row's segments, positions and (when not
         # stored) labels are computed for that row alone, not for its whole row group
+        derived = structure == "derived" and "cu_seqlens_unpadded" not in self.output.columns
         self._derive = [c for c in ("segment_ids", "position_ids", "labels")
-                        if structure == "derived" and c in self.columns
+                        if derived and c in self.columns
                         and (c != "labels" or not self.output.labels.stored)]
         self._read = [c for c in self.columns if c not in self._derive]
         if self._derive:

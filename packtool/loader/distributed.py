@@ -180,7 +180,8 @@ class PackedIterableDataset(IterableDataset):
         # what is decoded: the items' columns, or for whole batches only what a batch is
         # built from (segments, positions and labels are derived for the batch at once)
         self._read = self.columns
-        if self.batch_size is not None and columns is None:
+        padded = any("cu_seqlens_unpadded" in o.columns for o in self.mixture.outputs)
+        if self.batch_size is not None and columns is None and not padded:
             self._read = ["input_ids", "cu_seqlens", "doc_ids"] + [
                 c for c in ("source_ids",) if c in self.columns]
             if any(o.labels.stored for o in self.mixture.outputs):
