@@ -147,6 +147,8 @@ def check_pip(argv: list[str], where: str) -> None:
 
 
 def check_command(argv: list[str], where: str) -> None:
+    while argv and re.match(r"^[A-Z_][A-Z0-9_]*=", argv[0]):  # VAR=value before a command
+        argv = argv[1:]
     if argv[0] == "packtool":
         check_packtool(argv, where)
     elif argv[0] == "make":

@@ -308,7 +308,9 @@ def filesystem_of(location) -> tuple[pafs.FileSystem, str, str]:
     loc = Location.parse(location)
     try:
         fs, path = loc.filesystem()
-    except (pa.ArrowException, OSError, ValueError) as exc:
+    except OSError as exc:  # the location's own one-line message
+        raise InputError(str(exc)) from None
+    except (pa.ArrowException, ValueError) as exc:
         raise InputError(f"{loc.display}: cannot open this location ({exc}); check the URI and "
                          "the credentials in the environment") from None
     return fs, path, "" if loc.is_local else f"{loc.scheme}://"
