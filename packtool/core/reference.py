@@ -104,8 +104,8 @@ def reference_layout(rows, docs, capacity, pad_id=0, labels="unshifted", targets
     token is flagged 0 is -100 too, and ``num_targets`` counts the labels that are not -100.
 
     ``segment_multiple`` N: after each segment, padding up to a multiple of N (pad id, segment
-    0, positions going on, label -100); ``cu_seqlens`` holds the spans, ``cu_seqlens_unpadded``
-    the real lengths summed (the tail counted whole in both).
+    0, positions going on, label -100); ``cu_seqlens`` holds the spans and, when N > 1,
+    ``cu_seqlens_unpadded`` the real lengths summed (the tail counted whole in both).
     """
     out = []
     for row in rows:
@@ -146,7 +146,7 @@ def reference_layout(rows, docs, capacity, pad_id=0, labels="unshifted", targets
             "position_ids": pos,
             "labels": None if labels == "none" else lab,
             "cu_seqlens": cu,
-            "cu_seqlens_unpadded": cu_real,
+            **({"cu_seqlens_unpadded": cu_real} if segment_multiple > 1 else {}),
             "max_seqlen": max(b - a for a, b in zip(cu, cu[1:])),
             "num_targets": sum(x != IGNORE for x in lab),
             "doc_ids": [d for d, _, _ in row],

@@ -41,7 +41,8 @@ def kernel_rows(docs, capacity, multiple, *, strategy="obfd", overflow="split", 
             "position_ids": out.position_ids[k].tolist(),
             "labels": None if out.labels is None else out.labels[k].tolist(),
             "cu_seqlens": out.cu_seqlens(k).tolist(),
-            "cu_seqlens_unpadded": out.cu_seqlens_unpadded(k).tolist(),
+            **({"cu_seqlens_unpadded": out.cu_seqlens_unpadded(k).tolist()}
+               if multiple > 1 else {}),
             "max_seqlen": int(out.max_seqlen[k]),
             "num_targets": int(out.num_targets[k]),
             "doc_ids": out.doc_ids[segs].tolist(),
@@ -65,8 +66,11 @@ def test_two_documents_padded_to_multiples_of_four():
 
 def test_multiple_one_is_the_plain_layout():
     """N = 1 changes nothing: unpadded and padded cu_seqlens are one array."""
-    _, rows = kernel_rows([[1, 2, 3], [4, 5]], 8, 1)
-    assert rows[0]["cu_seqlens"] == rows[0]["cu_seqlens_unpadded"] == [0, 3, 5, 8]
+    lengths, tokens, starts = flat([[1, 2, 3], [4, 5]])
+    plan = pack_lengths(lengths, 8, segment_multiple=1)
+    out = layout_rows(plan, [0], tokens, starts)
+    assert out.cu_unpadded_values is None
+    assert out.cu_seqlens(0).tolist() == out.cu_seqlens_unpadded(0).tolist() == [0, 3, 5, 8]
 
 
 def test_capacity_not_a_multiple_is_refused():
