@@ -59,6 +59,7 @@ class PackedAnalysis:
     per_bin: list = field(default_factory=list)  #: per row: shard, row, targets, segment targets
     documents: int = 0  #: distinct documents in the shards (segments at offset 0)
     per_bin_limit: int | None = None  #: rows listed at most in ``per_bin`` (None: all)
+    segment_multiple: int = 1  #: N of ``--segment-multiple`` the output was packed with
 
     @property
     def row_fill(self) -> np.ndarray:
@@ -153,6 +154,10 @@ def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False,
     reader = PackedReader(path)
     C = reader.capacity
     cols = ["cu_seqlens", "doc_ids", "doc_offsets", "num_targets"]
+    # --segment-multiple: real lengths from cu_seqlens_unpadded, the spans from cu_seqlens
+    padded = "cu_seqlens_unpadded" in reader.columns
+    if padded:
+        cols.append("cu_seqlens_unpadded")
     # an input labels column (SFT prompt masking) left some tokens -100 on purpose: the targets
     # are then the stored labels != -100, at most sum(len - 1) per segment
     label_masked = (int(reader.manifest.get("totals", {}).get("tokens_label_masked", 0)) > 0
@@ -160,7 +165,7 @@ def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False,
     batch_rows = max(1, (1 << 22) // C) if label_masked else _RECOUNT_BATCH_ROWS
     if label_masked:
         cols.append("labels")
-    rows = segs = real = targets = work = documents = bad_num_targets = 0
+    rows = segs = real = targets = work = documents = bad_num_targets = seg_pad = 0
     fill_counts = np.zeros(C + 1, dtype=np.int64)  # shape: (C + 1,)
     seg_counts = np.zeros(C + 1, dtype=np.int64)  # shape: (C + 1,)
     cut_bits = np.zeros(0, dtype=np.uint8)  # one bit per document id seen at offset > 0
@@ -180,6 +185,12 @@ def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False,
             cu64 = cu.astype(np.int64)
             lens = cu64[start + 1] - cu64[start]  # shape: (segments,)
             real_R = cu64[cu_off[:-1] + k]  # shape: (n,), end of the last real segment
+            if padded:  # same offsets as cu_seqlens; spans minus real lengths is the padding
+                un64 = _list_parts(batch.column("cu_seqlens_unpadded"))[0].astype(np.int64)
+                spans = lens
+                lens = un64[start + 1] - un64[start]
+                real_R = un64[cu_off[:-1] + k]
+                seg_pad += int((spans - lens).sum())
             seg_t = lens - 1  # shape: (segments,), targets per segment (boundary rule)
             if label_masked:
                 lab = batch.column("labels").flatten().to_numpy(zero_copy_only=False)  # (n*C,)
@@ -220,6 +231,8 @@ def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False,
                "padding_tokens": rows * C - real, "effective_targets": targets,
                "attention_work": work,
                "docs_cut": int(np.unpackbits(cut_bits).sum())}
+    if padded or "segment_padding_tokens" in totals:
+        recount["segment_padding_tokens"] = seg_pad
     base = {k: v for k, v in totals.items() if k in PackStats.__dataclass_fields__}
     base.update(recount, capacity=C)
     stats = PackStats.from_dict(base)
@@ -229,8 +242,9 @@ def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False,
         mismatches["num_targets_rows_wrong"] = (bad_num_targets, 0)
     fill = np.arange(C + 1) / C
     hist = np.histogram(fill, bins=_FILL_EDGES, weights=fill_counts)[0].astype(np.int64).tolist()
+    multiple = int(reader.manifest.get("options", {}).get("segment_multiple", 1))
     return PackedAnalysis(str(path), stats, totals, mismatches, hist, fill_counts, seg_counts,
-                          bins, documents, per_bin_limit if per_bin else None)
+                          bins, documents, per_bin_limit if per_bin else None, multiple)
 
 
 @dataclass(frozen=True)
@@ -403,6 +417,7 @@ def format_packed(a: PackedAnalysis) -> str:
         f"  real tokens               {s.real_tokens:,}",
         f"  padding tokens            {s.padding_tokens:,} ({100 * s.padding_fraction:.3f}% of "
         f"rows * C)",
+        *([f"  {s.segment_padding_note(a.segment_multiple)}"] if a.segment_multiple > 1 else []),
         f"  effective targets         {s.effective_targets:,} "
         f"({s.targets_per_token:.4f} per real token)",
         f"  attention work (masked)   {s.attention_work:,} token^2 (sum of segment_len^2) = "

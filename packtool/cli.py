@@ -105,6 +105,12 @@ def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
                    "stream cut every C tokens.")
 @click.option("--overflow", type=_choice(Overflow), default="split", show_default=True,
               help="Documents longer than C: split into chunks, truncate, drop, or error.")
+@click.option("--segment-multiple", type=click.IntRange(min=1), default=1, show_default=True,
+              metavar="N",
+              help="Pad every document piece to a multiple of N tokens inside its row (never a "
+                   "target; only its own document's later padding sees it) and store "
+                   "cu_seqlens_unpadded: context parallelism with TransformerEngine's THD "
+                   "format takes N = 2 x cp size. C must be a multiple of N.")
 @click.option("--labels", type=_choice(LabelMode), default="none", show_default=True,
               help="none: no labels column (readers derive the unshifted labels from input_ids "
                    "and segment_ids); unshifted: store them, the model shifts (Hugging Face); "
@@ -146,8 +152,8 @@ def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars and no summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_context
-def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, append_eos,
-         prepend_bos, attention_mask_column, labels_column, seed, no_shuffle, rows_per_shard,
+def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, labels, pad_id,
+         append_eos, prepend_bos, attention_mask_column, labels_column, seed, no_shuffle, rows_per_shard,
          row_group_mb, workers, overwrite, window_docs, engine, ray_address, quiet, as_json):
     """Pack tokenized Parquet INPUT files or directories into OUTPUT.
 
@@ -170,7 +176,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
             and ctx.get_parameter_source("ray_address") is ParameterSource.COMMANDLINE):
         raise click.UsageError("--ray-address applies only with --engine ray")
     cfg = PackConfig(inputs=tuple(paths[:-1]), output=paths[-1], capacity=capacity,
-                     column=column, strategy=strategy, overflow=overflow, labels=labels,
+                     column=column, strategy=strategy, overflow=overflow,
+                     segment_multiple=segment_multiple, labels=labels,
                      pad_id=pad_id, append_eos=append_eos, prepend_bos=prepend_bos,
                      attention_mask_column=attention_mask_column, labels_column=labels_column,
                      seed=seed, shuffle=not no_shuffle,
@@ -211,6 +218,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
             f"{s.capacity} in {len(result.manifest['outputs'])} shard(s) -> {cfg.output}\n"
             f"  fill {100 * s.fill:.2f}%  padding {s.padding_tokens:,} tokens "
             f"({100 * s.padding_fraction:.2f}%)  extra rows over ceil(tokens/C): {s.extra_rows}\n"
+            + (f"  {s.segment_padding_note(cfg.segment_multiple)}\n"
+               if cfg.segment_multiple > 1 else "") +
             f"  effective targets {s.effective_targets:,} ({s.targets_per_token:.4f} per token)  "
             f"segments {s.segments:,}\n"
             f"  empty skipped {s.docs_empty:,}  cut across segments {s.docs_cut:,}  split "

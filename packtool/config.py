@@ -54,6 +54,10 @@ class PackConfig:
     """Packing strategy."""
     overflow: Overflow = Overflow.SPLIT
     """Policy for documents longer than the capacity."""
+    segment_multiple: int = 1
+    """N: every document piece takes a multiple of N slots of its row, its tokens then padding
+    (context parallelism: TransformerEngine's THD format splits each sequence into 2 x cp
+    pieces, so N = 2 x cp). ``capacity`` must be a multiple of N."""
     labels: LabelMode = LabelMode.NONE
     """Labels column written: ``none`` (default: not stored, readers derive the unshifted labels
     from input_ids and segment_ids), ``unshifted`` or ``shifted``."""
@@ -108,6 +112,14 @@ class PackConfig:
             raise ConfigError("give at least one INPUT")
         if not 2 <= self.capacity <= MAX_CAPACITY:
             bad("capacity", self.capacity, f"must be in 2..{MAX_CAPACITY} tokens")
+        if not isinstance(self.segment_multiple, int) or self.segment_multiple < 1:
+            bad("segment_multiple", self.segment_multiple, "must be an integer >= 1")
+        if self.capacity % self.segment_multiple:
+            n = self.segment_multiple
+            lo, hi = self.capacity // n * n, -(-self.capacity // n) * n
+            bad("segment_multiple", n, f"--capacity {self.capacity} is not a multiple of it; "
+                "every padded document and the padding tail must be multiples of N: use "
+                "--capacity " + (f"{lo} or {hi}" if lo >= 2 else f"{hi}"))
         if not 0 <= self.pad_id < 2**31:
             # a negative id would index an embedding table out of range
             bad("pad_id", self.pad_id, "must be a token id in 0..2**31-1 (int32, not negative)")
@@ -164,4 +176,6 @@ class PackConfig:
             d.pop(k)
         if d["window_docs"] is None:
             d.pop("window_docs")
+        if d["segment_multiple"] == 1:  # plain packs keep their manifest and fingerprint
+            d.pop("segment_multiple")
         return d

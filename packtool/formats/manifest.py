@@ -62,7 +62,11 @@ TMP_DIR_NAME = ".packtool-tmp"
 LOCK_NAME = ".packtool.lock"
 #: Glob of the output shards at OUTPUT's top level.
 SHARD_GLOB = "part-*.parquet"
-FORMAT_VERSION = 2
+#: Version written. 3 adds ``--segment-multiple`` (the ``cu_seqlens_unpadded`` column, padding
+#: inside rows); a version-2 output is a version-3 output packed with N = 1.
+FORMAT_VERSION = 3
+#: Versions this packtool reads.
+READABLE_FORMAT_VERSIONS = (2, 3)
 
 
 def shard_name(index: int) -> str:
@@ -213,7 +217,7 @@ def load_manifest(directory: str | os.PathLike, *, check_hashes: bool = False) -
     manifest = read_manifest(d)
     mpath = d / MANIFEST_NAME
     outputs = manifest["outputs"]
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") not in READABLE_FORMAT_VERSIONS:
         raise ManifestError(f"{mpath}: format_version {manifest.get('format_version')!r}, this "
                             f"packtool reads {FORMAT_VERSION}; repack with this version")
     listed = {o["file"] for o in outputs}

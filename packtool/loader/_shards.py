@@ -38,7 +38,8 @@ __all__ = ["ShardIndex", "open_index", "OpenFiles", "Block", "decode_row_group",
 #: per-token columns, decoded as int32[R, C]
 TOKEN_COLUMNS = ("input_ids", "segment_ids", "position_ids", "labels")
 #: variable-length list columns, decoded as (values, offsets int64[R + 1])
-RAGGED_COLUMNS = ("cu_seqlens", "doc_ids", "doc_offsets")
+#: (``cu_seqlens_unpadded`` only in outputs packed with ``--segment-multiple``)
+RAGGED_COLUMNS = ("cu_seqlens", "doc_ids", "doc_offsets", "cu_seqlens_unpadded")
 #: one integer per row, decoded as [R]
 SCALAR_COLUMNS = ("max_seqlen", "num_targets")
 _KNOWN = TOKEN_COLUMNS + RAGGED_COLUMNS + SCALAR_COLUMNS

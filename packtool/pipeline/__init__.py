@@ -184,13 +184,14 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
             "labels_shifted": cfg.labels.value == "shifted",
             "labels": {"stored": cfg.labels.value != "none",
                        "convention": labels_convention(cfg.labels.value)},
-            "columns": packed_columns(cfg.labels.value),
+            "columns": packed_columns(cfg.labels.value, cfg.segment_multiple),
             "inputs": [{"path": str(f.path), "rows": r, "bytes": f.bytes}
                        for f, r in zip(files, file_rows(windows, len(files)))],
             "outputs": outputs,
             **extra,
             "totals": total.to_dict(),
         }
-        out.commit(manifest, packed_schema(cfg.capacity, cfg.labels.value))
+        out.commit(manifest, packed_schema(cfg.capacity, cfg.labels.value,
+                                           cfg.segment_multiple))
     return PackResult(total, manifest, time.perf_counter() - t0, reused, False,
                       _warnings(cfg, total), windows_reused=sum(i.reused for i in infos))

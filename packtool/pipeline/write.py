@@ -76,7 +76,7 @@ def write_shard_task(cfg, job: ShardJob, spills: WindowSpills) -> tuple[dict, bo
         if kept is not None:
             return shard_entry(job.name, job.windows.size, *kept,
                                path=Path(job.output) / job.name), True
-    schema = packed_schema(cfg.capacity, cfg.labels.value)
+    schema = packed_schema(cfg.capacity, cfg.labels.value, cfg.segment_multiple)
     n = job.windows.size
 
     def tables():
@@ -84,7 +84,8 @@ def write_shard_task(cfg, job: ShardJob, spills: WindowSpills) -> tuple[dict, bo
         for lo in range(0, n, cfg.rows_per_group):
             check()
             packed = layout_group(spills, rows, lo, min(n, lo + cfg.rows_per_group),
-                                  pad_id=cfg.pad_id, labels=cfg.labels)
+                                  pad_id=cfg.pad_id, labels=cfg.labels,
+                                  segment_multiple=cfg.segment_multiple)
             yield rows_to_table(packed, schema)
             test_pause("write-shard", job.index)
 
