@@ -12,6 +12,19 @@ padding segment per padded row, as ``cu_seqlens`` stores them).
   ``transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` names them.
 - ``num_targets`` in both: labels != -100 in the batch, the loss denominator (B19, B20): sum the
   token losses over a step's batches and divide once by the sum of their ``num_targets``.
+- ``seq_idx`` in both: int32, the index of the ``cu_seqlens`` span each token lies in (documents
+  0, 1, ..., then the padding tail), [B, C] counted per row or [1, B * C] counted over the
+  flattened batch. It is what Mamba-2 / SSD and short-convolution layers need to reset their
+  state at each document start (``causal_conv1d_fn(x, w, b, seq_idx=...)`` and
+  ``mamba_chunk_scan_combined(..., seq_idx=...)`` take int32 (batch, seqlen); Hugging Face hybrid
+  models take the ``seq_idx`` keyword, as ``DataCollatorWithFlattening(return_seq_idx=True)``
+  names it; Megatron derives the same index from ``cu_seqlens_q_padded``). An end-of-document
+  token is no boundary for these layers: without ``seq_idx`` the convolution window and the
+  recurrent state carry one document into the next.
+- With an output packed with ``--segment-multiple N`` (context parallelism), both also give
+  TransformerEngine / Megatron ``PackedSeqParams`` names: ``cu_seqlens_q`` = ``cu_seqlens_kv``
+  (real lengths summed), ``cu_seqlens_q_padded`` = ``cu_seqlens_kv_padded`` (the padded spans,
+  equal to ``cu_seqlens``), int32 [S + 1], and ``max_seqlen_q`` = ``max_seqlen_kv`` (int).
 """
 
 from __future__ import annotations
@@ -21,8 +34,8 @@ import numpy as np
 from packtool.loader._shards import convert_labels, shifted_labels, unshifted_labels
 from packtool.types import IGNORE_INDEX
 
-__all__ = ["collate", "collate_flat", "batch_cu_seqlens", "count_targets",
-           "require_torch", "INT32_MAX"]
+__all__ = ["collate", "collate_flat", "batch_cu_seqlens", "batch_cu_seqlens_unpadded",
+           "batch_seq_idx", "count_targets", "require_torch", "INT32_MAX"]
 
 #: Largest value an int32 ``cu_seqlens`` can hold: B * C must not exceed it.
 INT32_MAX = 2**31 - 1
@@ -98,6 +111,61 @@ def batch_cu_seqlens(batch: list[dict]) -> tuple[np.ndarray, int]:
     return cu_seqlens.astype(np.int32), int(max_seqlen)
 
 
+def batch_seq_idx(batch: list[dict], *, flat: bool = False) -> np.ndarray:
+    """Document index of every token: the span of the row's ``cu_seqlens`` it lies in.
+
+    Args:
+        batch: B >= 1 loader items of one capacity C.
+        flat: False: counted per row, 0 at each row's start; True: counted over the rows laid
+            end to end (the spans of :func:`batch_cu_seqlens`).
+
+    Returns:
+        int32 [B, C] (or [1, B * C] with ``flat``): 0..k-1 on a row's documents (with
+        ``--segment-multiple``, the padding after a document carries its index), k on its
+        padding tail.
+
+    Raises:
+        ValueError: empty batch, rows of different capacity.
+    """
+    C = _capacity(batch)
+    rows, base = [], 0
+    for item in batch:
+        cu = _row_cu(item)
+        rows.append(np.repeat(np.arange(base, base + cu.size - 1, dtype=np.int32),
+                              np.diff(cu)))  # shape: (C,)
+        base += (cu.size - 1) if flat else 0
+    out = np.stack(rows)  # shape: (B, C)
+    return out.reshape(1, -1) if flat else out
+
+
+def batch_cu_seqlens_unpadded(batch: list[dict]) -> np.ndarray | None:
+    """Real lengths summed over the batch: TransformerEngine's ``cu_seqlens_q`` for an output
+    packed with ``--segment-multiple`` (None when the items have no ``cu_seqlens_unpadded``).
+
+    Returns:
+        int32 [S + 1], one entry per entry of :func:`batch_cu_seqlens`: row r's real lengths
+        continue from the total of rows 0..r-1 (each row's padding tail counted whole).
+    """
+    if batch[0].get("cu_seqlens_unpadded") is None:
+        return None
+    parts, base = [], 0
+    for item in batch:
+        u = np.asarray(item["cu_seqlens_unpadded"], dtype=np.int64)
+        parts.append(u[:-1] + base)
+        base += int(u[-1])
+    return np.concatenate(parts + [np.array([base], np.int64)]).astype(np.int32)
+
+
+def _packed_seq_params(torch, batch: list[dict], cu_seqlens: np.ndarray, max_seqlen: int) -> dict:
+    """The ``PackedSeqParams`` fields of a ``--segment-multiple`` batch (empty without it)."""
+    unpadded = batch_cu_seqlens_unpadded(batch)
+    if unpadded is None:
+        return {}
+    cu, real = torch.from_numpy(cu_seqlens), torch.from_numpy(unpadded)
+    return {"cu_seqlens_q": real, "cu_seqlens_kv": real, "cu_seqlens_q_padded": cu,
+            "cu_seqlens_kv_padded": cu, "max_seqlen_q": max_seqlen, "max_seqlen_kv": max_seqlen}
+
+
 def count_targets(labels) -> int:
     """Effective targets: ``labels != -100`` (NumPy array or tensor), as a Python int."""
     return int((labels != IGNORE_INDEX).sum())
@@ -133,6 +201,10 @@ def collate(batch: list[dict]) -> dict:
         derived, convention in ``labels_mode``);
         ``cu_seqlens``: torch.int32 [S + 1] (see :func:`batch_cu_seqlens`);
         ``max_seqlen``: Python int, the longest segment (B24);
+        ``seq_idx``: torch.int32 [B, C], each token's document index in its row
+        (:func:`batch_seq_idx`);
+        with ``--segment-multiple`` outputs, the ``PackedSeqParams`` fields of the module
+        docstring;
         ``num_targets``: Python int, labels != -100 in the batch (the loss denominator, B20);
         ``labels_mode``: str; ``shard``, ``row``, ``index``: lists of B provenance values;
         ``doc_ids``: list of B int64 arrays.
@@ -156,6 +228,8 @@ def collate(batch: list[dict]) -> dict:
         "segment_ids": t(np.stack([segments_of(item) for item in batch])),
         "cu_seqlens": torch.from_numpy(cu_seqlens),
         "max_seqlen": max_seqlen,
+        "seq_idx": torch.from_numpy(batch_seq_idx(batch)),
+        **_packed_seq_params(torch, batch, cu_seqlens, max_seqlen),
         "num_targets": count_targets(labels),
         "labels_mode": batch[0].get("labels_mode", "unshifted"),
         "shard": [item.get("shard") for item in batch],
@@ -175,7 +249,9 @@ def collate_flat(batch: list[dict]) -> dict:
     Returns:
         dict with ``input_ids``, ``position_ids``, ``labels``: torch.int64 [1, B * C];
         ``cu_seq_lens_q``, ``cu_seq_lens_k``: the same torch.int32 [S + 1] tensor;
-        ``max_length_q``, ``max_length_k``: Python int; ``num_targets``: Python int.
+        ``max_length_q``, ``max_length_k``: Python int; ``num_targets``: Python int;
+        ``seq_idx``: torch.int32 [1, B * C], counted over the batch (the spans of
+        ``cu_seq_lens_q``); with ``--segment-multiple`` outputs, the ``PackedSeqParams`` fields.
 
     Raises:
         ValueError, OverflowError, MissingDependencyError: as :func:`collate`.
@@ -194,5 +270,7 @@ def collate_flat(batch: list[dict]) -> dict:
         "labels": t(labels),
         "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
         "max_length_q": max_seqlen, "max_length_k": max_seqlen,
+        "seq_idx": torch.from_numpy(batch_seq_idx(batch, flat=True)),
+        **_packed_seq_params(torch, batch, cu_seqlens, max_seqlen),
         "num_targets": count_targets(labels),
     }

@@ -12,13 +12,20 @@ model's ``forward`` does not name (``segment_ids``, ``cu_seqlens``, ``labels_mod
 collator needs only those three: segments are recovered from ``position_ids`` restarting at 0. ``Trainer`` counts labels != -100 over a step's batches
 (``num_items_in_batch``) and divides the summed loss by it once, which is the effective-target
 denominator (B20).
+
+Hybrid and linear-attention models (Mamba-2 / SSD, short convolutions: Bamba, Falcon-H1, Zamba2,
+Nemotron-H, Qwen3-Next, ...) need more than positions: their convolution and recurrent state
+carry one document into the next unless they get ``seq_idx`` (int32, each token's document
+index), which :class:`HFCollator` adds to every batch; Hugging Face passes it to the mamba-ssm /
+causal-conv1d kernels. Which models honour it where: ``docs/architectures.md``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from packtool.loader.collate import batch_cu_seqlens, _labels, _stack, require_torch
+from packtool.loader.collate import (batch_cu_seqlens, batch_seq_idx, _labels, _stack,
+                                     require_torch)
 
 __all__ = ["HFCollator"]
 
@@ -37,10 +44,15 @@ class HFCollator:
             ``remove_unused_columns`` drops every item key but ``input_ids``, ``position_ids``
             and ``labels`` before the collator runs); build the dataset with
             ``labels="unshifted"`` and keep the default.
+        seq_idx: add ``seq_idx`` (int32, [B, C] per row, or [1, B * C] over the batch with
+            ``flatten``), the keyword Hugging Face hybrid models pass to their mamba-ssm and
+            causal-conv1d kernels. Without those kernels (the CPU path) transformers refuses it
+            with a ValueError rather than mixing documents, or a model ignores it: ``packtool
+            verify --hf-config`` says which. False leaves it out.
 
     Call: ``collator(items)`` -> dict with ``input_ids``, ``position_ids``, ``labels`` torch.int64
-    [B, C] (or [1, B * C]), ``use_cache=False``; labels unshifted (converted from a shifted
-    output).
+    [B, C] (or [1, B * C]), ``use_cache=False``, ``seq_idx`` torch.int32 of the same shape;
+    labels unshifted (converted from a shifted output).
 
     Raises:
         ValueError: empty batch or rows of different capacity (when called).
@@ -48,7 +60,7 @@ class HFCollator:
     """
 
     def __init__(self, *, flatten: bool = False, flash_attn_kwargs: bool = False,
-                 labels_mode: str = "unshifted") -> None:
+                 labels_mode: str = "unshifted", seq_idx: bool = True) -> None:
         if flash_attn_kwargs and not flatten:
             raise ValueError("flash_attn_kwargs needs flatten=True")
         if labels_mode not in ("unshifted", "shifted"):
@@ -56,6 +68,7 @@ class HFCollator:
         self.labels_mode = labels_mode
         self.flatten = bool(flatten)
         self.flash_attn_kwargs = bool(flash_attn_kwargs)
+        self.seq_idx = bool(seq_idx)
 
     def __call__(self, batch: list[dict]) -> dict:
         torch = require_torch()
@@ -69,6 +82,8 @@ class HFCollator:
                "position_ids": t(_stack(batch, "position_ids")),
                "labels": t(_labels(batch, unshifted=True, default_mode=self.labels_mode)),
                "use_cache": False}
+        if self.seq_idx:
+            out["seq_idx"] = torch.from_numpy(batch_seq_idx(batch, flat=self.flatten))
         if self.flash_attn_kwargs:
             cu = torch.from_numpy(cu_seqlens)
             out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max_seqlen,
