@@ -399,7 +399,7 @@ def stats(ctx, path, capacity, compare, column, overflow, append_eos, prepend_bo
                             "with --overwrite")
 
 
-_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
+_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
 
 
 @cli.command()

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 __all__ = ["ALL_BACKENDS", "ALL_CHECKS", "DEFAULT_ROWS", "CheckResult", "VerifyReport",
            "run_verify", "select_rows", "check_row_contract"]
 
-ALL_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
+ALL_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
 #: model checks, then the column checks (``--check`` accepts any of them)
 ALL_CHECKS = ("logits_match", "isolation", "loss_denominator", "grad_zero_ignored",
               "grad_zero_padding", "finite") + CONTRACT_CHECKS

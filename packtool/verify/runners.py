@@ -10,6 +10,8 @@ E = model width, H = heads.
 | varlen   | ``torch.nn.attention.varlen.varlen_attn``, cu_seqlens | CUDA only         | bfloat16 |
 | flash    | ``flash_attn_varlen_func``, cu_seqlens                | CUDA + flash-attn | bfloat16 |
 | hf       | tiny random ``LlamaForCausalLM``, position_ids only   | as sdpa           | float32  |
+| hybrid   | sdpa + convolution/recurrence mixers reset by seq_idx | as sdpa           | float32  |
+| mamba    | hybrid with causal-conv1d + mamba-ssm kernels, seq_idx| CUDA + kernels    | float32  |
 
 Every runner compares with per-document forwards of the same model in float32 on its own device
 (right-padded batches of documents, written-out causal attention in query blocks). Tolerance on
@@ -41,7 +43,9 @@ log = logging.getLogger(__name__)
 __all__ = ["ALL_BACKENDS", "MemoryBudget", "memory_budget", "parse_size", "unavailable",
            "make_runner", "Runner", "HF_VOCAB"]
 
-ALL_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
+ALL_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
+#: layers of the hybrid test model that are mixers (the middle one is attention)
+HYBRID_MIXER_LAYERS = (0, 2)
 FP32_RTOL_CPU = 1e-5
 FP32_RTOL_CUDA = 1e-4
 BF16_FLOOR = 1e-3
@@ -142,6 +146,14 @@ def unavailable(name: str, device: str) -> str:
         return f"flash-attn is not installed or cannot be imported ({install_hint('gpu')})"
     if name == "hf" and not has_transformers():
         return f"transformers is not installed ({install_hint('hf')})"
+    if name == "mamba":
+        from packtool.verify.hybrid import has_mamba_kernels
+
+        if not has_cuda():
+            return "causal-conv1d and mamba-ssm run on CUDA only; no CUDA GPU here"
+        if not has_mamba_kernels():
+            return ("causal-conv1d and mamba-ssm are not installed or cannot be imported "
+                    "(install them from prebuilt wheels: scripts/gpu_check.sh)")
     return ""
 
 
@@ -277,6 +289,56 @@ def _doc_groups(lengths, budget: int, heads: int):
         i = j
 
 
+class HybridRunner(Runner):
+    """The test decoder with mixer layers (:mod:`packtool.verify.hybrid`) beside SDPA attention.
+
+    The mixers get the batch's ``seq_idx`` (what :func:`packtool.loader.collate` hands out); a
+    batch without it runs them as one sequence per row, which is what a training loop that does
+    not pass ``seq_idx`` gets. ``hybrid`` computes the mixers in plain torch; ``mamba`` with the
+    causal-conv1d and mamba-ssm kernels on CUDA, its per-document references through the same
+    kernels.
+    """
+
+    def __init__(self, name: str, seed: int, device: str):
+        torch = require_torch()
+        from packtool.verify.model import build_model
+
+        impl = "kernels" if name == "mamba" else "torch"
+        base = build_model(seed=seed, mixer_layers=HYBRID_MIXER_LAYERS, mixer_impl=impl)
+        super().__init__(name, base, device, torch.float32)
+        self.backward = True
+        self.no_backward_reason = ""
+
+    @property
+    def ref_key(self):
+        return (self.name, self.device)
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d["mixers"] = self.model.mixer_impl
+        return d
+
+    def _attend(self, batch):
+        from packtool.verify.model import make_attend
+
+        return make_attend("sdpa", batch, device=self.device, query_block=self.query_block)
+
+    def forward(self, h_BCE, batch, attend_factory=None):
+        """float32 logits [B, C, V]; the mixers reset where ``batch["seq_idx"]`` changes."""
+        make = attend_factory or (lambda b, dev: self._attend(b))
+        seq = batch.get("seq_idx")
+        seq = None if seq is None else seq.to(self.device)
+        return self.model.forward_embeds(h_BCE, batch["position_ids"].to(self.device),
+                                         make(batch, self.device), seq).float()
+
+    def row_bytes(self, capacity: int) -> int:
+        """SDPA's row (activations and mask) plus the mixers' chunked recurrence (float64 decays
+        and float32 weights of 64 x 64 pairs per chunk and head)."""
+        rows = self.query_block or capacity
+        return (capacity * _ACT_BYTES_PER_TOKEN + _MASK_BYTES_PER_PAIR * rows * capacity
+                + capacity * 64 * self.model.heads * 24)
+
+
 class HFRunner(Runner):
     """A tiny random ``LlamaForCausalLM`` fed the packed rows through ``position_ids`` only,
     called as the README says (``use_cache=False``, no ``attention_mask``)."""
@@ -352,6 +414,13 @@ def make_runner(name: str, base_model, *, device: str, capacity: int, budget: Me
     torch = require_torch()
     if name == "hf":
         r = HFRunner(seed, capacity, device)
+    elif name in ("hybrid", "mamba"):
+        r = HybridRunner(name, seed, "cuda" if name == "mamba" else device)
+        if r.row_bytes(capacity) > budget.bytes:  # SDPA in query blocks, as the sdpa runner
+            spare = budget.bytes - (r.row_bytes(capacity) - _MASK_BYTES_PER_PAIR * capacity**2)
+            qb = spare // (_MASK_BYTES_PER_PAIR * capacity)
+            if qb >= 16:
+                r.query_block = int(min(qb, capacity))
     elif name in ("varlen", "flash"):
         r = Runner(name, base_model, "cuda", torch.bfloat16)
     elif name == "flex":
