@@ -416,6 +416,12 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
               help="Attention backend to check (repeatable); each one named must run and pass "
                    "[default: every backend that can run here; the others are listed as "
                    "skipped].")
+@click.option("--hf-config", "hf_config", default=None, metavar="PATH",
+              help="Your model: a Hugging Face config.json (or its directory, or a model name "
+                   "already in the transformers cache; never downloaded). The hf backend builds "
+                   "that architecture shrunk to a test size with random weights, feeds it the "
+                   "packed rows as HFCollator does and says which layer leaks and what it "
+                   "needs [default backends then: hf].")
 @click.option("--check", "checks", multiple=True, metavar="NAME",
               help="Report only these checks (repeatable): logits_match, isolation, "
                    "loss_denominator, grad_zero_ignored, grad_zero_padding, finite, or a column "
@@ -440,8 +446,8 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
               help="A progress line per backend and batch on stderr [default: on, off with "
                    "--json].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def verify(output, rows, seed, backends, checks, data_only, device, max_memory, batch_size,
-           compile_, progress, as_json, scan_all):
+def verify(output, rows, seed, backends, hf_config, checks, data_only, device, max_memory,
+           batch_size, compile_, progress, as_json, scan_all):
     """Prove that packed rows of OUTPUT compute what separate documents compute.
 
     Checks the column contract of every row, then runs a small seeded decoder (and a tiny random
@@ -465,14 +471,16 @@ def verify(output, rows, seed, backends, checks, data_only, device, max_memory, 
             memory_budget(budget)  # a budget too small is refused before any work
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--max-memory") from None
-    if data_only and backends:
-        raise click.UsageError("--data-only runs no backend; drop --backend")
+    if data_only and (backends or hf_config):
+        raise click.UsageError("--data-only runs no backend; drop --backend and --hf-config")
+    if hf_config is not None and backends and "hf" not in backends:
+        raise click.UsageError("--hf-config is the model of the hf backend; add --backend hf")
     show = (not as_json) if progress is None else progress
     try:
         report = run_verify(output, rows=rows, seed=seed, backends=backends or None,
                             checks=checks or None, batch_size=batch_size, compile=compile_,
                             scan_all=scan_all, data_only=data_only, device=device,
-                            max_memory=budget,
+                            max_memory=budget, hf_config=hf_config,
                             progress=(lambda m: click.echo(m, err=True)) if show else None)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None

@@ -76,6 +76,7 @@ def run_verify(
     device: str = "auto",
     max_memory: int | None = None,
     progress: Callable[[str], None] | None = None,
+    hf_config=None,
 ) -> VerifyReport:
     """Verify a packed output directory.
 
@@ -100,17 +101,29 @@ def run_verify(
         max_memory: bytes for model passes (None: derived, see
             :func:`~packtool.verify.runners.memory_budget`).
         progress: ``callable(str)`` told what runs, one line per backend and batch.
+        hf_config: a Hugging Face config (a ``PretrainedConfig``, or a ``config.json`` path,
+            its directory or a cached model name: never downloaded) whose architecture the
+            ``hf`` backend builds, shrunk, instead of its tiny Llama; without ``backends`` only
+            ``hf`` runs. A leak is reported as "documents leak in <layer>: this model needs ...".
 
     Returns:
         A :class:`VerifyReport`; ``report.ok`` is the verdict.
 
     Raises:
         ConfigError: unknown backend or check, batch_size < 1, bad device or memory size.
+        InputError: ``hf_config`` names no usable config (:func:`~packtool.verify.hf_model.load_hf_config`).
         ManifestError: the directory is not a complete packed output.
         MissingDependencyError: torch is missing and ``data_only`` is False.
     """
     from packtool.formats.packed import PackedReader
 
+    if hf_config is not None and not data_only:
+        if isinstance(hf_config, (str, os.PathLike)):
+            from packtool.verify.hf_model import load_hf_config
+
+            hf_config = load_hf_config(str(hf_config))
+        if backends is None:
+            backends = ["hf"]  # the user's model is the question
     explicit = backends is not None
     backends = list(dict.fromkeys(backends)) if explicit else list(ALL_BACKENDS)
     unknown = [b for b in backends if b not in ALL_BACKENDS]
@@ -190,13 +203,14 @@ def run_verify(
 
     _run_models(report, path, [int(i) for i in idx], reader.capacity, convention, explicit,
                 backends, wanted, seed, batch_size, compile, attend_overrides or {}, device,
-                max_memory, progress, label_masked)
+                max_memory, progress, label_masked, hf_config)
     _say(progress, f"verify: done in {time.perf_counter() - t0:.1f} s")
     return report
 
 
 def _run_models(report, path, idx, capacity, convention, explicit, backends, wanted, seed,
-                batch_size, compile, overrides, device, max_memory, progress, label_masked):
+                batch_size, compile, overrides, device, max_memory, progress, label_masked,
+                hf_config=None):
     """Run the sampled rows through every backend and add the model checks to ``report``."""
     from packtool.verify import has_cuda, require_torch
 
@@ -220,7 +234,8 @@ def _run_models(report, path, idx, capacity, convention, explicit, backends, wan
         runner = None
         if not reason:
             runner, reason = make_runner(name, base, device=dev, capacity=capacity,
-                                         budget=budget, seed=seed, compile=compile)
+                                         budget=budget, seed=seed, compile=compile,
+                                         hf_config=hf_config)
         if runner is None:
             report.add(CheckResult(name, "all", SKIP, {}, None, reason, required=explicit))
             _say(progress, f"verify: {name}: skipped ({reason})")
@@ -239,6 +254,7 @@ def _run_models(report, path, idx, capacity, convention, explicit, backends, wan
                                  r.no_backward_reason, extra=r.describe()) for r in runners}
     failed: dict[str, str] = {}
     elapsed = {r.name: 0.0 for r in runners}
+    leak_probe = None  # a batch holding a multi-document row, to locate a leak in
     nb = -(-len(items) // B)
     prev_tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
@@ -247,6 +263,8 @@ def _run_models(report, path, idx, capacity, convention, explicit, backends, wan
             chunk = items[bi * B:(bi + 1) * B]
             batch = collate(chunk)
             spans = [_spans(it) for it in chunk]
+            if leak_probe is None and any(len(sp) >= 2 for sp in spans):
+                leak_probe = (batch, spans)
             docs = [[batch["input_ids"][r, a:b] for a, b in sp] for r, sp in enumerate(spans)]
             flat_docs = [d for row in docs for d in row]
             refs_by_key: dict = {}
@@ -292,8 +310,19 @@ def _run_models(report, path, idx, capacity, convention, explicit, backends, wan
         m = meas[name]
         if runner.dtype != torch.float32:
             m.extra["eager_bf16_max_abs_diff"] = runner.eager_error
+        m.extra.update(runner.describe())  # what the run learnt (e.g. seq_idx refused)
         m.extra["seconds"] = round(elapsed[name], 2)
         res = run_checks(m, model_checks)
+        leaked = [r for c, r in res.items() if c in ("logits_match", "isolation")
+                  and r.status == FAIL]
+        if leaked and leak_probe is not None and hasattr(runner, "diagnose"):
+            try:
+                why = runner.diagnose(*leak_probe)
+            except Exception as exc:  # the diagnosis is a help, never a new failure
+                log.debug("leak diagnosis failed", exc_info=True)
+                why = f"(could not locate the leak: {type(exc).__name__}: {exc})"
+            for r in leaked:
+                r.message = f"{why}; {r.message}" if r.message else why
         for r in res.values():
             if r.status == SKIP and not explicit and r.check == "grad_zero_padding":
                 r.required = False

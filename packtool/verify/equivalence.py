@@ -242,7 +242,8 @@ def isolation(m: Measurements) -> CheckResult:
     if m.iso_other.max > m.tol:
         return _result(m, "isolation", FAIL, figs, m.iso_other.where,
                        f"changing document 1 moved another document's logits by "
-                       f"{m.iso_other.max:.3g} (cross-document attention)")
+                       f"{m.iso_other.max:.3g} (documents not kept apart: attention, convolution "
+                       "or recurrent state crosses a boundary)")
     if not m.iso_effect_min > m.tol:
         return _result(m, "isolation", FAIL, figs, m.iso_effect_where,
                        "changing document 1 did not change its own logits; the check has no "

@@ -340,23 +340,41 @@ class HybridRunner(Runner):
 
 
 class HFRunner(Runner):
-    """A tiny random ``LlamaForCausalLM`` fed the packed rows through ``position_ids`` only,
-    called as the README says (``use_cache=False``, no ``attention_mask``)."""
+    """A tiny random Hugging Face causal LM fed the packed rows as :class:`HFCollator` feeds
+    them (``position_ids``, ``seq_idx``, ``use_cache=False``, no ``attention_mask``): a Llama by
+    default, or the architecture of the user's config shrunk to a test size
+    (:mod:`packtool.verify.hf_model`, ``verify --hf-config``).
 
-    def __init__(self, seed: int, capacity: int, device: str):
+    When transformers refuses ``seq_idx`` (hybrid layers without their CUDA kernels), the rows run
+    without it, as a training loop that drops it would, and :attr:`refused` keeps the message.
+    """
+
+    def __init__(self, seed: int, capacity: int, device: str, config=None):
         torch = require_torch()
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        cfg = LlamaConfig(vocab_size=HF_VOCAB, hidden_size=64, intermediate_size=128,
-                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                          max_position_embeddings=max(2048, capacity), use_cache=False)
-        cfg._attn_implementation = "sdpa"
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = LlamaForCausalLM(cfg).eval().to(device)
         self.name, self.device, self.dtype = "hf", device, torch.float32
+        self.refused: str | None = None  #: transformers' message when it refused seq_idx
+        if config is None:
+            from transformers import LlamaConfig, LlamaForCausalLM
+
+            cfg = LlamaConfig(vocab_size=HF_VOCAB, hidden_size=64, intermediate_size=128,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                              max_position_embeddings=max(2048, capacity), use_cache=False)
+            cfg._attn_implementation = "sdpa"
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                model = LlamaForCausalLM(cfg).eval().to(device)
+            self.config = None
+        else:
+            from packtool.verify.hf_model import build_hf_model, shrink_config
+
+            cfg = shrink_config(config)
+            if (getattr(cfg, "max_position_embeddings", None) or capacity) < capacity:
+                cfg.max_position_embeddings = capacity
+            model = build_hf_model(cfg, seed=seed, device=device)
+            self.config = cfg
         self.model = self.ref_model = model
-        self.vocab, self.compiled, self.query_block = HF_VOCAB, False, None
+        self.vocab = int(model.get_input_embeddings().num_embeddings)
+        self.compiled, self.query_block = False, None
         self.backward, self.no_backward_reason, self.per_row = True, "", False
         self.eager_error = 0.0
 
@@ -365,15 +383,37 @@ class HFRunner(Runner):
         return ("hf", self.device)
 
     def describe(self) -> dict:
-        return {"device": self.device, "dtype": self.dtype_name}
+        d = {"device": self.device, "dtype": self.dtype_name}
+        if self.config is not None:
+            from packtool.verify.hf_model import decoder_layers, layer_kind
+
+            d["model"] = f"{self.config.model_type}, " + "; ".join(
+                layer_kind(self.config, i, m) for i, m in enumerate(decoder_layers(self.model)))
+        if self.refused:
+            d["seq_idx"] = "refused by transformers here; run without it"
+        return d
 
     def embed(self, ids_BC):
-        return self.model.get_input_embeddings()(ids_BC.to(self.device) % HF_VOCAB)
+        return self.model.get_input_embeddings()(ids_BC.to(self.device) % self.vocab)
+
+    def _call(self, h_BCE, position_ids_BC, seq_idx_BC):
+        kwargs = {"inputs_embeds": h_BCE, "position_ids": position_ids_BC, "use_cache": False}
+        if seq_idx_BC is not None and self.refused is None:
+            try:
+                return self.model(**kwargs, seq_idx=seq_idx_BC).logits.float()
+            except ValueError as exc:  # hybrid layers without their kernels refuse seq_idx
+                from packtool.verify.hf_model import REFUSAL_MARK
+
+                if REFUSAL_MARK not in str(exc):
+                    raise
+                self.refused = str(exc).splitlines()[0]
+        return self.model(**kwargs).logits.float()
 
     def forward(self, h_BCE, batch, attend_factory=None):
         # no attention_mask: transformers derives the document blocks from position_ids
-        return self.model(inputs_embeds=h_BCE, position_ids=batch["position_ids"].to(self.device),
-                          use_cache=False).logits.float()
+        seq = batch.get("seq_idx")
+        return self._call(h_BCE, batch["position_ids"].to(self.device),
+                          None if seq is None else seq.to(self.device))
 
     def reference(self, docs, budget: int, *, model=None):
         torch = require_torch()
@@ -382,12 +422,31 @@ class HFRunner(Runner):
             Lmax = max(int(docs[i].shape[0]) for i in group)
             ids = torch.zeros((len(group), Lmax), dtype=torch.int64)
             for j, i in enumerate(group):
-                ids[j, :docs[i].shape[0]] = docs[i] % HF_VOCAB
-            # right padding without attention_mask: causality keeps it out of the real tokens
-            lg = self.model(input_ids=ids.to(self.device), use_cache=False).logits
+                ids[j, :docs[i].shape[0]] = docs[i]
+            # right padding without attention_mask: causality keeps it out of the real tokens;
+            # embeddings in, as in the packed pass (some models scale input_ids' embeddings)
+            lg = self.model(inputs_embeds=self.embed(ids), use_cache=False).logits
             for j, i in enumerate(group):
                 out[i] = lg[j, :docs[i].shape[0]].float()
         return out
+
+    def diagnose(self, batch, spans: list) -> str:
+        """For a model that leaked: ``documents leak in <layer>: this model needs ...``, found by
+        changing document 1 of a row holding two documents (:mod:`packtool.verify.hf_model`)."""
+        from packtool.verify.hf_model import leak_message, locate_leak
+
+        row = next(r for r, sp in enumerate(spans) if len(sp) >= 2)
+        pos = batch["position_ids"].to(self.device)
+        seq = batch.get("seq_idx")
+        seq = None if seq is None else seq.to(self.device)
+
+        def forward(ids):
+            return self._call(self.embed(ids), pos, seq)
+
+        located = locate_leak(self.model, forward, batch["input_ids"], spans[row], row,
+                              self.vocab)
+        return leak_message(self.config if self.config is not None else self.model.config,
+                            located, self.refused)
 
     def row_bytes(self, capacity: int) -> int:
         # transformers builds the packed-sequence mask itself (bool and float copies)
@@ -395,7 +454,7 @@ class HFRunner(Runner):
 
 
 def make_runner(name: str, base_model, *, device: str, capacity: int, budget: MemoryBudget,
-                seed: int, compile: bool | None):
+                seed: int, compile: bool | None, hf_config=None):
     """Build the runner of backend ``name``.
 
     Args:
@@ -407,13 +466,15 @@ def make_runner(name: str, base_model, *, device: str, capacity: int, budget: Me
         seed: seeds the Hugging Face model.
         compile: FlexAttention through ``torch.compile``; None: compiled unless C is small
             enough that eager FlexAttention (dense scores) fits the budget on CPU, always on CUDA.
+        hf_config: a Hugging Face config whose architecture the ``hf`` backend builds (shrunk)
+            instead of its tiny Llama.
 
     Returns:
         ``(runner, reason)``: a runner, or None and why the backend cannot run within the budget.
     """
     torch = require_torch()
     if name == "hf":
-        r = HFRunner(seed, capacity, device)
+        r = HFRunner(seed, capacity, device, hf_config)
     elif name in ("hybrid", "mamba"):
         r = HybridRunner(name, seed, "cuda" if name == "mamba" else device)
         if r.row_bytes(capacity) > budget.bytes:  # SDPA in query blocks, as the sdpa runner
