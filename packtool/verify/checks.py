@@ -251,7 +251,8 @@ def _run_models(report, path, idx, capacity, convention, explicit, backends, wan
     report.rows = [(it["shard"], it["row"]) for it in items]
     shifted = convention == "shifted"
     meas = {r.name: Measurements(r.name, r.device, r.dtype_name, r.backward,
-                                 r.no_backward_reason, extra=r.describe()) for r in runners}
+                                 r.no_backward_reason, extra=r.describe(),
+                                 grad_pad_tol=getattr(r, "grad_pad_tol", 0.0)) for r in runners}
     failed: dict[str, str] = {}
     elapsed = {r.name: 0.0 for r in runners}
     leak_probe = None  # a batch holding a multi-document row, to locate a leak in

@@ -308,6 +308,9 @@ class HybridRunner(Runner):
         super().__init__(name, base, device, torch.float32)
         self.backward = True
         self.no_backward_reason = ""
+        # mamba-ssm's backward sums decays over whole 64-token chunks, documents mixed: the
+        # other documents' terms cancel up to rounding, so their gradient is ~1e-20, not 0
+        self.grad_pad_tol = 1e-9 if impl == "kernels" else 0.0
 
     @property
     def ref_key(self):
