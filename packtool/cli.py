@@ -413,9 +413,10 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the row sample and the test models.")
 @click.option("--backend", "backends", multiple=True, type=click.Choice(_BACKENDS),
-              help="Attention backend to check (repeatable); each one named must run and pass "
-                   "[default: every backend that can run here; the others are listed as "
-                   "skipped].")
+              help="Backend to check (repeatable); each one named must run and pass; hybrid and "
+                   "mamba add convolution and recurrence layers reset by seq_idx (mamba: the "
+                   "CUDA kernels) [default: every backend that can run here; the others are "
+                   "listed as skipped].")
 @click.option("--hf-config", "hf_config", default=None, metavar="PATH",
               help="Your model: a Hugging Face config.json (or its directory, or a model name "
                    "already in the transformers cache; never downloaded). The hf backend builds "
@@ -425,8 +426,8 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
 @click.option("--check", "checks", multiple=True, metavar="NAME",
               help="Report only these checks (repeatable): logits_match, isolation, "
                    "loss_denominator, grad_zero_ignored, grad_zero_padding, finite, or a column "
-                   "check (cu_seqlens, segment_ids, position_ids, max_seqlen, doc_ids, labels, "
-                   "num_targets) [default: all].")
+                   "check (cu_seqlens, cu_seqlens_unpadded, segment_ids, position_ids, "
+                   "max_seqlen, doc_ids, labels, num_targets) [default: all].")
 @click.option("--data-only", is_flag=True,
               help="Check the columns only (NumPy; torch not needed); no attention check is "
                    "asked for.")
@@ -450,9 +451,10 @@ def verify(output, rows, seed, backends, hf_config, checks, data_only, device, m
            batch_size, compile_, progress, as_json, scan_all):
     """Prove that packed rows of OUTPUT compute what separate documents compute.
 
-    Checks the column contract of every row, then runs a small seeded decoder (and a tiny random
-    Hugging Face Llama) on sampled rows with each attention backend and compares with
-    per-document forwards: logits, isolation, the loss denominator, gradients at ignored
+    Checks the column contract of every row, then runs a small seeded decoder (with attention,
+    and with convolution and recurrence layers reset by seq_idx) and a tiny random Hugging Face
+    model (a Llama, or your architecture with --hf-config) on sampled rows with each backend and
+    compares with per-document forwards: logits, isolation, the loss denominator, gradients at ignored
     positions and padding, finiteness. Exit 0 only when every requested check ran and passed
     and an attention check ran on a row holding two or more documents (or --data-only); a
     0-row output, a skipped requested backend, or a failed check exit 1 saying why.
