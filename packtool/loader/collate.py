@@ -127,7 +127,7 @@ def batch_seq_idx(batch: list[dict], *, flat: bool = False) -> np.ndarray:
     Raises:
         ValueError: empty batch, rows of different capacity.
     """
-    C = _capacity(batch)
+    _capacity(batch)  # one capacity in the batch
     rows, base = [], 0
     for item in batch:
         cu = _row_cu(item)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
@@ -70,9 +72,6 @@ def test_capacity_not_a_multiple_of_n_is_refused_before_any_work(tmp_path):
     one line naming both options and the nearest capacities; OUTPUT is never created."""
     src = tmp_path / "in" / "a.parquet"
     src.parent.mkdir()
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     pq.write_table(pa.table({"input_ids": pa.array(DOCS[:3], pa.list_(pa.int64()))}), src)
     res = CliRunner().invoke(cli, ["pack", "--capacity", "2050", "--segment-multiple", "8",
                                    str(src.parent), str(tmp_path / "out")])
@@ -93,13 +92,12 @@ def test_stats_reports_the_padding_and_rows_n_costs(cp2048, tmp_path):
     assert s["rows_without_segment_padding"] == plain_rows
     # every piece rounded up to a multiple of 8: padding inside rows is the sum of the roundings
     rows = [r for e in read_manifest(cp2048)["outputs"]
-            for r in __import__("pyarrow.parquet", fromlist=["x"]).read_table(
-                cp2048 / e["file"]).to_pylist()]
+            for r in pq.read_table(cp2048 / e["file"]).to_pylist()]
     pieces = [b - a for r in rows for a, b in zip(r["cu_seqlens_unpadded"][:len(r["doc_ids"])],
                                                   r["cu_seqlens_unpadded"][1:])]
     assert s["segment_padding_tokens"] == sum(-(-n // 8) * 8 - n for n in pieces) > 0
     text = CliRunner().invoke(cli, ["stats", str(cp2048)]).output
-    assert "segment padding (--segment-multiple 8)" in text and f"with N = 1" in text
+    assert "segment padding (--segment-multiple 8)" in text and "with N = 1" in text
 
 
 def _cp_row(rows):
