@@ -58,6 +58,7 @@ class PackedAnalysis:
     #: shards and bytes whose sha256 was checked against the manifest, and the seconds it took
     #: (0 shards: skipped with ``check_hashes=False``)
     hashed: tuple = (0, 0, 0.0)
+    segment_multiple: int = 1  #: N of ``--segment-multiple`` the output was packed with
 
     @property
     def row_fill(self) -> np.ndarray:
@@ -154,12 +155,16 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                time.perf_counter() - t0) if check_hashes else (0, 0, 0.0))
     C = reader.capacity
     cols = ["cu_seqlens", "doc_ids", "doc_offsets", "num_targets"]
+    # --segment-multiple: real lengths from cu_seqlens_unpadded, the spans from cu_seqlens
+    padded = "cu_seqlens_unpadded" in reader.columns
+    if padded:
+        cols.append("cu_seqlens_unpadded")
     # an input labels column (SFT prompt masking) left some tokens -100 on purpose: the targets
     # are then the stored labels != -100, at most sum(len - 1) per segment
     label_masked = reader.manifest.label_masked and reader.labels.stored
     if label_masked:
         cols.append("labels")
-    rows = segs = real = targets = work = documents = bad_num_targets = 0
+    rows = segs = real = targets = work = documents = bad_num_targets = seg_pad = 0
     fill_counts = np.zeros(C + 1, dtype=np.int64)  # shape: (C + 1,)
     seg_counts = np.zeros(C + 1, dtype=np.int64)  # shape: (C + 1,)
     cut_bits = np.zeros(0, dtype=np.uint8)  # one bit per document id seen at offset > 0
@@ -175,6 +180,12 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
         cu64 = cu.astype(np.int64)
         lens = cu64[start + 1] - cu64[start]  # shape: (segments,)
         real_R = cu64[cu_off[:-1] + k]  # shape: (n,), end of the last real segment
+        if padded:  # same offsets as cu_seqlens; spans minus real lengths is the padding
+            un64 = block.ragged["cu_seqlens_unpadded"][0].astype(np.int64)
+            spans = lens
+            lens = un64[start + 1] - un64[start]
+            real_R = un64[cu_off[:-1] + k]
+            seg_pad += int((spans - lens).sum())
         seg_t = lens - 1  # shape: (segments,), targets per segment (boundary rule)
         if label_masked:
             lab = block.tokens["labels"].reshape(-1)  # shape: (n * C,)
@@ -216,6 +227,8 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                "padding_tokens": rows * C - real, "effective_targets": targets,
                "attention_work": work,
                "docs_cut": int(np.unpackbits(cut_bits).sum())}
+    if padded or "segment_padding_tokens" in totals:
+        recount["segment_padding_tokens"] = seg_pad
     base = {k: v for k, v in totals.items() if k in PackStats.__dataclass_fields__}
     base.update(recount, capacity=C)
     stats = PackStats.from_dict(base)
@@ -225,9 +238,10 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
         mismatches["num_targets_rows_wrong"] = (bad_num_targets, 0)
     fill = np.arange(C + 1) / C
     hist = np.histogram(fill, bins=_FILL_EDGES, weights=fill_counts)[0].astype(np.int64).tolist()
+    multiple = int(reader.manifest.options.get("segment_multiple", 1))
     return PackedAnalysis(reader.location.display, stats, totals, mismatches, hist, fill_counts,
                           seg_counts, bins, documents, per_bin_limit if per_bin else None,
-                          hashed)
+                          hashed=hashed, segment_multiple=multiple)
 
 
 @dataclass(frozen=True)
@@ -419,6 +433,7 @@ def format_packed(a: PackedAnalysis) -> str:
         f"  real tokens               {s.real_tokens:,}",
         f"  padding tokens            {s.padding_tokens:,} ({100 * s.padding_fraction:.3f}% of "
         f"rows * C)",
+        *([f"  {s.segment_padding_note(a.segment_multiple)}"] if a.segment_multiple > 1 else []),
         f"  effective targets         {s.effective_targets:,} "
         f"({s.targets_per_token:.4f} per real token)",
         f"  attention work (masked)   {s.attention_work:,} token^2 (sum of segment_len^2) = "

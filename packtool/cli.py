@@ -139,6 +139,12 @@ def _input_options(f):
                    "stream cut every C tokens.")
 @click.option("--overflow", type=_choice(Overflow), default="split", show_default=True,
               help="Documents longer than C: split into chunks, truncate, drop, or error.")
+@click.option("--segment-multiple", type=click.IntRange(min=1), default=1, show_default=True,
+              metavar="N",
+              help="Pad every document piece to a multiple of N tokens inside its row (never a "
+                   "target; only its own document's later padding sees it) and store "
+                   "cu_seqlens_unpadded: context parallelism with TransformerEngine's THD "
+                   "format takes N = 2 x cp size. C must be a multiple of N.")
 @click.option("--labels", type=_choice(LabelMode), default="none", show_default=True,
               help="none: no labels column (readers derive the unshifted labels from input_ids "
                    "and segment_ids); unshifted: store them, the model shifts (Hugging Face); "
@@ -170,10 +176,10 @@ def _input_options(f):
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars and no summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_context
-def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, append_eos,
-         prepend_bos, attention_mask_column, labels_column, loss_mask_column, skip_unsupported,
-         seed, no_shuffle, rows_per_shard, row_group_mb, workers, overwrite, window_docs, engine,
-         ray_address, quiet, as_json):
+def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, labels, pad_id,
+         append_eos, prepend_bos, attention_mask_column, labels_column, loss_mask_column,
+         skip_unsupported, seed, no_shuffle, rows_per_shard, row_group_mb, workers, overwrite,
+         window_docs, engine, ray_address, quiet, as_json):
     """Pack tokenized Parquet INPUT files or directories into OUTPUT.
 
     Writes part-NNNNN.parquet shards (input_ids, segment_ids, position_ids, [labels],
@@ -195,7 +201,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
             and ctx.get_parameter_source("ray_address") is ParameterSource.COMMANDLINE):
         raise click.UsageError("--ray-address applies only with --engine ray")
     cfg = PackConfig(inputs=tuple(paths[:-1]), output=paths[-1], capacity=capacity,
-                     column=column, strategy=strategy, overflow=overflow, labels=labels,
+                     column=column, strategy=strategy, overflow=overflow,
+                     segment_multiple=segment_multiple, labels=labels,
                      pad_id=pad_id, append_eos=append_eos, prepend_bos=prepend_bos,
                      attention_mask_column=attention_mask_column, labels_column=labels_column,
                      loss_mask_column=loss_mask_column, seed=seed, shuffle=not no_shuffle,
@@ -246,6 +253,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
             f"{s.capacity} in {len(result.manifest.shards)} shard(s) -> {cfg.output}\n"
             f"  fill {100 * s.fill:.2f}%  padding {s.padding_tokens:,} tokens "
             f"({100 * s.padding_fraction:.2f}%)  extra rows over ceil(tokens/C): {s.extra_rows}\n"
+            + (f"  {s.segment_padding_note(cfg.segment_multiple)}\n"
+               if cfg.segment_multiple > 1 else "") +
             f"  effective targets {s.effective_targets:,} ({s.targets_per_token:.4f} per token)  "
             f"segments {s.segments:,}\n"
             f"  empty skipped {s.docs_empty:,}  cut across segments {s.docs_cut:,}  split "
@@ -558,7 +567,7 @@ def _refuse_raw_input(where, command: str) -> None:
                         "directory of packtool pack")
 
 
-_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
+_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
 
 
 @cli.command()
@@ -572,14 +581,21 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the row sample and the test models.")
 @click.option("--backend", "backends", multiple=True, type=click.Choice(_BACKENDS),
-              help="Attention backend to check (repeatable); each one named must run and pass "
-                   "[default: every backend that can run here; the others are listed as "
-                   "skipped].")
+              help="Backend to check (repeatable); each one named must run and pass; hybrid and "
+                   "mamba add convolution and recurrence layers reset by seq_idx (mamba: the "
+                   "CUDA kernels) [default: every backend that can run here; the others are "
+                   "listed as skipped].")
+@click.option("--hf-config", "hf_config", default=None, metavar="PATH",
+              help="Your model: a Hugging Face config.json (or its directory, or a model name "
+                   "already in the transformers cache; never downloaded). The hf backend builds "
+                   "that architecture shrunk to a test size with random weights, feeds it the "
+                   "packed rows as HFCollator does and says which layer leaks and what it "
+                   "needs [default backends then: hf].")
 @click.option("--check", "checks", multiple=True, metavar="NAME",
               help="Report only these checks (repeatable): logits_match, isolation, "
                    "loss_denominator, grad_zero_ignored, grad_zero_padding, finite, or a column "
-                   "check (cu_seqlens, segment_ids, position_ids, max_seqlen, doc_ids, labels, "
-                   "num_targets) [default: all].")
+                   "check (cu_seqlens, cu_seqlens_unpadded, segment_ids, position_ids, "
+                   "max_seqlen, doc_ids, labels, num_targets) [default: all].")
 @click.option("--data-only", is_flag=True,
               help="Check the columns only (NumPy; torch not needed); no attention check is "
                    "asked for.")
@@ -602,13 +618,14 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
               help="Skip the sha256 of every shard against the manifest (it reads every byte; "
                    "sizes, footers and page checksums are still checked).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def verify(output, rows, seed, backends, checks, data_only, device, max_memory, batch_size,
-           compile_, progress, no_hash, as_json, scan_all):
+def verify(output, rows, seed, backends, hf_config, checks, data_only, device, max_memory,
+           batch_size, compile_, progress, no_hash, as_json, scan_all):
     """Prove that packed rows of OUTPUT compute what separate documents compute.
 
-    Checks the column contract of every row, then runs a small seeded decoder (and a tiny random
-    Hugging Face Llama) on sampled rows with each attention backend and compares with
-    per-document forwards: logits, isolation, the loss denominator, gradients at ignored
+    Checks the column contract of every row, then runs a small seeded decoder (with attention,
+    and with convolution and recurrence layers reset by seq_idx) and a tiny random Hugging Face
+    model (a Llama, or your architecture with --hf-config) on sampled rows with each backend and
+    compares with per-document forwards: logits, isolation, the loss denominator, gradients at ignored
     positions and padding, finiteness. Exit 0 only when every requested check ran and passed
     and an attention check ran on a row holding two or more documents (or --data-only); a
     0-row output, a skipped requested backend, or a failed check exit 1 saying why.
@@ -627,15 +644,17 @@ def verify(output, rows, seed, backends, checks, data_only, device, max_memory, 
             memory_budget(budget)  # a budget too small is refused before any work
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--max-memory") from None
-    if data_only and backends:
-        raise click.UsageError("--data-only runs no backend; drop --backend")
+    if data_only and (backends or hf_config):
+        raise click.UsageError("--data-only runs no backend; drop --backend and --hf-config")
+    if hf_config is not None and backends and "hf" not in backends:
+        raise click.UsageError("--hf-config is the model of the hf backend; add --backend hf")
     _refuse_raw_input(output, "verify")
     show = (not as_json) if progress is None else progress
     try:
         report = run_verify(output, rows=rows, seed=seed, backends=backends or None,
                             checks=checks or None, batch_size=batch_size, compile=compile_,
                             scan_all=scan_all, data_only=data_only, device=device,
-                            max_memory=budget, check_hashes=not no_hash,
+                            max_memory=budget, hf_config=hf_config, check_hashes=not no_hash,
                             progress=(lambda m: click.echo(m, err=True)) if show else None)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None

@@ -14,7 +14,7 @@ __all__ = ["PackConfig", "CompareConfig", "DEFAULT_RAY_WINDOW_DOCS", "DEFAULT_RO
 
 #: Default Parquet row-group budget in MiB of per-token data (4 bytes x C x token columns per
 #: row). Chosen by measurement (docs/benchmarks.md, "Random access"): with 1 MiB one random
-#: ``PackedReader.read_row`` (one row group decoded) cost 1.3 to 2.4 ms at C = 2048 and 1.8 ms at
+#: ``PackedDataset[i]`` (one row group decoded) cost 1.3 to 2.4 ms at C = 2048 and 1.8 ms at
 #: C = 8192 on a lightly loaded 2-core machine, 4 MiB cost 6x that, and the output is 2 to 6 %
 #: larger than with 4 MiB groups.
 DEFAULT_ROW_GROUP_MB = 1.0
@@ -83,6 +83,10 @@ class PackConfig:
     """Packing strategy."""
     overflow: Overflow = Overflow.SPLIT
     """Policy for documents longer than the capacity."""
+    segment_multiple: int = 1
+    """N: every document piece takes a multiple of N slots of its row, its tokens then padding
+    (context parallelism: TransformerEngine's THD format splits each sequence into 2 x cp
+    pieces, so N = 2 x cp). ``capacity`` must be a multiple of N."""
     labels: LabelMode = LabelMode.NONE
     """Labels column written: ``none`` (default: not stored, readers derive the unshifted labels
     from input_ids and segment_ids), ``unshifted`` or ``shifted``."""
@@ -140,6 +144,14 @@ class PackConfig:
                 object.__setattr__(self, name, enum(getattr(self, name)))
             except ValueError:
                 bad(name, getattr(self, name), f"choose one of {', '.join(e.value for e in enum)}")
+        if not isinstance(self.segment_multiple, int) or self.segment_multiple < 1:
+            bad("segment_multiple", self.segment_multiple, "must be an integer >= 1")
+        if self.capacity % self.segment_multiple:
+            n = self.segment_multiple
+            lo, hi = self.capacity // n * n, -(-self.capacity // n) * n
+            bad("segment_multiple", n, f"--capacity {self.capacity} is not a multiple of it; "
+                "every padded document and the padding tail must be multiples of N: use "
+                "--capacity " + (f"{lo} or {hi}" if lo >= 2 else f"{hi}"))
         if not 0 <= self.pad_id < 2**31:
             # a negative id would index an embedding table out of range
             bad("pad_id", self.pad_id, "must be a token id in 0..2**31-1 (int32, not negative)")
@@ -187,6 +199,8 @@ class PackConfig:
             d.pop(k)
         if d["window_docs"] is None:
             d.pop("window_docs")
+        if d["segment_multiple"] == 1:  # plain packs keep their manifest and fingerprint
+            d.pop("segment_multiple")
         return d
 
 

@@ -219,7 +219,7 @@ def test_readme_verify_figures_name_every_cpu_backend():
     regenerates the numbers)."""
     text = (ROOT / "README.md").read_text()
     block = text.split("<!-- begin: verify -->", 1)[1].split("<!-- end: verify -->", 1)[0]
-    for backend in ("sdpa", "flex", "hf"):
+    for backend in ("sdpa", "flex", "hf", "hybrid"):
         assert re.search(rf"{backend} \d\.\de-\d\d", block), block
 
 

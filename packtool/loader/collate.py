@@ -22,6 +22,19 @@ and :class:`~packtool.loader.hf.HFCollator` always give ``unshifted``. Items tha
 convention key (``Trainer`` drops keys its model does not take) are checked against the
 convention the collate function is told they carry: labels that contradict it are refused, so
 labels are never shifted twice in silence (B05).
+- ``seq_idx`` in both: int32, the index of the ``cu_seqlens`` span each token lies in (documents
+  0, 1, ..., then the padding tail), [B, C] counted per row or [1, B * C] counted over the
+  flattened batch. It is what Mamba-2 / SSD and short-convolution layers need to reset their
+  state at each document start (``causal_conv1d_fn(x, w, b, seq_idx=...)`` and
+  ``mamba_chunk_scan_combined(..., seq_idx=...)`` take int32 (batch, seqlen); Hugging Face hybrid
+  models take the ``seq_idx`` keyword, as ``DataCollatorWithFlattening(return_seq_idx=True)``
+  names it; Megatron derives the same index from ``cu_seqlens_q_padded``). An end-of-document
+  token is no boundary for these layers: without ``seq_idx`` the convolution window and the
+  recurrent state carry one document into the next.
+- With an output packed with ``--segment-multiple N`` (context parallelism), both also give
+  TransformerEngine / Megatron ``PackedSeqParams`` names: ``cu_seqlens_q`` = ``cu_seqlens_kv``
+  (real lengths summed), ``cu_seqlens_q_padded`` = ``cu_seqlens_kv_padded`` (the padded spans,
+  equal to ``cu_seqlens``), int32 [S + 1], and ``max_seqlen_q`` = ``max_seqlen_kv`` (int).
 """
 
 from __future__ import annotations
@@ -31,8 +44,8 @@ import numpy as np
 from packtool.formats.packed import convert_labels, shifted_labels, unshifted_labels
 from packtool.types import IGNORE_INDEX
 
-__all__ = ["collate", "collate_flat", "batch_cu_seqlens", "count_targets",
-           "require_torch", "INT32_MAX", "CONVENTIONS"]
+__all__ = ["collate", "collate_flat", "batch_cu_seqlens", "batch_cu_seqlens_unpadded",
+           "batch_seq_idx", "count_targets", "require_torch", "INT32_MAX", "CONVENTIONS"]
 
 #: The two labels conventions (see the module docstring).
 CONVENTIONS = ("unshifted", "shifted")
@@ -109,6 +122,61 @@ def batch_cu_seqlens(batch: list[dict]) -> tuple[np.ndarray, int]:
     cu_seqlens = np.concatenate(parts)  # shape: (S + 1,)
     max_seqlen = max(int(np.diff(cu).max()) for cu in cus)
     return cu_seqlens.astype(np.int32), int(max_seqlen)
+
+
+def batch_seq_idx(batch: list[dict], *, flat: bool = False) -> np.ndarray:
+    """Document index of every token: the span of the row's ``cu_seqlens`` it lies in.
+
+    Args:
+        batch: B >= 1 loader items of one capacity C.
+        flat: False: counted per row, 0 at each row's start; True: counted over the rows laid
+            end to end (the spans of :func:`batch_cu_seqlens`).
+
+    Returns:
+        int32 [B, C] (or [1, B * C] with ``flat``): 0..k-1 on a row's documents (with
+        ``--segment-multiple``, the padding after a document carries its index), k on its
+        padding tail.
+
+    Raises:
+        ValueError: empty batch, rows of different capacity.
+    """
+    _capacity(batch)  # one capacity in the batch
+    rows, base = [], 0
+    for item in batch:
+        cu = _row_cu(item)
+        rows.append(np.repeat(np.arange(base, base + cu.size - 1, dtype=np.int32),
+                              np.diff(cu)))  # shape: (C,)
+        base += (cu.size - 1) if flat else 0
+    out = np.stack(rows)  # shape: (B, C)
+    return out.reshape(1, -1) if flat else out
+
+
+def batch_cu_seqlens_unpadded(batch: list[dict]) -> np.ndarray | None:
+    """Real lengths summed over the batch: TransformerEngine's ``cu_seqlens_q`` for an output
+    packed with ``--segment-multiple`` (None when the items have no ``cu_seqlens_unpadded``).
+
+    Returns:
+        int32 [S + 1], one entry per entry of :func:`batch_cu_seqlens`: row r's real lengths
+        continue from the total of rows 0..r-1 (each row's padding tail counted whole).
+    """
+    if batch[0].get("cu_seqlens_unpadded") is None:
+        return None
+    parts, base = [], 0
+    for item in batch:
+        u = np.asarray(item["cu_seqlens_unpadded"], dtype=np.int64)
+        parts.append(u[:-1] + base)
+        base += int(u[-1])
+    return np.concatenate(parts + [np.array([base], np.int64)]).astype(np.int32)
+
+
+def _packed_seq_params(torch, batch: list[dict], cu_seqlens: np.ndarray, max_seqlen: int) -> dict:
+    """The ``PackedSeqParams`` fields of a ``--segment-multiple`` batch (empty without it)."""
+    unpadded = batch_cu_seqlens_unpadded(batch)
+    if unpadded is None:
+        return {}
+    cu, real = torch.from_numpy(cu_seqlens), torch.from_numpy(unpadded)
+    return {"cu_seqlens_q": real, "cu_seqlens_kv": real, "cu_seqlens_q_padded": cu,
+            "cu_seqlens_kv_padded": cu, "max_seqlen_q": max_seqlen, "max_seqlen_kv": max_seqlen}
 
 
 def count_targets(labels) -> int:
@@ -188,6 +256,10 @@ def collate(batch: list[dict]) -> dict:
         convention, named by ``labels_convention``);
         ``cu_seqlens``: torch.int32 [S + 1] (see :func:`batch_cu_seqlens`);
         ``max_seqlen``: Python int, the longest segment (B24);
+        ``seq_idx``: torch.int32 [B, C], each token's document index in its row
+        (:func:`batch_seq_idx`);
+        with ``--segment-multiple`` outputs, the ``PackedSeqParams`` fields of the module
+        docstring;
         ``num_targets``: Python int, labels != -100 in the batch (the loss denominator, B20);
         ``labels_convention``: ``unshifted`` (the loss shifts: ``logits[:, :-1]`` against
         ``labels[:, 1:]``) or ``shifted`` (no shift: ``logits`` against ``labels``);
@@ -215,6 +287,8 @@ def collate(batch: list[dict]) -> dict:
         "segment_ids": t(np.stack([segments_of(item) for item in batch])),
         "cu_seqlens": torch.from_numpy(cu_seqlens),
         "max_seqlen": max_seqlen,
+        "seq_idx": torch.from_numpy(batch_seq_idx(batch)),
+        **_packed_seq_params(torch, batch, cu_seqlens, max_seqlen),
         "num_targets": count_targets(labels),
         "labels_convention": convention,
         "labels_mode": convention,
@@ -237,6 +311,8 @@ def collate_flat(batch: list[dict]) -> dict:
         ``cu_seq_lens_q``, ``cu_seq_lens_k``: the same torch.int32 [S + 1] tensor;
         ``max_length_q``, ``max_length_k``: Python int; ``num_targets``: Python int;
         ``labels_convention``: ``unshifted``.
+        ``seq_idx``: torch.int32 [1, B * C], counted over the batch (the spans of
+        ``cu_seq_lens_q``); with ``--segment-multiple`` outputs, the ``PackedSeqParams`` fields.
 
     Raises:
         ValueError, OverflowError, MissingDependencyError: as :func:`collate`.
@@ -255,6 +331,8 @@ def collate_flat(batch: list[dict]) -> dict:
         "labels": t(labels),
         "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
         "max_length_q": max_seqlen, "max_length_k": max_seqlen,
+        "seq_idx": torch.from_numpy(batch_seq_idx(batch, flat=True)),
+        **_packed_seq_params(torch, batch, cu_seqlens, max_seqlen),
         "num_targets": count_targets(labels),
         "labels_convention": "unshifted",
     }

@@ -189,6 +189,7 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
             shards=tuple(outputs), totals=total,
             windows=tuple(_window_record(w, i) for w, i in zip(windows, infos))
             if cfg.window_docs is not None else ())
-        out.commit(manifest, packed_schema(cfg.capacity, cfg.labels.value))
+        out.commit(manifest, packed_schema(cfg.capacity, cfg.labels.value,
+                                           cfg.segment_multiple))
     return PackResult(total, manifest, time.perf_counter() - t0, reused, False,
                       _warnings(cfg, total), windows_reused=sum(i.reused for i in infos))

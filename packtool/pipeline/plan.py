@@ -249,7 +249,10 @@ def prepare_window(cfg, window: Window, tmp: str, threads: int = 1) -> WindowInf
             if cfg.overflow is Overflow.ERROR:
                 _check_overflow(cfg.capacity, window, lengths)
             plan = pack_lengths(lengths, cfg.capacity, strategy=cfg.strategy,
-                                overflow=cfg.overflow)
+                                overflow=cfg.overflow, segment_multiple=cfg.segment_multiple)
+            # what --segment-multiple costs: the rows of the same documents without it
+            rows_plain = plan.num_rows if cfg.segment_multiple == 1 else pack_lengths(
+                lengths, cfg.capacity, strategy=cfg.strategy, overflow=cfg.overflow).num_rows
             doc_starts = np.zeros(lengths.size, dtype=np.int64)  # shape: (docs,)
             if lengths.size:
                 np.cumsum(lengths[:-1], out=doc_starts[1:])
@@ -260,7 +263,8 @@ def prepare_window(cfg, window: Window, tmp: str, threads: int = 1) -> WindowInf
             effective = _spill_rows(work, plan, doc_starts, order, tokens,
                                     flags if targets else None, threads)
         stats = dataclasses.replace(PackStats.from_plan(plan) + read_counts,
-                                    effective_targets=effective)
+                                    effective_targets=effective,
+                                    rows_without_segment_padding=rows_plain)
         (work / WINDOW_DONE).write_text(json.dumps({"stats": stats.to_dict(),
                                                     "targets": targets}))
         publish_window(work, final)
