@@ -143,12 +143,19 @@ def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
 @click.option("--ray-address", default=None, metavar="ADDRESS", envvar="RAY_ADDRESS",
               help="Ray cluster to join with --engine ray [default: start a local Ray on "
                    "--workers CPUs].")
+@click.option("--holdout", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              default=None, metavar="FRACTION",
+              help="Hold out this fraction of the documents (whole documents, drawn with "
+                   "--seed) into a second packed output, for validation loss.")
+@click.option("--holdout-output", default=None, metavar="DIR",
+              help="Where the held-out documents are packed [default: OUTPUT-holdout].")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars and no summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_context
 def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, append_eos,
          prepend_bos, attention_mask_column, labels_column, seed, no_shuffle, rows_per_shard,
-         row_group_mb, workers, overwrite, window_docs, engine, ray_address, quiet, as_json):
+         row_group_mb, workers, overwrite, window_docs, engine, ray_address, holdout,
+         holdout_output, quiet, as_json):
     """Pack tokenized Parquet INPUT files or directories into OUTPUT.
 
     Writes part-NNNNN.parquet shards (input_ids, segment_ids, position_ids, [labels],
@@ -177,7 +184,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
                      rows_per_shard=rows_per_shard, row_group_mb=row_group_mb,
                      workers=(os.cpu_count() or 1) if workers is None else workers,
                      overwrite=overwrite, window_docs=window_docs, engine=engine,
-                     ray_address=ray_address if engine == Engine.RAY.value else None)
+                     ray_address=ray_address if engine == Engine.RAY.value else None,
+                     holdout=holdout, holdout_output=holdout_output)
     # what discovery skipped on purpose is part of the summary (the pack walks INPUT again)
     skipped = "" if quiet else discover(cfg.inputs).skipped_note()
     note = compile_note() if sys.stderr.isatty() else None
@@ -199,14 +207,15 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
                                "windows_reused": result.windows_reused,
                                "inputs_skipped": skipped,
                                "already_complete": result.already_complete,
-                               "warnings": result.warnings}, indent=2))
+                               "warnings": result.warnings,
+                               **_holdout_json(cfg, result)}, indent=2))
     elif result.already_complete:
         click.echo(f"{cfg.output}: already holds this pack (same inputs, options and versions); "
                    "nothing to do")
     elif not quiet:
         rate = s.tokens_in / result.seconds if result.seconds else 0.0
         click.echo(
-            f"packed {s.docs_in:,} documents ({s.tokens_in:,} tokens in, "
+            f"packed {s.docs_in - s.docs_other_split:,} documents ({s.tokens_in:,} tokens in, "
             f"{s.rows * s.capacity - s.padding_tokens:,} packed) into {s.rows:,} rows of "
             f"{s.capacity} in {len(result.manifest['outputs'])} shard(s) -> {cfg.output}\n"
             f"  fill {100 * s.fill:.2f}%  padding {s.padding_tokens:,} tokens "
@@ -234,6 +243,21 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
                        f"(--window-docs {cfg.window_docs:,}): extra rows {s.extra_rows:,} = "
                        f"{sum(extra):,} from packing within windows (max {max(extra, default=0):,} "
                        f"in one) + {rounding:,} from rounding each window up to whole rows")
+    if result.holdout is not None and not quiet and not as_json:
+        h = result.holdout.stats
+        click.echo(f"held out {s.docs_other_split:,} documents ({s.tokens_other_split:,} tokens) "
+                   f"of --holdout {cfg.holdout} into {h.rows:,} rows of {h.capacity} -> "
+                   f"{cfg.holdout_output}"
+                   + (" (already complete)" if result.holdout.already_complete else ""))
+
+
+def _holdout_json(cfg, result) -> dict:
+    """The held-out pack's part of ``pack --json`` (nothing without --holdout)."""
+    h = result.holdout
+    if h is None:
+        return {}
+    return {"holdout": {"output": cfg.holdout_output, "stats": h.stats.to_dict(),
+                        "seconds": h.seconds, "already_complete": h.already_complete}}
 
 
 #: suffixes --plot accepts; matplotlib picks the format from it

@@ -93,6 +93,15 @@ class PackConfig:
     """Where the pack runs; ``ray`` needs a window (defaults to DEFAULT_RAY_WINDOW_DOCS)."""
     ray_address: str | None = None
     """Ray cluster to join (``--engine ray``); None starts a local Ray on ``workers`` CPUs."""
+    holdout: float | None = None
+    """Fraction of documents held out (0 < f < 1), each drawn independently from ``seed``
+    (:mod:`packtool.core.holdout`), packed into ``holdout_output`` and left out of ``output``;
+    None: no split."""
+    holdout_output: str | None = None
+    """Where the held-out documents are packed (default: ``OUTPUT-holdout`` beside OUTPUT)."""
+    holdout_part: str | None = None
+    """Set by the driver for each of the two packs of a split: ``train`` (the documents not
+    held out) or ``holdout``; None with ``holdout`` set: pack both."""
 
     def __post_init__(self) -> None:
         def bad(name, value, why):
@@ -141,6 +150,35 @@ class PackConfig:
             bad("ray_address", self.ray_address, "only applies with --engine ray")
         if self.engine is Engine.RAY and self.window_docs is None:
             object.__setattr__(self, "window_docs", DEFAULT_RAY_WINDOW_DOCS)
+        self._check_holdout(bad)
+
+    def _check_holdout(self, bad) -> None:
+        if self.holdout is None:
+            if self.holdout_output is not None or self.holdout_part is not None:
+                bad("holdout_output", self.holdout_output, "needs --holdout FRACTION")
+            return
+        if not 0.0 < self.holdout < 1.0:
+            bad("holdout", self.holdout, "must be a fraction of the documents, 0 < f < 1")
+        if self.holdout_part not in (None, "train", "holdout"):
+            bad("holdout_part", self.holdout_part, "choose train or holdout")
+        if self.holdout_output is None:
+            object.__setattr__(self, "holdout_output", self.output.rstrip("/\\") + "-holdout")
+        if self.holdout_part is not None:  # one of the two packs: its OUTPUT is set
+            return
+        a, b = (os.path.abspath(p) if "://" not in p else p
+                for p in (self.output, self.holdout_output))
+        if a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/"):
+            bad("holdout_output", self.holdout_output, f"overlaps OUTPUT {self.output}; choose a "
+                "directory beside it")
+
+    def holdout_split(self):
+        """The documents this pack keeps (:class:`packtool.core.holdout.HoldoutSplit`), or None
+        when it keeps every document."""
+        if self.holdout is None or self.holdout_part is None:
+            return None
+        from packtool.core.holdout import HoldoutSplit
+
+        return HoldoutSplit(self.holdout, self.seed, self.holdout_part == "holdout")
 
     def read_options(self) -> dict:
         """Keyword arguments of :func:`packtool.formats.reader.iter_token_batches`: the mask
@@ -160,8 +198,10 @@ class PackConfig:
         """The options that decide the output bytes (workers, overwrite and the engine do not;
         ``window_docs`` is listed only when set, so one-plan manifests keep their old form)."""
         d = self.to_dict()
-        for k in ("inputs", "output", "workers", "overwrite", "engine", "ray_address"):
+        for k in ("inputs", "output", "workers", "overwrite", "engine", "ray_address",
+                  "holdout_output"):
             d.pop(k)
-        if d["window_docs"] is None:
-            d.pop("window_docs")
+        for k in ("window_docs", "holdout", "holdout_part"):
+            if d[k] is None:
+                d.pop(k)
         return d

@@ -30,7 +30,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from packtool.core.holdout import drop_documents
 from packtool.core.masks import BoundaryCounts, add_boundary_tokens, drop_masked_tokens
 from packtool.errors import InputError, SchemaError, row_ref
 from packtool.formats.manifest import (FILE_URI, IN_PROGRESS_NAME, MANIFEST_META_KEY,
@@ -100,15 +101,24 @@ class TokenBatch:
     masked_tokens: int = 0  #: tokens removed because their attention mask was 0
     #: BOS/EOS added or found already there (--prepend-bos/--append-eos)
     boundary: BoundaryCounts = BoundaryCounts()
+    #: (documents, tokens) left out by ``keep_rows`` (the other part of a --holdout split);
+    #: such a document has length 0 here
+    other_split: tuple[int, int] = (0, 0)
 
     def mask_counts(self) -> dict:
-        """The batch's mask figures under their :class:`packtool.stats.PackStats` names."""
+        """The batch's mask figures under their :class:`packtool.stats.PackStats` names.
+
+        A document left out by ``keep_rows`` has length 0, so the plan counts it as empty:
+        ``docs_empty`` is corrected here by as many (a count to add, never a count alone)."""
         b = self.boundary
         return {"tokens_attention_masked": self.masked_tokens,
                 "tokens_label_masked": 0 if self.targets is None
                 else int(self.targets.size - np.count_nonzero(self.targets)),
                 "docs_bos_added": b.bos_added, "docs_bos_present": b.bos_present,
-                "docs_eos_added": b.eos_added, "docs_eos_present": b.eos_present}
+                "docs_eos_added": b.eos_added, "docs_eos_present": b.eos_present,
+                "docs_other_split": self.other_split[0],
+                "tokens_other_split": self.other_split[1],
+                "docs_empty": -self.other_split[0]}
 
 
 #: Mask column option value: use the column of the default name when the file has it.
@@ -589,7 +599,9 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
                        row_range: tuple[int, int] | None = None,
                        fmt: str | None = None, *, attention_mask: str | None = None,
                        labels: str | None = None, bos: int | None = None,
-                       eos: int | None = None) -> Iterator[TokenBatch]:
+                       eos: int | None = None,
+                       keep_rows: Callable[[int, int], np.ndarray] | None = None
+                       ) -> Iterator[TokenBatch]:
     """Stream one file's documents as :class:`TokenBatch` es.
 
     ``row_groups`` (ascending indices) restricts the read to those row groups (Arrow IPC: record
@@ -601,7 +613,10 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
     None: not read). Tokens whose attention mask is 0 are removed; a labels column (unshifted:
     ``labels[i]`` is ``input_ids[i]`` or -100) becomes ``TokenBatch.targets``. ``bos`` / ``eos``:
     added to every non-empty document lacking them (after the attention mask), never doubled
-    (:func:`packtool.core.masks.add_boundary_tokens`).
+    (:func:`packtool.core.masks.add_boundary_tokens`). ``keep_rows(first_row, n)`` (optional)
+    returns bool[n] for file rows ``first_row .. first_row + n - 1``: a row it marks False is
+    read and validated like the others but yields no tokens (length 0; counted in
+    ``TokenBatch.other_split``), before the masks and BOS/EOS apply.
 
     Raises:
         InputError: the file cannot be read (the message names the row group).
@@ -661,7 +676,7 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
             # a cut batch's values are a view of the whole batch's: own them, so whoever keeps
             # the tokens (a window task holds them) does not keep the rest of the batch
             tokens = flat.astype(np.int32, copy=cut)
-            targets, masked = None, 0
+            targets, masked, keep = None, 0, None
             if masks.labels is not None:
                 lab = _mask_values(batch.column(masks.labels), lengths, path, row,
                                    masks.labels)
@@ -677,13 +692,19 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
             if masks.attention_mask is not None:
                 keep = _mask_values(batch.column(masks.attention_mask), lengths, path, row,
                                     masks.attention_mask)
+            other = (0, 0)
+            if keep_rows is not None:
+                lengths, n_docs, n_tokens, tokens, targets, keep = drop_documents(
+                    lengths, keep_rows(row, n), tokens, targets, keep)
+                other = (n_docs, n_tokens)
+            if keep is not None:
                 lengths, tokens, targets, masked = drop_masked_tokens(lengths, tokens, keep,
                                                                       targets)
             boundary = BoundaryCounts()
             if bos is not None or eos is not None:
                 lengths, tokens, targets, boundary = add_boundary_tokens(
                     lengths, tokens, targets, bos=bos, eos=eos)
-            yield TokenBatch(row, lengths, tokens, targets, masked, boundary)
+            yield TokenBatch(row, lengths, tokens, targets, masked, boundary, other)
             row += n
 
 

@@ -117,8 +117,8 @@ def file_rows(windows: list[Window], n_files: int) -> list[int]:
 
 
 def read_window(column: str, append_eos_id: int | None, window: Window, spill: BinaryIO,
-                options: dict | None = None,
-                targets: BinaryIO | None = None) -> tuple[np.ndarray, PackStats]:
+                options: dict | None = None, targets: BinaryIO | None = None, *,
+                split=None) -> tuple[np.ndarray, PackStats]:
     """Validate a window's documents and append their tokens to ``spill`` as raw int32.
 
     Only the lengths are kept here; tokens go to ``spill`` one record batch (whole documents)
@@ -136,6 +136,9 @@ def read_window(column: str, append_eos_id: int | None, window: Window, spill: B
             :class:`packtool.pipeline.spill.DocSpill`).
         options: mask columns and BOS/EOS (:meth:`packtool.config.PackConfig.read_options`).
         targets: where the target flags go, if any (like ``spill``).
+        split: a :class:`packtool.core.holdout.HoldoutSplit`: the documents it does not keep
+            are read and validated but get length 0 and no tokens (``--holdout``); None keeps
+            every document.
 
     Returns:
         (int64[window.docs] tokens per document after masks and BOS/EOS, the mask counts as
@@ -148,11 +151,17 @@ def read_window(column: str, append_eos_id: int | None, window: Window, spill: B
     """
     options = {"eos": append_eos_id} if options is None else options
     parts, counts, written, flags = [], PackStats(), 0, False
+    first_doc = window.first_doc  # global index of the part's first document
     for part in window.parts:
         n = 0
+        keep = None
+        if split is not None:  # file row -> global document index
+            def keep(row, count, base=first_doc - part.first_row):
+                return split.keep(base + row, count)
         for batch in iter_token_batches(
                 Path(part.path), column, fmt=part.format,
-                row_range=(part.first_row, part.first_row + part.docs), **options):
+                row_range=(part.first_row, part.first_row + part.docs), keep_rows=keep,
+                **options):
             check()
             # the buffer itself, no bytes copy (a 200 MB corpus spent 0.06 s in tobytes)
             spill.write(memoryview(np.ascontiguousarray(batch.tokens, dtype=np.int32)))
@@ -173,6 +182,7 @@ def read_window(column: str, append_eos_id: int | None, window: Window, spill: B
             raise InputError(f"{part.path}: {n} rows read from row {part.first_row}, "
                              f"{part.docs} expected; the file changed during the pack: "
                              "rerun the same packtool pack with --overwrite")
+        first_doc += part.docs
     lengths = (np.concatenate(parts) if parts else np.zeros(0, np.int64)).astype(np.int64,
                                                                                    copy=False)
     return lengths, counts
