@@ -15,7 +15,7 @@ import sys
 
 import click
 
-from packtool import __version__
+from packtool._version import __version__
 from packtool.errors import (EXIT_DATA, EXIT_INTERRUPTED, InputError, Interrupted,
                              PacktoolError)
 from packtool.types import Engine, LabelMode, Overflow, Strategy

@@ -97,7 +97,7 @@ def _versions() -> dict:
         except metadata.PackageNotFoundError:
             out[name] = None
     if out["packtool"] is None:  # run from a source tree that is not installed
-        from packtool import __version__
+        from packtool._version import __version__
 
         out["packtool"] = __version__
     return out

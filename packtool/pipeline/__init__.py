@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packtool import __version__
+from packtool._version import __version__
 from packtool.config import PackConfig
 from packtool.engines import make_engine
 from packtool.errors import InputError
