@@ -414,6 +414,37 @@ def stats(ctx, path, capacity, compare, column, overflow, append_eos, prepend_bo
                             "with --overwrite")
 
 
+@cli.command()
+@click.argument("output", type=_ExistingPath(), metavar="OUTPUT")
+@click.argument("dest", type=click.Path(), metavar="DEST")
+@click.option("--to", "target", type=click.Choice(["nemo"]), required=True,
+              help="nemo: the packed Parquet of NeMo / Megatron-Bridge "
+                   "(GPTSFTPackedParquetDataset: input_ids, loss_mask, seq_start_id).")
+@click.option("--split", type=click.Choice(["training", "validation"]), default="training",
+              show_default=True, help="Names the file DEST/SPLIT_C.idx.parquet (a --holdout "
+                                      "output is the validation split).")
+@click.option("--overwrite", is_flag=True, help="Replace the file if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+def export(output, dest, target, split, overwrite, as_json):
+    """Write the packed rows of OUTPUT in another trainer's packed format, into DEST.
+
+    With --to nemo: DEST/SPLIT_C.idx.parquet (the packtool rows, padding dropped, one sequence
+    per segment, loss_mask carrying the labels; 500 rows per row group) and its entry in
+    DEST/C_metadata.jsonl, the layout NeMo and Megatron-Bridge train from.
+    """
+    import dataclasses
+    import json
+
+    from packtool.formats.nemo import export_nemo
+
+    res = export_nemo(output, dest, split=split, overwrite=overwrite)
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(res), indent=2))
+    else:
+        click.echo(f"exported {res.rows:,} rows ({res.sequences:,} sequences, {res.tokens:,} "
+                   f"tokens, {res.targets:,} loss-mask targets) -> {res.path}")
+
+
 _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
 
 
