@@ -415,6 +415,79 @@ def stats(ctx, path, capacity, compare, column, overflow, append_eos, prepend_bo
 
 
 @cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(), metavar="INPUT... OUTPUT")
+@click.option("--tokenizer", required=True, metavar="FILE",
+              help="Local tokenizer file: a Hugging Face tokenizer.json, a Tekken JSON "
+                   "(mistral-common) or a tiktoken BPE file (never downloaded).")
+@click.option("--text-column", default="text", show_default=True, metavar="NAME",
+              help="Column (JSON Lines: key) holding the text.")
+@click.option("--append-eos", default=None, metavar="ID|TOKEN",
+              help="Append this end-of-document token (an id, or a special token such as "
+                   "'</s>') to every document not already ending with it.")
+@click.option("--prepend-bos", default=None, metavar="ID|TOKEN",
+              help="Prepend this beginning-of-document token likewise.")
+@click.option("--add-special-tokens", is_flag=True,
+              help="tokenizer.json only: apply the tokenizer's post-processor (its template's "
+                   "BOS/EOS).")
+@click.option("--tokenizer-pattern", default=None, metavar="REGEX",
+              help="Pre-tokenization regex of a tiktoken BPE file not named after a tiktoken "
+                   "encoding (o200k_base, cl100k_base, p50k_base, r50k_base).")
+@click.option("--batch-docs", type=click.IntRange(min=1), default=1024, show_default=True,
+              metavar="N", help="Documents encoded at a time (one Parquet row group).")
+@click.option("--rows-per-shard", type=click.IntRange(min=1), default=100_000,
+              show_default=True, metavar="N",
+              help="Documents per output shard; a rerun after a crash keeps finished shards.")
+@click.option("--workers", "-j", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Encoding threads [default: all cores].")
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty OUTPUT.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def tokenize(paths, tokenizer, text_column, append_eos, prepend_bos, add_special_tokens,
+             tokenizer_pattern, batch_docs, rows_per_shard, workers, overwrite, quiet, as_json):
+    """Tokenize text INPUT files or directories (Parquet, Arrow, JSON Lines; paths or URIs)
+    into the tokenized Parquet OUTPUT that packtool pack reads.
+
+    One document per row or line, tokens in input_ids (list<int32>), in input order. Rerunning
+    an interrupted tokenize finishes it; rerunning a finished one does nothing.
+    """
+    import json
+
+    from packtool.config import TokenizeConfig
+    from packtool.text.run import run_tokenize
+
+    if len(paths) < 2:
+        raise click.UsageError("give at least one INPUT and an OUTPUT directory")
+    cfg = TokenizeConfig(inputs=tuple(paths[:-1]), output=paths[-1], tokenizer=tokenizer,
+                         text_column=text_column, append_eos=append_eos,
+                         prepend_bos=prepend_bos, add_special_tokens=add_special_tokens,
+                         tokenizer_pattern=tokenizer_pattern, batch_docs=batch_docs,
+                         rows_per_shard=rows_per_shard,
+                         workers=(os.cpu_count() or 1) if workers is None else workers,
+                         overwrite=overwrite)
+    try:
+        res = run_tokenize(cfg, progress=not quiet)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted: {cfg.output} has no manifest (finished shards are "
+                          "kept); rerun the same command to resume and finish it") from None
+    if as_json:
+        click.echo(json.dumps({"documents": res.documents, "tokens": res.tokens,
+                               "shards": res.shards, "shards_reused": res.shards_reused,
+                               "seconds": res.seconds,
+                               "already_complete": res.already_complete}, indent=2))
+    elif res.already_complete:
+        click.echo(f"{cfg.output}: already holds this tokenization; nothing to do")
+    elif not quiet:
+        rate = res.tokens / res.seconds if res.seconds else 0.0
+        b = res.boundary
+        click.echo(f"tokenized {res.documents:,} documents into {res.tokens:,} tokens in "
+                   f"{res.shards} shard(s) -> {cfg.output}\n"
+                   f"  {res.seconds:.2f} s, {rate / 1e6:.2f} M tokens/s"
+                   + (f", {res.shards_reused} shard(s) reused" if res.shards_reused else "")
+                   + (f"\n  EOS added to {b.eos_added:,} documents" if b.eos_added else "")
+                   + (f"\n  BOS added to {b.bos_added:,} documents" if b.bos_added else ""))
+
+
+@cli.command()
 @click.argument("output", type=_ExistingPath(), metavar="OUTPUT")
 @click.argument("dest", type=click.Path(), metavar="DEST")
 @click.option("--to", "target", type=click.Choice(["nemo"]), required=True,

@@ -9,7 +9,8 @@ from packtool.core.packing import MAX_CAPACITY
 from packtool.errors import ConfigError
 from packtool.types import Engine, LabelMode, Overflow, Strategy
 
-__all__ = ["PackConfig", "DEFAULT_RAY_WINDOW_DOCS", "DEFAULT_ROW_GROUP_MB", "rows_per_group_for"]
+__all__ = ["PackConfig", "TokenizeConfig", "DEFAULT_RAY_WINDOW_DOCS", "DEFAULT_ROW_GROUP_MB",
+           "rows_per_group_for"]
 
 #: Default Parquet row-group budget in MiB of per-token data (4 bytes x C x token columns per
 #: row). Chosen by measurement (docs/benchmarks.md, "Random access"): with 1 MiB one random
@@ -204,4 +205,53 @@ class PackConfig:
         for k in ("window_docs", "holdout", "holdout_part"):
             if d[k] is None:
                 d.pop(k)
+        return d
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizeConfig:
+    """Everything ``packtool tokenize`` needs."""
+
+    inputs: tuple[str, ...]
+    """INPUT paths or URIs: Parquet, Arrow IPC, save_to_disk folders, JSON Lines."""
+    output: str
+    """OUTPUT directory (or URI) of tokenized Parquet shards."""
+    tokenizer: str
+    """Local tokenizer file: tokenizers JSON, Tekken JSON or tiktoken BPE file."""
+    text_column: str = "text"
+    """Text column (JSON Lines: the key)."""
+    append_eos: int | str | None = None
+    """End-of-document token (id or special token string) appended to every non-empty
+    document not already ending with it."""
+    prepend_bos: int | str | None = None
+    """Beginning-of-document token (id or string) prepended likewise."""
+    add_special_tokens: bool = False
+    """tokenizers JSON only: run the tokenizer's post-processor (its template's BOS/EOS)."""
+    tokenizer_pattern: str | None = None
+    """Pre-tokenisation regex of a tiktoken BPE file not named after a tiktoken encoding."""
+    batch_docs: int = 1024
+    """Documents encoded (and written as one Parquet row group) at a time."""
+    rows_per_shard: int = 100_000
+    """Documents per output shard (each input file starts a new shard): the unit of resume."""
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    """Encoding threads (tiktoken; tokenizers sizes its own pool: RAYON_NUM_THREADS)."""
+    overwrite: bool = False
+    """Replace a non-empty OUTPUT."""
+
+    def __post_init__(self) -> None:
+        def bad(name, value, why):
+            raise ConfigError(f"--{name.replace('_', '-')} {value!r}: {why}")
+
+        if not self.inputs:
+            raise ConfigError("give at least one INPUT")
+        for name in ("batch_docs", "rows_per_shard", "workers"):
+            if getattr(self, name) < 1:
+                bad(name, getattr(self, name), "must be >= 1")
+
+    def layout_options(self) -> dict:
+        """The options that decide the output bytes (the tokenizer by its file's sha256 is
+        added by the driver)."""
+        d = asdict(self)
+        for k in ("inputs", "output", "workers", "overwrite", "tokenizer"):
+            d.pop(k)
         return d

@@ -213,6 +213,9 @@ def load_manifest(directory: str | os.PathLike, *, check_hashes: bool = False) -
     manifest = read_manifest(d)
     mpath = d / MANIFEST_NAME
     outputs = manifest["outputs"]
+    if manifest.get("kind", "packed") != "packed":  # packtool tokenize: documents, not rows
+        raise ManifestError(f"{d}: a packtool {manifest['kind']} output (one document per row, "
+                            f"not packed rows); pack it first: packtool pack {d} OUTPUT")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise ManifestError(f"{mpath}: format_version {manifest.get('format_version')!r}, this "
                             f"packtool reads {FORMAT_VERSION}; repack with this version")

@@ -49,7 +49,7 @@ from packtool.types import IGNORE_INDEX, INT32_MAX
 __all__ = ["InputFile", "TokenBatch", "Discovery", "InputSource", "MaskColumns", "discover",
            "discover_inputs", "open_input", "iter_token_batches", "list_parts",
            "resolve_mask_columns", "reads_labels", "filesystem_of", "is_remote",
-           "SUPPORTED_FORMATS", "AUTO"]
+           "SUPPORTED_FORMATS", "AUTO", "TOKENIZED_KIND"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,11 @@ SUPPORTED_FORMATS = ("Parquet (*.parquet), Arrow IPC/Feather v2 (*.arrow, *.feat
 
 _PARQUET_SUFFIXES = (".parquet",)
 _IPC_SUFFIXES = (".arrow", ".feather", ".ipc", ".arrows")
+#: JSON Lines, read as text input only (``packtool tokenize``)
+_JSONL_SUFFIXES = tuple(f"{s}{z}" for s in (".jsonl", ".ndjson")
+                        for z in ("", ".gz", ".zst", ".bz2"))
+#: the ``kind`` a ``packtool tokenize`` output's manifest records: its shards are documents
+TOKENIZED_KIND = "tokenized"
 #: Files that mark a directory as a packtool output (manifest written last, marker first).
 _PACKED_MARKERS = (MANIFEST_NAME, IN_PROGRESS_NAME)
 _PACKED_META_PREFIX = b"packtool."
@@ -216,12 +221,14 @@ class Discovery:
                 f"{'y' if len(self.skipped) == 1 else 'ies'}: {names}")
 
 
-def _format_of(name: str) -> str | None:
+def _format_of(name: str, text: bool = False) -> str | None:
     low = name.lower()
     if low.endswith(_PARQUET_SUFFIXES):
         return "parquet"
     if low.endswith(_IPC_SUFFIXES):
         return "arrow"
+    if text and low.endswith(_JSONL_SUFFIXES):
+        return "jsonl"
     return None
 
 
@@ -281,7 +288,10 @@ class _Place:
 
 
 def _packed_marker(fs: pafs.FileSystem, names: set[str], directory: str) -> str | None:
-    """Name of the file that marks ``directory`` as a packtool output, or None."""
+    """Name of the file that marks ``directory`` as a packtool output, or None. A finished
+    ``packtool tokenize`` output (manifest of kind :data:`TOKENIZED_KIND`) holds documents and is
+    not marked; its manifest is the empty string's stand-in ``""`` (nothing to refuse, nothing
+    to report as skipped)."""
     if _PACKED_MARKERS[1] in names:
         return _PACKED_MARKERS[1]
     if _PACKED_MARKERS[0] in names:
@@ -291,7 +301,11 @@ def _packed_marker(fs: pafs.FileSystem, names: set[str], directory: str) -> str 
         except (OSError, ValueError, pa.ArrowException):
             return None
         if MANIFEST_META_KEY in meta:
-            return _PACKED_MARKERS[0]
+            try:
+                kind = json.loads(meta[MANIFEST_META_KEY]).get("kind")
+            except (ValueError, AttributeError):
+                kind = None
+            return "" if kind == TOKENIZED_KIND else _PACKED_MARKERS[0]
     return None
 
 
@@ -318,8 +332,10 @@ def _name(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1]
 
 
-def _walk(place: _Place, root: str, skipped: list[str]) -> list[tuple[str, str, str, object]]:
-    """(path, relative path, format, FileInfo) of every data file under ``root`` (unsorted)."""
+def _walk(place: _Place, root: str, skipped: list[str],
+          text: bool = False) -> list[tuple[str, str, str, object]]:
+    """(path, relative path, format, FileInfo) of every data file under ``root`` (unsorted);
+    ``text``: JSON Lines files too."""
     fs = place.fs
     found: list[tuple[str, str, str, object]] = []
     other: list[str] = []
@@ -333,6 +349,9 @@ def _walk(place: _Place, root: str, skipped: list[str]) -> list[tuple[str, str, 
         marker = _packed_marker(fs, set(by_name), dpath)
         if marker:
             _refuse_packed(place.show(dpath), marker)
+        if marker == "":  # a tokenize output: its manifest is not a skipped file
+            by_name.pop(MANIFEST_NAME, None)
+            infos = [i for i in infos if _name(i.path) != MANIFEST_NAME]
         if _HF_DICT in by_name and _HF_STATE not in by_name:
             splits = sorted(n for n, i in by_name.items() if i.type == pafs.FileType.Directory
                             and not n.startswith((".", "_")))
@@ -360,7 +379,7 @@ def _walk(place: _Place, root: str, skipped: list[str]) -> list[tuple[str, str, 
                     continue
                 stack.append((info.path, f"{drel}{name}/", ancestors + (key,)))
             elif info.type == pafs.FileType.File:
-                fmt = _format_of(name)
+                fmt = _format_of(name, text)
                 if fmt is None:
                     other.append(name)
                 else:
@@ -368,20 +387,24 @@ def _walk(place: _Place, root: str, skipped: list[str]) -> list[tuple[str, str, 
     if not found:
         seen = f" (found {', '.join(sorted(other)[:3])}{', ...' if len(other) > 3 else ''})" \
             if other else ""
+        if text:
+            raise InputError(f"{place.show(root)}: directory holds no *.parquet, *.jsonl, Arrow "
+                             f"IPC file or Hugging Face dataset{seen}; point INPUT at the text")
         raise InputError(f"{place.show(root)}: directory holds no *.parquet, Arrow IPC file or "
                          f"Hugging Face dataset{seen}; point INPUT at the tokenized shards "
                          f"(supported: {SUPPORTED_FORMATS})")
     return found
 
 
-def discover(inputs: Sequence[str | os.PathLike]) -> Discovery:
+def discover(inputs: Sequence[str | os.PathLike], *, text: bool = False) -> Discovery:
     """Expand INPUT paths or URIs into data files, in global document order.
 
     A file is taken as is (its format from its name). A directory (or an object-store prefix)
     is searched recursively; files are taken in sorted relative-path order, a ``save_to_disk``
     folder in the order of its ``state.json``. The resulting order defines the global document
     index (file order, then row order). Local files keep :class:`~pathlib.Path` paths; files in
-    an object store are named by URI (``s3://bucket/key``).
+    an object store are named by URI (``s3://bucket/key``). ``text``: the inputs of
+    ``packtool tokenize``: JSON Lines files (format ``jsonl``) are taken too.
 
     Returns:
         :class:`Discovery` (files, and the entries skipped on purpose).
@@ -407,13 +430,16 @@ def discover(inputs: Sequence[str | os.PathLike]) -> Discovery:
         if info.type == pafs.FileType.NotFound:
             raise InputError(f"{shown}: no such file or directory; check the INPUT path")
         if info.type == pafs.FileType.Directory:
-            found = sorted(_walk(place, path, skipped), key=lambda t: t[1])
+            found = sorted(_walk(place, path, skipped, text), key=lambda t: t[1])
             for q, rel, fmt, qi in found:
                 where = place.show(q) if prefix else Path(_location(given)) / rel
                 files.append(InputFile(where, rel, int(qi.size or 0), int(qi.mtime_ns or 0), fmt))
                 keys.append(place.key(q))
         else:
-            fmt = _format_of(_name(path))
+            fmt = _format_of(_name(path), text)
+            if fmt is None and text:
+                raise InputError(f"{shown}: unsupported text format; packtool tokenize reads "
+                                 "Parquet, Arrow IPC and JSON Lines (*.jsonl)")
             if fmt is None:
                 raise InputError(f"{shown}: unsupported input format; supported: "
                                  f"{SUPPORTED_FORMATS} (convert other data, e.g. JSONL, to "

@@ -1,0 +1,244 @@
+"""``packtool tokenize``: text to the tokenized Parquet ``packtool pack`` reads.
+
+1. The inputs are found as ``pack`` finds its own (:func:`packtool.formats.reader.discover` with
+   ``text=True``: files and directories, local or in a store, hidden and ``_`` entries skipped,
+   the same file twice refused); the tokenizer is loaded from its local file
+   (:func:`packtool.text.tokenizer.load_tokenizer`).
+2. OUTPUT is owned by :class:`packtool.output.Output`, as for ``pack``: lock, fingerprint (the
+   options, the tokenizer file's sha256, the library versions and the inputs), in-progress
+   marker, temporary names, manifest last.
+3. Each input file is read ``batch_docs`` documents at a time (a reader thread parses the next
+   batch while this one is encoded), encoded by the tokenizer's own thread pool, BOS/EOS added
+   by id (:func:`packtool.core.masks.add_boundary_tokens`: never doubled), and written as one
+   Parquet row group; every ``rows_per_shard`` documents of a file make one shard
+   ``part-FFFFF-KKKKK.parquet`` (file F, shard K), so the shards in name order hold the documents
+   in input order and the global document index ``pack`` assigns is the input's.
+4. A rerun of an interrupted tokenize keeps the finished shards (a shard is renamed into place
+   whole) and reads on from the first document they do not hold, without encoding the kept
+   ones; a rerun of a finished one does nothing.
+
+Memory: a few batches of texts and their ids (``batch_docs`` documents each), whatever the size
+of the input.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from packtool._version import __version__
+from packtool.core.masks import BoundaryCounts, add_boundary_tokens
+from packtool.formats.manifest import FORMAT_VERSION
+from packtool.formats.reader import TOKENIZED_KIND, discover
+from packtool.formats.text import (TOKENIZED_SCHEMA, iter_texts, shard_footer,
+                                   write_tokenized_shard)
+from packtool.output import Output, discard_shard_temp, fingerprint, kept_shard, publish_shard, \
+    shard_temp
+from packtool.signals import check, interruptible
+from packtool.text.tokenizer import load_tokenizer
+
+__all__ = ["run_tokenize", "TokenizeResult", "tokenized_shard_name"]
+
+
+@dataclass(frozen=True)
+class TokenizeResult:
+    """What :func:`run_tokenize` did."""
+
+    documents: int  #: documents in OUTPUT (all shards)
+    tokens: int  #: tokens in OUTPUT
+    shards: int  #: shards in OUTPUT
+    shards_reused: int  #: kept from an interrupted identical run
+    seconds: float  #: wall time
+    manifest: dict  #: the manifest written (or found)
+    already_complete: bool = False  #: OUTPUT already held this tokenization
+    boundary: BoundaryCounts = BoundaryCounts()  #: BOS/EOS added in this run
+
+
+def tokenized_shard_name(file_index: int, shard: int, width: int = 5) -> str:
+    """``part-00003-00000.parquet``: shard ``shard`` of input file ``file_index``."""
+    return f"part-{file_index:0{width}d}-{shard:05d}.parquet"
+
+
+class _Prefetch:
+    """Iterate ``it`` in a background thread, ``depth`` items ahead (reading and JSON parsing
+    overlap the encoding, which releases the GIL); errors are raised in the consumer."""
+
+    _END = object()
+
+    def __init__(self, it, depth: int = 2) -> None:
+        self._q: queue.Queue = queue.Queue(depth)
+        self._stop = threading.Event()
+        self._done = False
+        self._t = threading.Thread(target=self._run, args=(it,), daemon=True)
+        self._t.start()
+
+    def _run(self, it) -> None:
+        try:
+            for item in it:
+                while not self._stop.is_set():
+                    try:
+                        self._q.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+            self._q.put((self._END, None))
+        except BaseException as exc:  # handed to the consumer
+            self._q.put((self._END, exc))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        while True:
+            try:
+                item, exc = self._q.get(timeout=0.2)
+                break
+            except queue.Empty:
+                check()  # Ctrl-C while waiting for the reader
+        if exc is not None:
+            self._done = True
+            raise exc
+        if item is self._END:
+            self._done = True
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def _file_shards(out: Output, file_index: int, width: int) -> list[dict]:
+    """The shards of input file ``file_index`` an interrupted identical run finished, in order
+    (a rerun keeps them; the first missing one ends the list)."""
+    kept = []
+    k = 0
+    while True:
+        name = tokenized_shard_name(file_index, k, width)
+        found = kept_shard(str(out.path), name, out.promised(name)) if out.resume else None
+        if found is None:
+            return kept
+        size, digest = found
+        rows, tokens, digest = shard_footer(out.path, name, digest)
+        kept.append({"file": name, "rows": rows, "tokens": tokens, "bytes": size,
+                     "sha256": digest})
+        k += 1
+
+
+def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
+    """Tokenize ``cfg.inputs`` into ``cfg.output`` (steps in the module docstring).
+
+    Args:
+        cfg: :class:`packtool.config.TokenizeConfig`.
+        progress: a progress bar on stderr when it is a terminal.
+
+    Returns:
+        :class:`TokenizeResult`.
+
+    Raises:
+        InputError, SchemaError: bad input (file and row or line named); OUTPUT left resumable
+            (finished shards kept) or as before.
+        ConfigError: a BOS/EOS that is neither an id nor a special token of the tokenizer.
+        OutputError: OUTPUT cannot be used (another run holds it, not empty, full disk...).
+        MissingDependencyError: ``tokenizers`` / ``tiktoken`` missing.
+        KeyboardInterrupt: Ctrl-C; rerunning the same command resumes.
+    """
+    t0 = time.perf_counter()
+    tok = load_tokenizer(cfg.tokenizer, pattern=cfg.tokenizer_pattern,
+                         add_special_tokens=cfg.add_special_tokens, threads=cfg.workers)
+    bos = tok.token_id(cfg.prepend_bos) if cfg.prepend_bos is not None else None
+    eos = tok.token_id(cfg.append_eos) if cfg.append_eos is not None else None
+    files = discover(list(cfg.inputs), text=True).files
+    options = {**cfg.layout_options(), "prepend_bos": bos, "append_eos": eos,
+               "tokenizer": {"kind": tok.kind, "file": Path(tok.path).name,
+                             "sha256": tok.sha256, "vocab_size": tok.vocab_size,
+                             "library_version": tok.version}}
+    fp = fingerprint(options, files)
+    width = max(5, len(str(max(len(files) - 1, 0))))
+    show = progress and sys.stderr.isatty()
+    with interruptible(), Output(cfg.output, cfg.inputs, fp, overwrite=cfg.overwrite) as out:
+        if out.complete:
+            m = out.manifest
+            return TokenizeResult(m["totals"]["documents"], m["totals"]["tokens"],
+                                  len(m["outputs"]), len(m["outputs"]),
+                                  time.perf_counter() - t0, m, True)
+        out.begin_write()
+        from tqdm import tqdm
+
+        outputs, inputs, reused = [], [], 0
+        counts = BoundaryCounts()
+        with tqdm(desc="tokenize", unit=" doc", unit_scale=True, disable=not show,
+                  file=sys.stderr, leave=False) as bar:
+            for i, f in enumerate(files):
+                kept = _file_shards(out, i, width)
+                for entry in kept:
+                    out.shard_written(entry)
+                outputs += kept
+                reused += len(kept)
+                skip = sum(e["rows"] for e in kept)
+                bar.update(skip)
+                texts = _Prefetch(iter_texts(f.path, f.format, cfg.text_column,
+                                             batch_docs=cfg.batch_docs, skip=skip))
+                try:
+                    n, k, carry = skip, len(kept), []
+                    while True:
+                        if not carry:
+                            carry = next(texts, (None, []))[1]
+                            if not carry:
+                                break
+
+                        def batches(limit=cfg.rows_per_shard):
+                            nonlocal carry, counts
+                            done = 0
+                            while done < limit:
+                                if not carry:
+                                    carry = next(texts, (None, []))[1]
+                                    if not carry:
+                                        return
+                                part, carry = carry[:limit - done], carry[limit - done:]
+                                check()
+                                lengths, ids = tok.encode(part)
+                                if bos is not None or eos is not None:
+                                    lengths, ids, _, b = add_boundary_tokens(
+                                        lengths, ids, None, bos=bos, eos=eos)
+                                    counts = counts + b
+                                done += len(part)
+                                bar.update(len(part))
+                                yield lengths, ids
+
+                        name = tokenized_shard_name(i, k, width)
+                        tmp = shard_temp(str(out.tmp), name)
+                        try:
+                            rows, tokens, size, digest = write_tokenized_shard(tmp, batches())
+                            check()
+                            publish_shard(tmp, str(out.path), name)
+                        finally:
+                            discard_shard_temp(tmp, str(out.tmp))
+                        entry = {"file": name, "rows": rows, "tokens": tokens, "bytes": size,
+                                 "sha256": digest}
+                        out.shard_written(entry)
+                        outputs.append(entry)
+                        n += rows
+                        k += 1
+                finally:
+                    texts.close()
+                inputs.append({"path": str(f.path), "format": f.format, "bytes": f.bytes,
+                               "rows": n})
+        totals = {"documents": sum(e["rows"] for e in outputs),
+                  "tokens": sum(e["tokens"] for e in outputs)}
+        manifest = {"format_version": FORMAT_VERSION, "kind": TOKENIZED_KIND,
+                    "packtool_version": __version__, "fingerprint": fp, "options": options,
+                    "columns": list(TOKENIZED_SCHEMA.names), "inputs": inputs,
+                    "outputs": outputs, "totals": totals}
+        out.commit(manifest, TOKENIZED_SCHEMA)
+    return TokenizeResult(totals["documents"], totals["tokens"], len(outputs), reused,
+                          time.perf_counter() - t0, manifest, False, counts)
