@@ -13,7 +13,9 @@
    Parquet row group; every ``rows_per_shard`` documents of a file make one shard
    ``part-FFFFF-KKKKK.parquet`` (file F, shard K), so the shards in name order hold the documents
    in input order and the global document index ``pack`` assigns is the input's.
-4. A rerun of an interrupted tokenize keeps the finished shards (a shard is renamed into place
+4. OUTPUT is changed only when the first shard is ready (a bad document in it leaves OUTPUT as
+   it was); after that a failure keeps the finished shards. A rerun of an interrupted
+   tokenize keeps the finished shards (a shard is renamed into place
    whole) and reads on from the first document they do not hold, without encoding the kept
    ones; a rerun of a finished one does nothing.
 
@@ -171,16 +173,24 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
             return TokenizeResult(m["totals"]["documents"], m["totals"]["tokens"],
                                   len(m["outputs"]), len(m["outputs"]),
                                   time.perf_counter() - t0, m, True)
-        out.begin_write()
         from tqdm import tqdm
 
         outputs, inputs, reused = [], [], 0
+        writing = False
+
+        def begin() -> None:  # OUTPUT is changed only once a shard is ready to be published
+            nonlocal writing
+            if not writing:
+                out.begin_write()
+                writing = True
+
         counts = BoundaryCounts()
         with tqdm(desc="tokenize", unit=" doc", unit_scale=True, disable=not show,
                   file=sys.stderr, leave=False) as bar:
             for i, f in enumerate(files):
                 kept = _file_shards(out, i, width)
                 for entry in kept:
+                    begin()
                     out.shard_written(entry)
                 outputs += kept
                 reused += len(kept)
@@ -220,6 +230,7 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
                         try:
                             rows, tokens, size, digest = write_tokenized_shard(tmp, batches())
                             check()
+                            begin()
                             publish_shard(tmp, str(out.path), name)
                         finally:
                             discard_shard_temp(tmp, str(out.tmp))
@@ -239,6 +250,7 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
                     "packtool_version": __version__, "fingerprint": fp, "options": options,
                     "columns": list(TOKENIZED_SCHEMA.names), "inputs": inputs,
                     "outputs": outputs, "totals": totals}
+        begin()
         out.commit(manifest, TOKENIZED_SCHEMA)
     return TokenizeResult(totals["documents"], totals["tokens"], len(outputs), reused,
                           time.perf_counter() - t0, manifest, False, counts)
