@@ -4,8 +4,9 @@
 Face dataset, Arrow table or list of token sequences, packed) are the Python API
 (:mod:`packtool.api`). Importing ``packtool`` is cheap: the Numba kernels (and numba itself)
 are imported on first use of :func:`pack_lengths`, :func:`layout_rows` and friends, so
-``packtool --help``, ``--version`` and the torch loader never pay for them. When the installed package directory is read-only,
-the kernel cache goes to a user cache directory (``NUMBA_CACHE_DIR``, unless already set).
+``packtool --help``, ``--version`` and the torch loader never pay for them. When the installed
+package directory is read-only, the kernel cache goes to a user cache directory
+(``NUMBA_CACHE_DIR``, unless already set).
 """
 
 from __future__ import annotations

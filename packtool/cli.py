@@ -478,13 +478,12 @@ def tokenize(paths, tokenizer, text_column, append_eos, prepend_bos, add_special
         click.echo(f"{cfg.output}: already holds this tokenization; nothing to do")
     elif not quiet:
         rate = res.tokens / res.seconds if res.seconds else 0.0
-        b = res.boundary
         click.echo(f"tokenized {res.documents:,} documents into {res.tokens:,} tokens in "
                    f"{res.shards} shard(s) -> {cfg.output}\n"
                    f"  {res.seconds:.2f} s, {rate / 1e6:.2f} M tokens/s"
                    + (f", {res.shards_reused} shard(s) reused" if res.shards_reused else "")
-                   + (f"\n  EOS added to {b.eos_added:,} documents" if b.eos_added else "")
-                   + (f"\n  BOS added to {b.bos_added:,} documents" if b.bos_added else ""))
+                   + (f"\n  EOS added to {res.eos_added:,} documents" if res.eos_added else "")
+                   + (f"\n  BOS added to {res.bos_added:,} documents" if res.bos_added else ""))
 
 
 @cli.command()

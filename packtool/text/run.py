@@ -35,7 +35,6 @@ from pathlib import Path
 import numpy as np
 
 from packtool._version import __version__
-from packtool.core.masks import BoundaryCounts, add_boundary_tokens
 from packtool.formats.manifest import FORMAT_VERSION
 from packtool.formats.reader import TOKENIZED_KIND, discover
 from packtool.formats.text import (TOKENIZED_SCHEMA, iter_texts, shard_footer,
@@ -59,7 +58,8 @@ class TokenizeResult:
     seconds: float  #: wall time
     manifest: dict  #: the manifest written (or found)
     already_complete: bool = False  #: OUTPUT already held this tokenization
-    boundary: BoundaryCounts = BoundaryCounts()  #: BOS/EOS added in this run
+    bos_added: int = 0  #: documents given a BOS in this run
+    eos_added: int = 0  #: documents given an EOS in this run
 
 
 def tokenized_shard_name(file_index: int, shard: int, width: int = 5) -> str:
@@ -177,6 +177,9 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
 
         outputs, inputs, reused = [], [], 0
         writing = False
+        added = [0, 0]  # BOS, EOS
+        if bos is not None or eos is not None:  # numba only when it has work to do
+            from packtool.core.masks import add_boundary_tokens
 
         def begin() -> None:  # OUTPUT is changed only once a shard is ready to be published
             nonlocal writing
@@ -184,7 +187,6 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
                 out.begin_write()
                 writing = True
 
-        counts = BoundaryCounts()
         with tqdm(desc="tokenize", unit=" doc", unit_scale=True, disable=not show,
                   file=sys.stderr, leave=False) as bar:
             for i, f in enumerate(files):
@@ -207,7 +209,7 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
                                 break
 
                         def batches(limit=cfg.rows_per_shard):
-                            nonlocal carry, counts
+                            nonlocal carry
                             done = 0
                             while done < limit:
                                 if not carry:
@@ -220,7 +222,8 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
                                 if bos is not None or eos is not None:
                                     lengths, ids, _, b = add_boundary_tokens(
                                         lengths, ids, None, bos=bos, eos=eos)
-                                    counts = counts + b
+                                    added[0] += b.bos_added
+                                    added[1] += b.eos_added
                                 done += len(part)
                                 bar.update(len(part))
                                 yield lengths, ids
@@ -253,4 +256,4 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
         begin()
         out.commit(manifest, TOKENIZED_SCHEMA)
     return TokenizeResult(totals["documents"], totals["tokens"], len(outputs), reused,
-                          time.perf_counter() - t0, manifest, False, counts)
+                          time.perf_counter() - t0, manifest, False, *added)
