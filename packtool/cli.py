@@ -347,7 +347,7 @@ def stats(ctx, path, capacity, compare, column, overflow, append_eos, prepend_bo
 
     from packtool import analysis
     from packtool.errors import ConfigError, ManifestError
-    from packtool.formats.manifest import MANIFEST_NAME
+    from packtool.formats.manifest import MANIFEST_NAME, manifest_kind
 
     def given(name: str) -> bool:
         return ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
@@ -363,7 +363,7 @@ def stats(ctx, path, capacity, compare, column, overflow, append_eos, prepend_bo
                               "--per-bin)")
         if capacity is None:
             raise ConfigError("--compare needs --capacity C")
-        packed = [p for p in path if (Path(p) / MANIFEST_NAME).is_file()]
+        packed = [p for p in path if manifest_kind(p) == "packed"]
         if packed:
             raise ManifestError(f"{packed[0]}: is a packed output; --compare takes raw tokenized "
                                 "input (drop --compare to see this output's figures)")

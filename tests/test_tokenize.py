@@ -198,3 +198,24 @@ def test_a_tokenized_output_is_pack_input_but_not_packed_rows(tmp_path, hf_token
     res = invoke(["stats", out])
     assert res.exit_code == 1 and "a packtool tokenized output" in res.output
     assert "pack it first" in res.output
+    res = invoke(["stats", "-c", 64, "--compare", out])  # its documents, dry run
+    assert res.exit_code == 0, res.output
+    res = invoke(["verify", "--data-only", out])
+    assert res.exit_code == 1 and "pack it first" in res.output
+
+
+def test_tokenize_reads_and_writes_a_store(tmp_path, hf_tokenizer, s3):
+    """JSON Lines in a bucket to tokenized shards in a bucket, then pack from the bucket."""
+    fs, bucket = s3
+    src = write_jsonl(tmp_path / "a.jsonl", TEXTS)
+    fs.create_dir(f"{bucket}/raw")
+    with fs.open_output_stream(f"{bucket}/raw/a.jsonl") as f:
+        f.write(src.read_bytes())
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--rows-per-shard", 20,
+                  f"s3://{bucket}/raw/", f"s3://{bucket}/tok"])
+    assert res.exit_code == 0, res.output
+    assert invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, src, tmp_path / "local"]
+                  ).exit_code == 0
+    assert invoke(["pack", "-q", "-c", 64, f"s3://{bucket}/tok", tmp_path / "p1"]).exit_code == 0
+    assert invoke(["pack", "-q", "-c", 64, tmp_path / "local", tmp_path / "p2"]).exit_code == 0
+    assert read_output(tmp_path / "p1")[0] == read_output(tmp_path / "p2")[0]

@@ -47,7 +47,7 @@ from packtool.errors import ManifestError
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NAME", "LOCK_NAME",
            "SHARD_GLOB", "FORMAT_VERSION", "sha256_file", "write_json_atomic", "write_manifest_file",
-           "manifest_bytes", "manifest_from_bytes",
+           "manifest_bytes", "manifest_from_bytes", "manifest_kind",
            "read_manifest", "load_manifest", "shard_name"]
 
 #: File name of the manifest inside OUTPUT (a zero-row Parquet file, see the module docstring).
@@ -140,6 +140,15 @@ def manifest_from_bytes(data: bytes, where) -> dict:
         raise ManifestError(f"{where}: unreadable manifest ({exc}); rerun the same packtool pack "
                             "with --overwrite") from None
     return manifest
+
+
+def manifest_kind(directory: str | os.PathLike) -> str | None:
+    """``packed`` (``packtool pack``), ``tokenized`` (``packtool tokenize``), or None when
+    ``directory`` holds no readable manifest."""
+    try:
+        return read_manifest(directory).get("kind", "packed")
+    except ManifestError:
+        return None
 
 
 def read_manifest(directory: str | os.PathLike) -> dict:
