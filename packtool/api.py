@@ -25,7 +25,7 @@ import weakref
 from pathlib import Path
 from typing import Sequence
 
-from packtool.errors import ConfigError, InputError
+from packtool.errors import ConfigError, InputError, PacktoolError
 
 __all__ = ["pack", "pack_dataset"]
 
@@ -243,7 +243,10 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
         wanted = _wanted(_names(data, kind), column, attention_mask_column, labels_column)
         write_input(_batches(data, kind, column, batch_rows), src / INPUT_NAME, wanted)
         cfg = _config([src], out, overwrite=overwrite, holdout=holdout, **options)
-        result = run_pack(cfg, progress=progress)
+        try:
+            result = run_pack(cfg, progress=progress)
+        except PacktoolError as exc:  # name the rows as the caller knows them, not the file
+            raise type(exc)(str(exc).replace(str(src / INPUT_NAME), "documents")) from None
         outs = [out] + ([Path(cfg.holdout_output)] if result.holdout is not None else [])
         packed = tuple(_result(o, kind, owner) for o in outs)
     finally:

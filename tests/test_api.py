@@ -128,7 +128,7 @@ def test_iterable_result_keeps_its_rows_on_disk_until_released():
 
 
 def test_pack_dataset_errors_name_the_row_and_the_fix(tmp_path):
-    with pytest.raises(SchemaError, match=r"row 1 \(0-based\): negative token id -5"):
+    with pytest.raises(SchemaError, match=r"^documents: row 1 \(0-based\): negative token id -5"):
         packtool.pack_dataset([[1, 2], [3, -5]], 8)
     with pytest.raises(SchemaError, match="no column 'tokens'"):
         packtool.pack_dataset(pa.table({"input_ids": [[1, 2]]}), 8, column="tokens")

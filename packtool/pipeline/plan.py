@@ -242,7 +242,7 @@ def prepare_window(cfg, window: Window, tmp: str, threads: int = 1) -> WindowInf
                 DocSpill(work / DOC_TARGETS, np.uint8, held) as flags:
             lengths, read_counts = read_window(cfg.column, cfg.append_eos, window, tokens,
                                                cfg.read_options(), flags,
-                                               split=cfg.holdout_split())
+                                               cfg.holdout_split())
             tokens.finish()
             flags.finish()
             check()

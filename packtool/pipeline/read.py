@@ -117,7 +117,7 @@ def file_rows(windows: list[Window], n_files: int) -> list[int]:
 
 
 def read_window(column: str, append_eos_id: int | None, window: Window, spill: BinaryIO,
-                options: dict | None = None, targets: BinaryIO | None = None, *,
+                options: dict | None = None, targets: BinaryIO | None = None,
                 split=None) -> tuple[np.ndarray, PackStats]:
     """Validate a window's documents and append their tokens to ``spill`` as raw int32.
 
