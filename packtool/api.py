@@ -124,21 +124,10 @@ def _kind(data) -> str:
                      "for files on disk use packtool.pack(INPUT, OUTPUT)")
 
 
-def _wanted(names: list[str] | None, column: str, attention_mask_column, labels_column):
-    """The columns of the input pack reads (None: keep all, the names are not known)."""
-    if names is None:
-        return None
-    want = [column]
-    for option, default in ((attention_mask_column, "attention_mask"),
-                            (labels_column, "labels")):
-        if option is None or str(option).lower() == "none":
-            continue
-        name = default if option == "auto" else option
-        if name in names and name not in want:
-            want.append(name)
-        elif option != "auto":
-            want.append(name)  # named and missing: refused with the available columns
-    return want
+def _named(attention_mask_column, labels_column) -> list[str]:
+    """Columns named by an option (not ``auto``, not off)."""
+    return [str(o) for o in (attention_mask_column, labels_column)
+            if o is not None and str(o).lower() not in ("none", "auto")]
 
 
 def _batches(data, kind: str, column: str, batch_rows: int):
@@ -150,14 +139,6 @@ def _batches(data, kind: str, column: str, batch_rows: int):
         return [data]
     # a Dataset's rows in order (select, shuffle and filter indices applied), batch by batch
     return data.with_format("arrow").iter(batch_size=batch_rows)
-
-
-def _names(data, kind: str) -> list[str] | None:
-    if kind == "list":
-        return list(data[0].keys()) if data and isinstance(data[0], dict) else None
-    if kind == "table":
-        return list(data.schema.names)
-    return list(data.column_names) if data.column_names is not None else None
 
 
 def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
@@ -181,8 +162,8 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
             ``IterableDataset`` is read one batch of ``batch_rows`` at a time), a
             ``DatasetDict`` / ``IterableDatasetDict`` (each split packed on its own), a
             ``pyarrow.Table``, or a list of token sequences (or of dicts of columns). Mask
-            columns (``attention_mask``, ``labels``) are applied as by the CLI; other columns
-            are ignored (``doc_ids`` in the packed rows index the input rows).
+            columns (``attention_mask``, ``labels``) are applied as by the CLI; text and scalar
+            columns are not read (``doc_ids`` in the packed rows index the input rows).
         capacity: C, tokens per packed row.
         holdout: also pack a held-out fraction of the documents (``--holdout``); the result is
             then a pair ``(training rows, held-out rows)``.
@@ -240,8 +221,8 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
     try:
         src = work / "input"
         src.mkdir()
-        wanted = _wanted(_names(data, kind), column, attention_mask_column, labels_column)
-        write_input(_batches(data, kind, column, batch_rows), src / INPUT_NAME, wanted)
+        write_input(_batches(data, kind, column, batch_rows), src / INPUT_NAME, column,
+                    _named(attention_mask_column, labels_column))
         cfg = _config([src], out, overwrite=overwrite, holdout=holdout, **options)
         try:
             result = run_pack(cfg, progress=progress)

@@ -59,32 +59,45 @@ def table_from_list(data: list, column: str) -> pa.Table:
                          f"dict of columns) per document") from None
 
 
-def write_input(batches: Iterable, path: str | os.PathLike,
-                columns: list[str] | None = None) -> int:
+def _is_list(typ: pa.DataType) -> bool:
+    return any(f(typ) for f in (pa.types.is_list, pa.types.is_large_list,
+                                pa.types.is_fixed_size_list, pa.types.is_list_view,
+                                pa.types.is_large_list_view))
+
+
+def write_input(batches: Iterable, path: str | os.PathLike, column: str,
+                named: Iterable[str] = ()) -> int:
     """Write ``batches`` (``pyarrow.Table`` or ``RecordBatch``) to ``path`` as one Arrow IPC
     file, streaming: one batch in memory at a time.
+
+    Kept: the token ``column``, the ``named`` columns that exist, and every other list column
+    (a mask column ``pack`` may find by its default name); text and scalar columns are left out.
 
     Args:
         batches: the documents, in order; every batch has the first batch's columns.
         path: the file to write (its directory exists).
-        columns: the columns to keep (None: all).
+        column: the token column.
+        named: columns named by an option (kept whatever their type: ``pack`` checks them).
 
     Returns:
         Rows written.
 
     Raises:
-        SchemaError: a column of ``columns`` is missing, or a batch's schema differs from the
-            first batch's (the message names both).
+        SchemaError: ``column`` is missing, or a batch's schema differs from the first batch's
+            (the message names both).
+        InputError: no rows.
     """
-    writer, schema, rows = None, None, 0
+    writer, schema, keep, rows = None, None, None, 0
     try:
         for b in batches:
-            if columns is not None:
-                missing = [c for c in columns if c not in b.schema.names]
-                if missing:
-                    raise SchemaError(f"documents: no column {missing[0]!r}; available columns: "
+            if keep is None:
+                if column not in b.schema.names:
+                    raise SchemaError(f"documents: no column {column!r}; available columns: "
                                       f"{', '.join(b.schema.names)}; pass column=NAME")
-                b = b.select(columns)
+                named = set(named)
+                keep = [f.name for f in b.schema
+                        if f.name == column or f.name in named or _is_list(f.type)]
+            b = b.select(keep)
             if writer is None:
                 schema = b.schema.remove_metadata()
                 writer = pa.ipc.new_file(str(path), schema)
