@@ -19,12 +19,8 @@ import os
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from packtool.core.packing import pack_lengths
 from packtool.errors import OutputError, install_hint
-from packtool.formats.packed import PackedReader
 from packtool.stats import PackStats
 from packtool.types import IGNORE_INDEX, Overflow, Strategy
 
@@ -59,6 +55,9 @@ class PackedAnalysis:
     per_bin: list = field(default_factory=list)  #: per row: shard, row, targets, segment targets
     documents: int = 0  #: distinct documents in the shards (segments at offset 0)
     per_bin_limit: int | None = None  #: rows listed at most in ``per_bin`` (None: all)
+    #: shards and bytes whose sha256 was checked against the manifest, and the seconds it took
+    #: (0 shards: skipped with ``check_hashes=False``)
+    hashed: tuple = (0, 0, 0.0)
 
     @property
     def row_fill(self) -> np.ndarray:
@@ -78,7 +77,9 @@ class PackedAnalysis:
              "mismatches": {k: {"recounted": a, "manifest": b}
                             for k, (a, b) in self.mismatches.items()},
              "fill_histogram": {"edges": _FILL_EDGES.tolist(), "rows": self.fill_hist},
-             "fill_quantiles": _count_quantiles(self.fill_counts)}
+             "fill_quantiles": _count_quantiles(self.fill_counts),
+             "integrity": {"shards_hashed": self.hashed[0], "bytes_hashed": self.hashed[1],
+                           "hash_seconds": round(self.hashed[2], 3)}}
         if self.per_bin:
             d["per_bin"] = self.per_bin
             d["per_bin_rows_listed"] = len(self.per_bin)
@@ -110,54 +111,52 @@ def _count_quantiles(counts: np.ndarray) -> dict:
     return {k: round(float(v), _DECIMALS) for k, v in zip(("min", "p10", "p50", "p90", "max"), q)}
 
 
-#: Rows per batch of the recount (structural columns only: a few MB per batch).
-_RECOUNT_BATCH_ROWS = 65536
-
-
-def _list_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(values, offsets int64[n + 1] from 0) of a list array, zero-copy where Arrow allows."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    off = arr.offsets.to_numpy().astype(np.int64)
-    vals = arr.values.to_numpy(zero_copy_only=False)[off[0]:off[-1]]
-    return vals, off - off[0]
-
-
-def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False,
-                   per_bin_limit: int | None = None) -> PackedAnalysis:
-    """Recount the figures of a packed output directory from its shards.
+def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = None,
+                   check_hashes: bool = True, progress=None) -> PackedAnalysis:
+    """Recount the figures of a packed output from its shards (read through the one reader,
+    :class:`packtool.formats.packed.PackedOutput`).
 
     The recount reads only the structural columns (``cu_seqlens``, ``doc_ids``,
-    ``doc_offsets``, ``num_targets``) in batches of up to 65,536 rows and is vectorised per
-    batch (NumPy), so time is linear in rows and segments and memory does not grow with them:
-    O(C) for the fill and segment-length counts, plus one bit per document id for the
-    documents cut (measured: docs/benchmarks.md, "stats"). Segment lengths come from
-    ``cu_seqlens`` (the first k differences, k = len(doc_ids)); effective targets are
-    sum(len - 1) (B21), checked against the ``num_targets`` column row by row; a document is
-    cut when one of its segments starts at ``doc_offsets > 0``.
+    ``doc_offsets``, ``num_targets``; ``labels`` too when an input labels column masked some
+    targets) row group by row group, vectorised per group (NumPy), so time is linear in rows and
+    segments and memory does not grow with them: O(C) for the fill and segment-length counts, plus
+    one bit per document id for the documents cut (measured: docs/benchmarks.md, "stats").
+    Segment lengths come from ``cu_seqlens`` (the first k differences, k = len(doc_ids));
+    effective targets are sum(len - 1) (B21), checked against the ``num_targets`` column row by
+    row; a document is cut when one of its segments starts at ``doc_offsets > 0``.
 
     Args:
-        path: OUTPUT directory of ``packtool pack``.
+        path: the packed output: a directory, a ``file:`` URI or a store URI.
         per_bin: also list, per row, its target count and each segment's (B19, B20); this list
             grows with the rows.
         per_bin_limit: list at most this many rows (the first in manifest order); None lists
             all. Totals still count every row.
+        check_hashes: compare every shard's sha256 with the manifest first (reads every byte;
+            False checks sizes, footers and page checksums of what is read).
+        progress: ``callable(done, total)`` told about the sha256 of each shard.
 
     Returns:
         :class:`PackedAnalysis`; ``mismatches`` lists recounted fields that differ from the
         manifest totals (and ``num_targets`` when the column disagrees with the segments).
 
     Raises:
-        ManifestError: not a complete packed output (missing, edited or extra shard).
+        ManifestError: not a complete packed output, or a shard that differs from its manifest
+            (missing, extra, resized, edited; the message names it).
     """
-    reader = PackedReader(path)
+    import time
+
+    from packtool.formats.packed import PackedOutput
+
+    t0 = time.perf_counter()
+    reader = PackedOutput.open(path, integrity="sha256" if check_hashes else "footer",
+                               progress=progress)
+    hashed = ((len(reader.shards), sum(s.bytes for s in reader.manifest.shards),
+               time.perf_counter() - t0) if check_hashes else (0, 0, 0.0))
     C = reader.capacity
     cols = ["cu_seqlens", "doc_ids", "doc_offsets", "num_targets"]
     # an input labels column (SFT prompt masking) left some tokens -100 on purpose: the targets
     # are then the stored labels != -100, at most sum(len - 1) per segment
-    label_masked = (int(reader.manifest.get("totals", {}).get("tokens_label_masked", 0)) > 0
-                    and "labels" in reader.columns)
-    batch_rows = max(1, (1 << 22) // C) if label_masked else _RECOUNT_BATCH_ROWS
+    label_masked = reader.manifest.label_masked and reader.labels.stored
     if label_masked:
         cols.append("labels")
     rows = segs = real = targets = work = documents = bad_num_targets = 0
@@ -165,57 +164,54 @@ def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False,
     seg_counts = np.zeros(C + 1, dtype=np.int64)  # shape: (C + 1,)
     cut_bits = np.zeros(0, dtype=np.uint8)  # one bit per document id seen at offset > 0
     bins = []
-    for shard in reader.shards:
-        pf = pq.ParquetFile(reader.path / shard)
-        first = 0
-        for batch in pf.iter_batches(batch_size=batch_rows, columns=cols,
-                                     use_threads=False):
-            n = batch.num_rows
-            cu, cu_off = _list_parts(batch.column("cu_seqlens"))
-            doc, k_off = _list_parts(batch.column("doc_ids"))
-            dof, _ = _list_parts(batch.column("doc_offsets"))
-            k = np.diff(k_off)  # shape: (n,), real segments per row
-            # index in cu of each real segment's start: row r's segments are cu[o_r .. o_r+k_r]
-            start = np.repeat(cu_off[:-1] - k_off[:-1], k) + np.arange(k_off[-1])
-            cu64 = cu.astype(np.int64)
-            lens = cu64[start + 1] - cu64[start]  # shape: (segments,)
-            real_R = cu64[cu_off[:-1] + k]  # shape: (n,), end of the last real segment
-            seg_t = lens - 1  # shape: (segments,), targets per segment (boundary rule)
-            if label_masked:
-                lab = batch.column("labels").flatten().to_numpy(zero_copy_only=False)  # (n*C,)
-                # shape: (n * C + 1,), targets before each flat position
-                cs = np.concatenate([[0], np.cumsum(lab != IGNORE_INDEX, dtype=np.int64)])
-                seg_row = np.repeat(np.arange(n, dtype=np.int64) * C, k)
-                kept = cs[seg_row + cu64[start + 1]] - cs[seg_row + cu64[start]]
-                bad_num_targets += int(np.count_nonzero(kept > seg_t))
-                seg_t = np.minimum(kept, seg_t)
-            row_t = np.add.reduceat(seg_t, k_off[:-1]) if lens.size else np.zeros(n, np.int64)
-            row_t[k == 0] = 0  # reduceat's value for empty rows is not a sum
-            nt = batch.column("num_targets").to_numpy(zero_copy_only=False)
-            bad_num_targets += int(np.count_nonzero(nt != row_t))
-            rows += n
-            segs += int(k.sum())
-            real += int(real_R.sum())
-            targets += int(row_t.sum())
-            work += int((lens * lens).sum())
-            fill_counts += np.bincount(real_R, minlength=C + 1)[:C + 1]
-            seg_counts += np.bincount(lens, minlength=C + 1)[:C + 1]
-            documents += int(np.count_nonzero(dof == 0))
-            cut = doc[dof > 0]
-            if cut.size:
-                need = int(cut.max()) // 8 + 1
-                if need > cut_bits.size:
-                    cut_bits = np.concatenate([cut_bits, np.zeros(need - cut_bits.size,
-                                                                  dtype=np.uint8)])
-                np.bitwise_or.at(cut_bits, cut >> 3, (1 << (cut & 7)).astype(np.uint8))
-            room = n if per_bin_limit is None else min(n, per_bin_limit - len(bins))
-            if per_bin and room > 0:
-                seg_t = np.split(seg_t, k_off[1:-1])
-                bins.extend({"shard": shard, "row": first + i, "segments": int(k[i]),
-                             "real_tokens": int(real_R[i]), "targets": int(row_t[i]),
-                             "segment_targets": seg_t[i].tolist()} for i in range(room))
-            first += n
-    totals = dict(reader.manifest.get("totals", {}))
+    for block in reader.iter_blocks(cols):
+        n = block.num_rows
+        cu, cu_off = block.ragged["cu_seqlens"]
+        doc, k_off = block.ragged["doc_ids"]
+        dof, _ = block.ragged["doc_offsets"]
+        k = np.diff(k_off)  # shape: (n,), real segments per row
+        # index in cu of each real segment's start: row r's segments are cu[o_r .. o_r+k_r]
+        start = np.repeat(cu_off[:-1] - k_off[:-1], k) + np.arange(k_off[-1])
+        cu64 = cu.astype(np.int64)
+        lens = cu64[start + 1] - cu64[start]  # shape: (segments,)
+        real_R = cu64[cu_off[:-1] + k]  # shape: (n,), end of the last real segment
+        seg_t = lens - 1  # shape: (segments,), targets per segment (boundary rule)
+        if label_masked:
+            lab = block.tokens["labels"].reshape(-1)  # shape: (n * C,)
+            # shape: (n * C + 1,), targets before each flat position
+            cs = np.concatenate([[0], np.cumsum(lab != IGNORE_INDEX, dtype=np.int64)])
+            seg_row = np.repeat(np.arange(n, dtype=np.int64) * C, k)
+            kept = cs[seg_row + cu64[start + 1]] - cs[seg_row + cu64[start]]
+            bad_num_targets += int(np.count_nonzero(kept > seg_t))
+            seg_t = np.minimum(kept, seg_t)
+        row_t = np.add.reduceat(seg_t, k_off[:-1]) if lens.size else np.zeros(n, np.int64)
+        row_t[k == 0] = 0  # reduceat's value for empty rows is not a sum
+        nt = block.scalars["num_targets"]
+        bad_num_targets += int(np.count_nonzero(nt != row_t))
+        rows += n
+        segs += int(k.sum())
+        real += int(real_R.sum())
+        targets += int(row_t.sum())
+        work += int((lens * lens).sum())
+        fill_counts += np.bincount(real_R, minlength=C + 1)[:C + 1]
+        seg_counts += np.bincount(lens, minlength=C + 1)[:C + 1]
+        documents += int(np.count_nonzero(dof == 0))
+        cut = doc[dof > 0]
+        if cut.size:
+            need = int(cut.max()) // 8 + 1
+            if need > cut_bits.size:
+                cut_bits = np.concatenate([cut_bits, np.zeros(need - cut_bits.size,
+                                                              dtype=np.uint8)])
+            np.bitwise_or.at(cut_bits, cut >> 3, (1 << (cut & 7)).astype(np.uint8))
+        room = n if per_bin_limit is None else min(n, per_bin_limit - len(bins))
+        if per_bin and room > 0:
+            seg_t = np.split(seg_t, k_off[1:-1])
+            bins.extend({"shard": block.shard, "row": block.shard_row0 + i,
+                         "segments": int(k[i]), "real_tokens": int(real_R[i]),
+                         "targets": int(row_t[i]), "segment_targets": seg_t[i].tolist()}
+                        for i in range(room))
+    reader.close()
+    totals = reader.manifest.totals.to_dict()
     recount = {"rows": rows, "segments": segs, "real_tokens": real,
                "padding_tokens": rows * C - real, "effective_targets": targets,
                "attention_work": work,
@@ -229,8 +225,9 @@ def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False,
         mismatches["num_targets_rows_wrong"] = (bad_num_targets, 0)
     fill = np.arange(C + 1) / C
     hist = np.histogram(fill, bins=_FILL_EDGES, weights=fill_counts)[0].astype(np.int64).tolist()
-    return PackedAnalysis(str(path), stats, totals, mismatches, hist, fill_counts, seg_counts,
-                          bins, documents, per_bin_limit if per_bin else None)
+    return PackedAnalysis(reader.location.display, stats, totals, mismatches, hist, fill_counts,
+                          seg_counts, bins, documents, per_bin_limit if per_bin else None,
+                          hashed)
 
 
 @dataclass(frozen=True)
@@ -238,47 +235,64 @@ class InputDocuments:
     """Raw INPUT as ``pack`` would see it before planning (masks and BOS/EOS applied)."""
 
     lengths: np.ndarray  #: int64[num_docs], tokens per document
-    targets: np.ndarray | None  #: uint8[sum(lengths)] input target flags; None: no labels column
+    #: uint8[sum(lengths)] input target flags; None: no labels column and no loss mask read
+    targets: np.ndarray | None
     masked_tokens: int  #: tokens removed by an attention mask
     boundary: object  #: :class:`packtool.core.masks.BoundaryCounts`
+    #: :class:`packtool.formats.reader.Discovery`: the files read, the entries not read
+    discovery: object = None
+    #: :class:`packtool.formats.reader.InputColumns`: mask-like columns not used
+    columns: object = None
+
+    @property
+    def label_masked(self) -> int:
+        """Tokens kept out of the targets by input labels or loss masks."""
+        return 0 if self.targets is None else int(self.targets.size
+                                                  - np.count_nonzero(self.targets))
 
 
 def input_documents(inputs, column: str = "input_ids", *, attention_mask: str | None = None,
-                    labels: str | None = None, bos: int | None = None,
-                    eos: int | None = None) -> InputDocuments:
+                    labels: str | None = None, loss_mask: str | None = None,
+                    bos: int | None = None, eos: int | None = None,
+                    skip_unsupported: bool = False) -> InputDocuments:
     """Document lengths (and input target flags) of raw INPUT, in global document order,
-    with the same mask and BOS/EOS rules as ``pack`` (:mod:`packtool.core.masks`).
+    read through the same path as ``pack`` (:func:`packtool.pipeline.read.iter_documents`:
+    the same discovery, mask columns and BOS/EOS).
 
     Args:
         inputs: INPUT paths.
         column: token column.
-        attention_mask, labels: mask columns (a name, ``"auto"`` or None), as ``pack``.
+        attention_mask, labels, loss_mask: mask columns (a name, ``"auto"`` or None), as
+            ``pack``.
         bos, eos: ``--prepend-bos`` / ``--append-eos`` ids or None.
+        skip_unsupported: as ``pack --skip-unsupported``.
 
-    Memory: 8 bytes per document, plus 1 byte per token when a labels column is read.
+    Memory: 8 bytes per document, plus 1 byte per token when target flags are read.
 
     Raises:
-        InputError, SchemaError: as :func:`packtool.formats.reader.iter_token_batches`.
+        InputError, SchemaError: as :func:`packtool.formats.reader.discover` and
+            :func:`packtool.pipeline.read.iter_documents`.
     """
-    from packtool.core.masks import BoundaryCounts, add_boundary_tokens
-    from packtool.formats.reader import discover_inputs, iter_token_batches
+    from packtool.core.masks import BoundaryCounts
+    from packtool.formats.reader import discover, input_columns
+    from packtool.pipeline.read import iter_documents
 
+    found = discover(list(inputs), skip_unsupported=skip_unsupported)
+    cols = input_columns(found.files, column, attention_mask, labels, loss_mask)
     lengths, flags, masked, counts = [], [], 0, BoundaryCounts()
     any_flags = False
-    for f in discover_inputs(list(inputs)):
-        for tb in iter_token_batches(f.path, column, attention_mask=attention_mask,
-                                     labels=labels):
-            ln, tok, tg = tb.lengths, tb.tokens, tb.targets
-            if bos is not None or eos is not None:
-                ln, tok, tg, c = add_boundary_tokens(ln, tok, tg, bos=bos, eos=eos)
-                counts = counts + c
-            any_flags |= tg is not None
-            lengths.append(ln)
-            flags.append(tg if tg is not None else np.ones(int(ln.sum()), dtype=np.uint8))
+    for f in found.files:
+        for tb in iter_documents(f.path, column, fmt=f.format, attention_mask=attention_mask,
+                                 labels=labels, loss_mask=loss_mask, bos=bos, eos=eos):
+            any_flags |= tb.targets is not None
+            lengths.append(tb.lengths)
+            flags.append(tb.targets if tb.targets is not None
+                         else np.ones(tb.tokens.size, dtype=np.uint8))
             masked += tb.masked_tokens
+            counts = counts + tb.boundary
     cat = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
     targets = (np.concatenate(flags) if flags else np.zeros(0, np.uint8)) if any_flags else None
-    return InputDocuments(cat, targets, masked, counts)
+    return InputDocuments(cat, targets, masked, counts, found, cols)
 
 
 def input_lengths(inputs, column: str = "input_ids") -> np.ndarray:
@@ -288,7 +302,7 @@ def input_lengths(inputs, column: str = "input_ids") -> np.ndarray:
         int64[num_docs].
 
     Raises:
-        InputError, SchemaError: as :func:`packtool.formats.reader.iter_token_batches`.
+        InputError, SchemaError: as :func:`input_documents`.
     """
     return input_documents(inputs, column).lengths
 
@@ -323,6 +337,8 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
     Raises:
         ConfigError, PackingError: as :func:`packtool.core.pack_lengths`.
     """
+    from packtool.core.packing import pack_lengths
+
     from packtool.core.masks import plan_segment_targets
 
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)  # shape: (num_docs,)
@@ -415,6 +431,11 @@ def format_packed(a: PackedAnalysis) -> str:
                      f"{100 * q['max']:.1f}%")
         lines.append("  rows per fill decile      " + " ".join(
             f"{10 * i}-{10 * i + 10}%:{n:,}" for i, n in enumerate(a.fill_hist)))
+    n, nbytes, secs = a.hashed
+    lines.append(f"  integrity                 sha256 of {n:,} shard(s), {nbytes / 2**20:,.1f} MiB, "
+                 f"match the manifest ({secs:.2f} s; --no-hash skips it)" if n else
+                 "  integrity                 sha256 not checked (--no-hash); sizes, footers and "
+                 "page checksums of what was read were")
     if a.mismatches:
         for k, (rc, m) in a.mismatches.items():
             lines.append(f"  MISMATCH {k}: recounted {rc:,}, manifest {int(m):,}")
@@ -552,6 +573,8 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
         ConfigError, PackingError: as :func:`compare_strategies`. MissingDependencyError: no
         matplotlib. OutputError: ``out`` cannot be written.
     """
+    from packtool.core.packing import pack_lengths
+
     plt = require_matplotlib()
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     res = compare_strategies(lengths, capacity, overflow=overflow)
@@ -560,7 +583,7 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
     colors = [_STRATEGY_COLORS.get(n, "tab:green") for n in names]
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     (ax_len, ax_pad), (ax_cut, ax_fill) = axes
-    fig.suptitle(f"packtool stats --compare: {lengths.size:,} documents, {int(lengths.sum()):,} "
+    fig.suptitle(f"packtool compare: {lengths.size:,} documents, {int(lengths.sum()):,} "
                  f"tokens, capacity {capacity:,}; least waste: {best['strategy']}")
     pos = lengths[lengths > 0]
     if pos.size:

@@ -47,6 +47,7 @@ def pack(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str | 
          overflow: str = "split", labels: str = "none", pad_id: int = 0,
          append_eos: int | None = None, prepend_bos: int | None = None,
          attention_mask_column: str | None = "auto", labels_column: str | None = "auto",
+         loss_mask_column: str | None = "auto", skip_unsupported: bool = False,
          seed: int = 0, shuffle: bool = True, rows_per_shard: int = 8192,
          row_group_mb: float = 1.0, workers: int | None = None, overwrite: bool = False,
          window_docs: int | None = None, engine: str = "local", ray_address: str | None = None,
@@ -78,7 +79,8 @@ def pack(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str | 
     cfg = _config(inputs, output, capacity=capacity, column=column, strategy=strategy,
                   overflow=overflow, labels=labels, pad_id=pad_id, append_eos=append_eos,
                   prepend_bos=prepend_bos, attention_mask_column=attention_mask_column,
-                  labels_column=labels_column, seed=seed, shuffle=shuffle,
+                  labels_column=labels_column, loss_mask_column=loss_mask_column,
+                  skip_unsupported=skip_unsupported, seed=seed, shuffle=shuffle,
                   rows_per_shard=rows_per_shard, row_group_mb=row_group_mb, workers=workers,
                   overwrite=overwrite, window_docs=window_docs, engine=engine,
                   ray_address=ray_address, holdout=holdout,
@@ -124,10 +126,9 @@ def _kind(data) -> str:
                      "for files on disk use packtool.pack(INPUT, OUTPUT)")
 
 
-def _named(attention_mask_column, labels_column) -> list[str]:
+def _named(*options) -> list[str]:
     """Columns named by an option (not ``auto``, not off)."""
-    return [str(o) for o in (attention_mask_column, labels_column)
-            if o is not None and str(o).lower() not in ("none", "auto")]
+    return [str(o) for o in options if o is not None and str(o).lower() not in ("none", "auto")]
 
 
 def _batches(data, kind: str, column: str, batch_rows: int):
@@ -145,6 +146,7 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
                  strategy: str = "obfd", overflow: str = "split", labels: str = "none",
                  pad_id: int = 0, append_eos: int | None = None, prepend_bos: int | None = None,
                  attention_mask_column: str | None = "auto", labels_column: str | None = "auto",
+                 loss_mask_column: str | None = "auto",
                  shuffle: bool = True, seed: int = 0, window_docs: int | None = None,
                  holdout: float | None = None, rows_per_shard: int = 8192,
                  row_group_mb: float = 1.0, workers: int | None = None,
@@ -162,9 +164,14 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
             ``IterableDataset`` is read one batch of ``batch_rows`` at a time), a
             ``DatasetDict`` / ``IterableDatasetDict`` (each split packed on its own), a
             ``pyarrow.Table``, or a list of token sequences (or of dicts of columns). Mask
-            columns (``attention_mask``, ``labels``) are applied as by the CLI; text and scalar
-            columns are not read (``doc_ids`` in the packed rows index the input rows).
+            columns (``attention_mask``, ``labels``, TRL's ``completion_mask`` and
+            ``assistant_masks``, or the columns ``attention_mask_column``, ``labels_column`` and
+            ``loss_mask_column`` name) are applied as by the CLI; text and scalar columns are
+            not read (``doc_ids`` in the packed rows index the input rows).
         capacity: C, tokens per packed row.
+        labels: what the rows store, as ``--labels``: ``none`` (no ``labels`` column unless an
+            input labels column or loss mask is read: then ``unshifted``), ``unshifted`` or
+            ``shifted``.
         holdout: also pack a held-out fraction of the documents (``--holdout``); the result is
             then a pair ``(training rows, held-out rows)``.
         output: keep the packed output (shards and manifest) in this directory; default: a
@@ -180,6 +187,14 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
         output on disk), a ``DatasetDict`` of those, a ``pyarrow.Table`` (the shards' schema
         and metadata), or a list of dicts of Python values, one per row.
 
+        Labels convention (docs/labels.md): the ``labels`` column, when stored, is handed out
+        as stored, never converted: ``unshifted`` (``labels[i]`` is token ``i`` or -100; the
+        model shifts, as ``HFCollator`` and Hugging Face models expect) unless
+        ``labels="shifted"`` (``labels[i]`` is the target of position ``i``). A ``Table``
+        names it in its schema metadata (``packtool.labels_convention``), ``output=`` keeps a
+        manifest that records it (``read_manifest(output).labels``); without a ``labels``
+        column, readers derive ``unshifted`` labels (``HFCollator``, ``PackedDataset``).
+
     Raises:
         ConfigError: an option out of range; ``holdout`` with a ``DatasetDict``.
         InputError, SchemaError: data that is not a supported type, no documents, a missing
@@ -192,7 +207,8 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
     options = dict(capacity=capacity, column=column, strategy=strategy, overflow=overflow,
                    labels=labels, pad_id=pad_id, append_eos=append_eos,
                    prepend_bos=prepend_bos, attention_mask_column=attention_mask_column,
-                   labels_column=labels_column, shuffle=shuffle, seed=seed,
+                   labels_column=labels_column, loss_mask_column=loss_mask_column,
+                   shuffle=shuffle, seed=seed,
                    window_docs=window_docs, rows_per_shard=rows_per_shard,
                    row_group_mb=row_group_mb, workers=workers)
     if kind.endswith("DatasetDict"):
@@ -222,7 +238,7 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
         src = work / "input"
         src.mkdir()
         write_input(_batches(data, kind, column, batch_rows), src / INPUT_NAME, column,
-                    _named(attention_mask_column, labels_column))
+                    _named(attention_mask_column, labels_column, loss_mask_column))
         cfg = _config([src], out, overwrite=overwrite, holdout=holdout, **options)
         try:
             result = run_pack(cfg, progress=progress)

@@ -9,8 +9,8 @@ from packtool.core.packing import MAX_CAPACITY
 from packtool.errors import ConfigError
 from packtool.types import Engine, LabelMode, Overflow, Strategy
 
-__all__ = ["PackConfig", "TokenizeConfig", "DEFAULT_RAY_WINDOW_DOCS", "DEFAULT_ROW_GROUP_MB",
-           "rows_per_group_for"]
+__all__ = ["PackConfig", "CompareConfig", "TokenizeConfig", "DEFAULT_RAY_WINDOW_DOCS",
+           "DEFAULT_ROW_GROUP_MB", "rows_per_group_for"]
 
 #: Default Parquet row-group budget in MiB of per-token data (4 bytes x C x token columns per
 #: row). Chosen by measurement (docs/benchmarks.md, "Random access"): with 1 MiB one random
@@ -37,6 +37,34 @@ def rows_per_group_for(row_group_mb: float, capacity: int, token_columns: int) -
 #: Window used by ``--engine ray`` when ``--window-docs`` is not given (see docs/ray.md for the
 #: extra rows it costs on web-like lengths).
 DEFAULT_RAY_WINDOW_DOCS = 250_000
+
+
+def _check_input_options(cfg, bad) -> None:
+    """The checks shared by every config that reads INPUT (mask columns, BOS/EOS, capacity);
+    ``none`` as a mask column name becomes None."""
+    if not cfg.inputs:
+        raise ConfigError("give at least one INPUT")
+    if not 2 <= cfg.capacity <= MAX_CAPACITY:
+        bad("capacity", cfg.capacity, f"must be in 2..{MAX_CAPACITY} tokens")
+    if cfg.append_eos is not None and not 0 <= cfg.append_eos < 2**31:
+        bad("append_eos", cfg.append_eos, "must be a token id in 0..2**31-1")
+    if cfg.prepend_bos is not None and not 0 <= cfg.prepend_bos < 2**31:
+        bad("prepend_bos", cfg.prepend_bos, "must be a token id in 0..2**31-1")
+    for name in ("attention_mask_column", "labels_column", "loss_mask_column"):
+        value = getattr(cfg, name)
+        if value is not None and value.lower() == "none":
+            object.__setattr__(cfg, name, None)
+        elif value is not None and value == cfg.column:
+            bad(name, value, f"is the token column (--column {cfg.column})")
+
+
+def _read_options(cfg) -> dict:
+    return {"attention_mask": cfg.attention_mask_column, "labels": cfg.labels_column,
+            "loss_mask": cfg.loss_mask_column, "bos": cfg.prepend_bos, "eos": cfg.append_eos}
+
+
+def _bad(name, value, why):
+    raise ConfigError(f"--{name.replace('_', '-')} {value!r}: {why}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +100,10 @@ class PackConfig:
     prompt masking); ``"auto"``: ``labels`` when a file has it; None: ignore. When such a
     column is read, the packed labels carry real information and are stored (unshifted when
     ``labels`` is ``none``)."""
+    loss_mask_column: str | None = "auto"
+    """Input loss mask (1 = a token to learn, 0 = not a target), TRL's SFT columns; ``"auto"``:
+    ``completion_mask`` and ``assistant_masks``, each when a file has it; None: ignore. A token
+    is a target only when its label (if read) is not -100 and every loss mask read is 1."""
     seed: int = 0
     """Seed of the output row shuffle."""
     shuffle: bool = True
@@ -94,6 +126,9 @@ class PackConfig:
     """Where the pack runs; ``ray`` needs a window (defaults to DEFAULT_RAY_WINDOW_DOCS)."""
     ray_address: str | None = None
     """Ray cluster to join (``--engine ray``); None starts a local Ray on ``workers`` CPUs."""
+    skip_unsupported: bool = False
+    """Skip files of an unsupported format inside an INPUT directory (reported) instead of
+    refusing them."""
     holdout: float | None = None
     """Fraction of documents held out (0 < f < 1), each drawn independently from ``seed``
     (:mod:`packtool.core.holdout`), packed into ``holdout_output`` and left out of ``output``;
@@ -114,23 +149,10 @@ class PackConfig:
                 object.__setattr__(self, name, enum(getattr(self, name)))
             except ValueError:
                 bad(name, getattr(self, name), f"choose one of {', '.join(e.value for e in enum)}")
-        if not self.inputs:
-            raise ConfigError("give at least one INPUT")
-        if not 2 <= self.capacity <= MAX_CAPACITY:
-            bad("capacity", self.capacity, f"must be in 2..{MAX_CAPACITY} tokens")
         if not 0 <= self.pad_id < 2**31:
             # a negative id would index an embedding table out of range
             bad("pad_id", self.pad_id, "must be a token id in 0..2**31-1 (int32, not negative)")
-        if self.append_eos is not None and not 0 <= self.append_eos < 2**31:
-            bad("append_eos", self.append_eos, "must be a token id in 0..2**31-1")
-        if self.prepend_bos is not None and not 0 <= self.prepend_bos < 2**31:
-            bad("prepend_bos", self.prepend_bos, "must be a token id in 0..2**31-1")
-        for name in ("attention_mask_column", "labels_column"):
-            value = getattr(self, name)
-            if value is not None and value.lower() == "none":
-                object.__setattr__(self, name, None)
-            elif value is not None and value == self.column:
-                bad(name, value, f"is the token column (--column {self.column})")
+        _check_input_options(self, bad)
         if self.rows_per_shard < 1:
             bad("rows_per_shard", self.rows_per_shard, "must be >= 1")
         if not 0 < self.row_group_mb < float("inf"):
@@ -162,13 +184,18 @@ class PackConfig:
             bad("holdout", self.holdout, "must be a fraction of the documents, 0 < f < 1")
         if self.holdout_part not in (None, "train", "holdout"):
             bad("holdout_part", self.holdout_part, "choose train or holdout")
-        if self.holdout_output is None:
-            object.__setattr__(self, "holdout_output", self.output.rstrip("/\\") + "-holdout")
+        from packtool.location import Location
+
+        out = Location.parse(self.output)
+        if self.holdout_output is None:  # OUTPUT-holdout beside OUTPUT, same store options
+            if not out.is_local and "/" not in out.key:
+                bad("holdout", self.holdout, f"OUTPUT {out.display} is a whole bucket; give "
+                    "--holdout-output LOCATION")
+            object.__setattr__(self, "holdout_output",
+                               str(out.parent.join(f"{out.name}-holdout")))
         if self.holdout_part is not None:  # one of the two packs: its OUTPUT is set
             return
-        a, b = (os.path.abspath(p) if "://" not in p else p
-                for p in (self.output, self.holdout_output))
-        if a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/"):
+        if out.overlaps(Location.parse(self.holdout_output)):
             bad("holdout_output", self.holdout_output, f"overlaps OUTPUT {self.output}; choose a "
                 "directory beside it")
 
@@ -182,10 +209,9 @@ class PackConfig:
         return HoldoutSplit(self.holdout, self.seed, self.holdout_part == "holdout")
 
     def read_options(self) -> dict:
-        """Keyword arguments of :func:`packtool.formats.reader.iter_token_batches`: the mask
+        """Keyword arguments of :func:`packtool.pipeline.read.iter_documents`: the mask
         columns and BOS/EOS."""
-        return {"attention_mask": self.attention_mask_column, "labels": self.labels_column,
-                "bos": self.prepend_bos, "eos": self.append_eos}
+        return _read_options(self)
 
     def to_dict(self) -> dict:
         """The options as JSON-ready values (what the manifest records)."""
@@ -200,12 +226,53 @@ class PackConfig:
         ``window_docs`` is listed only when set, so one-plan manifests keep their old form)."""
         d = self.to_dict()
         for k in ("inputs", "output", "workers", "overwrite", "engine", "ray_address",
-                  "holdout_output"):
+                  "holdout_output",
+                  "skip_unsupported"):  # which files are read is in the fingerprint's file list
             d.pop(k)
         for k in ("window_docs", "holdout", "holdout_part"):
             if d[k] is None:
                 d.pop(k)
         return d
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareConfig:
+    """Everything ``packtool compare`` needs: INPUT read exactly as ``pack`` reads it (the same
+    mask columns and BOS/EOS, through the same code path), and the dry run's capacity."""
+
+    inputs: tuple[str, ...]
+    """INPUT paths or URIs: files or directories (searched recursively)."""
+    capacity: int
+    """Tokens per row of the dry run (C), 2..2**24."""
+    column: str = "input_ids"
+    """Token column of the input."""
+    overflow: Overflow = Overflow.SPLIT
+    """Policy for documents longer than the capacity (``ordered`` and ``obfd``)."""
+    append_eos: int | None = None
+    """As :attr:`PackConfig.append_eos`."""
+    prepend_bos: int | None = None
+    """As :attr:`PackConfig.prepend_bos`."""
+    attention_mask_column: str | None = "auto"
+    """As :attr:`PackConfig.attention_mask_column`."""
+    labels_column: str | None = "auto"
+    """As :attr:`PackConfig.labels_column`."""
+    loss_mask_column: str | None = "auto"
+    """As :attr:`PackConfig.loss_mask_column`."""
+    skip_unsupported: bool = False
+    """As :attr:`PackConfig.skip_unsupported`."""
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "overflow", Overflow(self.overflow))
+        except ValueError:
+            _bad("overflow", self.overflow, f"choose one of {', '.join(e.value for e in Overflow)}")
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        _check_input_options(self, _bad)
+
+    def read_options(self) -> dict:
+        """Keyword arguments of :func:`packtool.pipeline.read.iter_documents` (the same as
+        :meth:`PackConfig.read_options` for the same options)."""
+        return _read_options(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,21 +304,20 @@ class TokenizeConfig:
     """Encoding threads (tiktoken; tokenizers sizes its own pool: RAYON_NUM_THREADS)."""
     overwrite: bool = False
     """Replace a non-empty OUTPUT."""
+    skip_unsupported: bool = False
+    """As :attr:`PackConfig.skip_unsupported`."""
 
     def __post_init__(self) -> None:
-        def bad(name, value, why):
-            raise ConfigError(f"--{name.replace('_', '-')} {value!r}: {why}")
-
         if not self.inputs:
             raise ConfigError("give at least one INPUT")
         for name in ("batch_docs", "rows_per_shard", "workers"):
             if getattr(self, name) < 1:
-                bad(name, getattr(self, name), "must be >= 1")
+                _bad(name, getattr(self, name), "must be >= 1")
 
     def layout_options(self) -> dict:
         """The options that decide the output bytes (the tokenizer by its file's sha256 is
-        added by the driver)."""
+        added by the driver; which files are read is in the fingerprint's file list)."""
         d = asdict(self)
-        for k in ("inputs", "output", "workers", "overwrite", "tokenizer"):
+        for k in ("inputs", "output", "workers", "overwrite", "tokenizer", "skip_unsupported"):
             d.pop(k)
         return d

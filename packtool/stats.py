@@ -12,7 +12,23 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-__all__ = ["PackStats"]
+__all__ = ["PackStats", "split_warning"]
+
+#: ``--overflow split`` warns when it splits more than this fraction of the non-empty
+#: documents: most documents then lose their context at a cut (and a target per piece).
+SPLIT_WARNING_FRACTION = 0.5
+
+
+def split_warning(docs_split: int, docs_nonempty: int, capacity: int,
+                  threshold: float = SPLIT_WARNING_FRACTION) -> str | None:
+    """A loud line when ``--overflow split`` cut more than ``threshold`` (a fraction, default
+    one half) of the non-empty documents into pieces of ``capacity`` tokens; None otherwise."""
+    if not docs_nonempty or docs_split <= threshold * docs_nonempty:
+        return None
+    return (f"--overflow split cut {100 * docs_split / docs_nonempty:.1f}% of the documents "
+            f"({docs_split:,} of {docs_nonempty:,}) into pieces of --capacity {capacity:,}: "
+            "each piece trains without the context before it; a larger --capacity keeps them "
+            "whole")
 
 
 @dataclass(frozen=True)
@@ -129,7 +145,10 @@ class PackStats:
 
     def overflow_warning(self, overflow: str, threshold: float = 0.01) -> str | None:
         """A loud line when ``--overflow drop|truncate`` removed more than ``threshold`` (a
-        fraction, default 1 %) of the tokens read; None otherwise."""
+        fraction, default 1 %) of the tokens read, or when ``--overflow split`` split most
+        documents (:func:`split_warning`); None otherwise."""
+        if str(overflow) == "split":
+            return split_warning(self.docs_split, self.docs_in - self.docs_empty, self.capacity)
         if not self.tokens_in or self.tokens_lost <= threshold * self.tokens_in:
             return None
         docs = self.docs_dropped + self.docs_truncated

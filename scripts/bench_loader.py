@@ -21,7 +21,16 @@ a flat NumPy memmap of the same per-token columns (``input_ids``, ``segment_ids`
 Ratios to the memmap's sequential figure are printed next to each figure (the machine is shared:
 compare ratios of one run, not absolute times across runs). ``--json FILE`` writes the figures.
 
+``--store`` measures instead the same output read from an S3-compatible server started on
+127.0.0.1 (moto, the ``dev`` extra), beside the local directory, in rows per second and rows per
+CPU-second of the reading process (user + sys of all its threads; the server's own CPU is the
+store's, not the reader's): ``local``, ``s3 cold`` (no cache: every row group fetched with
+ranged reads), ``s3 cache fill`` (first pass with an empty cache: whole shards downloaded) and
+``s3 warm`` (the cache already holds them: a restart). Each figure is one pass of the shuffled
+training order (``PackedIterableDataset``, all columns an item carries), best of ``--trials``.
+
 Usage: python scripts/bench_loader.py [--input sample_data] [--capacity 2048 --capacity 8192]
+       python scripts/bench_loader.py --store --capacity 8192 --repeat 11   # >= 30 M tokens
 """
 
 from __future__ import annotations
@@ -121,7 +130,7 @@ def bench_capacity(src: Path, C: int, work: Path, random_rows: int, seed: int,
 
     def arrow_groups():
         n = 0
-        for name in ds.index.files:
+        for name in ds.output.shards:
             f = pq.ParquetFile(out / name)
             for g in range(f.num_row_groups):
                 t = f.read_row_group(g, columns=list(TOKEN_COLS))
@@ -139,7 +148,7 @@ def bench_capacity(src: Path, C: int, work: Path, random_rows: int, seed: int,
             return len(order)
         return run
 
-    res = {"capacity": C, "rows": N, "row_groups": ds.index.num_row_groups,
+    res = {"capacity": C, "rows": N, "row_groups": ds.output.num_row_groups,
            "rows_per_group": rows_per_group}
     res["memmap sequential"] = rate(memmap(range(N)))
     res["memmap random"] = rate(memmap(picks))
@@ -157,6 +166,90 @@ def bench_capacity(src: Path, C: int, work: Path, random_rows: int, seed: int,
     return res
 
 
+def _cpu() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def bench_store(src: Path, C: int, work: Path, group_mb: float, seed: int) -> dict:
+    """rows/s and rows/CPU-s of one training pass: local, S3 cold, S3 cache fill, S3 warm."""
+    import os
+    import shutil
+    import socket
+    import subprocess
+    import urllib.request
+
+    import pyarrow.fs as pafs
+
+    from packtool.config import PackConfig
+    from packtool.formats.manifest import read_manifest
+    from packtool.loader import PackedIterableDataset
+    from packtool.pipeline import run_pack
+
+    out = work / f"packed-{C}"
+    rows_per_group = max(1, int(group_mb * 2**20) // (4 * C))
+    run_pack(PackConfig(inputs=(str(src),), output=str(out), capacity=C,
+                        rows_per_group=rows_per_group, overwrite=True), progress=False)
+    m = read_manifest(out)
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent))
+    server = subprocess.Popen(([exe] if exe else [sys.executable, "-m", "moto.server"])
+                              + ["-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(url, timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        os.environ.update(AWS_ENDPOINT_URL=url, AWS_ACCESS_KEY_ID="bench",
+                          AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
+                          AWS_EC2_METADATA_DISABLED="true")
+        fs = pafs.S3FileSystem(endpoint_override=url, access_key="bench", secret_key="bench",
+                               region="us-east-1", allow_bucket_creation=True)
+        fs.create_dir("bench")
+        pafs.copy_files(str(out), "bench/packed", destination_filesystem=fs)
+        uri = "s3://bench/packed"
+
+        def one_pass(where, **kw):
+            def run():
+                ds = PackedIterableDataset(where, rank=0, world_size=1, seed=seed, **kw)
+                t, c = time.perf_counter(), _cpu()
+                n = sum(1 for _ in ds)
+                return n, time.perf_counter() - t, _cpu() - c
+            return run
+
+        def best(fn, fresh=None):
+            wall = cpu = 0.0
+            for _ in range(TRIALS):
+                if fresh:
+                    fresh()
+                n, dt, dc = fn()
+                wall, cpu = max(wall, n / dt), max(cpu, n / max(dc, 1e-9))
+            return {"rows/s": wall, "rows/CPU-s": cpu}
+
+        cache = work / "cache"
+        res = {"capacity": C, "rows": m.num_rows, "tokens": m.totals.real_tokens,
+               "bytes": sum(s.bytes for s in m.shards), "shards": len(m.shards),
+               "load": os.getloadavg()[0]}
+        res["local"] = best(one_pass(out))
+        res["s3 cold"] = best(one_pass(uri))
+        res["s3 cache fill"] = best(one_pass(uri, cache_dir=cache, cache_limit="64G"),
+                                    fresh=lambda: shutil.rmtree(cache, ignore_errors=True))
+        res["s3 warm"] = best(one_pass(uri, cache_dir=cache, cache_limit="64G"))
+        res["load after"] = os.getloadavg()[0]
+        return res
+    finally:
+        server.terminate()
+        server.wait()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--input", default="sample_data", help="tokenized Parquet input")
@@ -169,10 +262,30 @@ def main(argv=None) -> int:
     ap.add_argument("--random-rows", type=int, default=200, help="rows read at random")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the figures to this file")
+    ap.add_argument("--store", action="store_true",
+                    help="read the output from a local S3 server: cold, cache fill, warm")
     args = ap.parse_args(argv)
     global TRIALS
     TRIALS = args.trials
     results = []
+    if args.store:
+        with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp:
+            src = make_input(Path(args.input), Path(tmp), args.repeat, args.seed)
+            for C in args.capacity or [8192]:
+                r = bench_store(src, C, Path(tmp), args.group_mb, args.seed)
+                results.append(r)
+                base = r["local"]["rows/CPU-s"]
+                print(f"\nC = {C}: {r['rows']:,} rows, {r['tokens'] / 1e6:.1f} M tokens, "
+                      f"{r['bytes'] / 2**20:.0f} MiB in {r['shards']} shards; load "
+                      f"{r['load']:.1f} -> {r['load after']:.1f}")
+                print(f"{'reader':<16}{'rows/s':>10}{'rows/CPU-s':>12}{'CPU x local':>13}")
+                for k in ("local", "s3 cold", "s3 cache fill", "s3 warm"):
+                    v = r[k]
+                    print(f"{k:<16}{v['rows/s']:>10,.0f}{v['rows/CPU-s']:>12,.0f}"
+                          f"{base / v['rows/CPU-s']:>13.2f}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2))
+        return 0
     with tempfile.TemporaryDirectory(prefix="bench-loader-") as tmp:
         src = make_input(Path(args.input), Path(tmp), args.repeat, args.seed)
         for C in args.capacity or [2048, 8192]:

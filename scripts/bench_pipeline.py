@@ -128,7 +128,7 @@ def child_pack(inp: str, out: str, workers: int, capacity: int,
         res = run_pack(cfg, progress=False)
         secs = time.perf_counter() - t
     shutil.rmtree(out, ignore_errors=True)  # the shards are not needed again
-    out_bytes = res.manifest and sum(o["bytes"] for o in res.manifest["outputs"])
+    out_bytes = res.manifest and sum(o.bytes for o in res.manifest.shards)
     return {"seconds": secs, "peak_rss": _peak_rss(), "peak_anon": anon.peak,
             "out_bytes": out_bytes, "rows": res.stats.rows, "tokens": res.stats.real_tokens,
             "docs": res.stats.docs_in}

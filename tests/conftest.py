@@ -24,12 +24,11 @@ def write_docs(path: Path, docs, *, column: str = "input_ids", value_type=pa.int
 
 def read_rows(out_dir: Path) -> list[dict]:
     """All rows of a packed output, shard by shard in manifest order."""
-    import json
 
     manifest = read_manifest(out_dir)
     rows = []
-    for entry in manifest["outputs"]:
-        rows.extend(pq.read_table(out_dir / entry["file"]).to_pylist())
+    for entry in manifest.shards:
+        rows.extend(pq.read_table(out_dir / entry.file).to_pylist())
     return rows
 
 

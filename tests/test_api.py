@@ -59,8 +59,8 @@ def test_pack_dataset_equals_the_cli_row_for_row(tmp_path, case):
                   tmp_path / "docs.parquet", tmp_path / "cli"])
     assert res.exit_code == 0, res.output
     want, manifest = read_output(tmp_path / "cli")
-    assert manifest["totals"]["tokens_attention_masked"] > 0
-    assert manifest["totals"]["tokens_label_masked"] > 0
+    assert manifest.totals.tokens_attention_masked > 0
+    assert manifest.totals.tokens_label_masked > 0
 
     ds = datasets.Dataset.from_list(rows)
     got_ds = packtool.pack_dataset(ds, 64, batch_rows=33, **kw)
@@ -150,8 +150,48 @@ def test_pack_is_the_cli_pack_as_a_function(tmp_path, sample_data):
     cli = invoke(["pack", "--json", "-c", 1024, "--no-shuffle", "--append-eos", 2,
                   sample_data, tmp_path / "cli"])
     assert cli.exit_code == 0, cli.output
-    assert res.stats.to_dict() == json.loads(cli.output)["stats"]
+    assert res.stats.to_dict() == json.loads(cli.stdout)["stats"]  # stderr: the split warning
     assert read_output(tmp_path / "api")[0] == read_output(tmp_path / "cli")[0]
     again = packtool.pack([sample_data], tmp_path / "api", capacity=1024, shuffle=False,
                           append_eos=2)
     assert again.already_complete
+
+
+@pytest.mark.parametrize("labels", ["none", "unshifted", "shifted"])
+def test_pack_dataset_states_the_labels_convention_it_hands_out(labels):
+    """The labels handed out are the stored ones, in the convention the Table's metadata names:
+    unshifted (label i is token i or -100) unless labels='shifted' (label i is token i + 1 of
+    the same document, or -100); an SFT labels column makes 'none' store unshifted labels."""
+    table = pa.Table.from_pylist(sft_docs(40, seed=5))
+    got = packtool.pack_dataset(table, 48, labels=labels)
+    convention = got.schema.metadata[b"packtool.labels_convention"].decode()
+    assert convention == ("shifted" if labels == "shifted" else "unshifted")
+    for r in got.to_pylist():
+        ids, seg, lab = r["input_ids"], r["segment_ids"], r["labels"]
+        for i in range(48):
+            if lab[i] == -100:
+                continue
+            if convention == "unshifted":
+                assert lab[i] == ids[i] and i > 0 and seg[i - 1] == seg[i] != 0
+            else:
+                assert i + 1 < 48 and seg[i + 1] == seg[i] != 0 and lab[i] == ids[i + 1]
+
+
+def test_pack_dataset_reads_a_loss_mask_column_as_the_cli_does(tmp_path):
+    """--loss-mask-column: TRL's completion_mask by default, another column when named."""
+    rows = [{"input_ids": d["input_ids"], "completion_mask": [int(x != -100) for x in d["labels"]],
+             "my_mask": [int(x != -100) for x in d["labels"]]} for d in sft_docs(60, seed=6)]
+    table = pa.Table.from_pylist(rows)
+    pq.write_table(table.select(["input_ids", "completion_mask"]), tmp_path / "trl.parquet")
+    assert invoke(["pack", "-q", "-c", 48, tmp_path / "trl.parquet", tmp_path / "a"]
+                  ).exit_code == 0
+    want, manifest = read_output(tmp_path / "a")
+    assert manifest.totals.tokens_label_masked > 0 and manifest.labels.stored
+    got = packtool.pack_dataset(table.select(["input_ids", "completion_mask"]), 48)
+    assert got.to_pylist() == want
+    named = packtool.pack_dataset(table.select(["input_ids", "my_mask"]), 48,
+                                  loss_mask_column="my_mask")
+    assert named.to_pylist() == want
+    off = packtool.pack_dataset(table.select(["input_ids", "completion_mask"]), 48,
+                                loss_mask_column="none")
+    assert "labels" not in off.column_names

@@ -106,5 +106,5 @@ def test_docs_page_python_block_runs(tmp_path, monkeypatch):
     b = {d for ids in held["doc_ids"] for d in ids}
     assert a and b and not a & b
     result = scope["result"]
-    assert result.stats.rows == result.manifest["totals"]["rows"] > 0
+    assert result.stats.rows == result.manifest.totals.rows > 0
     assert (tmp_path / "out" / ".packtool-manifest.parquet").is_file()

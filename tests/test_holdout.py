@@ -82,15 +82,15 @@ def test_holdout_output_shares_no_document_with_the_training_rows(tmp_path, extr
     assert not train_docs & held_docs
     assert held_docs == {d for d in range(len(docs)) if rule[d] and docs[d]}
     # two manifests, each saying which side it holds and counting the other side
-    assert train_m["options"]["holdout_part"] == "train"
-    assert held_m["options"]["holdout_part"] == "holdout"
-    assert train_m["fingerprint"] != held_m["fingerprint"]
+    assert train_m.options["holdout_part"] == "train"
+    assert held_m.options["holdout_part"] == "holdout"
+    assert train_m.fingerprint != held_m.fingerprint
     n_held = int(rule.sum())
-    assert train_m["totals"]["docs_other_split"] == n_held
-    assert held_m["totals"]["docs_other_split"] == len(docs) - n_held
+    assert train_m.totals.docs_other_split == n_held
+    assert held_m.totals.docs_other_split == len(docs) - n_held
     empty = sum(1 for d in docs if not d)
-    assert (train_m["totals"]["docs_empty"] + held_m["totals"]["docs_empty"]) == empty
-    assert (train_m["totals"]["tokens_in"] + held_m["totals"]["tokens_in"]
+    assert (train_m.totals.docs_empty + held_m.totals.docs_empty) == empty
+    assert (train_m.totals.tokens_in + held_m.totals.tokens_in
             == sum(len(d) for d in docs))
 
 
@@ -108,7 +108,7 @@ def test_holdout_rerun_is_a_no_op_and_without_holdout_nothing_changes(tmp_path):
     plain = tmp_path / "plain"
     assert invoke(["pack", "-q", "-c", 32, src, plain]).exit_code == 0
     m = read_manifest(plain)
-    assert "holdout" not in m["options"] and m["totals"]["docs_other_split"] == 0
+    assert "holdout" not in m.options and m.totals.docs_other_split == 0
 
 
 def test_holdout_errors_are_one_line(tmp_path):

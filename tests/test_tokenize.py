@@ -77,10 +77,10 @@ def test_tokenize_then_pack_equals_python_tokenization_then_pack(tmp_path, hf_to
            for e in tok.encode_batch(TEXTS, add_special_tokens=False)]
     assert python_then_pack(tmp_path, ids, 48) == read_output(out)[0]
     m = read_manifest(tmp_path / "tok-a")
-    assert m["kind"] == "tokenized" and m["totals"]["documents"] == 30
-    assert m["totals"]["tokens"] == sum(len(x) for x in ids[:30])
-    assert [o["rows"] for o in m["outputs"]] == [8, 8, 8, 6]
-    assert m["options"]["tokenizer"]["sha256"] and m["options"]["append_eos"] == eos
+    assert m.kind == "tokenized" and m.totals.docs_in == 30
+    assert m.totals.tokens_in == sum(len(x) for x in ids[:30])
+    assert [s.rows for s in m.shards] == [8, 8, 8, 6]
+    assert m.options["tokenizer"]["sha256"] and m.options["append_eos"] == eos
 
 
 def tiny_ranks():
@@ -174,7 +174,7 @@ def test_interrupted_tokenize_resumes_from_its_finished_shards(tmp_path, hf_toke
     args = ["tokenize", "-q", "--tokenizer", hf_tokenizer, "--rows-per-shard", 10, src, out]
     assert invoke(args).exit_code == 0
     whole = hash_tree(out)
-    fp = read_manifest(out)["fingerprint"]
+    fp = read_manifest(out).fingerprint
     # what a run killed after three shards leaves: those shards and the in-progress marker
     (out / MANIFEST_NAME).unlink()
     for p in sorted(out.glob("part-*.parquet"))[3:]:
@@ -189,6 +189,61 @@ def test_interrupted_tokenize_resumes_from_its_finished_shards(tmp_path, hf_toke
     assert "already holds this tokenization" in again.output
 
 
+def test_a_resumed_tokenize_counts_bos_and_eos_as_a_whole_run_does(tmp_path, hf_tokenizer):
+    """A killed run's marker may not list its last shards: with --append-eos their EOS counts
+    are known only from it, so such shards are written again (the same bytes) and the totals
+    equal a whole run's."""
+    src = write_jsonl(tmp_path / "a.jsonl", TEXTS)
+    out = tmp_path / "out"
+    args = ["tokenize", "--tokenizer", hf_tokenizer, "--append-eos", "</s>", "--rows-per-shard",
+            10, src, out]
+    assert invoke(["--debug", *args[:1], "-q", *args[1:]]).exit_code == 0
+    whole, m = hash_tree(out), read_manifest(out)
+    nonempty = sum(1 for t in TEXTS if t)
+    assert m.totals.docs_eos_added + m.totals.docs_eos_present == nonempty
+    assert m.totals.docs_eos_added > 0
+    (out / MANIFEST_NAME).unlink()
+    for p in sorted(out.glob("part-*.parquet"))[3:]:
+        p.unlink()
+    (out / IN_PROGRESS_NAME).write_text(json.dumps({"fingerprint": m.fingerprint}))
+    res = invoke([*args[:1], "--json", *args[1:]])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["shards_reused"] == 0
+    assert hash_tree(out) == whole and read_manifest(out).totals == m.totals
+
+
+def test_an_interrupted_tokenize_keeps_its_shards_and_their_counts(tmp_path, hf_tokenizer,
+                                                                  monkeypatch):
+    """Ctrl-C after three shards: the marker lists them with their counts, so the rerun keeps
+    them (BOS/EOS counts included) and ends with a whole run's bytes and totals."""
+    import packtool.text.run as run
+
+    src = write_jsonl(tmp_path / "a.jsonl", TEXTS)
+    args = ["tokenize", "-q", "--tokenizer", hf_tokenizer, "--append-eos", "</s>",
+            "--prepend-bos", "<s>", "--rows-per-shard", 10, src]
+    assert invoke([*args, tmp_path / "whole"]).exit_code == 0
+    whole = read_manifest(tmp_path / "whole")
+    real, calls = run.publish_shard, []
+
+    def stop_at_the_fourth(*a):
+        calls.append(a)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(*a)
+
+    monkeypatch.setattr(run, "publish_shard", stop_at_the_fourth)
+    out = tmp_path / "out"
+    assert invoke([*args, out]).exit_code == 130
+    marker = json.loads((out / IN_PROGRESS_NAME).read_text())
+    assert sorted(marker["shards"]) == [f"part-00000-0000{k}.parquet" for k in range(3)]
+    monkeypatch.setattr(run, "publish_shard", real)
+    res = invoke(["tokenize", "--json", *args[2:], out])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["shards_reused"] == 3
+    assert hash_tree(out) == hash_tree(tmp_path / "whole")
+    assert read_manifest(out).totals == whole.totals and whole.totals.docs_bos_added > 0
+
+
 def test_a_tokenized_output_is_pack_input_but_not_packed_rows(tmp_path, hf_tokenizer):
     src = write_jsonl(tmp_path / "a.jsonl", TEXTS[:10])
     out = tmp_path / "tok"
@@ -198,10 +253,24 @@ def test_a_tokenized_output_is_pack_input_but_not_packed_rows(tmp_path, hf_token
     res = invoke(["stats", out])
     assert res.exit_code == 1 and "a packtool tokenized output" in res.output
     assert "pack it first" in res.output
-    res = invoke(["stats", "-c", 64, "--compare", out])  # its documents, dry run
+    res = invoke(["stats", "-c", 64, "--compare", out])  # its documents, dry run (deprecated)
+    assert res.exit_code == 0, res.output
+    res = invoke(["compare", out, "-c", 64])  # the dry run's own command
     assert res.exit_code == 0, res.output
     res = invoke(["verify", "--data-only", out])
     assert res.exit_code == 1 and "pack it first" in res.output
+    res = invoke(["export", "--to", "nemo", out, tmp_path / "nemo"])
+    assert res.exit_code == 1 and "a packtool tokenized output" in res.output
+    m = read_manifest(out)  # the typed manifest: documents, no capacity or labels fact
+    assert m.kind == "tokenized" and not m.is_packed and m.labels is None
+    stored = [r["input_ids"] for r in pq.read_table(out).to_pylist()]
+    assert m.totals.docs_in == len(stored) == 10
+    assert m.totals.tokens_in == sum(map(len, stored)) > 0
+    from packtool.errors import ManifestError
+    from packtool.formats.packed import PackedOutput
+
+    with pytest.raises(ManifestError, match="a packtool tokenized output .*pack it first"):
+        PackedOutput.open(out)
 
 
 def test_tokenize_reads_and_writes_a_store(tmp_path, hf_tokenizer, s3):

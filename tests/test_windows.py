@@ -68,11 +68,11 @@ def test_window_size_holds_with_one_huge_row_group(tmp_path):
     ws = plan_windows(files, "input_ids", 40)
     assert [w.docs for w in ws] == [40] * 12 + [20]
     res = _pack(tmp_path / "in", tmp_path / "out", window_docs=40, rows_per_shard=1000)
-    recs = res.manifest["windows"]
-    assert [w["docs"] for w in recs] == [40] * 12 + [20]
-    assert [w["inputs"][0]["first_row"] for w in recs] == list(range(0, 500, 40))
+    recs = res.manifest.windows
+    assert [w.docs for w in recs] == [40] * 12 + [20]
+    assert [w.inputs[0]["first_row"] for w in recs] == list(range(0, 500, 40))
     for w in recs:  # each window's rows hold only its own documents
-        assert w["tokens"] == sum(len(d) for d in docs[w["first_doc"]:w["first_doc"] + w["docs"]])
+        assert w.tokens == sum(len(d) for d in docs[w.first_doc:w.first_doc + w.docs])
     rows = read_rows(tmp_path / "out")
     assert sorted((d, o) for r in rows for d, o in zip(r["doc_ids"], r["doc_offsets"])) == \
         sorted((d, o) for d, doc in enumerate(docs) for o in range(0, len(doc), C))
@@ -100,19 +100,19 @@ def test_window_extra_rows_are_reported_per_window_and_in_total(tmp_path):
     _corpus(tmp_path / "in")
     res = _pack(tmp_path / "in", tmp_path / "out", window_docs=30)
     m = read_manifest(tmp_path / "out")
-    assert m == res.manifest and m["options"]["window_docs"] == 30
-    ws = m["windows"]
+    assert m == res.manifest and m.options["window_docs"] == 30
+    ws = m.windows
     assert len(ws) > 3
-    t = m["totals"]
-    assert sum(w["rows"] for w in ws) == t["rows"] == sum(o["rows"] for o in m["outputs"])
-    assert sum(w["docs"] for w in ws) == t["docs_in"]
-    assert sum(w["real_tokens"] for w in ws) == t["real_tokens"]
+    t = m.totals.to_dict()
+    assert sum(w.rows for w in ws) == t["rows"] == sum(o.rows for o in m.shards)
+    assert sum(w.docs for w in ws) == t["docs_in"]
+    assert sum(w.real_tokens for w in ws) == t["real_tokens"]
     for w in ws:
-        assert w["lower_bound_rows"] == -(-w["real_tokens"] // C)
-        assert w["extra_rows"] == w["rows"] - w["lower_bound_rows"] >= 0
+        assert w.lower_bound_rows == -(-w.real_tokens // C)
+        assert w.extra_rows == w.rows - w.lower_bound_rows >= 0
     assert t["extra_rows"] == t["rows"] - -(-t["real_tokens"] // C)
-    assert [o["file"] for o in m["outputs"]] == [f"part-{i:05d}.parquet"
-                                                 for i in range(len(m["outputs"]))]
+    assert [o.file for o in m.shards] == [f"part-{i:05d}.parquet"
+                                                 for i in range(len(m.shards))]
 
 
 def test_windowed_output_is_deterministic_for_any_worker_count(tmp_path):
@@ -128,7 +128,7 @@ def test_windowed_output_is_deterministic_for_any_worker_count(tmp_path):
 
 def _window_of_rows(out, ws):
     """Window index of each output row, in reading order (manifest, then row order)."""
-    firsts = np.array([w["first_doc"] for w in ws])
+    firsts = np.array([w.first_doc for w in ws])
     return [int(np.searchsorted(firsts, r["doc_ids"][0], side="right") - 1)
             for r in read_rows(out)]
 
@@ -138,7 +138,7 @@ def test_rows_of_all_windows_are_mixed_in_reading_order(tmp_path):
     already holds rows of most windows, and window changes happen all along."""
     _corpus(tmp_path / "in")
     res = _pack(tmp_path / "in", tmp_path / "s", window_docs=30, rows_per_shard=20)
-    ws = res.manifest["windows"]
+    ws = res.manifest.windows
     order = _window_of_rows(tmp_path / "s", ws)
     assert len(ws) >= 6 and len(order) > 40
     first_shard = set(order[:20])
@@ -147,7 +147,7 @@ def test_rows_of_all_windows_are_mixed_in_reading_order(tmp_path):
     assert changes > len(order) // 2  # window-granular order would change len(ws) - 1 times
     assert order != sorted(order)
     # each row still holds documents of one window only
-    firsts = [w["first_doc"] for w in ws] + [10**9]
+    firsts = [w.first_doc for w in ws] + [10**9]
     for r, w in zip(read_rows(tmp_path / "s"), order):
         assert all(firsts[w] <= d < firsts[w + 1] for d in r["doc_ids"])
     # --no-shuffle keeps creation order: window after window
@@ -163,13 +163,13 @@ def test_default_mode_is_one_global_plan(tmp_path):
     _pack(tmp_path / "in", tmp_path / "w", shuffle=False, window_docs=10**9)
     mg = read_manifest(tmp_path / "g")
     mw = read_manifest(tmp_path / "w")
-    assert "windows" not in mg and "window_docs" not in mg["options"]
-    assert [o["file"] for o in mg["outputs"]][:2] == ["part-00000.parquet", "part-00001.parquet"]
-    assert len(mw["windows"]) == 1
-    for og, ow in zip(mg["outputs"], mw["outputs"], strict=True):
-        assert (tmp_path / "g" / og["file"]).read_bytes() == \
-            (tmp_path / "w" / ow["file"]).read_bytes()
-    assert mg["totals"] == mw["totals"]
+    assert not mg.windows and "window_docs" not in mg.options
+    assert [o.file for o in mg.shards][:2] == ["part-00000.parquet", "part-00001.parquet"]
+    assert len(mw.windows) == 1
+    for og, ow in zip(mg.shards, mw.shards, strict=True):
+        assert (tmp_path / "g" / og.file).read_bytes() == \
+            (tmp_path / "w" / ow.file).read_bytes()
+    assert mg.totals == mw.totals
 
 
 def test_overflow_error_names_file_and_row_of_the_long_document(tmp_path):
@@ -208,12 +208,12 @@ def test_interrupted_windowed_pack_resumes_with_same_bytes(tmp_path, monkeypatch
                                                           "part-00001.parquet"]
     res = _pack(tmp_path / "in", out, window_docs=30, workers=1)
     assert res.shards_reused == 2
-    assert res.windows_reused == len(ref.manifest["windows"]) > 1  # Ctrl-C keeps them
-    assert res.manifest["outputs"] == ref.manifest["outputs"]
+    assert res.windows_reused == len(ref.manifest.windows) > 1  # Ctrl-C keeps them
+    assert res.manifest.shards == ref.manifest.shards
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in
                                                             (tmp_path / "ref").iterdir())
-    for o in ref.manifest["outputs"]:
-        assert (out / o["file"]).read_bytes() == (tmp_path / "ref" / o["file"]).read_bytes()
+    for o in ref.manifest.shards:
+        assert (out / o.file).read_bytes() == (tmp_path / "ref" / o.file).read_bytes()
 
 
 def test_cli_summary_reports_windows(tmp_path):
@@ -268,7 +268,7 @@ def test_windows_over_the_memory_budget_spill_and_give_the_same_bytes(tmp_path, 
     monkeypatch.setattr(plan_mod.DocSpill, "finish", spy)
     res = _pack(tmp_path / "in", tmp_path / "small", window_docs=window_docs)
     assert any(h for h, _ in used) and any(f for _, f in used)  # both places were used
-    assert res.manifest["totals"] == ref.manifest["totals"]
+    assert res.manifest.totals == ref.manifest.totals
     assert _tree_bytes(tmp_path / "small") == _tree_bytes(tmp_path / "ref")
 
 
@@ -295,15 +295,15 @@ def test_a_row_group_reads_one_token_range_per_window(tmp_path, monkeypatch):
     monkeypatch.setattr(layout_mod, "read_spill", read)
     monkeypatch.setattr("packtool.pipeline.write.layout_group", group)
     res = _pack(tmp_path / "in", tmp_path / "out", window_docs=30, workers=1, rows_per_group=3)
-    assert len(res.manifest["windows"]) >= 6 and max(groups) > 1
+    assert len(res.manifest.windows) >= 6 and max(groups) > 1
     assert len(reads) == sum(groups)  # one read per (row group, window present)
     ends = {}
     for loc, off, size in reads:  # front to back, without gaps or overlaps
         assert off == ends.get(loc, 0), (loc, off)
         ends[loc] = off + size
     spilled = {int(re.search(r"window-(\d+)", loc).group(1)): end for loc, end in ends.items()}
-    assert spilled == {i: 4 * w["real_tokens"] for i, w in enumerate(res.manifest["windows"])
-                       if w["real_tokens"]}
+    assert spilled == {i: 4 * w.real_tokens for i, w in enumerate(res.manifest.windows)
+                       if w.real_tokens}
 
 
 def test_row_order_rewrite_in_chunks_and_threads_gives_the_same_bytes(tmp_path, monkeypatch):

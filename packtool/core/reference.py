@@ -5,14 +5,16 @@ Plain Python lists and loops, no numpy tricks. Each function mirrors one public 
 :func:`reference_layout` <-> :func:`packtool.core.layout.layout_rows` (with ``targets``: and
 :func:`packtool.core.masks.mask_labels`), :func:`reference_drop_masked` <->
 :func:`packtool.core.masks.drop_masked_tokens`, :func:`reference_boundary_tokens` <->
-:func:`packtool.core.masks.add_boundary_tokens`, :func:`reference_gather_segments` <->
+:func:`packtool.core.masks.add_boundary_tokens`, :func:`reference_prepare_documents` <->
+:func:`packtool.core.masks.prepare_documents`, :func:`reference_gather_segments` <->
 :func:`packtool.core.layout.gather_segments`.
 """
 
 from __future__ import annotations
 
 __all__ = ["reference_chunks", "reference_pack", "reference_layout", "reference_drop_masked",
-           "reference_boundary_tokens", "reference_gather_segments"]
+           "reference_boundary_tokens", "reference_prepare_documents",
+           "reference_gather_segments"]
 
 IGNORE = -100
 
@@ -168,6 +170,40 @@ def reference_boundary_tokens(docs, targets=None, bos=None, eos=None):
         out_docs.append(doc)
         out_targets.append(flags)
     return out_docs, (out_targets if targets is not None else None), counts
+
+
+def reference_prepare_documents(docs, keep=None, labels=None, loss_masks=(), bos=None,
+                                eos=None, keep_docs=None):
+    """Documents as packed, one token at a time: (docs, targets or None).
+
+    A document ``keep_docs`` marks False (the other part of a held-out split) becomes empty; in
+    the others a token whose attention mask is 0 is dropped; a kept token is a target unless
+    its label is -100 or one of the loss masks is 0; a BOS is added (never a target's flag: 1)
+    to a non-empty document not starting with it, an EOS (with the flag of the last token) to
+    one not ending with it."""
+    with_flags = labels is not None or len(loss_masks) > 0
+    out_docs, out_flags = [], []
+    for i, doc in enumerate(docs):
+        toks, flags = [], []
+        if keep_docs is not None and not keep_docs[i]:
+            out_docs.append(toks)
+            out_flags.append(flags)
+            continue
+        for j, t in enumerate(doc):
+            if keep is not None and not keep[i][j]:
+                continue
+            learn = labels is None or labels[i][j] != IGNORE
+            for m in loss_masks:
+                learn = learn and bool(m[i][j])
+            toks.append(t)
+            flags.append(1 if learn else 0)
+        if toks and bos is not None and toks[0] != bos:
+            toks, flags = [bos] + toks, [1] + flags
+        if toks and eos is not None and toks[-1] != eos:
+            toks, flags = toks + [eos], flags + [flags[-1]]
+        out_docs.append(toks)
+        out_flags.append(flags)
+    return out_docs, (out_flags if with_flags else None)
 
 
 def reference_gather_segments(values, src, lens):

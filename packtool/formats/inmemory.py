@@ -3,23 +3,21 @@
 In: a list of token sequences (or of row dicts), a ``pyarrow.Table`` or the Arrow batches of a
 Hugging Face dataset are written, batch by batch, to one Arrow IPC file (uncompressed: the
 cheapest file pyarrow writes and the reader memory-maps), which ``packtool pack`` then reads like
-any INPUT. Out: the rows of a packed OUTPUT as Arrow, in manifest order, with the packed schema
-(:func:`packtool.formats.schema.packed_schema`), read through the packed-output reader
-(:func:`packed_batches`, the one function that reads them).
+any INPUT. Out: the rows of a packed OUTPUT as Arrow, in manifest order, with the shards' schema,
+decoded by the one reader of packed outputs (:class:`packtool.formats.packed.PackedOutput`) and
+turned back into Arrow by :func:`packed_batches`.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
 
 from packtool.errors import InputError, SchemaError
-from packtool.formats.schema import packed_schema
 
 __all__ = ["INPUT_NAME", "is_arrow_table", "table_from_list", "write_input", "packed_batches",
            "read_packed_table", "packed_arrow_schema"]
@@ -121,51 +119,59 @@ def write_input(batches: Iterable, path: str | os.PathLike, column: str,
     return rows
 
 
-def packed_arrow_schema(out_dir: str | os.PathLike) -> pa.Schema:
-    """The schema of a packed OUTPUT's shards (from its manifest's options)."""
-    from packtool.formats.manifest import read_manifest
-
-    opts = read_manifest(out_dir)["options"]
-    return packed_schema(int(opts["capacity"]), str(opts.get("labels", "none")))
-
-
-def _ragged(arrays: list, typ: pa.DataType, value_type: pa.DataType) -> pa.Array:
-    lengths = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)  # shape: (rows + 1,)
-    np.cumsum(lengths, out=offsets[1:])
-    values = np.concatenate(arrays) if arrays else np.zeros(0)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, value_type), type=typ)
-
-
-def packed_batches(out_dir: str | os.PathLike) -> Iterator[pa.RecordBatch]:
-    """Every row of a packed OUTPUT, in manifest order, as Arrow record batches of the packed
-    schema (what the shards store; labels only when stored).
-
-    Reads through :class:`packtool.formats.packed.PackedReader` (manifest and shards checked),
-    a few row groups at a time.
+def packed_arrow_schema(out_dir) -> pa.Schema:
+    """The schema of a packed OUTPUT's shards (path or URI), as its manifest records it, with its
+    ``packtool.*`` metadata (:data:`~packtool.formats.schema.LABELS_CONVENTION_META_KEY` names the
+    convention of the stored labels).
 
     Raises:
         ManifestError: not a complete packed output.
     """
-    from packtool.formats.packed import PackedReader
+    from packtool.formats.manifest import read_manifest_and_schema, require_packed
 
-    reader = PackedReader(Path(out_dir))
-    schema = packed_arrow_schema(out_dir)
-    for block in reader.iter_blocks(schema.names):
-        cols = []
-        for f in schema:
-            v = block.columns[f.name]
-            if pa.types.is_fixed_size_list(f.type):
-                flat = pa.array(np.ascontiguousarray(v, dtype=np.int32).reshape(-1))
-                cols.append(pa.FixedSizeListArray.from_arrays(flat, type=f.type))
-            elif pa.types.is_list(f.type):
-                cols.append(_ragged(v, f.type, f.type.value_type))
-            else:
-                cols.append(pa.array(v, f.type))
-        yield pa.RecordBatch.from_arrays(cols, schema=schema)
+    manifest, schema = read_manifest_and_schema(out_dir)
+    require_packed(manifest, str(out_dir))
+    return schema
 
 
-def read_packed_table(out_dir: str | os.PathLike) -> pa.Table:
+def _ragged(values: np.ndarray, offsets: np.ndarray, typ: pa.DataType) -> pa.Array:
+    return pa.ListArray.from_arrays(pa.array(np.asarray(offsets, dtype=np.int32)),
+                                    pa.array(values, typ.value_type), type=typ)
+
+
+def packed_batches(out_dir) -> Iterator[pa.RecordBatch]:
+    """Every row of a packed OUTPUT, in manifest order, as Arrow record batches of the shards'
+    schema (what the shards store; ``labels`` only when stored, in the convention the manifest
+    records: ``PackedOutput.labels.convention``).
+
+    Reads through :class:`packtool.formats.packed.PackedOutput` (the one reader: manifest,
+    footers and page checksums checked), one row group per batch.
+
+    Raises:
+        ManifestError: not a complete packed output, or a shard that differs from it.
+    """
+    from packtool.formats.packed import PackedOutput
+
+    reader = PackedOutput.open(out_dir)
+    schema = reader.schema
+    try:
+        for block in reader.iter_blocks(schema.names):
+            cols = []
+            for f in schema:
+                if f.name in block.tokens:  # int32[R, C]
+                    flat = pa.array(np.ascontiguousarray(block.tokens[f.name],
+                                                         dtype=np.int32).reshape(-1))
+                    cols.append(pa.FixedSizeListArray.from_arrays(flat, type=f.type))
+                elif f.name in block.ragged:
+                    cols.append(_ragged(*block.ragged[f.name], f.type))
+                else:
+                    cols.append(pa.array(block.scalars[f.name], f.type))
+            yield pa.RecordBatch.from_arrays(cols, schema=schema)
+    finally:
+        reader.close()
+
+
+def read_packed_table(out_dir) -> pa.Table:
     """All rows of a packed OUTPUT as one table (:func:`packed_batches`); zero rows keep the
     schema."""
     return pa.Table.from_batches(list(packed_batches(out_dir)),

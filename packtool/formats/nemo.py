@@ -131,13 +131,21 @@ def to_nemo_batch(cols: dict, convention: str) -> pa.RecordBatch:
 
 
 def _packed_blocks(out_dir) -> tuple[int, str, Iterator[dict]]:
-    """(capacity, labels convention, blocks of NumPy columns) of a packed OUTPUT: the one place
-    export reads packed rows (labels derived when not stored)."""
-    from packtool.formats.packed import PackedReader
+    """(capacity, labels convention, blocks of NumPy columns) of a packed OUTPUT (path or URI),
+    read through the one reader (:class:`packtool.formats.packed.PackedOutput`), labels asked
+    for already shifted (derived by its read-side rule when not stored)."""
+    from packtool.formats.packed import PackedOutput
 
-    reader = PackedReader(Path(out_dir))
-    return (reader.capacity, reader.labels_convention,
-            (b.columns for b in reader.iter_blocks(_COLUMNS)))
+    reader = PackedOutput.open(out_dir)
+
+    def blocks():
+        try:
+            for b in reader.iter_blocks(_COLUMNS, labels="shifted"):
+                yield {**b.tokens, **{c: b.ragged_rows(c) for c in _COLUMNS if c in b.ragged}}
+        finally:
+            reader.close()
+
+    return reader.capacity, "shifted", blocks()
 
 
 @dataclass(frozen=True)
@@ -180,7 +188,7 @@ def export_nemo(out_dir, dest, *, split: str = "training", overwrite: bool = Fal
     block of row groups in memory at a time; rows keep the output's order.
 
     Args:
-        out_dir: a packed OUTPUT directory.
+        out_dir: a packed OUTPUT (directory or store URI).
         dest: the directory to write into (created).
         split: ``training`` or ``validation`` (the file name; a ``--holdout`` output is the
             validation split).
@@ -191,7 +199,8 @@ def export_nemo(out_dir, dest, *, split: str = "training", overwrite: bool = Fal
         :class:`NemoExport`.
 
     Raises:
-        ManifestError: ``out_dir`` is not a complete packed output.
+        ManifestError: ``out_dir`` is not a complete packed output (a tokenized output is
+            refused: pack it first).
         OutputError: the file exists (without ``overwrite``), DEST is a file, or the metadata
             file is not a JSON list.
         ValueError: an unknown split or ``rows_per_group`` < 1.

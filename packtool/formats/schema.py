@@ -8,8 +8,9 @@ and stay ``list``.
 
 ``labels`` is a pure function of ``input_ids`` and ``segment_ids`` under both conventions, so it
 is stored only on request (``--labels unshifted|shifted``); by default (``--labels none``) readers
-derive it. The schema metadata says which convention a reader gets either way
-(:data:`LABELS_CONVENTION_META_KEY`).
+derive it. The manifest records the labels fact (stored or not, and the convention readers hand
+out); the schema metadata says the same convention (:data:`LABELS_CONVENTION_META_KEY`), so a
+shard read alone tells it too.
 """
 
 from __future__ import annotations
@@ -20,17 +21,21 @@ from packtool.errors import SchemaError
 
 __all__ = ["packed_schema", "packed_columns", "labels_convention", "check_token_column",
            "is_integer_list", "is_list_layout",
-           "LABELS_META_KEY", "LABELS_CONVENTION_META_KEY", "CAPACITY_META_KEY",
+           "LABELS_CONVENTION_META_KEY", "CAPACITY_META_KEY", "FORMAT_VERSION_META_KEY",
+           "SHARD_META_KEY", "shard_schema",
            "TOKEN_COLUMNS", "RAGGED_COLUMNS", "SCALAR_COLUMNS"]
 
-#: Schema metadata key: the ``--labels`` option the shard was written with
-#: (``none`` | ``unshifted`` | ``shifted``).
-LABELS_META_KEY = b"packtool.labels"
 #: Schema metadata key: the labels convention a reader gets, stored or derived
 #: (``unshifted`` | ``shifted``; ``--labels none`` means readers derive ``unshifted``).
 LABELS_CONVENTION_META_KEY = b"packtool.labels_convention"
 #: Schema metadata key: the capacity C (tokens per row), decimal.
 CAPACITY_META_KEY = b"packtool.capacity"
+#: Schema metadata key: the output format version (decimal; see
+#: :mod:`packtool.formats.manifest`).
+FORMAT_VERSION_META_KEY = b"packtool.format_version"
+#: Schema metadata key of each shard (not of the manifest): the shard's own file name, so that
+#: two shards never share a footer and a shard moved to another name is told apart.
+SHARD_META_KEY = b"packtool.shard"
 
 #: fixed_size_list<int32>[C] columns, in schema order (``labels`` only when stored).
 TOKEN_COLUMNS = ("input_ids", "segment_ids", "position_ids", "labels")
@@ -72,8 +77,8 @@ def packed_schema(capacity: int, labels: str) -> pa.Schema:
     Returns:
         Per-token columns ``fixed_size_list<int32>[C]``, ``cu_seqlens`` ``list<int32>``,
         ``max_seqlen``/``num_targets`` ``int32``, ``doc_ids``/``doc_offsets`` ``list<int64>``,
-        none nullable. Metadata: :data:`CAPACITY_META_KEY`, :data:`LABELS_META_KEY`,
-        :data:`LABELS_CONVENTION_META_KEY`.
+        none nullable. Metadata: :data:`CAPACITY_META_KEY`, :data:`LABELS_CONVENTION_META_KEY`,
+        :data:`FORMAT_VERSION_META_KEY`.
     """
     tok = pa.list_(pa.field("element", pa.int32(), nullable=False), capacity)
     i32 = pa.list_(pa.field("element", pa.int32(), nullable=False))
@@ -82,10 +87,18 @@ def packed_schema(capacity: int, labels: str) -> pa.Schema:
              "cu_seqlens": i32, "max_seqlen": pa.int32(), "num_targets": pa.int32(),
              "doc_ids": i64, "doc_offsets": i64}
     fields = [pa.field(c, types[c], nullable=False) for c in packed_columns(labels)]
-    meta = {LABELS_META_KEY: labels.encode(),
-            LABELS_CONVENTION_META_KEY: labels_convention(labels).encode(),
-            CAPACITY_META_KEY: str(capacity).encode()}
+    from packtool.formats.manifest import FORMAT_VERSION
+
+    meta = {LABELS_CONVENTION_META_KEY: labels_convention(labels).encode(),
+            CAPACITY_META_KEY: str(capacity).encode(),
+            FORMAT_VERSION_META_KEY: str(FORMAT_VERSION).encode()}
     return pa.schema(fields, metadata=meta)
+
+
+def shard_schema(schema: pa.Schema, name: str) -> pa.Schema:
+    """``schema`` (from :func:`packed_schema`) with shard ``name`` in its metadata
+    (:data:`SHARD_META_KEY`): what shard ``name`` is written with."""
+    return schema.with_metadata({**(schema.metadata or {}), SHARD_META_KEY: name.encode()})
 
 
 def is_list_layout(typ: pa.DataType) -> bool:

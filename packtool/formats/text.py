@@ -15,7 +15,8 @@ with one line naming the file, the row (Parquet: 0-based, labelled so) or the li
 
 Tokenized shards hold one column, ``input_ids: list<int32>`` (what ``packtool pack`` reads), one
 row per document in input order, written as :mod:`packtool.formats.writer` writes packed shards
-(zstd, PLAIN ids, sha256 taken while writing).
+(zstd, PLAIN ids, page checksums, sha256 taken while writing); each is recorded in the typed
+manifest as a :class:`~packtool.formats.manifest.ShardEntry`.
 """
 
 from __future__ import annotations
@@ -30,18 +31,17 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from packtool.errors import InputError, SchemaError, row_ref
-from packtool.formats.reader import filesystem_of
+from packtool.formats.manifest import ShardEntry
+from packtool.formats.reader import TEXT_FORMATS, filesystem_of
 from packtool.formats.writer import write_shard
+from packtool.location import Location
 
 __all__ = ["TOKENIZED_SCHEMA", "TEXT_FORMATS", "iter_texts", "write_tokenized_shard",
-           "shard_footer"]
+           "tokenized_counts"]
 
 #: Schema of a tokenized shard.
 TOKENIZED_SCHEMA = pa.schema([pa.field(
     "input_ids", pa.list_(pa.field("element", pa.int32(), nullable=False)), nullable=False)])
-#: What ``packtool tokenize`` reads (one phrase for messages).
-TEXT_FORMATS = ("Parquet, Arrow IPC, Hugging Face save_to_disk folders with a text column, "
-                "and JSON Lines (*.jsonl, *.ndjson, optionally .gz/.zst/.bz2)")
 _READ_BYTES = 8 << 20
 
 
@@ -193,15 +193,20 @@ def iter_texts(path, fmt: str, column: str, *, batch_docs: int = 1024,
 
 
 def write_tokenized_shard(path: Path, batches: Iterator[tuple[np.ndarray, np.ndarray]]
-                          ) -> tuple[int, int, int, str]:
-    """Write tokenized documents to ``path`` (one row group per batch).
+                          ) -> tuple[ShardEntry, int]:
+    """Write tokenized documents to ``path`` (one row group per batch), a temporary name the
+    caller publishes under the same file name.
 
     Args:
-        path: the file (written under a temporary name beside it, then renamed).
+        path: the file to write (``shard_temp``: its name is the shard's).
         batches: (lengths int64[docs], ids int32[sum(lengths)]) per batch.
 
     Returns:
-        (documents, tokens, bytes, hex sha256).
+        (the shard's manifest entry, tokens written).
+
+    Raises:
+        InputError: a batch of over 2**31 tokens (int32 list offsets).
+        OSError: ``path`` cannot be written.
     """
     counts = [0, 0]
 
@@ -218,20 +223,24 @@ def write_tokenized_shard(path: Path, batches: Iterator[tuple[np.ndarray, np.nda
             counts[1] += int(offsets[-1])
             yield pa.Table.from_arrays([arr], schema=TOKENIZED_SCHEMA)
 
-    size, digest = write_shard(path, TOKENIZED_SCHEMA, tables())
-    return counts[0], counts[1], size, digest
+    w = write_shard(path, TOKENIZED_SCHEMA, tables())
+    entry = ShardEntry(Path(path).name, counts[0], w.bytes, w.sha256, w.footer_sha256,
+                       ShardEntry.run_lengths(w.group_rows))
+    return entry, counts[1]
 
 
-def shard_footer(output, name: str, digest: str | None) -> tuple[int, int, str]:
-    """(documents, tokens, sha256) of a tokenized shard kept from an interrupted run, from its
-    footer (``output``: a directory or URI); ``digest`` None: hashed here (a local shard)."""
-    from packtool.formats.manifest import sha256_file
+def tokenized_counts(loc) -> tuple[int, int]:
+    """(documents, tokens) of a tokenized shard (a path or URI), read from its lengths (the
+    footer's value count would count an empty document as one value).
 
-    where = f"{str(output).rstrip('/')}/{name}"
-    fs, inner, prefix = filesystem_of(where)
-    with fs.open_input_file(inner) as fh:
-        # the footer's value count counts an empty document as one value: read the lengths
-        col = pq.ParquetFile(fh).read(columns=["input_ids"]).column(0)
-        rows = len(col)
-        tokens = int(sum(pc.sum(pc.list_value_length(c)).as_py() or 0 for c in col.chunks))
-    return rows, tokens, digest if digest is not None else sha256_file(Path(inner))
+    Raises:
+        OSError: the file cannot be read or is not Parquet.
+    """
+    loc = Location.parse(loc)
+    try:
+        with loc.open_input() as fh:
+            col = pq.ParquetFile(fh).read(columns=["input_ids"]).column(0)
+    except pa.ArrowException as exc:
+        raise OSError(f"{loc.display}: not a readable tokenized shard ({exc})") from None
+    tokens = int(sum(pc.sum(pc.list_value_length(c)).as_py() or 0 for c in col.chunks))
+    return len(col), tokens

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
@@ -33,9 +34,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool.core.layout import PackedRows
+from packtool.formats.manifest import footer_of
 
 __all__ = ["rows_to_table", "write_shard", "COLUMN_ENCODING", "column_encodings",
-           "COMPRESSION", "COMPRESSION_LEVEL", "HashingFile"]
+           "COMPRESSION", "COMPRESSION_LEVEL", "HashingFile", "WrittenShard"]
 
 #: Parquet encoding of each column's values (top-level column name -> encoding); see above.
 COLUMN_ENCODING = {
@@ -156,25 +158,39 @@ class HashingFile:
             self.closed = True
 
 
-def write_shard(path: Path, schema: pa.Schema, tables: Iterable[pa.Table]) -> tuple[int, str]:
-    """Write ``tables`` (one row group each) to ``path`` atomically.
+@dataclass(frozen=True)
+class WrittenShard:
+    """What :func:`write_shard` wrote: what the manifest records of the shard."""
 
-    The data goes to ``.<name>.tmp`` beside ``path`` through :class:`HashingFile`, is fsynced,
-    then renamed, so a crash never leaves a half-written file under the final name.
+    bytes: int  #: file size
+    sha256: str  #: hex sha256 of the file, taken while writing
+    footer_sha256: str  #: hex sha256 of its Parquet footer
+    group_rows: tuple  #: rows of each row group, in order
 
-    Returns:
-        (size in bytes, hex sha256 of the file), both computed while writing.
+
+def write_shard(path: Path, schema: pa.Schema, tables: Iterable[pa.Table]) -> WrittenShard:
+    """Write ``tables`` (one row group each) to ``path``, a temporary name the caller publishes.
+
+    Parquet page checksums are written (readers verify every page: a changed byte is refused).
+    The file is fsynced; its sha256 is computed as the bytes go out (no second pass), its footer
+    read back from the file's end.
+
+    Raises:
+        OSError: ``path`` cannot be written (a full disk: ``ENOSPC``).
     """
-    tmp = path.with_name(f".{path.name}.tmp")
-    sink = HashingFile(tmp)
+    sink = HashingFile(path)
+    groups = []
     try:
         with pq.ParquetWriter(sink, schema, compression=COMPRESSION,
                               compression_level=COMPRESSION_LEVEL, use_dictionary=False,
                               column_encoding=column_encodings(schema),
-                              write_statistics=False) as w:
+                              write_statistics=False, write_page_checksum=True) as w:
             for table in tables:
                 w.write_table(table, row_group_size=max(1, table.num_rows))
+                groups.append(table.num_rows)
     finally:
         sink.close()
-    os.replace(tmp, path)
-    return sink.tell(), sink.hexdigest()
+    with pa.OSFile(str(path), "r") as f:
+        footer = footer_of(f, sink.tell())
+    return WrittenShard(sink.tell(), sink.hexdigest(), hashlib.sha256(footer).hexdigest(),
+                        tuple(groups))

@@ -16,7 +16,7 @@ which is loaded on first access.
 
 from __future__ import annotations
 
-from packtool.loader._shards import convert_labels, shifted_labels, unshifted_labels
+from packtool.formats.packed import convert_labels, shifted_labels, unshifted_labels
 from packtool.loader.collate import (batch_cu_seqlens, collate, collate_flat, count_targets)
 from packtool.loader.dataset import PackedDataset
 from packtool.loader.hf import HFCollator

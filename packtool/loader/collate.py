@@ -12,17 +12,30 @@ padding segment per padded row, as ``cu_seqlens`` stores them).
   ``transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` names them.
 - ``num_targets`` in both: labels != -100 in the batch, the loss denominator (B19, B20): sum the
   token losses over a step's batches and divide once by the sum of their ``num_targets``.
+
+Labels convention. Each batch says which one it holds (``labels_convention``): ``unshifted``
+(``labels[i]`` is token ``i`` or -100; the model or the loss shifts, as Hugging Face models do
+when given ``labels``) or ``shifted`` (``labels[i]`` is the token after ``i`` or -100; the loss
+pairs ``logits[i]`` with ``labels[i]``, no shift). :func:`collate` keeps the convention the
+items carry (the dataset's ``labels=`` argument, ``unshifted`` by default); :func:`collate_flat`
+and :class:`~packtool.loader.hf.HFCollator` always give ``unshifted``. Items that lost their
+convention key (``Trainer`` drops keys its model does not take) are checked against the
+convention the collate function is told they carry: labels that contradict it are refused, so
+labels are never shifted twice in silence (B05).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from packtool.loader._shards import convert_labels, shifted_labels, unshifted_labels
+from packtool.formats.packed import convert_labels, shifted_labels, unshifted_labels
 from packtool.types import IGNORE_INDEX
 
 __all__ = ["collate", "collate_flat", "batch_cu_seqlens", "count_targets",
-           "require_torch", "INT32_MAX"]
+           "require_torch", "INT32_MAX", "CONVENTIONS"]
+
+#: The two labels conventions (see the module docstring).
+CONVENTIONS = ("unshifted", "shifted")
 
 #: Largest value an int32 ``cu_seqlens`` can hold: B * C must not exceed it.
 INT32_MAX = 2**31 - 1
@@ -107,16 +120,58 @@ def _stack(batch: list[dict], name: str) -> np.ndarray:
     return np.stack([np.asarray(item[name]) for item in batch])  # shape: (B, C)
 
 
-def _labels(batch: list[dict], unshifted: bool, default_mode: str = "unshifted") -> np.ndarray:
-    """int[B, C] labels of the batch; unshifted: converted to the unshifted convention."""
-    mode = batch[0].get("labels_mode", default_mode)
-    mode = "unshifted" if mode == "none" else mode  # derived by the unshifted rule
+def _item_convention(item: dict) -> str | None:
+    """The labels convention an item says it carries (None: it does not say)."""
+    mode = item.get("labels_convention", item.get("labels_mode"))
+    return "unshifted" if mode == "none" else mode  # derived by the unshifted rule
+
+
+def _check_convention(lab: np.ndarray, ids: np.ndarray, seg: np.ndarray, mode: str) -> None:
+    """Refuse labels that contradict ``mode``: unshifted labels are token ``i`` or -100,
+    shifted ones the next token of the same segment or -100.
+
+    Raises:
+        ValueError: names the first row and position that does not fit, and the fix.
+    """
+    if mode == "unshifted":
+        ok = (lab == IGNORE_INDEX) | (lab == ids)
+    else:
+        nxt = np.full(ids.shape, -1, dtype=np.int64)  # shape: (B, C)
+        same = seg[:, 1:] == seg[:, :-1]
+        nxt[:, :-1] = np.where(same, ids[:, 1:], -1)
+        ok = (lab == IGNORE_INDEX) | (lab == nxt)
+    if ok.all():
+        return
+    r, i = (int(x[0]) for x in np.nonzero(~ok))
+    other = "shifted" if mode == "unshifted" else "unshifted"
+    raise ValueError(
+        f"batch row {r}, position {i}: label {int(lab[r, i])} is not {mode} (token there: "
+        f"{int(ids[r, i])}); these items carry {other} labels but do not say so (a trainer "
+        f"dropped their 'labels_convention' key?): build the dataset with labels='{mode}' so "
+        "that no labels are shifted twice")
+
+
+def _labels(batch: list[dict], want: str | None = None,
+            default_mode: str = "unshifted") -> tuple[np.ndarray, str]:
+    """int[B, C] labels of the batch and their convention.
+
+    Args:
+        want: the convention to hand out (converted inside each segment); None: the items'.
+        default_mode: the convention of items that do not say (checked against the values).
+    """
+    mode = _item_convention(batch[0])
     seg = np.stack([segments_of(item) for item in batch])  # shape: (B, C)
+    ids = _stack(batch, "input_ids")
     if "labels" not in batch[0]:
-        fn = shifted_labels if mode == "shifted" and not unshifted else unshifted_labels
-        return fn(_stack(batch, "input_ids"), seg)
+        out = want or mode or "unshifted"
+        fn = shifted_labels if out == "shifted" else unshifted_labels
+        return fn(ids, seg), out
     lab = _stack(batch, "labels")
-    return convert_labels(lab, seg, mode, "unshifted") if unshifted else lab
+    if mode is None:
+        mode = default_mode
+        _check_convention(lab, ids, seg, mode)
+    out = want or mode
+    return (convert_labels(lab, seg, mode, out) if out != mode else lab), out
 
 
 def collate(batch: list[dict]) -> dict:
@@ -129,22 +184,26 @@ def collate(batch: list[dict]) -> dict:
     Returns:
         dict with
         ``input_ids``, ``labels``, ``position_ids``, ``segment_ids``: torch.int64 [B, C]
-        (int64 for embedding lookup, RoPE indexing and the loss, B28; labels as stored or
-        derived, convention in ``labels_mode``);
+        (int64 for embedding lookup, RoPE indexing and the loss, B28; labels in the items'
+        convention, named by ``labels_convention``);
         ``cu_seqlens``: torch.int32 [S + 1] (see :func:`batch_cu_seqlens`);
         ``max_seqlen``: Python int, the longest segment (B24);
         ``num_targets``: Python int, labels != -100 in the batch (the loss denominator, B20);
-        ``labels_mode``: str; ``shard``, ``row``, ``index``: lists of B provenance values;
+        ``labels_convention``: ``unshifted`` (the loss shifts: ``logits[:, :-1]`` against
+        ``labels[:, 1:]``) or ``shifted`` (no shift: ``logits`` against ``labels``);
+        ``labels_mode``: the same (older name); ``shard``, ``row``, ``index``: lists of B
+        provenance values;
         ``doc_ids``: list of B int64 arrays.
 
     Raises:
-        ValueError: empty batch or rows of different capacity.
+        ValueError: empty batch or rows of different capacity; items that do not say their
+            labels convention and whose labels are not unshifted.
         OverflowError: B * C does not fit int32 ``cu_seqlens``.
         MissingDependencyError: torch is missing.
     """
     torch = require_torch()
     cu_seqlens, max_seqlen = batch_cu_seqlens(batch)
-    labels = _labels(batch, unshifted=False)
+    labels, convention = _labels(batch)
 
     def t(a):
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
@@ -157,7 +216,8 @@ def collate(batch: list[dict]) -> dict:
         "cu_seqlens": torch.from_numpy(cu_seqlens),
         "max_seqlen": max_seqlen,
         "num_targets": count_targets(labels),
-        "labels_mode": batch[0].get("labels_mode", "unshifted"),
+        "labels_convention": convention,
+        "labels_mode": convention,
         "shard": [item.get("shard") for item in batch],
         "row": [item.get("row") for item in batch],
         "index": [item.get("index") for item in batch],
@@ -175,14 +235,15 @@ def collate_flat(batch: list[dict]) -> dict:
     Returns:
         dict with ``input_ids``, ``position_ids``, ``labels``: torch.int64 [1, B * C];
         ``cu_seq_lens_q``, ``cu_seq_lens_k``: the same torch.int32 [S + 1] tensor;
-        ``max_length_q``, ``max_length_k``: Python int; ``num_targets``: Python int.
+        ``max_length_q``, ``max_length_k``: Python int; ``num_targets``: Python int;
+        ``labels_convention``: ``unshifted``.
 
     Raises:
         ValueError, OverflowError, MissingDependencyError: as :func:`collate`.
     """
     torch = require_torch()
     cu_seqlens, max_seqlen = batch_cu_seqlens(batch)
-    labels = _labels(batch, unshifted=True)
+    labels, _ = _labels(batch, want="unshifted")
 
     def t(a):
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64).reshape(1, -1))
@@ -195,4 +256,5 @@ def collate_flat(batch: list[dict]) -> dict:
         "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
         "max_length_q": max_seqlen, "max_length_k": max_seqlen,
         "num_targets": count_targets(labels),
+        "labels_convention": "unshifted",
     }

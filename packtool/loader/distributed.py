@@ -22,7 +22,7 @@ from typing import Iterator, Sequence
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from packtool.loader._shards import OpenFiles, decode_row_group, default_columns, open_index
+from packtool.loader.source import open_source
 from packtool.loader.plan import check_seed, split_ranks, worker_rows
 
 __all__ = ["PackedIterableDataset"]
@@ -53,7 +53,8 @@ class PackedIterableDataset(IterableDataset):
     :meth:`set_epoch` before each epoch (``transformers.Trainer`` does) for a new order.
 
     Args:
-        path: the OUTPUT directory of ``packtool pack``.
+        path: the OUTPUT of ``packtool pack``: a directory, a ``file:`` URI or a store URI
+            (``s3://bucket/packed/``; credentials and endpoint as for ``pack``).
         rank, world_size: this process's rank and the number of ranks; default: from
             ``torch.distributed`` when initialised, else the ``RANK`` / ``WORLD_SIZE`` variables
             ``torchrun`` sets, else 0 / 1.
@@ -65,20 +66,30 @@ class PackedIterableDataset(IterableDataset):
             ``2 * shuffle_buffer`` decoded rows plus two row groups per worker.
         drop_last: drop the remainder instead of repeating rows.
         columns: columns each item carries (default: all present, plus derived ``labels``).
-        labels: convention of the labels items carry: ``unshifted`` (what Hugging Face models
-            take) or ``shifted``; default: the output's own (as stored, or as recorded when
-            derived). Converted inside each segment, so stored masks survive.
+        labels: convention of the labels items carry, whatever the output stores:
+            ``unshifted`` (default; ``labels[i]`` is token ``i`` or -100, the Hugging Face
+            convention: the model or the loss shifts them) or ``shifted`` (``labels[i]`` is the
+            token after ``i`` or -100: no shift at the loss); None: the output's own (as
+            stored, or as recorded when derived). Converted inside each segment, so stored
+            masks survive.
         max_open_files: open shard handles per worker (>= 1), least recently used closed first.
+        cache_dir, cache_limit: a local directory keeping whole shards of a store output, at
+            most ``cache_limit`` bytes (an int or ``"20G"``), shared by the ranks and workers of
+            a node and kept across restarts (:class:`~packtool.formats.cache.ShardCache`).
+        integrity: ``footer`` (default), ``size`` or ``sha256`` (:mod:`packtool.formats.packed`).
 
     Raises:
-        ManifestError: not a complete packed output.
+        ManifestError: not a complete packed output, or a shard that differs from its manifest
+            (when it is opened).
         ValueError: unknown ``labels`` convention, bad rank, world_size, seed, epoch, shuffle_buffer or max_open_files.
     """
 
     def __init__(self, path: str | os.PathLike, *, rank: int | None = None,
                  world_size: int | None = None, seed: int = 0, epoch: int = 0,
                  shuffle: bool = True, shuffle_buffer: int = 1024, drop_last: bool = False,
-                 columns: Sequence[str] | None = None, labels: str | None = None, max_open_files: int = 64) -> None:
+                 columns: Sequence[str] | None = None, labels: str | None = "unshifted",
+                 max_open_files: int = 64, cache_dir: str | os.PathLike | None = None,
+                 cache_limit: int | str | None = None, integrity: str = "footer") -> None:
         if rank is None or world_size is None:
             r, w = _default_rank_world()
             rank = r if rank is None else rank
@@ -88,39 +99,46 @@ class PackedIterableDataset(IterableDataset):
                              f"world_size={world_size}")
         if shuffle_buffer < 1:
             raise ValueError(f"shuffle_buffer must be >= 1 row, got {shuffle_buffer}")
-        self.index, self.labels_mode = open_index(path, labels)
-        self.path = self.index.root
-        self.capacity = self.index.capacity
+        self.output, self.labels_mode = open_source(
+            path, labels, max_open_files=max_open_files, cache_dir=cache_dir,
+            cache_limit=cache_limit, integrity=integrity)
+        self.path = self.output.location
+        self.capacity = self.output.capacity
         self.rank, self.world_size = int(rank), int(world_size)
         self.seed, self.epoch = check_seed(seed), check_seed(epoch)
         self.shuffle, self.shuffle_buffer = bool(shuffle), int(shuffle_buffer)
         self.drop_last = bool(drop_last)
-        self.columns = list(columns) if columns is not None else default_columns(self.index)
-        self._files = OpenFiles(self.index.root, max_open_files)
+        self.columns = self.output.check_columns(columns) if columns is not None \
+            else self.output.default_columns()
         self._yielded = 0  # rows of this epoch yielded by this process (this worker)
         self._resume = False  # True after load_state_dict, until the next __iter__
 
     # --- the epoch's shape --------------------------------------------------------------------
 
     def _split(self):
-        return split_ranks(self.index.rg_rows, rank=self.rank, world_size=self.world_size,
+        return split_ranks(self.output.rg_rows, rank=self.rank, world_size=self.world_size,
                            seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
                            drop_last=self.drop_last)
 
+    @property
+    def labels_convention(self) -> str:
+        """Convention of the labels items carry: ``unshifted`` or ``shifted``."""
+        return self.labels_mode
+
     def __len__(self) -> int:
         """Rows this rank yields per epoch (the same on every rank)."""
-        N, W = self.index.num_rows, self.world_size
+        N, W = self.output.num_rows, self.world_size
         return N // W if self.drop_last or N == 0 else -(-N // W)
 
     @property
     def repeated_rows(self) -> int:
         """Rows yielded twice per epoch over all ranks (``drop_last=False``)."""
-        return 0 if self.drop_last else max(0, len(self) * self.world_size - self.index.num_rows)
+        return 0 if self.drop_last else max(0, len(self) * self.world_size - self.output.num_rows)
 
     @property
     def dropped_rows(self) -> int:
         """Rows no rank yields per epoch (``drop_last=True``)."""
-        return max(0, self.index.num_rows - len(self) * self.world_size)
+        return max(0, self.output.num_rows - len(self) * self.world_size)
 
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s order from the next iteration on (a resume point loaded for
@@ -136,7 +154,7 @@ class PackedIterableDataset(IterableDataset):
     def rows_for(self, worker: int = 0, num_workers: int = 1) -> np.ndarray:
         """int64[n]: global rows worker ``worker`` of ``num_workers`` yields this epoch, in
         order (the whole epoch, ignoring any resume point)."""
-        return worker_rows(self._split().pieces, self.index.rg_first, worker=worker,
+        return worker_rows(self._split().pieces, self.output.rg_first, worker=worker,
                            num_workers=num_workers, seed=self.seed, epoch=self.epoch,
                            rank=self.rank, shuffle=self.shuffle,
                            shuffle_buffer=self.shuffle_buffer)
@@ -155,20 +173,23 @@ class PackedIterableDataset(IterableDataset):
         return self._generate(self.rows_for(worker, num_workers), start)
 
     def _generate(self, rows: np.ndarray, start: int) -> Iterator[dict]:
-        n = len(rows)
-        groups = self.index.group_of(rows[start:]) if start < n else np.zeros(0, np.int64)
-        # last position at which each row group is needed: its decoded block is freed there, so
-        # a worker holds only the groups overlapping its shuffle window
-        uniq, first_rev = np.unique(groups[::-1], return_index=True)
-        last_use = dict(zip(uniq.tolist(), (len(groups) - 1 - first_rev).tolist()))
+        rows = rows[start:]
+        groups = self.output.group_of(rows) if len(rows) else np.zeros(0, np.int64)
+        # the row groups in order of first need; each decoded block is freed after its last
+        # use, so a worker holds only the groups overlapping its shuffle window (plus the ones
+        # decoded ahead)
+        uniq, first_at = np.unique(groups, return_index=True)
+        order = uniq[np.argsort(first_at, kind="stable")]
+        uniq_r, first_rev = np.unique(groups[::-1], return_index=True)
+        last_use = dict(zip(uniq_r.tolist(), (len(groups) - 1 - first_rev).tolist()))
         blocks: dict = {}
-        first = self.index.rg_first
+        decoded = self.output.iter_groups(order.tolist(), self.columns, self.labels_mode)
+        first = self.output.rg_first
         for k, g in enumerate(groups.tolist()):
             block = blocks.get(g)
             if block is None:
-                block = blocks[g] = decode_row_group(self.index, self._files, g,
-                                                     self.columns, self.labels_mode)
-            item = block.row(int(rows[start + k] - first[g]), self.labels_mode)
+                block = blocks[g] = next(decoded)
+            item = block.row(int(rows[k] - first[g]))
             if last_use[g] == k:
                 del blocks[g]
             self._yielded = start + k + 1
@@ -182,7 +203,7 @@ class PackedIterableDataset(IterableDataset):
         worker, num_workers = self._worker()
         return {"version": _STATE_VERSION, "epoch": self.epoch, "yielded": self._yielded,
                 "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
-                "worker": worker, "num_workers": num_workers, "num_rows": self.index.num_rows,
+                "worker": worker, "num_workers": num_workers, "num_rows": self.output.num_rows,
                 "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer,
                 "drop_last": self.drop_last}
 
@@ -206,4 +227,4 @@ class PackedIterableDataset(IterableDataset):
         self._resume = True
 
     def __getstate__(self) -> dict:
-        return self.__dict__.copy()  # OpenFiles pickles without its handles
+        return self.__dict__.copy()  # the reader pickles without its handles

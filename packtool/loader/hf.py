@@ -4,14 +4,18 @@ Hugging Face causal LMs find document boundaries in a packed row from ``position
 at 0, but only when no key/value cache is built and no ``attention_mask`` is given; with the
 default ``use_cache=True`` (train mode included) they fall back to one causal mask over the row
 and documents attend to each other (B02, B29). :class:`HFCollator` therefore puts
-``use_cache=False`` in every batch, next to ``input_ids``, ``position_ids`` and unshifted
-``labels``: all four are parameters of the model's ``forward``, so ``Trainer``'s default
+``use_cache=False`` in every batch, next to ``input_ids``, ``position_ids`` and **unshifted**
+``labels`` (the model shifts them, so shifted ones would be scored against the token two
+places on, B05): all four are parameters of the model's ``forward``, so ``Trainer``'s default
 ``remove_unused_columns=True`` strips none of them and ``Trainer`` passes ``use_cache=False``
 through to the model. That default also drops, before the collator runs, every item key the
 model's ``forward`` does not name (``segment_ids``, ``cu_seqlens``, ``labels_mode``, ...), so the
-collator needs only those three: segments are recovered from ``position_ids`` restarting at 0. ``Trainer`` counts labels != -100 over a step's batches
-(``num_items_in_batch``) and divides the summed loss by it once, which is the effective-target
-denominator (B20).
+collator needs only those three: segments are recovered from ``position_ids`` restarting at 0.
+The items' ``labels_convention`` key goes too, so the collator cannot read the convention from
+the items: it takes them to be ``unshifted`` (the dataset default) and checks the values, so
+shifted labels are refused, never shifted a second time. ``Trainer`` counts labels != -100 over
+a step's batches (``num_items_in_batch``) and divides the summed loss by it once, which is the
+effective-target denominator (B20).
 """
 
 from __future__ import annotations
@@ -35,17 +39,21 @@ class HFCollator:
             model's ``forward``, so ``Trainer`` strips them unless ``remove_unused_columns=False``.
         labels_mode: convention of the items' labels when they do not say (``Trainer``'s default
             ``remove_unused_columns`` drops every item key but ``input_ids``, ``position_ids``
-            and ``labels`` before the collator runs); build the dataset with
-            ``labels="unshifted"`` and keep the default.
+            and ``labels`` before the collator runs); checked against the values. Build the
+            dataset with ``labels="unshifted"`` (the default) and keep this default.
 
     Call: ``collator(items)`` -> dict with ``input_ids``, ``position_ids``, ``labels`` torch.int64
-    [B, C] (or [1, B * C]), ``use_cache=False``; labels unshifted (converted from a shifted
-    output).
+    [B, C] (or [1, B * C]), ``use_cache=False``; labels in :attr:`labels_convention`,
+    ``unshifted`` (converted from items that say they are shifted).
 
     Raises:
-        ValueError: empty batch or rows of different capacity (when called).
+        ValueError: empty batch or rows of different capacity; items that do not say their
+            convention and whose labels contradict ``labels_mode`` (when called).
         OverflowError: B * C does not fit int32 boundaries (when called).
     """
+
+    #: the convention of the labels every batch holds (the model shifts them)
+    labels_convention = "unshifted"
 
     def __init__(self, *, flatten: bool = False, flash_attn_kwargs: bool = False,
                  labels_mode: str = "unshifted") -> None:
@@ -67,7 +75,7 @@ class HFCollator:
 
         out = {"input_ids": t(_stack(batch, "input_ids")),
                "position_ids": t(_stack(batch, "position_ids")),
-               "labels": t(_labels(batch, unshifted=True, default_mode=self.labels_mode)),
+               "labels": t(_labels(batch, want="unshifted", default_mode=self.labels_mode)[0]),
                "use_cache": False}
         if self.flash_attn_kwargs:
             cu = torch.from_numpy(cu_seqlens)

@@ -31,7 +31,6 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -39,9 +38,10 @@ from packtool._version import __version__
 from packtool.config import PackConfig
 from packtool.engines import make_engine
 from packtool.errors import InputError
-from packtool.formats.manifest import FORMAT_VERSION, shard_name
+from packtool.formats.manifest import (FORMAT_VERSION, InputEntry, LabelsInfo, Manifest,
+                                       WindowEntry, shard_name)
 from packtool.formats.reader import discover_inputs
-from packtool.formats.schema import labels_convention, packed_columns, packed_schema
+from packtool.formats.schema import labels_convention, packed_schema
 from packtool.output import Output, fingerprint
 from packtool.pipeline.layout import WindowSpills
 from packtool.pipeline.plan import WindowInfo, merge_windows, prepare_window
@@ -60,7 +60,7 @@ class PackResult:
     """What :func:`run_pack` did."""
 
     stats: PackStats  #: counts of the whole output
-    manifest: dict  #: the manifest written (or found, when ``already_complete``)
+    manifest: Manifest  #: the manifest written (or found, when ``already_complete``)
     seconds: float  #: wall time, engine start-up included
     shards_reused: int  #: shards kept from an interrupted identical run
     already_complete: bool = False  #: OUTPUT already held this pack: nothing was done
@@ -78,13 +78,19 @@ def _progress(total, desc, unit, enabled):
                 disable=not enabled, file=sys.stderr)
 
 
-def _window_record(w: Window, info: WindowInfo) -> dict:
+def _window_record(w: Window, info: WindowInfo) -> WindowEntry:
     s = info.stats
-    return {"index": w.index, "first_doc": w.first_doc, "docs": w.docs,
-            "inputs": [{"path": p.path, "first_row": p.first_row, "docs": p.docs}
-                       for p in w.parts],
-            "tokens": s.tokens_in, "real_tokens": s.real_tokens, "rows": s.rows,
-            "lower_bound_rows": s.lower_bound_rows, "extra_rows": s.extra_rows}
+    return WindowEntry(w.index, w.first_doc, w.docs,
+                       tuple({"path": str(p.path), "first_row": p.first_row, "docs": p.docs}
+                             for p in w.parts),
+                       s.tokens_in, s.real_tokens, s.rows, s.lower_bound_rows, s.extra_rows)
+
+
+def _shown(path) -> str:
+    """How the manifest names an input file: its path, or its URI without secret options."""
+    from packtool.location import Location
+
+    return Location.parse(path).display
 
 
 def _warnings(cfg: PackConfig, stats: PackStats) -> list[str]:
@@ -126,16 +132,15 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
         return run_holdout(cfg, run_pack, progress=progress)
     t0 = time.perf_counter()
     show = progress and sys.stderr.isatty()
-    files = discover_inputs(list(cfg.inputs))
+    files = discover_inputs(list(cfg.inputs), skip_unsupported=cfg.skip_unsupported)
     cfg = input_labels_config(cfg, files)  # an input labels column: labels are stored
     windows = plan_windows(files, cfg.column, cfg.window_docs)  # footers only
     fp = fingerprint(cfg.layout_options(), files)
     with interruptible(), Output(cfg.output, cfg.inputs, fp, overwrite=cfg.overwrite) as out:
         if out.complete:
             m = out.manifest
-            stats = PackStats.from_dict(m["totals"])
-            return PackResult(stats, m, time.perf_counter() - t0, len(m["outputs"]), True,
-                              _warnings(cfg, stats))
+            return PackResult(m.totals, m, time.perf_counter() - t0, len(m.shards), True,
+                              _warnings(cfg, m.totals))
         tokens = sorted(w.tokens + (w.docs if cfg.append_eos is not None else 0)
                         for w in windows)
         # the row spills, plus the input-order spills of the windows being read at once
@@ -175,27 +180,20 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
                     outputs.append(entry)
                     out.shard_written(entry)
                     reused += was_reused
-                    out.bytes_needed = max(0, out.bytes_needed - 4 * cfg.capacity * entry["rows"])
+                    out.bytes_needed = max(0, out.bytes_needed - 4 * cfg.capacity * entry.rows)
                     bar.update(1)
         test_pause("manifest")
-        extra = {}
-        if cfg.window_docs is not None:
-            extra["windows"] = [_window_record(w, i) for w, i in zip(windows, infos)]
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "packtool_version": __version__,
-            "fingerprint": fp,
-            "options": cfg.layout_options(),
-            "labels_shifted": cfg.labels.value == "shifted",
-            "labels": {"stored": cfg.labels.value != "none",
-                       "convention": labels_convention(cfg.labels.value)},
-            "columns": packed_columns(cfg.labels.value),
-            "inputs": [{"path": str(f.path), "rows": r, "bytes": f.bytes}
-                       for f, r in zip(files, file_rows(windows, len(files)))],
-            "outputs": outputs,
-            **extra,
-            "totals": total.to_dict(),
-        }
+        labels_mode = cfg.labels.value
+        manifest = Manifest(
+            format_version=FORMAT_VERSION, packtool_version=__version__, fingerprint=fp,
+            capacity=cfg.capacity,
+            labels=LabelsInfo(labels_mode != "none", labels_convention(labels_mode)),
+            options={k: v for k, v in cfg.layout_options().items() if k != "labels"},
+            inputs=tuple(InputEntry(_shown(f.path), r, f.bytes)
+                         for f, r in zip(files, file_rows(windows, len(files)))),
+            shards=tuple(outputs), totals=total,
+            windows=tuple(_window_record(w, i) for w, i in zip(windows, infos))
+            if cfg.window_docs is not None else ())
         out.commit(manifest, packed_schema(cfg.capacity, cfg.labels.value))
     return PackResult(total, manifest, time.perf_counter() - t0, reused, False,
                       _warnings(cfg, total), windows_reused=sum(i.reused for i in infos))

@@ -26,7 +26,7 @@ __all__ = ["run_holdout"]
 
 def _check_sizes(cfg) -> None:
     """Refuse a split that leaves one side without documents, before anything is written."""
-    files = discover_inputs(list(cfg.inputs))
+    files = discover_inputs(list(cfg.inputs), skip_unsupported=cfg.skip_unsupported)
     windows = plan_windows(files, cfg.column, None)  # footers only
     n = sum(file_rows(windows, len(files)))
     held = count_held_out(n, cfg.holdout, cfg.seed)

@@ -10,19 +10,18 @@ rows comes from, never on the engine or the worker count.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from packtool.formats.manifest import sha256_file
+from packtool.formats.manifest import ShardEntry
 from packtool.formats.object_store import read_session
-from packtool.formats.schema import packed_schema
+from packtool.formats.schema import packed_schema, shard_schema
 from packtool.formats.writer import rows_to_table, write_shard
 from packtool.output import discard_shard_temp, kept_shard, publish_shard, shard_temp
 from packtool.pipeline.layout import ShardRows, WindowSpills, layout_group
 from packtool.signals import check, test_pause
 
-__all__ = ["ShardJob", "write_shard_task", "shard_entry"]
+__all__ = ["ShardJob", "write_shard_task"]
 
 
 @dataclass(frozen=True)
@@ -36,22 +35,10 @@ class ShardJob:
     output: str  #: OUTPUT directory or URI
     tmp: str  #: scratch directory or URI
     reuse: bool  #: keep the shard if it is there already (resuming an identical pack)
-    promised: dict | None = None  #: its ``{"bytes", "sha256"}`` from the marker (object store)
+    promised: dict | None = None  #: its manifest entry from an interrupted run's marker
 
 
-def shard_entry(name: str, rows: int, size: int, digest: str | None = None,
-                path: Path | None = None) -> dict:
-    """The manifest entry of a finished shard: ``{"file", "rows", "bytes", "sha256"}``.
-
-    ``digest`` is the sha256 the writer took while writing (or the marker recorded); a shard
-    kept from an interrupted run in a directory is hashed here from ``path`` (the only place a
-    written shard is read back for its sha256).
-    """
-    return {"file": name, "rows": int(rows), "bytes": int(size),
-            "sha256": digest if digest is not None else sha256_file(path)}
-
-
-def write_shard_task(cfg, job: ShardJob, spills: WindowSpills) -> tuple[dict, bool]:
+def write_shard_task(cfg, job: ShardJob, spills: WindowSpills) -> tuple[ShardEntry, bool]:
     """Lay out and write one shard (or keep it when resuming and it is there).
 
     The shard is written to a local file (:func:`packtool.output.shard_temp`: in the scratch
@@ -64,7 +51,7 @@ def write_shard_task(cfg, job: ShardJob, spills: WindowSpills) -> tuple[dict, bo
         spills: the windows' row spills.
 
     Returns:
-        (manifest entry, reused).
+        (its :class:`~packtool.formats.manifest.ShardEntry`, reused).
 
     Raises:
         OSError: the shard cannot be written (full disk, I/O error, the store refused it), or a
@@ -74,9 +61,8 @@ def write_shard_task(cfg, job: ShardJob, spills: WindowSpills) -> tuple[dict, bo
     if job.reuse:
         kept = kept_shard(job.output, job.name, job.promised)
         if kept is not None:
-            return shard_entry(job.name, job.windows.size, *kept,
-                               path=Path(job.output) / job.name), True
-    schema = packed_schema(cfg.capacity, cfg.labels.value)
+            return kept, True
+    schema = shard_schema(packed_schema(cfg.capacity, cfg.labels.value), job.name)
     n = job.windows.size
 
     def tables():
@@ -91,9 +77,10 @@ def write_shard_task(cfg, job: ShardJob, spills: WindowSpills) -> tuple[dict, bo
     tmp = shard_temp(job.tmp, job.name)
     try:
         with read_session():  # a scratch in a store: objects kept open, GETs read ahead
-            size, digest = write_shard(tmp, schema, tables())  # sha256 taken while writing
+            w = write_shard(tmp, schema, tables())  # sha256 taken while writing
         check()  # a run that is stopping publishes nothing more
         publish_shard(tmp, job.output, job.name)
     finally:
         discard_shard_temp(tmp, job.tmp)
-    return shard_entry(job.name, n, size, digest), False
+    return ShardEntry(job.name, n, w.bytes, w.sha256, w.footer_sha256,
+                      ShardEntry.run_lengths(w.group_rows)), False

@@ -6,7 +6,9 @@
    (:func:`packtool.text.tokenizer.load_tokenizer`).
 2. OUTPUT is owned by :class:`packtool.output.Output`, as for ``pack``: lock, fingerprint (the
    options, the tokenizer file's sha256, the library versions and the inputs), in-progress
-   marker, temporary names, manifest last.
+   marker, temporary names, the typed manifest last (:class:`~packtool.formats.manifest.Manifest`
+   of kind ``tokenized``: one :class:`~packtool.formats.manifest.ShardEntry` per shard, totals
+   ``docs_in``, ``tokens_in`` and the BOS/EOS counts).
 3. Each input file is read ``batch_docs`` documents at a time (a reader thread parses the next
    batch while this one is encoded), encoded by the tokenizer's own thread pool, BOS/EOS added
    by id (:func:`packtool.core.masks.add_boundary_tokens`: never doubled), and written as one
@@ -15,9 +17,10 @@
    in input order and the global document index ``pack`` assigns is the input's.
 4. OUTPUT is changed only when the first shard is ready (a bad document in it leaves OUTPUT as
    it was); after that a failure keeps the finished shards. A rerun of an interrupted
-   tokenize keeps the finished shards (a shard is renamed into place
-   whole) and reads on from the first document they do not hold, without encoding the kept
-   ones; a rerun of a finished one does nothing.
+   tokenize keeps the finished shards (a shard is published whole) and reads on from the first
+   document they do not hold, without encoding the kept ones; a kept shard's counts come from
+   the in-progress marker, or are read back from the shard (a shard whose BOS/EOS counts the
+   marker lost is written again: the same bytes); a rerun of a finished one does nothing.
 
 Memory: a few batches of texts and their ids (``batch_docs`` documents each), whatever the size
 of the input.
@@ -25,23 +28,25 @@ of the input.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from packtool._version import __version__
-from packtool.formats.manifest import FORMAT_VERSION
-from packtool.formats.reader import TOKENIZED_KIND, discover
-from packtool.formats.text import (TOKENIZED_SCHEMA, iter_texts, shard_footer,
+from packtool.formats.manifest import (FORMAT_VERSION, TOKENIZED_KIND, InputEntry, Manifest,
+                                       ShardEntry)
+from packtool.formats.reader import discover
+from packtool.formats.text import (TOKENIZED_SCHEMA, iter_texts, tokenized_counts,
                                    write_tokenized_shard)
+from packtool.location import Location
 from packtool.output import Output, discard_shard_temp, fingerprint, kept_shard, publish_shard, \
     shard_temp
 from packtool.signals import check, interruptible
+from packtool.stats import PackStats
 from packtool.text.tokenizer import load_tokenizer
 
 __all__ = ["run_tokenize", "TokenizeResult", "tokenized_shard_name"]
@@ -56,10 +61,12 @@ class TokenizeResult:
     shards: int  #: shards in OUTPUT
     shards_reused: int  #: kept from an interrupted identical run
     seconds: float  #: wall time
-    manifest: dict  #: the manifest written (or found)
+    #: the manifest written (or found); ``manifest.totals`` holds the BOS/EOS counts
+    manifest: Manifest
     already_complete: bool = False  #: OUTPUT already held this tokenization
-    bos_added: int = 0  #: documents given a BOS in this run
-    eos_added: int = 0  #: documents given an EOS in this run
+    #: entries under INPUT not read, as ``"path (reason)"`` (:class:`~packtool.formats.reader.Discovery`)
+    skipped: list = field(default_factory=list)
+    skipped_note: str = ""  #: one line naming them (empty when every file was read)
 
 
 def tokenized_shard_name(file_index: int, shard: int, width: int = 5) -> str:
@@ -119,21 +126,44 @@ class _Prefetch:
         self._stop.set()
 
 
-def _file_shards(out: Output, file_index: int, width: int) -> list[dict]:
-    """The shards of input file ``file_index`` an interrupted identical run finished, in order
-    (a rerun keeps them; the first missing one ends the list)."""
+def _counts(entry: ShardEntry, promised: dict | None) -> PackStats | None:
+    """The counts a finished run recorded beside shard ``entry`` in its marker, or None."""
+    if not promised or promised.get("sha256") != entry.sha256 or "counts" not in promised:
+        return None
+    try:
+        return PackStats.from_dict(promised["counts"])
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
+def _file_shards(out: Output, file_index: int, width: int,
+                 boundary: bool) -> list[tuple[ShardEntry, PackStats]]:
+    """The shards of input file ``file_index`` an interrupted identical run finished, in order,
+    with their counts (a rerun keeps them; the first missing one ends the list, and so does one
+    whose BOS/EOS counts (``boundary``: --prepend-bos or --append-eos) only its marker knew)."""
     kept = []
     k = 0
-    while True:
+    while out.resume:
         name = tokenized_shard_name(file_index, k, width)
-        found = kept_shard(str(out.path), name, out.promised(name)) if out.resume else None
-        if found is None:
-            return kept
-        size, digest = found
-        rows, tokens, digest = shard_footer(out.path, name, digest)
-        kept.append({"file": name, "rows": rows, "tokens": tokens, "bytes": size,
-                     "sha256": digest})
+        promised = out.promised(name)
+        entry = kept_shard(out.path, name, promised)
+        if entry is None:
+            break
+        counts = _counts(entry, promised)
+        if counts is None:
+            if boundary:  # written again, same bytes, so its BOS/EOS are counted
+                break
+            docs, tokens = tokenized_counts(out.path.join(name))
+            counts = PackStats(docs_in=docs, tokens_in=tokens)
+        kept.append((entry, counts))
         k += 1
+    return kept
+
+
+def _marker_counts(c: PackStats) -> dict:
+    """The counts of a tokenized shard as kept in the in-progress marker."""
+    return {"counts": {f.name: getattr(c, f.name) for f in dataclasses.fields(c)
+                       if getattr(c, f.name)}}
 
 
 def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
@@ -159,7 +189,8 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
                          add_special_tokens=cfg.add_special_tokens, threads=cfg.workers)
     bos = tok.token_id(cfg.prepend_bos) if cfg.prepend_bos is not None else None
     eos = tok.token_id(cfg.append_eos) if cfg.append_eos is not None else None
-    files = discover(list(cfg.inputs), text=True).files
+    found = discover(list(cfg.inputs), text=True, skip_unsupported=cfg.skip_unsupported)
+    files = found.files
     options = {**cfg.layout_options(), "prepend_bos": bos, "append_eos": eos,
                "tokenizer": {"kind": tok.kind, "file": Path(tok.path).name,
                              "sha256": tok.sha256, "vocab_size": tok.vocab_size,
@@ -167,19 +198,20 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
     fp = fingerprint(options, files)
     width = max(5, len(str(max(len(files) - 1, 0))))
     show = progress and sys.stderr.isatty()
+    found_info = {"skipped": found.skipped, "skipped_note": found.skipped_note()}
     with interruptible(), Output(cfg.output, cfg.inputs, fp, overwrite=cfg.overwrite) as out:
         if out.complete:
             m = out.manifest
-            return TokenizeResult(m["totals"]["documents"], m["totals"]["tokens"],
-                                  len(m["outputs"]), len(m["outputs"]),
-                                  time.perf_counter() - t0, m, True)
+            return TokenizeResult(m.totals.docs_in, m.totals.tokens_in, len(m.shards),
+                                  len(m.shards), time.perf_counter() - t0, m, True, **found_info)
         from tqdm import tqdm
 
-        outputs, inputs, reused = [], [], 0
+        outputs: list[ShardEntry] = []
+        inputs: list[InputEntry] = []
+        total, reused = PackStats(), 0
         writing = False
-        added = [0, 0]  # BOS, EOS
         if bos is not None or eos is not None:  # numba only when it has work to do
-            from packtool.core.masks import add_boundary_tokens
+            from packtool.core.masks import BoundaryCounts, add_boundary_tokens
 
         def begin() -> None:  # OUTPUT is changed only once a shard is ready to be published
             nonlocal writing
@@ -190,13 +222,14 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
         with tqdm(desc="tokenize", unit=" doc", unit_scale=True, disable=not show,
                   file=sys.stderr, leave=False) as bar:
             for i, f in enumerate(files):
-                kept = _file_shards(out, i, width)
-                for entry in kept:
+                kept = _file_shards(out, i, width, bos is not None or eos is not None)
+                for entry, counts in kept:
                     begin()
-                    out.shard_written(entry)
-                outputs += kept
+                    out.shard_written(entry, _marker_counts(counts))
+                    outputs.append(entry)
+                    total = total + counts
                 reused += len(kept)
-                skip = sum(e["rows"] for e in kept)
+                skip = sum(c.docs_in for _, c in kept)
                 bar.update(skip)
                 texts = _Prefetch(iter_texts(f.path, f.format, cfg.text_column,
                                              batch_docs=cfg.batch_docs, skip=skip))
@@ -207,6 +240,8 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
                             carry = next(texts, (None, []))[1]
                             if not carry:
                                 break
+                        added = [BoundaryCounts()] if bos is not None or eos is not None \
+                            else None
 
                         def batches(limit=cfg.rows_per_shard):
                             nonlocal carry
@@ -219,41 +254,42 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
                                 part, carry = carry[:limit - done], carry[limit - done:]
                                 check()
                                 lengths, ids = tok.encode(part)
-                                if bos is not None or eos is not None:
+                                if added is not None:
                                     lengths, ids, _, b = add_boundary_tokens(
                                         lengths, ids, None, bos=bos, eos=eos)
-                                    added[0] += b.bos_added
-                                    added[1] += b.eos_added
+                                    added[0] = added[0] + b
                                 done += len(part)
                                 bar.update(len(part))
                                 yield lengths, ids
 
                         name = tokenized_shard_name(i, k, width)
-                        tmp = shard_temp(str(out.tmp), name)
+                        tmp = shard_temp(out.tmp, name)
                         try:
-                            rows, tokens, size, digest = write_tokenized_shard(tmp, batches())
+                            entry, tokens = write_tokenized_shard(tmp, batches())
                             check()
                             begin()
-                            publish_shard(tmp, str(out.path), name)
+                            publish_shard(tmp, out.path, name)
                         finally:
-                            discard_shard_temp(tmp, str(out.tmp))
-                        entry = {"file": name, "rows": rows, "tokens": tokens, "bytes": size,
-                                 "sha256": digest}
-                        out.shard_written(entry)
+                            discard_shard_temp(tmp, out.tmp)
+                        counts = PackStats(
+                            docs_in=entry.rows, tokens_in=tokens,
+                            **({} if added is None else {
+                                "docs_bos_added": added[0].bos_added,
+                                "docs_bos_present": added[0].bos_present,
+                                "docs_eos_added": added[0].eos_added,
+                                "docs_eos_present": added[0].eos_present}))
+                        out.shard_written(entry, _marker_counts(counts))
                         outputs.append(entry)
-                        n += rows
+                        total = total + counts
+                        n += entry.rows
                         k += 1
                 finally:
                     texts.close()
-                inputs.append({"path": str(f.path), "format": f.format, "bytes": f.bytes,
-                               "rows": n})
-        totals = {"documents": sum(e["rows"] for e in outputs),
-                  "tokens": sum(e["tokens"] for e in outputs)}
-        manifest = {"format_version": FORMAT_VERSION, "kind": TOKENIZED_KIND,
-                    "packtool_version": __version__, "fingerprint": fp, "options": options,
-                    "columns": list(TOKENIZED_SCHEMA.names), "inputs": inputs,
-                    "outputs": outputs, "totals": totals}
+                inputs.append(InputEntry(Location.parse(f.path).display, n, f.bytes))
+        manifest = Manifest(format_version=FORMAT_VERSION, packtool_version=__version__,
+                            fingerprint=fp, options=options, inputs=tuple(inputs),
+                            shards=tuple(outputs), totals=total, kind=TOKENIZED_KIND)
         begin()
         out.commit(manifest, TOKENIZED_SCHEMA)
-    return TokenizeResult(totals["documents"], totals["tokens"], len(outputs), reused,
-                          time.perf_counter() - t0, manifest, False, *added)
+    return TokenizeResult(total.docs_in, total.tokens_in, len(outputs), reused,
+                          time.perf_counter() - t0, manifest, False, **found_info)

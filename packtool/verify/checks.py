@@ -41,17 +41,17 @@ ALL_CHECKS = ("logits_match", "isolation", "loss_denominator", "grad_zero_ignore
 
 
 def _find_multi_doc_row(reader, seed: int) -> int | None:
-    """Global index of a row holding two or more documents, reading only ``doc_ids``
-    (starting at a seeded row group, wrapping around), or None when no row has two."""
-    blocks = []
+    """Global index of a row holding two or more documents, reading only ``doc_ids``, or None
+    when no row has two (a seeded pick among all such rows)."""
+    hits = []
     for block in reader.iter_blocks(["doc_ids"]):
-        n = np.fromiter((len(d) for d in block.columns["doc_ids"]), dtype=np.int64)
+        n = np.diff(block.ragged["doc_ids"][1])
         hit = np.flatnonzero(n >= 2)
         if hit.size:
-            blocks.append(block.global_first_row + hit)
-    if not blocks:
+            hits.append(block.first + hit)
+    if not hits:
         return None
-    rows = np.concatenate(blocks)
+    rows = np.concatenate(hits)
     return int(rows[np.random.default_rng(seed).integers(rows.size)])
 
 
@@ -76,11 +76,12 @@ def run_verify(
     device: str = "auto",
     max_memory: int | None = None,
     progress: Callable[[str], None] | None = None,
+    check_hashes: bool = True,
 ) -> VerifyReport:
     """Verify a packed output directory.
 
     Args:
-        path: OUTPUT directory of ``packtool pack``.
+        path: the packed output: a directory, a ``file:`` URI or a store URI.
         rows: rows run through the models (``None``: :data:`DEFAULT_ROWS`; ``0``: all), spread
             over all shards and drawn from rows holding two documents or more.
         seed: seeds the row sample and the test models.
@@ -100,16 +101,18 @@ def run_verify(
         max_memory: bytes for model passes (None: derived, see
             :func:`~packtool.verify.runners.memory_budget`).
         progress: ``callable(str)`` told what runs, one line per backend and batch.
+        check_hashes: compare every shard's sha256 with the manifest before anything else
+            (False: sizes, footers and the page checksums of what is read).
 
     Returns:
         A :class:`VerifyReport`; ``report.ok`` is the verdict.
 
     Raises:
         ConfigError: unknown backend or check, batch_size < 1, bad device or memory size.
-        ManifestError: the directory is not a complete packed output.
+        ManifestError: not a complete packed output, or a shard that differs from its manifest.
         MissingDependencyError: torch is missing and ``data_only`` is False.
     """
-    from packtool.formats.packed import PackedReader
+    from packtool.formats.packed import PackedOutput
 
     explicit = backends is not None
     backends = list(dict.fromkeys(backends)) if explicit else list(ALL_BACKENDS)
@@ -127,14 +130,26 @@ def run_verify(
     if explicit and not backends and not data_only:
         raise ConfigError("no backend given; name one with --backend or pass --data-only")
 
+    if not data_only:  # say it before the column scan, not after it
+        from packtool.verify import has_torch
+
+        if not has_torch():
+            from packtool.errors import MissingDependencyError, install_hint
+
+            raise MissingDependencyError(
+                "torch is not installed; packtool verify runs its attention checks with it: "
+                + install_hint("verify") + "; or pass --data-only to check the columns alone "
+                "(NumPy, no torch)")
     t0 = time.perf_counter()
-    reader = PackedReader(path)
-    convention = getattr(reader, "labels_convention", None) or (
-        "unshifted" if reader.labels_mode == "none" else reader.labels_mode)
-    n_rows = len(reader)
+    reader = PackedOutput.open(path, integrity="sha256" if check_hashes else "footer")
+    if check_hashes:
+        _say(progress, f"verify: sha256 of {len(reader.shards)} shard(s) checked "
+             f"({time.perf_counter() - t0:.1f} s; --no-hash skips it)")
+    convention = reader.labels.convention
+    n_rows = reader.num_rows
     # an input labels column (SFT prompt masking) leaves some targets -100 on purpose
-    label_masked = int(reader.manifest.get("totals", {}).get("tokens_label_masked", 0)) > 0
-    report = VerifyReport(str(path), [], n_rows, data_only)
+    label_masked = reader.manifest.label_masked
+    report = VerifyReport(reader.location.display, [], n_rows, data_only)
     if n_rows == 0:
         return report
 
@@ -180,14 +195,14 @@ def run_verify(
     if data_only:
         return report
 
-    _run_models(report, path, [int(i) for i in idx], reader.capacity, convention, explicit,
+    _run_models(report, reader, [int(i) for i in idx], reader.capacity, convention, explicit,
                 backends, wanted, seed, batch_size, compile, attend_overrides or {}, device,
                 max_memory, progress, label_masked)
     _say(progress, f"verify: done in {time.perf_counter() - t0:.1f} s")
     return report
 
 
-def _run_models(report, path, idx, capacity, convention, explicit, backends, wanted, seed,
+def _run_models(report, reader, idx, capacity, convention, explicit, backends, wanted, seed,
                 batch_size, compile, overrides, device, max_memory, progress, label_masked):
     """Run the sampled rows through every backend and add the model checks to ``report``."""
     from packtool.verify import has_cuda, require_torch
@@ -223,7 +238,9 @@ def _run_models(report, path, idx, capacity, convention, explicit, backends, wan
     per_row = max(r.row_bytes(capacity) for r in runners)
     B = int(max(1, min(batch_size, budget.bytes // max(per_row, 1))))
     report.notes.append(f"{len(idx)} rows in batches of {B}")
-    ds = PackedDataset(path)
+    # the rows through the loader's own dataset, on the same reader, with the labels the
+    # checks below expect
+    ds = PackedDataset(reader, labels=convention)
     items = [ds[i] for i in idx]
     report.rows = [(it["shard"], it["row"]) for it in items]
     shifted = convention == "shifted"

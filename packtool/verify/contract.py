@@ -209,7 +209,7 @@ def check_row_contract(row: dict, labels_mode: str,
     """Contract violations of one packed row as ``(check, segment or None, message)``.
 
     Args:
-        row: one row as :meth:`~packtool.formats.packed.PackedReader.read_row` returns it
+        row: one row as :meth:`~packtool.formats.packed.PackedOutput.read_row` returns it
             (per-token columns int[C]); ``labels`` may be absent.
         labels_mode: ``unshifted``, ``shifted``, or ``none`` (labels not checked).
         label_masked: input label masks allowed (see :func:`check_block`).
@@ -239,68 +239,63 @@ class ContractScan:
     labels_stored: bool = True
 
 
-def _labels_of(reader, block_cols: dict, convention: str, stored: bool):
-    if stored:
-        return block_cols["labels"]
-    from packtool.loader import unshifted_labels
-
-    if convention != "unshifted":  # pragma: no cover - depends on the output format
-        return None
-    return np.stack([unshifted_labels(i, s) for i, s in
-                     zip(block_cols["input_ids"], block_cols["segment_ids"])]) \
-        if len(block_cols["input_ids"]) else None
+def _block_columns(block) -> dict:
+    """A :class:`~packtool.formats.packed.Block` as :func:`check_block` takes it: per-token
+    int[R, C], ``cu_seqlens`` and ``doc_ids`` as lists of R arrays, scalars int[R]."""
+    cols = dict(block.tokens)
+    cols.update({k: block.ragged_rows(k) for k in block.ragged})
+    cols.update(block.scalars)
+    return cols
 
 
 def scan_contract(reader, convention: str, *, indices=None, progress=None,
                   label_masked: bool = False) -> ContractScan:
     """Check the column contract on every row of a packed output (or on ``indices``).
 
+    The columns are read through the one reader (so the labels checked are the ones training
+    gets: stored, or derived by the reader when not stored), and checked against rules rebuilt
+    here from ``cu_seqlens`` alone (:func:`check_block`), independently of the reader's.
+
     Args:
-        reader: a :class:`~packtool.formats.packed.PackedReader`.
-        convention: the labels convention readers get (``unshifted`` or ``shifted``).
-        indices: global row indices to check; None checks every row, streaming by row group.
+        reader: a :class:`~packtool.formats.packed.PackedOutput`.
+        convention: the labels convention asked of the reader and checked (``unshifted`` or
+            ``shifted``).
+        indices: global row indices to check; None checks every row, row group by row group.
         progress: optional ``callable(str)`` told about the scan.
         label_masked: input label masks allowed (see :func:`check_block`).
 
     Returns:
-        A :class:`ContractScan`. When the shards store no ``labels``, the labels the loader
-        derives are checked instead.
+        A :class:`ContractScan`.
     """
-    from packtool.formats.packed import RowGroupBlock
+    want = ["input_ids", "segment_ids", "position_ids", "labels", "cu_seqlens", "max_seqlen",
+            "num_targets", "doc_ids"]
+    scan = ContractScan(labels_stored=reader.labels.stored)
 
-    stored = "labels" in reader.columns
-    want = ["input_ids", "segment_ids", "position_ids", "cu_seqlens", "max_seqlen",
-            "num_targets", "doc_ids"] + (["labels"] if stored else [])
-    scan = ContractScan(labels_stored=stored)
-
-    def run(block: RowGroupBlock, local_rows=None):
-        cols = dict(block.columns)
+    def run(block, local_rows=None):
+        cols = _block_columns(block)
+        rows = np.arange(block.num_rows) if local_rows is None else np.asarray(local_rows)
         if local_rows is not None:
-            cols = {k: ([v[i] for i in local_rows] if isinstance(v, list) else v[local_rows])
+            cols = {k: ([v[i] for i in rows] if isinstance(v, list) else v[rows])
                     for k, v in cols.items()}
-            row_of = [block.first_row + i for i in local_rows]
-            glob_of = [block.global_first_row + i for i in local_rows]
-        else:
-            row_of = list(range(block.first_row, block.first_row + block.num_rows))
-            glob_of = list(range(block.global_first_row, block.global_first_row + block.num_rows))
-        cols["labels"] = _labels_of(reader, cols, convention, stored)
-        for i, g in enumerate(glob_of):
-            scan.segments[g] = len(cols["doc_ids"][i])
+        for i, r in enumerate(rows.tolist()):
+            scan.segments[block.first + r] = len(cols["doc_ids"][i])
         for i, check, q, msg in check_block(cols, reader.capacity, convention, label_masked):
-            where = {"shard": block.shard, "row": row_of[i], **({"segment": q} if q else {})}
+            r = int(rows[i])
+            where = {"shard": block.shard, "row": block.shard_row0 + r,
+                     **({"segment": q} if q else {})}
             scan.bad.setdefault(check, []).append((where, msg))
-        scan.rows_checked += len(glob_of)
+        scan.rows_checked += len(rows)
 
     if indices is None:
-        for block in reader.iter_blocks(want):
+        for block in reader.iter_blocks(want, convention):
             run(block)
     else:
-        for g in sorted(int(i) for i in indices):
-            row = reader.read_row(g, want)
-            one = RowGroupBlock(row["shard"], row["row"], g,
-                                {k: ([row[k]] if k in ("cu_seqlens", "doc_ids") else
-                                     np.asarray(row[k])[None]) for k in want})
-            run(one)
+        by_group: dict = {}
+        for g in sorted({int(i) for i in indices}):
+            by_group.setdefault(reader.group_of(g), []).append(g)
+        for grp, rows in by_group.items():
+            block = reader.decode(grp, want, convention)
+            run(block, [r - block.first for r in rows])
     if progress:
         bad = sum(len(v) for v in scan.bad.values())
         progress(f"data: {scan.rows_checked} rows checked, {bad} contract violations")

@@ -65,7 +65,7 @@ def test_export_round_trips_every_document_and_every_loss_mask_bit(tmp_path, lab
     path = dest / "training_24.idx.parquet"
     packed, manifest = read_output(out)
     rows = nemo_read(path)
-    assert len(rows) == len(packed) == manifest["totals"]["rows"]
+    assert len(rows) == len(packed) == manifest.totals.rows
     # their writer's row groups: 500 rows
     md = pq.ParquetFile(path).metadata
     assert [md.row_group(i).num_rows for i in range(md.num_row_groups)][:-1] == \
@@ -89,7 +89,7 @@ def test_export_round_trips_every_document_and_every_loss_mask_bit(tmp_path, lab
     for d, doc in enumerate(docs):
         joined = [t for off in sorted(rebuilt[d]) for t in rebuilt[d][off]]
         assert joined == doc["input_ids"], d
-    assert targets == manifest["totals"]["effective_targets"]
+    assert targets == manifest.totals.effective_targets
     meta = json.loads((dest / "24_metadata.jsonl").read_text())
     assert meta[0]["split"] == "training" and meta[0]["pack_size"] == 24
     assert meta[0]["max_samples_per_bin"] == max(len(r["doc_ids"]) for r in packed)
@@ -119,10 +119,11 @@ def test_export_round_trips_every_document_and_every_loss_mask_bit(tmp_path, lab
     block = {k: (np.array(v) if k not in ("cu_seqlens", "doc_ids") else v)
              for k, v in cols.items()}
     assert check_block(block, C, "shifted", label_masked=True) == []
-    from packtool.formats.packed import PackedReader
+    from packtool.formats.packed import PackedOutput
 
-    reader = PackedReader(out)
-    for i, orig in enumerate(reader.iter_rows()):
+    reader = PackedOutput.open(out)
+    originals = (b.row(j) for b in reader.iter_blocks() for j in range(b.num_rows))
+    for i, orig in enumerate(originals):
         for k in ("input_ids", "segment_ids", "position_ids"):
             assert block[k][i].tolist() == orig[k].tolist(), (i, k)
         assert block["cu_seqlens"][i].tolist() == orig["cu_seqlens"].tolist()

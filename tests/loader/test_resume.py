@@ -104,5 +104,5 @@ def test_sigkilled_job_resumed_from_its_checkpoint_trains_each_row_once(many_gro
                              timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
         assert res.returncode == (-9 if kill_after < 10**6 else 0), res.stderr[-2000:]
     trained = [i for line in log.read_text().splitlines() for i in json.loads(line)]
-    n = PackedIterableDataset(many_groups, rank=0, world_size=1).index.num_rows
+    n = PackedIterableDataset(many_groups, rank=0, world_size=1).output.num_rows
     assert sorted(trained) == list(range(n))

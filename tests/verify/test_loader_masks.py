@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from packtool.formats.packed import PackedReader  # noqa: E402
+from packtool.formats.packed import PackedOutput  # noqa: E402
 from packtool.verify.loader import PackedDataset, collate  # noqa: E402
 from packtool.verify.masks import block_causal_mask, document_block_mask  # noqa: E402
 
@@ -45,7 +45,7 @@ def test_collate_dtypes_and_shapes_B06_B24_B28(out):
 def test_dataset_reads_any_row_by_index(out):
     """Random access by index returns the same rows as streaming them in order."""
     ds = PackedDataset(out)
-    streamed = list(PackedReader(out).iter_rows())
+    streamed = [b.row(i) for b in PackedOutput.open(out).iter_blocks() for i in range(b.num_rows)]
     for i in [2, 0, 1, -1]:
         assert ds[i]["input_ids"].tolist() == streamed[i]["input_ids"].tolist()
     with pytest.raises(IndexError):
