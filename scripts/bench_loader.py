@@ -177,9 +177,6 @@ def bench_store(src: Path, C: int, work: Path, group_mb: float, seed: int) -> di
     """rows/s and rows/CPU-s of one training pass: local, S3 cold, S3 cache fill, S3 warm."""
     import os
     import shutil
-    import socket
-    import subprocess
-    import urllib.request
 
     import pyarrow.fs as pafs
 
@@ -193,21 +190,10 @@ def bench_store(src: Path, C: int, work: Path, group_mb: float, seed: int) -> di
     run_pack(PackConfig(inputs=(str(src),), output=str(out), capacity=C,
                         rows_per_group=rows_per_group, overwrite=True), progress=False)
     m = read_manifest(out)
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        port = sk.getsockname()[1]
-    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent))
-    server = subprocess.Popen(([exe] if exe else [sys.executable, "-m", "moto.server"])
-                              + ["-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(url, timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
+    sys.path.insert(0, str(Path(__file__).parent))
+    from local_s3 import local_s3
+
+    with local_s3() as url:
         os.environ.update(AWS_ENDPOINT_URL=url, AWS_ACCESS_KEY_ID="bench",
                           AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
                           AWS_EC2_METADATA_DISABLED="true")
@@ -245,9 +231,6 @@ def bench_store(src: Path, C: int, work: Path, group_mb: float, seed: int) -> di
         res["s3 warm"] = best(one_pass(uri, cache_dir=cache, cache_limit="64G"))
         res["load after"] = os.getloadavg()[0]
         return res
-    finally:
-        server.terminate()
-        server.wait()
 
 
 def main(argv=None) -> int:
