@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from packtool.errors import OutputError, install_hint
 from packtool.formats.manifest import LOCK_NAME
-from packtool.location import Location, StoreURI
+from packtool.location import Location
 
 __all__ = ["read_ranges", "read_session", "take_lock", "release_lock", "holder",
            "holder_is_gone", "abort_uploads", "STORE_ERRORS", "first_line"]
