@@ -89,7 +89,7 @@ _FEATHER_V1_MAGIC = b"FEA1"
 @dataclass(frozen=True)
 class InputFile:
     """One input shard: its path, path relative to the INPUT it was found under, size in bytes,
-    modification time (ns) and format (``parquet`` or ``arrow``)."""
+    modification time (ns) and format (``parquet``, ``arrow``, or ``jsonl`` for text input)."""
 
     path: Path
     rel: str
