@@ -12,11 +12,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from pathlib import Path
 
 import click
 
-from packtool import __version__
+from packtool._version import __version__
 from packtool.errors import (EXIT_DATA, EXIT_INTERRUPTED, InputError, Interrupted,
                              PacktoolError)
 from packtool.types import Engine, LabelMode, Overflow, Strategy
@@ -173,13 +172,19 @@ def _input_options(f):
 @click.option("--ray-address", default=None, metavar="ADDRESS", envvar="RAY_ADDRESS",
               help="Ray cluster to join with --engine ray [default: start a local Ray on "
                    "--workers CPUs].")
+@click.option("--holdout", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              default=None, metavar="FRACTION",
+              help="Hold out this fraction of the documents (whole documents, drawn with "
+                   "--seed) into a second packed output, for validation loss.")
+@click.option("--holdout-output", default=None, metavar="DIR",
+              help="Where the held-out documents are packed [default: OUTPUT-holdout].")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars and no summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_context
 def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, labels, pad_id,
          append_eos, prepend_bos, attention_mask_column, labels_column, loss_mask_column,
          skip_unsupported, seed, no_shuffle, rows_per_shard, row_group_mb, workers, overwrite,
-         window_docs, engine, ray_address, quiet, as_json):
+         window_docs, engine, ray_address, holdout, holdout_output, quiet, as_json):
     """Pack tokenized Parquet INPUT files or directories into OUTPUT.
 
     Writes part-NNNNN.parquet shards (input_ids, segment_ids, position_ids, [labels],
@@ -210,7 +215,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
                      workers=(os.cpu_count() or 1) if workers is None else workers,
                      overwrite=overwrite, window_docs=window_docs, engine=engine,
                      ray_address=ray_address if engine == Engine.RAY.value else None,
-                     skip_unsupported=skip_unsupported)
+                     skip_unsupported=skip_unsupported, holdout=holdout,
+                     holdout_output=holdout_output)
     # what discovery did not read, and mask-like columns not used, are part of the summary
     # (the pack walks INPUT again)
     found = None if quiet else discover(cfg.inputs, skip_unsupported=cfg.skip_unsupported)
@@ -241,14 +247,15 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
                                "input_notes": found.notes if found else [],
                                "input_columns_unused": columns.unused if columns else {},
                                "already_complete": result.already_complete,
-                               "warnings": result.warnings}, indent=2))
+                               "warnings": result.warnings,
+                               **_holdout_json(cfg, result)}, indent=2))
     elif result.already_complete:
         click.echo(f"{cfg.output}: already holds this pack (same inputs, options and versions); "
                    "nothing to do")
     elif not quiet:
         rate = s.tokens_in / result.seconds if result.seconds else 0.0
         click.echo(
-            f"packed {s.docs_in:,} documents ({s.tokens_in:,} tokens in, "
+            f"packed {s.docs_in - s.docs_other_split:,} documents ({s.tokens_in:,} tokens in, "
             f"{s.rows * s.capacity - s.padding_tokens:,} packed) into {s.rows:,} rows of "
             f"{s.capacity} in {len(result.manifest.shards)} shard(s) -> {cfg.output}\n"
             f"  fill {100 * s.fill:.2f}%  padding {s.padding_tokens:,} tokens "
@@ -278,6 +285,21 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
                        f"(--window-docs {cfg.window_docs:,}): extra rows {s.extra_rows:,} = "
                        f"{sum(extra):,} from packing within windows (max {max(extra, default=0):,} "
                        f"in one) + {rounding:,} from rounding each window up to whole rows")
+    if result.holdout is not None and not quiet and not as_json:
+        h = result.holdout.stats
+        click.echo(f"held out {s.docs_other_split:,} documents ({s.tokens_other_split:,} tokens) "
+                   f"of --holdout {cfg.holdout} into {h.rows:,} rows of {h.capacity} -> "
+                   f"{cfg.holdout_output}"
+                   + (" (already complete)" if result.holdout.already_complete else ""))
+
+
+def _holdout_json(cfg, result) -> dict:
+    """The held-out pack's part of ``pack --json`` (nothing without --holdout)."""
+    h = result.holdout
+    if h is None:
+        return {}
+    return {"holdout": {"output": cfg.holdout_output, "stats": h.stats.to_dict(),
+                        "seconds": h.seconds, "already_complete": h.already_complete}}
 
 
 #: suffixes --plot accepts; matplotlib picks the format from it
@@ -337,18 +359,33 @@ _PLOT_OPTION = click.option(
     help="Write the figures as an image (.png, .svg or .pdf; needs matplotlib).")
 
 
+def _is_packed_output(path) -> bool:
+    """True when ``path`` (a path or URI) is a finished output of packed rows: its manifest is
+    there and does not say another kind (a ``packtool tokenize`` output is raw input)."""
+    from packtool.errors import ManifestError
+    from packtool.formats.manifest import MANIFEST_NAME, read_manifest
+    from packtool.location import Location
+
+    loc = Location.parse(path)
+    if not loc.join(MANIFEST_NAME).is_file():
+        return False
+    try:
+        return read_manifest(loc).is_packed
+    except ManifestError:
+        return True  # a manifest packtool cannot read: not raw input either
+
+
 def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
     """The dry run of ``packtool compare`` (and of the deprecated ``stats --compare``)."""
     import json
 
     from packtool import analysis
     from packtool.errors import ManifestError
-    from packtool.formats.manifest import MANIFEST_NAME
     from packtool.stats import split_warning
 
     if plot:
         analysis.require_matplotlib()  # before the work, not after it
-    packed = [p for p in cfg.inputs if (Path(p) / MANIFEST_NAME).is_file()]
+    packed = [p for p in cfg.inputs if _is_packed_output(p)]
     if packed:
         raise ManifestError(f"{packed[0]}: is a packed output; compare takes raw tokenized "
                             f"input (for this output's figures run: packtool stats {packed[0]})")
@@ -565,6 +602,116 @@ def _refuse_raw_input(where, command: str) -> None:
                             f"packed output (no {MANIFEST_NAME}); for it run: {hint}")
     raise ManifestError(f"{out}: no {MANIFEST_NAME}, so not a packed output; give the OUTPUT "
                         "directory of packtool pack")
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(), metavar="INPUT... OUTPUT")
+@click.option("--tokenizer", required=True, metavar="FILE",
+              help="Local tokenizer file: a Hugging Face tokenizer.json, a Tekken JSON "
+                   "(mistral-common) or a tiktoken BPE file (never downloaded).")
+@click.option("--text-column", default="text", show_default=True, metavar="NAME",
+              help="Column (JSON Lines: key) holding the text.")
+@click.option("--append-eos", default=None, metavar="ID|TOKEN",
+              help="Append this end-of-document token (an id, or a special token such as "
+                   "'</s>') to every document not already ending with it.")
+@click.option("--prepend-bos", default=None, metavar="ID|TOKEN",
+              help="Prepend this beginning-of-document token likewise.")
+@click.option("--add-special-tokens", is_flag=True,
+              help="tokenizer.json only: apply the tokenizer's post-processor (its template's "
+                   "BOS/EOS).")
+@click.option("--tokenizer-pattern", default=None, metavar="REGEX",
+              help="Pre-tokenization regex of a tiktoken BPE file not named after a tiktoken "
+                   "encoding (o200k_base, cl100k_base, p50k_base, r50k_base).")
+@click.option("--batch-docs", type=click.IntRange(min=1), default=1024, show_default=True,
+              metavar="N", help="Documents encoded at a time (one Parquet row group).")
+@click.option("--rows-per-shard", type=click.IntRange(min=1), default=100_000,
+              show_default=True, metavar="N",
+              help="Documents per output shard; a rerun after a crash keeps finished shards.")
+@click.option("--workers", "-j", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Encoding threads [default: all cores].")
+@click.option("--skip-unsupported", is_flag=True,
+              help="Read the supported files of an INPUT directory and list the others in the "
+                   "summary [default: refuse a directory holding files of another format].")
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty OUTPUT.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def tokenize(paths, tokenizer, text_column, append_eos, prepend_bos, add_special_tokens,
+             tokenizer_pattern, batch_docs, rows_per_shard, workers, skip_unsupported, overwrite,
+             quiet, as_json):
+    """Tokenize text INPUT files or directories (Parquet, Arrow, JSON Lines; paths or URIs)
+    into the tokenized Parquet OUTPUT that packtool pack reads.
+
+    One document per row or line, tokens in input_ids (list<int32>), in input order. Rerunning
+    an interrupted tokenize finishes it; rerunning a finished one does nothing.
+    """
+    import json
+
+    from packtool.config import TokenizeConfig
+    from packtool.text.run import run_tokenize
+
+    if len(paths) < 2:
+        raise click.UsageError("give at least one INPUT and an OUTPUT directory")
+    cfg = TokenizeConfig(inputs=tuple(paths[:-1]), output=paths[-1], tokenizer=tokenizer,
+                         text_column=text_column, append_eos=append_eos,
+                         prepend_bos=prepend_bos, add_special_tokens=add_special_tokens,
+                         tokenizer_pattern=tokenizer_pattern, batch_docs=batch_docs,
+                         rows_per_shard=rows_per_shard,
+                         workers=(os.cpu_count() or 1) if workers is None else workers,
+                         overwrite=overwrite, skip_unsupported=skip_unsupported)
+    try:
+        res = run_tokenize(cfg, progress=not quiet)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted: {cfg.output} has no manifest (finished shards are "
+                          "kept); rerun the same command to resume and finish it") from None
+    if as_json:
+        click.echo(json.dumps({"documents": res.documents, "tokens": res.tokens,
+                               "shards": res.shards, "shards_reused": res.shards_reused,
+                               "seconds": res.seconds, "inputs_not_read": res.skipped,
+                               "already_complete": res.already_complete}, indent=2))
+    elif res.already_complete:
+        click.echo(f"{cfg.output}: already holds this tokenization; nothing to do")
+    elif not quiet:
+        rate = res.tokens / res.seconds if res.seconds else 0.0
+        t = res.manifest.totals
+        click.echo(f"tokenized {res.documents:,} documents into {res.tokens:,} tokens in "
+                   f"{res.shards} shard(s) -> {cfg.output}\n"
+                   f"  {res.seconds:.2f} s, {rate / 1e6:.2f} M tokens/s"
+                   + (f", {res.shards_reused} shard(s) reused" if res.shards_reused else "")
+                   + (f"\n  {_mask_note(t)}" if _mask_note(t) else "")
+                   + (f"\n  INPUT: {res.skipped_note}" if res.skipped_note else ""))
+
+
+@cli.command()
+@click.argument("output", type=_ExistingPath(), metavar="OUTPUT")
+@click.argument("dest", type=click.Path(), metavar="DEST")
+@click.option("--to", "target", type=click.Choice(["nemo"]), required=True,
+              help="nemo: the packed Parquet of NeMo / Megatron-Bridge "
+                   "(GPTSFTPackedParquetDataset: input_ids, loss_mask, seq_start_id).")
+@click.option("--split", type=click.Choice(["training", "validation"]), default="training",
+              show_default=True, help="Names the file DEST/SPLIT_C.idx.parquet (a --holdout "
+                                      "output is the validation split).")
+@click.option("--overwrite", is_flag=True, help="Replace the file if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+def export(output, dest, target, split, overwrite, as_json):
+    """Write the packed rows of OUTPUT (a directory or a store URI) in another trainer's packed
+    format, into the local directory DEST.
+
+    With --to nemo: DEST/SPLIT_C.idx.parquet (the packtool rows, padding dropped, one sequence
+    per segment, loss_mask carrying the labels; 500 rows per row group) and its entry in
+    DEST/C_metadata.jsonl, the layout NeMo and Megatron-Bridge train from.
+    """
+    import dataclasses
+    import json
+
+    from packtool.formats.nemo import export_nemo
+
+    _refuse_raw_input(output, "export --to nemo")
+    res = export_nemo(output, dest, split=split, overwrite=overwrite)
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(res), indent=2))
+    else:
+        click.echo(f"exported {res.rows:,} rows ({res.sequences:,} sequences, {res.tokens:,} "
+                   f"tokens, {res.targets:,} loss-mask targets) -> {res.path}")
 
 
 _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")

@@ -55,6 +55,10 @@ class PackStats:
     docs_bos_present: int = 0  #: documents already starting with it (not doubled)
     docs_eos_added: int = 0  #: documents given an EOS (--append-eos)
     docs_eos_present: int = 0  #: documents already ending with it (not doubled)
+    #: documents of the other part of a ``--holdout`` split, left out of this output (the
+    #: held-out ones in the training output, the training ones in the held-out output)
+    docs_other_split: int = 0
+    tokens_other_split: int = 0  #: their tokens (not counted in ``tokens_in``)
     real_tokens: int = 0  #: non-padding tokens written
     padding_tokens: int = 0  #: padding tokens written
     effective_targets: int = 0  #: labels != -100 (sum of segment_len - 1, less input labels -100)

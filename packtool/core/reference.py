@@ -195,17 +195,22 @@ def reference_boundary_tokens(docs, targets=None, bos=None, eos=None):
 
 
 def reference_prepare_documents(docs, keep=None, labels=None, loss_masks=(), bos=None,
-                                eos=None):
+                                eos=None, keep_docs=None):
     """Documents as packed, one token at a time: (docs, targets or None).
 
-    A token whose attention mask is 0 is dropped; a kept token is a target unless its label is
-    -100 or one of the loss masks is 0; a BOS is added (never a target's flag: 1) to a
-    non-empty document not starting with it, an EOS (with the flag of the last token) to one
-    not ending with it."""
+    A document ``keep_docs`` marks False (the other part of a held-out split) becomes empty; in
+    the others a token whose attention mask is 0 is dropped; a kept token is a target unless
+    its label is -100 or one of the loss masks is 0; a BOS is added (never a target's flag: 1)
+    to a non-empty document not starting with it, an EOS (with the flag of the last token) to
+    one not ending with it."""
     with_flags = labels is not None or len(loss_masks) > 0
     out_docs, out_flags = [], []
     for i, doc in enumerate(docs):
         toks, flags = [], []
+        if keep_docs is not None and not keep_docs[i]:
+            out_docs.append(toks)
+            out_flags.append(flags)
+            continue
         for j, t in enumerate(doc):
             if keep is not None and not keep[i][j]:
                 continue

@@ -50,7 +50,7 @@ import pyarrow.parquet as pq
 
 from packtool.errors import ManifestError
 from packtool.formats.manifest import (Manifest, check_shards, footer_of,
-                                       read_manifest_and_schema)
+                                       read_manifest_and_schema, require_packed)
 from packtool.formats.schema import (RAGGED_COLUMNS, SCALAR_COLUMNS, SHARD_META_KEY,
                                      TOKEN_COLUMNS)
 from packtool.location import Location
@@ -283,6 +283,7 @@ class PackedOutput:
             raise ValueError(f"integrity {integrity!r}: choose one of {', '.join(INTEGRITY)}")
         if max_open_files < 1:
             raise ValueError(f"max_open_files must be >= 1, got {max_open_files}")
+        require_packed(manifest, location.display)
         self.location = location
         self.manifest = manifest
         self.schema = schema
@@ -338,11 +339,13 @@ class PackedOutput:
 
         Raises:
             ManifestError: not a complete packed output (no manifest: an interrupted pack or not
-                a packtool output), a missing, extra, resized or (``sha256``) edited shard.
+                a packtool output; a ``packtool tokenize`` output: documents, not packed rows),
+                a missing, extra, resized or (``sha256``) edited shard.
             ValueError: unknown ``integrity`` or ``max_open_files < 1``.
         """
         loc = Location.parse(path)
         manifest, schema = read_manifest_and_schema(loc)
+        require_packed(manifest, loc.display)  # before any shard is checked or hashed
         check_shards(loc, manifest, hashes=integrity == "sha256", progress=progress)
         return cls(loc, manifest, schema, integrity=integrity, cache=cache,
                    max_open_files=max_open_files)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from packtool import __version__
+from packtool._version import __version__
 from packtool.config import PackConfig
 from packtool.engines import make_engine
 from packtool.errors import InputError
@@ -66,6 +66,7 @@ class PackResult:
     already_complete: bool = False  #: OUTPUT already held this pack: nothing was done
     warnings: list = field(default_factory=list)  #: loud notes (e.g. many tokens dropped)
     windows_reused: int = 0  #: windows kept finished from an identical run that was killed
+    holdout: "PackResult | None" = None  #: the held-out pack of ``--holdout``, when asked for
 
 
 def _progress(total, desc, unit, enabled):
@@ -125,6 +126,10 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
         MissingDependencyError: ``--engine ray`` without Ray installed.
         KeyboardInterrupt: Ctrl-C; OUTPUT is as before or resumable.
     """
+    if cfg.holdout is not None and cfg.holdout_part is None:  # two packs, one per side
+        from packtool.pipeline.holdout import run_holdout
+
+        return run_holdout(cfg, run_pack, progress=progress)
     t0 = time.perf_counter()
     show = progress and sys.stderr.isatty()
     files = discover_inputs(list(cfg.inputs), skip_unsupported=cfg.skip_unsupported)

@@ -241,7 +241,8 @@ def prepare_window(cfg, window: Window, tmp: str, threads: int = 1) -> WindowInf
         with DocSpill(work / DOC_TOKENS, np.int32, held) as tokens, \
                 DocSpill(work / DOC_TARGETS, np.uint8, held) as flags:
             lengths, read_counts = read_window(cfg.column, cfg.append_eos, window, tokens,
-                                               cfg.read_options(), flags)
+                                               cfg.read_options(), flags,
+                                               cfg.holdout_split())
             tokens.finish()
             flags.finish()
             check()
