@@ -73,7 +73,7 @@ def packed_columns(labels: str, segment_multiple: int = 1) -> list[str]:
 
 
 def packed_schema(capacity: int, labels: str, segment_multiple: int = 1) -> pa.Schema:
-    """The schema of a packed shard (see README, "Output contract").
+    """The schema of a packed shard (README, "Output contract"; docs/output.md).
 
     Args:
         capacity: C, tokens per row (2 .. 2**24).
