@@ -22,7 +22,8 @@ opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 # labels="shifted": labels[i] is the token after i (whatever --labels the pack used), so the
 # loss pairs logits[i] with labels[i] and shifts nothing
-ds = PackedIterableDataset("packed/", seed=0, labels="shifted")  # rank, world from torchrun
+# a directory or a store URI (PACKED=s3://bucket/packed/); rank and world from torchrun
+ds = PackedIterableDataset(os.environ.get("PACKED", "packed/"), seed=0, labels="shifted")
 loader = DataLoader(ds, batch_size=1, collate_fn=collate, num_workers=2)
 accum, max_steps = 2, 2
 for epoch in range(1):

@@ -58,10 +58,12 @@ class PackedAnalysis:
     #: shards and bytes whose sha256 was checked against the manifest, and the seconds it took
     #: (0 shards: skipped with ``check_hashes=False``)
     hashed: tuple = (0, 0, 0.0)
+    segment_multiple: int = 1  #: N of ``--segment-multiple`` the output was packed with
     #: ``pack --source-column``: the column, and per source id a dict of ``source`` (its
     #: value), ``rows`` (rows holding one of its segments), ``segments``, ``real_tokens``,
-    #: ``padding_tokens`` (the padding of rows whose last segment is of this source) and
-    #: ``effective_targets``; tokens, padding, targets and segments sum to the totals
+    #: ``padding_tokens`` (its segments' own padding with ``--segment-multiple``, and the
+    #: padding tail of rows whose last segment is of this source) and ``effective_targets``;
+    #: tokens, padding, targets and segments sum to the totals
     source_column: str | None = None
     per_source: list = field(default_factory=list)
 
@@ -163,6 +165,10 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                time.perf_counter() - t0) if check_hashes else (0, 0, 0.0))
     C = reader.capacity
     cols = ["cu_seqlens", "doc_ids", "doc_offsets", "num_targets"]
+    # --segment-multiple: real lengths from cu_seqlens_unpadded, the spans from cu_seqlens
+    padded = "cu_seqlens_unpadded" in reader.columns
+    if padded:
+        cols.append("cu_seqlens_unpadded")
     # an input labels column (SFT prompt masking) left some tokens -100 on purpose: the targets
     # are then the stored labels != -100, at most sum(len - 1) per segment
     label_masked = reader.manifest.label_masked and reader.labels.stored
@@ -173,7 +179,7 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
         cols.append("source_ids")
     # per source id: rows holding it, segments, real tokens, padding, effective targets
     by_src = np.zeros((5, n_src), dtype=np.int64)  # shape: (5, sources)
-    rows = segs = real = targets = work = documents = bad_num_targets = 0
+    rows = segs = real = targets = work = documents = bad_num_targets = seg_pad = 0
     fill_counts = np.zeros(C + 1, dtype=np.int64)  # shape: (C + 1,)
     seg_counts = np.zeros(C + 1, dtype=np.int64)  # shape: (C + 1,)
     cut_bits = np.zeros(0, dtype=np.uint8)  # one bit per document id seen at offset > 0
@@ -189,6 +195,13 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
         cu64 = cu.astype(np.int64)
         lens = cu64[start + 1] - cu64[start]  # shape: (segments,)
         real_R = cu64[cu_off[:-1] + k]  # shape: (n,), end of the last real segment
+        span_end = real_R  # shape: (n,), end of the last segment's span (padding included)
+        spans = lens
+        if padded:  # same offsets as cu_seqlens; spans minus real lengths is the padding
+            un64 = block.ragged["cu_seqlens_unpadded"][0].astype(np.int64)
+            lens = un64[start + 1] - un64[start]
+            real_R = un64[cu_off[:-1] + k]
+            seg_pad += int((spans - lens).sum())
         seg_t = lens - 1  # shape: (segments,), targets per segment (boundary rule)
         if label_masked:
             lab = block.tokens["labels"].reshape(-1)  # shape: (n * C,)
@@ -209,8 +222,8 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                 np.bincount(held, minlength=n_src),
                 np.bincount(src, minlength=n_src),
                 np.bincount(src, weights=lens, minlength=n_src).astype(np.int64),
-                np.bincount(src[last], weights=(C - real_R)[k > 0],
-                            minlength=n_src).astype(np.int64),
+                (np.bincount(src[last], weights=(C - span_end)[k > 0], minlength=n_src)
+                 + np.bincount(src, weights=spans - lens, minlength=n_src)).astype(np.int64),
                 np.bincount(src, weights=seg_t, minlength=n_src).astype(np.int64)])
         nt = block.scalars["num_targets"]
         bad_num_targets += int(np.count_nonzero(nt != row_t))
@@ -242,6 +255,8 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                "padding_tokens": rows * C - real, "effective_targets": targets,
                "attention_work": work,
                "docs_cut": int(np.unpackbits(cut_bits).sum())}
+    if padded or "segment_padding_tokens" in totals:
+        recount["segment_padding_tokens"] = seg_pad
     base = {k: v for k, v in totals.items() if k in PackStats.__dataclass_fields__}
     base.update(recount, capacity=C)
     stats = PackStats.from_dict(base)
@@ -255,9 +270,12 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                    "real_tokens": int(by_src[2, i]), "padding_tokens": int(by_src[3, i]),
                    "effective_targets": int(by_src[4, i])}
                   for i, v in enumerate(reader.manifest.source_values)]
+    multiple = int(reader.manifest.options.get("segment_multiple", 1))
     return PackedAnalysis(reader.location.display, stats, totals, mismatches, hist, fill_counts,
                           seg_counts, bins, documents, per_bin_limit if per_bin else None,
-                          hashed, reader.manifest.source_column, per_source)
+                          hashed=hashed, segment_multiple=multiple,
+                          source_column=reader.manifest.source_column,
+                          per_source=per_source)
 
 
 @dataclass(frozen=True)
@@ -449,6 +467,7 @@ def format_packed(a: PackedAnalysis) -> str:
         f"  real tokens               {s.real_tokens:,}",
         f"  padding tokens            {s.padding_tokens:,} ({100 * s.padding_fraction:.3f}% of "
         f"rows * C)",
+        *([f"  {s.segment_padding_note(a.segment_multiple)}"] if a.segment_multiple > 1 else []),
         f"  effective targets         {s.effective_targets:,} "
         f"({s.targets_per_token:.4f} per real token)",
         f"  attention work (masked)   {s.attention_work:,} token^2 (sum of segment_len^2) = "
@@ -468,8 +487,9 @@ def format_packed(a: PackedAnalysis) -> str:
                  "page checksums of what was read were")
     if a.source_column is not None:
         w = _width((str(p["source"]) for p in a.per_source), len("source"))
-        lines.append(f"  per source ({a.source_column}; a row's padding counts to the source of "
-                     "its last segment)")
+        seg = ", a segment's own padding to its source" if a.segment_multiple > 1 else ""
+        lines.append(f"  per source ({a.source_column}; a row's padding tail counts to the source "
+                     f"of its last segment{seg})")
         lines.append(f"    {'source':{w}} {'rows':>10} {'segments':>10} {'real tokens':>14} "
                      f"{'padding':>11} {'targets':>14}")
         for p in a.per_source:

@@ -12,11 +12,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from pathlib import Path
 
 import click
 
-from packtool import __version__
+from packtool._version import __version__
 from packtool.errors import (EXIT_DATA, EXIT_INTERRUPTED, InputError, Interrupted,
                              PacktoolError)
 from packtool.types import Engine, LabelMode, Overflow, Strategy
@@ -139,6 +138,12 @@ def _input_options(f):
                    "stream cut every C tokens.")
 @click.option("--overflow", type=_choice(Overflow), default="split", show_default=True,
               help="Documents longer than C: split into chunks, truncate, drop, or error.")
+@click.option("--segment-multiple", type=click.IntRange(min=1), default=1, show_default=True,
+              metavar="N",
+              help="Pad every document piece to a multiple of N tokens inside its row (never a "
+                   "target; only its own document's later padding sees it) and store "
+                   "cu_seqlens_unpadded: context parallelism with TransformerEngine's THD "
+                   "format takes N = 2 x cp size. C must be a multiple of N.")
 @click.option("--labels", type=_choice(LabelMode), default="none", show_default=True,
               help="none: no labels column (readers derive the unshifted labels from input_ids "
                    "and segment_ids); unshifted: store them, the model shifts (Hugging Face); "
@@ -171,19 +176,26 @@ def _input_options(f):
 @click.option("--ray-address", default=None, metavar="ADDRESS", envvar="RAY_ADDRESS",
               help="Ray cluster to join with --engine ray [default: start a local Ray on "
                    "--workers CPUs].")
+@click.option("--holdout", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              default=None, metavar="FRACTION",
+              help="Hold out this fraction of the documents (whole documents, drawn with "
+                   "--seed) into a second packed output, for validation loss.")
+@click.option("--holdout-output", default=None, metavar="DIR",
+              help="Where the held-out documents are packed [default: OUTPUT-holdout].")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars and no summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_context
-def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, source_column,
-         append_eos, prepend_bos, attention_mask_column, labels_column, loss_mask_column,
-         skip_unsupported, seed, no_shuffle, rows_per_shard, row_group_mb, workers, overwrite,
-         window_docs, engine, ray_address, quiet, as_json):
+def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, labels, pad_id,
+         source_column, append_eos, prepend_bos, attention_mask_column, labels_column,
+         loss_mask_column, skip_unsupported, seed, no_shuffle, rows_per_shard, row_group_mb,
+         workers, overwrite, window_docs, engine, ray_address, holdout, holdout_output, quiet,
+         as_json):
     """Pack tokenized Parquet INPUT files or directories into OUTPUT.
 
     Writes part-NNNNN.parquet shards (input_ids, segment_ids, position_ids, [labels],
-    cu_seqlens, max_seqlen, num_targets, doc_ids, doc_offsets, [source_ids]) and the manifest,
-    last. Rerunning
-    an interrupted pack finishes it; rerunning a finished one does nothing. Ctrl-C exits 130.
+    cu_seqlens, [cu_seqlens_unpadded], max_seqlen, num_targets, doc_ids, doc_offsets,
+    [source_ids]) and the manifest, last. Rerunning an interrupted pack finishes it; rerunning a
+    finished one does nothing. Ctrl-C exits 130.
     """
     import json
 
@@ -200,7 +212,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, sourc
             and ctx.get_parameter_source("ray_address") is ParameterSource.COMMANDLINE):
         raise click.UsageError("--ray-address applies only with --engine ray")
     cfg = PackConfig(inputs=tuple(paths[:-1]), output=paths[-1], capacity=capacity,
-                     column=column, strategy=strategy, overflow=overflow, labels=labels,
+                     column=column, strategy=strategy, overflow=overflow,
+                     segment_multiple=segment_multiple, labels=labels,
                      pad_id=pad_id, append_eos=append_eos, prepend_bos=prepend_bos,
                      attention_mask_column=attention_mask_column, labels_column=labels_column,
                      loss_mask_column=loss_mask_column, seed=seed, shuffle=not no_shuffle,
@@ -208,7 +221,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, sourc
                      workers=(os.cpu_count() or 1) if workers is None else workers,
                      overwrite=overwrite, window_docs=window_docs, engine=engine,
                      ray_address=ray_address if engine == Engine.RAY.value else None,
-                     skip_unsupported=skip_unsupported, source_column=source_column)
+                     skip_unsupported=skip_unsupported, holdout=holdout,
+                     holdout_output=holdout_output, source_column=source_column)
     # what discovery did not read, and mask-like columns not used, are part of the summary
     # (the pack walks INPUT again)
     found = None if quiet else discover(cfg.inputs, skip_unsupported=cfg.skip_unsupported)
@@ -239,18 +253,21 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, sourc
                                "input_notes": found.notes if found else [],
                                "input_columns_unused": columns.unused if columns else {},
                                "already_complete": result.already_complete,
-                               "warnings": result.warnings}, indent=2))
+                               "warnings": result.warnings,
+                               **_holdout_json(cfg, result)}, indent=2))
     elif result.already_complete:
         click.echo(f"{cfg.output}: already holds this pack (same inputs, options and versions); "
                    "nothing to do")
     elif not quiet:
         rate = s.tokens_in / result.seconds if result.seconds else 0.0
         click.echo(
-            f"packed {s.docs_in:,} documents ({s.tokens_in:,} tokens in, "
+            f"packed {s.docs_in - s.docs_other_split:,} documents ({s.tokens_in:,} tokens in, "
             f"{s.rows * s.capacity - s.padding_tokens:,} packed) into {s.rows:,} rows of "
             f"{s.capacity} in {len(result.manifest.shards)} shard(s) -> {cfg.output}\n"
             f"  fill {100 * s.fill:.2f}%  padding {s.padding_tokens:,} tokens "
             f"({100 * s.padding_fraction:.2f}%)  extra rows over ceil(tokens/C): {s.extra_rows}\n"
+            + (f"  {s.segment_padding_note(cfg.segment_multiple)}\n"
+               if cfg.segment_multiple > 1 else "") +
             f"  effective targets {s.effective_targets:,} ({s.targets_per_token:.4f} per token)  "
             f"segments {s.segments:,}\n"
             f"  empty skipped {s.docs_empty:,}  cut across segments {s.docs_cut:,}  split "
@@ -274,6 +291,21 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, sourc
                        f"(--window-docs {cfg.window_docs:,}): extra rows {s.extra_rows:,} = "
                        f"{sum(extra):,} from packing within windows (max {max(extra, default=0):,} "
                        f"in one) + {rounding:,} from rounding each window up to whole rows")
+    if result.holdout is not None and not quiet and not as_json:
+        h = result.holdout.stats
+        click.echo(f"held out {s.docs_other_split:,} documents ({s.tokens_other_split:,} tokens) "
+                   f"of --holdout {cfg.holdout} into {h.rows:,} rows of {h.capacity} -> "
+                   f"{cfg.holdout_output}"
+                   + (" (already complete)" if result.holdout.already_complete else ""))
+
+
+def _holdout_json(cfg, result) -> dict:
+    """The held-out pack's part of ``pack --json`` (nothing without --holdout)."""
+    h = result.holdout
+    if h is None:
+        return {}
+    return {"holdout": {"output": cfg.holdout_output, "stats": h.stats.to_dict(),
+                        "seconds": h.seconds, "already_complete": h.already_complete}}
 
 
 #: suffixes --plot accepts; matplotlib picks the format from it
@@ -333,18 +365,33 @@ _PLOT_OPTION = click.option(
     help="Write the figures as an image (.png, .svg or .pdf; needs matplotlib).")
 
 
+def _is_packed_output(path) -> bool:
+    """True when ``path`` (a path or URI) is a finished output of packed rows: its manifest is
+    there and does not say another kind (a ``packtool tokenize`` output is raw input)."""
+    from packtool.errors import ManifestError
+    from packtool.formats.manifest import MANIFEST_NAME, read_manifest
+    from packtool.location import Location
+
+    loc = Location.parse(path)
+    if not loc.join(MANIFEST_NAME).is_file():
+        return False
+    try:
+        return read_manifest(loc).is_packed
+    except ManifestError:
+        return True  # a manifest packtool cannot read: not raw input either
+
+
 def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
     """The dry run of ``packtool compare`` (and of the deprecated ``stats --compare``)."""
     import json
 
     from packtool import analysis
     from packtool.errors import ManifestError
-    from packtool.formats.manifest import MANIFEST_NAME
     from packtool.stats import split_warning
 
     if plot:
         analysis.require_matplotlib()  # before the work, not after it
-    packed = [p for p in cfg.inputs if (Path(p) / MANIFEST_NAME).is_file()]
+    packed = [p for p in cfg.inputs if _is_packed_output(p)]
     if packed:
         raise ManifestError(f"{packed[0]}: is a packed output; compare takes raw tokenized "
                             f"input (for this output's figures run: packtool stats {packed[0]})")
@@ -563,7 +610,117 @@ def _refuse_raw_input(where, command: str) -> None:
                         "directory of packtool pack")
 
 
-_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(), metavar="INPUT... OUTPUT")
+@click.option("--tokenizer", required=True, metavar="FILE",
+              help="Local tokenizer file: a Hugging Face tokenizer.json, a Tekken JSON "
+                   "(mistral-common) or a tiktoken BPE file (never downloaded).")
+@click.option("--text-column", default="text", show_default=True, metavar="NAME",
+              help="Column (JSON Lines: key) holding the text.")
+@click.option("--append-eos", default=None, metavar="ID|TOKEN",
+              help="Append this end-of-document token (an id, or a special token such as "
+                   "'</s>') to every document not already ending with it.")
+@click.option("--prepend-bos", default=None, metavar="ID|TOKEN",
+              help="Prepend this beginning-of-document token likewise.")
+@click.option("--add-special-tokens", is_flag=True,
+              help="tokenizer.json only: apply the tokenizer's post-processor (its template's "
+                   "BOS/EOS).")
+@click.option("--tokenizer-pattern", default=None, metavar="REGEX",
+              help="Pre-tokenization regex of a tiktoken BPE file not named after a tiktoken "
+                   "encoding (o200k_base, cl100k_base, p50k_base, r50k_base).")
+@click.option("--batch-docs", type=click.IntRange(min=1), default=1024, show_default=True,
+              metavar="N", help="Documents encoded at a time (one Parquet row group).")
+@click.option("--rows-per-shard", type=click.IntRange(min=1), default=100_000,
+              show_default=True, metavar="N",
+              help="Documents per output shard; a rerun after a crash keeps finished shards.")
+@click.option("--workers", "-j", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Encoding threads [default: all cores].")
+@click.option("--skip-unsupported", is_flag=True,
+              help="Read the supported files of an INPUT directory and list the others in the "
+                   "summary [default: refuse a directory holding files of another format].")
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty OUTPUT.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def tokenize(paths, tokenizer, text_column, append_eos, prepend_bos, add_special_tokens,
+             tokenizer_pattern, batch_docs, rows_per_shard, workers, skip_unsupported, overwrite,
+             quiet, as_json):
+    """Tokenize text INPUT files or directories (Parquet, Arrow, JSON Lines; paths or URIs)
+    into the tokenized Parquet OUTPUT that packtool pack reads.
+
+    One document per row or line, tokens in input_ids (list<int32>), in input order. Rerunning
+    an interrupted tokenize finishes it; rerunning a finished one does nothing.
+    """
+    import json
+
+    from packtool.config import TokenizeConfig
+    from packtool.text.run import run_tokenize
+
+    if len(paths) < 2:
+        raise click.UsageError("give at least one INPUT and an OUTPUT directory")
+    cfg = TokenizeConfig(inputs=tuple(paths[:-1]), output=paths[-1], tokenizer=tokenizer,
+                         text_column=text_column, append_eos=append_eos,
+                         prepend_bos=prepend_bos, add_special_tokens=add_special_tokens,
+                         tokenizer_pattern=tokenizer_pattern, batch_docs=batch_docs,
+                         rows_per_shard=rows_per_shard,
+                         workers=(os.cpu_count() or 1) if workers is None else workers,
+                         overwrite=overwrite, skip_unsupported=skip_unsupported)
+    try:
+        res = run_tokenize(cfg, progress=not quiet)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted: {cfg.output} has no manifest (finished shards are "
+                          "kept); rerun the same command to resume and finish it") from None
+    if as_json:
+        click.echo(json.dumps({"documents": res.documents, "tokens": res.tokens,
+                               "shards": res.shards, "shards_reused": res.shards_reused,
+                               "seconds": res.seconds, "inputs_not_read": res.skipped,
+                               "already_complete": res.already_complete}, indent=2))
+    elif res.already_complete:
+        click.echo(f"{cfg.output}: already holds this tokenization; nothing to do")
+    elif not quiet:
+        rate = res.tokens / res.seconds if res.seconds else 0.0
+        t = res.manifest.totals
+        click.echo(f"tokenized {res.documents:,} documents into {res.tokens:,} tokens in "
+                   f"{res.shards} shard(s) -> {cfg.output}\n"
+                   f"  {res.seconds:.2f} s, {rate / 1e6:.2f} M tokens/s"
+                   + (f", {res.shards_reused} shard(s) reused" if res.shards_reused else "")
+                   + (f"\n  {_mask_note(t)}" if _mask_note(t) else "")
+                   + (f"\n  INPUT: {res.skipped_note}" if res.skipped_note else ""))
+
+
+@cli.command()
+@click.argument("output", type=_ExistingPath(), metavar="OUTPUT")
+@click.argument("dest", type=click.Path(), metavar="DEST")
+@click.option("--to", "target", type=click.Choice(["nemo"]), required=True,
+              help="nemo: the packed Parquet of NeMo / Megatron-Bridge "
+                   "(GPTSFTPackedParquetDataset: input_ids, loss_mask, seq_start_id).")
+@click.option("--split", type=click.Choice(["training", "validation"]), default="training",
+              show_default=True, help="Names the file DEST/SPLIT_C.idx.parquet (a --holdout "
+                                      "output is the validation split).")
+@click.option("--overwrite", is_flag=True, help="Replace the file if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+def export(output, dest, target, split, overwrite, as_json):
+    """Write the packed rows of OUTPUT (a directory or a store URI) in another trainer's packed
+    format, into the local directory DEST.
+
+    With --to nemo: DEST/SPLIT_C.idx.parquet (the packtool rows, padding dropped, one sequence
+    per segment, loss_mask carrying the labels; 500 rows per row group) and its entry in
+    DEST/C_metadata.jsonl, the layout NeMo and Megatron-Bridge train from.
+    """
+    import dataclasses
+    import json
+
+    from packtool.formats.nemo import export_nemo
+
+    _refuse_raw_input(output, "export --to nemo")
+    res = export_nemo(output, dest, split=split, overwrite=overwrite)
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(res), indent=2))
+    else:
+        click.echo(f"exported {res.rows:,} rows ({res.sequences:,} sequences, {res.tokens:,} "
+                   f"tokens, {res.targets:,} loss-mask targets) -> {res.path}")
+
+
+_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
 
 
 @cli.command()
@@ -577,14 +734,21 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the row sample and the test models.")
 @click.option("--backend", "backends", multiple=True, type=click.Choice(_BACKENDS),
-              help="Attention backend to check (repeatable); each one named must run and pass "
-                   "[default: every backend that can run here; the others are listed as "
-                   "skipped].")
+              help="Backend to check (repeatable); each one named must run and pass; hybrid and "
+                   "mamba add convolution and recurrence layers reset by seq_idx (mamba: the "
+                   "CUDA kernels) [default: every backend that can run here; the others are "
+                   "listed as skipped].")
+@click.option("--hf-config", "hf_config", default=None, metavar="PATH",
+              help="Your model: a Hugging Face config.json (or its directory, or a model name "
+                   "already in the transformers cache; never downloaded). The hf backend builds "
+                   "that architecture shrunk to a test size with random weights, feeds it the "
+                   "packed rows as HFCollator does and says which layer leaks and what it "
+                   "needs [default backends then: hf].")
 @click.option("--check", "checks", multiple=True, metavar="NAME",
               help="Report only these checks (repeatable): logits_match, isolation, "
                    "loss_denominator, grad_zero_ignored, grad_zero_padding, finite, or a column "
-                   "check (cu_seqlens, segment_ids, position_ids, max_seqlen, doc_ids, labels, "
-                   "num_targets) [default: all].")
+                   "check (cu_seqlens, cu_seqlens_unpadded, segment_ids, position_ids, "
+                   "max_seqlen, doc_ids, labels, num_targets) [default: all].")
 @click.option("--data-only", is_flag=True,
               help="Check the columns only (NumPy; torch not needed); no attention check is "
                    "asked for.")
@@ -607,13 +771,14 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
               help="Skip the sha256 of every shard against the manifest (it reads every byte; "
                    "sizes, footers and page checksums are still checked).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def verify(output, rows, seed, backends, checks, data_only, device, max_memory, batch_size,
-           compile_, progress, no_hash, as_json, scan_all):
+def verify(output, rows, seed, backends, hf_config, checks, data_only, device, max_memory,
+           batch_size, compile_, progress, no_hash, as_json, scan_all):
     """Prove that packed rows of OUTPUT compute what separate documents compute.
 
-    Checks the column contract of every row, then runs a small seeded decoder (and a tiny random
-    Hugging Face Llama) on sampled rows with each attention backend and compares with
-    per-document forwards: logits, isolation, the loss denominator, gradients at ignored
+    Checks the column contract of every row, then runs a small seeded decoder (with attention,
+    and with convolution and recurrence layers reset by seq_idx) and a tiny random Hugging Face
+    model (a Llama, or your architecture with --hf-config) on sampled rows with each backend and
+    compares with per-document forwards: logits, isolation, the loss denominator, gradients at ignored
     positions and padding, finiteness. Exit 0 only when every requested check ran and passed
     and an attention check ran on a row holding two or more documents (or --data-only); a
     0-row output, a skipped requested backend, or a failed check exit 1 saying why.
@@ -632,15 +797,17 @@ def verify(output, rows, seed, backends, checks, data_only, device, max_memory, 
             memory_budget(budget)  # a budget too small is refused before any work
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--max-memory") from None
-    if data_only and backends:
-        raise click.UsageError("--data-only runs no backend; drop --backend")
+    if data_only and (backends or hf_config):
+        raise click.UsageError("--data-only runs no backend; drop --backend and --hf-config")
+    if hf_config is not None and backends and "hf" not in backends:
+        raise click.UsageError("--hf-config is the model of the hf backend; add --backend hf")
     _refuse_raw_input(output, "verify")
     show = (not as_json) if progress is None else progress
     try:
         report = run_verify(output, rows=rows, seed=seed, backends=backends or None,
                             checks=checks or None, batch_size=batch_size, compile=compile_,
                             scan_all=scan_all, data_only=data_only, device=device,
-                            max_memory=budget, check_hashes=not no_hash,
+                            max_memory=budget, hf_config=hf_config, check_hashes=not no_hash,
                             progress=(lambda m: click.echo(m, err=True)) if show else None)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None

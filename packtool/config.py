@@ -9,12 +9,12 @@ from packtool.core.packing import MAX_CAPACITY
 from packtool.errors import ConfigError
 from packtool.types import Engine, LabelMode, Overflow, Strategy
 
-__all__ = ["PackConfig", "CompareConfig", "DEFAULT_RAY_WINDOW_DOCS", "DEFAULT_ROW_GROUP_MB",
-           "rows_per_group_for"]
+__all__ = ["PackConfig", "CompareConfig", "TokenizeConfig", "DEFAULT_RAY_WINDOW_DOCS",
+           "DEFAULT_ROW_GROUP_MB", "rows_per_group_for"]
 
 #: Default Parquet row-group budget in MiB of per-token data (4 bytes x C x token columns per
 #: row). Chosen by measurement (docs/benchmarks.md, "Random access"): with 1 MiB one random
-#: ``PackedReader.read_row`` (one row group decoded) cost 1.3 to 2.4 ms at C = 2048 and 1.8 ms at
+#: ``PackedDataset[i]`` (one row group decoded) cost 1.3 to 2.4 ms at C = 2048 and 1.8 ms at
 #: C = 8192 on a lightly loaded 2-core machine, 4 MiB cost 6x that, and the output is 2 to 6 %
 #: larger than with 4 MiB groups.
 DEFAULT_ROW_GROUP_MB = 1.0
@@ -86,6 +86,10 @@ class PackConfig:
     """Packing strategy."""
     overflow: Overflow = Overflow.SPLIT
     """Policy for documents longer than the capacity."""
+    segment_multiple: int = 1
+    """N: every document piece takes a multiple of N slots of its row, its tokens then padding
+    (context parallelism: TransformerEngine's THD format splits each sequence into 2 x cp
+    pieces, so N = 2 x cp). ``capacity`` must be a multiple of N."""
     labels: LabelMode = LabelMode.NONE
     """Labels column written: ``none`` (default: not stored, readers derive the unshifted labels
     from input_ids and segment_ids), ``unshifted`` or ``shifted``."""
@@ -132,6 +136,15 @@ class PackConfig:
     skip_unsupported: bool = False
     """Skip files of an unsupported format inside an INPUT directory (reported) instead of
     refusing them."""
+    holdout: float | None = None
+    """Fraction of documents held out (0 < f < 1), each drawn independently from ``seed``
+    (:mod:`packtool.core.holdout`), packed into ``holdout_output`` and left out of ``output``;
+    None: no split."""
+    holdout_output: str | None = None
+    """Where the held-out documents are packed (default: ``OUTPUT-holdout`` beside OUTPUT)."""
+    holdout_part: str | None = None
+    """Set by the driver for each of the two packs of a split: ``train`` (the documents not
+    held out) or ``holdout``; None with ``holdout`` set: pack both."""
     source_column: str | None = None
     """Input column (a string or integer per document: source, lang, a URL's domain) carried
     into the packed rows as each segment's ``source_ids``, its id -> value table in the
@@ -153,6 +166,14 @@ class PackConfig:
                 object.__setattr__(self, name, enum(getattr(self, name)))
             except ValueError:
                 bad(name, getattr(self, name), f"choose one of {', '.join(e.value for e in enum)}")
+        if not isinstance(self.segment_multiple, int) or self.segment_multiple < 1:
+            bad("segment_multiple", self.segment_multiple, "must be an integer >= 1")
+        if self.capacity % self.segment_multiple:
+            n = self.segment_multiple
+            lo, hi = self.capacity // n * n, -(-self.capacity // n) * n
+            bad("segment_multiple", n, f"--capacity {self.capacity} is not a multiple of it; "
+                "every padded document and the padding tail must be multiples of N: use "
+                "--capacity " + (f"{lo} or {hi}" if lo >= 2 else f"{hi}"))
         if not 0 <= self.pad_id < 2**31:
             # a negative id would index an embedding table out of range
             bad("pad_id", self.pad_id, "must be a token id in 0..2**31-1 (int32, not negative)")
@@ -177,6 +198,40 @@ class PackConfig:
             bad("ray_address", self.ray_address, "only applies with --engine ray")
         if self.engine is Engine.RAY and self.window_docs is None:
             object.__setattr__(self, "window_docs", DEFAULT_RAY_WINDOW_DOCS)
+        self._check_holdout(bad)
+
+    def _check_holdout(self, bad) -> None:
+        if self.holdout is None:
+            if self.holdout_output is not None or self.holdout_part is not None:
+                bad("holdout_output", self.holdout_output, "needs --holdout FRACTION")
+            return
+        if not 0.0 < self.holdout < 1.0:
+            bad("holdout", self.holdout, "must be a fraction of the documents, 0 < f < 1")
+        if self.holdout_part not in (None, "train", "holdout"):
+            bad("holdout_part", self.holdout_part, "choose train or holdout")
+        from packtool.location import Location
+
+        out = Location.parse(self.output)
+        if self.holdout_output is None:  # OUTPUT-holdout beside OUTPUT, same store options
+            if not out.is_local and "/" not in out.key:
+                bad("holdout", self.holdout, f"OUTPUT {out.display} is a whole bucket; give "
+                    "--holdout-output LOCATION")
+            object.__setattr__(self, "holdout_output",
+                               str(out.parent.join(f"{out.name}-holdout")))
+        if self.holdout_part is not None:  # one of the two packs: its OUTPUT is set
+            return
+        if out.overlaps(Location.parse(self.holdout_output)):
+            bad("holdout_output", self.holdout_output, f"overlaps OUTPUT {self.output}; choose a "
+                "directory beside it")
+
+    def holdout_split(self):
+        """The documents this pack keeps (:class:`packtool.core.holdout.HoldoutSplit`), or None
+        when it keeps every document."""
+        if self.holdout is None or self.holdout_part is None:
+            return None
+        from packtool.core.holdout import HoldoutSplit
+
+        return HoldoutSplit(self.holdout, self.seed, self.holdout_part == "holdout")
 
     def read_options(self) -> dict:
         """Keyword arguments of :func:`packtool.pipeline.read.iter_documents`: the mask
@@ -196,12 +251,14 @@ class PackConfig:
         ``window_docs`` is listed only when set, so one-plan manifests keep their old form)."""
         d = self.to_dict()
         for k in ("inputs", "output", "workers", "overwrite", "engine", "ray_address",
+                  "holdout_output",
                   "skip_unsupported"):  # which files are read is in the fingerprint's file list
             d.pop(k)
-        if d["window_docs"] is None:
-            d.pop("window_docs")
-        if d["source_column"] is None:  # listed only when set: older manifests keep their form
-            d.pop("source_column")
+        for k in ("window_docs", "holdout", "holdout_part", "source_column"):
+            if d[k] is None:  # listed only when set: older manifests keep their form
+                d.pop(k)
+        if d["segment_multiple"] == 1:  # plain packs keep their manifest and fingerprint
+            d.pop("segment_multiple")
         return d
 
 
@@ -243,3 +300,51 @@ class CompareConfig:
         """Keyword arguments of :func:`packtool.pipeline.read.iter_documents` (the same as
         :meth:`PackConfig.read_options` for the same options)."""
         return _read_options(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizeConfig:
+    """Everything ``packtool tokenize`` needs."""
+
+    inputs: tuple[str, ...]
+    """INPUT paths or URIs: Parquet, Arrow IPC, save_to_disk folders, JSON Lines."""
+    output: str
+    """OUTPUT directory (or URI) of tokenized Parquet shards."""
+    tokenizer: str
+    """Local tokenizer file: tokenizers JSON, Tekken JSON or tiktoken BPE file."""
+    text_column: str = "text"
+    """Text column (JSON Lines: the key)."""
+    append_eos: int | str | None = None
+    """End-of-document token (id or special token string) appended to every non-empty
+    document not already ending with it."""
+    prepend_bos: int | str | None = None
+    """Beginning-of-document token (id or string) prepended likewise."""
+    add_special_tokens: bool = False
+    """tokenizers JSON only: run the tokenizer's post-processor (its template's BOS/EOS)."""
+    tokenizer_pattern: str | None = None
+    """Pre-tokenisation regex of a tiktoken BPE file not named after a tiktoken encoding."""
+    batch_docs: int = 1024
+    """Documents encoded (and written as one Parquet row group) at a time."""
+    rows_per_shard: int = 100_000
+    """Documents per output shard (each input file starts a new shard): the unit of resume."""
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    """Encoding threads (tiktoken; tokenizers sizes its own pool: RAYON_NUM_THREADS)."""
+    overwrite: bool = False
+    """Replace a non-empty OUTPUT."""
+    skip_unsupported: bool = False
+    """As :attr:`PackConfig.skip_unsupported`."""
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            raise ConfigError("give at least one INPUT")
+        for name in ("batch_docs", "rows_per_shard", "workers"):
+            if getattr(self, name) < 1:
+                _bad(name, getattr(self, name), "must be >= 1")
+
+    def layout_options(self) -> dict:
+        """The options that decide the output bytes (the tokenizer by its file's sha256 is
+        added by the driver; which files are read is in the fingerprint's file list)."""
+        d = asdict(self)
+        for k in ("inputs", "output", "workers", "overwrite", "tokenizer", "skip_unsupported"):
+            d.pop(k)
+        return d

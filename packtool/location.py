@@ -362,8 +362,12 @@ class StoreURI(Location):
 
     @property
     def display(self) -> str:
+        """The URI without credentials: a ``user:secret@`` before the bucket and secret query
+        options (``secret_key``, ...) are left out."""
         opts = [o for o in self.query.split("&") if o and o.split("=", 1)[0] not in _SECRET_OPTIONS]
-        return f"{self.scheme}://{self.key}" + (f"?{'&'.join(opts)}" if opts else "")
+        root, sep, rest = self.key.partition("/")
+        key = root.rpartition("@")[2] + sep + rest
+        return f"{self.scheme}://{key}" + (f"?{'&'.join(opts)}" if opts else "")
 
     def join(self, *names: str) -> "StoreURI":
         parts = [self.key] + [n.strip("/") for n in names if n.strip("/")]
@@ -473,7 +477,51 @@ class StoreURI(Location):
         pafs.copy_files(os.fspath(src), path, source_filesystem=pafs.LocalFileSystem(),
                         destination_filesystem=fs)
 
+    def s3_client(self):
+        """A boto3 S3 client with this location's endpoint, region and credentials (URI options,
+        else the environment), one per process and root; None for another store or without
+        boto3 (the ``s3`` extra)."""
+        if self.scheme != "s3":
+            return None
+        try:
+            import boto3
+        except ImportError:
+            return None
+        cache_key = ("boto3", os.getpid(), self._root, self.query)
+        with _FS_LOCK:
+            client = _FS.get(cache_key)
+        if client is None:
+            from urllib.parse import parse_qsl
+
+            opts = dict(parse_qsl(self.query))
+            kw = {}
+            if opts.get("endpoint_override"):
+                host = opts["endpoint_override"]
+                kw["endpoint_url"] = (host if "://" in host
+                                      else f"{opts.get('scheme', 'https')}://{host}")
+            for ours, theirs in (("region", "region_name"), ("access_key", "aws_access_key_id"),
+                                 ("secret_key", "aws_secret_access_key"),
+                                 ("session_token", "aws_session_token")):
+                if opts.get(ours):
+                    kw[theirs] = opts[ours]
+            kw.setdefault("region_name", os.environ.get("AWS_DEFAULT_REGION")
+                          or os.environ.get("AWS_REGION") or "us-east-1")
+            client = boto3.client("s3", **kw)
+            with _FS_LOCK:
+                client = _FS.setdefault(cache_key, client)
+        return client
+
     def delete(self) -> None:
+        """Delete the object; absent is fine. On S3 with boto3 the object alone goes; pyarrow's
+        own delete would leave a zero-byte "folder" object for an emptied parent."""
+        client = self.s3_client()
+        if client is not None:
+            bucket, _, key = self.key.partition("/")
+            try:
+                client.delete_object(Bucket=bucket, Key=key)
+            except Exception as exc:  # botocore's errors are not OSError
+                raise OSError(f"{self.display}: cannot delete ({_first_line(exc)})") from None
+            return
         fs, path = self.filesystem()
         try:
             fs.delete_file(path)
@@ -481,6 +529,23 @@ class StoreURI(Location):
             pass
 
     def delete_tree(self) -> None:
+        """Delete every object under this prefix; absent is fine (no folder object left
+        behind on S3 with boto3, see :meth:`delete`)."""
+        client = self.s3_client()
+        if client is not None:
+            bucket, _, key = self.key.partition("/")
+            try:
+                pages = client.get_paginator("list_objects_v2").paginate(
+                    Bucket=bucket, Prefix=key.rstrip("/") + "/")
+                for page in pages:
+                    objs = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+                    for lo in range(0, len(objs), 1000):
+                        client.delete_objects(Bucket=bucket,
+                                              Delete={"Objects": objs[lo:lo + 1000],
+                                                      "Quiet": True})
+            except Exception as exc:
+                raise OSError(f"{self.display}: cannot delete ({_first_line(exc)})") from None
+            return
         fs, path = self.filesystem()
         try:
             fs.delete_dir(path)

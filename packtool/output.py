@@ -86,7 +86,7 @@ def _versions() -> dict:
         except metadata.PackageNotFoundError:
             out[name] = None
     if out["packtool"] is None:  # run from a source tree that is not installed
-        from packtool import __version__
+        from packtool._version import __version__
 
         out["packtool"] = __version__
     return out
@@ -327,10 +327,12 @@ class Output:
         it (from its marker), None when it is not known."""
         return self._promised.get(name) if self.resume else None
 
-    def shard_written(self, entry) -> None:
-        """Record a finished shard (its :class:`~packtool.formats.manifest.ShardEntry`); the
-        marker lists the finished shards, rewritten at most every :data:`MARKER_EVERY_S` s."""
-        self._written[entry.file] = entry.to_dict()
+    def shard_written(self, entry, extra: dict | None = None) -> None:
+        """Record a finished shard (its :class:`~packtool.formats.manifest.ShardEntry`; ``extra``:
+        JSON values the writer also knows of it, kept beside the entry and handed back by
+        :meth:`promised`); the marker lists the finished shards, rewritten at most every
+        :data:`MARKER_EVERY_S` s."""
+        self._written[entry.file] = {**entry.to_dict(), **(extra or {})}
         if time.monotonic() - self._marker_at >= MARKER_EVERY_S:
             self._write_marker()
 

@@ -18,19 +18,28 @@ for free) and, when LitData is installed, with ``litdata.optimize`` (same four c
 - ``packtool random``: ``PackedDataset[i]`` at random ``i`` (CPU milliseconds per row), on the
   default row groups and on ``--small-group-mb`` ones;
 - ``memmap random``: the four columns of a random row copied out of the memmap;
-Each figure runs whole passes until it has used ``--min-cpu`` CPU seconds (psutil's clock ticks
-are 10 ms), the least CPU per row of ``--trials`` runs kept.
-
 - ``DataLoader w=K`` (K = 0 and 2), batch B: packtool batches
   (``DataLoader(PackedIterableDataset(batch_size=B), batch_size=None)``), packtool items
   collated (``DataLoader(PackedIterableDataset(), batch_size=B, collate_fn=collate)``), the
   memmap (a map-style dataset, shuffled sampler, items stacked into the same int32/int64
   tensors by a minimal collate, and collated by packtool's ``collate``: the same batch, so the
-  reader is all that differs), and LitData (``StreamingDataset(shuffle=True)`` through ``StreamingDataLoader``,
-  default collate). Workers are persistent: one warm-up pass, then a whole pass measured, so
-  worker start-up is left out (printed apart).
+  reader is all that differs), and LitData (``StreamingDataset(shuffle=True)`` through
+  ``StreamingDataLoader``, default collate). Workers are persistent: one warm-up pass, then a
+  whole pass measured, so worker start-up is left out (printed apart).
+
+Each figure runs whole passes until it has used ``--min-cpu`` CPU seconds (psutil's clock ticks
+are 10 ms), the least CPU per row of ``--trials`` runs kept.
+
+``--store`` measures instead the same output read from an S3-compatible server started on
+127.0.0.1 (moto, the ``dev`` extra), beside the local directory, in rows per second and rows per
+CPU-second of the reading process (user + sys of all its threads; the server's own CPU is the
+store's, not the reader's): ``local``, ``s3 cold`` (no cache: every row group fetched with
+ranged reads), ``s3 cache fill`` (first pass with an empty cache: whole shards downloaded) and
+``s3 warm`` (the cache already holds them: a restart). Each figure is one pass of the shuffled
+training order (``PackedIterableDataset``, all columns an item carries), best of ``--trials``.
 
 Usage: python scripts/bench_loader.py [--capacity 8192] [--repeat 4] [--json FILE]
+       python scripts/bench_loader.py --store --capacity 8192 --repeat 11   # >= 30 M tokens
 """
 
 from __future__ import annotations
@@ -287,6 +296,74 @@ def report(r: dict) -> None:
                   f"{b['cpu_ms_per_row'] / a['cpu_ms_per_row']:.2f}")
 
 
+def _cpu() -> float:
+    """User + system seconds of this process and its threads only (the S3 server of
+    ``--store`` is a child process: its CPU is the store's, not the reader's)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def bench_store(src: Path, C: int, work: Path, row_group_mb: float, seed: int,
+                trials: int) -> dict:
+    """rows/s and rows/CPU-s of one training pass: local, S3 cold, S3 cache fill, S3 warm."""
+    import shutil
+
+    import pyarrow.fs as pafs
+
+    from packtool.config import PackConfig
+    from packtool.formats.manifest import read_manifest
+    from packtool.loader import PackedIterableDataset
+    from packtool.pipeline import run_pack
+
+    out = work / f"packed-{C}"
+    run_pack(PackConfig(inputs=(str(src),), output=str(out), capacity=C,
+                        row_group_mb=row_group_mb, overwrite=True), progress=False)
+    m = read_manifest(out)
+    sys.path.insert(0, str(Path(__file__).parent))
+    from local_s3 import local_s3
+
+    with local_s3() as url:
+        os.environ.update(AWS_ENDPOINT_URL=url, AWS_ACCESS_KEY_ID="bench",
+                          AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
+                          AWS_EC2_METADATA_DISABLED="true")
+        fs = pafs.S3FileSystem(endpoint_override=url, access_key="bench", secret_key="bench",
+                               region="us-east-1", allow_bucket_creation=True)
+        fs.create_dir("bench")
+        pafs.copy_files(str(out), "bench/packed", destination_filesystem=fs)
+        uri = "s3://bench/packed"
+
+        def one_pass(where, **kw):
+            def run():
+                ds = PackedIterableDataset(where, rank=0, world_size=1, seed=seed, **kw)
+                t, c = time.perf_counter(), _cpu()
+                n = sum(1 for _ in ds)
+                return n, time.perf_counter() - t, _cpu() - c
+            return run
+
+        def best(fn, fresh=None):
+            wall = cpu = 0.0
+            for _ in range(trials):
+                if fresh:
+                    fresh()
+                n, dt, dc = fn()
+                wall, cpu = max(wall, n / dt), max(cpu, n / max(dc, 1e-9))
+            return {"rows/s": wall, "rows/CPU-s": cpu}
+
+        cache = work / "cache"
+        res = {"capacity": C, "rows": m.num_rows, "tokens": m.totals.real_tokens,
+               "bytes": sum(s.bytes for s in m.shards), "shards": len(m.shards),
+               "load": os.getloadavg()[0]}
+        res["local"] = best(one_pass(out))
+        res["s3 cold"] = best(one_pass(uri))
+        res["s3 cache fill"] = best(one_pass(uri, cache_dir=cache, cache_limit="64G"),
+                                    fresh=lambda: shutil.rmtree(cache, ignore_errors=True))
+        res["s3 warm"] = best(one_pass(uri, cache_dir=cache, cache_limit="64G"))
+        res["load after"] = os.getloadavg()[0]
+        return res
+
+
 def main(argv=None) -> int:
     global MIN_CPU_S
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -305,10 +382,30 @@ def main(argv=None) -> int:
                     help="CPU seconds each figure runs for at least")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the figures to this file")
+    ap.add_argument("--store", action="store_true",
+                    help="read the output from a local S3 server: cold, cache fill, warm")
     args = ap.parse_args(argv)
     MIN_CPU_S = args.min_cpu
     print(f"load average before: {os.getloadavg()}, {os.cpu_count()} CPUs")
     results = []
+    if args.store:
+        with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp:
+            src = make_input(Path(args.input), Path(tmp), args.repeat, args.seed)
+            for C in args.capacity or [8192]:
+                r = bench_store(src, C, Path(tmp), args.row_group_mb, args.seed, args.trials)
+                results.append(r)
+                base = r["local"]["rows/CPU-s"]
+                print(f"\nC = {C}: {r['rows']:,} rows, {r['tokens'] / 1e6:.1f} M tokens, "
+                      f"{r['bytes'] / 2**20:.0f} MiB in {r['shards']} shards; load "
+                      f"{r['load']:.1f} -> {r['load after']:.1f}")
+                print(f"{'reader':<16}{'rows/s':>10}{'rows/CPU-s':>12}{'CPU x local':>13}")
+                for k in ("local", "s3 cold", "s3 cache fill", "s3 warm"):
+                    v = r[k]
+                    print(f"{k:<16}{v['rows/s']:>10,.0f}{v['rows/CPU-s']:>12,.0f}"
+                          f"{base / v['rows/CPU-s']:>13.2f}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2))
+        return 0
     with tempfile.TemporaryDirectory(prefix="bench-loader-") as tmp:
         src = make_input(Path(args.input), Path(tmp), args.repeat, args.seed)
         for C in args.capacity or [8192]:

@@ -147,6 +147,8 @@ def check_pip(argv: list[str], where: str) -> None:
 
 
 def check_command(argv: list[str], where: str) -> None:
+    while argv and re.match(r"^[A-Z_][A-Z0-9_]*=", argv[0]):  # VAR=value before a command
+        argv = argv[1:]
     if argv[0] == "packtool":
         check_packtool(argv, where)
     elif argv[0] == "make":
@@ -217,7 +219,7 @@ def test_readme_verify_figures_name_every_cpu_backend():
     regenerates the numbers)."""
     text = (ROOT / "README.md").read_text()
     block = text.split("<!-- begin: verify -->", 1)[1].split("<!-- end: verify -->", 1)[0]
-    for backend in ("sdpa", "flex", "hf"):
+    for backend in ("sdpa", "flex", "hf", "hybrid"):
         assert re.search(rf"{backend} \d\.\de-\d\d", block), block
 
 

@@ -192,14 +192,16 @@ def test_the_check_above_can_fail(tmp_path):
 
 def test_the_packed_output_is_read_only_through_the_one_reader():
     """Nothing outside packtool/formats/ opens Parquet, and everything that reads a packed
-    output's rows goes through packtool.formats.packed (the loader's datasets, stats, verify)."""
+    output's rows goes through packtool.formats.packed (the loader's datasets, stats, verify,
+    pack_dataset's read-back and export --to nemo)."""
     opens = ("ParquetFile(", "read_table(", "read_row_group", "iter_batches(", "read_metadata(")
     bad = sorted(name for name, path in _modules().items()
                  if not name.startswith("packtool.formats")
                  and any(o in path.read_text() for o in opens))
     assert bad == []
     graph = import_graph()
-    for reader in ("packtool.loader.source", "packtool.analysis", "packtool.verify.checks"):
+    for reader in ("packtool.loader.source", "packtool.analysis", "packtool.verify.checks",
+                   "packtool.formats.inmemory", "packtool.formats.nemo"):
         assert "packtool.formats.packed" in graph[reader], reader
     assert not (PKG / "loader" / "_shards.py").exists()
 

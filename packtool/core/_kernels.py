@@ -575,3 +575,86 @@ def _segment_targets(seg_src, seg_len, targets):
             c += targets[src + t] != 0
         out[q] = c
     return out
+
+
+@njit(cache=True, nogil=True)
+def _spread_segments(input_ids, segment_ids, position_ids, labels, seg_offsets, seg_len,
+                     multiple, pad_id):
+    """Give every segment a span of ``ceil(len / multiple) * multiple`` slots, in place.
+
+    The rows come laid out back to back (``_fill_rows``, then ``_mask_labels``); row k holds
+    segments ``seg_offsets[k] .. seg_offsets[k + 1] - 1`` of real lengths ``seg_len``. Each
+    segment moves right to the start of its span (last segment first, so nothing is overwritten
+    before it moves); the rest of its span becomes padding: ``pad_id``, segment id 0, positions
+    continuing ``len .. span - 1``, label -100. The tail after the last span is the padding
+    pseudo-segment (positions 0..p-1). Returns the padded cu_seqlens values int32 (span
+    boundaries, then C when a tail is left), the unpadded ones int32 (real lengths summed, the
+    tail with its own length), their offsets int64[n + 1] and max_seqlen int32[n] (longest span).
+    """
+    n = input_ids.shape[0]
+    capacity = input_ids.shape[1]
+    cu_offsets = np.zeros(n + 1, dtype=np.int64)  # shape: (n + 1,)
+    for k in range(n):
+        used = 0
+        for q in range(seg_offsets[k], seg_offsets[k + 1]):
+            used += (seg_len[q] + multiple - 1) // multiple * multiple
+        entries = 1 + (seg_offsets[k + 1] - seg_offsets[k]) + (1 if used < capacity else 0)
+        cu_offsets[k + 1] = cu_offsets[k] + entries
+    cu_padded = np.empty(cu_offsets[n], dtype=np.int32)
+    cu_unpadded = np.empty(cu_offsets[n], dtype=np.int32)
+    max_seqlen = np.zeros(n, dtype=np.int32)
+    for k in range(n):
+        q0 = seg_offsets[k]
+        q1 = seg_offsets[k + 1]
+        real = 0
+        spans = 0
+        for q in range(q0, q1):
+            real += seg_len[q]
+            spans += (seg_len[q] + multiple - 1) // multiple * multiple
+        # move segments right, last first: source start src, destination start dst >= src
+        src = real
+        dst = spans
+        for q in range(q1 - 1, q0 - 1, -1):
+            length = seg_len[q]
+            span = (length + multiple - 1) // multiple * multiple
+            src -= length
+            dst -= span
+            if dst != src:
+                for t in range(length - 1, -1, -1):
+                    input_ids[k, dst + t] = input_ids[k, src + t]
+                    segment_ids[k, dst + t] = segment_ids[k, src + t]
+                    position_ids[k, dst + t] = position_ids[k, src + t]
+                    labels[k, dst + t] = labels[k, src + t]
+            for t in range(length, span):
+                input_ids[k, dst + t] = pad_id
+                segment_ids[k, dst + t] = 0
+                position_ids[k, dst + t] = t
+                labels[k, dst + t] = _IGNORE
+        for t in range(capacity - spans):
+            input_ids[k, spans + t] = pad_id
+            segment_ids[k, spans + t] = 0
+            position_ids[k, spans + t] = t
+            labels[k, spans + t] = _IGNORE
+        c = cu_offsets[k]
+        cu_padded[c] = 0
+        cu_unpadded[c] = 0
+        pos = 0
+        acc = 0
+        longest = 0
+        for q in range(q0, q1):
+            span = (seg_len[q] + multiple - 1) // multiple * multiple
+            pos += span
+            acc += seg_len[q]
+            c += 1
+            cu_padded[c] = pos
+            cu_unpadded[c] = acc
+            if span > longest:
+                longest = span
+        if spans < capacity:
+            c += 1
+            cu_padded[c] = capacity
+            cu_unpadded[c] = acc + capacity - spans
+            if capacity - spans > longest:
+                longest = capacity - spans
+        max_seqlen[k] = longest
+    return cu_padded, cu_unpadded, cu_offsets, max_seqlen

@@ -13,6 +13,14 @@ For a row of capacity C holding segments of lengths l1..lk and p = C - sum(l) pa
   each segment's first token and on padding; shifted: labels[i] = input_ids[i+1] inside the same
   segment, else -100;
 - ``num_targets`` = count(labels != -100) = sum over segments of (l - 1): the effective targets.
+
+With ``segment_multiple`` N > 1 (context parallelism) each segment spans ``ceil(l / N) * N`` slots:
+its tokens, then padding inside the row (``pad_id``, segment id 0, label -100, positions
+continuing l..span-1, so the padding is part of its document's span and, under causal
+attention, a key of nothing but later padding of that span). ``cu_seqlens`` holds the spans
+(where each sequence starts in the row: TransformerEngine's ``cu_seqlens_q_padded``) and
+``cu_seqlens_unpadded`` the real lengths summed (its ``cu_seqlens_q``), the padding tail counted
+whole in both; ``max_seqlen`` is the longest span. ``num_targets`` is unchanged.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from packtool.core import _kernels as K
-from packtool.core.packing import PackPlan
+from packtool.core.packing import PackPlan, segment_spans
 from packtool.errors import ConfigError
 from packtool.types import LabelMode
 
@@ -47,12 +55,22 @@ class PackedRows:
     doc_ids: np.ndarray  #: int64[segments], global document index of each segment
     doc_offsets: np.ndarray  #: int64[segments], token offset of each segment in its document
     seg_offsets: np.ndarray  #: int64[n + 1], row k's segments = doc_ids[seg_offsets[k]:seg_offsets[k+1]]
+    #: int32[total] with ``segment_multiple`` > 1: real lengths summed per row, offsets
+    #: ``cu_offsets`` (the padding tail counted whole); None when segments are not padded
+    cu_unpadded_values: np.ndarray | None = None
     #: int32[segments], the source id of each segment (``pack --source-column``), else None
     source_ids: np.ndarray | None = None
 
     def cu_seqlens(self, k: int) -> np.ndarray:
         """int32[segments_k + 1 (+1 with padding)]: cumulative lengths of row ``k``."""
         return self.cu_values[self.cu_offsets[k]:self.cu_offsets[k + 1]]
+
+    def cu_seqlens_unpadded(self, k: int) -> np.ndarray:
+        """int32[segments_k + 1 (+1 with padding)]: row ``k``'s real lengths summed (equal to
+        :meth:`cu_seqlens` when segments are not padded)."""
+        if self.cu_unpadded_values is None:
+            return self.cu_seqlens(k)
+        return self.cu_unpadded_values[self.cu_offsets[k]:self.cu_offsets[k + 1]]
 
 
 def layout_rows(
@@ -64,6 +82,7 @@ def layout_rows(
     pad_id: int = 0,
     labels: LabelMode | str = LabelMode.UNSHIFTED,
     targets: np.ndarray | None = None,
+    segment_multiple: int | None = None,
 ) -> PackedRows:
     """Materialise rows ``rows`` of ``plan`` into packed columns.
 
@@ -78,12 +97,15 @@ def layout_rows(
             -100, e.g. an SFT prompt): such a token is never a target, in addition to the
             boundary rule, and ``num_targets`` counts what is left
             (:func:`packtool.core.masks.mask_labels`).
+        segment_multiple: N: each segment spans ``ceil(len / N) * N`` slots, padding inside the
+            row after it (module docstring); None: ``plan.segment_multiple``.
 
     Returns:
         :class:`PackedRows` (shapes documented on its fields).
 
     Raises:
-        ConfigError: ``pad_id`` outside int32, unknown label mode, or a row id out of range.
+        ConfigError: ``pad_id`` outside int32, unknown label mode, a row id out of range, or a
+            ``segment_multiple`` < 1 or whose spans do not fit a row.
     """
     try:
         mode = LabelMode(labels)
@@ -118,8 +140,21 @@ def layout_rows(
 
         mask_labels(lab, num_targets, seg_offsets, seg_len, seg_src, targets,
                     shifted=mode is LabelMode.SHIFTED)
+    multiple = plan.segment_multiple if segment_multiple is None else int(segment_multiple)
+    cu_unpadded = None
+    if multiple != 1:
+        if multiple < 1:
+            raise ConfigError(f"segment_multiple must be >= 1, got {multiple}")
+        cs = np.concatenate([[0], np.cumsum(segment_spans(seg_len, multiple))])
+        per_row = cs[seg_offsets[1:]] - cs[seg_offsets[:-1]]  # shape: (n,), slots taken
+        if per_row.size and per_row.max() > plan.capacity:
+            raise ConfigError(f"segments padded to a multiple of {multiple} do not fit a row "
+                              f"of {plan.capacity}; plan with segment_multiple={multiple}")
+        cu_values, cu_unpadded, cu_offsets, max_seqlen = K._spread_segments(
+            ids, seg, pos, lab, seg_offsets, seg_len, np.int64(multiple), np.int32(pad_id))
     return PackedRows(ids, seg, pos, None if mode is LabelMode.NONE else lab, cu_values,
-                      cu_offsets, num_targets, max_seqlen, doc_ids, doc_offsets, seg_offsets)
+                      cu_offsets, num_targets, max_seqlen, doc_ids, doc_offsets, seg_offsets,
+                      cu_unpadded_values=cu_unpadded)
 
 
 def gather_segments(values: np.ndarray, src: np.ndarray, lens: np.ndarray,

@@ -8,7 +8,8 @@ is not a target: its input label was -100, or a loss mask such as TRL's ``comple
 
 - :func:`prepare_documents`: the one path from the columns read to the documents packed, used
   by ``packtool pack`` and ``packtool compare`` alike: target flags from the input labels and
-  loss masks (:func:`target_flags`), then the attention mask, then BOS/EOS.
+  loss masks (:func:`target_flags`), then the documents a ``--holdout`` split leaves out, then
+  the attention mask, then BOS/EOS.
 
 - :func:`drop_masked_tokens`: tokens whose ``attention_mask`` is 0 (padding of a padded
   tokenization) are removed before packing; a document may become empty.
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from packtool.core import _kernels as K
+from packtool.core.holdout import drop_documents
 from packtool.core.packing import PackPlan
 
 __all__ = ["BoundaryCounts", "TokenBatch", "prepare_documents", "target_flags",
@@ -70,6 +72,9 @@ class TokenBatch:
     masked_tokens: int = 0  #: tokens removed because their attention mask was 0
     #: BOS/EOS added or found already there (--prepend-bos/--append-eos)
     boundary: BoundaryCounts = BoundaryCounts()
+    #: (documents, tokens) left out whole as the other part of a ``--holdout`` split (such a
+    #: document has length 0 here)
+    other_split: tuple[int, int] = (0, 0)
     #: [docs] each document's ``--source-column`` value as read (int64 or str objects),
     #: carried untouched; None: not read
     sources: np.ndarray | None = None
@@ -77,13 +82,20 @@ class TokenBatch:
     def mask_counts(self) -> dict:
         """The batch's mask figures under their :class:`packtool.stats.PackStats` names
         (``tokens_label_masked``: tokens kept out of the targets by input labels or loss
-        masks)."""
+        masks).
+
+        A document left out by a ``--holdout`` split has length 0, so the plan counts it as
+        empty: ``docs_empty`` is corrected here by as many (a count to add to the plan's, never
+        a count alone)."""
         b = self.boundary
         return {"tokens_attention_masked": self.masked_tokens,
                 "tokens_label_masked": 0 if self.targets is None
                 else int(self.targets.size - np.count_nonzero(self.targets)),
                 "docs_bos_added": b.bos_added, "docs_bos_present": b.bos_present,
-                "docs_eos_added": b.eos_added, "docs_eos_present": b.eos_present}
+                "docs_eos_added": b.eos_added, "docs_eos_present": b.eos_present,
+                "docs_other_split": self.other_split[0],
+                "tokens_other_split": self.other_split[1],
+                "docs_empty": -self.other_split[0]}
 
 
 def target_flags(labels: np.ndarray | None, loss_masks=()) -> np.ndarray | None:
@@ -113,13 +125,16 @@ def target_flags(labels: np.ndarray | None, loss_masks=()) -> np.ndarray | None:
 def prepare_documents(first_row: int, lengths: np.ndarray, tokens: np.ndarray, *,
                       keep: np.ndarray | None = None, labels: np.ndarray | None = None,
                       loss_masks=(), bos: int | None = None,
-                      eos: int | None = None) -> TokenBatch:
+                      eos: int | None = None,
+                      keep_docs: np.ndarray | None = None) -> TokenBatch:
     """Documents as packed, from the columns read: the one path of ``pack`` and ``compare``.
 
     Order: target flags from ``labels`` and ``loss_masks`` on the tokens as read
-    (:func:`target_flags`), then the tokens whose attention mask is 0 removed
-    (:func:`drop_masked_tokens`), then BOS/EOS added (:func:`add_boundary_tokens`: an added
-    EOS is a target when the document's last token is one).
+    (:func:`target_flags`), then the documents ``keep_docs`` leaves out removed whole
+    (:func:`packtool.core.holdout.drop_documents`: ``--holdout``), then the tokens whose
+    attention mask is 0 removed (:func:`drop_masked_tokens`), then BOS/EOS added
+    (:func:`add_boundary_tokens`: an added EOS is a target when the document's last token is
+    one).
 
     Args:
         first_row: row index in its file of the first document.
@@ -128,18 +143,26 @@ def prepare_documents(first_row: int, lengths: np.ndarray, tokens: np.ndarray, *
         labels: int[T], -100 or the token (checked by the reader), or None.
         loss_masks: int or bool [T] masks, 1 = learn.
         bos, eos: ``--prepend-bos`` / ``--append-eos`` ids, or None.
+        keep_docs: bool[docs], False for a document of the other part of a held-out split
+            (it gets length 0 and is counted in ``other_split``, its tokens as read); None
+            keeps every document.
 
     Returns:
         :class:`TokenBatch`.
 
     Raises:
-        ValueError: a mask without T entries.
+        ValueError: a mask without T entries, or ``keep_docs`` without one entry per document.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     tokens = np.asarray(tokens, dtype=np.int32)
     targets = target_flags(labels, loss_masks)
     if targets is not None and targets.size != tokens.size:
         raise ValueError("labels and loss masks must have one entry per token")
+    other = (0, 0)
+    if keep_docs is not None:
+        lengths, n_docs, n_tokens, tokens, targets, keep = drop_documents(
+            lengths, keep_docs, tokens, targets, None if keep is None else np.asarray(keep))
+        other = (n_docs, n_tokens)
     masked = 0
     if keep is not None:
         lengths, tokens, targets, masked = drop_masked_tokens(lengths, tokens, keep, targets)
@@ -147,7 +170,8 @@ def prepare_documents(first_row: int, lengths: np.ndarray, tokens: np.ndarray, *
     if bos is not None or eos is not None:
         lengths, tokens, targets, boundary = add_boundary_tokens(lengths, tokens, targets,
                                                                  bos=bos, eos=eos)
-    return TokenBatch(int(first_row), lengths, tokens, targets, masked, boundary)
+    return TokenBatch(int(first_row), lengths, tokens, targets, masked, boundary,
+                      other_split=other)
 
 
 def _doc_of_token(lengths: np.ndarray) -> np.ndarray:

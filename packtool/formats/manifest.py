@@ -1,13 +1,22 @@
-"""The manifest: one typed record of a packed output, written last; its presence means complete.
+"""The manifest: one typed record of a packtool output, written last; its presence means complete.
 
 :class:`Manifest` (frozen) records the packtool version, the fingerprint of inputs and options,
 the capacity, the labels fact (:class:`LabelsInfo`: stored or not, and the convention every reader
 hands out), the options that decide the bytes, the input files (:class:`InputEntry`), every shard
 (:class:`ShardEntry`: rows, row groups, bytes, sha256 of the file and of its Parquet footer), the
-windows when the pack was windowed (:class:`WindowEntry`) and the totals
-(:class:`~packtool.stats.PackStats`). Every consumer reads it as attributes, through
+windows when the pack was windowed (:class:`WindowEntry`), the totals
+(:class:`~packtool.stats.PackStats`) and, with ``pack --source-column``, the source table
+(:attr:`Manifest.source_column` and :attr:`Manifest.source_values`, written as ``sources`` only
+when set). Every consumer reads it as attributes, through
 :func:`read_manifest`; the one reader of the shards (:mod:`packtool.formats.packed`) builds its
 row-group index from it without opening a shard.
+
+**Kinds.** :attr:`Manifest.kind` says what the shards hold: :data:`PACKED_KIND` (``packtool
+pack``: packed rows, the default) or :data:`TOKENIZED_KIND` (``packtool tokenize``: one document
+per row, ``input_ids`` only; no capacity and no labels fact, totals ``docs_in``, ``tokens_in`` and
+the BOS/EOS counts). A tokenized output is ``pack`` input, never packed rows: every reader of
+packed rows refuses it in one line (:func:`require_packed`). ``kind`` is written only when it is
+not ``packed``, so a packed output's manifest is what it was before kinds existed.
 
 **Format versions.** 3 (this one): shards carry Parquet page checksums, the manifest records
 each shard's row groups and footer sha256, the labels fact once (``labels``; the shards' schema
@@ -61,7 +70,8 @@ from packtool.stats import PackStats
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NAME", "LOCK_NAME",
            "SHARD_GLOB", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry",
-           "InputEntry", "LabelsInfo", "WindowEntry", "manifest_bytes", "publish_manifest",
+           "InputEntry", "LabelsInfo", "WindowEntry", "PACKED_KIND", "TOKENIZED_KIND", "KINDS",
+           "require_packed", "manifest_bytes", "publish_manifest",
            "read_manifest", "read_manifest_and_schema", "load_manifest", "check_shards",
            "sha256_of",
            "footer_sha256", "footer_of", "upgrade_manifest", "shard_entry_of", "shard_name",
@@ -85,6 +95,12 @@ FORMAT_VERSION = 3
 READABLE_VERSIONS = (2, 3)
 #: Bytes read from a file's end to find its Parquet footer in one request (most footers fit).
 _TAIL_BYTES = 1 << 16
+#: :attr:`Manifest.kind` of a ``packtool pack`` output: packed rows.
+PACKED_KIND = "packed"
+#: :attr:`Manifest.kind` of a ``packtool tokenize`` output: one document per row.
+TOKENIZED_KIND = "tokenized"
+#: Every kind a manifest may say.
+KINDS = (PACKED_KIND, TOKENIZED_KIND)
 
 
 def shard_name(index: int) -> str:
@@ -197,32 +213,45 @@ class Manifest:
         format_version: the version it was written as (:data:`READABLE_VERSIONS`).
         packtool_version: the packtool that wrote it.
         fingerprint: sha256 of the inputs, options and byte-deciding versions.
-        capacity: C, tokens per row.
-        labels: the labels fact (:class:`LabelsInfo`).
+        capacity: C, tokens per row (0 for a tokenized output).
+        labels: the labels fact (:class:`LabelsInfo`); None for a tokenized output.
         options: the options that decided the bytes (read-only mapping).
         inputs: the input files in document order.
         shards: the shards in row order.
-        totals: the counts of the whole output.
+        totals: the counts of the whole output (a tokenized output: ``docs_in``, ``tokens_in``
+            and the BOS/EOS counts).
         windows: the windows of a windowed pack (empty otherwise).
+        kind: :data:`PACKED_KIND` (default) or :data:`TOKENIZED_KIND`.
         source_column: the input column ``pack --source-column`` carried, or None.
         source_values: the id -> value table of the shards' ``source_ids`` (id ``i`` is
             ``source_values[i]``: strings or ints, sorted), empty without ``--source-column``.
+
+    Raises:
+        ValueError: an unknown kind, a packed manifest without a labels fact, or
+            ``source_values`` without a ``source_column``.
     """
 
     format_version: int
     packtool_version: str
     fingerprint: str
-    capacity: int
-    labels: LabelsInfo
+    capacity: int = 0
+    labels: LabelsInfo | None = None
     options: Mapping = field(default_factory=dict)
     inputs: tuple = ()
     shards: tuple = ()
     totals: PackStats = field(default_factory=PackStats)
     windows: tuple = ()
+    kind: str = PACKED_KIND
     source_column: str | None = None
     source_values: tuple = ()
 
     def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"manifest kind {self.kind!r}: choose one of {', '.join(KINDS)}")
+        if self.kind == PACKED_KIND and self.labels is None:
+            raise ValueError("a packed manifest records its labels fact (LabelsInfo)")
+        if self.source_values and self.source_column is None:
+            raise ValueError("source_values without a source_column")
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
         object.__setattr__(self, "source_values", tuple(self.source_values))
 
@@ -233,6 +262,11 @@ class Manifest:
     def num_rows(self) -> int:
         """Rows over all shards."""
         return sum(s.rows for s in self.shards)
+
+    @property
+    def is_packed(self) -> bool:
+        """True for packed rows (``packtool pack``), False for a tokenized output."""
+        return self.kind == PACKED_KIND
 
     @property
     def label_masked(self) -> bool:
@@ -257,14 +291,18 @@ class Manifest:
         raise KeyError(name)
 
     def to_dict(self) -> dict:
-        """The JSON form written in the manifest file (format version 3)."""
+        """The JSON form written in the manifest file (format version 3; ``kind`` only when it is
+        not ``packed``; a tokenized output has no ``capacity`` or ``labels``)."""
         d = {"format_version": FORMAT_VERSION, "packtool_version": self.packtool_version,
-             "fingerprint": self.fingerprint, "capacity": self.capacity,
-             "labels": {"stored": self.labels.stored, "convention": self.labels.convention},
-             "options": dict(self.options),
+             "fingerprint": self.fingerprint, "options": dict(self.options),
              "inputs": [{"path": i.path, "rows": i.rows, "bytes": i.bytes} for i in self.inputs],
              "shards": [s.to_dict() for s in self.shards],
              "totals": self.totals.to_dict()}
+        if self.kind == PACKED_KIND:
+            d["capacity"] = self.capacity
+            d["labels"] = {"stored": self.labels.stored, "convention": self.labels.convention}
+        else:
+            d["kind"] = self.kind
         if self.windows:
             d["windows"] = [w.to_dict() for w in self.windows]
         if self.source_column is not None:
@@ -284,9 +322,21 @@ class Manifest:
             raise ManifestError(f"{where}: format_version {version!r}; this packtool reads "
                                 f"{', '.join(map(str, READABLE_VERSIONS))}: use the packtool "
                                 "that wrote it, or repack with this one")
+        kind = d.get("kind", PACKED_KIND)
+        if kind not in KINDS:
+            raise ManifestError(f"{where}: manifest of kind {kind!r}; this packtool reads "
+                                f"{', '.join(KINDS)}: use the packtool that wrote it")
         try:
             opts = dict(d.get("options") or {})
-            if version == 2:
+            if kind != PACKED_KIND:
+                stored = conv = None
+                capacity = 0
+                shards = tuple(ShardEntry(
+                    str(o["file"]), int(o["rows"]), int(o["bytes"]), str(o["sha256"]),
+                    o.get("footer_sha256"),
+                    tuple((int(r), int(n)) for r, n in o.get("row_groups") or ()))
+                    for o in d["shards"])
+            elif version == 2:
                 option = str(opts.get("labels", "none"))
                 info = d.get("labels") if isinstance(d.get("labels"), dict) else {}
                 stored = bool(info.get("stored", option != "none"))
@@ -314,11 +364,11 @@ class Manifest:
             return cls(format_version=int(version),
                        packtool_version=str(d.get("packtool_version", "")),
                        fingerprint=str(d.get("fingerprint", "")), capacity=capacity,
-                       labels=LabelsInfo(stored, conv), options=opts,
+                       labels=None if stored is None else LabelsInfo(stored, conv), options=opts,
                        inputs=tuple(InputEntry(str(i["path"]), int(i["rows"]), int(i["bytes"]))
                                     for i in d.get("inputs") or ()),
                        shards=shards, totals=PackStats.from_dict(d.get("totals") or {}),
-                       windows=windows,
+                       windows=windows, kind=kind,
                        source_column=None if not src else str(src["column"]),
                        source_values=values)
         except (KeyError, TypeError, ValueError) as exc:
@@ -405,6 +455,19 @@ def read_manifest(output) -> Manifest:
         ManifestError: as :func:`read_manifest_and_schema`.
     """
     return read_manifest_and_schema(output)[0]
+
+
+def require_packed(manifest: Manifest, where) -> Manifest:
+    """``manifest`` when it is of packed rows.
+
+    Raises:
+        ManifestError: a tokenized output (one document per row): one line saying to pack it
+            first (``where`` names the output).
+    """
+    if manifest.kind != PACKED_KIND:
+        raise ManifestError(f"{where}: a packtool {manifest.kind} output (one document per row, "
+                            f"not packed rows); pack it first: packtool pack {where} OUTPUT")
+    return manifest
 
 
 def load_manifest(output, *, check_hashes: bool = False) -> Manifest:

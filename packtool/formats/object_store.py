@@ -29,13 +29,12 @@ import threading
 import uuid
 from collections import OrderedDict
 from contextlib import ExitStack, contextmanager
-from urllib.parse import parse_qsl
 
 import pyarrow as pa
 
-from packtool.errors import OutputError
+from packtool.errors import OutputError, install_hint
 from packtool.formats.manifest import LOCK_NAME
-from packtool.location import Location, StoreURI
+from packtool.location import Location
 
 __all__ = ["read_ranges", "read_session", "take_lock", "release_lock", "holder",
            "holder_is_gone", "abort_uploads", "STORE_ERRORS", "first_line"]
@@ -260,29 +259,6 @@ def _read_json(loc: Location) -> dict | None:
 
 # -- pending multipart uploads --------------------------------------------------------------------
 
-def _s3_client(loc: StoreURI):
-    """A boto3 S3 client with the location's endpoint and credentials, or None without boto3."""
-    try:
-        import boto3
-    except ImportError:
-        return None
-    opts = dict(parse_qsl(loc.query))
-    kw = {}
-    if opts.get("endpoint_override"):
-        host = opts["endpoint_override"]
-        kw["endpoint_url"] = host if "://" in host else f"{opts.get('scheme', 'https')}://{host}"
-    if opts.get("region"):
-        kw["region_name"] = opts["region"]
-    for ours, theirs in (("access_key", "aws_access_key_id"),
-                         ("secret_key", "aws_secret_access_key"),
-                         ("session_token", "aws_session_token")):
-        if opts.get(ours):
-            kw[theirs] = opts[ours]
-    kw.setdefault("region_name", os.environ.get("AWS_DEFAULT_REGION")
-                  or os.environ.get("AWS_REGION") or "us-east-1")
-    return boto3.client("s3", **kw)
-
-
 _WARNED = threading.Event()
 
 
@@ -299,12 +275,13 @@ def abort_uploads(uri) -> int:
     loc = Location.parse(uri)
     if loc.is_local or loc.scheme != "s3":
         return 0
-    client = _s3_client(loc)
+    client = loc.s3_client()
     if client is None:
         if not _WARNED.is_set():
             _WARNED.set()
             log.warning("%s: boto3 is not installed, so unfinished multipart uploads left by a "
-                        "killed run cannot be listed and aborted (pip install boto3)", loc.display)
+                        "killed run cannot be listed and aborted (%s)", loc.display,
+                        install_hint("s3"))
         return 0
     bucket, _, prefix = loc.key.partition("/")
     prefix = prefix.rstrip("/") + "/" if prefix else ""

@@ -30,7 +30,8 @@ what training reads:
   ``[R]``; nulls, other types and wrong sizes are refused naming shard and column. With
   ``structure="derived"`` it reads no ``segment_ids`` or ``position_ids`` pages and computes both
   from ``cu_seqlens`` and the segment count (:func:`structure_from_cu`, the output contract's
-  definition): a training read decodes ``input_ids`` and two small columns, about a third of the
+  definition; with ``--segment-multiple`` from the padded spans of ``cu_seqlens`` and the real
+  lengths of ``cu_seqlens_unpadded``): a training read decodes ``input_ids`` and two small columns, about a third of the
   bytes (``docs/benchmarks.md``). ``packtool verify`` checks the stored columns against
   ``cu_seqlens``, so both ways give the same arrays on a verified output.
 - **Rows as slices.** :meth:`Rows.gather` takes any rows of decoded blocks (a training batch)
@@ -59,7 +60,7 @@ import pyarrow.parquet as pq
 
 from packtool.errors import ManifestError
 from packtool.formats.manifest import (Manifest, check_shards, footer_of,
-                                       read_manifest_and_schema)
+                                       read_manifest_and_schema, require_packed)
 from packtool.formats.schema import (RAGGED_COLUMNS, SCALAR_COLUMNS, SHARD_META_KEY,
                                      TOKEN_COLUMNS)
 from packtool.location import Location
@@ -172,10 +173,16 @@ def labels_in(convention: str, *, input_ids: np.ndarray, segment_ids: np.ndarray
 
 
 def structure_from_cu(cu_values: np.ndarray, cu_offsets: np.ndarray, num_segments: np.ndarray,
-                      capacity: int, where: str = "") -> tuple[np.ndarray, np.ndarray]:
-    """``segment_ids`` and ``position_ids`` of R rows from their ``cu_seqlens`` (README, "Output
-    contract": segments 1..k, 0 on the padding tail; positions 0..len-1 in each segment, the
-    padding tail counted as one pseudo-segment).
+                      capacity: int, where: str = "",
+                      unpadded: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``segment_ids`` and ``position_ids`` of R rows from their ``cu_seqlens`` (docs/output.md,
+    the output contract: segments 1..k, 0 on the padding tail; positions 0..len-1 in each span,
+    the padding tail counted as one pseudo-segment).
+
+    With ``pack --segment-multiple N`` the spans of ``cu_seqlens`` are padded documents and
+    ``unpadded`` (the rows' ``cu_seqlens_unpadded``, the same offsets) gives each span's real
+    tokens a: segment q covers the first a tokens of span q, the rest of the span is 0 (padding,
+    never a target), and positions run over the whole span (the padding goes on counting).
 
     Args:
         cu_values: int[E], every row's ``cu_seqlens`` back to back; cu_offsets: int64[R + 1],
@@ -183,13 +190,17 @@ def structure_from_cu(cu_values: np.ndarray, cu_offsets: np.ndarray, num_segment
         num_segments: int[R], k, real segments per row (the length of its ``doc_ids``).
         capacity: C.
         where: names the shard in error messages.
+        unpadded: int[E] ``cu_seqlens_unpadded`` values (same offsets), or None when the spans
+            are the documents themselves.
 
     Returns:
         (segment_ids int32[R, C], position_ids int32[R, C]).
 
     Raises:
         ManifestError: a row's ``cu_seqlens`` does not start at 0, end at C and strictly
-            increase, or does not have k + 1 or k + 2 entries.
+            increase, or does not have k + 1 or k + 2 entries; ``unpadded`` of another size,
+            not starting each row at 0, or giving a document 0 real tokens or more than its
+            span.
     """
     C = int(capacity)
     cu = np.asarray(cu_values, dtype=np.int64)
@@ -222,7 +233,8 @@ def structure_from_cu(cu_values: np.ndarray, cu_offsets: np.ndarray, num_segment
     starts = cu[left] + row_of * C  # shape: (segments,), flat position of each segment
     lengths = np.diff(np.append(starts, R * C))
     j = np.arange(starts.size, dtype=np.int64) - np.repeat(first - np.arange(R), n_ent - 1)
-    ids = np.where(j < k[row_of], j + 1, 0).astype(np.int32)
+    real_seg = j < k[row_of]  # shape: (segments,), False on padding tails
+    ids = np.where(real_seg, j + 1, 0).astype(np.int32)
     seg = np.repeat(ids, lengths).reshape(R, C)  # shape: (R, C)
     # one new array each (fresh pages cost more than the arithmetic at these sizes)
     if R * C < 2**31:
@@ -230,7 +242,30 @@ def structure_from_cu(cu_values: np.ndarray, cu_offsets: np.ndarray, num_segment
         np.subtract(_arange32(R * C), pos, out=pos)
     else:
         pos = (np.arange(R * C, dtype=np.int64) - np.repeat(starts, lengths)).astype(np.int32)
-    return seg, pos.reshape(R, C)
+    pos = pos.reshape(R, C)
+    if unpadded is not None:  # --segment-multiple: the real part of each span only
+        un = np.asarray(unpadded, dtype=np.int64)
+        bad_un = np.zeros(R, dtype=bool)
+        if un.size != cu.size:
+            raise ManifestError(f"{where}: cu_seqlens_unpadded holds {un.size} values for "
+                                f"{cu.size} cu_seqlens entries; the shard breaks the output "
+                                "contract; rerun the same packtool pack with --overwrite")
+        idx = np.flatnonzero(left)  # shape: (segments,), each span's entry in cu
+        real = un[idx + 1] - un[idx]  # shape: (segments,), real tokens of each span
+        span = lengths
+        broken = real_seg & ((real < 1) | (real > span))
+        bad_un[row_of[broken]] = True
+        bad_un |= un[first] != 0
+        if bad_un.any():
+            r = int(np.flatnonzero(bad_un)[0])
+            raise ManifestError(f"{where}: row {r} of its row group: cu_seqlens_unpadded "
+                                f"{un[offs[r]:offs[r + 1]].tolist()[:8]} does not fit the spans "
+                                f"of cu_seqlens {cu[offs[r]:offs[r + 1]].tolist()[:8]} (0, then "
+                                "1 .. span real tokens per document); rerun the same packtool "
+                                "pack with --overwrite")
+        if (real_seg & (real < span)).any():
+            seg[pos >= np.repeat(np.where(real_seg, real, span), span).reshape(R, C)] = 0
+    return seg, pos
 
 
 _ARANGE32 = [np.zeros(0, dtype=np.int32)]
@@ -472,6 +507,7 @@ class PackedOutput:
             raise ValueError(f"integrity {integrity!r}: choose one of {', '.join(INTEGRITY)}")
         if max_open_files < 1:
             raise ValueError(f"max_open_files must be >= 1, got {max_open_files}")
+        require_packed(manifest, location.display)
         self.location = location
         self.manifest = manifest
         self.schema = schema
@@ -532,11 +568,13 @@ class PackedOutput:
 
         Raises:
             ManifestError: not a complete packed output (no manifest: an interrupted pack or not
-                a packtool output), a missing, extra, resized or (``sha256``) edited shard.
+                a packtool output; a ``packtool tokenize`` output: documents, not packed rows),
+                a missing, extra, resized or (``sha256``) edited shard.
             ValueError: unknown ``integrity`` or ``max_open_files < 1``.
         """
         loc = Location.parse(path)
         manifest, schema = read_manifest_and_schema(loc)
+        require_packed(manifest, loc.display)  # before any shard is checked or hashed
         check_shards(loc, manifest, hashes=integrity == "sha256", progress=progress)
         return cls(loc, manifest, schema, integrity=integrity, cache=cache,
                    max_open_files=max_open_files)
@@ -706,7 +744,8 @@ class PackedOutput:
             columns: column names; ``labels`` is always available (see the module docstring).
             labels: the convention of the ``labels`` handed out (None: the output's own).
             structure: ``stored`` reads ``segment_ids`` / ``position_ids``; ``derived``
-                computes them from ``cu_seqlens`` and ``doc_ids`` (:func:`structure_from_cu`)
+                computes them from ``cu_seqlens`` and ``doc_ids`` (and, with
+                ``--segment-multiple``, ``cu_seqlens_unpadded``: :func:`structure_from_cu`)
                 and reads neither.
 
         Returns:
@@ -721,8 +760,6 @@ class PackedOutput:
         """
         if structure not in STRUCTURE:
             raise ValueError(f"structure {structure!r}: choose stored or derived")
-        if "cu_seqlens_unpadded" in self.columns:
-            structure = "stored"  # padded spans: cu_seqlens alone does not give the segments
         mode = labels or self.labels.convention
         want = self.check_columns(columns)
         s, g = int(self.rg_shard[group]), int(self.rg_index[group])
@@ -735,8 +772,11 @@ class PackedOutput:
         read = [c for c in want if (c != "labels" or stored) and c not in derive]
         if "labels" in want:
             read += [c for c in ("input_ids", "segment_ids") if c not in read and c not in derive]
+        # --segment-multiple: the spans' real tokens too (a span is not its document)
+        helpers = ("cu_seqlens", "doc_ids") + (
+            ("cu_seqlens_unpadded",) if "cu_seqlens_unpadded" in self.columns else ())
         if derive:
-            read += [c for c in ("cu_seqlens", "doc_ids") if c not in read]
+            read += [c for c in helpers if c not in read]
         pf = self._open.get(s)
         try:
             table = pf.read_row_group(g, columns=read, use_threads=False)
@@ -768,8 +808,10 @@ class PackedOutput:
                 scalars[c] = arr.to_numpy(zero_copy_only=False)  # shape: (R,)
         if derive:
             cu_vals, cu_offs = ragged["cu_seqlens"]
+            un = ragged.get("cu_seqlens_unpadded")
             seg, pos = structure_from_cu(cu_vals, cu_offs, np.diff(ragged["doc_ids"][1]), C,
-                                         f"{where}: row group {g}")
+                                         f"{where}: row group {g}",
+                                         unpadded=None if un is None else un[0])
             if "segment_ids" in derive:
                 tokens["segment_ids"] = seg
             if "position_ids" in derive:
@@ -782,7 +824,7 @@ class PackedOutput:
         for c in ("input_ids", "segment_ids"):
             if c in tokens and c not in want:
                 del tokens[c]
-        for c in ("cu_seqlens", "doc_ids"):
+        for c in helpers:
             if c in ragged and c not in want:
                 del ragged[c]
         tokens = {c: tokens[c] for c in TOKEN_COLUMNS if c in tokens}  # contract order

@@ -19,8 +19,11 @@ that it can prune and report: hidden (``.``) and ``_``-prefixed entries (Spark/H
 ``_temporary``, ``.ipynb_checkpoints``, ...) are skipped at every level, symbolic links are
 followed with a guard against loops, and a packtool output (its manifest or
 in-progress marker, or ``packtool.*`` schema metadata in a shard) is refused, so packed rows are
-never read back as documents. Every entry it does not read is reported with the reason; a file
-of another format inside a directory is refused unless the caller asks to skip such files. The
+never read back as documents (a ``packtool tokenize`` output, whose manifest says kind
+``tokenized``, holds documents and is read like any input; its manifest is not reported). Every
+entry it does not read is reported with the reason; a file of another format inside a directory
+is refused unless the caller asks to skip such files. With ``text=True`` (the inputs of
+``packtool tokenize``) JSON Lines files are data too. The
 global document order keeps each format's own order (a ``save_to_disk`` folder's
 ``state.json``; docs/inputs.md states the rule for every format).
 
@@ -45,8 +48,9 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from packtool.errors import InputError, SchemaError, row_ref
-from packtool.formats.manifest import IN_PROGRESS_NAME, MANIFEST_META_KEY, MANIFEST_NAME
+from packtool.errors import InputError, ManifestError, SchemaError, row_ref
+from packtool.formats.manifest import (IN_PROGRESS_NAME, MANIFEST_META_KEY, MANIFEST_NAME,
+                                       PACKED_KIND, Manifest)
 from packtool.formats.schema import check_token_column, is_integer_list, is_list_layout
 from packtool.location import Location
 from packtool.types import IGNORE_INDEX, INT32_MAX
@@ -55,7 +59,8 @@ __all__ = ["InputFile", "RawBatch", "Discovery", "InputSource", "MaskColumns", "
            "discover", "discover_inputs", "open_input", "input_schema", "iter_token_batches",
            "list_parts", "resolve_mask_columns", "input_columns", "reads_labels",
            "check_source_column",
-           "filesystem_of", "is_remote", "SUPPORTED_FORMATS", "AUTO", "LOSS_MASK_COLUMNS"]
+           "filesystem_of", "is_remote", "SUPPORTED_FORMATS", "TEXT_FORMATS", "AUTO",
+           "LOSS_MASK_COLUMNS"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +70,13 @@ SUPPORTED_FORMATS = ("Parquet (*.parquet), Arrow IPC/Feather v2 (*.arrow, *.feat
 
 _PARQUET_SUFFIXES = (".parquet",)
 _IPC_SUFFIXES = (".arrow", ".feather", ".ipc", ".arrows")
+#: JSON Lines, read as text input only (``packtool tokenize``)
+_JSONL_SUFFIXES = tuple(f"{s}{z}" for s in (".jsonl", ".ndjson")
+                        for z in ("", ".gz", ".zst", ".bz2"))
+#: One phrase naming what ``packtool tokenize`` reads.
+TEXT_FORMATS = ("Parquet (*.parquet), Arrow IPC/Feather v2 (*.arrow, *.feather, *.ipc, *.arrows), "
+                "Hugging Face save_to_disk folders with a text column and JSON Lines (*.jsonl, "
+                "*.ndjson, optionally .gz/.zst/.bz2)")
 #: Files that mark a directory as a packtool output (manifest written last, marker first).
 _PACKED_MARKERS = (MANIFEST_NAME, IN_PROGRESS_NAME)
 _PACKED_META_PREFIX = b"packtool."
@@ -78,7 +90,7 @@ _FEATHER_V1_MAGIC = b"FEA1"
 @dataclass(frozen=True)
 class InputFile:
     """One input shard: its path, path relative to the INPUT it was found under, size in bytes,
-    modification time (ns) and format (``parquet`` or ``arrow``)."""
+    modification time (ns) and format (``parquet``, ``arrow``, or ``jsonl`` for text input)."""
 
     path: Path
     rel: str
@@ -277,12 +289,14 @@ class Discovery:
         return f"skipped {n} entr{'y' if n == 1 else 'ies'} (not read): " + "; ".join(parts)
 
 
-def _format_of(name: str) -> str | None:
+def _format_of(name: str, text: bool = False) -> str | None:
     low = name.lower()
     if low.endswith(_PARQUET_SUFFIXES):
         return "parquet"
     if low.endswith(_IPC_SUFFIXES):
         return "arrow"
+    if text and low.endswith(_JSONL_SUFFIXES):
+        return "jsonl"
     return None
 
 
@@ -312,7 +326,9 @@ def filesystem_of(location) -> tuple[pafs.FileSystem, str, str]:
     loc = Location.parse(location)
     try:
         fs, path = loc.filesystem()
-    except (pa.ArrowException, OSError, ValueError) as exc:
+    except OSError as exc:  # the location's own one-line message
+        raise InputError(str(exc)) from None
+    except (pa.ArrowException, ValueError) as exc:
         raise InputError(f"{loc.display}: cannot open this location ({exc}); check the URI and "
                          "the credentials in the environment") from None
     return fs, path, "" if loc.is_local else f"{loc.scheme}://"
@@ -338,7 +354,9 @@ class _Place:
 
 
 def _packed_marker(fs: pafs.FileSystem, names: set[str], directory: str) -> str | None:
-    """Name of the file that marks ``directory`` as a packtool output, or None."""
+    """Name of the file that marks ``directory`` as a packtool output of packed rows, or None;
+    ``""`` for a finished output whose manifest says it holds documents (``packtool tokenize``:
+    kind ``tokenized``), which is input like any other."""
     if _PACKED_MARKERS[1] in names:
         return _PACKED_MARKERS[1]
     if _PACKED_MARKERS[0] in names:
@@ -348,7 +366,11 @@ def _packed_marker(fs: pafs.FileSystem, names: set[str], directory: str) -> str 
         except (OSError, ValueError, pa.ArrowException):
             return None
         if MANIFEST_META_KEY in meta:
-            return _PACKED_MARKERS[0]
+            try:
+                kind = Manifest.from_dict(json.loads(meta[MANIFEST_META_KEY])).kind
+            except (ManifestError, ValueError):
+                kind = PACKED_KIND  # unreadable: refused as packed, never read as documents
+            return _PACKED_MARKERS[0] if kind == PACKED_KIND else ""
     return None
 
 
@@ -418,13 +440,13 @@ _Found = tuple
 
 
 def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
-          skip_unsupported: bool, disp=None) -> list[_Found]:
+          skip_unsupported: bool, disp=None, text: bool = False) -> list[_Found]:
     """Every data file under ``root``, each with its key in the global document order.
 
     The key is the relative path, except for the files of a ``save_to_disk`` folder, which
     sort at the folder's relative path in their ``state.json`` order (their names say nothing
     of it). Entries not read go to ``skipped`` with the reason, named by ``disp(relative
-    path)`` (default: the path inside the filesystem).
+    path)`` (default: the path inside the filesystem). ``text``: JSON Lines files are data too.
 
     Raises:
         InputError: as :func:`discover`; a file of another format inside the folder (unless
@@ -444,6 +466,9 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
         marker = _packed_marker(fs, set(by_name), dpath)
         if marker:
             _refuse_packed(place.show(dpath), marker)
+        if marker == "":  # a tokenize output: its manifest is neither data nor a skipped entry
+            by_name.pop(MANIFEST_NAME, None)
+            infos = [i for i in infos if _name(i.path) != MANIFEST_NAME]
         if _HF_DICT in by_name and _HF_STATE not in by_name:
             splits = sorted(n for n, i in by_name.items() if i.type == pafs.FileType.Directory
                             and not n.startswith((".", "_")))
@@ -478,7 +503,7 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
                 stack.append((info.path, f"{drel}{name}/", ancestors + (key,)))
                 read_here.append(name)
             elif info.type == pafs.FileType.File:
-                fmt = _format_of(name)
+                fmt = _format_of(name, text)
                 if fmt is not None:
                     found.append((info.path, f"{drel}{name}", fmt, info, (f"{drel}{name}", 0)))
                     read_here.append(name)
@@ -494,12 +519,21 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
         names = [_name(rel) for rel, _ in other]
         seen = f" (found {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})" \
             if other else ""
+        if text:
+            raise InputError(f"{place.show(root)}: directory holds no *.parquet, *.jsonl, Arrow "
+                             f"IPC file or Hugging Face dataset{seen}; point INPUT at the text "
+                             f"(supported: {TEXT_FORMATS})")
         raise InputError(f"{place.show(root)}: directory holds no *.parquet, Arrow IPC file or "
                          f"Hugging Face dataset{seen}; point INPUT at the tokenized shards "
                          f"(supported: {SUPPORTED_FORMATS})")
     if other and not skip_unsupported:
         names = ", ".join(rel for rel, _ in other[:5]) + (
             f", ... ({len(other)} in all)" if len(other) > 5 else "")
+        if text:
+            raise InputError(f"{place.show(root)}: holds {len(other)} file"
+                             f"{'' if len(other) == 1 else 's'} of an unsupported format that "
+                             f"would not be tokenized: {names}; supported: {TEXT_FORMATS}; move "
+                             "them out of INPUT, or pass --skip-unsupported to tokenize the rest")
         raise InputError(f"{place.show(root)}: holds {len(other)} file"
                          f"{'' if len(other) == 1 else 's'} of an unsupported format that would "
                          f"not be packed: {names}; supported: {SUPPORTED_FORMATS}; convert "
@@ -509,7 +543,8 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
     return found
 
 
-def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = False) -> Discovery:
+def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = False,
+             text: bool = False) -> Discovery:
     """Expand INPUT paths or URIs into data files, in global document order.
 
     Order (what ``doc_ids`` numbers): the INPUT paths in the order given; inside a directory
@@ -530,6 +565,8 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
         inputs: INPUT paths or URIs.
         skip_unsupported: skip files of an unsupported format inside a directory (listed in
             ``skipped``) instead of refusing them.
+        text: the inputs of ``packtool tokenize``: JSON Lines files (format ``jsonl``) are
+            data too, and the messages name :data:`TEXT_FORMATS`.
 
     Returns:
         :class:`Discovery` (files, entries not read, notes).
@@ -564,14 +601,17 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
             else:
                 def disp(rel, _g=Path(_location(given))):
                     return _g / rel if rel else _g
-            found = sorted(_walk(place, path, skipped, notes, skip_unsupported, disp),
+            found = sorted(_walk(place, path, skipped, notes, skip_unsupported, disp, text),
                            key=lambda t: t[4])
             for q, rel, fmt, qi, _ in found:
                 where = place.show(q) if prefix else Path(_location(given)) / rel
                 files.append(InputFile(where, rel, int(qi.size or 0), int(qi.mtime_ns or 0), fmt))
                 keys.append(place.key(q))
         else:
-            fmt = _format_of(_name(path))
+            fmt = _format_of(_name(path), text)
+            if fmt is None and text:
+                raise InputError(f"{shown}: unsupported text format; packtool tokenize reads "
+                                 f"{TEXT_FORMATS}")
             if fmt is None:
                 raise InputError(f"{shown}: unsupported input format; supported: "
                                  f"{SUPPORTED_FORMATS} (convert other data, e.g. JSONL, to "

@@ -46,6 +46,7 @@ COLUMN_ENCODING = {
     "segment_ids": "PLAIN",
     "position_ids": "DELTA_BINARY_PACKED",
     "cu_seqlens": "PLAIN",
+    "cu_seqlens_unpadded": "PLAIN",
     "max_seqlen": "PLAIN",
     "num_targets": "PLAIN",
     "doc_ids": "DELTA_BINARY_PACKED",
@@ -95,12 +96,17 @@ def rows_to_table(rows: PackedRows, schema: pa.Schema) -> pa.Table:
         raise ValueError("the schema stores labels but the rows were laid out without them")
     if "source_ids" in schema.names and rows.source_ids is None:
         raise ValueError("the schema stores source_ids but the rows carry none")
+    if "cu_seqlens_unpadded" in schema.names and rows.cu_unpadded_values is None:
+        raise ValueError("the schema stores cu_seqlens_unpadded but the rows were laid out "
+                         "without padded segments")
     cols = {
         "input_ids": lambda t: _fixed_lists(rows.input_ids, t),
         "segment_ids": lambda t: _fixed_lists(rows.segment_ids, t),
         "position_ids": lambda t: _fixed_lists(rows.position_ids, t),
         "labels": lambda t: _fixed_lists(rows.labels, t),
         "cu_seqlens": lambda t: _ragged(rows.cu_values, rows.cu_offsets, t, pa.int32()),
+        "cu_seqlens_unpadded": lambda t: _ragged(rows.cu_unpadded_values, rows.cu_offsets, t,
+                                                 pa.int32()),
         "max_seqlen": lambda t: pa.array(rows.max_seqlen, pa.int32()),
         "num_targets": lambda t: pa.array(rows.num_targets, pa.int32()),
         "doc_ids": lambda t: _ragged(rows.doc_ids, rows.seg_offsets, t, pa.int64()),

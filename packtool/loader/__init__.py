@@ -11,7 +11,8 @@ which is loaded on first access.
   whole row groups per rank, rows or whole batches. Train with this (``docs/training.md``).
 - :class:`PackedDataset`: any row by index (random access, inspection, verify).
 - :func:`collate` ([B, C]), :func:`collate_flat` ([1, B * C], FlashAttention 2 keyword names),
-  :class:`HFCollator` (``transformers.Trainer``, ``use_cache=False`` in every batch).
+  :class:`HFCollator` (``transformers.Trainer``, ``use_cache=False`` in every batch); all three
+  give ``seq_idx`` (int32 document index per token) for hybrid and linear-attention layers.
 - :func:`unshifted_labels`, :func:`shifted_labels`: labels derived from ``input_ids`` and
   ``segment_ids`` when the output does not store them.
 """
@@ -19,13 +20,14 @@ which is loaded on first access.
 from __future__ import annotations
 
 from packtool.formats.packed import convert_labels, shifted_labels, unshifted_labels
-from packtool.loader.collate import (batch_cu_seqlens, collate, collate_flat, count_targets)
+from packtool.loader.collate import (batch_cu_seqlens, batch_cu_seqlens_unpadded, batch_seq_idx,
+                                     collate, collate_flat, count_targets)
 from packtool.loader.dataset import PackedDataset
 from packtool.loader.hf import HFCollator
 
 __all__ = ["PackedIterableDataset", "PackedDataset", "collate", "collate_flat", "HFCollator",
-           "batch_cu_seqlens", "count_targets", "convert_labels", "unshifted_labels",
-           "shifted_labels"]
+           "batch_cu_seqlens", "batch_cu_seqlens_unpadded", "batch_seq_idx", "count_targets",
+           "convert_labels", "unshifted_labels", "shifted_labels"]
 
 
 def __getattr__(name: str):

@@ -18,6 +18,22 @@ slices of the decoded row groups, no per-row dict), and builds the batch in one 
   ``transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` names them.
 - ``num_targets`` in both: labels != -100 in the batch, the loss denominator (B19, B20): sum the
   token losses over a step's batches and divide once by the sum of their ``num_targets``.
+- ``seq_idx`` in both (and in :class:`~packtool.loader.hf.HFCollator`): int32, the index of the
+  ``cu_seqlens`` span each token lies in (documents 0, 1, ..., then the padding tail), [B, C]
+  counted per row or [1, B * C] counted over the flattened batch. It is what Mamba-2 / SSD and
+  short-convolution layers need to reset their state at each document start
+  (``causal_conv1d_fn(x, w, b, seq_idx=...)`` and ``mamba_chunk_scan_combined(...,
+  seq_idx=...)`` take int32 (batch, seqlen); Hugging Face hybrid models take the ``seq_idx``
+  keyword, as ``DataCollatorWithFlattening(return_seq_idx=True)`` names it; Megatron derives
+  the same index from ``cu_seqlens_q_padded``). An end-of-document token is no boundary for
+  these layers: without ``seq_idx`` the convolution window and the recurrent state carry one
+  document into the next.
+- With an output packed with ``--segment-multiple N`` (context parallelism), both also give
+  TransformerEngine / Megatron ``PackedSeqParams`` names: ``cu_seqlens_q`` = ``cu_seqlens_kv``
+  (real lengths summed), ``cu_seqlens_q_padded`` = ``cu_seqlens_kv_padded`` (the padded spans,
+  equal to ``cu_seqlens``), int32 [S + 1], and ``max_seqlen_q`` = ``max_seqlen_kv`` (int, the
+  longest span). Each document's span then ends in padding (``segment_ids`` 0, labels -100,
+  positions going on), which belongs to that document's span, not to the next.
 
 **Dtypes.** ``input_ids``, ``position_ids``, ``segment_ids`` and ``token_source_ids`` are int32,
 as stored: embedding lookups, rotary position embeddings and Hugging Face causal LMs take int32
@@ -29,8 +45,10 @@ copy), not as one shared-memory segment per tensor, which cost more CPU than the
 **What each form needs.** The padding tail is not a document: only ``segment_ids`` (0 on
 padding) or ``labels`` (-100 on padding) tell it apart; positions alone cannot (the tail restarts
 at 0 like a document, and labels derived from them would train it). Every form needs
-``input_ids`` and either ``segment_ids`` or ``position_ids`` with ``labels`` (what
-``transformers.Trainer`` leaves of an item); missing positions are rebuilt from the segments.
+``input_ids`` and either ``segment_ids``, ``cu_seqlens`` with ``doc_ids`` (and
+``cu_seqlens_unpadded`` for a ``--segment-multiple`` output, whose spans are padded documents),
+or ``position_ids`` with ``labels`` (what ``transformers.Trainer`` leaves of an item); missing
+positions are rebuilt from the spans.
 Items without them are refused with the columns named, never batched with an invented
 boundary, and :func:`check_item_columns` refuses a dataset whose ``columns=`` cannot make a
 batch. Rebuilt from positions, ``segment_ids`` numbers the padding tail like one more segment
@@ -56,8 +74,9 @@ import numpy as np
 from packtool.formats.packed import Rows, convert_labels
 from packtool.types import IGNORE_INDEX
 
-__all__ = ["collate", "collate_flat", "batch_cu_seqlens", "count_targets", "rows_of",
-           "check_item_columns", "require_torch", "INT32_MAX", "CONVENTIONS"]
+__all__ = ["collate", "collate_flat", "batch_cu_seqlens", "batch_cu_seqlens_unpadded",
+           "batch_seq_idx", "count_targets", "rows_of", "check_item_columns", "require_torch",
+           "INT32_MAX", "CONVENTIONS"]
 
 #: The two labels conventions (see the module docstring).
 CONVENTIONS = ("unshifted", "shifted")
@@ -85,34 +104,44 @@ def require_torch():
 
 # --- what each form needs -------------------------------------------------------------------
 
-def _missing(have) -> str | None:
+def _missing(have, padded: bool = False) -> str | None:
     """What a batch lacks among columns ``have`` (None: nothing)."""
     have = set(have)
     if "input_ids" not in have:
         return "input_ids"
-    if ("segment_ids" in have or {"cu_seqlens", "doc_ids"} <= have
-            or {"position_ids", "labels"} <= have):
+    spans = {"cu_seqlens", "doc_ids"} | ({"cu_seqlens_unpadded"} if padded else set())
+    if "segment_ids" in have or spans <= have or {"position_ids", "labels"} <= have:
         return None
-    return "labels" if "position_ids" in have else "segment_ids"
+    if "position_ids" in have:
+        return "labels"
+    if padded and {"cu_seqlens", "doc_ids"} <= have:
+        return "cu_seqlens_unpadded"
+    return "segment_ids"
 
 
-def check_item_columns(columns: Sequence[str], *, labels_stored: bool = True) -> None:
+def check_item_columns(columns: Sequence[str], *, labels_stored: bool = True,
+                       padded: bool = False) -> None:
     """Refuse columns no collate function can make a correct batch of. Every form needs
     ``input_ids`` and one of: ``segment_ids`` (0 on the padding tail), ``cu_seqlens`` with
-    ``doc_ids`` (the segments past the documents are the padding tail), or ``position_ids`` with
-    ``labels`` (-100 on the padding tail). Positions alone restart at 0 on the padding tail as on
-    a document, and labels derived from them would train it.
+    ``doc_ids`` (the segments past the documents are the padding tail; with ``padded``, an
+    output packed with ``--segment-multiple``, also ``cu_seqlens_unpadded``: a span is its
+    document and padding), or ``position_ids`` with ``labels`` (-100 on the padding tail).
+    Positions alone restart at 0 on the padding tail as on a document, and labels derived from
+    them would train it.
 
     Raises:
         ValueError: names the columns given, what is missing and the fix.
     """
-    missing = _missing(columns)
+    missing = _missing(columns, padded)
     if missing:
+        spans = "cu_seqlens, cu_seqlens_unpadded and doc_ids" if padded else \
+            "cu_seqlens and doc_ids"
         raise ValueError(
-            f"a batch needs input_ids and segment_ids (or cu_seqlens and doc_ids, or "
-            f"position_ids and labels) (columns: {', '.join(sorted(set(columns))) or 'none'}; "
-            f"missing {missing}): without segment_ids or labels the padding tail cannot be told "
-            "from a document; keep them in columns=")
+            f"a batch needs input_ids and segment_ids (or {spans}, or position_ids and labels) "
+            f"(columns: {', '.join(sorted(set(columns))) or 'none'}; missing {missing}): "
+            "without segment_ids or labels the padding tail cannot be told from a document; keep "
+            "them in columns= (a trainer that drops segment_ids needs the labels stored: pack "
+            "with --labels unshifted)")
 
 
 def _needs(columns) -> None:
@@ -122,7 +151,7 @@ def _needs(columns) -> None:
 # --- items -> rows --------------------------------------------------------------------------
 
 _TOKENS = ("input_ids", "segment_ids", "position_ids", "labels")
-_RAGGED = ("cu_seqlens", "doc_ids", "doc_offsets", "source_ids")
+_RAGGED = ("cu_seqlens", "cu_seqlens_unpadded", "doc_ids", "doc_offsets", "source_ids")
 _SCALARS = ("max_seqlen", "num_targets")
 
 
@@ -170,7 +199,14 @@ def rows_of(batch) -> Rows:
 # --- boundaries, labels ---------------------------------------------------------------------
 
 def _starts(rows: Rows) -> np.ndarray:
-    """bool[B, C], True where a segment (or the padding tail) starts."""
+    """bool[B, C], True where a span of ``cu_seqlens`` (a segment, or the padding tail) starts:
+    from ``cu_seqlens`` when the rows have it, else where ``segment_ids`` changes or
+    ``position_ids`` restart at 0."""
+    if "cu_seqlens" in rows.ragged:
+        B, C = rows.tokens["input_ids"].shape
+        starts = np.zeros(B * C, dtype=bool)  # shape: (B * C,)
+        starts[_cu(rows)[0][:-1]] = True
+        return starts.reshape(B, C)
     seg = rows.tokens.get("segment_ids")
     ref = seg if seg is not None else rows.tokens["position_ids"]
     B, C = ref.shape
@@ -185,15 +221,18 @@ def _starts(rows: Rows) -> np.ndarray:
 
 def _structure(rows: Rows) -> None:
     """Add ``segment_ids`` and ``position_ids`` to rows that have ``cu_seqlens`` and
-    ``doc_ids`` but not them (the training batch path reads only those), computed once for the
-    whole batch (:func:`~packtool.formats.packed.structure_from_cu`)."""
+    ``doc_ids`` (and ``cu_seqlens_unpadded`` for a ``--segment-multiple`` output) but not them
+    (the training batch path reads only those), computed once for the whole batch
+    (:func:`~packtool.formats.packed.structure_from_cu`)."""
     if "segment_ids" in rows.tokens or not {"cu_seqlens", "doc_ids"} <= rows.ragged.keys():
         return
     from packtool.formats.packed import structure_from_cu
 
     vals, offs = rows.ragged["cu_seqlens"]
+    un = rows.ragged.get("cu_seqlens_unpadded")
     seg, pos = structure_from_cu(vals, offs, np.diff(rows.ragged["doc_ids"][1]),
-                                 rows.tokens["input_ids"].shape[1], "batch")
+                                 rows.tokens["input_ids"].shape[1], "batch",
+                                 unpadded=None if un is None else un[0])
     rows.tokens["segment_ids"] = seg
     rows.tokens.setdefault("position_ids", pos)
 
@@ -207,8 +246,8 @@ def _segments(rows: Rows) -> np.ndarray:
 
 
 def _positions(rows: Rows) -> np.ndarray:
-    """int[B, C] ``position_ids``: the rows', or 0..len-1 inside each segment of
-    ``segment_ids`` (the padding tail one pseudo-segment, as the output contract has it)."""
+    """int[B, C] ``position_ids``: the rows', or 0..len-1 inside each span (:func:`_starts`;
+    the padding tail one pseudo-segment, as the output contract has it)."""
     pos = rows.tokens.get("position_ids")
     if pos is not None:
         return pos
@@ -219,7 +258,7 @@ def _positions(rows: Rows) -> np.ndarray:
 
 
 def _cu(rows: Rows) -> tuple[np.ndarray, int]:
-    """(int32[S + 1] boundaries of the rows laid end to end, max_seqlen)."""
+    """(int32[S + 1] boundaries of the rows laid end to end, max_seqlen: the longest span)."""
     B, C = rows.tokens["input_ids"].shape
     if B * C > INT32_MAX:
         raise OverflowError(f"batch of {B} rows x {C} tokens = {B * C} positions does not fit "
@@ -253,6 +292,85 @@ def batch_cu_seqlens(batch) -> tuple[np.ndarray, int]:
     if not have & {"cu_seqlens", "segment_ids", "position_ids"}:
         raise ValueError("batch boundaries need cu_seqlens, segment_ids or position_ids")
     return _cu(rows)
+
+
+def _seq_idx(cu: np.ndarray, shape: tuple[int, int], flat: bool) -> np.ndarray:
+    """int32 span index of every token from the batch's boundaries ``cu`` (int[S + 1] over the
+    rows laid end to end): [1, B * C] counted over the batch, or [B, C] counted per row (every
+    row starts a span, so a row's count is the batch count less its first token's)."""
+    cu = np.asarray(cu, dtype=np.int64)
+    idx = np.repeat(np.arange(cu.size - 1, dtype=np.int32), np.diff(cu))  # shape: (B * C,)
+    if flat:
+        return idx.reshape(1, -1)
+    idx = idx.reshape(shape)
+    np.subtract(idx, idx[:, :1].copy(), out=idx)
+    return idx
+
+
+def batch_seq_idx(batch, *, flat: bool = False) -> np.ndarray:
+    """Document index of every token: the span of the row's ``cu_seqlens`` it lies in.
+
+    Args:
+        batch: B >= 1 loader items of one capacity C, or a
+            :class:`~packtool.formats.packed.Rows`.
+        flat: False: counted per row, 0 at each row's start; True: counted over the rows laid
+            end to end (the spans of :func:`batch_cu_seqlens`).
+
+    Returns:
+        int32 [B, C] (or [1, B * C] with ``flat``): 0..k-1 on a row's documents (with
+        ``--segment-multiple``, the padding after a document carries its index), k on its
+        padding tail. Megatron's rule: ``repeat(arange(S), diff(cu_seqlens))``.
+
+    Raises:
+        ValueError, OverflowError: as :func:`batch_cu_seqlens`.
+    """
+    rows = rows_of(batch)
+    return _seq_idx(batch_cu_seqlens(rows)[0], rows.tokens["input_ids"].shape, flat)
+
+
+def _cu_unpadded(rows: Rows) -> np.ndarray | None:
+    """int32[S + 1] real lengths summed over the rows laid end to end (None without
+    ``cu_seqlens_unpadded``): row r's entries continue from the total of rows 0..r-1."""
+    if "cu_seqlens_unpadded" not in rows.ragged:
+        return None
+    vals, offs = rows.ragged["cu_seqlens_unpadded"]
+    vals = vals.astype(np.int64)
+    B = offs.size - 1
+    totals = vals[offs[1:] - 1]  # shape: (B,), each row's last entry (the tail counted whole)
+    base = np.zeros(B + 1, dtype=np.int64)  # shape: (B + 1,)
+    np.cumsum(totals, out=base[1:])
+    keep = np.ones(vals.size, dtype=bool)
+    keep[offs[1:] - 1] = False  # each row's last entry is the next row's first
+    row_of = np.repeat(np.arange(B, dtype=np.int64), np.diff(offs))
+    return np.append(vals[keep] + base[row_of[keep]], base[-1]).astype(np.int32)
+
+
+def batch_cu_seqlens_unpadded(batch) -> np.ndarray | None:
+    """Real lengths summed over the batch: TransformerEngine's ``cu_seqlens_q`` for an output
+    packed with ``--segment-multiple`` (None when the items have no ``cu_seqlens_unpadded``).
+
+    Args:
+        batch: B >= 1 loader items, or a :class:`~packtool.formats.packed.Rows`.
+
+    Returns:
+        int32 [S + 1], one entry per entry of :func:`batch_cu_seqlens`: row r's real lengths
+        continue from the total of rows 0..r-1 (each row's padding tail counted whole).
+
+    Raises:
+        ValueError: as :func:`rows_of`.
+    """
+    return _cu_unpadded(rows_of(batch))
+
+
+def _packed_seq_params(torch, rows: Rows, cu, max_seqlen: int) -> dict:
+    """The ``PackedSeqParams`` fields of a ``--segment-multiple`` batch (empty without it);
+    ``cu``: the batch's ``cu_seqlens`` tensor (the padded spans)."""
+    unpadded = _cu_unpadded(rows)
+    if unpadded is None:
+        return {}
+    real = torch.from_numpy(unpadded)
+    return {"cu_seqlens_q": real, "cu_seqlens_kv": real, "cu_seqlens_q_padded": cu,
+            "cu_seqlens_kv_padded": cu, "max_seqlen_q": max_seqlen, "max_seqlen_kv": max_seqlen}
 
 
 def count_targets(labels) -> int:
@@ -291,13 +409,22 @@ def _derived_labels64(ids: np.ndarray, seg: np.ndarray, cu: np.ndarray,
     effective targets: the same values as :func:`~packtool.formats.packed.unshifted_labels` /
     :func:`~packtool.formats.packed.shifted_labels`, built in the int64 array the loss takes
     (one cast, then -100 written at each boundary and over each padding tail, found from the
-    batch's boundaries ``cu``: int[S + 1] over the rows laid end to end)."""
+    batch's boundaries ``cu``: int[S + 1] over the rows laid end to end). Spans that end in
+    padding (``--segment-multiple``: ``segment_ids`` 0 after a document's real tokens) are
+    found by counting the real tokens, and take the segment rule token by token."""
     B, C = ids.shape
     lab = np.empty((B, C), dtype=np.int64)  # shape: (B, C)
     flat = lab.reshape(-1)
     starts = np.asarray(cu[:-1], dtype=np.int64)  # shape: (S,), every segment's first token
     ends = np.asarray(cu[1:], dtype=np.int64)
     real = seg.reshape(-1)[starts] != 0  # shape: (S,), False on padding tails
+    real_tokens = int((ends - starts)[real].sum())
+    if np.count_nonzero(seg) != real_tokens:  # padding inside spans: the general rule
+        from packtool.formats.packed import shifted_labels, unshifted_labels
+
+        fn = shifted_labels if convention == "shifted" else unshifted_labels
+        lab[:] = fn(ids, seg)
+        return lab, count_targets(lab)
     if convention == "shifted":
         lab[:, :-1] = ids[:, 1:]
         flat[ends - 1] = IGNORE_INDEX  # the last token of a segment predicts nothing
@@ -306,7 +433,7 @@ def _derived_labels64(ids: np.ndarray, seg: np.ndarray, cu: np.ndarray,
         flat[starts] = IGNORE_INDEX  # each segment's first token is no target
     for a, b in zip(starts[~real].tolist(), ends[~real].tolist()):
         flat[a:b] = IGNORE_INDEX  # padding tails
-    return lab, int((ends - starts)[real].sum() - np.count_nonzero(real))
+    return lab, real_tokens - int(np.count_nonzero(real))
 
 
 def _labels(rows: Rows, want: str | None = None, default_mode: str = "unshifted",
@@ -408,6 +535,10 @@ def collate(batch) -> dict:
         ``labels_convention`` (int64: the loss needs it);
         ``cu_seqlens``: torch.int32 [S + 1] (see :func:`batch_cu_seqlens`);
         ``max_seqlen``: Python int, the longest segment (B24);
+        ``seq_idx``: torch.int32 [B, C], each token's document index in its row
+        (:func:`batch_seq_idx`);
+        with ``--segment-multiple`` outputs, the ``PackedSeqParams`` fields of the module
+        docstring (``cu_seqlens_q_padded`` is the ``cu_seqlens`` tensor itself);
         ``num_targets``: Python int, labels != -100 in the batch (the loss denominator, B20);
         ``labels_convention``: ``unshifted`` (the loss shifts: ``logits[:, :-1]`` against
         ``labels[:, 1:]``) or ``shifted`` (no shift: ``logits`` against ``labels``);
@@ -433,13 +564,16 @@ def collate(batch) -> dict:
     seg = _segments(rows)
     pos = _positions(rows)
     B = seg.shape[0]
+    cu = torch.from_numpy(cu_seqlens)
     out = {
         "input_ids": _tensor(torch, rows.tokens["input_ids"], torch.int32),
         "labels": _tensor(torch, labels, torch.int64),
         "position_ids": _tensor(torch, pos, torch.int32),
         "segment_ids": _tensor(torch, seg, torch.int32),
-        "cu_seqlens": torch.from_numpy(cu_seqlens),
+        "cu_seqlens": cu,
         "max_seqlen": max_seqlen,
+        "seq_idx": torch.from_numpy(_seq_idx(cu_seqlens, seg.shape, flat=False)),
+        **_packed_seq_params(torch, rows, cu, max_seqlen),
         "num_targets": targets,
         "labels_convention": convention,
         "labels_mode": convention,
@@ -473,7 +607,9 @@ def collate_flat(batch) -> dict:
         dict with ``input_ids``, ``position_ids``: torch.int32 [1, B * C]; ``labels``:
         torch.int64 [1, B * C]; ``cu_seq_lens_q``, ``cu_seq_lens_k``: the same torch.int32
         [S + 1] tensor; ``max_length_q``, ``max_length_k``: Python int; ``num_targets``: Python
-        int; ``labels_convention``: ``unshifted``.
+        int; ``labels_convention``: ``unshifted``; ``seq_idx``: torch.int32 [1, B * C], counted
+        over the batch (the spans of ``cu_seq_lens_q``); with ``--segment-multiple`` outputs,
+        the ``PackedSeqParams`` fields.
 
     Raises:
         ValueError, OverflowError, MissingDependencyError: as :func:`collate` (items without
@@ -493,6 +629,8 @@ def collate_flat(batch) -> dict:
         "labels": _tensor(torch, labels, torch.int64, flat),
         "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
         "max_length_q": max_seqlen, "max_length_k": max_seqlen,
+        "seq_idx": torch.from_numpy(_seq_idx(cu_seqlens, flat, flat=True)),
+        **_packed_seq_params(torch, rows, cu, max_seqlen),
         "num_targets": targets,
         "labels_convention": "unshifted",
     })

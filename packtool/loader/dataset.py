@@ -25,8 +25,10 @@ class PackedDataset:
 
     Each item is a dict of NumPy values: ``input_ids``, ``segment_ids``, ``position_ids``,
     ``labels`` int32[C] (``labels`` derived in the recorded convention when the shards do not
-    store them), ``cu_seqlens`` int32[k + 1 (+1 with padding)], ``doc_ids``, ``doc_offsets``
-    int64[k], ``max_seqlen``, ``num_targets`` Python ints, and ``shard`` (file name), ``row``
+    store them), ``cu_seqlens`` int32[k + 1 (+1 with padding)] (and ``cu_seqlens_unpadded``,
+    the same size, for outputs packed with ``--segment-multiple``), ``doc_ids``, ``doc_offsets``
+    int64[k] (and ``source_ids`` int32[k] with ``pack --source-column``), ``max_seqlen``,
+    ``num_targets`` Python ints, and ``shard`` (file name), ``row``
     (inside the shard), ``index`` (global), ``labels_mode`` (``unshifted`` | ``shifted``: the
     convention of the item's labels, also :attr:`labels_convention`).
 
@@ -85,20 +87,21 @@ class PackedDataset:
         self.capacity = self.output.capacity
         self.columns = self.output.check_columns(columns) if columns is not None \
             else self.output.default_columns()
+        padded = "cu_seqlens_unpadded" in self.output.columns  # --segment-multiple
         if columns is not None:
             from packtool.loader.collate import check_item_columns
 
-            check_item_columns(self.columns)
+            check_item_columns(self.columns, padded=padded)
         # derived: decode the stored columns only; a row's segments, positions and (when not
         # stored) labels are computed for that row alone, not for its whole row group
-        derived = structure == "derived" and "cu_seqlens_unpadded" not in self.output.columns
         self._derive = [c for c in ("segment_ids", "position_ids", "labels")
-                        if derived and c in self.columns
+                        if structure == "derived" and c in self.columns
                         and (c != "labels" or not self.output.labels.stored)]
         self._read = [c for c in self.columns if c not in self._derive]
+        self._helpers = ("input_ids", "cu_seqlens", "doc_ids") + (
+            ("cu_seqlens_unpadded",) if padded else ())
         if self._derive:
-            self._read += [c for c in ("input_ids", "cu_seqlens", "doc_ids")
-                           if c not in self._read]
+            self._read += [c for c in self._helpers if c not in self._read]
         self.cached_row_groups = int(cached_row_groups)
         self._blocks: OrderedDict = OrderedDict()
         self._pid = os.getpid()
@@ -160,14 +163,15 @@ class PackedDataset:
 
         cu = np.asarray(item["cu_seqlens"])
         seg, pos = structure_from_cu(cu, np.array([0, cu.size]), np.array([len(item["doc_ids"])]),
-                                     self.capacity, f"{item['shard']} row {item['row']}")
+                                     self.capacity, f"{item['shard']} row {item['row']}",
+                                     unpadded=item.get("cu_seqlens_unpadded"))
         derived = {"segment_ids": seg[0], "position_ids": pos[0]}
         if "labels" in self._derive:
             derived["labels"] = labels_in(self.labels_mode, input_ids=item["input_ids"],
                                           segment_ids=seg[0])
         for c in self._derive:
             item[c] = derived[c]
-        for c in ("input_ids", "cu_seqlens", "doc_ids"):
+        for c in self._helpers:
             if c not in self.columns:
                 item.pop(c, None)
 

@@ -160,8 +160,10 @@ class PackedIterableDataset(IterableDataset):
                                integrity=integrity)
         self.labels_mode = self.mixture.labels_mode
         self.columns = self.mixture.columns
+        # --segment-multiple: spans are padded documents, their real tokens in cu_seqlens_unpadded
+        padded = any("cu_seqlens_unpadded" in o.columns for o in self.mixture.outputs)
         if columns is not None:
-            check_item_columns(self.columns, labels_stored=True)
+            check_item_columns(self.columns, labels_stored=True, padded=padded)
         self.capacity = self.mixture.capacity
         self.rank, self.world_size = int(rank), int(world_size)
         self.seed, self.epoch = check_seed(seed), check_seed(epoch)
@@ -180,10 +182,9 @@ class PackedIterableDataset(IterableDataset):
         # what is decoded: the items' columns, or for whole batches only what a batch is
         # built from (segments, positions and labels are derived for the batch at once)
         self._read = self.columns
-        padded = any("cu_seqlens_unpadded" in o.columns for o in self.mixture.outputs)
-        if self.batch_size is not None and columns is None and not padded:
+        if self.batch_size is not None and columns is None:
             self._read = ["input_ids", "cu_seqlens", "doc_ids"] + [
-                c for c in ("source_ids",) if c in self.columns]
+                c for c in ("cu_seqlens_unpadded", "source_ids") if c in self.columns]
             if any(o.labels.stored for o in self.mixture.outputs):
                 self._read.append("labels")
         self.structure = structure

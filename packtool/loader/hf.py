@@ -16,12 +16,18 @@ the items: it takes them to be ``unshifted`` (the dataset default) and checks th
 shifted labels are refused, never shifted a second time. ``Trainer`` counts labels != -100 over
 a step's batches (``num_items_in_batch``) and divides the summed loss by it once, which is the
 effective-target denominator (B20).
+
+Hybrid and linear-attention models (Mamba-2 / SSD, short convolutions: Bamba, Falcon-H1, Zamba2,
+Nemotron-H, Qwen3-Next, ...) need more than positions: their convolution and recurrent state
+carry one document into the next unless they get ``seq_idx`` (int32, each token's document
+index), which :class:`HFCollator` adds to every batch; Hugging Face passes it to the mamba-ssm /
+causal-conv1d kernels. Which models honour it where: ``docs/architectures.md``.
 """
 
 from __future__ import annotations
 
-from packtool.loader.collate import (_cu, _deliver, _labels, _needs, _positions, _structure,
-                                     _tensor, require_torch, rows_of)
+from packtool.loader.collate import (_cu, _deliver, _labels, _needs, _positions, _seq_idx,
+                                     _structure, _tensor, require_torch, rows_of)
 
 __all__ = ["HFCollator"]
 
@@ -40,11 +46,16 @@ class HFCollator:
             ``remove_unused_columns`` drops every item key but ``input_ids``, ``position_ids``
             and ``labels`` before the collator runs); checked against the values. Build the
             dataset with ``labels="unshifted"`` (the default) and keep this default.
+        seq_idx: add ``seq_idx`` (int32, [B, C] per row, or [1, B * C] over the batch with
+            ``flatten``), the keyword Hugging Face hybrid models pass to their mamba-ssm and
+            causal-conv1d kernels. Without those kernels (the CPU path) transformers refuses it
+            with a ValueError rather than mixing documents, or a model ignores it: ``packtool
+            verify --hf-config`` says which. False leaves it out.
 
     Call: ``collator(items)`` (or a :class:`~packtool.formats.packed.Rows`) -> dict with
     ``input_ids``, ``position_ids`` torch.int32 and ``labels`` torch.int64 [B, C] (or
-    [1, B * C]), ``use_cache=False``; labels in :attr:`labels_convention`, ``unshifted``
-    (converted from items that say they are shifted).
+    [1, B * C]), ``use_cache=False``, ``seq_idx`` torch.int32 of the same shape; labels in
+    :attr:`labels_convention`, ``unshifted`` (converted from items that say they are shifted).
 
     Raises:
         ValueError: empty batch or rows of different capacity; items without ``input_ids``
@@ -58,7 +69,7 @@ class HFCollator:
     labels_convention = "unshifted"
 
     def __init__(self, *, flatten: bool = False, flash_attn_kwargs: bool = False,
-                 labels_mode: str = "unshifted") -> None:
+                 labels_mode: str = "unshifted", seq_idx: bool = True) -> None:
         if flash_attn_kwargs and not flatten:
             raise ValueError("flash_attn_kwargs needs flatten=True")
         if labels_mode not in ("unshifted", "shifted"):
@@ -66,6 +77,7 @@ class HFCollator:
         self.labels_mode = labels_mode
         self.flatten = bool(flatten)
         self.flash_attn_kwargs = bool(flash_attn_kwargs)
+        self.seq_idx = bool(seq_idx)
 
     def needs_columns(self, columns) -> None:
         """Refuse item columns this collator cannot make a correct batch of.
@@ -90,6 +102,8 @@ class HFCollator:
                "position_ids": _tensor(torch, _positions(rows), torch.int32, shape),
                "labels": _tensor(torch, labels, torch.int64, shape),
                "use_cache": False}
+        if self.seq_idx:
+            out["seq_idx"] = torch.from_numpy(_seq_idx(cu_seqlens, ids.shape, self.flatten))
         if self.flash_attn_kwargs:
             cu = torch.from_numpy(cu_seqlens)
             out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max_seqlen,

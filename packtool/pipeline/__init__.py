@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from packtool import __version__
+from packtool._version import __version__
 from packtool.config import PackConfig
 from packtool.engines import make_engine
 from packtool.errors import InputError
@@ -66,6 +66,7 @@ class PackResult:
     already_complete: bool = False  #: OUTPUT already held this pack: nothing was done
     warnings: list = field(default_factory=list)  #: loud notes (e.g. many tokens dropped)
     windows_reused: int = 0  #: windows kept finished from an identical run that was killed
+    holdout: "PackResult | None" = None  #: the held-out pack of ``--holdout``, when asked for
 
 
 def _progress(total, desc, unit, enabled):
@@ -144,6 +145,10 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
         MissingDependencyError: ``--engine ray`` without Ray installed.
         KeyboardInterrupt: Ctrl-C; OUTPUT is as before or resumable.
     """
+    if cfg.holdout is not None and cfg.holdout_part is None:  # two packs, one per side
+        from packtool.pipeline.holdout import run_holdout
+
+        return run_holdout(cfg, run_pack, progress=progress)
     t0 = time.perf_counter()
     show = progress and sys.stderr.isatty()
     files = discover_inputs(list(cfg.inputs), skip_unsupported=cfg.skip_unsupported)
@@ -211,6 +216,7 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
             if cfg.window_docs is not None else (),
             source_column=cfg.source_column, source_values=source_values)
         out.commit(manifest, packed_schema(cfg.capacity, cfg.labels.value,
-                                           cfg.source_column is not None))
+                                           cfg.segment_multiple,
+                                           sources=cfg.source_column is not None))
     return PackResult(total, manifest, time.perf_counter() - t0, reused, False,
                       _warnings(cfg, total), windows_reused=sum(i.reused for i in infos))

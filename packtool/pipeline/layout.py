@@ -126,7 +126,7 @@ def _exclusive_cumsum(x: np.ndarray) -> np.ndarray:
 
 
 def layout_group(spills: WindowSpills, shard: ShardRows, lo: int, hi: int, *, pad_id: int,
-                 labels) -> PackedRows:
+                 labels, segment_multiple: int = 1) -> PackedRows:
     """Lay out the shard's output rows ``lo .. hi - 1`` (in output order).
 
     For each window present, its rows here are consecutive in its row order: their tokens (and
@@ -135,6 +135,8 @@ def layout_group(spills: WindowSpills, shard: ShardRows, lo: int, hi: int, *, pa
     :func:`packtool.core.layout.layout_rows` call then lays the rows out through a plan whose
     documents are their segments, and ``doc_ids``/``doc_offsets`` are set to the segments' real
     (global) documents and offsets.
+
+    ``segment_multiple``: N of ``--segment-multiple`` (each segment padded to a multiple of N).
 
     Returns:
         :class:`PackedRows` of the ``hi - lo`` rows in output order.
@@ -180,7 +182,7 @@ def layout_group(spills: WindowSpills, shard: ShardRows, lo: int, hi: int, *, pa
                    seg_doc=np.arange(seg.size, dtype=np.int64),
                    seg_offset=np.zeros_like(seg_len), seg_len=seg_len)
     packed = layout_rows(sub, np.arange(n, dtype=np.int64), buf, src, pad_id=pad_id,
-                         labels=labels, targets=targets)
+                         labels=labels, targets=targets, segment_multiple=segment_multiple)
     return dataclasses.replace(packed, doc_ids=shard.seg_doc[seg],
                                doc_offsets=shard.seg_offset[seg],
                                source_ids=None if shard.seg_source is None

@@ -252,7 +252,8 @@ def prepare_window(cfg, window: Window, tmp: str, threads: int = 1) -> WindowInf
                 DocSpill(work / DOC_TARGETS, np.uint8, held) as flags:
             values = [] if cfg.source_column is not None else None
             lengths, read_counts = read_window(cfg.column, cfg.append_eos, window, tokens,
-                                               cfg.read_options(), flags, values)
+                                               cfg.read_options(), flags,
+                                               cfg.holdout_split(), values)
             table, doc_sources = _window_sources(cfg.source_column, window, values)
             tokens.finish()
             flags.finish()
@@ -261,7 +262,10 @@ def prepare_window(cfg, window: Window, tmp: str, threads: int = 1) -> WindowInf
             if cfg.overflow is Overflow.ERROR:
                 _check_overflow(cfg.capacity, window, lengths)
             plan = pack_lengths(lengths, cfg.capacity, strategy=cfg.strategy,
-                                overflow=cfg.overflow)
+                                overflow=cfg.overflow, segment_multiple=cfg.segment_multiple)
+            # what --segment-multiple costs: the rows of the same documents without it
+            rows_plain = plan.num_rows if cfg.segment_multiple == 1 else pack_lengths(
+                lengths, cfg.capacity, strategy=cfg.strategy, overflow=cfg.overflow).num_rows
             doc_starts = np.zeros(lengths.size, dtype=np.int64)  # shape: (docs,)
             if lengths.size:
                 np.cumsum(lengths[:-1], out=doc_starts[1:])
@@ -272,7 +276,8 @@ def prepare_window(cfg, window: Window, tmp: str, threads: int = 1) -> WindowInf
             effective = _spill_rows(work, plan, doc_starts, order, tokens,
                                     flags if targets else None, threads, doc_sources)
         stats = dataclasses.replace(PackStats.from_plan(plan) + read_counts,
-                                    effective_targets=effective)
+                                    effective_targets=effective,
+                                    rows_without_segment_padding=rows_plain)
         (work / WINDOW_DONE).write_text(json.dumps({"stats": stats.to_dict(),
                                                     "targets": targets,
                                                     "sources": list(table)}))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 import numpy as np
 
@@ -121,7 +121,9 @@ def iter_documents(path, column: str, *, fmt: str | None = None,
                    row_range: tuple[int, int] | None = None, batch_rows: int = 8192,
                    attention_mask: str | None = None, labels: str | None = None,
                    loss_mask: str | None = None, bos: int | None = None,
-                   eos: int | None = None, source: str | None = None) -> Iterator[TokenBatch]:
+                   eos: int | None = None, source: str | None = None,
+                   keep_docs: Callable[[int, int], np.ndarray] | None = None
+                   ) -> Iterator[TokenBatch]:
     """One file's documents as they are packed: the one read path of ``pack`` and ``compare``.
 
     The file's columns are read and checked by
@@ -135,6 +137,10 @@ def iter_documents(path, column: str, *, fmt: str | None = None,
         bos, eos: ``--prepend-bos`` / ``--append-eos`` ids or None.
         source: ``--source-column``: each batch carries its documents' values
             (:attr:`TokenBatch.sources`), or None.
+        keep_docs: ``keep_docs(first_row, n)`` -> bool[n] for file rows ``first_row ..
+            first_row + n - 1`` (``--holdout``): a row it marks False is read and checked like
+            the others but left out whole before the masks and BOS/EOS apply (length 0,
+            counted in ``TokenBatch.other_split``); None keeps every document.
 
     Raises:
         InputError, SchemaError: as :func:`~packtool.formats.reader.iter_token_batches`.
@@ -142,14 +148,16 @@ def iter_documents(path, column: str, *, fmt: str | None = None,
     for raw in iter_token_batches(path, column, batch_rows, row_range=row_range, fmt=fmt,
                                   attention_mask=attention_mask, labels=labels,
                                   loss_mask=loss_mask, source=source):
+        kept = None if keep_docs is None else keep_docs(raw.first_row, raw.lengths.size)
         batch = prepare_documents(raw.first_row, raw.lengths, raw.tokens, keep=raw.keep,
-                                  labels=raw.labels, loss_masks=raw.loss_masks, bos=bos, eos=eos)
+                                  labels=raw.labels, loss_masks=raw.loss_masks, bos=bos, eos=eos,
+                                  keep_docs=kept)
         yield batch if raw.sources is None else dataclasses.replace(batch, sources=raw.sources)
 
 
 def read_window(column: str, append_eos_id: int | None, window: Window, spill: BinaryIO,
                 options: dict | None = None, targets: BinaryIO | None = None,
-                sources: list | None = None) -> tuple[np.ndarray, PackStats]:
+                split=None, sources: list | None = None) -> tuple[np.ndarray, PackStats]:
     """Validate a window's documents and append their tokens to ``spill`` as raw int32.
 
     Only the lengths are kept here; tokens go to ``spill`` one record batch (whole documents)
@@ -168,7 +176,11 @@ def read_window(column: str, append_eos_id: int | None, window: Window, spill: B
         options: mask columns and BOS/EOS (:meth:`packtool.config.PackConfig.read_options`).
         targets: where the target flags go, if any (like ``spill``).
         sources: with ``options["source"]`` (``--source-column``), a list that gets each
-            batch's per-document source values, in document order.
+            batch's per-document source values, in document order (a document ``split`` leaves
+            out keeps its value, unused).
+        split: a :class:`packtool.core.holdout.HoldoutSplit`: the documents it does not keep
+            are read and validated but get length 0 and no tokens (``--holdout``); None keeps
+            every document.
 
     Returns:
         (int64[window.docs] tokens per document after masks and BOS/EOS, the mask counts as
@@ -181,11 +193,17 @@ def read_window(column: str, append_eos_id: int | None, window: Window, spill: B
     """
     options = {"eos": append_eos_id} if options is None else options
     parts, counts, written, flags = [], PackStats(), 0, False
+    first_doc = window.first_doc  # global index of the part's first document
     for part in window.parts:
         n = 0
+        keep = None
+        if split is not None:  # file row -> global document index
+            def keep(row, count, base=first_doc - part.first_row):
+                return split.keep(base + row, count)
         for batch in iter_documents(
                 Path(part.path), column, fmt=part.format,
-                row_range=(part.first_row, part.first_row + part.docs), **options):
+                row_range=(part.first_row, part.first_row + part.docs), keep_docs=keep,
+                **options):
             check()
             # the buffer itself, no bytes copy (a 200 MB corpus spent 0.06 s in tobytes)
             spill.write(memoryview(np.ascontiguousarray(batch.tokens, dtype=np.int32)))
@@ -208,6 +226,7 @@ def read_window(column: str, append_eos_id: int | None, window: Window, spill: B
             raise InputError(f"{part.path}: {n} rows read from row {part.first_row}, "
                              f"{part.docs} expected; the file changed during the pack: "
                              "rerun the same packtool pack with --overwrite")
+        first_doc += part.docs
     lengths = (np.concatenate(parts) if parts else np.zeros(0, np.int64)).astype(np.int64,
                                                                                    copy=False)
     return lengths, counts

@@ -62,8 +62,8 @@ def write_shard_task(cfg, job: ShardJob, spills: WindowSpills) -> tuple[ShardEnt
         kept = kept_shard(job.output, job.name, job.promised)
         if kept is not None:
             return kept, True
-    schema = shard_schema(packed_schema(cfg.capacity, cfg.labels.value,
-                                        cfg.source_column is not None), job.name)
+    schema = shard_schema(packed_schema(cfg.capacity, cfg.labels.value, cfg.segment_multiple,
+                                        sources=cfg.source_column is not None), job.name)
     n = job.windows.size
 
     def tables():
@@ -71,7 +71,8 @@ def write_shard_task(cfg, job: ShardJob, spills: WindowSpills) -> tuple[ShardEnt
         for lo in range(0, n, cfg.rows_per_group):
             check()
             packed = layout_group(spills, rows, lo, min(n, lo + cfg.rows_per_group),
-                                  pad_id=cfg.pad_id, labels=cfg.labels)
+                                  pad_id=cfg.pad_id, labels=cfg.labels,
+                                  segment_multiple=cfg.segment_multiple)
             yield rows_to_table(packed, schema)
             test_pause("write-shard", job.index)
 

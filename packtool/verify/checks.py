@@ -25,8 +25,8 @@ from typing import Callable, Iterable
 import numpy as np
 
 from packtool.errors import ConfigError
-from packtool.verify.contract import (CONTRACT_CHECKS, DEFAULT_ROWS, check_row_contract,
-                                      scan_contract, select_rows)
+from packtool.verify.contract import (CONTRACT_CHECKS, DEFAULT_ROWS, PADDED_CHECK,
+                                      check_row_contract, scan_contract, select_rows)
 from packtool.verify.report import FAIL, PASS, SKIP, CheckResult, VerifyReport
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 __all__ = ["ALL_BACKENDS", "ALL_CHECKS", "DEFAULT_ROWS", "CheckResult", "VerifyReport",
            "run_verify", "select_rows", "check_row_contract"]
 
-ALL_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
+ALL_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
 #: model checks, then the column checks (``--check`` accepts any of them)
 ALL_CHECKS = ("logits_match", "isolation", "loss_denominator", "grad_zero_ignored",
               "grad_zero_padding", "finite") + CONTRACT_CHECKS
@@ -77,6 +77,7 @@ def run_verify(
     max_memory: int | None = None,
     progress: Callable[[str], None] | None = None,
     check_hashes: bool = True,
+    hf_config=None,
 ) -> VerifyReport:
     """Verify a packed output directory.
 
@@ -103,17 +104,29 @@ def run_verify(
         progress: ``callable(str)`` told what runs, one line per backend and batch.
         check_hashes: compare every shard's sha256 with the manifest before anything else
             (False: sizes, footers and the page checksums of what is read).
+        hf_config: a Hugging Face config (a ``PretrainedConfig``, or a ``config.json`` path,
+            its directory or a cached model name: never downloaded) whose architecture the
+            ``hf`` backend builds, shrunk, instead of its tiny Llama; without ``backends`` only
+            ``hf`` runs. A leak is reported as "documents leak in <layer>: this model needs ...".
 
     Returns:
         A :class:`VerifyReport`; ``report.ok`` is the verdict.
 
     Raises:
         ConfigError: unknown backend or check, batch_size < 1, bad device or memory size.
+        InputError: ``hf_config`` names no usable config (:func:`~packtool.verify.hf_model.load_hf_config`).
         ManifestError: not a complete packed output, or a shard that differs from its manifest.
         MissingDependencyError: torch is missing and ``data_only`` is False.
     """
     from packtool.formats.packed import PackedOutput
 
+    if hf_config is not None and not data_only:
+        if isinstance(hf_config, (str, os.PathLike)):
+            from packtool.verify.hf_model import load_hf_config
+
+            hf_config = load_hf_config(str(hf_config))
+        if backends is None:
+            backends = ["hf"]  # the user's model is the question
     explicit = backends is not None
     backends = list(dict.fromkeys(backends)) if explicit else list(ALL_BACKENDS)
     unknown = [b for b in backends if b not in ALL_BACKENDS]
@@ -185,7 +198,15 @@ def run_verify(
         if check not in wanted:
             continue
         bad = scan.bad.get(check, [])
+        if check == PADDED_CHECK and scan.segment_multiple == 1 and not bad:
+            if checks is not None:  # asked for by name: say why it does not apply
+                report.add(CheckResult("data", check, SKIP, {}, None, "not stored: packed "
+                                       "without --segment-multiple (equal to cu_seqlens)",
+                                       required=False))
+            continue
         figs = {"rows_checked": scan.rows_checked, "rows_bad": len(bad)}
+        if check == "cu_seqlens" and scan.segment_multiple > 1:
+            figs["segment_multiple"] = scan.segment_multiple
         if check == "labels" and not scan.labels_stored:
             figs["labels"] = f"not stored; derived ({convention})"
         report.add(CheckResult("data", check, FAIL if bad else PASS, figs,
@@ -197,13 +218,14 @@ def run_verify(
 
     _run_models(report, reader, [int(i) for i in idx], reader.capacity, convention, explicit,
                 backends, wanted, seed, batch_size, compile, attend_overrides or {}, device,
-                max_memory, progress, label_masked)
+                max_memory, progress, label_masked, hf_config)
     _say(progress, f"verify: done in {time.perf_counter() - t0:.1f} s")
     return report
 
 
 def _run_models(report, reader, idx, capacity, convention, explicit, backends, wanted, seed,
-                batch_size, compile, overrides, device, max_memory, progress, label_masked):
+                batch_size, compile, overrides, device, max_memory, progress, label_masked,
+                hf_config=None):
     """Run the sampled rows through every backend and add the model checks to ``report``."""
     from packtool.verify import has_cuda, require_torch
 
@@ -227,7 +249,8 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
         runner = None
         if not reason:
             runner, reason = make_runner(name, base, device=dev, capacity=capacity,
-                                         budget=budget, seed=seed, compile=compile)
+                                         budget=budget, seed=seed, compile=compile,
+                                         hf_config=hf_config)
         if runner is None:
             report.add(CheckResult(name, "all", SKIP, {}, None, reason, required=explicit))
             _say(progress, f"verify: {name}: skipped ({reason})")
@@ -246,9 +269,11 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
     report.rows = [(it["shard"], it["row"]) for it in items]
     shifted = convention == "shifted"
     meas = {r.name: Measurements(r.name, r.device, r.dtype_name, r.backward,
-                                 r.no_backward_reason, extra=r.describe()) for r in runners}
+                                 r.no_backward_reason, extra=r.describe(),
+                                 grad_pad_tol=getattr(r, "grad_pad_tol", 0.0)) for r in runners}
     failed: dict[str, str] = {}
     elapsed = {r.name: 0.0 for r in runners}
+    leak_probe = None  # a batch holding a multi-document row, to locate a leak in
     nb = -(-len(items) // B)
     prev_tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
@@ -257,6 +282,8 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
             chunk = items[bi * B:(bi + 1) * B]
             batch = collate(chunk)
             spans = [_spans(it) for it in chunk]
+            if leak_probe is None and any(len(sp) >= 2 for sp in spans):
+                leak_probe = (batch, spans)
             docs = [[batch["input_ids"][r, a:b] for a, b in sp] for r, sp in enumerate(spans)]
             flat_docs = [d for row in docs for d in row]
             refs_by_key: dict = {}
@@ -302,8 +329,19 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
         m = meas[name]
         if runner.dtype != torch.float32:
             m.extra["eager_bf16_max_abs_diff"] = runner.eager_error
+        m.extra.update(runner.describe())  # what the run learnt (e.g. seq_idx refused)
         m.extra["seconds"] = round(elapsed[name], 2)
         res = run_checks(m, model_checks)
+        leaked = [r for c, r in res.items() if c in ("logits_match", "isolation")
+                  and r.status == FAIL]
+        if leaked and leak_probe is not None and hasattr(runner, "diagnose"):
+            try:
+                why = runner.diagnose(*leak_probe)
+            except Exception as exc:  # the diagnosis is a help, never a new failure
+                log.debug("leak diagnosis failed", exc_info=True)
+                why = f"(could not locate the leak: {type(exc).__name__}: {exc})"
+            for r in leaked:
+                r.message = f"{why}; {r.message}" if r.message else why
         for r in res.values():
             if r.status == SKIP and not explicit and r.check == "grad_zero_padding":
                 r.required = False
@@ -314,10 +352,17 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
 
 
 def _spans(item) -> list:
-    """Real document spans [(a, b)] of one row, cut by its stored cu_seqlens."""
+    """Real document spans [(a, b)] of one row, cut by its stored cu_seqlens (with
+    ``--segment-multiple``: the first len(doc_ids) spans, each cut to its real length from
+    ``cu_seqlens_unpadded``)."""
+    cu = [int(x) for x in np.asarray(item["cu_seqlens"])]
+    unpadded = item.get("cu_seqlens_unpadded")
+    if unpadded is not None:
+        real = np.diff(np.asarray(unpadded, dtype=np.int64))
+        return [(cu[q], cu[q] + int(real[q])) for q in range(min(len(item["doc_ids"]),
+                                                                  len(cu) - 1))]
     seg = np.asarray(item["segment_ids"])
     real = int(np.count_nonzero(seg))
-    cu = [int(x) for x in np.asarray(item["cu_seqlens"])]
     return [(a, min(b, real)) for a, b in zip(cu[:-1], cu[1:]) if a < real]
 
 

@@ -16,6 +16,14 @@ other columns are rebuilt from it and compared:
   the span, else -100; so no label pairs the end of one document with the start of the next;
 * ``num_targets`` = count(labels != -100) = sum(len - 1) over the real spans.
 
+With ``--segment-multiple N`` (N > 1) the spans of ``cu_seqlens`` are padded documents and
+``cu_seqlens_unpadded`` (same number of entries) gives each span's real length a: the first k
+spans (k = len(doc_ids)) are documents with a real tokens then span - a padding tokens, span =
+ceil(a / N) * N; one more span, the padding tail, may follow (a = span). Every span is a multiple
+of N. Segment ids, labels and targets are rebuilt from the real part of each span; positions run
+over the whole span (the padding continues its document's positions), so padding inside a row is
+never a target and follows its own document only.
+
 Checks run on a whole block at once (one ``np.repeat`` per column, no loop over tokens), so a scan
 of every row costs about as much as reading the columns. ``stats`` and ``verify --data-only`` use
 this module; it is the only part of verify that works without torch.
@@ -29,12 +37,15 @@ import numpy as np
 
 from packtool.types import IGNORE_INDEX
 
-__all__ = ["CONTRACT_CHECKS", "DEFAULT_ROWS", "ContractScan", "check_block", "check_row_contract",
-           "expected_labels", "select_rows", "scan_contract"]
+__all__ = ["CONTRACT_CHECKS", "PADDED_CHECK", "DEFAULT_ROWS", "ContractScan", "check_block",
+           "check_row_contract", "expected_labels", "select_rows", "scan_contract",
+           "segment_multiple_of"]
 
 #: the column checks, in report order
-CONTRACT_CHECKS = ("cu_seqlens", "segment_ids", "position_ids", "max_seqlen", "doc_ids",
-                   "labels", "num_targets")
+CONTRACT_CHECKS = ("cu_seqlens", "cu_seqlens_unpadded", "segment_ids", "position_ids",
+                   "max_seqlen", "doc_ids", "labels", "num_targets")
+#: the check that applies only to outputs packed with ``--segment-multiple`` N > 1
+PADDED_CHECK = "cu_seqlens_unpadded"
 #: rows run through the models when ``--rows`` is not given
 DEFAULT_ROWS = 8
 
@@ -80,8 +91,8 @@ def expected_labels(input_ids: np.ndarray, span_id: np.ndarray, first: np.ndarra
         keep = (span_id != 0) & ~first
         want[keep] = ids[keep]
     elif convention == "shifted":
-        nxt = np.zeros(ids.shape, dtype=bool)  # token i+1 continues token i's span
-        nxt[:, :-1] = (span_id[:, :-1] != 0) & ~first[:, 1:]
+        nxt = np.zeros(ids.shape, dtype=bool)  # token i+1 is a real token of token i's span
+        nxt[:, :-1] = (span_id[:, :-1] != 0) & (span_id[:, 1:] == span_id[:, :-1]) & ~first[:, 1:]
         want[:, :-1][nxt[:, :-1]] = ids[:, 1:][nxt[:, :-1]]
     else:
         raise ValueError(f"labels convention {convention!r}: choose unshifted or shifted")
@@ -95,6 +106,7 @@ def _first_bad(bad_RC: np.ndarray) -> np.ndarray:
 
 
 def check_block(cols: dict, capacity: int, convention: str, label_masked: bool = False,
+                segment_multiple: int = 1, *,
                 num_sources: int | None = None) -> list[tuple[int, str, int | None, str]]:
     """Contract violations of a block of rows.
 
@@ -108,6 +120,9 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
         label_masked: the pack read an input labels column (SFT prompt masks), so a label may
             also be -100 where the convention gives a token, never the other way round;
             ``num_targets`` then counts the labels and is at most sum(len - 1).
+        segment_multiple: N of ``--segment-multiple``; over 1, ``cols`` must hold
+            ``cu_seqlens_unpadded`` (a list of R 1-D arrays) and the padded layout of the module
+            docstring is checked.
         num_sources: the size of the manifest's source table when ``cols`` holds
             ``source_ids`` (a list of R arrays): each row needs one id in 0 .. num_sources - 1
             per ``doc_ids`` entry (reported as ``doc_ids``).
@@ -122,6 +137,10 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
     seg = np.asarray(cols["segment_ids"]).reshape(R, C)
     pos = np.asarray(cols["position_ids"]).reshape(R, C)
     cus = [np.asarray(c, dtype=np.int64) for c in cols["cu_seqlens"]]
+    N = int(segment_multiple)
+    padded = N > 1 or cols.get("cu_seqlens_unpadded") is not None
+    curs = ([np.asarray(c, dtype=np.int64) for c in cols["cu_seqlens_unpadded"]] if padded
+            else cus)
     out: list[tuple[int, str, int | None, str]] = []
 
     # cu_seqlens: 0 < ... < C strictly increasing; rows that break it are not checked further
@@ -131,6 +150,19 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
         c = cus[r]
         out.append((int(r), "cu_seqlens", None, f"cu_seqlens {c.tolist()[:8]}"
                     f"{'...' if c.size > 8 else ''} must go 0 < ... < C={C} strictly increasing"))
+    if padded:
+        for r in np.flatnonzero(valid):
+            c, u = cus[r], curs[r]
+            if N > 1 and np.any(np.diff(c) % N):
+                valid[r] = False
+                out.append((int(r), "cu_seqlens", None, f"cu_seqlens {c.tolist()[:8]}"
+                            f"{'...' if c.size > 8 else ''}: every span must be a multiple of "
+                            f"--segment-multiple {N}"))
+            elif u.size != c.size or u[0] != 0 or not np.all(np.diff(u) > 0):
+                valid[r] = False
+                out.append((int(r), "cu_seqlens_unpadded", None, f"cu_seqlens_unpadded "
+                            f"{u.tolist()[:8]}{'...' if u.size > 8 else ''} must start at 0 and "
+                            f"strictly increase, one entry per entry of cu_seqlens ({c.size})"))
     rows = np.flatnonzero(valid)
     if rows.size == 0:
         return out
@@ -141,17 +173,50 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
     lens_S = np.concatenate([np.diff(cus[r]) for r in rows])  # shape: (S,)
     row_of_S = np.repeat(np.arange(rows.size), n_spans)  # shape: (S,)
     q_S = np.arange(starts_S.size) - np.repeat(np.cumsum(n_spans) - n_spans, n_spans) + 1
-    real_span_S = starts_S < real_R[row_of_S]  # a span that starts before the padding tail
+    doc_ids = cols.get("doc_ids")
+    if not padded:
+        real_span_S = starts_S < real_R[row_of_S]  # a span that starts before the padding tail
+        real_len_S = np.minimum(starts_S + lens_S, real_R[row_of_S]) - starts_S
+    else:  # the first len(doc_ids) spans are documents; a = real tokens of each span
+        real_len_S = np.concatenate([np.diff(curs[r]) for r in rows])  # shape: (S,)
+        if doc_ids is not None:
+            k_doc = np.array([len(doc_ids[r]) for r in rows], dtype=np.int64)
+        else:
+            k_doc = np.bincount(row_of_S, weights=seg[rows].reshape(-1)[
+                np.repeat(np.arange(rows.size) * C, n_spans) + starts_S] != 0,
+                minlength=rows.size).astype(np.int64)
+        real_span_S = q_S <= k_doc[row_of_S]
+        want_span = np.where(real_span_S, -(-real_len_S // N) * N, real_len_S)
+        last_S = q_S == n_spans[row_of_S]
+        bad_S = (want_span != lens_S) | (~real_span_S & ~last_S)
+        seen = set()
+        for j in np.flatnonzero(bad_S):
+            i = int(row_of_S[j])
+            if i in seen:
+                continue  # one message per row: its first bad span
+            seen.add(i)
+            what = ("a document" if real_span_S[j] else "the padding tail" if last_S[j] else
+                    "a span after the padding tail")
+            out.append((int(rows[i]), "cu_seqlens_unpadded", int(q_S[j]),
+                        f"span {int(q_S[j])} ({what}) has {int(real_len_S[j])} real tokens in "
+                        f"{int(lens_S[j])} slots; expected {int(want_span[j])} slots (real "
+                        f"tokens rounded up to a multiple of {N}, the tail whole)"))
+        real_len_S = np.where(real_span_S, np.minimum(real_len_S, lens_S), 0)
     # expected columns, flat over the Rv valid rows (each row's spans cover exactly C tokens)
-    span_id = np.repeat(np.where(real_span_S, q_S, 0), lens_S).reshape(rows.size, C)
     span_q = np.repeat(q_S, lens_S).reshape(rows.size, C)
     want_pos = (np.arange(rows.size * C) - np.repeat(
         starts_S + row_of_S * C, lens_S)).reshape(rows.size, C)
     first = want_pos == 0
+    in_real = want_pos < np.repeat(real_len_S, lens_S).reshape(rows.size, C)
+    span_id = np.where(in_real, np.repeat(np.where(real_span_S, q_S, 0), lens_S).reshape(
+        rows.size, C), 0)
     k_R = np.bincount(row_of_S, weights=real_span_S, minlength=rows.size).astype(np.int64)
-    span_end_S = starts_S + lens_S
+    span_end_S = starts_S + (real_len_S if padded else lens_S)
     last_real_end = np.zeros(rows.size, dtype=np.int64)
     np.maximum.at(last_real_end, row_of_S[real_span_S], span_end_S[real_span_S])
+    if padded:  # real tokens: the sum of the documents' real lengths
+        last_real_end = np.bincount(row_of_S, weights=real_len_S,
+                                    minlength=rows.size).astype(np.int64)
 
     def report(check, bad_RC, msg_fn):
         fb = _first_bad(bad_RC)
@@ -160,7 +225,6 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
             out.append((int(rows[i]), check, int(span_q[i, j]), msg_fn(i, j)))
 
     # segment_ids agree with the spans (this also catches a boundary moved in cu_seqlens)
-    doc_ids = cols.get("doc_ids")
     for i, r in enumerate(rows):
         k = len(doc_ids[r]) if doc_ids is not None else int(k_R[i])
         if k != k_R[i] or (k and last_real_end[i] != real_R[i]):
@@ -183,7 +247,8 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
     pos_v = pos[rows]
     report("position_ids", pos_v != want_pos,
            lambda i, j: f"position at token {j} is {int(pos_v[i, j])}, expected "
-           f"{int(want_pos[i, j])} (positions restart at 0 in every segment)")
+           f"{int(want_pos[i, j])} (positions restart at 0 in every segment"
+           + (", padding after a document goes on counting)" if padded else ")"))
     mx = np.asarray(cols["max_seqlen"]).reshape(-1)[rows].astype(np.int64)
     seg_max = np.zeros(rows.size, dtype=np.int64)
     np.maximum.at(seg_max, row_of_S, lens_S)
@@ -191,7 +256,6 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
         out.append((int(rows[i]), "max_seqlen", None, f"max_seqlen {int(mx[i])} != longest "
                     f"segment {int(seg_max[i])}"))
     # effective targets: sum(len - 1) over the real part of the real spans
-    real_len_S = np.minimum(span_end_S, real_R[row_of_S]) - starts_S
     targets_R = np.bincount(row_of_S, weights=np.where(real_span_S, real_len_S - 1, 0),
                             minlength=rows.size).astype(np.int64)
     nt = np.asarray(cols["num_targets"]).reshape(-1)[rows].astype(np.int64)
@@ -214,8 +278,8 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
     return out
 
 
-def check_row_contract(row: dict, labels_mode: str,
-                       label_masked: bool = False) -> list[tuple[str, int | None, str]]:
+def check_row_contract(row: dict, labels_mode: str, label_masked: bool = False,
+                       segment_multiple: int = 1) -> list[tuple[str, int | None, str]]:
     """Contract violations of one packed row as ``(check, segment or None, message)``.
 
     Args:
@@ -223,6 +287,7 @@ def check_row_contract(row: dict, labels_mode: str,
             (per-token columns int[C]); ``labels`` may be absent.
         labels_mode: ``unshifted``, ``shifted``, or ``none`` (labels not checked).
         label_masked: input label masks allowed (see :func:`check_block`).
+        segment_multiple: N of ``--segment-multiple`` (see :func:`check_block`).
 
     Returns:
         The violations of :func:`check_block` for this row, without the row index.
@@ -233,8 +298,11 @@ def check_row_contract(row: dict, labels_mode: str,
         cols["labels"] = np.asarray(row["labels"])[None]
     cols.update(cu_seqlens=[np.asarray(row["cu_seqlens"])], doc_ids=[row["doc_ids"]],
                 max_seqlen=np.array([row["max_seqlen"]]), num_targets=np.array([row["num_targets"]]))
+    if row.get("cu_seqlens_unpadded") is not None:
+        cols["cu_seqlens_unpadded"] = [np.asarray(row["cu_seqlens_unpadded"])]
     conv = labels_mode if labels_mode != "none" else "unshifted"
-    return [(c, q, m) for _, c, q, m in check_block(cols, ids.shape[0], conv, label_masked)]
+    return [(c, q, m) for _, c, q, m in check_block(cols, ids.shape[0], conv, label_masked,
+                                                    segment_multiple)]
 
 
 @dataclass
@@ -247,6 +315,16 @@ class ContractScan:
     #: global index -> segments (``len(doc_ids)``) of each scanned row
     segments: dict = field(default_factory=dict)
     labels_stored: bool = True
+    segment_multiple: int = 1  #: N of ``--segment-multiple`` the output was packed with
+
+
+def segment_multiple_of(manifest) -> int:
+    """N of ``--segment-multiple`` an output was packed with (1 when its options do not say).
+
+    Args:
+        manifest: a :class:`~packtool.formats.manifest.Manifest`.
+    """
+    return int(manifest.options.get("segment_multiple", 1))
 
 
 def _block_columns(block) -> dict:
@@ -277,13 +355,15 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
     Returns:
         A :class:`ContractScan`.
     """
+    multiple = segment_multiple_of(reader.manifest)
+    padded = "cu_seqlens_unpadded" in reader.columns
     want = ["input_ids", "segment_ids", "position_ids", "labels", "cu_seqlens", "max_seqlen",
-            "num_targets", "doc_ids"]
+            "num_targets", "doc_ids"] + (["cu_seqlens_unpadded"] if padded else [])
     num_sources = None
     if reader.manifest.source_column is not None:
         want.append("source_ids")
         num_sources = len(reader.manifest.source_values)
-    scan = ContractScan(labels_stored=reader.labels.stored)
+    scan = ContractScan(labels_stored=reader.labels.stored, segment_multiple=multiple)
 
     def run(block, local_rows=None):
         cols = _block_columns(block)
@@ -294,7 +374,7 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
         for i, r in enumerate(rows.tolist()):
             scan.segments[block.first + r] = len(cols["doc_ids"][i])
         for i, check, q, msg in check_block(cols, reader.capacity, convention, label_masked,
-                                            num_sources):
+                                            multiple, num_sources=num_sources):
             r = int(rows[i])
             where = {"shard": block.shard, "row": block.shard_row0 + r,
                      **({"segment": q} if q else {})}
