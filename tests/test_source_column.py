@@ -196,3 +196,81 @@ def test_bad_source_columns_are_refused_in_one_line(tmp_path, case, match):
     assert len(res.output.strip().splitlines()) == 1, res.output
     assert __import__("re").search(match, res.output), res.output
     assert not (tmp_path / "out" / ".packtool-manifest.parquet").exists()
+
+
+def test_per_source_stats_with_padded_segments_and_a_holdout(src, tmp_path):
+    """--segment-multiple 8 with --holdout: both outputs map every segment to its document's
+    value and pass verify; stats per source equal a recount in which each segment's own
+    padding counts to its source and the padding tail to the row's last segment's."""
+    out = pack(src, tmp_path / "out", "--segment-multiple", "8", "--holdout", "0.25")
+    values = input_values(src)
+    for o in (out, tmp_path / "out-holdout"):
+        m = read_manifest(o)
+        assert m.source_column == "source" and m.source_values == tuple(sorted(set(values)))
+        res = invoke(["verify", "--data-only", o])
+        assert res.exit_code == 0, res.output
+        want = defaultdict(lambda: defaultdict(int))
+        for row in rows_of(o):
+            seg, cu = np.asarray(row["segment_ids"]), np.asarray(row["cu_seqlens"])
+            for q, (doc, sid) in enumerate(zip(row["doc_ids"], row["source_ids"]), start=1):
+                name = m.source_values[sid]
+                assert name == values[doc]
+                real = int((seg == q).sum())
+                want[name]["real_tokens"] += real
+                want[name]["padding_tokens"] += int(cu[q] - cu[q - 1]) - real
+            k = len(row["doc_ids"])
+            want[m.source_values[row["source_ids"][-1]]]["padding_tokens"] += 64 - int(cu[k])
+        res = invoke(["stats", "--json", o])
+        assert res.exit_code == 0, res.output
+        doc = json.loads(res.output)
+        got = {p["source"]: {f: p[f] for f in ("real_tokens", "padding_tokens")}
+               for p in doc["per_source"] if p["segments"]}
+        assert got == {k: dict(v) for k, v in want.items()}
+        assert doc["stats"]["segment_padding_tokens"] > 0
+        assert sum(p["padding_tokens"] for p in doc["per_source"]) == \
+            doc["stats"]["padding_tokens"]
+
+
+def test_the_source_table_is_a_typed_field_of_the_manifest():
+    """source_column / source_values survive to_dict and from_dict (written as ``sources``);
+    a table without its column is refused; a manifest without them keeps its old form."""
+    from packtool.formats.manifest import FORMAT_VERSION, LabelsInfo, Manifest
+
+    m = Manifest(format_version=FORMAT_VERSION, packtool_version="x", fingerprint="f",
+                 capacity=8, labels=LabelsInfo(False, "unshifted"), source_column="lang",
+                 source_values=["de", "en"])
+    d = m.to_dict()
+    assert d["sources"] == {"column": "lang", "values": ["de", "en"]}
+    back = Manifest.from_dict(json.loads(json.dumps(d)))
+    assert back.source_column == "lang" and back.source_values == ("de", "en")
+    plain = Manifest(format_version=FORMAT_VERSION, packtool_version="x", fingerprint="f",
+                     capacity=8, labels=LabelsInfo(False, "unshifted"))
+    assert "sources" not in plain.to_dict()
+    assert Manifest.from_dict(plain.to_dict()).source_column is None
+    with pytest.raises(ValueError, match="source_values without a source_column"):
+        Manifest(format_version=FORMAT_VERSION, packtool_version="x", fingerprint="f",
+                 capacity=8, labels=LabelsInfo(False, "unshifted"), source_values=[1, 2])
+
+
+def test_the_python_api_takes_source_column(src, tmp_path):
+    """packtool.pack(source_column=) writes what the CLI writes; pack_dataset(source_column=)
+    keeps that (string) column and gives the CLI's rows, source_ids included."""
+    import packtool
+
+    cli = pack(src, tmp_path / "cli")
+    res = packtool.pack(src, tmp_path / "api", capacity=64, rows_per_shard=9, workers=1,
+                        source_column="source")
+    assert res.manifest.source_values == read_manifest(cli).source_values
+    assert hash_tree(tmp_path / "api") == hash_tree(cli)
+    table = pa.Table.from_batches(
+        [b for f in sorted(src.glob("*.parquet"))
+         for b in pq.read_table(f).cast(pa.schema([("input_ids", pa.list_(pa.int64())),
+                                                   ("source", pa.string())])).to_batches()])
+    one = tmp_path / "one"
+    one.mkdir()
+    pq.write_table(table, one / "docs.parquet")
+    want = pack(one, tmp_path / "cli-one")
+    got = packtool.pack_dataset(table, 64, rows_per_shard=9, workers=1, source_column="source",
+                                output=tmp_path / "ds")
+    assert got.column("source_ids").to_pylist() == [list(r["source_ids"]) for r in rows_of(want)]
+    assert read_manifest(tmp_path / "ds").source_values == read_manifest(want).source_values
