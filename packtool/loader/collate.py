@@ -35,10 +35,11 @@ slices of the decoded row groups, no per-row dict), and builds the batch in one 
   longest span). Each document's span then ends in padding (``segment_ids`` 0, labels -100,
   positions going on), which belongs to that document's span, not to the next.
 
-**Dtypes.** ``input_ids``, ``position_ids``, ``segment_ids`` and ``token_source_ids`` are int32,
-as stored: embedding lookups, rotary position embeddings and Hugging Face causal LMs take int32
-(``nn.Embedding`` indexes with int32 or int64; positions are cast to float for RoPE). Only
-``labels`` is int64: ``cross_entropy`` / ``nll_loss`` refuse int32 class targets. Inside a
+**Dtypes.** ``input_ids``, ``segment_ids`` and ``token_source_ids`` are int32, as stored:
+``nn.Embedding`` and Hugging Face causal LMs index with int32 as with int64. ``position_ids`` are
+int64 (``torch.long``): position code indexes rotary tables and position embeddings with them,
+and some of it (sglang, vLLM kernels, ``index_select`` paths) takes only a long tensor (B28).
+``labels`` are int64: ``cross_entropy`` / ``nll_loss`` refuse int32 class targets. Inside a
 DataLoader worker a batch crosses to the training process with its arrays pickled by value (one
 copy), not as one shared-memory segment per tensor, which cost more CPU than the copy.
 
@@ -529,7 +530,8 @@ def collate(batch) -> dict:
 
     Returns:
         dict with
-        ``input_ids``, ``position_ids``, ``segment_ids``: torch.int32 [B, C] (positions rebuilt
+        ``input_ids``, ``segment_ids``: torch.int32 [B, C]; ``position_ids``: torch.int64
+        [B, C] (positions rebuilt
         from the segments when the items have none, segments from the positions);
         ``labels``: torch.int64 [B, C] in the items' convention, named by
         ``labels_convention`` (int64: the loss needs it);
@@ -568,7 +570,7 @@ def collate(batch) -> dict:
     out = {
         "input_ids": _tensor(torch, rows.tokens["input_ids"], torch.int32),
         "labels": _tensor(torch, labels, torch.int64),
-        "position_ids": _tensor(torch, pos, torch.int32),
+        "position_ids": _tensor(torch, pos, torch.int64),
         "segment_ids": _tensor(torch, seg, torch.int32),
         "cu_seqlens": cu,
         "max_seqlen": max_seqlen,
@@ -604,7 +606,7 @@ def collate_flat(batch) -> dict:
             needs.
 
     Returns:
-        dict with ``input_ids``, ``position_ids``: torch.int32 [1, B * C]; ``labels``:
+        dict with ``input_ids``: torch.int32 [1, B * C]; ``position_ids``, ``labels``:
         torch.int64 [1, B * C]; ``cu_seq_lens_q``, ``cu_seq_lens_k``: the same torch.int32
         [S + 1] tensor; ``max_length_q``, ``max_length_k``: Python int; ``num_targets``: Python
         int; ``labels_convention``: ``unshifted``; ``seq_idx``: torch.int32 [1, B * C], counted
@@ -625,7 +627,7 @@ def collate_flat(batch) -> dict:
     cu = torch.from_numpy(cu_seqlens)
     return _deliver({
         "input_ids": _tensor(torch, rows.tokens["input_ids"], torch.int32, flat),
-        "position_ids": _tensor(torch, _positions(rows), torch.int32, flat),
+        "position_ids": _tensor(torch, _positions(rows), torch.int64, flat),
         "labels": _tensor(torch, labels, torch.int64, flat),
         "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
         "max_length_q": max_seqlen, "max_length_k": max_seqlen,

@@ -53,7 +53,7 @@ class HFCollator:
             verify --hf-config`` says which. False leaves it out.
 
     Call: ``collator(items)`` (or a :class:`~packtool.formats.packed.Rows`) -> dict with
-    ``input_ids``, ``position_ids`` torch.int32 and ``labels`` torch.int64 [B, C] (or
+    ``input_ids`` torch.int32, ``position_ids`` and ``labels`` torch.int64 [B, C] (or
     [1, B * C]), ``use_cache=False``, ``seq_idx`` torch.int32 of the same shape; labels in
     :attr:`labels_convention`, ``unshifted`` (converted from items that say they are shifted).
 
@@ -99,7 +99,7 @@ class HFCollator:
         labels = _labels(rows, want="unshifted", default_mode=self.labels_mode,
                          cu=cu_seqlens)[0]
         out = {"input_ids": _tensor(torch, ids, torch.int32, shape),
-               "position_ids": _tensor(torch, _positions(rows), torch.int32, shape),
+               "position_ids": _tensor(torch, _positions(rows), torch.int64, shape),
                "labels": _tensor(torch, labels, torch.int64, shape),
                "use_cache": False}
         if self.seq_idx:

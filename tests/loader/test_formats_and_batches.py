@@ -158,7 +158,7 @@ def test_cu_seqlens_int32_overflow_is_refused():
 
 
 def test_flat_batch_has_flash_attention_2_keyword_names_B06_B24(tmp_path):
-    """collate_flat: [1, B*C] tensors (ids and positions int32, labels int64: the loss needs
+    """collate_flat: [1, B*C] tensors (ids int32, positions int64 (B28), labels int64: the loss needs
     Long targets), cu_seq_lens_q/k int32 equal to the [B, C] batch's cu_seqlens, max_length_q/k
     Python ints, num_targets = labels != -100."""
     torch = pytest.importorskip("torch")
@@ -169,7 +169,7 @@ def test_flat_batch_has_flash_attention_2_keyword_names_B06_B24(tmp_path):
     items = [ds[i] for i in range(4)]
     flat, rows = collate_flat(items), collate(items)
     for k in ("input_ids", "position_ids", "labels"):
-        want = torch.int64 if k == "labels" else torch.int32
+        want = torch.int64 if k in ("labels", "position_ids") else torch.int32
         assert flat[k].shape == (1, 40) and flat[k].dtype == rows[k].dtype == want
         assert torch.equal(flat[k].reshape(4, 10), rows[k])
     assert flat["cu_seq_lens_q"].dtype == torch.int32

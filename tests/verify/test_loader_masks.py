@@ -22,15 +22,15 @@ def out(tmp_path):
 
 
 def test_collate_dtypes_and_shapes_B06_B24_B28(out):
-    """cu_seqlens int32 [S+1] offset by row*C, max_seqlen a Python int; ids, positions and
-    segments int32 [B, C] (integers that index exactly: a cos/sin table looked up with them
-    equals the int64 lookup, never a float's rounding), labels int64 (the loss needs Long)."""
+    """cu_seqlens int32 [S+1] offset by row*C, max_seqlen a Python int; ids and segments int32
+    [B, C]; positions int64 (B28: long, what position code indexes with), labels int64 (the
+    loss needs Long)."""
     ds = PackedDataset(out)
     assert len(ds) == 3  # ordered at C=6: [11,12,13,21,22] [31..35] [41,51..54], all padded
     batch = collate([ds[i] for i in range(len(ds))])
     B, C = 3, 6
     for k in ("input_ids", "labels", "position_ids", "segment_ids"):
-        want = torch.int64 if k == "labels" else torch.int32
+        want = torch.int64 if k in ("labels", "position_ids") else torch.int32
         assert batch[k].shape == (B, C) and batch[k].dtype == want, k
     table = torch.randn(C, 4)
     pos = batch["position_ids"]
@@ -59,12 +59,13 @@ def test_dataset_reads_any_row_by_index(out):
 
 
 def test_b28_b06_values_of_the_contract_row(tmp_path):
-    """docs [[11,12,13],[21,22]] at C=6 load as positions [0,1,2,0,1,0] (int32, an integer
-    dtype that indexes exactly), cu [0,3,5,6]."""
+    """docs [[11,12,13],[21,22]] at C=6 load as positions [0,1,2,0,1,0] (torch.long, B28),
+    cu [0,3,5,6] (torch.int32, B06)."""
     out = pack_docs(tmp_path, [[11, 12, 13], [21, 22]], 6)
     batch = collate([PackedDataset(out)[0]])
     assert batch["position_ids"][0].tolist() == [0, 1, 2, 0, 1, 0]
-    assert batch["position_ids"].dtype == torch.int32
+    assert batch["position_ids"].dtype == torch.long
+    assert batch["cu_seqlens"].dtype == torch.int32
     assert batch["cu_seqlens"].tolist() == [0, 3, 5, 6] and batch["max_seqlen"] == 3
 
 
