@@ -20,7 +20,10 @@ if dist.is_initialized():
     model = torch.nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
-ds = PackedIterableDataset("packed/", seed=0)  # rank and world size from torchrun
+# labels="shifted": labels[i] is the token after i (whatever --labels the pack used), so the
+# loss pairs logits[i] with labels[i] and shifts nothing
+# a directory or a store URI (PACKED=s3://bucket/packed/); rank and world from torchrun
+ds = PackedIterableDataset(os.environ.get("PACKED", "packed/"), seed=0, labels="shifted")
 loader = DataLoader(ds, batch_size=1, collate_fn=collate, num_workers=2)
 accum, max_steps = 2, 2
 for epoch in range(1):
@@ -33,10 +36,11 @@ for epoch in range(1):
             dist.all_reduce(targets)           # effective targets of the step on all ranks
         total = 0.0
         for b in micro:
+            assert b["labels_convention"] == "shifted"  # what the dataset was asked for
             logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"],
                            use_cache=False).logits
-            loss_sum = F.cross_entropy(logits[:, :-1].flatten(0, 1),
-                                       b["labels"][:, 1:].flatten(), reduction="sum")
+            loss_sum = F.cross_entropy(logits.flatten(0, 1), b["labels"].flatten(),
+                                       reduction="sum")
             (loss_sum * world / targets).backward()  # DDP averages gradients over ranks
             total += loss_sum.item()
         opt.step()

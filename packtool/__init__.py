@@ -1,21 +1,25 @@
 """packtool: pack tokenized documents into fixed-capacity rows for document-masked training.
 
-Importing ``packtool`` is cheap: the Numba kernels (and numba itself) are imported on first use
-of :func:`pack_lengths`, :func:`layout_rows` and friends, so ``packtool --help``, ``--version``
-and the torch loader never pay for them. When the installed package directory is read-only,
-the kernel cache goes to a user cache directory (``NUMBA_CACHE_DIR``, unless already set).
+:func:`pack` (``packtool pack`` as a function) and :func:`pack_dataset` (an in-memory Hugging
+Face dataset, Arrow table or list of token sequences, packed) are the Python API
+(:mod:`packtool.api`). Importing ``packtool`` is cheap: the Numba kernels (and numba itself)
+are imported on first use of :func:`pack_lengths`, :func:`layout_rows` and friends, so
+``packtool --help``, ``--version`` and the torch loader never pay for them. When the installed
+package directory is read-only, the kernel cache goes to a user cache directory
+(``NUMBA_CACHE_DIR``, unless already set).
 """
 
 from __future__ import annotations
 
 import os as _os
 
-__version__ = "0.1.0"
+from packtool._version import __version__
 
-__all__ = ["__version__", "pack_lengths", "layout_rows", "PackPlan", "PackedRows", "PackStats",
-           "IGNORE_INDEX", "Strategy", "Overflow", "LabelMode"]
+__all__ = ["__version__", "pack", "pack_dataset", "pack_lengths", "layout_rows", "PackPlan",
+           "PackedRows", "PackStats", "IGNORE_INDEX", "Strategy", "Overflow", "LabelMode"]
 
 _LAZY = {
+    "pack": "packtool.api", "pack_dataset": "packtool.api",
     "pack_lengths": "packtool.core", "layout_rows": "packtool.core", "PackPlan": "packtool.core",
     "PackedRows": "packtool.core", "PackStats": "packtool.stats", "IGNORE_INDEX": "packtool.types",
     "Strategy": "packtool.types", "Overflow": "packtool.types", "LabelMode": "packtool.types",

@@ -19,13 +19,8 @@ import os
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from packtool.core.packing import PackPlan, pack_lengths
-from packtool.core.windows import plan_windows
 from packtool.errors import OutputError, install_hint
-from packtool.formats.packed import PackedReader
 from packtool.stats import PackStats
 from packtool.types import IGNORE_INDEX, Overflow, Strategy
 
@@ -60,6 +55,17 @@ class PackedAnalysis:
     per_bin: list = field(default_factory=list)  #: per row: shard, row, targets, segment targets
     documents: int = 0  #: distinct documents in the shards (segments at offset 0)
     per_bin_limit: int | None = None  #: rows listed at most in ``per_bin`` (None: all)
+    #: shards and bytes whose sha256 was checked against the manifest, and the seconds it took
+    #: (0 shards: skipped with ``check_hashes=False``)
+    hashed: tuple = (0, 0, 0.0)
+    segment_multiple: int = 1  #: N of ``--segment-multiple`` the output was packed with
+    #: ``pack --source-column``: the column, and per source id a dict of ``source`` (its
+    #: value), ``rows`` (rows holding one of its segments), ``segments``, ``real_tokens``,
+    #: ``padding_tokens`` (its segments' own padding with ``--segment-multiple``, and the
+    #: padding tail of rows whose last segment is of this source) and ``effective_targets``;
+    #: tokens, padding, targets and segments sum to the totals
+    source_column: str | None = None
+    per_source: list = field(default_factory=list)
 
     @property
     def row_fill(self) -> np.ndarray:
@@ -79,7 +85,12 @@ class PackedAnalysis:
              "mismatches": {k: {"recounted": a, "manifest": b}
                             for k, (a, b) in self.mismatches.items()},
              "fill_histogram": {"edges": _FILL_EDGES.tolist(), "rows": self.fill_hist},
-             "fill_quantiles": _count_quantiles(self.fill_counts)}
+             "fill_quantiles": _count_quantiles(self.fill_counts),
+             "integrity": {"shards_hashed": self.hashed[0], "bytes_hashed": self.hashed[1],
+                           "hash_seconds": round(self.hashed[2], 3)}}
+        if self.source_column is not None:
+            d["source_column"] = self.source_column
+            d["per_source"] = self.per_source
         if self.per_bin:
             d["per_bin"] = self.per_bin
             d["per_bin_rows_listed"] = len(self.per_bin)
@@ -111,116 +122,141 @@ def _count_quantiles(counts: np.ndarray) -> dict:
     return {k: round(float(v), _DECIMALS) for k, v in zip(("min", "p10", "p50", "p90", "max"), q)}
 
 
-#: Rows per batch of the recount (structural columns only: a few MB per batch).
-_RECOUNT_BATCH_ROWS = 65536
-
-
-def _list_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(values, offsets int64[n + 1] from 0) of a list array, zero-copy where Arrow allows."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    off = arr.offsets.to_numpy().astype(np.int64)
-    vals = arr.values.to_numpy(zero_copy_only=False)[off[0]:off[-1]]
-    return vals, off - off[0]
-
-
-def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False,
-                   per_bin_limit: int | None = None) -> PackedAnalysis:
-    """Recount the figures of a packed output directory from its shards.
+def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = None,
+                   check_hashes: bool = True, progress=None) -> PackedAnalysis:
+    """Recount the figures of a packed output from its shards (read through the one reader,
+    :class:`packtool.formats.packed.PackedOutput`).
 
     The recount reads only the structural columns (``cu_seqlens``, ``doc_ids``,
-    ``doc_offsets``, ``num_targets``) in batches of up to 65,536 rows and is vectorised per
-    batch (NumPy), so time is linear in rows and segments and memory does not grow with them:
-    O(C) for the fill and segment-length counts, plus one bit per document id for the
-    documents cut (measured: docs/benchmarks.md, "stats"). Segment lengths come from
-    ``cu_seqlens`` (the first k differences, k = len(doc_ids)); effective targets are
-    sum(len - 1) (B21), checked against the ``num_targets`` column row by row; a document is
-    cut when one of its segments starts at ``doc_offsets > 0``.
+    ``doc_offsets``, ``num_targets``; ``labels`` too when an input labels column masked some
+    targets) row group by row group, vectorised per group (NumPy), so time is linear in rows and
+    segments and memory does not grow with them: O(C) for the fill and segment-length counts, plus
+    one bit per document id for the documents cut (measured: docs/benchmarks.md, "stats").
+    Segment lengths come from ``cu_seqlens`` (the first k differences, k = len(doc_ids));
+    effective targets are sum(len - 1) (B21), checked against the ``num_targets`` column row by
+    row; a document is cut when one of its segments starts at ``doc_offsets > 0``.
 
     Args:
-        path: OUTPUT directory of ``packtool pack``.
+        path: the packed output: a directory, a ``file:`` URI or a store URI.
         per_bin: also list, per row, its target count and each segment's (B19, B20); this list
             grows with the rows.
         per_bin_limit: list at most this many rows (the first in manifest order); None lists
             all. Totals still count every row.
+        check_hashes: compare every shard's sha256 with the manifest first (reads every byte;
+            False checks sizes, footers and page checksums of what is read).
+        progress: ``callable(done, total)`` told about the sha256 of each shard.
 
     Returns:
         :class:`PackedAnalysis`; ``mismatches`` lists recounted fields that differ from the
         manifest totals (and ``num_targets`` when the column disagrees with the segments).
 
     Raises:
-        ManifestError: not a complete packed output (missing, edited or extra shard).
+        ManifestError: not a complete packed output, or a shard that differs from its manifest
+            (missing, extra, resized, edited; the message names it).
     """
-    reader = PackedReader(path)
+    import time
+
+    from packtool.formats.packed import PackedOutput
+
+    t0 = time.perf_counter()
+    reader = PackedOutput.open(path, integrity="sha256" if check_hashes else "footer",
+                               progress=progress)
+    hashed = ((len(reader.shards), sum(s.bytes for s in reader.manifest.shards),
+               time.perf_counter() - t0) if check_hashes else (0, 0, 0.0))
     C = reader.capacity
     cols = ["cu_seqlens", "doc_ids", "doc_offsets", "num_targets"]
+    # --segment-multiple: real lengths from cu_seqlens_unpadded, the spans from cu_seqlens
+    padded = "cu_seqlens_unpadded" in reader.columns
+    if padded:
+        cols.append("cu_seqlens_unpadded")
     # an input labels column (SFT prompt masking) left some tokens -100 on purpose: the targets
     # are then the stored labels != -100, at most sum(len - 1) per segment
-    label_masked = (int(reader.manifest.get("totals", {}).get("tokens_label_masked", 0)) > 0
-                    and "labels" in reader.columns)
-    batch_rows = max(1, (1 << 22) // C) if label_masked else _RECOUNT_BATCH_ROWS
+    label_masked = reader.manifest.label_masked and reader.labels.stored
     if label_masked:
         cols.append("labels")
-    rows = segs = real = targets = work = documents = bad_num_targets = 0
+    n_src = len(reader.manifest.source_values)
+    if reader.manifest.source_column is not None:
+        cols.append("source_ids")
+    # per source id: rows holding it, segments, real tokens, padding, effective targets
+    by_src = np.zeros((5, n_src), dtype=np.int64)  # shape: (5, sources)
+    rows = segs = real = targets = work = documents = bad_num_targets = seg_pad = 0
     fill_counts = np.zeros(C + 1, dtype=np.int64)  # shape: (C + 1,)
     seg_counts = np.zeros(C + 1, dtype=np.int64)  # shape: (C + 1,)
     cut_bits = np.zeros(0, dtype=np.uint8)  # one bit per document id seen at offset > 0
     bins = []
-    for shard in reader.shards:
-        pf = pq.ParquetFile(reader.path / shard)
-        first = 0
-        for batch in pf.iter_batches(batch_size=batch_rows, columns=cols,
-                                     use_threads=False):
-            n = batch.num_rows
-            cu, cu_off = _list_parts(batch.column("cu_seqlens"))
-            doc, k_off = _list_parts(batch.column("doc_ids"))
-            dof, _ = _list_parts(batch.column("doc_offsets"))
-            k = np.diff(k_off)  # shape: (n,), real segments per row
-            # index in cu of each real segment's start: row r's segments are cu[o_r .. o_r+k_r]
-            start = np.repeat(cu_off[:-1] - k_off[:-1], k) + np.arange(k_off[-1])
-            cu64 = cu.astype(np.int64)
-            lens = cu64[start + 1] - cu64[start]  # shape: (segments,)
-            real_R = cu64[cu_off[:-1] + k]  # shape: (n,), end of the last real segment
-            seg_t = lens - 1  # shape: (segments,), targets per segment (boundary rule)
-            if label_masked:
-                lab = batch.column("labels").flatten().to_numpy(zero_copy_only=False)  # (n*C,)
-                # shape: (n * C + 1,), targets before each flat position
-                cs = np.concatenate([[0], np.cumsum(lab != IGNORE_INDEX, dtype=np.int64)])
-                seg_row = np.repeat(np.arange(n, dtype=np.int64) * C, k)
-                kept = cs[seg_row + cu64[start + 1]] - cs[seg_row + cu64[start]]
-                bad_num_targets += int(np.count_nonzero(kept > seg_t))
-                seg_t = np.minimum(kept, seg_t)
-            row_t = np.add.reduceat(seg_t, k_off[:-1]) if lens.size else np.zeros(n, np.int64)
-            row_t[k == 0] = 0  # reduceat's value for empty rows is not a sum
-            nt = batch.column("num_targets").to_numpy(zero_copy_only=False)
-            bad_num_targets += int(np.count_nonzero(nt != row_t))
-            rows += n
-            segs += int(k.sum())
-            real += int(real_R.sum())
-            targets += int(row_t.sum())
-            work += int((lens * lens).sum())
-            fill_counts += np.bincount(real_R, minlength=C + 1)[:C + 1]
-            seg_counts += np.bincount(lens, minlength=C + 1)[:C + 1]
-            documents += int(np.count_nonzero(dof == 0))
-            cut = doc[dof > 0]
-            if cut.size:
-                need = int(cut.max()) // 8 + 1
-                if need > cut_bits.size:
-                    cut_bits = np.concatenate([cut_bits, np.zeros(need - cut_bits.size,
-                                                                  dtype=np.uint8)])
-                np.bitwise_or.at(cut_bits, cut >> 3, (1 << (cut & 7)).astype(np.uint8))
-            room = n if per_bin_limit is None else min(n, per_bin_limit - len(bins))
-            if per_bin and room > 0:
-                seg_t = np.split(seg_t, k_off[1:-1])
-                bins.extend({"shard": shard, "row": first + i, "segments": int(k[i]),
-                             "real_tokens": int(real_R[i]), "targets": int(row_t[i]),
-                             "segment_targets": seg_t[i].tolist()} for i in range(room))
-            first += n
-    totals = dict(reader.manifest.get("totals", {}))
+    for block in reader.iter_blocks(cols):
+        n = block.num_rows
+        cu, cu_off = block.ragged["cu_seqlens"]
+        doc, k_off = block.ragged["doc_ids"]
+        dof, _ = block.ragged["doc_offsets"]
+        k = np.diff(k_off)  # shape: (n,), real segments per row
+        # index in cu of each real segment's start: row r's segments are cu[o_r .. o_r+k_r]
+        start = np.repeat(cu_off[:-1] - k_off[:-1], k) + np.arange(k_off[-1])
+        cu64 = cu.astype(np.int64)
+        lens = cu64[start + 1] - cu64[start]  # shape: (segments,)
+        real_R = cu64[cu_off[:-1] + k]  # shape: (n,), end of the last real segment
+        span_end = real_R  # shape: (n,), end of the last segment's span (padding included)
+        spans = lens
+        if padded:  # same offsets as cu_seqlens; spans minus real lengths is the padding
+            un64 = block.ragged["cu_seqlens_unpadded"][0].astype(np.int64)
+            lens = un64[start + 1] - un64[start]
+            real_R = un64[cu_off[:-1] + k]
+            seg_pad += int((spans - lens).sum())
+        seg_t = lens - 1  # shape: (segments,), targets per segment (boundary rule)
+        if label_masked:
+            lab = block.tokens["labels"].reshape(-1)  # shape: (n * C,)
+            # shape: (n * C + 1,), targets before each flat position
+            cs = np.concatenate([[0], np.cumsum(lab != IGNORE_INDEX, dtype=np.int64)])
+            seg_row = np.repeat(np.arange(n, dtype=np.int64) * C, k)
+            kept = cs[seg_row + cu64[start + 1]] - cs[seg_row + cu64[start]]
+            bad_num_targets += int(np.count_nonzero(kept > seg_t))
+            seg_t = np.minimum(kept, seg_t)
+        row_t = np.add.reduceat(seg_t, k_off[:-1]) if lens.size else np.zeros(n, np.int64)
+        row_t[k == 0] = 0  # reduceat's value for empty rows is not a sum
+        if n_src:
+            src = block.ragged["source_ids"][0].astype(np.int64)  # shape: (segments,)
+            row_of = np.repeat(np.arange(n, dtype=np.int64), k)
+            held = np.unique(row_of * n_src + src) % n_src  # one per (row, source) pair
+            last = k_off[1:][k > 0] - 1  # each non-empty row's last segment
+            by_src += np.stack([
+                np.bincount(held, minlength=n_src),
+                np.bincount(src, minlength=n_src),
+                np.bincount(src, weights=lens, minlength=n_src).astype(np.int64),
+                (np.bincount(src[last], weights=(C - span_end)[k > 0], minlength=n_src)
+                 + np.bincount(src, weights=spans - lens, minlength=n_src)).astype(np.int64),
+                np.bincount(src, weights=seg_t, minlength=n_src).astype(np.int64)])
+        nt = block.scalars["num_targets"]
+        bad_num_targets += int(np.count_nonzero(nt != row_t))
+        rows += n
+        segs += int(k.sum())
+        real += int(real_R.sum())
+        targets += int(row_t.sum())
+        work += int((lens * lens).sum())
+        fill_counts += np.bincount(real_R, minlength=C + 1)[:C + 1]
+        seg_counts += np.bincount(lens, minlength=C + 1)[:C + 1]
+        documents += int(np.count_nonzero(dof == 0))
+        cut = doc[dof > 0]
+        if cut.size:
+            need = int(cut.max()) // 8 + 1
+            if need > cut_bits.size:
+                cut_bits = np.concatenate([cut_bits, np.zeros(need - cut_bits.size,
+                                                              dtype=np.uint8)])
+            np.bitwise_or.at(cut_bits, cut >> 3, (1 << (cut & 7)).astype(np.uint8))
+        room = n if per_bin_limit is None else min(n, per_bin_limit - len(bins))
+        if per_bin and room > 0:
+            seg_t = np.split(seg_t, k_off[1:-1])
+            bins.extend({"shard": block.shard, "row": block.shard_row0 + i,
+                         "segments": int(k[i]), "real_tokens": int(real_R[i]),
+                         "targets": int(row_t[i]), "segment_targets": seg_t[i].tolist()}
+                        for i in range(room))
+    reader.close()
+    totals = reader.manifest.totals.to_dict()
     recount = {"rows": rows, "segments": segs, "real_tokens": real,
                "padding_tokens": rows * C - real, "effective_targets": targets,
                "attention_work": work,
                "docs_cut": int(np.unpackbits(cut_bits).sum())}
+    if padded or "segment_padding_tokens" in totals:
+        recount["segment_padding_tokens"] = seg_pad
     base = {k: v for k, v in totals.items() if k in PackStats.__dataclass_fields__}
     base.update(recount, capacity=C)
     stats = PackStats.from_dict(base)
@@ -230,8 +266,16 @@ def analyze_packed(path: str | os.PathLike, *, per_bin: bool = False,
         mismatches["num_targets_rows_wrong"] = (bad_num_targets, 0)
     fill = np.arange(C + 1) / C
     hist = np.histogram(fill, bins=_FILL_EDGES, weights=fill_counts)[0].astype(np.int64).tolist()
-    return PackedAnalysis(str(path), stats, totals, mismatches, hist, fill_counts, seg_counts,
-                          bins, documents, per_bin_limit if per_bin else None)
+    per_source = [{"source": v, "rows": int(by_src[0, i]), "segments": int(by_src[1, i]),
+                   "real_tokens": int(by_src[2, i]), "padding_tokens": int(by_src[3, i]),
+                   "effective_targets": int(by_src[4, i])}
+                  for i, v in enumerate(reader.manifest.source_values)]
+    multiple = int(reader.manifest.options.get("segment_multiple", 1))
+    return PackedAnalysis(reader.location.display, stats, totals, mismatches, hist, fill_counts,
+                          seg_counts, bins, documents, per_bin_limit if per_bin else None,
+                          hashed=hashed, segment_multiple=multiple,
+                          source_column=reader.manifest.source_column,
+                          per_source=per_source)
 
 
 @dataclass(frozen=True)
@@ -239,47 +283,64 @@ class InputDocuments:
     """Raw INPUT as ``pack`` would see it before planning (masks and BOS/EOS applied)."""
 
     lengths: np.ndarray  #: int64[num_docs], tokens per document
-    targets: np.ndarray | None  #: uint8[sum(lengths)] input target flags; None: no labels column
+    #: uint8[sum(lengths)] input target flags; None: no labels column and no loss mask read
+    targets: np.ndarray | None
     masked_tokens: int  #: tokens removed by an attention mask
     boundary: object  #: :class:`packtool.core.masks.BoundaryCounts`
+    #: :class:`packtool.formats.reader.Discovery`: the files read, the entries not read
+    discovery: object = None
+    #: :class:`packtool.formats.reader.InputColumns`: mask-like columns not used
+    columns: object = None
+
+    @property
+    def label_masked(self) -> int:
+        """Tokens kept out of the targets by input labels or loss masks."""
+        return 0 if self.targets is None else int(self.targets.size
+                                                  - np.count_nonzero(self.targets))
 
 
 def input_documents(inputs, column: str = "input_ids", *, attention_mask: str | None = None,
-                    labels: str | None = None, bos: int | None = None,
-                    eos: int | None = None) -> InputDocuments:
+                    labels: str | None = None, loss_mask: str | None = None,
+                    bos: int | None = None, eos: int | None = None,
+                    skip_unsupported: bool = False) -> InputDocuments:
     """Document lengths (and input target flags) of raw INPUT, in global document order,
-    with the same mask and BOS/EOS rules as ``pack`` (:mod:`packtool.core.masks`).
+    read through the same path as ``pack`` (:func:`packtool.pipeline.read.iter_documents`:
+    the same discovery, mask columns and BOS/EOS).
 
     Args:
         inputs: INPUT paths.
         column: token column.
-        attention_mask, labels: mask columns (a name, ``"auto"`` or None), as ``pack``.
+        attention_mask, labels, loss_mask: mask columns (a name, ``"auto"`` or None), as
+            ``pack``.
         bos, eos: ``--prepend-bos`` / ``--append-eos`` ids or None.
+        skip_unsupported: as ``pack --skip-unsupported``.
 
-    Memory: 8 bytes per document, plus 1 byte per token when a labels column is read.
+    Memory: 8 bytes per document, plus 1 byte per token when target flags are read.
 
     Raises:
-        InputError, SchemaError: as :func:`packtool.formats.reader.iter_token_batches`.
+        InputError, SchemaError: as :func:`packtool.formats.reader.discover` and
+            :func:`packtool.pipeline.read.iter_documents`.
     """
-    from packtool.core.masks import BoundaryCounts, add_boundary_tokens
-    from packtool.formats.reader import discover_inputs, iter_token_batches
+    from packtool.core.masks import BoundaryCounts
+    from packtool.formats.reader import discover, input_columns
+    from packtool.pipeline.read import iter_documents
 
+    found = discover(list(inputs), skip_unsupported=skip_unsupported)
+    cols = input_columns(found.files, column, attention_mask, labels, loss_mask)
     lengths, flags, masked, counts = [], [], 0, BoundaryCounts()
     any_flags = False
-    for f in discover_inputs(list(inputs)):
-        for tb in iter_token_batches(f.path, column, attention_mask=attention_mask,
-                                     labels=labels):
-            ln, tok, tg = tb.lengths, tb.tokens, tb.targets
-            if bos is not None or eos is not None:
-                ln, tok, tg, c = add_boundary_tokens(ln, tok, tg, bos=bos, eos=eos)
-                counts = counts + c
-            any_flags |= tg is not None
-            lengths.append(ln)
-            flags.append(tg if tg is not None else np.ones(int(ln.sum()), dtype=np.uint8))
+    for f in found.files:
+        for tb in iter_documents(f.path, column, fmt=f.format, attention_mask=attention_mask,
+                                 labels=labels, loss_mask=loss_mask, bos=bos, eos=eos):
+            any_flags |= tb.targets is not None
+            lengths.append(tb.lengths)
+            flags.append(tb.targets if tb.targets is not None
+                         else np.ones(tb.tokens.size, dtype=np.uint8))
             masked += tb.masked_tokens
+            counts = counts + tb.boundary
     cat = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
     targets = (np.concatenate(flags) if flags else np.zeros(0, np.uint8)) if any_flags else None
-    return InputDocuments(cat, targets, masked, counts)
+    return InputDocuments(cat, targets, masked, counts, found, cols)
 
 
 def input_lengths(inputs, column: str = "input_ids") -> np.ndarray:
@@ -289,7 +350,7 @@ def input_lengths(inputs, column: str = "input_ids") -> np.ndarray:
         int64[num_docs].
 
     Raises:
-        InputError, SchemaError: as :func:`packtool.formats.reader.iter_token_batches`.
+        InputError, SchemaError: as :func:`input_documents`.
     """
     return input_documents(inputs, column).lengths
 
@@ -330,6 +391,8 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
         ConfigError, PackingError: as :func:`packtool.core.pack_lengths`.
     """
     from packtool.core.masks import plan_segment_targets
+    from packtool.core.packing import pack_lengths
+    from packtool.core.windows import plan_windows
 
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)  # shape: (num_docs,)
     doc_starts = np.zeros(lengths.size, dtype=np.int64)  # shape: (num_docs,)
@@ -374,9 +437,13 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
     return out
 
 
-def _windowed_plan(lengths: np.ndarray, capacity: int, window_docs: int, overflow) -> PackPlan:
+def _windowed_plan(lengths: np.ndarray, capacity: int, window_docs: int, overflow):
     """One plan of every window of ``pack --window-docs``, planned alone and concatenated
-    (documents numbered globally): what the windowed pack's rows hold, without the tokens."""
+    (documents numbered globally): what the windowed pack's rows hold, without the tokens
+    (a :class:`packtool.core.packing.PackPlan`)."""
+    from packtool.core.packing import PackPlan, pack_lengths
+    from packtool.core.windows import plan_windows
+
     ws = plan_windows(lengths.size, window_docs)
     plans, counts = [], {}
     for w in range(ws.count):
@@ -390,13 +457,13 @@ def _windowed_plan(lengths: np.ndarray, capacity: int, window_docs: int, overflo
     for p, _ in plans:
         offsets.append(p.row_offsets[1:] + base)
         base += p.num_segments
+    empty = np.zeros(0, dtype=np.int64)
     return PackPlan(capacity=capacity, row_offsets=np.concatenate(offsets),
-                    seg_doc=np.concatenate([d[p.seg_doc] for p, d in plans]) if plans
-                    else np.zeros(0, dtype=np.int64),
+                    seg_doc=np.concatenate([d[p.seg_doc] for p, d in plans]) if plans else empty,
                     seg_offset=np.concatenate([p.seg_offset for p, _ in plans]) if plans
-                    else np.zeros(0, dtype=np.int64),
-                    seg_len=np.concatenate([p.seg_len for p, _ in plans]) if plans
-                    else np.zeros(0, dtype=np.int64), counts=counts)
+                    else empty,
+                    seg_len=np.concatenate([p.seg_len for p, _ in plans]) if plans else empty,
+                    counts=counts)
 
 
 def least_waste(rows: list) -> dict:
@@ -442,6 +509,7 @@ def format_packed(a: PackedAnalysis) -> str:
         f"  real tokens               {s.real_tokens:,}",
         f"  padding tokens            {s.padding_tokens:,} ({100 * s.padding_fraction:.3f}% of "
         f"rows * C)",
+        *([f"  {s.segment_padding_note(a.segment_multiple)}"] if a.segment_multiple > 1 else []),
         f"  effective targets         {s.effective_targets:,} "
         f"({s.targets_per_token:.4f} per real token)",
         f"  attention work (masked)   {s.attention_work:,} token^2 (sum of segment_len^2) = "
@@ -454,6 +522,22 @@ def format_packed(a: PackedAnalysis) -> str:
                      f"{100 * q['max']:.1f}%")
         lines.append("  rows per fill decile      " + " ".join(
             f"{10 * i}-{10 * i + 10}%:{n:,}" for i, n in enumerate(a.fill_hist)))
+    n, nbytes, secs = a.hashed
+    lines.append(f"  integrity                 sha256 of {n:,} shard(s), {nbytes / 2**20:,.1f} MiB, "
+                 f"match the manifest ({secs:.2f} s; --no-hash skips it)" if n else
+                 "  integrity                 sha256 not checked (--no-hash); sizes, footers and "
+                 "page checksums of what was read were")
+    if a.source_column is not None:
+        w = _width((str(p["source"]) for p in a.per_source), len("source"))
+        seg = ", a segment's own padding to its source" if a.segment_multiple > 1 else ""
+        lines.append(f"  per source ({a.source_column}; a row's padding tail counts to the source "
+                     f"of its last segment{seg})")
+        lines.append(f"    {'source':{w}} {'rows':>10} {'segments':>10} {'real tokens':>14} "
+                     f"{'padding':>11} {'targets':>14}")
+        for p in a.per_source:
+            lines.append(f"    {str(p['source']):{w}} {p['rows']:10,} {p['segments']:10,} "
+                         f"{p['real_tokens']:14,} {p['padding_tokens']:11,} "
+                         f"{p['effective_targets']:14,}")
     if a.mismatches:
         for k, (rc, m) in a.mismatches.items():
             lines.append(f"  MISMATCH {k}: recounted {rc:,}, manifest {int(m):,}")
@@ -591,6 +675,8 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
         ConfigError, PackingError: as :func:`compare_strategies`. MissingDependencyError: no
         matplotlib. OutputError: ``out`` cannot be written.
     """
+    from packtool.core.packing import pack_lengths
+
     plt = require_matplotlib()
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     res = compare_strategies(lengths, capacity, overflow=overflow)
@@ -599,7 +685,7 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
     colors = [_STRATEGY_COLORS.get(n, "tab:green") for n in names]
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     (ax_len, ax_pad), (ax_cut, ax_fill) = axes
-    fig.suptitle(f"packtool stats --compare: {lengths.size:,} documents, {int(lengths.sum()):,} "
+    fig.suptitle(f"packtool compare: {lengths.size:,} documents, {int(lengths.sum()):,} "
                  f"tokens, capacity {capacity:,}; least waste: {best['strategy']}")
     pos = lengths[lengths > 0]
     if pos.size:

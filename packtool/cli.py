@@ -15,7 +15,7 @@ import sys
 
 import click
 
-from packtool import __version__
+from packtool._version import __version__
 from packtool.errors import (EXIT_DATA, EXIT_INTERRUPTED, InputError, Interrupted,
                              PacktoolError)
 from packtool.types import Engine, LabelMode, Overflow, Strategy
@@ -68,11 +68,12 @@ class _ExistingPath(click.Path):
     in its filesystem and names it when it is missing."""
 
     def convert(self, value, param, ctx):
-        from packtool.formats.reader import _location, is_remote
+        from packtool.location import Location
 
-        if is_remote(value):
+        loc = Location.parse(value)
+        if not loc.is_local:
             return value
-        value = _location(value)  # a file: URI is its local path
+        value = str(loc)  # a file: URI is its local path
         if not os.path.lexists(value):
             raise InputError(f"{value}: no such file or directory; check the path")
         return super().convert(value, param, ctx)
@@ -94,6 +95,38 @@ def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 
 
+#: options saying how INPUT is read, the same for pack and compare (one code path reads it:
+#: :func:`packtool.pipeline.read.iter_documents`)
+_INPUT_OPTIONS = [
+    click.option("--append-eos", type=int, default=None, metavar="ID",
+                 help="Append this end-of-document id to every document not already ending "
+                      "with it."),
+    click.option("--prepend-bos", type=int, default=None, metavar="ID",
+                 help="Prepend this beginning-of-document id to every document not already "
+                      "starting with it."),
+    click.option("--attention-mask-column", default="auto", show_default=True, metavar="NAME",
+                 help="Input column whose 0 entries are removed before packing (padding); auto: "
+                      "attention_mask when present; none: ignore."),
+    click.option("--labels-column", default="auto", show_default=True, metavar="NAME",
+                 help="Input column of unshifted labels whose -100 entries (e.g. SFT prompts) "
+                      "stay non-targets; auto: labels when present; none: ignore."),
+    click.option("--loss-mask-column", default="auto", show_default=True, metavar="NAME",
+                 help="Input column, 1 on the tokens to learn and 0 elsewhere (TRL's SFT "
+                      "masks); auto: completion_mask and assistant_masks when present; none: "
+                      "ignore."),
+    click.option("--skip-unsupported", is_flag=True,
+                 help="Read the supported files of an INPUT directory and list the others in "
+                      "the summary [default: refuse a directory holding files of another "
+                      "format]."),
+]
+
+
+def _input_options(f):
+    for option in reversed(_INPUT_OPTIONS):
+        f = option(f)
+    return f
+
+
 @cli.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(), metavar="INPUT... OUTPUT")
 @click.option("--capacity", "-c", type=int, default=2048, show_default=True, metavar="C",
@@ -105,23 +138,23 @@ def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
                    "stream cut every C tokens.")
 @click.option("--overflow", type=_choice(Overflow), default="split", show_default=True,
               help="Documents longer than C: split into chunks, truncate, drop, or error.")
+@click.option("--segment-multiple", type=click.IntRange(min=1), default=1, show_default=True,
+              metavar="N",
+              help="Pad every document piece to a multiple of N tokens inside its row (never a "
+                   "target; only its own document's later padding sees it) and store "
+                   "cu_seqlens_unpadded: context parallelism with TransformerEngine's THD "
+                   "format takes N = 2 x cp size. C must be a multiple of N.")
 @click.option("--labels", type=_choice(LabelMode), default="none", show_default=True,
               help="none: no labels column (readers derive the unshifted labels from input_ids "
                    "and segment_ids); unshifted: store them, the model shifts (Hugging Face); "
                    "shifted: store them already shifted.")
 @click.option("--pad-id", type=int, default=0, show_default=True, metavar="ID",
               help="Token id written on padding.")
-@click.option("--append-eos", type=int, default=None, metavar="ID",
-              help="Append this end-of-document id to every document not already ending with it.")
-@click.option("--prepend-bos", type=int, default=None, metavar="ID",
-              help="Prepend this beginning-of-document id to every document not already "
-                   "starting with it.")
-@click.option("--attention-mask-column", default="auto", show_default=True, metavar="NAME",
-              help="Input column whose 0 entries are removed before packing (padding); auto: "
-                   "attention_mask when present; none: ignore.")
-@click.option("--labels-column", default="auto", show_default=True, metavar="NAME",
-              help="Input column of unshifted labels whose -100 entries (e.g. SFT prompts) stay "
-                   "non-targets; auto: labels when present; none: ignore.")
+@click.option("--source-column", default=None, metavar="NAME",
+              help="Input column (a string or integer per document: source, lang, domain) "
+                   "carried into the rows as each segment's source_ids, the id -> value table "
+                   "in the manifest; stats then counts per source [default: none].")
+@_input_options
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the row shuffle.")
 @click.option("--no-shuffle", is_flag=True, help="Keep rows in creation order.")
 @click.option("--rows-per-shard", type=int, default=8192, show_default=True, metavar="N",
@@ -134,33 +167,43 @@ def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
               help="Threads for layout and encoding [default: all cores].")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty OUTPUT.")
 @click.option("--window-docs", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Plan windows of N documents independently (row groups are cut; a few "
-                   "extra rows per window); rows of all windows are mixed in the output "
-                   "[default: one plan over all documents].")
+              help="Plan windows of at most N documents independently, each dealt blocks of "
+                   "documents from across the whole input (a few extra rows per window); rows "
+                   "of all windows are mixed in the output [default: one plan over all "
+                   "documents].")
 @click.option("--engine", type=_choice(Engine), default="local", show_default=True,
               help="local: this process; ray: one Ray task per window (needs packtool[ray]; "
                    "--window-docs defaults to 250,000). Same bytes either way.")
 @click.option("--ray-address", default=None, metavar="ADDRESS", envvar="RAY_ADDRESS",
               help="Ray cluster to join with --engine ray [default: start a local Ray on "
                    "--workers CPUs].")
+@click.option("--holdout", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              default=None, metavar="FRACTION",
+              help="Hold out this fraction of the documents (whole documents, drawn with "
+                   "--seed) into a second packed output, for validation loss.")
+@click.option("--holdout-output", default=None, metavar="DIR",
+              help="Where the held-out documents are packed [default: OUTPUT-holdout].")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars and no summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_context
-def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, append_eos,
-         prepend_bos, attention_mask_column, labels_column, seed, no_shuffle, rows_per_shard,
-         row_group_mb, workers, overwrite, window_docs, engine, ray_address, quiet, as_json):
+def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, labels, pad_id,
+         source_column, append_eos, prepend_bos, attention_mask_column, labels_column,
+         loss_mask_column, skip_unsupported, seed, no_shuffle, rows_per_shard, row_group_mb,
+         workers, overwrite, window_docs, engine, ray_address, holdout, holdout_output, quiet,
+         as_json):
     """Pack tokenized Parquet INPUT files or directories into OUTPUT.
 
     Writes part-NNNNN.parquet shards (input_ids, segment_ids, position_ids, [labels],
-    cu_seqlens, max_seqlen, num_targets, doc_ids, doc_offsets) and the manifest, last. Rerunning
-    an interrupted pack finishes it; rerunning a finished one does nothing. Ctrl-C exits 130.
+    cu_seqlens, [cu_seqlens_unpadded], max_seqlen, num_targets, doc_ids, doc_offsets,
+    [source_ids]) and the manifest, last. Rerunning an interrupted pack finishes it; rerunning a
+    finished one does nothing. Ctrl-C exits 130.
     """
     import json
 
     from click.core import ParameterSource
 
     from packtool.config import PackConfig
-    from packtool.formats.reader import discover
+    from packtool.formats.reader import discover, input_columns
     from packtool.pipeline import run_pack
     from packtool.startup import compile_note
 
@@ -170,16 +213,25 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
             and ctx.get_parameter_source("ray_address") is ParameterSource.COMMANDLINE):
         raise click.UsageError("--ray-address applies only with --engine ray")
     cfg = PackConfig(inputs=tuple(paths[:-1]), output=paths[-1], capacity=capacity,
-                     column=column, strategy=strategy, overflow=overflow, labels=labels,
+                     column=column, strategy=strategy, overflow=overflow,
+                     segment_multiple=segment_multiple, labels=labels,
                      pad_id=pad_id, append_eos=append_eos, prepend_bos=prepend_bos,
                      attention_mask_column=attention_mask_column, labels_column=labels_column,
-                     seed=seed, shuffle=not no_shuffle,
+                     loss_mask_column=loss_mask_column, seed=seed, shuffle=not no_shuffle,
                      rows_per_shard=rows_per_shard, row_group_mb=row_group_mb,
                      workers=(os.cpu_count() or 1) if workers is None else workers,
                      overwrite=overwrite, window_docs=window_docs, engine=engine,
-                     ray_address=ray_address if engine == Engine.RAY.value else None)
-    # what discovery skipped on purpose is part of the summary (the pack walks INPUT again)
-    skipped = "" if quiet else discover(cfg.inputs).skipped_note()
+                     ray_address=ray_address if engine == Engine.RAY.value else None,
+                     skip_unsupported=skip_unsupported, holdout=holdout,
+                     holdout_output=holdout_output, source_column=source_column)
+    # what discovery did not read, and mask-like columns not used, are part of the summary
+    # (the pack walks INPUT again)
+    found = None if quiet else discover(cfg.inputs, skip_unsupported=cfg.skip_unsupported)
+    skipped = found.skipped_note() if found else ""
+    columns = None if quiet else input_columns(found.files, cfg.column,
+                                               cfg.attention_mask_column, cfg.labels_column,
+                                               cfg.loss_mask_column)
+    input_notes = _input_notes(found, columns)
     note = compile_note() if sys.stderr.isatty() else None
     if note:
         click.echo(note, err=True)
@@ -202,19 +254,25 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
                                "parts_reused": result.parts_reused,
                                "docs_reused": result.docs_reused,
                                "inputs_skipped": skipped,
+                               "inputs_not_read": found.skipped if found else [],
+                               "input_notes": found.notes if found else [],
+                               "input_columns_unused": columns.unused if columns else {},
                                "already_complete": result.already_complete,
-                               "warnings": result.warnings}, indent=2))
+                               "warnings": result.warnings,
+                               **_holdout_json(cfg, result)}, indent=2))
     elif result.already_complete:
         click.echo(f"{cfg.output}: already holds this pack (same inputs, options and versions); "
                    "nothing to do")
     elif not quiet:
         rate = s.tokens_in / result.seconds if result.seconds else 0.0
         click.echo(
-            f"packed {s.docs_in:,} documents ({s.tokens_in:,} tokens in, "
+            f"packed {s.docs_in - s.docs_other_split:,} documents ({s.tokens_in:,} tokens in, "
             f"{s.rows * s.capacity - s.padding_tokens:,} packed) into {s.rows:,} rows of "
-            f"{s.capacity} in {len(result.manifest['outputs'])} shard(s) -> {cfg.output}\n"
+            f"{s.capacity} in {len(result.manifest.shards)} shard(s) -> {cfg.output}\n"
             f"  fill {100 * s.fill:.2f}%  padding {s.padding_tokens:,} tokens "
             f"({100 * s.padding_fraction:.2f}%)  extra rows over ceil(tokens/C): {s.extra_rows}\n"
+            + (f"  {s.segment_padding_note(cfg.segment_multiple)}\n"
+               if cfg.segment_multiple > 1 else "") +
             f"  effective targets {s.effective_targets:,} ({s.targets_per_token:.4f} per token)  "
             f"segments {s.segments:,}\n"
             f"  empty skipped {s.docs_empty:,}  cut across segments {s.docs_cut:,}  split "
@@ -227,19 +285,34 @@ def pack(ctx, paths, capacity, column, strategy, overflow, labels, pad_id, appen
             + (f", {result.docs_reused:,} documents not read again" if result.docs_reused
                else "")
             + (f", {result.windows_reused} window(s) reused" if result.windows_reused else "")
-            + (f"\n  INPUT: {skipped}" if skipped else "")
+            + "".join(f"\n  INPUT: {n}" for n in input_notes)
             + (f"\n  {_mask_note(s)}" if _mask_note(s) else ""))
-        if "windows" in result.manifest:
+        if result.manifest.windows:
             # extra rows over ceil(tokens/C) = packing inside each window (rows over the
             # window's own bound) + rounding each window's tokens up to whole rows
-            ws = result.manifest["windows"]
-            extra = [w["extra_rows"] for w in ws]
-            docs = [w["docs"] for w in ws]
-            rounding = sum(w["lower_bound_rows"] for w in ws) - s.lower_bound_rows
+            ws = result.manifest.windows
+            extra = [w.extra_rows for w in ws]
+            docs = [w.docs for w in ws]
+            rounding = sum(w.lower_bound_rows for w in ws) - s.lower_bound_rows
             click.echo(f"  windows {len(ws):,} of {min(docs):,}..{max(docs):,} documents "
                        f"(--window-docs {cfg.window_docs:,}): extra rows {s.extra_rows:,} = "
                        f"{sum(extra):,} from packing within windows (max {max(extra, default=0):,} "
                        f"in one) + {rounding:,} from rounding each window up to whole rows")
+    if result.holdout is not None and not quiet and not as_json:
+        h = result.holdout.stats
+        click.echo(f"held out {s.docs_other_split:,} documents ({s.tokens_other_split:,} tokens) "
+                   f"of --holdout {cfg.holdout} into {h.rows:,} rows of {h.capacity} -> "
+                   f"{cfg.holdout_output}"
+                   + (" (already complete)" if result.holdout.already_complete else ""))
+
+
+def _holdout_json(cfg, result) -> dict:
+    """The held-out pack's part of ``pack --json`` (nothing without --holdout)."""
+    h = result.holdout
+    if h is None:
+        return {}
+    return {"holdout": {"output": cfg.holdout_output, "stats": h.stats.to_dict(),
+                        "seconds": h.seconds, "already_complete": h.already_complete}}
 
 
 #: suffixes --plot accepts; matplotlib picks the format from it
@@ -270,8 +343,13 @@ def _plot_path(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return value
 
 
-def _none(value: str) -> str | None:
-    return None if value.lower() == "none" else value
+def _input_notes(found, columns) -> list[str]:
+    """Summary lines on INPUT: entries not read, order notes, mask-like columns not used."""
+    notes = [found.skipped_note()] if found is not None and found.skipped else []
+    notes += found.notes if found is not None else []
+    if columns is not None and columns.unused:
+        notes.append(columns.unused_note())
+    return notes
 
 
 def _mask_note(s) -> str:
@@ -280,8 +358,8 @@ def _mask_note(s) -> str:
     if s.tokens_attention_masked:
         parts.append(f"attention mask removed {s.tokens_attention_masked:,} tokens")
     if s.tokens_label_masked:
-        parts.append(f"input labels -100 kept {s.tokens_label_masked:,} tokens out of the "
-                     "targets")
+        parts.append(f"input labels -100 and loss masks kept {s.tokens_label_masked:,} tokens "
+                     "out of the targets")
     for what, added, present in (("BOS", s.docs_bos_added, s.docs_bos_present),
                                  ("EOS", s.docs_eos_added, s.docs_eos_present)):
         if added or present:
@@ -289,105 +367,215 @@ def _mask_note(s) -> str:
     return "masks: " + "; ".join(parts) if parts else ""
 
 
+_PLOT_OPTION = click.option(
+    "--plot", default=None, metavar="FILE.png", callback=_plot_path,
+    help="Write the figures as an image (.png, .svg or .pdf; needs matplotlib).")
+
+
+def _is_packed_output(path) -> bool:
+    """True when ``path`` (a path or URI) is a finished output of packed rows: its manifest is
+    there and does not say another kind (a ``packtool tokenize`` output is raw input)."""
+    from packtool.errors import ManifestError
+    from packtool.formats.manifest import MANIFEST_NAME, read_manifest
+    from packtool.location import Location
+
+    loc = Location.parse(path)
+    if not loc.join(MANIFEST_NAME).is_file():
+        return False
+    try:
+        return read_manifest(loc).is_packed
+    except ManifestError:
+        return True  # a manifest packtool cannot read: not raw input either
+
+
+def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
+    """The dry run of ``packtool compare`` (and of the deprecated ``stats --compare``)."""
+    import json
+
+    from packtool import analysis
+    from packtool.errors import ManifestError
+    from packtool.stats import split_warning
+
+    if plot:
+        analysis.require_matplotlib()  # before the work, not after it
+    packed = [p for p in cfg.inputs if _is_packed_output(p)]
+    if packed:
+        raise ManifestError(f"{packed[0]}: is a packed output; compare takes raw tokenized "
+                            f"input (for this output's figures run: packtool stats {packed[0]})")
+    opts = cfg.read_options()
+    docs = analysis.input_documents(
+        cfg.inputs, cfg.column, attention_mask=opts["attention_mask"], labels=opts["labels"],
+        loss_mask=opts["loss_mask"], bos=opts["bos"], eos=opts["eos"],
+        skip_unsupported=cfg.skip_unsupported)
+    lengths = docs.lengths
+    rows = analysis.compare_strategies(lengths, cfg.capacity, overflow=cfg.overflow,
+                                       targets=docs.targets, window_docs=cfg.window_docs)
+    notes = _input_notes(docs.discovery, docs.columns)
+    mask = _mask_note(_input_mask_stats(docs))
+    if mask:
+        notes.append(mask)
+    warnings = []
+    if cfg.overflow is Overflow.SPLIT:
+        split = max((r["docs_split"] for r in rows
+                     if r["strategy"] != "concat" and "window_docs" not in r), default=0)
+        w = split_warning(split, int((lengths > 0).sum()), cfg.capacity)
+        if w:
+            warnings.append(w)
+    for w in warnings:
+        click.echo(f"WARNING: {w}", err=True)
+    if as_json:
+        click.echo(json.dumps({"capacity": cfg.capacity, "documents": int(lengths.size),
+                               "tokens": int(lengths.sum()), "strategies": rows,
+                               "inputs_not_read": docs.discovery.skipped,
+                               "input_notes": docs.discovery.notes,
+                               "input_columns_unused": docs.columns.unused,
+                               "warnings": warnings}, indent=2))
+    else:
+        click.echo(analysis.format_compare(rows, cfg.capacity, int(lengths.size),
+                                           int(lengths.sum())))
+        for n in notes:
+            click.echo(f"  INPUT: {n}" if not n.startswith("masks:") else f"  {n}")
+    if plot:
+        analysis.plot_compare(lengths, cfg.capacity, plot, overflow=cfg.overflow)
+        if not as_json:
+            click.echo(f"wrote {plot}")
+
+
+def _input_mask_stats(docs):
+    """The mask counts of an :class:`~packtool.analysis.InputDocuments` as a PackStats."""
+    from packtool.stats import PackStats
+
+    b = docs.boundary
+    return PackStats(tokens_attention_masked=docs.masked_tokens,
+                     tokens_label_masked=docs.label_masked,
+                     docs_bos_added=b.bos_added, docs_bos_present=b.bos_present,
+                     docs_eos_added=b.eos_added, docs_eos_present=b.eos_present)
+
+
 @cli.command()
-@click.argument("path", type=_ExistingPath(), metavar="PATH...", nargs=-1, required=True)
-@click.option("--capacity", "-c", type=int, default=None, metavar="C",
-              help="With --compare: tokens per row of the dry run.")
-@click.option("--compare", is_flag=True,
-              help="PATH is raw tokenized input: dry-run concat, ordered and obfd side by side.")
+@click.argument("inputs", type=_ExistingPath(), metavar="INPUT...", nargs=-1, required=True)
+@click.option("--capacity", "-c", type=int, required=True, metavar="C",
+              help="Tokens per row of the dry run.")
 @click.option("--column", default="input_ids", show_default=True, metavar="NAME",
-              help="With --compare: token column of the input.")
+              help="Token column of the input (list of integer ids).")
 @click.option("--overflow", type=_choice(Overflow), default="split", show_default=True,
-              help="With --compare: long-document policy of the dry run.")
-@click.option("--append-eos", type=int, default=None, metavar="ID",
-              help="With --compare: as pack --append-eos.")
-@click.option("--prepend-bos", type=int, default=None, metavar="ID",
-              help="With --compare: as pack --prepend-bos.")
-@click.option("--attention-mask-column", default="auto", show_default=True, metavar="NAME",
-              help="With --compare: as pack --attention-mask-column.")
-@click.option("--labels-column", default="auto", show_default=True, metavar="NAME",
-              help="With --compare: as pack --labels-column.")
+              help="Documents longer than C (ordered and obfd): split into chunks, truncate, "
+                   "drop, or error.")
+@_input_options
 @click.option("--window-docs", type=click.IntRange(min=1), default=None, metavar="N",
-              help="With --compare: also dry-run obfd in windows of N documents, as pack "
-                   "--window-docs deals them.")
+              help="Also dry-run obfd in windows of N documents, as pack --window-docs deals "
+                   "them.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_PLOT_OPTION
+def compare(inputs, capacity, column, overflow, append_eos, prepend_bos, attention_mask_column,
+            labels_column, loss_mask_column, skip_unsupported, window_docs, as_json, plot):
+    """Dry-run concat, ordered and obfd on raw tokenized INPUT side by side, at capacity C.
+
+    INPUT is read exactly as packtool pack reads it (the same files, mask columns and
+    BOS/EOS), so the rows, padding and effective targets are those the pack would give; the
+    last line names the strategy that wastes least. --plot draws the length histogram,
+    padding per strategy, documents cut that fit in a row and the fill per row.
+    """
+    from packtool.config import CompareConfig
+
+    cfg = CompareConfig(inputs=inputs, capacity=capacity, column=column, overflow=overflow,
+                        append_eos=append_eos, prepend_bos=prepend_bos,
+                        attention_mask_column=attention_mask_column, labels_column=labels_column,
+                        loss_mask_column=loss_mask_column, skip_unsupported=skip_unsupported,
+                        window_docs=window_docs)
+    _run_compare(cfg, as_json, plot)
+
+
+#: the note ``stats --compare`` prints (it stays one release, then goes)
+COMPARE_DEPRECATED = ("packtool stats --compare is deprecated and will be removed in the next "
+                      "release; run: packtool compare INPUT --capacity C [options]")
+
+
+@cli.command()
+@click.argument("path", type=_ExistingPath(), metavar="OUTPUT", nargs=-1, required=True)
 @click.option("--per-bin", is_flag=True,
-              help="List targets per row and per segment (packed output only).")
+              help="List targets per row and per segment.")
 @click.option("--per-bin-limit", type=click.IntRange(min=0), default=None, metavar="N",
               help=f"With --per-bin: list the first N rows (0 = all) [default: "
                    f"{DEFAULT_PER_BIN_LIMIT}]; totals always cover every row.")
+@click.option("--no-hash", is_flag=True,
+              help="Packed output: skip the sha256 of every shard against the manifest (it "
+                   "reads every byte; sizes, footers and page checksums are still checked).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.option("--plot", default=None, metavar="FILE.png", callback=_plot_path,
-              help="Write the figures as an image (.png, .svg or .pdf; needs matplotlib): fill "
-                   "and segment lengths, or with --compare the strategies side by side.")
+@_PLOT_OPTION
+@click.option("--capacity", "-c", type=int, default=None, metavar="C", hidden=True,
+              help="Deprecated, with --compare (use packtool compare).")
+@click.option("--compare", is_flag=True, hidden=True,
+              help="Deprecated: use packtool compare INPUT --capacity C.")
+@click.option("--column", default="input_ids", metavar="NAME", hidden=True)
+@click.option("--overflow", type=_choice(Overflow), default="split", hidden=True)
+@click.option("--append-eos", type=int, default=None, metavar="ID", hidden=True)
+@click.option("--prepend-bos", type=int, default=None, metavar="ID", hidden=True)
+@click.option("--attention-mask-column", default="auto", metavar="NAME", hidden=True)
+@click.option("--labels-column", default="auto", metavar="NAME", hidden=True)
+@click.option("--loss-mask-column", default="auto", metavar="NAME", hidden=True)
+@click.option("--skip-unsupported", is_flag=True, hidden=True)
+@click.option("--window-docs", type=click.IntRange(min=1), default=None, metavar="N",
+              hidden=True)
 @click.pass_context
-def stats(ctx, path, capacity, compare, column, overflow, append_eos, prepend_bos,
-          attention_mask_column, labels_column, window_docs, per_bin, per_bin_limit, as_json,
-          plot):
-    """Figures of a packed OUTPUT (recounted from the shards, checked against the manifest), or,
-    with --capacity C --compare, a dry run of every strategy on raw INPUT lengths.
+def stats(ctx, path, per_bin, per_bin_limit, no_hash, as_json, plot, capacity, compare, column,
+          overflow, append_eos, prepend_bos, attention_mask_column, labels_column,
+          loss_mask_column, skip_unsupported, window_docs):
+    """Figures of a packed OUTPUT (a directory or a store URI), recounted from the shards and
+    checked against the manifest: rows, padding, effective targets, fill, attention work. Every
+    shard's sha256 is checked first (--no-hash skips it). Exits 1 when the recount disagrees
+    with the manifest or a shard differs from it.
 
-    Exits 1 when the recount disagrees with the manifest.
+    For raw tokenized input, packtool compare INPUT --capacity C dry-runs every strategy
+    (stats --capacity C --compare still does, deprecated).
     """
     import json
-    from pathlib import Path
 
     from packtool import analysis
-    from packtool.errors import ConfigError, ManifestError
-    from packtool.formats.manifest import MANIFEST_NAME
+    from packtool.errors import ConfigError
 
     def given(name: str) -> bool:
         return ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
 
     if per_bin_limit is not None and not per_bin:
         raise ConfigError("--per-bin-limit applies with --per-bin only")
+    read_opts = ("column", "overflow", "append_eos", "prepend_bos", "attention_mask_column",
+                 "labels_column", "loss_mask_column", "skip_unsupported", "window_docs")
+    if compare:
+        from packtool.config import CompareConfig
+
+        click.echo(f"NOTE: {COMPARE_DEPRECATED}", err=True)
+        if per_bin:
+            raise ConfigError("--per-bin lists the rows of a packed output; a dry run writes "
+                              "no rows (pack, then run packtool stats OUTPUT --per-bin)")
+        if capacity is None:
+            raise ConfigError("--compare needs --capacity C (better: packtool compare INPUT "
+                              "--capacity C)")
+        cfg = CompareConfig(inputs=path, capacity=capacity, column=column, overflow=overflow,
+                            append_eos=append_eos, prepend_bos=prepend_bos,
+                            attention_mask_column=attention_mask_column,
+                            labels_column=labels_column, loss_mask_column=loss_mask_column,
+                            skip_unsupported=skip_unsupported, window_docs=window_docs)
+        _run_compare(cfg, as_json, plot)
+        return
+    dry_run = [f"--{n.replace('_', '-')}" for n in ("capacity",) + read_opts if given(n)]
+    if dry_run:
+        raw = " ".join(path)
+        raise ConfigError(f"{dry_run[0]} is an option of the dry run on raw input, and stats "
+                          f"reads a packed OUTPUT, which records its own; for a dry run run: "
+                          f"packtool compare {raw} --capacity {capacity or 'C'}")
+    if len(path) != 1:
+        raise ConfigError("give one packed OUTPUT directory (for raw input: packtool compare "
+                          "INPUT... --capacity C)")
     if plot:
         analysis.require_matplotlib()  # before the work, not after it
-    if compare:
-        if per_bin:
-            raise ConfigError("--per-bin lists the rows of a packed output; a --compare dry "
-                              "run writes no rows (pack, then run packtool stats OUTPUT "
-                              "--per-bin)")
-        if capacity is None:
-            raise ConfigError("--compare needs --capacity C")
-        packed = [p for p in path if (Path(p) / MANIFEST_NAME).is_file()]
-        if packed:
-            raise ManifestError(f"{packed[0]}: is a packed output; --compare takes raw tokenized "
-                                "input (drop --compare to see this output's figures)")
-        docs = analysis.input_documents(
-            path, column, attention_mask=_none(attention_mask_column),
-            labels=_none(labels_column), bos=prepend_bos, eos=append_eos)
-        lengths = docs.lengths
-        rows = analysis.compare_strategies(lengths, capacity, overflow=overflow,
-                                           targets=docs.targets, window_docs=window_docs)
-        if as_json:
-            click.echo(json.dumps({"capacity": capacity, "documents": int(lengths.size),
-                                   "tokens": int(lengths.sum()), "strategies": rows}, indent=2))
-        else:
-            click.echo(analysis.format_compare(rows, capacity, int(lengths.size),
-                                               int(lengths.sum())))
-        if plot:
-            analysis.plot_compare(lengths, capacity, plot, overflow=overflow)
-            if not as_json:
-                click.echo(f"wrote {plot}")
-        return
-    for name in ("column", "overflow", "append_eos", "prepend_bos", "attention_mask_column",
-                 "labels_column", "window_docs"):
-        if given(name):
-            raise ConfigError(f"--{name.replace('_', '-')} applies to --compare only: a "
-                              "packed output records its own")
-    if len(path) != 1:
-        raise ConfigError("give one packed OUTPUT directory (or raw input with --capacity C "
-                          "--compare)")
-    if capacity is not None:
-        raise ConfigError("--capacity applies to --compare only: a packed output records "
-                          "its own capacity")
-    out = Path(path[0])
-    if out.is_dir() and not (out / MANIFEST_NAME).exists() and any(out.rglob("*.parquet")) \
-            and not any(out.glob(".packtool-*")):
-        raise ManifestError(f"{out}: no {MANIFEST_NAME}, so not a packed output; for raw "
-                            f"tokenized input run: packtool stats {out} --capacity C --compare")
+    from packtool.location import Location
+
+    out = Location.parse(path[0])
+    _refuse_raw_input(out, "stats")
     limit = DEFAULT_PER_BIN_LIMIT if per_bin_limit is None else per_bin_limit
-    a = analysis.analyze_packed(out, per_bin=per_bin, per_bin_limit=limit or None)
+    a = analysis.analyze_packed(out, per_bin=per_bin, per_bin_limit=limit or None,
+                                check_hashes=not no_hash)
     click.echo(json.dumps(a.to_dict(), indent=2) if as_json else analysis.format_packed(a))
     if plot:
         analysis.plot_packed(a, plot)
@@ -400,7 +588,153 @@ def stats(ctx, path, capacity, compare, column, overflow, append_eos, prepend_bo
                             "with --overwrite")
 
 
-_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
+def _refuse_raw_input(where, command: str) -> None:
+    """One line when the local directory given to ``stats`` or ``verify`` is not a packed
+    output: empty, raw tokenized input, or an interrupted pack (each with the command that
+    fits). A store URI is left to the reader (its message names the URI).
+
+    Raises:
+        ManifestError: ``where`` is a directory without a manifest.
+    """
+    from packtool.errors import ManifestError
+    from packtool.formats.manifest import IN_PROGRESS_NAME, MANIFEST_NAME
+    from packtool.location import Location
+
+    loc = Location.parse(where)
+    if not loc.is_local:
+        return
+    out = loc.path
+    if not out.is_dir() or (out / MANIFEST_NAME).exists():
+        return
+    from packtool.formats.reader import _format_of
+
+    if (out / IN_PROGRESS_NAME).exists() or any(out.glob(".packtool-*")):
+        raise ManifestError(f"{out}: an interrupted pack (no {MANIFEST_NAME} yet); rerun the same "
+                            f"packtool pack command to finish it, then packtool {command} {out}")
+    if not any(out.iterdir()):
+        raise ManifestError(f"{out}: is an empty directory, not a packed output; pack into it "
+                            f"first: packtool pack --capacity C INPUT {out}")
+    data = next((p for p in out.rglob("*") if p.is_file() and _format_of(p.name)), None)
+    if data is not None:
+        hint = (f"packtool compare {out} --capacity C" if command == "stats" else
+                f"packtool pack --capacity C {out} OUTPUT, then packtool {command} OUTPUT")
+        raise ManifestError(f"{out}: holds tokenized input ({data.relative_to(out)}), not a "
+                            f"packed output (no {MANIFEST_NAME}); for it run: {hint}")
+    raise ManifestError(f"{out}: no {MANIFEST_NAME}, so not a packed output; give the OUTPUT "
+                        "directory of packtool pack")
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(), metavar="INPUT... OUTPUT")
+@click.option("--tokenizer", required=True, metavar="FILE",
+              help="Local tokenizer file: a Hugging Face tokenizer.json, a Tekken JSON "
+                   "(mistral-common) or a tiktoken BPE file (never downloaded).")
+@click.option("--text-column", default="text", show_default=True, metavar="NAME",
+              help="Column (JSON Lines: key) holding the text.")
+@click.option("--append-eos", default=None, metavar="ID|TOKEN",
+              help="Append this end-of-document token (an id, or a special token such as "
+                   "'</s>') to every document not already ending with it.")
+@click.option("--prepend-bos", default=None, metavar="ID|TOKEN",
+              help="Prepend this beginning-of-document token likewise.")
+@click.option("--add-special-tokens", is_flag=True,
+              help="tokenizer.json only: apply the tokenizer's post-processor (its template's "
+                   "BOS/EOS).")
+@click.option("--tokenizer-pattern", default=None, metavar="REGEX",
+              help="Pre-tokenization regex of a tiktoken BPE file not named after a tiktoken "
+                   "encoding (o200k_base, cl100k_base, p50k_base, r50k_base).")
+@click.option("--batch-docs", type=click.IntRange(min=1), default=1024, show_default=True,
+              metavar="N", help="Documents encoded at a time (one Parquet row group).")
+@click.option("--rows-per-shard", type=click.IntRange(min=1), default=100_000,
+              show_default=True, metavar="N",
+              help="Documents per output shard; a rerun after a crash keeps finished shards.")
+@click.option("--workers", "-j", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Encoding threads [default: all cores].")
+@click.option("--skip-unsupported", is_flag=True,
+              help="Read the supported files of an INPUT directory and list the others in the "
+                   "summary [default: refuse a directory holding files of another format].")
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty OUTPUT.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def tokenize(paths, tokenizer, text_column, append_eos, prepend_bos, add_special_tokens,
+             tokenizer_pattern, batch_docs, rows_per_shard, workers, skip_unsupported, overwrite,
+             quiet, as_json):
+    """Tokenize text INPUT files or directories (Parquet, Arrow, JSON Lines; paths or URIs)
+    into the tokenized Parquet OUTPUT that packtool pack reads.
+
+    One document per row or line, tokens in input_ids (list<int32>), in input order. Rerunning
+    an interrupted tokenize finishes it; rerunning a finished one does nothing.
+    """
+    import json
+
+    from packtool.config import TokenizeConfig
+    from packtool.text.run import run_tokenize
+
+    if len(paths) < 2:
+        raise click.UsageError("give at least one INPUT and an OUTPUT directory")
+    cfg = TokenizeConfig(inputs=tuple(paths[:-1]), output=paths[-1], tokenizer=tokenizer,
+                         text_column=text_column, append_eos=append_eos,
+                         prepend_bos=prepend_bos, add_special_tokens=add_special_tokens,
+                         tokenizer_pattern=tokenizer_pattern, batch_docs=batch_docs,
+                         rows_per_shard=rows_per_shard,
+                         workers=(os.cpu_count() or 1) if workers is None else workers,
+                         overwrite=overwrite, skip_unsupported=skip_unsupported)
+    try:
+        res = run_tokenize(cfg, progress=not quiet)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted: {cfg.output} has no manifest (finished shards are "
+                          "kept); rerun the same command to resume and finish it") from None
+    if as_json:
+        click.echo(json.dumps({"documents": res.documents, "tokens": res.tokens,
+                               "shards": res.shards, "shards_reused": res.shards_reused,
+                               "seconds": res.seconds, "inputs_not_read": res.skipped,
+                               "already_complete": res.already_complete}, indent=2))
+    elif res.already_complete:
+        click.echo(f"{cfg.output}: already holds this tokenization; nothing to do")
+    elif not quiet:
+        rate = res.tokens / res.seconds if res.seconds else 0.0
+        t = res.manifest.totals
+        click.echo(f"tokenized {res.documents:,} documents into {res.tokens:,} tokens in "
+                   f"{res.shards} shard(s) -> {cfg.output}\n"
+                   f"  {res.seconds:.2f} s, {rate / 1e6:.2f} M tokens/s"
+                   + (f", {res.shards_reused} shard(s) reused" if res.shards_reused else "")
+                   + (f"\n  {_mask_note(t)}" if _mask_note(t) else "")
+                   + (f"\n  INPUT: {res.skipped_note}" if res.skipped_note else ""))
+
+
+@cli.command()
+@click.argument("output", type=_ExistingPath(), metavar="OUTPUT")
+@click.argument("dest", type=click.Path(), metavar="DEST")
+@click.option("--to", "target", type=click.Choice(["nemo"]), required=True,
+              help="nemo: the packed Parquet of NeMo / Megatron-Bridge "
+                   "(GPTSFTPackedParquetDataset: input_ids, loss_mask, seq_start_id).")
+@click.option("--split", type=click.Choice(["training", "validation"]), default="training",
+              show_default=True, help="Names the file DEST/SPLIT_C.idx.parquet (a --holdout "
+                                      "output is the validation split).")
+@click.option("--overwrite", is_flag=True, help="Replace the file if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+def export(output, dest, target, split, overwrite, as_json):
+    """Write the packed rows of OUTPUT (a directory or a store URI) in another trainer's packed
+    format, into the local directory DEST.
+
+    With --to nemo: DEST/SPLIT_C.idx.parquet (the packtool rows, padding dropped, one sequence
+    per segment, loss_mask carrying the labels; 500 rows per row group) and its entry in
+    DEST/C_metadata.jsonl, the layout NeMo and Megatron-Bridge train from.
+    """
+    import dataclasses
+    import json
+
+    from packtool.formats.nemo import export_nemo
+
+    _refuse_raw_input(output, "export --to nemo")
+    res = export_nemo(output, dest, split=split, overwrite=overwrite)
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(res), indent=2))
+    else:
+        click.echo(f"exported {res.rows:,} rows ({res.sequences:,} sequences, {res.tokens:,} "
+                   f"tokens, {res.targets:,} loss-mask targets) -> {res.path}")
+
+
+_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
 
 
 @cli.command()
@@ -414,14 +748,21 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the row sample and the test models.")
 @click.option("--backend", "backends", multiple=True, type=click.Choice(_BACKENDS),
-              help="Attention backend to check (repeatable); each one named must run and pass "
-                   "[default: every backend that can run here; the others are listed as "
-                   "skipped].")
+              help="Backend to check (repeatable); each one named must run and pass; hybrid and "
+                   "mamba add convolution and recurrence layers reset by seq_idx (mamba: the "
+                   "CUDA kernels) [default: every backend that can run here; the others are "
+                   "listed as skipped].")
+@click.option("--hf-config", "hf_config", default=None, metavar="PATH",
+              help="Your model: a Hugging Face config.json (or its directory, or a model name "
+                   "already in the transformers cache; never downloaded). The hf backend builds "
+                   "that architecture shrunk to a test size with random weights, feeds it the "
+                   "packed rows as HFCollator does and says which layer leaks and what it "
+                   "needs [default backends then: hf].")
 @click.option("--check", "checks", multiple=True, metavar="NAME",
               help="Report only these checks (repeatable): logits_match, isolation, "
                    "loss_denominator, grad_zero_ignored, grad_zero_padding, finite, or a column "
-                   "check (cu_seqlens, segment_ids, position_ids, max_seqlen, doc_ids, labels, "
-                   "num_targets) [default: all].")
+                   "check (cu_seqlens, cu_seqlens_unpadded, segment_ids, position_ids, "
+                   "max_seqlen, doc_ids, labels, num_targets) [default: all].")
 @click.option("--data-only", is_flag=True,
               help="Check the columns only (NumPy; torch not needed); no attention check is "
                    "asked for.")
@@ -435,7 +776,7 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
               metavar="B", help="Most rows per forward pass (fewer when the memory budget "
                                 "says so).")
 @click.option("--row-window", type=click.IntRange(min=0), default=None, metavar="TOKENS",
-              help="Run the model checks on a window of this many tokens of each sampled row, "
+              help="Run the model checks on windows of this many tokens of each sampled row, "
                    "from a document's start across a boundary (and into the padding when it "
                    "reaches it); the column scan still covers every token [default: 1024; 0 = "
                    "whole rows].")
@@ -445,14 +786,18 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
 @click.option("--progress/--no-progress", default=None,
               help="A progress line per backend and batch on stderr [default: on, off with "
                    "--json].")
+@click.option("--no-hash", is_flag=True,
+              help="Skip the sha256 of every shard against the manifest (it reads every byte; "
+                   "sizes, footers and page checksums are still checked).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def verify(output, rows, seed, backends, checks, data_only, device, max_memory, batch_size,
-           row_window, compile_, progress, as_json, scan_all):
+def verify(output, rows, seed, backends, hf_config, checks, data_only, device, max_memory,
+           batch_size, row_window, compile_, progress, no_hash, as_json, scan_all):
     """Prove that packed rows of OUTPUT compute what separate documents compute.
 
-    Checks the column contract of every row, then runs a small seeded decoder (and a tiny random
-    Hugging Face Llama) on sampled rows with each attention backend and compares with
-    per-document forwards: logits, isolation, the loss denominator, gradients at ignored
+    Checks the column contract of every row, then runs a small seeded decoder (with attention,
+    and with convolution and recurrence layers reset by seq_idx) and a tiny random Hugging Face
+    model (a Llama, or your architecture with --hf-config) on sampled rows with each backend and
+    compares with per-document forwards: logits, isolation, the loss denominator, gradients at ignored
     positions and padding, finiteness. Exit 0 only when every requested check ran and passed
     and an attention check ran on a row holding two or more documents (or --data-only); a
     0-row output, a skipped requested backend, or a failed check exit 1 saying why.
@@ -471,20 +816,39 @@ def verify(output, rows, seed, backends, checks, data_only, device, max_memory, 
             memory_budget(budget)  # a budget too small is refused before any work
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--max-memory") from None
-    if data_only and backends:
-        raise click.UsageError("--data-only runs no backend; drop --backend")
+    if data_only and (backends or hf_config):
+        raise click.UsageError("--data-only runs no backend; drop --backend and --hf-config")
+    if hf_config is not None and backends and "hf" not in backends:
+        raise click.UsageError("--hf-config is the model of the hf backend; add --backend hf")
+    _refuse_raw_input(output, "verify")
     show = (not as_json) if progress is None else progress
     try:
         report = run_verify(output, rows=rows, seed=seed, backends=backends or None,
                             checks=checks or None, batch_size=batch_size, compile=compile_,
                             scan_all=scan_all, data_only=data_only, device=device,
-                            max_memory=budget, row_window=row_window,
+                            max_memory=budget, hf_config=hf_config, check_hashes=not no_hash,
+                            row_window=row_window,
                             progress=(lambda m: click.echo(m, err=True)) if show else None)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.format_text())
     if not report.ok:
         raise PacktoolError(report.first_failure_message())
+
+
+@cli.command()
+@click.argument("output", type=_ExistingPath(), metavar="OUTPUT")
+def upgrade(output):
+    """Rewrite the manifest of an OUTPUT packed by an older packtool in this version's format,
+    without rewriting its shards (every shard's sha256 is checked first).
+    """
+    from packtool.formats.manifest import FORMAT_VERSION, upgrade_manifest
+
+    if upgrade_manifest(output):
+        click.echo(f"{output}: manifest rewritten as format version {FORMAT_VERSION}; shards "
+                   "unchanged")
+    else:
+        click.echo(f"{output}: already format version {FORMAT_VERSION}; nothing to do")
 
 
 def main() -> None:

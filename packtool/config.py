@@ -9,11 +9,12 @@ from packtool.core.packing import MAX_CAPACITY
 from packtool.errors import ConfigError
 from packtool.types import Engine, LabelMode, Overflow, Strategy
 
-__all__ = ["PackConfig", "DEFAULT_RAY_WINDOW_DOCS", "DEFAULT_ROW_GROUP_MB", "rows_per_group_for"]
+__all__ = ["PackConfig", "CompareConfig", "TokenizeConfig", "DEFAULT_RAY_WINDOW_DOCS",
+           "DEFAULT_ROW_GROUP_MB", "rows_per_group_for"]
 
 #: Default Parquet row-group budget in MiB of per-token data (4 bytes x C x token columns per
 #: row). Chosen by measurement (docs/benchmarks.md, "Random access"): with 1 MiB one random
-#: ``PackedReader.read_row`` (one row group decoded) cost 1.3 to 2.4 ms at C = 2048 and 1.8 ms at
+#: ``PackedDataset[i]`` (one row group decoded) cost 1.3 to 2.4 ms at C = 2048 and 1.8 ms at
 #: C = 8192 on a lightly loaded 2-core machine, 4 MiB cost 6x that, and the output is 2 to 6 %
 #: larger than with 4 MiB groups.
 DEFAULT_ROW_GROUP_MB = 1.0
@@ -38,6 +39,37 @@ def rows_per_group_for(row_group_mb: float, capacity: int, token_columns: int) -
 DEFAULT_RAY_WINDOW_DOCS = 250_000
 
 
+def _check_input_options(cfg, bad) -> None:
+    """The checks shared by every config that reads INPUT (mask columns, BOS/EOS, capacity);
+    ``none`` as a mask column name becomes None."""
+    if not cfg.inputs:
+        raise ConfigError("give at least one INPUT")
+    if not 2 <= cfg.capacity <= MAX_CAPACITY:
+        bad("capacity", cfg.capacity, f"must be in 2..{MAX_CAPACITY} tokens")
+    if cfg.append_eos is not None and not 0 <= cfg.append_eos < 2**31:
+        bad("append_eos", cfg.append_eos, "must be a token id in 0..2**31-1")
+    if cfg.prepend_bos is not None and not 0 <= cfg.prepend_bos < 2**31:
+        bad("prepend_bos", cfg.prepend_bos, "must be a token id in 0..2**31-1")
+    for name in ("attention_mask_column", "labels_column", "loss_mask_column"):
+        value = getattr(cfg, name)
+        if value is not None and value.lower() == "none":
+            object.__setattr__(cfg, name, None)
+        elif value is not None and value == cfg.column:
+            bad(name, value, f"is the token column (--column {cfg.column})")
+
+
+def _read_options(cfg) -> dict:
+    opts = {"attention_mask": cfg.attention_mask_column, "labels": cfg.labels_column,
+            "loss_mask": cfg.loss_mask_column, "bos": cfg.prepend_bos, "eos": cfg.append_eos}
+    if getattr(cfg, "source_column", None) is not None:
+        opts["source"] = cfg.source_column
+    return opts
+
+
+def _bad(name, value, why):
+    raise ConfigError(f"--{name.replace('_', '-')} {value!r}: {why}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class PackConfig:
     """Everything ``packtool pack`` needs."""
@@ -54,6 +86,10 @@ class PackConfig:
     """Packing strategy."""
     overflow: Overflow = Overflow.SPLIT
     """Policy for documents longer than the capacity."""
+    segment_multiple: int = 1
+    """N: every document piece takes a multiple of N slots of its row, its tokens then padding
+    (context parallelism: TransformerEngine's THD format splits each sequence into 2 x cp
+    pieces, so N = 2 x cp). ``capacity`` must be a multiple of N."""
     labels: LabelMode = LabelMode.NONE
     """Labels column written: ``none`` (default: not stored, readers derive the unshifted labels
     from input_ids and segment_ids), ``unshifted`` or ``shifted``."""
@@ -71,6 +107,10 @@ class PackConfig:
     prompt masking); ``"auto"``: ``labels`` when a file has it; None: ignore. When such a
     column is read, the packed labels carry real information and are stored (unshifted when
     ``labels`` is ``none``)."""
+    loss_mask_column: str | None = "auto"
+    """Input loss mask (1 = a token to learn, 0 = not a target), TRL's SFT columns; ``"auto"``:
+    ``completion_mask`` and ``assistant_masks``, each when a file has it; None: ignore. A token
+    is a target only when its label (if read) is not -100 and every loss mask read is 1."""
     seed: int = 0
     """Seed of the output row shuffle."""
     shuffle: bool = True
@@ -93,34 +133,51 @@ class PackConfig:
     """Where the pack runs; ``ray`` needs a window (defaults to DEFAULT_RAY_WINDOW_DOCS)."""
     ray_address: str | None = None
     """Ray cluster to join (``--engine ray``); None starts a local Ray on ``workers`` CPUs."""
+    skip_unsupported: bool = False
+    """Skip files of an unsupported format inside an INPUT directory (reported) instead of
+    refusing them."""
+    holdout: float | None = None
+    """Fraction of documents held out (0 < f < 1), each drawn independently from ``seed``
+    (:mod:`packtool.core.holdout`), packed into ``holdout_output`` and left out of ``output``;
+    None: no split."""
+    holdout_output: str | None = None
+    """Where the held-out documents are packed (default: ``OUTPUT-holdout`` beside OUTPUT)."""
+    holdout_part: str | None = None
+    """Set by the driver for each of the two packs of a split: ``train`` (the documents not
+    held out) or ``holdout``; None with ``holdout`` set: pack both."""
+    source_column: str | None = None
+    """Input column (a string or integer per document: source, lang, a URL's domain) carried
+    into the packed rows as each segment's ``source_ids``, its id -> value table in the
+    manifest; None: not carried."""
 
     def __post_init__(self) -> None:
         def bad(name, value, why):
             raise ConfigError(f"--{name.replace('_', '-')} {value!r}: {why}")
 
+        if self.source_column is not None:
+            if not self.source_column:
+                bad("source_column", self.source_column, "give a column name")
+            if self.source_column == self.column:
+                bad("source_column", self.source_column, f"is the token column (--column "
+                    f"{self.column})")
         for name, enum in (("strategy", Strategy), ("overflow", Overflow), ("labels", LabelMode),
                            ("engine", Engine)):
             try:
                 object.__setattr__(self, name, enum(getattr(self, name)))
             except ValueError:
                 bad(name, getattr(self, name), f"choose one of {', '.join(e.value for e in enum)}")
-        if not self.inputs:
-            raise ConfigError("give at least one INPUT")
-        if not 2 <= self.capacity <= MAX_CAPACITY:
-            bad("capacity", self.capacity, f"must be in 2..{MAX_CAPACITY} tokens")
+        if not isinstance(self.segment_multiple, int) or self.segment_multiple < 1:
+            bad("segment_multiple", self.segment_multiple, "must be an integer >= 1")
+        if self.capacity % self.segment_multiple:
+            n = self.segment_multiple
+            lo, hi = self.capacity // n * n, -(-self.capacity // n) * n
+            bad("segment_multiple", n, f"--capacity {self.capacity} is not a multiple of it; "
+                "every padded document and the padding tail must be multiples of N: use "
+                "--capacity " + (f"{lo} or {hi}" if lo >= 2 else f"{hi}"))
         if not 0 <= self.pad_id < 2**31:
             # a negative id would index an embedding table out of range
             bad("pad_id", self.pad_id, "must be a token id in 0..2**31-1 (int32, not negative)")
-        if self.append_eos is not None and not 0 <= self.append_eos < 2**31:
-            bad("append_eos", self.append_eos, "must be a token id in 0..2**31-1")
-        if self.prepend_bos is not None and not 0 <= self.prepend_bos < 2**31:
-            bad("prepend_bos", self.prepend_bos, "must be a token id in 0..2**31-1")
-        for name in ("attention_mask_column", "labels_column"):
-            value = getattr(self, name)
-            if value is not None and value.lower() == "none":
-                object.__setattr__(self, name, None)
-            elif value is not None and value == self.column:
-                bad(name, value, f"is the token column (--column {self.column})")
+        _check_input_options(self, bad)
         if self.rows_per_shard < 1:
             bad("rows_per_shard", self.rows_per_shard, "must be >= 1")
         if not 0 < self.row_group_mb < float("inf"):
@@ -141,12 +198,45 @@ class PackConfig:
             bad("ray_address", self.ray_address, "only applies with --engine ray")
         if self.engine is Engine.RAY and self.window_docs is None:
             object.__setattr__(self, "window_docs", DEFAULT_RAY_WINDOW_DOCS)
+        self._check_holdout(bad)
+
+    def _check_holdout(self, bad) -> None:
+        if self.holdout is None:
+            if self.holdout_output is not None or self.holdout_part is not None:
+                bad("holdout_output", self.holdout_output, "needs --holdout FRACTION")
+            return
+        if not 0.0 < self.holdout < 1.0:
+            bad("holdout", self.holdout, "must be a fraction of the documents, 0 < f < 1")
+        if self.holdout_part not in (None, "train", "holdout"):
+            bad("holdout_part", self.holdout_part, "choose train or holdout")
+        from packtool.location import Location
+
+        out = Location.parse(self.output)
+        if self.holdout_output is None:  # OUTPUT-holdout beside OUTPUT, same store options
+            if not out.is_local and "/" not in out.key:
+                bad("holdout", self.holdout, f"OUTPUT {out.display} is a whole bucket; give "
+                    "--holdout-output LOCATION")
+            object.__setattr__(self, "holdout_output",
+                               str(out.parent.join(f"{out.name}-holdout")))
+        if self.holdout_part is not None:  # one of the two packs: its OUTPUT is set
+            return
+        if out.overlaps(Location.parse(self.holdout_output)):
+            bad("holdout_output", self.holdout_output, f"overlaps OUTPUT {self.output}; choose a "
+                "directory beside it")
+
+    def holdout_split(self):
+        """The documents this pack keeps (:class:`packtool.core.holdout.HoldoutSplit`), or None
+        when it keeps every document."""
+        if self.holdout is None or self.holdout_part is None:
+            return None
+        from packtool.core.holdout import HoldoutSplit
+
+        return HoldoutSplit(self.holdout, self.seed, self.holdout_part == "holdout")
 
     def read_options(self) -> dict:
-        """Keyword arguments of :func:`packtool.formats.reader.iter_token_batches`: the mask
+        """Keyword arguments of :func:`packtool.pipeline.read.iter_documents`: the mask
         columns and BOS/EOS."""
-        return {"attention_mask": self.attention_mask_column, "labels": self.labels_column,
-                "bos": self.prepend_bos, "eos": self.append_eos}
+        return _read_options(self)
 
     def to_dict(self) -> dict:
         """The options as JSON-ready values (what the manifest records)."""
@@ -160,8 +250,106 @@ class PackConfig:
         """The options that decide the output bytes (workers, overwrite and the engine do not;
         ``window_docs`` is listed only when set, so one-plan manifests keep their old form)."""
         d = self.to_dict()
-        for k in ("inputs", "output", "workers", "overwrite", "engine", "ray_address"):
+        for k in ("inputs", "output", "workers", "overwrite", "engine", "ray_address",
+                  "holdout_output",
+                  "skip_unsupported"):  # which files are read is in the fingerprint's file list
             d.pop(k)
-        if d["window_docs"] is None:
-            d.pop("window_docs")
+        for k in ("window_docs", "holdout", "holdout_part", "source_column"):
+            if d[k] is None:  # listed only when set: older manifests keep their form
+                d.pop(k)
+        if d["segment_multiple"] == 1:  # plain packs keep their manifest and fingerprint
+            d.pop("segment_multiple")
+        return d
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareConfig:
+    """Everything ``packtool compare`` needs: INPUT read exactly as ``pack`` reads it (the same
+    mask columns and BOS/EOS, through the same code path), and the dry run's capacity."""
+
+    inputs: tuple[str, ...]
+    """INPUT paths or URIs: files or directories (searched recursively)."""
+    capacity: int
+    """Tokens per row of the dry run (C), 2..2**24."""
+    column: str = "input_ids"
+    """Token column of the input."""
+    overflow: Overflow = Overflow.SPLIT
+    """Policy for documents longer than the capacity (``ordered`` and ``obfd``)."""
+    append_eos: int | None = None
+    """As :attr:`PackConfig.append_eos`."""
+    prepend_bos: int | None = None
+    """As :attr:`PackConfig.prepend_bos`."""
+    attention_mask_column: str | None = "auto"
+    """As :attr:`PackConfig.attention_mask_column`."""
+    labels_column: str | None = "auto"
+    """As :attr:`PackConfig.labels_column`."""
+    loss_mask_column: str | None = "auto"
+    """As :attr:`PackConfig.loss_mask_column`."""
+    skip_unsupported: bool = False
+    """As :attr:`PackConfig.skip_unsupported`."""
+    window_docs: int | None = None
+    """Also dry-run ``obfd`` in windows of this many documents, dealt as ``pack --window-docs``
+    deals them; None: one global plan only."""
+
+    def __post_init__(self) -> None:
+        if self.window_docs is not None and self.window_docs < 1:
+            _bad("window_docs", self.window_docs, "must be >= 1")
+        try:
+            object.__setattr__(self, "overflow", Overflow(self.overflow))
+        except ValueError:
+            _bad("overflow", self.overflow, f"choose one of {', '.join(e.value for e in Overflow)}")
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        _check_input_options(self, _bad)
+
+    def read_options(self) -> dict:
+        """Keyword arguments of :func:`packtool.pipeline.read.iter_documents` (the same as
+        :meth:`PackConfig.read_options` for the same options)."""
+        return _read_options(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizeConfig:
+    """Everything ``packtool tokenize`` needs."""
+
+    inputs: tuple[str, ...]
+    """INPUT paths or URIs: Parquet, Arrow IPC, save_to_disk folders, JSON Lines."""
+    output: str
+    """OUTPUT directory (or URI) of tokenized Parquet shards."""
+    tokenizer: str
+    """Local tokenizer file: tokenizers JSON, Tekken JSON or tiktoken BPE file."""
+    text_column: str = "text"
+    """Text column (JSON Lines: the key)."""
+    append_eos: int | str | None = None
+    """End-of-document token (id or special token string) appended to every non-empty
+    document not already ending with it."""
+    prepend_bos: int | str | None = None
+    """Beginning-of-document token (id or string) prepended likewise."""
+    add_special_tokens: bool = False
+    """tokenizers JSON only: run the tokenizer's post-processor (its template's BOS/EOS)."""
+    tokenizer_pattern: str | None = None
+    """Pre-tokenisation regex of a tiktoken BPE file not named after a tiktoken encoding."""
+    batch_docs: int = 1024
+    """Documents encoded (and written as one Parquet row group) at a time."""
+    rows_per_shard: int = 100_000
+    """Documents per output shard (each input file starts a new shard): the unit of resume."""
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    """Encoding threads (tiktoken; tokenizers sizes its own pool: RAYON_NUM_THREADS)."""
+    overwrite: bool = False
+    """Replace a non-empty OUTPUT."""
+    skip_unsupported: bool = False
+    """As :attr:`PackConfig.skip_unsupported`."""
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            raise ConfigError("give at least one INPUT")
+        for name in ("batch_docs", "rows_per_shard", "workers"):
+            if getattr(self, name) < 1:
+                _bad(name, getattr(self, name), "must be >= 1")
+
+    def layout_options(self) -> dict:
+        """The options that decide the output bytes (the tokenizer by its file's sha256 is
+        added by the driver; which files are read is in the fingerprint's file list)."""
+        d = asdict(self)
+        for k in ("inputs", "output", "workers", "overwrite", "tokenizer", "skip_unsupported"):
+            d.pop(k)
         return d

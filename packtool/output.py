@@ -1,101 +1,96 @@
-"""The one owner of OUTPUT: lock, fingerprint, temporary names, resume, manifest last, cleanup.
+"""The one owner of OUTPUT: lock, fingerprint, scratch, resume, manifest last, cleanup.
 
-A pack goes through :class:`Output` and nothing else writes into OUTPUT:
+A pack goes through :class:`Output` and nothing else writes into OUTPUT. ``Output(path, ...)``
+is a :class:`LocalOutput` for a directory and a :class:`StoreOutput` for a store URI
+(``s3://bucket/prefix``); both follow one set of rules, written once here, over the operations of
+:class:`packtool.location.Location` (list, read, publish whole, delete). They differ only where
+a store offers less: the lock, the disk-space check and the cleanup of unfinished uploads.
 
-1. :meth:`Output.open` (the ``with`` entry) refuses an OUTPUT that overlaps INPUT or is a file,
-   creates the directory, takes an exclusive lock (:mod:`filelock`, not waiting: a second
-   ``pack`` into the same OUTPUT is refused at once), then decides from what it finds: a
-   complete output with the same fingerprint is *complete* (the run is a no-op); an interrupted
-   one with the same fingerprint is *resumed* (its finished shards are kept); a foreign or
-   different non-empty OUTPUT is refused unless ``--overwrite``; an OUTPUT holding files packtool
-   did not write, or inside another packed output, is always refused (they would break the
-   directory as a Parquet dataset).
-2. While the input is read and planned, only the scratch directory
-   (:data:`~packtool.formats.manifest.TMP_DIR_NAME`) is written; an existing output is left as it
-   was. :meth:`Output.begin_write` then removes what ``--overwrite`` replaces (manifest first)
-   and writes the in-progress marker.
-3. Shards are written under unique temporary names (:meth:`Output.temp_path`) and published
-   with ``os.replace`` (:meth:`Output.publish`), so two attempts of one shard (a Ray retry beside
-   a slow first attempt) never expose a half-written file.
+1. Entry (``with``) refuses an OUTPUT that overlaps INPUT, is a file, or lies inside another
+   packed output, takes the lock (a second ``pack`` into the same OUTPUT is refused at once),
+   then decides from one listing of OUTPUT (:meth:`Output._decide`, one table for both kinds):
+   a complete output with the same fingerprint and intact shards is *complete* (the run is a
+   no-op); an interrupted one with the same fingerprint is *resumed* (its finished shards are
+   kept); a foreign or different non-empty OUTPUT is refused unless ``--overwrite``; an OUTPUT
+   holding files packtool did not write is always refused (they would break the directory as a
+   Parquet dataset).
+2. While the input is read and planned only the scratch (:data:`~packtool.formats.manifest.TMP_DIR_NAME`)
+   is written; an existing output is left as it was. :meth:`Output.begin_write` then removes what
+   ``--overwrite`` replaces (manifest first) and writes the in-progress marker.
+3. Shards are written in a staging directory (:meth:`packtool.location.Location.stage`) and
+   published whole under their final name (:func:`publish_shard`: a rename, or one upload); the
+   marker lists the finished shards with their manifest entries (rewritten at most every
+   :data:`MARKER_EVERY_S` seconds and when the run fails), so a rerun keeps them without
+   reading them again.
 4. :meth:`Output.commit` writes the manifest last and removes the marker, scratch and lock.
 
 Every failure leaves through :meth:`Output.__exit__`, the one cleanup path. Ctrl-C leaves what
-SIGKILL would, tidied: the scratch directory keeps its finished read parts (token spills), the
-work directories of read parts begun (with their progress records), its finished windows
-(plans) and fingerprint; everything else under a unique temporary name goes, and the lock is
-released, so rerunning the same command reads only what was not read and plans only the
-windows not planned; a Ctrl-C before anything was kept keeps no scratch. Any other failure removes the scratch
-directory (token spills, plans, temporary shards), so a full disk is never left full. A failure
-before writing began (bad value in any window, ENOSPC while spilling, Ctrl-C before a window
-finished) leaves OUTPUT as it was before the run (a new OUTPUT is removed); after that (ENOSPC
-or EIO while writing shards, Ctrl-C, a failed Ray task) the finished shards and the marker
-stay, and rerunning the same command finishes the output byte-identically. ``OSError``
-becomes one :class:`~packtool.errors.OutputError` line naming the path and the cause (for a
-full disk: about how many bytes were needed and how many are free).
-
-**OUTPUT in an object store** (a URI: ``s3://bucket/prefix``; the store calls are in
-:mod:`packtool.formats.object_store`) follows the same steps with what a store offers: the lock
-is an object written and read back (advisory); the scratch directory is the prefix
-``OUTPUT/.packtool-tmp/``, where a window task puts its files (written first in its own
-temporary directory) with ``done.json`` last; a shard task writes its shard in its own
-temporary directory and puts it under the final name with one upload (whole or absent, so no
-temporary name); the marker also lists the finished shards with size and sha256
-(:meth:`Output.shard_written`), which a rerun keeps; the manifest is put last, then the marker
-and the scratch prefix are deleted. So the tasks of a cluster share nothing but the store, and
-the driver writes nothing on its own disk.
+SIGKILL would, tidied: the scratch keeps its finished read parts (token spills), the staging
+directories of read parts begun with their progress records (where a rerun finds them again:
+:meth:`packtool.location.Location.claim_stage`), its finished windows (plans) and fingerprint;
+other staged files go, and the lock is released, so rerunning the same command reads only what
+was not read and plans only the windows not planned (:class:`ScratchKept` says what was kept; a
+Ctrl-C before anything was kept keeps no scratch). Any other failure removes the scratch, so a
+full disk is never left full. A failure
+before writing began leaves OUTPUT as it was (a new OUTPUT is removed); after that the finished
+shards and the marker stay, and rerunning the same command finishes the output
+byte-identically. In a store, every cleanup and every rerun also abort the unfinished multipart
+uploads under OUTPUT (:func:`packtool.formats.object_store.abort_uploads`). ``OSError`` becomes
+one :class:`~packtool.errors.OutputError` line naming the path and the cause.
 """
 
 from __future__ import annotations
 
 import errno
-import fnmatch
 import hashlib
 import json
-import os
 import shutil
 import time
-import uuid
 from importlib import metadata
 from pathlib import Path
 
-import pyarrow.fs as pafs
 from filelock import FileLock, Timeout
 
 from packtool import signals
-from packtool.errors import OutputError
-from packtool.errors import ManifestError
+from packtool.errors import ManifestError, OutputError
 from packtool.formats import object_store as store
-from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, SHARD_GLOB,
-                                       TMP_DIR_NAME, manifest_bytes, manifest_from_bytes,
-                                       read_manifest, write_json_atomic,
-                                       write_manifest_file)
+from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
+                                       Manifest, ShardEntry, footer_sha256, is_shard_name,
+                                       publish_manifest, read_manifest, shard_entry_of)
+from packtool.location import Location
 
-__all__ = ["Output", "fingerprint", "footer_sha256", "BYTE_DECIDING_PACKAGES", "WINDOW_DIR_PREFIX",
-           "READ_DIR_PREFIX", "SCRATCH_UNITS", "PARTIAL_PROGRESS", "claim_partial", "ScratchKept",
-           "WINDOW_DONE", "SCRATCH_FINGERPRINT", "LAYOUT_REVISION", "window_done", "window_workdir",
-           "publish_window", "window_file", "shard_temp",
-           "discard_shard_temp", "publish_shard", "kept_shard", "MARKER_EVERY_S"]
+__all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256",
+           "BYTE_DECIDING_PACKAGES", "WINDOW_DIR_PREFIX", "READ_DIR_PREFIX", "SCRATCH_UNITS",
+           "PARTIAL_PROGRESS", "ScratchKept", "claim_partial", "keeps_stages", "WINDOW_DONE",
+           "SCRATCH_FINGERPRINT", "LAYOUT_REVISION", "window_done", "window_workdir",
+           "publish_window", "window_file", "shard_temp", "discard_shard_temp", "publish_shard",
+           "kept_shard", "MARKER_EVERY_S"]
 
 #: A window's plan lives in ``<scratch>/window-NNNNN/``, complete once ``done.json`` is there
-#: (it is written before the directory is renamed into place).
+#: (it is written before the directory is renamed into place, or uploaded last).
 WINDOW_DIR_PREFIX = "window-"
 #: A read part's spill lives in ``<scratch>/read-NNNNN/``, complete like a window.
 READ_DIR_PREFIX = "read-"
-#: Finished units of a scratch directory that a rerun of the same pack keeps.
+#: Finished units of a scratch that a rerun of the same pack keeps.
 SCRATCH_UNITS = (WINDOW_DIR_PREFIX, READ_DIR_PREFIX)
-#: The progress record of a read part's work directory that a killed run left half done
+#: The progress record of a read part's staging directory that a killed run left half done
 #: (:mod:`packtool.pipeline.read`): such a directory is kept for the rerun too.
 PARTIAL_PROGRESS = "progress.json"
 WINDOW_DONE = "done.json"
 #: The fingerprint of the run that created the scratch directory (a file inside it).
 SCRATCH_FINGERPRINT = "fingerprint"
+#: Seconds between two rewrites of the marker listing the finished shards.
+MARKER_EVERY_S = 10.0
 
 #: Distributions whose version can change the output bytes (recorded in the fingerprint).
 BYTE_DECIDING_PACKAGES = ("packtool", "pyarrow", "numpy", "numba")
 #: Revision of how packtool lays out and orders the rows of given options and inputs (and of
 #: the scratch files a killed run leaves for its rerun); recorded in the fingerprint, so a
 #: change between two runs of one packtool version never mixes their shards or windows.
-LAYOUT_REVISION = 3
+#: 3: shards carry page checksums (format version 3). 4: read parts spilled in input order and
+#: resumable piece by piece, windows dealt in blocks across the input, plans as segments
+#: pointing into the read parts' spills.
+LAYOUT_REVISION = 4
 
 
 def _versions() -> dict:
@@ -106,43 +101,16 @@ def _versions() -> dict:
         except metadata.PackageNotFoundError:
             out[name] = None
     if out["packtool"] is None:  # run from a source tree that is not installed
-        from packtool import __version__
+        from packtool._version import __version__
 
         out["packtool"] = __version__
     return out
 
 
-def footer_sha256(path, tail_bytes: int = 1 << 16) -> str:
-    """sha256 of a Parquet file's footer (metadata block + its length + ``PAR1``).
-
-    The footer holds every row group's offsets, sizes and statistics, so a rewrite with the
-    same size and a reset mtime still changes it. Reads only the file's tail (local path or
-    URI, through :mod:`pyarrow.fs`); a file that is not Parquet (Arrow IPC) is represented by its
-    last ``tail_bytes`` bytes.
-
-    Raises:
-        OSError: the file cannot be read.
-    """
-    from packtool.formats.reader import filesystem_of
-
-    fs, inner, _ = filesystem_of(path)
-    with fs.open_input_file(inner) as f:
-        size = f.size()
-        if size < 8:
-            return hashlib.sha256(b"").hexdigest()
-        f.seek(size - 8)
-        tail = f.read(8)
-        n = int.from_bytes(tail[:4], "little") if tail[4:] == b"PAR1" else tail_bytes - 8
-        f.seek(max(0, size - 8 - n))
-        return hashlib.sha256(f.read()).hexdigest()
-
-
 def _resolved(path) -> str:
-    """A local path made absolute with links resolved; a URI as it is."""
-    from packtool.formats.reader import filesystem_of
-
-    _, inner, scheme = filesystem_of(path)
-    return scheme + inner if scheme else str(Path(path).resolve())
+    """A local path made absolute with links resolved; a URI as it is (secrets left out)."""
+    loc = Location.parse(path)
+    return str(loc.path.resolve()) if loc.is_local else loc.display
 
 
 def fingerprint(options: dict, files) -> str:
@@ -167,243 +135,257 @@ def fingerprint(options: dict, files) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _inside(child: Path, parent: Path) -> bool:
-    return child == parent or parent in child.parents
-
-
 def _is_full_disk(exc: OSError) -> bool:
     return exc.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(exc)
+
+
+def _read_json(loc: Location) -> dict | None:
+    try:
+        doc = json.loads(loc.read_bytes())
+    except (*store.STORE_ERRORS, ValueError, UnicodeDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 class Output:
     """OUTPUT of one pack; use as a context manager (see the module docstring).
 
+    ``Output(path, ...)`` builds a :class:`LocalOutput` or a :class:`StoreOutput` from ``path``.
+
     Args:
-        path: the OUTPUT directory, or a URI in an object store (``s3://bucket/prefix``).
+        path: the OUTPUT directory, or a URI in a store (``s3://bucket/prefix``).
         inputs: INPUT paths as given (OUTPUT may not lie inside one, nor contain one).
         fingerprint: from :func:`fingerprint`.
         overwrite: replace a non-empty OUTPUT that is not an interrupted identical pack.
 
-    Attributes after entry: ``complete`` (a finished identical output is there: nothing to do),
-    ``resume`` (an interrupted identical pack is there: keep its shards), ``tmp`` (scratch
-    directory), ``windows_kept`` (units kept in the scratch directory from an identical run that
-    was killed: windows, read parts, read parts begun; what they are in ``kept``), ``manifest``
-    (the existing manifest when ``complete``).
+    Attributes after entry: ``path`` and ``tmp`` (:class:`~packtool.location.Location` of OUTPUT
+    and of its scratch), ``complete`` (a finished identical output is there: nothing to do),
+    ``resume`` (an interrupted identical pack is there: keep its shards), ``windows_kept``
+    (units kept in the scratch from an identical run that was killed: windows, read parts,
+    read parts begun; what they are in ``kept``), ``shards_done`` (shards finished, written or
+    kept, in this run), ``manifest`` (the :class:`~packtool.formats.manifest.Manifest` found
+    when ``complete``, or written).
     """
 
-    def __init__(self, path: str | os.PathLike, inputs, fingerprint: str, *,
-                 overwrite: bool = False):
-        from packtool.formats.reader import _location, is_remote
+    def __new__(cls, path, *args, **kwargs):
+        if cls is Output:
+            cls = LocalOutput if Location.parse(path).is_local else StoreOutput
+        return super().__new__(cls)
 
-        self.remote = is_remote(path)  #: OUTPUT is a URI: the object-store rules below
+    def __init__(self, path, inputs, fingerprint: str, *, overwrite: bool = False):
+        self.path = Location.parse(path)
+        self.tmp = self.path.join(TMP_DIR_NAME)
+        self.inputs = [Location.parse(p) for p in inputs]
         self.fingerprint = fingerprint
         self.overwrite = overwrite
-        if self.remote:
-            self.path = _location(path).rstrip("/")
-            self.tmp = store.join(self.path, TMP_DIR_NAME)
-            self._given = [_location(p).rstrip("/") for p in inputs]
-            self.inputs = []
-        else:
-            self.path = Path(_location(path))  # a file: URI is its local path
-            self.tmp = self.path / TMP_DIR_NAME
-            self.inputs = [Path(_location(p)) for p in inputs if not is_remote(p)]
         self.complete = False
         self.resume = False
-        self.manifest: dict | None = None
+        self.manifest: Manifest | None = None
         self.bytes_needed = 0  #: what the current phase still has to write (ENOSPC message)
         self.windows_kept = 0  #: finished scratch units kept from a killed identical run
         self.kept = ScratchKept()  #: what the scratch holds for a rerun (after a trim)
         self.shards_done = 0  #: shards finished (written or kept) in this run
         self._created = False
         self._writing = False
-        self._lock: FileLock | None = None
         self._release_sigint = None  # set by commit(): Ctrl-C held until __exit__ ends
         self._scratch_needed = 0  # bytes of scratch the run asked for (check_space)
-        self._store_lock: dict | None = None  # the lock object written (object store)
-        self._promised: dict = {}  # shard -> {"bytes", "sha256"} from an interrupted run's marker
-        self._written: dict = {}  # shard -> {"bytes", "sha256"} finished in this run
+        self._promised: dict = {}  # shard -> manifest entry dict from an interrupted run's marker
+        self._written: dict = {}  # shard -> manifest entry dict finished in this run
         self._marker_at = 0.0  # when the marker last listed the finished shards
+
+    # -- what differs between a directory and a store -------------------------------------------
+    def _lock(self) -> None:
+        raise NotImplementedError
+
+    def _unlock(self) -> None:
+        raise NotImplementedError
+
+    def _tidy_store(self) -> None:
+        """Store only: abort unfinished uploads under OUTPUT."""
+
+    def _remove_created(self) -> None:
+        """Remove OUTPUT when this run created it and it is empty again."""
+
+    def check_space(self, needed: int) -> None:
+        """Refuse at once when OUTPUT's filesystem has less than ``needed`` bytes free (a store:
+        not checked)."""
+        self.bytes_needed = self._scratch_needed = needed
+
+    def _full_disk_note(self, exc: OSError) -> str | None:
+        return None
 
     # -- entry: checks, lock, decision ---------------------------------------------------------
     def __enter__(self) -> "Output":
-        if self.remote:
-            return self._enter_store()
         out = self.path
-        out_abs = out.resolve()
         for src in self.inputs:
-            s = src.resolve()
-            if _inside(out_abs, s) or _inside(s, out_abs):
-                raise OutputError(f"{out}: OUTPUT overlaps INPUT {src}; choose a directory "
-                                  "outside the input")
-        if out.exists() and not out.is_dir():
-            raise OutputError(f"{out}: exists and is a file; OUTPUT must be a directory")
-        for parent in out_abs.parents:  # shards of another schema would break its dataset
-            if (parent / MANIFEST_NAME).is_file() or (parent / IN_PROGRESS_NAME).is_file():
-                raise OutputError(f"{out}: OUTPUT is inside the packed output {parent}; choose "
-                                  "a directory outside it")
+            if out.overlaps(src):
+                raise OutputError(f"{out.display}: OUTPUT overlaps INPUT {src.display}; "
+                                  "choose a location outside the input")
         try:
-            self._created = not out.exists()
-            out.mkdir(parents=True, exist_ok=True)
-            lock = FileLock(out / LOCK_NAME)
-            lock.acquire(timeout=0)
-        except Timeout:
-            raise OutputError(f"{out}: another packtool pack is writing this OUTPUT (lock "
-                              f"{LOCK_NAME} is held); wait for it to end or choose another "
-                              "OUTPUT") from None
-        except OSError as exc:
-            self._remove_created()
-            raise OutputError(f"{out}: cannot write ({exc.strerror}); choose a writable "
-                              "OUTPUT") from None
-        self._lock = lock
+            e = out.entry()
+            if e is not None and not e.is_dir:
+                raise OutputError(f"{out.display}: exists and is a file; OUTPUT must be a "
+                                  "directory")
+            for parent in out.ancestors():  # shards of another schema would break its dataset
+                if any(parent.join(n).is_file() for n in (MANIFEST_NAME, IN_PROGRESS_NAME)):
+                    raise OutputError(f"{out.display}: OUTPUT is inside the packed output "
+                                      f"{parent.display}; choose a location outside it")
+        except store.STORE_ERRORS as exc:
+            raise self._os_error(exc, "cannot list OUTPUT") from None
+        self._created = e is None
         try:
+            out.makedirs()
+        except store.STORE_ERRORS as exc:
+            cause = getattr(exc, "strerror", None) or store.first_line(exc)
+            raise OutputError(f"{out.display}: cannot write ({cause}); choose a writable "
+                              "OUTPUT") from None
+        self._lock()
+        try:
+            self._tidy_store()
             self._decide()
             if not self.complete:
                 self._open_scratch()
         except BaseException as exc:
             self._cleanup(exc)
+            if isinstance(exc, store.STORE_ERRORS):
+                raise self._os_error(exc) from None
             raise
         return self
 
     def _decide(self) -> None:
+        """The decision table over one listing of OUTPUT (module docstring, step 1)."""
         out = self.path
-        manifest, marker = out / MANIFEST_NAME, out / IN_PROGRESS_NAME
-        if manifest.is_file():
+        found = {n: e for n, e in out.listdir().items() if n != LOCK_NAME}
+        if MANIFEST_NAME in found:
             try:
                 m = read_manifest(out)
             except ManifestError:
-                m = {}
-            if m.get("fingerprint") == self.fingerprint:
-                if not self._shards_intact(m):
+                m = None
+            if m is not None and m.fingerprint == self.fingerprint:
+                intact = all(s.file in found and found[s.file].size == s.bytes
+                             for s in m.shards)
+                if not intact:
                     self.overwrite = True  # this very pack, damaged since: ours to redo
                 elif not self.overwrite:  # --overwrite asks for the shards to be written anew
                     self.complete, self.manifest = True, m
                     return
-        elif marker.is_file():
-            try:
-                self.resume = json.loads(marker.read_text())["fingerprint"] == self.fingerprint
-            except (ValueError, KeyError, TypeError):
-                self.resume = False
+        elif IN_PROGRESS_NAME in found:
+            marker = _read_json(out.join(IN_PROGRESS_NAME)) or {}
+            self.resume = marker.get("fingerprint") == self.fingerprint
             if not self.resume:
                 self.overwrite = True  # an interrupted pack of other options: ours to replace
+            elif isinstance(marker.get("shards"), dict):
+                self._promised = dict(marker["shards"])
             return
-        others = [p for p in out.iterdir() if p.name not in (LOCK_NAME, TMP_DIR_NAME)]
+        others = [n for n in found if n != TMP_DIR_NAME]
         if others and not self.overwrite:
-            raise OutputError(f"{out}: OUTPUT is not empty; pass --overwrite to replace it or "
-                              "choose another directory")
+            raise OutputError(f"{out.display}: OUTPUT is not empty; pass --overwrite to replace "
+                              "it or choose another location")
         own = (MANIFEST_NAME, IN_PROGRESS_NAME)
-        foreign = sorted(p.name for p in others
-                         if p.name not in own and not (p.is_file() and p.match(SHARD_GLOB)))
+        foreign = sorted(n for n in others if n not in own
+                         and not (not found[n].is_dir and is_shard_name(n)))
         if foreign:  # never deleted, and beside the shards they would break Parquet readers
-            raise OutputError(f"{out}: OUTPUT holds {len(foreign)} entr"
+            raise OutputError(f"{out.display}: OUTPUT holds {len(foreign)} entr"
                               f"{'y' if len(foreign) == 1 else 'ies'} packtool did not write "
                               f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
-                              "move them away or choose another directory")
+                              "move them away or choose another location")
 
     def _open_scratch(self) -> None:
-        """Create the scratch directory, keeping the finished windows of a killed identical run.
+        """Open the scratch, keeping the finished units of a killed identical run.
 
         A run killed without cleanup (SIGKILL, a lost machine) leaves its scratch behind. When
-        that scratch carries this run's fingerprint, the window directories that were renamed
-        into place (complete by construction: ``done.json`` is written before the rename) are
-        kept and their windows are not read again; everything else (half-written windows,
-        temporary shards) is removed. Any other scratch is removed whole.
+        that scratch carries this run's fingerprint, the read part and window directories
+        published whole (``done.json`` written before the rename, or uploaded last) are kept and
+        not read or planned again, and so are the staging directories of read parts begun that
+        hold a progress record (:data:`PARTIAL_PROGRESS`); everything else (half-written units,
+        staged shards) is removed. Any other scratch is removed whole.
         """
-        tag = self.tmp / SCRATCH_FINGERPRINT
-        try:
-            same = tag.read_text() == self.fingerprint
-        except OSError:
-            same = False
-        if not same:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            self.tmp.mkdir()
-            tmp = self.tmp / f".{uuid.uuid4().hex}-{SCRATCH_FINGERPRINT}"
-            tmp.write_text(self.fingerprint)
-            os.replace(tmp, tag)
+        if not self._scratch_is_ours():
+            self.tmp.delete_tree()
+            self.tmp.makedirs()
+            self.tmp.join(SCRATCH_FINGERPRINT).publish_bytes(self.fingerprint.encode())
             return
         self.windows_kept = self._trim_scratch()
 
     def _scratch_is_ours(self) -> bool:
-        """The scratch directory (or prefix) carries this run's fingerprint."""
+        """The scratch carries this run's fingerprint."""
         try:
-            if self.remote:
-                tag = store.read_bytes(store.join(self.tmp, SCRATCH_FINGERPRINT)).decode()
-            else:
-                tag = (self.tmp / SCRATCH_FINGERPRINT).read_text()
-        except (OSError, *store.STORE_ERRORS, UnicodeDecodeError):
+            return self.tmp.join(SCRATCH_FINGERPRINT).read_bytes().decode() == self.fingerprint
+        except (*store.STORE_ERRORS, UnicodeDecodeError):
             return False
-        return tag == self.fingerprint
 
     def _trim_scratch(self) -> int:
-        """Remove from the scratch directory (or prefix) everything but its fingerprint, the
-        finished units (windows and read parts: ``done.json`` in them) and the work directories
-        of read parts with a progress record; return how many of those are there (what is kept
-        is in :attr:`kept`)."""
-        if self.remote:
-            return self._trim_scratch_store()
+        """Remove from the scratch everything but its fingerprint, the finished units (windows
+        and read parts: ``done.json`` in them) and the staging directories of read parts begun
+        (a :data:`PARTIAL_PROGRESS` record in them: in a store none, staging is on the tasks'
+        own disks); return how many of those are there (what they are: :attr:`kept`)."""
         kept = ScratchKept()
-        for p in self.tmp.iterdir():
-            if p.name == SCRATCH_FINGERPRINT:
+        for name, e in self.tmp.listdir().items():
+            if name == SCRATCH_FINGERPRINT:
                 continue
-            if p.is_dir() and p.name.startswith(SCRATCH_UNITS) and (p / WINDOW_DONE).is_file():
-                kept.add(p.name, p / WINDOW_DONE)
-                continue
-            if p.is_dir() and f"-{READ_DIR_PREFIX}" in p.name and (p / PARTIAL_PROGRESS).is_file():
-                kept.add(p.name, p / PARTIAL_PROGRESS, partial=True)
-                continue
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            where = self.tmp.join(name)
+            if e.is_dir and name.startswith(SCRATCH_UNITS):
+                done = _read_json(where.join(WINDOW_DONE))
+                if done is not None:
+                    kept.add(name, done)
+                    continue
+            elif e.is_dir and f"-{READ_DIR_PREFIX}" in name:
+                record = _read_json(where.join(PARTIAL_PROGRESS))
+                if record is not None:
+                    kept.add(name, record, partial=True)
+                    continue
+            where.delete_tree() if e.is_dir else where.delete()
         self.kept = kept
         return kept.units
 
-    def _shards_intact(self, m: dict) -> bool:
-        try:
-            return all((self.path / o["file"]).stat().st_size == o["bytes"] for o in m["outputs"])
-        except (OSError, KeyError, TypeError):
-            return False
-
-    # -- scratch and shard names ---------------------------------------------------------------
-    def temp_path(self, name: str) -> Path:
-        """A unique scratch path for a file that will be published as ``name``."""
-        return self.tmp / f"{uuid.uuid4().hex}-{name}"
-
-    def shard_path(self, name: str) -> Path:
-        """Final path of shard ``name``."""
-        return self.path / name
-
-    @staticmethod
-    def publish(tmp: Path, final: Path) -> None:
-        """Move a finished temporary file to its final name (atomic on one filesystem)."""
-        os.replace(tmp, final)
-
     # -- writing -------------------------------------------------------------------------------
     def begin_write(self) -> None:
-        """Remove what this run replaces (manifest first, then the shards; other files stay) and
-        mark OUTPUT as in progress."""
-        if self.remote:
-            return self._begin_write_store()
+        """Remove what this run replaces (the manifest first, so a replaced pack never looks
+        complete, then the shards; other files stay) and mark OUTPUT as in progress."""
         out = self.path
         if not self.resume:  # packtool's own files only; anything else is left alone
-            (out / MANIFEST_NAME).unlink(missing_ok=True)
-            for p in out.glob(SHARD_GLOB):
-                p.unlink()
-        write_json_atomic(out / IN_PROGRESS_NAME, {"fingerprint": self.fingerprint})
+            out.join(MANIFEST_NAME).delete()
+            for name, e in out.listdir().items():
+                if not e.is_dir and is_shard_name(name):
+                    out.join(name).delete()
+        self._write_marker()
         self._writing = True
 
-    def commit(self, manifest: dict, schema) -> None:
-        """Write the manifest (atomically, last; ``schema``: the shards' schema, see
-        :func:`~packtool.formats.manifest.write_manifest_file`); drop the marker and scratch.
+    def promised(self, name: str) -> dict | None:
+        """The manifest entry (dict) of shard ``name`` as an interrupted identical run finished
+        it (from its marker), None when it is not known."""
+        return self._promised.get(name) if self.resume else None
+
+    def shard_written(self, entry, extra: dict | None = None) -> None:
+        """Record a finished shard (its :class:`~packtool.formats.manifest.ShardEntry`; ``extra``:
+        JSON values the writer also knows of it, kept beside the entry and handed back by
+        :meth:`promised`); the marker lists the finished shards, rewritten at most every
+        :data:`MARKER_EVERY_S` s."""
+        self.shards_done += 1
+        self._written[entry.file] = {**entry.to_dict(), **(extra or {})}
+        if time.monotonic() - self._marker_at >= MARKER_EVERY_S:
+            self._write_marker()
+
+    def _write_marker(self) -> None:
+        self.path.join(IN_PROGRESS_NAME).publish_bytes(json.dumps(
+            {"fingerprint": self.fingerprint, "shards": {**self._promised, **self._written}},
+            sort_keys=True).encode())
+        self._marker_at = time.monotonic()
+
+    def commit(self, manifest: Manifest, schema) -> None:
+        """Write the manifest (whole, last; ``schema``: the shards' schema), then drop the marker
+        and the scratch.
 
         From here to the end of :meth:`__exit__` Ctrl-C is held (:func:`packtool.signals.hold`):
         once the manifest is written the pack is complete, so the marker, scratch and lock are
         removed and the run ends as a success, never as "interrupted" beside a manifest."""
         if self._release_sigint is None:
             self._release_sigint = signals.hold()
-        if self.remote:
-            return self._commit_store(manifest, schema)
-        write_manifest_file(self.path, manifest, schema)
-        (self.path / IN_PROGRESS_NAME).unlink(missing_ok=True)
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        publish_manifest(self.path, manifest, schema)
         self._writing = False
         self.manifest = manifest
+        self.path.join(IN_PROGRESS_NAME).delete()
+        self.tmp.delete_tree()
 
     # -- exit: the one cleanup path --------------------------------------------------------------
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -413,260 +395,134 @@ class Output:
             if self._release_sigint is not None:
                 self._release_sigint()  # a Ctrl-C after commit() began: the pack is complete
                 self._release_sigint = None
-        if isinstance(exc, OSError) or (self.remote and isinstance(exc, store.STORE_ERRORS)):
+        if isinstance(exc, store.STORE_ERRORS):
             raise self._os_error(exc) from None
         return False
 
     def _keeps_windows(self, exc: BaseException | None) -> bool:
         """Ctrl-C leaves what a rerun of the same command resumes from, as SIGKILL would: the
         scratch stays when it is this run's and holds at least one finished window or read part,
-        or a read part's work directory with a progress record, trimmed to those and its
-        fingerprint (half-written units and temporary shards, under unique names, go; what
-        stays is in :attr:`kept`). Any other failure (bad input, full disk, a failed task)
-        removes it."""
+        or a read part's staging directory with a progress record, trimmed to those and its
+        fingerprint (half-written units and staged shards go; what stays is in :attr:`kept`).
+        Any other failure (bad input, full disk, a failed task) removes it."""
         if not isinstance(exc, KeyboardInterrupt):
             return False
         try:
             return self._scratch_is_ours() and self._trim_scratch() > 0
-        except (OSError, *store.STORE_ERRORS):
+        except store.STORE_ERRORS:
             return False
 
     def _cleanup(self, exc: BaseException | None) -> None:
-        """Release OUTPUT after the run; on failure restore it or leave it resumable (after
-        Ctrl-C the finished units too, see :meth:`_keeps_windows`)."""
-        if self.remote:
-            return self._cleanup_store(exc)
+        """Release OUTPUT after the run; on failure restore it or leave it resumable."""
         keep = False
         try:
-            keep = self._keeps_windows(exc)
-            if not keep:
-                shutil.rmtree(self.tmp, ignore_errors=True)
-            (self.path / LOCK_NAME).unlink(missing_ok=True)  # still held: nobody waits on it
+            try:
+                keep = self._keeps_windows(exc)
+                if not keep:
+                    self.tmp.delete_tree()
+                if exc is not None and self._writing:
+                    self._write_marker()  # every shard finished, for the rerun
+                self._tidy_store()
+            except store.STORE_ERRORS:
+                pass
         finally:
-            if self._lock is not None:
-                self._lock.release()
-                self._lock = None
+            self._unlock()
             if exc is not None and not self._writing and not keep:
                 self._remove_created()
+
+    def _os_error(self, exc: BaseException, what: str = "cannot write") -> OutputError:
+        where = getattr(exc, "filename", None) or self.path.display
+        state = ("the finished shards are kept: rerun the same command to finish"
+                 if self._writing else "OUTPUT is as it was before the run")
+        note = self._full_disk_note(exc) if isinstance(exc, OSError) else None
+        if note:
+            return OutputError(f"{where}: {note} ({state})")
+        cause = (exc.strerror if isinstance(exc, OSError) else None) or store.first_line(exc)
+        return OutputError(f"{where}: {what} ({cause}); {state}")
+
+
+class LocalOutput(Output):
+    """OUTPUT in a local directory: an exclusive lock file (``filelock``: released by the
+    kernel when the process dies), renames, a disk-space check."""
+
+    def _lock(self) -> None:
+        lock = FileLock(self.path.join(LOCK_NAME).path)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            self._remove_created()
+            raise OutputError(f"{self.path.display}: another packtool pack is writing this "
+                              f"OUTPUT (lock {LOCK_NAME} is held); wait for it to end or choose "
+                              "another OUTPUT") from None
+        except OSError as exc:
+            self._remove_created()
+            raise OutputError(f"{self.path.display}: cannot write ({exc.strerror}); choose a "
+                              "writable OUTPUT") from None
+        self._file_lock = lock
+
+    def _unlock(self) -> None:
+        lock = getattr(self, "_file_lock", None)
+        if lock is not None:
+            self.path.join(LOCK_NAME).delete()  # still held: nobody waits on it
+            lock.release()
+            self._file_lock = None
 
     def _remove_created(self) -> None:
         if self._created:
             try:
-                self.path.rmdir()  # only when empty: never removes something not ours
+                self.path.path.rmdir()  # only when empty: never removes something not ours
             except OSError:
                 pass
 
-    def _os_error(self, exc: OSError) -> OutputError:
-        where = getattr(exc, "filename", None) or self.path
-        state = ("the finished shards are kept: rerun the same command to finish"
-                 if self._writing else "OUTPUT is as it was before the run")
-        if self.remote:
-            return OutputError(f"{self.path}: cannot write ({store._first(exc)}); {state}")
-        if _is_full_disk(exc):
-            try:
-                free = shutil.disk_usage(self.path if self.path.exists() else
-                                         self.path.parent).free
-            except OSError:
-                free = 0
-            # while shards are written, bytes_needed counts the shards left; the scratch (the
-            # window spills, removed on the way out) is written again by the rerun
-            needed = self.bytes_needed + (self._scratch_needed if self._writing else 0)
-            return OutputError(f"{where}: no space left on device: this pack needs about "
-                               f"{needed:,} bytes more to finish, its scratch included ({free:,} "
-                               f"free); free space or choose another OUTPUT ({state})")
-        cause = exc.strerror or str(exc).splitlines()[0]
-        return OutputError(f"{where}: cannot write ({cause}); {state}")
-
     def check_space(self, needed: int) -> None:
-        """Refuse at once when the filesystem of OUTPUT has less than ``needed`` bytes free
-        (an object store: not checked)."""
-        self.bytes_needed = self._scratch_needed = needed
-        if self.remote:
-            return
-        free = shutil.disk_usage(self.path).free
+        super().check_space(needed)
+        free = shutil.disk_usage(self.path.path).free
         if free < needed:
             raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
 
-    # -- shards finished (the driver reports each) -----------------------------------------------
-    def promised(self, name: str) -> dict | None:
-        """``{"bytes", "sha256"}`` of shard ``name`` as an interrupted identical run finished it
-        (object store: from its marker; a local OUTPUT needs none, a renamed file is whole)."""
-        return self._promised.get(name) if self.resume else None
-
-    def shard_written(self, entry: dict) -> None:
-        """Record a finished shard (its manifest entry). In an object store the marker lists
-        the finished shards (rewritten at most every :data:`MARKER_EVERY_S` seconds, and when
-        the run fails), so a rerun keeps them by size and sha256."""
-        self.shards_done += 1
-        if not self.remote:
-            return
-        self._written[entry["file"]] = {"bytes": entry["bytes"], "sha256": entry["sha256"]}
-        now = time.monotonic()
-        if now - self._marker_at >= MARKER_EVERY_S:
-            self._write_marker()
-
-    def _write_marker(self) -> None:
-        store.write_bytes(store.join(self.path, IN_PROGRESS_NAME), json.dumps(
-            {"fingerprint": self.fingerprint, "shards": {**self._promised, **self._written}},
-            sort_keys=True).encode())
-        self._marker_at = time.monotonic()
-
-    # -- the object-store rules (OUTPUT is a URI) -----------------------------------------------
-    def _enter_store(self) -> "Output":
-        uri = self.path
-        bare = uri.split("://", 1)[1]
-        for src in self._given:
-            if "://" in src and src.split("://", 1)[0] == uri.split("://", 1)[0]:
-                s = src.split("://", 1)[1]
-                if _inside_key(bare, s) or _inside_key(s, bare):
-                    raise OutputError(f"{uri}: OUTPUT overlaps INPUT {src}; choose a prefix "
-                                      "outside the input")
+    def _full_disk_note(self, exc: OSError) -> str | None:
+        if not _is_full_disk(exc):
+            return None
         try:
-            found = store.listing(uri)
-            parts = bare.split("/")
-            for k in range(len(parts) - 1, 0, -1):  # inside another packed output?
-                parent = f"{uri.split('://', 1)[0]}://{'/'.join(parts[:k])}"
-                if any(store.size_of(store.join(parent, n)) is not None
-                       for n in (MANIFEST_NAME, IN_PROGRESS_NAME)):
-                    raise OutputError(f"{uri}: OUTPUT is inside the packed output {parent}; "
-                                      "choose a prefix outside it")
-        except store.STORE_ERRORS as exc:
-            raise OutputError(f"{uri}: cannot list OUTPUT ({store._first(exc)}); check the URI "
-                              "and the credentials") from None
-        found.pop(LOCK_NAME, None)
-        self._created = not found
-        self._store_lock = store.take_lock(uri, overwrite=self.overwrite)
-        try:
-            self._decide_store(found)
-            if not self.complete:
-                self._open_scratch_store()
-        except BaseException as exc:
-            self._cleanup(exc)
-            if isinstance(exc, store.STORE_ERRORS):
-                raise self._os_error(exc) from None
-            raise
-        return self
-
-    def _decide_store(self, found: dict) -> None:
-        uri = self.path
-        if MANIFEST_NAME in found:
-            try:
-                m = manifest_from_bytes(store.read_bytes(store.join(uri, MANIFEST_NAME)), uri)
-            except ManifestError:
-                m = {}
-            if m.get("fingerprint") == self.fingerprint:
-                intact = all(isinstance(o, dict) and o.get("file") in found
-                             and found[o["file"]].size == o.get("bytes")
-                             for o in m.get("outputs", []))
-                if not intact:
-                    self.overwrite = True
-                elif not self.overwrite:
-                    self.complete, self.manifest = True, m
-                    return
-        elif IN_PROGRESS_NAME in found:
-            marker = store.read_json(store.join(uri, IN_PROGRESS_NAME)) or {}
-            self.resume = marker.get("fingerprint") == self.fingerprint
-            if not self.resume:
-                self.overwrite = True
-            elif isinstance(marker.get("shards"), dict):
-                self._promised = dict(marker["shards"])
-            return
-        others = [n for n in found if n != TMP_DIR_NAME]
-        if others and not self.overwrite:
-            raise OutputError(f"{uri}: OUTPUT is not empty; pass --overwrite to replace it or "
-                              "choose another prefix")
-        own = (MANIFEST_NAME, IN_PROGRESS_NAME)
-        foreign = sorted(n for n in others if n not in own and not (
-            found[n].type == pafs.FileType.File and fnmatch.fnmatchcase(n, SHARD_GLOB)))
-        if foreign:
-            raise OutputError(f"{uri}: OUTPUT holds {len(foreign)} entr"
-                              f"{'y' if len(foreign) == 1 else 'ies'} packtool did not write "
-                              f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
-                              "move them away or choose another prefix")
-
-    def _open_scratch_store(self) -> None:
-        """:meth:`_open_scratch` in a store: the scratch prefix keeps the finished windows
-        (``done.json`` present, put last) of a killed identical run; the rest is deleted."""
-        tag = store.join(self.tmp, SCRATCH_FINGERPRINT)
-        try:
-            same = store.read_bytes(tag).decode() == self.fingerprint
-        except (*store.STORE_ERRORS, UnicodeDecodeError):
-            same = False
-        if not same:
-            store.delete_tree(self.tmp)
-            store.write_bytes(tag, self.fingerprint.encode())
-            return
-        self.windows_kept = self._trim_scratch_store()
-
-    def _trim_scratch_store(self) -> int:
-        """:meth:`_trim_scratch` in a store (read parts are kept only when finished: their
-        work directories are on the tasks' own disks)."""
-        kept = ScratchKept()
-        for name, info in store.listing(self.tmp).items():
-            if name == SCRATCH_FINGERPRINT:
-                continue
-            where = store.join(self.tmp, name)
-            if (name.startswith(SCRATCH_UNITS) and info.type == pafs.FileType.Directory
-                    and store.size_of(store.join(where, WINDOW_DONE)) is not None):
-                kept.add(name, None)
-                continue
-            store.delete_tree(where) if info.type == pafs.FileType.Directory \
-                else store.delete(where)
-        self.kept = kept
-        return kept.units
-
-    def _begin_write_store(self) -> None:
-        uri = self.path
-        if not self.resume:  # the manifest first, so a replaced pack never looks complete
-            store.delete(store.join(uri, MANIFEST_NAME))
-            for name, info in store.listing(uri).items():
-                if info.type == pafs.FileType.File and fnmatch.fnmatchcase(name, SHARD_GLOB):
-                    store.delete(store.join(uri, name))
-        self._write_marker()
-        self._writing = True
-
-    def _commit_store(self, manifest: dict, schema) -> None:
-        store.write_bytes(store.join(self.path, MANIFEST_NAME), manifest_bytes(manifest, schema))
-        self._writing = False
-        self.manifest = manifest
-        store.delete(store.join(self.path, IN_PROGRESS_NAME))
-        store.delete_tree(self.tmp)
-
-    def _cleanup_store(self, exc: BaseException | None) -> None:
-        try:
-            try:
-                if not self._keeps_windows(exc):
-                    store.delete_tree(self.tmp)
-            except store.STORE_ERRORS:
-                pass
-            if exc is not None and self._writing:
-                try:  # the marker lists every shard finished, for the rerun
-                    self._write_marker()
-                except store.STORE_ERRORS:
-                    pass
-        finally:
-            if self._store_lock is not None:
-                store.release_lock(self.path, self._store_lock)
-                self._store_lock = None
+            free = shutil.disk_usage(self.path.path if self.path.path.exists()
+                                     else self.path.path.parent).free
+        except OSError:
+            free = 0
+        # while shards are written, bytes_needed counts the shards left; the scratch (the window
+        # spills, removed on the way out) is written again by the rerun
+        needed = self.bytes_needed + (self._scratch_needed if self._writing else 0)
+        return (f"no space left on device: this pack needs about {needed:,} bytes more to "
+                f"finish, its scratch included ({free:,} free); free space or choose another "
+                "OUTPUT")
 
 
-#: Seconds between two rewrites of an object-store marker listing the finished shards.
-MARKER_EVERY_S = 10.0
+class StoreOutput(Output):
+    """OUTPUT under a store prefix: the lock is an object naming its holder (advisory, see
+    :func:`packtool.formats.object_store.take_lock`), objects appear whole when put, and
+    unfinished multipart uploads under OUTPUT are aborted on entry and on the way out."""
 
+    _store_lock: dict | None = None
 
-def _inside_key(child: str, parent: str) -> bool:
-    child, parent = child.rstrip("/"), parent.rstrip("/")
-    return child == parent or child.startswith(parent + "/")
+    def _lock(self) -> None:
+        self._store_lock = store.take_lock(self.path, overwrite=self.overwrite)
+
+    def _unlock(self) -> None:
+        if self._store_lock is not None:
+            store.release_lock(self.path, self._store_lock)
+            self._store_lock = None
+
+    def _tidy_store(self) -> None:
+        store.abort_uploads(self.path)
 
 
 class ScratchKept:
-    """What a scratch directory holds for a rerun: finished windows and read parts, and read
-    parts begun (with the documents and tokens their records count, where known)."""
+    """What a scratch holds for a rerun: finished windows and read parts, and read parts begun
+    (with the documents and tokens their records count)."""
 
     def __init__(self) -> None:
-        self.windows = 0
-        self.parts = 0
-        self.partial = 0
+        self.windows = 0  #: finished windows (plans)
+        self.parts = 0  #: finished read parts
+        self.partial = 0  #: read parts begun, with a progress record
         self.docs = 0  #: documents in the kept read parts, finished or begun
         self.tokens = 0  #: their tokens
 
@@ -674,7 +530,9 @@ class ScratchKept:
     def units(self) -> int:
         return self.windows + self.parts + self.partial
 
-    def add(self, name: str, record: Path | None, partial: bool = False) -> None:
+    def add(self, name: str, record: dict, partial: bool = False) -> None:
+        """Count unit ``name`` (a directory of the scratch) whose ``done.json`` or progress
+        record is ``record``."""
         if partial:
             self.partial += 1
         elif name.startswith(WINDOW_DIR_PREFIX):
@@ -683,10 +541,9 @@ class ScratchKept:
         else:
             self.parts += 1
         try:
-            rec = json.loads(record.read_text()) if record is not None else {}
-            self.docs += int(rec.get("docs", 0))
-            self.tokens += int(rec.get("tokens", 0))
-        except (OSError, ValueError, TypeError):
+            self.docs += int(record.get("docs", 0))
+            self.tokens += int(record.get("tokens", 0))
+        except (TypeError, ValueError):
             pass
 
     def describe(self, shards: int = 0) -> str:
@@ -707,128 +564,75 @@ class ScratchKept:
         return ", ".join(bits)
 
 
-def claim_partial(tmp: str, name: str, record: str) -> Path | None:
-    """Take over the work directory a killed run left for unit ``name`` (one holding
-    ``record``): renamed to a new unique name, so that only one task resumes it. None when
-    there is none (or the scratch is in an object store)."""
-    if _remote(tmp):
-        return None
-    suffix = f"-{name}"
-    try:
-        found = sorted(p for p in Path(tmp).iterdir()
-                       if p.name.startswith(".") and p.name.endswith(suffix)
-                       and (p / record).is_file())
-    except OSError:
-        return None
-    for p in found:
-        mine = Path(tmp) / f".{uuid.uuid4().hex}{suffix}"
-        try:
-            os.rename(p, mine)
-        except OSError:
-            continue  # another task took it
-        return mine
-    return None
-
-
 # -- the I/O of the pack's tasks: a scratch directory or prefix, shards, on any node --------------
 
-def _remote(where) -> bool:
-    from packtool.formats.reader import is_remote
+def claim_partial(tmp, name: str, record: str = PARTIAL_PROGRESS) -> Path | None:
+    """Take over the staging directory a killed run left for unit ``name`` (one holding
+    ``record``), so that only one task resumes it (:meth:`packtool.location.Location.claim_stage`);
+    None when there is none (always in a store: staging is on the tasks' own disks)."""
+    return Location.parse(tmp).claim_stage(name, record)
 
-    return is_remote(where)
 
+def keeps_stages(tmp) -> bool:
+    """True when a staging directory of the scratch ``tmp`` left behind is found again by a
+    rerun (a local scratch), so a task stopped half-way may leave its progress there."""
+    return Location.parse(tmp).stages_found_again
 
-def window_done(final: str) -> dict | None:
+def window_done(final) -> dict | None:
     """The saved counts of a finished window (its ``done.json``), None when not finished."""
-    if _remote(final):
-        return store.read_json(store.join(final, WINDOW_DONE))
-    try:
-        return json.loads((Path(final) / WINDOW_DONE).read_text())
-    except (OSError, ValueError):
-        return None
+    return _read_json(Location.parse(final).join(WINDOW_DONE))
 
 
-def window_workdir(tmp: str, name: str) -> Path:
-    """A new empty local directory where a window task writes ``name``'s files: inside the
-    scratch directory (renamed into place later), or, for a scratch prefix in a store, in the
-    task's own temporary directory (its node's disk; uploaded, then removed)."""
-    work = (store.node_temp(name) if _remote(tmp)
-            else Path(tmp) / f".{uuid.uuid4().hex}-{name}")
-    work.mkdir()
-    return work
+def window_workdir(tmp, name: str) -> Path:
+    """A new empty local directory where a window task writes ``name``'s files before
+    :func:`publish_window` (:meth:`packtool.location.Location.stage` of the scratch)."""
+    return Location.parse(tmp).stage(name)
 
 
-def publish_window(work: Path, final: str) -> None:
-    """Make a finished window directory ``work`` (``done.json`` in it) the window ``final``.
-
-    Local: one rename (an attempt that lost the race to an identical one is dropped). Store:
-    every file is put under ``final/``, ``done.json`` last, then ``work`` is removed; a window
-    whose ``done.json`` is there is complete.
-    """
-    if _remote(final):
-        try:
-            for p in sorted(work.iterdir(), key=lambda q: q.name == WINDOW_DONE):
-                store.put_file(p, store.join(final, p.name))
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        return
-    try:
-        os.rename(work, final)
-    except OSError:
-        if not (Path(final) / WINDOW_DONE).is_file():
-            raise
-        shutil.rmtree(work, ignore_errors=True)  # another attempt finished the same bytes
+def publish_window(work: Path, final) -> None:
+    """Make a finished window directory ``work`` (``done.json`` in it) the window ``final``:
+    renamed into place, or uploaded with ``done.json`` last; a window whose ``done.json`` is
+    there is complete."""
+    Location.parse(final).publish_dir(work, WINDOW_DONE)
 
 
-def window_file(directory: str, name: str) -> str:
-    """Location of file ``name`` of a window directory (path or URI)."""
-    return store.join(directory, name) if _remote(directory) else str(Path(directory) / name)
+def window_file(directory, name: str) -> str:
+    """Location of file ``name`` of a window directory, as a string (path or URI)."""
+    return str(Location.parse(directory).join(name))
 
 
-def shard_temp(tmp: str, name: str) -> Path:
-    """A unique local path where a shard task writes shard ``name`` before publishing it: in
-    the scratch directory, or (scratch in a store) in a new directory of the task's own
-    temporary directory. :func:`discard_shard_temp` removes what is left of it."""
-    if _remote(tmp):
-        d = store.node_temp("shard")
-        d.mkdir()
-        return d / name
-    return Path(tmp) / f"{uuid.uuid4().hex}-{name}"
+def shard_temp(tmp, name: str) -> Path:
+    """A unique local path where a shard task writes shard ``name`` before publishing it, in a
+    new staging directory of the scratch named after it (:meth:`packtool.location.Location.stage`);
+    :func:`discard_shard_temp` removes what is left of it."""
+    return Location.parse(tmp).stage(name) / name
 
 
-def discard_shard_temp(path: Path, tmp: str) -> None:
-    """Remove a shard task's local file (and, for a store, its directory with the writer's own
-    temporary file in it); the scratch directory's leftovers go with the scratch directory."""
-    if _remote(tmp):
-        shutil.rmtree(path.parent, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
+def discard_shard_temp(path: Path, tmp=None) -> None:
+    """Remove a shard task's staging directory and whatever is left in it."""
+    shutil.rmtree(path.parent, ignore_errors=True)
 
 
-def publish_shard(written: Path, output: str, name: str) -> None:
-    """Publish the finished shard file ``written`` as ``output/name``: ``os.replace`` locally,
-    one upload (whole or not at all) to a store (the caller removes the local file)."""
-    if _remote(output):
-        store.put_file(written, store.join(output, name))
-        return
-    os.replace(written, Path(output) / name)
+def publish_shard(written: Path, output, name: str) -> None:
+    """Publish the finished shard file ``written`` as ``output/name``, whole: a rename locally,
+    one upload to a store."""
+    Location.parse(output).join(name).publish_file(written)
 
 
-def kept_shard(output: str, name: str, promised: dict | None) -> tuple[int, str | None] | None:
-    """(bytes, sha256) of shard ``name`` already in OUTPUT from an interrupted identical run,
+def kept_shard(output, name: str, promised: dict | None) -> ShardEntry | None:
+    """The manifest entry of shard ``name`` already in OUTPUT from an interrupted identical run,
     or None when it must be written.
 
-    Local: a file at the final name is whole (renamed into place); its sha256 is None (the
-    caller hashes the file). Store:
-    kept only when the marker ``promised`` its size and sha256 and the object has that size (a
-    put is whole or absent, and every attempt puts the same bytes).
+    A shard is published whole (a rename, or one put), so a file at its final name is complete:
+    its entry is the one the marker ``promised`` when the size agrees, else it is read back (sha256
+    and footer) from the file (:func:`~packtool.formats.manifest.shard_entry_of`).
     """
-    if _remote(output):
-        if not promised:
-            return None
-        size = store.size_of(store.join(output, name))
-        return (size, promised["sha256"]) if size == promised.get("bytes") else None
-    final = Path(output) / name
-    if not final.is_file():
+    loc = Location.parse(output).join(name)
+    size = loc.size()
+    if size is None:
         return None
-    return final.stat().st_size, None
+    if promised and promised.get("bytes") == size and promised.get("footer_sha256"):
+        return ShardEntry(name, int(promised["rows"]), size, str(promised["sha256"]),
+                          promised["footer_sha256"],
+                          tuple((int(r), int(n)) for r, n in promised.get("row_groups") or ()))
+    return shard_entry_of(loc)

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 __all__ = ["EXIT_INTERRUPTED", "STOP", "install_early_handler", "interruptible", "check", "hold",
+           "signals_held",
            "test_pause", "PAUSE_ENV", "PAUSE_ONCE_ENV", "TEST_ENVS"]
 
 #: Exit status of an interrupted command (128 + SIGINT, what shells report for Ctrl-C).
@@ -88,6 +89,31 @@ def hold() -> Callable[[], bool]:
         return bool(noted)
 
     return release
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM (main thread only) until the block ends, then deliver them: for a
+    store write that a stream closed by an exception would publish half-written.
+
+    The handlers are swapped for ones that only note the signal, and a noted signal is raised
+    again once the previous handlers are back. A signal mask would not do: the kernel hands a
+    signal the main thread blocks to any other thread (a worker pool, pyarrow's I/O threads),
+    and Python then runs its handler in the main thread all the same.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: noted.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: set in C
+        for sig in dict.fromkeys(noted):
+            signal.raise_signal(sig)
 
 
 def check() -> None:

@@ -12,7 +12,23 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-__all__ = ["PackStats"]
+__all__ = ["PackStats", "split_warning"]
+
+#: ``--overflow split`` warns when it splits more than this fraction of the non-empty
+#: documents: most documents then lose their context at a cut (and a target per piece).
+SPLIT_WARNING_FRACTION = 0.5
+
+
+def split_warning(docs_split: int, docs_nonempty: int, capacity: int,
+                  threshold: float = SPLIT_WARNING_FRACTION) -> str | None:
+    """A loud line when ``--overflow split`` cut more than ``threshold`` (a fraction, default
+    one half) of the non-empty documents into pieces of ``capacity`` tokens; None otherwise."""
+    if not docs_nonempty or docs_split <= threshold * docs_nonempty:
+        return None
+    return (f"--overflow split cut {100 * docs_split / docs_nonempty:.1f}% of the documents "
+            f"({docs_split:,} of {docs_nonempty:,}) into pieces of --capacity {capacity:,}: "
+            "each piece trains without the context before it; a larger --capacity keeps them "
+            "whole")
 
 
 @dataclass(frozen=True)
@@ -39,10 +55,18 @@ class PackStats:
     docs_bos_present: int = 0  #: documents already starting with it (not doubled)
     docs_eos_added: int = 0  #: documents given an EOS (--append-eos)
     docs_eos_present: int = 0  #: documents already ending with it (not doubled)
+    #: documents of the other part of a ``--holdout`` split, left out of this output (the
+    #: held-out ones in the training output, the training ones in the held-out output)
+    docs_other_split: int = 0
+    tokens_other_split: int = 0  #: their tokens (not counted in ``tokens_in``)
     real_tokens: int = 0  #: non-padding tokens written
     padding_tokens: int = 0  #: padding tokens written
     effective_targets: int = 0  #: labels != -100 (sum of segment_len - 1, less input labels -100)
     attention_work: int = 0  #: sum over segments of len**2: attention score entries with document masking
+    #: padding inside rows, after segments (``--segment-multiple`` N > 1; part of padding_tokens)
+    segment_padding_tokens: int = 0
+    #: rows the same documents take with ``--segment-multiple 1`` (the plan's rows when N = 1)
+    rows_without_segment_padding: int = 0
 
     def __add__(self, other: "PackStats") -> "PackStats":
         if not isinstance(other, PackStats):
@@ -114,18 +138,40 @@ class PackStats:
 
         Returns:
             The plan's counts: rows, segments, real and padding tokens, effective targets
-            (sum of len - 1) and attention work (sum of len**2), plus ``plan.counts``.
+            (sum of len - 1), attention work (sum of len**2) and the padding inside rows
+            (``plan.segment_multiple`` > 1; ``rows_without_segment_padding`` is then left 0 for
+            the caller to fill), plus ``plan.counts``.
         """
         seg_len = plan.seg_len
         real = int(seg_len.sum())
+        padded = getattr(plan, "segment_multiple", 1) > 1
         return cls(capacity=plan.capacity, rows=plan.num_rows, segments=plan.num_segments,
                    real_tokens=real, padding_tokens=plan.num_rows * plan.capacity - real,
                    effective_targets=real - plan.num_segments,
-                   attention_work=int(np.dot(seg_len, seg_len))) + cls.from_dict(plan.counts)
+                   attention_work=int(np.dot(seg_len, seg_len)),
+                   segment_padding_tokens=plan.segment_padding() if padded else 0,
+                   rows_without_segment_padding=0 if padded else plan.num_rows,
+                   ) + cls.from_dict(plan.counts)
+
+    def segment_padding_note(self, multiple: int) -> str:
+        """One line: what ``--segment-multiple multiple`` costs against N = 1 (the padding inside
+        rows, and the rows over those the same documents take with N = 1, when known)."""
+        slots = self.rows * self.capacity
+        pct = 100 * self.segment_padding_tokens / slots if slots else 0.0
+        line = (f"segment padding (--segment-multiple {multiple}): "
+                f"{self.segment_padding_tokens:,} tokens inside rows ({pct:.2f}% of rows * C)")
+        if self.rows_without_segment_padding:
+            more = self.rows - self.rows_without_segment_padding
+            line += (f"; {self.rows:,} rows against {self.rows_without_segment_padding:,} with "
+                     f"N = 1 ({more:+,} rows, {more * self.capacity:+,} tokens per epoch)")
+        return line
 
     def overflow_warning(self, overflow: str, threshold: float = 0.01) -> str | None:
         """A loud line when ``--overflow drop|truncate`` removed more than ``threshold`` (a
-        fraction, default 1 %) of the tokens read; None otherwise."""
+        fraction, default 1 %) of the tokens read, or when ``--overflow split`` split most
+        documents (:func:`split_warning`); None otherwise."""
+        if str(overflow) == "split":
+            return split_warning(self.docs_split, self.docs_in - self.docs_empty, self.capacity)
         if not self.tokens_in or self.tokens_lost <= threshold * self.tokens_in:
             return None
         docs = self.docs_dropped + self.docs_truncated

@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 from packtool.config import PackConfig, rows_per_group_for  # noqa: E402
 from packtool.core.layout import layout_rows  # noqa: E402
 from packtool.core.packing import pack_lengths  # noqa: E402
-from packtool.formats.packed import PackedReader  # noqa: E402
+from packtool.formats.packed import PackedOutput  # noqa: E402
+from packtool.loader import PackedDataset  # noqa: E402
 from packtool.formats.reader import discover_inputs, iter_token_batches  # noqa: E402
 from packtool.formats.schema import packed_schema  # noqa: E402
 from packtool.formats.writer import rows_to_table  # noqa: E402
@@ -115,33 +116,32 @@ def cmd_random_access(args):
             out = tmp / f"out-{mb}"
             run_pack(PackConfig(inputs=tuple(args.inputs), output=str(out), capacity=C,
                                 row_group_mb=mb, workers=2), progress=False)
-            r = PackedReader(out)
-            n = len(r)
-            size = sum(o["bytes"] for o in r.manifest["outputs"])
+            r = PackedOutput.open(out)
+            n = r.num_rows
+            size = sum(o.bytes for o in r.manifest.shards)
             mm = np.lib.format.open_memmap(tmp / "mm.npy", mode="w+", dtype=np.int32,
                                            shape=(n, len(tok_cols), C))
             for b in r.iter_blocks(tok_cols):
-                mm[b.global_first_row:b.global_first_row + b.num_rows] = np.stack(
-                    [b.columns[c] for c in tok_cols], 1)
+                mm[b.first:b.first + b.num_rows] = np.stack([b.tokens[c] for c in tok_cols], 1)
             mm.flush()
             del mm
             mm = np.load(tmp / "mm.npy", mmap_mode="r")
             idx = np.random.default_rng(0).integers(0, n, args.reads)
             t_pq, t_mm = [], []
             for _ in range(args.repeat):
-                r = PackedReader(out)
+                r = PackedDataset(out, columns=cols)
                 t0 = time.perf_counter()
                 for i in idx:
-                    r.read_row(int(i), cols)
+                    r[int(i)]
                 t_pq.append((time.perf_counter() - t0) / idx.size)
                 t0 = time.perf_counter()
                 for i in idx:
                     np.array(mm[int(i)])
                 t_mm.append((time.perf_counter() - t0) / idx.size)
-            r = PackedReader(out)  # rows in order through read_row, as a DataLoader without shuffle
+            r = PackedDataset(out, columns=cols)  # rows in order, as a DataLoader without shuffle
             t0 = time.perf_counter()
             for i in range(n):
-                r.read_row(i, cols)
+                r[i]
             t_seq = (time.perf_counter() - t0) / n
             rpg = rows_per_group_for(mb, C, 3)
             print(f"C={C} row-group {mb} MiB ({rpg} rows): {n:,} rows, {size / (n * C):.3f} B/token;"
@@ -160,8 +160,10 @@ def cmd_stats(args):
     import resource
 
     from packtool.analysis import analyze_packed
-    from packtool.formats.manifest import FORMAT_VERSION, write_manifest_file
+    from packtool.formats.manifest import (FORMAT_VERSION, LabelsInfo, Manifest, ShardEntry,
+                                           publish_manifest)
     from packtool.formats.writer import write_shard
+    from packtool.stats import PackStats
 
     C, n = args.capacity, args.rows
     tmp = Path(tempfile.mkdtemp(prefix="bench-stats-"))
@@ -194,17 +196,20 @@ def cmd_stats(args):
                      lst(ids, 2, typ["doc_ids"]), lst(np.zeros(2 * g, np.int64), 2, typ["doc_offsets"])],
                     schema=schema))
             name = f"part-{s:05d}.parquet"
-            size, digest = write_shard(tmp / name, schema, tables)
-            outputs.append({"file": name, "rows": m, "bytes": size, "sha256": digest})
-        manifest = {"format_version": FORMAT_VERSION, "options": {"capacity": C, "labels": "none"},
-                    "outputs": outputs, "totals": {"rows": n, "segments": 2 * n,
-                                                   "effective_targets": targets}}
-        write_manifest_file(tmp, manifest, schema)
+            w = write_shard(tmp / name, schema, tables)
+            outputs.append(ShardEntry(name, m, w.bytes, w.sha256, w.footer_sha256,
+                                      ShardEntry.run_lengths(w.group_rows)))
+        manifest = Manifest(format_version=FORMAT_VERSION, packtool_version="bench",
+                            fingerprint="bench", capacity=C,
+                            labels=LabelsInfo(False, "unshifted"), shards=tuple(outputs),
+                            totals=PackStats(capacity=C, rows=n, segments=2 * n,
+                                             effective_targets=targets))
+        publish_manifest(tmp, manifest, schema)
         print(f"synthetic output: {n:,} rows, {2 * n:,} segments, C={C} "
               f"(written in {time.perf_counter() - t0:.0f} s)", flush=True)
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         t0 = time.perf_counter()
-        a = analyze_packed(tmp)
+        a = analyze_packed(tmp, check_hashes=False)
         dt = time.perf_counter() - t0
         rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         assert not a.mismatches, a.mismatches

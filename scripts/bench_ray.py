@@ -107,17 +107,17 @@ def main() -> None:
         sec = time.perf_counter() - t
         results[engine] = res
         s = res.stats
-        ws = res.manifest["windows"]
+        ws = res.manifest.windows
         print(f"{engine:5s}: {sec:7.2f} s  {s.tokens_in / sec / 1e6:6.1f} M tokens/s  "
-              f"{s.rows:,} rows in {len(ws)} windows, {len(res.manifest['outputs'])} shards")
-    same = results["local"].manifest["outputs"] == results["ray"].manifest["outputs"]
+              f"{s.rows:,} rows in {len(ws)} windows, {len(res.manifest.shards)} shards")
+    same = results["local"].manifest.shards == results["ray"].manifest.shards
     print(f"byte-identical shards (sha256 per shard): {same}")
     s = results["local"].stats
-    ws = results["local"].manifest["windows"]
+    ws = results["local"].manifest.windows
     glob = pack_lengths(lengths, args.capacity)
     glob_extra = glob.num_rows - s.lower_bound_rows
     print(f"extra rows over ceil(tokens/C) = {s.lower_bound_rows:,}: per window "
-          f"{[w['extra_rows'] for w in ws]}, total {s.extra_rows} "
+          f"{[w.extra_rows for w in ws]}, total {s.extra_rows} "
           f"({100 * s.extra_rows / s.lower_bound_rows:.4f} %); one global plan: {glob_extra}")
     if args.lengths_docs:
         big = web_lengths(args.lengths_docs, 7)

@@ -416,7 +416,7 @@ def cmd_pack(args) -> dict:
         pack_s, pack_rss, proc = _time_v(pack_cmd)
         summary = json.loads(proc.stdout)
         manifest = read_manifest(out)
-        extras = [w["extra_rows"] for w in manifest.get("windows", [])]
+        extras = [w.extra_rows for w in manifest.windows]
         out_bytes = sum(p.stat().st_size for p in out.glob("part-*.parquet"))
         floor_cmd = [sys.executable, __file__, "_floor", json.dumps(
             [str(inp), str(out), args.workers, int(args.floor_batch_gib * 2**30),

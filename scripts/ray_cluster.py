@@ -497,13 +497,7 @@ def ref_windows(r: Runner, inputs) -> list:
     """The windows of the undisturbed run (from its manifest)."""
     from packtool.formats.manifest import read_manifest
 
-    if r.store:
-        from packtool.formats.manifest import manifest_from_bytes
-
-        fs, base = _store(r.ref)
-        with fs.open_input_stream(f"{base}/.packtool-manifest.parquet") as fh:
-            return manifest_from_bytes(fh.read(), r.ref)["windows"]
-    return read_manifest(r.ref)["windows"]
+    return [w.to_dict() for w in read_manifest(r.ref).windows]
 
 
 class Watch:

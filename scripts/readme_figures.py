@@ -1,8 +1,8 @@
 """Regenerate the figures README.md and docs/ quote from sample_data/, so they cannot drift.
 
 * README.md, between ``<!-- begin: compare -->`` and ``<!-- end: compare -->``: the table of
-  ``packtool stats sample_data --capacity 2048 --compare`` and which strategy wastes least;
-* docs/img/compare_sample.png: ``packtool stats sample_data -c 2048 --compare --plot``;
+  ``packtool compare sample_data --capacity 2048`` and which strategy wastes least;
+* docs/img/compare_sample.png: ``packtool compare sample_data -c 2048 --plot``;
 * docs/img/stats_sample.png: ``packtool stats OUT --plot`` of sample_data packed at C = 2048;
 * with ``--verify``, README.md between ``<!-- begin: verify -->`` and ``<!-- end: verify -->``:
   the figures of ``packtool verify`` on that output (minutes on 2 cores; needs torch).
@@ -41,8 +41,8 @@ def compare_block(sample: Path = SAMPLE, capacity: int = CAPACITY) -> str:
             "attention, M token² |")
     lines = [f"{lengths.size:,} documents, {int((lengths == 0).sum()):,} of them empty, "
              f"{int(lengths.sum()):,} tokens, {int((lengths > capacity).sum()):,} documents "
-             f"longer than {capacity}; `packtool stats sample_data --capacity {capacity} "
-             f"--compare` (ceil(tokens/C) = {rows[0]['lower_bound_rows']:,} rows):", "", head,
+             f"longer than {capacity}; `packtool compare sample_data --capacity {capacity}` "
+             f"(ceil(tokens/C) = {rows[0]['lower_bound_rows']:,} rows):", "", head,
              "|---|" + "---:|" * 8]
     for r in rows:
         name = f"**{r['strategy']}**" if r is best else r["strategy"]
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
         os.symlink(SAMPLE, Path(tmp) / "sample_data")
         os.chdir(tmp)
         try:
-            for argv_ in (["stats", "sample_data", "-c", str(CAPACITY), "--compare", "--plot",
+            for argv_ in (["compare", "sample_data", "-c", str(CAPACITY), "--plot",
                            str(img / "compare_sample.png")],
                           ["pack", "-q", "-c", str(CAPACITY), "sample_data", "out"],
                           ["stats", "out", "--plot", str(img / "stats_sample.png")]):

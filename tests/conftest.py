@@ -24,12 +24,11 @@ def write_docs(path: Path, docs, *, column: str = "input_ids", value_type=pa.int
 
 def read_rows(out_dir: Path) -> list[dict]:
     """All rows of a packed output, shard by shard in manifest order."""
-    import json
 
     manifest = read_manifest(out_dir)
     rows = []
-    for entry in manifest["outputs"]:
-        rows.extend(pq.read_table(out_dir / entry["file"]).to_pylist())
+    for entry in manifest.shards:
+        rows.extend(pq.read_table(out_dir / entry.file).to_pylist())
     return rows
 
 
@@ -57,35 +56,17 @@ def s3_endpoint():
 
     Yields the endpoint URL; skipped when moto is not installed. Nothing leaves the machine.
     """
-    import shutil
-    import socket
-    import subprocess
     import sys
-    import time
-    import urllib.request
 
     pytest.importorskip("moto.server")
-    exe = shutil.which("moto_server", path=str(Path(sys.executable).parent))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
-    proc = subprocess.Popen(cmd + ["-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from local_s3 import local_s3
+
     try:
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(url, timeout=1)
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    pytest.fail("moto_server exited at start")
-                time.sleep(0.05)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        with local_s3() as url:
+            yield url
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture

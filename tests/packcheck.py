@@ -9,7 +9,6 @@ still shows here.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -39,8 +38,8 @@ def read_output(out: Path) -> tuple[list[dict], dict]:
     """All rows of a packed output in manifest order, and the manifest."""
     manifest = read_manifest(out)
     rows: list[dict] = []
-    for entry in manifest["outputs"]:
-        rows.extend(pq.read_table(out / entry["file"]).to_pylist())
+    for entry in manifest.shards:
+        rows.extend(pq.read_table(out / entry.file).to_pylist())
     return rows, manifest
 
 
@@ -150,3 +149,22 @@ def check_output(rows, docs, capacity, *, pad_id=0, labels="unshifted", overflow
             at += n
         assert at == keep, f"document {d}: {at} of {keep} tokens in the output"
     return out_tokens
+
+
+def reseal(out: Path, **changes):
+    """Make the manifest of ``out`` vouch again for its shards as they are now, after a test
+    rewrote some (rows, row groups, bytes, sha256 and footer of every shard re-read); keyword
+    ``changes`` replace manifest fields (e.g. ``labels=LabelsInfo(...)``). Returns the new
+    manifest. A broken output that still loads, for the tests that feed one to a checker."""
+    import dataclasses
+
+    from packtool.formats.manifest import publish_manifest
+    from packtool.output import kept_shard
+
+    manifest = read_manifest(out)
+    shards = tuple(kept_shard(out, s.file, None) for s in manifest.shards)
+    manifest = dataclasses.replace(manifest, shards=shards, **changes)
+    schema = pq.read_schema(out / shards[0].file) if shards else None
+    meta = {k: v for k, v in (schema.metadata or {}).items() if k != b"packtool.shard"}
+    publish_manifest(out, manifest, schema.with_metadata(meta))
+    return manifest

@@ -76,9 +76,9 @@ def test_stats_equal_independent_recount_and_manifest(tmp_path):
                                             for r in rows)
     assert a.stats.effective_targets == sum(int((l - 1).sum()) for l in seg_lens)
     assert a.stats.attention_work == sum(int((l * l).sum()) for l in seg_lens)
-    m = read_manifest(out)["totals"]
+    m = read_manifest(out).totals
     for k in ("rows", "real_tokens", "padding_tokens", "effective_targets", "segments"):
-        assert getattr(a.stats, k) == m[k], k
+        assert getattr(a.stats, k) == getattr(m, k), k
 
 
 def test_compare_on_sample_data_concat_cuts_obfd_does_not():
@@ -95,23 +95,29 @@ def test_compare_on_sample_data_concat_cuts_obfd_does_not():
         assert r["effective_targets"] == real - r["segments"]
 
 
-def test_cli_stats_compare_json_and_plot(tmp_path):
-    """--compare --json lists the three strategies; --plot writes a PNG."""
+def test_cli_compare_json_and_plot(tmp_path):
+    """compare --json lists the three strategies; --plot writes a PNG; the deprecated
+    ``stats --compare`` prints the same, with a note on stderr."""
     png = tmp_path / "f.png"
-    r = CliRunner().invoke(cli, ["stats", str(ROOT / "sample_data"), "--capacity", "2048",
-                                 "--compare", "--json", "--plot", str(png)])
+    r = CliRunner().invoke(cli, ["compare", str(ROOT / "sample_data"), "--capacity", "2048",
+                                 "--json", "--plot", str(png)])
     assert r.exit_code == 0, r.output
-    assert [s["strategy"] for s in json.loads(r.output)["strategies"]] == \
+    assert [s["strategy"] for s in json.loads(r.stdout)["strategies"]] == \
         ["concat", "ordered", "obfd"]
     assert png.stat().st_size > 1000
-    r = CliRunner().invoke(cli, ["stats", str(ROOT / "sample_data"), "--compare"])
+    old = CliRunner().invoke(cli, ["stats", str(ROOT / "sample_data"), "--capacity", "2048",
+                                   "--compare", "--json"])
+    assert old.exit_code == 0, old.output
+    assert json.loads(old.stdout) == json.loads(r.stdout)
+    assert "deprecated" in old.stderr and "packtool compare" in old.stderr
+    r = CliRunner().invoke(cli, ["compare", str(ROOT / "sample_data")])
     assert r.exit_code == 2
 
 
 def test_stats_messages_point_to_the_right_use(tmp_path, sample_data):
-    """Raw input without --compare points to --compare; --compare on a packed output and
-    --capacity without --compare are refused; --plot into a missing directory is one line,
-    exit 2, before any work."""
+    """stats on raw input points to compare; compare on a packed output points to stats;
+    --capacity on a packed output is refused naming compare; --plot into a missing directory is
+    one line, exit 2, before any work."""
     from click.testing import CliRunner
 
     from packtool.cli import cli
@@ -120,13 +126,13 @@ def test_stats_messages_point_to_the_right_use(tmp_path, sample_data):
         return CliRunner().invoke(cli, ["stats", *map(str, args)])
 
     res = run(sample_data)
-    assert res.exit_code == 1 and "--capacity C --compare" in res.output
+    assert res.exit_code == 1 and f"packtool compare {sample_data}" in res.output
     out = tmp_path / "packed"
     assert CliRunner().invoke(cli, ["pack", "-q", str(sample_data), str(out)]).exit_code == 0
-    res = run(out, "--capacity", 1000, "--compare")
+    res = CliRunner().invoke(cli, ["compare", str(out), "--capacity", "1000"])
     assert res.exit_code == 1 and "is a packed output" in res.output
     res = run(out, "--capacity", 1000)
-    assert res.exit_code == 2 and "--compare only" in res.output
+    assert res.exit_code == 2 and "packtool compare" in res.output
     res = run(out, "--plot", tmp_path / "no" / "such" / "dir" / "x.png")
     assert res.exit_code == 2 and "does not exist" in res.output
     assert "Traceback" not in res.output
@@ -173,16 +179,20 @@ def test_recount_flags_a_num_targets_column_that_disagrees_with_the_segments(tmp
 
 
 def test_compare_shows_the_windowed_cost_that_pack_then_has(tmp_path):
-    """``--compare --window-docs N`` dry-runs the windows as ``pack --window-docs N`` deals
-    them: the same rows, padding and segments as the pack (a windowing row beside the
-    strategies, not competing with them)."""
+    """``compare --window-docs N`` (and the deprecated ``stats --compare --window-docs N``)
+    dry-runs the windows as ``pack --window-docs N`` deals them: the same rows, padding and
+    segments as the pack (a windowing row beside the strategies, not competing with them)."""
     from packtool.config import PackConfig
     from packtool.pipeline import run_pack
 
-    r = CliRunner().invoke(cli, ["stats", str(ROOT / "sample_data"), "--capacity", "512",
-                                 "--compare", "--json", "--window-docs", "100"])
+    r = CliRunner().invoke(cli, ["compare", str(ROOT / "sample_data"), "--capacity", "512",
+                                 "--json", "--window-docs", "100"])
     assert r.exit_code == 0, r.output
-    rows = json.loads(r.output)["strategies"]
+    rows = json.loads(r.stdout)["strategies"]
+    old = CliRunner().invoke(cli, ["stats", str(ROOT / "sample_data"), "--capacity", "512",
+                                   "--compare", "--json", "--window-docs", "100"])
+    assert old.exit_code == 0, old.output
+    assert json.loads(old.stdout)["strategies"] == rows
     assert [s["strategy"] for s in rows] == ["concat", "ordered", "obfd",
                                              "obfd, windows of 100"]
     win = rows[-1]
@@ -194,4 +204,5 @@ def test_compare_shows_the_windowed_cost_that_pack_then_has(tmp_path):
         (s.rows, s.padding_tokens, s.segments, s.extra_rows)
     assert win["rows"] >= rows[2]["rows"]
     r = CliRunner().invoke(cli, ["stats", str(tmp_path / "o"), "--window-docs", "100"])
-    assert r.exit_code == 2 and "--window-docs applies to --compare only" in r.output
+    assert r.exit_code == 2 and "--window-docs is an option of the dry run" in r.output
+    assert "packtool compare" in r.output

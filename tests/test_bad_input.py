@@ -168,7 +168,7 @@ def test_mixed_integer_types_across_shards_are_widened(tmp_path):
     rows, manifest = read_output(out)
     real = sorted(t for r in rows for t, s in zip(r["input_ids"], r["segment_ids"]) if s)
     assert real == sorted([1, 2, 127, 60000, 3, 2**31 - 1, 7, 8, 9])
-    assert [i["rows"] for i in manifest["inputs"]] == [1, 1, 1, 1, 1]
+    assert [i.rows for i in manifest.inputs] == [1, 1, 1, 1, 1]
 
 
 def test_empty_shard_among_others_is_accepted(tmp_path):
@@ -182,7 +182,7 @@ def test_empty_shard_among_others_is_accepted(tmp_path):
     assert res.exit_code == 0, res.output
     rows, manifest = read_output(out)
     assert rows[0]["doc_ids"] == [1, 0]
-    assert manifest["totals"]["docs_in"] == 2
+    assert manifest.totals.docs_in == 2
 
 
 def test_only_empty_shards(tmp_path):
@@ -306,7 +306,7 @@ def packed(tmp_path):
     out = tmp_path / "packed"
     res = invoke(["pack", "-q", "--capacity", 8, "--rows-per-shard", 4, src, out])
     assert res.exit_code == 0, res.output
-    assert len(load_manifest(out, check_hashes=True)["outputs"]) >= 3
+    assert len(load_manifest(out, check_hashes=True).shards) >= 3
     return out
 
 
@@ -368,4 +368,4 @@ def test_upper_case_parquet_suffix_is_found(tmp_path):
     out = tmp_path / "out"
     res = invoke(pack_args(src, out=out))
     assert res.exit_code == 0, res.output
-    assert read_manifest(out)["totals"]["tokens_in"] == 3
+    assert read_manifest(out).totals.tokens_in == 3

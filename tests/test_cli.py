@@ -60,7 +60,7 @@ def test_module_entry_point_runs():
 
 
 def test_file_uris_are_the_local_paths(tmp_path, monkeypatch):
-    """``file:///abs/path`` for INPUT and OUTPUT (and for ``stats --compare``) means the local
+    """``file:///abs/path`` for INPUT and OUTPUT (and for ``compare``) means the local
     path: the same bytes, nothing written under a ``file:`` folder of the working directory."""
     from packcheck import hash_tree, invoke, write_docs
 
@@ -72,6 +72,6 @@ def test_file_uris_are_the_local_paths(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     assert hash_tree(tmp_path / "out") == hash_tree(tmp_path / "ref")
     assert not (tmp_path / "file:").exists()
-    local = invoke(["stats", tmp_path / "in", "-c", 4, "--compare", "--json"])
-    uri = invoke(["stats", f"file://{tmp_path}/in", "-c", 4, "--compare", "--json"])
+    local = invoke(["compare", tmp_path / "in", "-c", 4, "--json"])
+    uri = invoke(["compare", f"file://{tmp_path}/in", "-c", 4, "--json"])
     assert uri.exit_code == 0 and uri.output == local.output, uri.output

@@ -42,7 +42,7 @@ def reference(src, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ref") / "out"
     res = invoke(["pack", "-q", *OPTIONS, src, out])
     assert res.exit_code == 0, res.output
-    assert len(load_manifest(out, check_hashes=True)["outputs"]) >= 4
+    assert len(load_manifest(out, check_hashes=True).shards) >= 4
     return out
 
 
@@ -86,7 +86,7 @@ def test_killed_pack_is_incomplete_and_rerun_finishes_identically(tmp_path, src,
         assert not (out / f"part-{shard:05d}.parquet").exists()
         assert list((out / TMP_DIR_NAME).glob(f"*part-{shard:05d}.parquet*"))
     result = rerun(src, out)
-    n_shards = len(read_manifest(reference)["outputs"])
+    n_shards = len(read_manifest(reference).shards)
     assert result["shards_reused"] == (n_shards if reused == "all" else reused)
     assert hash_tree(out) == hash_tree(reference)
     load_manifest(out, check_hashes=True)
@@ -266,7 +266,7 @@ def test_ctrl_c_just_after_the_manifest_is_written_finishes_the_pack(tmp_path, s
     (marker, scratch, lock removed) and exits 0; it never reports "no manifest" beside one."""
     import packtool.output as output
 
-    original = output.write_manifest_file
+    original = output.publish_manifest
 
     def then_ctrl_c(*args, **kwargs):
         original(*args, **kwargs)
@@ -274,7 +274,7 @@ def test_ctrl_c_just_after_the_manifest_is_written_finishes_the_pack(tmp_path, s
         import time
         time.sleep(0.2)  # the handler runs here, in the main thread
 
-    monkeypatch.setattr(output, "write_manifest_file", then_ctrl_c)
+    monkeypatch.setattr(output, "publish_manifest", then_ctrl_c)
     out = tmp_path / "out"
     res = invoke(["pack", "-q", *OPTIONS, src, out])
     assert res.exit_code == 0, res.output

@@ -41,7 +41,7 @@ def test_same_input_same_bytes_across_runs_and_worker_counts(tmp_path, src):
     assert len([k for k in a if k.startswith("part-")]) >= 3
     assert a == b == c
     manifest = read_manifest(tmp_path / "a")
-    assert "workers" not in manifest["options"] and "output" not in manifest["options"]
+    assert "workers" not in manifest.options and "output" not in manifest.options
 
 
 @pytest.mark.parametrize("strategy", ["obfd", "ordered", "concat"])
@@ -59,5 +59,5 @@ def test_seed_changes_only_the_row_order(tmp_path, src, strategy):
 
     assert [key(r) for r in rows0] != [key(r) for r in rows1]
     assert Counter(map(key, rows0)) == Counter(map(key, rows1)) == Counter(map(key, rows_ns))
-    assert m0["totals"] == m1["totals"]
-    assert m0["options"] == {**m1["options"], "seed": 0}
+    assert m0.totals == m1.totals
+    assert m0.options == {**m1.options, "seed": 0}

@@ -147,6 +147,8 @@ def check_pip(argv: list[str], where: str) -> None:
 
 
 def check_command(argv: list[str], where: str) -> None:
+    while argv and re.match(r"^[A-Z_][A-Z0-9_]*=", argv[0]):  # VAR=value before a command
+        argv = argv[1:]
     if argv[0] == "packtool":
         check_packtool(argv, where)
     elif argv[0] == "make":
@@ -217,7 +219,7 @@ def test_readme_verify_figures_name_every_cpu_backend():
     regenerates the numbers)."""
     text = (ROOT / "README.md").read_text()
     block = text.split("<!-- begin: verify -->", 1)[1].split("<!-- end: verify -->", 1)[0]
-    for backend in ("sdpa", "flex", "hf"):
+    for backend in ("sdpa", "flex", "hf", "hybrid"):
         assert re.search(rf"{backend} \d\.\de-\d\d", block), block
 
 
@@ -256,6 +258,8 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path):
     (tmp_path / "afile").write_text("x")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
+    write_docs(tmp_path / "mixed" / "a.parquet", [[1, 2]])
+    (tmp_path / "mixed" / "docs.jsonl").write_text("{}\n")
 
     def pack(*args):
         return [*args[:-1], "-q", args[-1]]
@@ -276,7 +280,8 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path):
              pack(good.parent, good.parent / "sub"),
              pack(good, tmp_path / "afile"),
              pack(good, tmp_path / "afile" / "o"),
-             pack(good, tmp_path / "full")]
+             pack(good, tmp_path / "full"),
+             pack(tmp_path / "mixed", tmp_path / "o")]
     from click.testing import CliRunner
 
     printed = []

@@ -68,6 +68,8 @@ def test_pack_bad_option_values_exit_2_in_one_line(packed, tmp_path, args, words
     ["pack", "IN"],
     ["stats"],
     ["stats", "IN", "--overflow", "nope"],
+    ["compare", "IN"],
+    ["compare", "IN", "-c", 8, "--overflow", "nope"],
     ["verify"],
     ["verify", "OUT", "--backend", "nope"],
     ["nope"],
@@ -79,16 +81,28 @@ def test_malformed_command_lines_exit_2(packed, args):
 
 
 @pytest.mark.parametrize("args,words", [
-    (["stats", "IN", "--compare"], ["--compare needs --capacity C"]),
-    (["stats", "IN", "-c", 8, "--compare", "--per-bin"], ["--per-bin", "--compare"]),
     (["stats", "OUT", "--per-bin-limit", 3], ["--per-bin-limit applies with --per-bin"]),
-    (["stats", "OUT", "--capacity", 8], ["--compare only"]),
-    (["stats", "OUT", "--column", "x"], ["--column applies to --compare only"]),
+    (["stats", "OUT", "--capacity", 8], ["--capacity", "packtool compare", "--capacity 8"]),
+    (["stats", "IN", "-c", 2048], ["packtool compare", "in --capacity 2048"]),
+    (["stats", "OUT", "--column", "x"], ["--column", "packtool compare"]),
     (["stats", "OUT", "OUT"], ["one packed OUTPUT"]),
+    (["compare", "IN", "-c", 1], ["--capacity 1"]),
+    (["compare", "IN", "-c", 8, "--labels-column", "input_ids"], ["token column"]),
 ])
-def test_stats_option_combinations_that_do_not_apply_exit_2(packed, args, words):
+def test_stats_and_compare_option_combinations_that_do_not_apply_exit_2(packed, args, words):
     args = [packed / "in" if a == "IN" else packed / "out" if a == "OUT" else a for a in args]
     assert_error(run(*args), EXIT_USAGE, *words)
+
+
+@pytest.mark.parametrize("args,words", [
+    (["stats", "IN", "--compare"], ["--compare needs --capacity C"]),
+    (["stats", "IN", "-c", 8, "--compare", "--per-bin"], ["--per-bin", "dry run"]),
+])
+def test_deprecated_stats_compare_keeps_its_checks(packed, args, words):
+    args = [packed / "in" if a == "IN" else packed / "out" if a == "OUT" else a for a in args]
+    res = run(*args)
+    assert_error(res, EXIT_USAGE, *words, one_line=False)
+    assert "deprecated" in res.output and "packtool compare" in res.output
 
 
 @pytest.mark.parametrize("args,words", [
@@ -116,7 +130,7 @@ def test_plot_bad_suffix_or_path_is_a_one_line_usage_error(packed, tmp_path, nam
                                                            compare):
     """--plot is checked before any work: no traceback, no file named like the argument."""
     target = tmp_path / name if name != "." else tmp_path
-    args = ["stats", packed / "in", "-c", 8, "--compare"] if compare else ["stats", packed / "out"]
+    args = ["compare", packed / "in", "-c", 8] if compare else ["stats", packed / "out"]
     res = run(*args, "--plot", target)
     assert_error(res, EXIT_USAGE, "--plot", *words)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
@@ -136,7 +150,7 @@ def test_plot_suffix_picks_the_image_format(packed, tmp_path):
 @pytest.mark.parametrize("args", [
     ["pack", "MISSING", "OUTDIR"],
     ["stats", "MISSING"],
-    ["stats", "MISSING", "-c", 8, "--compare"],
+    ["compare", "MISSING", "-c", 8],
     ["verify", "MISSING"],
 ])
 def test_missing_input_exits_1_in_every_command(tmp_path, args):
@@ -151,12 +165,13 @@ def test_data_errors_exit_1_in_every_command(packed, tmp_path):
     write_docs(tmp_path / "neg" / "a.parquet", [[1, 2], [3, -5]])
     assert_error(run("pack", "-q", tmp_path / "neg", tmp_path / "o"), EXIT_DATA,
                  "row 1 (0-based)", "negative")
-    assert_error(run("stats", tmp_path / "neg", "-c", 8, "--compare"), EXIT_DATA, "negative")
+    assert_error(run("compare", tmp_path / "neg", "-c", 8), EXIT_DATA, "negative")
     # raw input given where a packed output is expected, and the other way round
-    assert_error(run("stats", packed / "in"), EXIT_DATA, "--capacity C --compare")
-    assert_error(run("stats", packed / "out", "-c", 8, "--compare"), EXIT_DATA,
-                 "is a packed output")
-    assert_error(run("verify", packed / "in"), EXIT_DATA, "manifest")
+    assert_error(run("stats", packed / "in"), EXIT_DATA, "tokenized input",
+                 "packtool compare")
+    assert_error(run("compare", packed / "out", "-c", 8), EXIT_DATA, "is a packed output",
+                 "packtool stats")
+    assert_error(run("verify", packed / "in"), EXIT_DATA, "tokenized input", "packtool pack")
     assert_error(run("verify", packed / "in" / "a.parquet"), EXIT_DATA, "not a directory")
 
 
@@ -194,8 +209,7 @@ def test_ctrl_c_exits_130_in_every_command(packed, tmp_path, monkeypatch):
     assert_error(run("pack", "-q", packed / "in", tmp_path / "o"), EXIT_INTERRUPTED,
                  "interrupted", "rerun the same command")
     assert_error(run("stats", packed / "out"), EXIT_INTERRUPTED, "interrupted")
-    assert_error(run("stats", packed / "in", "-c", 8, "--compare"), EXIT_INTERRUPTED,
-                 "interrupted")
+    assert_error(run("compare", packed / "in", "-c", 8), EXIT_INTERRUPTED, "interrupted")
     assert_error(run("verify", packed / "out"), EXIT_INTERRUPTED, "interrupted")
 
 
@@ -219,7 +233,8 @@ def test_any_failure_is_one_line_and_debug_shows_the_traceback(packed, monkeypat
 
 
 def test_success_exits_0(packed):
-    for args in (["stats", packed / "out"], ["stats", packed / "in", "-c", 8, "--compare"],
+    for args in (["stats", packed / "out"], ["compare", packed / "in", "-c", 8],
+                 ["stats", packed / "in", "-c", 8, "--compare"],
                  ["stats", packed / "out", "--per-bin", "--json"]):
         res = run(*args)
         assert res.exit_code == 0, res.output

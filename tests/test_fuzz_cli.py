@@ -75,13 +75,13 @@ def test_fuzz_pack_obeys_the_contract_and_conserves_tokens(tmp_path, case):
         expected.update(d[:capacity] if case["overflow"] == "truncate" else d)
     assert out_tokens == expected
 
-    t = manifest["totals"]
+    t = manifest.totals.to_dict()
     assert t["docs_in"] == len(docs)
     assert t["docs_empty"] == sum(1 for d in docs if not d)
     assert t["tokens_in"] == sum(map(len, full))
     assert t["rows"] == len(rows)
-    assert sum(e["rows"] for e in manifest["outputs"]) == len(rows)
-    assert all(e["rows"] <= case["rows_per_shard"] for e in manifest["outputs"])
+    assert sum(e.rows for e in manifest.shards) == len(rows)
+    assert all(e.rows <= case["rows_per_shard"] for e in manifest.shards)
     assert t["real_tokens"] == sum(out_tokens.values())
     assert t["tokens_in"] == t["real_tokens"] + t["tokens_dropped"] + t["tokens_truncated"]
     assert t["padding_tokens"] == len(rows) * capacity - t["real_tokens"]

@@ -1,5 +1,5 @@
 """Token masks carried through ``pack`` end to end: padding removed, SFT prompts kept out of the
-targets, BOS/EOS added once, and ``stats --compare`` modelling the same options.
+targets, BOS/EOS added once, and ``compare`` modelling the same options.
 
 The expected rows are derived independently: documents after masking are packed with
 ``--no-shuffle`` and each row is checked with the plain-Python contract checker, then the
@@ -42,8 +42,8 @@ def test_attention_mask_zeros_are_removed_before_packing(tmp_path):
     src = _write(tmp_path / "in" / "a.parquet", input_ids=IDS, attention_mask=MASK)
     text, rows, manifest = _pack(src, tmp_path / "out")
     check_output(rows, REAL, 8, labels="none")
-    assert manifest["totals"]["tokens_attention_masked"] == 6
-    assert manifest["totals"]["tokens_in"] == 12
+    assert manifest.totals.tokens_attention_masked == 6
+    assert manifest.totals.tokens_in == 12
     assert "attention mask removed 6 tokens" in text
 
 
@@ -51,7 +51,7 @@ def test_attention_mask_column_none_keeps_every_token(tmp_path):
     src = _write(tmp_path / "in" / "a.parquet", input_ids=IDS, attention_mask=MASK)
     _, rows, manifest = _pack(src, tmp_path / "out", "--attention-mask-column", "none")
     check_output(rows, IDS, 8, labels="none")
-    assert manifest["totals"]["tokens_attention_masked"] == 0
+    assert manifest.totals.tokens_attention_masked == 0
 
 
 @pytest.mark.parametrize("labels,window", [(None, None), ("unshifted", None), ("shifted", None),
@@ -89,8 +89,8 @@ def test_sft_prompt_labels_stay_ignored_after_packing(tmp_path, labels, window):
         assert r["num_targets"] == sum(x != IGNORE for x in lab)
     # responses: 13,14 | 24,25,26 | 32
     assert targets == 6
-    assert manifest["totals"]["effective_targets"] == 6
-    assert manifest["totals"]["tokens_label_masked"] == 6
+    assert manifest.totals.effective_targets == 6
+    assert manifest.totals.tokens_label_masked == 6
     res = invoke(["stats", str(tmp_path / "out"), "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["stats"]["effective_targets"] == 6
@@ -105,14 +105,14 @@ def test_sft_split_document_keeps_prompt_masked_in_every_piece(tmp_path):
     # 112..119 are targets, except 112 and 116... no: only a segment's first token is lost
     firsts = {r["input_ids"][0] for r in rows}
     assert got == [t for t in range(112, 120) if t not in firsts]
-    assert manifest["totals"]["effective_targets"] == len(got)
+    assert manifest.totals.effective_targets == len(got)
 
 
 def test_eos_is_not_doubled_and_counted(tmp_path):
     src = _write(tmp_path / "in" / "a.parquet", input_ids=[[5, 6, 2], [7, 8], [9, 2]])
     text, rows, manifest = _pack(src, tmp_path / "out", "--append-eos", 2)
     check_output(rows, [[5, 6, 2], [7, 8, 2], [9, 2]], 8, labels="none")
-    t = manifest["totals"]
+    t = manifest.totals.to_dict()
     assert (t["docs_eos_added"], t["docs_eos_present"]) == (1, 2)
     assert "EOS added to 1 documents (2 had it already)" in text
 
@@ -121,11 +121,11 @@ def test_bos_is_prepended_once(tmp_path):
     src = _write(tmp_path / "in" / "a.parquet", input_ids=[[1, 6], [7, 8], [1]])
     _, rows, manifest = _pack(src, tmp_path / "out", "--prepend-bos", 1, "--append-eos", 2)
     check_output(rows, [[1, 6, 2], [1, 7, 8, 2], [1, 2]], 8, labels="none")
-    t = manifest["totals"]
+    t = manifest.totals.to_dict()
     assert (t["docs_bos_added"], t["docs_bos_present"]) == (1, 2)
 
 
-def test_stats_compare_models_the_same_options_as_pack(tmp_path):
+def test_compare_models_the_same_options_as_pack(tmp_path):
     """The dry run's obfd row equals the real pack's rows, padding and effective targets."""
     ids = [[i + 1] * (2 + i % 7) + [2] * (i % 2) for i in range(40)]
     mask = [[1] * (len(d) - 1) + [int(i % 3 != 0)] for i, d in enumerate(ids)]
@@ -133,11 +133,11 @@ def test_stats_compare_models_the_same_options_as_pack(tmp_path):
     src = _write(tmp_path / "in" / "a.parquet", input_ids=ids, attention_mask=mask,
                  labels=labels)
     opts = ["--append-eos", 2, "--prepend-bos", 1]
-    res = invoke(["stats", src, "--capacity", 16, "--compare", "--json", *opts])
+    res = invoke(["compare", src, "--capacity", 16, "--json", *opts])
     assert res.exit_code == 0, res.output
     dry = {r["strategy"]: r for r in json.loads(res.output)["strategies"]}["obfd"]
     _, _, manifest = _pack(src, tmp_path / "out", *opts, capacity=16)
-    t = manifest["totals"]
+    t = manifest.totals.to_dict()
     assert (dry["rows"], dry["padding_tokens"], dry["effective_targets"]) == (
         t["rows"], t["padding_tokens"], t["effective_targets"])
     assert dry["effective_targets"] < t["real_tokens"] - t["segments"]  # the masks count
@@ -187,4 +187,4 @@ def test_file_without_labels_next_to_sft_file_keeps_all_its_targets(tmp_path, wi
     _, rows, manifest = _pack(tmp_path / "in", tmp_path / "out", *extra)
     got = sorted(x for r in rows for x in r["labels"] if x != IGNORE)
     assert got == [2, 3, 5, 8, 9]
-    assert manifest["totals"]["effective_targets"] == 5
+    assert manifest.totals.effective_targets == 5

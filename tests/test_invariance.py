@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
@@ -42,14 +41,14 @@ def _pack(corpus: Path, out: Path, **kw) -> dict:
 
 
 def _digests(out: Path, manifest: dict) -> list[str]:
-    return [hashlib.sha256((out / e["file"]).read_bytes()).hexdigest()
-            for e in manifest["outputs"]]
+    return [hashlib.sha256((out / e.file).read_bytes()).hexdigest()
+            for e in manifest.shards]
 
 
 def _rows(out: Path, manifest: dict) -> list[dict]:
     rows = []
-    for e in manifest["outputs"]:
-        rows.extend(pq.read_table(out / e["file"]).to_pylist())
+    for e in manifest.shards:
+        rows.extend(pq.read_table(out / e.file).to_pylist())
     return rows
 
 
@@ -59,10 +58,10 @@ def test_shards_are_byte_identical_for_any_worker_count(corpus, tmp_path, window
     kw = dict(rows_per_shard=40, rows_per_group=16, window_docs=window_docs)
     m1 = _pack(corpus, tmp_path / "w1", workers=1, **kw)
     m2 = _pack(corpus, tmp_path / "w2", workers=2, **kw)
-    assert len(m1["outputs"]) > 2
+    assert len(m1.shards) > 2
     assert _digests(tmp_path / "w1", m1) == _digests(tmp_path / "w2", m2)
-    assert [e["sha256"] for e in m1["outputs"]] == [e["sha256"] for e in m2["outputs"]]
-    assert m1["totals"] == m2["totals"]
+    assert [e.sha256 for e in m1.shards] == [e.sha256 for e in m2.shards]
+    assert m1.totals == m2.totals
 
 
 @pytest.mark.parametrize("shuffle", [True, False])
@@ -71,6 +70,6 @@ def test_rows_are_identical_for_any_rows_per_shard(corpus, tmp_path, shuffle):
     a = _pack(corpus, tmp_path / "a", workers=2, rows_per_shard=7, rows_per_group=3,
               shuffle=shuffle)
     b = _pack(corpus, tmp_path / "b", workers=1, rows_per_shard=1000, shuffle=shuffle)
-    assert len(a["outputs"]) > 1 and len(b["outputs"]) == 1
+    assert len(a.shards) > 1 and len(b.shards) == 1
     assert _rows(tmp_path / "a", a) == _rows(tmp_path / "b", b)
-    assert a["totals"] == b["totals"]
+    assert a.totals == b.totals

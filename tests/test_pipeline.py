@@ -75,7 +75,7 @@ def test_sample_rows_close_to_lower_bound_and_figures_agree(sample_out):
     out, res = sample_out
     rows = read_rows(out)
     manifest = read_manifest(out)
-    t = manifest["totals"]
+    t = manifest.totals.to_dict()
     real = sum(sum(1 for s in r["segment_ids"] if s) for r in rows)
     assert all("labels" not in r for r in rows)  # default --labels none: not stored
     # targets: tokens that continue the segment of the token before them (sum of len - 1)
@@ -86,7 +86,7 @@ def test_sample_rows_close_to_lower_bound_and_figures_agree(sample_out):
     assert t["effective_targets"] == targets == sum(r["num_targets"] for r in rows)
     assert t["padding_tokens"] == len(rows) * 2048 - real
     assert 0 <= t["extra_rows"] <= 3
-    assert sum(o["rows"] for o in manifest["outputs"]) == len(rows)
+    assert sum(o.rows for o in manifest.shards) == len(rows)
 
 
 def test_sample_ids_above_16_bits_survive(sample_out):
@@ -121,7 +121,7 @@ def test_overflow_modes_are_counted_in_manifest(docs_dir, tmp_path):
         out = tmp_path / mode
         pack([src, out, "--capacity", "4", "--overflow", mode, "--no-shuffle"])
         assert [r["input_ids"] for r in read_rows(out)] == rows
-        t = read_manifest(out)["totals"]
+        t = read_manifest(out).totals.to_dict()
         for k, v in counts.items():
             assert t[k] == v
         assert t["tokens_in"] == t["real_tokens"] + t["tokens_lost"] == 6
@@ -154,7 +154,7 @@ def test_non_empty_output_needs_overwrite(docs_dir, tmp_path):
     res = CliRunner().invoke(cli, ["pack", "-q", str(src), str(out), "--capacity", "5"])
     assert res.exit_code == 1 and "--overwrite" in res.output
     pack([src, out, "--capacity", "5", "--overwrite"])
-    assert read_manifest(out)["options"]["capacity"] == 5
+    assert read_manifest(out).capacity == 5
 
 
 def test_completed_identical_rerun_is_a_no_op_that_says_so(docs_dir, tmp_path):
@@ -178,9 +178,9 @@ def test_shard_metadata_records_label_convention(docs_dir, tmp_path):
         out = tmp_path / mode
         pack([src, out, "--capacity", "4", "--labels", mode])
         meta = pq.read_schema(out / "part-00000.parquet").metadata
-        assert meta[b"packtool.labels"] == mode.encode()
-        assert read_manifest(out)["labels_shifted"] == (
-            mode == "shifted")
+        assert meta[b"packtool.labels_convention"] == mode.encode()
+        labels = read_manifest(out).labels
+        assert labels.stored and labels.convention == mode
 
 
 def test_schema_types_are_int32_lists(docs_dir, tmp_path):

@@ -41,7 +41,7 @@ def test_B03_no_target_from_the_previous_document(tmp_path):
     rows, manifest = pack_docs(tmp_path, AB, 6)
     assert rows[0]["labels"] == [-100, 12, 13, -100, 22, -100]
     assert rows[0]["num_targets"] == 3
-    assert manifest["totals"]["effective_targets"] == 3
+    assert manifest.totals.effective_targets == 3
     seg, lab = rows[0]["segment_ids"], rows[0]["labels"]
     assert all(lab[j] == IGNORE for j in range(1, 6) if seg[j] != seg[j - 1])
 
@@ -52,7 +52,7 @@ def test_B03_B04_shifted_labels_are_shifted_per_document(tmp_path):
     assert rows[0]["labels"] == [12, 13, -100, 22, -100, -100]
     assert rows[0]["labels"][2] == -100
     assert rows[0]["num_targets"] == 3
-    assert manifest["totals"]["effective_targets"] == 3
+    assert manifest.totals.effective_targets == 3
 
 
 @pytest.mark.parametrize("mode,expected", [("unshifted", [-100, 12, 13, 14]),
@@ -64,8 +64,8 @@ def test_B05_labels_shifted_once_and_convention_recorded(tmp_path, mode, expecte
     assert rows[0]["labels"] != [13, 14, -100, -100]  # the doubly shifted answer
     assert rows[0]["num_targets"] == 3
     meta = pq.read_schema(tmp_path / "out" / "part-00000.parquet").metadata
-    assert meta[b"packtool.labels"] == mode.encode()
-    assert manifest["labels_shifted"] is (mode == "shifted")
+    assert meta[b"packtool.labels_convention"] == mode.encode()
+    assert manifest.labels.stored and manifest.labels.convention == mode
     ids, lab = rows[0]["input_ids"], rows[0]["labels"]
     unshifted = all(lab[j] in (ids[j], IGNORE) for j in range(4))
     shifted = all(lab[j] in (ids[j + 1] if j + 1 < 4 else None, IGNORE) for j in range(4))
@@ -107,7 +107,7 @@ def test_B08_empty_documents_are_skipped_and_counted(tmp_path):
     assert row["labels"] == [-100, 9, -100, -100]
     assert row["num_targets"] == 1
     assert row["doc_ids"] == [0, 1]
-    t = manifest["totals"]
+    t = manifest.totals.to_dict()
     assert (t["docs_in"], t["docs_empty"], t["effective_targets"]) == (3, 1, 1)
     cu = row["cu_seqlens"]
     assert all(a < b for a, b in zip(cu, cu[1:]))
@@ -125,7 +125,7 @@ def test_B10_overflow_of_long_documents_is_repacked_not_lost(tmp_path):
     real = Counter(t for r in rows for t, s in zip(r["input_ids"], r["segment_ids"]) if s)
     assert real == Counter(t for d in docs for t in d)
     assert sum(real.values()) == 11
-    t = manifest["totals"]
+    t = manifest.totals.to_dict()
     assert (t["padding_tokens"], t["effective_targets"], t["split_fragments"]) == (1, 6, 1)
     assert t["tokens_dropped"] == t["tokens_truncated"] == 0
 
@@ -139,7 +139,7 @@ def test_B11_long_document_policy_is_explicit_and_counted(tmp_path, mode, inputs
     """B11: split, truncate and drop each do what they say and count it; tokens add up."""
     rows, manifest = pack_docs(tmp_path, [[1, 2, 3, 4, 5, 6]], 4, "--overflow", mode)
     assert [r["input_ids"] for r in rows] == inputs
-    t = manifest["totals"]
+    t = manifest.totals.to_dict()
     for k, v in counts.items():
         assert t[k] == v, k
     out_real = sum(s != 0 for r in rows for s in r["segment_ids"])
@@ -363,7 +363,7 @@ def test_kind_B10_B11_tokens_conserved(tmp_path, docs, capacity, strategy, overf
     """Kind of B10/B11: tokens_in == tokens out + tokens dropped or truncated, each counted."""
     rows, manifest = _pack(tmp_path, docs, capacity, strategy, "--overflow", overflow)
     check_output(rows, docs, capacity, overflow=overflow)
-    t = manifest["totals"]
+    t = manifest.totals.to_dict()
     out_real = sum(1 for r in rows for s in r["segment_ids"] if s)
     assert t["tokens_in"] == sum(map(len, docs))
     assert t["tokens_in"] == out_real + t["tokens_dropped"] + t["tokens_truncated"]

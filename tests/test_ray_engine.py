@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
@@ -52,7 +51,7 @@ def test_ray_output_is_byte_identical_to_local_engine(ray_local, corpus, tmp_pat
     inp, _ = corpus
     local = run_pack(_cfg(inp, tmp_path / "local", workers=1), progress=False)
     dist = run_pack(_cfg(inp, tmp_path / "ray", engine="ray"), progress=False)
-    assert len(dist.manifest["windows"]) >= 5
+    assert len(dist.manifest.windows) >= 5
     assert dist.manifest == local.manifest
     names = sorted(p.name for p in (tmp_path / "local").iterdir())
     assert names == sorted(p.name for p in (tmp_path / "ray").iterdir())
@@ -65,12 +64,12 @@ def test_ray_manifest_totals_match_windows_and_shards(ray_local, corpus, tmp_pat
     inp, docs = corpus
     res = run_pack(_cfg(inp, tmp_path / "out", engine="ray"), progress=False)
     m = read_manifest(tmp_path / "out")
-    t = m["totals"]
+    t = m.totals.to_dict()
     assert t == res.stats.to_dict()
-    assert t["docs_in"] == len(docs) == sum(w["docs"] for w in m["windows"])
+    assert t["docs_in"] == len(docs) == sum(w.docs for w in m.windows)
     assert t["tokens_in"] == sum(map(len, docs))
-    assert t["rows"] == sum(w["rows"] for w in m["windows"]) == len(read_rows(tmp_path / "out"))
-    assert t["extra_rows"] >= sum(w["extra_rows"] for w in m["windows"]) >= 0
+    assert t["rows"] == sum(w.rows for w in m.windows) == len(read_rows(tmp_path / "out"))
+    assert t["extra_rows"] >= sum(w.extra_rows for w in m.windows) >= 0
 
 
 def test_ray_conserves_every_token(ray_local, corpus, tmp_path):

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -85,7 +83,7 @@ def test_json_has_no_float_noise(tmp_path, sample_lengths):
     for v in d["fill_quantiles"].values():
         assert v == round(v, 6)
     assert all(isinstance(b["targets"], int) for b in d["per_bin"])
-    res = run("stats", tmp_path / "in", "-c", 10, "--compare", "--json")
+    res = run("compare", tmp_path / "in", "-c", 10, "--json")
     for x in _floats(json.loads(res.output)):
         assert x == round(x, 6), x
     for r in compare_strategies(sample_lengths, 2048):

@@ -133,8 +133,8 @@ def test_full_disk_at_any_write_point_is_one_line_and_leaves_no_spill(tmp_path, 
     else:
         from packtool import output
 
-        monkeypatch.setattr(output, "write_manifest_file",
-                            _fail_on_call(output.write_manifest_file, 1, _full_disk))
+        monkeypatch.setattr(output, "publish_manifest",
+                            _fail_on_call(output.publish_manifest, 1, _full_disk))
     with pytest.raises(OutputError) as err:
         run_pack(_cfg(src, out), progress=False)
     msg = str(err.value)
@@ -392,16 +392,18 @@ def test_damaged_output_is_restored_by_the_rerun_the_messages_name(tmp_path, src
 
 
 def test_interrupted_manifest_write_leaves_no_temporary(tmp_path, monkeypatch):
-    """Ctrl-C while the manifest's temporary is half written: no temporary and no manifest."""
-    import pyarrow as pa
-
+    """Ctrl-C while the manifest's temporary is written (before its rename): no temporary and
+    no manifest."""
+    from packtool import location
     from packtool.formats import manifest as mf
+    from packtool.formats.schema import packed_schema
 
-    def half_then_interrupt(table, where, **kw):
-        open(where, "wb").write(b"PAR1 half")
+    def interrupt(fd):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(mf.pq, "write_table", half_then_interrupt)
+    monkeypatch.setattr(location.os, "fsync", interrupt)
+    m = mf.Manifest(format_version=3, packtool_version="0", fingerprint="f", capacity=8,
+                    labels=mf.LabelsInfo(False, "unshifted"))
     with pytest.raises(KeyboardInterrupt):
-        mf.write_manifest_file(tmp_path, {"rows": 0}, pa.schema([("x", pa.int32())]))
+        mf.publish_manifest(tmp_path, m, packed_schema(8, "none"))
     assert list(tmp_path.iterdir()) == []

@@ -119,22 +119,24 @@ def test_the_flow_is_visible_in_the_folders():
 
 
 def test_one_shard_writer_and_one_sha256_call():
-    """Only pipeline/write.py writes shards, and only its shard_entry hashes them."""
+    """Only pipeline/write.py writes shards; a written shard is hashed while it is written, and a
+    shard is read back for its sha256 only by the format layer (a shard kept from an
+    interrupted run: formats.manifest.shard_entry_of)."""
     writers, hashers = [], []
     for name, path in _modules().items():
         text = path.read_text()
         if "write_shard(" in text and not name.startswith("packtool.formats"):
             writers.append(name)
-        if "sha256_file(" in text and not name.startswith(("packtool.formats",
-                                                           "packtool.verify", "packtool.analysis")):
+        if "sha256_of(" in text and not name.startswith("packtool.formats"):
             hashers.append(name)
-    assert writers == ["packtool.pipeline.write"] and hashers == ["packtool.pipeline.write"]
+    assert writers == ["packtool.pipeline.write"] and hashers == []
 
 
 @pytest.mark.parametrize("code", [
     "import packtool",
     "import packtool.cli",
     "import packtool.verify.loader\nimport packtool.formats.packed",
+    "import packtool.loader\nfrom packtool.loader import PackedDataset, PackedIterableDataset",
     "from packtool.cli import cli\nfrom click.testing import CliRunner\n"
     "assert CliRunner().invoke(cli, ['--help']).exit_code == 0\n"
     "assert CliRunner().invoke(cli, ['--version']).exit_code == 0\n"
@@ -154,3 +156,76 @@ def test_lazy_attributes_still_work():
     assert callable(packtool.pack_lengths) and packtool.IGNORE_INDEX == -100
     with pytest.raises(AttributeError):
         packtool.no_such_name
+
+
+#: packages and modules that read a packed output (or lay one out) without touching Parquet
+NO_PYARROW = ("packtool.loader", "packtool.analysis", "packtool.verify", "packtool.core",
+              "packtool.pipeline", "packtool.engines", "packtool.stats", "packtool.cli",
+              "packtool.output")
+
+
+def _imports(path: Path) -> set[str]:
+    """Top-level names of every module ``path`` imports (functions included)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_only_the_format_layer_imports_pyarrow():
+    """The loader, stats, verify, core, pipeline, engines, the CLI and the OUTPUT owner import no
+    pyarrow: Parquet is the format layer's (packtool/formats/) and the filesystem the location
+    type's."""
+    bad = sorted(name for name, path in _modules().items()
+                 if name.startswith(NO_PYARROW) and "pyarrow" in _imports(path))
+    assert bad == []
+
+
+def test_the_check_above_can_fail(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text("def f():\n    import pyarrow.parquet as pq\n")
+    assert "pyarrow" in _imports(p)
+
+
+def test_the_packed_output_is_read_only_through_the_one_reader():
+    """Nothing outside packtool/formats/ opens Parquet, and everything that reads a packed
+    output's rows goes through packtool.formats.packed (the loader's datasets, stats, verify,
+    pack_dataset's read-back and export --to nemo)."""
+    opens = ("ParquetFile(", "read_table(", "read_row_group", "iter_batches(", "read_metadata(")
+    bad = sorted(name for name, path in _modules().items()
+                 if not name.startswith("packtool.formats")
+                 and any(o in path.read_text() for o in opens))
+    assert bad == []
+    graph = import_graph()
+    for reader in ("packtool.loader.source", "packtool.analysis", "packtool.verify.checks",
+                   "packtool.formats.inmemory", "packtool.formats.nemo"):
+        assert "packtool.formats.packed" in graph[reader], reader
+    assert not (PKG / "loader" / "_shards.py").exists()
+
+
+@pytest.mark.parametrize("command", [["stats"], ["stats", "--no-hash"], ["verify", "--data-only"],
+                                     ["verify", "--rows", "1", "--backend", "sdpa"]])
+def test_stats_and_verify_of_a_packed_output_never_load_numba(tmp_path, command):
+    """packtool stats OUT and packtool verify OUT read the output without the packer's JIT."""
+    if command[0] == "verify" and "--data-only" not in command:
+        pytest.importorskip("torch")
+    from click.testing import CliRunner
+
+    from packtool.cli import cli
+
+    src = tmp_path / "in.parquet"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"input_ids": pa.array([[1, 2, 3], [4, 5], [6, 7, 8, 9]])}), src)
+    out = tmp_path / "out"
+    assert CliRunner().invoke(cli, ["pack", "-q", "-c", "8", str(src), str(out)]).exit_code == 0
+    probe = ("from packtool.cli import cli\nfrom click.testing import CliRunner\n"
+             f"r = CliRunner().invoke(cli, {command + [str(out)]!r})\n"
+             "assert r.exit_code == 0, r.output\nimport sys\n"
+             "bad = [m for m in sys.modules if m.split('.')[0] == 'numba']\nassert not bad, bad[:5]\n")
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr

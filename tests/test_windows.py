@@ -114,8 +114,8 @@ def test_one_huge_row_group_read_in_parts_gives_the_same_bytes(tmp_path, monkeyp
     for wd in (None, 40):
         res = _pack(tmp_path / "in", tmp_path / f"out-{wd}", window_docs=wd, rows_per_shard=1000)
         assert _tree_bytes(tmp_path / f"out-{wd}") == _tree_bytes(tmp_path / f"ref-{wd}")
-    recs = res.manifest["windows"]
-    assert sum(w["docs"] for w in recs) == 500 and max(w["docs"] for w in recs) <= 40
+    recs = res.manifest.windows
+    assert sum(w.docs for w in recs) == 500 and max(w.docs for w in recs) <= 40
     rows = read_rows(tmp_path / "out-40")
     assert sorted((d, o) for r in rows for d, o in zip(r["doc_ids"], r["doc_offsets"])) == \
         sorted((d, o) for d, doc in enumerate(docs) for o in range(0, len(doc), C))
@@ -143,19 +143,19 @@ def test_window_extra_rows_are_reported_per_window_and_in_total(tmp_path):
     _corpus(tmp_path / "in")
     res = _pack(tmp_path / "in", tmp_path / "out", window_docs=30)
     m = read_manifest(tmp_path / "out")
-    assert m == res.manifest and m["options"]["window_docs"] == 30
-    ws = m["windows"]
+    assert m == res.manifest and m.options["window_docs"] == 30
+    ws = m.windows
     assert len(ws) > 3
-    t = m["totals"]
-    assert sum(w["rows"] for w in ws) == t["rows"] == sum(o["rows"] for o in m["outputs"])
-    assert sum(w["docs"] for w in ws) == t["docs_in"]
-    assert sum(w["real_tokens"] for w in ws) == t["real_tokens"]
+    t = m.totals.to_dict()
+    assert sum(w.rows for w in ws) == t["rows"] == sum(o.rows for o in m.shards)
+    assert sum(w.docs for w in ws) == t["docs_in"]
+    assert sum(w.real_tokens for w in ws) == t["real_tokens"]
     for w in ws:
-        assert w["lower_bound_rows"] == -(-w["real_tokens"] // C)
-        assert w["extra_rows"] == w["rows"] - w["lower_bound_rows"] >= 0
+        assert w.lower_bound_rows == -(-w.real_tokens // C)
+        assert w.extra_rows == w.rows - w.lower_bound_rows >= 0
     assert t["extra_rows"] == t["rows"] - -(-t["real_tokens"] // C)
-    assert [o["file"] for o in m["outputs"]] == [f"part-{i:05d}.parquet"
-                                                 for i in range(len(m["outputs"]))]
+    assert [o.file for o in m.shards] == [f"part-{i:05d}.parquet"
+                                          for i in range(len(m.shards))]
 
 
 def test_windowed_output_is_deterministic_for_any_worker_count(tmp_path):
@@ -171,8 +171,8 @@ def test_windowed_output_is_deterministic_for_any_worker_count(tmp_path):
 
 def _window_of(manifest, doc):
     """Window of a global document, by the manifest's dealing rule."""
-    rule = manifest["windowing"]
-    return (doc // rule["block_docs"]) % rule["windows"]
+    rule = manifest.windowing
+    return (doc // rule.block_docs) % rule.windows
 
 
 def _window_of_rows(out, m):
@@ -185,7 +185,7 @@ def test_rows_of_all_windows_are_mixed_in_reading_order(tmp_path):
     already holds rows of most windows, and window changes happen all along."""
     _corpus(tmp_path / "in")
     res = _pack(tmp_path / "in", tmp_path / "s", window_docs=30, rows_per_shard=20)
-    ws = res.manifest["windows"]
+    ws = res.manifest.windows
     order = _window_of_rows(tmp_path / "s", res.manifest)
     assert len(ws) >= 6 and len(order) > 40
     first_shard = set(order[:20])
@@ -210,13 +210,13 @@ def test_default_mode_is_one_global_plan(tmp_path):
     _pack(tmp_path / "in", tmp_path / "w", shuffle=False, window_docs=10**9)
     mg = read_manifest(tmp_path / "g")
     mw = read_manifest(tmp_path / "w")
-    assert "windows" not in mg and "window_docs" not in mg["options"]
-    assert [o["file"] for o in mg["outputs"]][:2] == ["part-00000.parquet", "part-00001.parquet"]
-    assert len(mw["windows"]) == 1
-    for og, ow in zip(mg["outputs"], mw["outputs"], strict=True):
-        assert (tmp_path / "g" / og["file"]).read_bytes() == \
-            (tmp_path / "w" / ow["file"]).read_bytes()
-    assert mg["totals"] == mw["totals"]
+    assert not mg.windows and mg.windowing is None and "window_docs" not in mg.options
+    assert [o.file for o in mg.shards][:2] == ["part-00000.parquet", "part-00001.parquet"]
+    assert len(mw.windows) == 1
+    for og, ow in zip(mg.shards, mw.shards, strict=True):
+        assert (tmp_path / "g" / og.file).read_bytes() == \
+            (tmp_path / "w" / ow.file).read_bytes()
+    assert mg.totals == mw.totals
 
 
 def test_overflow_error_names_file_and_row_of_the_long_document(tmp_path):
@@ -255,12 +255,12 @@ def test_interrupted_windowed_pack_resumes_with_same_bytes(tmp_path, monkeypatch
                                                           "part-00001.parquet"]
     res = _pack(tmp_path / "in", out, window_docs=30, workers=1)
     assert res.shards_reused == 2
-    assert res.windows_reused == len(ref.manifest["windows"]) > 1  # Ctrl-C keeps them
-    assert res.manifest["outputs"] == ref.manifest["outputs"]
+    assert res.windows_reused == len(ref.manifest.windows) > 1  # Ctrl-C keeps them
+    assert res.manifest.shards == ref.manifest.shards
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in
                                                             (tmp_path / "ref").iterdir())
-    for o in ref.manifest["outputs"]:
-        assert (out / o["file"]).read_bytes() == (tmp_path / "ref" / o["file"]).read_bytes()
+    for o in ref.manifest.shards:
+        assert (out / o.file).read_bytes() == (tmp_path / "ref" / o.file).read_bytes()
 
 
 def test_cli_summary_reports_windows(tmp_path):
@@ -308,7 +308,7 @@ def test_any_read_part_size_and_worker_count_gives_the_same_bytes(tmp_path, monk
     for workers in (1, 3):
         res = _pack(tmp_path / "in", tmp_path / f"small{workers}", window_docs=window_docs,
                     workers=workers)
-        assert res.manifest["totals"] == ref.manifest["totals"]
+        assert res.manifest.totals == ref.manifest.totals
         assert _tree_bytes(tmp_path / f"small{workers}") == _tree_bytes(tmp_path / "ref")
     assert len(read_mod.plan_reads(discover_inputs([tmp_path / "in"]), "input_ids")) > 5
 
@@ -339,5 +339,5 @@ def test_every_token_is_spilled_once_and_read_once_into_its_row(tmp_path, monkey
     monkeypatch.setattr(spill_mod, "_pread_segments", pread)
     res = _pack(tmp_path / "in", tmp_path / "out", window_docs=30, workers=1, rows_per_group=3)
     assert set(files) == {"tokens.int32", "starts.int64", ROW_INDEX, SEGMENTS}, files
-    assert files[ROW_INDEX] == files[SEGMENTS] == len(res.manifest["windows"])
+    assert files[ROW_INDEX] == files[SEGMENTS] == len(res.manifest.windows)
     assert sum(reads) == res.stats.real_tokens

@@ -461,22 +461,29 @@ def _concat_segments(chunks, capacity):
 
 @njit(cache=True, nogil=True)
 def _complete_rows(seg_offsets, seg_len, input_ids, flags, has_flags, capacity, pad_id,
-                   labels_mode, segment_ids, position_ids, labels, cu_values, cu_offsets,
-                   num_targets, max_seqlen):
-    """Finish rows whose segments' tokens are already at the start of each ``input_ids`` row.
+                   labels_mode, multiple, segment_ids, position_ids, labels, cu_values,
+                   cu_unpadded, cu_offsets, num_targets, max_seqlen):
+    """Finish rows whose segments' tokens are already at the start of their spans in
+    ``input_ids``.
 
-    seg_offsets int64[n + 1] (row k's segments), seg_len int64[S]; input_ids int32[n, C] (the
-    padding tail is written here); flags uint8[n, C] aligned with input_ids (0 = the token is
-    not a target; read only when has_flags is 1). Writes segment_ids, position_ids, labels
-    (int32[n, C]; labels untouched for LABELS_NONE), cu_values (int32, at least n + S + n
-    entries), cu_offsets int64[n + 1], num_targets and max_seqlen (int32[n]).
+    seg_offsets int64[n + 1] (row k's segments), seg_len int64[S] (real lengths); each segment
+    spans ``ceil(len / multiple) * multiple`` slots, back to back from the row's start;
+    input_ids int32[n, C] (the rest of each span and the padding tail are written here); flags
+    uint8[n, C] aligned with input_ids (0 = the token is not a target; read only when has_flags
+    is 1). Writes segment_ids, position_ids, labels (int32[n, C]; labels untouched for
+    LABELS_NONE), cu_values (int32, at least n + S + n entries: the spans summed), cu_unpadded
+    (the same size, the real lengths summed; written only when multiple > 1), cu_offsets
+    int64[n + 1], num_targets and max_seqlen (int32[n]: the longest span).
     """
     n = seg_offsets.shape[0] - 1
     c = 0
     cu_offsets[0] = 0
     for k in range(n):
         pos = 0
+        acc = 0
         cu_values[c] = 0
+        if multiple > 1:
+            cu_unpadded[c] = 0
         c += 1
         segno = 0
         longest = 0
@@ -511,11 +518,23 @@ def _complete_rows(seg_offsets, seg_len, input_ids, flags, has_flags, capacity, 
                         count += 1
             elif length > 0:
                 count += length - 1
-            pos += length
+            span = length
+            if multiple > 1:  # padding inside the span: its document's positions go on
+                span = (length + multiple - 1) // multiple * multiple
+                for t in range(length, span):
+                    input_ids[k, pos + t] = pad_id
+                    segment_ids[k, pos + t] = 0
+                    position_ids[k, pos + t] = t
+                if labels_mode != LABELS_NONE:
+                    for t in range(length, span):
+                        labels[k, pos + t] = _IGNORE
+                acc += length
+                cu_unpadded[c] = acc
+            pos += span
             cu_values[c] = pos
             c += 1
-            if length > longest:
-                longest = length
+            if span > longest:
+                longest = span
         pad = capacity - pos
         for t in range(pad):
             input_ids[k, pos + t] = pad_id
@@ -526,6 +545,8 @@ def _complete_rows(seg_offsets, seg_len, input_ids, flags, has_flags, capacity, 
                 labels[k, pos + t] = _IGNORE
         if pad > 0:
             cu_values[c] = capacity
+            if multiple > 1:
+                cu_unpadded[c] = acc + pad
             c += 1
             if pad > longest:
                 longest = pad

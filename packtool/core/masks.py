@@ -3,7 +3,13 @@ BOS/EOS added once.
 
 Inputs come as the documents' tokens back to back (``tokens`` int32[T]) with their lengths
 (``lengths`` int64[docs]), and optionally a per-token flag ``targets`` (uint8[T], 0 = the token
-is not a target: its input label was -100, e.g. the prompt of an SFT example).
+is not a target: its input label was -100, or a loss mask such as TRL's ``completion_mask`` or
+``assistant_masks`` was 0, e.g. the prompt of an SFT example).
+
+- :func:`prepare_documents`: the one path from the columns read to the documents packed, used
+  by ``packtool pack`` and ``packtool compare`` alike: target flags from the input labels and
+  loss masks (:func:`target_flags`), then the documents a ``--holdout`` split leaves out, then
+  the attention mask, then BOS/EOS.
 
 - :func:`drop_masked_tokens`: tokens whose ``attention_mask`` is 0 (padding of a padded
   tokenization) are removed before packing; a document may become empty.
@@ -27,10 +33,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from packtool.core import _kernels as K
+from packtool.core.holdout import drop_documents
 from packtool.core.packing import PackPlan
 
-__all__ = ["BoundaryCounts", "drop_masked_tokens", "add_boundary_tokens", "mask_labels",
-           "segment_targets", "plan_segment_targets"]
+__all__ = ["BoundaryCounts", "TokenBatch", "prepare_documents", "target_flags",
+           "drop_masked_tokens", "add_boundary_tokens", "mask_labels", "segment_targets",
+           "plan_segment_targets"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,123 @@ class BoundaryCounts:
                               self.bos_present + other.bos_present,
                               self.eos_added + other.eos_added,
                               self.eos_present + other.eos_present)
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """Documents ``first_row .. first_row + len(lengths) - 1`` of one file, as they are packed:
+    attention-mask zeros removed, target flags set, BOS/EOS added (:func:`prepare_documents`).
+    """
+
+    first_row: int  #: row index in the file of the first document
+    lengths: np.ndarray  #: int64[docs], tokens per document
+    tokens: np.ndarray  #: int32[sum(lengths)], the documents' tokens back to back
+    #: uint8[sum(lengths)], 0 = not a target (input label -100 or a loss mask 0); None: neither
+    #: an input labels column nor a loss mask was read
+    targets: np.ndarray | None = None
+    masked_tokens: int = 0  #: tokens removed because their attention mask was 0
+    #: BOS/EOS added or found already there (--prepend-bos/--append-eos)
+    boundary: BoundaryCounts = BoundaryCounts()
+    #: (documents, tokens) left out whole as the other part of a ``--holdout`` split (such a
+    #: document has length 0 here)
+    other_split: tuple[int, int] = (0, 0)
+    #: [docs] each document's ``--source-column`` value as read (int64 or str objects),
+    #: carried untouched; None: not read
+    sources: np.ndarray | None = None
+
+    def mask_counts(self) -> dict:
+        """The batch's mask figures under their :class:`packtool.stats.PackStats` names
+        (``tokens_label_masked``: tokens kept out of the targets by input labels or loss
+        masks).
+
+        A document left out by a ``--holdout`` split has length 0, so the plan counts it as
+        empty: ``docs_empty`` is corrected here by as many (a count to add to the plan's, never
+        a count alone)."""
+        b = self.boundary
+        return {"tokens_attention_masked": self.masked_tokens,
+                "tokens_label_masked": 0 if self.targets is None
+                else int(self.targets.size - np.count_nonzero(self.targets)),
+                "docs_bos_added": b.bos_added, "docs_bos_present": b.bos_present,
+                "docs_eos_added": b.eos_added, "docs_eos_present": b.eos_present,
+                "docs_other_split": self.other_split[0],
+                "tokens_other_split": self.other_split[1],
+                "docs_empty": -self.other_split[0]}
+
+
+def target_flags(labels: np.ndarray | None, loss_masks=()) -> np.ndarray | None:
+    """Per-token target flags from an input labels column and loss masks.
+
+    A token is a target only when every source says so: its label is not -100 (Hugging Face
+    convention) and each loss mask is nonzero (TRL's ``completion_mask`` and
+    ``assistant_masks``: 1 on the tokens to learn, 0 elsewhere; TRL sets the label of a token
+    to -100 where any of them is 0).
+
+    Args:
+        labels: int[T] unshifted labels (-100 or the token) or None.
+        loss_masks: sequence of int or bool [T] masks.
+
+    Returns:
+        uint8[T] (1 = target), or None when neither labels nor a mask is given.
+    """
+    flags = None
+    if labels is not None:
+        flags = np.asarray(labels) != -100
+    for m in loss_masks:
+        m = np.asarray(m) != 0
+        flags = m if flags is None else flags & m
+    return None if flags is None else flags.astype(np.uint8)
+
+
+def prepare_documents(first_row: int, lengths: np.ndarray, tokens: np.ndarray, *,
+                      keep: np.ndarray | None = None, labels: np.ndarray | None = None,
+                      loss_masks=(), bos: int | None = None,
+                      eos: int | None = None,
+                      keep_docs: np.ndarray | None = None) -> TokenBatch:
+    """Documents as packed, from the columns read: the one path of ``pack`` and ``compare``.
+
+    Order: target flags from ``labels`` and ``loss_masks`` on the tokens as read
+    (:func:`target_flags`), then the documents ``keep_docs`` leaves out removed whole
+    (:func:`packtool.core.holdout.drop_documents`: ``--holdout``), then the tokens whose
+    attention mask is 0 removed (:func:`drop_masked_tokens`), then BOS/EOS added
+    (:func:`add_boundary_tokens`: an added EOS is a target when the document's last token is
+    one).
+
+    Args:
+        first_row: row index in its file of the first document.
+        lengths: int64[docs]; tokens: int[T], T = sum(lengths), ids in 0..2**31-1.
+        keep: the attention mask, int or bool [T] (nonzero = a real token), or None.
+        labels: int[T], -100 or the token (checked by the reader), or None.
+        loss_masks: int or bool [T] masks, 1 = learn.
+        bos, eos: ``--prepend-bos`` / ``--append-eos`` ids, or None.
+        keep_docs: bool[docs], False for a document of the other part of a held-out split
+            (it gets length 0 and is counted in ``other_split``, its tokens as read); None
+            keeps every document.
+
+    Returns:
+        :class:`TokenBatch`.
+
+    Raises:
+        ValueError: a mask without T entries, or ``keep_docs`` without one entry per document.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    tokens = np.asarray(tokens, dtype=np.int32)
+    targets = target_flags(labels, loss_masks)
+    if targets is not None and targets.size != tokens.size:
+        raise ValueError("labels and loss masks must have one entry per token")
+    other = (0, 0)
+    if keep_docs is not None:
+        lengths, n_docs, n_tokens, tokens, targets, keep = drop_documents(
+            lengths, keep_docs, tokens, targets, None if keep is None else np.asarray(keep))
+        other = (n_docs, n_tokens)
+    masked = 0
+    if keep is not None:
+        lengths, tokens, targets, masked = drop_masked_tokens(lengths, tokens, keep, targets)
+    boundary = BoundaryCounts()
+    if bos is not None or eos is not None:
+        lengths, tokens, targets, boundary = add_boundary_tokens(lengths, tokens, targets,
+                                                                 bos=bos, eos=eos)
+    return TokenBatch(int(first_row), lengths, tokens, targets, masked, boundary,
+                      other_split=other)
 
 
 def _doc_of_token(lengths: np.ndarray) -> np.ndarray:

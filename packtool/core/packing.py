@@ -30,6 +30,16 @@ Three strategies, all planned from document lengths alone (no tokens needed):
 
 Empty documents are skipped and counted. A plan is a CSR table (rows -> segments); tokens are
 laid out later by :func:`packtool.core.layout.layout_rows`.
+
+**Segments padded to a multiple N** (``segment_multiple``, ``pack --segment-multiple N``, for
+context parallelism: TransformerEngine's THD format splits every sequence into 2 x cp pieces, so
+each must be a multiple of N = 2 x cp). Every document length L is rounded up to
+``ceil(L / N) * N`` and those lengths are planned by the strategy above, unchanged; the plan
+then stores each segment's real length ``min(planned, L - offset)``, and its span in the row is
+``ceil(real / N) * N`` (:func:`segment_spans`). C must be a multiple of N: then a document is
+over C after rounding exactly when it is over C before, split chunks of C and truncation at C are
+whole multiples of N, and the padding tail (C minus the spans) is a multiple of N too. The cost
+is the padding inside the rows plus the rows it adds; ``pack`` records both (``stats``).
 """
 
 from __future__ import annotations
@@ -42,7 +52,7 @@ from packtool.core import _kernels as K
 from packtool.errors import ConfigError, PackingError
 from packtool.types import Overflow, Strategy
 
-__all__ = ["PackPlan", "pack_lengths", "MAX_CAPACITY"]
+__all__ = ["PackPlan", "pack_lengths", "segment_spans", "MAX_CAPACITY"]
 
 #: Largest accepted capacity (tokens per row). Rows are stored as int32 lists; 2**24 tokens per
 #: row is already 64 MiB per column per row.
@@ -64,8 +74,10 @@ class PackPlan:
     row_offsets: np.ndarray  #: int64[num_rows + 1]
     seg_doc: np.ndarray  #: int64[num_segments], global document index
     seg_offset: np.ndarray  #: int64[num_segments], token offset inside the document
-    seg_len: np.ndarray  #: int64[num_segments], tokens, 1..C
+    seg_len: np.ndarray  #: int64[num_segments], real tokens, 1..C
     counts: dict = field(default_factory=dict)  #: documents/tokens skipped, split, cut, dropped
+    #: N: each segment takes ``ceil(seg_len / N) * N`` slots of its row (:func:`segment_spans`)
+    segment_multiple: int = 1
 
     @property
     def num_rows(self) -> int:
@@ -80,6 +92,26 @@ class PackPlan:
         csum = np.concatenate([[0], np.cumsum(self.seg_len)])
         return csum[self.row_offsets[1:]] - csum[self.row_offsets[:-1]]
 
+    def segment_padding(self) -> int:
+        """Padding tokens inside the rows, after the segments (0 when ``segment_multiple`` is 1)."""
+        if self.segment_multiple == 1:
+            return 0
+        return int((segment_spans(self.seg_len, self.segment_multiple) - self.seg_len).sum())
+
+
+def segment_spans(seg_len: np.ndarray, multiple: int) -> np.ndarray:
+    """Slots each segment takes in its row: its length rounded up to a multiple of ``multiple``.
+
+    Args:
+        seg_len: int[S], real tokens per segment (>= 1).
+        multiple: N >= 1.
+
+    Returns:
+        int64[S], ``ceil(seg_len / N) * N``.
+    """
+    seg_len = np.asarray(seg_len, dtype=np.int64)
+    return -(-seg_len // multiple) * multiple
+
 
 def pack_lengths(
     lengths: np.ndarray,
@@ -87,6 +119,7 @@ def pack_lengths(
     *,
     strategy: Strategy | str = Strategy.OBFD,
     overflow: Overflow | str = Overflow.SPLIT,
+    segment_multiple: int = 1,
 ) -> PackPlan:
     """Plan rows of exactly ``capacity`` tokens from document lengths.
 
@@ -98,15 +131,19 @@ def pack_lengths(
         overflow: for documents longer than ``capacity``: ``split`` (chunks of C, the last
             shorter; for ``concat`` the stream itself cuts them), ``truncate`` (keep the first C),
             ``drop`` or ``error``.
+        segment_multiple: N >= 1: every segment takes a multiple of N slots of its row (the
+            lengths are planned rounded up; see the module docstring). ``capacity`` must be a
+            multiple of N.
 
     Returns:
-        A :class:`PackPlan`. ``counts`` holds ``docs_in``, ``tokens_in``, ``docs_empty``,
+        A :class:`PackPlan` whose ``seg_len`` are real tokens. ``counts`` holds ``docs_in``, ``tokens_in``, ``docs_empty``,
         ``docs_split``, ``split_fragments`` (chunks beyond the first of split documents),
         ``docs_truncated``, ``tokens_truncated``, ``docs_dropped``, ``tokens_dropped`` and
         ``docs_cut`` (documents spread over more than one segment).
 
     Raises:
-        ConfigError: capacity out of range or an unknown strategy/overflow name.
+        ConfigError: capacity out of range, an unknown strategy/overflow name, or
+            ``segment_multiple`` < 1 or not a divisor of ``capacity``.
         PackingError: a negative length, or a document over capacity with ``overflow="error"``
             (the message names the document index and its length).
     """
@@ -118,6 +155,13 @@ def pack_lengths(
     if not isinstance(capacity, (int, np.integer)) or not 2 <= capacity <= MAX_CAPACITY:
         raise ConfigError(f"capacity must be an integer in 2..{MAX_CAPACITY}, got {capacity!r}")
     capacity = int(capacity)
+    if not isinstance(segment_multiple, (int, np.integer)) or segment_multiple < 1:
+        raise ConfigError(f"segment_multiple must be an integer >= 1, got {segment_multiple!r}")
+    segment_multiple = int(segment_multiple)
+    if capacity % segment_multiple:
+        raise ConfigError(f"capacity {capacity} is not a multiple of segment_multiple "
+                          f"{segment_multiple}: padded segments and the padding tail must all "
+                          "be multiples of it")
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)  # shape: (num_docs,)
     if lengths.ndim != 1:
         raise PackingError(f"lengths must be 1-D, got shape {lengths.shape}")
@@ -130,6 +174,8 @@ def pack_lengths(
             f"document {bad} has {int(lengths[bad])} tokens, more than --capacity {capacity}; "
             "use --overflow split|truncate|drop or a larger capacity"
         )
+    if segment_multiple > 1:
+        return _plan_padded(lengths, capacity, strategy, overflow, segment_multiple)
     code = _OVERFLOW_CODE.get(overflow, K.OVERFLOW_SPLIT)
     tokens_in = int(lengths.sum())
     if strategy is Strategy.OBFD:
@@ -151,6 +197,23 @@ def pack_lengths(
         seg_doc, seg_offset, seg_len = chunks[:, 0], chunks[:, 1], chunks[:, 2]  # views
         counts["docs_cut"] = counts["docs_split"]  # only split documents span several segments
     return PackPlan(capacity, row_offsets, seg_doc, seg_offset, seg_len, counts)
+
+
+def _plan_padded(lengths: np.ndarray, capacity: int, strategy: Strategy, overflow: Overflow,
+                 multiple: int) -> PackPlan:
+    """The plan of the lengths rounded up to ``multiple``, with real segment lengths and the
+    counts of the real lengths (split, truncated and dropped documents are the same ones)."""
+    padded = -(-lengths // multiple) * multiple  # shape: (num_docs,)
+    plan = pack_lengths(padded, capacity, strategy=strategy, overflow=overflow)
+    seg_len = np.minimum(plan.seg_len, lengths[plan.seg_doc] - plan.seg_offset)
+    cap = capacity
+    if strategy is Strategy.CONCAT and overflow in (Overflow.SPLIT, Overflow.ERROR):
+        cap = max(capacity, int(lengths.max()) if lengths.size else 0)  # as the stream plans it
+    _, c = K._chunk_histogram(lengths, cap, _OVERFLOW_CODE.get(overflow, K.OVERFLOW_SPLIT))
+    counts = _counts(lengths.size, int(lengths.sum()), c)
+    counts["docs_cut"] = plan.counts["docs_cut"]
+    return PackPlan(capacity, plan.row_offsets, plan.seg_doc, plan.seg_offset, seg_len, counts,
+                    multiple)
 
 
 def _index_dtype(num_chunks: int, num_docs: int, max_length: int = 0):

@@ -5,14 +5,16 @@ Plain Python lists and loops, no numpy tricks. Each function mirrors one public 
 :func:`reference_layout` <-> :func:`packtool.core.layout.layout_rows` (with ``targets``: and
 :func:`packtool.core.masks.mask_labels`), :func:`reference_drop_masked` <->
 :func:`packtool.core.masks.drop_masked_tokens`, :func:`reference_boundary_tokens` <->
-:func:`packtool.core.masks.add_boundary_tokens`, :func:`reference_gather_segments` <->
+:func:`packtool.core.masks.add_boundary_tokens`, :func:`reference_prepare_documents` <->
+:func:`packtool.core.masks.prepare_documents`, :func:`reference_gather_segments` <->
 :func:`packtool.core.layout.gather_segments`.
 """
 
 from __future__ import annotations
 
 __all__ = ["reference_chunks", "reference_pack", "reference_layout", "reference_drop_masked",
-           "reference_boundary_tokens", "reference_gather_segments"]
+           "reference_boundary_tokens", "reference_prepare_documents",
+           "reference_gather_segments"]
 
 IGNORE = -100
 
@@ -37,13 +39,20 @@ def reference_chunks(lengths, capacity, overflow="split"):
     return chunks
 
 
-def reference_pack(lengths, capacity, strategy="obfd", overflow="split"):
+def reference_pack(lengths, capacity, strategy="obfd", overflow="split", segment_multiple=1):
     """Rows as lists of (doc, offset, length) segments, in layout order.
 
     obfd: scan every bin; take the one with the least remaining capacity that fits; among equal
     remaining capacities, the one whose remaining capacity changed most recently. O(N * bins).
+
+    segment_multiple N: every document is planned as if it were ``ceil(L / N) * N`` tokens long,
+    and each segment then keeps only the real tokens it covers.
     """
     lengths = [int(x) for x in lengths]
+    if segment_multiple > 1:
+        padded = [-(-x // segment_multiple) * segment_multiple for x in lengths]
+        rows = reference_pack(padded, capacity, strategy, overflow)
+        return [[(d, o, min(n, lengths[d] - o)) for d, o, n in row] for row in rows]
     if strategy == "concat":
         cap = max([capacity] + lengths) if overflow in ("split", "error") else capacity
         chunks = reference_chunks(lengths, cap, overflow)
@@ -89,15 +98,20 @@ def reference_pack(lengths, capacity, strategy="obfd", overflow="split"):
     return [b[2] for b in bins]
 
 
-def reference_layout(rows, docs, capacity, pad_id=0, labels="unshifted", targets=None):
+def reference_layout(rows, docs, capacity, pad_id=0, labels="unshifted", targets=None,
+                     segment_multiple=1):
     """Columns of each row as plain lists: a list of dicts with the contract's fields.
 
     ``targets`` (optional, one list of 0/1 per document, like ``docs``): a label whose target
     token is flagged 0 is -100 too, and ``num_targets`` counts the labels that are not -100.
+
+    ``segment_multiple`` N: after each segment, padding up to a multiple of N (pad id, segment
+    0, positions going on, label -100); ``cu_seqlens`` holds the spans and, when N > 1,
+    ``cu_seqlens_unpadded`` the real lengths summed (the tail counted whole in both).
     """
     out = []
     for row in rows:
-        ids, seg, pos, lab, cu = [], [], [], [], [0]
+        ids, seg, pos, lab, cu, cu_real = [], [], [], [], [0], [0]
         for k, (doc, off, length) in enumerate(row, start=1):
             piece = list(docs[doc][off:off + length])
             flags = [1] * length if targets is None else list(targets[doc][off:off + length])
@@ -110,7 +124,15 @@ def reference_layout(rows, docs, capacity, pad_id=0, labels="unshifted", targets
                     lab.append(piece[t + 1] if nxt else IGNORE)
                 else:
                     lab.append(tok if t > 0 and flags[t] else IGNORE)
+            t = length
+            while t % segment_multiple:
+                ids.append(pad_id)
+                seg.append(0)
+                pos.append(t)
+                lab.append(IGNORE)
+                t += 1
             cu.append(len(ids))
+            cu_real.append(cu_real[-1] + length)
         pad = capacity - len(ids)
         for t in range(pad):
             ids.append(pad_id)
@@ -119,12 +141,14 @@ def reference_layout(rows, docs, capacity, pad_id=0, labels="unshifted", targets
             lab.append(IGNORE)
         if pad:
             cu.append(capacity)
+            cu_real.append(cu_real[-1] + pad)
         out.append({
             "input_ids": ids,
             "segment_ids": seg,
             "position_ids": pos,
             "labels": None if labels == "none" else lab,
             "cu_seqlens": cu,
+            **({"cu_seqlens_unpadded": cu_real} if segment_multiple > 1 else {}),
             "max_seqlen": max(b - a for a, b in zip(cu, cu[1:])),
             "num_targets": sum(x != IGNORE for x in lab),
             "doc_ids": [d for d, _, _ in row],
@@ -168,6 +192,40 @@ def reference_boundary_tokens(docs, targets=None, bos=None, eos=None):
         out_docs.append(doc)
         out_targets.append(flags)
     return out_docs, (out_targets if targets is not None else None), counts
+
+
+def reference_prepare_documents(docs, keep=None, labels=None, loss_masks=(), bos=None,
+                                eos=None, keep_docs=None):
+    """Documents as packed, one token at a time: (docs, targets or None).
+
+    A document ``keep_docs`` marks False (the other part of a held-out split) becomes empty; in
+    the others a token whose attention mask is 0 is dropped; a kept token is a target unless
+    its label is -100 or one of the loss masks is 0; a BOS is added (never a target's flag: 1)
+    to a non-empty document not starting with it, an EOS (with the flag of the last token) to
+    one not ending with it."""
+    with_flags = labels is not None or len(loss_masks) > 0
+    out_docs, out_flags = [], []
+    for i, doc in enumerate(docs):
+        toks, flags = [], []
+        if keep_docs is not None and not keep_docs[i]:
+            out_docs.append(toks)
+            out_flags.append(flags)
+            continue
+        for j, t in enumerate(doc):
+            if keep is not None and not keep[i][j]:
+                continue
+            learn = labels is None or labels[i][j] != IGNORE
+            for m in loss_masks:
+                learn = learn and bool(m[i][j])
+            toks.append(t)
+            flags.append(1 if learn else 0)
+        if toks and bos is not None and toks[0] != bos:
+            toks, flags = [bos] + toks, [1] + flags
+        if toks and eos is not None and toks[-1] != eos:
+            toks, flags = toks + [eos], flags + [flags[-1]]
+        out_docs.append(toks)
+        out_flags.append(flags)
+    return out_docs, (out_flags if with_flags else None)
 
 
 def reference_gather_segments(values, src, lens):

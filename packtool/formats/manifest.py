@@ -1,9 +1,31 @@
-"""The manifest: written last, atomically; its presence means the output is complete.
+"""The manifest: one typed record of a packtool output, written last; its presence means complete.
 
-It records the packtool version, the full options, the input files (path, rows, bytes), every
-output shard (file, rows, bytes, sha256), the columns, the labels convention and the totals.
-Readers (``stats``, ``verify``, the loaders) call :func:`load_manifest`, which refuses
-incomplete, edited or extra shards.
+:class:`Manifest` (frozen) records the packtool version, the fingerprint of inputs and options,
+the capacity, the labels fact (:class:`LabelsInfo`: stored or not, and the convention every reader
+hands out), the options that decide the bytes, the input files (:class:`InputEntry`), every shard
+(:class:`ShardEntry`: rows, row groups, bytes, sha256 of the file and of its Parquet footer), the
+windows when the pack was windowed (:class:`WindowEntry`, and how documents were dealt to them:
+:class:`Windowing`), the totals
+(:class:`~packtool.stats.PackStats`) and, with ``pack --source-column``, the source table
+(:attr:`Manifest.source_column` and :attr:`Manifest.source_values`, written as ``sources`` only
+when set). Every consumer reads it as attributes, through
+:func:`read_manifest`; the one reader of the shards (:mod:`packtool.formats.packed`) builds its
+row-group index from it without opening a shard.
+
+**Kinds.** :attr:`Manifest.kind` says what the shards hold: :data:`PACKED_KIND` (``packtool
+pack``: packed rows, the default) or :data:`TOKENIZED_KIND` (``packtool tokenize``: one document
+per row, ``input_ids`` only; no capacity and no labels fact, totals ``docs_in``, ``tokens_in`` and
+the BOS/EOS counts). A tokenized output is ``pack`` input, never packed rows: every reader of
+packed rows refuses it in one line (:func:`require_packed`). ``kind`` is written only when it is
+not ``packed``, so a packed output's manifest is what it was before kinds existed.
+
+**Format versions.** 3 (this one): shards carry Parquet page checksums, the manifest records
+each shard's row groups and footer sha256, the labels fact once (``labels``; the shards' schema
+metadata says the same convention). 2: no page checksums, no row groups or footer sha256 in the
+manifest, labels recorded in several fields. A version-2 output stays readable as it is
+(:meth:`Manifest.from_dict` takes both; the reader then opens each shard's footer to index it),
+and ``packtool upgrade OUT`` rewrites only its manifest as version 3 after checking every shard's
+sha256 (:func:`upgrade_manifest`), so nobody repacks for a manifest change.
 
 **A directory that is a dataset.** OUTPUT must open as it is, as a directory, in every common
 Parquet reader. Measured with pyarrow 26, polars 2.1, duckdb 2.0 and datasets 5.2:
@@ -25,7 +47,7 @@ polars refuses any directory holding a file of another extension, hidden or not,
 name works for every reader. The manifest is therefore a hidden Parquet file with the shards'
 schema and no rows, its JSON in the key-value metadata (:data:`MANIFEST_META_KEY`), the way
 Parquet's own ``_common_metadata`` file carries a schema: pyarrow and datasets skip it (leading
-``.``), polars and duckdb add zero rows. :func:`read_manifest` returns the JSON as a dict.
+``.``), polars and duckdb add zero rows.
 
 While ``pack`` runs, OUTPUT also holds :data:`IN_PROGRESS_NAME` and :data:`TMP_DIR_NAME`
 (removed when the manifest is written); an output with them is incomplete anyway.
@@ -35,20 +57,27 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import re
-import uuid
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Callable, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool.errors import ManifestError
+from packtool.location import Location
+from packtool.stats import PackStats
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NAME", "LOCK_NAME",
-           "SHARD_GLOB", "FORMAT_VERSION", "sha256_file", "write_json_atomic", "write_manifest_file",
-           "manifest_bytes", "manifest_from_bytes",
-           "read_manifest", "load_manifest", "shard_name"]
+           "SHARD_GLOB", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry",
+           "InputEntry", "LabelsInfo", "WindowEntry", "Windowing", "PACKED_KIND", "TOKENIZED_KIND",
+           "KINDS",
+           "require_packed", "manifest_bytes", "publish_manifest",
+           "read_manifest", "read_manifest_and_schema", "load_manifest", "check_shards",
+           "sha256_of",
+           "footer_sha256", "footer_of", "upgrade_manifest", "shard_entry_of", "shard_name",
+           "is_shard_name"]
 
 #: File name of the manifest inside OUTPUT (a zero-row Parquet file, see the module docstring).
 MANIFEST_NAME = ".packtool-manifest.parquet"
@@ -62,7 +91,18 @@ TMP_DIR_NAME = ".packtool-tmp"
 LOCK_NAME = ".packtool.lock"
 #: Glob of the output shards at OUTPUT's top level.
 SHARD_GLOB = "part-*.parquet"
-FORMAT_VERSION = 2
+#: The version this packtool writes.
+FORMAT_VERSION = 3
+#: The versions this packtool reads (2: see the module docstring).
+READABLE_VERSIONS = (2, 3)
+#: Bytes read from a file's end to find its Parquet footer in one request (most footers fit).
+_TAIL_BYTES = 1 << 16
+#: :attr:`Manifest.kind` of a ``packtool pack`` output: packed rows.
+PACKED_KIND = "packed"
+#: :attr:`Manifest.kind` of a ``packtool tokenize`` output: one document per row.
+TOKENIZED_KIND = "tokenized"
+#: Every kind a manifest may say.
+KINDS = (PACKED_KIND, TOKENIZED_KIND)
 
 
 def shard_name(index: int) -> str:
@@ -70,167 +110,584 @@ def shard_name(index: int) -> str:
     return f"part-{index:05d}.parquet"
 
 
-def sha256_file(path: Path, chunk_bytes: int = 1 << 22) -> str:
-    """Hex sha256 of a file, read in chunks of ``chunk_bytes``."""
+def is_shard_name(name: str) -> bool:
+    """True for a name of the :data:`SHARD_GLOB` form."""
+    return name.startswith("part-") and name.endswith(".parquet")
+
+
+@dataclass(frozen=True)
+class LabelsInfo:
+    """The labels fact of an output, recorded once.
+
+    Attributes:
+        stored: True when the shards hold a ``labels`` column (``--labels unshifted|shifted``, or
+            an input labels column was read); False: readers derive them from ``input_ids`` and
+            ``segment_ids``.
+        convention: what every reader hands out, stored or derived: ``unshifted`` (the model
+            shifts; Hugging Face) or ``shifted`` (``labels[i]`` is the target of position i).
+    """
+
+    stored: bool
+    convention: str
+
+    def __post_init__(self) -> None:
+        if self.convention not in ("unshifted", "shifted"):
+            raise ValueError(f"labels convention {self.convention!r}: unshifted or shifted")
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard of the output.
+
+    Attributes:
+        file: file name inside OUTPUT (``part-00000.parquet``).
+        rows: rows in the shard.
+        bytes: file size.
+        sha256: hex sha256 of the whole file.
+        footer_sha256: hex sha256 of its Parquet footer (metadata, its length and ``PAR1``);
+            None for a version-2 output not upgraded.
+        row_groups: ``((rows, count), ...)``: ``count`` row groups of ``rows`` rows each, in
+            order (run-length form); empty for a version-2 output.
+    """
+
+    file: str
+    rows: int
+    bytes: int
+    sha256: str
+    footer_sha256: str | None = None
+    row_groups: tuple = ()
+
+    def group_rows(self) -> list[int]:
+        """Rows of every row group, in order (expanded from :attr:`row_groups`)."""
+        return [int(r) for r, n in self.row_groups for _ in range(int(n))]
+
+    def to_dict(self) -> dict:
+        return {"file": self.file, "rows": self.rows, "bytes": self.bytes, "sha256": self.sha256,
+                "footer_sha256": self.footer_sha256,
+                "row_groups": [list(rg) for rg in self.row_groups]}
+
+    @staticmethod
+    def run_lengths(group_rows) -> tuple:
+        """``((rows, count), ...)`` of a list of row-group sizes."""
+        out: list[list[int]] = []
+        for r in group_rows:
+            if out and out[-1][0] == int(r):
+                out[-1][1] += 1
+            else:
+                out.append([int(r), 1])
+        return tuple((r, n) for r, n in out)
+
+
+@dataclass(frozen=True)
+class InputEntry:
+    """One input file: where it was read (a path or a URI without secrets), rows, bytes."""
+
+    path: str
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class WindowEntry:
+    """One window of a windowed pack (``--window-docs``): its documents and what it cost.
+
+    Documents are dealt to windows in blocks across the whole input (:class:`Windowing`), so a
+    window is not one run of documents: ``first_doc`` and ``inputs`` (where a contiguous window
+    of an older pack came from) are None and empty for the windows this packtool writes, and
+    kept when a manifest of that older form is read.
+    """
+
+    index: int
+    docs: int
+    tokens: int
+    real_tokens: int
+    rows: int
+    lower_bound_rows: int
+    extra_rows: int
+    first_doc: int | None = None  #: an older pack's contiguous window: its first document
+    inputs: tuple = ()  #: an older pack's ``({"path", "first_row", "docs"}, ...)``
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)
+             if f.name not in ("first_doc", "inputs")}
+        if self.first_doc is not None:  # the older form, written back as it was read
+            d["first_doc"] = self.first_doc
+            d["inputs"] = [dict(i) for i in self.inputs]
+        return d
+
+    @classmethod
+    def from_dict(cls, w: dict) -> "WindowEntry":
+        """Both forms: with ``first_doc`` and ``inputs`` (contiguous windows) or without."""
+        return cls(int(w["index"]), int(w["docs"]), int(w["tokens"]), int(w["real_tokens"]),
+                   int(w["rows"]), int(w["lower_bound_rows"]), int(w["extra_rows"]),
+                   None if w.get("first_doc") is None else int(w["first_doc"]),
+                   tuple(dict(i) for i in w.get("inputs") or ()))
+
+
+@dataclass(frozen=True)
+class Windowing:
+    """How a windowed pack dealt its documents to windows: block ``j`` (global documents
+    ``j * block_docs .. (j + 1) * block_docs - 1``) went to window ``j mod windows``
+    (:mod:`packtool.core.windows`)."""
+
+    windows: int
+    block_docs: int
+
+    #: the rule in words, written beside the numbers
+    RULE = ("block j (documents j*block_docs .. (j+1)*block_docs-1) is in window j mod windows")
+
+    def window_of(self, doc: int) -> int:
+        """The window that planned global document ``doc``."""
+        return (int(doc) // self.block_docs) % self.windows
+
+    def to_dict(self) -> dict:
+        return {"windows": self.windows, "block_docs": self.block_docs, "rule": self.RULE}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Windowing":
+        return cls(int(d["windows"]), int(d["block_docs"]))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """The typed manifest of a packed output (see the module docstring).
+
+    Attributes:
+        format_version: the version it was written as (:data:`READABLE_VERSIONS`).
+        packtool_version: the packtool that wrote it.
+        fingerprint: sha256 of the inputs, options and byte-deciding versions.
+        capacity: C, tokens per row (0 for a tokenized output).
+        labels: the labels fact (:class:`LabelsInfo`); None for a tokenized output.
+        options: the options that decided the bytes (read-only mapping).
+        inputs: the input files in document order.
+        shards: the shards in row order.
+        totals: the counts of the whole output (a tokenized output: ``docs_in``, ``tokens_in``
+            and the BOS/EOS counts).
+        windows: the windows of a windowed pack (empty otherwise).
+        windowing: how a windowed pack dealt documents to its windows (:class:`Windowing`);
+            None without windows, and for an older windowed pack (contiguous windows, each
+            :class:`WindowEntry` with its ``first_doc``).
+        kind: :data:`PACKED_KIND` (default) or :data:`TOKENIZED_KIND`.
+        source_column: the input column ``pack --source-column`` carried, or None.
+        source_values: the id -> value table of the shards' ``source_ids`` (id ``i`` is
+            ``source_values[i]``: strings or ints, sorted), empty without ``--source-column``.
+
+    Raises:
+        ValueError: an unknown kind, a packed manifest without a labels fact, or
+            ``source_values`` without a ``source_column``.
+    """
+
+    format_version: int
+    packtool_version: str
+    fingerprint: str
+    capacity: int = 0
+    labels: LabelsInfo | None = None
+    options: Mapping = field(default_factory=dict)
+    inputs: tuple = ()
+    shards: tuple = ()
+    totals: PackStats = field(default_factory=PackStats)
+    windows: tuple = ()
+    windowing: Windowing | None = None
+    kind: str = PACKED_KIND
+    source_column: str | None = None
+    source_values: tuple = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"manifest kind {self.kind!r}: choose one of {', '.join(KINDS)}")
+        if self.kind == PACKED_KIND and self.labels is None:
+            raise ValueError("a packed manifest records its labels fact (LabelsInfo)")
+        if self.source_values and self.source_column is None:
+            raise ValueError("source_values without a source_column")
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+        object.__setattr__(self, "source_values", tuple(self.source_values))
+
+    def __reduce__(self):  # a mapping proxy does not pickle: rebuild from the plain values
+        return (_manifest_from_state, (self.to_dict(),))
+
+    @property
+    def num_rows(self) -> int:
+        """Rows over all shards."""
+        return sum(s.rows for s in self.shards)
+
+    @property
+    def is_packed(self) -> bool:
+        """True for packed rows (``packtool pack``), False for a tokenized output."""
+        return self.kind == PACKED_KIND
+
+    @property
+    def label_masked(self) -> bool:
+        """True when an input labels column left some targets -100 on purpose (SFT prompts):
+        the effective targets are then fewer than sum(len - 1)."""
+        return self.totals.tokens_label_masked > 0
+
+    @property
+    def indexed(self) -> bool:
+        """True when every shard's row groups are recorded (no footer needed to index)."""
+        return all(s.row_groups or not s.rows for s in self.shards)
+
+    def shard(self, name: str) -> ShardEntry:
+        """The entry of shard ``name``.
+
+        Raises:
+            KeyError: no such shard.
+        """
+        for s in self.shards:
+            if s.file == name:
+                return s
+        raise KeyError(name)
+
+    def to_dict(self) -> dict:
+        """The JSON form written in the manifest file (format version 3; ``kind`` only when it is
+        not ``packed``; a tokenized output has no ``capacity`` or ``labels``)."""
+        d = {"format_version": FORMAT_VERSION, "packtool_version": self.packtool_version,
+             "fingerprint": self.fingerprint, "options": dict(self.options),
+             "inputs": [{"path": i.path, "rows": i.rows, "bytes": i.bytes} for i in self.inputs],
+             "shards": [s.to_dict() for s in self.shards],
+             "totals": self.totals.to_dict()}
+        if self.kind == PACKED_KIND:
+            d["capacity"] = self.capacity
+            d["labels"] = {"stored": self.labels.stored, "convention": self.labels.convention}
+        else:
+            d["kind"] = self.kind
+        if self.windowing is not None:
+            d["windowing"] = self.windowing.to_dict()
+        if self.windows:
+            d["windows"] = [w.to_dict() for w in self.windows]
+        if self.source_column is not None:
+            d["sources"] = {"column": self.source_column, "values": list(self.source_values)}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "manifest") -> "Manifest":
+        """The manifest of a JSON dict of format version 2 or 3.
+
+        Raises:
+            ManifestError: another version, or a missing or malformed field (``where`` names the
+                manifest file).
+        """
+        version = d.get("format_version") if isinstance(d, dict) else None
+        if version not in READABLE_VERSIONS:
+            raise ManifestError(f"{where}: format_version {version!r}; this packtool reads "
+                                f"{', '.join(map(str, READABLE_VERSIONS))}: use the packtool "
+                                "that wrote it, or repack with this one")
+        kind = d.get("kind", PACKED_KIND)
+        if kind not in KINDS:
+            raise ManifestError(f"{where}: manifest of kind {kind!r}; this packtool reads "
+                                f"{', '.join(KINDS)}: use the packtool that wrote it")
+        try:
+            opts = dict(d.get("options") or {})
+            if kind != PACKED_KIND:
+                stored = conv = None
+                capacity = 0
+                shards = tuple(ShardEntry(
+                    str(o["file"]), int(o["rows"]), int(o["bytes"]), str(o["sha256"]),
+                    o.get("footer_sha256"),
+                    tuple((int(r), int(n)) for r, n in o.get("row_groups") or ()))
+                    for o in d["shards"])
+            elif version == 2:
+                option = str(opts.get("labels", "none"))
+                info = d.get("labels") if isinstance(d.get("labels"), dict) else {}
+                stored = bool(info.get("stored", option != "none"))
+                conv = str(info.get("convention", "unshifted" if option == "none" else option))
+                capacity = int(opts["capacity"])
+                shards = tuple(ShardEntry(str(o["file"]), int(o["rows"]), int(o["bytes"]),
+                                          str(o["sha256"])) for o in d["outputs"])
+                for k in ("labels",):
+                    opts.pop(k, None)
+            else:
+                stored, conv = bool(d["labels"]["stored"]), str(d["labels"]["convention"])
+                capacity = int(d["capacity"])
+                shards = tuple(ShardEntry(
+                    str(o["file"]), int(o["rows"]), int(o["bytes"]), str(o["sha256"]),
+                    o.get("footer_sha256"),
+                    tuple((int(r), int(n)) for r, n in o.get("row_groups") or ()))
+                    for o in d["shards"])
+            windows = tuple(WindowEntry.from_dict(w) for w in d.get("windows") or ())
+            windowing = (Windowing.from_dict(d["windowing"]) if d.get("windowing") is not None
+                         else None)
+            src = d.get("sources") or {}
+            values = tuple(v if isinstance(v, str) else int(v) for v in src.get("values") or ())
+            return cls(format_version=int(version),
+                       packtool_version=str(d.get("packtool_version", "")),
+                       fingerprint=str(d.get("fingerprint", "")), capacity=capacity,
+                       labels=None if stored is None else LabelsInfo(stored, conv), options=opts,
+                       inputs=tuple(InputEntry(str(i["path"]), int(i["rows"]), int(i["bytes"]))
+                                    for i in d.get("inputs") or ()),
+                       shards=shards, totals=PackStats.from_dict(d.get("totals") or {}),
+                       windows=windows, windowing=windowing, kind=kind,
+                       source_column=None if not src else str(src["column"]),
+                       source_values=values)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ManifestError(f"{where}: malformed manifest ({type(exc).__name__}: {exc}); "
+                                "rerun the same packtool pack with --overwrite") from None
+
+    def replace_shards(self, shards) -> "Manifest":
+        """A copy with ``shards`` and the current :data:`FORMAT_VERSION`."""
+        from dataclasses import replace
+
+        return replace(self, shards=tuple(shards), format_version=FORMAT_VERSION)
+
+
+def _manifest_from_state(d: dict) -> Manifest:
+    return Manifest.from_dict(d)
+
+
+def manifest_bytes(manifest: Manifest, schema: pa.Schema) -> bytes:
+    """The manifest file's bytes: zero rows of ``schema`` (the shards' schema), the JSON of
+    ``manifest`` under :data:`MANIFEST_META_KEY`."""
+    meta = dict(schema.metadata or {})
+    meta[MANIFEST_META_KEY] = json.dumps(manifest.to_dict(), sort_keys=True).encode()
+    sink = pa.BufferOutputStream()
+    # no rows; ``Schema.empty_table`` would import pandas (a tenth of a CPU-second)
+    pq.write_table(pa.Table.from_batches([], schema=schema.with_metadata(meta)), sink,
+                   compression="zstd")
+    return sink.getvalue().to_pybytes()
+
+
+def publish_manifest(output, manifest: Manifest, schema: pa.Schema) -> None:
+    """Write the manifest of OUTPUT ``output`` (a path or URI), whole or not at all
+    (:meth:`packtool.location.Location.publish_bytes`)."""
+    Location.parse(output).join(MANIFEST_NAME).publish_bytes(manifest_bytes(manifest, schema))
+
+
+def _incomplete(out: Location) -> ManifestError:
+    return ManifestError(f"{out.display}: no {MANIFEST_NAME}: not a complete packtool output "
+                         "(an interrupted pack: rerun the same packtool pack to finish it; raw "
+                         "tokenized data: pack it first with packtool pack)")
+
+
+def read_manifest_and_schema(output) -> tuple[Manifest, pa.Schema]:
+    """The manifest of a packed OUTPUT and the shards' schema it carries, without checking the
+    shards.
+
+    Args:
+        output: the OUTPUT directory, a ``file:`` URI or a store URI.
+
+    Raises:
+        ManifestError: no manifest (an incomplete pack or not a packtool output), or one that is
+            not readable or of a version this packtool does not read.
+    """
+    out = Location.parse(output)
+    mloc = out.join(MANIFEST_NAME)
+    try:
+        data = mloc.read_bytes()
+    except NotADirectoryError:
+        raise ManifestError(f"{out.display}: not a directory; pass the OUTPUT directory of "
+                            "packtool pack") from None
+    except (FileNotFoundError, IsADirectoryError):
+        if not out.exists():
+            raise ManifestError(f"{out.display}: no such directory; pass the OUTPUT directory "
+                                "of packtool pack") from None
+        raise _incomplete(out) from None
+    except (OSError, pa.ArrowException) as exc:
+        if not out.exists():
+            raise ManifestError(f"{out.display}: no such directory; pass the OUTPUT directory "
+                                "of packtool pack") from None
+        raise ManifestError(f"{mloc.display}: unreadable manifest ({_first(exc)}); rerun the "
+                            "same packtool pack with --overwrite") from None
+    try:
+        schema = pq.read_schema(pa.BufferReader(data))
+        doc = json.loads((schema.metadata or {})[MANIFEST_META_KEY])
+    except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
+        raise ManifestError(f"{mloc.display}: unreadable manifest ({_first(exc)}); rerun the "
+                            "same packtool pack with --overwrite") from None
+    meta = {k: v for k, v in (schema.metadata or {}).items() if k != MANIFEST_META_KEY}
+    return Manifest.from_dict(doc, mloc.display), schema.with_metadata(meta)
+
+
+def read_manifest(output) -> Manifest:
+    """The :class:`Manifest` of a packed OUTPUT (path, ``file:`` URI or store URI), without
+    checking the shards.
+
+    Raises:
+        ManifestError: as :func:`read_manifest_and_schema`.
+    """
+    return read_manifest_and_schema(output)[0]
+
+
+def require_packed(manifest: Manifest, where) -> Manifest:
+    """``manifest`` when it is of packed rows.
+
+    Raises:
+        ManifestError: a tokenized output (one document per row): one line saying to pack it
+            first (``where`` names the output).
+    """
+    if manifest.kind != PACKED_KIND:
+        raise ManifestError(f"{where}: a packtool {manifest.kind} output (one document per row, "
+                            f"not packed rows); pack it first: packtool pack {where} OUTPUT")
+    return manifest
+
+
+def load_manifest(output, *, check_hashes: bool = False) -> Manifest:
+    """:func:`read_manifest`, then :func:`check_shards` (sizes, no extra shard; every shard's
+    sha256 too when ``check_hashes``).
+
+    Raises:
+        ManifestError: as both.
+    """
+    manifest = read_manifest(output)
+    check_shards(output, manifest, hashes=check_hashes)
+    return manifest
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def sha256_of(loc, chunk_bytes: int = 1 << 22) -> str:
+    """Hex sha256 of a file (local path or store object), read in chunks of ``chunk_bytes``.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    loc = Location.parse(loc)
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    if loc.is_local:
+        with open(loc, "rb") as f:
+            while block := f.read(chunk_bytes):
+                h.update(block)
+        return h.hexdigest()
+    fs, path = loc.filesystem()
+    with fs.open_input_stream(path) as f:
         while block := f.read(chunk_bytes):
             h.update(block)
     return h.hexdigest()
 
 
-def _publish_atomic(path: Path, write) -> None:
-    """Call ``write(tmp)`` on a unique temporary name beside ``path``, fsync it, then
-    ``os.replace`` it onto ``path``; on any failure (Ctrl-C included) the temporary is removed, so
-    two writers never share a temporary and an interrupted write leaves nothing behind."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+def footer_of(handle, size: int) -> bytes:
+    """The Parquet footer of an open file (metadata, its 4-byte length and ``PAR1``), read with
+    one request when it fits the last 64 KiB (two otherwise).
+
+    Args:
+        handle: a pyarrow random-access file (``read_at``).
+        size: the file's size in bytes.
+
+    Raises:
+        OSError: the file is not Parquet (no ``PAR1`` at its end) or is shorter than its footer.
+    """
+    if size < 12:
+        raise OSError(f"{size} bytes: too short for a Parquet file")
+    n = min(size, _TAIL_BYTES)
+    tail = handle.read_at(n, size - n)
+    if tail[-4:] != b"PAR1":
+        raise OSError("no Parquet footer (the file does not end in PAR1)")
+    meta_len = int.from_bytes(tail[-8:-4], "little")
+    if meta_len + 8 > size - 4:
+        raise OSError(f"footer length {meta_len} does not fit a file of {size} bytes")
+    if meta_len + 8 <= n:
+        return bytes(tail[-(meta_len + 8):])
+    return bytes(handle.read_at(meta_len + 8, size - meta_len - 8))
 
 
-def write_json_atomic(path: Path, obj: dict) -> None:
-    """Write ``obj`` as JSON to ``path`` atomically (unique temporary name, fsync, rename)."""
-    text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
-    _publish_atomic(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
+def footer_sha256(loc, tail_bytes: int = 1 << 16) -> str:
+    """sha256 of a file's Parquet footer (local path or URI): it holds every row group's
+    offsets, sizes and statistics, so a rewrite of the same size changes it. A file that is not
+    Parquet (Arrow IPC) is represented by its last ``tail_bytes`` bytes.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    loc = Location.parse(loc)
+    with loc.open_input() as f:
+        size = f.size()
+        try:
+            return hashlib.sha256(footer_of(f, size)).hexdigest()
+        except OSError:
+            n = min(size, tail_bytes)
+            return hashlib.sha256(f.read_at(n, size - n) if n else b"").hexdigest()
 
 
-def _manifest_table(manifest: dict, schema: pa.Schema) -> pa.Table:
-    meta = dict(schema.metadata or {})
-    meta[MANIFEST_META_KEY] = json.dumps(manifest, sort_keys=True).encode()
-    # no rows; ``Schema.empty_table`` would import pandas (a tenth of a CPU-second)
-    return pa.Table.from_batches([], schema=schema.with_metadata(meta))
+def check_shards(output, manifest: Manifest, *, hashes: bool = False, threads: int = 4,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+    """Check that OUTPUT holds exactly the manifest's shards, each with its recorded size (and
+    sha256 when ``hashes``: every byte is read, ``threads`` shards at a time).
+
+    Args:
+        output: the OUTPUT directory or URI.
+        manifest: its manifest.
+        hashes: also compare every shard's sha256 with the manifest.
+        threads: shards hashed at once (hashing releases the GIL).
+        progress: ``callable(done, total)`` after each shard hashed.
+
+    Raises:
+        ManifestError: a listed shard is missing or of another size or sha256 (the message names
+            the first such shard in manifest order), or a ``part-*.parquet`` not listed.
+    """
+    out = Location.parse(output)
+    found = out.listdir()
+    if not found and not out.exists():
+        raise ManifestError(f"{out.display}: no such directory; pass the OUTPUT directory of "
+                            "packtool pack")
+    listed = {s.file for s in manifest.shards}
+    for s in manifest.shards:
+        e = found.get(s.file)
+        where = out.join(s.file).display
+        if e is None or e.is_dir:
+            raise ManifestError(f"{where}: shard listed in the manifest is missing; rerun the "
+                                "same packtool pack with --overwrite")
+        if e.size != s.bytes:
+            raise ManifestError(f"{where}: size {e.size} bytes, the manifest says {s.bytes}: "
+                                "the shard was modified or truncated; rerun the same packtool "
+                                "pack with --overwrite")
+    extra = sorted(n for n, e in found.items() if not e.is_dir and is_shard_name(n)
+                   and n not in listed)
+    if extra:
+        raise ManifestError(f"{out.join(extra[0]).display}: shard not listed in the manifest; "
+                            "remove it or rerun the same packtool pack with --overwrite")
+    if not hashes:
+        return
+    done = 0
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        digests = pool.map(lambda s: sha256_of(out.join(s.file)), manifest.shards)
+        for s, digest in zip(manifest.shards, digests):
+            if digest != s.sha256:
+                raise ManifestError(f"{out.join(s.file).display}: sha256 differs from the "
+                                    "manifest: the shard was modified; rerun the same packtool "
+                                    "pack with --overwrite")
+            done += 1
+            if progress:
+                progress(done, len(manifest.shards))
 
 
-def manifest_bytes(manifest: dict, schema: pa.Schema) -> bytes:
-    """The bytes :func:`write_manifest_file` writes, for a store (one PUT)."""
-    sink = pa.BufferOutputStream()
-    pq.write_table(_manifest_table(manifest, schema), sink, compression="zstd")
-    return sink.getvalue().to_pybytes()
+def upgrade_manifest(output, *, progress: Callable[[int, int], None] | None = None) -> bool:
+    """Rewrite a version-2 output's manifest as version 3, shards untouched.
 
-
-def write_manifest_file(directory: Path, manifest: dict, schema: pa.Schema) -> Path:
-    """Write ``manifest`` as ``directory/.packtool-manifest.parquet``: zero rows of ``schema`` (the
-    shards' schema), the JSON under :data:`MANIFEST_META_KEY`; temporary name, fsync, rename.
+    Every shard's sha256 is checked against the old manifest first (the new one vouches for
+    them), then each shard's footer is read for its row groups and footer sha256. The shards
+    keep what version 2 wrote (no page checksums): readers check their size, footer and sha256.
 
     Returns:
-        The manifest's path.
-    """
-    table = _manifest_table(manifest, schema)
-    path = Path(directory) / MANIFEST_NAME
-    _publish_atomic(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
-    return path
-
-
-def manifest_from_bytes(data: bytes, where) -> dict:
-    """The manifest JSON held by a manifest file's bytes (``where`` names it in errors).
+        True when the manifest was rewritten, False when it already was version 3.
 
     Raises:
-        ManifestError: not a readable manifest.
+        ManifestError: not a complete output, or a shard that differs from the manifest.
+        OSError: the manifest cannot be written.
     """
-    try:
-        meta = pq.read_schema(pa.BufferReader(data)).metadata or {}
-        manifest = json.loads(meta[MANIFEST_META_KEY])
-        manifest["outputs"]
-    except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
-        raise ManifestError(f"{where}: unreadable manifest ({exc}); rerun the same packtool pack "
-                            "with --overwrite") from None
-    return manifest
+    out = Location.parse(output)
+    manifest, schema = read_manifest_and_schema(out)
+    if manifest.format_version == FORMAT_VERSION:
+        return False
+    check_shards(out, manifest, hashes=True, progress=progress)
+    shards = [shard_entry_of(out.join(s.file), sha256=s.sha256) for s in manifest.shards]
+    publish_manifest(out, manifest.replace_shards(shards), schema)
+    return True
 
 
-def read_manifest(directory: str | os.PathLike) -> dict:
-    """The manifest JSON of a packed OUTPUT directory, without checking the shards.
+def shard_entry_of(loc, *, sha256: str | None = None) -> ShardEntry:
+    """The manifest entry of the shard file at ``loc`` as it is: rows, row groups and footer
+    sha256 from its footer, size, and its sha256 (read whole unless ``sha256`` is given).
 
     Raises:
-        ManifestError: no manifest, or one that is not readable.
+        OSError: the file cannot be read or is not Parquet.
     """
-    d = Path(directory)
-    mpath = d / MANIFEST_NAME
-    if not mpath.is_file():
-        raise ManifestError(f"{d}: no {MANIFEST_NAME}: not a packtool output or an interrupted "
-                            "pack; rerun packtool pack to finish it")
-    try:
-        data = mpath.read_bytes()
-    except OSError as exc:
-        raise ManifestError(f"{mpath}: unreadable manifest ({exc}); rerun the same packtool pack "
-                            "with --overwrite") from None
-    return manifest_from_bytes(data, mpath)
+    loc = Location.parse(loc)
+    with loc.open_input() as f:
+        size = f.size()
+        footer = footer_of(f, size)
+    md = pq.read_metadata(pa.BufferReader(b"PAR1" + footer))
+    groups = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+    return ShardEntry(loc.name, md.num_rows, size, sha256 or sha256_of(loc),
+                      hashlib.sha256(footer).hexdigest(), ShardEntry.run_lengths(groups))
 
-
-#: ``scheme:/`` or ``scheme://`` at the start of a path (pathlib folds ``//`` into ``/``)
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+")
-
-
-#: a ``file:`` URI's scheme (and empty host), before the absolute path it names
-FILE_URI = re.compile(r"^file:(?://)?(?=/)", re.IGNORECASE)
-
-
-def output_dir(directory: str | os.PathLike) -> Path:
-    """The local directory of a packed OUTPUT given as a path or a ``file:`` URI
-    (``file:///abs/out``, or ``file:/abs/out`` as pathlib folds it).
-
-    Raises:
-        ManifestError: a location in an object store (``s3://...``): readers take a local copy.
-    """
-    uri = _store_uri(directory)
-    if uri:
-        raise ManifestError(f"{uri}: a packed output in an object store is read from a local "
-                            "copy; copy it to a directory first (e.g. `aws s3 sync URI DIR`) "
-                            "and pass DIR")
-    text = os.fspath(directory)
-    m = FILE_URI.match(text)
-    return Path(text[m.end():] if m else text)
-
-
-def _store_uri(directory) -> str | None:
-    """``directory`` as a URI when it names a location in a store (``s3://b/p``, or ``s3:/b/p``
-    as pathlib folds it), else None (local paths and ``file:`` URIs)."""
-    text = os.fspath(directory)
-    m = _SCHEME.match(text)
-    if m is None or m.group(1).lower() == "file":
-        return None
-    return f"{m.group(1)}://{text[m.end():]}"
-
-
-def load_manifest(directory: str | os.PathLike, *, check_hashes: bool = False) -> dict:
-    """Read and check a packed directory's manifest.
-
-    Checks that every listed shard exists with its recorded size (and sha256 when
-    ``check_hashes``), and that no unlisted ``part-*.parquet`` is present.
-
-    Raises:
-        ManifestError: no manifest (incomplete or not a packtool output), unreadable manifest,
-            missing, resized, edited or extra shard; a URI (``s3://...``): readers take a local
-            copy of the output.
-    """
-    d = output_dir(directory)
-    if not d.is_dir():
-        raise ManifestError(f"{d}: not a directory; pass the OUTPUT directory of packtool pack")
-    manifest = read_manifest(d)
-    mpath = d / MANIFEST_NAME
-    outputs = manifest["outputs"]
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise ManifestError(f"{mpath}: format_version {manifest.get('format_version')!r}, this "
-                            f"packtool reads {FORMAT_VERSION}; repack with this version")
-    listed = {o["file"] for o in outputs}
-    for o in outputs:
-        p = d / o["file"]
-        if not p.is_file():
-            raise ManifestError(f"{p}: shard listed in the manifest is missing; rerun packtool "
-                                "pack")
-        if p.stat().st_size != o["bytes"]:
-            raise ManifestError(f"{p}: size {p.stat().st_size} bytes, manifest says {o['bytes']}:"
-                                " the shard was modified; rerun the same packtool pack with --overwrite")
-        if check_hashes and sha256_file(p) != o["sha256"]:
-            raise ManifestError(f"{p}: sha256 differs from the manifest: the shard was modified;"
-                                " rerun the same packtool pack with --overwrite")
-    extra = sorted(q.name for q in d.glob(SHARD_GLOB) if q.name not in listed)
-    if extra:
-        raise ManifestError(f"{d / extra[0]}: shard not listed in the manifest; remove it or "
-                            "rerun the same packtool pack with --overwrite")
-    return manifest

@@ -1,172 +1,54 @@
-"""The object-store backend of OUTPUT (``s3://bucket/prefix``, ``gs://...``): what
-:class:`packtool.output.Output` and the pack's tasks call when OUTPUT is a URI.
+"""What only an object store needs: coalesced ranged reads, the lock object, pending uploads.
 
-An object store has no rename, no hard links and no atomic "create if absent", which a local
-OUTPUT relies on (temporary names, ``os.replace``, a lock file). Every node of a cluster reaches
-it, so the pack writes there directly and nothing a task needs lives on the driver's disk:
+Paths, listings, reads, whole-object writes and deletes in a store go through
+:class:`packtool.location.StoreURI` like any local path. This module holds the rest:
 
-- **Shards.** A shard task writes its shard to a file in its own node's temporary directory,
-  then puts it under its final key with one call (:func:`put_file`, one PUT or one multipart
-  upload done in native code): an object appears whole or not at all, and a retried task puts
-  the same bytes. A Python exception cannot stop that call halfway (pyarrow's output streams
-  publish what was written so far when closed on an exception, so no Python loop writes a final
-  object).
-- **Scratch.** Window spills (tokens in row order, row index, segments) go under
-  ``OUTPUT/.packtool-tmp/`` in the store; a shard task on any node reads the ranges it needs
-  with ranged GETs (:func:`read_ranges`, called by :func:`packtool.pipeline.spill.read_spill`).
-- **Lock.** An object (:data:`~packtool.formats.manifest.LOCK_NAME`: run id, host, pid) written
-  before anything else and read back; see :func:`take_lock`.
+- **Ranged reads** of window spills (:func:`read_ranges`, :func:`read_session`): many small
+  pieces of one object become a few GETs, read ahead within a session.
+- **The lock object** of an OUTPUT in a store (:func:`take_lock`): a store has no exclusive
+  create, so the lock is an object naming its holder, written and read back. The holder is known
+  by host, boot id, process id and process start time, so a process id reused by another
+  process after a kill never passes for the holder (a rerun takes a dead run's lock over).
+- **Pending multipart uploads** (:func:`abort_uploads`): a process killed while it uploads a
+  large object leaves an unfinished multipart upload, invisible in listings but stored and billed
+  by S3; the cleanup of a pack and every rerun abort those under OUTPUT.
 
-Filesystems are opened once per process and URI root (:func:`store_of`); S3 takes its endpoint
-and credentials from the environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...) of the
-process that opens it, so every node needs them.
+Filesystems are opened once per process and URI root (:meth:`packtool.location.StoreURI.filesystem`);
+S3 takes its endpoint and credentials from the URI's options or the environment
+(``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...) of the process that opens it, so every node of
+a cluster needs them.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import signal
 import socket
 import threading
 import uuid
 from collections import OrderedDict
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 
-from packtool.errors import OutputError
+from packtool.errors import OutputError, install_hint
 from packtool.formats.manifest import LOCK_NAME
+from packtool.location import Location
 
-__all__ = ["store_of", "join", "read_bytes", "read_json", "write_bytes", "put_file", "size_of",
-           "listing", "delete", "delete_tree", "read_ranges", "read_session", "take_lock",
-           "release_lock",
-           "node_temp", "STORE_ERRORS"]
+__all__ = ["read_ranges", "read_session", "take_lock", "release_lock", "holder",
+           "holder_is_gone", "abort_uploads", "STORE_ERRORS", "first_line"]
+
+log = logging.getLogger(__name__)
 
 #: What a store call raises on failure (pyarrow maps most to OSError).
 STORE_ERRORS = (OSError, pa.ArrowException)
 
-_FS: dict[str, pafs.FileSystem] = {}
-_FS_LOCK = threading.Lock()
 
-
-def join(uri: str, *names: str) -> str:
-    """``uri`` with ``names`` appended, ``/``-separated (a URI is not a ``pathlib`` path)."""
-    return "/".join([str(uri).rstrip("/"), *names])
-
-
-def store_of(uri: str) -> tuple[pafs.FileSystem, str]:
-    """(filesystem, path inside it) of ``uri``; one filesystem per process and URI root
-    (scheme, bucket and query), so a task's many reads share one client.
-
-    Raises:
-        InputError: the URI cannot be opened (unknown scheme, no credentials, ...).
-    """
-    from packtool.formats.reader import _location, filesystem_of
-
-    loc = _location(uri)
-    scheme, _, rest = loc.partition("://")
-    rest, _, query = rest.partition("?")
-    root = f"{scheme}://{rest.split('/', 1)[0]}?{query}"
-    with _FS_LOCK:
-        fs = _FS.get(root)
-    if fs is None:
-        fs, path, _ = filesystem_of(loc)
-        with _FS_LOCK:
-            _FS.setdefault(root, fs)
-        return fs, path
-    return fs, rest.rstrip("/")
-
-
-def read_bytes(uri: str) -> bytes:
-    """The whole object ``uri``. Raises ``OSError`` (``FileNotFoundError`` when absent)."""
-    fs, path = store_of(uri)
-    with fs.open_input_stream(path) as fh:
-        return fh.read()
-
-
-def read_json(uri: str) -> dict | None:
-    """The JSON object stored at ``uri``, or None when absent or not a JSON object."""
-    try:
-        doc = json.loads(read_bytes(uri))
-    except (*STORE_ERRORS, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-@contextmanager
-def _signals_held():
-    """Hold SIGINT/SIGTERM (main thread only) until the block ends: a stream closed by an
-    exception would publish what was written so far.
-
-    The handlers are swapped for ones that only note the signal, and a noted signal is raised
-    again once the previous handlers are back. A signal mask would not do: the kernel hands a
-    signal the main thread blocks to any other thread (a worker pool, pyarrow's I/O threads),
-    and Python then runs its handler in the main thread all the same."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    noted: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: noted.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: set in C
-        for sig in dict.fromkeys(noted):
-            signal.raise_signal(sig)
-
-
-def write_bytes(uri: str, data: bytes) -> None:
-    """Put ``data`` at ``uri``: small objects (markers, the manifest), buffered and sent with
-    one PUT when the stream closes; Ctrl-C is held meanwhile, so the object is whole or absent.
-    Large files go through :func:`put_file`."""
-    fs, path = store_of(uri)
-    with _signals_held():
-        with fs.open_output_stream(path) as fh:
-            fh.write(data)
-
-
-def put_file(local: str | os.PathLike, uri: str) -> None:
-    """Upload the local file ``local`` to ``uri`` in one native call (whole or not at all)."""
-    fs, path = store_of(uri)
-    pafs.copy_files(os.fspath(local), path, source_filesystem=pafs.LocalFileSystem(),
-                    destination_filesystem=fs)
-
-
-def size_of(uri: str) -> int | None:
-    """Size in bytes of object ``uri``, None when absent."""
-    fs, path = store_of(uri)
-    info = fs.get_file_info(path)
-    return info.size if info.type == pafs.FileType.File else None
-
-
-def listing(uri: str) -> dict[str, pafs.FileInfo]:
-    """Entries directly under prefix ``uri`` by name (objects and common prefixes)."""
-    fs, path = store_of(uri)
-    infos = fs.get_file_info(pafs.FileSelector(path, recursive=False, allow_not_found=True))
-    return {i.path.rsplit("/", 1)[-1]: i for i in infos}
-
-
-def delete(uri: str) -> None:
-    """Delete object ``uri``; absent is fine."""
-    fs, path = store_of(uri)
-    try:
-        fs.delete_file(path)
-    except FileNotFoundError:
-        pass
-
-
-def delete_tree(uri: str) -> None:
-    """Delete every object under prefix ``uri``; absent is fine."""
-    fs, path = store_of(uri)
-    try:
-        fs.delete_dir(path)
-    except FileNotFoundError:
-        pass
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (store errors run over several lines)."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 #: Ranges of one object closer than this many bytes are fetched with one GET (the bytes
@@ -197,8 +79,7 @@ class _Session:
     def file(self, uri: str):
         fh = self.files.get(uri)
         if fh is None:
-            fs, path = store_of(uri)
-            fh = self.files[uri] = fs.open_input_file(path)  # one HEAD per object
+            fh = self.files[uri] = Location.parse(uri).open_input()  # one HEAD per object
         return fh
 
     def read(self, uri: str, lo: int, hi: int) -> memoryview:
@@ -250,6 +131,7 @@ def read_ranges(uri: str, sizes: list[int], offsets: list[int]) -> bytes:
     Raises:
         OSError: the object cannot be read, or is shorter than a range.
     """
+    uri = str(uri)
     sizes, offsets = list(map(int, sizes)), list(map(int, offsets))
     order = sorted(range(len(sizes)), key=offsets.__getitem__)
     spans: list[list[int]] = []  # [start, end, first index in order, last index + 1]
@@ -264,8 +146,7 @@ def read_ranges(uri: str, sizes: list[int], offsets: list[int]) -> bytes:
     session = getattr(_LOCAL, "session", None)
     with ExitStack() as stack:
         if session is None:
-            fs, path = store_of(uri)
-            fh = stack.enter_context(fs.open_input_file(path))
+            fh = stack.enter_context(Location.parse(uri).open_input())
         for lo, hi, a, b in spans:
             data = (session.read(uri, lo, hi) if session is not None
                     else memoryview(fh.read_at(hi - lo, lo)))
@@ -278,66 +159,145 @@ def read_ranges(uri: str, sizes: list[int], offsets: list[int]) -> bytes:
 
 # -- the lock object ----------------------------------------------------------------------------
 
-def _stale(lock: dict) -> bool:
-    """True for a lock left by a process of this machine that no longer runs (killed)."""
-    if lock.get("host") != socket.gethostname():
-        return False  # another machine's run: cannot be told dead from alive
+def _boot_id() -> str | None:
     try:
-        os.kill(int(lock.get("pid", -1)), 0)
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _start_time(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, Linux), None when unknown."""
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            stat = f.read()
+    except (OSError, ValueError):
+        return None
+    return stat.rpartition(")")[2].split()[19]  # field 22 of proc(5), after the command
+
+
+def holder() -> dict:
+    """Who this process is, for a lock: run id, host, boot id, pid and process start time."""
+    pid = os.getpid()
+    return {"run": uuid.uuid4().hex, "host": socket.gethostname(), "boot_id": _boot_id(),
+            "pid": pid, "started": _start_time(pid)}
+
+
+def holder_is_gone(lock: dict) -> bool:
+    """True when the process a lock names is known to be gone: on this host, after a reboot
+    (another boot id), or no process with its pid, or one with its pid that started at another
+    time (the pid was reused). A holder on another host cannot be told dead from alive."""
+    if lock.get("host") != socket.gethostname():
+        return False
+    boot = _boot_id()
+    if lock.get("boot_id") and boot and lock["boot_id"] != boot:
+        return True
+    try:
+        pid = int(lock.get("pid", -1))
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, another user's
     except (OSError, ValueError, OverflowError):
         return True
-    return False
+    started = lock.get("started")
+    now = _start_time(pid)
+    return bool(started and now and started != now)
 
 
-def take_lock(uri: str, *, overwrite: bool) -> dict:
+def take_lock(uri, *, overwrite: bool) -> dict:
     """Write the lock object of OUTPUT ``uri`` and read it back; returns what was written.
 
-    A lock held by another live run refuses the run with its id and host. A lock whose process
-    is gone from this host (a killed run) is taken over, so a plain rerun resumes; a lock from
-    another host is honoured unless ``overwrite``. Advisory: pyarrow exposes no conditional
-    PUT, so two runs started within the same moment could both pass the first check; the
-    read-back refuses the one whose lock was overwritten.
+    A lock held by another live run refuses the run with its id and host. A lock whose holder is
+    gone (:func:`holder_is_gone`) is taken over, so a plain rerun resumes; a lock from another
+    host is honoured unless ``overwrite``. Advisory: pyarrow exposes no conditional PUT, so two
+    runs started within the same moment could both pass the first check; the read-back refuses
+    the one whose lock was overwritten.
 
     Raises:
         OutputError: the lock is held, or OUTPUT cannot be written.
     """
-    key = join(uri, LOCK_NAME)
+    out = Location.parse(uri)
+    key = out.join(LOCK_NAME)
     try:
-        held = read_json(key)
-        if held is not None and not overwrite and not _stale(held):
-            raise OutputError(f"{uri}: another packtool pack (run {held.get('run', '?')} on "
-                              f"{held.get('host', '?')}) is writing this OUTPUT (lock "
-                              f"{LOCK_NAME}); wait for it to end, or pass --overwrite if it was "
-                              "killed")
-        mine = {"run": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid()}
-        write_bytes(key, json.dumps(mine).encode())
+        held = _read_json(key)
+        if held is not None and not overwrite and not holder_is_gone(held):
+            raise OutputError(f"{out.display}: another packtool pack (run {held.get('run', '?')} "
+                              f"on {held.get('host', '?')}, pid {held.get('pid', '?')}) is writing "
+                              f"this OUTPUT (lock {LOCK_NAME}); wait for it to end, or pass "
+                              "--overwrite if it was killed")
+        mine = holder()
+        key.publish_bytes(json.dumps(mine).encode())
     except STORE_ERRORS as exc:
-        raise OutputError(f"{uri}: cannot write ({_first(exc)}); check the URI and the "
-                          "credentials") from None
-    if read_json(key) != mine:
-        raise OutputError(f"{uri}: another packtool pack took the lock {LOCK_NAME} at the same "
-                          "time; wait for it to end or choose another OUTPUT")
+        raise OutputError(f"{out.display}: cannot write ({first_line(exc)}); check the URI and "
+                          "the credentials") from None
+    if _read_json(key) != mine:
+        raise OutputError(f"{out.display}: another packtool pack took the lock {LOCK_NAME} at "
+                          "the same time; wait for it to end or choose another OUTPUT")
     return mine
 
 
-def release_lock(uri: str, mine: dict) -> None:
+def release_lock(uri, mine: dict) -> None:
     """Delete the lock object of OUTPUT ``uri`` when it is still ``mine``."""
-    key = join(uri, LOCK_NAME)
+    key = Location.parse(uri).join(LOCK_NAME)
     try:
-        if read_json(key) == mine:
-            delete(key)
+        if _read_json(key) == mine:
+            key.delete()
     except STORE_ERRORS:
         pass
 
 
-def _first(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+def _read_json(loc: Location) -> dict | None:
+    try:
+        doc = json.loads(loc.read_bytes())
+    except (*STORE_ERRORS, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
-def node_temp(name: str) -> Path:
-    """A unique path for ``name`` in this process's temporary directory (``TMPDIR``: on a
-    cluster, the node's own disk). The caller removes it."""
-    import tempfile
+# -- pending multipart uploads --------------------------------------------------------------------
 
-    return Path(tempfile.gettempdir()) / f"packtool-{uuid.uuid4().hex}-{name}"
+_WARNED = threading.Event()
+
+
+def abort_uploads(uri) -> int:
+    """Abort every unfinished multipart upload under prefix ``uri`` (S3 only).
+
+    Returns:
+        How many were aborted (0 for other stores, or when boto3, which lists them, is not
+        installed: said once in the log).
+
+    Raises:
+        OSError: the store refused the listing or an abort.
+    """
+    loc = Location.parse(uri)
+    if loc.is_local or loc.scheme != "s3":
+        return 0
+    client = loc.s3_client()
+    if client is None:
+        if not _WARNED.is_set():
+            _WARNED.set()
+            log.warning("%s: boto3 is not installed, so unfinished multipart uploads left by a "
+                        "killed run cannot be listed and aborted (%s)", loc.display,
+                        install_hint("s3"))
+        return 0
+    bucket, _, prefix = loc.key.partition("/")
+    prefix = prefix.rstrip("/") + "/" if prefix else ""
+    aborted = 0
+    try:
+        kw = {"Bucket": bucket, "Prefix": prefix}
+        while True:
+            page = client.list_multipart_uploads(**kw)
+            for up in page.get("Uploads", []):
+                client.abort_multipart_upload(Bucket=bucket, Key=up["Key"],
+                                              UploadId=up["UploadId"])
+                aborted += 1
+            if not page.get("IsTruncated"):
+                break
+            kw.update(KeyMarker=page.get("NextKeyMarker", ""),
+                      UploadIdMarker=page.get("NextUploadIdMarker", ""))
+    except Exception as exc:  # botocore's errors are not OSError
+        raise OSError(f"{loc.display}: cannot abort unfinished uploads ({first_line(exc)})") from None
+    return aborted

@@ -1,274 +1,918 @@
-"""Reading a packed OUTPUT directory (the output contract of ``packtool pack``).
+"""The one reader of a packed output, wherever it lies: index, open files, row-group decode, labels.
 
-:class:`PackedReader` opens the directory through :func:`load_manifest` (which refuses missing,
-edited or extra shards), then reads shards row group by row group, so random access to row ``i``
-costs one row group in memory, never a whole shard. Columns come back as NumPy arrays:
-per-token columns as ``int32[rows, C]``, ragged columns (``cu_seqlens``, ``doc_ids``,
-``doc_offsets``) as a list of 1-D arrays, scalar columns as ``int32[rows]``.
+Shape legend: R = rows in a row group, C = capacity, G = row groups over all shards.
+
+Every consumer of a packed output (the loader's datasets, ``packtool stats``, ``packtool verify``,
+``packtool export``) reads it through :class:`PackedOutput`, so what ``verify`` checks is exactly
+what training reads:
+
+- **Index.** Built from the typed manifest alone (:mod:`packtool.formats.manifest`: each shard's
+  row groups are recorded), so opening an output of any size touches no shard; a version-2
+  output is indexed from its shards' footers. It is plain data (a location, NumPy arrays), so it
+  pickles for ``spawn``/``forkserver`` DataLoader workers.
+- **Open files.** At most ``max_open_files`` shard handles per process, least recently used
+  closed first, dropped when pickled and after a ``fork`` (each worker opens its own).
+- **Wherever it lies.** A local directory, a ``file:`` URI or a store URI
+  (``s3://bucket/packed/?endpoint_override=...``, credentials as for ``pack``). A store is read
+  with ranged reads of whole row groups (pyarrow's pre-buffering coalesces a group's column
+  chunks), :meth:`PackedOutput.iter_groups` decodes the next row groups in a background thread
+  while the current one is used, and an optional :class:`~packtool.formats.cache.ShardCache`
+  keeps whole shards on the node's disk under a size cap. Without a cache, memory stays at the
+  row groups in flight.
+- **Tamper-evident.** ``integrity="size"``: every listed shard exists with its recorded size and no
+  unlisted one is present. ``"footer"`` (the loader's default) adds, when a shard is first
+  opened, its size and Parquet footer against the manifest's footer sha256, and Parquet page
+  checksums on every page decoded (written by ``pack`` since format version 3): a changed byte
+  anywhere is refused in one line naming the shard. ``"sha256"`` (``stats`` and ``verify`` by
+  default) also hashes every shard whole at open.
+- **One decoder.** :meth:`PackedOutput.decode` reads one row group and returns a :class:`Block` of
+  NumPy columns: per-token columns ``int32[R, C]``, ragged ones as (values, offsets), scalars
+  ``[R]``; nulls, other types and wrong sizes are refused naming shard and column. With
+  ``structure="derived"`` it reads no ``segment_ids`` or ``position_ids`` pages and computes both
+  from ``cu_seqlens`` and the segment count (:func:`structure_from_cu`, the output contract's
+  definition; with ``--segment-multiple`` from the padded spans of ``cu_seqlens`` and the real
+  lengths of ``cu_seqlens_unpadded``): a training read decodes ``input_ids`` and two small columns, about a third of the
+  bytes (``docs/benchmarks.md``). ``packtool verify`` checks the stored columns against
+  ``cu_seqlens``, so both ways give the same arrays on a verified output.
+- **Rows as slices.** :meth:`Rows.gather` takes any rows of decoded blocks (a training batch)
+  into one :class:`Rows` of ``[B, C]`` arrays with one copy per column and block, no per-row
+  dicts; :func:`iter_decoded` decodes row groups of several outputs (a mixture) ahead in one
+  thread.
+- **One read-side label rule.** ``labels`` comes back in the convention asked for: as stored,
+  converted inside each segment (:func:`convert_labels`, so a stored input mask survives), or
+  derived from ``input_ids`` and ``segment_ids`` when not stored (:func:`unshifted_labels`,
+  :func:`shifted_labels`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Iterator, Sequence
+import threading
+from collections import OrderedDict, deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool.errors import ManifestError
-from packtool.formats.manifest import load_manifest
-from packtool.formats.schema import (RAGGED_COLUMNS, SCALAR_COLUMNS, TOKEN_COLUMNS,
-                                     labels_convention)
+from packtool.formats.manifest import (Manifest, check_shards, footer_of,
+                                       read_manifest_and_schema, require_packed)
+from packtool.formats.schema import (RAGGED_COLUMNS, SCALAR_COLUMNS, SHARD_META_KEY,
+                                     TOKEN_COLUMNS)
+from packtool.location import Location
 from packtool.types import IGNORE_INDEX
 
-__all__ = ["PackedReader", "RowGroupBlock", "READAHEAD_GROUPS", "TOKEN_COLUMNS", "RAGGED_COLUMNS",
-           "SCALAR_COLUMNS", "derive_labels"]
+__all__ = ["PackedOutput", "Block", "Rows", "INTEGRITY", "LABEL_CONVENTIONS", "KNOWN_COLUMNS",
+           "STRUCTURE", "unshifted_labels", "shifted_labels", "convert_labels", "labels_in",
+           "structure_from_cu", "iter_decoded", "TOKEN_COLUMNS", "RAGGED_COLUMNS",
+           "SCALAR_COLUMNS"]
+
+#: Integrity levels of :meth:`PackedOutput.open`, weakest first (see the module docstring).
+INTEGRITY = ("size", "footer", "sha256")
+#: The two labels conventions a reader hands out.
+LABEL_CONVENTIONS = ("unshifted", "shifted")
+#: Every column of the output contract, in schema order.
+KNOWN_COLUMNS = TOKEN_COLUMNS + RAGGED_COLUMNS + SCALAR_COLUMNS
+#: Row groups decoded ahead by :meth:`PackedOutput.iter_groups` (in one background thread).
+READ_AHEAD = 2
+#: How :meth:`PackedOutput.decode` gets ``segment_ids`` and ``position_ids``: ``stored`` (read
+#: their pages) or ``derived`` (computed from ``cu_seqlens`` and the segment count).
+STRUCTURE = ("stored", "derived")
 
 
-#: Row groups read in one call when rows are read in order (``iter_blocks``, or ``read_row`` on
-#: the row group right after the cached block): about 8 MiB of per-token data at the default
-#: ``--row-group-mb``, which amortises pyarrow's per-call cost; a random row still decodes its
-#: one row group only.
-READAHEAD_GROUPS = 8
-
-
-def derive_labels(input_ids: np.ndarray, segment_ids: np.ndarray,
-                  convention: str = "unshifted") -> np.ndarray:
-    """Labels of packed rows from their tokens and segments (the output contract's rule).
-
-    What ``--labels unshifted|shifted`` would have stored; readers call it for outputs packed
-    with ``--labels none`` (the default).
+def unshifted_labels(input_ids: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
+    """Unshifted labels (the model shifts; Hugging Face convention) from tokens and segments.
 
     Args:
-        input_ids: int[..., C] tokens of one row or of a block of rows.
-        segment_ids: int[..., C], same shape, 0 = padding.
-        convention: ``unshifted`` (the token, except -100 at each segment's first token and on
-            padding; the model shifts) or ``shifted`` (``input_ids[i + 1]`` inside the same
-            segment, else -100).
+        input_ids: int[..., C] token ids; segment_ids: int[..., C], 1..k per segment, 0 on padding.
 
     Returns:
-        int32[..., C], ``IGNORE_INDEX`` (-100) where nothing is predicted.
-
-    Raises:
-        ValueError: shapes differ or an unknown convention.
+        int32[..., C]: ``input_ids`` except ``-100`` at each segment's first token and on padding,
+        so no position is trained to predict the next document's first token.
     """
     ids = np.asarray(input_ids)
     seg = np.asarray(segment_ids)
-    if ids.shape != seg.shape or ids.ndim == 0:
-        raise ValueError(f"input_ids {ids.shape} and segment_ids {seg.shape} must have one shape")
-    same = np.zeros(seg.shape, dtype=bool)  # same[..., i]: token i continues token i-1's segment
-    same[..., 1:] = (seg[..., 1:] == seg[..., :-1]) & (seg[..., 1:] != 0)
-    out = np.full(ids.shape, IGNORE_INDEX, dtype=np.int32)
-    if convention == "unshifted":
-        np.copyto(out, ids, where=same, casting="unsafe")
-    elif convention == "shifted":
-        np.copyto(out[..., :-1], ids[..., 1:], where=same[..., 1:], casting="unsafe")
-    else:
-        raise ValueError(f"labels convention {convention!r}: choose unshifted or shifted")
+    first = np.ones(seg.shape, dtype=bool)  # shape: (..., C)
+    first[..., 1:] = seg[..., 1:] != seg[..., :-1]
+    return np.where(first | (seg == 0), np.int32(IGNORE_INDEX), ids).astype(np.int32)
+
+
+def shifted_labels(input_ids: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
+    """Shifted labels (``labels[i] = input_ids[i + 1]`` inside a segment) from tokens and segments.
+
+    Args:
+        input_ids: int[..., C]; segment_ids: int[..., C] (0 on padding).
+
+    Returns:
+        int32[..., C]: the next token of the same segment, ``-100`` at each segment's last token
+        and on padding.
+    """
+    ids = np.asarray(input_ids)
+    seg = np.asarray(segment_ids)
+    out = np.full(ids.shape, IGNORE_INDEX, dtype=np.int32)  # shape: (..., C)
+    same = (seg[..., 1:] == seg[..., :-1]) & (seg[..., :-1] != 0)
+    out[..., :-1] = np.where(same, ids[..., 1:], IGNORE_INDEX)
     return out
 
 
-@dataclass(frozen=True)
-class RowGroupBlock:
-    """Rows ``first_row .. first_row + num_rows - 1`` of one shard, as NumPy columns."""
+def convert_labels(labels: np.ndarray, segment_ids: np.ndarray, src: str, dst: str) -> np.ndarray:
+    """Labels moved from convention ``src`` to ``dst`` (``unshifted`` | ``shifted``) inside each
+    segment, so a stored mask (a -100 that is not a boundary) survives the move.
 
-    shard: str  #: shard file name (``part-00000.parquet``)
-    first_row: int  #: row index inside the shard of the block's first row
-    global_first_row: int  #: row index over the whole output (shards in manifest order)
-    columns: dict  #: name -> int32[rows, C] | list[np.ndarray] | int32[rows]
+    Args:
+        labels: int[..., C]; segment_ids: int[..., C] (0 on padding).
+
+    Returns:
+        int32[..., C]; a position with no counterpart in the segment gets -100.
+
+    Raises:
+        ValueError: unknown convention.
+    """
+    for mode in (src, dst):
+        if mode not in LABEL_CONVENTIONS:
+            raise ValueError(f"unknown labels convention {mode!r}; expected unshifted or shifted")
+    labels = np.asarray(labels)
+    if src == dst:
+        return labels.astype(np.int32, copy=False)
+    seg = np.asarray(segment_ids)
+    out = np.full(labels.shape, IGNORE_INDEX, dtype=np.int32)  # shape: (..., C)
+    same = (seg[..., 1:] == seg[..., :-1]) & (seg[..., 1:] != 0)
+    if dst == "unshifted":  # the target of position i moves to position i + 1
+        out[..., 1:] = np.where(same, labels[..., :-1], IGNORE_INDEX)
+    else:
+        out[..., :-1] = np.where(same, labels[..., 1:], IGNORE_INDEX)
+    return out
+
+
+def labels_in(convention: str, *, input_ids: np.ndarray, segment_ids: np.ndarray,
+              stored: np.ndarray | None = None, stored_convention: str | None = None) -> np.ndarray:
+    """The read-side label rule: labels in ``convention`` from what the output holds.
+
+    Args:
+        convention: ``unshifted`` or ``shifted``, what the caller wants.
+        input_ids, segment_ids: int[..., C].
+        stored: the stored ``labels`` int[..., C], or None when the output stores none.
+        stored_convention: their convention (when ``stored`` is given).
+
+    Returns:
+        int32[..., C].
+
+    Raises:
+        ValueError: unknown convention.
+    """
+    if convention not in LABEL_CONVENTIONS:
+        raise ValueError(f"unknown labels convention {convention!r}; expected unshifted or shifted")
+    if stored is None:
+        fn = shifted_labels if convention == "shifted" else unshifted_labels
+        return fn(input_ids, segment_ids)
+    return convert_labels(stored, segment_ids, stored_convention, convention)
+
+
+def structure_from_cu(cu_values: np.ndarray, cu_offsets: np.ndarray, num_segments: np.ndarray,
+                      capacity: int, where: str = "",
+                      unpadded: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``segment_ids`` and ``position_ids`` of R rows from their ``cu_seqlens`` (docs/output.md,
+    the output contract: segments 1..k, 0 on the padding tail; positions 0..len-1 in each span,
+    the padding tail counted as one pseudo-segment).
+
+    With ``pack --segment-multiple N`` the spans of ``cu_seqlens`` are padded documents and
+    ``unpadded`` (the rows' ``cu_seqlens_unpadded``, the same offsets) gives each span's real
+    tokens a: segment q covers the first a tokens of span q, the rest of the span is 0 (padding,
+    never a target), and positions run over the whole span (the padding goes on counting).
+
+    Args:
+        cu_values: int[E], every row's ``cu_seqlens`` back to back; cu_offsets: int64[R + 1],
+            row r's entries are ``cu_values[cu_offsets[r]:cu_offsets[r + 1]]``.
+        num_segments: int[R], k, real segments per row (the length of its ``doc_ids``).
+        capacity: C.
+        where: names the shard in error messages.
+        unpadded: int[E] ``cu_seqlens_unpadded`` values (same offsets), or None when the spans
+            are the documents themselves.
+
+    Returns:
+        (segment_ids int32[R, C], position_ids int32[R, C]).
+
+    Raises:
+        ManifestError: a row's ``cu_seqlens`` does not start at 0, end at C and strictly
+            increase, or does not have k + 1 or k + 2 entries; ``unpadded`` of another size,
+            not starting each row at 0, or giving a document 0 real tokens or more than its
+            span.
+    """
+    C = int(capacity)
+    cu = np.asarray(cu_values, dtype=np.int64)
+    offs = np.asarray(cu_offsets, dtype=np.int64)
+    k = np.asarray(num_segments, dtype=np.int64)
+    R = offs.size - 1
+    n_ent = np.diff(offs)  # shape: (R,), entries per row
+    first, last = offs[:-1], offs[1:] - 1
+    bad = (n_ent < 2) | (n_ent - 1 < k) | (n_ent - 1 > k + 1)
+    if not bad.any():
+        bad = (cu[first] != 0) | (cu[last] != C)
+    if not bad.any() and cu.size > 1:
+        step = np.diff(cu)  # shape: (E - 1,)
+        inside = np.ones(step.size, dtype=bool)
+        inside[last[:-1]] = False  # the pair (last of row r, first of row r + 1)
+        if (step[inside] <= 0).any():
+            i = int(np.flatnonzero(inside & (step <= 0))[0])
+            bad = np.zeros(R, dtype=bool)
+            bad[int(np.searchsorted(offs, i, side="right") - 1)] = True
+    if bad.any():
+        r = int(np.flatnonzero(bad)[0])
+        raise ManifestError(f"{where}: row {r} of its row group: cu_seqlens "
+                            f"{cu[offs[r]:offs[r + 1]].tolist()[:8]} with {int(k[r])} segments "
+                            f"breaks the output contract (0 .. {C}, increasing, one entry per "
+                            "segment and the padding tail); rerun the same packtool pack with "
+                            "--overwrite")
+    left = np.ones(cu.size, dtype=bool)
+    left[last] = False  # every entry but a row's last opens a segment
+    row_of = np.repeat(np.arange(R, dtype=np.int64), n_ent - 1)  # shape: (segments,)
+    starts = cu[left] + row_of * C  # shape: (segments,), flat position of each segment
+    lengths = np.diff(np.append(starts, R * C))
+    j = np.arange(starts.size, dtype=np.int64) - np.repeat(first - np.arange(R), n_ent - 1)
+    real_seg = j < k[row_of]  # shape: (segments,), False on padding tails
+    ids = np.where(real_seg, j + 1, 0).astype(np.int32)
+    seg = np.repeat(ids, lengths).reshape(R, C)  # shape: (R, C)
+    # one new array each (fresh pages cost more than the arithmetic at these sizes)
+    if R * C < 2**31:
+        pos = np.repeat(starts.astype(np.int32), lengths)  # shape: (R * C,)
+        np.subtract(_arange32(R * C), pos, out=pos)
+    else:
+        pos = (np.arange(R * C, dtype=np.int64) - np.repeat(starts, lengths)).astype(np.int32)
+    pos = pos.reshape(R, C)
+    if unpadded is not None:  # --segment-multiple: the real part of each span only
+        un = np.asarray(unpadded, dtype=np.int64)
+        bad_un = np.zeros(R, dtype=bool)
+        if un.size != cu.size:
+            raise ManifestError(f"{where}: cu_seqlens_unpadded holds {un.size} values for "
+                                f"{cu.size} cu_seqlens entries; the shard breaks the output "
+                                "contract; rerun the same packtool pack with --overwrite")
+        idx = np.flatnonzero(left)  # shape: (segments,), each span's entry in cu
+        real = un[idx + 1] - un[idx]  # shape: (segments,), real tokens of each span
+        span = lengths
+        broken = real_seg & ((real < 1) | (real > span))
+        bad_un[row_of[broken]] = True
+        bad_un |= un[first] != 0
+        if bad_un.any():
+            r = int(np.flatnonzero(bad_un)[0])
+            raise ManifestError(f"{where}: row {r} of its row group: cu_seqlens_unpadded "
+                                f"{un[offs[r]:offs[r + 1]].tolist()[:8]} does not fit the spans "
+                                f"of cu_seqlens {cu[offs[r]:offs[r + 1]].tolist()[:8]} (0, then "
+                                "1 .. span real tokens per document); rerun the same packtool "
+                                "pack with --overwrite")
+        if (real_seg & (real < span)).any():
+            seg[pos >= np.repeat(np.where(real_seg, real, span), span).reshape(R, C)] = 0
+    return seg, pos
+
+
+_ARANGE32 = [np.zeros(0, dtype=np.int32)]
+
+
+def _arange32(n: int) -> np.ndarray:
+    """A read-only view of ``0 .. n - 1`` as int32, kept between calls (grows as needed)."""
+    if _ARANGE32[0].size < n:
+        a = np.arange(max(n, 2 * _ARANGE32[0].size), dtype=np.int32)
+        a.flags.writeable = False
+        _ARANGE32[0] = a
+    return _ARANGE32[0][:n]
+
+
+@dataclass
+class Block:
+    """One decoded row group: NumPy columns of its R rows.
+
+    Attributes:
+        group: row-group number over all shards (index into the :class:`PackedOutput` arrays).
+        first: global row of its first row.
+        shard_row0: row inside the shard of its first row.
+        shard: shard file name (relative to OUTPUT).
+        num_rows: R.
+        tokens: name -> int32[R, C] (``input_ids``, ``segment_ids``, ``position_ids``,
+            ``labels``).
+        ragged: name -> (values, offsets int64[R + 1] from 0).
+        scalars: name -> int[R].
+        labels_mode: convention of ``tokens["labels"]`` when present.
+    """
+
+    group: int
+    first: int
+    shard_row0: int
+    shard: str
+    num_rows: int
+    tokens: dict
+    ragged: dict
+    scalars: dict
+    labels_mode: str = "unshifted"
+
+    def ragged_rows(self, name: str) -> list[np.ndarray]:
+        """Column ``name`` as one 1-D array per row (views of the block's values)."""
+        vals, offs = self.ragged[name]
+        return [vals[offs[i]:offs[i + 1]] for i in range(self.num_rows)]
+
+    def row(self, i: int) -> dict:
+        """Row ``i`` of the block as an item dict of fresh NumPy arrays (no view keeps the block
+        alive): per-token ``int32[C]``, ragged 1-D arrays, scalars Python ints, plus ``shard``,
+        ``row`` (inside the shard), ``index`` (global) and ``labels_mode``."""
+        out = {k: np.array(v[i]) for k, v in self.tokens.items()}
+        for k, (vals, offs) in self.ragged.items():
+            out[k] = np.array(vals[offs[i]:offs[i + 1]])
+        for k, v in self.scalars.items():
+            out[k] = int(v[i])
+        out.update(shard=self.shard, row=self.shard_row0 + i, index=self.first + i,
+                   labels_mode=self.labels_mode)
+        return out
+
+
+@dataclass
+class Rows:
+    """B rows of one or more decoded row groups, gathered: what a batch is built from.
+
+    Attributes:
+        tokens: name -> int32[B, C].
+        ragged: name -> (values, offsets int64[B + 1] from 0).
+        scalars: name -> int[B].
+        index: int64[B], each row's global row in its output.
+        row: int64[B], each row's row inside its shard.
+        shard: B shard file names.
+        labels_mode: convention of ``tokens["labels"]`` when present.
+        meta: name -> list of B per-row values added by the caller (e.g. ``source``).
+    """
+
+    tokens: dict
+    ragged: dict
+    scalars: dict
+    index: np.ndarray
+    row: np.ndarray
+    shard: list
+    labels_mode: str = "unshifted"
+    meta: dict = field(default_factory=dict)
 
     @property
     def num_rows(self) -> int:
-        for v in self.columns.values():
-            return len(v)
-        return 0
+        """B."""
+        return int(self.index.size)
+
+    def ragged_rows(self, name: str) -> list[np.ndarray]:
+        """Column ``name`` as one 1-D array per row (views)."""
+        vals, offs = self.ragged[name]
+        return [vals[offs[i]:offs[i + 1]] for i in range(self.num_rows)]
+
+    @classmethod
+    def gather(cls, parts: Sequence[tuple["Block", np.ndarray]], meta: dict | None = None,
+               alloc=None) -> "Rows":
+        """Rows ``idx`` of each block, in the order given, as one :class:`Rows`.
+
+        Each per-token column is written once into a fresh ``[B, C]`` array (one copy per
+        column and block); ragged columns are gathered by index.
+
+        Args:
+            parts: ``(block, idx)`` pairs, ``idx`` int[n] rows of that block; every block has
+                the same columns and labels convention.
+            meta: per-row lists to carry (each of B entries).
+            alloc: ``alloc(name, shape, dtype)`` -> the array a per-token column is written
+                into (e.g. a view of shared memory); None: ``np.empty``.
+
+        Raises:
+            ValueError: no rows, or blocks with different columns.
+        """
+        parts = [(b, np.asarray(i, dtype=np.int64)) for b, i in parts]
+        B = sum(i.size for _, i in parts)
+        if not B:
+            raise ValueError("no rows to gather")
+        b0 = parts[0][0]
+        if any(b.tokens.keys() != b0.tokens.keys() or b.ragged.keys() != b0.ragged.keys()
+               for b, _ in parts):
+            raise ValueError("blocks with different columns cannot be gathered")
+        # a shuffled batch takes one or two rows of many blocks: per-row slices cost less
+        # than vectorised gathers there, so only runs of several rows use the latter
+        tokens = {}
+        for name, arr in b0.tokens.items():
+            out = (np.empty((B, arr.shape[1]), dtype=arr.dtype) if alloc is None
+                   else alloc(name, (B, arr.shape[1]), arr.dtype))  # shape: (B, C)
+            at = 0
+            for b, idx in parts:
+                src = b.tokens[name]
+                if idx.size == 1:
+                    out[at] = src[idx[0]]
+                else:
+                    src.take(idx, axis=0, out=out[at:at + idx.size])
+                at += idx.size
+            tokens[name] = out
+        ragged = {}
+        for name in b0.ragged:
+            pieces = []
+            for b, idx in parts:
+                v, o = b.ragged[name]
+                if idx.size <= 4:
+                    pieces.extend(v[o[i]:o[i + 1]] for i in idx.tolist())
+                else:
+                    n = o[idx + 1] - o[idx]
+                    first = np.zeros(n.size, dtype=np.int64)
+                    n[:-1].cumsum(out=first[1:])
+                    pieces.append(v[(o[idx] - first).repeat(n) + np.arange(int(n.sum()))])
+            lens = np.fromiter((p.size for p in pieces), dtype=np.int64, count=len(pieces))
+            if len(pieces) != B:  # a vectorised run: recount per row
+                lens = np.concatenate([b.ragged[name][1][idx + 1] - b.ragged[name][1][idx]
+                                       for b, idx in parts])
+            offs = np.zeros(B + 1, dtype=np.int64)  # shape: (B + 1,)
+            lens.cumsum(out=offs[1:])
+            ragged[name] = (np.concatenate(pieces), offs)
+        scalars = {name: np.concatenate([b.scalars[name][idx] for b, idx in parts])
+                   for name in b0.scalars}
+        index = np.concatenate([b.first + idx for b, idx in parts])
+        row = np.concatenate([b.shard_row0 + idx for b, idx in parts])
+        shard = [b.shard for b, idx in parts for _ in range(idx.size)]
+        return cls(tokens, ragged, scalars, index, row, shard, b0.labels_mode, dict(meta or {}))
 
 
-def _to_numpy(name: str, arr: pa.ChunkedArray | pa.Array, capacity: int):
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    if name in TOKEN_COLUMNS:
-        flat = arr.flatten().to_numpy(zero_copy_only=False)  # fixed_size_list: no offsets
-        if flat.size != len(arr) * capacity:
-            raise ManifestError(f"column {name!r} has {flat.size} values for {len(arr)} rows of "
-                                f"capacity {capacity}; the shard breaks the output contract")
-        return flat.reshape(len(arr), capacity)  # shape: (rows, C)
-    if name in RAGGED_COLUMNS:
-        flat = arr.flatten().to_numpy(zero_copy_only=False)
-        offsets = arr.offsets.to_numpy() - arr.offsets[0].as_py()
-        return [flat[offsets[i]:offsets[i + 1]] for i in range(len(arr))]
-    return arr.to_numpy(zero_copy_only=False)  # shape: (rows,)
+def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
+    """Equal types, the names of list items aside (a footer calls them ``item`` or ``element``
+    depending on how it is read)."""
+    if pa.types.is_fixed_size_list(a) or pa.types.is_list(a) or pa.types.is_large_list(a):
+        return (type(a) is type(b) and getattr(a, "list_size", None) == getattr(b, "list_size", None)
+                and _same_type(a.value_type, b.value_type))
+    return a.equals(b)
 
 
-class PackedReader:
-    """A packed output directory: its manifest, shards, rows and columns.
+def _schema_problem(got: pa.Schema, want: pa.Schema) -> str | None:
+    if got.names != want.names:
+        return f"columns {got.names}, the manifest's schema has {want.names}"
+    for a, b in zip(got, want):
+        if not _same_type(a.type, b.type):
+            return f"column {a.name!r} is {a.type}, the manifest's schema says {b.type}"
+    return None
 
-    Args:
-        path: the OUTPUT directory of ``packtool pack``.
-        check_hashes: also compare each shard's sha256 with the manifest (reads every byte).
 
-    Raises:
-        ManifestError: no manifest, an edited/missing/extra shard (see
-            :func:`~packtool.formats.manifest.load_manifest`), or a shard whose row count
-            differs from the manifest.
-    """
+class _OpenShards:
+    """At most ``max_open`` open shards of one process, least recently used closed first; empty
+    again after pickling or ``fork``. Opening a shard checks it against the manifest."""
 
-    def __init__(self, path: str | os.PathLike, *, check_hashes: bool = False) -> None:
-        self.path = Path(path)
-        self.manifest = load_manifest(self.path, check_hashes=check_hashes)
-        opts = self.manifest.get("options", {})
-        self.capacity: int = int(opts["capacity"])
-        #: the ``--labels`` option: ``unshifted`` | ``shifted`` | ``none`` (not stored)
-        self.labels_mode: str = str(opts.get("labels", "unshifted"))
-        #: convention of the labels this reader returns (stored, or derived when not stored)
-        self.labels_convention: str = labels_convention(self.labels_mode)
-        self.shards: list[str] = [o["file"] for o in self.manifest["outputs"]]
-        self._files: dict[str, pq.ParquetFile] = {}
+    def __init__(self, owner: "PackedOutput", max_open: int) -> None:
+        self.owner = owner
+        self.max_open = int(max_open)
+        self._files: OrderedDict = OrderedDict()
         self._pid = os.getpid()
-        self._cache: tuple | None = None  # (shard, first group, end group, columns key, block)
-        # per shard: row offset of each row group, shape (num_row_groups + 1,)
-        self._rg_offsets: list[np.ndarray] = []
-        rows = []
-        for o in self.manifest["outputs"]:
-            md = self._file(o["file"]).metadata
-            n = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
-            self._rg_offsets.append(np.concatenate([[0], np.cumsum(n, dtype=np.int64)]))
-            if md.num_rows != o["rows"]:
-                raise ManifestError(f"{self.path / o['file']}: {md.num_rows} rows, manifest says "
-                                    f"{o['rows']}; rerun the same packtool pack with --overwrite")
-            rows.append(md.num_rows)
-        # global row offset of each shard, shape (num_shards + 1,)
-        self.shard_offsets = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
-        self._cache: tuple | None = None  # (shard, first group, end group, columns key, block)
+        self._lock = threading.Lock()
 
-    def _file(self, name: str) -> pq.ParquetFile:
-        if self._pid != os.getpid():  # a DataLoader worker after fork: open its own handles
-            self._files, self._cache, self._pid = {}, None, os.getpid()
-        f = self._files.get(name)
-        if f is None:
-            f = self._files[name] = pq.ParquetFile(self.path / name)
-        return f
+    def __getstate__(self) -> dict:
+        return {"owner": self.owner, "max_open": self.max_open}
 
-    @property
-    def columns(self) -> list[str]:
-        """Column names stored in the shards (``labels`` only when packed with
-        ``--labels unshifted|shifted``; it can still be requested, see :meth:`read_row`)."""
-        if not self.shards:
-            return []
-        return list(self._file(self.shards[0]).schema_arrow.names)
-
-    def _table_columns(self, name: str, groups: Sequence[int], columns: Sequence[str]) -> dict:
-        """Read ``columns`` of the consecutive row groups ``groups`` of shard ``name`` as NumPy,
-        deriving ``labels`` from ``input_ids`` and ``segment_ids`` when not stored."""
-        stored = set(self.columns)
-        derive = "labels" in columns and "labels" not in stored
-        want = [c for c in columns if c in stored]
-        if derive:
-            want += [c for c in ("input_ids", "segment_ids") if c not in want]
-        f = self._file(name)
-        # one thread: a row group is a few MB, and pyarrow's column threads cost more than they
-        # save at that size (and contend with DataLoader workers)
-        table = f.read_row_groups(list(groups), columns=want, use_threads=False)
-        cols = {c: _to_numpy(c, table.column(c), self.capacity) for c in want}
-        if derive:
-            cols["labels"] = derive_labels(cols["input_ids"], cols["segment_ids"],
-                                           self.labels_convention)
-        return {c: cols[c] for c in columns}
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["owner"], state["max_open"])
 
     def __len__(self) -> int:
-        return int(self.shard_offsets[-1])
+        return len(self._files)
+
+    def get(self, s: int) -> pq.ParquetFile:
+        with self._lock:
+            if self._pid != os.getpid():  # inherited through fork: this process opens its own
+                self._files = OrderedDict()
+                self._pid = os.getpid()
+            f = self._files.get(s)
+            if f is not None:
+                self._files.move_to_end(s)
+                return f[0]
+            while len(self._files) >= self.max_open:
+                self._files.popitem(last=False)[1][1].close()
+            pf, handle = self.owner._open_shard(s)
+            self._files[s] = (pf, handle)
+            return pf
+
+    def close(self) -> None:
+        with self._lock:
+            files, self._files = self._files, OrderedDict()
+            if self._pid == os.getpid():
+                for _, handle in files.values():
+                    handle.close()
+
+
+class PackedOutput:
+    """A packed output: its manifest, its row-group index and its rows (module docstring).
+
+    Build with :meth:`open`. Attributes: ``location`` (:class:`~packtool.location.Location`),
+    ``manifest`` (:class:`~packtool.formats.manifest.Manifest`), ``schema`` (the shards' Arrow
+    schema), ``capacity`` (C), ``labels`` (the manifest's :class:`LabelsInfo`), ``columns`` (the
+    stored columns), ``shards`` (file names in manifest order), and the index arrays
+    ``rg_shard`` int32[G], ``rg_index`` int32[G] (row group inside its shard), ``rg_first``
+    int64[G + 1] (global row of each group's first row, then the row count), ``shard_first``
+    int64[S + 1].
+    """
+
+    def __init__(self, location: Location, manifest: Manifest, schema: pa.Schema, *,
+                 integrity: str = "footer", cache=None, max_open_files: int = 64) -> None:
+        if integrity not in INTEGRITY:
+            raise ValueError(f"integrity {integrity!r}: choose one of {', '.join(INTEGRITY)}")
+        if max_open_files < 1:
+            raise ValueError(f"max_open_files must be >= 1, got {max_open_files}")
+        require_packed(manifest, location.display)
+        self.location = location
+        self.manifest = manifest
+        self.schema = schema
+        self.integrity = integrity
+        self.cache = cache
+        self.capacity = int(manifest.capacity)
+        self.labels = manifest.labels
+        self.columns = tuple(schema.names)
+        self.shards = tuple(s.file for s in manifest.shards)
+        missing = [c for c in ("input_ids", "segment_ids") if c not in self.columns]
+        if missing and manifest.shards:
+            raise ManifestError(f"{location.display}: the shards lack {', '.join(missing)} "
+                                f"(columns: {', '.join(self.columns)}); not a packtool output")
+        if self.labels.stored != ("labels" in self.columns):
+            raise ManifestError(f"{location.display}: the manifest says labels are "
+                                f"{'' if self.labels.stored else 'not '}stored, the schema "
+                                f"{'lacks' if self.labels.stored else 'has'} a labels column; "
+                                "rerun the same packtool pack with --overwrite")
+        if (manifest.source_column is not None) != ("source_ids" in self.columns) \
+                and manifest.shards:
+            raise ManifestError(f"{location.display}: the manifest and the shards disagree on "
+                                "source_ids (pack --source-column); rerun the same packtool "
+                                "pack with --overwrite")
+        self._open = _OpenShards(self, max_open_files)
+        if manifest.indexed:
+            groups = [s.group_rows() for s in manifest.shards]
+        else:  # version 2: the footers say
+            groups = [self._footer_groups(s) for s in range(len(self.shards))]
+        shard_of, group_of, rows = [], [], []
+        for s, (entry, g_rows) in enumerate(zip(manifest.shards, groups)):
+            if sum(g_rows) != entry.rows:
+                raise ManifestError(f"{self._where(s)}: row groups of {sum(g_rows)} rows, the "
+                                    f"manifest says {entry.rows}; rerun the same packtool pack "
+                                    "with --overwrite")
+            for g, n in enumerate(g_rows):
+                if n:
+                    shard_of.append(s)
+                    group_of.append(g)
+                    rows.append(n)
+        self.rg_shard = np.asarray(shard_of, dtype=np.int32)  # shape: (G,)
+        self.rg_index = np.asarray(group_of, dtype=np.int32)  # shape: (G,)
+        self.rg_first = np.zeros(len(rows) + 1, dtype=np.int64)  # shape: (G + 1,)
+        np.cumsum(np.asarray(rows, dtype=np.int64), out=self.rg_first[1:])
+        self.shard_first = np.zeros(len(self.shards) + 1, dtype=np.int64)  # shape: (S + 1,)
+        np.cumsum([s.rows for s in manifest.shards], out=self.shard_first[1:])
+
+    @classmethod
+    def open(cls, path, *, integrity: str = "footer", cache=None, max_open_files: int = 64,
+             progress=None) -> "PackedOutput":
+        """Open the packed output at ``path``.
+
+        Args:
+            path: the OUTPUT directory, a ``file:`` URI or a store URI.
+            integrity: ``size``, ``footer`` (default) or ``sha256`` (module docstring).
+            cache: a :class:`~packtool.formats.cache.ShardCache` for a store output, or None.
+            max_open_files: open shard handles per process (>= 1).
+            progress: ``callable(done, total)`` told about the sha256 of each shard.
+
+        Raises:
+            ManifestError: not a complete packed output (no manifest: an interrupted pack or not
+                a packtool output; a ``packtool tokenize`` output: documents, not packed rows),
+                a missing, extra, resized or (``sha256``) edited shard.
+            ValueError: unknown ``integrity`` or ``max_open_files < 1``.
+        """
+        loc = Location.parse(path)
+        manifest, schema = read_manifest_and_schema(loc)
+        require_packed(manifest, loc.display)  # before any shard is checked or hashed
+        check_shards(loc, manifest, hashes=integrity == "sha256", progress=progress)
+        return cls(loc, manifest, schema, integrity=integrity, cache=cache,
+                   max_open_files=max_open_files)
+
+    # -- pickling: plain data, no handles --------------------------------------------------------
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_open"] = self._open.max_open
+        state.pop("_pool", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        max_open = state.pop("_open")
+        self.__dict__.update(state)
+        self._open = _OpenShards(self, max_open)
+
+    # -- the index -------------------------------------------------------------------------------
+    @property
+    def num_rows(self) -> int:
+        """Rows over all shards."""
+        return int(self.rg_first[-1])
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    @property
+    def num_row_groups(self) -> int:
+        """G, non-empty row groups over all shards."""
+        return len(self.rg_shard)
+
+    @property
+    def rg_rows(self) -> np.ndarray:
+        """int64[G], rows in each row group."""
+        return np.diff(self.rg_first)
+
+    @property
+    def open_files(self) -> int:
+        """Shard handles this process holds open now."""
+        return len(self._open)
+
+    def group_of(self, rows):
+        """Row group(s) holding global row(s) ``rows`` (no range check)."""
+        g = np.searchsorted(self.rg_first, rows, side="right") - 1
+        return int(g) if np.ndim(g) == 0 else g
 
     def locate(self, index: int) -> tuple[int, int]:
-        """(shard index, row inside that shard) of global row ``index``.
+        """(shard index, row inside that shard) of global row ``index`` (negative counts from
+        the end).
 
         Raises:
-            IndexError: ``index`` outside ``0 .. len(self) - 1`` (negative indices count from the
-                end).
+            IndexError: out of range.
         """
-        n = len(self)
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise IndexError(f"row {index} out of range for {n} rows in {self.path}")
-        s = int(np.searchsorted(self.shard_offsets, index, side="right") - 1)
-        return s, int(index - self.shard_offsets[s])
+        n = self.num_rows
+        i = int(index) + (n if int(index) < 0 else 0)
+        if not 0 <= i < n:
+            raise IndexError(f"row {index} out of range for {n} rows in {self.location.display}")
+        s = int(np.searchsorted(self.shard_first, i, side="right") - 1)
+        return s, i - int(self.shard_first[s])
 
-    def _read_group(self, s: int, g: int, columns: Sequence[str]) -> RowGroupBlock:
-        """The block holding row group ``g`` of shard ``s``: the cached one, or a fresh read of
-        ``g`` alone (random access) or of ``g`` and up to :data:`READAHEAD_GROUPS` - 1 groups
-        after it when the previous block ended right before ``g`` (sequential reads)."""
-        key = tuple(columns)
-        c = self._cache
-        if c is not None and c[0] == s and c[1] <= g < c[2] and c[3] == key:
-            return c[4]
-        ng = len(self._rg_offsets[s]) - 1
-        sequential = c is not None and c[0] == s and c[2] == g and c[3] == key
-        hi = min(ng, g + READAHEAD_GROUPS) if sequential else g + 1
-        name = self.shards[s]
-        cols = self._table_columns(name, range(g, hi), columns)
-        first = int(self._rg_offsets[s][g])
-        block = RowGroupBlock(name, first, int(self.shard_offsets[s]) + first, cols)
-        self._cache = (s, g, hi, key, block)
-        return block
+    def default_columns(self) -> list[str]:
+        """Every contract column present, plus ``labels`` (derived when not stored)."""
+        cols = [c for c in KNOWN_COLUMNS if c in self.columns]
+        if "labels" not in cols:
+            cols.insert(3, "labels")
+        return cols
 
-    def _resolve(self, columns: Sequence[str] | None) -> list[str]:
-        have = self.columns
-        if columns is None:
-            return have
-        derivable = {"labels"} if {"input_ids", "segment_ids"} <= set(have) else set()
-        missing = [c for c in columns if c not in have and c not in derivable]
+    def check_columns(self, columns: Iterable[str]) -> list[str]:
+        """``columns`` as a list, checked to be stored (or ``labels``, always available).
+
+        Raises:
+            ManifestError: a column the shards do not hold.
+        """
+        cols = list(dict.fromkeys(columns))
+        missing = [c for c in cols if c not in self.columns and c != "labels"]
         if missing:
-            raise ManifestError(f"{self.path}: shards have no column(s) {missing}; available: "
-                                f"{', '.join(have)}")
-        return list(columns)
+            raise ManifestError(f"{self.location.display}: no column(s) {missing}; available: "
+                                f"{', '.join(self.columns)}")
+        return cols
 
-    def read_row(self, index: int, columns: Sequence[str] | None = None) -> dict:
-        """Row ``index`` (global, shards in manifest order) as a dict of NumPy values.
+    # -- shards ----------------------------------------------------------------------------------
+    def _where(self, s: int) -> str:
+        return self.location.join(self.shards[s]).display
 
-        Reads (and caches) only the row group holding the row. Per-token columns are
-        ``int32[C]``, ragged ones 1-D arrays (``cu_seqlens`` int32, ``doc_ids``/``doc_offsets``
-        int64), scalars Python ints. Extra keys: ``shard`` (file name), ``row`` (row inside the
-        shard), ``index`` (global row). ``columns=None`` means the stored columns; ``labels`` may
-        be requested from an output packed with ``--labels none``: it is then derived
-        (:func:`derive_labels`, convention :attr:`labels_convention`).
+    def _handle(self, s: int):
+        """(pyarrow file, is_remote) of shard ``s``: a cached local copy when a cache holds (or
+        can take) it, else the file itself."""
+        entry = self.manifest.shards[s]
+        loc = self.location.join(entry.file)
+        if self.cache is not None and not loc.is_local:
+            local = self.cache.fetch(loc, entry.sha256, entry.bytes)
+            if local is not None:
+                return pa.OSFile(str(local), "r"), False
+        return loc.open_input(), not loc.is_local
+
+    def _open_shard(self, s: int):
+        """Open shard ``s`` and check its size, footer and schema against the manifest.
+
+        Returns:
+            (``pq.ParquetFile`` with page checksum verification, the handle to close).
 
         Raises:
-            IndexError: ``index`` out of range.
-            ManifestError: a requested column is not in the shards (and not derivable).
+            ManifestError: the shard cannot be opened or differs from the manifest.
         """
-        cols = self._resolve(columns)
+        entry = self.manifest.shards[s]
+        where = self._where(s)
+        try:
+            handle, remote = self._handle(s)
+        except ManifestError:
+            raise
+        except (OSError, pa.ArrowException) as exc:
+            raise ManifestError(f"{where}: cannot open ({_first(exc)}); with many shards lower "
+                                "max_open_files or raise `ulimit -n`") from None
+        try:
+            size = handle.size()
+            if size != entry.bytes:
+                raise ManifestError(f"{where}: size {size} bytes, the manifest says "
+                                    f"{entry.bytes}: the shard was modified or truncated; rerun "
+                                    "the same packtool pack with --overwrite")
+            try:
+                footer = footer_of(handle, size)
+                md = pq.read_metadata(pa.BufferReader(b"PAR1" + footer))
+            except (OSError, pa.ArrowException) as exc:
+                raise ManifestError(f"{where}: unreadable Parquet footer ({_first(exc)}); the "
+                                    "shard is damaged: rerun the same packtool pack with "
+                                    "--overwrite") from None
+            if (self.integrity != "size" and entry.footer_sha256 is not None
+                    and hashlib.sha256(footer).hexdigest() != entry.footer_sha256):
+                raise ManifestError(f"{where}: its footer differs from the manifest's: the shard "
+                                    "was modified or replaced; rerun the same packtool pack "
+                                    "with --overwrite")
+            named = (md.metadata or {}).get(SHARD_META_KEY)
+            if named is not None and named.decode(errors="replace") != entry.file:
+                raise ManifestError(f"{where}: holds the rows of shard {named.decode(errors='replace')}"
+                                    ": shards were renamed or swapped; rerun the same packtool "
+                                    "pack with --overwrite")
+            problem = _schema_problem(md.schema.to_arrow_schema(), self.schema)
+            if problem:
+                raise ManifestError(f"{where}: {problem}; the shard does not belong to this "
+                                    "output: rerun the same packtool pack with --overwrite")
+            if md.num_rows != entry.rows:
+                raise ManifestError(f"{where}: {md.num_rows} rows, the manifest says "
+                                    f"{entry.rows}; rerun the same packtool pack with "
+                                    "--overwrite")
+            pf = pq.ParquetFile(handle, metadata=md, pre_buffer=remote,
+                                page_checksum_verification=self.integrity != "size")
+        except BaseException:
+            handle.close()
+            raise
+        return pf, handle
+
+    def _footer_groups(self, s: int) -> list[int]:
+        """Rows of each row group of shard ``s`` from its footer (version-2 outputs)."""
+        pf, handle = self._open_shard(s)
+        try:
+            md = pf.metadata
+            return [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+        finally:
+            handle.close()
+
+    # -- decoding --------------------------------------------------------------------------------
+    def decode(self, group: int, columns: Sequence[str], labels: str | None = None, *,
+               structure: str = "stored") -> Block:
+        """Read whole row group ``group`` (over all shards) and decode ``columns``.
+
+        Args:
+            group: 0 .. G - 1.
+            columns: column names; ``labels`` is always available (see the module docstring).
+            labels: the convention of the ``labels`` handed out (None: the output's own).
+            structure: ``stored`` reads ``segment_ids`` / ``position_ids``; ``derived``
+                computes them from ``cu_seqlens`` and ``doc_ids`` (and, with
+                ``--segment-multiple``, ``cu_seqlens_unpadded``: :func:`structure_from_cu`)
+                and reads neither.
+
+        Returns:
+            A :class:`Block`.
+
+        Raises:
+            ManifestError: a column the shards lack, a damaged page (checksum), nulls, another
+                type or a per-token column that does not hold R * C values, a ``cu_seqlens``
+                that breaks the contract (``derived``) (the message names shard, row group and
+                column).
+            ValueError: unknown ``structure``.
+        """
+        if structure not in STRUCTURE:
+            raise ValueError(f"structure {structure!r}: choose stored or derived")
+        mode = labels or self.labels.convention
+        want = self.check_columns(columns)
+        s, g = int(self.rg_shard[group]), int(self.rg_index[group])
+        where = self._where(s)
+        stored = self.labels.stored
+        derive = {c for c in ("segment_ids", "position_ids")
+                  if structure == "derived" and c in want}
+        if structure == "derived" and "labels" in want:
+            derive.add("segment_ids")  # the label rule needs the segments
+        read = [c for c in want if (c != "labels" or stored) and c not in derive]
+        if "labels" in want:
+            read += [c for c in ("input_ids", "segment_ids") if c not in read and c not in derive]
+        # --segment-multiple: the spans' real tokens too (a span is not its document)
+        helpers = ("cu_seqlens", "doc_ids") + (
+            ("cu_seqlens_unpadded",) if "cu_seqlens_unpadded" in self.columns else ())
+        if derive:
+            read += [c for c in helpers if c not in read]
+        pf = self._open.get(s)
+        try:
+            table = pf.read_row_group(g, columns=read, use_threads=False)
+        except (OSError, pa.ArrowException) as exc:
+            raise ManifestError(f"{where}: row group {g} cannot be read ({_first(exc)}): the "
+                                "shard is damaged; rerun the same packtool pack with "
+                                "--overwrite") from None
+        C, R = self.capacity, table.num_rows
+        tokens, ragged, scalars = {}, {}, {}
+        for c in read:
+            arr = table.column(c)
+            arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+            if arr.null_count:
+                raise ManifestError(f"{where}: column {c!r} has null rows; the shard breaks the "
+                                    "output contract; rerun the same packtool pack with "
+                                    "--overwrite")
+            if c in TOKEN_COLUMNS:
+                flat = _list_values(arr, c, where)
+                if flat.size != R * C:
+                    raise ManifestError(f"{where}: column {c!r} holds {flat.size} values for {R} "
+                                        f"rows of capacity {C}; the shard breaks the output "
+                                        "contract")
+                tokens[c] = flat.reshape(R, C)  # shape: (R, C)
+            elif pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+                vals = _list_values(arr, c, where)
+                offs = arr.offsets.to_numpy().astype(np.int64)  # shape: (R + 1,)
+                ragged[c] = (vals, offs - offs[0])
+            else:
+                scalars[c] = arr.to_numpy(zero_copy_only=False)  # shape: (R,)
+        if derive:
+            cu_vals, cu_offs = ragged["cu_seqlens"]
+            un = ragged.get("cu_seqlens_unpadded")
+            seg, pos = structure_from_cu(cu_vals, cu_offs, np.diff(ragged["doc_ids"][1]), C,
+                                         f"{where}: row group {g}",
+                                         unpadded=None if un is None else un[0])
+            if "segment_ids" in derive:
+                tokens["segment_ids"] = seg
+            if "position_ids" in derive:
+                tokens["position_ids"] = pos
+        if "labels" in want:
+            tokens["labels"] = labels_in(mode, input_ids=tokens["input_ids"],
+                                         segment_ids=tokens["segment_ids"],
+                                         stored=tokens.get("labels") if stored else None,
+                                         stored_convention=self.labels.convention)
+        for c in ("input_ids", "segment_ids"):
+            if c in tokens and c not in want:
+                del tokens[c]
+        for c in helpers:
+            if c in ragged and c not in want:
+                del ragged[c]
+        tokens = {c: tokens[c] for c in TOKEN_COLUMNS if c in tokens}  # contract order
+        first = int(self.rg_first[group])
+        return Block(group=group, first=first, shard_row0=first - int(self.shard_first[s]),
+                     shard=self.shards[s], num_rows=R, tokens=tokens, ragged=ragged,
+                     scalars=scalars, labels_mode=mode)
+
+    def iter_groups(self, groups: Iterable[int], columns: Sequence[str],
+                    labels: str | None = None, ahead: int = READ_AHEAD, *,
+                    structure: str = "stored") -> Iterator[Block]:
+        """Decode ``groups`` in order, up to ``ahead`` of them in a background thread while the
+        caller uses the current one (``ahead=0``: in the caller's thread).
+
+        Raises:
+            ManifestError: as :meth:`decode`.
+        """
+        cols = self.check_columns(columns)
+        return iter_decoded(((self, int(g)) for g in groups), cols, labels, ahead,
+                            structure=structure)
+
+    def iter_blocks(self, columns: Sequence[str] | None = None, labels: str | None = None,
+                    ahead: int = READ_AHEAD) -> Iterator[Block]:
+        """Every row group in manifest order (:meth:`iter_groups` over all of them)."""
+        cols = self.default_columns() if columns is None else columns
+        return self.iter_groups(range(self.num_row_groups), cols, labels, ahead)
+
+    def read_row(self, index: int, columns: Sequence[str] | None = None,
+                 labels: str | None = None) -> dict:
+        """Row ``index`` (global; negative counts from the end) as an item dict (see
+        :meth:`Block.row`). Decodes its row group (no cache: see
+        :class:`packtool.loader.PackedDataset` for repeated access).
+
+        Raises:
+            IndexError: out of range. ManifestError: as :meth:`decode`.
+        """
         s, r = self.locate(index)
-        g = int(np.searchsorted(self._rg_offsets[s], r, side="right") - 1)
-        block = self._read_group(s, g, cols)
-        i = r - block.first_row
-        out = {}
-        for c in cols:
-            v = block.columns[c][i]
-            out[c] = int(v) if c in SCALAR_COLUMNS else v
-        out.update(shard=block.shard, row=r, index=int(self.shard_offsets[s]) + r)
-        return out
+        i = int(self.shard_first[s]) + r
+        g = self.group_of(i)
+        block = self.decode(g, self.default_columns() if columns is None else columns, labels)
+        return block.row(i - block.first)
 
-    def iter_blocks(self, columns: Sequence[str] | None = None) -> Iterator[RowGroupBlock]:
-        """Every row of every shard, in manifest order, as :class:`RowGroupBlock` s of up to
-        :data:`READAHEAD_GROUPS` consecutive row groups of one shard (one pyarrow call each)."""
-        cols = self._resolve(columns)
-        for s, name in enumerate(self.shards):
-            ng = len(self._rg_offsets[s]) - 1
-            for g in range(0, ng, READAHEAD_GROUPS):
-                first = int(self._rg_offsets[s][g])
-                groups = range(g, min(ng, g + READAHEAD_GROUPS))
-                yield RowGroupBlock(name, first, int(self.shard_offsets[s]) + first,
-                                    self._table_columns(name, groups, cols))
+    def close(self) -> None:
+        """Close every shard handle this process holds."""
+        self._open.close()
 
-    def iter_rows(self, columns: Sequence[str] | None = None) -> Iterator[dict]:
-        """Every row as :meth:`read_row` returns it, streaming by row group."""
-        for block in self.iter_blocks(columns):
-            for i in range(block.num_rows):
-                row = {c: (int(v[i]) if c in SCALAR_COLUMNS else v[i])
-                       for c, v in block.columns.items()}
-                row.update(shard=block.shard, row=block.first_row + i,
-                           index=block.global_first_row + i)
-                yield row
+
+def iter_decoded(jobs: Iterable[tuple["PackedOutput", int]], columns: Sequence[str],
+                 labels: str | None = None, ahead: int = READ_AHEAD, *,
+                 structure: str = "stored") -> Iterator[Block]:
+    """Decode ``(output, group)`` jobs in order, of one output or several (a mixture), up to
+    ``ahead`` of them in one background thread while the caller uses the current one
+    (``ahead=0``: in the caller's thread). Every output is asked for the same ``columns``.
+
+    Raises:
+        ManifestError: as :meth:`PackedOutput.decode`.
+    """
+    if ahead <= 0:
+        for out, g in jobs:
+            yield out.decode(int(g), columns, labels, structure=structure)
+        return
+    pending: deque = deque()
+    with ThreadPoolExecutor(1, thread_name_prefix="packtool-read") as pool:
+        try:
+            for out, g in jobs:
+                pending.append(pool.submit(out.decode, int(g), columns, labels,
+                                           structure=structure))
+                if len(pending) > ahead:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for f in pending:
+                f.cancel()
+
+
+def _list_values(arr: pa.Array, name: str, where: str) -> np.ndarray:
+    """Flattened values of a list / large_list / fixed_size_list array as NumPy."""
+    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)
+            or pa.types.is_fixed_size_list(arr.type)):
+        raise ManifestError(f"{where}: column {name!r} has type {arr.type}, expected a list of "
+                            "integers; not a packtool output")
+    if arr.values.null_count:
+        raise ManifestError(f"{where}: column {name!r} has null values; the shard breaks the "
+                            "output contract")
+    return arr.flatten().to_numpy(zero_copy_only=False)
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -19,11 +19,21 @@ that it can prune and report: hidden (``.``) and ``_``-prefixed entries (Spark/H
 ``_temporary``, ``.ipynb_checkpoints``, ...) are skipped at every level, symbolic links are
 followed with a guard against loops, and a packtool output (its manifest or
 in-progress marker, or ``packtool.*`` schema metadata in a shard) is refused, so packed rows are
-never read back as documents.
+never read back as documents (a ``packtool tokenize`` output, whose manifest says kind
+``tokenized``, holds documents and is read like any input; its manifest is not reported). Every
+entry it does not read is reported with the reason; a file of another format inside a directory
+is refused unless the caller asks to skip such files. With ``text=True`` (the inputs of
+``packtool tokenize``) JSON Lines files are data too. The
+global document order keeps each format's own order (a ``save_to_disk`` folder's
+``state.json``; docs/inputs.md states the rule for every format).
+
+The reader checks the mask columns (shape, nulls, values) but applies none of them:
+:func:`packtool.core.masks.prepare_documents` does, for ``pack`` and ``compare`` alike.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -38,17 +48,19 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from packtool.core.masks import BoundaryCounts, add_boundary_tokens, drop_masked_tokens
-from packtool.errors import InputError, SchemaError, row_ref
-from packtool.formats.manifest import (FILE_URI, IN_PROGRESS_NAME, MANIFEST_META_KEY,
-                                       MANIFEST_NAME)
+from packtool.errors import InputError, ManifestError, SchemaError, row_ref
+from packtool.formats.manifest import (IN_PROGRESS_NAME, MANIFEST_META_KEY, MANIFEST_NAME,
+                                       PACKED_KIND, Manifest)
 from packtool.formats.schema import check_token_column, is_integer_list, is_list_layout
+from packtool.location import Location
 from packtool.types import IGNORE_INDEX, INT32_MAX
 
-__all__ = ["InputFile", "TokenBatch", "Discovery", "InputSource", "MaskColumns", "discover",
-           "discover_inputs", "open_input", "iter_token_batches", "list_parts",
-           "resolve_mask_columns", "reads_labels", "filesystem_of", "is_remote",
-           "SUPPORTED_FORMATS", "AUTO"]
+__all__ = ["InputFile", "RawBatch", "Discovery", "InputSource", "MaskColumns", "InputColumns",
+           "discover", "discover_inputs", "open_input", "input_schema", "iter_token_batches",
+           "list_parts", "resolve_mask_columns", "input_columns", "reads_labels",
+           "check_source_column",
+           "filesystem_of", "is_remote", "SUPPORTED_FORMATS", "TEXT_FORMATS", "AUTO",
+           "LOSS_MASK_COLUMNS"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +70,13 @@ SUPPORTED_FORMATS = ("Parquet (*.parquet), Arrow IPC/Feather v2 (*.arrow, *.feat
 
 _PARQUET_SUFFIXES = (".parquet",)
 _IPC_SUFFIXES = (".arrow", ".feather", ".ipc", ".arrows")
+#: JSON Lines, read as text input only (``packtool tokenize``)
+_JSONL_SUFFIXES = tuple(f"{s}{z}" for s in (".jsonl", ".ndjson")
+                        for z in ("", ".gz", ".zst", ".bz2"))
+#: One phrase naming what ``packtool tokenize`` reads.
+TEXT_FORMATS = ("Parquet (*.parquet), Arrow IPC/Feather v2 (*.arrow, *.feather, *.ipc, *.arrows), "
+                "Hugging Face save_to_disk folders with a text column and JSON Lines (*.jsonl, "
+                "*.ndjson, optionally .gz/.zst/.bz2)")
 #: Files that mark a directory as a packtool output (manifest written last, marker first).
 _PACKED_MARKERS = (MANIFEST_NAME, IN_PROGRESS_NAME)
 _PACKED_META_PREFIX = b"packtool."
@@ -65,17 +84,13 @@ _HF_STATE = "state.json"
 _HF_INFO = "dataset_info.json"
 _HF_DICT = "dataset_dict.json"
 _IPC_FILE_MAGIC = b"ARROW1"
-#: a URI scheme (two characters or more, so a Windows drive letter is not one)
-_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
-#: what ``pathlib.Path`` makes of a URI: ``s3:/bucket/key``
-_FOLDED_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/(?!/)")
 _FEATHER_V1_MAGIC = b"FEA1"
 
 
 @dataclass(frozen=True)
 class InputFile:
     """One input shard: its path, path relative to the INPUT it was found under, size in bytes,
-    modification time (ns) and format (``parquet`` or ``arrow``)."""
+    modification time (ns) and format (``parquet``, ``arrow``, or ``jsonl`` for text input)."""
 
     path: Path
     rel: str
@@ -85,48 +100,53 @@ class InputFile:
 
 
 @dataclass(frozen=True)
-class TokenBatch:
-    """Documents ``first_row .. first_row + len(lengths) - 1`` of one file.
-
-    With an attention-mask column, its 0 tokens are already removed (``masked_tokens`` counts
-    them); with a labels column, ``targets`` flags the tokens whose input label is not -100.
-    """
+class RawBatch:
+    """Documents ``first_row .. first_row + len(lengths) - 1`` of one file as stored: the tokens
+    and the mask columns read with them, each checked (shape, nulls, values) but not applied.
+    :func:`packtool.core.masks.prepare_documents` turns them into the documents packed."""
 
     first_row: int  #: row index in the file of the first document
     lengths: np.ndarray  #: int64[docs], tokens per document
     tokens: np.ndarray  #: int32[sum(lengths)], the documents' tokens back to back
-    #: uint8[sum(lengths)], 0 = the input label was -100; None: no labels column
-    targets: np.ndarray | None = None
-    masked_tokens: int = 0  #: tokens removed because their attention mask was 0
-    #: BOS/EOS added or found already there (--prepend-bos/--append-eos)
-    boundary: BoundaryCounts = BoundaryCounts()
-
-    def mask_counts(self) -> dict:
-        """The batch's mask figures under their :class:`packtool.stats.PackStats` names."""
-        b = self.boundary
-        return {"tokens_attention_masked": self.masked_tokens,
-                "tokens_label_masked": 0 if self.targets is None
-                else int(self.targets.size - np.count_nonzero(self.targets)),
-                "docs_bos_added": b.bos_added, "docs_bos_present": b.bos_present,
-                "docs_eos_added": b.eos_added, "docs_eos_present": b.eos_present}
+    #: int64[sum(lengths)] attention mask (0 = padding); None: not read
+    keep: np.ndarray | None = None
+    labels: np.ndarray | None = None  #: int64[sum(lengths)] unshifted labels (-100 or the token)
+    loss_masks: tuple = ()  #: int64[sum(lengths)] loss masks, 1 = learn, 0 = not a target
+    #: [docs] the ``--source-column`` value of each document (int64, or str objects); None:
+    #: not read
+    sources: np.ndarray | None = None
 
 
 #: Mask column option value: use the column of the default name when the file has it.
 AUTO = "auto"
 ATTENTION_MASK_COLUMN = "attention_mask"
 LABELS_COLUMN = "labels"
+#: Loss masks recognised under :data:`AUTO` (TRL's SFT columns, 1 = a token to learn):
+#: ``completion_mask`` (prompt-completion data) and ``assistant_masks`` (chat templates with
+#: ``return_assistant_tokens_mask``).
+LOSS_MASK_COLUMNS = ("completion_mask", "assistant_masks")
+#: a per-token column whose name says it masks something (named in the summary when unused)
+_MASK_LIKE = re.compile(r"mask|label", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class MaskColumns:
-    """The mask columns used for one file (None: not used)."""
+    """The mask columns used for one file (None or empty: not used), and the per-token columns
+    whose name looks like a mask that are not used."""
 
     attention_mask: str | None = None
     labels: str | None = None
+    loss_masks: tuple[str, ...] = ()
+    unused: tuple[str, ...] = ()
+
+    @property
+    def targets(self) -> bool:
+        """True when target flags come from this file (a labels column or a loss mask)."""
+        return self.labels is not None or bool(self.loss_masks)
 
 
 def resolve_mask_columns(schema: pa.Schema, path, column: str, attention_mask: str | None = AUTO,
-                         labels: str | None = AUTO) -> MaskColumns:
+                         labels: str | None = AUTO, loss_mask: str | None = AUTO) -> MaskColumns:
     """Decide which mask columns of a file are read.
 
     Args:
@@ -137,6 +157,13 @@ def resolve_mask_columns(schema: pa.Schema, path, column: str, attention_mask: s
             ``labels`` when the file has such a column) or None (off). The attention mask may be
             a list of integers or booleans; labels a list of integers. Under :data:`AUTO` a
             present column of another type is refused, never skipped in silence.
+        loss_mask: a column name (0/1 per token, 1 = learn), :data:`AUTO` (each of
+            :data:`LOSS_MASK_COLUMNS` the file has) or None (off); integers or booleans.
+
+    Returns:
+        :class:`MaskColumns`, with ``unused`` the other list columns whose name holds ``mask``
+        or ``label`` (e.g. ``special_tokens_mask``, or ``labels`` with ``--labels-column
+        none``).
 
     Raises:
         SchemaError: a named column is missing, a used column has another type, or a named
@@ -167,101 +194,157 @@ def resolve_mask_columns(schema: pa.Schema, path, column: str, attention_mask: s
                               f"{option} none to pack without it")
         return name
 
-    return MaskColumns(pick(attention_mask, ATTENTION_MASK_COLUMN, "--attention-mask-column", True),
-                       pick(labels, LABELS_COLUMN, "--labels-column", False))
+    option = "--loss-mask-column"
+    if loss_mask == AUTO:
+        loss = tuple(n for n in (pick(AUTO, d, option, True) for d in LOSS_MASK_COLUMNS) if n)
+    else:
+        loss = tuple(n for n in [pick(loss_mask, None, option, True)] if n)
+    cols = MaskColumns(pick(attention_mask, ATTENTION_MASK_COLUMN, "--attention-mask-column", True),
+                       pick(labels, LABELS_COLUMN, "--labels-column", False), loss)
+    used = {column, cols.attention_mask, cols.labels, *cols.loss_masks}
+    unused = tuple(f.name for f in schema if f.name not in used and _MASK_LIKE.search(f.name)
+                   and is_list_layout(f.type))
+    return dataclasses.replace(cols, unused=unused)
 
 
-def reads_labels(files, column: str, labels: str | None) -> bool:
-    """True when a labels column will be read from at least one of ``files`` (footers only).
+@dataclass(frozen=True)
+class InputColumns:
+    """What the mask columns of a whole INPUT come to (schemas only, read before packing)."""
+
+    targets: bool  #: target flags come from at least one file (labels column or loss mask)
+    #: per-token columns that look like masks but are not used -> files holding them
+    unused: dict = field(default_factory=dict)
+
+    def unused_note(self) -> str:
+        """One line naming the unused mask-like columns (empty when there is none)."""
+        if not self.unused:
+            return ""
+        parts = [f"{name} ({len(paths)} file{'' if len(paths) == 1 else 's'})"
+                 for name, paths in self.unused.items()]
+        return ("input columns that look like masks but are not used: " + ", ".join(parts)
+                + "; name one with --attention-mask-column, --labels-column or "
+                "--loss-mask-column if it should apply")
+
+
+def input_columns(files, column: str, attention_mask: str | None = AUTO,
+                  labels: str | None = AUTO, loss_mask: str | None = AUTO) -> InputColumns:
+    """Which mask columns INPUT's files will be read with (their schemas only).
 
     Decided before reading, so every window of a pack stores the same columns.
 
     Raises:
-        InputError, SchemaError: as :func:`open_input` and :func:`resolve_mask_columns`.
+        InputError, SchemaError: as :func:`input_schema` and :func:`resolve_mask_columns`.
     """
-    if labels is None:
-        return False
-    found = False
+    targets, unused = False, {}
     for f in files:
-        src = open_input(f.path, column)
-        found |= resolve_mask_columns(src.schema_arrow, src.path, column, None,
-                                      labels).labels is not None
-    return found
+        schema, shown = input_schema(f.path, getattr(f, "format", None))
+        cols = resolve_mask_columns(schema, shown, column, attention_mask, labels, loss_mask)
+        targets |= cols.targets
+        for name in cols.unused:
+            unused.setdefault(name, []).append(str(shown))
+    return InputColumns(targets, unused)
+
+
+def reads_labels(files, column: str, labels: str | None, loss_mask: str | None = None) -> bool:
+    """True when target flags (a labels column, or a loss mask) will be read from at least one
+    of ``files`` (schemas only): the packed labels then carry real information.
+
+    Raises:
+        InputError, SchemaError: as :func:`input_columns`.
+    """
+    if labels is None and loss_mask is None:
+        return False
+    return input_columns(files, column, None, labels, loss_mask).targets
 
 
 @dataclass(frozen=True)
 class Discovery:
-    """What :func:`discover` found: the files in global document order and what it skipped."""
+    """What :func:`discover` found: the files in global document order, every file or folder
+    it did not read (and why), and notes on the order."""
 
     files: list[InputFile]
-    #: paths skipped on purpose (hidden/``_`` entries, link loops), as given or found
+    #: every entry under INPUT that is not read, as ``"path (reason)"``: hidden or
+    #: ``_``-prefixed, a link loop, a documentation file, a file a ``save_to_disk`` folder's
+    #: ``state.json`` does not list, or (``skip_unsupported``) a file of another format
     skipped: list[str] = field(default_factory=list)
+    #: notes on the order (file names whose numbers are not zero-padded)
+    notes: list[str] = field(default_factory=list)
 
     def skipped_note(self, limit: int = 3) -> str:
-        """One line naming the skipped entries (empty when nothing was skipped)."""
+        """One line naming the entries not read, by reason (empty when every file was read).
+
+        Up to ``limit`` names per reason; :attr:`skipped` lists them all."""
         if not self.skipped:
             return ""
-        names = ", ".join(self.skipped[:limit]) + (", ..." if len(self.skipped) > limit else "")
-        return (f"skipped {len(self.skipped)} hidden, '_'-prefixed or looping entr"
-                f"{'y' if len(self.skipped) == 1 else 'ies'}: {names}")
+        by_reason: dict[str, list[str]] = {}
+        for entry in self.skipped:
+            path, _, reason = entry.rpartition(" (")
+            by_reason.setdefault(reason.rstrip(")") if path else "skipped",
+                                 []).append(path or entry)
+        parts = []
+        for reason, paths in by_reason.items():
+            names = ", ".join(paths[:limit]) + (", ..." if len(paths) > limit else "")
+            parts.append(f"{len(paths)} {reason}: {names}")
+        n = len(self.skipped)
+        return f"skipped {n} entr{'y' if n == 1 else 'ies'} (not read): " + "; ".join(parts)
 
 
-def _format_of(name: str) -> str | None:
+def _format_of(name: str, text: bool = False) -> str | None:
     low = name.lower()
     if low.endswith(_PARQUET_SUFFIXES):
         return "parquet"
     if low.endswith(_IPC_SUFFIXES):
         return "arrow"
+    if text and low.endswith(_JSONL_SUFFIXES):
+        return "jsonl"
     return None
 
 
 def is_remote(location) -> bool:
-    """True for a URI with a scheme other than ``file`` (``s3://bucket/key``, ``gs://...``)."""
-    return _URI.match(str(location)) is not None and not str(location).startswith("file:")
+    """True for a location in a store (``s3://bucket/key``, ``gs://...``), not a local path or a
+    ``file:`` URI (:class:`packtool.location.Location` decides)."""
+    return not Location.parse(location).is_local
 
 
 def _location(given) -> str:
-    """``given`` as a string, with a URI's ``//`` restored where ``pathlib`` folded it; a
-    ``file:`` URI (``file:///abs/path``, or ``file:/abs/path`` as pathlib folds it) becomes its
-    local path."""
-    s = os.fspath(given) if not isinstance(given, str) else given
-    f = FILE_URI.match(s)
-    if f:
-        return s[f.end():]
-    m = _FOLDED_URI.match(s)
-    return f"{m.group(1)}://{s[m.end():]}" if m else s
+    """``given`` as a string: a local path (a ``file:`` URI becomes its path), or a store URI
+    with its options (``//`` restored where ``pathlib`` folded it)."""
+    return str(Location.parse(given))
 
 
 def filesystem_of(location) -> tuple[pafs.FileSystem, str, str]:
     """(filesystem, path inside it, URI prefix) of a local path or a URI.
 
-    A URI goes through :func:`pyarrow.fs.FileSystem.from_uri` (S3, GCS, HDFS, ... as pyarrow
-    provides them; S3 reads ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ... from the
+    A URI goes through :meth:`packtool.location.StoreURI.filesystem` (S3, GCS, HDFS, ... as
+    pyarrow provides them; S3 reads ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ... from the
     environment, or ``?endpoint_override=...`` from the URI). The prefix turns a path inside the
     filesystem back into a URI (``"s3://"``; ``""`` for local paths).
 
     Raises:
         InputError: the URI cannot be opened (unknown scheme, no credentials, ...).
     """
-    loc = _location(location)
-    if not is_remote(loc):
-        return pafs.LocalFileSystem(), os.path.abspath(loc), ""
+    loc = Location.parse(location)
     try:
-        fs, path = pafs.FileSystem.from_uri(loc)
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InputError(f"{loc}: cannot open this location ({exc}); check the URI and the "
-                         "credentials in the environment") from None
-    return fs, path.rstrip("/"), loc.split("://", 1)[0] + "://"
+        fs, path = loc.filesystem()
+    except OSError as exc:  # the location's own one-line message
+        raise InputError(str(exc)) from None
+    except (pa.ArrowException, ValueError) as exc:
+        raise InputError(f"{loc.display}: cannot open this location ({exc}); check the URI and "
+                         "the credentials in the environment") from None
+    return fs, path, "" if loc.is_local else f"{loc.scheme}://"
 
 
 class _Place:
-    """A filesystem, how to name its paths in messages and how to tell two names of one file."""
+    """A filesystem, how to name its paths (a store's with the URI's options, so a file found
+    through an endpoint is reopened through it) and how to tell two names of one file."""
 
-    def __init__(self, fs: pafs.FileSystem, prefix: str):
-        self.fs, self.prefix = fs, prefix
+    def __init__(self, fs: pafs.FileSystem, prefix: str, query: str = ""):
+        self.fs, self.prefix, self.query = fs, prefix, query
 
     def show(self, path: str):
-        return Path(path) if not self.prefix else f"{self.prefix}{path}"
+        if not self.prefix:
+            return Path(path)
+        return f"{self.prefix}{path}" + (f"?{self.query}" if self.query else "")
 
     def key(self, path: str):
         if self.prefix:  # object stores: no links, one name per object
@@ -271,7 +354,9 @@ class _Place:
 
 
 def _packed_marker(fs: pafs.FileSystem, names: set[str], directory: str) -> str | None:
-    """Name of the file that marks ``directory`` as a packtool output, or None."""
+    """Name of the file that marks ``directory`` as a packtool output of packed rows, or None;
+    ``""`` for a finished output whose manifest says it holds documents (``packtool tokenize``:
+    kind ``tokenized``), which is input like any other."""
     if _PACKED_MARKERS[1] in names:
         return _PACKED_MARKERS[1]
     if _PACKED_MARKERS[0] in names:
@@ -281,7 +366,11 @@ def _packed_marker(fs: pafs.FileSystem, names: set[str], directory: str) -> str 
         except (OSError, ValueError, pa.ArrowException):
             return None
         if MANIFEST_META_KEY in meta:
-            return _PACKED_MARKERS[0]
+            try:
+                kind = Manifest.from_dict(json.loads(meta[MANIFEST_META_KEY])).kind
+            except (ManifestError, ValueError):
+                kind = PACKED_KIND  # unreadable: refused as packed, never read as documents
+            return _PACKED_MARKERS[0] if kind == PACKED_KIND else ""
     return None
 
 
@@ -291,14 +380,28 @@ def _refuse_packed(where: Path | str, marker: str) -> None:
 
 
 def _hf_files(fs: pafs.FileSystem, directory: str, shown) -> list[str]:
-    """Data file names of a ``save_to_disk`` folder, in its own order (``state.json``)."""
+    """Data file names of a ``save_to_disk`` folder, in its own order (``state.json``).
+
+    Raises:
+        InputError: ``state.json`` is not readable, lists no file, or holds an indices mapping
+            (an older ``datasets`` saved a selection or shuffle as row numbers over the data
+            files: the dataset's rows are then not the files' rows in order).
+    """
     try:
         with fs.open_input_stream(f"{directory}/{_HF_STATE}") as fh:
             state = json.loads(fh.read())
         names = [d["filename"] for d in state["_data_files"]]
-    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+        indices = state.get("_indices_data_files")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError,
+            pa.ArrowException) as exc:
         raise InputError(f"{shown}/{_HF_STATE}: not a readable Hugging Face dataset state "
                          f"({exc}); save the dataset again with save_to_disk") from None
+    if indices:
+        listed = ", ".join(str(d.get("filename", d)) if isinstance(d, dict) else str(d)
+                           for d in indices)
+        raise InputError(f"{shown}: Hugging Face dataset saved with an indices mapping "
+                         f"({_HF_STATE} lists {listed}): its row order is not the data files' "
+                         "order; load it, call flatten_indices() and save_to_disk again")
     if not names:
         raise InputError(f"{shown}: Hugging Face dataset with no data files; save it again")
     return names
@@ -308,11 +411,51 @@ def _name(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1]
 
 
-def _walk(place: _Place, root: str, skipped: list[str]) -> list[tuple[str, str, str, object]]:
-    """(path, relative path, format, FileInfo) of every data file under ``root`` (unsorted)."""
+#: files next to data that are never data (read by people, not by packtool): reported as
+#: skipped, never refused
+_DOC_NAMES = re.compile(r"^(readme|license|licence|copying|notice|changelog)([._-].*)?$|\.md$",
+                        re.IGNORECASE)
+
+
+def _natural_key(name: str):
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name) if t]
+
+
+def _order_note(shown, names: list[str]) -> str | None:
+    """A note when names in one folder whose numbers differ in width are read in text order
+    against their numeric order (``part-10`` before ``part-2``); None otherwise."""
+    text = sorted(names)
+    natural = sorted(names, key=_natural_key)
+    if text == natural:
+        return None
+    i = next(k for k, (a, b) in enumerate(zip(text, natural)) if a != b)
+    first, second = text[i], natural[i]
+    return (f"{shown}: file names are read in text order, so {first} comes before "
+            f"{second} (as pyarrow.dataset reads them); zero-pad the numbers in the names, or "
+            "pass the files in the order you mean, if that is not the order of the documents")
+
+
+#: one walk entry: (path, relative path, format, FileInfo, sort key)
+_Found = tuple
+
+
+def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
+          skip_unsupported: bool, disp=None, text: bool = False) -> list[_Found]:
+    """Every data file under ``root``, each with its key in the global document order.
+
+    The key is the relative path, except for the files of a ``save_to_disk`` folder, which
+    sort at the folder's relative path in their ``state.json`` order (their names say nothing
+    of it). Entries not read go to ``skipped`` with the reason, named by ``disp(relative
+    path)`` (default: the path inside the filesystem). ``text``: JSON Lines files are data too.
+
+    Raises:
+        InputError: as :func:`discover`; a file of another format inside the folder (unless
+            ``skip_unsupported``).
+    """
     fs = place.fs
-    found: list[tuple[str, str, str, object]] = []
-    other: list[str] = []
+    disp = disp or (lambda rel: place.show(f"{root}/{rel}" if rel else root))
+    found: list[_Found] = []
+    other: list[tuple[str, str]] = []  # files of another format: (relative path, shown)
     # depth-first; each entry carries the keys of its ancestors: a link back to one of them is
     # a loop and is skipped
     stack = [(root, "", (place.key(root),))]
@@ -323,6 +466,9 @@ def _walk(place: _Place, root: str, skipped: list[str]) -> list[tuple[str, str, 
         marker = _packed_marker(fs, set(by_name), dpath)
         if marker:
             _refuse_packed(place.show(dpath), marker)
+        if marker == "":  # a tokenize output: its manifest is neither data nor a skipped entry
+            by_name.pop(MANIFEST_NAME, None)
+            infos = [i for i in infos if _name(i.path) != MANIFEST_NAME]
         if _HF_DICT in by_name and _HF_STATE not in by_name:
             splits = sorted(n for n, i in by_name.items() if i.type == pafs.FileType.Directory
                             and not n.startswith((".", "_")))
@@ -331,63 +477,115 @@ def _walk(place: _Place, root: str, skipped: list[str]) -> list[tuple[str, str, 
                              f"{', '.join(splits) or '(none)'}; pass one split folder as INPUT, "
                              f"e.g. {place.show(f'{dpath}/{example}')}")
         if _HF_STATE in by_name and _HF_INFO in by_name:
-            for name in _hf_files(fs, dpath, place.show(dpath)):
+            listed = _hf_files(fs, dpath, place.show(dpath))
+            for i, name in enumerate(listed):
                 info = by_name.get(name)
                 if info is None or info.type != pafs.FileType.File:
                     raise InputError(f"{place.show(f'{dpath}/{name}')}: listed in "
                                      f"{_HF_STATE} but missing; save the dataset again")
-                found.append((info.path, f"{drel}{name}", "arrow", info))
+                found.append((info.path, f"{drel}{name}", "arrow", info, (drel, i)))
+            for name in sorted(set(by_name) - set(listed) - {_HF_STATE, _HF_INFO}):
+                why = "hidden or '_'-prefixed" if name.startswith((".", "_")) else \
+                    f"not listed in {_HF_STATE}"
+                skipped.append(f"{disp(drel + name)} ({why})")
             continue
+        read_here = []
         for info in sorted(infos, key=lambda i: i.path):
             name = _name(info.path)
             if name.startswith((".", "_")):
-                skipped.append(str(place.show(info.path)))
+                skipped.append(f"{disp(drel + name)} (hidden or '_'-prefixed)")
                 continue
             if info.type == pafs.FileType.Directory:
                 key = place.key(info.path)
                 if key in ancestors:
-                    skipped.append(f"{place.show(info.path)} (link loop)")
+                    skipped.append(f"{disp(drel + name)} (link loop)")
                     continue
                 stack.append((info.path, f"{drel}{name}/", ancestors + (key,)))
+                read_here.append(name)
             elif info.type == pafs.FileType.File:
-                fmt = _format_of(name)
-                if fmt is None:
-                    other.append(name)
+                fmt = _format_of(name, text)
+                if fmt is not None:
+                    found.append((info.path, f"{drel}{name}", fmt, info, (f"{drel}{name}", 0)))
+                    read_here.append(name)
+                elif _DOC_NAMES.search(name):
+                    skipped.append(f"{disp(drel + name)} (documentation)")
                 else:
-                    found.append((info.path, f"{drel}{name}", fmt, info))
+                    other.append((f"{drel}{name}", str(disp(drel + name))))
+        note = _order_note(disp(drel.rstrip("/")), read_here)
+        if note:
+            notes.append(note)
+    other.sort()
     if not found:
-        seen = f" (found {', '.join(sorted(other)[:3])}{', ...' if len(other) > 3 else ''})" \
+        names = [_name(rel) for rel, _ in other]
+        seen = f" (found {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})" \
             if other else ""
+        if text:
+            raise InputError(f"{place.show(root)}: directory holds no *.parquet, *.jsonl, Arrow "
+                             f"IPC file or Hugging Face dataset{seen}; point INPUT at the text "
+                             f"(supported: {TEXT_FORMATS})")
         raise InputError(f"{place.show(root)}: directory holds no *.parquet, Arrow IPC file or "
                          f"Hugging Face dataset{seen}; point INPUT at the tokenized shards "
                          f"(supported: {SUPPORTED_FORMATS})")
+    if other and not skip_unsupported:
+        names = ", ".join(rel for rel, _ in other[:5]) + (
+            f", ... ({len(other)} in all)" if len(other) > 5 else "")
+        if text:
+            raise InputError(f"{place.show(root)}: holds {len(other)} file"
+                             f"{'' if len(other) == 1 else 's'} of an unsupported format that "
+                             f"would not be tokenized: {names}; supported: {TEXT_FORMATS}; move "
+                             "them out of INPUT, or pass --skip-unsupported to tokenize the rest")
+        raise InputError(f"{place.show(root)}: holds {len(other)} file"
+                         f"{'' if len(other) == 1 else 's'} of an unsupported format that would "
+                         f"not be packed: {names}; supported: {SUPPORTED_FORMATS}; convert "
+                         "them (e.g. JSONL to Parquet), move them out of INPUT, or pass "
+                         "--skip-unsupported to pack the rest")
+    skipped.extend(f"{shown} (unsupported format)" for _, shown in other)
     return found
 
 
-def discover(inputs: Sequence[str | os.PathLike]) -> Discovery:
+def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = False,
+             text: bool = False) -> Discovery:
     """Expand INPUT paths or URIs into data files, in global document order.
 
-    A file is taken as is (its format from its name). A directory (or an object-store prefix)
-    is searched recursively; files are taken in sorted relative-path order, a ``save_to_disk``
-    folder in the order of its ``state.json``. The resulting order defines the global document
-    index (file order, then row order). Local files keep :class:`~pathlib.Path` paths; files in
-    an object store are named by URI (``s3://bucket/key``).
+    Order (what ``doc_ids`` numbers): the INPUT paths in the order given; inside a directory
+    (or an object-store prefix), searched recursively, files in sorted relative-path order
+    (Python string order of the path with ``/`` separators, as ``pyarrow.dataset`` sorts them);
+    a ``save_to_disk`` folder's files, at the folder's place in that order, in the order its
+    ``state.json`` lists them (what ``datasets.load_from_disk`` returns); then rows in file
+    order (Parquet row groups, Arrow IPC record batches). Local files keep
+    :class:`~pathlib.Path` paths; files in an object store are named by URI
+    (``s3://bucket/key``).
+
+    Every entry that is not read is reported in :attr:`Discovery.skipped` with the reason:
+    hidden or ``_``-prefixed entries, link loops, documentation files (``README*``,
+    ``LICENSE*``, ``*.md``), files a ``save_to_disk`` folder does not list, and, with
+    ``skip_unsupported``, files of another format.
+
+    Args:
+        inputs: INPUT paths or URIs.
+        skip_unsupported: skip files of an unsupported format inside a directory (listed in
+            ``skipped``) instead of refusing them.
+        text: the inputs of ``packtool tokenize``: JSON Lines files (format ``jsonl``) are
+            data too, and the messages name :data:`TEXT_FORMATS`.
 
     Returns:
-        :class:`Discovery` (files, and the entries skipped on purpose).
+        :class:`Discovery` (files, entries not read, notes).
 
     Raises:
         InputError: a path does not exist; a file or directory holds no supported format (the
-            message names the supported formats); a packtool output is given or nested inside
-            INPUT; a Hugging Face DatasetDict (pass one split); the same file is reached twice
-            (by path, symbolic link or hard link).
+            message names the supported formats); a directory holds files of an unsupported
+            format (unless ``skip_unsupported``); a packtool output is given or nested inside
+            INPUT; a Hugging Face DatasetDict (pass one split) or a dataset saved with an
+            indices mapping; the same file is reached twice (by path, symbolic link or hard
+            link).
     """
     files: list[InputFile] = []
     skipped: list[str] = []
+    notes: list[str] = []
     keys: list = []
     for given in inputs:
         fs, path, prefix = filesystem_of(given)
-        place = _Place(fs, prefix)
+        place = _Place(fs, prefix, getattr(Location.parse(given), "query", ""))
         shown = place.show(path) if prefix else Path(_location(given))
         try:
             info = fs.get_file_info(path)
@@ -397,13 +595,23 @@ def discover(inputs: Sequence[str | os.PathLike]) -> Discovery:
         if info.type == pafs.FileType.NotFound:
             raise InputError(f"{shown}: no such file or directory; check the INPUT path")
         if info.type == pafs.FileType.Directory:
-            found = sorted(_walk(place, path, skipped), key=lambda t: t[1])
-            for q, rel, fmt, qi in found:
+            if prefix:
+                def disp(rel, _p=path):
+                    return place.show(f"{_p}/{rel}" if rel else _p)
+            else:
+                def disp(rel, _g=Path(_location(given))):
+                    return _g / rel if rel else _g
+            found = sorted(_walk(place, path, skipped, notes, skip_unsupported, disp, text),
+                           key=lambda t: t[4])
+            for q, rel, fmt, qi, _ in found:
                 where = place.show(q) if prefix else Path(_location(given)) / rel
                 files.append(InputFile(where, rel, int(qi.size or 0), int(qi.mtime_ns or 0), fmt))
                 keys.append(place.key(q))
         else:
-            fmt = _format_of(_name(path))
+            fmt = _format_of(_name(path), text)
+            if fmt is None and text:
+                raise InputError(f"{shown}: unsupported text format; packtool tokenize reads "
+                                 f"{TEXT_FORMATS}")
             if fmt is None:
                 raise InputError(f"{shown}: unsupported input format; supported: "
                                  f"{SUPPORTED_FORMATS} (convert other data, e.g. JSONL, to "
@@ -417,17 +625,18 @@ def discover(inputs: Sequence[str | os.PathLike]) -> Discovery:
             raise InputError(f"{f.path}: given twice (also as {seen[key]}); its documents would "
                              "be packed twice: list each input once")
         seen[key] = str(f.path)
-    return Discovery(files, skipped)
+    return Discovery(files, skipped, notes)
 
 
-def discover_inputs(inputs: Sequence[str | os.PathLike]) -> list[InputFile]:
+def discover_inputs(inputs: Sequence[str | os.PathLike], *,
+                    skip_unsupported: bool = False) -> list[InputFile]:
     """The files of :func:`discover`; what was skipped is logged (one line, level INFO: the
     ``pack`` summary states it).
 
     Raises:
         InputError: as :func:`discover`.
     """
-    d = discover(inputs)
+    d = discover(inputs, skip_unsupported=skip_unsupported)
     if d.skipped:
         log.info("%s", d.skipped_note())
     return d.files
@@ -535,7 +744,7 @@ def open_input(path, column: str, fmt: str | None = None) -> InputSource:
         SchemaError: the token column is missing or not an integer list.
     """
     fs, fpath, prefix = filesystem_of(path)
-    shown = f"{prefix}{fpath}" if prefix else Path(path)
+    shown = Location.parse(path).display if prefix else Path(_location(path))
     fmt = fmt or _format_of(_name(fpath)) or "parquet"
     if fmt == "arrow":
         try:
@@ -558,6 +767,33 @@ def open_input(path, column: str, fmt: str | None = None) -> InputSource:
         _refuse_packed(shown, f"schema metadata {packed[0]}")
     check_token_column(src.schema_arrow, column, str(shown))
     return src
+
+
+def input_schema(path, fmt: str | None = None) -> tuple[pa.Schema, object]:
+    """The Arrow schema of one input file, read cheaply (a Parquet footer, an Arrow IPC file's
+    footer or a stream's first message), and the file's name for messages.
+
+    Raises:
+        InputError: the file is empty or not in its format.
+    """
+    fs, fpath, prefix = filesystem_of(path)
+    shown = f"{prefix}{fpath}" if prefix else Path(path)
+    fmt = fmt or _format_of(_name(fpath)) or "parquet"
+    kind = "Arrow IPC" if fmt == "arrow" else "Parquet"
+    try:
+        if fmt == "parquet":
+            with fs.open_input_file(fpath) as fh:
+                return pq.read_schema(fh), shown
+        with fs.open_input_file(fpath) as fh:
+            head = fh.read(8)
+            if head.startswith(_FEATHER_V1_MAGIC):
+                return open_input(path, "", fmt).schema_arrow, shown  # refused there
+            fh.seek(0)
+            if head.startswith(_IPC_FILE_MAGIC):
+                return pa.ipc.open_file(fh).schema, shown
+            return pa.ipc.open_stream(fh).schema, shown
+    except (pa.ArrowException, OSError) as exc:
+        raise _unreadable(shown, fs, fpath, kind, exc) from None
 
 
 def list_parts(arr: pa.Array) -> tuple[np.ndarray, pa.Array]:
@@ -605,35 +841,83 @@ def _row_of_value(lengths: np.ndarray, value_index: int) -> int:
     return int(np.searchsorted(np.cumsum(lengths), value_index, side="right"))
 
 
+def check_source_column(schema: pa.Schema, name: str, path) -> None:
+    """Refuse a ``--source-column`` a file lacks or holds in a type that is not one value per
+    document (a string or an integer, plain or dictionary-encoded).
+
+    Raises:
+        SchemaError: names the file, the column and the fix.
+    """
+    if name not in schema.names:
+        raise SchemaError(f"{path}: no column {name!r} for --source-column; available columns: "
+                          f"{', '.join(schema.names) or '(none)'}")
+    typ = schema.field(name).type
+    if pa.types.is_dictionary(typ):
+        typ = typ.value_type
+    if not (pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_integer(typ)
+            or getattr(pa.types, "is_string_view", lambda t: False)(typ)):
+        raise SchemaError(f"{path}: --source-column {name!r} has type "
+                          f"{schema.field(name).type}; it must hold one string or integer per "
+                          "document (e.g. source, lang, a URL's domain)")
+
+
+def _source_values(arr, path, row: int, name: str) -> np.ndarray:
+    """The source values of a batch's documents: int64 for an integer column, str objects
+    for a string column.
+
+    Raises:
+        SchemaError: a null value (file and row named).
+    """
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    if arr.null_count:
+        bad = row + int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+        raise SchemaError(f"{path}: {row_ref(bad)}: --source-column {name!r} is null; fill it "
+                          "(e.g. 'unknown') before packing")
+    if pa.types.is_integer(arr.type):
+        return arr.to_numpy(zero_copy_only=False).astype(np.int64)
+    return np.asarray(arr.cast(pa.large_string()).to_pylist(), dtype=object)
+
+
 def iter_token_batches(path, column: str, batch_rows: int = 8192,
                        row_groups: Sequence[int] | None = None,
                        row_range: tuple[int, int] | None = None,
                        fmt: str | None = None, *, attention_mask: str | None = None,
-                       labels: str | None = None, bos: int | None = None,
-                       eos: int | None = None) -> Iterator[TokenBatch]:
-    """Stream one file's documents as :class:`TokenBatch` es.
+                       labels: str | None = None, loss_mask: str | None = None,
+                       source: str | None = None) -> Iterator[RawBatch]:
+    """Stream one file's documents and mask columns as :class:`RawBatch` es, checked, as stored.
 
     ``row_groups`` (ascending indices) restricts the read to those row groups (Arrow IPC: record
     batches); ``row_range`` ``(start, stop)`` (file rows) to the rows in it, cutting row groups
     at record batches (rows of a row group before ``start`` are decoded and skipped). ``first_row``
     and error messages still count rows from the start of the file.
 
-    ``attention_mask`` / ``labels``: mask columns as in :func:`resolve_mask_columns` (default
-    None: not read). Tokens whose attention mask is 0 are removed; a labels column (unshifted:
-    ``labels[i]`` is ``input_ids[i]`` or -100) becomes ``TokenBatch.targets``. ``bos`` / ``eos``:
-    added to every non-empty document lacking them (after the attention mask), never doubled
-    (:func:`packtool.core.masks.add_boundary_tokens`).
+    ``attention_mask`` / ``labels`` / ``loss_mask``: mask columns as in
+    :func:`resolve_mask_columns` (default None: not read). ``source``: a ``--source-column``
+    read as each document's source value (:attr:`RawBatch.sources`;
+    :func:`check_source_column`). Nothing is applied here:
+    :func:`packtool.core.masks.prepare_documents` does that, for ``pack`` and ``compare`` alike
+    (:func:`packtool.pipeline.read.iter_documents`).
 
     Raises:
         InputError: the file cannot be read (the message names the row group).
         SchemaError: a null document, a null token, a negative id or an id over int32; a mask
-            row of another length than its document; a label that is neither -100 nor its token
-            (the message names the file and the row).
+            row of another length than its document; a label that is neither -100 nor its
+            token; a loss mask value other than 0 or 1; a source column missing, of another
+            type or null (the message names the file and the row).
     """
     src = open_input(path, column, fmt)
     path = src.path  # a URI folded by pathlib is named as the URI
-    masks = resolve_mask_columns(src.schema_arrow, path, column, attention_mask, labels)
-    columns = [column] + [c for c in (masks.attention_mask, masks.labels) if c is not None]
+    masks = resolve_mask_columns(src.schema_arrow, path, column, attention_mask, labels,
+                                 loss_mask)
+    columns = [column] + [c for c in (masks.attention_mask, masks.labels, *masks.loss_masks)
+                          if c is not None]
+    if source is not None:
+        check_source_column(src.schema_arrow, source, path)
+        if source not in columns:
+            columns.append(source)
     # shape: (num_row_groups + 1,), first row of each row group
     rg_start = np.cumsum((0,) + src.row_group_rows)
     lo, hi = (0, int(rg_start[-1])) if row_range is None else row_range
@@ -682,10 +966,10 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
             # a cut batch's values are a view of the whole batch's: own them, so whoever keeps
             # the tokens (a window task holds them) does not keep the rest of the batch
             tokens = flat.astype(np.int32, copy=cut)
-            targets, masked = None, 0
+            lab = keep = None
             if masks.labels is not None:
                 lab = _mask_values(batch.column(masks.labels), lengths, path, row,
-                                   masks.labels)
+                                   masks.labels, "--labels-column")
                 bad = (lab != IGNORE_INDEX) & (lab != tokens)
                 if bad.any():
                     vi = int(np.argmax(bad))
@@ -694,26 +978,34 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
                         f"{int(lab[vi])} is neither -100 nor its token {int(tokens[vi])}; the "
                         f"{masks.labels!r} column is read as unshifted labels (input_ids or "
                         "-100): fix it or pass --labels-column none")
-                targets = (lab != IGNORE_INDEX).astype(np.uint8)
+            loss = []
+            for name in masks.loss_masks:
+                m = _mask_values(batch.column(name), lengths, path, row, name,
+                                 "--loss-mask-column")
+                bad = (m != 0) & (m != 1)
+                if bad.any():
+                    vi = int(np.argmax(bad))
+                    raise SchemaError(
+                        f"{path}: {row_ref(row + _row_of_value(lengths, vi))}: {name!r} holds "
+                        f"{int(m[vi])}; a loss mask holds 1 on the tokens to learn and 0 "
+                        "elsewhere: fix it or pass --loss-mask-column none")
+                loss.append(m)
             if masks.attention_mask is not None:
                 keep = _mask_values(batch.column(masks.attention_mask), lengths, path, row,
-                                    masks.attention_mask)
-                lengths, tokens, targets, masked = drop_masked_tokens(lengths, tokens, keep,
-                                                                      targets)
-            boundary = BoundaryCounts()
-            if bos is not None or eos is not None:
-                lengths, tokens, targets, boundary = add_boundary_tokens(
-                    lengths, tokens, targets, bos=bos, eos=eos)
-            yield TokenBatch(row, lengths, tokens, targets, masked, boundary)
+                                    masks.attention_mask, "--attention-mask-column")
+            srcs = None if source is None else _source_values(batch.column(source), path, row,
+                                                                source)
+            yield RawBatch(row, lengths, tokens, keep, lab, tuple(loss), srcs)
             row += n
 
 
-def _mask_values(arr: pa.Array, lengths: np.ndarray, path, row: int, name: str) -> np.ndarray:
+def _mask_values(arr: pa.Array, lengths: np.ndarray, path, row: int, name: str,
+                 option: str) -> np.ndarray:
     """Values of a per-token mask column, checked to be shaped like the tokens."""
     if arr.null_count:
         bad = row + int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
         raise SchemaError(f"{path}: {row_ref(bad)}: {name!r} is null; fill it or pass "
-                          f"--{name.replace('_', '-')}-column none")
+                          f"{option} none")
     mlen, values = list_parts(arr)
     if not np.array_equal(mlen, lengths):
         bad = int(np.argmax(mlen != lengths))

@@ -8,8 +8,9 @@ and stay ``list``.
 
 ``labels`` is a pure function of ``input_ids`` and ``segment_ids`` under both conventions, so it
 is stored only on request (``--labels unshifted|shifted``); by default (``--labels none``) readers
-derive it. The schema metadata says which convention a reader gets either way
-(:data:`LABELS_CONVENTION_META_KEY`).
+derive it. The manifest records the labels fact (stored or not, and the convention readers hand
+out); the schema metadata says the same convention (:data:`LABELS_CONVENTION_META_KEY`), so a
+shard read alone tells it too.
 """
 
 from __future__ import annotations
@@ -20,22 +21,30 @@ from packtool.errors import SchemaError
 
 __all__ = ["packed_schema", "packed_columns", "labels_convention", "check_token_column",
            "is_integer_list", "is_list_layout",
-           "LABELS_META_KEY", "LABELS_CONVENTION_META_KEY", "CAPACITY_META_KEY",
+           "LABELS_CONVENTION_META_KEY", "CAPACITY_META_KEY", "FORMAT_VERSION_META_KEY",
+           "SHARD_META_KEY", "SEGMENT_MULTIPLE_META_KEY", "shard_schema",
            "TOKEN_COLUMNS", "RAGGED_COLUMNS", "SCALAR_COLUMNS"]
 
-#: Schema metadata key: the ``--labels`` option the shard was written with
-#: (``none`` | ``unshifted`` | ``shifted``).
-LABELS_META_KEY = b"packtool.labels"
 #: Schema metadata key: the labels convention a reader gets, stored or derived
 #: (``unshifted`` | ``shifted``; ``--labels none`` means readers derive ``unshifted``).
 LABELS_CONVENTION_META_KEY = b"packtool.labels_convention"
 #: Schema metadata key: the capacity C (tokens per row), decimal.
 CAPACITY_META_KEY = b"packtool.capacity"
+#: Schema metadata key: the output format version (decimal; see
+#: :mod:`packtool.formats.manifest`).
+FORMAT_VERSION_META_KEY = b"packtool.format_version"
+#: Schema metadata key of each shard (not of the manifest): the shard's own file name, so that
+#: two shards never share a footer and a shard moved to another name is told apart.
+SHARD_META_KEY = b"packtool.shard"
+#: Schema metadata key: N of ``--segment-multiple`` (only when N > 1), decimal.
+SEGMENT_MULTIPLE_META_KEY = b"packtool.segment_multiple"
 
 #: fixed_size_list<int32>[C] columns, in schema order (``labels`` only when stored).
 TOKEN_COLUMNS = ("input_ids", "segment_ids", "position_ids", "labels")
-#: variable-length list columns (one entry per segment, ``cu_seqlens`` one more).
-RAGGED_COLUMNS = ("cu_seqlens", "doc_ids", "doc_offsets")
+#: variable-length list columns (one entry per segment, ``cu_seqlens`` and
+#: ``cu_seqlens_unpadded`` one more; ``cu_seqlens_unpadded`` only with ``--segment-multiple``
+#: N > 1, ``source_ids`` only with ``pack --source-column``).
+RAGGED_COLUMNS = ("cu_seqlens", "doc_ids", "doc_offsets", "cu_seqlens_unpadded", "source_ids")
 #: one int32 per row.
 SCALAR_COLUMNS = ("max_seqlen", "num_targets")
 
@@ -55,37 +64,59 @@ def labels_convention(labels: str) -> str:
     return "unshifted" if labels == "none" else labels
 
 
-def packed_columns(labels: str) -> list[str]:
-    """Column names of a packed shard, in order, for ``--labels labels``."""
-    return [c for c in TOKEN_COLUMNS if c != "labels" or labels != "none"] + list(
-        RAGGED_COLUMNS[:1] + SCALAR_COLUMNS + RAGGED_COLUMNS[1:])
+def packed_columns(labels: str, segment_multiple: int = 1, *, sources: bool = False) -> list[str]:
+    """Column names of a packed shard, in order, for ``--labels labels`` and
+    ``--segment-multiple segment_multiple`` (``cu_seqlens_unpadded`` after ``cu_seqlens`` when
+    it is over 1), and ``--source-column`` when ``sources`` (``source_ids`` last)."""
+    return ([c for c in TOKEN_COLUMNS if c != "labels" or labels != "none"] + ["cu_seqlens"]
+            + (["cu_seqlens_unpadded"] if segment_multiple > 1 else [])
+            + list(SCALAR_COLUMNS) + ["doc_ids", "doc_offsets"]
+            + (["source_ids"] if sources else []))
 
 
-def packed_schema(capacity: int, labels: str) -> pa.Schema:
-    """The schema of a packed shard (see README, "Output contract").
+def packed_schema(capacity: int, labels: str, segment_multiple: int = 1, *,
+                  sources: bool = False) -> pa.Schema:
+    """The schema of a packed shard (README, "Output contract"; docs/output.md).
 
     Args:
         capacity: C, tokens per row (2 .. 2**24).
         labels: ``none`` (no ``labels`` column; readers derive unshifted labels), ``unshifted``
             or ``shifted``.
+        segment_multiple: N of ``--segment-multiple``; over 1 adds ``cu_seqlens_unpadded``
+            (``list<int32>``) and :data:`SEGMENT_MULTIPLE_META_KEY`.
+        sources: add ``source_ids`` (``pack --source-column``): ``list<int32>``, one id per
+            segment, beside ``doc_ids``; the manifest holds the id -> value table.
 
     Returns:
-        Per-token columns ``fixed_size_list<int32>[C]``, ``cu_seqlens`` ``list<int32>``,
-        ``max_seqlen``/``num_targets`` ``int32``, ``doc_ids``/``doc_offsets`` ``list<int64>``,
-        none nullable. Metadata: :data:`CAPACITY_META_KEY`, :data:`LABELS_META_KEY`,
-        :data:`LABELS_CONVENTION_META_KEY`.
+        Per-token columns ``fixed_size_list<int32>[C]``, ``cu_seqlens`` (and
+        ``cu_seqlens_unpadded``) ``list<int32>``, ``max_seqlen``/``num_targets`` ``int32``,
+        ``doc_ids``/``doc_offsets`` ``list<int64>`` (and ``source_ids`` ``list<int32>``), none
+        nullable. Metadata: :data:`CAPACITY_META_KEY`, :data:`LABELS_CONVENTION_META_KEY`,
+        :data:`FORMAT_VERSION_META_KEY` (and :data:`SEGMENT_MULTIPLE_META_KEY`).
     """
     tok = pa.list_(pa.field("element", pa.int32(), nullable=False), capacity)
     i32 = pa.list_(pa.field("element", pa.int32(), nullable=False))
     i64 = pa.list_(pa.field("element", pa.int64(), nullable=False))
     types = {"input_ids": tok, "segment_ids": tok, "position_ids": tok, "labels": tok,
-             "cu_seqlens": i32, "max_seqlen": pa.int32(), "num_targets": pa.int32(),
-             "doc_ids": i64, "doc_offsets": i64}
-    fields = [pa.field(c, types[c], nullable=False) for c in packed_columns(labels)]
-    meta = {LABELS_META_KEY: labels.encode(),
-            LABELS_CONVENTION_META_KEY: labels_convention(labels).encode(),
-            CAPACITY_META_KEY: str(capacity).encode()}
+             "cu_seqlens": i32, "cu_seqlens_unpadded": i32, "max_seqlen": pa.int32(),
+             "num_targets": pa.int32(),
+             "doc_ids": i64, "doc_offsets": i64, "source_ids": i32}
+    fields = [pa.field(c, types[c], nullable=False)
+              for c in packed_columns(labels, segment_multiple, sources=sources)]
+    from packtool.formats.manifest import FORMAT_VERSION
+
+    meta = {LABELS_CONVENTION_META_KEY: labels_convention(labels).encode(),
+            CAPACITY_META_KEY: str(capacity).encode(),
+            FORMAT_VERSION_META_KEY: str(FORMAT_VERSION).encode()}
+    if segment_multiple > 1:
+        meta[SEGMENT_MULTIPLE_META_KEY] = str(segment_multiple).encode()
     return pa.schema(fields, metadata=meta)
+
+
+def shard_schema(schema: pa.Schema, name: str) -> pa.Schema:
+    """``schema`` (from :func:`packed_schema`) with shard ``name`` in its metadata
+    (:data:`SHARD_META_KEY`): what shard ``name`` is written with."""
+    return schema.with_metadata({**(schema.metadata or {}), SHARD_META_KEY: name.encode()})
 
 
 def is_list_layout(typ: pa.DataType) -> bool:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
@@ -33,10 +34,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool.core.layout import PackedRows
+from packtool.formats.manifest import footer_of
 
 __all__ = ["rows_to_table", "write_shard", "shard_num_targets", "COLUMN_ENCODING",
-           "column_encodings",
-           "COMPRESSION", "COMPRESSION_LEVEL", "HashingFile"]
+           "column_encodings", "COMPRESSION", "COMPRESSION_LEVEL", "HashingFile", "WrittenShard"]
 
 #: Parquet encoding of each column's values (top-level column name -> encoding); see above.
 COLUMN_ENCODING = {
@@ -45,10 +46,12 @@ COLUMN_ENCODING = {
     "segment_ids": "PLAIN",
     "position_ids": "DELTA_BINARY_PACKED",
     "cu_seqlens": "PLAIN",
+    "cu_seqlens_unpadded": "PLAIN",
     "max_seqlen": "PLAIN",
     "num_targets": "PLAIN",
     "doc_ids": "DELTA_BINARY_PACKED",
     "doc_offsets": "PLAIN",
+    "source_ids": "PLAIN",
 }
 #: Parquet compression codec of every column.
 COMPRESSION = "zstd"
@@ -98,18 +101,26 @@ def rows_to_table(rows: PackedRows, schema: pa.Schema) -> pa.Table:
     """
     if "labels" in schema.names and rows.labels is None:
         raise ValueError("the schema stores labels but the rows were laid out without them")
+    if "source_ids" in schema.names and rows.source_ids is None:
+        raise ValueError("the schema stores source_ids but the rows carry none")
+    if "cu_seqlens_unpadded" in schema.names and rows.cu_unpadded_values is None:
+        raise ValueError("the schema stores cu_seqlens_unpadded but the rows were laid out "
+                         "without padded segments")
     cols = {
         "input_ids": lambda t: _fixed_lists(rows.input_ids, t),
         "segment_ids": lambda t: _fixed_lists(rows.segment_ids, t),
         "position_ids": lambda t: _fixed_lists(rows.position_ids, t),
         "labels": lambda t: _fixed_lists(rows.labels, t),
         "cu_seqlens": lambda t: _ragged(rows.cu_values, rows.cu_offsets, t, pa.int32()),
+        "cu_seqlens_unpadded": lambda t: _ragged(rows.cu_unpadded_values, rows.cu_offsets, t,
+                                                 pa.int32()),
         "max_seqlen": lambda t: _int_array(rows.max_seqlen.astype(np.int32, copy=False),
                                            pa.int32()),
         "num_targets": lambda t: _int_array(rows.num_targets.astype(np.int32, copy=False),
                                             pa.int32()),
         "doc_ids": lambda t: _ragged(rows.doc_ids, rows.seg_offsets, t, pa.int64()),
         "doc_offsets": lambda t: _ragged(rows.doc_offsets, rows.seg_offsets, t, pa.int64()),
+        "source_ids": lambda t: _ragged(rows.source_ids, rows.seg_offsets, t, pa.int32()),
     }
     return pa.Table.from_arrays([cols[f.name](f.type) for f in schema], schema=schema)
 
@@ -166,44 +177,57 @@ class HashingFile:
             self.closed = True
 
 
-def write_shard(path: Path, schema: pa.Schema, tables: Iterable[pa.Table]) -> tuple[int, str]:
-    """Write ``tables`` (one row group each) to ``path`` atomically.
+@dataclass(frozen=True)
+class WrittenShard:
+    """What :func:`write_shard` wrote: what the manifest records of the shard."""
 
-    The data goes to ``.<name>.tmp`` beside ``path`` through :class:`HashingFile`, is fsynced,
-    then renamed, so a crash never leaves a half-written file under the final name.
+    bytes: int  #: file size
+    sha256: str  #: hex sha256 of the file, taken while writing
+    footer_sha256: str  #: hex sha256 of its Parquet footer
+    group_rows: tuple  #: rows of each row group, in order
 
-    Returns:
-        (size in bytes, hex sha256 of the file), both computed while writing.
+
+def write_shard(path: Path, schema: pa.Schema, tables: Iterable[pa.Table]) -> WrittenShard:
+    """Write ``tables`` (one row group each) to ``path``, a temporary name the caller publishes.
+
+    Parquet page checksums are written (readers verify every page: a changed byte is refused).
+    The file is fsynced; its sha256 is computed as the bytes go out (no second pass), its footer
+    read back from the file's end.
+
+    Raises:
+        OSError: ``path`` cannot be written (a full disk: ``ENOSPC``).
     """
-    tmp = path.with_name(f".{path.name}.tmp")
-    sink = HashingFile(tmp)
+    sink = HashingFile(path)
+    groups = []
     try:
         with pq.ParquetWriter(sink, schema, compression=COMPRESSION,
                               compression_level=COMPRESSION_LEVEL, use_dictionary=False,
                               column_encoding=column_encodings(schema),
-                              write_statistics=False) as w:
+                              write_statistics=False, write_page_checksum=True) as w:
             for table in tables:
                 w.write_table(table, row_group_size=max(1, table.num_rows))
+                groups.append(table.num_rows)
     finally:
         sink.close()
-    os.replace(tmp, path)
-    return sink.tell(), sink.hexdigest()
+    with pa.OSFile(str(path), "r") as f:
+        footer = footer_of(f, sink.tell())
+    return WrittenShard(sink.tell(), sink.hexdigest(), hashlib.sha256(footer).hexdigest(),
+                        tuple(groups))
 
 
-def shard_num_targets(path) -> int:
+def shard_num_targets(location) -> int:
     """Effective targets of a written shard: the sum of its ``num_targets`` column (a shard kept
     from an interrupted pack, when the totals must count input label masks).
 
     Args:
-        path: the shard (a local path or a URI).
+        location: the shard (a local path or a URI: :class:`packtool.location.Location`).
 
     Raises:
         OSError: the shard cannot be read.
     """
-    from packtool.formats.reader import filesystem_of
+    from packtool.location import Location
 
-    fs, inner, _ = filesystem_of(path)
-    with fs.open_input_file(inner) as f:
+    with Location.parse(location).open_input() as f:
         col = pq.read_table(f, columns=["num_targets"]).column(0)
     total = 0
     for c in col.chunks:

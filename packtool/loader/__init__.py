@@ -5,25 +5,29 @@ imported where a tensor is made (the collate functions) and by
 :class:`~packtool.loader.distributed.PackedIterableDataset` (a ``torch.utils.data.IterableDataset``),
 which is loaded on first access.
 
-- :class:`PackedIterableDataset`: ranks x DataLoader workers, seeded epochs, bounded shuffle,
-  exact resume (``state_dict``/``load_state_dict``), whole row groups per rank. Train with this.
+- :class:`PackedIterableDataset`: one output or a weighted mixture of several
+  (:mod:`~packtool.loader.mixture`), ranks x DataLoader workers, seeded epochs, bounded shuffle,
+  exact and elastic resume (``state_dict``/``load_state_dict``, :mod:`~packtool.loader.resume`),
+  whole row groups per rank, rows or whole batches. Train with this (``docs/training.md``).
 - :class:`PackedDataset`: any row by index (random access, inspection, verify).
 - :func:`collate` ([B, C]), :func:`collate_flat` ([1, B * C], FlashAttention 2 keyword names),
-  :class:`HFCollator` (``transformers.Trainer``, ``use_cache=False`` in every batch).
+  :class:`HFCollator` (``transformers.Trainer``, ``use_cache=False`` in every batch); all three
+  give ``seq_idx`` (int32 document index per token) for hybrid and linear-attention layers.
 - :func:`unshifted_labels`, :func:`shifted_labels`: labels derived from ``input_ids`` and
   ``segment_ids`` when the output does not store them.
 """
 
 from __future__ import annotations
 
-from packtool.loader._shards import convert_labels, shifted_labels, unshifted_labels
-from packtool.loader.collate import (batch_cu_seqlens, collate, collate_flat, count_targets)
+from packtool.formats.packed import convert_labels, shifted_labels, unshifted_labels
+from packtool.loader.collate import (batch_cu_seqlens, batch_cu_seqlens_unpadded, batch_seq_idx,
+                                     collate, collate_flat, count_targets)
 from packtool.loader.dataset import PackedDataset
 from packtool.loader.hf import HFCollator
 
 __all__ = ["PackedIterableDataset", "PackedDataset", "collate", "collate_flat", "HFCollator",
-           "batch_cu_seqlens", "count_targets", "convert_labels", "unshifted_labels",
-           "shifted_labels"]
+           "batch_cu_seqlens", "batch_cu_seqlens_unpadded", "batch_seq_idx", "count_targets",
+           "convert_labels", "unshifted_labels", "shifted_labels"]
 
 
 def __getattr__(name: str):

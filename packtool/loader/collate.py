@@ -1,7 +1,13 @@
-"""Batches in the forms trainers take, from loader items (torch imported only here, when called).
+"""Batches in the forms trainers take, from loader items or gathered rows (torch imported only
+here, when called).
 
 Shape legend: B = rows in the batch, C = capacity, S = segments in the batch (documents plus one
 padding segment per padded row, as ``cu_seqlens`` stores them).
+
+Every function takes either a list of items (dicts, as a ``DataLoader`` hands them over) or a
+:class:`~packtool.formats.packed.Rows` (what
+:class:`~packtool.loader.distributed.PackedIterableDataset` gathers with ``batch_size``: rows as
+slices of the decoded row groups, no per-row dict), and builds the batch in one step per column.
 
 - :func:`collate`: the [B, C] form. ``cu_seqlens`` int32 [S + 1] over the rows flattened to
   [B * C] (what ``flash_attn_varlen_func`` and ``torch.nn.attention.varlen`` take; B06), checked
@@ -12,17 +18,69 @@ padding segment per padded row, as ``cu_seqlens`` stores them).
   ``transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` names them.
 - ``num_targets`` in both: labels != -100 in the batch, the loss denominator (B19, B20): sum the
   token losses over a step's batches and divide once by the sum of their ``num_targets``.
+- ``seq_idx`` in both (and in :class:`~packtool.loader.hf.HFCollator`): int32, the index of the
+  ``cu_seqlens`` span each token lies in (documents 0, 1, ..., then the padding tail), [B, C]
+  counted per row or [1, B * C] counted over the flattened batch. It is what Mamba-2 / SSD and
+  short-convolution layers need to reset their state at each document start
+  (``causal_conv1d_fn(x, w, b, seq_idx=...)`` and ``mamba_chunk_scan_combined(...,
+  seq_idx=...)`` take int32 (batch, seqlen); Hugging Face hybrid models take the ``seq_idx``
+  keyword, as ``DataCollatorWithFlattening(return_seq_idx=True)`` names it; Megatron derives
+  the same index from ``cu_seqlens_q_padded``). An end-of-document token is no boundary for
+  these layers: without ``seq_idx`` the convolution window and the recurrent state carry one
+  document into the next.
+- With an output packed with ``--segment-multiple N`` (context parallelism), both also give
+  TransformerEngine / Megatron ``PackedSeqParams`` names: ``cu_seqlens_q`` = ``cu_seqlens_kv``
+  (real lengths summed), ``cu_seqlens_q_padded`` = ``cu_seqlens_kv_padded`` (the padded spans,
+  equal to ``cu_seqlens``), int32 [S + 1], and ``max_seqlen_q`` = ``max_seqlen_kv`` (int, the
+  longest span). Each document's span then ends in padding (``segment_ids`` 0, labels -100,
+  positions going on), which belongs to that document's span, not to the next.
+
+**Dtypes.** ``input_ids``, ``segment_ids`` and ``token_source_ids`` are int32, as stored:
+``nn.Embedding`` and Hugging Face causal LMs index with int32 as with int64. ``position_ids`` are
+int64 (``torch.long``): position code indexes rotary tables and position embeddings with them,
+and some of it (sglang, vLLM kernels, ``index_select`` paths) takes only a long tensor (B28).
+``labels`` are int64: ``cross_entropy`` / ``nll_loss`` refuse int32 class targets. Inside a
+DataLoader worker a batch crosses to the training process with its arrays pickled by value (one
+copy), not as one shared-memory segment per tensor, which cost more CPU than the copy.
+
+**What each form needs.** The padding tail is not a document: only ``segment_ids`` (0 on
+padding) or ``labels`` (-100 on padding) tell it apart; positions alone cannot (the tail restarts
+at 0 like a document, and labels derived from them would train it). Every form needs
+``input_ids`` and either ``segment_ids``, ``cu_seqlens`` with ``doc_ids`` (and
+``cu_seqlens_unpadded`` for a ``--segment-multiple`` output, whose spans are padded documents),
+or ``position_ids`` with ``labels`` (what ``transformers.Trainer`` leaves of an item); missing
+positions are rebuilt from the spans.
+Items without them are refused with the columns named, never batched with an invented
+boundary, and :func:`check_item_columns` refuses a dataset whose ``columns=`` cannot make a
+batch. Rebuilt from positions, ``segment_ids`` numbers the padding tail like one more segment
+(as ``cu_seqlens`` counts it) instead of 0; its labels are -100.
+
+Labels convention. Each batch says which one it holds (``labels_convention``): ``unshifted``
+(``labels[i]`` is token ``i`` or -100; the model or the loss shifts, as Hugging Face models do
+when given ``labels``) or ``shifted`` (``labels[i]`` is the token after ``i`` or -100; the loss
+pairs ``logits[i]`` with ``labels[i]``, no shift). :func:`collate` keeps the convention the
+items carry (the dataset's ``labels=`` argument, ``unshifted`` by default); :func:`collate_flat`
+and :class:`~packtool.loader.hf.HFCollator` always give ``unshifted``. Items that lost their
+convention key (``Trainer`` drops keys its model does not take) are checked against the
+convention the collate function is told they carry: labels that contradict it are refused, so
+labels are never shifted twice in silence (B05).
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
-from packtool.loader._shards import convert_labels, shifted_labels, unshifted_labels
+from packtool.formats.packed import Rows, convert_labels
 from packtool.types import IGNORE_INDEX
 
-__all__ = ["collate", "collate_flat", "batch_cu_seqlens", "count_targets",
-           "require_torch", "INT32_MAX"]
+__all__ = ["collate", "collate_flat", "batch_cu_seqlens", "batch_cu_seqlens_unpadded",
+           "batch_seq_idx", "count_targets", "rows_of", "check_item_columns", "require_torch",
+           "INT32_MAX", "CONVENTIONS"]
+
+#: The two labels conventions (see the module docstring).
+CONVENTIONS = ("unshifted", "shifted")
 
 #: Largest value an int32 ``cu_seqlens`` can hold: B * C must not exceed it.
 INT32_MAX = 2**31 - 1
@@ -45,57 +103,275 @@ def require_torch():
     return torch
 
 
-def _capacity(batch: list[dict]) -> int:
+# --- what each form needs -------------------------------------------------------------------
+
+def _missing(have, padded: bool = False) -> str | None:
+    """What a batch lacks among columns ``have`` (None: nothing)."""
+    have = set(have)
+    if "input_ids" not in have:
+        return "input_ids"
+    spans = {"cu_seqlens", "doc_ids"} | ({"cu_seqlens_unpadded"} if padded else set())
+    if "segment_ids" in have or spans <= have or {"position_ids", "labels"} <= have:
+        return None
+    if "position_ids" in have:
+        return "labels"
+    if padded and {"cu_seqlens", "doc_ids"} <= have:
+        return "cu_seqlens_unpadded"
+    return "segment_ids"
+
+
+def check_item_columns(columns: Sequence[str], *, labels_stored: bool = True,
+                       padded: bool = False) -> None:
+    """Refuse columns no collate function can make a correct batch of. Every form needs
+    ``input_ids`` and one of: ``segment_ids`` (0 on the padding tail), ``cu_seqlens`` with
+    ``doc_ids`` (the segments past the documents are the padding tail; with ``padded``, an
+    output packed with ``--segment-multiple``, also ``cu_seqlens_unpadded``: a span is its
+    document and padding), or ``position_ids`` with ``labels`` (-100 on the padding tail).
+    Positions alone restart at 0 on the padding tail as on a document, and labels derived from
+    them would train it.
+
+    Raises:
+        ValueError: names the columns given, what is missing and the fix.
+    """
+    missing = _missing(columns, padded)
+    if missing:
+        spans = "cu_seqlens, cu_seqlens_unpadded and doc_ids" if padded else \
+            "cu_seqlens and doc_ids"
+        raise ValueError(
+            f"a batch needs input_ids and segment_ids (or {spans}, or position_ids and labels) "
+            f"(columns: {', '.join(sorted(set(columns))) or 'none'}; missing {missing}): "
+            "without segment_ids or labels the padding tail cannot be told from a document; keep "
+            "them in columns= (a trainer that drops segment_ids needs the labels stored: pack "
+            "with --labels unshifted)")
+
+
+def _needs(columns) -> None:
+    check_item_columns(columns)
+
+
+# --- items -> rows --------------------------------------------------------------------------
+
+_TOKENS = ("input_ids", "segment_ids", "position_ids", "labels")
+_RAGGED = ("cu_seqlens", "cu_seqlens_unpadded", "doc_ids", "doc_offsets", "source_ids")
+_SCALARS = ("max_seqlen", "num_targets")
+
+
+def rows_of(batch) -> Rows:
+    """The batch as :class:`~packtool.formats.packed.Rows` (items are stacked once per column;
+    a ``Rows`` is returned as it is). The labels convention is the items' (``labels_convention``
+    or ``labels_mode`` key), or None when they do not say.
+
+    Raises:
+        ValueError: an empty batch, rows of different capacity, or items with different keys.
+    """
+    if isinstance(batch, Rows):
+        return batch
     if not batch:
         raise ValueError("collate needs at least one row")
-    C = len(batch[0]["input_ids"])
+    first = batch[0]
+    if "input_ids" not in first:
+        check_item_columns(first.keys())
+    C = len(first["input_ids"])
     if any(len(item["input_ids"]) != C for item in batch):
         raise ValueError("rows of different capacity in one batch")
-    return C
+    keys = [k for k in _TOKENS if k in first]
+    if any(any(k not in item for k in keys) for item in batch):
+        raise ValueError("items with different columns in one batch")
+    tokens = {k: np.stack([np.asarray(item[k]) for item in batch]) for k in keys}
+    ragged = {}
+    for k in _RAGGED:
+        if k in first:
+            parts = [np.asarray(item[k]) for item in batch]
+            offs = np.zeros(len(parts) + 1, dtype=np.int64)  # shape: (B + 1,)
+            np.cumsum([p.size for p in parts], out=offs[1:])
+            ragged[k] = (np.concatenate(parts), offs)
+    scalars = {k: np.asarray([item[k] for item in batch]) for k in _SCALARS if k in first}
+    mode = first.get("labels_convention", first.get("labels_mode"))
+    mode = "unshifted" if mode == "none" else mode  # derived by the unshifted rule
+
+    def col(name):
+        return [item.get(name) for item in batch]
+
+    meta = {"source": col("source")} if "source" in first else {}
+    return Rows(tokens, ragged, scalars, np.asarray(col("index"), dtype=object),
+                np.asarray(col("row"), dtype=object), col("shard"), mode, meta)
 
 
-def segments_of(item: dict) -> np.ndarray:
-    """int[C] segment numbering of one item: its ``segment_ids``, or, when a trainer dropped
-    them, one number per run of ``position_ids`` restarting at 0 (the padding tail, positions
-    0..p-1, is then one more segment, as ``cu_seqlens`` counts it)."""
-    seg = item.get("segment_ids")
+# --- boundaries, labels ---------------------------------------------------------------------
+
+def _starts(rows: Rows) -> np.ndarray:
+    """bool[B, C], True where a span of ``cu_seqlens`` (a segment, or the padding tail) starts:
+    from ``cu_seqlens`` when the rows have it, else where ``segment_ids`` changes or
+    ``position_ids`` restart at 0."""
+    if "cu_seqlens" in rows.ragged:
+        B, C = rows.tokens["input_ids"].shape
+        starts = np.zeros(B * C, dtype=bool)  # shape: (B * C,)
+        starts[_cu(rows)[0][:-1]] = True
+        return starts.reshape(B, C)
+    seg = rows.tokens.get("segment_ids")
+    ref = seg if seg is not None else rows.tokens["position_ids"]
+    B, C = ref.shape
+    starts = np.empty((B, C), dtype=bool)  # shape: (B, C)
+    starts[:, 0] = True
     if seg is not None:
-        return np.asarray(seg)
-    return np.cumsum(np.asarray(item["position_ids"]) == 0)
+        np.not_equal(seg[:, 1:], seg[:, :-1], out=starts[:, 1:])
+    else:  # positions restart at 0 at every segment and at the padding tail
+        np.equal(ref[:, 1:], 0, out=starts[:, 1:])
+    return starts
 
 
-def _row_cu(item: dict) -> np.ndarray:
-    """int64[k + 1 (+1)], one row's cu_seqlens (stored, or rebuilt from the segments)."""
-    cu = item.get("cu_seqlens")
-    if cu is not None:
-        return np.asarray(cu, dtype=np.int64)
-    seg = segments_of(item)
-    starts = np.flatnonzero(np.concatenate([[True], seg[1:] != seg[:-1]]))
-    return np.concatenate([starts, [len(seg)]]).astype(np.int64)
+def _structure(rows: Rows) -> None:
+    """Add ``segment_ids`` and ``position_ids`` to rows that have ``cu_seqlens`` and
+    ``doc_ids`` (and ``cu_seqlens_unpadded`` for a ``--segment-multiple`` output) but not them
+    (the training batch path reads only those), computed once for the whole batch
+    (:func:`~packtool.formats.packed.structure_from_cu`)."""
+    if "segment_ids" in rows.tokens or not {"cu_seqlens", "doc_ids"} <= rows.ragged.keys():
+        return
+    from packtool.formats.packed import structure_from_cu
+
+    vals, offs = rows.ragged["cu_seqlens"]
+    un = rows.ragged.get("cu_seqlens_unpadded")
+    seg, pos = structure_from_cu(vals, offs, np.diff(rows.ragged["doc_ids"][1]),
+                                 rows.tokens["input_ids"].shape[1], "batch",
+                                 unpadded=None if un is None else un[0])
+    rows.tokens["segment_ids"] = seg
+    rows.tokens.setdefault("position_ids", pos)
 
 
-def batch_cu_seqlens(batch: list[dict]) -> tuple[np.ndarray, int]:
+def _segments(rows: Rows) -> np.ndarray:
+    """int[B, C] segment numbering: ``segment_ids``, or one number per run of positions
+    restarting at 0 (the padding tail then numbered like a segment: only for converting
+    labels inside segments, never to decide what is padding)."""
+    seg = rows.tokens.get("segment_ids")
+    return seg if seg is not None else np.cumsum(rows.tokens["position_ids"] == 0, axis=1)
+
+
+def _positions(rows: Rows) -> np.ndarray:
+    """int[B, C] ``position_ids``: the rows', or 0..len-1 inside each span (:func:`_starts`;
+    the padding tail one pseudo-segment, as the output contract has it)."""
+    pos = rows.tokens.get("position_ids")
+    if pos is not None:
+        return pos
+    starts = _starts(rows).ravel()
+    flat = np.arange(starts.size, dtype=np.int64)  # shape: (B * C,)
+    first = np.maximum.accumulate(np.where(starts, flat, 0))
+    return (flat - first).reshape(rows.tokens["segment_ids"].shape)
+
+
+def _cu(rows: Rows) -> tuple[np.ndarray, int]:
+    """(int32[S + 1] boundaries of the rows laid end to end, max_seqlen: the longest span)."""
+    B, C = rows.tokens["input_ids"].shape
+    if B * C > INT32_MAX:
+        raise OverflowError(f"batch of {B} rows x {C} tokens = {B * C} positions does not fit "
+                            f"int32 cu_seqlens (max {INT32_MAX}); use at most "
+                            f"{INT32_MAX // C} rows per batch")
+    if "cu_seqlens" in rows.ragged:
+        vals, offs = rows.ragged["cu_seqlens"]
+        keep = np.ones(vals.size, dtype=bool)
+        keep[offs[1:] - 1] = False  # each row's last entry (C) is the next row's 0
+        row_of = np.repeat(np.arange(B, dtype=np.int64), np.diff(offs))
+        cu = np.append(vals[keep].astype(np.int64) + row_of[keep] * C, B * C)
+    else:
+        cu = np.append(np.flatnonzero(_starts(rows).ravel()), B * C)  # shape: (S + 1,)
+    return cu.astype(np.int32), int(np.diff(cu).max())
+
+
+def batch_cu_seqlens(batch) -> tuple[np.ndarray, int]:
     """Batch boundaries of rows laid end to end: (int32[S + 1], max_seqlen as a Python int).
 
     Row r's boundaries are offset by r * C; the last entry is B * C, so padding tails are covered
     (B07) and every segment is non-empty (B08).
 
     Raises:
-        ValueError: empty batch, rows of different capacity.
+        ValueError: empty batch, rows of different capacity, or neither ``cu_seqlens``,
+            ``segment_ids`` nor ``position_ids``.
         OverflowError: B * C > 2**31 - 1, which int32 boundaries cannot hold (use fewer rows per
             batch).
     """
-    C = _capacity(batch)
-    B = len(batch)
-    if B * C > INT32_MAX:
-        raise OverflowError(f"batch of {B} rows x {C} tokens = {B * C} positions does not fit "
-                            f"int32 cu_seqlens (max {INT32_MAX}); use at most "
-                            f"{INT32_MAX // C} rows per batch")
-    cus = [_row_cu(item) for item in batch]
-    parts = [cu[:-1] + r * C for r, cu in enumerate(cus)] + [np.array([B * C], np.int64)]
-    cu_seqlens = np.concatenate(parts)  # shape: (S + 1,)
-    max_seqlen = max(int(np.diff(cu).max()) for cu in cus)
-    return cu_seqlens.astype(np.int32), int(max_seqlen)
+    rows = rows_of(batch)
+    have = set(rows.tokens) | set(rows.ragged)
+    if not have & {"cu_seqlens", "segment_ids", "position_ids"}:
+        raise ValueError("batch boundaries need cu_seqlens, segment_ids or position_ids")
+    return _cu(rows)
+
+
+def _seq_idx(cu: np.ndarray, shape: tuple[int, int], flat: bool) -> np.ndarray:
+    """int32 span index of every token from the batch's boundaries ``cu`` (int[S + 1] over the
+    rows laid end to end): [1, B * C] counted over the batch, or [B, C] counted per row (every
+    row starts a span, so a row's count is the batch count less its first token's)."""
+    cu = np.asarray(cu, dtype=np.int64)
+    idx = np.repeat(np.arange(cu.size - 1, dtype=np.int32), np.diff(cu))  # shape: (B * C,)
+    if flat:
+        return idx.reshape(1, -1)
+    idx = idx.reshape(shape)
+    np.subtract(idx, idx[:, :1].copy(), out=idx)
+    return idx
+
+
+def batch_seq_idx(batch, *, flat: bool = False) -> np.ndarray:
+    """Document index of every token: the span of the row's ``cu_seqlens`` it lies in.
+
+    Args:
+        batch: B >= 1 loader items of one capacity C, or a
+            :class:`~packtool.formats.packed.Rows`.
+        flat: False: counted per row, 0 at each row's start; True: counted over the rows laid
+            end to end (the spans of :func:`batch_cu_seqlens`).
+
+    Returns:
+        int32 [B, C] (or [1, B * C] with ``flat``): 0..k-1 on a row's documents (with
+        ``--segment-multiple``, the padding after a document carries its index), k on its
+        padding tail. Megatron's rule: ``repeat(arange(S), diff(cu_seqlens))``.
+
+    Raises:
+        ValueError, OverflowError: as :func:`batch_cu_seqlens`.
+    """
+    rows = rows_of(batch)
+    return _seq_idx(batch_cu_seqlens(rows)[0], rows.tokens["input_ids"].shape, flat)
+
+
+def _cu_unpadded(rows: Rows) -> np.ndarray | None:
+    """int32[S + 1] real lengths summed over the rows laid end to end (None without
+    ``cu_seqlens_unpadded``): row r's entries continue from the total of rows 0..r-1."""
+    if "cu_seqlens_unpadded" not in rows.ragged:
+        return None
+    vals, offs = rows.ragged["cu_seqlens_unpadded"]
+    vals = vals.astype(np.int64)
+    B = offs.size - 1
+    totals = vals[offs[1:] - 1]  # shape: (B,), each row's last entry (the tail counted whole)
+    base = np.zeros(B + 1, dtype=np.int64)  # shape: (B + 1,)
+    np.cumsum(totals, out=base[1:])
+    keep = np.ones(vals.size, dtype=bool)
+    keep[offs[1:] - 1] = False  # each row's last entry is the next row's first
+    row_of = np.repeat(np.arange(B, dtype=np.int64), np.diff(offs))
+    return np.append(vals[keep] + base[row_of[keep]], base[-1]).astype(np.int32)
+
+
+def batch_cu_seqlens_unpadded(batch) -> np.ndarray | None:
+    """Real lengths summed over the batch: TransformerEngine's ``cu_seqlens_q`` for an output
+    packed with ``--segment-multiple`` (None when the items have no ``cu_seqlens_unpadded``).
+
+    Args:
+        batch: B >= 1 loader items, or a :class:`~packtool.formats.packed.Rows`.
+
+    Returns:
+        int32 [S + 1], one entry per entry of :func:`batch_cu_seqlens`: row r's real lengths
+        continue from the total of rows 0..r-1 (each row's padding tail counted whole).
+
+    Raises:
+        ValueError: as :func:`rows_of`.
+    """
+    return _cu_unpadded(rows_of(batch))
+
+
+def _packed_seq_params(torch, rows: Rows, cu, max_seqlen: int) -> dict:
+    """The ``PackedSeqParams`` fields of a ``--segment-multiple`` batch (empty without it);
+    ``cu``: the batch's ``cu_seqlens`` tensor (the padded spans)."""
+    unpadded = _cu_unpadded(rows)
+    if unpadded is None:
+        return {}
+    real = torch.from_numpy(unpadded)
+    return {"cu_seqlens_q": real, "cu_seqlens_kv": real, "cu_seqlens_q_padded": cu,
+            "cu_seqlens_kv_padded": cu, "max_seqlen_q": max_seqlen, "max_seqlen_kv": max_seqlen}
 
 
 def count_targets(labels) -> int:
@@ -103,96 +379,263 @@ def count_targets(labels) -> int:
     return int((labels != IGNORE_INDEX).sum())
 
 
-def _stack(batch: list[dict], name: str) -> np.ndarray:
-    return np.stack([np.asarray(item[name]) for item in batch])  # shape: (B, C)
+def _check_convention(lab: np.ndarray, ids: np.ndarray, seg: np.ndarray, mode: str) -> None:
+    """Refuse labels that contradict ``mode``: unshifted labels are token ``i`` or -100,
+    shifted ones the next token of the same segment or -100.
+
+    Raises:
+        ValueError: names the first row and position that does not fit, and the fix.
+    """
+    if mode == "unshifted":
+        ok = (lab == IGNORE_INDEX) | (lab == ids)
+    else:
+        nxt = np.full(ids.shape, -1, dtype=np.int64)  # shape: (B, C)
+        same = seg[:, 1:] == seg[:, :-1]
+        nxt[:, :-1] = np.where(same, ids[:, 1:], -1)
+        ok = (lab == IGNORE_INDEX) | (lab == nxt)
+    if ok.all():
+        return
+    r, i = (int(x[0]) for x in np.nonzero(~ok))
+    other = "shifted" if mode == "unshifted" else "unshifted"
+    raise ValueError(
+        f"batch row {r}, position {i}: label {int(lab[r, i])} is not {mode} (token there: "
+        f"{int(ids[r, i])}); these items carry {other} labels but do not say so (a trainer "
+        f"dropped their 'labels_convention' key?): build the dataset with labels='{mode}' so "
+        "that no labels are shifted twice")
 
 
-def _labels(batch: list[dict], unshifted: bool, default_mode: str = "unshifted") -> np.ndarray:
-    """int[B, C] labels of the batch; unshifted: converted to the unshifted convention."""
-    mode = batch[0].get("labels_mode", default_mode)
-    mode = "unshifted" if mode == "none" else mode  # derived by the unshifted rule
-    seg = np.stack([segments_of(item) for item in batch])  # shape: (B, C)
-    if "labels" not in batch[0]:
-        fn = shifted_labels if mode == "shifted" and not unshifted else unshifted_labels
-        return fn(_stack(batch, "input_ids"), seg)
-    lab = _stack(batch, "labels")
-    return convert_labels(lab, seg, mode, "unshifted") if unshifted else lab
+def _derived_labels64(ids: np.ndarray, seg: np.ndarray, cu: np.ndarray,
+                      convention: str) -> tuple[np.ndarray, int]:
+    """int64[B, C] labels of ``convention`` derived from tokens and segments, and their
+    effective targets: the same values as :func:`~packtool.formats.packed.unshifted_labels` /
+    :func:`~packtool.formats.packed.shifted_labels`, built in the int64 array the loss takes
+    (one cast, then -100 written at each boundary and over each padding tail, found from the
+    batch's boundaries ``cu``: int[S + 1] over the rows laid end to end). Spans that end in
+    padding (``--segment-multiple``: ``segment_ids`` 0 after a document's real tokens) are
+    found by counting the real tokens, and take the segment rule token by token."""
+    B, C = ids.shape
+    lab = np.empty((B, C), dtype=np.int64)  # shape: (B, C)
+    flat = lab.reshape(-1)
+    starts = np.asarray(cu[:-1], dtype=np.int64)  # shape: (S,), every segment's first token
+    ends = np.asarray(cu[1:], dtype=np.int64)
+    real = seg.reshape(-1)[starts] != 0  # shape: (S,), False on padding tails
+    real_tokens = int((ends - starts)[real].sum())
+    if np.count_nonzero(seg) != real_tokens:  # padding inside spans: the general rule
+        from packtool.formats.packed import shifted_labels, unshifted_labels
+
+        fn = shifted_labels if convention == "shifted" else unshifted_labels
+        lab[:] = fn(ids, seg)
+        return lab, count_targets(lab)
+    if convention == "shifted":
+        lab[:, :-1] = ids[:, 1:]
+        flat[ends - 1] = IGNORE_INDEX  # the last token of a segment predicts nothing
+    else:
+        lab[:] = ids
+        flat[starts] = IGNORE_INDEX  # each segment's first token is no target
+    for a, b in zip(starts[~real].tolist(), ends[~real].tolist()):
+        flat[a:b] = IGNORE_INDEX  # padding tails
+    return lab, real_tokens - int(np.count_nonzero(real))
 
 
-def collate(batch: list[dict]) -> dict:
-    """Stack loader items into the [B, C] training batch.
+def _labels(rows: Rows, want: str | None = None, default_mode: str = "unshifted",
+            cu: np.ndarray | None = None) -> tuple[np.ndarray, str, int]:
+    """int[B, C] labels of the batch, their convention and their effective targets.
+
+    Args:
+        want: the convention to hand out (converted inside each segment); None: the rows'.
+        default_mode: the convention of rows that do not say (checked against the values).
+        cu: the batch's boundaries (:func:`_cu`), used when labels are derived.
+    """
+    mode = rows.labels_mode
+    ids = rows.tokens["input_ids"]
+    lab = rows.tokens.get("labels")
+    if lab is None:  # derived: needs the real segments (padding 0)
+        out = want or mode or "unshifted"
+        if cu is None:
+            cu = _cu(rows)[0]
+        lab, n = _derived_labels64(ids, rows.tokens["segment_ids"], cu, out)
+        return lab, out, n
+    if mode is None:
+        mode = default_mode
+        _check_convention(lab, ids, _segments(rows), mode)
+    out = want or mode
+    lab = convert_labels(lab, _segments(rows), mode, out) if out != mode else lab
+    return lab, out, count_targets(lab)
+
+
+# --- tensors --------------------------------------------------------------------------------
+
+def _tensor(torch, arr: np.ndarray, dtype, shape=None):
+    """``arr`` as a torch tensor of ``dtype`` (reshaped to ``shape``), zero-copy when it already
+    has the dtype. The cast is NumPy's: torch's own runs on its intra-op thread pool, which
+    cost 100x the copy on a loaded machine (busy-waiting threads)."""
+    shape = tuple(arr.shape if shape is None else shape)
+    np_dtype = np.int64 if dtype == torch.int64 else np.int32
+    return torch.from_numpy(np.ascontiguousarray(arr, dtype=np_dtype)).reshape(shape)
+
+
+class _Batch(dict):
+    """A batch built in a DataLoader worker: a plain dict, except that it crosses to the
+    training process with its tensors pickled by value, as NumPy arrays (the tensors are
+    rebuilt there, zero-copy). torch would move each tensor through its own shared-memory
+    segment and file descriptor instead, which costs more CPU than the copy at these sizes
+    (``docs/benchmarks.md``, "Workers")."""
+
+    def __reduce__(self):
+        import torch
+
+        out = {}
+        for k, v in self.items():
+            if isinstance(v, torch.Tensor) and v.device.type == "cpu" and not v.requires_grad:
+                out[k] = ("tensor", v.numpy())
+            else:
+                out[k] = ("value", v)
+        return _unbatch, (out,)
+
+
+def _unbatch(fields: dict) -> dict:
+    import torch
+
+    return {k: torch.from_numpy(v) if kind == "tensor" else v for k, (kind, v) in fields.items()}
+
+
+def _deliver(batch: dict) -> dict:
+    """``batch``, as a :class:`_Batch` inside a DataLoader worker."""
+    from torch.utils.data import get_worker_info
+
+    return batch if get_worker_info() is None else _Batch(batch)
+
+
+def _token_sources(rows: Rows) -> np.ndarray | None:
+    """int32[B, C] per-token source ids from per-segment ``source_ids`` (-1 on padding)."""
+    if "source_ids" not in rows.ragged or "segment_ids" not in rows.tokens:
+        return None
+    vals, offs = rows.ragged["source_ids"]
+    seg = rows.tokens["segment_ids"]
+    idx = offs[:-1, None] + seg.astype(np.int64) - 1  # shape: (B, C)
+    out = np.full(seg.shape, -1, dtype=np.int32)
+    real = seg > 0
+    out[real] = vals[idx[real]]
+    return out
+
+
+def collate(batch) -> dict:
+    """Stack loader items (or gathered rows) into the [B, C] training batch.
 
     Args:
         batch: B >= 1 items of :class:`~packtool.loader.PackedDataset` or
-            :class:`~packtool.loader.PackedIterableDataset` (same capacity C).
+            :class:`~packtool.loader.PackedIterableDataset` (same capacity C), or a
+            :class:`~packtool.formats.packed.Rows`. Needs ``input_ids`` and ``segment_ids``, or
+            ``input_ids``, ``position_ids`` and ``labels`` (module docstring).
 
     Returns:
         dict with
-        ``input_ids``, ``labels``, ``position_ids``, ``segment_ids``: torch.int64 [B, C]
-        (int64 for embedding lookup, RoPE indexing and the loss, B28; labels as stored or
-        derived, convention in ``labels_mode``);
+        ``input_ids``, ``segment_ids``: torch.int32 [B, C]; ``position_ids``: torch.int64
+        [B, C] (positions rebuilt
+        from the segments when the items have none, segments from the positions);
+        ``labels``: torch.int64 [B, C] in the items' convention, named by
+        ``labels_convention`` (int64: the loss needs it);
         ``cu_seqlens``: torch.int32 [S + 1] (see :func:`batch_cu_seqlens`);
         ``max_seqlen``: Python int, the longest segment (B24);
+        ``seq_idx``: torch.int32 [B, C], each token's document index in its row
+        (:func:`batch_seq_idx`);
+        with ``--segment-multiple`` outputs, the ``PackedSeqParams`` fields of the module
+        docstring (``cu_seqlens_q_padded`` is the ``cu_seqlens`` tensor itself);
         ``num_targets``: Python int, labels != -100 in the batch (the loss denominator, B20);
-        ``labels_mode``: str; ``shard``, ``row``, ``index``: lists of B provenance values;
-        ``doc_ids``: list of B int64 arrays.
+        ``labels_convention``: ``unshifted`` (the loss shifts: ``logits[:, :-1]`` against
+        ``labels[:, 1:]``) or ``shifted`` (no shift: ``logits`` against ``labels``);
+        ``labels_mode``: the same (older name); ``shard``, ``row``, ``index``: lists of B
+        provenance values; ``doc_ids``: list of B int64 arrays (None where not read);
+        ``source``: list of B source names (mixtures; None where unknown);
+        ``token_source_ids``: torch.int32 [B, C], each token's per-segment source id (-1 on
+        padding), when the rows carry ``source_ids`` (``pack --source-column``).
 
     Raises:
-        ValueError: empty batch or rows of different capacity.
+        ValueError: empty batch or rows of different capacity; items without the columns named
+            above (the padding tail could not be told from a document); items that do not say
+            their labels convention and whose labels are not unshifted.
         OverflowError: B * C does not fit int32 ``cu_seqlens``.
         MissingDependencyError: torch is missing.
     """
     torch = require_torch()
-    cu_seqlens, max_seqlen = batch_cu_seqlens(batch)
-    labels = _labels(batch, unshifted=False)
-
-    def t(a):
-        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
-
-    return {
-        "input_ids": t(_stack(batch, "input_ids")),
-        "labels": t(labels),
-        "position_ids": t(_stack(batch, "position_ids")),
-        "segment_ids": t(np.stack([segments_of(item) for item in batch])),
-        "cu_seqlens": torch.from_numpy(cu_seqlens),
+    rows = rows_of(batch)
+    _needs(set(rows.tokens) | set(rows.ragged))
+    _structure(rows)
+    cu_seqlens, max_seqlen = _cu(rows)
+    labels, convention, targets = _labels(rows, cu=cu_seqlens)
+    seg = _segments(rows)
+    pos = _positions(rows)
+    B = seg.shape[0]
+    cu = torch.from_numpy(cu_seqlens)
+    out = {
+        "input_ids": _tensor(torch, rows.tokens["input_ids"], torch.int32),
+        "labels": _tensor(torch, labels, torch.int64),
+        "position_ids": _tensor(torch, pos, torch.int64),
+        "segment_ids": _tensor(torch, seg, torch.int32),
+        "cu_seqlens": cu,
         "max_seqlen": max_seqlen,
-        "num_targets": count_targets(labels),
-        "labels_mode": batch[0].get("labels_mode", "unshifted"),
-        "shard": [item.get("shard") for item in batch],
-        "row": [item.get("row") for item in batch],
-        "index": [item.get("index") for item in batch],
-        "doc_ids": [item.get("doc_ids") for item in batch],
+        "seq_idx": torch.from_numpy(_seq_idx(cu_seqlens, seg.shape, flat=False)),
+        **_packed_seq_params(torch, rows, cu, max_seqlen),
+        "num_targets": targets,
+        "labels_convention": convention,
+        "labels_mode": convention,
+        "shard": list(rows.shard),
+        "row": [None if r is None else int(r) for r in rows.row],
+        "index": [None if i is None else int(i) for i in rows.index],
+        "doc_ids": (rows.ragged_rows("doc_ids") if "doc_ids" in rows.ragged else [None] * B),
+        "source": list(rows.meta.get("source") or [None] * B),
     }
+    token_src = _token_sources(rows)
+    if token_src is not None:
+        out["token_source_ids"] = _tensor(torch, token_src, torch.int32)
+    return _deliver(out)
 
 
-def collate_flat(batch: list[dict]) -> dict:
+collate.needs_columns = _needs
+
+
+def collate_flat(batch) -> dict:
     """The padding-free flattened form: B rows laid end to end as one sequence of B * C tokens.
 
     Padding tails stay in place as their own segments (labels -100), so ``cu_seqlens`` is the one
     of :func:`collate` and covers every position. Labels are unshifted (converted when the
     output stores shifted ones), since the Hugging Face models this form feeds shift themselves.
 
+    Args:
+        batch: items or a :class:`~packtool.formats.packed.Rows`; needs what :func:`collate`
+            needs.
+
     Returns:
-        dict with ``input_ids``, ``position_ids``, ``labels``: torch.int64 [1, B * C];
-        ``cu_seq_lens_q``, ``cu_seq_lens_k``: the same torch.int32 [S + 1] tensor;
-        ``max_length_q``, ``max_length_k``: Python int; ``num_targets``: Python int.
+        dict with ``input_ids``: torch.int32 [1, B * C]; ``position_ids``, ``labels``:
+        torch.int64 [1, B * C]; ``cu_seq_lens_q``, ``cu_seq_lens_k``: the same torch.int32
+        [S + 1] tensor; ``max_length_q``, ``max_length_k``: Python int; ``num_targets``: Python
+        int; ``labels_convention``: ``unshifted``; ``seq_idx``: torch.int32 [1, B * C], counted
+        over the batch (the spans of ``cu_seq_lens_q``); with ``--segment-multiple`` outputs,
+        the ``PackedSeqParams`` fields.
 
     Raises:
-        ValueError, OverflowError, MissingDependencyError: as :func:`collate`.
+        ValueError, OverflowError, MissingDependencyError: as :func:`collate` (items without
+            the columns named above).
     """
     torch = require_torch()
-    cu_seqlens, max_seqlen = batch_cu_seqlens(batch)
-    labels = _labels(batch, unshifted=True)
-
-    def t(a):
-        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64).reshape(1, -1))
-
+    rows = rows_of(batch)
+    _needs(set(rows.tokens) | set(rows.ragged))
+    _structure(rows)
+    cu_seqlens, max_seqlen = _cu(rows)
+    labels, _, targets = _labels(rows, want="unshifted", cu=cu_seqlens)
+    flat = (1, labels.size)
     cu = torch.from_numpy(cu_seqlens)
-    return {
-        "input_ids": t(_stack(batch, "input_ids")),
-        "position_ids": t(_stack(batch, "position_ids")),
-        "labels": t(labels),
+    return _deliver({
+        "input_ids": _tensor(torch, rows.tokens["input_ids"], torch.int32, flat),
+        "position_ids": _tensor(torch, _positions(rows), torch.int64, flat),
+        "labels": _tensor(torch, labels, torch.int64, flat),
         "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
         "max_length_q": max_seqlen, "max_length_k": max_seqlen,
-        "num_targets": count_targets(labels),
-    }
+        "seq_idx": torch.from_numpy(_seq_idx(cu_seqlens, flat, flat=True)),
+        **_packed_seq_params(torch, rows, cu, max_seqlen),
+        "num_targets": targets,
+        "labels_convention": "unshifted",
+    })
+
+
+collate_flat.needs_columns = _needs

@@ -13,50 +13,96 @@ import os
 from collections import OrderedDict
 from typing import Sequence
 
-from packtool.loader._shards import OpenFiles, decode_row_group, default_columns, open_index
+import numpy as np
+
+from packtool.loader.source import open_source
 
 __all__ = ["PackedDataset"]
 
 
 class PackedDataset:
-    """Any row of a packed OUTPUT directory by index.
+    """Any row of a packed output by index, wherever it lies (a directory or a store URI).
 
     Each item is a dict of NumPy values: ``input_ids``, ``segment_ids``, ``position_ids``,
     ``labels`` int32[C] (``labels`` derived in the recorded convention when the shards do not
-    store them), ``cu_seqlens`` int32[k + 1 (+1 with padding)], ``doc_ids``, ``doc_offsets``
-    int64[k], ``max_seqlen``, ``num_targets`` Python ints, and ``shard`` (file name), ``row``
-    (inside the shard), ``index`` (global), ``labels_mode`` (``unshifted`` | ``shifted``).
+    store them), ``cu_seqlens`` int32[k + 1 (+1 with padding)] (and ``cu_seqlens_unpadded``,
+    the same size, for outputs packed with ``--segment-multiple``), ``doc_ids``, ``doc_offsets``
+    int64[k] (and ``source_ids`` int32[k] with ``pack --source-column``), ``max_seqlen``,
+    ``num_targets`` Python ints, and ``shard`` (file name), ``row``
+    (inside the shard), ``index`` (global), ``labels_mode`` (``unshifted`` | ``shifted``: the
+    convention of the item's labels, also :attr:`labels_convention`).
 
-    A row costs the decode of its row group; the last ``cached_row_groups`` decoded groups are
-    kept, so reading in order costs one decode per row group. At most ``max_open_files``
+    A row costs the decode of its row group: ``input_ids`` and the small ``cu_seqlens`` and
+    ``doc_ids`` columns, ``segment_ids`` and ``position_ids`` computed from them
+    (``structure="derived"``, the default; about 0.4 ms of CPU at C = 8192 with the default
+    1 MiB row groups, 0.15 ms with ``pack --row-group-mb 0.25``: ``docs/benchmarks.md``). The
+    last ``cached_row_groups`` decoded groups are kept, so reading in order costs one decode per
+    row group. At most ``max_open_files``
     shards are open at once (least recently used closed first). Pickling drops handles and
     caches (DataLoader workers under ``spawn``, ``forkserver`` and ``fork`` each open their own).
 
     Args:
-        path: the OUTPUT directory of ``packtool pack``.
-        columns: columns each item carries (default: all present, plus derived ``labels``).
-        labels: convention of the labels items carry: ``unshifted`` (what Hugging Face models
-            take) or ``shifted``; default: the output's own (as stored, or as recorded when
-            derived). Converted inside each segment, so stored masks survive.
+        path: the OUTPUT of ``packtool pack``: a directory, a ``file:`` URI or a store URI
+            (``s3://bucket/packed/``, credentials and endpoint as for ``pack``).
+        columns: columns each item carries (default: all present, plus derived ``labels``);
+            refused when no collate function could make a correct batch of them.
+        labels: convention of the labels items carry, whatever the output stores:
+            ``unshifted`` (default; ``labels[i]`` is token ``i`` or -100, the Hugging Face
+            convention: the model or the loss shifts them) or ``shifted`` (``labels[i]`` is the
+            token after ``i`` or -100: no shift at the loss); None: the output's own (as
+            stored, or as recorded when derived). Converted inside each segment, so stored
+            masks survive.
         max_open_files: open shard handles per process (>= 1).
         cached_row_groups: decoded row groups kept per process (>= 1).
+        cache_dir, cache_limit: a local directory keeping whole shards of a store output, at
+            most ``cache_limit`` bytes (an int or ``"20G"``), shared by the ranks and workers of
+            a node (:class:`~packtool.formats.cache.ShardCache`); None reads the store directly.
+        integrity: ``footer`` (default: each shard's size and footer checked when first opened,
+            page checksums on every read), ``size``, or ``sha256`` (every shard hashed whole at
+            once); see :mod:`packtool.formats.packed`.
+        structure: ``derived`` (default) or ``stored``: how ``segment_ids`` and
+            ``position_ids`` are obtained (:meth:`~packtool.formats.packed.PackedOutput.decode`).
 
     Raises:
-        ManifestError: not a complete packed output, or a requested column is missing (when the
-            row is read).
-        ValueError: unknown ``labels`` convention, ``max_open_files`` or ``cached_row_groups`` < 1.
+        ManifestError: not a complete packed output, a shard that differs from the manifest, or
+            a requested column is missing.
+        ValueError: unknown ``labels`` convention or ``structure``, ``max_open_files`` or
+            ``cached_row_groups`` < 1, or columns no batch can be made of.
     """
 
     def __init__(self, path: str | os.PathLike, *, columns: Sequence[str] | None = None,
-                 labels: str | None = None, max_open_files: int = 64, cached_row_groups: int = 2) -> None:
+                 labels: str | None = "unshifted", max_open_files: int = 64,
+                 cached_row_groups: int = 2, cache_dir: str | os.PathLike | None = None,
+                 cache_limit: int | str | None = None, integrity: str = "footer",
+                 structure: str = "derived") -> None:
         if cached_row_groups < 1:
             raise ValueError(f"cached_row_groups must be >= 1, got {cached_row_groups}")
-        self.index, self.labels_mode = open_index(path, labels)
-        self.path = self.index.root
-        self.capacity = self.index.capacity
-        self.columns = list(columns) if columns is not None else default_columns(self.index)
+        if structure not in ("stored", "derived"):
+            raise ValueError(f"structure {structure!r}: choose stored or derived")
+        self.structure = structure
+        self.output, self.labels_mode = open_source(
+            path, labels, max_open_files=max_open_files, cache_dir=cache_dir,
+            cache_limit=cache_limit, integrity=integrity)
+        self.path = self.output.location
+        self.capacity = self.output.capacity
+        self.columns = self.output.check_columns(columns) if columns is not None \
+            else self.output.default_columns()
+        padded = "cu_seqlens_unpadded" in self.output.columns  # --segment-multiple
+        if columns is not None:
+            from packtool.loader.collate import check_item_columns
+
+            check_item_columns(self.columns, padded=padded)
+        # derived: decode the stored columns only; a row's segments, positions and (when not
+        # stored) labels are computed for that row alone, not for its whole row group
+        self._derive = [c for c in ("segment_ids", "position_ids", "labels")
+                        if structure == "derived" and c in self.columns
+                        and (c != "labels" or not self.output.labels.stored)]
+        self._read = [c for c in self.columns if c not in self._derive]
+        self._helpers = ("input_ids", "cu_seqlens", "doc_ids") + (
+            ("cu_seqlens_unpadded",) if padded else ())
+        if self._derive:
+            self._read += [c for c in self._helpers if c not in self._read]
         self.cached_row_groups = int(cached_row_groups)
-        self._files = OpenFiles(self.index.root, max_open_files)
         self._blocks: OrderedDict = OrderedDict()
         self._pid = os.getpid()
 
@@ -70,12 +116,17 @@ class PackedDataset:
         self._pid = os.getpid()
 
     def __len__(self) -> int:
-        return self.index.num_rows
+        return self.output.num_rows
+
+    @property
+    def labels_convention(self) -> str:
+        """Convention of the labels items carry: ``unshifted`` or ``shifted``."""
+        return self.labels_mode
 
     @property
     def open_files(self) -> int:
         """Shard handles this process holds open now."""
-        return len(self._files)
+        return self.output.open_files
 
     def __getitem__(self, index: int) -> dict:
         """Row ``index`` (global, manifest order; negative counts from the end).
@@ -91,19 +142,40 @@ class PackedDataset:
             raise IndexError(f"row {index} out of range for {n} rows in {self.path}")
         if self._pid != os.getpid():
             self._blocks, self._pid = OrderedDict(), os.getpid()
-        g = self.index.group_of(i)
+        g = self.output.group_of(i)
         block = self._blocks.get(g)
         if block is None:
-            block = decode_row_group(self.index, self._files, g, self.columns,
-                                     self.labels_mode)
+            block = self.output.decode(g, self._read, self.labels_mode,
+                                       structure=self.structure)
             self._blocks[g] = block
             while len(self._blocks) > self.cached_row_groups:
                 self._blocks.popitem(last=False)
         else:
             self._blocks.move_to_end(g)
-        return block.row(i - block.first, self.labels_mode)
+        item = block.row(i - block.first)
+        if self._derive:
+            self._complete(item)
+        return item
+
+    def _complete(self, item: dict) -> None:
+        """Add the derived columns of one row, drop the helper columns not asked for."""
+        from packtool.formats.packed import labels_in, structure_from_cu
+
+        cu = np.asarray(item["cu_seqlens"])
+        seg, pos = structure_from_cu(cu, np.array([0, cu.size]), np.array([len(item["doc_ids"])]),
+                                     self.capacity, f"{item['shard']} row {item['row']}",
+                                     unpadded=item.get("cu_seqlens_unpadded"))
+        derived = {"segment_ids": seg[0], "position_ids": pos[0]}
+        if "labels" in self._derive:
+            derived["labels"] = labels_in(self.labels_mode, input_ids=item["input_ids"],
+                                          segment_ids=seg[0])
+        for c in self._derive:
+            item[c] = derived[c]
+        for c in self._helpers:
+            if c not in self.columns:
+                item.pop(c, None)
 
     def close(self) -> None:
         """Close open shard handles and drop cached row groups."""
-        self._files.close()
+        self.output.close()
         self._blocks.clear()

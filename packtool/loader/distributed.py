@@ -1,36 +1,47 @@
-"""The training dataset: ranks, DataLoader workers, seeded epochs, exact resume.
+"""The training dataset: one output or a weighted mixture, ranks, DataLoader workers, seeded
+epochs, exact and elastic resume, rows or whole batches.
 
 :class:`PackedIterableDataset` is a ``torch.utils.data.IterableDataset`` (torch is imported by
 this module only; ``import packtool.loader`` loads it on first use). Which rows each rank and
-worker yields, and in which order, is the policy of :mod:`packtool.loader.plan`: shuffled row-group
-order per (seed, epoch), contiguous whole-row-group ranges per rank, equal contiguous runs of
-them per worker, a bounded shuffle window inside each worker; remainder rows repeated (default) or
-dropped, and counted.
+worker yields, and in which order, is the policy of :mod:`packtool.loader.plan`; the sources and
+their shares are :class:`~packtool.loader.mixture.Mixture`; the state is
+:mod:`packtool.loader.resume`.
 
-Resume is exact because the order is a pure function of (seed, epoch, rank, world size, worker,
-number of workers): the state is the epoch and the number of rows yielded, and a restored dataset
-recomputes its order and skips that many rows without reading them. ``state_dict`` /
-``load_state_dict`` are the methods torchdata's ``StatefulDataLoader`` calls in each worker (or
-in the main process without workers).
+**Resume.** The order is a pure function of (seed, epoch, sources, shares, ranks, workers), so
+the state is the epoch, the phases of the epoch so far and the rows yielded, and a restored
+dataset recomputes its order and skips without reading.
+
+- *Same world size and workers*: torchdata's ``StatefulDataLoader.load_state_dict`` (it calls
+  :meth:`~PackedIterableDataset.load_state_dict` in each worker), or
+  ``ds.load_state_dict(loader_state)`` before the DataLoader is built: the stream continues
+  exactly as if never stopped.
+- *Elastic* (another world size or worker count): ``ds.load_state_dict(state)`` on every new
+  rank, before its DataLoader is built, with the ``StatefulDataLoader.state_dict()`` that any
+  one rank saved (rank 0's: ranks advance in step, so one rank's workers' counts say what every
+  rank consumed), or a dataset's own ``state_dict()`` when it ran without workers. The rest of
+  the epoch is then exactly the rows not yet consumed over all ranks, each once (plus the
+  even-up repeats of the new world size, counted in :attr:`~PackedIterableDataset.repeated_rows`),
+  spread over the new ranks and workers; the next epoch is as if the job had always run at the
+  new size. A single worker's state (of a loader with several) cannot say what its siblings
+  consumed and is refused for a resize.
+- A state saved after the epoch's last row starts the next epoch at its first row, whenever it
+  is loaded (before or after ``set_epoch``), never the finished epoch again.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from packtool.loader._shards import OpenFiles, decode_row_group, default_columns, open_index
-from packtool.loader.plan import check_seed, split_ranks, worker_rows
+from packtool.loader import resume
+from packtool.loader.collate import check_item_columns
+from packtool.loader.mixture import Mixture
+from packtool.loader.plan import EpochPlan, Phase, check_seed, rank_rows
 
 __all__ = ["PackedIterableDataset"]
-
-_STATE_VERSION = 1
-# fields of the state that must match for a resume to be exact
-_MUST_MATCH = ("seed", "rank", "world_size", "num_rows", "shuffle", "shuffle_buffer",
-               "drop_last")
 
 
 def _default_rank_world() -> tuple[int, int]:
@@ -42,18 +53,35 @@ def _default_rank_world() -> tuple[int, int]:
 
 
 class PackedIterableDataset(IterableDataset):
-    """Rows of a packed OUTPUT for distributed training, as item dicts (see
-    :class:`~packtool.loader.dataset.PackedDataset` for the keys).
+    """Rows of one packed OUTPUT, or of several mixed by weight, for distributed training.
 
-    In one epoch, rank ``r`` of ``W`` yields exactly ``len(self)`` rows; over all ranks and
-    DataLoader workers every row comes once, plus ``repeated_rows`` rows a second time
-    (``drop_last=False``: ranks are evened up with rows from the start of the epoch's order) or
-    minus ``dropped_rows`` rows (``drop_last=True``). Each rank reads whole row groups of a
-    contiguous range of the epoch's row-group order, never a stride over all of them. Call
-    :meth:`set_epoch` before each epoch (``transformers.Trainer`` does) for a new order.
+    Items are dicts of NumPy values (the keys of :class:`~packtool.loader.dataset.PackedDataset`,
+    plus ``source``: the name of the source the row came from); with ``batch_size`` the dataset
+    yields whole batches instead (``collate_fn`` applied to each batch's rows, gathered as
+    slices of the decoded row groups: no per-row dicts), for ``DataLoader(ds,
+    batch_size=None)``.
+
+    In one epoch, rank ``r`` of ``W`` yields exactly :attr:`rows_per_rank` rows; over all ranks
+    and DataLoader workers every row of the epoch comes once, plus :attr:`repeated_rows` rows a
+    second time (``drop_last=False``: ranks are evened up with rows from the start of the
+    epoch's order) or minus :attr:`dropped_rows` rows (``drop_last=True``). An epoch of a
+    mixture holds each source's exact share of ``rows_per_epoch`` rows (largest remainders), a
+    source smaller than its share cycled (every row once before any repeats), a larger one a
+    different subset each epoch, the sources interleaved as finely as their shares allow. Each
+    rank reads a contiguous run of each source's row groups (never a stride over all of them),
+    each worker a contiguous part of it. Call :meth:`set_epoch` before each epoch
+    (``transformers.Trainer`` does) for a new order.
 
     Args:
-        path: the OUTPUT directory of ``packtool pack``.
+        path: a packed OUTPUT (a directory, a ``file:`` URI or a store URI such as
+            ``s3://bucket/packed/``; credentials and endpoint as for ``pack``), or a mapping
+            source name -> OUTPUT for a mixture. Every output must have the same capacity and
+            hand out the same columns (a one-line refusal otherwise).
+        weights: source name -> non-negative weight (any scale), each source's share of every
+            epoch; None: every row of every source once per epoch. Weights can change between
+            runs (no repacking); a mid-epoch state resumes only with the weights it was saved
+            with, a state taken at an epoch's end with any.
+        rows_per_epoch: rows of an epoch over all sources (default: the rows of all sources).
         rank, world_size: this process's rank and the number of ranks; default: from
             ``torch.distributed`` when initialised, else the ``RANK`` / ``WORLD_SIZE`` variables
             ``torchrun`` sets, else 0 / 1.
@@ -64,21 +92,52 @@ class PackedIterableDataset(IterableDataset):
         shuffle_buffer: rows of the bounded shuffle window (>= 1); memory is about
             ``2 * shuffle_buffer`` decoded rows plus two row groups per worker.
         drop_last: drop the remainder instead of repeating rows.
-        columns: columns each item carries (default: all present, plus derived ``labels``).
-        labels: convention of the labels items carry: ``unshifted`` (what Hugging Face models
-            take) or ``shifted``; default: the output's own (as stored, or as recorded when
-            derived). Converted inside each segment, so stored masks survive.
-        max_open_files: open shard handles per worker (>= 1), least recently used closed first.
+        columns: columns each item carries (default: all present, plus derived ``labels``);
+            refused when no collate function could make a correct batch of them
+            (:func:`~packtool.loader.collate.check_item_columns`).
+        labels: convention of the labels items carry, whatever the outputs store:
+            ``unshifted`` (default; ``labels[i]`` is token ``i`` or -100, the Hugging Face
+            convention: the model or the loss shifts them) or ``shifted`` (``labels[i]`` is the
+            token after ``i`` or -100: no shift at the loss); None: the outputs' own. Converted
+            inside each segment, so stored masks survive.
+        batch_size: None: yield rows; B: yield batches of B rows (each worker's last one
+            shorter), built by ``collate_fn``.
+        collate_fn: the batch builder with ``batch_size`` (default
+            :func:`~packtool.loader.collate.collate`; also ``collate_flat`` or an
+            :class:`~packtool.loader.hf.HFCollator`): called with a
+            :class:`~packtool.formats.packed.Rows`.
+        structure: ``derived`` (default) computes ``segment_ids`` and ``position_ids`` from
+            ``cu_seqlens`` instead of decoding them (a third of the bytes decoded); ``stored``
+            reads them (:mod:`packtool.formats.packed`).
+        read_ahead: row groups decoded ahead in a background thread, per worker; None
+            (default): 0 for local outputs (decoding is CPU-bound there, and a second thread
+            cost about a third more CPU per row in ``scripts/bench_loader.py``), 2 when an
+            output is in a store (hides the latency of ranged reads).
+        max_open_files: open shard handles per worker and output (>= 1), least recently used
+            closed first.
+        cache_dir, cache_limit: a local directory keeping whole shards of a store output, at
+            most ``cache_limit`` bytes (an int or ``"20G"``), shared by the ranks and workers of
+            a node and kept across restarts (:class:`~packtool.formats.cache.ShardCache`).
+        integrity: ``footer`` (default), ``size`` or ``sha256`` (:mod:`packtool.formats.packed`).
 
     Raises:
-        ManifestError: not a complete packed output.
-        ValueError: unknown ``labels`` convention, bad rank, world_size, seed, epoch, shuffle_buffer or max_open_files.
+        ManifestError: not a complete packed output, a shard that differs from its manifest
+            (when it is opened), outputs of different capacity or columns.
+        ValueError: unknown ``labels`` convention, bad rank, world_size, seed, epoch,
+            shuffle_buffer, max_open_files, batch_size, weights or rows_per_epoch, or columns
+            no batch can be made of.
     """
 
-    def __init__(self, path: str | os.PathLike, *, rank: int | None = None,
-                 world_size: int | None = None, seed: int = 0, epoch: int = 0,
-                 shuffle: bool = True, shuffle_buffer: int = 1024, drop_last: bool = False,
-                 columns: Sequence[str] | None = None, labels: str | None = None, max_open_files: int = 64) -> None:
+    def __init__(self, path: str | os.PathLike | Mapping, *,
+                 weights: Mapping[str, float] | None = None, rows_per_epoch: int | None = None,
+                 rank: int | None = None, world_size: int | None = None, seed: int = 0,
+                 epoch: int = 0, shuffle: bool = True, shuffle_buffer: int = 1024,
+                 drop_last: bool = False, columns: Sequence[str] | None = None,
+                 labels: str | None = "unshifted", batch_size: int | None = None,
+                 collate_fn: Callable | None = None, structure: str = "derived",
+                 read_ahead: int | None = None, max_open_files: int = 64,
+                 cache_dir: str | os.PathLike | None = None,
+                 cache_limit: int | str | None = None, integrity: str = "footer") -> None:
         if rank is None or world_size is None:
             r, w = _default_rank_world()
             rank = r if rank is None else rank
@@ -88,39 +147,127 @@ class PackedIterableDataset(IterableDataset):
                              f"world_size={world_size}")
         if shuffle_buffer < 1:
             raise ValueError(f"shuffle_buffer must be >= 1 row, got {shuffle_buffer}")
-        self.index, self.labels_mode = open_index(path, labels)
-        self.path = self.index.root
-        self.capacity = self.index.capacity
+        if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        if collate_fn is not None and batch_size is None:
+            raise ValueError("collate_fn needs batch_size (without it, give collate_fn to the "
+                             "DataLoader)")
+        if structure not in ("stored", "derived"):
+            raise ValueError(f"structure {structure!r}: choose stored or derived")
+        self.mixture = Mixture(path, weights=weights, rows_per_epoch=rows_per_epoch,
+                               labels=labels, columns=columns, max_open_files=max_open_files,
+                               cache_dir=cache_dir, cache_limit=cache_limit,
+                               integrity=integrity)
+        self.labels_mode = self.mixture.labels_mode
+        self.columns = self.mixture.columns
+        # --segment-multiple: spans are padded documents, their real tokens in cu_seqlens_unpadded
+        padded = any("cu_seqlens_unpadded" in o.columns for o in self.mixture.outputs)
+        if columns is not None:
+            check_item_columns(self.columns, labels_stored=True, padded=padded)
+        self.capacity = self.mixture.capacity
         self.rank, self.world_size = int(rank), int(world_size)
         self.seed, self.epoch = check_seed(seed), check_seed(epoch)
         self.shuffle, self.shuffle_buffer = bool(shuffle), int(shuffle_buffer)
         self.drop_last = bool(drop_last)
-        self.columns = list(columns) if columns is not None else default_columns(self.index)
-        self._files = OpenFiles(self.index.root, max_open_files)
-        self._yielded = 0  # rows of this epoch yielded by this process (this worker)
-        self._resume = False  # True after load_state_dict, until the next __iter__
+        self.batch_size = None if batch_size is None else int(batch_size)
+        if self.batch_size is not None:
+            from packtool.loader.collate import collate
+
+            self.collate_fn = collate_fn if collate_fn is not None else collate
+            needs = getattr(self.collate_fn, "needs_columns", None)
+            if needs is not None:
+                needs(self.columns)
+        else:
+            self.collate_fn = None
+        # what is decoded: the items' columns, or for whole batches only what a batch is
+        # built from (segments, positions and labels are derived for the batch at once)
+        self._read = self.columns
+        if self.batch_size is not None and columns is None:
+            self._read = ["input_ids", "cu_seqlens", "doc_ids"] + [
+                c for c in ("cu_seqlens_unpadded", "source_ids") if c in self.columns]
+            if any(o.labels.stored for o in self.mixture.outputs):
+                self._read.append("labels")
+        self.structure = structure
+        if read_ahead is None:
+            remote = any(not o.location.is_local for o in self.mixture.outputs)
+            read_ahead = 2 if remote else 0
+        if isinstance(read_ahead, bool) or read_ahead < 0:
+            raise ValueError(f"read_ahead must be >= 0 row groups, got {read_ahead!r}")
+        self.read_ahead = int(read_ahead)
+        self._history: tuple = ()  # finished phases of this epoch
+        self._pending: dict | None = None  # a loaded state not yet started
+        self._yielded = 0  # rows of the current phase yielded by this process (this worker)
+
+    # --- sources ------------------------------------------------------------------------------
+
+    @property
+    def output(self):
+        """The first source's :class:`~packtool.formats.packed.PackedOutput` (the only one of
+        a single-output dataset)."""
+        return self.mixture.outputs[0]
+
+    @property
+    def sources(self) -> tuple:
+        """Source names, in the order given."""
+        return self.mixture.names
+
+    @property
+    def source_shares(self) -> dict:
+        """Source name -> rows it contributes to every epoch."""
+        return {n: int(c) for n, c in zip(self.mixture.names, self.mixture.shares)}
+
+    @property
+    def source_values(self) -> tuple:
+        """The id -> value table of the per-segment ``source_ids`` items carry (outputs packed
+        with ``--source-column``; one table over all sources)."""
+        return self.mixture.source_values
+
+    @property
+    def path(self):
+        """The first source's location."""
+        return self.output.location
+
+    @property
+    def labels_convention(self) -> str:
+        """Convention of the labels items carry: ``unshifted`` or ``shifted``."""
+        return self.labels_mode
 
     # --- the epoch's shape --------------------------------------------------------------------
 
-    def _split(self):
-        return split_ranks(self.index.rg_rows, rank=self.rank, world_size=self.world_size,
-                           seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
-                           drop_last=self.drop_last)
+    def _plan(self, history: tuple | None = None) -> EpochPlan:
+        return EpochPlan(self.mixture.rows_per_epoch, self._history if history is None
+                         else history, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
+                         shuffle_buffer=self.shuffle_buffer, drop_last=self.drop_last)
+
+    def _current(self) -> EpochPlan:
+        """The plan of the current phase (a loaded state counted in, as a DataLoader without
+        workers would resume it)."""
+        return self._plan(self._resolve(0, 1)[0] if self._pending is not None else None)
+
+    @property
+    def rows_per_rank(self) -> int:
+        """Rows this rank yields in the current epoch (the same on every rank; after an
+        elastic resume, in the rest of the epoch)."""
+        return rank_rows(self._current().length(), self.world_size, self.drop_last)
 
     def __len__(self) -> int:
-        """Rows this rank yields per epoch (the same on every rank)."""
-        N, W = self.index.num_rows, self.world_size
-        return N // W if self.drop_last or N == 0 else -(-N // W)
+        """Rows this rank yields per epoch (:attr:`rows_per_rank`); with ``batch_size``, the
+        batches of a DataLoader without workers (each worker ends on its own partial batch)."""
+        q = self.rows_per_rank
+        return q if self.batch_size is None else -(-q // self.batch_size)
 
     @property
     def repeated_rows(self) -> int:
-        """Rows yielded twice per epoch over all ranks (``drop_last=False``)."""
-        return 0 if self.drop_last else max(0, len(self) * self.world_size - self.index.num_rows)
+        """Rows yielded twice in the current phase over all ranks (``drop_last=False``)."""
+        L = self._current().length()
+        return 0 if self.drop_last else max(0, rank_rows(L, self.world_size, False)
+                                            * self.world_size - L)
 
     @property
     def dropped_rows(self) -> int:
-        """Rows no rank yields per epoch (``drop_last=True``)."""
-        return max(0, self.index.num_rows - len(self) * self.world_size)
+        """Rows no rank yields in the current phase (``drop_last=True``)."""
+        L = self._current().length()
+        return max(0, L - rank_rows(L, self.world_size, self.drop_last) * self.world_size)
 
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s order from the next iteration on (a resume point loaded for
@@ -131,15 +278,25 @@ class PackedIterableDataset(IterableDataset):
         """
         epoch = check_seed(epoch)
         if epoch != self.epoch:
-            self.epoch, self._resume, self._yielded = epoch, False, 0
+            self.epoch, self._history, self._pending, self._yielded = epoch, (), None, 0
 
     def rows_for(self, worker: int = 0, num_workers: int = 1) -> np.ndarray:
-        """int64[n]: global rows worker ``worker`` of ``num_workers`` yields this epoch, in
-        order (the whole epoch, ignoring any resume point)."""
-        return worker_rows(self._split().pieces, self.index.rg_first, worker=worker,
-                           num_workers=num_workers, seed=self.seed, epoch=self.epoch,
-                           rank=self.rank, shuffle=self.shuffle,
-                           shuffle_buffer=self.shuffle_buffer)
+        """int64[n]: row keys worker ``worker`` of ``num_workers`` yields in the current phase,
+        in order, ignoring any resume point inside it. A key is the row's index in its output
+        plus the rows of the sources before it (a single output: its global row index)."""
+        history = self._resolve(worker, num_workers)[0] if self._pending is not None \
+            else self._history
+        plan = self._plan(history)
+        order = self.mixture.order(seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
+        return order.rows_at(plan.slot(plan.phase, self.rank, worker, self.world_size,
+                                       num_workers))
+
+    def groups_for(self, worker: int = 0, num_workers: int = 1) -> np.ndarray:
+        """int64[g]: the row groups (numbered over all sources) worker ``worker`` of
+        ``num_workers`` decodes in the current phase, in order of first need."""
+        groups = self.mixture.locate(self.rows_for(worker, num_workers))[2]
+        uniq, first = np.unique(groups, return_index=True)
+        return uniq[np.argsort(first, kind="stable")]
 
     # --- iteration ----------------------------------------------------------------------------
 
@@ -148,62 +305,185 @@ class PackedIterableDataset(IterableDataset):
         info = get_worker_info()
         return (0, 1) if info is None else (info.id, info.num_workers)
 
-    def __iter__(self) -> Iterator[dict]:
-        start = self._yielded if self._resume else 0
-        self._resume, self._yielded = False, start
+    def __iter__(self) -> Iterator:
         worker, num_workers = self._worker()
-        return self._generate(self.rows_for(worker, num_workers), start)
+        history, start = (self._resolve(worker, num_workers) if self._pending is not None
+                          else (self._history, 0))
+        plan = self._plan(history)
+        order = self.mixture.order(seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
+        keys = order.rows_at(plan.slot(plan.phase, self.rank, worker, self.world_size,
+                                       num_workers))
+        return self._generate(keys, start, history)
 
-    def _generate(self, rows: np.ndarray, start: int) -> Iterator[dict]:
-        n = len(rows)
-        groups = self.index.group_of(rows[start:]) if start < n else np.zeros(0, np.int64)
-        # last position at which each row group is needed: its decoded block is freed there, so
-        # a worker holds only the groups overlapping its shuffle window
-        uniq, first_rev = np.unique(groups[::-1], return_index=True)
-        last_use = dict(zip(uniq.tolist(), (len(groups) - 1 - first_rev).tolist()))
+    def _commit(self, history: tuple, start: int) -> None:
+        """The iteration has begun: the loaded resume point (if any) is used up."""
+        self._pending, self._history, self._yielded = None, history, start
+
+    def _generate(self, keys: np.ndarray, start: int, history: tuple) -> Iterator:
+        mix = self.mixture
+        keys = keys[start:]
+        src, local, groups = mix.locate(keys)
+        if not keys.size:
+            self._commit(history, start)
+            return
+        # row groups in order of first need; each decoded block is freed after its last use,
+        # so a worker holds only the groups overlapping its shuffle window (and those ahead)
+        uniq, first_at = np.unique(groups, return_index=True)
+        need = uniq[np.argsort(first_at, kind="stable")]
+        uniq_r, first_rev = np.unique(groups[::-1], return_index=True)
+        last_use = dict(zip(uniq_r.tolist(), (len(groups) - 1 - first_rev).tolist()))
+        jobs = (self._job(int(g)) for g in need)
+        from packtool.formats.packed import Rows, iter_decoded
+
+        decoded = iter_decoded(jobs, self._read, self.labels_mode, self.read_ahead,
+                               structure=self.structure)
         blocks: dict = {}
-        first = self.index.rg_first
-        for k, g in enumerate(groups.tolist()):
-            block = blocks.get(g)
-            if block is None:
-                block = blocks[g] = decode_row_group(self.index, self._files, g,
-                                                     self.columns, self.labels_mode)
-            item = block.row(int(rows[start + k] - first[g]), self.labels_mode)
-            if last_use[g] == k:
-                del blocks[g]
-            self._yielded = start + k + 1
-            yield item
+        step = self.batch_size or 1
+        glist, llist, slist = groups.tolist(), local.tolist(), src.tolist()
+        names = mix.names
+        self._commit(history, start)
+        for lo in range(0, len(glist), step):
+            hi = min(lo + step, len(glist))
+            parts, srcs = [], []
+            for k in range(lo, hi):
+                g = glist[k]
+                block = blocks.get(g)
+                if block is None:
+                    block = next(decoded)
+                    mix.remap_sources(mix.split_group(g)[0], block)
+                    blocks[g] = block
+                parts.append((block, llist[k] - block.first))
+                srcs.append(names[slist[k]])
+            if self.batch_size is None:
+                block, i = parts[0]
+                item = block.row(i)
+                item["source"] = srcs[0]
+                out = item
+            elif get_worker_info() is None:
+                out = self.collate_fn(Rows.gather(_runs(parts), meta={"source": srcs}))
+            else:  # a DataLoader worker: the rows cross as they are, collated on arrival
+                out = _InTransit(Rows.gather(_runs(parts), meta={"source": srcs}),
+                                 self.collate_fn)
+            for k in range(lo, hi):
+                if last_use[glist[k]] == k:
+                    del blocks[glist[k]]
+            self._yielded = start + hi
+            yield out
 
-    # --- exact resume (torchdata StatefulDataLoader protocol) --------------------------------
+    def _job(self, group: int):
+        s, g = self.mixture.split_group(group)
+        return self.mixture.outputs[s], g
 
-    def state_dict(self) -> dict:
-        """Where this process (this DataLoader worker) stands in the epoch: a dict of ints and
-        bools (``epoch``, ``yielded`` rows, and the fields that fix the order)."""
-        worker, num_workers = self._worker()
-        return {"version": _STATE_VERSION, "epoch": self.epoch, "yielded": self._yielded,
-                "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
-                "worker": worker, "num_workers": num_workers, "num_rows": self.index.num_rows,
-                "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer,
-                "drop_last": self.drop_last}
+    # --- resume -------------------------------------------------------------------------------
 
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state`` (from :meth:`state_dict`): the next iteration yields exactly
-        the rows of that epoch not yet yielded, in the same order.
+    def _mine(self) -> dict:
+        return {"seed": self.seed, "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer,
+                "drop_last": self.drop_last, "mixture": self.mixture.fingerprint()}
+
+    def _resolve(self, worker: int, num_workers: int) -> tuple[tuple, int]:
+        """(phases, rows to skip) of the loaded state for worker ``worker`` of
+        ``num_workers`` at this world size: the same shape continues exactly, another one
+        starts a new phase.
 
         Raises:
-            ValueError: ``state`` comes from another output, seed, rank, world size, shuffle
-                setting, worker or worker count (the resume could not be exact).
+            ValueError: a resize from a single worker's state of several workers.
         """
-        if state.get("version") != _STATE_VERSION:
-            raise ValueError(f"state version {state.get('version')!r}, expected {_STATE_VERSION}")
-        mine = self.state_dict()
-        bad = [k for k in _MUST_MATCH + ("worker", "num_workers") if state.get(k) != mine[k]]
+        st = self._pending
+        history = tuple(Phase.from_list(p) for p in st["phases"])
+        W, K, y = st["world_size"], st["num_workers"], st["yielded"]
+        if (W, K) == (self.world_size, num_workers):
+            if isinstance(y, list):
+                return history, y[worker]
+            if st["worker"] == worker:
+                return history, y
+        if not isinstance(y, list):
+            if K != 1:
+                raise ValueError(
+                    f"this state is worker {st['worker']}'s of {K}: it cannot say what the "
+                    f"other workers consumed, so it cannot resume at {self.world_size} ranks x "
+                    f"{num_workers} workers; load the StatefulDataLoader's whole state_dict() "
+                    "into the dataset (ds.load_state_dict(loader_state)) before building the "
+                    "new DataLoader")
+            y = [y]
+        return history + (Phase(W, K, tuple(y)),), 0
+
+    def state_dict(self) -> dict:
+        """Where this process (this DataLoader worker) stands in the epoch: a dict of ints,
+        bools, strings and lists (:mod:`packtool.loader.resume`)."""
+        worker, num_workers = self._worker()
+        if self._pending is not None:
+            history, yielded = self._resolve(worker, num_workers)
+        else:
+            history, yielded = self._history, self._yielded
+        return {"version": resume.STATE_VERSION, "epoch": self.epoch, **self._mine(),
+                "phases": [p.to_list() for p in history], "world_size": self.world_size,
+                "num_workers": num_workers, "rank": self.rank, "worker": worker,
+                "yielded": yielded}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state``: this dataset's :meth:`state_dict` (any worker, any rank:
+        ranks advance in step) or a torchdata ``StatefulDataLoader.state_dict()`` (all its
+        workers). At the same world size and worker count the stream continues exactly;
+        at another (decided when iteration starts, where the worker count is known) the rest
+        of the epoch is the rows not yet consumed by any rank, spread over the new ranks and
+        workers (module docstring). A state saved after the epoch's last row starts the next
+        epoch.
+
+        Raises:
+            ValueError: a state of another output, mixture, seed or shuffle setting in
+                mid-epoch (the resume could not be exact), a malformed state, or (when
+                iteration starts) a resize from a single worker's state of several.
+        """
+        st = resume.normalize(state)
+        if resume.finished(st):
+            self.epoch, self._history, self._pending, self._yielded = st["epoch"] + 1, (), \
+                None, 0
+            return
+        bad = resume.mismatch(st, self._mine())
         if bad:
-            raise ValueError("cannot resume exactly: state differs in " + ", ".join(
-                f"{k} (saved {state.get(k)!r}, now {mine[k]!r})" for k in bad))
-        self.epoch = check_seed(state["epoch"])
-        self._yielded = int(state["yielded"])
-        self._resume = True
+            raise ValueError("cannot resume exactly: state differs in " + ", ".join(bad)
+                             + "; resume with the options it was saved with, or from a state "
+                             "taken at the end of an epoch")
+        self._plan(tuple(Phase.from_list(p) for p in st["phases"]))  # validates the phases
+        self.epoch = st["epoch"]
+        self._history, self._yielded = (), 0
+        self._pending = st
 
     def __getstate__(self) -> dict:
-        return self.__dict__.copy()  # OpenFiles pickles without its handles
+        return self.__dict__.copy()  # the readers pickle without their handles
+
+
+class _InTransit:
+    """A batch on its way from a DataLoader worker to the training process.
+
+    The worker decodes and gathers (most of the work); the gathered rows cross pickled by value
+    (``input_ids`` and the small ``cu_seqlens`` / ``doc_ids`` arrays: 4 bytes a token), and the
+    collate function runs where they are unpickled, in the training process (positions,
+    segments and labels derived there, about a fifth of the work of a row). A collated batch
+    would move five times the bytes, and torch would send each of its tensors through its own
+    shared-memory segment and file descriptor: that cost more CPU than reading the rows
+    (``docs/benchmarks.md``, "Workers"). Only the DataLoader sees this object: the training
+    loop receives the collated batch.
+    """
+
+    def __init__(self, rows, collate_fn) -> None:
+        self.rows, self.collate_fn = rows, collate_fn
+
+    def __reduce__(self):
+        return _arrive, (self.rows, self.collate_fn)
+
+
+def _arrive(rows, collate_fn):
+    """The batch of an :class:`_InTransit`, collated in the process that receives it."""
+    return collate_fn(rows)
+
+
+def _runs(parts: list) -> list:
+    """``(block, row)`` pairs as ``(block, rows)`` runs of one block each, in order."""
+    out = []
+    for block, i in parts:
+        if out and out[-1][0] is block:
+            out[-1][1].append(i)
+        else:
+            out.append((block, [i]))
+    return [(b, np.asarray(i, dtype=np.int64)) for b, i in out]

@@ -4,21 +4,30 @@ Hugging Face causal LMs find document boundaries in a packed row from ``position
 at 0, but only when no key/value cache is built and no ``attention_mask`` is given; with the
 default ``use_cache=True`` (train mode included) they fall back to one causal mask over the row
 and documents attend to each other (B02, B29). :class:`HFCollator` therefore puts
-``use_cache=False`` in every batch, next to ``input_ids``, ``position_ids`` and unshifted
-``labels``: all four are parameters of the model's ``forward``, so ``Trainer``'s default
+``use_cache=False`` in every batch, next to ``input_ids``, ``position_ids`` and **unshifted**
+``labels`` (the model shifts them, so shifted ones would be scored against the token two
+places on, B05): all four are parameters of the model's ``forward``, so ``Trainer``'s default
 ``remove_unused_columns=True`` strips none of them and ``Trainer`` passes ``use_cache=False``
 through to the model. That default also drops, before the collator runs, every item key the
 model's ``forward`` does not name (``segment_ids``, ``cu_seqlens``, ``labels_mode``, ...), so the
-collator needs only those three: segments are recovered from ``position_ids`` restarting at 0. ``Trainer`` counts labels != -100 over a step's batches
-(``num_items_in_batch``) and divides the summed loss by it once, which is the effective-target
-denominator (B20).
+collator needs only those three: segments are recovered from ``position_ids`` restarting at 0.
+The items' ``labels_convention`` key goes too, so the collator cannot read the convention from
+the items: it takes them to be ``unshifted`` (the dataset default) and checks the values, so
+shifted labels are refused, never shifted a second time. ``Trainer`` counts labels != -100 over
+a step's batches (``num_items_in_batch``) and divides the summed loss by it once, which is the
+effective-target denominator (B20).
+
+Hybrid and linear-attention models (Mamba-2 / SSD, short convolutions: Bamba, Falcon-H1, Zamba2,
+Nemotron-H, Qwen3-Next, ...) need more than positions: their convolution and recurrent state
+carry one document into the next unless they get ``seq_idx`` (int32, each token's document
+index), which :class:`HFCollator` adds to every batch; Hugging Face passes it to the mamba-ssm /
+causal-conv1d kernels. Which models honour it where: ``docs/architectures.md``.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
-from packtool.loader.collate import batch_cu_seqlens, _labels, _stack, require_torch
+from packtool.loader.collate import (_cu, _deliver, _labels, _needs, _positions, _seq_idx,
+                                     _structure, _tensor, require_torch, rows_of)
 
 __all__ = ["HFCollator"]
 
@@ -35,20 +44,32 @@ class HFCollator:
             model's ``forward``, so ``Trainer`` strips them unless ``remove_unused_columns=False``.
         labels_mode: convention of the items' labels when they do not say (``Trainer``'s default
             ``remove_unused_columns`` drops every item key but ``input_ids``, ``position_ids``
-            and ``labels`` before the collator runs); build the dataset with
-            ``labels="unshifted"`` and keep the default.
+            and ``labels`` before the collator runs); checked against the values. Build the
+            dataset with ``labels="unshifted"`` (the default) and keep this default.
+        seq_idx: add ``seq_idx`` (int32, [B, C] per row, or [1, B * C] over the batch with
+            ``flatten``), the keyword Hugging Face hybrid models pass to their mamba-ssm and
+            causal-conv1d kernels. Without those kernels (the CPU path) transformers refuses it
+            with a ValueError rather than mixing documents, or a model ignores it: ``packtool
+            verify --hf-config`` says which. False leaves it out.
 
-    Call: ``collator(items)`` -> dict with ``input_ids``, ``position_ids``, ``labels`` torch.int64
-    [B, C] (or [1, B * C]), ``use_cache=False``; labels unshifted (converted from a shifted
-    output).
+    Call: ``collator(items)`` (or a :class:`~packtool.formats.packed.Rows`) -> dict with
+    ``input_ids`` torch.int32, ``position_ids`` and ``labels`` torch.int64 [B, C] (or
+    [1, B * C]), ``use_cache=False``, ``seq_idx`` torch.int32 of the same shape; labels in
+    :attr:`labels_convention`, ``unshifted`` (converted from items that say they are shifted).
 
     Raises:
-        ValueError: empty batch or rows of different capacity (when called).
+        ValueError: empty batch or rows of different capacity; items without ``input_ids``
+            and ``segment_ids`` or ``position_ids`` with ``labels`` (the padding tail could not
+            be told from a document); items that do not say their convention and whose labels
+            contradict ``labels_mode`` (when called).
         OverflowError: B * C does not fit int32 boundaries (when called).
     """
 
+    #: the convention of the labels every batch holds (the model shifts them)
+    labels_convention = "unshifted"
+
     def __init__(self, *, flatten: bool = False, flash_attn_kwargs: bool = False,
-                 labels_mode: str = "unshifted") -> None:
+                 labels_mode: str = "unshifted", seq_idx: bool = True) -> None:
         if flash_attn_kwargs and not flatten:
             raise ValueError("flash_attn_kwargs needs flatten=True")
         if labels_mode not in ("unshifted", "shifted"):
@@ -56,21 +77,35 @@ class HFCollator:
         self.labels_mode = labels_mode
         self.flatten = bool(flatten)
         self.flash_attn_kwargs = bool(flash_attn_kwargs)
+        self.seq_idx = bool(seq_idx)
 
-    def __call__(self, batch: list[dict]) -> dict:
+    def needs_columns(self, columns) -> None:
+        """Refuse item columns this collator cannot make a correct batch of.
+
+        Raises:
+            ValueError: ``input_ids`` missing, or both ``segment_ids`` and ``position_ids`` with
+                ``labels`` (:func:`~packtool.loader.collate.check_item_columns`).
+        """
+        _needs(columns)
+
+    def __call__(self, batch) -> dict:
         torch = require_torch()
-        cu_seqlens, max_seqlen = batch_cu_seqlens(batch)  # checks capacity and int32 range
-        shape = (1, -1) if self.flatten else (len(batch), -1)
-
-        def t(a):
-            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64).reshape(shape))
-
-        out = {"input_ids": t(_stack(batch, "input_ids")),
-               "position_ids": t(_stack(batch, "position_ids")),
-               "labels": t(_labels(batch, unshifted=True, default_mode=self.labels_mode)),
+        rows = rows_of(batch)
+        _needs(set(rows.tokens) | set(rows.ragged))
+        _structure(rows)
+        cu_seqlens, max_seqlen = _cu(rows)  # checks the int32 range
+        ids = rows.tokens["input_ids"]
+        shape = (1, ids.size) if self.flatten else ids.shape
+        labels = _labels(rows, want="unshifted", default_mode=self.labels_mode,
+                         cu=cu_seqlens)[0]
+        out = {"input_ids": _tensor(torch, ids, torch.int32, shape),
+               "position_ids": _tensor(torch, _positions(rows), torch.int64, shape),
+               "labels": _tensor(torch, labels, torch.int64, shape),
                "use_cache": False}
+        if self.seq_idx:
+            out["seq_idx"] = torch.from_numpy(_seq_idx(cu_seqlens, ids.shape, self.flatten))
         if self.flash_attn_kwargs:
             cu = torch.from_numpy(cu_seqlens)
             out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max_seqlen,
                        max_length_k=max_seqlen)
-        return out
+        return _deliver(out)

@@ -1,42 +1,69 @@
 """Which rows each rank and DataLoader worker reads in an epoch, and in what order (NumPy only).
 
-Shape legend: G = row groups over all shards, N = rows, W = world size (ranks), P = pieces.
+Shape legend: G = row groups of one output, S = sources, N = rows of the epoch, W = ranks,
+K = DataLoader workers of a rank (0 workers count as 1), P = pieces.
 
-The policy, in three steps, each a pure function of (seed, epoch, rank, world size, worker,
-number of workers) and the row-group sizes, so any epoch is reproducible and a resumed job can
-recompute exactly where it stopped without reading a byte:
+Every step is a pure function of (seed, epoch, sources, weights, ranks, workers) and the
+row-group sizes, so any epoch is reproducible and a resumed job recomputes exactly where it
+stopped without reading a byte.
 
-1. **Row-group order.** With ``shuffle``, the G row groups (over all shards) are permuted with
-   ``numpy.random.default_rng((seed, epoch))``; without, they stay in manifest order. Their rows,
-   concatenated in that order, form the epoch's row sequence.
-2. **Ranks.** The sequence is cut into W contiguous ranges of equal length ``q``, so each rank
-   reads whole row groups (only the two at the ends of its range are shared with a neighbour)
-   and never strides over all of them: per-rank decode work is about N / W rows. When W does not
-   divide N, ``drop_last=False`` (the default) makes ``q = ceil(N / W)`` and fills the last
-   ranks with the first ``W * q - N`` rows of the sequence again (they are counted as
-   ``repeated_rows``: ``torch.utils.data.DistributedSampler``'s padding); ``drop_last=True``
-   makes ``q = floor(N / W)`` and leaves out the last ``N - W * q`` rows of the sequence
-   (``dropped_rows``; a different set each epoch when shuffled). Every rank yields exactly
-   ``q`` rows, so collective calls stay in step.
-3. **Workers and the shuffle buffer.** A rank's range is cut into ``num_workers`` contiguous
-   runs of ``q // num_workers`` or one more rows (the first ``q % num_workers`` runs get the extra
-   row), one per DataLoader worker, so workers also read whole row groups and every rank's
-   workers yield the same counts: ranks make the same number of batches, partial ones
-   included, and collectives stay in step. With ``shuffle`` each worker permutes its
-   stream inside a bounded window: row ``p`` gets the key ``p + u * shuffle_buffer`` with ``u``
-   uniform in [0, 1) from ``default_rng((seed, epoch, rank, worker, num_workers))``, and rows are
-   yielded by key. No row moves ``shuffle_buffer`` positions or more, so a worker holds at most
-   the row groups that overlap ``2 * shuffle_buffer`` consecutive rows of its stream, and rows of
-   several row groups (of several shards, windows or input files) are interleaved.
+1. **Shares.** Source ``s`` (one packed output, ``n_s`` rows) contributes ``c_s`` rows to every
+   epoch: its exact share of the epoch's ``N`` rows by weight (:func:`apportion`: largest
+   remainders, so the shares always sum to ``N``). Without weights ``c_s = n_s`` and ``N`` is
+   every row of every source once.
+2. **Source streams** (:class:`SourceStream`). A pass over a source reads its row groups in
+   a seeded permutation (``shuffle``; manifest order otherwise), whole groups one after
+   another. Epoch ``e`` of a source of ``n_s`` rows is ``c_s // n_s`` whole passes (the first
+   ``n_s`` rows are every row once: a small source is cycled, no row repeats before all were
+   seen), then ``c_s % n_s`` draws from an urn of passes that goes on across epochs and never
+   gives a row twice in one epoch: a source larger than its share gives a different subset
+   each epoch, every row once before any comes twice. A single output with its own rows per
+   epoch reads pass ``e`` seeded ``(seed, e)``: the one-output order.
+3. **Interleave.** The epoch sequence merges the sources' epoch slices by the smooth
+   (Sainte-Lague) order: item ``k`` of source ``s`` has the key ``(2k + 1) / (2 c_s)``, items
+   go by key, ties by source number. Any run of ``t`` consecutive rows holds ``t c_s / N``
+   rows of source ``s``, give or take one: sources interleave as finely as their shares allow.
+   :func:`mix_prefix` gives the exact per-source counts of any prefix without building the
+   sequence, so a rank builds only its own range.
+4. **Ranks.** The sequence (length ``L``) is cut into W contiguous ranges of ``q`` rows, so a
+   rank reads a contiguous run of each source's row groups, never a stride over all of them.
+   When W does not divide L, ``drop_last=False`` makes ``q = ceil(L / W)`` and the last ranks
+   wrap to the sequence's first ``W q - L`` rows again (``repeated_rows``, the padding of
+   ``torch.utils.data.DistributedSampler``); ``drop_last=True`` makes ``q = floor(L / W)`` and
+   leaves out the last ``L - W q`` rows (``dropped_rows``). Every rank yields exactly ``q``
+   rows, so collectives stay in step.
+5. **Workers and the shuffle buffer.** A rank's range is cut into K contiguous runs of
+   ``q // K`` or one more rows (the first ``q % K`` runs get the extra row), one per DataLoader
+   worker (a *slot*): workers read whole row groups too, and every rank's workers yield the
+   same counts. With ``shuffle`` each slot is permuted inside a bounded window: row ``p`` gets
+   the key ``p + u * shuffle_buffer``, ``u`` uniform in [0, 1) from
+   ``default_rng((seed, epoch, rank, worker, K))``; no row moves ``shuffle_buffer`` positions
+   or more.
+
+**Elastic resume (phases).** Ranks advance in step (each consumes the same number of batches,
+each DataLoader takes batches from its workers in turn), so after a checkpoint worker ``w`` of
+*every* rank has yielded the same ``y_w`` rows: the state of any one rank (its workers' counts)
+says what every rank consumed. A :class:`Phase` records that (W, K, y). The rest of the epoch is
+the next phase's sequence: the unconsumed remainder of every slot, slot after slot (rank-major),
+each in the order it would have been yielded; it is cut again into the new W ranks and K
+workers by steps 4 and 5 (without a second shuffle). So the rest of the epoch is exactly the
+entries not yet consumed, each once; only the even-up repeats of each phase's own world size
+(step 4) come on top, counted. The next epoch starts again at step 1, as if the job had always
+run at the new size. Phases chain: a job resized twice in one epoch has two.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
+from typing import Sequence
 
 import numpy as np
 
-__all__ = ["RankSplit", "split_ranks", "worker_rows", "check_seed"]
+__all__ = ["check_seed", "apportion", "mix_prefix", "source_rows", "SourceStream",
+           "EpochOrder", "Phase",
+           "EpochPlan", "rank_rows", "worker_bounds", "bounded_shuffle", "RankSplit",
+           "split_ranks", "worker_rows"]
 
 
 def check_seed(seed: int) -> int:
@@ -50,13 +77,527 @@ def check_seed(seed: int) -> int:
     return int(seed)
 
 
+def apportion(weights: Sequence[float], total: int) -> np.ndarray:
+    """Integer shares of ``total`` rows proportional to ``weights`` (Hamilton's largest
+    remainders): ``floor(total * w / sum(w))`` each, then one more row for the largest
+    remainders (ties: lower index first). Exact for any weights: the shares sum to ``total``.
+
+    Args:
+        weights: S non-negative finite numbers, at least one positive.
+        total: rows to share (>= 0).
+
+    Returns:
+        int64[S].
+
+    Raises:
+        ValueError: a negative, infinite or NaN weight, all zero, or a negative total.
+    """
+    w = [Fraction(x).limit_denominator(10**12) if not isinstance(x, int) else Fraction(x)
+         for x in _finite(weights)]
+    if total < 0:
+        raise ValueError(f"rows per epoch must be >= 0, got {total}")
+    s = sum(w)
+    if s <= 0:
+        raise ValueError("at least one weight must be positive")
+    exact = [x * total / s for x in w]
+    base = [int(e) for e in exact]  # floor: every term is >= 0
+    left = total - sum(base)
+    order = sorted(range(len(w)), key=lambda i: (-(exact[i] - base[i]), i))
+    for i in order[:left]:
+        base[i] += 1
+    return np.asarray(base, dtype=np.int64)
+
+
+def _finite(weights) -> list:
+    out = []
+    for i, x in enumerate(weights):
+        if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
+            raise ValueError(f"weight {i} is {x!r}; weights are non-negative numbers")
+        if not np.isfinite(x) or x < 0:
+            raise ValueError(f"weight {i} is {x!r}; weights are non-negative finite numbers")
+        out.append(int(x) if isinstance(x, (int, np.integer)) else float(x))
+    return out
+
+
+def _position(shares: Sequence[int], s: int, k: int) -> int:
+    """Position in the interleave (step 3) of item ``k`` of source ``s``: the items of every
+    source whose key ``(2j + 1) / (2 c_t)`` is smaller, or equal with ``t < s`` (exact
+    integers)."""
+    d = shares[s]
+    pos = 0
+    for t, c in enumerate(shares):
+        if c == 0:
+            continue
+        x = (2 * k + 1) * c  # compare (2j + 1) * d with x
+        less = ((x - 1) // d + 1) // 2
+        equal = 1 if (t < s and x % d == 0 and (x // d) % 2 == 1) else 0
+        pos += min(c, less + equal)
+    return pos
+
+
+def mix_prefix(shares: Sequence[int], a: int) -> np.ndarray:
+    """Rows of each source among the first ``a`` rows of the interleave (step 3), exactly.
+
+    Args:
+        shares: int[S], rows of each source in the epoch (``c_s``).
+        a: 0 .. sum(shares).
+
+    Returns:
+        int64[S] summing to ``a``.
+    """
+    shares = [int(c) for c in shares]
+    out = np.zeros(len(shares), dtype=np.int64)
+    if a <= 0:
+        return out
+    if a >= sum(shares):
+        return np.asarray(shares, dtype=np.int64)
+    for s, c in enumerate(shares):
+        lo, hi = 0, c  # count of k with _position(s, k) < a: positions increase with k
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _position(shares, s, mid) < a:
+                lo = mid + 1
+            else:
+                hi = mid
+        out[s] = lo
+    return out
+
+
+def _pass_rows(rg_rows: np.ndarray, rg_first: np.ndarray, key, shuffle: bool, a: int,
+               b: int) -> np.ndarray:
+    """int64[b - a]: rows at positions ``a .. b - 1`` of one pass over a source: its row groups
+    in the order ``default_rng(key).permutation(G)`` (manifest order without ``shuffle``),
+    whole groups one after another."""
+    if b <= a:
+        return np.zeros(0, dtype=np.int64)
+    if not shuffle:
+        return np.arange(a, b, dtype=np.int64)
+    order = np.random.default_rng(key).permutation(len(rg_rows))  # shape: (G,)
+    cum = np.zeros(len(order) + 1, dtype=np.int64)  # shape: (G + 1,), pass offsets
+    np.cumsum(rg_rows[order], out=cum[1:])
+    j = np.arange(np.searchsorted(cum, a, side="right") - 1, np.searchsorted(cum, b, side="left"))
+    lo, hi = np.maximum(a, cum[j]), np.minimum(b, cum[j + 1])
+    lens = hi - lo
+    starts = rg_first[order[j]] + lo - cum[j]  # first row of each piece
+    piece0 = np.zeros(len(lens), dtype=np.int64)
+    np.cumsum(lens[:-1], out=piece0[1:])
+    return np.repeat(starts - piece0, lens) + np.arange(int(lens.sum()), dtype=np.int64)
+
+
+class SourceStream:
+    """One source's rows in every epoch (step 2 of the module docstring).
+
+    With ``n`` rows and a share of ``c`` rows per epoch, epoch ``e`` is ``m = c // n`` whole
+    passes (each a new permutation of the row groups), then ``r = c % n`` draws from the
+    source's *urn*: an endless sequence of rounds, each a permutation of every row, that goes
+    on from epoch to epoch (epoch ``e`` draws ``e * r .. (e + 1) * r - 1``). A round is its
+    seeded permutation, except that the rows the previous round gave to an epoch that runs on
+    into this round are moved to this round's end, so that epoch gets no row twice. Hence a
+    source's first n rows of an epoch are all of its rows (none twice before all were seen), an
+    epoch never holds a row of the urn twice, consecutive epochs of a large source (c < n) take
+    consecutive, different subsets, and the urn gives every row once before any comes again.
+
+    Pass seeds: whole pass ``e * m + i`` of a single source uses ``(seed, e * m + i)`` (the
+    one-output order), of a mixture ``(seed, e * m + i, salt)``; urn round ``p`` uses
+    ``(seed, p, salt or 0, 1)``.
+
+    Args:
+        rg_rows: int64[G], rows of each row group (manifest order).
+        share: c, rows per epoch.
+        seed: the dataset's seed; salt: the source's salt, None for a single source.
+        shuffle: permute row groups; False reads passes in manifest order.
+
+    Raises:
+        ValueError: a positive share of a source without rows.
+    """
+
+    def __init__(self, rg_rows, share: int, *, seed: int, salt: int | None,
+                 shuffle: bool) -> None:
+        self.rg_rows = np.asarray(rg_rows, dtype=np.int64)
+        self.rg_first = np.zeros(len(self.rg_rows) + 1, dtype=np.int64)  # shape: (G + 1,)
+        np.cumsum(self.rg_rows, out=self.rg_first[1:])
+        self.n = int(self.rg_first[-1])
+        self.c = int(share)
+        if self.c and not self.n:
+            raise ValueError(f"a source without rows cannot give {self.c} rows per epoch")
+        self.m, self.r = divmod(self.c, self.n) if self.n else (0, 0)
+        self.seed, self.salt, self.shuffle = seed, salt, shuffle
+        self._moved = [np.zeros(0, dtype=np.int64)]  # per urn round: rows moved to its end
+
+    def _full(self, p: int, a: int, b: int) -> np.ndarray:
+        key = (self.seed, p) if self.salt is None else (self.seed, p, self.salt)
+        return _pass_rows(self.rg_rows, self.rg_first, key, self.shuffle, a, b)
+
+    def _round_perm(self, p: int, a: int, b: int) -> np.ndarray:
+        """Positions ``a .. b - 1`` of urn round ``p``'s permutation (before moving rows)."""
+        key = (self.seed, p, self.salt or 0, 1)
+        return _pass_rows(self.rg_rows, self.rg_first, key, self.shuffle, a, b)
+
+    def _positions(self, p: int, rows: np.ndarray) -> np.ndarray:
+        """Sorted positions of ``rows`` in urn round ``p``'s permutation."""
+        if not self.shuffle:
+            return np.sort(rows)
+        order = np.random.default_rng((self.seed, p, self.salt or 0, 1)).permutation(
+            len(self.rg_rows))
+        inv = np.empty_like(order)
+        inv[order] = np.arange(order.size)
+        cum = np.zeros(order.size + 1, dtype=np.int64)
+        np.cumsum(self.rg_rows[order], out=cum[1:])
+        g = np.searchsorted(self.rg_first, rows, side="right") - 1
+        return np.sort(cum[inv[g]] + rows - self.rg_first[g])
+
+    def _round(self, p: int, i: int, j: int) -> np.ndarray:
+        """Draws ``i .. j - 1`` of urn round ``p``: its permutation without the moved rows,
+        then the moved rows."""
+        self._grow(p)
+        moved = self._moved[p]
+        L = self.n - moved.size
+        parts = []
+        if i < L:
+            hi = min(j, L)
+            if not moved.size:
+                parts.append(self._round_perm(p, i, hi))
+            else:
+                skip = self._positions(p, moved)
+
+                def at(k):  # position in the permutation of the k-th row not moved
+                    x = k
+                    for e in skip.tolist():
+                        if e <= x:
+                            x += 1
+                        else:
+                            break
+                    return x
+
+                x0 = at(i)
+                rows = self._round_perm(p, x0, at(hi - 1) + 1 if hi > i else x0)
+                parts.append(rows[~np.isin(rows, moved)])
+        if j > L:
+            parts.append(moved[max(i, L) - L:j - L])
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def _grow(self, p: int) -> None:
+        """Know the moved rows of rounds up to ``p``: round ``q + 1`` moves the rows round
+        ``q`` gave to the epoch that crosses from ``q`` into ``q + 1``."""
+        while len(self._moved) <= p:
+            q = len(self._moved) - 1
+            u = ((q + 1) * self.n) % self.r if self.r else 0  # draws of round q in that epoch
+            tail = self._round(q, self.n - u, self.n) if u else np.zeros(0, dtype=np.int64)
+            self._moved.append(tail)
+
+    def _urn(self, d0: int, d1: int) -> np.ndarray:
+        """Urn draws ``d0 .. d1 - 1``."""
+        parts = []
+        while d0 < d1:
+            p, i = divmod(d0, self.n)
+            hi = min(d1, (p + 1) * self.n)
+            parts.append(self._round(p, i, hi - p * self.n))
+            d0 = hi
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def epoch_rows(self, epoch: int, k0: int, k1: int) -> np.ndarray:
+        """int64[k1 - k0]: the rows at positions ``k0 .. k1 - 1`` of the source's epoch
+        ``epoch`` (0 <= k0 <= k1 <= c)."""
+        parts = []
+        full = self.m * self.n
+        for i in range(k0 // self.n if self.n else 0, self.m):
+            a, b = max(k0, i * self.n), min(k1, (i + 1) * self.n)
+            if a >= b:
+                break
+            parts.append(self._full(epoch * self.m + i, a - i * self.n, b - i * self.n))
+        if k1 > full:
+            base = epoch * self.r
+            parts.append(self._urn(base + max(k0, full) - full, base + k1 - full))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def source_rows(rg_rows: np.ndarray, first: int, count: int, *, seed: int, salt: int | None,
+                shuffle: bool) -> np.ndarray:
+    """Rows at positions ``first .. first + count - 1`` of one source read in whole passes,
+    pass ``p`` seeded as :class:`SourceStream`'s whole passes (the epoch-``p`` order of a
+    single output).
+
+    Returns:
+        int64[count], row numbers of the source (0 .. n - 1).
+    """
+    rg_rows = np.asarray(rg_rows, dtype=np.int64)
+    n = int(rg_rows.sum())
+    if count <= 0 or n == 0:
+        return np.zeros(0, dtype=np.int64)
+    stream = SourceStream(rg_rows, n, seed=seed, salt=salt, shuffle=shuffle)
+    parts, pos, end = [], int(first), int(first) + int(count)
+    while pos < end:
+        p, lo = divmod(pos, n)
+        hi = min(n, lo + end - pos)
+        parts.append(stream._full(p, lo, hi))
+        pos += hi - lo
+    return np.concatenate(parts)
+
+
+class EpochOrder:
+    """The sequence of one epoch (steps 1-3): position ``0 .. N - 1`` -> row key.
+
+    A row key is ``row_base[s] + row``: source ``s``'s row ``row``.
+
+    Args:
+        rg_rows: per source, int64[G_s] rows of each row group.
+        shares: int[S], rows of each source in an epoch (``c_s``).
+        seed, epoch: the order depends on both.
+        shuffle: permute row groups in each pass (step 2).
+        salts: per source, an int mixed into its pass seeds; None for a single source (the
+            one-output order).
+    """
+
+    def __init__(self, rg_rows: Sequence[np.ndarray], shares: Sequence[int], *, seed: int,
+                 epoch: int, shuffle: bool, salts: Sequence[int] | None) -> None:
+        self.rg_rows = [np.asarray(r, dtype=np.int64) for r in rg_rows]
+        self.shares = [int(c) for c in shares]
+        self.seed, self.epoch, self.shuffle = check_seed(seed), check_seed(epoch), bool(shuffle)
+        self.salts = None if salts is None else [int(x) for x in salts]
+        sizes = [int(r.sum()) for r in self.rg_rows]
+        for s, (n, c) in enumerate(zip(sizes, self.shares)):
+            if c > 0 and n == 0:
+                raise ValueError(f"source {s} has no rows but a share of {c} rows per epoch")
+        self.row_base = np.zeros(len(sizes) + 1, dtype=np.int64)  # shape: (S + 1,)
+        np.cumsum(sizes, out=self.row_base[1:])
+        self.num_rows = sum(self.shares)
+        self.streams = [SourceStream(r, c, seed=self.seed, shuffle=self.shuffle,
+                                     salt=None if self.salts is None else self.salts[s])
+                        for s, (r, c) in enumerate(zip(self.rg_rows, self.shares))]
+
+    def _stream(self, s: int, k0: int, k1: int) -> np.ndarray:
+        return self.row_base[s] + self.streams[s].epoch_rows(self.epoch, k0, k1)
+
+    def rows(self, a: int, b: int) -> np.ndarray:
+        """int64[b - a], row keys at epoch positions ``a .. b - 1`` (0 <= a <= b <= N)."""
+        if not 0 <= a <= b <= self.num_rows:
+            raise ValueError(f"epoch positions {a}..{b} outside 0..{self.num_rows}")
+        if b == a:
+            return np.zeros(0, dtype=np.int64)
+        live = [s for s, c in enumerate(self.shares) if c > 0]
+        if len(live) == 1:
+            return self._stream(live[0], a, b)
+        ma, mb = mix_prefix(self.shares, a), mix_prefix(self.shares, b)
+        keys, srcs, ks, rows = [], [], [], []
+        for s in live:
+            k = np.arange(ma[s], mb[s], dtype=np.int64)
+            keys.append((2 * k + 1) / (2.0 * self.shares[s]))
+            srcs.append(np.full(k.size, s, dtype=np.int64))
+            ks.append(k)
+            rows.append(self._stream(s, int(ma[s]), int(mb[s])))
+        key, src, kk, row = (np.concatenate(x) for x in (keys, srcs, ks, rows))
+        order = np.lexsort((src, key))
+        order = _exact_ties(order, key, src, kk, self.shares)
+        return row[order]
+
+    def rows_at(self, positions: np.ndarray) -> np.ndarray:
+        """int64[n], row keys at arbitrary epoch positions (computed over their runs)."""
+        pos = np.asarray(positions, dtype=np.int64)
+        out = np.empty(pos.size, dtype=np.int64)
+        if not pos.size:
+            return out
+        uniq = np.unique(pos)
+        cut = np.flatnonzero(np.diff(uniq) > 4096) + 1  # runs worth computing as one range
+        for run in np.split(uniq, cut):
+            a, b = int(run[0]), int(run[-1]) + 1
+            block = self.rows(a, b)
+            sel = (pos >= a) & (pos < b)
+            out[sel] = block[pos[sel] - a]
+        return out
+
+
+def _exact_ties(order: np.ndarray, key: np.ndarray, src: np.ndarray, k: np.ndarray,
+                shares: list) -> np.ndarray:
+    """``order`` (by float key, then source) corrected where distinct keys rounded to one float
+    (only possible when c_s * c_t > 2**52): such runs are re-sorted by exact fractions."""
+    ks = key[order]
+    same = np.flatnonzero(ks[1:] == ks[:-1])
+    if not same.size:
+        return order
+    a, b = order[same], order[same + 1]
+    exact_equal = ((2 * k[a] + 1) * np.asarray(shares)[src[b]]
+                   == (2 * k[b] + 1) * np.asarray(shares)[src[a]])
+    if exact_equal.all():
+        return order
+    order = order.copy()
+    i = 0
+    while i < len(ks):
+        j = i
+        while j + 1 < len(ks) and ks[j + 1] == ks[i]:
+            j += 1
+        if j > i:
+            run = order[i:j + 1]
+            order[i:j + 1] = sorted(run.tolist(), key=lambda t: (
+                Fraction(2 * int(k[t]) + 1, 2 * shares[int(src[t])]), int(src[t])))
+        i = j + 1
+    return order
+
+
 @dataclass(frozen=True)
-class RankSplit:
-    """One rank's share of an epoch.
+class Phase:
+    """One finished stretch of an epoch at one world size (see the module docstring).
 
     Attributes:
-        pieces: int64[P, 3], rows ``lo .. hi - 1`` (inside the row group) of row group ``group``
-            as ``(group, lo, hi)``, in the epoch's order.
+        world_size: W, ranks.
+        num_workers: K, DataLoader workers per rank (0 workers count as 1).
+        yielded: K ints, rows worker ``w`` of every rank had yielded at the checkpoint.
+    """
+
+    world_size: int
+    num_workers: int
+    yielded: tuple
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or self.num_workers < 1 or len(self.yielded) != self.num_workers:
+            raise ValueError(f"bad phase: {self.world_size} ranks, {self.num_workers} workers, "
+                             f"yielded {list(self.yielded)}")
+        if any(int(y) < 0 for y in self.yielded):
+            raise ValueError(f"bad phase: negative rows yielded {list(self.yielded)}")
+
+    def to_list(self) -> list:
+        return [self.world_size, self.num_workers, [int(y) for y in self.yielded]]
+
+    @classmethod
+    def from_list(cls, x) -> "Phase":
+        return cls(int(x[0]), int(x[1]), tuple(int(y) for y in x[2]))
+
+
+def rank_rows(length: int, world_size: int, drop_last: bool) -> int:
+    """q: rows every rank yields from a sequence of ``length`` rows (step 4)."""
+    if drop_last or length == 0:
+        return length // world_size
+    return -(-length // world_size)
+
+
+def worker_bounds(q: int, worker: int, num_workers: int) -> tuple[int, int]:
+    """[a, b): worker ``worker``'s run of a rank's ``q`` rows (step 5)."""
+    base, extra = divmod(q, num_workers)
+    a = worker * base + min(worker, extra)
+    return a, a + base + (worker < extra)
+
+
+def bounded_shuffle(n: int, *, seed: int, epoch: int, rank: int, worker: int, num_workers: int,
+                    shuffle_buffer: int) -> np.ndarray:
+    """int64[n], a permutation of 0..n-1 in which no entry moves ``shuffle_buffer`` places or
+    more (step 5)."""
+    if shuffle_buffer <= 1 or n <= 1:
+        return np.arange(n, dtype=np.int64)
+    rng = np.random.default_rng((check_seed(seed), check_seed(epoch), rank, worker, num_workers))
+    keys = np.arange(n, dtype=np.float64) + rng.random(n) * shuffle_buffer  # shape: (n,)
+    return np.argsort(keys, kind="stable")
+
+
+class EpochPlan:
+    """Epoch positions each rank and worker yields, through the phases of one epoch.
+
+    Phase 0's sequence is epoch positions ``0 .. N - 1`` in order; phase ``k + 1``'s is the
+    unconsumed rest of phase ``k``'s slots (module docstring). Positions map to rows through
+    :class:`EpochOrder`.
+
+    Args:
+        num_rows: N, rows of the epoch.
+        history: the finished phases of this epoch, oldest first.
+        seed, epoch: as for :class:`EpochOrder` (seed the shuffle buffer).
+        shuffle, shuffle_buffer: the bounded shuffle of phase 0 (step 5).
+        drop_last: drop the remainder of each phase instead of repeating rows.
+
+    Raises:
+        ValueError: a phase says a worker yielded more rows than its run holds.
+    """
+
+    def __init__(self, num_rows: int, history: Sequence[Phase] = (), *, seed: int, epoch: int,
+                 shuffle: bool, shuffle_buffer: int, drop_last: bool) -> None:
+        self.num_rows = int(num_rows)
+        self.history = tuple(history)
+        self.seed, self.epoch = check_seed(seed), check_seed(epoch)
+        self.shuffle, self.shuffle_buffer = bool(shuffle), int(shuffle_buffer)
+        self.drop_last = bool(drop_last)
+        self.lengths = [self.num_rows]  # L_k of every phase, the current one last
+        for k, ph in enumerate(self.history):
+            q = rank_rows(self.lengths[k], ph.world_size, self.drop_last)
+            runs = [worker_bounds(q, w, ph.num_workers) for w in range(ph.num_workers)]
+            over = [w for w, (a, b) in enumerate(runs) if ph.yielded[w] > b - a]
+            if over:
+                w = over[0]
+                raise ValueError(f"phase {k}: worker {w} yielded {ph.yielded[w]} rows of a run "
+                                 f"of {runs[w][1] - runs[w][0]}: the state does not belong to "
+                                 "this dataset")
+            self.lengths.append(ph.world_size * sum(b - a - y for (a, b), y
+                                                    in zip(runs, ph.yielded)))
+
+    @property
+    def phase(self) -> int:
+        """Number of the current phase (0 without a resize in this epoch)."""
+        return len(self.history)
+
+    def length(self, k: int | None = None) -> int:
+        """L_k: rows of phase ``k``'s sequence (default: the current phase)."""
+        return self.lengths[self.phase if k is None else k]
+
+    def seq(self, k: int, a: int, b: int) -> np.ndarray:
+        """int64[b - a], epoch positions at indices ``a .. b - 1`` of phase ``k``'s sequence."""
+        if b <= a:
+            return np.zeros(0, dtype=np.int64)
+        if k == 0:
+            return np.arange(a, b, dtype=np.int64)
+        ph = self.history[k - 1]
+        q = rank_rows(self.lengths[k - 1], ph.world_size, self.drop_last)
+        runs = [worker_bounds(q, w, ph.num_workers) for w in range(ph.num_workers)]
+        rest = [max(0, (hi - lo) - y) for (lo, hi), y in zip(runs, ph.yielded)]
+        per_rank = sum(rest)
+        parts = []
+        for r in range(a // per_rank, -(-b // per_rank)):  # ranks overlapping [a, b)
+            base = r * per_rank
+            off = 0
+            for w in range(ph.num_workers):
+                lo, hi = max(a, base + off), min(b, base + off + rest[w])
+                if lo < hi:
+                    stream = self.slot(k - 1, r, w, ph.world_size, ph.num_workers)
+                    y = ph.yielded[w]
+                    parts.append(stream[y + lo - base - off:y + hi - base - off])
+                off += rest[w]
+        return np.concatenate(parts)
+
+    def slot(self, k: int, rank: int, worker: int, world_size: int,
+             num_workers: int) -> np.ndarray:
+        """int64[n], epoch positions worker ``worker`` of rank ``rank`` yields in phase ``k``
+        at ``world_size`` ranks x ``num_workers`` workers, in order (steps 4-5)."""
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, "
+                             f"world_size={world_size}")
+        if num_workers < 1 or not 0 <= worker < num_workers:
+            raise ValueError(f"need 0 <= worker < num_workers, got {worker}, {num_workers}")
+        L = self.lengths[k]
+        q = rank_rows(L, world_size, self.drop_last)
+        a, b = worker_bounds(q, worker, num_workers)
+        a, b = rank * q + a, rank * q + b
+        parts = []
+        while a < b:  # indices past L wrap to the start (the repeated rows)
+            base = (a // L) * L
+            hi = min(b - base, L)
+            parts.append(self.seq(k, a - base, hi))
+            a = base + hi
+        out = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        if k == 0 and self.shuffle:
+            out = out[bounded_shuffle(out.size, seed=self.seed, epoch=self.epoch, rank=rank,
+                                      worker=worker, num_workers=num_workers,
+                                      shuffle_buffer=self.shuffle_buffer)]
+        return out
+
+    def rows_per_rank(self, world_size: int) -> int:
+        """q of the current phase at ``world_size`` ranks."""
+        return rank_rows(self.length(), world_size, self.drop_last)
+
+
+# --- the one-output form of the policy (kept for callers of the first loader) --------------
+
+@dataclass(frozen=True)
+class RankSplit:
+    """One rank's share of an epoch of one output.
+
+    Attributes:
+        pieces: int64[P, 3], rows ``lo .. hi - 1`` (inside the row group) of row group
+            ``group`` as ``(group, lo, hi)``, in the epoch's order.
         rows_per_rank: q, rows every rank yields this epoch.
         repeated_rows: rows yielded twice in the epoch over all ranks (``drop_last=False``).
         dropped_rows: rows no rank yields this epoch (``drop_last=True``).
@@ -70,7 +611,8 @@ class RankSplit:
 
 def split_ranks(rg_rows: np.ndarray, *, rank: int, world_size: int, seed: int, epoch: int,
                 shuffle: bool = True, drop_last: bool = False) -> RankSplit:
-    """Rank ``rank``'s contiguous range of the epoch's row sequence (module docstring, steps 1-2).
+    """Rank ``rank``'s contiguous range of one output's epoch as row-group pieces (steps 2
+    and 4 for a single source).
 
     Args:
         rg_rows: int64[G], rows in each row group, manifest order.
@@ -89,42 +631,45 @@ def split_ranks(rg_rows: np.ndarray, *, rank: int, world_size: int, seed: int, e
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
     seed, epoch = check_seed(seed), check_seed(epoch)
     rg_rows = np.asarray(rg_rows, dtype=np.int64)
-    G = len(rg_rows)
-    order = (np.random.default_rng((seed, epoch)).permutation(G) if shuffle
-             else np.arange(G))  # shape: (G,)
-    cum = np.zeros(G + 1, dtype=np.int64)  # shape: (G + 1,), row offset in the epoch sequence
-    np.cumsum(rg_rows[order], out=cum[1:])
-    N = int(cum[-1])
-    q = N // world_size if drop_last or N == 0 else -(-N // world_size)
-    a, b = rank * q, (rank + 1) * q
-    parts = []
-    while a < b:  # positions past N wrap to the start of the sequence (the repeated rows)
-        base = (a // N) * N
-        lo, hi = a - base, min(b - base, N)
-        j = np.arange(np.searchsorted(cum, lo, side="right") - 1,
-                      np.searchsorted(cum, hi, side="left"))
-        parts.append(np.stack([order[j], np.maximum(lo, cum[j]) - cum[j],
-                               np.minimum(hi, cum[j + 1]) - cum[j]], axis=1))
-        a = base + hi
-    pieces = np.concatenate(parts) if parts else np.zeros((0, 3), dtype=np.int64)
-    return RankSplit(pieces=pieces.astype(np.int64), rows_per_rank=q,
-                     repeated_rows=max(0, world_size * q - N), dropped_rows=max(0, N - world_size * q))
+    N = int(rg_rows.sum())
+    q = rank_rows(N, world_size, drop_last)
+    rg_first = np.zeros(len(rg_rows) + 1, dtype=np.int64)
+    np.cumsum(rg_rows, out=rg_first[1:])
+    order = EpochOrder([rg_rows], [N], seed=seed, epoch=epoch, shuffle=shuffle, salts=None)
+    plan = EpochPlan(N, seed=seed, epoch=epoch, shuffle=False, shuffle_buffer=1,
+                     drop_last=drop_last)
+    rows = order.rows_at(plan.slot(0, rank, 0, world_size, 1)) if q else np.zeros(0, np.int64)
+    pieces = _pieces(rows, rg_first)
+    return RankSplit(pieces=pieces, rows_per_rank=q, repeated_rows=max(0, world_size * q - N),
+                     dropped_rows=max(0, N - world_size * q))
+
+
+def _pieces(rows: np.ndarray, rg_first: np.ndarray) -> np.ndarray:
+    """int64[P, 3] (group, lo, hi): ``rows`` cut into runs of consecutive rows of one group."""
+    if not rows.size:
+        return np.zeros((0, 3), dtype=np.int64)
+    g = np.searchsorted(rg_first, rows, side="right") - 1
+    brk = np.flatnonzero((np.diff(rows) != 1) | (np.diff(g) != 0)) + 1
+    starts = np.concatenate([[0], brk])
+    ends = np.concatenate([brk, [rows.size]])
+    lo = rows[starts] - rg_first[g[starts]]
+    return np.stack([g[starts], lo, lo + ends - starts], axis=1).astype(np.int64)
 
 
 def worker_rows(pieces: np.ndarray, rg_first: np.ndarray, *, worker: int, num_workers: int,
                 seed: int, epoch: int, rank: int, shuffle: bool = True,
                 shuffle_buffer: int = 1024) -> np.ndarray:
-    """Global rows one DataLoader worker yields, in order (module docstring, step 3).
+    """Rows one DataLoader worker yields, in order, from its rank's pieces (step 5).
 
     Args:
         pieces: int64[P, 3] from :func:`split_ranks`.
-        rg_first: int64[G + 1], global row of each row group's first row.
+        rg_first: int64[G + 1], first row of each row group.
         worker: 0 .. num_workers - 1 (0 of 1 for a DataLoader without workers).
         seed, epoch, rank: as for :func:`split_ranks`.
         shuffle: apply the bounded shuffle; shuffle_buffer: its window in rows (1 = none).
 
     Returns:
-        int64[n]: global row indices in yield order.
+        int64[n]: row indices in yield order.
 
     Raises:
         ValueError: bad worker / num_workers / shuffle_buffer.
@@ -136,18 +681,11 @@ def worker_rows(pieces: np.ndarray, rg_first: np.ndarray, *, worker: int, num_wo
     pieces = np.asarray(pieces, dtype=np.int64).reshape(-1, 3)
     lengths = pieces[:, 2] - pieces[:, 1]  # shape: (P,)
     q = int(lengths.sum())
-    # this worker's contiguous run [a, b) of the rank's q rows
-    base, extra = divmod(q, num_workers)
-    a = worker * base + min(worker, extra)
-    b = a + base + (worker < extra)
+    a, b = worker_bounds(q, worker, num_workers)
     starts = np.asarray(rg_first, dtype=np.int64)[pieces[:, 0]] + pieces[:, 1]
-    # row p of the rank's stream = start of its piece + offset inside the piece
     piece_first = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     rows = (np.repeat(starts - piece_first, lengths) + np.arange(q, dtype=np.int64))[a:b]
-    n = len(rows)  # shape of rows: (n,)
-    if shuffle and shuffle_buffer > 1 and n > 1:
-        rng = np.random.default_rng((check_seed(seed), check_seed(epoch), rank, worker,
-                                     num_workers))
-        keys = np.arange(n, dtype=np.float64) + rng.random(n) * shuffle_buffer  # shape: (n,)
-        rows = rows[np.argsort(keys, kind="stable")]
+    if shuffle:
+        rows = rows[bounded_shuffle(rows.size, seed=seed, epoch=epoch, rank=rank, worker=worker,
+                                    num_workers=num_workers, shuffle_buffer=shuffle_buffer)]
     return rows

@@ -8,9 +8,11 @@
    64 MB of stored input each) and its documents are dealt to windows (no ``--window-docs``:
    one window of the whole corpus).
 2. The engine maps :func:`~packtool.pipeline.read.read_part` over the read parts: each part's
-   tokens are validated and spilled to OUTPUT's scratch directory in input order, keeping
-   progress piece by piece (a file, or at most 64 MB of one). A bad value in any part stops the
-   run here, before anything outside the scratch directory is written.
+   documents are read as ``pack`` and ``compare`` read them
+   (:func:`~packtool.pipeline.read.iter_documents`: masks, the ``--holdout`` split, BOS/EOS),
+   validated and spilled to OUTPUT's scratch directory in input order, keeping progress piece
+   by piece (a file, or at most 64 MB of one). A bad value in any part stops the run here,
+   before anything outside the scratch directory is written.
 3. The engine maps :func:`~packtool.pipeline.plan.plan_window` over the windows: each window's
    rows are planned from the lengths alone and written, as segments pointing into the read
    parts' spills, in the window's (seeded, shuffled) row order. Only counts come back.
@@ -20,6 +22,8 @@
    each reads its rows' segments straight from the spills into the rows it lays out.
 5. The manifest (:data:`~packtool.formats.manifest.MANIFEST_NAME`) is written last
    (:meth:`packtool.output.Output.commit`).
+
+``--holdout`` runs all of it twice, once per side of the split (:mod:`packtool.pipeline.holdout`).
 
 Every token is written once outside Parquet (the read parts' spill) and read back once, into
 the row being laid out. Memory: one record batch per read task; a window's lengths and plan
@@ -38,13 +42,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from packtool import __version__
+from packtool._version import __version__
 from packtool.config import PackConfig
 from packtool.engines import make_engine
 from packtool.errors import InputError
-from packtool.formats.manifest import FORMAT_VERSION, shard_name
+from packtool.formats.manifest import (FORMAT_VERSION, InputEntry, LabelsInfo, Manifest,
+                                       WindowEntry, Windowing, shard_name)
 from packtool.formats.reader import discover_inputs
-from packtool.formats.schema import labels_convention, packed_columns, packed_schema
+from packtool.formats.schema import labels_convention, packed_schema
 from packtool.output import Output, fingerprint
 from packtool.pipeline import progress as _progress_mod
 from packtool.pipeline.layout import ShardSources
@@ -66,7 +71,7 @@ class PackResult:
     """What :func:`run_pack` did."""
 
     stats: PackStats  #: counts of the whole output
-    manifest: dict  #: the manifest written (or found, when ``already_complete``)
+    manifest: Manifest  #: the manifest written (or found, when ``already_complete``)
     seconds: float  #: wall time, engine start-up included
     shards_reused: int  #: shards kept from an interrupted identical run
     already_complete: bool = False  #: OUTPUT already held this pack: nothing was done
@@ -74,6 +79,7 @@ class PackResult:
     windows_reused: int = 0  #: windows kept finished from an identical run that was killed
     parts_reused: int = 0  #: read parts kept finished from an identical run that was killed
     docs_reused: int = 0  #: documents not read again (kept parts, and parts begun)
+    holdout: "PackResult | None" = None  #: the held-out pack of ``--holdout``, when asked for
 
 
 def _progress(total, desc, unit, enabled):
@@ -85,15 +91,42 @@ def _progress(total, desc, unit, enabled):
                 disable=not enabled, file=sys.stderr)
 
 
-def _window_record(w: int, info: WindowInfo) -> dict:
+def _window_record(w: int, info: WindowInfo) -> WindowEntry:
     s = info.stats
-    return {"index": w, "docs": info.docs, "tokens": s.tokens_in, "real_tokens": s.real_tokens,
-            "rows": s.rows, "lower_bound_rows": s.lower_bound_rows, "extra_rows": s.extra_rows}
+    return WindowEntry(w, info.docs, s.tokens_in, s.real_tokens, s.rows, s.lower_bound_rows,
+                       s.extra_rows)
+
+
+def _shown(path) -> str:
+    """How the manifest names an input file: its path, or its URI without secret options."""
+    from packtool.location import Location
+
+    return Location.parse(path).display
 
 
 def _warnings(cfg: PackConfig, stats: PackStats) -> list[str]:
     note = stats.overflow_warning(cfg.overflow.value)
     return [note] if note else []
+
+
+def _source_table(column: str | None, pinfos: list[PartInfo], files):
+    """``--source-column``: the output's id -> value table (the sorted values of every read
+    part) and, per part, its own ids -> the table's ids (tuples of ints); ``((), None)`` without
+    the option.
+
+    Raises:
+        InputError: the column holds strings in some files and integers in others.
+    """
+    if column is None:
+        return (), None
+    kinds = {type(v) is str for i in pinfos for v in i.sources}
+    if len(kinds) > 1:
+        names = ", ".join(str(f.path) for f in files[:3]) + (", ..." if len(files) > 3 else "")
+        raise InputError(f"{names}: --source-column {column!r} holds strings in some input "
+                         "files and integers in others; cast it to one type before packing")
+    table = tuple(sorted({v for i in pinfos for v in i.sources}))
+    index = {v: k for k, v in enumerate(table)}
+    return table, tuple(tuple(index[v] for v in i.sources) for i in pinfos)
 
 
 def _shard_jobs(labels: np.ndarray, n_windows: int, per: int, out: Output) -> list[ShardJob]:
@@ -125,9 +158,13 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
         KeyboardInterrupt: Ctrl-C; OUTPUT is as before or resumable, and the exception's
             message says what was kept for the rerun (empty when nothing was).
     """
+    if cfg.holdout is not None and cfg.holdout_part is None:  # two packs, one per side
+        from packtool.pipeline.holdout import run_holdout
+
+        return run_holdout(cfg, run_pack, progress=progress)
     t0 = time.perf_counter()
     show = progress and sys.stderr.isatty()
-    files = discover_inputs(list(cfg.inputs))
+    files = discover_inputs(list(cfg.inputs), skip_unsupported=cfg.skip_unsupported)
     cfg = input_labels_config(cfg, files)  # an input labels column: labels are stored
     parts = plan_reads(files, cfg.column)  # footers only
     total_docs = sum(p.docs for p in parts)
@@ -138,9 +175,8 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
         with interruptible(), Output(cfg.output, cfg.inputs, fp, overwrite=cfg.overwrite) as out:
             if out.complete:
                 m = out.manifest
-                stats = PackStats.from_dict(m["totals"])
-                return PackResult(stats, m, time.perf_counter() - t0, len(m["outputs"]), True,
-                                  _warnings(cfg, stats))
+                return PackResult(m.totals, m, time.perf_counter() - t0, len(m.shards), True,
+                                  _warnings(cfg, m.totals))
             return _pack(cfg, files, parts, windows, fp, out, show, t0)
     except KeyboardInterrupt as exc:
         kept = out.kept.describe(out.shards_done) if out is not None else ""
@@ -154,9 +190,9 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
     """The phases of :func:`run_pack` inside OUTPUT."""
     est_tokens = sum(p.tokens for p in parts) + (sum(p.docs for p in parts)
                                                    if cfg.append_eos is not None else 0)
-    # the read parts' token spills (4 bytes a token, 1 more for target flags at most), the
-    # plans (about 2 segments of 32 bytes per 300 tokens); a store: the windows' row spills
-    out.check_space(5 * est_tokens + est_tokens // 4 + (5 * est_tokens if out.remote else 0))
+    # the read parts' token spills (4 bytes a token, 1 more for target flags at most) and the
+    # plans (about 2 segments of 32 bytes per 300 tokens); checked on a local disk only
+    out.check_space(5 * est_tokens + est_tokens // 4)
     with make_engine(cfg.engine.value, workers=cfg.workers,
                      ray_address=cfg.ray_address) as engine:
         local = engine.name == "local"
@@ -172,9 +208,10 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
         bases = np.zeros(len(pinfos) + 1, dtype=np.int64)
         np.cumsum([i.tokens for i in pinfos], out=bases[1:])
         firsts = [p.first_doc for p in parts] + [windows.docs]
+        source_values, source_maps = _source_table(cfg.source_column, pinfos, files)
         index = PartIndex(tuple(i.directory for i in pinfos), tuple(firsts),
                           tuple(int(x) for x in bases), tuple(i.targets for i in pinfos),
-                          tuple(parts))
+                          tuple(parts), source_maps)
         if int(bases[-1]) == 0:
             where = files[0].path if len(files) == 1 else f"{len(files)} input files"
             what = (f"all {windows.docs} documents in column {cfg.column!r} are empty"
@@ -197,7 +234,8 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
         sources = ShardSources(tuple(i.directory for i in infos),
                                tuple(i.row_spill for i in infos),
                                tuple(i.targets for i in infos), index.dirs, index.token_bases,
-                               index.targets, cfg.capacity)
+                               index.targets, cfg.capacity, cfg.segment_multiple,
+                               cfg.source_column is not None)
         jobs = _shard_jobs(labels, len(infos), cfg.rows_per_shard, out)
         out.begin_write()
         # a full disk while writing: about the rows left at capacity * 4 bytes per column
@@ -210,31 +248,26 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
                 out.shard_written(entry)
                 reused += was_reused
                 targets += shard_targets
-                out.bytes_needed = max(0, out.bytes_needed - 4 * cfg.capacity * entry["rows"])
+                out.bytes_needed = max(0, out.bytes_needed - 4 * cfg.capacity * entry.rows)
                 bar.update(1)
     if sources.any_targets:  # input label masks: what the rows hold, counted while writing
         total = dataclasses.replace(total, effective_targets=targets)
     test_pause("manifest")
-    extra = {}
-    if cfg.window_docs is not None:
-        extra["windowing"] = windows.to_dict()
-        extra["windows"] = [_window_record(w, i) for w, i in enumerate(infos)]
-    manifest = {
-        "format_version": FORMAT_VERSION,
-        "packtool_version": __version__,
-        "fingerprint": fp,
-        "options": cfg.layout_options(),
-        "labels_shifted": cfg.labels.value == "shifted",
-        "labels": {"stored": cfg.labels.value != "none",
-                   "convention": labels_convention(cfg.labels.value)},
-        "columns": packed_columns(cfg.labels.value),
-        "inputs": [{"path": str(f.path), "rows": r, "bytes": f.bytes}
-                   for f, r in zip(files, file_rows(parts, len(files)))],
-        "outputs": outputs,
-        **extra,
-        "totals": total.to_dict(),
-    }
-    out.commit(manifest, packed_schema(cfg.capacity, cfg.labels.value))
+    labels_mode = cfg.labels.value
+    windowed = cfg.window_docs is not None
+    manifest = Manifest(
+        format_version=FORMAT_VERSION, packtool_version=__version__, fingerprint=fp,
+        capacity=cfg.capacity,
+        labels=LabelsInfo(labels_mode != "none", labels_convention(labels_mode)),
+        options={k: v for k, v in cfg.layout_options().items() if k != "labels"},
+        inputs=tuple(InputEntry(_shown(f.path), r, f.bytes)
+                     for f, r in zip(files, file_rows(parts, len(files)))),
+        shards=tuple(outputs), totals=total,
+        windows=tuple(_window_record(w, i) for w, i in enumerate(infos)) if windowed else (),
+        windowing=Windowing(windows.count, windows.block) if windowed else None,
+        source_column=cfg.source_column, source_values=source_values)
+    out.commit(manifest, packed_schema(cfg.capacity, labels_mode, cfg.segment_multiple,
+                                       sources=cfg.source_column is not None))
     return PackResult(total, manifest, time.perf_counter() - t0, reused, False,
                       _warnings(cfg, total), windows_reused=sum(i.reused for i in infos),
                       parts_reused=sum(i.reused for i in pinfos),

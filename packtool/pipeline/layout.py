@@ -7,9 +7,10 @@ window are one contiguous run of its row order: a writing task reads, per window
 shard, that run's row index and segments once (:class:`ShardRows`). For each row group,
 :func:`layout_group` then reads every segment's tokens from the read part that spilled them
 straight into its place in the row (:func:`packtool.pipeline.spill.gather_spill`: one ``pread``
-per segment, about the cost of a copy in memory), and
-:func:`packtool.core.layout.complete_rows` writes the padding and every other column around
-them, into buffers reused from one row group to the next. With the scratch in an object store
+per segment, about the cost of a copy in memory; with ``--segment-multiple`` N each segment at
+the start of its span of a multiple of N slots), and :func:`packtool.core.layout.complete_rows`
+writes the padding and every other column around them, into buffers reused from one row group
+to the next. With the scratch in an object store
 the tokens of the rows a row group takes from a window are one range of that window's row-order
 spill (one ranged GET).
 
@@ -25,8 +26,8 @@ import numpy as np
 
 from packtool.core.layout import PackedRows, complete_rows, row_destinations
 from packtool.output import window_file
-from packtool.pipeline.spill import (ROW_INDEX, ROW_TARGETS, ROW_TOKENS, SEGMENTS, TARGETS,
-                                     TOKENS, SpillReader, read_records)
+from packtool.pipeline.spill import (ROW_INDEX, ROW_TARGETS, ROW_TOKENS, SEG_SOURCES, SEGMENTS,
+                                     TARGETS, TOKENS, SpillReader, read_records)
 
 __all__ = ["ShardSources", "ShardRows", "RowBuffers", "layout_group"]
 
@@ -45,6 +46,8 @@ class ShardSources:
         token_bases: global position of each part's first token, then the total.
         part_targets: each part spilled input target flags.
         capacity: tokens per row.
+        segment_multiple: N of ``--segment-multiple`` (each segment spans a multiple of N).
+        sources: each window wrote its segments' source ids (``--source-column``).
     """
 
     windows: tuple[str, ...]
@@ -54,6 +57,8 @@ class ShardSources:
     token_bases: tuple[int, ...]
     part_targets: tuple[bool, ...]
     capacity: int
+    segment_multiple: int = 1
+    sources: bool = False
 
     @property
     def any_targets(self) -> bool:
@@ -75,6 +80,8 @@ class ShardRows:
             document, offset in it and token position (see
             :data:`packtool.pipeline.spill.SEGMENTS`).
         seg_window: int64[segments], its window.
+        seg_source: int32[segments], its source id in the output's table (``--source-column``),
+            else None.
 
     Raises:
         OSError: a plan file cannot be read.
@@ -90,13 +97,16 @@ class ShardRows:
         first = np.concatenate([[0], np.cumsum(counts)[:-1]])
         local = np.empty(windows.size, dtype=np.int64)  # shape: (n,)
         local[order] = np.arange(windows.size) - np.repeat(first, counts)
-        row_first, row_n, recs = [], [], []
+        row_first, row_n, recs, srcs = [], [], [], []
         base = 0
         for k, (w, s, c) in enumerate(zip(ids.tolist(), np.asarray(starts).tolist(),
                                           counts.tolist())):
             d = sources.windows[w]
             idx = read_records(window_file(d, ROW_INDEX), np.int64, 1, s, s + c + 1)[:, 0]
             rec = read_records(window_file(d, SEGMENTS), np.int64, 4, int(idx[0]), int(idx[-1]))
+            if sources.sources:  # the same segments' source ids
+                srcs.append(read_records(window_file(d, SEG_SOURCES), np.int32, 1, int(idx[0]),
+                                         int(idx[-1]))[:, 0])
             row_first.append(idx[:-1] - idx[0] + base)
             row_n.append(np.diff(idx))
             recs.append(rec)
@@ -116,6 +126,10 @@ class ShardRows:
             np.ascontiguousarray(rec_all[:, i]) for i in range(4))
         wins = np.repeat(ids, [r.shape[0] for r in recs]) if recs else np.zeros(0, np.int64)
         self.seg_window = wins[seg]
+        self.seg_source = None
+        if sources.sources:
+            self.seg_source = (np.concatenate(srcs) if srcs
+                               else np.zeros(0, dtype=np.int32))[seg]
         # where each segment's tokens are read from: a file of :attr:`files` and an item in it
         spilled = np.asarray(sources.row_spills, dtype=bool)[self.seg_window]
         bases = np.asarray(sources.token_bases, dtype=np.int64)
@@ -130,7 +144,8 @@ class ShardRows:
         self.file_flags = np.asarray(list(sources.part_targets) + list(sources.window_targets),
                                      dtype=bool)
         # each segment's place in the flat n * C buffer of the shard's rows
-        self.seg_dest = row_destinations(self.seg_offsets, self.seg_len, sources.capacity)
+        self.seg_dest = row_destinations(self.seg_offsets, self.seg_len, sources.capacity,
+                                         sources.segment_multiple)
         self.seg_fd: np.ndarray | None = None  # descriptor of each segment's file, once open
         self.files_local: bool | None = None
 
@@ -141,17 +156,21 @@ class RowBuffers:
 
     Args:
         rows: rows of the largest row group; capacity: C; labels: a labels column is stored;
-        flags: target flags are needed.
+        flags: target flags are needed; padded: segments are padded (``--segment-multiple``
+        N > 1: a ``cu_seqlens_unpadded`` buffer too).
     """
 
-    def __init__(self, rows: int, capacity: int, labels: bool, flags: bool):
+    def __init__(self, rows: int, capacity: int, labels: bool, flags: bool,
+                 padded: bool = False):
         shape = (rows, capacity)
         self.input_ids = np.empty(shape, dtype=np.int32)
         self.flags = np.empty(shape, dtype=np.uint8) if flags else None
         self.out = {"segment_ids": np.empty(shape, dtype=np.int32),
                     "position_ids": np.empty(shape, dtype=np.int32),
                     "labels": np.empty(shape, dtype=np.int32) if labels else None,
-                    "cu_values": np.empty(3 * rows + capacity, dtype=np.int32)}
+                    "cu_values": np.empty(3 * rows + capacity, dtype=np.int32),
+                    "cu_unpadded": (np.empty(3 * rows + capacity, dtype=np.int32) if padded
+                                    else None)}
 
 
 def _gather(shard: ShardRows, a: int, b: int, dest: np.ndarray, out: np.ndarray,
@@ -189,7 +208,8 @@ def layout_group(sources: ShardSources, shard: ShardRows, lo: int, hi: int, *, p
 
     Each segment's tokens (and target flags, when any read part has them) are read straight
     into its place in its row, then :func:`packtool.core.layout.complete_rows` writes the
-    padding and every other column.
+    padding and every other column (``doc_ids``, ``doc_offsets`` and ``source_ids`` are the
+    segments' own).
 
     Args:
         buffers: reused buffers (None: new ones); the result's arrays are views of them.
@@ -205,7 +225,7 @@ def layout_group(sources: ShardSources, shard: ShardRows, lo: int, hi: int, *, p
     cap = sources.capacity
     flags = sources.any_targets
     if buffers is None or buffers.input_ids.shape[0] < n:
-        buffers = RowBuffers(n, cap, True, flags)
+        buffers = RowBuffers(n, cap, True, flags, sources.segment_multiple > 1)
     a, b = int(shard.seg_offsets[lo]), int(shard.seg_offsets[hi])
     seg_offsets = shard.seg_offsets[lo:hi + 1] - a
     lens = shard.seg_len[a:b]
@@ -224,4 +244,5 @@ def layout_group(sources: ShardSources, shard: ShardRows, lo: int, hi: int, *, p
             reader.close()
     return complete_rows(seg_offsets, lens, ids, pad_id=pad_id, labels=labels, flags=fl,
                          doc_ids=shard.seg_doc[a:b], doc_offsets=shard.seg_offset[a:b],
-                         out=buffers.out)
+                         source_ids=None if shard.seg_source is None else shard.seg_source[a:b],
+                         segment_multiple=sources.segment_multiple, out=buffers.out)

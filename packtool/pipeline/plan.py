@@ -10,10 +10,12 @@ window size N, documents are dealt to windows in blocks spread over the whole in
 
 1. load the window's document lengths and token positions from the read parts' document
    starts (one ranged read per block and part);
-2. plan the rows (:func:`packtool.core.packing.pack_lengths`);
+2. plan the rows (:func:`packtool.core.packing.pack_lengths`, with ``--segment-multiple``
+   N each document planned as a multiple of N);
 3. put the rows in the window's row order (:func:`window_row_order`: a seeded shuffle of the
    window's rows, or plan order with ``--no-shuffle``) and write the row index and the
-   segments (length, document, offset, token position) in that order
+   segments (length, document, offset, token position) in that order, with
+   ``--source-column`` each segment's source id beside them
    (:mod:`packtool.pipeline.spill`). The tokens stay where the read parts spilled them: the
    writing tasks read each segment from there, straight into the row being laid out. Only
    with the scratch in an object store are the window's tokens also written in row order
@@ -31,6 +33,7 @@ labels followed by uniform shuffles within windows is a uniform shuffle of all r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from dataclasses import dataclass
@@ -45,8 +48,9 @@ from packtool.formats.reader import is_remote
 from packtool.output import (WINDOW_DIR_PREFIX, WINDOW_DONE, publish_window, window_done,
                              window_file, window_workdir)
 from packtool.pipeline.read import ReadPart
-from packtool.pipeline.spill import (ROW_INDEX, ROW_TARGETS, ROW_TOKENS, SEGMENTS, STARTS,
-                                     TARGETS, TOKENS, DocSpill, read_spill, spill_writer)
+from packtool.pipeline.spill import (DOC_SOURCES, ROW_INDEX, ROW_TARGETS, ROW_TOKENS,
+                                     SEG_SOURCES, SEGMENTS, STARTS, TARGETS, TOKENS, DocSpill,
+                                     read_spill, spill_writer)
 from packtool.signals import check, test_pause
 from packtool.stats import PackStats
 from packtool.types import Overflow
@@ -70,6 +74,9 @@ class PartIndex:
     token_bases: tuple[int, ...]  #: global position of each part's first token, then the total
     targets: tuple[bool, ...]  #: each part spilled input target flags
     parts: tuple[ReadPart, ...]  #: the parts (for messages naming a file and row)
+    #: ``--source-column``: per part, its own source ids (int32, the part's table) -> ids in
+    #: the output's table; None without the option
+    source_maps: tuple | None = None
 
     def part_of(self, doc: int) -> int:
         return int(np.searchsorted(self.first_docs, doc, side="right") - 1)
@@ -140,6 +147,22 @@ def _part_ranges(index: PartIndex, ranges: np.ndarray):
             yield p, np.stack([a[keep] - lo, b[keep] - lo], axis=1)
 
 
+def load_window_sources(index: PartIndex, ranges: np.ndarray) -> np.ndarray:
+    """int32[docs]: each of the window's documents' source id in the output's table (global
+    document order, as :func:`load_window_docs`), from the read parts' document sources.
+
+    Raises:
+        OSError: a spill file cannot be read.
+    """
+    out = []
+    for p, local in _part_ranges(index, ranges):
+        n = local[:, 1] - local[:, 0]
+        ids = read_spill(window_file(index.dirs[p], DOC_SOURCES), local[:, 0] * 4,
+                         n * 4).view(np.int32)
+        out.append(np.asarray(index.source_maps[p], dtype=np.int32)[ids])
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int32)
+
+
 def load_window_docs(index: PartIndex, ranges: np.ndarray):
     """The window's documents in global order: (global numbers, lengths, global token position
     of each one's first token), all int64[docs], from the read parts' document starts (one
@@ -197,7 +220,8 @@ def plan_window(cfg, windows: Windows, w: int, index: PartIndex, tmp: str) -> Wi
     """Plan window ``w`` and write its rows, in row order, into ``window_dir(tmp, w)``.
 
     Args:
-        cfg: :class:`packtool.config.PackConfig` (capacity, strategy, overflow, seed, shuffle).
+        cfg: :class:`packtool.config.PackConfig` (capacity, strategy, overflow,
+            segment_multiple, seed, shuffle, source_column).
         windows: the deal (:func:`plan_windows`).
         w: the window.
         index: where the read parts are.
@@ -227,7 +251,11 @@ def plan_window(cfg, windows: Windows, w: int, index: PartIndex, tmp: str) -> Wi
         test_pause("plan", w)
         if cfg.overflow is Overflow.ERROR:
             _check_overflow(cfg.capacity, index, docs, lengths)
-        plan = pack_lengths(lengths, cfg.capacity, strategy=cfg.strategy, overflow=cfg.overflow)
+        plan = pack_lengths(lengths, cfg.capacity, strategy=cfg.strategy, overflow=cfg.overflow,
+                            segment_multiple=cfg.segment_multiple)
+        # what --segment-multiple costs: the rows of the same documents without it
+        rows_plain = plan.num_rows if cfg.segment_multiple == 1 else pack_lengths(
+            lengths, cfg.capacity, strategy=cfg.strategy, overflow=cfg.overflow).num_rows
         order = window_row_order(plan.num_rows, seed=cfg.seed, window=w, shuffle=cfg.shuffle)
         row_index, seg = _rows_in_order(plan, order)
         del order
@@ -249,7 +277,12 @@ def plan_window(cfg, windows: Windows, w: int, index: PartIndex, tmp: str) -> Wi
             f.write(memoryview(row_index))
         with spill_writer(work / SEGMENTS) as f:
             f.write(memoryview(rec))
-        stats = PackStats.from_plan(plan)
+        if index.source_maps is not None:  # beside the segments: a source id per segment
+            doc_src = load_window_sources(index, windows.ranges(w))
+            with spill_writer(work / SEG_SOURCES) as f:
+                f.write(memoryview(np.ascontiguousarray(doc_src[local])))
+        stats = dataclasses.replace(PackStats.from_plan(plan),
+                                    rows_without_segment_padding=rows_plain)
         (work / WINDOW_DONE).write_text(json.dumps({"stats": stats.to_dict(),
                                                     "row_spill": row_spill,
                                                     "targets": targets}))

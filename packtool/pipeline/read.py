@@ -10,18 +10,20 @@ budget (and :data:`MAX_PART_PIECES` pieces). The budget is the input's size over
 footers, never on the engine or the number of workers.
 
 **A read part** is one engine task (:func:`read_part`): it streams its pieces' documents
-(:func:`packtool.formats.reader.iter_token_batches`: ids checked on the way in, masks and
-BOS/EOS applied), appends their tokens, document starts and target flags to the part's spill
-files (:mod:`packtool.pipeline.spill`) and publishes the part when all its pieces are read.
+through :func:`iter_documents`, the one read path of ``pack`` and ``compare`` (the columns read
+and checked by :func:`packtool.formats.reader.iter_token_batches`, then masks, the ``--holdout``
+split and BOS/EOS applied by :func:`packtool.core.masks.prepare_documents`), appends their
+tokens, document starts, target flags and ``--source-column`` ids to the part's spill files
+(:mod:`packtool.pipeline.spill`) and publishes the part when all its pieces are read.
 
 **Progress is kept piece by piece**: after each piece of a part of several pieces the spill
 files are flushed and ``progress.json`` records how far they are valid. A run killed (or
 stopped by Ctrl-C) in the middle of a part leaves that work directory in the scratch directory;
-the rerun's task claims it (one rename, so two attempts never share it), cuts the files back to
-the recorded sizes and goes on with the next piece. So no more than one piece per running task
-(at most :data:`READ_PART_BYTES` of input, and never more than one input file) is read again.
-With the scratch in an object store a part is the unit (its work directory is on the task's
-own disk).
+the rerun's task claims it (:func:`packtool.output.claim_partial`: one rename, so two attempts
+never share it), cuts the files back to the recorded sizes and goes on with the next piece. So
+no more than one piece per running task (at most :data:`READ_PART_BYTES` of input, and never
+more than one input file) is read again. With the scratch in an object store a part is the unit
+(its work directory is on the task's own disk: :attr:`packtool.location.Location.stages_found_again`).
 """
 
 from __future__ import annotations
@@ -32,23 +34,25 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 
+from packtool.core.masks import TokenBatch, prepare_documents
 from packtool.errors import InputError
-from packtool.formats.reader import (InputFile, is_remote, iter_token_batches, open_input,
-                                     reads_labels)
-from packtool.output import (READ_DIR_PREFIX, WINDOW_DONE, claim_partial, publish_window,
-                             window_done, window_file, window_workdir)
+from packtool.formats.reader import InputFile, iter_token_batches, open_input, reads_labels
+from packtool.output import (PARTIAL_PROGRESS, READ_DIR_PREFIX, WINDOW_DONE, claim_partial,
+                             keeps_stages, publish_window, window_done, window_file,
+                             window_workdir)
 from packtool.pipeline import progress
-from packtool.pipeline.spill import STARTS, TARGETS, TOKENS, spill_writer
+from packtool.pipeline.spill import DOC_SOURCES, STARTS, TARGETS, TOKENS, spill_writer
 from packtool.signals import check, test_pause
 from packtool.stats import PackStats
 from packtool.types import LabelMode
 
 __all__ = ["ReadPiece", "ReadPart", "PartInfo", "READ_PART_BYTES", "MAX_PART_PIECES",
-           "TARGET_PARTS", "MIN_PART_BYTES",
-           "PARTIAL", "plan_reads", "read_part", "part_dir", "file_rows", "input_labels_config"]
+           "TARGET_PARTS", "MIN_PART_BYTES", "PARTIAL", "plan_reads", "read_part", "part_dir",
+           "file_rows", "input_labels_config", "iter_documents"]
 
 #: Stored input bytes of a read part at most (and of a piece: a larger row group is cut).
 READ_PART_BYTES = 64 << 20
@@ -59,7 +63,7 @@ MIN_PART_BYTES = 64 << 10
 #: Pieces of one read part at most (many small files).
 MAX_PART_PIECES = 256
 #: The progress record of a read part's work directory (pieces done, valid file sizes).
-PARTIAL = "progress.json"
+PARTIAL = PARTIAL_PROGRESS
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,9 @@ class PartInfo:
     counts: PackStats  #: the mask and BOS/EOS counts of its documents
     reused: bool = False  #: found finished in the scratch directory, not read again
     resumed_docs: int = 0  #: documents a killed run had read into its work directory
+    #: ``--source-column``: the part's own id -> value table (in order of first appearance;
+    #: each document's id in :data:`~packtool.pipeline.spill.DOC_SOURCES`), else empty
+    sources: tuple = ()
 
 
 def _row_group_bytes(f: InputFile, md) -> list[int]:
@@ -223,6 +230,44 @@ def file_rows(parts: list[ReadPart], n_files: int) -> list[int]:
     return out
 
 
+def iter_documents(path, column: str, *, fmt: str | None = None,
+                   row_range: tuple[int, int] | None = None, batch_rows: int = 8192,
+                   attention_mask: str | None = None, labels: str | None = None,
+                   loss_mask: str | None = None, bos: int | None = None,
+                   eos: int | None = None, source: str | None = None,
+                   keep_docs: Callable[[int, int], np.ndarray] | None = None
+                   ) -> Iterator[TokenBatch]:
+    """One file's documents as they are packed: the one read path of ``pack`` and ``compare``.
+
+    The file's columns are read and checked by
+    :func:`packtool.formats.reader.iter_token_batches`, then the masks and BOS/EOS are applied
+    by :func:`packtool.core.masks.prepare_documents`, batch by batch.
+
+    Args:
+        path: the file (local path or URI); fmt: its format (None: from the name).
+        column: token column; row_range: ``(start, stop)`` file rows, or None for all.
+        attention_mask, labels, loss_mask: mask columns (a name, ``"auto"`` or None).
+        bos, eos: ``--prepend-bos`` / ``--append-eos`` ids or None.
+        source: ``--source-column``: each batch carries its documents' values
+            (:attr:`TokenBatch.sources`), or None.
+        keep_docs: ``keep_docs(first_row, n)`` -> bool[n] for file rows ``first_row ..
+            first_row + n - 1`` (``--holdout``): a row it marks False is read and checked like
+            the others but left out whole before the masks and BOS/EOS apply (length 0,
+            counted in ``TokenBatch.other_split``); None keeps every document.
+
+    Raises:
+        InputError, SchemaError: as :func:`~packtool.formats.reader.iter_token_batches`.
+    """
+    for raw in iter_token_batches(path, column, batch_rows, row_range=row_range, fmt=fmt,
+                                  attention_mask=attention_mask, labels=labels,
+                                  loss_mask=loss_mask, source=source):
+        kept = None if keep_docs is None else keep_docs(raw.first_row, raw.lengths.size)
+        batch = prepare_documents(raw.first_row, raw.lengths, raw.tokens, keep=raw.keep,
+                                  labels=raw.labels, loss_masks=raw.loss_masks, bos=bos, eos=eos,
+                                  keep_docs=kept)
+        yield batch if raw.sources is None else dataclasses.replace(batch, sources=raw.sources)
+
+
 def part_dir(tmp: str | os.PathLike, index: int) -> str:
     """Directory of read part ``index``'s spill files inside the scratch directory ``tmp``."""
     return window_file(str(tmp), f"{READ_DIR_PREFIX}{index:05d}")
@@ -230,18 +275,26 @@ def part_dir(tmp: str | os.PathLike, index: int) -> str:
 
 def _info(part: ReadPart, final: str, done: dict, reused: bool, resumed: int = 0) -> PartInfo:
     return PartInfo(part.index, final, int(done["docs"]), int(done["tokens"]),
-                    bool(done["targets"]), PackStats.from_dict(done["counts"]), reused, resumed)
+                    bool(done["targets"]), PackStats.from_dict(done["counts"]), reused, resumed,
+                    tuple(done.get("sources") or ()))
 
 
-def _resume_state(work: Path) -> dict:
+def _fresh_state() -> dict:
+    return {"pieces": 0, "docs": 0, "tokens": 0, "targets": False,
+            "counts": PackStats().to_dict(), "sources": []}
+
+
+def _resume_state(work: Path, with_sources: bool) -> dict:
     """The progress of a claimed work directory, its files cut back to the recorded sizes
     (an empty state when there is none or the files are shorter than recorded)."""
-    fresh = {"pieces": 0, "docs": 0, "tokens": 0, "targets": False,
-             "counts": PackStats().to_dict()}
+    fresh = _fresh_state()
     try:
         state = json.loads((work / PARTIAL).read_text())
         sizes = {TOKENS: 4 * state["tokens"], STARTS: 8 * (state["docs"] + 1),
-                 TARGETS: state["tokens"] if state["targets"] else 0}
+                 TARGETS: state["tokens"] if state["targets"] else 0,
+                 DOC_SOURCES: 4 * state["docs"] if with_sources else 0}
+        if with_sources and not isinstance(state.get("sources"), list):
+            raise ValueError("no source table in the progress record")
         for name, size in sizes.items():
             p = work / name
             if size and p.stat().st_size < size:
@@ -249,6 +302,7 @@ def _resume_state(work: Path) -> dict:
         for name, size in sizes.items():
             if (work / name).exists():
                 os.truncate(work / name, size)
+        state.setdefault("sources", [])
         return state
     except (OSError, ValueError, KeyError, TypeError):
         for p in work.iterdir():
@@ -263,12 +317,13 @@ def read_part(cfg, part: ReadPart, tmp: str) -> PartInfo:
     a part a killed run had begun goes on from its last finished piece (module docstring).
 
     Args:
-        cfg: :class:`packtool.config.PackConfig` (column, masks, BOS/EOS).
+        cfg: :class:`packtool.config.PackConfig` (column, masks, BOS/EOS, the ``--holdout``
+            split, ``--source-column``).
         part: from :func:`plan_reads`.
         tmp: the scratch directory of OUTPUT (a path, or a prefix in an object store).
 
     Returns:
-        :class:`PartInfo` (counts only).
+        :class:`PartInfo` (counts only, and the part's source table).
 
     Raises:
         InputError, SchemaError: bad input (file and row named); a file holding another number
@@ -285,30 +340,36 @@ def read_part(cfg, part: ReadPart, tmp: str) -> PartInfo:
     resumed = work is not None
     if work is None:
         work = window_workdir(str(tmp), name)
+    with_sources = cfg.source_column is not None
+    split = cfg.holdout_split()
     keep = False
     try:
-        state = _resume_state(work) if resumed else {
-            "pieces": 0, "docs": 0, "tokens": 0, "targets": False,
-            "counts": PackStats().to_dict()}
+        state = _resume_state(work, with_sources) if resumed else _fresh_state()
         resumed_docs = state["docs"]
         if state["pieces"]:
             progress.advance(state["docs"], state["tokens"])
         counts = PackStats.from_dict(state["counts"])
         docs, tokens, flags = state["docs"], state["tokens"], state["targets"]
+        table = {v: i for i, v in enumerate(state["sources"])}  # value -> id, first seen first
         with spill_writer(work / TOKENS, append=True) as tok_f, \
                 spill_writer(work / STARTS, append=True) as start_f:
             if not docs:
                 start_f.write(memoryview(np.zeros(1, dtype=np.int64)))
             tgt_f = open(work / TARGETS, "ab") if flags else None
+            src_f = open(work / DOC_SOURCES, "ab") if with_sources else None
             try:
                 for k in range(state["pieces"], len(part.pieces)):
                     piece = part.pieces[k]
                     test_pause("read-piece", k)
+                    keep_docs = None
+                    if split is not None:  # file row -> global document index
+                        def keep_docs(row, count, base=piece.first_doc - piece.first_row):
+                            return split.keep(base + row, count)
                     n = 0
-                    for batch in iter_token_batches(
+                    for batch in iter_documents(
                             piece.path, cfg.column, fmt=piece.format,
                             row_range=(piece.first_row, piece.first_row + piece.docs),
-                            **cfg.read_options()):
+                            keep_docs=keep_docs, **cfg.read_options()):
                         check()
                         # the buffer itself, no bytes copy
                         tok_f.write(memoryview(np.ascontiguousarray(batch.tokens,
@@ -324,6 +385,8 @@ def read_part(cfg, part: ReadPart, tmp: str) -> PartInfo:
                             t = (batch.targets if batch.targets is not None
                                  else np.ones(batch.tokens.size, np.uint8))
                             tgt_f.write(memoryview(np.ascontiguousarray(t, dtype=np.uint8)))
+                        if src_f is not None:
+                            src_f.write(memoryview(_source_ids(batch.sources, table)))
                         tokens += int(batch.tokens.size)
                         n += int(batch.lengths.size)
                         counts = counts + PackStats(**batch.mask_counts())
@@ -336,26 +399,43 @@ def read_part(cfg, part: ReadPart, tmp: str) -> PartInfo:
                             "the same packtool pack with --overwrite")
                     docs += n
                     if k + 1 < len(part.pieces):  # a record to resume from
-                        for f in (tok_f, start_f, tgt_f):
+                        for f in (tok_f, start_f, tgt_f, src_f):
                             if f is not None:
                                 f.flush()
                         _write_progress(work, {"pieces": k + 1, "docs": docs, "tokens": tokens,
-                                               "targets": flags, "counts": counts.to_dict()})
+                                               "targets": flags, "counts": counts.to_dict(),
+                                               "sources": list(table)})
             finally:
-                if tgt_f is not None:
-                    tgt_f.close()
-        result = {"docs": docs, "tokens": tokens, "targets": flags, "counts": counts.to_dict()}
+                for f in (tgt_f, src_f):
+                    if f is not None:
+                        f.close()
+        result = {"docs": docs, "tokens": tokens, "targets": flags, "counts": counts.to_dict(),
+                  "sources": list(table)}
         (work / PARTIAL).unlink(missing_ok=True)
         (work / WINDOW_DONE).write_text(json.dumps(result))
         publish_window(work, final)
     except KeyboardInterrupt:
-        # stopped: a work directory with a progress record stays for the rerun
-        keep = not is_remote(tmp) and (work / PARTIAL).is_file()
+        # stopped: a work directory with a progress record stays for the rerun (where a rerun
+        # finds it again)
+        keep = keeps_stages(tmp) and (work / PARTIAL).is_file()
         raise
     finally:
         if not keep and work.exists() and not (work / WINDOW_DONE).is_file():
             shutil.rmtree(work, ignore_errors=True)
     return _info(part, final, result, False, resumed_docs)
+
+
+def _source_ids(values: np.ndarray | None, table: dict) -> np.ndarray:
+    """int32[docs]: each document's id in the part's ``table`` (value -> id), new values added
+    in order of first appearance."""
+    if values is None or not len(values):
+        return np.zeros(0, dtype=np.int32)
+    uniq, first, inverse = np.unique(values, return_index=True, return_inverse=True)
+    ids = np.empty(uniq.size, dtype=np.int32)
+    for u in np.argsort(first, kind="stable").tolist():  # in order of first appearance
+        v = uniq[u]
+        ids[u] = table.setdefault(v.item() if hasattr(v, "item") else v, len(table))
+    return np.ascontiguousarray(ids[inverse.reshape(-1)])
 
 
 def _write_progress(work: Path, state: dict) -> None:
@@ -365,13 +445,14 @@ def _write_progress(work: Path, state: dict) -> None:
 
 
 def input_labels_config(cfg, files: list[InputFile]):
-    """The config a pack runs with: when a labels column will be read (SFT prompt masking),
-    the labels carry real information and are stored, so ``--labels none`` becomes
-    ``unshifted`` (the shards' schema and the manifest say so).
+    """The config a pack runs with: when a labels column or a loss mask will be read (SFT
+    prompt masking), the labels carry real information and are stored, so ``--labels none``
+    becomes ``unshifted`` (the shards' schema and the manifest say so).
 
     Raises:
         InputError, SchemaError: as :func:`packtool.formats.reader.reads_labels`.
     """
-    if cfg.labels is LabelMode.NONE and reads_labels(files, cfg.column, cfg.labels_column):
+    if cfg.labels is LabelMode.NONE and reads_labels(files, cfg.column, cfg.labels_column,
+                                                     cfg.loss_mask_column):
         cfg = dataclasses.replace(cfg, labels=LabelMode.UNSHIFTED)
     return cfg

@@ -9,8 +9,10 @@ input order, after masks and BOS/EOS.
 
 - :data:`TOKENS` int32: the documents' tokens back to back.
 - :data:`STARTS` int64[docs + 1]: each document's first token in :data:`TOKENS`, then the total.
-- :data:`TARGETS` uint8 beside the tokens, only when a labels column was read (1 = target,
-  0 = input label -100).
+- :data:`TARGETS` uint8 beside the tokens, only when a labels column or a loss mask was read
+  (1 = target, 0 = input label -100 or loss mask 0).
+- :data:`DOC_SOURCES` int32[docs], with ``--source-column`` only: each document's source id in
+  the part's own table (its ``done.json``, values in order of first appearance).
 
 A **window** (``window-NNNNN/``, :mod:`packtool.pipeline.plan`): the planned rows of a window
 in the window's row order.
@@ -21,6 +23,8 @@ in the window's row order.
   offset in its document, and where its tokens are: the global token position over the read
   parts' :data:`TOKENS` (read part ``p`` holds positions ``base[p] .. base[p + 1] - 1``), or,
   when the scratch is in an object store, the position in the window's own :data:`ROW_TOKENS`.
+- :data:`SEG_SOURCES` int32[segments] beside :data:`SEGMENTS`, with ``--source-column`` only:
+  each segment's source id in the output's table (the manifest's ``sources``).
 - :data:`ROW_TOKENS` int32 (and :data:`ROW_TARGETS` uint8), object-store scratch only: the
   tokens of the window's rows in row order, so that the rows a row group takes from a window
   are one ranged GET.
@@ -46,16 +50,18 @@ from packtool.core.layout import gather_segments
 from packtool.formats.reader import is_remote
 
 __all__ = ["spill_writer", "read_spill", "read_records", "gather_spill", "SpillReader",
-           "remove_spill", "DocSpill", "TOKENS", "STARTS", "TARGETS", "ROW_TOKENS",
-           "ROW_TARGETS", "ROW_INDEX", "SEGMENTS", "SEGMENT_FIELDS"]
+           "remove_spill", "DocSpill", "TOKENS", "STARTS", "TARGETS", "DOC_SOURCES",
+           "ROW_TOKENS", "ROW_TARGETS", "ROW_INDEX", "SEGMENTS", "SEG_SOURCES", "SEGMENT_FIELDS"]
 
 TOKENS = "tokens.int32"
 STARTS = "starts.int64"
 TARGETS = "targets.uint8"
+DOC_SOURCES = "doc-sources.int32"
 ROW_TOKENS = "rows.int32"
 ROW_TARGETS = "rows-targets.uint8"
 ROW_INDEX = "rows-index.int64"
 SEGMENTS = "segments.int64"
+SEG_SOURCES = "segment-sources.int32"
 #: Columns of a :data:`SEGMENTS` record.
 SEGMENT_FIELDS = ("length", "doc", "offset", "position")
 

@@ -10,20 +10,20 @@ its rows comes from, never on the engine or the worker count.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from packtool.formats.manifest import sha256_file
+from packtool.formats.manifest import ShardEntry
 from packtool.formats.object_store import read_session
-from packtool.formats.schema import packed_schema
+from packtool.formats.schema import packed_schema, shard_schema
 from packtool.formats.writer import rows_to_table, shard_num_targets, write_shard
+from packtool.location import Location
 from packtool.output import discard_shard_temp, kept_shard, publish_shard, shard_temp
 from packtool.pipeline.layout import RowBuffers, ShardRows, ShardSources, layout_group
 from packtool.pipeline.spill import SpillReader
 from packtool.signals import check, test_pause
 
-__all__ = ["ShardJob", "write_shard_task", "shard_entry"]
+__all__ = ["ShardJob", "write_shard_task"]
 
 
 @dataclass(frozen=True)
@@ -37,22 +37,11 @@ class ShardJob:
     output: str  #: OUTPUT directory or URI
     tmp: str  #: scratch directory or URI
     reuse: bool  #: keep the shard if it is there already (resuming an identical pack)
-    promised: dict | None = None  #: its ``{"bytes", "sha256"}`` from the marker (object store)
+    promised: dict | None = None  #: its manifest entry from an interrupted run's marker
 
 
-def shard_entry(name: str, rows: int, size: int, digest: str | None = None,
-                path: Path | None = None) -> dict:
-    """The manifest entry of a finished shard: ``{"file", "rows", "bytes", "sha256"}``.
-
-    ``digest`` is the sha256 the writer took while writing (or the marker recorded); a shard
-    kept from an interrupted run in a directory is hashed here from ``path`` (the only place a
-    written shard is read back for its sha256).
-    """
-    return {"file": name, "rows": int(rows), "bytes": int(size),
-            "sha256": digest if digest is not None else sha256_file(path)}
-
-
-def write_shard_task(cfg, job: ShardJob, sources: ShardSources) -> tuple[dict, bool, int]:
+def write_shard_task(cfg, job: ShardJob, sources: ShardSources
+                     ) -> tuple[ShardEntry, bool, int]:
     """Lay out and write one shard (or keep it when resuming and it is there).
 
     The shard is written to a local file (:func:`packtool.output.shard_temp`: in the scratch
@@ -60,13 +49,15 @@ def write_shard_task(cfg, job: ShardJob, sources: ShardSources) -> tuple[dict, b
     and published whole (:func:`packtool.output.publish_shard`: a rename, or one upload).
 
     Args:
-        cfg: :class:`packtool.config.PackConfig` (capacity, labels, pad_id, rows_per_group).
+        cfg: :class:`packtool.config.PackConfig` (capacity, labels, pad_id, rows_per_group,
+            segment_multiple, source_column).
         job: the shard.
         sources: the windows' plans and the read parts' spills.
 
     Returns:
-        (manifest entry, reused, effective targets of the shard: the sum of its
-        ``num_targets``; 0 for a reused shard unless the input had target flags).
+        (its :class:`~packtool.formats.manifest.ShardEntry`, reused, effective targets of the
+        shard: the sum of its ``num_targets``; 0 for a reused shard unless the input had target
+        flags).
 
     Raises:
         OSError: the shard cannot be written (full disk, I/O error, the store refused it), or a
@@ -76,12 +67,11 @@ def write_shard_task(cfg, job: ShardJob, sources: ShardSources) -> tuple[dict, b
     if job.reuse:
         kept = kept_shard(job.output, job.name, job.promised)
         if kept is not None:
-            where = (Path(job.output) / job.name if not _remote(job.output)
-                     else f"{job.output}/{job.name}")
+            where = Location.parse(job.output).join(job.name)
             targets = shard_num_targets(where) if sources.any_targets else 0
-            return shard_entry(job.name, job.windows.size, *kept,
-                               path=Path(job.output) / job.name), True, targets
-    schema = packed_schema(cfg.capacity, cfg.labels.value)
+            return kept, True, targets
+    schema = shard_schema(packed_schema(cfg.capacity, cfg.labels.value, cfg.segment_multiple,
+                                        sources=cfg.source_column is not None), job.name)
     n = job.windows.size
     group = min(n, cfg.rows_per_group)
     targets = [0]
@@ -89,7 +79,7 @@ def write_shard_task(cfg, job: ShardJob, sources: ShardSources) -> tuple[dict, b
     def tables(reader):
         rows = ShardRows(sources, job.windows, job.starts)
         buffers = RowBuffers(group, cfg.capacity, cfg.labels.value != "none",
-                             sources.any_targets)
+                             sources.any_targets, cfg.segment_multiple > 1)
         for lo in range(0, n, cfg.rows_per_group):
             check()
             packed = layout_group(sources, rows, lo, min(n, lo + cfg.rows_per_group),
@@ -102,15 +92,10 @@ def write_shard_task(cfg, job: ShardJob, sources: ShardSources) -> tuple[dict, b
     tmp = shard_temp(job.tmp, job.name)
     try:
         with read_session(), SpillReader() as reader:  # spills kept open for the task
-            size, digest = write_shard(tmp, schema, tables(reader))  # sha256 while writing
+            w = write_shard(tmp, schema, tables(reader))  # sha256 while writing
         check()  # a run that is stopping publishes nothing more
         publish_shard(tmp, job.output, job.name)
     finally:
         discard_shard_temp(tmp, job.tmp)
-    return shard_entry(job.name, n, size, digest), False, targets[0]
-
-
-def _remote(where: str) -> bool:
-    from packtool.formats.reader import is_remote
-
-    return is_remote(where)
+    return (ShardEntry(job.name, n, w.bytes, w.sha256, w.footer_sha256,
+                       ShardEntry.run_lengths(w.group_rows)), False, targets[0])

@@ -8,6 +8,8 @@ This is the only package that imports torch, and it does so lazily: importing
 Modules: :mod:`~packtool.verify.contract` (the NumPy output contract),
 :mod:`~packtool.verify.masks` (SDPA block-diagonal mask, FlexAttention document mask),
 :mod:`~packtool.verify.model` (the small seeded decoder and its attention backends),
+:mod:`~packtool.verify.hybrid` (its convolution and recurrence layers, reset by ``seq_idx``),
+:mod:`~packtool.verify.hf_model` (``--hf-config``: the user's architecture, shrunk),
 :mod:`~packtool.verify.checks` (``run_verify`` and the report).
 """
 

@@ -25,8 +25,8 @@ from typing import Callable, Iterable
 import numpy as np
 
 from packtool.errors import ConfigError
-from packtool.verify.contract import (CONTRACT_CHECKS, DEFAULT_ROWS, check_row_contract,
-                                      scan_contract, select_rows)
+from packtool.verify.contract import (CONTRACT_CHECKS, DEFAULT_ROWS, PADDED_CHECK,
+                                      check_row_contract, scan_contract, select_rows)
 from packtool.verify.report import FAIL, PASS, SKIP, CheckResult, VerifyReport
 
 log = logging.getLogger(__name__)
@@ -35,24 +35,24 @@ __all__ = ["ALL_BACKENDS", "ALL_CHECKS", "DEFAULT_ROWS", "DEFAULT_ROW_WINDOW", "
            "VerifyReport", "run_verify", "row_windows", "estimate_seconds", "select_rows",
            "check_row_contract"]
 
-ALL_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
+ALL_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
 #: model checks, then the column checks (``--check`` accepts any of them)
 ALL_CHECKS = ("logits_match", "isolation", "loss_denominator", "grad_zero_ignored",
               "grad_zero_padding", "finite") + CONTRACT_CHECKS
 
 
 def _find_multi_doc_row(reader, seed: int) -> int | None:
-    """Global index of a row holding two or more documents, reading only ``doc_ids``
-    (starting at a seeded row group, wrapping around), or None when no row has two."""
-    blocks = []
+    """Global index of a row holding two or more documents, reading only ``doc_ids``, or None
+    when no row has two (a seeded pick among all such rows)."""
+    hits = []
     for block in reader.iter_blocks(["doc_ids"]):
-        n = np.fromiter((len(d) for d in block.columns["doc_ids"]), dtype=np.int64)
+        n = np.diff(block.ragged["doc_ids"][1])
         hit = np.flatnonzero(n >= 2)
         if hit.size:
-            blocks.append(block.global_first_row + hit)
-    if not blocks:
+            hits.append(block.first + hit)
+    if not hits:
         return None
-    rows = np.concatenate(blocks)
+    rows = np.concatenate(hits)
     return int(rows[np.random.default_rng(seed).integers(rows.size)])
 
 
@@ -77,12 +77,14 @@ def run_verify(
     device: str = "auto",
     max_memory: int | None = None,
     progress: Callable[[str], None] | None = None,
+    check_hashes: bool = True,
+    hf_config=None,
     row_window: int | None = None,
 ) -> VerifyReport:
     """Verify a packed output directory.
 
     Args:
-        path: OUTPUT directory of ``packtool pack``.
+        path: the packed output: a directory, a ``file:`` URI or a store URI.
         rows: rows run through the models (``None``: :data:`DEFAULT_ROWS`; ``0``: all), spread
             over all shards and drawn from rows holding two documents or more.
         seed: seeds the row sample and the test models.
@@ -103,8 +105,14 @@ def run_verify(
             :func:`~packtool.verify.runners.memory_budget`).
         progress: ``callable(str)`` told what runs, one line per backend and batch, after a
             first line saying how long verify expects to take (:func:`estimate_seconds`).
-        row_window: the model checks run on a window of this many tokens of each sampled row
-            (:func:`row_window`: from the start of a document, across at least one document
+        check_hashes: compare every shard's sha256 with the manifest before anything else
+            (False: sizes, footers and the page checksums of what is read).
+        hf_config: a Hugging Face config (a ``PretrainedConfig``, or a ``config.json`` path,
+            its directory or a cached model name: never downloaded) whose architecture the
+            ``hf`` backend builds, shrunk, instead of its tiny Llama; without ``backends`` only
+            ``hf`` runs. A leak is reported as "documents leak in <layer>: this model needs ...".
+        row_window: the model checks run on windows of this many tokens of each sampled row
+            (:func:`row_windows`: from the start of a document, across at least one document
             boundary, with the padding tail when it reaches it); None:
             :data:`DEFAULT_ROW_WINDOW`; 0 or at least C: whole rows. The column scan always
             covers every token of every row.
@@ -113,12 +121,21 @@ def run_verify(
         A :class:`VerifyReport`; ``report.ok`` is the verdict.
 
     Raises:
-        ConfigError: unknown backend or check, batch_size < 1, bad device or memory size.
-        ManifestError: the directory is not a complete packed output.
+        ConfigError: unknown backend or check, batch_size < 1, bad device or memory size, a
+            negative ``row_window``.
+        InputError: ``hf_config`` names no usable config (:func:`~packtool.verify.hf_model.load_hf_config`).
+        ManifestError: not a complete packed output, or a shard that differs from its manifest.
         MissingDependencyError: torch is missing and ``data_only`` is False.
     """
-    from packtool.formats.packed import PackedReader
+    from packtool.formats.packed import PackedOutput
 
+    if hf_config is not None and not data_only:
+        if isinstance(hf_config, (str, os.PathLike)):
+            from packtool.verify.hf_model import load_hf_config
+
+            hf_config = load_hf_config(str(hf_config))
+        if backends is None:
+            backends = ["hf"]  # the user's model is the question
     explicit = backends is not None
     backends = list(dict.fromkeys(backends)) if explicit else list(ALL_BACKENDS)
     unknown = [b for b in backends if b not in ALL_BACKENDS]
@@ -137,22 +154,42 @@ def run_verify(
     if row_window is not None and row_window < 0:
         raise ConfigError(f"row_window must be >= 0 tokens, got {row_window}")
 
+    if not data_only:  # say it before the column scan, not after it
+        from packtool.verify import has_torch
+
+        if not has_torch():
+            from packtool.errors import MissingDependencyError, install_hint
+
+            raise MissingDependencyError(
+                "torch is not installed; packtool verify runs its attention checks with it: "
+                + install_hint("verify") + "; or pass --data-only to check the columns alone "
+                "(NumPy, no torch)")
     t0 = time.perf_counter()
-    reader = PackedReader(path)
-    convention = getattr(reader, "labels_convention", None) or (
-        "unshifted" if reader.labels_mode == "none" else reader.labels_mode)
-    n_rows = len(reader)
+    window = None
+    if progress:  # before any work: what verify expects to take, from the manifest alone
+        from packtool.formats.manifest import read_manifest
+
+        m = read_manifest(path)
+        if m.is_packed and m.num_rows:
+            window = _window_tokens(m.capacity, row_window)
+            est = estimate_seconds(m.num_rows if scan_all else 0, m.capacity,
+                                   0 if data_only else (rows or DEFAULT_ROWS) if rows != 0
+                                   else m.num_rows, window, backends, explicit, device, compile,
+                                   hash_bytes=sum(s.bytes for s in m.shards)
+                                   if check_hashes else 0)
+            progress(f"verify: expecting about {_duration(est['total'])} ({est['detail']})")
+    reader = PackedOutput.open(path, integrity="sha256" if check_hashes else "footer")
+    if check_hashes:
+        _say(progress, f"verify: sha256 of {len(reader.shards)} shard(s) checked "
+             f"({time.perf_counter() - t0:.1f} s; --no-hash skips it)")
+    convention = reader.labels.convention
+    n_rows = reader.num_rows
     # an input labels column (SFT prompt masking) leaves some targets -100 on purpose
-    label_masked = int(reader.manifest.get("totals", {}).get("tokens_label_masked", 0)) > 0
-    report = VerifyReport(str(path), [], n_rows, data_only)
+    label_masked = reader.manifest.label_masked
+    report = VerifyReport(reader.location.display, [], n_rows, data_only)
     if n_rows == 0:
         return report
     window = _window_tokens(reader.capacity, row_window)
-    if progress:
-        est = estimate_seconds(n_rows if scan_all else 0, reader.capacity,
-                               0 if data_only else (rows or DEFAULT_ROWS) if rows != 0
-                               else n_rows, window, backends, explicit, device, compile)
-        progress(f"verify: expecting about {_duration(est['total'])} ({est['detail']})")
 
     # 1. the column contract
     _say(progress, f"verify: data: checking the column contract of "
@@ -186,7 +223,15 @@ def run_verify(
         if check not in wanted:
             continue
         bad = scan.bad.get(check, [])
+        if check == PADDED_CHECK and scan.segment_multiple == 1 and not bad:
+            if checks is not None:  # asked for by name: say why it does not apply
+                report.add(CheckResult("data", check, SKIP, {}, None, "not stored: packed "
+                                       "without --segment-multiple (equal to cu_seqlens)",
+                                       required=False))
+            continue
         figs = {"rows_checked": scan.rows_checked, "rows_bad": len(bad)}
+        if check == "cu_seqlens" and scan.segment_multiple > 1:
+            figs["segment_multiple"] = scan.segment_multiple
         if check == "labels" and not scan.labels_stored:
             figs["labels"] = f"not stored; derived ({convention})"
         report.add(CheckResult("data", check, FAIL if bad else PASS, figs,
@@ -196,16 +241,16 @@ def run_verify(
     if data_only:
         return report
 
-    _run_models(report, path, [int(i) for i in idx], reader.capacity, convention, explicit,
+    _run_models(report, reader, [int(i) for i in idx], reader.capacity, convention, explicit,
                 backends, wanted, seed, batch_size, compile, attend_overrides or {}, device,
-                max_memory, progress, label_masked, window)
+                max_memory, progress, label_masked, window, hf_config)
     _say(progress, f"verify: done in {time.perf_counter() - t0:.1f} s")
     return report
 
 
-def _run_models(report, path, idx, capacity, convention, explicit, backends, wanted, seed,
+def _run_models(report, reader, idx, capacity, convention, explicit, backends, wanted, seed,
                 batch_size, compile, overrides, device, max_memory, progress, label_masked,
-                window):
+                window, hf_config=None):
     """Run the sampled rows (their row windows of ``window`` tokens) through every backend and
     add the model checks to ``report``."""
     from packtool.verify import has_cuda, require_torch
@@ -230,7 +275,8 @@ def _run_models(report, path, idx, capacity, convention, explicit, backends, wan
         runner = None
         if not reason:
             runner, reason = make_runner(name, base, device=dev, capacity=window,
-                                         budget=budget, seed=seed, compile=compile)
+                                         budget=budget, seed=seed, compile=compile,
+                                         hf_config=hf_config)
         if runner is None:
             report.add(CheckResult(name, "all", SKIP, {}, None, reason, required=explicit))
             _say(progress, f"verify: {name}: skipped ({reason})")
@@ -240,7 +286,10 @@ def _run_models(report, path, idx, capacity, convention, explicit, backends, wan
         return
     per_row = max(r.row_bytes(window) for r in runners)
     B = int(max(1, min(batch_size, budget.bytes // max(per_row, 1))))
-    ds = PackedDataset(path)
+    # the rows through the loader's own dataset, on the same reader, with the labels the
+    # checks below expect; the stored segment_ids / position_ids go through the models (the
+    # loader's default derives them from cu_seqlens, which the column checks prove equal)
+    ds = PackedDataset(reader, labels=convention, structure="stored")
     items = [ds[i] for i in idx]
     report.rows = [(it["shard"], it["row"]) for it in items]
     if window < capacity:
@@ -252,9 +301,11 @@ def _run_models(report, path, idx, capacity, convention, explicit, backends, wan
         report.notes.append(f"{len(idx)} rows in batches of {B}")
     shifted = convention == "shifted"
     meas = {r.name: Measurements(r.name, r.device, r.dtype_name, r.backward,
-                                 r.no_backward_reason, extra=r.describe()) for r in runners}
+                                 r.no_backward_reason, extra=r.describe(),
+                                 grad_pad_tol=getattr(r, "grad_pad_tol", 0.0)) for r in runners}
     failed: dict[str, str] = {}
     elapsed = {r.name: 0.0 for r in runners}
+    leak_probe = None  # a batch holding a multi-document row, to locate a leak in
     nb = -(-len(items) // B)
     prev_tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
@@ -266,6 +317,8 @@ def _run_models(report, path, idx, capacity, convention, explicit, backends, wan
             batch["segment_base"] = [it.get("segment_base", 0) for it in chunk]
             batch["window"] = [it.get("window") for it in chunk]
             spans = [_spans(it) for it in chunk]
+            if leak_probe is None and any(len(sp) >= 2 for sp in spans):
+                leak_probe = (batch, spans)
             docs = [[batch["input_ids"][r, a:b] for a, b in sp] for r, sp in enumerate(spans)]
             flat_docs = [d for row in docs for d in row]
             refs_by_key: dict = {}
@@ -313,8 +366,19 @@ def _run_models(report, path, idx, capacity, convention, explicit, backends, wan
         m = meas[name]
         if runner.dtype != torch.float32:
             m.extra["eager_bf16_max_abs_diff"] = runner.eager_error
+        m.extra.update(runner.describe())  # what the run learnt (e.g. seq_idx refused)
         m.extra["seconds"] = round(elapsed[name], 2)
         res = run_checks(m, model_checks)
+        leaked = [r for c, r in res.items() if c in ("logits_match", "isolation")
+                  and r.status == FAIL]
+        if leaked and leak_probe is not None and hasattr(runner, "diagnose"):
+            try:
+                why = runner.diagnose(*leak_probe)
+            except Exception as exc:  # the diagnosis is a help, never a new failure
+                log.debug("leak diagnosis failed", exc_info=True)
+                why = f"(could not locate the leak: {type(exc).__name__}: {exc})"
+            for r in leaked:
+                r.message = f"{why}; {r.message}" if r.message else why
         for r in res.values():
             if r.status == SKIP and not explicit and r.check == "grad_zero_padding":
                 r.required = False
@@ -325,10 +389,17 @@ def _run_models(report, path, idx, capacity, convention, explicit, backends, wan
 
 
 def _spans(item) -> list:
-    """Real document spans [(a, b)] of one row, cut by its stored cu_seqlens."""
+    """Real document spans [(a, b)] of one row, cut by its stored cu_seqlens (with
+    ``--segment-multiple``: the first len(doc_ids) spans, each cut to its real length from
+    ``cu_seqlens_unpadded``)."""
+    cu = [int(x) for x in np.asarray(item["cu_seqlens"])]
+    unpadded = item.get("cu_seqlens_unpadded")
+    if unpadded is not None:
+        real = np.diff(np.asarray(unpadded, dtype=np.int64))
+        return [(cu[q], cu[q] + int(real[q])) for q in range(min(len(item["doc_ids"]),
+                                                                  len(cu) - 1))]
     seg = np.asarray(item["segment_ids"])
     real = int(np.count_nonzero(seg))
-    cu = [int(x) for x in np.asarray(item["cu_seqlens"])]
     return [(a, min(b, real)) for a, b in zip(cu[:-1], cu[1:]) if a < real]
 
 
@@ -355,8 +426,8 @@ def _doc_refs(runner, flat_docs, docs, budget_bytes, labels_BC, spans, shifted, 
             keep = ((lab != IGNORE_INDEX) if label_masked
                     else torch.ones(max(L - 1, 0), dtype=torch.bool)).to(lg.device)
             n = int(keep.sum()) if L > 1 else 0
-            s = float(F.cross_entropy(lg[:-1][keep], (toks[1:].to(lg.device) % lg.shape[-1])[keep],
-                                      reduction="sum")) if n else 0.0
+            tgt = toks[1:].to(lg.device).long() % lg.shape[-1]  # the loss takes Long targets
+            s = float(F.cross_entropy(lg[:-1][keep], tgt[keep], reduction="sum")) if n else 0.0
             row_refs.append((lg, s, n))
         out.append(row_refs)
     return out
@@ -375,15 +446,25 @@ def _window_tokens(capacity: int, row_window: int | None) -> int:
 def row_windows(item: dict, window: int) -> list[dict]:
     """Windows of ``window`` consecutive tokens of one loader item, each an item of its own.
 
-    Each window starts at the first token of a document and reaches past its end, so it holds a
-    document boundary whenever the row has one that a window can span: the first window starts
-    at the first document shorter than the window (or at the row's start when there is none);
-    when the row has a padding tail that this window does not reach, a second window starts at
-    the last document and holds the boundary to padding (whose gradients and finiteness are
-    checked). Inside a window every column is the row's own: ``position_ids`` restart at each
-    document as stored, ``cu_seqlens`` are the stored boundaries inside the window (so a boundary
-    stored in the wrong place is still seen), and a stored shifted label that would predict a
-    token past the window's end becomes -100 (nothing past the window is computed).
+    Each window starts at the first token of a document and reaches past the end of its span,
+    so it holds a document boundary whenever the row has one that a window can span: the first
+    window starts at the first document whose span is shorter than the window (or at the row's
+    start when there is none); when the row has a padding tail that this window does not
+    reach, a second window starts at the last document and holds the boundary to padding (whose
+    gradients and finiteness are checked). A window never starts inside a document, so the
+    convolution and recurrence of the hybrid backends, reset where ``seq_idx`` changes, start
+    from a document's first token as the per-document reference does; the last document of a
+    window may end at the window's end, and is compared with its own first tokens alone
+    (every backend is causal).
+
+    Inside a window the token columns are the row's own: ``segment_ids`` and ``position_ids``
+    as stored, ``cu_seqlens`` the stored boundaries inside the window (so a boundary stored in
+    the wrong place is still seen), and, for a ``--segment-multiple`` output,
+    ``cu_seqlens_unpadded`` the real lengths of those spans inside the window. ``doc_ids`` and
+    ``doc_offsets`` list the documents whose spans start in the window; ``source_ids`` is left
+    out (the model checks do not read it, the column scan checks it on whole rows). A stored
+    shifted label that would predict a token past the window's end becomes -100 (nothing past
+    the window is computed).
 
     Args:
         item: a row from :class:`packtool.loader.PackedDataset` (capacity C > ``window``).
@@ -397,34 +478,55 @@ def row_windows(item: dict, window: int) -> list[dict]:
     cu = np.asarray(item["cu_seqlens"], dtype=np.int64)
     seg = np.asarray(item["segment_ids"])
     C = seg.size
-    real = int(np.count_nonzero(seg))
-    starts = cu[:-1][cu[:-1] < real]  # first token of each document
-    ends = np.append(starts[1:], real)
-    short = np.flatnonzero(ends - starts < window)
+    unpadded = item.get("cu_seqlens_unpadded")
+    if unpadded is None:  # documents back to back, then the padding tail
+        tail = int(np.count_nonzero(seg))  # where the padding tail starts
+        starts = cu[:-1][cu[:-1] < tail]  # first token of each document
+        ends = np.append(starts[1:], tail)  # end of its real tokens
+        span_ends = ends
+    else:  # --segment-multiple: each document's span holds its tokens, then padding
+        k = min(len(item["doc_ids"]), cu.size - 1)
+        starts = cu[:k]
+        ends = starts + np.diff(np.asarray(unpadded, dtype=np.int64))[:k]
+        span_ends = cu[1:k + 1]
+        tail = int(cu[k])
+    short = np.flatnonzero(span_ends - starts < window)
     firsts = [int(starts[short[0]]) if short.size else 0]
-    if real < C and not real < firsts[0] + window:  # the padding boundary, in a second window
+    if tail < C and not tail < firsts[0] + window:  # the padding boundary, in a second window
         firsts.append(int(starts[-1]))
     out = []
     for a in firsts:
         a = min(a, C - window)
-        a = int(starts[np.searchsorted(starts, a, side="right") - 1])  # a document's start
+        q0 = int(np.searchsorted(starts, a, side="right")) - 1
+        a = int(starts[q0])  # a document's start
         if out and out[-1]["window"][0] == a:
             continue
         b = a + window
-        w = dict(item)
+        w = {k: v for k, v in item.items() if k != "source_ids"}
         for name in ("input_ids", "segment_ids", "position_ids", "labels"):
             if item.get(name) is not None:
                 w[name] = np.asarray(item[name])[a:b]
         inside = cu[(cu > a) & (cu < b)] - a
         w["cu_seqlens"] = np.concatenate([[0], inside, [window]]).astype(np.int32)
         w["max_seqlen"] = int(np.diff(w["cu_seqlens"]).max())
+        q1 = int(np.searchsorted(starts, b, side="left"))  # documents starting in the window
+        for name in ("doc_ids", "doc_offsets"):
+            if item.get(name) is not None:
+                w[name] = np.asarray(item[name])[q0:q1]
+        if unpadded is not None:  # each span's real tokens inside the window
+            lo = w["cu_seqlens"][:-1].astype(np.int64) + a
+            hi = w["cu_seqlens"][1:].astype(np.int64) + a
+            q = np.clip(np.searchsorted(starts, lo), 0, max(starts.size - 1, 0))
+            doc = (q < starts.size) & (starts[q] == lo) if starts.size else np.zeros(lo.size, bool)
+            real = np.where(doc, np.minimum(ends[q], hi) - lo, hi - lo)
+            w["cu_seqlens_unpadded"] = np.concatenate([[0], np.cumsum(real)]).astype(np.int32)
         if item.get("labels") is not None and item.get("labels_mode") == "shifted" and b < C \
                 and seg[b] == seg[b - 1]:
             lab = np.array(w["labels"])
             lab[-1] = -100  # it predicts token b, outside the window
             w["labels"] = lab
         w["window"] = (a, b)
-        w["segment_base"] = int(np.searchsorted(starts, a, side="right")) - 1
+        w["segment_base"] = q0
         out.append(w)
     return out
 
@@ -434,12 +536,17 @@ def row_windows(item: dict, window: int) -> list[dict]:
 #: Seconds per token of the column scan (NumPy over whole row groups), measured on a 2-core
 #: AMD EPYC VM (docs/verify.md).
 _SCAN_S_PER_TOKEN = 4.5e-8
+#: Seconds per byte of the shards' sha256 check (hashing 0.5 ns a byte plus reading the file
+#: from the page cache; the same machine).
+_HASH_S_PER_BYTE = 1e-9
 #: Seconds per token of one backend's model passes on CPU (packed forward, backward, the
 #: isolation forward, and its share of the per-document references; FlexAttention eager, as
 #: below 2,048 tokens), and per token pair of attention; the same machine. A row gives one
 #: window, or two when its padding tail is checked too (about a quarter of them).
-_MODEL_S_PER_TOKEN = {"sdpa": 2.5e-4, "flex": 4e-4, "hf": 1.5e-4}
-_MODEL_S_PER_PAIR = {"sdpa": 3e-8, "flex": 3e-8, "hf": 3e-8}
+_MODEL_S_PER_TOKEN = {"sdpa": 2.5e-4, "flex": 4e-4, "hf": 1.5e-4, "hybrid": 2.5e-4}
+_MODEL_S_PER_PAIR = {"sdpa": 3e-8, "flex": 3e-8, "hf": 3e-8, "hybrid": 3e-8}
+#: the backends that run on CPU (the others need CUDA)
+_CPU_BACKENDS = ("sdpa", "flex", "hf", "hybrid")
 _WINDOWS_PER_ROW = 1.25
 #: Start-up of torch (and transformers for hf), and torch.compile of FlexAttention, seconds.
 _TORCH_S, _HF_S, _COMPILE_S = 2.5, 2.5, 25.0
@@ -447,10 +554,12 @@ _GPU_SPEEDUP = 20.0
 
 
 def estimate_seconds(scan_rows: int, capacity: int, model_rows: int, window: int,
-                     backends, explicit: bool, device: str, compile: bool | None) -> dict:
+                     backends, explicit: bool, device: str, compile: bool | None,
+                     hash_bytes: int = 0) -> dict:
     """What verify expects to take, in seconds, from the output's size and the options.
 
     Args:
+        hash_bytes: bytes of the shards whose sha256 is checked first (0: none, ``--no-hash``).
         scan_rows: rows whose columns are scanned (0: none); capacity: C.
         model_rows: rows run through the models (0: none); window: tokens of each.
         backends: the backends asked for; explicit: named by the user (else those that
@@ -464,13 +573,16 @@ def estimate_seconds(scan_rows: int, capacity: int, model_rows: int, window: int
     from packtool.verify import has_cuda, has_flex_attention, has_transformers
 
     cuda = has_cuda() if device == "auto" else device == "cuda"
+    hashing = hash_bytes * _HASH_S_PER_BYTE
+    parts = [f"sha256 of {hash_bytes / 2**20:,.0f} MiB {_duration(hashing)}"] if hash_bytes \
+        else []
     scan = scan_rows * capacity * _SCAN_S_PER_TOKEN
-    parts = [f"column scan {_duration(scan)}"] if scan_rows else []
-    total = scan
+    parts += [f"column scan {_duration(scan)}"] if scan_rows else []
+    total = hashing + scan
     if model_rows:
-        runs = [b for b in backends if explicit or b in ("sdpa", "flex", "hf")]
+        runs = [b for b in backends if explicit or b in _CPU_BACKENDS]
         if not cuda:
-            runs = [b for b in runs if b in ("sdpa", "flex", "hf")]
+            runs = [b for b in runs if b in _CPU_BACKENDS]
         if "flex" in runs and not has_flex_attention():
             runs.remove("flex")
         if "hf" in runs and not has_transformers():

@@ -9,11 +9,20 @@ other columns are rebuilt from it and compared:
 * ``segment_ids``: q on the q-th span while the span starts before the padding, 0 after;
 * ``position_ids``: 0..len-1 on every span (the padding tail is one pseudo-segment);
 * ``max_seqlen``: the longest span;
-* ``doc_ids``: one entry per real span;
+* ``doc_ids``: one entry per real span; ``source_ids`` (``pack --source-column``), checked under
+  the same name: one entry per ``doc_ids`` entry, each an id of the manifest's table;
 * ``labels`` in their convention (stored, or derived by the reader when not stored): unshifted,
   the token except -100 at each span's first token and on padding; shifted, the next token inside
   the span, else -100; so no label pairs the end of one document with the start of the next;
 * ``num_targets`` = count(labels != -100) = sum(len - 1) over the real spans.
+
+With ``--segment-multiple N`` (N > 1) the spans of ``cu_seqlens`` are padded documents and
+``cu_seqlens_unpadded`` (same number of entries) gives each span's real length a: the first k
+spans (k = len(doc_ids)) are documents with a real tokens then span - a padding tokens, span =
+ceil(a / N) * N; one more span, the padding tail, may follow (a = span). Every span is a multiple
+of N. Segment ids, labels and targets are rebuilt from the real part of each span; positions run
+over the whole span (the padding continues its document's positions), so padding inside a row is
+never a target and follows its own document only.
 
 Checks run on a whole block at once (one ``np.repeat`` per column, no loop over tokens), so a scan
 of every row costs about as much as reading the columns. ``stats`` and ``verify --data-only`` use
@@ -28,12 +37,15 @@ import numpy as np
 
 from packtool.types import IGNORE_INDEX
 
-__all__ = ["CONTRACT_CHECKS", "DEFAULT_ROWS", "ContractScan", "check_block", "check_row_contract",
-           "expected_labels", "select_rows", "scan_contract"]
+__all__ = ["CONTRACT_CHECKS", "PADDED_CHECK", "DEFAULT_ROWS", "ContractScan", "check_block",
+           "check_row_contract", "expected_labels", "select_rows", "scan_contract",
+           "segment_multiple_of"]
 
 #: the column checks, in report order
-CONTRACT_CHECKS = ("cu_seqlens", "segment_ids", "position_ids", "max_seqlen", "doc_ids",
-                   "labels", "num_targets")
+CONTRACT_CHECKS = ("cu_seqlens", "cu_seqlens_unpadded", "segment_ids", "position_ids",
+                   "max_seqlen", "doc_ids", "labels", "num_targets")
+#: the check that applies only to outputs packed with ``--segment-multiple`` N > 1
+PADDED_CHECK = "cu_seqlens_unpadded"
 #: rows run through the models when ``--rows`` is not given
 DEFAULT_ROWS = 8
 
@@ -79,8 +91,8 @@ def expected_labels(input_ids: np.ndarray, span_id: np.ndarray, first: np.ndarra
         keep = (span_id != 0) & ~first
         want[keep] = ids[keep]
     elif convention == "shifted":
-        nxt = np.zeros(ids.shape, dtype=bool)  # token i+1 continues token i's span
-        nxt[:, :-1] = (span_id[:, :-1] != 0) & ~first[:, 1:]
+        nxt = np.zeros(ids.shape, dtype=bool)  # token i+1 is a real token of token i's span
+        nxt[:, :-1] = (span_id[:, :-1] != 0) & (span_id[:, 1:] == span_id[:, :-1]) & ~first[:, 1:]
         want[:, :-1][nxt[:, :-1]] = ids[:, 1:][nxt[:, :-1]]
     else:
         raise ValueError(f"labels convention {convention!r}: choose unshifted or shifted")
@@ -93,8 +105,9 @@ def _first_bad(bad_RC: np.ndarray) -> np.ndarray:
     return np.where(any_R, bad_RC.argmax(axis=1), -1)
 
 
-def check_block(cols: dict, capacity: int, convention: str,
-                label_masked: bool = False) -> list[tuple[int, str, int | None, str]]:
+def check_block(cols: dict, capacity: int, convention: str, label_masked: bool = False,
+                segment_multiple: int = 1, *,
+                num_sources: int | None = None) -> list[tuple[int, str, int | None, str]]:
     """Contract violations of a block of rows.
 
     Args:
@@ -107,6 +120,12 @@ def check_block(cols: dict, capacity: int, convention: str,
         label_masked: the pack read an input labels column (SFT prompt masks), so a label may
             also be -100 where the convention gives a token, never the other way round;
             ``num_targets`` then counts the labels and is at most sum(len - 1).
+        segment_multiple: N of ``--segment-multiple``; over 1, ``cols`` must hold
+            ``cu_seqlens_unpadded`` (a list of R 1-D arrays) and the padded layout of the module
+            docstring is checked.
+        num_sources: the size of the manifest's source table when ``cols`` holds
+            ``source_ids`` (a list of R arrays): each row needs one id in 0 .. num_sources - 1
+            per ``doc_ids`` entry (reported as ``doc_ids``).
 
     Returns:
         ``[(row in block, check, segment or None, message)]``, at most one per (row, check),
@@ -118,6 +137,10 @@ def check_block(cols: dict, capacity: int, convention: str,
     seg = np.asarray(cols["segment_ids"]).reshape(R, C)
     pos = np.asarray(cols["position_ids"]).reshape(R, C)
     cus = [np.asarray(c, dtype=np.int64) for c in cols["cu_seqlens"]]
+    N = int(segment_multiple)
+    padded = N > 1 or cols.get("cu_seqlens_unpadded") is not None
+    curs = ([np.asarray(c, dtype=np.int64) for c in cols["cu_seqlens_unpadded"]] if padded
+            else cus)
     out: list[tuple[int, str, int | None, str]] = []
 
     # cu_seqlens: 0 < ... < C strictly increasing; rows that break it are not checked further
@@ -127,6 +150,19 @@ def check_block(cols: dict, capacity: int, convention: str,
         c = cus[r]
         out.append((int(r), "cu_seqlens", None, f"cu_seqlens {c.tolist()[:8]}"
                     f"{'...' if c.size > 8 else ''} must go 0 < ... < C={C} strictly increasing"))
+    if padded:
+        for r in np.flatnonzero(valid):
+            c, u = cus[r], curs[r]
+            if N > 1 and np.any(np.diff(c) % N):
+                valid[r] = False
+                out.append((int(r), "cu_seqlens", None, f"cu_seqlens {c.tolist()[:8]}"
+                            f"{'...' if c.size > 8 else ''}: every span must be a multiple of "
+                            f"--segment-multiple {N}"))
+            elif u.size != c.size or u[0] != 0 or not np.all(np.diff(u) > 0):
+                valid[r] = False
+                out.append((int(r), "cu_seqlens_unpadded", None, f"cu_seqlens_unpadded "
+                            f"{u.tolist()[:8]}{'...' if u.size > 8 else ''} must start at 0 and "
+                            f"strictly increase, one entry per entry of cu_seqlens ({c.size})"))
     rows = np.flatnonzero(valid)
     if rows.size == 0:
         return out
@@ -137,17 +173,50 @@ def check_block(cols: dict, capacity: int, convention: str,
     lens_S = np.concatenate([np.diff(cus[r]) for r in rows])  # shape: (S,)
     row_of_S = np.repeat(np.arange(rows.size), n_spans)  # shape: (S,)
     q_S = np.arange(starts_S.size) - np.repeat(np.cumsum(n_spans) - n_spans, n_spans) + 1
-    real_span_S = starts_S < real_R[row_of_S]  # a span that starts before the padding tail
+    doc_ids = cols.get("doc_ids")
+    if not padded:
+        real_span_S = starts_S < real_R[row_of_S]  # a span that starts before the padding tail
+        real_len_S = np.minimum(starts_S + lens_S, real_R[row_of_S]) - starts_S
+    else:  # the first len(doc_ids) spans are documents; a = real tokens of each span
+        real_len_S = np.concatenate([np.diff(curs[r]) for r in rows])  # shape: (S,)
+        if doc_ids is not None:
+            k_doc = np.array([len(doc_ids[r]) for r in rows], dtype=np.int64)
+        else:
+            k_doc = np.bincount(row_of_S, weights=seg[rows].reshape(-1)[
+                np.repeat(np.arange(rows.size) * C, n_spans) + starts_S] != 0,
+                minlength=rows.size).astype(np.int64)
+        real_span_S = q_S <= k_doc[row_of_S]
+        want_span = np.where(real_span_S, -(-real_len_S // N) * N, real_len_S)
+        last_S = q_S == n_spans[row_of_S]
+        bad_S = (want_span != lens_S) | (~real_span_S & ~last_S)
+        seen = set()
+        for j in np.flatnonzero(bad_S):
+            i = int(row_of_S[j])
+            if i in seen:
+                continue  # one message per row: its first bad span
+            seen.add(i)
+            what = ("a document" if real_span_S[j] else "the padding tail" if last_S[j] else
+                    "a span after the padding tail")
+            out.append((int(rows[i]), "cu_seqlens_unpadded", int(q_S[j]),
+                        f"span {int(q_S[j])} ({what}) has {int(real_len_S[j])} real tokens in "
+                        f"{int(lens_S[j])} slots; expected {int(want_span[j])} slots (real "
+                        f"tokens rounded up to a multiple of {N}, the tail whole)"))
+        real_len_S = np.where(real_span_S, np.minimum(real_len_S, lens_S), 0)
     # expected columns, flat over the Rv valid rows (each row's spans cover exactly C tokens)
-    span_id = np.repeat(np.where(real_span_S, q_S, 0), lens_S).reshape(rows.size, C)
     span_q = np.repeat(q_S, lens_S).reshape(rows.size, C)
     want_pos = (np.arange(rows.size * C) - np.repeat(
         starts_S + row_of_S * C, lens_S)).reshape(rows.size, C)
     first = want_pos == 0
+    in_real = want_pos < np.repeat(real_len_S, lens_S).reshape(rows.size, C)
+    span_id = np.where(in_real, np.repeat(np.where(real_span_S, q_S, 0), lens_S).reshape(
+        rows.size, C), 0)
     k_R = np.bincount(row_of_S, weights=real_span_S, minlength=rows.size).astype(np.int64)
-    span_end_S = starts_S + lens_S
+    span_end_S = starts_S + (real_len_S if padded else lens_S)
     last_real_end = np.zeros(rows.size, dtype=np.int64)
     np.maximum.at(last_real_end, row_of_S[real_span_S], span_end_S[real_span_S])
+    if padded:  # real tokens: the sum of the documents' real lengths
+        last_real_end = np.bincount(row_of_S, weights=real_len_S,
+                                    minlength=rows.size).astype(np.int64)
 
     def report(check, bad_RC, msg_fn):
         fb = _first_bad(bad_RC)
@@ -156,7 +225,6 @@ def check_block(cols: dict, capacity: int, convention: str,
             out.append((int(rows[i]), check, int(span_q[i, j]), msg_fn(i, j)))
 
     # segment_ids agree with the spans (this also catches a boundary moved in cu_seqlens)
-    doc_ids = cols.get("doc_ids")
     for i, r in enumerate(rows):
         k = len(doc_ids[r]) if doc_ids is not None else int(k_R[i])
         if k != k_R[i] or (k and last_real_end[i] != real_R[i]):
@@ -166,6 +234,12 @@ def check_block(cols: dict, capacity: int, convention: str,
         if doc_ids is not None and len(doc_ids[r]) != k_R[i]:
             out.append((int(r), "doc_ids", None, f"{len(doc_ids[r])} doc_ids for {int(k_R[i])} "
                         "real segments"))
+        elif cols.get("source_ids") is not None:
+            src = np.asarray(cols["source_ids"][r])
+            if src.size != k or (src.size and (src.min() < 0 or src.max() >= (num_sources or 0))):
+                out.append((int(r), "doc_ids", None, f"source_ids {src.tolist()[:8]} for {k} "
+                            f"segments: one id in 0..{(num_sources or 0) - 1} per segment "
+                            "expected"))
     seg_v = seg[rows]
     report("segment_ids", seg_v != span_id,
            lambda i, j: f"segment_id at token {j} is {int(seg_v[i, j])}, cu_seqlens says "
@@ -173,7 +247,8 @@ def check_block(cols: dict, capacity: int, convention: str,
     pos_v = pos[rows]
     report("position_ids", pos_v != want_pos,
            lambda i, j: f"position at token {j} is {int(pos_v[i, j])}, expected "
-           f"{int(want_pos[i, j])} (positions restart at 0 in every segment)")
+           f"{int(want_pos[i, j])} (positions restart at 0 in every segment"
+           + (", padding after a document goes on counting)" if padded else ")"))
     mx = np.asarray(cols["max_seqlen"]).reshape(-1)[rows].astype(np.int64)
     seg_max = np.zeros(rows.size, dtype=np.int64)
     np.maximum.at(seg_max, row_of_S, lens_S)
@@ -181,7 +256,6 @@ def check_block(cols: dict, capacity: int, convention: str,
         out.append((int(rows[i]), "max_seqlen", None, f"max_seqlen {int(mx[i])} != longest "
                     f"segment {int(seg_max[i])}"))
     # effective targets: sum(len - 1) over the real part of the real spans
-    real_len_S = np.minimum(span_end_S, real_R[row_of_S]) - starts_S
     targets_R = np.bincount(row_of_S, weights=np.where(real_span_S, real_len_S - 1, 0),
                             minlength=rows.size).astype(np.int64)
     nt = np.asarray(cols["num_targets"]).reshape(-1)[rows].astype(np.int64)
@@ -204,15 +278,16 @@ def check_block(cols: dict, capacity: int, convention: str,
     return out
 
 
-def check_row_contract(row: dict, labels_mode: str,
-                       label_masked: bool = False) -> list[tuple[str, int | None, str]]:
+def check_row_contract(row: dict, labels_mode: str, label_masked: bool = False,
+                       segment_multiple: int = 1) -> list[tuple[str, int | None, str]]:
     """Contract violations of one packed row as ``(check, segment or None, message)``.
 
     Args:
-        row: one row as :meth:`~packtool.formats.packed.PackedReader.read_row` returns it
+        row: one row as :meth:`~packtool.formats.packed.PackedOutput.read_row` returns it
             (per-token columns int[C]); ``labels`` may be absent.
         labels_mode: ``unshifted``, ``shifted``, or ``none`` (labels not checked).
         label_masked: input label masks allowed (see :func:`check_block`).
+        segment_multiple: N of ``--segment-multiple`` (see :func:`check_block`).
 
     Returns:
         The violations of :func:`check_block` for this row, without the row index.
@@ -223,8 +298,11 @@ def check_row_contract(row: dict, labels_mode: str,
         cols["labels"] = np.asarray(row["labels"])[None]
     cols.update(cu_seqlens=[np.asarray(row["cu_seqlens"])], doc_ids=[row["doc_ids"]],
                 max_seqlen=np.array([row["max_seqlen"]]), num_targets=np.array([row["num_targets"]]))
+    if row.get("cu_seqlens_unpadded") is not None:
+        cols["cu_seqlens_unpadded"] = [np.asarray(row["cu_seqlens_unpadded"])]
     conv = labels_mode if labels_mode != "none" else "unshifted"
-    return [(c, q, m) for _, c, q, m in check_block(cols, ids.shape[0], conv, label_masked)]
+    return [(c, q, m) for _, c, q, m in check_block(cols, ids.shape[0], conv, label_masked,
+                                                    segment_multiple)]
 
 
 @dataclass
@@ -237,70 +315,82 @@ class ContractScan:
     #: global index -> segments (``len(doc_ids)``) of each scanned row
     segments: dict = field(default_factory=dict)
     labels_stored: bool = True
+    segment_multiple: int = 1  #: N of ``--segment-multiple`` the output was packed with
 
 
-def _labels_of(reader, block_cols: dict, convention: str, stored: bool):
-    if stored:
-        return block_cols["labels"]
-    from packtool.loader import unshifted_labels
+def segment_multiple_of(manifest) -> int:
+    """N of ``--segment-multiple`` an output was packed with (1 when its options do not say).
 
-    if convention != "unshifted":  # pragma: no cover - depends on the output format
-        return None
-    return np.stack([unshifted_labels(i, s) for i, s in
-                     zip(block_cols["input_ids"], block_cols["segment_ids"])]) \
-        if len(block_cols["input_ids"]) else None
+    Args:
+        manifest: a :class:`~packtool.formats.manifest.Manifest`.
+    """
+    return int(manifest.options.get("segment_multiple", 1))
+
+
+def _block_columns(block) -> dict:
+    """A :class:`~packtool.formats.packed.Block` as :func:`check_block` takes it: per-token
+    int[R, C], ``cu_seqlens`` and ``doc_ids`` as lists of R arrays, scalars int[R]."""
+    cols = dict(block.tokens)
+    cols.update({k: block.ragged_rows(k) for k in block.ragged})
+    cols.update(block.scalars)
+    return cols
 
 
 def scan_contract(reader, convention: str, *, indices=None, progress=None,
                   label_masked: bool = False) -> ContractScan:
     """Check the column contract on every row of a packed output (or on ``indices``).
 
+    The columns are read through the one reader (so the labels checked are the ones training
+    gets: stored, or derived by the reader when not stored), and checked against rules rebuilt
+    here from ``cu_seqlens`` alone (:func:`check_block`), independently of the reader's.
+
     Args:
-        reader: a :class:`~packtool.formats.packed.PackedReader`.
-        convention: the labels convention readers get (``unshifted`` or ``shifted``).
-        indices: global row indices to check; None checks every row, streaming by row group.
+        reader: a :class:`~packtool.formats.packed.PackedOutput`.
+        convention: the labels convention asked of the reader and checked (``unshifted`` or
+            ``shifted``).
+        indices: global row indices to check; None checks every row, row group by row group.
         progress: optional ``callable(str)`` told about the scan.
         label_masked: input label masks allowed (see :func:`check_block`).
 
     Returns:
-        A :class:`ContractScan`. When the shards store no ``labels``, the labels the loader
-        derives are checked instead.
+        A :class:`ContractScan`.
     """
-    from packtool.formats.packed import RowGroupBlock
+    multiple = segment_multiple_of(reader.manifest)
+    padded = "cu_seqlens_unpadded" in reader.columns
+    want = ["input_ids", "segment_ids", "position_ids", "labels", "cu_seqlens", "max_seqlen",
+            "num_targets", "doc_ids"] + (["cu_seqlens_unpadded"] if padded else [])
+    num_sources = None
+    if reader.manifest.source_column is not None:
+        want.append("source_ids")
+        num_sources = len(reader.manifest.source_values)
+    scan = ContractScan(labels_stored=reader.labels.stored, segment_multiple=multiple)
 
-    stored = "labels" in reader.columns
-    want = ["input_ids", "segment_ids", "position_ids", "cu_seqlens", "max_seqlen",
-            "num_targets", "doc_ids"] + (["labels"] if stored else [])
-    scan = ContractScan(labels_stored=stored)
-
-    def run(block: RowGroupBlock, local_rows=None):
-        cols = dict(block.columns)
+    def run(block, local_rows=None):
+        cols = _block_columns(block)
+        rows = np.arange(block.num_rows) if local_rows is None else np.asarray(local_rows)
         if local_rows is not None:
-            cols = {k: ([v[i] for i in local_rows] if isinstance(v, list) else v[local_rows])
+            cols = {k: ([v[i] for i in rows] if isinstance(v, list) else v[rows])
                     for k, v in cols.items()}
-            row_of = [block.first_row + i for i in local_rows]
-            glob_of = [block.global_first_row + i for i in local_rows]
-        else:
-            row_of = list(range(block.first_row, block.first_row + block.num_rows))
-            glob_of = list(range(block.global_first_row, block.global_first_row + block.num_rows))
-        cols["labels"] = _labels_of(reader, cols, convention, stored)
-        for i, g in enumerate(glob_of):
-            scan.segments[g] = len(cols["doc_ids"][i])
-        for i, check, q, msg in check_block(cols, reader.capacity, convention, label_masked):
-            where = {"shard": block.shard, "row": row_of[i], **({"segment": q} if q else {})}
+        for i, r in enumerate(rows.tolist()):
+            scan.segments[block.first + r] = len(cols["doc_ids"][i])
+        for i, check, q, msg in check_block(cols, reader.capacity, convention, label_masked,
+                                            multiple, num_sources=num_sources):
+            r = int(rows[i])
+            where = {"shard": block.shard, "row": block.shard_row0 + r,
+                     **({"segment": q} if q else {})}
             scan.bad.setdefault(check, []).append((where, msg))
-        scan.rows_checked += len(glob_of)
+        scan.rows_checked += len(rows)
 
     if indices is None:
-        for block in reader.iter_blocks(want):
+        for block in reader.iter_blocks(want, convention):
             run(block)
     else:
-        for g in sorted(int(i) for i in indices):
-            row = reader.read_row(g, want)
-            one = RowGroupBlock(row["shard"], row["row"], g,
-                                {k: ([row[k]] if k in ("cu_seqlens", "doc_ids") else
-                                     np.asarray(row[k])[None]) for k in want})
-            run(one)
+        by_group: dict = {}
+        for g in sorted({int(i) for i in indices}):
+            by_group.setdefault(reader.group_of(g), []).append(g)
+        for grp, rows in by_group.items():
+            block = reader.decode(grp, want, convention)
+            run(block, [r - block.first for r in rows])
     if progress:
         bad = sum(len(v) for v in scan.bad.values())
         progress(f"data: {scan.rows_checked} rows checked, {bad} contract violations")

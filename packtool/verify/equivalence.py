@@ -85,6 +85,9 @@ class Measurements:
     seg_loss: _Max = field(default_factory=_Max)
     seg_count_bad: tuple | None = None
     extra: dict = field(default_factory=dict)
+    #: largest gradient at a padding input that still counts as 0: 0 (exact) for every backend
+    #: but kernels whose backward sums over whole chunks (rounding residues, far below 1e-9)
+    grad_pad_tol: float = 0.0
 
 
 def per_target_loss(logits_BCV, labels_BC, shifted: bool, vocab: int):
@@ -245,7 +248,8 @@ def isolation(m: Measurements) -> CheckResult:
     if m.iso_other.max > m.tol:
         return _result(m, "isolation", FAIL, figs, m.iso_other.where,
                        f"changing document 1 moved another document's logits by "
-                       f"{m.iso_other.max:.3g} (cross-document attention)")
+                       f"{m.iso_other.max:.3g} (documents not kept apart: attention, convolution "
+                       "or recurrent state crosses a boundary)")
     if not m.iso_effect_min > m.tol:
         return _result(m, "isolation", FAIL, figs, m.iso_effect_where,
                        "changing document 1 did not change its own logits; the check has no "
@@ -286,13 +290,16 @@ def grad_zero_ignored(m: Measurements) -> CheckResult:
 
 
 def grad_zero_padding(m: Measurements) -> CheckResult:
-    """The gradient that reaches padding inputs through attention is exactly 0."""
+    """The gradient that reaches padding inputs through attention is exactly 0 (at most
+    ``m.grad_pad_tol``, 0 but for chunked kernels)."""
     if not m.backward:
         return _result(m, "grad_zero_padding", SKIP, {}, None, m.no_backward_reason,
                        required=False)
-    ok = m.grad_pad.max == 0.0
-    return _result(m, "grad_zero_padding", PASS if ok else FAIL,
-                   {"max_grad_padding_inputs": m.grad_pad.max},
+    ok = m.grad_pad.max <= m.grad_pad_tol
+    figs = {"max_grad_padding_inputs": m.grad_pad.max}
+    if m.grad_pad_tol:
+        figs["tol"] = m.grad_pad_tol
+    return _result(m, "grad_zero_padding", PASS if ok else FAIL, figs,
                    None if ok else m.grad_pad.where,
                    "" if ok else "non-zero gradient at a padding input (a real token attends "
                    "padding)")

@@ -2,9 +2,9 @@
 
 ``PackedDataset``, ``collate`` and ``unshifted_labels`` are re-exported from
 :mod:`packtool.loader` (importing this module warns with ``DeprecationWarning``).
-``PackedDataset`` here keeps the old ``reader`` attribute (a
-:class:`~packtool.formats.packed.PackedReader`, opened on first use) and reports
-``labels_mode == "none"`` for outputs that store no labels, as before.
+``PackedDataset`` here keeps the old ``reader`` attribute (the dataset's
+:class:`~packtool.formats.packed.PackedOutput`) and reports ``labels_mode == "none"`` for outputs
+that store no labels, as before.
 """
 
 from __future__ import annotations
@@ -27,25 +27,14 @@ class PackedDataset(_PackedDataset):
 
     def __init__(self, path, **kwargs) -> None:
         super().__init__(path, **kwargs)
-        if not self.index.stored_labels:
-            self.labels_mode = "none"
-        self._reader = None
+        self._shown_mode = self.labels_mode if self.output.labels.stored else "none"
 
     @property
     def reader(self):
-        """A :class:`~packtool.formats.packed.PackedReader` over the same output."""
-        if self._reader is None:
-            from packtool.formats.packed import PackedReader
-
-            self._reader = PackedReader(self.path)
-        return self._reader
-
-    def __getstate__(self) -> dict:
-        state = super().__getstate__()
-        state["_reader"] = None
-        return state
+        """The :class:`~packtool.formats.packed.PackedOutput` this dataset reads."""
+        return self.output
 
     def __getitem__(self, index: int) -> dict:
         item = super().__getitem__(index)
-        item["labels_mode"] = self.labels_mode
+        item["labels_mode"] = self._shown_mode
         return item

@@ -9,6 +9,10 @@ was not reset at a document start changes the logits; RoPE alone would not show 
 only sees position differences) and rotary embeddings inside attention. Token ids are folded into
 the model's vocabulary with ``id % V`` (real vocabularies reach 131k ids; the logits stay small).
 
+With ``mixer_layers`` some layers are the hybrid mixer of :mod:`packtool.verify.hybrid` (a short
+causal convolution and a gated linear recurrence) instead of attention: the ``hybrid`` and
+``mamba`` backends run that model and hand the mixers the batch's ``seq_idx``.
+
 Every attention backend has the signature ``attend(q_BHCD, k_BHCD, v_BHCD) -> out_BHCD`` and is
 built from a collated batch (:func:`packtool.loader.collate`) with the mask helpers of
 :mod:`packtool.verify.masks`, so what is verified is what training code calls.
@@ -29,17 +33,31 @@ BACKEND_ATTENDS = ("sdpa", "flex", "varlen", "flash")
 
 
 def build_model(*, vocab: int = 512, width: int = 64, heads: int = 4, layers: int = 3,
-                seed: int = 0):
-    """The seeded fp32 test decoder (a ``torch.nn.Module``; eval mode, CPU)."""
+                seed: int = 0, mixer_layers: tuple = (), mixer_impl: str = "torch"):
+    """The seeded fp32 test decoder (a ``torch.nn.Module``; eval mode, CPU).
+
+    Args:
+        vocab, width, heads, layers: V, E, H and the number of layers.
+        seed: seeds the weights.
+        mixer_layers: indices of the layers that are a hybrid mixer (convolution and gated
+            linear recurrence, :func:`packtool.verify.hybrid.build_mixer`) instead of attention.
+        mixer_impl: ``torch`` (plain, any device) or ``kernels`` (causal-conv1d and mamba-ssm,
+            CUDA).
+    """
     torch = require_torch()
     nn = torch.nn
+    from packtool.verify.hybrid import MIXER_IMPLS, build_mixer
+
+    if mixer_impl not in MIXER_IMPLS:
+        raise ValueError(f"mixer_impl {mixer_impl!r}: choose one of {MIXER_IMPLS}")
 
     class Block(nn.Module):
-        def __init__(self):
+        def __init__(self, mixer: bool):
             super().__init__()
             self.norm1 = nn.RMSNorm(width)
-            self.qkv = nn.Linear(width, 3 * width, bias=False)
-            self.out = nn.Linear(width, width, bias=False)
+            self.mixer = build_mixer(width, heads) if mixer else None
+            self.qkv = None if mixer else nn.Linear(width, 3 * width, bias=False)
+            self.out = None if mixer else nn.Linear(width, width, bias=False)
             self.norm2 = nn.RMSNorm(width)
             self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
                                      nn.Linear(4 * width, width))
@@ -49,7 +67,8 @@ def build_model(*, vocab: int = 512, width: int = 64, heads: int = 4, layers: in
             super().__init__()
             self.vocab, self.width, self.heads = vocab, width, heads
             self.emb = nn.Embedding(vocab, width)
-            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.blocks = nn.ModuleList(Block(i in mixer_layers) for i in range(layers))
+            self.mixer_impl = mixer_impl
             self.norm = nn.RMSNorm(width)
             self.head = nn.Linear(width, vocab, bias=False)
 
@@ -57,8 +76,9 @@ def build_model(*, vocab: int = 512, width: int = 64, heads: int = 4, layers: in
             """float [B, C, E] token embeddings of ``input_ids % V``."""
             return self.emb(input_ids_BC % self.vocab)
 
-        def forward_embeds(self, h_BCE, position_ids_BC, attend):
-            """Logits float [B, C, V] from embeddings, positions and an attention function."""
+        def forward_embeds(self, h_BCE, position_ids_BC, attend, seq_idx_BC=None):
+            """Logits float [B, C, V] from embeddings, positions and an attention function
+            (and, for the mixer layers, each token's document index; None: one per row)."""
             B, C, E = h_BCE.shape
             H, D = self.heads, E // self.heads
             dt, dev = h_BCE.dtype, h_BCE.device
@@ -79,6 +99,10 @@ def build_model(*, vocab: int = 512, width: int = 64, heads: int = 4, layers: in
                                   a * sin_B1CD2 + b * cos_B1CD2], dim=-1)
 
             for blk in self.blocks:
+                if blk.mixer is not None:
+                    x_BCE = x_BCE + blk.mixer(blk.norm1(x_BCE), seq_idx_BC, self.mixer_impl)
+                    x_BCE = x_BCE + blk.mlp(blk.norm2(x_BCE))
+                    continue
                 q, k, v = blk.qkv(blk.norm1(x_BCE)).view(B, C, 3, H, D).permute(2, 0, 3, 1, 4)
                 o_BHCD = attend(rope(q), rope(k), v)
                 x_BCE = x_BCE + blk.out(o_BHCD.transpose(1, 2).reshape(B, C, E))

@@ -10,6 +10,8 @@ E = model width, H = heads.
 | varlen   | ``torch.nn.attention.varlen.varlen_attn``, cu_seqlens | CUDA only         | bfloat16 |
 | flash    | ``flash_attn_varlen_func``, cu_seqlens                | CUDA + flash-attn | bfloat16 |
 | hf       | tiny random ``LlamaForCausalLM``, position_ids only   | as sdpa           | float32  |
+| hybrid   | sdpa + convolution/recurrence mixers reset by seq_idx | as sdpa           | float32  |
+| mamba    | hybrid with causal-conv1d + mamba-ssm kernels, seq_idx| CUDA + kernels    | float32  |
 
 Every runner compares with per-document forwards of the same model in float32 on its own device
 (right-padded batches of documents, written-out causal attention in query blocks). Tolerance on
@@ -41,7 +43,9 @@ log = logging.getLogger(__name__)
 __all__ = ["ALL_BACKENDS", "MemoryBudget", "memory_budget", "parse_size", "unavailable",
            "make_runner", "Runner", "HF_VOCAB"]
 
-ALL_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf")
+ALL_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
+#: layers of the hybrid test model that are mixers (the middle one is attention)
+HYBRID_MIXER_LAYERS = (0, 2)
 FP32_RTOL_CPU = 1e-5
 FP32_RTOL_CUDA = 1e-4
 BF16_FLOOR = 1e-3
@@ -142,6 +146,14 @@ def unavailable(name: str, device: str) -> str:
         return f"flash-attn is not installed or cannot be imported ({install_hint('gpu')})"
     if name == "hf" and not has_transformers():
         return f"transformers is not installed ({install_hint('hf')})"
+    if name == "mamba":
+        from packtool.verify.hybrid import has_mamba_kernels
+
+        if not has_cuda():
+            return "causal-conv1d and mamba-ssm run on CUDA only; no CUDA GPU here"
+        if not has_mamba_kernels():
+            return ("causal-conv1d and mamba-ssm are not installed or cannot be imported "
+                    "(install them from prebuilt wheels: scripts/gpu_check.sh)")
     return ""
 
 
@@ -277,24 +289,95 @@ def _doc_groups(lengths, budget: int, heads: int):
         i = j
 
 
-class HFRunner(Runner):
-    """A tiny random ``LlamaForCausalLM`` fed the packed rows through ``position_ids`` only,
-    called as the README says (``use_cache=False``, no ``attention_mask``)."""
+class HybridRunner(Runner):
+    """The test decoder with mixer layers (:mod:`packtool.verify.hybrid`) beside SDPA attention.
 
-    def __init__(self, seed: int, capacity: int, device: str):
+    The mixers get the batch's ``seq_idx`` (what :func:`packtool.loader.collate` hands out); a
+    batch without it runs them as one sequence per row, which is what a training loop that does
+    not pass ``seq_idx`` gets. ``hybrid`` computes the mixers in plain torch; ``mamba`` with the
+    causal-conv1d and mamba-ssm kernels on CUDA, its per-document references through the same
+    kernels.
+    """
+
+    def __init__(self, name: str, seed: int, device: str):
         torch = require_torch()
-        from transformers import LlamaConfig, LlamaForCausalLM
+        from packtool.verify.model import build_model
 
-        cfg = LlamaConfig(vocab_size=HF_VOCAB, hidden_size=64, intermediate_size=128,
-                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                          max_position_embeddings=max(2048, capacity), use_cache=False)
-        cfg._attn_implementation = "sdpa"
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = LlamaForCausalLM(cfg).eval().to(device)
+        impl = "kernels" if name == "mamba" else "torch"
+        base = build_model(seed=seed, mixer_layers=HYBRID_MIXER_LAYERS, mixer_impl=impl)
+        super().__init__(name, base, device, torch.float32)
+        self.backward = True
+        self.no_backward_reason = ""
+        # mamba-ssm's backward sums decays over whole 64-token chunks, documents mixed: the
+        # other documents' terms cancel up to rounding, so their gradient is ~1e-20, not 0
+        self.grad_pad_tol = 1e-9 if impl == "kernels" else 0.0
+
+    @property
+    def ref_key(self):
+        return (self.name, self.device)
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d["mixers"] = self.model.mixer_impl
+        return d
+
+    def _attend(self, batch):
+        from packtool.verify.model import make_attend
+
+        return make_attend("sdpa", batch, device=self.device, query_block=self.query_block)
+
+    def forward(self, h_BCE, batch, attend_factory=None):
+        """float32 logits [B, C, V]; the mixers reset where ``batch["seq_idx"]`` changes."""
+        make = attend_factory or (lambda b, dev: self._attend(b))
+        seq = batch.get("seq_idx")
+        seq = None if seq is None else seq.to(self.device)
+        return self.model.forward_embeds(h_BCE, batch["position_ids"].to(self.device),
+                                         make(batch, self.device), seq).float()
+
+    def row_bytes(self, capacity: int) -> int:
+        """SDPA's row (activations and mask) plus the mixers' chunked recurrence (float64 decays
+        and float32 weights of 64 x 64 pairs per chunk and head)."""
+        rows = self.query_block or capacity
+        return (capacity * _ACT_BYTES_PER_TOKEN + _MASK_BYTES_PER_PAIR * rows * capacity
+                + capacity * 64 * self.model.heads * 24)
+
+
+class HFRunner(Runner):
+    """A tiny random Hugging Face causal LM fed the packed rows as :class:`HFCollator` feeds
+    them (``position_ids``, ``seq_idx``, ``use_cache=False``, no ``attention_mask``): a Llama by
+    default, or the architecture of the user's config shrunk to a test size
+    (:mod:`packtool.verify.hf_model`, ``verify --hf-config``).
+
+    When transformers refuses ``seq_idx`` (hybrid layers without their CUDA kernels), the rows run
+    without it, as a training loop that drops it would, and :attr:`refused` keeps the message.
+    """
+
+    def __init__(self, seed: int, capacity: int, device: str, config=None):
+        torch = require_torch()
         self.name, self.device, self.dtype = "hf", device, torch.float32
+        self.refused: str | None = None  #: transformers' message when it refused seq_idx
+        if config is None:
+            from transformers import LlamaConfig, LlamaForCausalLM
+
+            cfg = LlamaConfig(vocab_size=HF_VOCAB, hidden_size=64, intermediate_size=128,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                              max_position_embeddings=max(2048, capacity), use_cache=False)
+            cfg._attn_implementation = "sdpa"
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                model = LlamaForCausalLM(cfg).eval().to(device)
+            self.config = None
+        else:
+            from packtool.verify.hf_model import build_hf_model, shrink_config
+
+            cfg = shrink_config(config)
+            if (getattr(cfg, "max_position_embeddings", None) or capacity) < capacity:
+                cfg.max_position_embeddings = capacity
+            model = build_hf_model(cfg, seed=seed, device=device)
+            self.config = cfg
         self.model = self.ref_model = model
-        self.vocab, self.compiled, self.query_block = HF_VOCAB, False, None
+        self.vocab = int(model.get_input_embeddings().num_embeddings)
+        self.compiled, self.query_block = False, None
         self.backward, self.no_backward_reason, self.per_row = True, "", False
         self.eager_error = 0.0
 
@@ -303,15 +386,37 @@ class HFRunner(Runner):
         return ("hf", self.device)
 
     def describe(self) -> dict:
-        return {"device": self.device, "dtype": self.dtype_name}
+        d = {"device": self.device, "dtype": self.dtype_name}
+        if self.config is not None:
+            from packtool.verify.hf_model import decoder_layers, layer_kind
+
+            d["model"] = f"{self.config.model_type}, " + "; ".join(
+                layer_kind(self.config, i, m) for i, m in enumerate(decoder_layers(self.model)))
+        if self.refused:
+            d["seq_idx"] = "refused by transformers here; run without it"
+        return d
 
     def embed(self, ids_BC):
-        return self.model.get_input_embeddings()(ids_BC.to(self.device) % HF_VOCAB)
+        return self.model.get_input_embeddings()(ids_BC.to(self.device) % self.vocab)
+
+    def _call(self, h_BCE, position_ids_BC, seq_idx_BC):
+        kwargs = {"inputs_embeds": h_BCE, "position_ids": position_ids_BC, "use_cache": False}
+        if seq_idx_BC is not None and self.refused is None:
+            try:
+                return self.model(**kwargs, seq_idx=seq_idx_BC).logits.float()
+            except ValueError as exc:  # hybrid layers without their kernels refuse seq_idx
+                from packtool.verify.hf_model import REFUSAL_MARK
+
+                if REFUSAL_MARK not in str(exc):
+                    raise
+                self.refused = str(exc).splitlines()[0]
+        return self.model(**kwargs).logits.float()
 
     def forward(self, h_BCE, batch, attend_factory=None):
         # no attention_mask: transformers derives the document blocks from position_ids
-        return self.model(inputs_embeds=h_BCE, position_ids=batch["position_ids"].to(self.device),
-                          use_cache=False).logits.float()
+        seq = batch.get("seq_idx")
+        return self._call(h_BCE, batch["position_ids"].to(self.device),
+                          None if seq is None else seq.to(self.device))
 
     def reference(self, docs, budget: int, *, model=None):
         torch = require_torch()
@@ -320,12 +425,31 @@ class HFRunner(Runner):
             Lmax = max(int(docs[i].shape[0]) for i in group)
             ids = torch.zeros((len(group), Lmax), dtype=torch.int64)
             for j, i in enumerate(group):
-                ids[j, :docs[i].shape[0]] = docs[i] % HF_VOCAB
-            # right padding without attention_mask: causality keeps it out of the real tokens
-            lg = self.model(input_ids=ids.to(self.device), use_cache=False).logits
+                ids[j, :docs[i].shape[0]] = docs[i]
+            # right padding without attention_mask: causality keeps it out of the real tokens;
+            # embeddings in, as in the packed pass (some models scale input_ids' embeddings)
+            lg = self.model(inputs_embeds=self.embed(ids), use_cache=False).logits
             for j, i in enumerate(group):
                 out[i] = lg[j, :docs[i].shape[0]].float()
         return out
+
+    def diagnose(self, batch, spans: list) -> str:
+        """For a model that leaked: ``documents leak in <layer>: this model needs ...``, found by
+        changing document 1 of a row holding two documents (:mod:`packtool.verify.hf_model`)."""
+        from packtool.verify.hf_model import leak_message, locate_leak
+
+        row = next(r for r, sp in enumerate(spans) if len(sp) >= 2)
+        pos = batch["position_ids"].to(self.device)
+        seq = batch.get("seq_idx")
+        seq = None if seq is None else seq.to(self.device)
+
+        def forward(ids):
+            return self._call(self.embed(ids), pos, seq)
+
+        located = locate_leak(self.model, forward, batch["input_ids"], spans[row], row,
+                              self.vocab)
+        return leak_message(self.config if self.config is not None else self.model.config,
+                            located, self.refused)
 
     def row_bytes(self, capacity: int) -> int:
         # transformers builds the packed-sequence mask itself (bool and float copies)
@@ -333,7 +457,7 @@ class HFRunner(Runner):
 
 
 def make_runner(name: str, base_model, *, device: str, capacity: int, budget: MemoryBudget,
-                seed: int, compile: bool | None):
+                seed: int, compile: bool | None, hf_config=None):
     """Build the runner of backend ``name``.
 
     Args:
@@ -345,13 +469,22 @@ def make_runner(name: str, base_model, *, device: str, capacity: int, budget: Me
         seed: seeds the Hugging Face model.
         compile: FlexAttention through ``torch.compile``; None: compiled unless C is small
             enough that eager FlexAttention (dense scores) fits the budget on CPU, always on CUDA.
+        hf_config: a Hugging Face config whose architecture the ``hf`` backend builds (shrunk)
+            instead of its tiny Llama.
 
     Returns:
         ``(runner, reason)``: a runner, or None and why the backend cannot run within the budget.
     """
     torch = require_torch()
     if name == "hf":
-        r = HFRunner(seed, capacity, device)
+        r = HFRunner(seed, capacity, device, hf_config)
+    elif name in ("hybrid", "mamba"):
+        r = HybridRunner(name, seed, "cuda" if name == "mamba" else device)
+        if r.row_bytes(capacity) > budget.bytes:  # SDPA in query blocks, as the sdpa runner
+            spare = budget.bytes - (r.row_bytes(capacity) - _MASK_BYTES_PER_PAIR * capacity**2)
+            qb = spare // (_MASK_BYTES_PER_PAIR * capacity)
+            if qb >= 16:
+                r.query_block = int(min(qb, capacity))
     elif name in ("varlen", "flash"):
         r = Runner(name, base_model, "cuda", torch.bfloat16)
     elif name == "flex":

@@ -148,3 +148,47 @@ def test_drop_masked_tokens_with_nothing_masked_is_identity(n):
     lengths, tokens = flat([[1, 2, 3]] * n)
     out = drop_masked_tokens(lengths, tokens, np.ones(tokens.size))
     assert out[1] is tokens and out[3] == 0
+
+
+prep_doc_st = st.lists(st.tuples(st.integers(0, 6), st.integers(0, 1), st.integers(0, 1),
+                                 st.integers(0, 1), st.integers(0, 1)), max_size=10)
+
+
+@settings(deadline=None, max_examples=200)
+@given(st.lists(prep_doc_st, max_size=8), st.booleans(), st.booleans(), st.integers(0, 2),
+       st.sampled_from([None, 0, 3]), st.sampled_from([None, 0, 5]),
+       st.one_of(st.none(), st.integers(0, 255)))
+def test_prepare_documents_equals_twin(docs5, use_keep, use_labels, n_masks, bos, eos,
+                                       drop_bits):
+    """The one path from columns to packed documents (labels, loss masks, documents of the
+    other held-out part, attention mask, BOS/EOS, in that order) equals its token-by-token
+    twin."""
+    from packtool.core.masks import prepare_documents
+    from packtool.core.reference import reference_prepare_documents
+
+    docs = [[t for t, *_ in d] for d in docs5]
+    keep = [[k for _, k, *_ in d] for d in docs5] if use_keep else None
+    labels = [[IGNORE if lab == 0 else t for t, _, lab, _, _ in d] for d in docs5] \
+        if use_labels else None
+    masks = [[[m1 for *_, m1, _ in d] for d in docs5],
+             [[m2 for *_, m2 in d] for d in docs5]][:n_masks]
+    keep_docs = None if drop_bits is None else [not (drop_bits >> (i % 8)) & 1
+                                                for i in range(len(docs))]
+    want_docs, want_flags = reference_prepare_documents(docs, keep, labels, masks, bos, eos,
+                                                        keep_docs)
+    lengths, tokens = flat(docs)
+    tb = prepare_documents(7, lengths, tokens,
+                           keep=None if keep is None else flat(keep, np.int8)[1],
+                           labels=None if labels is None else flat(labels, np.int64)[1],
+                           loss_masks=[flat(m, np.int8)[1] for m in masks], bos=bos, eos=eos,
+                           keep_docs=None if keep_docs is None else np.array(keep_docs, bool))
+    assert tb.first_row == 7
+    left = [] if keep_docs is None else [d for d, k in zip(docs, keep_docs) if not k]
+    assert tb.other_split == (len(left), sum(map(len, left)))
+    assert tb.mask_counts()["docs_other_split"] == len(left)
+    assert unflat(tb.lengths, tb.tokens) == want_docs
+    if want_flags is None:
+        assert tb.targets is None
+    else:
+        assert unflat(tb.lengths, tb.targets) == want_flags
+        assert tb.mask_counts()["tokens_label_masked"] == sum(f.count(0) for f in want_flags)

@@ -14,7 +14,7 @@ import pytest
 
 from packtool.config import PackConfig
 from packtool.formats.manifest import MANIFEST_NAME, read_manifest
-from packtool.formats.packed import PackedReader
+from packtool.formats.packed import PackedOutput
 from packtool.pipeline import run_pack
 
 
@@ -28,10 +28,10 @@ def packed(tmp_path_factory, sample_data):
 
 def _expected(out):
     """(rows, sum of input_ids) over the shards listed in the manifest."""
-    r = PackedReader(out)
-    total = sum(int(b.columns["input_ids"].astype(np.int64).sum())
+    r = PackedOutput.open(out)
+    total = sum(int(b.tokens["input_ids"].astype(np.int64).sum())
                 for b in r.iter_blocks(["input_ids"]))
-    return len(r), total
+    return r.num_rows, total
 
 
 def test_output_is_only_shards_and_the_manifest(packed):
@@ -40,7 +40,7 @@ def test_output_is_only_shards_and_the_manifest(packed):
     assert names[0] == MANIFEST_NAME and len(names) > 2
     assert all(n.startswith("part-") and n.endswith(".parquet") for n in names[1:])
     assert pq.read_metadata(packed / MANIFEST_NAME).num_rows == 0
-    assert read_manifest(packed)["outputs"][0]["file"] == names[1]
+    assert read_manifest(packed).shards[0].file == names[1]
 
 
 def test_pyarrow_dataset_and_read_table_open_the_directory(packed):

@@ -47,7 +47,7 @@ def test_pack_summary_names_what_was_skipped(tmp_path):
     assert res.exit_code == 0, res.output
     assert "skipped 1" in res.output and "_temporary" in res.output
     _, manifest = read_output(out)
-    assert manifest["totals"]["docs_in"] == 1
+    assert manifest.totals.docs_in == 1
 
 
 def test_symlinked_directory_is_followed(tmp_path):
@@ -131,7 +131,9 @@ def test_unrelated_manifest_json_is_not_mistaken_for_packed_output(tmp_path):
     write_docs(src / "a.parquet", [[1, 2]])
     (src / "manifest.json").write_text(json.dumps({"source": "crawl"}))
     (src / MANIFEST_NAME).write_text(json.dumps({"packtool_version": "0"}))  # not Parquet
-    assert _rels(discover([src])) == ["a.parquet"]
+    d = discover([src], skip_unsupported=True)  # manifest.json is no data: not read, reported
+    assert _rels(d) == ["a.parquet"]
+    assert any("manifest.json (unsupported format)" in s for s in d.skipped)
 
 
 def test_sorted_relative_path_order_across_levels(tmp_path):
@@ -141,3 +143,66 @@ def test_sorted_relative_path_order_across_levels(tmp_path):
         write_docs(src / rel, [[1]])
     rels = _rels(discover([src]))
     assert rels == sorted(rels)
+
+
+def test_unsupported_file_inside_a_folder_is_refused_in_one_line(tmp_path):
+    """A docs.jsonl next to Parquet shards would silently not be packed: refused, named, with
+    the option that accepts it; OUTPUT is not created."""
+    src = tmp_path / "in"
+    write_docs(src / "a.parquet", [[1, 2, 3]])
+    (src / "sub").mkdir()
+    (src / "sub" / "docs.jsonl").write_text('{"input_ids": [4, 5]}\n')
+    out = tmp_path / "out"
+    res = invoke(["pack", "-q", "--capacity", 4, src, out])
+    assert res.exit_code == 1, res.output
+    assert res.output.count("\n") == 1, res.output
+    for word in ("sub/docs.jsonl", "unsupported format", "--skip-unsupported", "Parquet"):
+        assert word in res.output
+    assert not out.exists()
+    res = invoke(["compare", "-c", 4, src])
+    assert res.exit_code == 1 and "sub/docs.jsonl" in res.output, res.output
+
+
+def test_skip_unsupported_packs_the_rest_and_reports_every_file_not_read(tmp_path):
+    src = tmp_path / "in"
+    write_docs(src / "a.parquet", [[1, 2, 3]])
+    others = [f"x{i}.jsonl" for i in range(5)]
+    for name in others:
+        (src / name).write_text("{}\n")
+    (src / "README.md").write_text("# my corpus\n")  # documentation: reported, never refused
+    write_docs(src / "_tmp" / "b.parquet", [[1]])
+    out = tmp_path / "out"
+    res = invoke(["pack", "--capacity", 4, "--skip-unsupported", src, out])
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if "INPUT:" in ln)
+    assert "skipped 7" in line and "5 unsupported format: " in line
+    assert "1 documentation: " in line and "_tmp" in line
+    res = invoke(["pack", "--json", "--capacity", 4, "--skip-unsupported", "--overwrite", src,
+                  tmp_path / "out2"])
+    import json as _json
+
+    summary = _json.loads(res.output)
+    listed = " ".join(summary["inputs_not_read"])
+    assert all(str(src / n) in listed for n in others + ["README.md", "_tmp"])
+
+
+def test_files_a_save_to_disk_folder_does_not_list_are_reported(tmp_path):
+    """``state.json`` defines the dataset: a stray cache file beside it is not read, and the
+    summary says so."""
+    import pyarrow as pa
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    table = pa.table({"input_ids": pa.array([[1, 2], [3]], pa.list_(pa.int32()))})
+    for name in ("data-00000-of-00001.arrow", "cache-1234.arrow"):
+        with pa.ipc.new_stream(str(hf / name), table.schema) as w:
+            w.write_table(table)
+    (hf / "dataset_info.json").write_text("{}")
+    (hf / "state.json").write_text(json.dumps(
+        {"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
+    d = discover([hf])
+    assert _rels(d) == ["data-00000-of-00001.arrow"]
+    assert d.skipped == [f"{hf / 'cache-1234.arrow'} (not listed in state.json)"]
+    res = invoke(["pack", "--capacity", 4, hf, tmp_path / "out"])
+    assert res.exit_code == 0, res.output
+    assert "cache-1234.arrow" in res.output and "not listed in state.json" in res.output

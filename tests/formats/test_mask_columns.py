@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from packtool.errors import SchemaError
-from packtool.formats.reader import AUTO, iter_token_batches
+from packtool.formats.reader import AUTO
+from packtool.pipeline.read import iter_documents
 
 IDS = [[5, 6, 7, 0, 0], [8, 9, 0, 0, 0], [1, 2, 3, 4, 5]]
 MASK = [[1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]]
@@ -26,7 +27,7 @@ def _write(path, **cols):
 
 
 def _read(path, **kw):
-    batches = list(iter_token_batches(path, "input_ids", batch_rows=2, **kw))
+    batches = list(iter_documents(path, "input_ids", batch_rows=2, **kw))
     docs, flags = [], []
     for tb in batches:
         ends = np.cumsum(tb.lengths)

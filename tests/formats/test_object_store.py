@@ -15,7 +15,8 @@ import pytest
 
 from packcheck import hash_tree, invoke, write_docs
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
-                                       manifest_from_bytes, read_manifest, write_manifest_file)
+                                       LabelsInfo, Manifest, manifest_bytes, publish_manifest,
+                                       read_manifest)
 from packtool.formats.reader import discover, iter_token_batches
 from packtool.output import SCRATCH_FINGERPRINT
 from packtool.formats.schema import packed_schema
@@ -49,7 +50,7 @@ def test_pack_from_s3_gives_the_same_bytes_as_local(tmp_path, s3):
     assert _shards(out) == _shards(ref)
     assert "skipped 1" in res.output and f"s3://{bucket}/corpus/_temporary" in res.output
     manifest = read_manifest(out)
-    assert [i["path"] for i in manifest["inputs"]] == [f"s3://{bucket}/corpus/a.parquet",
+    assert [i.path for i in manifest.inputs] == [f"s3://{bucket}/corpus/a.parquet",
                                                        f"s3://{bucket}/corpus/sub/b.parquet"]
 
 
@@ -100,12 +101,10 @@ def test_s3_input_errors_are_one_line(tmp_path, s3, what):
     fs, bucket = s3
     if what == "packed":
         _put(fs, f"{bucket}/p/part-00000.parquet", DOCS_A)
-        local = tmp_path / "m"
-        local.mkdir()
-        mpath = write_manifest_file(local, {"packtool_version": "0", "outputs": []},
-                                    packed_schema(8, "none"))
+        m = Manifest(format_version=3, packtool_version="0", fingerprint="f", capacity=8,
+                     labels=LabelsInfo(False, "unshifted"))
         with fs.open_output_stream(f"{bucket}/p/{MANIFEST_NAME}") as fh:
-            fh.write(mpath.read_bytes())
+            fh.write(manifest_bytes(m, packed_schema(8, "none")))
     out = tmp_path / "out"
     res = invoke(["pack", "-q", f"s3://{bucket}/p", out])
     assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
@@ -157,9 +156,8 @@ def test_pack_s3_to_s3_gives_the_same_bytes_as_local(tmp_path, s3, monkeypatch):
     assert {k: v for k, v in remote.items() if k != MANIFEST_NAME} == _shards(ref)
     assert [k for k in remote if k.startswith(".")] == [MANIFEST_NAME], "scratch, lock removed"
     assert not any(node.iterdir()), "the local files written before each upload are removed"
-    with fs.open_input_stream(f"{bucket}/out/{MANIFEST_NAME}") as fh:
-        m = manifest_from_bytes(fh.read(), "out")
-    assert [o["file"] for o in m["outputs"]] == sorted(_shards(ref))
+    m = read_manifest(f"s3://{bucket}/out")
+    assert [o.file for o in m.shards] == sorted(_shards(ref))
     # the same command again: the finished pack is kept (a no-op), as in a directory
     again = invoke(["pack", "-q", *OPTS, f"s3://{bucket}/in", f"s3://{bucket}/out"])
     assert again.exit_code == 0 and "already holds this pack" in again.output, again.output
@@ -249,13 +247,15 @@ def test_interrupted_s3_pack_resumes_with_the_same_bytes(tmp_path, s3, phase, si
 
 def test_manifest_bytes_equal_the_manifest_file(tmp_path):
     """A store's manifest (one PUT of these bytes) is the file a directory gets."""
-    from packtool.formats.manifest import manifest_bytes
+    from packtool.formats.manifest import ShardEntry
 
-    m = {"outputs": [{"file": "part-00000.parquet", "rows": 2}], "fingerprint": "f"}
+    m = Manifest(format_version=3, packtool_version="0", fingerprint="f", capacity=8,
+                 labels=LabelsInfo(False, "unshifted"),
+                 shards=(ShardEntry("part-00000.parquet", 2, 10, "0" * 64, "1" * 64, ((2, 1),)),))
     schema = packed_schema(8, "none")
-    path = write_manifest_file(tmp_path, m, schema)
-    assert manifest_bytes(m, schema) == path.read_bytes()
-    assert manifest_from_bytes(path.read_bytes(), "m") == m
+    publish_manifest(tmp_path, m, schema)
+    assert manifest_bytes(m, schema) == (tmp_path / MANIFEST_NAME).read_bytes()
+    assert read_manifest(tmp_path) == m
 
 
 @pytest.mark.parametrize("hole", [0, 100, 1 << 20])
@@ -342,10 +342,10 @@ def test_ctrl_c_while_a_small_object_is_written_leaves_it_whole(s3, monkeypatch,
     import threading
     import time
 
-    from packtool.formats import object_store as store
+    from packtool.location import Location, StoreURI
 
     fs, bucket = s3
-    real_store_of = store.store_of
+    real_filesystem = StoreURI.filesystem
 
     class Interrupting:
         def __init__(self, fs):
@@ -357,8 +357,11 @@ def test_ctrl_c_while_a_small_object_is_written_leaves_it_whole(s3, monkeypatch,
             time.sleep(0.2)  # where the interrupt would land if it were not held
             return stream
 
-    monkeypatch.setattr(store, "store_of",
-                        lambda uri: (Interrupting(real_store_of(uri)[0]), real_store_of(uri)[1]))
+    def interrupting(self):
+        got, path = real_filesystem(self)
+        return Interrupting(got), path
+
+    monkeypatch.setattr(StoreURI, "filesystem", interrupting)
     done = threading.Event()
     other = threading.Thread(target=done.wait)
     if other_thread:
@@ -366,7 +369,7 @@ def test_ctrl_c_while_a_small_object_is_written_leaves_it_whole(s3, monkeypatch,
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
-            store.write_bytes(f"s3://{bucket}/marker.json", b'{"whole": true}')
+            Location.parse(f"s3://{bucket}/marker.json").publish_bytes(b'{"whole": true}')
     finally:
         signal.signal(signal.SIGINT, previous)
         done.set()
@@ -376,43 +379,19 @@ def test_ctrl_c_while_a_small_object_is_written_leaves_it_whole(s3, monkeypatch,
         assert fh.read() == b'{"whole": true}'
 
 
-def test_stats_compare_reads_an_s3_input_like_a_local_one(tmp_path, s3):
-    """``stats INPUT --compare`` takes every INPUT pack takes, a URI included."""
+def test_compare_reads_an_s3_input_like_a_local_one(tmp_path, s3):
+    """``compare INPUT`` takes every INPUT pack takes, a URI included."""
     fs, bucket = s3
     _put(fs, f"{bucket}/corpus/a.parquet", DOCS_A)
     _put(fs, f"{bucket}/corpus/sub/b.parquet", DOCS_B)
     write_docs(tmp_path / "local" / "a.parquet", DOCS_A)
     write_docs(tmp_path / "local" / "sub" / "b.parquet", DOCS_B)
-    ref = invoke(["stats", tmp_path / "local", "-c", 8, "--compare", "--json"])
+    ref = invoke(["compare", tmp_path / "local", "-c", 8, "--json"])
     assert ref.exit_code == 0, ref.output
-    res = invoke(["stats", f"s3://{bucket}/corpus", "-c", 8, "--compare", "--json"])
+    res = invoke(["compare", f"s3://{bucket}/corpus", "-c", 8, "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output) == json.loads(ref.output)
-    missing = invoke(["stats", f"s3://{bucket}/nothing", "-c", 8, "--compare"])
+    missing = invoke(["compare", f"s3://{bucket}/nothing", "-c", 8])
     assert missing.exit_code == 1
     assert missing.output.strip().splitlines() == [
         f"Error: s3://{bucket}/nothing: no such file or directory; check the INPUT path"]
-
-
-@pytest.mark.parametrize("command", ["stats", "verify", "loader"])
-def test_packed_output_in_s3_is_refused_by_readers_with_one_line(tmp_path, s3, command):
-    """stats, verify and the loaders read a local OUTPUT: a store URI is refused by its full
-    name, saying to copy it, never as a missing path."""
-    fs, bucket = s3
-    _put(fs, f"{bucket}/in/a.parquet", DOCS_A)
-    uri = f"s3://{bucket}/out-{command}"
-    packed = invoke(["pack", "-q", "-c", 8, f"s3://{bucket}/in", uri])
-    assert packed.exit_code == 0, packed.output
-    if command == "loader":
-        from packtool.errors import ManifestError
-        from packtool.loader import PackedDataset
-        with pytest.raises(ManifestError) as err:
-            PackedDataset(uri)
-        msg = str(err.value)
-    else:
-        res = invoke([command, *(["--data-only"] if command == "verify" else []), uri])
-        assert res.exit_code == 1, res.output
-        lines = res.output.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("Error: "), res.output
-        msg = lines[0]
-    assert f"{uri}: " in msg and "copy" in msg and "no such file" not in msg, msg

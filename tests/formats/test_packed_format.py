@@ -4,7 +4,6 @@ taken while writing, and what the README table, the manifest and the schema meta
 from __future__ import annotations
 
 import hashlib
-import json
 
 import numpy as np
 import pyarrow as pa
@@ -12,10 +11,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from packtool.config import PackConfig
-from packtool.formats.manifest import MANIFEST_NAME, read_manifest
-from packtool.formats.packed import PackedReader, derive_labels
-from packtool.formats.schema import (CAPACITY_META_KEY, LABELS_CONVENTION_META_KEY,
-                                     LABELS_META_KEY, packed_columns)
+from packtool.formats.manifest import FORMAT_VERSION, read_manifest
+from packtool.formats.packed import PackedOutput, labels_in
+from packtool.formats.schema import (CAPACITY_META_KEY, FORMAT_VERSION_META_KEY,
+                                     LABELS_CONVENTION_META_KEY, packed_columns)
+
+
+def derive_labels(ids, seg, convention="unshifted"):
+    return labels_in(convention, input_ids=ids, segment_ids=seg)
 from packtool.pipeline import run_pack
 
 
@@ -42,41 +45,41 @@ def test_default_stores_no_labels_and_says_what_readers_derive(three_outputs):
     assert PackConfig(inputs=("x",), output="y").labels.value == "none"
     out = three_outputs["none"]
     manifest = read_manifest(out)
-    schema = pq.read_schema(out / manifest["outputs"][0]["file"])
+    schema = pq.read_schema(out / manifest.shards[0].file)
     assert "labels" not in schema.names
-    assert schema.metadata[LABELS_META_KEY] == b"none"
     assert schema.metadata[LABELS_CONVENTION_META_KEY] == b"unshifted"
     assert schema.metadata[CAPACITY_META_KEY] == b"512"
-    assert manifest["labels"] == {"stored": False, "convention": "unshifted"}
-    assert manifest["columns"] == schema.names == packed_columns("none")
+    assert schema.metadata[FORMAT_VERSION_META_KEY] == str(FORMAT_VERSION).encode()
+    assert (manifest.labels.stored, manifest.labels.convention) == (False, "unshifted")
+    assert "labels" not in manifest.options  # the labels fact is recorded once
+    assert PackedOutput.open(out).columns == tuple(schema.names) == tuple(packed_columns("none"))
     for mode in ("unshifted", "shifted"):
         m = read_manifest(three_outputs[mode])
-        s = pq.read_schema(three_outputs[mode] / m["outputs"][0]["file"])
-        assert m["labels"] == {"stored": True, "convention": mode}
-        assert m["columns"] == s.names and "labels" in s.names
+        s = pq.read_schema(three_outputs[mode] / m.shards[0].file)
+        assert (m.labels.stored, m.labels.convention) == (True, mode)
+        assert "labels" in s.names
         assert s.metadata[LABELS_CONVENTION_META_KEY] == mode.encode()
 
 
 @pytest.mark.parametrize("mode", ["unshifted", "shifted"])
 def test_derived_labels_equal_stored_labels(three_outputs, mode):
     """B03/B05: labels derived from input_ids and segment_ids are exactly the stored ones."""
-    stored = PackedReader(three_outputs[mode])
-    derived = PackedReader(three_outputs["none"])
-    assert len(stored) == len(derived) > 100
+    stored = PackedOutput.open(three_outputs[mode])
+    derived = PackedOutput.open(three_outputs["none"])
+    assert stored.num_rows == derived.num_rows > 100
     n_targets = 0
     for a, b in zip(stored.iter_blocks(["labels", "input_ids", "num_targets"]),
                     derived.iter_blocks(["input_ids", "segment_ids", "num_targets"])):
-        np.testing.assert_array_equal(a.columns["input_ids"], b.columns["input_ids"])
-        lab = derive_labels(b.columns["input_ids"], b.columns["segment_ids"], mode)
-        np.testing.assert_array_equal(a.columns["labels"], lab)
-        np.testing.assert_array_equal((lab != -100).sum(axis=1), b.columns["num_targets"])
+        np.testing.assert_array_equal(a.tokens["input_ids"], b.tokens["input_ids"])
+        lab = derive_labels(b.tokens["input_ids"], b.tokens["segment_ids"], mode)
+        np.testing.assert_array_equal(a.tokens["labels"], lab)
+        np.testing.assert_array_equal((lab != -100).sum(axis=1), b.scalars["num_targets"])
         n_targets += int((lab != -100).sum())
-    assert n_targets == read_manifest(three_outputs["none"])[
-        "totals"]["effective_targets"]
-    if mode == "unshifted":  # the reader derives the recorded convention on request
-        for i in (0, len(derived) // 2, len(derived) - 1):
-            np.testing.assert_array_equal(derived.read_row(i, ["labels"])["labels"],
-                                          stored.read_row(i, ["labels"])["labels"])
+    assert n_targets == read_manifest(three_outputs["none"]).totals.effective_targets
+    # the reader derives any convention on request, equal to the stored one
+    for i in (0, derived.num_rows // 2, derived.num_rows - 1):
+        np.testing.assert_array_equal(derived.read_row(i, ["labels"], mode)["labels"],
+                                      stored.read_row(i, ["labels"])["labels"])
 
 
 def test_derive_labels_hand_case():
@@ -93,11 +96,11 @@ def test_sha256_is_taken_while_writing_and_matches_the_file(three_outputs):
     """The manifest's sha256 (computed as the bytes went out) is the file's sha256."""
     out = three_outputs["unshifted"]
     manifest = read_manifest(out)
-    for o in manifest["outputs"]:
-        data = (out / o["file"]).read_bytes()
-        assert o["bytes"] == len(data)
-        assert o["sha256"] == hashlib.sha256(data).hexdigest()
-    PackedReader(out, check_hashes=True)
+    for o in manifest.shards:
+        data = (out / o.file).read_bytes()
+        assert o.bytes == len(data)
+        assert o.sha256 == hashlib.sha256(data).hexdigest()
+    PackedOutput.open(out, integrity="sha256")
 
 
 def test_capacity_2_pow_22_packs_without_offsets(tmp_path):
@@ -113,13 +116,13 @@ def test_capacity_2_pow_22_packs_without_offsets(tmp_path):
     pq.write_table(pa.table({"input_ids": arr}), src)
     out = tmp_path / "out"
     _pack(src, out, capacity=C, shuffle=False)
-    reader = PackedReader(out)
+    reader = PackedOutput.open(out)
     typ = pq.read_schema(out / reader.shards[0]).field("input_ids").type
     assert pa.types.is_fixed_size_list(typ) and typ.list_size == C
-    assert len(reader) == 2  # obfd: [3.0 M + 7 ...], [2.0 M + 1.5 M]
+    assert reader.num_rows == 2  # obfd: [3.0 M + 7 ...], [2.0 M + 1.5 M]
     seen = {}
-    for row in reader.iter_rows(["input_ids", "segment_ids", "position_ids", "cu_seqlens",
-                                 "doc_ids", "doc_offsets"]):
+    cols = ["input_ids", "segment_ids", "position_ids", "cu_seqlens", "doc_ids", "doc_offsets"]
+    for row in (reader.read_row(i, cols) for i in range(reader.num_rows)):
         assert row["input_ids"].shape == (C,) and row["cu_seqlens"][-1] == C
         for k, (d, off) in enumerate(zip(row["doc_ids"], row["doc_offsets"]), start=1):
             piece = row["input_ids"][row["segment_ids"] == k]
@@ -146,26 +149,25 @@ def test_row_groups_are_sized_by_the_byte_budget(tmp_path, sample_data, mb, labe
     ncols = 3 if labels == "none" else 4
     want = int(mb * 2**20) // (4 * 2048 * ncols)
     assert rows_per_group_for(mb, 2048, ncols) == want > 1
-    for o in read_manifest(out)["outputs"]:
-        md = pq.read_metadata(out / o["file"])
+    for o in read_manifest(out).shards:
+        md = pq.read_metadata(out / o.file)
         sizes = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
         assert sizes[:-1] == [want] * (len(sizes) - 1) and 0 < sizes[-1] <= want
     assert rows_per_group_for(1.0, 2**24, 3) == 1
 
 
 def test_reader_returns_the_same_rows_in_any_access_order(three_outputs):
-    """Random read_row, sequential read_row (which reads ahead several row groups) and
-    iter_blocks (several row groups per block) give the same row for every index."""
+    """Random read_row, sequential read_row and iter_blocks (decoding ahead in a thread) give
+    the same row for every index."""
     out = three_outputs["unshifted"]
     cols = ["input_ids", "labels", "cu_seqlens", "doc_ids", "num_targets"]
     ref = {}
-    for b in PackedReader(out).iter_blocks(cols):
-        for i in range(b.num_rows):
-            ref[b.global_first_row + i] = (b.columns["input_ids"][i].copy(),
-                                           b.columns["cu_seqlens"][i].copy())
-    r = PackedReader(out)
-    assert sorted(ref) == list(range(len(r)))
-    order = list(range(len(r))) + list(np.random.default_rng(1).permutation(len(r))[:200])
+    for b in PackedOutput.open(out).iter_blocks(cols):
+        for i, cu in enumerate(b.ragged_rows("cu_seqlens")):
+            ref[b.first + i] = (b.tokens["input_ids"][i].copy(), cu.copy())
+    r = PackedOutput.open(out)
+    assert sorted(ref) == list(range(r.num_rows))
+    order = list(range(r.num_rows)) + list(np.random.default_rng(1).permutation(r.num_rows)[:200])
     for i in order:
         row = r.read_row(int(i), cols)
         assert row["index"] == i

@@ -44,3 +44,24 @@ def many_groups(tmp_path_factory):
     d = tmp_path_factory.mktemp("many_groups")
     write_input(d / "in", random_docs(300, 12, seed=1))
     return pack(d / "in", d / "out", 16, "--rows-per-shard", "7", "--seed", "3")
+
+
+@pytest.fixture(scope="session")
+def rows_120(tmp_path_factory):
+    """120 rows at C = 16 (one full-length document each) in shards of 7 rows (one row group
+    each): a row count that 2, 3, 4, 5 and 6 ranks divide, so an epoch has no even-up repeats
+    and "every row exactly once" is the whole claim."""
+    d = tmp_path_factory.mktemp("rows_120")
+    write_input(d / "in", [[r * 100 + p + 1 for p in range(16)] for r in range(120)])
+    return pack(d / "in", d / "out", 16, "--rows-per-shard", "7", "--seed", "5")
+
+
+@pytest.fixture(scope="session")
+def web_and_code(tmp_path_factory):
+    """Two outputs to mix at C = 16: ``web`` (the larger) and ``code`` (the smaller)."""
+    d = tmp_path_factory.mktemp("mixture")
+    web = pack(write_input(d / "web_in", random_docs(400, 12, seed=5)), d / "web", 16,
+               "--rows-per-shard", "7", "--seed", "1")
+    code = pack(write_input(d / "code_in", random_docs(30, 12, seed=6)), d / "code", 16,
+                "--rows-per-shard", "5", "--seed", "2")
+    return {"web": web, "code": code}

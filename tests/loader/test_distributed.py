@@ -33,7 +33,7 @@ def test_every_row_exactly_once_per_epoch_padding_counted(many_groups, world_siz
     """Default policy (drop_last=False): all rows once, then `repeated_rows` rows of the epoch's
     start again so every rank yields the same count (collectives stay in step)."""
     probe = PackedIterableDataset(many_groups, rank=0, world_size=world_size)
-    N = probe.index.num_rows
+    N = probe.output.num_rows
     per_rank = epoch_rows(many_groups, world_size, num_workers)
     q = -(-N // world_size)
     assert [len(r) for r in per_rank] == [q] * world_size == [len(probe)] * world_size
@@ -49,7 +49,7 @@ def test_drop_last_drops_exactly_the_counted_remainder(many_groups, world_size, 
     """drop_last=True: no row twice, exactly N - W * floor(N / W) rows left out."""
     per_rank = epoch_rows(many_groups, world_size, num_workers, drop_last=True)
     probe = PackedIterableDataset(many_groups, rank=0, world_size=world_size, drop_last=True)
-    N = probe.index.num_rows
+    N = probe.output.num_rows
     flat = [i for r in per_rank for i in r]
     assert len(flat) == len(set(flat)) == N - probe.dropped_rows
     assert probe.dropped_rows == N % world_size
@@ -105,22 +105,25 @@ def test_set_epoch_changes_the_order_of_one_dataset(many_groups):
 def test_each_rank_reads_a_contiguous_run_of_whole_row_groups(many_groups):
     """Ranks split the epoch's row-group order into contiguous ranges: over all ranks, row
     groups decoded = G + at most W - 1 shared at range ends (a stride would decode every group
-    on every rank: G * W)."""
+    on every rank: G * W); inside a rank's range every group but the two at its ends is read
+    whole."""
     from packtool.loader import plan
 
     for W in (2, 3, 8):
         decoded = 0
         for rank in range(W):
-            ds = PackedIterableDataset(many_groups, rank=rank, world_size=W, drop_last=True)
-            pieces = ds._split().pieces
-            decoded += len(np.unique(pieces[:, 0]))
-            # whole groups inside the range: only the first and last piece may be partial
-            full = ds.index.rg_rows[pieces[1:-1, 0]]
-            assert np.array_equal(pieces[1:-1, 2] - pieces[1:-1, 1], full)
-        G = ds.index.num_row_groups
+            ds = PackedIterableDataset(many_groups, rank=rank, world_size=W, drop_last=True,
+                                       shuffle_buffer=1)
+            groups = ds.groups_for()
+            decoded += len(groups)
+            rows = ds.rows_for()
+            per_group = np.bincount(ds.output.group_of(rows), minlength=ds.output.num_row_groups)
+            inner = groups[1:-1]
+            assert np.array_equal(per_group[inner], ds.output.rg_rows[inner])
+        G = ds.output.num_row_groups
         assert G <= decoded <= G + W - 1, (W, decoded, G)
-        assert plan.split_ranks(ds.index.rg_rows, rank=0, world_size=W, seed=0, epoch=0,
-                                drop_last=True).rows_per_rank == ds.index.num_rows // W
+        assert plan.split_ranks(ds.output.rg_rows, rank=0, world_size=W, seed=0, epoch=0,
+                                drop_last=True).rows_per_rank == ds.output.num_rows // W
 
 
 def test_items_match_random_access(many_groups):
@@ -151,7 +154,7 @@ def test_shuffle_buffer_bounds_how_far_a_row_moves(many_groups):
 def test_no_shuffle_reads_in_manifest_order(many_groups):
     """shuffle=False: one rank reads rows 0..N-1 in order (the sequential benchmark's path)."""
     ds = PackedIterableDataset(many_groups, rank=0, world_size=1, shuffle=False)
-    assert [it["index"] for it in ds] == list(range(ds.index.num_rows))
+    assert [it["index"] for it in ds] == list(range(ds.output.num_rows))
 
 
 def test_rank_defaults_come_from_torchrun_variables(many_groups, monkeypatch):

@@ -3,7 +3,6 @@ labels, windowed outputs mixed, the [B, C] and flattened batches with their chec
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -32,13 +31,14 @@ def _rewrite_other_list_type_without_labels(out):
     """Rewrite every shard with the per-token columns in the other list type (list<int32> <->
     fixed_size_list<int32>[C]) and no labels column (the manifest entry's bytes and sha256
     updated): both layouts a packed output has had."""
-    from packtool.formats.manifest import read_manifest, sha256_file, write_manifest_file
+    from packcheck import reseal
+    from packtool.formats.manifest import LabelsInfo, read_manifest
 
     manifest = read_manifest(out)
-    C = int(manifest["options"]["capacity"])
+    C = int(manifest.capacity)
     schema = None
-    for entry in manifest["outputs"]:
-        path = out / entry["file"]
+    for entry in manifest.shards:
+        path = out / entry.file
         t = pq.read_table(path)
         cols, fields = [], []
         for f in t.schema:
@@ -54,12 +54,11 @@ def _rewrite_other_list_type_without_labels(out):
             cols.append(col)
             fields.append(pa.field(f.name, col.type))
         meta = dict(t.schema.metadata or {})
-        meta[b"packtool.labels"] = b"none"
         meta[b"packtool.labels_convention"] = b"unshifted"
         schema = pa.schema(fields, metadata=meta)
         pq.write_table(pa.Table.from_arrays(cols, schema=schema), path)
-        entry.update(bytes=path.stat().st_size, sha256=sha256_file(path))
-    write_manifest_file(out, manifest, schema)
+    reseal(out, labels=LabelsInfo(False, "unshifted"))
+
 
 
 def test_both_list_types_with_or_without_labels_read_the_same(tmp_path):
@@ -69,11 +68,11 @@ def test_both_list_types_with_or_without_labels_read_the_same(tmp_path):
     a = pack(src, tmp_path / "a", 12, "--rows-per-shard", "5", "--labels", "unshifted")
     b = pack(src, tmp_path / "b", 12, "--rows-per-shard", "5", "--labels", "unshifted")
     _rewrite_other_list_type_without_labels(b)
-    ta = pq.read_schema(a / PackedDataset(a).index.files[0]).field("input_ids").type
-    tb = pq.read_schema(b / PackedDataset(b).index.files[0]).field("input_ids").type
+    ta = pq.read_schema(a / PackedDataset(a).output.shards[0]).field("input_ids").type
+    tb = pq.read_schema(b / PackedDataset(b).output.shards[0]).field("input_ids").type
     assert pa.types.is_fixed_size_list(ta) != pa.types.is_fixed_size_list(tb)
     da, db = PackedDataset(a), PackedDataset(b)
-    assert da.index.stored_labels and not db.index.stored_labels
+    assert da.output.labels.stored and not db.output.labels.stored
     assert len(da) == len(db) > 5
     for i in range(len(da)):
         for k in ("input_ids", "segment_ids", "position_ids", "labels", "cu_seqlens"):
@@ -159,8 +158,9 @@ def test_cu_seqlens_int32_overflow_is_refused():
 
 
 def test_flat_batch_has_flash_attention_2_keyword_names_B06_B24(tmp_path):
-    """collate_flat: [1, B*C] int64 tensors, cu_seq_lens_q/k int32 equal to the [B, C] batch's
-    cu_seqlens, max_length_q/k Python ints, num_targets = labels != -100."""
+    """collate_flat: [1, B*C] tensors (ids int32, positions int64 (B28), labels int64: the loss needs
+    Long targets), cu_seq_lens_q/k int32 equal to the [B, C] batch's cu_seqlens, max_length_q/k
+    Python ints, num_targets = labels != -100."""
     torch = pytest.importorskip("torch")
     from packtool.loader import collate, collate_flat
 
@@ -169,7 +169,8 @@ def test_flat_batch_has_flash_attention_2_keyword_names_B06_B24(tmp_path):
     items = [ds[i] for i in range(4)]
     flat, rows = collate_flat(items), collate(items)
     for k in ("input_ids", "position_ids", "labels"):
-        assert flat[k].shape == (1, 40) and flat[k].dtype == torch.int64
+        want = torch.int64 if k in ("labels", "position_ids") else torch.int32
+        assert flat[k].shape == (1, 40) and flat[k].dtype == rows[k].dtype == want
         assert torch.equal(flat[k].reshape(4, 10), rows[k])
     assert flat["cu_seq_lens_q"].dtype == torch.int32
     assert torch.equal(flat["cu_seq_lens_q"], rows["cu_seqlens"])
@@ -188,7 +189,7 @@ def test_hf_collator_rebuilds_segments_from_positions_when_keys_were_dropped(tmp
 
     out = pack(write_input(tmp_path / "in", random_docs(30, 7, seed=4)), tmp_path / "out", 10,
                "--labels", "shifted")
-    ds = PackedDataset(out)
+    ds = PackedDataset(out, labels="shifted")
     items = [ds[i] for i in range(3)]
     stripped = [{k: it[k] for k in ("input_ids", "position_ids", "labels")} for it in items]
     full = HFCollator(flatten=True, flash_attn_kwargs=True, labels_mode="shifted")(stripped)

@@ -89,8 +89,8 @@ def test_trainer_with_default_arguments_trains_with_isolation(packed, tmp_path, 
 
 
 def test_collator_output_survives_remove_unused_columns(packed, tmp_path):
-    """The keys the collator returns are all parameters of the model's forward, so Trainer's
-    default column removal keeps every one of them."""
+    """The keys the collator returns are all parameters of the model's forward (``seq_idx``
+    through its ``TransformersKwargs``), so Trainer's default column removal keeps every one."""
     model = tiny_llama()
     trainer = transformers.Trainer(model=model,
                                    args=transformers.TrainingArguments(output_dir=str(tmp_path)),
@@ -98,8 +98,10 @@ def test_collator_output_survives_remove_unused_columns(packed, tmp_path):
                                    data_collator=HFCollator())
     assert trainer.args.remove_unused_columns is True
     batch = next(iter(trainer.get_train_dataloader()))
-    assert set(batch) == {"input_ids", "position_ids", "labels", "use_cache"}
+    assert set(batch) == {"input_ids", "position_ids", "labels", "use_cache", "seq_idx"}
     assert batch["use_cache"] is False
+    assert batch["seq_idx"].dtype == torch.int32
+    assert "seq_idx" in transformers.utils.generic.TransformersKwargs.__annotations__
 
 
 def test_trainer_loss_denominator_is_effective_targets(packed, tmp_path):

@@ -27,7 +27,7 @@ def test_dataloader_workers_under_each_start_method(many_groups, context):
     dl = torch.utils.data.DataLoader(it, batch_size=8, collate_fn=collate, num_workers=2,
                                      multiprocessing_context=context)
     rows = [i for b in dl for i in b["index"]]
-    assert sorted(rows) == list(range(it.index.num_rows))
+    assert sorted(rows) == list(range(it.output.num_rows))
     mp_ds = PackedDataset(many_groups)
     mp_ds[0]  # opens a handle and caches a block before the workers start
     dl = torch.utils.data.DataLoader(mp_ds, batch_size=8, collate_fn=collate, num_workers=2,
@@ -46,7 +46,7 @@ def test_pickle_drops_open_handles_and_cached_blocks(many_groups):
     assert clone[7]["input_ids"].tolist() == ds[7]["input_ids"].tolist()
     it = PackedIterableDataset(many_groups, rank=0, world_size=1, max_open_files=2)
     seen = [x["index"] for x in it]
-    assert it._files.__len__() <= 2
+    assert it.output.open_files <= 2
     assert [x["index"] for x in pickle.loads(pickle.dumps(it))] == seen
 
 
@@ -55,7 +55,7 @@ def test_open_files_never_exceed_the_limit(many_groups):
     ds = PackedIterableDataset(many_groups, rank=0, world_size=1, max_open_files=4, seed=9)
     peak = 0
     for _ in ds:
-        peak = max(peak, len(ds._files))
+        peak = max(peak, ds.output.open_files)
     assert peak == 4
     with pytest.raises(ValueError):
         PackedDataset(many_groups, max_open_files=0)
@@ -71,7 +71,7 @@ READ_ALL = textwrap.dedent("""
     assert rows == list(range(n)), (len(rows), n)
     m = PackedDataset(out)
     assert [m[i]["index"] for i in range(0, n, 997)] == list(range(0, n, 997))
-    print("ok", len(ds.index.files))
+    print("ok", len(ds.output.shards))
 """)
 
 

@@ -1,5 +1,6 @@
 """The README's "Training with the output" runs as pasted: its shell lines (pack, one process,
-torchrun with two ranks, the Hugging Face Trainer) and the scripts they name."""
+torchrun with two ranks, the Hugging Face Trainer) and the scripts they name, whose text the
+README (the Trainer script) and docs/training.md (the plain loop) show as they are."""
 
 from __future__ import annotations
 
@@ -25,11 +26,23 @@ def section_blocks():
     return re.findall(r"```(\w+)\n(.*?)```", sec, flags=re.S)
 
 
+def example_blocks(page: str) -> dict:
+    """The python blocks of ``page`` that show an example file, by the file they name."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    return {re.match(r"# (\S+\.py)", body).group(1): body
+            for body in re.findall(r"```python\n(.*?)```", text, flags=re.S)
+            if re.match(r"# examples/\S+\.py", body)}
+
+
 def test_training_section_runs_as_pasted(tmp_path):
     blocks = section_blocks()
     shell = [body for lang, body in blocks if lang == "bash"]
-    scripts = [body for lang, body in blocks if lang == "python"]
-    assert len(shell) == 1 and len(scripts) == 2
+    readme = [body for lang, body in blocks if lang == "python"]
+    assert len(shell) == 1 and len(readme) == 1
+    shown = example_blocks("docs/training.md")
+    shown.update(example_blocks("README.md"))
+    assert sorted(shown) == ["examples/train.py", "examples/train_hf.py"]
+    scripts = list(shown.values())
     for body in scripts:  # each script block opens with "# examples/NAME.py: ..."
         name = re.match(r"# (\S+\.py)", body).group(1)
         assert (ROOT / name).read_text() == body, f"{name} differs from the README"

@@ -46,7 +46,7 @@ WORKER = textwrap.dedent("""
         steps += 1
     everyone = [None] * world
     dist.all_gather_object(everyone, {"rows": rows, "steps": steps, "len": len(ds),
-                                      "groups": sorted(set(ds._split().pieces[:, 0].tolist()))})
+                                      "groups": sorted(ds.groups_for().tolist())})
     if rank == 0:
         with open(sys.argv[2], "w") as f:
             json.dump(everyone, f)

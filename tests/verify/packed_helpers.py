@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 from click.testing import CliRunner
 
 from packtool.cli import cli
-from packtool.formats.manifest import read_manifest, sha256_file, write_manifest_file
+from packcheck import reseal
+from packtool.formats.manifest import read_manifest
 
 
 def pack_docs(tmp_path: Path, docs, capacity: int, *extra: str, name: str = "out") -> Path:
@@ -28,10 +29,9 @@ def edit_rows(out: Path, fn, shard: int = 0) -> None:
     """Rewrite one shard with ``fn(rows: list[dict]) -> list[dict]`` and fix its manifest entry
     (rows, bytes, sha256), keeping the manifest totals: a broken output that still loads."""
     manifest = read_manifest(out)
-    entry = manifest["outputs"][shard]
-    path = out / entry["file"]
+    entry = manifest.shards[shard]
+    path = out / entry.file
     table = pq.read_table(path)
     rows = fn(table.to_pylist())
     pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), path, compression="zstd")
-    entry.update(rows=len(rows), bytes=path.stat().st_size, sha256=sha256_file(path))
-    write_manifest_file(out, manifest, pq.read_schema(path))
+    reseal(out)

@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from packtool.formats.packed import PackedReader  # noqa: E402
+from packtool.formats.packed import PackedOutput  # noqa: E402
 from packtool.verify.loader import PackedDataset, collate  # noqa: E402
 from packtool.verify.masks import block_causal_mask, document_block_mask  # noqa: E402
 
@@ -22,13 +22,19 @@ def out(tmp_path):
 
 
 def test_collate_dtypes_and_shapes_B06_B24_B28(out):
-    """cu_seqlens int32 [S+1] offset by row*C, max_seqlen a Python int, positions int64 [B, C]."""
+    """cu_seqlens int32 [S+1] offset by row*C, max_seqlen a Python int; ids and segments int32
+    [B, C]; positions int64 (B28: long, what position code indexes with), labels int64 (the
+    loss needs Long)."""
     ds = PackedDataset(out)
     assert len(ds) == 3  # ordered at C=6: [11,12,13,21,22] [31..35] [41,51..54], all padded
     batch = collate([ds[i] for i in range(len(ds))])
     B, C = 3, 6
     for k in ("input_ids", "labels", "position_ids", "segment_ids"):
-        assert batch[k].shape == (B, C) and batch[k].dtype == torch.int64, k
+        want = torch.int64 if k in ("labels", "position_ids") else torch.int32
+        assert batch[k].shape == (B, C) and batch[k].dtype == want, k
+    table = torch.randn(C, 4)
+    pos = batch["position_ids"]
+    assert torch.equal(table[pos], table[pos.long()]) and int(pos.max()) < C
     cu = batch["cu_seqlens"]
     assert cu.dtype == torch.int32 and cu.ndim == 1
     per_row = [np.asarray(ds[i]["cu_seqlens"]) for i in range(B)]
@@ -45,7 +51,7 @@ def test_collate_dtypes_and_shapes_B06_B24_B28(out):
 def test_dataset_reads_any_row_by_index(out):
     """Random access by index returns the same rows as streaming them in order."""
     ds = PackedDataset(out)
-    streamed = list(PackedReader(out).iter_rows())
+    streamed = [b.row(i) for b in PackedOutput.open(out).iter_blocks() for i in range(b.num_rows)]
     for i in [2, 0, 1, -1]:
         assert ds[i]["input_ids"].tolist() == streamed[i]["input_ids"].tolist()
     with pytest.raises(IndexError):
@@ -53,11 +59,13 @@ def test_dataset_reads_any_row_by_index(out):
 
 
 def test_b28_b06_values_of_the_contract_row(tmp_path):
-    """docs [[11,12,13],[21,22]] at C=6 load as positions [0,1,2,0,1,0] (long), cu [0,3,5,6]."""
+    """docs [[11,12,13],[21,22]] at C=6 load as positions [0,1,2,0,1,0] (torch.long, B28),
+    cu [0,3,5,6] (torch.int32, B06)."""
     out = pack_docs(tmp_path, [[11, 12, 13], [21, 22]], 6)
     batch = collate([PackedDataset(out)[0]])
     assert batch["position_ids"][0].tolist() == [0, 1, 2, 0, 1, 0]
     assert batch["position_ids"].dtype == torch.long
+    assert batch["cu_seqlens"].dtype == torch.int32
     assert batch["cu_seqlens"].tolist() == [0, 3, 5, 6] and batch["max_seqlen"] == 3
 
 

@@ -226,10 +226,10 @@ def test_b32_compiled_flex_matches_and_does_not_recompile_for_other_segment_coun
 
     a = pack_docs(tmp_path, [[1, 2, 3], [4, 5]], 8, name="a")
     b = pack_docs(tmp_path, [[1, 2], [3], [4], [5]], 8, name="b")
-    from packtool.formats.packed import PackedReader
+    from packtool.formats.packed import PackedOutput
 
-    assert PackedReader(a).read_row(0)["cu_seqlens"].tolist() == [0, 3, 5, 8]
-    assert PackedReader(b).read_row(0)["cu_seqlens"].tolist() == [0, 2, 3, 4, 5, 8]
+    assert PackedOutput.open(a).read_row(0)["cu_seqlens"].tolist() == [0, 3, 5, 8]
+    assert PackedOutput.open(b).read_row(0)["cu_seqlens"].tolist() == [0, 2, 3, 4, 5, 8]
     ra = run_verify(a, rows=0, backends=["flex"], compile=True)
     assert ra.ok, ra.format_text()
     graphs = counters["stats"]["unique_graphs"]

@@ -1,0 +1,281 @@
+"""packtool from Python: ``pack`` (the CLI's ``pack`` as a function) and ``pack_dataset`` (rows of
+an in-memory dataset packed in memory).
+
+:func:`pack_dataset` takes a Hugging Face ``datasets.Dataset`` or ``IterableDataset`` (or a
+``DatasetDict`` of them), a ``pyarrow.Table`` or a list of token sequences, and returns the same
+kind of object holding the packed rows of the output contract (README, "Output contract").
+There is one pipeline: the documents are streamed batch by batch into one Arrow IPC file in a
+temporary directory (:mod:`packtool.formats.inmemory`), :func:`packtool.pipeline.run_pack`
+packs it exactly as ``packtool pack`` would, and the rows are read back. So the rows equal those
+of ``packtool pack`` on the same documents with the same options, byte for byte, and every rule
+of the CLI (masks, BOS/EOS, overflow, errors naming the row) holds.
+
+Memory: a ``Dataset``, a ``Table`` and a list come back in memory (as TRL's ``pack_dataset``
+does); an ``IterableDataset`` is written to disk one batch at a time, packed in bounded memory
+and read back lazily from the packed output, which stays on disk (a temporary directory removed
+when no dataset derived from the result is left, or ``output``) while it is iterated.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Sequence
+
+from packtool.errors import ConfigError, InputError, PacktoolError
+
+__all__ = ["pack", "pack_dataset"]
+
+#: Documents written to the temporary input per batch (Arrow record batches).
+BATCH_ROWS = 8192
+
+
+def _config(inputs, output, **options):
+    from packtool.config import PackConfig
+
+    workers = options.pop("workers", None)
+    return PackConfig(inputs=tuple(str(p) for p in inputs), output=str(output),
+                      workers=(os.cpu_count() or 1) if workers is None else int(workers),
+                      **options)
+
+
+def pack(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str | os.PathLike, *,
+         capacity: int = 2048, column: str = "input_ids", strategy: str = "obfd",
+         overflow: str = "split", segment_multiple: int = 1, labels: str = "none",
+         pad_id: int = 0, append_eos: int | None = None, prepend_bos: int | None = None,
+         attention_mask_column: str | None = "auto", labels_column: str | None = "auto",
+         loss_mask_column: str | None = "auto", skip_unsupported: bool = False,
+         seed: int = 0, shuffle: bool = True, rows_per_shard: int = 8192,
+         row_group_mb: float = 1.0, workers: int | None = None, overwrite: bool = False,
+         window_docs: int | None = None, engine: str = "local", ray_address: str | None = None,
+         holdout: float | None = None, holdout_output: str | os.PathLike | None = None,
+         source_column: str | None = None, progress: bool = False):
+    """``packtool pack INPUT... OUTPUT`` as a function: same options (keyword names are the
+    option names with ``_``; ``shuffle=False`` is ``--no-shuffle``), same output, same errors.
+
+    Args:
+        inputs: one INPUT or a list of them (files, directories, URIs).
+        output: OUTPUT directory (or URI).
+        progress: progress bars on stderr (when it is a terminal).
+
+    Returns:
+        :class:`packtool.pipeline.PackResult`: ``stats`` (the summary's counts,
+        :class:`packtool.stats.PackStats`; ``stats.to_dict()`` is what ``pack --json`` prints),
+        ``manifest``, ``seconds``, ``warnings``, ``already_complete``, and ``holdout`` (the
+        held-out pack's result) with ``holdout=``.
+
+    Raises:
+        ConfigError: an option out of range (named as on the command line).
+        InputError, SchemaError, PackingError, OutputError, EngineError: as ``packtool pack``
+            (exit 1); the message names the file, the row and the fix.
+    """
+    from packtool.pipeline import run_pack
+
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    cfg = _config(inputs, output, capacity=capacity, column=column, strategy=strategy,
+                  overflow=overflow, segment_multiple=segment_multiple, labels=labels,
+                  pad_id=pad_id, append_eos=append_eos,
+                  prepend_bos=prepend_bos, attention_mask_column=attention_mask_column,
+                  labels_column=labels_column, loss_mask_column=loss_mask_column,
+                  skip_unsupported=skip_unsupported, seed=seed, shuffle=shuffle,
+                  rows_per_shard=rows_per_shard, row_group_mb=row_group_mb, workers=workers,
+                  overwrite=overwrite, window_docs=window_docs, engine=engine,
+                  ray_address=ray_address, holdout=holdout,
+                  holdout_output=None if holdout_output is None else str(holdout_output),
+                  source_column=source_column)
+    return run_pack(cfg, progress=progress)
+
+
+class _Owner:
+    """Keeps a temporary directory of packed outputs alive while an ``IterableDataset`` made from
+    it (or one derived from that) exists, and removes it after the last one. A pickled copy (a
+    DataLoader worker's) never removes it."""
+
+    def __init__(self, path: str, owned: bool = False) -> None:
+        self.path = path
+        if owned:
+            weakref.finalize(self, shutil.rmtree, path, True)
+
+    def __reduce__(self):
+        return (_Owner, (self.path, False))
+
+
+def _iter_packed_rows(path: str, owner: _Owner | None = None):
+    from packtool.formats.inmemory import packed_batches
+
+    for batch in packed_batches(path):
+        yield from batch.to_pylist()
+
+
+def _kind(data) -> str:
+    from packtool.formats.inmemory import is_arrow_table
+
+    if isinstance(data, list):
+        return "list"
+    if is_arrow_table(data):
+        return "table"
+    mod = type(data).__module__ or ""
+    if mod.startswith("datasets"):  # never import datasets for anything else
+        name = type(data).__name__
+        if name in ("Dataset", "IterableDataset", "DatasetDict", "IterableDatasetDict"):
+            return name
+    raise InputError(f"pack_dataset takes a datasets.Dataset, IterableDataset, DatasetDict, a "
+                     f"pyarrow.Table or a list of token sequences, not {type(data).__name__}; "
+                     "for files on disk use packtool.pack(INPUT, OUTPUT)")
+
+
+def _named(*options) -> list[str]:
+    """Columns named by an option (not ``auto``, not off)."""
+    return [str(o) for o in options if o is not None and str(o).lower() not in ("none", "auto")]
+
+
+def _batches(data, kind: str, column: str, batch_rows: int):
+    from packtool.formats.inmemory import table_from_list
+
+    if kind == "list":
+        return [table_from_list(data, column)]
+    if kind == "table":
+        return [data]
+    # a Dataset's rows in order (select, shuffle and filter indices applied), batch by batch
+    return data.with_format("arrow").iter(batch_size=batch_rows)
+
+
+def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
+                 strategy: str = "obfd", overflow: str = "split", segment_multiple: int = 1,
+                 labels: str = "none",
+                 pad_id: int = 0, append_eos: int | None = None, prepend_bos: int | None = None,
+                 attention_mask_column: str | None = "auto", labels_column: str | None = "auto",
+                 loss_mask_column: str | None = "auto", source_column: str | None = None,
+                 shuffle: bool = True, seed: int = 0, window_docs: int | None = None,
+                 holdout: float | None = None, rows_per_shard: int = 8192,
+                 row_group_mb: float = 1.0, workers: int | None = None,
+                 output: str | os.PathLike | None = None, overwrite: bool = False,
+                 batch_rows: int = BATCH_ROWS, progress: bool = False):
+    """Pack the documents of an in-memory dataset into rows of exactly ``capacity`` tokens.
+
+    The keywords are ``packtool pack``'s options (``shuffle=False`` is ``--no-shuffle``); the rows
+    are those ``packtool pack`` writes for the same documents in the same order with the same
+    options.
+
+    Args:
+        data: one document per row, tokens in ``column`` (a list of integer ids):
+            ``datasets.Dataset`` / ``IterableDataset`` (their rows in iteration order; an
+            ``IterableDataset`` is read one batch of ``batch_rows`` at a time), a
+            ``DatasetDict`` / ``IterableDatasetDict`` (each split packed on its own), a
+            ``pyarrow.Table``, or a list of token sequences (or of dicts of columns). Mask
+            columns (``attention_mask``, ``labels``, TRL's ``completion_mask`` and
+            ``assistant_masks``, or the columns ``attention_mask_column``, ``labels_column`` and
+            ``loss_mask_column`` name) are applied as by the CLI; text and scalar columns are
+            not read (``doc_ids`` in the packed rows index the input rows) unless
+            ``source_column`` names one.
+        capacity: C, tokens per packed row.
+        labels: what the rows store, as ``--labels``: ``none`` (no ``labels`` column unless an
+            input labels column or loss mask is read: then ``unshifted``), ``unshifted`` or
+            ``shifted``.
+        source_column: a column of one string or integer per document (``--source-column``)
+            carried into the rows as each segment's ``source_ids``; the id -> value table is in
+            the manifest (``read_manifest(output).source_values``).
+        holdout: also pack a held-out fraction of the documents (``--holdout``); the result is
+            then a pair ``(training rows, held-out rows)``.
+        output: keep the packed output (shards and manifest) in this directory; default: a
+            temporary one.
+        overwrite: replace a non-empty ``output``.
+        batch_rows: documents written to the temporary input per batch.
+
+    Returns:
+        The type given, holding the packed contract's columns (``input_ids``,
+        ``segment_ids``, ``position_ids`` ``int32[C]``, ``labels`` when stored,
+        ``cu_seqlens``, ``cu_seqlens_unpadded`` with ``segment_multiple`` > 1, ``max_seqlen``,
+        ``num_targets``, ``doc_ids``, ``doc_offsets``, ``source_ids`` with ``source_column``):
+        a ``datasets.Dataset`` (in memory), an ``IterableDataset`` (streamed from the packed
+        output on disk), a ``DatasetDict`` of those, a ``pyarrow.Table`` (the shards' schema
+        and metadata), or a list of dicts of Python values, one per row.
+
+        Labels convention (docs/labels.md): the ``labels`` column, when stored, is handed out
+        as stored, never converted: ``unshifted`` (``labels[i]`` is token ``i`` or -100; the
+        model shifts, as ``HFCollator`` and Hugging Face models expect) unless
+        ``labels="shifted"`` (``labels[i]`` is the target of position ``i``). A ``Table``
+        names it in its schema metadata (``packtool.labels_convention``), ``output=`` keeps a
+        manifest that records it (``read_manifest(output).labels``); without a ``labels``
+        column, readers derive ``unshifted`` labels (``HFCollator``, ``PackedDataset``).
+
+    Raises:
+        ConfigError: an option out of range; ``holdout`` with a ``DatasetDict``.
+        InputError, SchemaError: data that is not a supported type, no documents, a missing
+            column, bad token ids or masks (the message names the row).
+        PackingError: a document over capacity with ``overflow="error"``.
+    """
+    from packtool.pipeline import run_pack
+
+    kind = _kind(data)
+    options = dict(capacity=capacity, column=column, strategy=strategy, overflow=overflow,
+                   segment_multiple=segment_multiple, labels=labels, pad_id=pad_id,
+                   append_eos=append_eos,
+                   prepend_bos=prepend_bos, attention_mask_column=attention_mask_column,
+                   labels_column=labels_column, loss_mask_column=loss_mask_column,
+                   source_column=source_column, shuffle=shuffle, seed=seed,
+                   window_docs=window_docs, rows_per_shard=rows_per_shard,
+                   row_group_mb=row_group_mb, workers=workers)
+    if kind.endswith("DatasetDict"):
+        if holdout is not None:
+            raise ConfigError("holdout: a DatasetDict has its splits already; pack each split")
+        if output is not None:
+            raise ConfigError("output: a DatasetDict packs each split into its own temporary "
+                              "output; pack the splits one by one to keep them")
+        return type(data)({name: pack_dataset(split, holdout=None, overwrite=overwrite,
+                                              batch_rows=batch_rows, progress=progress,
+                                              **options)
+                           for name, split in data.items()})
+    if kind == "list" and not data:
+        raise InputError("no documents: the list is empty")
+    from packtool.formats.inmemory import INPUT_NAME, write_input
+
+    work = Path(tempfile.mkdtemp(prefix="packtool-"))
+    owner = None
+    if output is not None:
+        out = Path(output)
+    elif kind == "IterableDataset":  # read lazily: the packed output outlives this call
+        owner = _Owner(tempfile.mkdtemp(prefix="packtool-packed-"), owned=True)
+        out = Path(owner.path) / "packed"
+    else:
+        out = work / "packed"
+    try:
+        src = work / "input"
+        src.mkdir()
+        write_input(_batches(data, kind, column, batch_rows), src / INPUT_NAME, column,
+                    _named(attention_mask_column, labels_column, loss_mask_column)
+                    + ([source_column] if source_column is not None else []))
+        cfg = _config([src], out, overwrite=overwrite, holdout=holdout, **options)
+        try:
+            result = run_pack(cfg, progress=progress)
+        except PacktoolError as exc:  # name the rows as the caller knows them, not the file
+            raise type(exc)(str(exc).replace(str(src / INPUT_NAME), "documents")) from None
+        outs = [out] + ([Path(cfg.holdout_output)] if result.holdout is not None else [])
+        packed = tuple(_result(o, kind, owner) for o in outs)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return packed if holdout is not None else packed[0]
+
+
+def _result(out: Path, kind: str, owner: _Owner | None):
+    """The packed rows of ``out`` as the type ``kind`` names."""
+    from packtool.formats.inmemory import packed_arrow_schema, read_packed_table
+
+    if kind == "IterableDataset":
+        import datasets
+
+        features = datasets.Features.from_arrow_schema(packed_arrow_schema(out))
+        return datasets.IterableDataset.from_generator(
+            _iter_packed_rows, features=features, gen_kwargs={"path": str(out), "owner": owner})
+    table = read_packed_table(out)
+    if kind == "list":
+        return table.to_pylist()
+    if kind == "table":
+        return table
+    import datasets
+
+    return datasets.Dataset(table)

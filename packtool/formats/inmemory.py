@@ -1,0 +1,178 @@
+"""In-memory data in and out of the pack pipeline: the pyarrow side of :mod:`packtool.api`.
+
+In: a list of token sequences (or of row dicts), a ``pyarrow.Table`` or the Arrow batches of a
+Hugging Face dataset are written, batch by batch, to one Arrow IPC file (uncompressed: the
+cheapest file pyarrow writes and the reader memory-maps), which ``packtool pack`` then reads like
+any INPUT. Out: the rows of a packed OUTPUT as Arrow, in manifest order, with the shards' schema,
+decoded by the one reader of packed outputs (:class:`packtool.formats.packed.PackedOutput`) and
+turned back into Arrow by :func:`packed_batches`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from packtool.errors import InputError, SchemaError
+
+__all__ = ["INPUT_NAME", "is_arrow_table", "table_from_list", "write_input", "packed_batches",
+           "read_packed_table", "packed_arrow_schema"]
+
+#: File name of the in-memory input once written (Arrow IPC file form).
+INPUT_NAME = "documents.arrow"
+
+
+def is_arrow_table(data) -> bool:
+    """True for a ``pyarrow.Table`` or ``pyarrow.RecordBatch``."""
+    return isinstance(data, (pa.Table, pa.RecordBatch))
+
+
+def table_from_list(data: list, column: str) -> pa.Table:
+    """One document per item: a sequence of token ids (list, tuple, NumPy array) or a mapping
+    of columns (``{"input_ids": [...], "labels": [...]}``).
+
+    Returns:
+        A table with ``column`` as ``list<int64>`` (sequences), or the mappings' columns.
+
+    Raises:
+        InputError: an empty list, or items pyarrow cannot turn into a table (the message names
+            the first bad item).
+    """
+    if not data:
+        raise InputError("no documents: the list is empty")
+    try:
+        if isinstance(data[0], Mapping):
+            return pa.Table.from_pylist(list(data))
+        values = [np.asarray(d).tolist() if isinstance(d, np.ndarray) else d for d in data]
+        return pa.table({column: pa.array(values, pa.list_(pa.int64()))})
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        bad = next((i for i, d in enumerate(data)
+                    if not isinstance(d, (Mapping, list, tuple, np.ndarray))), None)
+        where = f"item {bad} is a {type(data[bad]).__name__}" if bad is not None else str(exc)
+        raise InputError(f"documents: {where}; give one sequence of integer token ids (or one "
+                         f"dict of columns) per document") from None
+
+
+def _is_list(typ: pa.DataType) -> bool:
+    return any(f(typ) for f in (pa.types.is_list, pa.types.is_large_list,
+                                pa.types.is_fixed_size_list, pa.types.is_list_view,
+                                pa.types.is_large_list_view))
+
+
+def write_input(batches: Iterable, path: str | os.PathLike, column: str,
+                named: Iterable[str] = ()) -> int:
+    """Write ``batches`` (``pyarrow.Table`` or ``RecordBatch``) to ``path`` as one Arrow IPC
+    file, streaming: one batch in memory at a time.
+
+    Kept: the token ``column``, the ``named`` columns that exist, and every other list column
+    (a mask column ``pack`` may find by its default name); text and scalar columns are left out.
+
+    Args:
+        batches: the documents, in order; every batch has the first batch's columns.
+        path: the file to write (its directory exists).
+        column: the token column.
+        named: columns named by an option (kept whatever their type: ``pack`` checks them).
+
+    Returns:
+        Rows written.
+
+    Raises:
+        SchemaError: ``column`` is missing, or a batch's schema differs from the first batch's
+            (the message names both).
+        InputError: no rows.
+    """
+    writer, schema, keep, rows = None, None, None, 0
+    try:
+        for b in batches:
+            if keep is None:
+                if column not in b.schema.names:
+                    raise SchemaError(f"documents: no column {column!r}; available columns: "
+                                      f"{', '.join(b.schema.names)}; pass column=NAME")
+                named = set(named)
+                keep = [f.name for f in b.schema
+                        if f.name == column or f.name in named or _is_list(f.type)]
+            b = b.select(keep)
+            if writer is None:
+                schema = b.schema.remove_metadata()
+                writer = pa.ipc.new_file(str(path), schema)
+            elif not b.schema.remove_metadata().equals(schema):
+                try:
+                    b = b.cast(schema)
+                except (pa.ArrowException, ValueError):
+                    raise SchemaError(f"documents: a batch has schema {b.schema}, the first had "
+                                      f"{schema}; give documents of one schema") from None
+            if isinstance(b, pa.Table):
+                for rb in b.to_batches():
+                    writer.write_batch(rb)
+            else:
+                writer.write_batch(b)
+            rows += b.num_rows
+        if writer is None:
+            raise InputError("no documents: the data holds no rows")
+    finally:
+        if writer is not None:
+            writer.close()
+    return rows
+
+
+def packed_arrow_schema(out_dir) -> pa.Schema:
+    """The schema of a packed OUTPUT's shards (path or URI), as its manifest records it, with its
+    ``packtool.*`` metadata (:data:`~packtool.formats.schema.LABELS_CONVENTION_META_KEY` names the
+    convention of the stored labels).
+
+    Raises:
+        ManifestError: not a complete packed output.
+    """
+    from packtool.formats.manifest import read_manifest_and_schema, require_packed
+
+    manifest, schema = read_manifest_and_schema(out_dir)
+    require_packed(manifest, str(out_dir))
+    return schema
+
+
+def _ragged(values: np.ndarray, offsets: np.ndarray, typ: pa.DataType) -> pa.Array:
+    return pa.ListArray.from_arrays(pa.array(np.asarray(offsets, dtype=np.int32)),
+                                    pa.array(values, typ.value_type), type=typ)
+
+
+def packed_batches(out_dir) -> Iterator[pa.RecordBatch]:
+    """Every row of a packed OUTPUT, in manifest order, as Arrow record batches of the shards'
+    schema (what the shards store; ``labels`` only when stored, in the convention the manifest
+    records: ``PackedOutput.labels.convention``).
+
+    Reads through :class:`packtool.formats.packed.PackedOutput` (the one reader: manifest,
+    footers and page checksums checked), one row group per batch.
+
+    Raises:
+        ManifestError: not a complete packed output, or a shard that differs from it.
+    """
+    from packtool.formats.packed import PackedOutput
+
+    reader = PackedOutput.open(out_dir)
+    schema = reader.schema
+    try:
+        for block in reader.iter_blocks(schema.names):
+            cols = []
+            for f in schema:
+                if f.name in block.tokens:  # int32[R, C]
+                    flat = pa.array(np.ascontiguousarray(block.tokens[f.name],
+                                                         dtype=np.int32).reshape(-1))
+                    cols.append(pa.FixedSizeListArray.from_arrays(flat, type=f.type))
+                elif f.name in block.ragged:
+                    cols.append(_ragged(*block.ragged[f.name], f.type))
+                else:
+                    cols.append(pa.array(block.scalars[f.name], f.type))
+            yield pa.RecordBatch.from_arrays(cols, schema=schema)
+    finally:
+        reader.close()
+
+
+def read_packed_table(out_dir) -> pa.Table:
+    """All rows of a packed OUTPUT as one table (:func:`packed_batches`); zero rows keep the
+    schema."""
+    return pa.Table.from_batches(list(packed_batches(out_dir)),
+                                 schema=packed_arrow_schema(out_dir))

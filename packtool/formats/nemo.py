@@ -1,0 +1,271 @@
+"""``packtool export --to nemo``: packed rows in the packed Parquet layout NeMo and Megatron-Bridge
+train from (``GPTSFTPackedParquetDataset``, a subclass of ``GPTSFTPackedDataset`` that reads
+Parquet row groups lazily).
+
+What their reader and collate function do with a row (read from their source, not imported):
+
+- a row holds ``input_ids`` (``list<int32>``, the packed sequences back to back, no padding),
+  ``loss_mask`` (``list<int8>``, one entry per token) and ``seq_start_id`` (``list<int32>``, the
+  offset of each sequence's first token, starting at 0); the sequences end where the next one
+  starts, the last at ``len(input_ids)``;
+- for a sequence ``[s, e)`` the model is fed ``input_ids[s:e-1]`` at positions ``0..e-s-2``
+  and trained to predict ``input_ids[s+1:e]``, where ``loss_mask[s:e-1]`` is 1 (their packer
+  stores the mask already rolled by one: entry ``i`` says whether the token at ``i + 1`` is a
+  target, and the last entry of every sequence is 0); ``cu_seqlens`` counts ``e - s - 1`` per
+  sequence; the batch is padded after the last sequence;
+- their writer puts 500 rows in a row group, the reader decodes one row group per random row,
+  and their default file names are ``training_{size}.idx.parquet`` and
+  ``validation_{size}.idx.parquet`` beside ``{size}_metadata.jsonl`` (a JSON list, one dict
+  per split, read for ``pad_cu_seqlens``).
+
+So a packtool row maps exactly: each segment of length L is one sequence (L - 1 inputs and L - 1
+predictions in both, the same effective targets), the padding tail is dropped, and
+``loss_mask[i]`` is 1 where packtool's shifted label at ``i`` is not -100 (the next token is in
+the same segment and was not an input label -100). No target crosses a document, and SFT prompt
+masks survive. A one-token segment (the last piece of a split document, say) is stored and is a
+zero-length sequence to their model, which feeds it nothing and predicts nothing: in packtool
+too it has no target. Train with ``answer_only_loss=True`` (their default): with ``False`` their
+collate function recomputes the mask from the tokens (0 on every EOS input) and ignores this
+column. A row of capacity C feeds at most C - k tokens (k segments) to a model of
+``seq_length`` C. ``doc_ids`` and ``doc_offsets`` are stored too (their reader reads only its
+three columns), so every exported sequence names its document.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packtool.errors import OutputError
+from packtool.types import IGNORE_INDEX
+
+__all__ = ["NEMO_ROWS_PER_GROUP", "NEMO_SPLITS", "nemo_schema", "nemo_file_name",
+           "to_nemo_batch", "export_nemo", "NemoExport"]
+
+#: Rows per Parquet row group, as NeMo / Megatron-Bridge's packed Parquet writer sets it.
+NEMO_ROWS_PER_GROUP = 500
+#: The split names of their default file names.
+NEMO_SPLITS = ("training", "validation")
+_COLUMNS = ["input_ids", "segment_ids", "labels", "cu_seqlens", "doc_ids", "doc_offsets"]
+
+
+def nemo_schema() -> pa.Schema:
+    """``input_ids`` list<int32>, ``loss_mask`` list<int8>, ``seq_start_id`` list<int32> (what
+    their reader requires), ``doc_ids`` / ``doc_offsets`` list<int64> (provenance); none
+    nullable."""
+    def lst(t):
+        return pa.list_(pa.field("element", t, nullable=False))
+
+    return pa.schema([pa.field("input_ids", lst(pa.int32()), nullable=False),
+                      pa.field("loss_mask", lst(pa.int8()), nullable=False),
+                      pa.field("seq_start_id", lst(pa.int32()), nullable=False),
+                      pa.field("doc_ids", lst(pa.int64()), nullable=False),
+                      pa.field("doc_offsets", lst(pa.int64()), nullable=False)])
+
+
+def nemo_file_name(split: str, capacity: int) -> str:
+    """``training_2048.idx.parquet``: their default name for a split packed to ``capacity``."""
+    return f"{split}_{capacity}.idx.parquet"
+
+
+def _list(values: np.ndarray, lengths: np.ndarray, typ: pa.DataType) -> pa.Array:
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)  # shape: (rows + 1,)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)),
+                                    pa.array(values, typ.value_type), type=typ)
+
+
+def to_nemo_batch(cols: dict, convention: str) -> pa.RecordBatch:
+    """One block of packed rows in the NeMo layout.
+
+    Args:
+        cols: ``input_ids``, ``segment_ids``, ``labels`` int[R, C] (labels stored or derived, in
+            ``convention``); ``cu_seqlens``, ``doc_ids``, ``doc_offsets``: lists of R 1-D arrays.
+        convention: ``unshifted`` or ``shifted``.
+
+    Returns:
+        R rows of :func:`nemo_schema`: each row's real tokens (padding dropped), ``loss_mask[i]``
+        = the shifted label at ``i`` is not -100, ``seq_start_id`` = the first k entries of
+        ``cu_seqlens`` (k segments).
+
+    Raises:
+        ValueError: an unknown convention.
+    """
+    ids = np.asarray(cols["input_ids"])
+    seg = np.asarray(cols["segment_ids"])
+    lab = np.asarray(cols["labels"])
+    R, C = ids.shape
+    if convention == "unshifted":  # shifted[i] = unshifted[i + 1] inside the segment
+        shifted = np.full((R, C), IGNORE_INDEX, dtype=np.int64)  # shape: (R, C)
+        same = (seg[:, 1:] == seg[:, :-1]) & (seg[:, :-1] != 0)
+        shifted[:, :-1] = np.where(same, lab[:, 1:], IGNORE_INDEX)
+    elif convention == "shifted":
+        shifted = lab
+    else:
+        raise ValueError(f"labels convention {convention!r}: choose unshifted or shifted")
+    real = np.count_nonzero(seg, axis=1).astype(np.int64)  # shape: (R,), padding only at the tail
+    in_row = np.arange(C)[None, :] < real[:, None]  # shape: (R, C)
+    k = np.array([len(d) for d in cols["doc_ids"]], dtype=np.int64)  # shape: (R,)
+    starts = np.concatenate([np.asarray(c[:n]) for c, n in zip(cols["cu_seqlens"], k)]) \
+        if R else np.zeros(0)
+    schema = nemo_schema()
+    arrays = [
+        _list(ids[in_row].astype(np.int32), real, schema.field("input_ids").type),
+        _list((shifted[in_row] != IGNORE_INDEX).astype(np.int8), real,
+              schema.field("loss_mask").type),
+        _list(starts.astype(np.int32), k, schema.field("seq_start_id").type),
+        _list(np.concatenate(cols["doc_ids"]).astype(np.int64) if R else np.zeros(0), k,
+              schema.field("doc_ids").type),
+        _list(np.concatenate(cols["doc_offsets"]).astype(np.int64) if R else np.zeros(0), k,
+              schema.field("doc_offsets").type),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _packed_blocks(out_dir) -> tuple[int, str, Iterator[dict]]:
+    """(capacity, labels convention, blocks of NumPy columns) of a packed OUTPUT (path or URI),
+    read through the one reader (:class:`packtool.formats.packed.PackedOutput`), labels asked
+    for already shifted (derived by its read-side rule when not stored)."""
+    from packtool.formats.packed import PackedOutput
+
+    reader = PackedOutput.open(out_dir)
+
+    def blocks():
+        try:
+            for b in reader.iter_blocks(_COLUMNS, labels="shifted"):
+                yield {**b.tokens, **{c: b.ragged_rows(c) for c in _COLUMNS if c in b.ragged}}
+        finally:
+            reader.close()
+
+    return reader.capacity, "shifted", blocks()
+
+
+@dataclass(frozen=True)
+class NemoExport:
+    """What :func:`export_nemo` wrote."""
+
+    path: str  #: the Parquet file
+    metadata: str  #: the metadata file (JSON list, one entry per split)
+    rows: int  #: packed rows
+    sequences: int  #: sequences (segments)
+    tokens: int  #: tokens stored (real tokens of the rows)
+    targets: int  #: loss_mask ones: the effective targets
+
+
+def _update_metadata(path: Path, split: str, entry: dict) -> None:
+    entries = []
+    if path.is_file():
+        try:
+            entries = json.loads(path.read_text())
+        except ValueError:
+            raise OutputError(f"{path}: not a JSON list of packing metadata; move it away or "
+                              "pass another DEST") from None
+        if not isinstance(entries, list):
+            raise OutputError(f"{path}: not a JSON list of packing metadata; move it away or "
+                              "pass another DEST")
+    entries = [e for e in entries if not (isinstance(e, dict) and e.get("split") == split)]
+    entries.append({"split": split, **entry})
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(json.dumps(entries, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def export_nemo(out_dir, dest, *, split: str = "training", overwrite: bool = False,
+                rows_per_group: int = NEMO_ROWS_PER_GROUP) -> NemoExport:
+    """Write the rows of a packed OUTPUT as ``DEST/{split}_{C}.idx.parquet`` in the NeMo /
+    Megatron-Bridge packed layout (module docstring), and its entry in
+    ``DEST/{C}_metadata.jsonl``.
+
+    The file is written under a unique temporary name in DEST and renamed when complete, one
+    block of row groups in memory at a time; rows keep the output's order.
+
+    Args:
+        out_dir: a packed OUTPUT (directory or store URI).
+        dest: the directory to write into (created).
+        split: ``training`` or ``validation`` (the file name; a ``--holdout`` output is the
+            validation split).
+        overwrite: replace an existing file of that name.
+        rows_per_group: rows per Parquet row group.
+
+    Returns:
+        :class:`NemoExport`.
+
+    Raises:
+        ManifestError: ``out_dir`` is not a complete packed output (a tokenized output is
+            refused: pack it first).
+        OutputError: the file exists (without ``overwrite``), DEST is a file, or the metadata
+            file is not a JSON list.
+        ValueError: an unknown split or ``rows_per_group`` < 1.
+    """
+    if split not in NEMO_SPLITS:
+        raise ValueError(f"split {split!r}: choose {' or '.join(NEMO_SPLITS)}")
+    if rows_per_group < 1:
+        raise ValueError("rows_per_group must be >= 1")
+    capacity, convention, blocks = _packed_blocks(out_dir)
+    dest = Path(dest)
+    if dest.exists() and not dest.is_dir():
+        raise OutputError(f"{dest}: exists and is a file; DEST must be a directory")
+    dest.mkdir(parents=True, exist_ok=True)
+    final = dest / nemo_file_name(split, capacity)
+    if final.exists() and not overwrite:
+        raise OutputError(f"{final}: exists; pass --overwrite to replace it or choose another "
+                          "DEST")
+    tmp = dest / f".{final.name}.{uuid.uuid4().hex}.tmp"
+    rows = seqs = tokens = targets = 0
+    max_k, max_len, min_fed = 0, 0, None
+    pending: list[pa.RecordBatch] = []
+    try:
+        with pq.ParquetWriter(tmp, nemo_schema(), compression="zstd") as w:
+            def flush(all_rows: bool) -> None:
+                table = pa.Table.from_batches(pending, schema=nemo_schema())
+                n = table.num_rows if all_rows else table.num_rows // rows_per_group * \
+                    rows_per_group
+                if n:
+                    w.write_table(table.slice(0, n), row_group_size=rows_per_group)
+                pending[:] = table.slice(n).to_batches()
+
+            for cols in blocks:
+                batch = to_nemo_batch(cols, convention)
+                pending.append(batch)
+                k = np.array([len(d) for d in cols["doc_ids"]], dtype=np.int64)
+                lens = [np.diff(np.asarray(c[:n + 1], dtype=np.int64))
+                        for c, n in zip(cols["cu_seqlens"], k)]
+                fed = np.array([int(x.sum()) - x.size for x in lens], dtype=np.int64)
+                rows += batch.num_rows
+                seqs += int(k.sum())
+                tokens += int(fed.sum() + k.sum())
+                targets += int(_ones(batch.column(1)))
+                max_k = max(max_k, int(k.max(initial=0)))
+                max_len = max(max_len, max((int(x.max()) - 1 for x in lens if x.size),
+                                           default=0))
+                if fed.size:
+                    min_fed = int(fed.min()) if min_fed is None else min(min_fed, int(fed.min()))
+                if sum(b.num_rows for b in pending) >= rows_per_group:
+                    flush(False)
+            if pending:
+                flush(True)
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    meta = dest / f"{capacity}_metadata.jsonl"
+    fed_total = tokens - seqs
+    _update_metadata(meta, split, {
+        "dataset_max_seqlen": max_len, "max_samples_per_bin": max_k,
+        "packing_factor": round(seqs / rows, 2) if rows else 0.0,
+        "packing_efficiency": round(100 * fed_total / (rows * capacity), 2) if rows else 0.0,
+        "pack_size": capacity, "min_packed_seqlen": min_fed or 0})
+    return NemoExport(str(final), str(meta), rows, seqs, tokens, targets)
+
+
+def _ones(arr: pa.Array) -> int:
+    """Sum of the values of a list array (the loss_mask ones)."""
+    return int(np.asarray(arr.flatten().to_numpy(zero_copy_only=False), dtype=np.int64).sum())

@@ -1,0 +1,246 @@
+"""Text in, tokenized Parquet out: the files of ``packtool tokenize``.
+
+Text inputs are found by :func:`packtool.formats.reader.discover` (``text=True``: JSON Lines as
+well as Parquet, Arrow IPC and Hugging Face ``save_to_disk`` folders; local paths or store URIs)
+and read in batches of documents:
+
+- Parquet and Arrow: the text column (``string`` or ``large_string``), batch by batch;
+- JSON Lines (``*.jsonl``, ``*.ndjson``, compressed ``.gz``/``.zst``/``.bz2`` by suffix): one
+  JSON object per line, read 8 MiB at a time and parsed line by line, so an error names its
+  line; blank lines are skipped.
+
+A null or non-string text, a missing column or a line that is not a JSON object stops the run
+with one line naming the file, the row (Parquet: 0-based, labelled so) or the line (JSON Lines:
+1-based, as editors count) and the fix.
+
+Tokenized shards hold one column, ``input_ids: list<int32>`` (what ``packtool pack`` reads), one
+row per document in input order, written as :mod:`packtool.formats.writer` writes packed shards
+(zstd, PLAIN ids, page checksums, sha256 taken while writing); each is recorded in the typed
+manifest as a :class:`~packtool.formats.manifest.ShardEntry`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from packtool.errors import InputError, SchemaError, row_ref
+from packtool.formats.manifest import ShardEntry
+from packtool.formats.reader import TEXT_FORMATS, filesystem_of
+from packtool.formats.writer import write_shard
+from packtool.location import Location
+
+__all__ = ["TOKENIZED_SCHEMA", "TEXT_FORMATS", "iter_texts", "write_tokenized_shard",
+           "tokenized_counts"]
+
+#: Schema of a tokenized shard.
+TOKENIZED_SCHEMA = pa.schema([pa.field(
+    "input_ids", pa.list_(pa.field("element", pa.int32(), nullable=False)), nullable=False)])
+_READ_BYTES = 8 << 20
+
+
+def _open_stream(path):
+    fs, inner, _ = filesystem_of(path)
+    try:
+        return fs.open_input_stream(inner, compression="detect")
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"{path}: cannot be read ({exc}); check the path") from None
+
+
+def _jsonl_lines(path) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, line) of every non-blank line."""
+    n, tail = 0, b""
+    with _open_stream(path) as f:
+        while True:
+            try:
+                block = f.read(_READ_BYTES)
+            except (pa.ArrowException, OSError) as exc:
+                raise InputError(f"{path}: line {n + 1}: cannot be read ({exc}); the file is "
+                                 "damaged or truncated") from None
+            if not block:
+                break
+            lines = (tail + block).split(b"\n")
+            tail = lines.pop()
+            for line in lines:
+                n += 1
+                if line.strip():
+                    yield n, line
+    if tail.strip():
+        yield n + 1, tail
+
+
+def _jsonl_texts(path, column: str, batch_docs: int, skip: int) -> Iterator[tuple[int, list]]:
+    batch, first, row = [], skip, 0
+    for n, line in _jsonl_lines(path):
+        if row < skip:  # resumed: documents already tokenized are not parsed again
+            row += 1
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise InputError(f"{path}: line {n}: not valid JSON ({exc}); fix or remove the "
+                             "line") from None
+        if not isinstance(obj, dict):
+            raise InputError(f"{path}: line {n}: a JSON {type(obj).__name__}, not an object; "
+                             "each line must be one object holding the text")
+        if column not in obj:
+            keys = ", ".join(list(obj)[:8]) or "none"
+            raise SchemaError(f"{path}: line {n}: no key {column!r} (keys: {keys}); pass "
+                              "--text-column NAME")
+        text = obj[column]
+        if not isinstance(text, str):
+            what = "null" if text is None else f"a {type(text).__name__}"
+            raise SchemaError(f"{path}: line {n}: {column!r} is {what}, not a string; fix the "
+                              "line or drop it")
+        batch.append(text)
+        row += 1
+        if len(batch) == batch_docs:
+            yield first, batch
+            first, batch = row, []
+    if batch:
+        yield first, batch
+
+
+def _table_source(path, fmt: str):
+    """(schema, record batch iterator factory) of a Parquet or Arrow IPC file."""
+    fs, inner, prefix = filesystem_of(path)
+    try:
+        if fmt == "parquet":
+            pf = pq.ParquetFile(inner if not prefix else fs.open_input_file(inner))
+            return pf.schema_arrow, lambda cols, n: pf.iter_batches(batch_size=n, columns=cols,
+                                                                   use_threads=False)
+        source = pa.memory_map(inner, "r") if not prefix else fs.open_input_file(inner)
+        with fs.open_input_stream(inner) as fh:
+            head = fh.read(6)
+        reader = pa.ipc.open_file(source) if head == b"ARROW1" else pa.ipc.open_stream(source)
+        batches = ([reader.get_batch(i) for i in range(reader.num_record_batches)]
+                   if head == b"ARROW1" else list(reader))
+
+        def it(cols, n):
+            for b in batches:
+                b = b.select(cols)
+                for lo in range(0, b.num_rows, n):
+                    yield b.slice(lo, n)
+
+        return reader.schema, it
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"{path}: not a readable {fmt} file ({exc}); remove it or regenerate "
+                         "it") from None
+
+
+def _table_texts(path, fmt: str, column: str, batch_docs: int,
+                 skip: int) -> Iterator[tuple[int, list]]:
+    schema, batches = _table_source(path, fmt)
+    if column not in schema.names:
+        raise SchemaError(f"{path}: no column {column!r}; available columns: "
+                          f"{', '.join(schema.names)}; pass --text-column NAME")
+    typ = schema.field(column).type
+    if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)
+            or pa.types.is_string_view(typ)):
+        raise SchemaError(f"{path}: column {column!r} has type {typ}, expected text (string); "
+                          "pass --text-column NAME")
+    row = 0
+    try:
+        for b in batches([column], batch_docs):
+            n = b.num_rows
+            if row + n <= skip:
+                row += n
+                continue
+            arr = b.column(0)
+            lo = max(0, skip - row)
+            if arr.null_count:
+                nulls = np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))
+                nulls = nulls[nulls >= lo]
+                if nulls.size:
+                    raise SchemaError(f"{path}: {row_ref(row + int(nulls[0]))}: {column!r} is "
+                                      "null; drop or fill null texts before tokenizing")
+            yield row + lo, arr.slice(lo).to_pylist()
+            row += n
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"{path}: {row_ref(row)}: cannot be read ({exc}); the file is damaged "
+                         "or truncated: regenerate it") from None
+
+
+def iter_texts(path, fmt: str, column: str, *, batch_docs: int = 1024,
+               skip: int = 0) -> Iterator[tuple[int, list[str]]]:
+    """Stream the texts of one input file.
+
+    Args:
+        path: a local path or URI.
+        fmt: ``parquet``, ``arrow`` or ``jsonl`` (as :func:`~packtool.formats.reader.discover`
+            found it).
+        column: the text column (JSON Lines: the key).
+        batch_docs: documents per batch (the last one shorter; Parquet and Arrow batches may be
+            shorter at row-group ends).
+        skip: leave out the first ``skip`` documents (resume).
+
+    Yields:
+        (index of the batch's first document in the file, list of texts).
+
+    Raises:
+        InputError: an unreadable file, a line that is not a JSON object.
+        SchemaError: a missing text column or key, a null or non-string text.
+    """
+    if fmt == "jsonl":
+        return _jsonl_texts(path, column, batch_docs, skip)
+    return _table_texts(path, fmt, column, batch_docs, skip)
+
+
+def write_tokenized_shard(path: Path, batches: Iterator[tuple[np.ndarray, np.ndarray]]
+                          ) -> tuple[ShardEntry, int]:
+    """Write tokenized documents to ``path`` (one row group per batch), a temporary name the
+    caller publishes under the same file name.
+
+    Args:
+        path: the file to write (``shard_temp``: its name is the shard's).
+        batches: (lengths int64[docs], ids int32[sum(lengths)]) per batch.
+
+    Returns:
+        (the shard's manifest entry, tokens written).
+
+    Raises:
+        InputError: a batch of over 2**31 tokens (int32 list offsets).
+        OSError: ``path`` cannot be written.
+    """
+    counts = [0, 0]
+
+    def tables():
+        for lengths, ids in batches:
+            offsets = np.zeros(lengths.size + 1, dtype=np.int64)  # shape: (docs + 1,)
+            np.cumsum(lengths, out=offsets[1:])
+            if offsets[-1] >= 2**31:  # int32 list offsets; never with sane batch sizes
+                raise InputError("a batch of documents holds over 2**31 tokens; lower "
+                                 "--batch-docs")
+            arr = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(ids),
+                                           type=TOKENIZED_SCHEMA.field(0).type)
+            counts[0] += lengths.size
+            counts[1] += int(offsets[-1])
+            yield pa.Table.from_arrays([arr], schema=TOKENIZED_SCHEMA)
+
+    w = write_shard(path, TOKENIZED_SCHEMA, tables())
+    entry = ShardEntry(Path(path).name, counts[0], w.bytes, w.sha256, w.footer_sha256,
+                       ShardEntry.run_lengths(w.group_rows))
+    return entry, counts[1]
+
+
+def tokenized_counts(loc) -> tuple[int, int]:
+    """(documents, tokens) of a tokenized shard (a path or URI), read from its lengths (the
+    footer's value count would count an empty document as one value).
+
+    Raises:
+        OSError: the file cannot be read or is not Parquet.
+    """
+    loc = Location.parse(loc)
+    try:
+        with loc.open_input() as fh:
+            col = pq.ParquetFile(fh).read(columns=["input_ids"]).column(0)
+    except pa.ArrowException as exc:
+        raise OSError(f"{loc.display}: not a readable tokenized shard ({exc})") from None
+    tokens = int(sum(pc.sum(pc.list_value_length(c)).as_py() or 0 for c in col.chunks))
+    return len(col), tokens

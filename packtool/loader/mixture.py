@@ -1,0 +1,230 @@
+"""The sources of a training dataset: one packed output, or several mixed by weight (no torch).
+
+A :class:`Mixture` opens each output through the one reader
+(:class:`~packtool.formats.packed.PackedOutput`), checks that they can be mixed (same capacity,
+the same columns handed out), turns the weights into each source's exact rows per epoch
+(:func:`packtool.loader.plan.apportion`) and maps the plan's row keys back to (source, row).
+Changing the weights changes only these shares: no output is repacked.
+
+Source names are what items and batches carry (``source``); a single output is one source named
+after its directory (``packed/`` -> ``packed``). Per-token source ids of outputs packed with
+``--source-column`` are renumbered into one table over all sources (:attr:`source_values`), so
+an id means the same value whichever output a row came from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from packtool.errors import ManifestError
+from packtool.loader.plan import EpochOrder, apportion
+from packtool.loader.source import open_source
+
+__all__ = ["Mixture"]
+
+
+def _salt(name: str) -> int:
+    """A stable 63-bit number of a source name (seeds its passes, independent of the order in
+    which sources are listed)."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little") >> 1
+
+
+class Mixture:
+    """One or more packed outputs and each one's rows per epoch.
+
+    Args:
+        sources: a packed output (path, ``file:`` or store URI, or an open
+            :class:`~packtool.formats.packed.PackedOutput`), or a mapping name -> output.
+        weights: name -> non-negative weight (any scale; at least one positive), the share of
+            each source in every epoch; None: every row of every source once per epoch.
+        rows_per_epoch: rows of an epoch over all sources (default: the rows of all sources).
+        labels: the labels convention items carry (None: the outputs' own, which must agree).
+        columns: columns handed out (None: every column of the outputs, which must agree).
+        open_kw: passed to :func:`packtool.loader.source.open_source` for each output.
+
+    Attributes:
+        names: source names, in the order given.
+        outputs: their :class:`~packtool.formats.packed.PackedOutput`.
+        shares: int64[S], rows of each source per epoch (sum: :attr:`rows_per_epoch`).
+        labels_mode: the convention items carry.
+        columns: the columns items carry.
+        capacity: C.
+
+    Raises:
+        ValueError: no source, a bad name or weight, weights for other sources than given, a
+            non-positive ``rows_per_epoch``, or ``labels=None`` with outputs of different
+            conventions.
+        ManifestError: an output that cannot be opened, outputs of different capacity or
+            columns, or a requested column some output lacks.
+    """
+
+    def __init__(self, sources, *, weights: Mapping[str, float] | None = None,
+                 rows_per_epoch: int | None = None, labels: str | None = "unshifted",
+                 columns: Sequence[str] | None = None, **open_kw) -> None:
+        if isinstance(sources, Mapping):
+            items = list(sources.items())
+            if not items:
+                raise ValueError("give at least one source")
+            for name, _ in items:
+                if not isinstance(name, str) or not name:
+                    raise ValueError(f"source names are non-empty strings, got {name!r}")
+        else:
+            items = [(None, sources)]
+        names, outputs, modes = [], [], []
+        for name, path in items:
+            out, mode = open_source(path, labels, **open_kw)
+            names.append(name if name is not None else (out.location.name or "output"))
+            outputs.append(out)
+            modes.append(mode)
+        self.names = tuple(names)
+        self.outputs = tuple(outputs)
+        if len(set(modes)) > 1:
+            raise ValueError(
+                "the outputs hand out different labels conventions ("
+                + ", ".join(f"{n}: {m}" for n, m in zip(names, modes))
+                + "); pass labels='unshifted' or labels='shifted'")
+        self.labels_mode = modes[0]
+        self.capacity = self._same_capacity()
+        self.columns = self._columns(columns)
+        sizes = np.asarray([o.num_rows for o in outputs], dtype=np.int64)  # shape: (S,)
+        self.rows = sizes
+        self.weights = self._weights(weights)
+        if rows_per_epoch is not None:
+            if isinstance(rows_per_epoch, bool) or int(rows_per_epoch) != rows_per_epoch \
+                    or rows_per_epoch < 1:
+                raise ValueError(f"rows_per_epoch must be a positive integer, got "
+                                 f"{rows_per_epoch!r}")
+            total = int(rows_per_epoch)
+        else:
+            total = int(sizes.sum())
+        if self.weights is None:
+            if rows_per_epoch is not None and total != int(sizes.sum()):
+                self.shares = apportion([int(n) for n in sizes], total)
+            else:
+                self.shares = sizes.copy()
+        else:
+            self.shares = apportion([self.weights[n] for n in self.names], total)
+        empty = [n for n, c, r in zip(self.names, self.shares, sizes) if c > 0 and r == 0]
+        if empty:
+            raise ValueError(f"source {empty[0]!r} has no rows but a share of the epoch; give "
+                             "it weight 0 or remove it")
+        self.rows_per_epoch = int(self.shares.sum())
+        self.salts = None if len(self.names) == 1 else [_salt(n) for n in self.names]
+        self.row_base = np.zeros(len(outputs) + 1, dtype=np.int64)  # shape: (S + 1,)
+        np.cumsum(sizes, out=self.row_base[1:])
+        self.group_base = np.zeros(len(outputs) + 1, dtype=np.int64)  # shape: (S + 1,)
+        np.cumsum([o.num_row_groups for o in outputs], out=self.group_base[1:])
+        self.source_values, self._source_maps = self._source_table()
+
+    # --- checks -----------------------------------------------------------------------------
+
+    def _same_capacity(self) -> int:
+        caps = {o.capacity for o in self.outputs}
+        if len(caps) > 1:
+            raise ManifestError("outputs of different capacity cannot be mixed ("
+                                + ", ".join(f"{n}: {o.capacity}" for n, o
+                                            in zip(self.names, self.outputs))
+                                + "); pack them at one --capacity")
+        return caps.pop()
+
+    def _columns(self, columns) -> list[str]:
+        if columns is not None:
+            cols = None
+            for o in self.outputs:
+                cols = o.check_columns(columns)  # ManifestError names the output and column
+            return cols
+        first = self.outputs[0].default_columns()
+        for name, o in zip(self.names[1:], self.outputs[1:]):
+            other = o.default_columns()
+            if other != first:
+                diff = sorted(set(first) ^ set(other))
+                raise ManifestError(
+                    f"outputs {self.names[0]!r} and {name!r} hold different columns "
+                    f"({', '.join(diff)} in one only); pass columns=[...] that both hold, "
+                    "or repack them with the same options")
+        return first
+
+    def _weights(self, weights):
+        if weights is None:
+            return None
+        if not isinstance(weights, Mapping):
+            raise ValueError(f"weights must map source names to numbers, got {weights!r}")
+        missing = [n for n in self.names if n not in weights]
+        extra = [n for n in weights if n not in self.names]
+        if missing or extra:
+            raise ValueError(f"weights name other sources than given (missing: {missing}, "
+                             f"unknown: {extra}); sources: {list(self.names)}")
+        w = {n: weights[n] for n in self.names}
+        apportion([w[n] for n in self.names], 0)  # validates: ValueError names the bad one
+        return w
+
+    def _source_table(self):
+        """One id -> value table over every output packed with ``--source-column``, and each
+        output's map from its ids to that table's (None for an output without the column)."""
+        values: list = []
+        index: dict = {}
+        maps = []
+        for o in self.outputs:
+            table = tuple(getattr(o.manifest, "source_values", ()) or ())
+            if not table:
+                maps.append(None)
+                continue
+            m = np.empty(len(table), dtype=np.int32)  # shape: (ids of this output,)
+            for i, v in enumerate(table):
+                key = (type(v).__name__, v)
+                if key not in index:
+                    index[key] = len(values)
+                    values.append(v)
+                m[i] = index[key]
+            maps.append(m)
+        return tuple(values), maps
+
+    # --- the plan's view --------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def order(self, *, seed: int, epoch: int, shuffle: bool) -> EpochOrder:
+        """The epoch's sequence of row keys (:class:`~packtool.loader.plan.EpochOrder`)."""
+        return EpochOrder([o.rg_rows for o in self.outputs], self.shares, seed=seed,
+                          epoch=epoch, shuffle=shuffle, salts=self.salts)
+
+    def locate(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(source int64[n], row in that source int64[n], row group over all sources
+        int64[n]) of row keys ``keys``."""
+        keys = np.asarray(keys, dtype=np.int64)
+        src = np.searchsorted(self.row_base, keys, side="right") - 1
+        local = keys - self.row_base[src]
+        group = np.empty(keys.size, dtype=np.int64)
+        for s, o in enumerate(self.outputs):
+            sel = src == s
+            if sel.any():
+                group[sel] = self.group_base[s] + o.group_of(local[sel])
+        return src, local, group
+
+    def split_group(self, group: int) -> tuple[int, int]:
+        """(source, row group of that source) of a row group over all sources."""
+        s = int(np.searchsorted(self.group_base, group, side="right") - 1)
+        return s, int(group - self.group_base[s])
+
+    def remap_sources(self, s: int, block) -> None:
+        """Renumber ``block``'s per-segment ``source_ids`` (in place) into
+        :attr:`source_values`' ids."""
+        m = self._source_maps[s]
+        if m is not None and "source_ids" in block.ragged:
+            vals, offs = block.ragged["source_ids"]
+            block.ragged["source_ids"] = (m[vals], offs)
+
+    def fingerprint(self) -> dict:
+        """What a mid-epoch state must match: each source's name and rows, and its share."""
+        return {"sources": [[n, int(r), int(c)] for n, r, c
+                            in zip(self.names, self.rows, self.shares)]}
+
+    def describe(self) -> str:
+        """``name: share/rows`` of every source, for messages."""
+        return ", ".join(f"{n}: {int(c)} of {int(r)} rows" for n, c, r
+                         in zip(self.names, self.shares, self.rows))
+

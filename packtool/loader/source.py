@@ -1,0 +1,47 @@
+"""How the loader's datasets open a packed output: one call, the one reader.
+
+The datasets read through :class:`packtool.formats.packed.PackedOutput` (no pyarrow here), with
+the labels convention their items carry and, for an output in a store, an optional local cache.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["open_source"]
+
+
+def open_source(path, labels: str | None, *, max_open_files: int = 64,
+                cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None,
+                integrity: str = "footer"):
+    """The :class:`~packtool.formats.packed.PackedOutput` of ``path`` and the labels convention
+    items carry.
+
+    Args:
+        path: the packed output: a directory, a ``file:`` URI or a store URI, or a
+            :class:`~packtool.formats.packed.PackedOutput` already open (used as it is).
+        labels: ``unshifted``, ``shifted`` or None (the convention the output records).
+        max_open_files: open shard handles per process.
+        cache_dir, cache_limit: a :class:`~packtool.formats.cache.ShardCache` for a store output
+            (both or neither).
+        integrity: as :meth:`~packtool.formats.packed.PackedOutput.open`.
+
+    Raises:
+        ManifestError: not a complete packed output, or a shard that differs from its manifest.
+        ValueError: an unknown ``labels`` convention, or a cache half given.
+    """
+    from packtool.formats.packed import PackedOutput
+
+    if labels not in (None, "unshifted", "shifted"):
+        raise ValueError(f"labels must be 'unshifted' or 'shifted', got {labels!r}")
+    if (cache_dir is None) != (cache_limit is None):
+        raise ValueError("give both cache_dir and cache_limit (e.g. cache_limit='50G'), or neither")
+    if isinstance(path, PackedOutput):
+        return path, labels or path.labels.convention
+    cache = None
+    if cache_dir is not None:
+        from packtool.formats.cache import ShardCache
+
+        cache = ShardCache(cache_dir, cache_limit)
+    out = PackedOutput.open(path, integrity=integrity, cache=cache, max_open_files=max_open_files)
+    return out, labels or out.labels.convention

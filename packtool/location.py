@@ -1,0 +1,615 @@
+"""Where a file or folder lies: the one place that decides whether a path is local or in a store.
+
+Every INPUT, OUTPUT, shard, scratch file and cache entry packtool names is a :class:`Location`,
+parsed once by :meth:`Location.parse` from what the user typed:
+
+- a local path (``out/``, ``/data/x.parquet``) or a ``file:`` URI (``file:///abs/out``, or
+  ``file:/abs/out`` as :mod:`pathlib` folds it): a :class:`LocalPath`;
+- a URI of any filesystem pyarrow provides (``s3://bucket/prefix``, ``gs://...``,
+  ``hdfs://host:port/path``), with the filesystem's options in its query
+  (``s3://bucket/prefix?endpoint_override=127.0.0.1:9000&scheme=http``): a :class:`StoreURI`.
+  A URI folded by :mod:`pathlib` (``s3:/bucket/key``) is read as the URI.
+
+A location made from another (:meth:`Location.join`, a listing) keeps its filesystem and its
+options, so a file found under ``s3://b/p?endpoint_override=...`` is reopened through the same
+endpoint. Store filesystems are opened once per process and root (scheme, bucket or host, query)
+and never shared across ``fork`` (each DataLoader worker opens its own client).
+
+The two kinds offer the same operations (``listdir``, ``read_bytes``, ``open_input``,
+``publish_bytes``, ``publish_file``, ``delete``, ...), so callers never branch on the kind. The
+one difference is how a file appears whole: a local file is written under a unique temporary name
+and renamed (:meth:`LocalPath.publish_bytes`); a store object is put in one call, which is whole
+or absent (:meth:`StoreURI.publish_bytes`).
+
+Importing this module imports neither pyarrow nor numba: both are loaded when a store is opened.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Location", "LocalPath", "StoreURI", "Entry", "location", "is_store"]
+
+#: ``scheme:`` + ``//`` (or ``/``, as pathlib folds it); a scheme of two characters or more, so a
+#: Windows drive letter is not one
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):(//|/(?!/))")
+#: a ``file:`` URI's scheme and empty host before the absolute path it names
+_FILE_URI = re.compile(r"^file:(?://)?(?=/)", re.IGNORECASE)
+#: URI options whose values are secrets: never shown in messages or recorded in a manifest
+_SECRET_OPTIONS = ("access_key", "secret_key", "session_token")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of a listing: its name, whether it is a folder, its size and mtime (files)."""
+
+    name: str
+    is_dir: bool
+    size: int = 0  #: bytes (0 for a folder)
+    mtime_ns: int = 0  #: modification time in ns (0 when the store does not say)
+
+
+class Location:
+    """A local path or a store URI; build one with :meth:`parse` (or :func:`location`).
+
+    Subclasses: :class:`LocalPath`, :class:`StoreURI`. Instances are frozen, hashable and
+    picklable (a store's client is not part of the value).
+    """
+
+    is_local: bool = True
+
+    @staticmethod
+    def parse(given: "str | os.PathLike | Location") -> "Location":
+        """The location ``given`` names.
+
+        Args:
+            given: a path (str or path-like), a ``file:`` URI, a store URI with optional query
+                options, or a :class:`Location` (returned as is).
+
+        Raises:
+            ValueError: an empty string.
+        """
+        if isinstance(given, Location):
+            return given
+        text = os.fspath(given)
+        if not text:
+            raise ValueError("an empty path names nothing; give a file or directory")
+        f = _FILE_URI.match(text)
+        if f:
+            return LocalPath(Path(text[f.end():]))
+        m = _SCHEME.match(text)
+        if m is None:
+            return LocalPath(Path(text))
+        rest = text[m.end():]
+        rest, _, query = rest.partition("?")
+        return StoreURI(m.group(1).lower(), rest.strip("/"), query)
+
+    # -- naming -------------------------------------------------------------------------------
+    def join(self, *names: str) -> "Location":
+        """The location ``names`` below this one (same filesystem and options)."""
+        raise NotImplementedError
+
+    @property
+    def name(self) -> str:
+        """The last component (file or folder name)."""
+        raise NotImplementedError
+
+    @property
+    def display(self) -> str:
+        """How messages and manifests name it (store options that are secrets left out)."""
+        return str(self)
+
+    def key(self):
+        """A value equal for two names of the same file or folder (links followed locally)."""
+        raise NotImplementedError
+
+    def overlaps(self, other: "Location") -> bool:
+        """True when one of the two lies inside the other (or they are the same)."""
+        raise NotImplementedError
+
+    def ancestors(self) -> list["Location"]:
+        """The folders holding this one, nearest first (local: of the resolved path, up to the
+        root; store: the prefixes up to the bucket)."""
+        raise NotImplementedError
+
+    # -- reading ------------------------------------------------------------------------------
+    def filesystem(self):
+        """(``pyarrow.fs.FileSystem``, path inside it) of this location."""
+        raise NotImplementedError
+
+    def entry(self) -> Entry | None:
+        """What is there: an :class:`Entry`, or None when nothing is."""
+        raise NotImplementedError
+
+    def exists(self) -> bool:
+        """True when a file or folder is there."""
+        return self.entry() is not None
+
+    def is_dir(self) -> bool:
+        """True for a folder (a store prefix holding objects)."""
+        e = self.entry()
+        return e is not None and e.is_dir
+
+    def is_file(self) -> bool:
+        """True for a file (a store object)."""
+        e = self.entry()
+        return e is not None and not e.is_dir
+
+    def size(self) -> int | None:
+        """Bytes of the file, None when there is no file."""
+        e = self.entry()
+        return e.size if e is not None and not e.is_dir else None
+
+    def listdir(self) -> dict[str, Entry]:
+        """Entries directly inside this folder by name; empty when it does not exist."""
+        raise NotImplementedError
+
+    def read_bytes(self) -> bytes:
+        """The whole file. Raises ``OSError`` (``FileNotFoundError`` when absent)."""
+        raise NotImplementedError
+
+    def open_input(self):
+        """A ``pyarrow`` random-access file on it (``read_at``, ``size``); the caller closes it.
+
+        Raises:
+            OSError: it cannot be opened (absent, no permission, the store refused).
+        """
+        raise NotImplementedError
+
+    # -- writing ------------------------------------------------------------------------------
+    def makedirs(self) -> None:
+        """Create the folder and its parents (a store needs none: a no-op)."""
+
+    def publish_bytes(self, data: bytes) -> None:
+        """Make ``data`` the file's content, whole or not at all (see the module docstring)."""
+        raise NotImplementedError
+
+    def publish_file(self, src: Path) -> None:
+        """Make the local file ``src`` this file, whole or not at all; ``src`` is consumed
+        (renamed away or uploaded; the caller removes what is left)."""
+        raise NotImplementedError
+
+    def delete(self) -> None:
+        """Delete the file; absent is fine."""
+        raise NotImplementedError
+
+    def stage(self, name: str) -> Path:
+        """A new empty local directory where files bound for this folder are written first: inside
+        it for a local folder (so a rename publishes them), in this process's temporary
+        directory (``TMPDIR``: on a cluster, the node's own disk) for a store. The caller removes
+        it (:func:`shutil.rmtree`) when done."""
+        raise NotImplementedError
+
+    #: True when a staging directory left behind (a killed or stopped task's) is found again
+    #: by :meth:`claim_stage`: inside a local folder; a store's are on the tasks' own disks.
+    stages_found_again: bool = True
+
+    def claim_stage(self, name: str, record: str) -> Path | None:
+        """Take over a staging directory for ``name`` (from :meth:`stage`) that a killed or
+        stopped run left here holding the file ``record``: renamed to a new unique staging
+        name, so that of two tasks claiming it one only gets it. None when there is none (a
+        store: always, see :attr:`stages_found_again`)."""
+        raise NotImplementedError
+
+    def publish_dir(self, work: Path, last: str) -> None:
+        """Make the finished local directory ``work`` this folder, its file ``last`` appearing
+        last: a rename locally (an attempt that lost the race to an identical one is dropped),
+        one upload per file to a store; ``work`` is gone afterwards."""
+        raise NotImplementedError
+
+    def delete_tree(self) -> None:
+        """Delete the folder and everything in it; absent is fine."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class LocalPath(Location):
+    """A path on this machine's filesystem (kept as given: messages show relative paths)."""
+
+    path: Path
+    is_local = True
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.path)
+
+    def join(self, *names: str) -> "LocalPath":
+        return LocalPath(self.path.joinpath(*names))
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def parent(self) -> "LocalPath":
+        """The folder holding it."""
+        return LocalPath(self.path.parent)
+
+    def key(self):
+        try:
+            st = os.stat(self.path)  # follows links: a link and its target share a key
+        except OSError:
+            return ("path", str(self.path.resolve()))
+        return ("inode", st.st_dev, st.st_ino)
+
+    def overlaps(self, other: Location) -> bool:
+        if not isinstance(other, LocalPath):
+            return False
+        a, b = self.path.resolve(), other.path.resolve()
+        return a == b or a in b.parents or b in a.parents
+
+    def ancestors(self) -> list["LocalPath"]:
+        return [LocalPath(p) for p in self.path.resolve().parents]
+
+    def filesystem(self):
+        import pyarrow.fs as pafs
+
+        return pafs.LocalFileSystem(), os.path.abspath(self.path)
+
+    def entry(self) -> Entry | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        is_dir = os.path.isdir(self.path)
+        return Entry(self.name, is_dir, 0 if is_dir else st.st_size, st.st_mtime_ns)
+
+    def listdir(self) -> dict[str, Entry]:
+        out = {}
+        try:
+            it = os.scandir(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return out
+        with it:
+            for e in it:
+                try:
+                    is_dir = e.is_dir()
+                    st = e.stat()
+                except OSError:  # a dangling link: a file of no size
+                    out[e.name] = Entry(e.name, False)
+                    continue
+                out[e.name] = Entry(e.name, is_dir, 0 if is_dir else st.st_size, st.st_mtime_ns)
+        return out
+
+    def read_bytes(self) -> bytes:
+        return self.path.read_bytes()
+
+    def open_input(self):
+        import pyarrow as pa
+
+        return pa.OSFile(os.fspath(self.path), "r")
+
+    def makedirs(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def _temp(self) -> Path:
+        return self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}.tmp")
+
+    def publish_bytes(self, data: bytes) -> None:
+        """Write ``data`` under a unique temporary name beside the file, fsync, rename; on any
+        failure (Ctrl-C included) the temporary is removed."""
+        tmp = self._temp()
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def publish_file(self, src: Path) -> None:
+        """Rename ``src`` onto the file (a copy to a temporary beside it first when ``src`` is on
+        another filesystem)."""
+        try:
+            os.replace(src, self.path)
+            return
+        except OSError as exc:
+            if exc.errno != 18:  # EXDEV: another filesystem
+                raise
+        tmp = self._temp()
+        try:
+            shutil.copyfile(src, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def delete(self) -> None:
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def delete_tree(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def stage(self, name: str) -> Path:
+        work = self.path / f".{uuid.uuid4().hex}-{name}"
+        work.mkdir(parents=True)
+        return work
+
+    def claim_stage(self, name: str, record: str) -> Path | None:
+        suffix = f"-{name}"
+        try:
+            found = sorted(p for p in self.path.iterdir()
+                           if p.name.startswith(".") and p.name.endswith(suffix)
+                           and (p / record).is_file())
+        except OSError:
+            return None
+        for p in found:
+            mine = self.path / f".{uuid.uuid4().hex}{suffix}"
+            try:
+                os.rename(p, mine)
+            except OSError:
+                continue  # another task took it
+            return mine
+        return None
+
+    def publish_dir(self, work: Path, last: str) -> None:
+        try:
+            os.rename(work, self.path)
+        except OSError:
+            if not (self.path / last).is_file():
+                raise
+            shutil.rmtree(work, ignore_errors=True)  # another attempt finished the same bytes
+
+
+_FS: dict = {}
+_FS_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class StoreURI(Location):
+    """A file or prefix in a store pyarrow opens: ``scheme://key?query``.
+
+    Attributes:
+        scheme: ``s3``, ``gs``, ``hdfs``, ... (lower case).
+        key: bucket (or host) and key, ``/``-separated, no leading or trailing ``/``.
+        query: the filesystem options, as in the URI (``endpoint_override=...&scheme=http``).
+    """
+
+    scheme: str
+    key: str
+    query: str = ""
+    is_local = False
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.key}" + (f"?{self.query}" if self.query else "")
+
+    @property
+    def display(self) -> str:
+        """The URI without credentials: a ``user:secret@`` before the bucket and secret query
+        options (``secret_key``, ...) are left out."""
+        opts = [o for o in self.query.split("&") if o and o.split("=", 1)[0] not in _SECRET_OPTIONS]
+        root, sep, rest = self.key.partition("/")
+        key = root.rpartition("@")[2] + sep + rest
+        return f"{self.scheme}://{key}" + (f"?{'&'.join(opts)}" if opts else "")
+
+    def join(self, *names: str) -> "StoreURI":
+        parts = [self.key] + [n.strip("/") for n in names if n.strip("/")]
+        return StoreURI(self.scheme, "/".join(p for p in parts if p), self.query)
+
+    @property
+    def name(self) -> str:
+        return self.key.rsplit("/", 1)[-1]
+
+    @property
+    def parent(self) -> "StoreURI":
+        """The prefix holding it."""
+        return StoreURI(self.scheme, self.key.rpartition("/")[0], self.query)
+
+    def key(self):
+        return ("store", self.scheme, self.key)
+
+    def overlaps(self, other: Location) -> bool:
+        if not isinstance(other, StoreURI) or other.scheme != self.scheme:
+            return False
+        a, b = self.key, other.key
+        return a == b or a.startswith(b + "/") or b.startswith(a + "/")
+
+    def ancestors(self) -> list["StoreURI"]:
+        parts = self.key.split("/")
+        return [StoreURI(self.scheme, "/".join(parts[:k]), self.query)
+                for k in range(len(parts) - 1, 0, -1)]
+
+    @property
+    def _root(self) -> str:
+        return self.key.split("/", 1)[0]
+
+    def filesystem(self):
+        """(filesystem, path inside it); one client per process and root.
+
+        Raises:
+            OSError: the URI cannot be opened (unknown scheme, bad options, no credentials).
+        """
+        import pyarrow as pa
+        import pyarrow.fs as pafs
+
+        cache_key = (os.getpid(), self.scheme, self._root, self.query)
+        with _FS_LOCK:
+            got = _FS.get(cache_key)
+        if got is None:
+            root = f"{self.scheme}://{self._root}" + (f"?{self.query}" if self.query else "")
+            try:
+                fs, inner = pafs.FileSystem.from_uri(root)
+            except (pa.ArrowException, ValueError) as exc:
+                raise OSError(f"{self.display}: cannot open this location ({_first_line(exc)}); "
+                              "check the URI and the credentials in the environment") from None
+            got = (fs, inner.rstrip("/"))
+            with _FS_LOCK:
+                got = _FS.setdefault(cache_key, got)
+        fs, inner_root = got
+        rest = self.key[len(self._root):].strip("/")
+        return fs, (f"{inner_root}/{rest}" if rest else inner_root) or "/"
+
+    def entry(self) -> Entry | None:
+        import pyarrow.fs as pafs
+
+        fs, path = self.filesystem()
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.NotFound:
+            return None
+        is_dir = info.type == pafs.FileType.Directory
+        return Entry(self.name, is_dir, 0 if is_dir else int(info.size or 0),
+                     int(info.mtime_ns or 0))
+
+    def listdir(self) -> dict[str, Entry]:
+        import pyarrow.fs as pafs
+
+        fs, path = self.filesystem()
+        infos = fs.get_file_info(pafs.FileSelector(path, recursive=False, allow_not_found=True))
+        out = {}
+        for i in infos:
+            name = i.path.rstrip("/").rsplit("/", 1)[-1]
+            is_dir = i.type == pafs.FileType.Directory
+            out[name] = Entry(name, is_dir, 0 if is_dir else int(i.size or 0),
+                              int(i.mtime_ns or 0))
+        return out
+
+    def read_bytes(self) -> bytes:
+        fs, path = self.filesystem()
+        with fs.open_input_stream(path) as fh:
+            return fh.read()
+
+    def open_input(self):
+        fs, path = self.filesystem()
+        return fs.open_input_file(path)
+
+    def publish_bytes(self, data: bytes) -> None:
+        """Put ``data`` with one request when the stream closes; SIGINT/SIGTERM are held
+        meanwhile (a stream closed by an exception would publish what was written so far)."""
+        from packtool.signals import signals_held
+
+        fs, path = self.filesystem()
+        with signals_held():
+            with fs.open_output_stream(path) as fh:
+                fh.write(data)
+
+    def publish_file(self, src: Path) -> None:
+        """Upload ``src`` in one native call (whole or not at all)."""
+        import pyarrow.fs as pafs
+
+        fs, path = self.filesystem()
+        pafs.copy_files(os.fspath(src), path, source_filesystem=pafs.LocalFileSystem(),
+                        destination_filesystem=fs)
+
+    def s3_client(self):
+        """A boto3 S3 client with this location's endpoint, region and credentials (URI options,
+        else the environment), one per process and root; None for another store or without
+        boto3 (the ``s3`` extra)."""
+        if self.scheme != "s3":
+            return None
+        try:
+            import boto3
+        except ImportError:
+            return None
+        cache_key = ("boto3", os.getpid(), self._root, self.query)
+        with _FS_LOCK:
+            client = _FS.get(cache_key)
+        if client is None:
+            from urllib.parse import parse_qsl
+
+            opts = dict(parse_qsl(self.query))
+            kw = {}
+            if opts.get("endpoint_override"):
+                host = opts["endpoint_override"]
+                kw["endpoint_url"] = (host if "://" in host
+                                      else f"{opts.get('scheme', 'https')}://{host}")
+            for ours, theirs in (("region", "region_name"), ("access_key", "aws_access_key_id"),
+                                 ("secret_key", "aws_secret_access_key"),
+                                 ("session_token", "aws_session_token")):
+                if opts.get(ours):
+                    kw[theirs] = opts[ours]
+            kw.setdefault("region_name", os.environ.get("AWS_DEFAULT_REGION")
+                          or os.environ.get("AWS_REGION") or "us-east-1")
+            client = boto3.client("s3", **kw)
+            with _FS_LOCK:
+                client = _FS.setdefault(cache_key, client)
+        return client
+
+    def delete(self) -> None:
+        """Delete the object; absent is fine. On S3 with boto3 the object alone goes; pyarrow's
+        own delete would leave a zero-byte "folder" object for an emptied parent."""
+        client = self.s3_client()
+        if client is not None:
+            bucket, _, key = self.key.partition("/")
+            try:
+                client.delete_object(Bucket=bucket, Key=key)
+            except Exception as exc:  # botocore's errors are not OSError
+                raise OSError(f"{self.display}: cannot delete ({_first_line(exc)})") from None
+            return
+        fs, path = self.filesystem()
+        try:
+            fs.delete_file(path)
+        except FileNotFoundError:
+            pass
+
+    def delete_tree(self) -> None:
+        """Delete every object under this prefix; absent is fine (no folder object left
+        behind on S3 with boto3, see :meth:`delete`)."""
+        client = self.s3_client()
+        if client is not None:
+            bucket, _, key = self.key.partition("/")
+            try:
+                pages = client.get_paginator("list_objects_v2").paginate(
+                    Bucket=bucket, Prefix=key.rstrip("/") + "/")
+                for page in pages:
+                    objs = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+                    for lo in range(0, len(objs), 1000):
+                        client.delete_objects(Bucket=bucket,
+                                              Delete={"Objects": objs[lo:lo + 1000],
+                                                      "Quiet": True})
+            except Exception as exc:
+                raise OSError(f"{self.display}: cannot delete ({_first_line(exc)})") from None
+            return
+        fs, path = self.filesystem()
+        try:
+            fs.delete_dir(path)
+        except FileNotFoundError:
+            pass
+
+    stages_found_again = False
+
+    def claim_stage(self, name: str, record: str) -> Path | None:
+        return None
+
+    def stage(self, name: str) -> Path:
+        import tempfile
+
+        work = Path(tempfile.gettempdir()) / f"packtool-{uuid.uuid4().hex}-{name}"
+        work.mkdir()
+        return work
+
+    def publish_dir(self, work: Path, last: str) -> None:
+        try:
+            for p in sorted(work.iterdir(), key=lambda q: q.name == last):
+                self.join(p.name).publish_file(p)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def location(given: "str | os.PathLike | Location") -> Location:
+    """Shorthand for :meth:`Location.parse`."""
+    return Location.parse(given)
+
+
+def is_store(given) -> bool:
+    """True when ``given`` names a location in a store (not a local path or ``file:`` URI)."""
+    return not Location.parse(given).is_local

@@ -1,0 +1,295 @@
+"""``packtool tokenize``: text to the tokenized Parquet ``packtool pack`` reads.
+
+1. The inputs are found as ``pack`` finds its own (:func:`packtool.formats.reader.discover` with
+   ``text=True``: files and directories, local or in a store, hidden and ``_`` entries skipped,
+   the same file twice refused); the tokenizer is loaded from its local file
+   (:func:`packtool.text.tokenizer.load_tokenizer`).
+2. OUTPUT is owned by :class:`packtool.output.Output`, as for ``pack``: lock, fingerprint (the
+   options, the tokenizer file's sha256, the library versions and the inputs), in-progress
+   marker, temporary names, the typed manifest last (:class:`~packtool.formats.manifest.Manifest`
+   of kind ``tokenized``: one :class:`~packtool.formats.manifest.ShardEntry` per shard, totals
+   ``docs_in``, ``tokens_in`` and the BOS/EOS counts).
+3. Each input file is read ``batch_docs`` documents at a time (a reader thread parses the next
+   batch while this one is encoded), encoded by the tokenizer's own thread pool, BOS/EOS added
+   by id (:func:`packtool.core.masks.add_boundary_tokens`: never doubled), and written as one
+   Parquet row group; every ``rows_per_shard`` documents of a file make one shard
+   ``part-FFFFF-KKKKK.parquet`` (file F, shard K), so the shards in name order hold the documents
+   in input order and the global document index ``pack`` assigns is the input's.
+4. OUTPUT is changed only when the first shard is ready (a bad document in it leaves OUTPUT as
+   it was); after that a failure keeps the finished shards. A rerun of an interrupted
+   tokenize keeps the finished shards (a shard is published whole) and reads on from the first
+   document they do not hold, without encoding the kept ones; a kept shard's counts come from
+   the in-progress marker, or are read back from the shard (a shard whose BOS/EOS counts the
+   marker lost is written again: the same bytes); a rerun of a finished one does nothing.
+
+Memory: a few batches of texts and their ids (``batch_docs`` documents each), whatever the size
+of the input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packtool._version import __version__
+from packtool.formats.manifest import (FORMAT_VERSION, TOKENIZED_KIND, InputEntry, Manifest,
+                                       ShardEntry)
+from packtool.formats.reader import discover
+from packtool.formats.text import (TOKENIZED_SCHEMA, iter_texts, tokenized_counts,
+                                   write_tokenized_shard)
+from packtool.location import Location
+from packtool.output import Output, discard_shard_temp, fingerprint, kept_shard, publish_shard, \
+    shard_temp
+from packtool.signals import check, interruptible
+from packtool.stats import PackStats
+from packtool.text.tokenizer import load_tokenizer
+
+__all__ = ["run_tokenize", "TokenizeResult", "tokenized_shard_name"]
+
+
+@dataclass(frozen=True)
+class TokenizeResult:
+    """What :func:`run_tokenize` did."""
+
+    documents: int  #: documents in OUTPUT (all shards)
+    tokens: int  #: tokens in OUTPUT
+    shards: int  #: shards in OUTPUT
+    shards_reused: int  #: kept from an interrupted identical run
+    seconds: float  #: wall time
+    #: the manifest written (or found); ``manifest.totals`` holds the BOS/EOS counts
+    manifest: Manifest
+    already_complete: bool = False  #: OUTPUT already held this tokenization
+    #: entries under INPUT not read, as ``"path (reason)"`` (:class:`~packtool.formats.reader.Discovery`)
+    skipped: list = field(default_factory=list)
+    skipped_note: str = ""  #: one line naming them (empty when every file was read)
+
+
+def tokenized_shard_name(file_index: int, shard: int, width: int = 5) -> str:
+    """``part-00003-00000.parquet``: shard ``shard`` of input file ``file_index``."""
+    return f"part-{file_index:0{width}d}-{shard:05d}.parquet"
+
+
+class _Prefetch:
+    """Iterate ``it`` in a background thread, ``depth`` items ahead (reading and JSON parsing
+    overlap the encoding, which releases the GIL); errors are raised in the consumer."""
+
+    _END = object()
+
+    def __init__(self, it, depth: int = 2) -> None:
+        self._q: queue.Queue = queue.Queue(depth)
+        self._stop = threading.Event()
+        self._done = False
+        self._t = threading.Thread(target=self._run, args=(it,), daemon=True)
+        self._t.start()
+
+    def _run(self, it) -> None:
+        try:
+            for item in it:
+                while not self._stop.is_set():
+                    try:
+                        self._q.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+            self._q.put((self._END, None))
+        except BaseException as exc:  # handed to the consumer
+            self._q.put((self._END, exc))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        while True:
+            try:
+                item, exc = self._q.get(timeout=0.2)
+                break
+            except queue.Empty:
+                check()  # Ctrl-C while waiting for the reader
+        if exc is not None:
+            self._done = True
+            raise exc
+        if item is self._END:
+            self._done = True
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def _counts(entry: ShardEntry, promised: dict | None) -> PackStats | None:
+    """The counts a finished run recorded beside shard ``entry`` in its marker, or None."""
+    if not promised or promised.get("sha256") != entry.sha256 or "counts" not in promised:
+        return None
+    try:
+        return PackStats.from_dict(promised["counts"])
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
+def _file_shards(out: Output, file_index: int, width: int,
+                 boundary: bool) -> list[tuple[ShardEntry, PackStats]]:
+    """The shards of input file ``file_index`` an interrupted identical run finished, in order,
+    with their counts (a rerun keeps them; the first missing one ends the list, and so does one
+    whose BOS/EOS counts (``boundary``: --prepend-bos or --append-eos) only its marker knew)."""
+    kept = []
+    k = 0
+    while out.resume:
+        name = tokenized_shard_name(file_index, k, width)
+        promised = out.promised(name)
+        entry = kept_shard(out.path, name, promised)
+        if entry is None:
+            break
+        counts = _counts(entry, promised)
+        if counts is None:
+            if boundary:  # written again, same bytes, so its BOS/EOS are counted
+                break
+            docs, tokens = tokenized_counts(out.path.join(name))
+            counts = PackStats(docs_in=docs, tokens_in=tokens)
+        kept.append((entry, counts))
+        k += 1
+    return kept
+
+
+def _marker_counts(c: PackStats) -> dict:
+    """The counts of a tokenized shard as kept in the in-progress marker."""
+    return {"counts": {f.name: getattr(c, f.name) for f in dataclasses.fields(c)
+                       if getattr(c, f.name)}}
+
+
+def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
+    """Tokenize ``cfg.inputs`` into ``cfg.output`` (steps in the module docstring).
+
+    Args:
+        cfg: :class:`packtool.config.TokenizeConfig`.
+        progress: a progress bar on stderr when it is a terminal.
+
+    Returns:
+        :class:`TokenizeResult`.
+
+    Raises:
+        InputError, SchemaError: bad input (file and row or line named); OUTPUT left resumable
+            (finished shards kept) or as before.
+        ConfigError: a BOS/EOS that is neither an id nor a special token of the tokenizer.
+        OutputError: OUTPUT cannot be used (another run holds it, not empty, full disk...).
+        MissingDependencyError: ``tokenizers`` / ``tiktoken`` missing.
+        KeyboardInterrupt: Ctrl-C; rerunning the same command resumes.
+    """
+    t0 = time.perf_counter()
+    tok = load_tokenizer(cfg.tokenizer, pattern=cfg.tokenizer_pattern,
+                         add_special_tokens=cfg.add_special_tokens, threads=cfg.workers)
+    bos = tok.token_id(cfg.prepend_bos) if cfg.prepend_bos is not None else None
+    eos = tok.token_id(cfg.append_eos) if cfg.append_eos is not None else None
+    found = discover(list(cfg.inputs), text=True, skip_unsupported=cfg.skip_unsupported)
+    files = found.files
+    options = {**cfg.layout_options(), "prepend_bos": bos, "append_eos": eos,
+               "tokenizer": {"kind": tok.kind, "file": Path(tok.path).name,
+                             "sha256": tok.sha256, "vocab_size": tok.vocab_size,
+                             "library_version": tok.version}}
+    fp = fingerprint(options, files)
+    width = max(5, len(str(max(len(files) - 1, 0))))
+    show = progress and sys.stderr.isatty()
+    found_info = {"skipped": found.skipped, "skipped_note": found.skipped_note()}
+    with interruptible(), Output(cfg.output, cfg.inputs, fp, overwrite=cfg.overwrite) as out:
+        if out.complete:
+            m = out.manifest
+            return TokenizeResult(m.totals.docs_in, m.totals.tokens_in, len(m.shards),
+                                  len(m.shards), time.perf_counter() - t0, m, True, **found_info)
+        from tqdm import tqdm
+
+        outputs: list[ShardEntry] = []
+        inputs: list[InputEntry] = []
+        total, reused = PackStats(), 0
+        writing = False
+        if bos is not None or eos is not None:  # numba only when it has work to do
+            from packtool.core.masks import BoundaryCounts, add_boundary_tokens
+
+        def begin() -> None:  # OUTPUT is changed only once a shard is ready to be published
+            nonlocal writing
+            if not writing:
+                out.begin_write()
+                writing = True
+
+        with tqdm(desc="tokenize", unit=" doc", unit_scale=True, disable=not show,
+                  file=sys.stderr, leave=False) as bar:
+            for i, f in enumerate(files):
+                kept = _file_shards(out, i, width, bos is not None or eos is not None)
+                for entry, counts in kept:
+                    begin()
+                    out.shard_written(entry, _marker_counts(counts))
+                    outputs.append(entry)
+                    total = total + counts
+                reused += len(kept)
+                skip = sum(c.docs_in for _, c in kept)
+                bar.update(skip)
+                texts = _Prefetch(iter_texts(f.path, f.format, cfg.text_column,
+                                             batch_docs=cfg.batch_docs, skip=skip))
+                try:
+                    n, k, carry = skip, len(kept), []
+                    while True:
+                        if not carry:
+                            carry = next(texts, (None, []))[1]
+                            if not carry:
+                                break
+                        added = [BoundaryCounts()] if bos is not None or eos is not None \
+                            else None
+
+                        def batches(limit=cfg.rows_per_shard):
+                            nonlocal carry
+                            done = 0
+                            while done < limit:
+                                if not carry:
+                                    carry = next(texts, (None, []))[1]
+                                    if not carry:
+                                        return
+                                part, carry = carry[:limit - done], carry[limit - done:]
+                                check()
+                                lengths, ids = tok.encode(part)
+                                if added is not None:
+                                    lengths, ids, _, b = add_boundary_tokens(
+                                        lengths, ids, None, bos=bos, eos=eos)
+                                    added[0] = added[0] + b
+                                done += len(part)
+                                bar.update(len(part))
+                                yield lengths, ids
+
+                        name = tokenized_shard_name(i, k, width)
+                        tmp = shard_temp(out.tmp, name)
+                        try:
+                            entry, tokens = write_tokenized_shard(tmp, batches())
+                            check()
+                            begin()
+                            publish_shard(tmp, out.path, name)
+                        finally:
+                            discard_shard_temp(tmp, out.tmp)
+                        counts = PackStats(
+                            docs_in=entry.rows, tokens_in=tokens,
+                            **({} if added is None else {
+                                "docs_bos_added": added[0].bos_added,
+                                "docs_bos_present": added[0].bos_present,
+                                "docs_eos_added": added[0].eos_added,
+                                "docs_eos_present": added[0].eos_present}))
+                        out.shard_written(entry, _marker_counts(counts))
+                        outputs.append(entry)
+                        total = total + counts
+                        n += entry.rows
+                        k += 1
+                finally:
+                    texts.close()
+                inputs.append(InputEntry(Location.parse(f.path).display, n, f.bytes))
+        manifest = Manifest(format_version=FORMAT_VERSION, packtool_version=__version__,
+                            fingerprint=fp, options=options, inputs=tuple(inputs),
+                            shards=tuple(outputs), totals=total, kind=TOKENIZED_KIND)
+        begin()
+        out.commit(manifest, TOKENIZED_SCHEMA)
+    return TokenizeResult(total.docs_in, total.tokens_in, len(outputs), reused,
+                          time.perf_counter() - t0, manifest, False, **found_info)

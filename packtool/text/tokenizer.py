@@ -1,0 +1,257 @@
+"""Tokenizers loaded from local files only (never a download), behind one small interface.
+
+Three kinds of file, recognised by content:
+
+- a Hugging Face ``tokenizers`` JSON (``tokenizer.json``: a ``"model"`` object), loaded with
+  ``tokenizers.Tokenizer.from_file``; texts are encoded with the library's own thread pool
+  (``encode_batch_fast`` where the version has it: no offsets);
+- a Mistral Tekken JSON (``tekken_*.json`` of the ``mistral-common`` wheel: ``"config"`` and a
+  ``"vocab"`` list of base64 ``token_bytes``), read into ``tiktoken``: the BPE ranks are the first
+  ``default_vocab_size - default_num_special_tokens`` entries of ``vocab``, the pre-tokenisation
+  regex is ``config.pattern``, and an id is the rank plus ``default_num_special_tokens`` (the
+  special tokens take ids 0 ..);
+- a ``tiktoken`` BPE file (one ``base64-token rank`` pair per line: ``cl100k_base.tiktoken``,
+  Llama 3's ``tokenizer.model``), read into ``tiktoken`` with the pre-tokenisation regex and
+  special tokens of the ``tiktoken`` encoding of the file's name (``o200k_base``, ``cl100k_base``,
+  ``p50k_base``, ``r50k_base``: taken from ``tiktoken_ext.openai_public`` with the ranks of the
+  given file, so nothing is fetched), or with ``pattern`` for any other BPE file.
+
+Every kind encodes plain text: special-token strings in the text are encoded as text, never as
+control tokens. BOS/EOS are added by id, outside the tokenizer (:mod:`packtool.text.run`).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import itertools
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from packtool.errors import ConfigError, InputError, MissingDependencyError, install_hint
+
+__all__ = ["Tokenizer", "load_tokenizer", "TIKTOKEN_ENCODINGS"]
+
+#: tiktoken encodings whose regex and special tokens a ``.tiktoken`` file of that name gets.
+TIKTOKEN_ENCODINGS = ("o200k_base", "cl100k_base", "p50k_base", "r50k_base")
+
+
+def _require(module: str):
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingDependencyError(f"{module} is not installed; packtool tokenize needs it: "
+                                     + install_hint("tokenize")) from None
+
+
+@dataclass
+class Tokenizer:
+    """A loaded tokenizer: ``encode(texts)`` gives the documents' ids back to back.
+
+    Attributes:
+        kind: ``tokenizers``, ``tekken`` or ``tiktoken``.
+        path: the file it was loaded from.
+        sha256: hex sha256 of that file (recorded in the output's manifest and fingerprint).
+        vocab_size: ids are in 0 .. vocab_size - 1.
+        specials: special token string -> id (for ``--append-eos </s>`` and friends).
+    """
+
+    kind: str
+    path: str
+    sha256: str
+    vocab_size: int
+    specials: dict = field(default_factory=dict)
+    _encode: object = None  #: list[str] -> list[list[int]]
+    _offset: int = 0  #: added to every id the encoder returns (Tekken)
+    version: str = ""  #: the library's version (recorded: it can change the ids)
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Encode a batch of documents.
+
+        Returns:
+            (lengths int64[docs], ids int32[sum(lengths)]).
+        """
+        out = self._encode(texts)
+        lengths = np.fromiter((len(x) for x in out), dtype=np.int64, count=len(out))
+        # C-level iteration (about 30 ns a token), no per-document array
+        ids = np.fromiter(itertools.chain.from_iterable(out), dtype=np.int64,
+                          count=int(lengths.sum()))
+        if self._offset:
+            ids += self._offset
+        return lengths, ids.astype(np.int32)
+
+    def token_id(self, value: str | int) -> int:
+        """An id given as a number or as a special token string (``</s>``, ``<|endoftext|>``).
+
+        Raises:
+            ConfigError: not a number, not a special token of this tokenizer, or out of range.
+        """
+        if isinstance(value, int) or str(value).lstrip("-").isdigit():
+            i = int(value)
+        elif value in self.specials:
+            i = int(self.specials[value])
+        else:
+            names = ", ".join(sorted(self.specials)[:8]) or "none"
+            raise ConfigError(f"{value!r} is not a special token of {self.path} (it has: "
+                              f"{names}{', ...' if len(self.specials) > 8 else ''}); give the "
+                              "token's id or its exact string")
+        if not 0 <= i < 2**31:
+            raise ConfigError(f"token id {i} is outside 0..2**31-1")
+        return i
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _hf(path: Path, digest: str, add_special_tokens: bool) -> Tokenizer:
+    tokenizers = _require("tokenizers")
+    try:
+        tok = tokenizers.Tokenizer.from_file(str(path))
+    except Exception as exc:  # the library raises plain Exception for a bad file
+        raise InputError(f"{path}: not a readable tokenizers JSON ({exc}); give a tokenizer.json "
+                         "saved by the Hugging Face tokenizers library") from None
+    fast = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
+
+    def encode(texts):
+        return [e.ids for e in fast(texts, add_special_tokens=add_special_tokens)]
+
+    specials = {t.content: i for i, t in tok.get_added_tokens_decoder().items()}
+    return Tokenizer("tokenizers", str(path), digest, tok.get_vocab_size(with_added_tokens=True),
+                     specials, encode, 0, tokenizers.__version__)
+
+
+def _tiktoken_encoder(tiktoken, name: str, pattern: str, ranks: dict, specials: dict,
+                      threads: int):
+    enc = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks,
+                            special_tokens=specials)
+
+    def encode(texts):
+        return enc.encode_ordinary_batch(texts, num_threads=threads)
+
+    return enc, encode
+
+
+def _tekken(path: Path, data: dict, digest: str, threads: int) -> Tokenizer:
+    tiktoken = _require("tiktoken")
+    try:
+        cfg = data["config"]
+        n_special = int(cfg["default_num_special_tokens"])
+        inner = int(cfg["default_vocab_size"]) - n_special
+        ranks = {base64.b64decode(t["token_bytes"]): i for i, t in enumerate(data["vocab"][:inner])}
+        pattern = cfg["pattern"]
+        specials = {t["token_str"]: int(t["rank"]) for t in data.get("special_tokens", [])}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"{path}: not a readable Tekken tokenizer ({type(exc).__name__}: {exc});"
+                         " give the tekken_*.json of mistral-common") from None
+    if len(ranks) != inner:
+        raise InputError(f"{path}: {len(ranks)} distinct BPE tokens, config says {inner}")
+    _, encode = _tiktoken_encoder(tiktoken, path.stem, pattern, ranks, {}, threads)
+    return Tokenizer("tekken", str(path), digest, inner + n_special, specials, encode, n_special,
+                     tiktoken.__version__ if hasattr(tiktoken, "__version__") else "")
+
+
+def _bpe_ranks(path: Path) -> dict:
+    ranks = {}
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                token, rank = line.split()
+                ranks[base64.b64decode(token, validate=True)] = int(rank)
+            except ValueError:
+                raise InputError(f"{path}: line {n}: not a 'base64-token rank' pair; give a "
+                                 "tiktoken BPE file, a tokenizer.json or a Tekken JSON") from None
+    if not ranks:
+        raise InputError(f"{path}: no BPE ranks; give a tiktoken BPE file")
+    return ranks
+
+
+def _tiktoken_file(path: Path, digest: str, pattern: str | None, threads: int) -> Tokenizer:
+    tiktoken = _require("tiktoken")
+    ranks = _bpe_ranks(path)
+    name = path.name.split(".")[0]
+    specials: dict = {}
+    if pattern is None:
+        if name not in TIKTOKEN_ENCODINGS:
+            raise ConfigError(f"{path}: a BPE file whose name is none of "
+                              f"{', '.join(TIKTOKEN_ENCODINGS)}; pass --tokenizer-pattern REGEX "
+                              "(its pre-tokenisation regex)")
+        import tiktoken_ext.openai_public as public
+
+        real = public.load_tiktoken_bpe
+        public.load_tiktoken_bpe = lambda *a, **k: ranks  # the given file, never a download
+        try:
+            spec = public.ENCODING_CONSTRUCTORS[name]()
+        finally:
+            public.load_tiktoken_bpe = real
+        pattern, specials = spec["pat_str"], dict(spec["special_tokens"])
+    _, encode = _tiktoken_encoder(tiktoken, name, pattern, ranks, specials, threads)
+    size = max([*ranks.values(), *specials.values()]) + 1
+    return Tokenizer("tiktoken", str(path), digest, size, specials, encode, 0,
+                     getattr(tiktoken, "__version__", ""))
+
+
+def load_tokenizer(path: str | os.PathLike, *, pattern: str | None = None,
+                   add_special_tokens: bool = False, threads: int | None = None) -> Tokenizer:
+    """Load a tokenizer from a local file (kinds in the module docstring).
+
+    Args:
+        path: ``tokenizer.json``, a Tekken JSON, or a tiktoken BPE file.
+        pattern: pre-tokenisation regex of a tiktoken BPE file not named after a tiktoken
+            encoding.
+        add_special_tokens: ``tokenizers`` only: run the tokenizer's post-processor (the BOS
+            or EOS its template adds).
+        threads: encoding threads (``tiktoken``; ``tokenizers`` uses its own pool, sized by
+            ``RAYON_NUM_THREADS``); default: all cores.
+
+    Raises:
+        InputError: the file is missing or not one of the three kinds (the message says which
+            it was read as).
+        ConfigError: a BPE file without a known name or ``pattern``; ``add_special_tokens`` or
+            ``pattern`` with a kind that has no use for it.
+        MissingDependencyError: ``tokenizers`` or ``tiktoken`` is not installed.
+    """
+    p = Path(path)
+    if "://" in str(path):
+        raise ConfigError(f"--tokenizer {path}: a tokenizer is read from a local file; download "
+                          "it first")
+    if not p.is_file():
+        raise InputError(f"{p}: no such tokenizer file; give a local tokenizer.json, Tekken JSON "
+                         "or tiktoken BPE file")
+    threads = threads or os.cpu_count() or 1
+    digest = _sha256(p)
+    with open(p, "rb") as f:
+        head = f.read(1).lstrip()
+    if head == b"{":
+        try:
+            data = json.loads(p.read_bytes())
+        except ValueError as exc:
+            raise InputError(f"{p}: not valid JSON ({exc}); give a tokenizer.json, a Tekken "
+                             "JSON or a tiktoken BPE file") from None
+        if pattern is not None:
+            raise ConfigError("--tokenizer-pattern applies to tiktoken BPE files only")
+        if isinstance(data, dict) and "model" in data:
+            return _hf(p, digest, add_special_tokens)
+        if isinstance(data, dict) and "config" in data and "vocab" in data:
+            if add_special_tokens:
+                raise ConfigError("--add-special-tokens applies to tokenizers JSON files only; "
+                                  "add BOS/EOS with --prepend-bos/--append-eos")
+            return _tekken(p, data, digest, threads)
+        raise InputError(f"{p}: JSON that is neither a tokenizers JSON (no \"model\") nor a "
+                         "Tekken JSON (no \"config\" and \"vocab\")")
+    if add_special_tokens:
+        raise ConfigError("--add-special-tokens applies to tokenizers JSON files only; add "
+                          "BOS/EOS with --prepend-bos/--append-eos")
+    return _tiktoken_file(p, digest, pattern, threads)

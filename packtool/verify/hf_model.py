@@ -1,0 +1,381 @@
+"""Verify on the user's own architecture: ``packtool verify OUTPUT --hf-config PATH``.
+
+The ``hf`` backend then builds the architecture of that Hugging Face config instead of its tiny
+Llama: the same model class and layer pattern (attention, Mamba / SSD, gated DeltaNet, short
+convolutions, mixture of experts...), shrunk to a width of 64 with a 512-token vocabulary and
+the fewest leading layers that hold every layer type, random weights. It is fed the packed rows
+with the keywords packtool hands a Hugging Face model (:class:`packtool.loader.HFCollator`:
+``position_ids``, ``seq_idx``, ``use_cache=False``, no ``attention_mask``) and compared with each
+document run alone, by the usual checks. When documents leak, :func:`locate_leak` finds the
+first layer whose output on document 2 moves when document 1 changes, and :func:`leak_message`
+says what that layer needs.
+
+What transformers does on CPU (5.x): attention layers find documents from the position resets;
+Mamba-2 and convolution layers hand ``seq_idx`` to the causal-conv1d / mamba-ssm kernels only,
+and without those kernels refuse it (ValueError "can't keep packed sequences apart"), so the
+backend runs them without it and reports the leak; some layers ignore ``seq_idx`` altogether.
+The table of which models do what is in ``docs/architectures.md``.
+
+Nothing is downloaded: PATH is a local ``config.json`` (or its directory), or a model name that
+is already in the transformers cache (``local_files_only``); configs that need remote code are
+refused.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from packtool.errors import InputError, MissingDependencyError, install_hint
+from packtool.verify import require_torch
+
+__all__ = ["load_hf_config", "shrink_config", "build_hf_model", "decoder_layers", "layer_kind",
+           "locate_leak", "leak_message", "REFUSAL_MARK", "HF_CONFIG_VOCAB"]
+
+#: vocabulary of the shrunk model (token ids are folded with ``% V``)
+HF_CONFIG_VOCAB = 512
+_WIDTH = 64
+#: what transformers says when it refuses ``seq_idx`` / ``cu_seqlens`` without the kernels
+REFUSAL_MARK = "packed sequences"
+
+#: config fields set to small values when the config has them (None: removed, recomputed by
+#: the config class from the others)
+_SMALL = {
+    "vocab_size": HF_CONFIG_VOCAB, "hidden_size": _WIDTH, "intermediate_size": 128,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+    "shared_intermediate_size": 32, "moe_shared_expert_intermediate_size": 32,
+    "num_attention_heads": 4, "head_dim": 16, "num_experts": 4, "num_local_experts": 4,
+    "n_routed_experts": 4, "num_experts_per_tok": 2, "num_experts_per_token": 2,
+    "n_shared_experts": 1, "num_shared_experts": 1, "n_group": 1, "topk_group": 1,
+    "num_expert_group": 1,
+    # Mamba-2 / SSD layers (Bamba, Falcon-H1, Granite hybrid, Nemotron-H, Zamba2, Mamba2)
+    "mamba_n_heads": 4, "mamba_d_state": 16, "mamba_n_groups": 1, "mamba_chunk_size": 32,
+    "mamba_num_heads": 4, "mamba_head_dim": 32, "ssm_state_size": 16, "n_groups": 1,
+    "chunk_size": 32, "num_heads": 4, "state_size": 16, "time_step_rank": 8,
+    "mamba_dt_rank": 8, "n_mamba_heads": 4, "mamba_ngroups": 1, "adapter_rank": 8,
+    # gated DeltaNet and other linear attention (Qwen3-Next, OLMo hybrid, Kimi linear)
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16, "linear_num_heads": 4, "linear_head_dim": 16,
+    "kv_lora_rank": 16, "q_lora_rank": None, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
+    "v_head_dim": 16, "qk_head_dim": 16,
+    # recurrent and short-convolution blocks (RecurrentGemma, LFM2, MiniMax)
+    "lru_width": _WIDTH, "block_multiple_of": 16, "block_size": 16,
+}
+#: fields a config class derives from the width; removed so that it derives them again
+_DERIVED = ("attention_hidden_size", "attention_head_dim", "mamba_headdim", "kv_channels",
+            "num_query_groups", "mamba_d_head", "mamba_d_ssm")
+#: per-layer lists cut to the layers kept
+_LAYER_LISTS = ("layer_types", "layers_block_type", "block_types", "mlp_layer_types")
+_LAYER_INDEX_LISTS = ("full_attn_idxs", "hybrid_layer_ids", "mlp_only_layers",
+                      "attn_layer_indices")
+#: class-name words of the sub-modules that mix tokens (the places a leak can start)
+_MIXER_WORDS = ("Attention", "Attn", "Mixer", "Mamba", "Conv", "DeltaNet", "Recurrent",
+                "Lightning", "Linear", "SSM", "Rglru", "RGLRU")
+_ATTENTION_ONLY = re.compile(r"(Attention|Attn)$")
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise MissingDependencyError("--hf-config needs transformers: "
+                                     + install_hint("hf")) from None
+    return transformers
+
+
+def load_hf_config(spec: str):
+    """The Hugging Face config ``spec`` names, without touching the network.
+
+    Args:
+        spec: a ``config.json`` file, a directory holding one, or a model name already in the
+            transformers cache.
+
+    Returns:
+        A ``transformers.PretrainedConfig``.
+
+    Raises:
+        InputError: no such file, not a JSON config, an unknown ``model_type`` (or one that needs
+            remote code), or a model name the cache does not hold.
+        MissingDependencyError: transformers is not installed.
+    """
+    tf = _transformers()
+    from transformers import AutoConfig
+
+    p = Path(spec).expanduser()
+    if p.is_file():
+        try:
+            d = json.loads(p.read_text())
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{p}: not a JSON model config ({exc})") from None
+        kind = d.get("model_type") if isinstance(d, dict) else None
+        if kind not in tf.CONFIG_MAPPING:
+            raise InputError(f"{p}: model_type {kind!r} is not one transformers "
+                             f"{tf.__version__} knows (configs that need remote code are not "
+                             "run); give the config of a model transformers implements")
+        try:  # from_json_file decodes what to_json_file encodes (e.g. infinities)
+            return tf.CONFIG_MAPPING[kind].from_json_file(str(p))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise InputError(f"{p}: transformers refuses this {kind} config: "
+                             f"{str(exc).splitlines()[0]}") from None
+    looks_local = p.exists() or spec.startswith((".", "/", "~")) or spec.endswith(".json")
+    if looks_local and not p.is_dir():
+        raise InputError(f"{spec}: no such file or directory; give a config.json, its "
+                         "directory, or a model name already in the transformers cache")
+    try:
+        return AutoConfig.from_pretrained(str(p) if p.is_dir() else spec, local_files_only=True,
+                                          trust_remote_code=False)
+    except (OSError, ValueError, KeyError) as exc:
+        where = f"{p}: no usable config.json" if p.is_dir() else (
+            f"{spec}: not in the transformers cache (packtool never downloads; fetch it first, "
+            f"e.g. `hf download {spec} config.json`, or give a local config.json)")
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(f"{where}: {first}") from None
+
+
+def _layer_types(cfg) -> list | None:
+    for name in _LAYER_LISTS + ("hybrid_override_pattern",):
+        v = getattr(cfg, name, None)
+        if isinstance(v, (list, tuple, str)) and len(v) >= 1:
+            return list(v)
+    return None
+
+
+def shrink_config(cfg):
+    """A tiny copy of ``cfg``: the same model type and layer pattern, small everywhere else.
+
+    Width 64, 4 heads of 16, vocabulary 512, at most 4 experts, small state and head sizes for
+    SSM and linear-attention layers; the layers are cut to the fewest leading ones (at least 2)
+    that hold every layer type of the pattern. ``use_cache`` is off.
+
+    Returns:
+        A config of ``type(cfg)``.
+
+    Raises:
+        InputError: the config class refuses the small values (the message names the model
+            type; give a config that is already small).
+    """
+    d = cfg.to_dict()
+    orig = dict(d)
+    for k, v in _SMALL.items():
+        if k in d:
+            if v is None:
+                d.pop(k)
+            else:
+                d[k] = v
+    for k in _DERIVED:
+        d.pop(k, None)
+    if "num_key_value_heads" in d and d["num_key_value_heads"]:
+        d["num_key_value_heads"] = 4 if orig.get("num_key_value_heads") == orig.get(
+            "num_attention_heads") else 2
+    expand = d.get("mamba_expand", d.get("expand", 2)) or 2
+    inner = int(expand * _WIDTH)
+    if "mamba_d_head" in orig:
+        d["mamba_d_head"] = inner // d.get("mamba_n_heads", 4)
+    if orig.get("mamba_d_ssm") is not None:
+        d["mamba_d_ssm"] = inner
+    if orig.get("model_type") == "mamba2":
+        d["head_dim"] = inner // d["num_heads"]
+    for k in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        v = d.get(k)
+        if isinstance(v, int) and v >= HF_CONFIG_VOCAB:
+            d[k] = HF_CONFIG_VOCAB - 1
+        elif isinstance(v, list):
+            d[k] = [min(x, HF_CONFIG_VOCAB - 1) for x in v]
+    cls = type(cfg)
+    try:
+        small = cls.from_dict(d)
+        types = _layer_types(small)
+        L = int(getattr(small, "num_hidden_layers", 0) or 0)
+        if types is not None and len(types) == L and L > 2:
+            want = set(types)
+            n = next(i for i in range(2, L + 1) if set(types[:i]) == want)
+            for name in _LAYER_LISTS:
+                if isinstance(d.get(name), list) and len(d[name]) == L:
+                    d[name] = d[name][:n]
+            if isinstance(d.get("hybrid_override_pattern"), str):
+                d["hybrid_override_pattern"] = d["hybrid_override_pattern"][:n]
+            for name in _LAYER_INDEX_LISTS:
+                if isinstance(d.get(name), list):
+                    d[name] = [i for i in d[name] if i < n]
+            d["num_hidden_layers"] = n
+        elif getattr(small, "attn_layer_offset", None) is not None and L > 2:
+            d["num_hidden_layers"] = max(2, int(small.attn_layer_offset) + 1)
+        elif L > 2 and types is None:
+            d["num_hidden_layers"] = 2
+        small = cls.from_dict(d)
+    except (ValueError, TypeError, KeyError, AssertionError, ZeroDivisionError) as exc:
+        raise InputError(f"could not shrink the {orig.get('model_type')} config to a test size "
+                         f"({type(exc).__name__}: {exc}); give --hf-config a config that is "
+                         "already small") from None
+    small.use_cache = False
+    return small
+
+
+def build_hf_model(cfg, *, seed: int, device: str = "cpu"):
+    """The causal LM of ``cfg`` with seeded random weights, float32, eval mode.
+
+    SDPA attention where the model class has it (the implementation whose packed-sequence path
+    Hugging Face derives from ``position_ids``), else eager (attention-free models).
+
+    Raises:
+        InputError: transformers has no causal LM for this config, or cannot build it.
+    """
+    torch = require_torch()
+    from transformers import AutoModelForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            try:
+                model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+            except ValueError as exc:
+                if "attention implementation" not in str(exc) and "sdpa" not in str(exc):
+                    raise
+                model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+        except (ValueError, TypeError, KeyError, RuntimeError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise InputError(f"transformers cannot build a causal LM from the "
+                             f"{cfg.model_type} config: {first}") from None
+    return model.float().eval().to(device)
+
+
+def decoder_layers(model) -> list:
+    """The model's decoder layers in order (the longest ``ModuleList`` named ``...layers``)."""
+    torch = require_torch()
+    best = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.ModuleList) and name.split(".")[-1] in ("layers", "h",
+                                                                            "blocks"):
+            if len(mod) > len(best):
+                best = list(mod)
+    return best
+
+
+def _mixers(layer) -> list:
+    """(name, module) of the layer's direct children that mix tokens."""
+    return [(n, m) for n, m in layer.named_children()
+            if any(w in type(m).__name__ for w in _MIXER_WORDS)
+            and any(True for _ in m.parameters())]
+
+
+def layer_kind(cfg, index: int, module) -> str:
+    """``layer i (type, Class)``: the config's name for layer ``index`` and its class."""
+    types = _layer_types(cfg)
+    kind = str(types[index]) if types is not None and index < len(types) else None
+    return f"layer {index} ({kind + ', ' if kind else ''}{type(module).__name__})"
+
+
+def _first_tensor(out):
+    torch = require_torch()
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)):
+        for o in out:
+            t = _first_tensor(o)
+            if t is not None:
+                return t
+    return None
+
+
+def locate_leak(model, forward, ids_BC, spans_row: list, row: int, vocab: int):
+    """Where document 1 first reaches document 2: the first layer (and its first mixing
+    sub-module) whose output at the later documents' tokens moves when document 1 changes.
+
+    Args:
+        model: the Hugging Face model.
+        forward: ``forward(ids_BC) -> logits``, the packed forward with packtool's keywords.
+        ids_BC: int64 [B, C] token ids of one batch.
+        spans_row: the real document spans [(a, b)] of row ``row`` (two or more).
+        row: the row to change.
+        vocab: the model vocabulary (changed ids stay inside it).
+
+    Returns:
+        ``(layer index, layer module, sub-module name or None)``, or None when no layer output
+        moves (the leak is not in the layers).
+    """
+    torch = require_torch()
+    layers = decoder_layers(model)
+    watched = []  # (layer index, sub-module name or None, module)
+    for i, layer in enumerate(layers):
+        watched.append((i, None, layer))
+        watched.extend((i, n, m) for n, m in _mixers(layer))
+    outs: dict = {}
+    hooks = []
+    for key, (i, n, m) in enumerate(watched):
+        def hook(mod, args, out, key=key):
+            t = _first_tensor(out)
+            if t is not None and key not in outs.setdefault("_run", {}):
+                outs["_run"][key] = t.detach().float().clone()
+        hooks.append(m.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            outs["_run"] = {}
+            forward(ids_BC)
+            before = outs["_run"]
+            changed = ids_BC.clone()
+            a, b = spans_row[0]
+            changed[row, a:b] = (changed[row, a:b] + 1) % vocab
+            outs["_run"] = {}
+            forward(changed)
+            after = outs["_run"]
+    finally:
+        for h in hooks:
+            h.remove()
+    later = torch.zeros(ids_BC.shape[1], dtype=torch.bool)
+    for a, b in spans_row[1:]:
+        later[a:b] = True
+    for i, layer in enumerate(layers):
+        keys = [k for k, (li, _, _) in enumerate(watched) if li == i]
+        layer_key = keys[0]
+        x0, x1 = before.get(layer_key), after.get(layer_key)
+        if x0 is None or x1 is None or x0.shape[:2] != ids_BC.shape:
+            continue
+        tol = 1e-5 * max(1.0, float(x0[row].abs().max()))
+        if float((x1[row][later.to(x1.device)] - x0[row][later.to(x0.device)]).abs().max()) <= tol:
+            continue
+        for k in keys[1:]:  # the first sub-module (in call order) whose output moved
+            s0, s1 = before.get(k), after.get(k)
+            if s0 is None or s1 is None or s0.shape[:2] != ids_BC.shape:
+                continue
+            t = 1e-5 * max(1.0, float(s0[row].abs().max()))
+            if float((s1[row][later.to(s1.device)] - s0[row][later.to(s0.device)]).abs().max()) > t:
+                return i, layer, watched[k][1]
+        return i, layer, None
+    return None
+
+
+def leak_message(cfg, located, refused: str | None) -> str:
+    """``documents leak in <layer>: this model needs <keyword / kernels / attention>``.
+
+    Args:
+        cfg: the (shrunk) config.
+        located: :func:`locate_leak`'s result.
+        refused: transformers' message when it refused ``seq_idx`` (no kernels here), or None.
+    """
+    if located is None:
+        where = "the model (no decoder layer output moved: the leak is outside the layers)"
+        sub_cls = ""
+    else:
+        i, layer, sub = located
+        where = layer_kind(cfg, i, layer)
+        sub_mod = dict(layer.named_children()).get(sub) if sub else None
+        sub_cls = type(sub_mod).__name__ if sub_mod is not None else ""
+        if sub_cls:
+            where += f", in its {sub_cls}"
+    attention = bool(sub_cls) and bool(_ATTENTION_ONLY.search(sub_cls)) and not any(
+        w in sub_cls for w in ("Linear", "Lightning", "DeltaNet"))
+    if refused:
+        pkg = re.findall(r"without `([^`]+)`", refused)
+        need = (f"seq_idx with the {pkg[0] if pkg else 'kernel'} package's CUDA kernels "
+                f"(transformers refused seq_idx here: \"{refused.strip()}\"); install them and "
+                "rerun on a GPU with --device cuda")
+    elif attention:
+        need = ("position_ids restarting at 0 with attn_implementation 'sdpa' or "
+                "'flash_attention_2' and no attention_mask, or cu_seq_lens_q/cu_seq_lens_k "
+                "(HFCollator(flatten=True, flash_attn_kwargs=True)) for this attention")
+    else:
+        need = ("a kernel that resets this layer's state at document starts (seq_idx or "
+                "cu_seqlens); this layer ignored seq_idx here: train it on one document per "
+                "row until it takes one")
+    return f"documents leak in {where}: this model needs {need}"

@@ -1,0 +1,153 @@
+"""``packtool export --to nemo``: read back with the rules NeMo / Megatron-Bridge's packed Parquet
+reader applies (``GPTSFTPackedParquetDataset.__getitem__`` then ``GPTSFTPackedDataset.collate_fn``
+with ``answer_only_loss=True``, written out here in plain Python), the export holds every document
+token for token and every loss-mask bit, and rebuilt into packtool rows it passes verify's column
+contract and equals the packed rows."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from packcheck import invoke, read_output
+from packtool.verify.contract import check_block
+
+IGNORE = -100
+
+
+def nemo_read(path):
+    """Each row as their dataset and collate function see it: one entry per sequence of
+    (model inputs, targets, loss mask, positions), plus the row's cu_seqlens."""
+    table = pq.read_table(path)
+    assert {"input_ids", "loss_mask", "seq_start_id"} <= set(table.column_names)
+    out = []
+    for r in table.to_pylist():
+        ids, mask = r["input_ids"], r["loss_mask"]
+        assert len(ids) == len(mask)
+        starts = r["seq_start_id"]
+        assert starts and starts[0] == 0 and all(a <= b for a, b in zip(starts, starts[1:]))
+        bounds = starts + [len(ids)]  # seq_boundaries
+        seqs, cu = [], [0]
+        for s, e in zip(bounds, bounds[1:]):
+            seqs.append((ids[s:e - 1], ids[s + 1:e], mask[s:e - 1], list(range(e - s - 1))))
+            cu.append(cu[-1] + e - s - 1)
+        out.append({"seqs": seqs, "cu_seqlens": cu, "doc_ids": r["doc_ids"],
+                    "doc_offsets": r["doc_offsets"],
+                    "stored": [ids[s:e] for s, e in zip(bounds, bounds[1:])]})
+    return out
+
+
+def sft_docs(n, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for d in range(n):
+        k = int(rng.integers(1, 30))
+        ids = rng.integers(3, 900, size=k).tolist()
+        p = int(rng.integers(0, k))
+        rows.append({"input_ids": ids, "labels": [IGNORE] * p + ids[p:]})
+    return rows
+
+
+@pytest.mark.parametrize("labels", ["none", "unshifted", "shifted"])
+def test_export_round_trips_every_document_and_every_loss_mask_bit(tmp_path, labels):
+    docs = sft_docs(900)
+    src = tmp_path / "docs.parquet"
+    pq.write_table(pa.Table.from_pylist(docs), src)
+    out, dest = tmp_path / "out", tmp_path / "nemo"
+    assert invoke(["pack", "-q", "-c", 24, "--labels", labels, "--overflow", "split",
+                   "--rows-per-shard", 300, src, out]).exit_code == 0
+    res = invoke(["export", "--to", "nemo", out, dest])
+    assert res.exit_code == 0, res.output
+    path = dest / "training_24.idx.parquet"
+    packed, manifest = read_output(out)
+    rows = nemo_read(path)
+    assert len(rows) == len(packed) == manifest.totals.rows
+    # their writer's row groups: 500 rows
+    md = pq.ParquetFile(path).metadata
+    assert [md.row_group(i).num_rows for i in range(md.num_row_groups)][:-1] == \
+        [500] * (md.num_row_groups - 1) and md.num_row_groups >= 2
+    # every document token for token, and a target exactly where its input label is a token
+    rebuilt = {d: {} for d in range(len(docs))}
+    targets = 0
+    for r in rows:
+        assert len(r["seqs"]) == len(r["doc_ids"])
+        for (inp, tgt, mask, pos), piece, d, off in zip(r["seqs"], r["stored"], r["doc_ids"],
+                                                        r["doc_offsets"]):
+            doc, lab = docs[d]["input_ids"], docs[d]["labels"]
+            # a one-token piece is stored, fed nothing and predicts nothing (as in packtool,
+            # where it has no target)
+            assert piece == doc[off:off + len(piece)] and inp == piece[:-1]
+            assert tgt == doc[off + 1:off + len(piece)]
+            assert mask == [int(x != IGNORE) for x in lab[off + 1:off + len(piece)]]
+            assert pos == list(range(len(inp)))
+            rebuilt[d][off] = piece
+            targets += sum(mask)
+    for d, doc in enumerate(docs):
+        joined = [t for off in sorted(rebuilt[d]) for t in rebuilt[d][off]]
+        assert joined == doc["input_ids"], d
+    assert targets == manifest.totals.effective_targets
+    meta = json.loads((dest / "24_metadata.jsonl").read_text())
+    assert meta[0]["split"] == "training" and meta[0]["pack_size"] == 24
+    assert meta[0]["max_samples_per_bin"] == max(len(r["doc_ids"]) for r in packed)
+
+    # rebuilt as packtool rows of capacity C, the export passes verify's column contract and
+    # equals the packed rows (labels in the shifted convention, the one loss_mask carries)
+    C = 24
+    cols = {k: [] for k in ("input_ids", "segment_ids", "position_ids", "labels", "cu_seqlens",
+                            "doc_ids", "max_seqlen", "num_targets")}
+    for r in rows:
+        ids, seg, pos, lab, cu = [], [], [], [], [0]
+        for q, ((inp, tgt, mask, _), piece) in enumerate(zip(r["seqs"], r["stored"]), 1):
+            ids += piece
+            seg += [q] * len(piece)
+            pos += list(range(len(piece)))
+            lab += [t if m else IGNORE for t, m in zip(tgt, mask)] + [IGNORE]
+            cu.append(len(ids))
+        pad = C - len(ids)
+        cols["input_ids"].append(ids + [0] * pad)
+        cols["segment_ids"].append(seg + [0] * pad)
+        cols["position_ids"].append(pos + list(range(pad)))
+        cols["labels"].append(lab + [IGNORE] * pad)
+        cols["cu_seqlens"].append(np.array(cu + ([C] if pad else [])))
+        cols["doc_ids"].append(np.array(r["doc_ids"]))
+        cols["max_seqlen"].append(int(np.diff(cols["cu_seqlens"][-1]).max()))
+        cols["num_targets"].append(sum(x != IGNORE for x in lab))
+    block = {k: (np.array(v) if k not in ("cu_seqlens", "doc_ids") else v)
+             for k, v in cols.items()}
+    assert check_block(block, C, "shifted", label_masked=True) == []
+    from packtool.formats.packed import PackedOutput
+
+    reader = PackedOutput.open(out)
+    originals = (b.row(j) for b in reader.iter_blocks() for j in range(b.num_rows))
+    for i, orig in enumerate(originals):
+        for k in ("input_ids", "segment_ids", "position_ids"):
+            assert block[k][i].tolist() == orig[k].tolist(), (i, k)
+        assert block["cu_seqlens"][i].tolist() == orig["cu_seqlens"].tolist()
+        assert block["num_targets"][i] == orig["num_targets"]
+    from packtool.loader import PackedDataset
+
+    ds = PackedDataset(out, labels="shifted")
+    assert [ds[i]["labels"].tolist() for i in range(len(ds))] == block["labels"].tolist()
+
+
+def test_export_refuses_to_overwrite_and_names_what_is_wrong(tmp_path):
+    src = tmp_path / "docs.parquet"
+    pq.write_table(pa.Table.from_pylist(sft_docs(20)), src)
+    out, dest = tmp_path / "out", tmp_path / "nemo"
+    assert invoke(["pack", "-q", "-c", 32, src, out]).exit_code == 0
+    assert invoke(["export", "--to", "nemo", out, dest]).exit_code == 0
+    res = invoke(["export", "--to", "nemo", out, dest])
+    assert res.exit_code == 1 and "training_32.idx.parquet: exists; pass --overwrite" in res.output
+    assert invoke(["export", "--to", "nemo", "--overwrite", out, dest]).exit_code == 0
+    res = invoke(["export", "--to", "nemo", "--split", "validation", out, dest])
+    assert res.exit_code == 0
+    meta = json.loads((dest / "32_metadata.jsonl").read_text())
+    assert sorted(m["split"] for m in meta) == ["training", "validation"]
+    assert sorted(p.name for p in dest.iterdir()) == [
+        "32_metadata.jsonl", "training_32.idx.parquet", "validation_32.idx.parquet"]
+    res = invoke(["export", "--to", "nemo", tmp_path, tmp_path / "x"])
+    assert res.exit_code == 1 and "Error:" in res.output and len(res.output.splitlines()) == 1

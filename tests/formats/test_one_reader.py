@@ -1,0 +1,332 @@
+"""One reader of the packed output for every consumer: the loader's datasets, ``stats`` and
+``verify`` see the same rows, labels and boundaries, from a directory or a store, and refuse a
+changed shard in one line naming it.
+
+The rows every consumer returns are compared with the shards read directly by pyarrow and labels
+rebuilt here from the contract's rule (plain Python, not packtool's), for outputs with stored
+labels of each convention, derived labels, and an SFT input labels column.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from packcheck import invoke, write_docs
+from packtool.errors import ManifestError
+from packtool.formats.manifest import MANIFEST_NAME, read_manifest
+from packtool.formats.packed import PackedOutput
+
+IGNORE = -100
+DOCS = [[(7 * i + k) % 97 + 1 for k in range(1 + (i * 5) % 23)] for i in range(60)]
+
+
+def _labels_by_hand(ids, seg, convention, mask=None):
+    """The contract's labels of one row, in plain Python (``mask[i]`` False: input label -100)."""
+    C = len(ids)
+    out = [IGNORE] * C
+    for i in range(C):
+        if convention == "unshifted":
+            if seg[i] != 0 and i > 0 and seg[i - 1] == seg[i]:
+                out[i] = ids[i] if mask is None or mask[i] else IGNORE
+        elif i + 1 < C and seg[i] != 0 and seg[i + 1] == seg[i]:
+            out[i] = ids[i + 1] if mask is None or mask[i + 1] else IGNORE
+    return out
+
+
+def _pyarrow_rows(out):
+    """Every row straight from the shards (pyarrow, manifest order), as plain lists."""
+    rows = []
+    for s in read_manifest(out).shards:
+        rows.extend(pq.read_table(out / s.file).to_pylist())
+    return rows
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    """The same documents packed with --labels none, unshifted and shifted, and an SFT input
+    whose labels column masks every third token (stored labels, masked)."""
+    base = tmp_path_factory.mktemp("one_reader")
+    src = write_docs(base / "in" / "a.parquet", DOCS)
+    outs = {}
+    for mode in ("none", "unshifted", "shifted"):
+        outs[mode] = base / mode
+        res = invoke(["pack", "-q", "-c", 32, "--labels", mode, "--rows-per-shard", 9,
+                      "--row-group-mb", 0.0004, src, outs[mode]])
+        assert res.exit_code == 0, res.output
+    sft = base / "sft" / "a.parquet"
+    sft.parent.mkdir()
+    labels = [[t if k % 3 else IGNORE for k, t in enumerate(d)] for d in DOCS]
+    pq.write_table(pa.table({"input_ids": pa.array(DOCS, pa.list_(pa.int32())),
+                             "labels": pa.array(labels, pa.list_(pa.int32()))}), sft)
+    outs["sft"] = base / "sft-out"
+    res = invoke(["pack", "-q", "-c", 32, "--rows-per-shard", 9, "--row-group-mb", 0.0004, sft,
+                  outs["sft"]])
+    assert res.exit_code == 0, res.output
+    return outs
+
+
+def _expected(out, convention):
+    """(input_ids, labels, cu_seqlens) of every row, from pyarrow and the hand-written rule."""
+    rows = _pyarrow_rows(out)
+    got = []
+    for r in rows:
+        ids, seg = r["input_ids"], r["segment_ids"]
+        stored = read_manifest(out).labels
+        if stored.stored:  # masks survive: the stored labels moved to the wanted convention
+            lab = r["labels"]
+            if stored.convention != convention:
+                C = len(ids)
+                moved = [IGNORE] * C
+                for i in range(C):
+                    if convention == "unshifted" and i > 0 and seg[i] and seg[i - 1] == seg[i]:
+                        moved[i] = lab[i - 1]
+                    if convention == "shifted" and i + 1 < C and seg[i] and seg[i + 1] == seg[i]:
+                        moved[i] = lab[i + 1]
+                lab = moved
+        else:
+            lab = _labels_by_hand(ids, seg, convention)
+        got.append((ids, lab, r["cu_seqlens"]))
+    return got
+
+
+def _loader_rows(out, convention):
+    from packtool.loader import PackedDataset
+
+    ds = PackedDataset(out, labels=convention)
+    return [(it["input_ids"].tolist(), it["labels"].tolist(), it["cu_seqlens"].tolist())
+            for it in (ds[i] for i in range(len(ds)))]
+
+
+def _iterable_rows(out, convention):
+    pytest.importorskip("torch")
+    from packtool.loader import PackedIterableDataset
+
+    ds = PackedIterableDataset(out, labels=convention, shuffle=False, rank=0, world_size=1)
+    return [(it["input_ids"].tolist(), it["labels"].tolist(), it["cu_seqlens"].tolist())
+            for it in ds]
+
+
+def _reader_rows(out, convention):
+    r = PackedOutput.open(out)
+    return [(b.tokens["input_ids"][i].tolist(), b.tokens["labels"][i].tolist(), cu.tolist())
+            for b in r.iter_blocks(["input_ids", "labels", "cu_seqlens"], convention)
+            for i, cu in enumerate(b.ragged_rows("cu_seqlens"))]
+
+
+@pytest.mark.parametrize("kind", ["none", "unshifted", "shifted", "sft"])
+@pytest.mark.parametrize("convention", ["unshifted", "shifted"])
+def test_every_consumer_returns_the_rows_the_shards_hold(outputs, kind, convention):
+    """PackedDataset, PackedIterableDataset and the reader verify and stats use give the same
+    rows, labels in either convention and cu_seqlens as the shards read by pyarrow with labels
+    rebuilt by hand; verify's column scan passes on what they return; stats recounts the
+    targets the labels hold."""
+    out = outputs[kind]
+    want = _expected(out, convention)
+    assert len(want) > 10
+    assert _loader_rows(out, convention) == want
+    assert _iterable_rows(out, convention) == want
+    assert _reader_rows(out, convention) == want
+    from packtool.verify.contract import scan_contract
+
+    r = PackedOutput.open(out)
+    scan = scan_contract(r, convention, label_masked=r.manifest.label_masked)
+    assert scan.rows_checked == len(want) and not scan.bad, scan.bad
+    from packtool.analysis import analyze_packed
+
+    a = analyze_packed(out)
+    assert a.stats.effective_targets == sum(sum(x != IGNORE for x in lab) for _, lab, _ in want)
+    assert not a.mismatches
+
+
+def test_the_sft_output_really_masks_and_the_rule_is_not_trivial(outputs):
+    """The fixture can fail the parity test: masked labels differ from the boundary rule."""
+    rows = _pyarrow_rows(outputs["sft"])
+    masked = sum(sum(x != IGNORE for x in r["labels"]) for r in rows)
+    plain = sum(sum(x != IGNORE for x in _labels_by_hand(r["input_ids"], r["segment_ids"],
+                                                         "unshifted")) for r in rows)
+    assert 0 < masked < plain
+
+
+# -- tamper evidence ------------------------------------------------------------------------------
+
+def _data_page_offset(path, column="input_ids"):
+    md = pq.read_metadata(path)
+    rg = md.row_group(0)
+    for c in range(rg.num_columns):
+        cc = rg.column(c)
+        if cc.path_in_schema.split(".")[0] == column:
+            return cc.data_page_offset + cc.total_compressed_size // 2
+    raise AssertionError(column)
+
+
+def _flip_byte(path):
+    data = bytearray(path.read_bytes())
+    data[_data_page_offset(path)] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[:-100])
+
+
+def _corrupt(src, tmp_path, how):
+    out = tmp_path / how
+    shutil.copytree(src, out)
+    if how == "flip":
+        _flip_byte(out / "part-00001.parquet")
+    elif how == "truncate":
+        _truncate(out / "part-00001.parquet")
+    else:
+        _same_size_swap(out)
+    return out
+
+
+def _same_size_swap(out):
+    """Exchange two shards of exactly the same size (the fixture makes them so)."""
+    a, b = out / "part-00001.parquet", out / "part-00002.parquet"
+    da, db = a.read_bytes(), b.read_bytes()
+    assert len(da) == len(db) and da != db
+    a.write_bytes(db)
+    b.write_bytes(da)
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    """Shards of equal size: one document of exactly C random (incompressible) ids per row, in
+    creation order, so zstd stores every page raw and shards of as many rows are as large."""
+    base = tmp_path_factory.mktemp("tamper")
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(2**20, 2**31 - 1, 32).tolist() for _ in range(60)]
+    src = write_docs(base / "in" / "a.parquet", docs)
+    out = base / "out"
+    res = invoke(["pack", "-q", "-c", 32, "--no-shuffle", "--rows-per-shard", 20,
+                  "--row-group-mb", 0.0004, src, out])
+    assert res.exit_code == 0, res.output
+    sizes = [s.bytes for s in read_manifest(out).shards]
+    assert len(sizes) == 3 and sizes[1] == sizes[2], sizes
+    return out
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate", "swap"])
+def test_a_changed_shard_is_refused_by_stats_verify_and_the_loader(clean, tmp_path, how):
+    """One flipped byte in a data page, a truncated file, a shard replaced by another of the
+    same size: stats, verify (--data-only, no torch needed) and the loader refuse it in one line
+    naming the shard, exit 1; the untouched copy passes all three."""
+    out = _corrupt(clean, tmp_path, how)
+    shard = str(out / "part-00001.parquet")
+    for cmd in (["stats", out], ["verify", "--data-only", out]):
+        res = invoke(cmd)
+        assert res.exit_code == 1, (cmd, res.output)
+        lines = res.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: ") and shard in lines[0], lines
+    from packtool.loader import PackedDataset
+
+    with pytest.raises(ManifestError) as err:
+        ds = PackedDataset(out)
+        for i in range(len(ds)):
+            ds[i]
+    assert shard in str(err.value) and "\n" not in str(err.value)
+    for cmd in (["stats", clean], ["verify", "--data-only", clean]):
+        assert invoke(cmd).exit_code == 0
+
+
+def test_stats_no_hash_still_checks_sizes_and_says_what_it_skipped(clean, tmp_path):
+    out = _corrupt(clean, tmp_path, "truncate")
+    assert invoke(["stats", "--no-hash", out]).exit_code == 1
+    res = invoke(["stats", "--no-hash", clean])
+    assert res.exit_code == 0 and "sha256 not checked (--no-hash)" in res.output
+    res = invoke(["stats", clean])
+    assert "sha256 of" in res.output and "--no-hash skips it" in res.output
+
+
+def test_the_loader_checks_pages_when_it_reads_them(clean, tmp_path):
+    """With its default integrity (no whole-file hash) the loader still refuses the flipped
+    byte: the shard opens (size and footer agree) and the damaged page fails its checksum."""
+    from packtool.loader import PackedDataset
+
+    out = _corrupt(clean, tmp_path, "flip")
+    ds = PackedDataset(out)
+    with pytest.raises(ManifestError, match="part-00001.parquet: row group 0 cannot be read"):
+        for i in range(len(ds)):
+            ds[i]
+
+
+# -- format versions --------------------------------------------------------------------------------
+
+def _as_version_2(out):
+    """Rewrite a version-3 manifest as version 2 wrote it (shards untouched)."""
+    import hashlib
+
+    from packtool.formats.manifest import MANIFEST_META_KEY
+
+    path = out / MANIFEST_NAME
+    schema = pq.read_schema(path)
+    m = json.loads(schema.metadata[MANIFEST_META_KEY])
+    old = {"format_version": 2, "packtool_version": "0.1.0", "fingerprint": m["fingerprint"],
+           "options": {**m["options"], "capacity": m["capacity"],
+                       "labels": "none" if not m["labels"]["stored"] else m["labels"]["convention"]},
+           "labels_shifted": m["labels"]["convention"] == "shifted",
+           "labels": m["labels"], "columns": schema.names, "inputs": m["inputs"],
+           "outputs": [{k: s[k] for k in ("file", "rows", "bytes", "sha256")}
+                       for s in m["shards"]],
+           "totals": m["totals"]}
+    meta = dict(schema.metadata)
+    meta[MANIFEST_META_KEY] = json.dumps(old).encode()
+    pq.write_table(schema.with_metadata(meta).empty_table(), path)
+    assert hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_version_2_output_reads_as_it_is_and_upgrades_in_place(clean, tmp_path):
+    out = tmp_path / "v2"
+    shutil.copytree(clean, out)
+    _as_version_2(out)
+    before = {p.name: p.read_bytes() for p in out.glob("part-*.parquet")}
+    assert read_manifest(out).format_version == 2
+    assert _reader_rows(out, "unshifted") == _reader_rows(clean, "unshifted")
+    assert invoke(["stats", out]).exit_code == 0
+    res = invoke(["upgrade", out])
+    assert res.exit_code == 0 and "format version 3" in res.output, res.output
+    m = read_manifest(out)
+    assert m.format_version == 3 and m.indexed and all(s.footer_sha256 for s in m.shards)
+    assert m.shards == read_manifest(clean).shards
+    assert {p.name: p.read_bytes() for p in out.glob("part-*.parquet")} == before
+    assert "nothing to do" in invoke(["upgrade", out]).output
+
+
+def test_upgrade_refuses_a_changed_shard(clean, tmp_path):
+    out = tmp_path / "v2bad"
+    shutil.copytree(clean, out)
+    _as_version_2(out)
+    _flip_byte(out / "part-00001.parquet")
+    res = invoke(["upgrade", out])
+    assert res.exit_code == 1 and "part-00001.parquet" in res.output
+    assert read_manifest(out).format_version == 2
+
+
+def test_opening_reads_no_shard(clean, monkeypatch):
+    """The index comes from the manifest: opening an output (and len) touches no shard file."""
+    from packtool.location import LocalPath
+
+    opened = []
+    real = LocalPath.open_input
+    monkeypatch.setattr(LocalPath, "open_input", lambda self: opened.append(self) or real(self))
+    r = PackedOutput.open(clean)
+    assert r.num_rows == read_manifest(clean).num_rows and opened == []
+    r.read_row(0)
+    assert [p.name for p in opened] == ["part-00000.parquet"]
+
+
+def test_columns_that_the_output_lacks_are_refused_when_the_dataset_is_built(clean):
+    from packtool.loader import PackedDataset
+
+    with pytest.raises(ManifestError, match="no column"):
+        PackedDataset(clean, columns=["input_ids", "attention_mask"])
+    assert os.path.isdir(clean)

@@ -1,0 +1,281 @@
+"""A packed output in an object store (S3 on a local server, moto on 127.0.0.1) is read where it
+lies: stats, verify and both datasets give what the local copy gives, the training example runs
+from the URI, the endpoint may sit in the URI, and the local shard cache is bounded, reused
+across restarts and shared by ranks and DataLoader workers without a partial read. Store
+housekeeping: no unfinished multipart upload and no zero-byte folder object is left under
+OUTPUT, and a lock whose process id was reused does not block a rerun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from packcheck import invoke, write_docs
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [[(11 * i + k) % 251 + 1 for k in range(1 + (i * 7) % 29)] for i in range(120)]
+PACK = ["pack", "-q", "-c", 32, "--rows-per-shard", 15, "--row-group-mb", 0.0004]
+
+
+@pytest.fixture
+def both(tmp_path, s3):
+    """The same documents packed into a directory and into the store (same bytes)."""
+    fs, bucket = s3
+    src = write_docs(tmp_path / "in" / "a.parquet", DOCS)
+    local = tmp_path / "local"
+    assert invoke([*PACK, src, local]).exit_code == 0
+    uri = f"s3://{bucket}/packed"
+    res = invoke([*PACK, src, uri])
+    assert res.exit_code == 0, res.output
+    return local, uri, fs, bucket
+
+
+def _keys(bucket):
+    import boto3
+
+    c = boto3.client("s3")
+    return {o["Key"]: o["Size"] for o in c.list_objects_v2(Bucket=bucket).get("Contents", [])}
+
+
+def _items(ds):
+    return [(it["index"], it["input_ids"].tolist(), it["labels"].tolist(),
+             it["cu_seqlens"].tolist()) for it in ds]
+
+
+def test_stats_verify_and_the_datasets_read_an_s3_output_like_the_local_copy(both):
+    torch = pytest.importorskip("torch")  # noqa: F841
+    from packtool.loader import PackedDataset, PackedIterableDataset
+
+    local, uri, _, bucket = both
+    for cmd in (["stats", "--json"], ["verify", "--data-only", "--json"]):
+        a, b = invoke([*cmd, local]), invoke([*cmd, uri])
+        assert a.exit_code == b.exit_code == 0, b.output
+        ja, jb = json.loads(a.output), json.loads(b.output)
+        ja.pop("path"), jb.pop("path")
+        if "integrity" in ja:
+            ja["integrity"].pop("hash_seconds"), jb["integrity"].pop("hash_seconds")
+        assert ja == jb
+    la, lb = PackedDataset(local), PackedDataset(uri)
+    assert len(la) == len(lb) > 20
+    assert _items(la[i] for i in range(len(la))) == _items(lb[i] for i in range(len(lb)))
+    ia = PackedIterableDataset(local, rank=1, world_size=2, seed=3)
+    ib = PackedIterableDataset(uri, rank=1, world_size=2, seed=3)
+    assert _items(ia) == _items(ib)
+    assert not [k for k in _keys(bucket) if k.endswith("/")], "no zero-byte folder object"
+
+
+def test_the_training_example_runs_from_s3(both):
+    pytest.importorskip("transformers")
+    _, uri, _, _ = both
+    env = {**os.environ, "PACKED": uri}
+    res = subprocess.run([sys.executable, str(ROOT / "examples" / "train.py")], env=env,
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.count("per target on this rank") == 2
+
+
+def test_the_endpoint_may_be_given_in_the_uri(tmp_path, s3, s3_endpoint, monkeypatch):
+    """With no AWS_ENDPOINT_URL in the environment, INPUT and OUTPUT carry the endpoint in
+    their query: discovery, every file read, the shards written, stats and the loader all go
+    through it (a file reopened without it would go to the public AWS host)."""
+    fs, bucket = s3
+    pq.write_table(pa.table({"input_ids": pa.array(DOCS, pa.list_(pa.int32()))}),
+                   f"{bucket}/corpus/a.parquet", filesystem=fs)
+    pq.write_table(pa.table({"input_ids": pa.array(DOCS[:7], pa.list_(pa.int32()))}),
+                   f"{bucket}/corpus/sub/b.parquet", filesystem=fs)
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    host = s3_endpoint.split("://", 1)[1]
+    opts = f"endpoint_override={host}&scheme=http"
+    out = f"s3://{bucket}/out?{opts}"
+    res = invoke([*PACK, f"s3://{bucket}/corpus/?{opts}", out])
+    assert res.exit_code == 0, res.output
+    from packtool.formats.manifest import read_manifest
+    from packtool.loader import PackedDataset
+
+    m = read_manifest(out)
+    assert [i.path for i in m.inputs] == [f"s3://{bucket}/corpus/a.parquet?{opts}",
+                                          f"s3://{bucket}/corpus/sub/b.parquet?{opts}"]
+    assert m.totals.docs_in == len(DOCS) + 7
+    assert invoke(["stats", out]).exit_code == 0
+    assert len(PackedDataset(out)) == m.num_rows
+
+
+def test_secret_uri_options_never_reach_the_manifest(tmp_path, s3, s3_endpoint, monkeypatch):
+    fs, bucket = s3
+    pq.write_table(pa.table({"input_ids": pa.array(DOCS, pa.list_(pa.int32()))}),
+                   f"{bucket}/c/a.parquet", filesystem=fs)
+    for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(k)
+    host = s3_endpoint.split("://", 1)[1]
+    uri = f"s3://testing:testing@{bucket}/c?endpoint_override={host}&scheme=http"
+    out = tmp_path / "out"
+    res = invoke([*PACK, uri, out])
+    assert res.exit_code == 0, res.output
+    text = (out / ".packtool-manifest.parquet").read_bytes()
+    assert b"testing" not in text and b"endpoint_override" in text
+
+
+# -- the local cache ------------------------------------------------------------------------------
+
+def test_the_cache_is_bounded_by_its_cap_and_reused_after_a_restart(both, tmp_path, monkeypatch):
+    from packtool.formats.cache import ShardCache
+    from packtool.formats.manifest import read_manifest
+    from packtool.loader import PackedDataset
+
+    local, uri, _, _ = both
+    shards = read_manifest(uri).shards
+    cap = sum(sorted(s.bytes for s in shards)[-2:])  # room for the two largest shards
+    downloads = []
+    real = ShardCache._download
+    monkeypatch.setattr(ShardCache, "_download",
+                        lambda self, src, part, sha, size: downloads.append(sha)
+                        or real(self, src, part, sha, size))
+    cache = tmp_path / "cache"
+    ds = PackedDataset(uri, cache_dir=cache, cache_limit=cap, max_open_files=1,
+                       cached_row_groups=1)
+    ref = PackedDataset(local)
+    peak = 0
+    for i in range(len(ds)):
+        assert ds[i]["input_ids"].tolist() == ref[i]["input_ids"].tolist()
+        peak = max(peak, ShardCache(cache, cap).used_bytes())
+    assert 0 < peak <= cap
+    assert len(downloads) == len(shards)  # each shard once, read in order
+    files = sorted(p.name for p in cache.iterdir() if p.suffix == ".parquet")
+    assert files and all(n[:-8] in {s.sha256 for s in shards} for n in files)
+    # a restart with the same cache: the cached shards are not downloaded again
+    kept = set(n[:-8] for n in files)
+    downloads.clear()
+    again = PackedDataset(uri, cache_dir=cache, cache_limit=cap)
+    for i in range(len(again) - 1, -1, -1):
+        again[i]
+    assert not kept & set(downloads)
+    assert ShardCache(cache, cap).used_bytes() <= cap
+
+
+def test_a_cached_copy_that_differs_from_the_manifest_is_refused(both, tmp_path):
+    """A shard changed in the store after packing is refused on download (sha256), never
+    cached or served."""
+    from packtool.errors import ManifestError
+    from packtool.loader import PackedDataset
+
+    _, uri, fs, bucket = both
+    key = f"{bucket}/packed/part-00001.parquet"
+    with fs.open_input_stream(key) as f:
+        data = bytearray(f.read())
+    data[len(data) // 3] ^= 0xFF
+    with fs.open_output_stream(key) as f:
+        f.write(bytes(data))
+    from packtool.formats.manifest import read_manifest
+
+    bad = read_manifest(uri).shards[1].sha256
+    cache = tmp_path / "cache"
+    ds = PackedDataset(uri, cache_dir=cache, cache_limit="1G")
+    with pytest.raises(ManifestError, match="part-00001.parquet: sha256 differs"):
+        for i in range(len(ds)):
+            ds[i]
+    names = [p.name for p in cache.iterdir()]
+    assert f"{bad}.parquet" not in names and not [n for n in names if n.endswith(".part")]
+
+
+RANK_SCRIPT = """
+import json, sys
+from torch.utils.data import DataLoader
+from packtool.loader import PackedIterableDataset
+uri, cache, rank, cap = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+ds = PackedIterableDataset(uri, rank=rank, world_size=2, seed=1, cache_dir=cache,
+                           cache_limit=cap)
+rows = []
+for b in DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork"):
+    rows.append([b["index"], b["input_ids"].tolist()])
+print(json.dumps(rows))
+"""
+
+
+def test_two_ranks_with_two_workers_share_one_cache(both, tmp_path):
+    """2 ranks x 2 DataLoader workers, started at once on one cache directory: every process
+    gets exactly the rows the local copy gives it, and the cache holds whole files only."""
+    pytest.importorskip("torch")
+    from packtool.formats.cache import ShardCache
+    from packtool.formats.manifest import read_manifest
+    from packtool.loader import PackedIterableDataset
+
+    local, uri, _, _ = both
+    shards = read_manifest(uri).shards
+    cap = sum(s.bytes for s in shards)
+    cache = tmp_path / "cache"
+    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, uri, str(cache), str(r),
+                               str(cap)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for r in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (so, se) in zip(procs, outs):
+        assert p.returncode == 0, se[-2000:]
+    seen = []
+    for r, (so, _) in enumerate(outs):
+        got = sorted(json.loads(so.strip().splitlines()[-1]))
+        want = sorted([it["index"], it["input_ids"].tolist()] for it in
+                      PackedIterableDataset(local, rank=r, world_size=2, seed=1))
+        assert got == want
+        seen += [i for i, _ in got]
+    assert sorted(set(seen)) == list(range(read_manifest(local).num_rows))
+    names = {p.name for p in cache.iterdir()}
+    assert not [n for n in names if n.endswith(".part")]
+    cached = ShardCache(cache, cap)
+    assert {f"{s.sha256}.parquet" for s in shards} <= names and cached.used_bytes() <= cap
+    import hashlib
+
+    for s in shards:
+        assert hashlib.sha256(cached.path_for(s.sha256).read_bytes()).hexdigest() == s.sha256
+
+
+# -- store housekeeping ------------------------------------------------------------------------------
+
+def test_a_rerun_aborts_the_uploads_a_killed_writer_left(tmp_path, s3):
+    """A process killed while it uploads leaves an unfinished multipart upload (not listed,
+    still stored and billed); the next run into that OUTPUT aborts it."""
+    import boto3
+
+    fs, bucket = s3
+    c = boto3.client("s3")
+    up = c.create_multipart_upload(Bucket=bucket, Key="out/part-00000.parquet")
+    c.upload_part(Bucket=bucket, Key="out/part-00000.parquet", UploadId=up["UploadId"],
+                  PartNumber=1, Body=b"x" * (5 << 20))
+    elsewhere = c.create_multipart_upload(Bucket=bucket, Key="other/file")
+    assert len(c.list_multipart_uploads(Bucket=bucket).get("Uploads", [])) == 2
+    src = write_docs(tmp_path / "in" / "a.parquet", DOCS)
+    res = invoke([*PACK, src, f"s3://{bucket}/out"])
+    assert res.exit_code == 0, res.output
+    left = c.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    assert [u["UploadId"] for u in left] == [elsewhere["UploadId"]]  # only OUTPUT's
+
+
+def test_a_lock_whose_pid_now_belongs_to_another_process_does_not_block(tmp_path, s3):
+    """The lock object names a process on this host by pid and start time: a pid reused by
+    another live process (here this test's own) is not the holder, so the rerun proceeds; a
+    lock whose holder is still running still refuses."""
+    import socket
+
+    from packtool.formats import object_store as store
+
+    fs, bucket = s3
+    src = write_docs(tmp_path / "in" / "a.parquet", DOCS)
+    me = store.holder()
+    stale = {**me, "run": "killed-run", "started": str(int(me["started"] or 0) + 12345)}
+    with fs.open_output_stream(f"{bucket}/out/.packtool.lock") as f:
+        f.write(json.dumps(stale).encode())
+    res = invoke([*PACK, src, f"s3://{bucket}/out"])
+    assert res.exit_code == 0, res.output
+    live = {**me, "run": "live-run"}
+    assert not store.holder_is_gone(live) and store.holder_is_gone(stale)
+    assert socket.gethostname() == me["host"]
+    with fs.open_output_stream(f"{bucket}/out2/.packtool.lock") as f:
+        f.write(json.dumps(live).encode())
+    res = invoke([*PACK, src, f"s3://{bucket}/out2"])
+    assert res.exit_code == 1 and "live-run" in res.output

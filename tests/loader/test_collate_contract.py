@@ -1,0 +1,121 @@
+"""What every collate function needs, and that the batch path (rows gathered as slices of the
+decoded row groups) builds exactly the batch that collating items builds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+from packtool.loader import (HFCollator, PackedDataset, PackedIterableDataset,  # noqa: E402
+                             collate, collate_flat)
+
+from loader_helpers import many_groups, pack, write_input  # noqa: E402,F401
+
+COLLATES = {"collate": collate, "collate_flat": collate_flat, "hf": HFCollator(),
+            "hf_flat": HFCollator(flatten=True)}
+
+
+@pytest.fixture(scope="module")
+def padded(tmp_path_factory):
+    """Rows with padding tails: docs of 3 and 2 tokens at C = 8, --no-shuffle."""
+    d = tmp_path_factory.mktemp("padded")
+    docs = [[11, 12, 13], [21, 22], [31, 32, 33, 34, 35], [41, 42, 43, 44]]
+    return pack(write_input(d / "in", docs), d / "out", 8, "--no-shuffle", "--strategy",
+                "ordered")
+
+
+@pytest.mark.parametrize("name", list(COLLATES))
+def test_position_only_items_are_refused_by_every_collate(padded, name):
+    """input_ids and position_ids alone: the padding tail restarts at 0 like a document, so
+    no collate can tell it apart; each refuses, naming segment_ids and labels."""
+    ds = PackedDataset(padded)
+    items = [{k: ds[i][k] for k in ("input_ids", "position_ids")} for i in range(len(ds))]
+    with pytest.raises(ValueError, match=r"segment_ids.*labels.*padding tail"):
+        COLLATES[name](items)
+
+
+def test_columns_no_collate_can_use_are_refused_when_the_dataset_is_built(padded):
+    for cls, kw in ((PackedDataset, {}), (PackedIterableDataset, {"rank": 0, "world_size": 1})):
+        for cols in (["input_ids", "position_ids"], ["segment_ids", "labels"]):
+            with pytest.raises(ValueError, match="missing"):
+                cls(padded, columns=cols, **kw)
+    with pytest.raises(ValueError, match="missing"):
+        PackedIterableDataset(padded, columns=["input_ids", "position_ids"], batch_size=2)
+
+
+@pytest.mark.parametrize("cols", [["input_ids", "segment_ids"],
+                                  ["input_ids", "position_ids", "labels"]])
+@pytest.mark.parametrize("name", list(COLLATES))
+def test_every_collate_builds_the_full_batch_from_an_accepted_subset(padded, cols, name):
+    """A subset that keeps segment_ids, or positions with labels, gives the same labels,
+    positions, boundaries and targets as the full items (the padding never a target)."""
+    full = PackedDataset(padded)
+    sub = PackedDataset(padded, columns=cols)
+    n = len(full)
+    ref = COLLATES[name]([full[i] for i in range(n)])
+    got = COLLATES[name]([sub[i] for i in range(n)])
+    for k in ("input_ids", "labels", "position_ids", "cu_seqlens", "cu_seq_lens_q",
+              "num_targets", "max_seqlen"):
+        if k in ref:
+            a, b = ref[k], got[k]
+            assert (torch.equal(a, b) if torch.is_tensor(a) else a == b), k
+    lab = got["labels"].reshape(n, -1)
+    seg = torch.as_tensor(np.stack([full[i]["segment_ids"] for i in range(n)]))
+    assert bool((lab[seg == 0] == -100).all())  # padding never trained
+
+
+@pytest.mark.parametrize("name", list(COLLATES))
+def test_batches_gathered_from_row_groups_equal_collated_items(many_groups, name):
+    """PackedIterableDataset(batch_size=5, collate_fn=f) yields f(items) for the same rows, for
+    every collate function: the gathered path changes speed, not content."""
+    kw = dict(rank=1, world_size=2, seed=6, shuffle_buffer=9)
+    items = list(PackedIterableDataset(many_groups, **kw))
+    batches = list(PackedIterableDataset(many_groups, batch_size=5, collate_fn=COLLATES[name],
+                                         **kw))
+    assert len(batches) == -(-len(items) // 5)
+    for b, k in zip(batches, range(0, len(items), 5)):
+        ref = COLLATES[name](items[k:k + 5])
+        assert ref.keys() == b.keys()
+        for key, v in ref.items():
+            if torch.is_tensor(v):
+                assert v.dtype == b[key].dtype and torch.equal(v, b[key]), key
+            elif key == "doc_ids":
+                assert all(np.array_equal(x, y) for x, y in zip(v, b[key]))
+            else:
+                assert v == b[key], key
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.integers(1, 9), min_size=0, max_size=5), min_size=1, max_size=4),
+       st.sampled_from(["unshifted", "shifted"]))
+def test_batch_labels_equal_the_read_side_rule(rows_segments, convention):
+    """The labels a batch derives (one int64 cast, -100 written at boundaries and over padding
+    tails) equal the reader's rule, unshifted_labels / shifted_labels, for any segment layout
+    (one-token segments, full rows, rows of padding only), and the targets count them."""
+    from packtool.formats.packed import shifted_labels, unshifted_labels
+    from packtool.loader.collate import _derived_labels64
+
+    C = 16
+    seg = np.zeros((len(rows_segments), C), dtype=np.int32)
+    cu = []
+    for r, lens in enumerate(rows_segments):
+        at = 0
+        for q, n in enumerate(lens, start=1):
+            n = min(n, C - at)
+            if n <= 0:
+                break
+            seg[r, at:at + n] = q
+            cu.append(r * C + at)
+            at += n
+        if at < C:
+            cu.append(r * C + at)  # the padding tail
+    cu.append(seg.size)
+    ids = np.arange(seg.size, dtype=np.int32).reshape(seg.shape) + 100
+    lab, n = _derived_labels64(ids, seg, np.asarray(cu), convention)
+    ref = (shifted_labels if convention == "shifted" else unshifted_labels)(ids, seg)
+    assert lab.dtype == np.int64 and lab.tolist() == ref.tolist()
+    assert n == int((ref != -100).sum())

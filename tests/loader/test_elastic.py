@@ -1,0 +1,144 @@
+"""Elastic resume: a job checkpointed at one world size and worker count continues at another
+with the rest of the epoch exactly (every row of the epoch once over both runs), from the state
+of one rank; a checkpoint taken at an epoch's end starts the next epoch with 0, 1 and 2
+workers."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+torch = pytest.importorskip("torch")
+stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+from packtool.loader import PackedIterableDataset, collate  # noqa: E402
+
+from loader_helpers import rows_120, web_and_code  # noqa: E402,F401
+
+
+def run_ranks(out, world, workers, *, batches=None, state=None, seed=4, **kw):
+    """Each rank's rows through a StatefulDataLoader (batches of 3), the first ``batches``
+    batches per rank (all when None), optionally after loading ``state`` into each rank's
+    dataset. Returns (rows of all ranks, rank 0's loader state)."""
+    rows, state0 = [], None
+    for rank in range(world):
+        ds = PackedIterableDataset(out, rank=rank, world_size=world, seed=seed, **kw)
+        if state is not None:
+            ds.load_state_dict(state)
+        loader = stateful.StatefulDataLoader(ds, batch_size=3, collate_fn=collate,
+                                             num_workers=workers)
+        it = iter(loader)
+        for k, b in enumerate(it):
+            rows += [(s, i) for s, i in zip(b["source"], b["index"])]
+            if batches is not None and k + 1 == batches:
+                break
+        if rank == 0:
+            state0 = loader.state_dict()
+        del it, loader
+    return rows, state0
+
+
+def _all_rows(out, **kw):
+    ds = PackedIterableDataset(out, rank=0, world_size=1, seed=4, **kw)
+    return [(it["source"], it["index"]) for it in ds]
+
+
+def test_2x2_resumes_at_3x1_with_every_row_of_the_epoch_once(rows_120):
+    """2 ranks x 2 workers stop after 5 batches each; 3 ranks x 1 worker load rank 0's
+    DataLoader state and finish the epoch: every row exactly once over both runs, no row of
+    the rest of the epoch lost or repeated; then a second resize (3x1 -> 1x0) mid-rest."""
+    before, state = run_ranks(rows_120, 2, 2, batches=5)
+    assert len(before) == 2 * 5 * 3
+    middle, state2 = run_ranks(rows_120, 3, 1, batches=4, state=state)
+    assert len(middle) == 3 * 4 * 3
+    after, _ = run_ranks(rows_120, 1, 0, state=state2)
+    everything = Counter(before + middle + after)
+    assert everything == Counter(_all_rows(rows_120))
+    assert set(everything.values()) == {1}
+
+
+def test_4x0_resumes_at_2x2_with_every_row_of_the_epoch_once(rows_120):
+    """4 ranks without workers read 7 rows each (the dataset's own state, rank 0's); 2 ranks x
+    2 workers load it and read the rest: every row once. The next epoch is the 2-rank epoch
+    a job that always ran at 2 x 2 reads."""
+    before, state0 = [], None
+    for rank in range(4):
+        ds = PackedIterableDataset(rows_120, rank=rank, world_size=4, seed=4)
+        it = iter(ds)
+        before += [(x["source"], x["index"]) for x in (next(it) for _ in range(7))]
+        if rank == 0:
+            state0 = ds.state_dict()
+    after, _ = run_ranks(rows_120, 2, 2, state=state0)
+    assert Counter(before + after) == Counter(_all_rows(rows_120))
+    assert len(before + after) == 120
+    resumed = PackedIterableDataset(rows_120, rank=1, world_size=2, seed=4)
+    resumed.load_state_dict(state0)
+    resumed.set_epoch(1)
+    fresh = PackedIterableDataset(rows_120, rank=1, world_size=2, seed=4, epoch=1)
+    assert [x["index"] for x in resumed] == [x["index"] for x in fresh]
+
+
+def test_a_mixture_resumes_elastically(web_and_code):
+    """A two-source mixture (0.6 / 0.4 of 90 rows) at 3 ranks x 1 worker, resumed at 2 x 2:
+    the epoch's rows of each source exactly once overall, each source its exact share."""
+    kw = dict(weights={"web": 0.6, "code": 0.4}, rows_per_epoch=90)
+    before, state = run_ranks(web_and_code, 3, 1, batches=4, **kw)
+    after, _ = run_ranks(web_and_code, 2, 2, state=state, **kw)
+    everything = Counter(before + after)
+    assert everything == Counter(_all_rows(web_and_code, **kw))
+    assert Counter(s for s, _ in before + after) == {"web": 54, "code": 36}
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_a_checkpoint_at_the_end_of_an_epoch_starts_the_next_one(rows_120, workers):
+    """The state saved after the last batch of epoch 0, loaded by a restarted job that then
+    calls set_epoch(1), yields epoch 1 exactly as an uninterrupted job does, never epoch 0
+    again, with 0, 1 and 2 workers, through the loader or the dataset."""
+    def loader(epoch):
+        ds = PackedIterableDataset(rows_120, rank=0, world_size=2, seed=4)
+        ds.set_epoch(epoch)
+        return ds, stateful.StatefulDataLoader(ds, batch_size=5, collate_fn=collate,
+                                               num_workers=workers)
+
+    ds0, dl0 = loader(0)
+    epoch0 = [i for b in dl0 for i in b["index"]]
+    state = dl0.state_dict()
+    _, fresh1 = loader(1)
+    epoch1 = [i for b in fresh1 for i in b["index"]]
+    assert sorted(epoch0) != epoch0 and epoch0 != epoch1
+    ds, dl = loader(0)
+    dl.load_state_dict(state)
+    ds.set_epoch(1)
+    assert [i for b in dl for i in b["index"]] == epoch1
+    ds, dl = loader(0)
+    ds.load_state_dict(state)
+    assert ds.epoch == 1
+    ds.set_epoch(1)
+    assert [i for b in dl for i in b["index"]] == epoch1
+
+
+def test_a_rest_the_new_ranks_do_not_divide_is_evened_up_and_counted(rows_120):
+    """2 ranks read 7 rows each; 4 ranks take the remaining 106 rows: 27 each, the 2 extra rows
+    repeated from the start of the rest and counted in repeated_rows (drop_last=True: the last
+    2 left out, counted in dropped_rows), every row of the epoch at least once."""
+    before, state = [], None
+    for rank in range(2):
+        ds = PackedIterableDataset(rows_120, rank=rank, world_size=2, seed=4)
+        it = iter(ds)
+        before += [x["index"] for x in (next(it) for _ in range(7))]
+        state = state or ds.state_dict()
+    after = []
+    for rank in range(4):
+        ds = PackedIterableDataset(rows_120, rank=rank, world_size=4, seed=4)
+        ds.load_state_dict(state)
+        assert (ds.rows_per_rank, ds.repeated_rows, ds.dropped_rows) == (27, 2, 0)
+        after += [x["index"] for x in ds]
+    counts = Counter(before + after)
+    assert set(counts) == set(range(120)) and sum(counts.values()) == 122
+    dropped = PackedIterableDataset(rows_120, rank=0, world_size=4, seed=4, drop_last=True)
+    state_dl = PackedIterableDataset(rows_120, rank=0, world_size=2, seed=4, drop_last=True)
+    it = iter(state_dl)
+    [next(it) for _ in range(7)]
+    dropped.load_state_dict(state_dl.state_dict())
+    assert (dropped.rows_per_rank, dropped.repeated_rows, dropped.dropped_rows) == (26, 0, 2)

@@ -1,0 +1,133 @@
+"""Weighted mixtures of several packed outputs: each source's exact share per epoch over ranks
+and workers, sources told apart on every item, exact resume mid-epoch, new weights between runs
+without repacking, and outputs that cannot be mixed refused in one line."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from packtool.errors import ManifestError  # noqa: E402
+from packtool.loader import PackedDataset, PackedIterableDataset, collate  # noqa: E402
+
+from loader_helpers import pack, random_docs, web_and_code, write_input  # noqa: E402,F401
+
+WEIGHTS = {"web": 0.7, "code": 0.3}
+
+
+def epoch(sources, world, workers, *, epoch=0, **kw):
+    """(source, index) of every row every rank yields in one epoch through a DataLoader."""
+    rows = []
+    for rank in range(world):
+        ds = PackedIterableDataset(sources, rank=rank, world_size=world, seed=3, **kw)
+        ds.set_epoch(epoch)
+        dl = torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=collate,
+                                         num_workers=workers)
+        rows += [(s, i) for b in dl for s, i in zip(b["source"], b["index"])]
+    return rows
+
+
+@pytest.mark.parametrize("world,workers", [(2, 2), (3, 0)])
+def test_each_source_gives_its_exact_share_every_epoch(web_and_code, world, workers):
+    """0.7 / 0.3 of 102 rows (71.4 / 30.6: weights that do not divide evenly) is 71 web rows and
+    31 code rows in epochs 0 and 1, over 2 ranks x 2 workers and 3 ranks x 0 workers; every
+    (source, row) of the epoch's plan exactly once."""
+    probe = PackedIterableDataset(web_and_code, weights=WEIGHTS, rows_per_epoch=102, rank=0,
+                                  world_size=world)
+    assert probe.source_shares == {"web": 71, "code": 31} and probe.repeated_rows == 0
+    n_code = probe.mixture.outputs[1].num_rows
+    assert 31 > n_code  # code is cycled: more than its rows per epoch
+    for e in (0, 1):
+        rows = epoch(web_and_code, world, workers, epoch=e, weights=WEIGHTS,
+                     rows_per_epoch=102)
+        assert Counter(s for s, _ in rows) == {"web": 71, "code": 31}
+        plan = PackedIterableDataset(web_and_code, weights=WEIGHTS, rows_per_epoch=102, seed=3,
+                                     rank=0, world_size=1, epoch=e, shuffle_buffer=1)
+        want = Counter((it["source"], it["index"]) for it in plan)
+        assert Counter(rows) == want
+        code = Counter(i for s, i in rows if s == "code")
+        assert set(code) == set(range(n_code))  # every code row at least once ...
+        assert max(code.values()) - min(code.values()) <= 2  # ... none far more than others
+
+
+def test_the_cycled_source_shows_every_row_before_any_repeats(web_and_code):
+    """In the epoch's order (one rank, no shuffle window), the code source's first n rows are
+    its n rows, all different; the web source (larger than its share) repeats none."""
+    ds = PackedIterableDataset(web_and_code, weights=WEIGHTS, rows_per_epoch=102, rank=0,
+                               world_size=1, seed=3, shuffle_buffer=1)
+    n_code = ds.mixture.outputs[1].num_rows
+    items = list(ds)
+    code = [it["index"] for it in items if it["source"] == "code"]
+    assert sorted(code[:n_code]) == list(range(n_code))
+    web = [it["index"] for it in items if it["source"] == "web"]
+    assert len(set(web)) == len(web) == 71
+    src = [it["source"] for it in items]
+    longest = max(len(run) for run in "".join("w" if s == "web" else "c" for s in src).split("c"))
+    assert longest <= 4  # interleaved finely: 71 / 31 is at most 3 web rows between code rows
+
+
+def test_items_of_a_mixture_are_the_rows_of_their_source(web_and_code):
+    """An item's source and index name the row PackedDataset of that output returns."""
+    ds = PackedIterableDataset(web_and_code, weights=WEIGHTS, rows_per_epoch=40, rank=1,
+                               world_size=2, seed=1)
+    ref = {name: PackedDataset(path) for name, path in web_and_code.items()}
+    for it in ds:
+        row = ref[it["source"]][it["index"]]
+        assert np.array_equal(it["input_ids"], row["input_ids"])
+        assert np.array_equal(it["labels"], row["labels"])
+
+
+def test_mixture_resume_mid_epoch_is_exact(web_and_code):
+    """A StatefulDataLoader over a mixture (2 workers) stopped after 3 batches and restarted
+    from its state yields exactly the rows an uninterrupted run yields after them."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def make():
+        ds = PackedIterableDataset(web_and_code, weights=WEIGHTS, rows_per_epoch=60, rank=0,
+                                   world_size=1, seed=5)
+        return stateful.StatefulDataLoader(ds, batch_size=4, collate_fn=collate, num_workers=2)
+
+    full = [(s, i) for b in make() for s, i in zip(b["source"], b["index"])]
+    dl = make()
+    it = iter(dl)
+    before = [(s, i) for b in (next(it) for _ in range(3)) for s, i in zip(b["source"], b["index"])]
+    state = dl.state_dict()
+    del it, dl
+    again = make()
+    again.load_state_dict(state)
+    after = [(s, i) for b in again for s, i in zip(b["source"], b["index"])]
+    assert before + after == full
+
+
+def test_new_weights_apply_from_the_next_epoch_without_repacking(web_and_code):
+    """A state saved at the end of an epoch loads into a dataset with other weights (the next
+    epoch has the new shares); a mid-epoch state with other weights is refused, naming it."""
+    old = PackedIterableDataset(web_and_code, weights=WEIGHTS, rows_per_epoch=50, rank=0,
+                                world_size=1)
+    list(old)
+    new = PackedIterableDataset(web_and_code, weights={"web": 1, "code": 1}, rows_per_epoch=50,
+                                rank=0, world_size=1)
+    new.load_state_dict(old.state_dict())
+    assert new.epoch == 1
+    assert Counter(it["source"] for it in new) == {"web": 25, "code": 25}
+    it = iter(old)
+    next(it)
+    with pytest.raises(ValueError, match="mixture"):
+        new.load_state_dict(old.state_dict())
+
+
+def test_outputs_that_cannot_be_mixed_are_refused(web_and_code, tmp_path):
+    """Another capacity, weights naming other sources, bad weights: one-line refusals."""
+    wide = pack(write_input(tmp_path / "in", random_docs(20, 12)), tmp_path / "wide", 32)
+    with pytest.raises(ManifestError, match=r"different capacity.*web: 16.*wide: 32"):
+        PackedIterableDataset({"web": web_and_code["web"], "wide": wide}, rank=0, world_size=1)
+    with pytest.raises(ValueError, match="unknown: \\['books'\\]"):
+        PackedIterableDataset(web_and_code, weights={"web": 1, "code": 1, "books": 1})
+    with pytest.raises(ValueError, match="weight"):
+        PackedIterableDataset(web_and_code, weights={"web": -1, "code": 1})
+    with pytest.raises(ValueError, match="rows_per_epoch"):
+        PackedIterableDataset(web_and_code, rows_per_epoch=0)

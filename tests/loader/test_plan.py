@@ -1,0 +1,210 @@
+"""The epoch policy as pure functions: exact mixture shares, cycling and subsets, the smooth
+interleave against a brute-force sort, and elastic phases that consume every row of the epoch
+once whatever the world sizes and worker counts (NumPy only, no output on disk)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packtool.loader.plan import (EpochOrder, EpochPlan, Phase, SourceStream, apportion,
+                                  mix_prefix, rank_rows, worker_bounds)
+
+FAST = settings(max_examples=60, deadline=None)
+
+
+@FAST
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=5).filter(any),
+       st.integers(0, 500))
+def test_shares_are_exact_and_within_one_row_of_the_weights(weights, total):
+    """Largest remainders: the shares sum to the epoch exactly, each is floor or ceil of its
+    exact share, and the larger remainders get the extra rows."""
+    c = apportion(weights, total)
+    exact = [Fraction(w * total, sum(weights)) for w in weights]
+    assert int(c.sum()) == total
+    for ci, e in zip(c, exact):
+        assert int(ci) in (int(e), -(-e.numerator // e.denominator))
+    got_extra = [i for i, e in enumerate(exact) if c[i] > int(e)]
+    left_out = [i for i, e in enumerate(exact) if c[i] == int(e) and e != int(e)]
+    for i in got_extra:
+        for j in left_out:
+            assert exact[i] - int(exact[i]) >= exact[j] - int(exact[j])
+
+
+def test_weights_that_do_not_divide_evenly():
+    """0.7 / 0.3 of 101 rows: 70.7 and 30.3 -> 71 and 30; three equal weights of 10 -> 4, 3, 3."""
+    assert apportion([0.7, 0.3], 101).tolist() == [71, 30]
+    assert apportion([1, 1, 1], 10).tolist() == [4, 3, 3]
+    for bad in ([-1, 2], [0, 0], [float("nan"), 1], [float("inf"), 1], ["a", 1]):
+        with pytest.raises(ValueError):
+            apportion(bad, 10)
+
+
+@FAST
+@given(st.lists(st.integers(0, 12), min_size=2, max_size=4).filter(lambda c: sum(c) > 0))
+def test_interleave_prefixes_equal_a_brute_force_sort(shares):
+    """mix_prefix(a) counts each source among the first a items of the sort by
+    ((2k + 1) / (2 c_s), s), computed exactly with fractions."""
+    items = sorted((Fraction(2 * k + 1, 2 * c), s) for s, c in enumerate(shares)
+                   for k in range(c))
+    for a in range(sum(shares) + 1):
+        want = Counter(s for _, s in items[:a])
+        assert mix_prefix(shares, a).tolist() == [want[s] for s in range(len(shares))]
+
+
+@FAST
+@given(st.lists(st.integers(1, 40), min_size=2, max_size=4), st.integers(0, 3))
+def test_sources_interleave_finely(shares, seed):
+    """Every prefix of the epoch holds each source's share of it within (S + 1) / 2 rows: no
+    long run of one source."""
+    N = sum(shares)
+    for a in range(N + 1):
+        m = mix_prefix(shares, a)
+        for s, c in enumerate(shares):
+            assert abs(int(m[s]) - a * c / N) <= (len(shares) + 1) / 2
+
+
+def _epoch_rows(rg, shares, epoch, seed=1):
+    order = EpochOrder(rg, shares, seed=seed, epoch=epoch, shuffle=True,
+                       salts=list(range(len(rg))))
+    keys = order.rows(0, order.num_rows)
+    src = np.searchsorted(order.row_base, keys, side="right") - 1
+    return keys, src, order
+
+
+def test_each_epoch_has_every_source_s_exact_share():
+    """Two sources of 13 and 40 rows at 0.7 / 0.3 of 53: 37 and 16 rows in every epoch."""
+    rg = [np.array([4, 4, 5]), np.array([10, 10, 10, 10])]
+    shares = apportion([0.7, 0.3], 53)
+    assert shares.tolist() == [37, 16]
+    for epoch in range(3):
+        _, src, _ = _epoch_rows(rg, shares, epoch)
+        assert np.bincount(src, minlength=2).tolist() == [37, 16]
+
+
+@FAST
+@given(st.integers(1, 6), st.integers(1, 5), st.integers(1, 80), st.booleans())
+def test_a_cycled_source_repeats_no_row_before_all_were_seen(n_groups, group_rows, share,
+                                                            shuffle):
+    """A source of n rows with c >= n rows per epoch: in every epoch its first n rows are all
+    n rows, and its rows beyond the whole passes (c mod n, drawn across epochs) hold no row
+    twice in an epoch and come out balanced: no row is drawn a second time before every row
+    was drawn once."""
+    rg = [np.full(n_groups, group_rows), np.array([50])]
+    n = n_groups * group_rows
+    counts = Counter()
+    for e in range(5):
+        order = EpochOrder(rg, [share, 7], seed=2, epoch=e, shuffle=shuffle, salts=[1, 2])
+        keys = order.rows(0, order.num_rows)
+        mine = keys[keys < n]
+        assert mine.size == share
+        whole = (share // n) * n
+        if whole:
+            assert sorted(mine[:n].tolist()) == list(range(n))
+        rest = mine[whole:].tolist()
+        assert len(set(rest)) == len(rest)
+        for x in rest:
+            counts[x] += 1
+            assert max(counts.values()) - min(counts[i] for i in range(n)) <= 1
+
+
+def test_a_large_source_gives_another_subset_each_epoch():
+    """A source of 60 rows with 20 per epoch: epochs 0, 1 and 2 see disjoint rows, together all
+    60 (its draws go on where the last epoch stopped); with 25 per epoch, no epoch holds a row
+    twice although epochs straddle the end of a round."""
+    rg = [np.full(6, 10), np.array([5])]
+    seen = []
+    for e in range(3):
+        keys, src, _ = _epoch_rows(rg, [20, 5], e)
+        seen.append(set(keys[src == 0].tolist()))
+    assert not (seen[0] & seen[1]) and not (seen[1] & seen[2]) and not (seen[0] & seen[2])
+    assert set().union(*seen) == set(range(60))
+    for e in range(8):
+        keys, src, _ = _epoch_rows(rg, [25, 5], e)
+        assert len(set(keys[src == 0].tolist())) == 25
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=5), st.integers(1, 30), st.booleans())
+def test_the_urn_never_gives_a_row_twice_in_an_epoch(groups, share, shuffle):
+    """Whatever the row groups and the share, over 12 epochs: the draws beyond the whole
+    passes never repeat a row inside one epoch (also when an epoch runs from one round of the
+    urn into the next), every row is drawn once before any is drawn again, and any slice of an
+    epoch equals that slice of the whole epoch."""
+    s = SourceStream(np.asarray(groups), share, seed=3, salt=7, shuffle=shuffle)
+    n = sum(groups)
+    counts = Counter()
+    for e in range(12):
+        rows = s.epoch_rows(e, 0, share)
+        rest = rows[(share // n) * n:].tolist()
+        assert len(set(rest)) == len(rest), (e, rest)
+        for x in rest:
+            counts[x] += 1
+            assert max(counts.values()) - min(counts[i] for i in range(n)) <= 1
+        for a in range(0, share, 4):
+            assert s.epoch_rows(e, a, min(share, a + 5)).tolist() == rows[a:a + 5].tolist()
+
+
+def test_any_range_of_the_epoch_agrees_with_the_whole():
+    """A rank computes only its range: rows(a, b) is the whole epoch's [a, b) for every cut."""
+    rg = [np.array([3, 4]), np.array([5, 5, 2]), np.array([1])]
+    keys, _, order = _epoch_rows(rg, apportion([3, 2, 1], 29), 2)
+    for a in range(0, 30, 4):
+        for b in range(a, 30, 3):
+            assert order.rows(a, b).tolist() == keys[a:b].tolist()
+
+
+def _consume(plan, W, K, ys):
+    """Epoch positions every rank's workers yielded: worker w of each rank its first ys[w]."""
+    out = Counter()
+    for r in range(W):
+        for w in range(K):
+            out.update(plan.slot(plan.phase, r, w, W, K)[:ys[w]].tolist())
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 80), st.booleans(),
+       st.lists(st.tuples(st.integers(1, 4), st.integers(1, 3), st.floats(0, 1)), min_size=1,
+                max_size=3),
+       st.integers(1, 4), st.integers(1, 3))
+def test_elastic_phases_consume_every_row_of_the_epoch_once(N, drop_last, stops, W_end, K_end):
+    """Stop at any point at any W x K, resume at any other, any number of times: over the
+    epoch every position comes exactly once, plus each phase's own even-up repeats
+    (drop_last=False), or minus its dropped remainder (drop_last=True)."""
+    kw = dict(seed=3, epoch=1, shuffle=True, shuffle_buffer=4, drop_last=drop_last)
+    plan = EpochPlan(N, **kw)
+    history, seen, extra, dropped = [], Counter(), 0, 0
+    for W, K, frac in stops:
+        L = plan.length()
+        q = rank_rows(L, W, drop_last)
+        runs = [worker_bounds(q, w, K) for w in range(K)]
+        extra += max(0, W * q - L)
+        dropped += max(0, L - W * q)
+        ys = [int(frac * (b - a)) for a, b in runs]
+        seen += _consume(plan, W, K, ys)
+        history.append(Phase(W, K, tuple(ys)))
+        plan = EpochPlan(N, history, **kw)
+    L = plan.length()
+    q = rank_rows(L, W_end, drop_last)
+    extra += max(0, W_end * q - L)
+    dropped += max(0, L - W_end * q)
+    seen += _consume(plan, W_end, K_end, [b - a for a, b in
+                                          (worker_bounds(q, w, K_end) for w in range(K_end))])
+    assert set(seen) <= set(range(N))
+    if drop_last:
+        assert max(seen.values(), default=1) == 1 and len(seen) == N - dropped
+    else:
+        assert set(seen) == set(range(N))
+        assert sum(seen.values()) - N == extra
+
+
+def test_a_phase_that_yielded_more_than_its_run_is_refused():
+    with pytest.raises(ValueError, match="yielded 9 rows of a run of 5"):
+        EpochPlan(10, [Phase(2, 1, (9,))], seed=0, epoch=0, shuffle=False, shuffle_buffer=1,
+                  drop_last=False)

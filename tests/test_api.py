@@ -1,0 +1,197 @@
+"""The Python API: ``packtool.pack_dataset`` on a Dataset, an IterableDataset, a Table and a list
+gives the rows ``packtool pack`` writes for the same documents, and ``packtool.pack`` is the
+CLI's pack as a function."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import packtool
+from packcheck import invoke, read_output
+from packtool.errors import ConfigError, InputError, SchemaError
+
+datasets = pytest.importorskip("datasets")
+
+
+def sft_docs(n=150, seed=0):
+    """Documents with an SFT ``labels`` column (a -100 prompt) and a padded ``attention_mask``."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for d in range(n):
+        k = int(rng.integers(0, 90))
+        ids = rng.integers(3, 5000, size=k).tolist()
+        prompt = int(rng.integers(0, k + 1))
+        pad = int(rng.integers(0, 3))
+        rows.append({"input_ids": ids + [0] * pad,
+                     "labels": [-100] * prompt + ids[prompt:] + [-100] * pad,
+                     "attention_mask": [1] * k + [0] * pad,
+                     "text": f"doc {d}"})
+    return rows
+
+
+CASES = {
+    "defaults": ({}, []),
+    "eos, stored shifted labels, ordered, no shuffle": (
+        dict(append_eos=2, labels="shifted", strategy="ordered", shuffle=False),
+        ["--append-eos", "2", "--labels", "shifted", "--strategy", "ordered", "--no-shuffle"]),
+    "windows, truncate, seed": (
+        dict(window_docs=40, overflow="truncate", seed=3, prepend_bos=1),
+        ["--window-docs", "40", "--overflow", "truncate", "--seed", "3", "--prepend-bos", "1"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_pack_dataset_equals_the_cli_row_for_row(tmp_path, case):
+    """Dataset, IterableDataset, Table and list give exactly the CLI's rows (masks applied)."""
+    kw, flags = CASES[case]
+    rows = sft_docs()
+    table = pa.Table.from_pylist(rows)
+    pq.write_table(table, tmp_path / "docs.parquet", row_group_size=37)
+    res = invoke(["pack", "-q", "-c", 64, "--rows-per-shard", 7, *flags,
+                  tmp_path / "docs.parquet", tmp_path / "cli"])
+    assert res.exit_code == 0, res.output
+    want, manifest = read_output(tmp_path / "cli")
+    assert manifest.totals.tokens_attention_masked > 0
+    assert manifest.totals.tokens_label_masked > 0
+
+    ds = datasets.Dataset.from_list(rows)
+    got_ds = packtool.pack_dataset(ds, 64, batch_rows=33, **kw)
+    assert isinstance(got_ds, datasets.Dataset)
+    assert got_ds.to_list() == want
+    got_it = packtool.pack_dataset(ds.to_iterable_dataset(num_shards=3), 64, batch_rows=16, **kw)
+    assert isinstance(got_it, datasets.IterableDataset)
+    assert list(got_it) == want
+    got_table = packtool.pack_dataset(table, 64, **kw)
+    assert isinstance(got_table, pa.Table)
+    assert got_table.to_pylist() == want
+    assert got_table.schema == pq.read_schema(tmp_path / "cli" / "part-00000.parquet")
+    got_list = packtool.pack_dataset(rows, 64, **kw)
+    assert got_list == want
+    if not kw:  # a plain list of token sequences: the tokens alone, no masks
+        plain = [r["input_ids"] for r in rows]
+        pq.write_table(pa.table({"input_ids": plain}), tmp_path / "plain.parquet")
+        assert invoke(["pack", "-q", "-c", 64, tmp_path / "plain.parquet",
+                       tmp_path / "plain"]).exit_code == 0
+        assert packtool.pack_dataset(plain, 64) == read_output(tmp_path / "plain")[0]
+        arrays = [np.asarray(d, dtype=np.int32) for d in plain]
+        assert packtool.pack_dataset(arrays, 64) == read_output(tmp_path / "plain")[0]
+
+
+def test_pack_dataset_takes_a_dataset_in_its_own_order(tmp_path):
+    """select/shuffle indices are honoured: the rows are those of the reordered documents."""
+    rows = sft_docs(60, seed=1)
+    ds = datasets.Dataset.from_list(rows).shuffle(seed=4).select(range(0, 60, 2))
+    got = packtool.pack_dataset(ds, 48, shuffle=False)
+    want = packtool.pack_dataset([dict(r) for r in ds], 48, shuffle=False)
+    assert got.to_list() == want
+    assert {d for r in want for d in r["doc_ids"]} <= set(range(30))
+
+
+def test_pack_dataset_dict_packs_each_split_and_holdout_gives_a_pair():
+    rows = sft_docs(80, seed=2)
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:60]),
+                               "test": datasets.Dataset.from_list(rows[60:])})
+    out = packtool.pack_dataset(dd, 32)
+    assert isinstance(out, datasets.DatasetDict) and set(out) == {"train", "test"}
+    assert out["test"].to_list() == packtool.pack_dataset(rows[60:], 32)
+    train, held = packtool.pack_dataset(rows, 32, holdout=0.25, seed=1)
+    a = {d for r in train for d in r["doc_ids"]}
+    b = {d for r in held for d in r["doc_ids"]}
+    assert a and b and not a & b
+    with pytest.raises(ConfigError):
+        packtool.pack_dataset(dd, 32, holdout=0.1)
+
+
+def test_iterable_result_keeps_its_rows_on_disk_until_released():
+    """The IterableDataset's packed output lives while any dataset derived from it does."""
+    import tempfile
+
+    before = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("packtool-")}
+    it = packtool.pack_dataset(datasets.Dataset.from_list(sft_docs(40)).to_iterable_dataset(), 32)
+    derived = it.shuffle(seed=0, buffer_size=4)
+    n = len(list(it))
+    del it
+    gc.collect()
+    assert len(list(derived)) == n
+    del derived
+    gc.collect()
+    after = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("packtool-")}
+    assert after <= before
+
+
+def test_pack_dataset_errors_name_the_row_and_the_fix(tmp_path):
+    with pytest.raises(SchemaError, match=r"^documents: row 1 \(0-based\): negative token id -5"):
+        packtool.pack_dataset([[1, 2], [3, -5]], 8)
+    with pytest.raises(SchemaError, match="no column 'tokens'"):
+        packtool.pack_dataset(pa.table({"input_ids": [[1, 2]]}), 8, column="tokens")
+    with pytest.raises(InputError, match="not str"):
+        packtool.pack_dataset("sample_data/", 8)
+    with pytest.raises(InputError, match="empty"):
+        packtool.pack_dataset([], 8)
+    with pytest.raises(ConfigError, match="--capacity 1"):
+        packtool.pack_dataset([[1, 2]], 1)
+    with pytest.raises(InputError, match="item 1 is a int"):
+        packtool.pack_dataset([[1, 2], 3], 8)
+    leftovers = list(Path(tmp_path).iterdir())
+    assert leftovers == []
+
+
+def test_pack_is_the_cli_pack_as_a_function(tmp_path, sample_data):
+    res = packtool.pack(sample_data, tmp_path / "api", capacity=1024, shuffle=False,
+                        append_eos=2)
+    cli = invoke(["pack", "--json", "-c", 1024, "--no-shuffle", "--append-eos", 2,
+                  sample_data, tmp_path / "cli"])
+    assert cli.exit_code == 0, cli.output
+    assert res.stats.to_dict() == json.loads(cli.stdout)["stats"]  # stderr: the split warning
+    assert read_output(tmp_path / "api")[0] == read_output(tmp_path / "cli")[0]
+    again = packtool.pack([sample_data], tmp_path / "api", capacity=1024, shuffle=False,
+                          append_eos=2)
+    assert again.already_complete
+
+
+@pytest.mark.parametrize("labels", ["none", "unshifted", "shifted"])
+def test_pack_dataset_states_the_labels_convention_it_hands_out(labels):
+    """The labels handed out are the stored ones, in the convention the Table's metadata names:
+    unshifted (label i is token i or -100) unless labels='shifted' (label i is token i + 1 of
+    the same document, or -100); an SFT labels column makes 'none' store unshifted labels."""
+    table = pa.Table.from_pylist(sft_docs(40, seed=5))
+    got = packtool.pack_dataset(table, 48, labels=labels)
+    convention = got.schema.metadata[b"packtool.labels_convention"].decode()
+    assert convention == ("shifted" if labels == "shifted" else "unshifted")
+    for r in got.to_pylist():
+        ids, seg, lab = r["input_ids"], r["segment_ids"], r["labels"]
+        for i in range(48):
+            if lab[i] == -100:
+                continue
+            if convention == "unshifted":
+                assert lab[i] == ids[i] and i > 0 and seg[i - 1] == seg[i] != 0
+            else:
+                assert i + 1 < 48 and seg[i + 1] == seg[i] != 0 and lab[i] == ids[i + 1]
+
+
+def test_pack_dataset_reads_a_loss_mask_column_as_the_cli_does(tmp_path):
+    """--loss-mask-column: TRL's completion_mask by default, another column when named."""
+    rows = [{"input_ids": d["input_ids"], "completion_mask": [int(x != -100) for x in d["labels"]],
+             "my_mask": [int(x != -100) for x in d["labels"]]} for d in sft_docs(60, seed=6)]
+    table = pa.Table.from_pylist(rows)
+    pq.write_table(table.select(["input_ids", "completion_mask"]), tmp_path / "trl.parquet")
+    assert invoke(["pack", "-q", "-c", 48, tmp_path / "trl.parquet", tmp_path / "a"]
+                  ).exit_code == 0
+    want, manifest = read_output(tmp_path / "a")
+    assert manifest.totals.tokens_label_masked > 0 and manifest.labels.stored
+    got = packtool.pack_dataset(table.select(["input_ids", "completion_mask"]), 48)
+    assert got.to_pylist() == want
+    named = packtool.pack_dataset(table.select(["input_ids", "my_mask"]), 48,
+                                  loss_mask_column="my_mask")
+    assert named.to_pylist() == want
+    off = packtool.pack_dataset(table.select(["input_ids", "completion_mask"]), 48,
+                                loss_mask_column="none")
+    assert "labels" not in off.column_names

@@ -1,0 +1,125 @@
+"""``pack --holdout FRACTION``: a seeded split of whole documents into a second packed output that
+shares no document with the training rows, with the same contract and its own manifest."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from packcheck import check_output, invoke, read_output, write_docs
+from packtool.core.holdout import count_held_out, drop_documents, holdout_mask
+from packtool.formats.manifest import read_manifest
+
+MASK64 = (1 << 64) - 1
+
+
+def _mix(z: int) -> int:
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def naive_held_out(d: int, fraction: float, seed: int) -> bool:
+    """SplitMix64 written out with Python ints (the documented rule, no NumPy)."""
+    key = _mix(seed ^ 0x686F6C646F75742E)
+    z = _mix((key + (d + 1) * 0x9E3779B97F4A7C15) & MASK64)
+    return (z >> 11) < int(fraction * 2**53)
+
+
+def test_holdout_mask_is_the_documented_splitmix_rule():
+    """The vectorised mask equals the rule written out with Python integers."""
+    for seed, fraction in ((0, 0.1), (7, 0.5), (2**63 - 1, 0.03)):
+        got = holdout_mask(1000, 300, fraction, seed)
+        want = [naive_held_out(d, fraction, seed) for d in range(1000, 1300)]
+        assert got.tolist() == want
+
+
+def test_holdout_decision_depends_on_the_document_alone():
+    """Cut anywhere, the decisions are the same: windows never change the held-out set."""
+    whole = holdout_mask(0, 10_000, 0.2, 3)
+    parts = np.concatenate([holdout_mask(lo, 777, 0.2, 3)[:min(777, 10_000 - lo)]
+                            for lo in range(0, 10_000, 777)])
+    assert np.array_equal(whole, parts)
+    assert count_held_out(10_000, 0.2, 3, chunk=1000) == int(whole.sum())
+    assert 1800 < whole.sum() < 2200  # about the fraction asked for
+    assert not np.array_equal(whole, holdout_mask(0, 10_000, 0.2, 4))  # the seed matters
+
+
+def test_drop_documents_keeps_lengths_aligned():
+    lengths = np.array([2, 0, 3, 1])
+    tokens = np.arange(6, dtype=np.int32)
+    flags = np.array([1, 0, 1, 1, 0, 1], dtype=np.uint8)
+    new, docs, toks, t2, f2 = drop_documents(lengths, np.array([True, True, False, True]),
+                                             tokens, flags)
+    assert new.tolist() == [2, 0, 0, 1] and (docs, toks) == (1, 3)
+    assert t2.tolist() == [0, 1, 5] and f2.tolist() == [1, 0, 1]
+
+
+def _docs(n=120, seed=0):
+    rng = np.random.default_rng(seed)
+    # distinct tokens per document (doc d uses d*1000 + i), some empty, some over capacity
+    return [[] if d % 17 == 5 else [d * 1000 + i for i in range(int(rng.integers(1, 40)))]
+            for d in range(n)]
+
+
+@pytest.mark.parametrize("extra", [[], ["--window-docs", "25"], ["--strategy", "ordered"]])
+def test_holdout_output_shares_no_document_with_the_training_rows(tmp_path, extra):
+    """Every non-empty document lands in exactly one of the two outputs, whole; each output
+    keeps the contract; the held-out set is the seeded rule's, whatever the windows."""
+    docs = _docs()
+    src = write_docs(tmp_path / "in" / "a.parquet", docs)
+    out, held = tmp_path / "out", tmp_path / "val"
+    res = invoke(["pack", "-q", "-c", 32, "--labels", "unshifted", "--holdout", 0.25,
+                  "--holdout-output", held, "--seed", 5, *extra, src, out])
+    assert res.exit_code == 0, res.output
+    rule = holdout_mask(0, len(docs), 0.25, 5)
+    train_rows, train_m = read_output(out)
+    held_rows, held_m = read_output(held)
+    check_output(train_rows, [[] if rule[d] else doc for d, doc in enumerate(docs)], 32)
+    check_output(held_rows, [doc if rule[d] else [] for d, doc in enumerate(docs)], 32)
+    train_docs = {d for r in train_rows for d in r["doc_ids"]}
+    held_docs = {d for r in held_rows for d in r["doc_ids"]}
+    assert not train_docs & held_docs
+    assert held_docs == {d for d in range(len(docs)) if rule[d] and docs[d]}
+    # two manifests, each saying which side it holds and counting the other side
+    assert train_m.options["holdout_part"] == "train"
+    assert held_m.options["holdout_part"] == "holdout"
+    assert train_m.fingerprint != held_m.fingerprint
+    n_held = int(rule.sum())
+    assert train_m.totals.docs_other_split == n_held
+    assert held_m.totals.docs_other_split == len(docs) - n_held
+    empty = sum(1 for d in docs if not d)
+    assert (train_m.totals.docs_empty + held_m.totals.docs_empty) == empty
+    assert (train_m.totals.tokens_in + held_m.totals.tokens_in
+            == sum(len(d) for d in docs))
+
+
+def test_holdout_rerun_is_a_no_op_and_without_holdout_nothing_changes(tmp_path):
+    docs = _docs(60)
+    src = write_docs(tmp_path / "in" / "a.parquet", docs)
+    out = tmp_path / "out"
+    args = ["pack", "-q", "-c", 32, "--holdout", 0.3, src, out]
+    assert invoke(args).exit_code == 0
+    before = read_manifest(tmp_path / "out-holdout")  # the default place: OUTPUT-holdout
+    res = invoke(["pack", "-c", 32, "--holdout", 0.3, src, out])
+    assert res.exit_code == 0 and "already holds this pack" in res.output
+    assert "(already complete)" in res.output
+    assert read_manifest(tmp_path / "out-holdout") == before
+    plain = tmp_path / "plain"
+    assert invoke(["pack", "-q", "-c", 32, src, plain]).exit_code == 0
+    m = read_manifest(plain)
+    assert "holdout" not in m.options and m.totals.docs_other_split == 0
+
+
+def test_holdout_errors_are_one_line(tmp_path):
+    src = write_docs(tmp_path / "in" / "a.parquet", [[1, 2, 3], [4, 5]])
+    out = tmp_path / "out"
+    res = invoke(["pack", "-q", "--holdout", 0.01, src, out])
+    assert res.exit_code == 1 and "holds out no document of the 2" in res.output
+    assert not out.exists()
+    res = invoke(["pack", "-q", "--holdout", 0.5, "--holdout-output", out, src, out])
+    assert res.exit_code == 2 and "overlaps OUTPUT" in res.output
+    res = invoke(["pack", "-q", "--holdout", 1.5, src, out])
+    assert res.exit_code == 2
+    res = invoke(["pack", "-q", "--holdout-output", tmp_path / "v", src, out])
+    assert res.exit_code == 2 and "needs --holdout" in res.output

@@ -1,0 +1,81 @@
+"""Messages a new user meets: each names what happened and the command that fits, before any
+long work, and a lossy setting is never silent."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from packcheck import invoke, write_docs
+
+
+@pytest.fixture
+def raw(tmp_path):
+    return write_docs(tmp_path / "data" / "a.parquet", [[1, 2, 3], [4, 5]]).parent
+
+
+@pytest.mark.parametrize("command", ["verify", "stats"])
+def test_raw_input_given_as_output_names_the_right_command(raw, command):
+    """Raw tokenized input is no interrupted pack: no 'rerun packtool pack to finish it'."""
+    res = invoke([command, raw])
+    assert res.exit_code == 1, res.output
+    assert "finish it" not in res.output
+    assert "tokenized input" in res.output and "a.parquet" in res.output
+    fix = "packtool compare" if command == "stats" else "packtool pack --capacity C"
+    assert fix in res.output and str(raw) in res.output
+
+
+@pytest.mark.parametrize("command", ["verify", "stats"])
+def test_empty_folder_given_as_output_says_it_is_empty(tmp_path, command):
+    empty = tmp_path / "nothing"
+    empty.mkdir()
+    res = invoke([command, empty])
+    assert res.exit_code == 1, res.output
+    assert "empty directory" in res.output and "finish it" not in res.output
+    assert "packtool pack" in res.output
+
+
+def test_interrupted_pack_given_to_verify_still_says_rerun(tmp_path, raw):
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / ".packtool-in-progress.json").write_text("{}")
+    res = invoke(["verify", tmp_path / "half"])
+    assert res.exit_code == 1 and "interrupted pack" in res.output
+    assert "rerun the same packtool pack" in res.output
+
+
+def test_stats_with_a_capacity_on_raw_input_points_to_compare(raw):
+    """`packtool stats data/ -c 2048` (no --compare): the command to run, in full."""
+    res = invoke(["stats", raw, "-c", 2048])
+    assert res.exit_code == 2, res.output
+    assert f"packtool compare {raw} --capacity 2048" in res.output
+
+
+def test_split_of_most_documents_warns_like_truncate_and_drop(tmp_path):
+    """--overflow split that cuts most documents is as loud as truncate or drop over 1 %: one
+    WARNING line on stderr in pack, and in compare."""
+    docs = [[i + 1] * (10 + i % 5) for i in range(20)]  # every document longer than C = 8
+    src = write_docs(tmp_path / "in" / "a.parquet", docs)
+    res = invoke(["pack", "--capacity", 8, src, tmp_path / "out"])
+    assert res.exit_code == 0, res.output
+    warn = [ln for ln in res.stderr.splitlines() if ln.startswith("WARNING:")]
+    assert len(warn) == 1 and "--overflow split" in warn[0] and "100.0%" in warn[0], res.stderr
+    assert "20 of 20" in warn[0] and "--capacity" in warn[0]
+    res = invoke(["compare", "--capacity", 8, src])
+    assert "WARNING: --overflow split" in res.stderr
+    quiet = write_docs(tmp_path / "in2" / "a.parquet", [[1] * 3] * 19 + [[2] * 12])
+    res = invoke(["pack", "--capacity", 8, quiet, tmp_path / "out2"])
+    assert res.exit_code == 0 and "WARNING" not in res.stderr, res.stderr
+
+
+def test_verify_without_torch_says_so_before_the_scan_and_offers_data_only(tmp_path,
+                                                                           monkeypatch, raw):
+    out = tmp_path / "out"
+    assert invoke(["pack", "-q", "-c", 4, raw, out]).exit_code == 0
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch fails, find_spec says no
+    res = invoke(["verify", out])
+    assert res.exit_code == 1, res.output
+    assert "torch is not installed" in res.output and "--data-only" in res.output
+    assert "checking the column contract" not in res.output, "said after the scan"
+    res = invoke(["verify", out, "--data-only"])
+    assert res.exit_code == 0, res.output

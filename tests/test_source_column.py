@@ -1,0 +1,276 @@
+"""``pack --source-column``: every segment carries its document's source id, the manifest the id
+-> value table, whatever the windows; ``stats`` counts per source exactly as a recount does; the
+loader hands out per-token source ids; bad columns are refused in one line."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from packcheck import hash_tree, invoke
+from packtool.formats.manifest import read_manifest
+from packtool.loader import PackedDataset
+
+SOURCES = ["web", "code", "books", "wiki"]
+
+
+def _docs(n, seed):
+    rng = np.random.default_rng(seed)
+    return [[d * 100 + p + 1 for p in range(int(k))] for d, k in
+            enumerate(rng.integers(1, 30, n))]
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> Path:
+    """Two files: string sources (one file dictionary-encoded), documents of 1..29 tokens; the
+    sources change along the documents (runs of 50), so windows of 37 documents each see
+    another set of values and number them differently."""
+    d = tmp_path_factory.mktemp("sources") / "in"
+    d.mkdir()
+    a, b = _docs(150, 1), _docs(60, 2)
+    pq.write_table(pa.table({"input_ids": a, "source": [SOURCES[i // 50] for i in range(150)]}),
+                   d / "a.parquet")
+    lang = pa.array([SOURCES[3 - (i % 2)] for i in range(60)]).dictionary_encode()
+    pq.write_table(pa.table({"input_ids": b, "source": lang}), d / "b.parquet")
+    return d
+
+
+def input_values(src: Path, column="source") -> list:
+    """Each input document's source value, in global document order."""
+    out = []
+    for f in sorted(src.glob("*.parquet")):
+        out += pq.read_table(f, columns=[column]).column(column).to_pylist()
+    return out
+
+
+def pack(src, out, *extra):
+    res = invoke(["pack", "-q", "--capacity", "64", "--rows-per-shard", "9", "--workers", "1",
+                  "--source-column", "source", *extra, src, out])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def rows_of(out):
+    ds = PackedDataset(out)
+    return [ds[i] for i in range(len(ds))]
+
+
+@pytest.mark.parametrize("extra", [[], ["--window-docs", "37"]])
+def test_every_segment_carries_its_documents_source(src, tmp_path, extra):
+    """source_ids[j] names the value of document doc_ids[j] in the manifest's table (sorted
+    values over all files and windows), for one plan and for windows of 37 documents."""
+    out = pack(src, tmp_path / "out", *extra)
+    m = read_manifest(out)
+    values = input_values(src)
+    assert m.source_column == "source" and m.source_values == tuple(sorted(set(values)))
+    segments = 0
+    for row in rows_of(out):
+        assert len(row["source_ids"]) == len(row["doc_ids"])
+        for doc, sid in zip(row["doc_ids"], row["source_ids"]):
+            assert m.source_values[sid] == values[doc]
+        segments += len(row["doc_ids"])
+    assert segments == m.totals.segments
+    res = invoke(["verify", "--data-only", out])
+    assert res.exit_code == 0, res.output
+
+
+def test_integer_sources_keep_their_values(tmp_path):
+    """An integer column (e.g. a dataset id) keeps its integers in the table, sorted."""
+    d = tmp_path / "in"
+    d.mkdir()
+    pq.write_table(pa.table({"input_ids": _docs(40, 3),
+                             "source": pa.array([(i % 3) * 10 + 5 for i in range(40)],
+                                                pa.int16())}), d / "a.parquet")
+    out = pack(d, tmp_path / "out")
+    m = read_manifest(out)
+    assert m.source_values == (5, 15, 25)
+    values = input_values(d)
+    for row in rows_of(out):
+        assert [m.source_values[s] for s in row["source_ids"]] == [values[i]
+                                                                   for i in row["doc_ids"]]
+
+
+def test_stats_per_source_equal_a_recount(src, tmp_path):
+    """stats --json per source (rows holding it, segments, real tokens, padding counted to
+    the row's last segment, effective targets) equals a recount over the rows, and sums to
+    the totals."""
+    out = pack(src, tmp_path / "out")
+    res = invoke(["stats", "--json", out])
+    assert res.exit_code == 0, res.output
+    got = {p["source"]: p for p in json.loads(res.output)["per_source"]}
+    table = read_manifest(out).source_values
+    want = defaultdict(lambda: defaultdict(int))
+    for row in rows_of(out):
+        seg, lab = np.asarray(row["segment_ids"]), np.asarray(row["labels"])
+        held = set()
+        for q, sid in enumerate(row["source_ids"], start=1):
+            name = table[sid]
+            held.add(name)
+            want[name]["segments"] += 1
+            want[name]["real_tokens"] += int((seg == q).sum())
+            want[name]["effective_targets"] += int(((seg == q) & (lab != -100)).sum())
+        for name in held:
+            want[name]["rows"] += 1
+        last = table[row["source_ids"][-1]]
+        want[last]["padding_tokens"] += int((seg == 0).sum())
+    assert {k: dict(v) for k, v in want.items()} == {
+        k: {f: p[f] for f in ("rows", "segments", "real_tokens", "padding_tokens",
+                              "effective_targets")} for k, p in got.items()}
+    stats = json.loads(res.output)["stats"]
+    for f in ("segments", "real_tokens", "padding_tokens", "effective_targets"):
+        assert sum(p[f] for p in got.values()) == stats[f]
+
+
+def test_a_killed_windowed_pack_resumes_to_the_same_bytes(src, tmp_path):
+    """Killed while window 1 is planned, the rerun reuses window 0 (its table read back from
+    its done.json) and writes the bytes of an uninterrupted run."""
+    from test_crash_resume import kill_at
+
+    opts = ["--capacity", "64", "--rows-per-shard", "9", "--workers", "1", "--window-docs", "70",
+            "--source-column", "source"]
+    ref = tmp_path / "ref"
+    assert invoke(["pack", "-q", *opts, src, ref]).exit_code == 0
+    out = tmp_path / "out"
+    kill_at("plan:1", src, out, opts)
+    assert invoke(["pack", "-q", *opts, src, out]).exit_code == 0
+    assert hash_tree(out) == hash_tree(ref)
+
+
+def test_the_loader_hands_out_per_token_source_ids(src, tmp_path):
+    """collate gives token_source_ids int32 [B, C]: each token's segment's id, -1 on the
+    padding tail; a mixture of two outputs with different tables renumbers into one."""
+    torch = pytest.importorskip("torch")
+    from packtool.loader import PackedIterableDataset, collate
+
+    out = pack(src, tmp_path / "out")
+    ds = PackedDataset(out)
+    items = [ds[i] for i in range(4)]
+    b = collate(items)
+    assert b["token_source_ids"].dtype == torch.int32
+    for r, it in enumerate(items):
+        seg = np.asarray(it["segment_ids"])
+        want = np.where(seg > 0, np.asarray(it["source_ids"])[np.maximum(seg - 1, 0)], -1)
+        assert b["token_source_ids"][r].tolist() == want.tolist()
+    # a second output whose table has other values (only "wiki" and "zeta")
+    d = tmp_path / "in2"
+    d.mkdir()
+    pq.write_table(pa.table({"input_ids": _docs(30, 4),
+                             "source": [["wiki", "zeta"][i % 2] for i in range(30)]}),
+                   d / "a.parquet")
+    other = pack(d, tmp_path / "other")
+    mix = PackedIterableDataset({"a": out, "b": other}, rank=0, world_size=1)
+    assert mix.source_values == tuple(sorted(set(input_values(src)))) + ("zeta",)
+    table = {"a": read_manifest(out).source_values, "b": read_manifest(other).source_values}
+    raw = {"a": PackedDataset(out), "b": PackedDataset(other)}
+    for it in mix:
+        orig = raw[it["source"]][it["index"]]["source_ids"]
+        assert [mix.source_values[s] for s in it["source_ids"]] == \
+            [table[it["source"]][s] for s in orig]
+
+
+@pytest.mark.parametrize("case,match", [
+    ("missing", r"no column 'source' for --source-column"),
+    ("float", r"--source-column 'source' has type double"),
+    ("null", r"row 3.*--source-column 'source' is null"),
+    ("mixed", r"holds strings in some .* and integers in others"),
+])
+def test_bad_source_columns_are_refused_in_one_line(tmp_path, case, match):
+    d = tmp_path / "in"
+    d.mkdir()
+    docs = _docs(10, 5)
+    col = {"missing": None, "float": [0.5] * 10, "null": ["a", "b", "c", None] + ["d"] * 6,
+           "mixed": ["a"] * 10}[case]
+    cols = {"input_ids": docs} if col is None else {"input_ids": docs, "source": col}
+    pq.write_table(pa.table(cols), d / "a.parquet")
+    if case == "mixed":
+        pq.write_table(pa.table({"input_ids": docs, "source": list(range(10))}), d / "b.parquet")
+    res = invoke(["pack", "-q", "--capacity", "64", "--source-column", "source", d,
+                  tmp_path / "out"])
+    assert res.exit_code == 1
+    assert len(res.output.strip().splitlines()) == 1, res.output
+    assert __import__("re").search(match, res.output), res.output
+    assert not (tmp_path / "out" / ".packtool-manifest.parquet").exists()
+
+
+def test_per_source_stats_with_padded_segments_and_a_holdout(src, tmp_path):
+    """--segment-multiple 8 with --holdout: both outputs map every segment to its document's
+    value and pass verify; stats per source equal a recount in which each segment's own
+    padding counts to its source and the padding tail to the row's last segment's."""
+    out = pack(src, tmp_path / "out", "--segment-multiple", "8", "--holdout", "0.25")
+    values = input_values(src)
+    for o in (out, tmp_path / "out-holdout"):
+        m = read_manifest(o)
+        assert m.source_column == "source" and m.source_values == tuple(sorted(set(values)))
+        res = invoke(["verify", "--data-only", o])
+        assert res.exit_code == 0, res.output
+        want = defaultdict(lambda: defaultdict(int))
+        for row in rows_of(o):
+            seg, cu = np.asarray(row["segment_ids"]), np.asarray(row["cu_seqlens"])
+            for q, (doc, sid) in enumerate(zip(row["doc_ids"], row["source_ids"]), start=1):
+                name = m.source_values[sid]
+                assert name == values[doc]
+                real = int((seg == q).sum())
+                want[name]["real_tokens"] += real
+                want[name]["padding_tokens"] += int(cu[q] - cu[q - 1]) - real
+            k = len(row["doc_ids"])
+            want[m.source_values[row["source_ids"][-1]]]["padding_tokens"] += 64 - int(cu[k])
+        res = invoke(["stats", "--json", o])
+        assert res.exit_code == 0, res.output
+        doc = json.loads(res.output)
+        got = {p["source"]: {f: p[f] for f in ("real_tokens", "padding_tokens")}
+               for p in doc["per_source"] if p["segments"]}
+        assert got == {k: dict(v) for k, v in want.items()}
+        assert doc["stats"]["segment_padding_tokens"] > 0
+        assert sum(p["padding_tokens"] for p in doc["per_source"]) == \
+            doc["stats"]["padding_tokens"]
+
+
+def test_the_source_table_is_a_typed_field_of_the_manifest():
+    """source_column / source_values survive to_dict and from_dict (written as ``sources``);
+    a table without its column is refused; a manifest without them keeps its old form."""
+    from packtool.formats.manifest import FORMAT_VERSION, LabelsInfo, Manifest
+
+    m = Manifest(format_version=FORMAT_VERSION, packtool_version="x", fingerprint="f",
+                 capacity=8, labels=LabelsInfo(False, "unshifted"), source_column="lang",
+                 source_values=["de", "en"])
+    d = m.to_dict()
+    assert d["sources"] == {"column": "lang", "values": ["de", "en"]}
+    back = Manifest.from_dict(json.loads(json.dumps(d)))
+    assert back.source_column == "lang" and back.source_values == ("de", "en")
+    plain = Manifest(format_version=FORMAT_VERSION, packtool_version="x", fingerprint="f",
+                     capacity=8, labels=LabelsInfo(False, "unshifted"))
+    assert "sources" not in plain.to_dict()
+    assert Manifest.from_dict(plain.to_dict()).source_column is None
+    with pytest.raises(ValueError, match="source_values without a source_column"):
+        Manifest(format_version=FORMAT_VERSION, packtool_version="x", fingerprint="f",
+                 capacity=8, labels=LabelsInfo(False, "unshifted"), source_values=[1, 2])
+
+
+def test_the_python_api_takes_source_column(src, tmp_path):
+    """packtool.pack(source_column=) writes what the CLI writes; pack_dataset(source_column=)
+    keeps that (string) column and gives the CLI's rows, source_ids included."""
+    import packtool
+
+    cli = pack(src, tmp_path / "cli")
+    res = packtool.pack(src, tmp_path / "api", capacity=64, rows_per_shard=9, workers=1,
+                        source_column="source")
+    assert res.manifest.source_values == read_manifest(cli).source_values
+    assert hash_tree(tmp_path / "api") == hash_tree(cli)
+    table = pa.Table.from_batches(
+        [b for f in sorted(src.glob("*.parquet"))
+         for b in pq.read_table(f).cast(pa.schema([("input_ids", pa.list_(pa.int64())),
+                                                   ("source", pa.string())])).to_batches()])
+    one = tmp_path / "one"
+    one.mkdir()
+    pq.write_table(table, one / "docs.parquet")
+    want = pack(one, tmp_path / "cli-one")
+    got = packtool.pack_dataset(table, 64, rows_per_shard=9, workers=1, source_column="source",
+                                output=tmp_path / "ds")
+    assert got.column("source_ids").to_pylist() == [list(r["source_ids"]) for r in rows_of(want)]
+    assert read_manifest(tmp_path / "ds").source_values == read_manifest(want).source_values

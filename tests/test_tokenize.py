@@ -1,0 +1,290 @@
+"""``packtool tokenize``: text (JSON Lines, Parquet) to the tokenized Parquet ``pack`` reads, with
+a tokenizer from a local file. ``tokenize`` then ``pack`` equals tokenizing with the same
+tokenizer in Python then packing; bad input stops with one line naming the file and the line or
+row; an interrupted run resumes from its finished shards."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from packcheck import hash_tree, invoke, read_output
+from packtool.formats.manifest import IN_PROGRESS_NAME, MANIFEST_NAME, read_manifest
+
+tokenizers = pytest.importorskip("tokenizers")
+
+TEXTS = ["Hello world, packing documents.", "", "def f(x):\n    return x + 1\n",
+         "naïve café — ünïcödé ✓ 漢字", "</s> is text here, not a control token",
+         "a" * 300, "short", "line one\nline two\n\nline four"] * 7
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(tmp_path_factory):
+    """A small byte-level BPE trained here (no download): a real tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TEXTS * 3, trainer)
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+def write_jsonl(path, texts, key="text"):
+    with open(path, "w", encoding="utf-8") as f:
+        for i, t in enumerate(texts):
+            f.write(json.dumps({key: t, "id": i}, ensure_ascii=False) + "\n")
+    return path
+
+
+def python_then_pack(tmp_path, ids, capacity, *flags):
+    src = tmp_path / "py" / "docs.parquet"
+    src.parent.mkdir()
+    pq.write_table(pa.table({"input_ids": pa.array(ids, pa.list_(pa.int32()))}), src)
+    assert invoke(["pack", "-q", "-c", capacity, *flags, src, tmp_path / "py-out"]).exit_code == 0
+    return read_output(tmp_path / "py-out")[0]
+
+
+def test_tokenize_then_pack_equals_python_tokenization_then_pack(tmp_path, hf_tokenizer):
+    """Two inputs (JSON Lines and Parquet, in a directory) tokenized with --append-eos, then
+    packed, give the rows of the same tokenizer's encode_batch in Python, EOS appended, packed."""
+    d = tmp_path / "text"
+    d.mkdir()
+    write_jsonl(d / "a.jsonl", TEXTS[:30])
+    pq.write_table(pa.table({"body": TEXTS[30:]}), d / "b.parquet", row_group_size=5)
+    out = tmp_path / "packed"
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--append-eos", "</s>",
+                  "--rows-per-shard", 8, "--batch-docs", 3, d / "a.jsonl", tmp_path / "tok-a"])
+    assert res.exit_code == 0, res.output
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--append-eos", "</s>",
+                  "--text-column", "body", "--rows-per-shard", 8, "--batch-docs", 3,
+                  d / "b.parquet", tmp_path / "tok-b"])
+    assert res.exit_code == 0, res.output
+    assert invoke(["pack", "-q", "-c", 48, tmp_path / "tok-a", tmp_path / "tok-b", out]
+                  ).exit_code == 0
+    tok = tokenizers.Tokenizer.from_file(str(hf_tokenizer))
+    eos = tok.token_to_id("</s>")
+    ids = [e.ids + ([eos] if e.ids and e.ids[-1] != eos else [])
+           for e in tok.encode_batch(TEXTS, add_special_tokens=False)]
+    assert python_then_pack(tmp_path, ids, 48) == read_output(out)[0]
+    m = read_manifest(tmp_path / "tok-a")
+    assert m.kind == "tokenized" and m.totals.docs_in == 30
+    assert m.totals.tokens_in == sum(len(x) for x in ids[:30])
+    assert [s.rows for s in m.shards] == [8, 8, 8, 6]
+    assert m.options["tokenizer"]["sha256"] and m.options["append_eos"] == eos
+
+
+def tiny_ranks():
+    """Byte-level BPE ranks: the 256 bytes, then a few merges."""
+    ranks = {bytes([b]): b for b in range(256)}
+    for merged in (b"he", b"ll", b"hell", b"hello", b" w", b"or", b"ld", b"in", b"th", b"the"):
+        ranks[merged] = len(ranks)
+    return ranks
+
+
+def test_tekken_and_tiktoken_files_are_read_without_a_download(tmp_path):
+    """A Tekken JSON (ids = rank + special tokens, '</s>' from its list) and a tiktoken BPE file
+    named after cl100k_base (its regex and special tokens, the file's ranks) tokenize, then pack,
+    as tiktoken does in Python."""
+    import tiktoken
+
+    ranks = tiny_ranks()
+    n_special = 10
+    pattern = r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+"
+    tekken = {"config": {"pattern": pattern, "default_vocab_size": len(ranks) + n_special,
+                         "default_num_special_tokens": n_special},
+              "vocab": [{"rank": r, "token_bytes": base64.b64encode(b).decode()}
+                        for b, r in sorted(ranks.items(), key=lambda kv: kv[1])],
+              "special_tokens": [{"rank": 0, "token_str": "<unk>"}, {"rank": 1, "token_str": "<s>"},
+                                 {"rank": 2, "token_str": "</s>"}]}
+    (tmp_path / "tekken_test.json").write_text(json.dumps(tekken))
+    with open(tmp_path / "cl100k_base.tiktoken", "w") as f:
+        for b, r in ranks.items():
+            f.write(f"{base64.b64encode(b).decode()} {r}\n")
+    src = write_jsonl(tmp_path / "t.jsonl", TEXTS[:16])
+    enc = tiktoken.Encoding("t", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+    want = [[t + n_special for t in x] for x in enc.encode_ordinary_batch(TEXTS[:16])]
+    want = [x + [2] if x else x for x in want]
+    res = invoke(["tokenize", "-q", "--tokenizer", tmp_path / "tekken_test.json",
+                  "--append-eos", "</s>", src, tmp_path / "tk"])
+    assert res.exit_code == 0, res.output
+    got = [r["input_ids"] for r in pq.read_table(tmp_path / "tk").to_pylist()]
+    assert got == want
+
+    from tiktoken_ext import openai_public
+
+    real = openai_public.load_tiktoken_bpe
+    res = invoke(["tokenize", "-q", "--tokenizer", tmp_path / "cl100k_base.tiktoken",
+                  "--append-eos", "<|endoftext|>", src, tmp_path / "tt"])
+    assert res.exit_code == 0, res.output
+    assert openai_public.load_tiktoken_bpe is real  # put back after use
+    got = [r["input_ids"] for r in pq.read_table(tmp_path / "tt").to_pylist()]
+    assert got[0][-1] == 100257 and len(got) == 16
+    res = invoke(["tokenize", "-q", "--tokenizer", tmp_path / "cl100k_base.tiktoken",
+                  "--append-eos", "<|nope|>", src, tmp_path / "tt2"])
+    assert res.exit_code == 2 and "not a special token" in res.output
+
+
+def test_bad_text_input_gets_one_line_naming_file_and_line(tmp_path, hf_tokenizer):
+    def run(*args):
+        res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, *args])
+        assert res.exit_code == 1, res.output
+        line = res.output.strip()
+        assert line.startswith("Error: ") and len(line.splitlines()) == 1, res.output
+        return line
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n\n{"text": "also fine"}\n{"text": "broken"\n{"text": "x"}\n')
+    line = run(bad, tmp_path / "o1")
+    assert f"{bad}: line 4: not valid JSON" in line
+    assert not (tmp_path / "o1").exists()  # nothing published, a new OUTPUT removed
+    nokey = write_jsonl(tmp_path / "nokey.jsonl", ["a", "b"], key="content")
+    line = run(nokey, tmp_path / "o2")
+    assert f"{nokey}: line 1: no key 'text' (keys: content, id); pass --text-column NAME" in line
+    notobj = tmp_path / "list.jsonl"
+    notobj.write_text('["text"]\n')
+    assert "line 1: a JSON list, not an object" in run(notobj, tmp_path / "o3")
+    nulls = tmp_path / "null.jsonl"
+    nulls.write_text('{"text": "a"}\n{"text": null}\n')
+    assert "line 2: 'text' is null, not a string" in run(nulls, tmp_path / "o4")
+    pq.write_table(pa.table({"body": ["a", None]}), tmp_path / "n.parquet")
+    line = run(tmp_path / "n.parquet", tmp_path / "o5", "--text-column", "body")
+    assert "n.parquet: row 1 (0-based): 'body' is null" in line
+    line = run(tmp_path / "n.parquet", tmp_path / "o6")
+    assert "n.parquet: no column 'text'; available columns: body; pass --text-column" in line
+    pq.write_table(pa.table({"text": [[1, 2]]}), tmp_path / "ids.parquet")
+    assert "has type list<element: int64>, expected text" in run(tmp_path / "ids.parquet",
+                                                              tmp_path / "o7")
+    assert "no such tokenizer file" in invoke(
+        ["tokenize", "-q", "--tokenizer", tmp_path / "none.json", bad, tmp_path / "o8"]).output
+
+
+def test_interrupted_tokenize_resumes_from_its_finished_shards(tmp_path, hf_tokenizer):
+    src = write_jsonl(tmp_path / "a.jsonl", TEXTS)
+    out = tmp_path / "out"
+    args = ["tokenize", "-q", "--tokenizer", hf_tokenizer, "--rows-per-shard", 10, src, out]
+    assert invoke(args).exit_code == 0
+    whole = hash_tree(out)
+    fp = read_manifest(out).fingerprint
+    # what a run killed after three shards leaves: those shards and the in-progress marker
+    (out / MANIFEST_NAME).unlink()
+    for p in sorted(out.glob("part-*.parquet"))[3:]:
+        p.unlink()
+    (out / IN_PROGRESS_NAME).write_text(json.dumps({"fingerprint": fp}))
+    res = invoke(["tokenize", "--json", "--tokenizer", hf_tokenizer, "--rows-per-shard", 10,
+                  src, out])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["shards_reused"] == 3
+    assert hash_tree(out) == whole
+    again = invoke(["tokenize", "--tokenizer", hf_tokenizer, "--rows-per-shard", 10, src, out])
+    assert "already holds this tokenization" in again.output
+
+
+def test_a_resumed_tokenize_counts_bos_and_eos_as_a_whole_run_does(tmp_path, hf_tokenizer):
+    """A killed run's marker may not list its last shards: with --append-eos their EOS counts
+    are known only from it, so such shards are written again (the same bytes) and the totals
+    equal a whole run's."""
+    src = write_jsonl(tmp_path / "a.jsonl", TEXTS)
+    out = tmp_path / "out"
+    args = ["tokenize", "--tokenizer", hf_tokenizer, "--append-eos", "</s>", "--rows-per-shard",
+            10, src, out]
+    assert invoke(["--debug", *args[:1], "-q", *args[1:]]).exit_code == 0
+    whole, m = hash_tree(out), read_manifest(out)
+    nonempty = sum(1 for t in TEXTS if t)
+    assert m.totals.docs_eos_added + m.totals.docs_eos_present == nonempty
+    assert m.totals.docs_eos_added > 0
+    (out / MANIFEST_NAME).unlink()
+    for p in sorted(out.glob("part-*.parquet"))[3:]:
+        p.unlink()
+    (out / IN_PROGRESS_NAME).write_text(json.dumps({"fingerprint": m.fingerprint}))
+    res = invoke([*args[:1], "--json", *args[1:]])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["shards_reused"] == 0
+    assert hash_tree(out) == whole and read_manifest(out).totals == m.totals
+
+
+def test_an_interrupted_tokenize_keeps_its_shards_and_their_counts(tmp_path, hf_tokenizer,
+                                                                  monkeypatch):
+    """Ctrl-C after three shards: the marker lists them with their counts, so the rerun keeps
+    them (BOS/EOS counts included) and ends with a whole run's bytes and totals."""
+    import packtool.text.run as run
+
+    src = write_jsonl(tmp_path / "a.jsonl", TEXTS)
+    args = ["tokenize", "-q", "--tokenizer", hf_tokenizer, "--append-eos", "</s>",
+            "--prepend-bos", "<s>", "--rows-per-shard", 10, src]
+    assert invoke([*args, tmp_path / "whole"]).exit_code == 0
+    whole = read_manifest(tmp_path / "whole")
+    real, calls = run.publish_shard, []
+
+    def stop_at_the_fourth(*a):
+        calls.append(a)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(*a)
+
+    monkeypatch.setattr(run, "publish_shard", stop_at_the_fourth)
+    out = tmp_path / "out"
+    assert invoke([*args, out]).exit_code == 130
+    marker = json.loads((out / IN_PROGRESS_NAME).read_text())
+    assert sorted(marker["shards"]) == [f"part-00000-0000{k}.parquet" for k in range(3)]
+    monkeypatch.setattr(run, "publish_shard", real)
+    res = invoke(["tokenize", "--json", *args[2:], out])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["shards_reused"] == 3
+    assert hash_tree(out) == hash_tree(tmp_path / "whole")
+    assert read_manifest(out).totals == whole.totals and whole.totals.docs_bos_added > 0
+
+
+def test_a_tokenized_output_is_pack_input_but_not_packed_rows(tmp_path, hf_tokenizer):
+    src = write_jsonl(tmp_path / "a.jsonl", TEXTS[:10])
+    out = tmp_path / "tok"
+    assert invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, src, out]).exit_code == 0
+    res = invoke(["pack", "-c", 64, out, tmp_path / "packed"])
+    assert res.exit_code == 0 and "INPUT: skipped" not in res.output  # the manifest is no skip
+    res = invoke(["stats", out])
+    assert res.exit_code == 1 and "a packtool tokenized output" in res.output
+    assert "pack it first" in res.output
+    res = invoke(["stats", "-c", 64, "--compare", out])  # its documents, dry run (deprecated)
+    assert res.exit_code == 0, res.output
+    res = invoke(["compare", out, "-c", 64])  # the dry run's own command
+    assert res.exit_code == 0, res.output
+    res = invoke(["verify", "--data-only", out])
+    assert res.exit_code == 1 and "pack it first" in res.output
+    res = invoke(["export", "--to", "nemo", out, tmp_path / "nemo"])
+    assert res.exit_code == 1 and "a packtool tokenized output" in res.output
+    m = read_manifest(out)  # the typed manifest: documents, no capacity or labels fact
+    assert m.kind == "tokenized" and not m.is_packed and m.labels is None
+    stored = [r["input_ids"] for r in pq.read_table(out).to_pylist()]
+    assert m.totals.docs_in == len(stored) == 10
+    assert m.totals.tokens_in == sum(map(len, stored)) > 0
+    from packtool.errors import ManifestError
+    from packtool.formats.packed import PackedOutput
+
+    with pytest.raises(ManifestError, match="a packtool tokenized output .*pack it first"):
+        PackedOutput.open(out)
+
+
+def test_tokenize_reads_and_writes_a_store(tmp_path, hf_tokenizer, s3):
+    """JSON Lines in a bucket to tokenized shards in a bucket, then pack from the bucket."""
+    fs, bucket = s3
+    src = write_jsonl(tmp_path / "a.jsonl", TEXTS)
+    fs.create_dir(f"{bucket}/raw")
+    with fs.open_output_stream(f"{bucket}/raw/a.jsonl") as f:
+        f.write(src.read_bytes())
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--rows-per-shard", 20,
+                  f"s3://{bucket}/raw/", f"s3://{bucket}/tok"])
+    assert res.exit_code == 0, res.output
+    assert invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, src, tmp_path / "local"]
+                  ).exit_code == 0
+    assert invoke(["pack", "-q", "-c", 64, f"s3://{bucket}/tok", tmp_path / "p1"]).exit_code == 0
+    assert invoke(["pack", "-q", "-c", 64, tmp_path / "local", tmp_path / "p2"]).exit_code == 0
+    assert read_output(tmp_path / "p1")[0] == read_output(tmp_path / "p2")[0]

@@ -1,0 +1,162 @@
+"""``packtool verify OUT --hf-config PATH``: the user's own architecture, shrunk, fed packtool's rows.
+
+A Llama config passes; every hybrid architecture transformers builds on CPU gets the verdict
+``docs/architectures.md`` states (:data:`CPU_VERDICTS`, checked against that page's table): on
+CPU, transformers refuses ``seq_idx`` in the Mamba-2 / convolution layers of most of them (no
+causal-conv1d kernel here) and a few ignore it; either way their documents leak, and verify names
+the layer. Nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from click.testing import CliRunner  # noqa: E402
+
+from packtool.cli import cli  # noqa: E402
+from packtool.verify.checks import run_verify  # noqa: E402
+
+from packed_helpers import pack_docs  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+ROOT = Path(__file__).resolve().parents[2]
+#: transformers (5.x) on CPU: "pass" (documents kept apart with packtool's keywords), "refuses"
+#: (transformers raises on seq_idx without the causal-conv1d kernels; without it documents leak)
+#: or "ignores" (seq_idx changes nothing; documents leak), and the layer class where the leak
+#: starts. Config overrides make a model hybrid where its default config is not.
+CPU_VERDICTS = {
+    "llama": ("pass", None, {}),
+    "bamba": ("refuses", "BambaMixer", {}),
+    "falcon_h1": ("refuses", "FalconH1Mixer", {}),
+    "granitemoehybrid": ("refuses", "GraniteMoeHybridMambaLayer", {}),
+    "kimi_linear": ("refuses", "KimiLinearDeltaAttention", {}),
+    "lfm2": ("refuses", "Lfm2ShortConv", {"full_attn_idxs": [2], "num_hidden_layers": 4}),
+    "nemotron_h": ("refuses", "NemotronHMamba2Mixer", {}),
+    "olmo_hybrid": ("refuses", "OlmoHybridGatedDeltaNet", {}),
+    "qwen3_next": ("refuses", "Qwen3NextGatedDeltaNet", {}),
+    "zamba2": ("refuses", "Zamba2MambaMixer", {}),
+    "jamba": ("ignores", "JambaMambaMixer", {}),
+    "mamba2": ("ignores", "Mamba2Mixer", {}),
+    "minimax": ("ignores", "MiniMaxLightningAttention", {}),
+    "recurrent_gemma": ("ignores", "RecurrentGemmaRecurrentBlock", {}),
+}
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """Two rows of several documents each (C = 32)."""
+    docs = [[(7 * d + t) % 97_000 + 3 for t in range(n)]
+            for d, n in enumerate([9, 5, 7, 3, 12, 4, 6, 10])]
+    return pack_docs(tmp_path_factory.mktemp("hf"), docs, 32)
+
+
+def _config_file(tmp_path: Path, model_type: str, **overrides) -> Path:
+    cfg = transformers.AutoConfig.for_model(model_type, **overrides)
+    path = tmp_path / f"{model_type}.json"
+    cfg.to_json_file(str(path))
+    return path
+
+
+def test_llama_config_passes_every_check(packed, tmp_path):
+    """A pure-attention config: position_ids keep documents apart; exit 0, hf checks only."""
+    res = CliRunner().invoke(cli, ["verify", str(packed), "--hf-config",
+                                   str(_config_file(tmp_path, "llama")), "--json",
+                                   "--no-progress"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.output)
+    backends = {r["backend"] for r in rep["results"]}
+    assert backends == {"data", "hf"}
+    lm = next(r for r in rep["results"] if r["backend"] == "hf" and r["check"] == "isolation")
+    assert lm["status"] == "pass" and lm["figures"]["rows_multi_doc"] >= 1
+
+
+def test_hybrid_config_fails_naming_the_layer_and_what_it_needs(packed, tmp_path):
+    """Bamba on CPU: exit 1, "documents leak in layer 0 (linear_attention, ...), in its
+    BambaMixer: this model needs seq_idx with the causal_conv1d package's CUDA kernels"."""
+    res = CliRunner().invoke(cli, ["verify", str(packed), "--hf-config",
+                                   str(_config_file(tmp_path, "bamba")), "--no-progress"])
+    assert res.exit_code == 1, res.output
+    line = res.output.strip().splitlines()[-1]
+    assert re.search(r"documents leak in layer 0 \(linear_attention, \w+\), in its BambaMixer: "
+                     r"this model needs seq_idx with the causal_conv1d", line), line
+    assert "transformers refused seq_idx here" in line
+
+
+@pytest.mark.parametrize("model_type", sorted(CPU_VERDICTS))
+def test_cpu_verdict_of_each_architecture(packed, tmp_path, model_type):
+    """Each architecture's verdict on CPU, as the table states (and as docs/architectures.md
+    repeats it)."""
+    verdict, culprit, overrides = CPU_VERDICTS[model_type]
+    rep = run_verify(packed, rows=0, hf_config=_config_file(tmp_path, model_type, **overrides))
+    iso = rep.get("hf", "isolation")
+    extra = rep.get("hf", "logits_match").figures
+    refused = extra.get("seq_idx", "").startswith("refused")
+    if verdict == "pass":
+        assert rep.ok and iso.status == "pass" and not refused, rep.format_text()
+        return
+    assert iso.status == "fail" and not rep.ok, rep.format_text()
+    assert refused == (verdict == "refuses"), rep.format_text()
+    assert f"in its {culprit}: this model needs" in iso.message, iso.message
+    assert ("transformers refused seq_idx" in iso.message) == refused
+
+
+def test_the_docs_table_states_the_tested_verdicts():
+    """docs/architectures.md lists every architecture of the test with the same verdict."""
+    text = (ROOT / "docs" / "architectures.md").read_text()
+    words = {"pass": "kept apart", "refuses": "refuses seq_idx", "ignores": "ignores seq_idx"}
+    for model_type, (verdict, culprit, _) in CPU_VERDICTS.items():
+        row = next((ln for ln in text.splitlines()
+                    if ln.startswith("|") and f"`{model_type}`" in ln), None)
+        assert row is not None, f"{model_type} missing from docs/architectures.md"
+        assert words[verdict] in row, row
+        if culprit:
+            assert culprit in row, row
+
+
+def test_a_model_name_is_read_from_the_cache_only(packed, tmp_path):
+    """A name the transformers cache holds is used; one it does not hold is an input error
+    saying packtool never downloads (run in a fresh process whose cache is tmp_path)."""
+    snap = tmp_path / "hub" / "models--acme--tiny" / "snapshots" / ("0" * 40)
+    snap.mkdir(parents=True)
+    transformers.LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=64,
+                             num_hidden_layers=2, num_attention_heads=4).to_json_file(
+        str(snap / "config.json"))
+    (tmp_path / "hub" / "models--acme--tiny" / "refs").mkdir()
+    (tmp_path / "hub" / "models--acme--tiny" / "refs" / "main").write_text("0" * 40)
+    env = {**os.environ, "HF_HOME": str(tmp_path), "HF_HUB_CACHE": str(tmp_path / "hub"),
+           "PYTHONPATH": str(ROOT)}
+    run = [sys.executable, "-m", "packtool", "verify", str(packed), "--rows", "1",
+           "--no-progress", "--hf-config", "acme/tiny"]
+    ok = subprocess.run(run, env=env, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    missing = CliRunner().invoke(cli, ["verify", str(packed), "--hf-config", "acme/absent"])
+    assert missing.exit_code == 1
+    assert "acme/absent: not in the transformers cache (packtool never downloads" in \
+        missing.output
+
+
+def test_bad_hf_config_arguments(packed, tmp_path):
+    """A missing file is an input error (exit 1); --hf-config without the hf backend, or with
+    --data-only, is a usage error (exit 2)."""
+    r = CliRunner().invoke(cli, ["verify", str(packed), "--hf-config", str(tmp_path / "x.json")])
+    assert r.exit_code == 1 and "no such file or directory" in r.output
+    cfg = str(_config_file(tmp_path, "llama"))
+    r = CliRunner().invoke(cli, ["verify", str(packed), "--hf-config", cfg, "--backend", "sdpa"])
+    assert r.exit_code == 2 and "add --backend hf" in r.output
+    r = CliRunner().invoke(cli, ["verify", str(packed), "--hf-config", cfg, "--data-only"])
+    assert r.exit_code == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model_type": "no_such_model"}')
+    r = CliRunner().invoke(cli, ["verify", str(packed), "--hf-config", str(bad)])
+    assert r.exit_code == 1 and "is not one transformers" in r.output
