@@ -402,3 +402,41 @@ def test_a_progress_record_longer_than_its_files_is_not_trusted(tmp_path, four_f
     report = rerun(four_files, out)
     assert report["docs_reused"] == 0
     assert hash_tree(out) == hash_tree(ref)
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGINT"])
+def test_a_read_part_resumed_between_pieces_keeps_sources_and_the_holdout(tmp_path, sig):
+    """--source-column and --holdout through a read part stopped after two of its four files:
+    the part's source table (in order of first appearance, kept in the progress record) and
+    the held-out documents of the files read continue where they stopped; both outputs end
+    with the bytes of an undisturbed run and the same sorted source table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packtool.formats.manifest import read_manifest
+
+    src = tmp_path / "in"
+    src.mkdir()
+    names = ["zeta", "alpha", "mu", "beta"]
+    for f in range(4):
+        docs = [[f * 1000 + i * 10 + k for k in range(1 + i % 13)] for i in range(30)]
+        pq.write_table(pa.table({"input_ids": pa.array(docs, pa.list_(pa.int64())),
+                                 "src": pa.array([names[i % min(f + 2, 4)] for i in range(30)])}),
+                       src / f"{f}.parquet")
+    options = OPTIONS + ["--source-column", "src", "--holdout", "0.2"]
+    ref = tmp_path / "ref"
+    rerun(src, ref, options)
+    out = tmp_path / "out"
+    if sig == "SIGKILL":
+        kill_at("read-piece:2", src, out, options)
+    else:
+        err = _ctrl_c_at("read-piece:2", src, out, options)
+        assert "kept for the rerun: 0 read parts and 1 begun (60 documents" in err, err
+    begun = next(p for p in (out / TMP_DIR_NAME).iterdir() if p.name.endswith("-read-00000"))
+    record = json.loads((begun / "progress.json").read_text())
+    assert record["sources"] == ["zeta", "alpha", "mu"]  # files 0 and 1, first seen first
+    report = rerun(src, out, options)
+    assert report["docs_reused"] == 60 and report["stats"]["docs_other_split"] > 0
+    for o, r in ((out, ref), (Path(f"{out}-holdout"), Path(f"{ref}-holdout"))):
+        assert hash_tree(o) == hash_tree(r)
+        assert read_manifest(o).source_values == ("alpha", "beta", "mu", "zeta")

@@ -341,3 +341,41 @@ def test_every_token_is_spilled_once_and_read_once_into_its_row(tmp_path, monkey
     assert set(files) == {"tokens.int32", "starts.int64", ROW_INDEX, SEGMENTS}, files
     assert files[ROW_INDEX] == files[SEGMENTS] == len(res.manifest.windows)
     assert sum(reads) == res.stats.real_tokens
+
+
+def test_windowing_is_a_typed_manifest_field_and_older_window_records_still_read(tmp_path):
+    """A windowed pack records how it dealt its documents (``windowing``: windows, block size,
+    the rule) and one record per window without ``first_doc``/``inputs``; a manifest written
+    with contiguous windows (records with ``first_doc`` and ``inputs``, no ``windowing``),
+    format version 3 or 2, still reads, and writes back in its own form."""
+    from packtool.core.windows import plan_windows as deal
+    from packtool.formats.manifest import Manifest, Windowing
+
+    docs = _corpus(tmp_path / "in")
+    res = _pack(tmp_path / "in", tmp_path / "out", window_docs=30)
+    m = read_manifest(tmp_path / "out")
+    ws = deal(len(docs), 30)
+    assert m.windowing == Windowing(ws.count, ws.block) == res.manifest.windowing
+    assert [m.windowing.window_of(d) for d in range(len(docs))] == \
+        ws.window_of(np.arange(len(docs))).tolist()
+    d = m.to_dict()
+    assert d["windowing"]["rule"].startswith("block j") and d["windowing"]["windows"] == ws.count
+    assert all("first_doc" not in w and "inputs" not in w for w in d["windows"])
+    assert [w.first_doc for w in m.windows] == [None] * ws.count
+    assert Manifest.from_dict(d) == m
+    old = {k: v for k, v in d.items() if k != "windowing"}
+    old["windows"] = [{**w, "first_doc": 30 * i,
+                       "inputs": [{"path": "f00.parquet", "first_row": 30 * i, "docs": w["docs"]}]}
+                      for i, w in enumerate(d["windows"])]
+    mo = Manifest.from_dict(old)
+    assert mo.windowing is None and [w.first_doc for w in mo.windows] == \
+        [30 * i for i in range(ws.count)]
+    assert mo.windows[1].inputs == ({"path": "f00.parquet", "first_row": 30, "docs":
+                                     d["windows"][1]["docs"]},)
+    assert mo.to_dict()["windows"] == old["windows"] and Manifest.from_dict(mo.to_dict()) == mo
+    v2 = {k: v for k, v in old.items() if k not in ("shards", "capacity", "labels")}
+    v2.update(format_version=2, options={**d["options"], "capacity": C, "labels": "none"},
+              outputs=[{k: s[k] for k in ("file", "rows", "bytes", "sha256")}
+                       for s in d["shards"]])
+    m2 = Manifest.from_dict(v2)
+    assert m2.format_version == 2 and m2.windows == mo.windows and m2.windowing is None
