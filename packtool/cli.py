@@ -777,8 +777,8 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
                                 "says so).")
 @click.option("--row-window", type=click.IntRange(min=0), default=None, metavar="TOKENS",
               help="Run the model checks on windows of this many tokens of each sampled row, "
-                   "from a document's start across a boundary (and into the padding when it "
-                   "reaches it); the column scan still covers every token [default: 1024; 0 = "
+                   "each holding a document boundary (and one into the padding when the row "
+                   "has some); the column scan still covers every token [default: 1024; 0 = "
                    "whole rows].")
 @click.option("--compile/--no-compile", "compile_", default=None,
               help="Run FlexAttention through torch.compile [default: on CUDA, and on CPU from "

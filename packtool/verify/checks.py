@@ -112,8 +112,8 @@ def run_verify(
             ``hf`` backend builds, shrunk, instead of its tiny Llama; without ``backends`` only
             ``hf`` runs. A leak is reported as "documents leak in <layer>: this model needs ...".
         row_window: the model checks run on windows of this many tokens of each sampled row
-            (:func:`row_windows`: from the start of a document, across at least one document
-            boundary, with the padding tail when it reaches it); None:
+            (:func:`row_windows`: each across a document boundary, one into the padding tail
+            when the row has one); None:
             :data:`DEFAULT_ROW_WINDOW`; 0 or at least C: whole rows. The column scan always
             covers every token of every row.
 
@@ -446,25 +446,29 @@ def _window_tokens(capacity: int, row_window: int | None) -> int:
 def row_windows(item: dict, window: int) -> list[dict]:
     """Windows of ``window`` consecutive tokens of one loader item, each an item of its own.
 
-    Each window starts at the first token of a document and reaches past the end of its span,
-    so it holds a document boundary whenever the row has one that a window can span: the first
-    window starts at the first document whose span is shorter than the window (or at the row's
-    start when there is none); when the row has a padding tail that this window does not
-    reach, a second window starts at the last document and holds the boundary to padding (whose
-    gradients and finiteness are checked). A window never starts inside a document, so the
-    convolution and recurrence of the hybrid backends, reset where ``seq_idx`` changes, start
-    from a document's first token as the per-document reference does; the last document of a
-    window may end at the window's end, and is compared with its own first tokens alone
-    (every backend is causal).
+    Each window holds a document boundary whenever the row has one: the first window starts at
+    the first document whose span is shorter than the window, so it holds that document whole
+    and its end (or, when every document is longer, it is centred on the first boundary); when
+    the row has a padding tail that this window does not reach, a second window holds the
+    boundary from the last document into the padding (whose gradients and finiteness are
+    checked). A window starts at a document's first token whenever one lets it hold its
+    boundary; else (a long document before the boundary, near the row's end) it starts inside
+    that document, and the window's part of it is then a document of its own, as the
+    per-document reference computes it: its ``position_ids`` rebased to start at 0, and its
+    first label -100 (its predecessor is outside the window). The convolution and recurrence of
+    the hybrid backends, reset where ``seq_idx`` changes, then start at the window's first
+    token, as the reference does. A document cut by the window's end is compared with its own
+    first tokens alone (every backend is causal).
 
-    Inside a window the token columns are the row's own: ``segment_ids`` and ``position_ids``
-    as stored, ``cu_seqlens`` the stored boundaries inside the window (so a boundary stored in
-    the wrong place is still seen), and, for a ``--segment-multiple`` output,
-    ``cu_seqlens_unpadded`` the real lengths of those spans inside the window. ``doc_ids`` and
-    ``doc_offsets`` list the documents whose spans start in the window; ``source_ids`` is left
-    out (the model checks do not read it, the column scan checks it on whole rows). A stored
-    shifted label that would predict a token past the window's end becomes -100 (nothing past
-    the window is computed).
+    Inside a window the other token columns are the row's own: ``segment_ids`` and the
+    ``position_ids`` of the documents that start in it as stored, ``cu_seqlens`` the stored
+    boundaries inside the window (so a boundary stored in the wrong place is still seen), and,
+    for a ``--segment-multiple`` output, ``cu_seqlens_unpadded`` the real lengths of those spans
+    inside the window. ``doc_ids`` and ``doc_offsets`` list the documents whose spans overlap
+    the window (a document entered mid-way with the offset of the window's first token);
+    ``source_ids`` is left out (the model checks do not read it, the column scan checks it on
+    whole rows). A stored shifted label that would predict a token past the window's end
+    becomes -100 (nothing past the window is computed).
 
     Args:
         item: a row from :class:`packtool.loader.PackedDataset` (capacity C > ``window``).
@@ -491,17 +495,26 @@ def row_windows(item: dict, window: int) -> list[dict]:
         span_ends = cu[1:k + 1]
         tail = int(cu[k])
     short = np.flatnonzero(span_ends - starts < window)
-    firsts = [int(starts[short[0]]) if short.size else 0]
-    if tail < C and not tail < firsts[0] + window:  # the padding boundary, in a second window
-        firsts.append(int(starts[-1]))
+    if short.size:
+        firsts = [int(starts[short[0]])]
+    else:  # every document is longer than the window: centred on the first boundary
+        firsts = [max(0, int(starts[1]) - window // 2) if starts.size > 1 else 0]
+    if tail < C and not tail < min(firsts[0], C - window) + window:  # the padding boundary
+        firsts.append(max(int(starts[-1]), tail - window // 2))
     out = []
     for a in firsts:
         a = min(a, C - window)
-        q0 = int(np.searchsorted(starts, a, side="right")) - 1
-        a = int(starts[q0])  # a document's start
+        q0 = int(np.searchsorted(starts, a, side="right")) - 1  # the document holding a
+        s0 = int(starts[q0])
+        if a > s0:
+            if ((cu > s0) & (cu < s0 + window)).any():
+                a = s0  # from the document's start the window still holds a boundary
+            elif a >= ends[q0]:  # not inside a span's own padding: from a real token
+                a = int(ends[q0]) - 1
         if out and out[-1]["window"][0] == a:
             continue
         b = a + window
+        mid = a > s0  # the window enters document q0 mid-way
         w = {k: v for k, v in item.items() if k != "source_ids"}
         for name in ("input_ids", "segment_ids", "position_ids", "labels"):
             if item.get(name) is not None:
@@ -509,16 +522,28 @@ def row_windows(item: dict, window: int) -> list[dict]:
         inside = cu[(cu > a) & (cu < b)] - a
         w["cu_seqlens"] = np.concatenate([[0], inside, [window]]).astype(np.int32)
         w["max_seqlen"] = int(np.diff(w["cu_seqlens"]).max())
-        q1 = int(np.searchsorted(starts, b, side="left"))  # documents starting in the window
+        q1 = int(np.searchsorted(starts, b, side="left"))  # documents overlapping the window
         for name in ("doc_ids", "doc_offsets"):
             if item.get(name) is not None:
-                w[name] = np.asarray(item[name])[q0:q1]
+                w[name] = np.array(np.asarray(item[name])[q0:q1])
+        if mid:  # the window's part of document q0 is a document of its own
+            first_end = int(w["cu_seqlens"][1])
+            pos = np.array(w["position_ids"])
+            pos[:first_end] -= pos[0]
+            w["position_ids"] = pos
+            if w.get("doc_offsets") is not None and len(w["doc_offsets"]):
+                w["doc_offsets"][0] += a - s0
+            if item.get("labels") is not None and item.get("labels_mode") != "shifted":
+                lab = np.array(w["labels"])
+                lab[0] = -100  # the token before it, its context, is outside the window
+                w["labels"] = lab
         if unpadded is not None:  # each span's real tokens inside the window
             lo = w["cu_seqlens"][:-1].astype(np.int64) + a
             hi = w["cu_seqlens"][1:].astype(np.int64) + a
-            q = np.clip(np.searchsorted(starts, lo), 0, max(starts.size - 1, 0))
-            doc = (q < starts.size) & (starts[q] == lo) if starts.size else np.zeros(lo.size, bool)
-            real = np.where(doc, np.minimum(ends[q], hi) - lo, hi - lo)
+            q = np.searchsorted(starts, lo, side="right") - 1  # the document holding lo
+            doc = (q >= 0) & (lo < span_ends[np.maximum(q, 0)])
+            real = np.where(doc, np.clip(np.minimum(ends[np.maximum(q, 0)], hi) - lo, 0, None),
+                            hi - lo)
             w["cu_seqlens_unpadded"] = np.concatenate([[0], np.cumsum(real)]).astype(np.int32)
         if item.get("labels") is not None and item.get("labels_mode") == "shifted" and b < C \
                 and seg[b] == seg[b - 1]:

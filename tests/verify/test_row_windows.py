@@ -126,3 +126,75 @@ def test_padding_inside_a_span_made_a_target_fails_on_windows(tmp_path):
     for b in ("sdpa", "hybrid"):
         bad = _failed(rep, b, "loss_denominator")
         assert bad and bad[0].where["row"] == 0, rep.format_text()
+
+
+# rows of 48 where a long document comes before the boundaries (packed in order)
+LONG_FIRST = {1: [40, 6, 30, 18, 20, 20, 5], 4: [37, 5, 30, 14, 18, 18, 5]}
+
+
+def _long_first(tmp_path, multiple, *extra):
+    docs = [list(map(int, RNG.integers(0, 131_000, n))) for n in LONG_FIRST[multiple]]
+    more = ["--segment-multiple", str(multiple)] if multiple > 1 else []
+    return pack_docs(tmp_path, docs, CW, "--strategy", "ordered", *more, *extra)
+
+
+@pytest.mark.parametrize("multiple", [1, 4])
+def test_a_window_enters_a_long_document_to_hold_the_boundary_after_it(tmp_path, multiple):
+    """When a long document comes before a row's boundaries, the window starts inside it
+    (from a real token) rather than at its start, so it still holds a boundary; the part of it
+    in the window is a document of its own: positions from 0, no target at its first token,
+    its offset moved to the window's first token, its real length in cu_seqlens_unpadded."""
+    out = _long_first(tmp_path, multiple, "--labels", "unshifted")
+    mids = 0
+    for it in _items(out):
+        whole = _spans(it)
+        starts = [s for s, _ in whole]
+        for w in row_windows(it, WINDOW):
+            a, _ = w["window"]
+            spans = _spans(w)
+            seg = np.asarray(w["segment_ids"])
+            assert len(spans) >= 2 or (seg == 0).any(), (it["row"], w["window"])  # a boundary
+            q0 = w["segment_base"]
+            s0, e0 = whole[q0]
+            assert s0 <= a < e0  # from a real token of the row's document q0 + 1
+            first = spans[0]
+            pos = np.asarray(w["position_ids"])
+            assert pos[first[0]:first[1]].tolist() == list(range(first[1] - first[0]))
+            assert first[1] - first[0] == min(e0, a + WINDOW) - a
+            assert w["doc_offsets"][0] == it["doc_offsets"][q0] + (a - s0)
+            if a > s0:
+                mids += 1
+                assert a not in starts and w["labels"][0] == -100
+    assert mids >= 2
+
+
+@pytest.mark.parametrize("multiple", [1, 4])
+def test_windows_inside_a_document_pass_and_still_catch_leaks(tmp_path, monkeypatch, multiple):
+    """Every backend passes on windows that start inside a long document, each window holding
+    two documents; a mask without document boundaries and a batch without seq_idx fail."""
+    out = _long_first(tmp_path, multiple)
+    backends = ["sdpa", "hybrid"]
+    from packtool.verify import has_transformers
+
+    if has_transformers():
+        backends.append("hf")
+    rep = run_verify(out, rows=0, backends=backends, row_window=WINDOW)
+    assert rep.ok, rep.format_text()
+    for b in backends:
+        figs = rep.get(b, "logits_match").figures
+        assert figs["rows_multi_doc"] == figs["rows"] >= 3, figs
+    F = torch.nn.functional
+    plain = {"sdpa": lambda b, dev: (lambda q, k, v: F.scaled_dot_product_attention(
+        q, k, v, is_causal=True))}
+    rep = run_verify(out, rows=0, backends=["sdpa"], row_window=WINDOW, attend_overrides=plain)
+    assert _failed(rep, "sdpa", "isolation"), rep.format_text()
+    real = packtool.loader.collate
+
+    def without_seq_idx(items):
+        batch = real(items)
+        del batch["seq_idx"]
+        return batch
+
+    monkeypatch.setattr(packtool.loader, "collate", without_seq_idx)
+    rep = run_verify(out, rows=0, backends=["hybrid"], row_window=WINDOW)
+    assert _failed(rep, "hybrid", "isolation"), rep.format_text()
