@@ -114,7 +114,7 @@ def child_floor(inp: str, packed: str, workers: int) -> dict:
         with pq.ParquetWriter(tmp / f"floor-{k:05d}.parquet", schema, compression=COMPRESSION,
                               compression_level=COMPRESSION_LEVEL, use_dictionary=False,
                               column_encoding=column_encodings(schema),
-                              write_statistics=False) as w:
+                              write_statistics=False, write_page_checksum=True) as w:
             for g in groups:
                 w.write_table(g, row_group_size=max(1, g.num_rows))
 
