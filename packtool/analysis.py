@@ -358,7 +358,8 @@ def input_lengths(inputs, column: str = "input_ids") -> np.ndarray:
 def compare_strategies(lengths: np.ndarray, capacity: int, *,
                        overflow: str = Overflow.SPLIT,
                        strategies=(Strategy.CONCAT, Strategy.ORDERED, Strategy.OBFD),
-                       targets: np.ndarray | None = None) -> list:
+                       targets: np.ndarray | None = None,
+                       window_docs: int | None = None) -> list:
     """Dry-run each strategy on document lengths alone.
 
     Every figure is in absolute units, so the dicts compare directly across strategies.
@@ -369,6 +370,10 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
         overflow: long-document policy for ``ordered`` and ``obfd``.
         targets: optional uint8[sum(lengths)] input target flags (0: input label -100); the
             effective targets then leave those tokens out, as ``pack`` does.
+        window_docs: also dry-run ``obfd`` in windows of this many documents, dealt as
+            ``pack --window-docs`` deals them (:mod:`packtool.core.windows`): one more dict,
+            with ``window_docs`` and ``windows`` set (it takes no part in
+            :func:`least_waste`).
 
     Returns:
         One dict per strategy: ``strategy``, ``rows``, ``lower_bound_rows`` (ceil(tokens / C)),
@@ -385,17 +390,21 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
     Raises:
         ConfigError, PackingError: as :func:`packtool.core.pack_lengths`.
     """
-    from packtool.core.packing import pack_lengths
-
     from packtool.core.masks import plan_segment_targets
+    from packtool.core.packing import pack_lengths
+    from packtool.core.windows import plan_windows
 
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)  # shape: (num_docs,)
     doc_starts = np.zeros(lengths.size, dtype=np.int64)  # shape: (num_docs,)
     if lengths.size:
         np.cumsum(lengths[:-1], out=doc_starts[1:])
     out = []
-    for s in strategies:
-        plan = pack_lengths(lengths, capacity, strategy=s, overflow=overflow)
+    runs = [(str(s), s, None) for s in strategies]
+    if window_docs is not None:
+        runs.append((f"obfd, windows of {window_docs:,}", Strategy.OBFD, window_docs))
+    for label, s, wd in runs:
+        plan = (pack_lengths(lengths, capacity, strategy=s, overflow=overflow) if wd is None
+                else _windowed_plan(lengths, capacity, wd, overflow))
         seg_len = plan.seg_len.astype(np.int64)  # shape: (num_segments,)
         real = int(seg_len.sum())
         effective = int(plan_segment_targets(plan, doc_starts, targets).sum())
@@ -405,8 +414,11 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
         cut = pieces > 1
         lb = -(-real // capacity)
         slots = rows * capacity
+        extra = {} if wd is None else {"window_docs": wd,
+                                       "windows": plan_windows(lengths.size, wd).count}
         out.append({
-            "strategy": str(s), "rows": rows, "lower_bound_rows": lb, "extra_rows": rows - lb,
+            **extra,
+            "strategy": label, "rows": rows, "lower_bound_rows": lb, "extra_rows": rows - lb,
             "tokens_processed": slots,
             "padding_tokens": slots - real,
             "padding_pct": round(100.0 * (slots - real) / slots, 4) if rows else 0.0,
@@ -425,6 +437,35 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
     return out
 
 
+def _windowed_plan(lengths: np.ndarray, capacity: int, window_docs: int, overflow):
+    """One plan of every window of ``pack --window-docs``, planned alone and concatenated
+    (documents numbered globally): what the windowed pack's rows hold, without the tokens
+    (a :class:`packtool.core.packing.PackPlan`)."""
+    from packtool.core.packing import PackPlan, pack_lengths
+    from packtool.core.windows import plan_windows
+
+    ws = plan_windows(lengths.size, window_docs)
+    plans, counts = [], {}
+    for w in range(ws.count):
+        docs = ws.members(w)
+        p = pack_lengths(lengths[docs], capacity, overflow=overflow)
+        plans.append((p, docs))
+        for k, v in p.counts.items():
+            counts[k] = counts.get(k, 0) + v
+    offsets = [np.zeros(1, dtype=np.int64)]
+    base = 0
+    for p, _ in plans:
+        offsets.append(p.row_offsets[1:] + base)
+        base += p.num_segments
+    empty = np.zeros(0, dtype=np.int64)
+    return PackPlan(capacity=capacity, row_offsets=np.concatenate(offsets),
+                    seg_doc=np.concatenate([d[p.seg_doc] for p, d in plans]) if plans else empty,
+                    seg_offset=np.concatenate([p.seg_offset for p, _ in plans]) if plans
+                    else empty,
+                    seg_len=np.concatenate([p.seg_len for p, _ in plans]) if plans else empty,
+                    counts=counts)
+
+
 def least_waste(rows: list) -> dict:
     """The strategy that wastes least among :func:`compare_strategies`' results.
 
@@ -435,6 +476,7 @@ def least_waste(rows: list) -> dict:
     Returns:
         The winning dict of ``rows``, or of all of them when every strategy cuts such documents.
     """
+    rows = [r for r in rows if "window_docs" not in r] or rows  # strategies, not windowings
     whole = [r for r in rows if r["docs_cut_below_capacity"] == 0] or rows
     return min(whole, key=lambda r: (r["padding_tokens"], r["rows"]))
 

@@ -167,9 +167,10 @@ def _input_options(f):
               help="Threads for layout and encoding [default: all cores].")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty OUTPUT.")
 @click.option("--window-docs", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Plan windows of N documents independently (row groups are cut; a few "
-                   "extra rows per window); rows of all windows are mixed in the output "
-                   "[default: one plan over all documents].")
+              help="Plan windows of at most N documents independently, each dealt blocks of "
+                   "documents from across the whole input (a few extra rows per window); rows "
+                   "of all windows are mixed in the output [default: one plan over all "
+                   "documents].")
 @click.option("--engine", type=_choice(Engine), default="local", show_default=True,
               help="local: this process; ray: one Ray task per window (needs packtool[ray]; "
                    "--window-docs defaults to 250,000). Same bytes either way.")
@@ -236,10 +237,12 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
         click.echo(note, err=True)
     try:
         result = run_pack(cfg, progress=not quiet)
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted: {cfg.output} has no manifest (as before the run, or "
-                          "resumable: finished windows and shards are kept); rerun the same "
-                          "command to resume and finish it") from None
+    except KeyboardInterrupt as exc:
+        kept = str(exc)
+        raise Interrupted(f"interrupted: {cfg.output} has no manifest; "
+                          + (f"kept for the rerun: {kept}; " if kept
+                             else "nothing was kept (OUTPUT is as before the run); ")
+                          + "rerun the same command to resume and finish it") from None
     s = result.stats
     if not result.already_complete:  # once, on stderr, loud whatever the output format
         for w in result.warnings:
@@ -248,6 +251,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
         click.echo(json.dumps({"stats": s.to_dict(), "seconds": result.seconds,
                                "shards_reused": result.shards_reused,
                                "windows_reused": result.windows_reused,
+                               "parts_reused": result.parts_reused,
+                               "docs_reused": result.docs_reused,
                                "inputs_skipped": skipped,
                                "inputs_not_read": found.skipped if found else [],
                                "input_notes": found.notes if found else [],
@@ -277,6 +282,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
             f"  {result.seconds:.2f} s ({cfg.engine.value} engine, start-up included), "
             f"{rate / 1e6:.2f} M tokens/s"
             + (f", {result.shards_reused} shard(s) reused" if result.shards_reused else "")
+            + (f", {result.docs_reused:,} documents not read again" if result.docs_reused
+               else "")
             + (f", {result.windows_reused} window(s) reused" if result.windows_reused else "")
             + "".join(f"\n  INPUT: {n}" for n in input_notes)
             + (f"\n  {_mask_note(s)}" if _mask_note(s) else ""))
@@ -402,14 +409,15 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
         skip_unsupported=cfg.skip_unsupported)
     lengths = docs.lengths
     rows = analysis.compare_strategies(lengths, cfg.capacity, overflow=cfg.overflow,
-                                       targets=docs.targets)
+                                       targets=docs.targets, window_docs=cfg.window_docs)
     notes = _input_notes(docs.discovery, docs.columns)
     mask = _mask_note(_input_mask_stats(docs))
     if mask:
         notes.append(mask)
     warnings = []
     if cfg.overflow is Overflow.SPLIT:
-        split = max((r["docs_split"] for r in rows if r["strategy"] != "concat"), default=0)
+        split = max((r["docs_split"] for r in rows
+                     if r["strategy"] != "concat" and "window_docs" not in r), default=0)
         w = split_warning(split, int((lengths > 0).sum()), cfg.capacity)
         if w:
             warnings.append(w)
@@ -454,10 +462,13 @@ def _input_mask_stats(docs):
               help="Documents longer than C (ordered and obfd): split into chunks, truncate, "
                    "drop, or error.")
 @_input_options
+@click.option("--window-docs", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Also dry-run obfd in windows of N documents, as pack --window-docs deals "
+                   "them.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @_PLOT_OPTION
 def compare(inputs, capacity, column, overflow, append_eos, prepend_bos, attention_mask_column,
-            labels_column, loss_mask_column, skip_unsupported, as_json, plot):
+            labels_column, loss_mask_column, skip_unsupported, window_docs, as_json, plot):
     """Dry-run concat, ordered and obfd on raw tokenized INPUT side by side, at capacity C.
 
     INPUT is read exactly as packtool pack reads it (the same files, mask columns and
@@ -470,7 +481,8 @@ def compare(inputs, capacity, column, overflow, append_eos, prepend_bos, attenti
     cfg = CompareConfig(inputs=inputs, capacity=capacity, column=column, overflow=overflow,
                         append_eos=append_eos, prepend_bos=prepend_bos,
                         attention_mask_column=attention_mask_column, labels_column=labels_column,
-                        loss_mask_column=loss_mask_column, skip_unsupported=skip_unsupported)
+                        loss_mask_column=loss_mask_column, skip_unsupported=skip_unsupported,
+                        window_docs=window_docs)
     _run_compare(cfg, as_json, plot)
 
 
@@ -503,10 +515,12 @@ COMPARE_DEPRECATED = ("packtool stats --compare is deprecated and will be remove
 @click.option("--labels-column", default="auto", metavar="NAME", hidden=True)
 @click.option("--loss-mask-column", default="auto", metavar="NAME", hidden=True)
 @click.option("--skip-unsupported", is_flag=True, hidden=True)
+@click.option("--window-docs", type=click.IntRange(min=1), default=None, metavar="N",
+              hidden=True)
 @click.pass_context
 def stats(ctx, path, per_bin, per_bin_limit, no_hash, as_json, plot, capacity, compare, column,
           overflow, append_eos, prepend_bos, attention_mask_column, labels_column,
-          loss_mask_column, skip_unsupported):
+          loss_mask_column, skip_unsupported, window_docs):
     """Figures of a packed OUTPUT (a directory or a store URI), recounted from the shards and
     checked against the manifest: rows, padding, effective targets, fill, attention work. Every
     shard's sha256 is checked first (--no-hash skips it). Exits 1 when the recount disagrees
@@ -526,7 +540,7 @@ def stats(ctx, path, per_bin, per_bin_limit, no_hash, as_json, plot, capacity, c
     if per_bin_limit is not None and not per_bin:
         raise ConfigError("--per-bin-limit applies with --per-bin only")
     read_opts = ("column", "overflow", "append_eos", "prepend_bos", "attention_mask_column",
-                 "labels_column", "loss_mask_column", "skip_unsupported")
+                 "labels_column", "loss_mask_column", "skip_unsupported", "window_docs")
     if compare:
         from packtool.config import CompareConfig
 
@@ -541,7 +555,7 @@ def stats(ctx, path, per_bin, per_bin_limit, no_hash, as_json, plot, capacity, c
                             append_eos=append_eos, prepend_bos=prepend_bos,
                             attention_mask_column=attention_mask_column,
                             labels_column=labels_column, loss_mask_column=loss_mask_column,
-                            skip_unsupported=skip_unsupported)
+                            skip_unsupported=skip_unsupported, window_docs=window_docs)
         _run_compare(cfg, as_json, plot)
         return
     dry_run = [f"--{n.replace('_', '-')}" for n in ("capacity",) + read_opts if given(n)]
@@ -761,9 +775,14 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
 @click.option("--batch-size", type=click.IntRange(min=1), default=4, show_default=True,
               metavar="B", help="Most rows per forward pass (fewer when the memory budget "
                                 "says so).")
+@click.option("--row-window", type=click.IntRange(min=0), default=None, metavar="TOKENS",
+              help="Run the model checks on windows of this many tokens of each sampled row, "
+                   "each holding a document boundary (and one into the padding when the row "
+                   "has some); the column scan still covers every token [default: 1024; 0 = "
+                   "whole rows].")
 @click.option("--compile/--no-compile", "compile_", default=None,
               help="Run FlexAttention through torch.compile [default: on CUDA, and on CPU from "
-                   "C = 2048 up].")
+                   "2,048 tokens per row window up].")
 @click.option("--progress/--no-progress", default=None,
               help="A progress line per backend and batch on stderr [default: on, off with "
                    "--json].")
@@ -772,7 +791,7 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
                    "sizes, footers and page checksums are still checked).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def verify(output, rows, seed, backends, hf_config, checks, data_only, device, max_memory,
-           batch_size, compile_, progress, no_hash, as_json, scan_all):
+           batch_size, row_window, compile_, progress, no_hash, as_json, scan_all):
     """Prove that packed rows of OUTPUT compute what separate documents compute.
 
     Checks the column contract of every row, then runs a small seeded decoder (with attention,
@@ -808,6 +827,7 @@ def verify(output, rows, seed, backends, hf_config, checks, data_only, device, m
                             checks=checks or None, batch_size=batch_size, compile=compile_,
                             scan_all=scan_all, data_only=data_only, device=device,
                             max_memory=budget, hf_config=hf_config, check_hashes=not no_hash,
+                            row_window=row_window,
                             progress=(lambda m: click.echo(m, err=True)) if show else None)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None

@@ -287,8 +287,13 @@ class CompareConfig:
     """As :attr:`PackConfig.loss_mask_column`."""
     skip_unsupported: bool = False
     """As :attr:`PackConfig.skip_unsupported`."""
+    window_docs: int | None = None
+    """Also dry-run ``obfd`` in windows of this many documents, dealt as ``pack --window-docs``
+    deals them; None: one global plan only."""
 
     def __post_init__(self) -> None:
+        if self.window_docs is not None and self.window_docs < 1:
+            _bad("window_docs", self.window_docs, "must be >= 1")
         try:
             object.__setattr__(self, "overflow", Overflow(self.overflow))
         except ValueError:

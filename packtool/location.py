@@ -186,6 +186,17 @@ class Location:
         it (:func:`shutil.rmtree`) when done."""
         raise NotImplementedError
 
+    #: True when a staging directory left behind (a killed or stopped task's) is found again
+    #: by :meth:`claim_stage`: inside a local folder; a store's are on the tasks' own disks.
+    stages_found_again: bool = True
+
+    def claim_stage(self, name: str, record: str) -> Path | None:
+        """Take over a staging directory for ``name`` (from :meth:`stage`) that a killed or
+        stopped run left here holding the file ``record``: renamed to a new unique staging
+        name, so that of two tasks claiming it one only gets it. None when there is none (a
+        store: always, see :attr:`stages_found_again`)."""
+        raise NotImplementedError
+
     def publish_dir(self, work: Path, last: str) -> None:
         """Make the finished local directory ``work`` this folder, its file ``last`` appearing
         last: a rename locally (an attempt that lost the race to an identical one is dropped),
@@ -328,6 +339,23 @@ class LocalPath(Location):
         work = self.path / f".{uuid.uuid4().hex}-{name}"
         work.mkdir(parents=True)
         return work
+
+    def claim_stage(self, name: str, record: str) -> Path | None:
+        suffix = f"-{name}"
+        try:
+            found = sorted(p for p in self.path.iterdir()
+                           if p.name.startswith(".") and p.name.endswith(suffix)
+                           and (p / record).is_file())
+        except OSError:
+            return None
+        for p in found:
+            mine = self.path / f".{uuid.uuid4().hex}{suffix}"
+            try:
+                os.rename(p, mine)
+            except OSError:
+                continue  # another task took it
+            return mine
+        return None
 
     def publish_dir(self, work: Path, last: str) -> None:
         try:
@@ -551,6 +579,11 @@ class StoreURI(Location):
             fs.delete_dir(path)
         except FileNotFoundError:
             pass
+
+    stages_found_again = False
+
+    def claim_stage(self, name: str, record: str) -> Path | None:
+        return None
 
     def stage(self, name: str) -> Path:
         import tempfile

@@ -25,9 +25,13 @@ a store offers less: the lock, the disk-space check and the cleanup of unfinishe
 4. :meth:`Output.commit` writes the manifest last and removes the marker, scratch and lock.
 
 Every failure leaves through :meth:`Output.__exit__`, the one cleanup path. Ctrl-C leaves what
-SIGKILL would, tidied: the scratch keeps its finished windows and fingerprint, staged files go,
-and the lock is released, so rerunning the same command reads and plans only the windows not
-finished. Any other failure removes the scratch, so a full disk is never left full. A failure
+SIGKILL would, tidied: the scratch keeps its finished read parts (token spills), the staging
+directories of read parts begun with their progress records (where a rerun finds them again:
+:meth:`packtool.location.Location.claim_stage`), its finished windows (plans) and fingerprint;
+other staged files go, and the lock is released, so rerunning the same command reads only what
+was not read and plans only the windows not planned (:class:`ScratchKept` says what was kept; a
+Ctrl-C before anything was kept keeps no scratch). Any other failure removes the scratch, so a
+full disk is never left full. A failure
 before writing began leaves OUTPUT as it was (a new OUTPUT is removed); after that the finished
 shards and the marker stay, and rerunning the same command finishes the output
 byte-identically. In a store, every cleanup and every rerun also abort the unfinished multipart
@@ -56,13 +60,22 @@ from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAM
 from packtool.location import Location
 
 __all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256",
-           "BYTE_DECIDING_PACKAGES", "WINDOW_DIR_PREFIX", "WINDOW_DONE", "SCRATCH_FINGERPRINT",
-           "LAYOUT_REVISION", "window_done", "window_workdir", "publish_window", "window_file",
-           "shard_temp", "discard_shard_temp", "publish_shard", "kept_shard", "MARKER_EVERY_S"]
+           "BYTE_DECIDING_PACKAGES", "WINDOW_DIR_PREFIX", "READ_DIR_PREFIX", "SCRATCH_UNITS",
+           "PARTIAL_PROGRESS", "ScratchKept", "claim_partial", "keeps_stages", "WINDOW_DONE",
+           "SCRATCH_FINGERPRINT", "LAYOUT_REVISION", "window_done", "window_workdir",
+           "publish_window", "window_file", "shard_temp", "discard_shard_temp", "publish_shard",
+           "kept_shard", "MARKER_EVERY_S"]
 
-#: A window's spill and plan live in ``<scratch>/window-NNNNN/``, complete once ``done.json``
-#: is there (it is written before the directory is renamed into place, or uploaded last).
+#: A window's plan lives in ``<scratch>/window-NNNNN/``, complete once ``done.json`` is there
+#: (it is written before the directory is renamed into place, or uploaded last).
 WINDOW_DIR_PREFIX = "window-"
+#: A read part's spill lives in ``<scratch>/read-NNNNN/``, complete like a window.
+READ_DIR_PREFIX = "read-"
+#: Finished units of a scratch that a rerun of the same pack keeps.
+SCRATCH_UNITS = (WINDOW_DIR_PREFIX, READ_DIR_PREFIX)
+#: The progress record of a read part's staging directory that a killed run left half done
+#: (:mod:`packtool.pipeline.read`): such a directory is kept for the rerun too.
+PARTIAL_PROGRESS = "progress.json"
 WINDOW_DONE = "done.json"
 #: The fingerprint of the run that created the scratch directory (a file inside it).
 SCRATCH_FINGERPRINT = "fingerprint"
@@ -74,8 +87,10 @@ BYTE_DECIDING_PACKAGES = ("packtool", "pyarrow", "numpy", "numba")
 #: Revision of how packtool lays out and orders the rows of given options and inputs (and of
 #: the scratch files a killed run leaves for its rerun); recorded in the fingerprint, so a
 #: change between two runs of one packtool version never mixes their shards or windows.
-#: 3: shards carry page checksums (format version 3).
-LAYOUT_REVISION = 3
+#: 3: shards carry page checksums (format version 3). 4: read parts spilled in input order and
+#: resumable piece by piece, windows dealt in blocks across the input, plans as segments
+#: pointing into the read parts' spills.
+LAYOUT_REVISION = 4
 
 
 def _versions() -> dict:
@@ -146,8 +161,10 @@ class Output:
     Attributes after entry: ``path`` and ``tmp`` (:class:`~packtool.location.Location` of OUTPUT
     and of its scratch), ``complete`` (a finished identical output is there: nothing to do),
     ``resume`` (an interrupted identical pack is there: keep its shards), ``windows_kept``
-    (finished windows kept from an identical run that was killed), ``manifest`` (the
-    :class:`~packtool.formats.manifest.Manifest` found when ``complete``, or written).
+    (units kept in the scratch from an identical run that was killed: windows, read parts,
+    read parts begun; what they are in ``kept``), ``shards_done`` (shards finished, written or
+    kept, in this run), ``manifest`` (the :class:`~packtool.formats.manifest.Manifest` found
+    when ``complete``, or written).
     """
 
     def __new__(cls, path, *args, **kwargs):
@@ -165,7 +182,9 @@ class Output:
         self.resume = False
         self.manifest: Manifest | None = None
         self.bytes_needed = 0  #: what the current phase still has to write (ENOSPC message)
-        self.windows_kept = 0  #: finished windows kept from a killed identical run
+        self.windows_kept = 0  #: finished scratch units kept from a killed identical run
+        self.kept = ScratchKept()  #: what the scratch holds for a rerun (after a trim)
+        self.shards_done = 0  #: shards finished (written or kept) in this run
         self._created = False
         self._writing = False
         self._release_sigint = None  # set by commit(): Ctrl-C held until __exit__ ends
@@ -272,13 +291,14 @@ class Output:
                               "move them away or choose another location")
 
     def _open_scratch(self) -> None:
-        """Open the scratch, keeping the finished windows of a killed identical run.
+        """Open the scratch, keeping the finished units of a killed identical run.
 
         A run killed without cleanup (SIGKILL, a lost machine) leaves its scratch behind. When
-        that scratch carries this run's fingerprint, the window directories published whole
-        (``done.json`` written before the rename, or uploaded last) are kept and their windows
-        are not read again; everything else (half-written windows, staged shards) is removed.
-        Any other scratch is removed whole.
+        that scratch carries this run's fingerprint, the read part and window directories
+        published whole (``done.json`` written before the rename, or uploaded last) are kept and
+        not read or planned again, and so are the staging directories of read parts begun that
+        hold a progress record (:data:`PARTIAL_PROGRESS`); everything else (half-written units,
+        staged shards) is removed. Any other scratch is removed whole.
         """
         if not self._scratch_is_ours():
             self.tmp.delete_tree()
@@ -295,19 +315,28 @@ class Output:
             return False
 
     def _trim_scratch(self) -> int:
-        """Remove from the scratch everything but its fingerprint and the finished windows
-        (``done.json`` in them); return how many finished windows are there."""
-        kept = 0
+        """Remove from the scratch everything but its fingerprint, the finished units (windows
+        and read parts: ``done.json`` in them) and the staging directories of read parts begun
+        (a :data:`PARTIAL_PROGRESS` record in them: in a store none, staging is on the tasks'
+        own disks); return how many of those are there (what they are: :attr:`kept`)."""
+        kept = ScratchKept()
         for name, e in self.tmp.listdir().items():
             if name == SCRATCH_FINGERPRINT:
                 continue
             where = self.tmp.join(name)
-            if (e.is_dir and name.startswith(WINDOW_DIR_PREFIX)
-                    and where.join(WINDOW_DONE).is_file()):
-                kept += 1
-                continue
+            if e.is_dir and name.startswith(SCRATCH_UNITS):
+                done = _read_json(where.join(WINDOW_DONE))
+                if done is not None:
+                    kept.add(name, done)
+                    continue
+            elif e.is_dir and f"-{READ_DIR_PREFIX}" in name:
+                record = _read_json(where.join(PARTIAL_PROGRESS))
+                if record is not None:
+                    kept.add(name, record, partial=True)
+                    continue
             where.delete_tree() if e.is_dir else where.delete()
-        return kept
+        self.kept = kept
+        return kept.units
 
     # -- writing -------------------------------------------------------------------------------
     def begin_write(self) -> None:
@@ -332,6 +361,7 @@ class Output:
         JSON values the writer also knows of it, kept beside the entry and handed back by
         :meth:`promised`); the marker lists the finished shards, rewritten at most every
         :data:`MARKER_EVERY_S` s."""
+        self.shards_done += 1
         self._written[entry.file] = {**entry.to_dict(), **(extra or {})}
         if time.monotonic() - self._marker_at >= MARKER_EVERY_S:
             self._write_marker()
@@ -371,9 +401,10 @@ class Output:
 
     def _keeps_windows(self, exc: BaseException | None) -> bool:
         """Ctrl-C leaves what a rerun of the same command resumes from, as SIGKILL would: the
-        scratch stays when it is this run's and holds at least one finished window, trimmed to
-        those windows and its fingerprint. Any other failure (bad input, full disk, a failed
-        task) removes it."""
+        scratch stays when it is this run's and holds at least one finished window or read part,
+        or a read part's staging directory with a progress record, trimmed to those and its
+        fingerprint (half-written units and staged shards go; what stays is in :attr:`kept`).
+        Any other failure (bad input, full disk, a failed task) removes it."""
         if not isinstance(exc, KeyboardInterrupt):
             return False
         try:
@@ -484,7 +515,68 @@ class StoreOutput(Output):
         store.abort_uploads(self.path)
 
 
+class ScratchKept:
+    """What a scratch holds for a rerun: finished windows and read parts, and read parts begun
+    (with the documents and tokens their records count)."""
+
+    def __init__(self) -> None:
+        self.windows = 0  #: finished windows (plans)
+        self.parts = 0  #: finished read parts
+        self.partial = 0  #: read parts begun, with a progress record
+        self.docs = 0  #: documents in the kept read parts, finished or begun
+        self.tokens = 0  #: their tokens
+
+    @property
+    def units(self) -> int:
+        return self.windows + self.parts + self.partial
+
+    def add(self, name: str, record: dict, partial: bool = False) -> None:
+        """Count unit ``name`` (a directory of the scratch) whose ``done.json`` or progress
+        record is ``record``."""
+        if partial:
+            self.partial += 1
+        elif name.startswith(WINDOW_DIR_PREFIX):
+            self.windows += 1
+            return
+        else:
+            self.parts += 1
+        try:
+            self.docs += int(record.get("docs", 0))
+            self.tokens += int(record.get("tokens", 0))
+        except (TypeError, ValueError):
+            pass
+
+    def describe(self, shards: int = 0) -> str:
+        """One phrase for the interrupted message (empty when nothing is kept), ``shards``
+        output shards finished included."""
+        bits = []
+        if self.parts or self.partial:
+            what = f"{self.parts} read part{'s' * (self.parts != 1)}"
+            if self.partial:
+                what += f" and {self.partial} begun"
+            if self.docs:
+                what += f" ({self.docs:,} documents, {self.tokens:,} tokens read)"
+            bits.append(what)
+        if self.windows:
+            bits.append(f"{self.windows} planned window{'s' * (self.windows != 1)}")
+        if shards:
+            bits.append(f"{shards} finished shard{'s' * (shards != 1)}")
+        return ", ".join(bits)
+
+
 # -- the I/O of the pack's tasks: a scratch directory or prefix, shards, on any node --------------
+
+def claim_partial(tmp, name: str, record: str = PARTIAL_PROGRESS) -> Path | None:
+    """Take over the staging directory a killed run left for unit ``name`` (one holding
+    ``record``), so that only one task resumes it (:meth:`packtool.location.Location.claim_stage`);
+    None when there is none (always in a store: staging is on the tasks' own disks)."""
+    return Location.parse(tmp).claim_stage(name, record)
+
+
+def keeps_stages(tmp) -> bool:
+    """True when a staging directory of the scratch ``tmp`` left behind is found again by a
+    rerun (a local scratch), so a task stopped half-way may leave its progress there."""
+    return Location.parse(tmp).stages_found_again
 
 def window_done(final) -> dict | None:
     """The saved counts of a finished window (its ``done.json``), None when not finished."""

@@ -123,7 +123,8 @@ def check() -> None:
 
 
 #: Test hook (used only by the crash, interrupt and cluster tests):
-#: ``PACKTOOL_TEST_PAUSE_AT=<phase>[:<n>]`` with phase ``read``, ``plan`` (n = window),
+#: ``PACKTOOL_TEST_PAUSE_AT=<phase>[:<n>]`` with phase ``read`` (n = read part),
+#: ``read-piece`` (n = piece of its read part, before it is read), ``plan`` (n = window),
 #: ``write-shard`` (n = shard) or ``manifest`` makes ``pack`` print a line to stderr and wait
 #: there until it is killed or told to stop. Unset, it costs one lookup.
 PAUSE_ENV = "PACKTOOL_TEST_PAUSE_AT"

@@ -1,36 +1,38 @@
-"""Time ``packtool pack`` against the Parquet I/O floor on a synthetic tokenized corpus.
+"""Measure ``packtool pack`` against the Parquet I/O floor, in CPU seconds, side by side.
 
-The corpus: web-like document lengths (log-normal, median 300, sigma 1.17, about 5 % over 2048,
-clipped at 100 k), token ids uniform in 0..vocab-1 (int32 lists), ``--files`` Parquet files.
-Two copies are made: the full corpus and its first half (same seed), so peak RSS at half and
-full size can be compared.
+The corpus: by default web-like document lengths (log-normal, median 300, sigma 1.17, about 5 %
+over 2048, clipped at 100 k), token ids uniform in 0..vocab-1 (int32 lists), ``--files`` Parquet
+files; or ``--input DIR``, an existing tokenized corpus (e.g. real ids from
+``scripts/make_corpus.py``: real ids compress well, so packtool's own passes weigh more).
 
-Measurements, each in a fresh subprocess (clean peak RSS, read from ``VmHWM``):
+What is measured, each in a fresh subprocess, in rounds that alternate the runs (so the
+machine's load hits them alike), best of ``--repeat`` rounds (fewest CPU seconds):
 
-- ``floor``: pyarrow reads the input token column (every file, all row groups) plus pyarrow
-  writes, from memory, tables with exactly packtool's output schema, row count, row groups and
-  per-column encodings (the packed output itself, loaded before the clock starts): the decode +
-  encode cost any packer must pay. Run with 1 and with all threads.
-- ``pack``: :func:`packtool.pipeline.run_pack` with ``workers`` = 1 and all cores; with
-  ``--window-docs N`` also with windows of N documents (all cores).
-- ``--baseline TREE``: the same ``pack`` runs with the packtool source tree TREE (e.g. the
-  previous commit, ``git archive <rev> packtool | tar -x -C TREE``), side by side in the same
-  run, so "before" and "after" ratios to the floor share the machine's load.
+- ``floor``: pyarrow reads the input token column (every file, batch by batch) and writes
+  tables with exactly packtool's output schema, row count, row groups, encodings and zstd
+  level (the packed output itself, ``workers`` shards at a time loaded before their timed
+  write and dropped after it, so the floor streams as a pack does), on 1 and on all threads:
+  the decode + encode work any packer must do. CPU of the timed sections (every thread).
+- ``start-up``: ``packtool pack`` of a two-document input, whole process: the fixed cost of a
+  run (interpreter, imports, loading the compiled kernels, OUTPUT's lock and manifest).
+- ``pack``: ``packtool pack`` (the CLI, as users run it) with ``workers`` = 1 and all cores; with
+  ``--window-docs N`` also with windows of N documents (all cores). CPU of the whole process;
+  "without start-up" subtracts the round's start-up.
 
-Every ``pack`` child runs under ``/usr/bin/time -v`` when it exists: its "Maximum resident set
-size" (file-backed pages of memory maps included, what a container's memory accounting sees) is
-reported beside the private (anonymous) peak sampled inside.
+CPU seconds are user + system time of the process and all its threads (``getrusage`` of the
+child), the steady figure on a shared machine; wall seconds and the load average (1 minute,
+read before and after each round) are printed beside them. ``--busy K`` keeps K spinning
+processes running during the measurements ("both cores busy"). Peak RSS comes from
+``/usr/bin/time -v`` where it exists (file-backed pages included), and ``--scaling`` packs
+1x, 2x and 4x ``--tokens`` and prints peak RSS against corpus size. ``--baseline TREE`` runs the
+same packs with the packtool source tree TREE (``git archive <rev> packtool | tar -x -C TREE``)
+in the same rounds. ``--encodings`` compares Parquet encodings per column on one shard.
+``--resume`` measures instead a rerun after Ctrl-C late in the read (every read part kept but
+the last) against a whole pack, alternating, best of ``--repeat``.
 
-Printed: seconds, ratio pack / floor (median over ``--repeat`` rounds, and each round's
-ratio, so two trees can be compared round by round), tokens/s, output bytes per token, peak
-RSS; and peak RSS of ``pack`` (all workers) on the half corpus. ``--scaling`` packs corpora
-of 1x, 2x and 4x ``--tokens`` and prints peak RSS against corpus size (for each tree).
-``--encodings`` also compares Parquet encodings per column on one output shard (size and write
-time).
-
-Usage: ``python scripts/bench_pipeline.py [--tokens 50e6] [--quick] [--window-docs 20000]
-[--baseline TREE] [--scaling]``; writes ``bench_pipeline.json`` and ``bench_pipeline.md`` into
-``--out``.
+Usage: ``python scripts/bench_pipeline.py [--tokens 50e6 | --input DIR] [--repeat 5]
+[--window-docs 20000] [--busy 2] [--baseline TREE] [--scaling | --resume]``; writes
+``bench_pipeline.json`` and ``bench_pipeline.md`` into ``--out``.
 """
 
 from __future__ import annotations
@@ -79,112 +81,68 @@ def make_corpus(folder: Path, tokens: int, vocab: int, files: int, seed: int = 0
     return {"docs": n_docs, "tokens": n_tok}
 
 
-def _status() -> dict:
-    """Fields of /proc/self/status in bytes (VmHWM, VmRSS, RssAnon, RssFile)."""
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
-                out[key] = int(rest.split()[0]) * 1024
-    return out
-
-
-def _peak_rss() -> int:
-    return _status().get("VmHWM", 0)
-
-
-class _AnonPeak:
-    """Samples RssAnon every 10 ms: the peak of private memory, without the page cache of
-    memory-mapped files (the spill file's pages are file-backed and reclaimable)."""
-
-    def __enter__(self):
-        import threading
-
-        self.peak, self._stop = 0, threading.Event()
-
-        def loop():
-            while not self._stop.wait(0.01):
-                self.peak = max(self.peak, _status().get("RssAnon", 0))
-
-        self._t = threading.Thread(target=loop, daemon=True)
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._t.join()
-
-
-def child_pack(inp: str, out: str, workers: int, capacity: int,
-               window_docs: int | None = None) -> dict:
-    from packtool.config import PackConfig
-    from packtool.pipeline import run_pack
-
-    cfg = PackConfig(inputs=(inp,), output=out, capacity=capacity, workers=workers,
-                     overwrite=True, window_docs=window_docs)
-    with _AnonPeak() as anon:
-        t = time.perf_counter()
-        res = run_pack(cfg, progress=False)
-        secs = time.perf_counter() - t
-    shutil.rmtree(out, ignore_errors=True)  # the shards are not needed again
-    out_bytes = res.manifest and sum(o.bytes for o in res.manifest.shards)
-    return {"seconds": secs, "peak_rss": _peak_rss(), "peak_anon": anon.peak,
-            "out_bytes": out_bytes, "rows": res.stats.rows, "tokens": res.stats.real_tokens,
-            "docs": res.stats.docs_in}
-
-
-def child_pack_keep(inp: str, out: str, workers: int, capacity: int) -> dict:
-    """A pack whose shards stay (the floor rewrites them); not timed."""
-    from packtool.config import PackConfig
-    from packtool.pipeline import run_pack
-
-    run_pack(PackConfig(inputs=(inp,), output=out, capacity=capacity, workers=workers,
-                        overwrite=True), progress=False)
-    return {}
-
-
 def child_floor(inp: str, packed: str, workers: int) -> dict:
+    """The floor in this process, streaming like a pack, on ``workers`` threads: CPU (user +
+    system of every thread of the process, ``getrusage``) and wall of the timed sections only.
+    Read: every input file's token column, batch by batch, files spread over the threads.
+    Write: ``workers`` output shards at a time are loaded (not timed), written in parallel
+    (timed) and dropped, so the floor holds ``workers`` shards at a time."""
+    import resource
+    from concurrent.futures import ThreadPoolExecutor
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from packtool.formats.writer import column_encodings
+    from packtool.formats.writer import COMPRESSION, COMPRESSION_LEVEL, column_encodings
 
     pa.set_cpu_count(workers)
     pa.set_io_thread_count(workers)
     shards = sorted(Path(packed).glob("part-*.parquet"))
-    # what packtool writes, loaded first: tables with its schema, row groups and row count
-    tables = []
-    for p in shards:
-        f = pq.ParquetFile(p)
-        tables.append([f.read_row_group(i) for i in range(f.num_row_groups)])
-    inputs = sorted(Path(inp).glob("*.parquet"))
+    inputs = sorted(Path(inp).rglob("*.parquet"))
     tmp = Path(tempfile.mkdtemp(dir=Path(packed).parent))
 
-    def write(k):
-        groups = tables[k]
+    def read(path):
+        n = 0
+        for batch in pq.ParquetFile(path).iter_batches(columns=["input_ids"],
+                                                       use_threads=False):
+            n += len(batch.column(0).values)
+        return n
+
+    def write(job):
+        k, groups = job
         schema = groups[0].schema
-        enc = column_encodings(schema)
-        with pq.ParquetWriter(tmp / f"floor-{k:05d}.parquet", schema, compression="zstd",
-                              use_dictionary=False, column_encoding=enc,
-                              write_statistics=False) as w:
+        with pq.ParquetWriter(tmp / f"floor-{k:05d}.parquet", schema, compression=COMPRESSION,
+                              compression_level=COMPRESSION_LEVEL, use_dictionary=False,
+                              column_encoding=column_encodings(schema),
+                              write_statistics=False, write_page_checksum=True) as w:
             for g in groups:
                 w.write_table(g, row_group_size=max(1, g.num_rows))
 
-    t = time.perf_counter()
-    n_tok = 0
-    for p in inputs:
-        col = pq.read_table(p, columns=["input_ids"]).column(0)
-        n_tok += sum(len(c.values) for c in col.chunks)
-    t_read = time.perf_counter() - t
-    from concurrent.futures import ThreadPoolExecutor
+    def load(k):
+        f = pq.ParquetFile(shards[k])
+        return k, [f.read_row_group(i) for i in range(f.num_row_groups)]
 
-    with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(write, range(len(tables))))
-    secs = time.perf_counter() - t
+    def usage():
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime, r.ru_stime, time.perf_counter()
+
+    pool = ThreadPoolExecutor(workers)
+    u0, s0, t0 = usage()
+    n_tok = sum(pool.map(read, inputs))
+    u1, s1, t1 = usage()
+    user, sys_, wall = u1 - u0, s1 - s0, t1 - t0
+    read_cpu = user + sys_
+    for k in range(0, len(shards), workers):
+        jobs = [load(j) for j in range(k, min(k + workers, len(shards)))]  # not timed
+        ua, sa, ta = usage()
+        list(pool.map(write, jobs))
+        ub, sb, tb = usage()
+        user, sys_, wall = user + ub - ua, sys_ + sb - sa, wall + tb - ta
+        del jobs
+    pool.shutdown()
     shutil.rmtree(tmp)
-    return {"seconds": secs, "read_seconds": t_read, "write_seconds": secs - t_read,
-            "peak_rss": _peak_rss(), "tokens": n_tok}
+    return {"cpu": user + sys_, "user": user, "sys": sys_, "read_cpu": read_cpu,
+            "write_cpu": user + sys_ - read_cpu, "seconds": wall, "tokens": n_tok}
 
 
 def child_encodings(packed: str) -> dict:
@@ -237,64 +195,161 @@ def child_encodings(packed: str) -> dict:
 
 
 def _spawn(*args, tree: str | None = None) -> dict:
-    """Run ``--child args`` in a fresh process (with ``tree`` as packtool's source when given),
-    under ``/usr/bin/time -v`` when it exists; its maximum RSS lands in ``time_maxrss``."""
+    """Run ``--child args`` (this script) in a fresh process; returns its RESULT line plus
+    ``process_cpu`` (the whole process) and ``maxrss``."""
     env = dict(os.environ)
     if tree:
         env[TREE_ENV] = tree
-    cmd = [sys.executable, __file__, "--child", json.dumps(args)]
-    timed = os.path.exists(TIME)
-    proc = subprocess.run(([TIME, "-v"] if timed else []) + cmd, capture_output=True, text=True,
-                          env=env)
-    for line in proc.stdout.splitlines():
+    res = _measure([sys.executable, __file__, "--child", json.dumps(args)], env)
+    for line in res["stdout"].splitlines():
         if line.startswith("RESULT "):
-            res = json.loads(line[7:])
-            for err in proc.stderr.splitlines():
-                if "Maximum resident set size" in err:
-                    res["time_maxrss"] = int(err.rsplit(":", 1)[1]) * 1024
-            return res
-    raise RuntimeError(proc.stderr[-2000:])
+            out = json.loads(line[7:])
+            out.update(process_cpu=res["cpu"], maxrss=res["maxrss"])
+            return out
+    raise RuntimeError(res["stderr"][-2000:])
 
 
-def _median(runs: list[dict]) -> dict:
-    """The run with the median seconds (the others' seconds kept in ``all_seconds``)."""
-    runs = sorted(runs, key=lambda r: r["seconds"])
-    return {**runs[len(runs) // 2], "all_seconds": [r["seconds"] for r in runs]}
+def _measure(cmd: list[str], env: dict) -> dict:
+    """Run ``cmd``; its CPU seconds (user + sys of the process and every thread and child it
+    waited for, from ``wait4``), wall seconds and peak RSS."""
+    t = time.perf_counter()
+    # run from a neutral directory: ``python -m`` puts the working directory first on the
+    # path, ahead of PYTHONPATH, which would import this checkout instead of a --baseline tree
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            text=True, cwd=tempfile.gettempdir())
+    out, err = proc.stdout.read(), proc.stderr.read()  # small: JSON and a few lines
+    _, status, ru = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:6])} ... exited {proc.returncode}: {err[-2000:]}")
+    return {"cpu": ru.ru_utime + ru.ru_stime, "user": ru.ru_utime, "sys": ru.ru_stime,
+            "seconds": wall, "maxrss": ru.ru_maxrss * 1024, "stdout": out, "stderr": err}
 
 
-def _warm(tree: str | None, work: Path) -> None:
-    """Compile (or load) the tree's kernels once, outside any measurement."""
-    tiny = work / "warm-in"
-    if not tiny.exists():
-        make_corpus(tiny, 200_000, 1000, 1)
-    _spawn("pack", str(tiny), str(work / "warm-out"), 1, 2048, tree=tree)
+def _pack_cli(inp: str, out: str, workers: int, capacity: int, window_docs: int | None = None,
+              tree: str | None = None, keep: bool = False) -> dict:
+    """``packtool pack`` as users run it (the CLI, a fresh process), measured."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = tree or str(ROOT)
+    cmd = [sys.executable, "-m", "packtool", "pack", "--json", "-c", str(capacity), "-j",
+           str(workers), "--overwrite"]
+    if window_docs:
+        cmd += ["--window-docs", str(window_docs)]
+    res = _measure(cmd + [inp, out], env)
+    summary = json.loads(res.pop("stdout"))
+    res.pop("stderr")
+    res["out_bytes"] = sum(p.stat().st_size for p in Path(out).glob("part-*.parquet"))
+    res["rows"] = summary["stats"]["rows"]
+    res["tokens"] = summary["stats"]["real_tokens"]
+    res["docs"] = summary["stats"]["docs_in"]
+    if not keep:
+        shutil.rmtree(out, ignore_errors=True)
+    return res
+
+
+def _interrupted_pack(inp: str, out: str, workers: int, capacity: int, part: int) -> str:
+    """``packtool pack`` stopped by Ctrl-C while it reads read part ``part`` (the test hook
+    holds that part after its first record batch while the others finish): returns the
+    interrupted line. Its CPU is not counted."""
+    import signal
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PACKTOOL_TEST_PAUSE_AT=f"read:{part}")
+    proc = subprocess.Popen([sys.executable, "-m", "packtool", "pack", "-q", "-c", str(capacity),
+                             "-j", str(workers), "--overwrite", inp, out],
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=tempfile.gettempdir())
+    line = proc.stderr.readline()
+    if "test pause" not in line:
+        proc.kill()
+        raise RuntimeError(f"no pause at read:{part}: {line}")
+    time.sleep(2)  # the other read parts finish meanwhile
+    proc.send_signal(signal.SIGINT)
+    err = proc.stderr.read()
+    if proc.wait() != 130:
+        raise RuntimeError(f"interrupted pack exited {proc.returncode}: {err[-500:]}")
+    return err.strip().splitlines()[-1]
+
+
+def resume(args, work: Path, full: Path) -> list[str]:
+    """CPU of a rerun after Ctrl-C late in the read (all read parts but the last kept) against
+    a whole pack, alternating, best of ``--repeat``."""
+    sys.path.insert(0, str(ROOT))
+    from packtool.formats.reader import discover_inputs
+    from packtool.pipeline.read import plan_reads
+
+    parts = len(plan_reads(discover_inputs([full]), "input_ids"))
+    whole, rerun, loads, note = [], [], [], ""
+    for k in range(args.repeat):
+        loads.append(os.getloadavg()[0])
+        for kind in (("whole", "rerun") if k % 2 == 0 else ("rerun", "whole")):
+            out = work / f"resume-{kind}"
+            if kind == "whole":
+                whole.append(_pack_cli(str(full), str(out), args.workers, args.capacity))
+            else:
+                shutil.rmtree(out, ignore_errors=True)
+                note = _interrupted_pack(str(full), str(out), args.workers, args.capacity,
+                                         parts - 1)
+                rerun.append(_pack_cli(str(full), str(out), args.workers, args.capacity))
+        loads.append(os.getloadavg()[0])
+    w, r = _best(whole), _best(rerun)
+    lines = [f"Ctrl-C late in the read ({parts} read parts, the last one held), then the same "
+             f"command again; {args.workers} workers, best of {args.repeat} (load average "
+             f"{min(loads):.1f} to {max(loads):.1f}):", "",
+             f"- interrupted: `{note}`",
+             f"- whole pack {w['cpu']:.2f} CPU-s, rerun {r['cpu']:.2f} CPU-s: **{r['cpu'] / w['cpu']:.2f}x** "
+             f"(per round: " + ", ".join(f"{b['cpu'] / a['cpu']:.2f}" for a, b in zip(whole, rerun))
+             + ")"]
+    print("\n".join(lines), flush=True)
+    return lines
+
+
+def _tiny_input(work: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tiny = work / "tiny" / "part-0.parquet"
+    tiny.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"input_ids": pa.array([[1, 2, 3], [4, 5]], pa.list_(pa.int32()))}),
+                   tiny)
+    return tiny.parent
 
 
 def scaling(args, work: Path, trees: dict) -> list[str]:
-    """Peak RSS (time -v and private) of pack on 1x, 2x, 4x the corpus, for each tree."""
-    lines = ["| tree | tokens | documents | seconds | max RSS (time -v) MiB | private peak MiB |",
-             "|---|---|---|---|---|---|"]
+    """Peak RSS of pack on 1x, 2x, 4x the corpus, for each tree (and with windows)."""
+    lines = ["| tree | window docs | tokens | documents | CPU s | wall s | peak RSS MiB |",
+             "|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     for k in (1, 2, 4):
         folder = work / f"scale-{k}"
         corpus = make_corpus(folder, int(args.tokens) * k, args.vocab, args.files * k)
         for label, tree in trees.items():
-            r = _spawn("pack", str(folder), str(work / "scale-out"), args.workers,
-                       args.capacity, tree=tree)
-            row = (f"| {label} | {corpus['tokens']:,} | {corpus['docs']:,} | {r['seconds']:.1f}"
-                   f" | {r.get('time_maxrss', r['peak_rss']) / 2**20:.0f} | "
-                   f"{r['peak_anon'] / 2**20:.0f} |")
-            lines.append(row)
-            print(row, flush=True)
+            for wd in [None] + ([args.window_docs] if args.window_docs else []):
+                r = _pack_cli(str(folder), str(work / "scale-out"), args.workers,
+                              args.capacity, wd, tree)
+                row = (f"| {label} | {wd or ''} | {corpus['tokens']:,} | {corpus['docs']:,} | "
+                       f"{r['cpu']:.1f} | {r['seconds']:.1f} | {r['maxrss'] / 2**20:.0f} |")
+                lines.append(row)
+                print(row, flush=True)
         shutil.rmtree(folder, ignore_errors=True)
     return lines
+
+
+def _busy(k: int) -> list:
+    """``k`` processes spinning on a core each (the "both cores busy" case)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(k)]
+
+
+def _best(runs: list[dict], key: str = "cpu") -> dict:
+    return min(runs, key=lambda r: r[key])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=float, default=50e6, help="corpus size in tokens")
+    ap.add_argument("--input", default=None, metavar="DIR",
+                    help="an existing tokenized corpus instead of a synthetic one")
     ap.add_argument("--vocab", type=int, default=131_072)
-    ap.add_argument("--files", type=int, default=8, help="input Parquet files (even)")
+    ap.add_argument("--files", type=int, default=8, help="input Parquet files")
     ap.add_argument("--capacity", type=int, default=2048)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="'all' workers")
     ap.add_argument("--quick", action="store_true", help="5 M tokens")
@@ -303,130 +358,160 @@ def main() -> None:
                     help="also pack with windows of N documents (all workers)")
     ap.add_argument("--baseline", default=None, metavar="TREE",
                     help="also run pack from this packtool source tree (before/after)")
-    ap.add_argument("--repeat", type=int, default=1, metavar="K",
-                    help="run the floor and each pack K times, trees interleaved; report medians")
+    ap.add_argument("--repeat", type=int, default=3, metavar="K",
+                    help="rounds; each run's best (fewest CPU seconds) is reported")
+    ap.add_argument("--busy", type=int, default=0, metavar="K",
+                    help="keep K spinning processes running while measuring")
     ap.add_argument("--scaling", action="store_true",
                     help="peak RSS on 1x, 2x, 4x --tokens (each tree)")
     ap.add_argument("--scaling-only", action="store_true", help="only the --scaling table")
+    ap.add_argument("--resume", action="store_true",
+                    help="only: CPU of a rerun after Ctrl-C late in the read, against a whole "
+                         "pack")
     ap.add_argument("--work", default=None, help="scratch folder (default: a temp dir)")
     ap.add_argument("--out", default=str(ROOT / "bench_results"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         kind, *rest = json.loads(args.child)
-        fn = {"pack": child_pack, "pack-keep": child_pack_keep, "floor": child_floor,
-              "enc": child_encodings}[kind]
+        fn = {"floor": child_floor, "enc": child_encodings}[kind]
         print("RESULT " + json.dumps(fn(*rest)))
         return
     tokens = int(5e6 if args.quick else args.tokens)
     work = Path(args.work or tempfile.mkdtemp(prefix="packtool-bench-"))
-    if args.scaling_only:
-        trees = {"this tree": None}
-        if args.baseline:
-            trees = {"baseline": str(Path(args.baseline).resolve()), "this tree": None}
-        work.mkdir(parents=True, exist_ok=True)
-        for tree in trees.values():
-            _warm(tree, work)
-        lines = scaling(args, work, trees)
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "bench_pipeline_scaling.md").write_text("\n".join(lines) + "\n")
-        if not args.work:
-            shutil.rmtree(work, ignore_errors=True)
-        return
-    full, half = work / "full", work / "half"
-    t = time.perf_counter()
-    corpus = make_corpus(full, tokens, args.vocab, args.files)
-    half.mkdir(parents=True, exist_ok=True)
-    for p in sorted(full.glob("*.parquet"))[:args.files // 2]:
-        shutil.copy(p, half / p.name)
-    print(f"corpus: {corpus['docs']:,} documents, {corpus['tokens']:,} tokens, "
-          f"{sum(p.stat().st_size for p in full.glob('*.parquet')) / 2**20:.0f} MiB "
-          f"({time.perf_counter() - t:.1f} s to make)", flush=True)
-    results = {"corpus": corpus, "capacity": args.capacity, "runs": []}
+    work.mkdir(parents=True, exist_ok=True)
     trees = {"this tree": None}
     if args.baseline:
         trees = {"baseline": str(Path(args.baseline).resolve()), "this tree": None}
-    for tree in trees.values():
-        _warm(tree, work)
-    lines = ["| run | workers | seconds | ratio to floor | tokens/s | out bytes/token | "
-             "max RSS (time -v) MiB |", "|---|---|---|---|---|---|---|"]
-    print(lines[0] + "\n" + lines[1], flush=True)
+    tiny = _tiny_input(work)
+    for tree in trees.values():  # compile (or load) each tree's kernels outside the rounds
+        _pack_cli(str(tiny), str(work / "warm-out"), 1, args.capacity, tree=tree)
+    busy = _busy(args.busy)
+    try:
+        if args.scaling_only:
+            lines = scaling(args, work, trees)
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / "bench_pipeline_scaling.md").write_text("\n".join(lines) + "\n")
+            return
+        if args.resume:
+            full = Path(args.input) if args.input else work / "full"
+            if not args.input:
+                make_corpus(full, tokens, args.vocab, args.files)
+            lines = resume(args, work, full)
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / "bench_pipeline_resume.md").write_text("\n".join(lines) + "\n")
+            return
+        _rounds(args, work, trees, tokens, tiny)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _rounds(args, work: Path, trees: dict, tokens: int, tiny: Path) -> None:
+    if args.input:
+        full = Path(args.input)
+        files = sorted(full.rglob("*.parquet"))
+        import pyarrow.parquet as pq
+
+        corpus = {"docs": sum(pq.ParquetFile(p).metadata.num_rows for p in files),
+                  "tokens": None, "input": str(full)}
+    else:
+        full = work / "full"
+        t = time.perf_counter()
+        corpus = make_corpus(full, tokens, args.vocab, args.files)
+        print(f"corpus: {corpus['docs']:,} documents, {corpus['tokens']:,} tokens, "
+              f"{sum(p.stat().st_size for p in full.glob('*.parquet')) / 2**20:.0f} MiB "
+              f"({time.perf_counter() - t:.1f} s to make)", flush=True)
+    floor_src = work / "floor-src"
+    ref = _pack_cli(str(full), str(floor_src), args.workers, args.capacity, keep=True)
+    corpus["tokens"] = corpus["tokens"] or ref["tokens"]
+    results = {"corpus": corpus, "capacity": args.capacity, "busy": args.busy, "rounds": []}
     configs = [(w, None) for w in sorted({1, args.workers})]
     if args.window_docs:
         configs.append((args.workers, args.window_docs))
-    for w, wd in configs:
-        floor_dir = work / f"floor-w{w}"
-        if not floor_dir.exists():  # the floor writes what an unwindowed pack writes
-            child_out = work / "floor-src"
-            _spawn("pack-keep", str(full), str(child_out), w, args.capacity)
-            child_out.rename(floor_dir)
-        packs: dict = {label: [] for label in trees}
-        floors = []
-        for _ in range(args.repeat):  # interleaved, so the machine's load hits all alike
-            floors.append(_spawn("floor", str(full), str(floor_dir), w))
-            for label, tree in trees.items():
-                packs[label].append(_spawn("pack", str(full), str(work / "out"), w,
-                                           args.capacity, wd, tree=tree))
-        floor = _median(floors)
-        row = (f"| floor (read + write) | {w} | {floor['seconds']:.2f} | 1.00 | "
-               f"{corpus['tokens'] / floor['seconds'] / 1e6:.1f} M | | "
-               f"{floor.get('time_maxrss', floor['peak_rss']) / 2**20:.0f} |")
-        lines.append(row)
-        print(row, flush=True)
-        for label in trees:
-            pack = _median(packs[label])
-            ratios = [p["seconds"] / f["seconds"] for p, f in zip(packs[label], floors)]
-            ratio = float(np.median(ratios))
+    runs: list[tuple] = [("floor", None, w, None) for w in sorted({1, args.workers})]
+    runs += [("start-up", label, 1, None) for label in trees]
+    runs += [("pack", label, w, wd) for label in trees for w, wd in configs]
+    got: dict = {r: [] for r in runs}
+    loads = []
+    for k in range(args.repeat):
+        order = runs if k % 2 == 0 else runs[::-1]  # alternate, so the load hits all alike
+        before = os.getloadavg()[0]
+        this = {}
+        for kind, label, w, wd in order:
+            if kind == "floor":
+                r = _spawn("floor", str(full), str(floor_src), w)
+            elif kind == "start-up":
+                r = _pack_cli(str(tiny), str(work / "tiny-out"), 1, args.capacity,
+                              tree=trees[label])
+            else:
+                r = _pack_cli(str(full), str(work / "out"), w, args.capacity, wd, trees[label])
+            got[(kind, label, w, wd)].append(r)
+            this[(kind, label, w, wd)] = r
+        loads += [before, os.getloadavg()[0]]
+        ratios = {}
+        for kind, label, w, wd in runs:
+            if kind == "pack":
+                net = this[(kind, label, w, wd)]["cpu"] - this[("start-up", label, 1, None)]["cpu"]
+                ratios[f"{label}, {w} workers{f', windows {wd}' if wd else ''}"] = round(
+                    net / this[("floor", None, w, None)]["cpu"], 3)
+        results["rounds"].append({"load": [loads[-2], loads[-1]], "ratios": ratios})
+        print(f"round {k + 1}: load {loads[-2]:.1f} -> {loads[-1]:.1f}; CPU ratios without "
+              f"start-up: " + ", ".join(f"{n} {x:.2f}" for n, x in ratios.items()), flush=True)
+    lines = [f"corpus: {corpus['docs']:,} documents, {corpus['tokens']:,} tokens"
+             f"{' (' + corpus['input'] + ')' if args.input else ''}, C = {args.capacity}; "
+             f"best of {args.repeat} rounds; load average {min(loads):.1f} to {max(loads):.1f}"
+             f"{f'; {args.busy} spinning processes beside' if args.busy else ''}", "",
+             "| run | workers | CPU s | user / sys (floor: read + write) | CPU ratio to floor | without start-up: "
+             "best (median of rounds: each round) | wall s | tokens/s (wall) | peak RSS MiB |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    starts = {label: _best(got[("start-up", label, 1, None)]) for label in trees}
+    for kind, label, w, wd in runs:
+        best = _best(got[(kind, label, w, wd)])
+        if kind == "floor":
+            name, ratio, net = "floor (read + write)", "1.00", ""
+        elif kind == "start-up":
+            name, ratio, net = f"start-up ({label}, 2 documents)", "", ""
+        else:
+            floor = _best(got[("floor", None, w, None)])["cpu"]
+            per = [r["cpu"] - s["cpu"] for r, s in zip(got[(kind, label, w, wd)],
+                                                       got[("start-up", label, 1, None)])]
+            per_ratio = [x / f["cpu"] for x, f in zip(per, got[("floor", None, w, None)])]
             name = f"pack, {label}" + (f", --window-docs {wd:,}" if wd else "")
-            row = (f"| {name} | {w} | {pack['seconds']:.2f} | {ratio:.2f} "
-                   f"({', '.join(f'{x:.1f}' for x in pack['all_seconds'])} s) | "
-                   f"{corpus['tokens'] / pack['seconds'] / 1e6:.1f} M | "
-                   f"{pack['out_bytes'] / corpus['tokens']:.3f} | "
-                   f"{pack.get('time_maxrss', pack['peak_rss']) / 2**20:.0f} |")
-            lines.append(row)
-            print(row, flush=True)
-            results["runs"].append({"workers": w, "window_docs": wd, "tree": label,
-                                    "pack": pack, "floor": floor, "ratio": ratio,
-                                    "ratios": ratios})
-            print(f"  per-repeat ratios ({label}): "
-                  + ", ".join(f"{x:.2f}" for x in ratios), flush=True)
-    w = args.workers
-    half_pack = _spawn("pack", str(half), str(work / "out-half"), w, args.capacity)
-    mine = [r for r in results["runs"] if r["workers"] == w and r["tree"] == "this tree"
-            and not r["window_docs"]][0]["pack"]
-    full_rss = mine.get("time_maxrss", mine["peak_rss"])
-    results["rss_half"] = half_pack.get("time_maxrss", half_pack["peak_rss"])
-    results["rss_full"] = full_rss
-    half_anon = half_pack["peak_anon"]
-    full_anon = mine["peak_anon"]
-    extra_docs = corpus["docs"] - half_pack["docs"]
-    rss = (f"pack, workers={w}: peak RSS half corpus {results['rss_half'] / 2**20:.0f} MiB, "
-           f"full {full_rss / 2**20:.0f} MiB; peak private (anonymous) RSS half "
-           f"{half_anon / 2**20:.0f} MiB, full {full_anon / 2**20:.0f} MiB "
-           f"(+{(full_anon - half_anon) / 2**20:.0f} MiB for +{extra_docs:,} documents, "
-           f"{(full_anon - half_anon) / max(extra_docs, 1):.0f} B/document)")
-    results["anon_half"], results["anon_full"] = half_anon, full_anon
-    print(rss)
+            ratio = f"{best['cpu'] / floor:.2f}"
+            net = (f"**{(best['cpu'] - starts[label]['cpu']) / floor:.2f}** (median "
+                   f"{float(np.median(per_ratio)):.2f}: "
+                   + ", ".join(f"{x:.2f}" for x in per_ratio) + ")")
+        rss = best.get("maxrss", 0) / 2**20
+        rate = "" if kind == "start-up" else f"{corpus['tokens'] / best['seconds'] / 1e6:.1f} M"
+        split = (f"read {best['read_cpu']:.2f} + write {best['write_cpu']:.2f}"
+                 if kind == "floor" else f"{best['user']:.2f} / {best['sys']:.2f}")
+        lines.append(f"| {name} | {w} | {best['cpu']:.2f} | {split} | {ratio} | {net} | "
+                     f"{best['seconds']:.2f} | {rate} | {rss:.0f} |")
+    print("\n".join(lines), flush=True)
+    results["table"] = lines
+    results["runs"] = {" ".join(str(x) for x in r): got[r] for r in runs}
     if args.scaling:
         results["scaling"] = scaling(args, work, trees)
-        rss += "\n\n" + "\n".join(results["scaling"])
+        lines += [""] + results["scaling"]
     if args.encodings:
-        enc = _spawn("enc", str(work / f"floor-w{w}"))
+        enc = _spawn("enc", str(floor_src))
         results["encodings"] = enc
         cur = enc["current"]["bytes"]
         print("| encoding variant | shard bytes | vs current | write s |\n|---|---|---|---|")
         for name, e in enc.items():
-            if "error" in e:
+            if isinstance(e, dict) and "error" in e:
                 print(f"| {name} | {e['error']} | | |")
-            else:
+            elif isinstance(e, dict) and "bytes" in e:
                 print(f"| {name} | {e['bytes']:,} | {e['bytes'] / cur - 1:+.1%} | "
                       f"{e['seconds']:.2f} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_pipeline.json").write_text(json.dumps(results, indent=1))
-    (out / "bench_pipeline.md").write_text("\n".join(lines) + "\n\n" + rss + "\n")
-    if not args.work:
-        shutil.rmtree(work, ignore_errors=True)
+    (out / "bench_pipeline.json").write_text(json.dumps(results, indent=1, default=str))
+    (out / "bench_pipeline.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@ content hash. Every document is tokenized with Mistral's Tekken tokenizer exactl
 ids above 65,535).
 
 Output: ``OUT/part-NNNNN.parquet``, zstd, column ``input_ids`` (``list<int32>``) and ``source``
-(the path), about 20,000 documents per shard; ``OUT/corpus.json`` lists the sources, documents,
-tokens and length quantiles. Stops after ``--tokens`` tokens.
+(the path), about 20,000 documents per shard; ``OUT/_corpus.json`` lists the sources, documents,
+tokens and length quantiles (a ``_`` name, which ``pack`` skips, so OUT packs as it is). Stops
+after ``--tokens`` tokens.
 
 Usage::
 
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
             "tokenizer": {"origin": tok.origin, "sha256": tok.json_sha256,
                           "mistral_common": tok.mistral_common_version},
             "seconds": round(time.perf_counter() - t0, 1)}
-    (args.out / "corpus.json").write_text(json.dumps(info, indent=2) + "\n")
+    (args.out / "_corpus.json").write_text(json.dumps(info, indent=2) + "\n")
     print(json.dumps(info, indent=2))
     if info["tokens"] < args.tokens:
         print(f"warning: only {info['tokens']:,} tokens found (asked {args.tokens:,})",

@@ -29,7 +29,7 @@ The runs (``packtool pack --engine ray --ray-address HEAD``, each a separate dri
   (after its first row group); Ray retries the task;
 - ``kill-driver``: the driver is SIGKILLed while a window task runs and at least one window is
   finished; the same command, rerun, reuses the finished windows;
-- ``data-error``: one window holds a negative token id while another window task is held
+- ``data-error``: one read part holds a negative token id while another read task is held
   running; the run must stop with the one-line error at once, cancel the held task (its worker
   is gone when the command returns), and leave an existing OUTPUT as it was;
 - ``stop-node``: the whole node running a window task is killed (raylet, agents, workers); the
@@ -455,7 +455,7 @@ def fault_data_error(r: Runner, bad_inputs, ref_out) -> Result:
     t0, (out, marker) = time.monotonic(), r.fresh("data-error")
     copy_tree(ref_out, out)  # an existing finished OUTPUT that must stay as it was
     before = tree_hashes(out)
-    p = r.popen(bad_inputs, out, pause="plan:0", once=marker, extra=("--overwrite",))
+    p = r.popen(bad_inputs, out, pause="read:0", once=marker, extra=("--overwrite",))
     pid = wait_pid(marker, p)
     try:
         so, se = p.communicate(timeout=240)

@@ -176,3 +176,33 @@ def test_recount_flags_a_num_targets_column_that_disagrees_with_the_segments(tmp
 
     edit_rows(out, edit)
     assert analyze_packed(out).mismatches["num_targets_rows_wrong"] == (1, 0)
+
+
+def test_compare_shows_the_windowed_cost_that_pack_then_has(tmp_path):
+    """``compare --window-docs N`` (and the deprecated ``stats --compare --window-docs N``)
+    dry-runs the windows as ``pack --window-docs N`` deals them: the same rows, padding and
+    segments as the pack (a windowing row beside the strategies, not competing with them)."""
+    from packtool.config import PackConfig
+    from packtool.pipeline import run_pack
+
+    r = CliRunner().invoke(cli, ["compare", str(ROOT / "sample_data"), "--capacity", "512",
+                                 "--json", "--window-docs", "100"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["strategies"]
+    old = CliRunner().invoke(cli, ["stats", str(ROOT / "sample_data"), "--capacity", "512",
+                                   "--compare", "--json", "--window-docs", "100"])
+    assert old.exit_code == 0, old.output
+    assert json.loads(old.stdout)["strategies"] == rows
+    assert [s["strategy"] for s in rows] == ["concat", "ordered", "obfd",
+                                             "obfd, windows of 100"]
+    win = rows[-1]
+    assert win["window_docs"] == 100 and win["windows"] == 9
+    res = run_pack(PackConfig(inputs=(str(ROOT / "sample_data"),), output=str(tmp_path / "o"),
+                              capacity=512, window_docs=100), progress=False)
+    s = res.stats
+    assert (win["rows"], win["padding_tokens"], win["segments"], win["extra_rows"]) == \
+        (s.rows, s.padding_tokens, s.segments, s.extra_rows)
+    assert win["rows"] >= rows[2]["rows"]
+    r = CliRunner().invoke(cli, ["stats", str(tmp_path / "o"), "--window-docs", "100"])
+    assert r.exit_code == 2 and "--window-docs is an option of the dry run" in r.output
+    assert "packtool compare" in r.output

@@ -22,7 +22,8 @@ from packcheck import hash_tree, invoke, write_docs
 from packtool.errors import ManifestError
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
                                        load_manifest, read_manifest)
-from packtool.output import SCRATCH_FINGERPRINT, WINDOW_DIR_PREFIX, WINDOW_DONE
+from packtool.output import (PARTIAL_PROGRESS, READ_DIR_PREFIX, SCRATCH_FINGERPRINT,
+                             WINDOW_DIR_PREFIX, WINDOW_DONE)
 
 OPTIONS = ["--capacity", "16", "--rows-per-shard", "4", "--workers", "1", "--seed", "3"]
 
@@ -155,7 +156,8 @@ def _start(src: Path, out: Path, pause: str | None = None, options=OPTIONS, hold
 
 def _clean_or_resumable(out: Path) -> int:
     """No manifest, no lock file, no temporary name: either nothing at all, or the scratch with
-    only its fingerprint and finished windows, marker and shards. Returns the finished windows
+    only its fingerprint, finished windows and read parts, and the work directories of read
+    parts begun with their progress records; marker and shards. Returns the finished windows
     kept."""
     if not out.exists():
         return 0
@@ -165,10 +167,14 @@ def _clean_or_resumable(out: Path) -> int:
     if TMP_DIR_NAME not in names:
         return 0
     kept = {p.name for p in (out / TMP_DIR_NAME).iterdir()} - {SCRATCH_FINGERPRINT}
-    assert kept and all(n.startswith(WINDOW_DIR_PREFIX) for n in kept), kept
-    assert all((out / TMP_DIR_NAME / n / WINDOW_DONE).is_file() for n in kept), kept
+    finished = {n for n in kept if n.startswith((WINDOW_DIR_PREFIX, READ_DIR_PREFIX))}
+    begun = kept - finished
+    assert kept, kept
+    assert all((out / TMP_DIR_NAME / n / WINDOW_DONE).is_file() for n in finished), kept
+    assert all(n.startswith(".") and f"-{READ_DIR_PREFIX}" in n
+               and (out / TMP_DIR_NAME / n / PARTIAL_PROGRESS).is_file() for n in begun), kept
     assert (out / TMP_DIR_NAME / SCRATCH_FINGERPRINT).is_file()
-    return len(kept)
+    return sum(n.startswith(WINDOW_DIR_PREFIX) for n in finished)
 
 
 @pytest.mark.parametrize("delay", [0.1, 0.5, 1.0, 3.0, "write"])
@@ -307,7 +313,8 @@ def test_ctrl_c_after_a_window_finished_keeps_it_for_the_rerun(tmp_path, src):
     """Ctrl-C while window 1 is planned (window 0 finished): exit 130, a line saying a rerun
     resumes; the scratch keeps window 0 (and nothing under a temporary name), the lock is
     released; the rerun reuses window 0 and ends with the bytes of an undisturbed run. A Ctrl-C
-    before any window finished leaves a new OUTPUT absent, as before the run."""
+    before any window finished keeps the read parts; before anything was read, a new OUTPUT is
+    left absent, as before the run."""
     options = [*OPTIONS, "--window-docs", "25"]
     ref = tmp_path / "ref"
     assert rerun(src, ref, options)["windows_reused"] == 0
@@ -322,9 +329,17 @@ def test_ctrl_c_after_a_window_finished_keeps_it_for_the_rerun(tmp_path, src):
     assert hash_tree(out) == hash_tree(ref)
     assert not (out / TMP_DIR_NAME).exists()
 
+    # Ctrl-C while the only read part is read (its one piece not finished): nothing is kept
     early = tmp_path / "early"
-    _ctrl_c_at("plan:0", src, early, options)
-    assert not early.exists()
+    err = _ctrl_c_at("read", src, early, options)
+    assert not early.exists() and "nothing was kept" in err, err
+    # before any window finished, the read parts are kept, and the message says so
+    planning = tmp_path / "planning"
+    err = _ctrl_c_at("plan:0", src, planning, options)
+    assert "kept for the rerun: 1 read part (80 documents" in err, err
+    assert _clean_or_resumable(planning) == 0
+    assert rerun(src, planning, options)["parts_reused"] == 1
+    assert hash_tree(planning) == hash_tree(ref)
     # what the kept scratch implies for another command into that OUTPUT: as after SIGKILL,
     # a scratch of other options is no pack to protect; it is replaced, nothing is reused
     other = tmp_path / "other"
@@ -332,3 +347,96 @@ def test_ctrl_c_after_a_window_finished_keeps_it_for_the_rerun(tmp_path, src):
     seeded = [o if o != "3" else "4" for o in options]  # --seed: a different fingerprint
     assert rerun(src, other, seeded)["windows_reused"] == 0
     assert not (other / TMP_DIR_NAME).exists()
+
+
+@pytest.fixture(scope="module")
+def four_files(tmp_path_factory) -> Path:
+    """Four small files: one read part of four pieces (one per file)."""
+    d = tmp_path_factory.mktemp("pieces") / "in"
+    for f in range(4):
+        write_docs(d / f"{f}.parquet",
+                   [[f * 1000 + i * 10 + k for k in range(1 + i % 13)] for i in range(30)])
+    return d
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGINT"])
+def test_a_read_part_killed_between_pieces_resumes_from_its_last_piece(tmp_path, four_files,
+                                                                       sig):
+    """Killed (or Ctrl-C) while the third file of a read part is about to be read: the work
+    directory keeps the two files read, with their progress record; the rerun reads only the
+    other two (``docs_reused``), says so, and ends with the bytes of an undisturbed run. A
+    Ctrl-C says what was kept."""
+    from packtool.pipeline.read import plan_reads
+    from packtool.formats.reader import discover_inputs
+
+    parts = plan_reads(discover_inputs([four_files]), "input_ids")
+    assert len(parts) == 1 and len(parts[0].pieces) == 4
+    ref = tmp_path / "ref"
+    rerun(four_files, ref)
+    out = tmp_path / "out"
+    if sig == "SIGKILL":
+        kill_at("read-piece:2", four_files, out)
+    else:
+        err = _ctrl_c_at("read-piece:2", four_files, out, OPTIONS)
+        assert "kept for the rerun: 0 read parts and 1 begun (60 documents" in err, err
+        assert _clean_or_resumable(out) == 0
+    begun = [p for p in (out / TMP_DIR_NAME).iterdir() if p.name.endswith("-read-00000")]
+    assert len(begun) == 1 and (begun[0] / "progress.json").is_file()
+    assert json.loads((begun[0] / "progress.json").read_text())["docs"] == 60
+    report = rerun(four_files, out)
+    assert report["docs_reused"] == 60 and report["parts_reused"] == 0
+    assert hash_tree(out) == hash_tree(ref)
+    assert not (out / TMP_DIR_NAME).exists()
+
+
+def test_a_progress_record_longer_than_its_files_is_not_trusted(tmp_path, four_files):
+    """A work directory whose files are shorter than its progress record says (a machine that
+    lost its page cache) is read again from the start, never extended with zeros."""
+    ref = tmp_path / "ref"
+    rerun(four_files, ref)
+    out = tmp_path / "out"
+    kill_at("read-piece:2", four_files, out)
+    begun = next(p for p in (out / TMP_DIR_NAME).iterdir() if p.name.endswith("-read-00000"))
+    tokens = begun / "tokens.int32"
+    os.truncate(tokens, tokens.stat().st_size - 8)
+    report = rerun(four_files, out)
+    assert report["docs_reused"] == 0
+    assert hash_tree(out) == hash_tree(ref)
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGINT"])
+def test_a_read_part_resumed_between_pieces_keeps_sources_and_the_holdout(tmp_path, sig):
+    """--source-column and --holdout through a read part stopped after two of its four files:
+    the part's source table (in order of first appearance, kept in the progress record) and
+    the held-out documents of the files read continue where they stopped; both outputs end
+    with the bytes of an undisturbed run and the same sorted source table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packtool.formats.manifest import read_manifest
+
+    src = tmp_path / "in"
+    src.mkdir()
+    names = ["zeta", "alpha", "mu", "beta"]
+    for f in range(4):
+        docs = [[f * 1000 + i * 10 + k for k in range(1 + i % 13)] for i in range(30)]
+        pq.write_table(pa.table({"input_ids": pa.array(docs, pa.list_(pa.int64())),
+                                 "src": pa.array([names[i % min(f + 2, 4)] for i in range(30)])}),
+                       src / f"{f}.parquet")
+    options = OPTIONS + ["--source-column", "src", "--holdout", "0.2"]
+    ref = tmp_path / "ref"
+    rerun(src, ref, options)
+    out = tmp_path / "out"
+    if sig == "SIGKILL":
+        kill_at("read-piece:2", src, out, options)
+    else:
+        err = _ctrl_c_at("read-piece:2", src, out, options)
+        assert "kept for the rerun: 0 read parts and 1 begun (60 documents" in err, err
+    begun = next(p for p in (out / TMP_DIR_NAME).iterdir() if p.name.endswith("-read-00000"))
+    record = json.loads((begun / "progress.json").read_text())
+    assert record["sources"] == ["zeta", "alpha", "mu"]  # files 0 and 1, first seen first
+    report = rerun(src, out, options)
+    assert report["docs_reused"] == 60 and report["stats"]["docs_other_split"] > 0
+    for o, r in ((out, ref), (Path(f"{out}-holdout"), Path(f"{ref}-holdout"))):
+        assert hash_tree(o) == hash_tree(r)
+        assert read_manifest(o).source_values == ("alpha", "beta", "mu", "zeta")

@@ -208,3 +208,38 @@ def test_summary_is_printed(docs_dir, tmp_path):
     assert res.exit_code == 0
     assert "packed 2 documents (5 tokens in, 5 packed) into 1 rows" in res.output
     assert "effective targets 3" in res.output
+
+
+def test_read_and_plan_progress_counts_documents_and_tokens_as_they_go(tmp_path, sample_data,
+                                                                      monkeypatch):
+    """The read phase advances its bar batch by batch (not once at the end), in documents and
+    tokens, up to exactly what was read; the plan phase reaches every document too; the bar
+    shows a rate in tokens per second, the documents and a time left."""
+    import io
+    import re
+
+    from packtool.pipeline import progress
+
+    calls = {}
+    real = progress.Phase.advance
+
+    def spy(self, docs, tokens):
+        calls.setdefault(self.desc, []).append((docs, tokens))
+        return real(self, docs, tokens)
+
+    monkeypatch.setattr(progress.Phase, "advance", spy)
+    res = run_pack(PackConfig(inputs=(str(sample_data),), output=str(tmp_path / "o"),
+                              capacity=2048, workers=2), progress=False)
+    read, plan = calls["read"], calls["plan"]
+    assert len(read) > 3  # batch by batch
+    assert sum(d for d, _ in read) == res.stats.docs_in == sum(d for d, _ in plan)
+    assert sum(t for _, t in read) == res.stats.tokens_in
+    err = io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    bar = progress.Phase("read", 4_000_000, 1000, True)
+    bar._bar.mininterval = 0
+    bar.advance(250, 1_000_000)
+    text = err.getvalue()
+    assert "250/1,000 docs" in text and re.search(r"1\.00M/4\.00M", text), text
+    assert re.search(r"tok/s", text) and re.search(r"<\d\d:\d\d", text), text
+    bar.close()

@@ -118,18 +118,12 @@ def test_full_disk_at_any_write_point_is_one_line_and_leaves_no_spill(tmp_path, 
         usage = sh.disk_usage
         monkeypatch.setattr("packtool.output.shutil.disk_usage",
                             lambda p: usage(p)._replace(free=10))
-    elif point == "spill":
-        real, calls = plan_mod.read_window, []
+    elif point == "spill":  # a read part's spill: its tokens written, then no space
+        from packtool.pipeline import read as read_mod
 
-        def spill_then_fail(column, eos, window, spill, *args):
-            calls.append(1)
-            if len(calls) == 2:
-                spill.write(b"\0" * 64)
-                _full_disk()
-            return real(column, eos, window, spill, *args)
-
-        monkeypatch.setattr(plan_mod, "read_window", spill_then_fail)
-    elif point == "row-spill":  # window 2's row spill (3 files per window before it)
+        monkeypatch.setattr(read_mod, "spill_writer",
+                            _fail_on_call(read_mod.spill_writer, 2, _full_disk))
+    elif point == "row-spill":  # window 3's plan (2 files per window before it)
         monkeypatch.setattr(plan_mod, "spill_writer",
                             _fail_on_call(plan_mod.spill_writer, 7, _full_disk))
     elif point.startswith("shard"):

@@ -15,7 +15,8 @@ from packtool.errors import PackingError
 from packtool.formats.manifest import MANIFEST_NAME, read_manifest
 from packtool.formats.reader import discover_inputs
 from packtool.pipeline import run_pack
-from packtool.pipeline.read import plan_windows
+from packtool.pipeline.plan import plan_windows
+from packtool.pipeline.read import plan_reads
 
 C = 64
 
@@ -40,40 +41,82 @@ def _pack(inp, out, **kw):
     return run_pack(PackConfig(inputs=(str(inp),), output=str(out), **kw), progress=False)
 
 
-def test_windows_are_runs_of_n_documents_across_files_and_row_groups(tmp_path):
-    """Windows hold exactly N documents (the last one fewer), cutting files and row groups."""
-    _corpus(tmp_path / "in", files=(40, 7, 90, 0, 25), row_group=16)
+def test_windows_deal_blocks_of_documents_across_the_whole_input():
+    """Every document is in exactly one window, no window holds more than N, the fewest such
+    windows are used, and each window's blocks are spread over the whole input (a window is a
+    sample of every part of a corpus sorted by source, not one run of it)."""
+    for docs, n in [(162, 30), (10_000, 700), (5, 2), (1000, 1), (64 * 50 + 7, 64 * 5)]:
+        ws = plan_windows(docs, n)
+        sizes = ws.sizes()
+        assert sizes.sum() == docs and sizes.max() <= n
+        assert ws.count == -(-ws.blocks // (n // ws.block))  # fewest windows of whole blocks
+        seen = np.concatenate([np.arange(a, b) for w in range(ws.count)
+                               for a, b in ws.ranges(w).tolist()])
+        assert np.array_equal(np.sort(seen), np.arange(docs))
+        for w in range(ws.count):
+            r = ws.ranges(w)
+            assert (r[:, 0] < r[:, 1]).all() and (r[1:, 0] > r[:-1, 1] - 1).all()
+            assert r[:, 1].sum() - r[:, 0].sum() == sizes[w]
+            assert (ws.window_of(np.arange(r[0, 0], r[0, 1])) == w).all()
+            if ws.count > 1 and sizes[w] >= 4 * ws.block:  # spread: first and last blocks apart
+                assert r[0, 0] < docs // 4 and r[-1, 1] > 3 * docs // 4, (w, r)
+    assert plan_windows(162, None).count == 1 and plan_windows(162, 10**9).ranges(0).tolist() \
+        == [[0, 162]]
+    assert plan_windows(162, 30).count == 6
+
+
+def test_read_parts_cut_files_at_row_groups_and_never_mix_a_cut(tmp_path, monkeypatch):
+    """Files are cut into pieces at row-group boundaries under the byte budget (a row group over
+    the most a part may hold into equal row ranges), pieces are grouped into parts under the
+    budget, and the parts tile the global document order."""
+    from packtool.pipeline import read as read_mod
+
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(0, 1000, int(k)).tolist() for k in rng.integers(1, 90, 500)]
+    write_docs(tmp_path / "in" / "a.parquet", docs[:100], row_group_size=10)
+    write_docs(tmp_path / "in" / "b.parquet", docs[100:], row_group_size=400)  # 1 big group
     files = discover_inputs([tmp_path / "in"])
-    ws = plan_windows(files, "input_ids", 50)
-    assert [w.docs for w in ws] == [50, 50, 50, 12]
-    assert [(p.file, p.first_row, p.docs) for p in ws[0].parts] == [(0, 0, 40), (1, 0, 7),
-                                                                     (2, 0, 3)]
-    assert [(p.file, p.first_row, p.docs) for p in ws[1].parts] == [(2, 3, 50)]
-    assert [(p.file, p.first_row, p.docs) for p in ws[3].parts] == [(4, 13, 12)]
-    first = np.cumsum([0] + [w.docs for w in ws])
-    assert [w.first_doc for w in ws] == first[:-1].tolist()
-    assert all(w.index == i for i, w in enumerate(ws))
-    assert len(plan_windows(files, "input_ids", None)) == 1
+    assert len(plan_reads(files, "input_ids")) == 1  # both files fit one smallest part
+    budget = files[1].bytes // 5
+    assert len(plan_reads(files, "input_ids", budget)) > 1
+    assert all(p.first_row == 0 for part in plan_reads(files, "input_ids", budget)
+               for p in part.pieces if p.file == 1)  # a budget alone never cuts a row group
+    monkeypatch.setattr(read_mod, "READ_PART_BYTES", budget)
+    parts = plan_reads(files, "input_ids", budget)
+    pieces = [p for part in parts for p in part.pieces]
+    assert sum(p.docs for p in pieces) == 500
+    assert [p.first_doc for p in pieces] == np.cumsum([0] + [p.docs for p in pieces])[:-1].tolist()
+    a = [p for p in pieces if p.file == 0]
+    assert all(p.first_row % 10 == 0 and p.docs % 10 == 0 for p in a)  # whole row groups
+    b = [p for p in pieces if p.file == 1]
+    assert len(b) >= 5 and max(p.docs for p in b) - min(p.docs for p in b) <= 1  # equal ranges
+    assert all(sum(p.bytes for p in part.pieces) <= budget or len(part.pieces) == 1
+               for part in parts)
+    assert [part.index for part in parts] == list(range(len(parts)))
 
 
-def test_window_size_holds_with_one_huge_row_group(tmp_path):
-    """A file written as one row group of 500 documents still gives windows of 40."""
+def test_one_huge_row_group_read_in_parts_gives_the_same_bytes(tmp_path, monkeypatch):
+    """A file written as one row group of 500 documents, read in parts of a few rows each, packs
+    to the bytes of one part, windows or not; each document appears once, whole."""
+    from packtool.pipeline import read as read_mod
+
     rng = np.random.default_rng(5)
     docs = [rng.integers(0, 1000, int(k)).tolist() for k in rng.integers(1, 90, 500)]
     write_docs(tmp_path / "in" / "big.parquet", docs, row_group_size=500)
     import pyarrow.parquet as pq
 
     assert pq.ParquetFile(tmp_path / "in" / "big.parquet").num_row_groups == 1
-    files = discover_inputs([tmp_path / "in"])
-    ws = plan_windows(files, "input_ids", 40)
-    assert [w.docs for w in ws] == [40] * 12 + [20]
-    res = _pack(tmp_path / "in", tmp_path / "out", window_docs=40, rows_per_shard=1000)
+    for wd in (None, 40):
+        _pack(tmp_path / "in", tmp_path / f"ref-{wd}", window_docs=wd, rows_per_shard=1000)
+    monkeypatch.setattr(read_mod, "MIN_PART_BYTES", 2000)
+    monkeypatch.setattr(read_mod, "READ_PART_BYTES", 2000)
+    assert len(read_mod.plan_reads(discover_inputs([tmp_path / "in"]), "input_ids")) > 10
+    for wd in (None, 40):
+        res = _pack(tmp_path / "in", tmp_path / f"out-{wd}", window_docs=wd, rows_per_shard=1000)
+        assert _tree_bytes(tmp_path / f"out-{wd}") == _tree_bytes(tmp_path / f"ref-{wd}")
     recs = res.manifest.windows
-    assert [w.docs for w in recs] == [40] * 12 + [20]
-    assert [w.inputs[0]["first_row"] for w in recs] == list(range(0, 500, 40))
-    for w in recs:  # each window's rows hold only its own documents
-        assert w.tokens == sum(len(d) for d in docs[w.first_doc:w.first_doc + w.docs])
-    rows = read_rows(tmp_path / "out")
+    assert sum(w.docs for w in recs) == 500 and max(w.docs for w in recs) <= 40
+    rows = read_rows(tmp_path / "out-40")
     assert sorted((d, o) for r in rows for d, o in zip(r["doc_ids"], r["doc_offsets"])) == \
         sorted((d, o) for d, doc in enumerate(docs) for o in range(0, len(doc), C))
 
@@ -112,7 +155,7 @@ def test_window_extra_rows_are_reported_per_window_and_in_total(tmp_path):
         assert w.extra_rows == w.rows - w.lower_bound_rows >= 0
     assert t["extra_rows"] == t["rows"] - -(-t["real_tokens"] // C)
     assert [o.file for o in m.shards] == [f"part-{i:05d}.parquet"
-                                                 for i in range(len(m.shards))]
+                                          for i in range(len(m.shards))]
 
 
 def test_windowed_output_is_deterministic_for_any_worker_count(tmp_path):
@@ -126,11 +169,15 @@ def test_windowed_output_is_deterministic_for_any_worker_count(tmp_path):
         assert (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes(), n
 
 
-def _window_of_rows(out, ws):
+def _window_of(manifest, doc):
+    """Window of a global document, by the manifest's dealing rule."""
+    rule = manifest.windowing
+    return (doc // rule.block_docs) % rule.windows
+
+
+def _window_of_rows(out, m):
     """Window index of each output row, in reading order (manifest, then row order)."""
-    firsts = np.array([w.first_doc for w in ws])
-    return [int(np.searchsorted(firsts, r["doc_ids"][0], side="right") - 1)
-            for r in read_rows(out)]
+    return [_window_of(m, r["doc_ids"][0]) for r in read_rows(out)]
 
 
 def test_rows_of_all_windows_are_mixed_in_reading_order(tmp_path):
@@ -139,7 +186,7 @@ def test_rows_of_all_windows_are_mixed_in_reading_order(tmp_path):
     _corpus(tmp_path / "in")
     res = _pack(tmp_path / "in", tmp_path / "s", window_docs=30, rows_per_shard=20)
     ws = res.manifest.windows
-    order = _window_of_rows(tmp_path / "s", ws)
+    order = _window_of_rows(tmp_path / "s", res.manifest)
     assert len(ws) >= 6 and len(order) > 40
     first_shard = set(order[:20])
     assert len(first_shard) >= len(ws) // 2, first_shard
@@ -147,12 +194,12 @@ def test_rows_of_all_windows_are_mixed_in_reading_order(tmp_path):
     assert changes > len(order) // 2  # window-granular order would change len(ws) - 1 times
     assert order != sorted(order)
     # each row still holds documents of one window only
-    firsts = [w.first_doc for w in ws] + [10**9]
     for r, w in zip(read_rows(tmp_path / "s"), order):
-        assert all(firsts[w] <= d < firsts[w + 1] for d in r["doc_ids"])
+        assert all(_window_of(res.manifest, d) == w for d in r["doc_ids"])
     # --no-shuffle keeps creation order: window after window
     res = _pack(tmp_path / "in", tmp_path / "n", window_docs=30, shuffle=False)
-    assert _window_of_rows(tmp_path / "n", ws) == sorted(_window_of_rows(tmp_path / "n", ws))
+    got = _window_of_rows(tmp_path / "n", res.manifest)
+    assert got == sorted(got)
 
 
 def test_default_mode_is_one_global_plan(tmp_path):
@@ -163,7 +210,7 @@ def test_default_mode_is_one_global_plan(tmp_path):
     _pack(tmp_path / "in", tmp_path / "w", shuffle=False, window_docs=10**9)
     mg = read_manifest(tmp_path / "g")
     mw = read_manifest(tmp_path / "w")
-    assert not mg.windows and "window_docs" not in mg.options
+    assert not mg.windows and mg.windowing is None and "window_docs" not in mg.options
     assert [o.file for o in mg.shards][:2] == ["part-00000.parquet", "part-00001.parquet"]
     assert len(mw.windows) == 1
     for og, ow in zip(mg.shards, mw.shards, strict=True):
@@ -223,7 +270,7 @@ def test_cli_summary_reports_windows(tmp_path):
                                  str(tmp_path / "in"), str(tmp_path / "out")])
     assert r.exit_code == 0, r.output
     line = next(x for x in r.output.splitlines()
-                if "windows 6 of 12..30 documents (--window-docs 30)" in x)
+                if "windows 6 of 27..27 documents (--window-docs 30)" in x)
     # the parts add up to the total extra rows of the summary's first lines
     total, packing, rounding = (int(x.replace(",", "")) for x in re.findall(
         r"extra rows ([\d,]+) = ([\d,]+) from packing .* \+ ([\d,]+) from rounding", line)[0])
@@ -239,15 +286,15 @@ def _tree_bytes(out):
 
 
 @pytest.mark.parametrize("window_docs", [None, 30])
-def test_windows_over_the_memory_budget_spill_and_give_the_same_bytes(tmp_path, monkeypatch,
-                                                                      window_docs):
-    """A window task holds WINDOW_MEMORY bytes of input-order tokens and spills the rest to a
-    file it reads back with pread: the output is byte-identical either way, input label masks
-    included (flags spilled beside the tokens), and no spill is left."""
+def test_any_read_part_size_and_worker_count_gives_the_same_bytes(tmp_path, monkeypatch,
+                                                                 window_docs):
+    """Read parts of a few hundred bytes (files cut into many pieces and parts) or one part, 1
+    or 3 workers: the output is byte-identical, input label masks included (flags spilled
+    beside the tokens, in the parts of the file that has them), and no spill is left."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from packtool.pipeline import plan as plan_mod
+    from packtool.pipeline import read as read_mod
 
     docs = _corpus(tmp_path / "in")
     rng = np.random.default_rng(9)
@@ -255,75 +302,80 @@ def test_windows_over_the_memory_budget_spill_and_give_the_same_bytes(tmp_path, 
     pq.write_table(pa.table({"input_ids": pa.array(docs[:60], pa.list_(pa.int64())),
                              "labels": pa.array(labels, pa.list_(pa.int64()))}),
                    tmp_path / "in" / "f00.parquet", row_group_size=16)
-    ref = _pack(tmp_path / "in", tmp_path / "ref", window_docs=window_docs)
+    ref = _pack(tmp_path / "in", tmp_path / "ref", window_docs=window_docs, workers=1)
     assert ref.stats.tokens_label_masked > 0
-    used = []  # (items held in memory, a spill file was written) of every DocSpill
-    real = plan_mod.DocSpill.finish
-
-    def spy(self):
-        used.append((self.held, self._file is not None))
-        return real(self)
-
-    monkeypatch.setattr(plan_mod, "WINDOW_MEMORY", 4 * 1000)  # 1,000 tokens in memory
-    monkeypatch.setattr(plan_mod.DocSpill, "finish", spy)
-    res = _pack(tmp_path / "in", tmp_path / "small", window_docs=window_docs)
-    assert any(h for h, _ in used) and any(f for _, f in used)  # both places were used
-    assert res.manifest.totals == ref.manifest.totals
-    assert _tree_bytes(tmp_path / "small") == _tree_bytes(tmp_path / "ref")
-
-
-def test_a_row_group_reads_one_token_range_per_window(tmp_path, monkeypatch):
-    """Each window's rows are spilled in the order the output takes them, so laying out a row
-    group reads one contiguous range of each window's row spill it draws from, and every
-    window's spill is read front to back over the whole pack."""
-    from packtool.pipeline import layout as layout_mod
-    from packtool.pipeline.spill import ROW_TOKENS
-
-    _corpus(tmp_path / "in")
-    reads, groups = [], []
-    real_read, real_group = layout_mod.read_spill, layout_mod.layout_group
-
-    def read(location, offsets, sizes):
-        if str(location).endswith(ROW_TOKENS):
-            reads.append((str(location), int(offsets[0]), int(sizes[0])))
-        return real_read(location, offsets, sizes)
-
-    def group(spills, shard, lo, hi, **kw):
-        groups.append(len(set(shard.slot[lo:hi].tolist())))
-        return real_group(spills, shard, lo, hi, **kw)
-
-    monkeypatch.setattr(layout_mod, "read_spill", read)
-    monkeypatch.setattr("packtool.pipeline.write.layout_group", group)
-    res = _pack(tmp_path / "in", tmp_path / "out", window_docs=30, workers=1, rows_per_group=3)
-    assert len(res.manifest.windows) >= 6 and max(groups) > 1
-    assert len(reads) == sum(groups)  # one read per (row group, window present)
-    ends = {}
-    for loc, off, size in reads:  # front to back, without gaps or overlaps
-        assert off == ends.get(loc, 0), (loc, off)
-        ends[loc] = off + size
-    spilled = {int(re.search(r"window-(\d+)", loc).group(1)): end for loc, end in ends.items()}
-    assert spilled == {i: 4 * w.real_tokens for i, w in enumerate(res.manifest.windows)
-                       if w.real_tokens}
-
-
-def test_row_order_rewrite_in_chunks_and_threads_gives_the_same_bytes(tmp_path, monkeypatch):
-    """A window rewritten in row order a few rows at a time, gathered by spare threads (one
-    window, three workers) or in this thread, gives the bytes of a one-chunk rewrite."""
-    from packtool.pipeline import plan as plan_mod
-
-    _corpus(tmp_path / "in")
-    _pack(tmp_path / "in", tmp_path / "ref", workers=1)
-    calls = []
-    real = plan_mod._row_chunk
-
-    def spy(plan, doc_starts, rows, tokens, targets):
-        calls.append(rows.size)
-        return real(plan, doc_starts, rows, tokens, targets)
-
-    monkeypatch.setattr(plan_mod, "REWRITE_TOKENS", 3 * C)  # 3 rows per chunk
-    monkeypatch.setattr(plan_mod, "_row_chunk", spy)
+    monkeypatch.setattr(read_mod, "MIN_PART_BYTES", 600)
     for workers in (1, 3):
-        out = tmp_path / f"w{workers}"
-        _pack(tmp_path / "in", out, workers=workers)
-        assert _tree_bytes(out) == _tree_bytes(tmp_path / "ref")
-    assert len(calls) > 10 and max(calls) == 3
+        res = _pack(tmp_path / "in", tmp_path / f"small{workers}", window_docs=window_docs,
+                    workers=workers)
+        assert res.manifest.totals == ref.manifest.totals
+        assert _tree_bytes(tmp_path / f"small{workers}") == _tree_bytes(tmp_path / "ref")
+    assert len(read_mod.plan_reads(discover_inputs([tmp_path / "in"]), "input_ids")) > 5
+
+
+def test_every_token_is_spilled_once_and_read_once_into_its_row(tmp_path, monkeypatch):
+    """Outside Parquet each token is written once (the read parts' spill; the windows hold only
+    their plans) and read once, by the writing tasks, straight into its row: the segments read
+    add up to the real tokens of the output."""
+    from packtool.pipeline import spill as spill_mod
+    from packtool.pipeline.spill import ROW_INDEX, SEGMENTS
+
+    _corpus(tmp_path / "in")
+    files, reads = {}, []
+    real_writer, real_pread = spill_mod.spill_writer, spill_mod._pread_segments
+
+    def writer(location, append=False):
+        name = str(location).rsplit("/", 1)[-1]
+        files[name] = files.get(name, 0) + 1
+        return real_writer(location, append)
+
+    def pread(fds, src, lens, out, dest):  # every local read of a spill goes through it
+        if out.dtype == np.int32:
+            reads.append(int(np.asarray(lens).sum()))
+        return real_pread(fds, src, lens, out, dest)
+
+    monkeypatch.setattr("packtool.pipeline.read.spill_writer", writer)
+    monkeypatch.setattr("packtool.pipeline.plan.spill_writer", writer)
+    monkeypatch.setattr(spill_mod, "_pread_segments", pread)
+    res = _pack(tmp_path / "in", tmp_path / "out", window_docs=30, workers=1, rows_per_group=3)
+    assert set(files) == {"tokens.int32", "starts.int64", ROW_INDEX, SEGMENTS}, files
+    assert files[ROW_INDEX] == files[SEGMENTS] == len(res.manifest.windows)
+    assert sum(reads) == res.stats.real_tokens
+
+
+def test_windowing_is_a_typed_manifest_field_and_older_window_records_still_read(tmp_path):
+    """A windowed pack records how it dealt its documents (``windowing``: windows, block size,
+    the rule) and one record per window without ``first_doc``/``inputs``; a manifest written
+    with contiguous windows (records with ``first_doc`` and ``inputs``, no ``windowing``),
+    format version 3 or 2, still reads, and writes back in its own form."""
+    from packtool.core.windows import plan_windows as deal
+    from packtool.formats.manifest import Manifest, Windowing
+
+    docs = _corpus(tmp_path / "in")
+    res = _pack(tmp_path / "in", tmp_path / "out", window_docs=30)
+    m = read_manifest(tmp_path / "out")
+    ws = deal(len(docs), 30)
+    assert m.windowing == Windowing(ws.count, ws.block) == res.manifest.windowing
+    assert [m.windowing.window_of(d) for d in range(len(docs))] == \
+        ws.window_of(np.arange(len(docs))).tolist()
+    d = m.to_dict()
+    assert d["windowing"]["rule"].startswith("block j") and d["windowing"]["windows"] == ws.count
+    assert all("first_doc" not in w and "inputs" not in w for w in d["windows"])
+    assert [w.first_doc for w in m.windows] == [None] * ws.count
+    assert Manifest.from_dict(d) == m
+    old = {k: v for k, v in d.items() if k != "windowing"}
+    old["windows"] = [{**w, "first_doc": 30 * i,
+                       "inputs": [{"path": "f00.parquet", "first_row": 30 * i, "docs": w["docs"]}]}
+                      for i, w in enumerate(d["windows"])]
+    mo = Manifest.from_dict(old)
+    assert mo.windowing is None and [w.first_doc for w in mo.windows] == \
+        [30 * i for i in range(ws.count)]
+    assert mo.windows[1].inputs == ({"path": "f00.parquet", "first_row": 30, "docs":
+                                     d["windows"][1]["docs"]},)
+    assert mo.to_dict()["windows"] == old["windows"] and Manifest.from_dict(mo.to_dict()) == mo
+    v2 = {k: v for k, v in old.items() if k not in ("shards", "capacity", "labels")}
+    v2.update(format_version=2, options={**d["options"], "capacity": C, "labels": "none"},
+              outputs=[{k: s[k] for k in ("file", "rows", "bytes", "sha256")}
+                       for s in d["shards"]])
+    m2 = Manifest.from_dict(v2)
+    assert m2.format_version == 2 and m2.windows == mo.windows and m2.windowing is None

@@ -460,70 +460,99 @@ def _concat_segments(chunks, capacity):
 
 
 @njit(cache=True, nogil=True)
-def _fill_rows(rows, row_offsets, seg_len, seg_src, tokens, capacity, pad_id, labels_mode):
-    """Lay out the given rows: token, segment, position and label columns plus cu_seqlens.
+def _complete_rows(seg_offsets, seg_len, input_ids, flags, has_flags, capacity, pad_id,
+                   labels_mode, multiple, segment_ids, position_ids, labels, cu_values,
+                   cu_unpadded, cu_offsets, num_targets, max_seqlen):
+    """Finish rows whose segments' tokens are already at the start of their spans in
+    ``input_ids``.
 
-    rows int64[n] (row ids in output order); seg_src int64[S] (flat index in ``tokens`` of each
-    segment's first token). Returns input_ids, segment_ids, position_ids, labels (int32[n, C]),
-    cu_values int32[n_cu] with cu_offsets int64[n + 1] (row k's cu_seqlens is
-    cu_values[cu_offsets[k]:cu_offsets[k + 1]]), num_targets int32[n], max_seqlen int32[n].
+    seg_offsets int64[n + 1] (row k's segments), seg_len int64[S] (real lengths); each segment
+    spans ``ceil(len / multiple) * multiple`` slots, back to back from the row's start;
+    input_ids int32[n, C] (the rest of each span and the padding tail are written here); flags
+    uint8[n, C] aligned with input_ids (0 = the token is not a target; read only when has_flags
+    is 1). Writes segment_ids, position_ids, labels (int32[n, C]; labels untouched for
+    LABELS_NONE), cu_values (int32, at least n + S + n entries: the spans summed), cu_unpadded
+    (the same size, the real lengths summed; written only when multiple > 1), cu_offsets
+    int64[n + 1], num_targets and max_seqlen (int32[n]: the longest span).
     """
-    n = rows.shape[0]
-    input_ids = np.empty((n, capacity), dtype=np.int32)
-    segment_ids = np.empty((n, capacity), dtype=np.int32)
-    position_ids = np.empty((n, capacity), dtype=np.int32)
-    labels = np.empty((n, capacity), dtype=np.int32)
-    num_targets = np.zeros(n, dtype=np.int32)
-    max_seqlen = np.zeros(n, dtype=np.int32)
-    cu_offsets = np.zeros(n + 1, dtype=np.int64)  # shape: (n + 1,)
+    n = seg_offsets.shape[0] - 1
+    c = 0
+    cu_offsets[0] = 0
     for k in range(n):
-        r = rows[k]
-        used = 0
-        for q in range(row_offsets[r], row_offsets[r + 1]):
-            used += seg_len[q]
-        # 0, one boundary per segment, and the padding tail as one more segment
-        entries = 1 + (row_offsets[r + 1] - row_offsets[r]) + (1 if used < capacity else 0)
-        cu_offsets[k + 1] = cu_offsets[k] + entries
-    cu_values = np.empty(cu_offsets[n], dtype=np.int32)
-    for k in range(n):
-        r = rows[k]
         pos = 0
-        c = cu_offsets[k]
+        acc = 0
         cu_values[c] = 0
+        if multiple > 1:
+            cu_unpadded[c] = 0
         c += 1
-        seg = 0
+        segno = 0
         longest = 0
-        for q in range(row_offsets[r], row_offsets[r + 1]):
-            seg += 1
+        count = 0
+        for q in range(seg_offsets[k], seg_offsets[k + 1]):
+            segno += 1
             length = seg_len[q]
-            src = seg_src[q]
             for t in range(length):
-                tok = tokens[src + t]
-                input_ids[k, pos + t] = tok
-                segment_ids[k, pos + t] = seg
+                segment_ids[k, pos + t] = segno
                 position_ids[k, pos + t] = t
-                if labels_mode == LABELS_UNSHIFTED:
-                    labels[k, pos + t] = tok if t > 0 else _IGNORE
-                elif labels_mode == LABELS_SHIFTED:
-                    labels[k, pos + t] = tokens[src + t + 1] if t + 1 < length else _IGNORE
-            pos += length
-            num_targets[k] += length - 1
+            if labels_mode == LABELS_UNSHIFTED:
+                if length > 0:
+                    labels[k, pos] = _IGNORE
+                for t in range(1, length):
+                    if has_flags and flags[k, pos + t] == 0:
+                        labels[k, pos + t] = _IGNORE
+                    else:
+                        labels[k, pos + t] = input_ids[k, pos + t]
+                        count += 1
+            elif labels_mode == LABELS_SHIFTED:
+                for t in range(length - 1):
+                    if has_flags and flags[k, pos + t + 1] == 0:
+                        labels[k, pos + t] = _IGNORE
+                    else:
+                        labels[k, pos + t] = input_ids[k, pos + t + 1]
+                        count += 1
+                if length > 0:
+                    labels[k, pos + length - 1] = _IGNORE
+            elif has_flags:
+                for t in range(1, length):
+                    if flags[k, pos + t] != 0:
+                        count += 1
+            elif length > 0:
+                count += length - 1
+            span = length
+            if multiple > 1:  # padding inside the span: its document's positions go on
+                span = (length + multiple - 1) // multiple * multiple
+                for t in range(length, span):
+                    input_ids[k, pos + t] = pad_id
+                    segment_ids[k, pos + t] = 0
+                    position_ids[k, pos + t] = t
+                if labels_mode != LABELS_NONE:
+                    for t in range(length, span):
+                        labels[k, pos + t] = _IGNORE
+                acc += length
+                cu_unpadded[c] = acc
+            pos += span
             cu_values[c] = pos
             c += 1
-            if length > longest:
-                longest = length
+            if span > longest:
+                longest = span
         pad = capacity - pos
         for t in range(pad):
             input_ids[k, pos + t] = pad_id
             segment_ids[k, pos + t] = 0
             position_ids[k, pos + t] = t
-            labels[k, pos + t] = _IGNORE
+        if labels_mode != LABELS_NONE:
+            for t in range(pad):
+                labels[k, pos + t] = _IGNORE
         if pad > 0:
             cu_values[c] = capacity
+            if multiple > 1:
+                cu_unpadded[c] = acc + pad
+            c += 1
             if pad > longest:
                 longest = pad
+        cu_offsets[k + 1] = c
+        num_targets[k] = count
         max_seqlen[k] = longest
-    return input_ids, segment_ids, position_ids, labels, cu_values, cu_offsets, num_targets, max_seqlen
 
 
 @njit(cache=True, nogil=True)
@@ -575,86 +604,3 @@ def _segment_targets(seg_src, seg_len, targets):
             c += targets[src + t] != 0
         out[q] = c
     return out
-
-
-@njit(cache=True, nogil=True)
-def _spread_segments(input_ids, segment_ids, position_ids, labels, seg_offsets, seg_len,
-                     multiple, pad_id):
-    """Give every segment a span of ``ceil(len / multiple) * multiple`` slots, in place.
-
-    The rows come laid out back to back (``_fill_rows``, then ``_mask_labels``); row k holds
-    segments ``seg_offsets[k] .. seg_offsets[k + 1] - 1`` of real lengths ``seg_len``. Each
-    segment moves right to the start of its span (last segment first, so nothing is overwritten
-    before it moves); the rest of its span becomes padding: ``pad_id``, segment id 0, positions
-    continuing ``len .. span - 1``, label -100. The tail after the last span is the padding
-    pseudo-segment (positions 0..p-1). Returns the padded cu_seqlens values int32 (span
-    boundaries, then C when a tail is left), the unpadded ones int32 (real lengths summed, the
-    tail with its own length), their offsets int64[n + 1] and max_seqlen int32[n] (longest span).
-    """
-    n = input_ids.shape[0]
-    capacity = input_ids.shape[1]
-    cu_offsets = np.zeros(n + 1, dtype=np.int64)  # shape: (n + 1,)
-    for k in range(n):
-        used = 0
-        for q in range(seg_offsets[k], seg_offsets[k + 1]):
-            used += (seg_len[q] + multiple - 1) // multiple * multiple
-        entries = 1 + (seg_offsets[k + 1] - seg_offsets[k]) + (1 if used < capacity else 0)
-        cu_offsets[k + 1] = cu_offsets[k] + entries
-    cu_padded = np.empty(cu_offsets[n], dtype=np.int32)
-    cu_unpadded = np.empty(cu_offsets[n], dtype=np.int32)
-    max_seqlen = np.zeros(n, dtype=np.int32)
-    for k in range(n):
-        q0 = seg_offsets[k]
-        q1 = seg_offsets[k + 1]
-        real = 0
-        spans = 0
-        for q in range(q0, q1):
-            real += seg_len[q]
-            spans += (seg_len[q] + multiple - 1) // multiple * multiple
-        # move segments right, last first: source start src, destination start dst >= src
-        src = real
-        dst = spans
-        for q in range(q1 - 1, q0 - 1, -1):
-            length = seg_len[q]
-            span = (length + multiple - 1) // multiple * multiple
-            src -= length
-            dst -= span
-            if dst != src:
-                for t in range(length - 1, -1, -1):
-                    input_ids[k, dst + t] = input_ids[k, src + t]
-                    segment_ids[k, dst + t] = segment_ids[k, src + t]
-                    position_ids[k, dst + t] = position_ids[k, src + t]
-                    labels[k, dst + t] = labels[k, src + t]
-            for t in range(length, span):
-                input_ids[k, dst + t] = pad_id
-                segment_ids[k, dst + t] = 0
-                position_ids[k, dst + t] = t
-                labels[k, dst + t] = _IGNORE
-        for t in range(capacity - spans):
-            input_ids[k, spans + t] = pad_id
-            segment_ids[k, spans + t] = 0
-            position_ids[k, spans + t] = t
-            labels[k, spans + t] = _IGNORE
-        c = cu_offsets[k]
-        cu_padded[c] = 0
-        cu_unpadded[c] = 0
-        pos = 0
-        acc = 0
-        longest = 0
-        for q in range(q0, q1):
-            span = (seg_len[q] + multiple - 1) // multiple * multiple
-            pos += span
-            acc += seg_len[q]
-            c += 1
-            cu_padded[c] = pos
-            cu_unpadded[c] = acc
-            if span > longest:
-                longest = span
-        if spans < capacity:
-            c += 1
-            cu_padded[c] = capacity
-            cu_unpadded[c] = acc + capacity - spans
-            if capacity - spans > longest:
-                longest = capacity - spans
-        max_seqlen[k] = longest
-    return cu_padded, cu_unpadded, cu_offsets, max_seqlen

@@ -21,6 +21,10 @@ attention, a key of nothing but later padding of that span). ``cu_seqlens`` hold
 (where each sequence starts in the row: TransformerEngine's ``cu_seqlens_q_padded``) and
 ``cu_seqlens_unpadded`` the real lengths summed (its ``cu_seqlens_q``), the padding tail counted
 whole in both; ``max_seqlen`` is the longest span. ``num_targets`` is unchanged.
+
+Two steps: the segments' tokens are put at the start of their spans (:func:`row_destinations`:
+copied from memory by :func:`layout_rows`, or read straight from a spill file by the pack's
+writing tasks), then one kernel, :func:`complete_rows`, writes everything else.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from packtool.core.packing import PackPlan, segment_spans
 from packtool.errors import ConfigError
 from packtool.types import LabelMode
 
-__all__ = ["PackedRows", "layout_rows", "append_eos", "gather_segments"]
+__all__ = ["PackedRows", "layout_rows", "complete_rows", "row_destinations", "append_eos",
+           "gather_segments"]
 
 _LABEL_CODE = {LabelMode.UNSHIFTED: K.LABELS_UNSHIFTED, LabelMode.SHIFTED: K.LABELS_SHIFTED,
                LabelMode.NONE: K.LABELS_NONE}
@@ -86,6 +91,9 @@ def layout_rows(
 ) -> PackedRows:
     """Materialise rows ``rows`` of ``plan`` into packed columns.
 
+    The segments' tokens are copied to the start of their spans (:func:`gather_segments`,
+    :func:`row_destinations`), then :func:`complete_rows` writes everything else.
+
     Args:
         plan: the packing plan (capacity C).
         rows: int[n], plan row ids in output order.
@@ -95,8 +103,7 @@ def layout_rows(
         labels: ``unshifted`` (default), ``shifted`` or ``none``.
         targets: optional uint8[T] input target flags, like ``tokens`` (0: the input label was
             -100, e.g. an SFT prompt): such a token is never a target, in addition to the
-            boundary rule, and ``num_targets`` counts what is left
-            (:func:`packtool.core.masks.mask_labels`).
+            boundary rule, and ``num_targets`` counts what is left.
         segment_multiple: N: each segment spans ``ceil(len / N) * N`` slots, padding inside the
             row after it (module docstring); None: ``plan.segment_multiple``.
 
@@ -107,12 +114,7 @@ def layout_rows(
         ConfigError: ``pad_id`` outside int32, unknown label mode, a row id out of range, or a
             ``segment_multiple`` < 1 or whose spans do not fit a row.
     """
-    try:
-        mode = LabelMode(labels)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if not -(2**31) <= int(pad_id) < 2**31:
-        raise ConfigError(f"--pad-id must fit int32, got {pad_id}")
+    mode = _label_mode(labels)
     rows = np.ascontiguousarray(rows, dtype=np.int64)
     if rows.size and (rows.min() < 0 or rows.max() >= plan.num_rows):
         raise ConfigError(f"row ids must lie in 0..{plan.num_rows - 1}")
@@ -127,34 +129,164 @@ def layout_rows(
         seg_index = np.zeros(0, dtype=np.int64)
     doc_ids = plan.seg_doc[seg_index]
     doc_offsets = plan.seg_offset[seg_index]
-    seg_len = np.ascontiguousarray(plan.seg_len[seg_index])
+    seg_len = np.ascontiguousarray(plan.seg_len[seg_index], dtype=np.int64)
     seg_src = np.asarray(doc_starts, dtype=np.int64)[doc_ids] + doc_offsets
-    local_rows = np.arange(rows.size, dtype=np.int64)
     tok = tokens if isinstance(tokens, np.ndarray) and tokens.dtype == np.int32 else np.asarray(
         tokens, dtype=np.int32)
-    out = K._fill_rows(local_rows, seg_offsets, seg_len, seg_src, tok, plan.capacity,
-                       np.int32(pad_id), _LABEL_CODE[mode])
-    ids, seg, pos, lab, cu_values, cu_offsets, num_targets, max_seqlen = out
-    if targets is not None:
-        from packtool.core.masks import mask_labels
-
-        mask_labels(lab, num_targets, seg_offsets, seg_len, seg_src, targets,
-                    shifted=mode is LabelMode.SHIFTED)
+    n, cap = rows.size, plan.capacity
     multiple = plan.segment_multiple if segment_multiple is None else int(segment_multiple)
-    cu_unpadded = None
-    if multiple != 1:
-        if multiple < 1:
-            raise ConfigError(f"segment_multiple must be >= 1, got {multiple}")
-        cs = np.concatenate([[0], np.cumsum(segment_spans(seg_len, multiple))])
-        per_row = cs[seg_offsets[1:]] - cs[seg_offsets[:-1]]  # shape: (n,), slots taken
-        if per_row.size and per_row.max() > plan.capacity:
-            raise ConfigError(f"segments padded to a multiple of {multiple} do not fit a row "
-                              f"of {plan.capacity}; plan with segment_multiple={multiple}")
-        cu_values, cu_unpadded, cu_offsets, max_seqlen = K._spread_segments(
-            ids, seg, pos, lab, seg_offsets, seg_len, np.int64(multiple), np.int32(pad_id))
-    return PackedRows(ids, seg, pos, None if mode is LabelMode.NONE else lab, cu_values,
-                      cu_offsets, num_targets, max_seqlen, doc_ids, doc_offsets, seg_offsets,
-                      cu_unpadded_values=cu_unpadded)
+    dest = row_destinations(seg_offsets, seg_len, cap, multiple)
+    ids = np.empty((n, cap), dtype=np.int32)
+    K._copy_segments(tok, seg_src, seg_len, ids.reshape(-1), dest)
+    flags = None
+    if targets is not None:
+        t = targets if isinstance(targets, np.ndarray) and targets.dtype == np.uint8 \
+            else np.asarray(targets, dtype=np.uint8)
+        flags = np.empty((n, cap), dtype=np.uint8)
+        K._copy_segments(t, seg_src, seg_len, flags.reshape(-1), dest)
+    return complete_rows(seg_offsets, seg_len, ids, pad_id=pad_id, labels=mode, flags=flags,
+                         doc_ids=doc_ids, doc_offsets=doc_offsets, segment_multiple=multiple)
+
+
+def row_destinations(seg_offsets: np.ndarray, seg_len: np.ndarray, capacity: int,
+                     segment_multiple: int = 1) -> np.ndarray:
+    """Where each segment's first token goes in the flat ``n * C`` buffer of ``n`` rows.
+
+    Args:
+        seg_offsets: int64[n + 1], row k's segments are ``seg_offsets[k]:seg_offsets[k+1]``.
+        seg_len: int64[S], segment lengths in tokens (a row's spans sum to at most
+            ``capacity``).
+        capacity: tokens per row (C).
+        segment_multiple: N: each segment takes ``ceil(len / N) * N`` slots (module docstring).
+
+    Returns:
+        int64[S]: ``k * C`` plus the slots of row k's earlier segments (spans back to back
+        from the start of their row; with N = 1 the segments themselves).
+
+    Raises:
+        ConfigError: ``segment_multiple`` < 1, or spans that do not fit a row.
+    """
+    seg_offsets = np.asarray(seg_offsets, dtype=np.int64)
+    seg_len = np.asarray(seg_len, dtype=np.int64)
+    if segment_multiple < 1:
+        raise ConfigError(f"segment_multiple must be >= 1, got {segment_multiple}")
+    spans = seg_len if segment_multiple == 1 else segment_spans(seg_len, segment_multiple)
+    nseg = np.diff(seg_offsets)
+    within = np.zeros(spans.size, dtype=np.int64)  # shape: (S,)
+    if spans.size:
+        np.cumsum(spans[:-1], out=within[1:])
+        firsts = seg_offsets[:-1][nseg > 0]
+        within -= np.repeat(within[firsts], nseg[nseg > 0])
+        last = seg_offsets[1:][nseg > 0] - 1  # each non-empty row's last segment
+        if (within[last] + spans[last]).max() > capacity:
+            raise ConfigError(f"segments padded to a multiple of {segment_multiple} do not fit a "
+                              f"row of {capacity}; plan with segment_multiple={segment_multiple}")
+    row = np.repeat(np.arange(nseg.size, dtype=np.int64), nseg)
+    return row * capacity + within
+
+
+def _label_mode(labels) -> LabelMode:
+    try:
+        return LabelMode(labels)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def complete_rows(seg_offsets: np.ndarray, seg_len: np.ndarray, input_ids: np.ndarray, *,
+                  pad_id: int = 0, labels: LabelMode | str = LabelMode.UNSHIFTED,
+                  flags: np.ndarray | None = None, doc_ids: np.ndarray | None = None,
+                  doc_offsets: np.ndarray | None = None, source_ids: np.ndarray | None = None,
+                  segment_multiple: int = 1, out: dict | None = None) -> PackedRows:
+    """Finish ``n`` rows whose segments' tokens are already in place.
+
+    Row ``k`` of ``input_ids`` holds its segments ``seg_offsets[k]:seg_offsets[k+1]`` at the
+    start of their spans, back to back from position 0 (what :func:`row_destinations` says,
+    e.g. read straight from a spill); the rest of every span and the row's tail are
+    overwritten with ``pad_id``. Everything else of the output contract (module docstring) is
+    written from the segment lengths: ``segment_ids``, ``position_ids``, ``labels``,
+    ``cu_seqlens`` (and ``cu_seqlens_unpadded`` with ``segment_multiple`` > 1),
+    ``max_seqlen``, ``num_targets``.
+
+    Args:
+        seg_offsets: int64[n + 1]; seg_len: int64[S], each >= 1, a row's sum <= C.
+        input_ids: int32[n, C], C-contiguous; its padding tail is written in place.
+        pad_id: token id written on padding (int32 range).
+        labels: ``unshifted``, ``shifted`` or ``none`` (no labels column; ``num_targets`` is
+            still counted).
+        flags: optional uint8[n, C] aligned with ``input_ids``: 0 marks a token that is never a
+            target (its input label was -100), in addition to the boundary rule.
+        doc_ids, doc_offsets: int64[S], carried into the result (None: zeros).
+        source_ids: int32[S], carried into the result (``pack --source-column``), or None.
+        segment_multiple: N >= 1: each segment spans ``ceil(len / N) * N`` slots (the spans of
+            a row sum to at most C).
+        out: optional reusable buffers ``{"segment_ids", "position_ids", "labels"}`` (int32
+            [at least n, C]) and ``"cu_values"``, ``"cu_unpadded"`` (int32[at least 2n + S]),
+            so a writer that lays out one row group after another allocates nothing per group.
+
+    Returns:
+        :class:`PackedRows` whose arrays are ``input_ids`` and views of ``out`` when given.
+
+    Raises:
+        ConfigError: ``pad_id`` outside int32, an unknown label mode, or a ``segment_multiple``
+            < 1.
+        ValueError: shapes that do not match.
+    """
+    mode = _label_mode(labels)
+    multiple = int(segment_multiple)
+    if multiple < 1:
+        raise ConfigError(f"segment_multiple must be >= 1, got {multiple}")
+    if not -(2**31) <= int(pad_id) < 2**31:
+        raise ConfigError(f"--pad-id must fit int32, got {pad_id}")
+    seg_offsets = np.ascontiguousarray(seg_offsets, dtype=np.int64)
+    seg_len = np.ascontiguousarray(seg_len, dtype=np.int64)
+    n = seg_offsets.size - 1
+    if input_ids.dtype != np.int32 or input_ids.ndim != 2 or input_ids.shape[0] != n \
+            or not input_ids.flags.c_contiguous:
+        raise ValueError(f"input_ids must be C-contiguous int32[{n}, C], got {input_ids.dtype}"
+                         f"{list(input_ids.shape)}")
+    cap = input_ids.shape[1]
+    if flags is not None and (flags.shape != input_ids.shape or flags.dtype != np.uint8):
+        raise ValueError("flags must be uint8 shaped like input_ids")
+    out = out or {}
+
+    def buf(name, shape, dtype):
+        b = out.get(name)
+        if b is None or b.size < int(np.prod(shape)):
+            return np.empty(shape, dtype=dtype)
+        return b.reshape(-1)[:int(np.prod(shape))].reshape(shape)
+
+    if seg_len.size:  # the spans of a row must fit it (the kernel trusts them)
+        spans = seg_len if multiple == 1 else segment_spans(seg_len, multiple)
+        cs = np.zeros(spans.size + 1, dtype=np.int64)  # shape: (S + 1,)
+        np.cumsum(spans, out=cs[1:])
+        if (cs[seg_offsets[1:]] - cs[seg_offsets[:-1]]).max() > cap:
+            raise ValueError(f"a row's segments take more than its {cap} slots")
+    seg = buf("segment_ids", (n, cap), np.int32)
+    pos = buf("position_ids", (n, cap), np.int32)
+    lab = buf("labels", (n, cap), np.int32) if mode is not LabelMode.NONE else _NO_LABELS
+    cu_values = buf("cu_values", (2 * n + seg_len.size,), np.int32)
+    cu_unpadded = (buf("cu_unpadded", (2 * n + seg_len.size,), np.int32) if multiple > 1
+                   else _NO_CU)
+    cu_offsets = np.empty(n + 1, dtype=np.int64)  # shape: (n + 1,)
+    num_targets = np.empty(n, dtype=np.int32)
+    max_seqlen = np.empty(n, dtype=np.int32)
+    K._complete_rows(seg_offsets, seg_len, input_ids, _NO_FLAGS if flags is None else flags,
+                     0 if flags is None else 1, cap, np.int32(pad_id), _LABEL_CODE[mode],
+                     np.int64(multiple), seg, pos, lab, cu_values, cu_unpadded, cu_offsets,
+                     num_targets, max_seqlen)
+    zeros = np.zeros(seg_len.size, dtype=np.int64)
+    total = cu_offsets[n]
+    return PackedRows(input_ids, seg, pos, None if mode is LabelMode.NONE else lab,
+                      cu_values[:total], cu_offsets, num_targets, max_seqlen,
+                      zeros if doc_ids is None else doc_ids,
+                      zeros if doc_offsets is None else doc_offsets, seg_offsets,
+                      cu_unpadded_values=cu_unpadded[:total] if multiple > 1 else None,
+                      source_ids=source_ids)
+
+
+_NO_LABELS = np.zeros((0, 0), dtype=np.int32)  # labels="none": nothing is written
+_NO_FLAGS = np.zeros((0, 0), dtype=np.uint8)  # no input target flags
+_NO_CU = np.zeros(0, dtype=np.int32)  # segments not padded: no cu_seqlens_unpadded
 
 
 def gather_segments(values: np.ndarray, src: np.ndarray, lens: np.ndarray,

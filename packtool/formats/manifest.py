@@ -4,7 +4,8 @@
 the capacity, the labels fact (:class:`LabelsInfo`: stored or not, and the convention every reader
 hands out), the options that decide the bytes, the input files (:class:`InputEntry`), every shard
 (:class:`ShardEntry`: rows, row groups, bytes, sha256 of the file and of its Parquet footer), the
-windows when the pack was windowed (:class:`WindowEntry`), the totals
+windows when the pack was windowed (:class:`WindowEntry`, and how documents were dealt to them:
+:class:`Windowing`), the totals
 (:class:`~packtool.stats.PackStats`) and, with ``pack --source-column``, the source table
 (:attr:`Manifest.source_column` and :attr:`Manifest.source_values`, written as ``sources`` only
 when set). Every consumer reads it as attributes, through
@@ -70,7 +71,8 @@ from packtool.stats import PackStats
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NAME", "LOCK_NAME",
            "SHARD_GLOB", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry",
-           "InputEntry", "LabelsInfo", "WindowEntry", "PACKED_KIND", "TOKENIZED_KIND", "KINDS",
+           "InputEntry", "LabelsInfo", "WindowEntry", "Windowing", "PACKED_KIND", "TOKENIZED_KIND",
+           "KINDS",
            "require_packed", "manifest_bytes", "publish_manifest",
            "read_manifest", "read_manifest_and_schema", "load_manifest", "check_shards",
            "sha256_of",
@@ -187,22 +189,63 @@ class InputEntry:
 
 @dataclass(frozen=True)
 class WindowEntry:
-    """One window of a windowed pack (``--window-docs``): its documents and what it cost."""
+    """One window of a windowed pack (``--window-docs``): its documents and what it cost.
+
+    Documents are dealt to windows in blocks across the whole input (:class:`Windowing`), so a
+    window is not one run of documents: ``first_doc`` and ``inputs`` (where a contiguous window
+    of an older pack came from) are None and empty for the windows this packtool writes, and
+    kept when a manifest of that older form is read.
+    """
 
     index: int
-    first_doc: int
     docs: int
-    inputs: tuple  #: ``({"path", "first_row", "docs"}, ...)``: where its documents came from
     tokens: int
     real_tokens: int
     rows: int
     lower_bound_rows: int
     extra_rows: int
+    first_doc: int | None = None  #: an older pack's contiguous window: its first document
+    inputs: tuple = ()  #: an older pack's ``({"path", "first_row", "docs"}, ...)``
 
     def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["inputs"] = [dict(i) for i in self.inputs]
+        d = {f.name: getattr(self, f.name) for f in fields(self)
+             if f.name not in ("first_doc", "inputs")}
+        if self.first_doc is not None:  # the older form, written back as it was read
+            d["first_doc"] = self.first_doc
+            d["inputs"] = [dict(i) for i in self.inputs]
         return d
+
+    @classmethod
+    def from_dict(cls, w: dict) -> "WindowEntry":
+        """Both forms: with ``first_doc`` and ``inputs`` (contiguous windows) or without."""
+        return cls(int(w["index"]), int(w["docs"]), int(w["tokens"]), int(w["real_tokens"]),
+                   int(w["rows"]), int(w["lower_bound_rows"]), int(w["extra_rows"]),
+                   None if w.get("first_doc") is None else int(w["first_doc"]),
+                   tuple(dict(i) for i in w.get("inputs") or ()))
+
+
+@dataclass(frozen=True)
+class Windowing:
+    """How a windowed pack dealt its documents to windows: block ``j`` (global documents
+    ``j * block_docs .. (j + 1) * block_docs - 1``) went to window ``j mod windows``
+    (:mod:`packtool.core.windows`)."""
+
+    windows: int
+    block_docs: int
+
+    #: the rule in words, written beside the numbers
+    RULE = ("block j (documents j*block_docs .. (j+1)*block_docs-1) is in window j mod windows")
+
+    def window_of(self, doc: int) -> int:
+        """The window that planned global document ``doc``."""
+        return (int(doc) // self.block_docs) % self.windows
+
+    def to_dict(self) -> dict:
+        return {"windows": self.windows, "block_docs": self.block_docs, "rule": self.RULE}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Windowing":
+        return cls(int(d["windows"]), int(d["block_docs"]))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,6 +264,9 @@ class Manifest:
         totals: the counts of the whole output (a tokenized output: ``docs_in``, ``tokens_in``
             and the BOS/EOS counts).
         windows: the windows of a windowed pack (empty otherwise).
+        windowing: how a windowed pack dealt documents to its windows (:class:`Windowing`);
+            None without windows, and for an older windowed pack (contiguous windows, each
+            :class:`WindowEntry` with its ``first_doc``).
         kind: :data:`PACKED_KIND` (default) or :data:`TOKENIZED_KIND`.
         source_column: the input column ``pack --source-column`` carried, or None.
         source_values: the id -> value table of the shards' ``source_ids`` (id ``i`` is
@@ -241,6 +287,7 @@ class Manifest:
     shards: tuple = ()
     totals: PackStats = field(default_factory=PackStats)
     windows: tuple = ()
+    windowing: Windowing | None = None
     kind: str = PACKED_KIND
     source_column: str | None = None
     source_values: tuple = ()
@@ -303,6 +350,8 @@ class Manifest:
             d["labels"] = {"stored": self.labels.stored, "convention": self.labels.convention}
         else:
             d["kind"] = self.kind
+        if self.windowing is not None:
+            d["windowing"] = self.windowing.to_dict()
         if self.windows:
             d["windows"] = [w.to_dict() for w in self.windows]
         if self.source_column is not None:
@@ -354,11 +403,9 @@ class Manifest:
                     o.get("footer_sha256"),
                     tuple((int(r), int(n)) for r, n in o.get("row_groups") or ()))
                     for o in d["shards"])
-            windows = tuple(WindowEntry(
-                int(w["index"]), int(w["first_doc"]), int(w["docs"]),
-                tuple(dict(i) for i in w.get("inputs", ())), int(w["tokens"]),
-                int(w["real_tokens"]), int(w["rows"]), int(w["lower_bound_rows"]),
-                int(w["extra_rows"])) for w in d.get("windows") or ())
+            windows = tuple(WindowEntry.from_dict(w) for w in d.get("windows") or ())
+            windowing = (Windowing.from_dict(d["windowing"]) if d.get("windowing") is not None
+                         else None)
             src = d.get("sources") or {}
             values = tuple(v if isinstance(v, str) else int(v) for v in src.get("values") or ())
             return cls(format_version=int(version),
@@ -368,7 +415,7 @@ class Manifest:
                        inputs=tuple(InputEntry(str(i["path"]), int(i["rows"]), int(i["bytes"]))
                                     for i in d.get("inputs") or ()),
                        shards=shards, totals=PackStats.from_dict(d.get("totals") or {}),
-                       windows=windows, kind=kind,
+                       windows=windows, windowing=windowing, kind=kind,
                        source_column=None if not src else str(src["column"]),
                        source_values=values)
         except (KeyError, TypeError, ValueError) as exc:
@@ -392,7 +439,9 @@ def manifest_bytes(manifest: Manifest, schema: pa.Schema) -> bytes:
     meta = dict(schema.metadata or {})
     meta[MANIFEST_META_KEY] = json.dumps(manifest.to_dict(), sort_keys=True).encode()
     sink = pa.BufferOutputStream()
-    pq.write_table(schema.with_metadata(meta).empty_table(), sink, compression="zstd")
+    # no rows; ``Schema.empty_table`` would import pandas (a tenth of a CPU-second)
+    pq.write_table(pa.Table.from_batches([], schema=schema.with_metadata(meta)), sink,
+                   compression="zstd")
     return sink.getvalue().to_pybytes()
 
 

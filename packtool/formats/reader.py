@@ -811,8 +811,29 @@ def list_parts(arr: pa.Array) -> tuple[np.ndarray, pa.Array]:
     # ``flatten`` honours slices and, for list views, gathers each row's view in row order
     # (a cast of a list view to a list is avoided: pyarrow 26 builds invalid offsets for views
     # that are out of order)
-    lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
+    t = arr.type
+    if pa.types.is_list(t) or pa.types.is_large_list(t):  # lengths from the offsets, no kernel
+        width = np.int64 if pa.types.is_large_list(t) else np.int32
+        off = np.frombuffer(arr.buffers()[1], dtype=width)[arr.offset:arr.offset + len(arr) + 1]
+        return np.diff(off).astype(np.int64, copy=False), arr.flatten()
+    if pa.types.is_fixed_size_list(t):
+        return np.full(len(arr), t.list_size, dtype=np.int64), arr.flatten()
+    lengths = _numpy(pc.list_value_length(arr)).astype(np.int64)
     return lengths, arr.flatten()
+
+
+def _numpy(arr: pa.Array) -> np.ndarray:
+    """The values of a primitive array without nulls as NumPy: a zero-copy view of an integer
+    array (``Array.to_numpy`` would import pandas, a tenth of a CPU-second), a copy of a
+    boolean one."""
+    t = arr.type
+    if pa.types.is_integer(t):
+        dtype = np.dtype(f"{'i' if pa.types.is_signed_integer(t) else 'u'}{t.bit_width // 8}")
+        buf = arr.buffers()[1]
+        if buf is None:
+            return np.zeros(0, dtype=dtype)
+        return np.frombuffer(buf, dtype=dtype)[arr.offset:arr.offset + len(arr)]
+    return arr.to_numpy(zero_copy_only=False)
 
 
 def _row_of_value(lengths: np.ndarray, value_index: int) -> int:
@@ -929,7 +950,7 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
                 vi = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
                 where = row_ref(row + _row_of_value(lengths, vi))
                 raise SchemaError(f"{path}: {where}: a token id is null; fix the tokenizer output")
-            flat = values.to_numpy(zero_copy_only=False)
+            flat = _numpy(values)
             if flat.size:
                 if flat.min() < 0:
                     vi = int(np.argmax(flat < 0))
@@ -995,4 +1016,4 @@ def _mask_values(arr: pa.Array, lengths: np.ndarray, path, row: int, name: str,
         vi = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
         where = row_ref(row + _row_of_value(lengths, vi))
         raise SchemaError(f"{path}: {where}: a {name!r} value is null; fill it")
-    return values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return _numpy(values).astype(np.int64, copy=False)

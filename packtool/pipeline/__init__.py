@@ -1,32 +1,40 @@
-"""``packtool pack``: the one driver. Every run is a list of windows mapped by an engine.
+"""``packtool pack``: the one driver. Every run is three phases of tasks mapped by an engine.
 
     read (pipeline/read.py) -> plan (pipeline/plan.py) -> layout (pipeline/layout.py)
         -> write (pipeline/write.py), engines (packtool/engines/) beside, OUTPUT owned by
         packtool/output.py
 
-1. The inputs are listed and their footers checked; the corpus is cut into windows
-   (no ``--window-docs``: one window of the whole corpus).
-2. The engine maps :func:`~packtool.pipeline.plan.prepare_window` over the windows: each
-   window's tokens are validated and spilled to OUTPUT's scratch directory, its rows are
-   planned from the lengths alone and spilled again in the window's (seeded, shuffled) row
-   order, and only counts come back. A bad value in any window stops the run here, before
-   anything outside the scratch directory is written.
-3. :func:`~packtool.pipeline.plan.merge_windows` decides which window every output row comes
+1. The inputs are listed and their footers read: the corpus is cut into read parts (at most
+   64 MB of stored input each) and its documents are dealt to windows (no ``--window-docs``:
+   one window of the whole corpus).
+2. The engine maps :func:`~packtool.pipeline.read.read_part` over the read parts: each part's
+   documents are read as ``pack`` and ``compare`` read them
+   (:func:`~packtool.pipeline.read.iter_documents`: masks, the ``--holdout`` split, BOS/EOS),
+   validated and spilled to OUTPUT's scratch directory in input order, keeping progress piece
+   by piece (a file, or at most 64 MB of one). A bad value in any part stops the run here,
+   before anything outside the scratch directory is written.
+3. The engine maps :func:`~packtool.pipeline.plan.plan_window` over the windows: each window's
+   rows are planned from the lengths alone and written, as segments pointing into the read
+   parts' spills, in the window's (seeded, shuffled) row order. Only counts come back.
+4. :func:`~packtool.pipeline.plan.merge_windows` decides which window every output row comes
    from (a seeded shuffle of the window labels: as mixed as one permutation of all rows), and
    the engine maps :func:`~packtool.pipeline.write.write_shard_task` over the output shards;
-   each reads, per row group and window present, one contiguous range of that window's row
-   spill.
-4. The manifest (:data:`~packtool.formats.manifest.MANIFEST_NAME`) is written last
+   each reads its rows' segments straight from the spills into the rows it lays out.
+5. The manifest (:data:`~packtool.formats.manifest.MANIFEST_NAME`) is written last
    (:meth:`packtool.output.Output.commit`).
 
-Memory: the document lengths and plan of a window (about 50 bytes per document piece) per
-window task, with the tokens in the spill; one record batch and 16 MiB of row-ordered tokens
-per window task; one row group and its shard's segments per writing task. Spills are read with
-``pread``, never memory-mapped (see :mod:`packtool.pipeline.layout`).
+``--holdout`` runs all of it twice, once per side of the split (:mod:`packtool.pipeline.holdout`).
+
+Every token is written once outside Parquet (the read parts' spill) and read back once, into
+the row being laid out. Memory: one record batch per read task; a window's lengths and plan
+(about 80 bytes per document piece) per plan task; one row group and its shard's segments per
+writing task. Spills are read with ``pread``, never memory-mapped (see
+:mod:`packtool.pipeline.layout`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import time
@@ -39,18 +47,21 @@ from packtool.config import PackConfig
 from packtool.engines import make_engine
 from packtool.errors import InputError
 from packtool.formats.manifest import (FORMAT_VERSION, InputEntry, LabelsInfo, Manifest,
-                                       WindowEntry, shard_name)
+                                       WindowEntry, Windowing, shard_name)
 from packtool.formats.reader import discover_inputs
 from packtool.formats.schema import labels_convention, packed_schema
 from packtool.output import Output, fingerprint
-from packtool.pipeline.layout import WindowSpills
-from packtool.pipeline.plan import WindowInfo, merge_windows, prepare_window
-from packtool.pipeline.read import Window, file_rows, input_labels_config, plan_windows
+from packtool.pipeline import progress as _progress_mod
+from packtool.pipeline.layout import ShardSources
+from packtool.pipeline.plan import (PartIndex, WindowInfo, Windows, merge_windows, plan_window,
+                                    plan_windows)
+from packtool.pipeline.read import (PartInfo, ReadPart, file_rows, input_labels_config,
+                                    plan_reads, read_part)
 from packtool.pipeline.write import ShardJob, write_shard_task
 from packtool.signals import interruptible, test_pause
 from packtool.stats import PackStats
 
-__all__ = ["run_pack", "PackResult", "plan_windows", "Window"]
+__all__ = ["run_pack", "PackResult", "plan_windows", "plan_reads", "Windows", "ReadPart"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +77,8 @@ class PackResult:
     already_complete: bool = False  #: OUTPUT already held this pack: nothing was done
     warnings: list = field(default_factory=list)  #: loud notes (e.g. many tokens dropped)
     windows_reused: int = 0  #: windows kept finished from an identical run that was killed
+    parts_reused: int = 0  #: read parts kept finished from an identical run that was killed
+    docs_reused: int = 0  #: documents not read again (kept parts, and parts begun)
     holdout: "PackResult | None" = None  #: the held-out pack of ``--holdout``, when asked for
 
 
@@ -78,12 +91,10 @@ def _progress(total, desc, unit, enabled):
                 disable=not enabled, file=sys.stderr)
 
 
-def _window_record(w: Window, info: WindowInfo) -> WindowEntry:
+def _window_record(w: int, info: WindowInfo) -> WindowEntry:
     s = info.stats
-    return WindowEntry(w.index, w.first_doc, w.docs,
-                       tuple({"path": str(p.path), "first_row": p.first_row, "docs": p.docs}
-                             for p in w.parts),
-                       s.tokens_in, s.real_tokens, s.rows, s.lower_bound_rows, s.extra_rows)
+    return WindowEntry(w, info.docs, s.tokens_in, s.real_tokens, s.rows, s.lower_bound_rows,
+                       s.extra_rows)
 
 
 def _shown(path) -> str:
@@ -98,23 +109,24 @@ def _warnings(cfg: PackConfig, stats: PackStats) -> list[str]:
     return [note] if note else []
 
 
-def _source_table(column: str | None, infos: list[WindowInfo]):
-    """``--source-column``: the output's id -> value table (the sorted values of every window)
-    and, per window, int32[its ids] -> the table's ids; ``((), None)`` without the option.
+def _source_table(column: str | None, pinfos: list[PartInfo], files):
+    """``--source-column``: the output's id -> value table (the sorted values of every read
+    part) and, per part, its own ids -> the table's ids (tuples of ints); ``((), None)`` without
+    the option.
 
     Raises:
-        InputError: the column holds strings in some windows and integers in others.
+        InputError: the column holds strings in some files and integers in others.
     """
     if column is None:
         return (), None
-    kinds = {type(v) is str for i in infos for v in i.sources}
+    kinds = {type(v) is str for i in pinfos for v in i.sources}
     if len(kinds) > 1:
-        raise InputError(f"--source-column {column!r} holds strings in some input files and "
-                         "integers in others; cast it to one type before packing")
-    table = tuple(sorted({v for i in infos for v in i.sources}))
+        names = ", ".join(str(f.path) for f in files[:3]) + (", ..." if len(files) > 3 else "")
+        raise InputError(f"{names}: --source-column {column!r} holds strings in some input "
+                         "files and integers in others; cast it to one type before packing")
+    table = tuple(sorted({v for i in pinfos for v in i.sources}))
     index = {v: k for k, v in enumerate(table)}
-    maps = tuple(np.asarray([index[v] for v in i.sources], dtype=np.int32) for i in infos)
-    return table, maps
+    return table, tuple(tuple(index[v] for v in i.sources) for i in pinfos)
 
 
 def _shard_jobs(labels: np.ndarray, n_windows: int, per: int, out: Output) -> list[ShardJob]:
@@ -143,7 +155,8 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
         PackingError: a document over capacity with ``--overflow error``.
         EngineError: a Ray task failed (OUTPUT is left resumable).
         MissingDependencyError: ``--engine ray`` without Ray installed.
-        KeyboardInterrupt: Ctrl-C; OUTPUT is as before or resumable.
+        KeyboardInterrupt: Ctrl-C; OUTPUT is as before or resumable, and the exception's
+            message says what was kept for the rerun (empty when nothing was).
     """
     if cfg.holdout is not None and cfg.holdout_part is None:  # two packs, one per side
         from packtool.pipeline.holdout import run_holdout
@@ -153,70 +166,109 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
     show = progress and sys.stderr.isatty()
     files = discover_inputs(list(cfg.inputs), skip_unsupported=cfg.skip_unsupported)
     cfg = input_labels_config(cfg, files)  # an input labels column: labels are stored
-    windows = plan_windows(files, cfg.column, cfg.window_docs)  # footers only
+    parts = plan_reads(files, cfg.column)  # footers only
+    total_docs = sum(p.docs for p in parts)
+    windows = plan_windows(total_docs, cfg.window_docs)
     fp = fingerprint(cfg.layout_options(), files)
-    with interruptible(), Output(cfg.output, cfg.inputs, fp, overwrite=cfg.overwrite) as out:
-        if out.complete:
-            m = out.manifest
-            return PackResult(m.totals, m, time.perf_counter() - t0, len(m.shards), True,
-                              _warnings(cfg, m.totals))
-        tokens = sorted(w.tokens + (w.docs if cfg.append_eos is not None else 0)
-                        for w in windows)
-        # the row spills, plus the input-order spills of the windows being read at once
-        out.check_space(4 * (sum(tokens) + sum(tokens[-max(1, cfg.workers):])))
-        with make_engine(cfg.engine.value, workers=cfg.workers,
-                         ray_address=cfg.ray_address) as engine:
-            infos: list[WindowInfo] = []
-            with _progress(len(windows), "read+plan", "window", show) as bar:
-                # fewer windows than local workers: the spare ones help rewrite a window's rows
-                threads = max(1, cfg.workers // len(windows)) if engine.name == "local" else 1
-                for info in engine.map(prepare_window,
-                                       [(cfg, w, str(out.tmp), threads) for w in windows]):
-                    infos.append(info)
-                    bar.update(1)
-            total = PackStats(capacity=cfg.capacity)
-            for info in infos:
-                total = total + info.stats
-            if total.tokens_in == 0:
-                where = files[0].path if len(files) == 1 else f"{len(files)} input files"
-                what = (f"all {total.docs_in} documents in column {cfg.column!r} are empty"
-                        if total.docs_in else "no documents (empty shards)")
-                raise InputError(f"{where}: no tokens to pack: {what}; check the INPUT and "
-                                 "--column")
-            log.info("planned %d windows, %d rows", len(infos), total.rows)
-            labels = merge_windows([i.rows for i in infos], seed=cfg.seed, shuffle=cfg.shuffle)
-            source_values, source_maps = _source_table(cfg.source_column, infos)
-            spills = WindowSpills(tuple(i.directory for i in infos),
-                                  tuple(i.first_doc for i in infos),
-                                  tuple(i.targets for i in infos), cfg.capacity, source_maps)
-            jobs = _shard_jobs(labels, len(infos), cfg.rows_per_shard, out)
-            out.begin_write()
-            # a full disk while writing: about the rows left at capacity * 4 bytes per column
-            out.bytes_needed = 4 * cfg.capacity * labels.size
-            outputs, reused = [], 0
-            with _progress(len(jobs), "write", "shard", show) as bar:
-                for entry, was_reused in engine.map(write_shard_task,
-                                                    [(cfg, j, spills) for j in jobs]):
-                    outputs.append(entry)
-                    out.shard_written(entry)
-                    reused += was_reused
-                    out.bytes_needed = max(0, out.bytes_needed - 4 * cfg.capacity * entry.rows)
-                    bar.update(1)
-        test_pause("manifest")
-        labels_mode = cfg.labels.value
-        manifest = Manifest(
-            format_version=FORMAT_VERSION, packtool_version=__version__, fingerprint=fp,
-            capacity=cfg.capacity,
-            labels=LabelsInfo(labels_mode != "none", labels_convention(labels_mode)),
-            options={k: v for k, v in cfg.layout_options().items() if k != "labels"},
-            inputs=tuple(InputEntry(_shown(f.path), r, f.bytes)
-                         for f, r in zip(files, file_rows(windows, len(files)))),
-            shards=tuple(outputs), totals=total,
-            windows=tuple(_window_record(w, i) for w, i in zip(windows, infos))
-            if cfg.window_docs is not None else (),
-            source_column=cfg.source_column, source_values=source_values)
-        out.commit(manifest, packed_schema(cfg.capacity, cfg.labels.value,
-                                           cfg.segment_multiple,
-                                           sources=cfg.source_column is not None))
+    out = None
+    try:
+        with interruptible(), Output(cfg.output, cfg.inputs, fp, overwrite=cfg.overwrite) as out:
+            if out.complete:
+                m = out.manifest
+                return PackResult(m.totals, m, time.perf_counter() - t0, len(m.shards), True,
+                                  _warnings(cfg, m.totals))
+            return _pack(cfg, files, parts, windows, fp, out, show, t0)
+    except KeyboardInterrupt as exc:
+        kept = out.kept.describe(out.shards_done) if out is not None else ""
+        if kept and not str(exc):
+            raise KeyboardInterrupt(kept) from None
+        raise
+
+
+def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: str,
+          out: Output, show: bool, t0: float) -> PackResult:
+    """The phases of :func:`run_pack` inside OUTPUT."""
+    est_tokens = sum(p.tokens for p in parts) + (sum(p.docs for p in parts)
+                                                   if cfg.append_eos is not None else 0)
+    # the read parts' token spills (4 bytes a token, 1 more for target flags at most) and the
+    # plans (about 2 segments of 32 bytes per 300 tokens); checked on a local disk only
+    out.check_space(5 * est_tokens + est_tokens // 4)
+    with make_engine(cfg.engine.value, workers=cfg.workers,
+                     ray_address=cfg.ray_address) as engine:
+        local = engine.name == "local"
+        pinfos: list[PartInfo] = []
+        with _progress_mod.phase("read", est_tokens, windows.docs, show) as bar:
+            for info in engine.map(read_part, [(cfg, part, str(out.tmp)) for part in parts]):
+                pinfos.append(info)
+                if info.reused or not local:  # local tasks report as they read
+                    bar.advance(info.docs, info.tokens)
+        total = PackStats(capacity=cfg.capacity)
+        for info in pinfos:
+            total = total + info.counts
+        bases = np.zeros(len(pinfos) + 1, dtype=np.int64)
+        np.cumsum([i.tokens for i in pinfos], out=bases[1:])
+        firsts = [p.first_doc for p in parts] + [windows.docs]
+        source_values, source_maps = _source_table(cfg.source_column, pinfos, files)
+        index = PartIndex(tuple(i.directory for i in pinfos), tuple(firsts),
+                          tuple(int(x) for x in bases), tuple(i.targets for i in pinfos),
+                          tuple(parts), source_maps)
+        if int(bases[-1]) == 0:
+            where = files[0].path if len(files) == 1 else f"{len(files)} input files"
+            what = (f"all {windows.docs} documents in column {cfg.column!r} are empty"
+                    if windows.docs else "no documents (empty shards)")
+            raise InputError(f"{where}: no tokens to pack: {what}; check the INPUT and "
+                             "--column")
+        infos: list[WindowInfo] = []
+        sizes = windows.sizes()
+        with _progress_mod.phase("plan", int(bases[-1]), windows.docs, show) as bar:
+            for info in engine.map(plan_window, [(cfg, windows, w, index, str(out.tmp))
+                                                 for w in range(windows.count)]):
+                infos.append(info)
+                share = int(bases[-1]) * int(sizes[info.index]) // max(windows.docs, 1)
+                bar.advance(int(sizes[info.index]), share)
+        for info in infos:
+            total = total + info.stats
+        log.info("read %d parts, planned %d windows, %d rows", len(pinfos), len(infos),
+                 total.rows)
+        labels = merge_windows([i.rows for i in infos], seed=cfg.seed, shuffle=cfg.shuffle)
+        sources = ShardSources(tuple(i.directory for i in infos),
+                               tuple(i.row_spill for i in infos),
+                               tuple(i.targets for i in infos), index.dirs, index.token_bases,
+                               index.targets, cfg.capacity, cfg.segment_multiple,
+                               cfg.source_column is not None)
+        jobs = _shard_jobs(labels, len(infos), cfg.rows_per_shard, out)
+        out.begin_write()
+        # a full disk while writing: about the rows left at capacity * 4 bytes per column
+        out.bytes_needed = 4 * cfg.capacity * labels.size
+        outputs, reused, targets = [], 0, 0
+        with _progress(len(jobs), "write", "shard", show) as bar:
+            for entry, was_reused, shard_targets in engine.map(
+                    write_shard_task, [(cfg, j, sources) for j in jobs]):
+                outputs.append(entry)
+                out.shard_written(entry)
+                reused += was_reused
+                targets += shard_targets
+                out.bytes_needed = max(0, out.bytes_needed - 4 * cfg.capacity * entry.rows)
+                bar.update(1)
+    if sources.any_targets:  # input label masks: what the rows hold, counted while writing
+        total = dataclasses.replace(total, effective_targets=targets)
+    test_pause("manifest")
+    labels_mode = cfg.labels.value
+    windowed = cfg.window_docs is not None
+    manifest = Manifest(
+        format_version=FORMAT_VERSION, packtool_version=__version__, fingerprint=fp,
+        capacity=cfg.capacity,
+        labels=LabelsInfo(labels_mode != "none", labels_convention(labels_mode)),
+        options={k: v for k, v in cfg.layout_options().items() if k != "labels"},
+        inputs=tuple(InputEntry(_shown(f.path), r, f.bytes)
+                     for f, r in zip(files, file_rows(parts, len(files)))),
+        shards=tuple(outputs), totals=total,
+        windows=tuple(_window_record(w, i) for w, i in enumerate(infos)) if windowed else (),
+        windowing=Windowing(windows.count, windows.block) if windowed else None,
+        source_column=cfg.source_column, source_values=source_values)
+    out.commit(manifest, packed_schema(cfg.capacity, labels_mode, cfg.segment_multiple,
+                                       sources=cfg.source_column is not None))
     return PackResult(total, manifest, time.perf_counter() - t0, reused, False,
-                      _warnings(cfg, total), windows_reused=sum(i.reused for i in infos))
+                      _warnings(cfg, total), windows_reused=sum(i.reused for i in infos),
+                      parts_reused=sum(i.reused for i in pinfos),
+                      docs_reused=sum(i.docs if i.reused else i.resumed_docs for i in pinfos))

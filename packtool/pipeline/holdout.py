@@ -19,7 +19,7 @@ import dataclasses
 from packtool.core.holdout import count_held_out
 from packtool.errors import InputError
 from packtool.formats.reader import discover_inputs
-from packtool.pipeline.read import file_rows, plan_windows
+from packtool.pipeline.read import file_rows, plan_reads
 
 __all__ = ["run_holdout"]
 
@@ -27,8 +27,8 @@ __all__ = ["run_holdout"]
 def _check_sizes(cfg) -> None:
     """Refuse a split that leaves one side without documents, before anything is written."""
     files = discover_inputs(list(cfg.inputs), skip_unsupported=cfg.skip_unsupported)
-    windows = plan_windows(files, cfg.column, None)  # footers only
-    n = sum(file_rows(windows, len(files)))
+    parts = plan_reads(files, cfg.column)  # footers only
+    n = sum(file_rows(parts, len(files)))
     held = count_held_out(n, cfg.holdout, cfg.seed)
     if held == 0 or held == n:
         what = "no document" if held == 0 else "every document"

@@ -1,142 +1,219 @@
-"""Layout: the packed columns of a group of output rows, drawn from any windows' row spills.
+"""Layout: the packed columns of a group of output rows, drawn from any windows.
 
-Every window's rows are spilled in the window's row order (:mod:`packtool.pipeline.plan`), and
-the output takes each window's rows in that order (:func:`packtool.pipeline.plan.merge_windows`).
-So the rows an output shard holds from one window are one contiguous run of that window's row
-order, and the rows a row group holds from it are one contiguous range of its row spill: a
-writing task reads, per window present in its shard, that run's row index and segments once
-(:class:`ShardRows`), then per row group and window one range of tokens
-(:func:`packtool.pipeline.spill.read_spill`: ``pread``, or one ranged GET when the scratch is in an
-object store). Reads move forward through every window's spill, shard after shard.
+Every window's rows are planned in the window's row order (:mod:`packtool.pipeline.plan`), and
+the output takes each window's rows in that order
+(:func:`packtool.pipeline.plan.merge_windows`). So the rows an output shard holds from one
+window are one contiguous run of its row order: a writing task reads, per window present in its
+shard, that run's row index and segments once (:class:`ShardRows`). For each row group,
+:func:`layout_group` then reads every segment's tokens from the read part that spilled them
+straight into its place in the row (:func:`packtool.pipeline.spill.gather_spill`: one ``pread``
+per segment, about the cost of a copy in memory; with ``--segment-multiple`` N each segment at
+the start of its span of a multiple of N slots), and :func:`packtool.core.layout.complete_rows`
+writes the padding and every other column around them, into buffers reused from one row group
+to the next. With the scratch in an object store
+the tokens of the rows a row group takes from a window are one range of that window's row-order
+spill (one ranged GET).
 
-No memory map of a spill exists, so its pages never enter the resident set: peak RSS (file
-pages included, as ``/usr/bin/time -v`` and container memory accounting count it) stays at one
-row group and one shard's segments per worker, whatever the corpus size.
+No memory map of a spill exists, so its pages never enter the resident set: peak RSS stays at
+one row group and one shard's segments per worker, whatever the corpus size.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
-from packtool.core.layout import PackedRows, layout_rows
-from packtool.core.packing import PackPlan
+from packtool.core.layout import PackedRows, complete_rows, row_destinations
 from packtool.output import window_file
 from packtool.pipeline.spill import (ROW_INDEX, ROW_TARGETS, ROW_TOKENS, SEG_SOURCES, SEGMENTS,
-                                     read_records, read_spill)
+                                     TARGETS, TOKENS, SpillReader, read_records)
 
-__all__ = ["WindowSpills", "ShardRows", "layout_group"]
+__all__ = ["ShardSources", "ShardRows", "RowBuffers", "layout_group"]
 
 
 @dataclass(frozen=True)
-class WindowSpills:
-    """Where every window's row spill is (small: it crosses processes).
+class ShardSources:
+    """Where every window's plan and every read part's tokens are (small: it crosses
+    processes).
 
     Attributes:
-        dirs: directory of each window (``WindowInfo.directory``: a path or a URI), in window
-            order.
-        first_docs: global index of each window's first document.
-        targets: whether each window has input target flags (a labels column).
+        windows: directory of each window (a path or a URI), in window order.
+        row_spills: each window's segments point into its own row-order spill (object-store
+            scratch) rather than into the read parts.
+        window_targets: that row spill has target flags beside it.
+        parts: directory of each read part.
+        token_bases: global position of each part's first token, then the total.
+        part_targets: each part spilled input target flags.
         capacity: tokens per row.
-        source_maps: ``--source-column``: per window, int32[ids of its own table] -> id in
-            the output's table; None without the option.
+        segment_multiple: N of ``--segment-multiple`` (each segment spans a multiple of N).
+        sources: each window wrote its segments' source ids (``--source-column``).
     """
 
-    dirs: tuple[str, ...]
-    first_docs: tuple[int, ...]
-    targets: tuple[bool, ...]
+    windows: tuple[str, ...]
+    row_spills: tuple[bool, ...]
+    window_targets: tuple[bool, ...]
+    parts: tuple[str, ...]
+    token_bases: tuple[int, ...]
+    part_targets: tuple[bool, ...]
     capacity: int
-    source_maps: tuple | None = None
+    segment_multiple: int = 1
+    sources: bool = False
+
+    @property
+    def any_targets(self) -> bool:
+        return any(self.part_targets) or any(self.window_targets)
 
 
 class ShardRows:
-    """Where each of one shard's rows is: its segments and its tokens, read once per window.
-
-    For each window present, the rows the shard takes from it are a contiguous run of its row
-    order: that run's row index and segments are read once (two reads per window and shard).
+    """Every segment of one shard's rows, in output order, read once per window present.
 
     Args:
-        spills: the windows' spills.
+        sources: the windows and read parts.
         windows: int[n], the window of each of the shard's rows, in output order.
         starts: int64[k], for each window present (ascending window number), the position in
             that window's row order of its first row in the shard.
 
     Attributes:
-        ids: int64[k], the windows present (ascending).
-        slot: int64[n], each row's window as an index into ``ids``.
-        seg_len, seg_doc, seg_offset: int64[segments of the shard], every segment of the
-            shard's rows, window after window (``seg_doc`` global).
-        row_seg: int64[n], each row's first segment in those arrays; ``row_nseg``: how many.
-        row_tok: int64[n], each row's first token in its window's row spill; ``row_ntok``:
-            how many.
-        seg_source: int32[segments of the shard], each segment's source id in the output's
-            table (``--source-column``), else None.
+        seg_offsets: int64[n + 1], row k's segments are ``seg_offsets[k]:seg_offsets[k + 1]``.
+        seg_len, seg_doc, seg_offset, seg_pos: int64[segments], each segment's length, global
+            document, offset in it and token position (see
+            :data:`packtool.pipeline.spill.SEGMENTS`).
+        seg_window: int64[segments], its window.
+        seg_source: int32[segments], its source id in the output's table (``--source-column``),
+            else None.
 
     Raises:
-        OSError: a spill file cannot be read.
+        OSError: a plan file cannot be read.
     """
 
-    def __init__(self, spills: WindowSpills, windows: np.ndarray, starts: np.ndarray):
+    def __init__(self, sources: ShardSources, windows: np.ndarray, starts: np.ndarray):
         windows = np.asarray(windows, dtype=np.int64)
-        self.ids, self.slot, counts = np.unique(windows, return_inverse=True, return_counts=True)
-        if self.ids.size != len(starts):
-            raise ValueError(f"{self.ids.size} windows in the shard, {len(starts)} starts given")
+        ids, slot, counts = np.unique(windows, return_inverse=True, return_counts=True)
+        if ids.size != len(starts):
+            raise ValueError(f"{ids.size} windows in the shard, {len(starts)} starts given")
         # position of each row among its window's rows in this shard
-        order = np.argsort(self.slot, kind="stable")
+        order = np.argsort(slot, kind="stable")
         first = np.concatenate([[0], np.cumsum(counts)[:-1]])
         local = np.empty(windows.size, dtype=np.int64)  # shape: (n,)
         local[order] = np.arange(windows.size) - np.repeat(first, counts)
-        index, segments, sources = [], [], []
-        for w, s, c in zip(self.ids.tolist(), np.asarray(starts).tolist(), counts.tolist()):
-            d = spills.dirs[w]
-            idx = read_records(window_file(d, ROW_INDEX), np.int64, 2, s, s + c + 1)
-            index.append(idx)  # (first segment, first token) of each row, and the ends
-            seg = read_records(window_file(d, SEGMENTS), np.int64, 3, int(idx[0, 0]),
-                               int(idx[-1, 0]))  # (length, window-local document, offset)
-            seg[:, 1] += spills.first_docs[w]
-            segments.append(seg)
-            if spills.source_maps is not None:  # the same segments' source ids, renumbered
-                ids = read_records(window_file(d, SEG_SOURCES), np.int32, 1, int(idx[0, 0]),
-                                   int(idx[-1, 0]))[:, 0]
-                sources.append(np.asarray(spills.source_maps[w], dtype=np.int32)[ids])
+        row_first, row_n, recs, srcs = [], [], [], []
+        base = 0
+        for k, (w, s, c) in enumerate(zip(ids.tolist(), np.asarray(starts).tolist(),
+                                          counts.tolist())):
+            d = sources.windows[w]
+            idx = read_records(window_file(d, ROW_INDEX), np.int64, 1, s, s + c + 1)[:, 0]
+            rec = read_records(window_file(d, SEGMENTS), np.int64, 4, int(idx[0]), int(idx[-1]))
+            if sources.sources:  # the same segments' source ids
+                srcs.append(read_records(window_file(d, SEG_SOURCES), np.int32, 1, int(idx[0]),
+                                         int(idx[-1]))[:, 0])
+            row_first.append(idx[:-1] - idx[0] + base)
+            row_n.append(np.diff(idx))
+            recs.append(rec)
+            base += rec.shape[0]
+        row_first_all = np.concatenate(row_first) if row_first else np.zeros(0, np.int64)
+        row_n_all = np.concatenate(row_n) if row_n else np.zeros(0, np.int64)
+        run_base = np.concatenate([[0], np.cumsum(counts)[:-1]])  # each window's first row
+        p = run_base[slot] + local  # each output row's entry in the arrays above
+        nseg = row_n_all[p]
+        self.seg_offsets = np.zeros(windows.size + 1, dtype=np.int64)  # shape: (n + 1,)
+        np.cumsum(nseg, out=self.seg_offsets[1:])
+        seg = np.repeat(row_first_all[p] - self.seg_offsets[:-1], nseg) + np.arange(
+            self.seg_offsets[-1], dtype=np.int64)
+        rec_all = np.concatenate(recs) if recs else np.zeros((0, 4), dtype=np.int64)
+        rec_all = rec_all[seg]
+        self.seg_len, self.seg_doc, self.seg_offset, self.seg_pos = (
+            np.ascontiguousarray(rec_all[:, i]) for i in range(4))
+        wins = np.repeat(ids, [r.shape[0] for r in recs]) if recs else np.zeros(0, np.int64)
+        self.seg_window = wins[seg]
         self.seg_source = None
-        if spills.source_maps is not None:
-            self.seg_source = (np.concatenate(sources) if sources
-                               else np.zeros(0, dtype=np.int32))
-        index_base = np.concatenate([[0], np.cumsum(counts + 1)])  # each window's first entry
-        seg_base = np.concatenate([[0], np.cumsum([len(x) for x in segments])])
-        idx_all = np.concatenate(index) if index else np.zeros((0, 2), dtype=np.int64)
-        seg_all = np.concatenate(segments) if segments else np.zeros((0, 3), dtype=np.int64)
-        self.seg_len, self.seg_doc, self.seg_offset = (np.ascontiguousarray(seg_all[:, i])
-                                                       for i in range(3))
-        p = index_base[self.slot] + local  # each row's entry in idx_all
-        self.row_seg = seg_base[self.slot] + idx_all[p, 0] - idx_all[index_base[self.slot], 0]
-        self.row_nseg = idx_all[p + 1, 0] - idx_all[p, 0]
-        self.row_tok = idx_all[p, 1]
-        self.row_ntok = idx_all[p + 1, 1] - idx_all[p, 1]
+        if sources.sources:
+            self.seg_source = (np.concatenate(srcs) if srcs
+                               else np.zeros(0, dtype=np.int32))[seg]
+        # where each segment's tokens are read from: a file of :attr:`files` and an item in it
+        spilled = np.asarray(sources.row_spills, dtype=bool)[self.seg_window]
+        bases = np.asarray(sources.token_bases, dtype=np.int64)
+        part = np.searchsorted(bases, self.seg_pos, side="right") - 1
+        self.seg_src = np.where(spilled, self.seg_pos, self.seg_pos - bases[np.maximum(part, 0)])
+        n_parts = len(sources.parts)
+        self.seg_file = np.where(spilled, n_parts + self.seg_window, part)
+        self.files = ([window_file(d, TOKENS) for d in sources.parts]
+                      + [window_file(d, ROW_TOKENS) for d in sources.windows])
+        self.flag_files = ([window_file(d, TARGETS) for d in sources.parts]
+                           + [window_file(d, ROW_TARGETS) for d in sources.windows])
+        self.file_flags = np.asarray(list(sources.part_targets) + list(sources.window_targets),
+                                     dtype=bool)
+        # each segment's place in the flat n * C buffer of the shard's rows
+        self.seg_dest = row_destinations(self.seg_offsets, self.seg_len, sources.capacity,
+                                         sources.segment_multiple)
+        self.seg_fd: np.ndarray | None = None  # descriptor of each segment's file, once open
+        self.files_local: bool | None = None
 
 
-def _exclusive_cumsum(x: np.ndarray) -> np.ndarray:
-    out = np.zeros(x.size, dtype=np.int64)
-    if x.size:
-        np.cumsum(x[:-1], out=out[1:])
-    return out
+class RowBuffers:
+    """The column buffers of one writing task, reused from one row group to the next (a row
+    group's Arrow table is written before the next one is laid out).
+
+    Args:
+        rows: rows of the largest row group; capacity: C; labels: a labels column is stored;
+        flags: target flags are needed; padded: segments are padded (``--segment-multiple``
+        N > 1: a ``cu_seqlens_unpadded`` buffer too).
+    """
+
+    def __init__(self, rows: int, capacity: int, labels: bool, flags: bool,
+                 padded: bool = False):
+        shape = (rows, capacity)
+        self.input_ids = np.empty(shape, dtype=np.int32)
+        self.flags = np.empty(shape, dtype=np.uint8) if flags else None
+        self.out = {"segment_ids": np.empty(shape, dtype=np.int32),
+                    "position_ids": np.empty(shape, dtype=np.int32),
+                    "labels": np.empty(shape, dtype=np.int32) if labels else None,
+                    "cu_values": np.empty(3 * rows + capacity, dtype=np.int32),
+                    "cu_unpadded": (np.empty(3 * rows + capacity, dtype=np.int32) if padded
+                                    else None)}
 
 
-def layout_group(spills: WindowSpills, shard: ShardRows, lo: int, hi: int, *, pad_id: int,
-                 labels, segment_multiple: int = 1) -> PackedRows:
+def _gather(shard: ShardRows, a: int, b: int, dest: np.ndarray, out: np.ndarray,
+            reader: SpillReader, flags: bool) -> None:
+    """Read segments ``a .. b - 1`` of the shard into ``out`` at ``dest``: their tokens, or
+    with ``flags`` their target flags (segments of files without flags are left alone: the
+    caller set them to 1)."""
+    if not flags:  # the hot path: every file local and open for the whole task
+        if shard.seg_fd is None and shard.files_local is None:
+            used = np.unique(shard.seg_file)  # the files this shard reads
+            fds = reader.pinned([shard.files[u] for u in used.tolist()])
+            shard.files_local = fds is not None
+            if fds is not None:
+                lut = np.full(len(shard.files), -1, dtype=np.int32)
+                lut[used] = fds
+                shard.seg_fd = lut[shard.seg_file]
+        if shard.seg_fd is not None:
+            reader.read_into(shard.seg_fd[a:b], shard.seg_src[a:b], shard.seg_len[a:b], out,
+                             dest, shard.files, shard.seg_file[a:b])
+            return
+    which = shard.seg_file[a:b]
+    src, lens = shard.seg_src[a:b], shard.seg_len[a:b]
+    if flags:
+        keep = shard.file_flags[which]
+        which, src, lens, dest = which[keep], src[keep], lens[keep], dest[keep]
+    used, which = np.unique(which, return_inverse=True)
+    names = shard.flag_files if flags else shard.files
+    reader.gather([names[u] for u in used.tolist()], which, src, lens, out, dest)
+
+
+def layout_group(sources: ShardSources, shard: ShardRows, lo: int, hi: int, *, pad_id: int,
+                 labels, buffers: RowBuffers | None = None,
+                 reader: SpillReader | None = None) -> PackedRows:
     """Lay out the shard's output rows ``lo .. hi - 1`` (in output order).
 
-    For each window present, its rows here are consecutive in its row order: their tokens (and
-    input target flags, for windows that have them) are one range of its row spill, read with
-    one :func:`~packtool.pipeline.spill.read_spill` into one buffer, window after window. One
-    :func:`packtool.core.layout.layout_rows` call then lays the rows out through a plan whose
-    documents are their segments, and ``doc_ids``/``doc_offsets`` are set to the segments' real
-    (global) documents and offsets.
+    Each segment's tokens (and target flags, when any read part has them) are read straight
+    into its place in its row, then :func:`packtool.core.layout.complete_rows` writes the
+    padding and every other column (``doc_ids``, ``doc_offsets`` and ``source_ids`` are the
+    segments' own).
 
-    ``segment_multiple``: N of ``--segment-multiple`` (each segment padded to a multiple of N).
+    Args:
+        buffers: reused buffers (None: new ones); the result's arrays are views of them.
+        reader: keeps the spill files open (None: opened and closed here).
 
     Returns:
         :class:`PackedRows` of the ``hi - lo`` rows in output order.
@@ -144,46 +221,28 @@ def layout_group(spills: WindowSpills, shard: ShardRows, lo: int, hi: int, *, pa
     Raises:
         OSError: a spill file cannot be read (or is truncated).
     """
-    slot = shard.slot[lo:hi]
-    n = slot.size
-    row_tok, row_ntok = shard.row_tok[lo:hi], shard.row_ntok[lo:hi]
-    # each window's rows here, first and last (output order keeps its row order)
-    wm = np.argsort(slot, kind="stable")
-    present, first, count = np.unique(slot[wm], return_index=True, return_counts=True)
-    head, tail = wm[first], wm[first + count - 1]
-    t0 = row_tok[head]
-    t1 = row_tok[tail] + row_ntok[tail]
-    base = _exclusive_cumsum(t1 - t0)  # each window's first token in the buffer
-    windows = shard.ids[present].tolist()
-    any_targets = any(spills.targets[w] for w in windows)
-    tokens, flags = [], []
-    for w, a, b in zip(windows, t0.tolist(), t1.tolist()):
-        d = spills.dirs[w]
-        tokens.append(read_spill(window_file(d, ROW_TOKENS), [4 * a], [4 * (b - a)]))
-        if any_targets:  # input label masks: flags beside the tokens (1 = target) if present
-            flags.append(read_spill(window_file(d, ROW_TARGETS), [a], [b - a])
-                         if spills.targets[w] else np.ones(b - a, dtype=np.uint8))
-    buf = (tokens[0] if len(tokens) == 1 else np.concatenate(tokens)).view(np.int32)
-    targets = None
-    if any_targets:
-        targets = flags[0] if len(flags) == 1 else np.concatenate(flags)
-    # the rows' segments, in output order
-    rank = np.searchsorted(present, slot)  # each row's window among those present
-    row_start = base[rank] + row_tok - t0[rank]  # each row's first token in the buffer
-    nseg = shard.row_nseg[lo:hi]
-    offsets = np.zeros(n + 1, dtype=np.int64)  # shape: (n + 1,)
-    np.cumsum(nseg, out=offsets[1:])
-    seg = np.repeat(shard.row_seg[lo:hi] - offsets[:-1], nseg) + np.arange(offsets[-1])
-    seg_len = shard.seg_len[seg]
-    within = _exclusive_cumsum(seg_len)
-    within -= np.repeat(within[offsets[:-1][nseg > 0]], nseg[nseg > 0])
-    src = np.repeat(row_start, nseg) + within  # each segment's first token in the buffer
-    sub = PackPlan(capacity=spills.capacity, row_offsets=offsets,
-                   seg_doc=np.arange(seg.size, dtype=np.int64),
-                   seg_offset=np.zeros_like(seg_len), seg_len=seg_len)
-    packed = layout_rows(sub, np.arange(n, dtype=np.int64), buf, src, pad_id=pad_id,
-                         labels=labels, targets=targets, segment_multiple=segment_multiple)
-    return dataclasses.replace(packed, doc_ids=shard.seg_doc[seg],
-                               doc_offsets=shard.seg_offset[seg],
-                               source_ids=None if shard.seg_source is None
-                               else shard.seg_source[seg])
+    n = hi - lo
+    cap = sources.capacity
+    flags = sources.any_targets
+    if buffers is None or buffers.input_ids.shape[0] < n:
+        buffers = RowBuffers(n, cap, True, flags, sources.segment_multiple > 1)
+    a, b = int(shard.seg_offsets[lo]), int(shard.seg_offsets[hi])
+    seg_offsets = shard.seg_offsets[lo:hi + 1] - a
+    lens = shard.seg_len[a:b]
+    dest = shard.seg_dest[a:b] - lo * cap  # in the flat buffer of this group's rows
+    ids = buffers.input_ids[:n]
+    fl = buffers.flags[:n] if flags else None
+    own = reader is None
+    reader = SpillReader() if own else reader
+    try:
+        _gather(shard, a, b, dest, ids.reshape(-1), reader, False)
+        if flags:
+            fl.fill(1)
+            _gather(shard, a, b, dest, fl.reshape(-1), reader, True)
+    finally:
+        if own:
+            reader.close()
+    return complete_rows(seg_offsets, lens, ids, pad_id=pad_id, labels=labels, flags=fl,
+                         doc_ids=shard.seg_doc[a:b], doc_offsets=shard.seg_offset[a:b],
+                         source_ids=None if shard.seg_source is None else shard.seg_source[a:b],
+                         segment_multiple=sources.segment_multiple, out=buffers.out)

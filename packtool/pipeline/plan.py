@@ -1,86 +1,103 @@
-"""Plan: one window read, planned and spilled in row order (the first task of a pack), and the
+"""Plan: windows of documents, each window's rows planned from the lengths alone, and the
 output order of every window's rows.
 
-:func:`prepare_window` is what an engine runs once per window:
+**Windows.** Without ``--window-docs`` the whole corpus is one window: one global plan. With a
+window size N, documents are dealt to windows in blocks spread over the whole input
+(:mod:`packtool.core.windows`), so each window holds a sample of every source and length.
 
-1. read and validate the window's documents (:func:`packtool.pipeline.read.read_window`),
-   holding the first :data:`WINDOW_MEMORY` bytes of their tokens in memory and spilling the
-   rest to a file in input order (:class:`packtool.pipeline.spill.DocSpill`);
-2. plan the rows from the lengths alone (:func:`packtool.core.packing.pack_lengths`);
+:func:`plan_window` is what an engine runs once per window, after the read parts are spilled
+(:mod:`packtool.pipeline.read`):
+
+1. load the window's document lengths and token positions from the read parts' document
+   starts (one ranged read per block and part);
+2. plan the rows (:func:`packtool.core.packing.pack_lengths`, with ``--segment-multiple``
+   N each document planned as a multiple of N);
 3. put the rows in the window's row order (:func:`window_row_order`: a seeded shuffle of the
-   window's rows, or plan order with ``--no-shuffle``) and write the window's tokens in that
-   order, with a row index and the segments (the files of :mod:`packtool.pipeline.spill`),
-   :data:`REWRITE_TOKENS` at a time; the input-order tokens are then dropped.
+   window's rows, or plan order with ``--no-shuffle``) and write the row index and the
+   segments (length, document, offset, token position) in that order, with
+   ``--source-column`` each segment's source id beside them
+   (:mod:`packtool.pipeline.spill`). The tokens stay where the read parts spilled them: the
+   writing tasks read each segment from there, straight into the row being laid out. Only
+   with the scratch in an object store are the window's tokens also written in row order
+   (:data:`~packtool.pipeline.spill.ROW_TOKENS`), so that a row group reads one ranged GET per
+   window instead of one per segment.
 
-So a run of consecutive rows of a window's row order is one contiguous range of its row spill:
-whichever rows of a window an output row group holds, they are read with one ``pread`` (one
-ranged GET when the scratch is in an object store). All of it goes to a local directory with a
-unique name that is published when complete (:func:`packtool.output.publish_window`: renamed
-into place, or uploaded with ``done.json`` last), so two attempts of one window (a Ray retry)
-never mix their files. Only counts come back.
+All of it goes to a directory with a unique name that is published when complete
+(:func:`packtool.output.publish_window`), so two attempts of one window never mix their files.
+Only counts come back.
 
 :func:`merge_windows` then decides which window every output row comes from: a seeded shuffle
 of the window labels (each window's rows taken in its row order). A uniform shuffle of the
-labels followed by uniform shuffles within windows is a uniform shuffle of all rows, so the
-output is as mixed as one permutation of every row of every window would make it, while each
-window's rows are read in its row order.
+labels followed by uniform shuffles within windows is a uniform shuffle of all rows.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from packtool.core.masks import segment_targets
 from packtool.core.packing import PackPlan, pack_lengths
-from packtool.errors import InputError, PackingError, row_ref
+from packtool.core.windows import DEAL_BLOCKS, Windows, plan_windows
+from packtool.errors import PackingError, row_ref
+from packtool.formats.reader import is_remote
 from packtool.output import (WINDOW_DIR_PREFIX, WINDOW_DONE, publish_window, window_done,
                              window_file, window_workdir)
-from packtool.pipeline.read import Window, read_window
-from packtool.pipeline.spill import (DOC_TARGETS, DOC_TOKENS, ROW_INDEX, ROW_TARGETS,
-                                     ROW_TOKENS, SEG_SOURCES, SEGMENTS, DocSpill, spill_writer)
+from packtool.pipeline.read import ReadPart
+from packtool.pipeline.spill import (DOC_SOURCES, ROW_INDEX, ROW_TARGETS, ROW_TOKENS,
+                                     SEG_SOURCES, SEGMENTS, STARTS, TARGETS, TOKENS, DocSpill,
+                                     read_spill, spill_writer)
 from packtool.signals import check, test_pause
 from packtool.stats import PackStats
 from packtool.types import Overflow
 
-__all__ = ["WindowInfo", "prepare_window", "window_row_order", "merge_windows", "window_dir"]
+__all__ = ["Windows", "plan_windows", "PartIndex", "WindowInfo", "plan_window",
+           "window_row_order", "merge_windows", "window_dir", "DEAL_BLOCKS"]
 
-#: Tokens of the rows rewritten in row order at a time (16 MiB of int32): a window task's
-#: memory for the rewrite, whatever the window size.
+#: Tokens of the rows rewritten in row order at a time (object-store scratch only).
 REWRITE_TOKENS = 1 << 22
-#: Bytes of a window's input-order tokens a window task holds in memory (the rest goes to a
-#: spill file and is read back with ``pread``): a window of up to 64 M tokens never touches
-#: the disk before its rows are spilled in row order. Flags of a labels column add a quarter.
+#: Bytes of a window's tokens the rewrite holds in memory (object-store scratch only; the rest
+#: goes to a local file, read back with ``pread``).
 WINDOW_MEMORY = 256 << 20
 
 
 @dataclass(frozen=True)
+class PartIndex:
+    """Where the read parts' spills are (small: it crosses processes)."""
+
+    dirs: tuple[str, ...]  #: directory of each read part
+    first_docs: tuple[int, ...]  #: global number of each part's first document, then the total
+    token_bases: tuple[int, ...]  #: global position of each part's first token, then the total
+    targets: tuple[bool, ...]  #: each part spilled input target flags
+    parts: tuple[ReadPart, ...]  #: the parts (for messages naming a file and row)
+    #: ``--source-column``: per part, its own source ids (int32, the part's table) -> ids in
+    #: the output's table; None without the option
+    source_maps: tuple | None = None
+
+    def part_of(self, doc: int) -> int:
+        return int(np.searchsorted(self.first_docs, doc, side="right") - 1)
+
+
+@dataclass(frozen=True)
 class WindowInfo:
-    """What :func:`prepare_window` returns for one window (small: it crosses processes)."""
+    """What :func:`plan_window` returns for one window (small: it crosses processes)."""
 
     index: int  #: window number
-    directory: str  #: where its spill files are
-    first_doc: int  #: global index of its first document
+    directory: str  #: where its plan files are
+    docs: int  #: documents in the window
     rows: int  #: planned rows
     stats: PackStats  #: the plan's counts (PackStats.from_plan)
-    reused: bool = False  #: found finished in the scratch directory (a killed run's), not redone
-    targets: bool = False  #: input target flags were spilled beside the tokens (labels column)
-    #: ``--source-column``: the window's own id -> value table (sorted), its segments' ids in
-    #: :data:`~packtool.pipeline.spill.SEG_SOURCES`
-    sources: tuple = ()
+    reused: bool = False  #: found finished in the scratch directory (a killed run's)
+    row_spill: bool = False  #: its tokens were also written in row order (object-store scratch)
+    targets: bool = False  #: ... with input target flags beside them
 
 
-def window_dir(tmp: str | os.PathLike, index: int) -> str:
-    """Directory of window ``index``'s spill files inside the scratch directory ``tmp`` (a
+def window_dir(tmp: str, index: int) -> str:
+    """Directory of window ``index``'s plan files inside the scratch directory ``tmp`` (a
     path, or a URI when the scratch is in an object store)."""
     return window_file(str(tmp), f"{WINDOW_DIR_PREFIX}{index:05d}")
 
@@ -118,191 +135,211 @@ def merge_windows(window_rows: list[int], *, seed: int, shuffle: bool) -> np.nda
     return labels
 
 
-def _check_overflow(capacity: int, window: Window, lengths: np.ndarray) -> None:
+def _part_ranges(index: PartIndex, ranges: np.ndarray):
+    """Per read part, the window's document ranges inside it: (part, int64[k, 2] local)."""
+    fd = np.asarray(index.first_docs, dtype=np.int64)
+    for p in range(len(index.dirs)):
+        lo, hi = fd[p], fd[p + 1]
+        a = np.maximum(ranges[:, 0], lo)
+        b = np.minimum(ranges[:, 1], hi)
+        keep = a < b
+        if keep.any():
+            yield p, np.stack([a[keep] - lo, b[keep] - lo], axis=1)
+
+
+def load_window_sources(index: PartIndex, ranges: np.ndarray) -> np.ndarray:
+    """int32[docs]: each of the window's documents' source id in the output's table (global
+    document order, as :func:`load_window_docs`), from the read parts' document sources.
+
+    Raises:
+        OSError: a spill file cannot be read.
+    """
+    out = []
+    for p, local in _part_ranges(index, ranges):
+        n = local[:, 1] - local[:, 0]
+        ids = read_spill(window_file(index.dirs[p], DOC_SOURCES), local[:, 0] * 4,
+                         n * 4).view(np.int32)
+        out.append(np.asarray(index.source_maps[p], dtype=np.int32)[ids])
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int32)
+
+
+def load_window_docs(index: PartIndex, ranges: np.ndarray):
+    """The window's documents in global order: (global numbers, lengths, global token position
+    of each one's first token), all int64[docs], from the read parts' document starts (one
+    ranged read per part, of its ranges).
+
+    Raises:
+        OSError: a spill file cannot be read.
+    """
+    docs, lens, pos = [], [], []
+    for p, local in _part_ranges(index, ranges):
+        n = local[:, 1] - local[:, 0]
+        raw = read_spill(window_file(index.dirs[p], STARTS), local[:, 0] * 8,
+                         (n + 1) * 8).view(np.int64)
+        # each range gives n + 1 starts: its documents' first tokens, then the end of the last
+        last = np.cumsum(n + 1) - 1  # the end entry of each range
+        keep = np.ones(raw.size, dtype=bool)
+        keep[last] = False
+        firsts = raw[keep]
+        nxt = raw[np.flatnonzero(keep) + 1]
+        docs.append(np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in local.tolist()])
+                    + index.first_docs[p])
+        lens.append(nxt - firsts)
+        pos.append(firsts + index.token_bases[p])
+    if not docs:
+        z = np.zeros(0, dtype=np.int64)
+        return z, z, z
+    return np.concatenate(docs), np.concatenate(lens), np.concatenate(pos)
+
+
+def _check_overflow(capacity: int, index: PartIndex, docs: np.ndarray,
+                    lengths: np.ndarray) -> None:
     if lengths.size and lengths.max() > capacity:
         bad = int(np.argmax(lengths > capacity))
-        ends = np.cumsum([p.docs for p in window.parts])  # shape: (parts,)
-        k = int(np.searchsorted(ends, bad, side="right"))
-        part = window.parts[k]
-        row = part.first_row + bad - int(ends[k] - part.docs)
-        raise PackingError(f"{part.path}: {row_ref(row)}: document {window.first_doc + bad} has "
+        doc = int(docs[bad])
+        part = index.parts[index.part_of(doc)]
+        piece = next(p for p in part.pieces if p.first_doc <= doc < p.first_doc + p.docs)
+        row = piece.first_row + doc - piece.first_doc
+        raise PackingError(f"{piece.path}: {row_ref(row)}: document {doc} has "
                            f"{int(lengths[bad])} tokens, longer than --capacity {capacity}; use "
                            "--overflow split|truncate|drop or a larger --capacity")
 
 
-def _row_chunk(plan: PackPlan, doc_starts: np.ndarray, rows: np.ndarray, tokens: DocSpill,
-               targets: DocSpill | None) -> tuple:
-    """One chunk of the row-order rewrite: (index int64[rows, 2] counted from the chunk's
-    start, segments int64[S, 3], tokens int32[T], flags uint8[T] or None, effective targets)."""
+def _rows_in_order(plan: PackPlan, order: np.ndarray):
+    """The plan's segments in row order: (row index int64[rows + 1], segment numbers
+    int64[S])."""
     ro = plan.row_offsets
-    counts = ro[rows + 1] - ro[rows]  # segments per row
-    first = np.zeros(rows.size + 1, dtype=np.int64)  # shape: (rows + 1,)
-    np.cumsum(counts, out=first[1:])
-    n_seg = int(first[-1])
-    seg = np.repeat(ro[rows] - first[:-1], counts) + np.arange(n_seg, dtype=np.int64)
-    lens = np.asarray(plan.seg_len[seg], dtype=np.int64)
-    docs = np.asarray(plan.seg_doc[seg], dtype=np.int64)
-    offs = np.asarray(plan.seg_offset[seg], dtype=np.int64)
-    starts = np.zeros(n_seg + 1, dtype=np.int64)  # each segment's first token here
-    np.cumsum(lens, out=starts[1:])
-    index = np.stack([first[:-1], starts[first[:-1]]], axis=1)
-    segments = np.ascontiguousarray(np.stack([lens, docs, offs], axis=1))
-    src = doc_starts[docs] + offs  # shape: (n_seg,), first token in input order
-    toks = tokens.gather(src, lens)
-    flags = None
-    if targets is not None:
-        flags = targets.gather(src, lens)
-        effective = int(segment_targets(starts[:-1], lens, flags).sum())
-    else:
-        effective = int(lens.sum()) - n_seg
-    return index, segments, toks, flags, effective
+    counts = ro[order + 1] - ro[order]
+    index = np.zeros(order.size + 1, dtype=np.int64)  # shape: (rows + 1,)
+    np.cumsum(counts, out=index[1:])
+    seg = np.repeat(ro[order] - index[:-1], counts) + np.arange(index[-1], dtype=np.int64)
+    return index, seg
 
 
-def _spill_rows(work: Path, plan: PackPlan, doc_starts: np.ndarray, order: np.ndarray,
-                tokens: DocSpill, targets: DocSpill | None, threads: int = 1,
-                doc_sources: np.ndarray | None = None) -> int:
-    """Write the window's rows in ``order`` (the row spill, index and segments of
-    :mod:`packtool.pipeline.spill`), gathering their segments from the input-order ``tokens``
-    (and ``targets`` flags), :data:`REWRITE_TOKENS` at most at a time. With ``threads`` > 1,
-    that many chunks are gathered ahead by other threads while this one writes (the files are
-    written in order either way).
-    ``doc_sources`` (int32[docs], ``--source-column``) writes each segment's source id to
-    :data:`~packtool.pipeline.spill.SEG_SOURCES`, beside :data:`SEGMENTS`.
-
-    Returns:
-        The effective targets of the window (sum over segments of the flagged tokens 1..len-1;
-        ``seg_len - 1`` each without flags).
-    """
-    step = max(1, REWRITE_TOKENS // plan.capacity)
-    seg_base = tok_base = effective = 0
-
-    def chunk(lo: int) -> tuple:
-        return _row_chunk(plan, doc_starts, order[lo:lo + step], tokens, targets)
-
-    los = list(range(0, order.size, step))
-    pool = ThreadPoolExecutor(max_workers=threads - 1) if threads > 1 and len(los) > 1 else None
-    with ExitStack() as stack:
-        tok_f = stack.enter_context(spill_writer(work / ROW_TOKENS))
-        idx_f = stack.enter_context(spill_writer(work / ROW_INDEX))
-        seg_f = stack.enter_context(spill_writer(work / SEGMENTS))
-        tgt_f = stack.enter_context(spill_writer(work / ROW_TARGETS)) if targets else None
-        src_f = (stack.enter_context(spill_writer(work / SEG_SOURCES))
-                 if doc_sources is not None else None)
-        if pool is not None:
-            stack.callback(pool.shutdown, wait=True, cancel_futures=True)
-            ahead = deque(pool.submit(chunk, lo) for lo in los[:threads])
-            pending = los[threads:]
-        for k in range(len(los)):
-            check()
-            if pool is None:
-                index, segments, toks, flags, eff = chunk(los[k])
-            else:
-                index, segments, toks, flags, eff = ahead.popleft().result()
-                if pending:
-                    ahead.append(pool.submit(chunk, pending.pop(0)))
-            index += np.array([seg_base, tok_base], dtype=np.int64)
-            idx_f.write(memoryview(np.ascontiguousarray(index)))
-            seg_f.write(memoryview(segments))
-            if src_f is not None:  # beside the segments: a source id per segment
-                src_f.write(memoryview(np.ascontiguousarray(doc_sources[segments[:, 1]])))
-            tok_f.write(memoryview(toks))
-            if tgt_f is not None:
-                tgt_f.write(memoryview(flags))
-            effective += eff
-            seg_base += segments.shape[0]
-            tok_base += toks.size
-        idx_f.write(memoryview(np.array([[seg_base, tok_base]], dtype=np.int64)))
-    return effective
-
-
-def prepare_window(cfg, window: Window, tmp: str, threads: int = 1) -> WindowInfo:
-    """Read, validate, plan and spill (in row order) one window into
-    ``window_dir(tmp, window.index)``.
+def plan_window(cfg, windows: Windows, w: int, index: PartIndex, tmp: str) -> WindowInfo:
+    """Plan window ``w`` and write its rows, in row order, into ``window_dir(tmp, w)``.
 
     Args:
-        cfg: :class:`packtool.config.PackConfig` (column, capacity, strategy, overflow, EOS,
-            seed and shuffle).
-        window: from :func:`packtool.pipeline.read.plan_windows`.
+        cfg: :class:`packtool.config.PackConfig` (capacity, strategy, overflow,
+            segment_multiple, seed, shuffle, source_column).
+        windows: the deal (:func:`plan_windows`).
+        w: the window.
+        index: where the read parts are.
         tmp: the scratch directory of OUTPUT (on a filesystem the writing tasks see, or a
             prefix in an object store).
-        threads: threads for the row-order rewrite (the bytes do not depend on it; the local
-            engine gives a window its spare workers when there are fewer windows than workers).
 
-    A window already finished in ``tmp`` (kept by :class:`packtool.output.Output` from an
-    identical run that was killed) is not read again: its saved counts come back.
+    A window already finished in ``tmp`` (from an identical run that was killed) is not planned
+    again: its saved counts come back.
 
     Returns:
         :class:`WindowInfo` (counts only).
 
     Raises:
-        InputError, SchemaError: bad input (file and row named).
         PackingError: a document over capacity with ``--overflow error`` (file and row named).
-        OSError: a spill file cannot be written (e.g. a full disk).
+        OSError: a spill file cannot be read or written (e.g. a full disk).
     """
-    final = window_dir(tmp, window.index)
+    final = window_dir(tmp, w)
     done = window_done(final)
     if done is not None:  # finished by an identical run that was killed
         stats = PackStats.from_dict(done["stats"])
-        return WindowInfo(window.index, final, window.first_doc, stats.rows, stats, True,
-                          done["targets"], tuple(done.get("sources") or ()))
+        return WindowInfo(w, final, stats.docs_in, stats.rows, stats, True,
+                          done["row_spill"], done["targets"])
     work = window_workdir(str(tmp), final.rsplit("/", 1)[-1])
     try:
-        held = WINDOW_MEMORY // 4
-        with DocSpill(work / DOC_TOKENS, np.int32, held) as tokens, \
-                DocSpill(work / DOC_TARGETS, np.uint8, held) as flags:
-            values = [] if cfg.source_column is not None else None
-            lengths, read_counts = read_window(cfg.column, cfg.append_eos, window, tokens,
-                                               cfg.read_options(), flags,
-                                               cfg.holdout_split(), values)
-            table, doc_sources = _window_sources(cfg.source_column, window, values)
-            tokens.finish()
-            flags.finish()
-            check()
-            test_pause("plan", window.index)
-            if cfg.overflow is Overflow.ERROR:
-                _check_overflow(cfg.capacity, window, lengths)
-            plan = pack_lengths(lengths, cfg.capacity, strategy=cfg.strategy,
-                                overflow=cfg.overflow, segment_multiple=cfg.segment_multiple)
-            # what --segment-multiple costs: the rows of the same documents without it
-            rows_plain = plan.num_rows if cfg.segment_multiple == 1 else pack_lengths(
-                lengths, cfg.capacity, strategy=cfg.strategy, overflow=cfg.overflow).num_rows
-            doc_starts = np.zeros(lengths.size, dtype=np.int64)  # shape: (docs,)
-            if lengths.size:
-                np.cumsum(lengths[:-1], out=doc_starts[1:])
-            del lengths
-            targets = flags.items > 0
-            order = window_row_order(plan.num_rows, seed=cfg.seed, window=window.index,
-                                     shuffle=cfg.shuffle)
-            effective = _spill_rows(work, plan, doc_starts, order, tokens,
-                                    flags if targets else None, threads, doc_sources)
-        stats = dataclasses.replace(PackStats.from_plan(plan) + read_counts,
-                                    effective_targets=effective,
+        docs, lengths, positions = load_window_docs(index, windows.ranges(w))
+        check()
+        test_pause("plan", w)
+        if cfg.overflow is Overflow.ERROR:
+            _check_overflow(cfg.capacity, index, docs, lengths)
+        plan = pack_lengths(lengths, cfg.capacity, strategy=cfg.strategy, overflow=cfg.overflow,
+                            segment_multiple=cfg.segment_multiple)
+        # what --segment-multiple costs: the rows of the same documents without it
+        rows_plain = plan.num_rows if cfg.segment_multiple == 1 else pack_lengths(
+            lengths, cfg.capacity, strategy=cfg.strategy, overflow=cfg.overflow).num_rows
+        order = window_row_order(plan.num_rows, seed=cfg.seed, window=w, shuffle=cfg.shuffle)
+        row_index, seg = _rows_in_order(plan, order)
+        del order
+        local = plan.seg_doc[seg]
+        rec = np.empty((seg.size, 4), dtype=np.int64)  # shape: (S, 4), SEGMENT_FIELDS
+        rec[:, 0] = plan.seg_len[seg]
+        rec[:, 1] = docs[local]
+        rec[:, 2] = plan.seg_offset[seg]
+        row_spill = is_remote(tmp)
+        targets = False
+        if row_spill:  # a store: the tokens in row order too, one GET per row group
+            targets = any(index.targets[p] for p, _ in _part_ranges(index, windows.ranges(w)))
+            _spill_rows(work, index, windows.ranges(w), lengths, local, rec, targets)
+            rec[:, 3] = 0
+            np.cumsum(rec[:-1, 0], out=rec[1:, 3])
+        else:
+            rec[:, 3] = positions[local] + rec[:, 2]
+        with spill_writer(work / ROW_INDEX) as f:
+            f.write(memoryview(row_index))
+        with spill_writer(work / SEGMENTS) as f:
+            f.write(memoryview(rec))
+        if index.source_maps is not None:  # beside the segments: a source id per segment
+            doc_src = load_window_sources(index, windows.ranges(w))
+            with spill_writer(work / SEG_SOURCES) as f:
+                f.write(memoryview(np.ascontiguousarray(doc_src[local])))
+        stats = dataclasses.replace(PackStats.from_plan(plan),
                                     rows_without_segment_padding=rows_plain)
         (work / WINDOW_DONE).write_text(json.dumps({"stats": stats.to_dict(),
-                                                    "targets": targets,
-                                                    "sources": list(table)}))
+                                                    "row_spill": row_spill,
+                                                    "targets": targets}))
         publish_window(work, final)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    return WindowInfo(window.index, final, window.first_doc, plan.num_rows, stats,
-                      targets=targets, sources=table)
+    return WindowInfo(w, final, int(docs.size), plan.num_rows, stats, False, row_spill, targets)
 
 
-def _window_sources(column: str | None, window: Window, values: list | None):
-    """The window's id -> value table (sorted) and each document's id in it (int32[docs]),
-    from the ``--source-column`` values read; ``((), None)`` without the option.
-
-    Raises:
-        InputError: the column holds strings in some files and integers in others.
-    """
-    if values is None:
-        return (), None
-    if not values:
-        return (), np.zeros(0, dtype=np.int32)
-    if len({v.dtype.kind for v in values}) > 1:
-        files = ", ".join(p.path for p in window.parts[:3])
-        raise InputError(f"{files}: --source-column {column!r} holds strings in some files "
-                         "and integers in others; cast it to one type before packing")
-    table, ids = np.unique(np.concatenate(values), return_inverse=True)
-    return tuple(v.item() if hasattr(v, "item") else v for v in table), ids.astype(np.int32)
+def _spill_rows(work: Path, index: PartIndex, ranges: np.ndarray, lengths: np.ndarray,
+                local: np.ndarray, rec: np.ndarray, targets: bool) -> None:
+    """Write the window's tokens (and flags) in row order (object-store scratch): its
+    documents' tokens are fetched from the read parts (ranged GETs, whole documents, at most
+    :data:`REWRITE_TOKENS` a time), held up to :data:`WINDOW_MEMORY` bytes and spilled beyond to
+    a local file; then written segment by segment in row order."""
+    held = WINDOW_MEMORY // 4
+    with DocSpill(work / ".docs.int32", np.int32, held) as toks, \
+            DocSpill(work / ".docs.uint8", np.uint8, held) as flags:
+        for p, loc in _part_ranges(index, ranges):
+            d = index.dirs[p]
+            n = loc[:, 1] - loc[:, 0]
+            st = read_spill(window_file(d, STARTS), loc[:, 0] * 8, (n + 1) * 8).view(np.int64)
+            ends = np.cumsum(n + 1)
+            for (a, b), e in zip(loc.tolist(), ends.tolist()):
+                s = st[e - (b - a) - 1:e]  # this range's starts, end included
+                k = 0
+                while k < b - a:  # whole documents, about REWRITE_TOKENS at a time
+                    j = int(np.searchsorted(s, s[k] + REWRITE_TOKENS, side="right")) - 1
+                    j = min(max(j, k + 1), b - a)
+                    lo, hi = int(s[k]), int(s[j])
+                    check()
+                    toks.write(memoryview(read_spill(window_file(d, TOKENS), [4 * lo],
+                                                     [4 * (hi - lo)]).view(np.int32)))
+                    if targets:
+                        flags.write(memoryview(
+                            read_spill(window_file(d, TARGETS), [lo], [hi - lo])
+                            if index.targets[p] else np.ones(hi - lo, dtype=np.uint8)))
+                    k = j
+        toks.finish()
+        flags.finish()
+        starts = np.zeros(lengths.size, dtype=np.int64)  # window-local first token of each doc
+        if lengths.size:
+            np.cumsum(lengths[:-1], out=starts[1:])
+        src = starts[local] + rec[:, 2]
+        with spill_writer(work / ROW_TOKENS) as tok_f, \
+                spill_writer(work / ROW_TARGETS) as tgt_f:
+            csum = np.cumsum(rec[:, 0])
+            q = 0
+            while q < rec.shape[0]:
+                check()
+                z = int(np.searchsorted(csum, (csum[q - 1] if q else 0) + REWRITE_TOKENS,
+                                        side="right"))
+                z = min(max(z, q + 1), rec.shape[0])
+                tok_f.write(memoryview(toks.gather(src[q:z], rec[q:z, 0])))
+                if targets:
+                    tgt_f.write(memoryview(flags.gather(src[q:z], rec[q:z, 0])))
+                q = z
+        if not targets:
+            (work / ROW_TARGETS).unlink()

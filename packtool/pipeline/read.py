@@ -1,118 +1,231 @@
-"""Read: cut the input into windows of documents and stream a window's tokens to a spill file.
+"""Read: cut the input into read parts and spill each part's documents, validated, to a file.
 
-Windows. Input files are taken in the sorted order that defines the global document index.
-With a window size N the corpus is cut into consecutive runs of exactly N documents (the last
-one shorter), whatever the files and row groups: a window may span several files, and a row
-group is cut at record batches (see :func:`packtool.formats.reader.iter_token_batches`). Without
-a window size the whole corpus is one window. The cut depends only on the row counts in the
-Parquet footers, never on the engine or the number of workers.
+**Pieces and parts.** Input files are taken in the sorted order that defines the global document
+index. Each file is cut, at row-group boundaries (Arrow IPC: record batches), into *pieces* of
+at most a part's budget of stored input (a row group larger than :data:`READ_PART_BYTES` is
+cut into equal row ranges); consecutive pieces, of one file or several small ones, form a *read part* within the
+budget (and :data:`MAX_PART_PIECES` pieces). The budget is the input's size over
+:data:`TARGET_PARTS`, at least :data:`MIN_PART_BYTES` and at most :data:`READ_PART_BYTES`
+(64 MB), so a small corpus is still read by several tasks at once. The cut depends only on the
+footers, never on the engine or the number of workers.
+
+**A read part** is one engine task (:func:`read_part`): it streams its pieces' documents
+through :func:`iter_documents`, the one read path of ``pack`` and ``compare`` (the columns read
+and checked by :func:`packtool.formats.reader.iter_token_batches`, then masks, the ``--holdout``
+split and BOS/EOS applied by :func:`packtool.core.masks.prepare_documents`), appends their
+tokens, document starts, target flags and ``--source-column`` ids to the part's spill files
+(:mod:`packtool.pipeline.spill`) and publishes the part when all its pieces are read.
+
+**Progress is kept piece by piece**: after each piece of a part of several pieces the spill
+files are flushed and ``progress.json`` records how far they are valid. A run killed (or
+stopped by Ctrl-C) in the middle of a part leaves that work directory in the scratch directory;
+the rerun's task claims it (:func:`packtool.output.claim_partial`: one rename, so two attempts
+never share it), cuts the files back to the recorded sizes and goes on with the next piece. So
+no more than one piece per running task (at most :data:`READ_PART_BYTES` of input, and never
+more than one input file) is read again. With the scratch in an object store a part is the unit
+(its work directory is on the task's own disk: :attr:`packtool.location.Location.stages_found_again`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
 from packtool.core.masks import TokenBatch, prepare_documents
 from packtool.errors import InputError
 from packtool.formats.reader import InputFile, iter_token_batches, open_input, reads_labels
+from packtool.output import (PARTIAL_PROGRESS, READ_DIR_PREFIX, WINDOW_DONE, claim_partial,
+                             keeps_stages, publish_window, window_done, window_file,
+                             window_workdir)
+from packtool.pipeline import progress
+from packtool.pipeline.spill import DOC_SOURCES, STARTS, TARGETS, TOKENS, spill_writer
 from packtool.signals import check, test_pause
 from packtool.stats import PackStats
 from packtool.types import LabelMode
 
-__all__ = ["WindowPart", "Window", "plan_windows", "read_window", "file_rows",
-           "input_labels_config", "iter_documents"]
+__all__ = ["ReadPiece", "ReadPart", "PartInfo", "READ_PART_BYTES", "MAX_PART_PIECES",
+           "TARGET_PARTS", "MIN_PART_BYTES", "PARTIAL", "plan_reads", "read_part", "part_dir",
+           "file_rows", "input_labels_config", "iter_documents"]
+
+#: Stored input bytes of a read part at most (and of a piece: a larger row group is cut).
+READ_PART_BYTES = 64 << 20
+#: A corpus is cut into about this many read parts at least (parallel reading of a small
+#: corpus), each of :data:`MIN_PART_BYTES` at least.
+TARGET_PARTS = 16
+MIN_PART_BYTES = 64 << 10
+#: Pieces of one read part at most (many small files).
+MAX_PART_PIECES = 256
+#: The progress record of a read part's work directory (pieces done, valid file sizes).
+PARTIAL = PARTIAL_PROGRESS
 
 
 @dataclass(frozen=True)
-class WindowPart:
-    """Rows ``first_row .. first_row + docs - 1`` of one input file."""
+class ReadPiece:
+    """Rows ``first_row .. first_row + docs - 1`` of one input file: the unit of progress."""
 
     file: int  #: index of the file in the input list
-    path: str  #: the input file
-    first_row: int  #: row index in the file of the part's first document
-    docs: int  #: documents (rows) in the part
-    format: str = "parquet"  #: input format (``parquet`` or ``arrow``)
+    path: str  #: the input file (path or URI)
+    format: str  #: ``parquet`` or ``arrow``
+    first_row: int  #: row index in the file of the piece's first document
+    docs: int  #: documents (rows)
+    first_doc: int  #: global index of its first document
+    bytes: int  #: stored input bytes (from the footer)
+    tokens: int  #: token values per the footer (an estimate before masks and EOS)
 
 
 @dataclass(frozen=True)
-class Window:
-    """A run of consecutive documents planned on its own."""
+class ReadPart:
+    """Consecutive pieces read by one task into one set of spill files."""
 
-    index: int  #: window number, from 0, in input order
-    first_doc: int  #: global index of the window's first document
-    docs: int  #: documents in the window (empty ones included)
-    parts: tuple[WindowPart, ...]  #: where they are, in input order
-    tokens: int = 0  #: token values of the window per the footers (an estimate before EOS)
+    index: int  #: part number, from 0, in input order
+    pieces: tuple[ReadPiece, ...]
 
+    @property
+    def first_doc(self) -> int:
+        return self.pieces[0].first_doc if self.pieces else 0
 
-def _token_estimate(f: InputFile, md, column: str) -> int:
-    """Token values of a file: the Parquet footer's value count of the token column, else an
-    upper estimate from the file size."""
-    if f.format != "parquet" or not hasattr(md, "schema"):
-        return f.bytes // 2
-    leaf = [i for i in range(md.num_columns)
-            if md.schema.column(i).path.split(".")[0] == column]
-    if not leaf:
-        return 0
-    return sum(md.row_group(g).column(leaf[0]).num_values for g in range(md.num_row_groups))
+    @property
+    def docs(self) -> int:
+        return sum(p.docs for p in self.pieces)
+
+    @property
+    def tokens(self) -> int:
+        return sum(p.tokens for p in self.pieces)
 
 
-def plan_windows(files: list[InputFile], column: str, window_docs: int | None) -> list[Window]:
-    """Cut the input into windows of ``window_docs`` documents (None: one window of all).
+@dataclass(frozen=True)
+class PartInfo:
+    """What :func:`read_part` returns (small: it crosses processes)."""
 
-    Reads only the Parquet footers (and checks the token column of every file).
+    index: int  #: part number
+    directory: str  #: where its spill files are
+    docs: int  #: documents read
+    tokens: int  #: tokens spilled (after masks and BOS/EOS)
+    targets: bool  #: input target flags were spilled (a labels column)
+    counts: PackStats  #: the mask and BOS/EOS counts of its documents
+    reused: bool = False  #: found finished in the scratch directory, not read again
+    resumed_docs: int = 0  #: documents a killed run had read into its work directory
+    #: ``--source-column``: the part's own id -> value table (in order of first appearance;
+    #: each document's id in :data:`~packtool.pipeline.spill.DOC_SOURCES`), else empty
+    sources: tuple = ()
+
+
+def _row_group_bytes(f: InputFile, md) -> list[int]:
+    """Stored bytes of each row group (all columns; Arrow IPC: the file size spread by rows)."""
+    n = md.num_row_groups
+    if f.format == "parquet" and hasattr(md, "schema"):
+        sizes = []
+        for g in range(n):
+            rg = md.row_group(g)
+            sizes.append(sum(rg.column(c).total_compressed_size for c in range(rg.num_columns)))
+        return sizes
+    rows = [md.row_group(g).num_rows for g in range(n)]
+    total = max(sum(rows), 1)
+    return [f.bytes * r // total for r in rows]
+
+
+def _row_group_tokens(f: InputFile, md, column: str) -> list[int]:
+    """Token values of each row group: the Parquet footer's value count of the token column,
+    else an estimate from the stored bytes."""
+    n = md.num_row_groups
+    if f.format == "parquet" and hasattr(md, "schema"):
+        leaf = [i for i in range(md.num_columns)
+                if md.schema.column(i).path.split(".")[0] == column]
+        if leaf:
+            return [md.row_group(g).column(leaf[0]).num_values for g in range(n)]
+    return [b // 2 for b in _row_group_bytes(f, md)]
+
+
+def _file_pieces(i: int, f: InputFile, column: str, first_doc: int,
+                 part_bytes: int) -> list[ReadPiece]:
+    md = open_input(f.path, column, f.format).metadata
+    rows = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+    sizes = _row_group_bytes(f, md)
+    toks = _row_group_tokens(f, md, column)
+    pieces: list[ReadPiece] = []
+    row = 0
+    acc = [0, 0, 0]  # rows, bytes, tokens of the piece being formed
+
+    def flush():
+        if acc[0]:
+            pieces.append(ReadPiece(i, str(f.path), f.format, row - acc[0], acc[0],
+                                    first_doc + row - acc[0], acc[1], acc[2]))
+        acc[:] = [0, 0, 0]
+
+    for n, b, t in zip(rows, sizes, toks):
+        if acc[0] and acc[1] + b > part_bytes:
+            flush()
+        if b > READ_PART_BYTES and n > 1:
+            # a row group over the most a part may hold: equal row ranges (each piece decodes
+            # the rows of the group before its own, so smaller budgets never cut a group)
+            k = min(n, -(-b // READ_PART_BYTES))
+            cuts = [n * j // k for j in range(k + 1)]
+            for a, z in zip(cuts, cuts[1:]):
+                row += z - a
+                acc[:] = [z - a, b * (z - a) // n, t * (z - a) // n]
+                flush()
+            continue
+        row += n
+        acc[0] += n
+        acc[1] += b
+        acc[2] += t
+    flush()
+    return pieces
+
+
+def plan_reads(files: list[InputFile], column: str,
+               part_bytes: int | None = None) -> list[ReadPart]:
+    """Cut the input into read parts (module docstring). Reads only the footers (and checks
+    the token column of every file).
 
     Args:
         files: input files in global document order (from ``discover_inputs``).
         column: token column name.
-        window_docs: documents per window (>= 1), or None.
+        part_bytes: stored input bytes of a part at most (>= 1); None: the input's bytes over
+            :data:`TARGET_PARTS`, within :data:`MIN_PART_BYTES` .. :data:`READ_PART_BYTES`
+            (a function of the input alone, so a rerun cuts the same parts).
 
     Returns:
-        Windows in order, never empty (an input without rows is one window of 0 documents);
-        ``windows[i].first_doc + windows[i].docs == windows[i+1].first_doc``.
+        Parts in order (none when the input has no rows);
+        ``parts[i].first_doc + parts[i].docs == parts[i+1].first_doc``.
 
     Raises:
-        InputError, SchemaError: a file is not readable Parquet or lacks the token column.
-        ValueError: ``window_docs`` < 1.
+        InputError, SchemaError: a file is not readable or lacks the token column.
     """
-    if window_docs is not None and window_docs < 1:
-        raise ValueError(f"window_docs must be >= 1, got {window_docs}")
-    rows, tokens_per_row = [], []
-    for f in files:
-        md = open_input(f.path, column, f.format).metadata
-        rows.append(md.num_rows)
-        tokens_per_row.append((_token_estimate(f, md, column), md.num_rows))
-    total = sum(rows)
-    n = total if window_docs is None else window_docs
-    windows: list[Window] = []
-    start = 0
-    while start < total or not windows:
-        stop = min(start + max(n, 1), total)
-        parts, tok, first = [], 0, 0
-        for i, (f, r) in enumerate(zip(files, rows)):
-            lo, hi = max(start - first, 0), min(stop - first, r)
-            if lo < hi:
-                parts.append(WindowPart(i, str(f.path), lo, hi - lo, f.format))
-                t, nr = tokens_per_row[i]
-                tok += t * (hi - lo) // max(nr, 1)
-            first += r
-        windows.append(Window(len(windows), start, stop - start, tuple(parts), tok))
-        start = stop
-        if total == 0:
-            break
-    return windows
+    if part_bytes is None:
+        total = sum(f.bytes for f in files)
+        part_bytes = min(READ_PART_BYTES, max(MIN_PART_BYTES, total // TARGET_PARTS))
+    pieces: list[ReadPiece] = []
+    first = 0
+    for i, f in enumerate(files):
+        got = _file_pieces(i, f, column, first, max(1, part_bytes))
+        pieces += got
+        first += sum(p.docs for p in got)
+    parts: list[ReadPart] = []
+    run: list[ReadPiece] = []
+    for p in pieces:
+        if run and (sum(q.bytes for q in run) + p.bytes > part_bytes
+                    or len(run) >= MAX_PART_PIECES):
+            parts.append(ReadPart(len(parts), tuple(run)))
+            run = []
+        run.append(p)
+    if run:
+        parts.append(ReadPart(len(parts), tuple(run)))
+    return parts
 
 
-def file_rows(windows: list[Window], n_files: int) -> list[int]:
+def file_rows(parts: list[ReadPart], n_files: int) -> list[int]:
     """Documents read from each input file (int per file, in file order)."""
     out = [0] * n_files
-    for w in windows:
-        for p in w.parts:
+    for part in parts:
+        for p in part.pieces:
             out[p.file] += p.docs
     return out
 
@@ -155,87 +268,186 @@ def iter_documents(path, column: str, *, fmt: str | None = None,
         yield batch if raw.sources is None else dataclasses.replace(batch, sources=raw.sources)
 
 
-def read_window(column: str, append_eos_id: int | None, window: Window, spill: BinaryIO,
-                options: dict | None = None, targets: BinaryIO | None = None,
-                split=None, sources: list | None = None) -> tuple[np.ndarray, PackStats]:
-    """Validate a window's documents and append their tokens to ``spill`` as raw int32.
+def part_dir(tmp: str | os.PathLike, index: int) -> str:
+    """Directory of read part ``index``'s spill files inside the scratch directory ``tmp``."""
+    return window_file(str(tmp), f"{READ_DIR_PREFIX}{index:05d}")
 
-    Only the lengths are kept here; tokens go to ``spill`` one record batch (whole documents)
-    at a time. When a batch carries input target flags (a labels column,
-    :mod:`packtool.core.masks`), the flags of the whole window go to ``targets`` as raw uint8
-    (1 for tokens of files without labels), from its first token on; without any, nothing is
-    written to ``targets``.
+
+def _info(part: ReadPart, final: str, done: dict, reused: bool, resumed: int = 0) -> PartInfo:
+    return PartInfo(part.index, final, int(done["docs"]), int(done["tokens"]),
+                    bool(done["targets"]), PackStats.from_dict(done["counts"]), reused, resumed,
+                    tuple(done.get("sources") or ()))
+
+
+def _fresh_state() -> dict:
+    return {"pieces": 0, "docs": 0, "tokens": 0, "targets": False,
+            "counts": PackStats().to_dict(), "sources": []}
+
+
+def _resume_state(work: Path, with_sources: bool) -> dict:
+    """The progress of a claimed work directory, its files cut back to the recorded sizes
+    (an empty state when there is none or the files are shorter than recorded)."""
+    fresh = _fresh_state()
+    try:
+        state = json.loads((work / PARTIAL).read_text())
+        sizes = {TOKENS: 4 * state["tokens"], STARTS: 8 * (state["docs"] + 1),
+                 TARGETS: state["tokens"] if state["targets"] else 0,
+                 DOC_SOURCES: 4 * state["docs"] if with_sources else 0}
+        if with_sources and not isinstance(state.get("sources"), list):
+            raise ValueError("no source table in the progress record")
+        for name, size in sizes.items():
+            p = work / name
+            if size and p.stat().st_size < size:
+                raise ValueError(f"{p} is shorter than its progress record")
+        for name, size in sizes.items():
+            if (work / name).exists():
+                os.truncate(work / name, size)
+        state.setdefault("sources", [])
+        return state
+    except (OSError, ValueError, KeyError, TypeError):
+        for p in work.iterdir():
+            p.unlink()
+        return fresh
+
+
+def read_part(cfg, part: ReadPart, tmp: str) -> PartInfo:
+    """Read, validate and spill one read part into ``part_dir(tmp, part.index)``.
+
+    A part finished in ``tmp`` (kept from an identical run that was killed) is not read again;
+    a part a killed run had begun goes on from its last finished piece (module docstring).
 
     Args:
-        column: token column.
-        append_eos_id: if not None, appended to every non-empty document not ending with it
-            (used when ``options`` is None).
-        window: from :func:`plan_windows`.
-        spill: where the tokens go (``write(buffer)``: a binary file or a
-            :class:`packtool.pipeline.spill.DocSpill`).
-        options: mask columns and BOS/EOS (:meth:`packtool.config.PackConfig.read_options`).
-        targets: where the target flags go, if any (like ``spill``).
-        sources: with ``options["source"]`` (``--source-column``), a list that gets each
-            batch's per-document source values, in document order (a document ``split`` leaves
-            out keeps its value, unused).
-        split: a :class:`packtool.core.holdout.HoldoutSplit`: the documents it does not keep
-            are read and validated but get length 0 and no tokens (``--holdout``); None keeps
-            every document.
+        cfg: :class:`packtool.config.PackConfig` (column, masks, BOS/EOS, the ``--holdout``
+            split, ``--source-column``).
+        part: from :func:`plan_reads`.
+        tmp: the scratch directory of OUTPUT (a path, or a prefix in an object store).
 
     Returns:
-        (int64[window.docs] tokens per document after masks and BOS/EOS, the mask counts as
-        a :class:`PackStats`).
+        :class:`PartInfo` (counts only, and the part's source table).
 
     Raises:
-        InputError, SchemaError: bad input (file and row named); a file holding a different
-            number of rows than its footer said when the windows were cut.
+        InputError, SchemaError: bad input (file and row named); a file holding another number
+            of rows than its footer said when the parts were cut.
+        OSError: a spill file cannot be written (e.g. a full disk).
         KeyboardInterrupt: the run was told to stop (:func:`packtool.signals.check`).
     """
-    options = {"eos": append_eos_id} if options is None else options
-    parts, counts, written, flags = [], PackStats(), 0, False
-    first_doc = window.first_doc  # global index of the part's first document
-    for part in window.parts:
-        n = 0
-        keep = None
-        if split is not None:  # file row -> global document index
-            def keep(row, count, base=first_doc - part.first_row):
-                return split.keep(base + row, count)
-        for batch in iter_documents(
-                Path(part.path), column, fmt=part.format,
-                row_range=(part.first_row, part.first_row + part.docs), keep_docs=keep,
-                **options):
-            check()
-            # the buffer itself, no bytes copy (a 200 MB corpus spent 0.06 s in tobytes)
-            spill.write(memoryview(np.ascontiguousarray(batch.tokens, dtype=np.int32)))
-            if batch.targets is not None and not flags and targets is not None:
-                flags = True
-                if written:  # earlier tokens: all targets
-                    targets.write(memoryview(np.ones(written, np.uint8)))
-            if flags:
-                t = (batch.targets if batch.targets is not None
-                     else np.ones(batch.tokens.size, np.uint8))
-                targets.write(memoryview(np.ascontiguousarray(t, dtype=np.uint8)))
-            written += batch.tokens.size
-            parts.append(batch.lengths)
-            if sources is not None and batch.sources is not None:
-                sources.append(batch.sources)
-            counts = counts + PackStats(**batch.mask_counts())
-            n += batch.lengths.size
-            test_pause("read")
-        if n != part.docs:
-            raise InputError(f"{part.path}: {n} rows read from row {part.first_row}, "
-                             f"{part.docs} expected; the file changed during the pack: "
-                             "rerun the same packtool pack with --overwrite")
-        first_doc += part.docs
-    lengths = (np.concatenate(parts) if parts else np.zeros(0, np.int64)).astype(np.int64,
-                                                                                   copy=False)
-    return lengths, counts
+    final = part_dir(tmp, part.index)
+    done = window_done(final)
+    if done is not None:  # finished by an identical run that was killed
+        return _info(part, final, done, True)
+    name = final.rsplit("/", 1)[-1]
+    work = claim_partial(str(tmp), name, PARTIAL)
+    resumed = work is not None
+    if work is None:
+        work = window_workdir(str(tmp), name)
+    with_sources = cfg.source_column is not None
+    split = cfg.holdout_split()
+    keep = False
+    try:
+        state = _resume_state(work, with_sources) if resumed else _fresh_state()
+        resumed_docs = state["docs"]
+        if state["pieces"]:
+            progress.advance(state["docs"], state["tokens"])
+        counts = PackStats.from_dict(state["counts"])
+        docs, tokens, flags = state["docs"], state["tokens"], state["targets"]
+        table = {v: i for i, v in enumerate(state["sources"])}  # value -> id, first seen first
+        with spill_writer(work / TOKENS, append=True) as tok_f, \
+                spill_writer(work / STARTS, append=True) as start_f:
+            if not docs:
+                start_f.write(memoryview(np.zeros(1, dtype=np.int64)))
+            tgt_f = open(work / TARGETS, "ab") if flags else None
+            src_f = open(work / DOC_SOURCES, "ab") if with_sources else None
+            try:
+                for k in range(state["pieces"], len(part.pieces)):
+                    piece = part.pieces[k]
+                    test_pause("read-piece", k)
+                    keep_docs = None
+                    if split is not None:  # file row -> global document index
+                        def keep_docs(row, count, base=piece.first_doc - piece.first_row):
+                            return split.keep(base + row, count)
+                    n = 0
+                    for batch in iter_documents(
+                            piece.path, cfg.column, fmt=piece.format,
+                            row_range=(piece.first_row, piece.first_row + piece.docs),
+                            keep_docs=keep_docs, **cfg.read_options()):
+                        check()
+                        # the buffer itself, no bytes copy
+                        tok_f.write(memoryview(np.ascontiguousarray(batch.tokens,
+                                                                    dtype=np.int32)))
+                        ends = np.cumsum(batch.lengths, dtype=np.int64)
+                        start_f.write(memoryview(ends + tokens))
+                        if batch.targets is not None and tgt_f is None:
+                            tgt_f = open(work / TARGETS, "ab")
+                            flags = True
+                            if tokens:  # earlier tokens: all targets
+                                tgt_f.write(memoryview(np.ones(tokens, np.uint8)))
+                        if tgt_f is not None:
+                            t = (batch.targets if batch.targets is not None
+                                 else np.ones(batch.tokens.size, np.uint8))
+                            tgt_f.write(memoryview(np.ascontiguousarray(t, dtype=np.uint8)))
+                        if src_f is not None:
+                            src_f.write(memoryview(_source_ids(batch.sources, table)))
+                        tokens += int(batch.tokens.size)
+                        n += int(batch.lengths.size)
+                        counts = counts + PackStats(**batch.mask_counts())
+                        progress.advance(int(batch.lengths.size), int(batch.tokens.size))
+                        test_pause("read", part.index)
+                    if n != piece.docs:
+                        raise InputError(
+                            f"{piece.path}: {n} rows read from row {piece.first_row}, "
+                            f"{piece.docs} expected; the file changed during the pack: rerun "
+                            "the same packtool pack with --overwrite")
+                    docs += n
+                    if k + 1 < len(part.pieces):  # a record to resume from
+                        for f in (tok_f, start_f, tgt_f, src_f):
+                            if f is not None:
+                                f.flush()
+                        _write_progress(work, {"pieces": k + 1, "docs": docs, "tokens": tokens,
+                                               "targets": flags, "counts": counts.to_dict(),
+                                               "sources": list(table)})
+            finally:
+                for f in (tgt_f, src_f):
+                    if f is not None:
+                        f.close()
+        result = {"docs": docs, "tokens": tokens, "targets": flags, "counts": counts.to_dict(),
+                  "sources": list(table)}
+        (work / PARTIAL).unlink(missing_ok=True)
+        (work / WINDOW_DONE).write_text(json.dumps(result))
+        publish_window(work, final)
+    except KeyboardInterrupt:
+        # stopped: a work directory with a progress record stays for the rerun (where a rerun
+        # finds it again)
+        keep = keeps_stages(tmp) and (work / PARTIAL).is_file()
+        raise
+    finally:
+        if not keep and work.exists() and not (work / WINDOW_DONE).is_file():
+            shutil.rmtree(work, ignore_errors=True)
+    return _info(part, final, result, False, resumed_docs)
+
+
+def _source_ids(values: np.ndarray | None, table: dict) -> np.ndarray:
+    """int32[docs]: each document's id in the part's ``table`` (value -> id), new values added
+    in order of first appearance."""
+    if values is None or not len(values):
+        return np.zeros(0, dtype=np.int32)
+    uniq, first, inverse = np.unique(values, return_index=True, return_inverse=True)
+    ids = np.empty(uniq.size, dtype=np.int32)
+    for u in np.argsort(first, kind="stable").tolist():  # in order of first appearance
+        v = uniq[u]
+        ids[u] = table.setdefault(v.item() if hasattr(v, "item") else v, len(table))
+    return np.ascontiguousarray(ids[inverse.reshape(-1)])
+
+
+def _write_progress(work: Path, state: dict) -> None:
+    tmp = work / f".{PARTIAL}.tmp"
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, work / PARTIAL)
 
 
 def input_labels_config(cfg, files: list[InputFile]):
     """The config a pack runs with: when a labels column or a loss mask will be read (SFT
-    prompt masking), the labels carry real information and are stored, so ``--labels none`` becomes
-    ``unshifted`` (the shards' schema and the manifest say so).
+    prompt masking), the labels carry real information and are stored, so ``--labels none``
+    becomes ``unshifted`` (the shards' schema and the manifest say so).
 
     Raises:
         InputError, SchemaError: as :func:`packtool.formats.reader.reads_labels`.

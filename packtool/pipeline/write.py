@@ -3,8 +3,8 @@
 A shard is ``rows_per_shard`` output rows, laid out ``rows_per_group`` at a time (one Parquet row
 group each, so memory stays at one row group per worker), written under a unique temporary name
 locally and published whole under its final name (a rename in a directory, one upload to an
-object store). Its bytes depend only on the windows' row spills and on which window each of its
-rows comes from, never on the engine or the worker count.
+object store). Its bytes depend only on the windows' plans, the read parts' spills and on which window each of
+its rows comes from, never on the engine or the worker count.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ import numpy as np
 from packtool.formats.manifest import ShardEntry
 from packtool.formats.object_store import read_session
 from packtool.formats.schema import packed_schema, shard_schema
-from packtool.formats.writer import rows_to_table, write_shard
+from packtool.formats.writer import rows_to_table, shard_num_targets, write_shard
+from packtool.location import Location
 from packtool.output import discard_shard_temp, kept_shard, publish_shard, shard_temp
-from packtool.pipeline.layout import ShardRows, WindowSpills, layout_group
+from packtool.pipeline.layout import RowBuffers, ShardRows, ShardSources, layout_group
+from packtool.pipeline.spill import SpillReader
 from packtool.signals import check, test_pause
 
 __all__ = ["ShardJob", "write_shard_task"]
@@ -38,7 +40,8 @@ class ShardJob:
     promised: dict | None = None  #: its manifest entry from an interrupted run's marker
 
 
-def write_shard_task(cfg, job: ShardJob, spills: WindowSpills) -> tuple[ShardEntry, bool]:
+def write_shard_task(cfg, job: ShardJob, sources: ShardSources
+                     ) -> tuple[ShardEntry, bool, int]:
     """Lay out and write one shard (or keep it when resuming and it is there).
 
     The shard is written to a local file (:func:`packtool.output.shard_temp`: in the scratch
@@ -46,12 +49,15 @@ def write_shard_task(cfg, job: ShardJob, spills: WindowSpills) -> tuple[ShardEnt
     and published whole (:func:`packtool.output.publish_shard`: a rename, or one upload).
 
     Args:
-        cfg: :class:`packtool.config.PackConfig` (capacity, labels, pad_id, rows_per_group).
+        cfg: :class:`packtool.config.PackConfig` (capacity, labels, pad_id, rows_per_group,
+            segment_multiple, source_column).
         job: the shard.
-        spills: the windows' row spills.
+        sources: the windows' plans and the read parts' spills.
 
     Returns:
-        (its :class:`~packtool.formats.manifest.ShardEntry`, reused).
+        (its :class:`~packtool.formats.manifest.ShardEntry`, reused, effective targets of the
+        shard: the sum of its ``num_targets``; 0 for a reused shard unless the input had target
+        flags).
 
     Raises:
         OSError: the shard cannot be written (full disk, I/O error, the store refused it), or a
@@ -61,28 +67,35 @@ def write_shard_task(cfg, job: ShardJob, spills: WindowSpills) -> tuple[ShardEnt
     if job.reuse:
         kept = kept_shard(job.output, job.name, job.promised)
         if kept is not None:
-            return kept, True
+            where = Location.parse(job.output).join(job.name)
+            targets = shard_num_targets(where) if sources.any_targets else 0
+            return kept, True, targets
     schema = shard_schema(packed_schema(cfg.capacity, cfg.labels.value, cfg.segment_multiple,
                                         sources=cfg.source_column is not None), job.name)
     n = job.windows.size
+    group = min(n, cfg.rows_per_group)
+    targets = [0]
 
-    def tables():
-        rows = ShardRows(spills, job.windows, job.starts)
+    def tables(reader):
+        rows = ShardRows(sources, job.windows, job.starts)
+        buffers = RowBuffers(group, cfg.capacity, cfg.labels.value != "none",
+                             sources.any_targets, cfg.segment_multiple > 1)
         for lo in range(0, n, cfg.rows_per_group):
             check()
-            packed = layout_group(spills, rows, lo, min(n, lo + cfg.rows_per_group),
-                                  pad_id=cfg.pad_id, labels=cfg.labels,
-                                  segment_multiple=cfg.segment_multiple)
-            yield rows_to_table(packed, schema)
+            packed = layout_group(sources, rows, lo, min(n, lo + cfg.rows_per_group),
+                                  pad_id=cfg.pad_id, labels=cfg.labels, buffers=buffers,
+                                  reader=reader)
+            targets[0] += int(packed.num_targets.sum(dtype=np.int64))
+            yield rows_to_table(packed, schema)  # written before the buffers are reused
             test_pause("write-shard", job.index)
 
     tmp = shard_temp(job.tmp, job.name)
     try:
-        with read_session():  # a scratch in a store: objects kept open, GETs read ahead
-            w = write_shard(tmp, schema, tables())  # sha256 taken while writing
+        with read_session(), SpillReader() as reader:  # spills kept open for the task
+            w = write_shard(tmp, schema, tables(reader))  # sha256 while writing
         check()  # a run that is stopping publishes nothing more
         publish_shard(tmp, job.output, job.name)
     finally:
         discard_shard_temp(tmp, job.tmp)
-    return ShardEntry(job.name, n, w.bytes, w.sha256, w.footer_sha256,
-                      ShardEntry.run_lengths(w.group_rows)), False
+    return (ShardEntry(job.name, n, w.bytes, w.sha256, w.footer_sha256,
+                       ShardEntry.run_lengths(w.group_rows)), False, targets[0])

@@ -31,8 +31,9 @@ from packtool.verify.report import FAIL, PASS, SKIP, CheckResult, VerifyReport
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ALL_BACKENDS", "ALL_CHECKS", "DEFAULT_ROWS", "CheckResult", "VerifyReport",
-           "run_verify", "select_rows", "check_row_contract"]
+__all__ = ["ALL_BACKENDS", "ALL_CHECKS", "DEFAULT_ROWS", "DEFAULT_ROW_WINDOW", "CheckResult",
+           "VerifyReport", "run_verify", "row_windows", "estimate_seconds", "select_rows",
+           "check_row_contract"]
 
 ALL_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
 #: model checks, then the column checks (``--check`` accepts any of them)
@@ -78,6 +79,7 @@ def run_verify(
     progress: Callable[[str], None] | None = None,
     check_hashes: bool = True,
     hf_config=None,
+    row_window: int | None = None,
 ) -> VerifyReport:
     """Verify a packed output directory.
 
@@ -101,19 +103,26 @@ def run_verify(
         device: ``auto`` (CUDA when present), ``cpu`` or ``cuda`` for sdpa, flex and hf.
         max_memory: bytes for model passes (None: derived, see
             :func:`~packtool.verify.runners.memory_budget`).
-        progress: ``callable(str)`` told what runs, one line per backend and batch.
+        progress: ``callable(str)`` told what runs, one line per backend and batch, after a
+            first line saying how long verify expects to take (:func:`estimate_seconds`).
         check_hashes: compare every shard's sha256 with the manifest before anything else
             (False: sizes, footers and the page checksums of what is read).
         hf_config: a Hugging Face config (a ``PretrainedConfig``, or a ``config.json`` path,
             its directory or a cached model name: never downloaded) whose architecture the
             ``hf`` backend builds, shrunk, instead of its tiny Llama; without ``backends`` only
             ``hf`` runs. A leak is reported as "documents leak in <layer>: this model needs ...".
+        row_window: the model checks run on windows of this many tokens of each sampled row
+            (:func:`row_windows`: each across a document boundary, one into the padding tail
+            when the row has one); None:
+            :data:`DEFAULT_ROW_WINDOW`; 0 or at least C: whole rows. The column scan always
+            covers every token of every row.
 
     Returns:
         A :class:`VerifyReport`; ``report.ok`` is the verdict.
 
     Raises:
-        ConfigError: unknown backend or check, batch_size < 1, bad device or memory size.
+        ConfigError: unknown backend or check, batch_size < 1, bad device or memory size, a
+            negative ``row_window``.
         InputError: ``hf_config`` names no usable config (:func:`~packtool.verify.hf_model.load_hf_config`).
         ManifestError: not a complete packed output, or a shard that differs from its manifest.
         MissingDependencyError: torch is missing and ``data_only`` is False.
@@ -142,6 +151,8 @@ def run_verify(
         raise ConfigError(f"device {device!r}: choose auto, cpu or cuda")
     if explicit and not backends and not data_only:
         raise ConfigError("no backend given; name one with --backend or pass --data-only")
+    if row_window is not None and row_window < 0:
+        raise ConfigError(f"row_window must be >= 0 tokens, got {row_window}")
 
     if not data_only:  # say it before the column scan, not after it
         from packtool.verify import has_torch
@@ -154,6 +165,19 @@ def run_verify(
                 + install_hint("verify") + "; or pass --data-only to check the columns alone "
                 "(NumPy, no torch)")
     t0 = time.perf_counter()
+    window = None
+    if progress:  # before any work: what verify expects to take, from the manifest alone
+        from packtool.formats.manifest import read_manifest
+
+        m = read_manifest(path)
+        if m.is_packed and m.num_rows:
+            window = _window_tokens(m.capacity, row_window)
+            est = estimate_seconds(m.num_rows if scan_all else 0, m.capacity,
+                                   0 if data_only else (rows or DEFAULT_ROWS) if rows != 0
+                                   else m.num_rows, window, backends, explicit, device, compile,
+                                   hash_bytes=sum(s.bytes for s in m.shards)
+                                   if check_hashes else 0)
+            progress(f"verify: expecting about {_duration(est['total'])} ({est['detail']})")
     reader = PackedOutput.open(path, integrity="sha256" if check_hashes else "footer")
     if check_hashes:
         _say(progress, f"verify: sha256 of {len(reader.shards)} shard(s) checked "
@@ -165,6 +189,7 @@ def run_verify(
     report = VerifyReport(reader.location.display, [], n_rows, data_only)
     if n_rows == 0:
         return report
+    window = _window_tokens(reader.capacity, row_window)
 
     # 1. the column contract
     _say(progress, f"verify: data: checking the column contract of "
@@ -218,15 +243,16 @@ def run_verify(
 
     _run_models(report, reader, [int(i) for i in idx], reader.capacity, convention, explicit,
                 backends, wanted, seed, batch_size, compile, attend_overrides or {}, device,
-                max_memory, progress, label_masked, hf_config)
+                max_memory, progress, label_masked, window, hf_config)
     _say(progress, f"verify: done in {time.perf_counter() - t0:.1f} s")
     return report
 
 
 def _run_models(report, reader, idx, capacity, convention, explicit, backends, wanted, seed,
                 batch_size, compile, overrides, device, max_memory, progress, label_masked,
-                hf_config=None):
-    """Run the sampled rows through every backend and add the model checks to ``report``."""
+                window, hf_config=None):
+    """Run the sampled rows (their row windows of ``window`` tokens) through every backend and
+    add the model checks to ``report``."""
     from packtool.verify import has_cuda, require_torch
 
     torch = require_torch()
@@ -248,7 +274,7 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
         reason = unavailable(name, dev)
         runner = None
         if not reason:
-            runner, reason = make_runner(name, base, device=dev, capacity=capacity,
+            runner, reason = make_runner(name, base, device=dev, capacity=window,
                                          budget=budget, seed=seed, compile=compile,
                                          hf_config=hf_config)
         if runner is None:
@@ -258,15 +284,21 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
         runners.append(runner)
     if not runners or not model_checks:
         return
-    per_row = max(r.row_bytes(capacity) for r in runners)
+    per_row = max(r.row_bytes(window) for r in runners)
     B = int(max(1, min(batch_size, budget.bytes // max(per_row, 1))))
-    report.notes.append(f"{len(idx)} rows in batches of {B}")
     # the rows through the loader's own dataset, on the same reader, with the labels the
     # checks below expect; the stored segment_ids / position_ids go through the models (the
     # loader's default derives them from cu_seqlens, which the column checks prove equal)
     ds = PackedDataset(reader, labels=convention, structure="stored")
     items = [ds[i] for i in idx]
     report.rows = [(it["shard"], it["row"]) for it in items]
+    if window < capacity:
+        items = [w for it in items for w in row_windows(it, window)]
+        report.notes.append(f"{len(idx)} rows in batches of {B}; the model checks on "
+                            f"{len(items)} windows of {window} of their {capacity} tokens "
+                            f"(first tokens {[it['window'][0] for it in items]})")
+    else:
+        report.notes.append(f"{len(idx)} rows in batches of {B}")
     shifted = convention == "shifted"
     meas = {r.name: Measurements(r.name, r.device, r.dtype_name, r.backward,
                                  r.no_backward_reason, extra=r.describe(),
@@ -281,6 +313,9 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
         for bi in range(nb):
             chunk = items[bi * B:(bi + 1) * B]
             batch = collate(chunk)
+            # reports name the row's segment numbers and the window's place
+            batch["segment_base"] = [it.get("segment_base", 0) for it in chunk]
+            batch["window"] = [it.get("window") for it in chunk]
             spans = [_spans(it) for it in chunk]
             if leak_probe is None and any(len(sp) >= 2 for sp in spans):
                 leak_probe = (batch, spans)
@@ -292,7 +327,9 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
                     continue
                 t = time.perf_counter()
                 _say(progress, f"verify: [{bi + 1}/{nb}] {runner.name} ({runner.device}, "
-                     f"{runner.dtype_name}): {len(chunk)} rows of {capacity}")
+                     f"{runner.dtype_name}): {len(chunk)} rows"
+                     + (f" of {capacity}" if window >= capacity
+                        else f", {window} of their {capacity} tokens"))
                 try:
                     with torch.no_grad():
                         key = runner.ref_key
@@ -394,3 +431,205 @@ def _doc_refs(runner, flat_docs, docs, budget_bytes, labels_BC, spans, shifted, 
             row_refs.append((lg, s, n))
         out.append(row_refs)
     return out
+
+
+#: Tokens of each sampled row that the model checks run on (a window across document
+#: boundaries): at C = 8192 the checks cost about a twentieth of whole rows (docs/verify.md).
+DEFAULT_ROW_WINDOW = 1024
+
+
+def _window_tokens(capacity: int, row_window: int | None) -> int:
+    w = DEFAULT_ROW_WINDOW if row_window is None else row_window
+    return capacity if w <= 0 or w >= capacity else int(w)
+
+
+def row_windows(item: dict, window: int) -> list[dict]:
+    """Windows of ``window`` consecutive tokens of one loader item, each an item of its own.
+
+    Each window holds a document boundary whenever the row has one: the first window starts at
+    the first document whose span is shorter than the window, so it holds that document whole
+    and its end (or, when every document is longer, it is centred on the first boundary); when
+    the row has a padding tail that this window does not reach, a second window holds the
+    boundary from the last document into the padding (whose gradients and finiteness are
+    checked). A window starts at a document's first token whenever one lets it hold its
+    boundary; else (a long document before the boundary, near the row's end) it starts inside
+    that document, and the window's part of it is then a document of its own, as the
+    per-document reference computes it: its ``position_ids`` rebased to start at 0, and its
+    first label -100 (its predecessor is outside the window). The convolution and recurrence of
+    the hybrid backends, reset where ``seq_idx`` changes, then start at the window's first
+    token, as the reference does. A document cut by the window's end is compared with its own
+    first tokens alone (every backend is causal).
+
+    Inside a window the other token columns are the row's own: ``segment_ids`` and the
+    ``position_ids`` of the documents that start in it as stored, ``cu_seqlens`` the stored
+    boundaries inside the window (so a boundary stored in the wrong place is still seen), and,
+    for a ``--segment-multiple`` output, ``cu_seqlens_unpadded`` the real lengths of those spans
+    inside the window. ``doc_ids`` and ``doc_offsets`` list the documents whose spans overlap
+    the window (a document entered mid-way with the offset of the window's first token);
+    ``source_ids`` is left out (the model checks do not read it, the column scan checks it on
+    whole rows). A stored shifted label that would predict a token past the window's end
+    becomes -100 (nothing past the window is computed).
+
+    Args:
+        item: a row from :class:`packtool.loader.PackedDataset` (capacity C > ``window``).
+        window: tokens (>= 2).
+
+    Returns:
+        One or two items of C = ``window`` with the row's keys, plus ``window`` = (first
+        token, end) in the row and ``segment_base``: the row's segment number of the window's
+        first document, less one (reports name the row's segments).
+    """
+    cu = np.asarray(item["cu_seqlens"], dtype=np.int64)
+    seg = np.asarray(item["segment_ids"])
+    C = seg.size
+    unpadded = item.get("cu_seqlens_unpadded")
+    if unpadded is None:  # documents back to back, then the padding tail
+        tail = int(np.count_nonzero(seg))  # where the padding tail starts
+        starts = cu[:-1][cu[:-1] < tail]  # first token of each document
+        ends = np.append(starts[1:], tail)  # end of its real tokens
+        span_ends = ends
+    else:  # --segment-multiple: each document's span holds its tokens, then padding
+        k = min(len(item["doc_ids"]), cu.size - 1)
+        starts = cu[:k]
+        ends = starts + np.diff(np.asarray(unpadded, dtype=np.int64))[:k]
+        span_ends = cu[1:k + 1]
+        tail = int(cu[k])
+    short = np.flatnonzero(span_ends - starts < window)
+    if short.size:
+        firsts = [int(starts[short[0]])]
+    else:  # every document is longer than the window: centred on the first boundary
+        firsts = [max(0, int(starts[1]) - window // 2) if starts.size > 1 else 0]
+    if tail < C and not tail < min(firsts[0], C - window) + window:  # the padding boundary
+        firsts.append(max(int(starts[-1]), tail - window // 2))
+    out = []
+    for a in firsts:
+        a = min(a, C - window)
+        q0 = int(np.searchsorted(starts, a, side="right")) - 1  # the document holding a
+        s0 = int(starts[q0])
+        if a > s0:
+            if ((cu > s0) & (cu < s0 + window)).any():
+                a = s0  # from the document's start the window still holds a boundary
+            elif a >= ends[q0]:  # not inside a span's own padding: from a real token
+                a = int(ends[q0]) - 1
+        if out and out[-1]["window"][0] == a:
+            continue
+        b = a + window
+        mid = a > s0  # the window enters document q0 mid-way
+        w = {k: v for k, v in item.items() if k != "source_ids"}
+        for name in ("input_ids", "segment_ids", "position_ids", "labels"):
+            if item.get(name) is not None:
+                w[name] = np.asarray(item[name])[a:b]
+        inside = cu[(cu > a) & (cu < b)] - a
+        w["cu_seqlens"] = np.concatenate([[0], inside, [window]]).astype(np.int32)
+        w["max_seqlen"] = int(np.diff(w["cu_seqlens"]).max())
+        q1 = int(np.searchsorted(starts, b, side="left"))  # documents overlapping the window
+        for name in ("doc_ids", "doc_offsets"):
+            if item.get(name) is not None:
+                w[name] = np.array(np.asarray(item[name])[q0:q1])
+        if mid:  # the window's part of document q0 is a document of its own
+            first_end = int(w["cu_seqlens"][1])
+            pos = np.array(w["position_ids"])
+            pos[:first_end] -= pos[0]
+            w["position_ids"] = pos
+            if w.get("doc_offsets") is not None and len(w["doc_offsets"]):
+                w["doc_offsets"][0] += a - s0
+            if item.get("labels") is not None and item.get("labels_mode") != "shifted":
+                lab = np.array(w["labels"])
+                lab[0] = -100  # the token before it, its context, is outside the window
+                w["labels"] = lab
+        if unpadded is not None:  # each span's real tokens inside the window
+            lo = w["cu_seqlens"][:-1].astype(np.int64) + a
+            hi = w["cu_seqlens"][1:].astype(np.int64) + a
+            q = np.searchsorted(starts, lo, side="right") - 1  # the document holding lo
+            doc = (q >= 0) & (lo < span_ends[np.maximum(q, 0)])
+            real = np.where(doc, np.clip(np.minimum(ends[np.maximum(q, 0)], hi) - lo, 0, None),
+                            hi - lo)
+            w["cu_seqlens_unpadded"] = np.concatenate([[0], np.cumsum(real)]).astype(np.int32)
+        if item.get("labels") is not None and item.get("labels_mode") == "shifted" and b < C \
+                and seg[b] == seg[b - 1]:
+            lab = np.array(w["labels"])
+            lab[-1] = -100  # it predicts token b, outside the window
+            w["labels"] = lab
+        w["window"] = (a, b)
+        w["segment_base"] = q0
+        out.append(w)
+    return out
+
+
+# -- how long verify expects to take ----------------------------------------------------------
+
+#: Seconds per token of the column scan (NumPy over whole row groups), measured on a 2-core
+#: AMD EPYC VM (docs/verify.md).
+_SCAN_S_PER_TOKEN = 4.5e-8
+#: Seconds per byte of the shards' sha256 check (hashing 0.5 ns a byte plus reading the file
+#: from the page cache; the same machine).
+_HASH_S_PER_BYTE = 1e-9
+#: Seconds per token of one backend's model passes on CPU (packed forward, backward, the
+#: isolation forward, and its share of the per-document references; FlexAttention eager, as
+#: below 2,048 tokens), and per token pair of attention; the same machine. A row gives one
+#: window, or two when its padding tail is checked too (about a quarter of them).
+_MODEL_S_PER_TOKEN = {"sdpa": 2.5e-4, "flex": 4e-4, "hf": 1.5e-4, "hybrid": 2.5e-4}
+_MODEL_S_PER_PAIR = {"sdpa": 3e-8, "flex": 3e-8, "hf": 3e-8, "hybrid": 3e-8}
+#: the backends that run on CPU (the others need CUDA)
+_CPU_BACKENDS = ("sdpa", "flex", "hf", "hybrid")
+_WINDOWS_PER_ROW = 1.25
+#: Start-up of torch (and transformers for hf), and torch.compile of FlexAttention, seconds.
+_TORCH_S, _HF_S, _COMPILE_S = 2.5, 2.5, 25.0
+_GPU_SPEEDUP = 20.0
+
+
+def estimate_seconds(scan_rows: int, capacity: int, model_rows: int, window: int,
+                     backends, explicit: bool, device: str, compile: bool | None,
+                     hash_bytes: int = 0) -> dict:
+    """What verify expects to take, in seconds, from the output's size and the options.
+
+    Args:
+        hash_bytes: bytes of the shards whose sha256 is checked first (0: none, ``--no-hash``).
+        scan_rows: rows whose columns are scanned (0: none); capacity: C.
+        model_rows: rows run through the models (0: none); window: tokens of each.
+        backends: the backends asked for; explicit: named by the user (else those that
+            cannot run here are left out).
+        device: ``auto``, ``cpu`` or ``cuda``; compile: as :func:`run_verify`.
+
+    Returns:
+        ``{"total": seconds, "detail": one line naming the parts}``. A rough figure (the
+        constants were measured on one machine), for planning, not a promise.
+    """
+    from packtool.verify import has_cuda, has_flex_attention, has_transformers
+
+    cuda = has_cuda() if device == "auto" else device == "cuda"
+    hashing = hash_bytes * _HASH_S_PER_BYTE
+    parts = [f"sha256 of {hash_bytes / 2**20:,.0f} MiB {_duration(hashing)}"] if hash_bytes \
+        else []
+    scan = scan_rows * capacity * _SCAN_S_PER_TOKEN
+    parts += [f"column scan {_duration(scan)}"] if scan_rows else []
+    total = hashing + scan
+    if model_rows:
+        runs = [b for b in backends if explicit or b in _CPU_BACKENDS]
+        if not cuda:
+            runs = [b for b in runs if b in _CPU_BACKENDS]
+        if "flex" in runs and not has_flex_attention():
+            runs.remove("flex")
+        if "hf" in runs and not has_transformers():
+            runs.remove("hf")
+        per_row = _WINDOWS_PER_ROW if window < capacity else 1.0
+        tokens = model_rows * window * per_row
+        models = 0.0
+        for b in runs:
+            models += (tokens * _MODEL_S_PER_TOKEN.get(b, 2.5e-4)
+                       + model_rows * per_row * window**2 * _MODEL_S_PER_PAIR.get(b, 3e-8))
+        if cuda:
+            models /= _GPU_SPEEDUP
+        start = _TORCH_S + (_HF_S if "hf" in runs else 0.0)
+        compiled = "flex" in runs and (compile if compile is not None
+                                       else cuda or window >= 2048)
+        total += models + start + (_COMPILE_S if compiled else 0.0)
+        parts.append(f"{', '.join(runs) or 'no backend'} on {model_rows} rows of {window} "
+                     f"tokens {_duration(models)}, torch start-up {_duration(start)}")
+        if compiled:
+            parts.append(f"FlexAttention compile about {_duration(_COMPILE_S)} once")
+    return {"total": total, "detail": "; ".join(parts) or "nothing to run"}
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"

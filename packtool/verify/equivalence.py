@@ -124,8 +124,11 @@ def per_target_loss(logits_BCV, labels_BC, shifted: bool, vocab: int):
 
 def _where(batch, r, seg=None):
     w = {"shard": batch["shard"][r], "row": batch["row"][r]}
-    if seg is not None:
-        w["segment"] = seg
+    if seg is not None:  # the row's segment number (a row window's are counted from its first)
+        w["segment"] = seg + (batch.get("segment_base") or [0] * (r + 1))[r]
+    window = (batch.get("window") or [None] * (r + 1))[r]
+    if window is not None:
+        w["tokens"] = f"{window[0]}..{window[1] - 1}"
     return w
 
 

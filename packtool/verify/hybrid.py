@@ -151,8 +151,10 @@ def ssd_reference(x_BTHP, dt_BTH, A_H, B_BTN, C_BTN, D_H, seq_idx_BT=None, *,
     y_BcQHP = torch.einsum("bcijh,bcjhp->bcihp", w_BcQQH, x_BcQHP)
     # 2. each chunk's contribution to the state of its last document, at the chunk's end
     in_last_BcQ = doc_BcQ == doc_BcQ[:, :, -1:]
-    to_end_BcQH = (torch.exp(s_BcQH[:, :, -1:] - s_BcQH).to(dt_type) * dt_BcQH
-                   * in_last_BcQ[..., None])
+    # tokens of earlier documents masked before exp: their sums are no decay of the last
+    # document's, and a strong decay over one of them would overflow to inf (inf * 0 = NaN)
+    gap_BcQH = (s_BcQH[:, :, -1:] - s_BcQH).masked_fill(~in_last_BcQ[..., None], float("-inf"))
+    to_end_BcQH = torch.exp(gap_BcQH).to(dt_type) * dt_BcQH
     local_BcHPN = torch.einsum("bcjh,bcjhp,bcjn->bchpn", to_end_BcQH, x_BcQHP, b_BcQN)
     # 3. states between chunks: carried on while the document goes on, else dropped
     through_BcH = torch.exp(s_BcQH[:, :, -1]).to(dt_type)

@@ -117,6 +117,12 @@ def test_masked_layout_equals_twin(docs2, capacity, strategy, labels):
     assert labs.tolist() == [w["labels"] for w in want]
     assert nt.tolist() == [w["num_targets"] for w in want]
     assert nt.tolist() == (labs != IGNORE).sum(axis=1).tolist()
+    # the flags applied inside the layout kernel give the same labels and counts
+    fused = layout_rows(plan, rows, tokens, doc_starts, labels=labels, targets=tflags)
+    assert fused.labels.tolist() == labs.tolist()
+    assert fused.num_targets.tolist() == nt.tolist()
+    counted = layout_rows(plan, rows, tokens, doc_starts, labels="none", targets=tflags)
+    assert counted.labels is None and counted.num_targets.tolist() == nt.tolist()
     per_seg = plan_segment_targets(plan, doc_starts, tflags)
     assert int(per_seg.sum()) == int(nt.sum())
     # a flagged-0 token is never a target: unshifted, its own position; shifted, the one before

@@ -163,3 +163,64 @@ def test_padding_inside_a_row_is_never_a_target_nor_another_documents_key(
             assert o == covered
             covered += n
         assert covered == len(doc)
+
+
+@settings(max_examples=100, deadline=None)
+@given(docs=docs_strategy, n_spans=st.integers(1, 8), multiple=st.sampled_from([1, 2, 3, 4, 8]),
+       labels=st.sampled_from(["unshifted", "shifted", "none"]), pad_id=st.integers(0, 9),
+       data=st.data())
+def test_rows_read_into_place_then_completed_equal_the_twin(docs, n_spans, multiple, labels,
+                                                           pad_id, data):
+    """The pack's writing path: each segment's tokens and target flags put at
+    ``row_destinations`` (a buffer full of garbage elsewhere), then ``complete_rows`` with
+    reused buffers still holding an earlier group's columns: the reference layout, padding
+    inside the spans and the tail, labels, both cu_seqlens and the counts included."""
+    from packtool.core.layout import complete_rows, gather_segments, row_destinations
+
+    capacity = max(2, n_spans) * multiple
+    targets = [[data.draw(st.integers(0, 1)) for _ in d] for d in docs]
+    lengths, tokens, starts = flat(docs)
+    flags = np.array([f for t in targets for f in t], np.uint8)
+    plan = pack_lengths(lengths, capacity, segment_multiple=multiple)
+    n = plan.num_rows
+    seg_len = plan.seg_len.astype(np.int64)
+    src = starts[plan.seg_doc] + plan.seg_offset
+    dest = row_destinations(plan.row_offsets, seg_len, capacity, multiple)
+    ids = np.full((n, capacity), -7, dtype=np.int32)  # what is not a token must be written
+    fl = np.full((n, capacity), 5, dtype=np.uint8)
+    gather_segments(tokens, src, seg_len, ids.reshape(-1), dest)
+    gather_segments(flags, src, seg_len, fl.reshape(-1), dest)
+    dirty = {k: np.full(3 * (n + 1) * capacity, 77, np.int32)
+             for k in ("segment_ids", "position_ids", "labels", "cu_values", "cu_unpadded")}
+    out = complete_rows(plan.row_offsets, seg_len, ids, pad_id=pad_id, labels=labels, flags=fl,
+                        doc_ids=plan.seg_doc, doc_offsets=plan.seg_offset,
+                        segment_multiple=multiple, out=dirty)
+    rows = [[(int(plan.seg_doc[q]), int(plan.seg_offset[q]), int(plan.seg_len[q]))
+             for q in range(plan.row_offsets[r], plan.row_offsets[r + 1])] for r in range(n)]
+    want = reference_layout(rows, docs, capacity, pad_id=pad_id, labels=labels,
+                            targets=targets, segment_multiple=multiple)
+    for k, w in enumerate(want):
+        assert out.input_ids[k].tolist() == w["input_ids"]
+        assert out.segment_ids[k].tolist() == w["segment_ids"]
+        assert out.position_ids[k].tolist() == w["position_ids"]
+        assert (out.labels is None) == (w["labels"] is None)
+        if out.labels is not None:
+            assert out.labels[k].tolist() == w["labels"]
+        assert out.cu_seqlens(k).tolist() == w["cu_seqlens"]
+        assert out.cu_seqlens_unpadded(k).tolist() == w.get("cu_seqlens_unpadded",
+                                                            w["cu_seqlens"])
+        assert int(out.max_seqlen[k]) == w["max_seqlen"]
+        assert int(out.num_targets[k]) == w["num_targets"]
+    assert (out.cu_unpadded_values is None) == (multiple == 1)
+
+
+def test_spans_that_do_not_fit_a_row_are_refused():
+    """A row whose spans take more than C slots is refused before the kernel writes past it."""
+    from packtool.core.layout import complete_rows, row_destinations
+
+    seg_offsets, seg_len = np.array([0, 2]), np.array([5, 9])  # spans 8 + 16 at N = 8
+    with pytest.raises(ConfigError, match="do not fit a row of 16"):
+        row_destinations(seg_offsets, seg_len, 16, 8)
+    with pytest.raises(ValueError, match="more than its 16 slots"):
+        complete_rows(seg_offsets, seg_len, np.zeros((1, 16), np.int32), segment_multiple=8)
+    assert row_destinations(seg_offsets, seg_len, 16, 2).tolist() == [0, 6]  # 6 + 10 fit

@@ -191,7 +191,8 @@ def test_s3_output_refuses_foreign_objects_and_a_held_lock(tmp_path, s3, monkeyp
 @pytest.mark.parametrize("phase, sig", [("write-shard:2", "SIGKILL"), ("write-shard:3", "SIGINT")])
 def test_interrupted_s3_pack_resumes_with_the_same_bytes(tmp_path, s3, phase, sig):
     """SIGKILL (no cleanup: the scratch windows stay in the store and are reused) or Ctrl-C
-    (cleanup: the scratch keeps only its fingerprint and the finished window, the marker lists
+    (cleanup: the scratch keeps only its fingerprint, the finished read part and the finished
+    window, the marker lists
     the finished shards, the rerun reuses both) while shards are written straight to S3: no
     manifest; the rerun ends with the local bytes."""
     import signal
@@ -221,8 +222,11 @@ def test_interrupted_s3_pack_resumes_with_the_same_bytes(tmp_path, s3, phase, si
         assert proc.returncode == 130
         assert LOCK_NAME not in remote, sorted(remote)
         window = [k for k in scratch if k.startswith(f"{TMP_DIR_NAME}/window-00000/")]
+        part = [k for k in scratch if k.startswith(f"{TMP_DIR_NAME}/read-00000/")]
         assert f"{TMP_DIR_NAME}/window-00000/done.json" in window, scratch
-        assert sorted(set(scratch) - set(window)) == [f"{TMP_DIR_NAME}/{SCRATCH_FINGERPRINT}"], scratch
+        assert f"{TMP_DIR_NAME}/read-00000/done.json" in part, scratch
+        assert sorted(set(scratch) - set(window) - set(part)) == [
+            f"{TMP_DIR_NAME}/{SCRATCH_FINGERPRINT}"], scratch
         assert not any(node.iterdir())
     else:
         assert f"{TMP_DIR_NAME}/window-00000/done.json" in scratch, scratch
@@ -233,6 +237,7 @@ def test_interrupted_s3_pack_resumes_with_the_same_bytes(tmp_path, s3, phase, si
     report = json.loads(res.stdout)
     if sig == "SIGINT":
         assert report["shards_reused"] == 3 and report["windows_reused"] == 1, report
+        assert report["parts_reused"] == 1, report
     else:
         assert report["windows_reused"] == 1, report
     remote = _remote_tree(fs, f"{bucket}/{out}")

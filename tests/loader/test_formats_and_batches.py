@@ -119,15 +119,15 @@ def test_label_conventions_convert_both_ways_B04_B05():
     assert convert_labels(masked, seg, "unshifted", "shifted").tolist()[0] == -100
 
 
-def test_windowed_output_read_in_order_does_not_follow_input_file_order(tmp_path):
-    """An output whose rows follow the input files (windows of one file each, --no-shuffle:
-    the worst case of an output shuffled only inside windows) is read by the loader with rows
-    of many files from the start, uncorrelated with file order."""
+def test_output_in_input_order_is_not_read_in_file_order(tmp_path):
+    """An output whose rows follow the input files (``--strategy ordered --no-shuffle``: rows
+    in input order, the worst case of an output not shuffled at all) is read by the loader with
+    rows of many files from the start, uncorrelated with file order."""
     src = tmp_path / "in"
     for f in range(6):
         write_input(src, [[f * 10_000 + d * 10 + p + 1 for p in range(5)] for d in range(40)],
                     name=f"f{f}.parquet")
-    out = pack(src, tmp_path / "out", 16, "--window-docs", "40", "--rows-per-shard", "4",
+    out = pack(src, tmp_path / "out", 16, "--strategy", "ordered", "--rows-per-shard", "4",
                "--no-shuffle")
     torch = pytest.importorskip("torch")  # noqa: F841
     from packtool.loader import PackedIterableDataset

@@ -58,6 +58,24 @@ def test_chunked_recurrence_equals_the_token_by_token_recurrence(lengths, chunk,
         assert torch.allclose(got, want, rtol=1e-9, atol=1e-9)
 
 
+def test_a_strongly_decaying_document_before_a_chunk_boundary_stays_finite():
+    """A document whose summed decay is large (dt * A of -8 a token over 40 tokens) followed in
+    the same chunk by another that goes on into the next chunk: the chunked form stays finite
+    in float32 and equals the token-by-token recurrence (the earlier document's sums are no
+    decay of the last one's: an exp of their difference overflowed to inf, times 0: NaN)."""
+    g = torch.Generator().manual_seed(3)
+    T, H, P, N = 128, 2, 4, 3
+    x = torch.randn(1, T, H, P, generator=g)
+    dt = torch.full((1, T, H), 2.0)
+    A = torch.full((H,), -4.0)
+    B, Cm = (torch.randn(1, T, N, generator=g) for _ in range(2))
+    D = torch.ones(H)
+    seq = _docs_of([40, 88])[None]
+    got = ssd_reference(x, dt, A, B, Cm, D, seq, chunk=64)
+    assert torch.isfinite(got).all()
+    assert torch.allclose(got, ssd_recurrence(x, dt, A, B, Cm, D, seq), rtol=1e-4, atol=1e-4)
+
+
 def test_each_document_of_a_packed_row_computes_what_it_computes_alone():
     """Convolution and recurrence on a packed row with seq_idx == each document run alone, and
     without seq_idx document 2 is changed by document 1 (the leak the check must see)."""

@@ -148,6 +148,34 @@ def test_progress_line_per_backend_on_stderr(good):
     assert "verify:" not in r.stdout
 
 
+def test_verify_says_how_long_it_expects_to_take_before_it_starts(good, tmp_path):
+    """The first progress line, before the shards' sha256 and the column scan, gives the
+    expected time and its parts: the sha256 (unless --no-hash), the scan, the backends that
+    will run on how many rows of how many tokens, torch's start-up, and the FlexAttention
+    compile when one will happen."""
+    import re
+
+    r = _verify(good, "--backend", "sdpa", "--rows", "2", "--no-hash")
+    first = r.stderr.splitlines()[0]
+    assert re.match(r"verify: expecting about \d+ s \(column scan \d+ s; sdpa on 2 rows of 16 "
+                    r"tokens \d+ s, torch start-up \d+ s\)$", first), r.stderr
+    r = _verify(good, "--backend", "sdpa", "--rows", "2")
+    first = r.stderr.splitlines()[0]
+    assert re.match(r"verify: expecting about \d+ s \(sha256 of \d+ MiB \d+ s; column scan \d+ s; "
+                    r"sdpa on 2 rows of 16 tokens \d+ s, torch start-up \d+ s\)$", first), r.stderr
+    assert r.stderr.splitlines()[1].startswith("verify: sha256 of 1 shard(s) checked"), r.stderr
+    r = _verify(good, "--data-only", "--no-hash")
+    assert r.stderr.splitlines()[0].startswith("verify: expecting about 0 s (column scan"), \
+        r.stderr
+    from packtool.verify.checks import estimate_seconds
+
+    big = estimate_seconds(20_000, 8192, 8, 8192, ["flex"], True, "cpu", None)
+    small = estimate_seconds(20_000, 8192, 8, 1024, ["flex"], True, "cpu", None)
+    assert "compile" in big["detail"] and "compile" not in small["detail"]
+    assert big["total"] > 3 * small["total"]  # whole rows and the compile cost far more
+    assert estimate_seconds(0, 8192, 0, 1024, [], False, "cpu", None)["total"] == 0
+
+
 def test_named_checks_each_read_their_own_measurement():
     """Each check is a function of the measurements returning its result by name; a fault in
     one measurement fails exactly that check."""

@@ -236,3 +236,103 @@ def test_b32_compiled_flex_matches_and_does_not_recompile_for_other_segment_coun
     rb = run_verify(b, rows=0, backends=["flex"], compile=True)
     assert rb.ok, rb.format_text()
     assert counters["stats"]["unique_graphs"] - graphs <= 1
+
+
+# rows of 48 tokens holding about six short documents each, the last row with a padding tail
+WDOCS = [list(map(int, np.random.default_rng(7).integers(0, 131_000, n)))
+         for n in [7, 5, 9, 3, 12, 4, 6, 8, 10, 5, 11, 6, 3, 9, 7, 4, 8, 5]]
+CW, WINDOW = 48, 16
+
+
+def _no_padding_block(batch, dev):
+    """Attention whose mask leaves padding query rows without a key (B22)."""
+    seg = batch["segment_ids"].to(dev)
+    n = seg.shape[1]
+    m = ((seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] != 0)
+         & torch.ones(n, n, dtype=torch.bool, device=dev).tril())[:, None]
+
+    def attend(q, k, v):
+        s = (q @ k.transpose(-1, -2)).masked_fill(~m, float("-inf"))
+        return torch.softmax(s / q.shape[-1] ** 0.5, dim=-1) @ v
+
+    return attend
+
+
+@pytest.mark.parametrize("control", ["plain_causal", "positions", "cu_moved", "label_cross",
+                                     "merged", "padding_no_key"])
+def test_every_broken_output_control_is_caught_on_row_windows(tmp_path, control):
+    """The model checks run on windows of 16 of each row's 48 tokens (from a document's start,
+    across boundaries, and into the padding tail): each broken output the whole-row tests
+    build still fails a model check, located by the row's own segment number; the good
+    output passes."""
+    extra = ["--labels", "unshifted"] if control == "label_cross" else []
+    out = pack_docs(tmp_path, WDOCS, CW, *extra)
+    good = run_verify(out, rows=0, backends=["sdpa"], row_window=WINDOW)
+    assert good.ok, good.format_text()
+    assert any(f"windows of {WINDOW} of their {CW} tokens" in n for n in good.notes), good.notes
+    F = torch.nn.functional
+    overrides = {}
+    if control == "plain_causal":
+        overrides = {"sdpa": lambda b, dev: (lambda q, k, v: F.scaled_dot_product_attention(
+            q, k, v, is_causal=True))}
+    elif control == "padding_no_key":
+        overrides = {"sdpa": _no_padding_block}
+    else:
+        def edit(rows):
+            r = rows[0]
+            if control == "positions":
+                r["position_ids"] = list(range(CW))
+            elif control == "cu_moved":
+                r["cu_seqlens"][1] += 1
+            elif control == "label_cross":
+                j = r["cu_seqlens"][1]
+                r["labels"][j] = r["input_ids"][j]
+                r["num_targets"] += 1
+            else:
+                r["segment_ids"] = [1 if s == 2 else s for s in r["segment_ids"]]
+            return rows
+
+        edit_rows(out, edit)
+    rep = run_verify(out, rows=0, backends=["sdpa"], row_window=WINDOW,
+                     attend_overrides=overrides)
+    assert not rep.ok
+    check = {"plain_causal": "isolation", "positions": "logits_match",
+             "cu_moved": "logits_match", "label_cross": "loss_denominator",
+             "merged": "isolation", "padding_no_key": "finite"}[control]
+    bad = _failed(rep, "sdpa", check)
+    assert bad, rep.format_text()
+    if control in ("plain_causal", "label_cross", "merged"):  # the row's own segment 2
+        assert bad[0].where["segment"] == 2, bad[0].where
+    if not overrides:  # the one row edited (a broken mask breaks every row it reaches)
+        assert bad[0].where["row"] == 0, bad[0].where
+
+
+def test_row_windows_start_at_a_document_and_keep_the_rows_columns(tmp_path):
+    """A window begins at a document's first token, ends inside the row, holds the stored
+    boundaries inside it, and a row with padding gets a second window into its padding."""
+    from packtool.loader import PackedDataset
+    from packtool.verify.checks import row_windows
+
+    out = pack_docs(tmp_path, WDOCS, CW)
+    ds = PackedDataset(out)
+    items = [ds[i] for i in range(len(ds))]
+    padded = [it for it in items if int(np.count_nonzero(it["segment_ids"])) < CW]
+    assert padded
+    for it in items:
+        ws = row_windows(it, WINDOW)
+        seg = np.asarray(it["segment_ids"])
+        real = int(np.count_nonzero(seg))
+        assert len(ws) == (2 if real < CW and not any(w["window"][1] > real for w in ws[:1])
+                           else 1)
+        for w in ws:
+            a, b = w["window"]
+            assert b - a == WINDOW and (a == 0 or seg[a] != seg[a - 1])
+            assert np.asarray(w["position_ids"])[0] == 0
+            assert np.array_equal(w["input_ids"], np.asarray(it["input_ids"])[a:b])
+            cu = np.asarray(w["cu_seqlens"])
+            assert cu[0] == 0 and cu[-1] == WINDOW and (np.diff(cu) > 0).all()
+            inner = np.asarray(it["cu_seqlens"])
+            assert set((cu[1:-1] + a).tolist()) == set(inner[(inner > a) & (inner < b)].tolist())
+            assert w["segment_base"] == int(seg[a]) - 1 or seg[a] == 0
+        if real < CW:
+            assert any(w["window"][1] > real for w in ws)  # the padding boundary is checked

@@ -1,0 +1,200 @@
+"""Row windows (``verify --row-window``) with every CPU backend, the hybrid one included, and on
+``--segment-multiple`` outputs: a window starts at a document's first token, so the convolution
+and recurrence reset by ``seq_idx`` start where the per-document reference starts; its
+``cu_seqlens_unpadded`` are the real lengths of its spans; the good output passes and a broken
+one still fails, named by the row's own segment numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import packtool.loader  # noqa: E402
+from packtool.verify.checks import _spans, row_windows, run_verify  # noqa: E402
+
+from packed_helpers import edit_rows, pack_docs  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+RNG = np.random.default_rng(23)
+# short documents of every remainder mod 4, a long one, rows of 48 tokens
+DOCS = [list(map(int, RNG.integers(0, 131_000, n)))
+        for n in [7, 5, 9, 3, 12, 4, 6, 8, 10, 5, 11, 6, 3, 9, 1, 30, 7, 4, 8, 5, 2]]
+CW, WINDOW = 48, 16
+
+
+def _failed(report, backend, check):
+    return [r for r in report.results
+            if r.backend == backend and r.check == check and r.status == "fail"]
+
+
+def _items(out):
+    from packtool.formats.packed import PackedOutput
+    from packtool.loader import PackedDataset
+
+    reader = PackedOutput.open(out)
+    ds = PackedDataset(reader, labels=reader.labels.convention, structure="stored")
+    return [ds[i] for i in range(len(ds))]
+
+
+@pytest.mark.parametrize("multiple", [1, 4])
+def test_windows_of_a_padded_row_hold_the_real_lengths_of_their_spans(tmp_path, multiple):
+    """Every window starts at a document's span, its spans cut by cu_seqlens_unpadded cover
+    exactly the tokens of a document (segment id != 0) inside the window, and the document
+    lists name the documents whose spans start in it."""
+    extra = ["--segment-multiple", str(multiple)] if multiple > 1 else []
+    out = pack_docs(tmp_path, DOCS, CW, *extra)
+    items = _items(out)
+    for it in items:
+        whole = _spans(it)
+        starts = [a for a, _ in whole]
+        for w in row_windows(it, WINDOW):
+            a, b = w["window"]
+            assert b - a == WINDOW and a in starts
+            cu = np.asarray(w["cu_seqlens"])
+            assert cu[0] == 0 and cu[-1] == WINDOW and (np.diff(cu) > 0).all()
+            if multiple > 1:
+                assert len(w["cu_seqlens_unpadded"]) == len(cu)
+                assert "source_ids" not in w
+            seg = np.asarray(w["segment_ids"])
+            got = np.zeros(WINDOW, dtype=bool)
+            for s, e in _spans(w):
+                assert e > s and (seg[s:e] != 0).all()
+                got[s:e] = True
+            assert np.array_equal(got, seg != 0), (it["row"], w["window"])
+            firsts = [d for d, (s, _) in zip(it["doc_ids"], whole) if a <= s < b]
+            assert list(w["doc_ids"]) == firsts
+            assert w["segment_base"] == starts.index(a)
+
+
+@pytest.mark.parametrize("multiple", [1, 4])
+def test_hybrid_and_attention_backends_pass_on_windows_and_catch_a_withheld_seq_idx(
+        tmp_path, monkeypatch, multiple):
+    """sdpa, hybrid (and hf when transformers is there) pass every check on windows of 16 of
+    48 tokens; with seq_idx withheld from the batches the hybrid mixers carry one document's
+    state into the next inside a window: isolation fails at the row's segment 2 or later,
+    while sdpa, which cannot see it, passes."""
+    extra = ["--segment-multiple", str(multiple)] if multiple > 1 else []
+    out = pack_docs(tmp_path, DOCS, CW, "--labels", "unshifted", *extra)
+    backends = ["sdpa", "hybrid"]
+    from packtool.verify import has_transformers
+
+    if has_transformers():
+        backends.append("hf")
+    rep = run_verify(out, rows=0, backends=backends, row_window=WINDOW)
+    assert rep.ok, rep.format_text()
+    assert any(f"windows of {WINDOW} of their {CW} tokens" in n for n in rep.notes), rep.notes
+    for b in backends:
+        assert rep.get(b, "logits_match").figures["rows_multi_doc"] >= 1
+        assert rep.get(b, "grad_zero_padding").status == "pass", rep.format_text()
+    real = packtool.loader.collate
+
+    def without_seq_idx(items):
+        batch = real(items)
+        del batch["seq_idx"]
+        return batch
+
+    monkeypatch.setattr(packtool.loader, "collate", without_seq_idx)
+    rep = run_verify(out, rows=0, backends=["hybrid", "sdpa"], row_window=WINDOW)
+    iso = _failed(rep, "hybrid", "isolation")
+    assert iso and iso[0].where["segment"] >= 2, rep.format_text()
+    assert "tokens" in iso[0].where  # the window's place in the row
+    assert rep.get("sdpa", "isolation").status == "pass"
+
+
+def test_padding_inside_a_span_made_a_target_fails_on_windows(tmp_path):
+    """--segment-multiple 4: the padding after a document given a label is a loss the
+    per-document reference does not have: the loss denominator fails on the window holding it,
+    for the attention and the hybrid backends."""
+    docs = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [16, 17]] * 3
+    out = pack_docs(tmp_path, docs, 48, "--segment-multiple", "4", "--labels", "unshifted",
+                    "--strategy", "ordered")
+
+    def pad_target(rows):
+        r = rows[0]
+        j = r["cu_seqlens_unpadded"][1]  # first padding slot after document 1
+        assert r["segment_ids"][j] == 0
+        r["labels"][j] = r["input_ids"][j]
+        r["num_targets"] += 1
+        return rows
+
+    edit_rows(out, pad_target)
+    rep = run_verify(out, rows=0, backends=["sdpa", "hybrid"], row_window=16)
+    assert rep.get("data", "labels").status == "fail", rep.format_text()
+    for b in ("sdpa", "hybrid"):
+        bad = _failed(rep, b, "loss_denominator")
+        assert bad and bad[0].where["row"] == 0, rep.format_text()
+
+
+# rows of 48 where a long document comes before the boundaries (packed in order)
+LONG_FIRST = {1: [40, 6, 30, 18, 20, 20, 5], 4: [37, 5, 30, 14, 18, 18, 5]}
+
+
+def _long_first(tmp_path, multiple, *extra):
+    docs = [list(map(int, RNG.integers(0, 131_000, n))) for n in LONG_FIRST[multiple]]
+    more = ["--segment-multiple", str(multiple)] if multiple > 1 else []
+    return pack_docs(tmp_path, docs, CW, "--strategy", "ordered", *more, *extra)
+
+
+@pytest.mark.parametrize("multiple", [1, 4])
+def test_a_window_enters_a_long_document_to_hold_the_boundary_after_it(tmp_path, multiple):
+    """When a long document comes before a row's boundaries, the window starts inside it
+    (from a real token) rather than at its start, so it still holds a boundary; the part of it
+    in the window is a document of its own: positions from 0, no target at its first token,
+    its offset moved to the window's first token, its real length in cu_seqlens_unpadded."""
+    out = _long_first(tmp_path, multiple, "--labels", "unshifted")
+    mids = 0
+    for it in _items(out):
+        whole = _spans(it)
+        starts = [s for s, _ in whole]
+        for w in row_windows(it, WINDOW):
+            a, _ = w["window"]
+            spans = _spans(w)
+            seg = np.asarray(w["segment_ids"])
+            assert len(spans) >= 2 or (seg == 0).any(), (it["row"], w["window"])  # a boundary
+            q0 = w["segment_base"]
+            s0, e0 = whole[q0]
+            assert s0 <= a < e0  # from a real token of the row's document q0 + 1
+            first = spans[0]
+            pos = np.asarray(w["position_ids"])
+            assert pos[first[0]:first[1]].tolist() == list(range(first[1] - first[0]))
+            assert first[1] - first[0] == min(e0, a + WINDOW) - a
+            assert w["doc_offsets"][0] == it["doc_offsets"][q0] + (a - s0)
+            if a > s0:
+                mids += 1
+                assert a not in starts and w["labels"][0] == -100
+    assert mids >= 2
+
+
+@pytest.mark.parametrize("multiple", [1, 4])
+def test_windows_inside_a_document_pass_and_still_catch_leaks(tmp_path, monkeypatch, multiple):
+    """Every backend passes on windows that start inside a long document, each window holding
+    two documents; a mask without document boundaries and a batch without seq_idx fail."""
+    out = _long_first(tmp_path, multiple)
+    backends = ["sdpa", "hybrid"]
+    from packtool.verify import has_transformers
+
+    if has_transformers():
+        backends.append("hf")
+    rep = run_verify(out, rows=0, backends=backends, row_window=WINDOW)
+    assert rep.ok, rep.format_text()
+    for b in backends:
+        figs = rep.get(b, "logits_match").figures
+        assert figs["rows_multi_doc"] == figs["rows"] >= 3, figs
+    F = torch.nn.functional
+    plain = {"sdpa": lambda b, dev: (lambda q, k, v: F.scaled_dot_product_attention(
+        q, k, v, is_causal=True))}
+    rep = run_verify(out, rows=0, backends=["sdpa"], row_window=WINDOW, attend_overrides=plain)
+    assert _failed(rep, "sdpa", "isolation"), rep.format_text()
+    real = packtool.loader.collate
+
+    def without_seq_idx(items):
+        batch = real(items)
+        del batch["seq_idx"]
+        return batch
+
+    monkeypatch.setattr(packtool.loader, "collate", without_seq_idx)
+    rep = run_verify(out, rows=0, backends=["hybrid"], row_window=WINDOW)
+    assert _failed(rep, "hybrid", "isolation"), rep.format_text()
