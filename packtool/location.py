@@ -21,7 +21,8 @@ one difference is how a file appears whole: a local file is written under a uniq
 and renamed (:meth:`LocalPath.publish_bytes`); a store object is put in one call, which is whole
 or absent (:meth:`StoreURI.publish_bytes`).
 
-Importing this module imports neither pyarrow nor numba: both are loaded when a store is opened.
+This module imports neither pyarrow nor numba: the filesystem calls are
+:mod:`packtool.formats.filesystem`'s, loaded when a file is opened or a store listed.
 """
 
 from __future__ import annotations
@@ -250,9 +251,9 @@ class LocalPath(Location):
         return [LocalPath(p) for p in self.path.resolve().parents]
 
     def filesystem(self):
-        import pyarrow.fs as pafs
+        from packtool.formats.filesystem import local_filesystem
 
-        return pafs.LocalFileSystem(), os.path.abspath(self.path)
+        return local_filesystem(self.path)
 
     def entry(self) -> Entry | None:
         try:
@@ -283,9 +284,9 @@ class LocalPath(Location):
         return self.path.read_bytes()
 
     def open_input(self):
-        import pyarrow as pa
+        from packtool.formats.filesystem import open_local
 
-        return pa.OSFile(os.fspath(self.path), "r")
+        return open_local(self.path)
 
     def makedirs(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -434,8 +435,7 @@ class StoreURI(Location):
         Raises:
             OSError: the URI cannot be opened (unknown scheme, bad options, no credentials).
         """
-        import pyarrow as pa
-        import pyarrow.fs as pafs
+        from packtool.formats.filesystem import from_uri
 
         cache_key = (os.getpid(), self.scheme, self._root, self.query)
         with _FS_LOCK:
@@ -443,8 +443,8 @@ class StoreURI(Location):
         if got is None:
             root = f"{self.scheme}://{self._root}" + (f"?{self.query}" if self.query else "")
             try:
-                fs, inner = pafs.FileSystem.from_uri(root)
-            except (pa.ArrowException, ValueError) as exc:
+                fs, inner = from_uri(root)
+            except ValueError as exc:
                 raise OSError(f"{self.display}: cannot open this location ({_first_line(exc)}); "
                               "check the URI and the credentials in the environment") from None
             got = (fs, inner.rstrip("/"))
@@ -455,28 +455,15 @@ class StoreURI(Location):
         return fs, (f"{inner_root}/{rest}" if rest else inner_root) or "/"
 
     def entry(self) -> Entry | None:
-        import pyarrow.fs as pafs
+        from packtool.formats.filesystem import file_info
 
-        fs, path = self.filesystem()
-        info = fs.get_file_info(path)
-        if info.type == pafs.FileType.NotFound:
-            return None
-        is_dir = info.type == pafs.FileType.Directory
-        return Entry(self.name, is_dir, 0 if is_dir else int(info.size or 0),
-                     int(info.mtime_ns or 0))
+        info = file_info(*self.filesystem())
+        return None if info is None else Entry(self.name, *info)
 
     def listdir(self) -> dict[str, Entry]:
-        import pyarrow.fs as pafs
+        from packtool.formats.filesystem import list_dir
 
-        fs, path = self.filesystem()
-        infos = fs.get_file_info(pafs.FileSelector(path, recursive=False, allow_not_found=True))
-        out = {}
-        for i in infos:
-            name = i.path.rstrip("/").rsplit("/", 1)[-1]
-            is_dir = i.type == pafs.FileType.Directory
-            out[name] = Entry(name, is_dir, 0 if is_dir else int(i.size or 0),
-                              int(i.mtime_ns or 0))
-        return out
+        return {e[0]: Entry(*e) for e in list_dir(*self.filesystem())}
 
     def read_bytes(self) -> bytes:
         fs, path = self.filesystem()
@@ -499,11 +486,9 @@ class StoreURI(Location):
 
     def publish_file(self, src: Path) -> None:
         """Upload ``src`` in one native call (whole or not at all)."""
-        import pyarrow.fs as pafs
+        from packtool.formats.filesystem import upload
 
-        fs, path = self.filesystem()
-        pafs.copy_files(os.fspath(src), path, source_filesystem=pafs.LocalFileSystem(),
-                        destination_filesystem=fs)
+        upload(src, *self.filesystem())
 
     def s3_client(self):
         """A boto3 S3 client with this location's endpoint, region and credentials (URI options,
