@@ -500,7 +500,10 @@ def format_packed(a: PackedAnalysis) -> str:
         f"  rows                      {s.rows:,}  (ceil(tokens/C) = {s.lower_bound_rows:,}, "
         f"extra {s.extra_rows:,})",
         f"  documents                 {a.documents:,} in {s.segments:,} segments "
-        f"(in: {s.docs_in:,}, empty skipped {s.docs_empty:,})",
+        f"(in: {s.docs_in:,}"
+        + (f" read, {s.docs_other_split:,} of them in the other --holdout output"
+           if s.docs_other_split else "")
+        + f", empty skipped {s.docs_empty:,})",
         f"  split                     {s.docs_split:,} documents (+{s.split_fragments:,} pieces)",
         f"  cut across segments       {s.docs_cut:,} documents (split ones, or cut by the "
         "concat stream)",

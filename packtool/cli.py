@@ -500,7 +500,8 @@ COMPARE_DEPRECATED = ("packtool stats --compare is deprecated and will be remove
                    f"{DEFAULT_PER_BIN_LIMIT}]; totals always cover every row.")
 @click.option("--no-hash", is_flag=True,
               help="Packed output: skip the sha256 of every shard against the manifest (it "
-                   "reads every byte; sizes, footers and page checksums are still checked).")
+                   "reads every byte; sizes, footers and the checksums of the pages stats "
+                   "reads are still checked: a changed input_ids page then goes unseen).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @_PLOT_OPTION
 @click.option("--capacity", "-c", type=int, default=None, metavar="C", hidden=True,
@@ -631,6 +632,10 @@ def _refuse_raw_input(where, command: str) -> None:
                    "(mistral-common) or a tiktoken BPE file (never downloaded).")
 @click.option("--text-column", default="text", show_default=True, metavar="NAME",
               help="Column (JSON Lines: key) holding the text.")
+@click.option("--keep-column", "keep_columns", multiple=True, metavar="NAME",
+              help="Carry this column (JSON Lines: key, as text) into the tokenized shards "
+                   "beside input_ids, e.g. for pack --source-column (repeatable) [default: "
+                   "input_ids alone].")
 @click.option("--append-eos", default=None, metavar="ID|TOKEN",
               help="Append this end-of-document token (an id, or a special token such as "
                    "'</s>') to every document not already ending with it.")
@@ -655,13 +660,14 @@ def _refuse_raw_input(where, command: str) -> None:
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty OUTPUT.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def tokenize(paths, tokenizer, text_column, append_eos, prepend_bos, add_special_tokens,
+def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bos, add_special_tokens,
              tokenizer_pattern, batch_docs, rows_per_shard, workers, skip_unsupported, overwrite,
              quiet, as_json):
     """Tokenize text INPUT files or directories (Parquet, Arrow, JSON Lines; paths or URIs)
     into the tokenized Parquet OUTPUT that packtool pack reads.
 
-    One document per row or line, tokens in input_ids (list<int32>), in input order. Rerunning
+    One document per row or line, tokens in input_ids (list<int32>), in input order, with the
+    --keep-column columns beside them. Rerunning
     an interrupted tokenize finishes it; rerunning a finished one does nothing.
     """
     import json
@@ -672,7 +678,8 @@ def tokenize(paths, tokenizer, text_column, append_eos, prepend_bos, add_special
     if len(paths) < 2:
         raise click.UsageError("give at least one INPUT and an OUTPUT directory")
     cfg = TokenizeConfig(inputs=tuple(paths[:-1]), output=paths[-1], tokenizer=tokenizer,
-                         text_column=text_column, append_eos=append_eos,
+                         text_column=text_column, keep_columns=keep_columns,
+                         append_eos=append_eos,
                          prepend_bos=prepend_bos, add_special_tokens=add_special_tokens,
                          tokenizer_pattern=tokenizer_pattern, batch_docs=batch_docs,
                          rows_per_shard=rows_per_shard,
@@ -788,7 +795,8 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
                    "--json].")
 @click.option("--no-hash", is_flag=True,
               help="Skip the sha256 of every shard against the manifest (it reads every byte; "
-                   "sizes, footers and page checksums are still checked).")
+                   "sizes, footers and the checksums of every page verify decodes are still "
+                   "checked).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def verify(output, rows, seed, backends, hf_config, checks, data_only, device, max_memory,
            batch_size, row_window, compile_, progress, no_hash, as_json, scan_all):

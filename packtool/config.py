@@ -319,6 +319,9 @@ class TokenizeConfig:
     """Local tokenizer file: tokenizers JSON, Tekken JSON or tiktoken BPE file."""
     text_column: str = "text"
     """Text column (JSON Lines: the key)."""
+    keep_columns: tuple[str, ...] = ()
+    """Columns (JSON Lines: keys) carried from the text input into the tokenized shards beside
+    ``input_ids`` (for ``pack --source-column``, ids, URLs)."""
     append_eos: int | str | None = None
     """End-of-document token (id or special token string) appended to every non-empty
     document not already ending with it."""
@@ -342,6 +345,11 @@ class TokenizeConfig:
     def __post_init__(self) -> None:
         if not self.inputs:
             raise ConfigError("give at least one INPUT")
+        object.__setattr__(self, "keep_columns", tuple(self.keep_columns))
+        for name in self.keep_columns:
+            if name in ("input_ids", self.text_column) or self.keep_columns.count(name) > 1:
+                _bad("keep_column", name, "name each column once, neither the text column "
+                     "nor input_ids")
         for name in ("batch_docs", "rows_per_shard", "workers"):
             if getattr(self, name) < 1:
                 _bad(name, getattr(self, name), "must be >= 1")

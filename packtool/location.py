@@ -457,13 +457,30 @@ class StoreURI(Location):
     def entry(self) -> Entry | None:
         from packtool.formats.filesystem import file_info
 
-        info = file_info(*self.filesystem())
+        try:
+            info = file_info(*self.filesystem())
+        except OSError as exc:
+            raise self._unreachable(exc) from None
         return None if info is None else Entry(self.name, *info)
+
+    def _unreachable(self, exc: OSError) -> OSError:
+        """``exc``, or one line saying the store cannot be reached and what to check when the
+        network failed (pyarrow's own message names a curl code, not the fix)."""
+        text = str(exc)
+        if not any(k in text for k in ("NETWORK_CONNECTION", "curlCode", "resolve host",
+                                       "Connection refused", "Couldn't connect")):
+            return exc
+        return OSError(f"{self.display}: cannot reach the store ({_first_line(exc)}); check "
+                       "the endpoint (endpoint_override=HOST:PORT&scheme=http in the URI, or "
+                       "AWS_ENDPOINT_URL) and that the server is up")
 
     def listdir(self) -> dict[str, Entry]:
         from packtool.formats.filesystem import list_dir
 
-        return {e[0]: Entry(*e) for e in list_dir(*self.filesystem())}
+        try:
+            return {e[0]: Entry(*e) for e in list_dir(*self.filesystem())}
+        except OSError as exc:
+            raise self._unreachable(exc) from None
 
     def read_bytes(self) -> bytes:
         fs, path = self.filesystem()

@@ -138,7 +138,7 @@ def test_pack_dataset_errors_name_the_row_and_the_fix(tmp_path):
         packtool.pack_dataset([], 8)
     with pytest.raises(ConfigError, match="--capacity 1"):
         packtool.pack_dataset([[1, 2]], 1)
-    with pytest.raises(InputError, match="item 1 is a int"):
+    with pytest.raises(InputError, match="item 1 is of type int"):
         packtool.pack_dataset([[1, 2], 3], 8)
     leftovers = list(Path(tmp_path).iterdir())
     assert leftovers == []

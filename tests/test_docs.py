@@ -20,7 +20,7 @@ from packtool.cli import cli
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
         ROOT / "sample_data" / "README.md"]
-SHELL_BUILTINS = {"cd", ".", "source", "git"}
+SHELL_BUILTINS = {"cd", ".", "source", "git", "export"}
 
 
 def shell_commands(md: Path) -> list[tuple[int, list[str]]]:
@@ -149,6 +149,8 @@ def check_pip(argv: list[str], where: str) -> None:
 def check_command(argv: list[str], where: str) -> None:
     while argv and re.match(r"^[A-Z_][A-Z0-9_]*=", argv[0]):  # VAR=value before a command
         argv = argv[1:]
+    if not argv:  # VAR=value alone: a shell variable
+        return
     if argv[0] == "packtool":
         check_packtool(argv, where)
     elif argv[0] == "make":
@@ -161,6 +163,10 @@ def check_command(argv: list[str], where: str) -> None:
         pass
     elif argv[0] == "torchrun":  # torchrun [OPTIONS] SCRIPT: the script is in the checkout
         assert (ROOT / argv[-1]).is_file(), f"{where}: {argv[-1]} does not exist"
+    elif argv[0] == "moto_server":  # the local S3 server: the dev extra installs it
+        assert "moto[server]" in (ROOT / "pyproject.toml").read_text(), where
+    elif argv[0] in ("python", "python3") and argv[1] == "-c":
+        compile(argv[2], where, "exec")  # the one-liner is Python
     elif argv[0] in ("python", "python3", ".venv/bin/python"):
         script = ROOT / argv[1]
         assert script.is_file(), f"{where}: {argv[1]} does not exist"

@@ -123,3 +123,22 @@ def test_holdout_errors_are_one_line(tmp_path):
     assert res.exit_code == 2
     res = invoke(["pack", "-q", "--holdout-output", tmp_path / "v", src, out])
     assert res.exit_code == 2 and "needs --holdout" in res.output
+
+
+def test_stats_of_each_side_says_how_many_documents_the_other_side_took(tmp_path):
+    """``stats`` of either output of a --holdout pack says the documents read and how many of
+    them went to the other output, so that 'in' is not read as this output's own documents."""
+    docs = _docs()
+    src = write_docs(tmp_path / "in" / "a.parquet", docs)
+    out, held = tmp_path / "out", tmp_path / "val"
+    assert invoke(["pack", "-q", "-c", 32, "--holdout", 0.25, "--holdout-output", held,
+                   src, out]).exit_code == 0
+    n_held = int(holdout_mask(0, len(docs), 0.25, 0).sum())
+    for path, other in ((out, n_held), (held, len(docs) - n_held)):
+        res = invoke(["stats", path])
+        assert res.exit_code == 0, res.output
+        assert (f"(in: {len(docs):,} read, {other:,} of them in the other --holdout output"
+                in res.output), res.output
+    plain = tmp_path / "plain"
+    assert invoke(["pack", "-q", "-c", 32, src, plain]).exit_code == 0
+    assert f"(in: {len(docs):,}, empty skipped" in invoke(["stats", plain]).output

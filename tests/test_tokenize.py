@@ -132,6 +132,13 @@ def test_tekken_and_tiktoken_files_are_read_without_a_download(tmp_path):
     res = invoke(["tokenize", "-q", "--tokenizer", tmp_path / "cl100k_base.tiktoken",
                   "--append-eos", "<|nope|>", src, tmp_path / "tt2"])
     assert res.exit_code == 2 and "not a special token" in res.output
+    # a Tekken file without a list of special tokens (v3, tekken_240911.json): the id is asked
+    del tekken["special_tokens"]
+    (tmp_path / "tekken_v3.json").write_text(json.dumps(tekken))
+    res = invoke(["tokenize", "-q", "--tokenizer", tmp_path / "tekken_v3.json",
+                  "--append-eos", "</s>", src, tmp_path / "tk3"])
+    assert res.exit_code == 2 and "names no special tokens" in res.output, res.output
+    assert "</s> is 2" in res.output
 
 
 def test_bad_text_input_gets_one_line_naming_file_and_line(tmp_path, hf_tokenizer):
@@ -288,3 +295,58 @@ def test_tokenize_reads_and_writes_a_store(tmp_path, hf_tokenizer, s3):
     assert invoke(["pack", "-q", "-c", 64, f"s3://{bucket}/tok", tmp_path / "p1"]).exit_code == 0
     assert invoke(["pack", "-q", "-c", 64, tmp_path / "local", tmp_path / "p2"]).exit_code == 0
     assert read_output(tmp_path / "p1")[0] == read_output(tmp_path / "p2")[0]
+
+
+def test_kept_columns_travel_beside_input_ids_into_pack(tmp_path, hf_tokenizer):
+    """--keep-column carries columns from the text into the tokenized shards, row for row
+    (Parquet: their own type; JSON Lines: as text), across shards and a resume, so that
+    ``pack --source-column`` works on text tokenized by packtool; a kept column that is not
+    there is refused in one line naming the file, and the text column cannot be kept."""
+    n = len(TEXTS)
+    sources = [("web", "code", "books")[i % 3] for i in range(n)]
+    pq.write_table(pa.table({"text": TEXTS, "source": sources,
+                             "doc": pa.array(range(n), pa.int64())}),
+                   tmp_path / "t.parquet", row_group_size=7)
+    with open(tmp_path / "t.jsonl", "w", encoding="utf-8") as f:
+        for i, t in enumerate(TEXTS):
+            row = {"text": t, "source": sources[i], "doc": i}
+            if i == 3:
+                del row["source"]
+            f.write(json.dumps(row) + "\n")
+    args = ["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column", "source",
+            "--keep-column", "doc", "--rows-per-shard", 10, "--batch-docs", 4]
+    tok = tokenizers.Tokenizer.from_file(str(hf_tokenizer))
+    ids = [e.ids for e in tok.encode_batch(TEXTS, add_special_tokens=False)]
+    for name, doc_type, docs, srcs in (
+            ("t.parquet", pa.int64(), list(range(n)), sources),
+            ("t.jsonl", pa.string(), [str(i) for i in range(n)],
+             [None if i == 3 else s for i, s in enumerate(sources)])):
+        out = tmp_path / f"tok-{name}"
+        assert invoke(args + [tmp_path / name, out]).exit_code == 0
+        t = pa.concat_tables(pq.read_table(p) for p in sorted(out.glob("part-*.parquet")))
+        assert t.column_names == ["input_ids", "source", "doc"]
+        assert t.schema.field("doc").type == doc_type
+        assert t.column("input_ids").to_pylist() == ids
+        assert t.column("source").to_pylist() == srcs
+        assert t.column("doc").to_pylist() == docs
+        # a run killed after two shards resumes to the same bytes
+        whole, fp = hash_tree(out), read_manifest(out).fingerprint
+        (out / MANIFEST_NAME).unlink()
+        for p in sorted(out.glob("part-*.parquet"))[2:]:
+            p.unlink()
+        (out / IN_PROGRESS_NAME).write_text(json.dumps({"fingerprint": fp}))
+        assert invoke(args + [tmp_path / name, out]).exit_code == 0
+        assert hash_tree(out) == whole
+    packed = tmp_path / "packed"
+    res = invoke(["pack", "-q", "-c", 64, "--source-column", "source",
+                  tmp_path / "tok-t.parquet", packed])
+    assert res.exit_code == 0, res.output
+    assert read_manifest(packed).source_values == ("books", "code", "web")
+
+    res = invoke(args[:-4] + ["--keep-column", "url", tmp_path / "t.parquet", tmp_path / "x"])
+    assert res.exit_code == 1 and "t.parquet" in res.output and "'url'" in res.output
+    assert len(res.output.strip().splitlines()) == 1, res.output
+    assert not (tmp_path / "x" / MANIFEST_NAME).exists()
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column", "text",
+                  tmp_path / "t.parquet", tmp_path / "y"])
+    assert res.exit_code == 2 and "--keep-column 'text'" in res.output, res.output

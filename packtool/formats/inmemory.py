@@ -52,7 +52,8 @@ def table_from_list(data: list, column: str) -> pa.Table:
     except (pa.ArrowException, TypeError, ValueError) as exc:
         bad = next((i for i, d in enumerate(data)
                     if not isinstance(d, (Mapping, list, tuple, np.ndarray))), None)
-        where = f"item {bad} is a {type(data[bad]).__name__}" if bad is not None else str(exc)
+        where = (f"item {bad} is of type {type(data[bad]).__name__}" if bad is not None
+                 else str(exc))
         raise InputError(f"documents: {where}; give one sequence of integer token ids (or one "
                          f"dict of columns) per document") from None
 

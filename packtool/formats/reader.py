@@ -520,21 +520,21 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
         seen = f" (found {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})" \
             if other else ""
         if text:
-            raise InputError(f"{place.show(root)}: directory holds no *.parquet, *.jsonl, Arrow "
+            raise InputError(f"{disp('')}: directory holds no *.parquet, *.jsonl, Arrow "
                              f"IPC file or Hugging Face dataset{seen}; point INPUT at the text "
                              f"(supported: {TEXT_FORMATS})")
-        raise InputError(f"{place.show(root)}: directory holds no *.parquet, Arrow IPC file or "
+        raise InputError(f"{disp('')}: directory holds no *.parquet, Arrow IPC file or "
                          f"Hugging Face dataset{seen}; point INPUT at the tokenized shards "
                          f"(supported: {SUPPORTED_FORMATS})")
     if other and not skip_unsupported:
         names = ", ".join(rel for rel, _ in other[:5]) + (
             f", ... ({len(other)} in all)" if len(other) > 5 else "")
         if text:
-            raise InputError(f"{place.show(root)}: holds {len(other)} file"
+            raise InputError(f"{disp('')}: holds {len(other)} file"
                              f"{'' if len(other) == 1 else 's'} of an unsupported format that "
                              f"would not be tokenized: {names}; supported: {TEXT_FORMATS}; move "
                              "them out of INPUT, or pass --skip-unsupported to tokenize the rest")
-        raise InputError(f"{place.show(root)}: holds {len(other)} file"
+        raise InputError(f"{disp('')}: holds {len(other)} file"
                          f"{'' if len(other) == 1 else 's'} of an unsupported format that would "
                          f"not be packed: {names}; supported: {SUPPORTED_FORMATS}; convert "
                          "them (e.g. JSONL to Parquet), move them out of INPUT, or pass "

@@ -13,8 +13,10 @@ A null or non-string text, a missing column or a line that is not a JSON object 
 with one line naming the file, the row (Parquet: 0-based, labelled so) or the line (JSON Lines:
 1-based, as editors count) and the fix.
 
-Tokenized shards hold one column, ``input_ids: list<int32>`` (what ``packtool pack`` reads), one
-row per document in input order, written as :mod:`packtool.formats.writer` writes packed shards
+Tokenized shards hold ``input_ids: list<int32>`` (what ``packtool pack`` reads), then the
+columns named by ``--keep-column`` carried from the text input as they are (Parquet and Arrow:
+their own type; JSON Lines: as text, a string kept as is and any other JSON value as its JSON
+text, a missing key or ``null`` as null), one row per document in input order, written as :mod:`packtool.formats.writer` writes packed shards
 (zstd, PLAIN ids, page checksums, sha256 taken while writing); each is recorded in the typed
 manifest as a :class:`~packtool.formats.manifest.ShardEntry`.
 """
@@ -22,6 +24,7 @@ manifest as a :class:`~packtool.formats.manifest.ShardEntry`.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -36,13 +39,62 @@ from packtool.formats.reader import TEXT_FORMATS, filesystem_of
 from packtool.formats.writer import write_shard
 from packtool.location import Location
 
-__all__ = ["TOKENIZED_SCHEMA", "TEXT_FORMATS", "iter_texts", "write_tokenized_shard",
-           "tokenized_counts"]
+__all__ = ["TOKENIZED_SCHEMA", "TEXT_FORMATS", "TextBatch", "iter_texts", "tokenized_schema",
+           "write_tokenized_shard", "tokenized_counts"]
 
 #: Schema of a tokenized shard.
 TOKENIZED_SCHEMA = pa.schema([pa.field(
     "input_ids", pa.list_(pa.field("element", pa.int32(), nullable=False)), nullable=False)])
 _READ_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class TextBatch:
+    """Consecutive documents of one input file: their texts and the kept columns' values.
+
+    Attributes:
+        texts: one string per document.
+        kept: the ``--keep-column`` values, a ``pyarrow.Table`` of ``len(texts)`` rows (None
+            when no column is kept).
+    """
+
+    texts: list
+    kept: object = None
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def split(self, n: int) -> tuple["TextBatch", "TextBatch"]:
+        """(the first ``n`` documents, the rest)."""
+        k = self.kept
+        return (TextBatch(self.texts[:n], None if k is None else k.slice(0, n)),
+                TextBatch(self.texts[n:], None if k is None else k.slice(n)))
+
+
+def tokenized_schema(path, fmt: str, keep: tuple[str, ...] = ()) -> pa.Schema:
+    """The schema of the shards tokenized from the file ``path``: ``input_ids`` and the kept
+    columns (their type in a Parquet or Arrow file; ``string`` from JSON Lines).
+
+    Raises:
+        SchemaError: a kept column the file does not hold.
+        InputError: an unreadable file.
+    """
+    if not keep:
+        return TOKENIZED_SCHEMA
+    if fmt == "jsonl":
+        fields = [pa.field(name, pa.string()) for name in keep]
+    else:
+        schema, _ = _table_source(path, fmt)
+        missing = [name for name in keep if name not in schema.names]
+        if missing:
+            raise SchemaError(f"{path}: no column {missing[0]!r} for --keep-column; available "
+                              f"columns: {', '.join(schema.names)}")
+        fields = [schema.field(name) for name in keep]
+    return pa.schema(list(TOKENIZED_SCHEMA) + fields)
+
+
+def _json_text(value):
+    return value if value is None or isinstance(value, str) else json.dumps(value)
 
 
 def _open_stream(path):
@@ -75,8 +127,18 @@ def _jsonl_lines(path) -> Iterator[tuple[int, bytes]]:
         yield n + 1, tail
 
 
-def _jsonl_texts(path, column: str, batch_docs: int, skip: int) -> Iterator[tuple[int, list]]:
+def _jsonl_texts(path, column: str, batch_docs: int, skip: int,
+                 keep: tuple[str, ...]) -> Iterator[tuple[int, TextBatch]]:
     batch, first, row = [], skip, 0
+    kept: list[list] = [[] for _ in keep]
+
+    def done() -> TextBatch:
+        table = None if not keep else pa.table(
+            {name: pa.array(vals, type=pa.string()) for name, vals in zip(keep, kept)})
+        for vals in kept:
+            vals.clear()
+        return TextBatch(list(batch), table)
+
     for n, line in _jsonl_lines(path):
         if row < skip:  # resumed: documents already tokenized are not parsed again
             row += 1
@@ -95,16 +157,21 @@ def _jsonl_texts(path, column: str, batch_docs: int, skip: int) -> Iterator[tupl
                               "--text-column NAME")
         text = obj[column]
         if not isinstance(text, str):
-            what = "null" if text is None else f"a {type(text).__name__}"
+            what = "null" if text is None else {"int": "an integer", "float": "a number",
+                                                 "bool": "a boolean", "list": "a list",
+                                                 "dict": "an object"}.get(
+                type(text).__name__, f"a {type(text).__name__}")
             raise SchemaError(f"{path}: line {n}: {column!r} is {what}, not a string; fix the "
                               "line or drop it")
         batch.append(text)
+        for name, vals in zip(keep, kept):
+            vals.append(_json_text(obj.get(name)))
         row += 1
         if len(batch) == batch_docs:
-            yield first, batch
+            yield first, done()
             first, batch = row, []
     if batch:
-        yield first, batch
+        yield first, done()
 
 
 def _table_source(path, fmt: str):
@@ -134,8 +201,8 @@ def _table_source(path, fmt: str):
                          "it") from None
 
 
-def _table_texts(path, fmt: str, column: str, batch_docs: int,
-                 skip: int) -> Iterator[tuple[int, list]]:
+def _table_texts(path, fmt: str, column: str, batch_docs: int, skip: int,
+                 keep: tuple[str, ...]) -> Iterator[tuple[int, TextBatch]]:
     schema, batches = _table_source(path, fmt)
     if column not in schema.names:
         raise SchemaError(f"{path}: no column {column!r}; available columns: "
@@ -145,9 +212,13 @@ def _table_texts(path, fmt: str, column: str, batch_docs: int,
             or pa.types.is_string_view(typ)):
         raise SchemaError(f"{path}: column {column!r} has type {typ}, expected text (string); "
                           "pass --text-column NAME")
+    missing = [name for name in keep if name not in schema.names]
+    if missing:
+        raise SchemaError(f"{path}: no column {missing[0]!r} for --keep-column; available "
+                          f"columns: {', '.join(schema.names)}")
     row = 0
     try:
-        for b in batches([column], batch_docs):
+        for b in batches([column, *keep], batch_docs):
             n = b.num_rows
             if row + n <= skip:
                 row += n
@@ -160,15 +231,16 @@ def _table_texts(path, fmt: str, column: str, batch_docs: int,
                 if nulls.size:
                     raise SchemaError(f"{path}: {row_ref(row + int(nulls[0]))}: {column!r} is "
                                       "null; drop or fill null texts before tokenizing")
-            yield row + lo, arr.slice(lo).to_pylist()
+            kept = pa.Table.from_batches([b.slice(lo).select(list(keep))]) if keep else None
+            yield row + lo, TextBatch(arr.slice(lo).to_pylist(), kept)
             row += n
     except (pa.ArrowException, OSError) as exc:
         raise InputError(f"{path}: {row_ref(row)}: cannot be read ({exc}); the file is damaged "
                          "or truncated: regenerate it") from None
 
 
-def iter_texts(path, fmt: str, column: str, *, batch_docs: int = 1024,
-               skip: int = 0) -> Iterator[tuple[int, list[str]]]:
+def iter_texts(path, fmt: str, column: str, *, batch_docs: int = 1024, skip: int = 0,
+               keep: tuple[str, ...] = ()) -> Iterator[tuple[int, TextBatch]]:
     """Stream the texts of one input file.
 
     Args:
@@ -179,39 +251,45 @@ def iter_texts(path, fmt: str, column: str, *, batch_docs: int = 1024,
         batch_docs: documents per batch (the last one shorter; Parquet and Arrow batches may be
             shorter at row-group ends).
         skip: leave out the first ``skip`` documents (resume).
+        keep: columns (JSON Lines: keys) carried beside the texts (``--keep-column``).
 
     Yields:
-        (index of the batch's first document in the file, list of texts).
+        (index of the batch's first document in the file, :class:`TextBatch`).
 
     Raises:
         InputError: an unreadable file, a line that is not a JSON object.
-        SchemaError: a missing text column or key, a null or non-string text.
+        SchemaError: a missing text column or key, a null or non-string text, a missing kept
+            column (Parquet, Arrow).
     """
+    keep = tuple(keep)
     if fmt == "jsonl":
-        return _jsonl_texts(path, column, batch_docs, skip)
-    return _table_texts(path, fmt, column, batch_docs, skip)
+        return _jsonl_texts(path, column, batch_docs, skip, keep)
+    return _table_texts(path, fmt, column, batch_docs, skip, keep)
 
 
-def write_tokenized_shard(path: Path, batches: Iterator[tuple[np.ndarray, np.ndarray]]
-                          ) -> tuple[ShardEntry, int]:
+def write_tokenized_shard(path: Path, batches: Iterator[tuple[np.ndarray, np.ndarray, object]],
+                          schema: pa.Schema = TOKENIZED_SCHEMA) -> tuple[ShardEntry, int]:
     """Write tokenized documents to ``path`` (one row group per batch), a temporary name the
     caller publishes under the same file name.
 
     Args:
         path: the file to write (``shard_temp``: its name is the shard's).
-        batches: (lengths int64[docs], ids int32[sum(lengths)]) per batch.
+        batches: (lengths int64[docs], ids int32[sum(lengths)], kept columns: a
+            ``pyarrow.Table`` of docs rows or None) per batch.
+        schema: :func:`tokenized_schema` of the input file.
 
     Returns:
         (the shard's manifest entry, tokens written).
 
     Raises:
         InputError: a batch of over 2**31 tokens (int32 list offsets).
+        SchemaError: kept values that do not fit the schema's type.
         OSError: ``path`` cannot be written.
     """
     counts = [0, 0]
 
     def tables():
-        for lengths, ids in batches:
+        for lengths, ids, kept in batches:
             offsets = np.zeros(lengths.size + 1, dtype=np.int64)  # shape: (docs + 1,)
             np.cumsum(lengths, out=offsets[1:])
             if offsets[-1] >= 2**31:  # int32 list offsets; never with sane batch sizes
@@ -221,9 +299,18 @@ def write_tokenized_shard(path: Path, batches: Iterator[tuple[np.ndarray, np.nda
                                            type=TOKENIZED_SCHEMA.field(0).type)
             counts[0] += lengths.size
             counts[1] += int(offsets[-1])
-            yield pa.Table.from_arrays([arr], schema=TOKENIZED_SCHEMA)
+            cols = [arr]
+            for fld in list(schema)[1:]:
+                col = kept.column(fld.name)
+                try:
+                    cols.append(col.cast(fld.type) if col.type != fld.type else col)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise SchemaError(f"kept column {fld.name!r} is {col.type} here and "
+                                      f"{fld.type} before ({exc}); give the input files the "
+                                      "same type") from None
+            yield pa.Table.from_arrays(cols, schema=schema)
 
-    w = write_shard(path, TOKENIZED_SCHEMA, tables())
+    w = write_shard(path, schema, tables())
     entry = ShardEntry(Path(path).name, counts[0], w.bytes, w.sha256, w.footer_sha256,
                        ShardEntry.run_lengths(w.group_rows))
     return entry, counts[1]

@@ -40,8 +40,8 @@ from packtool._version import __version__
 from packtool.formats.manifest import (FORMAT_VERSION, TOKENIZED_KIND, InputEntry, Manifest,
                                        ShardEntry)
 from packtool.formats.reader import discover
-from packtool.formats.text import (TOKENIZED_SCHEMA, iter_texts, tokenized_counts,
-                                   write_tokenized_shard)
+from packtool.formats.text import (TOKENIZED_SCHEMA, TextBatch, iter_texts, tokenized_counts,
+                                   tokenized_schema, write_tokenized_shard)
 from packtool.location import Location
 from packtool.output import Output, discard_shard_temp, fingerprint, kept_shard, publish_shard, \
     shard_temp
@@ -199,6 +199,9 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
     width = max(5, len(str(max(len(files) - 1, 0))))
     show = progress and sys.stderr.isatty()
     found_info = {"skipped": found.skipped, "skipped_note": found.skipped_note()}
+    # one schema for every shard: the first file's kept columns (later files' values are cast)
+    schema = (tokenized_schema(files[0].path, files[0].format, cfg.keep_columns)
+              if files and cfg.keep_columns else TOKENIZED_SCHEMA)
     with interruptible(), Output(cfg.output, cfg.inputs, fp, overwrite=cfg.overwrite) as out:
         if out.complete:
             m = out.manifest
@@ -232,12 +235,14 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
                 skip = sum(c.docs_in for _, c in kept)
                 bar.update(skip)
                 texts = _Prefetch(iter_texts(f.path, f.format, cfg.text_column,
-                                             batch_docs=cfg.batch_docs, skip=skip))
+                                             batch_docs=cfg.batch_docs, skip=skip,
+                                             keep=cfg.keep_columns))
+                none = (None, TextBatch([]))
                 try:
-                    n, k, carry = skip, len(kept), []
+                    n, k, carry = skip, len(kept), TextBatch([])
                     while True:
                         if not carry:
-                            carry = next(texts, (None, []))[1]
+                            carry = next(texts, none)[1]
                             if not carry:
                                 break
                         added = [BoundaryCounts()] if bos is not None or eos is not None \
@@ -248,24 +253,24 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
                             done = 0
                             while done < limit:
                                 if not carry:
-                                    carry = next(texts, (None, []))[1]
+                                    carry = next(texts, none)[1]
                                     if not carry:
                                         return
-                                part, carry = carry[:limit - done], carry[limit - done:]
+                                part, carry = carry.split(limit - done)
                                 check()
-                                lengths, ids = tok.encode(part)
+                                lengths, ids = tok.encode(part.texts)
                                 if added is not None:
                                     lengths, ids, _, b = add_boundary_tokens(
                                         lengths, ids, None, bos=bos, eos=eos)
                                     added[0] = added[0] + b
                                 done += len(part)
                                 bar.update(len(part))
-                                yield lengths, ids
+                                yield lengths, ids, part.kept
 
                         name = tokenized_shard_name(i, k, width)
                         tmp = shard_temp(out.tmp, name)
                         try:
-                            entry, tokens = write_tokenized_shard(tmp, batches())
+                            entry, tokens = write_tokenized_shard(tmp, batches(), schema)
                             check()
                             begin()
                             publish_shard(tmp, out.path, name)
@@ -290,6 +295,6 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
                             fingerprint=fp, options=options, inputs=tuple(inputs),
                             shards=tuple(outputs), totals=total, kind=TOKENIZED_KIND)
         begin()
-        out.commit(manifest, TOKENIZED_SCHEMA)
+        out.commit(manifest, schema)
     return TokenizeResult(total.docs_in, total.tokens_in, len(outputs), reused,
                           time.perf_counter() - t0, manifest, False, **found_info)

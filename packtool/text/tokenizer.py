@@ -97,7 +97,11 @@ class Tokenizer:
         elif value in self.specials:
             i = int(self.specials[value])
         else:
-            names = ", ".join(sorted(self.specials)[:8]) or "none"
+            if not self.specials:
+                raise ConfigError(f"{value!r}: {self.path} names no special tokens; give the "
+                                  "token's id instead (Mistral's Tekken files: <s> is 1, </s> "
+                                  "is 2)")
+            names = ", ".join(sorted(self.specials)[:8])
             raise ConfigError(f"{value!r} is not a special token of {self.path} (it has: "
                               f"{names}{', ...' if len(self.specials) > 8 else ''}); give the "
                               "token's id or its exact string")

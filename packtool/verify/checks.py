@@ -177,7 +177,8 @@ def run_verify(
                                    else m.num_rows, window, backends, explicit, device, compile,
                                    hash_bytes=sum(s.bytes for s in m.shards)
                                    if check_hashes else 0)
-            progress(f"verify: expecting about {_duration(est['total'])} ({est['detail']})")
+            progress(f"verify: expecting about {_duration(est['total'])} on an idle machine "
+                     f"({est['detail']})")
     reader = PackedOutput.open(path, integrity="sha256" if check_hashes else "footer")
     if check_hashes:
         _say(progress, f"verify: sha256 of {len(reader.shards)} shard(s) checked "
@@ -294,6 +295,7 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
     report.rows = [(it["shard"], it["row"]) for it in items]
     if window < capacity:
         items = [w for it in items for w in row_windows(it, window)]
+        report.windows = len(items)
         report.notes.append(f"{len(idx)} rows in batches of {B}; the model checks on "
                             f"{len(items)} windows of {window} of their {capacity} tokens "
                             f"(first tokens {[it['window'][0] for it in items]})")
@@ -327,9 +329,10 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
                     continue
                 t = time.perf_counter()
                 _say(progress, f"verify: [{bi + 1}/{nb}] {runner.name} ({runner.device}, "
-                     f"{runner.dtype_name}): {len(chunk)} rows"
-                     + (f" of {capacity}" if window >= capacity
-                        else f", {window} of their {capacity} tokens"))
+                     f"{runner.dtype_name}): "
+                     + (f"{len(chunk)} rows of {capacity}" if window >= capacity
+                        else f"{len(chunk)} window{'s' if len(chunk) > 1 else ''} of {window} of a "
+                        f"row's {capacity} tokens"))
                 try:
                     with torch.no_grad():
                         key = runner.ref_key

@@ -81,6 +81,7 @@ class VerifyReport:
     data_only: bool = False
     results: list = field(default_factory=list)  #: CheckResult, in run order
     notes: list = field(default_factory=list)  #: facts that shaped the run (budget, batches)
+    windows: int = 0  #: row windows run through the models (0: whole rows, ``--row-window 0``)
 
     def add(self, result: CheckResult) -> CheckResult:
         self.results.append(result)
@@ -134,12 +135,15 @@ class VerifyReport:
         return {"path": self.path, "ok": self.ok, "problems": self.problems(),
                 "num_rows": self.num_rows, "data_only": self.data_only,
                 "rows": [{"shard": s, "row": r} for s, r in self.rows],
+                "windows": self.windows,
                 "notes": list(self.notes),
                 "results": [asdict(r) for r in self.results]}
 
     def format_text(self) -> str:
         head = (f"packtool verify {self.path}: {self.num_rows if self.num_rows >= 0 else '?'} "
-                f"rows, {len(self.rows)} run through the models")
+                f"rows, {len(self.rows)} run through the models"
+                + (f" ({self.windows} windows: a row's padding tail gets one of its own)"
+                   if self.windows > len(self.rows) else ""))
         lines = [head] + [r.line() for r in self.results]
         n = {s: sum(r.status == s for r in self.results) for s in (PASS, FAIL, SKIP)}
         summary = (f"{'OK' if self.ok else 'FAILED'}: {n[PASS]} passed, {n[FAIL]} failed, "

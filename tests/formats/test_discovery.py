@@ -163,6 +163,19 @@ def test_unsupported_file_inside_a_folder_is_refused_in_one_line(tmp_path):
     assert res.exit_code == 1 and "sub/docs.jsonl" in res.output, res.output
 
 
+@pytest.mark.parametrize("empty", [False, True])
+def test_a_refused_folder_is_named_as_the_user_typed_it(tmp_path, monkeypatch, empty):
+    """A relative INPUT stays relative in the message (as every other input error names it)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in").mkdir()
+    if not empty:
+        write_docs(tmp_path / "in" / "a.parquet", [[1, 2, 3]])
+    (tmp_path / "in" / "notes.txt").write_text("hi\n")
+    res = invoke(["pack", "-q", "--capacity", 4, "in", "out"])
+    assert res.exit_code == 1 and res.output.startswith("Error: in: "), res.output
+    assert str(tmp_path) not in res.output
+
+
 def test_skip_unsupported_packs_the_rest_and_reports_every_file_not_read(tmp_path):
     src = tmp_path / "in"
     write_docs(src / "a.parquet", [[1, 2, 3]])

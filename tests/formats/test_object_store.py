@@ -395,3 +395,23 @@ def test_compare_reads_an_s3_input_like_a_local_one(tmp_path, s3):
     assert missing.exit_code == 1
     assert missing.output.strip().splitlines() == [
         f"Error: s3://{bucket}/nothing: no such file or directory; check the INPUT path"]
+
+
+def test_an_unreachable_store_gets_one_line_naming_the_endpoint_fix(tmp_path, monkeypatch):
+    """A store URI whose endpoint has no server: one line naming the URI, saying the store
+    cannot be reached and what to check, exit 1 (not pyarrow's curl code alone)."""
+    import socket
+
+    from packcheck import invoke
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free, nothing listens once closed
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    uri = f"s3://corpus/packed/?endpoint_override=127.0.0.1:{port}&scheme=http"
+    res = invoke(["stats", uri])
+    assert res.exit_code == 1, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach the store" in lines[0], lines
+    assert f"127.0.0.1:{port}" in lines[0] and "endpoint_override" in lines[0]
