@@ -9,7 +9,7 @@ model = LlamaForCausalLM(LlamaConfig(vocab_size=131_072, hidden_size=32, interme
                                      num_hidden_layers=2, num_attention_heads=4,
                                      num_key_value_heads=2))
 args = TrainingArguments(output_dir="hf-run", max_steps=2, per_device_train_batch_size=1)
-# the model shifts labels itself: hand it unshifted ones (HFCollator refuses shifted ones)
+# the model shifts labels itself: HFCollator always hands it unshifted labels
 trainer = Trainer(model=model, args=args,
                   train_dataset=PackedIterableDataset("packed/", labels="unshifted"),
                   data_collator=HFCollator())
