@@ -679,7 +679,7 @@ class PackedOutput:
             ManifestError: the shard cannot be opened or differs from the manifest.
         """
         entry = self.manifest.shards[s]
-        where = self._where(s)
+        where = _Where(self, s)  # the shard's display name, built only for a message
         try:
             handle, remote = self._handle(s)
         except ManifestError:
@@ -763,7 +763,7 @@ class PackedOutput:
         mode = labels or self.labels.convention
         want = self.check_columns(columns)
         s, g = int(self.rg_shard[group]), int(self.rg_index[group])
-        where = self._where(s)
+        where = _Where(self, s)  # the shard's display name, built only for a message
         stored = self.labels.stored
         derive = {c for c in ("segment_ids", "position_ids")
                   if structure == "derived" and c in want}
@@ -901,16 +901,36 @@ def iter_decoded(jobs: Iterable[tuple["PackedOutput", int]], columns: Sequence[s
                 f.cancel()
 
 
-def _list_values(arr: pa.Array, name: str, where: str) -> np.ndarray:
-    """Flattened values of a list / large_list / fixed_size_list array as NumPy."""
-    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)
-            or pa.types.is_fixed_size_list(arr.type)):
+def _list_values(arr: pa.Array, name: str, where) -> np.ndarray:
+    """Flattened values of a list / large_list / fixed_size_list array (without null lists)
+    as NumPy: the slice of its child array its rows cover (no compute call, no copy)."""
+    typ = arr.type
+    if pa.types.is_fixed_size_list(typ):
+        n = typ.list_size
+        values = arr.values.slice(arr.offset * n, len(arr) * n)
+    elif pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        offs = arr.offsets  # accounts for a sliced array
+        start = offs[0].as_py()
+        values = arr.values.slice(start, offs[-1].as_py() - start)
+    else:
         raise ManifestError(f"{where}: column {name!r} has type {arr.type}, expected a list of "
                             "integers; not a packtool output")
-    if arr.values.null_count:
+    if values.null_count:
         raise ManifestError(f"{where}: column {name!r} has null values; the shard breaks the "
                             "output contract")
-    return arr.flatten().to_numpy(zero_copy_only=False)
+    return values.to_numpy(zero_copy_only=False)
+
+
+class _Where:
+    """Shard ``s`` of ``output`` as its messages name it, formatted only when a message is."""
+
+    __slots__ = ("output", "s")
+
+    def __init__(self, output: "PackedOutput", s: int) -> None:
+        self.output, self.s = output, s
+
+    def __str__(self) -> str:
+        return self.output._where(self.s)
 
 
 def _first(exc: BaseException) -> str:

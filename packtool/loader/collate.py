@@ -489,7 +489,6 @@ def _parts(rows: Rows, want: str | None = None) -> tuple:
         st = row_structure(ids, vals, offs, np.diff(rows.ragged["doc_ids"][1]),
                            convention=convention)
         if st.bad_row < 0:
-            rows.tokens["segment_ids"] = st.segment_ids  # per-token sources read them
             return (st.cu_seqlens, st.max_seqlen, st.labels, convention, st.num_targets,
                     st.segment_ids, st.position_ids, st.seq_idx)
         # a row breaks the output contract: the column path below names it
@@ -544,12 +543,14 @@ def _deliver(batch: dict) -> dict:
     return batch if get_worker_info() is None else _Batch(batch)
 
 
-def _token_sources(rows: Rows) -> np.ndarray | None:
-    """int32[B, C] per-token source ids from per-segment ``source_ids`` (-1 on padding)."""
-    if "source_ids" not in rows.ragged or "segment_ids" not in rows.tokens:
+def _token_sources(rows: Rows, seg: np.ndarray) -> np.ndarray | None:
+    """int32[B, C] per-token source ids from per-segment ``source_ids`` (-1 on padding);
+    ``seg``: the batch's segment ids (:func:`_parts`), real ones when the rows have
+    ``segment_ids`` or the spans (``cu_seqlens`` and ``doc_ids``)."""
+    real_segments = "segment_ids" in rows.tokens or {"cu_seqlens", "doc_ids"} <= rows.ragged.keys()
+    if "source_ids" not in rows.ragged or not real_segments:
         return None
     vals, offs = rows.ragged["source_ids"]
-    seg = rows.tokens["segment_ids"]
     idx = offs[:-1, None] + seg.astype(np.int64) - 1  # shape: (B, C)
     out = np.full(seg.shape, -1, dtype=np.int32)
     real = seg > 0
@@ -626,7 +627,7 @@ def collate(batch) -> dict:
         "doc_ids": (rows.ragged_rows("doc_ids") if "doc_ids" in rows.ragged else [None] * B),
         "source": list(rows.meta.get("source") or [None] * B),
     }
-    token_src = _token_sources(rows)
+    token_src = _token_sources(rows, seg)
     if token_src is not None:
         out["token_source_ids"] = _tensor(torch, token_src, torch.int32)
     return _deliver(out)
