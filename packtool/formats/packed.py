@@ -312,6 +312,15 @@ class Block:
         vals, offs = self.ragged[name]
         return [vals[offs[i]:offs[i + 1]] for i in range(self.num_rows)]
 
+    def offsets_list(self, name: str) -> list[int]:
+        """The offsets of ragged column ``name`` as Python ints (kept: a block serves many
+        rows, and slicing with Python ints costs less than with NumPy scalars)."""
+        cache = self.__dict__.setdefault("_offsets_lists", {})
+        out = cache.get(name)
+        if out is None:
+            out = cache[name] = self.ragged[name][1].tolist()
+        return out
+
     def row(self, i: int) -> dict:
         """Row ``i`` of the block as an item dict of fresh NumPy arrays (no view keeps the block
         alive): per-token ``int32[C]``, ragged 1-D arrays, scalars Python ints, plus ``shard``,
@@ -386,6 +395,7 @@ class Rows:
         if any(b.tokens.keys() != b0.tokens.keys() or b.ragged.keys() != b0.ragged.keys()
                for b, _ in parts):
             raise ValueError("blocks with different columns cannot be gathered")
+        rows = [i.tolist() for _, i in parts]  # Python ints: cheaper than NumPy scalars here
         # a shuffled batch takes one or two rows of many blocks: per-row slices cost less
         # than vectorised gathers there, so only runs of several rows use the latter
         tokens = {}
@@ -393,38 +403,40 @@ class Rows:
             out = (np.empty((B, arr.shape[1]), dtype=arr.dtype) if alloc is None
                    else alloc(name, (B, arr.shape[1]), arr.dtype))  # shape: (B, C)
             at = 0
-            for b, idx in parts:
+            for (b, idx), il in zip(parts, rows):
                 src = b.tokens[name]
-                if idx.size == 1:
-                    out[at] = src[idx[0]]
+                if len(il) == 1:
+                    out[at] = src[il[0]]
                 else:
-                    src.take(idx, axis=0, out=out[at:at + idx.size])
-                at += idx.size
+                    src.take(idx, axis=0, out=out[at:at + len(il)])
+                at += len(il)
             tokens[name] = out
         ragged = {}
         for name in b0.ragged:
-            pieces = []
-            for b, idx in parts:
-                v, o = b.ragged[name]
-                if idx.size <= 4:
-                    pieces.extend(v[o[i]:o[i + 1]] for i in idx.tolist())
+            pieces, lens = [], []
+            for (b, idx), il in zip(parts, rows):
+                v = b.ragged[name][0]
+                o = b.offsets_list(name)
+                if len(il) <= 4:
+                    pieces.extend(v[o[i]:o[i + 1]] for i in il)
+                    lens.extend(o[i + 1] - o[i] for i in il)
                 else:
-                    n = o[idx + 1] - o[idx]
+                    oa = b.ragged[name][1]
+                    n = oa[idx + 1] - oa[idx]
                     first = np.zeros(n.size, dtype=np.int64)
                     n[:-1].cumsum(out=first[1:])
-                    pieces.append(v[(o[idx] - first).repeat(n) + np.arange(int(n.sum()))])
-            lens = np.fromiter((p.size for p in pieces), dtype=np.int64, count=len(pieces))
-            if len(pieces) != B:  # a vectorised run: recount per row
-                lens = np.concatenate([b.ragged[name][1][idx + 1] - b.ragged[name][1][idx]
-                                       for b, idx in parts])
+                    pieces.append(v[(oa[idx] - first).repeat(n) + np.arange(int(n.sum()))])
+                    lens.extend(n.tolist())
             offs = np.zeros(B + 1, dtype=np.int64)  # shape: (B + 1,)
-            lens.cumsum(out=offs[1:])
+            np.cumsum(lens, out=offs[1:])
             ragged[name] = (np.concatenate(pieces), offs)
         scalars = {name: np.concatenate([b.scalars[name][idx] for b, idx in parts])
                    for name in b0.scalars}
-        index = np.concatenate([b.first + idx for b, idx in parts])
-        row = np.concatenate([b.shard_row0 + idx for b, idx in parts])
-        shard = [b.shard for b, idx in parts for _ in range(idx.size)]
+        index = np.array([b.first + i for (b, _), il in zip(parts, rows) for i in il],
+                         dtype=np.int64)
+        row = np.array([b.shard_row0 + i for (b, _), il in zip(parts, rows) for i in il],
+                       dtype=np.int64)
+        shard = [b.shard for (b, _), il in zip(parts, rows) for _ in il]
         return cls(tokens, ragged, scalars, index, row, shard, b0.labels_mode, dict(meta or {}))
 
 
