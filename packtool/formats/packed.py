@@ -818,21 +818,36 @@ class PackedOutput:
                 ragged[c] = (vals, offs - offs[0])
             else:
                 scalars[c] = arr.to_numpy(zero_copy_only=False)  # shape: (R,)
+        derived_labels = None
         if derive:
             cu_vals, cu_offs = ragged["cu_seqlens"]
             un = ragged.get("cu_seqlens_unpadded")
-            seg, pos = structure_from_cu(cu_vals, cu_offs, np.diff(ragged["doc_ids"][1]), C,
-                                         f"{where}: row group {g}",
-                                         unpadded=None if un is None else un[0])
+            num_segments = np.diff(ragged["doc_ids"][1])
+            st = None
+            if un is None and "input_ids" in tokens:  # one pass over each row
+                from packtool.core.structure import row_structure
+
+                st = row_structure(tokens["input_ids"], cu_vals, cu_offs, num_segments,
+                                   convention=mode, position_dtype=np.int32,
+                                   labels_dtype=np.int32)
+            if st is not None and st.bad_row < 0:
+                seg, pos, derived_labels = st.segment_ids, st.position_ids, st.labels
+            else:  # --segment-multiple spans, or a row whose cu_seqlens this rule refuses
+                seg, pos = structure_from_cu(cu_vals, cu_offs, num_segments, C,
+                                             f"{where}: row group {g}",
+                                             unpadded=None if un is None else un[0])
             if "segment_ids" in derive:
                 tokens["segment_ids"] = seg
             if "position_ids" in derive:
                 tokens["position_ids"] = pos
         if "labels" in want:
-            tokens["labels"] = labels_in(mode, input_ids=tokens["input_ids"],
-                                         segment_ids=tokens["segment_ids"],
-                                         stored=tokens.get("labels") if stored else None,
-                                         stored_convention=self.labels.convention)
+            if derived_labels is not None and not stored:
+                tokens["labels"] = derived_labels  # the same rule, from the same pass
+            else:
+                tokens["labels"] = labels_in(mode, input_ids=tokens["input_ids"],
+                                             segment_ids=tokens["segment_ids"],
+                                             stored=tokens.get("labels") if stored else None,
+                                             stored_convention=self.labels.convention)
         for c in ("input_ids", "segment_ids"):
             if c in tokens and c not in want:
                 del tokens[c]
