@@ -8,6 +8,10 @@ Every function takes either a list of items (dicts, as a ``DataLoader`` hands th
 :class:`~packtool.formats.packed.Rows` (what
 :class:`~packtool.loader.distributed.PackedIterableDataset` gathers with ``batch_size``: rows as
 slices of the decoded row groups, no per-row dict), and builds the batch in one step per column.
+Gathered rows that hold ``input_ids`` and the spans only (``cu_seqlens``, ``doc_ids``: what the
+training batches read) get segments, positions, labels, ``seq_idx`` and the batch boundaries
+from one pass over each row (:func:`packtool.core.structure.row_structure`), each array
+written once in the dtype handed out.
 
 - :func:`collate`: the [B, C] form. ``cu_seqlens`` int32 [S + 1] over the rows flattened to
   [B * C] (what ``flash_attn_varlen_func`` and ``torch.nn.attention.varlen`` take; B06), checked

@@ -34,8 +34,8 @@ class PackedDataset:
 
     A row costs the decode of its row group: ``input_ids`` and the small ``cu_seqlens`` and
     ``doc_ids`` columns, ``segment_ids`` and ``position_ids`` computed from them
-    (``structure="derived"``, the default; about 0.4 ms of CPU at C = 8192 with the default
-    1 MiB row groups, 0.15 ms with ``pack --row-group-mb 0.25``: ``docs/benchmarks.md``). The
+    (``structure="derived"``, the default; about 0.5 ms of CPU at C = 8192 with the default
+    1 MiB row groups, 0.3 ms with ``pack --row-group-mb 0.25``: ``docs/benchmarks.md``). The
     last ``cached_row_groups`` decoded groups are kept, so reading in order costs one decode per
     row group. At most ``max_open_files``
     shards are open at once (least recently used closed first). Pickling drops handles and
