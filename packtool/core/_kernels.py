@@ -604,3 +604,59 @@ def _segment_targets(seg_src, seg_len, targets):
             c += targets[src + t] != 0
         out[q] = c
     return out
+
+
+@njit(cache=True)
+def _row_structure(input_ids, cu_values, cu_offsets, num_segments, shifted, segment_ids,
+                   position_ids, labels, seq_idx, cu_out):
+    """Segments, positions, labels and span indices of B rows of capacity C from their
+    ``cu_seqlens``, written into the flat arrays given (``input_ids`` and the four outputs are
+    [B * C], row-major); the rows' spans laid end to end into ``cu_out`` (int32[S + 1]).
+
+    Returns (bad row or -1, longest span, effective targets). A row is bad when its entries are
+    fewer than 2, not k + 1 or k + 2, do not start at 0, end at C or strictly increase.
+    """
+    B = cu_offsets.shape[0] - 1
+    C = input_ids.shape[0] // B if B > 0 else 0
+    s = 0
+    longest = 0
+    targets = 0
+    for r in range(B):
+        a = cu_offsets[r]
+        n = cu_offsets[r + 1] - a
+        k = num_segments[r]
+        if n < 2 or n - 1 < k or n - 1 > k + 1 or cu_values[a] != 0 or cu_values[a + n - 1] != C:
+            return r, 0, 0
+        for j in range(n - 1):
+            if cu_values[a + j + 1] <= cu_values[a + j]:
+                return r, 0, 0
+        for j in range(n - 1):
+            lo = np.int64(r) * C + cu_values[a + j]  # flat position of the span's first token
+            size = np.int64(cu_values[a + j + 1] - cu_values[a + j])
+            cu_out[s] = lo
+            s += 1
+            longest = max(longest, size)
+            # views: indices from 0 let the loops vectorise
+            seg = segment_ids[lo:lo + size]
+            pos = position_ids[lo:lo + size]
+            lab = labels[lo:lo + size]
+            seq = seq_idx[lo:lo + size]
+            ids = input_ids[lo:lo + size]
+            seg[:] = j + 1 if j < k else 0
+            seq[:] = j
+            for t in range(size):
+                pos[t] = t
+            if j >= k:  # the padding tail: no targets
+                lab[:] = _IGNORE
+            elif shifted:
+                for t in range(size - 1):
+                    lab[t] = ids[t + 1]
+                lab[size - 1] = _IGNORE
+                targets += size - 1
+            else:
+                for t in range(1, size):
+                    lab[t] = ids[t]
+                lab[0] = _IGNORE
+                targets += size - 1
+    cu_out[s] = np.int64(B) * C
+    return -1, longest, targets

@@ -7,14 +7,15 @@ Plain Python lists and loops, no numpy tricks. Each function mirrors one public 
 :func:`packtool.core.masks.drop_masked_tokens`, :func:`reference_boundary_tokens` <->
 :func:`packtool.core.masks.add_boundary_tokens`, :func:`reference_prepare_documents` <->
 :func:`packtool.core.masks.prepare_documents`, :func:`reference_gather_segments` <->
-:func:`packtool.core.layout.gather_segments`.
+:func:`packtool.core.layout.gather_segments`, :func:`reference_row_structure` <->
+:func:`packtool.core.structure.row_structure`.
 """
 
 from __future__ import annotations
 
 __all__ = ["reference_chunks", "reference_pack", "reference_layout", "reference_drop_masked",
            "reference_boundary_tokens", "reference_prepare_documents",
-           "reference_gather_segments"]
+           "reference_gather_segments", "reference_row_structure"]
 
 IGNORE = -100
 
@@ -235,3 +236,45 @@ def reference_gather_segments(values, src, lens):
     for s, n in zip(src, lens):
         out.extend(values[s:s + n])
     return out
+
+
+def reference_row_structure(input_ids, cu_rows, num_segments, convention="unshifted"):
+    """Per row, from its tokens, its ``cu_seqlens`` and its document count k: segment ids (1..k,
+    0 on the padding tail), positions (restarting in every span), labels and span indices;
+    plus the spans of all rows laid end to end, the longest span and the effective targets.
+
+    Returns (segment_ids, position_ids, labels, seq_idx as lists of rows; cu_seqlens list;
+    max_seqlen; num_targets), or None when a row's ``cu_seqlens`` breaks the contract.
+    """
+    C = len(input_ids[0]) if input_ids else 0
+    segs, poss, labs, seqs, cu_all = [], [], [], [], []
+    longest, targets = 0, 0
+    for r, (ids, cu, k) in enumerate(zip(input_ids, cu_rows, num_segments)):
+        cu = [int(x) for x in cu]
+        if len(cu) < 2 or not k <= len(cu) - 1 <= k + 1 or cu[0] != 0 or cu[-1] != C:
+            return None
+        if any(b <= a for a, b in zip(cu, cu[1:])):
+            return None
+        seg, pos, lab, seq = [], [], [], []
+        for j in range(len(cu) - 1):
+            start, end = cu[j], cu[j + 1]
+            cu_all.append(r * C + start)
+            longest = max(longest, end - start)
+            real = j < k
+            for t in range(start, end):
+                seg.append(j + 1 if real else 0)
+                pos.append(t - start)
+                seq.append(j)
+                if not real:
+                    lab.append(IGNORE)
+                elif convention == "shifted":
+                    lab.append(int(ids[t + 1]) if t + 1 < end else IGNORE)
+                else:
+                    lab.append(int(ids[t]) if t > start else IGNORE)
+        targets += sum(1 for x in lab if x != IGNORE)
+        segs.append(seg)
+        poss.append(pos)
+        labs.append(lab)
+        seqs.append(seq)
+    cu_all.append(len(input_ids) * C)
+    return segs, poss, labs, seqs, cu_all, longest, targets

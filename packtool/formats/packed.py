@@ -312,6 +312,15 @@ class Block:
         vals, offs = self.ragged[name]
         return [vals[offs[i]:offs[i + 1]] for i in range(self.num_rows)]
 
+    def offsets_list(self, name: str) -> list[int]:
+        """The offsets of ragged column ``name`` as Python ints (kept: a block serves many
+        rows, and slicing with Python ints costs less than with NumPy scalars)."""
+        cache = self.__dict__.setdefault("_offsets_lists", {})
+        out = cache.get(name)
+        if out is None:
+            out = cache[name] = self.ragged[name][1].tolist()
+        return out
+
     def row(self, i: int) -> dict:
         """Row ``i`` of the block as an item dict of fresh NumPy arrays (no view keeps the block
         alive): per-token ``int32[C]``, ragged 1-D arrays, scalars Python ints, plus ``shard``,
@@ -386,6 +395,7 @@ class Rows:
         if any(b.tokens.keys() != b0.tokens.keys() or b.ragged.keys() != b0.ragged.keys()
                for b, _ in parts):
             raise ValueError("blocks with different columns cannot be gathered")
+        rows = [i.tolist() for _, i in parts]  # Python ints: cheaper than NumPy scalars here
         # a shuffled batch takes one or two rows of many blocks: per-row slices cost less
         # than vectorised gathers there, so only runs of several rows use the latter
         tokens = {}
@@ -393,38 +403,40 @@ class Rows:
             out = (np.empty((B, arr.shape[1]), dtype=arr.dtype) if alloc is None
                    else alloc(name, (B, arr.shape[1]), arr.dtype))  # shape: (B, C)
             at = 0
-            for b, idx in parts:
+            for (b, idx), il in zip(parts, rows):
                 src = b.tokens[name]
-                if idx.size == 1:
-                    out[at] = src[idx[0]]
+                if len(il) == 1:
+                    out[at] = src[il[0]]
                 else:
-                    src.take(idx, axis=0, out=out[at:at + idx.size])
-                at += idx.size
+                    src.take(idx, axis=0, out=out[at:at + len(il)])
+                at += len(il)
             tokens[name] = out
         ragged = {}
         for name in b0.ragged:
-            pieces = []
-            for b, idx in parts:
-                v, o = b.ragged[name]
-                if idx.size <= 4:
-                    pieces.extend(v[o[i]:o[i + 1]] for i in idx.tolist())
+            pieces, lens = [], []
+            for (b, idx), il in zip(parts, rows):
+                v = b.ragged[name][0]
+                o = b.offsets_list(name)
+                if len(il) <= 4:
+                    pieces.extend(v[o[i]:o[i + 1]] for i in il)
+                    lens.extend(o[i + 1] - o[i] for i in il)
                 else:
-                    n = o[idx + 1] - o[idx]
+                    oa = b.ragged[name][1]
+                    n = oa[idx + 1] - oa[idx]
                     first = np.zeros(n.size, dtype=np.int64)
                     n[:-1].cumsum(out=first[1:])
-                    pieces.append(v[(o[idx] - first).repeat(n) + np.arange(int(n.sum()))])
-            lens = np.fromiter((p.size for p in pieces), dtype=np.int64, count=len(pieces))
-            if len(pieces) != B:  # a vectorised run: recount per row
-                lens = np.concatenate([b.ragged[name][1][idx + 1] - b.ragged[name][1][idx]
-                                       for b, idx in parts])
+                    pieces.append(v[(oa[idx] - first).repeat(n) + np.arange(int(n.sum()))])
+                    lens.extend(n.tolist())
             offs = np.zeros(B + 1, dtype=np.int64)  # shape: (B + 1,)
-            lens.cumsum(out=offs[1:])
+            np.cumsum(lens, out=offs[1:])
             ragged[name] = (np.concatenate(pieces), offs)
         scalars = {name: np.concatenate([b.scalars[name][idx] for b, idx in parts])
                    for name in b0.scalars}
-        index = np.concatenate([b.first + idx for b, idx in parts])
-        row = np.concatenate([b.shard_row0 + idx for b, idx in parts])
-        shard = [b.shard for b, idx in parts for _ in range(idx.size)]
+        index = np.array([b.first + i for (b, _), il in zip(parts, rows) for i in il],
+                         dtype=np.int64)
+        row = np.array([b.shard_row0 + i for (b, _), il in zip(parts, rows) for i in il],
+                       dtype=np.int64)
+        shard = [b.shard for (b, _), il in zip(parts, rows) for _ in il]
         return cls(tokens, ragged, scalars, index, row, shard, b0.labels_mode, dict(meta or {}))
 
 
@@ -679,7 +691,7 @@ class PackedOutput:
             ManifestError: the shard cannot be opened or differs from the manifest.
         """
         entry = self.manifest.shards[s]
-        where = self._where(s)
+        where = _Where(self, s)  # the shard's display name, built only for a message
         try:
             handle, remote = self._handle(s)
         except ManifestError:
@@ -763,7 +775,7 @@ class PackedOutput:
         mode = labels or self.labels.convention
         want = self.check_columns(columns)
         s, g = int(self.rg_shard[group]), int(self.rg_index[group])
-        where = self._where(s)
+        where = _Where(self, s)  # the shard's display name, built only for a message
         stored = self.labels.stored
         derive = {c for c in ("segment_ids", "position_ids")
                   if structure == "derived" and c in want}
@@ -806,21 +818,36 @@ class PackedOutput:
                 ragged[c] = (vals, offs - offs[0])
             else:
                 scalars[c] = arr.to_numpy(zero_copy_only=False)  # shape: (R,)
+        derived_labels = None
         if derive:
             cu_vals, cu_offs = ragged["cu_seqlens"]
             un = ragged.get("cu_seqlens_unpadded")
-            seg, pos = structure_from_cu(cu_vals, cu_offs, np.diff(ragged["doc_ids"][1]), C,
-                                         f"{where}: row group {g}",
-                                         unpadded=None if un is None else un[0])
+            num_segments = np.diff(ragged["doc_ids"][1])
+            st = None
+            if un is None and "input_ids" in tokens:  # one pass over each row
+                from packtool.core.structure import row_structure
+
+                st = row_structure(tokens["input_ids"], cu_vals, cu_offs, num_segments,
+                                   convention=mode, position_dtype=np.int32,
+                                   labels_dtype=np.int32)
+            if st is not None and st.bad_row < 0:
+                seg, pos, derived_labels = st.segment_ids, st.position_ids, st.labels
+            else:  # --segment-multiple spans, or a row whose cu_seqlens this rule refuses
+                seg, pos = structure_from_cu(cu_vals, cu_offs, num_segments, C,
+                                             f"{where}: row group {g}",
+                                             unpadded=None if un is None else un[0])
             if "segment_ids" in derive:
                 tokens["segment_ids"] = seg
             if "position_ids" in derive:
                 tokens["position_ids"] = pos
         if "labels" in want:
-            tokens["labels"] = labels_in(mode, input_ids=tokens["input_ids"],
-                                         segment_ids=tokens["segment_ids"],
-                                         stored=tokens.get("labels") if stored else None,
-                                         stored_convention=self.labels.convention)
+            if derived_labels is not None and not stored:
+                tokens["labels"] = derived_labels  # the same rule, from the same pass
+            else:
+                tokens["labels"] = labels_in(mode, input_ids=tokens["input_ids"],
+                                             segment_ids=tokens["segment_ids"],
+                                             stored=tokens.get("labels") if stored else None,
+                                             stored_convention=self.labels.convention)
         for c in ("input_ids", "segment_ids"):
             if c in tokens and c not in want:
                 del tokens[c]
@@ -901,16 +928,36 @@ def iter_decoded(jobs: Iterable[tuple["PackedOutput", int]], columns: Sequence[s
                 f.cancel()
 
 
-def _list_values(arr: pa.Array, name: str, where: str) -> np.ndarray:
-    """Flattened values of a list / large_list / fixed_size_list array as NumPy."""
-    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)
-            or pa.types.is_fixed_size_list(arr.type)):
+def _list_values(arr: pa.Array, name: str, where) -> np.ndarray:
+    """Flattened values of a list / large_list / fixed_size_list array (without null lists)
+    as NumPy: the slice of its child array its rows cover (no compute call, no copy)."""
+    typ = arr.type
+    if pa.types.is_fixed_size_list(typ):
+        n = typ.list_size
+        values = arr.values.slice(arr.offset * n, len(arr) * n)
+    elif pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        offs = arr.offsets  # accounts for a sliced array
+        start = offs[0].as_py()
+        values = arr.values.slice(start, offs[-1].as_py() - start)
+    else:
         raise ManifestError(f"{where}: column {name!r} has type {arr.type}, expected a list of "
                             "integers; not a packtool output")
-    if arr.values.null_count:
+    if values.null_count:
         raise ManifestError(f"{where}: column {name!r} has null values; the shard breaks the "
                             "output contract")
-    return arr.flatten().to_numpy(zero_copy_only=False)
+    return values.to_numpy(zero_copy_only=False)
+
+
+class _Where:
+    """Shard ``s`` of ``output`` as its messages name it, formatted only when a message is."""
+
+    __slots__ = ("output", "s")
+
+    def __init__(self, output: "PackedOutput", s: int) -> None:
+        self.output, self.s = output, s
+
+    def __str__(self) -> str:
+        return self.output._where(self.s)
 
 
 def _first(exc: BaseException) -> str:

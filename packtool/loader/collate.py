@@ -8,6 +8,10 @@ Every function takes either a list of items (dicts, as a ``DataLoader`` hands th
 :class:`~packtool.formats.packed.Rows` (what
 :class:`~packtool.loader.distributed.PackedIterableDataset` gathers with ``batch_size``: rows as
 slices of the decoded row groups, no per-row dict), and builds the batch in one step per column.
+Gathered rows that hold ``input_ids`` and the spans only (``cu_seqlens``, ``doc_ids``: what the
+training batches read) get segments, positions, labels, ``seq_idx`` and the batch boundaries
+from one pass over each row (:func:`packtool.core.structure.row_structure`), each array
+written once in the dtype handed out.
 
 - :func:`collate`: the [B, C] form. ``cu_seqlens`` int32 [S + 1] over the rows flattened to
   [B * C] (what ``flash_attn_varlen_func`` and ``torch.nn.attention.varlen`` take; B06), checked
@@ -258,13 +262,18 @@ def _positions(rows: Rows) -> np.ndarray:
     return (flat - first).reshape(rows.tokens["segment_ids"].shape)
 
 
-def _cu(rows: Rows) -> tuple[np.ndarray, int]:
-    """(int32[S + 1] boundaries of the rows laid end to end, max_seqlen: the longest span)."""
-    B, C = rows.tokens["input_ids"].shape
+def _check_int32(B: int, C: int) -> None:
+    """Refuse a batch whose B * C positions int32 ``cu_seqlens`` cannot hold."""
     if B * C > INT32_MAX:
         raise OverflowError(f"batch of {B} rows x {C} tokens = {B * C} positions does not fit "
                             f"int32 cu_seqlens (max {INT32_MAX}); use at most "
                             f"{INT32_MAX // C} rows per batch")
+
+
+def _cu(rows: Rows) -> tuple[np.ndarray, int]:
+    """(int32[S + 1] boundaries of the rows laid end to end, max_seqlen: the longest span)."""
+    B, C = rows.tokens["input_ids"].shape
+    _check_int32(B, C)
     if "cu_seqlens" in rows.ragged:
         vals, offs = rows.ragged["cu_seqlens"]
         keep = np.ones(vals.size, dtype=bool)
@@ -463,6 +472,38 @@ def _labels(rows: Rows, want: str | None = None, default_mode: str = "unshifted"
     return lab, out, count_targets(lab)
 
 
+def _parts(rows: Rows, want: str | None = None) -> tuple:
+    """Everything a batch derives, as NumPy: (``cu_seqlens`` int32[S + 1], ``max_seqlen``,
+    labels int[B, C], their convention, effective targets, ``segment_ids`` int[B, C],
+    ``position_ids`` int[B, C], per-row ``seq_idx`` int32[B, C]).
+
+    Rows that hold ``input_ids`` and the spans only (``cu_seqlens`` and ``doc_ids``: what the
+    training batches read) get all of it in one pass over each row, labels and positions
+    written as int64 at once (:func:`packtool.core.structure.row_structure`); other rows
+    column by column. ``want``: the labels convention to hand out (None: the rows').
+    """
+    ids = rows.tokens["input_ids"]
+    if (rows.tokens.keys() == {"input_ids"} and "cu_seqlens_unpadded" not in rows.ragged
+            and {"cu_seqlens", "doc_ids"} <= rows.ragged.keys()):
+        from packtool.core.structure import row_structure
+
+        _check_int32(*ids.shape)
+        convention = want or rows.labels_mode or "unshifted"
+        vals, offs = rows.ragged["cu_seqlens"]
+        st = row_structure(ids, vals, offs, np.diff(rows.ragged["doc_ids"][1]),
+                           convention=convention)
+        if st.bad_row < 0:
+            return (st.cu_seqlens, st.max_seqlen, st.labels, convention, st.num_targets,
+                    st.segment_ids, st.position_ids, st.seq_idx)
+        # a row breaks the output contract: the column path below names it
+    _structure(rows)
+    cu_seqlens, max_seqlen = _cu(rows)
+    labels, convention, targets = _labels(rows, want, cu=cu_seqlens)
+    seg = _segments(rows)
+    return (cu_seqlens, max_seqlen, labels, convention, targets, seg, _positions(rows),
+            _seq_idx(cu_seqlens, seg.shape, flat=False))
+
+
 # --- tensors --------------------------------------------------------------------------------
 
 def _tensor(torch, arr: np.ndarray, dtype, shape=None):
@@ -506,17 +547,26 @@ def _deliver(batch: dict) -> dict:
     return batch if get_worker_info() is None else _Batch(batch)
 
 
-def _token_sources(rows: Rows) -> np.ndarray | None:
-    """int32[B, C] per-token source ids from per-segment ``source_ids`` (-1 on padding)."""
-    if "source_ids" not in rows.ragged or "segment_ids" not in rows.tokens:
+def _token_sources(rows: Rows, seg: np.ndarray) -> np.ndarray | None:
+    """int32[B, C] per-token source ids from per-segment ``source_ids`` (-1 on padding);
+    ``seg``: the batch's segment ids (:func:`_parts`), real ones when the rows have
+    ``segment_ids`` or the spans (``cu_seqlens`` and ``doc_ids``)."""
+    real_segments = "segment_ids" in rows.tokens or {"cu_seqlens", "doc_ids"} <= rows.ragged.keys()
+    if "source_ids" not in rows.ragged or not real_segments:
         return None
     vals, offs = rows.ragged["source_ids"]
-    seg = rows.tokens["segment_ids"]
     idx = offs[:-1, None] + seg.astype(np.int64) - 1  # shape: (B, C)
     out = np.full(seg.shape, -1, dtype=np.int32)
     real = seg > 0
     out[real] = vals[idx[real]]
     return out
+
+
+def _ints(values) -> list:
+    """Provenance values (``row``, ``index``) as a list of Python ints (None kept)."""
+    if isinstance(values, np.ndarray) and values.dtype != object:
+        return values.tolist()
+    return [None if v is None else int(v) for v in values]
 
 
 def collate(batch) -> dict:
@@ -560,11 +610,7 @@ def collate(batch) -> dict:
     torch = require_torch()
     rows = rows_of(batch)
     _needs(set(rows.tokens) | set(rows.ragged))
-    _structure(rows)
-    cu_seqlens, max_seqlen = _cu(rows)
-    labels, convention, targets = _labels(rows, cu=cu_seqlens)
-    seg = _segments(rows)
-    pos = _positions(rows)
+    cu_seqlens, max_seqlen, labels, convention, targets, seg, pos, seq_idx = _parts(rows)
     B = seg.shape[0]
     cu = torch.from_numpy(cu_seqlens)
     out = {
@@ -574,18 +620,18 @@ def collate(batch) -> dict:
         "segment_ids": _tensor(torch, seg, torch.int32),
         "cu_seqlens": cu,
         "max_seqlen": max_seqlen,
-        "seq_idx": torch.from_numpy(_seq_idx(cu_seqlens, seg.shape, flat=False)),
+        "seq_idx": torch.from_numpy(seq_idx),
         **_packed_seq_params(torch, rows, cu, max_seqlen),
         "num_targets": targets,
         "labels_convention": convention,
         "labels_mode": convention,
         "shard": list(rows.shard),
-        "row": [None if r is None else int(r) for r in rows.row],
-        "index": [None if i is None else int(i) for i in rows.index],
+        "row": _ints(rows.row),
+        "index": _ints(rows.index),
         "doc_ids": (rows.ragged_rows("doc_ids") if "doc_ids" in rows.ragged else [None] * B),
         "source": list(rows.meta.get("source") or [None] * B),
     }
-    token_src = _token_sources(rows)
+    token_src = _token_sources(rows, seg)
     if token_src is not None:
         out["token_source_ids"] = _tensor(torch, token_src, torch.int32)
     return _deliver(out)
@@ -620,18 +666,23 @@ def collate_flat(batch) -> dict:
     torch = require_torch()
     rows = rows_of(batch)
     _needs(set(rows.tokens) | set(rows.ragged))
-    _structure(rows)
-    cu_seqlens, max_seqlen = _cu(rows)
-    labels, _, targets = _labels(rows, want="unshifted", cu=cu_seqlens)
+    cu_seqlens, max_seqlen, labels, _, targets, _, pos, seq_idx = _parts(rows, "unshifted")
     flat = (1, labels.size)
     cu = torch.from_numpy(cu_seqlens)
+    spans = np.diff(rows.ragged["cu_seqlens"][1]) - 1 if "cu_seqlens" in rows.ragged else None
+    if spans is not None and spans.sum() == cu_seqlens.size - 1:  # count over the batch
+        before = np.zeros(spans.size, dtype=np.int32)  # shape: (B,), spans of earlier rows
+        np.cumsum(spans[:-1], out=before[1:])
+        seq_idx = np.add(seq_idx, before[:, None], out=seq_idx).reshape(flat)
+    else:
+        seq_idx = _seq_idx(cu_seqlens, flat, flat=True)
     return _deliver({
         "input_ids": _tensor(torch, rows.tokens["input_ids"], torch.int32, flat),
-        "position_ids": _tensor(torch, _positions(rows), torch.int64, flat),
+        "position_ids": _tensor(torch, pos, torch.int64, flat),
         "labels": _tensor(torch, labels, torch.int64, flat),
         "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
         "max_length_q": max_seqlen, "max_length_k": max_seqlen,
-        "seq_idx": torch.from_numpy(_seq_idx(cu_seqlens, flat, flat=True)),
+        "seq_idx": torch.from_numpy(seq_idx),
         **_packed_seq_params(torch, rows, cu, max_seqlen),
         "num_targets": targets,
         "labels_convention": "unshifted",

@@ -34,8 +34,8 @@ class PackedDataset:
 
     A row costs the decode of its row group: ``input_ids`` and the small ``cu_seqlens`` and
     ``doc_ids`` columns, ``segment_ids`` and ``position_ids`` computed from them
-    (``structure="derived"``, the default; about 0.4 ms of CPU at C = 8192 with the default
-    1 MiB row groups, 0.15 ms with ``pack --row-group-mb 0.25``: ``docs/benchmarks.md``). The
+    (``structure="derived"``, the default; about 0.5 ms of CPU at C = 8192 with the default
+    1 MiB row groups, 0.3 ms with ``pack --row-group-mb 0.25``: ``docs/benchmarks.md``). The
     last ``cached_row_groups`` decoded groups are kept, so reading in order costs one decode per
     row group. At most ``max_open_files``
     shards are open at once (least recently used closed first). Pickling drops handles and
@@ -159,16 +159,28 @@ class PackedDataset:
 
     def _complete(self, item: dict) -> None:
         """Add the derived columns of one row, drop the helper columns not asked for."""
-        from packtool.formats.packed import labels_in, structure_from_cu
-
         cu = np.asarray(item["cu_seqlens"])
-        seg, pos = structure_from_cu(cu, np.array([0, cu.size]), np.array([len(item["doc_ids"])]),
-                                     self.capacity, f"{item['shard']} row {item['row']}",
-                                     unpadded=item.get("cu_seqlens_unpadded"))
-        derived = {"segment_ids": seg[0], "position_ids": pos[0]}
-        if "labels" in self._derive:
-            derived["labels"] = labels_in(self.labels_mode, input_ids=item["input_ids"],
-                                          segment_ids=seg[0])
+        derived = None
+        if item.get("cu_seqlens_unpadded") is None:  # one pass over the row
+            from packtool.core.structure import row_structure
+
+            st = row_structure(item["input_ids"][None], cu, np.array([0, cu.size]),
+                               np.array([len(item["doc_ids"])]), convention=self.labels_mode,
+                               position_dtype=np.int32, labels_dtype=np.int32)
+            if st.bad_row < 0:
+                derived = {"segment_ids": st.segment_ids[0], "position_ids": st.position_ids[0],
+                           "labels": st.labels[0]}
+        if derived is None:  # --segment-multiple spans, or a row the column rule refuses
+            from packtool.formats.packed import labels_in, structure_from_cu
+
+            seg, pos = structure_from_cu(cu, np.array([0, cu.size]),
+                                         np.array([len(item["doc_ids"])]), self.capacity,
+                                         f"{item['shard']} row {item['row']}",
+                                         unpadded=item.get("cu_seqlens_unpadded"))
+            derived = {"segment_ids": seg[0], "position_ids": pos[0]}
+            if "labels" in self._derive:
+                derived["labels"] = labels_in(self.labels_mode, input_ids=item["input_ids"],
+                                              segment_ids=seg[0])
         for c in self._derive:
             item[c] = derived[c]
         for c in self._helpers:
