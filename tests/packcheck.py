@@ -168,3 +168,18 @@ def reseal(out: Path, **changes):
     meta = {k: v for k, v in (schema.metadata or {}).items() if k != b"packtool.shard"}
     publish_manifest(out, manifest, schema.with_metadata(meta))
     return manifest
+
+
+def withhold_seq_idx(monkeypatch) -> None:
+    """Negative control of the hybrid checks: ``packtool.loader.collate`` drops ``seq_idx``
+    from every batch (a training loop that does not pass it), until the test ends."""
+    import packtool.loader
+
+    real = packtool.loader.collate
+
+    def without_seq_idx(items):
+        batch = real(items)
+        del batch["seq_idx"]
+        return batch
+
+    monkeypatch.setattr(packtool.loader, "collate", without_seq_idx)

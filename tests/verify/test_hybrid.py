@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-import packtool.loader  # noqa: E402
+from packcheck import withhold_seq_idx  # noqa: E402
 from packtool.verify.checks import run_verify  # noqa: E402
 from packtool.verify.hybrid import (causal_conv_reference, ssd_recurrence,  # noqa: E402
                                     ssd_reference)
@@ -127,14 +127,7 @@ def test_hybrid_check_fails_when_the_collate_withholds_seq_idx(good, monkeypatch
     """Negative control: batches without seq_idx (a training loop that does not pass it) run
     the mixers as one sequence per row; document 1 leaks into the next: isolation and
     logits_match fail, at segment 2 or later."""
-    real = packtool.loader.collate
-
-    def without_seq_idx(items):
-        batch = real(items)
-        del batch["seq_idx"]
-        return batch
-
-    monkeypatch.setattr(packtool.loader, "collate", without_seq_idx)
+    withhold_seq_idx(monkeypatch)
     rep = run_verify(good, rows=0, backends=["hybrid", "sdpa"])
     iso = _failed(rep, "hybrid", "isolation")
     assert iso and iso[0].where["segment"] >= 2, rep.format_text()

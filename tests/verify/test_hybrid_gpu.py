@@ -67,20 +67,13 @@ def test_kernels_with_packtool_seq_idx_equal_the_plain_reference(packed):
 @needs_kernels
 def test_mamba_backend_passes_and_fails_without_seq_idx(packed, monkeypatch):
     """verify --backend mamba on CUDA: every check passes; a collate without seq_idx fails."""
-    import packtool.loader
+    from packcheck import withhold_seq_idx
     from packtool.verify.checks import run_verify
 
     rep = run_verify(packed, rows=0, backends=["mamba", "hybrid"], device="cuda")
     assert rep.ok, rep.format_text()
     assert rep.get("mamba", "logits_match").figures["mixers"] == "kernels"
-    real = packtool.loader.collate
-
-    def without_seq_idx(items):
-        batch = real(items)
-        del batch["seq_idx"]
-        return batch
-
-    monkeypatch.setattr(packtool.loader, "collate", without_seq_idx)
+    withhold_seq_idx(monkeypatch)
     rep = run_verify(packed, rows=0, backends=["mamba"], device="cuda")
     assert rep.get("mamba", "isolation").status == "fail", rep.format_text()
 

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import packtool.loader  # noqa: E402
+from packcheck import withhold_seq_idx  # noqa: E402
 from packtool.verify.checks import _spans, row_windows, run_verify  # noqa: E402
 
 from packed_helpers import edit_rows, pack_docs  # noqa: E402
@@ -89,14 +89,7 @@ def test_hybrid_and_attention_backends_pass_on_windows_and_catch_a_withheld_seq_
     for b in backends:
         assert rep.get(b, "logits_match").figures["rows_multi_doc"] >= 1
         assert rep.get(b, "grad_zero_padding").status == "pass", rep.format_text()
-    real = packtool.loader.collate
-
-    def without_seq_idx(items):
-        batch = real(items)
-        del batch["seq_idx"]
-        return batch
-
-    monkeypatch.setattr(packtool.loader, "collate", without_seq_idx)
+    withhold_seq_idx(monkeypatch)
     rep = run_verify(out, rows=0, backends=["hybrid", "sdpa"], row_window=WINDOW)
     iso = _failed(rep, "hybrid", "isolation")
     assert iso and iso[0].where["segment"] >= 2, rep.format_text()
@@ -188,13 +181,6 @@ def test_windows_inside_a_document_pass_and_still_catch_leaks(tmp_path, monkeypa
         q, k, v, is_causal=True))}
     rep = run_verify(out, rows=0, backends=["sdpa"], row_window=WINDOW, attend_overrides=plain)
     assert _failed(rep, "sdpa", "isolation"), rep.format_text()
-    real = packtool.loader.collate
-
-    def without_seq_idx(items):
-        batch = real(items)
-        del batch["seq_idx"]
-        return batch
-
-    monkeypatch.setattr(packtool.loader, "collate", without_seq_idx)
+    withhold_seq_idx(monkeypatch)
     rep = run_verify(out, rows=0, backends=["hybrid"], row_window=WINDOW)
     assert _failed(rep, "hybrid", "isolation"), rep.format_text()
