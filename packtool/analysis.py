@@ -501,7 +501,8 @@ def format_packed(a: PackedAnalysis) -> str:
         f"extra {s.extra_rows:,})",
         f"  documents                 {a.documents:,} in {s.segments:,} segments "
         f"(in: {s.docs_in:,}"
-        + (f" read, {s.docs_other_split:,} of them in the other --holdout output"
+        + (f" read, {s.docs_other_split:,} of them, empty ones included, for the other "
+           "--holdout output"
            if s.docs_other_split else "")
         + f", empty skipped {s.docs_empty:,})",
         f"  split                     {s.docs_split:,} documents (+{s.split_fragments:,} pieces)",

@@ -301,7 +301,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
     if result.holdout is not None and not quiet and not as_json:
         h = result.holdout.stats
         click.echo(f"held out {s.docs_other_split:,} documents ({s.tokens_other_split:,} tokens) "
-                   f"of --holdout {cfg.holdout} into {h.rows:,} rows of {h.capacity} -> "
+                   f"of --holdout {cfg.holdout} into {h.rows:,} row{'' if h.rows == 1 else 's'} "
+                   f"of {h.capacity} -> "
                    f"{cfg.holdout_output}"
                    + (" (already complete)" if result.holdout.already_complete else ""))
 
@@ -353,7 +354,8 @@ def _input_notes(found, columns) -> list[str]:
 
 
 def _mask_note(s) -> str:
-    """One summary line on token masks and BOS/EOS (empty when none was in effect)."""
+    """One summary line on what masks and BOS/EOS did to the input (empty when none was in
+    effect)."""
     parts = []
     if s.tokens_attention_masked:
         parts.append(f"attention mask removed {s.tokens_attention_masked:,} tokens")
@@ -364,7 +366,7 @@ def _mask_note(s) -> str:
                                  ("EOS", s.docs_eos_added, s.docs_eos_present)):
         if added or present:
             parts.append(f"{what} added to {added:,} documents ({present:,} had it already)")
-    return "masks: " + "; ".join(parts) if parts else ""
+    return "input: " + "; ".join(parts) if parts else ""
 
 
 _PLOT_OPTION = click.option(

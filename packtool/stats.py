@@ -171,7 +171,10 @@ class PackStats:
         fraction, default 1 %) of the tokens read, or when ``--overflow split`` split most
         documents (:func:`split_warning`); None otherwise."""
         if str(overflow) == "split":
-            return split_warning(self.docs_split, self.docs_in - self.docs_empty, self.capacity)
+            # this output's non-empty documents (docs_in counts both sides of a --holdout)
+            return split_warning(self.docs_split,
+                                 self.docs_in - self.docs_other_split - self.docs_empty,
+                                 self.capacity)
         if not self.tokens_in or self.tokens_lost <= threshold * self.tokens_in:
             return None
         docs = self.docs_dropped + self.docs_truncated

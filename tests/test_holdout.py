@@ -137,8 +137,22 @@ def test_stats_of_each_side_says_how_many_documents_the_other_side_took(tmp_path
     for path, other in ((out, n_held), (held, len(docs) - n_held)):
         res = invoke(["stats", path])
         assert res.exit_code == 0, res.output
-        assert (f"(in: {len(docs):,} read, {other:,} of them in the other --holdout output"
-                in res.output), res.output
+        assert (f"(in: {len(docs):,} read, {other:,} of them, empty ones included, for the "
+                "other --holdout output" in res.output), res.output
     plain = tmp_path / "plain"
     assert invoke(["pack", "-q", "-c", 32, src, plain]).exit_code == 0
     assert f"(in: {len(docs):,}, empty skipped" in invoke(["stats", plain]).output
+
+
+def test_the_split_warning_of_a_holdout_pack_counts_this_outputs_documents(tmp_path):
+    """``--overflow split`` warns with the share of this output's non-empty documents it cut,
+    not of every document read (the other side's are in neither count)."""
+    docs = _docs()
+    src = write_docs(tmp_path / "in" / "a.parquet", docs)
+    res = invoke(["pack", "-c", 8, "--holdout", 0.25, "--holdout-output", tmp_path / "val",
+                  src, tmp_path / "out"])
+    assert res.exit_code == 0, res.output
+    rule = holdout_mask(0, len(docs), 0.25, 0)
+    kept = [d for i, d in enumerate(docs) if d and not rule[i]]
+    split = sum(len(d) > 8 for d in kept)
+    assert f"({split:,} of {len(kept):,}) into pieces" in res.output, res.output

@@ -343,10 +343,12 @@ def test_kept_columns_travel_beside_input_ids_into_pack(tmp_path, hf_tokenizer):
     assert res.exit_code == 0, res.output
     assert read_manifest(packed).source_values == ("books", "code", "web")
 
-    res = invoke(args[:-4] + ["--keep-column", "url", tmp_path / "t.parquet", tmp_path / "x"])
-    assert res.exit_code == 1 and "t.parquet" in res.output and "'url'" in res.output
-    assert len(res.output.strip().splitlines()) == 1, res.output
-    assert not (tmp_path / "x" / MANIFEST_NAME).exists()
+    for name in ("t.parquet", "t.jsonl"):  # a typo: refused, Parquet at once, JSON Lines at
+        res = invoke(args[:-4] + ["--keep-column", "url", tmp_path / name,  # the file's end
+                                  tmp_path / f"x-{name}"])
+        assert res.exit_code == 1 and name in res.output and "'url'" in res.output, res.output
+        assert len(res.output.strip().splitlines()) == 1, res.output
+        assert not (tmp_path / f"x-{name}" / MANIFEST_NAME).exists()
     res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column", "text",
                   tmp_path / "t.parquet", tmp_path / "y"])
     assert res.exit_code == 2 and "--keep-column 'text'" in res.output, res.output

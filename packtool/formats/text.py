@@ -131,6 +131,7 @@ def _jsonl_texts(path, column: str, batch_docs: int, skip: int,
                  keep: tuple[str, ...]) -> Iterator[tuple[int, TextBatch]]:
     batch, first, row = [], skip, 0
     kept: list[list] = [[] for _ in keep]
+    unseen, first_keys = set(keep), None  # a kept key no line holds is a typo
 
     def done() -> TextBatch:
         table = None if not keep else pa.table(
@@ -164,12 +165,20 @@ def _jsonl_texts(path, column: str, batch_docs: int, skip: int,
             raise SchemaError(f"{path}: line {n}: {column!r} is {what}, not a string; fix the "
                               "line or drop it")
         batch.append(text)
+        if first_keys is None:
+            first_keys = list(obj)
         for name, vals in zip(keep, kept):
             vals.append(_json_text(obj.get(name)))
+        if unseen:
+            unseen.difference_update(obj.keys())
         row += 1
         if len(batch) == batch_docs:
             yield first, done()
             first, batch = row, []
+    if unseen and not skip and first_keys is not None:  # resumed: earlier lines were not parsed
+        name = sorted(unseen)[0]
+        raise SchemaError(f"{path}: no line holds the key {name!r} for --keep-column (keys of "
+                          f"the first line: {', '.join(first_keys[:8])}); check the name")
     if batch:
         yield first, done()
 
@@ -258,8 +267,9 @@ def iter_texts(path, fmt: str, column: str, *, batch_docs: int = 1024, skip: int
 
     Raises:
         InputError: an unreadable file, a line that is not a JSON object.
-        SchemaError: a missing text column or key, a null or non-string text, a missing kept
-            column (Parquet, Arrow).
+        SchemaError: a missing text column or key, a null or non-string text, a kept column
+            missing from a Parquet or Arrow file or from every line of a JSON Lines file (raised
+            at the end of the file).
     """
     keep = tuple(keep)
     if fmt == "jsonl":

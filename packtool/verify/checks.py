@@ -328,11 +328,11 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
                 if runner.name in failed:
                     continue
                 t = time.perf_counter()
-                _say(progress, f"verify: [{bi + 1}/{nb}] {runner.name} ({runner.device}, "
+                _say(progress, f"verify: batch {bi + 1}/{nb}: {runner.name} ({runner.device}, "
                      f"{runner.dtype_name}): "
                      + (f"{len(chunk)} rows of {capacity}" if window >= capacity
-                        else f"{len(chunk)} window{'s' if len(chunk) > 1 else ''} of {window} of a "
-                        f"row's {capacity} tokens"))
+                        else f"{len(chunk)} window{'s' if len(chunk) > 1 else ''} of "
+                        f"{window} of a row's {capacity} tokens"))
                 try:
                     with torch.no_grad():
                         key = runner.ref_key
@@ -627,8 +627,10 @@ def estimate_seconds(scan_rows: int, capacity: int, model_rows: int, window: int
         compiled = "flex" in runs and (compile if compile is not None
                                        else cuda or window >= 2048)
         total += models + start + (_COMPILE_S if compiled else 0.0)
-        parts.append(f"{', '.join(runs) or 'no backend'} on {model_rows} rows of {window} "
-                     f"tokens {_duration(models)}, torch start-up {_duration(start)}")
+        what = (f"{model_rows} rows of {window} tokens" if window >= capacity
+                else f"{model_rows} rows in windows of {window} tokens")
+        parts.append(f"{', '.join(runs) or 'no backend'} on {what} {_duration(models)}, "
+                     f"torch start-up {_duration(start)}")
         if compiled:
             parts.append(f"FlexAttention compile about {_duration(_COMPILE_S)} once")
     return {"total": total, "detail": "; ".join(parts) or "nothing to run"}
