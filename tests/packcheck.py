@@ -183,3 +183,46 @@ def withhold_seq_idx(monkeypatch) -> None:
         return batch
 
     monkeypatch.setattr(packtool.loader, "collate", without_seq_idx)
+
+
+def flat_docs(docs):
+    """(lengths int64[D], tokens int32[sum], starts int64[D]) of a list of token lists."""
+    import numpy as np
+
+    lengths = np.array([len(d) for d in docs], dtype=np.int64)
+    tokens = np.array([t for d in docs for t in d], dtype=np.int32)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    return lengths, tokens, starts
+
+
+def layout_dicts(docs, capacity, *, multiple=1, strategy="obfd", overflow="split", pad_id=0,
+                 labels="unshifted", targets=None):
+    """(plan, one dict of plain lists per row) of ``docs`` planned by ``pack_lengths`` and laid
+    out by ``layout_rows``: the kernels' rows in the shape the reference twins give."""
+    import numpy as np
+
+    from packtool.core import layout_rows, pack_lengths
+
+    lengths, tokens, starts = flat_docs(docs)
+    plan = pack_lengths(lengths, capacity, strategy=strategy, overflow=overflow,
+                        segment_multiple=multiple)
+    flags = None if targets is None else np.array([f for t in targets for f in t], np.uint8)
+    out = layout_rows(plan, np.arange(plan.num_rows), tokens, starts, pad_id=pad_id,
+                      labels=labels, targets=flags)
+    rows = []
+    for k in range(plan.num_rows):
+        segs = slice(out.seg_offsets[k], out.seg_offsets[k + 1])
+        rows.append({
+            "input_ids": out.input_ids[k].tolist(),
+            "segment_ids": out.segment_ids[k].tolist(),
+            "position_ids": out.position_ids[k].tolist(),
+            "labels": None if out.labels is None else out.labels[k].tolist(),
+            "cu_seqlens": out.cu_seqlens(k).tolist(),
+            **({"cu_seqlens_unpadded": out.cu_seqlens_unpadded(k).tolist()}
+               if multiple > 1 else {}),
+            "max_seqlen": int(out.max_seqlen[k]),
+            "num_targets": int(out.num_targets[k]),
+            "doc_ids": out.doc_ids[segs].tolist(),
+            "doc_offsets": out.doc_offsets[segs].tolist(),
+        })
+    return plan, rows

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from packcheck import flat_docs as flat, layout_dicts
 from packtool.core import layout_rows, pack_lengths
 from packtool.core.layout import append_eos, gather_segments
 from packtool.core.reference import (reference_gather_segments, reference_layout,
@@ -14,34 +15,8 @@ from packtool.core.reference import (reference_gather_segments, reference_layout
 from packtool.errors import ConfigError
 
 
-def flat(docs):
-    lengths = np.array([len(d) for d in docs], dtype=np.int64)
-    tokens = np.array([t for d in docs for t in d], dtype=np.int32)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    return lengths, tokens, starts
-
-
-def kernel_rows(docs, capacity, *, strategy="obfd", overflow="split", pad_id=0,
-                labels="unshifted"):
-    lengths, tokens, starts = flat(docs)
-    plan = pack_lengths(lengths, capacity, strategy=strategy, overflow=overflow)
-    out = layout_rows(plan, np.arange(plan.num_rows), tokens, starts, pad_id=pad_id,
-                      labels=labels)
-    rows = []
-    for k in range(plan.num_rows):
-        segs = slice(out.seg_offsets[k], out.seg_offsets[k + 1])
-        rows.append({
-            "input_ids": out.input_ids[k].tolist(),
-            "segment_ids": out.segment_ids[k].tolist(),
-            "position_ids": out.position_ids[k].tolist(),
-            "labels": None if out.labels is None else out.labels[k].tolist(),
-            "cu_seqlens": out.cu_seqlens(k).tolist(),
-            "max_seqlen": int(out.max_seqlen[k]),
-            "num_targets": int(out.num_targets[k]),
-            "doc_ids": out.doc_ids[segs].tolist(),
-            "doc_offsets": out.doc_offsets[segs].tolist(),
-        })
-    return rows
+def kernel_rows(docs, capacity, **kw):
+    return layout_dicts(docs, capacity, **kw)[1]
 
 
 def test_contract_hand_case_two_documents():
