@@ -226,3 +226,21 @@ def layout_dicts(docs, capacity, *, multiple=1, strategy="obfd", overflow="split
             "doc_offsets": out.doc_offsets[segs].tolist(),
         })
     return plan, rows
+
+
+def no_padding_block(batch, dev):
+    """B22 negative control for ``run_verify(attend_overrides=...)``: attention written out
+    with a mask that leaves padding query rows without a key (softmax of a row of -inf is
+    NaN), so the ``finite`` check must fail."""
+    import torch
+
+    seg = batch["segment_ids"].to(dev)
+    n = seg.shape[1]
+    m = ((seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] != 0)
+         & torch.ones(n, n, dtype=torch.bool, device=dev).tril())[:, None]
+
+    def attend(q, k, v):
+        s = (q @ k.transpose(-1, -2)).masked_fill(~m, float("-inf"))
+        return torch.softmax(s / q.shape[-1] ** 0.5, dim=-1) @ v
+
+    return attend

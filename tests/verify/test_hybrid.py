@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from packcheck import withhold_seq_idx  # noqa: E402
+from packcheck import no_padding_block, withhold_seq_idx  # noqa: E402
 from packtool.verify.checks import run_verify  # noqa: E402
 from packtool.verify.hybrid import (causal_conv_reference, ssd_recurrence,  # noqa: E402
                                     ssd_reference)
@@ -143,18 +143,6 @@ def test_hybrid_check_fails_on_a_plain_causal_mask_and_on_padding_rows_without_a
         q, k, v, is_causal=True))}
     rep = run_verify(out, rows=0, backends=["hybrid"], attend_overrides=plain)
     assert _failed(rep, "hybrid", "isolation")[0].where["segment"] == 2
-
-    def no_padding_block(batch, dev):
-        seg = batch["segment_ids"].to(dev)
-        n = seg.shape[1]
-        m = ((seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] != 0)
-             & torch.ones(n, n, dtype=torch.bool, device=dev).tril())[:, None]
-
-        def attend(q, k, v):
-            s = (q @ k.transpose(-1, -2)).masked_fill(~m, float("-inf"))
-            return torch.softmax(s / q.shape[-1] ** 0.5, dim=-1) @ v
-
-        return attend
 
     rep = run_verify(out, rows=0, backends=["hybrid"],
                      attend_overrides={"hybrid": no_padding_block})

@@ -18,6 +18,7 @@ from packtool.verify.checks import run_verify  # noqa: E402
 from packtool.verify.equivalence import CHECKS, MODEL_CHECKS, Measurements, run_checks  # noqa: E402
 from packtool.verify.report import FAIL, PASS, SKIP  # noqa: E402
 
+from packcheck import no_padding_block  # noqa: E402
 from packed_helpers import pack_docs  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -212,18 +213,6 @@ def test_b22_padding_rows_fully_masked_give_nan_and_fail_verify(tmp_path):
     with no key (softmax of a row of -inf is NaN); verify must fail (finite), while the real
     mask passes."""
     out = pack_docs(tmp_path, [[5, 6, 7], [8, 9, 10, 11]], 5)
-    def no_padding_block(batch, dev):
-        seg = batch["segment_ids"].to(dev)
-        C = seg.shape[1]
-        m = ((seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] != 0)
-             & torch.ones(C, C, dtype=torch.bool, device=dev).tril())[:, None]
-
-        def attend(q, k, v):
-            s = (q @ k.transpose(-1, -2)).masked_fill(~m, float("-inf"))
-            return torch.softmax(s / q.shape[-1] ** 0.5, dim=-1) @ v
-
-        return attend
-
     rep = run_verify(out, rows=0, backends=["sdpa"], attend_overrides={"sdpa": no_padding_block})
     assert rep.get("sdpa", "finite").status == FAIL and not rep.ok
     good = run_verify(out, rows=0, backends=["sdpa"])

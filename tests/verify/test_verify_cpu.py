@@ -14,6 +14,7 @@ from click.testing import CliRunner  # noqa: E402
 from packtool.cli import cli  # noqa: E402
 from packtool.verify.checks import check_row_contract, run_verify  # noqa: E402
 
+from packcheck import no_padding_block  # noqa: E402
 from packed_helpers import edit_rows, pack_docs  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -244,20 +245,6 @@ WDOCS = [list(map(int, np.random.default_rng(7).integers(0, 131_000, n)))
 CW, WINDOW = 48, 16
 
 
-def _no_padding_block(batch, dev):
-    """Attention whose mask leaves padding query rows without a key (B22)."""
-    seg = batch["segment_ids"].to(dev)
-    n = seg.shape[1]
-    m = ((seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] != 0)
-         & torch.ones(n, n, dtype=torch.bool, device=dev).tril())[:, None]
-
-    def attend(q, k, v):
-        s = (q @ k.transpose(-1, -2)).masked_fill(~m, float("-inf"))
-        return torch.softmax(s / q.shape[-1] ** 0.5, dim=-1) @ v
-
-    return attend
-
-
 @pytest.mark.parametrize("control", ["plain_causal", "positions", "cu_moved", "label_cross",
                                      "merged", "padding_no_key"])
 def test_every_broken_output_control_is_caught_on_row_windows(tmp_path, control):
@@ -276,7 +263,7 @@ def test_every_broken_output_control_is_caught_on_row_windows(tmp_path, control)
         overrides = {"sdpa": lambda b, dev: (lambda q, k, v: F.scaled_dot_product_attention(
             q, k, v, is_causal=True))}
     elif control == "padding_no_key":
-        overrides = {"sdpa": _no_padding_block}
+        overrides = {"sdpa": no_padding_block}
     else:
         def edit(rows):
             r = rows[0]
