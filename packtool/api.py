@@ -49,8 +49,9 @@ def pack(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str | 
          attention_mask_column: str | None = "auto", labels_column: str | None = "auto",
          loss_mask_column: str | None = "auto", skip_unsupported: bool = False,
          seed: int = 0, shuffle: bool = True, rows_per_shard: int = 8192,
-         row_group_mb: float = 1.0, workers: int | None = None, overwrite: bool = False,
-         window_docs: int | None = None, engine: str = "local", ray_address: str | None = None,
+         row_group_mb: float = 1.0, compression: str = "zstd", workers: int | None = None,
+         overwrite: bool = False, window_docs: int | None = None, engine: str = "local",
+         ray_address: str | None = None,
          holdout: float | None = None, holdout_output: str | os.PathLike | None = None,
          source_column: str | None = None, progress: bool = False):
     """``packtool pack INPUT... OUTPUT`` as a function: same options (keyword names are the
@@ -82,8 +83,9 @@ def pack(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str | 
                   prepend_bos=prepend_bos, attention_mask_column=attention_mask_column,
                   labels_column=labels_column, loss_mask_column=loss_mask_column,
                   skip_unsupported=skip_unsupported, seed=seed, shuffle=shuffle,
-                  rows_per_shard=rows_per_shard, row_group_mb=row_group_mb, workers=workers,
-                  overwrite=overwrite, window_docs=window_docs, engine=engine,
+                  rows_per_shard=rows_per_shard, row_group_mb=row_group_mb,
+                  compression=compression, workers=workers, overwrite=overwrite,
+                  window_docs=window_docs, engine=engine,
                   ray_address=ray_address, holdout=holdout,
                   holdout_output=None if holdout_output is None else str(holdout_output),
                   source_column=source_column)
@@ -152,8 +154,9 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
                  loss_mask_column: str | None = "auto", source_column: str | None = None,
                  shuffle: bool = True, seed: int = 0, window_docs: int | None = None,
                  holdout: float | None = None, rows_per_shard: int = 8192,
-                 row_group_mb: float = 1.0, workers: int | None = None,
-                 output: str | os.PathLike | None = None, overwrite: bool = False,
+                 row_group_mb: float = 1.0, compression: str = "zstd",
+                 workers: int | None = None, output: str | os.PathLike | None = None,
+                 overwrite: bool = False,
                  batch_rows: int = BATCH_ROWS, progress: bool = False):
     """Pack the documents of an in-memory dataset into rows of exactly ``capacity`` tokens.
 
@@ -219,7 +222,7 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
                    labels_column=labels_column, loss_mask_column=loss_mask_column,
                    source_column=source_column, shuffle=shuffle, seed=seed,
                    window_docs=window_docs, rows_per_shard=rows_per_shard,
-                   row_group_mb=row_group_mb, workers=workers)
+                   row_group_mb=row_group_mb, compression=compression, workers=workers)
     if kind.endswith("DatasetDict"):
         if holdout is not None:
             raise ConfigError("holdout: a DatasetDict has its splits already; pack each split")

@@ -19,7 +19,8 @@ for free) and, when LitData is installed, with ``litdata.optimize`` (same four c
   default row groups and on ``--small-group-mb`` ones;
 - ``memmap random``: the four columns of a random row copied out of the memmap;
 - ``DataLoader w=K`` (K = 0 and 2), batch B: packtool batches
-  (``DataLoader(PackedIterableDataset(batch_size=B), batch_size=None)``), packtool items
+  (``DataLoader(PackedIterableDataset(batch_size=B), batch_size=None)``), the same from the
+  same rows packed with ``--compression lz4`` (``packtool batches (lz4)``), packtool items
   collated (``DataLoader(PackedIterableDataset(), batch_size=B, collate_fn=collate)``), the
   memmap (a map-style dataset, shuffled sampler, items stacked into the same int32/int64
   tensors by a minimal collate, and collated by packtool's ``collate``: the same batch, so the
@@ -199,6 +200,10 @@ def bench_capacity(src: Path, C: int, work: Path, args) -> dict:
     run_pack(PackConfig(inputs=(str(src),), output=str(small), capacity=C,
                         row_group_mb=args.small_group_mb, overwrite=True, workers=1),
              progress=False)
+    lz4 = work / f"packed-{C}-lz4"
+    run_pack(PackConfig(inputs=(str(src),), output=str(lz4), capacity=C,
+                        row_group_mb=args.row_group_mb, compression="lz4", overwrite=True,
+                        workers=1), progress=False)
     ds = PackedDataset(out)
     N = len(ds)
     paths = {}
@@ -244,6 +249,9 @@ def bench_capacity(src: Path, C: int, work: Path, args) -> dict:
             "packtool batches": lambda: torch.utils.data.DataLoader(
                 PackedIterableDataset(out, rank=0, world_size=1, batch_size=B),
                 batch_size=None, **pw),
+            "packtool batches (lz4)": lambda: torch.utils.data.DataLoader(
+                PackedIterableDataset(lz4, rank=0, world_size=1, batch_size=B),
+                batch_size=None, **pw),
             "packtool items + collate": lambda: torch.utils.data.DataLoader(
                 PackedIterableDataset(out, rank=0, world_size=1), batch_size=B,
                 collate_fn=collate, **pw),
@@ -283,12 +291,14 @@ def report(r: dict) -> None:
     for w in (0, 2):
         for base in ("memmap", "memmap + packtool collate"):
             mm = r.get(f"DataLoader w={w}: {base}")
-            for name in ("packtool batches", "packtool items + collate", "litdata"):
+            for name in ("packtool batches", "packtool batches (lz4)",
+                         "packtool items + collate", "litdata"):
                 v = r.get(f"DataLoader w={w}: {name}")
                 if v and mm:
                     print(f"  w={w}: {name} / {base}, rows per CPU-s: "
                           f"{v['rows_per_cpu_s'] / mm['rows_per_cpu_s']:.2f}")
-    for name in ("packtool batches", "packtool items + collate", "memmap",
+    for name in ("packtool batches", "packtool batches (lz4)", "packtool items + collate",
+                 "memmap",
                  "memmap + packtool collate", "litdata"):
         a, b = r.get(f"DataLoader w=0: {name}"), r.get(f"DataLoader w=2: {name}")
         if a and b:

@@ -16,6 +16,10 @@ encodings of the output"). Bytes per packed token on the corpus, C = 2048, 1 MiB
   zstd (0.0035, 0.0029, 0.0029, 0.0018, 0.0016; DELTA is equal or larger).
 
 All structural columns together cost 0.024 bytes/token, 2.3 % of ``input_ids``.
+
+``pack --compression lz4`` trades bytes for the reader's CPU: ``input_ids`` take about 1.45
+bytes a token instead of about 1, and a training loader decodes a row in about 0.6x the CPU
+(docs/benchmarks.md, "Training loader"); the encodings are the same.
 BYTE_STREAM_SPLIT is not used (larger on ids, and not every reader decodes it for integers);
 dictionary encoding is off (larger everywhere but ``doc_offsets``). All encodings are Parquet 2
 standard ones.
@@ -37,7 +41,8 @@ from packtool.core.layout import PackedRows
 from packtool.formats.manifest import footer_of
 
 __all__ = ["rows_to_table", "write_shard", "shard_num_targets", "COLUMN_ENCODING",
-           "column_encodings", "COMPRESSION", "COMPRESSION_LEVEL", "HashingFile", "WrittenShard"]
+           "column_encodings", "COMPRESSION", "COMPRESSION_LEVEL", "CODECS", "HashingFile",
+           "WrittenShard"]
 
 #: Parquet encoding of each column's values (top-level column name -> encoding); see above.
 COLUMN_ENCODING = {
@@ -53,10 +58,13 @@ COLUMN_ENCODING = {
     "doc_offsets": "PLAIN",
     "source_ids": "PLAIN",
 }
-#: Parquet compression codec of every column.
+#: Parquet compression codec of every column (the default; see :data:`CODECS`).
 COMPRESSION = "zstd"
 #: zstd level (see the module docstring for the measurement).
 COMPRESSION_LEVEL = 3
+#: The codecs ``pack --compression`` offers -> their level (None: the codec has none). lz4 is
+#: Parquet's ``LZ4_RAW``: larger files, cheaper to decode.
+CODECS = {"zstd": COMPRESSION_LEVEL, "lz4": None}
 
 
 def column_encodings(schema: pa.Schema) -> dict:
@@ -187,8 +195,12 @@ class WrittenShard:
     group_rows: tuple  #: rows of each row group, in order
 
 
-def write_shard(path: Path, schema: pa.Schema, tables: Iterable[pa.Table]) -> WrittenShard:
+def write_shard(path: Path, schema: pa.Schema, tables: Iterable[pa.Table], *,
+                compression: str = COMPRESSION) -> WrittenShard:
     """Write ``tables`` (one row group each) to ``path``, a temporary name the caller publishes.
+
+    ``compression``: a codec of :data:`CODECS` (every column; zstd at level 3, lz4 without
+    a level).
 
     Parquet page checksums are written (readers verify every page: a changed byte is refused).
     The file is fsynced; its sha256 is computed as the bytes go out (no second pass), its footer
@@ -196,12 +208,15 @@ def write_shard(path: Path, schema: pa.Schema, tables: Iterable[pa.Table]) -> Wr
 
     Raises:
         OSError: ``path`` cannot be written (a full disk: ``ENOSPC``).
+        ValueError: a codec not in :data:`CODECS`.
     """
+    if compression not in CODECS:
+        raise ValueError(f"compression {compression!r}: choose one of {', '.join(CODECS)}")
     sink = HashingFile(path)
     groups = []
     try:
-        with pq.ParquetWriter(sink, schema, compression=COMPRESSION,
-                              compression_level=COMPRESSION_LEVEL, use_dictionary=False,
+        with pq.ParquetWriter(sink, schema, compression=compression,
+                              compression_level=CODECS[compression], use_dictionary=False,
                               column_encoding=column_encodings(schema),
                               write_statistics=False, write_page_checksum=True) as w:
             for table in tables:

@@ -50,7 +50,7 @@ def write_shard_task(cfg, job: ShardJob, sources: ShardSources
 
     Args:
         cfg: :class:`packtool.config.PackConfig` (capacity, labels, pad_id, rows_per_group,
-            segment_multiple, source_column).
+            segment_multiple, source_column, compression).
         job: the shard.
         sources: the windows' plans and the read parts' spills.
 
@@ -92,7 +92,8 @@ def write_shard_task(cfg, job: ShardJob, sources: ShardSources
     tmp = shard_temp(job.tmp, job.name)
     try:
         with read_session(), SpillReader() as reader:  # spills kept open for the task
-            w = write_shard(tmp, schema, tables(reader))  # sha256 while writing
+            w = write_shard(tmp, schema, tables(reader),  # sha256 while writing
+                            compression=cfg.compression)
         check()  # a run that is stopping publishes nothing more
         publish_shard(tmp, job.output, job.name)
     finally:
