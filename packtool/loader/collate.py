@@ -562,6 +562,18 @@ def _token_sources(rows: Rows, seg: np.ndarray) -> np.ndarray | None:
     return out
 
 
+def _doc_ids(torch, rows: Rows) -> list:
+    """Each row's ``doc_ids`` as a torch.int64 tensor (views of one tensor), or None per row
+    when they were not read. Tensors, not NumPy arrays: a DataLoader converts NumPy arrays one
+    by one (``default_convert``), which cost a tenth of the batch; tensors pass through it, so
+    a batch holds the same types with and without a DataLoader."""
+    if "doc_ids" not in rows.ragged:
+        return [None] * rows.num_rows
+    vals, offs = rows.ragged["doc_ids"]
+    return list(torch.from_numpy(np.ascontiguousarray(vals, dtype=np.int64)).split(
+        np.diff(offs).tolist()))
+
+
 def _ints(values) -> list:
     """Provenance values (``row``, ``index``) as a list of Python ints (None kept)."""
     if isinstance(values, np.ndarray) and values.dtype != object:
@@ -595,7 +607,8 @@ def collate(batch) -> dict:
         ``labels_convention``: ``unshifted`` (the loss shifts: ``logits[:, :-1]`` against
         ``labels[:, 1:]``) or ``shifted`` (no shift: ``logits`` against ``labels``);
         ``labels_mode``: the same (older name); ``shard``, ``row``, ``index``: lists of B
-        provenance values; ``doc_ids``: list of B int64 arrays (None where not read);
+        provenance values; ``doc_ids``: list of B torch.int64 [k] tensors (None where not
+        read);
         ``source``: list of B source names (mixtures; None where unknown);
         ``token_source_ids``: torch.int32 [B, C], each token's per-segment source id (-1 on
         padding), when the rows carry ``source_ids`` (``pack --source-column``).
@@ -628,7 +641,7 @@ def collate(batch) -> dict:
         "shard": list(rows.shard),
         "row": _ints(rows.row),
         "index": _ints(rows.index),
-        "doc_ids": (rows.ragged_rows("doc_ids") if "doc_ids" in rows.ragged else [None] * B),
+        "doc_ids": _doc_ids(torch, rows),
         "source": list(rows.meta.get("source") or [None] * B),
     }
     token_src = _token_sources(rows, seg)
