@@ -11,7 +11,15 @@ user + system time of the training process and of its live workers (``psutil``),
 apart, in microseconds per row. The load average is printed before each round: on a shared
 machine compare within a round.
 
+``--paired`` measures instead, in one process of this tree, three DataLoaders side by side:
+0 workers, 2 workers, and 2 workers with the shared-memory ring turned off
+(``--workers`` K instead of 2; ``PACKTOOL_LOADER_SHM=0`` for their workers: batches pickled by value, as before the ring),
+persistent workers, one pass of each in turn, ``--passes`` times; each pass is charged the CPU of
+the training process and of that DataLoader's own workers. Neighbouring passes see the same
+load, so the ratios of each triple are the figures to read (medians and ranges printed).
+
 Usage: python scripts/bench_transfer.py [--rounds 4] [--config LABEL=TREE:WORKERS[:VAR=VALUE]]...
+       python scripts/bench_transfer.py --paired [--passes 20]
     default configurations: this tree with 0 and with 2 workers
 """
 
@@ -69,6 +77,61 @@ def child(args) -> None:
     print(json.dumps({"rows": rows, "main_s": o1 - o0, "workers_s": k1 - k0, "wall_s": wall}))
 
 
+def paired(args, out: Path) -> None:
+    """Three DataLoaders in this process, passes alternated (module docstring)."""
+    import psutil
+    import torch
+
+    from packtool.loader import PackedIterableDataset
+
+    me = psutil.Process()
+    loaders, workers = {}, {}
+    K = args.workers or 2
+    names = {"w": f"w{K}", "v": f"w{K} by value"}
+    for label, k, env in (("w0", 0, None), (names["w"], K, None), (names["v"], K, "0")):
+        before = {c.pid for c in me.children()}
+        if env is not None:
+            os.environ["PACKTOOL_LOADER_SHM"] = env
+        ds = PackedIterableDataset(out, rank=0, world_size=1, batch_size=args.batch)
+        dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=k,
+                                         persistent_workers=k > 0)
+        sum(int(b["input_ids"].shape[0]) for b in dl)  # warm-up: workers made their rings
+        os.environ.pop("PACKTOOL_LOADER_SHM", None)
+        loaders[label] = dl
+        workers[label] = [psutil.Process(p) for p in {c.pid for c in me.children()} - before]
+
+    def cpu(label):
+        t = me.cpu_times()
+        total = t.user + t.system
+        for w in workers[label]:
+            wt = w.cpu_times()
+            total += wt.user + wt.system
+        return total
+
+    us = {k: [] for k in loaders}
+    print(f"load average {' / '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    for _ in range(args.passes):
+        for label, dl in loaders.items():
+            c = cpu(label)
+            rows = sum(int(b["input_ids"].shape[0]) for b in dl)
+            us[label].append(1e6 * (cpu(label) - c) / rows)
+    print(f"after: load average {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+    def line(name, xs):
+        xs = sorted(xs)
+        print(f"{name:<28} median {xs[len(xs) // 2]:7.2f}  range {xs[0]:7.2f} to {xs[-1]:7.2f}")
+
+    print(f"CPU us per row over {args.passes} passes of {rows} rows each "
+          f"(training process + that DataLoader's workers):")
+    for label, xs in us.items():
+        line(label, xs)
+    print("ratios of neighbouring passes:")
+    w, v = us[names["w"]], us[names["v"]]
+    line(f"{names['w']} / w0", [a / b for a, b in zip(w, us["w0"])])
+    line(f"{names['v']} / w0", [a / b for a, b in zip(v, us["w0"])])
+    line(f"{names['w']} / {names['v']}", [a / b for a, b in zip(w, v)])
+
+
 def make_output(args) -> Path:
     out = Path(args.work) / f"packed-{args.capacity}"
     if (out / "manifest.json").exists():
@@ -104,16 +167,21 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--min-cpu", type=float, default=3.0)
     p.add_argument("--start-method", default=None)
+    p.add_argument("--paired", action="store_true")
+    p.add_argument("--passes", type=int, default=20)
     p.add_argument("--config", action="append", default=None,
                    help="LABEL=TREE:WORKERS[:VAR=VALUE...] (repeatable)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--workers", type=int, default=0, help="workers of --paired (default 2)")
     args = p.parse_args()
     if args.child:
         child(args)
         return 0
     out = make_output(args)
+    if args.paired:
+        paired(args, out)
+        return 0
     configs = [parse_config(c) for c in (args.config or [f"w0={ROOT}:0", f"w2={ROOT}:2"])]
     results: dict = {c[0]: [] for c in configs}
     for r in range(args.rounds):

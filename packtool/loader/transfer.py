@@ -48,6 +48,7 @@ by value: the same batches, no error.
 from __future__ import annotations
 
 import dataclasses
+import math
 import mmap
 import multiprocessing
 import os
@@ -179,17 +180,17 @@ class _Slot:
         self.columns: list[tuple] = []
 
     def _place(self, key: tuple, shape: tuple, dtype: np.dtype) -> np.ndarray | None:
-        n = int(np.prod(shape)) * dtype.itemsize
-        at = _aligned(self.used)
-        if dtype.hasobject or n == 0 or at + n > self.ring.slot_bytes:
+        n = math.prod(shape) * dtype.itemsize
+        at = -(-self.used // _ALIGN) * _ALIGN
+        if n == 0 or at + n > self.ring.slot_bytes or dtype.hasobject:
             return None
         self.used = at + n
-        self.columns.append((key, at, tuple(shape), dtype.str))
+        self.columns.append((key, at, shape, dtype.str))
         return np.ndarray(shape, dtype=dtype, buffer=self.ring.mm,
                           offset=self.slot * self.ring.slot_bytes + at)
 
     def alloc(self, name: str, shape: tuple, dtype) -> np.ndarray:
-        out = self._place(("tokens", name), shape, np.dtype(dtype))
+        out = self._place(("tokens", name), tuple(shape), np.dtype(dtype))
         return np.empty(shape, dtype=dtype) if out is None else out
 
     def put(self, key: tuple, arr) -> None:
