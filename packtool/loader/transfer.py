@@ -67,7 +67,8 @@ __all__ = ["ENV", "SLOTS", "counts", "in_transit"]
 SLOTS = 4
 
 #: ``PACKTOOL_LOADER_SHM=0`` turns the ring off (every batch by value); read by each worker when
-#: it makes its ring.
+#: it makes its ring, from its own environment (under ``forkserver``, the server's: fixed when
+#: the server started).
 ENV = "PACKTOOL_LOADER_SHM"
 
 _ALIGN = 64  # bytes: each column of a slot starts on a cache line
