@@ -40,6 +40,7 @@ from packtool.loader import resume
 from packtool.loader.collate import check_item_columns
 from packtool.loader.mixture import Mixture
 from packtool.loader.plan import EpochPlan, Phase, check_seed, rank_rows
+from packtool.loader.transfer import in_transit
 
 __all__ = ["PackedIterableDataset"]
 
@@ -101,7 +102,9 @@ class PackedIterableDataset(IterableDataset):
             token after ``i`` or -100: no shift at the loss); None: the outputs' own. Converted
             inside each segment, so stored masks survive.
         batch_size: None: yield rows; B: yield batches of B rows (each worker's last one
-            shorter), built by ``collate_fn``.
+            shorter), built by ``collate_fn``; in DataLoader workers, built where they arrive,
+            the rows crossing through a shared-memory ring per worker
+            (:mod:`packtool.loader.transfer`).
         collate_fn: the batch builder with ``batch_size`` (default
             :func:`~packtool.loader.collate.collate`; also ``collate_flat`` or an
             :class:`~packtool.loader.hf.HFCollator`): called with a
@@ -362,8 +365,8 @@ class PackedIterableDataset(IterableDataset):
             elif get_worker_info() is None:
                 out = self.collate_fn(Rows.gather(_runs(parts), meta={"source": srcs}))
             else:  # a DataLoader worker: the rows cross as they are, collated on arrival
-                out = _InTransit(Rows.gather(_runs(parts), meta={"source": srcs}),
-                                 self.collate_fn)
+                out = in_transit(_runs(parts), {"source": srcs}, self.collate_fn,
+                                 self.batch_size)
             for k in range(lo, hi):
                 if last_use[glist[k]] == k:
                     del blocks[glist[k]]
@@ -451,31 +454,6 @@ class PackedIterableDataset(IterableDataset):
 
     def __getstate__(self) -> dict:
         return self.__dict__.copy()  # the readers pickle without their handles
-
-
-class _InTransit:
-    """A batch on its way from a DataLoader worker to the training process.
-
-    The worker decodes and gathers (most of the work); the gathered rows cross pickled by value
-    (``input_ids`` and the small ``cu_seqlens`` / ``doc_ids`` arrays: 4 bytes a token), and the
-    collate function runs where they are unpickled, in the training process (positions,
-    segments and labels derived there, about a fifth of the work of a row). A collated batch
-    would move five times the bytes, and torch would send each of its tensors through its own
-    shared-memory segment and file descriptor: that cost more CPU than reading the rows
-    (``docs/benchmarks.md``, "Workers"). Only the DataLoader sees this object: the training
-    loop receives the collated batch.
-    """
-
-    def __init__(self, rows, collate_fn) -> None:
-        self.rows, self.collate_fn = rows, collate_fn
-
-    def __reduce__(self):
-        return _arrive, (self.rows, self.collate_fn)
-
-
-def _arrive(rows, collate_fn):
-    """The batch of an :class:`_InTransit`, collated in the process that receives it."""
-    return collate_fn(rows)
 
 
 def _runs(parts: list) -> list:
