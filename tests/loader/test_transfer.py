@@ -24,7 +24,9 @@ SHM = "/dev/shm"
 
 
 def shm_names() -> set:
-    return set(os.listdir(SHM)) if os.path.isdir(SHM) else set()
+    """The ring files in /dev/shm (other programs' files come and go: not ours to check)."""
+    names = os.listdir(SHM) if os.path.isdir(SHM) else []
+    return {n for n in names if n.startswith("packtool-batches")}
 
 
 def open_fds() -> int:
