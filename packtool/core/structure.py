@@ -61,7 +61,7 @@ class RowStructure:
 
 def row_structure(input_ids: np.ndarray, cu_values: np.ndarray, cu_offsets: np.ndarray,
                   num_segments: np.ndarray, *, convention: str = "unshifted",
-                  position_dtype=np.int64, labels_dtype=np.int64) -> RowStructure:
+                  position_dtype=np.int64, labels_dtype=np.int64, alloc=None) -> RowStructure:
     """Segments, positions, labels, span indices and batch boundaries of B rows, in one pass.
 
     Args:
@@ -71,6 +71,8 @@ def row_structure(input_ids: np.ndarray, cu_values: np.ndarray, cu_offsets: np.n
         num_segments: int[B], k, the documents of each row (the length of its ``doc_ids``).
         convention: ``unshifted`` or ``shifted`` labels.
         position_dtype, labels_dtype: int32 or int64, the dtypes of the arrays returned.
+        alloc: ``alloc(shape, dtype)`` -> an uninitialised C-contiguous array for each [B, C]
+            array returned (every element is written); None: ``np.empty``.
 
     Returns:
         :class:`RowStructure`; ``bad_row`` >= 0 names the first row whose ``cu_seqlens`` does
@@ -99,10 +101,11 @@ def row_structure(input_ids: np.ndarray, cu_values: np.ndarray, cu_offsets: np.n
             or (np.diff(offs) < 0).any():
         raise ValueError(f"cu_offsets {offs.tolist()[:8]} / num_segments of {k.size} rows do "
                          f"not fit {B} rows of {cu.size} cu_seqlens values")
-    seg = np.empty((B, C), dtype=np.int32)  # shape: (B, C)
-    pos = np.empty((B, C), dtype=pos_dt)
-    lab = np.empty((B, C), dtype=lab_dt)
-    seq = np.empty((B, C), dtype=np.int32)
+    alloc = np.empty if alloc is None else alloc
+    seg = alloc((B, C), np.int32)  # shape: (B, C)
+    pos = alloc((B, C), pos_dt)
+    lab = alloc((B, C), lab_dt)
+    seq = alloc((B, C), np.int32)
     out_cu = np.empty(cu.size + 1, dtype=np.int32)  # room for any prefix of valid rows
     bad, longest, targets = K._row_structure(ids.reshape(-1), cu, offs, k, convention == "shifted",
                                              seg.reshape(-1), pos.reshape(-1), lab.reshape(-1),

@@ -77,6 +77,7 @@ from typing import Sequence
 import numpy as np
 
 from packtool.formats.packed import Rows, convert_labels
+from packtool.loader import pool
 from packtool.types import IGNORE_INDEX
 
 __all__ = ["collate", "collate_flat", "batch_cu_seqlens", "batch_cu_seqlens_unpadded",
@@ -491,7 +492,7 @@ def _parts(rows: Rows, want: str | None = None) -> tuple:
         convention = want or rows.labels_mode or "unshifted"
         vals, offs = rows.ragged["cu_seqlens"]
         st = row_structure(ids, vals, offs, np.diff(rows.ragged["doc_ids"][1]),
-                           convention=convention)
+                           convention=convention, alloc=pool.empty)
         if st.bad_row < 0:
             return (st.cu_seqlens, st.max_seqlen, st.labels, convention, st.num_targets,
                     st.segment_ids, st.position_ids, st.seq_idx)

@@ -59,6 +59,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from packtool.loader import pool
+
 __all__ = ["ENV", "SLOTS", "counts", "in_transit"]
 
 #: Slots of each worker's ring. A DataLoader keeps ``prefetch_factor`` (default 2) batches of
@@ -404,8 +406,9 @@ class _Mapped:
                     f"DataLoader's; set {ENV}=0 to send batches by value")
             base = slot * ring.slot_bytes
             for key, at, shape, dtype in columns:
-                _set(rows, key, np.ndarray(shape, dtype=dtype, buffer=ring.mm,
-                                           offset=base + at).copy())
+                out = pool.empty(shape, dtype)  # mapped already once the loop drops its batches
+                np.copyto(out, np.ndarray(shape, dtype=dtype, buffer=ring.mm, offset=base + at))
+                _set(rows, key, out)
             self.counts["shared"] += 1
             # after the copy: the worker may overwrite the slot now (under the lock, so a
             # ring is never closed, and its descriptor reused, between the two)
