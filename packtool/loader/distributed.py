@@ -26,6 +26,14 @@ dataset recomputes its order and skips without reading.
   consumed and is refused for a resize.
 - A state saved after the epoch's last row starts the next epoch at its first row, whenever it
   is loaded (before or after ``set_epoch``), never the finished epoch again.
+
+**Persistent workers.** A DataLoader with ``persistent_workers=True`` keeps the copies of the
+dataset its workers got when they started, so an attribute set later in the training process
+never reaches them. :meth:`~PackedIterableDataset.set_epoch` (and a finished epoch's state
+loaded in the training process) therefore also writes the epoch into a small shared-memory
+tensor that every copy holds; each worker reads it when an iteration starts and takes that
+epoch's order. A mid-epoch state must reach persistent workers through torchdata's
+``StatefulDataLoader`` (or be loaded before the DataLoader is built).
 """
 
 from __future__ import annotations
@@ -200,6 +208,10 @@ class PackedIterableDataset(IterableDataset):
         self._history: tuple = ()  # finished phases of this epoch
         self._pending: dict | None = None  # a loaded state not yet started
         self._yielded = 0  # rows of the current phase yielded by this process (this worker)
+        # [generation, epoch] of the training process's last set_epoch, shared with the copies
+        # persistent DataLoader workers hold (module docstring)
+        self._epoch_box = _shared_epoch(self.epoch)
+        self._epoch_seen = 0
 
     # --- sources ------------------------------------------------------------------------------
 
@@ -280,8 +292,28 @@ class PackedIterableDataset(IterableDataset):
             ValueError: negative epoch.
         """
         epoch = check_seed(epoch)
+        self._use_epoch(epoch)
+        if get_worker_info() is None:  # the training process: its workers follow
+            self._publish_epoch()
+
+    def _use_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
             self.epoch, self._history, self._pending, self._yielded = epoch, (), None, 0
+
+    def _publish_epoch(self) -> None:
+        """Tell the copies of persistent DataLoader workers this process's epoch."""
+        box = self._epoch_box
+        box[1] = self.epoch
+        box[0] += 1
+        self._epoch_seen = int(box[0])
+
+    def _follow_epoch(self) -> None:
+        """In a DataLoader worker: take the epoch the training process set since this copy was
+        made or last looked (a persistent worker's copy outlives ``set_epoch``)."""
+        seen = int(self._epoch_box[0])
+        if seen != self._epoch_seen:
+            self._epoch_seen = seen
+            self._use_epoch(int(self._epoch_box[1]))
 
     def rows_for(self, worker: int = 0, num_workers: int = 1) -> np.ndarray:
         """int64[n]: row keys worker ``worker`` of ``num_workers`` yields in the current phase,
@@ -310,6 +342,8 @@ class PackedIterableDataset(IterableDataset):
 
     def __iter__(self) -> Iterator:
         worker, num_workers = self._worker()
+        if get_worker_info() is not None:
+            self._follow_epoch()
         history, start = (self._resolve(worker, num_workers) if self._pending is not None
                           else (self._history, 0))
         plan = self._plan(history)
@@ -441,6 +475,8 @@ class PackedIterableDataset(IterableDataset):
         if resume.finished(st):
             self.epoch, self._history, self._pending, self._yielded = st["epoch"] + 1, (), \
                 None, 0
+            if get_worker_info() is None:
+                self._publish_epoch()
             return
         bad = resume.mismatch(st, self._mine())
         if bad:
@@ -465,3 +501,17 @@ def _runs(parts: list) -> list:
         else:
             out.append((block, [i]))
     return [(b, np.asarray(i, dtype=np.int64)) for b, i in out]
+
+
+def _shared_epoch(epoch: int):
+    """int64[2] ``[generation, epoch]`` in shared memory (a torch tensor: fork children share
+    its pages, spawn and forkserver workers receive it through torch's shared-memory
+    pickling; a plain pickle copies it)."""
+    import torch
+
+    box = torch.tensor([0, epoch], dtype=torch.int64)
+    try:
+        box.share_memory_()
+    except (OSError, RuntimeError):  # no shared memory: persistent workers keep their epoch
+        pass
+    return box

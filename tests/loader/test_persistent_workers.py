@@ -1,0 +1,45 @@
+"""Persistent DataLoader workers keep the dataset copies they started with: set_epoch (and a
+finished epoch's state loaded in the training process) must still reach them, or every epoch
+repeats the first one's order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from loader_helpers import many_groups  # noqa: F401
+
+from packtool.loader import PackedIterableDataset
+
+
+def order(dl) -> list:
+    return [int(i) for b in dl for i in b["index"]]
+
+
+def dataset(out, **kw):
+    return PackedIterableDataset(out, rank=0, world_size=1, seed=7, batch_size=4, **kw)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_set_epoch_reaches_persistent_workers(many_groups, context):
+    ds = dataset(many_groups)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True,
+                                     multiprocessing_context=context)
+    fresh = {}
+    for epoch in (0, 1, 2, 1):
+        ds.set_epoch(epoch)
+        got = order(dl)
+        want = fresh.setdefault(epoch, order(torch.utils.data.DataLoader(
+            dataset(many_groups, epoch=epoch), batch_size=None, num_workers=2,
+            multiprocessing_context="fork")))
+        assert got == want, epoch
+        assert sorted(got) == list(range(len(ds.output)))
+    assert fresh[0] != fresh[1] != fresh[2]
+    # a state saved at the end of epoch 2 (a run without workers), loaded in the training
+    # process: the workers go on with epoch 3
+    done = dataset(many_groups, epoch=2)
+    assert len(order(done)) == len(ds.output)
+    ds.load_state_dict(done.state_dict())
+    assert ds.epoch == 3
+    assert order(dl) == order(torch.utils.data.DataLoader(
+        dataset(many_groups, epoch=3), batch_size=None, num_workers=2,
+        multiprocessing_context="fork"))
