@@ -267,9 +267,32 @@ class PackedIterableDataset(IterableDataset):
 
     def __len__(self) -> int:
         """Rows this rank yields per epoch (:attr:`rows_per_rank`); with ``batch_size``, the
-        batches of a DataLoader without workers (each worker ends on its own partial batch)."""
+        batches of a DataLoader without workers (each worker ends on its own partial batch:
+        :meth:`num_batches` counts them for a number of workers)."""
         q = self.rows_per_rank
         return q if self.batch_size is None else -(-q // self.batch_size)
+
+    def num_batches(self, num_workers: int = 0) -> int:
+        """Batches this rank yields in the current epoch (the rest of it after a resume point
+        is loaded) through a DataLoader with ``num_workers`` workers: each worker ends on its
+        own partial batch, so with workers there can be up to ``num_workers - 1`` more than
+        ``len(ds)`` (what ``len(DataLoader)`` says). Rows without ``batch_size``.
+
+        Raises:
+            ValueError: ``num_workers`` < 0.
+        """
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        K = max(1, int(num_workers))
+        B = self.batch_size or 1
+        total = 0
+        for w in range(K):
+            history, start = (self._resolve(w, K) if self._pending is not None
+                              else (self._history, 0))
+            plan = self._plan(history)
+            n = plan.slot(plan.phase, self.rank, w, self.world_size, K).size - start
+            total += -(-max(0, n) // B)
+        return total
 
     @property
     def repeated_rows(self) -> int:

@@ -43,3 +43,27 @@ def test_set_epoch_reaches_persistent_workers(many_groups, context):
     assert order(dl) == order(torch.utils.data.DataLoader(
         dataset(many_groups, epoch=3), batch_size=None, num_workers=2,
         multiprocessing_context="fork"))
+
+
+@pytest.mark.parametrize("workers,batch", [(0, 4), (1, 5), (2, 5), (3, 8), (2, None)])
+def test_num_batches_counts_what_a_dataloader_yields(many_groups, workers, batch):
+    """len(ds) is a DataLoader without workers; num_batches(K) is what K workers yield (each
+    ends on its own partial batch), also for the rest of an epoch after a resume point."""
+    ds = PackedIterableDataset(many_groups, rank=1, world_size=2, seed=1, batch_size=batch)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers,
+                                     multiprocessing_context="fork" if workers else None)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns when more batches come than len() said
+        got = sum(1 for _ in dl)
+    assert ds.num_batches(workers) == got
+    if workers == 0:
+        assert len(ds) == got
+    part = PackedIterableDataset(many_groups, rank=1, world_size=2, seed=1, batch_size=batch)
+    it = iter(part)
+    for _ in range(3):
+        next(it)
+    state = part.state_dict()
+    rest = PackedIterableDataset(many_groups, rank=1, world_size=2, seed=1, batch_size=batch)
+    rest.load_state_dict(state)
+    assert rest.num_batches(0) == sum(1 for _ in rest) == len(ds) - 3
