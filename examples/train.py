@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from packtool.loader import PackedIterableDataset, collate
+from packtool.loader import PackedIterableDataset
 
 if "RANK" in os.environ:                       # started by torchrun
     dist.init_process_group("gloo")            # "nccl" on GPUs
@@ -23,8 +23,11 @@ opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 # labels="shifted": labels[i] is the token after i (whatever --labels the pack used), so the
 # loss pairs logits[i] with labels[i] and shifts nothing
 # a directory or a store URI (PACKED=s3://bucket/packed/); rank and world from torchrun
-ds = PackedIterableDataset(os.environ.get("PACKED", "packed/"), seed=0, labels="shifted")
-loader = DataLoader(ds, batch_size=1, collate_fn=collate, num_workers=2)
+# batch_size on the dataset: whole batches built from the decoded row groups (collate by
+# default), each worker's crossing through shared memory; batch_size=None on the DataLoader
+ds = PackedIterableDataset(os.environ.get("PACKED", "packed/"), seed=0, labels="shifted",
+                           batch_size=1)
+loader = DataLoader(ds, batch_size=None, num_workers=2)
 accum, max_steps = 2, 2
 for epoch in range(1):
     ds.set_epoch(epoch)                        # a new seeded order every epoch
