@@ -203,10 +203,12 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
     from click.core import ParameterSource
 
     from packtool.config import PackConfig
+    from packtool.formats.memory import use_jemalloc
     from packtool.formats.reader import discover, input_columns
     from packtool.pipeline import run_pack
     from packtool.startup import compile_note
 
+    use_jemalloc()  # this process's Arrow memory pool (formats/memory.py: a tenth of the CPU)
     if len(paths) < 2:
         raise click.UsageError("give at least one INPUT and an OUTPUT directory")
     if (ray_address is not None and engine != Engine.RAY.value
