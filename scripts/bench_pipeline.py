@@ -96,15 +96,15 @@ def child_floor(inp: str, packed: str, workers: int, arrow_pool: str = "pack") -
     import resource
     from concurrent.futures import ThreadPoolExecutor
 
+    if arrow_pool == "pack":  # before pyarrow is imported, as the CLI does
+        from packtool.formats.memory import use_jemalloc
+
+        use_jemalloc()
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from packtool.formats.writer import COMPRESSION, COMPRESSION_LEVEL, column_encodings
 
-    if arrow_pool == "pack":
-        from packtool.formats.memory import use_jemalloc
-
-        use_jemalloc()
     pa.set_cpu_count(workers)
     pa.set_io_thread_count(workers)
     shards = sorted(Path(packed).glob("part-*.parquet"))

@@ -11,7 +11,10 @@ import pyarrow as pa
 import pytest
 from conftest import write_docs
 
-POOL = "from packtool.formats.memory import use_jemalloc; print(use_jemalloc())"
+from packtool.formats.memory import JEMALLOC_CONF
+
+POOL = ("import os; from packtool.formats.memory import use_jemalloc; "
+        "print(use_jemalloc(), os.environ.get('JE_ARROW_MALLOC_CONF'))")
 
 
 def _has_jemalloc() -> bool:
@@ -22,25 +25,34 @@ def _has_jemalloc() -> bool:
     return True
 
 
-def _env(pool: str | None) -> dict:
+def _env(pool: str | None, conf: str | None = None) -> dict:
     env = dict(os.environ)
     env.pop("ARROW_DEFAULT_MEMORY_POOL", None)
+    env.pop("JE_ARROW_MALLOC_CONF", None)
     if pool is not None:
         env["ARROW_DEFAULT_MEMORY_POOL"] = pool
+    if conf is not None:
+        env["JE_ARROW_MALLOC_CONF"] = conf
     return env
 
 
+def _pool(env: dict) -> list[str]:
+    return subprocess.run([sys.executable, "-c", POOL], env=env, capture_output=True,
+                          text=True, check=True).stdout.split()
+
+
 @pytest.mark.skipif(not _has_jemalloc(), reason="pyarrow built without jemalloc")
-def test_jemalloc_becomes_the_default_pool():
-    out = subprocess.run([sys.executable, "-c", POOL], env=_env(None), capture_output=True,
-                         text=True, check=True)
-    assert out.stdout.strip() == "jemalloc"
+def test_jemalloc_keeping_its_pages_becomes_the_default_pool():
+    assert _pool(_env(None)) == ["jemalloc", JEMALLOC_CONF]
+
+
+@pytest.mark.skipif(not _has_jemalloc(), reason="pyarrow built without jemalloc")
+def test_the_users_jemalloc_options_win():
+    assert _pool(_env(None, "dirty_decay_ms:0")) == ["jemalloc", "dirty_decay_ms:0"]
 
 
 def test_a_pool_the_user_chose_is_kept():
-    out = subprocess.run([sys.executable, "-c", POOL], env=_env("system"), capture_output=True,
-                         text=True, check=True)
-    assert out.stdout.strip() == "system"
+    assert _pool(_env("system")) == ["system", "None"]
 
 
 def test_packed_bytes_do_not_depend_on_the_pool(tmp_path):
