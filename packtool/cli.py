@@ -207,10 +207,12 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
     from click.core import ParameterSource
 
     from packtool.config import PackConfig
+    from packtool.formats.memory import use_jemalloc
     from packtool.formats.reader import discover, input_columns
     from packtool.pipeline import run_pack
     from packtool.startup import compile_note
 
+    use_jemalloc()  # this process's Arrow memory pool (formats/memory.py)
     if len(paths) < 2:
         raise click.UsageError("give at least one INPUT and an OUTPUT directory")
     if (ray_address is not None and engine != Engine.RAY.value
@@ -869,4 +871,7 @@ def upgrade(output):
 def main() -> None:
     """Console entry point (see :func:`packtool.__main__.main`, which also handles an early
     Ctrl-C)."""
+    from packtool.formats.memory import prepare
+
+    prepare()  # Arrow's jemalloc options, before pyarrow is imported (formats/memory.py)
     cli(prog_name="packtool")

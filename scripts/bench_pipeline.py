@@ -12,9 +12,13 @@ machine's load hits them alike), best of ``--repeat`` rounds (fewest CPU seconds
   tables with exactly packtool's output schema, row count, row groups, encodings and zstd
   level (the packed output itself, ``workers`` shards at a time loaded before their timed
   write and dropped after it, so the floor streams as a pack does), on 1 and on all threads:
-  the decode + encode work any packer must do. CPU of the timed sections (every thread).
+  the decode + encode work any packer must do. CPU of the timed sections (every thread). Its
+  Arrow memory pool is the one ``packtool pack`` uses (jemalloc: ``packtool/formats/memory.py``;
+  ``--floor-pool default``: pyarrow's default, mimalloc on Linux).
 - ``start-up``: ``packtool pack`` of a two-document input, whole process: the fixed cost of a
-  run (interpreter, imports, loading the compiled kernels, OUTPUT's lock and manifest).
+  run (interpreter, imports, loading the compiled kernels, OUTPUT's lock and manifest). Every
+  ``packtool pack`` runs as installed, with the tree's bytecode cached (``PYTHONDONTWRITEBYTECODE``
+  is dropped from its environment), not compiled from source in each run.
 - ``pack``: ``packtool pack`` (the CLI, as users run it) with ``workers`` = 1 and all cores; with
   ``--window-docs N`` also with windows of N documents (all cores). CPU of the whole process;
   "without start-up" subtracts the round's start-up.
@@ -81,15 +85,21 @@ def make_corpus(folder: Path, tokens: int, vocab: int, files: int, seed: int = 0
     return {"docs": n_docs, "tokens": n_tok}
 
 
-def child_floor(inp: str, packed: str, workers: int) -> dict:
+def child_floor(inp: str, packed: str, workers: int, arrow_pool: str = "pack") -> dict:
     """The floor in this process, streaming like a pack, on ``workers`` threads: CPU (user +
     system of every thread of the process, ``getrusage``) and wall of the timed sections only.
     Read: every input file's token column, batch by batch, files spread over the threads.
     Write: ``workers`` output shards at a time are loaded (not timed), written in parallel
-    (timed) and dropped, so the floor holds ``workers`` shards at a time."""
+    (timed) and dropped, so the floor holds ``workers`` shards at a time. Arrow's memory pool:
+    ``pack``, the one ``packtool pack`` uses (:func:`packtool.formats.memory.use_jemalloc`);
+    ``default``, pyarrow's own default."""
     import resource
     from concurrent.futures import ThreadPoolExecutor
 
+    if arrow_pool == "pack":  # before pyarrow is imported, as the CLI does
+        from packtool.formats.memory import use_jemalloc
+
+        use_jemalloc()
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -142,7 +152,8 @@ def child_floor(inp: str, packed: str, workers: int) -> dict:
     pool.shutdown()
     shutil.rmtree(tmp)
     return {"cpu": user + sys_, "user": user, "sys": sys_, "read_cpu": read_cpu,
-            "write_cpu": user + sys_ - read_cpu, "seconds": wall, "tokens": n_tok}
+            "write_cpu": user + sys_ - read_cpu, "seconds": wall, "tokens": n_tok,
+            "pool": pa.default_memory_pool().backend_name}
 
 
 def child_encodings(packed: str) -> dict:
@@ -232,6 +243,9 @@ def _pack_cli(inp: str, out: str, workers: int, capacity: int, window_docs: int 
     """``packtool pack`` as users run it (the CLI, a fresh process), measured."""
     env = dict(os.environ)
     env["PYTHONPATH"] = tree or str(ROOT)
+    # as installed: the tree's bytecode is cached (by the warm-up run) and loaded, not compiled
+    # from source in every run (0.04 to 0.06 CPU-s of each start-up where the shell sets this)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     cmd = [sys.executable, "-m", "packtool", "pack", "--json", "-c", str(capacity), "-j",
            str(workers), "--overwrite"]
     if window_docs:
@@ -360,6 +374,9 @@ def main() -> None:
                     help="also run pack from this packtool source tree (before/after)")
     ap.add_argument("--repeat", type=int, default=3, metavar="K",
                     help="rounds; each run's best (fewest CPU seconds) is reported")
+    ap.add_argument("--floor-pool", choices=("pack", "default"), default="pack",
+                    help="Arrow memory pool of the floor: the one pack uses (jemalloc) or "
+                         "pyarrow's default")
     ap.add_argument("--busy", type=int, default=0, metavar="K",
                     help="keep K spinning processes running while measuring")
     ap.add_argument("--scaling", action="store_true",
@@ -443,7 +460,7 @@ def _rounds(args, work: Path, trees: dict, tokens: int, tiny: Path) -> None:
         this = {}
         for kind, label, w, wd in order:
             if kind == "floor":
-                r = _spawn("floor", str(full), str(floor_src), w)
+                r = _spawn("floor", str(full), str(floor_src), w, args.floor_pool)
             elif kind == "start-up":
                 r = _pack_cli(str(tiny), str(work / "tiny-out"), 1, args.capacity,
                               tree=trees[label])
@@ -472,7 +489,7 @@ def _rounds(args, work: Path, trees: dict, tokens: int, tiny: Path) -> None:
     for kind, label, w, wd in runs:
         best = _best(got[(kind, label, w, wd)])
         if kind == "floor":
-            name, ratio, net = "floor (read + write)", "1.00", ""
+            name, ratio, net = f"floor (read + write; {best.get('pool', '?')})", "1.00", ""
         elif kind == "start-up":
             name, ratio, net = f"start-up ({label}, 2 documents)", "", ""
         else:

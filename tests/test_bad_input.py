@@ -144,8 +144,8 @@ def test_negative_id(tmp_path):
             "negative token id -5", ">= 0")
 
 
-@pytest.mark.parametrize("value,typ", [(2**31, pa.int64()), (2**32 + 1, pa.uint64()),
-                                       (2**64 - 1, pa.uint64())])
+@pytest.mark.parametrize("value,typ", [(2**31, pa.int64()), (2**31, pa.uint32()),
+                                       (2**32 + 1, pa.uint64()), (2**64 - 1, pa.uint64())])
 def test_id_above_int32(tmp_path, value, typ):
     write_docs(tmp_path / "big.parquet", [[1], [2], [value, 1]], typ)
     out = tmp_path / "out"

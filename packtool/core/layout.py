@@ -29,6 +29,7 @@ writing tasks), then one kernel, :func:`complete_rows`, writes everything else.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -251,9 +252,10 @@ def complete_rows(seg_offsets: np.ndarray, seg_len: np.ndarray, input_ids: np.nd
 
     def buf(name, shape, dtype):
         b = out.get(name)
-        if b is None or b.size < int(np.prod(shape)):
+        size = math.prod(shape)  # not np.prod: a tenth of the call for small row groups
+        if b is None or b.size < size:
             return np.empty(shape, dtype=dtype)
-        return b.reshape(-1)[:int(np.prod(shape))].reshape(shape)
+        return b.reshape(-1)[:size].reshape(shape)
 
     if seg_len.size:  # the spans of a row must fit it (the kernel trusts them)
         spans = seg_len if multiple == 1 else segment_spans(seg_len, multiple)
