@@ -209,7 +209,8 @@ class PackedIterableDataset(IterableDataset):
         self._pending: dict | None = None  # a loaded state not yet started
         self._yielded = 0  # rows of the current phase yielded by this process (this worker)
         # [generation, epoch] of the training process's last set_epoch, shared with the copies
-        # persistent DataLoader workers hold (module docstring)
+        # persistent DataLoader workers hold (module docstring), and 1 once a worker's copy has
+        # yielded a row since (the training process's own state then knows nothing of them)
         self._epoch_box = _shared_epoch(self.epoch)
         self._epoch_seen = 0
 
@@ -327,6 +328,7 @@ class PackedIterableDataset(IterableDataset):
         """Tell the copies of persistent DataLoader workers this process's epoch."""
         box = self._epoch_box
         box[1] = self.epoch
+        box[2] = 0
         box[0] += 1
         self._epoch_seen = int(box[0])
 
@@ -401,6 +403,7 @@ class PackedIterableDataset(IterableDataset):
         step = self.batch_size or 1
         glist, llist, slist = groups.tolist(), local.tolist(), src.tolist()
         names = mix.names
+        flag = get_worker_info() is not None
         self._commit(history, start)
         for lo in range(0, len(glist), step):
             hi = min(lo + step, len(glist))
@@ -427,6 +430,8 @@ class PackedIterableDataset(IterableDataset):
             for k in range(lo, hi):
                 if last_use[glist[k]] == k:
                     del blocks[glist[k]]
+            if flag:  # a worker: rows the training process's copy does not count
+                self._epoch_box[2], flag = 1, False
             self._yielded = start + hi
             yield out
 
@@ -469,8 +474,20 @@ class PackedIterableDataset(IterableDataset):
 
     def state_dict(self) -> dict:
         """Where this process (this DataLoader worker) stands in the epoch: a dict of ints,
-        bools, strings and lists (:mod:`packtool.loader.resume`)."""
+        bools, strings and lists (:mod:`packtool.loader.resume`).
+
+        Warns (``UserWarning``) in the training process when its DataLoader's workers yielded
+        rows of this epoch: their copies of the dataset did, this one did not count them, so
+        its state would replay them; save torchdata's ``StatefulDataLoader.state_dict()``."""
         worker, num_workers = self._worker()
+        if (get_worker_info() is None and self._yielded == 0 and self._pending is None
+                and int(self._epoch_box[2])):
+            import warnings
+
+            warnings.warn("DataLoader workers yielded rows of this epoch that this dataset (the "
+                          "training process's copy) did not see: its state_dict() would replay "
+                          "them on resume; save the StatefulDataLoader's state_dict() "
+                          "(torchdata) instead, or read without workers", stacklevel=2)
         if self._pending is not None:
             history, yielded = self._resolve(worker, num_workers)
         else:
@@ -527,12 +544,12 @@ def _runs(parts: list) -> list:
 
 
 def _shared_epoch(epoch: int):
-    """int64[2] ``[generation, epoch]`` in shared memory (a torch tensor: fork children share
+    """int64[3] ``[generation, epoch, workers yielded]`` in shared memory (a torch tensor: fork children share
     its pages, spawn and forkserver workers receive it through torch's shared-memory
     pickling; a plain pickle copies it)."""
     import torch
 
-    box = torch.tensor([0, epoch], dtype=torch.int64)
+    box = torch.tensor([0, epoch, 0], dtype=torch.int64)
     try:
         box.share_memory_()
     except (OSError, RuntimeError):  # no shared memory: persistent workers keep their epoch

@@ -67,3 +67,26 @@ def test_num_batches_counts_what_a_dataloader_yields(many_groups, workers, batch
     rest = PackedIterableDataset(many_groups, rank=1, world_size=2, seed=1, batch_size=batch)
     rest.load_state_dict(state)
     assert rest.num_batches(0) == sum(1 for _ in rest) == len(ds) - 3
+
+
+def test_the_training_process_state_warns_when_workers_read(many_groups):
+    """ds.state_dict() in the training process after its DataLoader's workers yielded rows
+    would replay them on resume: it warns; without workers, or after set_epoch, it does not."""
+    import warnings
+
+    ds = dataset(many_groups)
+    it = iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                          multiprocessing_context="fork"))
+    for _ in range(3):
+        next(it)
+    with pytest.warns(UserWarning, match="StatefulDataLoader"):
+        assert ds.state_dict()["yielded"] == 0
+    del it
+    ds.set_epoch(1)
+    plain = dataset(many_groups)
+    for _ in zip(range(3), plain):
+        pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ds.state_dict()
+        assert plain.state_dict()["yielded"] == 12
