@@ -158,7 +158,14 @@ class Mixture:
             raise ValueError(f"weights name other sources than given (missing: {missing}, "
                              f"unknown: {extra}); sources: {list(self.names)}")
         w = {n: weights[n] for n in self.names}
-        apportion([w[n] for n in self.names], 0)  # validates: ValueError names the bad one
+        try:
+            apportion([w[n] for n in self.names], 0)  # validates
+        except ValueError:
+            bad = [n for n in self.names if not _good_weight(w[n])]
+            if not bad:
+                raise
+            raise ValueError(f"weight of source {bad[0]!r} is {w[bad[0]]!r}; weights are "
+                             "non-negative finite numbers") from None
         return w
 
     def _source_table(self):
@@ -228,3 +235,8 @@ class Mixture:
         return ", ".join(f"{n}: {int(c)} of {int(r)} rows" for n, c, r
                          in zip(self.names, self.shares, self.rows))
 
+
+def _good_weight(x) -> bool:
+    """A non-negative finite number (not a bool)."""
+    return (not isinstance(x, bool) and isinstance(x, (int, float, np.integer, np.floating))
+            and bool(np.isfinite(x)) and x >= 0)

@@ -127,7 +127,9 @@ def test_outputs_that_cannot_be_mixed_are_refused(web_and_code, tmp_path):
         PackedIterableDataset({"web": web_and_code["web"], "wide": wide}, rank=0, world_size=1)
     with pytest.raises(ValueError, match="unknown: \\['books'\\]"):
         PackedIterableDataset(web_and_code, weights={"web": 1, "code": 1, "books": 1})
-    with pytest.raises(ValueError, match="weight"):
-        PackedIterableDataset(web_and_code, weights={"web": -1, "code": 1})
+    with pytest.raises(ValueError, match="weight of source 'code' is -1;"):
+        PackedIterableDataset(web_and_code, weights={"web": 1, "code": -1})
+    with pytest.raises(ValueError, match="weight of source 'web' is 'a';"):
+        PackedIterableDataset(web_and_code, weights={"web": "a", "code": 1})
     with pytest.raises(ValueError, match="rows_per_epoch"):
         PackedIterableDataset(web_and_code, rows_per_epoch=0)
