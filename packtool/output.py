@@ -157,6 +157,8 @@ class Output:
         inputs: INPUT paths as given (OUTPUT may not lie inside one, nor contain one).
         fingerprint: from :func:`fingerprint`.
         overwrite: replace a non-empty OUTPUT that is not an interrupted identical pack.
+        options: the options in the fingerprint (``PackConfig.layout_options()``): a finished
+            output of other options is refused naming the options that differ.
 
     Attributes after entry: ``path`` and ``tmp`` (:class:`~packtool.location.Location` of OUTPUT
     and of its scratch), ``complete`` (a finished identical output is there: nothing to do),
@@ -172,8 +174,10 @@ class Output:
             cls = LocalOutput if Location.parse(path).is_local else StoreOutput
         return super().__new__(cls)
 
-    def __init__(self, path, inputs, fingerprint: str, *, overwrite: bool = False):
+    def __init__(self, path, inputs, fingerprint: str, *, overwrite: bool = False,
+                 options: dict | None = None):
         self.path = Location.parse(path)
+        self.options = options
         self.tmp = self.path.join(TMP_DIR_NAME)
         self.inputs = [Location.parse(p) for p in inputs]
         self.fingerprint = fingerprint
@@ -256,6 +260,7 @@ class Output:
         """The decision table over one listing of OUTPUT (module docstring, step 1)."""
         out = self.path
         found = {n: e for n, e in out.listdir().items() if n != LOCK_NAME}
+        m = None
         if MANIFEST_NAME in found:
             try:
                 m = read_manifest(out)
@@ -279,6 +284,13 @@ class Output:
             return
         others = [n for n in found if n != TMP_DIR_NAME]
         if others and not self.overwrite:
+            if m is not None:  # a finished pack of other options or inputs
+                was = dict(m.options)
+                if m.labels is not None:  # recorded apart as the labels fact
+                    was["labels"] = m.labels.convention if m.labels.stored else "none"
+                raise OutputError(f"{out.display}: OUTPUT holds a finished pack of "
+                                  f"{_differences(was, self.options)}; pass --overwrite "
+                                  "to replace it or choose another location")
             raise OutputError(f"{out.display}: OUTPUT is not empty; pass --overwrite to replace "
                               "it or choose another location")
         own = (MANIFEST_NAME, IN_PROGRESS_NAME)
@@ -636,3 +648,20 @@ def kept_shard(output, name: str, promised: dict | None) -> ShardEntry | None:
                           promised["footer_sha256"],
                           tuple((int(r), int(n)) for r, n in promised.get("row_groups") or ()))
     return shard_entry_of(loc)
+
+
+def _differences(was, now) -> str:
+    """What differs between a finished pack's recorded options and this run's, for a message:
+    ``other options (compression: default -> lz4)``, or other inputs when the options agree."""
+    if now is None:
+        return "other options or inputs"
+    was, now = dict(was or {}), dict(now)
+    keys = [k for k in dict.fromkeys([*now, *was]) if was.get(k) != now.get(k)]
+    if not keys:
+        return "other inputs (or another packtool version)"
+
+    def show(d, k):
+        return "default" if k not in d else repr(d[k])
+
+    changes = ", ".join(f"{k}: {show(was, k)} -> {show(now, k)}" for k in keys[:4])
+    return f"other options ({changes}{', ...' if len(keys) > 4 else ''})"

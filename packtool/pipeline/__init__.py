@@ -172,7 +172,8 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
     fp = fingerprint(cfg.layout_options(), files)
     out = None
     try:
-        with interruptible(), Output(cfg.output, cfg.inputs, fp, overwrite=cfg.overwrite) as out:
+        with interruptible(), Output(cfg.output, cfg.inputs, fp, overwrite=cfg.overwrite,
+                                     options=cfg.layout_options()) as out:
             if out.complete:
                 m = out.manifest
                 return PackResult(m.totals, m, time.perf_counter() - t0, len(m.shards), True,

@@ -215,3 +215,23 @@ def test_lz4_shards_hold_the_same_rows_as_zstd_ones(tmp_path, sample_data):
         sum(f.stat().st_size for f in outs["zstd"].glob("*.parquet"))
     with pytest.raises(ConfigError, match="--compression 'gzip': choose zstd or lz4"):
         PackConfig(inputs=("x",), output="y", compression="gzip")
+
+
+def test_a_finished_pack_of_other_options_is_refused_naming_them(tmp_path, sample_data):
+    """Rerunning a finished pack with another --compression (or other options) without
+    --overwrite: one line naming what differs, exit 1, the output untouched."""
+    from click.testing import CliRunner
+
+    from packtool.cli import cli
+
+    out = tmp_path / "out"
+    args = ["pack", "-q", "-c", "1024", str(sample_data), str(out)]
+    assert CliRunner().invoke(cli, args).exit_code == 0
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    res = CliRunner().invoke(cli, args[:4] + ["--compression", "lz4", "--seed", "2"] + args[4:])
+    assert res.exit_code == 1
+    assert "holds a finished pack of other options (seed: 0 -> 2, compression: default -> " \
+           "'lz4'); pass --overwrite" in res.output, res.output
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    again = CliRunner().invoke(cli, args[:4] + ["--labels", "shifted"] + args[4:])
+    assert "(labels: 'none' -> 'shifted', rows_per_group: 85 -> 64)" in again.output, again.output
