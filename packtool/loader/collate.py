@@ -526,10 +526,15 @@ class _Batch(dict):
     def __reduce__(self):
         import torch
 
+        def plain(v):
+            return isinstance(v, torch.Tensor) and v.device.type == "cpu" and not v.requires_grad
+
         out = {}
         for k, v in self.items():
-            if isinstance(v, torch.Tensor) and v.device.type == "cpu" and not v.requires_grad:
+            if plain(v):
                 out[k] = ("tensor", v.numpy())
+            elif isinstance(v, list) and v and all(plain(x) for x in v):  # doc_ids
+                out[k] = ("tensors", [x.numpy() for x in v])
             else:
                 out[k] = ("value", v)
         return _unbatch, (out,)
@@ -538,7 +543,12 @@ class _Batch(dict):
 def _unbatch(fields: dict) -> dict:
     import torch
 
-    return {k: torch.from_numpy(v) if kind == "tensor" else v for k, (kind, v) in fields.items()}
+    def back(kind, v):
+        if kind == "tensor":
+            return torch.from_numpy(v)
+        return [torch.from_numpy(x) for x in v] if kind == "tensors" else v
+
+    return {k: back(kind, v) for k, (kind, v) in fields.items()}
 
 
 def _deliver(batch: dict) -> dict:

@@ -105,3 +105,25 @@ def test_batches_kept_or_changed_in_place_equal_fresh_ones(many_groups, workers)
             b[k].zero_()  # the loop writes into its batch, then drops it
         got += 1
     assert got == n > 4
+
+
+def test_a_worker_batch_crosses_by_value_doc_ids_included(many_groups):
+    """A batch collated in a DataLoader worker pickles its tensors, and its list of doc_ids
+    tensors, by value (torch would give each storage its own shared-memory segment)."""
+    import io
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    from packtool.loader.collate import _Batch
+
+    ds = PackedIterableDataset(many_groups, rank=0, world_size=1, batch_size=4)
+    batch = next(iter(ds))
+    buf = io.BytesIO()
+    ForkingPickler(buf, pickle.HIGHEST_PROTOCOL).dump(_Batch(batch))
+    assert b"rebuild_storage" not in buf.getvalue()
+    back = pickle.loads(buf.getvalue())
+    assert back.keys() == batch.keys()
+    for k, v in batch.items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(back[k], v), k
+    assert all(torch.equal(a, b) for a, b in zip(back["doc_ids"], batch["doc_ids"]))
