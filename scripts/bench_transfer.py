@@ -43,19 +43,14 @@ def child(args) -> None:
 
     from packtool.loader import PackedIterableDataset
 
+    sys.path.insert(1, str(ROOT / "scripts"))
+    from bench_loader import live_children_cpu
+
     me = psutil.Process()
 
     def cpu():
         t = me.cpu_times()
-        own = t.user + t.system
-        kids = 0.0
-        for c in me.children(recursive=True):
-            try:
-                ct = c.cpu_times()
-                kids += ct.user + ct.system
-            except psutil.NoSuchProcess:
-                pass
-        return own, kids
+        return t.user + t.system, live_children_cpu(me)
 
     ds = PackedIterableDataset(args.out, rank=0, world_size=1, batch_size=args.batch)
     kw = {"num_workers": args.workers, "persistent_workers": args.workers > 0}
