@@ -208,9 +208,9 @@ class PackedIterableDataset(IterableDataset):
         self._history: tuple = ()  # finished phases of this epoch
         self._pending: dict | None = None  # a loaded state not yet started
         self._yielded = 0  # rows of the current phase yielded by this process (this worker)
-        # [generation, epoch] of the training process's last set_epoch, shared with the copies
-        # persistent DataLoader workers hold (module docstring), and 1 once a worker's copy has
-        # yielded a row since (the training process's own state then knows nothing of them)
+        # [generation, epoch, workers read]: the training process's last set_epoch, shared with
+        # the copies persistent DataLoader workers hold (module docstring), and 1 once a
+        # worker's copy has yielded a row since (the training process's state does not count it)
         self._epoch_box = _shared_epoch(self.epoch)
         self._epoch_seen = 0
 
