@@ -92,9 +92,11 @@ def to_nemo_batch(cols: dict, convention: str) -> pa.RecordBatch:
         convention: ``unshifted`` or ``shifted``.
 
     Returns:
-        R rows of :func:`nemo_schema`: each row's real tokens (padding dropped), ``loss_mask[i]``
-        = the shifted label at ``i`` is not -100, ``seq_start_id`` = the first k entries of
-        ``cu_seqlens`` (k segments).
+        R rows of :func:`nemo_schema`: each row's real tokens (padding dropped, also the
+        padding inside the spans of a ``--segment-multiple`` output), ``loss_mask[i]`` = the
+        shifted label at ``i`` is not -100, ``seq_start_id`` = where each of the k segments
+        starts among the real tokens (the first k entries of ``cu_seqlens`` when padding lies
+        only at the tail).
 
     Raises:
         ValueError: an unknown convention.
@@ -111,11 +113,13 @@ def to_nemo_batch(cols: dict, convention: str) -> pa.RecordBatch:
         shifted = lab
     else:
         raise ValueError(f"labels convention {convention!r}: choose unshifted or shifted")
-    real = np.count_nonzero(seg, axis=1).astype(np.int64)  # shape: (R,), padding only at the tail
-    in_row = np.arange(C)[None, :] < real[:, None]  # shape: (R, C)
+    # real tokens: segment ids 1..k; 0 is padding, at the row's tail and, with
+    # --segment-multiple, after each document inside its span
+    in_row = seg != 0  # shape: (R, C)
+    real = np.count_nonzero(in_row, axis=1).astype(np.int64)  # shape: (R,)
     k = np.array([len(d) for d in cols["doc_ids"]], dtype=np.int64)  # shape: (R,)
-    starts = np.concatenate([np.asarray(c[:n]) for c, n in zip(cols["cu_seqlens"], k)]) \
-        if R else np.zeros(0)
+    starts = np.concatenate([np.cumsum(x) - x for x in segment_lengths(seg, k)]) \
+        if R else np.zeros(0)  # each sequence's first token among the row's real tokens
     schema = nemo_schema()
     arrays = [
         _list(ids[in_row].astype(np.int32), real, schema.field("input_ids").type),
@@ -128,6 +132,13 @@ def to_nemo_batch(cols: dict, convention: str) -> pa.RecordBatch:
               schema.field("doc_offsets").type),
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def segment_lengths(seg: np.ndarray, k: np.ndarray) -> list[np.ndarray]:
+    """Real tokens of each of a row's ``k[r]`` segments: int64[k[r]] per row of ``seg``
+    (int[R, C] segment ids 1..k, 0 on padding wherever it lies)."""
+    return [np.bincount(row, minlength=n + 1)[1:n + 1].astype(np.int64)
+            for row, n in zip(np.asarray(seg), np.asarray(k))]
 
 
 def _packed_blocks(out_dir) -> tuple[int, str, Iterator[dict]]:
@@ -236,8 +247,7 @@ def export_nemo(out_dir, dest, *, split: str = "training", overwrite: bool = Fal
                 batch = to_nemo_batch(cols, convention)
                 pending.append(batch)
                 k = np.array([len(d) for d in cols["doc_ids"]], dtype=np.int64)
-                lens = [np.diff(np.asarray(c[:n + 1], dtype=np.int64))
-                        for c, n in zip(cols["cu_seqlens"], k)]
+                lens = segment_lengths(cols["segment_ids"], k)  # real tokens, not spans
                 fed = np.array([int(x.sum()) - x.size for x in lens], dtype=np.int64)
                 rows += batch.num_rows
                 seqs += int(k.sum())

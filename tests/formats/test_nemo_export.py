@@ -151,3 +151,43 @@ def test_export_refuses_to_overwrite_and_names_what_is_wrong(tmp_path):
         "32_metadata.jsonl", "training_32.idx.parquet", "validation_32.idx.parquet"]
     res = invoke(["export", "--to", "nemo", tmp_path, tmp_path / "x"])
     assert res.exit_code == 1 and "Error:" in res.output and len(res.output.splitlines()) == 1
+
+
+@pytest.mark.parametrize("labels", ["none", "shifted"])
+def test_export_of_a_segment_multiple_output_keeps_real_tokens_only(tmp_path, labels):
+    """--segment-multiple pads each document inside its span: the export drops that padding
+    too, starts each sequence at its first real token and marks every real target (docs
+    [11,12,13],[21,22], C = 8, N = 2: the exact rows), and on a larger input holds every
+    document token for token with the pack's effective targets."""
+    src = tmp_path / "tiny.parquet"
+    pq.write_table(pa.table({"input_ids": [[11, 12, 13], [21, 22]]}), src)
+    out, dest = tmp_path / "out", tmp_path / "nemo"
+    assert invoke(["pack", "-q", "-c", 8, "--no-shuffle", "--segment-multiple", 2,
+                   "--labels", labels, src, out]).exit_code == 0
+    assert invoke(["export", "--to", "nemo", out, dest]).exit_code == 0
+    row = pq.read_table(dest / "training_8.idx.parquet").to_pylist()[0]
+    assert row["input_ids"] == [11, 12, 13, 21, 22]
+    assert row["seq_start_id"] == [0, 3]
+    assert row["loss_mask"] == [1, 1, 0, 1, 0]
+
+    docs = sft_docs(400, seed=3)
+    big = tmp_path / "docs.parquet"
+    pq.write_table(pa.Table.from_pylist(docs), big)
+    out2, dest2 = tmp_path / "out2", tmp_path / "nemo2"
+    assert invoke(["pack", "-q", "-c", 32, "--segment-multiple", 8, "--labels", labels,
+                   big, out2]).exit_code == 0
+    assert invoke(["export", "--to", "nemo", out2, dest2]).exit_code == 0
+    rows = nemo_read(dest2 / "training_32.idx.parquet")
+    _, manifest = read_output(out2)
+    pieces, targets = {}, 0
+    for r in rows:
+        for (inp, tgt, mask, _), piece, d, off in zip(r["seqs"], r["stored"], r["doc_ids"],
+                                                        r["doc_offsets"]):
+            doc, lab = docs[d]["input_ids"], docs[d]["labels"]
+            assert piece == doc[off:off + len(piece)]
+            assert mask == [int(x != IGNORE) for x in lab[off + 1:off + len(piece)]]
+            pieces.setdefault(d, {})[off] = piece
+            targets += sum(mask)
+    for d, doc in enumerate(docs):
+        assert [t for off in sorted(pieces[d]) for t in pieces[d][off]] == doc["input_ids"], d
+    assert targets == manifest.totals.effective_targets
