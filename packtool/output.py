@@ -162,7 +162,8 @@ class Output:
 
     Attributes after entry: ``path`` and ``tmp`` (:class:`~packtool.location.Location` of OUTPUT
     and of its scratch), ``complete`` (a finished identical output is there: nothing to do),
-    ``resume`` (an interrupted identical pack is there: keep its shards), ``windows_kept``
+    ``resume`` (an interrupted identical pack is there: keep its shards), ``replaced`` (an
+    interrupted pack of other options was there and is replaced: what it was, in words), ``windows_kept``
     (units kept in the scratch from an identical run that was killed: windows, read parts,
     read parts begun; what they are in ``kept``), ``shards_done`` (shards finished, written or
     kept, in this run), ``manifest`` (the :class:`~packtool.formats.manifest.Manifest` found
@@ -178,6 +179,7 @@ class Output:
                  options: dict | None = None):
         self.path = Location.parse(path)
         self.options = options
+        self.replaced: str | None = None  #: what of another run this one replaced, in words
         self.tmp = self.path.join(TMP_DIR_NAME)
         self.inputs = [Location.parse(p) for p in inputs]
         self.fingerprint = fingerprint
@@ -279,6 +281,10 @@ class Output:
             self.resume = marker.get("fingerprint") == self.fingerprint
             if not self.resume:
                 self.overwrite = True  # an interrupted pack of other options: ours to replace
+                done = sum(1 for n, e in found.items() if not e.is_dir and is_shard_name(n))
+                self.replaced = (f"an interrupted pack of "
+                                 f"{_differences(marker.get('options'), self.options)} "
+                                 f"({done} finished shard{'' if done == 1 else 's'})")
             elif isinstance(marker.get("shards"), dict):
                 self._promised = dict(marker["shards"])
             return
@@ -380,7 +386,8 @@ class Output:
 
     def _write_marker(self) -> None:
         self.path.join(IN_PROGRESS_NAME).publish_bytes(json.dumps(
-            {"fingerprint": self.fingerprint, "shards": {**self._promised, **self._written}},
+            {"fingerprint": self.fingerprint, "shards": {**self._promised, **self._written},
+             **({"options": self.options} if self.options is not None else {})},
             sort_keys=True).encode())
         self._marker_at = time.monotonic()
 

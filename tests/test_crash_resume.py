@@ -64,10 +64,12 @@ def kill_at(phase: str, src: Path, out: Path, options=OPTIONS) -> None:
         proc.stderr.close()
 
 
-def rerun(src: Path, out: Path, options=OPTIONS) -> dict:
+def rerun(src: Path, out: Path, options=OPTIONS, warnings: list | None = None) -> dict:
     res = invoke(["pack", "--json", *options, src, out])
     assert res.exit_code == 0, res.output
-    return json.loads(res.output)
+    if warnings is not None:
+        warnings.extend(line for line in res.stderr.splitlines() if line.startswith("WARNING"))
+    return json.loads(res.stdout)  # the summary; warnings go to stderr
 
 
 @pytest.mark.parametrize("phase,reused", [
@@ -97,8 +99,12 @@ def test_rerun_with_other_options_does_not_reuse_stale_shards(tmp_path, src):
     kill_at("write-shard:2", src, out)
     assert (out / "part-00001.parquet").exists()
     other = [o if o != "3" else "4" for o in OPTIONS]  # another --seed: other shard contents
-    result = rerun(src, out, other)
+    said = []
+    result = rerun(src, out, other, said)
     assert result["shards_reused"] == 0
+    # the run says what it replaced
+    assert any("OUTPUT held an interrupted pack of other options (seed: 3 -> 4) (" in w
+               and "finished shards): replaced by this pack" in w for w in said), said
     fresh = tmp_path / "fresh"
     rerun(src, fresh, other)
     assert hash_tree(out) == hash_tree(fresh)

@@ -269,7 +269,10 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
         source_column=cfg.source_column, source_values=source_values)
     out.commit(manifest, packed_schema(cfg.capacity, labels_mode, cfg.segment_multiple,
                                        sources=cfg.source_column is not None))
+    notes = _warnings(cfg, total)
+    if out.replaced:
+        notes.insert(0, f"OUTPUT held {out.replaced}: replaced by this pack")
     return PackResult(total, manifest, time.perf_counter() - t0, reused, False,
-                      _warnings(cfg, total), windows_reused=sum(i.reused for i in infos),
+                      notes, windows_reused=sum(i.reused for i in infos),
                       parts_reused=sum(i.reused for i in pinfos),
                       docs_reused=sum(i.docs if i.reused else i.resumed_docs for i in pinfos))
