@@ -173,6 +173,14 @@ def test_bad_text_input_gets_one_line_naming_file_and_line(tmp_path, hf_tokenize
                                                               tmp_path / "o7")
     assert "no such tokenizer file" in invoke(
         ["tokenize", "-q", "--tokenizer", tmp_path / "none.json", bad, tmp_path / "o8"]).output
+    # no documents at all (an empty file, blank lines only): refused as pack refuses them
+    empty, blank = tmp_path / "empty.jsonl", tmp_path / "blank.jsonl"
+    empty.write_text("")
+    blank.write_text("\n  \n\n")
+    for src, out in ((empty, "o9"), (blank, "o10")):
+        assert f"{src}: no text to tokenize: no documents (empty files or blank lines " \
+               "only); check the INPUT and --text-column" in run(src, tmp_path / out)
+        assert not (tmp_path / out).exists()
 
 
 def test_interrupted_tokenize_resumes_from_its_finished_shards(tmp_path, hf_tokenizer):

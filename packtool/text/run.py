@@ -39,6 +39,7 @@ from pathlib import Path
 from packtool._version import __version__
 from packtool.formats.manifest import (FORMAT_VERSION, TOKENIZED_KIND, InputEntry, Manifest,
                                        ShardEntry)
+from packtool.errors import InputError
 from packtool.formats.reader import discover
 from packtool.formats.text import (TOKENIZED_SCHEMA, TextBatch, iter_texts, tokenized_counts,
                                    tokenized_schema, write_tokenized_shard)
@@ -291,6 +292,10 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
                 finally:
                     texts.close()
                 inputs.append(InputEntry(Location.parse(f.path).display, n, f.bytes))
+        if not total.docs_in:  # as pack refuses an input of no documents
+            shown = ", ".join(Location.parse(p).display for p in cfg.inputs)
+            raise InputError(f"{shown}: no text to tokenize: no documents (empty files or blank "
+                             "lines only); check the INPUT and --text-column")
         manifest = Manifest(format_version=FORMAT_VERSION, packtool_version=__version__,
                             fingerprint=fp, options=options, inputs=tuple(inputs),
                             shards=tuple(outputs), totals=total, kind=TOKENIZED_KIND)
