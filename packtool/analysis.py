@@ -527,10 +527,14 @@ def format_packed(a: PackedAnalysis) -> str:
         lines.append("  rows per fill decile      " + " ".join(
             f"{10 * i}-{10 * i + 10}%:{n:,}" for i, n in enumerate(a.fill_hist)))
     n, nbytes, secs = a.hashed
-    lines.append(f"  integrity                 sha256 of {n:,} shard(s), {nbytes / 2**20:,.1f} MiB, "
-                 f"match the manifest ({secs:.2f} s; --no-hash skips it)" if n else
-                 "  integrity                 sha256 not checked (--no-hash); sizes, footers and "
-                 "page checksums of what was read were")
+    if n:
+        lines.append(f"  integrity                 sha256 of {n:,} shard(s), {nbytes / 2**20:,.1f} "
+                     f"MiB, match the manifest ({secs:.2f} s; --no-hash skips it)")
+    elif secs or not s.rows:  # hashed, or asked to: an output of no shards has none to check
+        lines.append("  integrity                 no shards to check (an output of 0 rows)")
+    else:
+        lines.append("  integrity                 sha256 not checked (--no-hash); the sizes, "
+                     "footers and page checksums of what was read were checked")
     if a.source_column is not None:
         w = _width((str(p["source"]) for p in a.per_source), len("source"))
         seg = ", a segment's own padding to its source" if a.segment_multiple > 1 else ""

@@ -206,3 +206,23 @@ def test_compare_shows_the_windowed_cost_that_pack_then_has(tmp_path):
     r = CliRunner().invoke(cli, ["stats", str(tmp_path / "o"), "--window-docs", "100"])
     assert r.exit_code == 2 and "--window-docs is an option of the dry run" in r.output
     assert "packtool compare" in r.output
+
+
+def test_stats_of_an_output_of_no_rows_says_there_is_nothing_to_hash(tmp_path):
+    """Every document dropped (--overflow drop): stats says there are no shards to check, not
+    that --no-hash was given (it was not), with and without --no-hash."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packcheck import invoke
+
+    pq.write_table(pa.table({"input_ids": [[1, 2, 3, 4, 5, 6]]}), tmp_path / "long.parquet")
+    out = tmp_path / "out"
+    assert invoke(["pack", "-q", "-c", 4, "--overflow", "drop", tmp_path / "long.parquet",
+                   out]).exit_code == 0
+    for extra in ([], ["--no-hash"]):
+        res = invoke(["stats", *extra, out])
+        assert res.exit_code == 0, res.output
+        line = next(x for x in res.output.splitlines() if "integrity" in x)
+        assert line.split() == ["integrity", "no", "shards", "to", "check", "(an", "output",
+                                "of", "0", "rows)"], line
