@@ -289,6 +289,15 @@ class Output:
                 self._promised = dict(marker["shards"])
             return
         others = [n for n in found if n != TMP_DIR_NAME]
+        own = (MANIFEST_NAME, IN_PROGRESS_NAME)
+        foreign = sorted(n for n in others if n not in own
+                         and not (not found[n].is_dir and is_shard_name(n)))
+        if foreign:  # never deleted, and beside the shards they would break Parquet readers
+            raise OutputError(f"{out.display}: OUTPUT holds {len(foreign)} entr"
+                              f"{'y' if len(foreign) == 1 else 'ies'} packtool did not write "
+                              f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
+                              "move them away or choose another location (--overwrite replaces "
+                              "only what packtool wrote)")
         if others and not self.overwrite:
             if m is not None:  # a finished pack of other options or inputs
                 was = dict(m.options)
@@ -299,14 +308,6 @@ class Output:
                                   "to replace it or choose another location")
             raise OutputError(f"{out.display}: OUTPUT is not empty; pass --overwrite to replace "
                               "it or choose another location")
-        own = (MANIFEST_NAME, IN_PROGRESS_NAME)
-        foreign = sorted(n for n in others if n not in own
-                         and not (not found[n].is_dir and is_shard_name(n)))
-        if foreign:  # never deleted, and beside the shards they would break Parquet readers
-            raise OutputError(f"{out.display}: OUTPUT holds {len(foreign)} entr"
-                              f"{'y' if len(foreign) == 1 else 'ies'} packtool did not write "
-                              f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
-                              "move them away or choose another location")
 
     def _open_scratch(self) -> None:
         """Open the scratch, keeping the finished units of a killed identical run.

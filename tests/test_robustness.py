@@ -351,8 +351,10 @@ def test_output_holding_foreign_files_is_refused_and_they_are_kept(tmp_path, src
     (out / "sub" / "y.txt").write_text("mine too")
     res = invoke(["pack", "-q", "-c", C, *(["--overwrite"] if overwrite else []), src, out])
     assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
-    if overwrite:
-        assert "did not write (notes.txt, sub)" in res.output
+    # with or without --overwrite, the one line names them (advising --overwrite would only
+    # lead to this refusal)
+    assert "did not write (notes.txt, sub)" in res.output
+    assert "--overwrite replaces only what packtool wrote" in res.output
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "sub"]
     assert (out / "notes.txt").read_text() == "mine"
 
