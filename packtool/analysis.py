@@ -538,8 +538,9 @@ def format_packed(a: PackedAnalysis) -> str:
     if a.source_column is not None:
         w = _width((str(p["source"]) for p in a.per_source), len("source"))
         seg = ", a segment's own padding to its source" if a.segment_multiple > 1 else ""
-        lines.append(f"  per source ({a.source_column}; a row's padding tail counts to the source "
-                     f"of its last segment{seg})")
+        lines.append(f"  per source ({a.source_column}; rows: those holding one of its segments, "
+                     "so a row of several sources counts once for each; a row's padding tail "
+                     f"counts to the source of its last segment{seg})")
         lines.append(f"    {'source':{w}} {'rows':>10} {'segments':>10} {'real tokens':>14} "
                      f"{'padding':>11} {'targets':>14}")
         for p in a.per_source:
