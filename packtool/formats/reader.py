@@ -582,6 +582,7 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
     skipped: list[str] = []
     notes: list[str] = []
     keys: list = []
+    origins: list[str] = []  # how each file was reached, for the message of a file given twice
     for given in inputs:
         fs, path, prefix = filesystem_of(given)
         place = _Place(fs, prefix, getattr(Location.parse(given), "query", ""))
@@ -606,6 +607,7 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
                 where = place.show(q) if prefix else Path(_location(given)) / rel
                 files.append(InputFile(where, rel, int(qi.size or 0), int(qi.mtime_ns or 0), fmt))
                 keys.append(place.key(q))
+                origins.append(f"inside INPUT {shown}")
         else:
             fmt = _format_of(_name(path), text)
             if fmt is None and text:
@@ -618,12 +620,15 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
             files.append(InputFile(shown, _name(path), int(info.size or 0),
                                    int(info.mtime_ns or 0), fmt))
             keys.append(place.key(path))
+            origins.append(f"as INPUT {shown}")
     seen: dict = {}
-    for f, key in zip(files, keys):
+    for f, key, origin in zip(files, keys, origins):
         if key in seen:
-            raise InputError(f"{f.path}: given twice (also as {seen[key]}); its documents would "
-                             "be packed twice: list each input once")
-        seen[key] = str(f.path)
+            path, before = seen[key]
+            also = f"{before} and {origin}" if path == str(f.path) else f"also as {path}"
+            raise InputError(f"{f.path}: given twice ({also}); its documents would be packed "
+                             "twice: list each input once")
+        seen[key] = (str(f.path), origin)
     return Discovery(files, skipped, notes)
 
 

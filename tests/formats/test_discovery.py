@@ -219,3 +219,13 @@ def test_files_a_save_to_disk_folder_does_not_list_are_reported(tmp_path):
     res = invoke(["pack", "--capacity", 4, hf, tmp_path / "out"])
     assert res.exit_code == 0, res.output
     assert "cache-1234.arrow" in res.output and "not listed in state.json" in res.output
+
+
+def test_a_file_given_itself_and_inside_its_directory_names_both_ways(tmp_path):
+    """INPUT dir/ and dir/a.parquet: the message says how the file was reached twice, not the
+    same path twice."""
+    src = tmp_path / "in"
+    a = write_docs(src / "a.parquet", [[1, 2]])
+    with pytest.raises(InputError) as err:
+        discover([src, a])
+    assert str(err.value).startswith(f"{a}: given twice (inside INPUT {src} and as INPUT {a});")
