@@ -163,8 +163,8 @@ class Output:
     Attributes after entry: ``path`` and ``tmp`` (:class:`~packtool.location.Location` of OUTPUT
     and of its scratch), ``complete`` (a finished identical output is there: nothing to do),
     ``resume`` (an interrupted identical pack is there: keep its shards), ``replaced`` (an
-    interrupted pack of other options was there and is replaced: what it was, in words), ``windows_kept``
-    (units kept in the scratch from an identical run that was killed: windows, read parts,
+    interrupted pack of other options was there and is replaced: what it was, in words),
+    ``windows_kept`` (units kept in the scratch from an identical run that was killed: windows, read parts,
     read parts begun; what they are in ``kept``), ``shards_done`` (shards finished, written or
     kept, in this run), ``manifest`` (the :class:`~packtool.formats.manifest.Manifest` found
     when ``complete``, or written).

@@ -544,9 +544,9 @@ def _runs(parts: list) -> list:
 
 
 def _shared_epoch(epoch: int):
-    """int64[3] ``[generation, epoch, workers yielded]`` in shared memory (a torch tensor: fork children share
-    its pages, spawn and forkserver workers receive it through torch's shared-memory
-    pickling; a plain pickle copies it)."""
+    """int64[3] ``[generation, epoch, workers yielded]`` in shared memory (a torch tensor:
+    fork children share its pages, spawn and forkserver workers receive it through torch's
+    shared-memory pickling; a plain pickle copies it)."""
     import torch
 
     box = torch.tensor([0, epoch, 0], dtype=torch.int64)
