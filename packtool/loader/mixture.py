@@ -158,14 +158,7 @@ class Mixture:
             raise ValueError(f"weights name other sources than given (missing: {missing}, "
                              f"unknown: {extra}); sources: {list(self.names)}")
         w = {n: weights[n] for n in self.names}
-        try:
-            apportion([w[n] for n in self.names], 0)  # validates
-        except ValueError:
-            bad = [n for n in self.names if not _good_weight(w[n])]
-            if not bad:
-                raise
-            raise ValueError(f"weight of source {bad[0]!r} is {w[bad[0]]!r}; weights are "
-                             "non-negative finite numbers") from None
+        apportion([w[n] for n in self.names], 0, self.names)  # validates, naming the source
         return w
 
     def _source_table(self):
@@ -234,9 +227,3 @@ class Mixture:
         """``name: share/rows`` of every source, for messages."""
         return ", ".join(f"{n}: {int(c)} of {int(r)} rows" for n, c, r
                          in zip(self.names, self.shares, self.rows))
-
-
-def _good_weight(x) -> bool:
-    """A non-negative finite number (not a bool)."""
-    return (not isinstance(x, bool) and isinstance(x, (int, float, np.integer, np.floating))
-            and bool(np.isfinite(x)) and x >= 0)

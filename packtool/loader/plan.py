@@ -77,7 +77,8 @@ def check_seed(seed: int) -> int:
     return int(seed)
 
 
-def apportion(weights: Sequence[float], total: int) -> np.ndarray:
+def apportion(weights: Sequence[float], total: int,
+              names: Sequence[str] | None = None) -> np.ndarray:
     """Integer shares of ``total`` rows proportional to ``weights`` (Hamilton's largest
     remainders): ``floor(total * w / sum(w))`` each, then one more row for the largest
     remainders (ties: lower index first). Exact for any weights: the shares sum to ``total``.
@@ -85,6 +86,7 @@ def apportion(weights: Sequence[float], total: int) -> np.ndarray:
     Args:
         weights: S non-negative finite numbers, at least one positive.
         total: rows to share (>= 0).
+        names: what the messages call each weight (default: its position).
 
     Returns:
         int64[S].
@@ -93,7 +95,7 @@ def apportion(weights: Sequence[float], total: int) -> np.ndarray:
         ValueError: a negative, infinite or NaN weight, all zero, or a negative total.
     """
     w = [Fraction(x).limit_denominator(10**12) if not isinstance(x, int) else Fraction(x)
-         for x in _finite(weights)]
+         for x in _finite(weights, names)]
     if total < 0:
         raise ValueError(f"rows per epoch must be >= 0, got {total}")
     s = sum(w)
@@ -108,13 +110,14 @@ def apportion(weights: Sequence[float], total: int) -> np.ndarray:
     return np.asarray(base, dtype=np.int64)
 
 
-def _finite(weights) -> list:
+def _finite(weights, names=None) -> list:
     out = []
     for i, x in enumerate(weights):
+        which = f"weight {i}" if names is None else f"weight of source {names[i]!r}"
         if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
-            raise ValueError(f"weight {i} is {x!r}; weights are non-negative numbers")
+            raise ValueError(f"{which} is {x!r}; weights are non-negative numbers")
         if not np.isfinite(x) or x < 0:
-            raise ValueError(f"weight {i} is {x!r}; weights are non-negative finite numbers")
+            raise ValueError(f"{which} is {x!r}; weights are non-negative finite numbers")
         out.append(int(x) if isinstance(x, (int, np.integer)) else float(x))
     return out
 
