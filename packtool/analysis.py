@@ -509,7 +509,9 @@ def format_packed(a: PackedAnalysis) -> str:
         f"  cut across segments       {s.docs_cut:,} documents (split ones, or cut by the "
         "concat stream)",
         f"  truncated                 {s.docs_truncated:,} documents, {s.tokens_truncated:,} tokens",
-        f"  dropped                   {s.docs_dropped:,} documents, {s.tokens_dropped:,} tokens",
+        f"  dropped                   {s.docs_dropped:,} documents, {s.tokens_dropped:,} tokens"
+        + (f" ({s.rows_dropped:,} planned row(s) under --min-fill left out)"
+           if s.rows_dropped else ""),
         f"  real tokens               {s.real_tokens:,}",
         f"  padding tokens            {s.padding_tokens:,} ({100 * s.padding_fraction:.3f}% of "
         f"rows * C)",

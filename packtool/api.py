@@ -45,7 +45,7 @@ def _config(inputs, output, **options):
 def pack(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str | os.PathLike, *,
          capacity: int = 2048, column: str = "input_ids", strategy: str = "obfd",
          overflow: str = "split", segment_multiple: int = 1, labels: str = "none",
-         pad_id: int = 0, append_eos: int | None = None, prepend_bos: int | None = None,
+         min_fill: float = 0.0, pad_id: int = 0, append_eos: int | None = None, prepend_bos: int | None = None,
          attention_mask_column: str | None = "auto", labels_column: str | None = "auto",
          loss_mask_column: str | None = "auto", skip_unsupported: bool = False,
          seed: int = 0, shuffle: bool = True, rows_per_shard: int = 8192,
@@ -79,7 +79,7 @@ def pack(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str | 
         inputs = [inputs]
     cfg = _config(inputs, output, capacity=capacity, column=column, strategy=strategy,
                   overflow=overflow, segment_multiple=segment_multiple, labels=labels,
-                  pad_id=pad_id, append_eos=append_eos,
+                  min_fill=min_fill, pad_id=pad_id, append_eos=append_eos,
                   prepend_bos=prepend_bos, attention_mask_column=attention_mask_column,
                   labels_column=labels_column, loss_mask_column=loss_mask_column,
                   skip_unsupported=skip_unsupported, seed=seed, shuffle=shuffle,
@@ -148,7 +148,7 @@ def _batches(data, kind: str, column: str, batch_rows: int):
 
 def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
                  strategy: str = "obfd", overflow: str = "split", segment_multiple: int = 1,
-                 labels: str = "none",
+                 labels: str = "none", min_fill: float = 0.0,
                  pad_id: int = 0, append_eos: int | None = None, prepend_bos: int | None = None,
                  attention_mask_column: str | None = "auto", labels_column: str | None = "auto",
                  loss_mask_column: str | None = "auto", source_column: str | None = None,
@@ -216,8 +216,8 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
 
     kind = _kind(data)
     options = dict(capacity=capacity, column=column, strategy=strategy, overflow=overflow,
-                   segment_multiple=segment_multiple, labels=labels, pad_id=pad_id,
-                   append_eos=append_eos,
+                   segment_multiple=segment_multiple, labels=labels, min_fill=min_fill,
+                   pad_id=pad_id, append_eos=append_eos,
                    prepend_bos=prepend_bos, attention_mask_column=attention_mask_column,
                    labels_column=labels_column, loss_mask_column=loss_mask_column,
                    source_column=source_column, shuffle=shuffle, seed=seed,

@@ -150,6 +150,10 @@ def _input_options(f):
                    "shifted: store them already shifted.")
 @click.option("--pad-id", type=int, default=0, show_default=True, metavar="ID",
               help="Token id written on padding.")
+@click.option("--min-fill", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              metavar="FRACTION",
+              help="Leave out planned rows holding fewer real tokens than FRACTION x C; their "
+                   "documents and tokens are counted as dropped (1: only rows without padding).")
 @click.option("--source-column", default=None, metavar="NAME",
               help="Input column (a string or integer per document: source, lang, domain) "
                    "carried into the rows as each segment's source_ids, the id -> value table "
@@ -191,7 +195,7 @@ def _input_options(f):
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_context
 def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, labels, pad_id,
-         source_column, append_eos, prepend_bos, attention_mask_column, labels_column,
+         min_fill, source_column, append_eos, prepend_bos, attention_mask_column, labels_column,
          loss_mask_column, skip_unsupported, seed, no_shuffle, rows_per_shard, row_group_mb,
          compression, workers, overwrite, window_docs, engine, ray_address, holdout,
          holdout_output, quiet, as_json):
@@ -220,7 +224,7 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
         raise click.UsageError("--ray-address applies only with --engine ray")
     cfg = PackConfig(inputs=tuple(paths[:-1]), output=paths[-1], capacity=capacity,
                      column=column, strategy=strategy, overflow=overflow,
-                     segment_multiple=segment_multiple, labels=labels,
+                     segment_multiple=segment_multiple, labels=labels, min_fill=min_fill,
                      pad_id=pad_id, append_eos=append_eos, prepend_bos=prepend_bos,
                      attention_mask_column=attention_mask_column, labels_column=labels_column,
                      loss_mask_column=loss_mask_column, seed=seed, shuffle=not no_shuffle,
@@ -285,7 +289,9 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
             f"  empty skipped {s.docs_empty:,}  cut across segments {s.docs_cut:,}  split "
             f"{s.docs_split:,} (+{s.split_fragments:,} pieces)  truncated {s.docs_truncated:,} "
             f"(-{s.tokens_truncated:,} tokens)  "
-            f"dropped {s.docs_dropped:,} (-{s.tokens_dropped:,} tokens)\n"
+            f"dropped {s.docs_dropped:,} (-{s.tokens_dropped:,} tokens)"
+            + (f", {s.rows_dropped:,} row(s) under --min-fill {cfg.min_fill:g} left out"
+               if s.rows_dropped else "") + "\n"
             f"  {result.seconds:.2f} s ({cfg.engine.value} engine, start-up included), "
             f"{rate / 1e6:.2f} M tokens/s"
             + (f", {result.shards_reused} shard(s) reused" if result.shards_reused else "")

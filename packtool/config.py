@@ -90,6 +90,10 @@ class PackConfig:
     """N: every document piece takes a multiple of N slots of its row, its tokens then padding
     (context parallelism: TransformerEngine's THD format splits each sequence into 2 x cp
     pieces, so N = 2 x cp). ``capacity`` must be a multiple of N."""
+    min_fill: float = 0.0
+    """F in [0, 1]: planned rows holding fewer than ``ceil(F * capacity)`` real tokens are not
+    written (their documents and tokens counted as dropped); 0 keeps every row, 1 keeps only
+    rows without padding (:func:`packtool.core.packing.drop_underfilled`)."""
     labels: LabelMode = LabelMode.NONE
     """Labels column written: ``none`` (default: not stored, readers derive the unshifted labels
     from input_ids and segment_ids), ``unshifted`` or ``shifted``."""
@@ -187,6 +191,9 @@ class PackConfig:
             bad("row_group_mb", self.row_group_mb, "must be a finite number > 0 MiB")
         if self.compression not in ("zstd", "lz4"):
             bad("compression", self.compression, "choose zstd or lz4")
+        if (isinstance(self.min_fill, bool) or not isinstance(self.min_fill, (int, float))
+                or not 0 <= self.min_fill <= 1):
+            bad("min_fill", self.min_fill, "must be a fraction of the capacity in [0, 1]")
         if self.rows_per_group is None:
             ncols = 3 if self.labels is LabelMode.NONE else 4
             object.__setattr__(self, "rows_per_group",
@@ -266,6 +273,8 @@ class PackConfig:
             d.pop("segment_multiple")
         if d["compression"] == "zstd":  # listed only when not the default, likewise
             d.pop("compression")
+        if not d["min_fill"]:
+            d.pop("min_fill")
         return d
 
 

@@ -44,8 +44,10 @@ class PackStats:
     split_fragments: int = 0  #: chunks beyond the first of split documents (each costs a target)
     docs_truncated: int = 0  #: documents cut to capacity (--overflow truncate)
     tokens_truncated: int = 0  #: tokens removed by truncation
-    docs_dropped: int = 0  #: documents left out (--overflow drop)
-    tokens_dropped: int = 0  #: tokens of dropped documents
+    #: documents left out: over capacity (--overflow drop), or every piece in a row under
+    #: --min-fill
+    docs_dropped: int = 0
+    tokens_dropped: int = 0  #: tokens of dropped documents, and of the rows under --min-fill
     docs_cut: int = 0  #: documents spread over more than one segment
     #: tokens read (after attention-mask removal and --prepend-bos/--append-eos)
     tokens_in: int = 0
@@ -67,6 +69,8 @@ class PackStats:
     segment_padding_tokens: int = 0
     #: rows the same documents take with ``--segment-multiple 1`` (the plan's rows when N = 1)
     rows_without_segment_padding: int = 0
+    #: planned rows left out for holding fewer real tokens than ``--min-fill`` asks
+    rows_dropped: int = 0
 
     def __add__(self, other: "PackStats") -> "PackStats":
         if not isinstance(other, PackStats):
@@ -126,6 +130,8 @@ class PackStats:
             tokens_lost=self.tokens_lost,
             full_attention_work=self.full_attention_work,
         )
+        if not d["rows_dropped"]:  # listed only with --min-fill: older manifests keep their form
+            d.pop("rows_dropped")
         return d
 
     @classmethod
@@ -181,6 +187,19 @@ class PackStats:
         return (f"--overflow {overflow} removed {100 * self.tokens_lost / self.tokens_in:.1f}% "
                 f"of the tokens ({self.tokens_lost:,} of {self.tokens_in:,}, {docs:,} documents "
                 "over --capacity); use --overflow split or a larger --capacity to keep them")
+
+    def min_fill_warning(self, min_fill: float, threshold: float = 0.01) -> str | None:
+        """A loud line when ``--min-fill`` left rows out and the tokens not written (its rows',
+        and those ``--overflow drop|truncate`` removed) are more than ``threshold`` (a fraction,
+        default 1 %) of the tokens read; None otherwise."""
+        if not self.rows_dropped or not self.tokens_in:
+            return None
+        if self.tokens_lost <= threshold * self.tokens_in:
+            return None
+        return (f"--min-fill {min_fill:g} left out {self.rows_dropped:,} planned rows: "
+                f"{100 * self.tokens_lost / self.tokens_in:.1f}% of the tokens read are not "
+                f"written ({self.tokens_lost:,} of {self.tokens_in:,}, --overflow losses "
+                "included); lower --min-fill to keep them")
 
     @classmethod
     def from_dict(cls, d: dict) -> "PackStats":

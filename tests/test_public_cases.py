@@ -374,3 +374,82 @@ def test_kind_B10_B11_tokens_conserved(tmp_path, docs, capacity, strategy, overf
         assert t["tokens_truncated"] == sum(len(d) - capacity for d in long_docs)
     else:
         assert t["tokens_dropped"] == sum(map(len, long_docs))
+
+
+def _stats_json(out):
+    import json
+
+    res = invoke(["stats", "--json", out])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+def test_B15_min_fill_leaves_the_partial_row_out_and_stats_describe_what_remains(tmp_path):
+    """B15: documents [[1,1,1,1],[2,2,2,2],[3]], C = 4, ``--min-fill 1`` (only full rows):
+    2 rows, 8 real tokens, 8 slots, padding 0, fill 1.0 (not 8/12 = 0.667), 1 document and 1
+    token dropped; ``stats`` recounts the same from the shards and agrees with the manifest."""
+    rows, manifest = pack_docs(tmp_path, [[1, 1, 1, 1], [2, 2, 2, 2], [3]], 4, "--min-fill", 1)
+    assert [r["input_ids"] for r in rows] == [[1, 1, 1, 1], [2, 2, 2, 2]]
+    t = manifest.totals
+    assert (t.rows, t.real_tokens, t.padding_tokens, t.fill) == (2, 8, 0, 1.0)
+    assert (t.docs_dropped, t.tokens_dropped, t.rows_dropped) == (1, 1, 1)
+    got = _stats_json(tmp_path / "out")
+    s = got["stats"]
+    assert (s["rows"], s["real_tokens"], s["padding_tokens"], s["fill"]) == (2, 8, 0, 1.0)
+    assert (s["docs_dropped"], s["tokens_dropped"], s["rows_dropped"]) == (1, 1, 1)
+    assert not got["mismatches"]
+    text = invoke(["stats", tmp_path / "out"]).output
+    assert "1 planned row(s) under --min-fill left out" in text
+
+
+def test_B15_dropping_every_row_reports_zeros_and_does_not_crash(tmp_path):
+    rows, manifest = pack_docs(tmp_path, [[3], [4, 5]], 4, "--min-fill", 1)
+    assert rows == []
+    s = _stats_json(tmp_path / "out")["stats"]
+    assert (s["rows"], s["real_tokens"], s["padding_tokens"], s["fill"]) == (0, 0, 0, 0.0)
+    assert (s["docs_dropped"], s["tokens_dropped"]) == (2, 3)
+
+
+@pytest.mark.parametrize("extra", [(), ("--window-docs", "3"), ("--segment-multiple", "2")])
+def test_min_fill_rows_all_reach_it_and_the_recount_agrees(tmp_path, extra):
+    """Random documents, some split: every row written holds >= ceil(0.9 C) real tokens, the
+    tokens written + dropped + truncated are the tokens read, and the recount (documents cut
+    over several segments included) agrees with the manifest."""
+    rng = random.Random(5)
+    docs = [[rng.randrange(1, 999) for _ in range(rng.randrange(1, 30))] for _ in range(40)]
+    rows, manifest = pack_docs(tmp_path, docs, 12, "--min-fill", 0.9, *extra)
+    real = [sum(1 for s in r["segment_ids"] if s) for r in rows]
+    assert rows and min(real) >= 11
+    t = manifest.totals
+    assert t.rows_dropped > 0
+    assert t.tokens_in == sum(real) + t.tokens_dropped + t.tokens_truncated
+    assert not _stats_json(tmp_path / "out")["mismatches"]
+
+
+def test_min_fill_out_of_range_is_a_usage_error(tmp_path):
+    src = write_docs(tmp_path / "in.parquet", AB)
+    res = invoke(["pack", "--min-fill", "1.5", "-c", 4, src, tmp_path / "out"])
+    assert res.exit_code == 2 and "--min-fill" in res.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_default_min_fill_keeps_the_manifest_form(tmp_path):
+    """Without --min-fill the manifest lists neither the option nor rows_dropped (outputs packed
+    before it existed keep their fingerprint); a rerun with it is refused, naming it."""
+    _, manifest = pack_docs(tmp_path, AB, 4)
+    raw = manifest.to_dict()
+    assert "min_fill" not in raw["options"] and "rows_dropped" not in raw["totals"]
+    res = invoke(["pack", "--no-shuffle", "-q", "--labels", "unshifted", "-c", 4, "--min-fill",
+                  1, tmp_path / "in" / "docs.parquet", tmp_path / "out"])
+    assert res.exit_code != 0 and "min_fill" in res.output, res.output
+
+
+def test_min_fill_losing_more_than_one_percent_warns(tmp_path):
+    import json
+
+    src = write_docs(tmp_path / "in.parquet", [[1, 1, 1, 1], [2, 2, 2, 2], [3]])
+    res = invoke(["pack", "--json", "--min-fill", 1, "-c", 4, src, tmp_path / "out"])
+    assert res.exit_code == 0, res.output
+    warnings = json.loads(res.output[res.output.index("{"):])["warnings"]
+    assert len(warnings) == 1 and "--min-fill 1 left out 1 planned rows" in warnings[0]
+    assert "1 of 9" in warnings[0]

@@ -44,6 +44,7 @@ is the padding inside the rows plus the rows it adds; ``pack`` records both (``s
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,7 +53,8 @@ from packtool.core import _kernels as K
 from packtool.errors import ConfigError, PackingError
 from packtool.types import Overflow, Strategy
 
-__all__ = ["PackPlan", "pack_lengths", "segment_spans", "MAX_CAPACITY"]
+__all__ = ["PackPlan", "drop_underfilled", "min_fill_tokens", "pack_lengths", "segment_spans",
+           "MAX_CAPACITY"]
 
 #: Largest accepted capacity (tokens per row). Rows are stored as int32 lists; 2**24 tokens per
 #: row is already 64 MiB per column per row.
@@ -120,6 +122,7 @@ def pack_lengths(
     strategy: Strategy | str = Strategy.OBFD,
     overflow: Overflow | str = Overflow.SPLIT,
     segment_multiple: int = 1,
+    min_fill: float = 0.0,
 ) -> PackPlan:
     """Plan rows of exactly ``capacity`` tokens from document lengths.
 
@@ -134,6 +137,9 @@ def pack_lengths(
         segment_multiple: N >= 1: every segment takes a multiple of N slots of its row (the
             lengths are planned rounded up; see the module docstring). ``capacity`` must be a
             multiple of N.
+        min_fill: F in [0, 1]: rows holding fewer than ``ceil(F * capacity)`` real tokens are
+            left out of the plan (:func:`drop_underfilled`; 0 keeps every row, 1 keeps only rows
+            without padding).
 
     Returns:
         A :class:`PackPlan` whose ``seg_len`` are real tokens. ``counts`` holds ``docs_in``, ``tokens_in``, ``docs_empty``,
@@ -142,8 +148,9 @@ def pack_lengths(
         ``docs_cut`` (documents spread over more than one segment).
 
     Raises:
-        ConfigError: capacity out of range, an unknown strategy/overflow name, or
-            ``segment_multiple`` < 1 or not a divisor of ``capacity``.
+        ConfigError: capacity out of range, an unknown strategy/overflow name,
+            ``segment_multiple`` < 1 or not a divisor of ``capacity``, or ``min_fill`` outside
+            [0, 1].
         PackingError: a negative length, or a document over capacity with ``overflow="error"``
             (the message names the document index and its length).
     """
@@ -174,6 +181,13 @@ def pack_lengths(
             f"document {bad} has {int(lengths[bad])} tokens, more than --capacity {capacity}; "
             "use --overflow split|truncate|drop or a larger capacity"
         )
+    if not isinstance(min_fill, (int, float, np.integer, np.floating)) or not 0 <= min_fill <= 1:
+        raise ConfigError(f"min_fill must be a fraction of the capacity in [0, 1], "
+                          f"got {min_fill!r}")
+    if min_fill > 0:
+        plan = pack_lengths(lengths, capacity, strategy=strategy, overflow=overflow,
+                            segment_multiple=segment_multiple)
+        return drop_underfilled(plan, min_fill_tokens(min_fill, capacity))
     if segment_multiple > 1:
         return _plan_padded(lengths, capacity, strategy, overflow, segment_multiple)
     code = _OVERFLOW_CODE.get(overflow, K.OVERFLOW_SPLIT)
@@ -197,6 +211,49 @@ def pack_lengths(
         seg_doc, seg_offset, seg_len = chunks[:, 0], chunks[:, 1], chunks[:, 2]  # views
         counts["docs_cut"] = counts["docs_split"]  # only split documents span several segments
     return PackPlan(capacity, row_offsets, seg_doc, seg_offset, seg_len, counts)
+
+
+def min_fill_tokens(min_fill: float, capacity: int) -> int:
+    """``ceil(min_fill * capacity)`` real tokens, the product rounded to 9 decimals first (so
+    0.3 of 10 is 3, not the 4 of its binary rounding)."""
+    return math.ceil(round(float(min_fill) * int(capacity), 9))
+
+
+def drop_underfilled(plan: PackPlan, min_tokens: int) -> PackPlan:
+    """``plan`` without the rows holding fewer than ``min_tokens`` real tokens (``pack
+    --min-fill``: e.g. every row full, no padding, when ``min_tokens`` is the capacity).
+
+    The kept rows stay in their order, their segments unchanged. Counts: ``rows_dropped``;
+    ``tokens_dropped`` grows by the real tokens of the dropped rows; ``docs_dropped`` by the
+    documents none of whose pieces is kept (a split document that keeps some pieces counts
+    only its lost tokens); ``docs_cut`` becomes the documents spread over more than one kept
+    segment.
+
+    Args:
+        plan: a :class:`PackPlan`.
+        min_tokens: real tokens a row needs to be kept (<= 0 keeps every row).
+
+    Returns:
+        A new :class:`PackPlan` (``plan`` itself when no row is dropped).
+    """
+    real = plan.row_lengths()  # shape: (num_rows,)
+    keep = real >= min_tokens
+    if keep.all():
+        return plan
+    per_row = np.diff(plan.row_offsets)  # shape: (num_rows,), segments per row
+    seg_keep = np.repeat(keep, per_row)  # shape: (S,)
+    row_offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
+    np.cumsum(per_row[keep], out=row_offsets[1:])
+    kept_docs, kept_pieces = np.unique(plan.seg_doc[seg_keep], return_counts=True)
+    all_docs = np.unique(plan.seg_doc)
+    counts = dict(plan.counts)
+    counts["rows_dropped"] = counts.get("rows_dropped", 0) + int((~keep).sum())
+    counts["tokens_dropped"] = counts.get("tokens_dropped", 0) + int(real[~keep].sum())
+    counts["docs_dropped"] = counts.get("docs_dropped", 0) + int(all_docs.size - kept_docs.size)
+    counts["docs_cut"] = int(np.count_nonzero(kept_pieces > 1))
+    return PackPlan(plan.capacity, row_offsets, plan.seg_doc[seg_keep],
+                    plan.seg_offset[seg_keep], plan.seg_len[seg_keep], counts,
+                    plan.segment_multiple)
 
 
 def _plan_padded(lengths: np.ndarray, capacity: int, strategy: Strategy, overflow: Overflow,

@@ -99,6 +99,22 @@ def reference_pack(lengths, capacity, strategy="obfd", overflow="split", segment
     return [b[2] for b in bins]
 
 
+def reference_drop_underfilled(rows, min_tokens):
+    """``rows`` (as :func:`reference_pack` gives them) without those holding fewer than
+    ``min_tokens`` real tokens, and what was lost: ``(kept, rows_dropped, tokens_dropped,
+    docs_dropped, docs_cut)``, a document dropped when none of its pieces is kept, cut when
+    more than one is."""
+    kept = [row for row in rows if sum(n for _, _, n in row) >= min_tokens]
+    lost = [row for row in rows if sum(n for _, _, n in row) < min_tokens]
+    pieces = {}
+    for row in kept:
+        for d, _, _ in row:
+            pieces[d] = pieces.get(d, 0) + 1
+    before = {d for row in rows for d, _, _ in row}
+    return (kept, len(lost), sum(n for row in lost for _, _, n in row),
+            len(before - set(pieces)), sum(1 for c in pieces.values() if c > 1))
+
+
 def reference_layout(rows, docs, capacity, pad_id=0, labels="unshifted", targets=None,
                      segment_multiple=1):
     """Columns of each row as plain lists: a list of dicts with the contract's fields.

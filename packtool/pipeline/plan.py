@@ -252,10 +252,11 @@ def plan_window(cfg, windows: Windows, w: int, index: PartIndex, tmp: str) -> Wi
         if cfg.overflow is Overflow.ERROR:
             _check_overflow(cfg.capacity, index, docs, lengths)
         plan = pack_lengths(lengths, cfg.capacity, strategy=cfg.strategy, overflow=cfg.overflow,
-                            segment_multiple=cfg.segment_multiple)
+                            segment_multiple=cfg.segment_multiple, min_fill=cfg.min_fill)
         # what --segment-multiple costs: the rows of the same documents without it
         rows_plain = plan.num_rows if cfg.segment_multiple == 1 else pack_lengths(
-            lengths, cfg.capacity, strategy=cfg.strategy, overflow=cfg.overflow).num_rows
+            lengths, cfg.capacity, strategy=cfg.strategy, overflow=cfg.overflow,
+            min_fill=cfg.min_fill).num_rows
         order = window_row_order(plan.num_rows, seed=cfg.seed, window=w, shuffle=cfg.shuffle)
         row_index, seg = _rows_in_order(plan, order)
         del order
