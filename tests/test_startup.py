@@ -1,0 +1,58 @@
+"""What a command's process loads at start: ``stats`` needs neither pandas (pyarrow imports it
+for its own conversions when it is installed) nor Numba; Numba's cffi support is off in the
+command line's process only, and ``cffi`` stays importable there."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from packcheck import write_docs
+from packtool.formats.packed import _numpy
+
+
+def _run(code: str) -> str:
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+@pytest.mark.parametrize("typ", [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(),
+                                 pa.uint16(), pa.uint32(), pa.uint64()])
+def test_integer_columns_are_viewed_exactly_as_pyarrow_converts_them(typ):
+    arr = pa.array([3, 0, 7, 1, 2, 5], typ)
+    for a in (arr, arr.slice(2, 3), arr.slice(6), pa.array([], typ)):
+        got, want = _numpy(a), a.to_numpy(zero_copy_only=False)
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+    offs = pa.array([[1, 2], [], [3, 4, 5]], pa.list_(pa.int32())).slice(1).offsets
+    assert np.array_equal(_numpy(offs), offs.to_numpy())
+
+
+def test_other_columns_go_through_pyarrow():
+    for a in (pa.array([1, None, 3], pa.int32()), pa.array(["a", "b"]), pa.array([1.5, 2.0])):
+        got, want = _numpy(a), a.to_numpy(zero_copy_only=False)
+        assert got.dtype == want.dtype
+        assert [str(x) for x in got] == [str(x) for x in want]
+
+
+def test_stats_imports_neither_pandas_nor_numba(tmp_path):
+    src = write_docs(tmp_path / "in.parquet", [[1, 2, 3], [4, 5]])
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, "-m", "packtool", "pack", "-q", "-c", "4", str(src), str(out)],
+                   check=True, timeout=300)
+    got = _run(f"""
+import sys
+from packtool.cli import main
+sys.argv = ["packtool", "stats", {str(out)!r}]
+try:
+    main()
+except SystemExit as e:
+    assert not e.code, e.code
+print(sorted(m for m in ("pandas", "numba") if m in sys.modules))
+""")
+    assert got.strip().splitlines()[-1] == "[]"
