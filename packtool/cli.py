@@ -878,6 +878,8 @@ def main() -> None:
     """Console entry point (see :func:`packtool.__main__.main`, which also handles an early
     Ctrl-C)."""
     from packtool.formats.memory import prepare
+    from packtool.startup import numba_without_cffi
 
     prepare()  # Arrow's jemalloc options, before pyarrow is imported (formats/memory.py)
+    numba_without_cffi()
     cli(prog_name="packtool")

@@ -10,10 +10,12 @@ imports neither numba nor the kernels.
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
+import sys
 from pathlib import Path
 
-__all__ = ["kernels_cached", "compile_note"]
+__all__ = ["kernels_cached", "compile_note", "numba_without_cffi"]
 
 _KERNELS = Path(__file__).resolve().parent / "core" / "_kernels.py"
 
@@ -33,3 +35,59 @@ def compile_note() -> str | None:
         return None
     return ("packtool: first run after install: compiling the packing kernels (a few seconds, "
             "once; cached for later runs)")
+
+
+_CFFI_UTILS = "numba.core.typing.cffi_utils"
+
+
+class _HideCffi:
+    """Loader of Numba's cffi module that runs it with ``cffi`` hidden (the real loader does
+    the work)."""
+
+    def __init__(self, loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        missing = object()
+        saved = sys.modules.get("cffi", missing)
+        sys.modules["cffi"] = None  # ``import cffi`` raises ImportError while this is set
+        try:
+            self.loader.exec_module(module)
+        finally:
+            if saved is missing:
+                del sys.modules["cffi"]
+            else:
+                sys.modules["cffi"] = saved
+
+
+class _NumbaCffiFinder:
+    """Finds Numba's cffi module (once) and hands it to :class:`_HideCffi`."""
+
+    def find_spec(self, name, path, target=None):
+        if name != _CFFI_UTILS:
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _HideCffi(spec.loader)
+        return spec
+
+
+def numba_without_cffi() -> None:
+    """Turn off Numba's support for calling cffi functions in this process: for the command
+    line's own process only (no packtool kernel calls cffi).
+
+    When cffi is installed (``cryptography`` brings it), Numba's typing registry imports it on
+    the first kernel call and builds a C parser: 0.08 CPU-s of the start-up of every command
+    that runs a kernel (``docs/benchmarks.md``). From this call on, Numba's cffi module, when
+    it is first imported, runs with ``cffi`` hidden, so it records cffi as missing; nothing
+    else changes: Numba is not imported here, and ``cffi`` stays importable by anything else.
+    Does nothing when that module is already imported.
+    """
+    if _CFFI_UTILS in sys.modules or any(isinstance(f, _NumbaCffiFinder) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _NumbaCffiFinder())

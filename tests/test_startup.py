@@ -56,3 +56,27 @@ except SystemExit as e:
 print(sorted(m for m in ("pandas", "numba") if m in sys.modules))
 """)
     assert got.strip().splitlines()[-1] == "[]"
+
+
+def test_the_command_line_turns_off_numbas_cffi_support_only(tmp_path):
+    """After the CLI's hook, a kernel call does not import cffi's C parser (pycparser), Numba
+    records cffi as unsupported, and cffi itself (when installed) still imports."""
+    pytest.importorskip("numba")
+    got = _run("""
+import sys
+from packtool.startup import numba_without_cffi
+numba_without_cffi()
+numba_without_cffi()  # once is enough: a second call adds nothing
+from packtool.core import pack_lengths
+assert pack_lengths([3, 1], 4).num_rows == 1
+from numba.core.typing import cffi_utils
+print(cffi_utils.SUPPORTED, "pycparser" in sys.modules)
+try:
+    import cffi
+    print("cffi", cffi.FFI is not None)
+except ImportError:
+    print("cffi missing")
+""")
+    lines = got.split("\n")
+    assert lines[0] == "False False"
+    assert lines[1] in ("cffi True", "cffi missing")
