@@ -359,7 +359,7 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
                        overflow: str = Overflow.SPLIT,
                        strategies=(Strategy.CONCAT, Strategy.ORDERED, Strategy.OBFD),
                        targets: np.ndarray | None = None,
-                       window_docs: int | None = None) -> list:
+                       window_docs: int | None = None, min_fill: float = 0.0) -> list:
     """Dry-run each strategy on document lengths alone.
 
     Every figure is in absolute units, so the dicts compare directly across strategies.
@@ -374,6 +374,10 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
             ``pack --window-docs`` deals them (:mod:`packtool.core.windows`): one more dict,
             with ``window_docs`` and ``windows`` set (it takes no part in
             :func:`least_waste`).
+        min_fill: as ``pack --min-fill``: each plan without its rows under
+            ``ceil(min_fill * capacity)`` real tokens (:func:`packtool.core.packing.pack_lengths`);
+            every dict then also has ``rows_dropped`` and ``tokens_dropped`` (tokens not
+            written: those rows', and those ``overflow`` drops).
 
     Returns:
         One dict per strategy: ``strategy``, ``rows``, ``lower_bound_rows`` (ceil(tokens / C)),
@@ -403,8 +407,8 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
     if window_docs is not None:
         runs.append((f"obfd, windows of {window_docs:,}", Strategy.OBFD, window_docs))
     for label, s, wd in runs:
-        plan = (pack_lengths(lengths, capacity, strategy=s, overflow=overflow) if wd is None
-                else _windowed_plan(lengths, capacity, wd, overflow))
+        plan = (pack_lengths(lengths, capacity, strategy=s, overflow=overflow, min_fill=min_fill)
+                if wd is None else _windowed_plan(lengths, capacity, wd, overflow, min_fill))
         seg_len = plan.seg_len.astype(np.int64)  # shape: (num_segments,)
         real = int(seg_len.sum())
         effective = int(plan_segment_targets(plan, doc_starts, targets).sum())
@@ -416,6 +420,9 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
         slots = rows * capacity
         extra = {} if wd is None else {"window_docs": wd,
                                        "windows": plan_windows(lengths.size, wd).count}
+        if min_fill:
+            extra.update(rows_dropped=int(plan.counts.get("rows_dropped", 0)),
+                         tokens_dropped=int(plan.counts["tokens_dropped"]))
         out.append({
             **extra,
             "strategy": label, "rows": rows, "lower_bound_rows": lb, "extra_rows": rows - lb,
@@ -437,7 +444,8 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
     return out
 
 
-def _windowed_plan(lengths: np.ndarray, capacity: int, window_docs: int, overflow):
+def _windowed_plan(lengths: np.ndarray, capacity: int, window_docs: int, overflow,
+                   min_fill: float = 0.0):
     """One plan of every window of ``pack --window-docs``, planned alone and concatenated
     (documents numbered globally): what the windowed pack's rows hold, without the tokens
     (a :class:`packtool.core.packing.PackPlan`)."""
@@ -448,7 +456,7 @@ def _windowed_plan(lengths: np.ndarray, capacity: int, window_docs: int, overflo
     plans, counts = [], {}
     for w in range(ws.count):
         docs = ws.members(w)
-        p = pack_lengths(lengths[docs], capacity, overflow=overflow)
+        p = pack_lengths(lengths[docs], capacity, overflow=overflow, min_fill=min_fill)
         plans.append((p, docs))
         for k, v in p.counts.items():
             counts[k] = counts.get(k, 0) + v
@@ -469,7 +477,8 @@ def _windowed_plan(lengths: np.ndarray, capacity: int, window_docs: int, overflo
 def least_waste(rows: list) -> dict:
     """The strategy that wastes least among :func:`compare_strategies`' results.
 
-    Waste is padding (tokens a step computes on for nothing); only strategies that cut no
+    Waste is padding (tokens a step computes on for nothing), plus, in a dry run with
+    ``min_fill``, the tokens not written (``tokens_dropped``); only strategies that cut no
     document that fits in one row compete (cutting such a document costs a target and breaks
     its context); ties go to fewer rows, then to the order given.
 
@@ -478,7 +487,7 @@ def least_waste(rows: list) -> dict:
     """
     rows = [r for r in rows if "window_docs" not in r] or rows  # strategies, not windowings
     whole = [r for r in rows if r["docs_cut_below_capacity"] == 0] or rows
-    return min(whole, key=lambda r: (r["padding_tokens"], r["rows"]))
+    return min(whole, key=lambda r: (r["padding_tokens"] + r.get("tokens_dropped", 0), r["rows"]))
 
 
 def _n(count: int, noun: str) -> str:
@@ -573,6 +582,8 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int) -> str
     """Human side-by-side table of :func:`compare_strategies`, then which strategy wastes least
     (:func:`least_waste`). Every column is absolute, so rows compare across strategies."""
     lb = rows[0]["lower_bound_rows"] if rows else 0
+    if rows and "rows_dropped" in rows[0]:  # rows written differ per strategy: the input's bound
+        lb = -(-tokens // capacity)
     cols = [("strategy", "s", lambda r: r["strategy"]),
             ("rows", ",", lambda r: r["rows"]),
             ("extra rows", ",", lambda r: r["extra_rows"]),
@@ -582,6 +593,9 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int) -> str
             ("of them <= C", ",", lambda r: r["docs_cut_below_capacity"]),
             ("effective targets", ",", lambda r: r["effective_targets"]),
             ("attention M token^2", ",.0f", lambda r: r["attention_work"] / 1e6)]
+    if rows and "rows_dropped" in rows[0]:  # a dry run with --min-fill
+        cols[4:4] = [("rows dropped", ",", lambda r: r["rows_dropped"]),
+                     ("tokens dropped", ",", lambda r: r["tokens_dropped"])]
     cells = [[format(f(r), spec) for _, spec, f in cols] for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _, _) in enumerate(cols)]
 
@@ -594,14 +608,23 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int) -> str
            line([h for h, _, _ in cols])] + [line(c) for c in cells]
     if rows:
         best = least_waste(rows)
-        fewest = min(rows, key=lambda r: r["padding_tokens"])
+        dropped = "tokens_dropped" in best  # a dry run with --min-fill: dropped tokens are waste
+
+        def waste(r):
+            return r["padding_tokens"] + r.get("tokens_dropped", 0)
+
+        fewest = min(rows, key=waste)
+        lost = f"{_n(best['tokens_dropped'], 'token')} dropped, " if dropped else ""
         verdict = (f"least waste: {best['strategy']} ({best['padding_tokens']:,} padding tokens, "
-                   f"{_n(best['extra_rows'], 'row')} over ceil(tokens/C), no document that fits in "
-                   "a row cut)" if best["docs_cut_below_capacity"] == 0 else
-                   f"least padding: {best['strategy']} ({best['padding_tokens']:,} tokens)")
-        if fewest is not best and fewest["padding_tokens"] < best["padding_tokens"]:
-            verdict += (f"; {fewest['strategy']} pads less ({fewest['padding_tokens']:,}) but "
-                        f"cuts {fewest['docs_cut_below_capacity']:,} documents that fit in a row")
+                   f"{lost}{_n(best['extra_rows'], 'row')} over ceil(tokens/C), no document that "
+                   "fits in a row cut)" if best["docs_cut_below_capacity"] == 0 else
+                   f"least {'waste' if dropped else 'padding'}: {best['strategy']} "
+                   f"({best['padding_tokens']:,} padding tokens"
+                   + (f", {best['tokens_dropped']:,} dropped)" if dropped else ")"))
+        if fewest is not best and waste(fewest) < waste(best):
+            verdict += (f"; {fewest['strategy']} {'wastes' if dropped else 'pads'} less "
+                        f"({waste(fewest):,}) but cuts {fewest['docs_cut_below_capacity']:,} "
+                        "documents that fit in a row")
         out.append(verdict)
     out.append("padding %: of rows * C; docs cut: documents spread over several segments (of "
                "them <= C: ones that fit in one row);\nattention: sum of segment_len^2 with "

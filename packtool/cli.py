@@ -424,7 +424,8 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
         skip_unsupported=cfg.skip_unsupported)
     lengths = docs.lengths
     rows = analysis.compare_strategies(lengths, cfg.capacity, overflow=cfg.overflow,
-                                       targets=docs.targets, window_docs=cfg.window_docs)
+                                       targets=docs.targets, window_docs=cfg.window_docs,
+                                       min_fill=cfg.min_fill)
     notes = _input_notes(docs.discovery, docs.columns)
     mask = _mask_note(_input_mask_stats(docs))
     if mask:
@@ -480,10 +481,15 @@ def _input_mask_stats(docs):
 @click.option("--window-docs", type=click.IntRange(min=1), default=None, metavar="N",
               help="Also dry-run obfd in windows of N documents, as pack --window-docs deals "
                    "them.")
+@click.option("--min-fill", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              metavar="FRACTION",
+              help="As pack --min-fill: each plan without its rows under FRACTION x C real "
+                   "tokens; adds the rows and tokens dropped, counted as waste.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @_PLOT_OPTION
 def compare(inputs, capacity, column, overflow, append_eos, prepend_bos, attention_mask_column,
-            labels_column, loss_mask_column, skip_unsupported, window_docs, as_json, plot):
+            labels_column, loss_mask_column, skip_unsupported, window_docs, min_fill, as_json,
+            plot):
     """Dry-run concat, ordered and obfd on raw tokenized INPUT side by side, at capacity C.
 
     INPUT is read exactly as packtool pack reads it (the same files, mask columns and
@@ -497,7 +503,7 @@ def compare(inputs, capacity, column, overflow, append_eos, prepend_bos, attenti
                         append_eos=append_eos, prepend_bos=prepend_bos,
                         attention_mask_column=attention_mask_column, labels_column=labels_column,
                         loss_mask_column=loss_mask_column, skip_unsupported=skip_unsupported,
-                        window_docs=window_docs)
+                        window_docs=window_docs, min_fill=min_fill)
     _run_compare(cfg, as_json, plot)
 
 

@@ -306,10 +306,15 @@ class CompareConfig:
     window_docs: int | None = None
     """Also dry-run ``obfd`` in windows of this many documents, dealt as ``pack --window-docs``
     deals them; None: one global plan only."""
+    min_fill: float = 0.0
+    """As :attr:`PackConfig.min_fill`: each plan without its rows under the fill fraction."""
 
     def __post_init__(self) -> None:
         if self.window_docs is not None and self.window_docs < 1:
             _bad("window_docs", self.window_docs, "must be >= 1")
+        if (isinstance(self.min_fill, bool) or not isinstance(self.min_fill, (int, float))
+                or not 0 <= self.min_fill <= 1):
+            _bad("min_fill", self.min_fill, "must be a fraction of the capacity in [0, 1]")
         try:
             object.__setattr__(self, "overflow", Overflow(self.overflow))
         except ValueError:

@@ -208,6 +208,34 @@ def test_compare_shows_the_windowed_cost_that_pack_then_has(tmp_path):
     assert "packtool compare" in r.output
 
 
+def test_compare_min_fill_shows_what_pack_min_fill_then_drops(tmp_path):
+    """``compare --min-fill F``: each plan without its rows under F x C, the rows and tokens
+    dropped beside the padding; obfd and the windowed row equal ``pack --min-fill F`` (with and
+    without windows); least waste counts the dropped tokens as waste."""
+    from packtool.config import PackConfig
+    from packtool.pipeline import run_pack
+
+    r = CliRunner().invoke(cli, ["compare", str(ROOT / "sample_data"), "--capacity", "512",
+                                 "--json", "--window-docs", "100", "--min-fill", "0.99"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["strategies"]
+    assert all(x["rows_dropped"] > 0 for x in rows)
+    for row, wd in ((rows[2], None), (rows[3], 100)):
+        res = run_pack(PackConfig(inputs=(str(ROOT / "sample_data"),),
+                                  output=str(tmp_path / f"o{wd}"), capacity=512, window_docs=wd,
+                                  min_fill=0.99), progress=False)
+        s = res.stats
+        assert (row["rows"], row["padding_tokens"], row["segments"], row["rows_dropped"],
+                row["tokens_dropped"], row["effective_targets"]) == \
+            (s.rows, s.padding_tokens, s.segments, s.rows_dropped, s.tokens_dropped,
+             s.effective_targets)
+    text = CliRunner().invoke(cli, ["compare", str(ROOT / "sample_data"), "--capacity", "512",
+                                    "--min-fill", "0.99"]).output
+    assert "rows dropped" in text and "tokens dropped" in text
+    plain = compare_strategies(np.array([5, 300, 700, 20]), 512)
+    assert all("rows_dropped" not in x for x in plain)
+
+
 def test_stats_of_an_output_of_no_rows_says_there_is_nothing_to_hash(tmp_path):
     """Every document dropped (--overflow drop): stats says there are no shards to check, not
     that --no-hash was given (it was not), with and without --no-hash."""
