@@ -53,7 +53,7 @@ class PackedAnalysis:
     fill_counts: np.ndarray  #: int64[C + 1], rows holding exactly i real tokens
     segment_length_counts: np.ndarray  #: int64[C + 1], real segments of exactly i tokens
     per_bin: list = field(default_factory=list)  #: per row: shard, row, targets, segment targets
-    documents: int = 0  #: distinct documents in the shards (segments at offset 0)
+    documents: int = 0  #: distinct documents in the shards (document ids in any segment)
     per_bin_limit: int | None = None  #: rows listed at most in ``per_bin`` (None: all)
     #: shards and bytes whose sha256 was checked against the manifest, and the seconds it took
     #: (0 shards: skipped with ``check_hashes=False``)
@@ -128,13 +128,14 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
     :class:`packtool.formats.packed.PackedOutput`).
 
     The recount reads only the structural columns (``cu_seqlens``, ``doc_ids``,
-    ``doc_offsets``, ``num_targets``; ``labels`` too when an input labels column masked some
+    ``num_targets``; ``labels`` too when an input labels column masked some
     targets) row group by row group, vectorised per group (NumPy), so time is linear in rows and
     segments and memory does not grow with them: O(C) for the fill and segment-length counts, plus
-    one bit per document id for the documents cut (measured: docs/benchmarks.md, "stats").
+    two bits per document id, for the documents seen and those cut (docs/benchmarks.md,
+    "stats").
     Segment lengths come from ``cu_seqlens`` (the first k differences, k = len(doc_ids));
     effective targets are sum(len - 1) (B21), checked against the ``num_targets`` column row by
-    row; a document is cut when one of its segments starts at ``doc_offsets > 0``.
+    row; a document is cut when more than one segment holds it (its ``doc_ids``).
 
     Args:
         path: the packed output: a directory, a ``file:`` URI or a store URI.
@@ -164,7 +165,7 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
     hashed = ((len(reader.shards), sum(s.bytes for s in reader.manifest.shards),
                time.perf_counter() - t0) if check_hashes else (0, 0, 0.0))
     C = reader.capacity
-    cols = ["cu_seqlens", "doc_ids", "doc_offsets", "num_targets"]
+    cols = ["cu_seqlens", "doc_ids", "num_targets"]
     # --segment-multiple: real lengths from cu_seqlens_unpadded, the spans from cu_seqlens
     padded = "cu_seqlens_unpadded" in reader.columns
     if padded:
@@ -182,13 +183,15 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
     rows = segs = real = targets = work = documents = bad_num_targets = seg_pad = 0
     fill_counts = np.zeros(C + 1, dtype=np.int64)  # shape: (C + 1,)
     seg_counts = np.zeros(C + 1, dtype=np.int64)  # shape: (C + 1,)
-    cut_bits = np.zeros(0, dtype=np.uint8)  # one bit per document id seen at offset > 0
+    # one bit per document id: seen in a segment, seen in more than one (``--min-fill`` can
+    # leave a document's later pieces without its first, so offsets alone do not tell)
+    seen_bits = np.zeros(0, dtype=np.uint8)
+    cut_bits = np.zeros(0, dtype=np.uint8)
     bins = []
     for block in reader.iter_blocks(cols):
         n = block.num_rows
         cu, cu_off = block.ragged["cu_seqlens"]
         doc, k_off = block.ragged["doc_ids"]
-        dof, _ = block.ragged["doc_offsets"]
         k = np.diff(k_off)  # shape: (n,), real segments per row
         # index in cu of each real segment's start: row r's segments are cu[o_r .. o_r+k_r]
         start = np.repeat(cu_off[:-1] - k_off[:-1], k) + np.arange(k_off[-1])
@@ -234,14 +237,17 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
         work += int((lens * lens).sum())
         fill_counts += np.bincount(real_R, minlength=C + 1)[:C + 1]
         seg_counts += np.bincount(lens, minlength=C + 1)[:C + 1]
-        documents += int(np.count_nonzero(dof == 0))
-        cut = doc[dof > 0]
-        if cut.size:
-            need = int(cut.max()) // 8 + 1
-            if need > cut_bits.size:
-                cut_bits = np.concatenate([cut_bits, np.zeros(need - cut_bits.size,
-                                                              dtype=np.uint8)])
-            np.bitwise_or.at(cut_bits, cut >> 3, (1 << (cut & 7)).astype(np.uint8))
+        if doc.size:
+            ids, pieces = np.unique(doc, return_counts=True)  # shape: (distinct,)
+            need = int(ids[-1]) // 8 + 1
+            if need > seen_bits.size:
+                grow = np.zeros(need - seen_bits.size, dtype=np.uint8)
+                seen_bits = np.concatenate([seen_bits, grow])
+                cut_bits = np.concatenate([cut_bits, grow])
+            byte, bit = ids >> 3, (1 << (ids & 7)).astype(np.uint8)
+            again = ((seen_bits[byte] & bit) != 0) | (pieces > 1)
+            np.bitwise_or.at(cut_bits, byte[again], bit[again])
+            np.bitwise_or.at(seen_bits, byte, bit)
         room = n if per_bin_limit is None else min(n, per_bin_limit - len(bins))
         if per_bin and room > 0:
             seg_t = np.split(seg_t, k_off[1:-1])
@@ -255,6 +261,7 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                "padding_tokens": rows * C - real, "effective_targets": targets,
                "attention_work": work,
                "docs_cut": int(np.unpackbits(cut_bits).sum())}
+    documents = int(np.unpackbits(seen_bits).sum())
     if padded or "segment_padding_tokens" in totals:
         recount["segment_padding_tokens"] = seg_pad
     base = {k: v for k, v in totals.items() if k in PackStats.__dataclass_fields__}

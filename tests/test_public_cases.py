@@ -453,3 +453,37 @@ def test_min_fill_losing_more_than_one_percent_warns(tmp_path):
     warnings = json.loads(res.output[res.output.index("{"):])["warnings"]
     assert len(warnings) == 1 and "--min-fill 1 left out 1 planned rows" in warnings[0]
     assert "1 of 9" in warnings[0]
+
+
+@pytest.mark.parametrize("extra", [("--min-fill", "0.75"), ("--min-fill", "1")])
+def test_min_fill_can_leave_a_document_without_its_first_piece_and_stats_still_agree(tmp_path,
+                                                                                    extra):
+    """concat with --segment-multiple 2 at C = 8: the first row (1, 2, 3 and the start of the
+    10-token document, 5 real tokens in padded spans) is left out, the row holding the rest of
+    that document is kept. stats counts 1 document, cut in no segment but the one left, and
+    agrees with the manifest (before, it recounted documents from first pieces only)."""
+    import json
+
+    rows, manifest = pack_docs(tmp_path, [[1], [2], [3], [4] * 10], 8, "--strategy", "concat",
+                               "--segment-multiple", 2, *extra)
+    assert [r["doc_ids"] for r in rows] == [[3]]
+    res = invoke(["stats", "--json", tmp_path / "out"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)
+    assert got["documents"] == 1 and got["stats"]["docs_cut"] == 0 and not got["mismatches"]
+    assert manifest.totals.docs_dropped == 3
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_concat_min_fill_recount_of_documents_and_cuts_equals_the_rows(tmp_path, seed):
+    rng = random.Random(seed)
+    docs = [[rng.randrange(1, 99)] * rng.randrange(1, 50) for _ in range(60)]
+    rows, _ = pack_docs(tmp_path, docs, 40, "--strategy", "concat", "--segment-multiple", 8,
+                        "--min-fill", 0.9)
+    import json
+
+    pieces = Counter(d for r in rows for d in r["doc_ids"])
+    got = json.loads(invoke(["stats", "--json", tmp_path / "out"]).output)
+    assert got["documents"] == len(pieces)
+    assert got["stats"]["docs_cut"] == sum(1 for c in pieces.values() if c > 1)
+    assert not got["mismatches"]
