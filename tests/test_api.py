@@ -195,3 +195,20 @@ def test_pack_dataset_reads_a_loss_mask_column_as_the_cli_does(tmp_path):
     off = packtool.pack_dataset(table.select(["input_ids", "completion_mask"]), 48,
                                 loss_mask_column="none")
     assert "labels" not in off.column_names
+
+
+@pytest.mark.parametrize("option", [{"min_fill": 1.0}, {"overflow": "drop"}])
+def test_pack_dataset_of_no_rows_keeps_the_type_and_the_schema(option):
+    """Every row left out (--min-fill 1) or every document dropped: an empty result of the
+    type given, with the packed columns, for every input type (a Dataset of zero-chunk columns
+    used to fail inside the datasets library)."""
+    docs = [[1, 2], [3]] if "min_fill" in option else [[1] * 20, [2] * 30]
+    ds = datasets.Dataset.from_dict({"input_ids": docs})
+    out = packtool.pack_dataset(ds, 10, **option)
+    assert isinstance(out, datasets.Dataset) and out.num_rows == 0
+    assert {"input_ids", "segment_ids", "position_ids"} <= set(out.column_names)
+    split = packtool.pack_dataset(datasets.DatasetDict({"train": ds}), 10, **option)
+    assert split["train"].num_rows == 0
+    table = packtool.pack_dataset(pa.table({"input_ids": docs}), 10, **option)
+    assert table.num_rows == 0 and "input_ids" in table.column_names
+    assert packtool.pack_dataset(docs, 10, **option) == []

@@ -175,5 +175,8 @@ def packed_batches(out_dir) -> Iterator[pa.RecordBatch]:
 def read_packed_table(out_dir) -> pa.Table:
     """All rows of a packed OUTPUT as one table (:func:`packed_batches`); zero rows keep the
     schema."""
-    return pa.Table.from_batches(list(packed_batches(out_dir)),
-                                 schema=packed_arrow_schema(out_dir))
+    schema = packed_arrow_schema(out_dir)
+    batches = list(packed_batches(out_dir))
+    # no batches: one empty chunk per column (a column of no chunks is refused by some readers,
+    # Hugging Face's Dataset among them)
+    return pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
