@@ -258,6 +258,9 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
     if not result.already_complete:  # once, on stderr, loud whatever the output format
         for w in result.warnings:
             click.echo(f"WARNING: {w}", err=True)
+    if result.holdout is not None and not result.holdout.already_complete:
+        for w in result.holdout.warnings:
+            click.echo(f"WARNING: held-out pack ({cfg.holdout_output}): {w}", err=True)
     if as_json:
         click.echo(json.dumps({"stats": s.to_dict(), "seconds": result.seconds,
                                "shards_reused": result.shards_reused,
@@ -313,10 +316,14 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
                        f"in one) + {rounding:,} from rounding each window up to whole rows")
     if result.holdout is not None and not quiet and not as_json:
         h = result.holdout.stats
+        lost = (f"; dropped {h.docs_dropped:,} (-{h.tokens_dropped:,} tokens)"
+                + (f", {h.rows_dropped:,} row(s) under --min-fill {cfg.min_fill:g} left out"
+                   if h.rows_dropped else "") + f", truncated {h.docs_truncated:,} "
+                f"(-{h.tokens_truncated:,} tokens)" if h.tokens_lost else "")
         click.echo(f"held out {s.docs_other_split:,} documents ({s.tokens_other_split:,} tokens) "
                    f"of --holdout {cfg.holdout} into {h.rows:,} row{'' if h.rows == 1 else 's'} "
                    f"of {h.capacity} -> "
-                   f"{cfg.holdout_output}"
+                   f"{cfg.holdout_output}{lost}"
                    + (" (already complete)" if result.holdout.already_complete else ""))
 
 
@@ -326,7 +333,8 @@ def _holdout_json(cfg, result) -> dict:
     if h is None:
         return {}
     return {"holdout": {"output": cfg.holdout_output, "stats": h.stats.to_dict(),
-                        "seconds": h.seconds, "already_complete": h.already_complete}}
+                        "seconds": h.seconds, "already_complete": h.already_complete,
+                        "warnings": h.warnings}}
 
 
 #: suffixes --plot accepts; matplotlib picks the format from it

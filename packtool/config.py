@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import asdict, dataclass, field
 
@@ -191,9 +192,11 @@ class PackConfig:
             bad("row_group_mb", self.row_group_mb, "must be a finite number > 0 MiB")
         if self.compression not in ("zstd", "lz4"):
             bad("compression", self.compression, "choose zstd or lz4")
-        if (isinstance(self.min_fill, bool) or not isinstance(self.min_fill, (int, float))
+        if (isinstance(self.min_fill, bool) or not isinstance(self.min_fill, numbers.Real)
                 or not 0 <= self.min_fill <= 1):
             bad("min_fill", self.min_fill, "must be a fraction of the capacity in [0, 1]")
+        # the decimal it prints as (a NumPy float32 0.3 is 0.3, not 0.30000001192092896)
+        object.__setattr__(self, "min_fill", float(str(self.min_fill)))
         if self.rows_per_group is None:
             ncols = 3 if self.labels is LabelMode.NONE else 4
             object.__setattr__(self, "rows_per_group",
@@ -312,9 +315,10 @@ class CompareConfig:
     def __post_init__(self) -> None:
         if self.window_docs is not None and self.window_docs < 1:
             _bad("window_docs", self.window_docs, "must be >= 1")
-        if (isinstance(self.min_fill, bool) or not isinstance(self.min_fill, (int, float))
+        if (isinstance(self.min_fill, bool) or not isinstance(self.min_fill, numbers.Real)
                 or not 0 <= self.min_fill <= 1):
             _bad("min_fill", self.min_fill, "must be a fraction of the capacity in [0, 1]")
+        object.__setattr__(self, "min_fill", float(str(self.min_fill)))
         try:
             object.__setattr__(self, "overflow", Overflow(self.overflow))
         except ValueError:

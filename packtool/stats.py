@@ -71,6 +71,8 @@ class PackStats:
     rows_without_segment_padding: int = 0
     #: planned rows left out for holding fewer real tokens than ``--min-fill`` asks
     rows_dropped: int = 0
+    #: the real tokens of those rows (counted in ``tokens_dropped`` too)
+    tokens_under_min_fill: int = 0
 
     def __add__(self, other: "PackStats") -> "PackStats":
         if not isinstance(other, PackStats):
@@ -130,8 +132,6 @@ class PackStats:
             tokens_lost=self.tokens_lost,
             full_attention_work=self.full_attention_work,
         )
-        if not d["rows_dropped"]:  # listed only with --min-fill: older manifests keep their form
-            d.pop("rows_dropped")
         return d
 
     @classmethod
@@ -181,25 +181,28 @@ class PackStats:
             return split_warning(self.docs_split,
                                  self.docs_in - self.docs_other_split - self.docs_empty,
                                  self.capacity)
-        if not self.tokens_in or self.tokens_lost <= threshold * self.tokens_in:
+        lost = self.tokens_lost - self.tokens_under_min_fill  # --overflow's own
+        if not self.tokens_in or lost <= threshold * self.tokens_in:
             return None
         docs = self.docs_dropped + self.docs_truncated
-        return (f"--overflow {overflow} removed {100 * self.tokens_lost / self.tokens_in:.1f}% "
-                f"of the tokens ({self.tokens_lost:,} of {self.tokens_in:,}, {docs:,} documents "
+        if self.rows_dropped:  # some dropped documents are --min-fill's: not said to be long
+            return (f"--overflow {overflow} removed {100 * lost / self.tokens_in:.1f}% of the "
+                    f"tokens ({lost:,} of {self.tokens_in:,}, documents over --capacity); use "
+                    "--overflow split or a larger --capacity to keep them")
+        return (f"--overflow {overflow} removed {100 * lost / self.tokens_in:.1f}% "
+                f"of the tokens ({lost:,} of {self.tokens_in:,}, {docs:,} documents "
                 "over --capacity); use --overflow split or a larger --capacity to keep them")
 
     def min_fill_warning(self, min_fill: float, threshold: float = 0.01) -> str | None:
-        """A loud line when ``--min-fill`` left rows out and the tokens not written (its rows',
-        and those ``--overflow drop|truncate`` removed) are more than ``threshold`` (a fraction,
-        default 1 %) of the tokens read; None otherwise."""
-        if not self.rows_dropped or not self.tokens_in:
+        """A loud line when the rows ``--min-fill`` left out held more than ``threshold`` (a
+        fraction, default 1 %) of the tokens read; None otherwise."""
+        lost = self.tokens_under_min_fill
+        if not self.tokens_in or lost <= threshold * self.tokens_in:
             return None
-        if self.tokens_lost <= threshold * self.tokens_in:
-            return None
-        return (f"--min-fill {min_fill:g} left out {self.rows_dropped:,} planned rows: "
-                f"{100 * self.tokens_lost / self.tokens_in:.1f}% of the tokens read are not "
-                f"written ({self.tokens_lost:,} of {self.tokens_in:,}, --overflow losses "
-                "included); lower --min-fill to keep them")
+        return (f"--min-fill {min_fill:g} left out {self.rows_dropped:,} planned "
+                f"row{'' if self.rows_dropped == 1 else 's'}: {100 * lost / self.tokens_in:.1f}% "
+                f"of the tokens read ({lost:,} of {self.tokens_in:,}) are not written; lower "
+                "--min-fill to keep them")
 
     @classmethod
     def from_dict(cls, d: dict) -> "PackStats":

@@ -451,8 +451,26 @@ def test_min_fill_losing_more_than_one_percent_warns(tmp_path):
     res = invoke(["pack", "--json", "--min-fill", 1, "-c", 4, src, tmp_path / "out"])
     assert res.exit_code == 0, res.output
     warnings = json.loads(res.output[res.output.index("{"):])["warnings"]
-    assert len(warnings) == 1 and "--min-fill 1 left out 1 planned rows" in warnings[0]
-    assert "1 of 9" in warnings[0]
+    assert len(warnings) == 1 and "--min-fill 1 left out 1 planned row:" in warnings[0]
+    assert "(1 of 9)" in warnings[0]
+
+
+def test_overflow_and_min_fill_warnings_each_name_their_own_losses(tmp_path):
+    """--overflow truncate removes most tokens, --min-fill one row of 1 token: the overflow
+    warning gives its own figure and advice, and --min-fill (under 1 % here) says nothing."""
+    import json
+
+    docs = [[7] * 25, [8] * 30, [9] * 4, [5] * 6, [3]] + [[2] * 10] * 200
+    src = write_docs(tmp_path / "in.parquet", docs)
+    res = invoke(["pack", "--json", "--overflow", "truncate", "--min-fill", 1, "-c", 10, src,
+                  tmp_path / "out"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output[res.output.index("{"):])
+    t = got["stats"]
+    assert (t["tokens_truncated"], t["rows_dropped"], t["tokens_under_min_fill"]) == (35, 1, 1)
+    assert t["tokens_dropped"] == 1
+    (w,) = got["warnings"]
+    assert w.startswith("--overflow truncate removed") and "(35 of" in w
 
 
 @pytest.mark.parametrize("extra", [("--min-fill", "0.75"), ("--min-fill", "1")])
@@ -487,3 +505,36 @@ def test_concat_min_fill_recount_of_documents_and_cuts_equals_the_rows(tmp_path,
     assert got["documents"] == len(pieces)
     assert got["stats"]["docs_cut"] == sum(1 for c in pieces.values() if c > 1)
     assert not got["mismatches"]
+
+
+def test_min_fill_losses_of_the_held_out_pack_are_said_too(tmp_path):
+    """--holdout with --min-fill: the held-out pack leaves rows out by the same rule, and its
+    losses reach the summary, its warnings and --json (they were silent)."""
+    import json
+
+    rng = random.Random(3)
+    docs = [[rng.randrange(1, 99)] * rng.randrange(1, 40) for _ in range(300)]
+    src = write_docs(tmp_path / "in.parquet", docs)
+    out = tmp_path / "out"
+    res = invoke(["pack", "-c", 10, "--holdout", 0.3, "--min-fill", 0.9, src, out])
+    assert res.exit_code == 0, res.output
+    got = json.loads(invoke(["stats", "--json", f"{out}-holdout"]).output)["stats"]
+    assert got["rows_dropped"] > 0
+    assert f"WARNING: held-out pack ({out}-holdout): --min-fill 0.9 left out" in res.output
+    assert f"{got['rows_dropped']} row(s) under --min-fill 0.9 left out" in res.output
+    res = invoke(["pack", "--json", "--overwrite", "-c", 10, "--holdout", 0.3, "--min-fill", 0.9,
+                  src, out])
+    h = json.loads(res.output[res.output.index("{"):])["holdout"]
+    assert h["stats"]["rows_dropped"] == got["rows_dropped"]
+    assert any("--min-fill 0.9" in w for w in h["warnings"])
+
+
+def test_min_fill_that_drops_nothing_still_lists_its_counts(tmp_path):
+    """--min-fill given but every row full enough: rows_dropped and tokens_under_min_fill are 0
+    in the manifest and in stats --json (present, not missing)."""
+    import json
+
+    _, manifest = pack_docs(tmp_path, [[1, 2, 3, 4]], 4, "--min-fill", 0.5)
+    assert manifest.to_dict()["totals"]["rows_dropped"] == 0
+    s = json.loads(invoke(["stats", "--json", tmp_path / "out"]).output)["stats"]
+    assert (s["rows_dropped"], s["tokens_under_min_fill"]) == (0, 0)

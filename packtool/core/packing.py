@@ -45,7 +45,9 @@ is the padding inside the rows plus the rows it adds; ``pack`` records both (``s
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import numpy as np
 
@@ -181,7 +183,8 @@ def pack_lengths(
             f"document {bad} has {int(lengths[bad])} tokens, more than --capacity {capacity}; "
             "use --overflow split|truncate|drop or a larger capacity"
         )
-    if not isinstance(min_fill, (int, float, np.integer, np.floating)) or not 0 <= min_fill <= 1:
+    if (isinstance(min_fill, bool) or not isinstance(min_fill, numbers.Real)
+            or not 0 <= min_fill <= 1):
         raise ConfigError(f"min_fill must be a fraction of the capacity in [0, 1], "
                           f"got {min_fill!r}")
     if min_fill > 0:
@@ -214,17 +217,18 @@ def pack_lengths(
 
 
 def min_fill_tokens(min_fill: float, capacity: int) -> int:
-    """``ceil(min_fill * capacity)`` real tokens, the product rounded to 9 decimals first (so
-    0.3 of 10 is 3, not the 4 of its binary rounding)."""
-    return math.ceil(round(float(min_fill) * int(capacity), 9))
+    """``ceil(min_fill * capacity)`` real tokens, with ``min_fill`` taken as the decimal it
+    prints as (0.3 of 10 is 3, not the 4 of 0.3's binary value; 0.1000000000001 of 10 is 2)."""
+    return math.ceil(Fraction(str(min_fill)) * int(capacity))
 
 
 def drop_underfilled(plan: PackPlan, min_tokens: int) -> PackPlan:
     """``plan`` without the rows holding fewer than ``min_tokens`` real tokens (``pack
     --min-fill``: e.g. every row full, no padding, when ``min_tokens`` is the capacity).
 
-    The kept rows stay in their order, their segments unchanged. Counts: ``rows_dropped``;
-    ``tokens_dropped`` grows by the real tokens of the dropped rows; ``docs_dropped`` by the
+    The kept rows stay in their order, their segments unchanged. Counts: ``rows_dropped``,
+    ``tokens_under_min_fill`` (the real tokens of the dropped rows); ``tokens_dropped`` grows by
+    those tokens too; ``docs_dropped`` by the
     documents none of whose pieces is kept (a split document that keeps some pieces counts
     only its lost tokens); ``docs_cut`` becomes the documents spread over more than one kept
     segment.
@@ -248,7 +252,9 @@ def drop_underfilled(plan: PackPlan, min_tokens: int) -> PackPlan:
     all_docs = np.unique(plan.seg_doc)
     counts = dict(plan.counts)
     counts["rows_dropped"] = counts.get("rows_dropped", 0) + int((~keep).sum())
-    counts["tokens_dropped"] = counts.get("tokens_dropped", 0) + int(real[~keep].sum())
+    lost = int(real[~keep].sum())
+    counts["tokens_dropped"] = counts.get("tokens_dropped", 0) + lost
+    counts["tokens_under_min_fill"] = counts.get("tokens_under_min_fill", 0) + lost
     counts["docs_dropped"] = counts.get("docs_dropped", 0) + int(all_docs.size - kept_docs.size)
     counts["docs_cut"] = int(np.count_nonzero(kept_pieces > 1))
     return PackPlan(plan.capacity, row_offsets, plan.seg_doc[seg_keep],

@@ -345,6 +345,10 @@ class Manifest:
              "inputs": [{"path": i.path, "rows": i.rows, "bytes": i.bytes} for i in self.inputs],
              "shards": [s.to_dict() for s in self.shards],
              "totals": self.totals.to_dict()}
+        if "min_fill" not in self.options:  # listed only with --min-fill: older manifests
+            for k in ("rows_dropped", "tokens_under_min_fill"):  # keep their form
+                if not d["totals"][k]:
+                    del d["totals"][k]
         if self.kind == PACKED_KIND:
             d["capacity"] = self.capacity
             d["labels"] = {"stored": self.labels.stored, "convention": self.labels.convention}

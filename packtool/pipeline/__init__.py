@@ -105,11 +105,8 @@ def _shown(path) -> str:
 
 
 def _warnings(cfg: PackConfig, stats: PackStats) -> list[str]:
-    fill = stats.min_fill_warning(cfg.min_fill)
-    if fill and cfg.overflow.value != "split":
-        return [fill]  # its figure counts the --overflow losses too
-    note = stats.overflow_warning(cfg.overflow.value)
-    return [n for n in (note, fill) if n]
+    notes = (stats.overflow_warning(cfg.overflow.value), stats.min_fill_warning(cfg.min_fill))
+    return [n for n in notes if n]
 
 
 def _source_table(column: str | None, pinfos: list[PartInfo], files):

@@ -98,3 +98,17 @@ def test_rows_left_out_equal_the_reference_and_every_count_adds_up(lengths, C, s
     assert s.real_tokens + s.tokens_truncated + s.tokens_dropped == sum(lengths)
     assert s.padding_tokens == s.rows * C - s.real_tokens
     assert np.all(plan.seg_len > 0)
+
+
+def test_the_threshold_is_exact_for_the_decimal_given_and_numpy_floats_are_accepted():
+    """ceil of the decimal product, even one digit past what 9-decimal rounding would keep; a
+    NumPy float32 0.3 is 0.3 (not its binary value 0.30000001...), in the core and the config."""
+    from packtool.config import PackConfig
+
+    assert min_fill_tokens(0.1000000000001, 10) == 2
+    assert min_fill_tokens(np.float32(0.3), 10) == 3
+    assert rows_of(pack_lengths([10, 1], 10, min_fill=0.1000000000001)) == [[(0, 0, 10)]]
+    cfg = PackConfig(inputs=("x",), output="y", min_fill=np.float32(0.3))
+    assert cfg.min_fill == 0.3 and type(cfg.min_fill) is float
+    with pytest.raises(ConfigError, match="--min-fill True"):
+        PackConfig(inputs=("x",), output="y", min_fill=True)
