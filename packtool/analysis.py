@@ -691,15 +691,16 @@ def plot_packed(a: PackedAnalysis, out: str | os.PathLike) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     fig.suptitle(f"packtool stats {a.path}: {s.rows:,} rows of C = {s.capacity:,}, "
                  f"{s.padding_tokens:,} padding tokens ({100 * s.padding_fraction:.2f}%)")
+    log = "log" if s.rows else "linear"  # no rows: empty axes (a log scale needs a count)
     ax1.hist(100 * a.row_fill, bins=np.linspace(0, 100, 51), color="tab:blue")
-    ax1.set(xlabel="row fill: real tokens / C (%)", ylabel="rows (log scale)", yscale="log",
-            title="rows per fill level", xlim=(0, 101))
+    ax1.set(xlabel="row fill: real tokens / C (%)", ylabel=f"rows ({log} scale)", yscale=log,
+            title="rows per fill level" if s.rows else "no rows", xlim=(0, 101))
     if a.segment_lengths.size:
         ax2.hist(a.segment_lengths, bins=_log_bins(a.segment_lengths), color="tab:blue")
         ax2.set_xscale("log")
     ax2.axvline(s.capacity, color="red", ls="--", label=f"capacity {s.capacity:,}")
-    ax2.set(xlabel="segment length (tokens, log scale)", ylabel="segments (log scale)",
-            yscale="log",
+    ax2.set(xlabel="segment length (tokens, log scale)", ylabel=f"segments ({log} scale)",
+            yscale=log,
             title="segment lengths (documents and chunks)")
     ax2.legend()
     _save(plt, fig, out)

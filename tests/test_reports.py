@@ -211,3 +211,20 @@ def test_sample_figures_in_readme_name_the_least_wasteful(sample_lengths):
     block = text.split("<!-- begin: compare -->", 1)[1].split("<!-- end: compare -->", 1)[0]
     best = least_waste(compare_strategies(sample_lengths, 2048))["strategy"]
     assert f"| **{best}** |" in block and f"Least waste: **{best}**" in block
+
+
+def test_plot_of_an_output_of_no_rows_is_drawn_without_warnings(tmp_path):
+    """Every row left out (--min-fill 1): the plot is written, no log-scale warning (a log axis
+    of no counts), exit 0."""
+    import warnings
+
+    pytest.importorskip("matplotlib")
+    from packcheck import invoke, write_docs
+
+    src = write_docs(tmp_path / "in.parquet", [[1, 2]])
+    assert invoke(["pack", "-q", "-c", 4, "--min-fill", 1, src, tmp_path / "o"]).exit_code == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = invoke(["stats", tmp_path / "o", "--plot", tmp_path / "p.png"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "p.png").stat().st_size > 0
