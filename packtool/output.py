@@ -370,6 +370,19 @@ class Output:
         self._write_marker()
         self._writing = True
 
+    def shards_kept(self) -> int:
+        """Finished shards in OUTPUT now, for an interrupted run's message: the files at a
+        shard's final name once this run writes (a shard is published whole, and tasks may have
+        published some whose results this process had not yet taken when it was interrupted),
+        else the shards recorded as finished."""
+        if not self._writing:
+            return self.shards_done
+        try:
+            return sum(1 for n, e in self.path.listdir().items()
+                       if not e.is_dir and is_shard_name(n))
+        except OSError:
+            return self.shards_done
+
     def promised(self, name: str) -> dict | None:
         """The manifest entry (dict) of shard ``name`` as an interrupted identical run finished
         it (from its marker), None when it is not known."""

@@ -446,3 +446,34 @@ def test_a_read_part_resumed_between_pieces_keeps_sources_and_the_holdout(tmp_pa
     for o, r in ((out, ref), (Path(f"{out}-holdout"), Path(f"{ref}-holdout"))):
         assert hash_tree(o) == hash_tree(r)
         assert read_manifest(o).source_values == ("alpha", "beta", "mu", "zeta")
+
+
+def test_ctrl_c_during_the_writes_counts_every_shard_already_published(tmp_path, src):
+    """Two writing threads, Ctrl-C while shard 1 waits and the other thread has published shard
+    2, whose result the main thread (taking results in order) had not taken: the interrupted
+    line counts the shards on disk, the ones the rerun keeps (it said fewer)."""
+    import re
+    import time
+
+    out = tmp_path / "out"
+    options = [*OPTIONS[:-4], "--workers", "2", "--seed", "3"]
+    proc = _start(src, out, pause="write-shard:1", options=options)
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        assert "test pause at write-shard:1" in proc.stderr.readline()
+        deadline = time.monotonic() + 60
+        while not (out / "part-00002.parquet").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait() == 130
+        err = proc.stderr.read()
+    finally:
+        watchdog.cancel()
+        proc.kill()
+        proc.stderr.close()
+    on_disk = sum(1 for p in out.glob("part-*.parquet"))
+    assert (out / "part-00002.parquet").exists() and on_disk >= 2
+    said = re.search(r"(\d+) finished shards?", err)
+    assert said and int(said.group(1)) == on_disk, (err, on_disk)
+    assert rerun(src, out, options)["shards_reused"] == on_disk

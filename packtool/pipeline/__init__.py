@@ -180,7 +180,7 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
                                   _warnings(cfg, m.totals))
             return _pack(cfg, files, parts, windows, fp, out, show, t0)
     except KeyboardInterrupt as exc:
-        kept = out.kept.describe(out.shards_done) if out is not None else ""
+        kept = out.kept.describe(out.shards_kept()) if out is not None else ""
         if kept and not str(exc):
             raise KeyboardInterrupt(kept) from None
         raise
