@@ -13,7 +13,9 @@ def main() -> None:
     import signal
 
     from packtool.signals import install_early_handler
+    from packtool.startup import hold_gc
 
+    hold_gc()  # until the command's imports are done (packtool/startup.py)
     install_early_handler()
     from packtool.cli import main as cli_main
 

@@ -214,8 +214,9 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
     from packtool.formats.memory import use_jemalloc
     from packtool.formats.reader import discover, input_columns
     from packtool.pipeline import run_pack
-    from packtool.startup import compile_note
+    from packtool.startup import compile_note, release_gc
 
+    release_gc()  # the command's imports are done (packtool/startup.py)
     use_jemalloc()  # this process's Arrow memory pool (formats/memory.py)
     if len(paths) < 2:
         raise click.UsageError("give at least one INPUT and an OUTPUT directory")
@@ -417,8 +418,10 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
 
     from packtool import analysis
     from packtool.errors import ManifestError
+    from packtool.startup import release_gc
     from packtool.stats import split_warning
 
+    release_gc()  # the command's imports are done (packtool/startup.py)
     if plot:
         analysis.require_matplotlib()  # before the work, not after it
     packed = [p for p in cfg.inputs if _is_packed_output(p)]
@@ -563,6 +566,9 @@ def stats(ctx, path, per_bin, per_bin_limit, no_hash, as_json, plot, capacity, c
 
     from packtool import analysis
     from packtool.errors import ConfigError
+    from packtool.startup import release_gc
+
+    release_gc()  # the command's imports are done (packtool/startup.py)
 
     def given(name: str) -> bool:
         return ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
@@ -702,7 +708,10 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
     import json
 
     from packtool.config import TokenizeConfig
+    from packtool.startup import release_gc
     from packtool.text.run import run_tokenize
+
+    release_gc()  # the command's imports are done (packtool/startup.py)
 
     if len(paths) < 2:
         raise click.UsageError("give at least one INPUT and an OUTPUT directory")
@@ -760,6 +769,9 @@ def export(output, dest, target, split, overwrite, as_json):
     import json
 
     from packtool.formats.nemo import export_nemo
+    from packtool.startup import release_gc
+
+    release_gc()  # the command's imports are done (packtool/startup.py)
 
     _refuse_raw_input(output, "export --to nemo")
     res = export_nemo(output, dest, split=split, overwrite=overwrite)
@@ -842,7 +854,10 @@ def verify(output, rows, seed, backends, hf_config, checks, data_only, device, m
     import json
 
     from packtool.errors import ConfigError
+    from packtool.startup import release_gc
     from packtool.verify.checks import run_verify
+
+    release_gc()  # the command's imports are done (packtool/startup.py)
 
     budget = None
     if max_memory is not None:

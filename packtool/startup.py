@@ -10,12 +10,13 @@ imports neither numba nor the kernels.
 
 from __future__ import annotations
 
+import gc
 import importlib.machinery
 import os
 import sys
 from pathlib import Path
 
-__all__ = ["kernels_cached", "compile_note", "numba_without_cffi"]
+__all__ = ["kernels_cached", "compile_note", "numba_without_cffi", "hold_gc", "release_gc"]
 
 _KERNELS = Path(__file__).resolve().parent / "core" / "_kernels.py"
 
@@ -91,3 +92,35 @@ def numba_without_cffi() -> None:
     if _CFFI_UTILS in sys.modules or any(isinstance(f, _NumbaCffiFinder) for f in sys.meta_path):
         return
     sys.meta_path.insert(0, _NumbaCffiFinder())
+
+
+#: Allocations between two young-generation collections while a command starts (Python's
+#: default is 700): imports and Numba's first kernel call create about a million objects.
+_START_THRESHOLD = 1_000_000
+_held: tuple | None = None  # the thresholds to restore, while held
+
+
+def hold_gc() -> None:
+    """At a command's start: Python's cyclic garbage collector runs only every
+    :data:`_START_THRESHOLD` allocations until :func:`release_gc`.
+
+    Importing NumPy, pyarrow and Numba, and Numba's first kernel call, create about a million
+    long-lived objects; with the default thresholds the collector walks them again and again,
+    0.3 of the 1.1 CPU-s a ``pack`` of two documents took (``docs/benchmarks.md``). It still
+    runs (rarely), so a command that never calls :func:`release_gc` is as safe as before."""
+    global _held
+    if _held is None:
+        _held = gc.get_threshold()
+        gc.set_threshold(_START_THRESHOLD, *_held[1:])
+
+
+def release_gc() -> None:
+    """After a command's imports: the objects made so far move to the collector's permanent
+    generation (``gc.freeze``: later collections no longer walk them) and the thresholds held by
+    :func:`hold_gc` come back. Does nothing when they are not held."""
+    global _held
+    if _held is not None:
+        gc.freeze()
+        gc.set_threshold(*_held)
+        _held = None
+

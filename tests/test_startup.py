@@ -80,3 +80,52 @@ except ImportError:
     lines = got.split("\n")
     assert lines[0] == "False False"
     assert lines[1] in ("cffi True", "cffi missing")
+
+
+def test_gc_is_held_while_a_command_imports_then_given_back(tmp_path):
+    """`python -m packtool stats`: while the command starts, the collector's young-generation
+    threshold is raised (it still runs); after its imports the objects made so far are frozen
+    and the thresholds are Python's own again."""
+    src = write_docs(tmp_path / "in.parquet", [[1, 2, 3], [4, 5]])
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, "-m", "packtool", "pack", "-q", "-c", "4", str(src), str(out)],
+                   check=True, timeout=300)
+    got = _run(f"""
+import gc, sys
+before = gc.get_threshold()
+import packtool.startup as s
+from packtool.__main__ import main
+seen = []
+release = s.release_gc
+def spy():
+    seen.append(gc.get_threshold())
+    release()
+s.release_gc = spy
+sys.argv = ["packtool", "stats", {str(out)!r}]
+try:
+    main()
+except SystemExit as e:
+    assert not e.code, e.code
+print(before == gc.get_threshold(), seen[0][0], gc.get_freeze_count() > 1000)
+""")
+    assert got.strip().splitlines()[-1] == f"True {1_000_000} True"
+
+
+def test_hold_and_release_restore_whatever_thresholds_were_set():
+    import gc
+
+    from packtool import startup
+
+    was = gc.get_threshold()
+    try:
+        gc.set_threshold(500, 7, 3)
+        startup.hold_gc()
+        startup.hold_gc()  # held once: the second call keeps the first's saved thresholds
+        assert gc.get_threshold() == (startup._START_THRESHOLD, 7, 3)
+        startup.release_gc()
+        assert gc.get_threshold() == (500, 7, 3)
+        startup.release_gc()  # not held: nothing
+        assert gc.get_threshold() == (500, 7, 3)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*was)
