@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from packcheck import write_docs
-from packtool.formats.packed import _numpy
+from packtool.formats.arrays import numpy_values
 
 
 def _run(code: str) -> str:
@@ -27,15 +27,15 @@ def _run(code: str) -> str:
 def test_integer_columns_are_viewed_exactly_as_pyarrow_converts_them(typ):
     arr = pa.array([3, 0, 7, 1, 2, 5], typ)
     for a in (arr, arr.slice(2, 3), arr.slice(6), pa.array([], typ)):
-        got, want = _numpy(a), a.to_numpy(zero_copy_only=False)
+        got, want = numpy_values(a), a.to_numpy(zero_copy_only=False)
         assert got.dtype == want.dtype and np.array_equal(got, want)
     offs = pa.array([[1, 2], [], [3, 4, 5]], pa.list_(pa.int32())).slice(1).offsets
-    assert np.array_equal(_numpy(offs), offs.to_numpy())
+    assert np.array_equal(numpy_values(offs), offs.to_numpy())
 
 
 def test_other_columns_go_through_pyarrow():
     for a in (pa.array([1, None, 3], pa.int32()), pa.array(["a", "b"]), pa.array([1.5, 2.0])):
-        got, want = _numpy(a), a.to_numpy(zero_copy_only=False)
+        got, want = numpy_values(a), a.to_numpy(zero_copy_only=False)
         assert got.dtype == want.dtype
         assert [str(x) for x in got] == [str(x) for x in want]
 
@@ -129,3 +129,38 @@ def test_hold_and_release_restore_whatever_thresholds_were_set():
     finally:
         gc.unfreeze()
         gc.set_threshold(*was)
+
+
+def test_list_parts_of_every_layout_equal_a_python_recount():
+    """Row lengths and values of list, large_list, fixed_size_list and (out-of-order) list
+    views, whole and sliced: the rows in order, as Python sees them."""
+    from packtool.formats.reader import list_parts
+
+    rows = [[5, 6], [], [7], [8, 9, 10]]
+    views = pa.ListViewArray.from_arrays(pa.array([3, 0, 2, 4], pa.int32()),
+                                         pa.array([2, 0, 1, 3], pa.int32()),
+                                         pa.array([1, 2, 7, 5, 6, 8, 9, 10], pa.int32()))
+    fixed = pa.array([[1, 2], [3, 4], [5, 6]], pa.list_(pa.int32(), 2))
+    arrays = [pa.array(rows, pa.list_(pa.int32())), pa.array(rows, pa.large_list(pa.int64())),
+              views, fixed]
+    for arr in arrays:
+        for a in (arr, arr.slice(1), arr.slice(1, 2), arr.slice(len(arr))):
+            lengths, values = list_parts(a)
+            want = a.to_pylist()
+            assert lengths.tolist() == [len(r) for r in want]
+            assert values.to_pylist() == [v for r in want for v in r]
+
+
+def test_pack_of_a_list_input_imports_neither_pandas_nor_pyarrow_compute(tmp_path):
+    src = write_docs(tmp_path / "in.parquet", [[1, 2, 3], [4, 5]])
+    got = _run(f"""
+import sys
+from packtool.cli import main
+sys.argv = ["packtool", "pack", "-q", "-c", "4", {str(src)!r}, {str(tmp_path / "out")!r}]
+try:
+    main()
+except SystemExit as e:
+    assert not e.code, e.code
+print(sorted(m for m in ("pandas", "pyarrow.compute") if m in sys.modules))
+""")
+    assert got.strip().splitlines()[-1] == "[]"

@@ -59,6 +59,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool.errors import ManifestError
+from packtool.formats.arrays import numpy_values
 from packtool.formats.manifest import (Manifest, check_shards, footer_of,
                                        read_manifest_and_schema, require_packed)
 from packtool.formats.schema import (RAGGED_COLUMNS, SCALAR_COLUMNS, SHARD_META_KEY,
@@ -814,10 +815,10 @@ class PackedOutput:
                 tokens[c] = flat.reshape(R, C)  # shape: (R, C)
             elif pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
                 vals = _list_values(arr, c, where)
-                offs = _numpy(arr.offsets).astype(np.int64)  # shape: (R + 1,)
+                offs = numpy_values(arr.offsets).astype(np.int64)  # shape: (R + 1,)
                 ragged[c] = (vals, offs - offs[0])
             else:
-                scalars[c] = _numpy(arr)  # shape: (R,)
+                scalars[c] = numpy_values(arr)  # shape: (R,)
         derived_labels = None
         if derive:
             cu_vals, cu_offs = ragged["cu_seqlens"]
@@ -945,27 +946,7 @@ def _list_values(arr: pa.Array, name: str, where) -> np.ndarray:
     if values.null_count:
         raise ManifestError(f"{where}: column {name!r} has null values; the shard breaks the "
                             "output contract")
-    return _numpy(values)
-
-
-#: Arrow integer types -> NumPy dtypes that :func:`_numpy` views without a copy.
-_INTS = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32, pa.int64(): np.int64,
-         pa.uint8(): np.uint8, pa.uint16(): np.uint16, pa.uint32(): np.uint32,
-         pa.uint64(): np.uint64}
-
-
-def _numpy(arr: pa.Array) -> np.ndarray:
-    """``arr`` as NumPy: a view of its data buffer when it is an integer array without nulls
-    (read-only), else ``to_numpy(zero_copy_only=False)``. The view skips pyarrow's conversion
-    call, which costs microseconds per column and, where pandas is installed, imports it on
-    first use (0.2 CPU-s of a ``stats`` or a DataLoader worker's start)."""
-    dtype = _INTS.get(arr.type)
-    if dtype is None or arr.null_count:
-        return arr.to_numpy(zero_copy_only=False)
-    data = arr.buffers()[1]
-    if data is None:  # no values (an empty array)
-        return np.empty(0, dtype=dtype)
-    return np.frombuffer(data, dtype=dtype, count=len(arr), offset=arr.offset * dtype().itemsize)
+    return numpy_values(values)
 
 
 class _Where:

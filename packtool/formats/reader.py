@@ -48,6 +48,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from packtool.errors import InputError, ManifestError, SchemaError, row_ref
+from packtool.formats.arrays import numpy_values
 from packtool.formats.manifest import (IN_PROGRESS_NAME, MANIFEST_META_KEY, MANIFEST_NAME,
                                        PACKED_KIND, Manifest)
 from packtool.formats.schema import check_token_column, is_integer_list, is_list_layout
@@ -815,31 +816,21 @@ def list_parts(arr: pa.Array) -> tuple[np.ndarray, pa.Array]:
     # ``flatten`` honours slices and, for list views, gathers each row's view in row order
     # (a cast of a list view to a list is avoided: pyarrow 26 builds invalid offsets for views
     # that are out of order)
+    # lists are sliced straight from their offsets: ``flatten`` (like ``pyarrow.compute``) would
+    # import pyarrow's compute module, 0.03 CPU-s of every start-up
     t = arr.type
     if pa.types.is_list(t) or pa.types.is_large_list(t):  # lengths from the offsets, no kernel
         width = np.int64 if pa.types.is_large_list(t) else np.int32
         off = np.frombuffer(arr.buffers()[1], dtype=width)[arr.offset:arr.offset + len(arr) + 1]
-        return np.diff(off).astype(np.int64, copy=False), arr.flatten()
+        start = int(off[0]) if off.size else 0
+        values = arr.values.slice(start, int(off[-1]) - start if off.size else 0)
+        return np.diff(off).astype(np.int64, copy=False), values
     if pa.types.is_fixed_size_list(t):
-        return np.full(len(arr), t.list_size, dtype=np.int64), arr.flatten()
-    import pyarrow.compute as pc  # list views only: its import costs every start-up 0.03 CPU-s
-
-    lengths = _numpy(pc.list_value_length(arr)).astype(np.int64)
-    return lengths, arr.flatten()
-
-
-def _numpy(arr: pa.Array) -> np.ndarray:
-    """The values of a primitive array without nulls as NumPy: a zero-copy view of an integer
-    array (``Array.to_numpy`` would import pandas, a tenth of a CPU-second), a copy of a
-    boolean one."""
-    t = arr.type
-    if pa.types.is_integer(t):
-        dtype = np.dtype(f"{'i' if pa.types.is_signed_integer(t) else 'u'}{t.bit_width // 8}")
-        buf = arr.buffers()[1]
-        if buf is None:
-            return np.zeros(0, dtype=dtype)
-        return np.frombuffer(buf, dtype=dtype)[arr.offset:arr.offset + len(arr)]
-    return arr.to_numpy(zero_copy_only=False)
+        n = t.list_size
+        return (np.full(len(arr), n, dtype=np.int64),
+                arr.values.slice(arr.offset * n, len(arr) * n))
+    # list views: each row's view gathered in row order (``flatten``)
+    return numpy_values(arr.sizes).astype(np.int64), arr.flatten()
 
 
 def _row_of_value(lengths: np.ndarray, value_index: int) -> int:
@@ -956,7 +947,7 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
                 vi = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
                 where = row_ref(row + _row_of_value(lengths, vi))
                 raise SchemaError(f"{path}: {where}: a token id is null; fix the tokenizer output")
-            flat = _numpy(values)
+            flat = numpy_values(values)
             if flat.size:
                 # a pass over the ids only where their type can hold a value out of range
                 if flat.dtype.kind == "i" and flat.min() < 0:
@@ -1023,4 +1014,4 @@ def _mask_values(arr: pa.Array, lengths: np.ndarray, path, row: int, name: str,
         vi = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
         where = row_ref(row + _row_of_value(lengths, vi))
         raise SchemaError(f"{path}: {where}: a {name!r} value is null; fill it")
-    return _numpy(values).astype(np.int64, copy=False)
+    return numpy_values(values).astype(np.int64, copy=False)
