@@ -4,6 +4,7 @@ command line's process only, and ``cffi`` stays importable there."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 
@@ -13,6 +14,22 @@ import pytest
 
 from packcheck import write_docs
 from packtool.formats.arrays import numpy_values
+
+
+def _modules_after(args: list, names: tuple) -> list:
+    """Which of the modules ``names`` a fresh process holds after ``packtool ARGS`` (run
+    through the CLI's ``main``, which must succeed)."""
+    got = _run(f"""
+import sys
+from packtool.cli import main
+sys.argv = ["packtool", *{[str(a) for a in args]!r}]
+try:
+    main()
+except SystemExit as e:
+    assert not e.code, e.code
+print(sorted(m for m in {names!r} if m in sys.modules))
+""")
+    return ast.literal_eval(got.strip().splitlines()[-1])
 
 
 def _run(code: str) -> str:
@@ -45,17 +62,7 @@ def test_stats_imports_neither_pandas_nor_numba(tmp_path):
     out = tmp_path / "out"
     subprocess.run([sys.executable, "-m", "packtool", "pack", "-q", "-c", "4", str(src), str(out)],
                    check=True, timeout=300)
-    got = _run(f"""
-import sys
-from packtool.cli import main
-sys.argv = ["packtool", "stats", {str(out)!r}]
-try:
-    main()
-except SystemExit as e:
-    assert not e.code, e.code
-print(sorted(m for m in ("pandas", "numba") if m in sys.modules))
-""")
-    assert got.strip().splitlines()[-1] == "[]"
+    assert _modules_after(["stats", out], ("pandas", "numba")) == []
 
 
 def test_the_command_line_turns_off_numbas_cffi_support_only(tmp_path):
@@ -153,14 +160,5 @@ def test_list_parts_of_every_layout_equal_a_python_recount():
 
 def test_pack_of_a_list_input_imports_neither_pandas_nor_pyarrow_compute(tmp_path):
     src = write_docs(tmp_path / "in.parquet", [[1, 2, 3], [4, 5]])
-    got = _run(f"""
-import sys
-from packtool.cli import main
-sys.argv = ["packtool", "pack", "-q", "-c", "4", {str(src)!r}, {str(tmp_path / "out")!r}]
-try:
-    main()
-except SystemExit as e:
-    assert not e.code, e.code
-print(sorted(m for m in ("pandas", "pyarrow.compute") if m in sys.modules))
-""")
-    assert got.strip().splitlines()[-1] == "[]"
+    args = ["pack", "-q", "-c", "4", src, tmp_path / "out"]
+    assert _modules_after(args, ("pandas", "pyarrow.compute")) == []
