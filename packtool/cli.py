@@ -291,11 +291,7 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
             f"  effective targets {s.effective_targets:,} ({s.targets_per_token:.4f} per token)  "
             f"segments {s.segments:,}\n"
             f"  empty skipped {s.docs_empty:,}  cut across segments {s.docs_cut:,}  split "
-            f"{s.docs_split:,} (+{s.split_fragments:,} pieces)  truncated {s.docs_truncated:,} "
-            f"(-{s.tokens_truncated:,} tokens)  "
-            f"dropped {s.docs_dropped:,} (-{s.tokens_dropped:,} tokens)"
-            + (f", {s.rows_dropped:,} row(s) under --min-fill {cfg.min_fill:g} left out"
-               if s.rows_dropped else "") + "\n"
+            f"{s.docs_split:,} (+{s.split_fragments:,} pieces)  {_losses(s, cfg.min_fill)}\n"
             f"  {result.seconds:.2f} s ({cfg.engine.value} engine, start-up included), "
             f"{rate / 1e6:.2f} M tokens/s"
             + (f", {result.shards_reused} shard(s) reused" if result.shards_reused else "")
@@ -317,15 +313,21 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
                        f"in one) + {rounding:,} from rounding each window up to whole rows")
     if result.holdout is not None and not quiet and not as_json:
         h = result.holdout.stats
-        lost = (f"; dropped {h.docs_dropped:,} (-{h.tokens_dropped:,} tokens)"
-                + (f", {h.rows_dropped:,} row(s) under --min-fill {cfg.min_fill:g} left out"
-                   if h.rows_dropped else "") + f", truncated {h.docs_truncated:,} "
-                f"(-{h.tokens_truncated:,} tokens)" if h.tokens_lost else "")
+        lost = f"; {_losses(h, cfg.min_fill)}" if h.tokens_lost else ""
         click.echo(f"held out {s.docs_other_split:,} documents ({s.tokens_other_split:,} tokens) "
                    f"of --holdout {cfg.holdout} into {h.rows:,} row{'' if h.rows == 1 else 's'} "
                    f"of {h.capacity} -> "
                    f"{cfg.holdout_output}{lost}"
                    + (" (already complete)" if result.holdout.already_complete else ""))
+
+
+def _losses(s, min_fill: float) -> str:
+    """What a pack did not write, for its summary: truncated and dropped documents and tokens,
+    and the rows ``--min-fill`` left out (when it left any)."""
+    return (f"truncated {s.docs_truncated:,} (-{s.tokens_truncated:,} tokens)  "
+            f"dropped {s.docs_dropped:,} (-{s.tokens_dropped:,} tokens)"
+            + (f", {s.rows_dropped:,} row(s) under --min-fill {min_fill:g} left out"
+               if s.rows_dropped else ""))
 
 
 def _holdout_json(cfg, result) -> dict:

@@ -228,10 +228,9 @@ def drop_underfilled(plan: PackPlan, min_tokens: int) -> PackPlan:
 
     The kept rows stay in their order, their segments unchanged. Counts: ``rows_dropped``,
     ``tokens_under_min_fill`` (the real tokens of the dropped rows); ``tokens_dropped`` grows by
-    those tokens too; ``docs_dropped`` by the
-    documents none of whose pieces is kept (a split document that keeps some pieces counts
-    only its lost tokens); ``docs_cut`` becomes the documents spread over more than one kept
-    segment.
+    those tokens too, ``docs_dropped`` by the documents none of whose pieces is kept (a split
+    document that keeps some pieces counts only its lost tokens); ``docs_cut`` becomes the
+    documents spread over more than one kept segment.
 
     Args:
         plan: a :class:`PackPlan`.
