@@ -59,7 +59,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool.errors import ManifestError
-from packtool.formats.arrays import numpy_values
+from packtool.formats.arrays import list_parts, numpy_values
 from packtool.formats.manifest import (Manifest, check_shards, footer_of,
                                        read_manifest_and_schema, require_packed)
 from packtool.formats.schema import (RAGGED_COLUMNS, SCALAR_COLUMNS, SHARD_META_KEY,
@@ -807,16 +807,17 @@ class PackedOutput:
                                     "output contract; rerun the same packtool pack with "
                                     "--overwrite")
             if c in TOKEN_COLUMNS:
-                flat = _list_values(arr, c, where)
+                _, flat = _list_values(arr, c, where)
                 if flat.size != R * C:
                     raise ManifestError(f"{where}: column {c!r} holds {flat.size} values for {R} "
                                         f"rows of capacity {C}; the shard breaks the output "
                                         "contract")
                 tokens[c] = flat.reshape(R, C)  # shape: (R, C)
             elif pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
-                vals = _list_values(arr, c, where)
-                offs = numpy_values(arr.offsets).astype(np.int64)  # shape: (R + 1,)
-                ragged[c] = (vals, offs - offs[0])
+                lengths, vals = _list_values(arr, c, where)
+                offs = np.zeros(R + 1, dtype=np.int64)  # shape: (R + 1,)
+                np.cumsum(lengths, out=offs[1:])
+                ragged[c] = (vals, offs)
             else:
                 scalars[c] = numpy_values(arr)  # shape: (R,)
         derived_labels = None
@@ -929,24 +930,24 @@ def iter_decoded(jobs: Iterable[tuple["PackedOutput", int]], columns: Sequence[s
                 f.cancel()
 
 
-def _list_values(arr: pa.Array, name: str, where) -> np.ndarray:
-    """Flattened values of a list / large_list / fixed_size_list array (without null lists)
-    as NumPy: the slice of its child array its rows cover (no compute call, no copy)."""
+def _list_values(arr: pa.Array, name: str, where) -> tuple[np.ndarray, np.ndarray]:
+    """Row lengths (int64[rows]) and flattened values (NumPy, a view: no compute call, no copy)
+    of a list / large_list / fixed_size_list array without null lists
+    (:func:`~packtool.formats.arrays.list_parts`).
+
+    Raises:
+        ManifestError: another type, or null values.
+    """
     typ = arr.type
-    if pa.types.is_fixed_size_list(typ):
-        n = typ.list_size
-        values = arr.values.slice(arr.offset * n, len(arr) * n)
-    elif pa.types.is_list(typ) or pa.types.is_large_list(typ):
-        offs = arr.offsets  # accounts for a sliced array
-        start = offs[0].as_py()
-        values = arr.values.slice(start, offs[-1].as_py() - start)
-    else:
+    if not (pa.types.is_fixed_size_list(typ) or pa.types.is_list(typ)
+            or pa.types.is_large_list(typ)):
         raise ManifestError(f"{where}: column {name!r} has type {arr.type}, expected a list of "
                             "integers; not a packtool output")
+    lengths, values = list_parts(arr)
     if values.null_count:
         raise ManifestError(f"{where}: column {name!r} has null values; the shard breaks the "
                             "output contract")
-    return numpy_values(values)
+    return lengths, numpy_values(values)
 
 
 class _Where:

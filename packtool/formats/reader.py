@@ -48,7 +48,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from packtool.errors import InputError, ManifestError, SchemaError, row_ref
-from packtool.formats.arrays import numpy_values
+from packtool.formats.arrays import list_parts, numpy_values
 from packtool.formats.manifest import (IN_PROGRESS_NAME, MANIFEST_META_KEY, MANIFEST_NAME,
                                        PACKED_KIND, Manifest)
 from packtool.formats.schema import check_token_column, is_integer_list, is_list_layout
@@ -799,38 +799,6 @@ def input_schema(path, fmt: str | None = None) -> tuple[pa.Schema, object]:
             return pa.ipc.open_stream(fh).schema, shown
     except (pa.ArrowException, OSError) as exc:
         raise _unreadable(shown, fs, fpath, kind, exc) from None
-
-
-def list_parts(arr: pa.Array) -> tuple[np.ndarray, pa.Array]:
-    """Row lengths and values of an integer list array of any layout, in row order.
-
-    Args:
-        arr: ``list``, ``large_list``, ``fixed_size_list``, ``list_view`` or
-            ``large_list_view`` array without null rows (slices allowed).
-
-    Returns:
-        (lengths int64[rows], values: the rows' items back to back, ``sum(lengths)`` long).
-        List views (whose rows may overlap or come in any order in the child array) are
-        gathered into row order.
-    """
-    # ``flatten`` honours slices and, for list views, gathers each row's view in row order
-    # (a cast of a list view to a list is avoided: pyarrow 26 builds invalid offsets for views
-    # that are out of order)
-    # lists are sliced straight from their offsets: ``flatten`` (like ``pyarrow.compute``) would
-    # import pyarrow's compute module, 0.03 CPU-s of every start-up
-    t = arr.type
-    if pa.types.is_list(t) or pa.types.is_large_list(t):  # lengths from the offsets, no kernel
-        width = np.int64 if pa.types.is_large_list(t) else np.int32
-        off = np.frombuffer(arr.buffers()[1], dtype=width)[arr.offset:arr.offset + len(arr) + 1]
-        start = int(off[0]) if off.size else 0
-        values = arr.values.slice(start, int(off[-1]) - start if off.size else 0)
-        return np.diff(off).astype(np.int64, copy=False), values
-    if pa.types.is_fixed_size_list(t):
-        n = t.list_size
-        return (np.full(len(arr), n, dtype=np.int64),
-                arr.values.slice(arr.offset * n, len(arr) * n))
-    # list views: each row's view gathered in row order (``flatten``)
-    return numpy_values(arr.sizes).astype(np.int64), arr.flatten()
 
 
 def _row_of_value(lengths: np.ndarray, value_index: int) -> int:
