@@ -230,7 +230,8 @@ def drop_underfilled(plan: PackPlan, min_tokens: int) -> PackPlan:
     ``tokens_under_min_fill`` (the real tokens of the dropped rows); ``tokens_dropped`` grows by
     those tokens too, ``docs_dropped`` by the documents none of whose pieces is kept (a split
     document that keeps some pieces counts only its lost tokens); ``docs_cut`` becomes the
-    documents spread over more than one kept segment.
+    documents spread over more than one kept segment, and ``docs_split`` / ``split_fragments``
+    the split documents with a piece kept and their kept pieces beyond the first.
 
     Args:
         plan: a :class:`PackPlan`.
@@ -248,8 +249,12 @@ def drop_underfilled(plan: PackPlan, min_tokens: int) -> PackPlan:
     row_offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
     np.cumsum(per_row[keep], out=row_offsets[1:])
     kept_docs, kept_pieces = np.unique(plan.seg_doc[seg_keep], return_counts=True)
-    all_docs = np.unique(plan.seg_doc)
+    all_docs, all_pieces = np.unique(plan.seg_doc, return_counts=True)
     counts = dict(plan.counts)
+    if counts.get("docs_split"):  # obfd / ordered: the documents split are those of 2+ pieces
+        split = np.isin(kept_docs, all_docs[all_pieces > 1])
+        counts["docs_split"] = int(np.count_nonzero(split))
+        counts["split_fragments"] = int((kept_pieces[split] - 1).sum())
     counts["rows_dropped"] = counts.get("rows_dropped", 0) + int((~keep).sum())
     lost = int(real[~keep].sum())
     counts["tokens_dropped"] = counts.get("tokens_dropped", 0) + lost

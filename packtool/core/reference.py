@@ -102,17 +102,23 @@ def reference_pack(lengths, capacity, strategy="obfd", overflow="split", segment
 def reference_drop_underfilled(rows, min_tokens):
     """``rows`` (as :func:`reference_pack` gives them) without those holding fewer than
     ``min_tokens`` real tokens, and what was lost: ``(kept, rows_dropped, tokens_dropped,
-    docs_dropped, docs_cut)``, a document dropped when none of its pieces is kept, cut when
-    more than one is."""
+    docs_dropped, docs_cut, docs_split, split_fragments)``, a document dropped when none of its
+    pieces is kept, cut when more than one is; split when the plan gave it more than one piece
+    and one is kept, its fragments the kept pieces beyond the first."""
     kept = [row for row in rows if sum(n for _, _, n in row) >= min_tokens]
     lost = [row for row in rows if sum(n for _, _, n in row) < min_tokens]
     pieces = {}
     for row in kept:
         for d, _, _ in row:
             pieces[d] = pieces.get(d, 0) + 1
-    before = {d for row in rows for d, _, _ in row}
+    before = {}
+    for row in rows:
+        for d, _, _ in row:
+            before[d] = before.get(d, 0) + 1
+    split = [d for d in pieces if before[d] > 1]
     return (kept, len(lost), sum(n for row in lost for _, _, n in row),
-            len(before - set(pieces)), sum(1 for c in pieces.values() if c > 1))
+            len(set(before) - set(pieces)), sum(1 for c in pieces.values() if c > 1),
+            len(split), sum(pieces[d] - 1 for d in split))
 
 
 def reference_layout(rows, docs, capacity, pad_id=0, labels="unshifted", targets=None,

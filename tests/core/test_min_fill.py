@@ -47,7 +47,7 @@ def test_a_split_document_that_keeps_some_pieces_loses_only_their_tokens():
     assert rows_of(plan) == [[(0, 0, 4)], [(0, 4, 4)]]
     c = plan.counts
     assert (c["docs_dropped"], c["tokens_dropped"], c["rows_dropped"], c["docs_cut"]) == (0, 2, 1, 1)
-    assert c["docs_split"] == 1  # it was split; what was planned stays counted
+    assert (c["docs_split"], c["split_fragments"]) == (1, 1)  # the pieces written: 2, not 3
 
 
 def test_zero_keeps_the_plan_and_counts_unchanged():
@@ -83,8 +83,8 @@ def test_rows_left_out_equal_the_reference_and_every_count_adds_up(lengths, C, s
     plan = pack_lengths(lengths, C, strategy=strategy, overflow=overflow,
                         segment_multiple=multiple, min_fill=f)
     need = min_fill_tokens(f, C)
-    kept, rows_lost, tokens_lost, docs_lost, cut = reference_drop_underfilled(
-        reference_pack(lengths, C, strategy, overflow, multiple), need)
+    kept, rows_lost, tokens_lost, docs_lost, cut, split, fragments = \
+        reference_drop_underfilled(reference_pack(lengths, C, strategy, overflow, multiple), need)
     assert rows_of(plan) == kept
     assert all(n >= need for n in plan.row_lengths())
     c, c0 = plan.counts, full.counts
@@ -93,6 +93,8 @@ def test_rows_left_out_equal_the_reference_and_every_count_adds_up(lengths, C, s
     assert c["docs_dropped"] - c0["docs_dropped"] == docs_lost
     if rows_lost:
         assert c["docs_cut"] == cut
+        if strategy != "concat":  # concat splits nothing: its pieces are cuts of the stream
+            assert (c["docs_split"], c["split_fragments"]) == (split, fragments)
     # every token read is written, truncated or dropped
     s = PackStats.from_plan(plan)
     assert s.real_tokens + s.tokens_truncated + s.tokens_dropped == sum(lengths)
