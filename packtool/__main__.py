@@ -13,7 +13,7 @@ def main() -> None:
     import signal
 
     from packtool.signals import install_early_handler
-    from packtool.startup import hold_gc
+    from packtool.startup import hold_gc, release_gc
 
     hold_gc()  # until the command's imports are done (packtool/startup.py)
     install_early_handler()
@@ -23,6 +23,7 @@ def main() -> None:
         cli_main()
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        release_gc(freeze=False)  # a command that ended before its imports were done
 
 
 if __name__ == "__main__":

@@ -897,7 +897,9 @@ def upgrade(output):
     without rewriting its shards (every shard's sha256 is checked first).
     """
     from packtool.formats.manifest import FORMAT_VERSION, upgrade_manifest
+    from packtool.startup import release_gc
 
+    release_gc()  # the command's imports are done (packtool/startup.py)
     if upgrade_manifest(output):
         click.echo(f"{output}: manifest rewritten as format version {FORMAT_VERSION}; shards "
                    "unchanged")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+from fractions import Fraction
 import os
 from dataclasses import asdict, dataclass, field
 
@@ -195,8 +196,9 @@ class PackConfig:
         if (isinstance(self.min_fill, bool) or not isinstance(self.min_fill, numbers.Real)
                 or not 0 <= self.min_fill <= 1):
             bad("min_fill", self.min_fill, "must be a fraction of the capacity in [0, 1]")
-        # the decimal it prints as (a NumPy float32 0.3 is 0.3, not 0.30000001192092896)
-        object.__setattr__(self, "min_fill", float(str(self.min_fill)))
+        # the number it prints as (a NumPy float32 0.3 is 0.3, not 0.30000001192092896; a
+        # Fraction 1/2 is 0.5)
+        object.__setattr__(self, "min_fill", float(Fraction(str(self.min_fill))))
         if self.rows_per_group is None:
             ncols = 3 if self.labels is LabelMode.NONE else 4
             object.__setattr__(self, "rows_per_group",
@@ -318,7 +320,7 @@ class CompareConfig:
         if (isinstance(self.min_fill, bool) or not isinstance(self.min_fill, numbers.Real)
                 or not 0 <= self.min_fill <= 1):
             _bad("min_fill", self.min_fill, "must be a fraction of the capacity in [0, 1]")
-        object.__setattr__(self, "min_fill", float(str(self.min_fill)))
+        object.__setattr__(self, "min_fill", float(Fraction(str(self.min_fill))))
         try:
             object.__setattr__(self, "overflow", Overflow(self.overflow))
         except ValueError:

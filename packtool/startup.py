@@ -114,13 +114,15 @@ def hold_gc() -> None:
         gc.set_threshold(_START_THRESHOLD, *_held[1:])
 
 
-def release_gc() -> None:
+def release_gc(freeze: bool = True) -> None:
     """After a command's imports: the objects made so far move to the collector's permanent
-    generation (``gc.freeze``: later collections no longer walk them) and the thresholds held by
-    :func:`hold_gc` come back. Does nothing when they are not held."""
+    generation (``gc.freeze``: later collections no longer walk them; ``freeze=False`` skips
+    that, for a command that ends) and the thresholds held by :func:`hold_gc` come back. Does
+    nothing when they are not held."""
     global _held
     if _held is not None:
-        gc.freeze()
+        if freeze:
+            gc.freeze()
         gc.set_threshold(*_held)
         _held = None
 

@@ -104,9 +104,9 @@ import packtool.startup as s
 from packtool.__main__ import main
 seen = []
 release = s.release_gc
-def spy():
+def spy(**kw):
     seen.append(gc.get_threshold())
-    release()
+    release(**kw)
 s.release_gc = spy
 sys.argv = ["packtool", "stats", {str(out)!r}]
 try:
@@ -162,3 +162,31 @@ def test_pack_of_a_list_input_imports_neither_pandas_nor_pyarrow_compute(tmp_pat
     src = write_docs(tmp_path / "in.parquet", [[1, 2, 3], [4, 5]])
     args = ["pack", "-q", "-c", "4", src, tmp_path / "out"]
     assert _modules_after(args, ("pandas", "pyarrow.compute")) == []
+
+
+@pytest.mark.parametrize("args", [["--version"], ["pack", "--bogus"], ["upgrade", "nowhere"]])
+def test_the_collector_is_given_back_on_every_way_out(args):
+    """A command that ends early (a usage error, --version) or that has no work to import
+    still leaves Python's thresholds as they were, when main() runs inside someone's process."""
+    got = _run(f"""
+import gc
+from packtool.__main__ import main
+import sys
+sys.argv = ["packtool", *{args!r}]
+before = gc.get_threshold()
+try:
+    main()
+except SystemExit:
+    pass
+print(gc.get_threshold() == before)
+""")
+    assert got.strip().splitlines()[-1] == "True"
+
+
+def test_min_fill_given_as_a_fraction_or_decimal_is_the_number_it_names():
+    from fractions import Fraction
+
+    from packtool.config import PackConfig
+
+    for value, want in ((Fraction(1, 2), 0.5), (Fraction(1, 3), 1 / 3), (np.float32(0.7), 0.7)):
+        assert PackConfig(inputs=("x",), output="y", min_fill=value).min_fill == want
