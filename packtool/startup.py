@@ -1,6 +1,10 @@
-"""Start-up notes: say on stderr that the first run compiles the kernels (a few seconds, once:
-a first ``pack`` of ``sample_data/`` took 3.2 CPU-s against 0.9 with the kernels cached, on a
-2-core AMD EPYC VM).
+"""A command's start-up: the note that the first run compiles the kernels, Python's collector
+held while a command imports (:func:`hold_gc`, :func:`release_gc`), and Numba without cffi in
+the command line's process (:func:`numba_without_cffi`); measured in ``docs/benchmarks.md``,
+"Start-up, third round".
+
+The compile note: the first run compiles the kernels (a few seconds, once: a first ``pack`` of
+``sample_data/`` took 3.2 CPU-s against 0.9 with the kernels cached, on a 2-core AMD EPYC VM).
 
 The Numba kernels are compiled on their first call after an install and cached
 (``cache=True``): next to the source, or under ``NUMBA_CACHE_DIR`` (set by :mod:`packtool` to a
@@ -83,8 +87,8 @@ def numba_without_cffi() -> None:
     line's own process only (no packtool kernel calls cffi).
 
     When cffi is installed (``cryptography`` brings it), Numba's typing registry imports it on
-    the first kernel call and builds a C parser: 0.08 CPU-s of the start-up of every command
-    that runs a kernel (``docs/benchmarks.md``). From this call on, Numba's cffi module, when
+    the first kernel call and builds a C parser: about 0.05 CPU-s of the start-up of every
+    command that runs a kernel (``docs/benchmarks.md``). From this call on, Numba's cffi module, when
     it is first imported, runs with ``cffi`` hidden, so it records cffi as missing; nothing
     else changes: Numba is not imported here, and ``cffi`` stays importable by anything else.
     Does nothing when that module is already imported.
