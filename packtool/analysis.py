@@ -383,8 +383,9 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
             :func:`least_waste`).
         min_fill: as ``pack --min-fill``: each plan without its rows under
             ``ceil(min_fill * capacity)`` real tokens (:func:`packtool.core.packing.pack_lengths`);
-            every dict then also has ``rows_dropped`` and ``tokens_dropped`` (tokens not
-            written: those rows', and those ``overflow`` drops).
+            every dict then also has ``rows_dropped``, ``tokens_under_min_fill`` (those rows'
+            real tokens) and ``tokens_dropped`` (tokens not written: those, and those
+            ``overflow`` drops).
 
     Returns:
         One dict per strategy: ``strategy``, ``rows``, ``lower_bound_rows`` (ceil(tokens / C)),
@@ -429,7 +430,8 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
                                        "windows": plan_windows(lengths.size, wd).count}
         if min_fill:
             extra.update(rows_dropped=int(plan.counts.get("rows_dropped", 0)),
-                         tokens_dropped=int(plan.counts["tokens_dropped"]))
+                         tokens_dropped=int(plan.counts["tokens_dropped"]),
+                         tokens_under_min_fill=int(plan.counts.get("tokens_under_min_fill", 0)))
         out.append({
             **extra,
             "strategy": label, "rows": rows, "lower_bound_rows": lb, "extra_rows": rows - lb,

@@ -450,6 +450,15 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
         w = split_warning(split, int((lengths > 0).sum()), cfg.capacity)
         if w:
             warnings.append(w)
+    if cfg.min_fill:  # what the pack would leave out: obfd's one plan, as pack plans it
+        from packtool.stats import PackStats
+
+        r = next(r for r in rows if r["strategy"] == "obfd")
+        w = PackStats(tokens_in=int(lengths.sum()), rows_dropped=r["rows_dropped"],
+                      tokens_under_min_fill=r["tokens_under_min_fill"]
+                      ).min_fill_warning(cfg.min_fill)
+        if w:
+            warnings.append(f"obfd: {w}")
     for w in warnings:
         click.echo(f"WARNING: {w}", err=True)
     if as_json:

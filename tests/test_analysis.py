@@ -216,21 +216,25 @@ def test_compare_min_fill_shows_what_pack_min_fill_then_drops(tmp_path):
     from packtool.pipeline import run_pack
 
     r = CliRunner().invoke(cli, ["compare", str(ROOT / "sample_data"), "--capacity", "512",
-                                 "--json", "--window-docs", "100", "--min-fill", "0.99"])
+                                 "--json", "--window-docs", "100", "--min-fill", "1"])
     assert r.exit_code == 0, r.output
-    rows = json.loads(r.stdout)["strategies"]
+    got = json.loads(r.stdout)
+    rows = got["strategies"]
     assert all(x["rows_dropped"] > 0 for x in rows)
     for row, wd in ((rows[2], None), (rows[3], 100)):
         res = run_pack(PackConfig(inputs=(str(ROOT / "sample_data"),),
                                   output=str(tmp_path / f"o{wd}"), capacity=512, window_docs=wd,
-                                  min_fill=0.99), progress=False)
+                                  min_fill=1.0), progress=False)
         s = res.stats
         assert (row["rows"], row["padding_tokens"], row["segments"], row["rows_dropped"],
                 row["tokens_dropped"], row["effective_targets"]) == \
             (s.rows, s.padding_tokens, s.segments, s.rows_dropped, s.tokens_dropped,
              s.effective_targets)
+        if wd is None:  # the dry run warns as the pack does, in the pack's words
+            assert [f"obfd: {w}" for w in res.warnings if w.startswith("--min-fill")] == \
+                [w for w in got["warnings"] if w.startswith("obfd: --min-fill")] != []
     text = CliRunner().invoke(cli, ["compare", str(ROOT / "sample_data"), "--capacity", "512",
-                                    "--min-fill", "0.99"]).output
+                                    "--min-fill", "1"]).output
     assert "rows dropped" in text and "tokens dropped" in text
     plain = compare_strategies(np.array([5, 300, 700, 20]), 512)
     assert all("rows_dropped" not in x for x in plain)
