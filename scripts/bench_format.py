@@ -170,7 +170,7 @@ def cmd_stats(args):
         rng = np.random.default_rng(0)
         schema = packed_schema(C, "none")
         typ = {f.name: f.type for f in schema}
-        outputs, doc, t0, targets = [], 0, time.perf_counter(), 0
+        outputs, doc, t0, targets, real, work = [], 0, time.perf_counter(), 0, 0, 0
         per_shard, per_group = 1_000_000, 65536
         for s in range(-(-n // per_shard)):
             m = min(per_shard, n - s * per_shard)
@@ -182,6 +182,8 @@ def cmd_stats(args):
                 cu = np.stack([np.zeros(g, np.int64), a, b, np.full(g, C)], 1).reshape(-1)
                 nt = (a - 1) + (b - a - 1)
                 targets += int(nt.sum())
+                real += int(b.sum())  # two documents: a and b - a tokens; b .. C is padding
+                work += int((a * a + (b - a) * (b - a)).sum())
                 ids = np.arange(doc, doc + 2 * g, dtype=np.int64)
                 doc += 2 * g
                 z = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(g * C, np.int32)),
@@ -202,7 +204,9 @@ def cmd_stats(args):
                             fingerprint="bench", capacity=C,
                             labels=LabelsInfo(False, "unshifted"), shards=tuple(outputs),
                             totals=PackStats(capacity=C, rows=n, segments=2 * n,
-                                             effective_targets=targets))
+                                             effective_targets=targets, real_tokens=real,
+                                             padding_tokens=n * C - real,
+                                             attention_work=work))
         publish_manifest(tmp, manifest, schema)
         print(f"synthetic output: {n:,} rows, {2 * n:,} segments, C={C} "
               f"(written in {time.perf_counter() - t0:.0f} s)", flush=True)
