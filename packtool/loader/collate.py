@@ -168,6 +168,8 @@ def rows_of(batch) -> Rows:
 
     Raises:
         ValueError: an empty batch, rows of different capacity, or items with different keys.
+        OverflowError: B * C over 2**31 - 1 (int32 ``cu_seqlens``, which every batch this
+            module builds carries), refused before anything is stacked.
     """
     if isinstance(batch, Rows):
         return batch
@@ -179,6 +181,7 @@ def rows_of(batch) -> Rows:
     C = len(first["input_ids"])
     if any(len(item["input_ids"]) != C for item in batch):
         raise ValueError("rows of different capacity in one batch")
+    _check_int32(len(batch), C)
     keys = [k for k in _TOKENS if k in first]
     if any(any(k not in item for k in keys) for item in batch):
         raise ValueError("items with different columns in one batch")

@@ -149,12 +149,37 @@ def _fake_rows(B, C):
 
 
 def test_cu_seqlens_int32_overflow_is_refused():
-    """B x C >= 2**31 cannot be int32 boundaries: OverflowError naming the largest batch."""
+    """B x C >= 2**31 cannot be int32 boundaries: OverflowError naming the largest batch, for
+    items before they are stacked (1024 rows of 2**21 tokens would be 8 GiB) and for gathered
+    rows; the largest batch that fits gets its boundaries (its rows given as a Rows whose
+    input_ids take no memory)."""
+    from packtool.formats.packed import Rows
+
     C = 2**21
-    cu, m = batch_cu_seqlens(_fake_rows(1023, C))
+
+    def rows(B):
+        cu = np.tile(np.array([0, C], dtype=np.int32), B)
+        return Rows({"input_ids": np.broadcast_to(np.int32(0), (B, C))},
+                    {"cu_seqlens": (cu, np.arange(0, 2 * B + 1, 2, dtype=np.int64))}, {},
+                    np.arange(B), np.arange(B), ["s"] * B, "unshifted", {})
+
+    cu, m = batch_cu_seqlens(rows(1023))
     assert cu.dtype == np.int32 and int(cu[-1]) == 1023 * C and m == C
+    assert cu.tolist() == [r * C for r in range(1024)]
+    for big in (_fake_rows(1024, C), rows(1024)):
+        with pytest.raises(OverflowError, match="at most 1023 rows"):
+            batch_cu_seqlens(big)
+
+    class Unstackable:  # items refused before their tokens are ever turned into arrays
+        def __len__(self):
+            return C
+
+        def __array__(self, *args, **kwargs):
+            raise AssertionError("the rows were stacked before the check")
+
+    items = [{"input_ids": Unstackable(), "cu_seqlens": np.array([0, C])} for _ in range(1024)]
     with pytest.raises(OverflowError, match="at most 1023 rows"):
-        batch_cu_seqlens(_fake_rows(1024, C))
+        batch_cu_seqlens(items)
 
 
 def test_flat_batch_has_flash_attention_2_keyword_names_B06_B24(tmp_path):
