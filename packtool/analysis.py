@@ -180,7 +180,7 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
         cols.append("source_ids")
     # per source id: rows holding it, segments, real tokens, padding, effective targets
     by_src = np.zeros((5, n_src), dtype=np.int64)  # shape: (5, sources)
-    rows = segs = real = targets = work = documents = bad_num_targets = seg_pad = 0
+    rows = segs = real = targets = work = bad_num_targets = seg_pad = 0
     fill_counts = np.zeros(C + 1, dtype=np.int64)  # shape: (C + 1,)
     seg_counts = np.zeros(C + 1, dtype=np.int64)  # shape: (C + 1,)
     # one bit per document id: seen in a segment, seen in more than one (``--min-fill`` can
@@ -496,7 +496,13 @@ def least_waste(rows: list) -> dict:
     """
     rows = [r for r in rows if "window_docs" not in r] or rows  # strategies, not windowings
     whole = [r for r in rows if r["docs_cut_below_capacity"] == 0] or rows
-    return min(whole, key=lambda r: (r["padding_tokens"] + r.get("tokens_dropped", 0), r["rows"]))
+    return min(whole, key=lambda r: (_waste(r), r["rows"]))
+
+
+def _waste(r: dict) -> int:
+    """Tokens a strategy wastes (:func:`least_waste`): padding, plus the tokens not written in
+    a dry run with ``min_fill``."""
+    return r["padding_tokens"] + r.get("tokens_dropped", 0)
 
 
 def _n(count: int, noun: str) -> str:
@@ -590,9 +596,9 @@ def format_packed(a: PackedAnalysis) -> str:
 def format_compare(rows: list, capacity: int, num_docs: int, tokens: int) -> str:
     """Human side-by-side table of :func:`compare_strategies`, then which strategy wastes least
     (:func:`least_waste`). Every column is absolute, so rows compare across strategies."""
-    lb = rows[0]["lower_bound_rows"] if rows else 0
-    if rows and "rows_dropped" in rows[0]:  # rows written differ per strategy: the input's bound
-        lb = -(-tokens // capacity)
+    dropped = bool(rows) and "rows_dropped" in rows[0]  # a dry run with --min-fill
+    # rows written differ per strategy with --min-fill: the bound is the input's
+    lb = -(-tokens // capacity) if dropped else (rows[0]["lower_bound_rows"] if rows else 0)
     cols = [("strategy", "s", lambda r: r["strategy"]),
             ("rows", ",", lambda r: r["rows"]),
             ("extra rows", ",", lambda r: r["extra_rows"]),
@@ -602,7 +608,7 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int) -> str
             ("of them <= C", ",", lambda r: r["docs_cut_below_capacity"]),
             ("effective targets", ",", lambda r: r["effective_targets"]),
             ("attention M token^2", ",.0f", lambda r: r["attention_work"] / 1e6)]
-    if rows and "rows_dropped" in rows[0]:  # a dry run with --min-fill
+    if dropped:
         cols[4:4] = [("rows dropped", ",", lambda r: r["rows_dropped"]),
                      ("tokens dropped", ",", lambda r: r["tokens_dropped"])]
     cells = [[format(f(r), spec) for _, spec, f in cols] for r in rows]
@@ -617,12 +623,7 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int) -> str
            line([h for h, _, _ in cols])] + [line(c) for c in cells]
     if rows:
         best = least_waste(rows)
-        dropped = "tokens_dropped" in best  # a dry run with --min-fill: dropped tokens are waste
-
-        def waste(r):
-            return r["padding_tokens"] + r.get("tokens_dropped", 0)
-
-        fewest = min(rows, key=waste)
+        fewest = min(rows, key=_waste)  # with --min-fill, dropped tokens are waste too
         lost = f"{_n(best['tokens_dropped'], 'token')} dropped, " if dropped else ""
         verdict = (f"least waste: {best['strategy']} ({best['padding_tokens']:,} padding tokens, "
                    f"{lost}{_n(best['extra_rows'], 'row')} over ceil(tokens/C), no document that "
@@ -630,9 +631,9 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int) -> str
                    f"least {'waste' if dropped else 'padding'}: {best['strategy']} "
                    f"({best['padding_tokens']:,} padding tokens"
                    + (f", {best['tokens_dropped']:,} dropped)" if dropped else ")"))
-        if fewest is not best and waste(fewest) < waste(best):
+        if fewest is not best and _waste(fewest) < _waste(best):
             verdict += (f"; {fewest['strategy']} {'wastes' if dropped else 'pads'} less "
-                        f"({waste(fewest):,}) but cuts {fewest['docs_cut_below_capacity']:,} "
+                        f"({_waste(fewest):,}) but cuts {fewest['docs_cut_below_capacity']:,} "
                         "documents that fit in a row")
         out.append(verdict)
     out.append("padding %: of rows * C; docs cut: documents spread over several segments (of "

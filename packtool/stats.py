@@ -184,13 +184,10 @@ class PackStats:
         lost = self.tokens_lost - self.tokens_under_min_fill  # --overflow's own
         if not self.tokens_in or lost <= threshold * self.tokens_in:
             return None
-        docs = self.docs_dropped + self.docs_truncated
-        if self.rows_dropped:  # some dropped documents are --min-fill's: not said to be long
-            return (f"--overflow {overflow} removed {100 * lost / self.tokens_in:.1f}% of the "
-                    f"tokens ({lost:,} of {self.tokens_in:,}, documents over --capacity); use "
-                    "--overflow split or a larger --capacity to keep them")
+        # with --min-fill some dropped documents are its own, not long: no count of them then
+        docs = "" if self.rows_dropped else f"{self.docs_dropped + self.docs_truncated:,} "
         return (f"--overflow {overflow} removed {100 * lost / self.tokens_in:.1f}% "
-                f"of the tokens ({lost:,} of {self.tokens_in:,}, {docs:,} documents "
+                f"of the tokens ({lost:,} of {self.tokens_in:,}, {docs}documents "
                 "over --capacity); use --overflow split or a larger --capacity to keep them")
 
     def min_fill_warning(self, min_fill: float, threshold: float = 0.01) -> str | None:
