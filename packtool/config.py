@@ -193,12 +193,7 @@ class PackConfig:
             bad("row_group_mb", self.row_group_mb, "must be a finite number > 0 MiB")
         if self.compression not in ("zstd", "lz4"):
             bad("compression", self.compression, "choose zstd or lz4")
-        if (isinstance(self.min_fill, bool) or not isinstance(self.min_fill, numbers.Real)
-                or not 0 <= self.min_fill <= 1):
-            bad("min_fill", self.min_fill, "must be a fraction of the capacity in [0, 1]")
-        # the number it prints as (a NumPy float32 0.3 is 0.3, not 0.30000001192092896; a
-        # Fraction 1/2 is 0.5)
-        object.__setattr__(self, "min_fill", float(Fraction(str(self.min_fill))))
+        _check_min_fill(self, bad)
         if self.rows_per_group is None:
             ncols = 3 if self.labels is LabelMode.NONE else 4
             object.__setattr__(self, "rows_per_group",
@@ -283,6 +278,16 @@ class PackConfig:
         return d
 
 
+def _check_min_fill(cfg, bad) -> None:
+    """Refuse a ``min_fill`` outside [0, 1] (``bad`` raises) and keep it as the float of the
+    number it prints as (a NumPy float32 0.3 is 0.3, not 0.30000001192092896; a Fraction 1/2
+    is 0.5)."""
+    f = cfg.min_fill
+    if isinstance(f, bool) or not isinstance(f, numbers.Real) or not 0 <= f <= 1:
+        bad("min_fill", f, "must be a fraction of the capacity in [0, 1]")
+    object.__setattr__(cfg, "min_fill", float(Fraction(str(f))))
+
+
 @dataclass(frozen=True, kw_only=True)
 class CompareConfig:
     """Everything ``packtool compare`` needs: INPUT read exactly as ``pack`` reads it (the same
@@ -317,10 +322,7 @@ class CompareConfig:
     def __post_init__(self) -> None:
         if self.window_docs is not None and self.window_docs < 1:
             _bad("window_docs", self.window_docs, "must be >= 1")
-        if (isinstance(self.min_fill, bool) or not isinstance(self.min_fill, numbers.Real)
-                or not 0 <= self.min_fill <= 1):
-            _bad("min_fill", self.min_fill, "must be a fraction of the capacity in [0, 1]")
-        object.__setattr__(self, "min_fill", float(Fraction(str(self.min_fill))))
+        _check_min_fill(self, _bad)
         try:
             object.__setattr__(self, "overflow", Overflow(self.overflow))
         except ValueError:
