@@ -637,8 +637,8 @@ def stats(ctx, path, per_bin, per_bin_limit, no_hash, as_json, plot, capacity, c
 
 def _refuse_raw_input(where, command: str) -> None:
     """One line when the local directory given to ``stats`` or ``verify`` is not a packed
-    output: empty, raw tokenized input, or an interrupted pack (each with the command that
-    fits). A store URI is left to the reader (its message names the URI).
+    output: a pack still writing it, an interrupted pack, empty, packed shards whose manifest
+    is gone, or raw tokenized input (each with the command that fits). A store URI is left to the reader (its message names the URI).
 
     Raises:
         ManifestError: ``where`` is a directory without a manifest.
@@ -653,8 +653,13 @@ def _refuse_raw_input(where, command: str) -> None:
     out = loc.path
     if not out.is_dir() or (out / MANIFEST_NAME).exists():
         return
-    from packtool.formats.reader import _format_of
+    from packtool.formats.reader import _format_of, packed_marker
+    from packtool.output import pack_running
 
+    if pack_running(out):
+        raise ManifestError(f"{out}: a packtool pack is writing it now (its lock is held), so it "
+                            f"has no {MANIFEST_NAME} yet; wait for that pack to end, then "
+                            f"packtool {command} {out}")
     if (out / IN_PROGRESS_NAME).exists() or any(out.glob(".packtool-*")):
         raise ManifestError(f"{out}: an interrupted pack (no {MANIFEST_NAME} yet); rerun the same "
                             f"packtool pack command to finish it, then packtool {command} {out}")
@@ -662,6 +667,11 @@ def _refuse_raw_input(where, command: str) -> None:
         raise ManifestError(f"{out}: is an empty directory, not a packed output; pack into it "
                             f"first: packtool pack --capacity C INPUT {out}")
     data = next((p for p in out.rglob("*") if p.is_file() and _format_of(p.name)), None)
+    if data is not None and packed_marker(data) is not None:
+        raise ManifestError(f"{out}: holds packed shards ({data.relative_to(out)}) but no "
+                            f"{MANIFEST_NAME}, which was removed or never written, so the shards "
+                            "cannot be checked; pack again: the same packtool pack command with "
+                            "--overwrite")
     if data is not None:
         hint = (f"packtool compare {out} --capacity C" if command == "stats" else
                 f"packtool pack --capacity C {out} OUTPUT, then packtool {command} OUTPUT")

@@ -59,7 +59,7 @@ from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAM
                                        publish_manifest, read_manifest, shard_entry_of)
 from packtool.location import Location
 
-__all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256",
+__all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256", "pack_running",
            "BYTE_DECIDING_PACKAGES", "WINDOW_DIR_PREFIX", "READ_DIR_PREFIX", "SCRATCH_UNITS",
            "PARTIAL_PROGRESS", "ScratchKept", "claim_partial", "keeps_stages", "WINDOW_DONE",
            "SCRATCH_FINGERPRINT", "LAYOUT_REVISION", "window_done", "window_workdir",
@@ -472,6 +472,31 @@ class Output:
             return OutputError(f"{where}: {note} ({state})")
         cause = (exc.strerror if isinstance(exc, OSError) else None) or store.first_line(exc)
         return OutputError(f"{where}: {what} ({cause}); {state}")
+
+
+def pack_running(directory) -> bool:
+    """Whether a ``packtool pack`` holds the lock of the local OUTPUT ``directory`` right now
+    (a lock file left by a pack that was killed is not held). A store prefix: False (its lock is
+    advisory; the store's own messages name it).
+
+    Args:
+        directory: a local path or a URI.
+    """
+    loc = Location.parse(directory)
+    if not loc.is_local:
+        return False
+    path = loc.join(LOCK_NAME).path
+    if not path.exists():
+        return False
+    lock = FileLock(path)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return True
+    except OSError:
+        return False
+    lock.release()
+    return False
 
 
 class LocalOutput(Output):

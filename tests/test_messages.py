@@ -44,6 +44,50 @@ def test_interrupted_pack_given_to_verify_still_says_rerun(tmp_path, raw):
     assert "rerun the same packtool pack" in res.output
 
 
+@pytest.mark.parametrize("command", ["verify", "stats", "export --to nemo"])
+def test_packed_shards_without_their_manifest_say_pack_again(tmp_path, raw, command):
+    """A packed output whose manifest was deleted: not "tokenized input, run compare" (which
+    sends the user back, since compare and pack refuse packed shards), but pack again."""
+    out = tmp_path / "out"
+    assert invoke(["pack", "-c", 8, raw, out]).exit_code == 0
+    (out / ".packtool-manifest.parquet").unlink()
+    args = command.split() + [out] + ([tmp_path / "nemo"] if command.startswith("export") else [])
+    res = invoke(args)
+    assert res.exit_code == 1, res.output
+    assert "packed shards" in res.output and "tokenized input" not in res.output
+    assert "--overwrite" in res.output and "compare" not in res.output
+    assert invoke(["compare", out, "-c", 8]).exit_code == 1  # the loop this breaks
+    assert invoke(["pack", "-q", "-c", 8, "--overwrite", raw, out]).exit_code == 0
+
+
+def test_stats_of_an_output_being_written_says_wait_not_rerun(tmp_path):
+    """While a pack holds OUTPUT's lock, stats says a pack is writing it (a rerun would be
+    refused by that lock); once the lock is free the same directory is an interrupted pack."""
+    import subprocess
+    import textwrap
+
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / ".packtool-in-progress.json").write_text("{}")
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys
+        from filelock import FileLock
+        lock = FileLock({str(half / ".packtool.lock")!r})
+        lock.acquire()
+        print("held", flush=True)
+        sys.stdin.read()
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        res = invoke(["stats", half])
+        assert res.exit_code == 1 and "is writing it now" in res.output, res.output
+        assert "rerun" not in res.output
+    finally:
+        holder.communicate("", timeout=30)
+    res = invoke(["stats", half])
+    assert res.exit_code == 1 and "interrupted pack" in res.output, res.output
+
+
 def test_stats_with_a_capacity_on_raw_input_points_to_compare(raw):
     """`packtool stats data/ -c 2048` (no --compare): the command to run, in full."""
     res = invoke(["stats", raw, "-c", 2048])

@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from packtool.errors import InputError, ManifestError, SchemaError, row_ref
+from packtool.errors import InputError, ManifestError, PacktoolError, SchemaError, row_ref
 from packtool.formats.arrays import list_parts, numpy_values
 from packtool.formats.manifest import (IN_PROGRESS_NAME, MANIFEST_META_KEY, MANIFEST_NAME,
                                        PACKED_KIND, Manifest)
@@ -766,12 +766,32 @@ def open_input(path, column: str, fmt: str | None = None) -> InputSource:
         src = InputSource(shown, fmt, pf.schema_arrow,
                           [md.row_group(i).num_rows for i in range(md.num_row_groups)],
                           parquet=pf)
-    meta = src.schema_arrow.metadata or {}
-    packed = sorted(k.decode() for k in meta if k.startswith(_PACKED_META_PREFIX))
+    packed = _packed_key(src.schema_arrow)
     if packed:
-        _refuse_packed(shown, f"schema metadata {packed[0]}")
+        _refuse_packed(shown, f"schema metadata {packed}")
     check_token_column(src.schema_arrow, column, str(shown))
     return src
+
+
+def _packed_key(schema: pa.Schema) -> str | None:
+    """The first ``packtool.*`` key of ``schema``'s metadata (a packed shard's), or None."""
+    return min((k.decode() for k in (schema.metadata or {})
+                if k.startswith(_PACKED_META_PREFIX)), default=None)
+
+
+def packed_marker(path) -> str | None:
+    """The ``packtool.*`` schema metadata key that marks file ``path`` as a packed shard, or
+    None for any other file (tokenized input, or a file that cannot be read: its reader names
+    the fault).
+
+    Args:
+        path: a Parquet or Arrow IPC file, local path or URI.
+    """
+    try:
+        schema, _ = input_schema(path)
+    except PacktoolError:
+        return None
+    return _packed_key(schema)
 
 
 def input_schema(path, fmt: str | None = None) -> tuple[pa.Schema, object]:
