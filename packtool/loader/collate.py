@@ -161,13 +161,22 @@ _RAGGED = ("cu_seqlens", "cu_seqlens_unpadded", "doc_ids", "doc_offsets", "sourc
 _SCALARS = ("max_seqlen", "num_targets")
 
 
+def _convention(item) -> str | None:
+    """The labels convention an item says it carries (``labels_convention``, or the older
+    ``labels_mode``; ``none``, labels derived by the unshifted rule, is ``unshifted``), or
+    None when it does not say."""
+    mode = item.get("labels_convention", item.get("labels_mode"))
+    return "unshifted" if mode == "none" else mode
+
+
 def rows_of(batch) -> Rows:
     """The batch as :class:`~packtool.formats.packed.Rows` (items are stacked once per column;
     a ``Rows`` is returned as it is). The labels convention is the items' (``labels_convention``
     or ``labels_mode`` key), or None when they do not say.
 
     Raises:
-        ValueError: an empty batch, rows of different capacity, or items with different keys.
+        ValueError: an empty batch, rows of different capacity, items with different keys, or
+            items that say different labels conventions (or one says and another does not).
         OverflowError: B * C over 2**31 - 1 (int32 ``cu_seqlens``, which every batch this
             module builds carries), refused before anything is stacked.
     """
@@ -194,8 +203,14 @@ def rows_of(batch) -> Rows:
             np.cumsum([p.size for p in parts], out=offs[1:])
             ragged[k] = (np.concatenate(parts), offs)
     scalars = {k: np.asarray([item[k] for item in batch]) for k in _SCALARS if k in first}
-    mode = first.get("labels_convention", first.get("labels_mode"))
-    mode = "unshifted" if mode == "none" else mode  # derived by the unshifted rule
+    mode = _convention(first)
+    for i, item in enumerate(batch):
+        if _convention(item) != mode:
+            raise ValueError(
+                f"batch items 0 and {i} carry different labels conventions ({mode} and "
+                f"{_convention(item)}): one batch would shift some labels twice or not at all; "
+                "read every dataset of the batch with the same labels= (e.g. "
+                "labels='unshifted')")
 
     def col(name):
         return [item.get(name) for item in batch]

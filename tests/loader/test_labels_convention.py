@@ -151,3 +151,29 @@ def test_items_that_lost_their_convention_are_never_shifted_twice(outputs, make)
     ok = PackedDataset(outputs["shifted"])  # unshifted by default
     good = [{k: ok[i][k] for k in ("input_ids", "position_ids", "labels")} for i in range(3)]
     assert make(good)["labels"].numel() == 3 * 64
+
+
+@pytest.mark.parametrize("make", [HFCollator(), HFCollator(flatten=True), collate_flat, collate])
+@pytest.mark.parametrize("key", ["labels_convention", "labels_mode"])
+def test_one_batch_of_items_in_two_conventions_is_refused(outputs, make, key):
+    """Items of two datasets read with labels=None (each its output's own convention), mixed
+    in one batch (a ConcatDataset): the first item's convention must not be applied to the
+    other (shifted twice, or named wrongly), in either order; an item that does not say is no
+    match for one that does."""
+    def said(item):  # the convention under ``key`` (items say labels_mode; both are read)
+        item = dict(item)
+        item[key] = item.pop("labels_mode")
+        return item
+
+    shifted = PackedDataset(outputs["shifted"], labels=None)
+    plain = PackedDataset(outputs["unshifted"], labels=None)
+    a, b = said(shifted[0]), said(plain[1])
+    assert {a[key], b[key]} == {"shifted", "unshifted"}
+    for items in ([a, b], [b, a], [a, a, b], [b, {k: v for k, v in a.items()
+                                                 if k not in ("labels_convention",
+                                                              "labels_mode")}]):
+        with pytest.raises(ValueError, match="different labels conventions"):
+            make(items)
+    none = said(PackedDataset(outputs["none"], labels=None)[2])  # derived: unshifted
+    assert make([b, none])["labels"].numel() == 2 * 64
+    assert make([a, said(shifted[1])])["labels"].numel() == 2 * 64
