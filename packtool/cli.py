@@ -496,8 +496,9 @@ def _input_mask_stats(docs):
 @click.option("--column", default="input_ids", show_default=True, metavar="NAME",
               help="Token column of the input (list of integer ids).")
 @click.option("--overflow", type=_choice(Overflow), default="split", show_default=True,
-              help="Documents longer than C (ordered and obfd): split into chunks, truncate, "
-                   "drop, or error.")
+              help="Documents longer than C: split into chunks (ordered and obfd; concat's "
+                   "stream cuts them itself), truncate, drop, or error; what is lost is "
+                   "counted as waste.")
 @_input_options
 @click.option("--window-docs", type=click.IntRange(min=1), default=None, metavar="N",
               help="Also dry-run obfd in windows of N documents, as pack --window-docs deals "
@@ -514,8 +515,9 @@ def compare(inputs, capacity, column, overflow, append_eos, prepend_bos, attenti
     """Dry-run concat, ordered and obfd on raw tokenized INPUT side by side, at capacity C.
 
     INPUT is read exactly as packtool pack reads it (the same files, mask columns and
-    BOS/EOS), so the rows, padding and effective targets are those the pack would give; the
-    last line names the strategy that wastes least. --plot draws the length histogram,
+    BOS/EOS), so the rows, padding, effective targets, truncated and dropped tokens and
+    warnings are those the pack would give, and what pack refuses is refused; the last line
+    names the strategy that wastes least. --plot draws the length histogram,
     padding per strategy, documents cut that fit in a row and the fill per row.
     """
     from packtool.config import CompareConfig
