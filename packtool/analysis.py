@@ -693,24 +693,26 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int, *,
 
     head = f"dry run: {num_docs:,} documents, {tokens:,} tokens, capacity {capacity}; "
     if kept == tokens:
-        head += f"ceil(tokens/C) = {-(-tokens // capacity):,} rows"
+        head += f"ceil(tokens/C) = {_n(-(-tokens // capacity), 'row')}"
         bound = "ceil(tokens/C)"
     else:
         what = ("cuts {} longer than C to C ({} lost)" if overflow == Overflow.TRUNCATE
                 else "leaves out {} longer than C ({})")
         head += (f"--overflow {overflow} " + what.format(_n(docs_over_capacity, "document"),
                                                          _n(tokens - kept, "token"))
-                 + f": {kept:,} tokens kept, ceil(tokens kept/C) = {-(-kept // capacity):,} rows")
+                 + f": {kept:,} tokens kept, ceil(tokens kept/C) = "
+                 + _n(-(-kept // capacity), "row"))
         bound = "ceil(tokens kept/C)"
     if min_fill:
         bound = "ceil(tokens written/C)"
     out = [head, line([h for h, _, _ in cols])] + [line(c) for c in cells]
     best = least_waste(rows) if rows else None
     if rows and best is None:
-        out.append(f"no strategy writes a row: {_n(tokens - kept, 'token')} lost to "
-                   f"--overflow {overflow}"
-                   + (f", {_n(kept, 'token')} to --min-fill" if kept else "")
-                   + f", of {tokens:,}; nothing to choose between")
+        parts = ([f"{_n(tokens - kept, 'token')} lost to --overflow {overflow}"]
+                 if tokens > kept else []) + ([f"{_n(kept, 'token')} lost to --min-fill"]
+                                              if kept else [])
+        out.append(f"no strategy writes a row: {', '.join(parts) or 'no tokens'}; nothing to "
+                   "choose between")
     elif best is not None:
         losing = truncated or dropped
         fewest = min(rows, key=_waste)

@@ -318,6 +318,12 @@ def test_compare_shows_what_overflow_truncate_and_drop_lose(tmp_path):
     assert lines[2].split()[:6] == ["concat", "2", "0", "0", "2", "3"]
     assert "least waste: concat (0 padding tokens, 3 tokens truncated" in res.stdout
     assert "WARNING: --overflow truncate removed 27.3% of the tokens (3 of 11" in res.stderr
+    # --min-fill alone leaving out every row: no winner either, the loss named as its own
+    from packtool.analysis import format_compare
+
+    text = format_compare(compare_strategies(np.array([1, 2]), 4, min_fill=1.0), 4, 2, 3)
+    assert "ceil(tokens/C) = 1 row\n" in text and "least waste" not in text
+    assert "no strategy writes a row: 3 tokens lost to --min-fill;" in text
 
 
 def test_compare_refuses_what_pack_refuses_in_pack_s_words(tmp_path):
