@@ -27,7 +27,7 @@ from packtool.types import IGNORE_INDEX, Overflow, Strategy
 __all__ = ["PackedAnalysis", "analyze_packed", "compare_strategies", "input_lengths",
            "input_documents", "InputDocuments",
            "format_packed", "format_compare", "plot_packed", "plot_compare", "require_matplotlib",
-           "least_waste", "RECOUNTED"]
+           "least_waste", "overflow_kept", "RECOUNTED"]
 
 #: PackStats fields that can be recounted from the shards (the others only the manifest knows).
 RECOUNTED = ("rows", "segments", "real_tokens", "padding_tokens", "effective_targets",
@@ -298,6 +298,39 @@ class InputDocuments:
     discovery: object = None
     #: :class:`packtool.formats.reader.InputColumns`: mask-like columns not used
     columns: object = None
+    #: int64[files + 1]: global number of each file's first document, then the total
+    first_docs: np.ndarray | None = None
+
+    def locate(self, doc: int) -> tuple[str, int]:
+        """The input file of global document ``doc`` and its row there (0-based)."""
+        f = int(np.searchsorted(self.first_docs, doc, side="right") - 1)
+        return self.discovery.files[f].path, int(doc - self.first_docs[f])
+
+    def refuse_as_pack(self, capacity: int, overflow, column: str,
+                       window_docs: int | None = None) -> None:
+        """Refuse these documents as ``pack`` with the same options refuses them after reading,
+        through the same code (the same one-line messages, the same exit).
+
+        Raises:
+            InputError: no tokens (:func:`packtool.pipeline.read.require_tokens`).
+            PackingError: ``overflow`` is ``error`` and a document is longer than ``capacity``:
+                the first in the order pack plans them (window by window with
+                ``window_docs``), its file and row named
+                (:func:`packtool.pipeline.plan.check_overflow`).
+        """
+        from packtool.core.windows import plan_windows
+        from packtool.pipeline.plan import check_overflow
+        from packtool.pipeline.read import require_tokens
+
+        n = int(self.lengths.size)
+        require_tokens(self.discovery.files, n, int(self.lengths.sum()), column)
+        if Overflow(overflow) is not Overflow.ERROR:
+            return
+        order = np.arange(n, dtype=np.int64)  # shape: (num_docs,)
+        if window_docs is not None:
+            ws = plan_windows(n, window_docs)
+            order = np.concatenate([order[:0]] + [ws.members(w) for w in range(ws.count)])
+        check_overflow(capacity, self.lengths[order], order, self.locate)
 
     @property
     def label_masked(self) -> int:
@@ -336,7 +369,8 @@ def input_documents(inputs, column: str = "input_ids", *, attention_mask: str | 
     cols = input_columns(found.files, column, attention_mask, labels, loss_mask)
     lengths, flags, masked, counts = [], [], 0, BoundaryCounts()
     any_flags = False
-    for f in found.files:
+    first_docs = np.zeros(len(found.files) + 1, dtype=np.int64)  # shape: (files + 1,)
+    for i, f in enumerate(found.files):
         for tb in iter_documents(f.path, column, fmt=f.format, attention_mask=attention_mask,
                                  labels=labels, loss_mask=loss_mask, bos=bos, eos=eos):
             any_flags |= tb.targets is not None
@@ -345,9 +379,10 @@ def input_documents(inputs, column: str = "input_ids", *, attention_mask: str | 
                          else np.ones(tb.tokens.size, dtype=np.uint8))
             masked += tb.masked_tokens
             counts = counts + tb.boundary
+            first_docs[i + 1:] += tb.lengths.size
     cat = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
     targets = (np.concatenate(flags) if flags else np.zeros(0, np.uint8)) if any_flags else None
-    return InputDocuments(cat, targets, masked, counts, found, cols)
+    return InputDocuments(cat, targets, masked, counts, found, cols, first_docs)
 
 
 def input_lengths(inputs, column: str = "input_ids") -> np.ndarray:
@@ -383,13 +418,17 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
             :func:`least_waste`).
         min_fill: as ``pack --min-fill``: each plan without its rows under
             ``ceil(min_fill * capacity)`` real tokens (:func:`packtool.core.packing.pack_lengths`);
-            every dict then also has ``rows_dropped``, ``tokens_under_min_fill`` (those rows'
-            real tokens) and ``tokens_dropped`` (tokens not written: those, and those
-            ``overflow`` drops).
+            every dict then also has ``rows_dropped`` and ``tokens_under_min_fill`` (those rows'
+            real tokens, counted in ``tokens_dropped`` too).
 
     Returns:
-        One dict per strategy: ``strategy``, ``rows``, ``lower_bound_rows`` (ceil(tokens / C)),
-        ``extra_rows``, ``tokens_processed`` (rows * C, what a training step computes on),
+        One dict per strategy, its counts those ``pack --strategy S`` with the same options
+        records (:meth:`packtool.stats.PackStats.from_plan`): ``strategy``, ``rows``,
+        ``lower_bound_rows`` (ceil(tokens written / C)), ``extra_rows``, ``docs_truncated``,
+        ``tokens_truncated`` (``--overflow truncate``), ``docs_dropped``, ``tokens_dropped``
+        (``--overflow drop``, and the rows under ``min_fill``), ``warnings`` (the lines
+        ``pack`` prints for these counts, :meth:`packtool.stats.PackStats.warnings`),
+        ``tokens_processed`` (rows * C, what a training step computes on),
         ``padding_tokens``, ``padding_pct`` (of ``tokens_processed``, 4 decimals), ``docs_cut``
         (documents spread over several segments), ``docs_cut_below_capacity`` (cut although
         they fit in one row), ``docs_split``, ``segments``, ``effective_targets``,
@@ -417,35 +456,36 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
     for label, s, wd in runs:
         plan = (pack_lengths(lengths, capacity, strategy=s, overflow=overflow, min_fill=min_fill)
                 if wd is None else _windowed_plan(lengths, capacity, wd, overflow, min_fill))
-        seg_len = plan.seg_len.astype(np.int64)  # shape: (num_segments,)
-        real = int(seg_len.sum())
+        s = PackStats.from_plan(plan)  # the counts pack records for this plan
+        real, rows = s.real_tokens, s.rows
         effective = int(plan_segment_targets(plan, doc_starts, targets).sum())
-        rows = plan.num_rows
         pieces = np.bincount(plan.seg_doc, minlength=lengths.size) if lengths.size else \
             np.zeros(0, dtype=np.int64)
         cut = pieces > 1
-        lb = -(-real // capacity)
         slots = rows * capacity
         extra = {} if wd is None else {"window_docs": wd,
                                        "windows": plan_windows(lengths.size, wd).count}
         if min_fill:
-            extra.update(rows_dropped=int(plan.counts.get("rows_dropped", 0)),
-                         tokens_dropped=int(plan.counts["tokens_dropped"]),
-                         tokens_under_min_fill=int(plan.counts.get("tokens_under_min_fill", 0)))
+            extra.update(rows_dropped=s.rows_dropped,
+                         tokens_under_min_fill=s.tokens_under_min_fill)
         out.append({
             **extra,
-            "strategy": label, "rows": rows, "lower_bound_rows": lb, "extra_rows": rows - lb,
+            "strategy": label, "rows": rows, "lower_bound_rows": s.lower_bound_rows,
+            "extra_rows": s.extra_rows,
+            "docs_truncated": s.docs_truncated, "tokens_truncated": s.tokens_truncated,
+            "docs_dropped": s.docs_dropped, "tokens_dropped": s.tokens_dropped,
             "tokens_processed": slots,
-            "padding_tokens": slots - real,
-            "padding_pct": round(100.0 * (slots - real) / slots, 4) if rows else 0.0,
+            "padding_tokens": s.padding_tokens,
+            "padding_pct": round(100.0 * s.padding_tokens / slots, 4) if rows else 0.0,
             "docs_cut": int(cut.sum()),
             "docs_cut_below_capacity": int((cut & (lengths <= capacity)).sum()),
-            "docs_split": int(plan.counts["docs_split"]),
-            "segments": int(seg_len.size),
+            "docs_split": s.docs_split,
+            "segments": s.segments,
             "effective_targets": effective,
             "targets_per_token": round(effective / real, _DECIMALS) if real else 0.0,
-            "attention_work": int((seg_len * seg_len).sum()),
-            "attention_work_full_rows": rows * capacity**2,
+            "attention_work": s.attention_work,
+            "attention_work_full_rows": s.full_attention_work,
+            "warnings": s.warnings(overflow, min_fill),
         })
     least = min((r["attention_work"] for r in out), default=0)
     for r in out:
@@ -483,26 +523,30 @@ def _windowed_plan(lengths: np.ndarray, capacity: int, window_docs: int, overflo
                     counts=counts)
 
 
-def least_waste(rows: list) -> dict:
+def least_waste(rows: list) -> dict | None:
     """The strategy that wastes least among :func:`compare_strategies`' results.
 
-    Waste is padding (tokens a step computes on for nothing), plus, in a dry run with
-    ``min_fill``, the tokens not written (``tokens_dropped``); only strategies that cut no
+    Waste is padding (tokens a step computes on for nothing) plus the tokens
+    not written (``tokens_truncated`` and ``tokens_dropped``: by ``--overflow truncate|drop``
+    and, in a dry run with ``min_fill``, by the rows under it); only strategies that cut no
     document that fits in one row compete (cutting such a document costs a target and breaks
     its context); ties go to fewer rows, then to the order given.
 
     Returns:
-        The winning dict of ``rows``, or of all of them when every strategy cuts such documents.
+        The winning dict of ``rows``, or of all of them when every strategy cuts such documents;
+        None when no strategy writes a row (every token lost: nothing to choose between).
     """
     rows = [r for r in rows if "window_docs" not in r] or rows  # strategies, not windowings
+    if not any(r["rows"] for r in rows):
+        return None
     whole = [r for r in rows if r["docs_cut_below_capacity"] == 0] or rows
     return min(whole, key=lambda r: (_waste(r), r["rows"]))
 
 
 def _waste(r: dict) -> int:
-    """Tokens a strategy wastes (:func:`least_waste`): padding, plus the tokens not written in
-    a dry run with ``min_fill``."""
-    return r["padding_tokens"] + r.get("tokens_dropped", 0)
+    """Tokens a strategy of :func:`compare_strategies` wastes: its padding plus the tokens it
+    does not write (truncated or dropped, :attr:`packtool.stats.PackStats.tokens_lost`)."""
+    return r["padding_tokens"] + r.get("tokens_truncated", 0) + r.get("tokens_dropped", 0)
 
 
 def _n(count: int, noun: str) -> str:
@@ -593,12 +637,34 @@ def format_packed(a: PackedAnalysis) -> str:
     return "\n".join(lines)
 
 
-def format_compare(rows: list, capacity: int, num_docs: int, tokens: int) -> str:
+def overflow_kept(rows: list, tokens: int) -> int:
+    """Tokens left to pack after ``--overflow truncate|drop`` (the same for every strategy of
+    :func:`compare_strategies`; ``--min-fill`` may then leave out more, per strategy)."""
+    if not rows:
+        return tokens
+    r = rows[0]
+    return (tokens - r["tokens_truncated"] - r["tokens_dropped"]
+            + r.get("tokens_under_min_fill", 0))
+
+
+def format_compare(rows: list, capacity: int, num_docs: int, tokens: int, *,
+                   overflow: str = Overflow.SPLIT, docs_over_capacity: int = 0) -> str:
     """Human side-by-side table of :func:`compare_strategies`, then which strategy wastes least
-    (:func:`least_waste`). Every column is absolute, so rows compare across strategies."""
-    dropped = bool(rows) and "rows_dropped" in rows[0]  # a dry run with --min-fill
-    # rows written differ per strategy with --min-fill: the bound is the input's
-    lb = -(-tokens // capacity) if dropped else (rows[0]["lower_bound_rows"] if rows else 0)
+    (:func:`least_waste`). Every column is absolute, so rows compare across strategies.
+
+    Args:
+        rows: :func:`compare_strategies`' dicts.
+        capacity: C.
+        num_docs, tokens: documents and tokens read.
+        overflow: the ``--overflow`` the dry run planned with (named in the header).
+        docs_over_capacity: documents longer than C (named in the header when ``overflow``
+            truncates or drops them).
+    """
+    min_fill = bool(rows) and "rows_dropped" in rows[0]  # a dry run with --min-fill
+    truncated = overflow == Overflow.TRUNCATE or any(r["tokens_truncated"] for r in rows)
+    dropped = (overflow == Overflow.DROP or min_fill
+               or any(r["tokens_dropped"] for r in rows))
+    kept = overflow_kept(rows, tokens)
     cols = [("strategy", "s", lambda r: r["strategy"]),
             ("rows", ",", lambda r: r["rows"]),
             ("extra rows", ",", lambda r: r["extra_rows"]),
@@ -608,9 +674,16 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int) -> str
             ("of them <= C", ",", lambda r: r["docs_cut_below_capacity"]),
             ("effective targets", ",", lambda r: r["effective_targets"]),
             ("attention M token^2", ",.0f", lambda r: r["attention_work"] / 1e6)]
+    lost = []
+    if min_fill:
+        lost.append(("rows dropped", ",", lambda r: r["rows_dropped"]))
+    if truncated:
+        lost += [("docs truncated", ",", lambda r: r["docs_truncated"]),
+                 ("tokens truncated", ",", lambda r: r["tokens_truncated"])]
     if dropped:
-        cols[4:4] = [("rows dropped", ",", lambda r: r["rows_dropped"]),
-                     ("tokens dropped", ",", lambda r: r["tokens_dropped"])]
+        lost += [("docs dropped", ",", lambda r: r["docs_dropped"]),
+                 ("tokens dropped", ",", lambda r: r["tokens_dropped"])]
+    cols[4:4] = lost
     cells = [[format(f(r), spec) for _, spec, f in cols] for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _, _) in enumerate(cols)]
 
@@ -618,27 +691,51 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int) -> str
         return "  ".join(v.ljust(w) if i == 0 else v.rjust(w)
                          for i, (v, w) in enumerate(zip(values, widths)))
 
-    out = [f"dry run: {num_docs:,} documents, {tokens:,} tokens, capacity {capacity}; "
-           f"ceil(tokens/C) = {lb:,} rows",
-           line([h for h, _, _ in cols])] + [line(c) for c in cells]
-    if rows:
-        best = least_waste(rows)
-        fewest = min(rows, key=_waste)  # with --min-fill, dropped tokens are waste too
-        lost = f"{_n(best['tokens_dropped'], 'token')} dropped, " if dropped else ""
+    head = f"dry run: {num_docs:,} documents, {tokens:,} tokens, capacity {capacity}; "
+    if kept == tokens:
+        head += f"ceil(tokens/C) = {_n(-(-tokens // capacity), 'row')}"
+        bound = "ceil(tokens/C)"
+    else:
+        what = ("cuts {} longer than C to C ({} lost)" if overflow == Overflow.TRUNCATE
+                else "leaves out {} longer than C ({})")
+        head += (f"--overflow {overflow} " + what.format(_n(docs_over_capacity, "document"),
+                                                         _n(tokens - kept, "token"))
+                 + f": {kept:,} tokens kept, ceil(tokens kept/C) = "
+                 + _n(-(-kept // capacity), "row"))
+        bound = "ceil(tokens kept/C)"
+    if min_fill:
+        bound = "ceil(tokens written/C)"
+    out = [head, line([h for h, _, _ in cols])] + [line(c) for c in cells]
+    best = least_waste(rows) if rows else None
+    if rows and best is None:
+        parts = ([f"{_n(tokens - kept, 'token')} lost to --overflow {overflow}"]
+                 if tokens > kept else []) + ([f"{_n(kept, 'token')} lost to --min-fill"]
+                                              if kept else [])
+        out.append(f"no strategy writes a row: {', '.join(parts) or 'no tokens'}; nothing to "
+                   "choose between")
+    elif best is not None:
+        losing = truncated or dropped
+        fewest = min(rows, key=_waste)
+        loss = (f"{_n(best['tokens_truncated'], 'token')} truncated, " if truncated else "") + \
+            (f"{_n(best['tokens_dropped'], 'token')} dropped, " if dropped else "")
         verdict = (f"least waste: {best['strategy']} ({best['padding_tokens']:,} padding tokens, "
-                   f"{lost}{_n(best['extra_rows'], 'row')} over ceil(tokens/C), no document that "
+                   f"{loss}{_n(best['extra_rows'], 'row')} over {bound}, no document that "
                    "fits in a row cut)" if best["docs_cut_below_capacity"] == 0 else
-                   f"least {'waste' if dropped else 'padding'}: {best['strategy']} "
+                   f"least {'waste' if losing else 'padding'}: {best['strategy']} "
                    f"({best['padding_tokens']:,} padding tokens"
-                   + (f", {best['tokens_dropped']:,} dropped)" if dropped else ")"))
+                   + (f", {loss[:-2]})" if losing else ")"))
         if fewest is not best and _waste(fewest) < _waste(best):
-            verdict += (f"; {fewest['strategy']} {'wastes' if dropped else 'pads'} less "
+            verdict += (f"; {fewest['strategy']} {'wastes' if losing else 'pads'} less "
                         f"({_waste(fewest):,}) but cuts {fewest['docs_cut_below_capacity']:,} "
                         "documents that fit in a row")
         out.append(verdict)
     out.append("padding %: of rows * C; docs cut: documents spread over several segments (of "
                "them <= C: ones that fit in one row);\nattention: sum of segment_len^2 with "
                "document masking, in millions of token^2 (the same units for every strategy)")
+    if truncated or dropped:
+        out.append("waste: padding plus the tokens truncated or dropped (not written)"
+                   + ("; extra rows: over ceil(tokens written/C), each strategy's own (--min-fill "
+                      "leaves out different rows)" if min_fill else ""))
     return "\n".join(out)
 
 
@@ -726,12 +823,13 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     res = compare_strategies(lengths, capacity, overflow=overflow)
     best = least_waste(res)
+    verdict = f"least waste: {best['strategy']}" if best else "no strategy writes a row"
     names = [r["strategy"] for r in res]
     colors = [_STRATEGY_COLORS.get(n, "tab:green") for n in names]
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     (ax_len, ax_pad), (ax_cut, ax_fill) = axes
     fig.suptitle(f"packtool compare: {lengths.size:,} documents, {int(lengths.sum()):,} "
-                 f"tokens, capacity {capacity:,}; least waste: {best['strategy']}")
+                 f"tokens, capacity {capacity:,}; {verdict}")
     pos = lengths[lengths > 0]
     if pos.size:
         ax_len.hist(pos, bins=_log_bins(pos), color="tab:gray")

@@ -421,7 +421,6 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
     from packtool import analysis
     from packtool.errors import ManifestError
     from packtool.startup import release_gc
-    from packtool.stats import split_warning
 
     release_gc()  # the command's imports are done (packtool/startup.py)
     if plot:
@@ -436,6 +435,7 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
         loss_mask=opts["loss_mask"], bos=opts["bos"], eos=opts["eos"],
         skip_unsupported=cfg.skip_unsupported)
     lengths = docs.lengths
+    docs.refuse_as_pack(cfg.capacity, cfg.overflow, cfg.column, cfg.window_docs)
     rows = analysis.compare_strategies(lengths, cfg.capacity, overflow=cfg.overflow,
                                        targets=docs.targets, window_docs=cfg.window_docs,
                                        min_fill=cfg.min_fill)
@@ -443,34 +443,33 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
     mask = _mask_note(_input_mask_stats(docs))
     if mask:
         notes.append(mask)
+    # the lines pack prints with these options: with obfd (its default strategy), and in
+    # windows with --window-docs; a line not every strategy's pack prints names whose it is
     warnings = []
-    if cfg.overflow is Overflow.SPLIT:
-        split = max((r["docs_split"] for r in rows
-                     if r["strategy"] != "concat" and "window_docs" not in r), default=0)
-        w = split_warning(split, int((lengths > 0).sum()), cfg.capacity)
-        if w:
-            warnings.append(w)
-    if cfg.min_fill:  # what the pack would leave out: obfd's one plan, as pack plans it
-        from packtool.stats import PackStats
-
-        r = next(r for r in rows if r["strategy"] == "obfd")
-        w = PackStats(tokens_in=int(lengths.sum()), rows_dropped=r["rows_dropped"],
-                      tokens_under_min_fill=r["tokens_under_min_fill"]
-                      ).min_fill_warning(cfg.min_fill)
-        if w:
-            warnings.append(f"obfd: {w}")
+    for r in rows:
+        if r["strategy"] == Strategy.OBFD or "window_docs" in r:
+            for w in r["warnings"]:
+                w = w if all(w in x["warnings"] for x in rows) else f"{r['strategy']}: {w}"
+                if w not in warnings:
+                    warnings.append(w)
     for w in warnings:
         click.echo(f"WARNING: {w}", err=True)
+    tokens = int(lengths.sum())
+    over = int((lengths > cfg.capacity).sum())
     if as_json:
+        kept = analysis.overflow_kept(rows, tokens)
         click.echo(json.dumps({"capacity": cfg.capacity, "documents": int(lengths.size),
-                               "tokens": int(lengths.sum()), "strategies": rows,
+                               "tokens": tokens, "overflow": cfg.overflow.value,
+                               "documents_over_capacity": over, "tokens_kept": kept,
+                               "lower_bound_rows": -(-kept // cfg.capacity),
+                               "strategies": rows,
                                "inputs_not_read": docs.discovery.skipped,
                                "input_notes": docs.discovery.notes,
                                "input_columns_unused": docs.columns.unused,
                                "warnings": warnings}, indent=2))
     else:
-        click.echo(analysis.format_compare(rows, cfg.capacity, int(lengths.size),
-                                           int(lengths.sum())))
+        click.echo(analysis.format_compare(rows, cfg.capacity, int(lengths.size), tokens,
+                                           overflow=cfg.overflow, docs_over_capacity=over))
         for n in notes:
             click.echo(f"  INPUT: {n}" if not n.startswith("masks:") else f"  {n}")
     if plot:
@@ -497,8 +496,9 @@ def _input_mask_stats(docs):
 @click.option("--column", default="input_ids", show_default=True, metavar="NAME",
               help="Token column of the input (list of integer ids).")
 @click.option("--overflow", type=_choice(Overflow), default="split", show_default=True,
-              help="Documents longer than C (ordered and obfd): split into chunks, truncate, "
-                   "drop, or error.")
+              help="Documents longer than C: split into chunks (ordered and obfd; concat's "
+                   "stream cuts them itself), truncate, drop, or error; what is lost is "
+                   "counted as waste.")
 @_input_options
 @click.option("--window-docs", type=click.IntRange(min=1), default=None, metavar="N",
               help="Also dry-run obfd in windows of N documents, as pack --window-docs deals "
@@ -515,8 +515,9 @@ def compare(inputs, capacity, column, overflow, append_eos, prepend_bos, attenti
     """Dry-run concat, ordered and obfd on raw tokenized INPUT side by side, at capacity C.
 
     INPUT is read exactly as packtool pack reads it (the same files, mask columns and
-    BOS/EOS), so the rows, padding and effective targets are those the pack would give; the
-    last line names the strategy that wastes least. --plot draws the length histogram,
+    BOS/EOS), so the rows, padding, effective targets, truncated and dropped tokens and
+    warnings are those the pack would give, and what pack refuses is refused; the last line
+    names the strategy that wastes least. --plot draws the length histogram,
     padding per strategy, documents cut that fit in a row and the fill per row.
     """
     from packtool.config import CompareConfig

@@ -201,6 +201,13 @@ class PackStats:
                 f"of the tokens read ({lost:,} of {self.tokens_in:,}) are not written; lower "
                 "--min-fill to keep them")
 
+    def warnings(self, overflow: str, min_fill: float) -> list[str]:
+        """The loud lines ``pack --overflow overflow --min-fill min_fill`` prints for these
+        counts (:meth:`overflow_warning`, then :meth:`min_fill_warning`); ``compare`` prints
+        the same for its dry run."""
+        return [w for w in (self.overflow_warning(str(overflow)),
+                            self.min_fill_warning(min_fill)) if w]
+
     @classmethod
     def from_dict(cls, d: dict) -> "PackStats":
         """Inverse of :meth:`to_dict` (derived figures are ignored)."""

@@ -208,36 +208,149 @@ def test_compare_shows_the_windowed_cost_that_pack_then_has(tmp_path):
     assert "packtool compare" in r.output
 
 
-def test_compare_min_fill_shows_what_pack_min_fill_then_drops(tmp_path):
-    """``compare --min-fill F``: each plan without its rows under F x C, the rows and tokens
-    dropped beside the padding; obfd and the windowed row equal ``pack --min-fill F`` (with and
-    without windows); least waste counts the dropped tokens as waste."""
+#: figures of a compare dict that are PackStats figures of the pack with the same options
+_PACK_FIGURES = ("rows", "lower_bound_rows", "extra_rows", "padding_tokens", "segments",
+                 "docs_split", "docs_truncated", "tokens_truncated", "docs_dropped",
+                 "tokens_dropped", "effective_targets", "attention_work")
+
+
+def _compare_json(*args):
+    r = CliRunner().invoke(cli, ["compare", "--json", *map(str, args)])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def _assert_compare_predicts_pack(got, src, out, capacity, overflow, min_fill, window_docs,
+                                  strategies):
+    """Each named compare row equals the manifest totals and warnings of the real pack."""
     from packtool.config import PackConfig
     from packtool.pipeline import run_pack
 
-    r = CliRunner().invoke(cli, ["compare", str(ROOT / "sample_data"), "--capacity", "512",
-                                 "--json", "--window-docs", "100", "--min-fill", "1"])
-    assert r.exit_code == 0, r.output
-    got = json.loads(r.stdout)
-    rows = got["strategies"]
-    assert all(x["rows_dropped"] > 0 for x in rows)
-    for row, wd in ((rows[2], None), (rows[3], 100)):
-        res = run_pack(PackConfig(inputs=(str(ROOT / "sample_data"),),
-                                  output=str(tmp_path / f"o{wd}"), capacity=512, window_docs=wd,
-                                  min_fill=1.0), progress=False)
-        s = res.stats
-        assert (row["rows"], row["padding_tokens"], row["segments"], row["rows_dropped"],
-                row["tokens_dropped"], row["effective_targets"]) == \
-            (s.rows, s.padding_tokens, s.segments, s.rows_dropped, s.tokens_dropped,
-             s.effective_targets)
-        if wd is None:  # the dry run warns as the pack does, in the pack's words
-            assert [f"obfd: {w}" for w in res.warnings if w.startswith("--min-fill")] == \
-                [w for w in got["warnings"] if w.startswith("obfd: --min-fill")] != []
+    rows = {r["strategy"]: r for r in got["strategies"]}
+    names = {"concat": "concat", "ordered": "ordered", "obfd": "obfd",
+             "windows": f"obfd, windows of {window_docs:,}" if window_docs else None}
+    for strategy in strategies:
+        row = rows[names[strategy]]
+        res = run_pack(PackConfig(inputs=(str(src),), output=str(out / strategy),
+                                  capacity=capacity, overflow=overflow, min_fill=min_fill,
+                                  strategy="obfd" if strategy == "windows" else strategy,
+                                  window_docs=window_docs if strategy == "windows" else None),
+                       progress=False)
+        t = read_manifest(out / strategy).totals
+        keys = _PACK_FIGURES + (("rows_dropped", "tokens_under_min_fill") if min_fill else ())
+        case = (strategy, overflow, min_fill)
+        assert {k: row[k] for k in keys} == {k: getattr(t, k) for k in keys}, case
+        assert row["warnings"] == res.warnings, case  # in the pack's words
+        for w in res.warnings * (strategy in ("obfd", "windows")):  # printed for pack's
+            # default strategy and windows, named when not every strategy's pack says it
+            assert w in got["warnings"] or f"{row['strategy']}: {w}" in got["warnings"], case
+        # the header's bound counts the tokens --overflow keeps (before --min-fill)
+        kept = t.tokens_in - t.tokens_truncated - t.tokens_dropped + t.tokens_under_min_fill
+        assert (got["tokens"], got["tokens_kept"]) == (t.tokens_in, kept), case
+        assert got["lower_bound_rows"] == -(-kept // capacity), case
+        if not min_fill:
+            assert got["lower_bound_rows"] == t.lower_bound_rows, case
+
+
+def test_compare_predicts_the_pack_for_every_overflow_mode_and_min_fill(tmp_path):
+    """``compare`` with --overflow split|truncate|drop, with and without --min-fill F, and
+    --window-docs: every strategy's rows, padding, bound, truncated and dropped documents and
+    tokens, targets and warnings equal the manifest and warnings of ``pack`` with the same
+    options (sample_data, and random inputs of two files with empty and long documents); a
+    row dropped by --min-fill counts its tokens in ``tokens_dropped`` in both, as pack does.
+    The text shows the lost tokens beside the padding, and least waste counts them."""
+    got = _compare_json(ROOT / "sample_data", "--capacity", 512, "--window-docs", 100,
+                        "--min-fill", 1)
+    assert all(x["rows_dropped"] > 0 for x in got["strategies"])
+    _assert_compare_predicts_pack(got, ROOT / "sample_data", tmp_path / "s", 512, "split", 1.0,
+                                  100, ("obfd", "windows"))
+    assert any(w.startswith("obfd: --min-fill") for w in got["warnings"])
     text = CliRunner().invoke(cli, ["compare", str(ROOT / "sample_data"), "--capacity", "512",
                                     "--min-fill", "1"]).output
     assert "rows dropped" in text and "tokens dropped" in text
     plain = compare_strategies(np.array([5, 300, 700, 20]), 512)
     assert all("rows_dropped" not in x for x in plain)
+
+    from conftest import write_docs
+
+    C, wd, case = 16, 7, 0
+    for seed in (1, 2):
+        rng = np.random.default_rng(seed)
+        lengths = rng.choice([0, 3, 9, 15, 16, 17, 40], size=33) * (rng.random(33) < 0.9)
+        src = tmp_path / f"in{seed}"
+        for f, part in enumerate((lengths[:20], lengths[20:])):
+            write_docs(src / f"{f}.parquet", [list(range(1, n + 1)) for n in part])
+        for overflow in ("split", "truncate", "drop"):
+            for min_fill in (0.0, 0.75):
+                got = _compare_json(src, "-c", C, "--overflow", overflow, "--min-fill",
+                                    min_fill, "--window-docs", wd)
+                # every strategy once per input and mode, the windowed plan every time
+                strategies = (("concat", "ordered", "obfd")[case % 3], "windows")
+                case += 1
+                _assert_compare_predicts_pack(got, src, tmp_path / f"o{case}", C, overflow,
+                                              min_fill, wd, strategies)
+
+
+def test_compare_shows_what_overflow_truncate_and_drop_lose(tmp_path):
+    """Documents of 5 and 6 tokens at C = 4: --overflow drop loses all 11 tokens, so no
+    strategy writes a row and none is named least waste; --overflow truncate loses 3, shown
+    in the table and the verdict; the WARNING is pack's line."""
+    from conftest import write_docs
+
+    src = write_docs(tmp_path / "in" / "a.parquet", [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]])
+    pack = CliRunner().invoke(cli, ["pack", "-q", "-c", "4", "--overflow", "drop", str(src),
+                                    str(tmp_path / "out")])
+    assert pack.exit_code == 0, pack.output
+    res = CliRunner().invoke(cli, ["compare", "-c", "4", "--overflow", "drop", str(src)])
+    assert res.exit_code == 0, res.output
+    head = res.stdout.splitlines()[0]
+    assert "--overflow drop leaves out 2 documents longer than C (11 tokens)" in head
+    assert "0 tokens kept, ceil(tokens kept/C) = 0 rows" in head
+    assert "least waste" not in res.stdout
+    assert "no strategy writes a row: 11 tokens lost to --overflow drop" in res.stdout
+    warn = [ln for ln in pack.stderr.splitlines() if ln.startswith("WARNING:")]
+    assert res.stderr.splitlines() == warn != []
+    res = CliRunner().invoke(cli, ["compare", "-c", "4", "--overflow", "truncate", str(src)])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert "cuts 2 documents longer than C to C (3 tokens lost): 8 tokens kept" in lines[0]
+    assert lines[1].split()[6:10] == ["docs", "truncated", "tokens", "truncated"]
+    assert lines[2].split()[:6] == ["concat", "2", "0", "0", "2", "3"]
+    assert "least waste: concat (0 padding tokens, 3 tokens truncated" in res.stdout
+    assert "WARNING: --overflow truncate removed 27.3% of the tokens (3 of 11" in res.stderr
+    # --min-fill alone leaving out every row: no winner either, the loss named as its own
+    from packtool.analysis import format_compare
+
+    text = format_compare(compare_strategies(np.array([1, 2]), 4, min_fill=1.0), 4, 2, 3)
+    assert "ceil(tokens/C) = 1 row\n" in text and "least waste" not in text
+    assert "no strategy writes a row: 3 tokens lost to --min-fill;" in text
+
+
+def test_compare_refuses_what_pack_refuses_in_pack_s_words(tmp_path):
+    """An input with no tokens (a file of no rows, one of empty documents, two such files) and
+    a document over C with --overflow error (the first in pack's order, with and without
+    --window-docs): compare exits as pack does with pack's one-line message, file and row."""
+    from conftest import write_docs
+
+    empty = write_docs(tmp_path / "none" / "a.parquet", [])
+    blank = write_docs(tmp_path / "blank" / "a.parquet", [[], []])
+    write_docs(tmp_path / "two" / "a.parquet", [[]])
+    write_docs(tmp_path / "two" / "b.parquet", [])
+    long = tmp_path / "long"
+    write_docs(long / "a.parquet", [[1] * 3, [2] * 4])
+    write_docs(long / "b.parquet", [[3] * 2, [4] * 9, [5] * 1, [6] * 17, [7] * 2, [8] * 20])
+    cases = [([empty], []), ([blank], []), ([tmp_path / "two"], []),
+             ([long], ["--overflow", "error"]),
+             ([long], ["--overflow", "error", "--window-docs", "2"])]
+    for n, (inputs, opts) in enumerate(cases):
+        args = ["-c", "8", *opts]
+        pack = CliRunner().invoke(cli, ["pack", "-q", *map(str, args), *map(str, inputs),
+                                        str(tmp_path / f"out{n}")])
+        res = CliRunner().invoke(cli, ["compare", *map(str, args), *map(str, inputs)])
+        assert pack.exit_code == res.exit_code == 1, (n, pack.output, res.output)
+        assert res.output == pack.output, n
+        assert res.output.count("\n") == 1 and ("no tokens to pack" in res.output
+                                                or "(0-based)" in res.output), n
 
 
 def test_stats_of_an_output_of_no_rows_says_there_is_nothing_to_hash(tmp_path):

@@ -56,7 +56,7 @@ from packtool.pipeline.layout import ShardSources
 from packtool.pipeline.plan import (PartIndex, WindowInfo, Windows, merge_windows, plan_window,
                                     plan_windows)
 from packtool.pipeline.read import (PartInfo, ReadPart, file_rows, input_labels_config,
-                                    plan_reads, read_part)
+                                    plan_reads, read_part, require_tokens)
 from packtool.pipeline.write import ShardJob, write_shard_task
 from packtool.signals import interruptible, test_pause
 from packtool.stats import PackStats
@@ -102,11 +102,6 @@ def _shown(path) -> str:
     from packtool.location import Location
 
     return Location.parse(path).display
-
-
-def _warnings(cfg: PackConfig, stats: PackStats) -> list[str]:
-    notes = (stats.overflow_warning(cfg.overflow.value), stats.min_fill_warning(cfg.min_fill))
-    return [n for n in notes if n]
 
 
 def _source_table(column: str | None, pinfos: list[PartInfo], files):
@@ -177,7 +172,7 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
             if out.complete:
                 m = out.manifest
                 return PackResult(m.totals, m, time.perf_counter() - t0, len(m.shards), True,
-                                  _warnings(cfg, m.totals))
+                                  m.totals.warnings(cfg.overflow, cfg.min_fill))
             return _pack(cfg, files, parts, windows, fp, out, show, t0)
     except KeyboardInterrupt as exc:
         kept = out.kept.describe(out.shards_kept()) if out is not None else ""
@@ -213,12 +208,7 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
         index = PartIndex(tuple(i.directory for i in pinfos), tuple(firsts),
                           tuple(int(x) for x in bases), tuple(i.targets for i in pinfos),
                           tuple(parts), source_maps)
-        if int(bases[-1]) == 0:
-            where = files[0].path if len(files) == 1 else f"{len(files)} input files"
-            what = (f"all {windows.docs} documents in column {cfg.column!r} are empty"
-                    if windows.docs else "no documents (empty shards)")
-            raise InputError(f"{where}: no tokens to pack: {what}; check the INPUT and "
-                             "--column")
+        require_tokens(files, windows.docs, int(bases[-1]), cfg.column)
         infos: list[WindowInfo] = []
         sizes = windows.sizes()
         with _progress_mod.phase("plan", int(bases[-1]), windows.docs, show) as bar:
@@ -269,7 +259,7 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
         source_column=cfg.source_column, source_values=source_values)
     out.commit(manifest, packed_schema(cfg.capacity, labels_mode, cfg.segment_multiple,
                                        sources=cfg.source_column is not None))
-    notes = _warnings(cfg, total)
+    notes = total.warnings(cfg.overflow, cfg.min_fill)
     if out.replaced:
         notes.insert(0, f"OUTPUT held {out.replaced}: replaced by this pack")
     return PackResult(total, manifest, time.perf_counter() - t0, reused, False,

@@ -55,7 +55,7 @@ from packtool.signals import check, test_pause
 from packtool.stats import PackStats
 from packtool.types import Overflow
 
-__all__ = ["Windows", "plan_windows", "PartIndex", "WindowInfo", "plan_window",
+__all__ = ["Windows", "plan_windows", "PartIndex", "WindowInfo", "plan_window", "check_overflow",
            "window_row_order", "merge_windows", "window_dir", "DEAL_BLOCKS"]
 
 #: Tokens of the rows rewritten in row order at a time (object-store scratch only).
@@ -80,6 +80,12 @@ class PartIndex:
 
     def part_of(self, doc: int) -> int:
         return int(np.searchsorted(self.first_docs, doc, side="right") - 1)
+
+    def locate(self, doc: int) -> tuple[str, int]:
+        """The input file of global document ``doc`` and its row there (0-based)."""
+        part = self.parts[self.part_of(doc)]
+        piece = next(p for p in part.pieces if p.first_doc <= doc < p.first_doc + p.docs)
+        return piece.path, piece.first_row + doc - piece.first_doc
 
 
 @dataclass(frozen=True)
@@ -192,15 +198,25 @@ def load_window_docs(index: PartIndex, ranges: np.ndarray):
     return np.concatenate(docs), np.concatenate(lens), np.concatenate(pos)
 
 
-def _check_overflow(capacity: int, index: PartIndex, docs: np.ndarray,
-                    lengths: np.ndarray) -> None:
+def check_overflow(capacity: int, lengths: np.ndarray, docs: np.ndarray, locate) -> None:
+    """Refuse the first document longer than ``capacity`` (``--overflow error``; ``pack`` per
+    window, ``compare`` in the same order), naming its file and row.
+
+    Args:
+        capacity: tokens per row (C).
+        lengths: int[n], document lengths in tokens, in the order they are planned.
+        docs: int[n], their global document numbers.
+        locate: ``locate(doc) -> (path, row)``: the input file of global document ``doc`` and
+            its 0-based row there.
+
+    Raises:
+        PackingError: a document over ``capacity`` (file, row, document, length and fix named).
+    """
     if lengths.size and lengths.max() > capacity:
         bad = int(np.argmax(lengths > capacity))
         doc = int(docs[bad])
-        part = index.parts[index.part_of(doc)]
-        piece = next(p for p in part.pieces if p.first_doc <= doc < p.first_doc + p.docs)
-        row = piece.first_row + doc - piece.first_doc
-        raise PackingError(f"{piece.path}: {row_ref(row)}: document {doc} has "
+        path, row = locate(doc)
+        raise PackingError(f"{path}: {row_ref(row)}: document {doc} has "
                            f"{int(lengths[bad])} tokens, longer than --capacity {capacity}; use "
                            "--overflow split|truncate|drop or a larger --capacity")
 
@@ -250,7 +266,7 @@ def plan_window(cfg, windows: Windows, w: int, index: PartIndex, tmp: str) -> Wi
         check()
         test_pause("plan", w)
         if cfg.overflow is Overflow.ERROR:
-            _check_overflow(cfg.capacity, index, docs, lengths)
+            check_overflow(cfg.capacity, lengths, docs, index.locate)
         plan = pack_lengths(lengths, cfg.capacity, strategy=cfg.strategy, overflow=cfg.overflow,
                             segment_multiple=cfg.segment_multiple, min_fill=cfg.min_fill)
         # what --segment-multiple costs: the rows of the same documents without it

@@ -52,7 +52,7 @@ from packtool.types import LabelMode
 
 __all__ = ["ReadPiece", "ReadPart", "PartInfo", "READ_PART_BYTES", "MAX_PART_PIECES",
            "TARGET_PARTS", "MIN_PART_BYTES", "PARTIAL", "plan_reads", "read_part", "part_dir",
-           "file_rows", "input_labels_config", "iter_documents"]
+           "file_rows", "input_labels_config", "iter_documents", "require_tokens"]
 
 #: Stored input bytes of a read part at most (and of a piece: a larger row group is cut).
 READ_PART_BYTES = 64 << 20
@@ -219,6 +219,27 @@ def plan_reads(files: list[InputFile], column: str,
     if run:
         parts.append(ReadPart(len(parts), tuple(run)))
     return parts
+
+
+def require_tokens(files: list[InputFile], docs: int, tokens: int, column: str) -> None:
+    """Refuse an input with nothing to pack (``pack`` after reading it, ``compare`` likewise).
+
+    Args:
+        files: the input files read.
+        docs: documents read (empty ones included).
+        tokens: tokens read (after masks and BOS/EOS).
+        column: the token column.
+
+    Raises:
+        InputError: ``tokens`` is 0: no documents, or only empty ones (the file, or the number
+            of files, named).
+    """
+    if tokens:
+        return
+    where = files[0].path if len(files) == 1 else f"{len(files)} input files"
+    what = (f"all {docs} documents in column {column!r} are empty" if docs
+            else "no documents (empty shards)")
+    raise InputError(f"{where}: no tokens to pack: {what}; check the INPUT and --column")
 
 
 def file_rows(parts: list[ReadPart], n_files: int) -> list[int]:
