@@ -416,6 +416,7 @@ def _is_packed_output(path) -> bool:
 
 def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
     """The dry run of ``packtool compare`` (and of the deprecated ``stats --compare``)."""
+    import dataclasses
     import json
 
     from packtool import analysis
@@ -459,6 +460,12 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
                       ).min_fill_warning(cfg.min_fill)
         if w:
             warnings.append(f"obfd: {w}")
+    r = next(r for r in rows if r["strategy"] == "obfd")
+    w = dataclasses.replace(_input_mask_stats(docs), tokens_in=int(lengths.sum()),
+                            real_tokens=r["tokens_processed"] - r["padding_tokens"],
+                            effective_targets=r["effective_targets"]).no_targets_warning()
+    if w:
+        warnings.append(w)
     for w in warnings:
         click.echo(f"WARNING: {w}", err=True)
     if as_json:
@@ -623,7 +630,11 @@ def stats(ctx, path, per_bin, per_bin_limit, no_hash, as_json, plot, capacity, c
     limit = DEFAULT_PER_BIN_LIMIT if per_bin_limit is None else per_bin_limit
     a = analysis.analyze_packed(out, per_bin=per_bin, per_bin_limit=limit or None,
                                 check_hashes=not no_hash)
-    click.echo(json.dumps(a.to_dict(), indent=2) if as_json else analysis.format_packed(a))
+    warnings = [w for w in (a.stats.no_targets_warning(),) if w]
+    click.echo(json.dumps({**a.to_dict(), "warnings": warnings}, indent=2) if as_json
+               else analysis.format_packed(a))
+    for w in warnings:  # on stderr, loud whatever the output format (as pack's)
+        click.echo(f"WARNING: {w}", err=True)
     if plot:
         analysis.plot_packed(a, plot)
         if not as_json:

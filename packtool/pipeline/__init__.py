@@ -105,7 +105,8 @@ def _shown(path) -> str:
 
 
 def _warnings(cfg: PackConfig, stats: PackStats) -> list[str]:
-    notes = (stats.overflow_warning(cfg.overflow.value), stats.min_fill_warning(cfg.min_fill))
+    notes = (stats.overflow_warning(cfg.overflow.value), stats.min_fill_warning(cfg.min_fill),
+             stats.no_targets_warning())
     return [n for n in notes if n]
 
 
