@@ -3,8 +3,9 @@ function.
 
 One exit-status rule for every command (:mod:`packtool.errors`): 0 success; 1 bad input or
 output data, a failed check or a missing dependency; 2 a command line that cannot run (click's
-usage errors and :class:`~packtool.errors.ConfigError`); 130 interrupted (Ctrl-C). Every error
-is one ``Error: ...`` line on stderr; ``packtool --debug CMD ...`` shows the traceback instead.
+usage errors and :class:`~packtool.errors.ConfigError`); 130 interrupted (Ctrl-C), 143 stopped
+by SIGTERM (a batch scheduler; the same clean stop). Every error is one ``Error: ...`` line on
+stderr; ``packtool --debug CMD ...`` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ import sys
 import click
 
 from packtool._version import __version__
-from packtool.errors import (EXIT_DATA, EXIT_INTERRUPTED, InputError, Interrupted,
-                             PacktoolError)
+from packtool.errors import EXIT_DATA, InputError, Interrupted, PacktoolError
 from packtool.types import Engine, LabelMode, Overflow, Strategy
 
 __all__ = ["cli", "main"]
@@ -47,7 +47,9 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             if ctx.meta.get("packtool.debug"):
                 raise
-            raise _Failure("interrupted", EXIT_INTERRUPTED) from None
+            from packtool.signals import exit_status, stop_word
+
+            raise _Failure(stop_word(), exit_status()) from None
         except OSError as exc:
             # an I/O failure no layer turned into a PacktoolError (disk full, permissions)
             if ctx.meta.get("packtool.debug"):
@@ -204,7 +206,7 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
     Writes part-NNNNN.parquet shards (input_ids, segment_ids, position_ids, [labels],
     cu_seqlens, [cu_seqlens_unpadded], max_seqlen, num_targets, doc_ids, doc_offsets,
     [source_ids]) and the manifest, last. Rerunning an interrupted pack finishes it; rerunning a
-    finished one does nothing. Ctrl-C exits 130.
+    finished one does nothing. Ctrl-C exits 130, SIGTERM 143.
     """
     import json
 
@@ -250,11 +252,14 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
     try:
         result = run_pack(cfg, progress=not quiet)
     except KeyboardInterrupt as exc:
+        from packtool.signals import exit_status, stop_word
+
         kept = str(exc)
-        raise Interrupted(f"interrupted: {cfg.output} has no manifest; "
+        raise Interrupted(f"{stop_word()}: {cfg.output} has no manifest; "
                           + (f"kept for the rerun: {kept}; " if kept
                              else "nothing was kept (OUTPUT is as before the run); ")
-                          + "rerun the same command to resume and finish it") from None
+                          + "rerun the same command to resume and finish it",
+                          exit_status()) from None
     s = result.stats
     if not result.already_complete:  # once, on stderr, loud whatever the output format
         for w in result.warnings:
@@ -748,8 +753,11 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
     try:
         res = run_tokenize(cfg, progress=not quiet)
     except KeyboardInterrupt:
-        raise Interrupted(f"interrupted: {cfg.output} has no manifest (finished shards are "
-                          "kept); rerun the same command to resume and finish it") from None
+        from packtool.signals import exit_status, stop_word
+
+        raise Interrupted(f"{stop_word()}: {cfg.output} has no manifest (finished shards are "
+                          "kept); rerun the same command to resume and finish it",
+                          exit_status()) from None
     if as_json:
         click.echo(json.dumps({"documents": res.documents, "tokens": res.tokens,
                                "shards": res.shards, "shards_reused": res.shards_reused,
