@@ -2,17 +2,18 @@
 
 
 def main() -> None:
-    """Entry point: Ctrl-C from the first instant exits 130 with one line, then the CLI runs.
+    """Entry point: Ctrl-C (SIGTERM) from the first instant exits 130 (143) with one line, then
+    the CLI runs.
 
-    Once the command has ended (its output written, its exit status decided), SIGINT is ignored
-    in every thread: a Ctrl-C during the interpreter's teardown, which takes a fraction of a
-    second after a pack, would otherwise end a finished command with status 130 and no message
-    (Python restores the default action of the signals it handled as it exits) or with the
-    start-up handler's "nothing was written".
+    Once the command has ended (its output written, its exit status decided), SIGINT and
+    SIGTERM are ignored in every thread: one during the interpreter's teardown, which takes a
+    fraction of a second after a pack, would otherwise end a finished command with status
+    130/143 and no message (Python restores the default action of the signals it handled as it
+    exits) or with the start-up handler's "nothing was written".
     """
     import signal
 
-    from packtool.signals import install_early_handler
+    from packtool.signals import STOP_SIGNALS, install_early_handler
     from packtool.startup import hold_gc, release_gc
 
     hold_gc()  # until the command's imports are done (packtool/startup.py)
@@ -22,7 +23,8 @@ def main() -> None:
     try:
         cli_main()
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
         release_gc(freeze=False)  # a command that ended before its imports were done
 
 

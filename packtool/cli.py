@@ -3,8 +3,9 @@ function.
 
 One exit-status rule for every command (:mod:`packtool.errors`): 0 success; 1 bad input or
 output data, a failed check or a missing dependency; 2 a command line that cannot run (click's
-usage errors and :class:`~packtool.errors.ConfigError`); 130 interrupted (Ctrl-C). Every error
-is one ``Error: ...`` line on stderr; ``packtool --debug CMD ...`` shows the traceback instead.
+usage errors and :class:`~packtool.errors.ConfigError`); 130 interrupted (Ctrl-C), 143 stopped
+by SIGTERM (a batch scheduler; the same clean stop). Every error is one ``Error: ...`` line on
+stderr; ``packtool --debug CMD ...`` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ import sys
 import click
 
 from packtool._version import __version__
-from packtool.errors import (EXIT_DATA, EXIT_INTERRUPTED, InputError, Interrupted,
-                             PacktoolError)
+from packtool.errors import EXIT_DATA, InputError, Interrupted, PacktoolError
 from packtool.types import Engine, LabelMode, Overflow, Strategy
 
 __all__ = ["cli", "main"]
@@ -47,7 +47,9 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             if ctx.meta.get("packtool.debug"):
                 raise
-            raise _Failure("interrupted", EXIT_INTERRUPTED) from None
+            from packtool.signals import exit_status, stop_word
+
+            raise _Failure(stop_word(), exit_status()) from None
         except OSError as exc:
             # an I/O failure no layer turned into a PacktoolError (disk full, permissions)
             if ctx.meta.get("packtool.debug"):
@@ -204,7 +206,7 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
     Writes part-NNNNN.parquet shards (input_ids, segment_ids, position_ids, [labels],
     cu_seqlens, [cu_seqlens_unpadded], max_seqlen, num_targets, doc_ids, doc_offsets,
     [source_ids]) and the manifest, last. Rerunning an interrupted pack finishes it; rerunning a
-    finished one does nothing. Ctrl-C exits 130.
+    finished one does nothing. Ctrl-C exits 130, SIGTERM 143.
     """
     import json
 
@@ -250,11 +252,14 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
     try:
         result = run_pack(cfg, progress=not quiet)
     except KeyboardInterrupt as exc:
+        from packtool.signals import exit_status, stop_word
+
         kept = str(exc)
-        raise Interrupted(f"interrupted: {cfg.output} has no manifest; "
+        raise Interrupted(f"{stop_word()}: {cfg.output} has no manifest; "
                           + (f"kept for the rerun: {kept}; " if kept
                              else "nothing was kept (OUTPUT is as before the run); ")
-                          + "rerun the same command to resume and finish it") from None
+                          + "rerun the same command to resume and finish it",
+                          exit_status()) from None
     s = result.stats
     if not result.already_complete:  # once, on stderr, loud whatever the output format
         for w in result.warnings:
@@ -416,6 +421,7 @@ def _is_packed_output(path) -> bool:
 
 def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
     """The dry run of ``packtool compare`` (and of the deprecated ``stats --compare``)."""
+    import dataclasses
     import json
 
     from packtool import analysis
@@ -440,7 +446,8 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
                                        targets=docs.targets, window_docs=cfg.window_docs,
                                        min_fill=cfg.min_fill)
     notes = _input_notes(docs.discovery, docs.columns)
-    mask = _mask_note(_input_mask_stats(docs))
+    masked = _input_mask_stats(docs)
+    mask = _mask_note(masked)
     if mask:
         notes.append(mask)
     # the lines pack prints with these options: with obfd (its default strategy), and in
@@ -452,6 +459,12 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
                 w = w if all(w in x["warnings"] for x in rows) else f"{r['strategy']}: {w}"
                 if w not in warnings:
                     warnings.append(w)
+    r = next(r for r in rows if r["strategy"] == Strategy.OBFD)
+    w = dataclasses.replace(masked, tokens_in=int(lengths.sum()),
+                            real_tokens=r["tokens_processed"] - r["padding_tokens"],
+                            effective_targets=r["effective_targets"]).no_targets_warning()
+    if w:
+        warnings.append(w)
     for w in warnings:
         click.echo(f"WARNING: {w}", err=True)
     tokens = int(lengths.sum())
@@ -624,7 +637,11 @@ def stats(ctx, path, per_bin, per_bin_limit, no_hash, as_json, plot, capacity, c
     limit = DEFAULT_PER_BIN_LIMIT if per_bin_limit is None else per_bin_limit
     a = analysis.analyze_packed(out, per_bin=per_bin, per_bin_limit=limit or None,
                                 check_hashes=not no_hash)
-    click.echo(json.dumps(a.to_dict(), indent=2) if as_json else analysis.format_packed(a))
+    warnings = [w for w in (a.stats.no_targets_warning(),) if w]
+    click.echo(json.dumps({**a.to_dict(), "warnings": warnings}, indent=2) if as_json
+               else analysis.format_packed(a))
+    for w in warnings:  # on stderr, loud whatever the output format (as pack's)
+        click.echo(f"WARNING: {w}", err=True)
     if plot:
         analysis.plot_packed(a, plot)
         if not as_json:
@@ -748,8 +765,11 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
     try:
         res = run_tokenize(cfg, progress=not quiet)
     except KeyboardInterrupt:
-        raise Interrupted(f"interrupted: {cfg.output} has no manifest (finished shards are "
-                          "kept); rerun the same command to resume and finish it") from None
+        from packtool.signals import exit_status, stop_word
+
+        raise Interrupted(f"{stop_word()}: {cfg.output} has no manifest (finished shards are "
+                          "kept); rerun the same command to resume and finish it",
+                          exit_status()) from None
     if as_json:
         click.echo(json.dumps({"documents": res.documents, "tokens": res.tokens,
                                "shards": res.shards, "shards_reused": res.shards_reused,

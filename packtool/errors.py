@@ -8,7 +8,8 @@ turns a :class:`PacktoolError` into a one-line message and the exit status of it
   that disagrees with the manifest, a failed verify check, a missing optional dependency);
 - ``EXIT_USAGE`` (2): the command line cannot run (unknown option, bad option value or
   combination); click's own usage errors use the same status;
-- ``EXIT_INTERRUPTED`` (130 = 128 + SIGINT): stopped by Ctrl-C.
+- ``EXIT_INTERRUPTED`` (130 = 128 + SIGINT): stopped by Ctrl-C; 143 (128 + SIGTERM) when
+  stopped by SIGTERM (a batch scheduler), the same clean stop.
 
 Row numbers in messages are 0-based and labelled so (:func:`row_ref`).
 """
@@ -126,6 +127,11 @@ class EngineError(PacktoolError):
 
 
 class Interrupted(PacktoolError):
-    """The run was stopped by Ctrl-C; the message says what state it left (exit status 130)."""
+    """The run was stopped by Ctrl-C or SIGTERM; the message says what state it left (exit
+    status 130, or ``exit_code``: 143 for SIGTERM)."""
 
     exit_code = EXIT_INTERRUPTED
+
+    def __init__(self, message: str, exit_code: int = EXIT_INTERRUPTED):
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -1,15 +1,23 @@
-"""Ctrl-C (SIGINT) for ``packtool``: exit status 130 at any moment, never a library traceback.
+"""Ctrl-C (SIGINT) and SIGTERM for ``packtool``: exit status 130 / 143 (128 + the signal) at any
+moment, never a library traceback.
+
+SIGTERM is what batch schedulers (Slurm, Kubernetes, ``timeout``) send before they kill a job;
+it is handled exactly as Ctrl-C, only the exit status (143) and the first word of the message
+("terminated") differ.
 
 Two handlers, swapped by the pack driver:
 
 - before OUTPUT is touched (start-up, imports, argument parsing, reading footers) there is
-  nothing to clean up, so :func:`install_early_handler` makes SIGINT print one line and end the
-  process with status 130 at once;
-- while a pack owns OUTPUT, :func:`interruptible` makes SIGINT set :data:`STOP` and raise
-  ``KeyboardInterrupt`` in the main thread, so the run leaves through its one cleanup path
+  nothing to clean up, so :func:`install_early_handler` (called by the ``packtool`` command
+  alone) makes SIGINT and SIGTERM print one line and end the process at once;
+- while a pack owns OUTPUT, :func:`interruptible` makes SIGINT and SIGTERM set :data:`STOP` and
+  raise ``KeyboardInterrupt`` in the main thread, so the run leaves through its one cleanup path
   (:mod:`packtool.output`). Worker threads call :func:`check` between record batches and row
   groups; a library that swallows the ``KeyboardInterrupt`` cannot make the run go on, because
-  :data:`STOP` stays set and the next check raises again.
+  :data:`STOP` stays set and the next check raises again. :func:`stop_signal` tells which
+  signal stopped the run. Used as a library (no early handler), a SIGTERM that stopped the run
+  is delivered again to the handler that was there before (by default: the process ends, as it
+  would have without packtool) once OUTPUT is clean and unlocked.
 """
 
 from __future__ import annotations
@@ -20,72 +28,111 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-__all__ = ["EXIT_INTERRUPTED", "STOP", "install_early_handler", "interruptible", "check", "hold",
-           "signals_held",
+__all__ = ["EXIT_INTERRUPTED", "STOP", "STOP_SIGNALS", "install_early_handler", "interruptible",
+           "check", "hold", "signals_held", "stop_signal", "exit_status", "stop_word",
            "test_pause", "PAUSE_ENV", "PAUSE_ONCE_ENV", "TEST_ENVS"]
 
 #: Exit status of an interrupted command (128 + SIGINT, what shells report for Ctrl-C).
 EXIT_INTERRUPTED = 130
 
-#: Set by SIGINT (or by a failed task) while a pack runs: every worker stops at its next check.
+#: The signals that stop a run cleanly: Ctrl-C and a scheduler's SIGTERM.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+#: Set by SIGINT or SIGTERM (or by a failed task) while a pack runs: every worker stops at its
+#: next check.
 STOP = threading.Event()
+
+_stopped_by: list[int] = []  # the signal that set STOP in the current run (at most one kept)
+_command = False  # install_early_handler() ran: packtool runs as the command, not a library
+
+
+def stop_signal() -> int:
+    """The signal that stopped the current (or last) run: SIGTERM, or SIGINT (also when none
+    was recorded: a ``KeyboardInterrupt`` raised by Python itself)."""
+    return _stopped_by[0] if _stopped_by else int(signal.SIGINT)
+
+
+def exit_status() -> int:
+    """Exit status for a run stopped by :func:`stop_signal`: 128 + its number (130, 143)."""
+    return 128 + stop_signal()
+
+
+def stop_word() -> str:
+    """How a message names the stop: ``interrupted`` (Ctrl-C) or ``terminated (SIGTERM)``."""
+    return "terminated (SIGTERM)" if stop_signal() == signal.SIGTERM else "interrupted"
 
 
 def _early(signum, frame) -> None:  # pragma: no cover - runs in a subprocess
-    os.write(2, b"packtool: interrupted; nothing was written\n")
-    os._exit(EXIT_INTERRUPTED)
+    word = b"terminated (SIGTERM)" if signum == signal.SIGTERM else b"interrupted"
+    os.write(2, b"packtool: " + word + b"; nothing was written\n")
+    os._exit(128 + signum)
 
 
 def install_early_handler() -> None:
-    """SIGINT ends the process at once with status 130 (only before OUTPUT is touched).
+    """SIGINT and SIGTERM end the process at once with status 128 + the signal (only before
+    OUTPUT is touched). Called by the ``packtool`` command only: a library caller keeps its
+    own handlers.
 
-    SIGINT is also unblocked, in case the parent started us with it blocked: a SIGINT that was
-    held pending (sent before this handler existed) is delivered here, to this handler.
+    The signals are also unblocked, in case the parent started us with them blocked: one that
+    was held pending (sent before this handler existed) is delivered here, to this handler.
     """
+    global _command
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, _early)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        _command = True
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, _early)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(STOP_SIGNALS))
 
 
 def _raise(signum, frame) -> None:
+    if not _stopped_by:
+        _stopped_by.append(signum)
     STOP.set()
     raise KeyboardInterrupt
 
 
 @contextmanager
 def interruptible() -> Iterator[None]:
-    """While inside: SIGINT sets :data:`STOP` and raises ``KeyboardInterrupt`` (main thread).
+    """While inside: SIGINT and SIGTERM set :data:`STOP` and raise ``KeyboardInterrupt`` (main
+    thread).
 
-    :data:`STOP` is cleared on entry; the previous handler is restored on exit. Outside the
-    main thread (where signal handlers cannot be set) only :data:`STOP` is managed.
+    :data:`STOP` and :func:`stop_signal` are cleared on entry; the previous handlers are
+    restored on exit. Outside the main thread (where signal handlers cannot be set) only
+    :data:`STOP` is managed. Used as a library (not the ``packtool`` command), a SIGTERM that
+    stopped the run is raised again on exit, after the cleanup inside the block, for the handler
+    that was there before (the default one ends the process, as without packtool).
     """
     STOP.clear()
+    _stopped_by.clear()
     main = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGINT) if main else None
-    if main:
-        signal.signal(signal.SIGINT, _raise)
+    previous = {sig: signal.signal(sig, _raise) for sig in STOP_SIGNALS} if main else {}
     try:
         yield
     finally:
-        if main:
-            signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: set in C
+        if (main and not _command and _stopped_by == [signal.SIGTERM]
+                and previous.get(signal.SIGTERM) is not _raise):
+            signal.raise_signal(signal.SIGTERM)
 
 
 def hold() -> Callable[[], bool]:
-    """From now on SIGINT only sets a flag (main thread; elsewhere nothing changes): for work
-    that must not be cut short, such as tidying OUTPUT once its manifest is written.
+    """From now on SIGINT and SIGTERM only set a flag (main thread; elsewhere nothing changes):
+    for work that must not be cut short, such as tidying OUTPUT once its manifest is written.
 
     Returns:
-        ``release()``: restores the previous handler and returns whether a SIGINT came
+        ``release()``: restores the previous handlers and returns whether a signal came
         meanwhile (the caller decides whether that still matters). Call it once.
     """
     if threading.current_thread() is not threading.main_thread():
         return lambda: False
     noted: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+    previous = {sig: signal.signal(sig, lambda signum, frame: noted.append(signum))
+                for sig in STOP_SIGNALS}
 
     def release() -> bool:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         return bool(noted)
 
     return release
@@ -106,7 +153,7 @@ def signals_held() -> Iterator[None]:
         return
     noted: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, frame: noted.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+                for sig in STOP_SIGNALS}
     try:
         yield
     finally:

@@ -208,6 +208,27 @@ class PackStats:
         return [w for w in (self.overflow_warning(str(overflow)),
                             self.min_fill_warning(min_fill)) if w]
 
+    def no_targets_warning(self) -> str | None:
+        """A loud line when the rows hold tokens but not one effective target (every label
+        -100): the denominator of a token-mean loss is 0, so training on them divides by zero
+        or learns nothing. Names why: the input labels and loss masks, or segments of one token
+        (each segment has one target fewer than its tokens). None otherwise, and for an output
+        of no tokens (the overflow and min-fill warnings speak of those)."""
+        if self.effective_targets or not self.real_tokens:
+            return None
+        if self.tokens_label_masked >= self.tokens_in:
+            why = ("every token read has input label -100 or loss mask 0; check the labels and "
+                   "loss-mask columns (--labels-column / --loss-mask-column none ignores one)")
+        elif self.tokens_label_masked:
+            why = (f"input labels -100 and loss masks kept {self.tokens_label_masked:,} of the "
+                   f"{self.tokens_in:,} tokens read out of the targets, and each segment has one "
+                   "target fewer than its tokens; check the labels and loss-mask columns")
+        else:
+            why = ("every segment holds one token, and each segment has one target fewer than "
+                   "its tokens")
+        return (f"no effective targets: all {self.real_tokens:,} packed tokens have label -100, "
+                f"so a token-mean loss over them divides by 0; {why}")
+
     @classmethod
     def from_dict(cls, d: dict) -> "PackStats":
         """Inverse of :meth:`to_dict` (derived figures are ignored)."""

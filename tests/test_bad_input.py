@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packcheck import hash_tree, invoke, read_output, write_docs
+from packcheck import check_output, hash_tree, invoke, read_output, write_docs
 from packtool.formats.manifest import MANIFEST_NAME, read_manifest
 from packtool.errors import ManifestError
 from packtool.formats.manifest import load_manifest
@@ -369,3 +369,66 @@ def test_upper_case_parquet_suffix_is_found(tmp_path):
     res = invoke(pack_args(src, out=out))
     assert res.exit_code == 0, res.output
     assert read_manifest(out).totals.tokens_in == 3
+
+
+def _duplicated(path: Path, names: list[str]) -> Path:
+    """A file whose columns are ``names`` (repeats allowed): list<int32> token-like columns,
+    strings for a name starting with ``src``. Written as Parquet, Arrow IPC (file) or an Arrow
+    IPC stream inside a ``save_to_disk`` folder, after ``path``'s suffix (a folder: none)."""
+    ids = pa.array([[1, 2, 3], [4, 5]], pa.list_(pa.int32()))
+    cols = [pa.array(["a", "b"]) if n.startswith("src") else ids for n in names]
+    table = pa.Table.from_arrays(cols, names=names)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".parquet":
+        pq.write_table(table, path)
+    elif path.suffix == ".arrow":
+        import pyarrow.feather as feather
+
+        feather.write_feather(table, path)
+    else:  # what datasets' save_to_disk writes: IPC streams listed in state.json
+        path.mkdir()
+        with pa.ipc.new_stream(path / "data-00000-of-00001.arrow", table.schema) as w:
+            w.write_table(table)
+        (path / "dataset_info.json").write_text(json.dumps({"features": {}}))
+        (path / "state.json").write_text(json.dumps(
+            {"_data_files": [{"filename": "data-00000-of-00001.arrow"}], "_split": None}))
+    return path
+
+
+@pytest.mark.parametrize("name", ["d.parquet", "d.arrow", "hf"])
+@pytest.mark.parametrize("names,column,extra", [
+    (["input_ids", "input_ids"], "input_ids", []),
+    (["input_ids", "labels", "labels"], "labels", []),  # read under --labels-column auto
+    (["input_ids", "attention_mask", "x", "attention_mask"], "attention_mask", []),
+    (["input_ids", "completion_mask", "completion_mask", "completion_mask"], "completion_mask",
+     []),
+    (["input_ids", "src", "src"], "src", ["--source-column", "src"]),
+], ids=["token", "labels", "attention-mask", "loss-mask", "source"])
+def test_a_column_read_twice_is_refused_in_one_line(tmp_path, name, names, column, extra):
+    """A column packtool reads that a file holds twice is ambiguous: ``pack`` and ``compare``
+    refuse it in one line naming the file, the column and the fix, and write nothing (it was
+    an internal KeyError)."""
+    src = _duplicated(tmp_path / "in" / name, names)
+    out = tmp_path / "out"
+    times = names.count(column)
+    shown = src / "data-00000-of-00001.arrow" if name == "hf" else src
+    refused(pack_args(src, out=out, extra=extra), out,
+            f"{shown}: column {column!r} appears {times} times; rename or drop one")
+    if extra:  # --source-column is pack's alone
+        return
+    res = invoke(["compare", "-c", 4, src])
+    assert res.exit_code == 1, res.output
+    assert res.output.strip() == (f"Error: {shown}: column {column!r} appears {times} times; "
+                                  "rename or drop one")
+
+
+@pytest.mark.parametrize("name", ["d.parquet", "d.arrow", "hf"])
+def test_a_duplicated_column_that_is_not_read_still_packs(tmp_path, name):
+    """Duplicates packtool does not read are left alone: an unused column, or a mask column
+    switched off."""
+    src = _duplicated(tmp_path / "in" / name, ["input_ids", "other", "labels", "other",
+                                               "labels"])
+    res = invoke(pack_args(src, out=tmp_path / "out", extra=["--labels-column", "none"]))
+    assert res.exit_code == 0, res.output
+    rows, _ = read_output(tmp_path / "out")
+    check_output(rows, [[1, 2, 3], [4, 5]], 4, labels="none")

@@ -144,7 +144,8 @@ def test_finished_output_is_kept_and_an_identical_rerun_does_nothing(tmp_path, s
 
 
 def _start(src: Path, out: Path, pause: str | None = None, options=OPTIONS, hold_sigint=False):
-    """``packtool pack`` as a process. ``hold_sigint``: SIGINT starts blocked, so one sent while
+    """``packtool pack`` as a process. ``hold_sigint``: SIGINT and SIGTERM start blocked, so one
+    sent while
     the interpreter itself starts (site, path hooks: before any packtool code exists, over
     100 ms on a loaded machine) stays pending until packtool's handler unblocks it."""
     env = dict(os.environ)
@@ -153,7 +154,7 @@ def _start(src: Path, out: Path, pause: str | None = None, options=OPTIONS, hold
         env["PACKTOOL_TEST_PAUSE_AT"] = pause
 
     def block():
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
     return subprocess.Popen([sys.executable, "-m", "packtool", "pack", "-q", *options,
                              str(src), str(out)], stderr=subprocess.PIPE, text=True, env=env,
@@ -289,10 +290,10 @@ def test_ctrl_c_just_after_the_manifest_is_written_finishes_the_pack(tmp_path, s
 
 
 def _ctrl_c_at(pause: str, src: Path, out: Path, options, *, delay: float | None = None,
-               hold_sigint: bool = False) -> str:
-    """Start ``packtool pack`` with a test pause at ``pause``; send SIGINT once it pauses
-    there (``delay`` None) or ``delay`` seconds after the start. Asserts exit 130 without a
-    traceback; returns stderr."""
+               hold_sigint: bool = False, sig: int = signal.SIGINT) -> str:
+    """Start ``packtool pack`` with a test pause at ``pause``; send ``sig`` (SIGINT) once it
+    pauses there (``delay`` None) or ``delay`` seconds after the start. Asserts exit 128 + sig
+    (130) without a traceback; returns stderr."""
     import time
 
     proc = _start(src, out, pause=pause, options=options, hold_sigint=hold_sigint)
@@ -303,14 +304,14 @@ def _ctrl_c_at(pause: str, src: Path, out: Path, options, *, delay: float | None
             assert f"test pause at {pause}" in proc.stderr.readline()
         else:
             time.sleep(delay)
-        os.kill(proc.pid, signal.SIGINT)
+        os.kill(proc.pid, sig)
         code = proc.wait()
         err = proc.stderr.read()
     finally:
         watchdog.cancel()
         proc.kill()
         proc.stderr.close()
-    assert code == 130, err
+    assert code == 128 + sig, err
     assert "Traceback" not in err, err
     return err
 
@@ -477,3 +478,74 @@ def test_ctrl_c_during_the_writes_counts_every_shard_already_published(tmp_path,
     said = re.search(r"(\d+) finished shards?", err)
     assert said and int(said.group(1)) == on_disk, (err, on_disk)
     assert rerun(src, out, options)["shards_reused"] == on_disk
+
+
+@pytest.mark.parametrize("when", [0.1, "read", "plan:0", "write-shard:1"])
+def test_sigterm_stops_like_ctrl_c_and_exits_143(tmp_path, src, reference, when):
+    """SIGTERM (what batch schedulers send before they kill a job), during start-up or while
+    the pack reads, plans or writes: the clean stop of Ctrl-C, one line saying so and how to
+    resume, exit 143 (128 + 15), no lock left; the rerun gives the bytes of an undisturbed run
+    (it used to exit -15 with no message and a stale lock)."""
+    out = tmp_path / "out"
+    timed = isinstance(when, float)
+    err = _ctrl_c_at("write-shard:1" if timed else when, src, out, OPTIONS, hold_sigint=timed,
+                     delay=when if timed else None, sig=signal.SIGTERM)
+    assert "terminated (SIGTERM)" in err, err
+    if not timed:
+        assert "rerun the same command to resume" in err, err
+    _clean_or_resumable(out)  # no lock, no manifest, nothing under a temporary name
+    rerun(src, out)
+    assert hash_tree(out) == hash_tree(reference)
+
+
+def test_sigterm_to_a_library_caller_cleans_output_then_ends_the_process(tmp_path, src,
+                                                                         reference):
+    """``packtool.pack`` in a program that keeps Python's default SIGTERM: the run stops
+    cleanly (lock released, OUTPUT resumable) and the process then ends by SIGTERM, as it would
+    have without packtool; the rerun finishes byte-identically."""
+    out = tmp_path / "out"
+    code = ("import packtool\n"
+            f"packtool.pack({str(src)!r}, {str(out)!r}, capacity=16, rows_per_shard=4, "
+            "workers=1, seed=3)\n"
+            "print('returned')\n")
+    env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT="plan:0")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert "test pause at plan:0" in proc.stderr.readline()
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) == -signal.SIGTERM
+        assert "returned" not in proc.stdout.read()
+    finally:
+        proc.kill()
+        proc.stdout.close()
+        proc.stderr.close()
+    assert _clean_or_resumable(out) == 0  # the read part is kept, no window yet
+    rerun(src, out)
+    assert hash_tree(out) == hash_tree(reference)
+
+
+def test_the_ray_driver_keeps_packtools_sigterm_handler(monkeypatch):
+    """``ray.init`` replaces the driver's SIGTERM handler with one that exits at once (status
+    15, OUTPUT left locked); the Ray engine puts packtool's back, so SIGTERM stops a Ray pack
+    as Ctrl-C does."""
+    from packtool.engines import ray_engine
+
+    class FakeRay:
+        def is_initialized(self):
+            return False
+
+        def init(self, **kw):
+            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+
+        def shutdown(self):
+            pass
+
+    monkeypatch.setattr(ray_engine, "import_ray", FakeRay)
+    from packtool.signals import interruptible
+
+    with interruptible():
+        ours = signal.getsignal(signal.SIGTERM)
+        with ray_engine.RayEngine(workers=1):
+            assert signal.getsignal(signal.SIGTERM) is ours
+    assert signal.getsignal(signal.SIGTERM) is not ours

@@ -266,6 +266,9 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path):
     (tmp_path / "full" / "x").write_text("x")
     write_docs(tmp_path / "mixed" / "a.parquet", [[1, 2]])
     (tmp_path / "mixed" / "docs.jsonl").write_text("{}\n")
+    ids = pa.array([[1, 2]], pa.list_(pa.int32()))
+    pq.write_table(pa.Table.from_arrays([ids, ids], names=["input_ids", "input_ids"]),
+                   tmp_path / "dup.parquet")
 
     def pack(*args):
         return [*args[:-1], "-q", args[-1]]
@@ -287,7 +290,8 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path):
              pack(good, tmp_path / "afile"),
              pack(good, tmp_path / "afile" / "o"),
              pack(good, tmp_path / "full"),
-             pack(tmp_path / "mixed", tmp_path / "o")]
+             pack(tmp_path / "mixed", tmp_path / "o"),
+             pack(tmp_path / "dup.parquet", tmp_path / "o")]
     from click.testing import CliRunner
 
     printed = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from packcheck import check_output, invoke, read_output, write_docs
+from packcheck import check_output, hash_tree, invoke, read_output, write_docs
 from packtool.core.holdout import count_held_out, drop_documents, holdout_mask
 from packtool.formats.manifest import read_manifest
 
@@ -156,3 +156,83 @@ def test_the_split_warning_of_a_holdout_pack_counts_this_outputs_documents(tmp_p
     kept = [d for i, d in enumerate(docs) if d and not rule[i]]
     split = sum(len(d) > 8 for d in kept)
     assert f"({split:,} of {len(kept):,}) into pieces" in res.output, res.output
+
+
+def _unusable_holdout(kind: str, tmp_path, src):
+    """A --holdout-output that cannot be written, of kind ``kind``; returns its path and, for
+    ``lock``, the lock held on it (release it after the run)."""
+    held = tmp_path / "held"
+    if kind == "foreign":
+        held.mkdir()
+        (held / "notes.txt").write_text("mine")
+    elif kind == "file":
+        held.write_text("a file")
+    elif kind == "in-input":
+        held = src.parent / "held"
+    elif kind == "other-pack":  # a finished pack of other options, no --overwrite
+        assert invoke(["pack", "-q", "-c", 16, src, held]).exit_code == 0
+    elif kind == "lock":  # another pack writing it
+        from filelock import FileLock
+
+        from packtool.formats.manifest import LOCK_NAME
+
+        held.mkdir()
+        lock = FileLock(str(held / LOCK_NAME))
+        lock.acquire()
+        return held, lock
+    return held, None
+
+
+HOLDOUT_REFUSALS = {"foreign": "packtool did not write", "file": "is a file",
+                    "in-input": "overlaps INPUT", "other-pack": "a finished pack of other options",
+                    "lock": "another packtool pack is writing"}
+
+
+@pytest.mark.parametrize("kind", list(HOLDOUT_REFUSALS))
+def test_an_unusable_holdout_output_is_refused_before_anything_is_written(tmp_path, kind):
+    """Every check the held-out output must pass (the ones OUTPUT gets) runs before either
+    output is written: a refused --holdout-output leaves no training pack behind (it used to
+    leave a finished one, 20 % of the documents short, that stats passed)."""
+    src = write_docs(tmp_path / "in" / "a.parquet", _docs(60))
+    held, lock = _unusable_holdout(kind, tmp_path, src)
+    before = hash_tree(held) if held.is_dir() else None
+    out = tmp_path / "out"
+    try:
+        res = invoke(["pack", "-q", "-c", 64, "--holdout", 0.2, "--holdout-output", held,
+                      src.parent, out])
+    finally:
+        if lock is not None:
+            lock.release()
+    assert res.exit_code == 1, res.output
+    assert res.output.count("\n") == 1 and HOLDOUT_REFUSALS[kind] in res.output, res.output
+    assert not out.exists()
+    if before is not None:
+        assert hash_tree(held) == before
+    elif kind == "in-input":
+        assert not held.exists()
+    # a refused OUTPUT writes nothing into a usable held-out output either
+    (tmp_path / "bad").write_text("a file")
+    res = invoke(["pack", "-q", "-c", 64, "--holdout", 0.2, "--holdout-output",
+                  tmp_path / "ok", src, tmp_path / "bad"])
+    assert res.exit_code == 1 and "is a file" in res.output, res.output
+    assert not (tmp_path / "ok").exists()
+
+
+def test_the_python_api_checks_the_holdout_output_before_writing(tmp_path):
+    """``packtool.pack`` and ``packtool.pack_dataset`` with ``holdout=`` go through the same
+    checks: an unusable held-out output raises OutputError and no training pack is left."""
+    import packtool
+    from packtool.errors import OutputError
+
+    docs = _docs(60)
+    src = write_docs(tmp_path / "in" / "a.parquet", docs)
+    held, _ = _unusable_holdout("foreign", tmp_path, src)
+    with pytest.raises(OutputError, match="packtool did not write"):
+        packtool.pack(src, tmp_path / "out", capacity=64, holdout=0.2, holdout_output=held)
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "ds-holdout").mkdir()  # the default place: OUTPUT-holdout
+    (tmp_path / "ds-holdout" / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match="packtool did not write"):
+        packtool.pack_dataset([{"input_ids": d} for d in docs if d], 64,
+                              output=tmp_path / "ds", holdout=0.2)
+    assert not (tmp_path / "ds").exists()

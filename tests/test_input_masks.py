@@ -188,3 +188,44 @@ def test_file_without_labels_next_to_sft_file_keeps_all_its_targets(tmp_path, wi
     got = sorted(x for r in rows for x in r["labels"] if x != IGNORE)
     assert got == [2, 3, 5, 8, 9]
     assert manifest.totals.effective_targets == 5
+
+
+@pytest.mark.parametrize("case", ["labels", "loss-mask", "one-token", "holdout"])
+def test_an_output_without_effective_targets_warns_in_pack_stats_and_compare(tmp_path, case):
+    """Every label -100 (input labels, loss masks, or one-token segments) leaves a token-mean
+    loss a denominator of 0: pack, stats and compare each print one WARNING naming why, and
+    --json lists it; an output with targets prints none."""
+    ids = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    cols = {"input_ids": ids}
+    extra, why = [], "every token read has input label -100 or loss mask 0"
+    if case in ("labels", "holdout"):
+        cols["labels"] = [[-100] * len(d) for d in ids]
+    elif case == "loss-mask":
+        cols["completion_mask"] = [[0] * len(d) for d in ids]
+    else:
+        cols = {"input_ids": [[d] for d in range(1, 9)]}
+        why = "every segment holds one token"
+    if case == "holdout":
+        cols = {k: v * 4 for k, v in cols.items()}
+        extra = ["--holdout", 0.3, "--holdout-output", tmp_path / "held"]
+    src = _write(tmp_path / "in" / "a.parquet", **cols)
+    res = invoke(["pack", "--capacity", 8, *extra, src, tmp_path / "out"])
+    assert res.exit_code == 0, res.output
+    warned = [w for w in res.stderr.splitlines() if w.startswith("WARNING")]
+    assert len(warned) == (2 if case == "holdout" else 1), res.stderr
+    assert all("no effective targets" in w and why in w for w in warned), warned
+    if case == "holdout":
+        assert "held-out pack" in warned[1]
+    for args in (["stats", tmp_path / "out"], ["compare", "-c", 8, src]):
+        res = invoke(args)
+        assert res.exit_code == 0, res.output
+        warned = [w for w in res.stderr.splitlines() if w.startswith("WARNING")]
+        assert len(warned) == 1 and "no effective targets" in warned[0] and why in warned[0]
+        res = invoke([*args[:1], "--json", *args[1:]])
+        assert "no effective targets" in json.loads(res.stdout)["warnings"][0]
+    # the same documents with targets: no warning anywhere
+    plain = _write(tmp_path / "plain" / "a.parquet", input_ids=ids)
+    for args in (["pack", "-c", 8, plain, tmp_path / "o2"], ["stats", tmp_path / "o2"],
+                 ["compare", "-c", 8, plain]):
+        res = invoke(args)
+        assert res.exit_code == 0 and "WARNING" not in res.stderr, res.output

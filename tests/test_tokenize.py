@@ -305,6 +305,24 @@ def test_tokenize_reads_and_writes_a_store(tmp_path, hf_tokenizer, s3):
     assert read_output(tmp_path / "p1")[0] == read_output(tmp_path / "p2")[0]
 
 
+@pytest.mark.parametrize("names,extra,column", [
+    (["text", "text"], [], "text"),
+    (["text", "source", "source"], ["--keep-column", "source"], "source"),
+], ids=["text-column", "kept-column"])
+def test_a_column_read_twice_is_refused_in_one_line(tmp_path, hf_tokenizer, names, extra,
+                                                    column):
+    """A text or kept column a file holds twice is ambiguous: one line naming the file, the
+    column and the fix, nothing written (it was an internal KeyError)."""
+    texts = pa.array(["a b", "c"])
+    pq.write_table(pa.Table.from_arrays([texts] * len(names), names=names), tmp_path / "d.parquet")
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, *extra, tmp_path / "d.parquet",
+                  tmp_path / "out"])
+    assert res.exit_code == 1, res.output
+    assert res.output.strip() == (f"Error: {tmp_path / 'd.parquet'}: column {column!r} appears "
+                                  f"{names.count(column)} times; rename or drop one")
+    assert not (tmp_path / "out").exists()
+
+
 def test_kept_columns_travel_beside_input_ids_into_pack(tmp_path, hf_tokenizer):
     """--keep-column carries columns from the text into the tokenized shards, row for row
     (Parquet: their own type; JSON Lines: as text), across shards and a resume, so that

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 from typing import Callable, Iterator, Sequence
 
 from packtool.errors import EngineError, MissingDependencyError, PacktoolError, install_hint
@@ -71,10 +73,19 @@ class RayEngine:
             hooks = {k: os.environ[k] for k in TEST_ENVS if os.environ.get(k)}
             if hooks:
                 kw["runtime_env"] = {"env_vars": hooks}
-            if self.address:
-                ray.init(address=self.address, **kw)
-            else:
-                ray.init(num_cpus=self.workers, include_dashboard=False, **kw)
+            # ray.init replaces the driver's SIGTERM handler with one that exits at once (status
+            # 15, OUTPUT left locked and unclean): packtool's own (packtool.signals) is put back
+            main = threading.current_thread() is threading.main_thread()
+            sigterm = signal.getsignal(signal.SIGTERM) if main else None
+            try:
+                if self.address:
+                    ray.init(address=self.address, **kw)
+                else:
+                    ray.init(num_cpus=self.workers, include_dashboard=False, **kw)
+            finally:
+                if main:
+                    signal.signal(signal.SIGTERM,
+                                  signal.SIG_DFL if sigterm is None else sigterm)
             self._started = True
         return self
 

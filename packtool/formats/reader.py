@@ -51,7 +51,8 @@ from packtool.errors import InputError, ManifestError, PacktoolError, SchemaErro
 from packtool.formats.arrays import list_parts, numpy_values
 from packtool.formats.manifest import (IN_PROGRESS_NAME, MANIFEST_META_KEY, MANIFEST_NAME,
                                        PACKED_KIND, Manifest)
-from packtool.formats.schema import check_token_column, is_integer_list, is_list_layout
+from packtool.formats.schema import (check_single_column, check_token_column, is_integer_list,
+                                     is_list_layout)
 from packtool.location import Location
 from packtool.types import IGNORE_INDEX, INT32_MAX
 
@@ -166,8 +167,8 @@ def resolve_mask_columns(schema: pa.Schema, path, column: str, attention_mask: s
         none``).
 
     Raises:
-        SchemaError: a named column is missing, a used column has another type, or a named
-            column is the token column.
+        SchemaError: a named column is missing, a used column appears more than once or has
+            another type, or a named column is the token column.
     """
     def usable(typ, allow_bool) -> bool:
         if is_integer_list(typ):
@@ -187,6 +188,7 @@ def resolve_mask_columns(schema: pa.Schema, path, column: str, attention_mask: s
         if name not in schema.names:
             raise SchemaError(f"{path}: no column {name!r} for {option}; available columns: "
                               f"{', '.join(schema.names)}; pass {option} none to pack without it")
+        check_single_column(schema, name, path)
         if not usable(schema.field(name).type, allow_bool):
             kind = "integers or booleans" if allow_bool else "integers"
             raise SchemaError(f"{path}: {option} column {name!r} has type "
@@ -827,8 +829,8 @@ def _row_of_value(lengths: np.ndarray, value_index: int) -> int:
 
 
 def check_source_column(schema: pa.Schema, name: str, path) -> None:
-    """Refuse a ``--source-column`` a file lacks or holds in a type that is not one value per
-    document (a string or an integer, plain or dictionary-encoded).
+    """Refuse a ``--source-column`` a file lacks, holds more than once, or holds in a type that
+    is not one value per document (a string or an integer, plain or dictionary-encoded).
 
     Raises:
         SchemaError: names the file, the column and the fix.
@@ -836,6 +838,7 @@ def check_source_column(schema: pa.Schema, name: str, path) -> None:
     if name not in schema.names:
         raise SchemaError(f"{path}: no column {name!r} for --source-column; available columns: "
                           f"{', '.join(schema.names) or '(none)'}")
+    check_single_column(schema, name, path)
     typ = schema.field(name).type
     if pa.types.is_dictionary(typ):
         typ = typ.value_type

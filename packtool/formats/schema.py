@@ -20,6 +20,7 @@ import pyarrow as pa
 from packtool.errors import SchemaError
 
 __all__ = ["packed_schema", "packed_columns", "labels_convention", "check_token_column",
+           "check_single_column",
            "is_integer_list", "is_list_layout",
            "LABELS_CONVENTION_META_KEY", "CAPACITY_META_KEY", "FORMAT_VERSION_META_KEY",
            "SHARD_META_KEY", "SEGMENT_MULTIPLE_META_KEY", "shard_schema",
@@ -131,6 +132,21 @@ def is_integer_list(typ: pa.DataType) -> bool:
     return is_list_layout(typ) and pa.types.is_integer(typ.value_type)
 
 
+def check_single_column(schema: pa.Schema, column: str, path) -> None:
+    """Raise :class:`SchemaError` when a column packtool reads appears more than once in a file.
+
+    Parquet and Arrow IPC files may hold two columns of one name; which of them a name means is
+    then undecided, so a column that is read must appear once (a duplicated column that is not
+    read is left alone).
+
+    Raises:
+        SchemaError: ``<file>: column 'NAME' appears N times; rename or drop one``.
+    """
+    n = schema.get_all_field_indices(column)
+    if len(n) > 1:
+        raise SchemaError(f"{path}: column {column!r} appears {len(n)} times; rename or drop one")
+
+
 def check_token_column(schema: pa.Schema, column: str, path: str) -> None:
     """Raise :class:`SchemaError` unless ``column`` is an integer list of any Arrow layout.
 
@@ -139,13 +155,15 @@ def check_token_column(schema: pa.Schema, column: str, path: str) -> None:
     themselves are range-checked when read.
 
     Raises:
-        SchemaError: the column is missing (the message lists the available columns) or has
-            another type (string, float, nested lists, ...).
+        SchemaError: the column is missing (the message lists the available columns), appears
+            more than once (:func:`check_single_column`) or has another type (string, float,
+            nested lists, ...).
     """
     if column not in schema.names:
         avail = ", ".join(schema.names) or "(none)"
         raise SchemaError(
             f"{path}: no column {column!r}; available columns: {avail}; pass --column NAME")
+    check_single_column(schema, column, path)
     typ = schema.field(column).type
     ok = is_integer_list(typ)
     if not ok:

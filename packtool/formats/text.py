@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from packtool.errors import InputError, SchemaError, row_ref
 from packtool.formats.manifest import ShardEntry
 from packtool.formats.reader import TEXT_FORMATS, filesystem_of
+from packtool.formats.schema import check_single_column
 from packtool.formats.writer import write_shard
 from packtool.location import Location
 
@@ -76,7 +77,7 @@ def tokenized_schema(path, fmt: str, keep: tuple[str, ...] = ()) -> pa.Schema:
     columns (their type in a Parquet or Arrow file; ``string`` from JSON Lines).
 
     Raises:
-        SchemaError: a kept column the file does not hold.
+        SchemaError: a kept column the file does not hold, or holds more than once.
         InputError: an unreadable file.
     """
     if not keep:
@@ -89,6 +90,8 @@ def tokenized_schema(path, fmt: str, keep: tuple[str, ...] = ()) -> pa.Schema:
         if missing:
             raise SchemaError(f"{path}: no column {missing[0]!r} for --keep-column; available "
                               f"columns: {', '.join(schema.names)}")
+        for name in keep:
+            check_single_column(schema, name, path)
         fields = [schema.field(name) for name in keep]
     return pa.schema(list(TOKENIZED_SCHEMA) + fields)
 
@@ -216,6 +219,7 @@ def _table_texts(path, fmt: str, column: str, batch_docs: int, skip: int,
     if column not in schema.names:
         raise SchemaError(f"{path}: no column {column!r}; available columns: "
                           f"{', '.join(schema.names)}; pass --text-column NAME")
+    check_single_column(schema, column, path)
     typ = schema.field(column).type
     if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)
             or pa.types.is_string_view(typ)):
@@ -225,6 +229,8 @@ def _table_texts(path, fmt: str, column: str, batch_docs: int, skip: int,
     if missing:
         raise SchemaError(f"{path}: no column {missing[0]!r} for --keep-column; available "
                           f"columns: {', '.join(schema.names)}")
+    for name in keep:
+        check_single_column(schema, name, path)
     row = 0
     try:
         for b in batches([column, *keep], batch_docs):

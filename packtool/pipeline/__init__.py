@@ -104,6 +104,13 @@ def _shown(path) -> str:
     return Location.parse(path).display
 
 
+def _warnings(cfg: PackConfig, stats: PackStats) -> list[str]:
+    """The ``WARNING:`` lines of a pack: :meth:`PackStats.warnings` (``--overflow``,
+    ``--min-fill``), then :meth:`PackStats.no_targets_warning`."""
+    notes = stats.warnings(cfg.overflow, cfg.min_fill)
+    return notes + [w for w in (stats.no_targets_warning(),) if w]
+
+
 def _source_table(column: str | None, pinfos: list[PartInfo], files):
     """``--source-column``: the output's id -> value table (the sorted values of every read
     part) and, per part, its own ids -> the table's ids (tuples of ints); ``((), None)`` without
@@ -138,8 +145,51 @@ def _shard_jobs(labels: np.ndarray, n_windows: int, per: int, out: Output) -> li
     return jobs
 
 
+@dataclass(frozen=True)
+class _Run:
+    """One pack's inputs, read from the footers before OUTPUT is touched."""
+
+    cfg: PackConfig  #: with the labels an input labels column implies
+    files: list
+    parts: list
+    windows: Windows
+    fp: str  #: the output's fingerprint
+
+    def output(self) -> Output:
+        """OUTPUT of this pack, not entered yet (entering it runs every check on OUTPUT)."""
+        cfg = self.cfg
+        return Output(cfg.output, cfg.inputs, self.fp, overwrite=cfg.overwrite,
+                      options=cfg.layout_options())
+
+
+def _prepare(cfg: PackConfig) -> _Run:
+    """List the inputs and read their footers; nothing is written."""
+    files = discover_inputs(list(cfg.inputs), skip_unsupported=cfg.skip_unsupported)
+    cfg = input_labels_config(cfg, files)  # an input labels column: labels are stored
+    parts = plan_reads(files, cfg.column)  # footers only
+    windows = plan_windows(sum(p.docs for p in parts), cfg.window_docs)
+    return _Run(cfg, files, parts, windows, fingerprint(cfg.layout_options(), files))
+
+
+def _run(run: _Run, out: Output, show: bool, t0: float) -> PackResult:
+    """The pack ``run`` inside its entered OUTPUT ``out``."""
+    if out.complete:
+        m = out.manifest
+        return PackResult(m.totals, m, time.perf_counter() - t0, len(m.shards), True,
+                          _warnings(run.cfg, m.totals))
+    return _pack(run.cfg, run.files, run.parts, run.windows, run.fp, out, show, t0)
+
+
+def _interrupted(exc: KeyboardInterrupt, out: Output | None) -> KeyboardInterrupt:
+    """The ``KeyboardInterrupt`` to raise: its message says what ``out`` kept for the rerun."""
+    kept = out.kept.describe(out.shards_kept()) if out is not None else ""
+    return KeyboardInterrupt(kept) if kept and not str(exc) else exc
+
+
 def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
-    """Pack ``cfg.inputs`` into ``cfg.output`` (phases in the module docstring).
+    """Pack ``cfg.inputs`` into ``cfg.output`` (phases in the module docstring); with
+    ``cfg.holdout``, also the held-out documents into ``cfg.holdout_output``
+    (:mod:`packtool.pipeline.holdout`: both outputs are checked before either is written).
 
     Returns:
         :class:`PackResult` with the merged :class:`PackStats` and the manifest.
@@ -156,29 +206,16 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
     if cfg.holdout is not None and cfg.holdout_part is None:  # two packs, one per side
         from packtool.pipeline.holdout import run_holdout
 
-        return run_holdout(cfg, run_pack, progress=progress)
+        return run_holdout(cfg, _prepare, _run, _interrupted, progress=progress)
     t0 = time.perf_counter()
     show = progress and sys.stderr.isatty()
-    files = discover_inputs(list(cfg.inputs), skip_unsupported=cfg.skip_unsupported)
-    cfg = input_labels_config(cfg, files)  # an input labels column: labels are stored
-    parts = plan_reads(files, cfg.column)  # footers only
-    total_docs = sum(p.docs for p in parts)
-    windows = plan_windows(total_docs, cfg.window_docs)
-    fp = fingerprint(cfg.layout_options(), files)
+    run = _prepare(cfg)
     out = None
     try:
-        with interruptible(), Output(cfg.output, cfg.inputs, fp, overwrite=cfg.overwrite,
-                                     options=cfg.layout_options()) as out:
-            if out.complete:
-                m = out.manifest
-                return PackResult(m.totals, m, time.perf_counter() - t0, len(m.shards), True,
-                                  m.totals.warnings(cfg.overflow, cfg.min_fill))
-            return _pack(cfg, files, parts, windows, fp, out, show, t0)
+        with interruptible(), run.output() as out:
+            return _run(run, out, show, t0)
     except KeyboardInterrupt as exc:
-        kept = out.kept.describe(out.shards_kept()) if out is not None else ""
-        if kept and not str(exc):
-            raise KeyboardInterrupt(kept) from None
-        raise
+        raise _interrupted(exc, out) from None
 
 
 def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: str,
@@ -259,7 +296,7 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
         source_column=cfg.source_column, source_values=source_values)
     out.commit(manifest, packed_schema(cfg.capacity, labels_mode, cfg.segment_multiple,
                                        sources=cfg.source_column is not None))
-    notes = total.warnings(cfg.overflow, cfg.min_fill)
+    notes = _warnings(cfg, total)
     if out.replaced:
         notes.insert(0, f"OUTPUT held {out.replaced}: replaced by this pack")
     return PackResult(total, manifest, time.perf_counter() - t0, reused, False,

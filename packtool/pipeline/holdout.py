@@ -5,7 +5,11 @@ per global document index). The same driver (:func:`packtool.pipeline.run_pack`)
 twice over the same input: into OUTPUT with the held-out documents left out, and into the
 held-out OUTPUT with only them. Each output is complete on its own: the same contract, its own
 manifest (its options record ``holdout`` and ``holdout_part``), its own lock and resume; a rerun
-of the same command resumes whichever of the two is unfinished. ``doc_ids`` keep the global
+of the same command resumes whichever of the two is unfinished. Both outputs are entered
+(:class:`packtool.output.Output`: overlap with INPUT, a file, entries packtool did not write, a
+finished pack of other options, the lock) before either pack writes anything, and the held-out
+output stays locked while the training rows are written: a held-out output that cannot be
+written stops the run before the training pack begins, and nothing is written to either. ``doc_ids`` keep the global
 document index in both, so the two outputs never share a document.
 
 The cost is a second read of the input (the held-out pack reads and validates every document to
@@ -15,11 +19,14 @@ find its few); the plan and the writes of each pack cover only its own documents
 from __future__ import annotations
 
 import dataclasses
+import sys
+import time
 
 from packtool.core.holdout import count_held_out
 from packtool.errors import InputError
 from packtool.formats.reader import discover_inputs
 from packtool.pipeline.read import file_rows, plan_reads
+from packtool.signals import interruptible
 
 __all__ = ["run_holdout"]
 
@@ -36,20 +43,36 @@ def _check_sizes(cfg) -> None:
                          f"{n:,} in INPUT; choose a fraction that leaves documents on both sides")
 
 
-def run_holdout(cfg, run_pack, *, progress: bool = True):
+def run_holdout(cfg, prepare, run, interrupted, *, progress: bool = True):
     """Pack the documents not held out into ``cfg.output`` and the held-out ones into
-    ``cfg.holdout_output``, with ``run_pack`` (:func:`packtool.pipeline.run_pack`, passed in so
-    this module does not import its own package).
+    ``cfg.holdout_output``, with the steps of :func:`packtool.pipeline.run_pack` (passed in so
+    this module does not import its own package): ``prepare(cfg)`` reads the footers,
+    ``run(prepared, output, show, t0)`` packs into an entered output, ``interrupted(exc,
+    output)`` names what an interrupted output kept.
 
     Returns:
         The training pack's :class:`~packtool.pipeline.PackResult`, its ``holdout`` the held-out
         pack's.
 
     Raises:
-        InputError: the split leaves one side empty; otherwise as :func:`run_pack`.
+        InputError: the split leaves one side empty; otherwise as :func:`run_pack` (an
+        ``OutputError`` of either output before anything is written to either).
     """
     _check_sizes(cfg)
-    train = run_pack(dataclasses.replace(cfg, holdout_part="train"), progress=progress)
-    held = run_pack(dataclasses.replace(cfg, output=cfg.holdout_output, holdout_part="holdout"),
-                    progress=progress)
-    return dataclasses.replace(train, holdout=held)
+    show = progress and sys.stderr.isatty()
+    t0 = time.perf_counter()
+    train = prepare(dataclasses.replace(cfg, holdout_part="train"))
+    held = prepare(dataclasses.replace(cfg, output=cfg.holdout_output, holdout_part="holdout"))
+    out = None
+    try:
+        # the held-out output is entered (checked, locked) first and held while the training
+        # rows are written; the training output is left before the held-out pack runs, so that
+        # its end (Ctrl-C held once its manifest is written) never spans the other pack
+        with interruptible(), held.output() as held_out:
+            with train.output() as out:
+                trained = run(train, out, show, t0)
+            out = held_out
+            return dataclasses.replace(trained,
+                                       holdout=run(held, held_out, show, time.perf_counter()))
+    except KeyboardInterrupt as exc:
+        raise interrupted(exc, out) from None
