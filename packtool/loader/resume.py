@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from packtool.loader.plan import EpochPlan, Phase, rank_rows, worker_bounds
 
-__all__ = ["STATE_VERSION", "ORDER_FIELDS", "normalize", "finished", "mismatch"]
+__all__ = ["STATE_VERSION", "ORDER_FIELDS", "normalize", "runs", "finished", "worker_finished",
+           "mismatch"]
 
 #: The version :meth:`state_dict` writes.
 STATE_VERSION = 2
@@ -130,22 +131,35 @@ def epoch_rows_of(state: dict) -> int:
     return int(mix["num_rows"])
 
 
-def finished(state: dict) -> bool:
-    """True when every worker of the state's current phase has yielded its whole run (the
-    checkpoint was taken after the epoch's last row). A single worker's state of several
-    workers cannot tell, and counts as unfinished."""
-    y = state["yielded"]
+def runs(state: dict) -> list[int]:
+    """Rows each worker of the state's current phase yields in its whole run (K ints)."""
     K, W = state["num_workers"], state["world_size"]
-    if not isinstance(y, list):
-        if K != 1:
-            return False
-        y = [y]
     plan = EpochPlan(epoch_rows_of(state), [Phase.from_list(p) for p in state["phases"]],
                      seed=state["seed"], epoch=state["epoch"], shuffle=False, shuffle_buffer=1,
                      drop_last=state["drop_last"])
     q = rank_rows(plan.length(), W, state["drop_last"])
-    runs = [worker_bounds(q, w, K) for w in range(K)]
-    return all(v >= b - a for v, (a, b) in zip(y, runs))
+    return [b - a for a, b in (worker_bounds(q, w, K) for w in range(K))]
+
+
+def finished(state: dict) -> bool:
+    """True when every worker of the state's current phase has yielded its whole run (the
+    checkpoint was taken after the epoch's last row). A single worker's state of several
+    workers cannot tell (:func:`worker_finished` says whether that one worker is done), and
+    counts as unfinished."""
+    y = state["yielded"]
+    if not isinstance(y, list):
+        if state["num_workers"] != 1:
+            return False
+        y = [y]
+    return all(v >= n for v, n in zip(y, runs(state)))
+
+
+def worker_finished(state: dict) -> bool:
+    """True when the worker whose state this is (or, for a whole state, every worker) has
+    yielded its whole run of the current phase."""
+    if isinstance(state["yielded"], list):
+        return finished(state)
+    return state["yielded"] >= runs(state)[state["worker"]]
 
 
 def mismatch(state: dict, mine: dict) -> list[str]:
