@@ -257,9 +257,11 @@ class PackedIterableDataset(IterableDataset):
     # --- the epoch's shape --------------------------------------------------------------------
 
     def _plan(self, history: tuple | None = None) -> EpochPlan:
+        order = self.mixture.order(seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
         return EpochPlan(self.mixture.rows_per_epoch, self._history if history is None
                          else history, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
-                         shuffle_buffer=self.shuffle_buffer, drop_last=self.drop_last)
+                         shuffle_buffer=self.shuffle_buffer, drop_last=self.drop_last,
+                         order=order)
 
     def _current(self) -> EpochPlan:
         """The plan of the current phase (a loaded state counted in, as a DataLoader without

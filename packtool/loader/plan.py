@@ -38,7 +38,9 @@ stopped without reading a byte.
    same counts. With ``shuffle`` each slot is permuted inside a bounded window: row ``p`` gets
    the key ``p + u * shuffle_buffer``, ``u`` uniform in [0, 1) from
    ``default_rng((seed, epoch, rank, worker, K))``; no row moves ``shuffle_buffer`` positions
-   or more.
+   or more. A cycled source's rows are then put back in pass order within the slot
+   (:meth:`EpochOrder.keep_passes`: the source keeps its shuffled places, its pass ``p`` fills
+   them before pass ``p + 1``), so the shuffle never brings a row twice before all came.
 
 **Elastic resume (phases).** Ranks advance in step (each consumes the same number of batches,
 each DataLoader takes batches from its workers in turn), so after a checkpoint worker ``w`` of
@@ -371,27 +373,67 @@ class EpochOrder:
     def _stream(self, s: int, k0: int, k1: int) -> np.ndarray:
         return self.row_base[s] + self.streams[s].epoch_rows(self.epoch, k0, k1)
 
-    def rows(self, a: int, b: int) -> np.ndarray:
-        """int64[b - a], row keys at epoch positions ``a .. b - 1`` (0 <= a <= b <= N)."""
-        if not 0 <= a <= b <= self.num_rows:
-            raise ValueError(f"epoch positions {a}..{b} outside 0..{self.num_rows}")
-        if b == a:
-            return np.zeros(0, dtype=np.int64)
+    def _items(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source int64[b - a], index in that source's epoch int64[b - a]) of epoch positions
+        ``a .. b - 1`` (step 3); each source's indices come in increasing order."""
         live = [s for s, c in enumerate(self.shares) if c > 0]
         if len(live) == 1:
-            return self._stream(live[0], a, b)
+            return np.full(b - a, live[0], dtype=np.int64), np.arange(a, b, dtype=np.int64)
         ma, mb = mix_prefix(self.shares, a), mix_prefix(self.shares, b)
-        keys, srcs, ks, rows = [], [], [], []
+        keys, srcs, ks = [], [], []
         for s in live:
             k = np.arange(ma[s], mb[s], dtype=np.int64)
             keys.append((2 * k + 1) / (2.0 * self.shares[s]))
             srcs.append(np.full(k.size, s, dtype=np.int64))
             ks.append(k)
-            rows.append(self._stream(s, int(ma[s]), int(mb[s])))
-        key, src, kk, row = (np.concatenate(x) for x in (keys, srcs, ks, rows))
+        key, src, kk = (np.concatenate(x) for x in (keys, srcs, ks))
         order = np.lexsort((src, key))
         order = _exact_ties(order, key, src, kk, self.shares)
-        return row[order]
+        return src[order], kk[order]
+
+    def rows(self, a: int, b: int) -> np.ndarray:
+        """int64[b - a], row keys at epoch positions ``a .. b - 1`` (0 <= a <= b <= N)."""
+        if not 0 <= a <= b <= self.num_rows:
+            raise ValueError(f"epoch positions {a}..{b} outside 0..{self.num_rows}")
+        out = np.zeros(b - a, dtype=np.int64)
+        if b == a:
+            return out
+        src, k = self._items(a, b)
+        for s in np.unique(src).tolist():
+            sel = src == s
+            ks = k[sel]
+            out[sel] = self._stream(s, int(ks[0]), int(ks[-1]) + 1)
+        return out
+
+    def keep_passes(self, positions: np.ndarray, repeat: np.ndarray | None = None) -> np.ndarray:
+        """int64[n], ``positions`` (a worker's slot after the bounded shuffle) with the rows of
+        each cycled source (``c_s > n_s``) put back in pass order: source ``s`` keeps the
+        places it had, and its rows of pass ``p`` (indices ``p n_s .. (p + 1) n_s - 1`` of its
+        epoch; the urn draws after its whole passes count as one more) all come before those
+        of pass ``p + 1``, each pass in its shuffled order. So no row of a small source comes
+        twice before all its rows came once. ``repeat`` (bool[n]) marks the even-up repeats
+        (step 4), kept after every pass."""
+        pos = np.asarray(positions, dtype=np.int64)
+        sizes = np.diff(self.row_base)
+        cycled = [s for s, c in enumerate(self.shares) if c > sizes[s] > 0]
+        if not cycled or pos.size < 2:
+            return pos
+        src = np.empty(pos.size, dtype=np.int64)
+        k = np.empty(pos.size, dtype=np.int64)
+        uniq = np.unique(pos)
+        for run in np.split(uniq, np.flatnonzero(np.diff(uniq) > 4096) + 1):
+            a, b = int(run[0]), int(run[-1]) + 1
+            rs, rk = self._items(a, b)
+            sel = (pos >= a) & (pos < b)
+            src[sel], k[sel] = rs[pos[sel] - a], rk[pos[sel] - a]
+        passes = k // np.maximum(sizes[src], 1)
+        if repeat is not None:
+            passes[np.asarray(repeat, dtype=bool)] = np.iinfo(np.int64).max
+        out = pos.copy()
+        for s in cycled:
+            at = np.flatnonzero(src == s)
+            out[at] = pos[at][np.argsort(passes[at], kind="stable")]
+        return out
 
     def rows_at(self, positions: np.ndarray) -> np.ndarray:
         """int64[n], row keys at arbitrary epoch positions (computed over their runs)."""
@@ -503,14 +545,18 @@ class EpochPlan:
         seed, epoch: as for :class:`EpochOrder` (seed the shuffle buffer).
         shuffle, shuffle_buffer: the bounded shuffle of phase 0 (step 5).
         drop_last: drop the remainder of each phase instead of repeating rows.
+        order: the epoch's :class:`EpochOrder`; given, the bounded shuffle keeps each cycled
+            source's passes in order (:meth:`EpochOrder.keep_passes`).
 
     Raises:
         ValueError: a phase says a worker yielded more rows than its run holds.
     """
 
     def __init__(self, num_rows: int, history: Sequence[Phase] = (), *, seed: int, epoch: int,
-                 shuffle: bool, shuffle_buffer: int, drop_last: bool) -> None:
+                 shuffle: bool, shuffle_buffer: int, drop_last: bool,
+                 order: "EpochOrder | None" = None) -> None:
         self.num_rows = int(num_rows)
+        self.order = order
         self.history = tuple(history)
         self.seed, self.epoch = check_seed(seed), check_seed(epoch)
         self.shuffle, self.shuffle_buffer = bool(shuffle), int(shuffle_buffer)
@@ -575,6 +621,7 @@ class EpochPlan:
         a, b = worker_bounds(q, worker, num_workers)
         a, b = rank * q + a, rank * q + b
         parts = []
+        first = a
         while a < b:  # indices past L wrap to the start (the repeated rows)
             base = (a // L) * L
             hi = min(b - base, L)
@@ -582,9 +629,12 @@ class EpochPlan:
             a = base + hi
         out = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         if k == 0 and self.shuffle:
-            out = out[bounded_shuffle(out.size, seed=self.seed, epoch=self.epoch, rank=rank,
-                                      worker=worker, num_workers=num_workers,
-                                      shuffle_buffer=self.shuffle_buffer)]
+            perm = bounded_shuffle(out.size, seed=self.seed, epoch=self.epoch, rank=rank,
+                                   worker=worker, num_workers=num_workers,
+                                   shuffle_buffer=self.shuffle_buffer)
+            out = out[perm]
+            if self.order is not None and self.shuffle_buffer > 1:
+                out = self.order.keep_passes(out, repeat=(first + perm) >= L)
         return out
 
     def rows_per_rank(self, world_size: int) -> int:
