@@ -12,9 +12,11 @@ the state is the epoch, the phases of the epoch so far and the rows yielded, and
 dataset recomputes its order and skips without reading.
 
 - *Same world size and workers*: torchdata's ``StatefulDataLoader.load_state_dict`` (it calls
-  :meth:`~PackedIterableDataset.load_state_dict` in each worker), or
-  ``ds.load_state_dict(loader_state)`` before the DataLoader is built: the stream continues
-  exactly as if never stopped.
+  :meth:`~PackedIterableDataset.load_state_dict` in each worker): the stream continues exactly
+  as if never stopped, order included. ``ds.load_state_dict(loader_state)`` before the
+  DataLoader is built gives exactly the remaining rows, each worker's in the same order, but a
+  new DataLoader asks worker 0 first, so when the checkpoint fell inside a round of the
+  DataLoader's round robin the workers' batches interleave in another turn.
 - *Elastic* (another world size or worker count): ``ds.load_state_dict(state)`` on every new
   rank, before its DataLoader is built, with the ``StatefulDataLoader.state_dict()`` that any
   one rank saved (rank 0's: ranks advance in step, so one rank's workers' counts say what every
@@ -180,7 +182,7 @@ class PackedIterableDataset(IterableDataset):
             check_item_columns(self.columns, labels_stored=True, padded=padded)
         self.capacity = self.mixture.capacity
         self.rank, self.world_size = int(rank), int(world_size)
-        self.seed, self.epoch = check_seed(seed), check_seed(epoch)
+        self.seed, self.epoch = check_seed(seed), check_seed(epoch, "epoch")
         self.shuffle, self.shuffle_buffer = bool(shuffle), int(shuffle_buffer)
         self.drop_last = bool(drop_last)
         self.batch_size = None if batch_size is None else int(batch_size)
@@ -303,18 +305,26 @@ class PackedIterableDataset(IterableDataset):
             total += -(-max(0, n) // B)
         return total
 
+    def _phase_shapes(self) -> list[tuple[int, int]]:
+        """(L_k, W_k) of every phase of the epoch so far, the current one last."""
+        plan = self._current()
+        sizes = [p.world_size for p in plan.history] + [self.world_size]
+        return list(zip(plan.lengths, sizes))
+
     @property
     def repeated_rows(self) -> int:
-        """Rows yielded twice in the current phase over all ranks (``drop_last=False``)."""
-        L = self._current().length()
-        return 0 if self.drop_last else max(0, rank_rows(L, self.world_size, False)
-                                            * self.world_size - L)
+        """Rows the epoch yields twice over all ranks (``drop_last=False``): the even-up
+        repeats of every phase (after an elastic resume, those of the world size before it,
+        yielded then or in the rest, and those of the new one)."""
+        if self.drop_last:
+            return 0
+        return sum(max(0, rank_rows(L, W, False) * W - L) for L, W in self._phase_shapes())
 
     @property
     def dropped_rows(self) -> int:
-        """Rows no rank yields in the current phase (``drop_last=True``)."""
-        L = self._current().length()
-        return max(0, L - rank_rows(L, self.world_size, self.drop_last) * self.world_size)
+        """Rows of the epoch no rank yields (``drop_last=True``), over every phase."""
+        return sum(max(0, L - rank_rows(L, W, self.drop_last) * W)
+                   for L, W in self._phase_shapes())
 
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s order from the next iteration on (a resume point loaded for
@@ -323,7 +333,7 @@ class PackedIterableDataset(IterableDataset):
         Raises:
             ValueError: negative epoch.
         """
-        epoch = check_seed(epoch)
+        epoch = check_seed(epoch, "epoch")
         self._use_epoch(epoch)
         if get_worker_info() is None:  # the training process: its workers follow
             self._publish_epoch()

@@ -68,14 +68,15 @@ __all__ = ["check_seed", "apportion", "mix_prefix", "source_rows", "SourceStream
            "split_ranks", "worker_rows"]
 
 
-def check_seed(seed: int) -> int:
-    """``seed`` as a non-negative Python int.
+def check_seed(seed: int, name: str = "seed") -> int:
+    """``seed`` (or the epoch: any argument named ``name`` in the message) as a non-negative
+    Python int.
 
     Raises:
         ValueError: negative or not an integer.
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        raise ValueError(f"{name} must be a non-negative integer, got {seed!r}")
     return int(seed)
 
 
@@ -357,7 +358,8 @@ class EpochOrder:
                  epoch: int, shuffle: bool, salts: Sequence[int] | None) -> None:
         self.rg_rows = [np.asarray(r, dtype=np.int64) for r in rg_rows]
         self.shares = [int(c) for c in shares]
-        self.seed, self.epoch, self.shuffle = check_seed(seed), check_seed(epoch), bool(shuffle)
+        self.seed, self.epoch = check_seed(seed), check_seed(epoch, "epoch")
+        self.shuffle = bool(shuffle)
         self.salts = None if salts is None else [int(x) for x in salts]
         sizes = [int(r.sum()) for r in self.rg_rows]
         for s, (n, c) in enumerate(zip(sizes, self.shares)):
@@ -527,7 +529,8 @@ def bounded_shuffle(n: int, *, seed: int, epoch: int, rank: int, worker: int, nu
     more (step 5)."""
     if shuffle_buffer <= 1 or n <= 1:
         return np.arange(n, dtype=np.int64)
-    rng = np.random.default_rng((check_seed(seed), check_seed(epoch), rank, worker, num_workers))
+    rng = np.random.default_rng((check_seed(seed), check_seed(epoch, "epoch"), rank, worker,
+                                 num_workers))
     keys = np.arange(n, dtype=np.float64) + rng.random(n) * shuffle_buffer  # shape: (n,)
     return np.argsort(keys, kind="stable")
 
@@ -558,7 +561,7 @@ class EpochPlan:
         self.num_rows = int(num_rows)
         self.order = order
         self.history = tuple(history)
-        self.seed, self.epoch = check_seed(seed), check_seed(epoch)
+        self.seed, self.epoch = check_seed(seed), check_seed(epoch, "epoch")
         self.shuffle, self.shuffle_buffer = bool(shuffle), int(shuffle_buffer)
         self.drop_last = bool(drop_last)
         self.lengths = [self.num_rows]  # L_k of every phase, the current one last
@@ -682,7 +685,7 @@ def split_ranks(rg_rows: np.ndarray, *, rank: int, world_size: int, seed: int, e
     """
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    seed, epoch = check_seed(seed), check_seed(epoch)
+    seed, epoch = check_seed(seed), check_seed(epoch, "epoch")
     rg_rows = np.asarray(rg_rows, dtype=np.int64)
     N = int(rg_rows.sum())
     q = rank_rows(N, world_size, drop_last)
