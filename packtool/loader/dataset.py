@@ -132,9 +132,14 @@ class PackedDataset:
         """Row ``index`` (global, manifest order; negative counts from the end).
 
         Raises:
+            TypeError: not an integer (a float or a bool, as a list refuses them; NumPy
+                integers are accepted).
             IndexError: out of range.
         """
         n = len(self)
+        if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)):
+            raise TypeError(f"row indexes are integers, not {type(index).__name__} "
+                            f"({index!r})")
         i = int(index)
         if i < 0:
             i += n

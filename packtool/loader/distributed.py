@@ -12,9 +12,11 @@ the state is the epoch, the phases of the epoch so far and the rows yielded, and
 dataset recomputes its order and skips without reading.
 
 - *Same world size and workers*: torchdata's ``StatefulDataLoader.load_state_dict`` (it calls
-  :meth:`~PackedIterableDataset.load_state_dict` in each worker), or
-  ``ds.load_state_dict(loader_state)`` before the DataLoader is built: the stream continues
-  exactly as if never stopped.
+  :meth:`~PackedIterableDataset.load_state_dict` in each worker): the stream continues exactly
+  as if never stopped, order included. ``ds.load_state_dict(loader_state)`` before the
+  DataLoader is built gives exactly the remaining rows, each worker's in the same order, but a
+  new DataLoader asks worker 0 first, so when the checkpoint fell inside a round of the
+  DataLoader's round robin the workers' batches interleave in another turn.
 - *Elastic* (another world size or worker count): ``ds.load_state_dict(state)`` on every new
   rank, before its DataLoader is built, with the ``StatefulDataLoader.state_dict()`` that any
   one rank saved (rank 0's: ranks advance in step, so one rank's workers' counts say what every
@@ -25,7 +27,9 @@ dataset recomputes its order and skips without reading.
   new size. A single worker's state (of a loader with several) cannot say what its siblings
   consumed and is refused for a resize.
 - A state saved after the epoch's last row starts the next epoch at its first row, whenever it
-  is loaded (before or after ``set_epoch``), never the finished epoch again.
+  is loaded (before or after ``set_epoch``), never the finished epoch again. Each worker of a
+  ``StatefulDataLoader`` gets only its own state; the workers tell each other through a board in
+  the shared epoch box whether their runs were finished (:meth:`_post_board`).
 
 **Persistent workers.** A DataLoader with ``persistent_workers=True`` keeps the copies of the
 dataset its workers got when they started, so an attribute set later in the training process
@@ -38,6 +42,7 @@ epoch's order. A mid-epoch state must reach persistent workers through torchdata
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -177,7 +182,7 @@ class PackedIterableDataset(IterableDataset):
             check_item_columns(self.columns, labels_stored=True, padded=padded)
         self.capacity = self.mixture.capacity
         self.rank, self.world_size = int(rank), int(world_size)
-        self.seed, self.epoch = check_seed(seed), check_seed(epoch)
+        self.seed, self.epoch = check_seed(seed), check_seed(epoch, "epoch")
         self.shuffle, self.shuffle_buffer = bool(shuffle), int(shuffle_buffer)
         self.drop_last = bool(drop_last)
         self.batch_size = None if batch_size is None else int(batch_size)
@@ -211,8 +216,11 @@ class PackedIterableDataset(IterableDataset):
         # [generation, epoch, workers read]: the training process's last set_epoch, shared with
         # the copies persistent DataLoader workers hold (module docstring), and 1 once a
         # worker's copy has yielded a row since (the training process's state does not count it)
+        # slots 3 .. 3 + _BOARD - 1: the board on which DataLoader workers loading their own
+        # states tell each other whether their runs were finished (:meth:`load_state_dict`)
         self._epoch_box = _shared_epoch(self.epoch)
         self._epoch_seen = 0
+        self._await_board: tuple | None = None  # (tag, workers): the board to read first
 
     # --- sources ------------------------------------------------------------------------------
 
@@ -251,9 +259,11 @@ class PackedIterableDataset(IterableDataset):
     # --- the epoch's shape --------------------------------------------------------------------
 
     def _plan(self, history: tuple | None = None) -> EpochPlan:
+        order = self.mixture.order(seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
         return EpochPlan(self.mixture.rows_per_epoch, self._history if history is None
                          else history, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
-                         shuffle_buffer=self.shuffle_buffer, drop_last=self.drop_last)
+                         shuffle_buffer=self.shuffle_buffer, drop_last=self.drop_last,
+                         order=order)
 
     def _current(self) -> EpochPlan:
         """The plan of the current phase (a loaded state counted in, as a DataLoader without
@@ -295,18 +305,26 @@ class PackedIterableDataset(IterableDataset):
             total += -(-max(0, n) // B)
         return total
 
+    def _phase_shapes(self) -> list[tuple[int, int]]:
+        """(L_k, W_k) of every phase of the epoch so far, the current one last."""
+        plan = self._current()
+        sizes = [p.world_size for p in plan.history] + [self.world_size]
+        return list(zip(plan.lengths, sizes))
+
     @property
     def repeated_rows(self) -> int:
-        """Rows yielded twice in the current phase over all ranks (``drop_last=False``)."""
-        L = self._current().length()
-        return 0 if self.drop_last else max(0, rank_rows(L, self.world_size, False)
-                                            * self.world_size - L)
+        """Rows the epoch yields twice over all ranks (``drop_last=False``): the even-up
+        repeats of every phase (after an elastic resume, those of the world size before it,
+        yielded then or in the rest, and those of the new one)."""
+        if self.drop_last:
+            return 0
+        return sum(max(0, rank_rows(L, W, False) * W - L) for L, W in self._phase_shapes())
 
     @property
     def dropped_rows(self) -> int:
-        """Rows no rank yields in the current phase (``drop_last=True``)."""
-        L = self._current().length()
-        return max(0, L - rank_rows(L, self.world_size, self.drop_last) * self.world_size)
+        """Rows of the epoch no rank yields (``drop_last=True``), over every phase."""
+        return sum(max(0, L - rank_rows(L, W, self.drop_last) * W)
+                   for L, W in self._phase_shapes())
 
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s order from the next iteration on (a resume point loaded for
@@ -315,7 +333,7 @@ class PackedIterableDataset(IterableDataset):
         Raises:
             ValueError: negative epoch.
         """
-        epoch = check_seed(epoch)
+        epoch = check_seed(epoch, "epoch")
         self._use_epoch(epoch)
         if get_worker_info() is None:  # the training process: its workers follow
             self._publish_epoch()
@@ -323,6 +341,14 @@ class PackedIterableDataset(IterableDataset):
     def _use_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
             self.epoch, self._history, self._pending, self._yielded = epoch, (), None, 0
+            self._await_board = None
+
+    def _next_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` (the one after a finished state's) from its first row, and tell the
+        other copies (the training process's, sibling and later workers') through the box."""
+        self.epoch, self._history, self._pending, self._yielded = epoch, (), None, 0
+        self._await_board = None
+        self._publish_epoch()
 
     def _publish_epoch(self) -> None:
         """Tell the copies of persistent DataLoader workers this process's epoch."""
@@ -333,8 +359,9 @@ class PackedIterableDataset(IterableDataset):
         self._epoch_seen = int(box[0])
 
     def _follow_epoch(self) -> None:
-        """In a DataLoader worker: take the epoch the training process set since this copy was
-        made or last looked (a persistent worker's copy outlives ``set_epoch``)."""
+        """Take the epoch another copy published since this one was made or last looked: the
+        training process's ``set_epoch`` (a persistent worker's copy outlives it), or a worker
+        that found a loaded state finished."""
         seen = int(self._epoch_box[0])
         if seen != self._epoch_seen:
             self._epoch_seen = seen
@@ -367,8 +394,9 @@ class PackedIterableDataset(IterableDataset):
 
     def __iter__(self) -> Iterator:
         worker, num_workers = self._worker()
-        if get_worker_info() is not None:
-            self._follow_epoch()
+        self._follow_epoch()
+        if self._await_board is not None:
+            return self._after_board()
         history, start = (self._resolve(worker, num_workers) if self._pending is not None
                           else (self._history, 0))
         plan = self._plan(history)
@@ -376,6 +404,18 @@ class PackedIterableDataset(IterableDataset):
         keys = order.rows_at(plan.slot(plan.phase, self.rank, worker, self.world_size,
                                        num_workers))
         return self._generate(keys, start, history)
+
+    def _after_board(self) -> Iterator:
+        """The iteration of a worker that loaded its own finished run of several, decided at
+        the first request for data: by then every sibling has loaded its state (the DataLoader
+        waits for all its workers to start) and posted it on the board. All runs finished: the
+        epoch was, so this worker starts the next one (and tells the others); otherwise it has
+        nothing left of this epoch."""
+        tag, K = self._await_board
+        self._await_board = None
+        if self._pending is not None and self._board_finished(tag, K):
+            self._next_epoch(self._pending["epoch"] + 1)
+        yield from self.__iter__()
 
     def _commit(self, history: tuple, start: int) -> None:
         """The iteration has begun: the loaded resume point (if any) is used up."""
@@ -512,11 +552,14 @@ class PackedIterableDataset(IterableDataset):
                 iteration starts) a resize from a single worker's state of several.
         """
         st = resume.normalize(state)
-        if resume.finished(st):
-            self.epoch, self._history, self._pending, self._yielded = st["epoch"] + 1, (), \
-                None, 0
-            if get_worker_info() is None:
-                self._publish_epoch()
+        info = get_worker_info()
+        self._await_board = None
+        if info is None:  # the state decides this copy's epoch, not an earlier publication
+            self._epoch_seen = int(self._epoch_box[0])
+        tag = self._post_board(st, info) if info is not None else None
+        if resume.finished(st) or (tag is not None
+                                   and self._board_finished(tag, info.num_workers)):
+            self._next_epoch(st["epoch"] + 1)
             return
         bad = resume.mismatch(st, self._mine())
         if bad:
@@ -527,6 +570,31 @@ class PackedIterableDataset(IterableDataset):
         self.epoch = st["epoch"]
         self._history, self._yielded = (), 0
         self._pending = st
+        if tag is not None and resume.worker_finished(st):
+            self._await_board = (tag, info.num_workers)
+
+    def _post_board(self, st: dict, info) -> int | None:
+        """In a DataLoader worker loading its own state of K > 1 workers (what torchdata's
+        ``StatefulDataLoader`` hands each worker): post on the shared board whether its run was
+        finished, tagged with the state's epoch, phases and the loader's base seed (the same
+        for every sibling). Returns the tag, or None where there is no board to use.
+
+        One worker's state cannot say whether its siblings were done when the checkpoint was
+        taken; the board lets each worker read the others' before it yields anything."""
+        K = info.num_workers
+        if (isinstance(st["yielded"], list) or st["num_workers"] != K or not 2 <= K <= _BOARD
+                or st["worker"] != info.id or st["world_size"] != self.world_size):
+            return None
+        key = repr((st["epoch"], st["phases"], st["world_size"], K, st["seed"],
+                    int(info.seed) - int(info.id)))
+        tag = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=7).digest(), "little") + 1
+        self._epoch_box[3 + info.id] = 2 * tag + int(resume.worker_finished(st))
+        return tag
+
+    def _board_finished(self, tag: int, num_workers: int) -> bool:
+        """True when all ``num_workers`` workers posted ``tag`` with their runs finished."""
+        vals = self._epoch_box[3:3 + num_workers].tolist()
+        return all(v >> 1 == tag and v & 1 for v in vals)
 
     def __getstate__(self) -> dict:
         return self.__dict__.copy()  # the readers pickle without their handles
@@ -543,13 +611,19 @@ def _runs(parts: list) -> list:
     return [(b, np.asarray(i, dtype=np.int64)) for b, i in out]
 
 
+#: Workers of one DataLoader that can tell each other a loaded state's runs were finished.
+_BOARD = 64
+
+
 def _shared_epoch(epoch: int):
-    """int64[3] ``[generation, epoch, workers yielded]`` in shared memory (a torch tensor:
+    """int64[3 + _BOARD] ``[generation, epoch, workers yielded, board...]`` in shared memory
+    (a torch tensor:
     fork children share its pages, spawn and forkserver workers receive it through torch's
     shared-memory pickling; a plain pickle copies it)."""
     import torch
 
-    box = torch.tensor([0, epoch, 0], dtype=torch.int64)
+    box = torch.zeros(3 + _BOARD, dtype=torch.int64)
+    box[1] = epoch
     try:
         box.share_memory_()
     except (OSError, RuntimeError):  # no shared memory: persistent workers keep their epoch

@@ -101,6 +101,9 @@ class Mixture:
         else:
             total = int(sizes.sum())
         if self.weights is None:
+            if rows_per_epoch is not None and not sizes.sum():
+                raise ValueError(f"rows_per_epoch={total}, but the outputs hold no rows "
+                                 f"({self.describe_rows()}); pack some first")
             if rows_per_epoch is not None and total != int(sizes.sum()):
                 self.shares = apportion([int(n) for n in sizes], total)
             else:
@@ -222,6 +225,10 @@ class Mixture:
         """What a mid-epoch state must match: each source's name and rows, and its share."""
         return {"sources": [[n, int(r), int(c)] for n, r, c
                             in zip(self.names, self.rows, self.shares)]}
+
+    def describe_rows(self) -> str:
+        """``name: rows`` of every source, for messages."""
+        return ", ".join(f"{n}: {int(r)} rows" for n, r in zip(self.names, self.rows))
 
     def describe(self) -> str:
         """``name: share/rows`` of every source, for messages."""

@@ -38,7 +38,9 @@ stopped without reading a byte.
    same counts. With ``shuffle`` each slot is permuted inside a bounded window: row ``p`` gets
    the key ``p + u * shuffle_buffer``, ``u`` uniform in [0, 1) from
    ``default_rng((seed, epoch, rank, worker, K))``; no row moves ``shuffle_buffer`` positions
-   or more.
+   or more. A cycled source's rows are then put back in pass order within the slot
+   (:meth:`EpochOrder.keep_passes`: the source keeps its shuffled places, its pass ``p`` fills
+   them before pass ``p + 1``), so the shuffle never brings a row twice before all came.
 
 **Elastic resume (phases).** Ranks advance in step (each consumes the same number of batches,
 each DataLoader takes batches from its workers in turn), so after a checkpoint worker ``w`` of
@@ -66,14 +68,15 @@ __all__ = ["check_seed", "apportion", "mix_prefix", "source_rows", "SourceStream
            "split_ranks", "worker_rows"]
 
 
-def check_seed(seed: int) -> int:
-    """``seed`` as a non-negative Python int.
+def check_seed(seed: int, name: str = "seed") -> int:
+    """``seed`` (or the epoch: any argument named ``name`` in the message) as a non-negative
+    Python int.
 
     Raises:
         ValueError: negative or not an integer.
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        raise ValueError(f"{name} must be a non-negative integer, got {seed!r}")
     return int(seed)
 
 
@@ -355,7 +358,8 @@ class EpochOrder:
                  epoch: int, shuffle: bool, salts: Sequence[int] | None) -> None:
         self.rg_rows = [np.asarray(r, dtype=np.int64) for r in rg_rows]
         self.shares = [int(c) for c in shares]
-        self.seed, self.epoch, self.shuffle = check_seed(seed), check_seed(epoch), bool(shuffle)
+        self.seed, self.epoch = check_seed(seed), check_seed(epoch, "epoch")
+        self.shuffle = bool(shuffle)
         self.salts = None if salts is None else [int(x) for x in salts]
         sizes = [int(r.sum()) for r in self.rg_rows]
         for s, (n, c) in enumerate(zip(sizes, self.shares)):
@@ -371,27 +375,67 @@ class EpochOrder:
     def _stream(self, s: int, k0: int, k1: int) -> np.ndarray:
         return self.row_base[s] + self.streams[s].epoch_rows(self.epoch, k0, k1)
 
-    def rows(self, a: int, b: int) -> np.ndarray:
-        """int64[b - a], row keys at epoch positions ``a .. b - 1`` (0 <= a <= b <= N)."""
-        if not 0 <= a <= b <= self.num_rows:
-            raise ValueError(f"epoch positions {a}..{b} outside 0..{self.num_rows}")
-        if b == a:
-            return np.zeros(0, dtype=np.int64)
+    def _items(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source int64[b - a], index in that source's epoch int64[b - a]) of epoch positions
+        ``a .. b - 1`` (step 3); each source's indices come in increasing order."""
         live = [s for s, c in enumerate(self.shares) if c > 0]
         if len(live) == 1:
-            return self._stream(live[0], a, b)
+            return np.full(b - a, live[0], dtype=np.int64), np.arange(a, b, dtype=np.int64)
         ma, mb = mix_prefix(self.shares, a), mix_prefix(self.shares, b)
-        keys, srcs, ks, rows = [], [], [], []
+        keys, srcs, ks = [], [], []
         for s in live:
             k = np.arange(ma[s], mb[s], dtype=np.int64)
             keys.append((2 * k + 1) / (2.0 * self.shares[s]))
             srcs.append(np.full(k.size, s, dtype=np.int64))
             ks.append(k)
-            rows.append(self._stream(s, int(ma[s]), int(mb[s])))
-        key, src, kk, row = (np.concatenate(x) for x in (keys, srcs, ks, rows))
+        key, src, kk = (np.concatenate(x) for x in (keys, srcs, ks))
         order = np.lexsort((src, key))
         order = _exact_ties(order, key, src, kk, self.shares)
-        return row[order]
+        return src[order], kk[order]
+
+    def rows(self, a: int, b: int) -> np.ndarray:
+        """int64[b - a], row keys at epoch positions ``a .. b - 1`` (0 <= a <= b <= N)."""
+        if not 0 <= a <= b <= self.num_rows:
+            raise ValueError(f"epoch positions {a}..{b} outside 0..{self.num_rows}")
+        out = np.zeros(b - a, dtype=np.int64)
+        if b == a:
+            return out
+        src, k = self._items(a, b)
+        for s in np.unique(src).tolist():
+            sel = src == s
+            ks = k[sel]
+            out[sel] = self._stream(s, int(ks[0]), int(ks[-1]) + 1)
+        return out
+
+    def keep_passes(self, positions: np.ndarray, repeat: np.ndarray | None = None) -> np.ndarray:
+        """int64[n], ``positions`` (a worker's slot after the bounded shuffle) with the rows of
+        each cycled source (``c_s > n_s``) put back in pass order: source ``s`` keeps the
+        places it had, and its rows of pass ``p`` (indices ``p n_s .. (p + 1) n_s - 1`` of its
+        epoch; the urn draws after its whole passes count as one more) all come before those
+        of pass ``p + 1``, each pass in its shuffled order. So no row of a small source comes
+        twice before all its rows came once. ``repeat`` (bool[n]) marks the even-up repeats
+        (step 4), kept after every pass."""
+        pos = np.asarray(positions, dtype=np.int64)
+        sizes = np.diff(self.row_base)
+        cycled = [s for s, c in enumerate(self.shares) if c > sizes[s] > 0]
+        if not cycled or pos.size < 2:
+            return pos
+        src = np.empty(pos.size, dtype=np.int64)
+        k = np.empty(pos.size, dtype=np.int64)
+        uniq = np.unique(pos)
+        for run in np.split(uniq, np.flatnonzero(np.diff(uniq) > 4096) + 1):
+            a, b = int(run[0]), int(run[-1]) + 1
+            rs, rk = self._items(a, b)
+            sel = (pos >= a) & (pos < b)
+            src[sel], k[sel] = rs[pos[sel] - a], rk[pos[sel] - a]
+        passes = k // np.maximum(sizes[src], 1)
+        if repeat is not None:
+            passes[np.asarray(repeat, dtype=bool)] = np.iinfo(np.int64).max
+        out = pos.copy()
+        for s in cycled:
+            at = np.flatnonzero(src == s)
+            out[at] = pos[at][np.argsort(passes[at], kind="stable")]
+        return out
 
     def rows_at(self, positions: np.ndarray) -> np.ndarray:
         """int64[n], row keys at arbitrary epoch positions (computed over their runs)."""
@@ -485,7 +529,8 @@ def bounded_shuffle(n: int, *, seed: int, epoch: int, rank: int, worker: int, nu
     more (step 5)."""
     if shuffle_buffer <= 1 or n <= 1:
         return np.arange(n, dtype=np.int64)
-    rng = np.random.default_rng((check_seed(seed), check_seed(epoch), rank, worker, num_workers))
+    rng = np.random.default_rng((check_seed(seed), check_seed(epoch, "epoch"), rank, worker,
+                                 num_workers))
     keys = np.arange(n, dtype=np.float64) + rng.random(n) * shuffle_buffer  # shape: (n,)
     return np.argsort(keys, kind="stable")
 
@@ -503,16 +548,20 @@ class EpochPlan:
         seed, epoch: as for :class:`EpochOrder` (seed the shuffle buffer).
         shuffle, shuffle_buffer: the bounded shuffle of phase 0 (step 5).
         drop_last: drop the remainder of each phase instead of repeating rows.
+        order: the epoch's :class:`EpochOrder`; given, the bounded shuffle keeps each cycled
+            source's passes in order (:meth:`EpochOrder.keep_passes`).
 
     Raises:
         ValueError: a phase says a worker yielded more rows than its run holds.
     """
 
     def __init__(self, num_rows: int, history: Sequence[Phase] = (), *, seed: int, epoch: int,
-                 shuffle: bool, shuffle_buffer: int, drop_last: bool) -> None:
+                 shuffle: bool, shuffle_buffer: int, drop_last: bool,
+                 order: "EpochOrder | None" = None) -> None:
         self.num_rows = int(num_rows)
+        self.order = order
         self.history = tuple(history)
-        self.seed, self.epoch = check_seed(seed), check_seed(epoch)
+        self.seed, self.epoch = check_seed(seed), check_seed(epoch, "epoch")
         self.shuffle, self.shuffle_buffer = bool(shuffle), int(shuffle_buffer)
         self.drop_last = bool(drop_last)
         self.lengths = [self.num_rows]  # L_k of every phase, the current one last
@@ -575,6 +624,7 @@ class EpochPlan:
         a, b = worker_bounds(q, worker, num_workers)
         a, b = rank * q + a, rank * q + b
         parts = []
+        first = a
         while a < b:  # indices past L wrap to the start (the repeated rows)
             base = (a // L) * L
             hi = min(b - base, L)
@@ -582,9 +632,12 @@ class EpochPlan:
             a = base + hi
         out = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         if k == 0 and self.shuffle:
-            out = out[bounded_shuffle(out.size, seed=self.seed, epoch=self.epoch, rank=rank,
-                                      worker=worker, num_workers=num_workers,
-                                      shuffle_buffer=self.shuffle_buffer)]
+            perm = bounded_shuffle(out.size, seed=self.seed, epoch=self.epoch, rank=rank,
+                                   worker=worker, num_workers=num_workers,
+                                   shuffle_buffer=self.shuffle_buffer)
+            out = out[perm]
+            if self.order is not None and self.shuffle_buffer > 1:
+                out = self.order.keep_passes(out, repeat=(first + perm) >= L)
         return out
 
     def rows_per_rank(self, world_size: int) -> int:
@@ -632,7 +685,7 @@ def split_ranks(rg_rows: np.ndarray, *, rank: int, world_size: int, seed: int, e
     """
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    seed, epoch = check_seed(seed), check_seed(epoch)
+    seed, epoch = check_seed(seed), check_seed(epoch, "epoch")
     rg_rows = np.asarray(rg_rows, dtype=np.int64)
     N = int(rg_rows.sum())
     q = rank_rows(N, world_size, drop_last)

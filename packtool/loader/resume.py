@@ -19,9 +19,12 @@ it starts the next epoch (never the same one again).
 
 from __future__ import annotations
 
+import numpy as np
+
 from packtool.loader.plan import EpochPlan, Phase, rank_rows, worker_bounds
 
-__all__ = ["STATE_VERSION", "ORDER_FIELDS", "normalize", "finished", "mismatch"]
+__all__ = ["STATE_VERSION", "ORDER_FIELDS", "normalize", "runs", "finished", "worker_finished",
+           "mismatch"]
 
 #: The version :meth:`state_dict` writes.
 STATE_VERSION = 2
@@ -85,9 +88,11 @@ def normalize(state) -> dict:
     """The version-2 form of ``state``: a dataset state (version 1 or 2, one worker's or
     whole) or a torchdata ``StatefulDataLoader`` state.
 
+    Every field is checked (type, range, and rows yielded that fit the runs its phases give).
+
     Raises:
-        ValueError: not a state of this dataset, an unknown version, or a DataLoader state that
-            cannot say what every worker yielded.
+        ValueError: not a state of this dataset, an unknown version, a malformed field (one
+            line naming it), or a DataLoader state that cannot say what every worker yielded.
     """
     if not isinstance(state, dict):
         raise ValueError(f"a state is a dict, got {type(state).__name__}")
@@ -96,30 +101,93 @@ def normalize(state) -> dict:
         return inner
     version = state.get("version")
     if version == 1:
-        return {"version": STATE_VERSION, "epoch": int(state["epoch"]),
-                "seed": state["seed"], "shuffle": state["shuffle"],
-                "shuffle_buffer": state["shuffle_buffer"], "drop_last": state["drop_last"],
-                "mixture": {"num_rows": int(state["num_rows"])}, "phases": [],
-                "world_size": int(state["world_size"]),
-                "num_workers": int(state["num_workers"]), "rank": int(state["rank"]),
-                "worker": int(state["worker"]), "yielded": int(state["yielded"])}
+        try:
+            out = {"version": STATE_VERSION, "epoch": state["epoch"], "seed": state["seed"],
+                   "shuffle": state["shuffle"], "shuffle_buffer": state["shuffle_buffer"],
+                   "drop_last": state["drop_last"], "mixture": {"num_rows": state["num_rows"]},
+                   "phases": [], "world_size": state["world_size"],
+                   "num_workers": state["num_workers"], "rank": state["rank"],
+                   "worker": state["worker"], "yielded": state["yielded"]}
+        except KeyError as exc:
+            raise ValueError(f"malformed state (KeyError: {exc})") from None
+        _check(out)
+        return out
     if version != STATE_VERSION:
         raise ValueError(f"state version {version!r}, expected {STATE_VERSION} (or 1)")
     try:
         out = dict(state)
-        out["epoch"] = int(state["epoch"])
-        out["phases"] = [Phase.from_list(p).to_list() for p in state.get("phases") or []]
-        out["world_size"], out["num_workers"] = int(state["world_size"]), int(state["num_workers"])
-        y = state["yielded"]
-        out["yielded"] = [int(v) for v in y] if isinstance(y, (list, tuple)) else int(y)
-        out["worker"] = None if state.get("worker") is None else int(state["worker"])
+        for k in ("epoch", "world_size", "num_workers", "rank", "yielded", "worker"):
+            out[k] = state[k] if k != "rank" else state.get("rank", 0)
+        phases = state.get("phases") or []
+        if not isinstance(phases, (list, tuple)) or not all(
+                isinstance(p, (list, tuple)) and len(p) == 3 and _int(p[0], 1)
+                and _int(p[1], 1) and isinstance(p[2], (list, tuple))
+                and all(_int(v) for v in p[2]) for p in phases):
+            raise ValueError(f"phases {phases!r} are not [[world_size, num_workers, "
+                             "[rows per worker]], ...]")
+        out["phases"] = [Phase.from_list(p).to_list() for p in phases]
+        if isinstance(out["yielded"], tuple):
+            out["yielded"] = list(out["yielded"])
         for k in ORDER_FIELDS:
             out[k] = state[k]
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise ValueError(f"malformed state ({type(exc).__name__}: {exc})") from None
-    if isinstance(out["yielded"], list) and len(out["yielded"]) != out["num_workers"]:
-        raise ValueError(f"state yielded {out['yielded']} for {out['num_workers']} workers")
+    _check(out)
     return out
+
+
+def _int(x, lo: int = 0) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= lo
+
+
+def _check(st: dict) -> None:
+    """Every field of a version-2 state: type, range and consistency (the rows yielded fit the
+    runs its phases give).
+
+    Raises:
+        ValueError: ``malformed state: <field> ...``, one line.
+    """
+    def bad(field, why):
+        raise ValueError(f"malformed state: {field} {why}; load a state_dict() this dataset or "
+                         "its StatefulDataLoader saved")
+
+    for k in ("epoch", "seed"):
+        if not _int(st[k]):
+            bad(k, f"is {st[k]!r}, not a non-negative integer")
+    for k in ("shuffle", "drop_last"):
+        if not isinstance(st[k], bool):
+            bad(k, f"is {st[k]!r}, not True or False")
+    if not _int(st["shuffle_buffer"], 1):
+        bad("shuffle_buffer", f"is {st['shuffle_buffer']!r}, not an integer >= 1")
+    mix = st["mixture"]
+    ok = isinstance(mix, dict) and (
+        ("sources" in mix and isinstance(mix["sources"], list) and mix["sources"] and all(
+            isinstance(x, (list, tuple)) and len(x) == 3 and isinstance(x[0], str)
+            and _int(x[1]) and _int(x[2]) for x in mix["sources"]))
+        or ("num_rows" in mix and _int(mix["num_rows"])))
+    if not ok:
+        bad("mixture", f"is {mix!r}, not {{'sources': [[name, rows, share], ...]}}")
+    W, K, rank, worker, y = (st["world_size"], st["num_workers"], st.get("rank", 0),
+                             st["worker"], st["yielded"])
+    if not _int(W, 1) or not _int(K, 1):
+        bad("world_size / num_workers", f"are {W!r} / {K!r}, not integers >= 1")
+    if not _int(rank) or rank >= W:
+        bad("rank", f"is {rank!r}, not in 0 .. {W - 1}")
+    if isinstance(y, list):
+        if worker is not None or len(y) != K or not all(_int(v) for v in y):
+            bad("yielded", f"is {y!r}, not {K} non-negative integers (one per worker)")
+    elif not _int(y) or not (_int(worker) and worker < K):
+        bad("yielded / worker", f"are {y!r} / {worker!r}, not a non-negative integer and a "
+            f"worker in 0 .. {K - 1}")
+    try:
+        lengths = runs(st)
+    except ValueError as exc:
+        bad("phases", f"do not fit this epoch ({exc})")
+    counts = y if isinstance(y, list) else {worker: y}
+    items = enumerate(counts) if isinstance(counts, list) else counts.items()
+    for w, v in items:
+        if v > lengths[w]:
+            bad("yielded", f"says worker {w} yielded {v} rows of a run of {lengths[w]}")
 
 
 def epoch_rows_of(state: dict) -> int:
@@ -130,22 +198,35 @@ def epoch_rows_of(state: dict) -> int:
     return int(mix["num_rows"])
 
 
-def finished(state: dict) -> bool:
-    """True when every worker of the state's current phase has yielded its whole run (the
-    checkpoint was taken after the epoch's last row). A single worker's state of several
-    workers cannot tell, and counts as unfinished."""
-    y = state["yielded"]
+def runs(state: dict) -> list[int]:
+    """Rows each worker of the state's current phase yields in its whole run (K ints)."""
     K, W = state["num_workers"], state["world_size"]
-    if not isinstance(y, list):
-        if K != 1:
-            return False
-        y = [y]
     plan = EpochPlan(epoch_rows_of(state), [Phase.from_list(p) for p in state["phases"]],
                      seed=state["seed"], epoch=state["epoch"], shuffle=False, shuffle_buffer=1,
                      drop_last=state["drop_last"])
     q = rank_rows(plan.length(), W, state["drop_last"])
-    runs = [worker_bounds(q, w, K) for w in range(K)]
-    return all(v >= b - a for v, (a, b) in zip(y, runs))
+    return [b - a for a, b in (worker_bounds(q, w, K) for w in range(K))]
+
+
+def finished(state: dict) -> bool:
+    """True when every worker of the state's current phase has yielded its whole run (the
+    checkpoint was taken after the epoch's last row). A single worker's state of several
+    workers cannot tell (:func:`worker_finished` says whether that one worker is done), and
+    counts as unfinished."""
+    y = state["yielded"]
+    if not isinstance(y, list):
+        if state["num_workers"] != 1:
+            return False
+        y = [y]
+    return all(v >= n for v, n in zip(y, runs(state)))
+
+
+def worker_finished(state: dict) -> bool:
+    """True when the worker whose state this is (or, for a whole state, every worker) has
+    yielded its whole run of the current phase."""
+    if isinstance(state["yielded"], list):
+        return finished(state)
+    return state["yielded"] >= runs(state)[state["worker"]]
 
 
 def mismatch(state: dict, mine: dict) -> list[str]:

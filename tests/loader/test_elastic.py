@@ -5,6 +5,7 @@ workers."""
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 
 import pytest
@@ -92,9 +93,12 @@ def test_a_mixture_resumes_elastically(web_and_code):
 
 @pytest.mark.parametrize("workers", [0, 1, 2])
 def test_a_checkpoint_at_the_end_of_an_epoch_starts_the_next_one(rows_120, workers):
-    """The state saved after the last batch of epoch 0, loaded by a restarted job that then
-    calls set_epoch(1), yields epoch 1 exactly as an uninterrupted job does, never epoch 0
-    again, with 0, 1 and 2 workers, through the loader or the dataset."""
+    """The state saved after the last batch of epoch 0 (before the loader's StopIteration, as a
+    loop that checkpoints after every step saves it) or after StopIteration, loaded by a
+    restarted job that calls set_epoch(1), yields epoch 1 exactly as an uninterrupted job does,
+    never epoch 0 again and never nothing, with 0, 1 and 2 workers, through the loader or the
+    dataset. (torchdata discards a state taken after StopIteration and starts afresh from the
+    dataset as it is; only the state taken after the last batch reaches the workers.)"""
     def loader(epoch):
         ds = PackedIterableDataset(rows_120, rank=0, world_size=2, seed=4)
         ds.set_epoch(epoch)
@@ -102,20 +106,24 @@ def test_a_checkpoint_at_the_end_of_an_epoch_starts_the_next_one(rows_120, worke
                                                num_workers=workers)
 
     ds0, dl0 = loader(0)
-    epoch0 = [i for b in dl0 for i in b["index"]]
-    state = dl0.state_dict()
+    epoch0 = []
+    for b in dl0:
+        epoch0 += b["index"]
+        last = copy.deepcopy(dl0.state_dict())
+    after_stop = dl0.state_dict()
     _, fresh1 = loader(1)
     epoch1 = [i for b in fresh1 for i in b["index"]]
     assert sorted(epoch0) != epoch0 and epoch0 != epoch1
-    ds, dl = loader(0)
-    dl.load_state_dict(state)
-    ds.set_epoch(1)
-    assert [i for b in dl for i in b["index"]] == epoch1
-    ds, dl = loader(0)
-    ds.load_state_dict(state)
-    assert ds.epoch == 1
-    ds.set_epoch(1)
-    assert [i for b in dl for i in b["index"]] == epoch1
+    for state in (last, after_stop):
+        ds, dl = loader(0)
+        dl.load_state_dict(state)
+        ds.set_epoch(1)
+        assert [i for b in dl for i in b["index"]] == epoch1
+        ds, dl = loader(0)
+        ds.load_state_dict(state)
+        assert ds.epoch == 1
+        ds.set_epoch(1)
+        assert [i for b in dl for i in b["index"]] == epoch1
 
 
 def test_a_rest_the_new_ranks_do_not_divide_is_evened_up_and_counted(rows_120):

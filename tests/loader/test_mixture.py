@@ -133,3 +133,32 @@ def test_outputs_that_cannot_be_mixed_are_refused(web_and_code, tmp_path):
         PackedIterableDataset(web_and_code, weights={"web": "a", "code": 1})
     with pytest.raises(ValueError, match="rows_per_epoch"):
         PackedIterableDataset(web_and_code, rows_per_epoch=0)
+
+
+def test_a_cycled_source_repeats_no_row_before_every_row_came(web_and_code):
+    """A small source cycled over several passes, with the default shuffle window (larger than
+    the epoch): in the epoch's sequence (one rank, no workers) each pass of it holds every row
+    once and comes wholly before the next, so no row repeats before all were seen; over 3 ranks
+    x 2 workers each row comes c // n or c // n + 1 times (the one even-up repeat aside)."""
+    kw = dict(weights={"web": 1, "code": 2}, rows_per_epoch=151, seed=3)
+    ds = PackedIterableDataset(web_and_code, **kw)
+    n, c = int(ds.mixture.rows[1]), ds.source_shares["code"]
+    base = int(ds.mixture.row_base[1])
+    assert c // n >= 3 and ds.shuffle_buffer > c
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        code = [k for k in ds.rows_for().tolist() if k >= base]
+        assert len(code) == c
+        for p in range(0, c, n):
+            part = code[p:p + n]
+            assert len(set(part)) == len(part), (epoch, p)
+        assert code != sorted(code)  # still shuffled
+    counts = Counter()
+    for rank in range(3):
+        d = PackedIterableDataset(web_and_code, rank=rank, world_size=3, **kw)
+        for w in range(2):
+            counts.update(k for k in d.rows_for(w, 2).tolist() if k >= base)
+    extra = sum(counts.values()) - c
+    assert 0 <= extra <= 1 and set(counts) == set(range(base, base + n))
+    assert sum(max(0, v - (c // n + 1)) for v in counts.values()) <= extra
+    assert min(counts.values()) >= c // n

@@ -138,3 +138,22 @@ def test_whole_batches_from_workers_resume_exactly(many_groups):
     for a, b in zip(before + after, full):
         assert a["index"] == b["index"] and torch.equal(a["labels"], b["labels"])
         assert torch.equal(a["position_ids"], b["position_ids"])
+
+
+@pytest.mark.parametrize("field, value", [
+    ("yielded", -5), ("yielded", 10**9), ("yielded", True), ("yielded", [1, 2]),
+    ("world_size", 0), ("num_workers", 0), ("rank", 3), ("worker", 5), ("epoch", -1),
+    ("epoch", 1.5), ("seed", "x"), ("shuffle", 1), ("drop_last", None), ("shuffle_buffer", 0),
+    ("mixture", {}), ("phases", [[0, 1, [0]]]), ("phases", [[2, 1, [10**6]]]),
+])
+def test_a_malformed_state_is_refused_in_one_line(many_groups, field, value):
+    """Every field of a loaded state is checked (type, range, and rows yielded that fit the
+    runs): a bad one is one ValueError naming it, never a silent skip, a finished epoch or a
+    ZeroDivisionError."""
+    ds = PackedIterableDataset(many_groups, rank=0, world_size=1)
+    good = ds.state_dict()
+    with pytest.raises(ValueError, match="malformed state") as err:
+        ds.load_state_dict({**good, field: value})
+    assert "\n" not in str(err.value)
+    ds.load_state_dict(good)
+    assert len(list(ds)) == ds.rows_per_rank

@@ -1,0 +1,67 @@
+"""Arguments and states refused with the message that names the right thing: a negative epoch
+is the epoch (not the seed), rows_per_epoch of outputs without rows says so, a row index that
+is not an integer is a TypeError (as a list gives), and repeated_rows counts the epoch's
+duplicates over every phase of an elastic resume."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from packtool.loader import PackedDataset, PackedIterableDataset  # noqa: E402
+
+from loader_helpers import many_groups  # noqa: E402,F401
+
+
+def test_a_negative_epoch_is_named_the_epoch(many_groups):
+    with pytest.raises(ValueError, match="^epoch must be a non-negative integer, got -1"):
+        PackedIterableDataset(many_groups, epoch=-1)
+    ds = PackedIterableDataset(many_groups)
+    with pytest.raises(ValueError, match="^epoch must be a non-negative integer, got -3"):
+        ds.set_epoch(-3)
+    with pytest.raises(ValueError, match="^seed must be"):
+        PackedIterableDataset(many_groups, seed=-2)
+
+
+def test_rows_per_epoch_of_outputs_without_rows(many_groups, monkeypatch):
+    """No weights were given, so the message is not about weights."""
+    from packtool.formats.packed import PackedOutput
+
+    monkeypatch.setattr(PackedOutput, "num_rows", property(lambda self: 0))
+    with pytest.raises(ValueError, match="rows_per_epoch=10, but the outputs hold no rows"):
+        PackedIterableDataset(many_groups, rows_per_epoch=10)
+
+
+def test_row_indexes_are_integers(many_groups):
+    ds = PackedDataset(many_groups)
+    for bad in (3.0, True, np.bool_(False), "3"):
+        with pytest.raises(TypeError, match="row indexes are integers"):
+            ds[bad]
+    assert ds[np.int64(3)]["index"] == ds[3]["index"] == 3
+    assert ds[np.int32(-1)]["index"] == len(ds) - 1
+
+
+def test_repeated_rows_counts_every_phase_of_the_epoch(many_groups):
+    """4 ranks x 2 workers (3 even-up repeats of 153 rows) stop after 5 rows per worker; one
+    process without workers reads the rest: the epoch's duplicates over both runs are what
+    repeated_rows says after the resume."""
+    n = len(PackedDataset(many_groups))
+    before, state = [], None
+    for rank in range(4):
+        ds = PackedIterableDataset(many_groups, rank=rank, world_size=4, seed=1)
+        for w in range(2):
+            before += ds.rows_for(w, 2)[:5].tolist()
+        state = state or {**ds.state_dict(), "worker": None, "num_workers": 2,
+                          "yielded": [5, 5]}
+    repeats4 = 4 * -(-n // 4) - n
+    assert repeats4 > 0
+    rest = PackedIterableDataset(many_groups, seed=1)
+    rest.load_state_dict(state)
+    after = [int(x["index"]) for x in rest]
+    dup = sum(v - 1 for v in Counter(before + after).values())
+    assert set(before + after) == set(range(n))
+    assert rest.repeated_rows == dup == repeats4
