@@ -46,8 +46,9 @@ demo: $(CORE_STAMP)
 	@echo "==> the figures of out/, recounted from its shards"
 	$(BIN)/packtool stats out/
 
+# two test processes (pytest-xdist), each test module on one of them (its fixtures built once)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadscope
 
 # the same tests with the Numba kernels run as plain Python (coverage of kernel bodies)
 test-nojit: $(STAMP)
