@@ -34,12 +34,13 @@ BATCH_ROWS = 8192
 
 
 def _config(inputs, output, **options):
+    """The :class:`PackConfig` of these arguments: it checks every one (type, then range) and
+    names the bad one; ``workers=None`` is every core."""
     from packtool.config import PackConfig
 
     workers = options.pop("workers", None)
-    return PackConfig(inputs=tuple(str(p) for p in inputs), output=str(output),
-                      workers=(os.cpu_count() or 1) if workers is None else int(workers),
-                      **options)
+    return PackConfig(inputs=inputs, output=output,
+                      workers=(os.cpu_count() or 1) if workers is None else workers, **options)
 
 
 def pack(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str | os.PathLike, *,
@@ -73,10 +74,12 @@ def pack(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str | 
         InputError, SchemaError, PackingError, OutputError, EngineError: as ``packtool pack``
             (exit 1); the message names the file, the row and the fix.
     """
+    from packtool.config import option_value
     from packtool.pipeline import run_pack
 
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
+    progress = option_value("progress", progress, "bool")
     cfg = _config(inputs, output, capacity=capacity, column=column, strategy=strategy,
                   overflow=overflow, segment_multiple=segment_multiple, labels=labels,
                   min_fill=min_fill, pad_id=pad_id, append_eos=append_eos,
@@ -87,8 +90,7 @@ def pack(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str | 
                   compression=compression, workers=workers, overwrite=overwrite,
                   window_docs=window_docs, engine=engine,
                   ray_address=ray_address, holdout=holdout,
-                  holdout_output=None if holdout_output is None else str(holdout_output),
-                  source_column=source_column)
+                  holdout_output=holdout_output, source_column=source_column)
     return run_pack(cfg, progress=progress)
 
 
@@ -212,9 +214,12 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
             column, bad token ids or masks (the message names the row).
         PackingError: a document over capacity with ``overflow="error"``.
     """
+    from packtool.config import option_value
     from packtool.pipeline import run_pack
 
     kind = _kind(data)
+    batch_rows = option_value("batch_rows", batch_rows, "int", minimum=1)
+    progress = option_value("progress", progress, "bool")
     options = dict(capacity=capacity, column=column, strategy=strategy, overflow=overflow,
                    segment_multiple=segment_multiple, labels=labels, min_fill=min_fill,
                    pad_id=pad_id, append_eos=append_eos,
@@ -238,29 +243,28 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
     from packtool.formats.inmemory import INPUT_NAME, write_input
 
     work = Path(tempfile.mkdtemp(prefix="packtool-"))
-    owner = None
-    if output is not None:
-        out = Path(output)
-    elif kind == "IterableDataset":  # read lazily: the packed output outlives this call
-        owner = _Owner(tempfile.mkdtemp(prefix="packtool-packed-"), owned=True)
-        out = Path(owner.path) / "packed"
-    else:
-        out = work / "packed"
+    src = work / "input"
+    # an IterableDataset is read lazily: its packed output (in work) outlives this call
+    lazy = kind == "IterableDataset" and output is None
+    done = False
     try:
-        src = work / "input"
+        # every option is checked before any document is read or written
+        cfg = _config([src], work / "packed" if output is None else output,
+                      overwrite=overwrite, holdout=holdout, **options)
         src.mkdir()
         write_input(_batches(data, kind, column, batch_rows), src / INPUT_NAME, column,
                     _named(attention_mask_column, labels_column, loss_mask_column)
                     + ([source_column] if source_column is not None else []))
-        cfg = _config([src], out, overwrite=overwrite, holdout=holdout, **options)
         try:
             result = run_pack(cfg, progress=progress)
         except PacktoolError as exc:  # name the rows as the caller knows them, not the file
             raise type(exc)(str(exc).replace(str(src / INPUT_NAME), "documents")) from None
-        outs = [out] + ([Path(cfg.holdout_output)] if result.holdout is not None else [])
-        packed = tuple(_result(o, kind, owner) for o in outs)
+        owner = _Owner(str(work), owned=True) if lazy else None
+        outs = [cfg.output] + ([cfg.holdout_output] if result.holdout is not None else [])
+        packed = tuple(_result(Path(o), kind, owner) for o in outs)
+        done = True
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(src if lazy and done else work, ignore_errors=True)
     return packed if holdout is not None else packed[0]
 
 

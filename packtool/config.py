@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import math
 import numbers
-from fractions import Fraction
+import operator
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from fractions import Fraction
+
+import numpy as np
 
 from packtool.core.packing import MAX_CAPACITY
 from packtool.errors import ConfigError
 from packtool.types import Engine, LabelMode, Overflow, Strategy
 
 __all__ = ["PackConfig", "CompareConfig", "TokenizeConfig", "DEFAULT_RAY_WINDOW_DOCS",
-           "DEFAULT_ROW_GROUP_MB", "rows_per_group_for"]
+           "DEFAULT_ROW_GROUP_MB", "rows_per_group_for", "option_value"]
 
 #: Default Parquet row-group budget in MiB of per-token data (4 bytes x C x token columns per
 #: row). Chosen by measurement (docs/benchmarks.md, "Random access"): with 1 MiB one random
@@ -41,6 +45,115 @@ def rows_per_group_for(row_group_mb: float, capacity: int, token_columns: int) -
 DEFAULT_RAY_WINDOW_DOCS = 250_000
 
 
+#: Fields that hold a path or URI: ``os.PathLike`` values are taken as their ``os.fspath``.
+_PATH_FIELDS = frozenset({"inputs", "output", "holdout_output", "tokenizer"})
+
+#: What each annotation of a config field takes, as messages say it.
+_TAKES = {
+    "int": "an integer",
+    "float": "a real number",
+    "bool": "True or False",
+    "str": "a string",
+    "tuple[str, ...]": "a list of strings",
+    "int | str": "an integer token id or a token string",
+}
+
+
+def _bad(name, value, why):
+    raise ConfigError(f"--{name.replace('_', '-')} {value!r}: {why}")
+
+
+def _refuse(name, value, kind: str, path: bool = False):
+    takes = _TAKES[kind]
+    if path:
+        takes = "a list of paths" if kind.startswith("tuple") else "a path"
+    _bad(name, value, f"must be {takes}, not {type(value).__name__}")
+
+
+def option_value(name: str, value, kind: str, *, minimum: int | None = None):
+    """``value`` of the option ``name`` checked against ``kind`` (a config field's annotation:
+    ``int``, ``float``, ``bool``, ``str``, ``tuple[str, ...]``, ``int | str``, each optionally
+    ``| None``) and returned as the plain Python value every config holds.
+
+    The one type check of every option, shared by the configs (each field by its annotation)
+    and the Python API's own arguments, so ``packtool.pack`` takes what ``packtool pack``
+    takes and nothing is cut silently:
+
+    - ``int``: anything with ``__index__`` (``int``, NumPy integers) as the equal ``int``;
+      ``bool`` (``True`` is not a capacity), floats (``1.5``, and ``8.0`` alike) and strings
+      are refused;
+    - ``float``: a real number other than ``bool`` (NumPy floats, ``Fraction``), kept as the
+      ``float`` of the decimal it prints as (a NumPy float32 0.3 is 0.3);
+    - ``bool``: ``True``/``False`` or a NumPy bool; ``"no"``, ``0`` and ``None`` are refused;
+    - ``str``: a string; a path field (``inputs``, ``output``, ``holdout_output``,
+      ``tokenizer``) also takes an ``os.PathLike``; ``tuple[str, ...]``: a list or tuple of
+      those, never one bare string.
+
+    Args:
+        name: the option (``batch_rows``; messages name it ``--batch-rows``).
+        value: what was given.
+        kind: the annotation it must match.
+        minimum: an ``int`` below it is refused too.
+
+    Raises:
+        ConfigError: ``--NAME VALUE: must be WHAT, not TYPE`` (or ``must be >= MINIMUM``).
+    """
+    kind = kind.replace(" ", "")
+    if kind.endswith("|None"):
+        if value is None:
+            return None
+        kind = kind[: -len("|None")]
+    kind = {"tuple[str,...]": "tuple[str, ...]", "int|str": "int | str"}.get(kind, kind)
+    path = name in _PATH_FIELDS
+    if kind == "int" or (kind == "int | str" and not isinstance(value, str)):
+        if isinstance(value, bool):  # True is 1 to operator.index, not a capacity
+            _refuse(name, value, kind)
+        try:
+            value = operator.index(value)
+        except TypeError:  # a float, a string, a NumPy bool
+            _refuse(name, value, kind)
+        if minimum is not None and value < minimum:
+            _bad(name, value, f"must be >= {minimum}")
+        return value
+    if kind in ("str", "int | str"):
+        if path and isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if not isinstance(value, str):
+            _refuse(name, value, kind, path)
+        return value
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            _refuse(name, value, kind)
+        f = float(value)
+        try:
+            return float(Fraction(str(value))) if math.isfinite(f) else f
+        except ValueError:  # a Real whose str is no decimal
+            return f
+    if kind == "bool":
+        if not isinstance(value, (bool, np.bool_)):
+            _refuse(name, value, kind)
+        return bool(value)
+    if kind == "tuple[str, ...]":
+        if not isinstance(value, (list, tuple)):
+            _refuse(name, value, kind, path)
+        return tuple(option_value(name, v, "str") for v in value)
+    raise TypeError(f"option {name}: no check for the annotation {kind!r}")  # a new field
+
+
+#: Choice fields: checked by converting to their enum (``choose one of ...``).
+_ENUMS = frozenset({"Strategy", "Overflow", "LabelMode", "Engine"})
+
+
+def _check_types(cfg) -> None:
+    """Every field of ``cfg`` through :func:`option_value` by its annotation (the enums by
+    their own conversion), replaced by the plain value: so a NumPy integer is recorded as the
+    equal ``int`` and a manifest holds JSON values."""
+    for f in fields(cfg):
+        if f.type in _ENUMS:
+            continue
+        object.__setattr__(cfg, f.name, option_value(f.name, getattr(cfg, f.name), f.type))
+
+
 def _check_input_options(cfg, bad) -> None:
     """The checks shared by every config that reads INPUT (mask columns, BOS/EOS, capacity);
     ``none`` as a mask column name becomes None."""
@@ -66,10 +179,6 @@ def _read_options(cfg) -> dict:
     if getattr(cfg, "source_column", None) is not None:
         opts["source"] = cfg.source_column
     return opts
-
-
-def _bad(name, value, why):
-    raise ConfigError(f"--{name.replace('_', '-')} {value!r}: {why}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,9 +269,8 @@ class PackConfig:
     manifest; None: not carried."""
 
     def __post_init__(self) -> None:
-        def bad(name, value, why):
-            raise ConfigError(f"--{name.replace('_', '-')} {value!r}: {why}")
-
+        bad = _bad
+        _check_types(self)  # first: the checks below compare plain ints, floats and strings
         if self.source_column is not None:
             if not self.source_column:
                 bad("source_column", self.source_column, "give a column name")
@@ -175,7 +283,7 @@ class PackConfig:
                 object.__setattr__(self, name, enum(getattr(self, name)))
             except ValueError:
                 bad(name, getattr(self, name), f"choose one of {', '.join(e.value for e in enum)}")
-        if not isinstance(self.segment_multiple, int) or self.segment_multiple < 1:
+        if self.segment_multiple < 1:
             bad("segment_multiple", self.segment_multiple, "must be an integer >= 1")
         if self.capacity % self.segment_multiple:
             n = self.segment_multiple
@@ -279,13 +387,10 @@ class PackConfig:
 
 
 def _check_min_fill(cfg, bad) -> None:
-    """Refuse a ``min_fill`` outside [0, 1] (``bad`` raises) and keep it as the float of the
-    number it prints as (a NumPy float32 0.3 is 0.3, not 0.30000001192092896; a Fraction 1/2
-    is 0.5)."""
-    f = cfg.min_fill
-    if isinstance(f, bool) or not isinstance(f, numbers.Real) or not 0 <= f <= 1:
-        bad("min_fill", f, "must be a fraction of the capacity in [0, 1]")
-    object.__setattr__(cfg, "min_fill", float(Fraction(str(f))))
+    """Refuse a ``min_fill`` outside [0, 1] (``bad`` raises); :func:`option_value` has made it
+    the float of the number it prints as (a NumPy float32 0.3 is 0.3, a Fraction 1/2 is 0.5)."""
+    if not 0 <= cfg.min_fill <= 1:
+        bad("min_fill", cfg.min_fill, "must be a fraction of the capacity in [0, 1]")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -320,6 +425,7 @@ class CompareConfig:
     """As :attr:`PackConfig.min_fill`: each plan without its rows under the fill fraction."""
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if self.window_docs is not None and self.window_docs < 1:
             _bad("window_docs", self.window_docs, "must be >= 1")
         _check_min_fill(self, _bad)
@@ -372,6 +478,7 @@ class TokenizeConfig:
     """As :attr:`PackConfig.skip_unsupported`."""
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if not self.inputs:
             raise ConfigError("give at least one INPUT")
         object.__setattr__(self, "keep_columns", tuple(self.keep_columns))
