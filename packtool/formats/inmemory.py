@@ -35,27 +35,60 @@ def table_from_list(data: list, column: str) -> pa.Table:
     """One document per item: a sequence of token ids (list, tuple, NumPy array) or a mapping
     of columns (``{"input_ids": [...], "labels": [...]}``).
 
+    The column types are pyarrow's inference from the values, never a cast: NumPy arrays keep
+    their dtype, Python ints become ``int64``, floats ``double``, bools ``bool``. So ``pack``'s
+    own schema and token checks judge the documents as they judge a Parquet file of the same
+    values: floats, bools, strings and nested lists are refused (``SchemaError``, not cut to
+    integers), as are null, negative and beyond-int32 ids. Only all-empty or all-null tokens
+    (no type to infer) are taken as ``list<int64>``.
+
     Returns:
-        A table with ``column`` as ``list<int64>`` (sequences), or the mappings' columns.
+        A table with ``column`` (sequences), or the mappings' columns.
 
     Raises:
-        InputError: an empty list, or items pyarrow cannot turn into a table (the message names
-            the first bad item).
+        InputError: an empty list, or an item that is neither a sequence nor a mapping.
+        SchemaError: items pyarrow cannot turn into one column (mixed types, a string among
+            ids, an id beyond int64, a 2-D array); the message names the first bad row.
     """
     if not data:
         raise InputError("no documents: the list is empty")
+    mappings = isinstance(data[0], Mapping)
+    want = Mapping if mappings else (list, tuple, np.ndarray, type(None))
+    bad = next((i for i, d in enumerate(data) if not isinstance(d, want)), None)
+    if bad is not None:
+        raise InputError(f"documents: item {bad} is of type {type(data[bad]).__name__}; give one "
+                         "sequence of integer token ids (or one dict of columns) per document")
     try:
-        if isinstance(data[0], Mapping):
+        if mappings:
             return pa.Table.from_pylist(list(data))
-        values = [np.asarray(d).tolist() if isinstance(d, np.ndarray) else d for d in data]
-        return pa.table({column: pa.array(values, pa.list_(pa.int64()))})
-    except (pa.ArrowException, TypeError, ValueError) as exc:
-        bad = next((i for i, d in enumerate(data)
-                    if not isinstance(d, (Mapping, list, tuple, np.ndarray))), None)
-        where = (f"item {bad} is of type {type(data[bad]).__name__}" if bad is not None
-                 else str(exc))
-        raise InputError(f"documents: {where}; give one sequence of integer token ids (or one "
-                         f"dict of columns) per document") from None
+        tokens = pa.array(data)  # inferred: a Parquet file of these values has this type
+    except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+        raise _unconvertible(data, mappings, exc) from None
+    if pa.types.is_null(tokens.type) or (pa.types.is_list(tokens.type)
+                                         and pa.types.is_null(tokens.type.value_type)):
+        tokens = tokens.cast(pa.list_(pa.int64()))  # no id anywhere: nothing to judge
+    return pa.table({column: tokens})
+
+
+def _unconvertible(data: list, mappings: bool, exc: Exception) -> SchemaError:
+    """The error for items pyarrow cannot convert, naming the first row that fails alone (or
+    pyarrow's reason when only the mix fails)."""
+    from packtool.errors import row_ref
+
+    convert = (lambda d: pa.Table.from_pylist([d])) if mappings else (lambda d: pa.array([d]))
+    for i, d in enumerate(data):
+        try:
+            convert(d)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as one:
+            exc, where = one, f"documents: {row_ref(i)}"
+            break
+    else:
+        where = "documents"
+    if isinstance(exc, OverflowError):
+        return SchemaError(f"{where}: a token id does not fit int64; packed input_ids are "
+                           "int32 (vocabularies up to 2**31 - 1)")
+    return SchemaError(f"{where}: {exc}; give one sequence of integer token ids (or one dict "
+                       "of columns) per document")
 
 
 def _is_list(typ: pa.DataType) -> bool:
