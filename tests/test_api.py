@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -212,3 +213,152 @@ def test_pack_dataset_of_no_rows_keeps_the_type_and_the_schema(option):
     table = packtool.pack_dataset(pa.table({"input_ids": docs}), 10, **option)
     assert table.num_rows == 0 and "input_ids" in table.column_names
     assert packtool.pack_dataset(docs, 10, **option) == []
+
+
+#: Documents the CLI refuses, as the API gets them, and as a Parquet column of the same values.
+REFUSED_DOCS = {
+    "floats": ([[1.5, 2.0], [3.0]], pa.array([[1.5, 2.0], [3.0]], pa.list_(pa.float64()))),
+    "integral floats": ([[1.0, 2.0]], pa.array([[1.0, 2.0]], pa.list_(pa.float64()))),
+    "float arrays": ([np.array([1.7, 2.2]), np.array([3.9])],
+                     pa.array([[1.7, 2.2], [3.9]], pa.list_(pa.float64()))),
+    "float32 arrays": ([np.array([1, 2], dtype=np.float32)],
+                       pa.array([[1, 2]], pa.list_(pa.float32()))),
+    "object array of floats": ([np.array([1.5, 2], dtype=object)],
+                               pa.array([[1.5, 2]], pa.list_(pa.float64()))),
+    "bools": ([[True, False]], pa.array([[True, False]], pa.list_(pa.bool_()))),
+    "bool arrays": ([np.array([True])], pa.array([[True]], pa.list_(pa.bool_()))),
+    "strings": ([["1", "2"]], pa.array([["1", "2"]], pa.list_(pa.string()))),
+    "nested lists": ([[[1, 2]], [[3]]], pa.array([[[1, 2]], [[3]]])),
+    "a null id": ([[1, None]], pa.array([[1, None]], pa.list_(pa.int64()))),
+    "a null document": ([[1, 2], None], pa.array([[1, 2], None], pa.list_(pa.int64()))),
+    "an id beyond int32": ([[1, 2**31]], pa.array([[1, 2**31]], pa.list_(pa.int64()))),
+    "an id beyond int64": ([np.array([1, 2**63], dtype=np.uint64)],
+                           pa.array([[1, 2**63]], pa.list_(pa.uint64()))),
+    "a negative id": ([[1, -1]], pa.array([[1, -1]], pa.list_(pa.int64()))),
+    "dicts of floats": ([{"input_ids": [1.5]}], pa.array([[1.5]], pa.list_(pa.float64()))),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED_DOCS))
+def test_documents_the_cli_refuses_are_refused_by_the_api_with_the_same_message(tmp_path, case):
+    """A list of floats (or bools, strings, nested lists...) goes through pack's own schema
+    check, as a Parquet file of the same values does: never truncated to integer ids (a float
+    list used to pack 1.7 as token 1)."""
+    docs, column = REFUSED_DOCS[case]
+    pq.write_table(pa.table({"input_ids": column}), tmp_path / "docs.parquet")
+    res = invoke(["pack", "-q", "-c", 8, tmp_path / "docs.parquet", tmp_path / "out"])
+    assert res.exit_code == 1, res.output
+    with pytest.raises(SchemaError) as exc:
+        packtool.pack_dataset(docs, 8)
+    def same(msg):  # Parquet names a list's values 'element', pyarrow 'item'
+        return re.sub(r"list<\w+: ", "list<", " ".join(msg.split()))
+
+    want = str(exc.value).replace("documents", str(tmp_path / "docs.parquet"), 1)
+    assert same(want) in same(res.output), (want, res.output)
+    with pytest.raises(SchemaError):
+        packtool.pack_dataset(pa.table({"input_ids": column}), 8)
+
+
+def test_ids_pyarrow_cannot_convert_are_a_schema_error_naming_the_row():
+    with pytest.raises(SchemaError, match=r"^documents: row 1 \(0-based\): a token id does not "
+                                          "fit int64"):
+        packtool.pack_dataset([[1], [2**64]], 8)
+    with pytest.raises(SchemaError, match=r"^documents: row 0 \(0-based\): .*'a'"):
+        packtool.pack_dataset([np.array([1, "a"], dtype=object)], 8)
+    with pytest.raises(SchemaError, match=r"^documents: row 0 \(0-based\): .*1-dimensional"):
+        packtool.pack_dataset([np.zeros((2, 2), dtype=np.int32)], 8)
+    assert packtool.pack_dataset([[], [np.int64(3)], np.array([4], np.int8)], 8, shuffle=False,
+                                 overflow="split")[0]["input_ids"][:2] == [3, 4]
+
+
+def _kind(annotation: str) -> str:
+    for kind in ("bool", "PathLike", "int", "float", "str"):
+        if kind in annotation:
+            return kind
+    raise AssertionError(f"no wrong values for {annotation!r}")
+
+
+#: Values of the wrong type for an argument of each kind (an optional one takes None).
+WRONG = {"int": ["8", 1.5, 8.0, 2.5, True, np.float64(8), [8]],
+         "float": ["0.5", True, [0.5]],
+         "bool": ["no", "", 0, 1, np.int64(1)],
+         "str": [5, b"x", ["a"]],
+         "PathLike": [5, b"x", ["a"]]}
+
+
+@pytest.mark.parametrize("func", ["pack", "pack_dataset"])
+def test_every_argument_of_the_wrong_type_is_one_config_error_naming_it(tmp_path, func):
+    """Every argument of pack and pack_dataset, every kind of wrong value: one ConfigError that
+    names the argument, the value and its type, and nothing left behind (pad_id=1.5 used to pad
+    with 1, shuffle='no' to shuffle, capacity='512' to fail in string formatting)."""
+    import inspect
+    import tempfile
+
+    fn = getattr(packtool, func)
+    args = ([tmp_path / "none.parquet", tmp_path / "out"] if func == "pack" else [[[1, 2, 3]]])
+    first = "inputs" if func == "pack" else "data"
+    before = set(os.listdir(tempfile.gettempdir()))
+    checked = []
+    for name, p in inspect.signature(fn).parameters.items():
+        if name in (first, "output") and func == "pack":
+            values = [5, [5]] if name == "inputs" else [5, None]
+        elif name == first:
+            continue
+        else:
+            kind = _kind(p.annotation)
+            values = WRONG[kind] + ([] if "None" in p.annotation else [None])
+        for value in values:
+            kw = {name: value}
+            call = ([value, args[1]] if name == "inputs" else
+                    [args[0], value] if func == "pack" and name == "output" else args)
+            if name in ("inputs", "output") and func == "pack":
+                kw = {}
+            with pytest.raises(ConfigError) as exc:
+                fn(*call, **kw)
+            msg = str(exc.value)
+            got = value[0] if name == "inputs" and isinstance(value, list) else value
+            assert msg.startswith(f"--{name.replace('_', '-')} {got!r}: "), msg
+        checked.append(name)
+    assert {"capacity", "pad_id", "append_eos", "prepend_bos", "seed", "window_docs", "workers",
+            "shuffle", "progress", "min_fill", "holdout", "compression"} <= set(checked)
+    if func == "pack_dataset":
+        assert "batch_rows" in checked
+    assert set(os.listdir(tempfile.gettempdir())) <= before
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_batch_size_below_one_is_refused_before_anything_is_written(tmp_path):
+    """batch_rows=0 on a Dataset used to loop forever in its batch iterator (a temporary
+    directory left behind), -1 to raise SystemError."""
+    import tempfile
+
+    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]]})
+    before = set(os.listdir(tempfile.gettempdir()))
+    for value in (-1, 0):
+        with pytest.raises(ConfigError, match=rf"^--batch-rows {value}: must be >= 1$"):
+            packtool.pack_dataset(ds, 8, batch_rows=value, output=tmp_path / "out")
+    assert set(os.listdir(tempfile.gettempdir())) <= before
+    assert not (tmp_path / "out").exists()
+
+
+def test_numpy_integer_options_give_the_bytes_of_the_equal_python_ints(tmp_path):
+    """capacity=np.int64(8) and the like are the equal ints (operator.index), recorded as plain
+    ints: the output, manifest included, is byte for byte that of the Python-int call."""
+    pq.write_table(pa.table({"input_ids": [[11, 12, 13], [21, 22], [5] * 10, [7]]}),
+                   tmp_path / "docs.parquet")
+    plain = dict(capacity=8, pad_id=3, append_eos=2, prepend_bos=1, seed=4, window_docs=2,
+                 segment_multiple=2, rows_per_shard=1, workers=1, holdout=0.5)
+    numpy = {k: np.float32(v) if isinstance(v, float) else np.int32(v) if k == "pad_id"
+             else np.int64(v) for k, v in plain.items()}
+
+    def files(**kw):
+        out = tmp_path / "out"
+        packtool.pack(tmp_path / "docs.parquet", out, overwrite=True, **kw)
+        return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+    want = files(**plain)
+    assert files(**numpy) == want and len(want) > 2
+    rows = packtool.pack_dataset([[11, 12, 13], [21, 22]], np.int64(8), pad_id=np.int32(3),
+                                 seed=np.int64(4), window_docs=np.int64(1))
+    assert rows == packtool.pack_dataset([[11, 12, 13], [21, 22]], 8, pad_id=3, seed=4,
+                                         window_docs=1)
