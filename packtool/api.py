@@ -70,7 +70,9 @@ def pack(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str | 
         held-out pack's result) with ``holdout=``.
 
     Raises:
-        ConfigError: an option out of range (named as on the command line).
+        ConfigError: an argument of the wrong type (a float, bool or string for an integer, a
+            non-bool flag; :func:`packtool.config.option_value`) or out of range, named as on the
+            command line: ``--pad-id 1.5: must be an integer, not float``.
         InputError, SchemaError, PackingError, OutputError, EngineError: as ``packtool pack``
             (exit 1); the message names the file, the row and the fix.
     """
@@ -189,7 +191,7 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
         output: keep the packed output (shards and manifest) in this directory; default: a
             temporary one.
         overwrite: replace a non-empty ``output``.
-        batch_rows: documents written to the temporary input per batch.
+        batch_rows: documents written to the temporary input per batch (>= 1).
 
     Returns:
         The type given, holding the packed contract's columns (``input_ids``,
@@ -209,9 +211,12 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
         column, readers derive ``unshifted`` labels (``HFCollator``, ``PackedDataset``).
 
     Raises:
-        ConfigError: an option out of range; ``holdout`` with a ``DatasetDict``.
+        ConfigError: an argument of the wrong type or out of range, as :func:`pack` (checked
+            before any document is read or directory made); ``holdout`` with a ``DatasetDict``.
         InputError, SchemaError: data that is not a supported type, no documents, a missing
-            column, bad token ids or masks (the message names the row).
+            column, token ids that are not integers (floats, bools, strings: refused as the CLI
+            refuses a Parquet file of them, never cut), bad token ids or masks (the message
+            names the row).
         PackingError: a document over capacity with ``overflow="error"``.
     """
     from packtool.config import option_value
