@@ -57,7 +57,7 @@ from packtool.formats import object_store as store
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
                                        Manifest, ShardEntry, footer_sha256, is_shard_name,
                                        publish_manifest, read_manifest, shard_entry_of)
-from packtool.location import Location
+from packtool.location import Location, StoreError
 
 __all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256", "pack_running",
            "BYTE_DECIDING_PACKAGES", "WINDOW_DIR_PREFIX", "READ_DIR_PREFIX", "SCRATCH_UNITS",
@@ -242,6 +242,9 @@ class Output:
         try:
             out.makedirs()
         except store.STORE_ERRORS as exc:
+            told = out.store_error(exc, "cannot write")
+            if isinstance(told, StoreError):
+                raise OutputError(str(told)) from None
             cause = getattr(exc, "strerror", None) or store.first_line(exc)
             raise OutputError(f"{out.display}: cannot write ({cause}); choose a writable "
                               "OUTPUT") from None
@@ -467,6 +470,9 @@ class Output:
         where = getattr(exc, "filename", None) or self.path.display
         state = ("the finished shards are kept: rerun the same command to finish"
                  if self._writing else "OUTPUT is as it was before the run")
+        told = self.path.store_error(exc, what)
+        if isinstance(told, StoreError):  # credentials, bucket, endpoint: one wording
+            return OutputError(f"{told} ({state})")
         note = self._full_disk_note(exc) if isinstance(exc, OSError) else None
         if note:
             return OutputError(f"{where}: {note} ({state})")
