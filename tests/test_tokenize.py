@@ -197,6 +197,23 @@ def test_an_invalid_tokenizer_pattern_is_one_line_naming_the_option(tmp_path, to
     assert "internal error" not in line and not (tmp_path / "o").exists()
 
 
+def test_a_rerun_with_other_options_and_a_column_kept_twice_are_told_plainly(tmp_path,
+                                                                            hf_tokenizer):
+    """A finished tokenize output rerun with other options is named a tokenize run (not a
+    pack), with the option that differs; --keep-column given twice says so."""
+    src = write_jsonl(tmp_path / "t.jsonl", TEXTS[:4])
+    args = ["tokenize", "-q", "--tokenizer", hf_tokenizer, src, tmp_path / "o"]
+    assert invoke(args).exit_code == 0
+    res = invoke(args[:4] + ["--append-eos", "</s>"] + args[4:])
+    assert res.exit_code == 1, res.output
+    assert res.output.strip() == (f"Error: {tmp_path / 'o'}: OUTPUT holds a finished tokenize run "
+                                  "of other options (append_eos: None -> 1); pass --overwrite to "
+                                  "replace it or choose another location")
+    res = invoke(args[:4] + ["--keep-column", "id", "--keep-column", "id", src, tmp_path / "k"])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip() == "Error: --keep-column 'id': given 2 times; give each column once"
+
+
 def test_bad_text_input_gets_one_line_naming_file_and_line(tmp_path, hf_tokenizer):
     def run(*args):
         res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, *args])

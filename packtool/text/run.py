@@ -204,7 +204,8 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
     # one schema for every shard: the first file's kept columns (later files' values are cast)
     schema = (tokenized_schema(files[0].path, files[0].format, cfg.keep_columns)
               if files and cfg.keep_columns else TOKENIZED_SCHEMA)
-    with interruptible(), Output(cfg.output, cfg.inputs, fp, overwrite=cfg.overwrite) as out:
+    with interruptible(), Output(cfg.output, cfg.inputs, fp, overwrite=cfg.overwrite,
+                                 options=options, kind=TOKENIZED_KIND) as out:
         if out.complete:
             m = out.manifest
             return TokenizeResult(m.totals.docs_in, m.totals.tokens_in, len(m.shards),
