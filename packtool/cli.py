@@ -740,8 +740,8 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
     """Tokenize text INPUT files or directories (Parquet, Arrow, JSON Lines; paths or URIs)
     into the tokenized Parquet OUTPUT that packtool pack reads.
 
-    One document per row or line, tokens in input_ids (list<int32>), in input order, with the
-    --keep-column columns beside them. Rerunning
+    One document per row or line (blank JSON Lines lines hold none and are skipped), tokens in
+    input_ids (list<int32>), in input order, with the --keep-column columns beside them. Rerunning
     an interrupted tokenize finishes it; rerunning a finished one does nothing.
     """
     import json

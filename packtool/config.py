@@ -483,9 +483,15 @@ class TokenizeConfig:
             raise ConfigError("give at least one INPUT")
         object.__setattr__(self, "keep_columns", tuple(self.keep_columns))
         for name in self.keep_columns:
-            if name in ("input_ids", self.text_column) or self.keep_columns.count(name) > 1:
-                _bad("keep_column", name, "name each column once, neither the text column "
-                     "nor input_ids")
+            if name == self.text_column:
+                _bad("keep_column", name, "the text column, whose tokens are input_ids; "
+                     "keep other columns")
+            if name == "input_ids":
+                _bad("keep_column", name, "the column of the tokens written; keep other "
+                     "columns")
+            if self.keep_columns.count(name) > 1:
+                _bad("keep_column", name, f"given {self.keep_columns.count(name)} times; "
+                     "give each column once")
         for name in ("batch_docs", "rows_per_shard", "workers"):
             if getattr(self, name) < 1:
                 _bad(name, getattr(self, name), "must be >= 1")

@@ -35,15 +35,29 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Location", "LocalPath", "StoreURI", "Entry", "location", "is_store"]
+__all__ = ["Location", "LocalPath", "StoreURI", "Entry", "StoreError", "location", "is_store"]
 
 #: ``scheme:`` + ``//`` (or ``/``, as pathlib folds it); a scheme of two characters or more, so a
 #: Windows drive letter is not one
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):(//|/(?!/))")
 #: a ``file:`` URI's scheme and empty host before the absolute path it names
 _FILE_URI = re.compile(r"^file:(?://)?(?=/)", re.IGNORECASE)
+#: Words of a store error (pyarrow's S3 and GCS messages): the network failed ...
+_NETWORK_WORDS = ("NETWORK_CONNECTION", "curlCode", "resolve host", "Connection refused",
+                  "Couldn't connect")
+#: ... the store refused the credentials ...
+_DENIED_WORDS = ("ACCESS_DENIED", "AccessDenied", "INVALID_ACCESS_KEY_ID", "InvalidAccessKeyId",
+                 "SIGNATURE_DOES_NOT_MATCH", "SignatureDoesNotMatch", "EXPIRED_TOKEN",
+                 "ExpiredToken", "HTTP status 403", "403 Forbidden", "Permission denied")
+#: ... the bucket does not exist
+_NO_BUCKET_WORDS = ("NO_SUCH_BUCKET", "NoSuchBucket")
 #: URI options whose values are secrets: never shown in messages or recorded in a manifest
 _SECRET_OPTIONS = ("access_key", "secret_key", "session_token")
+
+
+class StoreError(OSError):
+    """A store failure already worded as one line naming the URI and what to check
+    (:meth:`Location.store_error`)."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +123,28 @@ class Location:
     def key(self):
         """A value equal for two names of the same file or folder (links followed locally)."""
         raise NotImplementedError
+
+    def store_error(self, exc: BaseException, doing: str = "cannot be read") -> BaseException:
+        """One line saying what a store's failure means and what to check, for the failures
+        every store call can meet: the store cannot be reached, it refused the credentials, the
+        bucket does not exist. ``doing`` says what failed (``cannot be read``, ``cannot write``).
+        Returns a :class:`StoreError` for those (one already worded is returned as it is); any
+        other error, and every error of a local path, is returned as it is.
+
+        The one place that words these failures: ``pack``, ``tokenize`` and the reader of
+        packed outputs (``stats``, ``verify``, ``export``, the loader) all say them so.
+        """
+        return exc
+
+    def missing(self) -> str:
+        """Why nothing is here, for a message (the caller adds the fix): ``no such file or
+        directory`` (local), or in a store whether the bucket itself is missing or only the
+        prefix (one request more).
+
+        Raises:
+            OSError: the store cannot be asked (:meth:`store_error`'s one line).
+        """
+        return "no such file or directory"
 
     def overlaps(self, other: "Location") -> bool:
         """True when one of the two lies inside the other (or they are the same)."""
@@ -460,19 +496,38 @@ class StoreURI(Location):
         try:
             info = file_info(*self.filesystem())
         except OSError as exc:
-            raise self._unreachable(exc) from None
+            raise self.store_error(exc) from None
         return None if info is None else Entry(self.name, *info)
 
-    def _unreachable(self, exc: OSError) -> OSError:
-        """``exc``, or one line saying the store cannot be reached and what to check when the
-        network failed (pyarrow's own message names a curl code, not the fix)."""
+    @property
+    def bucket(self) -> str:
+        """The bucket (or host) the URI names."""
+        return self._root
+
+    def store_error(self, exc: BaseException, doing: str = "cannot be read") -> BaseException:
         text = str(exc)
-        if not any(k in text for k in ("NETWORK_CONNECTION", "curlCode", "resolve host",
-                                       "Connection refused", "Couldn't connect")):
+        if isinstance(exc, StoreError):
             return exc
-        return OSError(f"{self.display}: cannot reach the store ({_first_line(exc)}); check "
-                       "the endpoint (endpoint_override=HOST:PORT&scheme=http in the URI, or "
-                       "AWS_ENDPOINT_URL) and that the server is up")
+        if any(k in text for k in _NETWORK_WORDS):  # pyarrow names a curl code, not the fix
+            return StoreError(f"{self.display}: cannot reach the store ({_first_line(exc)}); check "
+                           "the endpoint (endpoint_override=HOST:PORT&scheme=http in the URI, or "
+                           "AWS_ENDPOINT_URL) and that the server is up")
+        if any(k in text for k in _DENIED_WORDS):
+            return StoreError(f"{self.display}: {doing}: the store refused the credentials "
+                           f"({_first_line(exc)}); check the credentials (AWS_ACCESS_KEY_ID and "
+                           "AWS_SECRET_ACCESS_KEY, or the URI's access_key and secret_key) and "
+                           f"that they may use bucket '{self.bucket}'")
+        if any(k in text for k in _NO_BUCKET_WORDS):
+            return StoreError(f"{self.display}: no bucket '{self.bucket}' in this store; check the "
+                           "bucket name in the URI and the endpoint")
+        return exc
+
+    def missing(self) -> str:
+        root = StoreURI(self.scheme, self._root, self.query)
+        if root == self or root.entry() is None:
+            return (f"no bucket '{self.bucket}' in this store (check the bucket name and the "
+                    "endpoint)")
+        return f"nothing under this prefix of bucket '{self.bucket}'"
 
     def listdir(self) -> dict[str, Entry]:
         from packtool.formats.filesystem import list_dir
@@ -480,16 +535,22 @@ class StoreURI(Location):
         try:
             return {e[0]: Entry(*e) for e in list_dir(*self.filesystem())}
         except OSError as exc:
-            raise self._unreachable(exc) from None
+            raise self.store_error(exc) from None
 
     def read_bytes(self) -> bytes:
         fs, path = self.filesystem()
-        with fs.open_input_stream(path) as fh:
-            return fh.read()
+        try:
+            with fs.open_input_stream(path) as fh:
+                return fh.read()
+        except OSError as exc:
+            raise self.store_error(exc) from None
 
     def open_input(self):
         fs, path = self.filesystem()
-        return fs.open_input_file(path)
+        try:
+            return fs.open_input_file(path)
+        except OSError as exc:
+            raise self.store_error(exc) from None
 
     def publish_bytes(self, data: bytes) -> None:
         """Put ``data`` with one request when the stream closes; SIGINT/SIGTERM are held

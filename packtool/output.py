@@ -55,9 +55,10 @@ from packtool import signals
 from packtool.errors import ManifestError, OutputError
 from packtool.formats import object_store as store
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
-                                       Manifest, ShardEntry, footer_sha256, is_shard_name,
+                                       PACKED_KIND, TOKENIZED_KIND, Manifest, ShardEntry,
+                                       footer_sha256, is_shard_name,
                                        publish_manifest, read_manifest, shard_entry_of)
-from packtool.location import Location
+from packtool.location import Location, StoreError
 
 __all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256", "pack_running",
            "BYTE_DECIDING_PACKAGES", "WINDOW_DIR_PREFIX", "READ_DIR_PREFIX", "SCRATCH_UNITS",
@@ -159,6 +160,9 @@ class Output:
         overwrite: replace a non-empty OUTPUT that is not an interrupted identical pack.
         options: the options in the fingerprint (``PackConfig.layout_options()``): a finished
             output of other options is refused naming the options that differ.
+        kind: what this run writes (:data:`~packtool.formats.manifest.PACKED_KIND`, or
+            ``TOKENIZED_KIND`` for ``packtool tokenize``), recorded in the in-progress marker so
+            messages say what a run found there (a pack, a tokenize).
 
     Attributes after entry: ``path`` and ``tmp`` (:class:`~packtool.location.Location` of OUTPUT
     and of its scratch), ``complete`` (a finished identical output is there: nothing to do),
@@ -176,9 +180,10 @@ class Output:
         return super().__new__(cls)
 
     def __init__(self, path, inputs, fingerprint: str, *, overwrite: bool = False,
-                 options: dict | None = None):
+                 options: dict | None = None, kind: str = PACKED_KIND):
         self.path = Location.parse(path)
         self.options = options
+        self.kind = kind
         self.replaced: str | None = None  #: what of another run this one replaced, in words
         self.tmp = self.path.join(TMP_DIR_NAME)
         self.inputs = [Location.parse(p) for p in inputs]
@@ -242,6 +247,9 @@ class Output:
         try:
             out.makedirs()
         except store.STORE_ERRORS as exc:
+            told = out.store_error(exc, "cannot write")
+            if isinstance(told, StoreError):
+                raise OutputError(str(told)) from None
             cause = getattr(exc, "strerror", None) or store.first_line(exc)
             raise OutputError(f"{out.display}: cannot write ({cause}); choose a writable "
                               "OUTPUT") from None
@@ -282,7 +290,7 @@ class Output:
             if not self.resume:
                 self.overwrite = True  # an interrupted pack of other options: ours to replace
                 done = sum(1 for n, e in found.items() if not e.is_dir and is_shard_name(n))
-                self.replaced = (f"an interrupted pack of "
+                self.replaced = (f"an interrupted {_run_word(marker.get('kind'))} of "
                                  f"{_differences(marker.get('options'), self.options)} "
                                  f"({done} finished shard{'' if done == 1 else 's'})")
             elif isinstance(marker.get("shards"), dict):
@@ -303,7 +311,8 @@ class Output:
                 was = dict(m.options)
                 if m.labels is not None:  # recorded apart as the labels fact
                     was["labels"] = m.labels.convention if m.labels.stored else "none"
-                raise OutputError(f"{out.display}: OUTPUT holds a finished pack of "
+                raise OutputError(f"{out.display}: OUTPUT holds a finished "
+                                  f"{_run_word(m.kind)} of "
                                   f"{_differences(was, self.options)}; pass --overwrite "
                                   "to replace it or choose another location")
             raise OutputError(f"{out.display}: OUTPUT is not empty; pass --overwrite to replace "
@@ -401,7 +410,8 @@ class Output:
     def _write_marker(self) -> None:
         self.path.join(IN_PROGRESS_NAME).publish_bytes(json.dumps(
             {"fingerprint": self.fingerprint, "shards": {**self._promised, **self._written},
-             **({"options": self.options} if self.options is not None else {})},
+             **({"options": self.options} if self.options is not None else {}),
+             **({"kind": self.kind} if self.kind != PACKED_KIND else {})},
             sort_keys=True).encode())
         self._marker_at = time.monotonic()
 
@@ -467,6 +477,9 @@ class Output:
         where = getattr(exc, "filename", None) or self.path.display
         state = ("the finished shards are kept: rerun the same command to finish"
                  if self._writing else "OUTPUT is as it was before the run")
+        told = self.path.store_error(exc, what)
+        if isinstance(told, StoreError):  # credentials, bucket, endpoint: one wording
+            return OutputError(f"{told} ({state})")
         note = self._full_disk_note(exc) if isinstance(exc, OSError) else None
         if note:
             return OutputError(f"{where}: {note} ({state})")
@@ -696,12 +709,17 @@ def kept_shard(output, name: str, promised: dict | None) -> ShardEntry | None:
     return shard_entry_of(loc)
 
 
+def _run_word(kind: str | None) -> str:
+    """``pack`` or ``tokenize run``: what wrote an output of manifest kind ``kind``."""
+    return "tokenize run" if kind == TOKENIZED_KIND else "pack"
+
+
 def _differences(was, now) -> str:
     """What differs between a finished pack's recorded options and this run's, for a message:
     ``other options (compression: default -> lz4)``, or other inputs when the options agree."""
     if now is None:
         return "other options or inputs"
-    was, now = dict(was or {}), dict(now)
+    was, now = dict(was or {}), json.loads(json.dumps(now))  # as recorded (tuples as lists)
     keys = [k for k in dict.fromkeys([*now, *was]) if was.get(k) != now.get(k)]
     if not keys:
         return "other inputs (or another packtool version)"

@@ -141,6 +141,79 @@ def test_tekken_and_tiktoken_files_are_read_without_a_download(tmp_path):
     assert "</s> is 2" in res.output
 
 
+@pytest.fixture(scope="module")
+def tokenizer_files(tmp_path_factory, hf_tokenizer):
+    """One small file of each kind tokenize reads, with its vocabulary size: the tokenizers
+    JSON, a Tekken JSON (10 special ids, then the ranks) and a BPE file named after cl100k_base
+    (its special tokens reach id 100276)."""
+    d = tmp_path_factory.mktemp("kinds")
+    ranks = tiny_ranks()
+    tekken = {"config": {"pattern": r"\p{L}+|\s+|.", "default_vocab_size": len(ranks) + 10,
+                         "default_num_special_tokens": 10},
+              "vocab": [{"rank": r, "token_bytes": base64.b64encode(b).decode()}
+                        for b, r in sorted(ranks.items(), key=lambda kv: kv[1])]}
+    (d / "tekken_t.json").write_text(json.dumps(tekken))
+    with open(d / "cl100k_base.tiktoken", "w") as f:
+        for b, r in ranks.items():
+            f.write(f"{base64.b64encode(b).decode()} {r}\n")
+    size = tokenizers.Tokenizer.from_file(str(hf_tokenizer)).get_vocab_size(with_added_tokens=True)
+    return {"tokenizers": (hf_tokenizer, size), "tekken": (d / "tekken_t.json", len(ranks) + 10),
+            "tiktoken": (d / "cl100k_base.tiktoken", 100277)}
+
+
+@pytest.mark.parametrize("kind", ["tokenizers", "tekken", "tiktoken"])
+def test_a_boundary_id_outside_the_vocabulary_is_refused(tmp_path, tokenizer_files, kind):
+    """--append-eos / --prepend-bos of an id the tokenizer does not have (its vocabulary size,
+    say: Tekken's 131072) would fail at the model's embedding lookup: one line naming the
+    option, the id and the vocabulary size, exit 2, nothing written; the last id is taken."""
+    path, size = tokenizer_files[kind]
+    src = write_jsonl(tmp_path / "t.jsonl", TEXTS[:4])
+    for option in ("--append-eos", "--prepend-bos"):
+        res = invoke(["tokenize", "-q", "--tokenizer", path, option, size, src, tmp_path / "o"])
+        assert res.exit_code == 2, res.output
+        [line] = res.output.strip().splitlines()
+        assert line.startswith(f"Error: {option} {size}: id {size} is outside the vocabulary")
+        assert f"{size:,} ids: 0..{size - 1}" in line, line
+        assert not (tmp_path / "o").exists()
+    res = invoke(["tokenize", "-q", "--tokenizer", path, "--append-eos", size - 1, src,
+                  tmp_path / "o"])
+    assert res.exit_code == 0, res.output
+    got = pq.read_table(tmp_path / "o").column("input_ids").to_pylist()
+    assert all(ids[-1] == size - 1 for ids in got if ids)
+
+
+def test_an_invalid_tokenizer_pattern_is_one_line_naming_the_option(tmp_path, tokenizer_files):
+    """A --tokenizer-pattern the regex engine cannot parse: the option, the pattern and the
+    engine's error in one line, exit 2 (it was an internal error)."""
+    path, _ = tokenizer_files["tiktoken"]
+    other = tmp_path / "other.tiktoken"  # a BPE file of no known name takes the option
+    other.write_bytes(path.read_bytes())
+    src = write_jsonl(tmp_path / "t.jsonl", TEXTS[:4])
+    res = invoke(["tokenize", "-q", "--tokenizer", other, "--tokenizer-pattern", "([unclosed",
+                  src, tmp_path / "o"])
+    assert res.exit_code == 2, res.output
+    [line] = res.output.strip().splitlines()
+    assert line.startswith("Error: --tokenizer-pattern '([unclosed': not a valid regex ("), line
+    assert "internal error" not in line and not (tmp_path / "o").exists()
+
+
+def test_a_rerun_with_other_options_and_a_column_kept_twice_are_told_plainly(tmp_path,
+                                                                            hf_tokenizer):
+    """A finished tokenize output rerun with other options is named a tokenize run (not a
+    pack), with the option that differs; --keep-column given twice says so."""
+    src = write_jsonl(tmp_path / "t.jsonl", TEXTS[:4])
+    args = ["tokenize", "-q", "--tokenizer", hf_tokenizer, src, tmp_path / "o"]
+    assert invoke(args).exit_code == 0
+    res = invoke(args[:4] + ["--append-eos", "</s>"] + args[4:])
+    assert res.exit_code == 1, res.output
+    assert res.output.strip() == (f"Error: {tmp_path / 'o'}: OUTPUT holds a finished tokenize run "
+                                  "of other options (append_eos: None -> 1); pass --overwrite to "
+                                  "replace it or choose another location")
+    res = invoke(args[:4] + ["--keep-column", "id", "--keep-column", "id", src, tmp_path / "k"])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip() == "Error: --keep-column 'id': given 2 times; give each column once"
+
+
 def test_bad_text_input_gets_one_line_naming_file_and_line(tmp_path, hf_tokenizer):
     def run(*args):
         res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, *args])

@@ -65,8 +65,8 @@ from typing import Callable, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.errors import ManifestError
-from packtool.location import Location
+from packtool.errors import InputError, ManifestError, PacktoolError
+from packtool.location import Location, StoreError
 from packtool.stats import PackStats
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NAME", "LOCK_NAME",
@@ -455,6 +455,33 @@ def publish_manifest(output, manifest: Manifest, schema: pa.Schema) -> None:
     Location.parse(output).join(MANIFEST_NAME).publish_bytes(manifest_bytes(manifest, schema))
 
 
+def unreadable(loc: Location, exc: BaseException) -> InputError:
+    """One line for a location that cannot be read: a store's refused credentials, missing
+    bucket or unreachable endpoint as :meth:`packtool.location.Location.store_error` words them
+    for every command, else the cause and what to check."""
+    told = loc.store_error(exc)
+    if isinstance(told, StoreError):
+        return InputError(str(told))
+    if loc.is_local:
+        cause = getattr(exc, "strerror", None) or _first(exc)
+        return InputError(f"{loc.display}: cannot be read ({cause}); check the path and its "
+                          "permissions")
+    return InputError(f"{loc.display}: cannot be read ({_first(exc)}); check the URI and the "
+                      "credentials")
+
+
+def _not_there(out: Location) -> PacktoolError | None:
+    """Why OUTPUT ``out`` is not there (None when it is): no such directory, no bucket, nothing
+    under the prefix, or it cannot be read at all."""
+    try:
+        if out.exists():
+            return None
+        why = "no such directory" if out.is_local else out.missing()
+    except (OSError, pa.ArrowException) as exc:
+        return unreadable(out, exc)
+    return ManifestError(f"{out.display}: {why}; pass the OUTPUT directory of packtool pack")
+
+
 def _incomplete(out: Location) -> ManifestError:
     return ManifestError(f"{out.display}: no {MANIFEST_NAME}: not a complete packtool output "
                          "(an interrupted pack: rerun the same packtool pack to finish it; raw "
@@ -480,14 +507,13 @@ def read_manifest_and_schema(output) -> tuple[Manifest, pa.Schema]:
         raise ManifestError(f"{out.display}: not a directory; pass the OUTPUT directory of "
                             "packtool pack") from None
     except (FileNotFoundError, IsADirectoryError):
-        if not out.exists():
-            raise ManifestError(f"{out.display}: no such directory; pass the OUTPUT directory "
-                                "of packtool pack") from None
-        raise _incomplete(out) from None
+        raise (_not_there(out) or _incomplete(out)) from None
     except (OSError, pa.ArrowException) as exc:
-        if not out.exists():
-            raise ManifestError(f"{out.display}: no such directory; pass the OUTPUT directory "
-                                "of packtool pack") from None
+        gone = _not_there(out)
+        if gone is not None:
+            raise gone from None
+        if isinstance(out.store_error(exc), StoreError):
+            raise unreadable(mloc, exc) from None
         raise ManifestError(f"{mloc.display}: unreadable manifest ({_first(exc)}); rerun the "
                             "same packtool pack with --overwrite") from None
     try:
@@ -620,10 +646,14 @@ def check_shards(output, manifest: Manifest, *, hashes: bool = False, threads: i
             the first such shard in manifest order), or a ``part-*.parquet`` not listed.
     """
     out = Location.parse(output)
-    found = out.listdir()
-    if not found and not out.exists():
-        raise ManifestError(f"{out.display}: no such directory; pass the OUTPUT directory of "
-                            "packtool pack")
+    try:
+        found = out.listdir()
+    except (OSError, pa.ArrowException) as exc:
+        raise unreadable(out, exc) from None
+    if not found:
+        gone = _not_there(out)
+        if gone is not None:
+            raise gone
     listed = {s.file for s in manifest.shards}
     for s in manifest.shards:
         e = found.get(s.file)

@@ -45,6 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool.errors import OutputError
+from packtool.location import Location
 from packtool.types import IGNORE_INDEX
 
 __all__ = ["NEMO_ROWS_PER_GROUP", "NEMO_SPLITS", "nemo_schema", "nemo_file_name",
@@ -189,6 +190,18 @@ def _update_metadata(path: Path, split: str, entry: dict) -> None:
     os.replace(tmp, path)
 
 
+def _check_dest(out_dir, dest) -> None:
+    """Refuse a DEST in a store, or one that is OUTPUT, lies inside it or contains it (the
+    files would join the packed output's dataset), before anything is written."""
+    where, out = Location.parse(dest), Location.parse(out_dir)
+    if not where.is_local:
+        raise OutputError(f"{where.display}: DEST must be a local directory; export into one, "
+                          "then copy its files to the store")
+    if out.overlaps(where):
+        raise OutputError(f"{where.display}: DEST overlaps the packed OUTPUT {out.display} (is "
+                          "it, lies inside it or contains it); choose a directory outside it")
+
+
 def export_nemo(out_dir, dest, *, split: str = "training", overwrite: bool = False,
                 rows_per_group: int = NEMO_ROWS_PER_GROUP) -> NemoExport:
     """Write the rows of a packed OUTPUT as ``DEST/{split}_{C}.idx.parquet`` in the NeMo /
@@ -200,7 +213,7 @@ def export_nemo(out_dir, dest, *, split: str = "training", overwrite: bool = Fal
 
     Args:
         out_dir: a packed OUTPUT (directory or store URI).
-        dest: the directory to write into (created).
+        dest: the local directory to write into (created), outside ``out_dir``.
         split: ``training`` or ``validation`` (the file name; a ``--holdout`` output is the
             validation split).
         overwrite: replace an existing file of that name.
@@ -212,14 +225,16 @@ def export_nemo(out_dir, dest, *, split: str = "training", overwrite: bool = Fal
     Raises:
         ManifestError: ``out_dir`` is not a complete packed output (a tokenized output is
             refused: pack it first).
-        OutputError: the file exists (without ``overwrite``), DEST is a file, or the metadata
-            file is not a JSON list.
+        OutputError: the file exists (without ``overwrite``), DEST is a file, a store URI, or
+            is ``out_dir``, lies inside it or contains it, or the metadata file is not a JSON
+            list. Nothing is written then.
         ValueError: an unknown split or ``rows_per_group`` < 1.
     """
     if split not in NEMO_SPLITS:
         raise ValueError(f"split {split!r}: choose {' or '.join(NEMO_SPLITS)}")
     if rows_per_group < 1:
         raise ValueError("rows_per_group must be >= 1")
+    _check_dest(out_dir, dest)
     capacity, convention, blocks = _packed_blocks(out_dir)
     dest = Path(dest)
     if dest.exists() and not dest.is_dir():

@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from packtool.errors import OutputError, install_hint
 from packtool.formats.manifest import LOCK_NAME
-from packtool.location import Location
+from packtool.location import Location, StoreError
 
 __all__ = ["read_ranges", "read_session", "take_lock", "release_lock", "holder",
            "holder_is_gone", "abort_uploads", "STORE_ERRORS", "first_line"]
@@ -231,6 +231,9 @@ def take_lock(uri, *, overwrite: bool) -> dict:
         mine = holder()
         key.publish_bytes(json.dumps(mine).encode())
     except STORE_ERRORS as exc:
+        told = out.store_error(exc, "cannot write")
+        if isinstance(told, StoreError):  # credentials, bucket, endpoint: one wording
+            raise OutputError(str(told)) from None
         raise OutputError(f"{out.display}: cannot write ({first_line(exc)}); check the URI and "
                           "the credentials") from None
     if _read_json(key) != mine:

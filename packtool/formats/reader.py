@@ -53,7 +53,7 @@ from packtool.formats.manifest import (IN_PROGRESS_NAME, MANIFEST_META_KEY, MANI
                                        PACKED_KIND, Manifest)
 from packtool.formats.schema import (check_single_column, check_token_column, is_integer_list,
                                      is_list_layout)
-from packtool.location import Location
+from packtool.location import Location, StoreError
 from packtool.types import IGNORE_INDEX, INT32_MAX
 
 __all__ = ["InputFile", "RawBatch", "Discovery", "InputSource", "MaskColumns", "InputColumns",
@@ -590,13 +590,18 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
         fs, path, prefix = filesystem_of(given)
         place = _Place(fs, prefix, getattr(Location.parse(given), "query", ""))
         shown = place.show(path) if prefix else Path(_location(given))
+        loc = Location.parse(given)
         try:
             info = fs.get_file_info(path)
+            missing = loc.missing() if info.type == pafs.FileType.NotFound else None
         except (pa.ArrowException, OSError) as exc:
+            told = loc.store_error(exc)
+            if isinstance(told, StoreError):
+                raise InputError(str(told)) from None
             raise InputError(f"{shown}: cannot be read ({exc}); check the INPUT path and the "
                              "credentials") from None
-        if info.type == pafs.FileType.NotFound:
-            raise InputError(f"{shown}: no such file or directory; check the INPUT path")
+        if missing is not None:
+            raise InputError(f"{shown}: {missing}; check the INPUT path")
         if info.type == pafs.FileType.Directory:
             if prefix:
                 def disp(rel, _p=path):

@@ -180,7 +180,8 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
     Raises:
         InputError, SchemaError: bad input (file and row or line named); OUTPUT left resumable
             (finished shards kept) or as before.
-        ConfigError: a BOS/EOS that is neither an id nor a special token of the tokenizer.
+        ConfigError: a BOS/EOS that is neither an id of the tokenizer's vocabulary nor one of
+            its special tokens; an invalid ``--tokenizer-pattern``.
         OutputError: OUTPUT cannot be used (another run holds it, not empty, full disk...).
         MissingDependencyError: ``tokenizers`` / ``tiktoken`` missing.
         KeyboardInterrupt: Ctrl-C; rerunning the same command resumes.
@@ -188,8 +189,8 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
     t0 = time.perf_counter()
     tok = load_tokenizer(cfg.tokenizer, pattern=cfg.tokenizer_pattern,
                          add_special_tokens=cfg.add_special_tokens, threads=cfg.workers)
-    bos = tok.token_id(cfg.prepend_bos) if cfg.prepend_bos is not None else None
-    eos = tok.token_id(cfg.append_eos) if cfg.append_eos is not None else None
+    bos = tok.token_id(cfg.prepend_bos, "--prepend-bos") if cfg.prepend_bos is not None else None
+    eos = tok.token_id(cfg.append_eos, "--append-eos") if cfg.append_eos is not None else None
     found = discover(list(cfg.inputs), text=True, skip_unsupported=cfg.skip_unsupported)
     files = found.files
     options = {**cfg.layout_options(), "prepend_bos": bos, "append_eos": eos,
@@ -203,7 +204,8 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
     # one schema for every shard: the first file's kept columns (later files' values are cast)
     schema = (tokenized_schema(files[0].path, files[0].format, cfg.keep_columns)
               if files and cfg.keep_columns else TOKENIZED_SCHEMA)
-    with interruptible(), Output(cfg.output, cfg.inputs, fp, overwrite=cfg.overwrite) as out:
+    with interruptible(), Output(cfg.output, cfg.inputs, fp, overwrite=cfg.overwrite,
+                                 options=options, kind=TOKENIZED_KIND) as out:
         if out.complete:
             m = out.manifest
             return TokenizeResult(m.totals.docs_in, m.totals.tokens_in, len(m.shards),

@@ -86,11 +86,17 @@ class Tokenizer:
             ids += self._offset
         return lengths, ids.astype(np.int32)
 
-    def token_id(self, value: str | int) -> int:
+    def token_id(self, value: str | int, option: str = "--append-eos") -> int:
         """An id given as a number or as a special token string (``</s>``, ``<|endoftext|>``).
 
+        Args:
+            value: the id, or the special token's exact string.
+            option: the option that gave it, for messages (``--append-eos``, ``--prepend-bos``).
+
         Raises:
-            ConfigError: not a number, not a special token of this tokenizer, or out of range.
+            ConfigError: not a number, not a special token of this tokenizer, or an id outside
+                its vocabulary (0 .. ``vocab_size`` - 1: a larger id fails at the model's
+                embedding lookup).
         """
         if isinstance(value, int) or str(value).lstrip("-").isdigit():
             i = int(value)
@@ -98,15 +104,17 @@ class Tokenizer:
             i = int(self.specials[value])
         else:
             if not self.specials:
-                raise ConfigError(f"{value!r}: {self.path} names no special tokens; give the "
-                                  "token's id instead (Mistral's Tekken files: <s> is 1, </s> "
-                                  "is 2)")
+                raise ConfigError(f"{option} {value!r}: {self.path} names no special tokens; "
+                                  "give the token's id instead (Mistral's Tekken files: <s> is "
+                                  "1, </s> is 2)")
             names = ", ".join(sorted(self.specials)[:8])
-            raise ConfigError(f"{value!r} is not a special token of {self.path} (it has: "
+            raise ConfigError(f"{option} {value!r} is not a special token of {self.path} (it has: "
                               f"{names}{', ...' if len(self.specials) > 8 else ''}); give the "
                               "token's id or its exact string")
-        if not 0 <= i < 2**31:
-            raise ConfigError(f"token id {i} is outside 0..2**31-1")
+        if not 0 <= i < self.vocab_size:
+            raise ConfigError(f"{option} {value}: id {i} is outside the vocabulary of "
+                              f"{Path(self.path).name} ({self.vocab_size:,} ids: 0.."
+                              f"{self.vocab_size - 1}); give an id of this tokenizer")
         return i
 
 
@@ -136,9 +144,23 @@ def _hf(path: Path, digest: str, add_special_tokens: bool) -> Tokenizer:
 
 
 def _tiktoken_encoder(tiktoken, name: str, pattern: str, ranks: dict, specials: dict,
-                      threads: int):
-    enc = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks,
-                            special_tokens=specials)
+                      threads: int, source: str | None = None):
+    """A tiktoken encoding and its batch encoder. ``source``: the file the pattern came from
+    (None: ``--tokenizer-pattern``), named when the pattern is not a valid regex.
+
+    Raises:
+        ConfigError, InputError: ``pattern`` is not a valid regex (of the option, of the file).
+    """
+    try:
+        enc = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks,
+                                special_tokens=specials)
+    except ValueError as exc:  # the regex engine's parse error
+        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if source is None:
+            raise ConfigError(f"--tokenizer-pattern {pattern!r}: not a valid regex ({cause}); "
+                              "give the tokenizer's pre-tokenisation regex") from None
+        raise InputError(f"{source}: its pattern is not a valid regex ({cause}); give a "
+                         "tokenizer file as its library wrote it") from None
 
     def encode(texts):
         return enc.encode_ordinary_batch(texts, num_threads=threads)
@@ -160,7 +182,7 @@ def _tekken(path: Path, data: dict, digest: str, threads: int) -> Tokenizer:
                          " give the tekken_*.json of mistral-common") from None
     if len(ranks) != inner:
         raise InputError(f"{path}: {len(ranks)} distinct BPE tokens, config says {inner}")
-    _, encode = _tiktoken_encoder(tiktoken, path.stem, pattern, ranks, {}, threads)
+    _, encode = _tiktoken_encoder(tiktoken, path.stem, pattern, ranks, {}, threads, str(path))
     return Tokenizer("tekken", str(path), digest, inner + n_special, specials, encode, n_special,
                      tiktoken.__version__ if hasattr(tiktoken, "__version__") else "")
 
@@ -187,7 +209,9 @@ def _tiktoken_file(path: Path, digest: str, pattern: str | None, threads: int) -
     ranks = _bpe_ranks(path)
     name = path.name.split(".")[0]
     specials: dict = {}
+    source = None  # --tokenizer-pattern, named in a regex error
     if pattern is None:
+        source = str(path)
         if name not in TIKTOKEN_ENCODINGS:
             raise ConfigError(f"{path}: a BPE file whose name is none of "
                               f"{', '.join(TIKTOKEN_ENCODINGS)}; pass --tokenizer-pattern REGEX "
@@ -201,7 +225,7 @@ def _tiktoken_file(path: Path, digest: str, pattern: str | None, threads: int) -
         finally:
             public.load_tiktoken_bpe = real
         pattern, specials = spec["pat_str"], dict(spec["special_tokens"])
-    _, encode = _tiktoken_encoder(tiktoken, name, pattern, ranks, specials, threads)
+    _, encode = _tiktoken_encoder(tiktoken, name, pattern, ranks, specials, threads, source)
     size = max([*ranks.values(), *specials.values()]) + 1
     return Tokenizer("tiktoken", str(path), digest, size, specials, encode, 0,
                      getattr(tiktoken, "__version__", ""))
@@ -224,7 +248,7 @@ def load_tokenizer(path: str | os.PathLike, *, pattern: str | None = None,
         InputError: the file is missing or not one of the three kinds (the message says which
             it was read as).
         ConfigError: a BPE file without a known name or ``pattern``; ``add_special_tokens`` or
-            ``pattern`` with a kind that has no use for it.
+            ``pattern`` with a kind that has no use for it; ``pattern`` not a valid regex.
         MissingDependencyError: ``tokenizers`` or ``tiktoken`` is not installed.
     """
     p = Path(path)

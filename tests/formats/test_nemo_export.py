@@ -153,6 +153,29 @@ def test_export_refuses_to_overwrite_and_names_what_is_wrong(tmp_path):
     assert res.exit_code == 1 and "Error:" in res.output and len(res.output.splitlines()) == 1
 
 
+def test_export_refuses_a_dest_in_a_store_or_overlapping_output(tmp_path, monkeypatch):
+    """DEST that is OUTPUT, lies inside it or contains it would put files into the packed
+    dataset; DEST in a store is not written (pyarrow's own error, and a local ./s3: folder made
+    before it): each is one line, before anything is written anywhere."""
+    from packcheck import hash_tree
+
+    src = tmp_path / "docs.parquet"
+    pq.write_table(pa.Table.from_pylist(sft_docs(10)), src)
+    out = tmp_path / "p" / "out"
+    assert invoke(["pack", "-q", "-c", 32, src, out]).exit_code == 0
+    before = hash_tree(tmp_path / "p")
+    monkeypatch.chdir(tmp_path)
+    for dest, says in ((out, "overlaps the packed OUTPUT"), (out / "nemo", "overlaps"),
+                       (tmp_path / "p", "overlaps"), ("s3://bucket/x/", "local directory"),
+                       ("s3:/bucket/x", "local directory")):
+        res = invoke(["export", "--to", "nemo", out, dest])
+        assert res.exit_code == 1, (dest, res.output)
+        [line] = res.output.strip().splitlines()
+        assert line.startswith("Error: ") and says in line, line
+        assert hash_tree(tmp_path / "p") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.parquet", "p"]
+
+
 @pytest.mark.parametrize("labels", ["none", "shifted"])
 def test_export_of_a_segment_multiple_output_keeps_real_tokens_only(tmp_path, labels):
     """--segment-multiple pads each document inside its span: the export drops that padding

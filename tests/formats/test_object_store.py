@@ -109,7 +109,8 @@ def test_s3_input_errors_are_one_line(tmp_path, s3, what):
     res = invoke(["pack", "-q", f"s3://{bucket}/p", out])
     assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
     assert f"s3://{bucket}/p" in res.output
-    assert ("no such file" if what == "missing" else "is a packtool output") in res.output
+    assert ("nothing under this prefix" if what == "missing"
+            else "is a packtool output") in res.output
     assert not out.exists()
 
 
@@ -395,7 +396,8 @@ def test_compare_reads_an_s3_input_like_a_local_one(tmp_path, s3):
     missing = invoke(["compare", f"s3://{bucket}/nothing", "-c", 8])
     assert missing.exit_code == 1
     assert missing.output.strip().splitlines() == [
-        f"Error: s3://{bucket}/nothing: no such file or directory; check the INPUT path"]
+        f"Error: s3://{bucket}/nothing: nothing under this prefix of bucket '{bucket}'; check "
+        "the INPUT path"]
 
 
 def test_an_unreachable_store_gets_one_line_naming_the_endpoint_fix(tmp_path, monkeypatch):
@@ -416,3 +418,69 @@ def test_an_unreachable_store_gets_one_line_naming_the_endpoint_fix(tmp_path, mo
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and "cannot reach the store" in lines[0], lines
     assert f"127.0.0.1:{port}" in lines[0] and "endpoint_override" in lines[0]
+
+
+@pytest.fixture(scope="module")
+def s3_checking_credentials():
+    """A second local S3 server that checks credentials (moto's INITIAL_NO_AUTH_ACTION_COUNT=0):
+    the keys of the test are unknown to it, so every request is refused as S3 refuses bad keys.
+    Yields the query of a URI that points at it."""
+    import sys
+
+    pytest.importorskip("moto.server")
+    sys.path.insert(0, str(os.path.join(os.path.dirname(__file__), "..", "..", "scripts")))
+    from local_s3 import local_s3
+
+    with local_s3(env={"INITIAL_NO_AUTH_ACTION_COUNT": "0"}) as url:
+        yield f"?endpoint_override={url.removeprefix('http://')}&scheme=http"
+
+
+def test_refused_credentials_get_pack_s_one_line_from_every_reader(tmp_path, monkeypatch,
+                                                                   s3_checking_credentials):
+    """Keys the store refuses: stats, verify, export and the loader say what pack says of the
+    same URI (one line naming it, the store's refusal and the credentials to check), and the
+    loader raises packtool's error, not a bare OSError."""
+    from packtool.errors import InputError
+    from packtool.formats.packed import PackedOutput
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "unknown")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "unknown")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    uri = f"s3://corpus/packed{s3_checking_credentials}"
+    pack = invoke(["pack", "-q", "-c", 8, uri, tmp_path / "out"])
+    assert pack.exit_code == 1
+    [want] = pack.output.strip().splitlines()
+    assert want.startswith(f"Error: {uri}: ") and "refused the credentials" in want, want
+    assert "AWS_ACCESS_KEY_ID" in want and "'corpus'" in want
+    for args in (["stats", uri], ["verify", uri], ["export", "--to", "nemo", uri,
+                                                    tmp_path / "nemo"]):
+        res = invoke(args)
+        assert res.exit_code == 1, (args, res.output)
+        assert res.output.strip().splitlines() == [want], args
+    assert not (tmp_path / "nemo").exists()
+    with pytest.raises(InputError) as err:
+        PackedOutput.open(uri)
+    assert f"Error: {err.value}" == want
+    write_docs(tmp_path / "in" / "a.parquet", DOCS_A)
+    res = invoke(["pack", "-q", "-c", 8, tmp_path / "in",
+                  f"s3://corpus/new{s3_checking_credentials}"])
+    assert res.exit_code == 1 and "refused the credentials" in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+def test_a_missing_bucket_or_prefix_is_named_by_every_reader(tmp_path, s3):
+    """A bucket that does not exist is named as such by pack (INPUT and OUTPUT) and by the
+    readers of packed outputs; an empty prefix of a bucket that exists is told apart."""
+    _, bucket = s3
+    write_docs(tmp_path / "in" / "a.parquet", DOCS_A)
+    nob = f"s3://{bucket}-none/packed"
+    for args in (["stats", nob], ["verify", nob], ["pack", "-q", "-c", 8, nob, tmp_path / "o"],
+                 ["pack", "-q", "-c", 8, tmp_path / "in", nob]):
+        res = invoke(args)
+        assert res.exit_code == 1, (args, res.output)
+        [line] = res.output.strip().splitlines()
+        assert line.startswith(f"Error: {nob}: no bucket '{bucket}-none' in this store"), line
+    res = invoke(["stats", f"s3://{bucket}/nothing"])
+    assert res.output.strip().splitlines() == [
+        f"Error: s3://{bucket}/nothing: nothing under this prefix of bucket '{bucket}'; pass the "
+        "OUTPUT directory of packtool pack"]
