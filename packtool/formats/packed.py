@@ -24,7 +24,9 @@ what training reads:
   opened, its size and Parquet footer against the manifest's footer sha256, and Parquet page
   checksums on every page decoded (written by ``pack`` since format version 3): a changed byte
   anywhere is refused in one line naming the shard. ``"sha256"`` (``stats`` and ``verify`` by
-  default) also hashes every shard whole at open.
+  default) also hashes every shard whole at open. At every level a shard whose own schema
+  metadata (labels convention, capacity, ``--segment-multiple``) contradicts the manifest is
+  refused when opened, so no reader shifts labels twice or cuts rows at another capacity.
 - **One decoder.** :meth:`PackedOutput.decode` reads one row group and returns a :class:`Block` of
   NumPy columns: per-token columns ``int32[R, C]``, ragged ones as (values, offsets), scalars
   ``[R]``; nulls, other types and wrong sizes are refused naming shard and column. With
