@@ -234,8 +234,8 @@ def run_verify(
         if check == "padding" and "pad_id" not in reader.manifest.options:
             why = "the manifest records no pad_id"
         if why and not bad:
-            report.add(CheckResult("data", check, SKIP, {}, None, why,
-                                   required=checks is not None))
+            report.add(CheckResult("data", check, SKIP, {"rows_checked": scan.rows_checked},
+                                   None, why, required=checks is not None))
             continue
         figs = {"rows_checked": scan.rows_checked, "rows_bad": len(bad)}
         if check == "totals":
