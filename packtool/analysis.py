@@ -21,17 +21,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from packtool.errors import OutputError, install_hint
+from packtool.recount import RECOUNTED, Recount
 from packtool.stats import PackStats
-from packtool.types import IGNORE_INDEX, Overflow, Strategy
+from packtool.types import Overflow, Strategy
 
 __all__ = ["PackedAnalysis", "analyze_packed", "compare_strategies", "input_lengths",
            "input_documents", "InputDocuments",
            "format_packed", "format_compare", "plot_packed", "plot_compare", "require_matplotlib",
            "least_waste", "overflow_kept", "RECOUNTED"]
 
-#: PackStats fields that can be recounted from the shards (the others only the manifest knows).
-RECOUNTED = ("rows", "segments", "real_tokens", "padding_tokens", "effective_targets",
-             "attention_work", "docs_cut")
 _FILL_EDGES = np.arange(11) / 10  # 0.0, 0.1, ..., 1.0, each the double nearest the decimal
 _DECIMALS = 6  #: ratios in JSON are rounded to this many decimals (no float noise)
 
@@ -165,112 +163,23 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
     hashed = ((len(reader.shards), sum(s.bytes for s in reader.manifest.shards),
                time.perf_counter() - t0) if check_hashes else (0, 0, 0.0))
     C = reader.capacity
-    cols = ["cu_seqlens", "doc_ids", "num_targets"]
-    # --segment-multiple: real lengths from cu_seqlens_unpadded, the spans from cu_seqlens
-    padded = "cu_seqlens_unpadded" in reader.columns
-    if padded:
-        cols.append("cu_seqlens_unpadded")
     # an input labels column (SFT prompt masking) left some tokens -100 on purpose: the targets
     # are then the stored labels != -100, at most sum(len - 1) per segment
-    label_masked = reader.manifest.label_masked and reader.labels.stored
-    if label_masked:
-        cols.append("labels")
-    n_src = len(reader.manifest.source_values)
-    if reader.manifest.source_column is not None:
-        cols.append("source_ids")
-    # per source id: rows holding it, segments, real tokens, padding, effective targets
-    by_src = np.zeros((5, n_src), dtype=np.int64)  # shape: (5, sources)
-    rows = segs = real = targets = work = bad_num_targets = seg_pad = 0
-    fill_counts = np.zeros(C + 1, dtype=np.int64)  # shape: (C + 1,)
-    seg_counts = np.zeros(C + 1, dtype=np.int64)  # shape: (C + 1,)
-    # one bit per document id: seen in a segment, seen in more than one (``--min-fill`` can
-    # leave a document's later pieces without its first, so offsets alone do not tell)
-    seen_bits = np.zeros(0, dtype=np.uint8)
-    cut_bits = np.zeros(0, dtype=np.uint8)
-    bins = []
-    for block in reader.iter_blocks(cols):
-        n = block.num_rows
-        cu, cu_off = block.ragged["cu_seqlens"]
-        doc, k_off = block.ragged["doc_ids"]
-        k = np.diff(k_off)  # shape: (n,), real segments per row
-        # index in cu of each real segment's start: row r's segments are cu[o_r .. o_r+k_r]
-        start = np.repeat(cu_off[:-1] - k_off[:-1], k) + np.arange(k_off[-1])
-        cu64 = cu.astype(np.int64)
-        lens = cu64[start + 1] - cu64[start]  # shape: (segments,)
-        real_R = cu64[cu_off[:-1] + k]  # shape: (n,), end of the last real segment
-        span_end = real_R  # shape: (n,), end of the last segment's span (padding included)
-        spans = lens
-        if padded:  # same offsets as cu_seqlens; spans minus real lengths is the padding
-            un64 = block.ragged["cu_seqlens_unpadded"][0].astype(np.int64)
-            lens = un64[start + 1] - un64[start]
-            real_R = un64[cu_off[:-1] + k]
-            seg_pad += int((spans - lens).sum())
-        seg_t = lens - 1  # shape: (segments,), targets per segment (boundary rule)
-        if label_masked:
-            lab = block.tokens["labels"].reshape(-1)  # shape: (n * C,)
-            # shape: (n * C + 1,), targets before each flat position
-            cs = np.concatenate([[0], np.cumsum(lab != IGNORE_INDEX, dtype=np.int64)])
-            seg_row = np.repeat(np.arange(n, dtype=np.int64) * C, k)
-            kept = cs[seg_row + cu64[start + 1]] - cs[seg_row + cu64[start]]
-            bad_num_targets += int(np.count_nonzero(kept > seg_t))
-            seg_t = np.minimum(kept, seg_t)
-        row_t = np.add.reduceat(seg_t, k_off[:-1]) if lens.size else np.zeros(n, np.int64)
-        row_t[k == 0] = 0  # reduceat's value for empty rows is not a sum
-        if n_src:
-            src = block.ragged["source_ids"][0].astype(np.int64)  # shape: (segments,)
-            row_of = np.repeat(np.arange(n, dtype=np.int64), k)
-            held = np.unique(row_of * n_src + src) % n_src  # one per (row, source) pair
-            last = k_off[1:][k > 0] - 1  # each non-empty row's last segment
-            by_src += np.stack([
-                np.bincount(held, minlength=n_src),
-                np.bincount(src, minlength=n_src),
-                np.bincount(src, weights=lens, minlength=n_src).astype(np.int64),
-                (np.bincount(src[last], weights=(C - span_end)[k > 0], minlength=n_src)
-                 + np.bincount(src, weights=spans - lens, minlength=n_src)).astype(np.int64),
-                np.bincount(src, weights=seg_t, minlength=n_src).astype(np.int64)])
-        nt = block.scalars["num_targets"]
-        bad_num_targets += int(np.count_nonzero(nt != row_t))
-        rows += n
-        segs += int(k.sum())
-        real += int(real_R.sum())
-        targets += int(row_t.sum())
-        work += int((lens * lens).sum())
-        fill_counts += np.bincount(real_R, minlength=C + 1)[:C + 1]
-        seg_counts += np.bincount(lens, minlength=C + 1)[:C + 1]
-        if doc.size:
-            ids, pieces = np.unique(doc, return_counts=True)  # shape: (distinct,)
-            need = int(ids[-1]) // 8 + 1
-            if need > seen_bits.size:
-                grow = np.zeros(need - seen_bits.size, dtype=np.uint8)
-                seen_bits = np.concatenate([seen_bits, grow])
-                cut_bits = np.concatenate([cut_bits, grow])
-            byte, bit = ids >> 3, (1 << (ids & 7)).astype(np.uint8)
-            again = ((seen_bits[byte] & bit) != 0) | (pieces > 1)
-            np.bitwise_or.at(cut_bits, byte[again], bit[again])
-            np.bitwise_or.at(seen_bits, byte, bit)
-        room = n if per_bin_limit is None else min(n, per_bin_limit - len(bins))
-        if per_bin and room > 0:
-            seg_t = np.split(seg_t, k_off[1:-1])
-            bins.extend({"shard": block.shard, "row": block.shard_row0 + i,
-                         "segments": int(k[i]), "real_tokens": int(real_R[i]),
-                         "targets": int(row_t[i]), "segment_targets": seg_t[i].tolist()}
-                        for i in range(room))
+    recount = Recount(C, padded="cu_seqlens_unpadded" in reader.columns,
+                      label_masked=reader.manifest.label_masked and reader.labels.stored,
+                      num_sources=len(reader.manifest.source_values)
+                      if reader.manifest.source_column is not None else 0,
+                      per_bin_limit=per_bin_limit if per_bin else 0)
+    for block in reader.iter_blocks(recount.columns()):
+        recount.add(block)
     reader.close()
     totals = reader.manifest.totals.to_dict()
-    recount = {"rows": rows, "segments": segs, "real_tokens": real,
-               "padding_tokens": rows * C - real, "effective_targets": targets,
-               "attention_work": work,
-               "docs_cut": int(np.unpackbits(cut_bits).sum())}
-    documents = int(np.unpackbits(seen_bits).sum())
-    if padded or "segment_padding_tokens" in totals:
-        recount["segment_padding_tokens"] = seg_pad
+    figures = recount.figures(totals)
     base = {k: v for k, v in totals.items() if k in PackStats.__dataclass_fields__}
-    base.update(recount, capacity=C)
+    base.update(figures, capacity=C)
     stats = PackStats.from_dict(base)
-    mismatches = {k: (v, totals[k]) for k, v in recount.items()
-                  if k in totals and int(totals[k]) != v}
-    if bad_num_targets:  # rows whose num_targets column is not sum(len - 1), against none
-        mismatches["num_targets_rows_wrong"] = (bad_num_targets, 0)
+    mismatches = recount.mismatches(totals)
+    fill_counts, by_src = recount.fill_counts, recount.by_src
     fill = np.arange(C + 1) / C
     hist = np.histogram(fill, bins=_FILL_EDGES, weights=fill_counts)[0].astype(np.int64).tolist()
     per_source = [{"source": v, "rows": int(by_src[0, i]), "segments": int(by_src[1, i]),
@@ -279,7 +188,8 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                   for i, v in enumerate(reader.manifest.source_values)]
     multiple = int(reader.manifest.options.get("segment_multiple", 1))
     return PackedAnalysis(reader.location.display, stats, totals, mismatches, hist, fill_counts,
-                          seg_counts, bins, documents, per_bin_limit if per_bin else None,
+                          recount.seg_counts, recount.bins, recount.documents,
+                          per_bin_limit if per_bin else None,
                           hashed=hashed, segment_multiple=multiple,
                           source_column=reader.manifest.source_column,
                           per_source=per_source)

@@ -24,7 +24,9 @@ what training reads:
   opened, its size and Parquet footer against the manifest's footer sha256, and Parquet page
   checksums on every page decoded (written by ``pack`` since format version 3): a changed byte
   anywhere is refused in one line naming the shard. ``"sha256"`` (``stats`` and ``verify`` by
-  default) also hashes every shard whole at open.
+  default) also hashes every shard whole at open. At every level a shard whose own schema
+  metadata (labels convention, capacity, ``--segment-multiple``) contradicts the manifest is
+  refused when opened, so no reader shifts labels twice or cuts rows at another capacity.
 - **One decoder.** :meth:`PackedOutput.decode` reads one row group and returns a :class:`Block` of
   NumPy columns: per-token columns ``int32[R, C]``, ragged ones as (values, offsets), scalars
   ``[R]``; nulls, other types and wrong sizes are refused naming shard and column. With
@@ -62,8 +64,9 @@ from packtool.errors import ManifestError
 from packtool.formats.arrays import list_parts, numpy_values
 from packtool.formats.manifest import (Manifest, check_shards, footer_of,
                                        read_manifest_and_schema, require_packed)
-from packtool.formats.schema import (RAGGED_COLUMNS, SCALAR_COLUMNS, SHARD_META_KEY,
-                                     TOKEN_COLUMNS)
+from packtool.formats.schema import (CAPACITY_META_KEY, LABELS_CONVENTION_META_KEY,
+                                     RAGGED_COLUMNS, SCALAR_COLUMNS, SEGMENT_MULTIPLE_META_KEY,
+                                     SHARD_META_KEY, TOKEN_COLUMNS)
 from packtool.location import Location
 from packtool.types import IGNORE_INDEX
 
@@ -450,6 +453,23 @@ def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
     return a.equals(b)
 
 
+def _layout_problem(meta: dict, manifest: Manifest) -> str | None:
+    """How a shard's own schema metadata (what ``pack`` wrote into it: labels convention,
+    capacity, ``--segment-multiple``) contradicts the manifest's record of the same, or None.
+    A key the shard lacks (an older output) is not compared."""
+    multiple = int(manifest.options.get("segment_multiple", 1))
+    recorded = ((LABELS_CONVENTION_META_KEY, "labels convention", manifest.labels.convention,
+                 None),
+                (CAPACITY_META_KEY, "capacity", str(manifest.capacity), None),
+                (SEGMENT_MULTIPLE_META_KEY, "--segment-multiple", str(multiple), b"1"))
+    for key, name, in_manifest, absent in recorded:
+        own = meta.get(key, absent)
+        if own is not None and own.decode(errors="replace") != in_manifest:
+            return (f"its schema metadata says {name} {own.decode(errors='replace')}, the "
+                    f"manifest says {in_manifest}")
+    return None
+
+
 def _schema_problem(got: pa.Schema, want: pa.Schema) -> str | None:
     if got.names != want.names:
         return f"columns {got.names}, the manifest's schema has {want.names}"
@@ -723,6 +743,11 @@ class PackedOutput:
                 raise ManifestError(f"{where}: holds the rows of shard {named.decode(errors='replace')}"
                                     ": shards were renamed or swapped; rerun the same packtool "
                                     "pack with --overwrite")
+            layout = _layout_problem(md.metadata or {}, self.manifest)
+            if layout:  # e.g. labels read as shifted that the shard stores unshifted
+                raise ManifestError(f"{where}: {layout}: the manifest does not describe this "
+                                    "shard's rows; rerun the same packtool pack with "
+                                    "--overwrite")
             problem = _schema_problem(md.schema.to_arrow_schema(), self.schema)
             if problem:
                 raise ManifestError(f"{where}: {problem}; the shard does not belong to this "

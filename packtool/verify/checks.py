@@ -230,7 +230,18 @@ def run_verify(
                                        "without --segment-multiple (equal to cu_seqlens)",
                                        required=False))
             continue
+        why = scan.not_run.get(check)
+        if check == "padding" and "pad_id" not in reader.manifest.options:
+            why = "the manifest records no pad_id"
+        if why and not bad:
+            report.add(CheckResult("data", check, SKIP, {"rows_checked": scan.rows_checked},
+                                   None, why, required=checks is not None))
+            continue
         figs = {"rows_checked": scan.rows_checked, "rows_bad": len(bad)}
+        if check == "totals":
+            figs = {"rows_checked": scan.rows_checked, "figures_wrong": len(bad)}
+        if check == "padding":
+            figs["pad_id"] = reader.manifest.options["pad_id"]
         if check == "cu_seqlens" and scan.segment_multiple > 1:
             figs["segment_multiple"] = scan.segment_multiple
         if check == "labels" and not scan.labels_stored:

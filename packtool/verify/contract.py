@@ -37,13 +37,16 @@ import numpy as np
 
 from packtool.types import IGNORE_INDEX
 
-__all__ = ["CONTRACT_CHECKS", "PADDED_CHECK", "DEFAULT_ROWS", "ContractScan", "check_block",
-           "check_row_contract", "expected_labels", "select_rows", "scan_contract",
-           "segment_multiple_of"]
+__all__ = ["CONTRACT_CHECKS", "PADDED_CHECK", "DEFAULT_ROWS", "WHOLE_OUTPUT_CHECKS",
+           "ContractScan", "DocumentPieces", "check_block", "check_row_contract",
+           "expected_labels", "select_rows", "scan_contract", "segment_multiple_of"]
 
 #: the column checks, in report order
 CONTRACT_CHECKS = ("cu_seqlens", "cu_seqlens_unpadded", "segment_ids", "position_ids",
-                   "max_seqlen", "doc_ids", "labels", "num_targets")
+                   "max_seqlen", "doc_ids", "labels", "num_targets", "padding", "doc_offsets",
+                   "totals")
+#: the checks that need every row (the full scan): what one row alone cannot tell
+WHOLE_OUTPUT_CHECKS = ("doc_offsets", "totals")
 #: the check that applies only to outputs packed with ``--segment-multiple`` N > 1
 PADDED_CHECK = "cu_seqlens_unpadded"
 #: rows run through the models when ``--rows`` is not given
@@ -106,8 +109,8 @@ def _first_bad(bad_RC: np.ndarray) -> np.ndarray:
 
 
 def check_block(cols: dict, capacity: int, convention: str, label_masked: bool = False,
-                segment_multiple: int = 1, *,
-                num_sources: int | None = None) -> list[tuple[int, str, int | None, str]]:
+                segment_multiple: int = 1, *, num_sources: int | None = None,
+                pad_id: int | None = None) -> list[tuple[int, str, int | None, str]]:
     """Contract violations of a block of rows.
 
     Args:
@@ -126,6 +129,9 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
         num_sources: the size of the manifest's source table when ``cols`` holds
             ``source_ids`` (a list of R arrays): each row needs one id in 0 .. num_sources - 1
             per ``doc_ids`` entry (reported as ``doc_ids``).
+        pad_id: the token the pack wrote on padding (the manifest's ``pad_id``): every token
+            outside a document's real part (segment 0) must hold it (``padding``); None: not
+            checked.
 
     Returns:
         ``[(row in block, check, segment or None, message)]``, at most one per (row, check),
@@ -249,6 +255,11 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
            lambda i, j: f"position at token {j} is {int(pos_v[i, j])}, expected "
            f"{int(want_pos[i, j])} (positions restart at 0 in every segment"
            + (", padding after a document goes on counting)" if padded else ")"))
+    if pad_id is not None:
+        ids_v = ids[rows]
+        report("padding", (span_id == 0) & (ids_v != pad_id),
+               lambda i, j: f"token {j} is padding (segment 0) and holds {int(ids_v[i, j])}; the "
+               f"pack wrote pad_id {pad_id} there")
     mx = np.asarray(cols["max_seqlen"]).reshape(-1)[rows].astype(np.int64)
     seg_max = np.zeros(rows.size, dtype=np.int64)
     np.maximum.at(seg_max, row_of_S, lens_S)
@@ -305,6 +316,125 @@ def check_row_contract(row: dict, labels_mode: str, label_masked: bool = False,
                                                     segment_multiple)]
 
 
+class DocumentPieces:
+    """What ``doc_ids`` and ``doc_offsets`` of every row say about each document, checked once
+    every row was seen (the ``doc_offsets`` check of the full scan).
+
+    A document is laid out as pieces (segments) that tile it from offset 0: the piece at offset
+    0 appears once, and every later piece starts where the one before it ends. A piece is
+    followed by another only when it fills its row to the end (a document is cut because its
+    row is full), so only the pieces at an offset other than 0 and the pieces whose span ends
+    at C are kept (at most rows + split pieces), plus one bit per document id for the pieces
+    at offset 0. Checked:
+
+    * no two segments hold a document at offset 0 (a duplicated row or segment), always;
+    * when the manifest says no planned row was left out (``--min-fill`` drops pieces), every
+      document seen has its piece at offset 0, and each later piece starts where the one
+      before it ends (no gap, no overlap, no duplicate).
+
+    Not decidable without the input: a whole document lost (its rows gone with the counts
+    fixed), a changed document length at the last piece, two ``doc_ids`` of one row swapped.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.C = int(capacity)
+        self.start_bits = np.zeros(0, dtype=np.uint8)  # one bit per doc id: a piece at offset 0
+        self.parts: list = []  # (doc, offset, end, global row) of the kept pieces, per block
+        self.twice: tuple | None = None  # (doc, global row) of the first start seen twice
+        self.negative: tuple | None = None  # (doc, offset, global row) of a negative offset
+
+    def add(self, block, real_len_S: np.ndarray, span_end_S: np.ndarray) -> None:
+        """Count one row group's segments.
+
+        Args:
+            block: a :class:`~packtool.formats.packed.Block` holding ``doc_ids`` and
+                ``doc_offsets``.
+            real_len_S: int64[S], the real tokens of each document segment (S = the block's
+                ``doc_ids`` entries, in order).
+            span_end_S: int64[S], where each segment's span ends in its row.
+        """
+        doc, k_off = block.ragged["doc_ids"]
+        off = block.ragged["doc_offsets"][0].astype(np.int64)  # shape: (S,)
+        if doc.size == 0:
+            return
+        doc = doc.astype(np.int64)
+        row_S = block.first + np.repeat(np.arange(block.num_rows, dtype=np.int64),
+                                        np.diff(k_off))  # shape: (S,), global rows
+        if self.negative is None and (off < 0).any():
+            j = int(np.argmax(off < 0))
+            self.negative = (int(doc[j]), int(off[j]), int(row_S[j]))
+        zero = off == 0
+        ids = doc[zero]
+        if ids.size:
+            need = int(ids.max()) // 8 + 1
+            if need > self.start_bits.size:
+                self.start_bits = np.concatenate(
+                    [self.start_bits, np.zeros(need - self.start_bits.size, dtype=np.uint8)])
+            u, count = np.unique(ids, return_counts=True)
+            byte, bit = u >> 3, (1 << (u & 7)).astype(np.uint8)
+            again = ((self.start_bits[byte] & bit) != 0) | (count > 1)
+            if again.any() and self.twice is None:
+                d = int(u[np.argmax(again)])
+                self.twice = (d, int(row_S[zero][np.flatnonzero(ids == d)[-1]]))
+            np.bitwise_or.at(self.start_bits, byte, bit)
+        keep = ~zero | (span_end_S == self.C)
+        if keep.any():
+            self.parts.append(np.stack([doc[keep], off[keep], off[keep] + real_len_S[keep],
+                                        row_S[keep]]))
+
+    def problems(self, seen_bits: np.ndarray, lossless: bool) -> list[tuple[int, int, str]]:
+        """``[(global row, document, message)]`` (the first of each kind).
+
+        Args:
+            seen_bits: uint8, one bit per document id seen in any segment
+                (:attr:`packtool.recount.Recount.seen_bits`).
+            lossless: no planned row was left out (the manifest's ``rows_dropped`` is 0), so
+                every piece of every document seen is in the output.
+        """
+        out = []
+        if self.negative is not None:
+            d, o, r = self.negative
+            out.append((r, d, f"document {d} has a piece at doc_offsets {o} (negative)"))
+        if self.twice is not None:
+            d, r = self.twice
+            out.append((r, d, f"document {d} starts (doc_offsets 0) in two segments, the second "
+                        "here: a duplicated row or segment (its tokens train twice)"))
+        if not lossless:
+            return out
+        parts = (np.concatenate(self.parts, axis=1) if self.parts
+                 else np.zeros((4, 0), dtype=np.int64))  # shape: (4, kept pieces)
+        doc, off, end, row = parts
+        starts = np.zeros(seen_bits.size, dtype=np.uint8)
+        starts[:min(self.start_bits.size, seen_bits.size)] = self.start_bits[:seen_bits.size]
+        lacking = np.flatnonzero(np.unpackbits(seen_bits & ~starts, bitorder="little"))
+        if lacking.size:
+            d = int(lacking[0])
+            at = np.flatnonzero(doc == d)
+            r = int(row[at[np.argmin(off[at])]]) if at.size else -1
+            o = int(off[at].min()) if at.size else -1
+            out.append((r, d, f"document {d} has no piece at doc_offsets 0 (its first piece "
+                        f"here starts at {o}) and no row was left out under --min-fill: an "
+                        "offset was changed or its first piece lost"))
+        order = np.lexsort((off, doc))
+        doc, off, end, row = doc[order], off[order], end[order], row[order]
+        same = doc[1:] == doc[:-1]
+        broken = np.zeros(doc.size, dtype=bool)  # a later piece not where the previous ends
+        broken[1:] = same & (off[1:] != end[:-1])
+        first = np.ones(doc.size, dtype=bool)
+        first[1:] = ~same
+        orphan = first & (off != 0)  # the piece before it neither at offset 0 nor filling its row
+        bad = broken | orphan
+        if bad.any():
+            j = int(np.argmax(bad))
+            d = int(doc[j])
+            before = (f"the piece before it ends at {int(end[j - 1])}" if broken[j] else
+                      "no piece before it fills its row")
+            out.append((int(row[j]), d, f"document {d}: its piece at doc_offsets {int(off[j])} "
+                        f"({int(end[j] - off[j])} tokens) does not continue it: {before} (a "
+                        "piece is missing, duplicated, or its offset changed)"))
+        return out
+
+
 @dataclass
 class ContractScan:
     """What a scan of the column contract found."""
@@ -316,6 +446,9 @@ class ContractScan:
     segments: dict = field(default_factory=dict)
     labels_stored: bool = True
     segment_multiple: int = 1  #: N of ``--segment-multiple`` the output was packed with
+    #: the checks of :data:`WHOLE_OUTPUT_CHECKS` that did not run, and why (a scan of some
+    #: rows only, or rows whose ``cu_seqlens`` cannot be counted)
+    not_run: dict = field(default_factory=dict)
 
 
 def segment_multiple_of(manifest) -> int:
@@ -355,15 +488,32 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
     Returns:
         A :class:`ContractScan`.
     """
-    multiple = segment_multiple_of(reader.manifest)
+    from packtool.recount import Recount
+
+    m = reader.manifest
+    multiple = segment_multiple_of(m)
     padded = "cu_seqlens_unpadded" in reader.columns
     want = ["input_ids", "segment_ids", "position_ids", "labels", "cu_seqlens", "max_seqlen",
             "num_targets", "doc_ids"] + (["cu_seqlens_unpadded"] if padded else [])
     num_sources = None
-    if reader.manifest.source_column is not None:
+    if m.source_column is not None:
         want.append("source_ids")
-        num_sources = len(reader.manifest.source_values)
+        num_sources = len(m.source_values)
+    pieces = None
+    if "doc_offsets" in reader.columns:
+        want.append("doc_offsets")
+        pieces = DocumentPieces(reader.capacity)
+    pad_id = m.options.get("pad_id")
     scan = ContractScan(labels_stored=reader.labels.stored, segment_multiple=multiple)
+    # the one recount of the manifest totals (stats' own), fed the blocks the scan reads
+    recount = Recount(reader.capacity, padded=padded,
+                      label_masked=label_masked and reader.labels.stored,
+                      num_sources=num_sources or 0) if indices is None else None
+    if indices is not None:
+        scan.not_run = {c: "needs every row: the scan checked the sampled rows only (--no-scan)"
+                        for c in WHOLE_OUTPUT_CHECKS}
+    elif pieces is None:
+        scan.not_run["doc_offsets"] = "the output stores no doc_offsets"
 
     def run(block, local_rows=None):
         cols = _block_columns(block)
@@ -374,12 +524,21 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
         for i, r in enumerate(rows.tolist()):
             scan.segments[block.first + r] = len(cols["doc_ids"][i])
         for i, check, q, msg in check_block(cols, reader.capacity, convention, label_masked,
-                                            multiple, num_sources=num_sources):
+                                            multiple, num_sources=num_sources, pad_id=pad_id):
             r = int(rows[i])
             where = {"shard": block.shard, "row": block.shard_row0 + r,
                      **({"segment": q} if q else {})}
             scan.bad.setdefault(check, []).append((where, msg))
         scan.rows_checked += len(rows)
+        if local_rows is None and not scan.not_run.get("totals"):
+            seg = _document_segments(block, reader.capacity, padded)
+            if seg is None:  # reported by the cu_seqlens check; nothing to count on
+                scan.not_run.update(dict.fromkeys(WHOLE_OUTPUT_CHECKS, "rows whose cu_seqlens "
+                                                  "break the contract cannot be counted"))
+                return
+            recount.add(block)
+            if pieces is not None:
+                pieces.add(block, *seg)
 
     if indices is None:
         for block in reader.iter_blocks(want, convention):
@@ -391,7 +550,53 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
         for grp, rows in by_group.items():
             block = reader.decode(grp, want, convention)
             run(block, [r - block.first for r in rows])
+    if recount is not None and not scan.not_run.get("totals"):
+        totals = m.totals.to_dict()
+        wrong = {k: v for k, v in recount.mismatches(totals).items()
+                 if k != "num_targets_rows_wrong"}  # the num_targets check names those rows
+        if wrong:
+            text = "; ".join(f"{k} {man:,} in the manifest, {got:,} recounted from the rows"
+                             for k, (got, man) in wrong.items())
+            scan.bad["totals"] = [(None, f"manifest totals differ from the rows: {text}; "
+                                   "trainers read these totals (effective_targets is the loss "
+                                   "denominator): rerun the same packtool pack with --overwrite")
+                                  ] * len(wrong)
+        if pieces is not None and not scan.not_run.get("doc_offsets"):
+            lossless = not int(totals.get("rows_dropped", 0))
+            for row, _, msg in pieces.problems(recount.seen_bits, lossless)[:1]:
+                s, r = reader.locate(row) if row >= 0 else (0, -1)
+                where = {"shard": reader.shards[s], "row": r} if row >= 0 else None
+                scan.bad["doc_offsets"] = [(where, msg)]
     if progress:
         bad = sum(len(v) for v in scan.bad.values())
         progress(f"data: {scan.rows_checked} rows checked, {bad} contract violations")
     return scan
+
+
+def _document_segments(block, capacity: int, padded: bool):
+    """(real tokens int64[S], span end int64[S]) of the S document segments of a block (its
+    ``doc_ids`` entries in order), or None when some row's ``cu_seqlens`` (or
+    ``cu_seqlens_unpadded``) cannot hold them: not one entry per document plus at most the
+    padding tail, not 0 .. C, not increasing."""
+    C = int(capacity)
+    cu, cu_off = block.ragged["cu_seqlens"]
+    k = np.diff(block.ragged["doc_ids"][1])  # shape: (R,)
+    n_ent = np.diff(cu_off)  # shape: (R,)
+    if ((n_ent - 1 < k) | (n_ent - 1 > k + 1) | (n_ent < 2)).any():
+        return None
+    cu64 = cu.astype(np.int64)
+    inside = np.ones(cu64.size, dtype=bool)  # entry i and i + 1 in the same row
+    inside[cu_off[1:] - 1] = False
+    if ((cu64[cu_off[:-1]] != 0) | (cu64[cu_off[1:] - 1] != C)).any() or \
+            (np.diff(cu64)[inside[:-1]] <= 0).any():
+        return None
+    start = np.repeat(cu_off[:-1] - np.append(0, np.cumsum(k)[:-1]), k) + np.arange(k.sum())
+    span_end = cu64[start + 1]  # shape: (S,)
+    real = span_end - cu64[start]
+    if padded:
+        un = block.ragged["cu_seqlens_unpadded"][0].astype(np.int64)
+        if un.size != cu64.size or (un[cu_off[:-1]] != 0).any() or \
+                (np.diff(un)[inside[:-1]] <= 0).any():
+            return None
+        real = un[start + 1] - un[start]
+    return real, span_end

@@ -1,0 +1,145 @@
+"""Forged outputs the column scan of every row must refuse: manifest totals that the rows do not
+add up to, a duplicated row, a document piece moved or repeated, padding that is not the pad id.
+
+Each forgery keeps the manifest consistent with the shards it lists (sizes, sha256, footers), so
+only what the rows say against the manifest can catch it. NumPy only (``--data-only``): no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from packcheck import reseal
+from packed_helpers import edit_rows, pack_docs
+from packtool.analysis import analyze_packed
+from packtool.cli import cli
+from packtool.formats.manifest import read_manifest
+from packtool.verify.checks import run_verify
+from packtool.verify.report import FAIL, PASS
+
+RNG = np.random.default_rng(11)
+#: short documents: never split at C = 16, several per row, padding tails
+SHORT = [list(map(int, RNG.integers(1, 1000, n))) for n in [9, 5, 7, 3, 12, 4, 6, 2, 8, 10, 3]]
+#: long documents: split into pieces of C = 16 (one full row each) and a tail
+LONG = [list(map(int, RNG.integers(1, 1000, n))) for n in [70, 53, 41]]
+
+
+def _data(out):
+    """verify --data-only of ``out`` as {check: result}."""
+    rep = run_verify(out, data_only=True, check_hashes=False)
+    return {r.check: r for r in rep.results}, rep.ok
+
+
+@pytest.fixture
+def short(tmp_path):
+    return pack_docs(tmp_path, SHORT, 16)
+
+
+@pytest.mark.parametrize("figure", ["effective_targets", "rows", "padding_tokens"])
+def test_manifest_totals_one_off_fail_verify_naming_the_figure(short, figure):
+    """One figure of the manifest's totals changed by one (the shards untouched): verify fails
+    `totals` naming the figure and both values, as stats reports it; the untouched output
+    passes."""
+    res, ok = _data(short)
+    assert ok and res["totals"].status == PASS
+    m = read_manifest(short)
+    right = getattr(m.totals, figure)
+    reseal(short, totals=dataclasses.replace(m.totals, **{figure: right + 1}))
+    res, ok = _data(short)
+    assert not ok and res["totals"].status == FAIL
+    assert f"{figure} {right + 1:,} in the manifest, {right:,} recounted" in res["totals"].message
+    assert analyze_packed(short, check_hashes=False).mismatches[figure] == (right, right + 1)
+    run = CliRunner().invoke(cli, ["verify", "--data-only", str(short)])
+    assert run.exit_code == 1 and "totals" in run.output
+
+
+def test_a_duplicated_row_fails_verify_as_it_fails_stats(short):
+    """Row 3 replaced by a copy of row 4 (one document trained twice, others lost), the manifest
+    resealed over the new shard: stats counts a document cut that the manifest does not, and
+    verify names the document that starts twice and the totals that differ."""
+    edit_rows(short, lambda rows: rows[:3] + [dict(rows[4])] + rows[4:])
+    assert "docs_cut" in analyze_packed(short, check_hashes=False).mismatches
+    res, ok = _data(short)
+    assert not ok
+    assert res["doc_offsets"].status == FAIL and "in two segments" in res["doc_offsets"].message
+    assert res["doc_offsets"].where["row"] == 4
+    assert res["totals"].status == FAIL and "docs_cut" in res["totals"].message
+
+
+def test_a_duplicated_piece_of_a_split_document_fails_verify_though_the_totals_agree(tmp_path):
+    """Two middle pieces of one split document, each a full row: replacing the first with the
+    second leaves every total as it was (stats finds nothing), but the document's pieces no
+    longer follow one another: verify fails `doc_offsets`."""
+    out = pack_docs(tmp_path, LONG, 16)
+    rows = []
+    edit_rows(out, lambda r: rows.extend(r) or r)  # read them as stored
+    doc = [r for r in rows if r["doc_ids"] == [0]]
+    assert len(doc) >= 3 and all(len(r["doc_ids"]) == 1 for r in doc[:3])
+    a, b = rows.index(doc[1]), rows.index(doc[2])
+    edit_rows(out, lambda r: r[:a] + [dict(r[b])] + r[a + 1:])
+    assert analyze_packed(out, check_hashes=False).mismatches == {}
+    res, ok = _data(out)
+    assert not ok and res["doc_offsets"].status == FAIL
+    assert "document 0" in res["doc_offsets"].message
+
+
+def test_a_moved_offset_of_a_document_never_split_fails_verify(short):
+    """doc_offsets of a document held by one segment moved from 0 to 5: nothing was split,
+    truncated or left out (the manifest says so), so its only piece must start at 0."""
+    def move(rows):
+        rows[0]["doc_offsets"][0] += 5
+        return rows
+
+    edit_rows(short, move)
+    res, ok = _data(short)
+    assert not ok and res["doc_offsets"].status == FAIL
+    assert "no piece at doc_offsets 0" in res["doc_offsets"].message
+    assert res["doc_offsets"].where == {"shard": "part-00000.parquet", "row": 0}
+
+
+def test_pieces_of_split_documents_and_a_min_fill_output_pass(tmp_path):
+    """No false alarm: split documents (pieces that fill their rows, tails anywhere), and an
+    output whose --min-fill left rows out (pieces legitimately missing) pass `doc_offsets`."""
+    long_ = pack_docs(tmp_path, LONG + SHORT, 16, name="long")
+    cut = pack_docs(tmp_path, LONG + SHORT, 16, "--strategy", "concat", "--min-fill", "0.9",
+                    name="cut")
+    assert read_manifest(cut).totals.rows_dropped > 0
+    for out in (long_, cut):
+        res, ok = _data(out)
+        assert ok and res["doc_offsets"].status == PASS and res["totals"].status == PASS, out
+
+
+def test_a_padding_token_other_than_the_pad_id_fails_verify(tmp_path):
+    """The manifest records the pad id; a padding token holding another id fails `padding`,
+    naming shard and row; an output packed with --pad-id 3 passes."""
+    out = pack_docs(tmp_path, SHORT, 16, "--pad-id", "3")
+    res, ok = _data(out)
+    assert ok and res["padding"].status == PASS and res["padding"].figures["pad_id"] == 3
+    row = []
+
+    def pad7(rows):
+        i = next(i for i, r in enumerate(rows) if r["segment_ids"][-1] == 0)
+        rows[i]["input_ids"][-1] = 7
+        row.append(i)
+        return rows
+
+    edit_rows(out, pad7)
+    res, ok = _data(out)
+    assert not ok and res["padding"].status == FAIL
+    assert "holds 7" in res["padding"].message and "pad_id 3" in res["padding"].message
+    assert res["padding"].where["row"] == row[0]
+
+
+def test_no_scan_lists_the_whole_output_checks_as_not_run(short):
+    """--no-scan checks sampled rows only: the totals and document pieces cannot be told, and
+    the report says so (skipped, not required) instead of passing them."""
+    rep = run_verify(short, data_only=True, check_hashes=False, scan_all=False)
+    res = {r.check: r for r in rep.results}
+    assert rep.ok
+    for check in ("totals", "doc_offsets"):
+        assert res[check].status == "skip" and not res[check].required
+        assert "--no-scan" in res[check].message
