@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,6 +14,22 @@ from packtool.formats.manifest import read_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_DATA = ROOT / "sample_data"
+
+
+def pytest_configure(config):
+    """Hugging Face ``datasets`` caches what tests load (``Dataset.from_parquet`` and the like)
+    in a directory of the run, removed at its end, not in the user's home (about 5 MB a run
+    there). Set before any test imports ``datasets``; xdist workers inherit it."""
+    if "HF_DATASETS_CACHE" not in os.environ:
+        os.environ["HF_DATASETS_CACHE"] = config._packtool_hf_cache = tempfile.mkdtemp(
+            prefix="packtool-tests-hf-datasets-")
+
+
+def pytest_unconfigure(config):
+    cache = getattr(config, "_packtool_hf_cache", None)
+    if cache:
+        shutil.rmtree(cache, ignore_errors=True)
+        del os.environ["HF_DATASETS_CACHE"]
 
 
 def write_docs(path: Path, docs, *, column: str = "input_ids", value_type=pa.int64(),
