@@ -16,11 +16,34 @@ import numpy as np
 
 from packtool.types import IGNORE_INDEX
 
-__all__ = ["RECOUNTED", "Recount"]
+__all__ = ["RECOUNTED", "Recount", "mark_ids"]
 
 #: PackStats fields that can be recounted from the shards (the others only the manifest knows).
 RECOUNTED = ("rows", "segments", "real_tokens", "padding_tokens", "effective_targets",
              "attention_work", "docs_cut")
+
+
+def mark_ids(bits: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Set one bit per id of ``ids`` in the bitset ``bits`` (bit ``i & 7`` of byte ``i >> 3``,
+    NumPy's ``bitorder="little"``), growing it as needed.
+
+    Args:
+        bits: uint8[n], the bitset so far.
+        ids: int[k], k >= 1 non-negative ids (repeats allowed).
+
+    Returns:
+        ``(bits, distinct, again)``: the bitset (a new array when it grew), the distinct ids
+        (int[d], sorted) and bool[d], True for an id already set before or given more than once
+        now.
+    """
+    distinct, count = np.unique(ids, return_counts=True)  # shape: (d,)
+    need = int(distinct[-1]) // 8 + 1
+    if need > bits.size:
+        bits = np.concatenate([bits, np.zeros(need - bits.size, dtype=np.uint8)])
+    byte, bit = distinct >> 3, (1 << (distinct & 7)).astype(np.uint8)
+    again = ((bits[byte] & bit) != 0) | (count > 1)
+    np.bitwise_or.at(bits, byte, bit)
+    return bits, distinct, again
 
 
 class Recount:
@@ -127,16 +150,9 @@ class Recount:
         self.fill_counts += np.bincount(real_R, minlength=C + 1)[:C + 1]
         self.seg_counts += np.bincount(lens, minlength=C + 1)[:C + 1]
         if doc.size:
-            ids, pieces = np.unique(doc, return_counts=True)  # shape: (distinct,)
-            need = int(ids[-1]) // 8 + 1
-            if need > self.seen_bits.size:
-                grow = np.zeros(need - self.seen_bits.size, dtype=np.uint8)
-                self.seen_bits = np.concatenate([self.seen_bits, grow])
-                self.cut_bits = np.concatenate([self.cut_bits, grow])
-            byte, bit = ids >> 3, (1 << (ids & 7)).astype(np.uint8)
-            again = ((self.seen_bits[byte] & bit) != 0) | (pieces > 1)
-            np.bitwise_or.at(self.cut_bits, byte[again], bit[again])
-            np.bitwise_or.at(self.seen_bits, byte, bit)
+            self.seen_bits, ids, again = mark_ids(self.seen_bits, doc)
+            if again.any():
+                self.cut_bits = mark_ids(self.cut_bits, ids[again])[0]
         limit = self.per_bin_limit
         room = n if limit is None else min(n, limit - len(self.bins))
         if room > 0:

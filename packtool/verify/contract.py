@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from packtool.recount import Recount, mark_ids
 from packtool.types import IGNORE_INDEX
 
 __all__ = ["CONTRACT_CHECKS", "PADDED_CHECK", "DEFAULT_ROWS", "WHOLE_OUTPUT_CHECKS",
@@ -366,17 +367,10 @@ class DocumentPieces:
         zero = off == 0
         ids = doc[zero]
         if ids.size:
-            need = int(ids.max()) // 8 + 1
-            if need > self.start_bits.size:
-                self.start_bits = np.concatenate(
-                    [self.start_bits, np.zeros(need - self.start_bits.size, dtype=np.uint8)])
-            u, count = np.unique(ids, return_counts=True)
-            byte, bit = u >> 3, (1 << (u & 7)).astype(np.uint8)
-            again = ((self.start_bits[byte] & bit) != 0) | (count > 1)
+            self.start_bits, u, again = mark_ids(self.start_bits, ids)
             if again.any() and self.twice is None:
                 d = int(u[np.argmax(again)])
                 self.twice = (d, int(row_S[zero][np.flatnonzero(ids == d)[-1]]))
-            np.bitwise_or.at(self.start_bits, byte, bit)
         keep = ~zero | (span_end_S == self.C)
         if keep.any():
             self.parts.append(np.stack([doc[keep], off[keep], off[keep] + real_len_S[keep],
@@ -488,8 +482,6 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
     Returns:
         A :class:`ContractScan`.
     """
-    from packtool.recount import Recount
-
     m = reader.manifest
     multiple = segment_multiple_of(m)
     padded = "cu_seqlens_unpadded" in reader.columns
