@@ -25,12 +25,13 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from concurrent.futures import Future, wait
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
 __all__ = ["EXIT_INTERRUPTED", "STOP", "STOP_SIGNALS", "install_early_handler", "interruptible",
            "check", "hold", "signals_held", "stop_signal", "exit_status", "stop_word",
-           "test_pause", "PAUSE_ENV", "PAUSE_ONCE_ENV", "TEST_ENVS"]
+           "result", "test_pause", "PAUSE_ENV", "PAUSE_ONCE_ENV", "TEST_ENVS"]
 
 #: Exit status of an interrupted command (128 + SIGINT, what shells report for Ctrl-C).
 EXIT_INTERRUPTED = 130
@@ -139,6 +140,23 @@ def hold() -> Callable[[], bool]:
 
 
 @contextmanager
+def _noted() -> Iterator[list[int]]:
+    """Inside (main thread): SIGINT and SIGTERM are only noted in the list yielded; on exit the
+    previous handlers come back and each noted signal is raised again for them, from this one
+    clean point (not from inside a lock that a raising handler could leave held)."""
+    noted: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: noted.append(signum))
+                for sig in STOP_SIGNALS}
+    try:
+        yield noted
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: set in C
+        for sig in dict.fromkeys(noted):
+            signal.raise_signal(sig)
+
+
+@contextmanager
 def signals_held() -> Iterator[None]:
     """Hold SIGINT and SIGTERM (main thread only) until the block ends, then deliver them: for a
     store write that a stream closed by an exception would publish half-written.
@@ -151,16 +169,45 @@ def signals_held() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    noted: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: noted.append(signum))
-                for sig in STOP_SIGNALS}
-    try:
+    with _noted():
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: set in C
-        for sig in dict.fromkeys(noted):
-            signal.raise_signal(sig)
+
+
+#: Seconds between looks at pending signals while the main thread waits for another thread.
+POLL_S = 0.1
+
+
+def result(future: Future):
+    """``future.result()``, for the main thread: Ctrl-C and SIGTERM are handled within
+    :data:`POLL_S` seconds, and never inside the future's lock.
+
+    Two faults of a plain wait, both seen as a pack that hung after a signal:
+
+    - the kernel hands a signal sent to the process to any thread that does not block it (a
+      worker, pyarrow's or tqdm's threads). That thread only notes it; Python runs the handler
+      in the main thread when it next executes bytecode, which a wait without a timeout never
+      does, so the run went on until the task ended (never, for one that waits for
+      :data:`STOP`);
+    - a handler that raises (``KeyboardInterrupt``) can do so between a lock's acquire and
+      the block that releases it, inside the futures' own code; the task then cannot report
+      its end, and the pool's shutdown waits for it forever.
+
+    So the wait polls with signals only noted, and a noted signal goes to the previous
+    handler once the wait is left. Outside the main thread (where no handler runs) it is a
+    plain wait.
+
+    Returns:
+        what the task returned.
+
+    Raises:
+        whatever the task raised (a ``TimeoutError`` of the task's own included), or what the
+        handler of a signal that came meanwhile raises (``KeyboardInterrupt``).
+    """
+    if threading.current_thread() is threading.main_thread():
+        with _noted() as noted:
+            while not noted and not wait([future], timeout=POLL_S).done:
+                pass
+    return future.result()
 
 
 def check() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Sequence
 
-from packtool.signals import STOP, check
+from packtool.signals import STOP, check, result as task_result
 
 __all__ = ["LocalEngine"]
 
@@ -59,7 +59,7 @@ class LocalEngine:
             futures = [pool.submit(run, item) for item in items]
             for fut in futures:
                 try:
-                    result = fut.result()
+                    result = task_result(fut)
                 except KeyboardInterrupt:
                     if failures:  # stopped because another task failed: report that failure
                         raise failures[0] from None

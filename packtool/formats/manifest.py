@@ -67,6 +67,7 @@ import pyarrow.parquet as pq
 
 from packtool.errors import InputError, ManifestError, PacktoolError
 from packtool.location import Location, StoreError
+from packtool.signals import result as task_result
 from packtool.stats import PackStats
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NAME", "LOCK_NAME",
@@ -674,15 +675,19 @@ def check_shards(output, manifest: Manifest, *, hashes: bool = False, threads: i
         return
     done = 0
     with ThreadPoolExecutor(max(1, threads)) as pool:
-        digests = pool.map(lambda s: sha256_of(out.join(s.file)), manifest.shards)
-        for s, digest in zip(manifest.shards, digests):
-            if digest != s.sha256:
-                raise ManifestError(f"{out.join(s.file).display}: sha256 differs from the "
-                                    "manifest: the shard was modified; rerun the same packtool "
-                                    "pack with --overwrite")
-            done += 1
-            if progress:
-                progress(done, len(manifest.shards))
+        digests = [pool.submit(sha256_of, out.join(s.file)) for s in manifest.shards]
+        try:
+            for s, digest in zip(manifest.shards, digests):
+                if task_result(digest) != s.sha256:
+                    raise ManifestError(f"{out.join(s.file).display}: sha256 differs from the "
+                                        "manifest: the shard was modified; rerun the same "
+                                        "packtool pack with --overwrite")
+                done += 1
+                if progress:
+                    progress(done, len(manifest.shards))
+        finally:  # an error or Ctrl-C: the shards not begun are not hashed
+            for digest in digests:
+                digest.cancel()
 
 
 def upgrade_manifest(output, *, progress: Callable[[int, int], None] | None = None) -> bool:

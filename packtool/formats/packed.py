@@ -68,6 +68,7 @@ from packtool.formats.schema import (CAPACITY_META_KEY, LABELS_CONVENTION_META_K
                                      RAGGED_COLUMNS, SCALAR_COLUMNS, SEGMENT_MULTIPLE_META_KEY,
                                      SHARD_META_KEY, TOKEN_COLUMNS)
 from packtool.location import Location
+from packtool.signals import result as task_result
 from packtool.types import IGNORE_INDEX
 
 __all__ = ["PackedOutput", "Block", "Rows", "INTEGRITY", "LABEL_CONVENTIONS", "KNOWN_COLUMNS",
@@ -947,9 +948,9 @@ def iter_decoded(jobs: Iterable[tuple["PackedOutput", int]], columns: Sequence[s
                 pending.append(pool.submit(out.decode, int(g), columns, labels,
                                            structure=structure))
                 if len(pending) > ahead:
-                    yield pending.popleft().result()
+                    yield task_result(pending.popleft())
             while pending:
-                yield pending.popleft().result()
+                yield task_result(pending.popleft())
         finally:
             for f in pending:
                 f.cancel()
