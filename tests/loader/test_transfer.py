@@ -33,7 +33,7 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def settled_fds(at_most: int | None, wait_s: float = 5.0) -> int:
+def settled_fds(at_most: int | None, wait_s: float = 30.0) -> int:
     """Open descriptors once a finished DataLoader's own teardown is over: its queues and
     threads close theirs asynchronously (torch's, not packtool's), so the count is taken again,
     for up to ``wait_s``, until it is at most ``at_most`` (None: once, after a collection)."""
