@@ -203,7 +203,7 @@ def result(future: Future):
         whatever the task raised (a ``TimeoutError`` of the task's own included), or what the
         handler of a signal that came meanwhile raises (``KeyboardInterrupt``).
     """
-    if threading.current_thread() is threading.main_thread():
+    if not future.done() and threading.current_thread() is threading.main_thread():
         with _noted() as noted:
             while not noted and not wait([future], timeout=POLL_S).done:
                 pass
