@@ -19,8 +19,8 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from packcheck import invoke, write_docs
+
 from packtool.errors import ManifestError
 from packtool.formats import manifest as manifest_mod
 from packtool.formats.manifest import IN_PROGRESS_NAME, MANIFEST_NAME, read_manifest
