@@ -671,21 +671,40 @@ def _refuse_raw_input(where, command: str) -> None:
     out = loc.path
     if not out.is_dir() or (out / MANIFEST_NAME).exists():
         return
+    from packtool.formats.manifest import pack_running, running_error
     from packtool.formats.reader import _format_of, packed_marker
-    from packtool.output import pack_running
 
+    running = running_error(out, f"packtool {command} {out}")
     if pack_running(out):
-        raise ManifestError(f"{out}: a packtool pack is writing it now (its lock is held), so it "
-                            f"has no {MANIFEST_NAME} yet; wait for that pack to end, then "
-                            f"packtool {command} {out}")
-    if (out / IN_PROGRESS_NAME).exists() or any(out.glob(".packtool-*")):
+        raise running
+    # What the directory holds is looked at first, then the lock and the manifest again: a
+    # pack may have taken the lock (and written its marker) or written its manifest (and
+    # released the lock) meanwhile, and then what was seen is no answer.
+    for look in range(2):
+        try:
+            leftovers = (out / IN_PROGRESS_NAME).exists() or any(
+                p.name != MANIFEST_NAME for p in out.glob(".packtool-*"))
+            empty = not any(out.iterdir())
+            data = next((p for p in out.rglob("*") if p.is_file() and _format_of(p.name)), None)
+            packed = data is not None and packed_marker(data) is not None
+            break
+        except FileNotFoundError:  # removed while listed: a pack at work, or look again
+            if pack_running(out):
+                raise running from None
+            if look:
+                raise ManifestError(f"{out}: its files changed while read; run packtool "
+                                    f"{command} {out} again") from None
+    if pack_running(out):
+        raise running
+    if (out / MANIFEST_NAME).exists():
+        return  # a pack finished since the first look
+    if leftovers:
         raise ManifestError(f"{out}: an interrupted pack (no {MANIFEST_NAME} yet); rerun the same "
                             f"packtool pack command to finish it, then packtool {command} {out}")
-    if not any(out.iterdir()):
+    if empty:
         raise ManifestError(f"{out}: is an empty directory, not a packed output; pack into it "
                             f"first: packtool pack --capacity C INPUT {out}")
-    data = next((p for p in out.rglob("*") if p.is_file() and _format_of(p.name)), None)
-    if data is not None and packed_marker(data) is not None:
+    if packed:
         raise ManifestError(f"{out}: holds packed shards ({data.relative_to(out)}) but no "
                             f"{MANIFEST_NAME}, which was removed or never written, so the shards "
                             "cannot be checked; pack again: the same packtool pack command with "

@@ -56,7 +56,7 @@ from packtool.errors import ManifestError, OutputError
 from packtool.formats import object_store as store
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
                                        PACKED_KIND, TOKENIZED_KIND, Manifest, ShardEntry,
-                                       footer_sha256, is_shard_name,
+                                       footer_sha256, is_shard_name, pack_running,
                                        publish_manifest, read_manifest, shard_entry_of)
 from packtool.location import Location, StoreError
 
@@ -485,31 +485,6 @@ class Output:
             return OutputError(f"{where}: {note} ({state})")
         cause = (exc.strerror if isinstance(exc, OSError) else None) or store.first_line(exc)
         return OutputError(f"{where}: {what} ({cause}); {state}")
-
-
-def pack_running(directory) -> bool:
-    """Whether a ``packtool pack`` holds the lock of the local OUTPUT ``directory`` right now
-    (a lock file left by a pack that was killed is not held). A store prefix: False (its lock is
-    advisory; the store's own messages name it).
-
-    Args:
-        directory: a local path or a URI.
-    """
-    loc = Location.parse(directory)
-    if not loc.is_local:
-        return False
-    path = loc.join(LOCK_NAME).path
-    if not path.exists():
-        return False
-    lock = FileLock(path)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        return True
-    except OSError:
-        return False
-    lock.release()
-    return False
 
 
 class LocalOutput(Output):

@@ -71,6 +71,7 @@ from packtool.signals import result as task_result
 from packtool.stats import PackStats
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NAME", "LOCK_NAME",
+           "pack_running", "running_error",
            "SHARD_GLOB", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry",
            "InputEntry", "LabelsInfo", "WindowEntry", "Windowing", "PACKED_KIND", "TOKENIZED_KIND",
            "KINDS",
@@ -483,6 +484,42 @@ def _not_there(out: Location) -> PacktoolError | None:
     return ManifestError(f"{out.display}: {why}; pass the OUTPUT directory of packtool pack")
 
 
+def pack_running(directory) -> bool:
+    """Whether a ``packtool pack`` holds the lock (:data:`LOCK_NAME`) of the local OUTPUT
+    ``directory`` right now (a lock file left by a pack that was killed is not held). A store
+    prefix: False (its lock is advisory; the store's own messages name it).
+
+    Args:
+        directory: a local path or a URI.
+    """
+    from filelock import FileLock, Timeout
+
+    loc = Location.parse(directory)
+    if not loc.is_local:
+        return False
+    path = loc.join(LOCK_NAME).path
+    if not path.exists():
+        return False
+    lock = FileLock(path)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return True
+    except OSError:
+        return False
+    lock.release()
+    return False
+
+
+def running_error(out, then: str = "read it again") -> ManifestError:
+    """The one-line error for an OUTPUT a running ``packtool pack`` holds: no manifest yet, or
+    shards being replaced (``then``: what to do once it ends)."""
+    shown = Location.parse(out).display
+    return ManifestError(f"{shown}: a packtool pack is writing it now (its lock is held), so it "
+                         f"has no complete {MANIFEST_NAME} yet; wait for that pack to end, "
+                         f"then {then}")
+
+
 def _incomplete(out: Location) -> ManifestError:
     return ManifestError(f"{out.display}: no {MANIFEST_NAME}: not a complete packtool output "
                          "(an interrupted pack: rerun the same packtool pack to finish it; raw "
@@ -502,21 +539,28 @@ def read_manifest_and_schema(output) -> tuple[Manifest, pa.Schema]:
     """
     out = Location.parse(output)
     mloc = out.join(MANIFEST_NAME)
-    try:
-        data = mloc.read_bytes()
-    except NotADirectoryError:
-        raise ManifestError(f"{out.display}: not a directory; pass the OUTPUT directory of "
-                            "packtool pack") from None
-    except (FileNotFoundError, IsADirectoryError):
-        raise (_not_there(out) or _incomplete(out)) from None
-    except (OSError, pa.ArrowException) as exc:
-        gone = _not_there(out)
-        if gone is not None:
-            raise gone from None
-        if isinstance(out.store_error(exc), StoreError):
-            raise unreadable(mloc, exc) from None
-        raise ManifestError(f"{mloc.display}: unreadable manifest ({_first(exc)}); rerun the "
-                            "same packtool pack with --overwrite") from None
+    for look in range(2):
+        try:
+            data = mloc.read_bytes()
+            break
+        except NotADirectoryError:
+            raise ManifestError(f"{out.display}: not a directory; pass the OUTPUT directory of "
+                                "packtool pack") from None
+        except (FileNotFoundError, IsADirectoryError):
+            # no manifest: a pack replacing it holds the lock; one that wrote it since has
+            # released the lock, so the lock is looked at first, then the manifest again
+            if pack_running(out):
+                raise running_error(out) from None
+            if look or not mloc.exists():
+                raise (_not_there(out) or _incomplete(out)) from None
+        except (OSError, pa.ArrowException) as exc:
+            gone = _not_there(out)
+            if gone is not None:
+                raise gone from None
+            if isinstance(out.store_error(exc), StoreError):
+                raise unreadable(mloc, exc) from None
+            raise ManifestError(f"{mloc.display}: unreadable manifest ({_first(exc)}); rerun "
+                                "the same packtool pack with --overwrite") from None
     try:
         schema = pq.read_schema(pa.BufferReader(data))
         doc = json.loads((schema.metadata or {})[MANIFEST_META_KEY])
@@ -655,22 +699,26 @@ def check_shards(output, manifest: Manifest, *, hashes: bool = False, threads: i
         gone = _not_there(out)
         if gone is not None:
             raise gone
+
+    def fault(message: str) -> ManifestError:  # a pack replacing the shards now: say so
+        return running_error(out) if pack_running(out) else ManifestError(message)
+
     listed = {s.file for s in manifest.shards}
     for s in manifest.shards:
         e = found.get(s.file)
         where = out.join(s.file).display
         if e is None or e.is_dir:
-            raise ManifestError(f"{where}: shard listed in the manifest is missing; rerun the "
-                                "same packtool pack with --overwrite")
+            raise fault(f"{where}: shard listed in the manifest is missing; rerun the "
+                        "same packtool pack with --overwrite")
         if e.size != s.bytes:
-            raise ManifestError(f"{where}: size {e.size} bytes, the manifest says {s.bytes}: "
-                                "the shard was modified or truncated; rerun the same packtool "
-                                "pack with --overwrite")
+            raise fault(f"{where}: size {e.size} bytes, the manifest says {s.bytes}: "
+                        "the shard was modified or truncated; rerun the same packtool "
+                        "pack with --overwrite")
     extra = sorted(n for n, e in found.items() if not e.is_dir and is_shard_name(n)
                    and n not in listed)
     if extra:
-        raise ManifestError(f"{out.join(extra[0]).display}: shard not listed in the manifest; "
-                            "remove it or rerun the same packtool pack with --overwrite")
+        raise fault(f"{out.join(extra[0]).display}: shard not listed in the manifest; "
+                    "remove it or rerun the same packtool pack with --overwrite")
     if not hashes:
         return
     done = 0

@@ -34,6 +34,7 @@ The reader checks the mask columns (shape, nulls, values) but applies none of th
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import json
 import logging
 import os
@@ -266,7 +267,8 @@ class Discovery:
 
     files: list[InputFile]
     #: every entry under INPUT that is not read, as ``"path (reason)"``: hidden or
-    #: ``_``-prefixed, a link loop, a documentation file, a file a ``save_to_disk`` folder's
+    #: ``_``-prefixed, a link loop, a second name (link) of a file or folder already read, a
+    #: documentation file, a file a ``save_to_disk`` folder's
     #: ``state.json`` does not list, or (``skip_unsupported``) a file of another format
     skipped: list[str] = field(default_factory=list)
     #: notes on the order (file names whose numbers are not zero-padded)
@@ -354,6 +356,26 @@ class _Place:
         st = os.stat(path)  # follows links: a link and its target, or two hard links, share a key
         return st.st_dev, st.st_ino
 
+    def enclosing(self, path: str) -> tuple:
+        """Keys of every folder that physically holds ``path`` (its real path's parents, up to
+        the root): a link to one of them leads back to ``path`` (a loop). A store: none."""
+        if self.prefix:
+            return ()
+        return tuple(self.key(str(q)) for q in Path(os.path.realpath(path)).parents)
+
+    def broken_links(self, directory: str, listed) -> list[str]:
+        """Names in local ``directory`` that are symbolic links to nothing (the filesystem
+        listing leaves them out), sorted. A store: none."""
+        if self.prefix:
+            return []
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            return []
+        return sorted(n for n in set(names) - set(listed)
+                      if os.path.islink(os.path.join(directory, n))
+                      and not os.path.exists(os.path.join(directory, n)))
+
 
 def _packed_marker(fs: pafs.FileSystem, names: set[str], directory: str) -> str | None:
     """Name of the file that marks ``directory`` as a packtool output of packed rows, or None;
@@ -437,7 +459,7 @@ def _order_note(shown, names: list[str]) -> str | None:
             "pass the files in the order you mean, if that is not the order of the documents")
 
 
-#: one walk entry: (path, relative path, format, FileInfo, sort key)
+#: one walk entry: (path, relative path, format, FileInfo, sort key, reached through a link)
 _Found = tuple
 
 
@@ -458,13 +480,30 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
     disp = disp or (lambda rel: place.show(f"{root}/{rel}" if rel else root))
     found: list[_Found] = []
     other: list[tuple[str, str]] = []  # files of another format: (relative path, shown)
-    # depth-first; each entry carries the keys of its ancestors: a link back to one of them is
-    # a loop and is skipped
-    stack = [(root, "", (place.key(root),))]
-    while stack:
-        dpath, drel, ancestors = stack.pop()
+    # Folders are entered from a heap: every folder reached without a link first, then those
+    # reached through one, each in sorted relative-path order. Each carries the keys of the
+    # folders that hold it, by the walk and physically (INPUT's own included): a link to one
+    # of them is a loop, never entered. A folder reached twice is read once, at the first
+    # place popped: its own path if INPUT holds it, else the first link's.
+    entered: dict = {}  # folder key -> relative path it is read at
+    top = place.key(root)
+    heap = [(False, "", root, top, (top,) + place.enclosing(root))]
+    while heap:
+        linked, drel, dpath, key, ancestors = heapq.heappop(heap)
+        if key in entered:
+            skipped.append(f"{disp(drel.rstrip('/'))} (another name of a folder read at "
+                           f"{entered[key] or '.'})")
+            continue
+        entered[key] = drel
         infos = fs.get_file_info(pafs.FileSelector(dpath, recursive=False))
         by_name = {_name(i.path): i for i in infos}
+        for name in place.broken_links(dpath, by_name):
+            if name.startswith((".", "_")):
+                skipped.append(f"{disp(drel + name)} (hidden or '_'-prefixed)")
+                continue
+            target = os.readlink(os.path.join(dpath, name))
+            raise InputError(f"{disp(drel + name)}: a broken symbolic link (to {target}, which "
+                             "does not exist); fix the link or remove it from INPUT")
         marker = _packed_marker(fs, set(by_name), dpath)
         if marker:
             _refuse_packed(place.show(dpath), marker)
@@ -485,7 +524,7 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
                 if info is None or info.type != pafs.FileType.File:
                     raise InputError(f"{place.show(f'{dpath}/{name}')}: listed in "
                                      f"{_HF_STATE} but missing; save the dataset again")
-                found.append((info.path, f"{drel}{name}", "arrow", info, (drel, i)))
+                found.append((info.path, f"{drel}{name}", "arrow", info, (drel, i), linked))
             for name in sorted(set(by_name) - set(listed) - {_HF_STATE, _HF_INFO}):
                 why = "hidden or '_'-prefixed" if name.startswith((".", "_")) else \
                     f"not listed in {_HF_STATE}"
@@ -502,12 +541,17 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
                 if key in ancestors:
                     skipped.append(f"{disp(drel + name)} (link loop)")
                     continue
-                stack.append((info.path, f"{drel}{name}/", ancestors + (key,)))
+                held = ancestors + (key,)
+                link = not place.prefix and os.path.islink(info.path)
+                if link:  # it may lead out of INPUT: what holds its target is a loop too
+                    held += place.enclosing(info.path)
+                heapq.heappush(heap, (linked or link, f"{drel}{name}/", info.path, key, held))
                 read_here.append(name)
             elif info.type == pafs.FileType.File:
                 fmt = _format_of(name, text)
                 if fmt is not None:
-                    found.append((info.path, f"{drel}{name}", fmt, info, (f"{drel}{name}", 0)))
+                    found.append((info.path, f"{drel}{name}", fmt, info, (f"{drel}{name}", 0),
+                                  linked or (not place.prefix and os.path.islink(info.path))))
                     read_here.append(name)
                 elif _DOC_NAMES.search(name):
                     skipped.append(f"{disp(drel + name)} (documentation)")
@@ -558,10 +602,17 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
     :class:`~pathlib.Path` paths; files in an object store are named by URI
     (``s3://bucket/key``).
 
+    Symbolic links are followed, to files and to folders anywhere (shards kept elsewhere), but
+    a folder link that leads back to a folder holding it (INPUT, one of INPUT's own parents, or
+    a parent of the link's target) is a loop: never entered, reported. Inside one INPUT
+    folder, a file or folder reached by several names (symbolic or hard links) is read once:
+    at its own path when INPUT holds it, else at the name that sorts first; the other names
+    are reported. Files keep their place in the order above.
+
     Every entry that is not read is reported in :attr:`Discovery.skipped` with the reason:
-    hidden or ``_``-prefixed entries, link loops, documentation files (``README*``,
-    ``LICENSE*``, ``*.md``), files a ``save_to_disk`` folder does not list, and, with
-    ``skip_unsupported``, files of another format.
+    hidden or ``_``-prefixed entries, link loops, second names of a file or folder,
+    documentation files (``README*``, ``LICENSE*``, ``*.md``), files a ``save_to_disk``
+    folder does not list, and, with ``skip_unsupported``, files of another format.
 
     Args:
         inputs: INPUT paths or URIs.
@@ -578,8 +629,8 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
             message names the supported formats); a directory holds files of an unsupported
             format (unless ``skip_unsupported``); a packtool output is given or nested inside
             INPUT; a Hugging Face DatasetDict (pass one split) or a dataset saved with an
-            indices mapping; the same file is reached twice (by path, symbolic link or hard
-            link).
+            indices mapping; the same file is reached from two INPUT arguments (by path,
+            symbolic link or hard link); a symbolic link (not hidden) leads nowhere.
     """
     files: list[InputFile] = []
     skipped: list[str] = []
@@ -600,6 +651,9 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
                 raise InputError(str(told)) from None
             raise InputError(f"{shown}: cannot be read ({exc}); check the INPUT path and the "
                              "credentials") from None
+        if missing is not None and not prefix and os.path.islink(path):
+            raise InputError(f"{shown}: a broken symbolic link (to {os.readlink(path)}, which "
+                             "does not exist); fix the link or check the INPUT path")
         if missing is not None:
             raise InputError(f"{shown}: {missing}; check the INPUT path")
         if info.type == pafs.FileType.Directory:
@@ -611,10 +665,21 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
                     return _g / rel if rel else _g
             found = sorted(_walk(place, path, skipped, notes, skip_unsupported, disp, text),
                            key=lambda t: t[4])
-            for q, rel, fmt, qi, _ in found:
+            # a file with several names (symbolic or hard links) is read once: at its own path
+            # if INPUT holds it, else at the name that sorts first
+            found_keys = [place.key(t[0]) for t in found]
+            first: dict = {}  # file key -> (reached through a link, relative path) read
+            for (_, rel, _, _, _, linked), key in zip(found, found_keys):
+                if key not in first or (linked, rel) < first[key]:
+                    first[key] = (linked, rel)
+            for (q, rel, fmt, qi, _, _), key in zip(found, found_keys):
+                if first[key][1] != rel:
+                    skipped.append(f"{disp(rel)} (another name of a file read at "
+                                   f"{first[key][1]})")
+                    continue
                 where = place.show(q) if prefix else Path(_location(given)) / rel
                 files.append(InputFile(where, rel, int(qi.size or 0), int(qi.mtime_ns or 0), fmt))
-                keys.append(place.key(q))
+                keys.append(key)
                 origins.append(f"inside INPUT {shown}")
         else:
             fmt = _format_of(_name(path), text)

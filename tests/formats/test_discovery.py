@@ -77,17 +77,93 @@ def test_symlinked_file_is_followed(tmp_path):
 
 
 @pytest.mark.parametrize("how", ["hardlink", "symlink"])
-def test_same_file_under_two_names_is_refused(tmp_path, how):
-    """A hard link or symbolic link to a shard already in INPUT would pack it twice."""
+def test_same_file_under_two_names_is_read_once_at_its_own_path(tmp_path, how):
+    """A hard link or symbolic link to a shard already in INPUT would pack it twice: it is read
+    once, where INPUT holds it (a link named to sort first does not move it), and the other
+    name is reported."""
     src = tmp_path / "in"
-    a = write_docs(src / "a.parquet", [[1, 2]])
-    (os.link if how == "hardlink" else os.symlink)(a, src / "b.parquet")
-    with pytest.raises(InputError, match="given twice"):
+    b = write_docs(src / "b.parquet", [[1, 2]])
+    write_docs(src / "c.parquet", [[3]])
+    (os.link if how == "hardlink" else os.symlink)(b, src / "a.parquet")
+    d = discover([src])
+    want = ["a.parquet", "c.parquet"] if how == "hardlink" else ["b.parquet", "c.parquet"]
+    assert _rels(d) == want  # two hard links are both "own paths": the first in order
+    other = "b.parquet" if how == "hardlink" else "a.parquet"
+    assert d.skipped == [f"{src / other} (another name of a file read at {want[0]})"]
+    out = tmp_path / "out"
+    res = invoke(["pack", "--capacity", 4, src, out])
+    assert res.exit_code == 0, res.output
+    assert "another name of a file" in res.output
+    assert read_output(out)[1].totals.docs_in == 2
+
+
+def test_a_folder_linked_twice_inside_input_is_read_once(tmp_path):
+    """``latest -> v3`` beside ``v3/``: v3 is read once at its own place; two links to one
+    folder elsewhere: read once, at the link that sorts first."""
+    src = tmp_path / "in"
+    write_docs(src / "v3" / "x.parquet", [[1, 2]])
+    os.symlink("v3", src / "latest")
+    elsewhere = tmp_path / "shards"
+    write_docs(elsewhere / "y.parquet", [[3]])
+    os.symlink(elsewhere, src / "s2")
+    os.symlink(elsewhere, src / "s1")
+    d = discover([src])
+    assert _rels(d) == ["s1/y.parquet", "v3/x.parquet"]
+    assert sorted(d.skipped) == [f"{src / 'latest'} (another name of a folder read at v3/)",
+                                 f"{src / 's2'} (another name of a folder read at s1/)"]
+
+
+@pytest.mark.parametrize("target", ["..", "../..", "../../.."])
+def test_a_link_to_input_or_one_of_its_parents_is_never_entered(tmp_path, target):
+    """``in/loop/up -> ..`` (INPUT) or ``../..`` (INPUT's parent): entering it would read the
+    parent's other folders (a notes file, another OUTPUT) or INPUT again; a loop, reported."""
+    top = tmp_path / "work"
+    src = top / "in"
+    write_docs(src / "loop" / "x.parquet", [[1, 2]])
+    (top / "foreign").mkdir(parents=True)
+    (top / "foreign" / "notes.txt").write_text("not data\n")
+    write_docs(top / "other_out" / "part-00000.parquet", [[9]])
+    (top / "other_out" / MANIFEST_NAME).write_text("x")
+    os.symlink(target, src / "loop" / "up")
+    d = discover([src])
+    assert _rels(d) == ["loop/x.parquet"]
+    assert d.skipped == [f"{src / 'loop' / 'up'} (link loop)"]
+    out = tmp_path / "out"
+    res = invoke(["pack", "--capacity", 4, src, out])
+    assert res.exit_code == 0 and "link loop" in res.output, res.output
+
+
+def test_a_link_out_of_input_is_read_but_not_the_way_back_from_there(tmp_path):
+    """Shards kept elsewhere are read through a link; a link there to the target's own parent
+    (which holds other things) is a loop too."""
+    src = tmp_path / "in"
+    write_docs(src / "a.parquet", [[1]])
+    shards = tmp_path / "store" / "shards"
+    write_docs(shards / "y.parquet", [[2, 3]])
+    (tmp_path / "store" / "notes.txt").write_text("not data\n")
+    os.symlink("..", shards / "up")
+    os.symlink(shards, src / "linked")
+    d = discover([src])
+    assert _rels(d) == ["a.parquet", "linked/y.parquet"]
+    assert d.skipped == [f"{src / 'linked' / 'up'} (link loop)"]
+
+
+def test_a_broken_link_is_refused_in_one_line_unless_hidden(tmp_path):
+    """A link to nothing may be a shard that went missing: refused, named with its target;
+    the filesystem listing alone would drop it silently."""
+    src = tmp_path / "in"
+    write_docs(src / "a.parquet", [[1, 2]])
+    os.symlink(tmp_path / "gone.parquet", src / "_old.parquet")
+    assert _rels(discover([src])) == ["a.parquet"]  # hidden: skipped like any `_` entry
+    os.symlink(tmp_path / "gone.parquet", src / "b.parquet")
+    with pytest.raises(InputError, match=r"in/b\.parquet: a broken symbolic link \(to .*gone"):
         discover([src])
     out = tmp_path / "out"
     res = invoke(["pack", "-q", "--capacity", 4, src, out])
-    assert res.exit_code == 1 and "given twice" in res.output
-    assert not out.exists()
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert "broken symbolic link" in res.output and not out.exists()
+    with pytest.raises(InputError, match="b.parquet: a broken symbolic link"):
+        discover([src / "b.parquet"])
 
 
 def _packed_output(tmp_path):

@@ -1,0 +1,160 @@
+"""Reading an OUTPUT while a ``pack`` writes it: whatever the instant, ``stats`` and the loader
+say a pack is writing it (wait), or read a complete output; never "an interrupted pack" while
+the pack lives. A finished pack writes its manifest before releasing its lock, and a starting
+one takes its lock before it writes its marker, so a reader that looks at what the directory
+holds first, then at the lock and the manifest again, is never fooled.
+
+The tests pause a real ``pack --overwrite`` at each phase (``PACKTOOL_TEST_PAUSE_AT``), and
+replay the two racy instants deterministically: the pack ends, or begins, between two looks.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from packcheck import invoke, write_docs
+
+from packtool.errors import ManifestError
+from packtool.formats import manifest as manifest_mod
+from packtool.formats.manifest import IN_PROGRESS_NAME, MANIFEST_NAME, read_manifest
+from packtool.formats.packed import PackedOutput
+
+OPTIONS = ["--capacity", "16", "--rows-per-shard", "4", "--workers", "1"]
+
+
+@pytest.fixture(scope="module")
+def complete(tmp_path_factory) -> tuple[Path, Path]:
+    """(INPUT, a complete OUTPUT of it)."""
+    src = write_docs(tmp_path_factory.mktemp("live") / "in" / "a.parquet",
+                     [[i * 10 + k for k in range(1 + i % 9)] for i in range(40)])
+    out = src.parent.parent / "o_c"
+    res = invoke(["pack", "-q", *OPTIONS, src, out])
+    assert res.exit_code == 0, res.output
+    return src, out
+
+
+def _copy(out: Path, to: Path) -> Path:
+    shutil.copytree(out, to)
+    return to
+
+
+@pytest.mark.parametrize("phase", ["read:0", "plan:0", "write-shard:1", "manifest"])
+def test_a_pack_paused_at_any_phase_is_said_to_be_writing_not_interrupted(complete, tmp_path,
+                                                                           phase):
+    src, done = complete
+    out = _copy(done, tmp_path / "o_c")
+    env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT=phase)
+    proc = subprocess.Popen([sys.executable, "-m", "packtool", "pack", "-q", "--overwrite",
+                             *OPTIONS, str(src), str(out)], stderr=subprocess.PIPE, text=True,
+                            env=env)
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        line = proc.stderr.readline()
+        assert f"test pause at {phase}" in line, f"no pause at {phase}: {line!r}"
+        res = invoke(["stats", out])
+        assert "interrupted" not in res.output, res.output
+        assert res.exit_code == 0 or "is writing it now" in res.output, res.output
+        try:
+            PackedOutput.open(out)
+        except ManifestError as exc:
+            assert "is writing it now" in str(exc), exc
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait() == -signal.SIGKILL
+    finally:
+        watchdog.cancel()
+        proc.kill()
+        proc.stderr.close()
+    if not (out / MANIFEST_NAME).exists():  # killed once it began writing: now interrupted
+        res = invoke(["stats", out])
+        assert res.exit_code == 1 and "interrupted pack" in res.output, res.output
+
+
+def _mid_pack(complete, tmp_path) -> tuple[Path, bytes]:
+    """An OUTPUT as a running pack holds it (shards, marker, no manifest), and the manifest
+    bytes it will write."""
+    out = _copy(complete[1], tmp_path / "o_c")
+    manifest = (out / MANIFEST_NAME).read_bytes()
+    (out / MANIFEST_NAME).unlink()
+    (out / IN_PROGRESS_NAME).write_text("{}")
+    return out, manifest
+
+
+def test_stats_when_the_pack_ends_between_two_looks_reads_the_output(complete, tmp_path,
+                                                                     monkeypatch):
+    """No manifest at the first look; the pack writes it, drops its marker and releases its
+    lock before the lock is looked at: a complete output, not an interrupted one."""
+    out, manifest = _mid_pack(complete, tmp_path)
+
+    def ends_now(directory) -> bool:
+        if not (out / MANIFEST_NAME).exists():
+            (out / MANIFEST_NAME).write_bytes(manifest)
+            (out / IN_PROGRESS_NAME).unlink()
+        return False
+
+    monkeypatch.setattr(manifest_mod, "pack_running", ends_now)
+    res = invoke(["stats", out])
+    assert res.exit_code == 0, res.output
+
+
+def test_stats_when_the_pack_begins_between_two_looks_says_it_is_writing(complete, tmp_path,
+                                                                         monkeypatch):
+    """An empty OUTPUT the pack just created: free at the first lock look, then the pack locks
+    it and writes its marker before the directory is looked at."""
+    out = tmp_path / "o_new"
+    out.mkdir()
+    calls = []
+
+    def begins_now(directory) -> bool:
+        calls.append(directory)
+        if len(calls) == 1:
+            (out / IN_PROGRESS_NAME).write_text("{}")
+            return False
+        return True
+
+    monkeypatch.setattr(manifest_mod, "pack_running", begins_now)
+    res = invoke(["stats", out])
+    assert res.exit_code == 1 and "is writing it now" in res.output, res.output
+    assert "interrupted" not in res.output
+
+
+def test_the_loader_when_the_manifest_is_replaced_says_writing_or_reads_it(complete, tmp_path,
+                                                                           monkeypatch):
+    """The manifest read fails because a pack --overwrite removed it: the lock says so; and a
+    pack that wrote it between the failed read and the lock look is read."""
+    out, manifest = _mid_pack(complete, tmp_path)
+    monkeypatch.setattr(manifest_mod, "pack_running", lambda directory: True)
+    with pytest.raises(ManifestError, match="is writing it now"):
+        PackedOutput.open(out)
+
+    def ends_now(directory) -> bool:
+        (out / MANIFEST_NAME).write_bytes(manifest)
+        return False
+
+    monkeypatch.setattr(manifest_mod, "pack_running", ends_now)
+    assert read_manifest(out).fingerprint == read_manifest(complete[1]).fingerprint
+    (out / MANIFEST_NAME).unlink()
+    monkeypatch.setattr(manifest_mod, "pack_running", lambda directory: False)
+    with pytest.raises(ManifestError, match="interrupted pack"):
+        PackedOutput.open(out)
+
+
+def test_shards_replaced_under_a_manifest_by_a_running_pack_say_writing(complete, tmp_path,
+                                                                        monkeypatch):
+    """pack --overwrite removes the old manifest, then the shards: a reader that read the
+    manifest just before finds a shard gone, which is the running pack, not damage."""
+    out = _copy(complete[1], tmp_path / "o_c")
+    (out / "part-00000.parquet").unlink()
+    monkeypatch.setattr(manifest_mod, "pack_running", lambda directory: True)
+    with pytest.raises(ManifestError, match="is writing it now"):
+        PackedOutput.open(out)
+    monkeypatch.setattr(manifest_mod, "pack_running", lambda directory: False)
+    with pytest.raises(ManifestError, match="shard listed in the manifest is missing"):
+        PackedOutput.open(out)
