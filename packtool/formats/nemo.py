@@ -49,7 +49,7 @@ from filelock import FileLock, Timeout
 from packtool._version import __version__
 from packtool.errors import OutputError
 from packtool.location import Location
-from packtool.signals import check, hold, interruptible
+from packtool.signals import check, hold, interruptible, test_pause
 from packtool.types import IGNORE_INDEX
 
 __all__ = ["NEMO_ROWS_PER_GROUP", "NEMO_SPLITS", "nemo_schema", "nemo_file_name",
@@ -409,7 +409,8 @@ def _write(blocks, convention: str, capacity: int, tmp: Path, rows_per_group: in
                 w.write_table(table.slice(0, n), row_group_size=rows_per_group)
             pending[:] = table.slice(n).to_batches()
 
-        for cols in blocks:
+        for n, cols in enumerate(blocks):
+            test_pause("export-block", n)
             check()
             batch = to_nemo_batch(cols, convention)
             pending.append(batch)
@@ -437,7 +438,7 @@ def _write(blocks, convention: str, capacity: int, tmp: Path, rows_per_group: in
                  "pack_size": capacity, "min_packed_seqlen": min_fed or 0}
         counts = {"rows": rows, "sequences": seqs, "tokens": tokens, "targets": targets}
         w.add_key_value_metadata({EXPORT_KEY: json.dumps(
-            {"identity": identity, "counts": counts, "entry": entry}, sort_keys=True)})
+            {"identity": identity, "counts": counts, "entry": entry})})
     return counts, entry
 
 
