@@ -951,8 +951,17 @@ def upgrade(output):
     from packtool.formats.manifest import FORMAT_VERSION, upgrade_manifest
     from packtool.startup import release_gc
 
+    from packtool.signals import exit_status, interruptible, stop_word
+
     release_gc()  # the command's imports are done (packtool/startup.py)
-    if upgrade_manifest(output):
+    try:
+        with interruptible():
+            rewritten = upgrade_manifest(output)
+    except KeyboardInterrupt:
+        raise Interrupted(f"{stop_word()}: {output} is unchanged (its manifest was not "
+                          "rewritten); rerun the same command to upgrade it",
+                          exit_status()) from None
+    if rewritten:
         click.echo(f"{output}: manifest rewritten as format version {FORMAT_VERSION}; shards "
                    "unchanged")
     else:
