@@ -783,12 +783,15 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
                          overwrite=overwrite, skip_unsupported=skip_unsupported)
     try:
         res = run_tokenize(cfg, progress=not quiet)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         from packtool.signals import exit_status, stop_word
 
-        raise Interrupted(f"{stop_word()}: {cfg.output} has no manifest (finished shards are "
-                          "kept); rerun the same command to resume and finish it",
-                          exit_status()) from None
+        kept = str(exc)
+        raise Interrupted(f"{stop_word()}: " + (
+            f"{cfg.output} has no manifest; kept for the rerun: {kept}; rerun the same command "
+            "to resume and finish it" if kept else
+            f"nothing was written ({cfg.output} is as it was before the run); rerun the same "
+            "command to tokenize"), exit_status()) from None
     if as_json:
         click.echo(json.dumps({"documents": res.documents, "tokens": res.tokens,
                                "shards": res.shards, "shards_reused": res.shards_reused,
@@ -835,9 +838,18 @@ def export(output, dest, target, split, overwrite, as_json):
     release_gc()  # the command's imports are done (packtool/startup.py)
 
     _refuse_raw_input(output, "export --to nemo")
-    res = export_nemo(output, dest, split=split, overwrite=overwrite)
+    try:
+        res = export_nemo(output, dest, split=split, overwrite=overwrite)
+    except KeyboardInterrupt as exc:
+        from packtool.signals import exit_status, stop_word
+
+        raise Interrupted(f"{stop_word()}: {exc}; rerun the same command to export",
+                          exit_status()) from None
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(res), indent=2))
+    elif res.completed_entry:
+        click.echo(f"{res.path}: already exported (by a run stopped before its metadata "
+                   f"entry); entry written to {res.metadata}")
     else:
         click.echo(f"exported {res.rows:,} rows ({res.sequences:,} sequences, {res.tokens:,} "
                    f"tokens, {res.targets:,} loss-mask targets) -> {res.path}")
@@ -958,8 +970,17 @@ def upgrade(output):
     from packtool.formats.manifest import FORMAT_VERSION, upgrade_manifest
     from packtool.startup import release_gc
 
+    from packtool.signals import exit_status, interruptible, stop_word
+
     release_gc()  # the command's imports are done (packtool/startup.py)
-    if upgrade_manifest(output):
+    try:
+        with interruptible():
+            rewritten = upgrade_manifest(output)
+    except KeyboardInterrupt:
+        raise Interrupted(f"{stop_word()}: {output} is unchanged (its manifest was not "
+                          "rewritten); rerun the same command to upgrade it",
+                          exit_status()) from None
+    if rewritten:
         click.echo(f"{output}: manifest rewritten as format version {FORMAT_VERSION}; shards "
                    "unchanged")
     else:

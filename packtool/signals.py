@@ -220,7 +220,9 @@ def check() -> None:
 #: ``PACKTOOL_TEST_PAUSE_AT=<phase>[:<n>]`` with phase ``read`` (n = read part),
 #: ``read-piece`` (n = piece of its read part, before it is read), ``plan`` (n = window),
 #: ``write-shard`` (n = shard) or ``manifest`` makes ``pack`` print a line to stderr and wait
-#: there until it is killed or told to stop. Unset, it costs one lookup.
+#: there until it is killed or told to stop; ``tokenize-shard`` (n = shard of this run, before
+#: it is written) and ``export-block`` (n = block of rows read, its temporary file open) do the
+#: same in ``tokenize`` and ``export``. Unset, it costs one lookup.
 PAUSE_ENV = "PACKTOOL_TEST_PAUSE_AT"
 
 #: With :data:`PAUSE_ENV`: ``PACKTOOL_TEST_PAUSE_ONCE=<file>`` pauses only the first process

@@ -451,3 +451,80 @@ def test_kept_columns_travel_beside_input_ids_into_pack(tmp_path, hf_tokenizer):
     res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column", "text",
                   tmp_path / "t.parquet", tmp_path / "y"])
     assert res.exit_code == 2 and "--keep-column 'text'" in res.output, res.output
+
+
+@pytest.fixture(scope="module")
+def two_text_files(tmp_path_factory):
+    """56 documents of JSON Lines and 30 of Parquet in row groups of 8 (reader batches end
+    there), and the manifest and file hashes of an undisturbed tokenize of them."""
+    d = tmp_path_factory.mktemp("resume")
+    src = d / "in"
+    src.mkdir()
+    write_jsonl(src / "a.jsonl", TEXTS)
+    pq.write_table(pa.table({"text": (TEXTS * 2)[3:33]}), src / "b.parquet", row_group_size=8)
+    return src
+
+
+RESUME_OPTIONS = ["--workers", 2, "--batch-docs", 7, "--rows-per-shard", 10, "--append-eos",
+                  "</s>"]
+
+
+@pytest.mark.parametrize("shard", [0, 1, 3, 7])
+def test_a_tokenize_stopped_at_any_shard_resumes_to_the_bytes_of_an_undisturbed_run(
+        tmp_path, hf_tokenizer, two_text_files, shard):
+    """SIGTERM before shard 0, 1, 3 or 7 (the second file's second) is written: exit 143 with
+    one line saying what OUTPUT holds (nothing before the first shard: no OUTPUT at all), and
+    the same command rerun writes every file with the sha256 of an undisturbed run (row groups
+    never follow where a run or the reader's batches began)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    args = ["tokenize", "-q", "--tokenizer", hf_tokenizer, *RESUME_OPTIONS, two_text_files]
+    assert invoke([*args, tmp_path / "whole"]).exit_code == 0
+    out = tmp_path / "out"
+    env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT=f"tokenize-shard:{shard}")
+    proc = subprocess.Popen([sys.executable, "-m", "packtool", *map(str, args), str(out)],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        assert f"test pause at tokenize-shard:{shard}" in proc.stderr.readline()
+        os.kill(proc.pid, signal.SIGTERM)
+        code, err = proc.wait(), proc.stderr.read()
+    finally:
+        watchdog.cancel()
+        proc.kill()
+        proc.stderr.close()
+    assert code == 143, err
+    [line] = err.strip().splitlines()
+    if shard == 0:
+        assert line == (f"Error: terminated (SIGTERM): nothing was written ({out} is as it was "
+                        "before the run); rerun the same command to tokenize"), line
+        assert not out.exists()
+    else:
+        assert line == (f"Error: terminated (SIGTERM): {out} has no manifest; kept for the rerun:"
+                        f" {shard} finished shard{'s' * (shard != 1)}; rerun the same command to "
+                        "resume and finish it"), line
+        assert len(list(out.glob("part-*.parquet"))) == shard
+    res = invoke([*args, out])
+    assert res.exit_code == 0, res.output
+    assert hash_tree(out) == hash_tree(tmp_path / "whole")
+
+
+def test_a_shards_row_groups_hold_batch_docs_documents_from_its_first(tmp_path, hf_tokenizer,
+                                                                      two_text_files):
+    """Row groups are a function of the shard's rows alone: batch_docs documents from its first
+    one, the last shorter, whatever the input's batches."""
+    out = tmp_path / "out"
+    assert invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, *RESUME_OPTIONS,
+                   two_text_files, out]).exit_code == 0
+    shards = sorted(out.glob("part-*.parquet"))
+    assert len(shards) == 9
+    for p in shards:
+        md = pq.ParquetFile(p).metadata
+        rows = md.num_rows
+        assert [md.row_group(g).num_rows for g in range(md.num_row_groups)] == \
+            [7] * (rows // 7) + ([rows % 7] if rows % 7 else []), p.name

@@ -67,6 +67,7 @@ import pyarrow.parquet as pq
 
 from packtool.errors import InputError, ManifestError, PacktoolError
 from packtool.location import Location, StoreError
+from packtool.signals import hold
 from packtool.signals import result as task_result
 from packtool.stats import PackStats
 
@@ -745,6 +746,9 @@ def upgrade_manifest(output, *, progress: Callable[[int, int], None] | None = No
     them), then each shard's footer is read for its row groups and footer sha256. The shards
     keep what version 2 wrote (no page checksums): readers check their size, footer and sha256.
 
+    Ctrl-C or SIGTERM (inside :func:`packtool.signals.interruptible`) stops the checks with
+    the output unchanged; from the rewrite on they are held until it is done.
+
     Returns:
         True when the manifest was rewritten, False when it already was version 3.
 
@@ -758,7 +762,11 @@ def upgrade_manifest(output, *, progress: Callable[[int, int], None] | None = No
         return False
     check_shards(out, manifest, hashes=True, progress=progress)
     shards = [shard_entry_of(out.join(s.file), sha256=s.sha256) for s in manifest.shards]
-    publish_manifest(out, manifest.replace_shards(shards), schema)
+    release = hold()  # once begun, the rewrite ends (whole: a rename or one put)
+    try:
+        publish_manifest(out, manifest.replace_shards(shards), schema)
+    finally:
+        release()
     return True
 
 

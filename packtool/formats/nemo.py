@@ -33,6 +33,7 @@ three columns), so every exported sequence names its document.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import uuid
@@ -43,13 +44,16 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from filelock import FileLock, Timeout
 
+from packtool._version import __version__
 from packtool.errors import OutputError
 from packtool.location import Location
+from packtool.signals import check, hold, interruptible, test_pause
 from packtool.types import IGNORE_INDEX
 
 __all__ = ["NEMO_ROWS_PER_GROUP", "NEMO_SPLITS", "nemo_schema", "nemo_file_name",
-           "to_nemo_batch", "export_nemo", "NemoExport"]
+           "to_nemo_batch", "export_nemo", "NemoExport", "EXPORT_KEY", "EXPORT_LOCK_NAME"]
 
 #: Rows per Parquet row group, as NeMo / Megatron-Bridge's packed Parquet writer sets it.
 NEMO_ROWS_PER_GROUP = 500
@@ -142,10 +146,12 @@ def segment_lengths(seg: np.ndarray, k: np.ndarray) -> list[np.ndarray]:
             for row, n in zip(np.asarray(seg), np.asarray(k))]
 
 
-def _packed_blocks(out_dir) -> tuple[int, str, Iterator[dict]]:
-    """(capacity, labels convention, blocks of NumPy columns) of a packed OUTPUT (path or URI),
-    read through the one reader (:class:`packtool.formats.packed.PackedOutput`), labels asked
-    for already shifted (derived by its read-side rule when not stored)."""
+def _packed_blocks(out_dir) -> tuple[int, str, str, Iterator[dict]]:
+    """(capacity, labels convention, the output's fingerprint, blocks of NumPy columns) of a
+    packed OUTPUT (path or URI), read through the one reader
+    (:class:`packtool.formats.packed.PackedOutput`), labels asked for already shifted (derived
+    by its read-side rule when not stored). The reader is closed when the blocks are exhausted
+    or closed."""
     from packtool.formats.packed import PackedOutput
 
     reader = PackedOutput.open(out_dir)
@@ -157,7 +163,7 @@ def _packed_blocks(out_dir) -> tuple[int, str, Iterator[dict]]:
         finally:
             reader.close()
 
-    return reader.capacity, "shifted", blocks()
+    return reader.capacity, "shifted", reader.manifest.fingerprint, blocks()
 
 
 @dataclass(frozen=True)
@@ -170,24 +176,54 @@ class NemoExport:
     sequences: int  #: sequences (segments)
     tokens: int  #: tokens stored (real tokens of the rows)
     targets: int  #: loss_mask ones: the effective targets
+    #: the file was already this export (an earlier run stopped before its metadata entry was
+    #: written); only the entry was written now
+    completed_entry: bool = False
+
+
+#: Key of the file's Parquet key-value metadata that records which export wrote it (the packed
+#: output's fingerprint, split, rows per group, packtool version) with its counts and metadata
+#: entry, so a rerun recognises its own finished file (their reader ignores it).
+EXPORT_KEY = "packtool.export"
+#: The lock file an export holds in DEST while it writes there (removed when it ends).
+EXPORT_LOCK_NAME = ".packtool-export.lock"
+
+
+def _read_metadata(path: Path) -> list:
+    if not path.is_file():
+        return []
+    try:
+        entries = json.loads(path.read_text())
+    except ValueError:
+        entries = None
+    if not isinstance(entries, list):
+        raise OutputError(f"{path}: not a JSON list of packing metadata; move it away or "
+                          "pass another DEST")
+    return entries
 
 
 def _update_metadata(path: Path, split: str, entry: dict) -> None:
-    entries = []
-    if path.is_file():
-        try:
-            entries = json.loads(path.read_text())
-        except ValueError:
-            raise OutputError(f"{path}: not a JSON list of packing metadata; move it away or "
-                              "pass another DEST") from None
-        if not isinstance(entries, list):
-            raise OutputError(f"{path}: not a JSON list of packing metadata; move it away or "
-                              "pass another DEST")
-    entries = [e for e in entries if not (isinstance(e, dict) and e.get("split") == split)]
+    """Make ``entry`` the split's entry of the metadata file ``path`` (written whole: temporary
+    name, then a rename)."""
+    entries = [e for e in _read_metadata(path)
+               if not (isinstance(e, dict) and e.get("split") == split)]
     entries.append({"split": split, **entry})
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(json.dumps(entries, indent=2) + "\n")
-    os.replace(tmp, path)
+    Location.parse(path).publish_bytes((json.dumps(entries, indent=2) + "\n").encode())
+
+
+def _has_entry(path: Path, split: str, entry: dict) -> bool:
+    return {"split": split, **entry} in _read_metadata(path)
+
+
+def _written_by(final: Path, identity: dict) -> dict | None:
+    """What the export ``identity`` recorded in ``final`` when that file is its finished
+    output (counts and metadata entry), else None."""
+    try:
+        kv = pq.read_metadata(final).metadata or {}
+        record = json.loads(kv[EXPORT_KEY.encode()])
+    except (OSError, KeyError, ValueError, pa.ArrowException):
+        return None
+    return record if isinstance(record, dict) and record.get("identity") == identity else None
 
 
 def _check_dest(out_dir, dest) -> None:
@@ -202,14 +238,52 @@ def _check_dest(out_dir, dest) -> None:
                           "it, lies inside it or contains it); choose a directory outside it")
 
 
+def _dest_error(dest: Path, exc: OSError, state: str) -> OutputError:
+    """One line for a DEST that cannot be written: where, the cause, what was left, the fix."""
+    cause = exc.strerror or str(exc) or type(exc).__name__
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    fix = "free space or choose another DEST" if full else "choose a writable DEST"
+    return OutputError(f"{dest}: DEST cannot be written ({cause}); {state}; {fix}")
+
+
+def _lock_dest(dest: Path) -> FileLock:
+    lock = FileLock(dest / EXPORT_LOCK_NAME)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise OutputError(f"{dest}: another packtool export is writing into this DEST (lock "
+                          f"{EXPORT_LOCK_NAME} is held); wait for it to end or choose another "
+                          "DEST") from None
+    return lock
+
+
+def _unlock_dest(dest: Path, lock: FileLock) -> None:
+    (dest / EXPORT_LOCK_NAME).unlink(missing_ok=True)  # still held: nobody waits on it
+    lock.release()
+
+
+def _remove_stale_temps(dest: Path, *names: str) -> None:
+    """Remove the temporary files a killed export (SIGKILL, a lost machine) left beside
+    ``names`` in DEST; the lock says no other export is writing them."""
+    for name in names:
+        for stale in dest.glob(f".{name}.*.tmp"):
+            stale.unlink(missing_ok=True)
+
+
 def export_nemo(out_dir, dest, *, split: str = "training", overwrite: bool = False,
                 rows_per_group: int = NEMO_ROWS_PER_GROUP) -> NemoExport:
     """Write the rows of a packed OUTPUT as ``DEST/{split}_{C}.idx.parquet`` in the NeMo /
     Megatron-Bridge packed layout (module docstring), and its entry in
     ``DEST/{C}_metadata.jsonl``.
 
-    The file is written under a unique temporary name in DEST and renamed when complete, one
-    block of row groups in memory at a time; rows keep the output's order.
+    The file is written under a unique temporary name in DEST, one block of row groups in
+    memory at a time (rows keep the output's order), then renamed and its metadata entry
+    written, with SIGINT and SIGTERM held over those two steps. DEST is locked meanwhile (a
+    second export into it is refused), and temporary files a killed export left there are
+    removed first. Ctrl-C or SIGTERM (:func:`packtool.signals.interruptible`) removes the
+    temporary file and leaves DEST as it was. The file records which export wrote it
+    (:data:`EXPORT_KEY`), so a rerun finding this very export without its metadata entry (a
+    process killed between the two steps) writes the entry and is done.
 
     Args:
         out_dir: a packed OUTPUT (directory or store URI).
@@ -225,9 +299,12 @@ def export_nemo(out_dir, dest, *, split: str = "training", overwrite: bool = Fal
     Raises:
         ManifestError: ``out_dir`` is not a complete packed output (a tokenized output is
             refused: pack it first).
-        OutputError: the file exists (without ``overwrite``), DEST is a file, a store URI, or
-            is ``out_dir``, lies inside it or contains it, or the metadata file is not a JSON
-            list. Nothing is written then.
+        OutputError: the file exists (without ``overwrite``; unless it is this export missing
+            its metadata entry), DEST is a file, a store URI, or is ``out_dir``, lies inside it
+            or contains it, the metadata file is not a JSON list, another export holds DEST,
+            or DEST cannot be written (read-only, full). Nothing is written then, or DEST is
+            left as it was.
+        KeyboardInterrupt: Ctrl-C or SIGTERM; DEST is left as it was (its message says so).
         ValueError: an unknown split or ``rows_per_group`` < 1.
     """
     if split not in NEMO_SPLITS:
@@ -235,60 +312,134 @@ def export_nemo(out_dir, dest, *, split: str = "training", overwrite: bool = Fal
     if rows_per_group < 1:
         raise ValueError("rows_per_group must be >= 1")
     _check_dest(out_dir, dest)
-    capacity, convention, blocks = _packed_blocks(out_dir)
     dest = Path(dest)
     if dest.exists() and not dest.is_dir():
         raise OutputError(f"{dest}: exists and is a file; DEST must be a directory")
-    dest.mkdir(parents=True, exist_ok=True)
+    with interruptible():
+        capacity, convention, source, blocks = _packed_blocks(out_dir)
+        try:
+            return _export(blocks, convention, capacity, dest, split, overwrite,
+                           rows_per_group, source)
+        finally:
+            blocks.close()
+
+
+def _export(blocks, convention: str, capacity: int, dest: Path, split: str, overwrite: bool,
+            rows_per_group: int, source: str) -> NemoExport:
+    """:func:`export_nemo` once the packed output is open (inside ``interruptible``)."""
+    created = not dest.exists()
     final = dest / nemo_file_name(split, capacity)
-    if final.exists() and not overwrite:
-        raise OutputError(f"{final}: exists; pass --overwrite to replace it or choose another "
-                          "DEST")
-    tmp = dest / f".{final.name}.{uuid.uuid4().hex}.tmp"
+    meta = dest / f"{capacity}_metadata.jsonl"
+    existed = final.exists()
+    as_before = (f"the existing {final.name} is unchanged" if existed
+                 else f"nothing was written into {dest}")
+    lock = None
+    try:
+        try:
+            dest.mkdir(parents=True, exist_ok=True)
+            lock = _lock_dest(dest)
+            _remove_stale_temps(dest, final.name, meta.name)
+        except OSError as exc:
+            raise _dest_error(dest, exc, "nothing was written") from None
+        identity = {"output_fingerprint": source, "split": split,
+                    "rows_per_group": rows_per_group, "packtool": __version__}
+        if existed and not overwrite:
+            done = _written_by(final, identity)
+            if done is None or _has_entry(meta, split, done["entry"]):
+                raise OutputError(f"{final}: exists; pass --overwrite to replace it or choose "
+                                  "another DEST")
+            release = hold()  # the file is complete: its entry is written whatever comes
+            try:
+                _update_metadata(meta, split, done["entry"])
+            finally:
+                release()
+            return NemoExport(str(final), str(meta), **done["counts"], completed_entry=True)
+        _read_metadata(meta)  # a metadata file that is not a JSON list: refused before writing
+        tmp = dest / f".{final.name}.{uuid.uuid4().hex}.tmp"
+        try:
+            counts, entry = _write(blocks, convention, capacity, tmp, rows_per_group, identity)
+            check()
+            release = hold()  # the file and its entry are published together
+            try:
+                os.replace(tmp, final)
+                as_before = (f"{final.name} was written but not its entry in {meta.name}: "
+                             "rerun the same command to add it")
+                _update_metadata(meta, split, entry)
+            finally:
+                release()
+        except OSError as exc:
+            raise _dest_error(dest, exc, as_before) from None
+        finally:
+            release_tmp = hold()  # a second Ctrl-C never leaves the temporary file behind
+            try:
+                tmp.unlink(missing_ok=True)
+            finally:
+                release_tmp()
+    except BaseException as exc:
+        if lock is not None:
+            _unlock_dest(dest, lock)
+            lock = None
+        if created:
+            try:
+                dest.rmdir()  # only when empty: an export that wrote nothing leaves no DEST
+            except OSError:
+                pass
+        if isinstance(exc, KeyboardInterrupt):
+            raise KeyboardInterrupt(as_before) from None
+        raise
+    finally:
+        if lock is not None:
+            _unlock_dest(dest, lock)
+    return NemoExport(str(final), str(meta), **counts)
+
+
+def _write(blocks, convention: str, capacity: int, tmp: Path, rows_per_group: int,
+           identity: dict) -> tuple[dict, dict]:
+    """Write every block to ``tmp``; return (the :class:`NemoExport` counts, the metadata
+    entry), both also recorded in the file under :data:`EXPORT_KEY`."""
     rows = seqs = tokens = targets = 0
     max_k, max_len, min_fed = 0, 0, None
     pending: list[pa.RecordBatch] = []
-    try:
-        with pq.ParquetWriter(tmp, nemo_schema(), compression="zstd") as w:
-            def flush(all_rows: bool) -> None:
-                table = pa.Table.from_batches(pending, schema=nemo_schema())
-                n = table.num_rows if all_rows else table.num_rows // rows_per_group * \
-                    rows_per_group
-                if n:
-                    w.write_table(table.slice(0, n), row_group_size=rows_per_group)
-                pending[:] = table.slice(n).to_batches()
+    with pq.ParquetWriter(tmp, nemo_schema(), compression="zstd") as w:
+        def flush(all_rows: bool) -> None:
+            table = pa.Table.from_batches(pending, schema=nemo_schema())
+            n = table.num_rows if all_rows else table.num_rows // rows_per_group * \
+                rows_per_group
+            if n:
+                w.write_table(table.slice(0, n), row_group_size=rows_per_group)
+            pending[:] = table.slice(n).to_batches()
 
-            for cols in blocks:
-                batch = to_nemo_batch(cols, convention)
-                pending.append(batch)
-                k = np.array([len(d) for d in cols["doc_ids"]], dtype=np.int64)
-                lens = segment_lengths(cols["segment_ids"], k)  # real tokens, not spans
-                fed = np.array([int(x.sum()) - x.size for x in lens], dtype=np.int64)
-                rows += batch.num_rows
-                seqs += int(k.sum())
-                tokens += int(fed.sum() + k.sum())
-                targets += int(_ones(batch.column(1)))
-                max_k = max(max_k, int(k.max(initial=0)))
-                max_len = max(max_len, max((int(x.max()) - 1 for x in lens if x.size),
-                                           default=0))
-                if fed.size:
-                    min_fed = int(fed.min()) if min_fed is None else min(min_fed, int(fed.min()))
-                if sum(b.num_rows for b in pending) >= rows_per_group:
-                    flush(False)
-            if pending:
-                flush(True)
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    meta = dest / f"{capacity}_metadata.jsonl"
-    fed_total = tokens - seqs
-    _update_metadata(meta, split, {
-        "dataset_max_seqlen": max_len, "max_samples_per_bin": max_k,
-        "packing_factor": round(seqs / rows, 2) if rows else 0.0,
-        "packing_efficiency": round(100 * fed_total / (rows * capacity), 2) if rows else 0.0,
-        "pack_size": capacity, "min_packed_seqlen": min_fed or 0})
-    return NemoExport(str(final), str(meta), rows, seqs, tokens, targets)
+        for n, cols in enumerate(blocks):
+            test_pause("export-block", n)
+            check()
+            batch = to_nemo_batch(cols, convention)
+            pending.append(batch)
+            k = np.array([len(d) for d in cols["doc_ids"]], dtype=np.int64)
+            lens = segment_lengths(cols["segment_ids"], k)  # real tokens, not spans
+            fed = np.array([int(x.sum()) - x.size for x in lens], dtype=np.int64)
+            rows += batch.num_rows
+            seqs += int(k.sum())
+            tokens += int(fed.sum() + k.sum())
+            targets += int(_ones(batch.column(1)))
+            max_k = max(max_k, int(k.max(initial=0)))
+            max_len = max(max_len, max((int(x.max()) - 1 for x in lens if x.size),
+                                       default=0))
+            if fed.size:
+                min_fed = int(fed.min()) if min_fed is None else min(min_fed, int(fed.min()))
+            if sum(b.num_rows for b in pending) >= rows_per_group:
+                flush(False)
+        if pending:
+            flush(True)
+        fed_total = tokens - seqs
+        entry = {"dataset_max_seqlen": max_len, "max_samples_per_bin": max_k,
+                 "packing_factor": round(seqs / rows, 2) if rows else 0.0,
+                 "packing_efficiency": round(100 * fed_total / (rows * capacity), 2)
+                 if rows else 0.0,
+                 "pack_size": capacity, "min_packed_seqlen": min_fed or 0}
+        counts = {"rows": rows, "sequences": seqs, "tokens": tokens, "targets": targets}
+        w.add_key_value_metadata({EXPORT_KEY: json.dumps(
+            {"identity": identity, "counts": counts, "entry": entry})})
+    return counts, entry
 
 
 def _ones(arr: pa.Array) -> int:

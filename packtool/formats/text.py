@@ -65,6 +65,16 @@ class TextBatch:
     def __len__(self) -> int:
         return len(self.texts)
 
+    @staticmethod
+    def concat(batches: list["TextBatch"]) -> "TextBatch":
+        """The documents of ``batches`` in order, as one batch (kept columns in one chunk, so
+        the bytes written from it do not depend on how the documents were batched)."""
+        if len(batches) == 1:
+            return batches[0]
+        texts = [t for b in batches for t in b.texts]
+        kept = [b.kept for b in batches if b.kept is not None]
+        return TextBatch(texts, pa.concat_tables(kept).combine_chunks() if kept else None)
+
     def split(self, n: int) -> tuple["TextBatch", "TextBatch"]:
         """(the first ``n`` documents, the rest)."""
         k = self.kept

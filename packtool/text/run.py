@@ -37,8 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packtool._version import __version__
-from packtool.formats.manifest import (FORMAT_VERSION, TOKENIZED_KIND, InputEntry, Manifest,
-                                       ShardEntry)
+from packtool.formats.manifest import (FORMAT_VERSION, IN_PROGRESS_NAME, TOKENIZED_KIND,
+                                       InputEntry, Manifest, ShardEntry, is_shard_name)
+from packtool.formats.object_store import STORE_ERRORS
 from packtool.errors import InputError
 from packtool.formats.reader import discover
 from packtool.formats.text import (TOKENIZED_SCHEMA, TextBatch, iter_texts, tokenized_counts,
@@ -46,7 +47,7 @@ from packtool.formats.text import (TOKENIZED_SCHEMA, TextBatch, iter_texts, toke
 from packtool.location import Location
 from packtool.output import Output, discard_shard_temp, fingerprint, kept_shard, publish_shard, \
     shard_temp
-from packtool.signals import check, interruptible
+from packtool.signals import check, interruptible, test_pause
 from packtool.stats import PackStats
 from packtool.text.tokenizer import load_tokenizer
 
@@ -68,6 +69,12 @@ class TokenizeResult:
     #: entries under INPUT not read, as ``"path (reason)"`` (:class:`~packtool.formats.reader.Discovery`)
     skipped: list = field(default_factory=list)
     skipped_note: str = ""  #: one line naming them (empty when every file was read)
+
+
+#: Revision of how a tokenized shard's rows are laid out (in the fingerprint, so a rerun never
+#: keeps shards of another layout). 2: row groups of ``batch_docs`` documents counted from the
+#: shard's first document, whatever batch the run or the reader began with.
+SHARD_LAYOUT = 2
 
 
 def tokenized_shard_name(file_index: int, shard: int, width: int = 5) -> str:
@@ -184,7 +191,8 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
             its special tokens; an invalid ``--tokenizer-pattern``.
         OutputError: OUTPUT cannot be used (another run holds it, not empty, full disk...).
         MissingDependencyError: ``tokenizers`` / ``tiktoken`` missing.
-        KeyboardInterrupt: Ctrl-C; rerunning the same command resumes.
+        KeyboardInterrupt: Ctrl-C or SIGTERM; rerunning the same command resumes. Its message
+            names the finished shards kept (empty: OUTPUT is as before the run).
     """
     t0 = time.perf_counter()
     tok = load_tokenizer(cfg.tokenizer, pattern=cfg.tokenizer_pattern,
@@ -194,6 +202,7 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
     found = discover(list(cfg.inputs), text=True, skip_unsupported=cfg.skip_unsupported)
     files = found.files
     options = {**cfg.layout_options(), "prepend_bos": bos, "append_eos": eos,
+               "shard_layout": SHARD_LAYOUT,
                "tokenizer": {"kind": tok.kind, "file": Path(tok.path).name,
                              "sha256": tok.sha256, "vocab_size": tok.vocab_size,
                              "library_version": tok.version}}
@@ -204,104 +213,146 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
     # one schema for every shard: the first file's kept columns (later files' values are cast)
     schema = (tokenized_schema(files[0].path, files[0].format, cfg.keep_columns)
               if files and cfg.keep_columns else TOKENIZED_SCHEMA)
-    with interruptible(), Output(cfg.output, cfg.inputs, fp, overwrite=cfg.overwrite,
-                                 options=options, kind=TOKENIZED_KIND) as out:
-        if out.complete:
-            m = out.manifest
-            return TokenizeResult(m.totals.docs_in, m.totals.tokens_in, len(m.shards),
-                                  len(m.shards), time.perf_counter() - t0, m, True, **found_info)
-        from tqdm import tqdm
+    out = None
+    try:
+        with interruptible(), Output(cfg.output, cfg.inputs, fp, overwrite=cfg.overwrite,
+                                     options=options, kind=TOKENIZED_KIND) as out:
+            return _tokenize(cfg, out, tok, bos, eos, files, fp, options, width, schema, show,
+                             t0, found_info)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(_kept(out)) from None
 
-        outputs: list[ShardEntry] = []
-        inputs: list[InputEntry] = []
-        total, reused = PackStats(), 0
-        writing = False
-        if bos is not None or eos is not None:  # numba only when it has work to do
-            from packtool.core.masks import BoundaryCounts, add_boundary_tokens
 
-        def begin() -> None:  # OUTPUT is changed only once a shard is ready to be published
-            nonlocal writing
-            if not writing:
-                out.begin_write()
-                writing = True
+def _kept(out: Output | None) -> str:
+    """What a stopped run left in OUTPUT for the rerun, in words, read from OUTPUT once it is
+    released: its finished shards when the in-progress marker is there (this run's, or the
+    earlier run's it had not yet taken over); empty when OUTPUT is as it was before the run
+    (absent, when the run created it)."""
+    if out is None:
+        return ""
+    try:
+        found = out.path.listdir()
+    except STORE_ERRORS:
+        return ""
+    if IN_PROGRESS_NAME not in found:
+        return ""
+    n = sum(1 for name, e in found.items() if not e.is_dir and is_shard_name(name))
+    return f"{n} finished shard{'s' * (n != 1)}"
 
-        with tqdm(desc="tokenize", unit=" doc", unit_scale=True, disable=not show,
-                  file=sys.stderr, leave=False) as bar:
-            for i, f in enumerate(files):
-                kept = _file_shards(out, i, width, bos is not None or eos is not None)
-                for entry, counts in kept:
-                    begin()
+
+def _tokenize(cfg, out: Output, tok, bos, eos, files, fp: str, options: dict, width: int,
+          schema, show: bool, t0: float, found_info: dict) -> TokenizeResult:
+    """The body of :func:`run_tokenize` inside its entered OUTPUT ``out``."""
+    if out.complete:
+        m = out.manifest
+        return TokenizeResult(m.totals.docs_in, m.totals.tokens_in, len(m.shards),
+                              len(m.shards), time.perf_counter() - t0, m, True, **found_info)
+    from tqdm import tqdm
+
+    outputs: list[ShardEntry] = []
+    inputs: list[InputEntry] = []
+    total, reused = PackStats(), 0
+    writing = False
+    if bos is not None or eos is not None:  # numba only when it has work to do
+        from packtool.core.masks import BoundaryCounts, add_boundary_tokens
+
+    def begin() -> None:  # OUTPUT is changed only once a shard is ready to be published
+        nonlocal writing
+        if not writing:
+            out.begin_write()
+            writing = True
+
+    with tqdm(desc="tokenize", unit=" doc", unit_scale=True, disable=not show,
+              file=sys.stderr, leave=False) as bar:
+        for i, f in enumerate(files):
+            kept = _file_shards(out, i, width, bos is not None or eos is not None)
+            for entry, counts in kept:
+                begin()
+                out.shard_written(entry, _marker_counts(counts))
+                outputs.append(entry)
+                total = total + counts
+            reused += len(kept)
+            skip = sum(c.docs_in for _, c in kept)
+            bar.update(skip)
+            texts = _Prefetch(iter_texts(f.path, f.format, cfg.text_column,
+                                         batch_docs=cfg.batch_docs, skip=skip,
+                                         keep=cfg.keep_columns))
+            none = (None, TextBatch([]))
+            try:
+                n, k, carry = skip, len(kept), TextBatch([])
+                while True:
+                    if not carry:
+                        carry = next(texts, none)[1]
+                        if not carry:
+                            break
+                    added = [BoundaryCounts()] if bos is not None or eos is not None \
+                        else None
+
+                    def take(want: int) -> TextBatch:  # the next documents (fewer at the end)
+                        nonlocal carry
+                        parts, got = [], 0
+                        while got < want:
+                            if not carry:
+                                carry = next(texts, none)[1]
+                                if not carry:
+                                    break
+                            part, carry = carry.split(want - got)
+                            parts.append(part)
+                            got += len(part)
+                        return TextBatch.concat(parts) if parts else TextBatch([])
+
+                    def batches(limit=cfg.rows_per_shard):
+                        # row groups of batch_docs documents counted from the shard's first:
+                        # a shard's bytes never depend on where the run (or the reader's
+                        # batches) began
+                        done = 0
+                        while done < limit:
+                            part = take(min(cfg.batch_docs, limit - done))
+                            if not part:
+                                return
+                            check()
+                            lengths, ids = tok.encode(part.texts)
+                            if added is not None:
+                                lengths, ids, _, b = add_boundary_tokens(
+                                    lengths, ids, None, bos=bos, eos=eos)
+                                added[0] = added[0] + b
+                            done += len(part)
+                            bar.update(len(part))
+                            yield lengths, ids, part.kept
+
+                    test_pause("tokenize-shard", len(outputs))
+                    name = tokenized_shard_name(i, k, width)
+                    tmp = shard_temp(out.tmp, name)
+                    try:
+                        entry, tokens = write_tokenized_shard(tmp, batches(), schema)
+                        check()
+                        begin()
+                        publish_shard(tmp, out.path, name)
+                    finally:
+                        discard_shard_temp(tmp, out.tmp)
+                    counts = PackStats(
+                        docs_in=entry.rows, tokens_in=tokens,
+                        **({} if added is None else {
+                            "docs_bos_added": added[0].bos_added,
+                            "docs_bos_present": added[0].bos_present,
+                            "docs_eos_added": added[0].eos_added,
+                            "docs_eos_present": added[0].eos_present}))
                     out.shard_written(entry, _marker_counts(counts))
                     outputs.append(entry)
                     total = total + counts
-                reused += len(kept)
-                skip = sum(c.docs_in for _, c in kept)
-                bar.update(skip)
-                texts = _Prefetch(iter_texts(f.path, f.format, cfg.text_column,
-                                             batch_docs=cfg.batch_docs, skip=skip,
-                                             keep=cfg.keep_columns))
-                none = (None, TextBatch([]))
-                try:
-                    n, k, carry = skip, len(kept), TextBatch([])
-                    while True:
-                        if not carry:
-                            carry = next(texts, none)[1]
-                            if not carry:
-                                break
-                        added = [BoundaryCounts()] if bos is not None or eos is not None \
-                            else None
-
-                        def batches(limit=cfg.rows_per_shard):
-                            nonlocal carry
-                            done = 0
-                            while done < limit:
-                                if not carry:
-                                    carry = next(texts, none)[1]
-                                    if not carry:
-                                        return
-                                part, carry = carry.split(limit - done)
-                                check()
-                                lengths, ids = tok.encode(part.texts)
-                                if added is not None:
-                                    lengths, ids, _, b = add_boundary_tokens(
-                                        lengths, ids, None, bos=bos, eos=eos)
-                                    added[0] = added[0] + b
-                                done += len(part)
-                                bar.update(len(part))
-                                yield lengths, ids, part.kept
-
-                        name = tokenized_shard_name(i, k, width)
-                        tmp = shard_temp(out.tmp, name)
-                        try:
-                            entry, tokens = write_tokenized_shard(tmp, batches(), schema)
-                            check()
-                            begin()
-                            publish_shard(tmp, out.path, name)
-                        finally:
-                            discard_shard_temp(tmp, out.tmp)
-                        counts = PackStats(
-                            docs_in=entry.rows, tokens_in=tokens,
-                            **({} if added is None else {
-                                "docs_bos_added": added[0].bos_added,
-                                "docs_bos_present": added[0].bos_present,
-                                "docs_eos_added": added[0].eos_added,
-                                "docs_eos_present": added[0].eos_present}))
-                        out.shard_written(entry, _marker_counts(counts))
-                        outputs.append(entry)
-                        total = total + counts
-                        n += entry.rows
-                        k += 1
-                finally:
-                    texts.close()
-                inputs.append(InputEntry(Location.parse(f.path).display, n, f.bytes))
-        if not total.docs_in:  # as pack refuses an input of no documents
-            shown = ", ".join(Location.parse(p).display for p in cfg.inputs)
-            raise InputError(f"{shown}: no text to tokenize: no documents (empty files or blank "
-                             "lines only); check the INPUT and --text-column")
-        manifest = Manifest(format_version=FORMAT_VERSION, packtool_version=__version__,
-                            fingerprint=fp, options=options, inputs=tuple(inputs),
-                            shards=tuple(outputs), totals=total, kind=TOKENIZED_KIND)
-        begin()
-        out.commit(manifest, schema)
+                    n += entry.rows
+                    k += 1
+            finally:
+                texts.close()
+            inputs.append(InputEntry(Location.parse(f.path).display, n, f.bytes))
+    if not total.docs_in:  # as pack refuses an input of no documents
+        shown = ", ".join(Location.parse(p).display for p in cfg.inputs)
+        raise InputError(f"{shown}: no text to tokenize: no documents (empty files or blank "
+                         "lines only); check the INPUT and --text-column")
+    manifest = Manifest(format_version=FORMAT_VERSION, packtool_version=__version__,
+                        fingerprint=fp, options=options, inputs=tuple(inputs),
+                        shards=tuple(outputs), totals=total, kind=TOKENIZED_KIND)
+    begin()
+    out.commit(manifest, schema)
     return TokenizeResult(total.docs_in, total.tokens_in, len(outputs), reused,
                           time.perf_counter() - t0, manifest, False, **found_info)

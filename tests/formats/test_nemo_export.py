@@ -214,3 +214,152 @@ def test_export_of_a_segment_multiple_output_keeps_real_tokens_only(tmp_path, la
     for d, doc in enumerate(docs):
         assert [t for off in sorted(pieces[d]) for t in pieces[d][off]] == doc["input_ids"], d
     assert targets == manifest.totals.effective_targets
+
+
+@pytest.fixture(scope="module")
+def two_outputs(tmp_path_factory):
+    """Two packed outputs of C = 24 (the second of other documents) and an undisturbed export
+    of the first."""
+    base = tmp_path_factory.mktemp("export")
+    outs = []
+    for seed, n in ((0, 900), (1, 40)):
+        src = base / f"docs{seed}.parquet"
+        pq.write_table(pa.Table.from_pylist(sft_docs(n, seed=seed)), src)
+        outs.append(base / f"out{seed}")
+        assert invoke(["pack", "-q", "-c", 24, "--rows-per-shard", 100, src,
+                       outs[-1]]).exit_code == 0
+    ref = base / "ref"
+    assert invoke(["export", "--to", "nemo", outs[0], ref]).exit_code == 0
+    return outs[0], outs[1], ref
+
+
+def _stop_export(out, dest, sig, *extra) -> tuple[int, str]:
+    """``packtool export`` as a process, paused once its temporary file is open, then sent
+    ``sig``; returns (exit status, stderr)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT="export-block:1")
+    proc = subprocess.Popen([sys.executable, "-m", "packtool", "export", "--to", "nemo", *extra,
+                             str(out), str(dest)], stderr=subprocess.PIPE, text=True, env=env)
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        line = proc.stderr.readline()
+        assert "test pause at export-block:1" in line, line
+        assert list(dest.glob(".training_24.idx.parquet.*.tmp")), "no temporary file yet"
+        os.kill(proc.pid, sig)
+        code = proc.wait()
+        return code, proc.stderr.read()
+    finally:
+        watchdog.cancel()
+        proc.kill()
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize("sig,existing", [("SIGINT", False), ("SIGTERM", True),
+                                          ("SIGKILL", True)])
+def test_an_interrupted_export_leaves_dest_as_it_was_and_the_rerun_finishes(
+        tmp_path, two_outputs, sig, existing):
+    """Ctrl-C or SIGTERM while the file is written: exit 130/143, one line saying what DEST
+    holds (as before), no temporary file left. SIGKILL leaves its temporary file, which the
+    rerun removes. The same command rerun gives the bytes of an undisturbed export."""
+    import signal
+
+    from packcheck import hash_tree
+
+    out, other, ref = two_outputs
+    dest = tmp_path / "nemo"
+    extra = ["--overwrite"] if existing else []
+    if existing:  # an older export of other rows, which --overwrite replaces
+        assert invoke(["export", "--to", "nemo", other, dest]).exit_code == 0
+    before = hash_tree(dest) if existing else None
+    signum = getattr(signal, sig)
+    code, err = _stop_export(out, dest, signum, *extra)
+    if signum == signal.SIGKILL:
+        assert code == -signum
+        assert list(dest.glob(".*.tmp"))  # what a kill leaves, until the rerun
+    else:
+        assert code == 128 + signum, err
+        [line] = err.strip().splitlines()
+        word = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+        said = ("the existing training_24.idx.parquet is unchanged" if existing
+                else f"nothing was written into {dest}")
+        assert line == f"Error: {word}: {said}; rerun the same command to export", line
+        assert (hash_tree(dest) == before) if existing else not dest.exists()
+    res = invoke(["export", "--to", "nemo", *extra, out, dest])
+    assert res.exit_code == 0, res.output
+    assert hash_tree(dest) == hash_tree(ref)
+
+
+def test_ctrl_c_while_the_file_and_its_entry_are_published_finishes_the_export(
+        tmp_path, two_outputs, monkeypatch):
+    """A signal between the rename of the file and its metadata entry is held until both are
+    written: the export ends as a success, never with the file and no entry."""
+    import os
+    import signal
+
+    from packcheck import hash_tree
+
+    out, _, ref = two_outputs
+    real, sent = os.replace, []
+
+    def replace_then_ctrl_c(src, dst):
+        real(src, dst)
+        if not sent:
+            sent.append(dst)
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(os, "replace", replace_then_ctrl_c)
+    res = invoke(["export", "--to", "nemo", out, tmp_path / "nemo"])
+    assert sent and res.exit_code == 0, res.output
+    assert hash_tree(tmp_path / "nemo") == hash_tree(ref)
+
+
+def test_a_rerun_adds_the_metadata_entry_a_killed_export_did_not_write(tmp_path, two_outputs):
+    """A process killed after the rename and before the entry (SIGKILL, a lost machine) leaves
+    the file without its entry: the same command adds the entry (the file records which export
+    wrote it); a file another export wrote is still refused without --overwrite."""
+    import shutil
+
+    from packcheck import hash_tree
+
+    out, other, ref = two_outputs
+    dest = tmp_path / "nemo"
+    shutil.copytree(ref, dest)
+    (dest / "24_metadata.jsonl").write_text("[]\n")  # what the kill left
+    res = invoke(["export", "--to", "nemo", out, dest])
+    assert res.exit_code == 0, res.output
+    assert "already exported" in res.output
+    assert hash_tree(dest) == hash_tree(ref)
+    res = invoke(["export", "--to", "nemo", out, dest])  # complete now: refused as before
+    assert res.exit_code == 1 and "exists; pass --overwrite" in res.output
+    (dest / "24_metadata.jsonl").write_text("[]\n")
+    res = invoke(["export", "--to", "nemo", other, dest])  # not this export's file
+    assert res.exit_code == 1 and "exists; pass --overwrite" in res.output
+
+
+def test_a_dest_that_cannot_be_written_is_one_line_naming_dest_and_the_fix(tmp_path,
+                                                                           two_outputs,
+                                                                           monkeypatch):
+    """A read-only DEST: one line naming DEST, the cause, what was written (nothing) and the
+    fix, as pack's OUTPUT errors; nothing is left behind."""
+    import errno
+    from pathlib import Path
+
+    out = two_outputs[0]
+
+    def read_only(self, *a, **kw):
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    dest = tmp_path / "rofs" / "nemo"
+    res = invoke(["export", "--to", "nemo", out, dest])
+    assert res.exit_code == 1, res.output
+    [line] = res.output.strip().splitlines()
+    assert line == (f"Error: {dest}: DEST cannot be written (Read-only file system); nothing "
+                    "was written; choose a writable DEST"), line
+    assert not (tmp_path / "rofs").exists()

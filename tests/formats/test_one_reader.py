@@ -331,3 +331,45 @@ def test_columns_that_the_output_lacks_are_refused_when_the_dataset_is_built(cle
     with pytest.raises(ManifestError, match="no column"):
         PackedDataset(clean, columns=["input_ids", "attention_mask"])
     assert os.path.isdir(clean)
+
+
+@pytest.mark.parametrize("when", ["checking", "publishing"])
+def test_ctrl_c_during_upgrade_leaves_the_old_manifest_or_the_new_one(clean, tmp_path,
+                                                                     monkeypatch, when):
+    """Ctrl-C while the shards are checked: exit 130, a line saying OUTPUT is unchanged, the
+    version-2 manifest and no temporary file left. Ctrl-C once the rewrite began: held until the
+    new manifest is in place, and the upgrade ends as a success."""
+    import os
+    import signal
+
+    import packtool.formats.manifest as manifest
+
+    out = tmp_path / "v2"
+    shutil.copytree(clean, out)
+    _as_version_2(out)
+    if when == "checking":
+        real_check = manifest.check_shards
+
+        def check_then_ctrl_c(*a, **kw):
+            signal.raise_signal(signal.SIGINT)
+            return real_check(*a, **kw)
+
+        monkeypatch.setattr(manifest, "check_shards", check_then_ctrl_c)
+    else:
+        real_replace = os.replace
+
+        def replace_then_ctrl_c(src, dst):
+            real_replace(src, dst)
+            signal.raise_signal(signal.SIGINT)
+
+        monkeypatch.setattr(os, "replace", replace_then_ctrl_c)
+    res = invoke(["upgrade", out])
+    if when == "checking":
+        assert res.exit_code == 130, res.output
+        assert res.output.strip() == (f"Error: interrupted: {out} is unchanged (its manifest was "
+                                      "not rewritten); rerun the same command to upgrade it")
+        assert read_manifest(out).format_version == 2
+    else:
+        assert res.exit_code == 0 and "format version 3" in res.output, res.output
+        assert read_manifest(out).format_version == 3
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
