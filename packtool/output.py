@@ -67,6 +67,11 @@ __all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256
            "publish_window", "window_file", "shard_temp", "discard_shard_temp", "publish_shard",
            "kept_shard", "MARKER_EVERY_S"]
 
+#: Seconds a starting pack waits for OUTPUT's lock before refusing: ``stats``, ``verify`` and
+#: the loader probe it (:func:`packtool.formats.manifest.pack_running`) by taking it for a
+#: moment, which must not make a pack that starts at that instant fail.
+LOCK_WAIT_S = 1.0
+
 #: A window's plan lives in ``<scratch>/window-NNNNN/``, complete once ``done.json`` is there
 #: (it is written before the directory is renamed into place, or uploaded last).
 WINDOW_DIR_PREFIX = "window-"
@@ -494,7 +499,7 @@ class LocalOutput(Output):
     def _lock(self) -> None:
         lock = FileLock(self.path.join(LOCK_NAME).path)
         try:
-            lock.acquire(timeout=0)
+            lock.acquire(timeout=LOCK_WAIT_S, poll_interval=0.02)
         except Timeout:
             self._remove_created()
             raise OutputError(f"{self.path.display}: another packtool pack is writing this "

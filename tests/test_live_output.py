@@ -158,3 +158,33 @@ def test_shards_replaced_under_a_manifest_by_a_running_pack_say_writing(complete
     monkeypatch.setattr(manifest_mod, "pack_running", lambda directory: False)
     with pytest.raises(ManifestError, match="shard listed in the manifest is missing"):
         PackedOutput.open(out)
+
+
+def test_a_reader_probing_the_lock_as_a_pack_starts_does_not_make_it_fail(complete, tmp_path):
+    """``stats`` / ``verify`` / the loader ask whether a pack runs by taking OUTPUT's lock for a
+    moment; a pack starting at that instant waits for it instead of refusing "another packtool
+    pack is writing this OUTPUT". A lock held for longer (a real pack) is still refused."""
+    from filelock import FileLock
+
+    from packtool.formats.manifest import LOCK_NAME
+    from packtool.output import LOCK_WAIT_S
+
+    src, _ = complete
+    out = tmp_path / "o"
+    out.mkdir()
+    probe = FileLock(str(out / LOCK_NAME), thread_local=False)  # released by the timer
+    probe.acquire()
+    threading.Timer(0.3, probe.release).start()  # a probe, slowed down to be seen
+    res = invoke(["pack", "-q", *OPTIONS, src, out])
+    assert res.exit_code == 0, res.output
+
+    held = tmp_path / "held"
+    held.mkdir()
+    other = FileLock(str(held / LOCK_NAME))
+    other.acquire()
+    try:
+        res = invoke(["pack", "-q", *OPTIONS, src, held])
+    finally:
+        other.release()
+    assert res.exit_code != 0 and "another packtool pack is writing" in res.output, res.output
+    assert LOCK_WAIT_S <= 2  # the refusal stays prompt
