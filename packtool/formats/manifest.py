@@ -65,7 +65,7 @@ from typing import Callable, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.errors import InputError, ManifestError, PacktoolError
+from packtool.errors import InputError, ManifestError, PacktoolError, raise_if_shortage
 from packtool.location import Location, StoreError
 from packtool.signals import result as task_result
 from packtool.stats import PackStats
@@ -479,6 +479,7 @@ def _not_there(out: Location) -> PacktoolError | None:
             return None
         why = "no such directory" if out.is_local else out.missing()
     except (OSError, pa.ArrowException) as exc:
+        raise_if_shortage(exc)
         return unreadable(out, exc)
     return ManifestError(f"{out.display}: {why}; pass the OUTPUT directory of packtool pack")
 
@@ -510,6 +511,7 @@ def read_manifest_and_schema(output) -> tuple[Manifest, pa.Schema]:
     except (FileNotFoundError, IsADirectoryError):
         raise (_not_there(out) or _incomplete(out)) from None
     except (OSError, pa.ArrowException) as exc:
+        raise_if_shortage(exc, mloc.display)
         gone = _not_there(out)
         if gone is not None:
             raise gone from None
@@ -521,6 +523,7 @@ def read_manifest_and_schema(output) -> tuple[Manifest, pa.Schema]:
         schema = pq.read_schema(pa.BufferReader(data))
         doc = json.loads((schema.metadata or {})[MANIFEST_META_KEY])
     except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
+        raise_if_shortage(exc, mloc.display)
         raise ManifestError(f"{mloc.display}: unreadable manifest ({_first(exc)}); rerun the "
                             "same packtool pack with --overwrite") from None
     meta = {k: v for k, v in (schema.metadata or {}).items() if k != MANIFEST_META_KEY}
@@ -650,6 +653,7 @@ def check_shards(output, manifest: Manifest, *, hashes: bool = False, threads: i
     try:
         found = out.listdir()
     except (OSError, pa.ArrowException) as exc:
+        raise_if_shortage(exc)
         raise unreadable(out, exc) from None
     if not found:
         gone = _not_there(out)

@@ -45,12 +45,12 @@ import numpy as np
 from packtool._version import __version__
 from packtool.config import PackConfig
 from packtool.engines import make_engine
-from packtool.errors import InputError
+from packtool.errors import InputError, shortage_error
 from packtool.formats.manifest import (FORMAT_VERSION, InputEntry, LabelsInfo, Manifest,
                                        WindowEntry, Windowing, shard_name)
 from packtool.formats.reader import discover_inputs
 from packtool.formats.schema import labels_convention, packed_schema
-from packtool.output import Output, fingerprint
+from packtool.output import FILES_FIX, MEMORY_FIXES, Output, fingerprint
 from packtool.pipeline import progress as _progress_mod
 from packtool.pipeline.layout import ShardSources
 from packtool.pipeline.plan import (PartIndex, WindowInfo, Windows, merge_windows, plan_window,
@@ -171,6 +171,19 @@ def _prepare(cfg: PackConfig) -> _Run:
     return _Run(cfg, files, parts, windows, fingerprint(cfg.layout_options(), files))
 
 
+def _prepared(cfg: PackConfig) -> _Run:
+    """:func:`_prepare`, a machine running short while it lists and reads footers reported as
+    such (:class:`~packtool.errors.ResourceError`), never as a bad file."""
+    try:
+        return _prepare(cfg)
+    except Exception as exc:
+        short = shortage_error(exc, memory=MEMORY_FIXES[None], files=FILES_FIX,
+                               state="OUTPUT is as it was before the run")
+        if short is not None:
+            raise short from None
+        raise
+
+
 def _run(run: _Run, out: Output, show: bool, t0: float) -> PackResult:
     """The pack ``run`` inside its entered OUTPUT ``out``."""
     if out.complete:
@@ -199,6 +212,9 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
         OutputError: OUTPUT cannot be used (another pack holds it, not empty, full disk...).
         PackingError: a document over capacity with ``--overflow error``.
         EngineError: a Ray task failed (OUTPUT is left resumable).
+        ResourceError: the machine ran out of memory (:class:`~packtool.errors.OutOfMemoryError`)
+            or open files; the message names the fixes of the phase, OUTPUT is as before or
+            resumable.
         MissingDependencyError: ``--engine ray`` without Ray installed.
         KeyboardInterrupt: Ctrl-C; OUTPUT is as before or resumable, and the exception's
             message says what was kept for the rerun (empty when nothing was).
@@ -206,10 +222,10 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
     if cfg.holdout is not None and cfg.holdout_part is None:  # two packs, one per side
         from packtool.pipeline.holdout import run_holdout
 
-        return run_holdout(cfg, _prepare, _run, _interrupted, progress=progress)
+        return run_holdout(cfg, _prepared, _run, _interrupted, progress=progress)
     t0 = time.perf_counter()
     show = progress and sys.stderr.isatty()
-    run = _prepare(cfg)
+    run = _prepared(cfg)
     out = None
     try:
         with interruptible(), run.output() as out:
@@ -225,6 +241,7 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
                                                    if cfg.append_eos is not None else 0)
     # the read parts' token spills (4 bytes a token, 1 more for target flags at most) and the
     # plans (about 2 segments of 32 bytes per 300 tokens); checked on a local disk only
+    out.phase = "read"
     out.check_space(5 * est_tokens + est_tokens // 4)
     with make_engine(cfg.engine.value, workers=cfg.workers,
                      ray_address=cfg.ray_address) as engine:
@@ -248,6 +265,7 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
         require_tokens(files, windows.docs, int(bases[-1]), cfg.column)
         infos: list[WindowInfo] = []
         sizes = windows.sizes()
+        out.phase = "plan"
         with _progress_mod.phase("plan", int(bases[-1]), windows.docs, show) as bar:
             for info in engine.map(plan_window, [(cfg, windows, w, index, str(out.tmp))
                                                  for w in range(windows.count)]):
@@ -280,6 +298,7 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
                 bar.update(1)
     if sources.any_targets:  # input label masks: what the rows hold, counted while writing
         total = dataclasses.replace(total, effective_targets=targets)
+    out.phase = "manifest"
     test_pause("manifest")
     labels_mode = cfg.labels.value
     windowed = cfg.window_docs is not None
