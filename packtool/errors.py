@@ -228,11 +228,11 @@ def shortage_error(exc: BaseException, *, memory: str = "", files: str = "", sta
         cause = (getattr(exc, "strerror", None)
                  or (str(exc).strip().splitlines() or ["no memory left"])[0])
         more = f", {memory}" if memory else ""
-        return OutOfMemoryError(f"{prefix}out of memory ({cause}); the data is not damaged: run "
+        return OutOfMemoryError(f"{prefix}out of memory ({cause}); the data is not at fault: run "
                                 f"with more memory{more}{tail}")
     more = f" or {files}" if files else ""
     return ResourceError(f"{prefix}too many open files{_open_files_limit()}; the data is not "
-                         f"damaged: raise the limit (ulimit -n 65536){more}{tail}")
+                         f"at fault: raise the limit (ulimit -n 65536){more}{tail}")
 
 
 class Interrupted(PacktoolError):

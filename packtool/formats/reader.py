@@ -717,7 +717,7 @@ class InputSource:
                 batch = self._batches[row_group].select(columns)
                 for lo in range(0, batch.num_rows, batch_rows):
                     yield batch.slice(lo, batch_rows)
-        except (pa.ArrowException, OSError) as exc:
+        except (pa.ArrowException, OSError, MemoryError) as exc:
             raise_if_shortage(exc, f"{self.path}: row group {row_group}")
             raise InputError(f"{self.path}: row group {row_group} cannot be read ({exc}); the "
                              "file is damaged or truncated: regenerate it") from None
