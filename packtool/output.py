@@ -241,10 +241,27 @@ class Output:
     def _remove_created(self) -> None:
         """Remove OUTPUT when this run created it and it is empty again."""
 
-    def check_space(self, needed: int) -> None:
-        """Refuse at once when OUTPUT's filesystem has less than ``needed`` bytes free (a store:
-        not checked)."""
-        self.bytes_needed = self._scratch_needed = needed
+    def check_space(self, shards: int, scratch: int, *, scratch_written: bool = False) -> None:
+        """Refuse at once when OUTPUT's filesystem has less free than the pack still writes
+        (a store: not checked): ``shards`` bytes of shards and, unless ``scratch_written``,
+        ``scratch`` bytes of scratch. A full-disk message asks for both (a failed run's scratch
+        is removed, and its rerun writes it again).
+
+        Raises:
+            OSError: ``ENOSPC``, worded by the cleanup path as every full disk.
+        """
+        self.bytes_needed, self._scratch_needed = shards, scratch
+
+    @property
+    def kept_rows(self) -> int:
+        """Rows of the shards an interrupted identical run finished (from its marker): already
+        on the disk, so not asked for again."""
+        if not self.resume:
+            return 0
+        try:
+            return sum(int(e.get("rows", 0)) for e in self._promised.values())
+        except (TypeError, ValueError, AttributeError):
+            return 0
 
     def _full_disk_note(self, exc: OSError) -> str | None:
         return None
@@ -612,8 +629,9 @@ class LocalOutput(Output):
             except OSError:
                 pass
 
-    def check_space(self, needed: int) -> None:
-        super().check_space(needed)
+    def check_space(self, shards: int, scratch: int, *, scratch_written: bool = False) -> None:
+        super().check_space(shards, scratch, scratch_written=scratch_written)
+        needed = shards + (0 if scratch_written else scratch)
         free = shutil.disk_usage(self.path.path).free
         if free < needed:
             raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
@@ -628,7 +646,7 @@ class LocalOutput(Output):
             free = 0
         # while shards are written, bytes_needed counts the shards left; the scratch (the window
         # spills, removed on the way out) is written again by the rerun
-        needed = self.bytes_needed + (self._scratch_needed if self._writing else 0)
+        needed = self.bytes_needed + self._scratch_needed
         return (f"no space left on device: this pack needs about {needed:,} bytes more to "
                 f"finish, its scratch included ({free:,} free); free space or choose another "
                 "OUTPUT")

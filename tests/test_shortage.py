@@ -258,3 +258,57 @@ def test_complete_output_while_another_pack_holds_the_lock_is_refused(tmp_path, 
         with pytest.raises(OutputError, match="another packtool pack"):
             run_pack(_cfg(src, out), progress=False)
     assert run_pack(_cfg(src, out), progress=False).already_complete
+
+
+def _measured_peak(cfg, monkeypatch):
+    """Run ``cfg`` and return the bytes OUTPUT held at its peak: every file under it when the
+    manifest is about to be written (every shard and the whole scratch), plus the manifest."""
+    from pathlib import Path
+
+    from packtool import output
+
+    seen, real = [], output.Output.commit
+
+    def commit(self, manifest, schema):
+        seen.append(sum(p.stat().st_size for p in Path(cfg.output).rglob("*") if p.is_file()))
+        real(self, manifest, schema)
+        seen[-1] += (Path(cfg.output) / ".packtool-manifest.parquet").stat().st_size
+
+    monkeypatch.setattr(output.Output, "commit", commit)
+    run_pack(cfg, progress=False)
+    monkeypatch.undo()
+    return seen[0]
+
+
+@pytest.mark.parametrize("case", ["ids", "tiny-docs", "labels"])
+def test_free_space_check_covers_the_measured_peak(tmp_path, monkeypatch, case):
+    """The reported fault: the check before reading asked for 15.8 MB and the pack then needed
+    27.9 MB (it counted the spills and plans, not the shards). Incompressible ids (the worst
+    case for size), documents of 1-2 tokens (per-document costs), and stored labels with padded
+    segments: with one byte less free than the measured peak the pack is refused before
+    anything is written; with 4x the peak free it runs (the bound counts ids as stored
+    uncompressed)."""
+    import shutil
+
+    rng = np.random.default_rng(11)
+    lens = (1, 3) if case == "tiny-docs" else (1, 200)
+    write_docs(tmp_path / "in" / "a.parquet",
+               [rng.integers(0, 2**31 - 1, int(k)).tolist() for k in rng.integers(*lens, 800)])
+    kw = dict(labels="shifted", segment_multiple=8, append_eos=1) if case == "labels" else {}
+    cfg = PackConfig(inputs=(str(tmp_path / "in"),), output=str(tmp_path / "ref"), capacity=128,
+                     workers=1, rows_per_shard=32, **kw)
+    peak = _measured_peak(cfg, monkeypatch)
+    usage = shutil.disk_usage
+    for free, fits in ((peak - 1, False), (4 * peak, True)):
+        monkeypatch.setattr("packtool.output.shutil.disk_usage",
+                            lambda p, free=free: usage(p)._replace(free=free))
+        out = tmp_path / f"out-{free}"
+        run = PackConfig(inputs=cfg.inputs, output=str(out), capacity=128, workers=1,
+                         rows_per_shard=32, **kw)
+        if fits:
+            assert not run_pack(run, progress=False).already_complete
+        else:
+            with pytest.raises(OutputError, match="no space left on device.*as it was before"):
+                run_pack(run, progress=False)
+            assert not out.exists()
+        monkeypatch.undo()

@@ -61,7 +61,7 @@ from packtool.pipeline.write import ShardJob, write_shard_task
 from packtool.signals import interruptible, test_pause
 from packtool.stats import PackStats
 
-__all__ = ["run_pack", "PackResult", "plan_windows", "plan_reads", "Windows", "ReadPart"]
+__all__ = ["run_pack", "PackResult", "disk_peak", "plan_windows", "plan_reads", "Windows", "ReadPart"]
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +184,60 @@ def _prepared(cfg: PackConfig) -> _Run:
         raise
 
 
+#: Bytes a slot of a per-token column may take in a shard, at most: int32 ids that do not
+#: compress (compression never grows a page by more than a fraction of a percent); the
+#: structural columns (``segment_ids``, ``position_ids``) are counted at this width too.
+SLOT_BYTES = 4
+#: Bytes of one document piece in the shards' ragged columns (``cu_seqlens`` and
+#: ``cu_seqlens_unpadded`` int32, ``doc_ids`` and ``doc_offsets`` int64, ``source_ids``
+#: int32) and of one row's scalars and list offsets, uncompressed.
+PIECE_BYTES, ROW_BYTES = 28, 32
+#: Parquet footers, page headers and the manifest: a fixed allowance per shard.
+SHARD_OVERHEAD = 64 * 1024
+
+
+def disk_peak(cfg: PackConfig, tokens: int, docs: int, windows: int,
+              rows: int | None = None) -> tuple[int, int]:
+    """Bytes a pack writes on OUTPUT's disk at its peak (just before the manifest, when every
+    shard is written and the scratch not yet removed), as (scratch, shards): an upper bound
+    under the assumptions below, checked before reading and again before writing.
+
+    Args:
+        cfg: the pack's options (capacity, labels, ``--segment-multiple``, BOS/EOS, source
+            column, ``--rows-per-shard``).
+        tokens: input tokens (from the footers: before masks drop any).
+        docs: input documents.
+        windows: planning windows.
+        rows: the exact number of output rows once planned; None before planning, when full
+            rows are assumed (``ceil(tokens / capacity)`` plus one per window), so the
+            estimate before reading can be under the real need by the padding of the rows;
+            the check before writing uses the exact count.
+
+    Returns:
+        ``scratch``: the read parts' spills (4 bytes a token, 1 of target flags, 8 + 4 a
+        document) and the plans (32 + 4 bytes a document piece, 8 a row), where pieces are at
+        most ``docs + tokens / capacity`` (a document over capacity is cut into pieces of at
+        most ``capacity``); ``shards``: :data:`SLOT_BYTES` per slot of every per-token column
+        (``input_ids``, ``segment_ids``, ``position_ids``, ``labels`` when stored),
+        :data:`PIECE_BYTES` per piece, :data:`ROW_BYTES` per row and :data:`SHARD_OVERHEAD`
+        per shard. Compression only makes the real shards smaller (real ids: about 1 byte
+        a token for ``input_ids`` and 0.024 for every structural column together,
+        :mod:`packtool.formats.writer`).
+    """
+    per_doc = int(cfg.append_eos is not None) + int(cfg.prepend_bos is not None)
+    tokens_eff = tokens + per_doc * docs + (cfg.segment_multiple - 1) * docs  # padded pieces
+    c = cfg.capacity
+    pieces = docs + -(-tokens_eff // c)
+    if rows is None:
+        rows = -(-tokens_eff // c) + windows
+    scratch = 5 * tokens_eff + 12 * docs + 36 * pieces + 8 * (rows + windows)
+    columns = 3 + (cfg.labels.value != "none")
+    shards = -(-rows // cfg.rows_per_shard)
+    written = (SLOT_BYTES * columns * c * rows + PIECE_BYTES * pieces + ROW_BYTES * rows
+               + SHARD_OVERHEAD * (shards + 1))
+    return scratch, written
+
+
 def _run(run: _Run, out: Output, show: bool, t0: float) -> PackResult:
     """The pack ``run`` inside its entered OUTPUT ``out``."""
     if out.complete:
@@ -242,7 +296,10 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
     # the read parts' token spills (4 bytes a token, 1 more for target flags at most) and the
     # plans (about 2 segments of 32 bytes per 300 tokens); checked on a local disk only
     out.phase = "read"
-    out.check_space(5 * est_tokens + est_tokens // 4)
+    docs = sum(p.docs for p in parts)
+    scratch, shards = disk_peak(cfg, sum(p.tokens for p in parts), docs, windows.count)
+    c_row = SLOT_BYTES * cfg.capacity * (3 + (cfg.labels.value != "none"))
+    out.check_space(max(0, shards - c_row * out.kept_rows), scratch)  # a local disk only
     with make_engine(cfg.engine.value, workers=cfg.workers,
                      ray_address=cfg.ray_address) as engine:
         local = engine.name == "local"
@@ -283,9 +340,16 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
                                index.targets, cfg.capacity, cfg.segment_multiple,
                                cfg.source_column is not None)
         jobs = _shard_jobs(labels, len(infos), cfg.rows_per_shard, out)
+        # the rows are known: the shards' bound with them, against what is free now
+        _, shards = disk_peak(cfg, sum(p.tokens for p in parts), docs, windows.count,
+                              rows=int(labels.size))
+        asked = out.bytes_needed  # before reading: what a rerun's own first check asks
+        out.check_space(max(0, shards - c_row * out.kept_rows), scratch, scratch_written=True)
         out.begin_write()
-        # a full disk while writing: about the rows left at capacity * 4 bytes per column
-        out.bytes_needed = 4 * cfg.capacity * labels.size
+        # a full disk while writing asks for the shards' bound left, never less than a rerun's
+        # first check will want (it counts rows as full)
+        out.bytes_needed = max(out.bytes_needed, asked)
+        per_row = c_row  # what a rerun's check takes off for a kept row
         outputs, reused, targets = [], 0, 0
         with _progress(len(jobs), "write", "shard", show) as bar:
             for entry, was_reused, shard_targets in engine.map(
@@ -294,7 +358,8 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
                 out.shard_written(entry)
                 reused += was_reused
                 targets += shard_targets
-                out.bytes_needed = max(0, out.bytes_needed - 4 * cfg.capacity * entry.rows)
+                if not was_reused:  # kept shards were not counted
+                    out.bytes_needed = max(0, out.bytes_needed - per_row * entry.rows)
                 bar.update(1)
     if sources.any_targets:  # input label masks: what the rows hold, counted while writing
         total = dataclasses.replace(total, effective_targets=targets)
