@@ -17,7 +17,7 @@ import sys
 import click
 
 from packtool._version import __version__
-from packtool.errors import EXIT_DATA, InputError, Interrupted, PacktoolError
+from packtool.errors import EXIT_DATA, InputError, Interrupted, PacktoolError, shortage_error
 from packtool.types import Engine, LabelMode, Overflow, Strategy
 
 __all__ = ["cli", "main"]
@@ -50,18 +50,27 @@ class _Group(click.Group):
             from packtool.signals import exit_status, stop_word
 
             raise _Failure(stop_word(), exit_status()) from None
-        except OSError as exc:
-            # an I/O failure no layer turned into a PacktoolError (disk full, permissions)
+        except Exception as exc:
             if ctx.meta.get("packtool.debug"):
                 raise
-            where = f"{exc.filename}: " if exc.filename else ""
-            raise _Failure(f"{where}{exc.strerror or exc}", EXIT_DATA) from None
-        except Exception as exc:  # a bug: still one line, and how to see more
-            if ctx.meta.get("packtool.debug"):
-                raise
-            raise _Failure(f"internal error ({type(exc).__name__}: {exc}); rerun as "
-                           f"`packtool --debug {ctx.invoked_subcommand or ''} ...` for the "
-                           "traceback and report it", EXIT_DATA) from None
+            raise _failure_of(exc, ctx.invoked_subcommand) from None
+
+
+def _failure_of(exc: Exception, command: str | None) -> _Failure:
+    """The one line of an exception no layer turned into a :class:`PacktoolError`: a machine
+    running short (memory, open files: never "internal error"), an I/O failure (disk full,
+    permissions), or a bug (how to see more)."""
+    workers = command in ("pack", "tokenize")  # the commands that run tasks side by side
+    short = shortage_error(exc, memory="or fewer --workers" if workers else "",
+                           files="use fewer --workers" if workers else "")
+    if short is not None:
+        return _Failure(str(short), short.exit_code)
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _Failure(f"{where}{exc.strerror or exc}", EXIT_DATA)
+    return _Failure(f"internal error ({type(exc).__name__}: {exc}); rerun as "
+                    f"`packtool --debug {command or ''} ...` for the traceback and report it",
+                    EXIT_DATA)
 
 
 class _ExistingPath(click.Path):

@@ -12,9 +12,17 @@ turns a :class:`PacktoolError` into a one-line message and the exit status of it
   stopped by SIGTERM (a batch scheduler), the same clean stop.
 
 Row numbers in messages are 0-based and labelled so (:func:`row_ref`).
+
+A machine that runs short (memory, open files) is never reported as bad data: every layer that
+turns a pyarrow or OS error into "cannot be read" / "damaged" first lets a shortage through
+(:func:`raise_if_shortage`), and the layer that knows the phase words it once
+(:func:`shortage_error`, a :class:`ResourceError` naming the fix).
 """
 
 from __future__ import annotations
+
+import errno
+import re
 
 __all__ = [
     "EXIT_DATA",
@@ -32,7 +40,12 @@ __all__ = [
     "VerifyError",
     "MissingDependencyError",
     "EngineError",
+    "ResourceError",
+    "OutOfMemoryError",
     "Interrupted",
+    "shortage",
+    "raise_if_shortage",
+    "shortage_error",
 ]
 
 EXIT_DATA = 1  #: bad input/output data, a failed check, a missing dependency
@@ -124,6 +137,102 @@ class MissingDependencyError(PacktoolError):
 class EngineError(PacktoolError):
     """A task failed in the engine for a reason other than bad input (e.g. a Ray worker lost
     after its retries); OUTPUT is left resumable."""
+
+
+class ResourceError(PacktoolError):
+    """The machine ran short of what the run needs (open files), not the data's fault; the
+    message names the fix and what OUTPUT holds (as every failure: as before, or resumable)."""
+
+
+class OutOfMemoryError(ResourceError):
+    """The process ran out of memory (``MemoryError``, pyarrow's ``ArrowMemoryError``,
+    ``ENOMEM``); the message names the fixes of the phase that ran out."""
+
+
+_ERRNO_IN_TEXT = re.compile(r"\[errno (\d+)\]", re.IGNORECASE)
+
+
+def _errno_of(exc: BaseException) -> int | None:
+    """The OS error number of ``exc``: its ``errno``, or the ``[errno N]`` pyarrow writes into
+    the text of errors it raises from a failed system call."""
+    code = getattr(exc, "errno", None)
+    if isinstance(code, int):
+        return code
+    found = _ERRNO_IN_TEXT.search(str(exc))
+    return int(found.group(1)) if found else None
+
+
+def shortage(exc: BaseException) -> str | None:
+    """What the machine ran short of when ``exc`` was raised: ``"memory"`` (``MemoryError`` and
+    its subclasses, pyarrow's ``ArrowMemoryError`` and NumPy's ``_ArrayMemoryError`` among them;
+    ``ENOMEM``), ``"files"`` (``EMFILE``/``ENFILE``: too many open files), else None."""
+    if isinstance(exc, MemoryError):
+        return "memory"
+    if not isinstance(exc, Exception) or isinstance(exc, PacktoolError):
+        return None
+    code = _errno_of(exc)
+    if code == errno.ENOMEM:
+        return "memory"
+    if code in (errno.EMFILE, errno.ENFILE):
+        return "files"
+    return None
+
+
+def raise_if_shortage(exc: BaseException, where: str | None = None) -> None:
+    """Re-raise ``exc`` unchanged when it is a shortage (:func:`shortage`), so that no handler
+    turns it into "the file is damaged"; call first in every ``except`` that would.
+
+    Args:
+        exc: the exception being handled.
+        where: what was being done, for the final message (``in/a.parquet: row group 0``);
+            kept as a note on ``exc``.
+    """
+    if shortage(exc) is None:
+        return
+    if where and not getattr(exc, "__notes__", None):
+        exc.add_note(str(where))
+    raise exc
+
+
+def _open_files_limit() -> str:
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return ""
+    return "" if soft == getattr(resource, "RLIM_INFINITY", -1) else f" (the limit is {soft})"
+
+
+def shortage_error(exc: BaseException, *, memory: str = "", files: str = "", state: str = "",
+                   where: str | None = None) -> ResourceError | None:
+    """The one-line :class:`ResourceError` for a shortage (:func:`shortage`), None for any
+    other exception.
+
+    Args:
+        exc: the exception.
+        memory: what lowers the memory of the phase that ran out, after "run with more
+            memory" (``or fewer --workers``).
+        files: what needs fewer open files, after raising the limit (``use fewer --workers``).
+        state: what OUTPUT holds now (``OUTPUT is as it was before the run``).
+        where: what was being done, when ``exc`` carries no note of it (a path).
+    """
+    kind = shortage(exc)
+    if kind is None:
+        return None
+    notes = getattr(exc, "__notes__", None)
+    where = notes[0] if notes else where or getattr(exc, "filename", None)
+    prefix = f"{where}: " if where else ""
+    tail = f"; {state}" if state else ""
+    if kind == "memory":
+        cause = (getattr(exc, "strerror", None)
+                 or (str(exc).strip().splitlines() or ["no memory left"])[0])
+        more = f", {memory}" if memory else ""
+        return OutOfMemoryError(f"{prefix}out of memory ({cause}); the data is not at fault: run "
+                                f"with more memory{more}{tail}")
+    more = f" or {files}" if files else ""
+    return ResourceError(f"{prefix}too many open files{_open_files_limit()}; the data is not "
+                         f"at fault: raise the limit (ulimit -n 65536){more}{tail}")
 
 
 class Interrupted(PacktoolError):

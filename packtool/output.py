@@ -36,7 +36,13 @@ before writing began leaves OUTPUT as it was (a new OUTPUT is removed); after th
 shards and the marker stay, and rerunning the same command finishes the output
 byte-identically. In a store, every cleanup and every rerun also abort the unfinished multipart
 uploads under OUTPUT (:func:`packtool.formats.object_store.abort_uploads`). ``OSError`` becomes
-one :class:`~packtool.errors.OutputError` line naming the path and the cause.
+one :class:`~packtool.errors.OutputError` line naming the path and the cause, and a machine
+running short (memory, open files) one :class:`~packtool.errors.ResourceError` line naming the
+fixes of the phase it ran short in (:attr:`Output.phase`); each ends with what OUTPUT holds.
+
+A complete identical output is recognised from a listing and its manifest before anything is
+written (no lock is taken when no pack holds OUTPUT), so rerunning a finished pack on read-only
+storage answers "nothing to do" as on any other.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from packtool import signals
-from packtool.errors import ManifestError, OutputError
+from packtool.errors import ManifestError, OutputError, raise_if_shortage, shortage_error
 from packtool.formats import object_store as store
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
                                        PACKED_KIND, TOKENIZED_KIND, Manifest, ShardEntry,
@@ -65,7 +71,7 @@ __all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256
            "PARTIAL_PROGRESS", "ScratchKept", "claim_partial", "keeps_stages", "WINDOW_DONE",
            "SCRATCH_FINGERPRINT", "LAYOUT_REVISION", "window_done", "window_workdir",
            "publish_window", "window_file", "shard_temp", "discard_shard_temp", "publish_shard",
-           "kept_shard", "MARKER_EVERY_S"]
+           "kept_shard", "MARKER_EVERY_S", "MEMORY_FIXES", "FILES_FIX"]
 
 #: Seconds a starting pack waits for OUTPUT's lock before refusing: ``stats``, ``verify`` and
 #: the loader probe it (:func:`packtool.formats.manifest.pack_running`) by taking it for a
@@ -87,6 +93,19 @@ WINDOW_DONE = "done.json"
 SCRATCH_FINGERPRINT = "fingerprint"
 #: Seconds between two rewrites of the marker listing the finished shards.
 MARKER_EVERY_S = 10.0
+#: The phases of a pack (:attr:`Output.phase`) -> what lowers the memory the phase holds, for
+#: an out-of-memory message (after "run with more memory"; see :mod:`packtool.pipeline`).
+MEMORY_FIXES = {
+    None: "or fewer --workers",
+    "read": "or fewer --workers (each read task holds one record batch of its input file)",
+    "plan": "fewer --workers, or --window-docs N to bound each plan task's memory (about 80 "
+            "bytes per document of its window)",
+    "write": "or fewer --workers, or a smaller --row-group-mb (each writing task holds one row "
+             "group)",
+    "manifest": "",
+}
+#: What needs fewer open files, for a too-many-open-files message (after raising the limit).
+FILES_FIX = "use fewer --workers"
 
 #: Distributions whose version can change the output bytes (recorded in the fingerprint).
 BYTE_DECIDING_PACKAGES = ("packtool", "pyarrow", "numpy", "numba")
@@ -148,7 +167,8 @@ def _is_full_disk(exc: OSError) -> bool:
 def _read_json(loc: Location) -> dict | None:
     try:
         doc = json.loads(loc.read_bytes())
-    except (*store.STORE_ERRORS, ValueError, UnicodeDecodeError):
+    except (*store.STORE_ERRORS, ValueError, UnicodeDecodeError) as exc:
+        raise_if_shortage(exc, loc.display)  # never "no marker" (a resume lost) for that
         return None
     return doc if isinstance(doc, dict) else None
 
@@ -203,6 +223,10 @@ class Output:
         self.shards_done = 0  #: shards finished (written or kept) in this run
         self._created = False
         self._writing = False
+        #: the phase under way (``read``, ``plan``, ``write``, ``manifest``; None before), set
+        #: by the pipeline: it words a failure's fixes
+        self.phase: str | None = None
+        self._untouched = False  # complete, recognised without the lock: nothing to clean up
         self._release_sigint = None  # set by commit(): Ctrl-C held until __exit__ ends
         self._scratch_needed = 0  # bytes of scratch the run asked for (check_space)
         self._promised: dict = {}  # shard -> manifest entry dict from an interrupted run's marker
@@ -222,10 +246,27 @@ class Output:
     def _remove_created(self) -> None:
         """Remove OUTPUT when this run created it and it is empty again."""
 
-    def check_space(self, needed: int) -> None:
-        """Refuse at once when OUTPUT's filesystem has less than ``needed`` bytes free (a store:
-        not checked)."""
-        self.bytes_needed = self._scratch_needed = needed
+    def check_space(self, shards: int, scratch: int, *, scratch_written: bool = False) -> None:
+        """Refuse at once when OUTPUT's filesystem has less free than the pack still writes
+        (a store: not checked): ``shards`` bytes of shards and, unless ``scratch_written``,
+        ``scratch`` bytes of scratch. A full-disk message asks for both (a failed run's scratch
+        is removed, and its rerun writes it again).
+
+        Raises:
+            OSError: ``ENOSPC``, worded by the cleanup path as every full disk.
+        """
+        self.bytes_needed, self._scratch_needed = shards, scratch
+
+    @property
+    def kept_rows(self) -> int:
+        """Rows of the shards an interrupted identical run finished (from its marker): already
+        on the disk, so not asked for again."""
+        if not self.resume:
+            return 0
+        try:
+            return sum(int(e.get("rows", 0)) for e in self._promised.values())
+        except (TypeError, ValueError, AttributeError):
+            return 0
 
     def _full_disk_note(self, exc: OSError) -> str | None:
         return None
@@ -246,6 +287,8 @@ class Output:
                 if any(parent.join(n).is_file() for n in (MANIFEST_NAME, IN_PROGRESS_NAME)):
                     raise OutputError(f"{out.display}: OUTPUT is inside the packed output "
                                       f"{parent.display}; choose a location outside it")
+            if e is not None and not self.overwrite and self._complete_as_found():
+                return self
         except store.STORE_ERRORS as exc:
             raise self._os_error(exc, "cannot list OUTPUT") from None
         self._created = e is None
@@ -271,24 +314,44 @@ class Output:
             raise
         return self
 
+    def _manifest_of(self, found: dict) -> tuple[Manifest | None, bool]:
+        """OUTPUT's manifest (None: none, or unreadable) and whether it is this very pack's
+        with every shard at its recorded size, from the listing ``found``."""
+        if MANIFEST_NAME not in found:
+            return None, False
+        try:
+            m = read_manifest(self.path)
+        except ManifestError:
+            return None, False
+        ours = m.fingerprint == self.fingerprint and all(
+            s.file in found and found[s.file].size == s.bytes for s in m.shards)
+        return m, ours
+
+    def _complete_as_found(self) -> bool:
+        """A finished identical pack is in OUTPUT and no pack holds its lock: the run is a
+        no-op, decided from a listing and the manifest with nothing written (no lock taken), so
+        a finished output on read-only storage is recognised too. A lock that is held (or any
+        lock object in a store) leaves the decision to the locked path."""
+        found = self.path.listdir()
+        if LOCK_NAME in found and (not self.path.is_local or pack_running(self.path)):
+            return False
+        m, ours = self._manifest_of(found)
+        if not ours:
+            return False
+        self.complete, self.manifest, self._untouched = True, m, True
+        return True
+
     def _decide(self) -> None:
         """The decision table over one listing of OUTPUT (module docstring, step 1)."""
         out = self.path
         found = {n: e for n, e in out.listdir().items() if n != LOCK_NAME}
-        m = None
-        if MANIFEST_NAME in found:
-            try:
-                m = read_manifest(out)
-            except ManifestError:
-                m = None
-            if m is not None and m.fingerprint == self.fingerprint:
-                intact = all(s.file in found and found[s.file].size == s.bytes
-                             for s in m.shards)
-                if not intact:
-                    self.overwrite = True  # this very pack, damaged since: ours to redo
-                elif not self.overwrite:  # --overwrite asks for the shards to be written anew
-                    self.complete, self.manifest = True, m
-                    return
+        m, ours = self._manifest_of(found)
+        if m is not None:
+            if m.fingerprint == self.fingerprint and not ours:
+                self.overwrite = True  # this very pack, damaged since: ours to redo
+            elif ours and not self.overwrite:  # --overwrite asks for the shards anew
+                self.complete, self.manifest = True, m
+                return
         elif IN_PROGRESS_NAME in found:
             marker = _read_json(out.join(IN_PROGRESS_NAME)) or {}
             self.resume = marker.get("fingerprint") == self.fingerprint
@@ -383,6 +446,7 @@ class Output:
                     out.join(name).delete()
         self._write_marker()
         self._writing = True
+        self.phase = "write"
 
     def shards_kept(self) -> int:
         """Finished shards in OUTPUT now, for an interrupted run's message: the files at a
@@ -429,6 +493,7 @@ class Output:
         removed and the run ends as a success, never as "interrupted" beside a manifest."""
         if self._release_sigint is None:
             self._release_sigint = signals.hold()
+        self.phase = "manifest"
         publish_manifest(self.path, manifest, schema)
         self._writing = False
         self.manifest = manifest
@@ -437,15 +502,35 @@ class Output:
 
     # -- exit: the one cleanup path --------------------------------------------------------------
     def __exit__(self, exc_type, exc, tb) -> bool:
-        try:
-            self._cleanup(exc)
-        finally:
-            if self._release_sigint is not None:
-                self._release_sigint()  # a Ctrl-C after commit() began: the pack is complete
-                self._release_sigint = None
+        if not self._untouched:
+            try:
+                self._cleanup(exc)
+            finally:
+                if self._release_sigint is not None:
+                    self._release_sigint()  # a Ctrl-C after commit() began: complete
+                    self._release_sigint = None
+        short = shortage_error(exc, memory=MEMORY_FIXES.get(self.phase, MEMORY_FIXES[None]),
+                               files=FILES_FIX, state=self._state()) if exc is not None else None
+        if short is not None:
+            raise short from None
         if isinstance(exc, store.STORE_ERRORS):
             raise self._os_error(exc) from None
         return False
+
+    def _state(self) -> str:
+        """What OUTPUT holds after a failed run, in words, true in every phase: as before
+        (nothing written outside the scratch, which is gone), or the marker with the shards
+        finished so far (none, some, all but the manifest) and how to finish."""
+        if self._untouched or not self._writing:
+            return "OUTPUT is as it was before the run"
+        done = self.shards_kept()
+        if self.phase == "manifest":
+            return ("every shard is finished and kept, only the manifest is missing: rerun the "
+                    "same command to finish")
+        if done == 0:
+            return ("no shard was finished (OUTPUT holds only the in-progress marker): rerun the "
+                    "same command to finish")
+        return (f"the finished shards are kept ({done}): rerun the same command to finish")
 
     def _keeps_windows(self, exc: BaseException | None) -> bool:
         """Ctrl-C leaves what a rerun of the same command resumes from, as SIGKILL would: the
@@ -480,8 +565,7 @@ class Output:
 
     def _os_error(self, exc: BaseException, what: str = "cannot write") -> OutputError:
         where = getattr(exc, "filename", None) or self.path.display
-        state = ("the finished shards are kept: rerun the same command to finish"
-                 if self._writing else "OUTPUT is as it was before the run")
+        state = self._state()
         told = self.path.store_error(exc, what)
         if isinstance(told, StoreError):  # credentials, bucket, endpoint: one wording
             return OutputError(f"{told} ({state})")
@@ -525,8 +609,9 @@ class LocalOutput(Output):
             except OSError:
                 pass
 
-    def check_space(self, needed: int) -> None:
-        super().check_space(needed)
+    def check_space(self, shards: int, scratch: int, *, scratch_written: bool = False) -> None:
+        super().check_space(shards, scratch, scratch_written=scratch_written)
+        needed = shards + (0 if scratch_written else scratch)
         free = shutil.disk_usage(self.path.path).free
         if free < needed:
             raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
@@ -541,7 +626,7 @@ class LocalOutput(Output):
             free = 0
         # while shards are written, bytes_needed counts the shards left; the scratch (the window
         # spills, removed on the way out) is written again by the rerun
-        needed = self.bytes_needed + (self._scratch_needed if self._writing else 0)
+        needed = self.bytes_needed + self._scratch_needed
         return (f"no space left on device: this pack needs about {needed:,} bytes more to "
                 f"finish, its scratch included ({free:,} free); free space or choose another "
                 "OUTPUT")

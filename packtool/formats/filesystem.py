@@ -13,6 +13,8 @@ import os
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from packtool.errors import raise_if_shortage
+
 __all__ = ["local_filesystem", "open_local", "from_uri", "file_info", "list_dir", "upload"]
 
 
@@ -41,6 +43,7 @@ def from_uri(root: str) -> tuple[pafs.FileSystem, str]:
     try:
         return pafs.FileSystem.from_uri(root)
     except pa.ArrowException as exc:
+        raise_if_shortage(exc)
         raise ValueError(str(exc)) from None
 
 

@@ -17,7 +17,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from packtool.errors import InputError, SchemaError
+from packtool.errors import InputError, SchemaError, raise_if_shortage
 
 __all__ = ["INPUT_NAME", "is_arrow_table", "table_from_list", "write_input", "packed_batches",
            "read_packed_table", "packed_arrow_schema"]
@@ -63,6 +63,7 @@ def table_from_list(data: list, column: str) -> pa.Table:
             return pa.Table.from_pylist(list(data))
         tokens = pa.array(data)  # inferred: a Parquet file of these values has this type
     except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+        raise_if_shortage(exc)
         raise _unconvertible(data, mappings, exc) from None
     if pa.types.is_null(tokens.type) or (pa.types.is_list(tokens.type)
                                          and pa.types.is_null(tokens.type.value_type)):

@@ -65,7 +65,7 @@ from typing import Callable, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.errors import InputError, ManifestError, PacktoolError
+from packtool.errors import InputError, ManifestError, PacktoolError, raise_if_shortage
 from packtool.location import Location, StoreError
 from packtool.signals import hold
 from packtool.signals import result as task_result
@@ -481,6 +481,7 @@ def _not_there(out: Location) -> PacktoolError | None:
             return None
         why = "no such directory" if out.is_local else out.missing()
     except (OSError, pa.ArrowException) as exc:
+        raise_if_shortage(exc)
         return unreadable(out, exc)
     return ManifestError(f"{out.display}: {why}; pass the OUTPUT directory of packtool pack")
 
@@ -555,6 +556,7 @@ def read_manifest_and_schema(output) -> tuple[Manifest, pa.Schema]:
             if look or not mloc.exists():
                 raise (_not_there(out) or _incomplete(out)) from None
         except (OSError, pa.ArrowException) as exc:
+            raise_if_shortage(exc, mloc.display)
             gone = _not_there(out)
             if gone is not None:
                 raise gone from None
@@ -566,6 +568,7 @@ def read_manifest_and_schema(output) -> tuple[Manifest, pa.Schema]:
         schema = pq.read_schema(pa.BufferReader(data))
         doc = json.loads((schema.metadata or {})[MANIFEST_META_KEY])
     except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
+        raise_if_shortage(exc, mloc.display)
         raise ManifestError(f"{mloc.display}: unreadable manifest ({_first(exc)}); rerun the "
                             "same packtool pack with --overwrite") from None
     meta = {k: v for k, v in (schema.metadata or {}).items() if k != MANIFEST_META_KEY}
@@ -695,6 +698,7 @@ def check_shards(output, manifest: Manifest, *, hashes: bool = False, threads: i
     try:
         found = out.listdir()
     except (OSError, pa.ArrowException) as exc:
+        raise_if_shortage(exc)
         raise unreadable(out, exc) from None
     if not found:
         gone = _not_there(out)

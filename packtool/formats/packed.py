@@ -60,7 +60,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.errors import ManifestError
+from packtool.errors import ManifestError, raise_if_shortage
 from packtool.formats.arrays import list_parts, numpy_values
 from packtool.formats.manifest import (Manifest, check_shards, footer_of,
                                        read_manifest_and_schema, require_packed)
@@ -719,6 +719,7 @@ class PackedOutput:
         except ManifestError:
             raise
         except (OSError, pa.ArrowException) as exc:
+            raise_if_shortage(exc, str(where))
             raise ManifestError(f"{where}: cannot open ({_first(exc)}); with many shards lower "
                                 "max_open_files or raise `ulimit -n`") from None
         try:
@@ -731,6 +732,7 @@ class PackedOutput:
                 footer = footer_of(handle, size)
                 md = pq.read_metadata(pa.BufferReader(b"PAR1" + footer))
             except (OSError, pa.ArrowException) as exc:
+                raise_if_shortage(exc, str(where))
                 raise ManifestError(f"{where}: unreadable Parquet footer ({_first(exc)}); the "
                                     "shard is damaged: rerun the same packtool pack with "
                                     "--overwrite") from None
@@ -820,6 +822,7 @@ class PackedOutput:
         try:
             table = pf.read_row_group(g, columns=read, use_threads=False)
         except (OSError, pa.ArrowException) as exc:
+            raise_if_shortage(exc, f"{where}: row group {g}")
             raise ManifestError(f"{where}: row group {g} cannot be read ({_first(exc)}): the "
                                 "shard is damaged; rerun the same packtool pack with "
                                 "--overwrite") from None

@@ -48,7 +48,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from packtool.errors import InputError, ManifestError, PacktoolError, SchemaError, row_ref
+from packtool.errors import (InputError, ManifestError, PacktoolError, SchemaError, raise_if_shortage,
+                             row_ref)
 from packtool.formats.arrays import list_parts, numpy_values
 from packtool.formats.manifest import (IN_PROGRESS_NAME, MANIFEST_META_KEY, MANIFEST_NAME,
                                        PACKED_KIND, Manifest)
@@ -331,8 +332,10 @@ def filesystem_of(location) -> tuple[pafs.FileSystem, str, str]:
     try:
         fs, path = loc.filesystem()
     except OSError as exc:  # the location's own one-line message
+        raise_if_shortage(exc)
         raise InputError(str(exc)) from None
     except (pa.ArrowException, ValueError) as exc:
+        raise_if_shortage(exc)
         raise InputError(f"{loc.display}: cannot open this location ({exc}); check the URI and "
                          "the credentials in the environment") from None
     return fs, path, "" if loc.is_local else f"{loc.scheme}://"
@@ -387,7 +390,8 @@ def _packed_marker(fs: pafs.FileSystem, names: set[str], directory: str) -> str 
         try:
             with fs.open_input_file(f"{directory}/{_PACKED_MARKERS[0]}") as fh:
                 meta = pq.read_schema(fh).metadata or {}
-        except (OSError, ValueError, pa.ArrowException):
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            raise_if_shortage(exc)
             return None
         if MANIFEST_META_KEY in meta:
             try:
@@ -418,6 +422,7 @@ def _hf_files(fs: pafs.FileSystem, directory: str, shown) -> list[str]:
         indices = state.get("_indices_data_files")
     except (OSError, ValueError, KeyError, TypeError, AttributeError,
             pa.ArrowException) as exc:
+        raise_if_shortage(exc)
         raise InputError(f"{shown}/{_HF_STATE}: not a readable Hugging Face dataset state "
                          f"({exc}); save the dataset again with save_to_disk") from None
     if indices:
@@ -777,12 +782,14 @@ class InputSource:
                 batch = self._batches[row_group].select(columns)
                 for lo in range(0, batch.num_rows, batch_rows):
                     yield batch.slice(lo, batch_rows)
-        except (pa.ArrowException, OSError) as exc:
+        except (pa.ArrowException, OSError, MemoryError) as exc:
+            raise_if_shortage(exc, f"{self.path}: row group {row_group}")
             raise InputError(f"{self.path}: row group {row_group} cannot be read ({exc}); the "
                              "file is damaged or truncated: regenerate it") from None
 
 
 def _unreadable(shown, fs: pafs.FileSystem, path: str, kind: str, exc: Exception) -> InputError:
+    raise_if_shortage(exc, str(shown))  # a machine short of memory or files: not a bad file
     try:
         size = fs.get_file_info(path).size or 0
     except (pa.ArrowException, OSError):

@@ -45,12 +45,12 @@ import numpy as np
 from packtool._version import __version__
 from packtool.config import PackConfig
 from packtool.engines import make_engine
-from packtool.errors import InputError
+from packtool.errors import InputError, shortage_error
 from packtool.formats.manifest import (FORMAT_VERSION, InputEntry, LabelsInfo, Manifest,
                                        WindowEntry, Windowing, shard_name)
 from packtool.formats.reader import discover_inputs
 from packtool.formats.schema import labels_convention, packed_schema
-from packtool.output import Output, fingerprint
+from packtool.output import FILES_FIX, MEMORY_FIXES, Output, fingerprint
 from packtool.pipeline import progress as _progress_mod
 from packtool.pipeline.layout import ShardSources
 from packtool.pipeline.plan import (PartIndex, WindowInfo, Windows, merge_windows, plan_window,
@@ -61,7 +61,7 @@ from packtool.pipeline.write import ShardJob, write_shard_task
 from packtool.signals import interruptible, test_pause
 from packtool.stats import PackStats
 
-__all__ = ["run_pack", "PackResult", "plan_windows", "plan_reads", "Windows", "ReadPart"]
+__all__ = ["run_pack", "PackResult", "disk_peak", "plan_windows", "plan_reads", "Windows", "ReadPart"]
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +171,73 @@ def _prepare(cfg: PackConfig) -> _Run:
     return _Run(cfg, files, parts, windows, fingerprint(cfg.layout_options(), files))
 
 
+def _prepared(cfg: PackConfig) -> _Run:
+    """:func:`_prepare`, a machine running short while it lists and reads footers reported as
+    such (:class:`~packtool.errors.ResourceError`), never as a bad file."""
+    try:
+        return _prepare(cfg)
+    except Exception as exc:
+        short = shortage_error(exc, memory=MEMORY_FIXES[None], files=FILES_FIX,
+                               state="OUTPUT is as it was before the run")
+        if short is not None:
+            raise short from None
+        raise
+
+
+#: Bytes a slot of a per-token column may take in a shard, at most: int32 ids that do not
+#: compress (compression never grows a page by more than a fraction of a percent); the
+#: structural columns (``segment_ids``, ``position_ids``) are counted at this width too.
+SLOT_BYTES = 4
+#: Bytes of one document piece in the shards' ragged columns (``cu_seqlens`` and
+#: ``cu_seqlens_unpadded`` int32, ``doc_ids`` and ``doc_offsets`` int64, ``source_ids``
+#: int32) and of one row's scalars and list offsets, uncompressed.
+PIECE_BYTES, ROW_BYTES = 28, 32
+#: Parquet footers, page headers and the manifest: a fixed allowance per shard.
+SHARD_OVERHEAD = 64 * 1024
+
+
+def disk_peak(cfg: PackConfig, tokens: int, docs: int, windows: int,
+              rows: int | None = None) -> tuple[int, int]:
+    """Bytes a pack writes on OUTPUT's disk at its peak (just before the manifest, when every
+    shard is written and the scratch not yet removed), as (scratch, shards): an upper bound
+    under the assumptions below, checked before reading and again before writing.
+
+    Args:
+        cfg: the pack's options (capacity, labels, ``--segment-multiple``, BOS/EOS, source
+            column, ``--rows-per-shard``).
+        tokens: input tokens (from the footers: before masks drop any).
+        docs: input documents.
+        windows: planning windows.
+        rows: the exact number of output rows once planned; None before planning, when full
+            rows are assumed (``ceil(tokens / capacity)`` plus one per window), so the
+            estimate before reading can be under the real need by the padding of the rows;
+            the check before writing uses the exact count.
+
+    Returns:
+        ``scratch``: the read parts' spills (4 bytes a token, 1 of target flags, 8 + 4 a
+        document) and the plans (32 + 4 bytes a document piece, 8 a row), where pieces are at
+        most ``docs + tokens / capacity`` (a document over capacity is cut into pieces of at
+        most ``capacity``); ``shards``: :data:`SLOT_BYTES` per slot of every per-token column
+        (``input_ids``, ``segment_ids``, ``position_ids``, ``labels`` when stored),
+        :data:`PIECE_BYTES` per piece, :data:`ROW_BYTES` per row and :data:`SHARD_OVERHEAD`
+        per shard. Compression only makes the real shards smaller (real ids: about 1 byte
+        a token for ``input_ids`` and 0.024 for every structural column together,
+        :mod:`packtool.formats.writer`).
+    """
+    per_doc = int(cfg.append_eos is not None) + int(cfg.prepend_bos is not None)
+    tokens_eff = tokens + per_doc * docs + (cfg.segment_multiple - 1) * docs  # padded pieces
+    c = cfg.capacity
+    pieces = docs + -(-tokens_eff // c)
+    if rows is None:
+        rows = -(-tokens_eff // c) + windows
+    scratch = 5 * tokens_eff + 12 * docs + 36 * pieces + 8 * (rows + windows)
+    columns = 3 + (cfg.labels.value != "none")
+    shards = -(-rows // cfg.rows_per_shard)
+    written = (SLOT_BYTES * columns * c * rows + PIECE_BYTES * pieces + ROW_BYTES * rows
+               + SHARD_OVERHEAD * (shards + 1))
+    return scratch, written
+
+
 def _run(run: _Run, out: Output, show: bool, t0: float) -> PackResult:
     """The pack ``run`` inside its entered OUTPUT ``out``."""
     if out.complete:
@@ -199,6 +266,9 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
         OutputError: OUTPUT cannot be used (another pack holds it, not empty, full disk...).
         PackingError: a document over capacity with ``--overflow error``.
         EngineError: a Ray task failed (OUTPUT is left resumable).
+        ResourceError: the machine ran out of memory (:class:`~packtool.errors.OutOfMemoryError`)
+            or open files; the message names the fixes of the phase, OUTPUT is as before or
+            resumable.
         MissingDependencyError: ``--engine ray`` without Ray installed.
         KeyboardInterrupt: Ctrl-C; OUTPUT is as before or resumable, and the exception's
             message says what was kept for the rerun (empty when nothing was).
@@ -206,10 +276,10 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
     if cfg.holdout is not None and cfg.holdout_part is None:  # two packs, one per side
         from packtool.pipeline.holdout import run_holdout
 
-        return run_holdout(cfg, _prepare, _run, _interrupted, progress=progress)
+        return run_holdout(cfg, _prepared, _run, _interrupted, progress=progress)
     t0 = time.perf_counter()
     show = progress and sys.stderr.isatty()
-    run = _prepare(cfg)
+    run = _prepared(cfg)
     out = None
     try:
         with interruptible(), run.output() as out:
@@ -225,7 +295,11 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
                                                    if cfg.append_eos is not None else 0)
     # the read parts' token spills (4 bytes a token, 1 more for target flags at most) and the
     # plans (about 2 segments of 32 bytes per 300 tokens); checked on a local disk only
-    out.check_space(5 * est_tokens + est_tokens // 4)
+    out.phase = "read"
+    docs = sum(p.docs for p in parts)
+    scratch, shards = disk_peak(cfg, sum(p.tokens for p in parts), docs, windows.count)
+    c_row = SLOT_BYTES * cfg.capacity * (3 + (cfg.labels.value != "none"))
+    out.check_space(max(0, shards - c_row * out.kept_rows), scratch)  # a local disk only
     with make_engine(cfg.engine.value, workers=cfg.workers,
                      ray_address=cfg.ray_address) as engine:
         local = engine.name == "local"
@@ -248,6 +322,7 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
         require_tokens(files, windows.docs, int(bases[-1]), cfg.column)
         infos: list[WindowInfo] = []
         sizes = windows.sizes()
+        out.phase = "plan"
         with _progress_mod.phase("plan", int(bases[-1]), windows.docs, show) as bar:
             for info in engine.map(plan_window, [(cfg, windows, w, index, str(out.tmp))
                                                  for w in range(windows.count)]):
@@ -265,9 +340,16 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
                                index.targets, cfg.capacity, cfg.segment_multiple,
                                cfg.source_column is not None)
         jobs = _shard_jobs(labels, len(infos), cfg.rows_per_shard, out)
+        # the rows are known: the shards' bound with them, against what is free now
+        _, shards = disk_peak(cfg, sum(p.tokens for p in parts), docs, windows.count,
+                              rows=int(labels.size))
+        asked = out.bytes_needed  # before reading: what a rerun's own first check asks
+        out.check_space(max(0, shards - c_row * out.kept_rows), scratch, scratch_written=True)
         out.begin_write()
-        # a full disk while writing: about the rows left at capacity * 4 bytes per column
-        out.bytes_needed = 4 * cfg.capacity * labels.size
+        # a full disk while writing asks for the shards' bound left, never less than a rerun's
+        # first check will want (it counts rows as full)
+        out.bytes_needed = max(out.bytes_needed, asked)
+        per_row = c_row  # what a rerun's check takes off for a kept row
         outputs, reused, targets = [], 0, 0
         with _progress(len(jobs), "write", "shard", show) as bar:
             for entry, was_reused, shard_targets in engine.map(
@@ -276,10 +358,12 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
                 out.shard_written(entry)
                 reused += was_reused
                 targets += shard_targets
-                out.bytes_needed = max(0, out.bytes_needed - 4 * cfg.capacity * entry.rows)
+                if not was_reused:  # kept shards were not counted
+                    out.bytes_needed = max(0, out.bytes_needed - per_row * entry.rows)
                 bar.update(1)
     if sources.any_targets:  # input label masks: what the rows hold, counted while writing
         total = dataclasses.replace(total, effective_targets=targets)
+    out.phase = "manifest"
     test_pause("manifest")
     labels_mode = cfg.labels.value
     windowed = cfg.window_docs is not None

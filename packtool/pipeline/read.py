@@ -39,7 +39,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from packtool.core.masks import TokenBatch, prepare_documents
-from packtool.errors import InputError
+from packtool.errors import InputError, raise_if_shortage
 from packtool.formats.reader import InputFile, iter_token_batches, open_input, reads_labels
 from packtool.output import (PARTIAL_PROGRESS, READ_DIR_PREFIX, WINDOW_DONE, claim_partial,
                              keeps_stages, publish_window, window_done, window_file,
@@ -325,7 +325,8 @@ def _resume_state(work: Path, with_sources: bool) -> dict:
                 os.truncate(work / name, size)
         state.setdefault("sources", [])
         return state
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise_if_shortage(exc, str(work))  # the progress is fine: keep it for the rerun
         for p in work.iterdir():
             p.unlink()
         return fresh
