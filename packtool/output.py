@@ -218,6 +218,8 @@ class Output:
         self.resume = False
         self.manifest: Manifest | None = None
         self.bytes_needed = 0  #: what the current phase still has to write (ENOSPC message)
+        #: set by :meth:`check_space` when the pack may not fit (a warning, not a refusal)
+        self.space_note: str | None = None
         self.windows_kept = 0  #: finished scratch units kept from a killed identical run
         self.kept = ScratchKept()  #: what the scratch holds for a rerun (after a trim)
         self.shards_done = 0  #: shards finished (written or kept) in this run
@@ -247,10 +249,17 @@ class Output:
         """Remove OUTPUT when this run created it and it is empty again."""
 
     def check_space(self, shards: int, scratch: int, *, scratch_written: bool = False) -> None:
-        """Refuse at once when OUTPUT's filesystem has less free than the pack still writes
-        (a store: not checked): ``shards`` bytes of shards and, unless ``scratch_written``,
-        ``scratch`` bytes of scratch. A full-disk message asks for both (a failed run's scratch
-        is removed, and its rerun writes it again).
+        """Check OUTPUT's free space (a store: not checked) against what the pack still writes:
+        ``scratch`` bytes of scratch (spills stored uncompressed: exact, unless
+        ``scratch_written``) and at most ``shards`` bytes of shards (an upper bound: the ids
+        counted uncompressed; real ids compress to about a quarter of it).
+
+        Refuses only a pack that cannot fit: less free than the scratch. Less free than the
+        scratch and the shards' bound sets :attr:`space_note` (a warning: the pack may fill the
+        disk; it then stops cleanly and the same command resumes). A refusal would otherwise
+        turn away packs that fit, since the compressed size is known only once written. A
+        full-disk message asks for the scratch and the shards' bound (a failed run's scratch is
+        removed, and its rerun writes it again).
 
         Raises:
             OSError: ``ENOSPC``, worded by the cleanup path as every full disk.
@@ -611,10 +620,15 @@ class LocalOutput(Output):
 
     def check_space(self, shards: int, scratch: int, *, scratch_written: bool = False) -> None:
         super().check_space(shards, scratch, scratch_written=scratch_written)
-        needed = shards + (0 if scratch_written else scratch)
+        certain = 0 if scratch_written else scratch
         free = shutil.disk_usage(self.path.path).free
-        if free < needed:
+        if free < certain:
             raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+        if free < certain + shards:
+            self.space_note = (f"{self.path.display}: {free:,} bytes free, and this pack may "
+                               f"need up to {certain + shards:,} (its shards counted "
+                               "uncompressed); if the disk fills, the pack stops and the same "
+                               "command resumes once space is freed")
 
     def _full_disk_note(self, exc: OSError) -> str | None:
         if not _is_full_disk(exc):
@@ -627,7 +641,7 @@ class LocalOutput(Output):
         # while shards are written, bytes_needed counts the shards left; the scratch (the window
         # spills, removed on the way out) is written again by the rerun
         needed = self.bytes_needed + self._scratch_needed
-        return (f"no space left on device: this pack needs about {needed:,} bytes more to "
+        return (f"no space left on device: this pack needs up to about {needed:,} bytes more to "
                 f"finish, its scratch included ({free:,} free); free space or choose another "
                 "OUTPUT")
 

@@ -300,6 +300,9 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
     scratch, shards = disk_peak(cfg, sum(p.tokens for p in parts), docs, windows.count)
     c_row = SLOT_BYTES * cfg.capacity * (3 + (cfg.labels.value != "none"))
     out.check_space(max(0, shards - c_row * out.kept_rows), scratch)  # a local disk only
+    space_note = out.space_note
+    if space_note:
+        log.warning(space_note)
     with make_engine(cfg.engine.value, workers=cfg.workers,
                      ray_address=cfg.ray_address) as engine:
         local = engine.name == "local"
@@ -345,6 +348,9 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
                               rows=int(labels.size))
         asked = out.bytes_needed  # before reading: what a rerun's own first check asks
         out.check_space(max(0, shards - c_row * out.kept_rows), scratch, scratch_written=True)
+        if out.space_note and not space_note:  # the exact rows can tip it
+            space_note = out.space_note
+            log.warning(space_note)
         out.begin_write()
         # a full disk while writing asks for the shards' bound left, never less than a rerun's
         # first check will want (it counts rows as full)
@@ -380,7 +386,7 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
         source_column=cfg.source_column, source_values=source_values)
     out.commit(manifest, packed_schema(cfg.capacity, labels_mode, cfg.segment_multiple,
                                        sources=cfg.source_column is not None))
-    notes = _warnings(cfg, total)
+    notes = _warnings(cfg, total) + ([space_note] if space_note else [])
     if out.replaced:
         notes.insert(0, f"OUTPUT held {out.replaced}: replaced by this pack")
     return PackResult(total, manifest, time.perf_counter() - t0, reused, False,
