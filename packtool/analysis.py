@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -668,15 +669,27 @@ def require_matplotlib():
 
 
 def _save(plt, fig, out: str | os.PathLike) -> None:
-    """Lay out, save and close a figure; a path that cannot be written is an OutputError."""
+    """Lay out, render and close a figure, then publish it whole at ``out`` (the format from
+    its suffix; a temporary name, then a rename, with Ctrl-C and SIGTERM held meanwhile): a
+    stopped or failed save never leaves a partial image or a temporary file. A path that cannot
+    be written is an OutputError."""
+    import io
+
+    from packtool.location import Location
+    from packtool.signals import signals_held
+
     fig.tight_layout()
+    buf = io.BytesIO()
     try:
-        fig.savefig(out, dpi=100)
+        fig.savefig(buf, dpi=100, format=Path(out).suffix[1:].lower() or None)
+    finally:
+        plt.close(fig)
+    try:
+        with signals_held():
+            Location.parse(str(out)).publish_bytes(buf.getvalue())
     except OSError as exc:
         raise OutputError(f"{out}: cannot write the plot ({exc.strerror or exc}); choose a "
                           "writable path") from None
-    finally:
-        plt.close(fig)
 
 
 def _log_bins(x: np.ndarray, n: int = 50) -> np.ndarray:

@@ -174,17 +174,29 @@ def test_packed_plot_uses_log_scales(monkeypatch, tmp_path):
 
 
 def test_plot_that_cannot_be_written_is_one_line_exit_1(tmp_path, monkeypatch):
+    """A plot is rendered in memory and published whole (temporary name, rename): a path that
+    cannot be written is one line, exit 1, and leaves no partial image or temporary file."""
     pytest.importorskip("matplotlib")
-    import matplotlib.figure
+    import os
 
-    def refuse(self, *a, **k):
-        raise PermissionError(13, "Permission denied")
+    real = os.replace
 
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", refuse)
+    def refuse(src, dst):
+        if str(dst).endswith("f.png"):
+            raise PermissionError(13, "Permission denied")
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", refuse)
     out = _packed_many_rows(tmp_path)
-    res = run("stats", out, "--plot", tmp_path / "f.png")
+    plots = tmp_path / "plots"
+    plots.mkdir()
+    res = run("stats", out, "--plot", plots / "f.png")
     assert res.exit_code == 1 and "cannot write the plot (Permission denied)" in res.output
     assert "Traceback" not in res.output
+    assert list(plots.iterdir()) == []
+    monkeypatch.undo()
+    assert run("stats", out, "--plot", plots / "f.png").exit_code == 0
+    assert (plots / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_progress_counts_are_integers(monkeypatch):
