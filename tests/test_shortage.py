@@ -176,6 +176,31 @@ def test_too_many_open_files_opening_input_is_not_a_bad_file(tmp_path, src, monk
     assert "ulimit -n" in msg and "as it was before" in msg, msg
 
 
+def test_too_many_open_files_while_finding_the_inputs_is_not_a_bad_path(tmp_path, src,
+                                                                        monkeypatch):
+    """EMFILE while discovery looks at INPUT was "cannot be read ... check the INPUT path"."""
+    import packtool.formats.reader as reader
+
+    real = reader.filesystem_of
+
+    class Full:
+        def __init__(self, fs):
+            self.fs = fs
+
+        def get_file_info(self, path):
+            raise OSError(errno.EMFILE, "Too many open files")
+
+        def __getattr__(self, name):
+            return getattr(self.fs, name)
+
+    monkeypatch.setattr(reader, "filesystem_of",
+                        lambda given: (Full(real(given)[0]), *real(given)[1:]))
+    res = invoke(["pack", "-q", "-c", C, src, tmp_path / "out"])
+    assert res.exit_code == EXIT_DATA, res.output
+    _one_line_shortage(res.output.strip(), "too many open files")
+    assert "INPUT path" not in res.output, res.output
+
+
 def test_failure_before_any_shard_does_not_claim_finished_shards(tmp_path, src, reference,
                                                                  monkeypatch):
     """The reported fault: EMFILE on a spill while writing the first shard said "the finished

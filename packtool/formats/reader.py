@@ -48,8 +48,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from packtool.errors import (InputError, ManifestError, PacktoolError, SchemaError, raise_if_shortage,
-                             row_ref)
+from packtool.errors import (InputError, ManifestError, PacktoolError, SchemaError,
+                             raise_if_shortage, row_ref)
 from packtool.formats.arrays import list_parts, numpy_values
 from packtool.formats.manifest import (IN_PROGRESS_NAME, MANIFEST_META_KEY, MANIFEST_NAME,
                                        PACKED_KIND, Manifest)
@@ -651,6 +651,7 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
             info = fs.get_file_info(path)
             missing = loc.missing() if info.type == pafs.FileType.NotFound else None
         except (pa.ArrowException, OSError) as exc:
+            raise_if_shortage(exc, str(shown))  # too many open files: not a bad path
             told = loc.store_error(exc)
             if isinstance(told, StoreError):
                 raise InputError(str(told)) from None
