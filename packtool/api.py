@@ -117,6 +117,25 @@ def _iter_packed_rows(path: str, owner: _Owner | None = None):
         yield from batch.to_pylist()
 
 
+def _as_documents(data):
+    """A tuple of documents, or a 2-D NumPy array (one document per row), as the list of
+    documents the list input takes; anything else unchanged.
+
+    Raises:
+        InputError: a NumPy array that is not 2-D (a 1-D array is one document: wrap it in a
+            list).
+    """
+    if isinstance(data, tuple):
+        return list(data)
+    mod = type(data).__module__ or ""
+    if mod == "numpy" and type(data).__name__ == "ndarray":
+        if data.ndim != 2:
+            raise InputError(f"pack_dataset takes a 2-D NumPy array (one document per row), "
+                             f"not a {data.ndim}-D one; one document of ids is [array]")
+        return list(data)  # rows as arrays: their dtype is judged as a column of them
+    return data
+
+
 def _kind(data) -> str:
     from packtool.formats.inmemory import is_arrow_table
 
@@ -130,7 +149,8 @@ def _kind(data) -> str:
         if name in ("Dataset", "IterableDataset", "DatasetDict", "IterableDatasetDict"):
             return name
     raise InputError(f"pack_dataset takes a datasets.Dataset, IterableDataset, DatasetDict, a "
-                     f"pyarrow.Table or a list of token sequences, not {type(data).__name__}; "
+                     f"pyarrow.Table, a list of token sequences or a 2-D NumPy array, not "
+                     f"{type(data).__name__}; "
                      "for files on disk use packtool.pack(INPUT, OUTPUT)")
 
 
@@ -173,7 +193,8 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
             ``datasets.Dataset`` / ``IterableDataset`` (their rows in iteration order; an
             ``IterableDataset`` is read one batch of ``batch_rows`` at a time), a
             ``DatasetDict`` / ``IterableDatasetDict`` (each split packed on its own), a
-            ``pyarrow.Table``, or a list of token sequences (or of dicts of columns). Mask
+            ``pyarrow.Table``, a list or tuple of token sequences (or of dicts of columns), or
+            a 2-D NumPy array of integer ids (one document per row, all of its width). Mask
             columns (``attention_mask``, ``labels``, TRL's ``completion_mask`` and
             ``assistant_masks``, or the columns ``attention_mask_column``, ``labels_column`` and
             ``loss_mask_column`` name) are applied as by the CLI; text and scalar columns are
@@ -200,7 +221,8 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
         ``num_targets``, ``doc_ids``, ``doc_offsets``, ``source_ids`` with ``source_column``):
         a ``datasets.Dataset`` (in memory), an ``IterableDataset`` (streamed from the packed
         output on disk), a ``DatasetDict`` of those, a ``pyarrow.Table`` (the shards' schema
-        and metadata), or a list of dicts of Python values, one per row.
+        and metadata), or a list of dicts of Python values, one per row (for a list, tuple
+        or NumPy array).
 
         Labels convention (docs/labels.md): the ``labels`` column, when stored, is handed out
         as stored, never converted: ``unshifted`` (``labels[i]`` is token ``i`` or -100; the
@@ -222,6 +244,7 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
     from packtool.config import option_value
     from packtool.pipeline import run_pack
 
+    data = _as_documents(data)
     kind = _kind(data)
     batch_rows = option_value("batch_rows", batch_rows, "int", minimum=1)
     progress = option_value("progress", progress, "bool")

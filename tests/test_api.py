@@ -362,3 +362,19 @@ def test_numpy_integer_options_give_the_bytes_of_the_equal_python_ints(tmp_path)
                                  seed=np.int64(4), window_docs=np.int64(1))
     assert rows == packtool.pack_dataset([[11, 12, 13], [21, 22]], 8, pad_id=3, seed=4,
                                          window_docs=1)
+
+
+def test_pack_dataset_takes_a_2d_numpy_array_and_a_tuple_as_the_list_of_their_rows():
+    """A 2-D NumPy array of ids (one document per row, pre-cut sequences) and a tuple of
+    documents give the rows of the same documents as a list; a float array is refused as a
+    list of floats is (never cut to integers), a 1-D array is named as one document."""
+    rng = np.random.default_rng(5)
+    arr = rng.integers(1, 30000, size=(37, 11), dtype=np.int32)
+    want = packtool.pack_dataset([row.tolist() for row in arr], 16, seed=2)
+    assert packtool.pack_dataset(arr, 16, seed=2) == want
+    assert packtool.pack_dataset(tuple(row.tolist() for row in arr), 16, seed=2) == want
+    assert sum(n for r in want for n in [r["num_targets"]]) == 37 * 10
+    with pytest.raises(SchemaError):
+        packtool.pack_dataset(arr.astype(np.float64), 16)
+    with pytest.raises(InputError, match="2-D NumPy array.*not a 1-D one; one document"):
+        packtool.pack_dataset(arr[0], 16)
