@@ -9,7 +9,13 @@ still shows here.
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
+import subprocess
+import sys
+import threading
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -244,3 +250,25 @@ def no_padding_block(batch, dev):
         return torch.softmax(s / q.shape[-1] ** 0.5, dim=-1) @ v
 
     return attend
+
+
+@contextmanager
+def paused_pack(src, out, phase: str, options=()):
+    """``packtool pack -q OPTIONS SRC OUT`` as a process, held at the test pause ``phase``
+    (``PACKTOOL_TEST_PAUSE_AT``): yields the process once it announced the pause; on the way
+    out it is SIGKILLed (asserted) and reaped, with a 120 s watchdog throughout."""
+    env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT=phase)
+    proc = subprocess.Popen([sys.executable, "-m", "packtool", "pack", "-q", *map(str, options),
+                             str(src), str(out)], stderr=subprocess.PIPE, text=True, env=env)
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        line = proc.stderr.readline()
+        assert f"test pause at {phase}" in line, f"no pause at {phase}: {line!r}"
+        yield proc
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait() == -signal.SIGKILL
+    finally:
+        watchdog.cancel()
+        proc.kill()
+        proc.stderr.close()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from packcheck import hash_tree, invoke, write_docs
+from packcheck import hash_tree, invoke, paused_pack, write_docs
 from packtool.errors import ManifestError
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
                                        load_manifest, read_manifest)
@@ -48,20 +48,8 @@ def reference(src, tmp_path_factory) -> Path:
 
 def kill_at(phase: str, src: Path, out: Path, options=OPTIONS) -> None:
     """Start ``packtool pack`` as a process, wait until it pauses at ``phase``, SIGKILL it."""
-    env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT=phase)
-    proc = subprocess.Popen([sys.executable, "-m", "packtool", "pack", "-q", *options,
-                             str(src), str(out)], stderr=subprocess.PIPE, text=True, env=env)
-    watchdog = threading.Timer(120, proc.kill)
-    watchdog.start()
-    try:
-        line = proc.stderr.readline()
-        assert f"test pause at {phase}" in line, f"no pause at {phase}: {line!r}"
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait() == -signal.SIGKILL
-    finally:
-        watchdog.cancel()
-        proc.kill()
-        proc.stderr.close()
+    with paused_pack(src, out, phase, options):
+        pass
 
 
 def rerun(src: Path, out: Path, options=OPTIONS, warnings: list | None = None) -> dict:

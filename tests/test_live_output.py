@@ -10,16 +10,12 @@ replay the two racy instants deterministically: the pack ends, or begins, betwee
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
-from packcheck import invoke, write_docs
+from packcheck import invoke, paused_pack, write_docs
 
 from packtool.errors import ManifestError
 from packtool.formats import manifest as manifest_mod
@@ -50,15 +46,7 @@ def test_a_pack_paused_at_any_phase_is_said_to_be_writing_not_interrupted(comple
                                                                            phase):
     src, done = complete
     out = _copy(done, tmp_path / "o_c")
-    env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT=phase)
-    proc = subprocess.Popen([sys.executable, "-m", "packtool", "pack", "-q", "--overwrite",
-                             *OPTIONS, str(src), str(out)], stderr=subprocess.PIPE, text=True,
-                            env=env)
-    watchdog = threading.Timer(120, proc.kill)
-    watchdog.start()
-    try:
-        line = proc.stderr.readline()
-        assert f"test pause at {phase}" in line, f"no pause at {phase}: {line!r}"
+    with paused_pack(src, out, phase, ["--overwrite", *OPTIONS]):
         res = invoke(["stats", out])
         assert "interrupted" not in res.output, res.output
         assert res.exit_code == 0 or "is writing it now" in res.output, res.output
@@ -66,12 +54,6 @@ def test_a_pack_paused_at_any_phase_is_said_to_be_writing_not_interrupted(comple
             PackedOutput.open(out)
         except ManifestError as exc:
             assert "is writing it now" in str(exc), exc
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait() == -signal.SIGKILL
-    finally:
-        watchdog.cancel()
-        proc.kill()
-        proc.stderr.close()
     if not (out / MANIFEST_NAME).exists():  # killed once it began writing: now interrupted
         res = invoke(["stats", out])
         assert res.exit_code == 1 and "interrupted pack" in res.output, res.output

@@ -237,7 +237,6 @@ def _stop_export(out, dest, sig, *extra) -> tuple[int, str]:
     """``packtool export`` as a process, paused once its temporary file is open, then sent
     ``sig``; returns (exit status, stderr)."""
     import os
-    import signal
     import subprocess
     import sys
     import threading
