@@ -205,8 +205,11 @@ class Output:
         return super().__new__(cls)
 
     def __init__(self, path, inputs, fingerprint: str, *, overwrite: bool = False,
-                 options: dict | None = None, kind: str = PACKED_KIND):
+                 options: dict | None = None, kind: str = PACKED_KIND, role: str = "OUTPUT"):
         self.path = Location.parse(path)
+        #: how messages name this output: ``OUTPUT``, or the option that named it
+        #: (``--holdout-output``)
+        self.role = role
         self.options = options
         self.kind = kind
         self.replaced: str | None = None  #: what of another run this one replaced, in words
@@ -285,21 +288,21 @@ class Output:
         out = self.path
         for src in self.inputs:
             if out.overlaps(src):
-                raise OutputError(f"{out.display}: OUTPUT overlaps INPUT {src.display}; "
+                raise OutputError(f"{out.display}: {self.role} overlaps INPUT {src.display}; "
                                   "choose a location outside the input")
         try:
             e = out.entry()
             if e is not None and not e.is_dir:
-                raise OutputError(f"{out.display}: exists and is a file; OUTPUT must be a "
+                raise OutputError(f"{out.display}: exists and is a file; {self.role} must be a "
                                   "directory")
             for parent in out.ancestors():  # shards of another schema would break its dataset
                 if any(parent.join(n).is_file() for n in (MANIFEST_NAME, IN_PROGRESS_NAME)):
-                    raise OutputError(f"{out.display}: OUTPUT is inside the packed output "
+                    raise OutputError(f"{out.display}: {self.role} is inside the packed output "
                                       f"{parent.display}; choose a location outside it")
             if e is not None and not self.overwrite and self._complete_as_found():
                 return self
         except store.STORE_ERRORS as exc:
-            raise self._os_error(exc, "cannot list OUTPUT") from None
+            raise self._os_error(exc, f"cannot list {self.role}") from None
         self._created = e is None
         try:
             out.makedirs()
@@ -309,7 +312,7 @@ class Output:
                 raise OutputError(str(told)) from None
             cause = getattr(exc, "strerror", None) or store.first_line(exc)
             raise OutputError(f"{out.display}: cannot write ({cause}); choose a writable "
-                              "OUTPUT") from None
+                              f"{self.role}") from None
         self._lock()
         try:
             self._tidy_store()
@@ -378,7 +381,7 @@ class Output:
         foreign = sorted(n for n in others if n not in own
                          and not (not found[n].is_dir and is_shard_name(n)))
         if foreign:  # never deleted, and beside the shards they would break Parquet readers
-            raise OutputError(f"{out.display}: OUTPUT holds {len(foreign)} entr"
+            raise OutputError(f"{out.display}: {self.role} holds {len(foreign)} entr"
                               f"{'y' if len(foreign) == 1 else 'ies'} packtool did not write "
                               f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); "
                               "move them away or choose another location (--overwrite replaces "
@@ -388,11 +391,11 @@ class Output:
                 was = dict(m.options)
                 if m.labels is not None:  # recorded apart as the labels fact
                     was["labels"] = m.labels.convention if m.labels.stored else "none"
-                raise OutputError(f"{out.display}: OUTPUT holds a finished "
+                raise OutputError(f"{out.display}: {self.role} holds a finished "
                                   f"{_run_word(m.kind)} of "
                                   f"{_differences(was, self.options)}; pass --overwrite "
                                   "to replace it or choose another location")
-            raise OutputError(f"{out.display}: OUTPUT is not empty; pass --overwrite to replace "
+            raise OutputError(f"{out.display}: {self.role} is not empty; pass --overwrite to replace "
                               "it or choose another location")
 
     def _open_scratch(self) -> None:
@@ -531,14 +534,14 @@ class Output:
         (nothing written outside the scratch, which is gone), or the marker with the shards
         finished so far (none, some, all but the manifest) and how to finish."""
         if self._untouched or not self._writing:
-            return "OUTPUT is as it was before the run"
+            return f"{self.role} is as it was before the run"
         done = self.shards_kept()
         if self.phase == "manifest":
             return ("every shard is finished and kept, only the manifest is missing: rerun the "
                     "same command to finish")
         if done == 0:
-            return ("no shard was finished (OUTPUT holds only the in-progress marker): rerun the "
-                    "same command to finish")
+            return (f"no shard was finished ({self.role} holds only the in-progress marker): "
+                    "rerun the same command to finish")
         return (f"the finished shards are kept ({done}): rerun the same command to finish")
 
     def _keeps_windows(self, exc: BaseException | None) -> bool:
@@ -596,12 +599,12 @@ class LocalOutput(Output):
         except Timeout:
             self._remove_created()
             raise OutputError(f"{self.path.display}: another packtool pack is writing this "
-                              f"OUTPUT (lock {LOCK_NAME} is held); wait for it to end or choose "
-                              "another OUTPUT") from None
+                              f"{self.role} (lock {LOCK_NAME} is held); wait for it to end or "
+                              f"choose another {self.role}") from None
         except OSError as exc:
             self._remove_created()
             raise OutputError(f"{self.path.display}: cannot write ({exc.strerror}); choose a "
-                              "writable OUTPUT") from None
+                              f"writable {self.role}") from None
         self._file_lock = lock
 
     def _unlock(self) -> None:
@@ -643,7 +646,7 @@ class LocalOutput(Output):
         needed = self.bytes_needed + self._scratch_needed
         return (f"no space left on device: this pack needs up to about {needed:,} bytes more to "
                 f"finish, its scratch included ({free:,} free); free space or choose another "
-                "OUTPUT")
+                f"{self.role}")
 
 
 class StoreOutput(Output):

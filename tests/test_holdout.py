@@ -3,6 +3,8 @@ shares no document with the training rows, with the same contract and its own ma
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -205,6 +207,9 @@ def test_an_unusable_holdout_output_is_refused_before_anything_is_written(tmp_pa
             lock.release()
     assert res.exit_code == 1, res.output
     assert res.output.count("\n") == 1 and HOLDOUT_REFUSALS[kind] in res.output, res.output
+    # named as the option that gave it, not as the training OUTPUT
+    assert "--holdout-output" in res.output and not re.search(r"(?<![-\w])OUTPUT", res.output), \
+        res.output
     assert not out.exists()
     if before is not None:
         assert hash_tree(held) == before

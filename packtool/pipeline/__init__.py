@@ -159,7 +159,8 @@ class _Run:
         """OUTPUT of this pack, not entered yet (entering it runs every check on OUTPUT)."""
         cfg = self.cfg
         return Output(cfg.output, cfg.inputs, self.fp, overwrite=cfg.overwrite,
-                      options=cfg.layout_options())
+                      options=cfg.layout_options(),
+                      role="--holdout-output" if cfg.holdout_part == "holdout" else "OUTPUT")
 
 
 def _prepare(cfg: PackConfig) -> _Run:
