@@ -264,9 +264,11 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
         from packtool.signals import exit_status, stop_word
 
         kept = str(exc)
-        raise Interrupted(f"{stop_word()}: {cfg.output} has no manifest; "
+        where, role = getattr(exc, "output", None) or (cfg.output, "OUTPUT")
+        done = (f" ({cfg.output} is finished)" if role != "OUTPUT" else "")
+        raise Interrupted(f"{stop_word()}: {where} has no manifest{done}; "
                           + (f"kept for the rerun: {kept}; " if kept
-                             else "nothing was kept (OUTPUT is as before the run); ")
+                             else f"nothing was kept ({role} is as before the run); ")
                           + "rerun the same command to resume and finish it",
                           exit_status()) from None
     s = result.stats

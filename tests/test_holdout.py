@@ -241,3 +241,30 @@ def test_the_python_api_checks_the_holdout_output_before_writing(tmp_path):
         packtool.pack_dataset([{"input_ids": d} for d in docs if d], 64,
                               output=tmp_path / "ds", holdout=0.2)
     assert not (tmp_path / "ds").exists()
+
+
+def test_ctrl_c_during_the_held_out_pack_names_the_held_out_output(tmp_path, monkeypatch):
+    """Ctrl-C once the training output is finished, while the held-out one is packed: the line
+    names the held-out output as the one without a manifest and says the training output is
+    finished (it used to say OUTPUT had no manifest); the rerun finishes the held-out pack."""
+    import packtool.pipeline as pipeline
+
+    src = write_docs(tmp_path / "in" / "a.parquet", _docs(60))
+    out, held = tmp_path / "out", tmp_path / "held"
+    real = pipeline._pack
+
+    def stop_in_holdout(cfg, *args, **kwargs):
+        if cfg.holdout_part == "holdout":
+            raise KeyboardInterrupt
+        return real(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "_pack", stop_in_holdout)
+    args = ["pack", "-q", "-c", 64, "--holdout", 0.2, "--holdout-output", held, src.parent, out]
+    res = invoke(args)
+    assert res.exit_code == 130, res.output
+    assert f"{held} has no manifest ({out} is finished)" in res.output, res.output
+    assert "--holdout-output is as before the run" in res.output, res.output
+    read_manifest(out)  # the training output is complete
+    monkeypatch.undo()
+    assert invoke(args).exit_code == 0
+    read_manifest(held)

@@ -249,9 +249,13 @@ def _run(run: _Run, out: Output, show: bool, t0: float) -> PackResult:
 
 
 def _interrupted(exc: KeyboardInterrupt, out: Output | None) -> KeyboardInterrupt:
-    """The ``KeyboardInterrupt`` to raise: its message says what ``out`` kept for the rerun."""
+    """The ``KeyboardInterrupt`` to raise: its message says what ``out`` kept for the rerun,
+    and its ``output`` attribute names the output that was stopped (with ``--holdout``, the
+    held-out one once the training output is finished), None when none was entered."""
     kept = out.kept.describe(out.shards_kept()) if out is not None else ""
-    return KeyboardInterrupt(kept) if kept and not str(exc) else exc
+    stopped = KeyboardInterrupt(kept) if kept and not str(exc) else exc
+    stopped.output = (out.path.display, out.role) if out is not None else None
+    return stopped
 
 
 def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
