@@ -708,22 +708,23 @@ def check_shards(output, manifest: Manifest, *, hashes: bool = False, threads: i
     def fault(message: str) -> ManifestError:  # a pack replacing the shards now: say so
         return running_error(out) if pack_running(out) else ManifestError(message)
 
+    # what wrote it, to be run again: ``pack`` or ``tokenize``
+    rerun = (f"rerun the same packtool "
+             f"{'tokenize' if manifest.kind == TOKENIZED_KIND else 'pack'} with --overwrite")
     listed = {s.file for s in manifest.shards}
     for s in manifest.shards:
         e = found.get(s.file)
         where = out.join(s.file).display
         if e is None or e.is_dir:
-            raise fault(f"{where}: shard listed in the manifest is missing; rerun the "
-                        "same packtool pack with --overwrite")
+            raise fault(f"{where}: shard listed in the manifest is missing; {rerun}")
         if e.size != s.bytes:
             raise fault(f"{where}: size {e.size} bytes, the manifest says {s.bytes}: "
-                        "the shard was modified or truncated; rerun the same packtool "
-                        "pack with --overwrite")
+                        f"the shard was modified or truncated; {rerun}")
     extra = sorted(n for n, e in found.items() if not e.is_dir and is_shard_name(n)
                    and n not in listed)
     if extra:
         raise fault(f"{out.join(extra[0]).display}: shard not listed in the manifest; "
-                    "remove it or rerun the same packtool pack with --overwrite")
+                    f"remove it or {rerun}")
     if not hashes:
         return
     done = 0
@@ -733,8 +734,7 @@ def check_shards(output, manifest: Manifest, *, hashes: bool = False, threads: i
             for s, digest in zip(manifest.shards, digests):
                 if task_result(digest) != s.sha256:
                     raise ManifestError(f"{out.join(s.file).display}: sha256 differs from the "
-                                        "manifest: the shard was modified; rerun the same "
-                                        "packtool pack with --overwrite")
+                                        f"manifest: the shard was modified; {rerun}")
                 done += 1
                 if progress:
                     progress(done, len(manifest.shards))

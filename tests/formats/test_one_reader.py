@@ -373,3 +373,33 @@ def test_ctrl_c_during_upgrade_leaves_the_old_manifest_or_the_new_one(clean, tmp
         assert res.exit_code == 0 and "format version 3" in res.output, res.output
         assert read_manifest(out).format_version == 3
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("kind, command", [("packed", "pack"), ("tokenized", "tokenize")])
+def test_a_damaged_output_asks_for_the_command_that_wrote_it(outputs, tmp_path, kind, command):
+    """A shard missing, resized, unlisted or rewritten: the line says to rerun the command that
+    wrote the output (``packtool tokenize`` for a tokenized one, not ``pack``)."""
+    import dataclasses
+
+    from packtool.formats.manifest import check_shards
+
+    out = tmp_path / "o"
+    shutil.copytree(outputs["none"], out)
+    m = dataclasses.replace(read_manifest(out), kind=kind)
+    first = out / m.shards[0].file
+    want = f"rerun the same packtool {command} with --overwrite"
+    data = first.read_bytes()
+    for damage in ("missing", "resized", "extra", "rewritten"):
+        if damage == "missing":
+            first.unlink()
+        elif damage == "resized":
+            first.write_bytes(data + b"x")
+        elif damage == "extra":
+            shutil.copy(out / m.shards[1].file, out / "part-99999.parquet")
+        else:
+            first.write_bytes(bytes([data[0] ^ 1]) + data[1:])
+        with pytest.raises(ManifestError, match=want):
+            check_shards(out, m, hashes=True)
+        first.write_bytes(data)
+        (out / "part-99999.parquet").unlink(missing_ok=True)
+    check_shards(out, m, hashes=True)
