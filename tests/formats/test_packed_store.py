@@ -80,6 +80,9 @@ def test_the_training_example_runs_from_s3(both):
                          capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.count("per target on this rank") == 2
+    # the workers are shut down by the loop, not killed at exit ("DataLoader worker ... killed
+    # by signal: Terminated" in an atexit callback)
+    assert "Exception ignored" not in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
 def test_the_endpoint_may_be_given_in_the_uri(tmp_path, s3, s3_endpoint, monkeypatch):
