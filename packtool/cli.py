@@ -324,7 +324,7 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
             docs = [w.docs for w in ws]
             rounding = sum(w.lower_bound_rows for w in ws) - s.lower_bound_rows
             click.echo(f"  windows {len(ws):,} of {min(docs):,}..{max(docs):,} documents "
-                       f"(--window-docs {cfg.window_docs:,}): extra rows {s.extra_rows:,} = "
+                       f"(--window-docs {cfg.window_docs}): extra rows {s.extra_rows:,} = "
                        f"{sum(extra):,} from packing within windows (max {max(extra, default=0):,} "
                        f"in one) + {rounding:,} from rounding each window up to whole rows")
     if result.holdout is not None and not quiet and not as_json:

@@ -26,7 +26,7 @@ def split_warning(docs_split: int, docs_nonempty: int, capacity: int,
     if not docs_nonempty or docs_split <= threshold * docs_nonempty:
         return None
     return (f"--overflow split cut {100 * docs_split / docs_nonempty:.1f}% of the documents "
-            f"({docs_split:,} of {docs_nonempty:,}) into pieces of --capacity {capacity:,}: "
+            f"({docs_split:,} of {docs_nonempty:,}) into pieces of --capacity {capacity}: "
             "each piece trains without the context before it; a larger --capacity keeps them "
             "whole")
 
