@@ -162,16 +162,26 @@ def _errno_of(exc: BaseException) -> int | None:
     return int(found.group(1)) if found else None
 
 
+#: What the system says, in an error without an errno, when it could not map memory: a
+#: shared library loaded under a memory limit (``failed to map segment``), a thread's stack.
+_NO_MEMORY_TEXT = re.compile(r"cannot allocate memory|failed to map segment|"
+                             r"can't start new thread", re.IGNORECASE)
+
+
 def shortage(exc: BaseException) -> str | None:
     """What the machine ran short of when ``exc`` was raised: ``"memory"`` (``MemoryError`` and
     its subclasses, pyarrow's ``ArrowMemoryError`` and NumPy's ``_ArrayMemoryError`` among them;
-    ``ENOMEM``), ``"files"`` (``EMFILE``/``ENFILE``: too many open files), else None."""
+    ``ENOMEM``; a thread that cannot start or a shared library that cannot be mapped, as under
+    ``ulimit -v``), ``"files"`` (``EMFILE``/``ENFILE``: too many open files), else None."""
     if isinstance(exc, MemoryError):
         return "memory"
     if not isinstance(exc, Exception) or isinstance(exc, PacktoolError):
         return None
     code = _errno_of(exc)
     if code == errno.ENOMEM:
+        return "memory"
+    if (code is None or code == errno.EAGAIN) and isinstance(exc, (RuntimeError, OSError)) \
+            and _NO_MEMORY_TEXT.search(str(exc)):
         return "memory"
     if code in (errno.EMFILE, errno.ENFILE):
         return "files"

@@ -93,8 +93,14 @@ def test_shortage_kinds():
     assert shortage(OSError("Failed to open local file. Detail: [errno 24] Too many open "
                             "files")) == "files"
     assert shortage(pa.ArrowInvalid("Detail: [errno 12] Cannot allocate memory")) == "memory"
+    # under ulimit -v: a thread that cannot start, a shared library that cannot be mapped
+    assert shortage(RuntimeError("can't start new thread")) == "memory"
+    assert shortage(OSError("Could not find/load shared object file 'libllvmlite.so'.\n Error "
+                            "was: libllvmlite.so: failed to map segment from shared "
+                            "object")) == "memory"
     for other in (OSError(errno.EIO, "Input/output error"), pa.ArrowInvalid("bad page"),
-                  ValueError("x"), KeyboardInterrupt()):
+                  ValueError("x"), KeyboardInterrupt(), RuntimeError("dictionary changed"),
+                  OSError("Could not find/load shared object file 'libllvmlite.so'")):
         assert shortage(other) is None and shortage_error(other) is None
 
 

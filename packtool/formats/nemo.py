@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 from filelock import FileLock, Timeout
 
 from packtool._version import __version__
-from packtool.errors import OutputError
+from packtool.errors import OutputError, PacktoolError, shortage_error
 from packtool.location import Location
 from packtool.signals import check, hold, interruptible, test_pause
 from packtool.types import IGNORE_INDEX
@@ -238,8 +238,12 @@ def _check_dest(out_dir, dest) -> None:
                           "it, lies inside it or contains it); choose a directory outside it")
 
 
-def _dest_error(dest: Path, exc: OSError, state: str) -> OutputError:
-    """One line for a DEST that cannot be written: where, the cause, what was left, the fix."""
+def _dest_error(dest: Path, exc: OSError, state: str) -> PacktoolError:
+    """One line for a DEST that cannot be written: where, the cause, what was left, the fix;
+    a machine short of open files or memory is said to be (the shortage line), not DEST."""
+    short = shortage_error(exc, state=state, where=str(dest))
+    if short is not None:
+        return short
     cause = exc.strerror or str(exc) or type(exc).__name__
     full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
     fix = "free space or choose another DEST" if full else "choose a writable DEST"

@@ -362,3 +362,24 @@ def test_a_dest_that_cannot_be_written_is_one_line_naming_dest_and_the_fix(tmp_p
     assert line == (f"Error: {dest}: DEST cannot be written (Read-only file system); nothing "
                     "was written; choose a writable DEST"), line
     assert not (tmp_path / "rofs").exists()
+
+
+def test_an_export_short_of_open_files_says_so_not_dest(tmp_path, two_outputs, monkeypatch):
+    """Too many open files while the export reads the packed shards or writes DEST: the
+    shortage line (the limit, ``ulimit -n``), never "DEST cannot be written"."""
+    import errno
+
+    import pyarrow.parquet as pq
+
+    out = two_outputs[0]
+
+    def short(*a, **kw):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(pq, "ParquetWriter", short)
+    dest = tmp_path / "nemo"
+    res = invoke(["export", "--to", "nemo", out, dest])
+    assert res.exit_code == 1, res.output
+    [line] = res.output.strip().splitlines()
+    assert "too many open files" in line and "ulimit -n" in line, line
+    assert "DEST cannot be written" not in line, line
