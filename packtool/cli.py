@@ -249,7 +249,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
                      holdout_output=holdout_output, source_column=source_column)
     # what discovery did not read, and mask-like columns not used, are part of the summary
     # (the pack walks INPUT again)
-    found = None if quiet else discover(cfg.inputs, skip_unsupported=cfg.skip_unsupported)
+    found = None if quiet else discover(cfg.inputs, skip_unsupported=cfg.skip_unsupported,
+                                        outputs=cfg.own_outputs())
     skipped = found.skipped_note() if found else ""
     columns = None if quiet else input_columns(found.files, cfg.column,
                                                cfg.attention_mask_column, cfg.labels_column,

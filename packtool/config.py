@@ -366,6 +366,12 @@ class PackConfig:
             d[k] = d[k].value
         return d
 
+    def own_outputs(self) -> tuple[tuple[str, str], ...]:
+        """``(path, how messages name it)`` of each output this pack writes: OUTPUT, and the
+        held-out output with ``holdout``; input discovery refuses a link to one of them."""
+        held = ((self.holdout_output, "--holdout-output"),) if self.holdout_output else ()
+        return ((self.output, "OUTPUT"),) + held
+
     def layout_options(self) -> dict:
         """The options that decide the output bytes (workers, overwrite and the engine do not;
         ``window_docs`` is listed only when set, so one-plan manifests keep their old form)."""

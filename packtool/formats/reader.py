@@ -34,6 +34,7 @@ The reader checks the mask columns (shape, nulls, values) but applies none of th
 from __future__ import annotations
 
 import dataclasses
+import errno
 import heapq
 import json
 import logging
@@ -360,11 +361,45 @@ class _Place:
         return st.st_dev, st.st_ino
 
     def enclosing(self, path: str) -> tuple:
-        """Keys of every folder that physically holds ``path`` (its real path's parents, up to
-        the root): a link to one of them leads back to ``path`` (a loop). A store: none."""
+        """Keys of every folder that holds ``path``, physically (its real path's parents) or as
+        written (the parents of the path as given, which differ when ``path`` or one of its
+        parents is a link), up to the root: a link to one of them leads back to ``path`` (a
+        loop). A store: none."""
         if self.prefix:
             return ()
-        return tuple(self.key(str(q)) for q in Path(os.path.realpath(path)).parents)
+        parents = dict.fromkeys([*Path(os.path.realpath(path)).parents,
+                                 *Path(os.path.abspath(path)).parents])
+        return tuple(self.key(str(q)) for q in parents)
+
+    def outputs(self, outputs) -> dict:
+        """Folder key -> how a message names it, for each output (``(path, role)``) that
+        exists on this local filesystem. A store: none (it has no links)."""
+        if self.prefix:
+            return {}
+        found = {}
+        for path, role in outputs:
+            loc = Location.parse(path)
+            if loc.is_local and os.path.isdir(loc.path):
+                found[self.key(str(loc.path))] = f"{role} {loc.display}"
+        return found
+
+    @staticmethod
+    def dangling(path: str) -> str:
+        """What is wrong with a symbolic link the filesystem cannot follow, in words: a chain
+        of links that comes back on itself, or a link to nothing."""
+        try:
+            os.stat(path)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                chain, q = [os.path.basename(path)], path
+                for _ in range(8):  # the first links of the chain, as they are written
+                    if not os.path.islink(q):
+                        break
+                    target = os.readlink(q)
+                    chain.append(target)
+                    q = os.path.join(os.path.dirname(q), target)
+                return f"a loop of symbolic links ({' -> '.join(chain)} -> ...)"
+        return f"a broken symbolic link (to {os.readlink(path)}, which does not exist)"
 
     def broken_links(self, directory: str, listed) -> list[str]:
         """Names in local ``directory`` that are symbolic links to nothing (the filesystem
@@ -469,18 +504,22 @@ _Found = tuple
 
 
 def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
-          skip_unsupported: bool, disp=None, text: bool = False) -> list[_Found]:
+          skip_unsupported: bool, disp=None, text: bool = False,
+          avoid: dict | None = None) -> list[_Found]:
     """Every data file under ``root``, each with its key in the global document order.
 
     The key is the relative path, except for the files of a ``save_to_disk`` folder, which
     sort at the folder's relative path in their ``state.json`` order (their names say nothing
     of it). Entries not read go to ``skipped`` with the reason, named by ``disp(relative
     path)`` (default: the path inside the filesystem). ``text``: JSON Lines files are data too.
+    ``avoid``: folder key -> name of the run's own outputs (:meth:`_Place.outputs`), refused
+    when a link leads to one.
 
     Raises:
         InputError: as :func:`discover`; a file of another format inside the folder (unless
             ``skip_unsupported``).
     """
+    avoid = avoid or {}
     fs = place.fs
     disp = disp or (lambda rel: place.show(f"{root}/{rel}" if rel else root))
     found: list[_Found] = []
@@ -506,9 +545,8 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
             if name.startswith((".", "_")):
                 skipped.append(f"{disp(drel + name)} (hidden or '_'-prefixed)")
                 continue
-            target = os.readlink(os.path.join(dpath, name))
-            raise InputError(f"{disp(drel + name)}: a broken symbolic link (to {target}, which "
-                             "does not exist); fix the link or remove it from INPUT")
+            raise InputError(f"{disp(drel + name)}: {place.dangling(os.path.join(dpath, name))}; "
+                             "fix the link or remove it from INPUT")
         marker = _packed_marker(fs, set(by_name), dpath)
         if marker:
             _refuse_packed(place.show(dpath), marker)
@@ -548,6 +586,10 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
                     continue
                 held = ancestors + (key,)
                 link = not place.prefix and os.path.islink(info.path)
+                if (linked or link) and key in avoid:  # the pack's own output, by a link
+                    raise InputError(f"{disp(drel + name)}: leads to {avoid[key]} through a "
+                                     "symbolic link (INPUT must not hold the pack's output); "
+                                     "remove the link from INPUT")
                 if link:  # it may lead out of INPUT: what holds its target is a loop too
                     held += place.enclosing(info.path)
                 heapq.heappush(heap, (linked or link, f"{drel}{name}/", info.path, key, held))
@@ -595,7 +637,7 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
 
 
 def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = False,
-             text: bool = False) -> Discovery:
+             text: bool = False, outputs: Sequence[tuple] = ()) -> Discovery:
     """Expand INPUT paths or URIs into data files, in global document order.
 
     Order (what ``doc_ids`` numbers): the INPUT paths in the order given; inside a directory
@@ -609,7 +651,8 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
 
     Symbolic links are followed, to files and to folders anywhere (shards kept elsewhere), but
     a folder link that leads back to a folder holding it (INPUT, one of INPUT's own parents, or
-    a parent of the link's target) is a loop: never entered, reported. Inside one INPUT
+    a parent of the link's target, as written or physically) is a loop: never entered,
+    reported; a link that leads to one of the run's ``outputs`` is refused. Inside one INPUT
     folder, a file or folder reached by several names (symbolic or hard links) is read once:
     at its own path when INPUT holds it, else at the name that sorts first; the other names
     are reported. Files keep their place in the order above.
@@ -621,6 +664,9 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
 
     Args:
         inputs: INPUT paths or URIs.
+        outputs: ``(path, role)`` of the run's own outputs (``("out/", "OUTPUT")``): a folder
+            link inside INPUT that leads to one is refused (the second run would find its
+            own output in its input).
         skip_unsupported: skip files of an unsupported format inside a directory (listed in
             ``skipped``) instead of refusing them.
         text: the inputs of ``packtool tokenize``: JSON Lines files (format ``jsonl``) are
@@ -635,7 +681,8 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
             format (unless ``skip_unsupported``); a packtool output is given or nested inside
             INPUT; a Hugging Face DatasetDict (pass one split) or a dataset saved with an
             indices mapping; the same file is reached from two INPUT arguments (by path,
-            symbolic link or hard link); a symbolic link (not hidden) leads nowhere.
+            symbolic link or hard link); a symbolic link (not hidden) leads nowhere
+            or into a loop of links; a folder link leads to one of ``outputs``.
     """
     files: list[InputFile] = []
     skipped: list[str] = []
@@ -658,8 +705,8 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
             raise InputError(f"{shown}: cannot be read ({exc}); check the INPUT path and the "
                              "credentials") from None
         if missing is not None and not prefix and os.path.islink(path):
-            raise InputError(f"{shown}: a broken symbolic link (to {os.readlink(path)}, which "
-                             "does not exist); fix the link or check the INPUT path")
+            raise InputError(f"{shown}: {place.dangling(path)}; fix the link or check the INPUT "
+                             "path")
         if missing is not None:
             raise InputError(f"{shown}: {missing}; check the INPUT path")
         if info.type == pafs.FileType.Directory:
@@ -669,8 +716,8 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
             else:
                 def disp(rel, _g=Path(_location(given))):
                     return _g / rel if rel else _g
-            found = sorted(_walk(place, path, skipped, notes, skip_unsupported, disp, text),
-                           key=lambda t: t[4])
+            found = sorted(_walk(place, path, skipped, notes, skip_unsupported, disp, text,
+                                 place.outputs(outputs)), key=lambda t: t[4])
             # a file with several names (symbolic or hard links) is read once: at its own path
             # if INPUT holds it, else at the name that sorts first
             found_keys = [place.key(t[0]) for t in found]
@@ -711,15 +758,15 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
     return Discovery(files, skipped, notes)
 
 
-def discover_inputs(inputs: Sequence[str | os.PathLike], *,
-                    skip_unsupported: bool = False) -> list[InputFile]:
+def discover_inputs(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = False,
+                    outputs: Sequence[tuple] = ()) -> list[InputFile]:
     """The files of :func:`discover`; what was skipped is logged (one line, level INFO: the
     ``pack`` summary states it).
 
     Raises:
         InputError: as :func:`discover`.
     """
-    d = discover(inputs, skip_unsupported=skip_unsupported)
+    d = discover(inputs, skip_unsupported=skip_unsupported, outputs=outputs)
     if d.skipped:
         log.info("%s", d.skipped_note())
     return d.files

@@ -165,7 +165,8 @@ class _Run:
 
 def _prepare(cfg: PackConfig) -> _Run:
     """List the inputs and read their footers; nothing is written."""
-    files = discover_inputs(list(cfg.inputs), skip_unsupported=cfg.skip_unsupported)
+    files = discover_inputs(list(cfg.inputs), skip_unsupported=cfg.skip_unsupported,
+                            outputs=cfg.own_outputs())
     cfg = input_labels_config(cfg, files)  # an input labels column: labels are stored
     parts = plan_reads(files, cfg.column)  # footers only
     windows = plan_windows(sum(p.docs for p in parts), cfg.window_docs)

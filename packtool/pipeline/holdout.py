@@ -33,7 +33,8 @@ __all__ = ["run_holdout"]
 
 def _check_sizes(cfg) -> None:
     """Refuse a split that leaves one side without documents, before anything is written."""
-    files = discover_inputs(list(cfg.inputs), skip_unsupported=cfg.skip_unsupported)
+    files = discover_inputs(list(cfg.inputs), skip_unsupported=cfg.skip_unsupported,
+                            outputs=cfg.own_outputs())
     parts = plan_reads(files, cfg.column)  # footers only
     n = sum(file_rows(parts, len(files)))
     held = count_held_out(n, cfg.holdout, cfg.seed)

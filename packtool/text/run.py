@@ -199,7 +199,8 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
                          add_special_tokens=cfg.add_special_tokens, threads=cfg.workers)
     bos = tok.token_id(cfg.prepend_bos, "--prepend-bos") if cfg.prepend_bos is not None else None
     eos = tok.token_id(cfg.append_eos, "--append-eos") if cfg.append_eos is not None else None
-    found = discover(list(cfg.inputs), text=True, skip_unsupported=cfg.skip_unsupported)
+    found = discover(list(cfg.inputs), text=True, skip_unsupported=cfg.skip_unsupported,
+                     outputs=((cfg.output, "OUTPUT"),))
     files = found.files
     options = {**cfg.layout_options(), "prepend_bos": bos, "append_eos": eos,
                "shard_layout": SHARD_LAYOUT,

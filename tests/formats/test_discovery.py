@@ -166,6 +166,57 @@ def test_a_broken_link_is_refused_in_one_line_unless_hidden(tmp_path):
         discover([src / "b.parquet"])
 
 
+def test_an_input_given_through_a_link_never_enters_its_parents_as_written(tmp_path):
+    """INPUT ``t5/in -> t5real`` and ``t5real/up -> t5``: ``up`` leads to INPUT's parent as
+    the user wrote it (not a parent of the real folder); entering it read ``t5/side/`` and the
+    pack took 400 documents for 200. A loop, reported."""
+    write_docs(tmp_path / "t5" / "side" / "other.parquet", [[7, 8]] * 3)
+    real = tmp_path / "t5real"
+    write_docs(real / "a.parquet", [[1, 2]])
+    os.symlink(real, tmp_path / "t5" / "in")
+    os.symlink(tmp_path / "t5", real / "up")
+    d = discover([tmp_path / "t5" / "in"])
+    assert _rels(d) == ["a.parquet"]
+    assert d.skipped == [f"{tmp_path / 't5' / 'in' / 'up'} (link loop)"]
+
+
+def test_a_link_inside_input_to_the_pack_s_own_output_is_refused_before_writing(tmp_path):
+    """``in/outlink -> out`` with OUTPUT ``out``: the first pack read an empty folder, and
+    every later run (the same command, a resume) found its own output inside INPUT. Refused
+    at once, naming the link and the output; nothing written. Also the held-out output, and
+    a link to a folder that holds OUTPUT."""
+    src = tmp_path / "in"
+    write_docs(src / "a.parquet", [[1, 2, 3]] * 4)
+    out = tmp_path / "out"
+    out.mkdir()
+    os.symlink(out, src / "outlink")
+    res = invoke(["pack", "-q", "--capacity", 4, src, out])
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert f"{src / 'outlink'}: leads to OUTPUT {out} through a symbolic link" in res.output, \
+        res.output
+    assert list(out.iterdir()) == []
+    os.unlink(src / "outlink")
+    held = tmp_path / "box" / "held"
+    held.mkdir(parents=True)
+    os.symlink(tmp_path / "box", src / "boxlink")
+    res = invoke(["pack", "-q", "--capacity", 4, "--holdout", 0.3, "--holdout-output", held,
+                  src, tmp_path / "out2"])
+    assert res.exit_code == 1 and "leads to --holdout-output" in res.output, res.output
+    assert not (tmp_path / "out2").exists() and list(held.iterdir()) == []
+
+
+def test_a_loop_of_links_is_named_a_loop_not_a_link_to_nothing(tmp_path):
+    """``cy1 -> cy2 -> cy1``: both names exist; the line says they loop."""
+    src = tmp_path / "in"
+    write_docs(src / "a.parquet", [[1, 2]])
+    os.symlink("cy2", src / "cy1")
+    os.symlink("cy1", src / "cy2")
+    with pytest.raises(InputError, match=r"cy1: a loop of symbolic links \(cy1 -> cy2 -> cy1"):
+        discover([src])
+    with pytest.raises(InputError, match="a loop of symbolic links"):
+        discover([src / "cy1"])
+
+
 def _packed_output(tmp_path):
     src = write_docs(tmp_path / "raw" / "a.parquet", [[1, 2, 3], [4, 5]])
     out = tmp_path / "packed"
