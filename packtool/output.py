@@ -642,11 +642,12 @@ class LocalOutput(Output):
         except OSError:
             free = 0
         # while shards are written, bytes_needed counts the shards left; the scratch (the window
-        # spills, removed on the way out) is written again by the rerun
-        needed = self.bytes_needed + self._scratch_needed
-        return (f"no space left on device: this pack needs up to about {needed:,} bytes more to "
-                f"finish, its scratch included ({free:,} free); free space or choose another "
-                f"{self.role}")
+        # spills, removed on the way out) is written again by the rerun. The scratch is exact
+        # (uncompressed), the shards an upper bound (counted uncompressed): said apart, so that
+        # a user frees what is needed, knowing what may be
+        return (f"no space left on device: this pack needs {self._scratch_needed:,} bytes for "
+                f"its scratch and up to {self.bytes_needed:,} more for its shards (counted "
+                f"uncompressed; {free:,} free); free space or choose another {self.role}")
 
 
 class StoreOutput(Output):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -138,7 +139,9 @@ def test_full_disk_at_any_write_point_is_one_line_and_leaves_no_spill(tmp_path, 
     with pytest.raises(OutputError) as err:
         run_pack(_cfg(src, out), progress=False)
     msg = str(err.value)
-    assert "\n" not in msg and "no space left on device" in msg and "bytes more" in msg, msg
+    assert "\n" not in msg and "no space left on device" in msg, msg
+    assert re.search(r"needs [\d,]+ bytes for its scratch and up to [\d,]+ more for its shards",
+                     msg), msg
     monkeypatch.undo()
     _no_scratch(out)
     if point in ("preflight", "spill", "row-spill"):
@@ -172,7 +175,9 @@ def test_full_disk_while_writing_names_what_a_rerun_needs(tmp_path, src, referen
         run_pack(_cfg(src, out), progress=False)
     monkeypatch.undo()
     msg = str(err.value)
-    asked = int(re.search(r"about ([\d,]+) bytes", msg).group(1).replace(",", ""))
+    scratch, shards = (int(x.replace(",", "")) for x in re.search(
+        r"needs ([\d,]+) bytes for its scratch and up to ([\d,]+) more", msg).groups())
+    asked = scratch + shards
     usage = sh.disk_usage
     monkeypatch.setattr("packtool.output.shutil.disk_usage",
                         lambda p: usage(p)._replace(free=asked))
