@@ -103,7 +103,19 @@ def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
     """Pack tokenized documents into fixed-capacity rows for document-masked LLM training."""
     ctx.meta["packtool.debug"] = debug
     level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LogFormat("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
+
+
+class _LogFormat(logging.Formatter):
+    """Warnings as the summary writes them (``WARNING: ...``); -v / -vv logs with their
+    level and logger (``INFO packtool.pipeline: ...``)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.levelno >= logging.WARNING and not record.exc_info:
+            return f"{record.levelname}: {record.getMessage()}"
+        return super().format(record)  # with a traceback when the record has one
 
 
 #: options saying how INPUT is read, the same for pack and compare (one code path reads it:
