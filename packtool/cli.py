@@ -871,6 +871,8 @@ def export(output, dest, target, split, overwrite, as_json):
                           exit_status()) from None
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(res), indent=2))
+    elif res.already_complete:
+        click.echo(f"{res.path}: already holds this export ({res.rows:,} rows); nothing to do")
     elif res.completed_entry:
         click.echo(f"{res.path}: already exported (by a run stopped before its metadata "
                    f"entry); entry written to {res.metadata}")

@@ -179,6 +179,9 @@ class NemoExport:
     #: the file was already this export (an earlier run stopped before its metadata entry was
     #: written); only the entry was written now
     completed_entry: bool = False
+    #: DEST already held this very export, file and entry (the same packed output, split, rows
+    #: per group and packtool version): nothing was written, as a rerun of a finished pack
+    already_complete: bool = False
 
 
 #: Key of the file's Parquet key-value metadata that records which export wrote it (the packed
@@ -303,8 +306,9 @@ def export_nemo(out_dir, dest, *, split: str = "training", overwrite: bool = Fal
     Raises:
         ManifestError: ``out_dir`` is not a complete packed output (a tokenized output is
             refused: pack it first).
-        OutputError: the file exists (without ``overwrite``; unless it is this export missing
-            its metadata entry), DEST is a file, a store URI, or is ``out_dir``, lies inside it
+        OutputError: the file exists (without ``overwrite``), written by another export (this
+            very export, finished, is nothing to do: ``already_complete``; missing its metadata
+            entry, the entry is added: ``completed_entry``), DEST is a file, a store URI, or is ``out_dir``, lies inside it
             or contains it, the metadata file is not a JSON list, another export holds DEST,
             or DEST cannot be written (read-only, full). Nothing is written then, or DEST is
             left as it was.
@@ -349,9 +353,11 @@ def _export(blocks, convention: str, capacity: int, dest: Path, split: str, over
                     "rows_per_group": rows_per_group, "packtool": __version__}
         if existed and not overwrite:
             done = _written_by(final, identity)
-            if done is None or _has_entry(meta, split, done["entry"]):
+            if done is None:
                 raise OutputError(f"{final}: exists; pass --overwrite to replace it or choose "
                                   "another DEST")
+            if _has_entry(meta, split, done["entry"]):  # this very export, finished: as pack
+                return NemoExport(str(final), str(meta), **done["counts"], already_complete=True)
             release = hold()  # the file is complete: its entry is written whatever comes
             try:
                 _update_metadata(meta, split, done["entry"])

@@ -140,8 +140,17 @@ def test_export_refuses_to_overwrite_and_names_what_is_wrong(tmp_path):
     out, dest = tmp_path / "out", tmp_path / "nemo"
     assert invoke(["pack", "-q", "-c", 32, src, out]).exit_code == 0
     assert invoke(["export", "--to", "nemo", out, dest]).exit_code == 0
-    res = invoke(["export", "--to", "nemo", out, dest])
+    before = {p.name: p.read_bytes() for p in dest.iterdir()}
+    res = invoke(["export", "--to", "nemo", out, dest])  # the same export again: as pack, a no-op
+    assert res.exit_code == 0 and "already holds this export" in res.output, res.output
+    assert {p.name: p.read_bytes() for p in dest.iterdir()} == before
+    # another packed output's export into the same file is refused without --overwrite
+    src2 = tmp_path / "docs2.parquet"
+    pq.write_table(pa.Table.from_pylist(sft_docs(21)), src2)
+    assert invoke(["pack", "-q", "-c", 32, src2, tmp_path / "out2"]).exit_code == 0
+    res = invoke(["export", "--to", "nemo", tmp_path / "out2", dest])
     assert res.exit_code == 1 and "training_32.idx.parquet: exists; pass --overwrite" in res.output
+    assert {p.name: p.read_bytes() for p in dest.iterdir()} == before
     assert invoke(["export", "--to", "nemo", "--overwrite", out, dest]).exit_code == 0
     res = invoke(["export", "--to", "nemo", "--split", "validation", out, dest])
     assert res.exit_code == 0
@@ -334,8 +343,9 @@ def test_a_rerun_adds_the_metadata_entry_a_killed_export_did_not_write(tmp_path,
     assert res.exit_code == 0, res.output
     assert "already exported" in res.output
     assert hash_tree(dest) == hash_tree(ref)
-    res = invoke(["export", "--to", "nemo", out, dest])  # complete now: refused as before
-    assert res.exit_code == 1 and "exists; pass --overwrite" in res.output
+    res = invoke(["export", "--to", "nemo", out, dest])  # complete now: nothing to do
+    assert res.exit_code == 0 and "already holds this export" in res.output, res.output
+    assert hash_tree(dest) == hash_tree(ref)
     (dest / "24_metadata.jsonl").write_text("[]\n")
     res = invoke(["export", "--to", "nemo", other, dest])  # not this export's file
     assert res.exit_code == 1 and "exists; pass --overwrite" in res.output
