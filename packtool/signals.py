@@ -127,16 +127,28 @@ def hold() -> Callable[[], bool]:
     """
     if threading.current_thread() is not threading.main_thread():
         return lambda: False
+    noted, restore = _note_signals()
+
+    def release() -> bool:
+        restore()
+        return bool(noted)
+
+    return release
+
+
+def _note_signals() -> tuple[list[int], Callable[[], None]]:
+    """Swap the SIGINT and SIGTERM handlers (main thread) for ones that only note the signal:
+    returns the list they note into and ``restore()``, which puts the previous handlers back
+    (a handler set in C, seen as None, as the default)."""
     noted: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, frame: noted.append(signum))
                 for sig in STOP_SIGNALS}
 
-    def release() -> bool:
+    def restore() -> None:
         for sig, handler in previous.items():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-        return bool(noted)
 
-    return release
+    return noted, restore
 
 
 @contextmanager
@@ -144,14 +156,11 @@ def _noted() -> Iterator[list[int]]:
     """Inside (main thread): SIGINT and SIGTERM are only noted in the list yielded; on exit the
     previous handlers come back and each noted signal is raised again for them, from this one
     clean point (not from inside a lock that a raising handler could leave held)."""
-    noted: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: noted.append(signum))
-                for sig in STOP_SIGNALS}
+    noted, restore = _note_signals()
     try:
         yield noted
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: set in C
+        restore()
         for sig in dict.fromkeys(noted):
             signal.raise_signal(sig)
 
