@@ -352,6 +352,12 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
     Raises:
         ConfigError, PackingError: as :func:`packtool.core.pack_lengths`.
     """
+    return _compare(lengths, capacity, overflow, strategies, targets, window_docs, min_fill)[0]
+
+
+def _compare(lengths: np.ndarray, capacity: int, overflow, strategies, targets, window_docs,
+             min_fill) -> tuple:
+    """:func:`compare_strategies`' dicts and, beside each, the plan it counts."""
     from packtool.core.masks import plan_segment_targets
     from packtool.core.packing import pack_lengths
     from packtool.core.windows import plan_windows
@@ -360,13 +366,14 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
     doc_starts = np.zeros(lengths.size, dtype=np.int64)  # shape: (num_docs,)
     if lengths.size:
         np.cumsum(lengths[:-1], out=doc_starts[1:])
-    out = []
+    out, plans = [], []
     runs = [(str(s), s, None) for s in strategies]
     if window_docs is not None:
         runs.append((f"obfd, windows of {window_docs:,}", Strategy.OBFD, window_docs))
     for label, s, wd in runs:
         plan = (pack_lengths(lengths, capacity, strategy=s, overflow=overflow, min_fill=min_fill)
                 if wd is None else _windowed_plan(lengths, capacity, wd, overflow, min_fill))
+        plans.append(plan)
         s = PackStats.from_plan(plan)  # the counts pack records for this plan
         real, rows = s.real_tokens, s.rows
         effective = int(plan_segment_targets(plan, doc_starts, targets).sum())
@@ -401,7 +408,7 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
     least = min((r["attention_work"] for r in out), default=0)
     for r in out:
         r["attention_work_vs_least"] = round(r["attention_work"] / least, 4) if least else 1.0
-    return out
+    return out, plans
 
 
 def _windowed_plan(lengths: np.ndarray, capacity: int, window_docs: int, overflow,
@@ -730,21 +737,25 @@ def plot_packed(a: PackedAnalysis, out: str | os.PathLike) -> None:
 
 
 def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
-                 overflow: str = Overflow.SPLIT) -> None:
+                 overflow: str = Overflow.SPLIT, *, targets: np.ndarray | None = None,
+                 window_docs: int | None = None, min_fill: float = 0.0) -> None:
     """Write an image (format from the suffix) comparing the strategies on the same lengths:
     document lengths (log-spaced bins, log axis, capacity marked); padding tokens per strategy
     (log axis: 0.1 % and 10 % both show, values written on the bars); documents cut that fit in
-    one row; rows per fill level per strategy (log count).
+    one row; rows per fill level per strategy (log count). Every bar and curve is a dict of
+    :func:`compare_strategies` with the same options (``window_docs`` adds the windowed
+    ``obfd``, ``min_fill`` leaves out the rows under it), so the image shows the figures the
+    table prints.
 
     Raises:
         ConfigError, PackingError: as :func:`compare_strategies`. MissingDependencyError: no
         matplotlib. OutputError: ``out`` cannot be written.
     """
-    from packtool.core.packing import pack_lengths
-
     plt = require_matplotlib()
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-    res = compare_strategies(lengths, capacity, overflow=overflow)
+    res, plans = _compare(lengths, capacity, overflow,
+                          (Strategy.CONCAT, Strategy.ORDERED, Strategy.OBFD), targets,
+                          window_docs, min_fill)
     best = least_waste(res)
     verdict = f"least waste: {best['strategy']}" if best else "no strategy writes a row"
     names = [r["strategy"] for r in res]
@@ -779,8 +790,7 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
                title="documents cut although they fit in one row (lower is better)")
 
     edges = np.linspace(0, 100, 51)
-    for r, color in zip(res, colors):
-        plan = pack_lengths(lengths, capacity, strategy=r["strategy"], overflow=overflow)
+    for r, plan, color in zip(res, plans, colors):
         ax_fill.hist(100 * plan.row_lengths() / capacity, bins=edges, histtype="step",
                      color=color, lw=1.5, label=f"{r['strategy']} ({r['rows']:,} rows)")
     ax_fill.set(xlabel="row fill: real tokens / C (%)", ylabel="rows (log scale)", yscale="log",

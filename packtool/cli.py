@@ -510,7 +510,9 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
         for n in notes:
             click.echo(f"  INPUT: {n}" if not n.startswith("masks:") else f"  {n}")
     if plot:
-        analysis.plot_compare(lengths, cfg.capacity, plot, overflow=cfg.overflow)
+        analysis.plot_compare(lengths, cfg.capacity, plot, overflow=cfg.overflow,
+                              targets=docs.targets, window_docs=cfg.window_docs,
+                              min_fill=cfg.min_fill)
         if not as_json:
             click.echo(f"wrote {plot}")
 

@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -160,6 +161,28 @@ def test_compare_plot_uses_log_scales_and_says_what_it_compares(monkeypatch, sam
     assert "capacity 2,048" in fig._suptitle.get_text()
     labels = " ".join(t.get_text() for t in padding.texts)
     assert "426,301" in labels and "2,365" in labels
+
+
+def test_compare_plot_shows_the_options_of_the_table(monkeypatch):
+    """--window-docs and --min-fill change the table; the plot draws the same runs (the windowed
+    obfd beside the strategies, the rows under --min-fill left out), not a default dry run."""
+    pytest.importorskip("matplotlib")
+    lengths = np.random.default_rng(3).integers(1, 300, 2_000)
+    opts = dict(window_docs=300, min_fill=0.9)
+    rows = analysis.compare_strategies(lengths, 256, **opts)
+    figs = _capture_figure(monkeypatch)
+    analysis.plot_compare(lengths, 256, "unused.png", **opts)
+    (fig,) = figs
+    axes = {ax.get_title(): ax for ax in fig.axes}
+    padding = next(ax for t, ax in axes.items() if "padding" in t)
+    fill = next(ax for t, ax in axes.items() if "fill" in t)
+    assert [t.get_text() for t in padding.get_xticklabels()] == [r["strategy"] for r in rows]
+    assert "obfd, windows of 300" in [t.get_text() for t in padding.get_xticklabels()]
+    assert [round(b.get_height()) for b in padding.patches] == [r["padding_tokens"] for r in rows]
+    assert len(fill.patches) == len(rows)  # one fill curve a run
+    assert [lg.get_text() for lg in fill.get_legend().get_texts()] == \
+        [f"{r['strategy']} ({r['rows']:,} rows)" for r in rows]
+    assert all(r["rows_dropped"] > 0 for r in rows if r["strategy"] == "concat")
 
 
 def test_packed_plot_uses_log_scales(monkeypatch, tmp_path):
