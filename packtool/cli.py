@@ -682,7 +682,8 @@ def stats(ctx, path, per_bin, per_bin_limit, no_hash, as_json, plot, capacity, c
 def _refuse_raw_input(where, command: str) -> None:
     """One line when the local directory given to ``stats`` or ``verify`` is not a packed
     output: a pack still writing it, an interrupted pack, empty, packed shards whose manifest
-    is gone, or raw tokenized input (each with the command that fits). A store URI is left to the reader (its message names the URI).
+    is gone, or raw tokenized input (each with the command that fits); a store prefix the same
+    way (:func:`_refuse_raw_store`).
 
     Raises:
         ManifestError: ``where`` is a directory without a manifest.
@@ -693,7 +694,7 @@ def _refuse_raw_input(where, command: str) -> None:
 
     loc = Location.parse(where)
     if not loc.is_local:
-        return
+        return _refuse_raw_store(loc, command)
     out = loc.path
     if not out.is_dir() or (out / MANIFEST_NAME).exists():
         return
@@ -724,6 +725,40 @@ def _refuse_raw_input(where, command: str) -> None:
         raise running
     if (out / MANIFEST_NAME).exists():
         return  # a pack finished since the first look
+    _refuse(str(out), command, leftovers=leftovers, empty=empty, packed=packed,
+            data=None if data is None else str(data.relative_to(out)))
+
+
+def _refuse_raw_store(loc, command: str) -> None:
+    """:func:`_refuse_raw_input` for a store prefix, from one listing of its top level: an
+    interrupted pack, packed shards without a manifest, or tokenized input. A prefix that
+    holds nothing, or a store that cannot be listed, is left to the reader (its line names the
+    bucket or the store's fault)."""
+    from packtool.formats.manifest import MANIFEST_NAME
+    from packtool.formats.reader import _format_of, packed_marker
+
+    try:
+        if loc.join(MANIFEST_NAME).exists():
+            return
+        entries = loc.listdir()
+    except OSError:
+        return
+    if not entries:
+        return
+    files = sorted(n for n, e in entries.items() if not e.is_dir and _format_of(n))
+    data = files[0] if files else None
+    _refuse(loc.display, command, leftovers=any(n.startswith(".packtool-") for n in entries),
+            empty=False, packed=data is not None and packed_marker(str(loc.join(data)))
+            is not None, data=data)
+
+
+def _refuse(out: str, command: str, *, leftovers: bool, empty: bool, packed: bool,
+            data: str | None) -> None:
+    """The one line for a directory or prefix ``out`` that is not a packed output (``data``:
+    its first data file, relative to it)."""
+    from packtool.errors import ManifestError
+    from packtool.formats.manifest import MANIFEST_NAME
+
     if leftovers:
         raise ManifestError(f"{out}: an interrupted pack (no {MANIFEST_NAME} yet); rerun the same "
                             f"packtool pack command to finish it, then packtool {command} {out}")
@@ -731,14 +766,14 @@ def _refuse_raw_input(where, command: str) -> None:
         raise ManifestError(f"{out}: is an empty directory, not a packed output; pack into it "
                             f"first: packtool pack --capacity C INPUT {out}")
     if packed:
-        raise ManifestError(f"{out}: holds packed shards ({data.relative_to(out)}) but no "
+        raise ManifestError(f"{out}: holds packed shards ({data}) but no "
                             f"{MANIFEST_NAME}, which was removed or never written, so the shards "
                             "cannot be checked; pack again: the same packtool pack command with "
                             "--overwrite")
     if data is not None:
         hint = (f"packtool compare {out} --capacity C" if command == "stats" else
                 f"packtool pack --capacity C {out} OUTPUT, then packtool {command} OUTPUT")
-        raise ManifestError(f"{out}: holds tokenized input ({data.relative_to(out)}), not a "
+        raise ManifestError(f"{out}: holds tokenized input ({data}), not a "
                             f"packed output (no {MANIFEST_NAME}); for it run: {hint}")
     raise ManifestError(f"{out}: no {MANIFEST_NAME}, so not a packed output; give the OUTPUT "
                         "directory of packtool pack")

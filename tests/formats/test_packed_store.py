@@ -282,3 +282,28 @@ def test_a_lock_whose_pid_now_belongs_to_another_process_does_not_block(tmp_path
         f.write(json.dumps(live).encode())
     res = invoke([*PACK, src, f"s3://{bucket}/out2"])
     assert res.exit_code == 1 and "live-run" in res.output
+
+
+def test_a_store_prefix_that_is_not_a_packed_output_is_named_as_a_local_one_is(both, tmp_path):
+    """stats and verify on a prefix without a manifest say what it holds, as for a local
+    directory: tokenized input (with the command for it), packed shards whose manifest is gone,
+    an interrupted pack."""
+    local, uri, fs, bucket = both
+    src = tmp_path / "in" / "a.parquet"
+    fs.create_dir(f"{bucket}/raw")
+    with fs.open_output_stream(f"{bucket}/raw/a.parquet") as f:
+        f.write(src.read_bytes())
+    raw = f"s3://{bucket}/raw"
+    for cmd, hint in (("stats", f"packtool compare {raw} --capacity C"),
+                      ("verify", f"packtool pack --capacity C {raw} OUTPUT")):
+        res = invoke([cmd, raw])
+        assert res.exit_code == 1
+        assert f"{raw}: holds tokenized input (a.parquet), not a packed output" in res.output
+        assert hint in res.output
+    fs.delete_file(f"{bucket}/packed/.packtool-manifest.parquet")
+    res = invoke(["stats", uri])
+    assert res.exit_code == 1 and "holds packed shards (part-00000.parquet) but no" in res.output
+    with fs.open_output_stream(f"{bucket}/packed/.packtool-in-progress.json") as f:
+        f.write(b"{}")
+    res = invoke(["verify", uri])
+    assert res.exit_code == 1 and f"{uri}: an interrupted pack" in res.output
