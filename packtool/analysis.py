@@ -79,6 +79,8 @@ class PackedAnalysis:
                          self.segment_length_counts)
 
     def to_dict(self) -> dict:
+        """The analysis as ``stats --json`` prints it (JSON-ready: plain ints, floats, lists
+        and dicts)."""
         d = {"path": self.path, "stats": self.stats.to_dict(), "documents": self.documents,
              "manifest_totals": self.manifest_totals,
              "mismatches": {k: {"recounted": a, "manifest": b}

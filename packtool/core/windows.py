@@ -73,6 +73,8 @@ class Windows:
         return (np.asarray(doc, dtype=np.int64) // self.block) % self.count
 
     def to_dict(self) -> dict:
+        """The dealing as the manifest records it: ``windows``, ``block_docs`` and the rule in
+        words (JSON-ready)."""
         return {"windows": self.count, "block_docs": self.block,
                 "rule": "block j (documents j*block_docs .. (j+1)*block_docs-1) is in window "
                         "j mod windows"}
