@@ -541,12 +541,20 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
         entered[key] = drel
         infos = fs.get_file_info(pafs.FileSelector(dpath, recursive=False))
         by_name = {_name(i.path): i for i in infos}
+        broken = []
         for name in place.broken_links(dpath, by_name):
             if name.startswith((".", "_")):
                 skipped.append(f"{disp(drel + name)} (hidden or '_'-prefixed)")
-                continue
-            raise InputError(f"{disp(drel + name)}: {place.dangling(os.path.join(dpath, name))}; "
-                             "fix the link or remove it from INPUT")
+            else:
+                broken.append(name)
+        if broken:  # every one of the folder's named at once, not one a run
+            more = "".join(f"; {disp(drel + n)}: {place.dangling(os.path.join(dpath, n))}"
+                           for n in broken[1:6])
+            more += f"; and {len(broken) - 6} more" if len(broken) > 6 else ""
+            raise InputError(f"{disp(drel + broken[0])}: "
+                             f"{place.dangling(os.path.join(dpath, broken[0]))}{more}; fix the "
+                             f"link{'s' if len(broken) > 1 else ''} or remove "
+                             f"{'them' if len(broken) > 1 else 'it'} from INPUT")
         marker = _packed_marker(fs, set(by_name), dpath)
         if marker:
             _refuse_packed(place.show(dpath), marker)

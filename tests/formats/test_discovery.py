@@ -164,6 +164,16 @@ def test_a_broken_link_is_refused_in_one_line_unless_hidden(tmp_path):
     assert "broken symbolic link" in res.output and not out.exists()
     with pytest.raises(InputError, match="b.parquet: a broken symbolic link"):
         discover([src / "b.parquet"])
+    # every broken link of the folder in the one line, not one a run
+    for k in range(8):
+        os.symlink(tmp_path / f"gone{k}", src / f"c{k}.parquet")
+    with pytest.raises(InputError) as err:
+        discover([src])
+    line = str(err.value)
+    assert "\n" not in line and line.endswith("fix the links or remove them from INPUT")
+    named = [f"in/{n}.parquet: a broken symbolic link" for n in ["b"] + [f"c{k}" for k in range(5)]]
+    assert all(n in line for n in named), line
+    assert "c5.parquet" not in line and "and 3 more" in line
 
 
 def test_an_input_given_through_a_link_never_enters_its_parents_as_written(tmp_path):
