@@ -90,6 +90,7 @@ def floor(kind: str, tokenizer: str, parquet: str) -> None:
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_file(tokenizer)
+        tok.encode_special_tokens = True  # as packtool tokenize: special-token text is text
         fn = getattr(tok, "encode_batch_fast", tok.encode_batch)
 
         def encode(b):

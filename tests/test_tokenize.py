@@ -71,15 +71,51 @@ def test_tokenize_then_pack_equals_python_tokenization_then_pack(tmp_path, hf_to
     assert invoke(["pack", "-q", "-c", 48, tmp_path / "tok-a", tmp_path / "tok-b", out]
                   ).exit_code == 0
     tok = tokenizers.Tokenizer.from_file(str(hf_tokenizer))
+    tok.encode_special_tokens = True  # "</s>" written in a text is text
     eos = tok.token_to_id("</s>")
     ids = [e.ids + ([eos] if e.ids and e.ids[-1] != eos else [])
            for e in tok.encode_batch(TEXTS, add_special_tokens=False)]
+    assert all(eos not in x[:-1] for x in ids)
     assert python_then_pack(tmp_path, ids, 48) == read_output(out)[0]
     m = read_manifest(tmp_path / "tok-a")
     assert m.kind == "tokenized" and m.totals.docs_in == 30
     assert m.totals.tokens_in == sum(len(x) for x in ids[:30])
     assert [s.rows for s in m.shards] == [8, 8, 8, 6]
     assert m.options["tokenizer"]["sha256"] and m.options["append_eos"] == eos
+
+
+def test_special_token_text_in_a_document_is_text_never_a_control_id(tmp_path, hf_tokenizer):
+    """A document that writes "</s>" (a page about tokenizers) keeps those characters as text
+    ids: the EOS id comes only from --append-eos (so it is appended, not taken as already
+    there) and from the tokenizer's own template with --add-special-tokens (never twice)."""
+    from tokenizers import processors
+
+    tok = tokenizers.Tokenizer.from_file(str(hf_tokenizer))
+    bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+    texts = ["hello </s>", "<s> a </s> b", "</s>"]
+    src = write_jsonl(tmp_path / "t.jsonl", texts)
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--append-eos", "</s>", src,
+                  tmp_path / "a"])
+    assert res.exit_code == 0, res.output
+    got = pq.read_table(tmp_path / "a").column("input_ids").to_pylist()
+    for text, ids in zip(texts, got):
+        assert ids[-1] == eos and bos not in ids and eos not in ids[:-1], (text, ids)
+        assert tok.decode(ids[:-1], skip_special_tokens=False) == text
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", bos), ("</s>", eos)])
+    templ = tmp_path / "templ.json"
+    tok.save(str(templ))
+    res = invoke(["tokenize", "-q", "--tokenizer", templ, "--add-special-tokens",
+                  "--append-eos", "</s>", src, tmp_path / "b"])
+    assert res.exit_code == 0, res.output
+    for ids in pq.read_table(tmp_path / "b").column("input_ids").to_pylist():
+        assert ids[0] == bos and ids[-1] == eos and ids.count(eos) == 1 and ids.count(bos) == 1
+    # an empty text stays empty with the template too (as --append-eos adds nothing to it)
+    src = write_jsonl(tmp_path / "e.jsonl", ["", "x"])
+    assert invoke(["tokenize", "-q", "--tokenizer", templ, "--add-special-tokens", src,
+                   tmp_path / "c"]).exit_code == 0
+    got = pq.read_table(tmp_path / "c").column("input_ids").to_pylist()
+    assert got[0] == [] and got[1][0] == bos and got[1][-1] == eos
 
 
 def tiny_ranks():
@@ -414,6 +450,7 @@ def test_kept_columns_travel_beside_input_ids_into_pack(tmp_path, hf_tokenizer):
     args = ["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column", "source",
             "--keep-column", "doc", "--rows-per-shard", 10, "--batch-docs", 4]
     tok = tokenizers.Tokenizer.from_file(str(hf_tokenizer))
+    tok.encode_special_tokens = True
     ids = [e.ids for e in tok.encode_batch(TEXTS, add_special_tokens=False)]
     for name, doc_type, docs, srcs in (
             ("t.parquet", pa.int64(), list(range(n)), sources),

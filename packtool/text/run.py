@@ -206,7 +206,9 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
                "shard_layout": SHARD_LAYOUT,
                "tokenizer": {"kind": tok.kind, "file": Path(tok.path).name,
                              "sha256": tok.sha256, "vocab_size": tok.vocab_size,
-                             "library_version": tok.version}}
+                             "library_version": tok.version,
+                             # special-token strings in the text are encoded as text
+                             "special_tokens_in_text": "text"}}
     fp = fingerprint(options, files)
     width = max(5, len(str(max(len(files) - 1, 0))))
     show = progress and sys.stderr.isatty()

@@ -133,10 +133,16 @@ def _hf(path: Path, digest: str, add_special_tokens: bool) -> Tokenizer:
     except Exception as exc:  # the library raises plain Exception for a bad file
         raise InputError(f"{path}: not a readable tokenizers JSON ({exc}); give a tokenizer.json "
                          "saved by the Hugging Face tokenizers library") from None
+    # special-token strings written in a document ("</s>" in a page about tokenizers) are text:
+    # encoded as the tokens of those characters, never as the control ids
+    tok.encode_special_tokens = True
     fast = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
 
     def encode(texts):
-        return [e.ids for e in fast(texts, add_special_tokens=add_special_tokens)]
+        out = [e.ids for e in fast(texts, add_special_tokens=add_special_tokens)]
+        if add_special_tokens:  # an empty text stays empty: no [BOS, EOS] document of nothing
+            out = [ids if t else [] for t, ids in zip(texts, out)]
+        return out
 
     specials = {t.content: i for i, t in tok.get_added_tokens_decoder().items()}
     return Tokenizer("tokenizers", str(path), digest, tok.get_vocab_size(with_added_tokens=True),
