@@ -3,13 +3,19 @@
 Hugging Face causal LMs find document boundaries in a packed row from ``position_ids`` restarting
 at 0, but only when no key/value cache is built and no ``attention_mask`` is given; with the
 default ``use_cache=True`` (train mode included) they fall back to one causal mask over the row
-and documents attend to each other (B02, B29). :class:`HFCollator` therefore puts
-``use_cache=False`` in every batch, next to ``input_ids``, ``position_ids`` and **unshifted**
+and documents attend to each other (B02, B29). Their ``flash_attention_2`` path reads the
+boundaries from ``position_ids`` only for a batch of one row ([1, N]); for [B, C] with B > 1 it
+runs plain causal attention over each row unless it is given ``cu_seq_lens_q``/``cu_seq_lens_k``
+and ``max_length_q``/``max_length_k`` (then it flattens the batch and runs varlen attention).
+:class:`HFCollator` therefore puts those four (over the batch's B * C tokens, padding tail
+included) and ``use_cache=False`` in every batch, next to ``input_ids``, ``position_ids`` and
+**unshifted**
 ``labels`` (the model shifts them, so shifted ones would be scored against the token two
-places on, B05): all four are parameters of the model's ``forward``, so ``Trainer``'s default
-``remove_unused_columns=True`` strips none of them and ``Trainer`` passes ``use_cache=False``
-through to the model. That default also drops, before the collator runs, every item key the
-model's ``forward`` does not name (``segment_ids``, ``cu_seqlens``, ``labels_mode``, ...), so the
+places on, B05). ``Trainer``'s default ``remove_unused_columns=True`` filters the items
+before the collator runs, never the batch it returns: every key of the batch reaches the
+model's ``forward`` (the ``cu_seq_lens`` / ``max_length`` keywords through its
+``**kwargs``; sdpa, eager and flex attention ignore them). That default drops every item key
+the model's ``forward`` does not name (``segment_ids``, ``cu_seqlens``, ``labels_mode``, ...), so the
 collator needs only those three: segments are recovered from ``position_ids`` restarting at 0.
 The items' ``labels_convention`` key goes too, so the collator cannot read the convention from
 the items: it takes them to be ``unshifted`` (the dataset default) and checks the values, so
@@ -37,11 +43,16 @@ class HFCollator:
 
     Args:
         flatten: False: [B, C] tensors; True: the padding-free [1, B * C] form (what
-            ``DataCollatorWithFlattening`` gives; Hugging Face's FlashAttention 2 path derives
-            ``cu_seqlens`` from the position resets).
-        flash_attn_kwargs: with ``flatten``, also return ``cu_seq_lens_q``/``cu_seq_lens_k``
-            (int32) and ``max_length_q``/``max_length_k`` (int). They are not parameters of the
-            model's ``forward``, so ``Trainer`` strips them unless ``remove_unused_columns=False``.
+            ``DataCollatorWithFlattening`` gives).
+        flash_attn_kwargs: also return ``cu_seq_lens_q``/``cu_seq_lens_k`` (int32 [D + 1]:
+            the boundaries of the batch's D segments over its B * C tokens, the padding tail a
+            segment of its own) and ``max_length_q``/``max_length_k`` (int, tokens), which
+            Hugging Face's ``flash_attention_2`` path needs to keep documents apart in a [B, C]
+            batch with B > 1 (from ``position_ids`` alone it does so for one row only); sdpa,
+            eager and flex attention ignore them. ``Trainer`` passes them to the model's
+            ``forward`` (its ``**kwargs``). False only for a model whose ``forward`` takes no
+            such keywords; with ``flash_attention_2`` then use ``flatten=True``. Under
+            ``torch.compile`` the int ``max_length`` recompiles per distinct value.
         labels_mode: convention of the items' labels when they do not say (``Trainer``'s default
             ``remove_unused_columns`` drops every item key but ``input_ids``, ``position_ids``
             and ``labels`` before the collator runs); checked against the values. Build the
@@ -54,7 +65,9 @@ class HFCollator:
 
     Call: ``collator(items)`` (or a :class:`~packtool.formats.packed.Rows`) -> dict with
     ``input_ids`` torch.int32, ``position_ids`` and ``labels`` torch.int64 [B, C] (or
-    [1, B * C]), ``use_cache=False``, ``seq_idx`` torch.int32 of the same shape; labels in
+    [1, B * C]), ``use_cache=False``, ``seq_idx`` torch.int32 of the same shape,
+    ``cu_seq_lens_q``/``cu_seq_lens_k`` torch.int32 [D + 1] and ``max_length_q``/
+    ``max_length_k`` int; labels in
     :attr:`labels_convention`, ``unshifted`` (converted from items that say they are shifted).
 
     Raises:
@@ -68,10 +81,8 @@ class HFCollator:
     #: the convention of the labels every batch holds (the model shifts them)
     labels_convention = "unshifted"
 
-    def __init__(self, *, flatten: bool = False, flash_attn_kwargs: bool = False,
+    def __init__(self, *, flatten: bool = False, flash_attn_kwargs: bool = True,
                  labels_mode: str = "unshifted", seq_idx: bool = True) -> None:
-        if flash_attn_kwargs and not flatten:
-            raise ValueError("flash_attn_kwargs needs flatten=True")
         if labels_mode not in ("unshifted", "shifted"):
             raise ValueError(f"labels_mode must be 'unshifted' or 'shifted', got {labels_mode!r}")
         self.labels_mode = labels_mode

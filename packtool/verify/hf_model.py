@@ -373,7 +373,7 @@ def leak_message(cfg, located, refused: str | None) -> str:
     elif attention:
         need = ("position_ids restarting at 0 with attn_implementation 'sdpa' or "
                 "'flash_attention_2' and no attention_mask, or cu_seq_lens_q/cu_seq_lens_k "
-                "(HFCollator(flatten=True, flash_attn_kwargs=True)) for this attention")
+                "(HFCollator() passes them) for this attention")
     else:
         need = ("a kernel that resets this layer's state at document starts (seq_idx or "
                 "cu_seqlens); this layer ignored seq_idx here: train it on one document per "

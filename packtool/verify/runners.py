@@ -393,18 +393,21 @@ class HFRunner(Runner):
             d["model"] = f"{self.config.model_type}, " + "; ".join(
                 layer_kind(self.config, i, m) for i, m in enumerate(decoder_layers(self.model)))
         if self.refused:
-            d["seq_idx"] = "refused by transformers here; run without it"
+            d["seq_idx"] = ("refused by transformers here; run without it and the "
+                            "cu_seq_lens keywords")
         return d
 
     def embed(self, ids_BC):
         return self.model.get_input_embeddings()(ids_BC.to(self.device) % self.vocab)
 
-    def _call(self, h_BCE, position_ids_BC, seq_idx_BC):
+    def _call(self, h_BCE, position_ids_BC, seq_idx_BC, flash=None):
         kwargs = {"inputs_embeds": h_BCE, "position_ids": position_ids_BC, "use_cache": False}
-        if seq_idx_BC is not None and self.refused is None:
+        packed = {**(flash or {}), **({} if seq_idx_BC is None else {"seq_idx": seq_idx_BC})}
+        if packed and self.refused is None:
             try:
-                return self.model(**kwargs, seq_idx=seq_idx_BC).logits.float()
-            except ValueError as exc:  # hybrid layers without their kernels refuse seq_idx
+                return self.model(**kwargs, **packed).logits.float()
+            except ValueError as exc:
+                # hybrid layers without their kernels refuse seq_idx and cu_seq_lens alike
                 from packtool.verify.hf_model import REFUSAL_MARK
 
                 if REFUSAL_MARK not in str(exc):
@@ -416,7 +419,14 @@ class HFRunner(Runner):
         # no attention_mask: transformers derives the document blocks from position_ids
         seq = batch.get("seq_idx")
         return self._call(h_BCE, batch["position_ids"].to(self.device),
-                          None if seq is None else seq.to(self.device))
+                          None if seq is None else seq.to(self.device), self._flash(batch))
+
+    def _flash(self, batch) -> dict:
+        """The FlashAttention 2 keywords :class:`HFCollator` adds (over the batch's B * C
+        tokens), so the model gets what training hands it."""
+        cu = batch["cu_seqlens"].to(self.device)
+        m = int(batch["max_seqlen"])
+        return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": m, "max_length_k": m}
 
     def reference(self, docs, budget: int, *, model=None):
         torch = require_torch()
@@ -443,8 +453,10 @@ class HFRunner(Runner):
         seq = batch.get("seq_idx")
         seq = None if seq is None else seq.to(self.device)
 
+        flash = self._flash(batch)
+
         def forward(ids):
-            return self._call(self.embed(ids), pos, seq)
+            return self._call(self.embed(ids), pos, seq, flash)
 
         located = locate_leak(self.model, forward, batch["input_ids"], spans[row], row,
                               self.vocab)

@@ -77,7 +77,8 @@ def test_trainer_with_default_arguments_trains_with_isolation(packed, tmp_path, 
     steps = -(-len(ds) // args.per_device_train_batch_size) * int(args.num_train_epochs)
     assert result.global_step == steps and np.isfinite(result.training_loss)
     assert seen and all(s.get("use_cache") is False for s in seen)
-    assert all({"input_ids", "position_ids", "labels"} <= set(s) for s in seen)
+    assert all({"input_ids", "position_ids", "labels", "cu_seq_lens_q", "cu_seq_lens_k",
+                "max_length_q", "max_length_k"} <= set(s) for s in seen)
     assert all("attention_mask" not in s or s["attention_mask"] is None for s in seen)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
@@ -89,8 +90,9 @@ def test_trainer_with_default_arguments_trains_with_isolation(packed, tmp_path, 
 
 
 def test_collator_output_survives_remove_unused_columns(packed, tmp_path):
-    """The keys the collator returns are all parameters of the model's forward (``seq_idx``
-    through its ``TransformersKwargs``), so Trainer's default column removal keeps every one."""
+    """Trainer's default column removal filters the items, never the batch the collator returns:
+    every key reaches the model (``seq_idx`` and the flash keywords through its
+    ``TransformersKwargs``)."""
     model = tiny_llama()
     trainer = transformers.Trainer(model=model,
                                    args=transformers.TrainingArguments(output_dir=str(tmp_path)),
@@ -98,10 +100,86 @@ def test_collator_output_survives_remove_unused_columns(packed, tmp_path):
                                    data_collator=HFCollator())
     assert trainer.args.remove_unused_columns is True
     batch = next(iter(trainer.get_train_dataloader()))
-    assert set(batch) == {"input_ids", "position_ids", "labels", "use_cache", "seq_idx"}
+    flash = {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"}
+    assert set(batch) == {"input_ids", "position_ids", "labels", "use_cache", "seq_idx"} | flash
     assert batch["use_cache"] is False
-    assert batch["seq_idx"].dtype == torch.int32
-    assert "seq_idx" in transformers.utils.generic.TransformersKwargs.__annotations__
+    assert batch["seq_idx"].dtype == torch.int32 and batch["cu_seq_lens_q"].dtype == torch.int32
+    annotated = set(transformers.utils.generic.TransformersKwargs.__annotations__)
+    for name in ("FlashAttentionKwargs",):
+        annotated |= set(getattr(transformers.modeling_flash_attention_utils, name)
+                         .__annotations__)
+    assert {"seq_idx"} | flash <= annotated
+
+
+def _emulate_flash_attention_2(monkeypatch):
+    """transformers' own flash_attention_2 dispatch (which of flash / varlen it calls, with which
+    boundaries) over exact torch twins of the two flash-attn kernels, so it runs on CPU."""
+    fau = pytest.importorskip("transformers.modeling_flash_attention_utils")
+    if not all(hasattr(fau, n) for n in ("_flash_fn", "_flash_varlen_fn",
+                                         "_lazy_define_process_function")):
+        pytest.skip("this transformers lays out its flash-attention dispatch differently")
+    F = torch.nn.functional
+
+    def one(q, k, v, scale):  # [T, H, D] -> causal attention over the T tokens
+        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                           v.transpose(0, 1)[None], is_causal=True,
+                                           scale=scale, enable_gqa=True)
+        return o[0].transpose(0, 1)
+
+    def flash(q, k, v, causal=True, softmax_scale=None, **_):  # [B, T, H, D]: rows alone
+        return torch.stack([one(q[b], k[b], v[b], softmax_scale) for b in range(q.shape[0])])
+
+    def varlen(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+               max_seqlen_k=None, causal=True, softmax_scale=None, **_):  # [N, H, D]
+        assert torch.equal(cu_seqlens_q, cu_seqlens_k) and cu_seqlens_q.dtype == torch.int32
+        cu = cu_seqlens_q.tolist()
+        assert max_seqlen_q == max(b - a for a, b in zip(cu[:-1], cu[1:]))
+        return torch.cat([one(q[a:b], k[a:b], v[a:b], softmax_scale)
+                          for a, b in zip(cu[:-1], cu[1:])])
+
+    monkeypatch.setattr(fau, "_loaded_implementation", "flash_attention_2", raising=False)
+    monkeypatch.setattr(fau, "_flash_fn", flash)
+    monkeypatch.setattr(fau, "_flash_varlen_fn", varlen)
+    monkeypatch.setattr(fau, "_flash_with_kvcache_fn", None, raising=False)
+    monkeypatch.setattr(fau, "_process_flash_kwargs_fn", fau._lazy_define_process_function(varlen),
+                        raising=False)
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa", "flex_attention", "flash_attention_2"])
+@pytest.mark.parametrize("flatten", [False, True])
+def test_the_default_collator_isolates_a_batch_of_rows_in_every_attention(packed, monkeypatch,
+                                                                        impl, flatten):
+    """HFCollator() batches of 3 rows fed whole to the model (model(**batch), as Trainer does):
+    per-document logits equal each document alone in every attention implementation. Hugging
+    Face's flash_attention_2 reads boundaries from position_ids for one row only, so [B, C]
+    needs the cu_seq_lens keywords; without them (the control) documents leak."""
+    if impl == "flash_attention_2":
+        _emulate_flash_attention_2(monkeypatch)
+    model = tiny_llama().eval()
+    model.config._attn_implementation = impl
+    items = [PackedDataset(packed)[i] for i in range(3)]
+
+    def worst(collator):
+        batch = collator(items)
+        with torch.no_grad():
+            got = model(**{k: v for k, v in batch.items() if k not in ("labels", "seq_idx")}
+                        ).logits.reshape(3, 32, VOCAB)
+            model.config._attn_implementation = "eager"
+            w = 0.0
+            for r, it in enumerate(items):
+                cu = it["cu_seqlens"].tolist()
+                for a, e in zip(cu[:-1], cu[1:]):
+                    if it["labels"][a + 1:e].tolist() == [-100] * (e - a - 1):
+                        continue  # the padding tail
+                    alone = model(input_ids=torch.as_tensor(it["input_ids"][a:e]).long()[None],
+                                  use_cache=False).logits[0]
+                    w = max(w, float((got[r, a:e] - alone).abs().max()))
+            model.config._attn_implementation = impl
+        return w
+
+    assert worst(HFCollator(flatten=flatten)) < 1e-5
+    if impl == "flash_attention_2" and not flatten:
+        assert worst(HFCollator(flash_attn_kwargs=False)) > 1e-3  # the control
 
 
 def test_trainer_loss_denominator_is_effective_targets(packed, tmp_path):
