@@ -914,8 +914,14 @@ def export(output, dest, target, split, overwrite, as_json):
         click.echo(f"{res.path}: already exported (by a run stopped before its metadata "
                    f"entry); entry written to {res.metadata}")
     else:
+        left = ""
+        if res.one_token_sequences_left_out:
+            left = (f"; {res.one_token_sequences_left_out:,} one-token sequence(s) left out (no "
+                    "input, no target; a zero-length sequence to their collate)")
+            if res.rows_left_out:
+                left += f", so {res.rows_left_out:,} row(s) of nothing else"
         click.echo(f"exported {res.rows:,} rows ({res.sequences:,} sequences, {res.tokens:,} "
-                   f"tokens, {res.targets:,} loss-mask targets) -> {res.path}")
+                   f"tokens, {res.targets:,} loss-mask targets){left} -> {res.path}")
 
 
 _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")

@@ -22,9 +22,10 @@ So a packtool row maps exactly: each segment of length L is one sequence (L - 1 
 predictions in both, the same effective targets), the padding tail is dropped, and
 ``loss_mask[i]`` is 1 where packtool's shifted label at ``i`` is not -100 (the next token is in
 the same segment and was not an input label -100). No target crosses a document, and SFT prompt
-masks survive. A one-token segment (the last piece of a split document, say) is stored and is a
-zero-length sequence to their model, which feeds it nothing and predicts nothing: in packtool
-too it has no target. Train with ``answer_only_loss=True`` (their default): with ``False`` their
+masks survive. A one-token segment (the last piece of a split document, say) is left out: it
+would be a zero-length sequence to their collate function (a repeated ``cu_seqlens`` boundary,
+which varlen kernels mishandle) that feeds nothing and predicts nothing, and in packtool too it
+has no target; a row of nothing else is left out whole, and the export counts both. Train with ``answer_only_loss=True`` (their default): with ``False`` their
 collate function recomputes the mask from the tokens (0 on every EOS input) and ignores this
 column. A row of capacity C feeds at most C - k tokens (k segments) to a model of
 ``seq_length`` C. ``doc_ids`` and ``doc_offsets`` are stored too (their reader reads only its
@@ -97,11 +98,15 @@ def to_nemo_batch(cols: dict, convention: str) -> pa.RecordBatch:
         convention: ``unshifted`` or ``shifted``.
 
     Returns:
-        R rows of :func:`nemo_schema`: each row's real tokens (padding dropped, also the
+        The rows of :func:`nemo_schema`: each row's real tokens (padding dropped, also the
         padding inside the spans of a ``--segment-multiple`` output), ``loss_mask[i]`` = the
         shifted label at ``i`` is not -100, ``seq_start_id`` = where each of the k segments
         starts among the real tokens (the first k entries of ``cu_seqlens`` when padding lies
-        only at the tail).
+        only at the tail). One-token segments are left out: their collate function counts
+        ``L - 1`` tokens a sequence, so one would be a zero-length ``cu_seqlens`` entry (a
+        repeated boundary, which varlen kernels mishandle), and it feeds nothing and predicts
+        nothing (no target in packtool either); a row of nothing else is left out whole, so
+        fewer than R rows may come back.
 
     Raises:
         ValueError: an unknown convention.
@@ -120,20 +125,30 @@ def to_nemo_batch(cols: dict, convention: str) -> pa.RecordBatch:
         raise ValueError(f"labels convention {convention!r}: choose unshifted or shifted")
     # real tokens: segment ids 1..k; 0 is padding, at the row's tail and, with
     # --segment-multiple, after each document inside its span
-    in_row = seg != 0  # shape: (R, C)
-    real = np.count_nonzero(in_row, axis=1).astype(np.int64)  # shape: (R,)
     k = np.array([len(d) for d in cols["doc_ids"]], dtype=np.int64)  # shape: (R,)
-    starts = np.concatenate([np.cumsum(x) - x for x in segment_lengths(seg, k)]) \
-        if R else np.zeros(0)  # each sequence's first token among the row's real tokens
+    lens = segment_lengths(seg, k)  # per row: real tokens of each segment
+    kept = [x >= 2 for x in lens]  # per row: the segments stored (one-token ones left out)
+    in_row = np.zeros((R, C), dtype=bool)  # shape: (R, C)
+    for r in range(R):  # the tokens of the kept segments (segment id s is kept[r][s - 1])
+        in_row[r] = np.concatenate([[False], kept[r]])[seg[r]]
+    rows = np.array([bool(m.any()) for m in kept], dtype=bool)  # shape: (R,)
+    real = np.count_nonzero(in_row, axis=1).astype(np.int64)[rows]  # shape: (rows,)
+    n = np.array([int(m.sum()) for m in kept], dtype=np.int64)[rows]  # shape: (rows,)
+    starts = [np.cumsum(x[m]) - x[m] for x, m in zip(lens, kept)]  # among the stored tokens
+
+    def per_segment(values: list) -> np.ndarray:
+        chosen = [np.asarray(v)[m] for v, m in zip(values, kept)]
+        return np.concatenate(chosen) if chosen else np.zeros(0, dtype=np.int64)
+
     schema = nemo_schema()
     arrays = [
         _list(ids[in_row].astype(np.int32), real, schema.field("input_ids").type),
         _list((shifted[in_row] != IGNORE_INDEX).astype(np.int8), real,
               schema.field("loss_mask").type),
-        _list(starts.astype(np.int32), k, schema.field("seq_start_id").type),
-        _list(np.concatenate(cols["doc_ids"]).astype(np.int64) if R else np.zeros(0), k,
-              schema.field("doc_ids").type),
-        _list(np.concatenate(cols["doc_offsets"]).astype(np.int64) if R else np.zeros(0), k,
+        _list((np.concatenate(starts) if starts else np.zeros(0)).astype(np.int32), n,
+              schema.field("seq_start_id").type),
+        _list(per_segment(cols["doc_ids"]).astype(np.int64), n, schema.field("doc_ids").type),
+        _list(per_segment(cols["doc_offsets"]).astype(np.int64), n,
               schema.field("doc_offsets").type),
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
@@ -176,6 +191,10 @@ class NemoExport:
     sequences: int  #: sequences (segments)
     tokens: int  #: tokens stored (real tokens of the rows)
     targets: int  #: loss_mask ones: the effective targets
+    #: one-token segments not stored (a zero-length sequence to their collate; no target)
+    one_token_sequences_left_out: int = 0
+    #: packed rows not stored: they held one-token segments only
+    rows_left_out: int = 0
     #: the file was already this export (an earlier run stopped before its metadata entry was
     #: written); only the entry was written now
     completed_entry: bool = False
@@ -407,7 +426,7 @@ def _write(blocks, convention: str, capacity: int, tmp: Path, rows_per_group: in
            identity: dict) -> tuple[dict, dict]:
     """Write every block to ``tmp``; return (the :class:`NemoExport` counts, the metadata
     entry), both also recorded in the file under :data:`EXPORT_KEY`."""
-    rows = seqs = tokens = targets = 0
+    rows = seqs = tokens = targets = left_rows = left_seqs = 0
     max_k, max_len, min_fed = 0, 0, None
     pending: list[pa.RecordBatch] = []
     with pq.ParquetWriter(tmp, nemo_schema(), compression="zstd") as w:
@@ -424,16 +443,22 @@ def _write(blocks, convention: str, capacity: int, tmp: Path, rows_per_group: in
             check()
             batch = to_nemo_batch(cols, convention)
             pending.append(batch)
-            k = np.array([len(d) for d in cols["doc_ids"]], dtype=np.int64)
-            lens = segment_lengths(cols["segment_ids"], k)  # real tokens, not spans
-            fed = np.array([int(x.sum()) - x.size for x in lens], dtype=np.int64)
+            # the stored rows' figures: tokens and sequences a row, each sequence's length
+            stored = np.diff(batch.column(0).offsets.to_numpy()).astype(np.int64)
+            k = np.diff(batch.column(2).offsets.to_numpy()).astype(np.int64)
+            starts = batch.column(2).values.to_numpy().astype(np.int64)
+            ends = np.concatenate([np.append(s[1:], t) for s, t in zip(
+                np.split(starts, np.cumsum(k)[:-1]), stored)]) if k.size else starts
+            fed = stored - k  # what their collate feeds: L - 1 a sequence
+            in_block = sum(len(d) for d in cols["doc_ids"])
+            left_rows += len(cols["doc_ids"]) - batch.num_rows
+            left_seqs += in_block - int(k.sum())
             rows += batch.num_rows
             seqs += int(k.sum())
-            tokens += int(fed.sum() + k.sum())
+            tokens += int(stored.sum())
             targets += int(_ones(batch.column(1)))
             max_k = max(max_k, int(k.max(initial=0)))
-            max_len = max(max_len, max((int(x.max()) - 1 for x in lens if x.size),
-                                       default=0))
+            max_len = max(max_len, int((ends - starts).max(initial=1)) - 1)
             if fed.size:
                 min_fed = int(fed.min()) if min_fed is None else min(min_fed, int(fed.min()))
             if sum(b.num_rows for b in pending) >= rows_per_group:
@@ -446,7 +471,8 @@ def _write(blocks, convention: str, capacity: int, tmp: Path, rows_per_group: in
                  "packing_efficiency": round(100 * fed_total / (rows * capacity), 2)
                  if rows else 0.0,
                  "pack_size": capacity, "min_packed_seqlen": min_fed or 0}
-        counts = {"rows": rows, "sequences": seqs, "tokens": tokens, "targets": targets}
+        counts = {"rows": rows, "sequences": seqs, "tokens": tokens, "targets": targets,
+                  "one_token_sequences_left_out": left_seqs, "rows_left_out": left_rows}
         w.add_key_value_metadata({EXPORT_KEY: json.dumps(
             {"identity": identity, "counts": counts, "entry": entry})})
     return counts, entry

@@ -35,10 +35,24 @@ def nemo_read(path):
         for s, e in zip(bounds, bounds[1:]):
             seqs.append((ids[s:e - 1], ids[s + 1:e], mask[s:e - 1], list(range(e - s - 1))))
             cu.append(cu[-1] + e - s - 1)
+        # B08: no zero-length sequence (a repeated boundary) reaches a varlen kernel
+        assert all(a < b for a, b in zip(cu, cu[1:])), cu
         out.append({"seqs": seqs, "cu_seqlens": cu, "doc_ids": r["doc_ids"],
                     "doc_offsets": r["doc_offsets"],
                     "stored": [ids[s:e] for s, e in zip(bounds, bounds[1:])]})
     return out
+
+
+def one_token_pieces(packed, docs) -> dict:
+    """{document: {offset: [token]}} of the packed rows' one-token segments, which the export
+    leaves out (their collate would count a zero-length sequence)."""
+    pieces = {}
+    for r in packed:  # real tokens of each segment (a --segment-multiple span holds padding)
+        real = np.bincount(r["segment_ids"], minlength=len(r["doc_ids"]) + 1)[1:].tolist()
+        for n, d, off in zip(real, r["doc_ids"], r["doc_offsets"]):
+            if n == 1:
+                pieces.setdefault(d, {})[off] = [docs[d]["input_ids"][off]]
+    return pieces
 
 
 def sft_docs(n, seed=0):
@@ -60,26 +74,39 @@ def test_export_round_trips_every_document_and_every_loss_mask_bit(tmp_path, lab
     out, dest = tmp_path / "out", tmp_path / "nemo"
     assert invoke(["pack", "-q", "-c", 24, "--labels", labels, "--overflow", "split",
                    "--rows-per-shard", 300, src, out]).exit_code == 0
-    res = invoke(["export", "--to", "nemo", out, dest])
+    res = invoke(["export", "--to", "nemo", "--json", out, dest])
     assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
     path = dest / "training_24.idx.parquet"
     packed, manifest = read_output(out)
     rows = nemo_read(path)
-    assert len(rows) == len(packed) == manifest.totals.rows
+    # one-token segments are left out (a zero-length sequence to their collate), and a row of
+    # nothing else with them; this input has both
+    lengths = [np.diff(r["cu_seqlens"]).tolist() for r in packed]
+    real = [[n for n, _ in zip(x, r["doc_ids"])] for x, r in zip(lengths, packed)]
+    ones = sum(x.count(1) for x in real)
+    only_ones = [i for i, x in enumerate(real) if set(x) == {1}]
+    assert ones and only_ones
+    assert summary["one_token_sequences_left_out"] == ones
+    assert summary["rows_left_out"] == len(only_ones)
+    assert len(rows) == summary["rows"] == manifest.totals.rows - len(only_ones)
+    kept_rows = [r for i, r in enumerate(packed) if i not in only_ones]
     # their writer's row groups: 500 rows
     md = pq.ParquetFile(path).metadata
     assert [md.row_group(i).num_rows for i in range(md.num_row_groups)][:-1] == \
         [500] * (md.num_row_groups - 1) and md.num_row_groups >= 2
-    # every document token for token, and a target exactly where its input label is a token
+    # every document token for token (its one-token pieces from the packed rows: left out),
+    # and a target exactly where its input label is a token
     rebuilt = {d: {} for d in range(len(docs))}
+    for d, at in one_token_pieces(packed, docs).items():
+        rebuilt[d].update(at)
     targets = 0
     for r in rows:
         assert len(r["seqs"]) == len(r["doc_ids"])
         for (inp, tgt, mask, pos), piece, d, off in zip(r["seqs"], r["stored"], r["doc_ids"],
                                                         r["doc_offsets"]):
             doc, lab = docs[d]["input_ids"], docs[d]["labels"]
-            # a one-token piece is stored, fed nothing and predicts nothing (as in packtool,
-            # where it has no target)
+            assert len(piece) >= 2 and off not in rebuilt[d]
             assert piece == doc[off:off + len(piece)] and inp == piece[:-1]
             assert tgt == doc[off + 1:off + len(piece)]
             assert mask == [int(x != IGNORE) for x in lab[off + 1:off + len(piece)]]
@@ -89,10 +116,10 @@ def test_export_round_trips_every_document_and_every_loss_mask_bit(tmp_path, lab
     for d, doc in enumerate(docs):
         joined = [t for off in sorted(rebuilt[d]) for t in rebuilt[d][off]]
         assert joined == doc["input_ids"], d
-    assert targets == manifest.totals.effective_targets
+    assert targets == manifest.totals.effective_targets == summary["targets"]
     meta = json.loads((dest / "24_metadata.jsonl").read_text())
     assert meta[0]["split"] == "training" and meta[0]["pack_size"] == 24
-    assert meta[0]["max_samples_per_bin"] == max(len(r["doc_ids"]) for r in packed)
+    assert meta[0]["max_samples_per_bin"] == max(len(r["doc_ids"]) for r in rows)
 
     # rebuilt as packtool rows of capacity C, the export passes verify's column contract and
     # equals the packed rows (labels in the shifted convention, the one loss_mask carries)
@@ -121,17 +148,26 @@ def test_export_round_trips_every_document_and_every_loss_mask_bit(tmp_path, lab
     assert check_block(block, C, "shifted", label_masked=True) == []
     from packtool.formats.packed import PackedOutput
 
+    # rows without a one-token segment come back exactly
     reader = PackedOutput.open(out)
-    originals = (b.row(j) for b in reader.iter_blocks() for j in range(b.num_rows))
-    for i, orig in enumerate(originals):
+    originals = [b.row(j) for b in reader.iter_blocks() for j in range(b.num_rows)]
+    kept = [i for i in range(len(packed)) if i not in only_ones]
+    from packtool.loader import PackedDataset
+
+    ds = PackedDataset(out, labels="shifted")
+    exact = 0
+    for i, p in enumerate(kept):
+        if 1 in real[p]:
+            continue
+        orig = originals[p]
         for k in ("input_ids", "segment_ids", "position_ids"):
             assert block[k][i].tolist() == orig[k].tolist(), (i, k)
         assert block["cu_seqlens"][i].tolist() == orig["cu_seqlens"].tolist()
         assert block["num_targets"][i] == orig["num_targets"]
-    from packtool.loader import PackedDataset
-
-    ds = PackedDataset(out, labels="shifted")
-    assert [ds[i]["labels"].tolist() for i in range(len(ds))] == block["labels"].tolist()
+        assert block["labels"][i].tolist() == ds[p]["labels"].tolist()
+        exact += 1
+    assert exact > len(kept) // 2
+    assert len(kept_rows) == len(rows)
 
 
 def test_export_refuses_to_overwrite_and_names_what_is_wrong(tmp_path):
@@ -210,13 +246,13 @@ def test_export_of_a_segment_multiple_output_keeps_real_tokens_only(tmp_path, la
                    big, out2]).exit_code == 0
     assert invoke(["export", "--to", "nemo", out2, dest2]).exit_code == 0
     rows = nemo_read(dest2 / "training_32.idx.parquet")
-    _, manifest = read_output(out2)
-    pieces, targets = {}, 0
+    packed2, manifest = read_output(out2)
+    pieces, targets = one_token_pieces(packed2, docs), 0
     for r in rows:
         for (inp, tgt, mask, _), piece, d, off in zip(r["seqs"], r["stored"], r["doc_ids"],
                                                         r["doc_offsets"]):
             doc, lab = docs[d]["input_ids"], docs[d]["labels"]
-            assert piece == doc[off:off + len(piece)]
+            assert piece == doc[off:off + len(piece)] and off not in pieces.get(d, {})
             assert mask == [int(x != IGNORE) for x in lab[off + 1:off + len(piece)]]
             pieces.setdefault(d, {})[off] = piece
             targets += sum(mask)
@@ -393,3 +429,31 @@ def test_an_export_short_of_open_files_says_so_not_dest(tmp_path, two_outputs, m
     [line] = res.output.strip().splitlines()
     assert "too many open files" in line and "ulimit -n" in line, line
     assert "DEST cannot be written" not in line, line
+
+
+def test_one_token_segments_never_reach_their_collate_as_zero_length_sequences(tmp_path):
+    """B08's kind in the export: their collate counts L - 1 tokens a sequence, so a one-token
+    segment would be a repeated cu_seqlens boundary. Docs [8,9],[7] and [1,2,3,4,5] at C = 4
+    (the last split into [1,2,3,4] and [5]): the rows hold [8,9] and [1,2,3,4]; the row of [5]
+    alone is left out; both are counted; the targets are the pack's."""
+    src = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"input_ids": [[8, 9], [7], [1, 2, 3, 4, 5]]}), src)
+    out, dest = tmp_path / "out", tmp_path / "nemo"
+    assert invoke(["pack", "-q", "-c", 4, "--no-shuffle", "--strategy", "ordered", src,
+                   out]).exit_code == 0
+    packed, manifest = read_output(out)
+    assert [r["input_ids"] for r in packed] == [[8, 9, 7, 0], [1, 2, 3, 4], [5, 0, 0, 0]]
+    res = invoke(["export", "--to", "nemo", "--json", out, dest])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
+    rows = pq.read_table(dest / "training_4.idx.parquet").to_pylist()
+    assert [(r["input_ids"], r["seq_start_id"], r["doc_ids"]) for r in rows] == \
+        [([8, 9], [0], [0]), ([1, 2, 3, 4], [0], [2])]
+    assert [r["loss_mask"] for r in rows] == [[1, 0], [1, 1, 1, 0]]
+    assert (summary["one_token_sequences_left_out"], summary["rows_left_out"]) == (2, 1)
+    assert summary["targets"] == manifest.totals.effective_targets == 4
+    assert summary["rows"] == 2 and summary["sequences"] == 2 and summary["tokens"] == 6
+    meta = json.loads((dest / "4_metadata.jsonl").read_text())[0]
+    assert meta["min_packed_seqlen"] == 1 and meta["dataset_max_seqlen"] == 3
+    text = invoke(["export", "--to", "nemo", "--overwrite", out, dest]).output
+    assert "2 one-token sequence(s) left out" in text and "1 row(s) of nothing else" in text
