@@ -43,6 +43,7 @@ epoch's order. A mid-epoch state must reach persistent workers through torchdata
 from __future__ import annotations
 
 import hashlib
+import numbers
 import os
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -95,7 +96,8 @@ class PackedIterableDataset(IterableDataset):
             epoch; None: every row of every source once per epoch. Weights can change between
             runs (no repacking); a mid-epoch state resumes only with the weights it was saved
             with, a state taken at an epoch's end with any.
-        rows_per_epoch: rows of an epoch over all sources (default: the rows of all sources).
+        rows_per_epoch: rows of an epoch over all sources (default: the rows of all sources);
+            without ``weights`` they are shared in proportion to the sources' rows.
         rank, world_size: this process's rank and the number of ranks; default: from
             ``torch.distributed`` when initialised, else the ``RANK`` / ``WORLD_SIZE`` variables
             ``torchrun`` sets, else 0 / 1.
@@ -163,7 +165,9 @@ class PackedIterableDataset(IterableDataset):
                              f"world_size={world_size}")
         if shuffle_buffer < 1:
             raise ValueError(f"shuffle_buffer must be >= 1 row, got {shuffle_buffer}")
-        if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
+        if batch_size is not None and (isinstance(batch_size, bool)
+                                       or not isinstance(batch_size, numbers.Integral)
+                                       or batch_size < 1):
             raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
         if collate_fn is not None and batch_size is None:
             raise ValueError("collate_fn needs batch_size (without it, give collate_fn to the "
@@ -268,18 +272,22 @@ class PackedIterableDataset(IterableDataset):
     def _current(self) -> EpochPlan:
         """The plan of the current phase (a loaded state counted in, as a DataLoader without
         workers would resume it)."""
-        return self._plan(self._resolve(0, 1)[0] if self._pending is not None else None)
+        return self._plan(self._resolve(0, 1, counting=True)[0] if self._pending is not None
+                          else None)
 
     @property
     def rows_per_rank(self) -> int:
-        """Rows this rank yields in the current epoch (the same on every rank; after an
-        elastic resume, in the rest of the epoch)."""
-        return rank_rows(self._current().length(), self.world_size, self.drop_last)
+        """Rows this rank yields in the current epoch (the same on every rank); with a resume
+        point loaded, in the rest of the epoch, as a DataLoader without workers resumes it."""
+        history, start = (self._resolve(0, 1, counting=True) if self._pending is not None
+                          else (None, 0))
+        return rank_rows(self._plan(history).length(), self.world_size, self.drop_last) - start
 
     def __len__(self) -> int:
-        """Rows this rank yields per epoch (:attr:`rows_per_rank`); with ``batch_size``, the
-        batches of a DataLoader without workers (each worker ends on its own partial batch:
-        :meth:`num_batches` counts them for a number of workers)."""
+        """Rows this rank yields per epoch (:attr:`rows_per_rank`; the rest of it with a resume
+        point loaded); with ``batch_size``, the batches of a DataLoader without workers (each
+        worker ends on its own partial batch: :meth:`num_batches` counts them for a number of
+        workers)."""
         q = self.rows_per_rank
         return q if self.batch_size is None else -(-q // self.batch_size)
 
@@ -298,7 +306,7 @@ class PackedIterableDataset(IterableDataset):
         B = self.batch_size or 1
         total = 0
         for w in range(K):
-            history, start = (self._resolve(w, K) if self._pending is not None
+            history, start = (self._resolve(w, K, counting=True) if self._pending is not None
                               else (self._history, 0))
             plan = self._plan(history)
             n = plan.slot(plan.phase, self.rank, w, self.world_size, K).size - start
@@ -485,7 +493,8 @@ class PackedIterableDataset(IterableDataset):
         return {"seed": self.seed, "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer,
                 "drop_last": self.drop_last, "mixture": self.mixture.fingerprint()}
 
-    def _resolve(self, worker: int, num_workers: int) -> tuple[tuple, int]:
+    def _resolve(self, worker: int, num_workers: int, counting: bool = False
+                 ) -> tuple[tuple, int]:
         """(phases, rows to skip) of the loaded state for worker ``worker`` of
         ``num_workers`` at this world size: the same shape continues exactly, another one
         starts a new phase.
@@ -503,13 +512,17 @@ class PackedIterableDataset(IterableDataset):
                 return history, y
         if not isinstance(y, list):
             if K != 1:
+                what = ("len() and the row counts cannot count the rest of the epoch from it"
+                        if counting else f"it cannot resume at {self.world_size} ranks x "
+                        f"{num_workers} workers")
                 raise ValueError(
                     f"this state is worker {st['worker']}'s of {K}: it cannot say what the "
-                    f"other workers consumed, so it cannot resume at {self.world_size} ranks x "
-                    f"{num_workers} workers; load the StatefulDataLoader's whole state_dict() "
-                    "into the dataset (ds.load_state_dict(loader_state)) before building the "
-                    "new DataLoader")
+                    f"other workers consumed, so {what}; load the StatefulDataLoader's whole "
+                    "state_dict() into the dataset (ds.load_state_dict(loader_state)) before "
+                    "building the new DataLoader")
             y = [y]
+        if not any(y):  # nothing read in that phase: the epoch goes on as at this size
+            return history, 0
         return history + (Phase(W, K, tuple(y)),), 0
 
     def state_dict(self) -> dict:

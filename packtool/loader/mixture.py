@@ -32,6 +32,14 @@ def _salt(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little") >> 1
 
 
+def _content(output) -> str:
+    """16 hex digits naming the rows of a packed output: its shards' sha256s in row order."""
+    h = hashlib.sha256()
+    for shard in output.manifest.shards:
+        h.update(shard.sha256.encode())
+    return h.hexdigest()[:16]
+
+
 class Mixture:
     """One or more packed outputs and each one's rows per epoch.
 
@@ -40,7 +48,8 @@ class Mixture:
             :class:`~packtool.formats.packed.PackedOutput`), or a mapping name -> output.
         weights: name -> non-negative weight (any scale; at least one positive), the share of
             each source in every epoch; None: every row of every source once per epoch.
-        rows_per_epoch: rows of an epoch over all sources (default: the rows of all sources).
+        rows_per_epoch: rows of an epoch over all sources (default: the rows of all sources);
+            without ``weights`` they are shared in proportion to the sources' rows.
         labels: the labels convention items carry (None: the outputs' own, which must agree).
         columns: columns handed out (None: every column of the outputs, which must agree).
         open_kw: passed to :func:`packtool.loader.source.open_source` for each output.
@@ -222,9 +231,14 @@ class Mixture:
             block.ragged["source_ids"] = (m[vals], offs)
 
     def fingerprint(self) -> dict:
-        """What a mid-epoch state must match: each source's name and rows, and its share."""
+        """What a mid-epoch state must match: each source's name and rows, and its share
+        (``sources``), and which rows each source holds (``content``: 16 hex digits of the
+        sha256 of its shards' sha256s in row order, so an output repacked differently, or
+        another output of the same name and rows, is told apart; the same rows packed again
+        byte for byte, moved or copied, match)."""
         return {"sources": [[n, int(r), int(c)] for n, r, c
-                            in zip(self.names, self.rows, self.shares)]}
+                            in zip(self.names, self.rows, self.shares)],
+                "content": [_content(o) for o in self.outputs]}
 
     def describe_rows(self) -> str:
         """``name: rows`` of every source, for messages."""

@@ -3,7 +3,8 @@
 A state is a dict of ints, bools, strings and lists (JSON- and ``torch.save``-safe):
 
 - ``epoch``; the order's fixed fields ``seed``, ``shuffle``, ``shuffle_buffer``, ``drop_last``
-  and ``mixture`` (each source's name, rows and rows per epoch);
+  and ``mixture`` (each source's name, rows and rows per epoch, and a digest of which rows it
+  holds);
 - ``phases``: the finished phases of the epoch (``[world_size, num_workers, [rows yielded by
   each worker]]``, :class:`~packtool.loader.plan.Phase`), empty until a job is resized;
 - ``world_size``, ``num_workers`` (0 workers count as 1) and ``rank`` of the process that saved
@@ -165,8 +166,12 @@ def _check(st: dict) -> None:
             isinstance(x, (list, tuple)) and len(x) == 3 and isinstance(x[0], str)
             and _int(x[1]) and _int(x[2]) for x in mix["sources"]))
         or ("num_rows" in mix and _int(mix["num_rows"])))
+    if ok and "content" in mix:  # saved since states name each source's rows
+        ok = isinstance(mix["content"], list) and len(mix["content"]) == len(
+            mix.get("sources", ())) and all(isinstance(c, str) for c in mix["content"])
     if not ok:
-        bad("mixture", f"is {mix!r}, not {{'sources': [[name, rows, share], ...]}}")
+        bad("mixture", f"is {mix!r}, not {{'sources': [[name, rows, share], ...], "
+            "'content': [hex, ...]}}")
     W, K, rank, worker, y = (st["world_size"], st["num_workers"], st.get("rank", 0),
                              st["worker"], st["yielded"])
     if not _int(W, 1) or not _int(K, 1):
@@ -238,6 +243,17 @@ def mismatch(state: dict, mine: dict) -> list[str]:
         if k == "mixture" and "num_rows" in (a or {}):  # a version-1 state: one output
             srcs = (b or {}).get("sources", [])
             same = len(srcs) == 1 and srcs[0][1] == a["num_rows"] == srcs[0][2]
+        elif k == "mixture" and a and b and a.get("sources") == b.get("sources"):
+            # a state saved before states named each source's rows cannot tell them apart
+            saved, now = a.get("content"), b.get("content")
+            same = saved is None or now is None or saved == now
+            if not same:
+                other = [s[0] for s, x, y in zip(b["sources"], saved, now) if x != y]
+                bad.append(f"the rows of source{'s' if len(other) > 1 else ''} "
+                           f"{', '.join(repr(n) for n in other)} (the same name and row count, "
+                           "but other rows: repacked with other options or inputs, or another "
+                           "output)")
+                continue
         else:
             same = a == b
         if not same:

@@ -65,3 +65,23 @@ def test_repeated_rows_counts_every_phase_of_the_epoch(many_groups):
     dup = sum(v - 1 for v in Counter(before + after).values())
     assert set(before + after) == set(range(n))
     assert rest.repeated_rows == dup == repeats4
+
+
+@pytest.mark.parametrize("value", [2.5, 2.0, "2", True, 0])
+def test_a_batch_size_that_is_not_a_positive_integer_is_refused(many_groups, value):
+    """2.5 was cut to 2 silently."""
+    with pytest.raises(ValueError, match="^batch_size must be a positive integer or None"):
+        PackedIterableDataset(many_groups, batch_size=value)
+    assert PackedIterableDataset(many_groups, batch_size=np.int64(2)).batch_size == 2
+
+
+def test_len_of_one_workers_state_of_several_says_what_it_cannot_count(many_groups):
+    """A single worker's state of 2 workers, loaded into the training process's dataset: len()
+    cannot count the rest of the epoch (it does not know the other worker), and says so rather
+    than name a resume shape nobody asked for."""
+    ds = PackedIterableDataset(many_groups, world_size=2, rank=0, seed=1)
+    state = dict(ds.state_dict(), num_workers=2, worker=0, yielded=3)
+    ds.load_state_dict(state)
+    with pytest.raises(ValueError, match="worker 0's of 2: .* so len\\(\\) and the row counts "
+                                         "cannot count the rest of the epoch from it"):
+        len(ds)

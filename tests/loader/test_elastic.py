@@ -15,7 +15,7 @@ stateful = pytest.importorskip("torchdata.stateful_dataloader")
 
 from packtool.loader import PackedIterableDataset, collate  # noqa: E402
 
-from loader_helpers import rows_120, web_and_code  # noqa: E402,F401
+from loader_helpers import many_groups, rows_120, web_and_code  # noqa: E402,F401
 
 
 def run_ranks(out, world, workers, *, batches=None, state=None, seed=4, **kw):
@@ -150,3 +150,44 @@ def test_a_rest_the_new_ranks_do_not_divide_is_evened_up_and_counted(rows_120):
     [next(it) for _ in range(7)]
     dropped.load_state_dict(state_dl.state_dict())
     assert (dropped.rows_per_rank, dropped.repeated_rows, dropped.dropped_rows) == (26, 0, 2)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_state_saved_before_any_row_of_its_epoch_resumes_as_the_new_sizes_epoch(
+        many_groups, drop_last):
+    """A checkpoint at the top of the epoch loop (after set_epoch, before the first batch) at
+    3 ranks, loaded at 2 ranks (and at 1): the epoch is the one a job always at the new size
+    reads, rank by rank: no even-up repeat or drop of the old size (about 150 rows, which 3
+    and 2 ranks split unevenly)."""
+    old = PackedIterableDataset(many_groups, rank=0, world_size=3, seed=4, drop_last=drop_last)
+    old.set_epoch(1)
+    state = old.state_dict()
+    for world in (2, 1):
+        for rank in range(world):
+            resumed = PackedIterableDataset(many_groups, rank=rank, world_size=world, seed=4,
+                                            drop_last=drop_last)
+            resumed.load_state_dict(state)
+            fresh = PackedIterableDataset(many_groups, rank=rank, world_size=world, seed=4,
+                                          drop_last=drop_last, epoch=1)
+            assert len(resumed) == len(fresh)
+            assert (resumed.repeated_rows, resumed.dropped_rows) == \
+                (fresh.repeated_rows, fresh.dropped_rows)
+            assert [x["index"] for x in resumed] == [x["index"] for x in fresh]
+
+
+def test_len_after_a_resume_counts_the_rest_of_the_epoch(rows_120):
+    """len(ds), rows_per_rank and num_batches(0) agree with what the resumed epoch yields, at
+    the same size (4 of 20 batches of 3 read) as after a resize."""
+    ds = PackedIterableDataset(rows_120, rank=0, world_size=2, seed=4, batch_size=3)
+    it = iter(ds)
+    for _ in range(4):
+        next(it)
+    state = ds.state_dict()
+    for world in (2, 3):
+        resumed = PackedIterableDataset(rows_120, rank=0, world_size=world, seed=4,
+                                        batch_size=3)
+        resumed.load_state_dict(state)
+        counted = (len(resumed), resumed.num_batches(0), resumed.rows_per_rank)
+        got = list(resumed)
+        assert counted == (len(got), len(got), sum(len(b["index"]) for b in got)), world
+    assert counted[0] < 20
