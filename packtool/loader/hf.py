@@ -52,7 +52,10 @@ class HFCollator:
             eager and flex attention ignore them. ``Trainer`` passes them to the model's
             ``forward`` (its ``**kwargs``). False only for a model whose ``forward`` takes no
             such keywords; with ``flash_attention_2`` then use ``flatten=True``. Under
-            ``torch.compile`` the int ``max_length`` recompiles per distinct value.
+            ``torch.compile`` the int ``max_length`` recompiles per distinct value. Gated
+            DeltaNet layers (Qwen3-Next, OLMo hybrid) hand ``cu_seq_lens_q`` to
+            flash-linear-attention, which takes it for a batch of one row only: train those
+            with ``flatten=True``.
         labels_mode: convention of the items' labels when they do not say (``Trainer``'s default
             ``remove_unused_columns`` drops every item key but ``input_ids``, ``position_ids``
             and ``labels`` before the collator runs); checked against the values. Build the
