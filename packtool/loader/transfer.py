@@ -563,7 +563,7 @@ def _arrive_collated(batch, handoff: _Handoff | None = None):
 def counts() -> dict:
     """What reached this process from DataLoader workers: ``shared`` (batches whose per-token
     columns came through a ring), ``by_value`` (batches pickled whole), ``collated_in_worker``
-    (those of them that code in the worker read, so collated there: :class:`_InTransit`),
+    (those of them collated in the worker, because code there read them: :class:`_InTransit`),
     ``rings_mapped`` and ``rings_refused`` (workers' rings mapped, or that could not be: those
     workers send by value), and ``rings`` (rings mapped now). Counted since the process started (or was forked).
     """
