@@ -52,8 +52,8 @@ def assert_as_without_workers(got: list, want: list, key) -> None:
     mine = {key(b): b for b in got}
     theirs = {key(b): b for b in want}
     assert len(mine) == len(got) and mine.keys() == theirs.keys()
-    for k in mine:
-        assert_same(mine[k], theirs[k])
+    for k, b in mine.items():
+        assert_same(b, theirs[k])
 
 
 def by_index(b) -> tuple:
