@@ -300,6 +300,9 @@ def in_transit(parts: list, meta: dict, collate_fn: Callable, batch_size: int) -
     return _InTransit(rows, collate_fn, shared=(ring.id, slot, tuple(place.columns)))
 
 
+_UNSET = object()
+
+
 class _InTransit:
     """A batch on its way from a DataLoader worker to the training process.
 
@@ -309,20 +312,112 @@ class _InTransit:
     arrive, in the training process (positions, segments and labels derived there, about a
     fifth of the work of a row). A collated batch would move five times the bytes, and torch
     would send each of its tensors through its own shared-memory segment and file descriptor:
-    that cost more CPU than reading the rows (``docs/benchmarks.md``, "Workers"). Only the
-    DataLoader sees this object: the training loop receives the collated batch.
+    that cost more CPU than reading the rows (``docs/benchmarks.md``, "Workers").
+
+    **Read in the worker.** Code that runs in the worker on the item the dataset yields (a
+    DataLoader ``collate_fn``, which runs there with ``batch_size=None``; a wrapping
+    ``IterableDataset``) sees the batch: the mapping methods (``b[k]``, ``b[k] = v``,
+    ``del b[k]``, ``k in b``, ``len``, ``iter``, ``keys``, ``items``, ``values``, ``get``,
+    ``pop``, ``setdefault``, ``update``; so ``dict(b)`` and ``{**b}``), ``copy.copy``,
+    ``copy.deepcopy`` and ``repr`` collate it there first (:meth:`batch`): the same dict the
+    training process would have built (keys, dtypes, values, provenance). The rows leave the
+    ring slot (copied, the slot kept by the worker for its next batch), and from then on that
+    dict, with any change made to it, crosses by value instead. It is not a ``Mapping``
+    instance: torch's ``default_convert`` (the DataLoader's ``collate_fn`` with
+    ``batch_size=None``) rebuilds every ``Mapping``, which would collate every batch in the
+    worker. An item nothing reads crosses as gathered rows.
     """
 
     def __init__(self, rows, collate_fn, *, shared: tuple | None = None,
                  handoff: _Handoff | None = None) -> None:
         self.rows, self.collate_fn = rows, collate_fn
         self.shared, self.handoff = shared, handoff
+        self.collated = _UNSET
+
+    def batch(self):
+        """The collated batch, built in this process at the first call (the rows copied out
+        of their ring slot first, and the slot given back to this worker's ring).
+
+        Raises:
+            what ``collate_fn`` raises (the rows stay, so a later call tries again).
+        """
+        if self.collated is _UNSET:
+            if self.shared is not None:
+                ring_id, slot, columns = self.shared
+                for key, *_ in columns:
+                    if key[0] == "tokens":  # the others stayed the rows' own in the slot
+                        self.rows.tokens[key[1]] = np.array(self.rows.tokens[key[1]])
+                self.shared = None
+                ring = _worker.ring
+                if ring is not None and ring.id == ring_id:
+                    ring.free.append(slot)  # its token was never sent: this worker's again
+            self.collated = self.collate_fn(self.rows)
+            self.rows = None
+        return self.collated
 
     def __reduce__(self):
+        if self.collated is not _UNSET:
+            out = self.collated
+            if type(out) is dict:  # e.g. one a user's collate function built: tensors by value
+                from packtool.loader.collate import _Batch
+
+                out = _Batch(out)
+            return _arrive_collated, (out, self.handoff)
         if self.shared is None:
             return _arrive, (self.rows, self.collate_fn, self.handoff)
         rows = _without(self.rows, {c[0] for c in self.shared[2]})
         return _arrive_shared, (rows, self.collate_fn, *self.shared)
+
+    # the batch's mapping methods, on the collated batch
+    def __getitem__(self, key):
+        return self.batch()[key]
+
+    def __setitem__(self, key, value) -> None:
+        self.batch()[key] = value
+
+    def __delitem__(self, key) -> None:
+        del self.batch()[key]
+
+    def __contains__(self, key) -> bool:
+        return key in self.batch()
+
+    def __iter__(self):
+        return iter(self.batch())
+
+    def __len__(self) -> int:
+        return len(self.batch())
+
+    def keys(self):
+        return self.batch().keys()
+
+    def items(self):
+        return self.batch().items()
+
+    def values(self):
+        return self.batch().values()
+
+    def get(self, key, default=None):
+        return self.batch().get(key, default)
+
+    def pop(self, key, *default):
+        return self.batch().pop(key, *default)
+
+    def setdefault(self, key, default=None):
+        return self.batch().setdefault(key, default)
+
+    def update(self, *args, **kwargs) -> None:
+        self.batch().update(*args, **kwargs)
+
+    def __copy__(self):
+        return dict(self.batch())
+
+    def __deepcopy__(self, memo):
+        import copy
+
+        return copy.deepcopy(dict(self.batch()), memo)
+
+    def __repr__(self) -> str:
+        return repr(self.batch())
 
 
 # --- the training process's side ------------------------------------------------------------
@@ -377,7 +472,8 @@ class _Mapped:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.rings: dict[str, _MappedRing] = {}
-        self.counts = {"shared": 0, "by_value": 0, "rings_mapped": 0, "rings_refused": 0}
+        self.counts = {"shared": 0, "by_value": 0, "collated_in_worker": 0, "rings_mapped": 0,
+                       "rings_refused": 0}
 
     def attach(self, handoff: _Handoff) -> None:
         try:
@@ -453,11 +549,23 @@ def _arrive_shared(rows, collate_fn, ring_id: str, slot: int, columns: tuple):
     return collate_fn(rows)
 
 
+def _arrive_collated(batch, handoff: _Handoff | None = None):
+    """The batch of an :class:`_InTransit` that code in the worker read: collated there,
+    crossed by value (mapping the worker's ring when the batch brings it)."""
+    if handoff is not None:
+        _mapped.attach(handoff)
+    with _mapped.lock:
+        _mapped.counts["by_value"] += 1
+        _mapped.counts["collated_in_worker"] += 1
+    return batch
+
+
 def counts() -> dict:
     """What reached this process from DataLoader workers: ``shared`` (batches whose per-token
-    columns came through a ring), ``by_value`` (batches pickled whole), ``rings_mapped`` and
-    ``rings_refused`` (workers' rings mapped, or that could not be: those workers send by
-    value), and ``rings`` (rings mapped now). Counted since the process started (or was forked).
+    columns came through a ring), ``by_value`` (batches pickled whole), ``collated_in_worker``
+    (those of them collated in the worker, because code there read them: :class:`_InTransit`),
+    ``rings_mapped`` and ``rings_refused`` (workers' rings mapped, or that could not be: those
+    workers send by value), and ``rings`` (rings mapped now). Counted since the process started (or was forked).
     """
     with _mapped.lock:
         return {**_mapped.counts, "rings": len(_mapped.rings)}
