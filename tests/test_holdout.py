@@ -127,6 +127,20 @@ def test_holdout_errors_are_one_line(tmp_path):
     assert res.exit_code == 2 and "needs --holdout" in res.output
 
 
+@pytest.mark.parametrize("seed, side", [(0, "training side"), (1, "held-out side")])
+def test_a_side_of_only_empty_documents_is_refused_before_either_output_is_written(
+        tmp_path, seed, side):
+    """Docs [], [1,2,3] with --holdout 0.5: one side gets the empty document alone. Each seed is
+    refused in one true line (it said "all 2 documents are empty", and with seed 1 wrote the
+    training output before failing on the held-out one); neither output is written."""
+    src = write_docs(tmp_path / "in" / "a.parquet", [[], [1, 2, 3]])
+    out = tmp_path / "out"
+    res = invoke(["pack", "-q", "-c", 4, "--holdout", 0.5, "--seed", seed, src, out])
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert f"the {side} gets only empty documents (1, no tokens" in res.output
+    assert not out.exists() and not (tmp_path / "out-holdout").exists()
+
+
 def test_stats_of_each_side_says_how_many_documents_the_other_side_took(tmp_path):
     """``stats`` of either output of a --holdout pack says the documents read and how many of
     them went to the other output, so that 'in' is not read as this output's own documents."""

@@ -259,6 +259,26 @@ def _interrupted(exc: KeyboardInterrupt, out: Output | None) -> KeyboardInterrup
     return stopped
 
 
+def _refuse_empty_side(cfg, tokens: int, docs: int, total) -> None:
+    """``--holdout`` whose training or held-out side has documents but not one token (every
+    document it got is empty), told by the training pack's read, which counts both sides'
+    tokens, so before either output is written.
+
+    Raises:
+        InputError: one side has no token (the split, the counts and the fix named).
+    """
+    held_docs, held_tokens = total.docs_other_split, total.tokens_other_split
+    if (tokens and held_tokens) or not (tokens or held_tokens):  # none at all: require_tokens
+        return
+    train_docs = docs - held_docs
+    side, n, other = (("training side", train_docs, f"the {held_docs:,} held out")
+                      if not tokens else ("held-out side", held_docs,
+                                          f"the {train_docs:,} left for training"))
+    raise InputError(f"--holdout {cfg.holdout} --seed {cfg.seed}: the {side} gets only empty "
+                     f"documents ({n:,}, no tokens; the tokens are all in {other}); choose "
+                     "another --seed or fraction")
+
+
 def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
     """Pack ``cfg.inputs`` into ``cfg.output`` (phases in the module docstring); with
     ``cfg.holdout``, also the held-out documents into ``cfg.holdout_output``
@@ -328,6 +348,8 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
         index = PartIndex(tuple(i.directory for i in pinfos), tuple(firsts),
                           tuple(int(x) for x in bases), tuple(i.targets for i in pinfos),
                           tuple(parts), source_maps)
+        if cfg.holdout_part == "train":  # before either output is written
+            _refuse_empty_side(cfg, int(bases[-1]), windows.docs, total)
         require_tokens(files, windows.docs, int(bases[-1]), cfg.column)
         infos: list[WindowInfo] = []
         sizes = windows.sizes()
