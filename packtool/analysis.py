@@ -172,7 +172,9 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                       label_masked=reader.manifest.label_masked and reader.labels.stored,
                       num_sources=len(reader.manifest.source_values)
                       if reader.manifest.source_column is not None else 0,
-                      per_bin_limit=per_bin_limit if per_bin else 0)
+                      per_bin_limit=per_bin_limit if per_bin else 0,
+                      num_docs=reader.manifest.totals.docs_in,
+                      concat=reader.manifest.options.get("strategy") == "concat")
     for block in reader.iter_blocks(recount.columns()):
         recount.add(block)
     reader.close()

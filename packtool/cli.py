@@ -675,7 +675,8 @@ def stats(ctx, path, per_bin, per_bin_limit, no_hash, as_json, plot, capacity, c
     if a.mismatches:
         k, (rc, m) = next(iter(a.mismatches.items()))
         raise PacktoolError(f"{path[0]}: recounted {k} {rc} differs from the manifest's {m}; "
-                            "the shards were changed after packing: rerun the same packtool pack "
+                            "the shards or the manifest were changed after packing: rerun the same "
+                            "packtool pack "
                             "with --overwrite")
 
 

@@ -14,13 +14,120 @@ from __future__ import annotations
 
 import numpy as np
 
+from packtool.errors import ManifestError, row_ref
 from packtool.types import IGNORE_INDEX
 
-__all__ = ["RECOUNTED", "Recount", "mark_ids"]
+__all__ = ["RECOUNTED", "TIED", "Recount", "mark_ids", "ragged_faults"]
 
 #: PackStats fields that can be recounted from the shards (the others only the manifest knows).
 RECOUNTED = ("rows", "segments", "real_tokens", "padding_tokens", "effective_targets",
              "attention_work", "docs_cut")
+#: manifest figures no row holds, checked through an identity with recounted figures
+#: (:meth:`Recount.mismatches`): ``split_fragments`` and ``docs_split`` from the segments and
+#: documents (exact, or bounds when ``--min-fill`` left rows out), ``tokens_in`` and
+#: ``docs_empty`` from the tokens and documents written plus those the manifest says were
+#: truncated, dropped or held out, ``docs_truncated`` against ``tokens_truncated``
+TIED = ("split_fragments", "docs_split", "tokens_in", "docs_empty", "docs_truncated",
+        "docs_dropped")
+
+
+def _rows_of(bad: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """int64[]: the distinct rows (by ``offsets``, int64[R + 1]) holding a True of ``bad``."""
+    if not bad.any():
+        return np.zeros(0, dtype=np.int64)
+    return np.unique(np.searchsorted(offsets, np.flatnonzero(bad), side="right") - 1)
+
+
+def _show(values: np.ndarray, offsets: np.ndarray, r: int) -> str:
+    v = values[offsets[r]:offsets[r + 1]].tolist()
+    return f"{v[:8]}{'...' if len(v) > 8 else ''}"
+
+
+def ragged_faults(ragged: dict, capacity: int, *, num_docs: int | None = None,
+                  num_sources: int = 0) -> list[tuple[int, str, str]]:
+    """Rows of a block whose ragged columns cannot be counted on: lengths and ranges checked
+    before any of them indexes or sizes anything (vectorised over the block).
+
+    Checked for each column present in ``ragged``:
+
+    * ``cu_seqlens``: k + 1 or k + 2 entries (k = ``len(doc_ids)``: the documents, then the
+      padding tail), 0 first, C last, strictly increasing;
+    * ``cu_seqlens_unpadded``: as many entries as ``cu_seqlens``, 0 first, strictly increasing,
+      each real length at most its span of ``cu_seqlens`` (checked when every row of the block
+      has the right number of entries);
+    * ``doc_ids``: each id in 0 .. ``num_docs`` - 1 (a document of the input);
+    * ``doc_offsets``: k entries;
+    * ``source_ids``: k entries, each in 0 .. ``num_sources`` - 1 (checked with
+      ``num_sources`` > 0).
+
+    Args:
+        ragged: name -> (values int[n], offsets int64[R + 1] from 0), holding ``doc_ids``
+            (a :class:`~packtool.formats.packed.Block`'s ``ragged``).
+        capacity: C.
+        num_docs: documents read by the pack (the manifest's ``docs_in``: ``doc_ids`` are
+            global input indices, both parts of a ``--holdout`` counted); None: ids only
+            checked to be >= 0.
+        num_sources: size of the manifest's source table (0: ``source_ids`` not checked).
+
+    Returns:
+        ``[(row in block, column, message)]`` sorted by row, at most one per (row, column);
+        empty when every row can be counted.
+    """
+    C = int(capacity)
+    doc, k_off = ragged["doc_ids"]
+    k = np.diff(k_off)  # shape: (R,)
+    out: list[tuple[int, str, str]] = []
+
+    def add(rows, column, msg_fn):
+        out.extend((int(r), column, msg_fn(int(r))) for r in rows)
+
+    if doc.size:
+        bad = doc < 0 if num_docs is None else (doc < 0) | (doc >= num_docs)
+        add(_rows_of(bad, k_off), "doc_ids", lambda r: (
+            f"doc_ids {_show(doc, k_off, r)}: each id must be a document of the input, "
+            + ("non-negative" if num_docs is None else
+               f"0..{int(num_docs) - 1} (the manifest's docs_in)")))
+    for name in ("doc_offsets", "source_ids"):
+        if name not in ragged or (name == "source_ids" and not num_sources):
+            continue
+        vals, off = ragged[name]
+        n = np.diff(off)
+        wrong = n != k
+        if name == "source_ids" and vals.size:
+            wrong[_rows_of((vals < 0) | (vals >= num_sources), off)] = True
+        tail = (f"one id in 0..{int(num_sources) - 1} (the manifest's source table) per entry"
+                if name == "source_ids" else "one offset per entry")
+        add(np.flatnonzero(wrong), name, lambda r, vals=vals, off=off, tail=tail: (
+            f"{name} {_show(vals, off, r)} for {int(k[r])} doc_ids: {tail}"))
+    if "cu_seqlens" in ragged:
+        cu, cu_off = ragged["cu_seqlens"]
+        n = np.diff(cu_off)  # shape: (R,)
+        bad = (n - 1 < k) | (n - 1 > k + 1) | (n < 2)
+        ok = ~bad
+        cu64 = cu.astype(np.int64)
+        inside = np.ones(cu64.size, dtype=bool)  # entry i and i + 1 in the same row
+        inside[cu_off[1:][n > 0] - 1] = False
+        bad[ok] |= (cu64[cu_off[:-1][ok]] != 0) | (cu64[cu_off[1:][ok] - 1] != C)
+        if cu64.size > 1:
+            bad[_rows_of((np.diff(cu64) <= 0) & inside[:-1], cu_off)] = True
+        add(np.flatnonzero(bad), "cu_seqlens", lambda r: (
+            f"cu_seqlens {_show(cu, cu_off, r)} for {int(k[r])} doc_ids: one entry per document "
+            f"and at most the padding tail, 0 < ... < C={C} strictly increasing"))
+        if "cu_seqlens_unpadded" in ragged:
+            un, un_off = ragged["cu_seqlens_unpadded"]
+            ubad = np.diff(un_off) != n
+            if not ubad.any() and un.size:
+                un64 = un.astype(np.int64)
+                ubad[n > 0] |= un64[un_off[:-1][n > 0]] != 0
+                if un.size > 1:
+                    du = np.diff(un64)
+                    ubad[_rows_of(((du <= 0) | (du > np.diff(cu64))) & inside[:-1],
+                                  un_off)] = True
+            add(np.flatnonzero(ubad), "cu_seqlens_unpadded", lambda r: (
+                f"cu_seqlens_unpadded {_show(un, un_off, r)}: one entry per entry of "
+                "cu_seqlens, 0 first, strictly increasing, each real length at most its span"))
+    out.sort(key=lambda t: t[0])
+    return out
 
 
 def mark_ids(bits: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -65,11 +172,22 @@ class Recount:
             rows, segments, real tokens, padding and targets are counted too.
         per_bin_limit: list per row its targets and each segment's for at most this many rows
             (None: all; 0: none).
+        num_docs: documents read by the pack (the manifest's ``docs_in``): every ``doc_ids``
+            entry must be below it (None: only >= 0); the bitsets are sized by the ids.
+        concat: the output was packed with ``--strategy concat`` (its stream cuts documents
+            without counting them split: ``docs_split`` and ``split_fragments`` are 0).
+
+    Raises:
+        ManifestError: from :meth:`add`, a row whose ragged columns cannot be counted on
+            (:func:`ragged_faults`), naming the shard and row.
     """
 
     def __init__(self, capacity: int, *, padded: bool = False, label_masked: bool = False,
-                 num_sources: int = 0, per_bin_limit: int | None = 0) -> None:
+                 num_sources: int = 0, per_bin_limit: int | None = 0,
+                 num_docs: int | None = None, concat: bool = False) -> None:
         self.C = int(capacity)
+        self.num_docs = num_docs
+        self.concat = concat
         self.padded = padded
         self.label_masked = label_masked
         self.n_src = int(num_sources)
@@ -99,7 +217,20 @@ class Recount:
 
     def add(self, block) -> None:
         """Count one decoded row group (a :class:`~packtool.formats.packed.Block` holding
-        :meth:`columns`)."""
+        :meth:`columns`).
+
+        Raises:
+            ManifestError: a row whose ``cu_seqlens``, ``cu_seqlens_unpadded``, ``doc_ids`` or
+                ``source_ids`` break the contract (:func:`ragged_faults`): nothing of the block
+                is counted.
+        """
+        faults = ragged_faults(block.ragged, self.C, num_docs=self.num_docs,
+                               num_sources=self.n_src)
+        if faults:
+            r, _, msg = faults[0]
+            raise ManifestError(f"{block.shard}: {row_ref(block.shard_row0 + r)}: {msg}; the "
+                                "shards were changed after packing: rerun the same packtool "
+                                "pack with --overwrite")
         C, n = self.C, block.num_rows
         cu, cu_off = block.ragged["cu_seqlens"]
         doc, k_off = block.ragged["doc_ids"]
@@ -180,11 +311,66 @@ class Recount:
 
     def mismatches(self, totals: dict) -> dict:
         """``{field: (recounted, manifest)}`` for every recounted figure that differs from the
-        manifest's ``totals`` (a dict of the manifest's totals), plus
+        manifest's ``totals`` (a dict of the manifest's totals), then every figure of
+        :data:`TIED` that breaks its identity (:meth:`tied`), plus
         ``num_targets_rows_wrong: (rows, 0)`` when some rows' ``num_targets`` column disagrees
         with their segments."""
         out = {k: (v, int(totals[k])) for k, v in self.figures(totals).items()
                if k in totals and int(totals[k]) != v}
+        out.update(self.tied(totals))
         if self.bad_num_targets:
             out["num_targets_rows_wrong"] = (self.bad_num_targets, 0)
+        return out
+
+    def tied(self, totals: dict) -> dict:
+        """``{name: (expected, manifest)}`` for each manifest figure of :data:`TIED` that breaks
+        its identity with the rows recounted (a name says the identity; ``expected`` is the
+        figure it gives, or the bound crossed). Figures an older manifest lacks are skipped.
+
+        * ``split_fragments`` = segments - documents (every piece of a split document beyond
+          its first in the rows; 0 with ``--strategy concat``, whose cuts are ``docs_cut``);
+        * ``docs_split`` = documents in more than one segment (``docs_cut``) when no planned row
+          was left out; with ``--min-fill`` rows left out, between that and the documents seen
+          (a split document may keep one piece); 0 with ``concat``;
+        * ``tokens_in`` = real tokens + ``tokens_truncated`` + ``tokens_dropped`` (the tokens
+          of the other ``--holdout`` part are not in ``tokens_in``);
+        * ``docs_empty`` = ``docs_in`` - ``docs_other_split`` - ``docs_dropped`` - documents
+          seen (empty documents leave no row: this ties the four, it does not count them);
+        * ``docs_truncated``, ``docs_dropped``: at most their tokens, and 0 when those are.
+        """
+        need = ("segments", "docs_in", "docs_empty", "docs_split", "split_fragments",
+                "docs_truncated", "tokens_truncated", "docs_dropped", "tokens_dropped",
+                "tokens_in", "docs_other_split")
+        if any(k not in totals for k in need):
+            return {}
+        t = {k: int(totals[k]) for k in need}
+        docs, real = self.documents, self.real
+        cut = int(np.unpackbits(self.cut_bits).sum())
+        out = {}
+        frag = 0 if self.concat else self.segs - docs
+        if t["split_fragments"] != frag:
+            out["split_fragments (= segments - documents)"] = (frag, t["split_fragments"])
+        split = t["docs_split"]
+        lossy = int(totals.get("rows_dropped", 0)) > 0
+        if self.concat:
+            if split:
+                out["docs_split (0 with --strategy concat)"] = (0, split)
+        elif not lossy and split != cut:
+            out["docs_split (= docs_cut)"] = (cut, split)
+        elif lossy and not cut <= split <= docs:
+            out["docs_split (>= docs_cut, <= documents)"] = (cut if split < cut else docs, split)
+        tok = real + t["tokens_truncated"] + t["tokens_dropped"]
+        if t["tokens_in"] != tok:
+            out["tokens_in (= real_tokens + tokens_truncated + tokens_dropped)"] = (
+                tok, t["tokens_in"])
+        empty = t["docs_in"] - t["docs_other_split"] - t["docs_dropped"] - docs
+        if t["docs_empty"] != empty:
+            out["docs_empty (= docs_in - docs_other_split - docs_dropped - documents)"] = (
+                empty, t["docs_empty"])
+        for what in ("truncated", "dropped"):
+            d, n = t[f"docs_{what}"], t[f"tokens_{what}"]
+            if d > n or (n and not d and what == "truncated"):
+                out[f"docs_{what} (<= tokens_{what}"
+                    + (", > 0 when they are)" if what == "truncated" else ")")] = (
+                    min(d, n) if d > n else 1, d)
         return out

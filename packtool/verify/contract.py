@@ -9,8 +9,10 @@ other columns are rebuilt from it and compared:
 * ``segment_ids``: q on the q-th span while the span starts before the padding, 0 after;
 * ``position_ids``: 0..len-1 on every span (the padding tail is one pseudo-segment);
 * ``max_seqlen``: the longest span;
-* ``doc_ids``: one entry per real span; ``source_ids`` (``pack --source-column``), checked under
-  the same name: one entry per ``doc_ids`` entry, each an id of the manifest's table;
+* ``doc_ids``: one entry per real span, each a document of the input (0 .. the manifest's
+  ``docs_in`` - 1); ``doc_offsets`` and ``source_ids`` (``pack --source-column``), checked
+  under the same name: one entry per ``doc_ids`` entry, a source id one of the manifest's table
+  (:func:`packtool.recount.ragged_faults`, which also gates the whole-output checks);
 * ``labels`` in their convention (stored, or derived by the reader when not stored): unshifted,
   the token except -100 at each span's first token and on padding; shifted, the next token inside
   the span, else -100; so no label pairs the end of one document with the start of the next;
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from packtool.recount import Recount, mark_ids
+from packtool.recount import Recount, mark_ids, ragged_faults
 from packtool.types import IGNORE_INDEX
 
 __all__ = ["CONTRACT_CHECKS", "PADDED_CHECK", "DEFAULT_ROWS", "WHOLE_OUTPUT_CHECKS",
@@ -103,6 +105,14 @@ def expected_labels(input_ids: np.ndarray, span_id: np.ndarray, first: np.ndarra
     return want
 
 
+def _as_ragged(rows: list) -> tuple[np.ndarray, np.ndarray]:
+    """R 1-D arrays as (values int64[n], offsets int64[R + 1] from 0)."""
+    lens = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))  # shape: (R,)
+    vals = (np.concatenate(rows).astype(np.int64, copy=False) if lens.sum()
+            else np.zeros(0, dtype=np.int64))
+    return vals, np.concatenate([[0], np.cumsum(lens)])
+
+
 def _first_bad(bad_RC: np.ndarray) -> np.ndarray:
     """int64[R]: first True column per row, -1 where the row has none."""
     any_R = bad_RC.any(axis=1)
@@ -111,7 +121,8 @@ def _first_bad(bad_RC: np.ndarray) -> np.ndarray:
 
 def check_block(cols: dict, capacity: int, convention: str, label_masked: bool = False,
                 segment_multiple: int = 1, *, num_sources: int | None = None,
-                pad_id: int | None = None) -> list[tuple[int, str, int | None, str]]:
+                pad_id: int | None = None,
+                num_docs: int | None = None) -> list[tuple[int, str, int | None, str]]:
     """Contract violations of a block of rows.
 
     Args:
@@ -133,6 +144,10 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
         pad_id: the token the pack wrote on padding (the manifest's ``pad_id``): every token
             outside a document's real part (segment 0) must hold it (``padding``); None: not
             checked.
+        num_docs: documents read by the pack (the manifest's ``docs_in``): every ``doc_ids``
+            entry must be in 0 .. num_docs - 1; None: only >= 0. ``doc_offsets``, when
+            ``cols`` holds it (a list of R arrays), needs one entry per ``doc_ids`` entry
+            (reported as ``doc_ids``).
 
     Returns:
         ``[(row in block, check, segment or None, message)]``, at most one per (row, check),
@@ -149,6 +164,20 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
     curs = ([np.asarray(c, dtype=np.int64) for c in cols["cu_seqlens_unpadded"]] if padded
             else cus)
     out: list[tuple[int, str, int | None, str]] = []
+    doc_ids = cols.get("doc_ids")
+    # provenance lists: lengths and ranges, before any of them is used (reported as doc_ids)
+    prov_bad: dict = {}
+    if doc_ids is not None:
+        ragged = {k: _as_ragged(cols[k]) for k in ("doc_ids", "doc_offsets", "source_ids")
+                  if cols.get(k) is not None}
+        for r, _, msg in ragged_faults(ragged, C, num_docs=num_docs,
+                                       num_sources=num_sources or 0 if "source_ids" in ragged
+                                       else 0):
+            prov_bad.setdefault(r, msg)
+        if "source_ids" in ragged and not num_sources:  # ids but no table to name
+            for r in np.flatnonzero(np.diff(ragged["source_ids"][1]) > 0):
+                prov_bad.setdefault(int(r), f"source_ids {cols['source_ids'][r].tolist()[:8]}: "
+                                    "the manifest has no source table")
 
     # cu_seqlens: 0 < ... < C strictly increasing; rows that break it are not checked further
     valid = np.array([c.size >= 2 and c[0] == 0 and c[-1] == C and bool(np.all(np.diff(c) > 0))
@@ -171,6 +200,9 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
                             f"{u.tolist()[:8]}{'...' if u.size > 8 else ''} must start at 0 and "
                             f"strictly increase, one entry per entry of cu_seqlens ({c.size})"))
     rows = np.flatnonzero(valid)
+    for r in np.flatnonzero(~valid):  # rows with segments are reported below
+        if int(r) in prov_bad:
+            out.append((int(r), "doc_ids", None, prov_bad[int(r)]))
     if rows.size == 0:
         return out
     real_R = np.count_nonzero(seg[rows], axis=1).astype(np.int64)  # shape: (Rv,)
@@ -180,7 +212,6 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
     lens_S = np.concatenate([np.diff(cus[r]) for r in rows])  # shape: (S,)
     row_of_S = np.repeat(np.arange(rows.size), n_spans)  # shape: (S,)
     q_S = np.arange(starts_S.size) - np.repeat(np.cumsum(n_spans) - n_spans, n_spans) + 1
-    doc_ids = cols.get("doc_ids")
     if not padded:
         real_span_S = starts_S < real_R[row_of_S]  # a span that starts before the padding tail
         real_len_S = np.minimum(starts_S + lens_S, real_R[row_of_S]) - starts_S
@@ -241,12 +272,8 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
         if doc_ids is not None and len(doc_ids[r]) != k_R[i]:
             out.append((int(r), "doc_ids", None, f"{len(doc_ids[r])} doc_ids for {int(k_R[i])} "
                         "real segments"))
-        elif cols.get("source_ids") is not None:
-            src = np.asarray(cols["source_ids"][r])
-            if src.size != k or (src.size and (src.min() < 0 or src.max() >= (num_sources or 0))):
-                out.append((int(r), "doc_ids", None, f"source_ids {src.tolist()[:8]} for {k} "
-                            f"segments: one id in 0..{(num_sources or 0) - 1} per segment "
-                            "expected"))
+        elif int(r) in prov_bad:
+            out.append((int(r), "doc_ids", None, prov_bad[int(r)]))
     seg_v = seg[rows]
     report("segment_ids", seg_v != span_id,
            lambda i, j: f"segment_id at token {j} is {int(seg_v[i, j])}, cu_seqlens says "
@@ -488,6 +515,7 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
     want = ["input_ids", "segment_ids", "position_ids", "labels", "cu_seqlens", "max_seqlen",
             "num_targets", "doc_ids"] + (["cu_seqlens_unpadded"] if padded else [])
     num_sources = None
+    num_docs = m.totals.docs_in
     if m.source_column is not None:
         want.append("source_ids")
         num_sources = len(m.source_values)
@@ -500,7 +528,8 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
     # the one recount of the manifest totals (stats' own), fed the blocks the scan reads
     recount = Recount(reader.capacity, padded=padded,
                       label_masked=label_masked and reader.labels.stored,
-                      num_sources=num_sources or 0) if indices is None else None
+                      num_sources=num_sources or 0, num_docs=num_docs,
+                      concat=m.options.get("strategy") == "concat") if indices is None else None
     if indices is not None:
         scan.not_run = {c: "needs every row: the scan checked the sampled rows only (--no-scan)"
                         for c in WHOLE_OUTPUT_CHECKS}
@@ -516,18 +545,21 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
         for i, r in enumerate(rows.tolist()):
             scan.segments[block.first + r] = len(cols["doc_ids"][i])
         for i, check, q, msg in check_block(cols, reader.capacity, convention, label_masked,
-                                            multiple, num_sources=num_sources, pad_id=pad_id):
+                                            multiple, num_sources=num_sources, pad_id=pad_id,
+                                            num_docs=num_docs):
             r = int(rows[i])
             where = {"shard": block.shard, "row": block.shard_row0 + r,
                      **({"segment": q} if q else {})}
             scan.bad.setdefault(check, []).append((where, msg))
         scan.rows_checked += len(rows)
         if local_rows is None and not scan.not_run.get("totals"):
-            seg = _document_segments(block, reader.capacity, padded)
-            if seg is None:  # reported by the cu_seqlens check; nothing to count on
+            if ragged_faults(block.ragged, reader.capacity, num_docs=num_docs,
+                             num_sources=num_sources or 0):  # reported by check_block
                 scan.not_run.update(dict.fromkeys(WHOLE_OUTPUT_CHECKS, "rows whose cu_seqlens "
-                                                  "break the contract cannot be counted"))
+                                                  "or doc_ids, doc_offsets, source_ids break "
+                                                  "the contract cannot be counted"))
                 return
+            seg = _document_segments(block, reader.capacity, padded)
             recount.add(block)
             if pieces is not None:
                 pieces.add(block, *seg)
@@ -567,28 +599,16 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
 
 def _document_segments(block, capacity: int, padded: bool):
     """(real tokens int64[S], span end int64[S]) of the S document segments of a block (its
-    ``doc_ids`` entries in order), or None when some row's ``cu_seqlens`` (or
-    ``cu_seqlens_unpadded``) cannot hold them: not one entry per document plus at most the
-    padding tail, not 0 .. C, not increasing."""
-    C = int(capacity)
+    ``doc_ids`` entries in order); its ragged columns must have passed
+    :func:`packtool.recount.ragged_faults` (one ``cu_seqlens`` entry per document plus at most
+    the padding tail, 0 .. C, increasing)."""
     cu, cu_off = block.ragged["cu_seqlens"]
     k = np.diff(block.ragged["doc_ids"][1])  # shape: (R,)
-    n_ent = np.diff(cu_off)  # shape: (R,)
-    if ((n_ent - 1 < k) | (n_ent - 1 > k + 1) | (n_ent < 2)).any():
-        return None
     cu64 = cu.astype(np.int64)
-    inside = np.ones(cu64.size, dtype=bool)  # entry i and i + 1 in the same row
-    inside[cu_off[1:] - 1] = False
-    if ((cu64[cu_off[:-1]] != 0) | (cu64[cu_off[1:] - 1] != C)).any() or \
-            (np.diff(cu64)[inside[:-1]] <= 0).any():
-        return None
     start = np.repeat(cu_off[:-1] - np.append(0, np.cumsum(k)[:-1]), k) + np.arange(k.sum())
     span_end = cu64[start + 1]  # shape: (S,)
     real = span_end - cu64[start]
     if padded:
         un = block.ragged["cu_seqlens_unpadded"][0].astype(np.int64)
-        if un.size != cu64.size or (un[cu_off[:-1]] != 0).any() or \
-                (np.diff(un)[inside[:-1]] <= 0).any():
-            return None
         real = un[start + 1] - un[start]
     return real, span_end
