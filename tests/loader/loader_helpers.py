@@ -65,3 +65,18 @@ def web_and_code(tmp_path_factory):
     code = pack(write_input(d / "code_in", random_docs(30, 12, seed=6)), d / "code", 16,
                 "--rows-per-shard", "5", "--seed", "2")
     return {"web": web, "code": code}
+
+
+def stop_and_resume(make, stop_after: int) -> tuple[list, list, list]:
+    """(every batch of an uninterrupted run, the first ``stop_after`` batches of a second run,
+    the batches of a third loader restarted from the second's ``state_dict()``): ``make()``
+    builds a fresh ``StatefulDataLoader`` each time."""
+    full = list(make())
+    dl = make()
+    it = iter(dl)
+    head = [next(it) for _ in range(stop_after)]
+    state = dl.state_dict()
+    del it, dl
+    again = make()
+    again.load_state_dict(state)
+    return full, head, list(again)

@@ -17,7 +17,7 @@ stateful = pytest.importorskip("torchdata.stateful_dataloader")
 
 from packtool.loader import PackedIterableDataset, collate  # noqa: E402
 
-from loader_helpers import many_groups  # noqa: E402,F401
+from loader_helpers import many_groups, stop_and_resume  # noqa: E402,F401
 
 
 def make_loader(out, num_workers, epoch=1):
@@ -124,16 +124,8 @@ def test_whole_batches_from_workers_resume_exactly(many_groups):
         ds = PackedIterableDataset(many_groups, rank=0, world_size=1, seed=2, batch_size=6)
         return stateful.StatefulDataLoader(ds, batch_size=None, num_workers=2)
 
-    full = [b for b in make()]
+    full, before, after = stop_and_resume(make, 5)
     assert all(b["input_ids"].dtype == torch.int32 for b in full)
-    dl = make()
-    it = iter(dl)
-    before = [next(it) for _ in range(5)]
-    state = dl.state_dict()
-    del it, dl
-    again = make()
-    again.load_state_dict(state)
-    after = list(again)
     assert len(before) + len(after) == len(full)
     for a, b in zip(before + after, full):
         assert a["index"] == b["index"] and torch.equal(a["labels"], b["labels"])

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from loader_helpers import many_groups, rows_120  # noqa: F401
+from loader_helpers import many_groups, rows_120, stop_and_resume  # noqa: F401
 
 from packtool.loader import PackedIterableDataset, transfer
 
@@ -172,15 +172,7 @@ def test_resume_with_a_collate_fn_that_reads_in_the_worker(many_groups):
         return stateful.StatefulDataLoader(dataset(many_groups, shuffle=True), batch_size=None,
                                            num_workers=2, collate_fn=edit)
 
-    full = list(make())
-    dl = make()
-    it = iter(dl)
-    head = [next(it) for _ in range(5)]
-    state = dl.state_dict()
-    del it, dl
-    again = make()
-    again.load_state_dict(state)
-    rest = list(again)
+    full, head, rest = stop_and_resume(make, 5)
     assert len(head) + len(rest) == len(full)
     for a, b in zip(head + rest, full):
         assert_same(a, b)
