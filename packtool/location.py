@@ -501,8 +501,24 @@ class StoreURI(Location):
 
     @property
     def bucket(self) -> str:
-        """The bucket (or host) the URI names."""
-        return self._root
+        """The bucket (or host) the URI names, without the ``KEY:SECRET@`` credentials a URI
+        may carry before it."""
+        return self._root.rpartition("@")[2]
+
+    @property
+    def bucket_key(self) -> tuple[str, str]:
+        """(bucket, key inside it): what an S3 API call names (never the credentials)."""
+        return self.bucket, self.key.partition("/")[2]
+
+    def _userinfo(self) -> tuple[str, str] | None:
+        """(access key, secret key) written before the bucket (percent-decoded), or None."""
+        from urllib.parse import unquote
+
+        info, at, _ = self._root.rpartition("@")
+        if not at:
+            return None
+        user, _, secret = info.partition(":")
+        return unquote(user), unquote(secret)
 
     def store_error(self, exc: BaseException, doing: str = "cannot be read") -> BaseException:
         text = str(exc)
@@ -515,7 +531,7 @@ class StoreURI(Location):
         if any(k in text for k in _DENIED_WORDS):
             return StoreError(f"{self.display}: {doing}: the store refused the credentials "
                            f"({_first_line(exc)}); check the credentials (AWS_ACCESS_KEY_ID and "
-                           "AWS_SECRET_ACCESS_KEY, or the URI's access_key and secret_key) and "
+                           "AWS_SECRET_ACCESS_KEY, or the URI's KEY:SECRET@ before the bucket) and "
                            f"that they may use bucket '{self.bucket}'")
         if any(k in text for k in _NO_BUCKET_WORDS):
             return StoreError(f"{self.display}: no bucket '{self.bucket}' in this store; check the "
@@ -595,6 +611,9 @@ class StoreURI(Location):
                                  ("session_token", "aws_session_token")):
                 if opts.get(ours):
                     kw[theirs] = opts[ours]
+            creds = self._userinfo()  # s3://KEY:SECRET@bucket/..., as pyarrow reads it
+            if creds is not None:
+                kw["aws_access_key_id"], kw["aws_secret_access_key"] = creds
             kw.setdefault("region_name", os.environ.get("AWS_DEFAULT_REGION")
                           or os.environ.get("AWS_REGION") or "us-east-1")
             client = boto3.client("s3", **kw)
@@ -607,7 +626,7 @@ class StoreURI(Location):
         own delete would leave a zero-byte "folder" object for an emptied parent."""
         client = self.s3_client()
         if client is not None:
-            bucket, _, key = self.key.partition("/")
+            bucket, key = self.bucket_key
             try:
                 client.delete_object(Bucket=bucket, Key=key)
             except Exception as exc:  # botocore's errors are not OSError
@@ -624,7 +643,7 @@ class StoreURI(Location):
         behind on S3 with boto3, see :meth:`delete`)."""
         client = self.s3_client()
         if client is not None:
-            bucket, _, key = self.key.partition("/")
+            bucket, key = self.bucket_key
             try:
                 pages = client.get_paginator("list_objects_v2").paginate(
                     Bucket=bucket, Prefix=key.rstrip("/") + "/")

@@ -286,7 +286,7 @@ def abort_uploads(uri) -> int:
                         "killed run cannot be listed and aborted (%s)", loc.display,
                         install_hint("s3"))
         return 0
-    bucket, _, prefix = loc.key.partition("/")
+    bucket, prefix = loc.bucket_key
     prefix = prefix.rstrip("/") + "/" if prefix else ""
     aborted = 0
     try:

@@ -126,6 +126,33 @@ def test_secret_uri_options_never_reach_the_manifest(tmp_path, s3, s3_endpoint, 
     assert b"testing" not in text and b"endpoint_override" in text
 
 
+def test_credentials_before_the_bucket_write_a_store_output_and_are_never_printed(
+        tmp_path, s3, s3_endpoint, monkeypatch):
+    """s3://KEY:SECRET@bucket/...: the S3 API calls (unfinished uploads, deletes) name the
+    bucket without the credentials and use them (packing into the store failed on every run,
+    leaving its lock), and no message prints the secret."""
+    import boto3
+
+    fs, bucket = s3
+    pq.write_table(pa.table({"input_ids": pa.array(DOCS, pa.list_(pa.int32()))}),
+                   f"{bucket}/c/a.parquet", filesystem=fs)
+    keys = boto3.client("s3")
+    for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(k)
+    host = s3_endpoint.split("://", 1)[1]
+    opts = f"endpoint_override={host}&scheme=http"
+    out = f"s3://testing:testing@{bucket}/out?{opts}"
+    res = invoke([*PACK, f"s3://testing:testing@{bucket}/c?{opts}", out])
+    assert res.exit_code == 0, res.output
+    listed = {o["Key"] for o in keys.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert "out/.packtool-manifest.parquet" in listed
+    assert not any(".lock" in k or "tmp" in k for k in listed), listed
+    assert invoke(["stats", out]).exit_code == 0
+    res = invoke(["stats", f"s3://testing:testing@{bucket}/nothing?{opts}"])
+    assert res.exit_code == 1 and f"prefix of bucket '{bucket}'" in res.output
+    assert "testing:testing" not in res.output
+
+
 # -- the local cache ------------------------------------------------------------------------------
 
 def test_the_cache_is_bounded_by_its_cap_and_reused_after_a_restart(both, tmp_path, monkeypatch):
