@@ -150,6 +150,16 @@ class ShardCache:
                 part.unlink(missing_ok=True)
         return final
 
+    def discard(self, sha256: str) -> bool:
+        """Remove the cached copy of the shard of this sha256 (one found damaged on this disk:
+        the next :meth:`fetch` downloads it again); True when there was one."""
+        with FileLock(self.directory / f".{sha256}.lock"):
+            try:
+                self.path_for(sha256).unlink()
+            except FileNotFoundError:
+                return False
+        return True
+
     def _ready(self, final: Path, size: int) -> bool:
         try:
             ok = final.stat().st_size == size

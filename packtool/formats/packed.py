@@ -515,6 +515,13 @@ class _OpenShards:
             self._files[s] = (pf, handle)
             return pf
 
+    def drop(self, s: int) -> None:
+        """Close shard ``s`` if open (the next :meth:`get` opens it again)."""
+        with self._lock:
+            f = self._files.pop(s, None) if self._pid == os.getpid() else None
+        if f is not None:
+            f[1].close()
+
     def close(self) -> None:
         with self._lock:
             files, self._files = self._files, OrderedDict()
@@ -703,7 +710,27 @@ class PackedOutput:
                 return pa.OSFile(str(local), "r"), False
         return loc.open_input(), not loc.is_local
 
+    def _drop_cached(self, s: int, close: bool = True) -> bool:
+        """Shard ``s`` was read from a cached copy that turned out damaged: close it (``close``:
+        it is among the open shards) and remove the copy, so the next open downloads it again
+        (checked against the manifest's sha256). False when the shard was not read from a
+        cache copy (nothing to retry)."""
+        if self.cache is None or self.location.is_local:
+            return False
+        if close:
+            self._open.drop(s)
+        return self.cache.discard(self.manifest.shards[s].sha256)
+
     def _open_shard(self, s: int):
+        """Open shard ``s`` (a cached copy that fails the checks is fetched again, once)."""
+        try:
+            return self._open_checked(s)
+        except ManifestError:
+            if not self._drop_cached(s, close=False):  # not open yet (the caller holds the lock)
+                raise
+        return self._open_checked(s)
+
+    def _open_checked(self, s: int):
         """Open shard ``s`` and check its size, footer and schema against the manifest.
 
         Returns:
@@ -818,14 +845,19 @@ class PackedOutput:
             ("cu_seqlens_unpadded",) if "cu_seqlens_unpadded" in self.columns else ())
         if derive:
             read += [c for c in helpers if c not in read]
-        pf = self._open.get(s)
-        try:
-            table = pf.read_row_group(g, columns=read, use_threads=False)
-        except (OSError, pa.ArrowException) as exc:
-            raise_if_shortage(exc, f"{where}: row group {g}")
-            raise ManifestError(f"{where}: row group {g} cannot be read ({_first(exc)}): the "
-                                "shard is damaged; rerun the same packtool pack with "
-                                "--overwrite") from None
+        for attempt in (0, 1):
+            pf = self._open.get(s)
+            try:
+                table = pf.read_row_group(g, columns=read, use_threads=False)
+                break
+            except (OSError, pa.ArrowException) as exc:
+                raise_if_shortage(exc, f"{where}: row group {g}")
+                # a cached copy damaged on this disk (a page checksum fails): fetched again
+                if attempt == 0 and self._drop_cached(s):
+                    continue
+                raise ManifestError(f"{where}: row group {g} cannot be read ({_first(exc)}): "
+                                    "the shard is damaged; rerun the same packtool pack with "
+                                    "--overwrite") from None
         C, R = self.capacity, table.num_rows
         tokens, ragged, scalars = {}, {}, {}
         for c in read:

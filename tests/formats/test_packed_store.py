@@ -215,6 +215,36 @@ def test_a_cached_copy_that_differs_from_the_manifest_is_refused(both, tmp_path)
     assert f"{bad}.parquet" not in names and not [n for n in names if n.endswith(".part")]
 
 
+def test_a_cached_copy_damaged_on_the_local_disk_is_fetched_again(both, tmp_path):
+    """Bit rot in a cached shard (same size, one byte of a data page flipped): a restart
+    reading through the cache gets the rows of the local copy (the copy is fetched again from
+    the store when its page checksum fails), not an error blaming the store's good shard."""
+    import hashlib
+
+    from packtool.formats.manifest import read_manifest
+    from packtool.loader import PackedDataset
+
+    local, uri, _, _ = both
+    cache = tmp_path / "cache"
+    ds = PackedDataset(uri, cache_dir=cache, cache_limit="1G")
+    want = [ds[i]["input_ids"].tolist() for i in range(len(ds))]
+    assert want == [PackedDataset(local)[i]["input_ids"].tolist() for i in range(len(ds))]
+    entry = read_manifest(uri).shards[1]
+    copy = cache / f"{entry.sha256}.parquet"
+    data = bytearray(copy.read_bytes())
+    data[100] ^= 0xFF  # inside the first column chunk's data page
+    copy.write_bytes(bytes(data))
+    footer_entry = read_manifest(uri).shards[2]
+    other = cache / f"{footer_entry.sha256}.parquet"
+    data = bytearray(other.read_bytes())
+    data[-20] ^= 0xFF  # inside its footer: the footer's sha256 no longer matches
+    other.write_bytes(bytes(data))
+    again = PackedDataset(uri, cache_dir=cache, cache_limit="1G")
+    assert [again[i]["input_ids"].tolist() for i in range(len(again))] == want
+    assert hashlib.sha256(copy.read_bytes()).hexdigest() == entry.sha256
+    assert hashlib.sha256(other.read_bytes()).hexdigest() == footer_entry.sha256
+
+
 RANK_SCRIPT = """
 import json, sys
 from torch.utils.data import DataLoader
