@@ -281,6 +281,16 @@ def test_bad_text_input_gets_one_line_naming_file_and_line(tmp_path, hf_tokenize
                                                               tmp_path / "o7")
     assert "no such tokenizer file" in invoke(
         ["tokenize", "-q", "--tokenizer", tmp_path / "none.json", bad, tmp_path / "o8"]).output
+    # half a surrogate pair (a JSON \u escape can write one; it is no text): named with its
+    # line for every tokenizer, in a kept column too; a whole pair is an ordinary character
+    sur = tmp_path / "sur.jsonl"
+    sur.write_text('{"text": "a \\ud83d\\ude00 b"}\n{"text": "a \\ud800 b"}\n')
+    assert f"{sur}: line 2: 'text' holds a lone surrogate (\\ud800)" in run(sur, tmp_path / "s1")
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text('{"text": "a", "src": "\\uDC00"}\n')
+    assert "line 1: 'src' holds a lone surrogate (\\udc00)" in run(
+        "--keep-column", "src", kept, tmp_path / "s2")
+    assert not (tmp_path / "s1").exists() and not (tmp_path / "s2").exists()
     # no documents at all (an empty file, blank lines only): refused as pack refuses them
     empty, blank = tmp_path / "empty.jsonl", tmp_path / "blank.jsonl"
     empty.write_text("")

@@ -24,6 +24,7 @@ manifest as a :class:`~packtool.formats.manifest.ShardEntry`.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -106,6 +107,10 @@ def tokenized_schema(path, fmt: str, keep: tuple[str, ...] = ()) -> pa.Schema:
     return pa.schema(list(TOKENIZED_SCHEMA) + fields)
 
 
+#: half of a UTF-16 surrogate pair, which a JSON \u escape can write but no text holds
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _json_text(value):
     return value if value is None or isinstance(value, str) else json.dumps(value)
 
@@ -177,11 +182,19 @@ def _jsonl_texts(path, column: str, batch_docs: int, skip: int,
                 type(text).__name__, f"a {type(text).__name__}")
             raise SchemaError(f"{path}: line {n}: {column!r} is {what}, not a string; fix the "
                               "line or drop it")
+        values = [_json_text(obj.get(name)) for name in keep]
+        if b"\\ud" in line or b"\\uD" in line:  # a \uD8xx escape: maybe half a pair
+            for name, value in [(column, text), *zip(keep, values)]:
+                bad = _SURROGATE.search(value) if isinstance(value, str) else None
+                if bad:
+                    raise InputError(f"{path}: line {n}: {name!r} holds a lone surrogate "
+                                     f"(\\u{ord(bad.group()):04x}), which is not Unicode text; "
+                                     "fix the line (a \\ud83d\\ude00 pair is fine) or drop it")
         batch.append(text)
         if first_keys is None:
             first_keys = list(obj)
-        for name, vals in zip(keep, kept):
-            vals.append(_json_text(obj.get(name)))
+        for vals, value in zip(kept, values):
+            vals.append(value)
         if unseen:
             unseen.difference_update(obj.keys())
         row += 1
