@@ -110,10 +110,12 @@ class _Owner:
         return (_Owner, (self.path, False))
 
 
-def _iter_packed_rows(path: str, owner: _Owner | None = None):
+def _iter_packed_rows(path: str, groups: list, owner: _Owner | None = None):
+    """The rows of row groups ``groups`` of the packed output ``path``, in order: the
+    ``datasets`` library hands each DataLoader worker a contiguous share of the list."""
     from packtool.formats.inmemory import packed_batches
 
-    for batch in packed_batches(path):
+    for batch in packed_batches(path, groups):
         yield from batch.to_pylist()
 
 
@@ -303,9 +305,16 @@ def _result(out: Path, kind: str, owner: _Owner | None):
     if kind == "IterableDataset":
         import datasets
 
+        from packtool.formats.packed import PackedOutput
+
+        reader = PackedOutput.open(out)
+        groups = list(range(reader.num_row_groups))
+        reader.close()
         features = datasets.Features.from_arrow_schema(packed_arrow_schema(out))
+        # one dataset shard per row group, so DataLoader workers read in parallel
         return datasets.IterableDataset.from_generator(
-            _iter_packed_rows, features=features, gen_kwargs={"path": str(out), "owner": owner})
+            _iter_packed_rows, features=features,
+            gen_kwargs={"path": str(out), "groups": groups, "owner": owner})
     table = read_packed_table(out)
     if kind == "list":
         return table.to_pylist()

@@ -378,3 +378,15 @@ def test_pack_dataset_takes_a_2d_numpy_array_and_a_tuple_as_the_list_of_their_ro
         packtool.pack_dataset(arr.astype(np.float64), 16)
     with pytest.raises(InputError, match="2-D NumPy array.*not a 1-D one; one document"):
         packtool.pack_dataset(arr[0], 16)
+
+
+def test_a_streamed_result_has_a_shard_per_row_group_so_workers_read_in_parallel():
+    """An IterableDataset result had one shard: DataLoader and Trainer workers beyond the first
+    were stopped. One shard per row group: each worker reads a contiguous share, in order."""
+    docs = [[d * 100 + p + 1 for p in range(1 + d % 7)] for d in range(200)]
+    ds = datasets.Dataset.from_dict({"input_ids": docs}).to_iterable_dataset(num_shards=4)
+    got = packtool.pack_dataset(ds, 16, row_group_mb=0.0004)
+    rows = list(got)
+    assert got.num_shards > 2
+    halves = [list(got.shard(num_shards=2, index=k, contiguous=True)) for k in range(2)]
+    assert halves[0] and halves[1] and halves[0] + halves[1] == rows

@@ -174,10 +174,11 @@ def _ragged(values: np.ndarray, offsets: np.ndarray, typ: pa.DataType) -> pa.Arr
                                     pa.array(values, typ.value_type), type=typ)
 
 
-def packed_batches(out_dir) -> Iterator[pa.RecordBatch]:
+def packed_batches(out_dir, groups=None) -> Iterator[pa.RecordBatch]:
     """Every row of a packed OUTPUT, in manifest order, as Arrow record batches of the shards'
     schema (what the shards store; ``labels`` only when stored, in the convention the manifest
-    records: ``PackedOutput.labels.convention``).
+    records: ``PackedOutput.labels.convention``). ``groups``: only these row groups (numbered
+    over the output, in the order given); None: all of them.
 
     Reads through :class:`packtool.formats.packed.PackedOutput` (the one reader: manifest,
     footers and page checksums checked), one row group per batch.
@@ -190,7 +191,8 @@ def packed_batches(out_dir) -> Iterator[pa.RecordBatch]:
     reader = PackedOutput.open(out_dir)
     schema = reader.schema
     try:
-        for block in reader.iter_blocks(schema.names):
+        for block in (reader.iter_blocks(schema.names) if groups is None
+                      else reader.iter_groups(list(groups), schema.names)):
             cols = []
             for f in schema:
                 if f.name in block.tokens:  # int32[R, C]
