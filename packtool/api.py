@@ -300,17 +300,17 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
 
 def _result(out: Path, kind: str, owner: _Owner | None):
     """The packed rows of ``out`` as the type ``kind`` names."""
-    from packtool.formats.inmemory import packed_arrow_schema, read_packed_table
+    from packtool.formats.inmemory import read_packed_table
 
     if kind == "IterableDataset":
         import datasets
 
         from packtool.formats.packed import PackedOutput
 
-        reader = PackedOutput.open(out)
+        reader = PackedOutput.open(out)  # the manifest's schema and the row-group count, once
         groups = list(range(reader.num_row_groups))
+        features = datasets.Features.from_arrow_schema(reader.schema)
         reader.close()
-        features = datasets.Features.from_arrow_schema(packed_arrow_schema(out))
         # one dataset shard per row group, so DataLoader workers read in parallel
         return datasets.IterableDataset.from_generator(
             _iter_packed_rows, features=features,
