@@ -111,21 +111,26 @@ def test_pack_dataset_dict_packs_each_split_and_holdout_gives_a_pair():
         packtool.pack_dataset(dd, 32, holdout=0.1)
 
 
-def test_iterable_result_keeps_its_rows_on_disk_until_released():
-    """The IterableDataset's packed output lives while any dataset derived from it does."""
+def test_iterable_result_keeps_its_rows_on_disk_until_released(tmp_path, monkeypatch):
+    """The IterableDataset's packed output lives while any dataset derived from it does (in a
+    temporary directory of this test's own: the system one is shared with other tests)."""
     import tempfile
 
-    before = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("packtool-")}
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def ours():
+        return {p for p in os.listdir(tmp_path) if p.startswith("packtool-")}
+
     it = packtool.pack_dataset(datasets.Dataset.from_list(sft_docs(40)).to_iterable_dataset(), 32)
+    assert ours()
     derived = it.shuffle(seed=0, buffer_size=4)
     n = len(list(it))
     del it
     gc.collect()
-    assert len(list(derived)) == n
+    assert len(list(derived)) == n and ours()
     del derived
     gc.collect()
-    after = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("packtool-")}
-    assert after <= before
+    assert ours() == set()
 
 
 def test_pack_dataset_errors_name_the_row_and_the_fix(tmp_path):
