@@ -18,6 +18,8 @@ when no dataset derived from the result is left, or ``output``) while it is iter
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 import shutil
 import tempfile
@@ -212,7 +214,10 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
         holdout: also pack a held-out fraction of the documents (``--holdout``); the result is
             then a pair ``(training rows, held-out rows)``.
         output: keep the packed output (shards and manifest) in this directory; default: a
-            temporary one.
+            temporary one. Its fingerprint is the content of the documents as handed over
+            (their columns and Arrow types) with the options, so the same call again finds the
+            output done and reads it back (or resumes an interrupted one); other documents or
+            options are refused unless ``overwrite``.
         overwrite: replace a non-empty ``output``.
         batch_rows: documents written to the temporary input per batch (>= 1).
 
@@ -285,6 +290,10 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
         write_input(_batches(data, kind, column, batch_rows), src / INPUT_NAME, column,
                     _named(attention_mask_column, labels_column, loss_mask_column)
                     + ([source_column] if source_column is not None else []))
+        if output is not None:  # the same documents again find their output done (or resume it)
+            with open(src / INPUT_NAME, "rb") as f:
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
+            cfg = dataclasses.replace(cfg, inputs_digest=digest)
         try:
             result = run_pack(cfg, progress=progress)
         except PacktoolError as exc:  # name the rows as the caller knows them, not the file

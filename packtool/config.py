@@ -6,6 +6,7 @@ import math
 import numbers
 import operator
 import os
+import re
 from dataclasses import asdict, dataclass, field, fields
 from fractions import Fraction
 
@@ -267,10 +268,18 @@ class PackConfig:
     """Input column (a string or integer per document: source, lang, a URL's domain) carried
     into the packed rows as each segment's ``source_ids``, its id -> value table in the
     manifest; None: not carried."""
+    inputs_digest: str | None = None
+    """sha256 (64 hex characters) of the inputs' content, where the caller knows it (the
+    Python API's temporary file of in-memory documents): the output's fingerprint records it
+    instead of the input files' paths, sizes and times, so a rerun on the same documents finds
+    its finished (or interrupted) output. None: the files as found."""
 
     def __post_init__(self) -> None:
         bad = _bad
         _check_types(self)  # first: the checks below compare plain ints, floats and strings
+        if self.inputs_digest is not None and not re.fullmatch(r"[0-9a-f]{64}",
+                                                               self.inputs_digest):
+            bad("inputs_digest", self.inputs_digest, "must be a sha256 in 64 hex characters")
         if self.source_column is not None:
             if not self.source_column:
                 bad("source_column", self.source_column, "give a column name")
@@ -377,7 +386,7 @@ class PackConfig:
         ``window_docs`` is listed only when set, so one-plan manifests keep their old form)."""
         d = self.to_dict()
         for k in ("inputs", "output", "workers", "overwrite", "engine", "ray_address",
-                  "holdout_output",
+                  "holdout_output", "inputs_digest",
                   "skip_unsupported"):  # which files are read is in the fingerprint's file list
             d.pop(k)
         for k in ("window_docs", "holdout", "holdout_part", "source_column"):

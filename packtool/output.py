@@ -138,7 +138,7 @@ def _resolved(path) -> str:
     return str(loc.path.resolve()) if loc.is_local else loc.display
 
 
-def fingerprint(options: dict, files) -> str:
+def fingerprint(options: dict, files, inputs_digest: str | None = None) -> str:
     """sha256 that changes whenever the output bytes could.
 
     Args:
@@ -146,16 +146,20 @@ def fingerprint(options: dict, files) -> str:
         files: :class:`~packtool.formats.reader.InputFile` list in document order; each is
             recorded by resolved path (``in/`` and ``./in/`` agree), size, mtime and the
             sha256 of its Parquet footer.
+        inputs_digest: the sha256 of the inputs' content where the caller knows it
+            (``PackConfig.inputs_digest``): recorded instead of ``files``, so the same
+            content written anew elsewhere keeps the fingerprint.
 
     Returns:
         64 hex characters; also covers the versions of :data:`BYTE_DECIDING_PACKAGES`.
     """
+    inputs = ({"content_sha256": inputs_digest} if inputs_digest is not None else
+              [[_resolved(f.path), f.bytes, f.mtime_ns, footer_sha256(f.path)] for f in files])
     blob = json.dumps({
         "options": options,
         "versions": _versions(),
         "layout_revision": LAYOUT_REVISION,
-        "inputs": [[_resolved(f.path), f.bytes, f.mtime_ns, footer_sha256(f.path)]
-                   for f in files],
+        "inputs": inputs,
     }, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 

@@ -111,6 +111,28 @@ def test_pack_dataset_dict_packs_each_split_and_holdout_gives_a_pair():
         packtool.pack_dataset(dd, 32, holdout=0.1)
 
 
+def test_pack_dataset_into_an_output_twice_finds_it_done_and_other_documents_refused(tmp_path):
+    """The documents go through a new temporary file each call: the output's fingerprint is
+    their content, so the same call again is a no-op on the finished output (a notebook cell
+    run twice), while other documents or options are refused until ``overwrite=True``."""
+    rows = sft_docs(50, seed=3)
+    out, held = tmp_path / "out", tmp_path / "out-holdout"  # beside OUTPUT
+    first = packtool.pack_dataset(rows, 32, output=out, holdout=0.2)
+    files = {p: (p.stat().st_mtime_ns, p.read_bytes())
+             for d in (out, held) for p in sorted(d.rglob("*")) if p.is_file()}
+    again = packtool.pack_dataset([dict(r) for r in rows], 32, output=out, holdout=0.2)
+    assert [r for r in again[0]] == first[0] and [r for r in again[1]] == first[1]
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes())
+            for d in (out, held) for p in sorted(d.rglob("*")) if p.is_file()} == files
+    with pytest.raises(packtool.errors.OutputError, match="other inputs"):
+        packtool.pack_dataset(rows[:-1], 32, output=out, holdout=0.2)
+    with pytest.raises(packtool.errors.OutputError, match="other options"):
+        packtool.pack_dataset(rows, 32, output=out, holdout=0.2, seed=5)
+    fresh = packtool.pack_dataset(rows[:-1], 32, output=out, holdout=0.2,
+                                  overwrite=True)
+    assert fresh == packtool.pack_dataset(rows[:-1], 32, holdout=0.2)
+
+
 def test_iterable_result_keeps_its_rows_on_disk_until_released(tmp_path, monkeypatch):
     """The IterableDataset's packed output lives while any dataset derived from it does (in a
     temporary directory of this test's own: the system one is shared with other tests)."""

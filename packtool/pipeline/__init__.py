@@ -170,7 +170,8 @@ def _prepare(cfg: PackConfig) -> _Run:
     cfg = input_labels_config(cfg, files)  # an input labels column: labels are stored
     parts = plan_reads(files, cfg.column)  # footers only
     windows = plan_windows(sum(p.docs for p in parts), cfg.window_docs)
-    return _Run(cfg, files, parts, windows, fingerprint(cfg.layout_options(), files))
+    return _Run(cfg, files, parts, windows,
+                fingerprint(cfg.layout_options(), files, cfg.inputs_digest))
 
 
 def _prepared(cfg: PackConfig) -> _Run:
