@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from packtool.loader.source import open_source
+from packtool.loader.source import check_label_masks, open_source
 
 __all__ = ["PackedDataset"]
 
@@ -92,6 +92,7 @@ class PackedDataset:
             from packtool.loader.collate import check_item_columns
 
             check_item_columns(self.columns, padded=padded)
+            check_label_masks(self.output, self.columns)
         # derived: decode the stored columns only; a row's segments, positions and (when not
         # stored) labels are computed for that row alone, not for its whole row group
         self._derive = [c for c in ("segment_ids", "position_ids", "labels")

@@ -21,7 +21,7 @@ import numpy as np
 
 from packtool.errors import ManifestError
 from packtool.loader.plan import EpochOrder, apportion
-from packtool.loader.source import open_source
+from packtool.loader.source import check_label_masks, open_source
 
 __all__ = ["Mixture"]
 
@@ -147,6 +147,7 @@ class Mixture:
             cols = None
             for o in self.outputs:
                 cols = o.check_columns(columns)  # ManifestError names the output and column
+                check_label_masks(o, cols)
             return cols
         first = self.outputs[0].default_columns()
         for name, o in zip(self.names[1:], self.outputs[1:]):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["open_source"]
+__all__ = ["check_label_masks", "open_source"]
 
 
 def open_source(path, labels: str | None, *, max_open_files: int = 64,
@@ -45,3 +45,26 @@ def open_source(path, labels: str | None, *, max_open_files: int = 64,
         cache = ShardCache(cache_dir, cache_limit)
     out = PackedOutput.open(path, integrity=integrity, cache=cache, max_open_files=max_open_files)
     return out, labels or out.labels.convention
+
+
+def check_label_masks(output, columns) -> None:
+    """Refuse item ``columns`` without ``labels`` for an output whose stored labels keep
+    targets -100 on purpose (an input labels column or loss mask: SFT prompts, the manifest's
+    ``tokens_label_masked``): a collate function would rebuild the labels from the document
+    boundaries alone and train those tokens.
+
+    Args:
+        output: a :class:`~packtool.formats.packed.PackedOutput`.
+        columns: the columns items will carry.
+
+    Raises:
+        ValueError: names the output, the masked tokens and the fix.
+    """
+    if "labels" in columns or not output.manifest.label_masked:
+        return
+    n = output.manifest.totals.tokens_label_masked
+    raise ValueError(
+        f"{output.location.display}: columns= leaves out labels, but its stored labels keep "
+        f"{n:,} tokens -100 on purpose (input label masks or loss masks, e.g. prompts) that no "
+        "batch can rebuild from the document boundaries, so they would be trained: add "
+        "'labels' to columns")

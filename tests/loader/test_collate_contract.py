@@ -47,6 +47,46 @@ def test_columns_no_collate_can_use_are_refused_when_the_dataset_is_built(padded
         PackedIterableDataset(padded, columns=["input_ids", "position_ids"], batch_size=2)
 
 
+@pytest.fixture(scope="module")
+def prompted(tmp_path_factory):
+    """An SFT output: an input labels column masks each document's prompt (its first two
+    tokens), so 4 of 7 non-first tokens are targets, not 5."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = tmp_path_factory.mktemp("prompted")
+    (d / "in").mkdir()
+    pq.write_table(pa.table({"input_ids": [[5, 6, 7, 8], [9, 10, 11]],
+                             "labels": [[-100, -100, 7, 8], [-100, 10, 11]]}),
+                   d / "in" / "a.parquet")
+    return pack(d / "in", d / "out", 8, "--no-shuffle", "--strategy", "ordered")
+
+
+@pytest.mark.parametrize("cols", [["input_ids", "cu_seqlens", "doc_ids"],
+                                  ["input_ids", "segment_ids"],
+                                  ["input_ids", "segment_ids", "position_ids"]])
+def test_a_columns_subset_without_the_masked_labels_is_refused(prompted, cols):
+    """Labels rebuilt from the boundaries would train the masked prompt tokens (5 targets
+    instead of 4): every dataset refuses such columns, a mixture too; with labels kept, every
+    collate hands out the stored masks."""
+    kws = ((PackedDataset, {}), (PackedIterableDataset, {"rank": 0, "world_size": 1}),
+           (PackedIterableDataset, {"batch_size": 1}))
+    for cls, kw in kws:
+        with pytest.raises(ValueError, match=r"labels.*-100 on purpose.*add 'labels'"):
+            cls(prompted, columns=cols, **kw)
+    with pytest.raises(ValueError, match=r"-100 on purpose"):
+        PackedIterableDataset({"a": prompted, "b": prompted}, weights={"a": 1, "b": 1},
+                              columns=cols, rank=0, world_size=1)
+    ds = PackedDataset(prompted, columns=cols + ["labels"])
+    for name, fn in COLLATES.items():
+        batch = fn([ds[0]])
+        lab = batch["labels"].reshape(-1).tolist()
+        assert lab == [-100, -100, 7, 8, -100, 10, 11, -100], name
+    full = PackedIterableDataset(prompted, batch_size=1, rank=0, world_size=1)
+    assert next(iter(full))["labels"].reshape(-1).tolist() == [-100, -100, 7, 8, -100, 10,
+                                                                11, -100]
+
+
 @pytest.mark.parametrize("cols", [["input_ids", "segment_ids"],
                                   ["input_ids", "position_ids", "labels"]])
 @pytest.mark.parametrize("name", list(COLLATES))
