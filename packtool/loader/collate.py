@@ -408,19 +408,25 @@ def count_targets(labels) -> int:
 
 
 def _check_convention(lab: np.ndarray, ids: np.ndarray, seg: np.ndarray, mode: str) -> None:
-    """Refuse labels that contradict ``mode``: unshifted labels are token ``i`` or -100,
-    shifted ones the next token of the same segment or -100.
+    """Refuse labels that contradict ``mode``: unshifted labels are token ``i`` or -100, and
+    -100 on each segment's first token; shifted ones the next token of the same segment or
+    -100, and -100 on each segment's last token; -100 on padding (``seg`` 0) in both. (Over a
+    repeated token, shifted labels look unshifted but for those boundaries.)
 
     Raises:
         ValueError: names the first row and position that does not fit, and the fix.
     """
+    ignored = lab == IGNORE_INDEX
+    same = seg[:, 1:] == seg[:, :-1]  # shape: (B, C - 1)
     if mode == "unshifted":
-        ok = (lab == IGNORE_INDEX) | (lab == ids)
+        first = np.ones(ids.shape, dtype=bool)  # shape: (B, C), a segment's first token
+        first[:, 1:] = ~same
+        ok = ignored | ((lab == ids) & ~first)
     else:
         nxt = np.full(ids.shape, -1, dtype=np.int64)  # shape: (B, C)
-        same = seg[:, 1:] == seg[:, :-1]
         nxt[:, :-1] = np.where(same, ids[:, 1:], -1)
-        ok = (lab == IGNORE_INDEX) | (lab == nxt)
+        ok = ignored | (lab == nxt)
+    ok &= ignored | (seg != 0)  # padding is never a target
     if ok.all():
         return
     r, i = (int(x[0]) for x in np.nonzero(~ok))

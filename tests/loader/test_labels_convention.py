@@ -154,6 +154,24 @@ def test_items_that_lost_their_convention_are_never_shifted_twice(outputs, make)
 
 
 @pytest.mark.parametrize("make", [HFCollator(), HFCollator(flatten=True), collate_flat, collate])
+def test_shifted_labels_over_repeated_tokens_are_still_refused(tmp_path, make):
+    """Over runs of one token, shifted labels equal the tokens everywhere but at the segment
+    boundaries ([7, 7, 7, -100] for [7, 7, 7, 7]): the check finds them there (the first token
+    of a segment is never an unshifted target), so they are not shifted twice (which would
+    score 7 -> 9 across the boundary and drop a real 7 -> 7)."""
+    out = pack(write_input(tmp_path / "in", [[7, 7, 7, 7], [9, 9, 9]]), tmp_path / "out", 8,
+               "--labels", "shifted", "--no-shuffle", "--strategy", "ordered")
+    ds = PackedDataset(out, labels="shifted")
+    stripped = [{k: ds[0][k] for k in ("input_ids", "position_ids", "labels")}]
+    assert stripped[0]["labels"].tolist() == [7, 7, 7, -100, 9, 9, -100, -100]
+    with pytest.raises(ValueError, match=r"position 0: .*labels='unshifted'.*shifted twice"):
+        make(stripped)
+    ok = PackedDataset(out)
+    batch = make([{k: ok[0][k] for k in ("input_ids", "position_ids", "labels")}])
+    assert batch["labels"].reshape(-1).tolist() == [-100, 7, 7, 7, -100, 9, 9, -100]
+
+
+@pytest.mark.parametrize("make", [HFCollator(), HFCollator(flatten=True), collate_flat, collate])
 @pytest.mark.parametrize("key", ["labels_convention", "labels_mode"])
 def test_one_batch_of_items_in_two_conventions_is_refused(outputs, make, key):
     """Items of two datasets read with labels=None (each its output's own convention), mixed
