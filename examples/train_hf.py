@@ -8,7 +8,10 @@ torch.manual_seed(0)
 model = LlamaForCausalLM(LlamaConfig(vocab_size=131_072, hidden_size=32, intermediate_size=64,
                                      num_hidden_layers=2, num_attention_heads=4,
                                      num_key_value_heads=2))
-args = TrainingArguments(output_dir="hf-run", max_steps=2, per_device_train_batch_size=2)
+# accelerate's default for an IterableDataset (dispatch_batches) would cut each batch's
+# document boundaries (cu_seq_lens_q) to its rows: the dataset refuses it, so turn it off
+args = TrainingArguments(output_dir="hf-run", max_steps=2, per_device_train_batch_size=2,
+                         accelerator_config={"dispatch_batches": False})
 # the model shifts labels itself: HFCollator always hands it unshifted labels
 trainer = Trainer(model=model, args=args,
                   train_dataset=PackedIterableDataset("packed/", labels="unshifted"),

@@ -45,6 +45,7 @@ from __future__ import annotations
 import hashlib
 import numbers
 import os
+import sys
 from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -52,6 +53,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from packtool.loader import resume
 from packtool.loader.collate import check_item_columns
+from packtool.loader.hf import refuse_accelerate_wrapper
 from packtool.loader.mixture import Mixture
 from packtool.loader.plan import EpochPlan, Phase, check_seed, rank_rows
 from packtool.loader.transfer import in_transit
@@ -339,9 +341,11 @@ class PackedIterableDataset(IterableDataset):
         that same epoch is kept).
 
         Raises:
-            ValueError: negative epoch.
+            ValueError: negative epoch; called by an accelerate wrapper that would cut this
+                dataset's batches or rows (:func:`~packtool.loader.hf.refuse_accelerate_wrapper`).
         """
         epoch = check_seed(epoch, "epoch")
+        refuse_accelerate_wrapper(sys._getframe(1), self.rank, self.world_size)
         self._use_epoch(epoch)
         if get_worker_info() is None:  # the training process: its workers follow
             self._publish_epoch()

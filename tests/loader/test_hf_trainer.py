@@ -55,30 +55,53 @@ def per_document_logits_match(model, batch):
     return worst, moved
 
 
+#: what an IterableDataset of packed batches needs under Trainer (accelerate's default dispatch
+#: slices every tensor to the batch's rows, cutting the documents' boundaries short)
+NO_DISPATCH = {"accelerator_config": {"dispatch_batches": False}}
+
+
+class _Recorder(HFCollator):
+    """HFCollator that keeps every batch it built."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.made = []
+
+    def __call__(self, batch):
+        out = super().__call__(batch)
+        self.made.append(dict(out))
+        return out
+
+
 @pytest.mark.parametrize("flatten", [False, True])
 def test_trainer_with_default_arguments_trains_with_isolation(packed, tmp_path, flatten):
-    """Trainer(model, TrainingArguments(output_dir), train_dataset, data_collator): a few steps
-    on CPU; every forward got use_cache=False and all of input_ids / position_ids / labels; the
-    loss is finite and the weights moved; afterwards packed logits equal per-document ones."""
+    """Trainer(model, TrainingArguments(output_dir, no dispatching), train_dataset,
+    data_collator): a few steps on CPU; every forward got use_cache=False and the batch the
+    collator built, boundaries and all, unchanged; the loss is finite and the weights moved;
+    afterwards packed logits equal per-document ones."""
     model = tiny_llama()
     seen = []
 
     def spy(module, args, kwargs):
-        seen.append({k: (v if isinstance(v, bool) or v is None else type(v).__name__)
-                     for k, v in kwargs.items()})
+        seen.append(dict(kwargs))
 
     model.register_forward_pre_hook(spy, with_kwargs=True)
     before = [p.detach().clone() for p in model.parameters()]
-    args = transformers.TrainingArguments(output_dir=str(tmp_path / "run"))
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "run"), **NO_DISPATCH)
     ds = PackedIterableDataset(packed, seed=0, labels="unshifted")
+    collator = _Recorder(flatten=flatten)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=ds,
-                                   data_collator=HFCollator(flatten=flatten))
+                                   data_collator=collator)
     result = trainer.train()
     steps = -(-len(ds) // args.per_device_train_batch_size) * int(args.num_train_epochs)
     assert result.global_step == steps and np.isfinite(result.training_loss)
     assert seen and all(s.get("use_cache") is False for s in seen)
-    assert all({"input_ids", "position_ids", "labels", "cu_seq_lens_q", "cu_seq_lens_k",
-                "max_length_q", "max_length_k"} <= set(s) for s in seen)
+    assert len(seen) == len(collator.made)
+    for got, made in zip(seen, collator.made):
+        for k in ("input_ids", "position_ids", "labels", "cu_seq_lens_q", "cu_seq_lens_k",
+                  "max_length_q", "max_length_k"):
+            a, b = got[k], made[k]
+            assert (torch.equal(a, b) if torch.is_tensor(a) else a == b), k
     assert all("attention_mask" not in s or s["attention_mask"] is None for s in seen)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
@@ -197,3 +220,57 @@ def test_trainer_loss_denominator_is_effective_targets(packed, tmp_path):
     n = int((batch["labels"] != -100).sum())
     assert n == sum(int(it["num_targets"]) for it in items)
     assert abs(float(out.loss) - float(s) / n) < 1e-5
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("dataset", ["packtool", "list"])
+def test_accelerate_dispatching_that_would_cut_the_boundaries_is_refused(packed, tmp_path,
+                                                                       dataset, world):
+    """accelerate's default for an IterableDataset (dispatch_batches) slices every tensor of a
+    batch to its rows: cu_seq_lens_q [0, 7, 8, 14, 16] arrived as [0, 7] (FlashAttention varlen
+    on wrong boundaries). The dataset refuses it when the epoch begins, and HFCollator (its
+    flash keywords) for any IterableDataset, naming dispatch_batches=False."""
+    import datasets
+
+    model = tiny_llama()
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=1,
+                                          report_to=[], use_cpu=True)
+    if dataset == "packtool":
+        ds = PackedIterableDataset(packed, labels="unshifted", rank=0, world_size=world)
+    else:
+        items = [PackedDataset(packed)[i] for i in range(4)]
+        ds = datasets.Dataset.from_list([{k: items[i][k] for k in ("input_ids", "position_ids",
+                                                                   "labels")}
+                                         for i in range(4)]).to_iterable_dataset()
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=ds,
+                                   data_collator=HFCollator())
+    fix = r"dispatch_batches=False" + (r".*rank=0, world_size=1" if dataset == "packtool"
+                                       and world > 1 else "")
+    with pytest.raises(ValueError, match=fix):
+        trainer.train()
+
+
+def test_a_rank_share_under_accelerates_iterable_shard_is_refused_and_one_stream_is_split(
+        packed):
+    """With dispatch_batches=False on several processes accelerate wraps the dataset in
+    IterableDatasetShard, which keeps each process's share of the items: a dataset that is one
+    rank's share already would lose the other ranks' rows (refused when the epoch begins);
+    built as rank 0 of 1, the processes together read every row once."""
+    from accelerate.data_loader import IterableDatasetShard
+
+    for rank in (0, 1):
+        shard = IterableDatasetShard(PackedIterableDataset(packed, rank=rank, world_size=2),
+                                     batch_size=2, num_processes=2, process_index=rank)
+        with pytest.raises(ValueError, match=r"rank .* of 2 already.*rank=0, world_size=1"):
+            shard.set_epoch(0)
+    whole = PackedIterableDataset(packed, rank=0, world_size=1, seed=3)
+    seen = []
+    for p in (0, 1):
+        shard = IterableDatasetShard(PackedIterableDataset(packed, rank=0, world_size=1, seed=3),
+                                     batch_size=2, num_processes=2, process_index=p,
+                                     drop_last=True)
+        shard.set_epoch(0)
+        seen += [(it["shard"], int(it["row"])) for it in shard]
+    everything = [(it["shard"], int(it["row"])) for it in whole]
+    full = len(everything) // 4 * 4  # drop_last: whole steps of 2 rows on 2 processes
+    assert sorted(seen) == sorted(everything[:full])
