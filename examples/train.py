@@ -34,9 +34,11 @@ for epoch in range(1):
     batches = iter(loader)
     for step in range(max_steps):
         micro = [next(batches) for _ in range(accum)]
-        targets = torch.tensor(sum(b["num_targets"] for b in micro))
+        mine = sum(b["num_targets"] for b in micro)   # this rank's effective targets
+        targets = torch.tensor(mine)
         if dist.is_initialized():
             dist.all_reduce(targets)           # effective targets of the step on all ranks
+        targets = targets.clamp(min=1)         # a step of no targets: loss 0, gradients 0
         total = 0.0
         for b in micro:
             assert b["labels_convention"] == "shifted"  # what the dataset was asked for
@@ -48,7 +50,7 @@ for epoch in range(1):
             total += loss_sum.item()
         opt.step()
         opt.zero_grad()
-        print(f"step {step}: {total / targets.item() * world:.3f} per target on this rank")
+        print(f"step {step}: {total / max(mine, 1):.3f} per target on this rank")
     del batches                                # stopped early: its workers end now, not at exit
 if dist.is_initialized():
     dist.destroy_process_group()

@@ -29,7 +29,7 @@ for step, b in zip(range(3), loader):
     token_loss = F.cross_entropy(logits.flatten(0, 1), b["labels"].flatten(),
                                  reduction="none").view(b["labels"].shape)  # 0 where -100
     targets = b["labels"] != -100
-    (token_loss.sum() / targets.sum()).backward()
+    (token_loss.sum() / targets.sum().clamp(min=1)).backward()  # no targets: gradients 0
     opt.step()
     opt.zero_grad()
     # per source: the summed loss of its rows over their effective targets
@@ -40,5 +40,5 @@ for step, b in zip(range(3), loader):
         n = int(row_targets[mine].sum())
         loss = f"{row_loss[mine].sum().item() / n:.4f}" if n else "-"
         parts.append(f"{name} {loss} ({n} targets)")
-    print(f"step {step}: {row_loss.sum().item() / targets.sum().item():.4f} per target; "
+    print(f"step {step}: {row_loss.sum().item() / max(int(targets.sum()), 1):.4f} per target; "
           + ", ".join(parts))

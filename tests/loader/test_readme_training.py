@@ -68,3 +68,23 @@ def test_training_section_runs_as_pasted(tmp_path):
     # the plain loop printed its two steps (twice under torchrun), the Trainer its summary
     assert ran[1][1].count("per target") == 2 and ran[2][1].count("per target") == 4
     assert "train_loss" in ran[3][1]
+
+
+def test_the_plain_loop_takes_a_step_without_targets(tmp_path):
+    """Rows of one-token documents hold no effective targets: the loop's step divides by at
+    least 1 (loss 0, gradients 0) instead of 0/0, and its log line says 0 per target."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"input_ids": [[t] for t in range(1, 33)]}),
+                   tmp_path / "in" / "a.parquet")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    subprocess.run([sys.executable, "-m", "packtool", "pack", "-q", "-c", "4",
+                    str(tmp_path / "in"), str(tmp_path / "packed")], check=True, env=env)
+    env["PACKED"] = str(tmp_path / "packed")
+    res = subprocess.run([sys.executable, str(ROOT / "examples" / "train.py")], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("0.000 per target on this rank") == 2, res.stdout
