@@ -1,7 +1,9 @@
 """Hugging Face ``transformers.Trainer`` glue: a data collator that keeps documents isolated.
 
 Hugging Face causal LMs find document boundaries in a packed row from ``position_ids`` restarting
-at 0, but only when no key/value cache is built and no ``attention_mask`` is given; with the
+at 0 (those whose attention mask reads them: OPT, BLOOM, MPT, GPT-OSS and a few more never do,
+``docs/architectures.md``), but only when no key/value cache is built and no ``attention_mask``
+is given; with the
 default ``use_cache=True`` (train mode included) they fall back to one causal mask over the row
 and documents attend to each other (B02, B29). Their ``flash_attention_2`` path reads the
 boundaries from ``position_ids`` only for a batch of one row ([1, N]); for [B, C] with B > 1 it
