@@ -19,7 +19,8 @@ that it can prune and report: hidden (``.``) and ``_``-prefixed entries (Spark/H
 ``_temporary``, ``.ipynb_checkpoints``, ...) are skipped at every level, symbolic links are
 followed with a guard against loops, and a packtool output (its manifest or
 in-progress marker, or ``packtool.*`` schema metadata in a shard) is refused, so packed rows are
-never read back as documents (a ``packtool tokenize`` output, whose manifest says kind
+never read back as documents (nor another tool's packed rows, or a packtool shard re-saved
+without its metadata: :func:`packed_evidence` reads their columns from the footer) (a ``packtool tokenize`` output, whose manifest says kind
 ``tokenized``, holds documents and is read like any input; its manifest is not reported). Every
 entry it does not read is reported with the reason; a file of another format inside a directory
 is refused unless the caller asks to skip such files. With ``text=True`` (the inputs of
@@ -60,7 +61,8 @@ from packtool.location import Location, StoreError
 from packtool.types import IGNORE_INDEX, INT32_MAX
 
 __all__ = ["InputFile", "RawBatch", "Discovery", "InputSource", "MaskColumns", "InputColumns",
-           "discover", "discover_inputs", "open_input", "input_schema", "iter_token_batches",
+           "discover", "discover_inputs", "open_input", "input_schema", "check_not_packed",
+           "packed_evidence", "PACKED_COLUMNS", "iter_token_batches",
            "list_parts", "resolve_mask_columns", "input_columns", "reads_labels",
            "check_source_column",
            "filesystem_of", "is_remote", "SUPPORTED_FORMATS", "TEXT_FORMATS", "AUTO",
@@ -238,11 +240,13 @@ def input_columns(files, column: str, attention_mask: str | None = AUTO,
     Decided before reading, so every window of a pack stores the same columns.
 
     Raises:
-        InputError, SchemaError: as :func:`input_schema` and :func:`resolve_mask_columns`.
+        InputError, SchemaError: as :func:`input_schema` and :func:`resolve_mask_columns`; a
+            file of packed rows (:func:`check_not_packed`).
     """
     targets, unused = False, {}
     for f in files:
         schema, shown = input_schema(f.path, getattr(f, "format", None))
+        check_not_packed(schema, shown, column)  # before its columns are judged as masks
         cols = resolve_mask_columns(schema, shown, column, attention_mask, labels, loss_mask)
         targets |= cols.targets
         for name in cols.unused:
@@ -437,9 +441,64 @@ def _packed_marker(fs: pafs.FileSystem, names: set[str], directory: str) -> str 
     return None
 
 
-def _refuse_packed(where: Path | str, marker: str) -> None:
-    raise InputError(f"{where}: is a packtool output ({marker}), not tokenized documents; point "
-                     "INPUT at the raw tokenized data (to inspect packed rows use packtool stats)")
+#: Columns only rows holding several documents carry, in the layouts of the field: TRL's
+#: ``bfd`` packing (``seq_lengths``), position ids restarting at each document (TRL, axolotl,
+#: VeOmni), flash-attn varlen / Hugging Face offsets (``cu_seqlens``, ``cu_seq_lens``), segment
+#: ids, Mamba's ``seq_idx``, NeMo's packed ``seq_start_id``. An input holding one is already
+#: packed: reading each row as one document would join its documents.
+PACKED_COLUMNS = ("seq_lengths", "position_ids", "cu_seqlens", "cu_seq_lens", "segment_ids",
+                  "seq_idx", "seq_start_id")
+#: The columns of a packtool output that together name it one (its schema metadata lost in a
+#: re-save by polars, pandas or ``datasets.to_parquet``).
+_PACKTOOL_COLUMNS = ("segment_ids", "cu_seqlens", "doc_ids", "doc_offsets")
+
+
+def packed_evidence(schema: pa.Schema, column: str | None = None) -> tuple[str, str | None] | None:
+    """What in ``schema`` shows that a file holds packed rows (several documents a row), or None.
+
+    The one owner of that decision for input files (schema only: nothing is read but the
+    footer): ``packtool.*`` schema metadata (a packtool shard), packtool's own columns (a
+    packtool shard re-saved without its metadata), or one of :data:`PACKED_COLUMNS`
+    (another tool's packed rows). ``column`` (the token column) is never evidence.
+
+    Returns:
+        (what shows it, for a message; the column of another tool's packed rows, None for a
+        packtool output), or None.
+    """
+    key = _packed_key(schema)
+    if key:
+        return f"schema metadata {key}", None
+    names = set(schema.names) - {column}
+    if all(c in names for c in _PACKTOOL_COLUMNS):
+        return (f"columns {', '.join(_PACKTOOL_COLUMNS)}, its packtool schema metadata lost in a "
+                "re-save"), None
+    found = [c for c in PACKED_COLUMNS if c in names]
+    return (f"column {found[0]!r}", found[0]) if found else None
+
+
+def check_not_packed(schema: pa.Schema, where, column: str | None = None) -> None:
+    """Refuse a file whose schema shows packed rows (:func:`packed_evidence`).
+
+    Raises:
+        InputError: one line naming the file, what shows it and the fix.
+    """
+    found = packed_evidence(schema, column)
+    if found is not None:
+        _refuse_packed(where, *found)
+
+
+def _refuse_packed(where: Path | str, evidence: str, column: str | None = None) -> None:
+    """The one refusal of packed rows given as INPUT (``evidence``: what shows them; ``column``:
+    the column of another tool's packed rows, None for a packtool output)."""
+    if column is None:
+        raise InputError(f"{where}: is a packtool output ({evidence}), not tokenized documents: "
+                         "packing it again would join the documents of each row; point INPUT "
+                         "at the tokenized documents it was packed from (to inspect packed rows "
+                         "use packtool stats)")
+    raise InputError(f"{where}: holds packed rows ({evidence}: each row already holds several "
+                     "documents): packing it again would join the documents of each row; pack "
+                     f"the unpacked documents instead, or drop {column!r} if each row truly is "
+                     "one document")
 
 
 def _hf_files(fs: pafs.FileSystem, directory: str, shown) -> list[str]:
@@ -879,8 +938,8 @@ def open_input(path, column: str, fmt: str | None = None) -> InputSource:
         fmt: ``parquet`` or ``arrow``; None decides from the file name (Parquet otherwise).
 
     Raises:
-        InputError: the file is empty, truncated or not in its format; it is a packtool output
-            (``packtool.*`` schema metadata).
+        InputError: the file is empty, truncated or not in its format; it holds packed rows
+            (:func:`check_not_packed`: a packtool output, or another tool's packed rows).
         SchemaError: the token column is missing or not an integer list.
     """
     fs, fpath, prefix = filesystem_of(path)
@@ -901,9 +960,7 @@ def open_input(path, column: str, fmt: str | None = None) -> InputSource:
         src = InputSource(shown, fmt, pf.schema_arrow,
                           [md.row_group(i).num_rows for i in range(md.num_row_groups)],
                           parquet=pf)
-    packed = _packed_key(src.schema_arrow)
-    if packed:
-        _refuse_packed(shown, f"schema metadata {packed}")
+    check_not_packed(src.schema_arrow, shown, column)
     check_token_column(src.schema_arrow, column, str(shown))
     return src
 
@@ -1026,7 +1083,8 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
         InputError: the file cannot be read (the message names the row group).
         SchemaError: a null document, a null token, a negative id or an id over int32; a mask
             row of another length than its document; a label that is neither -100 nor its
-            token; a loss mask value other than 0 or 1; a source column missing, of another
+            token; an attention mask or loss mask value other than 0 or 1 (an attention mask
+            numbering the documents of packed rows among them); a source column missing, of another
             type or null (the message names the file and the row).
     """
     src = open_input(path, column, fmt)
@@ -1113,8 +1171,21 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
                         "elsewhere: fix it or pass --loss-mask-column none")
                 loss.append(m)
             if masks.attention_mask is not None:
-                keep = _mask_values(batch.column(masks.attention_mask), lengths, path, row,
-                                    masks.attention_mask, "--attention-mask-column")
+                name = masks.attention_mask
+                keep = _mask_values(batch.column(name), lengths, path, row, name,
+                                    "--attention-mask-column")
+                bad = (keep != 0) & (keep != 1)
+                if bad.any():
+                    vi = int(np.argmax(bad))
+                    where = row_ref(row + _row_of_value(lengths, vi))
+                    # LLaMA-Factory's neat_packing numbers a packed row's documents 1, 2, ...
+                    packed = (" (values 1, 2, ... number the documents of a packed row: packing "
+                              "it again would join them; pack the unpacked documents instead)"
+                              if keep[vi] > 1 else "")
+                    raise SchemaError(
+                        f"{path}: {where}: {name!r} holds {int(keep[vi])}; an attention mask "
+                        f"holds 1 on real tokens and 0 on padding{packed}: fix it or pass "
+                        "--attention-mask-column none")
             srcs = None if source is None else _source_values(batch.column(source), path, row,
                                                                 source)
             yield RawBatch(row, lengths, tokens, keep, lab, tuple(loss), srcs)
