@@ -886,7 +886,8 @@ class InputSource:
         """Record batches of row group ``row_group`` holding ``columns``.
 
         Raises:
-            InputError: the row group cannot be read (damaged or truncated file).
+            InputError: the row group cannot be read (damaged or truncated file, a Parquet
+                page that fails its CRC checksum).
         """
         try:
             if self._parquet is not None:  # lazily: a huge row group is never held whole
@@ -899,8 +900,18 @@ class InputSource:
                     yield batch.slice(lo, batch_rows)
         except (pa.ArrowException, OSError, MemoryError) as exc:
             raise_if_shortage(exc, f"{self.path}: row group {row_group}")
+            if "checksum" in str(exc).lower():
+                raise InputError(f"{self.path}: row group {row_group}: a page fails its CRC "
+                                 f"checksum ({_first_line(exc)}): the file was damaged after it "
+                                 "was written; copy it again from its source or regenerate "
+                                 "it") from None
             raise InputError(f"{self.path}: row group {row_group} cannot be read ({exc}); the "
                              "file is damaged or truncated: regenerate it") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def _unreadable(shown, fs: pafs.FileSystem, path: str, kind: str, exc: Exception) -> InputError:
@@ -953,7 +964,10 @@ def open_input(path, column: str, fmt: str | None = None) -> InputSource:
         src = InputSource(shown, fmt, schema, [b.num_rows for b in batches], batches=batches)
     else:
         try:
-            pf = pq.ParquetFile(fpath if not prefix else fs.open_input_file(fpath))
+            # pages written with a CRC (Spark and parquet-java write one by default) are
+            # checked as they are read: a damaged page is refused, never packed
+            pf = pq.ParquetFile(fpath if not prefix else fs.open_input_file(fpath),
+                                page_checksum_verification=True)
         except (pa.ArrowException, OSError) as exc:
             raise _unreadable(shown, fs, fpath, "Parquet", exc) from None
         md = pf.metadata

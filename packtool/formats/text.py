@@ -214,7 +214,8 @@ def _table_source(path, fmt: str):
     fs, inner, prefix = filesystem_of(path)
     try:
         if fmt == "parquet":
-            pf = pq.ParquetFile(inner if not prefix else fs.open_input_file(inner))
+            pf = pq.ParquetFile(inner if not prefix else fs.open_input_file(inner),
+                                page_checksum_verification=True)  # as pack reads Parquet
             return pf.schema_arrow, lambda cols, n: pf.iter_batches(batch_size=n, columns=cols,
                                                                    use_threads=False)
         source = pa.memory_map(inner, "r") if not prefix else fs.open_input_file(inner)

@@ -13,7 +13,7 @@ import pytest
 
 from packcheck import hash_tree, invoke, write_docs
 from packtool.formats.manifest import MANIFEST_NAME
-from packtool.errors import SchemaError
+from packtool.errors import InputError, SchemaError
 from packtool.formats.reader import iter_token_batches, list_parts
 
 DOCS = [[5, 6, 7], [1, 2], [9] * 6, [3], [4, 4, 4, 4], [8, 9, 10, 11, 12]]
@@ -230,3 +230,41 @@ def test_real_save_to_disk_folder_packs_in_the_datasets_order(tmp_path):
     ds.save_to_disk(str(tmp_path / "hf"), num_shards=2)
     ref = _reference(tmp_path, [list(d) for d in ds["input_ids"]])
     assert _pack(tmp_path / "hf", tmp_path / "out") == ref
+
+
+def _damaged_page(path, table, **kw):
+    """``table`` written with page checksums (as Spark and parquet-java write them), then 16
+    bytes in the middle of its first data page zeroed."""
+    pq.write_table(table, path, write_page_checksum=True, compression="none",
+                   use_dictionary=False, **kw)
+    raw = bytearray(path.read_bytes())
+    col = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    mid = col.data_page_offset + col.total_compressed_size // 2
+    raw[mid:mid + 16] = bytes(16)
+    path.write_bytes(bytes(raw))
+    return path
+
+
+@pytest.mark.parametrize("extra", [(), ("--window-docs", 10)])
+def test_a_page_that_fails_its_checksum_is_refused_not_packed(tmp_path, extra):
+    """Without verification the zeroed bytes are read as tokens (and lengths) of other
+    documents; with it the page is refused in one line naming the file, whatever the plan."""
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(1, 1000, rng.integers(1, 30)).tolist() for _ in range(300)]
+    src = _damaged_page(tmp_path / "a.parquet",
+                        pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32()))}))
+    out = tmp_path / "out"
+    res = invoke(["pack", "-q", "--capacity", 32, "--workers", 1, *extra, src, out])
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert "a.parquet: row group 0: a page fails its CRC checksum" in res.output
+    assert not out.exists()
+    with pytest.raises(InputError, match="CRC checksum"):
+        list(iter_token_batches(src, "input_ids", row_range=(100, 200)))
+
+
+def test_tokenize_reads_text_parquet_with_page_checksums_verified(tmp_path):
+    from packtool.formats.text import iter_texts
+
+    src = _damaged_page(tmp_path / "t.parquet", pa.table({"text": ["x" * 64] * 200}))
+    with pytest.raises(InputError, match=r"t\.parquet.*checksum"):
+        list(iter_texts(src, "parquet", "text"))
