@@ -62,6 +62,7 @@ from packtool.types import IGNORE_INDEX, INT32_MAX
 
 __all__ = ["InputFile", "RawBatch", "Discovery", "InputSource", "MaskColumns", "InputColumns",
            "discover", "discover_inputs", "open_input", "input_schema", "check_not_packed",
+           "check_stream_end",
            "packed_evidence", "PACKED_COLUMNS", "iter_token_batches",
            "list_parts", "resolve_mask_columns", "input_columns", "reads_labels",
            "check_source_column",
@@ -935,8 +936,52 @@ def _open_arrow(shown, fs: pafs.FileSystem, path: str, local: bool) -> tuple[pa.
     if head.startswith(_IPC_FILE_MAGIC):
         reader = pa.ipc.open_file(source)
         return reader.schema, [reader.get_batch(i) for i in range(reader.num_record_batches)]
-    reader = pa.ipc.open_stream(source)
+    data = source.read_buffer()  # local: a view of the memory map
+    check_stream_end(shown, data)
+    reader = pa.ipc.open_stream(data)
     return reader.schema, list(reader)
+
+
+#: The end of an Arrow IPC stream: continuation 0xFFFFFFFF and a zero length, or (before Arrow
+#: 0.15, the legacy format) a zero length alone.
+_STREAM_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+_STREAM_END_LEGACY = b"\x00\x00\x00\x00"
+
+
+def check_stream_end(shown, data: pa.Buffer) -> None:
+    """Refuse an Arrow IPC stream (the whole file in ``data``) that does not end with its
+    end-of-stream marker right after its last message.
+
+    A stream reader stops at the end of the file as it stops at the marker, so a stream still
+    being written (its writer has flushed whole record batches, not closed it) or cut at a
+    message boundary reads as complete, without its last batches. Its messages are walked (their
+    headers only; the bodies are skipped) to find where the last one ends. Bytes after the
+    marker (two streams joined with ``cat``) would not be read either.
+
+    Raises:
+        InputError: no marker after the last message, or bytes after it (file named, fix).
+        pyarrow.ArrowException, OSError: a message is cut or damaged (the caller's message).
+    """
+    src = pa.BufferReader(data)
+    messages = pa.ipc.MessageReader.open_stream(src)
+    end = 0
+    while True:
+        try:
+            messages.read_next_message()
+        except StopIteration:
+            break
+        end = src.tell()
+    tail = data.slice(end, min(data.size - end, 16)).to_pybytes()
+    if tail in (_STREAM_END, _STREAM_END_LEGACY):
+        return
+    if tail.startswith(_STREAM_END) or tail.startswith(_STREAM_END_LEGACY):
+        extra = data.size - end - (len(_STREAM_END) if tail.startswith(_STREAM_END)
+                                   else len(_STREAM_END_LEGACY))
+        raise InputError(f"{shown}: holds {extra} bytes after the Arrow end-of-stream marker, "
+                         "which no reader reads (two streams joined, or a file written over); "
+                         "regenerate it")
+    raise InputError(f"{shown} ends without the Arrow end-of-stream marker: it is still being "
+                     "written or was cut; wait for its writer or regenerate it")
 
 
 def open_input(path, column: str, fmt: str | None = None) -> InputSource:
@@ -949,7 +994,8 @@ def open_input(path, column: str, fmt: str | None = None) -> InputSource:
         fmt: ``parquet`` or ``arrow``; None decides from the file name (Parquet otherwise).
 
     Raises:
-        InputError: the file is empty, truncated or not in its format; it holds packed rows
+        InputError: the file is empty, truncated or not in its format (an Arrow IPC stream
+            without its end-of-stream marker: :func:`check_stream_end`); it holds packed rows
             (:func:`check_not_packed`: a packtool output, or another tool's packed rows).
         SchemaError: the token column is missing or not an integer list.
     """

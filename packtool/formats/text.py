@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 
 from packtool.errors import InputError, SchemaError, row_ref
 from packtool.formats.manifest import ShardEntry
-from packtool.formats.reader import TEXT_FORMATS, filesystem_of
+from packtool.formats.reader import TEXT_FORMATS, check_stream_end, filesystem_of
 from packtool.formats.schema import check_single_column
 from packtool.formats.writer import write_shard
 from packtool.location import Location
@@ -221,6 +221,9 @@ def _table_source(path, fmt: str):
         source = pa.memory_map(inner, "r") if not prefix else fs.open_input_file(inner)
         with fs.open_input_stream(inner) as fh:
             head = fh.read(6)
+        if head != b"ARROW1":  # a stream: whole, as pack reads it
+            source = source.read_buffer()
+            check_stream_end(path, source)
         reader = pa.ipc.open_file(source) if head == b"ARROW1" else pa.ipc.open_stream(source)
         batches = ([reader.get_batch(i) for i in range(reader.num_record_batches)]
                    if head == b"ARROW1" else list(reader))
