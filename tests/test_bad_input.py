@@ -432,3 +432,38 @@ def test_a_duplicated_column_that_is_not_read_still_packs(tmp_path, name):
     assert res.exit_code == 0, res.output
     rows, _ = read_output(tmp_path / "out")
     check_output(rows, [[1, 2, 3], [4, 5]], 4, labels="none")
+
+
+def _latin1_name(folder: Path, name: bytes, data: bytes) -> bytes:
+    """Write ``data`` under a file name that is not valid UTF-8; skip where the filesystem
+    refuses such names."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = os.fsencode(folder) + b"/" + name
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+    except OSError:
+        pytest.skip("this filesystem takes UTF-8 names only")
+    return path
+
+
+def test_a_file_name_that_is_not_utf8_is_refused_naming_its_folder_and_bytes(tmp_path, good):
+    """pyarrow names files in UTF-8 only: the Latin-1 name of a legacy tool was an internal
+    error (UnicodeDecodeError); now one line names the folder, the name's bytes and the fix."""
+    src = good.parent
+    _latin1_name(src, b"caf\xe9.parquet", good.read_bytes())
+    out = tmp_path / "out"
+    refused(pack_args(src, out=out), out, f"{src}: holds a name that is not valid UTF-8",
+            "b'caf\\xe9.parquet'", "rename it")
+    path = os.fsdecode(os.fsencode(src) + b"/caf\xe9.parquet")
+    refused(pack_args(path, out=out), out, "caf\\xe9.parquet", "not valid UTF-8", "rename it")
+
+
+def test_a_hidden_name_that_is_not_utf8_is_skipped_like_any_hidden_entry(tmp_path, good):
+    _latin1_name(good.parent, b".caf\xe9.parquet", good.read_bytes())
+    _latin1_name(good.parent, b"notes-\xe9.md", b"text")
+    res = invoke(["pack", "--capacity", 4, good.parent, tmp_path / "out"])
+    assert res.exit_code == 0, res.output
+    assert "1 documentation: " in res.output and "notes-\\xe9.md" in res.output
+    assert "1 hidden or '_'-prefixed: " in res.output and ".caf\\xe9.parquet" in res.output
+    assert read_output(tmp_path / "out")[1].totals.docs_in == 2

@@ -559,6 +559,54 @@ def _order_note(shown, names: list[str]) -> str | None:
             "pass the files in the order you mean, if that is not the order of the documents")
 
 
+def _escaped(name: bytes) -> str:
+    """A file name of any bytes as printable text: invalid UTF-8 bytes as ``\\xe9``."""
+    return name.decode("utf-8", "backslashreplace")
+
+
+def _utf8_entries(infos, drel: str, disp, skipped: list[str], skip_unsupported: bool,
+                  text: bool) -> list:
+    """The entries of one folder listing whose names are valid UTF-8.
+
+    pyarrow names files in UTF-8 only (a Latin-1 ``caf\\xe9.parquet`` cannot be opened or even
+    named by it). Such an entry is reported (hidden or ``_``-prefixed; documentation or, with
+    ``skip_unsupported``, a file of another format) like any entry not read, else refused.
+
+    Raises:
+        InputError: a folder or data file (or, without ``skip_unsupported``, any file) whose
+            name is not valid UTF-8: every such name in the folder, as bytes, and the fix.
+    """
+    good, bad = [], []
+    for info in infos:
+        try:
+            info.path
+        except UnicodeDecodeError as exc:  # exc.object: the path's bytes
+            bad.append((bytes(exc.object).rstrip(b"/").rsplit(b"/", 1)[-1], info))
+            continue
+        good.append(info)
+    refused = []
+    for raw, info in bad:
+        name = _escaped(raw)
+        if raw.startswith((b".", b"_")):
+            skipped.append(f"{disp(drel + name)} (hidden or '_'-prefixed)")
+        elif info.type == pafs.FileType.File and _format_of(name, text) is None and (
+                _DOC_NAMES.search(name) or skip_unsupported):
+            why = "documentation" if _DOC_NAMES.search(name) else "unsupported format"
+            skipped.append(f"{disp(drel + name)} ({why})")
+        else:
+            refused.append(raw)
+    if refused:
+        names = ", ".join(repr(n) for n in refused[:5]) + (
+            f", ... ({len(refused)} in all)" if len(refused) > 5 else "")
+        one = len(refused) == 1
+        raise InputError(f"{disp(drel.rstrip('/'))}: holds {'a' if one else len(refused)} "
+                         f"{'name' if one else 'names'} that {'is' if one else 'are'} not valid "
+                         f"UTF-8 ({names}), which pyarrow cannot open; rename "
+                         f"{'it' if one else 'them'} in UTF-8 (e.g. convmv -f latin1 -t utf8 "
+                         f"--notest) or move {'it' if one else 'them'} out of INPUT")
+    return good
+
+
 #: one walk entry: (path, relative path, format, FileInfo, sort key, reached through a link)
 _Found = tuple
 
@@ -600,6 +648,7 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
             continue
         entered[key] = drel
         infos = fs.get_file_info(pafs.FileSelector(dpath, recursive=False))
+        infos = _utf8_entries(infos, drel, disp, skipped, skip_unsupported, text)
         by_name = {_name(i.path): i for i in infos}
         broken = []
         for name in place.broken_links(dpath, by_name):
@@ -704,6 +753,29 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
     return found
 
 
+def _check_utf8_path(path: str, given: str) -> None:
+    """Refuse a local INPUT whose path is not valid UTF-8 (pyarrow opens UTF-8 paths only).
+
+    Raises:
+        InputError: the path (invalid bytes as ``\\xe9``), the first such part and the fix.
+    """
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        bad = next(p for p in Path(path).parts if not _is_utf8(p))
+        raise InputError(f"{_escaped(os.fsencode(given))}: {os.fsencode(bad)!r} in the path is "
+                         "not valid UTF-8, which pyarrow cannot open; rename it in UTF-8 (e.g. "
+                         "convmv -f latin1 -t utf8 --notest)") from None
+
+
+def _is_utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = False,
              text: bool = False, outputs: Sequence[tuple] = ()) -> Discovery:
     """Expand INPUT paths or URIs into data files, in global document order.
@@ -749,7 +821,8 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
             format (unless ``skip_unsupported``); a packtool output is given or nested inside
             INPUT; a Hugging Face DatasetDict (pass one split) or a dataset saved with an
             indices mapping; the same file is reached from two INPUT arguments (by path,
-            symbolic link or hard link); a symbolic link (not hidden) leads nowhere
+            symbolic link or hard link); a local path, or a folder or data file under INPUT,
+            whose name is not valid UTF-8; a symbolic link (not hidden) leads nowhere
             or into a loop of links; a folder link leads to one of ``outputs``.
     """
     files: list[InputFile] = []
@@ -759,6 +832,8 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
     origins: list[str] = []  # how each file was reached, for the message of a file given twice
     for given in inputs:
         fs, path, prefix = filesystem_of(given)
+        if not prefix:
+            _check_utf8_path(path, _location(given))
         place = _Place(fs, prefix, getattr(Location.parse(given), "query", ""))
         shown = place.show(path) if prefix else Path(_location(given))
         loc = Location.parse(given)
