@@ -62,7 +62,7 @@ from packtool.types import IGNORE_INDEX, INT32_MAX
 
 __all__ = ["InputFile", "RawBatch", "Discovery", "InputSource", "MaskColumns", "InputColumns",
            "discover", "discover_inputs", "open_input", "input_schema", "check_not_packed",
-           "check_stream_end",
+           "check_stream_end", "unreadable_error", "DENIED",
            "packed_evidence", "PACKED_COLUMNS", "iter_token_batches",
            "list_parts", "resolve_mask_columns", "input_columns", "reads_labels",
            "check_source_column",
@@ -75,6 +75,10 @@ log = logging.getLogger(__name__)
 SUPPORTED_FORMATS = ("Parquet (*.parquet), Arrow IPC/Feather v2 (*.arrow, *.feather, *.ipc, "
                      "*.arrows) and Hugging Face save_to_disk folders")
 
+#: What is said of a file or folder packtool may not read (the fix is its permissions, not
+#: the data).
+DENIED = ("permission denied: fix its permissions (packtool must read it), or move it out of "
+          "INPUT")
 _PARQUET_SUFFIXES = (".parquet",)
 _IPC_SUFFIXES = (".arrow", ".feather", ".ipc", ".arrows")
 #: JSON Lines, read as text input only (``packtool tokenize``)
@@ -309,6 +313,36 @@ def _format_of(name: str, text: bool = False) -> str | None:
     if text and low.endswith(_JSONL_SUFFIXES):
         return "jsonl"
     return None
+
+
+#: Suffixes of a whole file compressed by a general-purpose tool (never read: Parquet and Arrow
+#: IPC compress inside the file).
+_COMPRESSED_SUFFIXES = (".gz", ".gzip", ".zst", ".zstd", ".bz2", ".xz", ".lz4", ".zip")
+#: (leading bytes, tool, command that decompresses) of those tools' files.
+_COMPRESSED_MAGIC = ((b"\x1f\x8b", "gzip", "gunzip"), (b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"),
+                     (b"BZh", "bzip2", "bunzip2"), (b"\xfd7zXZ\x00", "xz", "unxz"),
+                     (b"\x04\x22\x4d\x18", "lz4", "lz4 -d"), (b"PK\x03\x04", "zip", "unzip"))
+
+
+def _compressed_data(name: str, text: bool = False) -> bool:
+    """True for the name of a data file compressed whole (``part-0.parquet.zst``,
+    ``a.arrow.gz``): the name without its compression suffix is a format read."""
+    low = name.lower()
+    for z in _COMPRESSED_SUFFIXES:
+        if low.endswith(z) and _format_of(low[:-len(z)], text) is not None:
+            return True
+    return False
+
+
+def _decompress_hint(names: Sequence[str]) -> str:
+    """The fix for compressed data files among ``names`` (empty when there is none)."""
+    packed = [n for n in names if _compressed_data(_name(n))]
+    if not packed:
+        return ""
+    return (f"; {', '.join(packed[:3])}{', ...' if len(packed) > 3 else ''} "
+            f"{'is' if len(packed) == 1 else 'are'} compressed whole: decompress "
+            f"{'it' if len(packed) == 1 else 'them'} first (zstd -d, gunzip, ...), Parquet and "
+            "Arrow IPC compress inside the file")
 
 
 def is_remote(location) -> bool:
@@ -579,7 +613,7 @@ def _utf8_entries(infos, drel: str, disp, skipped: list[str], skip_unsupported: 
     good, bad = [], []
     for info in infos:
         try:
-            info.path
+            _ = info.path  # pyarrow decodes the name here
         except UnicodeDecodeError as exc:  # exc.object: the path's bytes
             bad.append((bytes(exc.object).rstrip(b"/").rsplit(b"/", 1)[-1], info))
             continue
@@ -647,7 +681,10 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
                            f"{entered[key] or '.'})")
             continue
         entered[key] = drel
-        infos = fs.get_file_info(pafs.FileSelector(dpath, recursive=False))
+        try:
+            infos = fs.get_file_info(pafs.FileSelector(dpath, recursive=False))
+        except PermissionError:
+            raise InputError(f"{disp(drel.rstrip('/'))}: {DENIED}") from None
         infos = _utf8_entries(infos, drel, disp, skipped, skip_unsupported, text)
         by_name = {_name(i.path): i for i in infos}
         broken = []
@@ -735,7 +772,7 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
                              f"(supported: {TEXT_FORMATS})")
         raise InputError(f"{disp('')}: directory holds no *.parquet, Arrow IPC file or "
                          f"Hugging Face dataset{seen}; point INPUT at the tokenized shards "
-                         f"(supported: {SUPPORTED_FORMATS})")
+                         f"(supported: {SUPPORTED_FORMATS}){_decompress_hint(names)}")
     if other and not skip_unsupported:
         names = ", ".join(rel for rel, _ in other[:5]) + (
             f", ... ({len(other)} in all)" if len(other) > 5 else "")
@@ -743,13 +780,17 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
             raise InputError(f"{disp('')}: holds {len(other)} file"
                              f"{'' if len(other) == 1 else 's'} of an unsupported format that "
                              f"would not be tokenized: {names}; supported: {TEXT_FORMATS}; move "
-                             "them out of INPUT, or pass --skip-unsupported to tokenize the rest")
+                             "them out of INPUT, or pass --skip-unsupported to tokenize the rest"
+                             f"{_decompress_hint([rel for rel, _ in other])}")
         raise InputError(f"{disp('')}: holds {len(other)} file"
                          f"{'' if len(other) == 1 else 's'} of an unsupported format that would "
                          f"not be packed: {names}; supported: {SUPPORTED_FORMATS}; convert "
                          "them (e.g. JSONL to Parquet), move them out of INPUT, or pass "
-                         "--skip-unsupported to pack the rest")
-    skipped.extend(f"{shown} (unsupported format)" for _, shown in other)
+                         "--skip-unsupported to pack the rest"
+                         f"{_decompress_hint([rel for rel, _ in other])}")
+    skipped.extend(f"{shown} (compressed whole, decompress it to read it)"
+                   if _compressed_data(_name(rel))
+                   else f"{shown} (unsupported format)" for rel, shown in other)
     return found
 
 
@@ -842,6 +883,8 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
             missing = loc.missing() if info.type == pafs.FileType.NotFound else None
         except (pa.ArrowException, OSError) as exc:
             raise_if_shortage(exc, str(shown))  # too many open files: not a bad path
+            if isinstance(exc, PermissionError) and not prefix:
+                raise InputError(f"{shown}: {DENIED}") from None
             told = loc.store_error(exc)
             if isinstance(told, StoreError):
                 raise InputError(str(told)) from None
@@ -879,6 +922,9 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
                 origins.append(f"inside INPUT {shown}")
         else:
             fmt = _format_of(_name(path), text)
+            if fmt is None and _compressed_data(_name(path), text):
+                raise InputError(f"{shown}: is compressed whole; decompress it first (zstd -d, "
+                                 "gunzip, ...): Parquet and Arrow IPC compress inside the file")
             if fmt is None and text:
                 raise InputError(f"{shown}: unsupported text format; packtool tokenize reads "
                                  f"{TEXT_FORMATS}")
@@ -990,14 +1036,38 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def _unreadable(shown, fs: pafs.FileSystem, path: str, kind: str, exc: Exception) -> InputError:
+def unreadable_error(shown, fs: pafs.FileSystem, path: str, kind: str,
+                     exc: Exception) -> InputError:
+    """The one line for an input file that does not open as ``kind`` (``Parquet``, ``Arrow
+    IPC``): no permission, empty, compressed whole, the other format under this one's name, or
+    damaged (``pack``, ``compare`` and ``tokenize`` alike).
+
+    Raises:
+        ResourceError: the machine is short of memory or open files (not a bad file).
+    """
     raise_if_shortage(exc, str(shown))  # a machine short of memory or files: not a bad file
+    if isinstance(exc, PermissionError):
+        return InputError(f"{shown}: {DENIED}")
     try:
         size = fs.get_file_info(path).size or 0
+        with fs.open_input_stream(path) as fh:
+            head = fh.read(8)
     except (pa.ArrowException, OSError):
-        size = 0
-    what = "is empty (0 bytes)" if size == 0 else f"is not a readable {kind} file ({exc})"
-    return InputError(f"{shown}: {what}; remove it or regenerate it")
+        size, head = 0, b""
+    if size == 0:
+        return InputError(f"{shown}: is empty (0 bytes); remove it or regenerate it")
+    for magic, tool, command in _COMPRESSED_MAGIC:
+        if head.startswith(magic):
+            return InputError(f"{shown}: is a {tool}-compressed file, not {kind}; decompress it "
+                              f"({command}): {kind} compresses inside the file")
+    if kind == "Parquet" and head.startswith((_IPC_FILE_MAGIC, b"\xff\xff\xff\xff")):
+        return InputError(f"{shown}: is an Arrow IPC file named like a Parquet file; rename it "
+                          "to *.arrow")
+    if kind != "Parquet" and head.startswith(b"PAR1"):
+        return InputError(f"{shown}: is a Parquet file named like an Arrow IPC file; rename it "
+                          "to *.parquet")
+    return InputError(f"{shown}: is not a readable {kind} file ({exc}); remove it or "
+                      "regenerate it")
 
 
 def _open_arrow(shown, fs: pafs.FileSystem, path: str, local: bool) -> tuple[pa.Schema, list]:
@@ -1049,7 +1119,7 @@ def check_stream_end(shown, data: pa.Buffer) -> None:
     tail = data.slice(end, min(data.size - end, 16)).to_pybytes()
     if tail in (_STREAM_END, _STREAM_END_LEGACY):
         return
-    if tail.startswith(_STREAM_END) or tail.startswith(_STREAM_END_LEGACY):
+    if tail.startswith((_STREAM_END, _STREAM_END_LEGACY)):
         extra = data.size - end - (len(_STREAM_END) if tail.startswith(_STREAM_END)
                                    else len(_STREAM_END_LEGACY))
         raise InputError(f"{shown}: holds {extra} bytes after the Arrow end-of-stream marker, "
@@ -1081,7 +1151,7 @@ def open_input(path, column: str, fmt: str | None = None) -> InputSource:
         try:
             schema, batches = _open_arrow(shown, fs, fpath, not prefix)
         except (pa.ArrowException, OSError) as exc:
-            raise _unreadable(shown, fs, fpath, "Arrow IPC", exc) from None
+            raise unreadable_error(shown, fs, fpath, "Arrow IPC", exc) from None
         src = InputSource(shown, fmt, schema, [b.num_rows for b in batches], batches=batches)
     else:
         try:
@@ -1090,7 +1160,7 @@ def open_input(path, column: str, fmt: str | None = None) -> InputSource:
             pf = pq.ParquetFile(fpath if not prefix else fs.open_input_file(fpath),
                                 page_checksum_verification=True)
         except (pa.ArrowException, OSError) as exc:
-            raise _unreadable(shown, fs, fpath, "Parquet", exc) from None
+            raise unreadable_error(shown, fs, fpath, "Parquet", exc) from None
         md = pf.metadata
         src = InputSource(shown, fmt, pf.schema_arrow,
                           [md.row_group(i).num_rows for i in range(md.num_row_groups)],
@@ -1145,7 +1215,7 @@ def input_schema(path, fmt: str | None = None) -> tuple[pa.Schema, object]:
                 return pa.ipc.open_file(fh).schema, shown
             return pa.ipc.open_stream(fh).schema, shown
     except (pa.ArrowException, OSError) as exc:
-        raise _unreadable(shown, fs, fpath, kind, exc) from None
+        raise unreadable_error(shown, fs, fpath, kind, exc) from None
 
 
 def _row_of_value(lengths: np.ndarray, value_index: int) -> int:
