@@ -4,7 +4,9 @@ Every INPUT, OUTPUT, shard, scratch file and cache entry packtool names is a :cl
 parsed once by :meth:`Location.parse` from what the user typed:
 
 - a local path (``out/``, ``/data/x.parquet``) or a ``file:`` URI (``file:///abs/out``, or
-  ``file:/abs/out`` as :mod:`pathlib` folds it): a :class:`LocalPath`;
+  ``file:/abs/out`` as :mod:`pathlib` folds it), percent-decoded as RFC 8089 and pyarrow read it
+  (``file:///a/my%20data`` names ``/a/my data``; a ``?query`` or ``#fragment`` is no part of the
+  path): a :class:`LocalPath`;
 - a URI of any filesystem pyarrow provides (``s3://bucket/prefix``, ``gs://...``,
   ``hdfs://host:port/path``), with the filesystem's options in its query
   (``s3://bucket/prefix?endpoint_override=127.0.0.1:9000&scheme=http``): a :class:`StoreURI`.
@@ -97,7 +99,7 @@ class Location:
             raise ValueError("an empty path names nothing; give a file or directory")
         f = _FILE_URI.match(text)
         if f:
-            return LocalPath(Path(text[f.end():]))
+            return LocalPath(Path(_file_uri_path(text[f.end():])))
         m = _SCHEME.match(text)
         if m is None:
             return LocalPath(Path(text))
@@ -680,6 +682,18 @@ class StoreURI(Location):
                 self.join(p.name).publish_file(p)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _file_uri_path(uri_path: str) -> str:
+    """The local path a ``file:`` URI's path part names (RFC 8089, as
+    ``pyarrow.fs.FileSystem.from_uri`` reads it): the ``?query`` and ``#fragment`` cut off, then
+    percent-decoded to bytes and those decoded as the filesystem's names are (``%E9`` is the
+    byte 0xE9, kept by ``os.fsdecode``); an escape that is not two hex digits stays as written.
+    """
+    from urllib.parse import unquote_to_bytes
+
+    path = re.split(r"[?#]", uri_path, maxsplit=1)[0]
+    return os.fsdecode(unquote_to_bytes(path))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -432,3 +432,102 @@ def test_a_duplicated_column_that_is_not_read_still_packs(tmp_path, name):
     assert res.exit_code == 0, res.output
     rows, _ = read_output(tmp_path / "out")
     check_output(rows, [[1, 2, 3], [4, 5]], 4, labels="none")
+
+
+def _latin1_name(folder: Path, name: bytes, data: bytes) -> bytes:
+    """Write ``data`` under a file name that is not valid UTF-8; skip where the filesystem
+    refuses such names."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = os.fsencode(folder) + b"/" + name
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+    except OSError:
+        pytest.skip("this filesystem takes UTF-8 names only")
+    return path
+
+
+def test_a_file_name_that_is_not_utf8_is_refused_naming_its_folder_and_bytes(tmp_path, good):
+    """pyarrow names files in UTF-8 only: the Latin-1 name of a legacy tool was an internal
+    error (UnicodeDecodeError); now one line names the folder, the name's bytes and the fix."""
+    src = good.parent
+    _latin1_name(src, b"caf\xe9.parquet", good.read_bytes())
+    out = tmp_path / "out"
+    refused(pack_args(src, out=out), out, f"{src}: holds a name that is not valid UTF-8",
+            "b'caf\\xe9.parquet'", "rename it")
+    path = os.fsdecode(os.fsencode(src) + b"/caf\xe9.parquet")
+    refused(pack_args(path, out=out), out, "caf\\xe9.parquet", "not valid UTF-8", "rename it")
+
+
+def test_a_hidden_name_that_is_not_utf8_is_skipped_like_any_hidden_entry(tmp_path, good):
+    _latin1_name(good.parent, b".caf\xe9.parquet", good.read_bytes())
+    _latin1_name(good.parent, b"notes-\xe9.md", b"text")
+    res = invoke(["pack", "--capacity", 4, good.parent, tmp_path / "out"])
+    assert res.exit_code == 0, res.output
+    assert "1 documentation: " in res.output and "notes-\\xe9.md" in res.output
+    assert "1 hidden or '_'-prefixed: " in res.output and ".caf\\xe9.parquet" in res.output
+    assert read_output(tmp_path / "out")[1].totals.docs_in == 2
+
+
+def _run_without_root_powers(args):
+    """``python -m packtool ARGS`` in a process that obeys permission bits: as it is for a user,
+    as root without the capabilities that override them (root reads any file)."""
+    import shutil
+
+    cmd = [sys.executable, "-m", "packtool", *map(str, args)]
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("root ignores permission bits and setpriv is missing")
+        cmd = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.parametrize("what", ["file", "folder"])
+def test_permission_denied_says_to_fix_the_permissions(tmp_path, good, what):
+    """Not "remove or regenerate it" (the data is fine) and not pyarrow's own text."""
+    locked = good.parent / ("b.parquet" if what == "file" else "sub")
+    if what == "file":
+        locked.write_bytes(good.read_bytes())
+    else:
+        write_docs(locked / "b.parquet", [[7, 8]])
+    locked.chmod(0)
+    try:
+        proc = _run_without_root_powers(["pack", "-q", "--capacity", 4, good.parent,
+                                         tmp_path / "out"])
+    finally:
+        locked.chmod(0o755)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip() == (f"Error: {locked}: permission denied: fix its permissions "
+                                   "(packtool must read it), or move it out of INPUT")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_file_compressed_whole_is_told_to_be_decompressed(tmp_path, good):
+    import gzip
+
+    src = good.parent
+    (src / "b.parquet.zst").write_bytes(b"\x28\xb5\x2f\xfd" + bytes(16))
+    out = tmp_path / "out"
+    refused(pack_args(src, out=out), out, "b.parquet.zst is compressed whole: decompress it")
+    refused(pack_args(src / "b.parquet.zst", out=out), out, "b.parquet.zst: is compressed whole",
+            "decompress it")
+    (tmp_path / "c.parquet").write_bytes(gzip.compress(good.read_bytes()))
+    refused(pack_args(tmp_path / "c.parquet", out=out), out,
+            "c.parquet: is a gzip-compressed file, not Parquet; decompress it (gunzip)")
+    res = invoke(["pack", "--skip-unsupported", "--capacity", 4, src, out])
+    assert res.exit_code == 0 and "compressed whole, decompress it to read it: " in res.output
+
+
+def test_a_file_of_the_other_format_is_told_to_be_renamed(tmp_path):
+    table = pa.table({"input_ids": pa.array([[1, 2, 3]], pa.list_(pa.int32()))})
+    with pa.ipc.new_file(tmp_path / "ipc.parquet", table.schema) as w:
+        w.write_table(table)
+    with pa.ipc.new_stream(tmp_path / "stream.parquet", table.schema) as w:
+        w.write_table(table)
+    pq.write_table(table, tmp_path / "pq.arrow")
+    out = tmp_path / "out"
+    for name in ("ipc.parquet", "stream.parquet"):
+        refused(pack_args(tmp_path / name, out=out), out,
+                f"{name}: is an Arrow IPC file named like a Parquet file; rename it to *.arrow")
+    refused(pack_args(tmp_path / "pq.arrow", out=out), out,
+            "pq.arrow: is a Parquet file named like an Arrow IPC file; rename it to *.parquet")

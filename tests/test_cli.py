@@ -75,3 +75,24 @@ def test_file_uris_are_the_local_paths(tmp_path, monkeypatch):
     local = invoke(["compare", tmp_path / "in", "-c", 4, "--json"])
     uri = invoke(["compare", f"file://{tmp_path}/in", "-c", 4, "--json"])
     assert uri.exit_code == 0 and uri.output == local.output, uri.output
+
+
+def test_file_uris_are_percent_decoded_as_rfc_8089_and_pyarrow_read_them(tmp_path):
+    """``Path.as_uri()`` of a folder with a space names that folder, and ``a%41.parquet`` names
+    ``aA.parquet`` (not a file called ``a%41.parquet``), as ``pyarrow.fs`` reads the URI."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+    from packcheck import invoke, write_docs
+
+    from packtool.location import Location
+
+    write_docs(tmp_path / "my data" / "aA.parquet", [[1, 2, 3]])
+    write_docs(tmp_path / "my data" / "a%41.parquet", [[7, 7, 7, 7, 7]])
+    for uri in [(tmp_path / "my data").as_uri(), (tmp_path / "my data").as_uri() + "/a%41.parquet",
+                f"file:{tmp_path}/my%20data/a%41.parquet?x=1#y"]:
+        assert str(Location.parse(uri)) == pafs.FileSystem.from_uri(uri)[1]
+    res = invoke(["pack", "-q", "-c", 8, (tmp_path / "my data").as_uri() + "/a%41.parquet",
+                  tmp_path / "out"])
+    assert res.exit_code == 0, res.output
+    assert pq.read_table(tmp_path / "out").column("input_ids").to_pylist() == [
+        [1, 2, 3, 0, 0, 0, 0, 0]]

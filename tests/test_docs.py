@@ -244,7 +244,7 @@ def _pattern(msg: str) -> re.Pattern:
     return re.compile("".join(".+?" if i % 2 else re.escape(p) for i, p in enumerate(parts)))
 
 
-def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path):
+def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path, monkeypatch):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -269,6 +269,38 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path):
     ids = pa.array([[1, 2]], pa.list_(pa.int32()))
     pq.write_table(pa.Table.from_arrays([ids, ids], names=["input_ids", "input_ids"]),
                    tmp_path / "dup.parquet")
+    # input faults of their own kinds: written as the tests of tests/test_bad_input.py and
+    # tests/formats/ write them
+    (tmp_path / "latin1").mkdir()
+    with open(bytes(tmp_path / "latin1") + b"/caf\xe9.parquet", "wb") as f:
+        f.write(good.read_bytes())
+    (tmp_path / "z.parquet.zst").write_bytes(b"\x28\xb5\x2f\xfd" + bytes(16))
+    (tmp_path / "gz.parquet").write_bytes(b"\x1f\x8b" + bytes(16))
+    table = pa.table({"input_ids": ids})
+    with pa.ipc.new_file(tmp_path / "ipc.parquet", table.schema) as w:
+        w.write_table(table)
+    pq.write_table(table, tmp_path / "pq.arrow")
+    pq.write_table(table.append_column("position_ids", pa.array([[0, 1]])),
+                   tmp_path / "pos.parquet")
+    resaved = pq.read_table(good)
+    for name, values in (("segment_ids", [[1, 1, 1], [1, 1]]), ("cu_seqlens", [[0, 3], [0, 2]]),
+                         ("doc_ids", [[0], [1]]), ("doc_offsets", [[0], [0]])):
+        resaved = resaved.append_column(name, pa.array(values))
+    pq.write_table(resaved, tmp_path / "resaved.parquet")
+    with pa.ipc.new_stream(tmp_path / "cut.arrows", table.schema) as w:
+        w.write_table(table)
+    whole = (tmp_path / "cut.arrows").read_bytes()
+    (tmp_path / "cut.arrows").write_bytes(whole[:-8])
+    (tmp_path / "joined.arrows").write_bytes(whole + whole)
+    long_docs = pa.array([list(range(1, 301))] * 40, pa.list_(pa.int32()))
+    pq.write_table(pa.table({"input_ids": long_docs}), tmp_path / "crc.parquet",
+                   write_page_checksum=True, compression="none", use_dictionary=False)
+    raw = bytearray((tmp_path / "crc.parquet").read_bytes())
+    col = pq.ParquetFile(tmp_path / "crc.parquet").metadata.row_group(0).column(0)
+    mid = col.data_page_offset + col.total_compressed_size // 2
+    raw[mid:mid + 16] = bytes(16)
+    (tmp_path / "crc.parquet").write_bytes(bytes(raw))
+    (tmp_path / "locked").mkdir()
 
     def pack(*args):
         return [*args[:-1], "-q", args[-1]]
@@ -291,7 +323,17 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path):
              pack(good, tmp_path / "afile" / "o"),
              pack(good, tmp_path / "full"),
              pack(tmp_path / "mixed", tmp_path / "o"),
-             pack(tmp_path / "dup.parquet", tmp_path / "o")]
+             pack(tmp_path / "dup.parquet", tmp_path / "o"),
+             pack(tmp_path / "latin1", tmp_path / "o"),
+             pack(tmp_path / "z.parquet.zst", tmp_path / "o"),
+             pack(tmp_path / "gz.parquet", tmp_path / "o"),
+             pack(tmp_path / "ipc.parquet", tmp_path / "o"),
+             pack(tmp_path / "pq.arrow", tmp_path / "o"),
+             pack(tmp_path / "pos.parquet", tmp_path / "o"),
+             pack(tmp_path / "resaved.parquet", tmp_path / "o"),
+             pack(tmp_path / "cut.arrows", tmp_path / "o"),
+             pack(tmp_path / "joined.arrows", tmp_path / "o"),
+             pack(tmp_path / "crc.parquet", tmp_path / "o")]
     from click.testing import CliRunner
 
     printed = []
@@ -299,6 +341,29 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path):
         res = CliRunner().invoke(cli, ["pack", *map(str, args)])
         assert res.exit_code in (1, 2), (args, res.output)
         printed.append(res.output.strip())
+    # what packtool prints for a folder it may not list (root reads any file: the listing
+    # raises here as it raises for a user; tests/test_bad_input.py checks it for real)
+    import pyarrow.fs as pafs
+
+    import packtool.formats.filesystem as filesystem
+
+    class Denied:
+        def __init__(self, fs):
+            self.fs = fs
+
+        def __getattr__(self, name):
+            return getattr(self.fs, name)
+
+        def get_file_info(self, what):
+            if isinstance(what, pafs.FileSelector) and what.base_dir.endswith("locked"):
+                raise PermissionError(13, "Permission denied")
+            return self.fs.get_file_info(what)
+
+    real = filesystem.local_filesystem
+    monkeypatch.setattr(filesystem, "local_filesystem", lambda p: (Denied(real(p)[0]), real(p)[1]))
+    res = CliRunner().invoke(cli, ["pack", "-q", str(tmp_path / "locked"), str(tmp_path / "o")])
+    monkeypatch.undo()
+    printed.append(res.output.strip())
     for msg in _doc_messages():
         pat = _pattern(msg)
         assert any(pat.search(p) for p in printed), f"docs/robustness.md quotes {msg!r}, " \

@@ -19,7 +19,8 @@ that it can prune and report: hidden (``.``) and ``_``-prefixed entries (Spark/H
 ``_temporary``, ``.ipynb_checkpoints``, ...) are skipped at every level, symbolic links are
 followed with a guard against loops, and a packtool output (its manifest or
 in-progress marker, or ``packtool.*`` schema metadata in a shard) is refused, so packed rows are
-never read back as documents (a ``packtool tokenize`` output, whose manifest says kind
+never read back as documents (nor another tool's packed rows, or a packtool shard re-saved
+without its metadata: :func:`packed_evidence` reads their columns from the footer) (a ``packtool tokenize`` output, whose manifest says kind
 ``tokenized``, holds documents and is read like any input; its manifest is not reported). Every
 entry it does not read is reported with the reason; a file of another format inside a directory
 is refused unless the caller asks to skip such files. With ``text=True`` (the inputs of
@@ -60,7 +61,9 @@ from packtool.location import Location, StoreError
 from packtool.types import IGNORE_INDEX, INT32_MAX
 
 __all__ = ["InputFile", "RawBatch", "Discovery", "InputSource", "MaskColumns", "InputColumns",
-           "discover", "discover_inputs", "open_input", "input_schema", "iter_token_batches",
+           "discover", "discover_inputs", "open_input", "input_schema", "check_not_packed",
+           "check_stream_end", "unreadable_error", "DENIED",
+           "packed_evidence", "PACKED_COLUMNS", "iter_token_batches",
            "list_parts", "resolve_mask_columns", "input_columns", "reads_labels",
            "check_source_column",
            "filesystem_of", "is_remote", "SUPPORTED_FORMATS", "TEXT_FORMATS", "AUTO",
@@ -72,6 +75,10 @@ log = logging.getLogger(__name__)
 SUPPORTED_FORMATS = ("Parquet (*.parquet), Arrow IPC/Feather v2 (*.arrow, *.feather, *.ipc, "
                      "*.arrows) and Hugging Face save_to_disk folders")
 
+#: What is said of a file or folder packtool may not read (the fix is its permissions, not
+#: the data).
+DENIED = ("permission denied: fix its permissions (packtool must read it), or move it out of "
+          "INPUT")
 _PARQUET_SUFFIXES = (".parquet",)
 _IPC_SUFFIXES = (".arrow", ".feather", ".ipc", ".arrows")
 #: JSON Lines, read as text input only (``packtool tokenize``)
@@ -238,11 +245,13 @@ def input_columns(files, column: str, attention_mask: str | None = AUTO,
     Decided before reading, so every window of a pack stores the same columns.
 
     Raises:
-        InputError, SchemaError: as :func:`input_schema` and :func:`resolve_mask_columns`.
+        InputError, SchemaError: as :func:`input_schema` and :func:`resolve_mask_columns`; a
+            file of packed rows (:func:`check_not_packed`).
     """
     targets, unused = False, {}
     for f in files:
         schema, shown = input_schema(f.path, getattr(f, "format", None))
+        check_not_packed(schema, shown, column)  # before its columns are judged as masks
         cols = resolve_mask_columns(schema, shown, column, attention_mask, labels, loss_mask)
         targets |= cols.targets
         for name in cols.unused:
@@ -304,6 +313,36 @@ def _format_of(name: str, text: bool = False) -> str | None:
     if text and low.endswith(_JSONL_SUFFIXES):
         return "jsonl"
     return None
+
+
+#: Suffixes of a whole file compressed by a general-purpose tool (never read: Parquet and Arrow
+#: IPC compress inside the file).
+_COMPRESSED_SUFFIXES = (".gz", ".gzip", ".zst", ".zstd", ".bz2", ".xz", ".lz4", ".zip")
+#: (leading bytes, tool, command that decompresses) of those tools' files.
+_COMPRESSED_MAGIC = ((b"\x1f\x8b", "gzip", "gunzip"), (b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"),
+                     (b"BZh", "bzip2", "bunzip2"), (b"\xfd7zXZ\x00", "xz", "unxz"),
+                     (b"\x04\x22\x4d\x18", "lz4", "lz4 -d"), (b"PK\x03\x04", "zip", "unzip"))
+
+
+def _compressed_data(name: str, text: bool = False) -> bool:
+    """True for the name of a data file compressed whole (``part-0.parquet.zst``,
+    ``a.arrow.gz``): the name without its compression suffix is a format read."""
+    low = name.lower()
+    for z in _COMPRESSED_SUFFIXES:
+        if low.endswith(z) and _format_of(low[:-len(z)], text) is not None:
+            return True
+    return False
+
+
+def _decompress_hint(names: Sequence[str]) -> str:
+    """The fix for compressed data files among ``names`` (empty when there is none)."""
+    packed = [n for n in names if _compressed_data(_name(n))]
+    if not packed:
+        return ""
+    return (f"; {', '.join(packed[:3])}{', ...' if len(packed) > 3 else ''} "
+            f"{'is' if len(packed) == 1 else 'are'} compressed whole: decompress "
+            f"{'it' if len(packed) == 1 else 'them'} first (zstd -d, gunzip, ...), Parquet and "
+            "Arrow IPC compress inside the file")
 
 
 def is_remote(location) -> bool:
@@ -437,9 +476,64 @@ def _packed_marker(fs: pafs.FileSystem, names: set[str], directory: str) -> str 
     return None
 
 
-def _refuse_packed(where: Path | str, marker: str) -> None:
-    raise InputError(f"{where}: is a packtool output ({marker}), not tokenized documents; point "
-                     "INPUT at the raw tokenized data (to inspect packed rows use packtool stats)")
+#: Columns only rows holding several documents carry, in the layouts of the field: TRL's
+#: ``bfd`` packing (``seq_lengths``), position ids restarting at each document (TRL, axolotl,
+#: VeOmni), flash-attn varlen / Hugging Face offsets (``cu_seqlens``, ``cu_seq_lens``), segment
+#: ids, Mamba's ``seq_idx``, NeMo's packed ``seq_start_id``. An input holding one is already
+#: packed: reading each row as one document would join its documents.
+PACKED_COLUMNS = ("seq_lengths", "position_ids", "cu_seqlens", "cu_seq_lens", "segment_ids",
+                  "seq_idx", "seq_start_id")
+#: The columns of a packtool output that together name it one (its schema metadata lost in a
+#: re-save by polars, pandas or ``datasets.to_parquet``).
+_PACKTOOL_COLUMNS = ("segment_ids", "cu_seqlens", "doc_ids", "doc_offsets")
+
+
+def packed_evidence(schema: pa.Schema, column: str | None = None) -> tuple[str, str | None] | None:
+    """What in ``schema`` shows that a file holds packed rows (several documents a row), or None.
+
+    The one owner of that decision for input files (schema only: nothing is read but the
+    footer): ``packtool.*`` schema metadata (a packtool shard), packtool's own columns (a
+    packtool shard re-saved without its metadata), or one of :data:`PACKED_COLUMNS`
+    (another tool's packed rows). ``column`` (the token column) is never evidence.
+
+    Returns:
+        (what shows it, for a message; the column of another tool's packed rows, None for a
+        packtool output), or None.
+    """
+    key = _packed_key(schema)
+    if key:
+        return f"schema metadata {key}", None
+    names = set(schema.names) - {column}
+    if all(c in names for c in _PACKTOOL_COLUMNS):
+        return (f"columns {', '.join(_PACKTOOL_COLUMNS)}, its packtool schema metadata lost in a "
+                "re-save"), None
+    found = [c for c in PACKED_COLUMNS if c in names]
+    return (f"column {found[0]!r}", found[0]) if found else None
+
+
+def check_not_packed(schema: pa.Schema, where, column: str | None = None) -> None:
+    """Refuse a file whose schema shows packed rows (:func:`packed_evidence`).
+
+    Raises:
+        InputError: one line naming the file, what shows it and the fix.
+    """
+    found = packed_evidence(schema, column)
+    if found is not None:
+        _refuse_packed(where, *found)
+
+
+def _refuse_packed(where: Path | str, evidence: str, column: str | None = None) -> None:
+    """The one refusal of packed rows given as INPUT (``evidence``: what shows them; ``column``:
+    the column of another tool's packed rows, None for a packtool output)."""
+    if column is None:
+        raise InputError(f"{where}: is a packtool output ({evidence}), not tokenized documents: "
+                         "packing it again would join the documents of each row; point INPUT "
+                         "at the tokenized documents it was packed from (to inspect packed rows "
+                         "use packtool stats)")
+    raise InputError(f"{where}: holds packed rows ({evidence}: each row already holds several "
+                     "documents): packing it again would join the documents of each row; pack "
+                     f"the unpacked documents instead, or drop {column!r} if each row truly is "
+                     "one document")
 
 
 def _hf_files(fs: pafs.FileSystem, directory: str, shown) -> list[str]:
@@ -499,6 +593,54 @@ def _order_note(shown, names: list[str]) -> str | None:
             "pass the files in the order you mean, if that is not the order of the documents")
 
 
+def _escaped(name: bytes) -> str:
+    """A file name of any bytes as printable text: invalid UTF-8 bytes as ``\\xe9``."""
+    return name.decode("utf-8", "backslashreplace")
+
+
+def _utf8_entries(infos, drel: str, disp, skipped: list[str], skip_unsupported: bool,
+                  text: bool) -> list:
+    """The entries of one folder listing whose names are valid UTF-8.
+
+    pyarrow names files in UTF-8 only (a Latin-1 ``caf\\xe9.parquet`` cannot be opened or even
+    named by it). Such an entry is reported (hidden or ``_``-prefixed; documentation or, with
+    ``skip_unsupported``, a file of another format) like any entry not read, else refused.
+
+    Raises:
+        InputError: a folder or data file (or, without ``skip_unsupported``, any file) whose
+            name is not valid UTF-8: every such name in the folder, as bytes, and the fix.
+    """
+    good, bad = [], []
+    for info in infos:
+        try:
+            _ = info.path  # pyarrow decodes the name here
+        except UnicodeDecodeError as exc:  # exc.object: the path's bytes
+            bad.append((bytes(exc.object).rstrip(b"/").rsplit(b"/", 1)[-1], info))
+            continue
+        good.append(info)
+    refused = []
+    for raw, info in bad:
+        name = _escaped(raw)
+        if raw.startswith((b".", b"_")):
+            skipped.append(f"{disp(drel + name)} (hidden or '_'-prefixed)")
+        elif info.type == pafs.FileType.File and _format_of(name, text) is None and (
+                _DOC_NAMES.search(name) or skip_unsupported):
+            why = "documentation" if _DOC_NAMES.search(name) else "unsupported format"
+            skipped.append(f"{disp(drel + name)} ({why})")
+        else:
+            refused.append(raw)
+    if refused:
+        names = ", ".join(repr(n) for n in refused[:5]) + (
+            f", ... ({len(refused)} in all)" if len(refused) > 5 else "")
+        one = len(refused) == 1
+        raise InputError(f"{disp(drel.rstrip('/'))}: holds {'a' if one else len(refused)} "
+                         f"{'name' if one else 'names'} that {'is' if one else 'are'} not valid "
+                         f"UTF-8 ({names}), which pyarrow cannot open; rename "
+                         f"{'it' if one else 'them'} in UTF-8 (e.g. convmv -f latin1 -t utf8 "
+                         f"--notest) or move {'it' if one else 'them'} out of INPUT")
+    return good
+
+
 #: one walk entry: (path, relative path, format, FileInfo, sort key, reached through a link)
 _Found = tuple
 
@@ -539,7 +681,11 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
                            f"{entered[key] or '.'})")
             continue
         entered[key] = drel
-        infos = fs.get_file_info(pafs.FileSelector(dpath, recursive=False))
+        try:
+            infos = fs.get_file_info(pafs.FileSelector(dpath, recursive=False))
+        except PermissionError:
+            raise InputError(f"{disp(drel.rstrip('/'))}: {DENIED}") from None
+        infos = _utf8_entries(infos, drel, disp, skipped, skip_unsupported, text)
         by_name = {_name(i.path): i for i in infos}
         broken = []
         for name in place.broken_links(dpath, by_name):
@@ -626,7 +772,7 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
                              f"(supported: {TEXT_FORMATS})")
         raise InputError(f"{disp('')}: directory holds no *.parquet, Arrow IPC file or "
                          f"Hugging Face dataset{seen}; point INPUT at the tokenized shards "
-                         f"(supported: {SUPPORTED_FORMATS})")
+                         f"(supported: {SUPPORTED_FORMATS}){_decompress_hint(names)}")
     if other and not skip_unsupported:
         names = ", ".join(rel for rel, _ in other[:5]) + (
             f", ... ({len(other)} in all)" if len(other) > 5 else "")
@@ -634,14 +780,41 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
             raise InputError(f"{disp('')}: holds {len(other)} file"
                              f"{'' if len(other) == 1 else 's'} of an unsupported format that "
                              f"would not be tokenized: {names}; supported: {TEXT_FORMATS}; move "
-                             "them out of INPUT, or pass --skip-unsupported to tokenize the rest")
+                             "them out of INPUT, or pass --skip-unsupported to tokenize the rest"
+                             f"{_decompress_hint([rel for rel, _ in other])}")
         raise InputError(f"{disp('')}: holds {len(other)} file"
                          f"{'' if len(other) == 1 else 's'} of an unsupported format that would "
                          f"not be packed: {names}; supported: {SUPPORTED_FORMATS}; convert "
                          "them (e.g. JSONL to Parquet), move them out of INPUT, or pass "
-                         "--skip-unsupported to pack the rest")
-    skipped.extend(f"{shown} (unsupported format)" for _, shown in other)
+                         "--skip-unsupported to pack the rest"
+                         f"{_decompress_hint([rel for rel, _ in other])}")
+    skipped.extend(f"{shown} (compressed whole, decompress it to read it)"
+                   if _compressed_data(_name(rel))
+                   else f"{shown} (unsupported format)" for rel, shown in other)
     return found
+
+
+def _check_utf8_path(path: str, given: str) -> None:
+    """Refuse a local INPUT whose path is not valid UTF-8 (pyarrow opens UTF-8 paths only).
+
+    Raises:
+        InputError: the path (invalid bytes as ``\\xe9``), the first such part and the fix.
+    """
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        bad = next(p for p in Path(path).parts if not _is_utf8(p))
+        raise InputError(f"{_escaped(os.fsencode(given))}: {os.fsencode(bad)!r} in the path is "
+                         "not valid UTF-8, which pyarrow cannot open; rename it in UTF-8 (e.g. "
+                         "convmv -f latin1 -t utf8 --notest)") from None
+
+
+def _is_utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = False,
@@ -689,7 +862,8 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
             format (unless ``skip_unsupported``); a packtool output is given or nested inside
             INPUT; a Hugging Face DatasetDict (pass one split) or a dataset saved with an
             indices mapping; the same file is reached from two INPUT arguments (by path,
-            symbolic link or hard link); a symbolic link (not hidden) leads nowhere
+            symbolic link or hard link); a local path, or a folder or data file under INPUT,
+            whose name is not valid UTF-8; a symbolic link (not hidden) leads nowhere
             or into a loop of links; a folder link leads to one of ``outputs``.
     """
     files: list[InputFile] = []
@@ -699,6 +873,8 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
     origins: list[str] = []  # how each file was reached, for the message of a file given twice
     for given in inputs:
         fs, path, prefix = filesystem_of(given)
+        if not prefix:
+            _check_utf8_path(path, _location(given))
         place = _Place(fs, prefix, getattr(Location.parse(given), "query", ""))
         shown = place.show(path) if prefix else Path(_location(given))
         loc = Location.parse(given)
@@ -707,6 +883,8 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
             missing = loc.missing() if info.type == pafs.FileType.NotFound else None
         except (pa.ArrowException, OSError) as exc:
             raise_if_shortage(exc, str(shown))  # too many open files: not a bad path
+            if isinstance(exc, PermissionError) and not prefix:
+                raise InputError(f"{shown}: {DENIED}") from None
             told = loc.store_error(exc)
             if isinstance(told, StoreError):
                 raise InputError(str(told)) from None
@@ -744,6 +922,9 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
                 origins.append(f"inside INPUT {shown}")
         else:
             fmt = _format_of(_name(path), text)
+            if fmt is None and _compressed_data(_name(path), text):
+                raise InputError(f"{shown}: is compressed whole; decompress it first (zstd -d, "
+                                 "gunzip, ...): Parquet and Arrow IPC compress inside the file")
             if fmt is None and text:
                 raise InputError(f"{shown}: unsupported text format; packtool tokenize reads "
                                  f"{TEXT_FORMATS}")
@@ -827,7 +1008,8 @@ class InputSource:
         """Record batches of row group ``row_group`` holding ``columns``.
 
         Raises:
-            InputError: the row group cannot be read (damaged or truncated file).
+            InputError: the row group cannot be read (damaged or truncated file, a Parquet
+                page that fails its CRC checksum).
         """
         try:
             if self._parquet is not None:  # lazily: a huge row group is never held whole
@@ -840,18 +1022,52 @@ class InputSource:
                     yield batch.slice(lo, batch_rows)
         except (pa.ArrowException, OSError, MemoryError) as exc:
             raise_if_shortage(exc, f"{self.path}: row group {row_group}")
+            if "checksum" in str(exc).lower():
+                raise InputError(f"{self.path}: row group {row_group}: a page fails its CRC "
+                                 f"checksum ({_first_line(exc)}): the file was damaged after it "
+                                 "was written; copy it again from its source or regenerate "
+                                 "it") from None
             raise InputError(f"{self.path}: row group {row_group} cannot be read ({exc}); the "
                              "file is damaged or truncated: regenerate it") from None
 
 
-def _unreadable(shown, fs: pafs.FileSystem, path: str, kind: str, exc: Exception) -> InputError:
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def unreadable_error(shown, fs: pafs.FileSystem, path: str, kind: str,
+                     exc: Exception) -> InputError:
+    """The one line for an input file that does not open as ``kind`` (``Parquet``, ``Arrow
+    IPC``): no permission, empty, compressed whole, the other format under this one's name, or
+    damaged (``pack``, ``compare`` and ``tokenize`` alike).
+
+    Raises:
+        ResourceError: the machine is short of memory or open files (not a bad file).
+    """
     raise_if_shortage(exc, str(shown))  # a machine short of memory or files: not a bad file
+    if isinstance(exc, PermissionError):
+        return InputError(f"{shown}: {DENIED}")
     try:
         size = fs.get_file_info(path).size or 0
+        with fs.open_input_stream(path) as fh:
+            head = fh.read(8)
     except (pa.ArrowException, OSError):
-        size = 0
-    what = "is empty (0 bytes)" if size == 0 else f"is not a readable {kind} file ({exc})"
-    return InputError(f"{shown}: {what}; remove it or regenerate it")
+        size, head = 0, b""
+    if size == 0:
+        return InputError(f"{shown}: is empty (0 bytes); remove it or regenerate it")
+    for magic, tool, command in _COMPRESSED_MAGIC:
+        if head.startswith(magic):
+            return InputError(f"{shown}: is a {tool}-compressed file, not {kind}; decompress it "
+                              f"({command}): {kind} compresses inside the file")
+    if kind == "Parquet" and head.startswith((_IPC_FILE_MAGIC, b"\xff\xff\xff\xff")):
+        return InputError(f"{shown}: is an Arrow IPC file named like a Parquet file; rename it "
+                          "to *.arrow")
+    if kind != "Parquet" and head.startswith(b"PAR1"):
+        return InputError(f"{shown}: is a Parquet file named like an Arrow IPC file; rename it "
+                          "to *.parquet")
+    return InputError(f"{shown}: is not a readable {kind} file ({exc}); remove it or "
+                      "regenerate it")
 
 
 def _open_arrow(shown, fs: pafs.FileSystem, path: str, local: bool) -> tuple[pa.Schema, list]:
@@ -865,8 +1081,52 @@ def _open_arrow(shown, fs: pafs.FileSystem, path: str, local: bool) -> tuple[pa.
     if head.startswith(_IPC_FILE_MAGIC):
         reader = pa.ipc.open_file(source)
         return reader.schema, [reader.get_batch(i) for i in range(reader.num_record_batches)]
-    reader = pa.ipc.open_stream(source)
+    data = source.read_buffer()  # local: a view of the memory map
+    check_stream_end(shown, data)
+    reader = pa.ipc.open_stream(data)
     return reader.schema, list(reader)
+
+
+#: The end of an Arrow IPC stream: continuation 0xFFFFFFFF and a zero length, or (before Arrow
+#: 0.15, the legacy format) a zero length alone.
+_STREAM_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+_STREAM_END_LEGACY = b"\x00\x00\x00\x00"
+
+
+def check_stream_end(shown, data: pa.Buffer) -> None:
+    """Refuse an Arrow IPC stream (the whole file in ``data``) that does not end with its
+    end-of-stream marker right after its last message.
+
+    A stream reader stops at the end of the file as it stops at the marker, so a stream still
+    being written (its writer has flushed whole record batches, not closed it) or cut at a
+    message boundary reads as complete, without its last batches. Its messages are walked (their
+    headers only; the bodies are skipped) to find where the last one ends. Bytes after the
+    marker (two streams joined with ``cat``) would not be read either.
+
+    Raises:
+        InputError: no marker after the last message, or bytes after it (file named, fix).
+        pyarrow.ArrowException, OSError: a message is cut or damaged (the caller's message).
+    """
+    src = pa.BufferReader(data)
+    messages = pa.ipc.MessageReader.open_stream(src)
+    end = 0
+    while True:
+        try:
+            messages.read_next_message()
+        except StopIteration:
+            break
+        end = src.tell()
+    tail = data.slice(end, min(data.size - end, 16)).to_pybytes()
+    if tail in (_STREAM_END, _STREAM_END_LEGACY):
+        return
+    if tail.startswith((_STREAM_END, _STREAM_END_LEGACY)):
+        extra = data.size - end - (len(_STREAM_END) if tail.startswith(_STREAM_END)
+                                   else len(_STREAM_END_LEGACY))
+        raise InputError(f"{shown}: holds {extra} bytes after the Arrow end-of-stream marker, "
+                         "which no reader reads (two streams joined, or a file written over); "
+                         "regenerate it")
+    raise InputError(f"{shown} ends without the Arrow end-of-stream marker: it is still being "
+                     "written or was cut; wait for its writer or regenerate it")
 
 
 def open_input(path, column: str, fmt: str | None = None) -> InputSource:
@@ -879,8 +1139,9 @@ def open_input(path, column: str, fmt: str | None = None) -> InputSource:
         fmt: ``parquet`` or ``arrow``; None decides from the file name (Parquet otherwise).
 
     Raises:
-        InputError: the file is empty, truncated or not in its format; it is a packtool output
-            (``packtool.*`` schema metadata).
+        InputError: the file is empty, truncated or not in its format (an Arrow IPC stream
+            without its end-of-stream marker: :func:`check_stream_end`); it holds packed rows
+            (:func:`check_not_packed`: a packtool output, or another tool's packed rows).
         SchemaError: the token column is missing or not an integer list.
     """
     fs, fpath, prefix = filesystem_of(path)
@@ -890,20 +1151,21 @@ def open_input(path, column: str, fmt: str | None = None) -> InputSource:
         try:
             schema, batches = _open_arrow(shown, fs, fpath, not prefix)
         except (pa.ArrowException, OSError) as exc:
-            raise _unreadable(shown, fs, fpath, "Arrow IPC", exc) from None
+            raise unreadable_error(shown, fs, fpath, "Arrow IPC", exc) from None
         src = InputSource(shown, fmt, schema, [b.num_rows for b in batches], batches=batches)
     else:
         try:
-            pf = pq.ParquetFile(fpath if not prefix else fs.open_input_file(fpath))
+            # pages written with a CRC (Spark and parquet-java write one by default) are
+            # checked as they are read: a damaged page is refused, never packed
+            pf = pq.ParquetFile(fpath if not prefix else fs.open_input_file(fpath),
+                                page_checksum_verification=True)
         except (pa.ArrowException, OSError) as exc:
-            raise _unreadable(shown, fs, fpath, "Parquet", exc) from None
+            raise unreadable_error(shown, fs, fpath, "Parquet", exc) from None
         md = pf.metadata
         src = InputSource(shown, fmt, pf.schema_arrow,
                           [md.row_group(i).num_rows for i in range(md.num_row_groups)],
                           parquet=pf)
-    packed = _packed_key(src.schema_arrow)
-    if packed:
-        _refuse_packed(shown, f"schema metadata {packed}")
+    check_not_packed(src.schema_arrow, shown, column)
     check_token_column(src.schema_arrow, column, str(shown))
     return src
 
@@ -953,7 +1215,7 @@ def input_schema(path, fmt: str | None = None) -> tuple[pa.Schema, object]:
                 return pa.ipc.open_file(fh).schema, shown
             return pa.ipc.open_stream(fh).schema, shown
     except (pa.ArrowException, OSError) as exc:
-        raise _unreadable(shown, fs, fpath, kind, exc) from None
+        raise unreadable_error(shown, fs, fpath, kind, exc) from None
 
 
 def _row_of_value(lengths: np.ndarray, value_index: int) -> int:
@@ -1026,7 +1288,8 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
         InputError: the file cannot be read (the message names the row group).
         SchemaError: a null document, a null token, a negative id or an id over int32; a mask
             row of another length than its document; a label that is neither -100 nor its
-            token; a loss mask value other than 0 or 1; a source column missing, of another
+            token; an attention mask or loss mask value other than 0 or 1 (an attention mask
+            numbering the documents of packed rows among them); a source column missing, of another
             type or null (the message names the file and the row).
     """
     src = open_input(path, column, fmt)
@@ -1113,8 +1376,21 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
                         "elsewhere: fix it or pass --loss-mask-column none")
                 loss.append(m)
             if masks.attention_mask is not None:
-                keep = _mask_values(batch.column(masks.attention_mask), lengths, path, row,
-                                    masks.attention_mask, "--attention-mask-column")
+                name = masks.attention_mask
+                keep = _mask_values(batch.column(name), lengths, path, row, name,
+                                    "--attention-mask-column")
+                bad = (keep != 0) & (keep != 1)
+                if bad.any():
+                    vi = int(np.argmax(bad))
+                    where = row_ref(row + _row_of_value(lengths, vi))
+                    # LLaMA-Factory's neat_packing numbers a packed row's documents 1, 2, ...
+                    packed = (" (values 1, 2, ... number the documents of a packed row: packing "
+                              "it again would join them; pack the unpacked documents instead)"
+                              if keep[vi] > 1 else "")
+                    raise SchemaError(
+                        f"{path}: {where}: {name!r} holds {int(keep[vi])}; an attention mask "
+                        f"holds 1 on real tokens and 0 on padding{packed}: fix it or pass "
+                        "--attention-mask-column none")
             srcs = None if source is None else _source_values(batch.column(source), path, row,
                                                                 source)
             yield RawBatch(row, lengths, tokens, keep, lab, tuple(loss), srcs)

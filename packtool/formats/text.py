@@ -36,7 +36,8 @@ import pyarrow.parquet as pq
 
 from packtool.errors import InputError, SchemaError, row_ref
 from packtool.formats.manifest import ShardEntry
-from packtool.formats.reader import TEXT_FORMATS, filesystem_of
+from packtool.formats.reader import (DENIED, TEXT_FORMATS, check_stream_end, filesystem_of,
+                                     unreadable_error)
 from packtool.formats.schema import check_single_column
 from packtool.formats.writer import write_shard
 from packtool.location import Location
@@ -119,6 +120,8 @@ def _open_stream(path):
     fs, inner, _ = filesystem_of(path)
     try:
         return fs.open_input_stream(inner, compression="detect")
+    except PermissionError:
+        raise InputError(f"{path}: {DENIED}") from None
     except (pa.ArrowException, OSError) as exc:
         raise InputError(f"{path}: cannot be read ({exc}); check the path") from None
 
@@ -214,12 +217,16 @@ def _table_source(path, fmt: str):
     fs, inner, prefix = filesystem_of(path)
     try:
         if fmt == "parquet":
-            pf = pq.ParquetFile(inner if not prefix else fs.open_input_file(inner))
+            pf = pq.ParquetFile(inner if not prefix else fs.open_input_file(inner),
+                                page_checksum_verification=True)  # as pack reads Parquet
             return pf.schema_arrow, lambda cols, n: pf.iter_batches(batch_size=n, columns=cols,
                                                                    use_threads=False)
         source = pa.memory_map(inner, "r") if not prefix else fs.open_input_file(inner)
         with fs.open_input_stream(inner) as fh:
             head = fh.read(6)
+        if head != b"ARROW1":  # a stream: whole, as pack reads it
+            source = source.read_buffer()
+            check_stream_end(path, source)
         reader = pa.ipc.open_file(source) if head == b"ARROW1" else pa.ipc.open_stream(source)
         batches = ([reader.get_batch(i) for i in range(reader.num_record_batches)]
                    if head == b"ARROW1" else list(reader))
@@ -232,8 +239,8 @@ def _table_source(path, fmt: str):
 
         return reader.schema, it
     except (pa.ArrowException, OSError) as exc:
-        raise InputError(f"{path}: not a readable {fmt} file ({exc}); remove it or regenerate "
-                         "it") from None
+        raise unreadable_error(path, fs, inner, "Parquet" if fmt == "parquet" else "Arrow IPC",
+                               exc) from None
 
 
 def _table_texts(path, fmt: str, column: str, batch_docs: int, skip: int,

@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import os
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from packcheck import invoke, read_output, write_docs
 from packtool.formats.manifest import MANIFEST_NAME
 from packtool.errors import InputError
-from packtool.formats.reader import discover
+from packtool.formats.reader import PACKED_COLUMNS, discover
+from packtool.pipeline.read import plan_reads
 
 
 def _rels(d):
@@ -251,6 +254,60 @@ def test_packed_output_inside_input_is_refused(tmp_path):
     os.rename(packed, src / "old_pack")
     with pytest.raises(InputError, match=r"old_pack: is a packtool output \(\.packtool-manifest"):
         discover([src])
+
+
+@pytest.mark.parametrize("column", PACKED_COLUMNS)
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_another_tool_s_packed_rows_are_refused_from_the_footer(tmp_path, column, fmt):
+    """Rows that already hold several documents (TRL ``seq_lengths``, ``position_ids`` that
+    restart per document, ``cu_seqlens``, ...) read as one document each would join them: the
+    column is named from the schema, before any data is read and before OUTPUT exists."""
+    table = pa.table({"input_ids": pa.array([[1, 2, 3, 9], [4, 5, 6, 7, 8]], pa.list_(pa.int32())),
+                      column: pa.array([[3, 1], [2, 3]], pa.list_(pa.int32()))})
+    src = tmp_path / "in" / f"packed.{fmt}"
+    src.parent.mkdir()
+    if fmt == "parquet":
+        pq.write_table(table, src)
+    else:
+        with pa.ipc.new_file(src, table.schema) as w:
+            w.write_table(table)
+    with pytest.raises(InputError, match=rf"packed\.{fmt}: holds packed rows \(column "
+                       rf"'{column}'.*join the documents.*unpacked documents.*drop '{column}'"):
+        plan_reads(discover([src]).files, "input_ids")  # the footers only
+    out = tmp_path / "out"
+    res = invoke(["pack", "-q", "--capacity", 8, src, out])
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert str(src) in res.output and column in res.output and not out.exists()
+    pq.write_table(table.drop_columns([column]), tmp_path / "fixed.parquet")  # the fix named
+    assert invoke(["pack", "-q", "--capacity", 8, tmp_path / "fixed.parquet",
+                   tmp_path / "ok"]).exit_code == 0
+
+
+def test_a_packtool_output_re_saved_without_its_metadata_is_refused(tmp_path):
+    """polars, pandas and ``datasets.to_parquet`` drop the ``packtool.*`` schema metadata and
+    leave the manifest behind: the packed columns still say what the file is."""
+    packed = _packed_output(tmp_path)
+    table = pq.read_table(packed / "part-00000.parquet")
+    resaved = tmp_path / "resaved.parquet"
+    pq.write_table(table.replace_schema_metadata(None), resaved)
+    out = tmp_path / "again"
+    res = invoke(["pack", "-q", "--capacity", 8, resaved, out])
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert "resaved.parquet: is a packtool output" in res.output and "re-save" in res.output
+    assert not out.exists()
+
+
+def test_an_attention_mask_that_numbers_packed_documents_is_refused(tmp_path):
+    """LLaMA-Factory's ``neat_packing`` writes 1, 2, 3 ... per document of a packed row in
+    ``attention_mask``; read as "nonzero = real token" its documents would be joined."""
+    src = tmp_path / "neat.parquet"
+    pq.write_table(pa.table({"input_ids": [[1, 2, 3, 9], [4, 5]],
+                             "attention_mask": [[1, 1, 1, 2], [1, 1]]}), src)
+    out = tmp_path / "out"
+    res = invoke(["pack", "-q", "--capacity", 8, src, out])
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert "neat.parquet: row 0" in res.output and "'attention_mask' holds 2" in res.output
+    assert "packed row" in res.output and not out.exists()
 
 
 def test_interrupted_packed_output_inside_input_is_refused(tmp_path):

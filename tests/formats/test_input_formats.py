@@ -13,7 +13,7 @@ import pytest
 
 from packcheck import hash_tree, invoke, write_docs
 from packtool.formats.manifest import MANIFEST_NAME
-from packtool.errors import SchemaError
+from packtool.errors import InputError, SchemaError
 from packtool.formats.reader import iter_token_batches, list_parts
 
 DOCS = [[5, 6, 7], [1, 2], [9] * 6, [3], [4, 4, 4, 4], [8, 9, 10, 11, 12]]
@@ -230,3 +230,108 @@ def test_real_save_to_disk_folder_packs_in_the_datasets_order(tmp_path):
     ds.save_to_disk(str(tmp_path / "hf"), num_shards=2)
     ref = _reference(tmp_path, [list(d) for d in ds["input_ids"]])
     assert _pack(tmp_path / "hf", tmp_path / "out") == ref
+
+
+def _damaged_page(path, table, **kw):
+    """``table`` written with page checksums (as Spark and parquet-java write them), then 16
+    bytes in the middle of its first data page zeroed."""
+    pq.write_table(table, path, write_page_checksum=True, compression="none",
+                   use_dictionary=False, **kw)
+    raw = bytearray(path.read_bytes())
+    col = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    mid = col.data_page_offset + col.total_compressed_size // 2
+    raw[mid:mid + 16] = bytes(16)
+    path.write_bytes(bytes(raw))
+    return path
+
+
+@pytest.mark.parametrize("extra", [(), ("--window-docs", 10)])
+def test_a_page_that_fails_its_checksum_is_refused_not_packed(tmp_path, extra):
+    """Without verification the zeroed bytes are read as tokens (and lengths) of other
+    documents; with it the page is refused in one line naming the file, whatever the plan."""
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(1, 1000, rng.integers(1, 30)).tolist() for _ in range(300)]
+    src = _damaged_page(tmp_path / "a.parquet",
+                        pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32()))}))
+    out = tmp_path / "out"
+    res = invoke(["pack", "-q", "--capacity", 32, "--workers", 1, *extra, src, out])
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert "a.parquet: row group 0: a page fails its CRC checksum" in res.output
+    assert not out.exists()
+    with pytest.raises(InputError, match="CRC checksum"):
+        list(iter_token_batches(src, "input_ids", row_range=(100, 200)))
+
+
+def test_tokenize_reads_text_parquet_with_page_checksums_verified(tmp_path):
+    from packtool.formats.text import iter_texts
+
+    src = _damaged_page(tmp_path / "t.parquet", pa.table({"text": ["x" * 64] * 200}))
+    with pytest.raises(InputError, match=r"t\.parquet.*checksum"):
+        list(iter_texts(src, "parquet", "text"))
+
+
+def test_a_stream_still_being_written_is_refused_until_its_writer_closes_it(tmp_path):
+    """A reader stops at the end of the file as at the end-of-stream marker: without the marker
+    check, the batches flushed so far would be packed as the whole file."""
+    table = pa.table({"input_ids": pa.array(DOCS, pa.list_(pa.int32()))})
+    src = tmp_path / "in" / "data.arrows"
+    src.parent.mkdir()
+    sink = pa.OSFile(str(src), "wb")
+    writer = pa.ipc.new_stream(sink, table.schema)
+    writer.write_table(table.slice(0, 3))
+    sink.flush()
+    out = tmp_path / "out"
+    res = invoke(["pack", "-q", "--capacity", 8, src, out])
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert (f"{src} ends without the Arrow end-of-stream marker: it is still being written or "
+            "was cut; wait for its writer or regenerate it") in res.output
+    assert not out.exists()
+    writer.write_table(table.slice(3))
+    writer.close()
+    sink.close()
+    assert _pack(src, out) == _reference(tmp_path, DOCS)
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_stream_cut_at_a_message_boundary_or_joined_to_another_is_refused(tmp_path, legacy):
+    table = pa.table({"input_ids": pa.array(DOCS, pa.list_(pa.int32()))})
+    whole = tmp_path / "whole.arrow"
+    options = pa.ipc.IpcWriteOptions(use_legacy_format=legacy)
+    with pa.ipc.new_stream(whole, table.schema, options=options) as w:
+        w.write_table(table, max_chunksize=2)
+    assert _pack(whole, tmp_path / "ok") == _reference(tmp_path, DOCS)  # legacy marker too
+    data = whole.read_bytes()
+    (tmp_path / "cut.arrow").write_bytes(data[:-(4 if legacy else 8)])
+    (tmp_path / "joined.arrow").write_bytes(data + data)
+    for name, words in (("cut.arrow", "ends without the Arrow end-of-stream marker"),
+                        ("joined.arrow", f"holds {len(data)} bytes after the Arrow end-of-stream")):
+        out = tmp_path / f"out-{name}"
+        res = invoke(["pack", "-q", "--capacity", 8, tmp_path / name, out])
+        assert res.exit_code == 1 and words in res.output and name in res.output, res.output
+        assert not out.exists()
+
+
+@pytest.mark.parametrize("writer", ["datasets map cache", "polars"])
+def test_streams_written_by_other_libraries_end_with_the_marker_and_pack(tmp_path, writer):
+    if writer == "polars":
+        pl = pytest.importorskip("polars")
+        src = tmp_path / "a.arrows"
+        pl.DataFrame({"input_ids": DOCS}).write_ipc_stream(src)
+    else:
+        datasets = pytest.importorskip("datasets")
+        src = tmp_path / "cache-1.arrow"
+        datasets.Dataset.from_dict({"input_ids": DOCS}).map(
+            lambda x: {"n": len(x["input_ids"])}, cache_file_name=str(src))
+    assert _pack(src, tmp_path / "out") == _reference(tmp_path, DOCS)
+
+
+def test_tokenize_refuses_a_text_stream_without_its_end_marker(tmp_path):
+    from packtool.formats.text import iter_texts
+
+    table = pa.table({"text": ["a b", "c"]})
+    src = tmp_path / "t.arrow"
+    with pa.ipc.new_stream(src, table.schema) as w:
+        w.write_table(table)
+    src.write_bytes(src.read_bytes()[:-8])
+    with pytest.raises(InputError, match="ends without the Arrow end-of-stream marker"):
+        list(iter_texts(src, "arrow", "text"))
