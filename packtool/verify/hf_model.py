@@ -30,7 +30,7 @@ from pathlib import Path
 from packtool.errors import InputError, MissingDependencyError, install_hint
 from packtool.verify import require_torch
 
-__all__ = ["load_hf_config", "shrink_config", "build_hf_model", "decoder_layers", "layer_kind",
+__all__ = ["load_hf_config", "refuse_remote_code", "shrink_config", "build_hf_model", "decoder_layers", "layer_kind",
            "locate_leak", "leak_message", "REFUSAL_MARK", "HF_CONFIG_VOCAB"]
 
 #: vocabulary of the shrunk model (token ids are folded with ``% V``)
@@ -109,6 +109,8 @@ def load_hf_config(spec: str):
         except (OSError, ValueError) as exc:
             raise InputError(f"{p}: not a JSON model config ({exc})") from None
         kind = d.get("model_type") if isinstance(d, dict) else None
+        if isinstance(d, dict):
+            refuse_remote_code(d, str(p))
         if kind not in tf.CONFIG_MAPPING:
             raise InputError(f"{p}: model_type {kind!r} is not one transformers "
                              f"{tf.__version__} knows (configs that need remote code are not "
@@ -123,14 +125,56 @@ def load_hf_config(spec: str):
         raise InputError(f"{spec}: no such file or directory; give a config.json, its "
                          "directory, or a model name already in the transformers cache")
     try:
-        return AutoConfig.from_pretrained(str(p) if p.is_dir() else spec, local_files_only=True,
-                                          trust_remote_code=False)
+        cfg = AutoConfig.from_pretrained(str(p) if p.is_dir() else spec, local_files_only=True,
+                                         trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
         where = f"{p}: no usable config.json" if p.is_dir() else (
             f"{spec}: not in the transformers cache (packtool never downloads; fetch it first, "
             f"e.g. `hf download {spec} config.json`, or give a local config.json)")
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(f"{where}: {first}") from None
+    refuse_remote_code(cfg.to_dict(), str(p / "config.json") if p.is_dir() else spec)
+    return cfg
+
+
+def refuse_remote_code(d: dict, where: str) -> None:
+    """Refuse a config that names remote code (``auto_map``, here or in a nested sub-config).
+
+    transformers would build its own class of that ``model_type`` instead of the model's code,
+    so the verdict would be about another model.
+
+    Args:
+        d: the config as a dict (``config.json`` or ``PretrainedConfig.to_dict()``).
+        where: the config's file or name, for the message.
+
+    Raises:
+        InputError: the config (or a sub-config) has a non-empty ``auto_map``.
+    """
+    found = _auto_map(d)
+    if found is None:
+        return
+    path, amap = found
+    code = sorted({str(v) if not isinstance(v, (list, tuple)) else str(v[0]) for v in
+                   (amap.values() if isinstance(amap, dict) else [amap])})
+    raise InputError(
+        f"{where}: this config needs remote code ({path} names {', '.join(code)}); packtool "
+        "runs only the classes transformers ships and would test transformers' own "
+        f"{d.get('model_type')!r} class instead of yours; if you train that built-in class, "
+        "give a copy of the config without auto_map")
+
+
+def _auto_map(d, path: str = "auto_map"):
+    """``(where, auto_map)`` of the first non-empty ``auto_map`` in ``d`` or its sub-configs."""
+    if not isinstance(d, dict):
+        return None
+    if d.get("auto_map"):
+        return path, d["auto_map"]
+    for k, v in d.items():
+        if isinstance(v, dict):
+            sub = _auto_map(v, f"{k}.auto_map")
+            if sub is not None:
+                return sub
+    return None
 
 
 def _layer_types(cfg) -> list | None:
@@ -153,9 +197,10 @@ def shrink_config(cfg):
 
     Raises:
         InputError: the config class refuses the small values (the message names the model
-            type; give a config that is already small).
+            type; give a config that is already small), or it needs remote code.
     """
     d = cfg.to_dict()
+    refuse_remote_code(d, f"the {d.get('model_type')} config")
     orig = dict(d)
     for k, v in _SMALL.items():
         if k in d:

@@ -160,3 +160,30 @@ def test_bad_hf_config_arguments(packed, tmp_path):
     bad.write_text('{"model_type": "no_such_model"}')
     r = CliRunner().invoke(cli, ["verify", str(packed), "--hf-config", str(bad)])
     assert r.exit_code == 1 and "is not one transformers" in r.output
+
+
+@pytest.mark.parametrize("form", ["file", "directory", "object"])
+def test_a_remote_code_config_is_refused(packed, tmp_path, form):
+    """A config with auto_map (its model's code lives beside it) is refused in one line naming
+    the config and the code, instead of testing transformers' own class of that model_type."""
+    from packtool.errors import InputError
+    from packtool.verify.hf_model import shrink_config
+
+    cfg = {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"],
+           "auto_map": {"AutoConfig": "configuration_phi3.Phi3Config",
+                        "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM"},
+           "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "pad_token_id": 0}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    if form == "object":
+        obj = transformers.Phi3Config.from_json_file(str(tmp_path / "config.json"))
+        with pytest.raises(InputError, match="needs remote code"):
+            shrink_config(obj)
+        return
+    spec = tmp_path / "config.json" if form == "file" else tmp_path
+    r = CliRunner().invoke(cli, ["verify", str(packed), "--hf-config", str(spec),
+                                 "--no-progress"])
+    assert r.exit_code == 1, r.output
+    line = r.output.strip().splitlines()[-1]
+    assert str(tmp_path / "config.json") in line and "needs remote code" in line, line
+    assert "modeling_phi3.Phi3ForCausalLM" in line, line
