@@ -45,7 +45,7 @@ __all__ = ["CONTRACT_CHECKS", "PADDED_CHECK", "DEFAULT_ROWS", "WHOLE_OUTPUT_CHEC
            "expected_labels", "select_rows", "scan_contract", "segment_multiple_of"]
 
 #: the column checks, in report order
-CONTRACT_CHECKS = ("cu_seqlens", "cu_seqlens_unpadded", "segment_ids", "position_ids",
+CONTRACT_CHECKS = ("input_ids", "cu_seqlens", "cu_seqlens_unpadded", "segment_ids", "position_ids",
                    "max_seqlen", "doc_ids", "labels", "num_targets", "padding", "doc_offsets",
                    "totals")
 #: the checks that need every row (the full scan): what one row alone cannot tell
@@ -164,6 +164,12 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
     curs = ([np.asarray(c, dtype=np.int64) for c in cols["cu_seqlens_unpadded"]] if padded
             else cus)
     out: list[tuple[int, str, int | None, str]] = []
+    # token ids: >= 0 everywhere (pack refuses negative ids as input; pad_id is >= 0 too)
+    neg = _first_bad(ids < 0)
+    for r in np.flatnonzero(neg >= 0):
+        j = int(neg[r])
+        out.append((int(r), "input_ids", None, f"token {j} holds the negative token id "
+                    f"{int(ids[r, j])}; token ids must be >= 0 (pack refuses them as input)"))
     doc_ids = cols.get("doc_ids")
     # provenance lists: lengths and ranges, before any of them is used (reported as doc_ids)
     prov_bad: dict = {}
