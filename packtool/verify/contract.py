@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from packtool.errors import SchemaError
 from packtool.recount import Recount, mark_ids, ragged_faults
 from packtool.types import IGNORE_INDEX
 
@@ -514,10 +515,20 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
 
     Returns:
         A :class:`ContractScan`.
+
+    Raises:
+        SchemaError: the manifest says ``--segment-multiple`` N > 1 and the shards have no
+            ``cu_seqlens_unpadded`` column.
     """
     m = reader.manifest
     multiple = segment_multiple_of(m)
     padded = "cu_seqlens_unpadded" in reader.columns
+    if multiple > 1 and not padded:
+        raise SchemaError(
+            f"{reader.location.display}/{reader.shards[0]}: column cu_seqlens_unpadded is "
+            f"missing, which an output packed with --segment-multiple {multiple} (the "
+            "manifest's options) stores, the real tokens of each span; without it the padding "
+            "inside spans cannot be told from tokens: pack again")
     want = ["input_ids", "segment_ids", "position_ids", "labels", "cu_seqlens", "max_seqlen",
             "num_targets", "doc_ids"] + (["cu_seqlens_unpadded"] if padded else [])
     num_sources = None
