@@ -372,9 +372,13 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
     for runner in runners:
         name = runner.name
         if name in failed:
-            report.add(CheckResult(name, "run", FAIL, runner.describe(), None,
-                                   f"the backend raised {failed[name]}", True, runner.device,
-                                   runner.dtype_name))
+            hf_cfg = getattr(runner, "config", None)
+            why = (f"the backend raised {failed[name]}" if hf_cfg is None else
+                   f"the {hf_cfg.model_type} model of --hf-config, shrunk to a test size, raised "
+                   f"{failed[name]}: transformers cannot run this config here, so no packed row "
+                   "was checked with it")
+            report.add(CheckResult(name, "run", FAIL, runner.describe(), None, why, True,
+                                   runner.device, runner.dtype_name))
             _say(progress, f"verify: {name}: FAILED to run: {failed[name]}")
             continue
         m = meas[name]

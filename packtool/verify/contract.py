@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from packtool.errors import SchemaError
 from packtool.recount import Recount, mark_ids, ragged_faults
 from packtool.types import IGNORE_INDEX
 
@@ -45,7 +46,7 @@ __all__ = ["CONTRACT_CHECKS", "PADDED_CHECK", "DEFAULT_ROWS", "WHOLE_OUTPUT_CHEC
            "expected_labels", "select_rows", "scan_contract", "segment_multiple_of"]
 
 #: the column checks, in report order
-CONTRACT_CHECKS = ("cu_seqlens", "cu_seqlens_unpadded", "segment_ids", "position_ids",
+CONTRACT_CHECKS = ("input_ids", "cu_seqlens", "cu_seqlens_unpadded", "segment_ids", "position_ids",
                    "max_seqlen", "doc_ids", "labels", "num_targets", "padding", "doc_offsets",
                    "totals")
 #: the checks that need every row (the full scan): what one row alone cannot tell
@@ -164,6 +165,12 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
     curs = ([np.asarray(c, dtype=np.int64) for c in cols["cu_seqlens_unpadded"]] if padded
             else cus)
     out: list[tuple[int, str, int | None, str]] = []
+    # token ids: >= 0 everywhere (pack refuses negative ids as input; pad_id is >= 0 too)
+    neg = _first_bad(ids < 0)
+    for r in np.flatnonzero(neg >= 0):
+        j = int(neg[r])
+        out.append((int(r), "input_ids", None, f"token {j} holds the negative token id "
+                    f"{int(ids[r, j])}; token ids must be >= 0 (pack refuses them as input)"))
     doc_ids = cols.get("doc_ids")
     # provenance lists: lengths and ranges, before any of them is used (reported as doc_ids)
     prov_bad: dict = {}
@@ -508,6 +515,10 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
 
     Returns:
         A :class:`ContractScan`.
+
+    Raises:
+        SchemaError: the manifest says ``--segment-multiple`` N > 1 and the shards have no
+            ``cu_seqlens_unpadded`` column.
     """
     m = reader.manifest
     multiple = segment_multiple_of(m)
@@ -537,6 +548,13 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
         scan.not_run["doc_offsets"] = "the output stores no doc_offsets"
 
     def run(block, local_rows=None):
+        # after the reader opened the shard (its own layout metadata against the manifest's)
+        if multiple > 1 and not padded:
+            raise SchemaError(
+                f"{reader.location.display}/{block.shard}: column cu_seqlens_unpadded is "
+                f"missing, which an output packed with --segment-multiple {multiple} (the "
+                "manifest's options) stores, the real tokens of each span; without it the "
+                "padding inside spans cannot be told from tokens: pack again")
         cols = _block_columns(block)
         rows = np.arange(block.num_rows) if local_rows is None else np.asarray(local_rows)
         if local_rows is not None:

@@ -30,8 +30,8 @@ from pathlib import Path
 from packtool.errors import InputError, MissingDependencyError, install_hint
 from packtool.verify import require_torch
 
-__all__ = ["load_hf_config", "shrink_config", "build_hf_model", "decoder_layers", "layer_kind",
-           "locate_leak", "leak_message", "REFUSAL_MARK", "HF_CONFIG_VOCAB"]
+__all__ = ["load_hf_config", "refuse_remote_code", "shrink_config", "build_hf_model", "decoder_layers", "layer_kind",
+           "locate_leak", "leak_message", "REFUSAL_MARK", "HF_CONFIG_VOCAB", "MAX_TEST_PARAMS"]
 
 #: vocabulary of the shrunk model (token ids are folded with ``% V``)
 HF_CONFIG_VOCAB = 512
@@ -61,14 +61,24 @@ _SMALL = {
     "v_head_dim": 16, "qk_head_dim": 16,
     # recurrent and short-convolution blocks (RecurrentGemma, LFM2, MiniMax)
     "lru_width": _WIDTH, "block_multiple_of": 16, "block_size": 16,
+    # the same sizes under older names (GPT-2, OPT, DBRX, T5...)
+    "n_embd": _WIDTH, "d_model": _WIDTH, "word_embed_proj_dim": _WIDTH, "n_head": 4,
+    "n_heads": 4, "ffn_dim": 128, "d_ff": 128, "d_kv": 16,
 }
+#: layer counts under other names than num_hidden_layers, cut to 2
+_LAYER_COUNTS = ("n_layer", "n_layers", "num_layers")
+#: the most parameters a shrunk model may have (a few MB; the sizes shrinking does not reach
+#: would otherwise build a full-size model)
+MAX_TEST_PARAMS = 20_000_000
 #: fields a config class derives from the width; removed so that it derives them again
 _DERIVED = ("attention_hidden_size", "attention_head_dim", "mamba_headdim", "kv_channels",
             "num_query_groups", "mamba_d_head", "mamba_d_ssm")
 #: per-layer lists cut to the layers kept
 _LAYER_LISTS = ("layer_types", "layers_block_type", "block_types", "mlp_layer_types")
 _LAYER_INDEX_LISTS = ("full_attn_idxs", "hybrid_layer_ids", "mlp_only_layers",
-                      "attn_layer_indices")
+                      "attn_layer_indices", "moe_layers")
+#: other per-layer lists (one entry a layer), cut with them
+_PER_LAYER_LISTS = ("no_rope_layers",)
 #: class-name words of the sub-modules that mix tokens (the places a leak can start)
 _MIXER_WORDS = ("Attention", "Attn", "Mixer", "Mamba", "Conv", "DeltaNet", "Recurrent",
                 "Lightning", "Linear", "SSM", "Rglru", "RGLRU")
@@ -109,6 +119,8 @@ def load_hf_config(spec: str):
         except (OSError, ValueError) as exc:
             raise InputError(f"{p}: not a JSON model config ({exc})") from None
         kind = d.get("model_type") if isinstance(d, dict) else None
+        if isinstance(d, dict):
+            refuse_remote_code(d, str(p))
         if kind not in tf.CONFIG_MAPPING:
             raise InputError(f"{p}: model_type {kind!r} is not one transformers "
                              f"{tf.__version__} knows (configs that need remote code are not "
@@ -123,17 +135,62 @@ def load_hf_config(spec: str):
         raise InputError(f"{spec}: no such file or directory; give a config.json, its "
                          "directory, or a model name already in the transformers cache")
     try:
-        return AutoConfig.from_pretrained(str(p) if p.is_dir() else spec, local_files_only=True,
-                                          trust_remote_code=False)
+        cfg = AutoConfig.from_pretrained(str(p) if p.is_dir() else spec, local_files_only=True,
+                                         trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
         where = f"{p}: no usable config.json" if p.is_dir() else (
             f"{spec}: not in the transformers cache (packtool never downloads; fetch it first, "
             f"e.g. `hf download {spec} config.json`, or give a local config.json)")
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(f"{where}: {first}") from None
+    refuse_remote_code(cfg.to_dict(), str(p / "config.json") if p.is_dir() else spec)
+    return cfg
+
+
+def refuse_remote_code(d: dict, where: str) -> None:
+    """Refuse a config that names remote code (``auto_map``, here or in a nested sub-config).
+
+    transformers would build its own class of that ``model_type`` instead of the model's code,
+    so the verdict would be about another model.
+
+    Args:
+        d: the config as a dict (``config.json`` or ``PretrainedConfig.to_dict()``).
+        where: the config's file or name, for the message.
+
+    Raises:
+        InputError: the config (or a sub-config) has a non-empty ``auto_map``.
+    """
+    found = _auto_map(d)
+    if found is None:
+        return
+    path, amap = found
+    code = sorted({str(v) if not isinstance(v, (list, tuple)) else str(v[0]) for v in
+                   (amap.values() if isinstance(amap, dict) else [amap])})
+    raise InputError(
+        f"{where}: this config needs remote code ({path} names {', '.join(code)}); packtool "
+        "runs only the classes transformers ships and would test transformers' own "
+        f"{d.get('model_type')!r} class instead of yours; if you train that built-in class, "
+        "give a copy of the config without auto_map")
+
+
+def _auto_map(d, path: str = "auto_map"):
+    """``(where, auto_map)`` of the first non-empty ``auto_map`` in ``d`` or its sub-configs."""
+    if not isinstance(d, dict):
+        return None
+    if d.get("auto_map"):
+        return path, d["auto_map"]
+    for k, v in d.items():
+        if isinstance(v, dict):
+            sub = _auto_map(v, f"{k}.auto_map")
+            if sub is not None:
+                return sub
+    return None
 
 
 def _layer_types(cfg) -> list | None:
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    if text is not cfg and text is not None:
+        cfg = text
     for name in _LAYER_LISTS + ("hybrid_override_pattern",):
         v = getattr(cfg, name, None)
         if isinstance(v, (list, tuple, str)) and len(v) >= 1:
@@ -145,17 +202,51 @@ def shrink_config(cfg):
     """A tiny copy of ``cfg``: the same model type and layer pattern, small everywhere else.
 
     Width 64, 4 heads of 16, vocabulary 512, at most 4 experts, small state and head sizes for
-    SSM and linear-attention layers; the layers are cut to the fewest leading ones (at least 2)
-    that hold every layer type of the pattern. ``use_cache`` is off.
+    SSM and linear-attention layers (MLA: rope and no-rope query heads of 8, a latent of 16);
+    the layers are cut to the fewest leading ones (at least 2) that hold every layer type of the
+    pattern, a first MoE layer after at most one leading dense one (``first_k_dense_replace``)
+    and the first layer of each listed kind (``moe_layers``, ``full_attn_idxs``...). Nested
+    sub-configs (the ``text_config`` of Llama 4, Qwen3.5, Qwen3-VL, Gemma 3 or Mistral 3
+    wrappers, their ``vision_config``...) are shrunk the same way. ``use_cache`` is off.
 
     Returns:
         A config of ``type(cfg)``.
 
     Raises:
         InputError: the config class refuses the small values (the message names the model
-            type; give a config that is already small).
+            type; give a config that is already small), or it needs remote code.
     """
     d = cfg.to_dict()
+    refuse_remote_code(d, f"the {d.get('model_type')} config")
+    _shrink_sizes(d)
+    cls = type(cfg)
+    try:
+        _cut_layers(d, cls.from_dict(d))
+        small = cls.from_dict(d)
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, AssertionError,
+            ZeroDivisionError) as exc:
+        raise InputError(f"could not shrink the {d.get('model_type')} config to a test size "
+                         f"({type(exc).__name__}: {exc}); give --hf-config a config that is "
+                         "already small") from None
+    small.use_cache = False
+    for sub in _sub_configs(small).values():
+        sub.use_cache = False
+    return small
+
+
+def _sub_dicts(d: dict) -> dict:
+    """The nested sub-configs of a config dict (``text_config``, ``vision_config``...)."""
+    return {k: v for k, v in d.items() if isinstance(v, dict) and "model_type" in v}
+
+
+def _sub_configs(cfg) -> dict:
+    from transformers import PretrainedConfig
+
+    return {k: v for k, v in vars(cfg).items() if isinstance(v, PretrainedConfig)}
+
+
+def _shrink_sizes(d: dict) -> None:
+    """Set the sizes of ``d`` and of its nested sub-configs to test values, in place."""
     orig = dict(d)
     for k, v in _SMALL.items():
         if k in d:
@@ -168,6 +259,13 @@ def shrink_config(cfg):
     if "num_key_value_heads" in d and d["num_key_value_heads"]:
         d["num_key_value_heads"] = 4 if orig.get("num_key_value_heads") == orig.get(
             "num_attention_heads") else 2
+    if orig.get("qk_rope_head_dim") is not None:  # MLA: the rope part is the head_dim
+        if "head_dim" in d and orig.get("head_dim") == orig["qk_rope_head_dim"]:
+            d["head_dim"] = d["qk_rope_head_dim"]
+        if "qk_head_dim" in d:
+            d["qk_head_dim"] = d.get("qk_nope_head_dim", 0) + d["qk_rope_head_dim"]
+    if isinstance(orig.get("first_k_dense_replace"), int) and orig["first_k_dense_replace"] > 0:
+        d["first_k_dense_replace"] = 1  # one dense layer, then MoE
     expand = d.get("mamba_expand", d.get("expand", 2)) or 2
     inner = int(expand * _WIDTH)
     if "mamba_d_head" in orig:
@@ -182,62 +280,125 @@ def shrink_config(cfg):
             d[k] = HF_CONFIG_VOCAB - 1
         elif isinstance(v, list):
             d[k] = [min(x, HF_CONFIG_VOCAB - 1) for x in v]
-    cls = type(cfg)
-    try:
-        small = cls.from_dict(d)
-        types = _layer_types(small)
-        L = int(getattr(small, "num_hidden_layers", 0) or 0)
-        if types is not None and len(types) == L and L > 2:
-            want = set(types)
-            n = next(i for i in range(2, L + 1) if set(types[:i]) == want)
-            for name in _LAYER_LISTS:
-                if isinstance(d.get(name), list) and len(d[name]) == L:
-                    d[name] = d[name][:n]
-            if isinstance(d.get("hybrid_override_pattern"), str):
-                d["hybrid_override_pattern"] = d["hybrid_override_pattern"][:n]
-            for name in _LAYER_INDEX_LISTS:
-                if isinstance(d.get(name), list):
-                    d[name] = [i for i in d[name] if i < n]
-            d["num_hidden_layers"] = n
-        elif getattr(small, "attn_layer_offset", None) is not None and L > 2:
-            d["num_hidden_layers"] = max(2, int(small.attn_layer_offset) + 1)
-        elif L > 2 and types is None:
-            d["num_hidden_layers"] = 2
-        small = cls.from_dict(d)
-    except (ValueError, TypeError, KeyError, AssertionError, ZeroDivisionError) as exc:
-        raise InputError(f"could not shrink the {orig.get('model_type')} config to a test size "
-                         f"({type(exc).__name__}: {exc}); give --hf-config a config that is "
-                         "already small") from None
-    small.use_cache = False
-    return small
+    if isinstance(d.get("depth"), int) and d["depth"] > 2 and "patch_size" in d:
+        d["depth"] = 2  # vision towers (Qwen-VL) count their blocks as depth
+    for sub in _sub_dicts(d).values():
+        _shrink_sizes(sub)
+
+
+def _cut_layers(d: dict, small) -> None:
+    """Cut the layers of ``d`` (and of its sub-configs) to the fewest leading ones that hold
+    every layer type, read from ``small`` (the config built from ``d``), in place."""
+    types = _layer_types(small)
+    L = int(getattr(small, "num_hidden_layers", 0) or 0)
+    n = None
+    if types is not None and len(types) == L and L > 2:
+        want = set(types)
+        n = next(i for i in range(2, L + 1) if set(types[:i]) == want)
+    elif getattr(small, "attn_layer_offset", None) is not None and L > 2:
+        n = max(2, int(small.attn_layer_offset) + 1)
+    elif L > 2 and types is None:
+        n = 2
+    if n is not None:
+        first_k = getattr(small, "first_k_dense_replace", None)
+        if isinstance(first_k, int) and 0 < first_k < L:
+            n = max(n, first_k + 1)
+        for name in _LAYER_INDEX_LISTS:  # keep the first layer of each listed kind
+            v = getattr(small, name, None)
+            if name != "mlp_only_layers" and isinstance(v, (list, tuple)) and v:
+                n = max(n, min(L, int(min(v)) + 1))
+        for name in _LAYER_LISTS + _PER_LAYER_LISTS:
+            if isinstance(d.get(name), list) and len(d[name]) == L:
+                d[name] = d[name][:n]
+        if isinstance(d.get("hybrid_override_pattern"), str):
+            d["hybrid_override_pattern"] = d["hybrid_override_pattern"][:n]
+        for name in _LAYER_INDEX_LISTS:
+            if isinstance(d.get(name), list):
+                d[name] = [i for i in d[name] if i < n]
+        d["num_hidden_layers"] = n
+    for name in _LAYER_COUNTS:
+        if name in d and isinstance(d[name], int) and d[name] > 2:
+            d[name] = 2
+    subs = _sub_configs(small)
+    for k, sub_d in _sub_dicts(d).items():
+        if k in subs:
+            _cut_layers(sub_d, subs[k])
 
 
 def build_hf_model(cfg, *, seed: int, device: str = "cpu"):
     """The causal LM of ``cfg`` with seeded random weights, float32, eval mode.
 
     SDPA attention where the model class has it (the implementation whose packed-sequence path
-    Hugging Face derives from ``position_ids``), else eager (attention-free models).
+    Hugging Face derives from ``position_ids``), else eager (attention-free models). A wrapper
+    config that has no causal LM of its own builds the causal LM of its ``text_config`` (Mistral 3,
+    LLaVA), else its image-text model (Qwen3-VL), fed text only. The model is first laid out without memory (``meta`` device) and
+    refused above :data:`MAX_TEST_PARAMS` parameters.
 
     Raises:
-        InputError: transformers has no causal LM for this config, or cannot build it.
+        InputError: transformers has no causal LM for this config, cannot build it, or the model
+            would be larger than :data:`MAX_TEST_PARAMS`; the message names the config.
     """
     torch = require_torch()
-    from transformers import AutoModelForCausalLM
 
+    kind = getattr(cfg, "model_type", type(cfg).__name__)
+    with torch.device("meta"):
+        try:
+            layout = _from_config(cfg)
+        except Exception as exc:  # noqa: BLE001  what transformers raises is its own
+            if isinstance(exc, (KeyboardInterrupt, MemoryError)):
+                raise
+            raise _build_error(kind, exc) from None
+    big = sorted(((p.numel(), n, tuple(p.shape)) for n, p in layout.named_parameters()),
+                 reverse=True)
+    total = sum(x for x, _, _ in big)
+    del layout
+    if total > MAX_TEST_PARAMS:
+        raise InputError(
+            f"the {kind} config shrunk to a test size would still build "
+            f"{total / 1e6:.0f}M parameters (at most {MAX_TEST_PARAMS / 1e6:.0f}M; the largest, "
+            f"{big[0][1]} {list(big[0][2])}, keeps a size packtool does not shrink); give "
+            "--hf-config a copy of the config with that size made small")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
-            try:
-                model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
-            except ValueError as exc:
-                if "attention implementation" not in str(exc) and "sdpa" not in str(exc):
-                    raise
-                model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
-        except (ValueError, TypeError, KeyError, RuntimeError) as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise InputError(f"transformers cannot build a causal LM from the "
-                             f"{cfg.model_type} config: {first}") from None
+            model = _from_config(cfg)
+        except Exception as exc:  # noqa: BLE001
+            if isinstance(exc, (KeyboardInterrupt, MemoryError)):
+                raise
+            raise _build_error(kind, exc) from None
     return model.float().eval().to(device)
+
+
+def _build_error(kind: str, exc: Exception) -> InputError:
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return InputError(f"transformers cannot build a causal LM from the {kind} config shrunk to a "
+                      f"test size ({type(exc).__name__}: {first}); give --hf-config a config "
+                      "transformers builds, already small")
+
+
+def _from_config(cfg):
+    """``AutoModelForCausalLM.from_config``: SDPA, else eager; a wrapper's text_config model
+    when the wrapper has no causal LM."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    def build(auto, c):
+        try:
+            return auto.from_config(c, attn_implementation="sdpa")
+        except ValueError as exc:
+            if "attention implementation" not in str(exc) and "sdpa" not in str(exc):
+                raise
+            return auto.from_config(c, attn_implementation="eager")
+
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    tries = [(AutoModelForCausalLM, cfg)]
+    if text is not cfg:  # a wrapper: its text model, else the whole image-text model
+        tries += [(AutoModelForCausalLM, text), (AutoModelForImageTextToText, cfg)]
+    for i, (auto, c) in enumerate(tries):
+        try:
+            return build(auto, c)
+        except ValueError as exc:
+            if "Unrecognized configuration class" not in str(exc) or i == len(tries) - 1:
+                raise
 
 
 def decoder_layers(model) -> list:

@@ -101,8 +101,10 @@ class VerifyReport:
 
     @property
     def attention_ran(self) -> bool:
-        """True when an attention check passed on a row holding two or more documents."""
-        return any(r.status == PASS and r.check in ATTENTION_CHECKS
+        """True when an attention check ran (passed or failed) on a row holding two or more
+        documents: a boundary fault could have shown. A failed one already makes the verdict
+        false, on its own line."""
+        return any(r.status in (PASS, FAIL) and r.check in ATTENTION_CHECKS
                    and r.figures.get("rows_multi_doc", 0) >= 1 for r in self.results)
 
     def problems(self) -> list[str]:

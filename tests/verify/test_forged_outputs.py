@@ -143,3 +143,22 @@ def test_no_scan_lists_the_whole_output_checks_as_not_run(short):
     for check in ("totals", "doc_offsets"):
         assert res[check].status == "skip" and not res[check].required
         assert "--no-scan" in res[check].message
+
+
+def test_a_negative_token_id_fails_verify_naming_shard_and_row(short):
+    """pack refuses a negative token id as input: one in a document of row 2 (the manifest
+    resealed) fails the `input_ids` column check, naming shard, row and token."""
+    res, ok = _data(short)
+    assert ok and res["input_ids"].status == PASS
+
+    def negative(rows):
+        rows[2]["input_ids"][1] = -7
+        return rows
+
+    edit_rows(short, negative)
+    res, ok = _data(short)
+    assert not ok and res["input_ids"].status == FAIL
+    assert res["input_ids"].where == {"shard": "part-00000.parquet", "row": 2}
+    assert "token 1 holds the negative token id -7" in res["input_ids"].message
+    run = CliRunner().invoke(cli, ["verify", "--data-only", str(short)])
+    assert run.exit_code == 1 and "negative token id -7" in run.output

@@ -160,3 +160,107 @@ def test_bad_hf_config_arguments(packed, tmp_path):
     bad.write_text('{"model_type": "no_such_model"}')
     r = CliRunner().invoke(cli, ["verify", str(packed), "--hf-config", str(bad)])
     assert r.exit_code == 1 and "is not one transformers" in r.output
+
+
+@pytest.mark.parametrize("form", ["file", "directory", "object"])
+def test_a_remote_code_config_is_refused(packed, tmp_path, form):
+    """A config with auto_map (its model's code lives beside it) is refused in one line naming
+    the config and the code, instead of testing transformers' own class of that model_type."""
+    from packtool.errors import InputError
+    from packtool.verify.hf_model import shrink_config
+
+    cfg = {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"],
+           "auto_map": {"AutoConfig": "configuration_phi3.Phi3Config",
+                        "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM"},
+           "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "pad_token_id": 0}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    if form == "object":
+        obj = transformers.Phi3Config.from_json_file(str(tmp_path / "config.json"))
+        with pytest.raises(InputError, match="needs remote code"):
+            shrink_config(obj)
+        return
+    spec = tmp_path / "config.json" if form == "file" else tmp_path
+    r = CliRunner().invoke(cli, ["verify", str(packed), "--hf-config", str(spec),
+                                 "--no-progress"])
+    assert r.exit_code == 1, r.output
+    line = r.output.strip().splitlines()[-1]
+    assert str(tmp_path / "config.json") in line and "needs remote code" in line, line
+    assert "modeling_phi3.Phi3ForCausalLM" in line, line
+
+
+@pytest.mark.parametrize("model_type", ["llama4", "gemma3", "mistral3", "qwen3_5"])
+def test_a_wrapper_config_shrinks_its_nested_text_config(model_type):
+    """Wrappers keep the language model in text_config (and a vision tower beside it): both are
+    shrunk, and what is built stays under the parameter budget."""
+    from packtool.verify.hf_model import MAX_TEST_PARAMS, build_hf_model, shrink_config
+
+    small = shrink_config(transformers.AutoConfig.for_model(model_type))
+    text = small.get_text_config()
+    assert text is not small
+    assert text.hidden_size == 64 and text.vocab_size == 512, text
+    assert text.num_hidden_layers <= 8
+    for k in ("num_local_experts", "num_experts"):
+        assert getattr(text, k, None) in (None, 4), (k, getattr(text, k))
+    vision = getattr(small, "vision_config", None)
+    if vision is not None and hasattr(vision, "hidden_size"):
+        assert vision.hidden_size == 64 and vision.num_hidden_layers <= 2, vision
+    model = build_hf_model(small, seed=0)
+    assert sum(p.numel() for p in model.parameters()) <= MAX_TEST_PARAMS
+
+
+def test_a_model_above_the_parameter_budget_is_refused(monkeypatch):
+    """Sizes shrinking does not reach would build a large model: it is laid out without memory
+    first and refused in one line naming the config and the largest parameter."""
+    from packtool.errors import InputError
+    from packtool.verify import hf_model
+
+    monkeypatch.setattr(hf_model, "MAX_TEST_PARAMS", 10_000)
+    cfg = hf_model.shrink_config(transformers.AutoConfig.for_model("llama"))
+    with pytest.raises(InputError, match=r"the llama config shrunk to a test size would still "
+                                         r"build 0M parameters \(at most 0M; the largest, "):
+        hf_model.build_hf_model(cfg, seed=0)
+
+
+def test_an_mla_config_shrinks_consistently_and_keeps_a_moe_layer(packed):
+    """DeepSeek-V3 (MLA): the rope head_dim follows qk_rope_head_dim, one leading dense layer
+    then a MoE layer; the model runs and keeps documents apart."""
+    from packtool.verify.hf_model import build_hf_model, decoder_layers, shrink_config
+
+    small = shrink_config(transformers.DeepseekV3Config())
+    assert small.head_dim == small.qk_rope_head_dim
+    assert small.qk_head_dim == small.qk_nope_head_dim + small.qk_rope_head_dim
+    assert 0 < small.first_k_dense_replace < small.num_hidden_layers
+    layers = decoder_layers(build_hf_model(small, seed=0))
+    assert any("MoE" in type(layer.mlp).__name__ for layer in layers), layers
+    rep = run_verify(packed, rows=0, hf_config=transformers.DeepseekV3Config())
+    assert rep.ok, rep.format_text()
+
+
+def test_a_config_transformers_cannot_build_is_one_line(packed, tmp_path):
+    """DBRX's default config does not build in this transformers: exit 1 with one line naming
+    the config and transformers' error, never an internal error."""
+    path = tmp_path / "dbrx.json"
+    transformers.DbrxConfig().to_json_file(str(path))
+    r = CliRunner().invoke(cli, ["verify", str(packed), "--hf-config", str(path),
+                                 "--no-progress"])
+    assert r.exit_code == 1, r.output
+    line = r.output.strip().splitlines()[-1]
+    assert "internal error" not in r.output
+    assert re.match(r"Error: transformers cannot build a causal LM from the dbrx config", line)
+
+
+def test_a_config_that_fails_to_run_names_the_config(packed, tmp_path, monkeypatch):
+    """A model that builds but raises on the packed rows fails the run check with a line naming
+    the config, not a bare backend error."""
+    from packtool.verify.runners import HFRunner
+
+    def broken(self, *a, **k):
+        raise RuntimeError("The size of tensor a (4) must match the size of tensor b (8)")
+
+    monkeypatch.setattr(HFRunner, "_call", broken)
+    rep = run_verify(packed, rows=0, hf_config=_config_file(tmp_path, "llama"))
+    run = rep.get("hf", "run")
+    assert run.status == "fail" and not rep.ok
+    assert run.message.startswith("the llama model of --hf-config, shrunk to a test size, "
+                                  "raised RuntimeError: The size of tensor a"), run.message

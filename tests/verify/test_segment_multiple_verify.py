@@ -160,3 +160,21 @@ def test_a_real_length_that_does_not_round_to_its_span_fails(tmp_path):
     rep = run_verify(out, data_only=True)
     bad = rep.get("data", "cu_seqlens_unpadded")
     assert bad.status == "fail" and bad.where["segment"] == 1, rep.format_text()
+
+
+def test_a_padded_output_without_cu_seqlens_unpadded_is_one_line(tmp_path):
+    """The manifest says --segment-multiple 4 but the shard lost cu_seqlens_unpadded (the
+    manifest resealed over it): verify exits 1 naming the shard and the missing column."""
+    from packcheck import reseal
+
+    out = pack_docs(tmp_path, [[11, 12, 13], [21, 22], [31, 32, 33, 34], list(range(41, 52))],
+                    16, "--segment-multiple", "4")
+    shard = out / "part-00000.parquet"
+    pq.write_table(pq.read_table(shard).drop_columns(["cu_seqlens_unpadded"]), shard)
+    reseal(out)
+    for extra in (["--data-only"], ["--backend", "sdpa", "--no-progress"]):
+        r = CliRunner().invoke(cli, ["verify", *extra, str(out)])
+        assert r.exit_code == 1, r.output
+        line = r.output.strip().splitlines()[-1]
+        assert line.startswith(f"Error: {shard}: column cu_seqlens_unpadded is missing"), line
+        assert "--segment-multiple 4" in line and "internal error" not in r.output

@@ -229,3 +229,23 @@ def test_a_backend_that_raises_is_a_failure_not_a_skip(good):
     rep = run_verify(good, rows=2, backends=["sdpa"], attend_overrides={"sdpa": broken})
     run = rep.get("sdpa", "run")
     assert run.status == FAIL and "kernel refused the mask" in run.message and not rep.ok
+
+
+def test_a_failed_attention_check_is_not_also_reported_as_not_run(good):
+    """Attention checks that FAILED on rows of two or more documents ran: the report names
+    their failure and does not add "no attention check ran" (which it used to print after
+    them); a run whose every model check is skipped still says it."""
+    from packtool.verify.report import VerifyReport
+
+    rep = run_verify(good, rows=2, backends=["sdpa"])
+    assert rep.ok
+    for r in rep.results:
+        if r.check in ("logits_match", "isolation"):
+            assert r.figures["rows_multi_doc"] >= 1
+            r.status = FAIL
+    probs = rep.problems()
+    assert probs and all("no attention check ran" not in p for p in probs), probs
+    assert any(p.startswith("check isolation failed on backend sdpa") for p in probs), probs
+    bare = VerifyReport(rep.path, rep.rows, rep.num_rows, False,
+                        [r for r in rep.results if r.backend == "data"])
+    assert any("no attention check ran" in p for p in bare.problems())
