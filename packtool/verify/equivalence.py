@@ -195,7 +195,8 @@ def measure_batch(m: Measurements, runner, batch: dict, spans: list, refs: list,
                 p_n = int(tmask[r, a:b].sum())
                 if p_n != ref_n and m.seg_count_bad is None:
                     m.seg_count_bad = (w, p_n, ref_n)
-                m.seg_loss.add(torch.tensor([abs(p_sum - ref_sum)]), w)
+                # per target: each token's cross-entropy moves by at most 2x its logits' error
+                m.seg_loss.add(torch.tensor([abs(p_sum - ref_sum) / max(ref_n, 1)]), w)
                 m.loss_ref_sum += ref_sum
                 m.targets_ref += ref_n
                 if ref_n:
@@ -258,14 +259,18 @@ def isolation(m: Measurements) -> CheckResult:
 
 
 def loss_denominator(m: Measurements) -> CheckResult:
-    """Per segment the packed targets and loss equal the separate document's; the token mean
-    over effective targets equals the token-weighted per-document loss (B19)."""
+    """Per segment the packed targets and loss equal the separate document's (the loss per
+    target within ``4 * m.tol``: a token's cross-entropy moves by at most twice its logits'
+    largest error, so a label on another token of the same count is caught however many
+    targets the pooled mean dilutes it over); the token mean over effective targets equals the
+    token-weighted per-document loss (B19)."""
     import numpy as np
 
     p_mean = m.loss_packed_sum / m.targets_packed if m.targets_packed else 0.0
     r_mean = m.loss_ref_sum / m.targets_ref if m.targets_ref else 0.0
     tol = m.tol * max(1.0, abs(r_mean))
     figs = {"packed_loss": p_mean, "per_doc_token_weighted": r_mean,
+            "max_segment_loss_diff_per_target": m.seg_loss.max,
             "mean_of_doc_means": float(np.mean(m.doc_means)) if m.doc_means else 0.0,
             "targets_packed": m.targets_packed, "targets_per_doc": m.targets_ref, "tol": tol}
     if m.seg_count_bad is not None:
@@ -273,6 +278,11 @@ def loss_denominator(m: Measurements) -> CheckResult:
         return _result(m, "loss_denominator", FAIL, figs, w,
                        f"{p_n} targets in this segment, a separate document has {r_n} (a label "
                        "across a boundary?)")
+    if m.seg_loss.max > 4 * m.tol:
+        return _result(m, "loss_denominator", FAIL, figs, m.seg_loss.where,
+                       f"this segment's loss differs from its document's alone by "
+                       f"{m.seg_loss.max:.3g} per target (> {4 * m.tol:.3g}) with as many "
+                       "targets: a label on another token?")
     if m.targets_packed != m.targets_ref or abs(p_mean - r_mean) > tol:
         return _result(m, "loss_denominator", FAIL, figs, m.seg_loss.where,
                        f"packed loss {p_mean:.6g} over {m.targets_packed} targets != "

@@ -206,6 +206,15 @@ def test_named_checks_each_read_their_own_measurement():
         fault(m)
         res = run_checks(m)
         assert [n for n, r in res.items() if r.status == FAIL] == [name], name
+    # one label on another token, as many targets: the pooled mean barely moves, the segment's
+    # loss per target does (a token's cross-entropy moves by at most 2x its logits' error)
+    m = clean()
+    m.seg_loss.add(torch.tensor([3e-5]), {"row": 0})  # within 4 * tol: rounding
+    assert run_checks(m)["loss_denominator"].status == PASS
+    m.seg_loss.add(torch.tensor([0.05]), {"row": 1, "segment": 2})
+    res = run_checks(m)
+    assert [n for n, r in res.items() if r.status == FAIL] == ["loss_denominator"]
+    assert "another token" in res["loss_denominator"].message
 
 
 def test_b22_padding_rows_fully_masked_give_nan_and_fail_verify(tmp_path):
