@@ -50,11 +50,11 @@ def _accelerate_wrapper(frame, depth: int) -> str | None:
     """The class name of the first accelerate DataLoader wrapper among ``frame`` and the
     ``depth - 1`` frames that called it (``self`` of a method of ``accelerate.*``), or None."""
     while frame is not None and depth > 0:
-        owner = frame.f_locals.get("self")
-        kind = type(owner)
-        if owner is not None and kind.__module__.startswith("accelerate.") and kind.__name__ in (
-                "DataLoaderDispatcher", "IterableDatasetShard"):
-            return kind.__name__
+        # the module's name first: reading f_locals builds a dict of the frame's locals
+        if frame.f_globals.get("__name__", "").startswith("accelerate."):
+            kind = type(frame.f_locals.get("self"))
+            if kind.__name__ in ("DataLoaderDispatcher", "IterableDatasetShard"):
+                return kind.__name__
         frame, depth = frame.f_back, depth - 1
     return None
 
