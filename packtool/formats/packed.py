@@ -779,6 +779,12 @@ class PackedOutput:
                                     "shard's rows; rerun the same packtool pack with "
                                     "--overwrite")
             problem = _schema_problem(md.schema.to_arrow_schema(), self.schema)
+            multiple = int(self.manifest.options.get("segment_multiple", 1))
+            if not problem and multiple > 1 and "cu_seqlens_unpadded" not in self.schema.names:
+                problem = (f"column cu_seqlens_unpadded is missing, which an output packed with "
+                           f"--segment-multiple {multiple} (the manifest's options) stores, the "
+                           "real tokens of each span (without it the padding inside spans "
+                           "cannot be told from tokens)")
             if problem:
                 raise ManifestError(f"{where}: {problem}; the shard does not belong to this "
                                     "output: rerun the same packtool pack with --overwrite")

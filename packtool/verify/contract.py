@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from packtool.errors import SchemaError
 from packtool.recount import Recount, mark_ids, ragged_faults
 from packtool.types import IGNORE_INDEX
 
@@ -548,13 +547,6 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
         scan.not_run["doc_offsets"] = "the output stores no doc_offsets"
 
     def run(block, local_rows=None):
-        # after the reader opened the shard (its own layout metadata against the manifest's)
-        if multiple > 1 and not padded:
-            raise SchemaError(
-                f"{reader.location.display}/{block.shard}: column cu_seqlens_unpadded is "
-                f"missing, which an output packed with --segment-multiple {multiple} (the "
-                "manifest's options) stores, the real tokens of each span; without it the "
-                "padding inside spans cannot be told from tokens: pack again")
         cols = _block_columns(block)
         rows = np.arange(block.num_rows) if local_rows is None else np.asarray(local_rows)
         if local_rows is not None:

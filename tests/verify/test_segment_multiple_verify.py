@@ -164,7 +164,9 @@ def test_a_real_length_that_does_not_round_to_its_span_fails(tmp_path):
 
 def test_a_padded_output_without_cu_seqlens_unpadded_is_one_line(tmp_path):
     """The manifest says --segment-multiple 4 but the shard lost cu_seqlens_unpadded (the
-    manifest resealed over it): verify exits 1 naming the shard and the missing column."""
+    manifest resealed over it): verify and stats exit 1 naming the shard and the missing column
+    (stats counted the padding inside spans as tokens), and the loader refuses it the same way
+    (one check where a shard is opened)."""
     from packcheck import reseal
 
     out = pack_docs(tmp_path, [[11, 12, 13], [21, 22], [31, 32, 33, 34], list(range(41, 52))],
@@ -178,3 +180,10 @@ def test_a_padded_output_without_cu_seqlens_unpadded_is_one_line(tmp_path):
         line = r.output.strip().splitlines()[-1]
         assert line.startswith(f"Error: {shard}: column cu_seqlens_unpadded is missing"), line
         assert "--segment-multiple 4" in line and "internal error" not in r.output
+    r = CliRunner().invoke(cli, ["stats", str(out)])
+    assert r.exit_code == 1 and "column cu_seqlens_unpadded is missing" in r.output, r.output
+    from packtool.errors import ManifestError
+    from packtool.loader import PackedDataset
+
+    with pytest.raises(ManifestError, match="cu_seqlens_unpadded is missing"):
+        PackedDataset(out)[0]
