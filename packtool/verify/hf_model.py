@@ -525,16 +525,18 @@ def leak_message(cfg, located, refused: str | None) -> str:
         if sub_cls:
             where += f", in its {sub_cls}"
     attention = bool(sub_cls) and bool(_ATTENTION_ONLY.search(sub_cls)) and not any(
-        w in sub_cls for w in ("Linear", "Lightning", "DeltaNet"))
+        w in sub_cls for w in ("Linear", "Lightning", "DeltaNet", "Rwkv", "RWKV"))
     if refused:
         pkg = re.findall(r"without `([^`]+)`", refused)
         need = (f"seq_idx with the {pkg[0] if pkg else 'kernel'} package's CUDA kernels "
                 f"(transformers refused seq_idx here: \"{refused.strip()}\"); install them and "
                 "rerun on a GPU with --device cuda")
-    elif attention:
-        need = ("position_ids restarting at 0 with attn_implementation 'sdpa' or "
-                "'flash_attention_2' and no attention_mask, or cu_seq_lens_q/cu_seq_lens_k "
-                "(HFCollator() passes them) for this attention")
+    elif attention:  # it was given both, as HFCollator gives them, and still leaked
+        need = ("an attention mask that reads position_ids restarting at 0 or "
+                "cu_seq_lens_q/cu_seq_lens_k, and this attention reads neither (verify fed "
+                "both, as HFCollator() does: transformers builds one causal mask over the row "
+                "for this model); train it on one document per row, or give it a "
+                "block-diagonal mask of your own")
     else:
         need = ("a kernel that resets this layer's state at document starts (seq_idx or "
                 "cu_seqlens); this layer ignored seq_idx here: train it on one document per "

@@ -93,6 +93,19 @@ def test_hybrid_config_fails_naming_the_layer_and_what_it_needs(packed, tmp_path
     assert "transformers refused seq_idx here" in line
 
 
+def test_an_attention_that_reads_neither_positions_nor_boundaries_is_named_as_such(packed,
+                                                                                  tmp_path):
+    """OPT builds one causal mask over the row whatever it is given: the advice is not to pass
+    position_ids or cu_seq_lens (verify fed both, as HFCollator does) but that this attention
+    reads neither."""
+    res = CliRunner().invoke(cli, ["verify", str(packed), "--hf-config",
+                                   str(_config_file(tmp_path, "opt")), "--no-progress"])
+    assert res.exit_code == 1, res.output
+    line = res.output.strip().splitlines()[-1]
+    assert "documents leak in" in line and "this attention reads neither" in line, line
+    assert "no attention check ran" not in res.output
+
+
 @pytest.mark.parametrize("model_type", sorted(CPU_VERDICTS))
 def test_cpu_verdict_of_each_architecture(packed, tmp_path, model_type):
     """Each architecture's verdict on CPU, as the table states (and as docs/architectures.md
