@@ -16,7 +16,7 @@ written once in the dtype handed out.
 - :func:`collate`: the [B, C] form. ``cu_seqlens`` int32 [S + 1] over the rows flattened to
   [B * C] (what ``flash_attn_varlen_func`` and ``torch.nn.attention.varlen`` take; B06), checked
   to fit int32, and ``max_seqlen`` a Python ``int`` (B24), never a tensor.
-- :func:`collate_flat`: the padding-free flattened form, [1, B * C] ``input_ids``,
+- :func:`collate_flat`: the flattened (varlen) form, [1, B * C] ``input_ids``,
   ``position_ids``, ``labels`` plus the keyword names Hugging Face passes to FlashAttention 2
   (``cu_seq_lens_q``, ``cu_seq_lens_k`` int32, ``max_length_q``, ``max_length_k`` int), as
   ``transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` names them.
@@ -689,7 +689,7 @@ collate.needs_columns = _needs
 
 
 def collate_flat(batch) -> dict:
-    """The padding-free flattened form: B rows laid end to end as one sequence of B * C tokens.
+    """The flattened (varlen) form: B rows laid end to end as one sequence of B * C tokens.
 
     Padding tails stay in place as their own segments (labels -100), so ``cu_seqlens`` is the one
     of :func:`collate` and covers every position. Labels are unshifted (converted when the

@@ -105,8 +105,9 @@ class HFCollator:
     """``data_collator`` for ``transformers.Trainer`` over packtool loader items.
 
     Args:
-        flatten: False: [B, C] tensors; True: the padding-free [1, B * C] form (what
-            ``DataCollatorWithFlattening`` gives).
+        flatten: False: [B, C] tensors; True: the flattened [1, B * C] form, the form
+            ``DataCollatorWithFlattening`` gives (which has no padding; here each row's padding
+            tail stays as a segment of its own, labels -100).
         flash_attn_kwargs: also return ``cu_seq_lens_q``/``cu_seq_lens_k`` (int32 [D + 1]:
             the boundaries of the batch's D segments over its B * C tokens, the padding tail a
             segment of its own) and ``max_length_q``/``max_length_k`` (int, tokens), which
