@@ -45,7 +45,7 @@ __all__ = ["CONTRACT_CHECKS", "PADDED_CHECK", "DEFAULT_ROWS", "WHOLE_OUTPUT_CHEC
            "expected_labels", "select_rows", "scan_contract", "segment_multiple_of"]
 
 #: the column checks, in report order
-CONTRACT_CHECKS = ("input_ids", "cu_seqlens", "cu_seqlens_unpadded", "segment_ids", "position_ids",
+CONTRACT_CHECKS = ("schema", "input_ids", "cu_seqlens", "cu_seqlens_unpadded", "segment_ids", "position_ids",
                    "max_seqlen", "doc_ids", "labels", "num_targets", "padding", "doc_offsets",
                    "totals")
 #: the checks that need every row (the full scan): what one row alone cannot tell
@@ -478,6 +478,38 @@ class ContractScan:
     not_run: dict = field(default_factory=dict)
 
 
+def schema_problem(schema, manifest) -> str | None:
+    """How an output's schema (the manifest's, which every shard's is checked against when it
+    is opened) departs from the contract of the format version it was written as: the columns,
+    their order, types and non-nullability :func:`~packtool.formats.schema.packed_schema` gives
+    for its capacity, labels, ``--segment-multiple`` and ``--source-column``; None when it
+    agrees. Outputs of an older format version are not compared (None).
+
+    Args:
+        schema: ``pyarrow.Schema`` of the output.
+        manifest: its :class:`~packtool.formats.manifest.Manifest`.
+    """
+    from packtool.formats.manifest import FORMAT_VERSION
+    from packtool.formats.schema import packed_schema
+
+    if manifest.format_version != FORMAT_VERSION:
+        return None
+    labels = manifest.labels.convention if manifest.labels.stored else "none"
+    want = packed_schema(manifest.capacity, labels, segment_multiple_of(manifest),
+                         sources=manifest.source_column is not None)
+    if schema.names != want.names:
+        missing = [n for n in want.names if n not in schema.names]
+        extra = [n for n in schema.names if n not in want.names]
+        return (f"columns {schema.names}, the contract has {want.names}"
+                + (f" (missing {missing})" if missing else "")
+                + (f" (not in the contract: {extra})" if extra else ""))
+    for got, exp in zip(schema, want):
+        if not got.type.equals(exp.type, check_metadata=False) or got.nullable != exp.nullable:
+            return (f"column {got.name!r} is {got.type}{'' if not got.nullable else ' nullable'}"
+                    f", the contract says {exp.type} not nullable")
+    return None
+
+
 def segment_multiple_of(manifest) -> int:
     """N of ``--segment-multiple`` an output was packed with (1 when its options do not say).
 
@@ -535,6 +567,11 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
         pieces = DocumentPieces(reader.capacity)
     pad_id = m.options.get("pad_id")
     scan = ContractScan(labels_stored=reader.labels.stored, segment_multiple=multiple)
+    problem = schema_problem(reader.schema, m)
+    if problem:  # one schema for every shard (each checked against it when opened)
+        scan.bad["schema"] = [({"shard": reader.shards[0]}, problem + ": other readers of the "
+                               "contract get other types; rerun the same packtool pack with "
+                               "--overwrite")]
     # the one recount of the manifest totals (stats' own), fed the blocks the scan reads
     recount = Recount(reader.capacity, padded=padded,
                       label_masked=label_masked and reader.labels.stored,

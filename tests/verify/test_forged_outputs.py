@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
@@ -162,3 +164,27 @@ def test_a_negative_token_id_fails_verify_naming_shard_and_row(short):
     assert "token 1 holds the negative token id -7" in res["input_ids"].message
     run = CliRunner().invoke(cli, ["verify", "--data-only", str(short)])
     assert run.exit_code == 1 and "negative token id -7" in run.output
+
+
+@pytest.mark.parametrize("forge, words", [
+    (lambda t: t.set_column(t.schema.get_field_index("cu_seqlens"), "cu_seqlens",
+                            t["cu_seqlens"].cast(pa.list_(pa.int64()))),
+     "column 'cu_seqlens' is list<element: int64>"),
+    (lambda t: t.set_column(0, "input_ids", t["input_ids"].cast(pa.list_(pa.int32()))),
+     "column 'input_ids' is list<element: int32>"),
+    (lambda t: t.drop_columns(["doc_offsets"]), "missing ['doc_offsets']"),
+    (lambda t: t.append_column("attention_mask", pa.array([[1]] * t.num_rows)),
+     "not in the contract: ['attention_mask']"),
+])
+def test_a_schema_off_the_contract_fails_verify(tmp_path, forge, words):
+    """Shards rewritten with other types or columns and the manifest resealed over them (so
+    the reader's own checks pass): the values still read, but other readers of the contract
+    would get other types: verify's schema check names the column."""
+    out = pack_docs(tmp_path, [[11, 12, 13], [21, 22], [31, 32, 33, 34]], 8)
+    shard = out / "part-00000.parquet"
+    pq.write_table(forge(pq.read_table(shard)), shard)
+    reseal(out)
+    res = CliRunner().invoke(cli, ["verify", "--data-only", str(out)])
+    assert res.exit_code == 1, res.output
+    line = res.output.strip().splitlines()[-1]
+    assert "check schema failed" in line and words in line, line
