@@ -72,12 +72,14 @@ labels are never shifted twice in silence (B05).
 
 from __future__ import annotations
 
+import sys
 from typing import Sequence
 
 import numpy as np
 
 from packtool.formats.packed import Rows, convert_labels
 from packtool.loader import pool
+from packtool.loader.wrappers import refuse_accelerate_wrapper
 from packtool.types import IGNORE_INDEX
 
 __all__ = ["collate", "collate_flat", "batch_cu_seqlens", "batch_cu_seqlens_unpadded",
@@ -146,7 +148,8 @@ def check_item_columns(columns: Sequence[str], *, labels_stored: bool = True,
             f"a batch needs input_ids and segment_ids (or {spans}, or position_ids and labels) "
             f"(columns: {', '.join(sorted(set(columns))) or 'none'}; missing {missing}): "
             "without segment_ids or labels the padding tail cannot be told from a document; keep "
-            "them in columns= (a trainer that drops segment_ids needs the labels stored: pack "
+            "them in columns= (a trainer that drops item columns its model does not name, such "
+            "as TRL's SFTTrainer, needs remove_unused_columns=False, or the labels stored: pack "
             "with --labels unshifted)")
 
 
@@ -651,11 +654,14 @@ def collate(batch) -> dict:
     Raises:
         ValueError: empty batch or rows of different capacity; items without the columns named
             above (the padding tail could not be told from a document); items that do not say
-            their labels convention and whose labels are not unshifted.
+            their labels convention and whose labels are not unshifted; called under
+            accelerate's batch dispatching, which would cut ``cu_seqlens`` to the batch's rows
+            (:func:`~packtool.loader.wrappers.refuse_accelerate_wrapper`).
         OverflowError: B * C does not fit int32 ``cu_seqlens``.
         MissingDependencyError: torch is missing.
     """
     torch = require_torch()
+    refuse_accelerate_wrapper(sys._getframe(1), depth=64)  # boundaries it would cut
     rows = rows_of(batch)
     _needs(set(rows.tokens) | set(rows.ragged))
     cu_seqlens, max_seqlen, labels, convention, targets, seg, pos, seq_idx = _parts(rows)
@@ -712,6 +718,7 @@ def collate_flat(batch) -> dict:
             the columns named above).
     """
     torch = require_torch()
+    refuse_accelerate_wrapper(sys._getframe(1), depth=64)  # boundaries it would cut
     rows = rows_of(batch)
     _needs(set(rows.tokens) | set(rows.ragged))
     cu_seqlens, max_seqlen, labels, _, targets, _, pos, seq_idx = _parts(rows, "unshifted")

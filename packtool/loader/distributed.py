@@ -53,10 +53,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from packtool.loader import resume
 from packtool.loader.collate import check_item_columns
-from packtool.loader.hf import refuse_accelerate_wrapper
 from packtool.loader.mixture import Mixture
 from packtool.loader.plan import EpochPlan, Phase, check_seed, rank_rows
 from packtool.loader.transfer import in_transit
+from packtool.loader.wrappers import refuse_accelerate_wrapper
 
 __all__ = ["PackedIterableDataset"]
 
@@ -342,10 +342,10 @@ class PackedIterableDataset(IterableDataset):
 
         Raises:
             ValueError: negative epoch; called by an accelerate wrapper that would cut this
-                dataset's batches or rows (:func:`~packtool.loader.hf.refuse_accelerate_wrapper`).
+                dataset's batches or rows (:func:`~packtool.loader.wrappers.refuse_accelerate_wrapper`).
         """
         epoch = check_seed(epoch, "epoch")
-        refuse_accelerate_wrapper(sys._getframe(1), self.rank, self.world_size)
+        refuse_accelerate_wrapper(sys._getframe(1), self.rank, self.world_size, depth=16)
         self._use_epoch(epoch)
         if get_worker_info() is None:  # the training process: its workers follow
             self._publish_epoch()
@@ -405,6 +405,9 @@ class PackedIterableDataset(IterableDataset):
         return (0, 1) if info is None else (info.id, info.num_workers)
 
     def __iter__(self) -> Iterator:
+        info = get_worker_info()  # a wrapper set_epoch did not see (one without set_epoch)
+        refuse_accelerate_wrapper(sys._getframe(1), self.rank, self.world_size, depth=16,
+                                  workers=info.num_workers if info is not None else 0)
         worker, num_workers = self._worker()
         self._follow_epoch()
         if self._await_board is not None:

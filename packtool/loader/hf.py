@@ -38,68 +38,9 @@ import sys
 
 from packtool.loader.collate import (_cu, _deliver, _labels, _needs, _positions, _seq_idx,
                                      _structure, _tensor, require_torch, rows_of)
+from packtool.loader.wrappers import refuse_accelerate_wrapper
 
-__all__ = ["HFCollator", "refuse_accelerate_wrapper"]
-
-_DISPATCH_FIX = ("set dispatch_batches=False (TrainingArguments(accelerator_config={"
-                 "'dispatch_batches': False}), or Accelerator(dataloader_config="
-                 "DataLoaderConfiguration(dispatch_batches=False)))")
-
-
-def _accelerate_wrapper(frame, depth: int) -> str | None:
-    """The class name of the first accelerate DataLoader wrapper among ``frame`` and the
-    ``depth - 1`` frames that called it (``self`` of a method of ``accelerate.*``), or None."""
-    while frame is not None and depth > 0:
-        # the module's name first: reading f_locals builds a dict of the frame's locals
-        if frame.f_globals.get("__name__", "").startswith("accelerate."):
-            kind = type(frame.f_locals.get("self"))
-            if kind.__name__ in ("DataLoaderDispatcher", "IterableDatasetShard"):
-                return kind.__name__
-        frame, depth = frame.f_back, depth - 1
-    return None
-
-
-def refuse_accelerate_wrapper(caller, rank: int = 0, world_size: int = 1, *,
-                              depth: int = 1) -> None:
-    """Refuse the accelerate DataLoader wrappers (``Trainer`` prepares its DataLoader with
-    accelerate) that would silently break packed batches or a rank's share, found among the
-    ``depth`` frames from ``caller`` up:
-
-    - ``DataLoaderDispatcher`` (``dispatch_batches``, accelerate's default for an
-      ``IterableDataset``, one process included): it slices every tensor of a batch to the
-      batch's rows, which cuts ``cu_seqlens`` / ``cu_seq_lens_q`` (one entry per document) to
-      B entries, so FlashAttention varlen runs on wrong boundaries; on several processes it
-      also concatenates the batches of several steps.
-    - ``IterableDatasetShard`` (several processes, ``dispatch_batches=False``) over a dataset
-      that is rank ``rank`` of ``world_size`` > 1 already: each process would keep 1 /
-      world_size of its share, and the other ranks' rows would never be read.
-
-    Args:
-        caller: a frame (``sys._getframe(n)``).
-        rank, world_size: the dataset's share.
-        depth: frames looked at.
-
-    Raises:
-        ValueError: naming the wrapper and the fix.
-    """
-    kind = _accelerate_wrapper(caller, depth)
-    if kind == "DataLoaderDispatcher":
-        raise ValueError(
-            "packed batches under accelerate's batch dispatching (dispatch_batches, Trainer's "
-            "default for an IterableDataset), which slices every tensor of a batch to its rows "
-            "and so cuts cu_seqlens / cu_seq_lens_q (the documents' boundaries) short: "
-            + _DISPATCH_FIX
-            + (f", and build the dataset with rank=0, world_size=1 (it is rank {rank} of "
-               f"{world_size}: accelerate then gives each process its share)"
-               if world_size > 1 else ""))
-    if kind == "IterableDatasetShard" and world_size > 1:
-        raise ValueError(
-            f"PackedIterableDataset is rank {rank} of {world_size} already, and accelerate's "
-            f"IterableDatasetShard gives each of its processes a share of what it yields again, "
-            "so most rows would never be read: build it with rank=0, world_size=1 under "
-            "Trainer / accelerate (each process then reads every row and keeps its own share), "
-            "or use PackedDataset, which accelerate shards by index")
-
+__all__ = ["HFCollator"]
 
 class HFCollator:
     """``data_collator`` for ``transformers.Trainer`` over packtool loader items.

@@ -11,7 +11,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from packtool.loader import HFCollator, PackedDataset, PackedIterableDataset  # noqa: E402
+from packtool.loader import (HFCollator, PackedDataset, PackedIterableDataset,  # noqa: E402
+                             collate, collate_flat)
 
 from loader_helpers import pack, random_docs, write_input  # noqa: E402
 
@@ -223,13 +224,16 @@ def test_trainer_loss_denominator_is_effective_targets(packed, tmp_path):
 
 
 @pytest.mark.parametrize("world", [1, 2])
-@pytest.mark.parametrize("dataset", ["packtool", "list"])
+@pytest.mark.parametrize("dataset, make", [("packtool", HFCollator), ("list", HFCollator),
+                                           ("list", lambda: collate),
+                                           ("list", lambda: collate_flat)])
 def test_accelerate_dispatching_that_would_cut_the_boundaries_is_refused(packed, tmp_path,
-                                                                       dataset, world):
+                                                                       dataset, make, world):
     """accelerate's default for an IterableDataset (dispatch_batches) slices every tensor of a
     batch to its rows: cu_seq_lens_q [0, 7, 8, 14, 16] arrived as [0, 7] (FlashAttention varlen
-    on wrong boundaries). The dataset refuses it when the epoch begins, and HFCollator (its
-    flash keywords) for any IterableDataset, naming dispatch_batches=False."""
+    on wrong boundaries), cu_seqlens of collate likewise. The dataset refuses it when the epoch
+    begins, and HFCollator (its flash keywords), collate and collate_flat for any
+    IterableDataset, naming dispatch_batches=False."""
     import datasets
 
     model = tiny_llama()
@@ -243,7 +247,7 @@ def test_accelerate_dispatching_that_would_cut_the_boundaries_is_refused(packed,
                                                                    "labels")}
                                          for i in range(4)]).to_iterable_dataset()
     trainer = transformers.Trainer(model=model, args=args, train_dataset=ds,
-                                   data_collator=HFCollator())
+                                   data_collator=make())
     fix = r"dispatch_batches=False" + (r".*rank=0, world_size=1" if dataset == "packtool"
                                        and world > 1 else "")
     with pytest.raises(ValueError, match=fix):
@@ -274,3 +278,47 @@ def test_a_rank_share_under_accelerates_iterable_shard_is_refused_and_one_stream
     everything = [(it["shard"], int(it["row"])) for it in whole]
     full = len(everything) // 4 * 4  # drop_last: whole steps of 2 rows on 2 processes
     assert sorted(seen) == sorted(everything[:full])
+
+
+class _Wrapped(torch.utils.data.IterableDataset):
+    """A user's wrapper around the dataset: forwards set_epoch (or not) and iteration."""
+
+    def __init__(self, inner, forward_epoch):
+        self.inner, self.forward_epoch = inner, forward_epoch
+
+    def set_epoch(self, epoch):
+        if self.forward_epoch:
+            self.inner.set_epoch(epoch)
+
+    def __iter__(self):
+        yield from self.inner
+
+
+@pytest.mark.parametrize("forward_epoch", [True, False])
+def test_a_rank_share_inside_a_users_wrapper_is_refused_too(packed, forward_epoch):
+    """The wrapper between accelerate's IterableDatasetShard and the dataset hid it (8 of 19
+    rows never trained on 2 ranks): the stack is walked, in set_epoch and when iterating."""
+    from accelerate.data_loader import IterableDatasetShard
+
+    inner = PackedIterableDataset(packed, rank=1, world_size=2)
+    shard = IterableDatasetShard(_Wrapped(inner, forward_epoch), batch_size=2,
+                                 num_processes=2, process_index=1)
+    with pytest.raises(ValueError, match=r"rank 1 of 2 already"):
+        shard.set_epoch(0)
+        next(iter(shard))
+
+
+def test_accelerates_iterable_shard_in_several_workers_is_refused(packed):
+    """IterableDatasetShard runs in each DataLoader worker and pads each worker's part on its
+    own (rows skipped and repeated on 2 ranks); one worker is fine."""
+    from accelerate.data_loader import IterableDatasetShard
+
+    def loader(workers):
+        shard = IterableDatasetShard(PackedIterableDataset(packed, rank=0, world_size=1),
+                                     batch_size=2, num_processes=2, process_index=0)
+        return torch.utils.data.DataLoader(shard, batch_size=2, num_workers=workers,
+                                           collate_fn=list)
+
+    with pytest.raises(Exception, match=r"runs in each of the 2 DataLoader workers"):
+        list(loader(2))
+    assert sum(len(b) for b in loader(1)) == sum(len(b) for b in loader(0)) > 0

@@ -1,0 +1,88 @@
+"""Accelerate's DataLoader wrappers that would silently break packed batches or a rank's share.
+
+``transformers.Trainer`` (and ``Accelerator.prepare``) wrap a DataLoader: for an
+``IterableDataset`` by default in a ``DataLoaderDispatcher``, which reads the batches in one
+process and slices every tensor of a batch to its rows, cutting ``cu_seqlens`` /
+``cu_seq_lens_q`` (one entry per document, not per row) short; on several processes with
+``dispatch_batches=False`` in an ``IterableDatasetShard``, which gives each process a share of
+the dataset's items. The datasets and collate functions of :mod:`packtool.loader` look for them
+in the Python stack and refuse, naming the fix (``docs/training.md``).
+"""
+
+from __future__ import annotations
+
+__all__ = ["refuse_accelerate_wrapper"]
+
+_DISPATCH_FIX = ("set dispatch_batches=False (TrainingArguments(accelerator_config={"
+                 "'dispatch_batches': False}), or Accelerator(dataloader_config="
+                 "DataLoaderConfiguration(dispatch_batches=False)))")
+
+
+def _accelerate_wrapper(frame, depth: int) -> str | None:
+    """The class name of the first accelerate DataLoader wrapper among ``frame`` and the
+    ``depth - 1`` frames that called it (``self`` of a method of ``accelerate.*``), or None."""
+    while frame is not None and depth > 0:
+        # the module's name first: reading f_locals builds a dict of the frame's locals
+        if frame.f_globals.get("__name__", "").startswith("accelerate."):
+            kind = type(frame.f_locals.get("self"))
+            if kind.__name__ in ("DataLoaderDispatcher", "IterableDatasetShard"):
+                return kind.__name__
+        frame, depth = frame.f_back, depth - 1
+    return None
+
+
+def refuse_accelerate_wrapper(caller, rank: int = 0, world_size: int = 1, *,
+                              depth: int = 1, workers: int = 0) -> None:
+    """Refuse the accelerate DataLoader wrappers (``Trainer`` prepares its DataLoader with
+    accelerate) that would silently break packed batches or a rank's share, found among the
+    ``depth`` frames from ``caller`` up:
+
+    - ``DataLoaderDispatcher`` (``dispatch_batches``, accelerate's default for an
+      ``IterableDataset``, one process included): it slices every tensor of a batch to the
+      batch's rows, which cuts ``cu_seqlens`` / ``cu_seq_lens_q`` (one entry per document) to
+      B entries, so FlashAttention varlen runs on wrong boundaries; on several processes it
+      also concatenates the batches of several steps.
+    - ``IterableDatasetShard`` (several processes, ``dispatch_batches=False``) over a dataset
+      that is rank ``rank`` of ``world_size`` > 1 already: each process would keep 1 /
+      world_size of its share, and the other ranks' rows would never be read; or run in each of
+      ``workers`` > 1 DataLoader workers, where it pads each worker's part of the stream on its
+      own (rows skipped and repeated, more batches than the DataLoader's length).
+
+    A wrapper is found in the stack of the process that runs the code: DataLoader workers
+    started by ``spawn`` or ``forkserver`` do not see the training process's dispatcher (the
+    dataset's :meth:`set_epoch`, in the training process, still does).
+
+    Args:
+        caller: a frame (``sys._getframe(n)``).
+        rank, world_size: the dataset's share.
+        depth: frames looked at.
+        workers: DataLoader workers of the process (``get_worker_info().num_workers``; 0 in
+            the training process).
+
+    Raises:
+        ValueError: naming the wrapper and the fix.
+    """
+    kind = _accelerate_wrapper(caller, depth)
+    if kind == "DataLoaderDispatcher":
+        raise ValueError(
+            "packed batches under accelerate's batch dispatching (dispatch_batches, Trainer's "
+            "default for an IterableDataset), which slices every tensor of a batch to its rows "
+            "and so cuts cu_seqlens / cu_seq_lens_q (the documents' boundaries) short: "
+            + _DISPATCH_FIX
+            + (f", and build the dataset with rank=0, world_size=1 (it is rank {rank} of "
+               f"{world_size}: accelerate then gives each process its share)"
+               if world_size > 1 else ""))
+    if kind == "IterableDatasetShard" and world_size == 1 and workers > 1:
+        raise ValueError(
+            f"accelerate's IterableDatasetShard runs in each of the {workers} DataLoader workers "
+            "and pads each worker's part of the stream on its own, so rows would be skipped and "
+            "repeated: with PackedIterableDataset on several processes under accelerate use "
+            "dataloader_num_workers 0 or 1, or PackedDataset (map-style, sharded by index) "
+            "with any number of workers")
+    if kind == "IterableDatasetShard" and world_size > 1:
+        raise ValueError(
+            f"PackedIterableDataset is rank {rank} of {world_size} already, and accelerate's "
+            f"IterableDatasetShard gives each of its processes a share of what it yields again, "
+            "so most rows would never be read: build it with rank=0, world_size=1 under "
+            "Trainer / accelerate (each process then reads every row and keeps its own share), "
+            "or use PackedDataset, which accelerate shards by index")
