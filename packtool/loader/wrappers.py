@@ -11,6 +11,8 @@ in the Python stack and refuse, naming the fix (``docs/training.md``).
 
 from __future__ import annotations
 
+import sys
+
 __all__ = ["refuse_accelerate_wrapper"]
 
 _DISPATCH_FIX = ("set dispatch_batches=False (TrainingArguments(accelerator_config={"
@@ -21,6 +23,8 @@ _DISPATCH_FIX = ("set dispatch_batches=False (TrainingArguments(accelerator_conf
 def _accelerate_wrapper(frame, depth: int) -> str | None:
     """The class name of the first accelerate DataLoader wrapper among ``frame`` and the
     ``depth - 1`` frames that called it (``self`` of a method of ``accelerate.*``), or None."""
+    if "accelerate.data_loader" not in sys.modules:  # no wrapper exists in this process
+        return None
     while frame is not None and depth > 0:
         # the module's name first: reading f_locals builds a dict of the frame's locals
         if frame.f_globals.get("__name__", "").startswith("accelerate."):
