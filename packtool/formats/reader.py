@@ -19,9 +19,10 @@ that it can prune and report: hidden (``.``) and ``_``-prefixed entries (Spark/H
 ``_temporary``, ``.ipynb_checkpoints``, ...) are skipped at every level, symbolic links are
 followed with a guard against loops, and a packtool output (its manifest or
 in-progress marker, or ``packtool.*`` schema metadata in a shard) is refused, so packed rows are
-never read back as documents (nor another tool's packed rows, or a packtool shard re-saved
-without its metadata: :func:`packed_evidence` reads their columns from the footer) (a ``packtool tokenize`` output, whose manifest says kind
-``tokenized``, holds documents and is read like any input; its manifest is not reported). Every
+never read back as documents (a ``packtool tokenize`` output, whose manifest says kind
+``tokenized``, holds documents and is read like any input; its manifest is not reported); so are
+another tool's packed rows and a packtool shard re-saved without its metadata
+(:func:`packed_evidence` reads their columns from the footer). Every
 entry it does not read is reported with the reason; a file of another format inside a directory
 is refused unless the caller asks to skip such files. With ``text=True`` (the inputs of
 ``packtool tokenize``) JSON Lines files are data too. The
