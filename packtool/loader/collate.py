@@ -72,7 +72,6 @@ labels are never shifted twice in silence (B05).
 
 from __future__ import annotations
 
-import sys
 from typing import Sequence
 
 import numpy as np
@@ -661,7 +660,7 @@ def collate(batch) -> dict:
         MissingDependencyError: torch is missing.
     """
     torch = require_torch()
-    refuse_accelerate_wrapper(sys._getframe(1), depth=64)  # boundaries it would cut
+    refuse_accelerate_wrapper(depth=64)  # boundaries it would cut
     rows = rows_of(batch)
     _needs(set(rows.tokens) | set(rows.ragged))
     cu_seqlens, max_seqlen, labels, convention, targets, seg, pos, seq_idx = _parts(rows)
@@ -718,7 +717,7 @@ def collate_flat(batch) -> dict:
             the columns named above).
     """
     torch = require_torch()
-    refuse_accelerate_wrapper(sys._getframe(1), depth=64)  # boundaries it would cut
+    refuse_accelerate_wrapper(depth=64)  # boundaries it would cut
     rows = rows_of(batch)
     _needs(set(rows.tokens) | set(rows.ragged))
     cu_seqlens, max_seqlen, labels, _, targets, _, pos, seq_idx = _parts(rows, "unshifted")

@@ -45,7 +45,6 @@ from __future__ import annotations
 import hashlib
 import numbers
 import os
-import sys
 from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -345,7 +344,7 @@ class PackedIterableDataset(IterableDataset):
                 dataset's batches or rows (:func:`~packtool.loader.wrappers.refuse_accelerate_wrapper`).
         """
         epoch = check_seed(epoch, "epoch")
-        refuse_accelerate_wrapper(sys._getframe(1), self.rank, self.world_size, depth=16)
+        refuse_accelerate_wrapper(self.rank, self.world_size, depth=16)
         self._use_epoch(epoch)
         if get_worker_info() is None:  # the training process: its workers follow
             self._publish_epoch()
@@ -406,7 +405,7 @@ class PackedIterableDataset(IterableDataset):
 
     def __iter__(self) -> Iterator:
         info = get_worker_info()  # a wrapper set_epoch did not see (one without set_epoch)
-        refuse_accelerate_wrapper(sys._getframe(1), self.rank, self.world_size, depth=16,
+        refuse_accelerate_wrapper(self.rank, self.world_size, depth=16,
                                   workers=info.num_workers if info is not None else 0)
         worker, num_workers = self._worker()
         self._follow_epoch()

@@ -3,9 +3,8 @@
 Hugging Face causal LMs find document boundaries in a packed row from ``position_ids`` restarting
 at 0 (those whose attention mask reads them: OPT, BLOOM, MPT, GPT-OSS and a few more never do,
 ``docs/architectures.md``), but only when no key/value cache is built and no ``attention_mask``
-is given; with the
-default ``use_cache=True`` (train mode included) they fall back to one causal mask over the row
-and documents attend to each other (B02, B29). Their ``flash_attention_2`` path reads the
+is given; with the default ``use_cache=True`` (train mode included) they fall back to one causal
+mask over the row and documents attend to each other (B02, B29). Their ``flash_attention_2`` path reads the
 boundaries from ``position_ids`` only for a batch of one row ([1, N]); for [B, C] with B > 1 it
 runs plain causal attention over each row unless it is given ``cu_seq_lens_q``/``cu_seq_lens_k``
 and ``max_length_q``/``max_length_k`` (then it flattens the batch and runs varlen attention).
@@ -33,8 +32,6 @@ causal-conv1d kernels. Which models honour it where: ``docs/architectures.md``.
 """
 
 from __future__ import annotations
-
-import sys
 
 from packtool.loader.collate import (_cu, _deliver, _labels, _needs, _positions, _seq_idx,
                                      _structure, _tensor, require_torch, rows_of)
@@ -110,7 +107,7 @@ class HFCollator:
     def __call__(self, batch) -> dict:
         torch = require_torch()
         if self.flash_attn_kwargs:  # boundaries that accelerate's dispatching would cut
-            refuse_accelerate_wrapper(sys._getframe(1), depth=64)
+            refuse_accelerate_wrapper(depth=64)
         rows = rows_of(batch)
         _needs(set(rows.tokens) | set(rows.ragged))
         _structure(rows)

@@ -35,11 +35,11 @@ def _accelerate_wrapper(frame, depth: int) -> str | None:
     return None
 
 
-def refuse_accelerate_wrapper(caller, rank: int = 0, world_size: int = 1, *,
-                              depth: int = 1, workers: int = 0) -> None:
+def refuse_accelerate_wrapper(rank: int = 0, world_size: int = 1, *, depth: int = 1,
+                              workers: int = 0) -> None:
     """Refuse the accelerate DataLoader wrappers (``Trainer`` prepares its DataLoader with
     accelerate) that would silently break packed batches or a rank's share, found among the
-    ``depth`` frames from ``caller`` up:
+    ``depth`` frames from the function that calls this one up (its callers):
 
     - ``DataLoaderDispatcher`` (``dispatch_batches``, accelerate's default for an
       ``IterableDataset``, one process included): it slices every tensor of a batch to the
@@ -57,7 +57,6 @@ def refuse_accelerate_wrapper(caller, rank: int = 0, world_size: int = 1, *,
     dataset's :meth:`set_epoch`, in the training process, still does).
 
     Args:
-        caller: a frame (``sys._getframe(n)``).
         rank, world_size: the dataset's share.
         depth: frames looked at.
         workers: DataLoader workers of the process (``get_worker_info().num_workers``; 0 in
@@ -66,7 +65,7 @@ def refuse_accelerate_wrapper(caller, rank: int = 0, world_size: int = 1, *,
     Raises:
         ValueError: naming the wrapper and the fix.
     """
-    kind = _accelerate_wrapper(caller, depth)
+    kind = _accelerate_wrapper(sys._getframe(2), depth)  # the caller's callers
     if kind == "DataLoaderDispatcher":
         raise ValueError(
             "packed batches under accelerate's batch dispatching (dispatch_batches, Trainer's "
