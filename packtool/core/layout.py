@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from packtool.core import _kernels as K
-from packtool.core.packing import PackPlan, segment_spans
+from packtool.core.packing import PackPlan, integer_array, segment_spans
 from packtool.errors import ConfigError
 from packtool.types import LabelMode
 
@@ -112,8 +112,11 @@ def layout_rows(
         :class:`PackedRows` (shapes documented on its fields).
 
     Raises:
-        ConfigError: ``pad_id`` outside int32, unknown label mode, a row id out of range, or a
-            ``segment_multiple`` < 1 or whose spans do not fit a row.
+        ConfigError: ``pad_id`` outside int32, unknown label mode, a row id out of range, a
+            ``segment_multiple`` < 1 or whose spans do not fit a row; ``tokens`` that are not
+            integer ids in 0..2**31 - 1 (an int32 array is taken as is), ``doc_starts`` that are
+            not one integer per planned document or that send a segment outside ``tokens``, or
+            ``targets`` not one flag per token.
     """
     mode = _label_mode(labels)
     rows = np.ascontiguousarray(rows, dtype=np.int64)
@@ -131,9 +134,18 @@ def layout_rows(
     doc_ids = plan.seg_doc[seg_index]
     doc_offsets = plan.seg_offset[seg_index]
     seg_len = np.ascontiguousarray(plan.seg_len[seg_index], dtype=np.int64)
-    seg_src = np.asarray(doc_starts, dtype=np.int64)[doc_ids] + doc_offsets
-    tok = tokens if isinstance(tokens, np.ndarray) and tokens.dtype == np.int32 else np.asarray(
-        tokens, dtype=np.int32)
+    starts = integer_array(doc_starts, "doc_starts")
+    if starts.ndim != 1 or (doc_ids.size and int(doc_ids.max()) >= starts.size):
+        raise ConfigError(f"doc_starts must hold one start per planned document (at least "
+                          f"{int(doc_ids.max()) + 1 if doc_ids.size else 0}), got shape "
+                          f"{starts.shape}")
+    seg_src = starts[doc_ids] + doc_offsets
+    tok = _token_array(tokens)
+    if seg_src.size and (seg_src.min() < 0 or (seg_src + seg_len).max() > tok.size):
+        q = int(np.argmax((seg_src < 0) | (seg_src + seg_len > tok.size)))
+        raise ConfigError(f"document {int(doc_ids[q])}: tokens {int(seg_src[q])}.."
+                          f"{int(seg_src[q] + seg_len[q])} lie outside tokens ({tok.size}); "
+                          "doc_starts must index tokens and the plan's lengths fit them")
     n, cap = rows.size, plan.capacity
     multiple = plan.segment_multiple if segment_multiple is None else int(segment_multiple)
     dest = row_destinations(seg_offsets, seg_len, cap, multiple)
@@ -143,10 +155,30 @@ def layout_rows(
     if targets is not None:
         t = targets if isinstance(targets, np.ndarray) and targets.dtype == np.uint8 \
             else np.asarray(targets, dtype=np.uint8)
+        if t.shape != (tok.size,):
+            raise ConfigError(f"targets must be one flag per token ({tok.size}), got shape "
+                              f"{t.shape}")
         flags = np.empty((n, cap), dtype=np.uint8)
         K._copy_segments(t, seg_src, seg_len, flags.reshape(-1), dest)
     return complete_rows(seg_offsets, seg_len, ids, pad_id=pad_id, labels=mode, flags=flags,
                          doc_ids=doc_ids, doc_offsets=doc_offsets, segment_multiple=multiple)
+
+
+def _token_array(tokens) -> np.ndarray:
+    """``tokens`` as a 1-D int32 array (an int32 array as is, e.g. a memmap, unread);
+    ConfigError for non-integers or ids outside int32 (never cut)."""
+    if isinstance(tokens, np.ndarray) and tokens.dtype == np.int32 and tokens.ndim == 1:
+        return tokens
+    arr = np.asarray(tokens)
+    if arr.ndim != 1 or (arr.dtype.kind not in "iu" and arr.size):
+        raise ConfigError(f"tokens must be a 1-D array of integer ids, got {arr.dtype} of shape "
+                          f"{arr.shape}; nothing is cut or cast to an integer")
+    if arr.size and arr.dtype != np.int32:
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi > np.iinfo(np.int32).max:
+            bad = int(np.argmax((arr < 0) | (arr > np.iinfo(np.int32).max)))
+            raise ConfigError(f"tokens[{bad}] = {int(arr[bad])} is not a token id (0..2**31 - 1)")
+    return np.ascontiguousarray(arr, dtype=np.int32)
 
 
 def row_destinations(seg_offsets: np.ndarray, seg_len: np.ndarray, capacity: int,

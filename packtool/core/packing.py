@@ -55,8 +55,8 @@ from packtool.core import _kernels as K
 from packtool.errors import ConfigError, PackingError
 from packtool.types import Overflow, Strategy
 
-__all__ = ["PackPlan", "drop_underfilled", "min_fill_tokens", "pack_lengths", "segment_spans",
-           "MAX_CAPACITY"]
+__all__ = ["PackPlan", "drop_underfilled", "integer_array", "min_fill_tokens", "pack_lengths",
+           "segment_spans", "MAX_CAPACITY"]
 
 #: Largest accepted capacity (tokens per row). Rows are stored as int32 lists; 2**24 tokens per
 #: row is already 64 MiB per column per row.
@@ -117,6 +117,32 @@ def segment_spans(seg_len: np.ndarray, multiple: int) -> np.ndarray:
     return -(-seg_len // multiple) * multiple
 
 
+def integer_array(values, name: str, error: type = ConfigError) -> np.ndarray:
+    """``values`` as a C-contiguous int64 array, refusing what would be cut to an integer.
+
+    Args:
+        values: an array-like of integers (any NumPy integer dtype, or Python ints).
+        name: what the values are, for the message (``lengths``, ``doc_starts``).
+        error: the exception class raised.
+
+    Returns:
+        int64 array of ``values``' shape, equal values.
+
+    Raises:
+        ``error``: values that are not integers (floats, bools, strings, objects: never cut
+            or cast), or unsigned values above 2**63 - 1.
+    """
+    arr = np.asarray(values)
+    if arr.dtype.kind not in "iu" and not (arr.dtype.kind == "f" and arr.size == 0):
+        raise error(f"{name} must be integers, got dtype {arr.dtype}; nothing is cut or cast "
+                    "to an integer")
+    if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and arr.size \
+            and arr.max() > np.iinfo(np.int64).max:
+        bad = int(np.argmax(arr.reshape(-1) > np.iinfo(np.int64).max))
+        raise error(f"{name}[{bad}] = {int(arr.reshape(-1)[bad])} does not fit int64")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
 def pack_lengths(
     lengths: np.ndarray,
     capacity: int,
@@ -153,7 +179,8 @@ def pack_lengths(
         ConfigError: capacity out of range, an unknown strategy/overflow name,
             ``segment_multiple`` < 1 or not a divisor of ``capacity``, or ``min_fill`` outside
             [0, 1].
-        PackingError: a negative length, or a document over capacity with ``overflow="error"``
+        PackingError: lengths that are not integers (floats, bools, strings: never cut), a
+            negative length, or a document over capacity with ``overflow="error"``
             (the message names the document index and its length).
     """
     try:
@@ -171,7 +198,7 @@ def pack_lengths(
         raise ConfigError(f"capacity {capacity} is not a multiple of segment_multiple "
                           f"{segment_multiple}: padded segments and the padding tail must all "
                           "be multiples of it")
-    lengths = np.ascontiguousarray(lengths, dtype=np.int64)  # shape: (num_docs,)
+    lengths = integer_array(lengths, "lengths", PackingError)  # shape: (num_docs,)
     if lengths.ndim != 1:
         raise PackingError(f"lengths must be 1-D, got shape {lengths.shape}")
     if lengths.size and lengths.min() < 0:

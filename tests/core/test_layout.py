@@ -154,3 +154,34 @@ def test_gather_segments_equals_reference(data, size, dtype):
 def test_gather_segments_refuses_a_segment_outside_the_values():
     with pytest.raises(ValueError, match="outside"):
         gather_segments(np.zeros(4, np.int32), np.array([2]), np.array([3]))
+
+
+@pytest.mark.parametrize("tokens, starts, what", [
+    (np.array([11, 12, 13], np.int32), [0, 10**9], "lie outside tokens"),  # was a segfault
+    (np.array([11, 12, 13], np.int32), [0, 3], "lie outside tokens"),  # was heap memory
+    (np.array([11, 12, 13], np.int32), [-1, 0], "lie outside tokens"),
+    (np.arange(8, dtype=np.int32), [0], "one start per planned document"),
+    (np.arange(8, dtype=np.int32), [0.0, 3.0], "doc_starts must be integers"),
+    (np.array([1, 2, 3, 2**33, 5, 6, 7, 8]), [0, 3], r"tokens\[3\] = 8589934592"),
+    (np.array([1, 2, 3, -12, 5, 6, 7, 8]), [0, 3], r"tokens\[3\] = -12"),
+    (np.array([11.5] * 8), [0, 3], "integer ids"),
+    (np.array([True] * 8), [0, 3], "integer ids"),
+])
+def test_layout_rows_refuses_what_it_cannot_lay_out(tokens, starts, what):
+    """Starts that send a segment outside ``tokens`` (the copy kernel does not check bounds),
+    and ids that casting to int32 would wrap or cut, are refused, never laid out."""
+    plan = pack_lengths(np.array([3, 5]), 8)
+    with pytest.raises(ConfigError, match=what):
+        layout_rows(plan, np.arange(plan.num_rows), tokens, np.array(starts))
+
+
+def test_layout_rows_takes_any_integer_tokens_that_fit():
+    """int64 / uint16 ids within int32 lay out as the int32 ones do; targets must match."""
+    plan = pack_lengths(np.array([3, 5]), 8)
+    want = layout_rows(plan, [0], np.arange(8, dtype=np.int32), np.array([0, 3])).input_ids
+    for dt in (np.int64, np.uint16, np.int8):
+        got = layout_rows(plan, [0], np.arange(8, dtype=dt), np.array([0, 3])).input_ids
+        assert got.tolist() == want.tolist()
+    with pytest.raises(ConfigError, match="one flag per token"):
+        layout_rows(plan, [0], np.arange(8, dtype=np.int32), np.array([0, 3]),
+                    targets=np.ones(5, np.uint8))

@@ -113,6 +113,26 @@ def test_negative_length_is_refused():
         pack_lengths([1, -1], 4)
 
 
+@pytest.mark.parametrize("lengths, what", [
+    ([3.7, 2.2], "must be integers"), (np.array([3.0, 2.0]), "must be integers"),
+    (["3", "2"], "must be integers"), ([True, False], "must be integers"),
+    (np.array([2**63], np.uint64), "does not fit int64"),
+])
+def test_lengths_that_are_not_integers_are_refused_not_cut(lengths, what):
+    """3.7 was planned as 3, "3" and True as integers, 2**63 as a negative length."""
+    with pytest.raises(PackingError, match=what):
+        pack_lengths(lengths, 6)
+
+
+def test_integer_lengths_of_any_dtype_plan_alike():
+    want = pack_lengths(np.array([3, 2, 5], np.int64), 6)
+    for dt in (np.uint8, np.int16, np.uint32, np.uint64):
+        got = pack_lengths(np.array([3, 2, 5], dt), 6)
+        assert got.seg_len.tolist() == want.seg_len.tolist()
+        assert got.row_offsets.tolist() == want.row_offsets.tolist()
+    assert pack_lengths([], 6).num_rows == 0
+
+
 def test_odd_and_non_power_of_two_capacities():
     """The capacity tree is sized for any C (a power-of-two assumption would break these)."""
     rng = np.random.default_rng(7)
