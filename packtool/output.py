@@ -370,6 +370,12 @@ class Output:
                 return
         elif IN_PROGRESS_NAME in found:
             marker = _read_json(out.join(IN_PROGRESS_NAME)) or {}
+            kind = marker.get("kind")  # markers before this version name no kind
+            if kind not in (None, self.kind) and not self.overwrite:  # the other command's
+                raise OutputError(f"{out.display}: {self.role} holds an interrupted "
+                                  f"{_run_word(kind)} ({_kind_words(kind)}), not "
+                                  f"{_kind_words(self.kind)}; choose another location "
+                                  f"(--overwrite would delete that {_run_word(kind)})")
             self.resume = marker.get("fingerprint") == self.fingerprint
             if not self.resume:
                 self.overwrite = True  # an interrupted pack of other options: ours to replace
@@ -391,6 +397,11 @@ class Output:
                               "move them away or choose another location (--overwrite replaces "
                               "only what packtool wrote)")
         if others and not self.overwrite:
+            if m is not None and (m.kind or PACKED_KIND) != self.kind:  # the other command's
+                raise OutputError(f"{out.display}: {self.role} holds a finished "
+                                  f"{_run_word(m.kind)} ({_kind_words(m.kind)}), not "
+                                  f"{_kind_words(self.kind)}; choose another location "
+                                  f"(--overwrite would delete that {_run_word(m.kind)})")
             if m is not None:  # a finished pack of other options or inputs
                 was = dict(m.options)
                 if m.labels is not None:  # recorded apart as the labels fact
@@ -496,7 +507,7 @@ class Output:
         self.path.join(IN_PROGRESS_NAME).publish_bytes(json.dumps(
             {"fingerprint": self.fingerprint, "shards": {**self._promised, **self._written},
              **({"options": self.options} if self.options is not None else {}),
-             **({"kind": self.kind} if self.kind != PACKED_KIND else {})},
+             "kind": self.kind},
             sort_keys=True).encode())
         self._marker_at = time.monotonic()
 
@@ -799,6 +810,11 @@ def kept_shard(output, name: str, promised: dict | None) -> ShardEntry | None:
 def _run_word(kind: str | None) -> str:
     """``pack`` or ``tokenize run``: what wrote an output of manifest kind ``kind``."""
     return "tokenize run" if kind == TOKENIZED_KIND else "pack"
+
+
+def _kind_words(kind: str | None) -> str:
+    """What an output of manifest kind ``kind`` holds, for a message."""
+    return "tokenized documents" if kind == TOKENIZED_KIND else "packed rows"
 
 
 def _differences(was, now) -> str:

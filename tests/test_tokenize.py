@@ -406,6 +406,64 @@ def test_a_tokenized_output_is_pack_input_but_not_packed_rows(tmp_path, hf_token
         PackedOutput.open(out)
 
 
+def test_tokenize_and_pack_into_each_others_output_are_refused_not_replaced(tmp_path,
+                                                                           hf_tokenizer):
+    """tokenize pointed at a pack's OUTPUT (finished or interrupted), and pack at a tokenize
+    run's, is told the directory holds the other command's output, never asked to pass
+    --overwrite as if it were a rerun with other options; nothing there is touched."""
+    src = write_jsonl(tmp_path / "a.jsonl", TEXTS[:6])
+    tok, packed = tmp_path / "tok", tmp_path / "packed"
+    assert invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, src, tok]).exit_code == 0
+    assert invoke(["pack", "-q", "-c", 64, tok, packed]).exit_code == 0
+    before = hash_tree(packed), hash_tree(tok)
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, src, packed])
+    assert res.exit_code == 1, res.output
+    assert res.output.strip() == (
+        f"Error: {packed}: OUTPUT holds a finished pack (packed rows), not tokenized "
+        "documents; choose another location (--overwrite would delete that pack)")
+    tok2 = tmp_path / "tok2"
+    assert invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, src, tok2]).exit_code == 0
+    res = invoke(["pack", "-q", "-c", 64, tok, tok2])
+    assert res.exit_code == 1 and "OUTPUT holds a finished tokenize run (tokenized " \
+        "documents), not packed rows" in res.output, res.output
+    assert (hash_tree(packed), hash_tree(tok)) == before
+    # an interrupted pack: its marker says what it was
+    (packed / MANIFEST_NAME).rename(tmp_path / "m")
+    (packed / IN_PROGRESS_NAME).write_text(json.dumps({"fingerprint": "x", "options": {},
+                                                         "kind": "packed"}))
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, src, packed])
+    assert res.exit_code == 1 and "holds an interrupted pack (packed rows)" in res.output
+    assert any(p.name.startswith("part-") for p in packed.iterdir())
+
+
+def test_invalid_utf8_and_dictionary_text_columns(tmp_path, hf_tokenizer):
+    """Bytes that are not UTF-8 in an Arrow string column (Parquet or Arrow IPC): one line
+    naming the file and the row, never an internal error; a dictionary-encoded text column
+    (a pandas Categorical) is its texts, tokenized as the plain column is."""
+    bad = pa.array([b"ok", b"fine", b"caf\xe9"], pa.binary()).view(pa.string())
+    pq.write_table(pa.table({"text": bad}), tmp_path / "b.parquet")
+    with pa.OSFile(str(tmp_path / "b.arrow"), "wb") as f:
+        with pa.ipc.new_file(f, pa.schema([("text", pa.string())])) as w:
+            w.write_table(pa.table({"text": bad}))
+    for name in ("b.parquet", "b.arrow"):
+        res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, tmp_path / name,
+                      tmp_path / f"o-{name}"])
+        assert res.exit_code == 1, res.output
+        line = res.output.strip()
+        assert len(line.splitlines()) == 1 and "internal error" not in line, line
+        assert f"{tmp_path / name}: row 2 (0-based): 'text' is not valid UTF-8" in line, line
+        assert not (tmp_path / f"o-{name}").exists()
+    texts = TEXTS[:9]
+    pq.write_table(pa.table({"text": pa.array(texts).dictionary_encode()}), tmp_path / "d.parquet")
+    pq.write_table(pa.table({"text": texts}), tmp_path / "p.parquet")
+    for name in ("d", "p"):
+        res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, tmp_path / f"{name}.parquet",
+                      tmp_path / f"t-{name}"])
+        assert res.exit_code == 0, res.output
+    assert pq.read_table(tmp_path / "t-d").column("input_ids").to_pylist() == \
+        pq.read_table(tmp_path / "t-p").column("input_ids").to_pylist()
+
+
 def test_tokenize_reads_and_writes_a_store(tmp_path, hf_tokenizer, s3):
     """JSON Lines in a bucket to tokenized shards in a bucket, then pack from the bucket."""
     fs, bucket = s3

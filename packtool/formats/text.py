@@ -243,6 +243,24 @@ def _table_source(path, fmt: str):
                                exc) from None
 
 
+def _pylist(arr, path, first: int, column: str) -> list:
+    """The texts of ``arr`` as Python strings; SchemaError naming the first row whose bytes are
+    not UTF-8 (Arrow's string types promise UTF-8, but a writer can break the promise)."""
+    try:
+        return arr.to_pylist()
+    except UnicodeDecodeError as exc:
+        for i in range(len(arr)):
+            try:
+                arr[i].as_py()
+            except UnicodeDecodeError:
+                break
+        else:
+            i = 0
+        raise SchemaError(f"{path}: {row_ref(first + i)}: {column!r} is not valid UTF-8 "
+                          f"({exc.reason} at byte {exc.start}); re-encode the texts as UTF-8 "
+                          "(or drop the row) before tokenizing") from None
+
+
 def _table_texts(path, fmt: str, column: str, batch_docs: int, skip: int,
                  keep: tuple[str, ...]) -> Iterator[tuple[int, TextBatch]]:
     schema, batches = _table_source(path, fmt)
@@ -251,6 +269,8 @@ def _table_texts(path, fmt: str, column: str, batch_docs: int, skip: int,
                           f"{', '.join(schema.names)}; pass --text-column NAME")
     check_single_column(schema, column, path)
     typ = schema.field(column).type
+    if pa.types.is_dictionary(typ):  # e.g. a pandas Categorical: the texts are its values
+        typ = typ.value_type
     if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)
             or pa.types.is_string_view(typ)):
         raise SchemaError(f"{path}: column {column!r} has type {typ}, expected text (string); "
@@ -269,6 +289,8 @@ def _table_texts(path, fmt: str, column: str, batch_docs: int, skip: int,
                 row += n
                 continue
             arr = b.column(0)
+            if pa.types.is_dictionary(arr.type):
+                arr = arr.dictionary_decode()
             lo = max(0, skip - row)
             if arr.null_count:
                 nulls = np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))
@@ -277,7 +299,7 @@ def _table_texts(path, fmt: str, column: str, batch_docs: int, skip: int,
                     raise SchemaError(f"{path}: {row_ref(row + int(nulls[0]))}: {column!r} is "
                                       "null; drop or fill null texts before tokenizing")
             kept = pa.Table.from_batches([b.slice(lo).select(list(keep))]) if keep else None
-            yield row + lo, TextBatch(arr.slice(lo).to_pylist(), kept)
+            yield row + lo, TextBatch(_pylist(arr.slice(lo), path, row + lo, column), kept)
             row += n
     except (pa.ArrowException, OSError) as exc:
         raise InputError(f"{path}: {row_ref(row)}: cannot be read ({exc}); the file is damaged "
