@@ -80,13 +80,14 @@ def test_every_segment_carries_its_documents_source(src, tmp_path, extra):
     assert res.exit_code == 0, res.output
 
 
-def test_integer_sources_keep_their_values(tmp_path):
+@pytest.mark.parametrize("typ", [pa.int16(), pa.uint64()])
+def test_integer_sources_keep_their_values(tmp_path, typ):
     """An integer column (e.g. a dataset id) keeps its integers in the table, sorted."""
     d = tmp_path / "in"
     d.mkdir()
     pq.write_table(pa.table({"input_ids": _docs(40, 3),
                              "source": pa.array([(i % 3) * 10 + 5 for i in range(40)],
-                                                pa.int16())}), d / "a.parquet")
+                                                typ)}), d / "a.parquet")
     out = pack(d, tmp_path / "out")
     m = read_manifest(out)
     assert m.source_values == (5, 15, 25)
@@ -179,13 +180,16 @@ def test_the_loader_hands_out_per_token_source_ids(src, tmp_path):
     ("float", r"--source-column 'source' has type double"),
     ("null", r"row 3.*--source-column 'source' is null"),
     ("mixed", r"holds strings in some .* and integers in others"),
+    ("uint64", r"row 4.*--source-column 'source' value 9223372036854775813 does not fit int64"),
 ])
 def test_bad_source_columns_are_refused_in_one_line(tmp_path, case, match):
     d = tmp_path / "in"
     d.mkdir()
     docs = _docs(10, 5)
     col = {"missing": None, "float": [0.5] * 10, "null": ["a", "b", "c", None] + ["d"] * 6,
-           "mixed": ["a"] * 10}[case]
+           "mixed": ["a"] * 10,
+           # a hashed domain id over 2**63 - 1 was stored as a negative one, silently
+           "uint64": pa.array([1, 2, 3, 4, 2**63 + 5] + [6] * 5, pa.uint64())}[case]
     cols = {"input_ids": docs} if col is None else {"input_ids": docs, "source": col}
     pq.write_table(pa.table(cols), d / "a.parquet")
     if case == "mixed":

@@ -1250,7 +1250,7 @@ def _source_values(arr, path, row: int, name: str) -> np.ndarray:
     for a string column.
 
     Raises:
-        SchemaError: a null value (file and row named).
+        SchemaError: a null value, or a uint64 value over 2**63 - 1 (file and row named).
     """
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
@@ -1261,7 +1261,13 @@ def _source_values(arr, path, row: int, name: str) -> np.ndarray:
         raise SchemaError(f"{path}: {row_ref(bad)}: --source-column {name!r} is null; fill it "
                           "(e.g. 'unknown') before packing")
     if pa.types.is_integer(arr.type):
-        return arr.to_numpy(zero_copy_only=False).astype(np.int64)
+        vals = arr.to_numpy(zero_copy_only=False)
+        if vals.dtype == np.uint64 and vals.size and vals.max() > np.iinfo(np.int64).max:
+            bad = int(np.argmax(vals > np.iinfo(np.int64).max))
+            raise SchemaError(f"{path}: {row_ref(row + bad)}: --source-column {name!r} value "
+                              f"{int(vals[bad])} does not fit int64 (the source ids' type); "
+                              "cast the column to int64 or to string before packing")
+        return vals.astype(np.int64)
     return np.asarray(arr.cast(pa.large_string()).to_pylist(), dtype=object)
 
 

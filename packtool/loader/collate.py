@@ -56,8 +56,11 @@ or ``position_ids`` with ``labels`` (what ``transformers.Trainer`` leaves of an 
 positions are rebuilt from the spans.
 Items without them are refused with the columns named, never batched with an invented
 boundary, and :func:`check_item_columns` refuses a dataset whose ``columns=`` cannot make a
-batch. Rebuilt from positions, ``segment_ids`` numbers the padding tail like one more segment
-(as ``cu_seqlens`` counts it) instead of 0; its labels are -100.
+batch. Rebuilt from positions, ``segment_ids`` is 0 on the padding tail when a per-segment
+column (``doc_ids``, ``source_ids``, ``doc_offsets``) says how many documents a row holds;
+without one, a row's last span is taken for the padding tail when it holds no target (labels
+all -100), so a last document without targets is numbered 0 as well (no loss changes, and
+no attention between documents).
 
 Labels convention. Each batch says which one it holds (``labels_convention``): ``unshifted``
 (``labels[i]`` is token ``i`` or -100; the model or the loss shifts, as Hugging Face models do
@@ -264,11 +267,30 @@ def _structure(rows: Rows) -> None:
 
 
 def _segments(rows: Rows) -> np.ndarray:
-    """int[B, C] segment numbering: ``segment_ids``, or one number per run of positions
-    restarting at 0 (the padding tail then numbered like a segment: only for converting
-    labels inside segments, never to decide what is padding)."""
+    """int[B, C] ``segment_ids`` (0 on padding): the rows', or rebuilt from the positions, one
+    number per run restarting at 0. The padding tail is the runs after the row's k documents
+    when a per-segment column says k (``doc_ids``, ``source_ids``, ``doc_offsets``); else the
+    last run when the row has several and that one holds no target (labels all -100: a
+    document without targets there is numbered 0 too, which changes no loss, and no attention
+    between documents); else it is numbered like a segment. Computed once per ``rows``."""
     seg = rows.tokens.get("segment_ids")
-    return seg if seg is not None else np.cumsum(rows.tokens["position_ids"] == 0, axis=1)
+    if seg is not None:
+        return seg
+    cached = rows.__dict__.get("_rebuilt_segments")
+    if cached is not None:
+        return cached
+    seg = np.cumsum(rows.tokens["position_ids"] == 0, axis=1, dtype=np.int32)  # shape: (B, C)
+    k = next((np.diff(rows.ragged[name][1]) for name in ("doc_ids", "source_ids", "doc_offsets")
+              if name in rows.ragged), None)
+    if k is not None:
+        seg[seg > k[:, None]] = 0
+    elif "labels" in rows.tokens:
+        last = seg[:, -1:]  # shape: (B, 1)
+        tail = seg == last
+        targets = ((rows.tokens["labels"] != IGNORE_INDEX) & tail).any(axis=1)
+        seg[tail & ((last[:, 0] > 1) & ~targets)[:, None]] = 0
+    rows.__dict__["_rebuilt_segments"] = seg
+    return seg
 
 
 def _positions(rows: Rows) -> np.ndarray:
@@ -588,8 +610,7 @@ def _token_sources(rows: Rows, seg: np.ndarray) -> np.ndarray | None:
     """int32[B, C] per-token source ids from per-segment ``source_ids`` (-1 on padding);
     ``seg``: the batch's segment ids (:func:`_parts`), real ones when the rows have
     ``segment_ids`` or the spans (``cu_seqlens`` and ``doc_ids``)."""
-    real_segments = "segment_ids" in rows.tokens or {"cu_seqlens", "doc_ids"} <= rows.ragged.keys()
-    if "source_ids" not in rows.ragged or not real_segments:
+    if "source_ids" not in rows.ragged:  # which says k, so ``seg`` has 0 on padding
         return None
     vals, offs = rows.ragged["source_ids"]
     idx = offs[:-1, None] + seg.astype(np.int64) - 1  # shape: (B, C)

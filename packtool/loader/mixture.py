@@ -63,9 +63,9 @@ class Mixture:
         capacity: C.
 
     Raises:
-        ValueError: no source, a bad name or weight, weights for other sources than given, a
-            non-positive ``rows_per_epoch``, or ``labels=None`` with outputs of different
-            conventions.
+        ValueError: no source, a list of outputs (a mixture is a dict), a bad name or weight,
+            weights for other sources than given, a non-positive ``rows_per_epoch``, or
+            ``labels=None`` with outputs of different conventions.
         ManifestError: an output that cannot be opened, outputs of different capacity or
             columns, or a requested column some output lacks.
     """
@@ -80,6 +80,10 @@ class Mixture:
             for name, _ in items:
                 if not isinstance(name, str) or not name:
                     raise ValueError(f"source names are non-empty strings, got {name!r}")
+        elif isinstance(sources, (list, tuple, set)):
+            raise ValueError(f"a list of {len(sources)} outputs: give a mixture as a dict "
+                             "{name: path} (its weights as weights={name: weight}), or one "
+                             "output as a path or store URI")
         else:
             items = [(None, sources)]
         names, outputs, modes = [], [], []

@@ -80,6 +80,16 @@ def check_seed(seed: int, name: str = "seed") -> int:
     return int(seed)
 
 
+def _fraction(x) -> Fraction:
+    """A weight as the fraction it was written as (a float 0.7 as 7/10, so shares are those of
+    the decimals), or as its exact binary value where that rounding would lose it (a weight
+    under about 1e-12, which the rounding would make 0)."""
+    if isinstance(x, int):
+        return Fraction(x)
+    f = Fraction(x).limit_denominator(10**12)
+    return f if x <= 0 or abs(f - Fraction(x)) <= Fraction(x) / 10**9 else Fraction(x)
+
+
 def apportion(weights: Sequence[float], total: int,
               names: Sequence[str] | None = None) -> np.ndarray:
     """Integer shares of ``total`` rows proportional to ``weights`` (Hamilton's largest
@@ -97,8 +107,7 @@ def apportion(weights: Sequence[float], total: int,
     Raises:
         ValueError: a negative, infinite or NaN weight, all zero, or a negative total.
     """
-    w = [Fraction(x).limit_denominator(10**12) if not isinstance(x, int) else Fraction(x)
-         for x in _finite(weights, names)]
+    w = [_fraction(x) for x in _finite(weights, names)]
     if total < 0:
         raise ValueError(f"rows per epoch must be >= 0, got {total}")
     s = sum(w)

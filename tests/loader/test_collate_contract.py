@@ -38,6 +38,42 @@ def test_position_only_items_are_refused_by_every_collate(padded, name):
         COLLATES[name](items)
 
 
+@pytest.mark.parametrize("extra", [(), ("doc_ids",), ("source_ids",), ("doc_offsets",)])
+def test_segments_rebuilt_from_positions_are_0_on_the_padding_tail(padded, extra):
+    """Items of input_ids, position_ids and labels (what Trainer keeps), with or without a
+    per-segment column: collate's segment_ids equal the stored ones (0 on every padding
+    tail, never one more segment), and everything else of the batch is the full batch's."""
+    ds = PackedDataset(padded)
+    full = [ds[i] for i in range(len(ds))]
+    assert any((it["segment_ids"] == 0).any() for it in full)  # the case has padding tails
+    if extra == ("source_ids",):
+        for it in full:
+            it["source_ids"] = np.arange(len(it["doc_ids"]), dtype=np.int32)
+    keys = ("input_ids", "position_ids", "labels", *extra)
+    want = collate(full)
+    got = collate([{k: it[k] for k in keys} for it in full])
+    for k in ("segment_ids", "input_ids", "position_ids", "labels", "cu_seqlens", "seq_idx"):
+        assert torch.equal(got[k], want[k]), k
+    assert got["num_targets"] == want["num_targets"]
+    if extra == ("source_ids",):
+        assert torch.equal(got["token_source_ids"], want["token_source_ids"])
+        assert (got["token_source_ids"] == -1).sum() == (want["segment_ids"] == 0).sum()
+
+
+def test_a_last_document_without_targets_is_numbered_as_padding_without_per_segment_columns():
+    """Positions and labels alone cannot tell a last document without targets from the padding
+    tail: both are numbered 0 (documented); the loss and cu_seqlens do not change."""
+    item = {"input_ids": np.array([11, 12, 13, 21, 22, 7], np.int32),
+            "position_ids": np.array([0, 1, 2, 0, 1, 0], np.int32),
+            "labels": np.array([-100, 12, 13, -100, 22, -100], np.int32)}
+    b = collate([item])
+    assert b["segment_ids"].tolist() == [[1, 1, 1, 2, 2, 0]]
+    assert b["cu_seqlens"].tolist() == [0, 3, 5, 6] and b["num_targets"] == 3
+    one = {k: v[:3] for k, v in item.items()}  # one document filling the row: never padding
+    one["labels"] = np.full(3, -100, np.int32)
+    assert collate([one])["segment_ids"].tolist() == [[1, 1, 1]]
+
+
 def test_columns_no_collate_can_use_are_refused_when_the_dataset_is_built(padded):
     for cls, kw in ((PackedDataset, {}), (PackedIterableDataset, {"rank": 0, "world_size": 1})):
         for cols in (["input_ids", "position_ids"], ["segment_ids", "labels"]):

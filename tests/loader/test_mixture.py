@@ -133,6 +133,9 @@ def test_outputs_that_cannot_be_mixed_are_refused(web_and_code, tmp_path):
         PackedIterableDataset(web_and_code, weights={"web": "a", "code": 1})
     with pytest.raises(ValueError, match="rows_per_epoch"):
         PackedIterableDataset(web_and_code, rows_per_epoch=0)
+    for listed in (list(web_and_code.values()), tuple(web_and_code.values())):
+        with pytest.raises(ValueError, match=r"a list of 2 outputs: give a mixture as a dict"):
+            PackedIterableDataset(listed, rank=0, world_size=1)
 
 
 def test_a_cycled_source_repeats_no_row_before_every_row_came(web_and_code):

@@ -45,6 +45,14 @@ def test_weights_that_do_not_divide_evenly():
             apportion(bad, 10)
 
 
+@pytest.mark.parametrize("scale", [1.0, 1e-6, 1e-13, 1e-300, 1e200])
+def test_tiny_and_huge_weights_share_as_their_ratios(scale):
+    """Weights under about 1e-12 were rounded to 0 ('at least one weight must be positive');
+    any scale now gives the shares of the same ratios."""
+    assert apportion([1 * scale, 2 * scale], 9).tolist() == [3, 6]
+    assert apportion([0.7 * scale, 0.3 * scale], 101).tolist() == [71, 30]
+
+
 @FAST
 @given(st.lists(st.integers(0, 12), min_size=2, max_size=4).filter(lambda c: sum(c) > 0))
 def test_interleave_prefixes_equal_a_brute_force_sort(shares):
