@@ -63,7 +63,8 @@ from packtool.formats import object_store as store
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
                                        PACKED_KIND, TOKENIZED_KIND, Manifest, ShardEntry,
                                        footer_sha256, is_shard_name, pack_running,
-                                       publish_manifest, read_manifest, shard_entry_of)
+                                       publish_manifest, read_manifest, shard_entry_of,
+                                       written_as_shard)
 from packtool.location import Location, StoreError
 
 __all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256", "pack_running",
@@ -388,8 +389,12 @@ class Output:
             return
         others = [n for n in found if n != TMP_DIR_NAME]
         own = (MANIFEST_NAME, IN_PROGRESS_NAME)
+        listed = {s.file for s in m.shards} if m is not None else set()
+        # a shard's name is not enough (pyarrow's write_dataset names files part-0.parquet):
+        # it is packtool's when the manifest lists it or its footer names it
         foreign = sorted(n for n in others if n not in own
-                         and not (not found[n].is_dir and is_shard_name(n)))
+                         and not (not found[n].is_dir and is_shard_name(n)
+                                  and (n in listed or written_as_shard(out.join(n)))))
         if foreign:  # never deleted, and beside the shards they would break Parquet readers
             raise OutputError(f"{out.display}: {self.role} holds {len(foreign)} entr"
                               f"{'y' if len(foreign) == 1 else 'ies'} packtool did not write "

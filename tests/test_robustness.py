@@ -364,6 +364,38 @@ def test_output_holding_foreign_files_is_refused_and_they_are_kept(tmp_path, src
     assert (out / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("names", [["part-0.parquet", "part-1.parquet"], ["part-00000.parquet"],
+                                   ["part-00007.parquet"]])
+def test_parquet_files_named_like_shards_are_not_taken_for_packtools(tmp_path, src, names):
+    """A folder of the user's own Parquet files named part-*.parquet (pyarrow's write_dataset
+    writes part-0.parquet) was emptied by --overwrite: a name is no proof. Only a shard the
+    manifest lists or whose footer names it as packtool's is replaced; these are refused and
+    kept, as any foreign file, also when OUTPUT is a link to the folder."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for n in names:
+        pq.write_table(pa.table({"input_ids": [[1, 2, 3], [4, 5]]}), data / n)
+    link = tmp_path / "link"
+    link.symlink_to(data)
+    before = hash_tree(data)
+    for out in (data, link):
+        for flags in ([], ["--overwrite"]):
+            res = invoke(["pack", "-q", "-c", C, *flags, src, out])
+            assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+            assert f"holds {len(names)} entr" in res.output
+            assert "packtool did not write" in res.output and names[0] in res.output
+            assert hash_tree(data) == before
+    # packtool's own shards stay replaceable without their manifest (removed by hand)
+    out = tmp_path / "out"
+    assert invoke(["pack", "-q", "-c", 32, src, out]).exit_code == 0
+    (out / ".packtool-manifest.parquet").unlink()
+    res = invoke(["pack", "-q", "--overwrite", "-c", C, src, out])
+    assert res.exit_code == 0, res.output
+
+
 def test_overwrite_replaces_a_previous_pack(tmp_path, src, reference):
     """--overwrite still replaces packtool's own output (shards and manifest)."""
     out = tmp_path / "out"
