@@ -19,20 +19,101 @@ when no dataset derived from the result is left, or ``output``) while it is iter
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import inspect
 import os
+import re
 import shutil
 import tempfile
+import warnings
 import weakref
 from pathlib import Path
 from typing import Sequence
 
-from packtool.errors import ConfigError, InputError, PacktoolError
+from packtool.errors import ConfigError, InputError, PacktoolError, PackWarning
 
 __all__ = ["pack", "pack_dataset"]
 
 #: Documents written to the temporary input per batch (Arrow record batches).
 BATCH_ROWS = 8192
+
+
+#: Values an option may take, as its messages write them (quoted when renamed for Python).
+_CHOICES = {"strategy": ("obfd", "ordered", "concat"),
+            "overflow": ("split", "truncate", "drop", "error"),
+            "labels": ("none", "unshifted", "shifted"), "engine": ("local", "ray"),
+            "compression": ("zstd", "lz4")}
+_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+#: A value written after a flag: a repr, a number, a placeholder (NAME), or any word ending in
+#: the ":" of ``--NAME VALUE: must be ...`` (``[8]``, ``np.float64(8.0)``).
+_VALUE = re.compile(r"""\S+?(?=:(?:\s|$))|'[^']*'|"[^"]*"|-?\d[\w.+-]*|True\b|False\b|None\b"""
+                    r"|[A-Z][A-Z_]*\b")
+
+
+@functools.lru_cache(maxsize=1)
+def _keywords() -> dict:
+    """The Python keyword of every option of :func:`pack` and :func:`pack_dataset`, by the
+    command-line flag that names it in messages (``--pad-id`` -> ``pad_id``), with its default."""
+    out = {"--inputs": ("inputs", None)}
+    for fn in (pack, pack_dataset):
+        for name, p in inspect.signature(fn).parameters.items():
+            out["--" + name.replace("_", "-")] = (name, p.default)
+    return out
+
+
+def _as_python(message: str) -> str:
+    """``message`` (an error or warning written for the command line) with each option of the
+    Python API named as its keyword: ``--pad-id 1.5`` -> ``pad_id=1.5``, ``--overflow split`` ->
+    ``overflow='split'``, ``--overwrite`` -> ``overwrite=True``, ``--no-shuffle`` ->
+    ``shuffle=False``; flags the API has no keyword for stay as they are."""
+    keywords = _keywords()
+    out, at = [], 0
+    for m in _FLAG.finditer(message):
+        text, end = _keyword(m.group(0), message, m.end(), keywords)
+        out += [message[at:m.start()], text]
+        at = end
+    return "".join(out) + message[at:]
+
+
+def _keyword(flag: str, message: str, end: int, keywords: dict) -> tuple[str, int]:
+    """(``flag`` as a Python keyword, with the value written after it when there is one;
+    where in ``message`` the rewritten text ends)."""
+    if flag == "--no-shuffle":
+        return "shuffle=False", end
+    if flag not in keywords:
+        return flag, end
+    name, default = keywords[flag]
+    choices = "|".join(_CHOICES.get(name, ()))
+    words = re.compile(rf" ((?:{choices})(?:\|(?:{choices}))*)\b").match(message, end) \
+        if choices else None
+    if words:
+        return f"{name}=" + "|".join(repr(w) for w in words.group(1).split("|")), words.end()
+    value = _VALUE.match(message, end + 1) if message.startswith(" ", end) else None
+    if value:
+        return f"{name}={value.group(0)}", value.end()
+    return (f"{name}=True" if default is False else name), end
+
+
+def _python_errors(fn):
+    """Run ``fn`` with every :class:`PacktoolError` it raises reworded for Python
+    (:func:`_as_python`), same class, and its pack's ``WARNING`` notes issued as
+    :class:`~packtool.errors.PackWarning` (the command line prints them)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except PacktoolError as exc:
+            raise type(exc)(_as_python(str(exc))) from None
+    return wrapper
+
+
+def _warn(result) -> None:
+    """Issue the ``WARNING`` notes of a pack (and of its held-out pack) as
+    :class:`~packtool.errors.PackWarning` s, worded for Python."""
+    for r in (result, getattr(result, "holdout", None)):
+        for note in (getattr(r, "warnings", None) or ()):
+            warnings.warn(_as_python(note), PackWarning, stacklevel=4)
 
 
 def _config(inputs, output, **options):
@@ -45,6 +126,7 @@ def _config(inputs, output, **options):
                       workers=(os.cpu_count() or 1) if workers is None else workers, **options)
 
 
+@_python_errors
 def pack(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str | os.PathLike, *,
          capacity: int = 2048, column: str = "input_ids", strategy: str = "obfd",
          overflow: str = "split", segment_multiple: int = 1, labels: str = "none",
@@ -73,10 +155,15 @@ def pack(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str | 
 
     Raises:
         ConfigError: an argument of the wrong type (a float, bool or string for an integer, a
-            non-bool flag; :func:`packtool.config.option_value`) or out of range, named as on the
-            command line: ``--pad-id 1.5: must be an integer, not float``.
-        InputError, SchemaError, PackingError, OutputError, EngineError: as ``packtool pack``
-            (exit 1); the message names the file, the row and the fix.
+            non-bool flag; :func:`packtool.config.option_value`) or out of range, named by its
+            keyword: ``pad_id=1.5: must be an integer, not float``.
+        InputError, SchemaError, PackingError, OutputError, EngineError: as ``packtool pack``;
+            the message names the file, the row and the fix, options by their keywords
+            (``pass overwrite=True``).
+
+    Warns:
+        PackWarning: each ``WARNING`` note of the pack (tokens left out by ``overflow`` or
+            ``min_fill``, no effective targets), worded for Python.
     """
     from packtool.config import option_value
     from packtool.pipeline import run_pack
@@ -95,7 +182,9 @@ def pack(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str | 
                   window_docs=window_docs, engine=engine,
                   ray_address=ray_address, holdout=holdout,
                   holdout_output=holdout_output, source_column=source_column)
-    return run_pack(cfg, progress=progress)
+    result = run_pack(cfg, progress=progress)
+    _warn(result)
+    return result
 
 
 class _Owner:
@@ -174,6 +263,7 @@ def _batches(data, kind: str, column: str, batch_rows: int):
     return data.with_format("arrow").iter(batch_size=batch_rows)
 
 
+@_python_errors
 def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
                  strategy: str = "obfd", overflow: str = "split", segment_multiple: int = 1,
                  labels: str = "none", min_fill: float = 0.0,
@@ -247,6 +337,11 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
             refuses a Parquet file of them, never cut), bad token ids or masks (the message
             names the row).
         PackingError: a document over capacity with ``overflow="error"``.
+        Messages name options by their keywords (``pass overwrite=True``).
+
+    Warns:
+        PackWarning: each ``WARNING`` note of the pack (tokens left out by ``overflow`` or
+            ``min_fill``, no effective targets), worded for Python.
     """
     from packtool.config import option_value
     from packtool.pipeline import run_pack
@@ -297,7 +392,9 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
         try:
             result = run_pack(cfg, progress=progress)
         except PacktoolError as exc:  # name the rows as the caller knows them, not the file
-            raise type(exc)(str(exc).replace(str(src / INPUT_NAME), "documents")) from None
+            raise type(exc)(str(exc).replace(str(src / INPUT_NAME), "documents")
+                            .replace("the INPUT", "the documents")) from None
+        _warn(result)
         owner = _Owner(str(work), owned=True) if lazy else None
         outs = [cfg.output] + ([cfg.holdout_output] if result.holdout is not None else [])
         packed = tuple(_result(Path(o), kind, owner) for o in outs)

@@ -25,6 +25,7 @@ import errno
 import re
 
 __all__ = [
+    "PackWarning",
     "EXIT_DATA",
     "EXIT_USAGE",
     "EXIT_INTERRUPTED",
@@ -90,6 +91,12 @@ def install_hint(extra: str) -> str:
     if any(re.match(r"torch\b", r) for r in mine):
         cmd += f" --index-url {TORCH_CPU_INDEX} (the CPU build; for CUDA drop --index-url)"
     return cmd
+
+
+class PackWarning(UserWarning):
+    """A pack's loud note for Python callers (``packtool.pack``, ``packtool.pack_dataset``):
+    many tokens dropped or cut (``overflow``, ``min_fill``), no effective targets; the command
+    line prints the same notes as ``WARNING:`` lines."""
 
 
 class PacktoolError(Exception):

@@ -17,7 +17,7 @@ import pytest
 
 import packtool
 from packcheck import invoke, read_output
-from packtool.errors import ConfigError, InputError, SchemaError
+from packtool.errors import ConfigError, InputError, OutputError, PackingError, SchemaError
 
 datasets = pytest.importorskip("datasets")
 
@@ -164,7 +164,7 @@ def test_pack_dataset_errors_name_the_row_and_the_fix(tmp_path):
         packtool.pack_dataset("sample_data/", 8)
     with pytest.raises(InputError, match="empty"):
         packtool.pack_dataset([], 8)
-    with pytest.raises(ConfigError, match="--capacity 1"):
+    with pytest.raises(ConfigError, match="^capacity=1: "):
         packtool.pack_dataset([[1, 2]], 1)
     with pytest.raises(InputError, match="item 1 is of type int"):
         packtool.pack_dataset([[1, 2], 3], 8)
@@ -281,7 +281,9 @@ def test_documents_the_cli_refuses_are_refused_by_the_api_with_the_same_message(
         return re.sub(r"list<\w+: ", "list<", " ".join(msg.split()))
 
     want = str(exc.value).replace("documents", str(tmp_path / "docs.parquet"), 1)
-    assert same(want) in same(res.output), (want, res.output)
+    assert "--" not in want  # options named as keywords: the CLI's line, flags renamed
+    assert same(want) in same(res.output.replace("--column NAME", "column=NAME")), \
+        (want, res.output)
     with pytest.raises(SchemaError):
         packtool.pack_dataset(pa.table({"input_ids": column}), 8)
 
@@ -344,7 +346,7 @@ def test_every_argument_of_the_wrong_type_is_one_config_error_naming_it(tmp_path
                 fn(*call, **kw)
             msg = str(exc.value)
             got = value[0] if name == "inputs" and isinstance(value, list) else value
-            assert msg.startswith(f"--{name.replace('_', '-')} {got!r}: "), msg
+            assert msg.startswith(f"{name}={got!r}: "), msg  # the keyword, not the flag
         checked.append(name)
     assert {"capacity", "pad_id", "append_eos", "prepend_bos", "seed", "window_docs", "workers",
             "shuffle", "progress", "min_fill", "holdout", "compression"} <= set(checked)
@@ -362,7 +364,7 @@ def test_a_batch_size_below_one_is_refused_before_anything_is_written(tmp_path):
     ds = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]]})
     before = set(os.listdir(tempfile.gettempdir()))
     for value in (-1, 0):
-        with pytest.raises(ConfigError, match=rf"^--batch-rows {value}: must be >= 1$"):
+        with pytest.raises(ConfigError, match=rf"^batch_rows={value}: must be >= 1$"):
             packtool.pack_dataset(ds, 8, batch_rows=value, output=tmp_path / "out")
     assert set(os.listdir(tempfile.gettempdir())) <= before
     assert not (tmp_path / "out").exists()
@@ -417,3 +419,63 @@ def test_a_streamed_result_has_a_shard_per_row_group_so_workers_read_in_parallel
     assert got.num_shards > 2
     halves = [list(got.shard(num_shards=2, index=k, contiguous=True)) for k in range(2)]
     assert halves[0] and halves[1] and halves[0] + halves[1] == rows
+
+
+def test_messages_name_the_python_keywords_not_the_command_lines_flags(tmp_path):
+    """Python callers were told to pass --overwrite, --column NAME or --batch-rows (no such
+    flag exists); every option is now named as passed, the CLI's wording unchanged."""
+    cases = [
+        (dict(capacity=4, overflow="error"), PackingError,
+         "document 0 has 12 tokens, longer than capacity=4; use "
+         "overflow='split'|'truncate'|'drop' or a larger capacity"),
+        (dict(capacity=8, segment_multiple=3), ConfigError,
+         "segment_multiple=3: capacity=8 is not a multiple of it; every padded document and the "
+         "padding tail must be multiples of N: use capacity=6 or 9"),
+        (dict(capacity=8, pad_id=1.5), ConfigError, "pad_id=1.5: must be an integer, not float"),
+        (dict(capacity=8, shuffle="no"), ConfigError, "shuffle='no': must be True or False"),
+        (dict(capacity=8, progress="yes"), ConfigError, "progress='yes': must be True or False"),
+        (dict(capacity=8, compression="gzip"), ConfigError, "compression='gzip'"),
+    ]
+    for kw, cls, want in cases:
+        with pytest.raises(cls) as exc:
+            packtool.pack_dataset([[1, 2, 3] * 4], **kw)
+        assert want in str(exc.value), str(exc.value)
+        assert "--" not in str(exc.value), str(exc.value)
+    with pytest.raises(InputError, match=r"are empty; check the documents and column$"):
+        packtool.pack_dataset([[]], 8)
+    packtool.pack_dataset([[1, 2]], 4, output=tmp_path / "o")
+    with pytest.raises(OutputError, match=r"; pass overwrite=True to replace it or choose "):
+        packtool.pack_dataset([[1, 2, 3]], 4, output=tmp_path / "o")
+    with pytest.raises(ConfigError, match=r"^inputs=5: must be a list of paths"):
+        packtool.pack(5, tmp_path / "p")
+    # the command line keeps its flags
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"input_ids": [[1, 2, 3] * 4]}), tmp_path / "in" / "a.parquet")
+    res = invoke(["pack", "-q", "-c", 4, "--overflow", "error", tmp_path / "in", tmp_path / "c"])
+    assert "longer than --capacity 4; use --overflow split|truncate|drop" in res.output
+
+
+def test_the_notes_pack_prints_are_python_warnings(tmp_path, sample_data):
+    """pack_dataset dropped the WARNING lines the CLI prints (75 % of the tokens cut went
+    unsaid); pack and pack_dataset now issue each as a PackWarning, keywords named."""
+    from packtool.errors import PackWarning
+
+    with pytest.warns(PackWarning) as got:
+        rows = packtool.pack_dataset([[1] * 50, [1, 2, 3], [4, 5, 6]], 8, min_fill=1.0,
+                                     overflow="truncate")
+    assert len(rows) == 1
+    msgs = [str(w.message) for w in got]
+    assert any(m.startswith("overflow='truncate' removed 75.0% of the tokens (42 of 56")
+               for m in msgs), msgs
+    assert any(m.startswith("min_fill=1 left out 1 planned row") for m in msgs), msgs
+    assert all("--" not in m for m in msgs), msgs
+    assert got[0].filename == __file__  # attributed to the caller's line
+    with pytest.warns(PackWarning, match="^overflow='truncate' removed"):
+        res = packtool.pack(sample_data, tmp_path / "p",
+                            capacity=64, overflow="truncate")
+    assert res.warnings and res.warnings[0].startswith("--overflow truncate removed")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a pack that loses nothing warns of nothing
+        packtool.pack_dataset([[1, 2, 3]], 8)
