@@ -63,8 +63,8 @@ from packtool.formats import object_store as store
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
                                        PACKED_KIND, TOKENIZED_KIND, Manifest, ShardEntry,
                                        footer_sha256, is_shard_name, pack_running,
-                                       publish_manifest, read_manifest, shard_entry_of,
-                                       written_as_shard)
+                                       publish_manifest, read_manifest, shard_entry_of)
+from packtool.formats.schema import written_as_shard
 from packtool.location import Location, StoreError
 
 __all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256", "pack_running",

@@ -79,7 +79,7 @@ __all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NA
            "require_packed", "manifest_bytes", "publish_manifest",
            "read_manifest", "read_manifest_and_schema", "load_manifest", "check_shards",
            "sha256_of",
-           "footer_sha256", "footer_of", "written_as_shard", "upgrade_manifest", "shard_entry_of", "shard_name",
+           "footer_sha256", "footer_of", "upgrade_manifest", "shard_entry_of", "shard_name",
            "is_shard_name"]
 
 #: File name of the manifest inside OUTPUT (a zero-row Parquet file, see the module docstring).
@@ -676,24 +676,6 @@ def footer_sha256(loc, tail_bytes: int = 1 << 16) -> str:
         except OSError:
             n = min(size, tail_bytes)
             return hashlib.sha256(f.read_at(n, size - n) if n else b"").hexdigest()
-
-
-def written_as_shard(loc) -> bool:
-    """True when the Parquet file at ``loc`` is a packed shard packtool wrote at this very name:
-    its footer's schema metadata names it (:data:`~packtool.formats.schema.SHARD_META_KEY`). A
-    name alone (``part-0.parquet``, what ``pyarrow.dataset.write_dataset`` writes too) proves
-    nothing; a file that cannot be read as Parquet is not one. Reads only the footer."""
-    from packtool.formats.schema import SHARD_META_KEY
-
-    loc = Location.parse(loc)
-    try:
-        with loc.open_input() as f:
-            footer = footer_of(f, f.size())
-        md = pq.read_metadata(pa.BufferReader(b"PAR1" + footer))
-    except (OSError, pa.ArrowException, StoreError) as exc:
-        raise_if_shortage(exc, loc.display)
-        return False
-    return (md.metadata or {}).get(SHARD_META_KEY) == loc.name.encode()
 
 
 def check_shards(output, manifest: Manifest, *, hashes: bool = False, threads: int = 4,

@@ -23,7 +23,7 @@ __all__ = ["packed_schema", "packed_columns", "labels_convention", "check_token_
            "check_single_column",
            "is_integer_list", "is_list_layout",
            "LABELS_CONVENTION_META_KEY", "CAPACITY_META_KEY", "FORMAT_VERSION_META_KEY",
-           "SHARD_META_KEY", "SEGMENT_MULTIPLE_META_KEY", "shard_schema",
+           "SHARD_META_KEY", "SEGMENT_MULTIPLE_META_KEY", "shard_schema", "written_as_shard",
            "TOKEN_COLUMNS", "RAGGED_COLUMNS", "SCALAR_COLUMNS"]
 
 #: Schema metadata key: the labels convention a reader gets, stored or derived
@@ -170,3 +170,25 @@ def check_token_column(schema: pa.Schema, column: str, path: str) -> None:
         raise SchemaError(
             f"{path}: column {column!r} has type {typ}, expected a list of integer token ids "
             "(list<int32> or similar); tokenize the text first or pass --column NAME")
+
+
+def written_as_shard(loc) -> bool:
+    """True when the Parquet file at ``loc`` is a packed shard packtool wrote at this very name:
+    its footer's schema metadata names it (:data:`SHARD_META_KEY`). A
+    name alone (``part-0.parquet``, what ``pyarrow.dataset.write_dataset`` writes too) proves
+    nothing; a file that cannot be read as Parquet is not one. Reads only the footer."""
+    import pyarrow.parquet as pq
+
+    from packtool.errors import raise_if_shortage
+    from packtool.formats.manifest import footer_of
+    from packtool.location import Location, StoreError
+
+    loc = Location.parse(loc)
+    try:
+        with loc.open_input() as f:
+            footer = footer_of(f, f.size())
+        md = pq.read_metadata(pa.BufferReader(b"PAR1" + footer))
+    except (OSError, pa.ArrowException, StoreError) as exc:
+        raise_if_shortage(exc, loc.display)
+        return False
+    return (md.metadata or {}).get(SHARD_META_KEY) == loc.name.encode()
