@@ -952,8 +952,9 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
 @click.option("--check", "checks", multiple=True, metavar="NAME",
               help="Report only these checks (repeatable): logits_match, isolation, "
                    "loss_denominator, grad_zero_ignored, grad_zero_padding, finite, or a column "
-                   "check (cu_seqlens, cu_seqlens_unpadded, segment_ids, position_ids, "
-                   "max_seqlen, doc_ids, labels, num_targets) [default: all].")
+                   "check (schema, input_ids, cu_seqlens, cu_seqlens_unpadded, segment_ids, "
+                   "position_ids, max_seqlen, doc_ids, labels, num_targets, padding, "
+                   "doc_offsets, totals) [default: all].")
 @click.option("--data-only", is_flag=True,
               help="Check the columns only (NumPy; torch not needed); no attention check is "
                    "asked for.")

@@ -22,6 +22,20 @@ def test_help_lists_commands_and_pack_options():
         assert opt in res.output
 
 
+def test_verify_help_names_every_check_it_accepts():
+    """--check took schema, input_ids, padding, doc_offsets and totals; its help left them out."""
+    import re
+
+    from packtool.verify.checks import ALL_CHECKS
+
+    res = run("verify", "--help")
+    assert res.exit_code == 0
+    text = " ".join(res.output.split())
+    at = text.index("--check NAME")
+    listed = set(re.findall(r"\b[a-z_]+\b", text[at:text.index("[default: all]", at)]))
+    assert set(ALL_CHECKS) <= listed, sorted(set(ALL_CHECKS) - listed)
+
+
 def test_version():
     res = run("--version")
     assert res.exit_code == 0 and __version__ in res.output

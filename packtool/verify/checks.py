@@ -164,7 +164,6 @@ def run_verify(
                 "torch is not installed; packtool verify runs its attention checks with it: "
                 + install_hint("verify") + "; or pass --data-only to check the columns alone "
                 "(NumPy, no torch)")
-    t0 = time.perf_counter()
     window = None
     if progress:  # before any work: what verify expects to take, from the manifest alone
         from packtool.formats.manifest import read_manifest
@@ -179,6 +178,7 @@ def run_verify(
                                    if check_hashes else 0)
             progress(f"verify: expecting about {_duration(est['total'])} on an idle machine "
                      f"({est['detail']})")
+    t0 = time.perf_counter()  # the sha256 alone, not the estimate above
     reader = PackedOutput.open(path, integrity="sha256" if check_hashes else "footer")
     if check_hashes:
         _say(progress, f"verify: sha256 of {len(reader.shards)} shard(s) checked "
@@ -615,14 +615,14 @@ def estimate_seconds(scan_rows: int, capacity: int, model_rows: int, window: int
     """
     from packtool.verify import has_cuda, has_flex_attention, has_transformers
 
-    cuda = has_cuda() if device == "auto" else device == "cuda"
     hashing = hash_bytes * _HASH_S_PER_BYTE
     parts = [f"sha256 of {hash_bytes / 2**20:,.0f} MiB {_duration(hashing)}"] if hash_bytes \
         else []
     scan = scan_rows * capacity * _SCAN_S_PER_TOKEN
     parts += [f"column scan {_duration(scan)}"] if scan_rows else []
     total = hashing + scan
-    if model_rows:
+    if model_rows:  # only then is torch imported (to ask for a GPU): --data-only needs none
+        cuda = has_cuda() if device == "auto" else device == "cuda"
         runs = [b for b in backends if explicit or b in _CPU_BACKENDS]
         if not cuda:
             runs = [b for b in runs if b in _CPU_BACKENDS]

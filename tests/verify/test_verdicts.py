@@ -118,6 +118,18 @@ def test_data_only_passes_without_an_attention_check_and_runs_without_torch(good
     assert p2.returncode == 1 and "pip install" in p2.stdout + p2.stderr
 
 
+def test_data_only_with_progress_never_imports_torch(good):
+    """With torch installed, --data-only's time estimate asked for a GPU and so imported torch
+    (over a CPU-second), and the sha256 line counted that time as hashing."""
+    code = ("import sys\n"
+            "from packtool.verify.checks import run_verify\n"
+            f"rep = run_verify({str(good)!r}, data_only=True, progress=print)\n"
+            "print('ok', rep.ok, 'torch' in sys.modules)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.splitlines()[-1] == "ok True False", p.stdout
+
+
 def test_data_only_still_fails_a_broken_column(good):
     from packed_helpers import edit_rows
 
