@@ -822,6 +822,12 @@ def _kind_words(kind: str | None) -> str:
     return "tokenized documents" if kind == TOKENIZED_KIND else "packed rows"
 
 
+#: Recorded options no flag sets: they follow from others (``rows_per_group`` from
+#: ``--row-group-mb`` and ``--capacity``), so a message names them only when nothing else
+#: differs.
+_DERIVED_OPTIONS = frozenset({"rows_per_group"})
+
+
 def _differences(was, now) -> str:
     """What differs between a finished pack's recorded options and this run's, for a message:
     ``other options (compression: default -> lz4)``, or other inputs when the options agree."""
@@ -831,6 +837,8 @@ def _differences(was, now) -> str:
     keys = [k for k in dict.fromkeys([*now, *was]) if was.get(k) != now.get(k)]
     if not keys:
         return "other inputs (or another packtool version)"
+    chosen = [k for k in keys if k not in _DERIVED_OPTIONS]
+    keys = chosen or keys  # what follows from a chosen option is not news
 
     def show(d, k):
         return "default" if k not in d else repr(d[k])

@@ -124,3 +124,24 @@ def test_verify_without_torch_says_so_before_the_scan_and_offers_data_only(tmp_p
     assert "checking the column contract" not in res.output, "said after the scan"
     res = invoke(["verify", out, "--data-only"])
     assert res.exit_code == 0, res.output
+
+
+def test_text_given_to_pack_points_to_tokenize(tmp_path, raw):
+    """A JSON Lines file of text given to pack was told to convert it to Parquet, which only led
+    to the next refusal (a text column is not token ids): it names packtool tokenize now, as a
+    file, inside a folder of Parquet, and as a folder of text alone; other files keep the
+    conversion advice."""
+    text = tmp_path / "t.jsonl"
+    text.write_text('{"text": "hello"}\n')
+    (tmp_path / "t.csv").write_text("x\n")
+    (raw / "more.jsonl").write_text('{"text": "hi"}\n')
+    (tmp_path / "only").mkdir()
+    (tmp_path / "only" / "a.jsonl").write_text('{"text": "hi"}\n')
+    for given in (text, raw, tmp_path / "only"):
+        res = invoke(["pack", "-q", "-c", 8, given, tmp_path / "out"])
+        assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+        assert "text is tokenized first: packtool tokenize --tokenizer FILE INPUT TOKENIZED, " \
+               "then pack TOKENIZED" in res.output, res.output
+    res = invoke(["pack", "-q", "-c", 8, tmp_path / "t.csv", tmp_path / "out"])
+    assert "convert it to tokenized Parquet first" in res.output, res.output
+    assert "packtool tokenize" not in res.output, res.output

@@ -335,6 +335,20 @@ def _compressed_data(name: str, text: bool = False) -> bool:
     return False
 
 
+def _has_text(names) -> bool:
+    """Any of ``names`` a JSON Lines file (text for ``packtool tokenize``)."""
+    return any(n.lower().endswith(_JSONL_SUFFIXES) for n in names)
+
+
+def _convert_hint(names, them: str = "them") -> str:
+    """The fix for files ``pack`` cannot read: text (JSON Lines) is tokenized first, other
+    data converted to tokenized Parquet."""
+    if _has_text(names):
+        return ("text is tokenized first: packtool tokenize --tokenizer FILE INPUT TOKENIZED, "
+                "then pack TOKENIZED")
+    return f"convert {them} to tokenized Parquet first"
+
+
 def _decompress_hint(names: Sequence[str]) -> str:
     """The fix for compressed data files among ``names`` (empty when there is none)."""
     packed = [n for n in names if _compressed_data(_name(n))]
@@ -773,7 +787,9 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
                              f"(supported: {TEXT_FORMATS})")
         raise InputError(f"{disp('')}: directory holds no *.parquet, Arrow IPC file or "
                          f"Hugging Face dataset{seen}; point INPUT at the tokenized shards "
-                         f"(supported: {SUPPORTED_FORMATS}){_decompress_hint(names)}")
+                         f"(supported: {SUPPORTED_FORMATS})"
+                         + (f"; {_convert_hint(names)}" if _has_text(names) else "")
+                         + _decompress_hint(names))
     if other and not skip_unsupported:
         names = ", ".join(rel for rel, _ in other[:5]) + (
             f", ... ({len(other)} in all)" if len(other) > 5 else "")
@@ -785,9 +801,9 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
                              f"{_decompress_hint([rel for rel, _ in other])}")
         raise InputError(f"{disp('')}: holds {len(other)} file"
                          f"{'' if len(other) == 1 else 's'} of an unsupported format that would "
-                         f"not be packed: {names}; supported: {SUPPORTED_FORMATS}; convert "
-                         "them (e.g. JSONL to Parquet), move them out of INPUT, or pass "
-                         "--skip-unsupported to pack the rest"
+                         f"not be packed: {names}; supported: {SUPPORTED_FORMATS}; "
+                         f"{_convert_hint([_name(rel) for rel, _ in other])}; move them out of "
+                         "INPUT, or pass --skip-unsupported to pack the rest"
                          f"{_decompress_hint([rel for rel, _ in other])}")
     skipped.extend(f"{shown} (compressed whole, decompress it to read it)"
                    if _compressed_data(_name(rel))
@@ -931,8 +947,7 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
                                  f"{TEXT_FORMATS}")
             if fmt is None:
                 raise InputError(f"{shown}: unsupported input format; supported: "
-                                 f"{SUPPORTED_FORMATS} (convert other data, e.g. JSONL, to "
-                                 "Parquet first)")
+                                 f"{SUPPORTED_FORMATS}; {_convert_hint([_name(path)], 'it')}")
             files.append(InputFile(shown, _name(path), int(info.size or 0),
                                    int(info.mtime_ns or 0), fmt))
             keys.append(place.key(path))

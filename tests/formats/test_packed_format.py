@@ -234,4 +234,8 @@ def test_a_finished_pack_of_other_options_is_refused_naming_them(tmp_path, sampl
            "'lz4'); pass --overwrite" in res.output, res.output
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before
     again = CliRunner().invoke(cli, args[:4] + ["--labels", "shifted"] + args[4:])
-    assert "(labels: 'none' -> 'shifted', rows_per_group: 85 -> 64)" in again.output, again.output
+    # rows_per_group follows from the labels column and the capacity: no flag sets it, so it
+    # is not named beside what the user changed
+    assert "(labels: 'none' -> 'shifted'); pass" in again.output, again.output
+    again = CliRunner().invoke(cli, args[:3] + ["2048"] + args[4:])
+    assert "(capacity: 1024 -> 2048); pass" in again.output, again.output
