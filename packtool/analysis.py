@@ -480,8 +480,13 @@ def _width(values, minimum: int) -> int:
     return max([minimum] + [len(v) for v in values])
 
 
-def format_packed(a: PackedAnalysis) -> str:
-    """Human table of :func:`analyze_packed` (counts with thousands separators)."""
+def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str:
+    """Human table of :func:`analyze_packed` (counts with thousands separators).
+
+    Args:
+        per_source_limit: with ``--source-column`` outputs of more sources than this, list only
+            the sources of the most real tokens (the rest summed in one line); None: all.
+    """
     s = a.stats
     C = s.capacity
     q = _count_quantiles(a.fill_counts)
@@ -535,10 +540,19 @@ def format_packed(a: PackedAnalysis) -> str:
                      f"counts to the source of its last segment{seg})")
         lines.append(f"    {'source':{w}} {'rows':>10} {'segments':>10} {'real tokens':>14} "
                      f"{'padding':>11} {'targets':>14}")
-        for p in a.per_source:
+        shown = a.per_source
+        if per_source_limit and len(shown) > per_source_limit:
+            shown = sorted(shown, key=lambda p: -p["real_tokens"])[:per_source_limit]
+            lines[-2] += f"; the {per_source_limit} of the most real tokens"
+        for p in shown:
             lines.append(f"    {str(p['source']):{w}} {p['rows']:10,} {p['segments']:10,} "
                          f"{p['real_tokens']:14,} {p['padding_tokens']:11,} "
                          f"{p['effective_targets']:14,}")
+        if len(shown) < len(a.per_source):
+            rest = [p for p in a.per_source if not any(p is q for q in shown)]
+            lines.append(f"    ... {len(rest):,} more sources, "
+                         f"{sum(p['real_tokens'] for p in rest):,} real tokens "
+                         "(--per-source-limit 0 lists all; --json holds every one)")
     if a.mismatches:
         for k, (rc, m) in a.mismatches.items():
             lines.append(f"  MISMATCH {k}: recounted {rc:,}, manifest {int(m):,}")

@@ -373,6 +373,8 @@ def _holdout_json(cfg, result) -> dict:
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 #: rows --per-bin lists unless --per-bin-limit says otherwise
 DEFAULT_PER_BIN_LIMIT = 50
+#: sources stats lists unless --per-source-limit says otherwise
+DEFAULT_PER_SOURCE_LIMIT = 50
 
 
 def _plot_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -581,6 +583,10 @@ COMPARE_DEPRECATED = ("packtool stats --compare is deprecated and will be remove
 @click.option("--per-bin-limit", type=click.IntRange(min=0), default=None, metavar="N",
               help=f"With --per-bin: list the first N rows (0 = all) [default: "
                    f"{DEFAULT_PER_BIN_LIMIT}]; totals always cover every row.")
+@click.option("--per-source-limit", type=click.IntRange(min=0),
+              default=DEFAULT_PER_SOURCE_LIMIT, metavar="N", show_default=True,
+              help="Outputs packed with --source-column: list the N sources of the most real "
+                   "tokens (0 = all; --json lists every one).")
 @click.option("--no-hash", is_flag=True,
               help="Packed output: skip the sha256 of every shard against the manifest (it "
                    "reads every byte; sizes, footers and the checksums of the pages stats "
@@ -602,9 +608,9 @@ COMPARE_DEPRECATED = ("packtool stats --compare is deprecated and will be remove
 @click.option("--window-docs", type=click.IntRange(min=1), default=None, metavar="N",
               hidden=True)
 @click.pass_context
-def stats(ctx, path, per_bin, per_bin_limit, no_hash, as_json, plot, capacity, compare, column,
-          overflow, append_eos, prepend_bos, attention_mask_column, labels_column,
-          loss_mask_column, skip_unsupported, window_docs):
+def stats(ctx, path, per_bin, per_bin_limit, per_source_limit, no_hash, as_json, plot, capacity,
+          compare, column, overflow, append_eos, prepend_bos, attention_mask_column,
+          labels_column, loss_mask_column, skip_unsupported, window_docs):
     """Figures of a packed OUTPUT (a directory or a store URI), recounted from the shards and
     checked against the manifest: rows, padding, effective targets, fill, attention work. Every
     shard's sha256 is checked first (--no-hash skips it). Exits 1 when the recount disagrees
@@ -665,7 +671,7 @@ def stats(ctx, path, per_bin, per_bin_limit, no_hash, as_json, plot, capacity, c
                                 check_hashes=not no_hash)
     warnings = [w for w in (a.stats.no_targets_warning(),) if w]
     click.echo(json.dumps({**a.to_dict(), "warnings": warnings}, indent=2) if as_json
-               else analysis.format_packed(a))
+               else analysis.format_packed(a, per_source_limit=per_source_limit or None))
     for w in warnings:  # on stderr, loud whatever the output format (as pack's)
         click.echo(f"WARNING: {w}", err=True)
     if plot:

@@ -128,6 +128,26 @@ def test_stats_per_source_equal_a_recount(src, tmp_path):
         assert sum(p[f] for p in got.values()) == stats[f]
 
 
+def test_stats_lists_at_most_the_sources_asked_for(src, tmp_path):
+    """A URL-domain column makes thousands of sources: the text table lists the N of the most
+    real tokens (default 50) and sums the rest in one line; --per-source-limit 0 and --json
+    list every one."""
+    out = pack(src, tmp_path / "out")
+    per = json.loads(invoke(["stats", "--json", "--per-source-limit", "1", out]).output)
+    per = per["per_source"]
+    assert len(per) >= 3
+    top = max(per, key=lambda p: p["real_tokens"])
+    res = invoke(["stats", "--per-source-limit", "1", out])
+    assert res.exit_code == 0, res.output
+    listed = [p["source"] for p in per if f"    {p['source']} " in res.output]
+    assert listed == [top["source"]], res.output
+    rest = sum(p["real_tokens"] for p in per) - top["real_tokens"]
+    assert f"... {len(per) - 1:,} more sources, {rest:,} real tokens" in res.output
+    res = invoke(["stats", "--per-source-limit", "0", out])
+    assert all(f"    {p['source']} " in res.output for p in per) and "more sources" not in \
+        res.output
+
+
 def test_a_killed_windowed_pack_resumes_to_the_same_bytes(src, tmp_path):
     """Killed while window 1 is planned, the rerun reuses window 0 (its table read back from
     its done.json) and writes the bytes of an uninterrupted run."""
