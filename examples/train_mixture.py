@@ -1,6 +1,6 @@
 # examples/train_mixture.py: two packed outputs mixed by weight, the loss logged per source
 #   packtool pack --capacity 256 --overwrite sample_data/part-00000.parquet mix/code/
-#   packtool pack --capacity 256 --overwrite sample_data/part-00002.parquet mix/docs/
+#   packtool pack --capacity 256 --overwrite sample_data/part-00002.parquet mix/mixed/
 #   python examples/train_mixture.py
 import torch
 import torch.nn.functional as F
@@ -15,11 +15,12 @@ model = LlamaForCausalLM(LlamaConfig(vocab_size=131_072, hidden_size=32, interme
                                      num_key_value_heads=2))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
-# every epoch: 70 % of its rows from mix/code, 30 % from mix/docs, interleaved; the weights can
+# sample_data/part-00000 holds standard-library code, part-00002 code and pydoc topics.
+# every epoch: 70 % of its rows from mix/code, 30 % from mix/mixed, interleaved; the weights can
 # change between runs without repacking. labels="shifted": labels[i] is the token after i, so
 # logits[i] pairs with labels[i]. batch_size: the dataset yields whole batches.
-ds = PackedIterableDataset({"code": "mix/code/", "docs": "mix/docs/"},
-                           weights={"code": 0.7, "docs": 0.3}, seed=0, labels="shifted",
+ds = PackedIterableDataset({"code": "mix/code/", "mixed": "mix/mixed/"},
+                           weights={"code": 0.7, "mixed": 0.3}, seed=0, labels="shifted",
                            batch_size=4)
 loader = DataLoader(ds, batch_size=None, num_workers=2)
 print("rows per epoch:", ds.source_shares)

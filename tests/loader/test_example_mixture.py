@@ -35,14 +35,14 @@ def test_the_mixture_example_logs_a_loss_per_source(tmp_path):
         assert res.returncode == 0, (cmd, res.stderr[-3000:])
         outputs.append(res.stdout)
     lines = outputs[-1].splitlines()
-    shares = re.match(r"rows per epoch: \{'code': (\d+), 'docs': (\d+)\}", lines[0])
+    shares = re.match(r"rows per epoch: \{'code': (\d+), 'mixed': (\d+)\}", lines[0])
     code, docs = int(shares[1]), int(shares[2])
     assert abs(code / (code + docs) - 0.7) < 1e-3  # the exact 70 % share
     steps = [ln for ln in lines if ln.startswith("step ")]
     assert len(steps) == 3
     for ln in steps:
         m = re.match(r"step \d: ([\d.]+) per target; code ([\d.]+) \((\d+) targets\), "
-                     r"docs ([\d.]+|-) \((\d+) targets\)", ln)
+                     r"mixed ([\d.]+|-) \((\d+) targets\)", ln)
         assert m, ln
         total, lc, nc, ld, nd = m.groups()
         docs_sum = float(ld) * int(nd) if ld != "-" else 0.0
