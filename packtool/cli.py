@@ -689,11 +689,12 @@ def stats(ctx, path, per_bin, per_bin_limit, per_source_limit, no_hash, as_json,
 def _refuse_raw_input(where, command: str) -> None:
     """One line when the local directory given to ``stats`` or ``verify`` is not a packed
     output: a pack still writing it, an interrupted pack, empty, packed shards whose manifest
-    is gone, or raw tokenized input (each with the command that fits); a store prefix the same
-    way (:func:`_refuse_raw_store`).
+    is gone, or raw tokenized input (each with the command that fits); one data file (a shard
+    of an output, or tokenized input) likewise; a store prefix the same way
+    (:func:`_refuse_raw_store`).
 
     Raises:
-        ManifestError: ``where`` is a directory without a manifest.
+        ManifestError: ``where`` is a directory without a manifest, or a data file.
     """
     from packtool.errors import ManifestError
     from packtool.formats.manifest import IN_PROGRESS_NAME, MANIFEST_NAME
@@ -703,10 +704,20 @@ def _refuse_raw_input(where, command: str) -> None:
     if not loc.is_local:
         return _refuse_raw_store(loc, command)
     out = loc.path
+    from packtool.formats.reader import _format_of, packed_marker
+
+    if out.is_file() and _format_of(out.name):  # one file: a shard, or tokenized input
+        if out.name == MANIFEST_NAME or packed_marker(out) is not None:
+            what = "the manifest" if out.name == MANIFEST_NAME else "one shard"
+            raise ManifestError(f"{out}: is {what} of a packed output; give its directory: "
+                                f"packtool {command} {out.parent}")
+        hint = (f"packtool compare {out} --capacity C" if command == "stats" else
+                f"packtool pack --capacity C {out} OUTPUT, then packtool {command} OUTPUT")
+        raise ManifestError(f"{out}: is tokenized input, not a packed output; for it run: "
+                            f"{hint}")
     if not out.is_dir() or (out / MANIFEST_NAME).exists():
         return
     from packtool.formats.manifest import pack_running, running_error
-    from packtool.formats.reader import _format_of, packed_marker
 
     running = running_error(out, f"packtool {command} {out}")
     if pack_running(out):

@@ -145,3 +145,22 @@ def test_text_given_to_pack_points_to_tokenize(tmp_path, raw):
     res = invoke(["pack", "-q", "-c", 8, tmp_path / "t.csv", tmp_path / "out"])
     assert "convert it to tokenized Parquet first" in res.output, res.output
     assert "packtool tokenize" not in res.output, res.output
+
+
+@pytest.mark.parametrize("command", ["stats", "verify"])
+def test_one_file_given_as_output_says_what_it_is(tmp_path, raw, command):
+    """A single file was 'not a directory': a shard or the manifest of an output names its
+    directory, tokenized input the command that fits it."""
+    out = tmp_path / "out"
+    assert invoke(["pack", "-q", "-c", 8, raw, out]).exit_code == 0
+    extra = ["--data-only"] if command == "verify" else []
+    for f, what in ((out / "part-00000.parquet", "one shard"),
+                    (out / ".packtool-manifest.parquet", "the manifest")):
+        res = invoke([command, *extra, f])
+        assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+        assert f"{f}: is {what} of a packed output; give its directory: packtool {command} " \
+               f"{out}" in res.output
+    res = invoke([command, *extra, raw / "a.parquet"])
+    assert res.exit_code == 1 and "is tokenized input, not a packed output" in res.output
+    fix = "packtool compare" if command == "stats" else "packtool pack --capacity C"
+    assert fix in res.output
