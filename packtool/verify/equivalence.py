@@ -279,10 +279,17 @@ def loss_denominator(m: Measurements) -> CheckResult:
                        f"{p_n} targets in this segment, a separate document has {r_n} (a label "
                        "across a boundary?)")
     if m.seg_loss.max > 4 * m.tol:
+        # a token's cross-entropy moves by at most twice its logits' largest error: within that,
+        # the packed logits (logits_match, isolation) explain it, not the labels
+        cause = ("follows from the packed logits, which differ from the per-document forward "
+                 f"by up to {m.logit.max:.3g} (logits_match, isolation); the labels and target "
+                 "counts agree" if m.logit.max > m.tol
+                 and m.seg_loss.max <= 2 * m.logit.max + 4 * m.tol
+                 else "a label on another token?")
         return _result(m, "loss_denominator", FAIL, figs, m.seg_loss.where,
                        f"this segment's loss differs from its document's alone by "
                        f"{m.seg_loss.max:.3g} per target (> {4 * m.tol:.3g}) with as many "
-                       "targets: a label on another token?")
+                       f"targets: {cause}")
     if m.targets_packed != m.targets_ref or abs(p_mean - r_mean) > tol:
         return _result(m, "loss_denominator", FAIL, figs, m.seg_loss.where,
                        f"packed loss {p_mean:.6g} over {m.targets_packed} targets != "

@@ -37,6 +37,9 @@ ROOT = Path(__file__).resolve().parents[2]
 #: starts. Config overrides make a model hybrid where its default config is not.
 CPU_VERDICTS = {
     "llama": ("pass", None, {}),
+    # partial rotary: shrinking kept rotary_dim 64 on heads of 16 (a shape error)
+    "gptj": ("pass", None, {}),
+    "codegen": ("pass", None, {}),
     "bamba": ("refuses", "BambaMixer", {}),
     "falcon_h1": ("refuses", "FalconH1Mixer", {}),
     "granitemoehybrid": ("refuses", "GraniteMoeHybridMambaLayer", {}),
@@ -46,6 +49,8 @@ CPU_VERDICTS = {
     "olmo_hybrid": ("refuses", "OlmoHybridGatedDeltaNet", {}),
     "qwen3_next": ("refuses", "Qwen3NextGatedDeltaNet", {}),
     "zamba2": ("refuses", "Zamba2MambaMixer", {}),
+    # its shared block is tied across hybrid layers: cut to one, it did not build
+    "zamba": ("refuses", "ZambaMambaMixer", {}),
     "jamba": ("ignores", "JambaMambaMixer", {}),
     "mamba2": ("ignores", "Mamba2Mixer", {}),
     "minimax": ("ignores", "MiniMaxLightningAttention", {}),
@@ -261,6 +266,35 @@ def test_a_config_transformers_cannot_build_is_one_line(packed, tmp_path):
     line = r.output.strip().splitlines()[-1]
     assert "internal error" not in r.output
     assert re.match(r"Error: transformers cannot build a causal LM from the dbrx config", line)
+
+
+@pytest.mark.parametrize("form", ["file", "dir"])
+def test_a_config_its_class_validates_away_is_one_line(packed, tmp_path, form):
+    """A config transformers' validators refuse (huggingface_hub's class validation error is a
+    bare Exception) was an internal error: one line naming the file and the reason."""
+    d = {"model_type": "llama", "hidden_size": 96, "num_attention_heads": 5}
+    path = tmp_path / "odd.json" if form == "file" else tmp_path / "odd" / "config.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(d))
+    given = path if form == "file" else path.parent
+    r = CliRunner().invoke(cli, ["verify", str(packed), "--hf-config", str(given),
+                                 "--no-progress"])
+    assert r.exit_code == 1 and "internal error" not in r.output, r.output
+    line = r.output.strip()
+    assert len(line.splitlines()) == 1, r.output
+    assert line.startswith(f"Error: {given}: ") and "The hidden size (96) is not a multiple " \
+        "of the number of attention heads (5)" in line, line
+
+
+def test_a_leaking_models_loss_difference_is_put_down_to_its_logits(packed, tmp_path):
+    """OPT leaks across documents: loss_denominator fails too, and says the packed logits
+    explain it (its labels and counts are right), not 'a label on another token?'."""
+    rep = run_verify(packed, rows=0, hf_config=_config_file(tmp_path, "opt"))
+    loss = rep.get("hf", "loss_denominator")
+    assert rep.get("hf", "isolation").status == "fail"
+    assert loss.status == "fail", rep.format_text()
+    assert "follows from the packed logits" in loss.message, loss.message
+    assert "a label on another token" not in loss.message
 
 
 def test_a_config_that_fails_to_run_names_the_config(packed, tmp_path, monkeypatch):
