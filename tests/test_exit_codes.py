@@ -172,7 +172,8 @@ def test_data_errors_exit_1_in_every_command(packed, tmp_path):
     assert_error(run("compare", packed / "out", "-c", 8), EXIT_DATA, "is a packed output",
                  "packtool stats")
     assert_error(run("verify", packed / "in"), EXIT_DATA, "tokenized input", "packtool pack")
-    assert_error(run("verify", packed / "in" / "a.parquet"), EXIT_DATA, "not a directory")
+    assert_error(run("verify", packed / "in" / "a.parquet"), EXIT_DATA, "is tokenized input",
+                     "packtool pack --capacity C")
 
 
 def test_stats_recount_mismatch_exits_1(packed, tmp_path):
