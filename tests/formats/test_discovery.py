@@ -53,6 +53,24 @@ def test_pack_summary_names_what_was_skipped(tmp_path):
     assert manifest.totals.docs_in == 1
 
 
+def test_json_lists_what_was_not_read_also_with_quiet(tmp_path):
+    """pack -q --json (what scripts run) printed inputs_not_read [] and no notes: -q turned the
+    discovery summary off, --json must still hold it."""
+    src = tmp_path / "in"
+    write_docs(src / "a.parquet", [[1, 2, 3]])
+    write_docs(src / "_temporary" / "x.parquet", [[1, 2, 3]])
+    (src / "_SUCCESS").write_text("")
+    (src / "README.md").write_text("notes")
+    got = []
+    for quiet in ([], ["-q"]):
+        res = invoke(["pack", *quiet, "--json", "--overwrite", "--capacity", 4, src,
+                      tmp_path / "out"])
+        assert res.exit_code == 0, res.output
+        got.append(json.loads(res.stdout))
+    assert got[0]["inputs_not_read"] and got[1]["inputs_not_read"] == got[0]["inputs_not_read"]
+    assert got[1]["inputs_skipped"] == got[0]["inputs_skipped"] != ""
+
+
 def test_symlinked_directory_is_followed(tmp_path):
     data = tmp_path / "data"
     write_docs(data / "x.parquet", [[7, 8, 9]])

@@ -151,6 +151,15 @@ def test_credentials_before_the_bucket_write_a_store_output_and_are_never_printe
     res = invoke(["stats", f"s3://testing:testing@{bucket}/nothing?{opts}"])
     assert res.exit_code == 1 and f"prefix of bucket '{bucket}'" in res.output
     assert "testing:testing" not in res.output
+    # the summary lines (written, already there, held out; JSON too) printed the URI as given
+    src = f"s3://testing:testing@{bucket}/c?{opts}"
+    for args in ([src, f"s3://testing:testing@{bucket}/o2?{opts}"],
+                 [src, f"s3://testing:testing@{bucket}/o2?{opts}"],
+                 ["--holdout", "0.3", src, f"s3://testing:testing@{bucket}/o3?{opts}"],
+                 ["--json", "--holdout", "0.3", src, f"s3://testing:testing@{bucket}/o4?{opts}"]):
+        res = invoke(["pack", "-c", 16, *args])
+        assert res.exit_code == 0, res.output
+        assert "testing:testing" not in res.output and f"{bucket}/o" in res.output, res.output
 
 
 # -- the local cache ------------------------------------------------------------------------------
