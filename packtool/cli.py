@@ -690,10 +690,9 @@ def stats(ctx, path, per_bin, per_bin_limit, per_source_limit, no_hash, as_json,
             click.echo(f"wrote {plot}")
     if a.mismatches:
         k, (rc, m) = next(iter(a.mismatches.items()))
-        raise PacktoolError(f"{path[0]}: recounted {k} {rc} differs from the manifest's {m}; "
-                            "the shards or the manifest were changed after packing: rerun the same "
-                            "packtool pack "
-                            "with --overwrite")
+        raise PacktoolError(f"{_shown(path[0])}: recounted {k} {rc} differs from the "
+                            f"manifest's {m}; the shards or the manifest were changed after "
+                            "packing: rerun the same packtool pack with --overwrite")
 
 
 def _refuse_raw_input(where, command: str) -> None:
