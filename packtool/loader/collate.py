@@ -119,13 +119,14 @@ def _missing(have, padded: bool = False) -> str | None:
     have = set(have)
     if "input_ids" not in have:
         return "input_ids"
-    spans = {"cu_seqlens", "doc_ids"} | ({"cu_seqlens_unpadded"} if padded else set())
-    if "segment_ids" in have or spans <= have or {"position_ids", "labels"} <= have:
+    if padded:  # a span is a document and its padding: only the stored spans say where
+        return next((c for c in ("cu_seqlens", "cu_seqlens_unpadded", "doc_ids")
+                     if c not in have), None)
+    if "segment_ids" in have or {"cu_seqlens", "doc_ids"} <= have \
+            or {"position_ids", "labels"} <= have:
         return None
     if "position_ids" in have:
         return "labels"
-    if padded and {"cu_seqlens", "doc_ids"} <= have:
-        return "cu_seqlens_unpadded"
     return "segment_ids"
 
 
@@ -133,19 +134,25 @@ def check_item_columns(columns: Sequence[str], *, labels_stored: bool = True,
                        padded: bool = False) -> None:
     """Refuse columns no collate function can make a correct batch of. Every form needs
     ``input_ids`` and one of: ``segment_ids`` (0 on the padding tail), ``cu_seqlens`` with
-    ``doc_ids`` (the segments past the documents are the padding tail; with ``padded``, an
-    output packed with ``--segment-multiple``, also ``cu_seqlens_unpadded``: a span is its
-    document and padding), or ``position_ids`` with ``labels`` (-100 on the padding tail).
-    Positions alone restart at 0 on the padding tail as on a document, and labels derived from
-    them would train it.
+    ``doc_ids`` (the segments past the documents are the padding tail), or ``position_ids``
+    with ``labels`` (-100 on the padding tail). Positions alone restart at 0 on the padding
+    tail as on a document, and labels derived from them would train it. With ``padded`` (an
+    output packed with ``--segment-multiple``: a span is a document and its padding) only the
+    stored spans will do: ``cu_seqlens``, ``cu_seqlens_unpadded`` and ``doc_ids``.
 
     Raises:
         ValueError: names the columns given, what is missing and the fix.
     """
     missing = _missing(columns, padded)
+    if missing and padded:
+        raise ValueError(
+            f"an output packed with --segment-multiple: a batch's spans are its documents with "
+            f"their padding, which segment_ids and positions cannot rebuild (the padding inside "
+            f"a span would become a span of its own), so items need input_ids, cu_seqlens, "
+            f"cu_seqlens_unpadded and doc_ids (columns: {', '.join(sorted(set(columns)))}; "
+            f"missing {missing}): add them to columns=")
     if missing:
-        spans = "cu_seqlens, cu_seqlens_unpadded and doc_ids" if padded else \
-            "cu_seqlens and doc_ids"
+        spans = "cu_seqlens and doc_ids"
         raise ValueError(
             f"a batch needs input_ids and segment_ids (or {spans}, or position_ids and labels) "
             f"(columns: {', '.join(sorted(set(columns))) or 'none'}; missing {missing}): "

@@ -88,6 +88,23 @@ def test_a_subset_without_the_real_lengths_is_refused(padded):
     assert "segment_ids" not in ds[0]
 
 
+@pytest.mark.parametrize("cols", [["input_ids", "segment_ids"],
+                                  ["input_ids", "position_ids", "labels"],
+                                  ["input_ids", "segment_ids", "position_ids", "labels"]])
+def test_a_subset_that_rebuilds_spans_from_segments_or_positions_is_refused(padded, cols):
+    """segment_ids or positions were accepted: collate then made each document's padding a
+    span of its own (cu_seqlens not multiples of N, no cu_seqlens_q), silently. Refused for
+    either dataset and for a mixture holding such an output."""
+    from packtool.loader import PackedIterableDataset
+
+    with pytest.raises(ValueError, match=r"--segment-multiple.*missing cu_seqlens"):
+        PackedDataset(padded, columns=cols)
+    with pytest.raises(ValueError, match=r"--segment-multiple.*missing cu_seqlens"):
+        PackedIterableDataset(padded, columns=cols, rank=0, world_size=1)
+    with pytest.raises(ValueError, match=r"--segment-multiple.*missing cu_seqlens"):
+        PackedIterableDataset({"a": padded, "b": padded}, columns=cols, rank=0, world_size=1)
+
+
 COLLATES = {"collate": collate, "collate_flat": collate_flat, "hf": HFCollator(),
             "hf_flat": HFCollator(flatten=True)}
 
