@@ -49,6 +49,7 @@ what training reads:
 from __future__ import annotations
 
 import hashlib
+import operator
 import os
 import threading
 from collections import OrderedDict, deque
@@ -572,9 +573,16 @@ class PackedOutput:
             raise ManifestError(f"{location.display}: the manifest and the shards disagree on "
                                 "source_ids (pack --source-column); rerun the same packtool "
                                 "pack with --overwrite")
+        listed = sum(s.rows for s in manifest.shards)
+        if listed != manifest.totals.rows:  # a shard's entry dropped or emptied, or totals edited
+            raise ManifestError(f"{location.display}: its shards hold {listed:,} rows, its "
+                                f"totals say {manifest.totals.rows:,}: the manifest was edited "
+                                "or damaged; rerun the same packtool pack with --overwrite")
         self._open = _OpenShards(self, max_open_files)
         if manifest.indexed:
-            groups = [s.group_rows() for s in manifest.shards]
+            # a shard listed with no rows is never opened by a reader: its footer must agree
+            groups = [self._footer_groups(i) if s.rows == 0 else s.group_rows()
+                      for i, s in enumerate(manifest.shards)]
         else:  # version 2: the footers say
             groups = [self._footer_groups(s) for s in range(len(self.shards))]
         shard_of, group_of, rows = [], [], []
@@ -814,7 +822,7 @@ class PackedOutput:
         """Read whole row group ``group`` (over all shards) and decode ``columns``.
 
         Args:
-            group: 0 .. G - 1.
+            group: 0 .. G - 1 (or -G .. -1, counted from the end).
             columns: column names; ``labels`` is always available (see the module docstring).
             labels: the convention of the ``labels`` handed out (None: the output's own).
             structure: ``stored`` reads ``segment_ids`` / ``position_ids``; ``derived``
@@ -831,9 +839,15 @@ class PackedOutput:
                 that breaks the contract (``derived``) (the message names shard, row group and
                 column).
             ValueError: unknown ``structure``.
+            IndexError: ``group`` outside -G .. G - 1.
         """
         if structure not in STRUCTURE:
             raise ValueError(f"structure {structure!r}: choose stored or derived")
+        n = self.num_row_groups
+        group = operator.index(group)
+        if not -n <= group < n:
+            raise IndexError(f"row group {group} out of range for {n} row groups")
+        group %= n  # -1 is the last (its first row and shard rows counted from there too)
         mode = labels or self.labels.convention
         want = self.check_columns(columns)
         s, g = int(self.rg_shard[group]), int(self.rg_index[group])

@@ -75,7 +75,7 @@ labels are never shifted twice in silence (B05).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -187,13 +187,19 @@ def rows_of(batch) -> Rows:
     or ``labels_mode`` key), or None when they do not say.
 
     Raises:
-        ValueError: an empty batch, rows of different capacity, items with different keys, or
-            items that say different labels conventions (or one says and another does not).
+        ValueError: an empty batch, a batch already made (a dict), rows of different capacity,
+            items with different keys, or items that say different labels conventions (or one
+            says and another does not).
         OverflowError: B * C over 2**31 - 1 (int32 ``cu_seqlens``, which every batch this
             module builds carries), refused before anything is stacked.
     """
     if isinstance(batch, Rows):
         return batch
+    if isinstance(batch, Mapping):  # a DataLoader handed over what a dataset already batched
+        raise ValueError("collate takes a list of items (or gathered Rows), not one batch (a "
+                         "dict): a dataset with batch_size= yields batches already made; give "
+                         "its DataLoader batch_size=None and no collate_fn (pass collate_fn= "
+                         "to the dataset)")
     if not batch:
         raise ValueError("collate needs at least one row")
     first = batch[0]

@@ -12,7 +12,7 @@ import pytest
 
 from packcheck import invoke, write_docs
 from packtool.errors import ManifestError
-from packtool.formats.manifest import MANIFEST_META_KEY, MANIFEST_NAME
+from packtool.formats.manifest import MANIFEST_META_KEY, MANIFEST_NAME, read_manifest
 
 DOCS = [[(5 * i + k) % 89 + 1 for k in range(2 + (i * 3) % 11)] for i in range(30)]
 
@@ -61,3 +61,62 @@ def test_a_manifest_that_contradicts_the_shards_layout_is_refused_by_every_consu
                 ["export", "--to", "nemo", packed, packed.parent / "nemo"]):
         res = invoke(cmd)
         assert res.exit_code == 1 and words in res.output, (cmd, res.output)
+
+
+def _empty_shard(d):
+    d["shards"][1]["rows"] = 0
+    d["shards"][1]["row_groups"] = []
+
+
+def _drop_last(d):
+    d["shards"].pop()
+
+
+@pytest.mark.parametrize("edit, words", [
+    (_empty_shard, "its shards hold"),
+    (_drop_last, "its shards hold"),
+    (lambda d: d["totals"].update(rows=999), "its totals say 999"),
+])
+def test_a_manifest_whose_rows_do_not_add_up_is_refused_by_the_loader_too(tmp_path, edit, words):
+    """A shard's entry emptied or dropped (its file with it), or the totals edited: stats
+    refused them, the loader served the rows left (12 of 20) without a word."""
+    from packtool.loader import PackedDataset, PackedIterableDataset
+
+    src = write_docs(tmp_path / "in" / "a.parquet", DOCS)
+    out = tmp_path / "out"
+    res = invoke(["pack", "-q", "-c", 16, "--rows-per-shard", 5, "--no-shuffle", src, out])
+    assert res.exit_code == 0, res.output
+    assert len(PackedDataset(out)) == read_manifest(out).totals.rows
+    last = read_manifest(out).shards[-1].file
+    _edit_manifest(out, edit)
+    if edit is _drop_last:
+        (out / last).unlink()
+    for make in (lambda: PackedDataset(out),
+                 lambda: PackedIterableDataset(out, rank=0, world_size=1)):
+        with pytest.raises(ManifestError, match=words):
+            make()
+    res = invoke(["stats", out])
+    assert res.exit_code == 1, res.output
+
+
+def test_a_shard_listed_with_no_rows_must_hold_none():
+    """A 0-row entry is never opened by a reader, so its footer is read when the output opens:
+    rows the manifest hides are refused, not skipped (edited consistently, totals too)."""
+    import tempfile
+    from pathlib import Path
+
+    from packtool.formats.packed import PackedOutput
+
+    tmp = Path(tempfile.mkdtemp())
+    src = write_docs(tmp / "in" / "a.parquet", DOCS)
+    out = tmp / "out"
+    assert invoke(["pack", "-q", "-c", 16, "--rows-per-shard", 5, "--no-shuffle", src,
+                   out]).exit_code == 0
+    hidden = read_manifest(out).shards[1].rows
+
+    def edit(d):
+        _empty_shard(d)
+        d["totals"]["rows"] -= hidden
+    _edit_manifest(out, edit)
+    with pytest.raises(ManifestError, match="part-00001.parquet"):
+        PackedOutput.open(out)

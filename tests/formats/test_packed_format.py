@@ -239,3 +239,17 @@ def test_a_finished_pack_of_other_options_is_refused_naming_them(tmp_path, sampl
     assert "(labels: 'none' -> 'shifted'); pass" in again.output, again.output
     again = CliRunner().invoke(cli, args[:3] + ["2048"] + args[4:])
     assert "(capacity: 1024 -> 2048); pass" in again.output, again.output
+
+
+def test_decode_takes_groups_counted_from_the_end_and_refuses_others(three_outputs):
+    """decode(-1) read the last group but numbered its rows from num_rows (past the end);
+    decode(G) was a bare NumPy IndexError."""
+    out = PackedOutput.open(next(iter(three_outputs.values())))
+    G = out.num_row_groups
+    last, neg = out.decode(G - 1, ["input_ids"]), out.decode(-1, ["input_ids"])
+    assert neg.first == last.first and neg.shard_row0 == last.shard_row0
+    assert neg.row(neg.num_rows - 1)["index"] == out.num_rows - 1
+    assert np.array_equal(neg.tokens["input_ids"], last.tokens["input_ids"])
+    for bad in (G, -G - 1):
+        with pytest.raises(IndexError, match=f"row group {bad} out of range for {G} row groups"):
+            out.decode(bad, ["input_ids"])

@@ -195,3 +195,18 @@ def test_batch_labels_equal_the_read_side_rule(rows_segments, convention):
     ref = (shifted_labels if convention == "shifted" else unshifted_labels)(ids, seg)
     assert lab.dtype == np.int64 and lab.tolist() == ref.tolist()
     assert n == int((ref != -100).sum())
+
+
+@pytest.mark.parametrize("kw", [{}, {"batch_size": 2}, {"num_workers": 1}])
+def test_a_dataloader_that_batches_the_datasets_batches_is_refused(many_groups, kw):
+    """batch_size on the dataset and the DataLoader's default batch_size=1 stacked [1, B, C]
+    batches (num_targets a tensor), batch_size=2 failed at the first short batch, workers with
+    a TypeError: one ValueError naming batch_size=None; with it the batches are [B, C]."""
+    ds = PackedIterableDataset(many_groups, rank=0, world_size=1, batch_size=4)
+    with pytest.raises(Exception, match=r"yields whole batches \(batch_size=4\).*batch_size=None"):
+        next(iter(torch.utils.data.DataLoader(ds, **kw)))
+    b = next(iter(torch.utils.data.DataLoader(ds, batch_size=None, **{
+        k: v for k, v in kw.items() if k == "num_workers"})))
+    assert b["input_ids"].shape[0] == 4 and isinstance(b["num_targets"], int)
+    with pytest.raises(ValueError, match=r"not one batch \(a dict\).*batch_size=None"):
+        next(iter(torch.utils.data.DataLoader(ds, batch_size=None, collate_fn=collate)))
