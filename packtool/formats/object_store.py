@@ -210,9 +210,10 @@ def holder_is_gone(lock: dict) -> bool:
 def take_lock(uri, *, overwrite: bool) -> dict:
     """Write the lock object of OUTPUT ``uri`` and read it back; returns what was written.
 
-    A lock held by another live run refuses the run with its id and host. A lock whose holder is
-    gone (:func:`holder_is_gone`) is taken over, so a plain rerun resumes; a lock from another
-    host is honoured unless ``overwrite``. Advisory: pyarrow exposes no conditional PUT, so two
+    A lock held by another live run refuses the run with its id and host, ``overwrite`` or not.
+    A lock whose holder is gone (:func:`holder_is_gone`) is taken over, so a plain rerun
+    resumes; a lock from another host (whose holder cannot be asked) is honoured unless
+    ``overwrite``. Advisory: pyarrow exposes no conditional PUT, so two
     runs started within the same moment could both pass the first check; the read-back refuses
     the one whose lock was overwritten.
 
@@ -223,11 +224,15 @@ def take_lock(uri, *, overwrite: bool) -> dict:
     key = out.join(LOCK_NAME)
     try:
         held = _read_json(key)
-        if held is not None and not overwrite and not holder_is_gone(held):
+        here = held is not None and held.get("host") == socket.gethostname()
+        # a holder on this host is asked whether it lives (--overwrite never takes a live
+        # run's lock: both would write the same shards); one on another host cannot be asked
+        if held is not None and not holder_is_gone(held) and (here or not overwrite):
             raise OutputError(f"{out.display}: another packtool pack (run {held.get('run', '?')} "
                               f"on {held.get('host', '?')}, pid {held.get('pid', '?')}) is writing "
-                              f"this OUTPUT (lock {LOCK_NAME}); wait for it to end, or pass "
-                              "--overwrite if it was killed")
+                              f"this OUTPUT (lock {LOCK_NAME}); wait for it to end"
+                              + ("" if here else ", or pass --overwrite if it was killed (its "
+                                 "host cannot be asked)"))
         mine = holder()
         key.publish_bytes(json.dumps(mine).encode())
     except STORE_ERRORS as exc:

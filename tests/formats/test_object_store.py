@@ -187,7 +187,17 @@ def test_s3_output_refuses_foreign_objects_and_a_held_lock(tmp_path, s3, monkeyp
                              "pid": os.getpid()}).encode())
     res = invoke(["pack", "-q", *OPTS, f"s3://{bucket}/in", f"s3://{bucket}/o2"])
     assert res.exit_code == 1 and "another packtool pack (run r1" in res.output, res.output
+    assert "--overwrite" not in res.output  # a live run of this host: never to be overwritten
+    # --overwrite beside a live run of this host ran anyway: two packs wrote the same shards
+    res = invoke(["pack", "-q", *OPTS, "--overwrite", f"s3://{bucket}/in", f"s3://{bucket}/o2"])
+    assert res.exit_code == 1 and "another packtool pack (run r1" in res.output, res.output
     assert set(_remote_tree(fs, f"{bucket}/o2")) == {LOCK_NAME}
+    with fs.open_output_stream(f"{bucket}/o3/{LOCK_NAME}") as fh:  # another host's: unknowable
+        fh.write(json.dumps({"run": "r2", "host": "elsewhere", "pid": 1}).encode())
+    res = invoke(["pack", "-q", *OPTS, f"s3://{bucket}/in", f"s3://{bucket}/o3"])
+    assert res.exit_code == 1 and "pass --overwrite if it was killed" in res.output, res.output
+    res = invoke(["pack", "-q", *OPTS, "--overwrite", f"s3://{bucket}/in", f"s3://{bucket}/o3"])
+    assert res.exit_code == 0, res.output
 
 
 @pytest.mark.parametrize("phase, sig", [("write-shard:2", "SIGKILL"), ("write-shard:3", "SIGINT")])
