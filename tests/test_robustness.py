@@ -446,3 +446,30 @@ def test_interrupted_manifest_write_leaves_no_temporary(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         mf.publish_manifest(tmp_path, m, packed_schema(8, "none"))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("factor", [1, 2])
+def test_an_input_replaced_during_the_pack_is_refused(tmp_path, monkeypatch, factor):
+    """A file swapped for one of as many rows or more while the pack read it: its first rows
+    were packed under the old file's fingerprint, exit 0 (only fewer rows were caught). The
+    file's size and modification time are checked after each piece is read."""
+    import packtool.pipeline.read as R
+
+    docs = [[(3 * i + k) % 50 + 1 for k in range(1 + i % 9)] for i in range(40)]
+    src = write_docs(tmp_path / "in" / "a.parquet", docs)
+    orig, swapped = R.iter_documents, []
+
+    def swap(path, *args, **kwargs):
+        if not swapped:  # another writer replaces the file, atomically, as the read starts
+            swapped.append(path)
+            new = write_docs(tmp_path / "new" / "a.parquet",
+                             [list(reversed(d)) + [7] for d in docs] * factor)
+            os.replace(new, src)
+        return orig(path, *args, **kwargs)
+
+    monkeypatch.setattr(R, "iter_documents", swap)
+    out = tmp_path / "out"
+    res = invoke(["pack", "-q", "-c", C, "--workers", 1, src.parent, out])
+    assert swapped and res.exit_code == 1, res.output
+    assert f"{src}: the file changed during the pack" in res.output, res.output
+    assert not (out / ".packtool-manifest.parquet").exists()

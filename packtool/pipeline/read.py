@@ -78,6 +78,8 @@ class ReadPiece:
     first_doc: int  #: global index of its first document
     bytes: int  #: stored input bytes (from the footer)
     tokens: int  #: token values per the footer (an estimate before masks and EOS)
+    file_bytes: int = -1  #: the file's size when discovered (-1: not known)
+    mtime_ns: int = 0  #: its modification time then (0: not known)
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,8 @@ def _file_pieces(i: int, f: InputFile, column: str, first_doc: int,
     def flush():
         if acc[0]:
             pieces.append(ReadPiece(i, str(f.path), f.format, row - acc[0], acc[0],
-                                    first_doc + row - acc[0], acc[1], acc[2]))
+                                    first_doc + row - acc[0], acc[1], acc[2], f.bytes,
+                                    f.mtime_ns))
         acc[:] = [0, 0, 0]
 
     for n, b, t in zip(rows, sizes, toks):
@@ -419,6 +422,7 @@ def read_part(cfg, part: ReadPart, tmp: str) -> PartInfo:
                             f"{piece.path}: {n} rows read from row {piece.first_row}, "
                             f"{piece.docs} expected; the file changed during the pack: rerun "
                             "the same packtool pack with --overwrite")
+                    _check_unchanged(piece)
                     docs += n
                     if k + 1 < len(part.pieces):  # a record to resume from
                         for f in (tok_f, start_f, tgt_f, src_f):
@@ -445,6 +449,28 @@ def read_part(cfg, part: ReadPart, tmp: str) -> PartInfo:
         if not keep and work.exists() and not (work / WINDOW_DONE).is_file():
             shutil.rmtree(work, ignore_errors=True)
     return _info(part, final, result, False, resumed_docs)
+
+
+def _check_unchanged(piece: ReadPiece) -> None:
+    """Refuse a piece whose file is no longer the one discovered (another size or modification
+    time): a file replaced during the pack by one of as many rows or more was read in part, its
+    rows counted right, under the old file's fingerprint.
+
+    Raises:
+        InputError: names the file and the fix.
+    """
+    from packtool.location import Location
+
+    if piece.file_bytes < 0:
+        return
+    now = Location.parse(piece.path).entry()
+    if now is None or now.size != piece.file_bytes or (
+            piece.mtime_ns and now.mtime_ns and now.mtime_ns != piece.mtime_ns):
+        raise InputError(f"{Location.parse(piece.path).display}: the file changed during the "
+                         f"pack (size {piece.file_bytes:,} -> "
+                         f"{'gone' if now is None else f'{now.size:,}'} bytes, or its "
+                         "modification time); rerun the same packtool pack when no one writes "
+                         "INPUT")
 
 
 def _source_ids(values: np.ndarray | None, table: dict) -> np.ndarray:
