@@ -573,11 +573,6 @@ class PackedOutput:
             raise ManifestError(f"{location.display}: the manifest and the shards disagree on "
                                 "source_ids (pack --source-column); rerun the same packtool "
                                 "pack with --overwrite")
-        listed = sum(s.rows for s in manifest.shards)
-        if listed != manifest.totals.rows:  # a shard's entry dropped or emptied, or totals edited
-            raise ManifestError(f"{location.display}: its shards hold {listed:,} rows, its "
-                                f"totals say {manifest.totals.rows:,}: the manifest was edited "
-                                "or damaged; rerun the same packtool pack with --overwrite")
         self._open = _OpenShards(self, max_open_files)
         if manifest.indexed:
             # a shard listed with no rows is never opened by a reader: its footer must agree

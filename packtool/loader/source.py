@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["check_label_masks", "open_source"]
+from packtool.errors import ManifestError
+
+__all__ = ["check_label_masks", "check_rows_add_up", "open_source"]
 
 
 def open_source(path, labels: str | None, *, max_open_files: int = 64,
@@ -27,7 +29,8 @@ def open_source(path, labels: str | None, *, max_open_files: int = 64,
         integrity: as :meth:`~packtool.formats.packed.PackedOutput.open`.
 
     Raises:
-        ManifestError: not a complete packed output, or a shard that differs from its manifest.
+        ManifestError: not a complete packed output, a shard that differs from its manifest,
+            or shards whose rows do not add up to its totals (:func:`check_rows_add_up`).
         ValueError: an unknown ``labels`` convention, or a cache half given.
     """
     from packtool.formats.packed import PackedOutput
@@ -37,6 +40,7 @@ def open_source(path, labels: str | None, *, max_open_files: int = 64,
     if (cache_dir is None) != (cache_limit is None):
         raise ValueError("give both cache_dir and cache_limit (e.g. cache_limit='50G'), or neither")
     if isinstance(path, PackedOutput):
+        check_rows_add_up(path)
         return path, labels or path.labels.convention
     cache = None
     if cache_dir is not None:
@@ -44,7 +48,24 @@ def open_source(path, labels: str | None, *, max_open_files: int = 64,
 
         cache = ShardCache(cache_dir, cache_limit)
     out = PackedOutput.open(path, integrity=integrity, cache=cache, max_open_files=max_open_files)
+    check_rows_add_up(out)
     return out, labels or out.labels.convention
+
+
+def check_rows_add_up(output) -> None:
+    """Refuse an output whose manifest lists shards of other rows than its totals count (a
+    shard's entry dropped or emptied, or the totals edited): ``stats`` and ``verify`` recount
+    and name the figure; a loader would serve the rows left without a word.
+
+    Raises:
+        ManifestError: names the output, both counts and the fix.
+    """
+    m = output.manifest
+    listed = sum(s.rows for s in m.shards)
+    if listed != m.totals.rows:
+        raise ManifestError(f"{output.location.display}: its shards hold {listed:,} rows, its "
+                            f"totals say {m.totals.rows:,}: the manifest was edited or damaged; "
+                            "rerun the same packtool pack with --overwrite")
 
 
 def check_label_masks(output, columns) -> None:
