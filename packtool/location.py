@@ -407,6 +407,10 @@ class LocalPath(Location):
 
 _FS: dict = {}
 _FS_LOCK = threading.Lock()
+#: (scheme, bucket, query) -> the root with the ``KEY:SECRET@`` it was first given with, so a
+#: file found under such a URI (named without the credentials, as every message names it) is
+#: reopened with them in this process
+_CREDENTIALED_ROOTS: dict = {}
 
 
 @dataclass(frozen=True)
@@ -468,18 +472,28 @@ class StoreURI(Location):
         return self.key.split("/", 1)[0]
 
     def filesystem(self):
-        """(filesystem, path inside it); one client per process and root.
+        """(filesystem, path inside it); one client per process and root. A URI without
+        credentials whose bucket and options were given earlier in this process with
+        ``KEY:SECRET@`` (discovery names the files it finds without them) is opened with those.
 
         Raises:
             OSError: the URI cannot be opened (unknown scheme, bad options, no credentials).
         """
         from packtool.formats.filesystem import from_uri
 
-        cache_key = (os.getpid(), self.scheme, self._root, self.query)
+        root_key = (self.scheme, self.bucket, self.query)
+        if "@" in self._root:
+            with _FS_LOCK:
+                _CREDENTIALED_ROOTS.setdefault(root_key, self._root)
+            base = self._root
+        else:
+            with _FS_LOCK:
+                base = _CREDENTIALED_ROOTS.get(root_key, self._root)
+        cache_key = (os.getpid(), self.scheme, base, self.query)
         with _FS_LOCK:
             got = _FS.get(cache_key)
         if got is None:
-            root = f"{self.scheme}://{self._root}" + (f"?{self.query}" if self.query else "")
+            root = f"{self.scheme}://{base}" + (f"?{self.query}" if self.query else "")
             try:
                 fs, inner = from_uri(root)
             except ValueError as exc:

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packcheck import invoke, write_docs
+from packcheck import invoke, read_output, write_docs
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [[(11 * i + k) % 251 + 1 for k in range(1 + (i * 7) % 29)] for i in range(120)]
@@ -124,6 +124,51 @@ def test_secret_uri_options_never_reach_the_manifest(tmp_path, s3, s3_endpoint, 
     assert res.exit_code == 0, res.output
     text = (out / ".packtool-manifest.parquet").read_bytes()
     assert b"testing" not in text and b"endpoint_override" in text
+
+
+def test_credentials_before_the_bucket_read_a_store_input(tmp_path, s3, s3_endpoint,
+                                                         monkeypatch):
+    """s3://KEY:SECRET@bucket/prefix as INPUT: discovery names each file without the
+    credentials, and reading them then went without them (access denied, told as 'is empty (0
+    bytes)'); the files are read with the URI's credentials, for pack and compare alike."""
+    fs, bucket = s3
+    pq.write_table(pa.table({"input_ids": pa.array(DOCS, pa.list_(pa.int32()))}),
+                   f"{bucket}/c/a.parquet", filesystem=fs)
+    local = tmp_path / "in"
+    local.mkdir()
+    pq.write_table(pa.table({"input_ids": pa.array(DOCS, pa.list_(pa.int32()))}),
+                   local / "a.parquet")
+    assert invoke([*PACK, local, tmp_path / "ref"]).exit_code == 0
+    for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    host = s3_endpoint.split("://", 1)[1]
+    uri = f"s3://testing:testing@{bucket}/c?endpoint_override={host}&scheme=http"
+    res = invoke([*PACK, uri, tmp_path / "out"])
+    assert res.exit_code == 0, res.output
+    assert "testing:testing" not in res.output
+    ref, got = read_output(tmp_path / "ref")[0], read_output(tmp_path / "out")[0]
+    assert got == ref
+    res = invoke(["compare", uri, "-c", 32])
+    assert res.exit_code == 0 and "testing:testing" not in res.output, res.output
+
+
+def test_a_file_found_under_a_credentialed_uri_is_reopened_with_its_credentials(s3_endpoint):
+    """Discovery names the files it finds without KEY:SECRET@ (messages never print them);
+    reopening one by that name used the environment's credentials instead of the URI's (a
+    store that requires them refused the read). Same bucket and options: the same client."""
+    from packtool.location import Location
+
+    host = s3_endpoint.split("://", 1)[1]
+    opts = f"endpoint_override={host}&scheme=http"
+    given = Location.parse(f"s3://AKIAX:s3cr3t@credbucket/c?{opts}")
+    found = Location.parse(f"s3://credbucket/c/a.parquet?{opts}")
+    assert found.display == f"s3://credbucket/c/a.parquet?{opts}"
+    fs_given, _ = given.filesystem()
+    fs_found, path = found.filesystem()
+    assert fs_found is fs_given and path == "credbucket/c/a.parquet"
+    other = Location.parse("s3://otherbucket/x?" + opts)  # another bucket: its own client
+    assert other.filesystem()[0] is not fs_given
 
 
 def test_credentials_before_the_bucket_write_a_store_output_and_are_never_printed(
