@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -116,3 +118,28 @@ def test_ray_missing_gives_the_extra_to_install(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_ray)
     with pytest.raises(MissingDependencyError, match=r"pip install 'ray>=[\d.]+'"):
         ray_engine.import_ray()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the Linux sigaction")
+def test_packtools_sigterm_handler_is_in_force_again_after_ray_shuts_down():
+    """ray.shutdown() put the OS's default SIGTERM action back while Python still reported
+    packtool's handler: a SIGTERM after the last shard killed the driver (status -15, OUTPUT
+    locked, no message). The handler is installed again after the shutdown."""
+    import subprocess
+
+    code = textwrap.dedent("""
+        import ctypes, signal
+        from packtool.engines.ray_engine import RayEngine
+        signal.signal(signal.SIGTERM, lambda *a: None)
+        with RayEngine(workers=1):
+            pass
+        class Act(ctypes.Structure):
+            _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16),
+                        ("flags", ctypes.c_int), ("restorer", ctypes.c_void_p)]
+        act = Act()
+        ctypes.CDLL(None).sigaction(signal.SIGTERM, None, ctypes.byref(act))
+        print("handler", act.handler not in (None, 0))
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip().splitlines()[-1] == "handler True", p.stdout

@@ -91,7 +91,18 @@ class RayEngine:
 
     def __exit__(self, *exc) -> bool:
         if self._started:
-            self.ray.shutdown()
+            # ray.shutdown() puts the OS's default SIGTERM action back while Python still
+            # reports packtool's handler: a SIGTERM between the last shard and the manifest then
+            # killed the driver with OUTPUT locked. Install the handlers again after it.
+            main = threading.current_thread() is threading.main_thread()
+            kept = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} \
+                if main else {}
+            try:
+                self.ray.shutdown()
+            finally:
+                for s, handler in kept.items():
+                    if handler is not None:
+                        signal.signal(s, handler)
         return False
 
     def map(self, fn: Callable, items: Sequence[tuple]) -> Iterator:
