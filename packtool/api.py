@@ -44,32 +44,58 @@ _CHOICES = {"strategy": ("obfd", "ordered", "concat"),
             "overflow": ("split", "truncate", "drop", "error"),
             "labels": ("none", "unshifted", "shifted"), "engine": ("local", "ray"),
             "compression": ("zstd", "lz4")}
-_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+_FLAG = re.compile(r"(?<![\w./-])--[a-z][a-z0-9-]*")
+_QUOTED = re.compile("'[^']*'|\"[^\"]*\"")
+#: flags of the command line a Python caller has no keyword for, in words
+_NO_KEYWORD = {"--holdout-output": "the held-out output"}
 #: A value written after a flag: a repr, a number, a placeholder (NAME), or any word ending in
-#: the ":" of ``--NAME VALUE: must be ...`` (``[8]``, ``np.float64(8.0)``).
-_VALUE = re.compile(r"""\S+?(?=:(?:\s|$))|'[^']*'|"[^"]*"|-?\d[\w.+-]*|True\b|False\b|None\b"""
-                    r"|[A-Z][A-Z_]*\b")
+#: the ":" of ``--NAME VALUE: must be ...`` (``[8, 9]``, ``np.float64(8.0)``).
+_VALUE = re.compile(r"""\[[^\]]*\](?=:(?:\s|$))|\S+?(?=:(?:\s|$))|'[^']*'|"[^"]*"|-?\d[\w.+-]*"""
+                    r"|True\b|False\b|None\b|[A-Z][A-Z_]*\b")
 
 
 @functools.lru_cache(maxsize=1)
 def _keywords() -> dict:
     """The Python keyword of every option of :func:`pack` and :func:`pack_dataset`, by the
     command-line flag that names it in messages (``--pad-id`` -> ``pad_id``), with its default."""
-    out = {"--inputs": ("inputs", None)}
+    out = {}
     for fn in (pack, pack_dataset):
-        for name, p in inspect.signature(fn).parameters.items():
-            out["--" + name.replace("_", "-")] = (name, p.default)
+        out.update(_keywords_of(fn))
     return out
 
 
-def _as_python(message: str) -> str:
+@functools.lru_cache(maxsize=4)
+def _keywords_of(fn) -> dict:
+    """:func:`_keywords` of one function (``pack_dataset`` has no ``holdout_output``)."""
+    fn = inspect.unwrap(fn)
+    out = {"--inputs": ("inputs", None)}
+    for name, p in inspect.signature(fn).parameters.items():
+        out["--" + name.replace("_", "-")] = (name, p.default)
+    return out
+
+
+def _as_python(message: str, protect: Sequence[str] = (), keywords: dict | None = None) -> str:
     """``message`` (an error or warning written for the command line) with each option of the
     Python API named as its keyword: ``--pad-id 1.5`` -> ``pad_id=1.5``, ``--overflow split`` ->
     ``overflow='split'``, ``--overwrite`` -> ``overwrite=True``, ``--no-shuffle`` ->
-    ``shuffle=False``; flags the API has no keyword for stay as they are."""
-    keywords = _keywords()
+    ``shuffle=False``, ``--attention-mask-column none`` -> ``attention_mask_column=None``; flags
+    the API has no keyword for stay as they are. Nothing inside quotes or inside one of the
+    ``protect`` strings (the caller's paths and column names, as given) is touched.
+
+    Args:
+        message: the command line's wording.
+        protect: strings to leave as they are wherever they occur.
+        keywords: flag -> (keyword, default) of the function called (:func:`_keywords`).
+    """
+    keywords = _keywords() if keywords is None else keywords
+    spans = [m.span() for m in _QUOTED.finditer(message)]
+    for text in protect:
+        if text and "--" in text:
+            spans += [(m.start(), m.end()) for m in re.finditer(re.escape(text), message)]
     out, at = [], 0
     for m in _FLAG.finditer(message):
+        if m.start() < at or any(a <= m.start() < z for a, z in spans):
+            continue
         text, end = _keyword(m.group(0), message, m.end(), keywords)
         out += [message[at:m.start()], text]
         at = end
@@ -82,13 +108,19 @@ def _keyword(flag: str, message: str, end: int, keywords: dict) -> tuple[str, in
     if flag == "--no-shuffle":
         return "shuffle=False", end
     if flag not in keywords:
-        return flag, end
+        return _NO_KEYWORD.get(flag, flag), end
     name, default = keywords[flag]
     choices = "|".join(_CHOICES.get(name, ()))
     words = re.compile(rf" ((?:{choices})(?:\|(?:{choices}))*)\b").match(message, end) \
         if choices else None
     if words:
         return f"{name}=" + "|".join(repr(w) for w in words.group(1).split("|")), words.end()
+    if name.endswith("column"):  # a column name written bare, or none (the mask is not read)
+        bare = re.compile(r" (none\b|(?![A-Z][A-Z_]*\b)[A-Za-z_][\w.-]*(?=[),;]|$))").match(
+            message, end)
+        if bare:
+            word = bare.group(1)
+            return f"{name}={None if word == 'none' else repr(word)}", bare.end()
     value = _VALUE.match(message, end + 1) if message.startswith(" ", end) else None
     if value:
         return f"{name}={value.group(0)}", value.end()
@@ -97,23 +129,34 @@ def _keyword(flag: str, message: str, end: int, keywords: dict) -> tuple[str, in
 
 def _python_errors(fn):
     """Run ``fn`` with every :class:`PacktoolError` it raises reworded for Python
-    (:func:`_as_python`), same class, and its pack's ``WARNING`` notes issued as
-    :class:`~packtool.errors.PackWarning` (the command line prints them)."""
+    (:func:`_as_python`, the paths and names passed left as they are), same class."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except PacktoolError as exc:
-            raise type(exc)(_as_python(str(exc))) from None
+            raise type(exc)(_as_python(str(exc), _given_strings(args, kwargs),
+                                       _keywords_of(fn))) from None
     return wrapper
 
 
+def _given_strings(args, kwargs) -> list[str]:
+    """The strings (and paths) among a call's arguments, one level into lists: what a message
+    may quote of them."""
+    out = []
+    for v in [*args, *kwargs.values()]:
+        for x in (v if isinstance(v, (list, tuple)) else [v]):
+            if isinstance(x, (str, os.PathLike)):
+                out.append(os.fspath(x))
+    return out
+
+
 def _warn(result) -> None:
-    """Issue the ``WARNING`` notes of a pack (and of its held-out pack) as
+    """Issue the ``WARNING`` notes of a pack (and of its held-out pack, said so) as
     :class:`~packtool.errors.PackWarning` s, worded for Python."""
-    for r in (result, getattr(result, "holdout", None)):
+    for r, whose in ((result, ""), (getattr(result, "holdout", None), "held-out pack: ")):
         for note in (getattr(r, "warnings", None) or ()):
-            warnings.warn(_as_python(note), PackWarning, stacklevel=4)
+            warnings.warn(whose + _as_python(note), PackWarning, stacklevel=4)
 
 
 def _config(inputs, output, **options):
@@ -364,10 +407,14 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
         if output is not None:
             raise ConfigError("output: a DatasetDict packs each split into its own temporary "
                               "output; pack the splits one by one to keep them")
-        return type(data)({name: pack_dataset(split, holdout=None, overwrite=overwrite,
-                                              batch_rows=batch_rows, progress=progress,
-                                              **options)
-                           for name, split in data.items()})
+        packed = {}
+        for name, split in data.items():
+            try:
+                packed[name] = pack_dataset(split, holdout=None, overwrite=overwrite,
+                                            batch_rows=batch_rows, progress=progress, **options)
+            except PacktoolError as exc:  # which split: the rows are numbered inside it
+                raise type(exc)(f"split {name!r}: {exc}") from None
+        return type(data)(packed)
     if kind == "list" and not data:
         raise InputError("no documents: the list is empty")
     from packtool.formats.inmemory import INPUT_NAME, write_input
@@ -393,7 +440,8 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
             result = run_pack(cfg, progress=progress)
         except PacktoolError as exc:  # name the rows as the caller knows them, not the file
             raise type(exc)(str(exc).replace(str(src / INPUT_NAME), "documents")
-                            .replace("the INPUT", "the documents")) from None
+                            .replace("the INPUT", "the documents")
+                            .replace(" in INPUT", " in the documents")) from None
         _warn(result)
         owner = _Owner(str(work), owned=True) if lazy else None
         outs = [cfg.output] + ([cfg.holdout_output] if result.holdout is not None else [])

@@ -823,9 +823,9 @@ def _kind_words(kind: str | None) -> str:
 
 
 #: Recorded options no flag sets: they follow from others (``rows_per_group`` from
-#: ``--row-group-mb`` and ``--capacity``), so a message names them only when nothing else
-#: differs.
-_DERIVED_OPTIONS = frozenset({"rows_per_group"})
+#: ``--row-group-mb`` and ``--capacity``, ``holdout_part`` from ``--holdout``), so a message
+#: names them only when nothing else differs.
+_DERIVED_OPTIONS = frozenset({"rows_per_group", "holdout_part"})
 
 
 def _differences(was, now) -> str:

@@ -479,3 +479,42 @@ def test_the_notes_pack_prints_are_python_warnings(tmp_path, sample_data):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a pack that loses nothing warns of nothing
         packtool.pack_dataset([[1, 2, 3]], 8)
+
+
+def test_paths_and_names_passed_are_never_reworded(tmp_path):
+    """A folder named --overwrite, a column named 'a --pad-id 3': messages quote them as
+    given (they became overwrite=True and 'a pad_id=3'); mask options read 'none' as None; a
+    list value keeps its '='; pack_dataset is never told of holdout_output."""
+    odd = tmp_path / "--overwrite"
+    odd.mkdir()
+    pq.write_table(pa.table({"ids": [[1, 2, 3]]}), odd / "a.parquet")
+    with pytest.raises(SchemaError) as exc:
+        packtool.pack(odd, tmp_path / "o", capacity=8)
+    assert f"{odd / 'a.parquet'}: no column 'input_ids'" in str(exc.value), str(exc.value)
+    assert "column=NAME" in str(exc.value)
+    with pytest.raises(SchemaError, match=r"no column 'a --pad-id 3'"):
+        packtool.pack_dataset([{"x": [1, 2]}], 8, column="a --pad-id 3")
+    with pytest.raises(SchemaError) as exc:
+        packtool.pack_dataset([{"input_ids": [1, 2, 3], "attention_mask": [1, 2, 1]}], 8)
+    assert "attention_mask_column=None" in str(exc.value), str(exc.value)
+    with pytest.raises(ConfigError, match=r"^capacity=\[8, 9\]: must be an integer"):
+        packtool.pack_dataset([[1, 2]], capacity=[8, 9])
+    with pytest.raises(ConfigError) as exc:
+        packtool.pack_dataset([[1, 2]], 8, attention_mask_column="input_ids")
+    assert "(column='input_ids')" in str(exc.value), str(exc.value)
+    held = tmp_path / "h-holdout"
+    held.mkdir()
+    (held / "y").write_text("mine")
+    with pytest.raises(OutputError) as exc:
+        packtool.pack_dataset([[1] * 4] * 40, 8, holdout=0.3, output=tmp_path / "h")
+    assert "the held-out output holds 1 entry" in str(exc.value), str(exc.value)
+    assert "holdout_output" not in str(exc.value)
+
+
+def test_a_dataset_dicts_error_names_its_split():
+    bad = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]]}),
+                                "test": datasets.Dataset.from_dict(
+                                    {"input_ids": [[1, 2, 3], [4, -5]]})})
+    with pytest.raises(SchemaError, match=r"^split 'test': documents: row 1 \(0-based\): "
+                                          "negative token id -5"):
+        packtool.pack_dataset(bad, 8)
