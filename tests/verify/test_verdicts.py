@@ -103,29 +103,33 @@ def test_no_scan_fails_when_no_row_holds_two_documents(tmp_path):
     assert not rep.ok and rep.get("sdpa", "isolation").status == SKIP
 
 
+def _python(code: str) -> subprocess.CompletedProcess:
+    """``code`` run by this Python in a fresh process (its imports its own)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+
+
 def test_data_only_passes_without_an_attention_check_and_runs_without_torch(good):
     """--data-only in a process where `import torch` fails: the column checks run and pass."""
     code = ("import sys; sys.modules['torch'] = None\n"
             "from packtool.cli import main\n"
             f"sys.argv = ['packtool', 'verify', {str(good)!r}, '--data-only']\n"
             "main()\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    p = _python(code)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "PASS  data" in p.stdout and "OK:" in p.stdout
     assert "torch" not in p.stdout
-    code2 = code.replace(", '--data-only'", "")
-    p2 = subprocess.run([sys.executable, "-c", code2], capture_output=True, text=True, timeout=300)
+    p2 = _python(code.replace(", '--data-only'", ""))
     assert p2.returncode == 1 and "pip install" in p2.stdout + p2.stderr
 
 
 def test_data_only_with_progress_never_imports_torch(good):
     """With torch installed, --data-only's time estimate asked for a GPU and so imported torch
     (over a CPU-second), and the sha256 line counted that time as hashing."""
-    code = ("import sys\n"
-            "from packtool.verify.checks import run_verify\n"
-            f"rep = run_verify({str(good)!r}, data_only=True, progress=print)\n"
-            "print('ok', rep.ok, 'torch' in sys.modules)\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    p = _python("import sys\n"
+                "from packtool.verify.checks import run_verify\n"
+                f"rep = run_verify({str(good)!r}, data_only=True, progress=print)\n"
+                "print('ok', rep.ok, 'torch' in sys.modules)\n")
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.splitlines()[-1] == "ok True False", p.stdout
 
