@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Sequence
 
 from packtool.errors import ConfigError, InputError, PacktoolError, PackWarning
+from packtool.types import Engine, LabelMode, Overflow, Strategy
 
 __all__ = ["pack", "pack_dataset"]
 
@@ -40,10 +41,9 @@ BATCH_ROWS = 8192
 
 
 #: Values an option may take, as its messages write them (quoted when renamed for Python).
-_CHOICES = {"strategy": ("obfd", "ordered", "concat"),
-            "overflow": ("split", "truncate", "drop", "error"),
-            "labels": ("none", "unshifted", "shifted"), "engine": ("local", "ray"),
-            "compression": ("zstd", "lz4")}
+_CHOICES = {**{name: tuple(e.value for e in enum) for name, enum in (
+    ("strategy", Strategy), ("overflow", Overflow), ("labels", LabelMode), ("engine", Engine))},
+    "compression": ("zstd", "lz4")}
 _FLAG = re.compile(r"(?<![\w./-])--[a-z][a-z0-9-]*")
 _QUOTED = re.compile("'[^']*'|\"[^\"]*\"")
 #: flags of the command line a Python caller has no keyword for, in words
