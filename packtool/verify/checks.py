@@ -145,6 +145,10 @@ def run_verify(
     bad_checks = sorted(wanted - set(ALL_CHECKS))
     if bad_checks:
         raise ConfigError(f"unknown check(s) {bad_checks}; choose from {', '.join(ALL_CHECKS)}")
+    asked_models = sorted(c for c in wanted if c not in CONTRACT_CHECKS)
+    if data_only and checks is not None and asked_models:  # would pass having checked nothing
+        raise ConfigError(f"--check {asked_models[0]} runs the model, and --data-only runs none; "
+                          "drop one of them")
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
     if device not in ("auto", "cpu", "cuda"):
@@ -187,7 +191,8 @@ def run_verify(
     n_rows = reader.num_rows
     # an input labels column (SFT prompt masking) leaves some targets -100 on purpose
     label_masked = reader.manifest.label_masked
-    report = VerifyReport(reader.location.display, [], n_rows, data_only)
+    report = VerifyReport(reader.location.display, [], n_rows, data_only,
+                          models_wanted=bool(asked_models))
     if n_rows == 0:
         return report
     window = _window_tokens(reader.capacity, row_window)

@@ -222,7 +222,10 @@ def measure_batch(m: Measurements, runner, batch: dict, spans: list, refs: list,
 
 def _result(m: Measurements, check: str, status: str, figures=None, where=None, message="",
             required=True) -> CheckResult:
-    return CheckResult(m.backend, check, status, figures or {}, where, message, required,
+    figures = dict(figures or {})
+    if status != SKIP:  # every model check ran on these rows: the verdict asks how many held two
+        figures.setdefault("rows_multi_doc", m.rows_multi_doc)
+    return CheckResult(m.backend, check, status, figures, where, message, required,
                        m.device, m.dtype)
 
 

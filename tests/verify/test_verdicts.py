@@ -274,3 +274,30 @@ def test_a_failed_attention_check_is_not_also_reported_as_not_run(good):
     bare = VerifyReport(rep.path, rep.rows, rep.num_rows, False,
                         [r for r in rep.results if r.backend == "data"])
     assert any("no attention check ran" in p for p in bare.problems())
+
+
+@pytest.mark.parametrize("check", ["loss_denominator", "finite", "grad_zero_ignored",
+                                   "grad_zero_padding"])
+def test_one_model_check_asked_for_passes_when_it_ran_on_rows_of_two_documents(good, check):
+    """--check loss_denominator (or finite, the gradient checks) alone printed PASS and then
+    failed 'no attention check ran': only logits_match and isolation were counted."""
+    r = _verify(good, "--backend", "sdpa", "--check", check, "--rows", "2")
+    assert r.exit_code == 0, r.output
+    assert f"PASS  sdpa[cpu]    {check}" in r.output and "no attention check ran" not in r.output
+
+
+def test_column_checks_asked_for_beside_a_backend_need_no_model_run(good):
+    r = _verify(good, "--backend", "sdpa", "--check", "labels")
+    assert r.exit_code == 0 and "every attention backend was skipped" not in r.output, r.output
+
+
+def test_data_only_with_a_model_check_is_a_usage_error(good):
+    """--data-only --check logits_match passed (exit 0) having checked nothing."""
+    r = _verify(good, "--data-only", "--check", "logits_match")
+    assert r.exit_code == 2 and "--check logits_match runs the model, and --data-only runs " \
+        "none" in r.output, r.output
+    from packtool.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--data-only runs none"):
+        run_verify(good, data_only=True, checks=["isolation"])
+    assert run_verify(good, data_only=True, checks=["labels"]).ok
