@@ -346,7 +346,7 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
         ``tokens_processed`` (rows * C, what a training step computes on),
         ``padding_tokens``, ``padding_pct`` (of ``tokens_processed``, 4 decimals), ``docs_cut``
         (documents spread over several segments), ``docs_cut_below_capacity`` (cut although
-        they fit in one row), ``docs_split``, ``segments``, ``effective_targets``,
+        they fit in one row; after ``--overflow truncate`` every document does), ``docs_split``, ``segments``, ``effective_targets``,
         ``targets_per_token`` (6 decimals), ``attention_work`` (token^2: sum of segment_len^2,
         the score entries of document-masked attention), ``attention_work_full_rows``
         (token^2: rows * C^2, the same rows without document masking) and
@@ -370,6 +370,9 @@ def _compare(lengths: np.ndarray, capacity: int, overflow, strategies, targets, 
     doc_starts = np.zeros(lengths.size, dtype=np.int64)  # shape: (num_docs,)
     if lengths.size:
         np.cumsum(lengths[:-1], out=doc_starts[1:])
+    # documents that fit in one row as the plan sees them: after --overflow truncate, all
+    fits = (np.ones(lengths.size, dtype=bool) if Overflow(overflow) is Overflow.TRUNCATE
+            else lengths <= capacity)  # shape: (num_docs,)
     out, plans = [], []
     runs = [(str(s), s, None) for s in strategies]
     if window_docs is not None:
@@ -400,7 +403,7 @@ def _compare(lengths: np.ndarray, capacity: int, overflow, strategies, targets, 
             "padding_tokens": s.padding_tokens,
             "padding_pct": round(100.0 * s.padding_tokens / slots, 4) if rows else 0.0,
             "docs_cut": int(cut.sum()),
-            "docs_cut_below_capacity": int((cut & (lengths <= capacity)).sum()),
+            "docs_cut_below_capacity": int((cut & fits).sum()),
             "docs_split": s.docs_split,
             "segments": s.segments,
             "effective_targets": effective,
@@ -455,11 +458,13 @@ def least_waste(rows: list) -> dict | None:
     its context); ties go to fewer rows, then to the order given.
 
     Returns:
-        The winning dict of ``rows``, or of all of them when every strategy cuts such documents;
-        None when no strategy writes a row (every token lost: nothing to choose between).
+        The winning dict of ``rows`` among those that write rows, or of all of them when every
+        one cuts such documents (after ``--overflow truncate`` every document fits); None when
+        no strategy writes a row (every token lost: nothing to choose between).
     """
     rows = [r for r in rows if "window_docs" not in r] or rows  # strategies, not windowings
-    if not any(r["rows"] for r in rows):
+    rows = [r for r in rows if r["rows"]]  # one that writes nothing is no choice
+    if not rows:
         return None
     whole = [r for r in rows if r["docs_cut_below_capacity"] == 0] or rows
     return min(whole, key=lambda r: (_waste(r), r["rows"]))

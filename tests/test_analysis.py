@@ -371,3 +371,29 @@ def test_stats_of_an_output_of_no_rows_says_there_is_nothing_to_hash(tmp_path):
         line = next(x for x in res.output.splitlines() if "integrity" in x)
         assert line.split() == ["integrity", "no", "shards", "to", "check", "(an", "output",
                                 "of", "0", "rows)"], line
+
+
+def test_after_truncate_every_document_fits_so_concat_does_not_compete():
+    """--overflow truncate: concat cut the truncated 10-token document over two rows and was
+    named least waste 'with no document that fits in a row cut' (lengths before truncation)."""
+    from packtool.analysis import least_waste
+
+    lengths = np.array([7, 10])
+    res = compare_strategies(lengths, 8, overflow="truncate")
+    by = {r["strategy"]: r for r in res}
+    assert by["concat"]["docs_cut"] == 1 and by["concat"]["docs_cut_below_capacity"] == 1
+    assert by["obfd"]["docs_cut_below_capacity"] == 0
+    assert least_waste(res)["strategy"] != "concat"
+    split = {r["strategy"]: r for r in compare_strategies(lengths, 8, overflow="split")}
+    assert split["obfd"]["docs_cut"] == 1 and split["obfd"]["docs_cut_below_capacity"] == 0
+
+
+def test_a_strategy_that_writes_no_row_is_never_least_waste():
+    """--min-fill 1 on 3, 3, 3 at C = 4: ordered and obfd write nothing (every token lost) and
+    ordered was named least waste; the one that writes rows is."""
+    from packtool.analysis import least_waste
+
+    res = compare_strategies(np.array([3, 3, 3]), 4, min_fill=1.0)
+    assert {r["strategy"]: r["rows"] for r in res} == {"concat": 2, "ordered": 0, "obfd": 0}
+    assert least_waste(res)["strategy"] == "concat"
+    assert least_waste([r for r in res if r["rows"] == 0]) is None
