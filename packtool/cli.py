@@ -388,13 +388,21 @@ DEFAULT_PER_SOURCE_LIMIT = 50
 
 
 def _plot_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """Check --plot before any work: a known image suffix and an existing directory."""
+    """Check --plot before any work: a known image suffix and an existing directory that can be
+    written (a store URI: its suffix)."""
     from pathlib import Path
 
     from packtool.errors import ConfigError
 
     if value is None:
         return None
+    from packtool.location import Location
+
+    if not Location.parse(value).is_local:  # written to the store at the end: its suffix only
+        if Path(Location.parse(value).name).suffix.lower() not in PLOT_SUFFIXES:
+            raise ConfigError(f"--plot {value}: the file name must end in "
+                              f"{', '.join(PLOT_SUFFIXES)} (the image format is taken from it)")
+        return value
     p = Path(value)
     if p.is_dir():
         raise ConfigError(f"--plot {value}: is a directory; give a file name such as "
@@ -406,6 +414,14 @@ def _plot_path(ctx: click.Context, param: click.Parameter, value: str | None) ->
     if not parent.is_dir():
         raise ConfigError(f"--plot {value}: directory {parent} does not exist; create it or "
                           "choose another path")
+    import tempfile
+
+    try:  # a directory that cannot be written (/proc, read-only) is told now, not after the work
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".packtool-plot-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"--plot {value}: cannot write in {parent} ({exc.strerror or exc}); "
+                          "choose another path") from None
     return value
 
 
@@ -663,10 +679,17 @@ def stats(ctx, path, per_bin, per_bin_limit, per_source_limit, no_hash, as_json,
         return
     dry_run = [f"--{n.replace('_', '-')}" for n in ("capacity",) + read_opts if given(n)]
     if dry_run:
+        from packtool.formats.manifest import MANIFEST_NAME
+        from packtool.location import Location
+
         raw = " ".join(path)
+        if len(path) == 1 and Location.parse(path[0]).join(MANIFEST_NAME).exists():
+            raw = "INPUT"  # a packed output: the dry run takes what it was packed from
         raise ConfigError(f"{dry_run[0]} is an option of the dry run on raw input, and stats "
                           f"reads a packed OUTPUT, which records its own; for a dry run run: "
-                          f"packtool compare {raw} --capacity {capacity or 'C'}")
+                          f"packtool compare {raw} --capacity {capacity or 'C'}"
+                          + (" on the tokenized INPUT it was packed from" if raw == "INPUT"
+                             else ""))
     if len(path) != 1:
         raise ConfigError("give one packed OUTPUT directory (for raw input: packtool compare "
                           "INPUT... --capacity C)")

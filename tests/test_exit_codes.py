@@ -136,6 +136,29 @@ def test_plot_bad_suffix_or_path_is_a_one_line_usage_error(packed, tmp_path, nam
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("compare", [False, True])
+def test_a_plot_directory_that_cannot_be_written_is_refused_before_any_work(packed, tmp_path,
+                                                                           compare):
+    """--plot into a directory that cannot be written: the whole report (sha256 of every shard
+    included) used to run first, then 'cannot write the plot'; refused up front now."""
+    import os
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    os.chmod(ro, 0o555)
+    try:
+        if os.access(ro, os.W_OK) and os.geteuid() == 0:  # root writes anywhere: /proc then
+            target = "/proc/stats.png"
+        else:
+            target = ro / "stats.png"
+        args = ["compare", packed / "in", "-c", 8] if compare else ["stats", packed / "out"]
+        res = run(*args, "--plot", target)
+        assert_error(res, EXIT_USAGE, "--plot", "cannot write in")
+        assert "rows" not in res.output and "sha256" not in res.output
+    finally:
+        os.chmod(ro, 0o755)
+
+
 def test_plot_suffix_picks_the_image_format(packed, tmp_path):
     pytest.importorskip("matplotlib")
     for suffix, magic in ((".png", b"\x89PNG"), (".svg", b"<?xml"), (".pdf", b"%PDF")):
