@@ -499,9 +499,7 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
                                        min_fill=cfg.min_fill)
     notes = _input_notes(docs.discovery, docs.columns)
     masked = _input_mask_stats(docs)
-    mask = _mask_note(masked)
-    if mask:
-        notes.append(mask)
+    mask = _mask_note(masked)  # its own line, "input: ...", as pack's summary prints it
     # the lines pack prints with these options: with obfd (its default strategy), and in
     # windows with --window-docs; a line not every strategy's pack prints names whose it is
     warnings = []
@@ -531,12 +529,18 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
                                "inputs_not_read": docs.discovery.skipped,
                                "input_notes": docs.discovery.notes,
                                "input_columns_unused": docs.columns.unused,
+                               "input_masks": {k: getattr(masked, k) for k in (
+                                   "tokens_attention_masked", "tokens_label_masked",
+                                   "docs_bos_added", "docs_bos_present", "docs_eos_added",
+                                   "docs_eos_present")},
                                "warnings": warnings}, indent=2))
     else:
         click.echo(analysis.format_compare(rows, cfg.capacity, int(lengths.size), tokens,
                                            overflow=cfg.overflow, docs_over_capacity=over))
         for n in notes:
             click.echo(f"  INPUT: {n}" if not n.startswith("masks:") else f"  {n}")
+        if mask:
+            click.echo(f"  {mask}")
     if plot:
         analysis.plot_compare(lengths, cfg.capacity, plot, overflow=cfg.overflow,
                               targets=docs.targets, window_docs=cfg.window_docs,

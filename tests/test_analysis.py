@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
@@ -399,3 +400,20 @@ def test_a_strategy_that_writes_no_row_is_never_least_waste():
     assert {r["strategy"]: r["rows"] for r in res} == {"concat": 2, "ordered": 0, "obfd": 0}
     assert least_waste(res)["strategy"] == "concat"
     assert least_waste([r for r in res if r["rows"] == 0]) is None
+
+
+def test_compare_json_carries_the_mask_and_eos_counts_the_text_prints(tmp_path):
+    """compare printed 'INPUT: input: attention mask removed ...' and its --json had none of
+    those counts; both say them now, once."""
+    src = tmp_path / "m.parquet"
+    pq.write_table(pa.table({"input_ids": [[1, 2, 3, 4], [5, 6, 7]],
+                             "attention_mask": [[1, 1, 1, 0], [1, 1, 1]],
+                             "labels": [[-100, 2, 3, 4], [-100, -100, 7]]}), src)
+    args = ["compare", str(src), "-c", "8", "--append-eos", "2"]
+    text = CliRunner().invoke(cli, args)
+    assert text.exit_code == 0, text.output
+    assert "  input: attention mask removed 1 tokens" in text.output
+    assert "INPUT: input:" not in text.output
+    got = json.loads(CliRunner().invoke(cli, args + ["--json"]).stdout)["input_masks"]
+    assert got == {"tokens_attention_masked": 1, "tokens_label_masked": 3, "docs_bos_added": 0,
+                   "docs_bos_present": 0, "docs_eos_added": 2, "docs_eos_present": 0}
