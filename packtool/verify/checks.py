@@ -394,7 +394,15 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
         res = run_checks(m, model_checks)
         leaked = [r for c, r in res.items() if c in ("logits_match", "isolation")
                   and r.status == FAIL]
-        if leaked and leak_probe is not None and hasattr(runner, "diagnose"):
+        broken = sorted({r.check for r in report.results
+                         if r.backend == "data" and r.status == FAIL})
+        if leaked and broken:  # the rows break the contract: the data, not the model, is at fault
+            why = (f"the rows break the output contract ({', '.join(broken)} failed above), so "
+                   "packed and per-document outputs differ because of the data, whatever the "
+                   "model: rerun the same packtool pack with --overwrite")
+            for r in leaked:
+                r.message = f"{why}; {r.message}" if r.message else why
+        elif leaked and leak_probe is not None and hasattr(runner, "diagnose"):
             try:
                 why = runner.diagnose(*leak_probe)
             except Exception as exc:  # the diagnosis is a help, never a new failure

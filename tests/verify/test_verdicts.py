@@ -301,3 +301,24 @@ def test_data_only_with_a_model_check_is_a_usage_error(good):
     with pytest.raises(ConfigError, match="--data-only runs none"):
         run_verify(good, data_only=True, checks=["isolation"])
     assert run_verify(good, data_only=True, checks=["labels"]).ok
+
+
+def test_a_model_failure_on_broken_rows_blames_the_data_not_the_model(good):
+    """Positions not reset in one row: the hf backend's leak message told the user the model
+    needs a kernel it lacks and to train one document per row. With a column check failed
+    first, the model failure names the data and the repack instead."""
+    from packed_helpers import edit_rows
+
+    def edit(rows):
+        i = next(i for i, r in enumerate(rows) if len(r["doc_ids"]) >= 2)
+        rows[i]["position_ids"] = list(range(len(rows[i]["position_ids"])))
+        return rows
+
+    edit_rows(good, edit)
+    rep = run_verify(good, backends=["hf", "sdpa"], rows=0)
+    assert rep.get("data", "position_ids").status == FAIL
+    for backend in ("hf", "sdpa"):
+        r = rep.get(backend, "logits_match")
+        assert r.status == FAIL, rep.format_text()
+        assert "the rows break the output contract (position_ids failed above)" in r.message
+        assert "train it on one document per row" not in r.message
