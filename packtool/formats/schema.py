@@ -174,21 +174,21 @@ def check_token_column(schema: pa.Schema, column: str, path: str) -> None:
 
 def written_as_shard(loc) -> bool:
     """True when the Parquet file at ``loc`` is a packed shard packtool wrote at this very name:
-    its footer's schema metadata names it (:data:`SHARD_META_KEY`). A
-    name alone (``part-0.parquet``, what ``pyarrow.dataset.write_dataset`` writes too) proves
-    nothing; a file that cannot be read as Parquet is not one. Reads only the footer."""
+    its footer's schema metadata names it (:data:`SHARD_META_KEY`). A name alone
+    (``part-0.parquet``, what ``pyarrow.dataset.write_dataset`` writes too) proves nothing; a
+    file that cannot be read as Parquet is not one. Reads only the footer."""
     import pyarrow.parquet as pq
 
     from packtool.errors import raise_if_shortage
     from packtool.formats.manifest import footer_of
-    from packtool.location import Location, StoreError
+    from packtool.location import Location
 
     loc = Location.parse(loc)
     try:
         with loc.open_input() as f:
             footer = footer_of(f, f.size())
         md = pq.read_metadata(pa.BufferReader(b"PAR1" + footer))
-    except (OSError, pa.ArrowException, StoreError) as exc:
+    except (OSError, pa.ArrowException) as exc:  # a store's errors are OSErrors too
         raise_if_shortage(exc, loc.display)
         return False
     return (md.metadata or {}).get(SHARD_META_KEY) == loc.name.encode()
