@@ -500,15 +500,14 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
     notes = _input_notes(docs.discovery, docs.columns)
     masked = _input_mask_stats(docs)
     mask = _mask_note(masked)  # its own line, "input: ...", as pack's summary prints it
-    # the lines pack prints with these options: with obfd (its default strategy), and in
-    # windows with --window-docs; a line not every strategy's pack prints names whose it is
-    warnings = []
+    # the lines pack prints with these options, each once: a line not every strategy's pack
+    # prints names the strategies (and windowing) whose pack prints it
+    whose: dict = {}
     for r in rows:
-        if r["strategy"] == Strategy.OBFD or "window_docs" in r:
-            for w in r["warnings"]:
-                w = w if all(w in x["warnings"] for x in rows) else f"{r['strategy']}: {w}"
-                if w not in warnings:
-                    warnings.append(w)
+        for w in r["warnings"]:
+            whose.setdefault(w, []).append(r["strategy"])
+    warnings = [w if len(names) == len(rows) else f"{', '.join(names)}: {w}"
+                for w, names in whose.items()]
     r = next(r for r in rows if r["strategy"] == Strategy.OBFD)
     w = dataclasses.replace(masked, tokens_in=int(lengths.sum()),
                             real_tokens=r["tokens_processed"] - r["padding_tokens"],

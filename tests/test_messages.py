@@ -97,8 +97,9 @@ def test_stats_with_a_capacity_on_raw_input_points_to_compare(raw):
 
 def test_split_of_most_documents_warns_like_truncate_and_drop(tmp_path):
     """--overflow split that cuts most documents is as loud as truncate or drop over 1 %: one
-    WARNING line on stderr in pack, and the same line in compare, naming obfd (concat's stream
-    splits nothing, so its pack would not warn)."""
+    WARNING line on stderr in pack, and the same line once in compare, naming the strategies
+    whose pack prints it (ordered and obfd; concat's stream splits nothing, so its pack would
+    not warn)."""
     docs = [[i + 1] * (10 + i % 5) for i in range(20)]  # every document longer than C = 8
     src = write_docs(tmp_path / "in" / "a.parquet", docs)
     res = invoke(["pack", "--capacity", 8, src, tmp_path / "out"])
@@ -107,7 +108,8 @@ def test_split_of_most_documents_warns_like_truncate_and_drop(tmp_path):
     assert len(warn) == 1 and "--overflow split" in warn[0] and "100.0%" in warn[0], res.stderr
     assert "20 of 20" in warn[0] and "--capacity" in warn[0]
     res = invoke(["compare", "--capacity", 8, src])
-    assert res.stderr.splitlines() == [warn[0].replace("WARNING: ", "WARNING: obfd: ", 1)]
+    assert res.stderr.splitlines() == [warn[0].replace("WARNING: ", "WARNING: ordered, obfd: ",
+                                                       1)]
     quiet = write_docs(tmp_path / "in2" / "a.parquet", [[1] * 3] * 19 + [[2] * 12])
     res = invoke(["pack", "--capacity", 8, quiet, tmp_path / "out2"])
     assert res.exit_code == 0 and "WARNING" not in res.stderr, res.stderr
