@@ -54,19 +54,11 @@ _VALUE = re.compile(r"""\[[^\]]*\](?=:(?:\s|$))|\S+?(?=:(?:\s|$))|'[^']*'|"[^"]*
                     r"|True\b|False\b|None\b|[A-Z][A-Z_]*\b")
 
 
-@functools.lru_cache(maxsize=1)
-def _keywords() -> dict:
-    """The Python keyword of every option of :func:`pack` and :func:`pack_dataset`, by the
-    command-line flag that names it in messages (``--pad-id`` -> ``pad_id``), with its default."""
-    out = {}
-    for fn in (pack, pack_dataset):
-        out.update(_keywords_of(fn))
-    return out
-
-
 @functools.lru_cache(maxsize=4)
 def _keywords_of(fn) -> dict:
-    """:func:`_keywords` of one function (``pack_dataset`` has no ``holdout_output``)."""
+    """The Python keyword of every option of ``fn`` (:func:`pack` or :func:`pack_dataset`,
+    which has no ``holdout_output``), by the command-line flag that names it in messages
+    (``--pad-id`` -> ``pad_id``), with its default."""
     fn = inspect.unwrap(fn)
     out = {"--inputs": ("inputs", None)}
     for name, p in inspect.signature(fn).parameters.items():
@@ -74,7 +66,7 @@ def _keywords_of(fn) -> dict:
     return out
 
 
-def _as_python(message: str, protect: Sequence[str] = (), keywords: dict | None = None) -> str:
+def _as_python(message: str, keywords: dict, protect: Sequence[str] = ()) -> str:
     """``message`` (an error or warning written for the command line) with each option of the
     Python API named as its keyword: ``--pad-id 1.5`` -> ``pad_id=1.5``, ``--overflow split`` ->
     ``overflow='split'``, ``--overwrite`` -> ``overwrite=True``, ``--no-shuffle`` ->
@@ -84,10 +76,9 @@ def _as_python(message: str, protect: Sequence[str] = (), keywords: dict | None 
 
     Args:
         message: the command line's wording.
+        keywords: flag -> (keyword, default) of the function called (:func:`_keywords_of`).
         protect: strings to leave as they are wherever they occur.
-        keywords: flag -> (keyword, default) of the function called (:func:`_keywords`).
     """
-    keywords = _keywords() if keywords is None else keywords
     spans = [m.span() for m in _QUOTED.finditer(message)]
     for text in protect:
         if text and "--" in text:
@@ -135,8 +126,8 @@ def _python_errors(fn):
         try:
             return fn(*args, **kwargs)
         except PacktoolError as exc:
-            raise type(exc)(_as_python(str(exc), _given_strings(args, kwargs),
-                                       _keywords_of(fn))) from None
+            raise type(exc)(_as_python(str(exc), _keywords_of(fn),
+                                       _given_strings(args, kwargs))) from None
     return wrapper
 
 
@@ -151,12 +142,12 @@ def _given_strings(args, kwargs) -> list[str]:
     return out
 
 
-def _warn(result) -> None:
+def _warn(result, fn) -> None:
     """Issue the ``WARNING`` notes of a pack (and of its held-out pack, said so) as
-    :class:`~packtool.errors.PackWarning` s, worded for Python."""
+    :class:`~packtool.errors.PackWarning` s, worded for a caller of ``fn``."""
     for r, whose in ((result, ""), (getattr(result, "holdout", None), "held-out pack: ")):
         for note in (getattr(r, "warnings", None) or ()):
-            warnings.warn(whose + _as_python(note), PackWarning, stacklevel=4)
+            warnings.warn(whose + _as_python(note, _keywords_of(fn)), PackWarning, stacklevel=4)
 
 
 def _config(inputs, output, **options):
@@ -226,7 +217,7 @@ def pack(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str | 
                   ray_address=ray_address, holdout=holdout,
                   holdout_output=holdout_output, source_column=source_column)
     result = run_pack(cfg, progress=progress)
-    _warn(result)
+    _warn(result, pack)
     return result
 
 
@@ -442,7 +433,7 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
             raise type(exc)(str(exc).replace(str(src / INPUT_NAME), "documents")
                             .replace("the INPUT", "the documents")
                             .replace(" in INPUT", " in the documents")) from None
-        _warn(result)
+        _warn(result, pack_dataset)
         owner = _Owner(str(work), owned=True) if lazy else None
         outs = [cfg.output] + ([cfg.holdout_output] if result.holdout is not None else [])
         packed = tuple(_result(Path(o), kind, owner) for o in outs)

@@ -18,6 +18,7 @@ import click
 
 from packtool._version import __version__
 from packtool.errors import EXIT_DATA, InputError, Interrupted, PacktoolError, shortage_error
+from packtool.location import display
 from packtool.types import Engine, LabelMode, Overflow, Strategy
 
 __all__ = ["cli", "main"]
@@ -279,8 +280,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
 
         kept = str(exc)
         where, role = getattr(exc, "output", None) or (cfg.output, "OUTPUT")
-        done = (f" ({_shown(cfg.output)} is finished)" if role != "OUTPUT" else "")
-        raise Interrupted(f"{stop_word()}: {_shown(where)} has no manifest{done}; "
+        done = (f" ({display(cfg.output)} is finished)" if role != "OUTPUT" else "")
+        raise Interrupted(f"{stop_word()}: {display(where)} has no manifest{done}; "
                           + (f"kept for the rerun: {kept}; " if kept
                              else f"nothing was kept ({role} is as before the run); ")
                           + "rerun the same command to resume and finish it",
@@ -291,7 +292,7 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
             click.echo(f"WARNING: {w}", err=True)
     if result.holdout is not None and not result.holdout.already_complete:
         for w in result.holdout.warnings:
-            click.echo(f"WARNING: held-out pack ({_shown(cfg.holdout_output)}): {w}", err=True)
+            click.echo(f"WARNING: held-out pack ({display(cfg.holdout_output)}): {w}", err=True)
     if as_json:
         click.echo(json.dumps({"stats": s.to_dict(), "seconds": result.seconds,
                                "shards_reused": result.shards_reused,
@@ -306,7 +307,7 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
                                "warnings": result.warnings,
                                **_holdout_json(cfg, result)}, indent=2))
     elif result.already_complete:
-        click.echo(f"{_shown(cfg.output)}: already holds this pack (same inputs, options and "
+        click.echo(f"{display(cfg.output)}: already holds this pack (same inputs, options and "
                    "versions); "
                    "nothing to do")
     elif not quiet:
@@ -314,7 +315,7 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
         click.echo(
             f"packed {s.docs_in - s.docs_other_split:,} documents ({s.tokens_in:,} tokens in, "
             f"{s.rows * s.capacity - s.padding_tokens:,} packed) into {s.rows:,} rows of "
-            f"{s.capacity} in {len(result.manifest.shards)} shard(s) -> {_shown(cfg.output)}\n"
+            f"{s.capacity} in {len(result.manifest.shards)} shard(s) -> {display(cfg.output)}\n"
             f"  fill {100 * s.fill:.2f}%  padding {s.padding_tokens:,} tokens "
             f"({100 * s.padding_fraction:.2f}%)  extra rows over ceil(tokens/C): {s.extra_rows}\n"
             + (f"  {s.segment_padding_note(cfg.segment_multiple)}\n"
@@ -348,7 +349,7 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
         click.echo(f"held out {s.docs_other_split:,} documents ({s.tokens_other_split:,} tokens) "
                    f"of --holdout {cfg.holdout} into {h.rows:,} row{'' if h.rows == 1 else 's'} "
                    f"of {h.capacity} -> "
-                   f"{_shown(cfg.holdout_output)}{lost}"
+                   f"{display(cfg.holdout_output)}{lost}"
                    + (" (already complete)" if result.holdout.already_complete else ""))
 
 
@@ -361,20 +362,12 @@ def _losses(s, min_fill: float) -> str:
                if s.rows_dropped else ""))
 
 
-def _shown(where) -> str:
-    """How a message names an OUTPUT (a path, or a URI without its credentials or secret
-    options): the one display of :class:`~packtool.location.Location`."""
-    from packtool.location import Location
-
-    return Location.parse(where).display
-
-
 def _holdout_json(cfg, result) -> dict:
     """The held-out pack's part of ``pack --json`` (nothing without --holdout)."""
     h = result.holdout
     if h is None:
         return {}
-    return {"holdout": {"output": _shown(cfg.holdout_output), "stats": h.stats.to_dict(),
+    return {"holdout": {"output": display(cfg.holdout_output), "stats": h.stats.to_dict(),
                         "seconds": h.seconds, "already_complete": h.already_complete,
                         "warnings": h.warnings}}
 
@@ -716,7 +709,7 @@ def stats(ctx, path, per_bin, per_bin_limit, per_source_limit, no_hash, as_json,
             click.echo(f"wrote {plot}")
     if a.mismatches:
         k, (rc, m) = next(iter(a.mismatches.items()))
-        raise PacktoolError(f"{_shown(path[0])}: recounted {k} {rc} differs from the "
+        raise PacktoolError(f"{display(path[0])}: recounted {k} {rc} differs from the "
                             f"manifest's {m}; the shards or the manifest were changed after "
                             "packing: rerun the same packtool pack with --overwrite")
 
@@ -902,10 +895,10 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
 
         kept = str(exc)
         raise Interrupted(f"{stop_word()}: " + (
-            f"{_shown(cfg.output)} has no manifest; kept for the rerun: {kept}; rerun the same "
+            f"{display(cfg.output)} has no manifest; kept for the rerun: {kept}; rerun the same "
             "command "
             "to resume and finish it" if kept else
-            f"nothing was written ({_shown(cfg.output)} is as it was before the run); rerun the "
+            f"nothing was written ({display(cfg.output)} is as it was before the run); rerun the "
             "same "
             "command to tokenize"), exit_status()) from None
     if as_json:
@@ -914,12 +907,12 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
                                "seconds": res.seconds, "inputs_not_read": res.skipped,
                                "already_complete": res.already_complete}, indent=2))
     elif res.already_complete:
-        click.echo(f"{_shown(cfg.output)}: already holds this tokenization; nothing to do")
+        click.echo(f"{display(cfg.output)}: already holds this tokenization; nothing to do")
     elif not quiet:
         rate = res.tokens / res.seconds if res.seconds else 0.0
         t = res.manifest.totals
         click.echo(f"tokenized {res.documents:,} documents into {res.tokens:,} tokens in "
-                   f"{res.shards} shard(s) -> {_shown(cfg.output)}\n"
+                   f"{res.shards} shard(s) -> {display(cfg.output)}\n"
                    f"  {res.seconds:.2f} s, {rate / 1e6:.2f} M tokens/s"
                    + (f", {res.shards_reused} shard(s) reused" if res.shards_reused else "")
                    + (f"\n  {_mask_note(t)}" if _mask_note(t) else "")
@@ -1103,15 +1096,15 @@ def upgrade(output):
         with interruptible():
             rewritten = upgrade_manifest(output)
     except KeyboardInterrupt:
-        raise Interrupted(f"{stop_word()}: {_shown(output)} is unchanged (its manifest was not "
+        raise Interrupted(f"{stop_word()}: {display(output)} is unchanged (its manifest was not "
                           "rewritten); rerun the same command to upgrade it",
                           exit_status()) from None
     if rewritten:
-        click.echo(f"{_shown(output)}: manifest rewritten as format version {FORMAT_VERSION}; "
+        click.echo(f"{display(output)}: manifest rewritten as format version {FORMAT_VERSION}; "
                    "shards "
                    "unchanged")
     else:
-        click.echo(f"{_shown(output)}: already format version {FORMAT_VERSION}; nothing to do")
+        click.echo(f"{display(output)}: already format version {FORMAT_VERSION}; nothing to do")
 
 
 def main() -> None:

@@ -37,7 +37,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Location", "LocalPath", "StoreURI", "Entry", "StoreError", "location", "is_store"]
+__all__ = ["Location", "LocalPath", "StoreURI", "Entry", "StoreError", "location", "is_store",
+           "display"]
 
 #: ``scheme:`` + ``//`` (or ``/``, as pathlib folds it); a scheme of two characters or more, so a
 #: Windows drive letter is not one
@@ -718,6 +719,12 @@ def _first_line(exc: BaseException) -> str:
 def location(given: "str | os.PathLike | Location") -> Location:
     """Shorthand for :meth:`Location.parse`."""
     return Location.parse(given)
+
+
+def display(given: "str | os.PathLike | Location") -> str:
+    """How every message and manifest names ``given``: its path, or its URI without the
+    ``KEY:SECRET@`` and secret options (:attr:`Location.display`)."""
+    return Location.parse(given).display
 
 
 def is_store(given) -> bool:

@@ -55,7 +55,7 @@ from packtool.loader.collate import check_item_columns
 from packtool.loader.mixture import Mixture
 from packtool.loader.plan import EpochPlan, Phase, check_seed, rank_rows
 from packtool.loader.transfer import in_transit
-from packtool.loader.wrappers import refuse_accelerate_wrapper
+from packtool.loader.wrappers import refuse_accelerate_wrapper, refuse_dataloader_batching
 
 __all__ = ["PackedIterableDataset"]
 
@@ -407,8 +407,8 @@ class PackedIterableDataset(IterableDataset):
         info = get_worker_info()  # a wrapper set_epoch did not see (one without set_epoch)
         refuse_accelerate_wrapper(self.rank, self.world_size, depth=16,
                                   workers=info.num_workers if info is not None else 0)
-        if self.batch_size is not None:
-            self._refuse_batching_on_batches()
+        if self.batch_size is not None:  # batches: a DataLoader must not batch them again
+            refuse_dataloader_batching(self, self.batch_size)
         worker, num_workers = self._worker()
         self._follow_epoch()
         if self._await_board is not None:
@@ -420,33 +420,6 @@ class PackedIterableDataset(IterableDataset):
         keys = order.rows_at(plan.slot(plan.phase, self.rank, worker, self.world_size,
                                        num_workers))
         return self._generate(keys, start, history)
-
-    def _refuse_batching_on_batches(self) -> None:
-        """Refuse a DataLoader that batches what this dataset already batched (its default
-        ``batch_size=1`` stacked [1, B, C] batches and tensors out of the counts, a larger one
-        failed at the first short batch): found as the fetcher iterating this very dataset,
-        a few frames up, with automatic batching on.
-
-        Raises:
-            ValueError: names the fix (``batch_size=None`` on the DataLoader).
-        """
-        import sys
-
-        from torch.utils.data._utils.fetch import _IterableDatasetFetcher
-
-        frame = sys._getframe(1)
-        for _ in range(8):
-            if frame is None:
-                return
-            owner = frame.f_locals.get("self")
-            if isinstance(owner, _IterableDatasetFetcher) and owner.dataset is self:
-                if owner.auto_collation:
-                    raise ValueError(
-                        f"this dataset yields whole batches (batch_size={self.batch_size}), and "
-                        "the DataLoader would batch them again: give it batch_size=None (and "
-                        "no collate_fn; the dataset's collate_fn= builds each batch)")
-                return
-            frame = frame.f_back
 
     def _after_board(self) -> Iterator:
         """The iteration of a worker that loaded its own finished run of several, decided at

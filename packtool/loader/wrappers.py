@@ -6,18 +6,26 @@ process and slices every tensor of a batch to its rows, cutting ``cu_seqlens`` /
 ``cu_seq_lens_q`` (one entry per document, not per row) short; on several processes with
 ``dispatch_batches=False`` in an ``IterableDatasetShard``, which gives each process a share of
 the dataset's items. The datasets and collate functions of :mod:`packtool.loader` look for them
-in the Python stack and refuse, naming the fix (``docs/training.md``).
+in the Python stack and refuse, naming the fix (``docs/training.md``); so does a dataset that
+yields whole batches for a torch DataLoader that would batch them again.
 """
 
 from __future__ import annotations
 
 import sys
 
-__all__ = ["refuse_accelerate_wrapper"]
+__all__ = ["refuse_accelerate_wrapper", "refuse_dataloader_batching"]
 
 _DISPATCH_FIX = ("set dispatch_batches=False (TrainingArguments(accelerator_config={"
                  "'dispatch_batches': False}), or Accelerator(dataloader_config="
                  "DataLoaderConfiguration(dispatch_batches=False)))")
+
+
+def _frames(frame, depth: int):
+    """``frame`` and the ``depth - 1`` frames that called it, innermost first."""
+    while frame is not None and depth > 0:
+        yield frame
+        frame, depth = frame.f_back, depth - 1
 
 
 def _accelerate_wrapper(frame, depth: int) -> str | None:
@@ -25,14 +33,35 @@ def _accelerate_wrapper(frame, depth: int) -> str | None:
     ``depth - 1`` frames that called it (``self`` of a method of ``accelerate.*``), or None."""
     if "accelerate.data_loader" not in sys.modules:  # no wrapper exists in this process
         return None
-    while frame is not None and depth > 0:
+    for f in _frames(frame, depth):
         # the module's name first: reading f_locals builds a dict of the frame's locals
-        if frame.f_globals.get("__name__", "").startswith("accelerate."):
-            kind = type(frame.f_locals.get("self"))
+        if f.f_globals.get("__name__", "").startswith("accelerate."):
+            kind = type(f.f_locals.get("self"))
             if kind.__name__ in ("DataLoaderDispatcher", "IterableDatasetShard"):
                 return kind.__name__
-        frame, depth = frame.f_back, depth - 1
     return None
+
+
+def refuse_dataloader_batching(dataset, batch_size: int, *, depth: int = 8) -> None:
+    """Refuse a torch DataLoader that batches what ``dataset`` already batched (its default
+    ``batch_size=1`` stacked [1, B, C] batches and tensors out of the counts, a larger one
+    failed at the first short batch): found as the fetcher iterating this very dataset among
+    the ``depth`` frames from the caller's caller up, with automatic batching on.
+
+    Raises:
+        ValueError: names the fix (``batch_size=None`` on the DataLoader).
+    """
+    from torch.utils.data._utils.fetch import _IterableDatasetFetcher
+
+    for f in _frames(sys._getframe(2), depth):
+        owner = f.f_locals.get("self")
+        if isinstance(owner, _IterableDatasetFetcher) and owner.dataset is dataset:
+            if owner.auto_collation:
+                raise ValueError(
+                    f"this dataset yields whole batches (batch_size={batch_size}), and the "
+                    "DataLoader would batch them again: give it batch_size=None (and no "
+                    "collate_fn; the dataset's collate_fn= builds each batch)")
+            return
 
 
 def refuse_accelerate_wrapper(rank: int = 0, world_size: int = 1, *, depth: int = 1,

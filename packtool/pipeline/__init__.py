@@ -49,6 +49,7 @@ from packtool.errors import InputError, shortage_error
 from packtool.formats.manifest import (FORMAT_VERSION, InputEntry, LabelsInfo, Manifest,
                                        WindowEntry, Windowing, shard_name)
 from packtool.formats.reader import discover_inputs
+from packtool.location import display
 from packtool.formats.schema import labels_convention, packed_schema
 from packtool.output import FILES_FIX, MEMORY_FIXES, Output, fingerprint
 from packtool.pipeline import progress as _progress_mod
@@ -95,13 +96,6 @@ def _window_record(w: int, info: WindowInfo) -> WindowEntry:
     s = info.stats
     return WindowEntry(w, info.docs, s.tokens_in, s.real_tokens, s.rows, s.lower_bound_rows,
                        s.extra_rows)
-
-
-def _shown(path) -> str:
-    """How the manifest names an input file: its path, or its URI without secret options."""
-    from packtool.location import Location
-
-    return Location.parse(path).display
 
 
 def _warnings(cfg: PackConfig, stats: PackStats) -> list[str]:
@@ -407,7 +401,7 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
         capacity=cfg.capacity,
         labels=LabelsInfo(labels_mode != "none", labels_convention(labels_mode)),
         options={k: v for k, v in cfg.layout_options().items() if k != "labels"},
-        inputs=tuple(InputEntry(_shown(f.path), r, f.bytes)
+        inputs=tuple(InputEntry(display(f.path), r, f.bytes)
                      for f, r in zip(files, file_rows(parts, len(files)))),
         shards=tuple(outputs), totals=total,
         windows=tuple(_window_record(w, i) for w, i in enumerate(infos)) if windowed else (),

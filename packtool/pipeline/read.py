@@ -459,14 +459,14 @@ def _check_unchanged(piece: ReadPiece) -> None:
     Raises:
         InputError: names the file and the fix.
     """
-    from packtool.location import Location
+    from packtool.location import Location, display
 
     if piece.file_bytes < 0:
         return
     now = Location.parse(piece.path).entry()
     if now is None or now.size != piece.file_bytes or (
             piece.mtime_ns and now.mtime_ns and now.mtime_ns != piece.mtime_ns):
-        raise InputError(f"{Location.parse(piece.path).display}: the file changed during the "
+        raise InputError(f"{display(piece.path)}: the file changed during the "
                          f"pack (size {piece.file_bytes:,} -> "
                          f"{'gone' if now is None else f'{now.size:,}'} bytes, or its "
                          "modification time); rerun the same packtool pack when no one writes "
