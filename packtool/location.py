@@ -482,14 +482,7 @@ class StoreURI(Location):
         """
         from packtool.formats.filesystem import from_uri
 
-        root_key = (self.scheme, self.bucket, self.query)
-        if "@" in self._root:
-            with _FS_LOCK:
-                _CREDENTIALED_ROOTS.setdefault(root_key, self._root)
-            base = self._root
-        else:
-            with _FS_LOCK:
-                base = _CREDENTIALED_ROOTS.get(root_key, self._root)
+        base = self._credentialed_root()
         cache_key = (os.getpid(), self.scheme, base, self.query)
         with _FS_LOCK:
             got = _FS.get(cache_key)
@@ -506,6 +499,16 @@ class StoreURI(Location):
         fs, inner_root = got
         rest = self.key[len(self._root):].strip("/")
         return fs, (f"{inner_root}/{rest}" if rest else inner_root) or "/"
+
+    def _credentialed_root(self) -> str:
+        """The bucket as first given with ``KEY:SECRET@`` in this process (or handed to it by
+        :func:`remember_credentialed_roots`), else as this URI gives it."""
+        root_key = (self.scheme, self.bucket, self.query)
+        with _FS_LOCK:
+            if "@" in self._root:
+                _CREDENTIALED_ROOTS.setdefault(root_key, self._root)
+                return self._root
+            return _CREDENTIALED_ROOTS.get(root_key, self._root)
 
     def entry(self) -> Entry | None:
         from packtool.formats.filesystem import file_info
@@ -611,7 +614,8 @@ class StoreURI(Location):
             import boto3
         except ImportError:
             return None
-        cache_key = ("boto3", os.getpid(), self._root, self.query)
+        base = self._credentialed_root()
+        cache_key = ("boto3", os.getpid(), base, self.query)
         with _FS_LOCK:
             client = _FS.get(cache_key)
         if client is None:
@@ -628,7 +632,7 @@ class StoreURI(Location):
                                  ("session_token", "aws_session_token")):
                 if opts.get(ours):
                     kw[theirs] = opts[ours]
-            creds = self._userinfo()  # s3://KEY:SECRET@bucket/..., as pyarrow reads it
+            creds = StoreURI(self.scheme, base, self.query)._userinfo()  # as pyarrow reads it
             if creds is not None:
                 kw["aws_access_key_id"], kw["aws_secret_access_key"] = creds
             kw.setdefault("region_name", os.environ.get("AWS_DEFAULT_REGION")
@@ -714,6 +718,22 @@ def _file_uri_path(uri_path: str) -> str:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def credentialed_roots() -> dict:
+    """The store roots given with ``KEY:SECRET@`` in this process so far, for another process
+    of the same run (a Ray task) to :func:`remember_credentialed_roots`; secrets inside: never
+    print or log it."""
+    with _FS_LOCK:
+        return dict(_CREDENTIALED_ROOTS)
+
+
+def remember_credentialed_roots(roots: dict) -> None:
+    """Open the files of these roots (from :func:`credentialed_roots`) with their credentials
+    in this process too, as the process that found them does."""
+    with _FS_LOCK:
+        for k, v in roots.items():
+            _CREDENTIALED_ROOTS.setdefault(k, v)
 
 
 def location(given: "str | os.PathLike | Location") -> Location:

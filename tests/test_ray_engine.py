@@ -100,6 +100,24 @@ def test_ray_task_error_reaches_the_user_as_packtool_error(ray_local, tmp_path):
                  progress=False)
 
 
+def test_ray_tasks_open_files_found_under_a_credentialed_uri_with_its_credentials(ray_local):
+    """Discovery names the files under ``s3://KEY:SECRET@bucket/...`` without the credentials;
+    a task runs in another process, which must open them with the URI's credentials too, not
+    the environment's (it used to: only the driver knew them)."""
+    from packtool.engines.ray_engine import RayEngine
+    from packtool.location import StoreURI
+
+    query = "endpoint_override=127.0.0.1:9&scheme=http"
+    StoreURI("s3", "AKID:S%2FCRET@creds-bkt/in", query)._credentialed_root()  # given by the user
+    found = StoreURI("s3", "creds-bkt/in/a.parquet", query)  # as discovery names a file
+    with RayEngine(workers=2) as engine:
+        got = list(engine.map(found._credentialed_root, [()]))
+        other = list(engine.map(StoreURI("s3", "other-bkt/a.parquet", query)._credentialed_root,
+                                [()]))
+    assert got == ["AKID:S%2FCRET@creds-bkt"]
+    assert other == ["other-bkt"]
+
+
 def test_ray_missing_gives_the_extra_to_install(monkeypatch):
     """Without Ray the error names the requirement of the ray extra (packtool itself is not on
     a package index, so not pip install 'packtool[ray]')."""

@@ -120,9 +120,15 @@ class RayEngine:
             EngineError: a task failed for another reason (worker or node lost after its
                 retries, unexpected exception), with Ray's first line.
         """
+        from packtool.location import credentialed_roots
+
         ray = self.ray
-        task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(fn)
-        refs = [task.remote(*item) for item in items]
+        # store files found under a KEY:SECRET@ URI are named without the credentials; the
+        # tasks, in other processes, must open them with those too (not the environment's)
+        roots = credentialed_roots()
+        task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(_in_task).options(
+            name=fn.__name__)
+        refs = [task.remote(roots, fn, *item) for item in items]
         index = {ref: i for i, ref in enumerate(refs)}
         done: dict[int, object] = {}
         pending = list(refs)
@@ -177,6 +183,14 @@ class RayEngine:
                 ray.wait(pending, num_returns=len(pending), timeout=CANCEL_WAIT_S)
         except Exception:  # Ray itself going away (Ctrl-C during shutdown)
             pass
+
+
+def _in_task(roots: dict, fn: Callable, *args):
+    """Run ``fn(*args)`` in a Ray worker, with the driver's credentialed store roots."""
+    from packtool.location import remember_credentialed_roots
+
+    remember_credentialed_roots(roots)
+    return fn(*args)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -169,6 +169,10 @@ def test_a_file_found_under_a_credentialed_uri_is_reopened_with_its_credentials(
     assert fs_found is fs_given and path == "credbucket/c/a.parquet"
     other = Location.parse("s3://otherbucket/x?" + opts)  # another bucket: its own client
     assert other.filesystem()[0] is not fs_given
+    pytest.importorskip("boto3")  # the S3 API calls (deletes, unfinished uploads) too
+    assert found.s3_client() is given.s3_client()
+    creds = found.s3_client()._request_signer._credentials
+    assert (creds.access_key, creds.secret_key) == ("AKIAX", "s3cr3t")
 
 
 def test_credentials_before_the_bucket_write_a_store_output_and_are_never_printed(
