@@ -93,14 +93,38 @@ def test_no_scan_finds_a_multi_document_row_when_the_sample_has_none(tmp_path):
     assert rep.ok and any("added row" in n for n in rep.notes)
 
 
-def test_no_scan_fails_when_no_row_holds_two_documents(tmp_path):
+def test_an_output_of_one_document_per_row_passes_without_isolation(tmp_path):
+    """No row of the output holds two documents (every document is C tokens): no boundary
+    between documents exists, so isolation cannot run and is not required; the other model
+    checks still must run (it used to fail, "no attention check ran on a row holding two or
+    more documents", on every such output). Asked for by name, isolation must run."""
     rng = np.random.default_rng(2)
     out = pack_docs(tmp_path, [list(map(int, rng.integers(1, 500, 16))) for _ in range(5)], 16)
-    r = _verify(out, "--no-scan", "--backend", "sdpa", "--rows", "2")
-    assert r.exit_code == 1, r.output
-    assert "two or more documents" in r.output
-    rep = run_verify(out, rows=2, backends=["sdpa"])  # the scan finds none either
-    assert not rep.ok and rep.get("sdpa", "isolation").status == SKIP
+    for scan in ((), ("--no-scan",)):  # the sample holds none, then doc_ids of all rows
+        r = _verify(out, *scan, "--backend", "sdpa", "--rows", "2")
+        assert r.exit_code == 0, r.output
+        assert "no row of the output holds two or more documents) [not required]" in r.output
+    rep = run_verify(out, rows=2, backends=["sdpa"])
+    assert rep.ok and rep.multi_doc_rows is False
+    assert rep.get("sdpa", "logits_match").status == PASS
+    assert rep.get("sdpa", "isolation").status == SKIP
+    asked = run_verify(out, rows=2, backends=["sdpa"], checks=["isolation"])
+    assert not asked.ok and "isolation on backend sdpa did not run" in asked.problems()[0]
+    skipped = _verify(out, "--backend", "flash")  # and a model check must still run
+    assert skipped.exit_code == 1 and "no attention check ran" in skipped.output
+
+
+def test_b22_one_document_and_padding_passes_verify_with_finite_outputs(tmp_path):
+    """B22: docs [[5, 6, 7]], C = 5, pad_id 0: ``verify --backend sdpa`` (and flex) gives the
+    padding rows a key (themselves), finite outputs and gradients, and passes."""
+    out = pack_docs(tmp_path, [[5, 6, 7]], 5)
+    for backend in ("sdpa", "flex"):
+        r = _verify(out, "--backend", backend, "--json")
+        assert r.exit_code == 0, r.output
+        got = {x["check"]: x for x in json.loads(r.output[r.output.index("{"):])["results"]}
+        assert got["finite"]["status"] == PASS
+        assert got["finite"]["figures"]["rows_with_nan_or_inf"] == 0
+        assert got["logits_match"]["status"] == PASS
 
 
 def _python(code: str) -> subprocess.CompletedProcess:
@@ -241,8 +265,7 @@ def test_b22_padding_rows_fully_masked_give_nan_and_fail_verify(tmp_path):
     rep = run_verify(out, rows=0, backends=["sdpa"], attend_overrides={"sdpa": no_padding_block})
     assert rep.get("sdpa", "finite").status == FAIL and not rep.ok
     good = run_verify(out, rows=0, backends=["sdpa"])
-    # rows hold one document each here: the verdict asks for a multi-document row
-    assert good.get("sdpa", "finite").status == PASS
+    assert good.get("sdpa", "finite").status == PASS and good.ok
 
 
 def test_a_backend_that_raises_is_a_failure_not_a_skip(good):
