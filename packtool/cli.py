@@ -952,7 +952,8 @@ def export(output, dest, target, split, overwrite, as_json):
     except KeyboardInterrupt as exc:
         from packtool.signals import exit_status, stop_word
 
-        raise Interrupted(f"{stop_word()}: {exc}; rerun the same command to export",
+        said = str(exc) or f"nothing was written into {dest}"
+        raise Interrupted(f"{stop_word()}: {said}; rerun the same command to export",
                           exit_status()) from None
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(res), indent=2))

@@ -5,7 +5,7 @@ SIGTERM is what batch schedulers (Slurm, Kubernetes, ``timeout``) send before th
 it is handled exactly as Ctrl-C, only the exit status (143) and the first word of the message
 ("terminated") differ.
 
-Two handlers, swapped by the pack driver:
+The handlers, swapped by the pack driver:
 
 - before OUTPUT is touched (start-up, imports, argument parsing, reading footers) there is
   nothing to clean up, so :func:`install_early_handler` (called by the ``packtool`` command
@@ -17,7 +17,10 @@ Two handlers, swapped by the pack driver:
   :data:`STOP` stays set and the next check raises again. :func:`stop_signal` tells which
   signal stopped the run. Used as a library (no early handler), a SIGTERM that stopped the run
   is delivered again to the handler that was there before (by default: the process ends, as it
-  would have without packtool) once OUTPUT is clean and unlocked.
+  would have without packtool) once OUTPUT is clean and unlocked. After the block (the command
+  printing its summary), one signal is let pass when the run had finished: the command exits 0
+  (a second one ends it at once, saying that the output is complete); when the run was already
+  stopping, a signal ends the command at once. Never with "nothing was written".
 """
 
 from __future__ import annotations
@@ -69,6 +72,25 @@ def _early(signum, frame) -> None:  # pragma: no cover - runs in a subprocess
     os._exit(128 + signum)
 
 
+_late: list[int] = []  # a signal that came after the run finished (the command still ends 0)
+
+
+def _finished(signum, frame) -> None:  # pragma: no cover - runs in a subprocess
+    if not _late:  # the run is over and its output complete: the summary is printed, exit 0
+        _late.append(signum)
+        return
+    word = b"terminated (SIGTERM)" if signum == signal.SIGTERM else b"interrupted"
+    os.write(2, b"packtool: " + word + b" after the run finished; its output is complete "
+             b"(rerun the same command for its summary)\n")
+    os._exit(128 + signum)
+
+
+def _stopping(signum, frame) -> None:  # pragma: no cover - runs in a subprocess
+    word = b"terminated (SIGTERM)" if signum == signal.SIGTERM else b"interrupted"
+    os.write(2, b"packtool: " + word + b" again while stopping; rerun the same command\n")
+    os._exit(128 + signum)
+
+
 def install_early_handler() -> None:
     """SIGINT and SIGTERM end the process at once with status 128 + the signal (only before
     OUTPUT is touched). Called by the ``packtool`` command only: a library caller keeps its
@@ -107,10 +129,14 @@ def interruptible() -> Iterator[None]:
     _stopped_by.clear()
     main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, _raise) for sig in STOP_SIGNALS} if main else {}
+    finished = False
     try:
         yield
+        finished = True
     finally:
         for sig, handler in previous.items():
+            if handler in (_early, _finished, _stopping):  # the command's own: no longer
+                handler = _finished if finished else _stopping  # "nothing was written"
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: set in C
         if (main and not _command and _stopped_by == [signal.SIGTERM]
                 and previous.get(signal.SIGTERM) is not _raise):

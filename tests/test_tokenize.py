@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -632,3 +635,49 @@ def test_a_shards_row_groups_hold_batch_docs_documents_from_its_first(tmp_path, 
         rows = md.num_rows
         assert [md.row_group(g).num_rows for g in range(md.num_row_groups)] == \
             [7] * (rows // 7) + ([rows % 7] if rows % 7 else []), p.name
+
+
+_SIGNAL_AFTER_RUN = """
+import os, signal, sys, time
+import {module} as m
+original = m.{fn}
+
+def then_signals(*args, **kwargs):
+    res = original(*args, **kwargs)  # the run is over: its output is complete
+    for _ in range({count}):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.3)  # the handler runs here, in the main thread
+    return res
+
+m.{fn} = then_signals
+sys.argv = ["packtool", *sys.argv[1:]]
+from packtool.__main__ import main
+main()
+"""
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_ctrl_c_after_a_finished_tokenize_or_pack_never_says_nothing_was_written(
+        tmp_path, hf_tokenizer, count):
+    """Ctrl-C once the run has finished, while the command prints its summary: the output is
+    complete, so the command exits 0 with its summary (a second Ctrl-C ends it at once, saying
+    the output is complete). It used to print "interrupted; nothing was written" and exit 130
+    (tokenize; pack too, in the same window), the start-up handler's words."""
+    src = write_jsonl(tmp_path / "a.jsonl", TEXTS)
+    runs = [("packtool.text.run", "run_tokenize",
+             ["tokenize", "--tokenizer", str(hf_tokenizer), str(src), str(tmp_path / "tok")],
+             "tokenized"),
+            ("packtool.pipeline", "run_pack",
+             ["pack", "-c", "64", str(tmp_path / "tok"), str(tmp_path / "out")], "packed")]
+    for module, fn, args, said in runs:
+        code = _SIGNAL_AFTER_RUN.format(module=module, fn=fn, count=count)
+        proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                              text=True, timeout=300)
+        assert "nothing was written" not in proc.stderr, proc.stderr
+        if count == 1:
+            assert proc.returncode == 0, proc.stderr
+            assert said in proc.stdout + proc.stderr, (proc.stdout, proc.stderr)
+        else:
+            assert proc.returncode == 130, proc.stderr
+            assert "its output is complete" in proc.stderr, proc.stderr
+        assert (Path(args[-1]) / MANIFEST_NAME).is_file()

@@ -343,7 +343,10 @@ def export_nemo(out_dir, dest, *, split: str = "training", overwrite: bool = Fal
     if dest.exists() and not dest.is_dir():
         raise OutputError(f"{dest}: exists and is a file; DEST must be a directory")
     with interruptible():
-        capacity, convention, source, blocks = _packed_blocks(out_dir)
+        try:
+            capacity, convention, source, blocks = _packed_blocks(out_dir)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(f"nothing was written into {dest}") from None
         try:
             return _export(blocks, convention, capacity, dest, split, overwrite,
                            rows_per_group, source)

@@ -363,6 +363,32 @@ def test_ctrl_c_while_the_file_and_its_entry_are_published_finishes_the_export(
     assert hash_tree(tmp_path / "nemo") == hash_tree(ref)
 
 
+def test_ctrl_c_while_output_is_opened_says_nothing_was_written(tmp_path, two_outputs,
+                                                                 monkeypatch):
+    """Ctrl-C while OUTPUT's manifest and shards are opened, before DEST is touched: the line
+    says nothing was written into DEST (it said "interrupted: ; rerun ...")."""
+    import signal
+
+    from packtool.formats import nemo
+
+    out, _, _ = two_outputs
+    real = nemo._packed_blocks
+
+    def open_then_ctrl_c(*args, **kwargs):
+        got = real(*args, **kwargs)
+        got[3].close()
+        signal.raise_signal(signal.SIGINT)
+        return got
+
+    monkeypatch.setattr(nemo, "_packed_blocks", open_then_ctrl_c)
+    dest = tmp_path / "nemo"
+    res = invoke(["export", "--to", "nemo", out, dest])
+    assert res.exit_code == 130, res.output
+    assert (f"interrupted: nothing was written into {dest}; rerun the same command to export"
+            in res.output), res.output
+    assert not dest.exists()
+
+
 def test_a_rerun_adds_the_metadata_entry_a_killed_export_did_not_write(tmp_path, two_outputs):
     """A process killed after the rename and before the entry (SIGKILL, a lost machine) leaves
     the file without its entry: the same command adds the entry (the file records which export
