@@ -771,6 +771,11 @@ def _refuse_raw_input(where, command: str) -> None:
         raise running
     if (out / MANIFEST_NAME).exists():
         return  # a pack finished since the first look
+    from packtool.formats.manifest import version_1_error
+
+    old = version_1_error(out)
+    if old is not None:
+        raise old
     _refuse(str(out), command, leftovers=leftovers, empty=empty, packed=packed,
             data=None if data is None else str(data.relative_to(out)))
 
@@ -793,6 +798,11 @@ def _refuse_raw_store(loc, command: str) -> None:
         return
     files = sorted(n for n, e in entries.items() if not e.is_dir and _format_of(n))
     data = files[0] if files else None
+    from packtool.formats.manifest import version_1_error
+
+    old = version_1_error(loc)
+    if old is not None:
+        raise old
     _refuse(loc.display, command, leftovers=any(n.startswith(".packtool-") for n in entries),
             empty=False, packed=data is not None and packed_marker(str(loc.join(data)))
             is not None, data=data)

@@ -63,7 +63,8 @@ from packtool.formats import object_store as store
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
                                        PACKED_KIND, TOKENIZED_KIND, Manifest, ShardEntry,
                                        footer_sha256, is_shard_name, pack_running,
-                                       publish_manifest, read_manifest, shard_entry_of)
+                                       publish_manifest, read_manifest, shard_entry_of,
+                                       V1_MANIFEST_NAME, version_1_shards)
 from packtool.formats.schema import written_as_shard
 from packtool.location import Location, StoreError
 
@@ -390,6 +391,10 @@ class Output:
         others = [n for n in found if n != TMP_DIR_NAME]
         own = (MANIFEST_NAME, IN_PROGRESS_NAME)
         listed = {s.file for s in m.shards} if m is not None else set()
+        old = (version_1_shards(out) if m is None and V1_MANIFEST_NAME in found
+               and not found[V1_MANIFEST_NAME].is_dir else None)
+        if old is not None:  # an output of format version 1: its manifest and shards are ours
+            own, listed = own + (V1_MANIFEST_NAME,), set(old)
         # a shard's name is not enough (pyarrow's write_dataset names files part-0.parquet):
         # it is packtool's when the manifest lists it or its footer names it
         foreign = sorted(n for n in others if n not in own
@@ -415,6 +420,10 @@ class Output:
                                   f"{_run_word(m.kind)} of "
                                   f"{_differences(was, self.options)}; pass --overwrite "
                                   "to replace it or choose another location")
+            if old is not None:
+                raise OutputError(f"{out.display}: {self.role} holds a pack of format version 1 "
+                                  f"(its {V1_MANIFEST_NAME}), which this packtool does not read; "
+                                  "pass --overwrite to replace it or choose another location")
             raise OutputError(f"{out.display}: {self.role} is not empty; pass --overwrite to replace "
                               "it or choose another location")
 
@@ -473,7 +482,10 @@ class Output:
         out = self.path
         if not self.resume:  # packtool's own files only; anything else is left alone
             out.join(MANIFEST_NAME).delete()
-            for name, e in out.listdir().items():
+            found = out.listdir()
+            if V1_MANIFEST_NAME in found and version_1_shards(out) is not None:
+                out.join(V1_MANIFEST_NAME).delete()  # a replaced output of format version 1
+            for name, e in found.items():
                 if not e.is_dir and is_shard_name(name):
                     out.join(name).delete()
         self._write_marker()

@@ -522,6 +522,36 @@ def running_error(out, then: str = "read it again") -> ManifestError:
                          f"then {then}")
 
 
+#: The manifest of format version 1 (a JSON file; version 2 made it Parquet), which this
+#: packtool neither reads nor upgrades: its shards' columns differ.
+V1_MANIFEST_NAME = "manifest.json"
+
+
+def version_1_shards(out) -> list[str] | None:
+    """The shard files that a format-version-1 output at ``out`` lists in its
+    :data:`V1_MANIFEST_NAME`, or None when ``out`` holds no such manifest."""
+    loc = Location.parse(out)
+    try:
+        doc = json.loads(loc.join(V1_MANIFEST_NAME).read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("format_version") != 1 \
+            or not isinstance(doc.get("outputs"), list):
+        return None
+    return [o["file"] for o in doc["outputs"]
+            if isinstance(o, dict) and isinstance(o.get("file"), str)]
+
+
+def version_1_error(out) -> ManifestError | None:
+    """The one line for a format-version-1 output at ``out`` (None when it is not one)."""
+    if version_1_shards(out) is None:
+        return None
+    return ManifestError(f"{Location.parse(out).display}: an output of packtool format version 1 "
+                         f"(its {V1_MANIFEST_NAME}), which this packtool neither reads nor "
+                         "upgrades (packtool upgrade takes version 2); pack its input again: the "
+                         "same packtool pack command with --overwrite")
+
+
 def _incomplete(out: Location) -> ManifestError:
     return ManifestError(f"{out.display}: no {MANIFEST_NAME}: not a complete packtool output "
                          "(an interrupted pack: rerun the same packtool pack to finish it; raw "
@@ -554,7 +584,7 @@ def read_manifest_and_schema(output) -> tuple[Manifest, pa.Schema]:
             if pack_running(out):
                 raise running_error(out) from None
             if look or not mloc.exists():
-                raise (_not_there(out) or _incomplete(out)) from None
+                raise (_not_there(out) or version_1_error(out) or _incomplete(out)) from None
         except (OSError, pa.ArrowException) as exc:
             raise_if_shortage(exc, mloc.display)
             gone = _not_there(out)
@@ -757,7 +787,9 @@ def upgrade_manifest(output, *, progress: Callable[[int, int], None] | None = No
         True when the manifest was rewritten, False when it already was version 3.
 
     Raises:
-        ManifestError: not a complete output, or a shard that differs from the manifest.
+        ManifestError: not a complete output, a shard that differs from the manifest, or a
+            manifest every reader refuses (its capacity, labels or row counts contradict the
+            shards' footers and schema metadata).
         OSError: the manifest cannot be written.
     """
     out = Location.parse(output)
@@ -765,6 +797,7 @@ def upgrade_manifest(output, *, progress: Callable[[int, int], None] | None = No
     if manifest.format_version == FORMAT_VERSION:
         return False
     check_shards(out, manifest, hashes=True, progress=progress)
+    _check_readable(out, manifest, schema)
     shards = [shard_entry_of(out.join(s.file), sha256=s.sha256) for s in manifest.shards]
     release = hold()  # once begun, the rewrite ends (whole: a rename or one put)
     try:
@@ -772,6 +805,40 @@ def upgrade_manifest(output, *, progress: Callable[[int, int], None] | None = No
     finally:
         release()
     return True
+
+
+def check_rows_add_up(manifest: Manifest, where: str) -> None:
+    """Refuse a manifest that lists shards of other rows than its totals count (a shard's entry
+    dropped or emptied, or the totals edited): ``stats`` and ``verify`` recount and name the
+    figure; a loader would serve the rows left without a word.
+
+    Raises:
+        ManifestError: names ``where`` (the output), both counts and the fix.
+    """
+    listed = sum(s.rows for s in manifest.shards)
+    if listed != manifest.totals.rows:
+        raise ManifestError(f"{where}: its shards hold {listed:,} rows, its totals say "
+                            f"{manifest.totals.rows:,}: the manifest was edited or damaged; "
+                            "rerun the same packtool pack with --overwrite")
+
+
+def _check_readable(out: Location, manifest: Manifest, schema: pa.Schema) -> None:
+    """Refuse, as every reader would, a manifest whose shards' footers, schema metadata, columns
+    or row counts contradict it (capacity, labels, rows edited): an upgrade must not vouch for
+    an output no reader opens, nor replace its counts by the footers' in silence.
+
+    Raises:
+        ManifestError: what the readers would say, naming the output and the shard.
+    """
+    from packtool.formats.packed import PackedOutput
+
+    reader = PackedOutput(out, manifest, schema, integrity="footer")
+    try:
+        for s in range(len(reader.shards)):
+            reader._open_checked(s)[1].close()
+        check_rows_add_up(manifest, out.display)
+    finally:
+        reader.close()
 
 
 def shard_entry_of(loc, *, sha256: str | None = None) -> ShardEntry:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 
-from packtool.errors import ManifestError
-
 __all__ = ["check_label_masks", "check_rows_add_up", "open_source"]
 
 
@@ -60,12 +58,9 @@ def check_rows_add_up(output) -> None:
     Raises:
         ManifestError: names the output, both counts and the fix.
     """
-    m = output.manifest
-    listed = sum(s.rows for s in m.shards)
-    if listed != m.totals.rows:
-        raise ManifestError(f"{output.location.display}: its shards hold {listed:,} rows, its "
-                            f"totals say {m.totals.rows:,}: the manifest was edited or damaged; "
-                            "rerun the same packtool pack with --overwrite")
+    from packtool.formats.manifest import check_rows_add_up as check
+
+    check(output.manifest, output.location.display)
 
 
 def check_label_masks(output, columns) -> None:

@@ -262,8 +262,9 @@ def test_the_loader_checks_pages_when_it_reads_them(clean, tmp_path):
 
 # -- format versions --------------------------------------------------------------------------------
 
-def _as_version_2(out):
-    """Rewrite a version-3 manifest as version 2 wrote it (shards untouched)."""
+def _as_version_2(out, edit=None):
+    """Rewrite a version-3 manifest as version 2 wrote it (shards untouched); ``edit(old)``
+    changes the version-2 record first."""
     import hashlib
 
     from packtool.formats.manifest import MANIFEST_META_KEY
@@ -279,6 +280,8 @@ def _as_version_2(out):
            "outputs": [{k: s[k] for k in ("file", "rows", "bytes", "sha256")}
                        for s in m["shards"]],
            "totals": m["totals"]}
+    if edit is not None:
+        edit(old)
     meta = dict(schema.metadata)
     meta[MANIFEST_META_KEY] = json.dumps(old).encode()
     pq.write_table(schema.with_metadata(meta).empty_table(), path)
@@ -310,6 +313,76 @@ def test_upgrade_refuses_a_changed_shard(clean, tmp_path):
     res = invoke(["upgrade", out])
     assert res.exit_code == 1 and "part-00001.parquet" in res.output
     assert read_manifest(out).format_version == 2
+
+
+def _capacity(m):
+    m["options"]["capacity"] *= 2
+
+
+def _labels_flipped(m):
+    stored = not m["labels"]["stored"]
+    m["options"]["labels"] = m["labels"]["convention"] if stored else "none"
+    m["labels"] = {**m["labels"], "stored": stored}
+
+
+def _rows(m):
+    m["outputs"][1]["rows"] = 5
+
+
+def _totals(m):
+    m["totals"]["rows"] += 3
+
+
+@pytest.mark.parametrize("edit,said", [(_capacity, "schema metadata says capacity"),
+                                       (_labels_flipped, "the manifest says labels are"),
+                                       (_rows, "the manifest says 5"),
+                                       (_totals, "its totals say")])
+def test_upgrade_refuses_a_manifest_its_readers_refuse(clean, tmp_path, edit, said):
+    """A version-2 manifest whose capacity, labels or row counts contradict its shards: every
+    reader refuses it, so upgrade must not vouch for it (it rewrote it as version 3 and said
+    so, replacing an edited row count by the footer's in silence)."""
+    out = tmp_path / "v2edited"
+    shutil.copytree(clean, out)
+    _as_version_2(out, edit)
+    assert invoke(["stats", out]).exit_code == 1
+    res = invoke(["upgrade", out])
+    assert res.exit_code == 1 and said in res.output, res.output
+    assert read_manifest(out).format_version == 2
+
+
+def test_an_output_of_format_version_1_is_named_and_replaced_by_overwrite(clean, tmp_path):
+    """Format version 1 kept its manifest in manifest.json: every command called such an output
+    an interrupted or damaged pack, and pack --overwrite refused its files as the user's. Now
+    each reader names the version and the fix, and --overwrite replaces the old output whole;
+    a manifest.json of other content stays the user's."""
+    from packtool.loader import PackedDataset
+
+    src = tmp_path / "in" / "a.parquet"
+    write_docs(src, [[5, 6, 7], [8, 9]])
+    old = tmp_path / "v1"
+    old.mkdir()
+    pq.write_table(pa.table({"input_ids": pa.array([[5, 6, 7, 8]], pa.list_(pa.int32()))}),
+                   old / "part-00000.parquet")  # no footer key names it: the list does
+    (old / "manifest.json").write_text(json.dumps(
+        {"format_version": 1, "options": {"capacity": 8},
+         "outputs": [{"file": "part-00000.parquet", "rows": 1, "bytes": 1, "sha256": "0"}]}))
+    said = "an output of packtool format version 1 (its manifest.json)"
+    for command in ("stats", "verify", "upgrade"):
+        res = invoke([command, old])
+        assert res.exit_code == 1 and said in res.output, (command, res.output)
+    with pytest.raises(ManifestError, match=r"format version 1 .*--overwrite"):
+        PackedDataset(old)
+    res = invoke(["pack", "-q", "-c", 8, src, old])
+    assert res.exit_code == 1 and "holds a pack of format version 1" in res.output, res.output
+    assert invoke(["pack", "-q", "-c", 8, "--overwrite", src, old]).exit_code == 0
+    assert sorted(p.name for p in old.iterdir()) == [MANIFEST_NAME, "part-00000.parquet"]
+    assert read_manifest(old).num_rows == 1
+    mine = tmp_path / "mine"  # a manifest.json of the user's own: never deleted
+    mine.mkdir()
+    (mine / "manifest.json").write_text('{"format_version": "mine"}')
+    res = invoke(["pack", "-q", "-c", 8, "--overwrite", src, mine])
+    assert res.exit_code == 1 and "did not write (manifest.json)" in res.output, res.output
+    assert (mine / "manifest.json").is_file()
 
 
 def test_opening_reads_no_shard(clean, monkeypatch):
