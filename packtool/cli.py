@@ -205,7 +205,8 @@ def _input_options(f):
                    "documents].")
 @click.option("--engine", type=_choice(Engine), default="local", show_default=True,
               help="local: this process; ray: one Ray task per window (needs packtool[ray]; "
-                   "--window-docs defaults to 250,000). Same bytes either way.")
+                   "--window-docs defaults to 250,000). Same bytes either way with the same "
+                   "--window-docs.")
 @click.option("--ray-address", default=None, metavar="ADDRESS", envvar="RAY_ADDRESS",
               help="Ray cluster to join with --engine ray [default: start a local Ray on "
                    "--workers CPUs].")

@@ -141,6 +141,38 @@ def test_a_side_of_only_empty_documents_is_refused_before_either_output_is_writt
     assert not out.exists() and not (tmp_path / "out-holdout").exists()
 
 
+@pytest.mark.parametrize("extra", [(), ("--window-docs", "6"), ("--append-eos", "2"),
+                                   ("--workers", "2")])
+def test_overflow_error_refuses_a_long_document_on_either_side_before_either_is_written(
+        tmp_path, extra):
+    """--overflow error with --holdout: a document over C is refused, naming its file and row,
+    whichever side holds it, and neither output is written. On the held-out side it used to be
+    found only once the training output was finished and published, which stayed without its
+    held-out split. A document of exactly C (C - 1 with --append-eos) is no refusal."""
+    rng = np.random.default_rng(3)
+    fits = 31 if "--append-eos" in extra else 32
+    docs = [rng.integers(3, 500, int(rng.integers(1, 12))).tolist() for _ in range(40)]
+    docs[5] = [7] * fits
+    mask = holdout_mask(0, len(docs), 0.3, 0)  # True: held out
+    held, kept = int(np.flatnonzero(mask)[0]), int(np.flatnonzero(~mask)[1])
+    assert held != 5 and kept != 5
+    for long_doc in (held, kept):
+        case = tmp_path / f"doc{long_doc}"
+        src = write_docs(case / "in" / "a.parquet",
+                         [[9] * 33 if i == long_doc else d for i, d in enumerate(docs)])
+        out = case / "out"
+        res = invoke(["pack", "-q", "-c", 32, "--overflow", "error", "--holdout", 0.3,
+                      "--seed", 0, *extra, src, out])
+        assert res.exit_code == 1, res.output
+        assert (f"a.parquet: row {long_doc} (0-based): document {long_doc} has "
+                f"{33 + (32 - fits)} tokens, longer than --capacity 32") in res.output
+        assert not out.exists() and not (case / "out-holdout").exists()
+    src = write_docs(tmp_path / "fits" / "a.parquet", docs)  # exactly C: packed, both sides
+    res = invoke(["pack", "-q", "-c", 32, "--overflow", "error", "--holdout", 0.3, "--seed", 0,
+                  *extra, src, tmp_path / "fits" / "out"])
+    assert res.exit_code == 0, res.output
+
+
 def test_stats_of_each_side_says_how_many_documents_the_other_side_took(tmp_path):
     """``stats`` of either output of a --holdout pack says the documents read and how many of
     them went to the other output, so that 'in' is not read as this output's own documents."""

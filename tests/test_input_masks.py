@@ -96,6 +96,21 @@ def test_sft_prompt_labels_stay_ignored_after_packing(tmp_path, labels, window):
     assert json.loads(res.output)["stats"]["effective_targets"] == 6
 
 
+def test_row_groups_count_the_labels_an_input_labels_column_stores(tmp_path):
+    """--row-group-mb budgets every stored per-token column: labels stored because the input
+    has a labels column count as with --labels unshifted (the groups were a third too large:
+    sized for three columns)."""
+    from packtool.config import rows_per_group_for
+
+    src = _write(tmp_path / "in" / "a.parquet", input_ids=IDS, labels=LABELS)
+    got = {}
+    for name, extra in (("auto", ()), ("flag", ("--labels", "unshifted"))):
+        _, _, m = _pack(src, tmp_path / name, "--row-group-mb", "0.0003", *extra, capacity=8)
+        assert m.labels.stored
+        got[name] = m.options["rows_per_group"]
+    assert got["auto"] == got["flag"] == rows_per_group_for(0.0003, 8, 4) == 2
+
+
 def test_sft_split_document_keeps_prompt_masked_in_every_piece(tmp_path):
     ids = [list(range(100, 120))]
     labels = [[-100] * 12 + list(range(112, 120))]

@@ -78,6 +78,9 @@ class TokenBatch:
     #: [docs] each document's ``--source-column`` value as read (int64 or str objects),
     #: carried untouched; None: not read
     sources: np.ndarray | None = None
+    #: (index in the batch, length as it would be packed) of the longest document left out as
+    #: the other part of a ``--holdout`` split, with ``measure_other``; (0, 0) otherwise
+    other_longest: tuple[int, int] = (0, 0)
 
     def mask_counts(self) -> dict:
         """The batch's mask figures under their :class:`packtool.stats.PackStats` names
@@ -126,7 +129,8 @@ def prepare_documents(first_row: int, lengths: np.ndarray, tokens: np.ndarray, *
                       keep: np.ndarray | None = None, labels: np.ndarray | None = None,
                       loss_masks=(), bos: int | None = None,
                       eos: int | None = None,
-                      keep_docs: np.ndarray | None = None) -> TokenBatch:
+                      keep_docs: np.ndarray | None = None,
+                      measure_other: bool = False) -> TokenBatch:
     """Documents as packed, from the columns read: the one path of ``pack`` and ``compare``.
 
     Order: target flags from ``labels`` and ``loss_masks`` on the tokens as read
@@ -146,6 +150,10 @@ def prepare_documents(first_row: int, lengths: np.ndarray, tokens: np.ndarray, *
         keep_docs: bool[docs], False for a document of the other part of a held-out split
             (it gets length 0 and is counted in ``other_split``, its tokens as read); None
             keeps every document.
+        measure_other: also find the longest document ``keep_docs`` leaves out, as it would be
+            packed on its own side (masks and BOS/EOS applied):
+            :attr:`TokenBatch.other_longest`, for ``--overflow error`` to refuse it before
+            either side is written.
 
     Returns:
         :class:`TokenBatch`.
@@ -158,7 +166,13 @@ def prepare_documents(first_row: int, lengths: np.ndarray, tokens: np.ndarray, *
     targets = target_flags(labels, loss_masks)
     if targets is not None and targets.size != tokens.size:
         raise ValueError("labels and loss masks must have one entry per token")
-    other = (0, 0)
+    other, longest = (0, 0), (0, 0)
+    if keep_docs is not None and measure_other and not np.all(keep_docs):
+        theirs = prepare_documents(first_row, lengths, tokens, keep=keep, bos=bos, eos=eos,
+                                   keep_docs=~np.asarray(keep_docs, dtype=bool))
+        if theirs.lengths.size:
+            i = int(np.argmax(theirs.lengths))
+            longest = (i, int(theirs.lengths[i]))
     if keep_docs is not None:
         lengths, n_docs, n_tokens, tokens, targets, keep = drop_documents(
             lengths, keep_docs, tokens, targets, None if keep is None else np.asarray(keep))
@@ -171,7 +185,7 @@ def prepare_documents(first_row: int, lengths: np.ndarray, tokens: np.ndarray, *
         lengths, tokens, targets, boundary = add_boundary_tokens(lengths, tokens, targets,
                                                                  bos=bos, eos=eos)
     return TokenBatch(int(first_row), lengths, tokens, targets, masked, boundary,
-                      other_split=other)
+                      other_split=other, other_longest=longest)
 
 
 def _doc_of_token(lengths: np.ndarray) -> np.ndarray:

@@ -48,7 +48,7 @@ from packtool.pipeline import progress
 from packtool.pipeline.spill import DOC_SOURCES, STARTS, TARGETS, TOKENS, spill_writer
 from packtool.signals import check, test_pause
 from packtool.stats import PackStats
-from packtool.types import LabelMode
+from packtool.types import LabelMode, Overflow
 
 __all__ = ["ReadPiece", "ReadPart", "PartInfo", "READ_PART_BYTES", "MAX_PART_PIECES",
            "TARGET_PARTS", "MIN_PART_BYTES", "PARTIAL", "plan_reads", "read_part", "part_dir",
@@ -259,8 +259,8 @@ def iter_documents(path, column: str, *, fmt: str | None = None,
                    attention_mask: str | None = None, labels: str | None = None,
                    loss_mask: str | None = None, bos: int | None = None,
                    eos: int | None = None, source: str | None = None,
-                   keep_docs: Callable[[int, int], np.ndarray] | None = None
-                   ) -> Iterator[TokenBatch]:
+                   keep_docs: Callable[[int, int], np.ndarray] | None = None,
+                   measure_other: bool = False) -> Iterator[TokenBatch]:
     """One file's documents as they are packed: the one read path of ``pack`` and ``compare``.
 
     The file's columns are read and checked by
@@ -278,6 +278,8 @@ def iter_documents(path, column: str, *, fmt: str | None = None,
             first_row + n - 1`` (``--holdout``): a row it marks False is read and checked like
             the others but left out whole before the masks and BOS/EOS apply (length 0,
             counted in ``TokenBatch.other_split``); None keeps every document.
+        measure_other: each batch also gives the longest document left out, as its own side
+            would pack it (``TokenBatch.other_longest``).
 
     Raises:
         InputError, SchemaError: as :func:`~packtool.formats.reader.iter_token_batches`.
@@ -288,7 +290,7 @@ def iter_documents(path, column: str, *, fmt: str | None = None,
         kept = None if keep_docs is None else keep_docs(raw.first_row, raw.lengths.size)
         batch = prepare_documents(raw.first_row, raw.lengths, raw.tokens, keep=raw.keep,
                                   labels=raw.labels, loss_masks=raw.loss_masks, bos=bos, eos=eos,
-                                  keep_docs=kept)
+                                  keep_docs=kept, measure_other=measure_other)
         yield batch if raw.sources is None else dataclasses.replace(batch, sources=raw.sources)
 
 
@@ -367,6 +369,9 @@ def read_part(cfg, part: ReadPart, tmp: str) -> PartInfo:
         work = window_workdir(str(tmp), name)
     with_sources = cfg.source_column is not None
     split = cfg.holdout_split()
+    # --overflow error: a too-long document of the other side is refused here, before this
+    # side's output is written (its own pack would find it only after this one is finished)
+    measure_other = split is not None and cfg.overflow == Overflow.ERROR
     keep = False
     try:
         state = _resume_state(work, with_sources) if resumed else _fresh_state()
@@ -394,8 +399,11 @@ def read_part(cfg, part: ReadPart, tmp: str) -> PartInfo:
                     for batch in iter_documents(
                             piece.path, cfg.column, fmt=piece.format,
                             row_range=(piece.first_row, piece.first_row + piece.docs),
-                            keep_docs=keep_docs, **cfg.read_options()):
+                            keep_docs=keep_docs, measure_other=measure_other,
+                            **cfg.read_options()):
                         check()
+                        if batch.other_longest[1] > cfg.capacity:
+                            _refuse_other_side(cfg.capacity, piece, batch)
                         # the buffer itself, no bytes copy
                         tok_f.write(memoryview(np.ascontiguousarray(batch.tokens,
                                                                     dtype=np.int32)))
@@ -451,6 +459,21 @@ def read_part(cfg, part: ReadPart, tmp: str) -> PartInfo:
     return _info(part, final, result, False, resumed_docs)
 
 
+def _refuse_other_side(capacity: int, piece: "ReadPiece", batch: TokenBatch) -> None:
+    """``--overflow error`` with ``--holdout``: refuse the longest document of the other side
+    of the split found in ``batch``, in the words of the plan's refusal.
+
+    Raises:
+        PackingError: file, row, document, length and fix named.
+    """
+    from packtool.pipeline.plan import check_overflow
+
+    row = batch.first_row + batch.other_longest[0]
+    doc = piece.first_doc - piece.first_row + row
+    check_overflow(capacity, np.array([batch.other_longest[1]]), np.array([doc]),
+                   lambda _: (piece.path, row))
+
+
 def _check_unchanged(piece: ReadPiece) -> None:
     """Refuse a piece whose file is no longer the one discovered (another size or modification
     time): a file replaced during the pack by one of as many rows or more was read in part, its
@@ -495,12 +518,17 @@ def _write_progress(work: Path, state: dict) -> None:
 def input_labels_config(cfg, files: list[InputFile]):
     """The config a pack runs with: when a labels column or a loss mask will be read (SFT
     prompt masking), the labels carry real information and are stored, so ``--labels none``
-    becomes ``unshifted`` (the shards' schema and the manifest say so).
+    becomes ``unshifted`` (the shards' schema and the manifest say so), and the rows per row
+    group derived from ``--row-group-mb`` count the labels column too.
 
     Raises:
         InputError, SchemaError: as :func:`packtool.formats.reader.reads_labels`.
     """
+    from packtool.config import rows_per_group_for
+
     if cfg.labels is LabelMode.NONE and reads_labels(files, cfg.column, cfg.labels_column,
                                                      cfg.loss_mask_column):
-        cfg = dataclasses.replace(cfg, labels=LabelMode.UNSHIFTED)
+        derived = cfg.rows_per_group == rows_per_group_for(cfg.row_group_mb, cfg.capacity, 3)
+        cfg = dataclasses.replace(cfg, labels=LabelMode.UNSHIFTED,
+                                  rows_per_group=None if derived else cfg.rows_per_group)
     return cfg
