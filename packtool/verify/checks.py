@@ -294,6 +294,13 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
         raise ConfigError(str(exc)) from None
     report.notes.append(f"memory budget {budget}")
     model_checks = [c for c in MODEL_CHECKS if c in wanted]
+    if not model_checks:  # --check of column checks only: no model runs, each backend says so
+        for name in backends if explicit else ():
+            reason = unavailable(name, dev)
+            report.add(CheckResult(name, "all", SKIP, {}, None, reason or (
+                "not run: every check asked for (--check) is a column check"),
+                required=bool(reason)))
+        return
     base = build_model(seed=seed)
     runners = []
     for name in backends:

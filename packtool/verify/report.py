@@ -8,7 +8,7 @@ Every result is ``pass``, ``fail`` or ``skip``; a skip carries its reason and wh
 ``--check``. The verdict (:attr:`VerifyReport.ok`) is true only when
 
 * no check failed,
-* no required check was skipped,
+* no required check was skipped, and at least one check ran,
 * the output has rows, and
 * at least one attention check (``logits_match`` or ``isolation``) passed on at least one row
   holding two or more documents, so that a boundary fault could have shown; unless the user asked
@@ -120,6 +120,9 @@ class VerifyReport:
         if self.num_rows == 0:
             out.append("nothing to verify: the output holds 0 rows")
             return out
+        if not any(r.status in (PASS, FAIL) for r in self.results):
+            out.append("no check ran (every check asked for was skipped, reasons above), so "
+                       "nothing was verified")
         for r in self.failures:
             loc = ", ".join(f"{k} {v}" for k, v in (r.where or {}).items())
             out.append(f"check {r.check} failed on backend {r.backend}"
