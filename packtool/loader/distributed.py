@@ -226,6 +226,8 @@ class PackedIterableDataset(IterableDataset):
         self._epoch_box = _shared_epoch(self.epoch)
         self._epoch_seen = 0
         self._await_board: tuple | None = None  # (tag, workers): the board to read first
+        #: the refusal of a loaded state of other options, unless the board says its epoch ended
+        self._refusal: str | None = None
 
     # --- sources ------------------------------------------------------------------------------
 
@@ -352,13 +354,13 @@ class PackedIterableDataset(IterableDataset):
     def _use_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
             self.epoch, self._history, self._pending, self._yielded = epoch, (), None, 0
-            self._await_board = None
+            self._await_board = self._refusal = None
 
     def _next_epoch(self, epoch: int) -> None:
         """Start ``epoch`` (the one after a finished state's) from its first row, and tell the
         other copies (the training process's, sibling and later workers') through the box."""
         self.epoch, self._history, self._pending, self._yielded = epoch, (), None, 0
-        self._await_board = None
+        self._await_board = self._refusal = None
         self._publish_epoch()
 
     def _publish_epoch(self) -> None:
@@ -429,8 +431,11 @@ class PackedIterableDataset(IterableDataset):
         nothing left of this epoch."""
         tag, K = self._await_board
         self._await_board = None
+        refusal, self._refusal = self._refusal, None
         if self._pending is not None and self._board_finished(tag, K):
             self._next_epoch(self._pending["epoch"] + 1)
+        elif refusal is not None:  # a state of other options, and the epoch went on
+            raise ValueError(refusal)
         yield from self.__iter__()
 
     def _commit(self, history: tuple, start: int) -> None:
@@ -574,7 +579,7 @@ class PackedIterableDataset(IterableDataset):
         """
         st = resume.normalize(state)
         info = get_worker_info()
-        self._await_board = None
+        self._await_board = self._refusal = None
         if info is None:  # the state decides this copy's epoch, not an earlier publication
             self._epoch_seen = int(self._epoch_box[0])
         tag = self._post_board(st, info) if info is not None else None
@@ -583,10 +588,20 @@ class PackedIterableDataset(IterableDataset):
             self._next_epoch(st["epoch"] + 1)
             return
         bad = resume.mismatch(st, self._mine())
+        if bad and resume.untouched(st):  # taken before any row of its epoch: its start
+            self.epoch, self._history, self._pending, self._yielded = st["epoch"], (), None, 0
+            return
         if bad:
-            raise ValueError("cannot resume exactly: state differs in " + ", ".join(bad)
-                             + "; resume with the options it was saved with, or from a state "
-                             "taken at the end of an epoch")
+            refusal = ("cannot resume exactly: state differs in " + ", ".join(bad)
+                       + "; resume with the options it was saved with, or from a state taken "
+                       "at the end of an epoch")
+            if tag is not None and resume.worker_finished(st):
+                # this worker's run was finished; whether the epoch was is known once every
+                # sibling has posted its own (at the first request for data)
+                self.epoch, self._pending, self._refusal = st["epoch"], st, refusal
+                self._await_board = (tag, info.num_workers)
+                return
+            raise ValueError(refusal)
         self._plan(tuple(Phase.from_list(p) for p in st["phases"]))  # validates the phases
         self.epoch = st["epoch"]
         self._history, self._yielded = (), 0

@@ -226,6 +226,19 @@ def finished(state: dict) -> bool:
     return all(v >= n for v, n in zip(y, runs(state)))
 
 
+def untouched(state: dict) -> bool:
+    """True when the state was taken before any row of its epoch was read (right after
+    ``set_epoch``): no earlier phase and nothing yielded, by the one worker of a single-worker
+    run or by every worker of a whole state. It resumes as that epoch's start, under any
+    options. A single worker's state of several cannot tell, and counts as read."""
+    y = state["yielded"]
+    if not isinstance(y, list):
+        if state["num_workers"] != 1:
+            return False
+        y = [y]
+    return not state["phases"] and not any(y)
+
+
 def worker_finished(state: dict) -> bool:
     """True when the worker whose state this is (or, for a whole state, every worker) has
     yielded its whole run of the current phase."""

@@ -120,6 +120,56 @@ def test_new_weights_apply_from_the_next_epoch_without_repacking(web_and_code):
         new.load_state_dict(old.state_dict())
 
 
+@pytest.mark.parametrize("workers", [0, 1, 2])
+@pytest.mark.parametrize("when", ["after the last batch", "after set_epoch"])
+def test_new_weights_from_a_stateful_loader_checkpoint_at_the_epoch_boundary(
+        web_and_code, workers, when):
+    """torchdata's StatefulDataLoader checkpointed at an epoch's end, or right after
+    set_epoch(next) before any row of it: the state loads with new weights and the next epoch
+    is exactly an uninterrupted one at the new weights, with 0, 1 and 2 workers. With 2 workers
+    each worker, loading its own finished run, refused the state before it could learn that
+    the epoch had ended; with 0 workers a state taken right after set_epoch was refused as
+    mid-epoch though nothing of it was read. A mid-epoch state stays refused."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def make(weights):
+        return PackedIterableDataset(web_and_code, weights=weights, rows_per_epoch=60, seed=3,
+                                     batch_size=4, rank=0, world_size=1)
+
+    def stream(dl):
+        return [(s, i) for b in dl for s, i in zip(b["source"], b["index"])]
+
+    new_weights = {"web": 0.5, "code": 0.5}
+    old = make(WEIGHTS)
+    old.set_epoch(0)
+    dl = StatefulDataLoader(old, batch_size=None, num_workers=workers)
+    stream(dl)
+    if when == "after set_epoch":
+        old.set_epoch(1)
+    state = dl.state_dict()
+    resumed = make(new_weights)
+    dl2 = StatefulDataLoader(resumed, batch_size=None, num_workers=workers)
+    dl2.load_state_dict(state)
+    resumed.set_epoch(1)
+    want = make(new_weights)
+    want.set_epoch(1)
+    assert stream(dl2) == stream(StatefulDataLoader(want, batch_size=None, num_workers=workers))
+    mid = make(WEIGHTS)
+    mid.set_epoch(0)
+    dl = StatefulDataLoader(mid, batch_size=None, num_workers=workers)
+    it = iter(dl)
+    for _ in range(3):
+        next(it)
+    state = dl.state_dict()
+    del it
+    other = make(new_weights)
+    dl3 = StatefulDataLoader(other, batch_size=None, num_workers=workers)
+    with pytest.raises(ValueError, match="mixture"):
+        dl3.load_state_dict(state)
+        other.set_epoch(0)
+        stream(dl3)
+
+
 def test_outputs_that_cannot_be_mixed_are_refused(web_and_code, tmp_path):
     """Another capacity, weights naming other sources, bad weights: one-line refusals."""
     wide = pack(write_input(tmp_path / "in", random_docs(20, 12)), tmp_path / "wide", 32)
