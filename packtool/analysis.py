@@ -231,10 +231,10 @@ class InputDocuments:
             PackingError: ``overflow`` is ``error`` and a document is longer than ``capacity``:
                 the first in the order pack plans them (window by window with
                 ``window_docs``), its file and row named
-                (:func:`packtool.pipeline.plan.check_overflow`).
+                (:func:`packtool.pipeline.read.check_overflow`).
         """
         from packtool.core.windows import plan_windows
-        from packtool.pipeline.plan import check_overflow
+        from packtool.pipeline.read import check_overflow
         from packtool.pipeline.read import require_tokens
 
         n = int(self.lengths.size)

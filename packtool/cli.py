@@ -1098,7 +1098,8 @@ def upgrade(output):
     """Rewrite the manifest of an OUTPUT packed by an older packtool in this version's format,
     without rewriting its shards (every shard's sha256 is checked first).
     """
-    from packtool.formats.manifest import FORMAT_VERSION, upgrade_manifest
+    from packtool.formats.manifest import FORMAT_VERSION
+    from packtool.formats.upgrade import upgrade_manifest
     from packtool.startup import release_gc
 
     from packtool.signals import exit_status, interruptible, stop_word

@@ -25,7 +25,7 @@ metadata says the same convention). 2: no page checksums, no row groups or foote
 manifest, labels recorded in several fields. A version-2 output stays readable as it is
 (:meth:`Manifest.from_dict` takes both; the reader then opens each shard's footer to index it),
 and ``packtool upgrade OUT`` rewrites only its manifest as version 3 after checking every shard's
-sha256 (:func:`upgrade_manifest`), so nobody repacks for a manifest change.
+sha256 (:func:`packtool.formats.upgrade.upgrade_manifest`), so nobody repacks for a manifest change.
 
 **A directory that is a dataset.** OUTPUT must open as it is, as a directory, in every common
 Parquet reader. Measured with pyarrow 26, polars 2.1, duckdb 2.0 and datasets 5.2:
@@ -67,7 +67,6 @@ import pyarrow.parquet as pq
 
 from packtool.errors import InputError, ManifestError, PacktoolError, raise_if_shortage
 from packtool.location import Location, StoreError
-from packtool.signals import hold
 from packtool.signals import result as task_result
 from packtool.stats import PackStats
 
@@ -79,7 +78,7 @@ __all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NA
            "require_packed", "manifest_bytes", "publish_manifest",
            "read_manifest", "read_manifest_and_schema", "load_manifest", "check_shards",
            "sha256_of",
-           "footer_sha256", "footer_of", "upgrade_manifest", "shard_entry_of", "shard_name",
+           "footer_sha256", "footer_of", "shard_entry_of", "shard_name",
            "is_shard_name"]
 
 #: File name of the manifest inside OUTPUT (a zero-row Parquet file, see the module docstring).
@@ -773,40 +772,6 @@ def check_shards(output, manifest: Manifest, *, hashes: bool = False, threads: i
                 digest.cancel()
 
 
-def upgrade_manifest(output, *, progress: Callable[[int, int], None] | None = None) -> bool:
-    """Rewrite a version-2 output's manifest as version 3, shards untouched.
-
-    Every shard's sha256 is checked against the old manifest first (the new one vouches for
-    them), then each shard's footer is read for its row groups and footer sha256. The shards
-    keep what version 2 wrote (no page checksums): readers check their size, footer and sha256.
-
-    Ctrl-C or SIGTERM (inside :func:`packtool.signals.interruptible`) stops the checks with
-    the output unchanged; from the rewrite on they are held until it is done.
-
-    Returns:
-        True when the manifest was rewritten, False when it already was version 3.
-
-    Raises:
-        ManifestError: not a complete output, a shard that differs from the manifest, or a
-            manifest every reader refuses (its capacity, labels or row counts contradict the
-            shards' footers and schema metadata).
-        OSError: the manifest cannot be written.
-    """
-    out = Location.parse(output)
-    manifest, schema = read_manifest_and_schema(out)
-    if manifest.format_version == FORMAT_VERSION:
-        return False
-    check_shards(out, manifest, hashes=True, progress=progress)
-    _check_readable(out, manifest, schema)
-    shards = [shard_entry_of(out.join(s.file), sha256=s.sha256) for s in manifest.shards]
-    release = hold()  # once begun, the rewrite ends (whole: a rename or one put)
-    try:
-        publish_manifest(out, manifest.replace_shards(shards), schema)
-    finally:
-        release()
-    return True
-
-
 def check_rows_add_up(manifest: Manifest, where: str) -> None:
     """Refuse a manifest that lists shards of other rows than its totals count (a shard's entry
     dropped or emptied, or the totals edited): ``stats`` and ``verify`` recount and name the
@@ -820,25 +785,6 @@ def check_rows_add_up(manifest: Manifest, where: str) -> None:
         raise ManifestError(f"{where}: its shards hold {listed:,} rows, its totals say "
                             f"{manifest.totals.rows:,}: the manifest was edited or damaged; "
                             "rerun the same packtool pack with --overwrite")
-
-
-def _check_readable(out: Location, manifest: Manifest, schema: pa.Schema) -> None:
-    """Refuse, as every reader would, a manifest whose shards' footers, schema metadata, columns
-    or row counts contradict it (capacity, labels, rows edited): an upgrade must not vouch for
-    an output no reader opens, nor replace its counts by the footers' in silence.
-
-    Raises:
-        ManifestError: what the readers would say, naming the output and the shard.
-    """
-    from packtool.formats.packed import PackedOutput
-
-    reader = PackedOutput(out, manifest, schema, integrity="footer")
-    try:
-        for s in range(len(reader.shards)):
-            reader._open_checked(s)[1].close()
-        check_rows_add_up(manifest, out.display)
-    finally:
-        reader.close()
 
 
 def shard_entry_of(loc, *, sha256: str | None = None) -> ShardEntry:

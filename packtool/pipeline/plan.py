@@ -43,11 +43,10 @@ import numpy as np
 
 from packtool.core.packing import PackPlan, pack_lengths
 from packtool.core.windows import DEAL_BLOCKS, Windows, plan_windows
-from packtool.errors import PackingError, row_ref
 from packtool.formats.reader import is_remote
 from packtool.output import (WINDOW_DIR_PREFIX, WINDOW_DONE, publish_window, window_done,
                              window_file, window_workdir)
-from packtool.pipeline.read import ReadPart
+from packtool.pipeline.read import ReadPart, check_overflow
 from packtool.pipeline.spill import (DOC_SOURCES, ROW_INDEX, ROW_TARGETS, ROW_TOKENS,
                                      SEG_SOURCES, SEGMENTS, STARTS, TARGETS, TOKENS, DocSpill,
                                      read_spill, spill_writer)
@@ -196,29 +195,6 @@ def load_window_docs(index: PartIndex, ranges: np.ndarray):
         z = np.zeros(0, dtype=np.int64)
         return z, z, z
     return np.concatenate(docs), np.concatenate(lens), np.concatenate(pos)
-
-
-def check_overflow(capacity: int, lengths: np.ndarray, docs: np.ndarray, locate) -> None:
-    """Refuse the first document longer than ``capacity`` (``--overflow error``; ``pack`` per
-    window, ``compare`` in the same order), naming its file and row.
-
-    Args:
-        capacity: tokens per row (C).
-        lengths: int[n], document lengths in tokens, in the order they are planned.
-        docs: int[n], their global document numbers.
-        locate: ``locate(doc) -> (path, row)``: the input file of global document ``doc`` and
-            its 0-based row there.
-
-    Raises:
-        PackingError: a document over ``capacity`` (file, row, document, length and fix named).
-    """
-    if lengths.size and lengths.max() > capacity:
-        bad = int(np.argmax(lengths > capacity))
-        doc = int(docs[bad])
-        path, row = locate(doc)
-        raise PackingError(f"{path}: {row_ref(row)}: document {doc} has "
-                           f"{int(lengths[bad])} tokens, longer than --capacity {capacity}; use "
-                           "--overflow split|truncate|drop or a larger --capacity")
 
 
 def _rows_in_order(plan: PackPlan, order: np.ndarray):

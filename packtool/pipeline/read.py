@@ -39,7 +39,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from packtool.core.masks import TokenBatch, prepare_documents
-from packtool.errors import InputError, raise_if_shortage
+from packtool.errors import InputError, PackingError, raise_if_shortage, row_ref
 from packtool.formats.reader import InputFile, iter_token_batches, open_input, reads_labels
 from packtool.output import (PARTIAL_PROGRESS, READ_DIR_PREFIX, WINDOW_DONE, claim_partial,
                              keeps_stages, publish_window, window_done, window_file,
@@ -52,7 +52,8 @@ from packtool.types import LabelMode, Overflow
 
 __all__ = ["ReadPiece", "ReadPart", "PartInfo", "READ_PART_BYTES", "MAX_PART_PIECES",
            "TARGET_PARTS", "MIN_PART_BYTES", "PARTIAL", "plan_reads", "read_part", "part_dir",
-           "file_rows", "input_labels_config", "iter_documents", "require_tokens"]
+           "file_rows", "input_labels_config", "iter_documents", "require_tokens",
+           "check_overflow"]
 
 #: Stored input bytes of a read part at most (and of a piece: a larger row group is cut).
 READ_PART_BYTES = 64 << 20
@@ -459,6 +460,29 @@ def read_part(cfg, part: ReadPart, tmp: str) -> PartInfo:
     return _info(part, final, result, False, resumed_docs)
 
 
+def check_overflow(capacity: int, lengths: np.ndarray, docs: np.ndarray, locate) -> None:
+    """Refuse the first document longer than ``capacity`` (``--overflow error``; ``pack`` per
+    window, ``compare`` in the same order), naming its file and row.
+
+    Args:
+        capacity: tokens per row (C).
+        lengths: int[n], document lengths in tokens, in the order they are planned.
+        docs: int[n], their global document numbers.
+        locate: ``locate(doc) -> (path, row)``: the input file of global document ``doc`` and
+            its 0-based row there.
+
+    Raises:
+        PackingError: a document over ``capacity`` (file, row, document, length and fix named).
+    """
+    if lengths.size and lengths.max() > capacity:
+        bad = int(np.argmax(lengths > capacity))
+        doc = int(docs[bad])
+        path, row = locate(doc)
+        raise PackingError(f"{path}: {row_ref(row)}: document {doc} has "
+                           f"{int(lengths[bad])} tokens, longer than --capacity {capacity}; use "
+                           "--overflow split|truncate|drop or a larger --capacity")
+
+
 def _refuse_other_side(capacity: int, piece: "ReadPiece", batch: TokenBatch) -> None:
     """``--overflow error`` with ``--holdout``: refuse the longest document of the other side
     of the split found in ``batch``, in the words of the plan's refusal.
@@ -466,8 +490,6 @@ def _refuse_other_side(capacity: int, piece: "ReadPiece", batch: TokenBatch) -> 
     Raises:
         PackingError: file, row, document, length and fix named.
     """
-    from packtool.pipeline.plan import check_overflow
-
     row = batch.first_row + batch.other_longest[0]
     doc = piece.first_doc - piece.first_row + row
     check_overflow(capacity, np.array([batch.other_longest[1]]), np.array([doc]),

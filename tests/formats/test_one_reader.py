@@ -415,19 +415,19 @@ def test_ctrl_c_during_upgrade_leaves_the_old_manifest_or_the_new_one(clean, tmp
     import os
     import signal
 
-    import packtool.formats.manifest as manifest
+    import packtool.formats.upgrade as upgrade
 
     out = tmp_path / "v2"
     shutil.copytree(clean, out)
     _as_version_2(out)
     if when == "checking":
-        real_check = manifest.check_shards
+        real_check = upgrade.check_shards
 
         def check_then_ctrl_c(*a, **kw):
             signal.raise_signal(signal.SIGINT)
             return real_check(*a, **kw)
 
-        monkeypatch.setattr(manifest, "check_shards", check_then_ctrl_c)
+        monkeypatch.setattr(upgrade, "check_shards", check_then_ctrl_c)
     else:
         real_replace = os.replace
 

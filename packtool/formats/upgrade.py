@@ -1,0 +1,69 @@
+"""``packtool upgrade``: a version-2 output's manifest rewritten as this version's, its shards
+untouched, once every shard's sha256 is checked and every reader would open it."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pyarrow as pa
+
+from packtool.formats.manifest import (FORMAT_VERSION, Manifest, check_rows_add_up, check_shards,
+                                       publish_manifest, read_manifest_and_schema,
+                                       shard_entry_of)
+from packtool.formats.packed import PackedOutput
+from packtool.location import Location
+from packtool.signals import hold
+
+__all__ = ["upgrade_manifest"]
+
+
+def upgrade_manifest(output, *, progress: Callable[[int, int], None] | None = None) -> bool:
+    """Rewrite a version-2 output's manifest as version 3, shards untouched.
+
+    Every shard's sha256 is checked against the old manifest first (the new one vouches for
+    them), then each shard's footer is read for its row groups and footer sha256. The shards
+    keep what version 2 wrote (no page checksums): readers check their size, footer and sha256.
+
+    Ctrl-C or SIGTERM (inside :func:`packtool.signals.interruptible`) stops the checks with
+    the output unchanged; from the rewrite on they are held until it is done.
+
+    Returns:
+        True when the manifest was rewritten, False when it already was version 3.
+
+    Raises:
+        ManifestError: not a complete output, a shard that differs from the manifest, or a
+            manifest every reader refuses (its capacity, labels or row counts contradict the
+            shards' footers and schema metadata).
+        OSError: the manifest cannot be written.
+    """
+    out = Location.parse(output)
+    manifest, schema = read_manifest_and_schema(out)
+    if manifest.format_version == FORMAT_VERSION:
+        return False
+    check_shards(out, manifest, hashes=True, progress=progress)
+    _check_readable(out, manifest, schema)
+    shards = [shard_entry_of(out.join(s.file), sha256=s.sha256) for s in manifest.shards]
+    release = hold()  # once begun, the rewrite ends (whole: a rename or one put)
+    try:
+        publish_manifest(out, manifest.replace_shards(shards), schema)
+    finally:
+        release()
+    return True
+
+
+
+def _check_readable(out: Location, manifest: Manifest, schema: pa.Schema) -> None:
+    """Refuse, as every reader would, a manifest whose shards' footers, schema metadata, columns
+    or row counts contradict it (capacity, labels, rows edited): an upgrade must not vouch for
+    an output no reader opens, nor replace its counts by the footers' in silence.
+
+    Raises:
+        ManifestError: what the readers would say, naming the output and the shard.
+    """
+    reader = PackedOutput(out, manifest, schema, integrity="footer")
+    try:
+        for s in range(len(reader.shards)):
+            reader._open_checked(s)[1].close()
+        check_rows_add_up(manifest, out.display)
+    finally:
+        reader.close()
