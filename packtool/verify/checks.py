@@ -418,6 +418,15 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
                    "model: rerun the same packtool pack with --overwrite")
             for r in leaked:
                 r.message = f"{why}; {r.message}" if r.message else why
+        elif (leaked and res.get("isolation") is not None
+              and res["isolation"].status == PASS):
+            # the logits differ, yet changing a document moves no other: no leak, a place effect
+            why = ("the packed logits differ from the per-document ones though no document "
+                   "reads another (isolation passed): the model's output depends on where a "
+                   "token sits in the row, not on its position_ids (a bias or embedding taken "
+                   "from the token's index, e.g. ALiBi); train it on one document per row")
+            for r in leaked:
+                r.message = f"{why}; {r.message}" if r.message else why
         elif leaked and leak_probe is not None and hasattr(runner, "diagnose"):
             try:
                 why = runner.diagnose(*leak_probe)

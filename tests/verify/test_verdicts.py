@@ -269,6 +269,35 @@ def test_b22_padding_rows_fully_masked_give_nan_and_fail_verify(tmp_path):
     assert good.get("sdpa", "finite").status == PASS and good.ok
 
 
+def _place_dependent(batch, dev):
+    """Attention with the right block-causal mask whose output is scaled by the query's index
+    in the sequence (as a bias taken from the token's index, not its position_ids, would):
+    no document reads another, yet packed and per-document logits differ."""
+    seg = batch["segment_ids"].to(dev)
+    n = seg.shape[1]
+    m = ((seg[:, :, None] == seg[:, None, :])
+         & torch.ones(n, n, dtype=torch.bool, device=dev).tril())[:, None]
+
+    def attend(q, k, v):
+        s = (q @ k.transpose(-1, -2)).masked_fill(~m, float("-inf"))
+        out = torch.softmax(s / q.shape[-1] ** 0.5, dim=-1) @ v
+        idx = torch.arange(q.shape[-2], device=q.device, dtype=q.dtype)
+        return out * (1 + 0.05 * idx)[:, None]
+
+    return attend
+
+
+def test_logits_that_differ_without_a_leak_are_not_called_a_leak(good):
+    """logits_match fails while isolation passes (a model whose output depends on a token's
+    index in the row: Falcon's ALiBi beyond 256 tokens): the message says no document reads
+    another and names the index effect; it said "documents leak ... seq_idx"."""
+    rep = run_verify(good, rows=0, backends=["sdpa"], attend_overrides={"sdpa": _place_dependent})
+    lm, iso = rep.get("sdpa", "logits_match"), rep.get("sdpa", "isolation")
+    assert lm.status == FAIL and iso.status == PASS and not rep.ok, rep.format_text()
+    assert "no document reads another (isolation passed)" in lm.message, lm.message
+    assert "leak" not in lm.message
+
+
 def test_a_backend_that_raises_is_a_failure_not_a_skip(good):
     def broken(batch, dev):
         def attend(q, k, v):
