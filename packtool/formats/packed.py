@@ -61,14 +61,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.errors import ManifestError, raise_if_shortage
+from packtool.errors import InputError, ManifestError, raise_if_shortage
 from packtool.formats.arrays import list_parts, numpy_values
 from packtool.formats.manifest import (Manifest, check_shards, footer_of,
                                        read_manifest_and_schema, require_packed)
 from packtool.formats.schema import (CAPACITY_META_KEY, LABELS_CONVENTION_META_KEY,
                                      RAGGED_COLUMNS, SCALAR_COLUMNS, SEGMENT_MULTIPLE_META_KEY,
                                      SHARD_META_KEY, TOKEN_COLUMNS)
-from packtool.location import Location
+from packtool.location import Location, StoreError
 from packtool.signals import result as task_result
 from packtool.types import IGNORE_INDEX
 
@@ -713,6 +713,20 @@ class PackedOutput:
                 return pa.OSFile(str(local), "r"), False
         return loc.open_input(), not loc.is_local
 
+    def _raise_if_store_failed(self, s: int, exc: BaseException) -> None:
+        """A store that stopped answering, refused the credentials or lost its bucket while
+        shard ``s`` was opened or read: the one line every command gives for it, as an
+        :class:`~packtool.errors.InputError` (not a damaged shard, nor a file limit).
+
+        Raises:
+            InputError: names the URI and what to check (the endpoint, the credentials).
+        """
+        if self.location.is_local:
+            return
+        told = self.location.join(self.shards[s]).store_error(exc)
+        if isinstance(told, StoreError):
+            raise InputError(str(told)) from None
+
     def _drop_cached(self, s: int, close: bool = True) -> bool:
         """Shard ``s`` was read from a cached copy that turned out damaged: close it (``close``:
         it is among the open shards) and remove the copy, so the next open downloads it again
@@ -750,6 +764,7 @@ class PackedOutput:
             raise
         except (OSError, pa.ArrowException) as exc:
             raise_if_shortage(exc, str(where))
+            self._raise_if_store_failed(s, exc)
             raise ManifestError(f"{where}: cannot open ({_first(exc)}); with many shards lower "
                                 "max_open_files or raise `ulimit -n`") from None
         try:
@@ -867,6 +882,7 @@ class PackedOutput:
                 break
             except (OSError, pa.ArrowException) as exc:
                 raise_if_shortage(exc, f"{where}: row group {g}")
+                self._raise_if_store_failed(s, exc)  # the store, not the shard
                 # a cached copy damaged on this disk (a page checksum fails): fetched again
                 if attempt == 0 and self._drop_cached(s):
                     continue

@@ -422,3 +422,34 @@ def test_a_store_prefix_that_is_not_a_packed_output_is_named_as_a_local_one_is(b
         f.write(b"{}")
     res = invoke(["verify", uri])
     assert res.exit_code == 1 and f"{uri}: an interrupted pack" in res.output
+
+
+def test_a_store_that_stops_answering_mid_read_is_no_damaged_shard(tmp_path, monkeypatch):
+    """The store goes away after the output was opened: reading a row group of a shard already
+    open, or opening another shard, is the one "cannot reach the store" line as an InputError
+    (it was a ManifestError calling the shard damaged, or advice to raise ``ulimit -n``)."""
+    pytest.importorskip("moto.server")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from local_s3 import local_s3
+
+    from packtool.errors import InputError
+    from packtool.formats.packed import PackedOutput
+
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    src = write_docs(tmp_path / "in" / "a.parquet", DOCS)
+    with local_s3() as url:
+        import boto3
+
+        boto3.client("s3", endpoint_url=url).create_bucket(Bucket="gone")
+        uri = f"s3://gone/out?endpoint_override={url.split('://', 1)[1]}&scheme=http"
+        assert invoke([*PACK, src, uri]).exit_code == 0
+        out = PackedOutput.open(uri)
+        assert out.num_row_groups > 3 and len(out.shards) > 1
+        out.decode(0, ["input_ids"])  # shard 0 open, its footer read
+    for group in (1, -1):  # shard 0 again; the last shard, not yet opened
+        with pytest.raises(InputError, match=r"s3://gone/out/part-0000\d\.parquet.*cannot "
+                                             r"reach the store.*check the endpoint"):
+            out.decode(group, ["input_ids"])
