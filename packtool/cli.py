@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sys
 
 import click
@@ -679,7 +680,7 @@ def stats(ctx, path, per_bin, per_bin_limit, per_source_limit, no_hash, as_json,
         from packtool.formats.manifest import MANIFEST_NAME
         from packtool.location import Location
 
-        raw = " ".join(path)
+        raw = " ".join(shlex.quote(str(p)) for p in path)
         if len(path) == 1 and Location.parse(path[0]).join(MANIFEST_NAME).exists():
             raw = "INPUT"  # a packed output: the dry run takes what it was packed from
         raise ConfigError(f"{dry_run[0]} is an option of the dry run on raw input, and stats "
@@ -739,16 +740,17 @@ def _refuse_raw_input(where, command: str) -> None:
         if out.name == MANIFEST_NAME or packed_marker(out) is not None:
             what = "the manifest" if out.name == MANIFEST_NAME else "one shard"
             raise ManifestError(f"{out}: is {what} of a packed output; give its directory: "
-                                f"packtool {command} {out.parent}")
-        hint = (f"packtool compare {out} --capacity C" if command == "stats" else
-                f"packtool pack --capacity C {out} OUTPUT, then packtool {command} OUTPUT")
+                                f"packtool {command} {shlex.quote(str(out.parent))}")
+        hint = (f"packtool compare {shlex.quote(str(out))} --capacity C" if command == "stats"
+                else f"packtool pack --capacity C {shlex.quote(str(out))} OUTPUT, then packtool "
+                f"{command} OUTPUT")
         raise ManifestError(f"{out}: is tokenized input, not a packed output; for it run: "
                             f"{hint}")
     if not out.is_dir() or (out / MANIFEST_NAME).exists():
         return
     from packtool.formats.manifest import pack_running, running_error
 
-    running = running_error(out, f"packtool {command} {out}")
+    running = running_error(out, f"packtool {command} {shlex.quote(str(out))}")
     if pack_running(out):
         raise running
     # What the directory holds is looked at first, then the lock and the manifest again: a
@@ -818,18 +820,20 @@ def _refuse(out: str, command: str, *, leftovers: bool, empty: bool, packed: boo
 
     if leftovers:
         raise ManifestError(f"{out}: an interrupted pack (no {MANIFEST_NAME} yet); rerun the same "
-                            f"packtool pack command to finish it, then packtool {command} {out}")
+                            f"packtool pack command to finish it, then packtool {command} "
+                            f"{shlex.quote(out)}")
     if empty:
         raise ManifestError(f"{out}: is an empty directory, not a packed output; pack into it "
-                            f"first: packtool pack --capacity C INPUT {out}")
+                            f"first: packtool pack --capacity C INPUT {shlex.quote(out)}")
     if packed:
         raise ManifestError(f"{out}: holds packed shards ({data}) but no "
                             f"{MANIFEST_NAME}, which was removed or never written, so the shards "
                             "cannot be checked; pack again: the same packtool pack command with "
                             "--overwrite")
     if data is not None:
-        hint = (f"packtool compare {out} --capacity C" if command == "stats" else
-                f"packtool pack --capacity C {out} OUTPUT, then packtool {command} OUTPUT")
+        hint = (f"packtool compare {shlex.quote(out)} --capacity C" if command == "stats" else
+                f"packtool pack --capacity C {shlex.quote(out)} OUTPUT, then packtool {command} "
+                "OUTPUT")
         raise ManifestError(f"{out}: holds tokenized input ({data}), not a "
                             f"packed output (no {MANIFEST_NAME}); for it run: {hint}")
     raise ManifestError(f"{out}: no {MANIFEST_NAME}, so not a packed output; give the OUTPUT "

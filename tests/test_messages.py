@@ -166,3 +166,20 @@ def test_one_file_given_as_output_says_what_it_is(tmp_path, raw, command):
     assert res.exit_code == 1 and "is tokenized input, not a packed output" in res.output
     fix = "packtool compare" if command == "stats" else "packtool pack --capacity C"
     assert fix in res.output
+
+
+def test_suggested_commands_quote_the_path_for_the_shell(tmp_path):
+    """A command a message suggests can be pasted as printed: a path with a space or an ``&``
+    (a store URI's ``?endpoint_override=...&scheme=http``) is one shell word (it was printed
+    bare, and the shell cut it)."""
+    import shlex
+
+    raw = tmp_path / "my tok&co"
+    write_docs(raw / "a.parquet", [[1, 2, 3]])
+    for command, suggested in (("stats", ["packtool", "compare", str(raw), "--capacity", "C"]),
+                               ("verify", ["packtool", "pack", "--capacity", "C", str(raw),
+                                           "OUTPUT,"])):
+        res = invoke([command, raw])
+        assert res.exit_code == 1, res.output
+        words = shlex.split(res.output.split("for it run: ", 1)[1])
+        assert words[:len(suggested)] == suggested, res.output

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
@@ -623,7 +624,8 @@ def require_packed(manifest: Manifest, where) -> Manifest:
     """
     if manifest.kind != PACKED_KIND:
         raise ManifestError(f"{where}: a packtool {manifest.kind} output (one document per row, "
-                            f"not packed rows); pack it first: packtool pack {where} OUTPUT")
+                            "not packed rows); pack it first: packtool pack "
+                            f"{shlex.quote(str(where))} OUTPUT")
     return manifest
 
 
