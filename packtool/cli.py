@@ -716,6 +716,12 @@ def stats(ctx, path, per_bin, per_bin_limit, per_source_limit, no_hash, as_json,
                             "packing: rerun the same packtool pack with --overwrite")
 
 
+def _command_line(command: str, where: str) -> str:
+    """The command a message suggests: ``packtool COMMAND WHERE``, or with ``WHERE`` in the
+    ``{}`` of a command whose arguments go on after it (``export --to nemo {} DEST``)."""
+    return "packtool " + (command if "{}" in command else command + " {}").format(where)
+
+
 def _refuse_raw_input(where, command: str) -> None:
     """One line when the local directory given to ``stats`` or ``verify`` is not a packed
     output: a pack still writing it, an interrupted pack, empty, packed shards whose manifest
@@ -740,17 +746,17 @@ def _refuse_raw_input(where, command: str) -> None:
         if out.name == MANIFEST_NAME or packed_marker(out) is not None:
             what = "the manifest" if out.name == MANIFEST_NAME else "one shard"
             raise ManifestError(f"{out}: is {what} of a packed output; give its directory: "
-                                f"packtool {command} {shlex.quote(str(out.parent))}")
+                                f"{_command_line(command, shlex.quote(str(out.parent)))}")
         hint = (f"packtool compare {shlex.quote(str(out))} --capacity C" if command == "stats"
-                else f"packtool pack --capacity C {shlex.quote(str(out))} OUTPUT, then packtool "
-                f"{command} OUTPUT")
+                else f"packtool pack --capacity C {shlex.quote(str(out))} OUTPUT, then "
+                f"{_command_line(command, 'OUTPUT')}")
         raise ManifestError(f"{out}: is tokenized input, not a packed output; for it run: "
                             f"{hint}")
     if not out.is_dir() or (out / MANIFEST_NAME).exists():
         return
     from packtool.formats.manifest import pack_running, running_error
 
-    running = running_error(out, f"packtool {command} {shlex.quote(str(out))}")
+    running = running_error(out, _command_line(command, shlex.quote(str(out))))
     if pack_running(out):
         raise running
     # What the directory holds is looked at first, then the lock and the manifest again: a
@@ -768,8 +774,9 @@ def _refuse_raw_input(where, command: str) -> None:
             if pack_running(out):
                 raise running from None
             if look:
-                raise ManifestError(f"{out}: its files changed while read; run packtool "
-                                    f"{command} {out} again") from None
+                raise ManifestError(f"{out}: its files changed while read; run "
+                                    f"{_command_line(command, shlex.quote(str(out)))} again"
+                                    ) from None
     if pack_running(out):
         raise running
     if (out / MANIFEST_NAME).exists():
@@ -820,8 +827,8 @@ def _refuse(out: str, command: str, *, leftovers: bool, empty: bool, packed: boo
 
     if leftovers:
         raise ManifestError(f"{out}: an interrupted pack (no {MANIFEST_NAME} yet); rerun the same "
-                            f"packtool pack command to finish it, then packtool {command} "
-                            f"{shlex.quote(out)}")
+                            f"packtool pack command to finish it, then "
+                            f"{_command_line(command, shlex.quote(out))}")
     if empty:
         raise ManifestError(f"{out}: is an empty directory, not a packed output; pack into it "
                             f"first: packtool pack --capacity C INPUT {shlex.quote(out)}")
@@ -832,8 +839,8 @@ def _refuse(out: str, command: str, *, leftovers: bool, empty: bool, packed: boo
                             "--overwrite")
     if data is not None:
         hint = (f"packtool compare {shlex.quote(out)} --capacity C" if command == "stats" else
-                f"packtool pack --capacity C {shlex.quote(out)} OUTPUT, then packtool {command} "
-                "OUTPUT")
+                f"packtool pack --capacity C {shlex.quote(out)} OUTPUT, then "
+                f"{_command_line(command, 'OUTPUT')}")
         raise ManifestError(f"{out}: holds tokenized input ({data}), not a "
                             f"packed output (no {MANIFEST_NAME}); for it run: {hint}")
     raise ManifestError(f"{out}: no {MANIFEST_NAME}, so not a packed output; give the OUTPUT "
@@ -961,7 +968,7 @@ def export(output, dest, target, split, overwrite, as_json):
 
     release_gc()  # the command's imports are done (packtool/startup.py)
 
-    _refuse_raw_input(output, "export --to nemo")
+    _refuse_raw_input(output, "export --to nemo {} DEST")
     try:
         res = export_nemo(output, dest, split=split, overwrite=overwrite)
     except KeyboardInterrupt as exc:

@@ -183,3 +183,21 @@ def test_suggested_commands_quote_the_path_for_the_shell(tmp_path):
         assert res.exit_code == 1, res.output
         words = shlex.split(res.output.split("for it run: ", 1)[1])
         assert words[:len(suggested)] == suggested, res.output
+
+
+def test_export_hints_name_dest_too(tmp_path):
+    """The export commands that messages suggest carry DEST (pasted, they failed with "Missing
+    argument 'DEST'")."""
+    import shlex
+
+    raw = tmp_path / "raw"
+    write_docs(raw / "a.parquet", [[1, 2, 3], [4, 5]])
+    res = invoke(["export", "--to", "nemo", raw, tmp_path / "x"])
+    assert res.exit_code == 1 and res.output.rstrip().endswith(
+        "then packtool export --to nemo OUTPUT DEST"), res.output
+    out = tmp_path / "out"
+    assert invoke(["pack", "-q", "-c", 8, raw, out]).exit_code == 0
+    res = invoke(["export", "--to", "nemo", out / "part-00000.parquet", tmp_path / "x"])
+    said = shlex.split(res.output.split("give its directory: ", 1)[1])
+    assert res.exit_code == 1 and said == ["packtool", "export", "--to", "nemo", str(out),
+                                           "DEST"], res.output
