@@ -947,9 +947,9 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
 @click.option("--to", "target", type=click.Choice(["nemo"]), required=True,
               help="nemo: the packed Parquet of NeMo / Megatron-Bridge "
                    "(GPTSFTPackedParquetDataset: input_ids, loss_mask, seq_start_id).")
-@click.option("--split", type=click.Choice(["training", "validation"]), default="training",
-              show_default=True, help="Names the file DEST/SPLIT_C.idx.parquet (a --holdout "
-                                      "output is the validation split).")
+@click.option("--split", type=click.Choice(["training", "validation"]), default=None,
+              help="Names the file DEST/SPLIT_C.idx.parquet [default: validation for the "
+                   "held-out output of pack --holdout, else training].")
 @click.option("--overwrite", is_flag=True, help="Replace the file if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
 def export(output, dest, target, split, overwrite, as_json):

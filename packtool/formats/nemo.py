@@ -161,8 +161,10 @@ def segment_lengths(seg: np.ndarray, k: np.ndarray) -> list[np.ndarray]:
             for row, n in zip(np.asarray(seg), np.asarray(k))]
 
 
-def _packed_blocks(out_dir) -> tuple[int, str, str, Iterator[dict]]:
-    """(capacity, labels convention, the output's fingerprint, blocks of NumPy columns) of a
+def _packed_blocks(out_dir) -> tuple[int, str, str, Iterator[dict], str]:
+    """(capacity, labels convention, the output's fingerprint, blocks of NumPy columns, the
+    split it holds: ``validation`` for the held-out output of ``pack --holdout``, else
+    ``training``) of a
     packed OUTPUT (path or URI), read through the one reader
     (:class:`packtool.formats.packed.PackedOutput`), labels asked for already shifted (derived
     by its read-side rule when not stored). The reader is closed when the blocks are exhausted
@@ -178,7 +180,9 @@ def _packed_blocks(out_dir) -> tuple[int, str, str, Iterator[dict]]:
         finally:
             reader.close()
 
-    return reader.capacity, "shifted", reader.manifest.fingerprint, blocks()
+    held = reader.manifest.options.get("holdout_part") == "holdout"
+    return (reader.capacity, "shifted", reader.manifest.fingerprint, blocks(),
+            "validation" if held else "training")
 
 
 @dataclass(frozen=True)
@@ -296,7 +300,7 @@ def _remove_stale_temps(dest: Path, *names: str) -> None:
             stale.unlink(missing_ok=True)
 
 
-def export_nemo(out_dir, dest, *, split: str = "training", overwrite: bool = False,
+def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = False,
                 rows_per_group: int = NEMO_ROWS_PER_GROUP) -> NemoExport:
     """Write the rows of a packed OUTPUT as ``DEST/{split}_{C}.idx.parquet`` in the NeMo /
     Megatron-Bridge packed layout (module docstring), and its entry in
@@ -314,8 +318,8 @@ def export_nemo(out_dir, dest, *, split: str = "training", overwrite: bool = Fal
     Args:
         out_dir: a packed OUTPUT (directory or store URI).
         dest: the local directory to write into (created), outside ``out_dir``.
-        split: ``training`` or ``validation`` (the file name; a ``--holdout`` output is the
-            validation split).
+        split: ``training`` or ``validation`` (the file name); None: ``validation`` for the
+            held-out output of ``pack --holdout`` (its manifest says so), else ``training``.
         overwrite: replace an existing file of that name.
         rows_per_group: rows per Parquet row group.
 
@@ -334,7 +338,7 @@ def export_nemo(out_dir, dest, *, split: str = "training", overwrite: bool = Fal
         KeyboardInterrupt: Ctrl-C or SIGTERM; DEST is left as it was (its message says so).
         ValueError: an unknown split or ``rows_per_group`` < 1.
     """
-    if split not in NEMO_SPLITS:
+    if split is not None and split not in NEMO_SPLITS:
         raise ValueError(f"split {split!r}: choose {' or '.join(NEMO_SPLITS)}")
     if rows_per_group < 1:
         raise ValueError("rows_per_group must be >= 1")
@@ -344,11 +348,11 @@ def export_nemo(out_dir, dest, *, split: str = "training", overwrite: bool = Fal
         raise OutputError(f"{dest}: exists and is a file; DEST must be a directory")
     with interruptible():
         try:
-            capacity, convention, source, blocks = _packed_blocks(out_dir)
+            capacity, convention, source, blocks, holds = _packed_blocks(out_dir)
         except KeyboardInterrupt:
             raise KeyboardInterrupt(f"nothing was written into {dest}") from None
         try:
-            return _export(blocks, convention, capacity, dest, split, overwrite,
+            return _export(blocks, convention, capacity, dest, split or holds, overwrite,
                            rows_per_group, source)
         finally:
             blocks.close()

@@ -483,3 +483,26 @@ def test_one_token_segments_never_reach_their_collate_as_zero_length_sequences(t
     assert meta["min_packed_seqlen"] == 1 and meta["dataset_max_seqlen"] == 3
     text = invoke(["export", "--to", "nemo", "--overwrite", out, dest]).output
     assert "2 one-token sequence(s) left out" in text and "1 row(s) of nothing else" in text
+
+
+def test_a_held_out_output_is_exported_as_the_validation_split(tmp_path):
+    """pack --holdout, then export of both outputs into one DEST without --split: the held-out
+    rows go to validation_C (they went to training_C; the second export then asked to
+    --overwrite the real training file). --split still names the file when given."""
+    src = tmp_path / "docs.parquet"
+    pq.write_table(pa.Table.from_pylist(sft_docs(200)), src)
+    out = tmp_path / "out"
+    assert invoke(["pack", "-q", "-c", 24, "--holdout", 0.2, src, out]).exit_code == 0
+    dest = tmp_path / "nemo"
+    assert invoke(["export", "--to", "nemo", out, dest]).exit_code == 0
+    res = invoke(["export", "--to", "nemo", tmp_path / "out-holdout", dest])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in dest.glob("*.parquet")) == ["training_24.idx.parquet",
+                                                             "validation_24.idx.parquet"]
+    held = read_output(tmp_path / "out-holdout")[0]
+    assert pq.read_metadata(dest / "validation_24.idx.parquet").num_rows == len(held)
+    meta = json.loads((dest / "24_metadata.jsonl").read_text())  # a JSON list, as theirs
+    assert sorted(e["split"] for e in meta) == ["training", "validation"]
+    res = invoke(["export", "--to", "nemo", "--split", "training", tmp_path / "out-holdout",
+                  tmp_path / "asked"])
+    assert res.exit_code == 0 and (tmp_path / "asked" / "training_24.idx.parquet").is_file()
