@@ -713,6 +713,26 @@ class PackedOutput:
                 return pa.OSFile(str(local), "r"), False
         return loc.open_input(), not loc.is_local
 
+    def _raise_if_repacked(self, s: int) -> None:
+        """Shard ``s`` differs from the manifest this reader opened: when the manifest now in
+        OUTPUT records it otherwise, the output was packed again (``--overwrite``) since it was
+        opened, and is not damaged.
+
+        Raises:
+            ManifestError: says so and to open the output again.
+        """
+        from packtool.formats.manifest import read_manifest
+
+        try:
+            now = read_manifest(self.location)
+        except (ManifestError, OSError):
+            return  # no manifest now: a pack replacing it, or a damaged output: said elsewhere
+        entry = self.manifest.shards[s]
+        if now.fingerprint != self.manifest.fingerprint or entry not in now.shards:
+            raise ManifestError(f"{self.location.display}: packed again since it was opened "
+                                f"(its manifest changed; {entry.file} is another file now): "
+                                "open it again (a new dataset or PackedOutput.open)")
+
     def _raise_if_store_failed(self, s: int, exc: BaseException) -> None:
         """A store that stopped answering, refused the credentials or lost its bucket while
         shard ``s`` was opened or read: the one line every command gives for it, as an
@@ -765,11 +785,17 @@ class PackedOutput:
         except (OSError, pa.ArrowException) as exc:
             raise_if_shortage(exc, str(where))
             self._raise_if_store_failed(s, exc)
+            self._raise_if_repacked(s)
+            if isinstance(exc, FileNotFoundError):
+                raise ManifestError(f"{where}: missing (deleted or moved since the output was "
+                                    "opened); rerun the same packtool pack with --overwrite"
+                                    ) from None
             raise ManifestError(f"{where}: cannot open ({_first(exc)}); with many shards lower "
                                 "max_open_files or raise `ulimit -n`") from None
         try:
             size = handle.size()
             if size != entry.bytes:
+                self._raise_if_repacked(s)
                 raise ManifestError(f"{where}: size {size} bytes, the manifest says "
                                     f"{entry.bytes}: the shard was modified or truncated; rerun "
                                     "the same packtool pack with --overwrite")
@@ -783,6 +809,7 @@ class PackedOutput:
                                     "--overwrite") from None
             if (self.integrity != "size" and entry.footer_sha256 is not None
                     and hashlib.sha256(footer).hexdigest() != entry.footer_sha256):
+                self._raise_if_repacked(s)
                 raise ManifestError(f"{where}: its footer differs from the manifest's: the shard "
                                     "was modified or replaced; rerun the same packtool pack "
                                     "with --overwrite")

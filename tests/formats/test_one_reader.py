@@ -476,3 +476,36 @@ def test_a_damaged_output_asks_for_the_command_that_wrote_it(outputs, tmp_path, 
         first.write_bytes(data)
         (out / "part-99999.parquet").unlink(missing_ok=True)
     check_shards(out, m, hashes=True)
+
+
+def test_a_reader_of_an_output_packed_again_since_it_opened_says_so(tmp_path):
+    """pack --overwrite replaced the output while a dataset held it open: the shard it reads
+    next is another file, and the message says the output was packed again and to open it
+    again (it called the shard modified or truncated and said to repack)."""
+    from packtool.loader import PackedDataset
+
+    rng = np.random.default_rng(7)
+    src = write_docs(tmp_path / "in" / "a.parquet",
+                     [rng.integers(1, 5000, int(rng.integers(1, 30))).tolist()
+                      for _ in range(200)])
+    out = tmp_path / "out"
+    assert invoke(["pack", "-q", "-c", 32, "--rows-per-shard", 40, src, out]).exit_code == 0
+    ds = PackedDataset(out)
+    ds[0]
+    assert invoke(["pack", "-q", "-c", 32, "--rows-per-shard", 60, "--overwrite", src,
+                   out]).exit_code == 0
+    with pytest.raises(ManifestError, match="packed again since it was opened .*open it again"):
+        ds[len(ds) - 1]
+    assert len(PackedDataset(out)) == len(ds)
+
+
+def test_a_shard_deleted_after_the_output_was_opened_is_called_missing(clean, tmp_path):
+    """Not a file-descriptor limit ("lower max_open_files or raise ulimit -n")."""
+    from packtool.loader import PackedDataset
+
+    out = tmp_path / "gone"
+    shutil.copytree(clean, out)
+    ds = PackedDataset(out)
+    (out / "part-00002.parquet").unlink()
+    with pytest.raises(ManifestError, match=r"part-00002\.parquet: missing \(deleted or moved"):
+        ds[len(ds) - 1]
