@@ -264,6 +264,12 @@ def run_verify(
     _run_models(report, reader, [int(i) for i in idx], reader.capacity, convention, explicit,
                 backends, wanted, seed, batch_size, compile, attend_overrides or {}, device,
                 max_memory, progress, label_masked, window, hf_config)
+    from packtool.verify.equivalence import NO_PADDING
+
+    for r in report.results:  # rows without padding: nothing for this check, unless named
+        if r.status == SKIP and r.message == NO_PADDING and checks is not None \
+                and r.check in checks:
+            r.required = True
     if report.multi_doc_rows is False:  # no boundary between documents to cross (B22)
         for r in report.results:
             if r.check == "isolation" and r.status == SKIP and not (

@@ -112,9 +112,12 @@ def good(tmp_path):
     return pack_docs(tmp_path, DOCS, C)
 
 
-def test_hybrid_check_passes_on_good_output_forward_and_backward(good):
+def test_hybrid_check_passes_on_good_output_forward_and_backward(tmp_path):
     """Logits, isolation, loss denominator and exact zero gradients at ignored positions and at
-    padding, through the convolution, the recurrence and attention."""
+    padding, through the convolution, the recurrence and attention. Two more short documents
+    put padding in a row of several documents (the rows run through the model): without them
+    no row run had padding, and grad_zero_padding had nothing to check."""
+    good = pack_docs(tmp_path, DOCS + [[7] * 3, [8] * 4], C)
     rep = run_verify(good, rows=0, backends=["hybrid"])
     assert rep.ok, rep.format_text()
     for check in ("logits_match", "isolation", "loss_denominator", "grad_zero_ignored",

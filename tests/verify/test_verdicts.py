@@ -229,6 +229,7 @@ def test_named_checks_each_read_their_own_measurement():
         m.logit.add(torch.tensor([1e-7]), {"row": 0})
         m.iso_other.add(torch.tensor([0.0]), {"row": 0})
         m.iso_effect_min = 1.0
+        m.grad_pad.add(torch.tensor([0.0]), {"row": 0})  # padding was seen, its gradient 0
         m.loss_packed_sum = m.loss_ref_sum = 6.0
         m.targets_packed = m.targets_ref = 3
         return m
@@ -391,3 +392,20 @@ def test_a_model_failure_on_broken_rows_blames_the_data_not_the_model(good):
         assert r.status == FAIL, rep.format_text()
         assert "the rows break the output contract (position_ids failed above)" in r.message
         assert "train it on one document per row" not in r.message
+
+
+def test_grad_zero_padding_on_rows_without_padding_is_skipped_not_passed(tmp_path):
+    """Every document exactly C tokens: no row has padding, so grad_zero_padding saw nothing.
+    It printed PASS (and --check grad_zero_padding alone exited 0 having checked nothing); it
+    is skipped, not required, and asked for by name it did not run."""
+    rng = np.random.default_rng(4)
+    out = pack_docs(tmp_path, [list(map(int, rng.integers(1, 500, 16))) for _ in range(6)], 16)
+    rep = run_verify(out, rows=2, backends=["sdpa"])
+    g = rep.get("sdpa", "grad_zero_padding")
+    assert g.status == SKIP and not g.required and rep.ok, rep.format_text()
+    r = _verify(out, "--backend", "sdpa", "--check", "grad_zero_padding")
+    assert r.exit_code == 1 and "grad_zero_padding on backend sdpa did not run: no padding" \
+        in r.output, r.output
+    padded = pack_docs(tmp_path / "p", DOCS, 16)  # rows with padding: it runs and passes
+    assert run_verify(padded, rows=2, backends=["sdpa"]).get(
+        "sdpa", "grad_zero_padding").status == PASS
