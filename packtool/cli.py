@@ -1113,12 +1113,11 @@ def upgrade(output):
     from packtool.formats.upgrade import upgrade_manifest
     from packtool.startup import release_gc
 
-    from packtool.signals import exit_status, interruptible, stop_word
+    from packtool.signals import exit_status, stop_word
 
     release_gc()  # the command's imports are done (packtool/startup.py)
     try:
-        with interruptible():
-            rewritten = upgrade_manifest(output)
+        rewritten = upgrade_manifest(output)  # interruptible inside
     except KeyboardInterrupt:
         raise Interrupted(f"{stop_word()}: {display(output)} is unchanged (its manifest was not "
                           "rewritten); rerun the same command to upgrade it",

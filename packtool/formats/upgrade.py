@@ -12,7 +12,7 @@ from packtool.formats.manifest import (FORMAT_VERSION, Manifest, check_rows_add_
                                        shard_entry_of)
 from packtool.formats.packed import PackedOutput
 from packtool.location import Location
-from packtool.signals import hold
+from packtool.signals import hold, interruptible
 
 __all__ = ["upgrade_manifest"]
 
@@ -24,8 +24,9 @@ def upgrade_manifest(output, *, progress: Callable[[int, int], None] | None = No
     them), then each shard's footer is read for its row groups and footer sha256. The shards
     keep what version 2 wrote (no page checksums): readers check their size, footer and sha256.
 
-    Ctrl-C or SIGTERM (inside :func:`packtool.signals.interruptible`) stops the checks with
-    the output unchanged; from the rewrite on they are held until it is done.
+    Ctrl-C or SIGTERM (:func:`packtool.signals.interruptible`, entered here) stops the checks
+    with the output unchanged (``KeyboardInterrupt``); from the rewrite on they are held until
+    it is done, and one after it finds the upgrade finished.
 
     Returns:
         True when the manifest was rewritten, False when it already was version 3.
@@ -37,19 +38,19 @@ def upgrade_manifest(output, *, progress: Callable[[int, int], None] | None = No
         OSError: the manifest cannot be written.
     """
     out = Location.parse(output)
-    manifest, schema = read_manifest_and_schema(out)
-    if manifest.format_version == FORMAT_VERSION:
-        return False
-    check_shards(out, manifest, hashes=True, progress=progress)
-    _check_readable(out, manifest, schema)
-    shards = [shard_entry_of(out.join(s.file), sha256=s.sha256) for s in manifest.shards]
-    release = hold()  # once begun, the rewrite ends (whole: a rename or one put)
-    try:
-        publish_manifest(out, manifest.replace_shards(shards), schema)
-    finally:
-        release()
-    return True
-
+    with interruptible():  # left once the rewrite is done: a later signal finds it finished
+        manifest, schema = read_manifest_and_schema(out)
+        if manifest.format_version == FORMAT_VERSION:
+            return False
+        check_shards(out, manifest, hashes=True, progress=progress)
+        _check_readable(out, manifest, schema)
+        shards = [shard_entry_of(out.join(s.file), sha256=s.sha256) for s in manifest.shards]
+        release = hold()  # once begun, the rewrite ends (whole: a rename or one put)
+        try:
+            publish_manifest(out, manifest.replace_shards(shards), schema)
+        finally:
+            release()
+        return True
 
 
 def _check_readable(out: Location, manifest: Manifest, schema: pa.Schema) -> None:
