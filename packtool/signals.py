@@ -80,8 +80,7 @@ def _finished(signum, frame) -> None:  # pragma: no cover - runs in a subprocess
         _late.append(signum)
         return
     word = b"terminated (SIGTERM)" if signum == signal.SIGTERM else b"interrupted"
-    os.write(2, b"packtool: " + word + b" after the run finished; its output is complete "
-             b"(rerun the same command for its summary)\n")
+    os.write(2, b"packtool: " + word + b" after the run finished; its output is complete\n")
     os._exit(128 + signum)
 
 

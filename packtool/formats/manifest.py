@@ -530,10 +530,18 @@ V1_MANIFEST_NAME = "manifest.json"
 def version_1_shards(out) -> list[str] | None:
     """The shard files that a format-version-1 output at ``out`` lists in its
     :data:`V1_MANIFEST_NAME`, or None when ``out`` holds no such manifest."""
-    loc = Location.parse(out)
     try:
-        doc = json.loads(loc.join(V1_MANIFEST_NAME).read_bytes())
-    except (OSError, ValueError):
+        return version_1_listed(Location.parse(out).join(V1_MANIFEST_NAME).read_bytes())
+    except OSError:
+        return None
+
+
+def version_1_listed(data: bytes) -> list[str] | None:
+    """The shard files a :data:`V1_MANIFEST_NAME` of these bytes lists, or None when they are
+    not one (another JSON file of that name: the user's)."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
         return None
     if not isinstance(doc, dict) or doc.get("format_version") != 1 \
             or not isinstance(doc.get("outputs"), list):

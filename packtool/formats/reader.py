@@ -55,7 +55,8 @@ from packtool.errors import (InputError, ManifestError, PacktoolError, SchemaErr
                              raise_if_shortage, row_ref)
 from packtool.formats.arrays import list_parts, numpy_values
 from packtool.formats.manifest import (IN_PROGRESS_NAME, MANIFEST_META_KEY, MANIFEST_NAME,
-                                       PACKED_KIND, Manifest)
+                                       PACKED_KIND, V1_MANIFEST_NAME, Manifest,
+                                       version_1_listed)
 from packtool.formats.schema import (check_single_column, check_token_column, is_integer_list,
                                      is_list_layout)
 from packtool.location import Location, StoreError
@@ -488,6 +489,15 @@ def _packed_marker(fs: pafs.FileSystem, names: set[str], directory: str) -> str 
             except (ManifestError, ValueError):
                 kind = PACKED_KIND  # unreadable: refused as packed, never read as documents
             return _PACKED_MARKERS[0] if kind == PACKED_KIND else ""
+    if V1_MANIFEST_NAME in names:  # an output of format version 1
+        try:
+            with fs.open_input_stream(f"{directory}/{V1_MANIFEST_NAME}") as fh:
+                listed = version_1_listed(fh.read())
+        except (OSError, pa.ArrowException) as exc:
+            raise_if_shortage(exc)
+            return None
+        if listed is not None:
+            return f"{V1_MANIFEST_NAME}, format version 1"
     return None
 
 

@@ -372,6 +372,10 @@ def test_an_output_of_format_version_1_is_named_and_replaced_by_overwrite(clean,
         assert res.exit_code == 1 and said in res.output, (command, res.output)
     with pytest.raises(ManifestError, match=r"format version 1 .*--overwrite"):
         PackedDataset(old)
+    for extra in ((), ("--skip-unsupported",)):  # as INPUT: packed rows, never documents
+        res = invoke(["pack", "-q", "-c", 8, *extra, old, tmp_path / f"again{len(extra)}"])
+        assert res.exit_code == 1 and "is a packtool output (manifest.json, format version 1)" \
+            in res.output, res.output
     res = invoke(["pack", "-q", "-c", 8, src, old])
     assert res.exit_code == 1 and "holds a pack of format version 1" in res.output, res.output
     assert invoke(["pack", "-q", "-c", 8, "--overwrite", src, old]).exit_code == 0
