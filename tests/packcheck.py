@@ -272,3 +272,31 @@ def paused_pack(src, out, phase: str, options=()):
         watchdog.cancel()
         proc.kill()
         proc.stderr.close()
+
+
+_SIGNAL_AFTER_RUN = """
+import os, signal, sys, time
+import {module} as m
+original = m.{fn}
+
+def then_signals(*args, **kwargs):
+    res = original(*args, **kwargs)  # the run is over: its output is complete
+    for _ in range({count}):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.3)  # the handler runs here, in the main thread
+    return res
+
+m.{fn} = then_signals
+sys.argv = ["packtool", *sys.argv[1:]]
+from packtool.__main__ import main
+main()
+"""
+
+
+def signals_after_run(module: str, fn: str, count: int, args) -> subprocess.CompletedProcess:
+    """``packtool ARGS`` as a process whose ``module.fn`` (the run: ``run_pack``,
+    ``upgrade_manifest``, ...) sends the process ``count`` SIGINTs once it has returned, while
+    the command prints its summary."""
+    code = _SIGNAL_AFTER_RUN.format(module=module, fn=fn, count=count)
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True,
+                          text=True, timeout=300)

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packcheck import hash_tree, invoke, read_output
+from packcheck import hash_tree, invoke, read_output, signals_after_run
 from packtool.formats.manifest import IN_PROGRESS_NAME, MANIFEST_NAME, read_manifest
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -637,25 +635,6 @@ def test_a_shards_row_groups_hold_batch_docs_documents_from_its_first(tmp_path, 
             [7] * (rows // 7) + ([rows % 7] if rows % 7 else []), p.name
 
 
-_SIGNAL_AFTER_RUN = """
-import os, signal, sys, time
-import {module} as m
-original = m.{fn}
-
-def then_signals(*args, **kwargs):
-    res = original(*args, **kwargs)  # the run is over: its output is complete
-    for _ in range({count}):
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.3)  # the handler runs here, in the main thread
-    return res
-
-m.{fn} = then_signals
-sys.argv = ["packtool", *sys.argv[1:]]
-from packtool.__main__ import main
-main()
-"""
-
-
 @pytest.mark.parametrize("count", [1, 2])
 def test_ctrl_c_after_a_finished_tokenize_or_pack_never_says_nothing_was_written(
         tmp_path, hf_tokenizer, count):
@@ -670,9 +649,7 @@ def test_ctrl_c_after_a_finished_tokenize_or_pack_never_says_nothing_was_written
             ("packtool.pipeline", "run_pack",
              ["pack", "-c", "64", str(tmp_path / "tok"), str(tmp_path / "out")], "packed")]
     for module, fn, args, said in runs:
-        code = _SIGNAL_AFTER_RUN.format(module=module, fn=fn, count=count)
-        proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
-                              text=True, timeout=300)
+        proc = signals_after_run(module, fn, count, args)
         assert "nothing was written" not in proc.stderr, proc.stderr
         if count == 1:
             assert proc.returncode == 0, proc.stderr

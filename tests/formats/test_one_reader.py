@@ -519,26 +519,12 @@ def test_ctrl_c_once_the_upgrade_is_done_finishes_it(clean, tmp_path):
     """A signal after the manifest was rewritten (the command printing its line) exits 0 with
     "rewritten"; it said "unchanged (its manifest was not rewritten)" with exit 130 beside a
     version-3 manifest."""
-    import subprocess
-    import sys
+    from packcheck import signals_after_run
 
     out = tmp_path / "v2"
     shutil.copytree(clean, out)
     _as_version_2(out)
-    code = ("import os, signal, sys, time\n"
-            "import packtool.formats.upgrade as m\n"
-            "real = m.upgrade_manifest\n"
-            "def then_ctrl_c(*a, **kw):\n"
-            "    res = real(*a, **kw)\n"
-            "    os.kill(os.getpid(), signal.SIGINT)\n"
-            "    time.sleep(0.3)\n"
-            "    return res\n"
-            "m.upgrade_manifest = then_ctrl_c\n"
-            f"sys.argv = ['packtool', 'upgrade', {str(out)!r}]\n"
-            "from packtool.__main__ import main\n"
-            "main()\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300)
+    proc = signals_after_run("packtool.formats.upgrade", "upgrade_manifest", 1, ["upgrade", out])
     assert proc.returncode == 0, proc.stderr
     assert "manifest rewritten as format version 3" in proc.stdout, proc.stdout
     assert read_manifest(out).format_version == 3
