@@ -44,12 +44,12 @@ WORKER = textwrap.dedent("""
                                ignore_index=-100, reduction="sum") * world / targets
         loss.backward()
         steps += 1
-    everyone = [None] * world
-    dist.all_gather_object(everyone, {"rows": rows, "steps": steps, "len": len(ds),
-                                      "groups": sorted(ds.groups_for().tolist())})
-    if rank == 0:
-        with open(sys.argv[2], "w") as f:
-            json.dump(everyone, f)
+    # each rank writes its own file: a collective on Python-held tensors just before exit
+    # (all_gather_object) can abort the interpreter's finalization in torch's gloo thread
+    with open(f"{sys.argv[2]}.{rank}", "w") as f:
+        json.dump({"rows": rows, "steps": steps, "len": len(ds),
+                   "groups": sorted(ds.groups_for().tolist())}, f)
+    dist.barrier()
     dist.destroy_process_group()
 """)
 
@@ -65,7 +65,8 @@ def test_two_ranks_under_torchrun_cover_the_epoch_once(many_groups, tmp_path):
                           str(script), str(many_groups), str(result)],
                          capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
-    ranks = json.loads(result.read_text())
+    ranks = [json.loads(result.with_name(f"{result.name}.{r}").read_text()) for r in (0, 1)]
+    assert ranks[0]["steps"] == ranks[1]["steps"]
     from packtool.loader import PackedDataset
 
     n = len(PackedDataset(many_groups))
