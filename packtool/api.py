@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import inspect
 import os
 import re
@@ -281,18 +280,31 @@ def _kind(data) -> str:
                      "for files on disk use packtool.pack(INPUT, OUTPUT)")
 
 
-def _named(*options) -> list[str]:
-    """Columns named by an option (not ``auto``, not off)."""
-    return [str(o) for o in options if o is not None and str(o).lower() not in ("none", "auto")]
+def _read_columns(attention_mask, labels, loss_mask) -> list[str]:
+    """The mask columns ``pack`` reads: those the options name, and under ``auto`` the
+    default names (:mod:`packtool.formats.reader`), so a present column of the wrong type
+    reaches ``pack``'s check and is refused as the CLI refuses it, never dropped in silence."""
+    from packtool.formats.reader import (ATTENTION_MASK_COLUMN, AUTO, LABELS_COLUMN,
+                                         LOSS_MASK_COLUMNS)
+
+    cols = []
+    for option, defaults in ((attention_mask, (ATTENTION_MASK_COLUMN,)),
+                             (labels, (LABELS_COLUMN,)), (loss_mask, LOSS_MASK_COLUMNS)):
+        if option is None or str(option).lower() == "none":
+            continue
+        cols += list(defaults) if str(option).lower() == AUTO else [str(option)]
+    return cols
 
 
 def _batches(data, kind: str, column: str, batch_rows: int):
-    from packtool.formats.inmemory import table_from_list
+    from packtool.formats.inmemory import table_from_list, tables_from_dicts
 
     if kind == "list":
         return [table_from_list(data, column)]
     if kind == "table":
         return [data]
+    if kind == "IterableDataset" and data.features is None:  # typed by us, batch by batch
+        return tables_from_dicts(data.iter(batch_size=batch_rows), column)
     # a Dataset's rows in order (select, shuffle and filter indices applied), batch by batch
     return data.with_format("arrow").iter(batch_size=batch_rows)
 
@@ -339,7 +351,8 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
             then a pair ``(training rows, held-out rows)``.
         output: keep the packed output (shards and manifest) in this directory; default: a
             temporary one. Its fingerprint is the content of the documents as handed over
-            (their columns and Arrow types) with the options, so the same call again finds the
+            (the columns read, their values and nulls; not the integer width, the container or
+            ``batch_rows``) with the options, so the same call again finds the
             output done and reads it back (or resumes an interrupted one); other documents or
             options are refused unless ``overwrite``.
         overwrite: replace a non-empty ``output``.
@@ -420,12 +433,12 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
         cfg = _config([src], work / "packed" if output is None else output,
                       overwrite=overwrite, holdout=holdout, **options)
         src.mkdir()
-        write_input(_batches(data, kind, column, batch_rows), src / INPUT_NAME, column,
-                    _named(attention_mask_column, labels_column, loss_mask_column)
-                    + ([source_column] if source_column is not None else []))
+        _, digest = write_input(
+            _batches(data, kind, column, batch_rows), src / INPUT_NAME, column,
+            _read_columns(attention_mask_column, labels_column, loss_mask_column)
+            + ([source_column] if source_column is not None else []),
+            fingerprint=output is not None)
         if output is not None:  # the same documents again find their output done (or resume it)
-            with open(src / INPUT_NAME, "rb") as f:
-                digest = hashlib.file_digest(f, "sha256").hexdigest()
             cfg = dataclasses.replace(cfg, inputs_digest=digest)
         try:
             result = run_pack(cfg, progress=progress)

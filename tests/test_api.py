@@ -280,7 +280,10 @@ def test_documents_the_cli_refuses_are_refused_by_the_api_with_the_same_message(
     def same(msg):  # Parquet names a list's values 'element', pyarrow 'item'
         return re.sub(r"list<\w+: ", "list<", " ".join(msg.split()))
 
+    assert str(exc.value).startswith("documents: row "), exc.value
     want = str(exc.value).replace("documents", str(tmp_path / "docs.parquet"), 1)
+    if "(0-based)" not in res.output:  # a type is a whole column's in Parquet; the API names
+        want = re.sub(r": row \d+ \(0-based\)", "", want, count=1)  # the row that shows it
     assert "--" not in want  # options named as keywords: the CLI's line, flags renamed
     assert same(want) in same(res.output.replace("--column NAME", "column=NAME")), \
         (want, res.output)
@@ -518,3 +521,110 @@ def test_a_dataset_dicts_error_names_its_split():
     with pytest.raises(SchemaError, match=r"^split 'test': documents: row 1 \(0-based\): "
                                           "negative token id -5"):
         packtool.pack_dataset(bad, 8)
+
+
+def _streamed(docs):
+    def rows():
+        for d in docs:
+            yield {"input_ids": d}
+    return datasets.IterableDataset.from_generator(rows)
+
+
+@pytest.mark.parametrize("bad", [[3.0, 4.0], ["3", "4"], [True, False]])
+@pytest.mark.parametrize("batch_rows", [1, 4])
+def test_a_later_batch_of_other_typed_ids_is_refused_naming_its_row_never_cast(bad, batch_rows):
+    """A streaming dataset types each batch apart: floats, strings or bools after a first batch
+    of integers were cast to it (3.0 and "3" packed as token 3, True as 1). Refused, as the
+    same documents in one list or one Parquet file are, naming the first such row."""
+    docs = [[1, 2]] * 8 + [bad] * 4 + [[5]]
+    with pytest.raises(SchemaError, match=r"^documents: row 8 \(0-based\): column 'input_ids' "
+                                          r"has type list<item: \w+>, expected a list of "
+                                          "integer token ids"):
+        packtool.pack_dataset(_streamed(docs), 8, shuffle=False, batch_rows=batch_rows)
+    with pytest.raises(SchemaError, match=r"^documents: row 8 \(0-based\)"):
+        packtool.pack_dataset(docs, 8)
+    mixed = [[1, 2]] * 8 + [bad, [5]]  # one streamed batch of two types
+    with pytest.raises(SchemaError, match=r"^documents: row 8 \(0-based\): [^\n]*$"):
+        packtool.pack_dataset(_streamed(mixed), 8, shuffle=False, batch_rows=batch_rows)
+
+
+def test_batches_of_other_integer_widths_or_no_ids_keep_every_value(tmp_path):
+    """A first batch of uint8 ids or of empty documents, then ids of 300 and 2**31 - 1: every
+    value kept (the later batch was cast to the first one's type, or refused in a multi-line
+    message naming no row); an id beyond int64 names its row."""
+    from packtool.formats.inmemory import write_input
+
+    later = pa.table({"input_ids": pa.array([[300, 2**31 - 1]], pa.list_(pa.int64()))})
+    heads = [pa.table({"input_ids": pa.array([[1, 2], [3]], pa.list_(pa.uint8()))}),
+             pa.table({"input_ids": pa.array([[], []], pa.list_(pa.null()))})]
+    for k, head in enumerate(heads):
+        rows, _ = write_input([head, later], tmp_path / f"{k}.arrow", "input_ids")
+        got = pa.ipc.open_file(tmp_path / f"{k}.arrow").read_all().column("input_ids")
+        assert rows == head.num_rows + 1
+        assert got.to_pylist() == head.column("input_ids").to_pylist() + [[300, 2**31 - 1]]
+    big = pa.table({"input_ids": pa.array([[1], [2**64 - 1]], pa.list_(pa.uint64()))})
+    with pytest.raises(SchemaError, match=r"^documents: row 1 \(0-based\): token id "
+                                          f"{2**64 - 1} does not fit int32"):
+        write_input([big], tmp_path / "big.arrow", "input_ids")
+    floats = pa.table({"input_ids": pa.array([[], [3.0]], pa.list_(pa.float64()))})
+    with pytest.raises(SchemaError, match=r"^documents: row 3 \(0-based\): column 'input_ids' "
+                                          "has type list<item: double>"):
+        write_input([heads[0], floats], tmp_path / "f.arrow", "input_ids")
+    rows = packtool.pack_dataset(_streamed([[], [], [5, 6], [7]]), 8, shuffle=False, batch_rows=2)
+    assert list(rows)[0]["input_ids"][:3] == [5, 6, 7]
+
+
+@pytest.mark.parametrize("bad", [[True, False], ["7", "8"], [[4]], [4.5], np.array([1.5])])
+def test_a_whole_row_of_another_type_among_thousands_is_named(bad):
+    """An all-bool or all-string row converts alone, and one float makes pyarrow type the whole
+    list as floats: the message named no row in 5,000."""
+    docs = [[1, 2, 3]] * 5000
+    docs[4321] = bad
+    with pytest.raises(SchemaError, match=r"^documents: row 4321 \(0-based\)"):
+        packtool.pack_dataset(docs, 8)
+    with pytest.raises(SchemaError, match=r"^documents: row 4321 \(0-based\)"):
+        packtool.pack_dataset([{"input_ids": d} for d in docs], 8)
+
+
+@pytest.mark.parametrize("column, values", [("labels", [0, 1]),
+                                            ("attention_mask", ["a", "b"]),
+                                            ("completion_mask", [1.0, 2.0])])
+def test_a_default_mask_column_of_the_wrong_type_is_refused_as_the_cli_refuses_it(
+        tmp_path, column, values):
+    """A scalar ``labels`` column (class labels) or a string ``attention_mask`` was dropped in
+    silence by the API while ``packtool pack`` refuses it under auto."""
+    table = pa.table({"input_ids": [[1, 2, 3], [4, 5]], column: values})
+    pq.write_table(table, tmp_path / "d.parquet")
+    res = invoke(["pack", "-q", "-c", 8, tmp_path / "d.parquet", tmp_path / "out"])
+    assert res.exit_code == 1 and f"column {column!r} has type" in res.output, res.output
+    for data in (table, table.to_pylist(), datasets.Dataset(table)):
+        with pytest.raises(SchemaError, match=f"column {column!r} has type"):
+            packtool.pack_dataset(data, 8)
+    option = {"labels": "labels_column", "attention_mask": "attention_mask_column",
+              "completion_mask": "loss_mask_column"}[column]
+    assert len(packtool.pack_dataset(table, 8, **{option: None})) == 1  # the fix it names
+
+
+def test_the_output_fingerprint_is_the_documents_not_how_they_were_batched(tmp_path):
+    """``output=`` finds its pack done for the same documents whatever ``batch_rows``, integer
+    width or container (the digest was the temporary file's bytes, which change with them);
+    other documents are refused."""
+    from packtool.formats.manifest import MANIFEST_NAME
+
+    docs = [[1, 2, 3], [4, 5], [], [6]]
+    out = tmp_path / "out"
+    first = packtool.pack_dataset(docs, 8, output=out)
+    stamp = (out / MANIFEST_NAME).stat().st_mtime_ns
+    same = [datasets.Dataset.from_dict({"input_ids": docs}),
+            pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32()))}), docs]
+    for data in same:
+        for batch_rows in (1, 3):
+            got = packtool.pack_dataset(data, 8, output=out, batch_rows=batch_rows)
+            got = got if isinstance(got, list) else got.to_pylist() \
+                if isinstance(got, pa.Table) else got.to_list()
+            assert [r["input_ids"] for r in got] == [r["input_ids"] for r in first]
+    got = packtool.pack_dataset(_streamed(docs), 8, output=out, batch_rows=3)
+    assert [r["input_ids"] for r in got] == [r["input_ids"] for r in first]
+    assert (out / MANIFEST_NAME).stat().st_mtime_ns == stamp  # found done, never rewritten
+    with pytest.raises(OutputError, match="other inputs"):
+        packtool.pack_dataset([[1, 2, 3], [4, 5], [], [7]], 8, output=out)

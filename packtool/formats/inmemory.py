@@ -18,9 +18,10 @@ import numpy as np
 import pyarrow as pa
 
 from packtool.errors import InputError, SchemaError, raise_if_shortage
+from packtool.formats.schema import is_integer_list, is_list_layout
 
-__all__ = ["INPUT_NAME", "is_arrow_table", "table_from_list", "write_input", "packed_batches",
-           "read_packed_table", "packed_arrow_schema"]
+__all__ = ["INPUT_NAME", "is_arrow_table", "table_from_list", "tables_from_dicts", "write_input",
+           "packed_batches", "read_packed_table", "packed_arrow_schema"]
 
 #: File name of the in-memory input once written (Arrow IPC file form).
 INPUT_NAME = "documents.arrow"
@@ -31,7 +32,7 @@ def is_arrow_table(data) -> bool:
     return isinstance(data, (pa.Table, pa.RecordBatch))
 
 
-def table_from_list(data: list, column: str) -> pa.Table:
+def table_from_list(data: list, column: str, first_row: int = 0) -> pa.Table:
     """One document per item: a sequence of token ids (list, tuple, NumPy array) or a mapping
     of columns (``{"input_ids": [...], "labels": [...]}``).
 
@@ -41,6 +42,12 @@ def table_from_list(data: list, column: str) -> pa.Table:
     values: floats, bools, strings and nested lists are refused (``SchemaError``, not cut to
     integers), as are null, negative and beyond-int32 ids. Only all-empty or all-null tokens
     (no type to infer) are taken as ``list<int64>``.
+
+    Args:
+        data: the documents.
+        column: the token column's name (of the table made from sequences; the key holding
+            the tokens in mappings).
+        first_row: the row number of ``data[0]`` in messages (a batch of a longer stream).
 
     Returns:
         A table with ``column`` (sequences), or the mappings' columns.
@@ -60,20 +67,76 @@ def table_from_list(data: list, column: str) -> pa.Table:
                          "sequence of integer token ids (or one dict of columns) per document")
     try:
         if mappings:
-            return pa.Table.from_pylist(list(data))
+            table = pa.Table.from_pylist(list(data))
+            typ = table.schema.field(column).type if column in table.schema.names else None
+            if typ is not None and is_list_layout(typ) and not (
+                    pa.types.is_integer(typ.value_type) or pa.types.is_null(typ.value_type)):
+                _refuse_non_integer(data, column, True, typ, first_row)
+            return table
         tokens = pa.array(data)  # inferred: a Parquet file of these values has this type
     except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
         raise_if_shortage(exc)
-        raise _unconvertible(data, mappings, exc) from None
+        raise _unconvertible(data, mappings, exc, column, first_row) from None
+    if is_list_layout(tokens.type) and not (pa.types.is_integer(tokens.type.value_type)
+                                            or pa.types.is_null(tokens.type.value_type)):
+        _refuse_non_integer(data, column, False, tokens.type, first_row)
     if pa.types.is_null(tokens.type) or (pa.types.is_list(tokens.type)
                                          and pa.types.is_null(tokens.type.value_type)):
         tokens = tokens.cast(pa.list_(pa.int64()))  # no id anywhere: nothing to judge
     return pa.table({column: tokens})
 
 
-def _unconvertible(data: list, mappings: bool, exc: Exception) -> SchemaError:
-    """The error for items pyarrow cannot convert, naming the first row that fails alone (or
-    pyarrow's reason when only the mix fails)."""
+def tables_from_dicts(batches: Iterable[Mapping], column: str) -> Iterator[pa.Table]:
+    """Tables from batches of Python values (``{column name: [one value per row]}``), each
+    typed from its values as :func:`table_from_list` types a list of row dicts, rows numbered
+    across the batches in messages: how a streamed dataset with no declared features is read
+    (its own Arrow batches fail when one batch holds an empty document beside ids).
+
+    Raises:
+        SchemaError, InputError: as :func:`table_from_list`, naming the row in the stream.
+    """
+    first = 0
+    for batch in batches:
+        names = list(batch)
+        n = len(batch[names[0]]) if names else 0
+        if n:
+            rows = [{k: batch[k][i] for k in names} for i in range(n)]
+            yield table_from_list(rows, column, first)
+        first += n
+
+
+def _non_integer_row(data: list, column: str, mappings: bool) -> int | None:
+    """The first item whose token ids are not all integers (a float, bool, string or nested
+    sequence among them; nulls are left to ``pack``'s own check), or None."""
+    for i, d in enumerate(data):
+        ids = d.get(column) if mappings else d
+        if ids is None:
+            continue
+        if isinstance(ids, np.ndarray):
+            if ids.size and ids.dtype.kind not in "iu":
+                return i
+            continue
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple)):
+            return i
+        for x in ids:
+            if x is not None and (isinstance(x, (bool, np.bool_))
+                                  or not isinstance(x, (int, np.integer))):
+                return i
+    return None
+
+
+def _refuse_non_integer(data: list, column: str, mappings: bool, typ, first_row: int) -> None:
+    """Raise :func:`_type_error` for token ids that are not integers, naming the first row
+    that holds one (or the first row at all when the scan finds none)."""
+    row = _non_integer_row(data, column, mappings)
+    raise _type_error(column, column, typ, None, first_row + (0 if row is None else row))
+
+
+def _unconvertible(data: list, mappings: bool, exc: Exception, column: str,
+                   first_row: int) -> SchemaError:
+    """The error for items pyarrow cannot convert, naming the first row that fails alone, else
+    the first row holding a token id that is not an integer (an all-bool or all-string row
+    converts alone), else pyarrow's reason."""
     from packtool.errors import row_ref
 
     convert = (lambda d: pa.Table.from_pylist([d])) if mappings else (lambda d: pa.array([d]))
@@ -81,10 +144,11 @@ def _unconvertible(data: list, mappings: bool, exc: Exception) -> SchemaError:
         try:
             convert(d)
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as one:
-            exc, where = one, f"documents: {row_ref(i)}"
+            exc, where = one, f"documents: {row_ref(first_row + i)}"
             break
     else:
-        where = "documents"
+        row = _non_integer_row(data, column, mappings)
+        where = "documents" if row is None else f"documents: {row_ref(first_row + row)}"
     if isinstance(exc, OverflowError):
         return SchemaError(f"{where}: a token id does not fit int64; packed input_ids are "
                            "int32 (vocabularies up to 2**31 - 1)")
@@ -92,54 +156,217 @@ def _unconvertible(data: list, mappings: bool, exc: Exception) -> SchemaError:
                        "of columns) per document")
 
 
-def _is_list(typ: pa.DataType) -> bool:
-    return any(f(typ) for f in (pa.types.is_list, pa.types.is_large_list,
-                                pa.types.is_fixed_size_list, pa.types.is_list_view,
-                                pa.types.is_large_list_view))
+def _canonical_type(typ: pa.DataType, token: bool) -> pa.DataType:
+    """The type a batch's column is written as, whatever width or layout its batch had: integer
+    lists (list, large_list, fixed_size_list) and lists with no value at all become
+    ``list<int64>``, integers ``int64`` (so batches of one dataset that pyarrow or a streaming
+    dataset typed apart agree without cutting a value); a token column of nulls only is
+    ``list<int64>``; anything else is kept for ``pack`` (or the check here) to judge."""
+    layout = (pa.types.is_list(typ) or pa.types.is_large_list(typ)
+              or pa.types.is_fixed_size_list(typ))
+    if layout and (pa.types.is_integer(typ.value_type) or pa.types.is_null(typ.value_type)):
+        return pa.list_(pa.int64())
+    if pa.types.is_integer(typ) or (token and pa.types.is_null(typ)):
+        return pa.list_(pa.int64()) if token else pa.int64()
+    return typ
+
+
+def _first_valued(arr) -> int:
+    """Index of the first entry of ``arr`` that is neither null nor an empty list (0 if none):
+    the row whose values show a batch's type."""
+    import pyarrow.compute as pc
+
+    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    if is_list_layout(arr.type) and not pa.types.is_list_view(arr.type) \
+            and not pa.types.is_large_list_view(arr.type):
+        valued = pc.fill_null(pc.greater(pc.list_value_length(arr), 0), False)
+    else:
+        valued = arr.is_valid()
+    hits = np.flatnonzero(valued.to_numpy(zero_copy_only=False))
+    return int(hits[0]) if hits.size else 0
+
+
+def _canonical(b, column: str, first_row: int):
+    """``b`` with each column cast to :func:`_canonical_type`.
+
+    Raises:
+        SchemaError: an id that does not fit int64 (the row is named).
+    """
+    from packtool.errors import row_ref
+
+    for i, f in enumerate(b.schema):
+        want = _canonical_type(f.type, f.name == column)
+        if want.equals(f.type):
+            continue
+        try:
+            col = b.column(i).cast(want)
+        except (pa.ArrowException, ValueError):
+            col = None
+        if col is None:  # the only failing cast to int64: an unsigned value beyond it
+            bad, value = next(((r, v) for r, v in enumerate(b.column(i).to_pylist())
+                               if _beyond_int64(v) is not None), (0, None))
+            value = _beyond_int64(value)
+            where = f"documents: {row_ref(first_row + bad)}"
+            if f.name == column:  # pack's own line for the id
+                raise SchemaError(f"{where}: token id {value} does not fit int32; packed "
+                                  "input_ids are int32 (vocabularies up to 2**31 - 1)")
+            raise SchemaError(f"{where}: value {value} of column {f.name!r} does not fit "
+                              "int64; give values in range")
+        b = b.set_column(i, pa.field(f.name, want), col)
+    return b
+
+
+def _beyond_int64(value) -> int | None:
+    """The first integer beyond int64 in a row's value (an int or a list of them), or None."""
+    values = value if isinstance(value, list) else [value]
+    return next((v for v in values if v is not None and v > np.iinfo(np.int64).max), None)
+
+
+def _batch_ref(first_row: int) -> str:
+    """``"rows from 8 (0-based)"``: a batch of documents named by its first row."""
+    return f"rows from {int(first_row)} (0-based)"
+
+
+def _type_error(column: str, name: str, typ, before, row: int) -> SchemaError:
+    """One line for a batch column of a type the documents cannot be packed with."""
+    from packtool.errors import row_ref
+
+    where = f"documents: {row_ref(row)}: column {name!r} has type {typ}"
+    if name == column:  # pack's own line for such a file, with the row that shows the type
+        return SchemaError(f"{where}, expected a list of integer token ids (list<int32> or "
+                           "similar); tokenize the text first or pass column=NAME")
+    return SchemaError(f"{where}, the documents before it {before}; give every document the "
+                       "same type in each column")
+
+
+class _ContentDigest:
+    """sha256 of the documents' content (column names, canonical types, values and nulls),
+    the same however the rows were cut into batches: one running hash per column and part
+    (lengths, validity, values), combined at the end."""
+
+    def __init__(self) -> None:
+        self._parts: dict[str, object] = {}
+
+    def _feed(self, key: str, data: bytes) -> None:
+        import hashlib
+
+        self._parts.setdefault(key, hashlib.sha256()).update(data)
+
+    def _array(self, key: str, arr: pa.Array) -> None:
+        self._feed(key + "/valid", arr.is_valid().to_numpy(zero_copy_only=False)
+                   .astype(np.uint8).tobytes())
+        typ = arr.type
+        if is_list_layout(typ) and not (pa.types.is_list_view(typ)
+                                        or pa.types.is_large_list_view(typ)):
+            import pyarrow.compute as pc
+
+            lengths = pc.fill_null(pc.list_value_length(arr), 0)
+            self._feed(key + "/len", lengths.to_numpy(zero_copy_only=False)
+                       .astype(np.int64).tobytes())
+            self._array(key + "/item", pc.list_flatten(arr))
+        elif pa.types.is_primitive(typ) and not pa.types.is_boolean(typ):
+            self._feed(key + "/val", arr.fill_null(0).to_numpy(zero_copy_only=False).tobytes())
+        else:  # strings, bools, the rest: their Python values, one line each
+            for v in arr.to_pylist():
+                self._feed(key + "/val", (repr(v) + "\n").encode())
+
+    def update(self, b) -> None:
+        """Add the rows of a batch (``RecordBatch`` or ``Table``)."""
+        if "schema" not in self._parts:  # every batch has the first one's (write_input)
+            self._feed("schema", "".join(f"{f.name}:{f.type}\n" for f in b.schema).encode())
+        for f in b.schema:
+            col = b.column(f.name)
+            chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+            for c in chunks:
+                self._array(f.name, c)
+
+    def hexdigest(self) -> str:
+        import hashlib
+
+        total = hashlib.sha256()
+        for key in sorted(self._parts):
+            total.update(f"{key}={self._parts[key].hexdigest()};".encode())
+        return total.hexdigest()
 
 
 def write_input(batches: Iterable, path: str | os.PathLike, column: str,
-                named: Iterable[str] = ()) -> int:
+                named: Iterable[str] = (), fingerprint: bool = False) -> tuple[int, str | None]:
     """Write ``batches`` (``pyarrow.Table`` or ``RecordBatch``) to ``path`` as one Arrow IPC
     file, streaming: one batch in memory at a time.
 
     Kept: the token ``column``, the ``named`` columns that exist, and every other list column
     (a mask column ``pack`` may find by its default name); text and scalar columns are left out.
+    Integer columns are written as int64 (:func:`_canonical_type`): batches that a streaming
+    dataset typed apart (``int32`` then ``int64``, empty lists first) agree, and no value is
+    cut. A batch whose column has another type than the batches before it (floats after
+    integers, say) is refused, never cast.
 
     Args:
         batches: the documents, in order; every batch has the first batch's columns.
         path: the file to write (its directory exists).
         column: the token column.
-        named: columns named by an option (kept whatever their type: ``pack`` checks them).
+        named: columns named by an option or found under their default name (kept whatever
+            their type: ``pack`` checks them).
+        fingerprint: also compute the content digest.
 
     Returns:
-        Rows written.
+        ``(rows written, content digest)``: with ``fingerprint``, a sha256 hex string of the
+        written columns' names, types and values, independent of how the rows were batched
+        (else None).
 
     Raises:
-        SchemaError: ``column`` is missing, or a batch's schema differs from the first batch's
-            (the message names both).
+        SchemaError: ``column`` is missing; the token column is not a list of integers, or a
+            column's type differs from the batches' before it (the message names the first
+            row with a value of that type); an id beyond int64 (the row is named).
         InputError: no rows.
     """
     writer, schema, keep, rows = None, None, None, 0
+    digest = _ContentDigest() if fingerprint else None
+    it = iter(batches)
     try:
-        for b in batches:
+        while True:
+            try:
+                b = next(it)
+            except StopIteration:
+                break
+            except pa.ArrowException as exc:  # a streamed batch whose rows are typed apart
+                raise_if_shortage(exc)
+                reason = str(exc).strip().splitlines()[0].rstrip(": ")
+                raise SchemaError(f"documents: the {_batch_ref(rows)} could not be read as one "
+                                  f"batch ({reason}); give every document the same column "
+                                  "types") from None
             if keep is None:
                 if column not in b.schema.names:
                     raise SchemaError(f"documents: no column {column!r}; available columns: "
                                       f"{', '.join(b.schema.names)}; pass column=NAME")
                 named = set(named)
                 keep = [f.name for f in b.schema
-                        if f.name == column or f.name in named or _is_list(f.type)]
-            b = b.select(keep)
+                        if f.name == column or f.name in named or is_list_layout(f.type)]
+            missing = [k for k in keep if k not in b.schema.names]
+            if missing:
+                raise SchemaError(f"documents: the {_batch_ref(rows)} have no column "
+                                  f"{missing[0]!r}, the rows before them had; give every "
+                                  "document the same columns")
+            b = _canonical(b.select(keep), column, rows)
+            b = b.replace_schema_metadata(None)
+            typ = b.schema.field(column).type
+            if not is_integer_list(typ) and b.num_rows:
+                raise _type_error(column, column, typ, None,
+                                  rows + _first_valued(b.column(column)))
             if writer is None:
-                schema = b.schema.remove_metadata()
+                schema = b.schema
                 writer = pa.ipc.new_file(str(path), schema)
-            elif not b.schema.remove_metadata().equals(schema):
-                try:
-                    b = b.cast(schema)
-                except (pa.ArrowException, ValueError):
-                    raise SchemaError(f"documents: a batch has schema {b.schema}, the first had "
-                                      f"{schema}; give documents of one schema") from None
+            elif not b.schema.equals(schema):
+                for f, f0 in zip(b.schema, schema):
+                    if not f.type.equals(f0.type):
+                        if pa.types.is_null(f.type):  # no value in this batch: nothing to judge
+                            b = b.set_column(b.schema.get_field_index(f.name), f0,
+                                             pa.nulls(b.num_rows, f0.type))
+                            continue
+                        raise _type_error(column, f.name, f.type, f0.type,
+                                          rows + _first_valued(b.column(f.name)))
+            if digest is not None:
+                digest.update(b)
             if isinstance(b, pa.Table):
                 for rb in b.to_batches():
                     writer.write_batch(rb)
@@ -151,7 +378,7 @@ def write_input(batches: Iterable, path: str | os.PathLike, column: str,
     finally:
         if writer is not None:
             writer.close()
-    return rows
+    return rows, None if digest is None else digest.hexdigest()
 
 
 def packed_arrow_schema(out_dir) -> pa.Schema:
