@@ -16,7 +16,9 @@ and two outputs that share a shard share its copy.
   files plus the downloads in flight plus the new shard fit ``max_bytes``; a shard that cannot fit
   is read from the store directly (:meth:`ShardCache.fetch` returns None). A file another
   process still reads stays readable after its deletion (POSIX), so eviction never breaks a
-  reader. Each use of a file sets its mtime, which orders the eviction.
+  reader; one evicted between :meth:`ShardCache.fetch` and its open is fetched again
+  (:meth:`ShardCache.open`, a few times, then read from the store). Each use of a file sets its
+  mtime, which orders the eviction.
 - **Survives a restart.** A file whose name and size match is reused as it is; a ``.part`` left
   by a killed process is removed once its lock is free.
 """
@@ -38,6 +40,7 @@ __all__ = ["ShardCache", "parse_bytes"]
 _ENTRY = re.compile(r"^[0-9a-f]{64}\.parquet$")
 _PART = re.compile(r"^\.([0-9a-f]{64})\.[0-9a-f]{32}\.part$")
 _CHUNK = 8 << 20
+_OPEN_TRIES = 3  # fetches of a copy other processes keep evicting before it is read from the store
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
           "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40,
           "TB": 1 << 40, "TIB": 1 << 40}
@@ -149,6 +152,30 @@ class ShardCache:
             finally:
                 part.unlink(missing_ok=True)
         return final
+
+    def open(self, source, sha256: str, size: int, opener):
+        """The shard's cached copy opened with ``opener(path)`` (:meth:`fetch`, then open): a
+        reader holds the copy from then on, whatever another process evicts. A copy evicted
+        between the fetch and the open (``opener`` raises FileNotFoundError) is fetched again,
+        up to ``_OPEN_TRIES`` times.
+
+        Returns:
+            What ``opener`` returned, or None: the shard cannot fit under the cap, or other
+            processes evicted it each time (read it from the store instead).
+
+        Raises:
+            ManifestError, OSError: as :meth:`fetch` (the store's shard, the cache directory);
+                OSError other than FileNotFoundError from ``opener``.
+        """
+        for _ in range(_OPEN_TRIES):
+            path = self.fetch(source, sha256, size)
+            if path is None:
+                return None
+            try:
+                return opener(path)
+            except FileNotFoundError:
+                continue  # evicted by another process since the fetch found it
+        return None
 
     def discard(self, sha256: str) -> bool:
         """Remove the cached copy of the shard of this sha256 (one found damaged on this disk:

@@ -704,13 +704,15 @@ class PackedOutput:
 
     def _handle(self, s: int):
         """(pyarrow file, is_remote) of shard ``s``: a cached local copy when a cache holds (or
-        can take) it, else the file itself."""
+        can take) it, opened by the cache (one evicted before its open is fetched again:
+        :meth:`~packtool.formats.cache.ShardCache.open`), else the file itself."""
         entry = self.manifest.shards[s]
         loc = self.location.join(entry.file)
         if self.cache is not None and not loc.is_local:
-            local = self.cache.fetch(loc, entry.sha256, entry.bytes)
+            local = self.cache.open(loc, entry.sha256, entry.bytes,
+                                    lambda path: pa.OSFile(str(path), "r"))
             if local is not None:
-                return pa.OSFile(str(local), "r"), False
+                return local, False
         return loc.open_input(), not loc.is_local
 
     def _raise_if_repacked(self, s: int) -> None:

@@ -303,6 +303,43 @@ def test_a_cached_copy_damaged_on_the_local_disk_is_fetched_again(both, tmp_path
     assert hashlib.sha256(other.read_bytes()).hexdigest() == footer_entry.sha256
 
 
+def test_a_cached_copy_evicted_by_another_process_before_it_is_opened_is_no_missing_shard(
+        both, tmp_path, monkeypatch):
+    """Another process sharing the cache evicts a copy between the fetch that found it and its
+    open: the reader fetches it again (or, evicted every time, reads the store), and never
+    names the store's intact shard missing."""
+    from packtool.errors import ManifestError
+    from packtool.formats.cache import ShardCache
+    from packtool.loader import PackedDataset
+
+    local, uri, fs, bucket = both
+    cache = tmp_path / "cache"
+    want = PackedDataset(local)[0]["input_ids"].tolist()
+    assert PackedDataset(uri, cache_dir=cache, cache_limit="1M")[0]["input_ids"].tolist() == want
+    real, evicted = ShardCache.fetch, []
+
+    def fetch(self, *args):
+        path = real(self, *args)
+        if path is not None and len(evicted) < limit:
+            evicted.append(path)
+            os.unlink(path)  # another process's eviction, after fetch found the copy
+        return path
+
+    monkeypatch.setattr(ShardCache, "fetch", fetch)
+    for limit in (1, 10 ** 6):  # once (fetched again), every time (read from the store)
+        evicted.clear()
+        again = PackedDataset(uri, cache_dir=cache, cache_limit="1M")
+        assert again[0]["input_ids"].tolist() == want
+        assert len(evicted) == 1 if limit == 1 else len(evicted) > 1
+        assert evicted[0].exists() == (limit == 1)  # the first case's copy is downloaded again
+    # a shard gone from the store itself (after the open) is still named missing
+    monkeypatch.setattr(ShardCache, "fetch", real)
+    ds = PackedDataset(uri, cache_dir=cache, cache_limit="1M")
+    fs.delete_file(f"{bucket}/packed/part-00000.parquet")
+    with pytest.raises(ManifestError, match="part-00000.parquet: missing"):
+        ds[0]
+
+
 RANK_SCRIPT = """
 import json, sys
 from torch.utils.data import DataLoader
