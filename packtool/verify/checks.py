@@ -26,7 +26,8 @@ import numpy as np
 
 from packtool.errors import ConfigError
 from packtool.verify.contract import (CONTRACT_CHECKS, DEFAULT_ROWS, PADDED_CHECK,
-                                      check_row_contract, scan_contract, select_rows)
+                                      WHOLE_OUTPUT_CHECKS, check_row_contract, scan_contract,
+                                      select_rows)
 from packtool.verify.report import FAIL, PASS, SKIP, CheckResult, VerifyReport
 
 log = logging.getLogger(__name__)
@@ -263,7 +264,7 @@ def run_verify(
 
     _run_models(report, reader, [int(i) for i in idx], reader.capacity, convention, explicit,
                 backends, wanted, seed, batch_size, compile, attend_overrides or {}, device,
-                max_memory, progress, label_masked, window, hf_config)
+                max_memory, progress, label_masked, window, hf_config, scan.bad)
     from packtool.verify.equivalence import NO_PADDING
 
     # a check the output gives nothing to look at (no padding in the rows run; no boundary
@@ -280,9 +281,14 @@ def run_verify(
 
 def _run_models(report, reader, idx, capacity, convention, explicit, backends, wanted, seed,
                 batch_size, compile, overrides, device, max_memory, progress, label_masked,
-                window, hf_config=None):
+                window, hf_config=None, contract_bad=None):
     """Run the sampled rows (their row windows of ``window`` tokens) through every backend and
-    add the model checks to ``report``."""
+    add the model checks to ``report``.
+
+    ``contract_bad`` is the column scan's ``{check: [(where, message)]}`` (every column check,
+    asked for or not): a model check that fails on rows breaking the contract blames the data,
+    also when ``--check`` left the column check that found it out of the report.
+    """
     from packtool.verify import has_cuda, require_torch
 
     torch = require_torch()
@@ -329,6 +335,7 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
     ds = PackedDataset(reader, labels=convention, structure="stored")
     items = [ds[i] for i in idx]
     report.rows = [(it["shard"], it["row"]) for it in items]
+    unasked = _unasked_faults(report, contract_bad or {})
     if window < capacity:
         items = [w for it in items for w in row_windows(it, window)]
         report.windows = len(items)
@@ -416,10 +423,13 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
                   and r.status == FAIL]
         broken = sorted({r.check for r in report.results
                          if r.backend == "data" and r.status == FAIL})
-        if leaked and broken:  # the rows break the contract: the data, not the model, is at fault
-            why = (f"the rows break the output contract ({', '.join(broken)} failed above), so "
-                   "packed and per-document outputs differ because of the data, whatever the "
-                   "model: rerun the same packtool pack with --overwrite")
+        if leaked and (broken or unasked):  # the data, not the model, is at fault
+            found = ([f"{', '.join(broken)} failed above"] if broken else []) + [
+                f"{c} (a column check --check left out) fails at shard {w['shard']} row "
+                f"{w['row']}: {msg}" for c, (w, msg) in unasked.items()]
+            why = (f"the rows break the output contract ({'; '.join(found)}), so packed and "
+                   "per-document outputs differ because of the data, whatever the model: rerun "
+                   "the same packtool pack with --overwrite")
             for r in leaked:
                 r.message = f"{why}; {r.message}" if r.message else why
         elif (leaked and res.get("isolation") is not None
@@ -446,6 +456,24 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
         bad = [c for c, r in res.items() if r.status == FAIL]
         _say(progress, f"verify: {name} ({runner.device}, {runner.dtype_name}): "
              f"{'FAIL ' + ', '.join(bad) if bad else 'pass'} in {elapsed[name]:.1f} s")
+
+
+def _unasked_faults(report, contract_bad: dict) -> dict:
+    """``{check: (where, message)}``: the first fault of each column check left out of
+    ``report`` (``--check`` did not ask for it) on a row run through the models
+    (``report.rows``). The checks of the whole output (``doc_offsets``, ``totals``) say
+    nothing of a row's columns and the schema's names no row: both are left out."""
+    reported = {r.check for r in report.results if r.backend == "data"}
+    fed = set(report.rows)
+    out = {}
+    for check in CONTRACT_CHECKS:
+        if check in reported or check in WHOLE_OUTPUT_CHECKS:
+            continue
+        hit = [(w, msg) for w, msg in contract_bad.get(check, ())
+               if w and "row" in w and (w["shard"], w["row"]) in fed]
+        if hit:
+            out[check] = hit[0]
+    return out
 
 
 def _spans(item) -> list:

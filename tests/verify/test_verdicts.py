@@ -394,6 +394,37 @@ def test_a_model_failure_on_broken_rows_blames_the_data_not_the_model(good):
         assert "train it on one document per row" not in r.message
 
 
+def test_model_checks_alone_on_broken_rows_still_blame_the_data(good):
+    """`--check logits_match --check isolation` on rows whose positions do not reset: no column
+    check is in the report, and logits_match blamed the model ("depends on where a token sits
+    in the row ... ALiBi; train it on one document per row"). The scan still checks every
+    column: the failure names position_ids and the repack, and reports no column check."""
+    from packed_helpers import edit_rows
+
+    def edit(rows):
+        i = next(i for i, r in enumerate(rows) if len(r["doc_ids"]) >= 2)
+        rows[i]["position_ids"] = list(range(len(rows[i]["position_ids"])))
+        return rows
+
+    edit_rows(good, edit)
+    rep = run_verify(good, backends=["sdpa"], rows=0, checks=["logits_match", "isolation"])
+    assert not [r for r in rep.results if r.backend == "data"], rep.format_text()
+    r = rep.get("sdpa", "logits_match")
+    assert r.status == FAIL and not rep.ok, rep.format_text()
+    assert "the rows break the output contract (position_ids (a column check --check left " \
+        "out) fails at shard" in r.message and "rerun the same packtool pack" in r.message
+    assert "train it on one document per row" not in r.message
+    r = _verify(good, "--rows", "0", "--backend", "sdpa", "--check", "logits_match")
+    assert r.exit_code == 1 and "position_ids (a column check --check left out)" in r.output
+    assert "train it on one document per row" not in r.output and "documents leak" not in \
+        r.output, r.output
+    # a column check asked for that passes does not hide the one left out
+    rep = run_verify(good, backends=["sdpa"], rows=0, checks=["logits_match", "labels"])
+    assert rep.get("data", "labels").status == PASS
+    assert "position_ids (a column check --check left out)" in \
+        rep.get("sdpa", "logits_match").message
+
+
 def test_grad_zero_padding_on_rows_without_padding_is_skipped_not_passed(tmp_path):
     """Every document exactly C tokens: no row has padding, so grad_zero_padding saw nothing.
     It printed PASS (and --check grad_zero_padding alone exited 0 having checked nothing); it
