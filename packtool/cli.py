@@ -382,6 +382,17 @@ DEFAULT_PER_BIN_LIMIT = 50
 DEFAULT_PER_SOURCE_LIMIT = 50
 
 
+def _row_window(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    """Check --row-window before any work: 0 (whole rows) or a window of 2 tokens or more (one
+    token has nothing to predict; :func:`~packtool.verify.checks.row_windows`)."""
+    from packtool.errors import ConfigError
+
+    if value is not None and (value < 0 or value == 1):
+        raise ConfigError(f"--row-window {value}: a window holds 2 tokens or more (0: whole "
+                          "rows)")
+    return value
+
+
 def _plot_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Check --plot before any work: a known image suffix and an existing directory that can be
     written (a store URI: its suffix)."""
@@ -1038,11 +1049,11 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
 @click.option("--batch-size", type=click.IntRange(min=1), default=4, show_default=True,
               metavar="B", help="Most rows per forward pass (fewer when the memory budget "
                                 "says so).")
-@click.option("--row-window", type=click.IntRange(min=0), default=None, metavar="TOKENS",
+@click.option("--row-window", type=int, default=None, metavar="TOKENS", callback=_row_window,
               help="Run the model checks on windows of this many tokens of each sampled row, "
                    "each holding a document boundary (and one into the padding when the row "
-                   "has some); the column scan still covers every token [default: 1024; 0 = "
-                   "whole rows].")
+                   "has some): 2 or more, or 0 for whole rows; the column scan still covers "
+                   "every token [default: 1024].")
 @click.option("--compile/--no-compile", "compile_", default=None,
               help="Run FlexAttention through torch.compile [default: on CUDA, and on CPU from "
                    "2,048 tokens per row window up].")

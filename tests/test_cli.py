@@ -59,6 +59,31 @@ def test_capacity_below_two_is_refused_in_one_line(docs_dir, tmp_path):
     assert len(res.output.strip().splitlines()) == 1
 
 
+def test_a_row_window_of_one_token_is_a_usage_error(docs_dir, tmp_path):
+    """verify --row-window 1 was accepted (the range allowed 0 up), then failed saying no
+    attention check ran on a row of two documents: a window needs 2 tokens. One line, exit 2,
+    before any work, from the CLI and from run_verify alike; 0 (whole rows) and 2 still run."""
+    import pytest
+
+    from packtool.errors import ConfigError
+    from packtool.verify.checks import run_verify
+
+    out = tmp_path / "o"
+    assert run("pack", "-q", "-c", 4, docs_dir([[1, 2], [3, 4, 5], [6]]), out).exit_code == 0
+    for bad in ("1", "-1"):
+        res = run("verify", "--data-only", "--row-window", bad, out)
+        assert res.exit_code == 2, res.output
+        assert f"--row-window {bad}: a window holds 2 tokens or more (0: whole rows)" \
+            in res.output and len(res.output.strip().splitlines()) == 1, res.output
+        with pytest.raises(ConfigError, match="0 \\(whole rows\\) or >= 2 tokens"):
+            run_verify(out, data_only=True, row_window=int(bad))
+    for good in ("0", "2"):
+        res = run("verify", "--data-only", "--row-window", good, out)
+        assert res.exit_code == 0, res.output
+    text = " ".join(run("verify", "--help").output.split())
+    assert "2 or more, or 0 for whole rows" in text
+
+
 def test_debug_shows_the_exception(docs_dir, tmp_path):
     res = run("--debug", "pack", docs_dir([[1]]), tmp_path / "o", "--capacity", "1")
     assert res.exit_code == 1 and type(res.exception).__name__ == "ConfigError"

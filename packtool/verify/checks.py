@@ -114,16 +114,15 @@ def run_verify(
             ``hf`` runs. A leak is reported as "documents leak in <layer>: this model needs ...".
         row_window: the model checks run on windows of this many tokens of each sampled row
             (:func:`row_windows`: each across a document boundary, one into the padding tail
-            when the row has one); None:
-            :data:`DEFAULT_ROW_WINDOW`; 0 or at least C: whole rows. The column scan always
-            covers every token of every row.
+            when the row has one), at least 2; None: :data:`DEFAULT_ROW_WINDOW`; 0 or at
+            least C: whole rows. The column scan always covers every token of every row.
 
     Returns:
         A :class:`VerifyReport`; ``report.ok`` is the verdict.
 
     Raises:
         ConfigError: unknown backend or check, batch_size < 1, bad device or memory size, a
-            negative ``row_window``.
+            ``row_window`` below 0 or of 1.
         InputError: ``hf_config`` names no usable config (:func:`~packtool.verify.hf_model.load_hf_config`).
         ManifestError: not a complete packed output, or a shard that differs from its manifest.
         MissingDependencyError: torch is missing and ``data_only`` is False.
@@ -156,8 +155,8 @@ def run_verify(
         raise ConfigError(f"device {device!r}: choose auto, cpu or cuda")
     if explicit and not backends and not data_only:
         raise ConfigError("no backend given; name one with --backend or pass --data-only")
-    if row_window is not None and row_window < 0:
-        raise ConfigError(f"row_window must be >= 0 tokens, got {row_window}")
+    if row_window is not None and (row_window < 0 or row_window == 1):
+        raise ConfigError(f"row_window must be 0 (whole rows) or >= 2 tokens, got {row_window}")
 
     if not data_only:  # say it before the column scan, not after it
         from packtool.verify import has_torch
