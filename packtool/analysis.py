@@ -58,13 +58,18 @@ class PackedAnalysis:
     #: (0 shards: skipped with ``check_hashes=False``)
     hashed: tuple = (0, 0, 0.0)
     segment_multiple: int = 1  #: N of ``--segment-multiple`` the output was packed with
-    #: ``pack --source-column``: the column, and per source id a dict of ``source`` (its
-    #: value), ``rows`` (rows holding one of its segments), ``segments``, ``real_tokens``,
-    #: ``padding_tokens`` (its segments' own padding with ``--segment-multiple``, and the
-    #: padding tail of rows whose last segment is of this source) and ``effective_targets``;
-    #: tokens, padding, targets and segments sum to the totals
+    #: ``pack --source-column``: the column, and per source present in the rows (one segment
+    #: or more; by id) a dict of ``source_id`` (its index in the manifest's table),
+    #: ``source`` (its value), ``rows`` (rows holding one of its segments), ``segments``,
+    #: ``real_tokens``, ``padding_tokens`` (its segments' own padding with
+    #: ``--segment-multiple``, and the padding tail of rows whose last segment is of this
+    #: source) and ``effective_targets``; tokens, padding, targets and segments sum to the
+    #: totals. A source of the table with no segment here (the table is shared by both outputs
+    #: of a ``--holdout``; or its documents were empty or dropped) is left out:
+    #: ``sources_in_table`` counts them all
     source_column: str | None = None
     per_source: list = field(default_factory=list)
+    sources_in_table: int = 0  #: values in the manifest's source table (``source_values``)
 
     @property
     def row_fill(self) -> np.ndarray:
@@ -91,6 +96,7 @@ class PackedAnalysis:
                            "hash_seconds": round(self.hashed[2], 3)}}
         if self.source_column is not None:
             d["source_column"] = self.source_column
+            d["sources_in_table"] = self.sources_in_table
             d["per_source"] = self.per_source
         if self.per_bin:
             d["per_bin"] = self.per_bin
@@ -187,17 +193,18 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
     fill_counts, by_src = recount.fill_counts, recount.by_src
     fill = np.arange(C + 1) / C
     hist = np.histogram(fill, bins=_FILL_EDGES, weights=fill_counts)[0].astype(np.int64).tolist()
-    per_source = [{"source": v, "rows": int(by_src[0, i]), "segments": int(by_src[1, i]),
-                   "real_tokens": int(by_src[2, i]), "padding_tokens": int(by_src[3, i]),
-                   "effective_targets": int(by_src[4, i])}
-                  for i, v in enumerate(reader.manifest.source_values)]
+    table = reader.manifest.source_values
+    per_source = [{"source_id": i, "source": v, "rows": int(by_src[0, i]),
+                   "segments": int(by_src[1, i]), "real_tokens": int(by_src[2, i]),
+                   "padding_tokens": int(by_src[3, i]), "effective_targets": int(by_src[4, i])}
+                  for i, v in enumerate(table) if by_src[1, i]]  # the sources in these rows
     multiple = int(reader.manifest.options.get("segment_multiple", 1))
     return PackedAnalysis(reader.location.display, stats, totals, mismatches, hist, fill_counts,
                           recount.seg_counts, recount.bins, recount.documents,
                           per_bin_limit if per_bin else None,
                           hashed=hashed, segment_multiple=multiple,
                           source_column=reader.manifest.source_column,
-                          per_source=per_source)
+                          per_source=per_source, sources_in_table=len(table))
 
 
 @dataclass(frozen=True)
@@ -489,8 +496,9 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
     """Human table of :func:`analyze_packed` (counts with thousands separators).
 
     Args:
-        per_source_limit: with ``--source-column`` outputs of more sources than this, list only
-            the sources of the most real tokens (the rest summed in one line); None: all.
+        per_source_limit: with ``--source-column`` outputs of more sources than this (those
+            holding segments in the rows), list only the sources of the most real tokens (the
+            rest summed in one line); None: all.
     """
     s = a.stats
     C = s.capacity
@@ -540,9 +548,12 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
     if a.source_column is not None:
         w = _width((str(p["source"]) for p in a.per_source), len("source"))
         seg = ", a segment's own padding to its source" if a.segment_multiple > 1 else ""
+        held = (f"; {len(a.per_source):,} of the {a.sources_in_table:,} sources of the "
+                "manifest's table hold segments here, the others none"
+                if len(a.per_source) < a.sources_in_table else "")
         lines.append(f"  per source ({a.source_column}; rows: those holding one of its segments, "
                      "so a row of several sources counts once for each; a row's padding tail "
-                     f"counts to the source of its last segment{seg})")
+                     f"counts to the source of its last segment{seg}){held}")
         lines.append(f"    {'source':{w}} {'rows':>10} {'segments':>10} {'real tokens':>14} "
                      f"{'padding':>11} {'targets':>14}")
         shown = a.per_source

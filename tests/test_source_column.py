@@ -148,6 +148,38 @@ def test_stats_lists_at_most_the_sources_asked_for(src, tmp_path):
         res.output
 
 
+def test_stats_lists_only_the_sources_present_in_the_output(tmp_path):
+    """The source table is shared by both outputs of a --holdout: a document per source, the
+    held-out output holds few of them. stats counted every source of the table ("... 810 more
+    sources" where 88 had rows; --json listed them all, zeros included): it lists the sources
+    holding a segment here, each with its id in the table, says how many of the table's it
+    holds, and the "more" line counts the present ones. An empty document's source is absent."""
+    d = tmp_path / "in"
+    d.mkdir()
+    docs = _docs(40, 5) + [[]]
+    pq.write_table(pa.table({"input_ids": docs, "source": [f"s{i:02}" for i in range(41)]}),
+                   d / "a.parquet")
+    out = pack(d, tmp_path / "out", "--holdout", "0.25")
+    for o in (out, tmp_path / "out-holdout"):
+        table = read_manifest(o).source_values
+        assert len(table) == 41
+        present = {table[s] for row in rows_of(o) for s in row["source_ids"]}
+        assert 0 < len(present) < 40 and "s40" not in present
+        doc = json.loads(invoke(["stats", "--json", o]).output)
+        per = doc["per_source"]
+        assert {p["source"] for p in per} == present and all(p["segments"] for p in per)
+        assert doc["sources_in_table"] == 41
+        assert all(table[p["source_id"]] == p["source"] for p in per)
+        res = invoke(["stats", "--per-source-limit", "1", o])
+        assert res.exit_code == 0, res.output
+        assert f"{len(present)} of the 41 sources of the manifest's table hold segments here" \
+            in res.output, res.output
+        assert f"... {len(present) - 1:,} more sources," in res.output, res.output
+        res = invoke(["stats", "--per-source-limit", "0", o])
+        assert "    s40 " not in res.output and sum(
+            f"    {v} " in res.output for v in table) == len(present), res.output
+
+
 def test_a_killed_windowed_pack_resumes_to_the_same_bytes(src, tmp_path):
     """Killed while window 1 is planned, the rerun reuses window 0 (its table read back from
     its done.json) and writes the bytes of an uninterrupted run."""
