@@ -10,6 +10,7 @@ turned back into Arrow by :func:`packed_batches`.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from typing import Iterable, Iterator
@@ -248,8 +249,6 @@ class _ContentDigest:
         self._parts: dict[str, object] = {}
 
     def _feed(self, key: str, data: bytes) -> None:
-        import hashlib
-
         self._parts.setdefault(key, hashlib.sha256()).update(data)
 
     def _array(self, key: str, arr: pa.Array) -> None:
@@ -281,8 +280,6 @@ class _ContentDigest:
                 self._array(f.name, c)
 
     def hexdigest(self) -> str:
-        import hashlib
-
         total = hashlib.sha256()
         for key in sorted(self._parts):
             total.update(f"{key}={self._parts[key].hexdigest()};".encode())
