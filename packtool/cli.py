@@ -387,7 +387,11 @@ def _row_window(ctx: click.Context, param: click.Parameter, value: int | None) -
     token has nothing to predict; :func:`~packtool.verify.checks.row_windows`)."""
     from packtool.errors import ConfigError
 
-    if value is not None and (value < 0 or value == 1):
+    if value is None:
+        return value
+    from packtool.verify.checks import row_window_ok
+
+    if not row_window_ok(value):
         raise ConfigError(f"--row-window {value}: a window holds 2 tokens or more (0: whole "
                           "rows)")
     return value

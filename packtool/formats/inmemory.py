@@ -41,8 +41,8 @@ def table_from_list(data: list, column: str, first_row: int = 0) -> pa.Table:
     their dtype, Python ints become ``int64``, floats ``double``, bools ``bool``. So ``pack``'s
     own schema and token checks judge the documents as they judge a Parquet file of the same
     values: floats, bools, strings and nested lists are refused (``SchemaError``, not cut to
-    integers), as are null, negative and beyond-int32 ids. Only all-empty or all-null tokens
-    (no type to infer) are taken as ``list<int64>``.
+    integers), as are null, negative and beyond-int32 ids. All-empty or all-null tokens (no type
+    to infer) keep pyarrow's null type; :func:`write_input` writes them as ``list<int64>``.
 
     Args:
         data: the documents.
@@ -81,9 +81,6 @@ def table_from_list(data: list, column: str, first_row: int = 0) -> pa.Table:
     if is_list_layout(tokens.type) and not (pa.types.is_integer(tokens.type.value_type)
                                             or pa.types.is_null(tokens.type.value_type)):
         _refuse_non_integer(data, column, False, tokens.type, first_row)
-    if pa.types.is_null(tokens.type) or (pa.types.is_list(tokens.type)
-                                         and pa.types.is_null(tokens.type.value_type)):
-        tokens = tokens.cast(pa.list_(pa.int64()))  # no id anywhere: nothing to judge
     return pa.table({column: tokens})
 
 

@@ -33,8 +33,8 @@ from packtool.verify.report import FAIL, PASS, SKIP, CheckResult, VerifyReport
 log = logging.getLogger(__name__)
 
 __all__ = ["ALL_BACKENDS", "ALL_CHECKS", "DEFAULT_ROWS", "DEFAULT_ROW_WINDOW", "CheckResult",
-           "VerifyReport", "run_verify", "row_windows", "estimate_seconds", "select_rows",
-           "check_row_contract"]
+           "VerifyReport", "run_verify", "row_windows", "row_window_ok", "estimate_seconds",
+           "select_rows", "check_row_contract"]
 
 ALL_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
 #: model checks, then the column checks (``--check`` accepts any of them)
@@ -155,7 +155,7 @@ def run_verify(
         raise ConfigError(f"device {device!r}: choose auto, cpu or cuda")
     if explicit and not backends and not data_only:
         raise ConfigError("no backend given; name one with --backend or pass --data-only")
-    if row_window is not None and (row_window < 0 or row_window == 1):
+    if row_window is not None and not row_window_ok(row_window):
         raise ConfigError(f"row_window must be 0 (whole rows) or >= 2 tokens, got {row_window}")
 
     if not data_only:  # say it before the column scan, not after it
@@ -276,6 +276,12 @@ def run_verify(
                 r.message = "no row of the output holds two or more documents"
     _say(progress, f"verify: done in {time.perf_counter() - t0:.1f} s")
     return report
+
+
+def row_window_ok(window: int) -> bool:
+    """True for a ``row_window`` the model checks can run: 0 (whole rows) or 2 tokens or more
+    (a one-token window has nothing to predict; :func:`row_windows`)."""
+    return window == 0 or window >= 2
 
 
 def _run_models(report, reader, idx, capacity, convention, explicit, backends, wanted, seed,
