@@ -658,3 +658,124 @@ def test_ctrl_c_after_a_finished_tokenize_or_pack_never_says_nothing_was_written
             assert proc.returncode == 130, proc.stderr
             assert "its output is complete" in proc.stderr, proc.stderr
         assert (Path(args[-1]) / MANIFEST_NAME).is_file()
+
+
+def test_a_tokenizer_json_s_own_padding_and_truncation_are_not_applied(tmp_path, hf_tokenizer):
+    """A tokenizer.json saved with padding (a batch's documents padded to its longest, an empty
+    text turned into pad ids) or truncation (documents cut at max_length) encodes each
+    document whole and alone: the ids of the same file without those settings, whatever
+    --batch-docs is."""
+    plain = tokenizers.Tokenizer.from_file(str(hf_tokenizer))
+    plain.encode_special_tokens = True  # as tokenize encodes: '</s>' in a text is text
+    want = [e.ids for e in plain.encode_batch(TEXTS[:16], add_special_tokens=False)]
+    assert max(map(len, want)) > 8 and min(map(len, want)) == 0
+    padded = tokenizers.Tokenizer.from_file(str(hf_tokenizer))
+    padded.enable_padding(pad_id=0, pad_token="<s>")
+    padded.save(str(tmp_path / "padded.json"))
+    cut = tokenizers.Tokenizer.from_file(str(hf_tokenizer))
+    cut.enable_truncation(max_length=4)
+    cut.save(str(tmp_path / "cut.json"))
+    src = write_jsonl(tmp_path / "t.jsonl", TEXTS[:16])
+    for name in ("padded.json", "cut.json"):
+        for batch in ("5", "16"):
+            out = tmp_path / f"o-{name}-{batch}"
+            res = invoke(["tokenize", "-q", "--tokenizer", tmp_path / name, "--batch-docs",
+                          batch, src, out])
+            assert res.exit_code == 0, res.output
+            assert pq.read_table(out).column("input_ids").to_pylist() == want, (name, batch)
+
+
+def test_ids_above_the_ranks_of_a_bpe_file_without_named_special_tokens(tmp_path,
+                                                                       tokenizer_files):
+    """A BPE file read with --tokenizer-pattern (Llama 3's tokenizer.model) lists no special
+    tokens, and they sit above its ranks (<|end_of_text|> is 128001 over 128,000 ranks): the id
+    is taken; a name is refused asking for the id; an id no int32 holds, a negative one and a
+    number in other digits ('²', which str.isdigit takes) are one-line usage errors."""
+    path, _ = tokenizer_files["tiktoken"]
+    model = tmp_path / "tokenizer.model"
+    model.write_bytes(path.read_bytes())
+    n_ranks = len(tiny_ranks())
+    src = write_jsonl(tmp_path / "t.jsonl", TEXTS[:8])
+    pat = ["--tokenizer-pattern", r"\p{L}+|\s+|."]
+    res = invoke(["tokenize", "-q", "--tokenizer", model, *pat, "--append-eos", n_ranks + 1000,
+                  "--prepend-bos", n_ranks, src, tmp_path / "o"])
+    assert res.exit_code == 0, res.output
+    got = pq.read_table(tmp_path / "o").column("input_ids").to_pylist()
+    assert all(x[0] == n_ranks and x[-1] == n_ranks + 1000 for x in got if x)
+    assert all(0 <= t < n_ranks for x in got for t in x[1:-1])
+    res = invoke(["tokenize", "-q", "--tokenizer", model, *pat, "--append-eos",
+                  "<|end_of_text|>", src, tmp_path / "o2"])
+    assert res.exit_code == 2 and "names no special tokens; give the token's id" in res.output
+    for bad, words in ((2**31, "outside the vocabulary"), (-1, "outside the vocabulary"),
+                       ("²", "names no special tokens")):
+        res = invoke(["tokenize", "-q", "--tokenizer", model, *pat, "--append-eos", bad, src,
+                      tmp_path / "o3"])
+        assert res.exit_code == 2, res.output
+        [line] = res.output.strip().splitlines()
+        assert words in line and "internal error" not in line, line
+    for kind in ("tokenizers", "tekken"):  # a number in other digits, with named specials
+        res = invoke(["tokenize", "-q", "--tokenizer", tokenizer_files[kind][0],
+                      "--append-eos", "²", src, tmp_path / "o4"])
+        assert res.exit_code == 2 and "internal error" not in res.output, res.output
+    assert not (tmp_path / "o3").exists() and not (tmp_path / "o4").exists()
+
+
+def test_a_tokenizer_json_beginning_with_white_space_is_read_as_json(tmp_path, hf_tokenizer):
+    """A tokenizer.json that begins with a newline or spaces (the tokenizers library reads it)
+    is a tokenizers JSON, not a tiktoken BPE file."""
+    spaced = tmp_path / "spaced.json"
+    spaced.write_bytes(b"\n  \n" + hf_tokenizer.read_bytes())
+    src = write_jsonl(tmp_path / "t.jsonl", TEXTS[:8])
+    for tok, out in ((hf_tokenizer, "a"), (spaced, "b")):
+        res = invoke(["tokenize", "-q", "--tokenizer", tok, src, tmp_path / out])
+        assert res.exit_code == 0, res.output
+    assert (pq.read_table(tmp_path / "a").column("input_ids").to_pylist()
+            == pq.read_table(tmp_path / "b").column("input_ids").to_pylist())
+
+
+def test_kept_columns_of_different_types_in_different_files(tmp_path, hf_tokenizer):
+    """A kept column int16 in one file and int64 (70000) in the next is written as int64 in
+    every shard, values intact (it was refused at the second file naming neither it nor a row);
+    int64 in one file and string in another have no common type: one line naming the file,
+    exit 1, OUTPUT not made."""
+    d = tmp_path / "in"
+    d.mkdir()
+    pq.write_table(pa.table({"text": TEXTS[:4], "n": pa.array([1, 2, 3, 4], pa.int16())}),
+                   d / "a.parquet")
+    pq.write_table(pa.table({"text": TEXTS[4:8], "n": pa.array([70000, 5, 6, 7], pa.int64())}),
+                   d / "b.parquet")
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column", "n", d,
+                  tmp_path / "o"])
+    assert res.exit_code == 0, res.output
+    t = pq.read_table(tmp_path / "o")
+    assert t.schema.field("n").type == pa.int64()
+    assert t.column("n").to_pylist() == [1, 2, 3, 4, 70000, 5, 6, 7]
+    pq.write_table(pa.table({"text": TEXTS[4:8], "n": ["x", "y", "z", "w"]}), d / "b.parquet")
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column", "n", d,
+                  tmp_path / "o2"])
+    assert res.exit_code == 1, res.output
+    [line] = res.output.strip().splitlines()
+    assert "b.parquet: kept column 'n' is string here and int16 in" in line, line
+    assert not (tmp_path / "o2").exists()
+
+
+def test_a_truncated_compressed_jsonl_is_named_near_where_it_breaks(tmp_path, hf_tokenizer):
+    """A .jsonl.gz cut halfway: the message names the lines read before the damage (it said
+    'line 1' for a file cut after about half of its lines), exit 1."""
+    import gzip
+    import os
+
+    rng_text = [f"{i} " + os.urandom(64).hex() for i in range(60_000)]
+    raw = "".join(json.dumps({"text": t}) + "\n" for t in rng_text).encode()
+    data = gzip.compress(raw, compresslevel=1)
+    (tmp_path / "t.jsonl.gz").write_bytes(data[:len(data) // 2])
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, tmp_path / "t.jsonl.gz",
+                  tmp_path / "o"])
+    assert res.exit_code == 1, res.output
+    [line] = res.output.strip().splitlines()
+    import re
+
+    m = re.search(r"cannot be read after line ([0-9,]+) ", line)
+    assert m, line
+    read = int(m.group(1).replace(",", ""))
+    assert 10_000 < read < 30_000, line  # the cut is near line 30,000, within one 1 MiB block

@@ -43,12 +43,13 @@ from packtool.formats.writer import write_shard
 from packtool.location import Location
 
 __all__ = ["TOKENIZED_SCHEMA", "TEXT_FORMATS", "TextBatch", "iter_texts", "tokenized_schema",
+           "common_tokenized_schema",
            "write_tokenized_shard", "tokenized_counts"]
 
 #: Schema of a tokenized shard.
 TOKENIZED_SCHEMA = pa.schema([pa.field(
     "input_ids", pa.list_(pa.field("element", pa.int32(), nullable=False)), nullable=False)])
-_READ_BYTES = 8 << 20
+_READ_BYTES = 1 << 20  # a damaged compressed file is named to within one block
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,42 @@ class TextBatch:
         k = self.kept
         return (TextBatch(self.texts[:n], None if k is None else k.slice(0, n)),
                 TextBatch(self.texts[n:], None if k is None else k.slice(n)))
+
+
+def common_tokenized_schema(sources, keep: tuple[str, ...] = ()) -> pa.Schema:
+    """The one schema of every shard tokenized from ``sources``: each kept column in the type
+    all the files' types promote to (``int16`` in one file and ``int64`` in another: ``int64``;
+    ``string`` and ``large_string``: ``large_string``), so a later file's values are never cut
+    to the first file's type.
+
+    Args:
+        sources: (path, format) of every input file, in input order.
+        keep: the ``--keep-column`` names.
+
+    Raises:
+        SchemaError: a kept column whose types in two files have no common type (``string``
+            from JSON Lines and ``int64`` from Parquet), naming both files; or as
+            :func:`tokenized_schema`.
+        InputError: an unreadable file.
+    """
+    sources = list(sources)
+    if not keep or not sources:
+        return TOKENIZED_SCHEMA
+    first = sources[0][0]
+    schema = tokenized_schema(first, sources[0][1], keep)
+    for path, fmt in sources[1:]:
+        other = tokenized_schema(path, fmt, keep)
+        if other.equals(schema):
+            continue
+        try:
+            schema = pa.unify_schemas([schema, other], promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            bad = next(f for f in other if f.type != schema.field(f.name).type)
+            raise SchemaError(f"{path}: kept column {bad.name!r} is {bad.type} here and "
+                              f"{schema.field(bad.name).type} in {first} (or a file between), "
+                              "with no common type; give the input files the same type for "
+                              "it") from None
+    return schema
 
 
 def tokenized_schema(path, fmt: str, keep: tuple[str, ...] = ()) -> pa.Schema:
@@ -134,7 +171,7 @@ def _jsonl_lines(path) -> Iterator[tuple[int, bytes]]:
             try:
                 block = f.read(_READ_BYTES)
             except (pa.ArrowException, OSError) as exc:
-                raise InputError(f"{path}: line {n + 1}: cannot be read ({exc}); the file is "
+                raise InputError(f"{path}: cannot be read after line {n:,} ({exc}); the file is "
                                  "damaged or truncated") from None
             if not block:
                 break
@@ -336,7 +373,8 @@ def iter_texts(path, fmt: str, column: str, *, batch_docs: int = 1024, skip: int
 
 
 def write_tokenized_shard(path: Path, batches: Iterator[tuple[np.ndarray, np.ndarray, object]],
-                          schema: pa.Schema = TOKENIZED_SCHEMA) -> tuple[ShardEntry, int]:
+                          schema: pa.Schema = TOKENIZED_SCHEMA,
+                          source: str | None = None) -> tuple[ShardEntry, int]:
     """Write tokenized documents to ``path`` (one row group per batch), a temporary name the
     caller publishes under the same file name.
 
@@ -344,7 +382,8 @@ def write_tokenized_shard(path: Path, batches: Iterator[tuple[np.ndarray, np.nda
         path: the file to write (``shard_temp``: its name is the shard's).
         batches: (lengths int64[docs], ids int32[sum(lengths)], kept columns: a
             ``pyarrow.Table`` of docs rows or None) per batch.
-        schema: :func:`tokenized_schema` of the input file.
+        schema: :func:`common_tokenized_schema` of the input files.
+        source: the input file the documents come from (named in messages).
 
     Returns:
         (the shard's manifest entry, tokens written).
@@ -355,6 +394,7 @@ def write_tokenized_shard(path: Path, batches: Iterator[tuple[np.ndarray, np.nda
         OSError: ``path`` cannot be written.
     """
     counts = [0, 0]
+    source = f"{source}: " if source else ""
 
     def tables():
         for lengths, ids, kept in batches:
@@ -373,9 +413,9 @@ def write_tokenized_shard(path: Path, batches: Iterator[tuple[np.ndarray, np.nda
                 try:
                     cols.append(col.cast(fld.type) if col.type != fld.type else col)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                    raise SchemaError(f"kept column {fld.name!r} is {col.type} here and "
-                                      f"{fld.type} before ({exc}); give the input files the "
-                                      "same type") from None
+                    raise SchemaError(f"{source}kept column {fld.name!r}: values of type "
+                                      f"{col.type} do not fit the shards' {fld.type} ({exc}); "
+                                      "give the input files the same type") from None
             yield pa.Table.from_arrays(cols, schema=schema)
 
     w = write_shard(path, schema, tables())

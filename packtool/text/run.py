@@ -42,8 +42,8 @@ from packtool.formats.manifest import (FORMAT_VERSION, IN_PROGRESS_NAME, TOKENIZ
 from packtool.formats.object_store import STORE_ERRORS
 from packtool.errors import InputError
 from packtool.formats.reader import discover
-from packtool.formats.text import (TOKENIZED_SCHEMA, TextBatch, iter_texts, tokenized_counts,
-                                   tokenized_schema, write_tokenized_shard)
+from packtool.formats.text import (TextBatch, common_tokenized_schema, iter_texts,
+                                   tokenized_counts, write_tokenized_shard)
 from packtool.location import Location
 from packtool.output import Output, discard_shard_temp, fingerprint, kept_shard, publish_shard, \
     shard_temp
@@ -213,9 +213,8 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
     width = max(5, len(str(max(len(files) - 1, 0))))
     show = progress and sys.stderr.isatty()
     found_info = {"skipped": found.skipped, "skipped_note": found.skipped_note()}
-    # one schema for every shard: the first file's kept columns (later files' values are cast)
-    schema = (tokenized_schema(files[0].path, files[0].format, cfg.keep_columns)
-              if files and cfg.keep_columns else TOKENIZED_SCHEMA)
+    # one schema for every shard: each kept column in the type all the files' types promote to
+    schema = common_tokenized_schema([(f.path, f.format) for f in files], cfg.keep_columns)
     out = None
     try:
         with interruptible(), Output(cfg.output, cfg.inputs, fp, overwrite=cfg.overwrite,
@@ -327,7 +326,7 @@ def _tokenize(cfg, out: Output, tok, bos, eos, files, fp: str, options: dict, wi
                     name = tokenized_shard_name(i, k, width)
                     tmp = shard_temp(out.tmp, name)
                     try:
-                        entry, tokens = write_tokenized_shard(tmp, batches(), schema)
+                        entry, tokens = write_tokenized_shard(tmp, batches(), schema, f.path)
                         check()
                         begin()
                         publish_shard(tmp, out.path, name)

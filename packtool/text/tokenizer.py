@@ -27,6 +27,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,6 +61,9 @@ class Tokenizer:
         sha256: hex sha256 of that file (recorded in the output's manifest and fingerprint).
         vocab_size: ids are in 0 .. vocab_size - 1.
         specials: special token string -> id (for ``--append-eos </s>`` and friends).
+        specials_known: False for a BPE file read with ``--tokenizer-pattern``: its special
+            tokens live above its ranks (Llama 3's ``<|end_of_text|>`` is 128001 over 128,000
+            ranks) and the file does not list them, so any id an int32 holds is accepted.
     """
 
     kind: str
@@ -70,6 +74,7 @@ class Tokenizer:
     _encode: object = None  #: list[str] -> list[list[int]]
     _offset: int = 0  #: added to every id the encoder returns (Tekken)
     version: str = ""  #: the library's version (recorded: it can change the ids)
+    specials_known: bool = True
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Encode a batch of documents.
@@ -96,9 +101,9 @@ class Tokenizer:
         Raises:
             ConfigError: not a number, not a special token of this tokenizer, or an id outside
                 its vocabulary (0 .. ``vocab_size`` - 1: a larger id fails at the model's
-                embedding lookup).
+                embedding lookup; 0 .. 2**31 - 1 when the file lists no special tokens).
         """
-        if isinstance(value, int) or str(value).lstrip("-").isdigit():
+        if isinstance(value, int) or _INTEGER.fullmatch(str(value)):
             i = int(value)
         elif value in self.specials:
             i = int(self.specials[value])
@@ -111,11 +116,17 @@ class Tokenizer:
             raise ConfigError(f"{option} {value!r} is not a special token of {self.path} (it has: "
                               f"{names}{', ...' if len(self.specials) > 8 else ''}); give the "
                               "token's id or its exact string")
+        if not self.specials_known and 0 <= i < 2**31:
+            return i  # a special token above the ranks the file does not name
         if not 0 <= i < self.vocab_size:
             raise ConfigError(f"{option} {value}: id {i} is outside the vocabulary of "
                               f"{Path(self.path).name} ({self.vocab_size:,} ids: 0.."
                               f"{self.vocab_size - 1}); give an id of this tokenizer")
         return i
+
+
+#: an id on the command line: ASCII digits only (str.isdigit also takes '²', which int refuses)
+_INTEGER = re.compile(r"-?[0-9]+")
 
 
 def _sha256(path: Path) -> str:
@@ -136,6 +147,11 @@ def _hf(path: Path, digest: str, add_special_tokens: bool) -> Tokenizer:
     # special-token strings written in a document ("</s>" in a page about tokenizers) are text:
     # encoded as the tokens of those characters, never as the control ids
     tok.encode_special_tokens = True
+    # a tokenizer.json may carry the padding and truncation its model was trained with: each
+    # document is encoded whole and alone (padding would add pad ids to the shorter documents of a
+    # batch, truncation cut long ones in silence; packing handles both lengths)
+    tok.no_padding()
+    tok.no_truncation()
     fast = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
 
     def encode(texts):
@@ -234,7 +250,7 @@ def _tiktoken_file(path: Path, digest: str, pattern: str | None, threads: int) -
     _, encode = _tiktoken_encoder(tiktoken, name, pattern, ranks, specials, threads, source)
     size = max([*ranks.values(), *specials.values()]) + 1
     return Tokenizer("tiktoken", str(path), digest, size, specials, encode, 0,
-                     getattr(tiktoken, "__version__", ""))
+                     getattr(tiktoken, "__version__", ""), specials_known=source is not None)
 
 
 def load_tokenizer(path: str | os.PathLike, *, pattern: str | None = None,
@@ -266,8 +282,8 @@ def load_tokenizer(path: str | os.PathLike, *, pattern: str | None = None,
                          "or tiktoken BPE file")
     threads = threads or os.cpu_count() or 1
     digest = _sha256(p)
-    with open(p, "rb") as f:
-        head = f.read(1).lstrip()
+    with open(p, "rb") as f:  # JSON may begin with a byte-order mark and white space
+        head = f.read(4096).removeprefix(b"\xef\xbb\xbf").lstrip()[:1]
     if head == b"{":
         try:
             data = json.loads(p.read_bytes())
