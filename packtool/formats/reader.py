@@ -601,7 +601,7 @@ _DOC_NAMES = re.compile(r"^(readme|license|licence|copying|notice|changelog)([._
 
 
 def _natural_key(name: str):
-    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name) if t]
+    return [(0, int(t), "") if t.isdecimal() else (1, 0, t) for t in re.split(r"(\d+)", name) if t]
 
 
 def _order_note(shown, names: list[str]) -> str | None:

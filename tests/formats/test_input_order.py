@@ -128,3 +128,22 @@ def test_unpadded_numbers_in_file_names_are_reported(tmp_path):
     d = discover([src])
     assert [f.rel for f in d.files] == ["part-1.parquet", "part-10.parquet", "part-2.parquet"]
     assert any("part-10.parquet" in n and "zero-pad" in n for n in d.notes)
+
+
+def test_file_names_with_digits_of_other_scripts_are_read_not_a_crash(tmp_path):
+    """File names holding '²' (a digit to str.isdigit that int() refuses) or Arabic-Indic
+    digits: the folder is read in sorted order (the order note compares numbers), never an
+    internal error."""
+    d = tmp_path / "in"
+    d.mkdir()
+    names = ["a1²2.parquet", "a10.parquet", "a٣.parquet", "a2.parquet"]
+    for i, name in enumerate(names):
+        write_docs(d / name, DOCS[3 * i:3 * i + 3])
+    res = invoke(["pack", "-q", "-c", "8", "--no-shuffle", "--strategy", "ordered", d,
+                  tmp_path / "o"])
+    assert res.exit_code == 0, res.output
+    rows, _ = read_output(tmp_path / "o")
+    got = [t for r in rows for t in r["input_ids"] if t]
+    assert sorted(got) == sorted(t for d in DOCS[:12] for t in d)
+    by_name = {name: DOCS[3 * i][0] for i, name in enumerate(names)}
+    assert got[0] == by_name[sorted(names)[0]]
