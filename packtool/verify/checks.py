@@ -274,6 +274,13 @@ def run_verify(
             r.required = checks is not None and r.check in checks
             if no_boundary:
                 r.message = "no row of the output holds two or more documents"
+        elif (r.status == SKIP and r.check == "isolation" and report.windows
+              and report.multi_doc_rows and not r.figures.get("rows_multi_doc")):
+            # rows with two documents were run, but no window of them held a boundary (a
+            # window of 2 cannot reach across a --segment-multiple span's padding)
+            r.message = (f"no window of --row-window {window} tokens run through the model "
+                         "holds two documents, though the rows do; pass a larger --row-window "
+                         "(0: whole rows)")
     _say(progress, f"verify: done in {time.perf_counter() - t0:.1f} s")
     return report
 
@@ -539,9 +546,11 @@ def _window_tokens(capacity: int, row_window: int | None) -> int:
 def row_windows(item: dict, window: int) -> list[dict]:
     """Windows of ``window`` consecutive tokens of one loader item, each an item of its own.
 
-    Each window holds a document boundary whenever the row has one: the first window starts at
-    the first document whose span is shorter than the window, so it holds that document whole
-    and its end (or, when every document is longer, it is centred on the first boundary); when
+    Each window holds a boundary between two documents whenever the row has one: the first
+    window starts at the first document whose span is shorter than the window and that another
+    document follows, so it holds that document whole and its end; when only the row's last
+    document is that short, the window ends with it (the boundary into it inside); when every
+    document is longer, it is centred on the first boundary. When
     the row has a padding tail that this window does not reach, a second window holds the
     boundary from the last document into the padding (whose gradients and finiteness are
     checked). A window starts at a document's first token whenever one lets it hold its
@@ -588,7 +597,12 @@ def row_windows(item: dict, window: int) -> list[dict]:
         span_ends = cu[1:k + 1]
         tail = int(cu[k])
     short = np.flatnonzero(span_ends - starts < window)
-    if short.size:
+    inner = short[short < starts.size - 1]  # short and followed by a document
+    if inner.size:  # that document whole and the boundary into the next
+        firsts = [int(starts[inner[0]])]
+    elif short.size and starts.size > 1:  # only the last document is short: the window ends
+        firsts = [max(0, int(span_ends[-1]) - window)]  # with it, the boundary into it inside
+    elif short.size:  # the row's one document, and the boundary into the padding
         firsts = [int(starts[short[0]])]
     else:  # every document is longer than the window: centred on the first boundary
         firsts = [max(0, int(starts[1]) - window // 2) if starts.size > 1 else 0]

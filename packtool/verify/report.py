@@ -136,8 +136,12 @@ class VerifyReport:
                    "boundary fault could not have shown")
             if not ran_any:
                 why = "no attention check ran (every attention backend was skipped)"
-            out.append(why + "; run a backend that works here (sdpa, flex, hf on CPU) or pass "
-                       "--data-only to check the columns alone")
+            if ran_any and self.windows and self.multi_doc_rows:
+                out.append(why + "; pass a larger --row-window (0: whole rows) so a window "
+                           "holds two documents")
+            else:
+                out.append(why + "; run a backend that works here (sdpa, flex, hf on CPU) or "
+                           "pass --data-only to check the columns alone")
         return out
 
     @property

@@ -184,3 +184,57 @@ def test_windows_inside_a_document_pass_and_still_catch_leaks(tmp_path, monkeypa
     withhold_seq_idx(monkeypatch)
     rep = run_verify(out, rows=0, backends=["hybrid"], row_window=WINDOW)
     assert _failed(rep, "hybrid", "isolation"), rep.format_text()
+
+
+@pytest.mark.parametrize("window", [3, 5, 8, 16])
+def test_a_window_holds_a_boundary_between_documents_whenever_the_row_has_one(tmp_path,
+                                                                              window):
+    """Rows of long documents then one short last document (then padding): the window holds
+    the boundary into that last document (it started at it, holding only its boundary into
+    the padding, and verify failed a good output, 'no row holds two documents'). Over rows of
+    every shape, some window of each row with two documents holds a boundary between them."""
+    rng = np.random.default_rng(window)
+    C = 4 * window
+    pairs = []  # in input order, next-fit: a row of one long document, one short, padding
+    for _ in range(12):
+        for n in (rng.integers(2 * window, 3 * window), rng.integers(1, window)):
+            pairs.append(list(map(int, rng.integers(1, 1000, n))))
+    mixed = [list(map(int, rng.integers(1, 1000, n))) for n in rng.integers(1, 3 * window, 60)]
+    outs = [pack_docs(tmp_path, pairs, C, "--strategy", "ordered", name="pairs"),
+            pack_docs(tmp_path, mixed, C, name="mixed")]
+    checked = 0
+    for out in outs:
+        for it in _items(out):
+            starts = [a for a, _ in _spans(it)]
+            if len(starts) < 2:
+                continue
+            windows = [w["window"] for w in row_windows(it, window)]
+            assert any(a < s < b for s in starts[1:] for a, b in windows), (starts, windows)
+            checked += 1
+    assert checked > 15
+
+
+def test_verify_passes_a_row_whose_short_document_is_last(tmp_path):
+    """[[11, 12, 13], [21, 22]] at C = 6, --row-window 3: a good output passes (it exited 1,
+    isolation 'did not run')."""
+    from packcheck import invoke
+
+    out = pack_docs(tmp_path, [[11, 12, 13], [21, 22]], 6)
+    res = invoke(["verify", "--backend", "sdpa", "--row-window", "3", out])
+    assert res.exit_code == 0, res.output
+    assert "PASS  sdpa[cpu]    isolation" in res.output, res.output
+
+
+def test_windows_too_small_for_a_boundary_ask_for_a_larger_window(tmp_path):
+    """--segment-multiple 2 and --row-window 2: no window of two tokens reaches from a real token
+    across a span's padding into the next document; verify fails asking for a larger
+    --row-window (it told the user to run another backend or --data-only), and passes with 4."""
+    from packcheck import invoke
+
+    out = pack_docs(tmp_path, [[11, 12, 13], [21, 22]], 6, "--segment-multiple", "2")
+    res = invoke(["verify", "--backend", "sdpa", "--row-window", "2", out])
+    assert res.exit_code == 1, res.output
+    assert "pass a larger --row-window (0: whole rows)" in res.output.splitlines()[-1]
+    assert "--data-only" not in res.output
+    res = invoke(["verify", "--backend", "sdpa", "--row-window", "4", out])
+    assert res.exit_code == 0, res.output
