@@ -70,6 +70,10 @@ class PackedAnalysis:
     source_column: str | None = None
     per_source: list = field(default_factory=list)
     sources_in_table: int = 0  #: values in the manifest's source table (``source_values``)
+    #: ``per_bin`` was asked for (its list and ``targets_total`` are reported, even empty)
+    per_bin_asked: bool = False
+    #: the ``WARNING:`` lines pack printed for these totals (``--overflow``, ``--min-fill``)
+    pack_warnings: list = field(default_factory=list)
 
     @property
     def row_fill(self) -> np.ndarray:
@@ -98,7 +102,7 @@ class PackedAnalysis:
             d["source_column"] = self.source_column
             d["sources_in_table"] = self.sources_in_table
             d["per_source"] = self.per_source
-        if self.per_bin:
+        if self.per_bin_asked:
             d["per_bin"] = self.per_bin
             d["per_bin_rows_listed"] = len(self.per_bin)
             d["per_bin_limit"] = self.per_bin_limit
@@ -204,7 +208,11 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                           per_bin_limit if per_bin else None,
                           hashed=hashed, segment_multiple=multiple,
                           source_column=reader.manifest.source_column,
-                          per_source=per_source, sources_in_table=len(table))
+                          per_source=per_source, sources_in_table=len(table),
+                          per_bin_asked=per_bin,
+                          pack_warnings=stats.warnings(
+                              str(reader.manifest.options.get("overflow", "split")),
+                              float(reader.manifest.options.get("min_fill") or 0.0)))
 
 
 @dataclass(frozen=True)
@@ -574,6 +582,8 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
             lines.append(f"  MISMATCH {k}: recounted {rc:,}, manifest {int(m):,}")
     else:
         lines.append("  manifest totals agree with the recount")
+    if a.per_bin_asked and not a.per_bin:
+        lines.append(f"  total targets {s.effective_targets:,} over {s.rows:,} rows")
     if a.per_bin:
         w = _width((b["shard"] for b in a.per_bin), len("shard"))
         lines.append(f"  {'shard':{w}} {'row':>7} {'segments':>8} {'real':>7} {'targets':>7}  "

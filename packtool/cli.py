@@ -716,6 +716,8 @@ def stats(ctx, path, per_bin, per_bin_limit, per_source_limit, no_hash, as_json,
     a = analysis.analyze_packed(out, per_bin=per_bin, per_bin_limit=limit or None,
                                 check_hashes=not no_hash)
     warnings = [w for w in (a.stats.no_targets_warning(),) if w]
+    if a.stats.rows == 0:  # nothing to train on: say why, in the words pack used
+        warnings += a.pack_warnings
     click.echo(json.dumps({**a.to_dict(), "warnings": warnings}, indent=2) if as_json
                else analysis.format_packed(a, per_source_limit=per_source_limit or None))
     for w in warnings:  # on stderr, loud whatever the output format (as pack's)

@@ -263,3 +263,25 @@ def test_plot_of_an_output_of_no_rows_is_drawn_without_warnings(tmp_path):
         res = invoke(["stats", tmp_path / "o", "--plot", tmp_path / "p.png"])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("docs,flags,why", [
+    ([[3]], ["--min-fill", "1"], "--min-fill 1 left out 1 planned row"),
+    ([[3, 4, 5, 6, 7]], ["--overflow", "drop"], "--overflow drop"),
+])
+def test_per_bin_of_an_output_of_0_rows_reports_its_zeros_and_why(tmp_path, docs, flags, why):
+    """An output of 0 rows: --per-bin still reports the listing (empty) and targets_total 0, in
+    JSON and text (the keys were missing: a trainer reading targets_total got a KeyError), and
+    stats warns why it is empty, in pack's words."""
+    write_docs(tmp_path / "in" / "a.parquet", docs)
+    res = run("pack", "-q", "-c", 4, *flags, tmp_path / "in", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    res = run("stats", "--per-bin", "--json", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["per_bin"] == [] and d["targets_total"] == 0 and d["per_bin_rows_listed"] == 0
+    assert any(why in w for w in d["warnings"]), d["warnings"]
+    res = run("stats", "--per-bin", tmp_path / "out")
+    assert "total targets 0 over 0 rows" in res.stdout
+    assert f"WARNING: {why}" in res.stderr or any(
+        line.startswith("WARNING:") and why in line for line in res.stderr.splitlines())
