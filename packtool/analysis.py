@@ -230,6 +230,8 @@ class InputDocuments:
     columns: object = None
     #: int64[files + 1]: global number of each file's first document, then the total
     first_docs: np.ndarray | None = None
+    #: the options whose tokens the lengths count (``--prepend-bos and --append-eos``)
+    added: str = ""
 
     def locate(self, doc: int) -> tuple[str, int]:
         """The input file of global document ``doc`` and its row there (0-based)."""
@@ -260,7 +262,7 @@ class InputDocuments:
         if window_docs is not None:
             ws = plan_windows(n, window_docs)
             order = np.concatenate([order[:0]] + [ws.members(w) for w in range(ws.count)])
-        check_overflow(capacity, self.lengths[order], order, self.locate)
+        check_overflow(capacity, self.lengths[order], order, self.locate, self.added)
 
     @property
     def label_masked(self) -> int:
@@ -293,7 +295,7 @@ def input_documents(inputs, column: str = "input_ids", *, attention_mask: str | 
     """
     from packtool.core.masks import BoundaryCounts
     from packtool.formats.reader import discover, input_columns
-    from packtool.pipeline.read import iter_documents
+    from packtool.pipeline.read import added_by, iter_documents
 
     found = discover(list(inputs), skip_unsupported=skip_unsupported)
     cols = input_columns(found.files, column, attention_mask, labels, loss_mask)
@@ -312,7 +314,8 @@ def input_documents(inputs, column: str = "input_ids", *, attention_mask: str | 
             first_docs[i + 1:] += tb.lengths.size
     cat = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
     targets = (np.concatenate(flags) if flags else np.zeros(0, np.uint8)) if any_flags else None
-    return InputDocuments(cat, targets, masked, counts, found, cols, first_docs)
+    return InputDocuments(cat, targets, masked, counts, found, cols, first_docs,
+                          added_by(bos, eos))
 
 
 def input_lengths(inputs, column: str = "input_ids") -> np.ndarray:

@@ -458,6 +458,39 @@ def test_messages_name_the_python_keywords_not_the_command_lines_flags(tmp_path)
     assert "longer than --capacity 4; use --overflow split|truncate|drop" in res.output
 
 
+@pytest.mark.parametrize("flags,words", [
+    (["--append-eos", "9"], " (counting what --append-eos adds)"),
+    (["--prepend-bos", "8", "--append-eos", "9"],
+     " (counting what --prepend-bos and --append-eos add)"),
+    ([], ""),
+])
+def test_a_document_over_c_only_with_its_bos_eos_says_so(tmp_path, flags, words):
+    """--overflow error on a row of exactly C tokens that --append-eos / --prepend-bos push over
+    C: pack, compare and pack_dataset name the length with the added tokens and say so (the
+    message named 5 tokens for an input row of 4)."""
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"input_ids": [[1, 2], [1, 2, 3, 4]]}), tmp_path / "in" / "a.parquet")
+    n = 4 + len(flags) // 2
+    if not flags:
+        pq.write_table(pa.table({"input_ids": [[1, 2], [1, 2, 3, 4, 5]]}),
+                       tmp_path / "in" / "a.parquet")
+        n = 5
+    want = (f"a.parquet: row 1 (0-based): document 1 has {n} tokens{words}, longer than "
+            "--capacity 4")
+    for cmd in (["pack", "-q", "-c", 4, "--overflow", "error", *flags, tmp_path / "in",
+                 tmp_path / "o"],
+                ["compare", "-c", 4, "--overflow", "error", *flags, tmp_path / "in"]):
+        res = invoke(cmd)
+        assert res.exit_code == 1 and want in res.output, res.output
+    kw = {"append_eos": 9} if "--append-eos" in flags else {}
+    kw.update({"prepend_bos": 8} if "--prepend-bos" in flags else {})
+    docs = pq.read_table(tmp_path / "in" / "a.parquet").column(0).to_pylist()
+    with pytest.raises(PackingError) as exc:
+        packtool.pack_dataset(docs, 4, overflow="error", **kw)
+    words = words.replace("--append-eos", "append_eos").replace("--prepend-bos", "prepend_bos")
+    assert f"document 1 has {n} tokens{words}, longer than capacity=4" in str(exc.value)
+
+
 def test_the_notes_pack_prints_are_python_warnings(tmp_path, sample_data):
     """pack_dataset dropped the WARNING lines the CLI prints (75 % of the tokens cut went
     unsaid); pack and pack_dataset now issue each as a PackWarning, keywords named."""

@@ -46,7 +46,7 @@ from packtool.core.windows import DEAL_BLOCKS, Windows, plan_windows
 from packtool.formats.reader import is_remote
 from packtool.output import (WINDOW_DIR_PREFIX, WINDOW_DONE, publish_window, window_done,
                              window_file, window_workdir)
-from packtool.pipeline.read import ReadPart, check_overflow
+from packtool.pipeline.read import ReadPart, added_by, check_overflow
 from packtool.pipeline.spill import (DOC_SOURCES, ROW_INDEX, ROW_TARGETS, ROW_TOKENS,
                                      SEG_SOURCES, SEGMENTS, STARTS, TARGETS, TOKENS, DocSpill,
                                      read_spill, spill_writer)
@@ -242,7 +242,8 @@ def plan_window(cfg, windows: Windows, w: int, index: PartIndex, tmp: str) -> Wi
         check()
         test_pause("plan", w)
         if cfg.overflow is Overflow.ERROR:
-            check_overflow(cfg.capacity, lengths, docs, index.locate)
+            check_overflow(cfg.capacity, lengths, docs, index.locate,
+                           added_by(cfg.prepend_bos, cfg.append_eos))
         plan = pack_lengths(lengths, cfg.capacity, strategy=cfg.strategy, overflow=cfg.overflow,
                             segment_multiple=cfg.segment_multiple, min_fill=cfg.min_fill)
         # what --segment-multiple costs: the rows of the same documents without it

@@ -404,7 +404,8 @@ def read_part(cfg, part: ReadPart, tmp: str) -> PartInfo:
                             **cfg.read_options()):
                         check()
                         if batch.other_longest[1] > cfg.capacity:
-                            _refuse_other_side(cfg.capacity, piece, batch)
+                            _refuse_other_side(cfg.capacity, piece, batch,
+                                               added_by(cfg.prepend_bos, cfg.append_eos))
                         # the buffer itself, no bytes copy
                         tok_f.write(memoryview(np.ascontiguousarray(batch.tokens,
                                                                     dtype=np.int32)))
@@ -460,7 +461,15 @@ def read_part(cfg, part: ReadPart, tmp: str) -> PartInfo:
     return _info(part, final, result, False, resumed_docs)
 
 
-def check_overflow(capacity: int, lengths: np.ndarray, docs: np.ndarray, locate) -> None:
+def added_by(bos, eos) -> str:
+    """The options that lengthen a document (``--prepend-bos``, ``--append-eos``), in words,
+    for the overflow messages; empty when neither is given."""
+    return " and ".join(o for o, v in (("--prepend-bos", bos), ("--append-eos", eos))
+                        if v is not None)
+
+
+def check_overflow(capacity: int, lengths: np.ndarray, docs: np.ndarray, locate,
+                   added: str = "") -> None:
     """Refuse the first document longer than ``capacity`` (``--overflow error``; ``pack`` per
     window, ``compare`` in the same order), naming its file and row.
 
@@ -470,6 +479,8 @@ def check_overflow(capacity: int, lengths: np.ndarray, docs: np.ndarray, locate)
         docs: int[n], their global document numbers.
         locate: ``locate(doc) -> (path, row)``: the input file of global document ``doc`` and
             its 0-based row there.
+        added: :func:`added_by`: the options whose tokens the lengths count (named, since the
+            input row itself holds fewer).
 
     Raises:
         PackingError: a document over ``capacity`` (file, row, document, length and fix named).
@@ -478,12 +489,16 @@ def check_overflow(capacity: int, lengths: np.ndarray, docs: np.ndarray, locate)
         bad = int(np.argmax(lengths > capacity))
         doc = int(docs[bad])
         path, row = locate(doc)
+        counted = (f" (counting what {added} add{'' if ' and ' in added else 's'})"
+                   if added else "")
         raise PackingError(f"{path}: {row_ref(row)}: document {doc} has "
-                           f"{int(lengths[bad])} tokens, longer than --capacity {capacity}; use "
-                           "--overflow split|truncate|drop or a larger --capacity")
+                           f"{int(lengths[bad])} tokens{counted}, longer than --capacity "
+                           f"{capacity}; use --overflow split|truncate|drop or a larger "
+                           "--capacity")
 
 
-def _refuse_other_side(capacity: int, piece: "ReadPiece", batch: TokenBatch) -> None:
+def _refuse_other_side(capacity: int, piece: "ReadPiece", batch: TokenBatch,
+                       added: str = "") -> None:
     """``--overflow error`` with ``--holdout``: refuse the longest document of the other side
     of the split found in ``batch``, in the words of the plan's refusal.
 
@@ -493,7 +508,7 @@ def _refuse_other_side(capacity: int, piece: "ReadPiece", batch: TokenBatch) -> 
     row = batch.first_row + batch.other_longest[0]
     doc = piece.first_doc - piece.first_row + row
     check_overflow(capacity, np.array([batch.other_longest[1]]), np.array([doc]),
-                   lambda _: (piece.path, row))
+                   lambda _: (piece.path, row), added)
 
 
 def _check_unchanged(piece: ReadPiece) -> None:
