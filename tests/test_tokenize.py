@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -407,6 +408,100 @@ def test_a_tokenized_output_is_pack_input_but_not_packed_rows(tmp_path, hf_token
         PackedOutput.open(out)
 
 
+def _damage(tok, how):
+    """Damage the tokenized output ``tok`` (5 shards) as ``how`` says; returns the path a
+    refusal must name and what it must say."""
+    import dataclasses
+    import shutil
+
+    from packtool.formats.manifest import publish_manifest, read_manifest_and_schema
+
+    shard = tok / "part-00000-00002.parquet"
+    m, schema = read_manifest_and_schema(tok)
+    if how == "missing":
+        shard.unlink()
+        return shard, (f"listed in the manifest of the tokenized output {tok} (12 documents) "
+                       "but missing; restore the file, or rerun the same packtool tokenize "
+                       "command")
+    if how == "truncated":
+        shard.write_bytes(shard.read_bytes()[:-100])
+        return shard, "the shard was changed or truncated; restore the file, or rerun"
+    if how == "rewritten":  # same size, other bytes: what a rewrite in place leaves
+        shards = [dataclasses.replace(s, footer_sha256="0" * 64) if s.file == shard.name else s
+                  for s in m.shards]
+        publish_manifest(tok, m.replace_shards(shards), schema)
+        return shard, "its Parquet footer differs from the manifest of the tokenized output"
+    if how == "copy":
+        shutil.copy(shard, tok / "part-00000-00002-copy.parquet")
+        return tok, ("its manifest does not list (part-00000-00002-copy.parquet): a copy of "
+                     "a shard would be packed twice, and anything else is not that output's; "
+                     f"move it out of {tok}")
+    if how == "folder":
+        (tok / "more").mkdir()
+        shutil.copy(shard, tok / "more" / "extra.parquet")
+        return tok, "its manifest does not list (more/)"
+    assert how == "totals"
+    publish_manifest(tok, dataclasses.replace(
+        m, totals=dataclasses.replace(m.totals, docs_in=m.totals.docs_in - 1)), schema)
+    return tok, "the shards its manifest lists hold 56 documents, its totals say 55"
+
+
+@pytest.mark.parametrize("how", ["missing", "truncated", "rewritten", "copy", "folder",
+                                 "totals"])
+def test_pack_and_compare_read_exactly_the_shards_a_tokenized_manifest_lists(
+        tmp_path, hf_tokenizer, how):
+    """A finished tokenize output given as INPUT is read as its manifest lists it: a shard
+    missing, truncated or rewritten (its footer), a stray copy or folder beside the shards, or
+    counts that disagree are refused in one line naming the file and the fix, before anything
+    is written, by pack (--skip-unsupported too), compare and packtool.pack. They used to pack
+    what was there: documents lost, or packed twice, with exit 0."""
+    import packtool
+    from packtool.errors import InputError
+
+    src = write_jsonl(tmp_path / "a.jsonl", TEXTS)
+    tok = tmp_path / "tok"
+    assert invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--rows-per-shard", 12, src,
+                   tok]).exit_code == 0
+    assert len(list(tok.glob("part-*.parquet"))) == 5
+    where, said = _damage(tok, how)
+    for args in (["pack", "-q", "-c", 64, tok, tmp_path / "p"],
+                 ["pack", "-q", "-c", 64, "--skip-unsupported", tok, tmp_path / "p"],
+                 ["compare", "-c", 64, tok]):
+        res = invoke(args)
+        assert res.exit_code == 1, (args, res.output)
+        [line] = res.output.strip().splitlines()
+        assert line.startswith(f"Error: {where}: ") and said in line, line
+    with pytest.raises(InputError, match=re.escape(said)):
+        packtool.pack(tok, tmp_path / "p", capacity=64)
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_tokenized_output_packs_every_document_its_manifest_counts(tmp_path, hf_tokenizer):
+    """The shards of a tokenized output are packed whole, in its manifest's order; what else
+    its folder holds is reported as in any folder: documentation and hidden entries always, a
+    file of another format with --skip-unsupported (refused without it)."""
+    src = write_jsonl(tmp_path / "a.jsonl", TEXTS)
+    tok = tmp_path / "tok"
+    assert invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--rows-per-shard", 12, src,
+                   tok]).exit_code == 0
+    (tok / "README.md").write_text("what this is")
+    (tok / "_SUCCESS").write_text("")
+    (tok / "notes.csv").write_text("a,b")
+    res = invoke(["pack", "-q", "-c", 64, tok, tmp_path / "p"])
+    assert res.exit_code == 1 and "notes.csv" in res.output and "--skip-unsupported" in res.output
+    res = invoke(["pack", "--json", "-c", 64, "--no-shuffle", "--skip-unsupported", tok,
+                  tmp_path / "p"])
+    assert res.exit_code == 0, res.output
+    assert sorted(json.loads(res.stdout)["inputs_not_read"]) == [
+        f"{tok / n} ({why})" for n, why in [("README.md", "documentation"),
+                                            ("_SUCCESS", "hidden or '_'-prefixed"),
+                                            ("notes.csv", "unsupported format")]]
+    packed = read_manifest(tmp_path / "p")
+    assert packed.totals.docs_in == read_manifest(tok).totals.docs_in == len(TEXTS)
+    assert [Path(i.path).name for i in packed.inputs] == [
+        s.file for s in read_manifest(tok).shards]
+
+
 def test_tokenize_and_pack_into_each_others_output_are_refused_not_replaced(tmp_path,
                                                                            hf_tokenizer):
     """tokenize pointed at a pack's OUTPUT (finished or interrupted), and pack at a tokenize
@@ -480,6 +575,12 @@ def test_tokenize_reads_and_writes_a_store(tmp_path, hf_tokenizer, s3):
     assert invoke(["pack", "-q", "-c", 64, f"s3://{bucket}/tok", tmp_path / "p1"]).exit_code == 0
     assert invoke(["pack", "-q", "-c", 64, tmp_path / "local", tmp_path / "p2"]).exit_code == 0
     assert read_output(tmp_path / "p1")[0] == read_output(tmp_path / "p2")[0]
+    # the bucket's tokenized output is read as its manifest lists it, as a folder's is
+    fs.delete_file(f"{bucket}/tok/part-00000-00001.parquet")
+    res = invoke(["pack", "-q", "-c", 64, f"s3://{bucket}/tok", tmp_path / "p3"])
+    assert res.exit_code == 1 and res.output.startswith(
+        f"Error: s3://{bucket}/tok/part-00000-00001.parquet: listed in the manifest of the "
+        f"tokenized output s3://{bucket}/tok (20 documents) but missing"), res.output
 
 
 @pytest.mark.parametrize("names,extra,column", [

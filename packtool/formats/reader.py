@@ -19,14 +19,15 @@ that it can prune and report: hidden (``.``) and ``_``-prefixed entries (Spark/H
 ``_temporary``, ``.ipynb_checkpoints``, ...) are skipped at every level, symbolic links are
 followed with a guard against loops, and a packtool output (its manifest or
 in-progress marker, or ``packtool.*`` schema metadata in a shard) is refused, so packed rows are
-never read back as documents (a ``packtool tokenize`` output, whose manifest says kind
-``tokenized``, holds documents and is read like any input; its manifest is not reported); so are
-another tool's packed rows and a packtool shard re-saved without its metadata
-(:func:`packed_evidence` reads their columns from the footer). Every
-entry it does not read is reported with the reason; a file of another format inside a directory
-is refused unless the caller asks to skip such files. With ``text=True`` (the inputs of
-``packtool tokenize``) JSON Lines files are data too. The
-global document order keeps each format's own order (a ``save_to_disk`` folder's
+never read back as documents; so are another tool's packed rows and a packtool shard re-saved
+without its metadata (:func:`packed_evidence` reads their columns from the footer). A
+finished ``packtool tokenize`` output (its manifest says kind ``tokenized``) holds documents:
+exactly the shards its manifest lists are read, in its order, each checked against it first
+(size and footer), and a file or folder it does not list is refused
+(:func:`_tokenized_shards`). Every other entry it does not read is reported with the reason;
+a file of another format inside a directory is refused unless the caller asks to skip such
+files. With ``text=True`` (the inputs of ``packtool tokenize``) JSON Lines files are data too.
+The global document order keeps each format's own order (a ``save_to_disk`` folder's
 ``state.json``; docs/inputs.md states the rule for every format).
 
 The reader checks the mask columns (shape, nulls, values) but applies none of them:
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import hashlib
 import heapq
 import json
 import logging
@@ -54,9 +56,9 @@ import pyarrow.parquet as pq
 from packtool.errors import (InputError, ManifestError, PacktoolError, SchemaError,
                              raise_if_shortage, row_ref)
 from packtool.formats.arrays import list_parts, numpy_values
-from packtool.formats.manifest import (IN_PROGRESS_NAME, MANIFEST_META_KEY, MANIFEST_NAME,
-                                       PACKED_KIND, V1_MANIFEST_NAME, Manifest,
-                                       version_1_listed)
+from packtool.formats.manifest import (IN_PROGRESS_NAME, KINDS, MANIFEST_META_KEY,
+                                       MANIFEST_NAME, PACKED_KIND, TOKENIZED_KIND,
+                                       V1_MANIFEST_NAME, Manifest, footer_of, version_1_listed)
 from packtool.formats.schema import (check_single_column, check_token_column, is_integer_list,
                                      is_list_layout)
 from packtool.location import Location, StoreError
@@ -90,8 +92,6 @@ _JSONL_SUFFIXES = tuple(f"{s}{z}" for s in (".jsonl", ".ndjson")
 TEXT_FORMATS = ("Parquet (*.parquet), Arrow IPC/Feather v2 (*.arrow, *.feather, *.ipc, *.arrows), "
                 "Hugging Face save_to_disk folders with a text column and JSON Lines (*.jsonl, "
                 "*.ndjson, optionally .gz/.zst/.bz2)")
-#: Files that mark a directory as a packtool output (manifest written last, marker first).
-_PACKED_MARKERS = (MANIFEST_NAME, IN_PROGRESS_NAME)
 _PACKED_META_PREFIX = b"packtool."
 _HF_STATE = "state.json"
 _HF_INFO = "dataset_info.json"
@@ -470,25 +470,44 @@ class _Place:
                       and not os.path.exists(os.path.join(directory, n)))
 
 
-def _packed_marker(fs: pafs.FileSystem, names: set[str], directory: str) -> str | None:
-    """Name of the file that marks ``directory`` as a packtool output of packed rows, or None;
-    ``""`` for a finished output whose manifest says it holds documents (``packtool tokenize``:
-    kind ``tokenized``), which is input like any other."""
-    if _PACKED_MARKERS[1] in names:
-        return _PACKED_MARKERS[1]
-    if _PACKED_MARKERS[0] in names:
+@dataclass(frozen=True)
+class _OutputMark:
+    """What marks a folder as a packtool output: the file that shows it (for a message), the
+    kind of output (:data:`PACKED_KIND` or :data:`TOKENIZED_KIND`) and, for a finished one, its
+    manifest (None while a run writes it, and for format version 1)."""
+
+    name: str
+    kind: str
+    manifest: Manifest | None = None
+
+
+def _output_mark(fs: pafs.FileSystem, names: set[str], directory: str) -> _OutputMark | None:
+    """What marks ``directory`` as a packtool output, or None. An in-progress marker comes
+    first (a run writes the folder, or was interrupted: its kind is the marker's; a marker
+    written before kinds existed is a pack's); then the manifest (an unreadable one is taken
+    for packed rows, never read as documents); then a format-version-1 manifest."""
+    if IN_PROGRESS_NAME in names:
         try:
-            with fs.open_input_file(f"{directory}/{_PACKED_MARKERS[0]}") as fh:
+            with fs.open_input_stream(f"{directory}/{IN_PROGRESS_NAME}") as fh:
+                doc = json.loads(fh.read())
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            raise_if_shortage(exc)
+            doc = None
+        kind = doc.get("kind") if isinstance(doc, dict) else None
+        return _OutputMark(IN_PROGRESS_NAME, kind if kind in KINDS else PACKED_KIND)
+    if MANIFEST_NAME in names:
+        try:
+            with fs.open_input_file(f"{directory}/{MANIFEST_NAME}") as fh:
                 meta = pq.read_schema(fh).metadata or {}
         except (OSError, ValueError, pa.ArrowException) as exc:
             raise_if_shortage(exc)
             return None
         if MANIFEST_META_KEY in meta:
             try:
-                kind = Manifest.from_dict(json.loads(meta[MANIFEST_META_KEY])).kind
-            except (ManifestError, ValueError):
-                kind = PACKED_KIND  # unreadable: refused as packed, never read as documents
-            return _PACKED_MARKERS[0] if kind == PACKED_KIND else ""
+                manifest = Manifest.from_dict(json.loads(meta[MANIFEST_META_KEY]))
+            except (ManifestError, ValueError):  # unreadable: refused as packed
+                return _OutputMark(MANIFEST_NAME, PACKED_KIND)
+            return _OutputMark(MANIFEST_NAME, manifest.kind, manifest)
     if V1_MANIFEST_NAME in names:  # an output of format version 1
         try:
             with fs.open_input_stream(f"{directory}/{V1_MANIFEST_NAME}") as fh:
@@ -497,8 +516,91 @@ def _packed_marker(fs: pafs.FileSystem, names: set[str], directory: str) -> str 
             raise_if_shortage(exc)
             return None
         if listed is not None:
-            return f"{V1_MANIFEST_NAME}, format version 1"
+            return _OutputMark(f"{V1_MANIFEST_NAME}, format version 1", PACKED_KIND)
     return None
+
+
+def _tokenized_shards(place: _Place, dpath: str, drel: str, infos, manifest: Manifest, disp,
+                      skipped: list[str], other: list[tuple[str, str]],
+                      linked: bool) -> list[_Found]:
+    """The shards of the finished ``packtool tokenize`` output in folder ``dpath``: exactly
+    those its manifest lists, in its order (the documents' order), each checked before
+    anything is read.
+
+    A listed shard must be there with its recorded size and Parquet footer (the footer's sha256
+    when the manifest records it, else its row count: what the packed-output reader's ``footer``
+    integrity checks, one small read per shard; the whole file's sha256 is not read), and the
+    shards' rows must add up to the manifest's ``docs_in``. Of the other entries, the manifest
+    is neither data nor reported; hidden or ``_``-prefixed entries and documentation are
+    reported (``skipped``); a file of another format goes to ``other`` (refused unless
+    ``skip_unsupported``, as in any folder); a data file or folder the manifest does not list is
+    refused: a copy of a shard would be packed twice, anything else is not that output's.
+
+    Raises:
+        InputError: one line naming the first shard missing, resized or rewritten, the
+            entries not listed, or the counts that disagree, with the fix.
+    """
+    where = disp(drel.rstrip("/"))
+    fix = ("restore the file, or rerun the same packtool tokenize command to write the output "
+           "again")
+    by_name = {_name(i.path): i for i in infos}
+    listed = {s.file for s in manifest.shards}
+    docs = sum(s.rows for s in manifest.shards)
+    if docs != manifest.totals.docs_in:
+        raise InputError(f"{where}: the shards its manifest lists hold {docs:,} documents, its "
+                         f"totals say {manifest.totals.docs_in:,}: the manifest of this "
+                         "tokenized output was edited or damaged; rerun the same packtool "
+                         "tokenize command with --overwrite")
+    for s in manifest.shards:
+        info = by_name.get(s.file)
+        if info is None or info.type != pafs.FileType.File:
+            raise InputError(f"{disp(drel + s.file)}: listed in the manifest of the tokenized "
+                             f"output {where} ({s.rows:,} documents) but missing; {fix}")
+        if int(info.size or 0) != s.bytes:
+            raise InputError(f"{disp(drel + s.file)}: size {int(info.size or 0):,} bytes, the "
+                             f"manifest of the tokenized output {where} says {s.bytes:,}: the "
+                             f"shard was changed or truncated; {fix}")
+    unlisted, found = [], []
+    for name in sorted(by_name):
+        info = by_name[name]
+        if name == MANIFEST_NAME or name in listed:
+            continue
+        if name.startswith((".", "_")):
+            skipped.append(f"{disp(drel + name)} (hidden or '_'-prefixed)")
+        elif info.type == pafs.FileType.Directory or _format_of(name) is not None:
+            unlisted.append(name + ("/" if info.type == pafs.FileType.Directory else ""))
+        elif _DOC_NAMES.search(name):
+            skipped.append(f"{disp(drel + name)} (documentation)")
+        else:
+            other.append((f"{drel}{name}", str(disp(drel + name))))
+    if unlisted:
+        names = ", ".join(unlisted[:3]) + (f", ... ({len(unlisted)} in all)"
+                                           if len(unlisted) > 3 else "")
+        one = len(unlisted) == 1
+        raise InputError(f"{where}: a tokenized output holding {'an entry' if one else 'entries'} "
+                         f"its manifest does not list ({names}): a copy of a shard would be "
+                         f"packed twice, and anything else is not that output's; move "
+                         f"{'it' if one else 'them'} out of {where} (data of its own: pass it "
+                         "as another INPUT)")
+    for i, s in enumerate(manifest.shards):
+        info = by_name[s.file]
+        shown = disp(drel + s.file)
+        try:
+            with place.fs.open_input_file(info.path) as fh:
+                footer = footer_of(fh, s.bytes)
+            rows = (None if s.footer_sha256 is not None else
+                    pq.read_metadata(pa.BufferReader(b"PAR1" + footer)).num_rows)
+        except (OSError, pa.ArrowException) as exc:
+            raise_if_shortage(exc, str(shown))
+            raise InputError(f"{shown}: not the shard the manifest of the tokenized output "
+                             f"{where} lists ({_first_line(exc)}); {fix}") from None
+        if (hashlib.sha256(footer).hexdigest() != s.footer_sha256 if rows is None
+                else rows != s.rows):
+            raise InputError(f"{shown}: its Parquet footer differs from the manifest of the "
+                             f"tokenized output {where}: the shard was rewritten; {fix}")
+        found.append((info.path, f"{drel}{s.file}", "parquet", info, (drel, i),
+                      linked or (not place.prefix and os.path.islink(info.path))))
+    return found
 
 
 #: Columns only rows holding several documents carry, in the layouts of the field: TRL's
@@ -726,12 +828,14 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
                              f"{place.dangling(os.path.join(dpath, broken[0]))}{more}; fix the "
                              f"link{'s' if len(broken) > 1 else ''} or remove "
                              f"{'them' if len(broken) > 1 else 'it'} from INPUT")
-        marker = _packed_marker(fs, set(by_name), dpath)
-        if marker:
-            _refuse_packed(place.show(dpath), marker)
-        if marker == "":  # a tokenize output: its manifest is neither data nor a skipped entry
-            by_name.pop(MANIFEST_NAME, None)
-            infos = [i for i in infos if _name(i.path) != MANIFEST_NAME]
+        mark = _output_mark(fs, set(by_name), dpath)
+        if mark is not None and mark.manifest is not None and mark.kind == TOKENIZED_KIND:
+            # a finished tokenize output: its documents are the shards its manifest lists
+            found.extend(_tokenized_shards(place, dpath, drel, infos, mark.manifest, disp,
+                                           skipped, other, linked))
+            continue
+        if mark is not None:
+            _refuse_packed(place.show(dpath), mark.name)
         if _HF_DICT in by_name and _HF_STATE not in by_name:
             splits = sorted(n for n, i in by_name.items() if i.type == pafs.FileType.Directory
                             and not n.startswith((".", "_")))
@@ -886,9 +990,11 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
     Raises:
         InputError: a path does not exist; a file or directory holds no supported format (the
             message names the supported formats); a directory holds files of an unsupported
-            format (unless ``skip_unsupported``); a packtool output is given or nested inside
-            INPUT; a Hugging Face DatasetDict (pass one split) or a dataset saved with an
-            indices mapping; the same file is reached from two INPUT arguments (by path,
+            format (unless ``skip_unsupported``); a packtool output of packed rows, or a
+            tokenize run not finished, is given or nested inside INPUT; a finished tokenize
+            output whose shards disagree with its manifest (:func:`_tokenized_shards`); a
+            Hugging Face DatasetDict (pass one split) or a dataset saved with an indices
+            mapping; the same file is reached from two INPUT arguments (by path,
             symbolic link or hard link); a local path, or a folder or data file under INPUT,
             whose name is not valid UTF-8; a symbolic link (not hidden) leads nowhere
             or into a loop of links; a folder link leads to one of ``outputs``.
