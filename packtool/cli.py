@@ -771,7 +771,7 @@ def _refuse_raw_input(where, command: str) -> None:
                             f"{hint}")
     if not out.is_dir() or (out / MANIFEST_NAME).exists():
         return
-    from packtool.formats.manifest import pack_running, running_error
+    from packtool.formats.manifest import marker_kind, pack_running, running_error
 
     running = running_error(out, _command_line(command, shlex.quote(str(out))))
     if pack_running(out):
@@ -804,7 +804,7 @@ def _refuse_raw_input(where, command: str) -> None:
     if old is not None:
         raise old
     _refuse(str(out), command, leftovers=leftovers, empty=empty, packed=packed,
-            data=None if data is None else str(data.relative_to(out)))
+            data=None if data is None else str(data.relative_to(out)), kind=marker_kind(out))
 
 
 def _refuse_raw_store(loc, command: str) -> None:
@@ -830,18 +830,29 @@ def _refuse_raw_store(loc, command: str) -> None:
     old = version_1_error(loc)
     if old is not None:
         raise old
+    from packtool.formats.manifest import IN_PROGRESS_NAME, marker_kind
+
     _refuse(loc.display, command, leftovers=any(n.startswith(".packtool-") for n in entries),
             empty=False, packed=data is not None and packed_marker(str(loc.join(data)))
-            is not None, data=data)
+            is not None, data=data,
+            kind=marker_kind(loc) if IN_PROGRESS_NAME in entries else None)
 
 
 def _refuse(out: str, command: str, *, leftovers: bool, empty: bool, packed: bool,
-            data: str | None) -> None:
+            data: str | None, kind: str | None = None) -> None:
     """The one line for a directory or prefix ``out`` that is not a packed output (``data``:
-    its first data file, relative to it)."""
+    its first data file, relative to it; ``kind``: what its in-progress marker says was being
+    written, :func:`packtool.formats.manifest.marker_kind`)."""
     from packtool.errors import ManifestError
-    from packtool.formats.manifest import MANIFEST_NAME
+    from packtool.formats.manifest import MANIFEST_NAME, TOKENIZED_KIND
 
+    if leftovers and kind == TOKENIZED_KIND:  # documents: packed once the tokenize is finished
+        hint = (f"packtool compare {shlex.quote(out)} --capacity C" if command == "stats" else
+                f"packtool pack --capacity C {shlex.quote(out)} OUTPUT, then "
+                f"{_command_line(command, 'OUTPUT')}")
+        raise ManifestError(f"{out}: an interrupted packtool tokenize run (no {MANIFEST_NAME} "
+                            "yet): tokenized documents, not a packed output; rerun the same "
+                            f"packtool tokenize command to finish it, then run: {hint}")
     if leftovers:
         raise ManifestError(f"{out}: an interrupted pack (no {MANIFEST_NAME} yet); rerun the same "
                             f"packtool pack command to finish it, then "

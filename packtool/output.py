@@ -62,8 +62,9 @@ from packtool.errors import ManifestError, OutputError, raise_if_shortage, short
 from packtool.formats import object_store as store
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
                                        PACKED_KIND, TOKENIZED_KIND, Manifest, ShardEntry,
-                                       footer_sha256, is_shard_name, pack_running,
-                                       publish_manifest, read_manifest, shard_entry_of,
+                                       footer_sha256, is_shard_name, marker_kind,
+                                       pack_running, publish_manifest, read_manifest,
+                                       run_words, shard_entry_of,
                                        V1_MANIFEST_NAME, version_1_shards)
 from packtool.formats.schema import written_as_shard
 from packtool.location import Location, StoreError
@@ -303,7 +304,8 @@ class Output:
                                   "directory")
             for parent in out.ancestors():  # shards of another schema would break its dataset
                 if any(parent.join(n).is_file() for n in (MANIFEST_NAME, IN_PROGRESS_NAME)):
-                    raise OutputError(f"{out.display}: {self.role} is inside the packed output "
+                    what = ("tokenized" if _kind_of(parent) == TOKENIZED_KIND else "packed")
+                    raise OutputError(f"{out.display}: {self.role} is inside the {what} output "
                                       f"{parent.display}; choose a location outside it")
             if e is not None and not self.overwrite and self._complete_as_found():
                 return self
@@ -630,14 +632,24 @@ class LocalOutput(Output):
             lock.acquire(timeout=LOCK_WAIT_S, poll_interval=0.02)
         except Timeout:
             self._remove_created()
-            raise OutputError(f"{self.path.display}: another packtool pack is writing this "
-                              f"{self.role} (lock {LOCK_NAME} is held); wait for it to end or "
-                              f"choose another {self.role}") from None
+            raise OutputError(f"{self.path.display}: another packtool "
+                              f"{run_words(self._holder_kind())} is writing this {self.role} "
+                              f"(lock {LOCK_NAME} is held); wait for it to end or choose "
+                              f"another {self.role}") from None
         except OSError as exc:
             self._remove_created()
             raise OutputError(f"{self.path.display}: cannot write ({exc.strerror}); choose a "
                               f"writable {self.role}") from None
         self._file_lock = lock
+
+    def _holder_kind(self) -> str | None:
+        """What the run holding OUTPUT's lock writes, from what it wrote: its in-progress
+        marker's kind, else this run's kind when the scratch carries this run's fingerprint
+        (the same command started twice, before its first shard); None when nothing says."""
+        kind = marker_kind(self.path)
+        if kind is None and self._scratch_is_ours():
+            kind = self.kind
+        return kind
 
     def _unlock(self) -> None:
         lock = getattr(self, "_file_lock", None)
@@ -690,7 +702,7 @@ class StoreOutput(Output):
     _store_lock: dict | None = None
 
     def _lock(self) -> None:
-        self._store_lock = store.take_lock(self.path, overwrite=self.overwrite)
+        self._store_lock = store.take_lock(self.path, overwrite=self.overwrite, kind=self.kind)
 
     def _unlock(self) -> None:
         if self._store_lock is not None:
@@ -824,9 +836,22 @@ def kept_shard(output, name: str, promised: dict | None) -> ShardEntry | None:
     return shard_entry_of(loc)
 
 
+def _kind_of(directory: Location) -> str:
+    """The kind of the packtool output at ``directory``: its in-progress marker's, else its
+    manifest's (a manifest that cannot be read: packed)."""
+    kind = marker_kind(directory)
+    if kind is not None:
+        return kind
+    try:
+        return read_manifest(directory).kind
+    except ManifestError:
+        return PACKED_KIND
+
+
 def _run_word(kind: str | None) -> str:
-    """``pack`` or ``tokenize run``: what wrote an output of manifest kind ``kind``."""
-    return "tokenize run" if kind == TOKENIZED_KIND else "pack"
+    """``pack`` or ``tokenize run``: what wrote an output of manifest kind ``kind`` (None: a
+    marker written before kinds were recorded, a pack's)."""
+    return run_words(kind or PACKED_KIND)
 
 
 def _kind_words(kind: str | None) -> str:

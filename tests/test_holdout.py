@@ -234,7 +234,7 @@ def _unusable_holdout(kind: str, tmp_path, src):
 
 HOLDOUT_REFUSALS = {"foreign": "packtool did not write", "file": "is a file",
                     "in-input": "overlaps INPUT", "other-pack": "a finished pack of other options",
-                    "lock": "another packtool pack is writing"}
+                    "lock": "another packtool run is writing"}
 
 
 @pytest.mark.parametrize("kind", list(HOLDOUT_REFUSALS))

@@ -286,7 +286,7 @@ def test_complete_output_while_another_pack_holds_the_lock_is_refused(tmp_path, 
     out = tmp_path / "out"
     shutil.copytree(reference, out)
     with FileLock(out / LOCK_NAME):
-        with pytest.raises(OutputError, match="another packtool pack"):
+        with pytest.raises(OutputError, match="another packtool run"):
             run_pack(_cfg(src, out), progress=False)
     assert run_pack(_cfg(src, out), progress=False).already_complete
 

@@ -379,6 +379,111 @@ def test_an_interrupted_tokenize_keeps_its_shards_and_their_counts(tmp_path, hf_
     assert read_manifest(out).totals == whole.totals and whole.totals.docs_bos_added > 0
 
 
+def test_an_interrupted_tokenize_output_is_called_a_tokenize_run_by_every_command(
+        tmp_path, hf_tokenizer, monkeypatch):
+    """Ctrl-C after two shards: pack and compare (as INPUT), stats, verify, export and the
+    reader say an interrupted tokenize run, to be finished by rerunning that tokenize and then
+    packed; they used to call it an interrupted pack (rerun packtool pack) or a pack's packed
+    rows. OUTPUT inside it is inside a tokenized output."""
+    from packtool.errors import ManifestError
+    from packtool.formats.packed import PackedOutput
+    from packtool.text import run
+
+    src = write_jsonl(tmp_path / "a.jsonl", TEXTS)
+    args = ["tokenize", "-q", "--tokenizer", hf_tokenizer, "--rows-per-shard", 10, src]
+    real, calls = run.publish_shard, []
+
+    def stop_at_the_third(*a):
+        calls.append(a)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a)
+
+    monkeypatch.setattr(run, "publish_shard", stop_at_the_third)
+    lk = tmp_path / "lk"
+    assert invoke([*args, lk]).exit_code == 130
+    monkeypatch.setattr(run, "publish_shard", real)
+    assert json.loads((lk / IN_PROGRESS_NAME).read_text())["kind"] == "tokenized"
+    as_input = (f"Error: {lk}: an interrupted packtool tokenize run ({IN_PROGRESS_NAME}, no "
+                f"{MANIFEST_NAME} yet), so not all of its documents are written; rerun the same "
+                "packtool tokenize command to finish it, then pack it")
+    for cmd in (["pack", "-c", 64, lk, tmp_path / "x"], ["compare", "-c", 64, lk]):
+        res = invoke(cmd)
+        assert res.exit_code == 1 and res.output.strip() == as_input, (cmd, res.output)
+    for cmd, hint in [
+            (["stats", lk], f"packtool compare {lk} --capacity C"),
+            (["verify", lk], f"packtool pack --capacity C {lk} OUTPUT, then packtool verify "
+                             "OUTPUT"),
+            (["export", "--to", "nemo", lk, tmp_path / "nemo"],
+             f"packtool pack --capacity C {lk} OUTPUT, then packtool export --to nemo OUTPUT "
+             "DEST")]:
+        res = invoke(cmd)
+        assert res.exit_code == 1 and res.output.strip() == (
+            f"Error: {lk}: an interrupted packtool tokenize run (no {MANIFEST_NAME} yet): "
+            "tokenized documents, not a packed output; rerun the same packtool tokenize "
+            f"command to finish it, then run: {hint}"), (cmd, res.output)
+    with pytest.raises(ManifestError, match="an interrupted packtool tokenize run .* rerun the "
+                       "same packtool tokenize command to finish it, then pack it"):
+        PackedOutput.open(lk)
+    res = invoke([*args, lk / "sub"])
+    assert res.exit_code == 1 and "OUTPUT is inside the tokenized output" in res.output
+    assert invoke([*args, lk]).exit_code == 0  # what every message says to do
+    assert invoke(["pack", "-q", "-c", 64, lk, tmp_path / "x"]).exit_code == 0
+
+
+@pytest.mark.parametrize("shard", [0, 2])
+def test_a_running_tokenize_is_named_to_the_commands_it_holds_off(tmp_path, hf_tokenizer,
+                                                                 shard):
+    """While a tokenize holds OUTPUT (paused before shard 0: no marker yet, or before shard
+    2: its marker written), the same tokenize started again is told another tokenize run
+    writes there, as is one with other options once the marker says so; pack and stats are
+    told a tokenize run is writing it. They all used to say a pack."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    src = write_jsonl(tmp_path / "a.jsonl", TEXTS)
+    out = tmp_path / "out"
+    args = ["tokenize", "-q", "--tokenizer", hf_tokenizer, "--rows-per-shard", 10, src, out]
+    env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT=f"tokenize-shard:{shard}")
+    proc = subprocess.Popen([sys.executable, "-m", "packtool", *map(str, args)],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        assert f"test pause at tokenize-shard:{shard}" in proc.stderr.readline()
+        res = invoke(args)
+        assert res.exit_code == 1 and res.output.strip() == (
+            f"Error: {out}: another packtool tokenize run is writing this OUTPUT (lock "
+            ".packtool.lock is held); wait for it to end or choose another OUTPUT"), res.output
+        other = invoke([*args[:-4], "--rows-per-shard", 11, src, out])
+        assert other.exit_code == 1
+        assert ("another packtool tokenize run is writing" if shard else
+                "another packtool run is writing") in other.output, other.output
+        res = invoke(["stats", out])
+        assert res.exit_code == 1, res.output
+        if shard:
+            assert res.output.strip() == (
+                f"Error: {out}: a packtool tokenize run is writing it now (its lock is held): "
+                "tokenized documents, not packed rows; wait for that tokenize run to end, then "
+                f"pack it: packtool pack --capacity C {out} OUTPUT"), res.output
+            res = invoke(["pack", "-c", 64, out, tmp_path / "x"])
+            assert res.exit_code == 1 and res.output.strip() == (
+                f"Error: {out}: a packtool tokenize run is writing it now (its lock is held), so "
+                "not all of its documents are written yet; wait for that tokenize run to end, "
+                "then pack it"), res.output
+        else:  # nothing written yet names what writes it
+            assert "a packtool run is writing it now" in res.output, res.output
+        assert "packtool pack is" not in res.output + other.output
+    finally:
+        watchdog.cancel()
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait()
+        proc.stderr.close()
+
+
 def test_a_tokenized_output_is_pack_input_but_not_packed_rows(tmp_path, hf_tokenizer):
     src = write_jsonl(tmp_path / "a.jsonl", TEXTS[:10])
     out = tmp_path / "tok"
@@ -581,6 +686,16 @@ def test_tokenize_reads_and_writes_a_store(tmp_path, hf_tokenizer, s3):
     assert res.exit_code == 1 and res.output.startswith(
         f"Error: s3://{bucket}/tok/part-00000-00001.parquet: listed in the manifest of the "
         f"tokenized output s3://{bucket}/tok (20 documents) but missing"), res.output
+    # and an unfinished one as a tokenize run, never as a pack
+    fs.delete_file(f"{bucket}/tok/{MANIFEST_NAME}")
+    with fs.open_output_stream(f"{bucket}/tok/{IN_PROGRESS_NAME}") as f:
+        f.write(json.dumps({"fingerprint": "x", "kind": "tokenized"}).encode())
+    res = invoke(["pack", "-q", "-c", 64, f"s3://{bucket}/tok", tmp_path / "p3"])
+    assert res.exit_code == 1 and f"s3://{bucket}/tok: an unfinished (interrupted or running) " \
+        "packtool tokenize run" in res.output, res.output
+    res = invoke(["stats", f"s3://{bucket}/tok"])
+    assert res.exit_code == 1 and f"s3://{bucket}/tok: an interrupted packtool tokenize run" \
+        in res.output, res.output
 
 
 @pytest.mark.parametrize("names,extra,column", [

@@ -72,7 +72,7 @@ from packtool.signals import result as task_result
 from packtool.stats import PackStats
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NAME", "LOCK_NAME",
-           "pack_running", "running_error",
+           "pack_running", "running_error", "marker_kind", "run_words",
            "SHARD_GLOB", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry",
            "InputEntry", "LabelsInfo", "WindowEntry", "Windowing", "PACKED_KIND", "TOKENIZED_KIND",
            "KINDS",
@@ -487,9 +487,10 @@ def _not_there(out: Location) -> PacktoolError | None:
 
 
 def pack_running(directory) -> bool:
-    """Whether a ``packtool pack`` holds the lock (:data:`LOCK_NAME`) of the local OUTPUT
-    ``directory`` right now (a lock file left by a pack that was killed is not held). A store
-    prefix: False (its lock is advisory; the store's own messages name it).
+    """Whether a packtool run (``pack`` or ``tokenize``: :func:`marker_kind` may say which)
+    holds the lock (:data:`LOCK_NAME`) of the local OUTPUT ``directory`` right now (a lock file
+    left by a run that was killed is not held). A store prefix: False (its lock is advisory;
+    the store's own messages name it).
 
     Args:
         directory: a local path or a URI.
@@ -513,13 +514,46 @@ def pack_running(directory) -> bool:
     return False
 
 
-def running_error(out, then: str = "read it again") -> ManifestError:
-    """The one-line error for an OUTPUT a running ``packtool pack`` holds: no manifest yet, or
-    shards being replaced (``then``: what to do once it ends)."""
-    shown = Location.parse(out).display
-    return ManifestError(f"{shown}: a packtool pack is writing it now (its lock is held), so it "
-                         f"has no complete {MANIFEST_NAME} yet; wait for that pack to end, "
-                         f"then {then}")
+def marker_kind(directory) -> str | None:
+    """The kind of output (:data:`PACKED_KIND` or :data:`TOKENIZED_KIND`) that the run which
+    wrote the in-progress marker (:data:`IN_PROGRESS_NAME`) of ``directory`` (a path or URI)
+    writes there; None when there is no marker to read. A marker that names no kind (written
+    before kinds were recorded) or cannot be parsed is a pack's."""
+    try:
+        data = Location.parse(directory).join(IN_PROGRESS_NAME).read_bytes()
+    except (OSError, pa.ArrowException) as exc:
+        raise_if_shortage(exc)
+        return None
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        doc = None
+    kind = doc.get("kind") if isinstance(doc, dict) else None
+    return kind if kind in KINDS else PACKED_KIND
+
+
+def run_words(kind: str | None) -> str:
+    """The run that writes an output of ``kind``, for a message: ``tokenize run``, ``pack``,
+    or ``run`` when the kind is not known (None)."""
+    return {TOKENIZED_KIND: "tokenize run", PACKED_KIND: "pack"}.get(kind, "run")
+
+
+def running_error(out, then: str = "read it again", kind: str | None = None) -> ManifestError:
+    """The one-line error for an OUTPUT a running packtool run holds: no manifest yet, or
+    shards being replaced (``then``: what to do once it ends). ``kind``: what the run writes
+    (default: what OUTPUT's in-progress marker says, :func:`marker_kind`); a ``tokenize`` run
+    writes documents, so the fix is to pack them once it ends."""
+    loc = Location.parse(out)
+    kind = kind or marker_kind(loc)
+    if kind == TOKENIZED_KIND:
+        return ManifestError(f"{loc.display}: a packtool tokenize run is writing it now (its "
+                             "lock is held): tokenized documents, not packed rows; wait for "
+                             "that tokenize run to end, then pack it: packtool pack --capacity "
+                             f"C {shlex.quote(loc.display)} OUTPUT")
+    word = run_words(kind)
+    return ManifestError(f"{loc.display}: a packtool {word} is writing it now (its lock is "
+                         f"held), so it has no complete {MANIFEST_NAME} yet; wait for that "
+                         f"{word} to end, then {then}")
 
 
 #: The manifest of format version 1 (a JSON file; version 2 made it Parquet), which this
@@ -561,6 +595,11 @@ def version_1_error(out) -> ManifestError | None:
 
 
 def _incomplete(out: Location) -> ManifestError:
+    if marker_kind(out) == TOKENIZED_KIND:
+        return ManifestError(f"{out.display}: no {MANIFEST_NAME}: an interrupted packtool "
+                             "tokenize run (tokenized documents, not packed rows); rerun the "
+                             "same packtool tokenize command to finish it, then pack it: "
+                             f"packtool pack --capacity C {shlex.quote(out.display)} OUTPUT")
     return ManifestError(f"{out.display}: no {MANIFEST_NAME}: not a complete packtool output "
                          "(an interrupted pack: rerun the same packtool pack to finish it; raw "
                          "tokenized data: pack it first with packtool pack)")

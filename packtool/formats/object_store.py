@@ -33,7 +33,8 @@ from contextlib import ExitStack, contextmanager
 import pyarrow as pa
 
 from packtool.errors import OutputError, install_hint
-from packtool.formats.manifest import LOCK_NAME
+from packtool.formats.manifest import (KINDS, LOCK_NAME, PACKED_KIND, marker_kind,
+                                       run_words)
 from packtool.location import Location, StoreError
 
 __all__ = ["read_ranges", "read_session", "take_lock", "release_lock", "holder",
@@ -207,8 +208,10 @@ def holder_is_gone(lock: dict) -> bool:
     return bool(started and now and started != now)
 
 
-def take_lock(uri, *, overwrite: bool) -> dict:
-    """Write the lock object of OUTPUT ``uri`` and read it back; returns what was written.
+def take_lock(uri, *, overwrite: bool, kind: str = PACKED_KIND) -> dict:
+    """Write the lock object of OUTPUT ``uri`` and read it back; returns what was written (who
+    holds it, :func:`holder`, and the ``kind`` of output the run writes, so that a refused run
+    is told whether a pack or a tokenize holds it).
 
     A lock held by another live run refuses the run with its id and host, ``overwrite`` or not.
     A lock whose holder is gone (:func:`holder_is_gone`) is taken over, so a plain rerun
@@ -228,12 +231,13 @@ def take_lock(uri, *, overwrite: bool) -> dict:
         # a holder on this host is asked whether it lives (--overwrite never takes a live
         # run's lock: both would write the same shards); one on another host cannot be asked
         if held is not None and not holder_is_gone(held) and (here or not overwrite):
-            raise OutputError(f"{out.display}: another packtool pack (run {held.get('run', '?')} "
+            raise OutputError(f"{out.display}: another packtool {_holder_words(held, out)} "
+                              f"(run {held.get('run', '?')} "
                               f"on {held.get('host', '?')}, pid {held.get('pid', '?')}) is writing "
                               f"this OUTPUT (lock {LOCK_NAME}); wait for it to end"
                               + ("" if here else ", or pass --overwrite if it was killed (its "
                                  "host cannot be asked)"))
-        mine = holder()
+        mine = {**holder(), "kind": kind}
         key.publish_bytes(json.dumps(mine).encode())
     except STORE_ERRORS as exc:
         told = out.store_error(exc, "cannot write")
@@ -241,10 +245,20 @@ def take_lock(uri, *, overwrite: bool) -> dict:
             raise OutputError(str(told)) from None
         raise OutputError(f"{out.display}: cannot write ({first_line(exc)}); check the URI and "
                           "the credentials") from None
-    if _read_json(key) != mine:
-        raise OutputError(f"{out.display}: another packtool pack took the lock {LOCK_NAME} at "
-                          "the same time; wait for it to end or choose another OUTPUT")
+    now = _read_json(key)
+    if now != mine:
+        raise OutputError(f"{out.display}: another packtool {_holder_words(now or {}, out)} "
+                          f"took the lock {LOCK_NAME} at the same time; wait for it to end or "
+                          "choose another OUTPUT")
     return mine
+
+
+def _holder_words(held: dict, out) -> str:
+    """What the run holding lock ``held`` of OUTPUT ``out`` is, for a message: the kind its
+    lock records, else the one OUTPUT's in-progress marker says (``pack``, ``tokenize run``;
+    ``run`` when neither says)."""
+    kind = held.get("kind")
+    return run_words(kind if kind in KINDS else marker_kind(out))
 
 
 def release_lock(uri, mine: dict) -> None:

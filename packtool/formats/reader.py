@@ -58,7 +58,8 @@ from packtool.errors import (InputError, ManifestError, PacktoolError, SchemaErr
 from packtool.formats.arrays import list_parts, numpy_values
 from packtool.formats.manifest import (IN_PROGRESS_NAME, KINDS, MANIFEST_META_KEY,
                                        MANIFEST_NAME, PACKED_KIND, TOKENIZED_KIND,
-                                       V1_MANIFEST_NAME, Manifest, footer_of, version_1_listed)
+                                       V1_MANIFEST_NAME, Manifest, footer_of, pack_running,
+                                       version_1_listed)
 from packtool.formats.schema import (check_single_column, check_token_column, is_integer_list,
                                      is_list_layout)
 from packtool.location import Location, StoreError
@@ -663,6 +664,25 @@ def _refuse_packed(where: Path | str, evidence: str, column: str | None = None) 
                      "one document")
 
 
+def _refuse_unfinished_tokenize(place: _Place, directory: str, where) -> None:
+    """The one refusal of a ``packtool tokenize`` OUTPUT that is not finished (its in-progress
+    marker says kind ``tokenized``): its documents are not all written, so none is read. A
+    local one whose lock is held is being written now; one that is not, interrupted (a store's
+    lock cannot be asked).
+
+    Raises:
+        InputError: names the folder (as ``where``), what it is and the fix.
+    """
+    if not place.prefix and pack_running(directory):
+        raise InputError(f"{where}: a packtool tokenize run is writing it now (its lock is "
+                         "held), so not all of its documents are written yet; wait for that "
+                         "tokenize run to end, then pack it")
+    state = "an interrupted" if not place.prefix else "an unfinished (interrupted or running)"
+    raise InputError(f"{where}: {state} packtool tokenize run ({IN_PROGRESS_NAME}, no "
+                     f"{MANIFEST_NAME} yet), so not all of its documents are written; rerun "
+                     "the same packtool tokenize command to finish it, then pack it")
+
+
 def _hf_files(fs: pafs.FileSystem, directory: str, shown) -> list[str]:
     """Data file names of a ``save_to_disk`` folder, in its own order (``state.json``).
 
@@ -834,6 +854,8 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
             found.extend(_tokenized_shards(place, dpath, drel, infos, mark.manifest, disp,
                                            skipped, other, linked))
             continue
+        if mark is not None and mark.kind == TOKENIZED_KIND:  # a tokenize run not finished
+            _refuse_unfinished_tokenize(place, dpath, disp(drel.rstrip("/")))
         if mark is not None:
             _refuse_packed(place.show(dpath), mark.name)
         if _HF_DICT in by_name and _HF_STATE not in by_name:

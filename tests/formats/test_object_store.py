@@ -186,12 +186,27 @@ def test_s3_output_refuses_foreign_objects_and_a_held_lock(tmp_path, s3, monkeyp
         fh.write(json.dumps({"run": "r1", "host": socket.gethostname(),
                              "pid": os.getpid()}).encode())
     res = invoke(["pack", "-q", *OPTS, f"s3://{bucket}/in", f"s3://{bucket}/o2"])
-    assert res.exit_code == 1 and "another packtool pack (run r1" in res.output, res.output
+    # a lock naming no kind (nor a marker beside it) claims neither a pack nor a tokenize
+    assert res.exit_code == 1 and "another packtool run (run r1" in res.output, res.output
     assert "--overwrite" not in res.output  # a live run of this host: never to be overwritten
     # --overwrite beside a live run of this host ran anyway: two packs wrote the same shards
     res = invoke(["pack", "-q", *OPTS, "--overwrite", f"s3://{bucket}/in", f"s3://{bucket}/o2"])
-    assert res.exit_code == 1 and "another packtool pack (run r1" in res.output, res.output
+    assert res.exit_code == 1 and "another packtool run (run r1" in res.output, res.output
     assert set(_remote_tree(fs, f"{bucket}/o2")) == {LOCK_NAME}
+    for kind, said in (("tokenized", "tokenize run"), ("packed", "pack")):  # what it records
+        with fs.open_output_stream(f"{bucket}/o2/{LOCK_NAME}") as fh:
+            fh.write(json.dumps({"run": "r1", "host": socket.gethostname(), "pid": os.getpid(),
+                                 "kind": kind}).encode())
+        res = invoke(["pack", "-q", *OPTS, f"s3://{bucket}/in", f"s3://{bucket}/o2"])
+        assert res.exit_code == 1 and f"another packtool {said} (run r1" in res.output, res.output
+    from packtool.errors import OutputError
+    from packtool.formats import object_store as store
+
+    mine = store.take_lock(f"s3://{bucket}/o4", overwrite=False, kind="tokenized")
+    assert mine["kind"] == "tokenized"  # a tokenize's lock says so to the run it refuses
+    with pytest.raises(OutputError, match="another packtool tokenize run "):
+        store.take_lock(f"s3://{bucket}/o4", overwrite=False)
+    store.release_lock(f"s3://{bucket}/o4", mine)
     with fs.open_output_stream(f"{bucket}/o3/{LOCK_NAME}") as fh:  # another host's: unknowable
         fh.write(json.dumps({"run": "r2", "host": "elsewhere", "pid": 1}).encode())
     res = invoke(["pack", "-q", *OPTS, f"s3://{bucket}/in", f"s3://{bucket}/o3"])
