@@ -37,7 +37,10 @@ never reaches them. :meth:`~PackedIterableDataset.set_epoch` (and a finished epo
 loaded in the training process) therefore also writes the epoch into a small shared-memory
 tensor that every copy holds; each worker reads it when an iteration starts and takes that
 epoch's order. A mid-epoch state must reach persistent workers through torchdata's
-``StatefulDataLoader`` (or be loaded before the DataLoader is built).
+``StatefulDataLoader`` (or be loaded before the DataLoader is built). A worker that loaded a
+state and began its resumed run takes, when asked again, a later epoch the training process set
+before the state reached it (as a new worker made from the training process's copy would),
+not the resumed epoch a second time.
 """
 
 from __future__ import annotations
@@ -225,6 +228,10 @@ class PackedIterableDataset(IterableDataset):
         # states tell each other whether their runs were finished (:meth:`load_state_dict`)
         self._epoch_box = _shared_epoch(self.epoch)
         self._epoch_seen = 0
+        # a DataLoader worker that loaded a state: 1 until its resumed run begins, then 2: at
+        # the next iteration it takes the later epoch the training process set before the state
+        # reached it (:meth:`_follow_epoch`)
+        self._resync = 0
         self._await_board: tuple | None = None  # (tag, workers): the board to read first
         #: the refusal of a loaded state of other options, unless the board says its epoch ended
         self._refusal: str | None = None
@@ -375,10 +382,19 @@ class PackedIterableDataset(IterableDataset):
         """Take the epoch another copy published since this one was made or last looked: the
         training process's ``set_epoch`` (a persistent worker's copy outlives it), or a worker
         that found a loaded state finished."""
-        seen = int(self._epoch_box[0])
+        seen, published = int(self._epoch_box[0]), int(self._epoch_box[1])
         if seen != self._epoch_seen:
-            self._epoch_seen = seen
-            self._use_epoch(int(self._epoch_box[1]))
+            self._epoch_seen, self._resync = seen, 0
+            self._use_epoch(published)
+        elif self._resync == 2:
+            # a worker's resumed run has begun, and it is asked again (a persistent worker: as
+            # for a DataLoader that drops each worker's short last batch, where the state saved
+            # after its StopIteration still holds the dropped rows): go on with the later epoch
+            # the training process set, as a new worker made from its copy would, not the
+            # resumed epoch again
+            self._resync = 0
+            if published > self.epoch:
+                self._use_epoch(published)
 
     def rows_for(self, worker: int = 0, num_workers: int = 1) -> np.ndarray:
         """int64[n]: row keys worker ``worker`` of ``num_workers`` yields in the current phase,
@@ -441,6 +457,8 @@ class PackedIterableDataset(IterableDataset):
     def _commit(self, history: tuple, start: int) -> None:
         """The iteration has begun: the loaded resume point (if any) is used up."""
         self._pending, self._history, self._yielded = None, history, start
+        if self._resync == 1:
+            self._resync = 2
 
     def _generate(self, keys: np.ndarray, start: int, history: tuple) -> Iterator:
         mix = self.mixture
@@ -579,6 +597,12 @@ class PackedIterableDataset(IterableDataset):
         """
         st = resume.normalize(state)
         info = get_worker_info()
+        self._load(st, info)
+        self._resync = int(info is not None)
+
+    def _load(self, st: dict, info) -> None:
+        """:meth:`load_state_dict` of a normalized state ``st`` in this process (``info``:
+        its DataLoader worker, or None)."""
         self._await_board = self._refusal = None
         if info is None:  # the state decides this copy's epoch, not an earlier publication
             self._epoch_seen = int(self._epoch_box[0])

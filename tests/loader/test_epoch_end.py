@@ -109,3 +109,93 @@ def test_an_end_of_epoch_checkpoint_starts_the_next_epoch(case, workers, request
         ds, dl = make()
         dl.load_state_dict(states[-2])
         assert stream(dl) == epoch0[-1:]
+
+
+# --- a DataLoader that batches items itself ---------------------------------------------------
+
+BATCHING = {  # name: (dataset keywords, fixture); rank 1 of 2: 60 and 22 rows
+    "one output": (dict(), "rows_120"),
+    "mixture": (dict(weights={"web": 2, "code": 1}, rows_per_epoch=45), "web_and_code"),
+}
+
+
+def batching(out, kw, *, batch, workers, drop_last=False, persistent=False, on_dataset=False):
+    """A dataset and a StatefulDataLoader over it; ``on_dataset``: the dataset builds the
+    batches (``batch_size=None`` on the DataLoader), else the DataLoader batches items with
+    ``collate``."""
+    from packtool.loader import collate
+
+    if on_dataset:
+        ds = PackedIterableDataset(out, rank=1, world_size=2, seed=5, batch_size=batch, **kw)
+        loader_kw = dict(batch_size=None)
+    else:
+        ds = PackedIterableDataset(out, rank=1, world_size=2, seed=5, **kw)
+        loader_kw = dict(batch_size=batch, collate_fn=collate, drop_last=drop_last)
+    return ds, stateful.StatefulDataLoader(ds, num_workers=workers,
+                                           persistent_workers=persistent and workers > 0,
+                                           **loader_kw)
+
+
+def saved_at_the_end(make, *, after_stop):
+    """Epoch 0 in full, and the state a loop saves right after its last batch (``after_stop``:
+    after the DataLoader's StopIteration)."""
+    _, dl = make()
+    rows, state = [], None
+    for b in dl:
+        rows += keys(b)
+        state = copy.deepcopy(dl.state_dict())
+    return rows, copy.deepcopy(dl.state_dict()) if after_stop else state
+
+
+def train(make, state, epochs=(1, 2)):
+    """The rows of each epoch of a loop resumed from ``state`` (set_epoch, then one pass)."""
+    ds, dl = make()
+    dl.load_state_dict(state)
+    out = []
+    for e in epochs:
+        ds.set_epoch(e)
+        out.append([k for b in dl for k in keys(b)])
+    return out
+
+
+def uninterrupted(make, epoch):
+    ds, dl = make()
+    ds.set_epoch(epoch)
+    return [k for b in dl for k in keys(b)]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("workers, drop_last, persistent, on_dataset, after_stop", [
+    (0, False, False, True, False),   # batches built by the dataset
+    (2, False, True, True, False),
+    (0, False, False, False, True),   # the state saved after the DataLoader's StopIteration
+    (0, True, False, False, True),
+    (2, True, False, False, True),
+    (2, True, True, False, True),     # persistent workers once replayed the finished epoch
+    (1, False, False, False, False),  # workers: torchdata asks the dataset again
+])
+@pytest.mark.parametrize("case", list(BATCHING))
+def test_the_documented_ways_resume_the_next_epoch_in_full(
+        case, workers, drop_last, persistent, on_dataset, after_stop, request):
+    """The fixes the warning names work: batches built by the dataset, or the state saved after
+    the DataLoader's StopIteration, start epoch 1 at its first row (the rows an uninterrupted
+    run yields), with or without persistent workers, and warn nothing."""
+    import warnings
+
+    kw, fixture = BATCHING[case]
+    out = request.getfixturevalue(fixture)
+
+    def make():
+        return batching(out, kw, batch=4 if case == "mixture" else 7, workers=workers,
+                        drop_last=drop_last, persistent=persistent, on_dataset=on_dataset)
+
+    epoch0, state = saved_at_the_end(make, after_stop=after_stop)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="epoch .* is skipped")
+        got = train(make, state)
+    want = [uninterrupted(make, 1), uninterrupted(make, 2)]
+    assert got[0] and got[0] != epoch0
+    if workers <= 1:
+        assert got == want
+    else:  # the same rows; the round robin may start at another worker
+        assert [sorted(g) for g in got] == [sorted(w) for w in want]
