@@ -29,7 +29,12 @@ dataset recomputes its order and skips without reading.
 - A state saved after the epoch's last row starts the next epoch at its first row, whenever it
   is loaded (before or after ``set_epoch``), never the finished epoch again. Each worker of a
   ``StatefulDataLoader`` gets only its own state; the workers tell each other through a board in
-  the shared epoch box whether their runs were finished (:meth:`_post_board`).
+  the shared epoch box whether their runs were finished (:meth:`_post_board`). A DataLoader
+  that batches items itself can still make the first pass after loading empty (torchdata's
+  single-process fetcher restored as ended, or rows its ``drop_last`` drops again): nothing the
+  dataset yields changes that pass, so :meth:`set_epoch` warns when a loop goes on to the epoch
+  after the one it skipped (the box records the loaded state's epoch and the latest epoch any
+  copy yielded a row of).
 
 **Persistent workers.** A DataLoader with ``persistent_workers=True`` keeps the copies of the
 dataset its workers got when they started, so an attribute set later in the training process
@@ -225,7 +230,9 @@ class PackedIterableDataset(IterableDataset):
         # the copies persistent DataLoader workers hold (module docstring), and 1 once a
         # worker's copy has yielded a row since (the training process's state does not count it)
         # slots 3 .. 3 + _BOARD - 1: the board on which DataLoader workers loading their own
-        # states tell each other whether their runs were finished (:meth:`load_state_dict`)
+        # states tell each other whether their runs were finished (:meth:`load_state_dict`);
+        # then _LOADED, _LOADED_END, _YIELDED_EPOCH: what the loop did since the last loaded
+        # state, for the warning of an epoch skipped after it (:meth:`_check_skipped_epoch`)
         self._epoch_box = _shared_epoch(self.epoch)
         self._epoch_seen = 0
         # a DataLoader worker that loaded a state: 1 until its resumed run begins, then 2: at
@@ -348,15 +355,63 @@ class PackedIterableDataset(IterableDataset):
         """Use epoch ``epoch``'s order from the next iteration on (a resume point loaded for
         that same epoch is kept).
 
+        Warns (``UserWarning``, "epoch e + 1 is skipped"), at the first call after a state of
+        epoch ``e`` was loaded, when ``epoch`` >= e + 2 and no row of an epoch after ``e`` was
+        read since: the pass after loading was empty (a DataLoader that batches items itself:
+        ``docs/training.md``, "End of an epoch"), and epoch e + 1 would be skipped in silence.
+
         Raises:
             ValueError: negative epoch; called by an accelerate wrapper that would cut this
                 dataset's batches or rows (:func:`~packtool.loader.wrappers.refuse_accelerate_wrapper`).
         """
         epoch = check_seed(epoch, "epoch")
         refuse_accelerate_wrapper(self.rank, self.world_size, depth=16)
+        if get_worker_info() is None:
+            self._check_skipped_epoch(epoch)
         self._use_epoch(epoch)
         if get_worker_info() is None:  # the training process: its workers follow
             self._publish_epoch()
+
+    def _check_skipped_epoch(self, epoch: int) -> None:
+        """Warn when the loop goes on to ``epoch`` >= e + 2 after a state of epoch ``e`` was
+        loaded (by this copy or a DataLoader worker's) and no copy has yielded a row of an
+        epoch after ``e`` since: the first pass after loading gave no row of epoch e + 1, so
+        that epoch would be skipped in silence. Looked at once per loaded state, at the first
+        ``set_epoch`` after it."""
+        box = self._epoch_box
+        loaded = int(box[_LOADED])
+        if not loaded:
+            return
+        box[_LOADED] = 0
+        e = loaded - 1
+        if (epoch < e + 2 or int(box[_YIELDED_EPOCH]) >= e + 2
+                or not rank_rows(self.mixture.rows_per_epoch, self.world_size, self.drop_last)):
+            return
+        import warnings
+
+        if int(box[_LOADED_END]):
+            why = (f"that state was saved after epoch {e}'s last row, and the first pass over "
+                   "the DataLoader after loading it ended without asking the dataset for a "
+                   "row. torchdata's StatefulDataLoader without workers (num_workers=0) that "
+                   "batches items itself (batch_size=B, collate_fn=...) saves its fetcher as "
+                   "ended when the epoch's last batch was short (the rank's rows not divisible "
+                   "by B) and restores it so. Fix: batch on the dataset "
+                   "(PackedIterableDataset(..., batch_size=B) and DataLoader(ds, "
+                   "batch_size=None)), or iterate the DataLoader once more in the saved epoch "
+                   "(to its StopIteration) before saving the state")
+        else:
+            why = (f"that state was not at epoch {e}'s end as the dataset loaded it, so the "
+                   f"first pass after loading read only what was left of epoch {e}: a "
+                   "DataLoader with drop_last=True saves, after the last batch it keeps, a "
+                   "state that still holds the rows it drops (a worker's rows not divisible by "
+                   "the batch size), and drops them again on that pass; with more than 64 "
+                   "DataLoader workers a worker whose run was finished cannot tell whether its "
+                   "siblings' were, and yields nothing. Fix: iterate the DataLoader once more "
+                   "in the saved epoch (to its StopIteration) before saving the state, or "
+                   f"resume the loop at epoch {e}")
+        warnings.warn(f"epoch {e + 1} is skipped: set_epoch({epoch}) after loading a state "
+                      f"of epoch {e}, and no row of epoch {e + 1} was read since; " + why,
+                      stacklevel=3)
 
     def _use_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
@@ -511,6 +566,8 @@ class PackedIterableDataset(IterableDataset):
                     del blocks[glist[k]]
             if flag:  # a worker: rows the training process's copy does not count
                 self._epoch_box[2], flag = 1, False
+            if lo == 0 and int(self._epoch_box[_YIELDED_EPOCH]) <= self.epoch:
+                self._epoch_box[_YIELDED_EPOCH] = self.epoch + 1  # a row of this epoch came
             self._yielded = start + hi
             yield out
 
@@ -599,6 +656,9 @@ class PackedIterableDataset(IterableDataset):
         info = get_worker_info()
         self._load(st, info)
         self._resync = int(info is not None)
+        box = self._epoch_box  # a state was loaded: what the loop reads next (set_epoch)
+        box[_LOADED], box[_LOADED_END], box[_YIELDED_EPOCH] = (
+            st["epoch"] + 1, int(resume.finished(st)), 0)
 
     def _load(self, st: dict, info) -> None:
         """:meth:`load_state_dict` of a normalized state ``st`` in this process (``info``:
@@ -673,16 +733,20 @@ def _runs(parts: list) -> list:
 
 #: Workers of one DataLoader that can tell each other a loaded state's runs were finished.
 _BOARD = 64
+#: Slots of the epoch box after the board: the epoch + 1 of the last state loaded (0: none,
+#: or looked at by set_epoch), 1 when it was finished, and the epoch + 1 of the latest epoch
+#: a copy yielded a row of since that load.
+_LOADED, _LOADED_END, _YIELDED_EPOCH = 3 + _BOARD, 4 + _BOARD, 5 + _BOARD
 
 
 def _shared_epoch(epoch: int):
-    """int64[3 + _BOARD] ``[generation, epoch, workers yielded, board...]`` in shared memory
-    (a torch tensor:
+    """int64[6 + _BOARD] ``[generation, epoch, workers yielded, board..., loaded epoch,
+    loaded finished, yielded epoch]`` in shared memory (a torch tensor:
     fork children share its pages, spawn and forkserver workers receive it through torch's
     shared-memory pickling; a plain pickle copies it)."""
     import torch
 
-    box = torch.zeros(3 + _BOARD, dtype=torch.int64)
+    box = torch.zeros(6 + _BOARD, dtype=torch.int64)
     box[1] = epoch
     try:
         box.share_memory_()

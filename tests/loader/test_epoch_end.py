@@ -165,6 +165,37 @@ def uninterrupted(make, epoch):
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("workers, drop_last, cause", [
+    (0, False, "batches items itself"),   # torchdata restores its fetcher as ended
+    (0, True, "drop_last=True"),          # the dropped rows are still to come
+    (2, True, "drop_last=True"),
+])
+@pytest.mark.parametrize("case", list(BATCHING))
+def test_an_epoch_skipped_after_resuming_warns_naming_the_cause_and_the_fix(
+        case, workers, drop_last, cause, request):
+    """A StatefulDataLoader without workers that batches items itself, when the rank's rows are
+    not divisible by its batch size, restores the state saved after the epoch's short last batch
+    with its fetcher ended: the first pass after loading is empty whatever the dataset does, and
+    a loop going on with set_epoch(e + 2) would skip epoch e + 1 in silence. The same happens
+    when a DataLoader with drop_last=True leaves rows that the resumed pass drops again."""
+    kw, fixture = BATCHING[case]
+    out = request.getfixturevalue(fixture)
+
+    def make():
+        return batching(out, kw, batch=4 if case == "mixture" else 7, workers=workers,
+                        drop_last=drop_last)
+
+    _, state = saved_at_the_end(make, after_stop=False)
+    with pytest.warns(UserWarning, match="epoch 1 is skipped") as record:
+        first, second = train(make, state)
+    assert first == [] and second == uninterrupted(make, 2)  # torchdata's, not the dataset's
+    message = " ".join(str(w.message) for w in record if "skipped" in str(w.message))
+    assert cause in message and "StopIteration" in message
+    if cause == "batches items itself":
+        assert "batch_size=None" in message  # the other fix: batches built by the dataset
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
 @pytest.mark.parametrize("workers, drop_last, persistent, on_dataset, after_stop", [
     (0, False, False, True, False),   # batches built by the dataset
     (2, False, True, True, False),
