@@ -227,6 +227,36 @@ def test_the_loader_hands_out_per_token_source_ids(src, tmp_path):
             [table[it["source"]][s] for s in orig]
 
 
+@pytest.mark.parametrize("extra", [[], ["--segment-multiple", "8"]])
+def test_collate_flat_hands_out_collates_token_source_ids_flattened(src, tmp_path, extra):
+    """collate_flat gives token_source_ids int32 [1, B * C], collate's [B, C] laid end to end
+    (-1 on every padding token), from items and from the rows a dataset gathers for its batches
+    (in a DataLoader worker too); HFCollator leaves it out (every key of its batch reaches the model's forward)."""
+    torch = pytest.importorskip("torch")
+    from packtool.loader import HFCollator, PackedIterableDataset, collate, collate_flat
+
+    out = pack(src, tmp_path / "out", *extra)
+    ds = PackedDataset(out)
+    items = [ds[i] for i in range(len(ds))]
+    flat, rows = collate_flat(items), collate(items)
+    B, C = rows["input_ids"].shape
+    got = flat["token_source_ids"]
+    assert got.dtype == torch.int32 and got.shape == (1, B * C) == flat["input_ids"].shape
+    assert torch.equal(got, rows["token_source_ids"].reshape(1, B * C))
+    assert torch.equal(got == -1, rows["segment_ids"].reshape(1, B * C) == 0)
+    assert (got == -1).any() and (got >= 0).any()
+    # the batch path: rows gathered from the decoded row groups
+    batches = PackedIterableDataset(out, rank=0, world_size=1, shuffle=False, batch_size=5,
+                                    collate_fn=collate_flat)
+    order = PackedIterableDataset(out, rank=0, world_size=1, shuffle=False)
+    want = collate_flat([it for it, _ in zip(order, range(5))])
+    assert torch.equal(next(iter(batches))["token_source_ids"], want["token_source_ids"])
+    worker = torch.utils.data.DataLoader(batches, batch_size=None, num_workers=1)
+    assert torch.equal(next(iter(worker))["token_source_ids"], want["token_source_ids"])
+    for hf in (HFCollator(), HFCollator(flatten=True)):
+        assert "token_source_ids" not in hf(items)
+
+
 @pytest.mark.parametrize("case,match", [
     ("missing", r"no column 'source' for --source-column"),
     ("float", r"--source-column 'source' has type double"),

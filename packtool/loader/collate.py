@@ -20,6 +20,9 @@ written once in the dtype handed out.
   ``position_ids``, ``labels`` plus the keyword names Hugging Face passes to FlashAttention 2
   (``cu_seq_lens_q``, ``cu_seq_lens_k`` int32, ``max_length_q``, ``max_length_k`` int), as
   ``transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` names them.
+- ``token_source_ids`` in both, for rows with ``source_ids`` (``pack --source-column``): int32,
+  each token's segment's source id, -1 on padding, [B, C] or [1, B * C]. Not in
+  :class:`~packtool.loader.hf.HFCollator`'s batches, every key of which reaches the model.
 - ``num_targets`` in both: labels != -100 in the batch, the loss denominator (B19, B20): sum the
   token losses over a step's batches and divide once by the sum of their ``num_targets``.
 - ``seq_idx`` in both (and in :class:`~packtool.loader.hf.HFCollator`): int32, the index of the
@@ -744,7 +747,9 @@ def collate_flat(batch) -> dict:
         [S + 1] tensor; ``max_length_q``, ``max_length_k``: Python int; ``num_targets``: Python
         int; ``labels_convention``: ``unshifted``; ``seq_idx``: torch.int32 [1, B * C], counted
         over the batch (the spans of ``cu_seq_lens_q``); with ``--segment-multiple`` outputs,
-        the ``PackedSeqParams`` fields.
+        the ``PackedSeqParams`` fields; ``token_source_ids``: torch.int32 [1, B * C], each
+        token's per-segment source id (-1 on padding), when the rows carry ``source_ids``
+        (``pack --source-column``): :func:`collate`'s, flattened.
 
     Raises:
         ValueError, OverflowError, MissingDependencyError: as :func:`collate` (items without
@@ -754,7 +759,7 @@ def collate_flat(batch) -> dict:
     refuse_accelerate_wrapper(depth=64)  # boundaries it would cut
     rows = rows_of(batch)
     _needs(set(rows.tokens) | set(rows.ragged))
-    cu_seqlens, max_seqlen, labels, _, targets, _, pos, seq_idx = _parts(rows, "unshifted")
+    cu_seqlens, max_seqlen, labels, _, targets, seg, pos, seq_idx = _parts(rows, "unshifted")
     flat = (1, labels.size)
     cu = torch.from_numpy(cu_seqlens)
     spans = np.diff(rows.ragged["cu_seqlens"][1]) - 1 if "cu_seqlens" in rows.ragged else None
@@ -764,7 +769,7 @@ def collate_flat(batch) -> dict:
         seq_idx = np.add(seq_idx, before[:, None], out=seq_idx).reshape(flat)
     else:
         seq_idx = _seq_idx(cu_seqlens, flat, flat=True)
-    return _deliver({
+    out = {
         "input_ids": _tensor(torch, rows.tokens["input_ids"], torch.int32, flat),
         "position_ids": _tensor(torch, pos, torch.int64, flat),
         "labels": _tensor(torch, labels, torch.int64, flat),
@@ -774,7 +779,11 @@ def collate_flat(batch) -> dict:
         **_packed_seq_params(torch, rows, cu, max_seqlen),
         "num_targets": targets,
         "labels_convention": "unshifted",
-    })
+    }
+    token_src = _token_sources(rows, seg)
+    if token_src is not None:
+        out["token_source_ids"] = _tensor(torch, token_src, torch.int32, flat)
+    return _deliver(out)
 
 
 collate_flat.needs_columns = _needs

@@ -74,6 +74,9 @@ class HFCollator:
     ``cu_seq_lens_q``/``cu_seq_lens_k`` torch.int32 [D + 1] and ``max_length_q``/
     ``max_length_k`` int; labels in
     :attr:`labels_convention`, ``unshifted`` (converted from items that say they are shifted).
+    No other key: ``Trainer`` hands every key to the model's ``forward``, so per-token
+    ``token_source_ids`` come from :func:`~packtool.loader.collate.collate` /
+    :func:`~packtool.loader.collate.collate_flat` in a loop of one's own.
 
     Raises:
         ValueError: empty batch or rows of different capacity; items without ``input_ids``
