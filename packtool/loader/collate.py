@@ -191,8 +191,9 @@ def rows_of(batch) -> Rows:
 
     Raises:
         ValueError: an empty batch, a batch already made (a dict), rows of different capacity,
-            items with different keys, or items that say different labels conventions (or one
-            says and another does not).
+            an item whose per-token columns differ in length or whose ``cu_seqlens`` does
+            not rise from 0 to C, items with different keys, or
+            items that say different labels conventions (or one says and another does not).
         OverflowError: B * C over 2**31 - 1 (int32 ``cu_seqlens``, which every batch this
             module builds carries), refused before anything is stacked.
     """
@@ -215,11 +216,26 @@ def rows_of(batch) -> Rows:
     keys = [k for k in _TOKENS if k in first]
     if any(any(k not in item for k in keys) for item in batch):
         raise ValueError("items with different columns in one batch")
+    for i, item in enumerate(batch):  # B27: a transform that padded or cut one column only
+        for k in keys[1:]:
+            if len(item[k]) != C:
+                raise ValueError(f"batch item {i}: {k} holds {len(item[k])} values and "
+                                 f"input_ids {C}: every per-token column of a row holds C "
+                                 "values; pad or cut all of them alike, or none")
     tokens = {k: np.stack([np.asarray(item[k]) for item in batch]) for k in keys}
     ragged = {}
     for k in _RAGGED:
         if k in first:
             parts = [np.asarray(item[k]) for item in batch]
+            if k == "cu_seqlens":  # B07: from 0 to C, the padding tail a span of its own
+                for i, p in enumerate(parts):
+                    if p.ndim != 1 or p.size < 2 or p[0] != 0 or p[-1] != C \
+                            or not (np.diff(p) > 0).all():
+                        raise ValueError(
+                            f"batch item {i}: cu_seqlens {p.tolist()[:8]}"
+                            f"{' ...' if p.size > 8 else ''} must rise from 0 to C = {C} (the "
+                            "padding tail a span of its own, no empty span); keep the "
+                            "row's stored cu_seqlens")
             offs = np.zeros(len(parts) + 1, dtype=np.int64)  # shape: (B + 1,)
             np.cumsum([p.size for p in parts], out=offs[1:])
             ragged[k] = (np.concatenate(parts), offs)

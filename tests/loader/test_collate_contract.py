@@ -210,3 +210,36 @@ def test_a_dataloader_that_batches_the_datasets_batches_is_refused(many_groups, 
     assert b["input_ids"].shape[0] == 4 and isinstance(b["num_targets"], int)
     with pytest.raises(ValueError, match=r"not one batch \(a dict\).*batch_size=None"):
         next(iter(torch.utils.data.DataLoader(ds, batch_size=None, collate_fn=collate)))
+
+
+@pytest.mark.parametrize("name", list(COLLATES))
+@pytest.mark.parametrize("column,length", [("position_ids", 7), ("position_ids", 9),
+                                           ("labels", 10), ("segment_ids", 7)])
+def test_per_token_columns_of_another_length_are_refused_by_every_collate(padded, name,
+                                                                        column, length):
+    """B27: an item whose transform padded or cut one per-token column only (position_ids of 7
+    beside input_ids of 8): every collate refuses it naming the item, the column and both
+    lengths (collate made a [1, 7] position_ids beside [1, 8] input_ids; the others failed
+    with a reshape error)."""
+    ds = PackedDataset(padded, labels="unshifted")
+    items = [dict(ds[i]) for i in range(2)]
+    col = np.asarray(items[1][column])
+    items[1][column] = np.resize(col, length)
+    with pytest.raises(ValueError, match=rf"^batch item 1: {column} holds {length} values and "
+                                         r"input_ids 8"):
+        COLLATES[name](items)
+
+
+@pytest.mark.parametrize("name", list(COLLATES))
+@pytest.mark.parametrize("cu", [[0, 3, 5], [0, 3, 3, 5, 8], [1, 3, 5, 8], [0, 5, 3, 8]])
+def test_an_item_whose_cu_seqlens_does_not_rise_from_0_to_c_is_refused(padded, name, cu):
+    """B07: cu_seqlens ending at the real tokens (the padding tail joined to the last
+    document: the batch's cu_seqlens disagreed with its seq_idx and segment_ids), holding an
+    empty span, not starting at 0 or not rising: every collate refuses the item."""
+    ds = PackedDataset(padded)
+    items = [dict(ds[i]) for i in range(2)]
+    assert list(items[0]["cu_seqlens"]) == [0, 3, 5, 8]
+    items[0]["cu_seqlens"] = np.asarray(cu, dtype=np.int32)
+    with pytest.raises(ValueError, match=r"^batch item 0: cu_seqlens .* must rise from 0 to "
+                                         r"C = 8"):
+        COLLATES[name](items)
