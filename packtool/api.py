@@ -144,9 +144,24 @@ def _given_strings(args, kwargs) -> list[str]:
 def _warn(result, fn) -> None:
     """Issue the ``WARNING`` notes of a pack (and of its held-out pack, said so) as
     :class:`~packtool.errors.PackWarning` s, worded for a caller of ``fn``."""
+    level = _caller_level()
     for r, whose in ((result, ""), (getattr(result, "holdout", None), "held-out pack: ")):
         for note in (getattr(r, "warnings", None) or ()):
-            warnings.warn(whose + _as_python(note, _keywords_of(fn)), PackWarning, stacklevel=4)
+            warnings.warn(whose + _as_python(note, _keywords_of(fn)), PackWarning,
+                          stacklevel=level)
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that makes a warning issued by the caller of this function name the
+    first frame outside packtool (the user's line, however many packtool frames are between:
+    ``pack_dataset`` of a ``DatasetDict`` calls itself per split)."""
+    import sys
+
+    root = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(root):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _config(inputs, output, **options):

@@ -510,6 +510,14 @@ def test_the_notes_pack_prints_are_python_warnings(tmp_path, sample_data):
         res = packtool.pack(sample_data, tmp_path / "p",
                             capacity=64, overflow="truncate")
     assert res.warnings and res.warnings[0].startswith("--overflow truncate removed")
+    import datasets
+
+    split = datasets.Dataset.from_dict({"input_ids": [[1] * 50, [1, 2, 3]]})
+    for data in (datasets.DatasetDict({"train": split, "test": split}), split):
+        with pytest.warns(PackWarning) as got:
+            packtool.pack_dataset(data, 8, overflow="truncate")
+        # the caller's line, also through pack_dataset's call per split of a DatasetDict
+        assert {w.filename for w in got} == {__file__}, [w.filename for w in got]
     import warnings
 
     with warnings.catch_warnings():

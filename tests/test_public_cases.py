@@ -381,7 +381,7 @@ def _stats_json(out):
 
     res = invoke(["stats", "--json", out])
     assert res.exit_code == 0, res.output
-    return json.loads(res.output)
+    return json.loads(res.stdout)  # WARNING lines go to stderr
 
 
 def test_B15_min_fill_leaves_the_partial_row_out_and_stats_describe_what_remains(tmp_path):

@@ -154,6 +154,19 @@ def check_item_columns(columns: Sequence[str], *, labels_stored: bool = True,
             f"a span would become a span of its own), so items need input_ids, cu_seqlens, "
             f"cu_seqlens_unpadded and doc_ids (columns: {', '.join(sorted(set(columns)))}; "
             f"missing {missing}): add them to columns=")
+    have = set(columns)
+    if missing and "labels" in have and not have & {"position_ids", "segment_ids",
+                                                     "cu_seqlens"}:
+        # a Trainer keeps the columns its model's forward names: labels kept, positions not
+        raise ValueError(
+            f"a batch needs position_ids beside input_ids and labels (columns: "
+            f"{', '.join(sorted(have))}): keep it in columns=; TRL's SFTTrainer keeps only "
+            "input_ids, labels and seq_lengths (pass remove_unused_columns=False in its "
+            "config); Trainer's remove_unused_columns drops it only for a model whose forward "
+            "takes no position_ids (BLOOM, MPT and a few more), which cannot keep the "
+            "documents of a packed row apart whatever the batch holds: train such a model on "
+            "unpacked rows, or a model that takes position_ids (packtool verify --hf-config "
+            "shows which keep documents apart)")
     if missing:
         spans = "cu_seqlens and doc_ids"
         raise ValueError(
@@ -162,7 +175,7 @@ def check_item_columns(columns: Sequence[str], *, labels_stored: bool = True,
             "without segment_ids or labels the padding tail cannot be told from a document; keep "
             "them in columns= (a trainer that drops item columns its model does not name, such "
             "as TRL's SFTTrainer, needs remove_unused_columns=False, or the labels stored: pack "
-            "with --labels unshifted)")
+            "with --labels unshifted, or pack_dataset(..., labels='unshifted'))")
 
 
 def _needs(columns) -> None:

@@ -322,3 +322,20 @@ def test_accelerates_iterable_shard_in_several_workers_is_refused(packed):
     with pytest.raises(Exception, match=r"runs in each of the 2 DataLoader workers"):
         list(loader(2))
     assert sum(len(b) for b in loader(1)) == sum(len(b) for b in loader(0)) > 0
+
+
+def test_a_model_without_position_ids_is_refused_naming_the_cause(packed, tmp_path):
+    """BLOOM's forward takes no position_ids, so Trainer's column removal drops them from the
+    items: the collator's refusal says so and that the model cannot keep packed documents
+    apart (it named segment_ids and advised remove_unused_columns=False alone, which then
+    trained BLOOM with documents attending to each other)."""
+    cfg = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=1, n_head=2)
+    trainer = transformers.Trainer(model=transformers.BloomForCausalLM(cfg),
+                                   args=transformers.TrainingArguments(output_dir=str(tmp_path)),
+                                   train_dataset=PackedDataset(packed),
+                                   data_collator=HFCollator())
+    with pytest.raises(ValueError) as exc:
+        next(iter(trainer.get_train_dataloader()))
+    msg = str(exc.value)
+    assert msg.startswith("a batch needs position_ids beside input_ids and labels"), msg
+    assert "takes no position_ids" in msg and "cannot keep the documents" in msg
