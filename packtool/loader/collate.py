@@ -503,8 +503,9 @@ def _check_convention(lab: np.ndarray, ids: np.ndarray, seg: np.ndarray, mode: s
     raise ValueError(
         f"batch row {r}, position {i}: label {int(lab[r, i])} is not {mode} (token there: "
         f"{int(ids[r, i])}); these items carry {other} labels but do not say so (a trainer "
-        f"dropped their 'labels_convention' key?): build the dataset with labels='{mode}' so "
-        "that no labels are shifted twice")
+        f"dropped their 'labels_convention' key?): build the dataset with labels='{mode}', or "
+        f"say what they are (HFCollator(labels_mode='{other}')), so that no labels are shifted "
+        "twice")
 
 
 def _derived_labels64(ids: np.ndarray, seg: np.ndarray, cu: np.ndarray,
