@@ -447,10 +447,15 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
         elif (leaked and res.get("isolation") is not None
               and res["isolation"].status == PASS):
             # the logits differ, yet changing a document moves no other: no leak, a place effect
+            effect = getattr(runner, "batch_position_effect", None)
+            effect = effect() if effect is not None else None
             why = ("the packed logits differ from the per-document ones though no document "
-                   "reads another (isolation passed): the model's output depends on where a "
-                   "token sits in the row, not on its position_ids (a bias or embedding taken "
-                   "from the token's index, e.g. ALiBi); train it on one document per row")
+                   "reads another (isolation passed): " + (
+                       f"the model's output depends on the other documents' positions: {effect}"
+                       if effect else
+                       "the model's output depends on where a token sits in the row, not on "
+                       "its position_ids (a bias or embedding taken from the token's index, "
+                       "e.g. ALiBi); train it on one document per row"))
             for r in leaked:
                 r.message = f"{why}; {r.message}" if r.message else why
         elif leaked and leak_probe is not None and hasattr(runner, "diagnose"):

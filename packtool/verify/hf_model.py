@@ -31,7 +31,8 @@ from packtool.errors import InputError, MissingDependencyError, install_hint
 from packtool.verify import require_torch
 
 __all__ = ["load_hf_config", "refuse_remote_code", "shrink_config", "build_hf_model", "decoder_layers", "layer_kind",
-           "locate_leak", "leak_message", "REFUSAL_MARK", "HF_CONFIG_VOCAB", "MAX_TEST_PARAMS"]
+           "locate_leak", "leak_message", "batch_position_effect", "REFUSAL_MARK",
+           "HF_CONFIG_VOCAB", "MAX_TEST_PARAMS"]
 
 #: vocabulary of the shrunk model (token ids are folded with ``% V``)
 HF_CONFIG_VOCAB = 512
@@ -520,6 +521,36 @@ def locate_leak(model, forward, ids_BC, spans_row: list, row: int, vocab: int):
             if float((s1[row][later.to(s1.device)] - s0[row][later.to(s0.device)]).abs().max()) > t:
                 return i, layer, watched[k][1]
         return i, layer, None
+    return None
+
+
+def batch_position_effect(cfg) -> str | None:
+    """Why ``cfg``'s logits follow the largest position of the batch, or None.
+
+    Phi-3's ``longrope`` rotary embedding takes its long factors for every token of the batch
+    once ``max(position_ids) + 1`` passes ``original_max_position_embeddings`` (transformers
+    5.x), so a document packed beside a longer one, in its row or in another row of the batch,
+    gets other frequencies than alone. (Dynamic NTK scaling follows the batch's largest
+    position too, but only past ``max_position_embeddings``, which verify's model always
+    covers.)
+    """
+    try:
+        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    except ValueError:  # several text configs (encoder-decoder audio models)
+        text = cfg
+    rp = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None)
+    if not isinstance(rp, dict):
+        return None
+    for p in [rp] + [v for v in rp.values() if isinstance(v, dict)]:
+        if p.get("rope_type") == "longrope":
+            n = p.get("original_max_position_embeddings") or getattr(
+                text, "original_max_position_embeddings", None)
+            return (f"its rotary frequencies (rope_type longrope) switch from the short to the "
+                    f"long factors for the whole batch once its largest position_id reaches "
+                    f"original_max_position_embeddings = {n}, so a document packed beside a "
+                    "longer one (in its row or another row of the batch) gets the long factors, "
+                    f"and alone the short ones; pack with --capacity {n} or less, where no "
+                    "position reaches it")
     return None
 
 

@@ -14,7 +14,8 @@ E = model width, H = heads.
 | mamba    | hybrid with causal-conv1d + mamba-ssm kernels, seq_idx| CUDA + kernels    | float32  |
 
 Every runner compares with per-document forwards of the same model in float32 on its own device
-(right-padded batches of documents, written-out causal attention in query blocks). Tolerance on
+(right-padded batches of documents, written-out causal attention in query blocks; ``hf`` runs each
+document alone, a batch of one, since a Hugging Face model may compute on the whole batch). Tolerance on
 logits: float32 on CPU ``1e-5 * max(1, max|ref|)``; float32 on CUDA ``1e-4 * max(1, max|ref|)``
 (kernels reorder sums; TF32 is switched off while verify runs); bfloat16 the flash-attention test
 rule ``2 * max|eager_bf16 - ref| + 1e-3``, where eager_bf16 is the per-document reference forward
@@ -429,19 +430,29 @@ class HFRunner(Runner):
         return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": m, "max_length_k": m}
 
     def reference(self, docs, budget: int, *, model=None):
-        torch = require_torch()
-        out = [None] * len(docs)
-        for group, _ in _doc_groups([int(d.shape[0]) for d in docs], budget, 4):
-            Lmax = max(int(docs[i].shape[0]) for i in group)
-            ids = torch.zeros((len(group), Lmax), dtype=torch.int64)
-            for j, i in enumerate(group):
-                ids[j, :docs[i].shape[0]] = docs[i]
-            # right padding without attention_mask: causality keeps it out of the real tokens;
+        """Per-document logits: list of float32 [L, V], each document run alone.
+
+        One forward per document, a batch of one holding that document only (positions
+        0..L-1, no padding): a Hugging Face model may compute on the whole batch it is given
+        (Phi-3's long rotary factors and dynamic NTK scaling follow the batch's largest
+        position), so a document batched beside a longer one would be compared with what it
+        gets packed, not with what it gets alone.
+        """
+        out = []
+        for doc in docs:
+            ids_1L = doc.reshape(1, -1).long()
             # embeddings in, as in the packed pass (some models scale input_ids' embeddings)
-            lg = self.model(inputs_embeds=self.embed(ids), use_cache=False).logits
-            for j, i in enumerate(group):
-                out[i] = lg[j, :docs[i].shape[0]].float()
+            lg_1LV = self.model(inputs_embeds=self.embed(ids_1L), use_cache=False).logits
+            out.append(lg_1LV[0].float())
         return out
+
+    def batch_position_effect(self) -> str | None:
+        """Why this model's logits follow the batch's largest position (Phi-3 longrope), or
+        None (:func:`packtool.verify.hf_model.batch_position_effect`)."""
+        from packtool.verify.hf_model import batch_position_effect
+
+        return batch_position_effect(self.config if self.config is not None
+                                     else self.model.config)
 
     def diagnose(self, batch, spans: list) -> str:
         """For a model that leaked: ``documents leak in <layer>: this model needs ...``, found by

@@ -311,3 +311,40 @@ def test_a_config_that_fails_to_run_names_the_config(packed, tmp_path, monkeypat
     assert run.status == "fail" and not rep.ok
     assert run.message.startswith("the llama model of --hf-config, shrunk to a test size, "
                                   "raised RuntimeError: The size of tensor a"), run.message
+
+
+def _longrope_config(tmp_path: Path) -> Path:
+    """A tiny Phi-3 with longrope: short factors 1, long factors 4, switching at 32 positions."""
+    d = tmp_path / "phi3-longrope"
+    d.mkdir()
+    transformers.Phi3Config(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+        original_max_position_embeddings=32, pad_token_id=0,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8,
+                         "long_factor": [4.0] * 8, "original_max_position_embeddings": 32},
+    ).to_json_file(str(d / "config.json"))
+    return d
+
+
+def test_each_documents_reference_is_that_document_run_alone(tmp_path):
+    """Phi-3 longrope takes the long factors for the whole batch once its largest position
+    reaches 32: a 10-token document packed beside a 40-token one gets them, alone it does not.
+    The references ran in right-padded batches (the 10-token documents beside the 40-token
+    ones, positions up to 39), got the same wrong logits as the packed rows, and verify passed;
+    each document runs alone now: logits_match fails (no leak: isolation passes) naming the
+    switch and the capacity at which it passes, which it does."""
+    cfg = _longrope_config(tmp_path)
+    docs = [[(3 * t + k) % 120 + 5 for t in range(n)] for k in range(4) for n in (40, 10)]
+    rep = run_verify(pack_docs(tmp_path, docs, 64), rows=0, hf_config=cfg)
+    lm, iso = rep.get("hf", "logits_match"), rep.get("hf", "isolation")
+    assert lm.status == "fail" and iso.status == "pass" and not rep.ok, rep.format_text()
+    assert lm.figures["max_abs_diff"] > 1e-3, lm.figures
+    assert "rope_type longrope" in lm.message and "pack with --capacity 32 or less" in \
+        lm.message, lm.message
+    r = CliRunner().invoke(cli, ["verify", str(pack_docs(tmp_path, docs, 64, name="cli")),
+                                 "--hf-config", str(cfg), "--no-progress"])
+    assert r.exit_code == 1 and "check logits_match failed on backend hf" in r.output, r.output
+    short = [[(3 * t + k) % 120 + 5 for t in range(n)] for k in range(4) for n in (20, 10)]
+    rep = run_verify(pack_docs(tmp_path, short, 32, name="c32"), rows=0, hf_config=cfg)
+    assert rep.ok, rep.format_text()
