@@ -23,6 +23,7 @@ refused.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
@@ -46,9 +47,7 @@ _SMALL = {
     "vocab_size": HF_CONFIG_VOCAB, "hidden_size": _WIDTH, "intermediate_size": 128,
     "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
     "shared_intermediate_size": 32, "moe_shared_expert_intermediate_size": 32,
-    "num_attention_heads": 4, "head_dim": 16, "num_experts": 4, "num_local_experts": 4,
-    "n_routed_experts": 4, "num_experts_per_tok": 2, "num_experts_per_token": 2,
-    "n_shared_experts": 1, "num_shared_experts": 1, "n_group": 1, "topk_group": 1,
+    "num_attention_heads": 4, "head_dim": 16, "n_group": 1, "topk_group": 1,
     "num_expert_group": 1,
     # Mamba-2 / SSD layers (Bamba, Falcon-H1, Granite hybrid, Nemotron-H, Zamba2, Mamba2)
     "mamba_n_heads": 4, "mamba_d_state": 16, "mamba_n_groups": 1, "mamba_chunk_size": 32,
@@ -66,6 +65,16 @@ _SMALL = {
     "n_embd": _WIDTH, "d_model": _WIDTH, "word_embed_proj_dim": _WIDTH, "n_head": 4,
     "n_heads": 4, "ffn_dim": 128, "d_ff": 128, "d_kv": 16,
 }
+#: counts lowered to these values, never raised (0 shared experts stays none, a router that
+#: picks 1 expert keeps 1; unset ones get the value); Gemma 3n / 4 per-layer input embeddings
+_AT_MOST = {
+    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
+    "num_experts_per_token": 2, "n_shared_experts": 1, "num_shared_experts": 1,
+    "vocab_size_per_layer_input": HF_CONFIG_VOCAB, "hidden_size_per_layer_input": 16,
+}
+#: counts of trailing layers of their own kind (Gemma 3n's layers reusing earlier layers' keys
+#: and values): one such layer is kept after the leading ones
+_TRAILING_LAYER_COUNTS = ("num_kv_shared_layers",)
 #: layer counts under other names than num_hidden_layers, cut to 2
 _LAYER_COUNTS = ("n_layer", "n_layers", "num_layers")
 #: the most parameters a shrunk model may have (a few MB; the sizes shrinking does not reach
@@ -74,12 +83,17 @@ MAX_TEST_PARAMS = 20_000_000
 #: fields a config class derives from the width; removed so that it derives them again
 _DERIVED = ("attention_hidden_size", "attention_head_dim", "mamba_headdim", "kv_channels",
             "num_query_groups", "mamba_d_head", "mamba_d_ssm")
-#: per-layer lists cut to the layers kept
-_LAYER_LISTS = ("layer_types", "layers_block_type", "block_types", "mlp_layer_types")
+#: per-layer lists that name each layer's kind (GPT-Neo's attention_layers: its expanded
+#: attention_types); every list of one entry a layer is cut with the layers
+_LAYER_LISTS = ("layer_types", "layers_block_type", "block_types", "mlp_layer_types",
+                "attention_layers")
+#: lists of layer indices: the layers kept are kept, and the first of each kind with them
 _LAYER_INDEX_LISTS = ("full_attn_idxs", "hybrid_layer_ids", "mlp_only_layers",
                       "attn_layer_indices", "moe_layers")
-#: other per-layer lists (one entry a layer), cut with them
-_PER_LAYER_LISTS = ("no_rope_layers",)
+#: rotary fields with one entry per rotary frequency (head_dim x partial_rotary_factor / 2):
+#: lists of that length (Phi-3 longrope), or sections summing to it (multimodal RoPE)
+_ROPE_FACTOR_LISTS = ("short_factor", "long_factor")
+_ROPE_SECTIONS = ("mrope_section",)
 #: class-name words of the sub-modules that mix tokens (the places a leak can start)
 _MIXER_WORDS = ("Attention", "Attn", "Mixer", "Mamba", "Conv", "DeltaNet", "Recurrent",
                 "Lightning", "Linear", "SSM", "Rglru", "RGLRU")
@@ -213,7 +227,9 @@ def shrink_config(cfg):
     SSM and linear-attention layers (MLA: rope and no-rope query heads of 8, a latent of 16);
     the layers are cut to the fewest leading ones (at least 2) that hold every layer type of the
     pattern, a first MoE layer after at most one leading dense one (``first_k_dense_replace``)
-    and the first layer of each listed kind (``moe_layers``, ``full_attn_idxs``...). Nested
+    and the first layer of each listed kind (``moe_layers``, ``full_attn_idxs``, a per-layer
+    override...), and every per-layer field is cut with them (:func:`_cut_per_layer`); the
+    per-frequency RoPE lists (longrope factors, ``mrope_section``) follow the head size. Nested
     sub-configs (the ``text_config`` of Llama 4, Qwen3.5, Qwen3-VL, Gemma 3 or Mistral 3
     wrappers, their ``vision_config``...) are shrunk the same way. ``use_cache`` is off.
 
@@ -222,23 +238,76 @@ def shrink_config(cfg):
 
     Raises:
         InputError: the config class refuses the small values (the message names the model
-            type; give a config that is already small), or it needs remote code.
+            type and the fields refused; give a config with them already small), or it needs
+            remote code.
     """
     d = cfg.to_dict()
     refuse_remote_code(d, f"the {d.get('model_type')} config")
+    orig = copy.deepcopy(d)
     _shrink_sizes(d)
     cls = type(cfg)
     try:
         _cut_layers(d, cls.from_dict(d))
         small = cls.from_dict(d)
     except Exception as exc:  # noqa: BLE001 - whatever the config class validates with
-        raise InputError(f"could not shrink the {d.get('model_type')} config to a test size "
-                         f"({type(exc).__name__}: {_one_line(exc)}); give --hf-config a config "
-                         "that is already small") from None
+        fields = _refused_fields(cls, orig, d, _one_line(exc))
+        what = (f"{', '.join(fields)} of the shrunk config" if fields else
+                "the shrunk config (packtool cannot tell which field)")
+        raise InputError(f"could not shrink the {d.get('model_type')} config to a test size: "
+                         f"its class refuses {what} ({type(exc).__name__}: {_one_line(exc)}); "
+                         "give --hf-config a copy of the config with "
+                         f"{'those fields' if fields else 'its sizes'} already small") from None
     small.use_cache = False
     for sub in _sub_configs(small).values():
         sub.use_cache = False
     return small
+
+
+def _paths(d: dict, prefix: str = "") -> dict:
+    """Every field of ``d`` and of its nested dicts by dotted path (``rope_parameters.short_factor``,
+    ``text_config.hidden_size``), with its value."""
+    out = {}
+    for k, v in d.items():
+        path = f"{prefix}{k}"
+        out[path] = v
+        if isinstance(v, dict):
+            out.update(_paths(v, f"{path}."))
+    return out
+
+
+def _refused_fields(cls, orig: dict, small: dict, message: str) -> list[str]:
+    """The fields of the shrunk config ``small`` that its class refused with ``message``.
+
+    The fields the message names (a dotted path, or a field name with an underscore, the
+    shallowest such field when several sub-configs have it), those packtool changed first;
+    when it names none, the fields packtool changed whose original value alone makes the
+    class accept the config.
+    """
+    before, after = _paths(orig), _paths(small)
+    named: list[str] = []
+    for tok in re.findall(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", message):
+        tok = tok.removeprefix("config.").removeprefix("self.")
+        if tok in after:
+            hits = [tok]
+        elif "_" in tok:
+            hits = [p for p in after if p.rsplit(".", 1)[-1] == tok]
+            hits = [p for p in hits if p.count(".") == min(h.count(".") for h in hits)]
+        else:
+            hits = []
+        named += [h for h in hits if h not in named]
+    named = [p for p in named if not any(q.startswith(p + ".") for q in named)]
+    named.sort(key=lambda p: before.get(p) == after.get(p))  # changed first (stable)
+    if named:
+        return named[:4]
+    tried = []
+    for k, v in small.items():
+        if k in orig and orig[k] != v:
+            try:
+                cls.from_dict({**small, k: orig[k]})
+            except Exception:  # noqa: BLE001, S112 - refused all the same: not this field alone
+                continue
+            tried.append(k)
+    return tried[:4]
 
 
 def _sub_dicts(d: dict) -> dict:
@@ -259,8 +328,17 @@ def _shrink_sizes(d: dict) -> None:
         if k in d:
             if v is None:
                 d.pop(k)
+            elif _int_list(d[k]):  # one size a layer or a stage (Gemma 3n, Swin): each small
+                d[k] = [v] * len(d[k])
             else:
                 d[k] = v
+    for k, v in orig.items():  # num_attention_heads_per_layer...
+        base = k.removesuffix("_per_layer")
+        if base != k and _SMALL.get(base) is not None and _int_list(v):
+            d[k] = [_SMALL[base]] * len(v)
+    for k, v in _AT_MOST.items():
+        if k in d:
+            d[k] = min(d[k], v) if isinstance(d[k], int) and not isinstance(d[k], bool) else v
     for k in _DERIVED:
         d.pop(k, None)
     if "num_key_value_heads" in d and d["num_key_value_heads"]:
@@ -297,8 +375,79 @@ def _shrink_sizes(d: dict) -> None:
             d[k] = [min(x, HF_CONFIG_VOCAB - 1) for x in v]
     if isinstance(d.get("depth"), int) and d["depth"] > 2 and "patch_size" in d:
         d["depth"] = 2  # vision towers (Qwen-VL) count their blocks as depth
+    _shrink_rope_lists(d, orig)
+    for k, v in d.items():  # per-layer overrides (Gemma 4's per_layer_config): small too
+        if _layer_keyed(v):
+            for over in v.values():
+                for name in list(over):
+                    if name == "num_key_value_heads" and d.get(name):
+                        over[name] = d[name]
+                    elif _SMALL.get(name) is not None and isinstance(over[name], int):
+                        over[name] = _SMALL[name]
     for sub in _sub_dicts(d).values():
         _shrink_sizes(sub)
+
+
+def _int_list(v) -> bool:
+    return isinstance(v, (list, tuple)) and len(v) > 0 and all(
+        isinstance(x, int) and not isinstance(x, bool) for x in v)
+
+
+def _layer_keyed(v) -> bool:
+    """Whether ``v`` is a dict of per-layer overrides keyed by layer index (``{5: {...}}``, or
+    ``{"05": {...}}`` as JSON writes it)."""
+    return isinstance(v, dict) and len(v) > 0 and all(
+        (isinstance(k, int) or (isinstance(k, str) and k.isdigit())) and isinstance(x, dict)
+        for k, x in v.items())
+
+
+def _rotary_head(d: dict) -> int | None:
+    """The head dimension the rotary frequencies are taken from: the rope part of an MLA head
+    (``qk_rope_head_dim``), else ``head_dim``, else width / heads."""
+    for k in ("qk_rope_head_dim", "head_dim"):
+        if isinstance(d.get(k), int) and d[k] > 0:
+            return d[k]
+    hidden = next((d[k] for k in ("hidden_size", "n_embd", "d_model")
+                   if isinstance(d.get(k), int)), None)
+    heads = next((d[k] for k in ("num_attention_heads", "n_head", "n_heads")
+                  if isinstance(d.get(k), int) and d[k] > 0), None)
+    return hidden // heads if hidden and heads else None
+
+
+def _shrink_rope_lists(d: dict, orig: dict) -> None:
+    """Cut the per-frequency RoPE lists of ``d`` with its head dimension, in place: Phi-3's
+    longrope ``short_factor`` / ``long_factor`` (one factor per rotary frequency, resampled
+    evenly) and multimodal RoPE's ``mrope_section`` (sections summing to the frequencies,
+    scaled in proportion). ``rope_parameters`` (or ``rope_scaling``) may be one dict or one per
+    layer type."""
+    old, new = _rotary_head(orig), _rotary_head(d)
+    if not old or not new or old == new:
+        return
+    for key in ("rope_parameters", "rope_scaling"):
+        rp = d.get(key)
+        if not isinstance(rp, dict):
+            continue
+        params = [rp] + [v for v in rp.values() if isinstance(v, dict)]
+        for p in params:
+            for name in _ROPE_FACTOR_LISTS:
+                v = p.get(name)
+                if isinstance(v, list) and v:
+                    n = max(1, len(v) * new // old)
+                    p[name] = [v[i * len(v) // n] for i in range(n)]
+            for name in _ROPE_SECTIONS:
+                v = p.get(name)
+                if _int_list(v) and sum(v) > 0:
+                    p[name] = _scaled_sections(v, sum(v) * new // old)
+
+
+def _scaled_sections(v: list, total: int) -> list:
+    """``v`` scaled to sum to ``total``, each rounded down and the rest handed out by largest
+    remainder (``[24, 20, 20]`` to 8: ``[3, 3, 2]``)."""
+    exact = [x * total / sum(v) for x in v]
+    out = [int(x) for x in exact]
+    for i in sorted(range(len(v)), key=lambda i: out[i] - exact[i])[:total - sum(out)]:
+        out[i] += 1
+    return out
 
 
 def _cut_layers(d: dict, small) -> None:
@@ -325,22 +474,67 @@ def _cut_layers(d: dict, small) -> None:
             v = getattr(small, name, None)
             if name != "mlp_only_layers" and isinstance(v, (list, tuple)) and v:
                 n = max(n, min(L, int(min(v)) + 1))
-        for name in _LAYER_LISTS + _PER_LAYER_LISTS:
-            if isinstance(d.get(name), list) and len(d[name]) == L:
-                d[name] = d[name][:n]
-        if isinstance(d.get("hybrid_override_pattern"), str):
-            d["hybrid_override_pattern"] = d["hybrid_override_pattern"][:n]
-        for name in _LAYER_INDEX_LISTS:
-            if isinstance(d.get(name), list):
-                d[name] = [i for i in d[name] if i < n]
+        for v in d.values():  # and the first layer a per-layer override names
+            if _layer_keyed(v) and all(int(k) < L for k in v):
+                n = max(n, min(int(k) for k in v) + 1)
+        for name in _TRAILING_LAYER_COUNTS:
+            if isinstance(d.get(name), int) and 0 < d[name] < L:
+                n = min(L, n + 1)
+                d[name] = 1
+            elif isinstance(d.get(name), int) and d[name] == L:  # every layer of that kind
+                d[name] = n
+        _cut_per_layer(d, L, n)
         d["num_hidden_layers"] = n
     for name in _LAYER_COUNTS:
         if name in d and isinstance(d[name], int) and d[name] > 2:
-            d[name] = 2
+            d[name] = n if n is not None and d[name] == L else 2
     subs = _sub_configs(small)
     for k, sub_d in _sub_dicts(d).items():
         if k in subs:
             _cut_layers(sub_d, subs[k])
+
+
+def _cut_per_layer(d: dict, L: int, n: int) -> None:
+    """Cut every per-layer field of ``d`` from ``L`` layers to the first ``n``, in place.
+
+    Per-layer fields: a list of ``L`` entries (``layer_types``, ``no_rope_layers``, Gemma 3n's
+    ``activation_sparsity_pattern``, ``kv_source_layers``, ...), the string
+    ``hybrid_override_pattern``, a run-length pattern ``[[kinds, repeats], ...]`` that expands to
+    ``L`` layers (GPT-Neo's ``attention_types``), a list of layer indices
+    (:data:`_LAYER_INDEX_LISTS`) and overrides keyed by layer index (Gemma 4's
+    ``per_layer_config``). A backbone's per-stage lists are left whole (its ``out_features``
+    name the later stages).
+    """
+    backbone = "stage_names" in d
+    for name, v in list(d.items()):
+        if name.endswith(("_token_id", "_token_ids")) or (backbone and name not in _LAYER_LISTS):
+            continue
+        runs = _runs(v)
+        if name in _LAYER_INDEX_LISTS:
+            if isinstance(v, list):
+                d[name] = [i for i in v if i < n]
+        elif name == "hybrid_override_pattern" and isinstance(v, str):
+            d[name] = v[:n]
+        elif isinstance(v, (list, tuple)) and len(v) == L:
+            d[name] = list(v[:n])
+        elif runs is not None and len(runs) == L:
+            d[name] = [[runs[:n], 1]]
+        elif _layer_keyed(v) and all(int(k) < L for k in v):
+            d[name] = {k: x for k, x in v.items() if int(k) < n}
+
+
+def _runs(v) -> list | None:
+    """The layers of a run-length pattern ``[[["global", "local"], 12]]`` (24 layers), or None
+    when ``v`` is not one."""
+    if not isinstance(v, (list, tuple)) or not v:
+        return None
+    out = []
+    for item in v:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2
+                and isinstance(item[0], (list, tuple)) and isinstance(item[1], int)):
+            return None
+        out.extend(list(item[0]) * item[1])
+    return out
 
 
 def build_hf_model(cfg, *, seed: int, device: str = "cpu"):

@@ -348,3 +348,98 @@ def test_each_documents_reference_is_that_document_run_alone(tmp_path):
     short = [[(3 * t + k) % 120 + 5 for t in range(n)] for k in range(4) for n in (20, 10)]
     rep = run_verify(pack_docs(tmp_path, short, 32, name="c32"), rows=0, hf_config=cfg)
     assert rep.ok, rep.format_text()
+
+
+#: real configs whose per-layer or per-rotary-frequency fields did not shrink (one line:
+#: "could not shrink ... to a test size")
+UNSHRINKABLE = {
+    # attention_types [[kinds, repeats]] expands to one kind a layer
+    "gpt_neo": lambda: transformers.GPTNeoConfig(num_layers=12,
+                                                 attention_types=[[["global", "local"], 6]]),
+    # Phi-3.5-mini: 48 longrope factors a list, one per rotary frequency of heads of 96
+    "phi3_longrope": lambda: transformers.Phi3Config(
+        vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=131072,
+        original_max_position_embeddings=4096, pad_token_id=32000,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 1e4,
+                         "short_factor": [1.0 + i / 48 for i in range(48)],
+                         "long_factor": [1.0 + i for i in range(48)],
+                         "original_max_position_embeddings": 4096}),
+    # activation_sparsity_pattern: one value a layer; KV shared by the last 15 layers
+    "gemma3n_text": lambda: transformers.AutoConfig.for_model("gemma3n_text"),
+    # per_layer_config: overrides keyed by layer index ("05", "11", ...)
+    "gemma4_text": lambda: transformers.AutoConfig.for_model("gemma4_text"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNSHRINKABLE))
+def test_per_layer_and_per_frequency_fields_shrink_with_layers_and_heads(name):
+    """Per-layer lists, patterns and overrides are cut with the layers, per-frequency RoPE
+    factor lists with the head size: the shrunk config keeps its kinds of layers and builds."""
+    from packtool.verify.hf_model import build_hf_model, decoder_layers, shrink_config
+
+    small = shrink_config(UNSHRINKABLE[name]())
+    n = small.num_hidden_layers
+    if name == "gpt_neo":
+        assert small.attention_layers == ["global", "local"] and n == 2, small
+    elif name == "phi3_longrope":
+        half = small.head_dim // 2 if getattr(small, "head_dim", None) else 8
+        rp = small.rope_parameters
+        assert len(rp["short_factor"]) == len(rp["long_factor"]) == half == 8, rp
+        assert rp["short_factor"][0] == 1.0 and rp["long_factor"][-1] > rp["long_factor"][0]
+    elif name == "gemma3n_text":
+        assert len(small.activation_sparsity_pattern) == n, small
+        assert set(small.layer_types) == {"sliding_attention", "full_attention"}
+        assert small.num_kv_shared_layers == 1 and n <= 8, small
+    else:
+        assert all(int(k) < n for k in small.to_dict()["per_layer_config"]), small
+        assert "full_attention" in small.layer_types and n <= 8, small
+    assert len(decoder_layers(build_hf_model(small, seed=0))) == n
+
+
+@pytest.mark.parametrize("name", ["gpt_neo", "phi3_longrope"])
+def test_attention_configs_that_now_shrink_keep_documents_apart(packed, name):
+    """GPT-Neo's local and global attention and Phi-3.5's longrope (C = 32, far below its
+    4,096-position switch) keep packed documents apart: verify passes."""
+    rep = run_verify(packed, rows=0, hf_config=UNSHRINKABLE[name]())
+    assert rep.ok, rep.format_text()
+
+
+def test_mrope_sections_follow_the_head_size():
+    """Multimodal RoPE sections sum to half the rotary head, which Cosmos 3's config checks:
+    [24, 20, 20] on heads of 128 become sections summing to 8 on heads of 16 (it did not
+    shrink)."""
+    from packtool.verify.hf_model import build_hf_model, shrink_config
+
+    small = shrink_config(transformers.AutoConfig.for_model("cosmos3_edge"))
+    text = small.get_text_config()
+    head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    sections = text.rope_parameters["mrope_section"]
+    assert sections == [3, 3, 2] and sum(sections) == head // 2, text.rope_parameters
+    build_hf_model(small, seed=0)
+
+
+def test_a_config_that_still_cannot_shrink_names_the_fields():
+    """When the config class refuses the shrunk config, the message names the fields: those
+    transformers' message names (XLNet's d_head against d_model // n_head), else the fields
+    packtool changed whose original value alone the class accepts."""
+    from packtool.errors import InputError
+    from packtool.verify.hf_model import shrink_config
+
+    with pytest.raises(InputError) as err:
+        shrink_config(transformers.XLNetConfig())
+    msg = str(err.value)
+    assert re.match(r"could not shrink the xlnet config to a test size: its class refuses "
+                    r"[\w, ]*\bd_head\b[\w, ]* of the shrunk config \(", msg), msg
+
+    class Picky(transformers.LlamaConfig):  # refuses a width of 64 without naming it
+        @classmethod
+        def from_dict(cls, d, **kwargs):
+            if d.get("hidden_size") == 64:
+                raise ValueError("these sizes do not go together")
+            return super().from_dict(d, **kwargs)
+
+    with pytest.raises(InputError) as err:
+        shrink_config(Picky())
+    assert "its class refuses hidden_size of the shrunk config (ValueError: these sizes do " \
+        "not go together)" in str(err.value), err.value
