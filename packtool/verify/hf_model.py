@@ -147,19 +147,35 @@ def load_hf_config(spec: str):
             raise InputError(f"{p}: transformers refuses this {kind} config: "
                              f"{_one_line(exc)}") from None
     looks_local = p.exists() or spec.startswith((".", "/", "~")) or spec.endswith(".json")
+    missing = f"{spec}: no such file or directory{_missing_part(p)}"
     if looks_local and not p.is_dir():
-        raise InputError(f"{spec}: no such file or directory; give a config.json, its "
-                         "directory, or a model name already in the transformers cache")
+        raise InputError(f"{missing}; give a config.json, its directory, or a model name "
+                         "already in the transformers cache")
     try:
         cfg = AutoConfig.from_pretrained(str(p) if p.is_dir() else spec, local_files_only=True,
                                          trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 - OSError, ValueError, or a config's validation
+        if not p.is_dir() and len(p.parts) > 1 and Path(p.parts[0]).is_dir():
+            # cfg/nonexist beside a local cfg/: a mistyped path, not a model name
+            raise InputError(f"{missing}, nor a model name in the transformers cache; give a "
+                             "config.json, its directory, or a model name already in the "
+                             "transformers cache") from None
         where = f"{p}: no usable config.json" if p.is_dir() else (
             f"{spec}: not in the transformers cache (packtool never downloads; fetch it first, "
             f"e.g. `hf download {spec} config.json`, or give a local config.json)")
         raise InputError(f"{where}: {_one_line(exc)}") from None
     refuse_remote_code(cfg.to_dict(), str(p / "config.json") if p.is_dir() else spec)
     return cfg
+
+
+def _missing_part(p: Path) -> str:
+    """`` (cfg/ has no nonexist)``: the deepest directory of ``p`` that exists and the first
+    name missing in it, or '' when not even the first exists."""
+    for parent in p.parents:
+        if str(parent) not in ("", ".") and parent.is_dir():
+            where = str(parent) if str(parent).endswith("/") else f"{parent}/"
+            return f" ({where} has no {p.relative_to(parent).parts[0]})"
+    return ""
 
 
 def _one_line(exc: BaseException) -> str:

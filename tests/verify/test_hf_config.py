@@ -443,3 +443,19 @@ def test_a_config_that_still_cannot_shrink_names_the_fields():
         shrink_config(Picky())
     assert "its class refuses hidden_size of the shrunk config (ValueError: these sizes do " \
         "not go together)" in str(err.value), err.value
+
+
+@pytest.mark.parametrize("given", ["cfg/nonexist", "cfg/a/config.json", "./cfg/nonexist"])
+def test_a_mistyped_local_path_is_no_such_directory_not_a_model_name(packed, tmp_path,
+                                                                    monkeypatch, given):
+    """A path under a local directory that does not exist (cfg/ is here, cfg/nonexist is not)
+    was looked up as a model name ("not in the transformers cache ... hf download
+    cfg/nonexist"): it is no such file or directory, naming the part missing."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cfg").mkdir()
+    r = CliRunner().invoke(cli, ["verify", str(packed), "--hf-config", given, "--no-progress"])
+    assert r.exit_code == 1, r.output
+    line = r.output.strip().splitlines()[-1]
+    missing = "nonexist" if "nonexist" in given else "a"
+    assert f"{given}: no such file or directory (cfg/ has no {missing})" in line, line
+    assert "hf download" not in line, line
