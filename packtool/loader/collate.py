@@ -197,6 +197,31 @@ def _convention(item) -> str | None:
     return "unshifted" if mode == "none" else mode
 
 
+def _spans_cover(flat: np.ndarray, offs: np.ndarray, C: int) -> bool:
+    """True when every item's ``cu_seqlens`` (``flat``, the items' 1-D arrays concatenated,
+    item ``i`` at ``offs[i]:offs[i + 1]``) rises strictly from 0 to ``C``: one pass over the
+    batch (B07)."""
+    if (np.diff(offs) < 2).any():
+        return False
+    if (flat[offs[:-1]] != 0).any() or (flat[offs[1:] - 1] != C).any():
+        return False
+    rise = np.diff(flat) > 0
+    rise[offs[1:-1] - 1] = True  # the step from one item's C to the next item's 0
+    return bool(rise.all())
+
+
+def _refuse_spans(parts: list, C: int) -> None:
+    """Raise the B07 error naming the first item whose ``cu_seqlens`` does not rise from 0 to
+    ``C``."""
+    for i, p in enumerate(parts):
+        if p.ndim != 1 or p.size < 2 or p[0] != 0 or p[-1] != C or not (np.diff(p) > 0).all():
+            raise ValueError(
+                f"batch item {i}: cu_seqlens {p.tolist()[:8]}"
+                f"{' ...' if p.size > 8 else ''} must rise from 0 to C = {C} (the "
+                "padding tail a span of its own, no empty span); keep the "
+                "row's stored cu_seqlens")
+
+
 def rows_of(batch) -> Rows:
     """The batch as :class:`~packtool.formats.packed.Rows` (items are stacked once per column;
     a ``Rows`` is returned as it is). The labels convention is the items' (``labels_convention``
@@ -240,18 +265,14 @@ def rows_of(batch) -> Rows:
     for k in _RAGGED:
         if k in first:
             parts = [np.asarray(item[k]) for item in batch]
-            if k == "cu_seqlens":  # B07: from 0 to C, the padding tail a span of its own
-                for i, p in enumerate(parts):
-                    if p.ndim != 1 or p.size < 2 or p[0] != 0 or p[-1] != C \
-                            or not (np.diff(p) > 0).all():
-                        raise ValueError(
-                            f"batch item {i}: cu_seqlens {p.tolist()[:8]}"
-                            f"{' ...' if p.size > 8 else ''} must rise from 0 to C = {C} (the "
-                            "padding tail a span of its own, no empty span); keep the "
-                            "row's stored cu_seqlens")
             offs = np.zeros(len(parts) + 1, dtype=np.int64)  # shape: (B + 1,)
             np.cumsum([p.size for p in parts], out=offs[1:])
-            ragged[k] = (np.concatenate(parts), offs)
+            if k == "cu_seqlens" and any(p.ndim != 1 for p in parts):
+                _refuse_spans(parts, C)
+            flat = np.concatenate(parts)
+            if k == "cu_seqlens" and not _spans_cover(flat, offs, C):
+                _refuse_spans(parts, C)
+            ragged[k] = (flat, offs)
     scalars = {k: np.asarray([item[k] for item in batch]) for k in _SCALARS if k in first}
     mode = _convention(first)
     for i, item in enumerate(batch):

@@ -243,3 +243,20 @@ def test_an_item_whose_cu_seqlens_does_not_rise_from_0_to_c_is_refused(padded, n
     with pytest.raises(ValueError, match=r"^batch item 0: cu_seqlens .* must rise from 0 to "
                                          r"C = 8"):
         COLLATES[name](items)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(2, 6).flatmap(lambda C: st.tuples(st.just(C), st.lists(
+    st.lists(st.integers(-1, C + 1), max_size=5).map(sorted), min_size=1, max_size=4))))
+def test_batch_span_check_matches_the_per_item_rule(case):
+    """The one-pass B07 check over a batch's concatenated cu_seqlens says what checking each
+    item alone says (starts at 0, ends at C, strictly rising, at least one span)."""
+    from packtool.loader.collate import _spans_cover
+
+    C, lists = case
+    parts = [np.asarray(v, dtype=np.int32) for v in lists]
+    offs = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum([p.size for p in parts], out=offs[1:])
+    alone = all(p.size >= 2 and p[0] == 0 and p[-1] == C and bool((np.diff(p) > 0).all())
+                for p in parts)
+    assert _spans_cover(np.concatenate(parts), offs, C) == alone
