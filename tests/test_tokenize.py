@@ -347,6 +347,23 @@ def test_a_resumed_tokenize_counts_bos_and_eos_as_a_whole_run_does(tmp_path, hf_
     assert hash_tree(out) == whole and read_manifest(out).totals == m.totals
 
 
+def _stop_publishing_at(monkeypatch, n: int):
+    """Make tokenize's n-th shard publication raise KeyboardInterrupt (Ctrl-C there); returns
+    the real publish_shard, to put back."""
+    from packtool.text import run
+
+    real, calls = run.publish_shard, []
+
+    def stop(*a):
+        calls.append(a)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(*a)
+
+    monkeypatch.setattr(run, "publish_shard", stop)
+    return real
+
+
 def test_an_interrupted_tokenize_keeps_its_shards_and_their_counts(tmp_path, hf_tokenizer,
                                                                   monkeypatch):
     """Ctrl-C after three shards: the marker lists them with their counts, so the rerun keeps
@@ -358,15 +375,7 @@ def test_an_interrupted_tokenize_keeps_its_shards_and_their_counts(tmp_path, hf_
             "--prepend-bos", "<s>", "--rows-per-shard", 10, src]
     assert invoke([*args, tmp_path / "whole"]).exit_code == 0
     whole = read_manifest(tmp_path / "whole")
-    real, calls = run.publish_shard, []
-
-    def stop_at_the_fourth(*a):
-        calls.append(a)
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return real(*a)
-
-    monkeypatch.setattr(run, "publish_shard", stop_at_the_fourth)
+    real = _stop_publishing_at(monkeypatch, 4)
     out = tmp_path / "out"
     assert invoke([*args, out]).exit_code == 130
     marker = json.loads((out / IN_PROGRESS_NAME).read_text())
@@ -391,15 +400,7 @@ def test_an_interrupted_tokenize_output_is_called_a_tokenize_run_by_every_comman
 
     src = write_jsonl(tmp_path / "a.jsonl", TEXTS)
     args = ["tokenize", "-q", "--tokenizer", hf_tokenizer, "--rows-per-shard", 10, src]
-    real, calls = run.publish_shard, []
-
-    def stop_at_the_third(*a):
-        calls.append(a)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*a)
-
-    monkeypatch.setattr(run, "publish_shard", stop_at_the_third)
+    real = _stop_publishing_at(monkeypatch, 3)
     lk = tmp_path / "lk"
     assert invoke([*args, lk]).exit_code == 130
     monkeypatch.setattr(run, "publish_shard", real)
