@@ -187,6 +187,7 @@ def _needs(columns) -> None:
 _TOKENS = ("input_ids", "segment_ids", "position_ids", "labels")
 _RAGGED = ("cu_seqlens", "cu_seqlens_unpadded", "doc_ids", "doc_offsets", "source_ids")
 _SCALARS = ("max_seqlen", "num_targets")
+_COLUMNS = _TOKENS + _RAGGED + _SCALARS
 
 
 def _convention(item) -> str | None:
@@ -222,6 +223,29 @@ def _refuse_spans(parts: list, C: int) -> None:
                 "row's stored cu_seqlens")
 
 
+def _same_columns(batch) -> None:
+    """Refuse items that do not carry the same columns a batch is built of (``_TOKENS``,
+    ``_RAGGED``, ``_SCALARS``): a batch takes its columns from its first item, so a column the
+    others lack would fail deep inside, and one the first lacks would be left out in silence
+    (rows of outputs packed with other options, e.g. ``--segment-multiple`` or
+    ``--source-column``, in one batch)."""
+    first = batch[0]
+    have = [k for k in _COLUMNS if k in first]
+    for i, item in enumerate(batch):
+        if sum(k in item for k in _COLUMNS) == len(have) and all(k in item for k in have):
+            continue  # the same columns
+        only_first = [k for k in have if k not in item]
+        only_this = [k for k in _COLUMNS if k in item and k not in first]
+        said = "; ".join(
+            f"only item {j} carries {', '.join(ks)}"
+            for j, ks in ((0, only_first), (i, only_this)) if ks)
+        raise ValueError(
+            f"batch items 0 and {i} carry different columns ({said}): rows of outputs packed "
+            "with other options (--segment-multiple, --source-column, --labels) or read with "
+            "other columns= cannot share a batch; read them with the same columns=, or batch "
+            "each output's rows apart")
+
+
 def rows_of(batch) -> Rows:
     """The batch as :class:`~packtool.formats.packed.Rows` (items are stacked once per column;
     a ``Rows`` is returned as it is). The labels convention is the items' (``labels_convention``
@@ -230,7 +254,7 @@ def rows_of(batch) -> Rows:
     Raises:
         ValueError: an empty batch, a batch already made (a dict), rows of different capacity,
             an item whose per-token columns differ in length or whose ``cu_seqlens`` does
-            not rise from 0 to C, items with different keys, or
+            not rise from 0 to C, items with different columns (both items named), or
             items that say different labels conventions (or one says and another does not).
         OverflowError: B * C over 2**31 - 1 (int32 ``cu_seqlens``, which every batch this
             module builds carries), refused before anything is stacked.
@@ -248,12 +272,15 @@ def rows_of(batch) -> Rows:
     if "input_ids" not in first:
         check_item_columns(first.keys())
     C = len(first["input_ids"])
-    if any(len(item["input_ids"]) != C for item in batch):
-        raise ValueError("rows of different capacity in one batch")
+    for i, item in enumerate(batch):
+        if len(item["input_ids"]) != C:
+            raise ValueError(
+                f"batch items 0 and {i} hold rows of different capacity ({C} and "
+                f"{len(item['input_ids'])} tokens): batch rows of one capacity (a mixture's "
+                "outputs share one; pack every output with the same --capacity)")
     _check_int32(len(batch), C)
+    _same_columns(batch)
     keys = [k for k in _TOKENS if k in first]
-    if any(any(k not in item for k in keys) for item in batch):
-        raise ValueError("items with different columns in one batch")
     for i, item in enumerate(batch):  # B27: a transform that padded or cut one column only
         for k in keys[1:]:
             if len(item[k]) != C:

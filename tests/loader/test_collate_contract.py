@@ -4,6 +4,8 @@ decoded row groups) builds exactly the batch that collating items builds."""
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -260,3 +262,29 @@ def test_batch_span_check_matches_the_per_item_rule(case):
     alone = all(p.size >= 2 and p[0] == 0 and p[-1] == C and bool((np.diff(p) > 0).all())
                 for p in parts)
     assert _spans_cover(np.concatenate(parts), offs, C) == alone
+
+
+def test_rows_of_outputs_packed_with_other_options_are_refused_in_one_batch(tmp_path):
+    """Rows of a --segment-multiple output beside rows of a plain one, a row without
+    source_ids beside one with them, rows of another capacity: every collate refuses the
+    batch naming both items and what differs, whichever comes first (a bare KeyError when
+    the first lacked a column; with the other order the batch lost the --segment-multiple
+    fields in silence)."""
+    src = write_input(tmp_path / "in", [[1, 2, 3], [4, 5], [6, 7, 8, 9]])
+    pq.write_table(pa.table({"input_ids": [[1, 2, 3], [4, 5]], "src": ["a", "b"]}),
+                   tmp_path / "s.parquet")
+    plain = PackedDataset(pack(src, tmp_path / "plain", 16))[0]
+    multiple = PackedDataset(pack(src, tmp_path / "m", 16, "--segment-multiple", "4"))[0]
+    sourced = PackedDataset(pack(tmp_path / "s.parquet", tmp_path / "src", 16,
+                                 "--source-column", "src"))[0]
+    wider = PackedDataset(pack(src, tmp_path / "w", 32))[0]
+    for fn in (collate, collate_flat, HFCollator()):
+        for a, b, only in ((plain, multiple, "cu_seqlens_unpadded"),
+                           (multiple, plain, "cu_seqlens_unpadded"),
+                           (plain, sourced, "source_ids"), (sourced, plain, "source_ids")):
+            with pytest.raises(ValueError, match=rf"batch items 0 and 1 carry different "
+                                                 rf"columns \(only item [01] carries .*{only}"):
+                fn([a, b])
+        with pytest.raises(ValueError, match=r"batch items 0 and 1 hold rows of different "
+                                             r"capacity \(16 and 32 tokens\)"):
+            fn([plain, wider])
