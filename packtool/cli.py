@@ -280,14 +280,10 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
     except KeyboardInterrupt as exc:
         from packtool.signals import exit_status, stop_word
 
-        kept = str(exc)
-        where, role = getattr(exc, "output", None) or (cfg.output, "OUTPUT")
-        done = (f" ({display(cfg.output)} is finished)" if role != "OUTPUT" else "")
-        raise Interrupted(f"{stop_word()}: {display(where)} has no manifest{done}; "
-                          + (f"kept for the rerun: {kept}; " if kept
-                             else f"nothing was kept ({role} is as before the run); ")
-                          + "rerun the same command to resume and finish it",
-                          exit_status()) from None
+        # what each output holds now (finished, as before, or what the rerun resumes from)
+        held = str(exc) or f"nothing was kept ({display(cfg.output)} is as before the run)"
+        raise Interrupted(f"{stop_word()}: {held}; rerun the same command to resume and "
+                          "finish it", exit_status()) from None
     s = result.stats
     if not result.already_complete:  # once, on stderr, loud whatever the output format
         for w in result.warnings:

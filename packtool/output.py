@@ -240,6 +240,10 @@ class Output:
         self.phase: str | None = None
         self._untouched = False  # complete, recognised without the lock: nothing to clean up
         self._release_sigint = None  # set by commit(): Ctrl-C held until __exit__ ends
+        self._found_finished = False  # a finished pack (a manifest) was there at entry
+        self._began = False  # begin_write() ran: what this run replaces is gone
+        self._committed = False  # commit() wrote the manifest
+        self._tied: list[Output] = []  # outputs whose replaced pack goes when this one writes
         self._scratch_needed = 0  # bytes of scratch the run asked for (check_space)
         self._promised: dict = {}  # shard -> manifest entry dict from an interrupted run's marker
         self._written: dict = {}  # shard -> manifest entry dict finished in this run
@@ -366,6 +370,7 @@ class Output:
         out = self.path
         found = {n: e for n, e in out.listdir().items() if n != LOCK_NAME}
         m, ours = self._manifest_of(found)
+        self._found_finished = m is not None
         if m is not None:
             if m.fingerprint == self.fingerprint and not ours:
                 self.overwrite = True  # this very pack, damaged since: ours to redo
@@ -478,9 +483,27 @@ class Output:
         return kept.units
 
     # -- writing -------------------------------------------------------------------------------
+    def tie(self, other: "Output") -> None:
+        """Make the entered output ``other`` (the held-out output of ``--holdout``) lose the
+        finished pack it will replace as soon as this one begins writing (:meth:`invalidate`),
+        so that this output's new pack is never readable beside ``other``'s old one."""
+        self._tied.append(other)
+
+    def invalidate(self) -> None:
+        """When this output holds a finished pack that this run replaces, remove it now and
+        mark the output as in progress (:meth:`begin_write`): readers then refuse it as a pack
+        being written (or, once the run has stopped, an interrupted one to rerun). A finished
+        pack this run keeps (``complete``), an interrupted one it resumes and an output
+        holding no finished pack are left as they are."""
+        if self._found_finished and not (self.complete or self.resume or self._began):
+            self.begin_write()
+
     def begin_write(self) -> None:
         """Remove what this run replaces (the manifest first, so a replaced pack never looks
-        complete, then the shards; other files stay) and mark OUTPUT as in progress."""
+        complete, then the shards; other files stay) and mark OUTPUT as in progress; the tied
+        outputs (:meth:`tie`) lose theirs first."""
+        for other in self._tied:
+            other.invalidate()
         out = self.path
         if not self.resume:  # packtool's own files only; anything else is left alone
             out.join(MANIFEST_NAME).delete()
@@ -491,7 +514,7 @@ class Output:
                 if not e.is_dir and is_shard_name(name):
                     out.join(name).delete()
         self._write_marker()
-        self._writing = True
+        self._writing = self._began = True
         self.phase = "write"
 
     def shards_kept(self) -> int:
@@ -542,6 +565,7 @@ class Output:
         self.phase = "manifest"
         publish_manifest(self.path, manifest, schema)
         self._writing = False
+        self._committed = True
         self.manifest = manifest
         self.path.join(IN_PROGRESS_NAME).delete()
         self.tmp.delete_tree()
@@ -562,6 +586,29 @@ class Output:
         if isinstance(exc, store.STORE_ERRORS):
             raise self._os_error(exc) from None
         return False
+
+    @property
+    def finished(self) -> bool:
+        """This output holds this run's finished pack: found complete, or committed."""
+        return self.complete or self._committed
+
+    def stopped_words(self) -> str:
+        """What this output holds once a run stopped by Ctrl-C or SIGTERM has left it
+        (after :meth:`__exit__`), in words for the interrupted message: finished; its earlier
+        finished pack, untouched (``--overwrite`` stopped before writing); or no manifest, with
+        what the scratch and the finished shards keep for the rerun of the same command."""
+        d = self.path.display
+        if self.finished:
+            return f"{d} is finished"
+        kept = self.kept.describe(self.shards_kept())
+        if self._began:
+            return (f"{d} has no manifest; kept for the rerun: {kept}" if kept else
+                    f"{d} has no manifest (its in-progress marker only; nothing was kept)")
+        if self._found_finished:
+            return (f"{d} still holds its earlier finished pack, untouched"
+                    + (f"; kept for the rerun: {kept}" if kept else ""))
+        return (f"{d} has no manifest; kept for the rerun: {kept}" if kept else
+                f"{d} has no manifest; nothing was kept ({self.role} is as before the run)")
 
     def _state(self) -> str:
         """What OUTPUT holds after a failed run, in words, true in every phase: as before

@@ -253,7 +253,8 @@ def check() -> None:
 #: Test hook (used only by the crash, interrupt and cluster tests):
 #: ``PACKTOOL_TEST_PAUSE_AT=<phase>[:<n>]`` with phase ``read`` (n = read part),
 #: ``read-piece`` (n = piece of its read part, before it is read), ``plan`` (n = window),
-#: ``write-shard`` (n = shard) or ``manifest`` makes ``pack`` print a line to stderr and wait
+#: ``write-shard`` (n = shard), ``manifest`` or ``holdout`` (``--holdout``: the training output
+#: finished, the held-out pack not begun) makes ``pack`` print a line to stderr and wait
 #: there until it is killed or told to stop; ``tokenize-shard`` (n = shard of this run, before
 #: it is written) and ``export-block`` (n = block of rows read, its temporary file open) do the
 #: same in ``tokenize`` and ``export``. Unset, it costs one lookup.

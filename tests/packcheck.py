@@ -253,10 +253,12 @@ def no_padding_block(batch, dev):
 
 
 @contextmanager
-def paused_pack(src, out, phase: str, options=()):
+def paused_pack(src, out, phase: str, options=(), stop: int = signal.SIGKILL):
     """``packtool pack -q OPTIONS SRC OUT`` as a process, held at the test pause ``phase``
     (``PACKTOOL_TEST_PAUSE_AT``): yields the process once it announced the pause; on the way
-    out it is SIGKILLed (asserted) and reaped, with a 120 s watchdog throughout."""
+    out it is sent ``stop`` (SIGKILL: it dies, asserted; SIGINT or SIGTERM: it exits 128 + the
+    signal, asserted, and what it printed on stderr after the pause is left in
+    ``proc.err``) and reaped, with a 120 s watchdog throughout."""
     env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT=phase)
     proc = subprocess.Popen([sys.executable, "-m", "packtool", "pack", "-q", *map(str, options),
                              str(src), str(out)], stderr=subprocess.PIPE, text=True, env=env)
@@ -266,8 +268,10 @@ def paused_pack(src, out, phase: str, options=()):
         line = proc.stderr.readline()
         assert f"test pause at {phase}" in line, f"no pause at {phase}: {line!r}"
         yield proc
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait() == -signal.SIGKILL
+        os.kill(proc.pid, stop)
+        code = proc.wait()
+        proc.err = proc.stderr.read()
+        assert code == (-stop if stop == signal.SIGKILL else 128 + stop), proc.err
     finally:
         watchdog.cancel()
         proc.kill()

@@ -344,6 +344,29 @@ def test_ctrl_c_after_a_window_finished_keeps_it_for_the_rerun(tmp_path, src):
     assert not (other / TMP_DIR_NAME).exists()
 
 
+@pytest.mark.parametrize("pause", ["read", "plan:0"])
+def test_an_overwrite_stopped_before_it_writes_says_the_finished_output_is_untouched(
+        tmp_path, src, reference, pause):
+    """``pack --overwrite`` of other options over a finished output, Ctrl-C while it reads or
+    plans: the old output is still complete and untouched, and the line says so (it said
+    OUTPUT "has no manifest"), with what the rerun keeps; the same command then replaces it."""
+    out = tmp_path / "out"
+    rerun(src, out)
+    before = hash_tree(out)
+    other = [o if o != "3" else "4" for o in OPTIONS] + ["--overwrite"]
+    err = _ctrl_c_at(pause, src, out, other)
+    assert f"interrupted: {out} still holds its earlier finished pack, untouched" in err, err
+    assert "has no manifest" not in err, err
+    if pause == "plan:0":
+        assert "untouched; kept for the rerun: 1 read part (80 documents" in err, err
+    assert {k: v for k, v in hash_tree(out).items() if not k.startswith(TMP_DIR_NAME)} == before
+    assert LOCK_NAME not in {p.name for p in out.iterdir()}
+    assert rerun(src, out, other)["parts_reused"] == (pause == "plan:0")
+    fresh = tmp_path / "fresh"
+    rerun(src, fresh, other)
+    assert hash_tree(out) == hash_tree(fresh)
+
+
 @pytest.fixture(scope="module")
 def four_files(tmp_path_factory) -> Path:
     """Four small files: one read part of four pieces (one per file)."""

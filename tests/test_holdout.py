@@ -4,12 +4,14 @@ shares no document with the training rows, with the same contract and its own ma
 from __future__ import annotations
 
 import re
+import signal
 
 import numpy as np
 import pytest
 
-from packcheck import check_output, hash_tree, invoke, read_output, write_docs
+from packcheck import check_output, hash_tree, invoke, paused_pack, read_output, write_docs
 from packtool.core.holdout import count_held_out, drop_documents, holdout_mask
+from packtool.errors import ManifestError
 from packtool.formats.manifest import read_manifest
 
 MASK64 = (1 << 64) - 1
@@ -309,9 +311,47 @@ def test_ctrl_c_during_the_held_out_pack_names_the_held_out_output(tmp_path, mon
     args = ["pack", "-q", "-c", 64, "--holdout", 0.2, "--holdout-output", held, src.parent, out]
     res = invoke(args)
     assert res.exit_code == 130, res.output
-    assert f"{held} has no manifest ({out} is finished)" in res.output, res.output
-    assert "--holdout-output is as before the run" in res.output, res.output
+    assert f"interrupted: {out} is finished; {held} has no manifest; nothing was kept " \
+        "(--holdout-output is as before the run)" in res.output, res.output
     read_manifest(out)  # the training output is complete
     monkeypatch.undo()
     assert invoke(args).exit_code == 0
     read_manifest(held)
+
+
+def _doc_ids(out) -> set[int]:
+    rows, _ = read_output(out)
+    return {int(d) for r in rows for d in r["doc_ids"]}
+
+
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGKILL"])
+def test_an_overwrite_stopped_between_its_two_packs_never_pairs_new_and_old_rows(tmp_path,
+                                                                                 stop):
+    """``pack --overwrite --holdout`` over a finished pair of another --seed, stopped once the
+    new training output is finished and before the held-out pack begins: the earlier held-out
+    pack (which holds documents the new training rows hold) went when the training pack began
+    writing, so a reader of the held-out output is told a pack is writing it (after the stop:
+    an interrupted pack to rerun), never handed the old rows beside the new ones (it used to
+    be). The Ctrl-C line says which output is finished and which is not; the same command
+    then finishes the pair as an undisturbed run does."""
+    src = write_docs(tmp_path / "in" / "a.parquet", _docs(80))
+    out, held = tmp_path / "out", tmp_path / "held"
+    base = ["-c", 64, "--rows-per-shard", 2, "--workers", 1, "--holdout", 0.3,
+            "--holdout-output", held]
+    assert invoke(["pack", "-q", *base, "--seed", 1, src, out]).exit_code == 0
+    again = [*base, "--seed", 2, "--overwrite"]
+    ref, ref_held = tmp_path / "ref", tmp_path / "ref-held"
+    assert invoke(["pack", "-q", *base[:-1], ref_held, "--seed", 2, src, ref]).exit_code == 0
+    with paused_pack(src, out, "holdout", again, stop=getattr(signal, stop)) as proc:
+        assert hash_tree(out) == hash_tree(ref)  # the new training output is finished
+        with pytest.raises(ManifestError, match="a packtool pack is writing it now"):
+            read_manifest(held)
+    if stop == "SIGINT":
+        assert f"Error: interrupted: {out} is finished; {held} has no manifest" in proc.err, \
+            proc.err
+        assert proc.err.rstrip().endswith("rerun the same command to resume and finish it")
+    with pytest.raises(ManifestError, match="an interrupted pack: rerun"):
+        read_manifest(held)
+    assert invoke(["pack", "-q", *again, src, out]).exit_code == 0
+    assert hash_tree(out) == hash_tree(ref) and hash_tree(held) == hash_tree(ref_held)
+    assert not _doc_ids(out) & _doc_ids(held)

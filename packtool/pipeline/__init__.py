@@ -244,14 +244,19 @@ def _run(run: _Run, out: Output, show: bool, t0: float) -> PackResult:
     return _pack(run.cfg, run.files, run.parts, run.windows, run.fp, out, show, t0)
 
 
-def _interrupted(exc: KeyboardInterrupt, out: Output | None) -> KeyboardInterrupt:
-    """The ``KeyboardInterrupt`` to raise: its message says what ``out`` kept for the rerun,
-    and its ``output`` attribute names the output that was stopped (with ``--holdout``, the
-    held-out one once the training output is finished), None when none was entered."""
-    kept = out.kept.describe(out.shards_kept()) if out is not None else ""
-    stopped = KeyboardInterrupt(kept) if kept and not str(exc) else exc
-    stopped.output = (out.path.display, out.role) if out is not None else None
-    return stopped
+def _interrupted(cfg: PackConfig, outs: "list[Output | None]") -> KeyboardInterrupt:
+    """The ``KeyboardInterrupt`` to raise once the run has left its outputs: its message says
+    what each output of ``cfg`` (OUTPUT, and the held-out output of ``--holdout``) holds now
+    (:meth:`Output.stopped_words`: finished, its earlier pack untouched, or no manifest and
+    what was kept for the rerun); ``outs``: the outputs entered (None for one that was not,
+    which is as before the run)."""
+    entered = {o.role: o for o in outs if o is not None}
+    words = []
+    for path, role in cfg.own_outputs():
+        out = entered.get(role)
+        words.append(out.stopped_words() if out is not None else
+                     f"nothing was kept ({display(path)} is as it was before the run)")
+    return KeyboardInterrupt("; ".join(words))
 
 
 def _refuse_empty_side(cfg, tokens: int, docs: int, total) -> None:
@@ -291,8 +296,9 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
             or open files; the message names the fixes of the phase, OUTPUT is as before or
             resumable.
         MissingDependencyError: ``--engine ray`` without Ray installed.
-        KeyboardInterrupt: Ctrl-C; OUTPUT is as before or resumable, and the exception's
-            message says what was kept for the rerun (empty when nothing was).
+        KeyboardInterrupt: Ctrl-C or SIGTERM; each output is as before, finished, or resumable
+            by the same command, and the exception's message says which, with what was kept
+            for the rerun.
     """
     if cfg.holdout is not None and cfg.holdout_part is None:  # two packs, one per side
         from packtool.pipeline.holdout import run_holdout
@@ -305,8 +311,8 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
     try:
         with interruptible(), run.output() as out:
             return _run(run, out, show, t0)
-    except KeyboardInterrupt as exc:
-        raise _interrupted(exc, out) from None
+    except KeyboardInterrupt:
+        raise _interrupted(cfg, [out]) from None
 
 
 def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: str,

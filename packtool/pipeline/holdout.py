@@ -9,8 +9,11 @@ of the same command resumes whichever of the two is unfinished. Both outputs are
 (:class:`packtool.output.Output`: overlap with INPUT, a file, entries packtool did not write, a
 finished pack of other options, the lock) before either pack writes anything, and the held-out
 output stays locked while the training rows are written: a held-out output that cannot be
-written stops the run before the training pack begins, and nothing is written to either. ``doc_ids`` keep the global
-document index in both, so the two outputs never share a document.
+written stops the run before the training pack begins, and nothing is written to either. A
+finished held-out pack that the run replaces goes (its manifest first) when the training pack
+begins writing (:meth:`packtool.output.Output.tie`): the new training rows are never readable
+beside the held-out rows of another run. ``doc_ids`` keep the global document index in both,
+so the two outputs never share a document.
 
 The cost is a second read of the input (the held-out pack reads and validates every document to
 find its few); the plan and the writes of each pack cover only its own documents.
@@ -26,7 +29,7 @@ from packtool.core.holdout import count_held_out
 from packtool.errors import InputError
 from packtool.formats.reader import discover_inputs
 from packtool.pipeline.read import file_rows, plan_reads
-from packtool.signals import interruptible
+from packtool.signals import interruptible, test_pause
 
 __all__ = ["run_holdout"]
 
@@ -48,8 +51,12 @@ def run_holdout(cfg, prepare, run, interrupted, *, progress: bool = True):
     """Pack the documents not held out into ``cfg.output`` and the held-out ones into
     ``cfg.holdout_output``, with the steps of :func:`packtool.pipeline.run_pack` (passed in so
     this module does not import its own package): ``prepare(cfg)`` reads the footers,
-    ``run(prepared, output, show, t0)`` packs into an entered output, ``interrupted(exc,
-    output)`` names what an interrupted output kept.
+    ``run(prepared, output, show, t0)`` packs into an entered output, ``interrupted(cfg,
+    outputs)`` says what each output of an interrupted run holds.
+
+    A finished held-out pack that the run replaces is removed (its manifest first) when the
+    training pack begins writing, so no reader ever finds the new training rows beside the
+    held-out rows of another run.
 
     Returns:
         The training pack's :class:`~packtool.pipeline.PackResult`, its ``holdout`` the held-out
@@ -64,16 +71,19 @@ def run_holdout(cfg, prepare, run, interrupted, *, progress: bool = True):
     t0 = time.perf_counter()
     train = prepare(dataclasses.replace(cfg, holdout_part="train"))
     held = prepare(dataclasses.replace(cfg, output=cfg.holdout_output, holdout_part="holdout"))
-    out = None
+    out = held_out = None
     try:
         # the held-out output is entered (checked, locked) first and held while the training
         # rows are written; the training output is left before the held-out pack runs, so that
         # its end (Ctrl-C held once its manifest is written) never spans the other pack
         with interruptible(), held.output() as held_out:
             with train.output() as out:
+                # a finished held-out pack that this run replaces goes when the training pack
+                # begins writing: never readable beside the new training rows
+                out.tie(held_out)
                 trained = run(train, out, show, t0)
-            out = held_out
+            test_pause("holdout")
             return dataclasses.replace(trained,
                                        holdout=run(held, held_out, show, time.perf_counter()))
-    except KeyboardInterrupt as exc:
-        raise interrupted(exc, out) from None
+    except KeyboardInterrupt:
+        raise interrupted(cfg, [out, held_out]) from None
