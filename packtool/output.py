@@ -240,6 +240,9 @@ class Output:
         self.phase: str | None = None
         self._untouched = False  # complete, recognised without the lock: nothing to clean up
         self._release_sigint = None  # set by commit(): Ctrl-C held until __exit__ ends
+        #: SIGINT or SIGTERM that came while the manifest was committed (held then: the output
+        #: is complete); None when none did. A caller with more to do decides whether it stops
+        self.stop_noted: int | None = None
         self._found_finished = False  # a finished pack (a manifest) was there at entry
         self._began = False  # begin_write() ran: what this run replaces is gone
         self._committed = False  # commit() wrote the manifest
@@ -577,7 +580,9 @@ class Output:
                 self._cleanup(exc)
             finally:
                 if self._release_sigint is not None:
-                    self._release_sigint()  # a Ctrl-C after commit() began: complete
+                    # a Ctrl-C after commit() began: this output is complete (noted for a
+                    # caller with another output still to write)
+                    self.stop_noted = self._release_sigint()
                     self._release_sigint = None
         short = shortage_error(exc, memory=MEMORY_FIXES.get(self.phase, MEMORY_FIXES[None]),
                                files=FILES_FIX, state=self._state()) if exc is not None else None

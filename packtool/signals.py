@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 __all__ = ["EXIT_INTERRUPTED", "STOP", "STOP_SIGNALS", "install_early_handler", "interruptible",
-           "check", "hold", "signals_held", "stop_signal", "exit_status", "stop_word",
+           "check", "hold", "signals_held", "stop_now", "stop_signal", "exit_status", "stop_word",
            "result", "test_pause", "PAUSE_ENV", "PAUSE_ONCE_ENV", "TEST_ENVS"]
 
 #: Exit status of an interrupted command (128 + SIGINT, what shells report for Ctrl-C).
@@ -113,6 +113,17 @@ def _raise(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def stop_now(signum: int) -> None:
+    """Stop the run as signal ``signum`` (SIGINT or SIGTERM) would have inside
+    :func:`interruptible`: for a signal that :func:`hold` noted while work was held and that
+    still matters once it is done (:func:`stop_signal` then names it).
+
+    Raises:
+        KeyboardInterrupt: always.
+    """
+    _raise(signum, None)
+
+
 @contextmanager
 def interruptible() -> Iterator[None]:
     """While inside: SIGINT and SIGTERM set :data:`STOP` and raise ``KeyboardInterrupt`` (main
@@ -142,21 +153,22 @@ def interruptible() -> Iterator[None]:
             signal.raise_signal(signal.SIGTERM)
 
 
-def hold() -> Callable[[], bool]:
+def hold() -> Callable[[], "int | None"]:
     """From now on SIGINT and SIGTERM only set a flag (main thread; elsewhere nothing changes):
     for work that must not be cut short, such as tidying OUTPUT once its manifest is written.
 
     Returns:
-        ``release()``: restores the previous handlers and returns whether a signal came
-        meanwhile (the caller decides whether that still matters). Call it once.
+        ``release()``: restores the previous handlers and returns the first signal that came
+        meanwhile (SIGINT or SIGTERM), None when none did (the caller decides whether it still
+        matters: :func:`stop_now`). Call it once.
     """
     if threading.current_thread() is not threading.main_thread():
-        return lambda: False
+        return lambda: None
     noted, restore = _note_signals()
 
-    def release() -> bool:
+    def release() -> int | None:
         restore()
-        return bool(noted)
+        return noted[0] if noted else None
 
     return release
 

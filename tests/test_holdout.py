@@ -355,3 +355,51 @@ def test_an_overwrite_stopped_between_its_two_packs_never_pairs_new_and_old_rows
     assert invoke(["pack", "-q", *again, src, out]).exit_code == 0
     assert hash_tree(out) == hash_tree(ref) and hash_tree(held) == hash_tree(ref_held)
     assert not _doc_ids(out) & _doc_ids(held)
+
+
+_SIGNAL_IN_FIRST_MANIFEST = """
+import signal, sys
+import packtool.output as output
+original, calls = output.publish_manifest, []
+
+def then_signal(*args, **kwargs):
+    original(*args, **kwargs)
+    calls.append(args[0])
+    if len(calls) == 1:  # the training manifest: the signal comes as it is written
+        signal.raise_signal(signal.{sig})
+
+output.publish_manifest = then_signal
+sys.argv = ["packtool", *sys.argv[1:]]
+from packtool.__main__ import main
+main()
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_stop_while_the_training_manifest_is_written_stops_before_the_held_out_pack(
+        tmp_path, sig):
+    """SIGTERM (or Ctrl-C) while the training output's manifest is written: held then (the
+    training output is complete and is tidied), but honoured before the held-out pack begins
+    (it used to be dropped: the held-out pack ran and the command exited 0): exit 143 (130),
+    the line says the training output is finished and the held-out one not; the same command
+    then finishes the held-out pack."""
+    import subprocess
+    import sys
+
+    src = write_docs(tmp_path / "in" / "a.parquet", _docs(60))
+    out, held = tmp_path / "out", tmp_path / "held"
+    args = ["pack", "-q", "-c", 64, "--holdout", 0.2, "--holdout-output", held, src, out]
+    proc = subprocess.run([sys.executable, "-c", _SIGNAL_IN_FIRST_MANIFEST.format(sig=sig),
+                           *map(str, args)], capture_output=True, text=True, timeout=300)
+    word = "terminated (SIGTERM)" if sig == "SIGTERM" else "interrupted"
+    assert proc.returncode == 128 + getattr(signal, sig), proc.stderr
+    assert proc.stderr.strip() == (f"Error: {word}: {out} is finished; {held} has no manifest; "
+                                   "nothing was kept (--holdout-output is as before the run); "
+                                   "rerun the same command to resume and finish it")
+    assert not held.exists()
+    assert {p.name for p in out.iterdir() if p.name.startswith(".")} == {
+        ".packtool-manifest.parquet"}  # the training output is tidied: marker, scratch, lock
+    read_manifest(out)
+    res = invoke(args)
+    assert res.exit_code == 0, res.output
+    assert not _doc_ids(out) & _doc_ids(held)

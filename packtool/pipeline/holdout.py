@@ -29,7 +29,7 @@ from packtool.core.holdout import count_held_out
 from packtool.errors import InputError
 from packtool.formats.reader import discover_inputs
 from packtool.pipeline.read import file_rows, plan_reads
-from packtool.signals import interruptible, test_pause
+from packtool.signals import interruptible, stop_now, test_pause
 
 __all__ = ["run_holdout"]
 
@@ -82,6 +82,8 @@ def run_holdout(cfg, prepare, run, interrupted, *, progress: bool = True):
                 # begins writing: never readable beside the new training rows
                 out.tie(held_out)
                 trained = run(train, out, show, t0)
+            if out.stop_noted:  # Ctrl-C or SIGTERM while the training manifest was committed
+                stop_now(out.stop_noted)
             test_pause("holdout")
             return dataclasses.replace(trained,
                                        holdout=run(held, held_out, show, time.perf_counter()))
