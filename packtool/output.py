@@ -42,7 +42,9 @@ fixes of the phase it ran short in (:attr:`Output.phase`); each ends with what O
 
 A complete identical output is recognised from a listing and its manifest before anything is
 written (no lock is taken when no pack holds OUTPUT), so rerunning a finished pack on read-only
-storage answers "nothing to do" as on any other.
+storage answers "nothing to do" as on any other. When a run killed after writing its manifest
+left its marker, scratch or lock file beside it, a rerun that may write takes the lock instead,
+finds the output complete all the same and removes them.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import os
 import shutil
 import time
 from importlib import metadata
@@ -165,6 +168,11 @@ def fingerprint(options: dict, files, inputs_digest: str | None = None) -> str:
         "inputs": inputs,
     }, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+#: What a pack killed after writing its manifest (SIGKILL, a lost machine) leaves beside it: a
+#: rerun that finds the output complete removes them, under the lock.
+_LEFTOVERS = (LOCK_NAME, TMP_DIR_NAME, IN_PROGRESS_NAME)
 
 
 def _is_full_disk(exc: OSError) -> bool:
@@ -365,8 +373,15 @@ class Output:
         m, ours = self._manifest_of(found)
         if not ours:
             return False
+        if any(n in found for n in _LEFTOVERS) and self._writable():
+            return False  # what a killed run left beside its manifest: tidied under the lock
         self.complete, self.manifest, self._untouched = True, m, True
         return True
+
+    def _writable(self) -> bool:
+        """Whether this run may write into OUTPUT (a local directory it may write into; a
+        store: assumed), to tidy what a killed run left there."""
+        return not self.path.is_local or os.access(self.path.path, os.W_OK | os.X_OK)
 
     def _decide(self) -> None:
         """The decision table over one listing of OUTPUT (module docstring, step 1)."""
@@ -379,6 +394,10 @@ class Output:
                 self.overwrite = True  # this very pack, damaged since: ours to redo
             elif ours and not self.overwrite:  # --overwrite asks for the shards anew
                 self.complete, self.manifest = True, m
+                # a run killed once its manifest was written left its marker (and its scratch
+                # and lock file, removed on the way out): stale beside the manifest
+                if IN_PROGRESS_NAME in found:
+                    out.join(IN_PROGRESS_NAME).delete()
                 return
         elif IN_PROGRESS_NAME in found:
             marker = _read_json(out.join(IN_PROGRESS_NAME)) or {}

@@ -277,6 +277,39 @@ def test_ctrl_c_just_after_the_manifest_is_written_finishes_the_pack(tmp_path, s
     assert {p.name for p in out.iterdir() if p.name.startswith(".")} == {MANIFEST_NAME}
 
 
+_KILLED_AFTER_MANIFEST = """
+import os, signal, sys
+import packtool.output as output
+original = output.publish_manifest
+
+def then_kill(*args, **kwargs):
+    original(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+output.publish_manifest = then_kill
+sys.argv = ["packtool", *sys.argv[1:]]
+from packtool.__main__ import main
+main()
+"""
+
+
+def test_a_rerun_tidies_what_a_pack_killed_after_its_manifest_left(tmp_path, src, reference):
+    """SIGKILL just after the manifest is written: the marker, the scratch and the lock file
+    stay beside a complete output. The same command finds it complete ("nothing to do") and
+    removes them (they stayed for ever), so OUTPUT ends as an undisturbed run leaves it."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-c", _KILLED_AFTER_MANIFEST, "pack", "-q",
+                           *OPTIONS, str(src), str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    left = {p.name for p in out.iterdir()}
+    assert {MANIFEST_NAME, IN_PROGRESS_NAME, TMP_DIR_NAME, LOCK_NAME} <= left, left
+    res = invoke(["pack", *OPTIONS, src, out])
+    assert res.exit_code == 0 and "nothing to do" in res.output, res.output
+    assert hash_tree(out) == hash_tree(reference)
+    assert {p.name for p in out.iterdir()} == {p.name for p in reference.iterdir()}
+
+
 def _ctrl_c_at(pause: str, src: Path, out: Path, options, *, delay: float | None = None,
                hold_sigint: bool = False, sig: int = signal.SIGINT) -> str:
     """Start ``packtool pack`` with a test pause at ``pause``; send ``sig`` (SIGINT) once it
