@@ -161,3 +161,49 @@ def test_packtools_sigterm_handler_is_in_force_again_after_ray_shuts_down():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip().splitlines()[-1] == "handler True", p.stdout
+
+
+_SIGTERM_IN_SHUTDOWN = """
+import os, signal, sys
+import ray
+real = ray.shutdown
+
+def shutdown(*args, **kwargs):  # a SIGTERM as the shutdown ends (the scheduler's)
+    real(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+ray.shutdown = shutdown
+sys.argv = ["packtool", *sys.argv[1:]]
+from packtool.__main__ import main
+main()
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX signals")
+def test_sigterm_while_ray_shuts_down_stops_the_pack_cleanly(corpus, tmp_path):
+    """SIGTERM during ray.shutdown() (the shards written, the manifest not yet): Ray's driver
+    had set the OS's default SIGTERM action by then, so the driver died at once (status -15,
+    OUTPUT locked, no message). Now it is handled as at any other moment: exit 143, one line
+    saying what was kept, no lock; the same command (any engine) finishes the output."""
+    import subprocess
+
+    from packtool.formats.manifest import LOCK_NAME, MANIFEST_NAME
+
+    inp, _ = corpus
+    out, ref = tmp_path / "out", tmp_path / "ref"
+    options = ["-c", C, "--rows-per-shard", 9, "--window-docs", 40, "--workers", 1]
+    args = ["pack", "-q", *options, "--engine", "ray", inp, out]
+    p = subprocess.run([sys.executable, "-c", _SIGTERM_IN_SHUTDOWN, *map(str, args)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 143, p.stderr[-2000:]
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"Error: terminated (SIGTERM): {out} has no manifest; kept for the "
+                           "rerun: "), p.stderr[-2000:]
+    assert "finished shards" in last and "Traceback" not in p.stderr, p.stderr[-2000:]
+    names = {q.name for q in out.iterdir()}
+    assert LOCK_NAME not in names and MANIFEST_NAME not in names, names
+    from packcheck import hash_tree, invoke
+
+    assert invoke(["pack", "-q", *options, inp, out]).exit_code == 0
+    assert invoke(["pack", "-q", *options, inp, ref]).exit_code == 0
+    assert hash_tree(out) == hash_tree(ref)

@@ -17,10 +17,11 @@ import logging
 import os
 import signal
 import threading
+from contextlib import contextmanager
 from typing import Callable, Iterator, Sequence
 
 from packtool.errors import EngineError, MissingDependencyError, PacktoolError, install_hint
-from packtool.signals import TEST_ENVS
+from packtool.signals import TEST_ENVS, signals_held
 
 __all__ = ["RayEngine", "import_ray", "MAX_RETRIES", "CANCEL_WAIT_S"]
 
@@ -78,10 +79,11 @@ class RayEngine:
             main = threading.current_thread() is threading.main_thread()
             sigterm = signal.getsignal(signal.SIGTERM) if main else None
             try:
-                if self.address:
-                    ray.init(address=self.address, **kw)
-                else:
-                    ray.init(num_cpus=self.workers, include_dashboard=False, **kw)
+                with _no_failure_handler(ray):
+                    if self.address:
+                        ray.init(address=self.address, **kw)
+                    else:
+                        ray.init(num_cpus=self.workers, include_dashboard=False, **kw)
             finally:
                 if main:
                     signal.signal(signal.SIGTERM,
@@ -91,18 +93,14 @@ class RayEngine:
 
     def __exit__(self, *exc) -> bool:
         if self._started:
-            # ray.shutdown() puts the OS's default SIGTERM action back while Python still
-            # reports packtool's handler: a SIGTERM between the last shard and the manifest then
-            # killed the driver with OUTPUT locked. Install the handlers again after it.
-            main = threading.current_thread() is threading.main_thread()
-            kept = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} \
-                if main else {}
-            try:
+            # Ray started here: shut it down whole, SIGINT and SIGTERM held (noted) meanwhile
+            # and handed to packtool's handlers once it is done, like a signal at any other
+            # moment (a KeyboardInterrupt raised inside ray.shutdown() left it half done).
+            # Putting the handlers back also installs them again in the OS, should Ray have set
+            # the default action meanwhile (see _no_failure_handler).
+            self._started = False
+            with signals_held():
                 self.ray.shutdown()
-            finally:
-                for s, handler in kept.items():
-                    if handler is not None:
-                        signal.signal(s, handler)
         return False
 
     def map(self, fn: Callable, items: Sequence[tuple]) -> Iterator:
@@ -183,6 +181,28 @@ class RayEngine:
                 ray.wait(pending, num_returns=len(pending), timeout=CANCEL_WAIT_S)
         except Exception:  # Ray itself going away (Ctrl-C during shutdown)
             pass
+
+
+@contextmanager
+def _no_failure_handler(ray) -> Iterator[None]:
+    """Inside: a driver connected by ``ray.init`` does not install Ray's C++ failure-signal
+    handler (``RAY_DISABLE_FAILURE_SIGNAL_HANDLER``, read by the driver's core worker as it is
+    created; the nodes and workers Ray starts keep theirs). That handler takes SIGTERM too, and
+    ``ray.shutdown()`` uninstalls it by setting the OS's default action: a SIGTERM during the
+    shutdown then ended the driver at once, OUTPUT locked and no message, whatever handler
+    Python had. Without it, packtool's SIGTERM handler stays in force throughout; a crash of
+    the driver's native code loses only the C++ stack that handler would have printed."""
+    ray_constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
+    name = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
+    if not hasattr(ray_constants, name):  # another Ray layout: nothing to switch
+        yield
+        return
+    was = getattr(ray_constants, name)
+    setattr(ray_constants, name, True)
+    try:
+        yield
+    finally:
+        setattr(ray_constants, name, was)
 
 
 def _in_task(roots: dict, fn: Callable, *args):
