@@ -171,3 +171,53 @@ def test_a_reader_probing_the_lock_as_a_pack_starts_does_not_make_it_fail(comple
     # a bare lock says nothing of its holder: neither a pack nor a tokenize is claimed
     assert res.exit_code != 0 and "another packtool run is writing" in res.output, res.output
     assert LOCK_WAIT_S <= 2  # the refusal stays prompt
+
+
+@pytest.mark.parametrize("phase", ["write-shard:1", "manifest"])
+def test_a_dataset_open_while_pack_overwrite_rewrites_its_output_says_so(complete, tmp_path,
+                                                                        phase):
+    """A dataset (and a PackedOutput: stats, verify) opened on an output that ``pack
+    --overwrite`` of other options then rewrites: reading a shard that is gone or another
+    file while the pack writes says a pack is writing the output and to open it again once it
+    ends (it said the shard was missing or truncated: damage, repack); once that pack is
+    killed, that a pack was interrupted there, to rerun before opening it again; a hash check
+    running into a rewritten shard says the same as the reads."""
+    from packtool.formats.manifest import check_shards
+    from packtool.loader import PackedDataset
+
+    src, done = complete
+    out = _copy(done, tmp_path / "o_c")
+    ds, reader = PackedDataset(out), PackedOutput.open(out)
+    opened = read_manifest(out)
+    with paused_pack(src, out, phase, ["--overwrite", *OPTIONS, "--seed", "5"]):
+        for row in (len(ds) - 1, 0):  # the last shard is gone, the first one rewritten
+            with pytest.raises(ManifestError, match="a packtool pack is writing it now .*open "
+                                                    r"it again \(a new dataset"):
+                ds[row]
+        with pytest.raises(ManifestError, match="is writing it now"):
+            reader.decode(-1, ["input_ids"])
+        with pytest.raises(ManifestError, match="is writing it now"):
+            check_shards(out, opened, hashes=True)
+    with pytest.raises(ManifestError, match="packed again since it was opened, by a packtool "
+                                            "pack that was interrupted .*rerun that pack"):
+        ds[len(ds) - 1]
+
+
+def test_a_hash_check_meeting_a_shard_rewritten_by_a_running_pack_says_writing(
+        complete, tmp_path, monkeypatch):
+    """``check_shards`` (stats, verify) hashing a shard that a running pack has just replaced
+    by one of the same size: a pack is writing the output, not "the shard was modified"."""
+    from packtool.formats.manifest import check_shards
+
+    out = _copy(complete[1], tmp_path / "o_c")
+    opened = read_manifest(out)
+    shard = out / opened.shards[0].file
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    monkeypatch.setattr(manifest_mod, "pack_running", lambda directory: True)
+    with pytest.raises(ManifestError, match="is writing it now"):
+        check_shards(out, opened, hashes=True)
+    monkeypatch.setattr(manifest_mod, "pack_running", lambda directory: False)
+    with pytest.raises(ManifestError, match="sha256 differs from the manifest"):
+        check_shards(out, opened, hashes=True)

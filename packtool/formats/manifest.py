@@ -810,9 +810,14 @@ def check_shards(output, manifest: Manifest, *, hashes: bool = False, threads: i
         digests = [pool.submit(sha256_of, out.join(s.file)) for s in manifest.shards]
         try:
             for s, digest in zip(manifest.shards, digests):
-                if task_result(digest) != s.sha256:
-                    raise ManifestError(f"{out.join(s.file).display}: sha256 differs from the "
-                                        f"manifest: the shard was modified; {rerun}")
+                try:
+                    same = task_result(digest) == s.sha256
+                except FileNotFoundError:  # gone since it was listed
+                    raise fault(f"{out.join(s.file).display}: shard listed in the manifest is "
+                                f"missing; {rerun}") from None
+                if not same:  # a pack replacing the shards now is no damage: said so
+                    raise fault(f"{out.join(s.file).display}: sha256 differs from the "
+                                f"manifest: the shard was modified; {rerun}")
                 done += 1
                 if progress:
                     progress(done, len(manifest.shards))

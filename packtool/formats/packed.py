@@ -716,19 +716,40 @@ class PackedOutput:
         return loc.open_input(), not loc.is_local
 
     def _raise_if_repacked(self, s: int) -> None:
-        """Shard ``s`` differs from the manifest this reader opened: when the manifest now in
-        OUTPUT records it otherwise, the output was packed again (``--overwrite``) since it was
-        opened, and is not damaged.
+        """Shard ``s`` differs from the manifest this reader opened (missing, resized,
+        rewritten): when the manifest now in OUTPUT records it otherwise, the output was packed
+        again (``--overwrite``) since it was opened; when there is no manifest now, a pack is
+        replacing it (its lock is held) or one that did was interrupted (its in-progress marker
+        is there). None of these is damage.
 
         Raises:
-            ManifestError: says so and to open the output again.
+            ManifestError: says which, and to open the output again (once the pack has ended,
+                or been rerun to its end).
         """
-        from packtool.formats.manifest import read_manifest
+        from packtool.formats.manifest import (marker_kind, pack_running, read_manifest,
+                                               run_words, running_error)
 
-        try:
-            now = read_manifest(self.location)
-        except (ManifestError, OSError):
-            return  # no manifest now: a pack replacing it, or a damaged output: said elsewhere
+        loc = self.location
+        again = "open it again (a new dataset or PackedOutput.open)"
+        for look in range(2):
+            try:
+                now = read_manifest(loc)
+                break
+            except (ManifestError, OSError):
+                pass
+            # no manifest now: a pack replacing it holds the lock (one that has finished since
+            # wrote its manifest before releasing it: looked for again), or was interrupted
+            if pack_running(loc):
+                raise running_error(loc, then=again) from None
+            kind = marker_kind(loc)
+            if kind is not None:
+                word = run_words(kind)
+                raise ManifestError(f"{loc.display}: packed again since it was opened, by a "
+                                    f"packtool {word} that was interrupted (its in-progress "
+                                    f"marker is there, no manifest): rerun that {word} to finish "
+                                    f"it, then {again}") from None
+        else:
+            return  # no manifest and no pack replacing it: damaged, said by the caller
         entry = self.manifest.shards[s]
         if now.fingerprint != self.manifest.fingerprint or entry not in now.shards:
             raise ManifestError(f"{self.location.display}: packed again since it was opened "
