@@ -304,7 +304,7 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
                                "already_complete": result.already_complete,
                                "warnings": result.warnings,
                                **_holdout_json(cfg, result)}, indent=2))
-    elif result.already_complete:
+    elif result.already_complete and not quiet:  # -q: nothing on success
         click.echo(f"{display(cfg.output)}: already holds this pack (same inputs, options and "
                    "versions); "
                    "nothing to do")
@@ -952,7 +952,7 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
                                "shards": res.shards, "shards_reused": res.shards_reused,
                                "seconds": res.seconds, "inputs_not_read": res.skipped,
                                "already_complete": res.already_complete}, indent=2))
-    elif res.already_complete:
+    elif res.already_complete and not quiet:  # -q: nothing on success
         click.echo(f"{display(cfg.output)}: already holds this tokenization; nothing to do")
     elif not quiet:
         rate = res.tokens / res.seconds if res.seconds else 0.0

@@ -201,3 +201,16 @@ def test_export_hints_name_dest_too(tmp_path):
     said = shlex.split(res.output.split("give its directory: ", 1)[1])
     assert res.exit_code == 1 and said == ["packtool", "export", "--to", "nemo", str(out),
                                            "DEST"], res.output
+
+
+@pytest.mark.parametrize("holdout", [False, True])
+def test_quiet_prints_nothing_for_an_output_already_complete(tmp_path, holdout):
+    """``pack -q`` of a finished output: exit 0 and not a word, on stdout or stderr (it printed
+    "already holds this pack ... nothing to do"); without -q the line stays."""
+    src = write_docs(tmp_path / "in" / "a.parquet", [[i + 1] * (1 + i % 7) for i in range(60)])
+    args = ["pack", "-c", 16, *(["--holdout", 0.2] if holdout else []), src, tmp_path / "out"]
+    assert invoke([*args[:1], "-q", *args[1:]]).exit_code == 0
+    res = invoke([*args[:1], "-q", *args[1:]])
+    assert res.exit_code == 0 and res.output == "", res.output
+    res = invoke(args)
+    assert res.exit_code == 0 and "nothing to do" in res.output, res.output

@@ -322,6 +322,8 @@ def test_interrupted_tokenize_resumes_from_its_finished_shards(tmp_path, hf_toke
     assert hash_tree(out) == whole
     again = invoke(["tokenize", "--tokenizer", hf_tokenizer, "--rows-per-shard", 10, src, out])
     assert "already holds this tokenization" in again.output
+    quiet = invoke(args)  # -q: nothing on success (it printed "nothing to do")
+    assert quiet.exit_code == 0 and quiet.output == "", quiet.output
 
 
 def test_a_resumed_tokenize_counts_bos_and_eos_as_a_whole_run_does(tmp_path, hf_tokenizer):

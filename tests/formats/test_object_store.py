@@ -160,7 +160,7 @@ def test_pack_s3_to_s3_gives_the_same_bytes_as_local(tmp_path, s3, monkeypatch):
     m = read_manifest(f"s3://{bucket}/out")
     assert [o.file for o in m.shards] == sorted(_shards(ref))
     # the same command again: the finished pack is kept (a no-op), as in a directory
-    again = invoke(["pack", "-q", *OPTS, f"s3://{bucket}/in", f"s3://{bucket}/out"])
+    again = invoke(["pack", *OPTS, f"s3://{bucket}/in", f"s3://{bucket}/out"])
     assert again.exit_code == 0 and "already holds this pack" in again.output, again.output
     assert _remote_tree(fs, f"{bucket}/out") == remote
     # other options: refused without --overwrite; a packed output is refused as INPUT
