@@ -11,6 +11,7 @@ These tests send the signal to a bystander thread on purpose.
 from __future__ import annotations
 
 import ast
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +81,33 @@ def test_every_wait_for_a_future_goes_through_signals_result():
                     and node.func.attr == "result" and path.name != "signals.py"):
                 bare.append(f"{path.relative_to(root)}:{node.lineno}")
     assert not bare, bare
+
+
+_SIGNAL_DURING_IMPORTS = """
+import importlib.abc, os, signal, sys, time
+
+class SignalOnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "packtool.signals":  # the module that installs packtool's handlers
+            os.kill(os.getpid(), signal.{sig})
+            time.sleep(0.5)  # a Python handler runs here
+        return None
+
+sys.meta_path.insert(0, SignalOnImport())
+sys.argv = ["packtool", "--version"]
+from packtool.__main__ import main
+main()
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_command_imports_its_handlers_exits_with_one_line(sig):
+    """SIGINT (SIGTERM) while ``packtool`` imports the modules that install its handlers (tens
+    of milliseconds after the interpreter starts): exit 130 (143) and the one start-up line,
+    nothing written; it was a ``KeyboardInterrupt`` traceback (a silent death by SIGTERM)."""
+    code = _SIGNAL_DURING_IMPORTS.format(sig=sig)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    word = "terminated (SIGTERM)" if sig == "SIGTERM" else "interrupted"
+    assert p.returncode == 128 + getattr(signal, sig), (p.returncode, p.stderr)
+    assert p.stderr == f"packtool: {word}; nothing was written\n", p.stderr
+    assert p.stdout == ""
