@@ -854,7 +854,9 @@ def window_done(final) -> dict | None:
 
 def window_workdir(tmp, name: str) -> Path:
     """A new empty local directory where a window task writes ``name``'s files before
-    :func:`publish_window` (:meth:`packtool.location.Location.stage` of the scratch)."""
+    :func:`publish_window` (:meth:`packtool.location.Location.stage` of the scratch); ``name``
+    is the unit's own name (``window-00004``: :attr:`packtool.location.Location.name` of its
+    final location, never a URI's tail, which carries the store's query)."""
     return Location.parse(tmp).stage(name)
 
 

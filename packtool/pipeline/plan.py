@@ -44,6 +44,7 @@ import numpy as np
 from packtool.core.packing import PackPlan, pack_lengths
 from packtool.core.windows import DEAL_BLOCKS, Windows, plan_windows
 from packtool.formats.reader import is_remote
+from packtool.location import Location
 from packtool.output import (WINDOW_DIR_PREFIX, WINDOW_DONE, publish_window, window_done,
                              window_file, window_workdir)
 from packtool.pipeline.read import ReadPart, added_by, check_overflow
@@ -236,7 +237,7 @@ def plan_window(cfg, windows: Windows, w: int, index: PartIndex, tmp: str) -> Wi
         stats = PackStats.from_dict(done["stats"])
         return WindowInfo(w, final, stats.docs_in, stats.rows, stats, True,
                           done["row_spill"], done["targets"])
-    work = window_workdir(str(tmp), final.rsplit("/", 1)[-1])
+    work = window_workdir(str(tmp), Location.parse(final).name)
     try:
         docs, lengths, positions = load_window_docs(index, windows.ranges(w))
         check()

@@ -41,6 +41,7 @@ import numpy as np
 from packtool.core.masks import TokenBatch, prepare_documents
 from packtool.errors import InputError, PackingError, raise_if_shortage, row_ref
 from packtool.formats.reader import InputFile, iter_token_batches, open_input, reads_labels
+from packtool.location import Location
 from packtool.output import (PARTIAL_PROGRESS, READ_DIR_PREFIX, WINDOW_DONE, claim_partial,
                              keeps_stages, publish_window, window_done, window_file,
                              window_workdir)
@@ -363,7 +364,7 @@ def read_part(cfg, part: ReadPart, tmp: str) -> PartInfo:
     done = window_done(final)
     if done is not None:  # finished by an identical run that was killed
         return _info(part, final, done, True)
-    name = final.rsplit("/", 1)[-1]
+    name = Location.parse(final).name  # read-NNNNN (a store URI's query is no part of it)
     work = claim_partial(str(tmp), name, PARTIAL)
     resumed = work is not None
     if work is None:

@@ -509,3 +509,33 @@ def test_a_missing_bucket_or_prefix_is_named_by_every_reader(tmp_path, s3):
     assert res.output.strip().splitlines() == [
         f"Error: s3://{bucket}/nothing: nothing under this prefix of bucket '{bucket}'; pass the "
         "OUTPUT directory of packtool pack"]
+
+
+def test_a_store_output_with_query_options_stages_under_plain_names(tmp_path, s3, s3_endpoint,
+                                                                    monkeypatch):
+    """OUTPUT as a URI with store options in its query (``?endpoint_override=...``): each task's
+    local staging directory is named after its unit alone (``window-00000``, ``read-00000``,
+    the shard), never with the query in it (it was ``packtool-<hex>-window-00000?endpoint_
+    override=...``); the output is the local one."""
+    from urllib.parse import urlparse
+
+    from packtool.location import StoreURI
+
+    fs, bucket = s3
+    _node_temp(tmp_path, monkeypatch)
+    ref = _corpus(fs, bucket, tmp_path)
+    real, names = StoreURI.stage, []
+
+    def stage(self, name):
+        names.append(name)
+        return real(self, name)
+
+    monkeypatch.setattr(StoreURI, "stage", stage)
+    host = urlparse(s3_endpoint).netloc
+    out = f"s3://{bucket}/out?endpoint_override={host}&scheme=http"
+    res = invoke(["pack", "-q", *OPTS, f"s3://{bucket}/in", out])
+    assert res.exit_code == 0, res.output
+    assert {"read-00000", "window-00000", "part-00000.parquet"} <= set(names), names
+    assert all("?" not in n and "/" not in n for n in names), names
+    remote = _remote_tree(fs, f"{bucket}/out")
+    assert {k: v for k, v in remote.items() if k != MANIFEST_NAME} == _shards(ref)
