@@ -348,7 +348,9 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
             ``datasets.Dataset`` / ``IterableDataset`` (their rows in iteration order; an
             ``IterableDataset`` is read one batch of ``batch_rows`` at a time), a
             ``DatasetDict`` / ``IterableDatasetDict`` (each split packed on its own), a
-            ``pyarrow.Table``, a list or tuple of token sequences (or of dicts of columns), or
+            ``pyarrow.Table``, a list or tuple of token sequences (or of dicts of columns: the
+            union of their keys, a key missing from a dict null in its row, as in one Parquet
+            file of those rows; a stream's batches likewise), or
             a 2-D NumPy array of integer ids (one document per row, all of its width). Mask
             columns (``attention_mask``, ``labels``, TRL's ``completion_mask`` and
             ``assistant_masks``, or the columns ``attention_mask_column``, ``labels_column`` and

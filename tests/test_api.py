@@ -669,3 +669,78 @@ def test_the_output_fingerprint_is_the_documents_not_how_they_were_batched(tmp_p
     assert (out / MANIFEST_NAME).stat().st_mtime_ns == stamp  # found done, never rewritten
     with pytest.raises(OutputError, match="other inputs"):
         packtool.pack_dataset([[1, 2, 3], [4, 5], [], [7]], 8, output=out)
+
+
+#: Documents whose mask columns first appear after the first row (or batch) / go missing later.
+LATE_COLUMNS = [{"input_ids": [1, 2, 3]},
+                {"input_ids": [3, 4], "attention_mask": [0, 1], "labels": [-100, 4]}]
+EARLY_COLUMNS = LATE_COLUMNS[::-1]
+
+
+def _gen_of(docs):
+    def rows():
+        yield from docs
+    return datasets.IterableDataset.from_generator(rows)
+
+
+@pytest.mark.parametrize("docs", [LATE_COLUMNS, EARLY_COLUMNS], ids=["appears", "disappears"])
+def test_a_column_some_documents_lack_is_null_there_never_dropped(tmp_path, docs):
+    """A key missing from some documents is null in them, as in one Parquet file of those rows
+    (the union of the keys): ``pack``'s null rule then refuses it naming the row. It was
+    dropped in silence when the first dict (or batch) lacked it: the attention-mask 0 packed as
+    a real token, the -100 prompt label ignored."""
+    row = docs.index(LATE_COLUMNS[0])
+    pq.write_table(pa.Table.from_pylist(docs, schema=pa.schema(
+        [(k, pa.list_(pa.int64())) for k in ("input_ids", "attention_mask", "labels")])),
+        tmp_path / "d.parquet")
+    res = invoke(["pack", "-q", "-c", 8, tmp_path / "d.parquet", tmp_path / "cli"])
+    assert res.exit_code == 1 and f"row {row} (0-based): 'labels' is null" in res.output
+    want = rf"^documents: row {row} \(0-based\): 'labels' is null; fill it or pass " \
+        r"labels_column=None$"
+    for data, kw in ((docs, {}), (_gen_of(docs), {"batch_rows": 1}),
+                     (_gen_of(docs), {"batch_rows": 2})):
+        with pytest.raises(SchemaError, match=want):
+            packtool.pack_dataset(data, 8, shuffle=False, **kw)
+    for data, kw in ((docs, {}), (_gen_of(docs), {"batch_rows": 1})):
+        with pytest.raises(SchemaError, match=rf"^documents: row {row} \(0-based\): "
+                                              "'attention_mask' is null"):
+            packtool.pack_dataset(data, 8, shuffle=False, labels_column=None, **kw)
+        with pytest.raises(SchemaError, match=rf"^documents: row {row} \(0-based\): "
+                                              "'labels' is null"):
+            packtool.pack_dataset(data, 8, shuffle=False, labels_column="labels", **kw)
+    # filled in, the same documents are packed with their masks, value for value
+    full = [{"attention_mask": [1] * len(d["input_ids"]), "labels": d["input_ids"], **d}
+            for d in docs]
+    pq.write_table(pa.Table.from_pylist(full), tmp_path / "full.parquet")
+    assert invoke(["pack", "-q", "-c", 8, "--no-shuffle", tmp_path / "full.parquet",
+                   tmp_path / "full"]).exit_code == 0
+    want_rows = read_output(tmp_path / "full")[0]
+    assert packtool.pack_dataset(full, 8, shuffle=False) == want_rows
+    assert list(packtool.pack_dataset(_gen_of(full), 8, shuffle=False, batch_rows=1)) \
+        == want_rows
+
+
+def test_a_later_batch_bringing_or_missing_a_column_is_written_as_one_table(tmp_path):
+    """write_input takes the union of the batches' columns: a list column first seen in a later
+    batch is null in the rows before it, a column a later batch lacks is null there, an
+    all-null column of a first batch takes the type of a later one; nothing is dropped."""
+    from packtool.formats.inmemory import write_input
+
+    ints = pa.list_(pa.int64())
+    batches = [pa.table({"input_ids": pa.array([[1], [2]], ints)}),
+               pa.table({"input_ids": pa.array([[3]], ints), "tags": pa.array([[7]], ints),
+                         "labels": pa.array([None], pa.null())}),
+               pa.table({"input_ids": pa.array([[4]], ints),
+                         "labels": pa.array([[4]], ints)})]
+    rows, digest = write_input(batches, tmp_path / "u.arrow", "input_ids", named=["labels"],
+                               fingerprint=True)
+    got = pa.ipc.open_file(tmp_path / "u.arrow").read_all()
+    assert rows == 4
+    assert got.to_pydict() == {"input_ids": [[1], [2], [3], [4]],
+                               "tags": [None, None, [7], None],
+                               "labels": [None, None, None, [4]]}
+    assert got.schema.field("labels").type == ints
+    assert sorted(os.listdir(tmp_path)) == ["u.arrow"]  # no copy left beside it
+    _, whole = write_input([got], tmp_path / "w.arrow", "input_ids", named=["labels"],
+                           fingerprint=True)
+    assert digest == whole  # the content, however it came in

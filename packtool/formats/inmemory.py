@@ -37,6 +37,9 @@ def table_from_list(data: list, column: str, first_row: int = 0) -> pa.Table:
     """One document per item: a sequence of token ids (list, tuple, NumPy array) or a mapping
     of columns (``{"input_ids": [...], "labels": [...]}``).
 
+    The columns are the union of the mappings' keys, in the order first seen: a key missing
+    from a mapping is null in that row, as in one Parquet file of those rows, so ``pack``'s
+    null rules judge it (a mask column read is refused naming the row), never dropped.
     The column types are pyarrow's inference from the values, never a cast: NumPy arrays keep
     their dtype, Python ints become ``int64``, floats ``double``, bools ``bool``. So ``pack``'s
     own schema and token checks judge the documents as they judge a Parquet file of the same
@@ -67,8 +70,9 @@ def table_from_list(data: list, column: str, first_row: int = 0) -> pa.Table:
         raise InputError(f"documents: item {bad} is of type {type(data[bad]).__name__}; give one "
                          "sequence of integer token ids (or one dict of columns) per document")
     try:
-        if mappings:
-            table = pa.Table.from_pylist(list(data))
+        if mappings:  # the union of the keys: one missing from a row is null there
+            keys = dict.fromkeys(k for d in data for k in d)
+            table = pa.Table.from_pydict({k: [d.get(k) for d in data] for k in keys})
             typ = table.schema.field(column).type if column in table.schema.names else None
             if typ is not None and is_list_layout(typ) and not (
                     pa.types.is_integer(typ.value_type) or pa.types.is_null(typ.value_type)):
@@ -240,7 +244,7 @@ def _type_error(column: str, name: str, typ, before, row: int) -> SchemaError:
 class _ContentDigest:
     """sha256 of the documents' content (column names, canonical types, values and nulls),
     the same however the rows were cut into batches: one running hash per column and part
-    (lengths, validity, values), combined at the end."""
+    (lengths, validity, values), combined at the end with the written schema."""
 
     def __init__(self) -> None:
         self._parts: dict[str, object] = {}
@@ -267,20 +271,82 @@ class _ContentDigest:
                 self._feed(key + "/val", (repr(v) + "\n").encode())
 
     def update(self, b) -> None:
-        """Add the rows of a batch (``RecordBatch`` or ``Table``)."""
-        if "schema" not in self._parts:  # every batch has the first one's (write_input)
-            self._feed("schema", "".join(f"{f.name}:{f.type}\n" for f in b.schema).encode())
+        """Add the rows of a batch (``RecordBatch`` or ``Table``) of the written schema."""
         for f in b.schema:
             col = b.column(f.name)
             chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
             for c in chunks:
                 self._array(f.name, c)
 
-    def hexdigest(self) -> str:
+    def hexdigest(self, schema: pa.Schema) -> str:
+        """The digest of the rows added, whose columns are ``schema``'s."""
+        self._feed("schema", "".join(f"{f.name}:{f.type}\n" for f in schema).encode())
         total = hashlib.sha256()
         for key in sorted(self._parts):
             total.update(f"{key}={self._parts[key].hexdigest()};".encode())
         return total.hexdigest()
+
+
+def _read_batch_error(exc: pa.ArrowException, rows: int) -> SchemaError:
+    """A streamed batch whose rows pyarrow could not type as one batch."""
+    raise_if_shortage(exc)
+    reason = str(exc).strip().splitlines()[0].rstrip(": ")
+    return SchemaError(f"documents: the {_batch_ref(rows)} could not be read as one batch "
+                       f"({reason}); give every document the same column types")
+
+
+def _conformed(b, schema: pa.Schema):
+    """``b`` with ``schema``'s columns in its order: one ``b`` lacks is all null (the rows hold
+    no such key), one of null type (no value) takes the schema's type."""
+    cols = []
+    for f in schema:
+        if f.name in b.schema.names and b.schema.field(f.name).type.equals(f.type):
+            cols.append(b.column(f.name))
+        else:
+            cols.append(pa.nulls(b.num_rows, f.type))
+    return (pa.Table.from_arrays(cols, schema=schema) if isinstance(b, pa.Table)
+            else pa.RecordBatch.from_arrays(cols, schema=schema))
+
+
+def _widened(schema: pa.Schema, b, column: str, first_row: int) -> pa.Schema:
+    """The union of ``schema`` (the file's so far) and batch ``b``'s columns: a column new in
+    ``b`` is added at the end, one of null type so far takes ``b``'s type.
+
+    Raises:
+        SchemaError: a column of another type than the batches' before it (not null in either),
+            naming the first row of ``b`` with a value of that type.
+    """
+    fields = list(schema)
+    for f in b.schema:
+        i = schema.get_field_index(f.name)
+        if i < 0:
+            fields.append(f)
+        elif not f.type.equals(fields[i].type) and not pa.types.is_null(f.type):
+            if not pa.types.is_null(fields[i].type):
+                raise _type_error(column, f.name, f.type, fields[i].type,
+                                  first_row + _first_valued(b.column(f.name)))
+            fields[i] = f
+    return pa.schema(fields)
+
+
+def _copy_widened(old: str, new: str, schema: pa.Schema, digest: "_ContentDigest | None"):
+    """An Arrow IPC file writer at ``new`` (left open, to go on writing) holding the rows of
+    the file ``old`` with the wider ``schema`` (a column added, or typed at last: null in those
+    rows), copied one batch at a time; ``old`` is removed. ``digest`` (fresh) gets every
+    batch."""
+    writer = pa.ipc.new_file(new, schema)
+    try:
+        with pa.memory_map(old) as src, pa.ipc.open_file(src) as reader:
+            for i in range(reader.num_record_batches):
+                rb = _conformed(reader.get_batch(i), schema)
+                if digest is not None:
+                    digest.update(rb)
+                writer.write_batch(rb)
+    except BaseException:
+        writer.close()
+        raise
+    os.remove(old)
+    return writer
 
 
 def write_input(batches: Iterable, path: str | os.PathLike, column: str,
@@ -290,15 +356,19 @@ def write_input(batches: Iterable, path: str | os.PathLike, column: str,
 
     Kept: the token ``column``, the ``named`` columns that exist, and every other list column
     (a mask column ``pack`` may find by its default name); text and scalar columns are left out.
-    Integer columns are written as int64 (:func:`_canonical_type`): batches that a streaming
-    dataset typed apart (``int32`` then ``int64``, empty lists first) agree, and no value is
-    cut. A batch whose column has another type than the batches before it (floats after
-    integers, say) is refused, never cast.
+    The file's columns are the union of the batches' kept columns, as one table of all the
+    rows would have them: a column a batch lacks is null in its rows, a column first seen in a
+    later batch is null in the rows before it (the file is rewritten once with it), so
+    ``pack``'s null rules judge a mask column that some documents lack, naming the row; no
+    column is dropped. Integer columns are written as int64 (:func:`_canonical_type`): batches
+    that a streaming dataset typed apart (``int32`` then ``int64``, empty lists first) agree,
+    and no value is cut. A batch whose column has another type than the batches before it
+    (floats after integers, say) is refused, never cast.
 
     Args:
-        batches: the documents, in order; every batch has the first batch's columns.
+        batches: the documents, in order.
         path: the file to write (its directory exists).
-        column: the token column.
+        column: the token column (in the first batch).
         named: columns named by an option or found under their default name (kept whatever
             their type: ``pack`` checks them).
         fingerprint: also compute the content digest.
@@ -309,12 +379,16 @@ def write_input(batches: Iterable, path: str | os.PathLike, column: str,
         (else None).
 
     Raises:
-        SchemaError: ``column`` is missing; the token column is not a list of integers, or a
-            column's type differs from the batches' before it (the message names the first
-            row with a value of that type); an id beyond int64 (the row is named).
+        SchemaError: the first batch has no ``column``; the token column is not a list of
+            integers, or a column's type differs from the batches' before it (the message
+            names the first row with a value of that type); an id beyond int64 (the row is
+            named).
         InputError: no rows.
     """
-    writer, schema, keep, rows = None, None, None, 0
+    path = str(path)
+    writer, schema, rows = None, None, 0
+    current, copies = path, 0  # the file written; a widened copy goes on under another name
+    named = set(named)
     digest = _ContentDigest() if fingerprint else None
     it = iter(batches)
     try:
@@ -324,41 +398,33 @@ def write_input(batches: Iterable, path: str | os.PathLike, column: str,
             except StopIteration:
                 break
             except pa.ArrowException as exc:  # a streamed batch whose rows are typed apart
-                raise_if_shortage(exc)
-                reason = str(exc).strip().splitlines()[0].rstrip(": ")
-                raise SchemaError(f"documents: the {_batch_ref(rows)} could not be read as one "
-                                  f"batch ({reason}); give every document the same column "
-                                  "types") from None
-            if keep is None:
-                if column not in b.schema.names:
-                    raise SchemaError(f"documents: no column {column!r}; available columns: "
-                                      f"{', '.join(b.schema.names)}; pass column=NAME")
-                named = set(named)
-                keep = [f.name for f in b.schema
-                        if f.name == column or f.name in named or is_list_layout(f.type)]
-            missing = [k for k in keep if k not in b.schema.names]
-            if missing:
-                raise SchemaError(f"documents: the {_batch_ref(rows)} have no column "
-                                  f"{missing[0]!r}, the rows before them had; give every "
-                                  "document the same columns")
-            b = _canonical(b.select(keep), column, rows)
-            b = b.replace_schema_metadata(None)
-            typ = b.schema.field(column).type
-            if not is_integer_list(typ) and b.num_rows:
-                raise _type_error(column, column, typ, None,
-                                  rows + _first_valued(b.column(column)))
+                raise _read_batch_error(exc, rows) from None
+            if schema is None and column not in b.schema.names:
+                raise SchemaError(f"documents: no column {column!r}; available columns: "
+                                  f"{', '.join(b.schema.names)}; pass column=NAME")
+            keep = [f.name for f in b.schema
+                    if f.name == column or f.name in named or is_list_layout(f.type)]
+            b = _canonical(b.select(keep), column, rows).replace_schema_metadata(None)
+            if column in b.schema.names:
+                typ = b.schema.field(column).type
+                if not is_integer_list(typ) and b.num_rows:
+                    raise _type_error(column, column, typ, None,
+                                      rows + _first_valued(b.column(column)))
             if writer is None:
                 schema = b.schema
-                writer = pa.ipc.new_file(str(path), schema)
-            elif not b.schema.equals(schema):
-                for f, f0 in zip(b.schema, schema):
-                    if not f.type.equals(f0.type):
-                        if pa.types.is_null(f.type):  # no value in this batch: nothing to judge
-                            b = b.set_column(b.schema.get_field_index(f.name), f0,
-                                             pa.nulls(b.num_rows, f0.type))
-                            continue
-                        raise _type_error(column, f.name, f.type, f0.type,
-                                          rows + _first_valued(b.column(f.name)))
+                writer = pa.ipc.new_file(path, schema)
+            else:
+                wider = _widened(schema, b, column, rows)
+                if not wider.equals(schema):  # the rows so far get the column, null
+                    writer.close()
+                    writer = None
+                    if digest is not None:
+                        digest = _ContentDigest()
+                    copies += 1
+                    old, current = current, f"{path}.{copies}.tmp"
+                    writer = _copy_widened(old, current, wider, digest)
+                    schema = wider
+                b = _conformed(b, schema)
             if digest is not None:
                 digest.update(b)
             if isinstance(b, pa.Table):
@@ -369,10 +435,16 @@ def write_input(batches: Iterable, path: str | os.PathLike, column: str,
             rows += b.num_rows
         if writer is None:
             raise InputError("no documents: the data holds no rows")
+        writer.close()
+        writer = None
+        if current != path:
+            os.replace(current, path)
     finally:
         if writer is not None:
             writer.close()
-    return rows, None if digest is None else digest.hexdigest()
+        if current != path and os.path.exists(current):  # a refused widened copy
+            os.remove(current)
+    return rows, None if digest is None else digest.hexdigest(schema)
 
 
 def packed_arrow_schema(out_dir) -> pa.Schema:
