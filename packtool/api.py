@@ -320,8 +320,19 @@ def _batches(data, kind: str, column: str, batch_rows: int):
         return [data]
     if kind == "IterableDataset" and data.features is None:  # typed by us, batch by batch
         return tables_from_dicts(data.iter(batch_size=batch_rows), column)
-    # a Dataset's rows in order (select, shuffle and filter indices applied), batch by batch
+    if kind == "Dataset" and _transform_of(data):  # its rows as the caller reads them
+        return tables_from_dicts(data.iter(batch_size=batch_rows), column)
+    # a Dataset's rows in order (select, shuffle and filter indices applied), batch by batch;
+    # a plain format (numpy, torch) changes no value: its Arrow batches are read as stored
     return data.with_format("arrow").iter(batch_size=batch_rows)
+
+
+def _transform_of(data) -> bool:
+    """True for a ``datasets.Dataset`` with a transform (``with_transform`` /
+    ``set_transform``: its format type is ``custom``): its rows are what the transform returns,
+    not the stored ones."""
+    fmt = getattr(data, "format", None)
+    return isinstance(fmt, dict) and fmt.get("type") == "custom"
 
 
 @_python_errors
@@ -345,7 +356,8 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
 
     Args:
         data: one document per row, tokens in ``column`` (a list of integer ids):
-            ``datasets.Dataset`` / ``IterableDataset`` (their rows in iteration order; an
+            ``datasets.Dataset`` / ``IterableDataset`` (their rows in iteration order, a
+            ``with_transform`` / ``set_transform`` applied, read in batches; an
             ``IterableDataset`` is read one batch of ``batch_rows`` at a time), a
             ``DatasetDict`` / ``IterableDatasetDict`` (each split packed on its own), a
             ``pyarrow.Table``, a list or tuple of token sequences (or of dicts of columns: the

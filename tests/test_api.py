@@ -744,3 +744,46 @@ def test_a_later_batch_bringing_or_missing_a_column_is_written_as_one_table(tmp_
     _, whole = write_input([got], tmp_path / "w.arrow", "input_ids", named=["labels"],
                            fingerprint=True)
     assert digest == whole  # the content, however it came in
+
+
+def _plus(n, out=list):
+    def transform(batch):
+        return {"input_ids": [out([x + n for x in d]) for d in batch["input_ids"]]}
+    return transform
+
+
+def test_a_datasets_transform_is_applied_as_its_rows_read(monkeypatch):
+    """A transform's values may be lists, NumPy arrays or tensors. ``with_transform`` / ``set_transform`` give the rows the caller reads; the stored,
+    untransformed ids were packed (``with_format("arrow")`` drops the transform). A plain
+    format (``numpy``, ``torch``) changes no value and keeps the Arrow batches."""
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    docs = [[1, 2, 3], [4, 5], [6]]
+    ds = datasets.Dataset.from_dict({"input_ids": docs, "text": ["a", "b", "c"]})
+    want = packtool.pack_dataset([[x + 100 for x in d] for d in docs], 8, shuffle=False)
+    ordered = ds.select([0, 1, 2])
+    ordered.set_transform(_plus(100))
+    for data in (ds.with_transform(_plus(100)), ordered,
+                 ds.with_transform(_plus(100, np.array)),
+                 *([ds.with_transform(_plus(100, torch.tensor))] if torch else []),
+                 datasets.DatasetDict({"train": ds.with_transform(_plus(100))})):
+        for batch_rows in (1, 2):
+            got = packtool.pack_dataset(data, 8, shuffle=False, batch_rows=batch_rows)
+            got = got["train"] if isinstance(got, datasets.DatasetDict) else got
+            assert got.to_list() == want
+    sft = ds.with_transform(lambda b: {"input_ids": b["input_ids"],
+                                       "labels": [[-100] + d[1:] for d in b["input_ids"]]})
+    assert packtool.pack_dataset(sft, 8, shuffle=False).to_list() == packtool.pack_dataset(
+        [{"input_ids": d, "labels": [-100] + d[1:]} for d in docs], 8, shuffle=False)
+    with pytest.raises(SchemaError, match=r"^documents: row 1 \(0-based\): negative token id"):
+        packtool.pack_dataset(ds.with_transform(
+            lambda b: {"input_ids": [[-5] if d[0] == 4 else d for d in b["input_ids"]]}), 8,
+            batch_rows=1)
+    from packtool.formats import inmemory
+
+    plain = packtool.pack_dataset(docs, 8, shuffle=False)
+    monkeypatch.setattr(inmemory, "tables_from_dicts", None)  # a plain format: Arrow batches
+    for fmt in ("numpy", "torch", "python"):
+        assert packtool.pack_dataset(ds.with_format(fmt), 8, shuffle=False).to_list() == plain

@@ -92,7 +92,8 @@ def tables_from_dicts(batches: Iterable[Mapping], column: str) -> Iterator[pa.Ta
     """Tables from batches of Python values (``{column name: [one value per row]}``), each
     typed from its values as :func:`table_from_list` types a list of row dicts, rows numbered
     across the batches in messages: how a streamed dataset with no declared features is read
-    (its own Arrow batches fail when one batch holds an empty document beside ids).
+    (its own Arrow batches fail when one batch holds an empty document beside ids), and the
+    batches a ``datasets.Dataset`` transform returns (lists, NumPy arrays or tensors).
 
     Raises:
         SchemaError, InputError: as :func:`table_from_list`, naming the row in the stream.
@@ -100,11 +101,21 @@ def tables_from_dicts(batches: Iterable[Mapping], column: str) -> Iterator[pa.Ta
     first = 0
     for batch in batches:
         names = list(batch)
-        n = len(batch[names[0]]) if names else 0
+        cols = {k: _plain(batch[k]) for k in names}
+        n = len(cols[names[0]]) if names else 0
         if n:
-            rows = [{k: batch[k][i] for k in names} for i in range(n)]
+            rows = [{k: _plain(cols[k][i]) for k in names} for i in range(n)]
             yield table_from_list(rows, column, first)
         first += n
+
+
+def _plain(value):
+    """A tensor (torch, JAX, TensorFlow: what a ``datasets`` transform may return) as the NumPy
+    array of its values, its dtype kept; anything else unchanged."""
+    if value is None or isinstance(value, (list, tuple, np.ndarray, np.generic, str, bytes,
+                                           int, float, bool, Mapping)):
+        return value
+    return np.asarray(value) if hasattr(value, "__array__") else value
 
 
 def _non_integer_row(data: list, column: str, mappings: bool) -> int | None:
