@@ -259,20 +259,28 @@ def _iter_packed_rows(path: str, groups: list, owner: _Owner | None = None):
 
 
 def _as_documents(data):
-    """A tuple of documents, or a 2-D NumPy array (one document per row), as the list of
-    documents the list input takes; anything else unchanged.
+    """A tuple of documents, a 2-D NumPy array (one document per row), or a 1-D NumPy object
+    array of documents (lists, arrays or dicts: a pandas column's ``to_numpy()``), as the list
+    of documents the list input takes; anything else unchanged.
 
     Raises:
-        InputError: a NumPy array that is not 2-D (a 1-D array is one document: wrap it in a
+        InputError: any other NumPy array (a 1-D array of ids is one document: wrap it in a
             list).
     """
     if isinstance(data, tuple):
         return list(data)
     mod = type(data).__module__ or ""
     if mod == "numpy" and type(data).__name__ == "ndarray":
+        import numpy as np
+        from collections.abc import Mapping
+
+        if data.ndim == 1 and data.dtype == object and (not data.size or any(
+                isinstance(d, (list, tuple, np.ndarray, Mapping)) for d in data)):
+            return list(data)  # documents, each judged as an item of a list
         if data.ndim != 2:
-            raise InputError(f"pack_dataset takes a 2-D NumPy array (one document per row), "
-                             f"not a {data.ndim}-D one; one document of ids is [array]")
+            raise InputError(f"pack_dataset takes a 2-D NumPy array (one document per row) or "
+                             f"a 1-D object array of documents (lists or arrays), not a "
+                             f"{data.ndim}-D one; one document of ids is [array]")
         return list(data)  # rows as arrays: their dtype is judged as a column of them
     return data
 
@@ -363,7 +371,8 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
             ``pyarrow.Table``, a list or tuple of token sequences (or of dicts of columns: the
             union of their keys, a key missing from a dict null in its row, as in one Parquet
             file of those rows; a stream's batches likewise), or
-            a 2-D NumPy array of integer ids (one document per row, all of its width). Mask
+            a 2-D NumPy array of integer ids (one document per row, all of its width), or a
+            1-D NumPy object array of documents (a pandas column's ``to_numpy()``). Mask
             columns (``attention_mask``, ``labels``, TRL's ``completion_mask`` and
             ``assistant_masks``, or the columns ``attention_mask_column``, ``labels_column`` and
             ``loss_mask_column`` name) are applied as by the CLI; text and scalar columns are

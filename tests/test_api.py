@@ -787,3 +787,27 @@ def test_a_datasets_transform_is_applied_as_its_rows_read(monkeypatch):
     monkeypatch.setattr(inmemory, "tables_from_dicts", None)  # a plain format: Arrow batches
     for fmt in ("numpy", "torch", "python"):
         assert packtool.pack_dataset(ds.with_format(fmt), 8, shuffle=False).to_list() == plain
+
+
+def test_a_1d_numpy_object_array_of_documents_is_their_list():
+    """A pandas column's ``to_numpy()`` (a 1-D object array of lists or arrays) is a sequence
+    of documents: it was refused as one document, with advice ([array]) that fails too."""
+    docs = [[1, 2, 3], [4, 5], [], [6]]
+    want = packtool.pack_dataset(docs, 8, shuffle=False)
+    lists = np.empty(len(docs), dtype=object)
+    lists[:] = docs
+    arrays = np.empty(len(docs), dtype=object)
+    arrays[:] = [np.asarray(d, dtype=np.int64) for d in docs]
+    dicts = np.array([{"input_ids": d} for d in docs], dtype=object)
+    for arr in (lists, arrays, dicts):
+        assert packtool.pack_dataset(arr, 8, shuffle=False) == want
+    with pytest.raises(InputError, match="not a 1-D one; one document"):  # ids: one document
+        packtool.pack_dataset(np.array([1, 2, 3], dtype=object), 8)
+    with pytest.raises(InputError, match="not a 0-D one"):
+        packtool.pack_dataset(np.array(5), 8)
+    mixed = np.empty(2, dtype=object)
+    mixed[:] = [[1, 2], "abc"]
+    with pytest.raises(InputError, match="item 1 is of type str"):
+        packtool.pack_dataset(mixed, 8)
+    with pytest.raises(InputError, match="no documents"):
+        packtool.pack_dataset(np.empty(0, dtype=object), 8)
