@@ -938,15 +938,32 @@ def _kind_words(kind: str | None) -> str:
 _DERIVED_OPTIONS = frozenset({"rows_per_group", "holdout_part"})
 
 
+#: The options that read input labels: with one read, ``--labels none`` is recorded as
+#: ``unshifted`` (:func:`packtool.pipeline.read.input_labels_config`), so a recorded ``labels``
+#: of ``none`` against ``unshifted`` may follow from them, or from the inputs (a labels column
+#: or loss mask present in one and not the other), not from ``--labels``.
+_LABEL_SOURCES = ("labels_column", "loss_mask_column")
+
+
 def _differences(was, now) -> str:
     """What differs between a finished pack's recorded options and this run's, for a message:
-    ``other options (compression: default -> lz4)``, or other inputs when the options agree."""
+    ``other options (compression: default -> lz4)``, or other inputs when the options agree.
+    A recorded ``labels`` of ``none`` against ``unshifted`` is named only when no other option
+    explains it, and then as the labels stored, which the inputs decide too."""
     if now is None:
         return "other options or inputs"
     was, now = dict(was or {}), json.loads(json.dumps(now))  # as recorded (tuples as lists)
     keys = [k for k in dict.fromkeys([*now, *was]) if was.get(k) != now.get(k)]
     if not keys:
         return "other inputs (or another packtool version)"
+    implied = {str(was.get("labels", "none")), str(now.get("labels", "none"))} == \
+        {"none", "unshifted"}
+    if implied and any(k in keys for k in _LABEL_SOURCES):
+        keys.remove("labels")  # what the labels/loss-mask column option changed implies
+    elif implied and not [k for k in keys if k not in _DERIVED_OPTIONS and k != "labels"]:
+        return (f"other options or inputs (labels stored: {was.get('labels', 'none')!r} -> "
+                f"{now.get('labels', 'none')!r}: --labels, or a labels column or loss mask "
+                "read in one pack and not in the other)")
     chosen = [k for k in keys if k not in _DERIVED_OPTIONS]
     keys = chosen or keys  # what follows from a chosen option is not news
 

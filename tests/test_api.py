@@ -811,3 +811,32 @@ def test_a_1d_numpy_object_array_of_documents_is_their_list():
         packtool.pack_dataset(mixed, 8)
     with pytest.raises(InputError, match="no documents"):
         packtool.pack_dataset(np.empty(0, dtype=object), 8)
+
+
+def test_a_refused_output_names_the_option_changed_not_the_labels_it_implies(tmp_path):
+    """Documents with a labels column store unshifted labels under ``labels="none"``: packed
+    again with ``labels_column=None``, the refusal said ``labels: 'unshifted' -> 'none'``,
+    an option the caller never changed. It names ``labels_column``; with the options alone
+    the same, the labels stored follow from the inputs, and it says so."""
+    docs = [{"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}, {"input_ids": [4, 5]}]
+    docs[1]["labels"] = [4, 5]
+    out = tmp_path / "fp"
+    packtool.pack_dataset(docs, 8, output=out)
+    with pytest.raises(OutputError, match=r"other options \(labels_column: 'auto' -> None\);"):
+        packtool.pack_dataset(docs, 8, output=out, labels_column=None)
+    masked = [{"input_ids": [1, 2, 3], "completion_mask": [0, 1, 1]}]
+    packtool.pack_dataset(masked, 8, output=tmp_path / "lm")
+    with pytest.raises(OutputError, match=r"other options \(loss_mask_column: 'auto' -> "
+                                          r"None\);"):
+        packtool.pack_dataset(masked, 8, output=tmp_path / "lm", loss_mask_column=None)
+    plain = [{"input_ids": d["input_ids"]} for d in docs]
+    with pytest.raises(OutputError, match=r"other options or inputs \(labels stored: "
+                                          r"'unshifted' -> 'none': labels, or a labels column "
+                                          "or loss mask read in one pack and not in the other"):
+        packtool.pack_dataset(plain, 8, output=out)
+    pq.write_table(pa.Table.from_pylist(docs), tmp_path / "d.parquet")  # the CLI alike
+    assert invoke(["pack", "-q", "-c", 8, tmp_path / "d.parquet", tmp_path / "cli"]).exit_code == 0
+    res = invoke(["pack", "-q", "-c", 8, "--labels-column", "none", tmp_path / "d.parquet",
+                  tmp_path / "cli"])
+    assert res.exit_code == 1 and "other options (labels_column: 'auto' -> None);" \
+        in res.output, res.output
