@@ -840,3 +840,25 @@ def test_a_refused_output_names_the_option_changed_not_the_labels_it_implies(tmp
                   tmp_path / "cli"])
     assert res.exit_code == 1 and "other options (labels_column: 'auto' -> None);" \
         in res.output, res.output
+
+
+def test_the_output_fingerprint_covers_the_columns_read_only(tmp_path):
+    """A list column no option reads (``tags``) changed the fingerprint: the same documents
+    were "a finished pack of other inputs". A column read (``labels``) still counts."""
+    from packtool.formats.manifest import MANIFEST_NAME
+
+    docs = [{"input_ids": [1, 2, 3], "labels": [-100, 2, 3], "tags": [7], "text": "a"},
+            {"input_ids": [4, 5], "labels": [4, 5], "tags": [8, 9], "text": "b"}]
+    out = tmp_path / "out"
+    first = packtool.pack_dataset(docs, 8, output=out)
+    stamp = (out / MANIFEST_NAME).stat().st_mtime_ns
+    retagged = [{**d, "tags": [1, 2, 3, 4]} for d in docs]
+    assert packtool.pack_dataset(retagged, 8, output=out) == first
+    untagged = [{k: v for k, v in d.items() if k != "tags"} for d in docs]
+    assert packtool.pack_dataset(untagged, 8, output=out) == first
+    assert (out / MANIFEST_NAME).stat().st_mtime_ns == stamp  # found done, never rewritten
+    relabelled = [{**d, "labels": [-100] * len(d["input_ids"])} for d in docs]
+    with pytest.raises(OutputError, match="other inputs"):
+        packtool.pack_dataset(relabelled, 8, output=out)
+    with pytest.raises(OutputError, match="other options"):  # tags read as a loss mask
+        packtool.pack_dataset(docs, 8, output=out, loss_mask_column="tags")

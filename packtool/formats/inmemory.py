@@ -253,12 +253,15 @@ def _type_error(column: str, name: str, typ, before, row: int) -> SchemaError:
 
 
 class _ContentDigest:
-    """sha256 of the documents' content (column names, canonical types, values and nulls),
-    the same however the rows were cut into batches: one running hash per column and part
-    (lengths, validity, values), combined at the end with the written schema."""
+    """sha256 of the documents' content in the columns ``pack`` reads (their names, canonical
+    types, values and nulls), the same however the rows were cut into batches: one running
+    hash per column and part (lengths, validity, values), combined at the end with the written
+    schema of those columns. Columns written but not read (an unused list column) are not in
+    it: changing them changes no packed row."""
 
-    def __init__(self) -> None:
+    def __init__(self, read) -> None:
         self._parts: dict[str, object] = {}
+        self._read = read  #: name -> True for a column read
 
     def _feed(self, key: str, data: bytes) -> None:
         self._parts.setdefault(key, hashlib.sha256()).update(data)
@@ -284,6 +287,8 @@ class _ContentDigest:
     def update(self, b) -> None:
         """Add the rows of a batch (``RecordBatch`` or ``Table``) of the written schema."""
         for f in b.schema:
+            if not self._read(f.name):
+                continue
             col = b.column(f.name)
             chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
             for c in chunks:
@@ -291,7 +296,8 @@ class _ContentDigest:
 
     def hexdigest(self, schema: pa.Schema) -> str:
         """The digest of the rows added, whose columns are ``schema``'s."""
-        self._feed("schema", "".join(f"{f.name}:{f.type}\n" for f in schema).encode())
+        self._feed("schema", "".join(f"{f.name}:{f.type}\n" for f in schema
+                                     if self._read(f.name)).encode())
         total = hashlib.sha256()
         for key in sorted(self._parts):
             total.update(f"{key}={self._parts[key].hexdigest()};".encode())
@@ -386,8 +392,9 @@ def write_input(batches: Iterable, path: str | os.PathLike, column: str,
 
     Returns:
         ``(rows written, content digest)``: with ``fingerprint``, a sha256 hex string of the
-        written columns' names, types and values, independent of how the rows were batched
-        (else None).
+        names, types and values of the columns ``pack`` reads (``column`` and the ``named``
+        ones present; not the other list columns written), independent of how the rows were
+        batched (else None).
 
     Raises:
         SchemaError: the first batch has no ``column``; the token column is not a list of
@@ -400,7 +407,11 @@ def write_input(batches: Iterable, path: str | os.PathLike, column: str,
     writer, schema, rows = None, None, 0
     current, copies = path, 0  # the file written; a widened copy goes on under another name
     named = set(named)
-    digest = _ContentDigest() if fingerprint else None
+
+    def read(name: str) -> bool:  # a column pack reads: the digest covers these
+        return name == column or name in named
+
+    digest = _ContentDigest(read) if fingerprint else None
     it = iter(batches)
     try:
         while True:
@@ -430,7 +441,7 @@ def write_input(batches: Iterable, path: str | os.PathLike, column: str,
                     writer.close()
                     writer = None
                     if digest is not None:
-                        digest = _ContentDigest()
+                        digest = _ContentDigest(read)
                     copies += 1
                     old, current = current, f"{path}.{copies}.tmp"
                     writer = _copy_widened(old, current, wider, digest)
