@@ -459,7 +459,7 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
         return type(data)(packed)
     if kind == "list" and not data:
         raise InputError("no documents: the list is empty")
-    from packtool.formats.inmemory import INPUT_NAME, write_input
+    from packtool.formats.inmemory import INPUT_DESCRIPTION, INPUT_NAME, write_input
 
     work = Path(tempfile.mkdtemp(prefix="packtool-"))
     src = work / "input"
@@ -469,7 +469,8 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
     try:
         # every option is checked before any document is read or written
         cfg = _config([src], work / "packed" if output is None else output,
-                      overwrite=overwrite, holdout=holdout, **options)
+                      overwrite=overwrite, holdout=holdout, inputs_name=INPUT_DESCRIPTION,
+                      **options)
         src.mkdir()
         _, digest = write_input(
             _batches(data, kind, column, batch_rows), src / INPUT_NAME, column,

@@ -273,6 +273,10 @@ class PackConfig:
     Python API's temporary file of in-memory documents): the output's fingerprint records it
     instead of the input files' paths, sizes and times, so a rerun on the same documents finds
     its finished (or interrupted) output. None: the files as found."""
+    inputs_name: str | None = None
+    """How the manifest names the input in place of its path, where that path means nothing
+    after the pack (the Python API's temporary file of in-memory documents, removed once
+    packed); None: each file's path."""
 
     def __post_init__(self) -> None:
         bad = _bad
@@ -386,7 +390,7 @@ class PackConfig:
         ``window_docs`` is listed only when set, so one-plan manifests keep their old form)."""
         d = self.to_dict()
         for k in ("inputs", "output", "workers", "overwrite", "engine", "ray_address",
-                  "holdout_output", "inputs_digest",
+                  "holdout_output", "inputs_digest", "inputs_name",
                   "skip_unsupported"):  # which files are read is in the fingerprint's file list
             d.pop(k)
         for k in ("window_docs", "holdout", "holdout_part", "source_column"):

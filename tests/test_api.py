@@ -862,3 +862,23 @@ def test_the_output_fingerprint_covers_the_columns_read_only(tmp_path):
         packtool.pack_dataset(relabelled, 8, output=out)
     with pytest.raises(OutputError, match="other options"):  # tags read as a loss mask
         packtool.pack_dataset(docs, 8, output=out, loss_mask_column="tags")
+
+
+def test_the_manifest_of_an_output_names_the_documents_not_a_deleted_temporary_file(tmp_path):
+    """The manifest recorded the temporary input's path (``/tmp/packtool-XXXX/input/...``),
+    removed after the call, so two identical calls' manifests differed; it names the
+    in-memory documents, and ``stats`` reads the output as any other."""
+    from packtool.formats.inmemory import INPUT_DESCRIPTION
+    from packtool.formats.manifest import read_manifest
+
+    docs = [[1, 2, 3], [4, 5], [6]]
+    for out in ("a", "b"):
+        packtool.pack_dataset(docs, 8, output=tmp_path / out)
+    a, b = read_manifest(tmp_path / "a"), read_manifest(tmp_path / "b")
+    assert a.to_dict() == b.to_dict()
+    assert [(i.path, i.rows) for i in a.inputs] == [(INPUT_DESCRIPTION, 3)]
+    packtool.pack_dataset(docs, 8, output=tmp_path / "c", holdout=0.5, seed=1)
+    for out in ("c", "c-holdout"):
+        assert [i.path for i in read_manifest(tmp_path / out).inputs] == [INPUT_DESCRIPTION]
+    res = invoke(["stats", tmp_path / "a"])
+    assert res.exit_code == 0, res.output

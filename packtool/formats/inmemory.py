@@ -21,11 +21,14 @@ import pyarrow as pa
 from packtool.errors import InputError, SchemaError, raise_if_shortage
 from packtool.formats.schema import is_integer_list, is_list_layout
 
-__all__ = ["INPUT_NAME", "is_arrow_table", "table_from_list", "tables_from_dicts", "write_input",
-           "packed_batches", "read_packed_table", "packed_arrow_schema"]
+__all__ = ["INPUT_NAME", "INPUT_DESCRIPTION", "is_arrow_table", "table_from_list",
+           "tables_from_dicts", "write_input", "packed_batches", "read_packed_table",
+           "packed_arrow_schema"]
 
 #: File name of the in-memory input once written (Arrow IPC file form).
 INPUT_NAME = "documents.arrow"
+#: How a manifest names that input: its temporary path is gone once the documents are packed.
+INPUT_DESCRIPTION = "<in-memory documents: packtool.pack_dataset>"
 
 
 def is_arrow_table(data) -> bool:

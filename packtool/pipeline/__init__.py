@@ -407,7 +407,7 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
         capacity=cfg.capacity,
         labels=LabelsInfo(labels_mode != "none", labels_convention(labels_mode)),
         options={k: v for k, v in cfg.layout_options().items() if k != "labels"},
-        inputs=tuple(InputEntry(display(f.path), r, f.bytes)
+        inputs=tuple(InputEntry(cfg.inputs_name or display(f.path), r, f.bytes)
                      for f, r in zip(files, file_rows(parts, len(files)))),
         shards=tuple(outputs), totals=total,
         windows=tuple(_window_record(w, i) for w, i in enumerate(infos)) if windowed else (),
