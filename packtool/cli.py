@@ -1017,6 +1017,8 @@ def export(output, dest, target, split, overwrite, as_json):
                 left += f", so {res.rows_left_out:,} row(s) of nothing else"
         click.echo(f"exported {res.rows:,} rows ({res.sequences:,} sequences, {res.tokens:,} "
                    f"tokens, {res.targets:,} loss-mask targets){left} -> {res.path}")
+    for w in res.warnings:  # on stderr, loud whatever the output format (as stats prints them)
+        click.echo(f"WARNING: {w}", err=True)
 
 
 _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")

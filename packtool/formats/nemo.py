@@ -34,6 +34,7 @@ three columns), so every exported sequence names its document.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -54,7 +55,8 @@ from packtool.signals import check, hold, interruptible, test_pause
 from packtool.types import IGNORE_INDEX
 
 __all__ = ["NEMO_ROWS_PER_GROUP", "NEMO_SPLITS", "nemo_schema", "nemo_file_name",
-           "to_nemo_batch", "export_nemo", "NemoExport", "EXPORT_KEY", "EXPORT_LOCK_NAME"]
+           "to_nemo_batch", "export_nemo", "export_warnings", "NemoExport", "EXPORT_KEY",
+           "EXPORT_LOCK_NAME"]
 
 #: Rows per Parquet row group, as NeMo / Megatron-Bridge's packed Parquet writer sets it.
 NEMO_ROWS_PER_GROUP = 500
@@ -161,10 +163,10 @@ def segment_lengths(seg: np.ndarray, k: np.ndarray) -> list[np.ndarray]:
             for row, n in zip(np.asarray(seg), np.asarray(k))]
 
 
-def _packed_blocks(out_dir) -> tuple[int, str, str, Iterator[dict], str]:
+def _packed_blocks(out_dir) -> tuple[int, str, str, Iterator[dict], str, list[str]]:
     """(capacity, labels convention, the output's fingerprint, blocks of NumPy columns, the
     split it holds: ``validation`` for the held-out output of ``pack --holdout``, else
-    ``training``) of a
+    ``training``, the warnings :func:`export_warnings` gives for it) of a
     packed OUTPUT (path or URI), read through the one reader
     (:class:`packtool.formats.packed.PackedOutput`), labels asked for already shifted (derived
     by its read-side rule when not stored). The reader is closed when the blocks are exhausted
@@ -182,7 +184,21 @@ def _packed_blocks(out_dir) -> tuple[int, str, str, Iterator[dict], str]:
 
     held = reader.manifest.options.get("holdout_part") == "holdout"
     return (reader.capacity, "shifted", reader.manifest.fingerprint, blocks(),
-            "validation" if held else "training")
+            "validation" if held else "training",
+            export_warnings(reader.manifest, reader.location.display))
+
+
+def export_warnings(manifest, where: str) -> list[str]:
+    """The loud lines an export of the packed output ``where`` (its ``manifest``) prints, as
+    ``packtool stats`` prints them for it: an output of 0 rows exports a file of no sequence,
+    said with the lines ``pack`` gave for it (what ``--overflow`` or ``--min-fill`` left out);
+    rows without one effective target, the no-targets line (a loss over them divides by 0)."""
+    totals = manifest.totals
+    if manifest.num_rows == 0:
+        opts = manifest.options
+        return [f"{where} holds 0 rows: the export holds no sequence to train on"] + \
+            totals.warnings(str(opts.get("overflow", "split")), float(opts.get("min_fill") or 0))
+    return [w for w in (totals.no_targets_warning(),) if w]
 
 
 @dataclass(frozen=True)
@@ -205,6 +221,9 @@ class NemoExport:
     #: DEST already held this very export, file and entry (the same packed output, split, rows
     #: per group and packtool version): nothing was written, as a rerun of a finished pack
     already_complete: bool = False
+    #: loud lines, as ``packtool stats`` gives them for the output (:func:`export_warnings`):
+    #: 0 rows, or no effective target
+    warnings: tuple = ()
 
 
 #: Key of the file's Parquet key-value metadata that records which export wrote it (the packed
@@ -324,7 +343,9 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
         rows_per_group: rows per Parquet row group.
 
     Returns:
-        :class:`NemoExport`.
+        :class:`NemoExport`; its ``warnings`` are those ``packtool stats`` gives for
+        ``out_dir`` (:func:`export_warnings`): an output of 0 rows is exported (a file of no
+        row and its entry), and said so.
 
     Raises:
         ManifestError: ``out_dir`` is not a complete packed output (a tokenized output is
@@ -348,14 +369,15 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
         raise OutputError(f"{dest}: exists and is a file; DEST must be a directory")
     with interruptible():
         try:
-            capacity, convention, source, blocks, holds = _packed_blocks(out_dir)
+            capacity, convention, source, blocks, holds, notes = _packed_blocks(out_dir)
         except KeyboardInterrupt:
             raise KeyboardInterrupt(f"nothing was written into {dest}") from None
         try:
-            return _export(blocks, convention, capacity, dest, split or holds, overwrite,
+            done = _export(blocks, convention, capacity, dest, split or holds, overwrite,
                            rows_per_group, source)
         finally:
             blocks.close()
+    return dataclasses.replace(done, warnings=tuple(notes))
 
 
 def _export(blocks, convention: str, capacity: int, dest: Path, split: str, overwrite: bool,

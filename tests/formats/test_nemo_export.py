@@ -506,3 +506,33 @@ def test_a_held_out_output_is_exported_as_the_validation_split(tmp_path):
     res = invoke(["export", "--to", "nemo", "--split", "training", tmp_path / "out-holdout",
                   tmp_path / "asked"])
     assert res.exit_code == 0 and (tmp_path / "asked" / "training_24.idx.parquet").is_file()
+
+
+@pytest.mark.parametrize("flags, docs", [
+    (["--min-fill", "1"], [[1, 2], [3]]),  # 0 rows: every planned row under --min-fill
+    (["--labels-column", "labels"], [{"input_ids": [1, 2], "labels": [-100, -100]}]),
+], ids=["0 rows", "no targets"])
+def test_an_export_with_nothing_to_train_on_warns_as_stats_does(tmp_path, flags, docs):
+    """An output of 0 rows (or of no effective target) exported with exit 0 and not a word:
+    an empty training file (or one whose every loss-mask bit is 0) for NeMo. The export says
+    what ``stats`` says of that output, on stderr, and lists it in --json."""
+    rows = [d if isinstance(d, dict) else {"input_ids": d} for d in docs]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
+    out = tmp_path / "out"
+    assert invoke(["pack", "-q", "-c", 10, *flags, tmp_path / "d.parquet", out]).exit_code == 0
+    stats = invoke(["stats", out])
+    assert stats.exit_code == 0, stats.output
+    said = [ln for ln in stats.stderr.splitlines() if ln.startswith("WARNING: ")]
+    assert said
+    res = invoke(["export", "--to", "nemo", out, tmp_path / "nemo"])
+    assert res.exit_code == 0, res.output
+    warned = [ln for ln in res.stderr.splitlines() if ln.startswith("WARNING: ")]
+    assert set(said) <= set(warned), (said, warned)
+    if "--min-fill" in flags:
+        assert warned[0] == f"WARNING: {out} holds 0 rows: the export holds no sequence to " \
+            "train on"
+        assert pq.read_metadata(tmp_path / "nemo" / "training_10.idx.parquet").num_rows == 0
+    res = invoke(["export", "--to", "nemo", "--json", out, tmp_path / "nemo"])  # done already
+    assert res.exit_code == 0
+    assert json.loads(res.stdout)["warnings"] == [w[len("WARNING: "):] for w in warned]
+    assert [ln for ln in res.stderr.splitlines() if ln.startswith("WARNING: ")] == warned
