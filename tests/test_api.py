@@ -882,3 +882,22 @@ def test_the_manifest_of_an_output_names_the_documents_not_a_deleted_temporary_f
         assert [i.path for i in read_manifest(tmp_path / out).inputs] == [INPUT_DESCRIPTION]
     res = invoke(["stats", tmp_path / "a"])
     assert res.exit_code == 0, res.output
+
+
+@pytest.mark.parametrize("option, column", [("labels_column", "labels"),
+                                            ("loss_mask_column", "completion_mask")])
+def test_a_mask_column_of_the_wrong_type_is_named_once(tmp_path, option, column):
+    """The message said ``labels_column column 'labels' has type int64``: the column named
+    twice over, in the CLI too (``--labels-column column 'labels'``)."""
+    table = pa.table({"input_ids": [[1, 2, 3]], column: [3]})
+    flag = "--" + option.replace("_", "-")
+    kind = "integers" if option == "labels_column" else "integers or booleans"
+    with pytest.raises(SchemaError, match=rf"^documents: column '{column}' has type int64, "
+                                          rf"expected a list of {kind} for {option}; pass "
+                                          rf"{option}=None to pack without it$"):
+        packtool.pack_dataset(table, 8, **{option: column})
+    pq.write_table(table, tmp_path / "d.parquet")
+    res = invoke(["pack", "-q", "-c", 8, flag, column, tmp_path / "d.parquet", tmp_path / "o"])
+    assert res.exit_code == 1 and "column column" not in res.output
+    assert f"column '{column}' has type int64, expected a list of {kind} for {flag}; pass " \
+        f"{flag} none to pack without it" in res.output, res.output

@@ -204,9 +204,9 @@ def resolve_mask_columns(schema: pa.Schema, path, column: str, attention_mask: s
         check_single_column(schema, name, path)
         if not usable(schema.field(name).type, allow_bool):
             kind = "integers or booleans" if allow_bool else "integers"
-            raise SchemaError(f"{path}: {option} column {name!r} has type "
-                              f"{schema.field(name).type}, expected a list of {kind}; pass "
-                              f"{option} none to pack without it")
+            raise SchemaError(f"{path}: column {name!r} has type {schema.field(name).type}, "
+                              f"expected a list of {kind} for {option}; pass {option} none "
+                              "to pack without it")
         return name
 
     option = "--loss-mask-column"
