@@ -677,10 +677,15 @@ LATE_COLUMNS = [{"input_ids": [1, 2, 3]},
 EARLY_COLUMNS = LATE_COLUMNS[::-1]
 
 
-def _gen_of(docs):
+MASK_FEATURES = {k: datasets.Sequence(datasets.Value("int64"))
+                 for k in ("input_ids", "attention_mask", "labels")}
+
+
+def _gen_of(docs, features=None):
     def rows():
         yield from docs
-    return datasets.IterableDataset.from_generator(rows)
+    return datasets.IterableDataset.from_generator(
+        rows, features=None if features is None else datasets.Features(features))
 
 
 @pytest.mark.parametrize("docs", [LATE_COLUMNS, EARLY_COLUMNS], ids=["appears", "disappears"])
@@ -698,7 +703,9 @@ def test_a_column_some_documents_lack_is_null_there_never_dropped(tmp_path, docs
     want = rf"^documents: row {row} \(0-based\): 'labels' is null; fill it or pass " \
         r"labels_column=None$"
     for data, kw in ((docs, {}), (_gen_of(docs), {"batch_rows": 1}),
-                     (_gen_of(docs), {"batch_rows": 2})):
+                     (_gen_of(docs), {"batch_rows": 2}),
+                     (_gen_of(docs, MASK_FEATURES), {"batch_rows": 1}),
+                     (_gen_of(docs, MASK_FEATURES), {"batch_rows": 2})):
         with pytest.raises(SchemaError, match=want):
             packtool.pack_dataset(data, 8, shuffle=False, **kw)
     for data, kw in ((docs, {}), (_gen_of(docs), {"batch_rows": 1})):
@@ -718,6 +725,26 @@ def test_a_column_some_documents_lack_is_null_there_never_dropped(tmp_path, docs
     assert packtool.pack_dataset(full, 8, shuffle=False) == want_rows
     assert list(packtool.pack_dataset(_gen_of(full), 8, shuffle=False, batch_rows=1)) \
         == want_rows
+    assert list(packtool.pack_dataset(_gen_of(full, MASK_FEATURES), 8, shuffle=False,
+                                      batch_rows=2)) == want_rows
+
+
+def test_a_streamed_dataset_with_features_whose_later_rows_lack_a_key_names_that_row():
+    """``datasets`` cannot make one Arrow batch of rows whose keys differ (with features
+    declared): the rest of the stream is read as Python rows, numbered on, so the row lacking
+    ``labels`` is named (the refusal named a batch and blamed the column types)."""
+    full = {"input_ids": [1, 2], "attention_mask": [1, 1], "labels": [1, 2]}
+    docs = [full, full, full, {"input_ids": [3]}, full]
+    for batch_rows in (2, 3):
+        with pytest.raises(SchemaError, match=r"^documents: row 3 \(0-based\): 'labels' is "
+                                              "null"):
+            packtool.pack_dataset(_gen_of(docs, MASK_FEATURES), 8, shuffle=False,
+                                  batch_rows=batch_rows)
+    reordered = [full, full, {"labels": [4, 5], "input_ids": [4, 5], "attention_mask": [1, 1]},
+                 full]
+    want = packtool.pack_dataset(reordered, 8, shuffle=False)
+    assert list(packtool.pack_dataset(_gen_of(reordered, MASK_FEATURES), 8, shuffle=False,
+                                      batch_rows=2)) == want
 
 
 def test_a_later_batch_bringing_or_missing_a_column_is_written_as_one_table(tmp_path):

@@ -91,17 +91,21 @@ def table_from_list(data: list, column: str, first_row: int = 0) -> pa.Table:
     return pa.table({column: tokens})
 
 
-def tables_from_dicts(batches: Iterable[Mapping], column: str) -> Iterator[pa.Table]:
+def tables_from_dicts(batches: Iterable[Mapping], column: str,
+                      first_row: int = 0) -> Iterator[pa.Table]:
     """Tables from batches of Python values (``{column name: [one value per row]}``), each
     typed from its values as :func:`table_from_list` types a list of row dicts, rows numbered
     across the batches in messages: how a streamed dataset with no declared features is read
     (its own Arrow batches fail when one batch holds an empty document beside ids), and the
     batches a ``datasets.Dataset`` transform returns (lists, NumPy arrays or tensors).
 
+    Args:
+        first_row: the row number of the first batch's first row in messages.
+
     Raises:
         SchemaError, InputError: as :func:`table_from_list`, naming the row in the stream.
     """
-    first = 0
+    first = first_row
     for batch in batches:
         names = list(batch)
         cols = {k: _plain(batch[k]) for k in names}
@@ -312,7 +316,7 @@ def _read_batch_error(exc: pa.ArrowException, rows: int) -> SchemaError:
     raise_if_shortage(exc)
     reason = str(exc).strip().splitlines()[0].rstrip(": ")
     return SchemaError(f"documents: the {_batch_ref(rows)} could not be read as one batch "
-                       f"({reason}); give every document the same column types")
+                       f"({reason}); give every document the same columns, of the same types")
 
 
 def _conformed(b, schema: pa.Schema):
