@@ -318,18 +318,25 @@ WRONG = {"int": ["8", 1.5, 8.0, 2.5, True, np.float64(8), [8]],
          "PathLike": [5, b"x", ["a"]]}
 
 
+def _temp_entries() -> set:
+    """packtool's entries in the temporary directory (other processes, the other test worker
+    among them, make entries of their own there meanwhile)."""
+    import tempfile
+
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("packtool")}
+
+
 @pytest.mark.parametrize("func", ["pack", "pack_dataset"])
 def test_every_argument_of_the_wrong_type_is_one_config_error_naming_it(tmp_path, func):
     """Every argument of pack and pack_dataset, every kind of wrong value: one ConfigError that
     names the argument, the value and its type, and nothing left behind (pad_id=1.5 used to pad
     with 1, shuffle='no' to shuffle, capacity='512' to fail in string formatting)."""
     import inspect
-    import tempfile
 
     fn = getattr(packtool, func)
     args = ([tmp_path / "none.parquet", tmp_path / "out"] if func == "pack" else [[[1, 2, 3]]])
     first = "inputs" if func == "pack" else "data"
-    before = set(os.listdir(tempfile.gettempdir()))
+    before = _temp_entries()
     checked = []
     for name, p in inspect.signature(fn).parameters.items():
         if name in (first, "output") and func == "pack":
@@ -355,21 +362,20 @@ def test_every_argument_of_the_wrong_type_is_one_config_error_naming_it(tmp_path
             "shuffle", "progress", "min_fill", "holdout", "compression"} <= set(checked)
     if func == "pack_dataset":
         assert "batch_rows" in checked
-    assert set(os.listdir(tempfile.gettempdir())) <= before
+    assert _temp_entries() <= before
     assert not (tmp_path / "out").exists()
 
 
 def test_a_batch_size_below_one_is_refused_before_anything_is_written(tmp_path):
     """batch_rows=0 on a Dataset used to loop forever in its batch iterator (a temporary
     directory left behind), -1 to raise SystemError."""
-    import tempfile
 
     ds = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]]})
-    before = set(os.listdir(tempfile.gettempdir()))
+    before = _temp_entries()
     for value in (-1, 0):
         with pytest.raises(ConfigError, match=rf"^batch_rows={value}: must be >= 1$"):
             packtool.pack_dataset(ds, 8, batch_rows=value, output=tmp_path / "out")
-    assert set(os.listdir(tempfile.gettempdir())) <= before
+    assert _temp_entries() <= before
     assert not (tmp_path / "out").exists()
 
 
