@@ -56,7 +56,10 @@ run at the new size. Phases chain: a job resized twice in one epoch has two.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
+from decimal import Decimal
 from fractions import Fraction
 from typing import Sequence
 
@@ -81,10 +84,11 @@ def check_seed(seed: int, name: str = "seed") -> int:
 
 
 def _fraction(x) -> Fraction:
-    """A weight as the fraction it was written as (a float 0.7 as 7/10, so shares are those of
-    the decimals), or as its exact binary value where that rounding would lose it (a weight
-    under about 1e-12, which the rounding would make 0)."""
-    if isinstance(x, int):
+    """A weight (checked by :func:`_real`: an int, a Fraction or a float) as the fraction it
+    was written as: a float 0.7 as 7/10, so shares are those of the decimals, or its exact
+    binary value where that rounding would lose it (a weight under about 1e-12, which the
+    rounding would make 0); ints and Fractions (Decimals included) as they are."""
+    if not isinstance(x, float):
         return Fraction(x)
     f = Fraction(x).limit_denominator(10**12)
     return f if x <= 0 or abs(f - Fraction(x)) <= Fraction(x) / 10**9 else Fraction(x)
@@ -97,7 +101,9 @@ def apportion(weights: Sequence[float], total: int,
     remainders (ties: lower index first). Exact for any weights: the shares sum to ``total``.
 
     Args:
-        weights: S non-negative finite numbers, at least one positive.
+        weights: S non-negative finite real numbers (``int`` of any size, ``float``,
+            ``fractions.Fraction``, ``decimal.Decimal``, NumPy scalars, any ``numbers.Real``),
+            at least one positive.
         total: rows to share (>= 0).
         names: what the messages call each weight (default: its position).
 
@@ -105,7 +111,8 @@ def apportion(weights: Sequence[float], total: int,
         int64[S].
 
     Raises:
-        ValueError: a negative, infinite or NaN weight, all zero, or a negative total.
+        ValueError: a weight that is not a real number (a string, None, a bool, a complex),
+            negative, infinite or NaN (one line naming it), all zero, or a negative total.
     """
     w = [_fraction(x) for x in _finite(weights, names)]
     if total < 0:
@@ -123,15 +130,39 @@ def apportion(weights: Sequence[float], total: int,
 
 
 def _finite(weights, names=None) -> list:
-    out = []
-    for i, x in enumerate(weights):
-        which = f"weight {i}" if names is None else f"weight of source {names[i]!r}"
-        if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
-            raise ValueError(f"{which} is {x!r}; weights are non-negative numbers")
-        if not np.isfinite(x) or x < 0:
+    """Each weight as an exact ``int`` or ``Fraction`` (a Decimal, a Rational) or a ``float``
+    (a float, a NumPy float, another ``numbers.Real``), checked finite and non-negative."""
+    return [_real(x, f"weight {i}" if names is None else f"weight of source {names[i]!r}")
+            for i, x in enumerate(weights)]
+
+
+def _real(x, which: str):
+    """``x`` as an int, Fraction or float (see :func:`_finite`).
+
+    Raises:
+        ValueError: not a real number, not finite, or negative (one line naming ``which``).
+    """
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (numbers.Real, Decimal)):
+        raise ValueError(f"{which} is {x!r}; weights are non-negative real numbers (int, "
+                         f"float, Fraction, Decimal), not {type(x).__name__}")
+    if isinstance(x, Decimal):
+        if not x.is_finite():
             raise ValueError(f"{which} is {x!r}; weights are non-negative finite numbers")
-        out.append(int(x) if isinstance(x, (int, np.integer)) else float(x))
-    return out
+        v = Fraction(x)
+    elif isinstance(x, numbers.Integral):
+        v = int(x)
+    elif isinstance(x, numbers.Rational):
+        v = Fraction(int(x.numerator), int(x.denominator))
+    else:
+        try:
+            v = float(x)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ValueError(f"{which} is {x!r}; it cannot be read as a number ({exc})") from None
+        if not math.isfinite(v):
+            raise ValueError(f"{which} is {x!r}; weights are non-negative finite numbers")
+    if v < 0:
+        raise ValueError(f"{which} is {x!r}; weights are non-negative finite numbers")
+    return v
 
 
 def _position(shares: Sequence[int], s: int, k: int) -> int:

@@ -216,3 +216,25 @@ def test_a_phase_that_yielded_more_than_its_run_is_refused():
     with pytest.raises(ValueError, match="yielded 9 rows of a run of 5"):
         EpochPlan(10, [Phase(2, 1, (9,))], seed=0, epoch=0, shuffle=False, shuffle_buffer=1,
                   drop_last=False)
+
+
+def test_weights_of_any_real_number_type_share_exactly():
+    """A weight can be any real number: a huge int (2**70 crashed in np.isfinite), a
+    Fraction or a Decimal (refused as not numbers) share as their exact values; what is not a
+    real number is refused in one line naming the weight."""
+    from decimal import Decimal
+
+    assert apportion([2**70, 1], 10).tolist() == [10, 0]
+    assert apportion([2**70, 2**70], 9).tolist() == [5, 4]
+    assert apportion([2**70, 2**69], 3).tolist() == [2, 1]
+    assert apportion([Fraction(1, 3), Fraction(2, 3)], 9).tolist() == [3, 6]
+    assert apportion([Decimal("0.7"), Decimal("0.3")], 101).tolist() == [71, 30]
+    assert apportion([Decimal("1e-40"), Decimal("3e-40")], 8).tolist() == [2, 6]
+    assert apportion([np.float32(1), np.int8(3)], 8).tolist() == [2, 6]
+    for bad, why in [(Decimal("NaN"), "finite"), (Decimal("-1"), "non-negative"),
+                     (Decimal("Infinity"), "finite"), (Fraction(-1, 2), "non-negative"),
+                     (1j, "real number"), ("1", "real number"), (None, "real number"),
+                     (True, "real number"), (float("nan"), "finite"), (-2**70, "non-negative")]:
+        with pytest.raises(ValueError, match=f"^weight of source 'b' is .*{why}") as exc:
+            apportion([1, bad], 10, names=["a", "b"])
+        assert "\n" not in str(exc.value)
