@@ -621,13 +621,16 @@ class PackedIterableDataset(IterableDataset):
         rows of this epoch: their copies of the dataset did, this one did not count them, so
         its state would replay them; save torchdata's ``StatefulDataLoader.state_dict()``."""
         worker, num_workers = self._worker()
-        if (get_worker_info() is None and self._yielded == 0 and self._pending is None
-                and int(self._epoch_box[2])):
+        if get_worker_info() is None and int(self._epoch_box[2]):
+            # whatever this copy read itself (a peek at one item, a loaded state): the rows its
+            # workers' copies yielded since are not in its count
             import warnings
 
+            mine = (f" (it counts only the {self._yielded} rows it yielded itself)"
+                    if self._yielded and self._pending is None else "")
             warnings.warn("DataLoader workers yielded rows of this epoch that this dataset (the "
-                          "training process's copy) did not see: its state_dict() would replay "
-                          "them on resume; save the StatefulDataLoader's state_dict() "
+                          f"training process's copy) did not see{mine}: its state_dict() would "
+                          "replay them on resume; save the StatefulDataLoader's state_dict() "
                           "(torchdata) instead, or read without workers", stacklevel=2)
         if self._pending is not None:
             history, yielded = self._resolve(worker, num_workers)
@@ -659,6 +662,8 @@ class PackedIterableDataset(IterableDataset):
         box = self._epoch_box  # a state was loaded: what the loop reads next (set_epoch)
         box[_LOADED], box[_LOADED_END], box[_YIELDED_EPOCH] = (
             st["epoch"] + 1, int(resume.finished(st)), 0)
+        if info is None:  # this copy's state is the loaded one: no worker has read past it yet
+            box[2] = 0
 
     def _load(self, st: dict, info) -> None:
         """:meth:`load_state_dict` of a normalized state ``st`` in this process (``info``:

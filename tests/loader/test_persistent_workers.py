@@ -90,3 +90,35 @@ def test_the_training_process_state_warns_when_workers_read(many_groups):
         warnings.simplefilter("error")
         ds.state_dict()
         assert plain.state_dict()["yielded"] == 12
+
+
+@pytest.mark.parametrize("before", ["a peek", "a loaded state"])
+def test_the_training_process_state_warns_whatever_it_read_itself(many_groups, before):
+    """The training process reads one batch itself (a peek) or loads a mid-epoch state, then
+    its DataLoader's workers yield rows: its state_dict() would replay what they consumed, so
+    it warns (it did not once it had yielded a row itself, or held a loaded state). A state
+    loaded after the workers read does not warn: it is the state loaded."""
+    import warnings
+
+    ds = dataset(many_groups)
+    if before == "a peek":
+        next(iter(ds))
+    else:
+        part = dataset(many_groups)
+        for _ in zip(range(2), part):
+            pass
+        ds.load_state_dict(part.state_dict())
+    it = iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                          multiprocessing_context="fork"))
+    for _ in range(4):
+        next(it)
+    with pytest.warns(UserWarning, match="DataLoader workers yielded rows of this epoch"):
+        ds.state_dict()
+    del it
+    part = dataset(many_groups)
+    for _ in zip(range(2), part):
+        pass
+    ds.load_state_dict(part.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ds.state_dict()["yielded"] == 8  # 2 batches of 4 rows
