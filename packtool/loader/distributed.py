@@ -505,6 +505,11 @@ class PackedIterableDataset(IterableDataset):
         refusal, self._refusal = self._refusal, None
         if self._pending is not None and self._board_finished(tag, K):
             self._next_epoch(self._pending["epoch"] + 1)
+        elif refusal is not None and self._pending is not None and self._board_untouched(tag, K):
+            # a state of other options taken before any worker read a row of its epoch: that
+            # epoch's start, under this dataset's options (as every sibling decides)
+            self.epoch, self._history, self._pending, self._yielded = (
+                self._pending["epoch"], (), None, 0)
         elif refusal is not None:  # a state of other options, and the epoch went on
             raise ValueError(refusal)
         yield from self.__iter__()
@@ -684,9 +689,10 @@ class PackedIterableDataset(IterableDataset):
             refusal = ("cannot resume exactly: state differs in " + ", ".join(bad)
                        + "; resume with the options it was saved with, or from a state taken "
                        "at the end of an epoch")
-            if tag is not None and resume.worker_finished(st):
-                # this worker's run was finished; whether the epoch was is known once every
-                # sibling has posted its own (at the first request for data)
+            if tag is not None and (resume.worker_finished(st) or resume.worker_untouched(st)):
+                # this worker's run was finished, or it had read nothing of it; whether the
+                # epoch was finished, or untouched, is known once every sibling has posted its
+                # own (at the first request for data)
                 self.epoch, self._pending, self._refusal = st["epoch"], st, refusal
                 self._await_board = (tag, info.num_workers)
                 return
@@ -701,7 +707,7 @@ class PackedIterableDataset(IterableDataset):
     def _post_board(self, st: dict, info) -> int | None:
         """In a DataLoader worker loading its own state of K > 1 workers (what torchdata's
         ``StatefulDataLoader`` hands each worker): post on the shared board whether its run was
-        finished, tagged with the state's epoch, phases and the loader's base seed (the same
+        finished and whether it had read nothing of it, tagged with the state's epoch, phases and the loader's base seed (the same
         for every sibling). Returns the tag, or None where there is no board to use.
 
         One worker's state cannot say whether its siblings were done when the checkpoint was
@@ -713,13 +719,19 @@ class PackedIterableDataset(IterableDataset):
         key = repr((st["epoch"], st["phases"], st["world_size"], K, st["seed"],
                     int(info.seed) - int(info.id)))
         tag = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=7).digest(), "little") + 1
-        self._epoch_box[3 + info.id] = 2 * tag + int(resume.worker_finished(st))
+        self._epoch_box[3 + info.id] = (4 * tag + 2 * int(resume.worker_untouched(st))
+                                        + int(resume.worker_finished(st)))
         return tag
 
     def _board_finished(self, tag: int, num_workers: int) -> bool:
         """True when all ``num_workers`` workers posted ``tag`` with their runs finished."""
         vals = self._epoch_box[3:3 + num_workers].tolist()
-        return all(v >> 1 == tag and v & 1 for v in vals)
+        return all(v >> 2 == tag and v & 1 for v in vals)
+
+    def _board_untouched(self, tag: int, num_workers: int) -> bool:
+        """True when all ``num_workers`` workers posted ``tag`` having read no row of it."""
+        vals = self._epoch_box[3:3 + num_workers].tolist()
+        return all(v >> 2 == tag and v & 2 for v in vals)
 
     def __getstate__(self) -> dict:
         return self.__dict__.copy()  # the readers pickle without their handles

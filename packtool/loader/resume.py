@@ -25,7 +25,7 @@ import numpy as np
 from packtool.loader.plan import EpochPlan, Phase, rank_rows, worker_bounds
 
 __all__ = ["STATE_VERSION", "ORDER_FIELDS", "normalize", "runs", "finished", "worker_finished",
-           "mismatch"]
+           "untouched", "worker_untouched", "mismatch"]
 
 #: The version :meth:`state_dict` writes.
 STATE_VERSION = 2
@@ -230,13 +230,23 @@ def untouched(state: dict) -> bool:
     """True when the state was taken before any row of its epoch was read (right after
     ``set_epoch``): no earlier phase and nothing yielded, by the one worker of a single-worker
     run or by every worker of a whole state. It resumes as that epoch's start, under any
-    options. A single worker's state of several cannot tell, and counts as read."""
+    options. A single worker's state of several cannot tell, and counts as read (its worker
+    learns from its siblings: :func:`worker_untouched`)."""
     y = state["yielded"]
     if not isinstance(y, list):
         if state["num_workers"] != 1:
             return False
         y = [y]
     return not state["phases"] and not any(y)
+
+
+def worker_untouched(state: dict) -> bool:
+    """True when the worker whose state this is (or, for a whole state, every worker) had read
+    no row of the epoch: no earlier phase and nothing yielded. The epoch was untouched when
+    every sibling's state says so too."""
+    if isinstance(state["yielded"], list):
+        return untouched(state)
+    return not state["phases"] and not state["yielded"]
 
 
 def worker_finished(state: dict) -> bool:

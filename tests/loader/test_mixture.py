@@ -170,6 +170,47 @@ def test_new_weights_from_a_stateful_loader_checkpoint_at_the_epoch_boundary(
         stream(dl3)
 
 
+@pytest.mark.parametrize("change", [dict(weights={"web": 0.1, "code": 0.9}),
+                                    dict(seed=4, shuffle_buffer=3, drop_last=True)])
+def test_an_untouched_stateful_loader_state_of_two_workers_loads_new_options(web_and_code,
+                                                                             change):
+    """A StatefulDataLoader of 2 workers checkpointed after set_epoch(1) and iter(), before any
+    row of epoch 1: each worker holds only its own state (nothing yielded), which could not
+    say whether its sibling had read, so worker 0 refused new weights (or seed, shuffle or
+    drop_last) as mid-epoch. Now the workers agree (the shared board) that none had read, and
+    epoch 1 is exactly an uninterrupted one under the new options; a state in which one worker
+    had read stays refused, by every worker."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    base = dict(weights=WEIGHTS, rows_per_epoch=43, seed=3, rank=0, world_size=1)
+
+    def loader(**kw):
+        return StatefulDataLoader(PackedIterableDataset(web_and_code, **{**base, **kw}),
+                                  batch_size=None, num_workers=2)
+
+    def stream(dl):
+        return [(it["source"], int(it["index"])) for it in dl]
+
+    dl = loader()
+    stream(dl)
+    dl.dataset.set_epoch(1)
+    it = iter(dl)
+    state = dl.state_dict()
+    del it
+    resumed = loader(**change)
+    resumed.load_state_dict(state)
+    assert stream(resumed) == stream(loader(epoch=1, **change))
+    dl = loader(epoch=1)
+    it = iter(dl)
+    next(it)  # worker 0 yielded a row, worker 1 none
+    state = dl.state_dict()
+    del it
+    refused = loader(**change)
+    refused.load_state_dict(state)
+    with pytest.raises(ValueError, match="cannot resume exactly"):
+        stream(refused)
+
+
 def test_outputs_that_cannot_be_mixed_are_refused(web_and_code, tmp_path):
     """Another capacity, weights naming other sources, bad weights: one-line refusals."""
     wide = pack(write_input(tmp_path / "in", random_docs(20, 12)), tmp_path / "wide", 32)
