@@ -15,7 +15,9 @@ a ratio whose denominator differs per strategy; JSON figures are integers or rou
 
 from __future__ import annotations
 
+import json
 import os
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -503,6 +505,29 @@ def _width(values, minimum: int) -> int:
     return max([minimum] + [len(v) for v in values])
 
 
+def _cell(value) -> str:
+    """A source value as the text table shows it: as it is, or quoted with escapes as JSON
+    writes it (``""``, ``"a\\tb"``) when it would not show as itself in a column: empty, a
+    character that is not printable (a tab, a newline), leading or trailing whitespace, or a
+    leading quote."""
+    if not isinstance(value, str):
+        return str(value)
+    if value and value.isprintable() and value == value.strip() and not value.startswith('"'):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _display_width(text: str) -> int:
+    """Columns ``text`` takes in a terminal: wide East Asian characters two, combining marks
+    none."""
+    return sum(0 if unicodedata.combining(c) else
+               2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _pad(text: str, width: int) -> str:
+    return text + " " * max(0, width - _display_width(text))
+
+
 def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str:
     """Human table of :func:`analyze_packed` (counts with thousands separators).
 
@@ -557,7 +582,7 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
         lines.append("  integrity                 sha256 not checked (--no-hash); the sizes, "
                      "footers and page checksums of what was read were checked")
     if a.source_column is not None:
-        w = _width((str(p["source"]) for p in a.per_source), len("source"))
+        w = max([len("source")] + [_display_width(_cell(p["source"])) for p in a.per_source])
         seg = ", a segment's own padding to its source" if a.segment_multiple > 1 else ""
         held = (f"; {len(a.per_source):,} of the {a.sources_in_table:,} sources of the "
                 "manifest's table hold segments here, the others none"
@@ -565,14 +590,14 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
         lines.append(f"  per source ({a.source_column}; rows: those holding one of its segments, "
                      "so a row of several sources counts once for each; a row's padding tail "
                      f"counts to the source of its last segment{seg}){held}")
-        lines.append(f"    {'source':{w}} {'rows':>10} {'segments':>10} {'real tokens':>14} "
+        lines.append(f"    {_pad('source', w)} {'rows':>10} {'segments':>10} {'real tokens':>14} "
                      f"{'padding':>11} {'targets':>14}")
         shown = a.per_source
         if per_source_limit and len(shown) > per_source_limit:
             shown = sorted(shown, key=lambda p: -p["real_tokens"])[:per_source_limit]
             lines[-2] += f"; the {per_source_limit} of the most real tokens"
         for p in shown:
-            lines.append(f"    {str(p['source']):{w}} {p['rows']:10,} {p['segments']:10,} "
+            lines.append(f"    {_pad(_cell(p['source']), w)} {p['rows']:10,} {p['segments']:10,} "
                          f"{p['real_tokens']:14,} {p['padding_tokens']:11,} "
                          f"{p['effective_targets']:14,}")
         if len(shown) < len(a.per_source):

@@ -360,3 +360,41 @@ def test_the_python_api_takes_source_column(src, tmp_path):
                                 output=tmp_path / "ds")
     assert got.column("source_ids").to_pylist() == [list(r["source_ids"]) for r in rows_of(want)]
     assert read_manifest(tmp_path / "ds").source_values == read_manifest(want).source_values
+
+
+def test_stats_text_table_quotes_values_that_would_not_show(tmp_path):
+    """An empty value showed as a blank, a tab or newline inside a value broke the table's
+    columns: such values (and ones with leading or trailing spaces, or a leading quote) are
+    shown quoted with escapes, as JSON writes them; the others as they are, and every line of
+    the table keeps its columns (wide characters counted as two)."""
+    import unicodedata
+
+    values = ["", "a\tb", "web", " pad", "x\ny", '"q', "中文", "plain words"]
+    d = tmp_path / "in"
+    d.mkdir()
+    docs = _docs(len(values) * 3, 7)
+    pq.write_table(pa.table({"input_ids": docs,
+                             "source": [values[i % len(values)] for i in range(len(docs))]}),
+                   d / "a.parquet")
+    out = pack(d, tmp_path / "out")
+    res = invoke(["stats", "--per-source-limit", "0", out])
+    assert res.exit_code == 0, res.output
+    assert "\t" not in res.output
+    lines = res.output.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("source "))
+    table = lines[head + 1:head + 1 + len(values)]
+    shown = {json.dumps(v, ensure_ascii=False) if v in ("", "a\tb", " pad", "x\ny", '"q')
+             else v for v in values}
+    cells = set()
+    for ln in table:
+        assert ln.startswith("    ")
+        for v in shown:
+            if ln[4:].startswith(v + " "):
+                cells.add(v)
+
+    def width(text):
+        return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+    assert cells == shown, table
+    ends = {width(ln) for ln in table + [lines[head]]}
+    assert len(ends) == 1, [lines[head]] + table
