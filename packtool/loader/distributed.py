@@ -707,8 +707,9 @@ class PackedIterableDataset(IterableDataset):
     def _post_board(self, st: dict, info) -> int | None:
         """In a DataLoader worker loading its own state of K > 1 workers (what torchdata's
         ``StatefulDataLoader`` hands each worker): post on the shared board whether its run was
-        finished and whether it had read nothing of it, tagged with the state's epoch, phases and the loader's base seed (the same
-        for every sibling). Returns the tag, or None where there is no board to use.
+        finished and whether it had read nothing of it, tagged with the state's epoch, phases and
+        the loader's base seed (the same for every sibling). Returns the tag, or None where there
+        is no board to use.
 
         One worker's state cannot say whether its siblings were done when the checkpoint was
         taken; the board lets each worker read the others' before it yields anything."""

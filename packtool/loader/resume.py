@@ -258,27 +258,56 @@ def worker_finished(state: dict) -> bool:
 
 
 def mismatch(state: dict, mine: dict) -> list[str]:
-    """The order fields (:data:`ORDER_FIELDS`) in which ``state`` differs from ``mine``, as
-    ``field (saved X, now Y)``."""
+    """The order fields (:data:`ORDER_FIELDS`) in which ``state`` differs from ``mine``, each
+    as a short phrase: ``seed (saved X, now Y)``; for the mixture, what changed in it (the
+    sources, or the sources whose rows or rows per epoch changed, old -> new: see
+    :func:`_mixture_change`)."""
     bad = []
     for k in ORDER_FIELDS:
         a, b = state.get(k), mine.get(k)
-        if k == "mixture" and "num_rows" in (a or {}):  # a version-1 state: one output
-            srcs = (b or {}).get("sources", [])
-            same = len(srcs) == 1 and srcs[0][1] == a["num_rows"] == srcs[0][2]
-        elif k == "mixture" and a and b and a.get("sources") == b.get("sources"):
-            # a state saved before states named each source's rows cannot tell them apart
-            saved, now = a.get("content"), b.get("content")
-            same = saved is None or now is None or saved == now
-            if not same:
-                other = [s[0] for s, x, y in zip(b["sources"], saved, now) if x != y]
-                bad.append(f"the rows of source{'s' if len(other) > 1 else ''} "
-                           f"{', '.join(repr(n) for n in other)} (the same name and row count, "
-                           "but other rows: repacked with other options or inputs, or another "
-                           "output)")
-                continue
-        else:
-            same = a == b
-        if not same:
+        if k == "mixture":
+            bad += [f"the mixture: {x}" for x in _mixture_change(a or {}, b or {})]
+        elif a != b:
             bad.append(f"{k} (saved {a!r}, now {b!r})")
     return bad
+
+
+def _names(sources: list) -> str:
+    return ", ".join(repr(x[0]) for x in sources)
+
+
+def _mixture_change(a: dict, b: dict) -> list[str]:
+    """What differs between the mixture record ``a`` of a state and ``b`` of this dataset
+    (:meth:`~packtool.loader.mixture.Mixture.fingerprint`), as phrases naming the sources:
+    other sources; the sources whose rows differ (another output under that name); those whose
+    rows per epoch differ (the weights or ``rows_per_epoch`` changed), ``old -> new``; the same
+    names and counts but other rows. Empty when they match."""
+    now = b.get("sources", [])
+    if "num_rows" in a:  # a version-1 state: one output, every row once per epoch
+        if len(now) == 1 and now[0][1] == a["num_rows"] == now[0][2]:
+            return []
+        if len(now) == 1:
+            return [f"rows per epoch {a['num_rows']} -> {now[0][2]} (of {now[0][1]} rows)"]
+        return [f"sources: one output of {a['num_rows']} rows -> {_names(now)}"]
+    saved = a.get("sources", [])
+    if [x[0] for x in saved] != [x[0] for x in now]:
+        return [f"sources {_names(saved)} -> {_names(now)}"]
+    out = []
+    rows = [f"{x[0]!r} {x[1]} -> {y[1]}" for x, y in zip(saved, now) if x[1] != y[1]]
+    if rows:
+        out.append(f"rows of source{'s' if len(rows) > 1 else ''} {', '.join(rows)} "
+                   "(another output under that name)")
+    shares = [f"{x[0]!r} {x[2]} -> {y[2]}" for x, y in zip(saved, now) if x[2] != y[2]]
+    if shares:
+        out.append(f"rows per epoch of source{'s' if len(shares) > 1 else ''} "
+                   f"{', '.join(shares)} (the weights or rows_per_epoch changed)")
+    if not out:
+        # a state saved before states named each source's rows cannot tell them apart
+        old_c, new_c = a.get("content"), b.get("content")
+        if old_c is not None and new_c is not None and old_c != new_c:
+            other = [x[0] for x, p, q in zip(now, old_c, new_c) if p != q]
+            out.append(f"the rows of source{'s' if len(other) > 1 else ''} "
+                       f"{', '.join(repr(n) for n in other)} (the same name and row count, "
+                       "but other rows: repacked with other options or inputs, or another "
+                       "output)")
+    return out

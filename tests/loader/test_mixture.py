@@ -120,6 +120,41 @@ def test_new_weights_apply_from_the_next_epoch_without_repacking(web_and_code):
         new.load_state_dict(old.state_dict())
 
 
+def test_a_mid_epoch_refusal_names_the_sources_that_changed(web_and_code):
+    """Resuming mid-epoch under other weights names each source whose rows per epoch changed,
+    old -> new, in one line (it printed both whole mixture records, digests included); other
+    sources and another output of a source are named the same way."""
+    old = PackedIterableDataset(web_and_code, weights=WEIGHTS, rows_per_epoch=50, rank=0,
+                                world_size=1)
+    it = iter(old)
+    next(it)
+    state = old.state_dict()
+    new = PackedIterableDataset(web_and_code, weights={"web": 1, "code": 1}, rows_per_epoch=50,
+                                rank=0, world_size=1)
+    with pytest.raises(ValueError) as exc:
+        new.load_state_dict(state)
+    msg = str(exc.value)
+    assert "\n" not in msg and "content" not in msg and "{" not in msg, msg
+    assert "the mixture: rows per epoch of sources 'web' 35 -> 25, 'code' 15 -> 25" in msg, msg
+    assert "weights or rows_per_epoch" in msg
+    same_web = PackedIterableDataset(web_and_code, weights={"web": 0.7, "code": 0.3},
+                                     rows_per_epoch=51, rank=0, world_size=1)
+    with pytest.raises(ValueError, match=r"mixture: rows per epoch of source 'web' 35 -> 36 \("):
+        same_web.load_state_dict(state)
+    other = PackedIterableDataset({"web": web_and_code["web"], "books": web_and_code["code"]},
+                                  weights={"web": 0.7, "books": 0.3}, rows_per_epoch=50, rank=0,
+                                  world_size=1)
+    with pytest.raises(ValueError, match=r"sources 'web', 'code' -> 'web', 'books'") as exc:
+        other.load_state_dict(state)
+    assert "{" not in str(exc.value)
+    swapped = PackedIterableDataset({"web": web_and_code["code"], "code": web_and_code["web"]},
+                                    rows_per_epoch=50, rank=0, world_size=1)
+    with pytest.raises(ValueError,
+                       match=r"mixture: rows of sources 'web' \d+ -> \d+, 'code'") as exc:
+        swapped.load_state_dict(state)
+    assert "{" not in str(exc.value)
+
+
 @pytest.mark.parametrize("workers", [0, 1, 2])
 @pytest.mark.parametrize("when", ["after the last batch", "after set_epoch"])
 def test_new_weights_from_a_stateful_loader_checkpoint_at_the_epoch_boundary(
