@@ -61,7 +61,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from packtool.loader import resume
 from packtool.loader.collate import check_item_columns
 from packtool.loader.mixture import Mixture
-from packtool.loader.plan import EpochPlan, Phase, check_seed, rank_rows
+from packtool.loader.plan import ORDER_VERSION, EpochPlan, Phase, check_seed, rank_rows
 from packtool.loader.transfer import in_transit
 from packtool.loader.wrappers import refuse_accelerate_wrapper, refuse_dataloader_batching
 
@@ -583,8 +583,9 @@ class PackedIterableDataset(IterableDataset):
     # --- resume -------------------------------------------------------------------------------
 
     def _mine(self) -> dict:
-        return {"seed": self.seed, "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer,
-                "drop_last": self.drop_last, "mixture": self.mixture.fingerprint()}
+        return {"order": ORDER_VERSION, "seed": self.seed, "shuffle": self.shuffle,
+                "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last,
+                "mixture": self.mixture.fingerprint()}
 
     def _resolve(self, worker: int, num_workers: int, counting: bool = False
                  ) -> tuple[tuple, int]:

@@ -19,12 +19,21 @@ stopped without reading a byte.
    gives a row twice in one epoch: a source larger than its share gives a different subset
    each epoch, every row once before any comes twice. A single output with its own rows per
    epoch reads pass ``e`` seeded ``(seed, e)``: the one-output order.
-3. **Interleave.** The epoch sequence merges the sources' epoch slices by the smooth
-   (Sainte-Lague) order: item ``k`` of source ``s`` has the key ``(2k + 1) / (2 c_s)``, items
-   go by key, ties by source number. Any run of ``t`` consecutive rows holds ``t c_s / N``
-   rows of source ``s``, give or take one: sources interleave as finely as their shares allow.
-   :func:`mix_prefix` gives the exact per-source counts of any prefix without building the
-   sequence, so a rank builds only its own range.
+3. **Interleave.** The epoch sequence merges the sources' epoch slices two at a time, in a
+   balanced binary tree over the sources with a share (in the order given: the first half,
+   the larger, merged with the second, each half merged the same way down to single sources).
+   Each merge is the smooth (Sainte-Lague) order of its two streams: item ``k`` of a stream of
+   ``c`` items has the key ``(2k + 1) / (2c)``, items go by key, ties to the first stream.
+   One merge of two streams keeps any run of ``t`` consecutive items within one item of each
+   stream's share of ``t`` (within half an item for a prefix), and a run of the merged stream
+   is a run of each of its two streams, so the errors add up along a source's path to the
+   root: any run of ``t`` consecutive rows holds ``t c_s / N`` rows of source ``s``, give or
+   take ``ceil(log2 S)`` (S sources with a share: 1 for two sources, 2 for three or four, 3 for
+   five to eight; at most ``(S + 1) / 2``). A flat merge of all S sources by the same keys
+   (the order before) let the first items of small sources of equal shares tie and come
+   together: 4 of 5 sources in 4 consecutive rows, ``S - 1`` in general. :func:`mix_prefix`
+   gives the exact per-source counts of any prefix without building the sequence, so a rank
+   builds only its own range.
 4. **Ranks.** The sequence (length ``L``) is cut into W contiguous ranges of ``q`` rows, so a
    rank reads a contiguous run of each source's row groups, never a stride over all of them.
    When W does not divide L, ``drop_last=False`` makes ``q = ceil(L / W)`` and the last ranks
@@ -65,10 +74,40 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["check_seed", "apportion", "mix_prefix", "source_rows", "SourceStream",
+__all__ = ["ORDER_VERSION", "orders_agree", "check_seed", "apportion", "mix_prefix",
+           "source_rows", "SourceStream",
            "EpochOrder", "Phase",
            "EpochPlan", "rank_rows", "worker_bounds", "bounded_shuffle", "RankSplit",
            "split_ranks", "worker_rows"]
+
+
+#: The version of the epoch order this module computes (what a resume state records). Each
+#: version reads another sequence for the same seed for some mixtures (:data:`_ORDER_CHANGES`).
+ORDER_VERSION = 2
+
+#: For each order version, (which mixtures it reorders, in words; a test of the mixture's
+#: ``(rows, rows per epoch)`` per source that says whether it reorders that one).
+_ORDER_CHANGES = {
+    2: ("three or more sources with a share are merged in a balanced tree",
+        lambda sources: sum(1 for _, c in sources if c > 0) >= 3),
+}
+
+
+def orders_agree(a: int, b: int, sources: Sequence[tuple[int, int]]) -> tuple[bool, str]:
+    """Whether order versions ``a`` and ``b`` give the same sequence for a mixture of
+    ``sources`` (``(rows, rows per epoch)`` of each), and if not, why (the change between them
+    that reorders it, in words; a version this module does not know reorders everything).
+
+    Returns:
+        ``(True, "")`` or ``(False, reason)``.
+    """
+    lo, hi = sorted((int(a), int(b)))
+    for v in range(lo + 1, hi + 1):
+        what, hits = _ORDER_CHANGES.get(v, (f"order version {v} is not known here",
+                                            lambda _: True))
+        if hits(sources):
+            return False, what
+    return True, ""
 
 
 def check_seed(seed: int, name: str = "seed") -> int:
@@ -166,9 +205,9 @@ def _real(x, which: str):
 
 
 def _position(shares: Sequence[int], s: int, k: int) -> int:
-    """Position in the interleave (step 3) of item ``k`` of source ``s``: the items of every
-    source whose key ``(2j + 1) / (2 c_t)`` is smaller, or equal with ``t < s`` (exact
-    integers)."""
+    """Position in the smooth (Sainte-Lague) merge of the streams ``shares`` of item ``k`` of
+    stream ``s``: the items of every stream whose key ``(2j + 1) / (2 c_t)`` is smaller, or
+    equal with ``t < s`` (exact integers)."""
     d = shares[s]
     pos = 0
     for t, c in enumerate(shares):
@@ -179,6 +218,29 @@ def _position(shares: Sequence[int], s: int, k: int) -> int:
         equal = 1 if (t < s and x % d == 0 and (x // d) % 2 == 1) else 0
         pos += min(c, less + equal)
     return pos
+
+
+def _two_prefix(cl: int, cr: int, a: int) -> int:
+    """Items of the first stream among the first ``a`` of the smooth merge of two streams of
+    ``cl`` and ``cr`` items (ties to the first): one merge of step 3."""
+    if a <= 0:
+        return 0
+    if a >= cl + cr:
+        return cl
+    lo, hi = 0, cl  # count of j with _position(0, j) < a: positions increase with j
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _position((cl, cr), 0, mid) < a:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _halves(idx: list) -> tuple[list, list]:
+    """The two halves (the first the larger) of the sources ``idx`` a merge of step 3 joins."""
+    mid = (len(idx) + 1) // 2
+    return idx[:mid], idx[mid:]
 
 
 def mix_prefix(shares: Sequence[int], a: int) -> np.ndarray:
@@ -193,20 +255,43 @@ def mix_prefix(shares: Sequence[int], a: int) -> np.ndarray:
     """
     shares = [int(c) for c in shares]
     out = np.zeros(len(shares), dtype=np.int64)
-    if a <= 0:
-        return out
-    if a >= sum(shares):
-        return np.asarray(shares, dtype=np.int64)
-    for s, c in enumerate(shares):
-        lo, hi = 0, c  # count of k with _position(s, k) < a: positions increase with k
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if _position(shares, s, mid) < a:
-                lo = mid + 1
-            else:
-                hi = mid
-        out[s] = lo
+
+    def walk(idx: list, a: int) -> None:
+        if a <= 0:
+            return
+        if len(idx) == 1:
+            out[idx[0]] = a
+            return
+        left, right = _halves(idx)
+        al = _two_prefix(sum(shares[i] for i in left), sum(shares[i] for i in right), a)
+        walk(left, al)
+        walk(right, a - al)
+
+    walk([s for s, c in enumerate(shares) if c > 0], min(int(a), sum(shares)))
     return out
+
+
+def _merge_items(shares: list, idx: list, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """(source int64[b - a], index in that source's epoch int64[b - a]) of positions
+    ``a .. b - 1`` of the merge of the sources ``idx`` (step 3)."""
+    if len(idx) == 1:
+        return np.full(b - a, idx[0], dtype=np.int64), np.arange(a, b, dtype=np.int64)
+    left, right = _halves(idx)
+    cl, cr = sum(shares[i] for i in left), sum(shares[i] for i in right)
+    la, lb = _two_prefix(cl, cr, a), _two_prefix(cl, cr, b)
+    ls, lk = _merge_items(shares, left, la, lb)
+    rs, rk = _merge_items(shares, right, a - la, b - lb)
+    jl = np.arange(la, lb, dtype=np.int64)
+    jr = np.arange(a - la, b - lb, dtype=np.int64)
+    key = np.concatenate([(2 * jl + 1) / (2.0 * cl), (2 * jr + 1) / (2.0 * cr)])
+    side = np.concatenate([np.zeros(jl.size, dtype=np.int64), np.ones(jr.size, dtype=np.int64)])
+    order = _exact_ties(np.lexsort((side, key)), key, side, np.concatenate([jl, jr]), [cl, cr])
+    first = side[order] == 0  # the first half's items come in their own order
+    src = np.empty(b - a, dtype=np.int64)
+    k = np.empty(b - a, dtype=np.int64)
+    src[first], k[first] = ls, lk
+    src[~first], k[~first] = rs, rk
+    return src, k
 
 
 def _pass_rows(rg_rows: np.ndarray, rg_first: np.ndarray, key, shuffle: bool, a: int,
@@ -419,19 +504,7 @@ class EpochOrder:
         """(source int64[b - a], index in that source's epoch int64[b - a]) of epoch positions
         ``a .. b - 1`` (step 3); each source's indices come in increasing order."""
         live = [s for s, c in enumerate(self.shares) if c > 0]
-        if len(live) == 1:
-            return np.full(b - a, live[0], dtype=np.int64), np.arange(a, b, dtype=np.int64)
-        ma, mb = mix_prefix(self.shares, a), mix_prefix(self.shares, b)
-        keys, srcs, ks = [], [], []
-        for s in live:
-            k = np.arange(ma[s], mb[s], dtype=np.int64)
-            keys.append((2 * k + 1) / (2.0 * self.shares[s]))
-            srcs.append(np.full(k.size, s, dtype=np.int64))
-            ks.append(k)
-        key, src, kk = (np.concatenate(x) for x in (keys, srcs, ks))
-        order = np.lexsort((src, key))
-        order = _exact_ties(order, key, src, kk, self.shares)
-        return src[order], kk[order]
+        return _merge_items(self.shares, live, a, b)
 
     def rows(self, a: int, b: int) -> np.ndarray:
         """int64[b - a], row keys at epoch positions ``a .. b - 1`` (0 <= a <= b <= N)."""
@@ -495,8 +568,10 @@ class EpochOrder:
 
 def _exact_ties(order: np.ndarray, key: np.ndarray, src: np.ndarray, k: np.ndarray,
                 shares: list) -> np.ndarray:
-    """``order`` (by float key, then source) corrected where distinct keys rounded to one float
-    (only possible when c_s * c_t > 2**52): such runs are re-sorted by exact fractions."""
+    """``order`` (by float key, then stream ``src``: item ``k`` of stream ``s`` of
+    ``shares[s]`` items has the key ``(2k + 1) / (2 shares[s])``) corrected where distinct keys
+    rounded to one float (only possible when c_s * c_t > 2**52): such runs are re-sorted by
+    exact fractions."""
     ks = key[order]
     same = np.flatnonzero(ks[1:] == ks[:-1])
     if not same.size:

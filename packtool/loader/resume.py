@@ -2,9 +2,10 @@
 
 A state is a dict of ints, bools, strings and lists (JSON- and ``torch.save``-safe):
 
-- ``epoch``; the order's fixed fields ``seed``, ``shuffle``, ``shuffle_buffer``, ``drop_last``
-  and ``mixture`` (each source's name, rows and rows per epoch, and a digest of which rows it
-  holds);
+- ``epoch``; the order's fixed fields ``order`` (the version of the epoch order,
+  :data:`~packtool.loader.plan.ORDER_VERSION`; 1 in states saved before it was recorded),
+  ``seed``, ``shuffle``, ``shuffle_buffer``, ``drop_last`` and ``mixture`` (each source's name,
+  rows and rows per epoch, and a digest of which rows it holds);
 - ``phases``: the finished phases of the epoch (``[world_size, num_workers, [rows yielded by
   each worker]]``, :class:`~packtool.loader.plan.Phase`), empty until a job is resized;
 - ``world_size``, ``num_workers`` (0 workers count as 1) and ``rank`` of the process that saved
@@ -22,7 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from packtool.loader.plan import EpochPlan, Phase, rank_rows, worker_bounds
+from packtool.loader.plan import ORDER_VERSION, EpochPlan, Phase, orders_agree, rank_rows, \
+    worker_bounds
 
 __all__ = ["STATE_VERSION", "ORDER_FIELDS", "normalize", "runs", "finished", "worker_finished",
            "untouched", "worker_untouched", "mismatch"]
@@ -30,7 +32,7 @@ __all__ = ["STATE_VERSION", "ORDER_FIELDS", "normalize", "runs", "finished", "wo
 #: The version :meth:`state_dict` writes.
 STATE_VERSION = 2
 #: Fields that must match for a mid-epoch resume (the order depends on them).
-ORDER_FIELDS = ("seed", "shuffle", "shuffle_buffer", "drop_last", "mixture")
+ORDER_FIELDS = ("order", "seed", "shuffle", "shuffle_buffer", "drop_last", "mixture")
 
 # torchdata StatefulDataLoader keys (torchdata.stateful_dataloader, versions 0.8 to 0.11)
 _SNAPSHOT, _WORKERS, _STEPS = "_snapshot", "_worker_snapshots", "_steps_since_snapshot"
@@ -103,7 +105,8 @@ def normalize(state) -> dict:
     version = state.get("version")
     if version == 1:
         try:
-            out = {"version": STATE_VERSION, "epoch": state["epoch"], "seed": state["seed"],
+            out = {"version": STATE_VERSION, "order": 1, "epoch": state["epoch"],
+                   "seed": state["seed"],
                    "shuffle": state["shuffle"], "shuffle_buffer": state["shuffle_buffer"],
                    "drop_last": state["drop_last"], "mixture": {"num_rows": state["num_rows"]},
                    "phases": [], "world_size": state["world_size"],
@@ -130,7 +133,7 @@ def normalize(state) -> dict:
         if isinstance(out["yielded"], tuple):
             out["yielded"] = list(out["yielded"])
         for k in ORDER_FIELDS:
-            out[k] = state[k]
+            out[k] = state[k] if k != "order" else state.get("order", 1)  # saved before: 1
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise ValueError(f"malformed state ({type(exc).__name__}: {exc})") from None
     _check(out)
@@ -155,6 +158,8 @@ def _check(st: dict) -> None:
     for k in ("epoch", "seed"):
         if not _int(st[k]):
             bad(k, f"is {st[k]!r}, not a non-negative integer")
+    if not _int(st["order"], 1):
+        bad("order", f"is {st['order']!r}, not an order version (an integer >= 1)")
     for k in ("shuffle", "drop_last"):
         if not isinstance(st[k], bool):
             bad(k, f"is {st[k]!r}, not True or False")
@@ -265,11 +270,24 @@ def mismatch(state: dict, mine: dict) -> list[str]:
     bad = []
     for k in ORDER_FIELDS:
         a, b = state.get(k), mine.get(k)
-        if k == "mixture":
+        if k == "order":
+            same, why = orders_agree(a or 1, b or ORDER_VERSION, _arrangement(state["mixture"]))
+            if not same:
+                bad.append(f"the epoch order (saved under order version {a}, this packtool "
+                           f"reads version {b}, in which {why}: finish the epoch with the "
+                           "packtool that saved the state)")
+        elif k == "mixture":
             bad += [f"the mixture: {x}" for x in _mixture_change(a or {}, b or {})]
         elif a != b:
             bad.append(f"{k} (saved {a!r}, now {b!r})")
     return bad
+
+
+def _arrangement(mix: dict) -> list[tuple[int, int]]:
+    """(rows, rows per epoch) of each source of a state's mixture record."""
+    if "num_rows" in mix:  # a version-1 state: one output, every row once per epoch
+        return [(int(mix["num_rows"]), int(mix["num_rows"]))]
+    return [(int(x[1]), int(x[2])) for x in mix.get("sources", [])]
 
 
 def _names(sources: list) -> str:

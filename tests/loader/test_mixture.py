@@ -155,6 +155,42 @@ def test_a_mid_epoch_refusal_names_the_sources_that_changed(web_and_code):
     assert "{" not in str(exc.value)
 
 
+def test_a_state_records_the_version_of_the_epoch_order(web_and_code):
+    """A state records the order version it was read under (states saved before carry none:
+    version 1). A mid-epoch state of version 1 is refused where this packtool reads another
+    order (three sources: merged in a tree since), naming it; where the orders agree (two
+    sources, one output) it resumes exactly; a state at the epoch's end loads either way."""
+    from packtool.loader.plan import ORDER_VERSION
+
+    three = {**web_and_code, "again": web_and_code["web"]}
+    for sources, agree in [(three, False), (web_and_code, True), (web_and_code["web"], True)]:
+        def make():
+            return PackedIterableDataset(sources, rows_per_epoch=40, seed=2, rank=0,
+                                         world_size=1)
+
+        ds = make()
+        it = iter(ds)
+        head = [(x["source"], x["index"]) for x in (next(it) for _ in range(5))]
+        state = ds.state_dict()
+        assert state["order"] == ORDER_VERSION >= 2
+        old = {k: v for k, v in state.items() if k != "order"}  # as saved before
+        resumed = make()
+        if agree:
+            resumed.load_state_dict(old)
+            rest = [(x["source"], x["index"]) for x in resumed]
+            assert head + rest == [(x["source"], x["index"]) for x in make()]
+        else:
+            with pytest.raises(ValueError, match=r"epoch order \(saved under order version 1, "
+                               r"this packtool reads version \d+, in which three or more "
+                               r"sources"):
+                resumed.load_state_dict(old)
+        list(it)
+        done = {k: v for k, v in ds.state_dict().items() if k != "order"}
+        after = make()
+        after.load_state_dict(done)
+        assert after.epoch == 1
+
+
 @pytest.mark.parametrize("workers", [0, 1, 2])
 @pytest.mark.parametrize("when", ["after the last batch", "after set_epoch"])
 def test_new_weights_from_a_stateful_loader_checkpoint_at_the_epoch_boundary(
