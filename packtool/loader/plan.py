@@ -14,11 +14,14 @@ stopped without reading a byte.
 2. **Source streams** (:class:`SourceStream`). A pass over a source reads its row groups in
    a seeded permutation (``shuffle``; manifest order otherwise), whole groups one after
    another. Epoch ``e`` of a source of ``n_s`` rows is ``c_s // n_s`` whole passes (the first
-   ``n_s`` rows are every row once: a small source is cycled, no row repeats before all were
-   seen), then ``c_s % n_s`` draws from an urn of passes that goes on across epochs and never
-   gives a row twice in one epoch: a source larger than its share gives a different subset
-   each epoch, every row once before any comes twice. A single output with its own rows per
-   epoch reads pass ``e`` seeded ``(seed, e)``: the one-output order.
+   ``n_s`` rows are every row once: a small source is cycled), then ``c_s % n_s`` draws from
+   an urn of passes that goes on across epochs and never gives a row twice in one epoch: a
+   source larger than its share gives a different subset each epoch. Each whole pass gives
+   first the rows the urn's current round has not given yet, so that, read *segment* after
+   segment (each pass's two parts, then each urn round an epoch draws from), a source's rows
+   of successive epochs never give a row a (k + 1)-th time before every row came k times. A
+   single output with its own rows per epoch reads pass ``e`` seeded ``(seed, e)``: the
+   one-output order.
 3. **Interleave.** The epoch sequence merges the sources' epoch slices two at a time, in a
    balanced binary tree over the sources with a share (in the order given: the first half,
    the larger, merged with the second, each half merged the same way down to single sources).
@@ -47,9 +50,11 @@ stopped without reading a byte.
    same counts. With ``shuffle`` each slot is permuted inside a bounded window: row ``p`` gets
    the key ``p + u * shuffle_buffer``, ``u`` uniform in [0, 1) from
    ``default_rng((seed, epoch, rank, worker, K))``; no row moves ``shuffle_buffer`` positions
-   or more. A cycled source's rows are then put back in pass order within the slot
-   (:meth:`EpochOrder.keep_passes`: the source keeps its shuffled places, its pass ``p`` fills
-   them before pass ``p + 1``), so the shuffle never brings a row twice before all came.
+   or more. Each source's rows are then put back in segment order within the slot
+   (:meth:`EpochOrder.keep_passes`: the source keeps its shuffled places, its segment ``g``
+   fills them before segment ``g + 1``), so the shuffle never brings a row a (k + 1)-th time
+   before all came k times: not inside a cycled source's epoch, and not where an epoch runs
+   from one round of a source's urn into the next (a source larger than its share).
 
 **Elastic resume (phases).** Ranks advance in step (each consumes the same number of batches,
 each DataLoader takes batches from its workers in turn), so after a checkpoint worker ``w`` of
@@ -83,13 +88,15 @@ __all__ = ["ORDER_VERSION", "orders_agree", "check_seed", "apportion", "mix_pref
 
 #: The version of the epoch order this module computes (what a resume state records). Each
 #: version reads another sequence for the same seed for some mixtures (:data:`_ORDER_CHANGES`).
-ORDER_VERSION = 2
+ORDER_VERSION = 3
 
 #: For each order version, (which mixtures it reorders, in words; a test of the mixture's
 #: ``(rows, rows per epoch)`` per source that says whether it reorders that one).
 _ORDER_CHANGES = {
     2: ("three or more sources with a share are merged in a balanced tree",
         lambda sources: sum(1 for _, c in sources if c > 0) >= 3),
+    3: ("a source whose rows per epoch are not a multiple of its rows keeps its urn's rounds "
+        "and its passes' rows in order", lambda sources: any(n and c % n for n, c in sources)),
 }
 
 
@@ -323,10 +330,17 @@ class SourceStream:
     source's *urn*: an endless sequence of rounds, each a permutation of every row, that goes
     on from epoch to epoch (epoch ``e`` draws ``e * r .. (e + 1) * r - 1``). A round is its
     seeded permutation, except that the rows the previous round gave to an epoch that runs on
-    into this round are moved to this round's end, so that epoch gets no row twice. Hence a
-    source's first n rows of an epoch are all of its rows (none twice before all were seen), an
-    epoch never holds a row of the urn twice, consecutive epochs of a large source (c < n) take
-    consecutive, different subsets, and the urn gives every row once before any comes again.
+    into this round are moved to this round's end, so that epoch gets no row twice.
+
+    The urn's current round has given some rows before epoch ``e`` (``D``: its first
+    ``(e * r) mod n`` draws), so those rows have come once more than the others: every whole
+    pass of epoch ``e`` gives the other rows first, then ``D`` (each part in the pass's own
+    order), and the epoch's urn draws go on with the round's rows not yet given. Cut into
+    *segments* (:meth:`segments`: each pass's two parts, then each urn round the epoch draws
+    from), a source's rows of successive epochs, segment after segment, never give a row a
+    (k + 1)-th time before every row came k times; an epoch never holds a row of the urn twice,
+    consecutive epochs of a large source (c < n) take consecutive, different subsets, and a
+    cycled source's first n rows of an epoch are all of its rows.
 
     Pass seeds: whole pass ``e * m + i`` of a single source uses ``(seed, e * m + i)`` (the
     one-output order), of a mixture ``(seed, e * m + i, salt)``; urn round ``p`` uses
@@ -354,28 +368,60 @@ class SourceStream:
         self.m, self.r = divmod(self.c, self.n) if self.n else (0, 0)
         self.seed, self.salt, self.shuffle = seed, salt, shuffle
         self._moved = [np.zeros(0, dtype=np.int64)]  # per urn round: rows moved to its end
+        self._drawn_in: dict = {}  # epoch -> the urn's rows given before it in its round
+        self._skips: dict = {}  # whole pass -> sorted positions of those rows in it
+
+    def _full_key(self, p: int) -> tuple:
+        return (self.seed, p) if self.salt is None else (self.seed, p, self.salt)
+
+    def _round_key(self, p: int) -> tuple:
+        return (self.seed, p, self.salt or 0, 1)
 
     def _full(self, p: int, a: int, b: int) -> np.ndarray:
-        key = (self.seed, p) if self.salt is None else (self.seed, p, self.salt)
-        return _pass_rows(self.rg_rows, self.rg_first, key, self.shuffle, a, b)
+        """Positions ``a .. b - 1`` of whole pass ``p``'s permutation."""
+        return _pass_rows(self.rg_rows, self.rg_first, self._full_key(p), self.shuffle, a, b)
 
-    def _round_perm(self, p: int, a: int, b: int) -> np.ndarray:
-        """Positions ``a .. b - 1`` of urn round ``p``'s permutation (before moving rows)."""
-        key = (self.seed, p, self.salt or 0, 1)
-        return _pass_rows(self.rg_rows, self.rg_first, key, self.shuffle, a, b)
-
-    def _positions(self, p: int, rows: np.ndarray) -> np.ndarray:
-        """Sorted positions of ``rows`` in urn round ``p``'s permutation."""
-        if not self.shuffle:
-            return np.sort(rows)
-        order = np.random.default_rng((self.seed, p, self.salt or 0, 1)).permutation(
-            len(self.rg_rows))
-        inv = np.empty_like(order)
-        inv[order] = np.arange(order.size)
+    def _perm(self, key) -> tuple[np.ndarray, np.ndarray]:
+        """(row groups int64[G] in the order of the permutation ``key``, int64[G + 1] their
+        offsets in it)."""
+        order = np.random.default_rng(key).permutation(len(self.rg_rows))
         cum = np.zeros(order.size + 1, dtype=np.int64)
         np.cumsum(self.rg_rows[order], out=cum[1:])
+        return order, cum
+
+    def _positions(self, key, rows: np.ndarray) -> np.ndarray:
+        """Sorted positions of ``rows`` in the permutation ``key``."""
+        if not self.shuffle:
+            return np.sort(rows)
+        order, cum = self._perm(key)
+        inv = np.empty_like(order)
+        inv[order] = np.arange(order.size)
         g = np.searchsorted(self.rg_first, rows, side="right") - 1
         return np.sort(cum[inv[g]] + rows - self.rg_first[g])
+
+    def _at(self, key, positions: np.ndarray) -> np.ndarray:
+        """Rows at ``positions`` of the permutation ``key``."""
+        if not self.shuffle or not positions.size:
+            return np.asarray(positions, dtype=np.int64)
+        order, cum = self._perm(key)
+        j = np.searchsorted(cum, positions, side="right") - 1
+        return self.rg_first[order[j]] + positions - cum[j]
+
+    def _without(self, key, skip: np.ndarray, i: int, j: int) -> np.ndarray:
+        """Entries ``i .. j - 1`` of the permutation ``key`` once the entries at the sorted
+        positions ``skip`` are taken out."""
+        if j <= i:
+            return np.zeros(0, dtype=np.int64)
+        if not skip.size:
+            return _pass_rows(self.rg_rows, self.rg_first, key, self.shuffle, i, j)
+
+        def at(k):  # position in the permutation of the k-th entry not skipped
+            return k + int(np.searchsorted(skip - np.arange(skip.size), k, side="right"))
+
+        x0, x1 = at(i), at(j - 1) + 1
+        rows = _pass_rows(self.rg_rows, self.rg_first, key, self.shuffle, x0, x1)
+        keep = ~np.isin(np.arange(x0, x1), skip)
+        return rows[keep]
 
     def _round(self, p: int, i: int, j: int) -> np.ndarray:
         """Draws ``i .. j - 1`` of urn round ``p``: its permutation without the moved rows,
@@ -383,26 +429,11 @@ class SourceStream:
         self._grow(p)
         moved = self._moved[p]
         L = self.n - moved.size
+        key = self._round_key(p)
         parts = []
         if i < L:
-            hi = min(j, L)
-            if not moved.size:
-                parts.append(self._round_perm(p, i, hi))
-            else:
-                skip = self._positions(p, moved)
-
-                def at(k):  # position in the permutation of the k-th row not moved
-                    x = k
-                    for e in skip.tolist():
-                        if e <= x:
-                            x += 1
-                        else:
-                            break
-                    return x
-
-                x0 = at(i)
-                rows = self._round_perm(p, x0, at(hi - 1) + 1 if hi > i else x0)
-                parts.append(rows[~np.isin(rows, moved)])
+            skip = self._positions(key, moved) if moved.size else moved
+            parts.append(self._without(key, skip, i, min(j, L)))
         if j > L:
             parts.append(moved[max(i, L) - L:j - L])
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
@@ -426,6 +457,32 @@ class SourceStream:
             d0 = hi
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
+    def drawn_before(self, epoch: int) -> np.ndarray:
+        """int64[(epoch * r) mod n]: the rows the urn's current round gave before ``epoch``
+        (each has come once more than the others)."""
+        if epoch not in self._drawn_in:
+            d = epoch * self.r
+            self._drawn_in[epoch] = self._urn(d - d % self.n, d) if self.r else \
+                np.zeros(0, dtype=np.int64)
+        return self._drawn_in[epoch]
+
+    def _pass(self, epoch: int, i: int, a: int, b: int) -> np.ndarray:
+        """Positions ``a .. b - 1`` of whole pass ``i`` of ``epoch``: its permutation's rows
+        not in :meth:`drawn_before`, then those (each part in the permutation's order)."""
+        p = epoch * self.m + i
+        drawn = self.drawn_before(epoch)
+        if not drawn.size:
+            return self._full(p, a, b)
+        key = self._full_key(p)
+        if p not in self._skips:
+            self._skips[p] = self._positions(key, drawn)
+        skip = self._skips[p]
+        L = self.n - skip.size
+        parts = [self._without(key, skip, a, min(b, L))]
+        if b > L:
+            parts.append(self._at(key, skip[max(a, L) - L:b - L]))
+        return np.concatenate(parts)
+
     def epoch_rows(self, epoch: int, k0: int, k1: int) -> np.ndarray:
         """int64[k1 - k0]: the rows at positions ``k0 .. k1 - 1`` of the source's epoch
         ``epoch`` (0 <= k0 <= k1 <= c)."""
@@ -435,11 +492,36 @@ class SourceStream:
             a, b = max(k0, i * self.n), min(k1, (i + 1) * self.n)
             if a >= b:
                 break
-            parts.append(self._full(epoch * self.m + i, a - i * self.n, b - i * self.n))
+            parts.append(self._pass(epoch, i, a - i * self.n, b - i * self.n))
         if k1 > full:
             base = epoch * self.r
             parts.append(self._urn(base + max(k0, full) - full, base + k1 - full))
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def segmented(self, epoch: int) -> bool:
+        """True when ``epoch`` holds more than one segment of this source (:meth:`segments`)."""
+        if not self.n or not self.c:
+            return False
+        base = epoch * self.r
+        return self.m > 1 or (self.m == 1 and self.r > 0) or (
+            self.r > 0 and base // self.n != (base + self.r - 1) // self.n)
+
+    def segments(self, epoch: int, k: np.ndarray) -> np.ndarray:
+        """int64[n]: the segment of items ``k`` of ``epoch`` (non-decreasing in ``k``): whole
+        pass ``i`` is segments ``2i`` (the rows not drawn before, see :meth:`_pass`) and
+        ``2i + 1`` (the others), the urn draws ``2m`` plus the rounds since the epoch's first
+        draw. Read segment after segment, a source's rows over successive epochs never give a
+        row a (k + 1)-th time before every row came k times."""
+        k = np.asarray(k, dtype=np.int64)
+        full = self.m * self.n
+        d = (epoch * self.r) % self.n if self.n else 0  # rows of D
+        seg = np.empty(k.size, dtype=np.int64)
+        whole = k < full
+        i = k[whole] // self.n
+        seg[whole] = 2 * i + (k[whole] - i * self.n >= self.n - d)
+        base = epoch * self.r
+        seg[~whole] = 2 * self.m + (base + k[~whole] - full) // self.n - base // self.n
+        return seg
 
 
 def source_rows(rg_rows: np.ndarray, first: int, count: int, *, seed: int, salt: int | None,
@@ -521,17 +603,17 @@ class EpochOrder:
         return out
 
     def keep_passes(self, positions: np.ndarray, repeat: np.ndarray | None = None) -> np.ndarray:
-        """int64[n], ``positions`` (a worker's slot after the bounded shuffle) with the rows of
-        each cycled source (``c_s > n_s``) put back in pass order: source ``s`` keeps the
-        places it had, and its rows of pass ``p`` (indices ``p n_s .. (p + 1) n_s - 1`` of its
-        epoch; the urn draws after its whole passes count as one more) all come before those
-        of pass ``p + 1``, each pass in its shuffled order. So no row of a small source comes
-        twice before all its rows came once. ``repeat`` (bool[n]) marks the even-up repeats
-        (step 4), kept after every pass."""
+        """int64[n], ``positions`` (a worker's slot after the bounded shuffle) with each
+        source's rows put back in segment order (:meth:`SourceStream.segments`: a cycled
+        source's whole passes, each cut in two, then the urn's rounds, those of a source larger
+        than its share included): source ``s`` keeps the places it had, and its rows of
+        segment ``g`` all come before those of segment ``g + 1``, each segment in its shuffled
+        order. So no row of a source comes a (k + 1)-th time before all its rows came k times,
+        in the epoch and across successive epochs. ``repeat`` (bool[n]) marks the even-up
+        repeats (step 4), kept after every segment."""
         pos = np.asarray(positions, dtype=np.int64)
-        sizes = np.diff(self.row_base)
-        cycled = [s for s, c in enumerate(self.shares) if c > sizes[s] > 0]
-        if not cycled or pos.size < 2:
+        cut = [s for s, stream in enumerate(self.streams) if stream.segmented(self.epoch)]
+        if not cut or pos.size < 2:
             return pos
         src = np.empty(pos.size, dtype=np.int64)
         k = np.empty(pos.size, dtype=np.int64)
@@ -541,13 +623,14 @@ class EpochOrder:
             rs, rk = self._items(a, b)
             sel = (pos >= a) & (pos < b)
             src[sel], k[sel] = rs[pos[sel] - a], rk[pos[sel] - a]
-        passes = k // np.maximum(sizes[src], 1)
-        if repeat is not None:
-            passes[np.asarray(repeat, dtype=bool)] = np.iinfo(np.int64).max
+        rep = None if repeat is None else np.asarray(repeat, dtype=bool)
         out = pos.copy()
-        for s in cycled:
+        for s in cut:
             at = np.flatnonzero(src == s)
-            out[at] = pos[at][np.argsort(passes[at], kind="stable")]
+            seg = self.streams[s].segments(self.epoch, k[at])
+            if rep is not None:
+                seg[rep[at]] = np.iinfo(np.int64).max
+            out[at] = pos[at][np.argsort(seg, kind="stable")]
         return out
 
     def rows_at(self, positions: np.ndarray) -> np.ndarray:

@@ -158,14 +158,18 @@ def test_a_mid_epoch_refusal_names_the_sources_that_changed(web_and_code):
 def test_a_state_records_the_version_of_the_epoch_order(web_and_code):
     """A state records the order version it was read under (states saved before carry none:
     version 1). A mid-epoch state of version 1 is refused where this packtool reads another
-    order (three sources: merged in a tree since), naming it; where the orders agree (two
-    sources, one output) it resumes exactly; a state at the epoch's end loads either way."""
+    order, naming the change (three sources: merged in a tree; a source whose rows per epoch
+    are not a multiple of its rows: its urn's rounds kept in order); where the orders agree
+    (two sources or one output, every row once an epoch) it resumes exactly; a state at the
+    epoch's end loads either way."""
     from packtool.loader.plan import ORDER_VERSION
 
     three = {**web_and_code, "again": web_and_code["web"]}
-    for sources, agree in [(three, False), (web_and_code, True), (web_and_code["web"], True)]:
+    for sources, rows, refused in [(three, None, "three or more sources"),
+                                   (web_and_code, 40, "not a multiple of its rows"),
+                                   (web_and_code, None, None), (web_and_code["web"], None, None)]:
         def make():
-            return PackedIterableDataset(sources, rows_per_epoch=40, seed=2, rank=0,
+            return PackedIterableDataset(sources, rows_per_epoch=rows, seed=2, rank=0,
                                          world_size=1)
 
         ds = make()
@@ -175,14 +179,13 @@ def test_a_state_records_the_version_of_the_epoch_order(web_and_code):
         assert state["order"] == ORDER_VERSION >= 2
         old = {k: v for k, v in state.items() if k != "order"}  # as saved before
         resumed = make()
-        if agree:
+        if refused is None:
             resumed.load_state_dict(old)
             rest = [(x["source"], x["index"]) for x in resumed]
             assert head + rest == [(x["source"], x["index"]) for x in make()]
         else:
             with pytest.raises(ValueError, match=r"epoch order \(saved under order version 1, "
-                               r"this packtool reads version \d+, in which three or more "
-                               r"sources"):
+                               r"this packtool reads version \d+, in which .*" + refused):
                 resumed.load_state_dict(old)
         list(it)
         done = {k: v for k, v in ds.state_dict().items() if k != "order"}
@@ -327,3 +330,25 @@ def test_a_cycled_source_repeats_no_row_before_every_row_came(web_and_code):
     assert 0 <= extra <= 1 and set(counts) == set(range(base, base + n))
     assert sum(max(0, v - (c // n + 1)) for v in counts.values()) <= extra
     assert min(counts.values()) >= c // n
+
+
+def test_every_row_of_a_source_once_before_any_again_over_epochs(web_and_code):
+    """The default shuffle window (larger than the epoch), one rank: over 6 epochs the web
+    source (40 of its 158 rows an epoch: epochs run from one round of its urn into the next)
+    and the code source (160 rows an epoch of its 15: whole passes and urn draws) never give a
+    row a (k + 1)-th time before every row of theirs came k times. A row of the urn's next
+    round came before the last rows of the round before (web), and a pass began with the rows
+    the epoch before had ended with (code)."""
+    ds = PackedIterableDataset(web_and_code, weights={"web": 0.2, "code": 0.8},
+                               rows_per_epoch=200, seed=11)
+    assert ds.source_shares == {"web": 40, "code": 160} and ds.shuffle_buffer > 200
+    sizes = dict(zip(ds.sources, (int(n) for n in ds.mixture.rows)))
+    assert sizes["web"] > 40 and 160 % sizes["code"]
+    counts = {name: np.zeros(n, dtype=np.int64) for name, n in sizes.items()}
+    for e in range(6):
+        ds.set_epoch(e)
+        for it in ds:
+            c = counts[it["source"]]
+            i = int(it["index"])
+            assert c[i] == c.min(), (e, it["source"], i, c.tolist())
+            c[i] += 1

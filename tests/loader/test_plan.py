@@ -182,6 +182,61 @@ def test_a_cycled_source_repeats_no_row_before_all_were_seen(n_groups, group_row
             assert max(counts.values()) - min(counts[i] for i in range(n)) <= 1
 
 
+def _balanced(stream, n):
+    """The first place in ``stream`` where a row comes a (k + 1)-th time while another of the
+    ``n`` rows came fewer than k times, or None."""
+    counts = np.zeros(n, dtype=np.int64)
+    for t, x in enumerate(stream):
+        if counts[x] > counts.min():
+            return t, x, counts.tolist()
+        counts[x] += 1
+    return None
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=6), st.integers(1, 40),
+       st.integers(1, 30), st.sampled_from([1, 2, 5, 64, 1024]), st.integers(0, 3))
+def test_a_source_gives_every_row_once_before_any_again_across_epochs(groups, share, other,
+                                                                      shuffle_buffer, seed):
+    """One rank, no workers, any shuffle window: over successive epochs a source's rows never
+    come a (k + 1)-th time before every row came k times, whether it is larger than its share
+    (an epoch running from one round of its urn into the next was shuffled into one: a row of
+    the new round came before the old round's last rows) or cycled (an epoch ended with draws
+    of the urn and the next began with a whole pass: those rows came again before the others
+    caught up)."""
+    rg = [np.asarray(groups), np.array([7, 6])]
+    n = sum(groups)
+    seq = []
+    for e in range(6):
+        order = EpochOrder(rg, [share, other], seed=seed, epoch=e, shuffle=True, salts=[5, 9])
+        plan = EpochPlan(order.num_rows, seed=seed, epoch=e, shuffle=True,
+                         shuffle_buffer=shuffle_buffer, drop_last=False, order=order)
+        keys = order.rows_at(plan.slot(0, 0, 0, 1, 1))
+        mine = keys[keys < n]
+        assert mine.size == share
+        counts = Counter(mine.tolist())  # each row c // n or c // n + 1 times in the epoch
+        assert set(counts.values()) <= {share // n, share // n + 1}
+        if share >= n:
+            assert len(counts) == n
+        seq += mine.tolist()
+    assert _balanced(seq, n) is None, _balanced(seq, n)
+
+
+def test_the_cycled_source_of_five_rows_stays_balanced_across_the_epoch_boundary():
+    """A source of 5 rows with 33 per epoch (6 passes and 3 draws of its urn): epoch 0 ended
+    with draws of 3 rows, and epoch 1 began with a whole pass that gave those 3 first, an 8th
+    time while 2 rows had come 6 times; its passes now give the 2 rows first."""
+    rg = [np.array([1, 1, 1, 1, 1]), np.array([50])]
+    seq = []
+    for e in range(4):
+        order = EpochOrder(rg, [33, 40], seed=3, epoch=e, shuffle=True, salts=[1, 2])
+        plan = EpochPlan(order.num_rows, seed=3, epoch=e, shuffle=True, shuffle_buffer=1024,
+                         drop_last=False, order=order)
+        keys = order.rows_at(plan.slot(0, 0, 0, 1, 1))
+        seq += keys[keys < 5].tolist()
+    assert _balanced(seq, 5) is None, _balanced(seq, 5)
+
+
 def test_a_large_source_gives_another_subset_each_epoch():
     """A source of 60 rows with 20 per epoch: epochs 0, 1 and 2 see disjoint rows, together all
     60 (its draws go on where the last epoch stopped); with 25 per epoch, no epoch holds a row
