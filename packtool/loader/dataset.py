@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from packtool.loader.source import check_label_masks, open_source
+from packtool.loader.wrappers import map_fetcher_checked
 
 __all__ = ["PackedDataset"]
 
@@ -106,10 +107,12 @@ class PackedDataset:
         self.cached_row_groups = int(cached_row_groups)
         self._blocks: OrderedDict = OrderedDict()
         self._pid = os.getpid()
+        self._fetcher_ok = False
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_blocks"] = OrderedDict()
+        state["_fetcher_ok"] = False
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -148,6 +151,9 @@ class PackedDataset:
             raise IndexError(f"row {index} out of range for {n} rows in {self.path}")
         if self._pid != os.getpid():
             self._blocks, self._pid = OrderedDict(), os.getpid()
+            self._fetcher_ok = False
+        if not self._fetcher_ok:  # until a DataLoader's fetcher was seen to batch items fine
+            self._fetcher_ok = map_fetcher_checked(self)
         g = self.output.group_of(i)
         block = self._blocks.get(g)
         if block is None:

@@ -480,8 +480,8 @@ class PackedIterableDataset(IterableDataset):
         info = get_worker_info()  # a wrapper set_epoch did not see (one without set_epoch)
         refuse_accelerate_wrapper(self.rank, self.world_size, depth=16,
                                   workers=info.num_workers if info is not None else 0)
-        if self.batch_size is not None:  # batches: a DataLoader must not batch them again
-            refuse_dataloader_batching(self, self.batch_size)
+        # batches must not be batched again; items not by torch's default collate
+        refuse_dataloader_batching(self, self.batch_size)
         worker, num_workers = self._worker()
         self._follow_epoch()
         if self._await_board is not None:

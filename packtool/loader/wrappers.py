@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["refuse_accelerate_wrapper", "refuse_dataloader_batching"]
+__all__ = ["refuse_accelerate_wrapper", "refuse_dataloader_batching",
+           "map_fetcher_checked"]
 
 _DISPATCH_FIX = ("set dispatch_batches=False (TrainingArguments(accelerator_config={"
                  "'dispatch_batches': False}), or Accelerator(dataloader_config="
@@ -42,26 +43,80 @@ def _accelerate_wrapper(frame, depth: int) -> str | None:
     return None
 
 
-def refuse_dataloader_batching(dataset, batch_size: int, *, depth: int = 8) -> None:
-    """Refuse a torch DataLoader that batches what ``dataset`` already batched (its default
-    ``batch_size=1`` stacked [1, B, C] batches and tensors out of the counts, a larger one
-    failed at the first short batch): found as the fetcher iterating this very dataset among
-    the ``depth`` frames from the caller's caller up, with automatic batching on.
+def _ragged(dataset) -> bool:
+    """Whether ``dataset``'s items carry a per-document column (one entry per document, not
+    per token: ``cu_seqlens``, ``doc_ids``...), which torch's default collate cannot stack; items
+    of per-token columns only (``columns=`` such a subset) it stacks."""
+    from packtool.loader.collate import RAGGED_COLUMNS
+
+    return any(c in RAGGED_COLUMNS for c in getattr(dataset, "columns", RAGGED_COLUMNS))
+
+
+def refuse_dataloader_batching(dataset, batch_size: int | None, *, depth: int = 8) -> None:
+    """Refuse a torch DataLoader that batches ``dataset``'s output in a way that cannot work,
+    found as the fetcher iterating this very dataset among the ``depth`` frames from the
+    caller's caller up, with automatic batching on:
+
+    - ``batch_size`` set (the dataset yields whole batches): the DataLoader would batch them
+      again (its default ``batch_size=1`` stacked [1, B, C] batches and tensors out of the
+      counts, a larger one failed at the first short batch);
+    - ``batch_size`` None (the dataset yields items) and torch's ``default_collate``: the
+      items' ragged columns (``cu_seqlens``, ``doc_ids``: one entry per document) cannot be
+      stacked, and it failed inside torch ("stack expects each tensor to be equal size").
 
     Raises:
-        ValueError: names the fix (``batch_size=None`` on the DataLoader).
+        ValueError: names the fix (``batch_size=None`` on the DataLoader; or
+            ``collate_fn=collate`` and its kin, or batches built by the dataset).
     """
+    from torch.utils.data._utils.collate import default_collate
     from torch.utils.data._utils.fetch import _IterableDatasetFetcher
 
     for f in _frames(sys._getframe(2), depth):
         owner = f.f_locals.get("self")
         if isinstance(owner, _IterableDatasetFetcher) and owner.dataset is dataset:
-            if owner.auto_collation:
+            if owner.auto_collation and batch_size is not None:
                 raise ValueError(
                     f"this dataset yields whole batches (batch_size={batch_size}), and the "
                     "DataLoader would batch them again: give it batch_size=None (and no "
                     "collate_fn; the dataset's collate_fn= builds each batch)")
+            if owner.auto_collation and owner.collate_fn is default_collate \
+                    and _ragged(dataset):
+                raise ValueError(
+                    "the DataLoader batches this dataset's items with torch's default "
+                    "collate, which cannot stack their per-document columns (cu_seqlens, "
+                    "doc_ids): give it collate_fn=collate (packtool.loader; or collate_flat, "
+                    "HFCollator()), or build the dataset with batch_size=B and give the "
+                    "DataLoader batch_size=None")
             return
+
+
+def map_fetcher_checked(dataset, *, depth: int = 4) -> bool:
+    """For a map-style ``dataset``'s ``__getitem__``: refuse torch's ``default_collate`` as the
+    DataLoader fetcher that calls it batches the items (their per-document columns cannot be
+    stacked; it failed inside torch), found among the ``depth`` frames from the caller's
+    caller up. Returns True once a fetcher of this dataset was found and is fine (the dataset
+    need not look again in this process), False when none calls it (a direct ``dataset[i]``).
+
+    Raises:
+        ValueError: names the fix (``collate_fn=collate`` and its kin).
+    """
+    fetch = sys.modules.get("torch.utils.data._utils.fetch")
+    if fetch is None:  # no DataLoader in this process
+        return False
+    from torch.utils.data._utils.collate import default_collate
+
+    for f in _frames(sys._getframe(2), depth):
+        owner = f.f_locals.get("self")
+        if isinstance(owner, fetch._MapDatasetFetcher) and owner.dataset is dataset:
+            if owner.auto_collation and owner.collate_fn is default_collate \
+                    and _ragged(dataset):
+                raise ValueError(
+                    "the DataLoader batches this dataset's items with torch's default "
+                    "collate, which cannot stack their per-document columns (cu_seqlens, "
+                    "doc_ids): give it collate_fn=collate (packtool.loader; or collate_flat, "
+                    "HFCollator())")
+            return True
+    return False
 
 
 def refuse_accelerate_wrapper(rank: int = 0, world_size: int = 1, *, depth: int = 1,

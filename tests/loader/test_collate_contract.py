@@ -288,3 +288,25 @@ def test_rows_of_outputs_packed_with_other_options_are_refused_in_one_batch(tmp_
         with pytest.raises(ValueError, match=r"batch items 0 and 1 hold rows of different "
                                              r"capacity \(16 and 32 tokens\)"):
             fn([plain, wider])
+
+
+@pytest.mark.parametrize("kind", ["iterable", "map"])
+def test_a_dataloader_batching_items_with_torchs_default_collate_is_told_to_pass_collate(
+        tmp_path, kind):
+    """DataLoader(dataset, batch_size=8) with no collate_fn: torch's default collate cannot
+    stack the items' per-document columns and failed inside torch ('stack expects each tensor
+    to be equal size'); it is refused naming collate_fn=collate. Items of per-token columns
+    only (a columns= subset) are stacked by it as before, and collate_fn=collate works."""
+    from torch.utils.data import DataLoader
+
+    src = write_input(tmp_path / "in", [[1, 2, 3], [4, 5], [6, 7, 8, 9], [1], [2, 2]])
+    out = pack(src, tmp_path / "out", 8)
+    make = PackedIterableDataset if kind == "iterable" else PackedDataset
+    with pytest.raises(ValueError, match=r"torch's default collate, which cannot stack their "
+                                         r"per-document columns .* collate_fn=collate"):
+        next(iter(DataLoader(make(out), batch_size=2)))
+    batch = next(iter(DataLoader(make(out), batch_size=2, collate_fn=collate)))
+    assert batch["input_ids"].shape == (2, 8)
+    per_token = ["input_ids", "segment_ids", "position_ids", "labels"]
+    batch = next(iter(DataLoader(make(out, columns=per_token), batch_size=2)))
+    assert batch["segment_ids"].shape == (2, 8)
