@@ -1079,9 +1079,14 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
               help="Skip the sha256 of every shard against the manifest (it reads every byte; "
                    "sizes, footers and the checksums of every page verify decodes are still "
                    "checked).")
+@click.option("--negative-control", is_flag=True,
+              help="Also run the sdpa checks on the same rows with a plain causal mask (no "
+                   "document blocks), which must fail: shows that verify catches a leak on "
+                   "this output; exit 1 when it does not.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def verify(output, rows, seed, backends, hf_config, checks, data_only, device, max_memory,
-           batch_size, row_window, compile_, progress, no_hash, as_json, scan_all):
+           batch_size, row_window, compile_, progress, no_hash, as_json, scan_all,
+           negative_control):
     """Prove that packed rows of OUTPUT compute what separate documents compute.
 
     Checks the column contract of every row, then runs a small seeded decoder (with attention,
@@ -1109,8 +1114,9 @@ def verify(output, rows, seed, backends, hf_config, checks, data_only, device, m
             memory_budget(budget)  # a budget too small is refused before any work
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--max-memory") from None
-    if data_only and (backends or hf_config):
-        raise click.UsageError("--data-only runs no backend; drop --backend and --hf-config")
+    if data_only and (backends or hf_config or negative_control):
+        raise click.UsageError("--data-only runs no backend; drop --backend, --hf-config and "
+                               "--negative-control")
     if hf_config is not None and backends and "hf" not in backends:
         raise click.UsageError("--hf-config is the model of the hf backend; add --backend hf")
     _refuse_raw_input(output, "verify")
@@ -1122,11 +1128,44 @@ def verify(output, rows, seed, backends, hf_config, checks, data_only, device, m
                             max_memory=budget, hf_config=hf_config, check_hashes=not no_hash,
                             row_window=row_window,
                             progress=(lambda m: click.echo(m, err=True)) if show else None)
+        control = None
+        if negative_control:
+            from packtool.verify.checks import negative_control as run_control
+
+            if show:
+                click.echo("verify: negative control: sdpa with a plain causal mask on the same "
+                           "rows (must fail)", err=True)
+            control = run_control(output, rows=rows, seed=seed, batch_size=batch_size,
+                                  device=device, max_memory=budget, row_window=row_window)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
-    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.format_text())
+    if as_json:
+        click.echo(json.dumps({**report.to_dict(), **({"negative_control": control}
+                                                      if control is not None else {})},
+                              indent=2))
+    else:
+        click.echo(report.format_text())
+        if control is not None:
+            click.echo(_control_line(control))
     if not report.ok:
         raise PacktoolError(report.first_failure_message())
+    if control is not None and not control["caught"]:
+        raise PacktoolError("negative control: a plain causal mask passed the sdpa checks on "
+                            "these rows, so this verify could not have caught a leak here (no "
+                            "sampled row holds two documents?): verify more rows (--rows 0)")
+
+
+def _control_line(control: dict) -> str:
+    """The report's line for ``verify --negative-control``."""
+    head = "CONTROL sdpa         plain causal mask   "
+    if not control["caught"]:
+        return head + "NOT caught: the checks passed with a leaking mask"
+    where = " ".join(f"{k}={v}" for k, v in (control["where"] or {}).items())
+    figs = "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in control["figures"].items())
+    return (head + f"caught as it must be: {control['check']} fails" + (f" at {where}" if where
+                                                                          else "")
+            + (f"  ({figs})" if figs else ""))
 
 
 @cli.command()

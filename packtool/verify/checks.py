@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ALL_BACKENDS", "ALL_CHECKS", "DEFAULT_ROWS", "DEFAULT_ROW_WINDOW", "CheckResult",
            "VerifyReport", "run_verify", "row_windows", "row_window_ok", "estimate_seconds",
-           "select_rows", "check_row_contract"]
+           "select_rows", "check_row_contract", "negative_control"]
 
 ALL_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
 #: model checks, then the column checks (``--check`` accepts any of them)
@@ -283,6 +283,47 @@ def run_verify(
                          "(0: whole rows)")
     _say(progress, f"verify: done in {time.perf_counter() - t0:.1f} s")
     return report
+
+
+def negative_control(path: str | os.PathLike, *, rows: int | None = None, seed: int = 0,
+                     batch_size: int = 4, device: str = "auto", max_memory: int | None = None,
+                     row_window: int | None = None) -> dict:
+    """Run the ``sdpa`` checks once more on the same sampled rows with a plain causal mask (no
+    document blocks, what packing without a mask computes), which a packed row must fail: the
+    proof that verify would have caught a leak on this output (B02, B29).
+
+    Args:
+        path, rows, seed, batch_size, device, max_memory, row_window: as :func:`run_verify`
+            (the same row sample for the same ``rows`` and ``seed``).
+
+    Returns:
+        ``{"mask": "plain causal", "backend": "sdpa", "caught": bool, "check": str | None,
+        "where": dict | None, "figures": dict}``: ``caught`` when ``isolation`` or
+        ``logits_match`` failed (``check``, ``where`` and ``figures`` of the first such
+        failure); False means verify could not tell this broken mask from a good one here
+        (no sampled row holds two documents).
+
+    Raises:
+        As :func:`run_verify`.
+    """
+    from packtool.verify import require_torch
+
+    torch = require_torch()
+    F = torch.nn.functional
+
+    def plain(batch, device):
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    rep = run_verify(path, rows=rows, seed=seed, backends=["sdpa"],
+                     checks=["isolation", "logits_match"], batch_size=batch_size,
+                     attend_overrides={"sdpa": plain}, scan_all=False, device=device,
+                     max_memory=max_memory, check_hashes=False, row_window=row_window)
+    bad = [r for r in rep.results if r.backend == "sdpa" and r.status == FAIL
+           and r.check in ("isolation", "logits_match")]
+    first = bad[0] if bad else None
+    return {"mask": "plain causal", "backend": "sdpa", "caught": first is not None,
+            "check": first.check if first else None, "where": first.where if first else None,
+            "figures": dict(first.figures) if first else {}}
 
 
 def row_window_ok(window: int) -> bool:

@@ -323,3 +323,46 @@ def test_row_windows_start_at_a_document_and_keep_the_rows_columns(tmp_path):
             assert w["segment_base"] == int(seg[a]) - 1 or seg[a] == 0
         if real < CW:
             assert any(w["window"][1] > real for w in ws)  # the padding boundary is checked
+
+
+def test_b02_negative_control_from_the_command_line(tmp_path, monkeypatch):
+    """verify --negative-control runs sdpa on the same rows with a plain causal mask and shows
+    it caught at segment 2 of the row A=[5,6,7], B=[8,9] (exit 0); --json carries it; a
+    control the checks let through (here: a plain mask that is in fact the block mask) exits 1
+    saying verify could not have caught a leak there."""
+    out = pack_docs(tmp_path, [[5, 6, 7], [8, 9]], 5)
+    r = CliRunner().invoke(cli, ["verify", str(out), "--backend", "sdpa", "--rows", "0",
+                                 "--negative-control", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    line = r.output.strip().splitlines()[-1]
+    assert line.startswith("CONTROL sdpa") and "caught as it must be" in line
+    assert "row=0 segment=2" in line, line
+    r = CliRunner().invoke(cli, ["verify", str(out), "--backend", "sdpa", "--rows", "0",
+                                 "--negative-control", "--json"])
+    assert r.exit_code == 0, r.output
+    control = json.loads(r.stdout)["negative_control"]
+    assert control["caught"] and control["where"]["segment"] == 2
+    assert control["figures"]["max_abs_diff"] > 1e-3
+
+    F = torch.nn.functional
+    monkeypatch.setattr(F, "scaled_dot_product_attention", _sdpa_ignoring_is_causal(F))
+    r = CliRunner().invoke(cli, ["verify", str(out), "--backend", "sdpa", "--rows", "0",
+                                 "--negative-control", "--no-progress"])
+    assert r.exit_code == 1
+    assert "NOT caught" in r.output and "could not have caught a leak" in r.output
+
+
+def _sdpa_ignoring_is_causal(F):
+    """SDPA that applies a given mask as usual, and for is_causal=True the block-diagonal
+    causal mask of the one row of the test (documents of 3 and 2 tokens): a control that
+    cannot fail."""
+    real = F.scaled_dot_product_attention
+
+    def sdpa(q, k, v, attn_mask=None, is_causal=False, **kw):
+        if not is_causal:
+            return real(q, k, v, attn_mask=attn_mask, **kw)
+        seg = torch.tensor([1, 1, 1, 2, 2])[: q.shape[-2]]
+        pos = torch.arange(q.shape[-2])
+        mask = (seg[:, None] == seg[None, :]) & (pos[:, None] >= pos[None, :])
+        return real(q, k, v, attn_mask=mask, **kw)
+    return sdpa
