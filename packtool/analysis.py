@@ -361,7 +361,8 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
         records (:meth:`packtool.stats.PackStats.from_plan`): ``strategy``, ``rows``,
         ``lower_bound_rows`` (ceil(tokens written / C)), ``extra_rows``, ``docs_truncated``,
         ``tokens_truncated`` (``--overflow truncate``), ``docs_dropped``, ``tokens_dropped``
-        (``--overflow drop``, and the rows under ``min_fill``), ``warnings`` (the lines
+        (every token not written: the truncated tails, ``--overflow drop``'s documents and the
+        rows under ``min_fill``), ``warnings`` (the lines
         ``pack`` prints for these counts, :meth:`packtool.stats.PackStats.warnings`),
         ``tokens_processed`` (rows * C, what a training step computes on),
         ``padding_tokens``, ``padding_pct`` (of ``tokens_processed``, 4 decimals), ``docs_cut``
@@ -472,8 +473,8 @@ def least_waste(rows: list) -> dict | None:
     """The strategy that wastes least among :func:`compare_strategies`' results.
 
     Waste is padding (tokens a step computes on for nothing) plus the tokens
-    not written (``tokens_truncated`` and ``tokens_dropped``: by ``--overflow truncate|drop``
-    and, in a dry run with ``min_fill``, by the rows under it); only strategies that cut no
+    not written (``tokens_dropped``: by ``--overflow truncate|drop`` and, in a dry run with
+    ``min_fill``, by the rows under it); only strategies that cut no
     document that fits in one row compete (cutting such a document costs a target and breaks
     its context); ties go to fewer rows, then to the order given.
 
@@ -492,8 +493,9 @@ def least_waste(rows: list) -> dict | None:
 
 def _waste(r: dict) -> int:
     """Tokens a strategy of :func:`compare_strategies` wastes: its padding plus the tokens it
-    does not write (truncated or dropped, :attr:`packtool.stats.PackStats.tokens_lost`)."""
-    return r["padding_tokens"] + r.get("tokens_truncated", 0) + r.get("tokens_dropped", 0)
+    does not write (truncated or dropped: ``tokens_dropped``, which counts the truncated tails
+    too)."""
+    return r["padding_tokens"] + r.get("tokens_dropped", 0)
 
 
 def _n(count: int, noun: str) -> str:
@@ -552,10 +554,15 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
         f"  split                     {s.docs_split:,} documents (+{s.split_fragments:,} pieces)",
         f"  cut across segments       {s.docs_cut:,} documents (split ones, or cut by the "
         "concat stream)",
-        f"  truncated                 {s.docs_truncated:,} documents, {s.tokens_truncated:,} tokens",
-        f"  dropped                   {s.docs_dropped:,} documents, {s.tokens_dropped:,} tokens"
-        + (f" ({s.rows_dropped:,} planned row(s) under --min-fill left out)"
-           if s.rows_dropped else ""),
+        f"  tokens dropped            {s.tokens_dropped:,} (every token read and not written: "
+        "the truncated tails, the dropped documents' tokens"
+        + (", the rows under --min-fill)" if s.rows_dropped else ")"),
+        f"  truncated                 {s.docs_truncated:,} documents, {s.tokens_truncated:,} "
+        "tokens cut",
+        f"  dropped                   {s.docs_dropped:,} documents, "
+        f"{s.tokens_dropped - s.tokens_truncated:,} tokens"
+        + (f" ({s.rows_dropped:,} planned row(s) under --min-fill left out, "
+           f"{s.tokens_under_min_fill:,} tokens)" if s.rows_dropped else ""),
         f"  real tokens               {s.real_tokens:,}",
         f"  padding tokens            {s.padding_tokens:,} ({100 * s.padding_fraction:.3f}% of "
         f"rows * C)",
@@ -633,8 +640,7 @@ def overflow_kept(rows: list, tokens: int) -> int:
     if not rows:
         return tokens
     r = rows[0]
-    return (tokens - r["tokens_truncated"] - r["tokens_dropped"]
-            + r.get("tokens_under_min_fill", 0))
+    return tokens - r["tokens_dropped"] + r.get("tokens_under_min_fill", 0)
 
 
 def format_compare(rows: list, capacity: int, num_docs: int, tokens: int, *,
@@ -653,7 +659,7 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int, *,
     min_fill = bool(rows) and "rows_dropped" in rows[0]  # a dry run with --min-fill
     truncated = overflow == Overflow.TRUNCATE or any(r["tokens_truncated"] for r in rows)
     dropped = (overflow == Overflow.DROP or min_fill
-               or any(r["tokens_dropped"] for r in rows))
+               or any(r["tokens_dropped"] > r["tokens_truncated"] for r in rows))
     kept = overflow_kept(rows, tokens)
     cols = [("strategy", "s", lambda r: r["strategy"]),
             ("rows", ",", lambda r: r["rows"]),
@@ -671,8 +677,9 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int, *,
         lost += [("docs truncated", ",", lambda r: r["docs_truncated"]),
                  ("tokens truncated", ",", lambda r: r["tokens_truncated"])]
     if dropped:
-        lost += [("docs dropped", ",", lambda r: r["docs_dropped"]),
-                 ("tokens dropped", ",", lambda r: r["tokens_dropped"])]
+        lost += [("docs dropped", ",", lambda r: r["docs_dropped"])]
+    if truncated or dropped:  # every token not written, the truncated ones included
+        lost += [("tokens dropped", ",", lambda r: r["tokens_dropped"])]
     cols[4:4] = lost
     cells = [[format(f(r), spec) for _, spec, f in cols] for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _, _) in enumerate(cols)]
@@ -706,8 +713,11 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int, *,
     elif best is not None:
         losing = truncated or dropped
         fewest = min(rows, key=_waste)
-        loss = (f"{_n(best['tokens_truncated'], 'token')} truncated, " if truncated else "") + \
-            (f"{_n(best['tokens_dropped'], 'token')} dropped, " if dropped else "")
+        # tokens_dropped counts the truncated tails too: named once, with their part
+        loss = ((f"{_n(best['tokens_dropped'], 'token')} dropped"
+                 + (f" ({best['tokens_truncated']:,} of them truncated), " if truncated else ", "))
+                if dropped else f"{_n(best['tokens_truncated'], 'token')} truncated, "
+                if truncated else "")
         verdict = (f"least waste: {best['strategy']} ({best['padding_tokens']:,} padding tokens, "
                    f"{loss}{_n(best['extra_rows'], 'row')} over {bound}, no document that "
                    "fits in a row cut)" if best["docs_cut_below_capacity"] == 0 else

@@ -352,10 +352,12 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
 
 
 def _losses(s, min_fill: float) -> str:
-    """What a pack did not write, for its summary: truncated and dropped documents and tokens,
+    """What a pack did not write, for its summary: every token not written
+    (``tokens_dropped``), then truncated and dropped documents with their share of those tokens,
     and the rows ``--min-fill`` left out (when it left any)."""
-    return (f"truncated {s.docs_truncated:,} (-{s.tokens_truncated:,} tokens)  "
-            f"dropped {s.docs_dropped:,} (-{s.tokens_dropped:,} tokens)"
+    return (f"tokens dropped {s.tokens_dropped:,}: "
+            f"truncated {s.docs_truncated:,} (-{s.tokens_truncated:,} tokens)  "
+            f"dropped {s.docs_dropped:,} (-{s.tokens_dropped - s.tokens_truncated:,} tokens)"
             + (f", {s.rows_dropped:,} row(s) under --min-fill {min_fill:g} left out"
                if s.rows_dropped else ""))
 

@@ -26,7 +26,8 @@ RECOUNTED = ("rows", "segments", "real_tokens", "padding_tokens", "effective_tar
 #: (:meth:`Recount.mismatches`): ``split_fragments`` and ``docs_split`` from the segments and
 #: documents (exact, or bounds when ``--min-fill`` left rows out), ``tokens_in`` and
 #: ``docs_empty`` from the tokens and documents written plus those the manifest says were
-#: truncated, dropped or held out, ``docs_truncated`` against ``tokens_truncated``
+#: dropped (``tokens_dropped``: every token not written) or held out, ``docs_truncated``
+#: against ``tokens_truncated``
 TIED = ("split_fragments", "docs_split", "tokens_in", "docs_empty", "docs_truncated",
         "docs_dropped")
 
@@ -332,11 +333,14 @@ class Recount:
         * ``docs_split`` = documents in more than one segment (``docs_cut``) when no planned row
           was left out; with ``--min-fill`` rows left out, between that and the documents seen
           (a split document may keep one piece); 0 with ``concat``;
-        * ``tokens_in`` = real tokens + ``tokens_truncated`` + ``tokens_dropped`` (the tokens
-          of the other ``--holdout`` part are not in ``tokens_in``);
+        * ``tokens_in`` = real tokens + ``tokens_dropped`` (every token not written: the
+          truncated tails, the dropped documents' tokens and the rows under ``--min-fill``;
+          the tokens of the other ``--holdout`` part are not in ``tokens_in``);
         * ``docs_empty`` = ``docs_in`` - ``docs_other_split`` - ``docs_dropped`` - documents
           seen (empty documents leave no row: this ties the four, it does not count them);
-        * ``docs_truncated``, ``docs_dropped``: at most their tokens, and 0 when those are.
+        * ``docs_truncated``: at most ``tokens_truncated``, and > 0 when they are;
+          ``docs_dropped``: at most the tokens they and the rows under ``--min-fill`` held
+          (``tokens_dropped`` - ``tokens_truncated``, which is at least 0).
         """
         need = ("segments", "docs_in", "docs_empty", "docs_split", "split_fragments",
                 "docs_truncated", "tokens_truncated", "docs_dropped", "tokens_dropped",
@@ -359,18 +363,22 @@ class Recount:
             out["docs_split (= docs_cut)"] = (cut, split)
         elif lossy and not cut <= split <= docs:
             out["docs_split (>= docs_cut, <= documents)"] = (cut if split < cut else docs, split)
-        tok = real + t["tokens_truncated"] + t["tokens_dropped"]
+        tok = real + t["tokens_dropped"]
         if t["tokens_in"] != tok:
-            out["tokens_in (= real_tokens + tokens_truncated + tokens_dropped)"] = (
-                tok, t["tokens_in"])
+            out["tokens_in (= real_tokens + tokens_dropped)"] = (tok, t["tokens_in"])
+        if t["tokens_dropped"] < t["tokens_truncated"]:
+            out["tokens_dropped (>= tokens_truncated, which it counts)"] = (
+                t["tokens_truncated"], t["tokens_dropped"])
         empty = t["docs_in"] - t["docs_other_split"] - t["docs_dropped"] - docs
         if t["docs_empty"] != empty:
             out["docs_empty (= docs_in - docs_other_split - docs_dropped - documents)"] = (
                 empty, t["docs_empty"])
-        for what in ("truncated", "dropped"):
-            d, n = t[f"docs_{what}"], t[f"tokens_{what}"]
+        of_docs = max(t["tokens_dropped"] - t["tokens_truncated"], 0)
+        for what, n, says in (("truncated", t["tokens_truncated"], "tokens_truncated"),
+                              ("dropped", of_docs, "tokens_dropped - tokens_truncated")):
+            d = t[f"docs_{what}"]
             if d > n or (n and not d and what == "truncated"):
-                out[f"docs_{what} (<= tokens_{what}"
+                out[f"docs_{what} (<= {says}"
                     + (", > 0 when they are)" if what == "truncated" else ")")] = (
                     min(d, n) if d > n else 1, d)
         return out

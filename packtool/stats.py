@@ -8,11 +8,17 @@ the tensor size (rows * C).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
 
-__all__ = ["PackStats", "split_warning"]
+__all__ = ["PackStats", "split_warning", "COUNTS_REVISION"]
+
+#: What the saved counts mean (recorded beside them where a later packtool reads them back:
+#: the manifest, through its format version, and a killed pack's finished windows).
+#: 1: ``tokens_dropped`` left out the tails ``--overflow truncate`` cut (only in
+#: ``tokens_truncated``). 2: ``tokens_dropped`` counts every token read and not written.
+COUNTS_REVISION = 2
 
 #: ``--overflow split`` warns when it splits more than this fraction of the non-empty
 #: documents: most documents then lose their context at a cut (and a target per piece).
@@ -43,11 +49,15 @@ class PackStats:
     docs_split: int = 0  #: documents over capacity split into chunks
     split_fragments: int = 0  #: chunks beyond the first of split documents (each costs a target)
     docs_truncated: int = 0  #: documents cut to capacity (--overflow truncate)
-    tokens_truncated: int = 0  #: tokens removed by truncation
+    #: tokens removed by truncation, the tails past C (counted in ``tokens_dropped`` too)
+    tokens_truncated: int = 0
     #: documents left out: over capacity (--overflow drop), or every piece in a row under
     #: --min-fill
     docs_dropped: int = 0
-    tokens_dropped: int = 0  #: tokens of dropped documents, and of the rows under --min-fill
+    #: every token read that is not written: the truncated tails (``tokens_truncated``), the
+    #: tokens of dropped documents and those of the rows under --min-fill
+    #: (``tokens_under_min_fill``); ``tokens_in`` = ``real_tokens`` + ``tokens_dropped``
+    tokens_dropped: int = 0
     docs_cut: int = 0  #: documents spread over more than one segment
     #: tokens read (after attention-mask removal and --prepend-bos/--append-eos)
     tokens_in: int = 0
@@ -85,8 +95,15 @@ class PackStats:
 
     @property
     def tokens_lost(self) -> int:
-        """Tokens read but not written (truncated + dropped)."""
-        return self.tokens_truncated + self.tokens_dropped
+        """Tokens read but not written: :attr:`tokens_dropped` (kept under this name for the
+        readers of ``to_dict()`` that know it)."""
+        return self.tokens_dropped
+
+    @property
+    def tokens_of_dropped_docs(self) -> int:
+        """The part of :attr:`tokens_dropped` that dropped documents held (``--overflow drop``;
+        not the truncated tails nor the rows under ``--min-fill``)."""
+        return self.tokens_dropped - self.tokens_truncated - self.tokens_under_min_fill
 
     @property
     def lower_bound_rows(self) -> int:
@@ -181,7 +198,7 @@ class PackStats:
             return split_warning(self.docs_split,
                                  self.docs_in - self.docs_other_split - self.docs_empty,
                                  self.capacity)
-        lost = self.tokens_lost - self.tokens_under_min_fill  # --overflow's own
+        lost = self.tokens_dropped - self.tokens_under_min_fill  # --overflow's own
         if not self.tokens_in or lost <= threshold * self.tokens_in:
             return None
         # with --min-fill some dropped documents are its own, not long: no count of them then
@@ -230,6 +247,15 @@ class PackStats:
                 f"so a token-mean loss over them divides by 0; {why}")
 
     @classmethod
-    def from_dict(cls, d: dict) -> "PackStats":
-        """Inverse of :meth:`to_dict` (derived figures are ignored)."""
-        return cls(**{f.name: int(d[f.name]) for f in fields(cls) if f.name in d})
+    def from_dict(cls, d: dict, revision: int = COUNTS_REVISION) -> "PackStats":
+        """Inverse of :meth:`to_dict` (derived figures are ignored).
+
+        Args:
+            d: counts by field name (ints; missing ones are 0).
+            revision: the :data:`COUNTS_REVISION` the counts were saved under; counts of
+                revision 1 (``tokens_dropped`` without the truncated tails) are converted.
+        """
+        stats = cls(**{f.name: int(d[f.name]) for f in fields(cls) if f.name in d})
+        if revision < 2:
+            stats = replace(stats, tokens_dropped=stats.tokens_dropped + stats.tokens_truncated)
+        return stats

@@ -250,7 +250,7 @@ def _assert_compare_predicts_pack(got, src, out, capacity, overflow, min_fill, w
             want = w if len(whose) == len(got["strategies"]) else f"{', '.join(whose)}: {w}"
             assert row["strategy"] in whose and got["warnings"].count(want) == 1, case
         # the header's bound counts the tokens --overflow keeps (before --min-fill)
-        kept = t.tokens_in - t.tokens_truncated - t.tokens_dropped + t.tokens_under_min_fill
+        kept = t.tokens_in - t.tokens_dropped + t.tokens_under_min_fill
         assert (got["tokens"], got["tokens_kept"]) == (t.tokens_in, kept), case
         assert got["lower_bound_rows"] == -(-kept // capacity), case
         if not min_fill:

@@ -593,3 +593,30 @@ def test_the_ray_driver_keeps_packtools_sigterm_handler(monkeypatch):
         with ray_engine.RayEngine(workers=1):
             assert signal.getsignal(signal.SIGTERM) is ours
     assert signal.getsignal(signal.SIGTERM) is not ours
+
+
+def test_a_window_finished_before_tokens_dropped_counted_truncation_resumes_in_its_meaning(
+        tmp_path, src):
+    """A finished window whose saved counts have no ``counts_revision`` (a killed run of a
+    packtool whose ``tokens_dropped`` left out the tails ``--overflow truncate`` cut): the rerun
+    reuses it with its counts converted, and the manifest totals equal an undisturbed run's
+    (tokens_dropped = every token not written, public case B11)."""
+    from packtool.formats.manifest import read_manifest
+
+    options = ["--capacity", "8", "--overflow", "truncate", "--rows-per-shard", "4",
+               "--workers", "1", "--seed", "3", "--window-docs", "25"]
+    ref = tmp_path / "ref"
+    rerun(src, ref, options)
+    want = read_manifest(ref).totals
+    assert want.tokens_truncated > 0 and want.tokens_dropped == want.tokens_truncated
+    assert want.tokens_in == want.real_tokens + want.tokens_dropped
+    out = tmp_path / "out"
+    _ctrl_c_at("plan:1", src, out, options)
+    done = out / TMP_DIR_NAME / "window-00000" / WINDOW_DONE
+    d = json.loads(done.read_text())
+    assert d.pop("counts_revision") == 2 and d["stats"]["tokens_truncated"] > 0
+    d["stats"]["tokens_dropped"] -= d["stats"]["tokens_truncated"]  # the older meaning
+    done.write_text(json.dumps(d))
+    assert rerun(src, out, options)["windows_reused"] == 1
+    assert read_manifest(out).totals == want
+    assert hash_tree(out) == hash_tree(ref)

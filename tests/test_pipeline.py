@@ -114,7 +114,8 @@ def test_overflow_modes_are_counted_in_manifest(docs_dir, tmp_path):
     src = docs_dir([[1, 2, 3, 4, 5, 6]])
     expect = {
         "split": ([[1, 2, 3, 4], [5, 6, 0, 0]], {"docs_split": 1, "split_fragments": 1}),
-        "truncate": ([[1, 2, 3, 4]], {"docs_truncated": 1, "tokens_truncated": 2}),
+        "truncate": ([[1, 2, 3, 4]], {"docs_truncated": 1, "tokens_truncated": 2,
+                                      "tokens_dropped": 2}),
         "drop": ([], {"docs_dropped": 1, "tokens_dropped": 6}),
     }
     for mode, (rows, counts) in expect.items():
@@ -124,7 +125,8 @@ def test_overflow_modes_are_counted_in_manifest(docs_dir, tmp_path):
         t = read_manifest(out).totals.to_dict()
         for k, v in counts.items():
             assert t[k] == v
-        assert t["tokens_in"] == t["real_tokens"] + t["tokens_lost"] == 6
+        assert t["tokens_in"] == t["real_tokens"] + t["tokens_dropped"] == 6
+        assert t["tokens_lost"] == t["tokens_dropped"]
 
 
 def test_overflow_error_exits_1_naming_the_row(docs_dir, tmp_path):

@@ -131,21 +131,29 @@ def test_B10_overflow_of_long_documents_is_repacked_not_lost(tmp_path):
 
 
 @pytest.mark.parametrize("mode,inputs,counts", [
-    ("split", [[1, 2, 3, 4], [5, 6, 0, 0]], {"split_fragments": 1, "tokens_dropped": 0}),
-    ("truncate", [[1, 2, 3, 4]], {"docs_truncated": 1, "tokens_truncated": 2}),
-    ("drop", [], {"docs_dropped": 1, "tokens_dropped": 6}),
+    ("split", [[1, 2, 3, 4], [5, 6, 0, 0]],
+     {"split_fragments": 1, "tokens_dropped": 0, "tokens_truncated": 0, "docs_dropped": 0}),
+    ("truncate", [[1, 2, 3, 4]],
+     {"docs_truncated": 1, "tokens_dropped": 2, "tokens_truncated": 2, "docs_dropped": 0}),
+    ("drop", [], {"docs_dropped": 1, "tokens_dropped": 6, "tokens_truncated": 0,
+                  "docs_truncated": 0}),
 ])
 def test_B11_long_document_policy_is_explicit_and_counted(tmp_path, mode, inputs, counts):
-    """B11: split, truncate and drop each do what they say and count it; tokens add up."""
+    """B11: split, truncate and drop each do what they say and count it under the case's
+    names, in the manifest and in ``packtool stats --json``: ``tokens_dropped`` is every input
+    token not in the output (truncate: 2, drop: 6), ``tokens_truncated`` the part truncation cut;
+    in every mode tokens_in = real tokens written + tokens_dropped (6)."""
     rows, manifest = pack_docs(tmp_path, [[1, 2, 3, 4, 5, 6]], 4, "--overflow", mode)
     assert [r["input_ids"] for r in rows] == inputs
-    t = manifest.totals.to_dict()
-    for k, v in counts.items():
-        assert t[k] == v, k
     out_real = sum(s != 0 for r in rows for s in r["segment_ids"])
-    lost = t["tokens_dropped"] + t["tokens_truncated"]
-    assert t["tokens_in"] == 6 == out_real + lost
-    assert t["tokens_lost"] == lost
+    got = _stats_json(tmp_path / "out")
+    assert not got["mismatches"]
+    for t in (manifest.totals.to_dict(), got["stats"]):
+        for k, v in counts.items():
+            assert t[k] == v, k
+        assert t["tokens_in"] == 6 == out_real + t["tokens_dropped"] == t["real_tokens"] + \
+            t["tokens_dropped"]
+        assert t["tokens_lost"] == t["tokens_dropped"]
 
 
 def test_B11_overflow_error_names_the_row_and_length(tmp_path):
@@ -360,20 +368,22 @@ def test_kind_B27_padding_only_at_the_tail(tmp_path, docs, capacity, strategy, p
 @given(docs=docs_st, capacity=st.integers(2, 9), strategy=strategies,
        overflow=st.sampled_from(["split", "truncate", "drop"]))
 def test_kind_B10_B11_tokens_conserved(tmp_path, docs, capacity, strategy, overflow):
-    """Kind of B10/B11: tokens_in == tokens out + tokens dropped or truncated, each counted."""
+    """Kind of B10/B11: tokens_in == tokens out + tokens_dropped (every token not written),
+    the truncated tails counted in it and, as their part, in tokens_truncated."""
     rows, manifest = _pack(tmp_path, docs, capacity, strategy, "--overflow", overflow)
     check_output(rows, docs, capacity, overflow=overflow)
     t = manifest.totals.to_dict()
     out_real = sum(1 for r in rows for s in r["segment_ids"] if s)
     assert t["tokens_in"] == sum(map(len, docs))
-    assert t["tokens_in"] == out_real + t["tokens_dropped"] + t["tokens_truncated"]
+    assert t["tokens_in"] == out_real + t["tokens_dropped"]
     long_docs = [d for d in docs if len(d) > capacity]
     if overflow == "split" or not long_docs:
         assert t["tokens_dropped"] == t["tokens_truncated"] == 0
     elif overflow == "truncate":
-        assert t["tokens_truncated"] == sum(len(d) - capacity for d in long_docs)
+        assert t["tokens_truncated"] == t["tokens_dropped"] == sum(
+            len(d) - capacity for d in long_docs)
     else:
-        assert t["tokens_dropped"] == sum(map(len, long_docs))
+        assert t["tokens_dropped"] == sum(map(len, long_docs)) and t["tokens_truncated"] == 0
 
 
 def _stats_json(out):
@@ -422,7 +432,7 @@ def test_min_fill_rows_all_reach_it_and_the_recount_agrees(tmp_path, extra):
     assert rows and min(real) >= 11
     t = manifest.totals
     assert t.rows_dropped > 0
-    assert t.tokens_in == sum(real) + t.tokens_dropped + t.tokens_truncated
+    assert t.tokens_in == sum(real) + t.tokens_dropped
     assert not _stats_json(tmp_path / "out")["mismatches"]
 
 
@@ -468,7 +478,7 @@ def test_overflow_and_min_fill_warnings_each_name_their_own_losses(tmp_path):
     got = json.loads(res.output[res.output.index("{"):])
     t = got["stats"]
     assert (t["tokens_truncated"], t["rows_dropped"], t["tokens_under_min_fill"]) == (35, 1, 1)
-    assert t["tokens_dropped"] == 1
+    assert t["tokens_dropped"] == 35 + 1  # the truncated tails and the row under --min-fill
     (w,) = got["warnings"]
     assert w.startswith("--overflow truncate removed") and "(35 of" in w
 

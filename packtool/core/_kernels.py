@@ -52,7 +52,8 @@ def _split_chunks(lengths, capacity, overflow):
 
     Returns chunks int64[S, 3] (doc, offset, length per chunk) and a counts array int64[8]:
     [docs_empty, docs_split, split_fragments, docs_truncated, tokens_truncated, docs_dropped,
-    tokens_dropped, chunks].
+    tokens of the dropped documents, chunks] (the plan's ``tokens_dropped`` adds the truncated
+    tails to counts[6]: ``packtool.core.packing._counts``).
     """
     n = lengths.shape[0]
     counts = np.zeros(8, dtype=np.int64)

@@ -172,8 +172,11 @@ def pack_lengths(
     Returns:
         A :class:`PackPlan` whose ``seg_len`` are real tokens. ``counts`` holds ``docs_in``, ``tokens_in``, ``docs_empty``,
         ``docs_split``, ``split_fragments`` (chunks beyond the first of split documents),
-        ``docs_truncated``, ``tokens_truncated``, ``docs_dropped``, ``tokens_dropped`` and
-        ``docs_cut`` (documents spread over more than one segment).
+        ``docs_truncated``, ``tokens_truncated`` (the tails cut), ``docs_dropped``,
+        ``tokens_dropped`` (every token not written: the truncated tails, the dropped documents'
+        tokens and, with ``min_fill``, ``tokens_under_min_fill``; ``tokens_in`` = sum of
+        ``seg_len`` + ``tokens_dropped``) and ``docs_cut`` (documents spread over more than one
+        segment).
 
     Raises:
         ConfigError: capacity out of range, an unknown strategy/overflow name,
@@ -337,7 +340,9 @@ def _plan_obfd(lengths: np.ndarray, capacity: int, code: int, tokens_in: int) ->
 
 
 def _counts(docs_in: int, tokens_in: int, c: np.ndarray) -> dict:
-    """Overflow bookkeeping from a kernel's counts int64[8] (see ``_split_chunks``)."""
+    """Overflow bookkeeping from a kernel's counts int64[8] (see ``_split_chunks``), the one
+    place the kernels' counts become a plan's: ``tokens_dropped`` is every token not written,
+    the kernel's dropped documents' tokens plus its truncated tails (``tokens_truncated``)."""
     return {
         "docs_in": int(docs_in),
         "tokens_in": int(tokens_in),
@@ -347,5 +352,6 @@ def _counts(docs_in: int, tokens_in: int, c: np.ndarray) -> dict:
         "docs_truncated": int(c[3]),
         "tokens_truncated": int(c[4]),
         "docs_dropped": int(c[5]),
-        "tokens_dropped": int(c[6]),
+        # every token not written: the dropped documents' and the truncated tails
+        "tokens_dropped": int(c[6]) + int(c[4]),
     }

@@ -40,6 +40,23 @@ def reference_chunks(lengths, capacity, overflow="split"):
     return chunks
 
 
+def reference_overflow_counts(lengths, capacity, overflow="split"):
+    """What the overflow policy leaves out, counted from :func:`reference_chunks`: a dict of
+    ``docs_truncated``, ``tokens_truncated`` (the tails past ``capacity``), ``docs_dropped`` and
+    ``tokens_dropped``: every token of ``lengths`` that no chunk holds (the truncated tails and
+    the dropped documents' tokens), so sum(lengths) = tokens in chunks + ``tokens_dropped``."""
+    chunks = reference_chunks(lengths, capacity, overflow)
+    kept = {}
+    for doc, _, length in chunks:
+        kept[doc] = kept.get(doc, 0) + length
+    truncated = [d for d, n in enumerate(lengths) if d in kept and kept[d] < n]
+    dropped = [d for d, n in enumerate(lengths) if n and d not in kept]
+    return {"docs_truncated": len(truncated),
+            "tokens_truncated": sum(lengths[d] - kept[d] for d in truncated),
+            "docs_dropped": len(dropped),
+            "tokens_dropped": sum(lengths) - sum(kept.values())}
+
+
 def reference_pack(lengths, capacity, strategy="obfd", overflow="split", segment_multiple=1):
     """Rows as lists of (doc, offset, length) segments, in layout order.
 
@@ -101,8 +118,9 @@ def reference_pack(lengths, capacity, strategy="obfd", overflow="split", segment
 
 def reference_drop_underfilled(rows, min_tokens):
     """``rows`` (as :func:`reference_pack` gives them) without those holding fewer than
-    ``min_tokens`` real tokens, and what was lost: ``(kept, rows_dropped, tokens_dropped,
-    docs_dropped, docs_cut, docs_split, split_fragments)``, a document dropped when none of its
+    ``min_tokens`` real tokens, and what was lost: ``(kept, rows_dropped, tokens_under_min_fill,
+    docs_dropped, docs_cut, docs_split, split_fragments)`` (the rows' real tokens, which a plan
+    counts in its ``tokens_dropped`` too), a document dropped when none of its
     pieces is kept, cut when more than one is; split when the plan gave it more than one piece
     and one is kept, its fragments the kept pieces beyond the first."""
     kept = [row for row in rows if sum(n for _, _, n in row) >= min_tokens]

@@ -19,13 +19,18 @@ the BOS/EOS counts). A tokenized output is ``pack`` input, never packed rows: ev
 packed rows refuses it in one line (:func:`require_packed`). ``kind`` is written only when it is
 not ``packed``, so a packed output's manifest is what it was before kinds existed.
 
-**Format versions.** 3 (this one): shards carry Parquet page checksums, the manifest records
-each shard's row groups and footer sha256, the labels fact once (``labels``; the shards' schema
-metadata says the same convention). 2: no page checksums, no row groups or footer sha256 in the
-manifest, labels recorded in several fields. A version-2 output stays readable as it is
-(:meth:`Manifest.from_dict` takes both; the reader then opens each shard's footer to index it),
-and ``packtool upgrade OUT`` rewrites only its manifest as version 3 after checking every shard's
-sha256 (:func:`packtool.formats.upgrade.upgrade_manifest`), so nobody repacks for a manifest change.
+**Format versions.** 4 (this one): the totals' ``tokens_dropped`` counts every token read and
+not written, the tails ``--overflow truncate`` cut included (``tokens_truncated`` is that part;
+:data:`packtool.stats.COUNTS_REVISION` 2); shards as version 3. 3: shards carry Parquet page
+checksums, the manifest records each shard's row groups and footer sha256, the labels fact once
+(``labels``; the shards' schema metadata says the same convention); ``tokens_dropped`` left the
+truncated tails out. 2: no page checksums, no row groups or footer sha256 in the manifest,
+labels recorded in several fields. Outputs of versions 2 and 3 stay readable as they are
+(:meth:`Manifest.from_dict` takes them, their totals converted to this version's meaning:
+``tokens_dropped`` += ``tokens_truncated``; for version 2 the reader then opens each shard's
+footer to index it), and ``packtool upgrade OUT`` rewrites only their manifest as version 4
+after checking every shard's sha256 (:func:`packtool.formats.upgrade.upgrade_manifest`), so
+nobody repacks for a manifest change.
 
 **A directory that is a dataset.** OUTPUT must open as it is, as a directory, in every common
 Parquet reader. Measured with pyarrow 26, polars 2.1, duckdb 2.0 and datasets 5.2:
@@ -95,9 +100,11 @@ LOCK_NAME = ".packtool.lock"
 #: Glob of the output shards at OUTPUT's top level.
 SHARD_GLOB = "part-*.parquet"
 #: The version this packtool writes.
-FORMAT_VERSION = 3
-#: The versions this packtool reads (2: see the module docstring).
-READABLE_VERSIONS = (2, 3)
+FORMAT_VERSION = 4
+#: The versions this packtool reads (2, 3: see the module docstring).
+READABLE_VERSIONS = (2, 3, 4)
+#: The first version whose totals count the truncated tails in ``tokens_dropped``.
+_DROPPED_COUNTS_TRUNCATED = 4
 #: Bytes read from a file's end to find its Parquet footer in one request (most footers fit).
 _TAIL_BYTES = 1 << 16
 #: :attr:`Manifest.kind` of a ``packtool pack`` output: packed rows.
@@ -341,7 +348,7 @@ class Manifest:
         raise KeyError(name)
 
     def to_dict(self) -> dict:
-        """The JSON form written in the manifest file (format version 3; ``kind`` only when it is
+        """The JSON form written in the manifest file (:data:`FORMAT_VERSION`; ``kind`` only when it is
         not ``packed``; a tokenized output has no ``capacity`` or ``labels``)."""
         d = {"format_version": FORMAT_VERSION, "packtool_version": self.packtool_version,
              "fingerprint": self.fingerprint, "options": dict(self.options),
@@ -367,7 +374,9 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "manifest") -> "Manifest":
-        """The manifest of a JSON dict of format version 2 or 3.
+        """The manifest of a JSON dict of format version 2, 3 or 4; the totals of versions 2 and
+        3 are converted to this version's meaning (``tokens_dropped`` counts the truncated tails
+        too; :meth:`packtool.stats.PackStats.from_dict`).
 
         Raises:
             ManifestError: another version, or a missing or malformed field (``where`` names the
@@ -421,7 +430,9 @@ class Manifest:
                        labels=None if stored is None else LabelsInfo(stored, conv), options=opts,
                        inputs=tuple(InputEntry(str(i["path"]), int(i["rows"]), int(i["bytes"]))
                                     for i in d.get("inputs") or ()),
-                       shards=shards, totals=PackStats.from_dict(d.get("totals") or {}),
+                       shards=shards, totals=PackStats.from_dict(
+                           d.get("totals") or {},
+                           revision=2 if version >= _DROPPED_COUNTS_TRUNCATED else 1),
                        windows=windows, windowing=windowing, kind=kind,
                        source_column=None if not src else str(src["column"]),
                        source_values=values)

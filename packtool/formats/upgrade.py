@@ -1,5 +1,6 @@
-"""``packtool upgrade``: a version-2 output's manifest rewritten as this version's, its shards
-untouched, once every shard's sha256 is checked and every reader would open it."""
+"""``packtool upgrade``: an older output's manifest (format version 2 or 3) rewritten as this
+version's, its shards untouched, once every shard's sha256 is checked and every reader would
+open it."""
 
 from __future__ import annotations
 
@@ -18,18 +19,21 @@ __all__ = ["upgrade_manifest"]
 
 
 def upgrade_manifest(output, *, progress: Callable[[int, int], None] | None = None) -> bool:
-    """Rewrite a version-2 output's manifest as version 3, shards untouched.
+    """Rewrite an older output's manifest (format version 2 or 3) as
+    :data:`~packtool.formats.manifest.FORMAT_VERSION`, shards untouched.
 
     Every shard's sha256 is checked against the old manifest first (the new one vouches for
     them), then each shard's footer is read for its row groups and footer sha256. The shards
-    keep what version 2 wrote (no page checksums): readers check their size, footer and sha256.
+    keep what their version wrote (version 2: no page checksums; readers check their size,
+    footer and sha256). The totals are written in this version's meaning, as reading the old
+    manifest converted them (``tokens_dropped`` counts the truncated tails too).
 
     Ctrl-C or SIGTERM (:func:`packtool.signals.interruptible`, entered here) stops the checks
     with the output unchanged (``KeyboardInterrupt``); from the rewrite on they are held until
     it is done, and one after it finds the upgrade finished.
 
     Returns:
-        True when the manifest was rewritten, False when it already was version 3.
+        True when the manifest was rewritten, False when it already was this version.
 
     Raises:
         ManifestError: not a complete output, a shard that differs from the manifest, or a

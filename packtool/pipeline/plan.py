@@ -52,7 +52,7 @@ from packtool.pipeline.spill import (DOC_SOURCES, ROW_INDEX, ROW_TARGETS, ROW_TO
                                      SEG_SOURCES, SEGMENTS, STARTS, TARGETS, TOKENS, DocSpill,
                                      read_spill, spill_writer)
 from packtool.signals import check, test_pause
-from packtool.stats import PackStats
+from packtool.stats import COUNTS_REVISION, PackStats
 from packtool.types import Overflow
 
 __all__ = ["Windows", "plan_windows", "PartIndex", "WindowInfo", "plan_window", "check_overflow",
@@ -234,7 +234,8 @@ def plan_window(cfg, windows: Windows, w: int, index: PartIndex, tmp: str) -> Wi
     final = window_dir(tmp, w)
     done = window_done(final)
     if done is not None:  # finished by an identical run that was killed
-        stats = PackStats.from_dict(done["stats"])
+        # counts saved before their revision was recorded: tokens_dropped without truncation's
+        stats = PackStats.from_dict(done["stats"], revision=done.get("counts_revision", 1))
         return WindowInfo(w, final, stats.docs_in, stats.rows, stats, True,
                           done["row_spill"], done["targets"])
     work = window_workdir(str(tmp), Location.parse(final).name)
@@ -279,6 +280,7 @@ def plan_window(cfg, windows: Windows, w: int, index: PartIndex, tmp: str) -> Wi
         stats = dataclasses.replace(PackStats.from_plan(plan),
                                     rows_without_segment_padding=rows_plain)
         (work / WINDOW_DONE).write_text(json.dumps({"stats": stats.to_dict(),
+                                                    "counts_revision": COUNTS_REVISION,
                                                     "row_spill": row_spill,
                                                     "targets": targets}))
         publish_window(work, final)

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packtool.core.packing import drop_underfilled, min_fill_tokens, pack_lengths
-from packtool.core.reference import reference_drop_underfilled, reference_pack
+from packtool.core.reference import (reference_drop_underfilled, reference_overflow_counts,
+                                     reference_pack)
 from packtool.errors import ConfigError
 from packtool.stats import PackStats
 
@@ -88,16 +89,22 @@ def test_rows_left_out_equal_the_reference_and_every_count_adds_up(lengths, C, s
     assert rows_of(plan) == kept
     assert all(n >= need for n in plan.row_lengths())
     c, c0 = plan.counts, full.counts
+    lost = reference_overflow_counts(lengths, C, overflow)
+    assert {k: c0[k] for k in lost} == lost
     assert c.get("rows_dropped", 0) == rows_lost
+    assert c.get("tokens_under_min_fill", 0) == tokens_lost
     assert c["tokens_dropped"] - c0["tokens_dropped"] == tokens_lost
     assert c["docs_dropped"] - c0["docs_dropped"] == docs_lost
     if rows_lost:
         assert c["docs_cut"] == cut
         if strategy != "concat":  # concat splits nothing: its pieces are cuts of the stream
             assert (c["docs_split"], c["split_fragments"]) == (split, fragments)
-    # every token read is written, truncated or dropped
+    # every token read is written or counted in tokens_dropped (public case B11), whose parts
+    # are the truncated tails, the dropped documents' tokens and the rows under --min-fill
     s = PackStats.from_plan(plan)
-    assert s.real_tokens + s.tokens_truncated + s.tokens_dropped == sum(lengths)
+    assert s.real_tokens + s.tokens_dropped == sum(lengths) == s.tokens_in
+    assert s.tokens_lost == s.tokens_dropped
+    assert s.tokens_of_dropped_docs == lost["tokens_dropped"] - lost["tokens_truncated"] >= 0
     assert s.padding_tokens == s.rows * C - s.real_tokens
     assert np.all(plan.seg_len > 0)
 

@@ -89,12 +89,18 @@ def test_split_chunks_are_consecutive_and_counted():
 
 
 def test_truncate_drop_counts_tokens():
+    """B11: ``tokens_dropped`` is every token not written (the truncated tail too), and
+    ``tokens_truncated`` the part of it that truncation cut."""
     t = pack_lengths([6, 2], 4, overflow="truncate")
     assert rows_of(t) == [[(0, 0, 4)], [(1, 0, 2)]]
     assert (t.counts["docs_truncated"], t.counts["tokens_truncated"]) == (1, 2)
+    assert (t.counts["docs_dropped"], t.counts["tokens_dropped"]) == (0, 2)
     d = pack_lengths([6, 2], 4, overflow="drop")
     assert rows_of(d) == [[(1, 0, 2)]]
     assert (d.counts["docs_dropped"], d.counts["tokens_dropped"]) == (1, 6)
+    assert d.counts["tokens_truncated"] == 0
+    for plan in (t, d, pack_lengths([6, 2], 4)):
+        assert plan.counts["tokens_in"] == int(plan.seg_len.sum()) + plan.counts["tokens_dropped"]
 
 
 def test_overflow_error_names_document_and_length():

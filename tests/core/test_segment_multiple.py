@@ -57,6 +57,7 @@ def test_counts_are_of_real_tokens():
     lengths = np.array([5, 21, 0, 17])
     trunc = pack_lengths(lengths, 16, overflow="truncate", segment_multiple=8)
     assert trunc.counts["tokens_truncated"] == (21 - 16) + (17 - 16)
+    assert trunc.counts["tokens_dropped"] == trunc.counts["tokens_truncated"]  # every token lost
     assert trunc.counts["tokens_in"] == 43 and trunc.counts["docs_empty"] == 1
     drop = pack_lengths(lengths, 16, overflow="drop", segment_multiple=8)
     assert drop.counts["tokens_dropped"] == 38 and drop.counts["docs_dropped"] == 2

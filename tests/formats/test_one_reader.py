@@ -20,7 +20,7 @@ import pytest
 
 from packcheck import invoke, write_docs
 from packtool.errors import ManifestError
-from packtool.formats.manifest import MANIFEST_NAME, read_manifest
+from packtool.formats.manifest import FORMAT_VERSION, MANIFEST_NAME, read_manifest
 from packtool.formats.packed import PackedOutput
 
 IGNORE = -100
@@ -288,6 +288,56 @@ def _as_version_2(out, edit=None):
     assert hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _manifest_json(out) -> tuple[dict, pa.Schema]:
+    from packtool.formats.manifest import MANIFEST_META_KEY
+
+    schema = pq.read_schema(out / MANIFEST_NAME)
+    return json.loads(schema.metadata[MANIFEST_META_KEY]), schema
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_an_older_manifest_counting_truncation_apart_reads_in_this_versions_meaning(
+        tmp_path, version):
+    """Public case B11 on an output of format version 3 (or 2), whose totals left the tails
+    ``--overflow truncate`` cut out of ``tokens_dropped``: ``read_manifest`` and ``packtool
+    stats --json`` report them in this version's meaning (tokens_dropped = 2, every input token
+    not written, tokens_in = real + tokens_dropped), and ``packtool upgrade`` writes them so."""
+    from packtool.formats.manifest import MANIFEST_META_KEY
+
+    src = write_docs(tmp_path / "in" / "a.parquet", [[1, 2, 3, 4, 5, 6]])
+    out = tmp_path / "out"
+    res = invoke(["pack", "-q", "--no-shuffle", "-c", 4, "--overflow", "truncate", src, out])
+    assert res.exit_code == 0, res.output
+    m, schema = _manifest_json(out)
+    assert m["format_version"] == FORMAT_VERSION
+    assert (m["totals"]["tokens_truncated"], m["totals"]["tokens_dropped"]) == (2, 2)
+    if version == 2:
+        _as_version_2(out)
+        m, schema = _manifest_json(out)
+    m["format_version"] = version
+    m["totals"]["tokens_dropped"] -= m["totals"]["tokens_truncated"]  # the older meaning
+    m["totals"]["tokens_lost"] = 2  # then tokens_truncated + tokens_dropped
+    meta = dict(schema.metadata)
+    meta[MANIFEST_META_KEY] = json.dumps(m).encode()
+    pq.write_table(schema.with_metadata(meta).empty_table(), out / MANIFEST_NAME)
+    t = read_manifest(out).totals
+    assert read_manifest(out).format_version == version
+    assert (t.tokens_dropped, t.tokens_truncated, t.docs_truncated, t.tokens_lost) == (2, 2, 1, 2)
+    res = invoke(["stats", "--json", out])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)
+    s = got["stats"]
+    assert (s["tokens_dropped"], s["tokens_truncated"], s["real_tokens"], s["tokens_in"]) == \
+        (2, 2, 4, 6)
+    assert not got["mismatches"]
+    res = invoke(["upgrade", out])
+    assert res.exit_code == 0 and f"format version {FORMAT_VERSION}" in res.output, res.output
+    m, _ = _manifest_json(out)
+    assert m["format_version"] == FORMAT_VERSION
+    assert (m["totals"]["tokens_truncated"], m["totals"]["tokens_dropped"]) == (2, 2)
+    assert read_manifest(out).totals == t
+
+
 def test_a_version_2_output_reads_as_it_is_and_upgrades_in_place(clean, tmp_path):
     out = tmp_path / "v2"
     shutil.copytree(clean, out)
@@ -297,9 +347,10 @@ def test_a_version_2_output_reads_as_it_is_and_upgrades_in_place(clean, tmp_path
     assert _reader_rows(out, "unshifted") == _reader_rows(clean, "unshifted")
     assert invoke(["stats", out]).exit_code == 0
     res = invoke(["upgrade", out])
-    assert res.exit_code == 0 and "format version 3" in res.output, res.output
+    assert res.exit_code == 0 and f"format version {FORMAT_VERSION}" in res.output, res.output
     m = read_manifest(out)
-    assert m.format_version == 3 and m.indexed and all(s.footer_sha256 for s in m.shards)
+    assert m.format_version == FORMAT_VERSION and m.indexed
+    assert all(s.footer_sha256 for s in m.shards)
     assert m.shards == read_manifest(clean).shards
     assert {p.name: p.read_bytes() for p in out.glob("part-*.parquet")} == before
     assert "nothing to do" in invoke(["upgrade", out]).output
@@ -447,8 +498,8 @@ def test_ctrl_c_during_upgrade_leaves_the_old_manifest_or_the_new_one(clean, tmp
                                       "not rewritten); rerun the same command to upgrade it")
         assert read_manifest(out).format_version == 2
     else:
-        assert res.exit_code == 0 and "format version 3" in res.output, res.output
-        assert read_manifest(out).format_version == 3
+        assert res.exit_code == 0 and f"format version {FORMAT_VERSION}" in res.output, res.output
+        assert read_manifest(out).format_version == FORMAT_VERSION
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -526,5 +577,5 @@ def test_ctrl_c_once_the_upgrade_is_done_finishes_it(clean, tmp_path):
     _as_version_2(out)
     proc = signals_after_run("packtool.formats.upgrade", "upgrade_manifest", 1, ["upgrade", out])
     assert proc.returncode == 0, proc.stderr
-    assert "manifest rewritten as format version 3" in proc.stdout, proc.stdout
-    assert read_manifest(out).format_version == 3
+    assert f"manifest rewritten as format version {FORMAT_VERSION}" in proc.stdout, proc.stdout
+    assert read_manifest(out).format_version == FORMAT_VERSION

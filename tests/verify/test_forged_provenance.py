@@ -118,15 +118,16 @@ def test_forged_cu_seqlens_unpadded_is_one_stats_error(tmp_path):
 
 #: figure raised by one -> the mismatch stats names (the figure, or the identity it breaks)
 TIED = {"docs_split": "docs_split", "split_fragments": "split_fragments",
-        "tokens_truncated": "tokens_in", "docs_empty": "docs_empty", "tokens_in": "tokens_in",
-        "docs_dropped": "docs_empty"}
+        "tokens_truncated": "tokens_dropped", "tokens_dropped": "tokens_in",
+        "docs_empty": "docs_empty", "tokens_in": "tokens_in", "docs_dropped": "docs_empty"}
 
 
 @pytest.mark.parametrize("figure", list(TIED))
 def test_manifest_figures_tied_to_the_rows_are_checked(tmp_path, figure):
     """A figure no row holds, raised by one in the manifest alone: stats exits 1 naming the
     identity it breaks (split pieces from segments - documents, split documents from those in
-    several segments, tokens_in = real + truncated + dropped, empty documents from docs_in less
+    several segments, tokens_in = real + tokens_dropped, tokens_dropped at least the truncated
+    tokens it counts, empty documents from docs_in less
     those seen, dropped or held out), and verify fails ``totals``."""
     out = pack_docs(tmp_path, LONG + SHORT, 16)
     assert not analyze_packed(out, check_hashes=False).mismatches
