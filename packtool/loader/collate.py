@@ -186,8 +186,6 @@ def _needs(columns) -> None:
 
 _TOKENS = ("input_ids", "segment_ids", "position_ids", "labels")
 _RAGGED = ("cu_seqlens", "cu_seqlens_unpadded", "doc_ids", "doc_offsets", "source_ids")
-#: The per-document (ragged) columns an item may carry: one entry per document, not per token.
-RAGGED_COLUMNS = _RAGGED
 _SCALARS = ("max_seqlen", "num_targets")
 _COLUMNS = _TOKENS + _RAGGED + _SCALARS
 

@@ -47,7 +47,7 @@ def _ragged(dataset) -> bool:
     """Whether ``dataset``'s items carry a per-document column (one entry per document, not
     per token: ``cu_seqlens``, ``doc_ids``...), which torch's default collate cannot stack; items
     of per-token columns only (``columns=`` such a subset) it stacks."""
-    from packtool.loader.collate import RAGGED_COLUMNS
+    from packtool.formats.schema import RAGGED_COLUMNS
 
     return any(c in RAGGED_COLUMNS for c in getattr(dataset, "columns", RAGGED_COLUMNS))
 

@@ -274,9 +274,9 @@ def test_interrupted_s3_pack_resumes_with_the_same_bytes(tmp_path, s3, phase, si
 
 def test_manifest_bytes_equal_the_manifest_file(tmp_path):
     """A store's manifest (one PUT of these bytes) is the file a directory gets."""
-    from packtool.formats.manifest import ShardEntry
+    from packtool.formats.manifest import FORMAT_VERSION, ShardEntry
 
-    m = Manifest(format_version=3, packtool_version="0", fingerprint="f", capacity=8,
+    m = Manifest(format_version=FORMAT_VERSION, packtool_version="0", fingerprint="f", capacity=8,
                  labels=LabelsInfo(False, "unshifted"),
                  shards=(ShardEntry("part-00000.parquet", 2, 10, "0" * 64, "1" * 64, ((2, 1),)),))
     schema = packed_schema(8, "none")
