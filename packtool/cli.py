@@ -671,10 +671,18 @@ def stats(ctx, path, per_bin, per_bin_limit, per_source_limit, no_hash, as_json,
         raise ConfigError("--per-bin-limit applies with --per-bin only")
     read_opts = ("column", "overflow", "append_eos", "prepend_bos", "attention_mask_column",
                  "labels_column", "loss_mask_column", "skip_unsupported", "window_docs")
+    # the read options given, as compare takes them (a suggested compare carries them)
+    carried = "".join(
+        f" --{n.replace('_', '-')}" + ("" if n == "skip_unsupported" else
+                                       f" {shlex.quote(str(ctx.params[n]))}")
+        for n in read_opts if given(n))
     if compare:
         from packtool.config import CompareConfig
 
-        click.echo(f"NOTE: {COMPARE_DEPRECATED}", err=True)
+        raw = " ".join(shlex.quote(str(p)) for p in path)
+        click.echo(f"NOTE: {COMPARE_DEPRECATED}"
+                   + (f" (here: packtool compare {raw} --capacity {capacity}{carried})"
+                      if capacity is not None else ""), err=True)
         if per_bin:
             raise ConfigError("--per-bin lists the rows of a packed output; a dry run writes "
                               "no rows (pack, then run packtool stats OUTPUT --per-bin)")
@@ -694,11 +702,14 @@ def stats(ctx, path, per_bin, per_bin_limit, per_source_limit, no_hash, as_json,
         from packtool.location import Location
 
         raw = " ".join(shlex.quote(str(p)) for p in path)
+        note = ""
         if len(path) == 1 and Location.parse(path[0]).join(MANIFEST_NAME).exists():
             raw = "INPUT"  # a packed output: the dry run takes what it was packed from
+        elif not given("column"):  # raw input: the --column its compare needs
+            carried, note = _dry_run_column(path, carried)
         raise ConfigError(f"{dry_run[0]} is an option of the dry run on raw input, and stats "
                           f"reads a packed OUTPUT, which records its own; for a dry run run: "
-                          f"packtool compare {raw} --capacity {capacity or 'C'}"
+                          f"packtool compare {raw} --capacity {capacity or 'C'}{carried}{note}"
                           + (" on the tokenized INPUT it was packed from" if raw == "INPUT"
                              else ""))
     if len(path) != 1:
@@ -729,6 +740,19 @@ def stats(ctx, path, per_bin, per_bin_limit, per_source_limit, no_hash, as_json,
         raise PacktoolError(f"{display(path[0])}: recounted {k} {rc} differs from the "
                             f"manifest's {m}; the shards or the manifest were changed after "
                             "packing: rerun the same packtool pack with --overwrite")
+
+
+def _dry_run_column(paths, carried: str) -> tuple[str, str]:
+    """``carried`` (the options of a suggested compare of raw ``paths``) with the ``--column``
+    its first file needs (:func:`_column_option`) put first, and the note to print after it."""
+    from packtool.formats.reader import discover
+
+    try:
+        files = discover(paths).files
+    except PacktoolError:  # compare names the fault itself
+        return carried, ""
+    column = _column_option(files[0].path if files else None) or ("", "")
+    return column[0] + carried, column[1]
 
 
 def _command_line(command: str, where: str) -> str:
@@ -762,11 +786,8 @@ def _refuse_raw_input(where, command: str) -> None:
             what = "the manifest" if out.name == MANIFEST_NAME else "one shard"
             raise ManifestError(f"{out}: is {what} of a packed output; give its directory: "
                                 f"{_command_line(command, shlex.quote(str(out.parent)))}")
-        hint = (f"packtool compare {shlex.quote(str(out))} --capacity C" if command == "stats"
-                else f"packtool pack --capacity C {shlex.quote(str(out))} OUTPUT, then "
-                f"{_command_line(command, 'OUTPUT')}")
-        raise ManifestError(f"{out}: is tokenized input, not a packed output; for it run: "
-                            f"{hint}")
+        what, hint = _raw_hint(str(out), command, out)
+        raise ManifestError(f"{out}: is {what}, not a packed output; for it run: {hint}")
     if not out.is_dir() or (out / MANIFEST_NAME).exists():
         return
     from packtool.formats.manifest import marker_kind, pack_running, running_error
@@ -782,8 +803,9 @@ def _refuse_raw_input(where, command: str) -> None:
             leftovers = (out / IN_PROGRESS_NAME).exists() or any(
                 p.name != MANIFEST_NAME for p in out.glob(".packtool-*"))
             empty = not any(out.iterdir())
-            data = next((p for p in out.rglob("*") if p.is_file() and _format_of(p.name)), None)
-            packed = data is not None and packed_marker(data) is not None
+            data = _first_data_file(p.relative_to(out).as_posix() for p in out.rglob("*")
+                                    if p.is_file() and _format_of(p.name))
+            packed = data is not None and packed_marker(out / data) is not None
             break
         except FileNotFoundError:  # removed while listed: a pack at work, or look again
             if pack_running(out):
@@ -801,8 +823,8 @@ def _refuse_raw_input(where, command: str) -> None:
     old = version_1_error(out)
     if old is not None:
         raise old
-    _refuse(str(out), command, leftovers=leftovers, empty=empty, packed=packed,
-            data=None if data is None else str(data.relative_to(out)), kind=marker_kind(out))
+    _refuse(str(out), command, leftovers=leftovers, empty=empty, packed=packed, data=data,
+            data_at=None if data is None else out / data, kind=marker_kind(out))
 
 
 def _refuse_raw_store(loc, command: str) -> None:
@@ -821,8 +843,7 @@ def _refuse_raw_store(loc, command: str) -> None:
         return
     if not entries:
         return
-    files = sorted(n for n, e in entries.items() if not e.is_dir and _format_of(n))
-    data = files[0] if files else None
+    data = _first_data_file(n for n, e in entries.items() if not e.is_dir and _format_of(n))
     from packtool.formats.manifest import version_1_error
 
     old = version_1_error(loc)
@@ -832,22 +853,84 @@ def _refuse_raw_store(loc, command: str) -> None:
 
     _refuse(loc.display, command, leftovers=any(n.startswith(".packtool-") for n in entries),
             empty=False, packed=data is not None and packed_marker(str(loc.join(data)))
-            is not None, data=data,
+            is not None, data=data, data_at=None if data is None else str(loc.join(data)),
             kind=marker_kind(loc) if IN_PROGRESS_NAME in entries else None)
 
 
+def _first_data_file(names) -> str | None:
+    """The data file a message names of a folder's ``names`` (relative paths, any order): the
+    first in natural order (``shard-0``, ``shard-2``, ``shard-10``), hidden and ``_``-prefixed
+    entries left out as the reader leaves them; None for none."""
+    from packtool.formats.reader import _natural_key
+
+    names = [n for n in names if not any(part.startswith((".", "_")) for part in n.split("/"))]
+    return min(names, key=_natural_key, default=None)
+
+
+#: the token column pack and compare read unless --column names another
+DEFAULT_TOKEN_COLUMN = "input_ids"
+
+
+def _column_option(data_at) -> tuple[str, str] | None:
+    """The ``--column`` a suggested ``pack`` or ``compare`` of raw input needs, as read from
+    ``data_at`` (a data file of it, path or URI), and a note to print after the command:
+    ``("", "")`` when the file has :data:`DEFAULT_TOKEN_COLUMN` (or cannot be read: the
+    reader names its fault then); `` --column NAME`` of its one obvious token column
+    (:func:`packtool.formats.schema.token_column_candidates`); `` --column NAME`` literally,
+    with a note naming the candidates, when there are several; None when it holds no list of
+    integers at all (text, to be tokenized first)."""
+    from packtool.formats.reader import input_schema
+    from packtool.formats.schema import token_column_candidates
+
+    try:
+        schema = input_schema(data_at)[0] if data_at is not None else None
+    except PacktoolError:
+        schema = None
+    if schema is None or DEFAULT_TOKEN_COLUMN in schema.names:
+        return "", ""
+    found = token_column_candidates(schema)
+    if not found:
+        return None
+    if len(found) == 1:
+        return f" --column {shlex.quote(found[0])}", ""
+    name = str(data_at).rstrip("/").rsplit("/", 1)[-1]
+    return " --column NAME", (f" (NAME: its column of token ids, one of {', '.join(found)}, as "
+                              f"{name} holds no {DEFAULT_TOKEN_COLUMN})")
+
+
+def _raw_hint(out: str, command: str, data_at) -> tuple[str, str]:
+    """What raw input ``out`` (a folder, prefix or file) holds, in words, and the command that
+    fits it, to be run as printed: ``compare`` for ``stats``, else ``pack`` then ``command``,
+    with the ``--column`` that ``data_at`` (its first data file, :func:`_first_data_file`)
+    needs (:func:`_column_option`); ``packtool tokenize`` first when it holds no token ids."""
+    q = shlex.quote(out)
+    column = _column_option(data_at)
+    if column is None:  # no token ids at all: text, to be tokenized first
+        name = str(data_at).rstrip("/").rsplit("/", 1)[-1]
+        then = ("packtool compare TOKENIZED --capacity C" if command == "stats" else
+                f"packtool pack --capacity C TOKENIZED OUTPUT, then "
+                f"{_command_line(command, 'OUTPUT')}")
+        return (f"input with no column of token ids ({name} holds no list of integers)",
+                f"packtool tokenize --tokenizer FILE {q} TOKENIZED (--text-column NAME if its "
+                f"text is not in 'text'), then {then}")
+    option, note = column
+    hint = (f"packtool compare {q} --capacity C{option}" if command == "stats" else
+            f"packtool pack --capacity C{option} {q} OUTPUT, then "
+            f"{_command_line(command, 'OUTPUT')}")
+    return "tokenized input", hint + note
+
+
 def _refuse(out: str, command: str, *, leftovers: bool, empty: bool, packed: bool,
-            data: str | None, kind: str | None = None) -> None:
+            data: str | None, data_at=None, kind: str | None = None) -> None:
     """The one line for a directory or prefix ``out`` that is not a packed output (``data``:
-    its first data file, relative to it; ``kind``: what its in-progress marker says was being
-    written, :func:`packtool.formats.manifest.marker_kind`)."""
+    its first data file, relative to it, :func:`_first_data_file`; ``data_at``: that file's
+    path or URI; ``kind``: what its in-progress marker says was being written,
+    :func:`packtool.formats.manifest.marker_kind`)."""
     from packtool.errors import ManifestError
     from packtool.formats.manifest import MANIFEST_NAME, TOKENIZED_KIND
 
     if leftovers and kind == TOKENIZED_KIND:  # documents: packed once the tokenize is finished
-        hint = (f"packtool compare {shlex.quote(out)} --capacity C" if command == "stats" else
-                f"packtool pack --capacity C {shlex.quote(out)} OUTPUT, then "
-                f"{_command_line(command, 'OUTPUT')}")
+        hint = _raw_hint(out, command, data_at)[1]
         raise ManifestError(f"{out}: an interrupted packtool tokenize run (no {MANIFEST_NAME} "
                             "yet): tokenized documents, not a packed output; rerun the same "
                             f"packtool tokenize command to finish it, then run: {hint}")
@@ -864,11 +947,9 @@ def _refuse(out: str, command: str, *, leftovers: bool, empty: bool, packed: boo
                             "cannot be checked; pack again: the same packtool pack command with "
                             "--overwrite")
     if data is not None:
-        hint = (f"packtool compare {shlex.quote(out)} --capacity C" if command == "stats" else
-                f"packtool pack --capacity C {shlex.quote(out)} OUTPUT, then "
-                f"{_command_line(command, 'OUTPUT')}")
-        raise ManifestError(f"{out}: holds tokenized input ({data}), not a "
-                            f"packed output (no {MANIFEST_NAME}); for it run: {hint}")
+        what, hint = _raw_hint(out, command, data_at)
+        raise ManifestError(f"{out}: holds {what} ({data}), not a packed output (no "
+                            f"{MANIFEST_NAME}); for it run: {hint}")
     raise ManifestError(f"{out}: no {MANIFEST_NAME}, so not a packed output; give the OUTPUT "
                         "directory of packtool pack")
 

@@ -207,7 +207,8 @@ def test_compare_shows_the_windowed_cost_that_pack_then_has(tmp_path):
     r = CliRunner().invoke(cli, ["stats", str(tmp_path / "o"), "--window-docs", "100"])
     assert r.exit_code == 2 and "--window-docs is an option of the dry run" in r.output
     # not compare of the packed output, which compare refuses: of the INPUT it was packed from
-    assert "packtool compare INPUT --capacity C on the tokenized INPUT it was packed from" in \
+    assert "packtool compare INPUT --capacity C --window-docs 100 on the tokenized INPUT it was " \
+        "packed from" in \
         r.output and str(tmp_path / "o") not in r.output.split("run:")[-1]
 
 

@@ -214,3 +214,99 @@ def test_quiet_prints_nothing_for_an_output_already_complete(tmp_path, holdout):
     assert res.exit_code == 0 and res.output == "", res.output
     res = invoke(args)
     assert res.exit_code == 0 and "nothing to do" in res.output, res.output
+
+
+def _token_shards(folder, columns=("tokens",)):
+    """Raw tokenized input without input_ids: shards written out of natural order (shard-2
+    first), each with ``columns`` of token ids and an attention mask (int lists too)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True)
+    for k in (2, 0, 1, 10):
+        docs = [[k + 1] * (1 + i % 5) for i in range(6)]
+        table = {c: pa.array(docs, pa.list_(pa.int32())) for c in columns}
+        table["attention_mask"] = pa.array([[1] * len(d) for d in docs], pa.list_(pa.int8()))
+        pq.write_table(pa.table({"text": ["t"] * len(docs), **table}),
+                       folder / f"shard-{k}.parquet")
+    return folder
+
+
+def _run_suggestion(output: str, tmp_path, fill=()) -> None:
+    """Run every packtool command a message suggests after "run: ", as printed, with C, OUTPUT
+    and ``fill``'s placeholders given values; each must succeed."""
+    import shlex
+
+    said = output.split("run: ", 1)[1].strip()
+    for placeholder, value in (("OUTPUT", str(tmp_path / "packed")), *fill):
+        said = said.replace(placeholder, value)
+    for c in said.split(", then "):
+        words = shlex.split(c.split(" (")[0])
+        if words[:2] == ["packtool", "verify"]:
+            continue  # the packed output is checked below; verify itself is tested elsewhere
+        assert words[0] == "packtool", said
+        words = ["8" if w == "C" else w for w in words[1:]]
+        res = invoke(words)
+        assert res.exit_code == 0, f"{c}: {res.output}"
+
+
+@pytest.mark.parametrize("command", ["stats", "verify"])
+@pytest.mark.parametrize("one_file", [False, True])
+def test_suggested_command_for_raw_input_runs_as_printed(tmp_path, command, one_file):
+    """Raw input whose token column is not input_ids: the command suggested carries --column
+    of its one obvious token column (it failed with "no column 'input_ids'"), and a folder is
+    named by its first file in natural order (shard-0, not whichever the listing gave)."""
+    raw = _token_shards(tmp_path / "my data")
+    given = raw / "shard-1.parquet" if one_file else raw
+    res = invoke([command, given])
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert "--column tokens" in res.output
+    if not one_file:
+        assert "(shard-0.parquet)" in res.output, res.output
+    _run_suggestion(res.output, tmp_path)
+    if command == "verify":
+        assert (tmp_path / "packed" / ".packtool-manifest.parquet").exists()
+
+
+def test_suggested_command_names_the_candidates_when_it_cannot_tell(tmp_path):
+    """Two columns of token ids: --column NAME, naming both; either then runs as printed."""
+    raw = _token_shards(tmp_path / "raw", columns=("ids", "tokens"))
+    res = invoke(["stats", raw])
+    assert res.exit_code == 1, res.output
+    assert "packtool compare" in res.output and "--column NAME" in res.output
+    assert "one of ids, tokens" in res.output
+    _run_suggestion(res.output, tmp_path, fill=(("NAME", "ids"),))
+
+
+def test_text_input_given_to_stats_says_tokenize_it_first(tmp_path):
+    """Data files with no list of integers are no tokenized input: tokenize them first."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "text").mkdir()
+    pq.write_table(pa.table({"text": ["a b", "c"]}), tmp_path / "text" / "a.parquet")
+    for command in ("stats", "verify"):
+        res = invoke([command, tmp_path / "text"])
+        assert res.exit_code == 1, res.output
+        assert "no column of token ids" in res.output and "tokenized input" not in res.output
+        assert "run: packtool tokenize --tokenizer FILE" in res.output
+
+
+def test_dry_run_option_given_to_stats_carries_into_compare(tmp_path):
+    """stats with compare's options on raw input: the compare suggested carries them, and the
+    --column the input needs; pasted, it runs."""
+    raw = _token_shards(tmp_path / "raw")
+    res = invoke(["stats", raw, "--capacity", 8, "--append-eos", 9, "--overflow", "truncate"])
+    assert res.exit_code == 2, res.output
+    said = res.output.split("run: ", 1)[1]
+    assert "--capacity 8 --column tokens --overflow truncate --append-eos 9" in said, said
+    _run_suggestion(res.output, tmp_path)
+
+
+def test_missing_token_column_names_the_obvious_one(tmp_path):
+    raw = _token_shards(tmp_path / "raw")
+    res = invoke(["compare", raw, "-c", 8])
+    assert res.exit_code != 0 and res.output.rstrip().endswith("pass --column tokens"), res.output
+    two = _token_shards(tmp_path / "two", columns=("ids", "tokens"))
+    res = invoke(["compare", two, "-c", 8])
+    assert res.exit_code != 0 and res.output.rstrip().endswith("pass --column NAME"), res.output

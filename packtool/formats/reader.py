@@ -60,8 +60,8 @@ from packtool.formats.manifest import (IN_PROGRESS_NAME, KINDS, MANIFEST_META_KE
                                        MANIFEST_NAME, PACKED_KIND, TOKENIZED_KIND,
                                        V1_MANIFEST_NAME, Manifest, footer_of, pack_running,
                                        version_1_listed)
-from packtool.formats.schema import (check_single_column, check_token_column, is_integer_list,
-                                     is_list_layout)
+from packtool.formats.schema import (MASK_LIKE, check_single_column, check_token_column,
+                                     is_integer_list, is_list_layout)
 from packtool.location import Location, StoreError
 from packtool.types import IGNORE_INDEX, INT32_MAX
 
@@ -139,8 +139,6 @@ LABELS_COLUMN = "labels"
 #: ``completion_mask`` (prompt-completion data) and ``assistant_masks`` (chat templates with
 #: ``return_assistant_tokens_mask``).
 LOSS_MASK_COLUMNS = ("completion_mask", "assistant_masks")
-#: a per-token column whose name says it masks something (named in the summary when unused)
-_MASK_LIKE = re.compile(r"mask|label", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -217,7 +215,7 @@ def resolve_mask_columns(schema: pa.Schema, path, column: str, attention_mask: s
     cols = MaskColumns(pick(attention_mask, ATTENTION_MASK_COLUMN, "--attention-mask-column", True),
                        pick(labels, LABELS_COLUMN, "--labels-column", False), loss)
     used = {column, cols.attention_mask, cols.labels, *cols.loss_masks}
-    unused = tuple(f.name for f in schema if f.name not in used and _MASK_LIKE.search(f.name)
+    unused = tuple(f.name for f in schema if f.name not in used and MASK_LIKE.search(f.name)
                    and is_list_layout(f.type))
     return dataclasses.replace(cols, unused=unused)
 

@@ -15,12 +15,14 @@ shard read alone tells it too.
 
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 
 from packtool.errors import SchemaError
 
 __all__ = ["packed_schema", "packed_columns", "labels_convention", "check_token_column",
-           "check_single_column",
+           "check_single_column", "token_column_candidates", "MASK_LIKE",
            "is_integer_list", "is_list_layout",
            "LABELS_CONVENTION_META_KEY", "CAPACITY_META_KEY", "FORMAT_VERSION_META_KEY",
            "SHARD_META_KEY", "SEGMENT_MULTIPLE_META_KEY", "shard_schema", "written_as_shard",
@@ -48,6 +50,9 @@ TOKEN_COLUMNS = ("input_ids", "segment_ids", "position_ids", "labels")
 RAGGED_COLUMNS = ("cu_seqlens", "doc_ids", "doc_offsets", "cu_seqlens_unpadded", "source_ids")
 #: one int32 per row.
 SCALAR_COLUMNS = ("max_seqlen", "num_targets")
+#: a per-token column whose name says it masks something or holds labels: never taken for the
+#: token column, and named in pack's summary when it is not used as a mask
+MASK_LIKE = re.compile(r"mask|label", re.IGNORECASE)
 
 
 def labels_convention(labels: str) -> str:
@@ -161,8 +166,10 @@ def check_token_column(schema: pa.Schema, column: str, path: str) -> None:
     """
     if column not in schema.names:
         avail = ", ".join(schema.names) or "(none)"
+        found = token_column_candidates(schema)
+        name = found[0] if len(found) == 1 else "NAME"
         raise SchemaError(
-            f"{path}: no column {column!r}; available columns: {avail}; pass --column NAME")
+            f"{path}: no column {column!r}; available columns: {avail}; pass --column {name}")
     check_single_column(schema, column, path)
     typ = schema.field(column).type
     ok = is_integer_list(typ)
@@ -170,6 +177,14 @@ def check_token_column(schema: pa.Schema, column: str, path: str) -> None:
         raise SchemaError(
             f"{path}: column {column!r} has type {typ}, expected a list of integer token ids "
             "(list<int32> or similar); tokenize the text first or pass --column NAME")
+
+
+def token_column_candidates(schema: pa.Schema) -> list[str]:
+    """The columns of ``schema`` that may hold the token ids, in schema order: lists of
+    integers (any layout) whose name does not say mask or label (:data:`MASK_LIKE`). One name:
+    the obvious ``--column`` of a file without ``input_ids``; none or several: the user names
+    it."""
+    return [f.name for f in schema if is_integer_list(f.type) and not MASK_LIKE.search(f.name)]
 
 
 def written_as_shard(loc) -> bool:
