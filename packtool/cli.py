@@ -958,7 +958,8 @@ def _refuse(out: str, command: str, *, leftovers: bool, empty: bool, packed: boo
 @click.argument("paths", nargs=-1, required=True, type=click.Path(), metavar="INPUT... OUTPUT")
 @click.option("--tokenizer", required=True, metavar="FILE",
               help="Local tokenizer file: a Hugging Face tokenizer.json, a Tekken JSON "
-                   "(mistral-common) or a tiktoken BPE file (never downloaded).")
+                   "(mistral-common) or a tiktoken BPE file (never downloaded); or a folder "
+                   "holding one tokenizer.json or tekken.json.")
 @click.option("--text-column", default="text", show_default=True, metavar="NAME",
               help="Column (JSON Lines: key) holding the text.")
 @click.option("--keep-column", "keep_columns", multiple=True, metavar="NAME",

@@ -470,7 +470,8 @@ class TokenizeConfig:
     output: str
     """OUTPUT directory (or URI) of tokenized Parquet shards."""
     tokenizer: str
-    """Local tokenizer file: tokenizers JSON, Tekken JSON or tiktoken BPE file."""
+    """Local tokenizer file: tokenizers JSON, Tekken JSON or tiktoken BPE file; or a folder
+    holding exactly one ``tokenizer.json`` or ``tekken.json``."""
     text_column: str = "text"
     """Text column (JSON Lines: the key)."""
     keep_columns: tuple[str, ...] = ()

@@ -998,3 +998,74 @@ def test_a_truncated_compressed_jsonl_is_named_near_where_it_breaks(tmp_path, hf
     assert m, line
     read = int(m.group(1).replace(",", ""))
     assert 10_000 < read < 30_000, line  # the cut is near line 30,000, within one 1 MiB block
+
+
+def test_every_tokenizer_file_refused_names_the_file_to_give(tmp_path, hf_tokenizer):
+    """A JSON that is no tokenizer ends with the fix, as every other tokenizer error does; the
+    configs saved beside a tokenizer (tokenizer_config.json, config.json, ...) are named as
+    such, with the tokenizer.json beside them when there is one."""
+    src = write_jsonl(tmp_path / "t.jsonl", TEXTS[:4])
+
+    def refusal(tokenizer):
+        res = invoke(["tokenize", "-q", "--tokenizer", tokenizer, src, tmp_path / "o"])
+        assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+        assert not (tmp_path / "o").exists()
+        return res.output.strip()
+
+    (tmp_path / "weird.json").write_text('{"version": 1}')
+    assert refusal(tmp_path / "weird.json").endswith(
+        "; give a tokenizer.json, a Tekken JSON or a tiktoken BPE file")
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("tokenizer_config.json", "config.json", "special_tokens_map.json"):
+        (tmp_path / name).write_text('{"model_max_length": 512}')
+        said = refusal(tmp_path / name)
+        assert said.startswith(f"Error: {tmp_path / name}: is the tokenizer's config") \
+            and "give the tokenizer.json saved with it" in said, said
+        (model / name).write_text('{"model_max_length": 512}')
+    (model / "tokenizer.json").write_bytes(hf_tokenizer.read_bytes())
+    said = refusal(model / "tokenizer_config.json")
+    assert said.endswith(f"give the tokenizer.json beside it: --tokenizer {model}/tokenizer.json")
+
+
+def test_a_folder_holding_one_tokenizer_file_is_read_as_that_file(tmp_path, hf_tokenizer,
+                                                                   tokenizer_files):
+    """--tokenizer FOLDER reads the tokenizer.json or tekken.json it holds (where
+    from_pretrained and mistral-common look); a folder with both, or with neither, is refused
+    naming what to give (it was "no such tokenizer file")."""
+    src = write_jsonl(tmp_path / "t.jsonl", TEXTS[:16])
+
+    def ids(tokenizer, out):
+        res = invoke(["tokenize", "-q", "--tokenizer", tokenizer, src, tmp_path / out])
+        assert res.exit_code == 0, res.output
+        return [r["input_ids"] for r in pq.read_table(tmp_path / out).to_pylist()]
+
+    hf = tmp_path / "hf-model"
+    hf.mkdir()
+    (hf / "tokenizer.json").write_bytes(hf_tokenizer.read_bytes())
+    (hf / "tokenizer_config.json").write_text("{}")
+    (hf / "config.json").write_text("{}")
+    assert ids(hf, "a") == ids(hf_tokenizer, "b")
+    assert read_manifest(tmp_path / "a").to_dict() == read_manifest(tmp_path / "b").to_dict()
+    mistral = tmp_path / "mistral"
+    mistral.mkdir()
+    (mistral / "tekken.json").write_bytes(tokenizer_files["tekken"][0].read_bytes())
+    assert ids(mistral, "c") == ids(tokenizer_files["tekken"][0], "d")
+
+    def refusal(folder):
+        res = invoke(["tokenize", "-q", "--tokenizer", folder, src, tmp_path / "o"])
+        assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+        assert "no such tokenizer file" not in res.output
+        return res.output.strip()
+
+    (hf / "tekken.json").write_bytes((mistral / "tekken.json").read_bytes())
+    assert refusal(hf) == (f"Error: {hf}: is a folder holding both tokenizer.json and "
+                           f"tekken.json; give one of them: --tokenizer {hf}/tokenizer.json")
+    other = tmp_path / "other"
+    other.mkdir()
+    assert refusal(other) == (f"Error: {other}: is a folder with no tokenizer.json or "
+                              "tekken.json; give the tokenizer file itself (a tokenizer.json, a "
+                              "Tekken JSON or a tiktoken BPE file)")
+    (other / "cl100k_base.tiktoken").write_bytes(tokenizer_files["tiktoken"][0].read_bytes())
+    (other / "config.json").write_text("{}")
+    assert "; it holds cl100k_base.tiktoken: give that file; " in refusal(other)

@@ -253,12 +253,58 @@ def _tiktoken_file(path: Path, digest: str, pattern: str | None, threads: int) -
                      getattr(tiktoken, "__version__", ""), specials_known=source is not None)
 
 
+#: the tokenizer file a folder given as ``--tokenizer`` is read from, as Hugging Face's
+#: ``from_pretrained`` (``tokenizer.json``) and mistral-common (``tekken.json``) look for it
+FOLDER_FILES = ("tokenizer.json", "tekken.json")
+#: JSON saved beside a tokenizer that configures it (or the model) but is not the tokenizer
+CONFIG_NAMES = ("tokenizer_config.json", "config.json", "special_tokens_map.json",
+                "generation_config.json")
+
+
+def _beside(path: Path) -> str:
+    """The tokenizer file to give instead of ``path`` (a config saved beside it): the one of
+    :data:`FOLDER_FILES` in its folder, else words saying where it is."""
+    found = [path.parent / n for n in FOLDER_FILES if (path.parent / n).is_file()]
+    if len(found) == 1:
+        return f"the {found[0].name} beside it: --tokenizer {found[0]}"
+    return ("the tokenizer.json saved with it (beside it in the model's folder; or a Tekken "
+            "JSON or a tiktoken BPE file)")
+
+
+def _file_in_folder(folder: Path) -> Path:
+    """The tokenizer file of a folder given as ``--tokenizer``: the one of
+    :data:`FOLDER_FILES` it holds.
+
+    Raises:
+        InputError: the folder holds none of them (the message names the files there that
+            look like a tokenizer, if any) or more than one.
+    """
+    found = [n for n in FOLDER_FILES if (folder / n).is_file()]
+    if len(found) == 1:
+        return folder / found[0]
+    if found:
+        raise InputError(f"{folder}: is a folder holding both {' and '.join(found)}; give one "
+                         f"of them: --tokenizer {folder / found[0]}")
+    try:
+        names = sorted(e.name for e in folder.iterdir() if e.is_file())
+    except OSError:
+        names = []
+    like = [n for n in names if n.endswith((".tiktoken", ".model")) or
+            (n.endswith(".json") and n.startswith(("tokenizer", "tekken")) and
+             n not in CONFIG_NAMES)]
+    there = f"; it holds {', '.join(like)}: give that file" if like else ""
+    raise InputError(f"{folder}: is a folder with no {' or '.join(FOLDER_FILES)}{there}; give "
+                     "the tokenizer file itself (a tokenizer.json, a Tekken JSON or a tiktoken "
+                     "BPE file)")
+
+
 def load_tokenizer(path: str | os.PathLike, *, pattern: str | None = None,
                    add_special_tokens: bool = False, threads: int | None = None) -> Tokenizer:
     """Load a tokenizer from a local file (kinds in the module docstring).
 
     Args:
-        path: ``tokenizer.json``, a Tekken JSON, or a tiktoken BPE file.
+        path: ``tokenizer.json``, a Tekken JSON, or a tiktoken BPE file; or a folder holding
+            exactly one of :data:`FOLDER_FILES` (a model's folder), which is read.
         pattern: pre-tokenisation regex of a tiktoken BPE file not named after a tiktoken
             encoding.
         add_special_tokens: ``tokenizers`` only: run the tokenizer's post-processor (the BOS
@@ -268,7 +314,8 @@ def load_tokenizer(path: str | os.PathLike, *, pattern: str | None = None,
 
     Raises:
         InputError: the file is missing or not one of the three kinds (the message says which
-            it was read as).
+            it was read as, and a config saved beside a tokenizer, :data:`CONFIG_NAMES`, that
+            it is one); a folder holds none or both of :data:`FOLDER_FILES`.
         ConfigError: a BPE file without a known name or ``pattern``; ``add_special_tokens`` or
             ``pattern`` with a kind that has no use for it; ``pattern`` not a valid regex.
         MissingDependencyError: ``tokenizers`` or ``tiktoken`` is not installed.
@@ -277,6 +324,8 @@ def load_tokenizer(path: str | os.PathLike, *, pattern: str | None = None,
     if "://" in str(path):
         raise ConfigError(f"--tokenizer {path}: a tokenizer is read from a local file; download "
                           "it first")
+    if p.is_dir():
+        p = _file_in_folder(p)
     if not p.is_file():
         raise InputError(f"{p}: no such tokenizer file; give a local tokenizer.json, Tekken JSON "
                          "or tiktoken BPE file")
@@ -299,8 +348,12 @@ def load_tokenizer(path: str | os.PathLike, *, pattern: str | None = None,
                 raise ConfigError("--add-special-tokens applies to tokenizers JSON files only; "
                                   "add BOS/EOS with --prepend-bos/--append-eos")
             return _tekken(p, data, digest, threads)
+        if p.name in CONFIG_NAMES:
+            raise InputError(f"{p}: is the tokenizer's config (or the model's), not the "
+                             f"tokenizer; give {_beside(p)}")
         raise InputError(f"{p}: JSON that is neither a tokenizers JSON (no \"model\") nor a "
-                         "Tekken JSON (no \"config\" and \"vocab\")")
+                         "Tekken JSON (no \"config\" and \"vocab\"); give a tokenizer.json, a "
+                         "Tekken JSON or a tiktoken BPE file")
     if add_special_tokens:
         raise ConfigError("--add-special-tokens applies to tokenizers JSON files only; add "
                           "BOS/EOS with --prepend-bos/--append-eos")
