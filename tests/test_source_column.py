@@ -398,3 +398,59 @@ def test_stats_text_table_quotes_values_that_would_not_show(tmp_path):
     assert cells == shown, table
     ends = {width(ln) for ln in table + [lines[head]]}
     assert len(ends) == 1, [lines[head]] + table
+
+
+@pytest.mark.parametrize("kind", ["string", "integer"])
+@pytest.mark.parametrize("extra", [[], ["--window-docs", "2"]])
+def test_a_null_beside_a_document_that_is_not_packed_is_left_alone(tmp_path, kind, extra):
+    """One rule for a null in a column read beside the tokens (the source, the attention mask,
+    labels, a loss mask): refused on a document that is packed, left alone on one that is not
+    (empty, or every token masked: pack skips it). A null source of an empty document stopped
+    the pack ("fill it"); the rows are those of the same input with the nulls filled."""
+    docs = [[1, 2, 3], [], [4, 5], [6, 7], [], [8]]  # 1 and 4 empty, 3 masked whole
+    value = {"string": ["a", "b", "c"], "integer": [7, 8, 9]}[kind]
+
+    def write(path, fill):
+        # fill: the nulls filled in (the source with a value the input has elsewhere)
+        src = [value[0], value[1] if fill else None, value[1], value[2] if fill else None,
+               value[0] if fill else None, value[2]]
+        mask = [[1, 1, 1], [] if fill else None, [1, 1], [0, 0], [], [1]]
+        labels = [[1, 2, 3], [] if fill else None, [-100, 5], [6, 7] if fill else None,
+                  [] if fill else None, [8]]
+        loss = [[1, 1, 1], [] if fill else None, [1, 1], [1, 0] if fill else None, [], [1]]
+        path.mkdir(parents=True)
+        pq.write_table(pa.table({
+            "input_ids": pa.array(docs, pa.list_(pa.int32())), "source": src,
+            "attention_mask": pa.array(mask, pa.list_(pa.int8())),
+            "labels": pa.array(labels, pa.list_(pa.int64())),
+            "completion_mask": pa.array(loss, pa.list_(pa.int8()))}), path / "a.parquet")
+        return path
+
+    got = pack(write(tmp_path / "nulls", False), tmp_path / "out", *extra)
+    want = pack(write(tmp_path / "filled", True), tmp_path / "want", *extra)
+    assert pq.read_table(got).equals(pq.read_table(want))
+    m = read_manifest(got)
+    assert m.source_values == read_manifest(want).source_values == tuple(sorted(value))
+    assert m.totals == read_manifest(want).totals
+    assert invoke(["verify", "--data-only", got]).exit_code == 0
+    res = invoke(["stats", got])
+    assert res.exit_code == 0 and "None" not in res.output, res.output
+
+
+@pytest.mark.parametrize("column,values,said", [
+    ("source", ["a", None, "b"], "--source-column 'source' is null; fill it (e.g. 'unknown')"),
+    ("attention_mask", [[1], None, [1]],
+     "'attention_mask' is null; fill it or pass --attention-mask-column none"),
+    ("labels", [[1], None, [3]], "'labels' is null; fill it or pass --labels-column none"),
+    ("completion_mask", [[1], None, [1]],
+     "'completion_mask' is null; fill it or pass --loss-mask-column none"),
+])
+def test_a_null_beside_a_packed_document_is_refused(tmp_path, column, values, said):
+    d = tmp_path / "in"
+    d.mkdir()
+    cols = {"input_ids": [[1], [2], [3]], "source": ["a", "b", "c"], column: values}
+    pq.write_table(pa.table(cols), d / "a.parquet")
+    res = invoke(["pack", "-q", "--capacity", "8", "--source-column", "source", d,
+                  tmp_path / "out"])
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert f"a.parquet: row 1 (0-based): {said}" in res.output, res.output

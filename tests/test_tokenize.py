@@ -1069,3 +1069,35 @@ def test_a_folder_holding_one_tokenizer_file_is_read_as_that_file(tmp_path, hf_t
     (other / "cl100k_base.tiktoken").write_bytes(tokenizer_files["tiktoken"][0].read_bytes())
     (other / "config.json").write_text("{}")
     assert "; it holds cl100k_base.tiktoken: give that file; " in refusal(other)
+
+
+def test_a_kept_key_missing_from_an_empty_document_does_not_stop_the_pack(tmp_path,
+                                                                            hf_tokenizer):
+    """tokenize --keep-column src over JSON Lines whose empty document lacks the key, then
+    pack --source-column src: the empty document is skipped (counted as empty), its null
+    source with it (it stopped the pack: "fill it"). A real document without the key is
+    refused naming the text input's document and the fix that can be followed: fill it there
+    and tokenize again (a tokenized output's shards cannot be edited)."""
+    lines = [{"text": "hello world", "src": "a"}, {"text": "foo bar", "src": "b"}, None,
+             {"text": "x y", "src": "a"}, {"text": ""}, {"text": "end", "src": "b"}]
+    src = tmp_path / "t.jsonl"
+    src.write_text("".join("\n" if x is None else json.dumps(x) + "\n" for x in lines))
+    args = ["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column", "src",
+            "--rows-per-shard", 3]
+    assert invoke(args + [src, tmp_path / "tok"]).exit_code == 0
+    res = invoke(["pack", "-c", 16, "--source-column", "src", tmp_path / "tok", tmp_path / "p"])
+    assert res.exit_code == 0, res.output
+    m = read_manifest(tmp_path / "p")
+    assert m.source_values == ("a", "b") and m.totals.docs_empty == 1
+    lines[5] = {"text": "end"}  # the 5th document (line 6), in the second shard
+    src.write_text("".join("\n" if x is None else json.dumps(x) + "\n" for x in lines))
+    assert invoke(args + ["--overwrite", src, tmp_path / "tok"]).exit_code == 0
+    res = invoke(["pack", "-q", "-c", 16, "--source-column", "src", tmp_path / "tok",
+                  tmp_path / "p2"])
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert res.output.strip() == (
+        f"Error: {tmp_path / 'tok' / 'part-00000-00001.parquet'}: row 1 (0-based): "
+        "--source-column 'src' is null: tokenize --keep-column keeps a missing key or a null "
+        f"as null (here: {src}, document 5 (1-based; blank lines not counted)); fill it in the "
+        "text input and tokenize it again ('packtool tokenize --overwrite' with the same "
+        "options): a tokenized output's shards cannot be edited")

@@ -59,7 +59,7 @@ from packtool.formats.arrays import list_parts, numpy_values
 from packtool.formats.manifest import (IN_PROGRESS_NAME, KINDS, MANIFEST_META_KEY,
                                        MANIFEST_NAME, PACKED_KIND, TOKENIZED_KIND,
                                        V1_MANIFEST_NAME, Manifest, footer_of, pack_running,
-                                       version_1_listed)
+                                       read_manifest, version_1_listed)
 from packtool.formats.schema import (MASK_LIKE, check_single_column, check_token_column,
                                      is_integer_list, is_list_layout)
 from packtool.location import Location, StoreError
@@ -1396,29 +1396,91 @@ def check_source_column(schema: pa.Schema, name: str, path) -> None:
                           "document (e.g. source, lang, a URL's domain)")
 
 
-def _source_values(arr, path, row: int, name: str) -> np.ndarray:
-    """The source values of a batch's documents: int64 for an integer column, str objects
-    for a string column.
+def _nulls(arr, packed: np.ndarray, path, row: int, fix) -> np.ndarray | None:
+    """The one rule for a null in a column read beside the tokens (a mask, labels, the
+    ``--source-column``): refused on a document that is packed (``packed``: bool[docs], True
+    for a document with a token to pack), left alone on one that is not (empty, or every token
+    masked: pack skips it, so nothing of it is used).
+
+    Args:
+        arr: the column's values of the batch's documents (``row``: the first one's file row).
+        fix: ``fix(file_row)`` -> what the message says after the row (:func:`_null_fix`).
+
+    Returns:
+        bool[docs], True where the value is null (None when none is).
 
     Raises:
-        SchemaError: a null value, or a uint64 value over 2**63 - 1 (file and row named).
+        SchemaError: a null on a packed document: names the file, the row and ``fix``'s words.
+    """
+    if not arr.null_count:
+        return None
+    null = arr.is_null().to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(null & packed)
+    if bad.size:
+        at = row + int(bad[0])
+        raise SchemaError(f"{path}: {row_ref(at)}: {fix(at)}")
+    return null
+
+
+def _null_fix(path, row: int, name: str, what: str, fill: str) -> str:
+    """What a message says of a null ``what`` (``--source-column 'src'``) of column ``name``
+    at file row ``row`` of ``path``: ``fill`` (how to fill it before packing); but in a shard
+    of a tokenize OUTPUT, whose shards cannot be edited (its manifest refuses a changed one),
+    where the null comes from: the document of its text input without the key, to be filled
+    there and tokenized again."""
+    default = f"{what} is null; {fill}"
+    try:
+        loc = Location.parse(path)
+        manifest = read_manifest(loc.parent)
+    except (PacktoolError, OSError, ValueError, AttributeError):
+        return default
+    if manifest.kind != TOKENIZED_KIND or name not in (manifest.options.get("keep_columns")
+                                                        or ()):
+        return default
+    where = "in its text input"
+    m = re.fullmatch(r"part-(\d+)-(\d+)\.parquet", loc.name)
+    per = manifest.options.get("rows_per_shard")
+    if m and isinstance(per, int) and int(m[1]) < len(manifest.inputs):
+        source = manifest.inputs[int(m[1])].path
+        doc = int(m[2]) * per + row
+        where = (f"here: {source}, document {doc + 1} (1-based; blank lines not counted)"
+                 if _format_of(_name(source), text=True) == "jsonl" else
+                 f"here: {source}, {row_ref(doc)}")
+    return (f"{what} is null: tokenize --keep-column keeps a missing key or a null as null "
+            f"({where}); fill it in the text input and tokenize it again ('packtool tokenize "
+            "--overwrite' with the same options): a tokenized output's shards cannot be "
+            "edited")
+
+
+def _source_values(arr, path, row: int, name: str, packed: np.ndarray) -> np.ndarray:
+    """The source values of a batch's documents: int64 for an integer column, str objects
+    for a string column; None (in an array of objects) for a null on a document that is not
+    packed (:func:`_nulls`).
+
+    Raises:
+        SchemaError: a null value of a packed document, or a uint64 value over 2**63 - 1 (file
+            and row named).
     """
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     if pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
-    if arr.null_count:
-        bad = row + int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
-        raise SchemaError(f"{path}: {row_ref(bad)}: --source-column {name!r} is null; fill it "
-                          "(e.g. 'unknown') before packing")
+    what = f"--source-column {name!r}"
+    nulls = _nulls(arr, packed, path, row, lambda at: _null_fix(
+        path, at, name, what, "fill it (e.g. 'unknown') before packing"))
     if pa.types.is_integer(arr.type):
-        vals = arr.to_numpy(zero_copy_only=False)
+        vals = (arr if nulls is None else arr.fill_null(0)).to_numpy(zero_copy_only=False)
         if vals.dtype == np.uint64 and vals.size and vals.max() > np.iinfo(np.int64).max:
             bad = int(np.argmax(vals > np.iinfo(np.int64).max))
-            raise SchemaError(f"{path}: {row_ref(row + bad)}: --source-column {name!r} value "
+            raise SchemaError(f"{path}: {row_ref(row + bad)}: {what} value "
                               f"{int(vals[bad])} does not fit int64 (the source ids' type); "
                               "cast the column to int64 or to string before packing")
-        return vals.astype(np.int64)
+        vals = vals.astype(np.int64)
+        if nulls is None:
+            return vals
+        vals = vals.astype(object)
+        vals[nulls] = None
+        return vals
     return np.asarray(arr.cast(pa.large_string()).to_pylist(), dtype=object)
 
 
@@ -1447,8 +1509,10 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
         SchemaError: a null document, a null token, a negative id or an id over int32; a mask
             row of another length than its document; a label that is neither -100 nor its
             token; an attention mask or loss mask value other than 0 or 1 (an attention mask
-            numbering the documents of packed rows among them); a source column missing, of another
-            type or null (the message names the file and the row).
+            numbering the documents of packed rows among them); a source column missing or of
+            another type; a null mask, labels or source value of a document that is packed (one
+            with a token left after its attention mask; on any other document a null is left
+            alone, its source None); the message names the file and the row.
     """
     src = open_input(path, column, fmt)
     path = src.path  # a URI folded by pathlib is named as the URI
@@ -1510,9 +1574,28 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
             # the tokens (a window task holds them) does not keep the rest of the batch
             tokens = flat.astype(np.int32, copy=cut)
             lab = keep = None
+            # which documents are packed (a token left after the attention mask) decides where
+            # a null of the other columns is refused (:func:`_nulls`): the attention mask is
+            # read first, and its faults told after those of labels and loss masks, as before
+            keep_fault = None
+            if masks.attention_mask is not None:
+                try:
+                    keep = _mask_values(batch.column(masks.attention_mask), lengths, path, row,
+                                        masks.attention_mask, "--attention-mask-column",
+                                        lengths > 0)
+                except SchemaError as exc:
+                    keep_fault = exc
+            # shape: (docs,), True for a document with a token to pack (after the attention
+            # mask only where a null needs it: a pass over the tokens)
+            packed = lengths > 0
+            nulls = any(batch.column(c).null_count for c in (masks.labels, *masks.loss_masks,
+                                                              source) if c is not None)
+            if nulls and keep is not None and keep.size:
+                packed = np.bincount(np.repeat(np.arange(n), lengths), weights=keep != 0,
+                                     minlength=n) > 0
             if masks.labels is not None:
                 lab = _mask_values(batch.column(masks.labels), lengths, path, row,
-                                   masks.labels, "--labels-column")
+                                   masks.labels, "--labels-column", packed, IGNORE_INDEX)
                 bad = (lab != IGNORE_INDEX) & (lab != tokens)
                 if bad.any():
                     vi = int(np.argmax(bad))
@@ -1524,7 +1607,7 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
             loss = []
             for name in masks.loss_masks:
                 m = _mask_values(batch.column(name), lengths, path, row, name,
-                                 "--loss-mask-column")
+                                 "--loss-mask-column", packed)
                 bad = (m != 0) & (m != 1)
                 if bad.any():
                     vi = int(np.argmax(bad))
@@ -1533,43 +1616,67 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
                         f"{int(m[vi])}; a loss mask holds 1 on the tokens to learn and 0 "
                         "elsewhere: fix it or pass --loss-mask-column none")
                 loss.append(m)
-            if masks.attention_mask is not None:
+            if keep_fault is not None:
+                raise keep_fault
+            if keep is not None:
                 name = masks.attention_mask
-                keep = _mask_values(batch.column(name), lengths, path, row, name,
-                                    "--attention-mask-column")
                 bad = (keep != 0) & (keep != 1)
                 if bad.any():
                     vi = int(np.argmax(bad))
                     where = row_ref(row + _row_of_value(lengths, vi))
                     # LLaMA-Factory's neat_packing numbers a packed row's documents 1, 2, ...
-                    packed = (" (values 1, 2, ... number the documents of a packed row: packing "
-                              "it again would join them; pack the unpacked documents instead)"
-                              if keep[vi] > 1 else "")
+                    numbered = (" (values 1, 2, ... number the documents of a packed row: "
+                                "packing it again would join them; pack the unpacked documents "
+                                "instead)" if keep[vi] > 1 else "")
                     raise SchemaError(
                         f"{path}: {where}: {name!r} holds {int(keep[vi])}; an attention mask "
-                        f"holds 1 on real tokens and 0 on padding{packed}: fix it or pass "
+                        f"holds 1 on real tokens and 0 on padding{numbered}: fix it or pass "
                         "--attention-mask-column none")
             srcs = None if source is None else _source_values(batch.column(source), path, row,
-                                                                source)
+                                                                source, packed)
             yield RawBatch(row, lengths, tokens, keep, lab, tuple(loss), srcs)
             row += n
 
 
 def _mask_values(arr: pa.Array, lengths: np.ndarray, path, row: int, name: str,
-                 option: str) -> np.ndarray:
-    """Values of a per-token mask column, checked to be shaped like the tokens."""
-    if arr.null_count:
-        bad = row + int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
-        raise SchemaError(f"{path}: {row_ref(bad)}: {name!r} is null; fill it or pass "
-                          f"{option} none")
+                 option: str, packed: np.ndarray, neutral: int = 0) -> np.ndarray:
+    """Values of a per-token mask column, checked to be shaped like the tokens: int64[T],
+    T = sum(lengths).
+
+    A null row is refused on a document that is packed (``packed``, :func:`_nulls`); on one
+    that is not, it stands for ``neutral`` on each of the document's tokens (-100 for labels, 0
+    for a loss mask: the document is not packed, so they are never used).
+
+    Raises:
+        SchemaError: a null row of a packed document; a row of another length than its
+            document; a null value inside a row.
+    """
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    nulls = _nulls(arr, packed, path, row, lambda at: _null_fix(
+        path, at, name, repr(name), f"fill it or pass {option} none"))
+    if nulls is not None and not pa.types.is_fixed_size_list(arr.type):
+        arr = arr.fill_null(pa.scalar([], arr.type))  # no entry, whatever its offsets said
     mlen, values = list_parts(arr)
-    if not np.array_equal(mlen, lengths):
-        bad = int(np.argmax(mlen != lengths))
+    live = np.ones(len(lengths), dtype=bool) if nulls is None else ~nulls  # rows read
+    off = live & (mlen != lengths)
+    if off.any():
+        bad = int(np.argmax(off))
         raise SchemaError(f"{path}: {row_ref(row + bad)}: {name!r} has {int(mlen[bad])} entries "
                           f"for {int(lengths[bad])} tokens; a mask column must be shaped like the "
                           "tokens (or name another column)")
     if values.null_count:
-        vi = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
-        where = row_ref(row + _row_of_value(lengths, vi))
-        raise SchemaError(f"{path}: {where}: a {name!r} value is null; fill it")
-    return numpy_values(values).astype(np.int64, copy=False)
+        vnull = values.is_null().to_numpy(zero_copy_only=False)
+        if nulls is not None:
+            vnull &= np.repeat(live, mlen)
+        if vnull.any():
+            vi = int(np.argmax(vnull))
+            where = row_ref(row + _row_of_value(mlen, vi))
+            raise SchemaError(f"{path}: {where}: a {name!r} value is null; fill it")
+        values = values.fill_null(0)
+    vals = numpy_values(values).astype(np.int64, copy=False)
+    if nulls is None:
+        return vals
+    out = np.full(int(lengths.sum()), neutral, dtype=np.int64)
+    out[np.repeat(live, lengths)] = vals[np.repeat(live, mlen)]
+    return out

@@ -155,7 +155,8 @@ def _part_ranges(index: PartIndex, ranges: np.ndarray):
 
 def load_window_sources(index: PartIndex, ranges: np.ndarray) -> np.ndarray:
     """int32[docs]: each of the window's documents' source id in the output's table (global
-    document order, as :func:`load_window_docs`), from the read parts' document sources.
+    document order, as :func:`load_window_docs`), from the read parts' document sources; -1
+    for a document without one (not packed: no segment refers to it).
 
     Raises:
         OSError: a spill file cannot be read.
@@ -165,7 +166,9 @@ def load_window_sources(index: PartIndex, ranges: np.ndarray) -> np.ndarray:
         n = local[:, 1] - local[:, 0]
         ids = read_spill(window_file(index.dirs[p], DOC_SOURCES), local[:, 0] * 4,
                          n * 4).view(np.int32)
-        out.append(np.asarray(index.source_maps[p], dtype=np.int32)[ids])
+        # the part's map, then -1: a document without a source (id -1) keeps -1
+        out.append(np.append(np.asarray(index.source_maps[p], dtype=np.int32),
+                             np.int32(-1))[ids])
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int32)
 
 

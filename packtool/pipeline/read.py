@@ -536,9 +536,17 @@ def _check_unchanged(piece: ReadPiece) -> None:
 
 def _source_ids(values: np.ndarray | None, table: dict) -> np.ndarray:
     """int32[docs]: each document's id in the part's ``table`` (value -> id), new values added
-    in order of first appearance."""
+    in order of first appearance; -1 for a document without one (None: a null source of a
+    document that is not packed, :func:`packtool.formats.reader.iter_token_batches`), which no
+    segment refers to."""
     if values is None or not len(values):
         return np.zeros(0, dtype=np.int32)
+    if values.dtype == object:
+        absent = np.equal(values, None)
+        if absent.any():
+            ids = np.full(values.size, -1, dtype=np.int32)
+            ids[~absent] = _source_ids(np.asarray(values[~absent].tolist()), table)
+            return ids
     uniq, first, inverse = np.unique(values, return_index=True, return_inverse=True)
     ids = np.empty(uniq.size, dtype=np.int32)
     for u in np.argsort(first, kind="stable").tolist():  # in order of first appearance
