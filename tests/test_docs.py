@@ -226,7 +226,7 @@ def test_readme_verify_figures_name_every_cpu_backend():
     text = (ROOT / "README.md").read_text()
     block = text.split("<!-- begin: verify -->", 1)[1].split("<!-- end: verify -->", 1)[0]
     for backend in ("sdpa", "flex", "hf", "hybrid"):
-        assert re.search(rf"{backend} \d\.\de-\d\d", block), block
+        assert re.search(rf"{backend} \d\.\d+e-\d\d", block), block
 
 
 # ---- docs/robustness.md: each quoted message is what packtool prints ---------------------------
