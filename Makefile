@@ -1,4 +1,5 @@
-# Two commands do all set-up on a fresh machine with Python >= 3.10 and make:
+# Two commands do all set-up on a fresh machine with Python >= 3.10 and make (on Debian and
+# Ubuntu also the python3-venv package), downloading from PyPI (torch: its CPU index, below):
 #   make demo   # create .venv, install packtool, pack sample_data/ into out/, print the stats
 #   make test   # create .venv if needed, install the test dependencies, run the whole suite
 PY ?= python3
