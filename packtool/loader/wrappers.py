@@ -52,6 +52,18 @@ def _ragged(dataset) -> bool:
     return any(c in RAGGED_COLUMNS for c in getattr(dataset, "columns", RAGGED_COLUMNS))
 
 
+def _refuse_default_collate(fetcher, dataset, other_fix: str = "") -> None:
+    """Raise when DataLoader ``fetcher`` batches ``dataset``'s items with torch's
+    ``default_collate`` and they carry per-document columns it cannot stack."""
+    from torch.utils.data._utils.collate import default_collate
+
+    if fetcher.auto_collation and fetcher.collate_fn is default_collate and _ragged(dataset):
+        raise ValueError(
+            "the DataLoader batches this dataset's items with torch's default collate, which "
+            "cannot stack their per-document columns (cu_seqlens, doc_ids): give it "
+            "collate_fn=collate (packtool.loader; or collate_flat, HFCollator())" + other_fix)
+
+
 def refuse_dataloader_batching(dataset, batch_size: int | None, *, depth: int = 8) -> None:
     """Refuse a torch DataLoader that batches ``dataset``'s output in a way that cannot work,
     found as the fetcher iterating this very dataset among the ``depth`` frames from the
@@ -68,7 +80,6 @@ def refuse_dataloader_batching(dataset, batch_size: int | None, *, depth: int = 
         ValueError: names the fix (``batch_size=None`` on the DataLoader; or
             ``collate_fn=collate`` and its kin, or batches built by the dataset).
     """
-    from torch.utils.data._utils.collate import default_collate
     from torch.utils.data._utils.fetch import _IterableDatasetFetcher
 
     for f in _frames(sys._getframe(2), depth):
@@ -79,14 +90,8 @@ def refuse_dataloader_batching(dataset, batch_size: int | None, *, depth: int = 
                     f"this dataset yields whole batches (batch_size={batch_size}), and the "
                     "DataLoader would batch them again: give it batch_size=None (and no "
                     "collate_fn; the dataset's collate_fn= builds each batch)")
-            if owner.auto_collation and owner.collate_fn is default_collate \
-                    and _ragged(dataset):
-                raise ValueError(
-                    "the DataLoader batches this dataset's items with torch's default "
-                    "collate, which cannot stack their per-document columns (cu_seqlens, "
-                    "doc_ids): give it collate_fn=collate (packtool.loader; or collate_flat, "
-                    "HFCollator()), or build the dataset with batch_size=B and give the "
-                    "DataLoader batch_size=None")
+            _refuse_default_collate(owner, dataset, ", or build the dataset with batch_size=B "
+                                                    "and give the DataLoader batch_size=None")
             return
 
 
@@ -103,18 +108,10 @@ def map_fetcher_checked(dataset, *, depth: int = 4) -> bool:
     fetch = sys.modules.get("torch.utils.data._utils.fetch")
     if fetch is None:  # no DataLoader in this process
         return False
-    from torch.utils.data._utils.collate import default_collate
-
     for f in _frames(sys._getframe(2), depth):
         owner = f.f_locals.get("self")
         if isinstance(owner, fetch._MapDatasetFetcher) and owner.dataset is dataset:
-            if owner.auto_collation and owner.collate_fn is default_collate \
-                    and _ragged(dataset):
-                raise ValueError(
-                    "the DataLoader batches this dataset's items with torch's default "
-                    "collate, which cannot stack their per-document columns (cu_seqlens, "
-                    "doc_ids): give it collate_fn=collate (packtool.loader; or collate_flat, "
-                    "HFCollator())")
+            _refuse_default_collate(owner, dataset)
             return True
     return False
 
