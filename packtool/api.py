@@ -329,48 +329,14 @@ def _batches(data, kind: str, column: str, batch_rows: int):
     if kind == "IterableDataset" and data.features is None:  # typed by us, batch by batch
         return tables_from_dicts(data.iter(batch_size=batch_rows), column)
     if kind == "IterableDataset":
-        return _streamed_arrow(data, column, batch_rows)
+        from packtool.formats.inmemory import streamed_tables
+
+        return streamed_tables(data, column, batch_rows)
     if kind == "Dataset" and _transform_of(data):  # its rows as the caller reads them
         return tables_from_dicts(data.iter(batch_size=batch_rows), column)
     # a Dataset's rows in order (select, shuffle and filter indices applied), batch by batch;
     # a plain format (numpy, torch) changes no value: its Arrow batches are read as stored
     return data.with_format("arrow").iter(batch_size=batch_rows)
-
-
-def _streamed_arrow(data, column: str, batch_rows: int):
-    """The Arrow batches of an ``IterableDataset`` with declared features; from a batch
-    ``datasets`` cannot make (rows whose keys differ: it concatenates per-row tables of other
-    schemas), the rest of the stream as its Python rows (a key missing from a row null, as the
-    features say), read again from the start and typed by
-    :func:`~packtool.formats.inmemory.tables_from_dicts`, rows numbered on."""
-    import pyarrow as pa
-
-    from packtool.formats.inmemory import tables_from_dicts
-
-    done = 0
-    batches = data.with_format("arrow").iter(batch_size=batch_rows)
-    while True:
-        try:
-            b = next(batches)
-        except StopIteration:
-            return
-        except pa.ArrowException:
-            break
-        done += b.num_rows
-        yield b
-    yield from tables_from_dicts(_rows_after(data.iter(batch_size=batch_rows), done), column,
-                                 first_row=done)
-
-
-def _rows_after(batches, n: int):
-    """Python batches (``{column: [values]}``) with their first ``n`` rows left out."""
-    for batch in batches:
-        size = len(next(iter(batch.values()))) if batch else 0
-        if n >= size:
-            n -= size
-            continue
-        yield {k: v[n:] for k, v in batch.items()} if n else batch
-        n = 0
 
 
 def _transform_of(data) -> bool:

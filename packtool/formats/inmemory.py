@@ -21,7 +21,7 @@ import pyarrow as pa
 from packtool.errors import InputError, SchemaError, raise_if_shortage
 from packtool.formats.schema import is_integer_list, is_list_layout
 
-__all__ = ["INPUT_NAME", "INPUT_DESCRIPTION", "is_arrow_table", "table_from_list",
+__all__ = ["streamed_tables", "INPUT_NAME", "INPUT_DESCRIPTION", "is_arrow_table", "table_from_list",
            "tables_from_dicts", "write_input", "packed_batches", "read_packed_table",
            "packed_arrow_schema"]
 
@@ -538,3 +538,36 @@ def read_packed_table(out_dir) -> pa.Table:
     # no batches: one empty chunk per column (a column of no chunks is refused by some readers,
     # Hugging Face's Dataset among them)
     return pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
+
+
+def streamed_tables(data, column: str, batch_rows: int):
+    """The Arrow batches (``pyarrow.Table``) of a ``datasets.IterableDataset`` with declared
+    features, ``batch_rows`` rows each; from a batch
+    ``datasets`` cannot make (rows whose keys differ: it concatenates per-row tables of other
+    schemas), the rest of the stream as its Python rows (a key missing from a row null, as the
+    features say), read again from the start and typed by
+    :func:`~packtool.formats.inmemory.tables_from_dicts`, rows numbered on."""
+    done = 0
+    batches = data.with_format("arrow").iter(batch_size=batch_rows)
+    while True:
+        try:
+            b = next(batches)
+        except StopIteration:
+            return
+        except pa.ArrowException:
+            break
+        done += b.num_rows
+        yield b
+    yield from tables_from_dicts(_rows_after(data.iter(batch_size=batch_rows), done), column,
+                                 first_row=done)
+
+
+def _rows_after(batches, n: int):
+    """Python batches (``{column: [values]}``) with their first ``n`` rows left out."""
+    for batch in batches:
+        size = len(next(iter(batch.values()))) if batch else 0
+        if n >= size:
+            n -= size
+            continue
+        yield {k: v[n:] for k, v in batch.items()} if n else batch
+        n = 0
