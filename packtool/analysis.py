@@ -560,7 +560,7 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
         f"  truncated                 {s.docs_truncated:,} documents, {s.tokens_truncated:,} "
         "tokens cut",
         f"  dropped                   {s.docs_dropped:,} documents, "
-        f"{s.tokens_dropped - s.tokens_truncated:,} tokens"
+        f"{s.tokens_of_dropped_docs:,} tokens"
         + (f" ({s.rows_dropped:,} planned row(s) under --min-fill left out, "
            f"{s.tokens_under_min_fill:,} tokens)" if s.rows_dropped else ""),
         f"  real tokens               {s.real_tokens:,}",

@@ -357,7 +357,7 @@ def _losses(s, min_fill: float) -> str:
     and the rows ``--min-fill`` left out (when it left any)."""
     return (f"tokens dropped {s.tokens_dropped:,}: "
             f"truncated {s.docs_truncated:,} (-{s.tokens_truncated:,} tokens)  "
-            f"dropped {s.docs_dropped:,} (-{s.tokens_dropped - s.tokens_truncated:,} tokens)"
+            f"dropped {s.docs_dropped:,} (-{s.tokens_of_dropped_docs:,} tokens)"
             + (f", {s.rows_dropped:,} row(s) under --min-fill {min_fill:g} left out"
                if s.rows_dropped else ""))
 

@@ -725,15 +725,17 @@ class PackedIterableDataset(IterableDataset):
                                         + int(resume.worker_finished(st)))
         return tag
 
-    def _board_finished(self, tag: int, num_workers: int) -> bool:
-        """True when all ``num_workers`` workers posted ``tag`` with their runs finished."""
+    def _board_all(self, tag: int, num_workers: int, bit: int) -> bool:
+        """True when all ``num_workers`` workers posted ``tag`` with ``bit`` set (1: their runs
+        finished; 2: they read no row of it)."""
         vals = self._epoch_box[3:3 + num_workers].tolist()
-        return all(v >> 2 == tag and v & 1 for v in vals)
+        return all(v >> 2 == tag and v & bit for v in vals)
+
+    def _board_finished(self, tag: int, num_workers: int) -> bool:
+        return self._board_all(tag, num_workers, 1)
 
     def _board_untouched(self, tag: int, num_workers: int) -> bool:
-        """True when all ``num_workers`` workers posted ``tag`` having read no row of it."""
-        vals = self._epoch_box[3:3 + num_workers].tolist()
-        return all(v >> 2 == tag and v & 2 for v in vals)
+        return self._board_all(tag, num_workers, 2)
 
     def __getstate__(self) -> dict:
         return self.__dict__.copy()  # the readers pickle without their handles

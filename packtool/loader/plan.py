@@ -301,6 +301,15 @@ def _merge_items(shares: list, idx: list, a: int, b: int) -> tuple[np.ndarray, n
     return src, k
 
 
+def _group_order(rg_rows: np.ndarray, key) -> tuple[np.ndarray, np.ndarray]:
+    """(row groups int64[G] in the order ``default_rng(key).permutation(G)``, int64[G + 1]
+    their first positions in that pass, then its length)."""
+    order = np.random.default_rng(key).permutation(len(rg_rows))  # shape: (G,)
+    cum = np.zeros(order.size + 1, dtype=np.int64)  # shape: (G + 1,), pass offsets
+    np.cumsum(rg_rows[order], out=cum[1:])
+    return order, cum
+
+
 def _pass_rows(rg_rows: np.ndarray, rg_first: np.ndarray, key, shuffle: bool, a: int,
                b: int) -> np.ndarray:
     """int64[b - a]: rows at positions ``a .. b - 1`` of one pass over a source: its row groups
@@ -310,9 +319,7 @@ def _pass_rows(rg_rows: np.ndarray, rg_first: np.ndarray, key, shuffle: bool, a:
         return np.zeros(0, dtype=np.int64)
     if not shuffle:
         return np.arange(a, b, dtype=np.int64)
-    order = np.random.default_rng(key).permutation(len(rg_rows))  # shape: (G,)
-    cum = np.zeros(len(order) + 1, dtype=np.int64)  # shape: (G + 1,), pass offsets
-    np.cumsum(rg_rows[order], out=cum[1:])
+    order, cum = _group_order(rg_rows, key)
     j = np.arange(np.searchsorted(cum, a, side="right") - 1, np.searchsorted(cum, b, side="left"))
     lo, hi = np.maximum(a, cum[j]), np.minimum(b, cum[j + 1])
     lens = hi - lo
@@ -382,12 +389,8 @@ class SourceStream:
         return _pass_rows(self.rg_rows, self.rg_first, self._full_key(p), self.shuffle, a, b)
 
     def _perm(self, key) -> tuple[np.ndarray, np.ndarray]:
-        """(row groups int64[G] in the order of the permutation ``key``, int64[G + 1] their
-        offsets in it)."""
-        order = np.random.default_rng(key).permutation(len(self.rg_rows))
-        cum = np.zeros(order.size + 1, dtype=np.int64)
-        np.cumsum(self.rg_rows[order], out=cum[1:])
-        return order, cum
+        """:func:`_group_order` of this source's row groups."""
+        return _group_order(self.rg_rows, key)
 
     def _positions(self, key, rows: np.ndarray) -> np.ndarray:
         """Sorted positions of ``rows`` in the permutation ``key``."""
