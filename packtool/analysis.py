@@ -74,8 +74,8 @@ class PackedAnalysis:
     sources_in_table: int = 0  #: values in the manifest's source table (``source_values``)
     #: ``per_bin`` was asked for (its list and ``targets_total`` are reported, even empty)
     per_bin_asked: bool = False
-    #: the ``WARNING:`` lines pack printed for these totals (``--overflow``, ``--min-fill``)
-    pack_warnings: list = field(default_factory=list)
+    #: the ``WARNING:`` lines of this output (:meth:`~packtool.stats.PackStats.output_warnings`)
+    warnings: list = field(default_factory=list)
 
     @property
     def row_fill(self) -> np.ndarray:
@@ -212,9 +212,7 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                           source_column=reader.manifest.source_column,
                           per_source=per_source, sources_in_table=len(table),
                           per_bin_asked=per_bin,
-                          pack_warnings=stats.warnings(
-                              str(reader.manifest.options.get("overflow", "split")),
-                              float(reader.manifest.options.get("min_fill") or 0.0)))
+                          warnings=stats.output_warnings(reader.manifest.options))
 
 
 @dataclass(frozen=True)

@@ -724,9 +724,7 @@ def stats(ctx, path, per_bin, per_bin_limit, per_source_limit, no_hash, as_json,
     limit = DEFAULT_PER_BIN_LIMIT if per_bin_limit is None else per_bin_limit
     a = analysis.analyze_packed(out, per_bin=per_bin, per_bin_limit=limit or None,
                                 check_hashes=not no_hash)
-    warnings = [w for w in (a.stats.no_targets_warning(),) if w]
-    if a.stats.rows == 0:  # nothing to train on: say why, in the words pack used
-        warnings += a.pack_warnings
+    warnings = a.warnings  # with 0 rows, why: in the words pack used
     click.echo(json.dumps({**a.to_dict(), "warnings": warnings}, indent=2) if as_json
                else analysis.format_packed(a, per_source_limit=per_source_limit or None))
     for w in warnings:  # on stderr, loud whatever the output format (as pack's)
@@ -779,7 +777,7 @@ def _refuse_raw_input(where, command: str) -> None:
     if not loc.is_local:
         return _refuse_raw_store(loc, command)
     out = loc.path
-    from packtool.formats.reader import _format_of, packed_marker
+    from packtool.formats.reader import _format_of, first_data_file, packed_marker
 
     if out.is_file() and _format_of(out.name):  # one file: a shard, or tokenized input
         if out.name == MANIFEST_NAME or packed_marker(out) is not None:
@@ -803,7 +801,7 @@ def _refuse_raw_input(where, command: str) -> None:
             leftovers = (out / IN_PROGRESS_NAME).exists() or any(
                 p.name != MANIFEST_NAME for p in out.glob(".packtool-*"))
             empty = not any(out.iterdir())
-            data = _first_data_file(p.relative_to(out).as_posix() for p in out.rglob("*")
+            data = first_data_file(p.relative_to(out).as_posix() for p in out.rglob("*")
                                     if p.is_file() and _format_of(p.name))
             packed = data is not None and packed_marker(out / data) is not None
             break
@@ -833,7 +831,7 @@ def _refuse_raw_store(loc, command: str) -> None:
     holds nothing, or a store that cannot be listed, is left to the reader (its line names the
     bucket or the store's fault)."""
     from packtool.formats.manifest import MANIFEST_NAME
-    from packtool.formats.reader import _format_of, packed_marker
+    from packtool.formats.reader import _format_of, first_data_file, packed_marker
 
     try:
         if loc.join(MANIFEST_NAME).exists():
@@ -843,7 +841,7 @@ def _refuse_raw_store(loc, command: str) -> None:
         return
     if not entries:
         return
-    data = _first_data_file(n for n, e in entries.items() if not e.is_dir and _format_of(n))
+    data = first_data_file(n for n, e in entries.items() if not e.is_dir and _format_of(n))
     from packtool.formats.manifest import version_1_error
 
     old = version_1_error(loc)
@@ -855,16 +853,6 @@ def _refuse_raw_store(loc, command: str) -> None:
             empty=False, packed=data is not None and packed_marker(str(loc.join(data)))
             is not None, data=data, data_at=None if data is None else str(loc.join(data)),
             kind=marker_kind(loc) if IN_PROGRESS_NAME in entries else None)
-
-
-def _first_data_file(names) -> str | None:
-    """The data file a message names of a folder's ``names`` (relative paths, any order): the
-    first in natural order (``shard-0``, ``shard-2``, ``shard-10``), hidden and ``_``-prefixed
-    entries left out as the reader leaves them; None for none."""
-    from packtool.formats.reader import _natural_key
-
-    names = [n for n in names if not any(part.startswith((".", "_")) for part in n.split("/"))]
-    return min(names, key=_natural_key, default=None)
 
 
 #: the token column pack and compare read unless --column names another
@@ -901,7 +889,7 @@ def _column_option(data_at) -> tuple[str, str] | None:
 def _raw_hint(out: str, command: str, data_at) -> tuple[str, str]:
     """What raw input ``out`` (a folder, prefix or file) holds, in words, and the command that
     fits it, to be run as printed: ``compare`` for ``stats``, else ``pack`` then ``command``,
-    with the ``--column`` that ``data_at`` (its first data file, :func:`_first_data_file`)
+    with the ``--column`` that ``data_at`` (its first data file, :func:`~packtool.formats.reader.first_data_file`)
     needs (:func:`_column_option`); ``packtool tokenize`` first when it holds no token ids."""
     q = shlex.quote(out)
     column = _column_option(data_at)
@@ -923,7 +911,7 @@ def _raw_hint(out: str, command: str, data_at) -> tuple[str, str]:
 def _refuse(out: str, command: str, *, leftovers: bool, empty: bool, packed: bool,
             data: str | None, data_at=None, kind: str | None = None) -> None:
     """The one line for a directory or prefix ``out`` that is not a packed output (``data``:
-    its first data file, relative to it, :func:`_first_data_file`; ``data_at``: that file's
+    its first data file, relative to it, :func:`~packtool.formats.reader.first_data_file`; ``data_at``: that file's
     path or URI; ``kind``: what its in-progress marker says was being written,
     :func:`packtool.formats.manifest.marker_kind`)."""
     from packtool.errors import ManifestError

@@ -225,6 +225,17 @@ class PackStats:
         return [w for w in (self.overflow_warning(str(overflow)),
                             self.min_fill_warning(min_fill)) if w]
 
+    def output_warnings(self, options) -> list[str]:
+        """The loud lines a reader of a packed output with these totals prints (``stats``,
+        ``export``): :meth:`no_targets_warning`, and for an output of 0 rows the lines its pack
+        gave (:meth:`warnings` with the ``overflow`` and ``min_fill`` of ``options``, the
+        manifest's options), which say why nothing was written."""
+        out = [w for w in (self.no_targets_warning(),) if w]
+        if self.rows == 0:
+            out += self.warnings(str(options.get("overflow", "split")),
+                                 float(options.get("min_fill") or 0.0))
+        return out
+
     def no_targets_warning(self) -> str | None:
         """A loud line when the rows hold tokens but not one effective target (every label
         -100): the denominator of a token-mean loss is 0, so training on them divides by zero

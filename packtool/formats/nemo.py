@@ -193,12 +193,9 @@ def export_warnings(manifest, where: str) -> list[str]:
     ``packtool stats`` prints them for it: an output of 0 rows exports a file of no sequence,
     said with the lines ``pack`` gave for it (what ``--overflow`` or ``--min-fill`` left out);
     rows without one effective target, the no-targets line (a loss over them divides by 0)."""
-    totals = manifest.totals
-    if manifest.num_rows == 0:
-        opts = manifest.options
-        return [f"{where} holds 0 rows: the export holds no sequence to train on"] + \
-            totals.warnings(str(opts.get("overflow", "split")), float(opts.get("min_fill") or 0))
-    return [w for w in (totals.no_targets_warning(),) if w]
+    empty = [f"{where} holds 0 rows: the export holds no sequence to train on"] \
+        if manifest.num_rows == 0 else []
+    return empty + manifest.totals.output_warnings(manifest.options)
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ __all__ = ["InputFile", "RawBatch", "Discovery", "InputSource", "MaskColumns", "
            "check_stream_end", "unreadable_error", "DENIED",
            "packed_evidence", "PACKED_COLUMNS", "iter_token_batches",
            "list_parts", "resolve_mask_columns", "input_columns", "reads_labels",
-           "check_source_column",
+           "check_source_column", "first_data_file",
            "filesystem_of", "is_remote", "SUPPORTED_FORMATS", "TEXT_FORMATS", "AUTO",
            "LOSS_MASK_COLUMNS"]
 
@@ -722,6 +722,15 @@ _DOC_NAMES = re.compile(r"^(readme|license|licence|copying|notice|changelog)([._
 
 def _natural_key(name: str):
     return [(0, int(t), "") if t.isdecimal() else (1, 0, t) for t in re.split(r"(\d+)", name) if t]
+
+
+def first_data_file(names) -> str | None:
+    """The data file a message names of a folder's ``names`` (relative paths with ``/``, any
+    order): the first in natural order (``shard-0``, ``shard-2``, ``shard-10``:
+    :func:`_natural_key`), hidden and ``_``-prefixed entries left out as discovery leaves
+    them; None for none."""
+    names = [n for n in names if not any(part.startswith((".", "_")) for part in n.split("/"))]
+    return min(names, key=_natural_key, default=None)
 
 
 def _order_note(shown, names: list[str]) -> str | None:
