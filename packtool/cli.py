@@ -20,7 +20,7 @@ import click
 from packtool._version import __version__
 from packtool.errors import EXIT_DATA, InputError, Interrupted, PacktoolError, shortage_error
 from packtool.location import display
-from packtool.types import Engine, LabelMode, Overflow, Strategy
+from packtool.types import DEFAULT_TOKEN_COLUMN, Engine, LabelMode, Overflow, Strategy
 
 __all__ = ["cli", "main"]
 
@@ -156,7 +156,7 @@ def _input_options(f):
 @click.argument("paths", nargs=-1, required=True, type=click.Path(), metavar="INPUT... OUTPUT")
 @click.option("--capacity", "-c", type=int, default=2048, show_default=True, metavar="C",
               help="Tokens per packed row.")
-@click.option("--column", default="input_ids", show_default=True, metavar="NAME",
+@click.option("--column", default=DEFAULT_TOKEN_COLUMN, show_default=True, metavar="NAME",
               help="Token column of the input (list of integer ids).")
 @click.option("--strategy", type=_choice(Strategy), default="obfd", show_default=True,
               help="obfd: best-fit-decreasing; ordered: next-fit in input order; concat: "
@@ -571,7 +571,7 @@ def _input_mask_stats(docs):
 @click.argument("inputs", type=_ExistingPath(), metavar="INPUT...", nargs=-1, required=True)
 @click.option("--capacity", "-c", type=int, required=True, metavar="C",
               help="Tokens per row of the dry run.")
-@click.option("--column", default="input_ids", show_default=True, metavar="NAME",
+@click.option("--column", default=DEFAULT_TOKEN_COLUMN, show_default=True, metavar="NAME",
               help="Token column of the input (list of integer ids).")
 @click.option("--overflow", type=_choice(Overflow), default="split", show_default=True,
               help="Documents longer than C: split into chunks (ordered and obfd; concat's "
@@ -634,7 +634,7 @@ COMPARE_DEPRECATED = ("packtool stats --compare is deprecated and will be remove
               help="Deprecated, with --compare (use packtool compare).")
 @click.option("--compare", is_flag=True, hidden=True,
               help="Deprecated: use packtool compare INPUT --capacity C.")
-@click.option("--column", default="input_ids", metavar="NAME", hidden=True)
+@click.option("--column", default=DEFAULT_TOKEN_COLUMN, metavar="NAME", hidden=True)
 @click.option("--overflow", type=_choice(Overflow), default="split", hidden=True)
 @click.option("--append-eos", type=int, default=None, metavar="ID", hidden=True)
 @click.option("--prepend-bos", type=int, default=None, metavar="ID", hidden=True)
@@ -855,8 +855,6 @@ def _refuse_raw_store(loc, command: str) -> None:
             kind=marker_kind(loc) if IN_PROGRESS_NAME in entries else None)
 
 
-#: the token column pack and compare read unless --column names another
-DEFAULT_TOKEN_COLUMN = "input_ids"
 
 
 def _column_option(data_at) -> tuple[str, str] | None:

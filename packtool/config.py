@@ -14,7 +14,7 @@ import numpy as np
 
 from packtool.core.packing import MAX_CAPACITY
 from packtool.errors import ConfigError
-from packtool.types import Engine, LabelMode, Overflow, Strategy
+from packtool.types import DEFAULT_TOKEN_COLUMN, Engine, LabelMode, Overflow, Strategy
 
 __all__ = ["PackConfig", "CompareConfig", "TokenizeConfig", "DEFAULT_RAY_WINDOW_DOCS",
            "DEFAULT_ROW_GROUP_MB", "rows_per_group_for", "option_value"]
@@ -192,7 +192,7 @@ class PackConfig:
     """OUTPUT directory."""
     capacity: int = 2048
     """Tokens per packed row (C), 2..2**24."""
-    column: str = "input_ids"
+    column: str = DEFAULT_TOKEN_COLUMN
     """Token column of the input (a list of integers)."""
     strategy: Strategy = Strategy.OBFD
     """Packing strategy."""
@@ -421,7 +421,7 @@ class CompareConfig:
     """INPUT paths or URIs: files or directories (searched recursively)."""
     capacity: int
     """Tokens per row of the dry run (C), 2..2**24."""
-    column: str = "input_ids"
+    column: str = DEFAULT_TOKEN_COLUMN
     """Token column of the input."""
     overflow: Overflow = Overflow.SPLIT
     """Policy for documents longer than the capacity (``ordered`` and ``obfd``)."""

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["IGNORE_INDEX", "Strategy", "Overflow", "LabelMode", "Engine", "INT32_MAX"]
+__all__ = ["IGNORE_INDEX", "Strategy", "Overflow", "LabelMode", "Engine", "INT32_MAX",
+           "DEFAULT_TOKEN_COLUMN"]
+
+#: the token column pack, compare and tokenize read (and write) unless told another
+DEFAULT_TOKEN_COLUMN = "input_ids"
 
 #: Label value that loss functions skip (PyTorch ``cross_entropy(ignore_index=-100)``).
 IGNORE_INDEX = -100
