@@ -1269,8 +1269,9 @@ def main() -> None:
     """Console entry point (see :func:`packtool.__main__.main`, which also handles an early
     Ctrl-C)."""
     from packtool.formats.memory import prepare
-    from packtool.startup import numba_without_cffi
+    from packtool.startup import numba_without_cffi, numpy_with_one_blas_thread
 
     prepare()  # Arrow's jemalloc options, before pyarrow is imported (formats/memory.py)
     numba_without_cffi()
+    numpy_with_one_blas_thread()
     cli(prog_name="packtool")

@@ -1,7 +1,8 @@
 """A command's start-up: the note that the first run compiles the kernels, Python's collector
-held while a command imports (:func:`hold_gc`, :func:`release_gc`), and Numba without cffi in
-the command line's process (:func:`numba_without_cffi`); measured in ``docs/benchmarks.md``,
-"Start-up, third round".
+held while a command imports (:func:`hold_gc`, :func:`release_gc`), and, in the command
+line's process only, Numba without cffi (:func:`numba_without_cffi`) and NumPy's OpenBLAS
+without threads (:func:`numpy_with_one_blas_thread`); measured in ``docs/benchmarks.md``,
+"Start-up, third round" and "fourth round".
 
 The compile note: the first run compiles the kernels (a few seconds, once: a first ``pack`` of
 ``sample_data/`` took 3.2 CPU-s against 0.9 with the kernels cached, on a 2-core AMD EPYC VM).
@@ -18,9 +19,11 @@ import gc
 import importlib.machinery
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["kernels_cached", "compile_note", "numba_without_cffi", "hold_gc", "release_gc"]
+__all__ = ["kernels_cached", "compile_note", "numba_without_cffi", "numpy_with_one_blas_thread",
+           "hold_gc", "release_gc"]
 
 _KERNELS = Path(__file__).resolve().parent / "core" / "_kernels.py"
 
@@ -44,42 +47,79 @@ def compile_note() -> str | None:
 
 _CFFI_UTILS = "numba.core.typing.cffi_utils"
 
+#: The variables OpenBLAS reads for its thread count, in its own order of precedence.
+_BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
 
-class _HideCffi:
-    """Loader of Numba's cffi module that runs it with ``cffi`` hidden (the real loader does
-    the work)."""
 
-    def __init__(self, loader) -> None:
+@contextmanager
+def _cffi_hidden():
+    """``import cffi`` raises ImportError inside."""
+    missing = object()
+    saved = sys.modules.get("cffi", missing)
+    sys.modules["cffi"] = None
+    try:
+        yield
+    finally:
+        if saved is missing:
+            del sys.modules["cffi"]
+        else:
+            sys.modules["cffi"] = saved
+
+
+@contextmanager
+def _one_blas_thread():
+    """``OPENBLAS_NUM_THREADS=1`` inside, unless the user set a thread count OpenBLAS reads."""
+    if any(name in os.environ for name in _BLAS_THREAD_VARS):
+        yield
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("OPENBLAS_NUM_THREADS", None)
+
+
+class _LoadWithin:
+    """Loader that runs the real one (which does the work) inside a context."""
+
+    def __init__(self, loader, within) -> None:
         self.loader = loader
+        self.within = within
 
     def create_module(self, spec):
-        return self.loader.create_module(spec)
+        with self.within():
+            return self.loader.create_module(spec)
 
     def exec_module(self, module) -> None:
-        missing = object()
-        saved = sys.modules.get("cffi", missing)
-        sys.modules["cffi"] = None  # ``import cffi`` raises ImportError while this is set
-        try:
+        with self.within():
             self.loader.exec_module(module)
-        finally:
-            if saved is missing:
-                del sys.modules["cffi"]
-            else:
-                sys.modules["cffi"] = saved
 
 
-class _NumbaCffiFinder:
-    """Finds Numba's cffi module (once) and hands it to :class:`_HideCffi`."""
+class _FirstImportFinder:
+    """Finds one module on its first import (then leaves ``sys.meta_path``) and hands it to
+    :class:`_LoadWithin`."""
+
+    def __init__(self, name: str, within) -> None:
+        self.name = name
+        self.within = within
 
     def find_spec(self, name, path, target=None):
-        if name != _CFFI_UTILS:
+        if name != self.name:
             return None
         if self in sys.meta_path:
             sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(name, path, target)
         if spec is not None and spec.loader is not None:
-            spec.loader = _HideCffi(spec.loader)
+            spec.loader = _LoadWithin(spec.loader, self.within)
         return spec
+
+
+def _on_first_import(name: str, within) -> None:
+    """Install a :class:`_FirstImportFinder` unless ``name`` is imported or one is there."""
+    if name in sys.modules or any(isinstance(f, _FirstImportFinder) and f.name == name
+                                  for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _FirstImportFinder(name, within))
 
 
 def numba_without_cffi() -> None:
@@ -93,9 +133,23 @@ def numba_without_cffi() -> None:
     else changes: Numba is not imported here, and ``cffi`` stays importable by anything else.
     Does nothing when that module is already imported.
     """
-    if _CFFI_UTILS in sys.modules or any(isinstance(f, _NumbaCffiFinder) for f in sys.meta_path):
-        return
-    sys.meta_path.insert(0, _NumbaCffiFinder())
+    _on_first_import(_CFFI_UTILS, _cffi_hidden)
+
+
+def numpy_with_one_blas_thread() -> None:
+    """NumPy's OpenBLAS starts no threads in this process: for the command line's own process
+    only (no packtool command multiplies floating-point matrices with NumPy).
+
+    NumPy's wheels load OpenBLAS when NumPy is imported, and OpenBLAS starts one thread per core
+    at once (up to 64), whether or not anything ever calls it: 0.05 to 0.1 CPU-s of every
+    command's start-up on 2 cores, more on a large node (``docs/benchmarks.md``, "Start-up,
+    fourth round"). From this call on, NumPy's first import runs with
+    ``OPENBLAS_NUM_THREADS=1`` in the environment, which is removed again once NumPy is loaded,
+    so nothing else the command loads or starts (torch, Ray's workers) sees it. Does nothing
+    when NumPy is already imported, or when the user set ``OPENBLAS_NUM_THREADS``,
+    ``GOTO_NUM_THREADS`` or ``OMP_NUM_THREADS``.
+    """
+    _on_first_import("numpy", _one_blas_thread)
 
 
 #: Allocations between two young-generation collections while a command starts (Python's

@@ -190,3 +190,43 @@ def test_min_fill_given_as_a_fraction_or_decimal_is_the_number_it_names():
 
     for value, want in ((Fraction(1, 2), 0.5), (Fraction(1, 3), 1 / 3), (np.float32(0.7), 0.7)):
         assert PackConfig(inputs=("x",), output="y", min_fill=value).min_fill == want
+
+
+_BLAS_VARS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+_THREADS_AFTER_NUMPY = """
+import os
+{before}
+import numpy
+print(len(os.listdir("/proc/self/task")), "OPENBLAS_NUM_THREADS" in os.environ)
+"""
+
+
+def _threads_after_numpy(before: str = "", **env: str) -> tuple[int, bool]:
+    """(threads of a fresh process once NumPy is imported, OPENBLAS_NUM_THREADS still set),
+    with no BLAS thread count in the environment but ``env``."""
+    import os
+
+    clean = {k: v for k, v in os.environ.items() if k not in _BLAS_VARS} | env
+    res = subprocess.run([sys.executable, "-c", _THREADS_AFTER_NUMPY.format(before=before)],
+                         capture_output=True, text=True, timeout=300, env=clean)
+    assert res.returncode == 0, res.stderr
+    threads, left = res.stdout.strip().splitlines()[-1].split()
+    return int(threads), left == "True"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
+def test_the_command_line_starts_numpy_without_blas_threads():
+    """NumPy's OpenBLAS starts one thread per core when NumPy is imported; after the command
+    line's hook it starts none, the variable that says so is gone once NumPy is loaded, and a
+    thread count the user set wins."""
+    plain, _ = _threads_after_numpy()
+    if plain == 1:
+        pytest.skip("this NumPy's BLAS starts no threads here (one core, or no threaded BLAS)")
+    hook = ("from packtool.startup import numpy_with_one_blas_thread as f\n"
+            "f()\nf()  # once is enough")
+    assert _threads_after_numpy(hook) == (1, False)
+    for var in _BLAS_VARS:
+        assert _threads_after_numpy(hook, **{var: str(plain)}) == (plain, var == "OPENBLAS_NUM_THREADS")
+    cli = ("import sys\nfrom packtool.cli import main\nsys.argv = ['packtool', '--version']\n"
+           "try:\n    main()\nexcept SystemExit:\n    pass")
+    assert _threads_after_numpy(cli) == (1, False)
