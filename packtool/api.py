@@ -270,6 +270,8 @@ def _as_documents(data):
     if isinstance(data, tuple):
         return list(data)
     mod = type(data).__module__ or ""
+    if mod.startswith("pandas") and type(data).__name__ == "Series":
+        data, mod = data.to_numpy(), "numpy"  # its values, one document each (not the index)
     if mod == "numpy" and type(data).__name__ == "ndarray":
         import numpy as np
         from collections.abc import Mapping
@@ -293,12 +295,15 @@ def _kind(data) -> str:
     if is_arrow_table(data):
         return "table"
     mod = type(data).__module__ or ""
+    if mod.startswith("pandas") and type(data).__name__ == "DataFrame":
+        return "DataFrame"  # never import pandas for anything else
     if mod.startswith("datasets"):  # never import datasets for anything else
         name = type(data).__name__
         if name in ("Dataset", "IterableDataset", "DatasetDict", "IterableDatasetDict"):
             return name
     raise InputError(f"pack_dataset takes a datasets.Dataset, IterableDataset, DatasetDict, a "
-                     f"pyarrow.Table, a list of token sequences or a 2-D NumPy array, not "
+                     f"pyarrow.Table, a pandas DataFrame or Series, a list of token sequences "
+                     f"or a 2-D NumPy array, not "
                      f"{type(data).__name__}; "
                      "for files on disk use packtool.pack(INPUT, OUTPUT)")
 
@@ -326,6 +331,10 @@ def _batches(data, kind: str, column: str, batch_rows: int):
         return [table_from_list(data, column)]
     if kind == "table":
         return [data]
+    if kind == "DataFrame":
+        from packtool.formats.inmemory import table_from_pandas
+
+        return [table_from_pandas(data)]
     if kind == "IterableDataset" and data.features is None:  # typed by us, batch by batch
         return tables_from_dicts(data.iter(batch_size=batch_rows), column)
     if kind == "IterableDataset":
@@ -335,8 +344,22 @@ def _batches(data, kind: str, column: str, batch_rows: int):
     if kind == "Dataset" and _transform_of(data):  # its rows as the caller reads them
         return tables_from_dicts(data.iter(batch_size=batch_rows), column)
     # a Dataset's rows in order (select, shuffle and filter indices applied), batch by batch;
-    # a plain format (numpy, torch) changes no value: its Arrow batches are read as stored
-    return data.with_format("arrow").iter(batch_size=batch_rows)
+    # a plain format (numpy, torch) changes no value: its Arrow batches are read as stored,
+    # with the columns the format shows (``set_format(columns=...)``)
+    shown = _format_columns(data)
+    if shown is not None and column not in shown and column in data.column_names:
+        raise InputError(f"the dataset's format hides its column {column!r} (set_format or "
+                         f"with_format columns={shown!r}); include it, or call reset_format()")
+    return data.with_format("arrow", columns=shown).iter(batch_size=batch_rows)
+
+
+def _format_columns(data) -> list | None:
+    """The columns a ``datasets.Dataset``'s format shows (``set_format(columns=...)``, unless
+    ``output_all_columns``); None: all of them."""
+    fmt = getattr(data, "format", None)
+    if not isinstance(fmt, dict) or fmt.get("output_all_columns"):
+        return None
+    return fmt.get("columns")
 
 
 def _transform_of(data) -> bool:
@@ -376,7 +399,9 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
             union of their keys, a key missing from a dict null in its row, as in one Parquet
             file of those rows; a stream's batches likewise), or
             a 2-D NumPy array of integer ids (one document per row, all of its width), or a
-            1-D NumPy object array of documents (a pandas column's ``to_numpy()``). Mask
+            1-D NumPy object array of documents (a pandas column's ``to_numpy()``), a
+            ``pandas.Series`` of documents, or a ``pandas.DataFrame`` (its columns). A
+            ``Dataset``'s format columns (``set_format(columns=...)``) are the only ones read. Mask
             columns (``attention_mask``, ``labels``, TRL's ``completion_mask`` and
             ``assistant_masks``, or the columns ``attention_mask_column``, ``labels_column`` and
             ``loss_mask_column`` name) are applied as by the CLI; text and scalar columns are
@@ -407,8 +432,9 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
         ``num_targets``, ``doc_ids``, ``doc_offsets``, ``source_ids`` with ``source_column``):
         a ``datasets.Dataset`` (in memory), an ``IterableDataset`` (streamed from the packed
         output on disk), a ``DatasetDict`` of those, a ``pyarrow.Table`` (the shards' schema
-        and metadata), or a list of dicts of Python values, one per row (for a list, tuple
-        or NumPy array).
+        and metadata), a ``pandas.DataFrame`` (list columns hold NumPy arrays), or a list of
+        dicts of Python values, one per row (for a list, tuple, NumPy array or pandas
+        Series).
 
         Labels convention (docs/labels.md): the ``labels`` column, when stored, is handed out
         as stored, never converted: ``unshifted`` (``labels[i]`` is token ``i`` or -100; the
@@ -422,7 +448,7 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
         ConfigError: an argument of the wrong type or out of range, as :func:`pack` (checked
             before any document is read or directory made); ``holdout`` with a ``DatasetDict``.
         InputError, SchemaError: data that is not a supported type, no documents, a missing
-            column, token ids that are not integers (floats, bools, strings: refused as the CLI
+            column (or one the dataset's format hides), token ids that are not integers (floats, bools, strings: refused as the CLI
             refuses a Parquet file of them, never cut), bad token ids or masks (the message
             names the row).
         PackingError: a document over capacity with ``overflow="error"``.
@@ -521,6 +547,10 @@ def _result(out: Path, kind: str, owner: _Owner | None):
         return table.to_pylist()
     if kind == "table":
         return table
+    if kind == "DataFrame":
+        from packtool.formats.inmemory import table_to_pandas
+
+        return table_to_pandas(table)
     import datasets
 
     return datasets.Dataset(table)

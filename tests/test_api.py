@@ -934,3 +934,40 @@ def test_a_mask_column_of_the_wrong_type_is_named_once(tmp_path, option, column)
     assert res.exit_code == 1 and "column column" not in res.output
     assert f"column '{column}' has type int64, expected a list of {kind} for {flag}; pass " \
         f"{flag} none to pack without it" in res.output, res.output
+
+
+def test_a_datasets_format_columns_are_the_only_ones_read():
+    """``set_format(columns=...)`` hides columns from the caller's rows; the packed rows are
+    those of the rows as shown (a hidden SFT ``labels`` column was read and applied). Hiding
+    the token column is refused naming the format."""
+    docs = [[1, 2, 3], [4, 5]]
+    ds = datasets.Dataset.from_dict({"input_ids": docs, "labels": [[-100, -100, 3], [-100, 5]]})
+    plain = packtool.pack_dataset(docs, 8, shuffle=False)
+    with_labels = packtool.pack_dataset(ds, 8, shuffle=False).to_list()
+    assert with_labels != plain  # the labels column is read when shown
+    for fmt in (None, "numpy", "arrow"):
+        hidden = ds.with_format(fmt, columns=["input_ids"])
+        assert packtool.pack_dataset(hidden, 8, shuffle=False).to_list() == plain
+        shown = ds.with_format(fmt, columns=["input_ids"], output_all_columns=True)
+        assert packtool.pack_dataset(shown, 8, shuffle=False).to_list() == with_labels
+    with pytest.raises(InputError, match=r"format hides its column 'input_ids'.*reset_format"):
+        packtool.pack_dataset(ds.with_format(None, columns=["labels"]), 8)
+
+
+def test_pandas_frames_and_series_are_packed_as_their_rows():
+    """A DataFrame (its columns, not its index) packs as the Arrow table of its columns and
+    comes back as a DataFrame; a Series of documents as the list of its values."""
+    pd = pytest.importorskip("pandas")
+    docs = [[1, 2, 3], [4, 5], [], [6]]
+    frame = pd.DataFrame({"input_ids": docs, "labels": [[-100, 2, 3], [4, 5], [], [6]],
+                          "text": list("abcd")}, index=[7, 3, 9, 1])
+    want = packtool.pack_dataset([{"input_ids": d, "labels": lab}
+                                  for d, lab in zip(docs, frame["labels"])], 8, shuffle=False)
+    got = packtool.pack_dataset(frame, 8, shuffle=False)
+    assert isinstance(got, pd.DataFrame) and list(got.columns) == list(want[0])
+    assert [{k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in row.items()}
+            for row in got.to_dict("records")] == want
+    assert packtool.pack_dataset(frame["input_ids"], 8, shuffle=False) == \
+        packtool.pack_dataset(docs, 8, shuffle=False)
+    with pytest.raises(SchemaError, match="row 1"):
+        packtool.pack_dataset(pd.DataFrame({"input_ids": [[1], [-2]]}), 8)

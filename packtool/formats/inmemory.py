@@ -22,6 +22,7 @@ from packtool.errors import InputError, SchemaError, raise_if_shortage
 from packtool.formats.schema import is_integer_list, is_list_layout
 
 __all__ = ["streamed_tables", "INPUT_NAME", "INPUT_DESCRIPTION", "is_arrow_table", "table_from_list",
+           "table_from_pandas", "table_to_pandas",
            "tables_from_dicts", "write_input", "packed_batches", "read_packed_table",
            "packed_arrow_schema"]
 
@@ -34,6 +35,25 @@ INPUT_DESCRIPTION = "<in-memory documents: packtool.pack_dataset>"
 def is_arrow_table(data) -> bool:
     """True for a ``pyarrow.Table`` or ``pyarrow.RecordBatch``."""
     return isinstance(data, (pa.Table, pa.RecordBatch))
+
+
+def table_from_pandas(frame) -> pa.Table:
+    """The Arrow table of a ``pandas.DataFrame``'s columns (its index is not a column).
+
+    Raises:
+        SchemaError: a column pyarrow cannot convert (the message names it).
+    """
+    try:
+        return pa.Table.from_pandas(frame, preserve_index=False)
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise SchemaError(f"the DataFrame's columns cannot be read as Arrow: {exc}; give "
+                          f"token ids as lists or arrays of integers") from None
+
+
+def table_to_pandas(table: pa.Table):
+    """A ``pandas.DataFrame`` of ``table``, one row per packed row; list columns hold NumPy
+    arrays."""
+    return table.to_pandas()
 
 
 def table_from_list(data: list, column: str, first_row: int = 0) -> pa.Table:
