@@ -733,6 +733,15 @@ def _ints(values) -> list:
     return [None if v is None else int(v) for v in values]
 
 
+def _provenance(torch, rows: Rows) -> dict:
+    """Where each of the batch's B rows came from: ``shard``, ``row``, ``index`` (lists of B),
+    ``doc_ids`` (list of B torch.int64 [k], None where not read), ``source`` (list of B source
+    names, None where unknown)."""
+    return {"shard": list(rows.shard), "row": _ints(rows.row), "index": _ints(rows.index),
+            "doc_ids": _doc_ids(torch, rows),
+            "source": list(rows.meta.get("source") or [None] * rows.num_rows)}
+
+
 def collate(batch) -> dict:
     """Stack loader items (or gathered rows) into the [B, C] training batch.
 
@@ -779,7 +788,6 @@ def collate(batch) -> dict:
     rows = rows_of(batch)
     _needs(set(rows.tokens) | set(rows.ragged))
     cu_seqlens, max_seqlen, labels, convention, targets, seg, pos, seq_idx = _parts(rows)
-    B = seg.shape[0]
     cu = torch.from_numpy(cu_seqlens)
     out = {
         "input_ids": _tensor(torch, rows.tokens["input_ids"], torch.int32),
@@ -793,11 +801,7 @@ def collate(batch) -> dict:
         "num_targets": targets,
         "labels_convention": convention,
         "labels_mode": convention,
-        "shard": list(rows.shard),
-        "row": _ints(rows.row),
-        "index": _ints(rows.index),
-        "doc_ids": _doc_ids(torch, rows),
-        "source": list(rows.meta.get("source") or [None] * B),
+        **_provenance(torch, rows),
     }
     token_src = _token_sources(rows, seg)
     if token_src is not None:
@@ -827,7 +831,9 @@ def collate_flat(batch) -> dict:
         over the batch (the spans of ``cu_seq_lens_q``); with ``--segment-multiple`` outputs,
         the ``PackedSeqParams`` fields; ``token_source_ids``: torch.int32 [1, B * C], each
         token's per-segment source id (-1 on padding), when the rows carry ``source_ids``
-        (``pack --source-column``): :func:`collate`'s, flattened.
+        (``pack --source-column``): :func:`collate`'s, flattened; the rows' provenance as
+        :func:`collate` gives it (``shard``, ``row``, ``index``, ``doc_ids``, ``source``: lists
+        of B, in row order).
 
     Raises:
         ValueError, OverflowError, MissingDependencyError: as :func:`collate` (items without
@@ -857,6 +863,7 @@ def collate_flat(batch) -> dict:
         **_packed_seq_params(torch, rows, cu, max_seqlen),
         "num_targets": targets,
         "labels_convention": "unshifted",
+        **_provenance(torch, rows),
     }
     token_src = _token_sources(rows, seg)
     if token_src is not None:

@@ -352,3 +352,19 @@ def test_every_row_of_a_source_once_before_any_again_over_epochs(web_and_code):
             i = int(it["index"])
             assert c[i] == c.min(), (e, it["source"], i, c.tolist())
             c[i] += 1
+
+
+def test_flat_batches_name_their_rows_as_collate_does(web_and_code):
+    """collate_flat's batches carry the rows' provenance (source, index, shard, row, doc_ids)
+    as collate's do, so a per-source loss or a replay works in either form."""
+    from packtool.loader import collate_flat
+
+    ds = PackedIterableDataset(web_and_code, weights=WEIGHTS, rows_per_epoch=12, seed=2)
+    items = list(ds)
+    for b in range(0, len(items), 4):
+        part = items[b:b + 4]
+        flat, full = collate_flat(part), collate(part)
+        for key in ("source", "index", "shard", "row"):
+            assert flat[key] == full[key] == [it[key] for it in part]
+        assert [d.tolist() for d in flat["doc_ids"]] == [it["doc_ids"].tolist() for it in part]
+        assert torch.equal(flat["input_ids"].reshape(full["input_ids"].shape), full["input_ids"])
