@@ -345,10 +345,11 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
     from packtool.verify import has_cuda, require_torch
 
     torch = require_torch()
-    from packtool.verify.equivalence import MODEL_CHECKS, Measurements, measure_batch, run_checks
+    from packtool.verify.equivalence import (MODEL_CHECKS, Measurements, doc_refs, measure_batch,
+                                             place_effect, run_checks)
     from packtool.loader import PackedDataset, collate
     from packtool.verify.model import build_model
-    from packtool.verify.runners import make_runner, memory_budget, unavailable
+    from packtool.verify.runners import exact_float32, make_runner, memory_budget, unavailable
 
     dev = ("cuda" if has_cuda() else "cpu") if device == "auto" else device
     try:
@@ -405,9 +406,7 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
     elapsed = {r.name: 0.0 for r in runners}
     leak_probe = None  # a batch holding a multi-document row, to locate a leak in
     nb = -(-len(items) // B)
-    prev_tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
+    with exact_float32():
         for bi in range(nb):
             chunk = items[bi * B:(bi + 1) * B]
             batch = collate(chunk)
@@ -433,9 +432,9 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
                     with torch.no_grad():
                         key = runner.ref_key
                         if key not in refs_by_key:
-                            refs_by_key[key] = _doc_refs(runner, flat_docs, docs, budget.bytes,
-                                                         batch["labels"], spans, shifted,
-                                                         label_masked)
+                            refs_by_key[key] = doc_refs(runner, flat_docs, docs, budget.bytes,
+                                                        batch["labels"], spans, shifted,
+                                                        label_masked)
                         refs = refs_by_key[key]
                         if runner.dtype != torch.float32:
                             lo = runner.reference(flat_docs, budget.bytes, model=runner.model)
@@ -452,8 +451,6 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
                     failed[runner.name] = msg
                     log.debug("backend %s raised", runner.name, exc_info=True)
                 elapsed[runner.name] += time.perf_counter() - t
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = prev_tf32
     for runner in runners:
         name = runner.name
         if name in failed:
@@ -489,14 +486,9 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
               and res["isolation"].status == PASS):
             # the logits differ, yet changing a document moves no other: no leak, a place effect
             effect = getattr(runner, "batch_position_effect", None)
-            effect = effect() if effect is not None else None
             why = ("the packed logits differ from the per-document ones though no document "
-                   "reads another (isolation passed): " + (
-                       f"the model's output depends on the other documents' positions: {effect}"
-                       if effect else
-                       "the model's output depends on where a token sits in the row, not on "
-                       "its position_ids (a bias or embedding taken from the token's index, "
-                       "e.g. ALiBi); train it on one document per row"))
+                   "reads another (isolation passed): "
+                   + place_effect(effect() if effect is not None else None))
             for r in leaked:
                 r.message = f"{why}; {r.message}" if r.message else why
         elif leaked and leak_probe is not None and hasattr(runner, "diagnose"):
@@ -547,36 +539,6 @@ def _spans(item) -> list:
     seg = np.asarray(item["segment_ids"])
     real = int(np.count_nonzero(seg))
     return [(a, min(b, real)) for a, b in zip(cu[:-1], cu[1:]) if a < real]
-
-
-def _doc_refs(runner, flat_docs, docs, budget_bytes, labels_BC, spans, shifted, label_masked):
-    """Per row, per document: (float32 logits [L, V], loss sum, targets) of the document alone.
-
-    The targets of a document are its tokens 1..L-1 whose label is kept (all of them unless the
-    pack read input label masks, which leave some -100 on purpose).
-    """
-    from packtool.types import IGNORE_INDEX
-    from packtool.verify import require_torch
-
-    torch = require_torch()
-    F = torch.nn.functional
-    logits = runner.reference(flat_docs, budget_bytes)
-    out, k = [], 0
-    for r, row in enumerate(docs):
-        row_refs = []
-        for (a, b), toks in zip(spans[r], row):
-            lg = logits[k]
-            k += 1
-            L = int(toks.shape[0])
-            lab = labels_BC[r, a:b - 1] if shifted else labels_BC[r, a + 1:b]
-            keep = ((lab != IGNORE_INDEX) if label_masked
-                    else torch.ones(max(L - 1, 0), dtype=torch.bool)).to(lg.device)
-            n = int(keep.sum()) if L > 1 else 0
-            tgt = toks[1:].to(lg.device).long() % lg.shape[-1]  # the loss takes Long targets
-            s = float(F.cross_entropy(lg[:-1][keep], tgt[keep], reduction="sum")) if n else 0.0
-            row_refs.append((lg, s, n))
-        out.append(row_refs)
-    return out
 
 
 #: Tokens of each sampled row that the model checks run on (a window across document

@@ -27,8 +27,8 @@ from packtool.types import IGNORE_INDEX
 from packtool.verify import require_torch
 from packtool.verify.report import FAIL, PASS, SKIP, CheckResult
 
-__all__ = ["MODEL_CHECKS", "CHECKS", "Measurements", "measure_batch", "run_checks",
-           "per_target_loss"]
+__all__ = ["MODEL_CHECKS", "CHECKS", "Measurements", "doc_refs", "measure_batch", "run_checks",
+           "per_target_loss", "place_effect"]
 
 #: the model checks, in report order
 MODEL_CHECKS = ("logits_match", "isolation", "loss_denominator", "grad_zero_ignored",
@@ -120,6 +120,57 @@ def per_target_loss(logits_BCV, labels_BC, shifted: bool, vocab: int):
         ce = torch.cat([z, ce], dim=1)
         mask = torch.cat([torch.zeros((B, 1), dtype=torch.bool, device=mask.device), mask], 1)
     return ce, mask
+
+
+def doc_refs(runner, flat_docs, docs, budget_bytes, labels_BC, spans, shifted, label_masked):
+    """Per row, per document: (float32 logits [L, V], loss sum, targets) of the document alone,
+    the ``refs`` of :func:`measure_batch`.
+
+    Args:
+        runner: computes the logits (``runner.reference(flat_docs, budget_bytes)``).
+        flat_docs: every document's tokens (1-D int tensors), row by row; docs: the same per
+            row.
+        budget_bytes: memory for the reference passes.
+        labels_BC: int64 [B, C] labels of the batch; spans: per row, the documents' (a, b).
+        shifted: the labels convention of the batch.
+        label_masked: the pack read input label masks, which leave some targets -100 on
+            purpose: a document's targets are its tokens 1..L-1 whose label is kept (all of
+            them otherwise).
+    """
+    torch = require_torch()
+    F = torch.nn.functional
+    logits = runner.reference(flat_docs, budget_bytes)
+    out, k = [], 0
+    for r, row in enumerate(docs):
+        row_refs = []
+        for (a, b), toks in zip(spans[r], row):
+            lg = logits[k]
+            k += 1
+            L = int(toks.shape[0])
+            lab = labels_BC[r, a:b - 1] if shifted else labels_BC[r, a + 1:b]
+            keep = ((lab != IGNORE_INDEX) if label_masked
+                    else torch.ones(max(L - 1, 0), dtype=torch.bool)).to(lg.device)
+            n = int(keep.sum()) if L > 1 else 0
+            tgt = toks[1:].to(lg.device).long() % lg.shape[-1]  # the loss takes Long targets
+            s = float(F.cross_entropy(lg[:-1][keep], tgt[keep], reduction="sum")) if n else 0.0
+            row_refs.append((lg, s, n))
+        out.append(row_refs)
+    return out
+
+
+def place_effect(effect: str | None) -> str:
+    """Why packed logits differ from the per-document ones when no document reads another
+    (``isolation`` passed, ``logits_match`` failed).
+
+    Args:
+        effect: what makes this model's output follow the other documents' positions
+            (:func:`packtool.verify.hf_model.batch_position_effect`), or None.
+    """
+    if effect:
+        return f"the model's output depends on the other documents' positions: {effect}"
+    return ("the model's output depends on where a token sits in the row, not on its "
+            "position_ids (a bias or embedding taken from the token's index, e.g. ALiBi); train "
+            "it on one document per row")
 
 
 def _where(batch, r, seg=None):

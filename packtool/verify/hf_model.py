@@ -32,7 +32,7 @@ from packtool.errors import InputError, MissingDependencyError, install_hint
 from packtool.verify import require_torch
 
 __all__ = ["load_hf_config", "refuse_remote_code", "shrink_config", "build_hf_model", "decoder_layers", "layer_kind",
-           "locate_leak", "leak_message", "batch_position_effect", "REFUSAL_MARK",
+           "locate_leak", "leak_message", "kernel_need", "batch_position_effect", "REFUSAL_MARK",
            "HF_CONFIG_VOCAB", "MAX_TEST_PARAMS"]
 
 #: vocabulary of the shrunk model (token ids are folded with ``% V``)
@@ -764,13 +764,31 @@ def batch_position_effect(cfg) -> str | None:
     return None
 
 
-def leak_message(cfg, located, refused: str | None) -> str:
+#: who gave a model whose attention reads neither keyword both of them (``packtool verify``)
+VERIFY_FED = "verify fed both, as HFCollator() does"
+
+
+def kernel_need(refused: str, then: str = "rerun on a GPU with --device cuda") -> str:
+    """What a layer needs whose ``seq_idx`` transformers refused here (``refused``: its
+    message): the kernels its package names, and ``then``."""
+    pkg = re.findall(r"without `([^`]+)`", refused)
+    return (f"seq_idx with the {pkg[0] if pkg else 'kernel'} package's CUDA kernels "
+            f"(transformers refused seq_idx here: \"{refused.strip()}\"); install them and {then}")
+
+
+def leak_message(cfg, located, refused: str | None, *, fed: str = VERIFY_FED,
+                 attention_need: str | None = None, state_need: str | None = None) -> str:
     """``documents leak in <layer>: this model needs <keyword / kernels / attention>``.
 
     Args:
         cfg: the (shrunk) config.
         located: :func:`locate_leak`'s result.
         refused: transformers' message when it refused ``seq_idx`` (no kernels here), or None.
+        fed: who gave the model ``position_ids`` and ``cu_seq_lens_q``/``_k``, said when an
+            attention that reads neither leaks.
+        attention_need, state_need: what a leaking attention / a leaking convolution or
+            recurrence needs, in place of the general wording (a caller that knows what its
+            batch lacked).
     """
     if located is None:
         where = "the model (no decoder layer output moved: the leak is outside the layers)"
@@ -785,18 +803,16 @@ def leak_message(cfg, located, refused: str | None) -> str:
     attention = bool(sub_cls) and bool(_ATTENTION_ONLY.search(sub_cls)) and not any(
         w in sub_cls for w in ("Linear", "Lightning", "DeltaNet", "Rwkv", "RWKV"))
     if refused:
-        pkg = re.findall(r"without `([^`]+)`", refused)
-        need = (f"seq_idx with the {pkg[0] if pkg else 'kernel'} package's CUDA kernels "
-                f"(transformers refused seq_idx here: \"{refused.strip()}\"); install them and "
-                "rerun on a GPU with --device cuda")
+        need = kernel_need(refused)
     elif attention:  # it was given both, as HFCollator gives them, and still leaked
-        need = ("an attention mask that reads position_ids restarting at 0 or "
-                "cu_seq_lens_q/cu_seq_lens_k, and this attention reads neither (verify fed "
-                "both, as HFCollator() does: transformers builds one causal mask over the row "
-                "for this model); train it on one document per row, or give it a "
-                "block-diagonal mask of your own")
+        need = attention_need or (
+            "an attention mask that reads position_ids restarting at 0 or "
+            f"cu_seq_lens_q/cu_seq_lens_k, and this attention reads neither ({fed}: "
+            "transformers builds one causal mask over the row for this model); train it on one "
+            "document per row, or give it a block-diagonal mask of your own")
     else:
-        need = ("a kernel that resets this layer's state at document starts (seq_idx or "
-                "cu_seqlens); this layer ignored seq_idx here: train it on one document per "
-                "row until it takes one")
+        need = state_need or (
+            "a kernel that resets this layer's state at document starts (seq_idx or "
+            "cu_seqlens); this layer ignored seq_idx here: train it on one document per row "
+            "until it takes one")
     return f"documents leak in {where}: this model needs {need}"

@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from packtool.errors import install_hint
@@ -42,7 +43,7 @@ from packtool.verify import (has_cuda, has_flash_attn, has_flex_attention, has_t
 log = logging.getLogger(__name__)
 
 __all__ = ["ALL_BACKENDS", "MemoryBudget", "memory_budget", "parse_size", "unavailable",
-           "make_runner", "Runner", "HF_VOCAB"]
+           "make_runner", "Runner", "HF_VOCAB", "exact_float32"]
 
 ALL_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
 #: layers of the hybrid test model that are mixers (the middle one is attention)
@@ -477,6 +478,19 @@ class HFRunner(Runner):
     def row_bytes(self, capacity: int) -> int:
         # transformers builds the packed-sequence mask itself (bool and float copies)
         return capacity * _ACT_BYTES_PER_TOKEN + 2 * _MASK_BYTES_PER_PAIR * capacity * capacity
+
+
+@contextmanager
+def exact_float32():
+    """TF32 off for CUDA matmuls and cuDNN inside the block (their float32 kernels would round
+    inputs to 10 mantissa bits, 1e-3 relative, over the float32 tolerances), as it was after."""
+    torch = require_torch()
+    prev = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = prev
 
 
 def make_runner(name: str, base_model, *, device: str, capacity: int, budget: MemoryBudget,
