@@ -2,7 +2,7 @@
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
-from packtool.loader import HFCollator, PackedIterableDataset
+from packtool.loader import HFCollator, IsolationCheck, PackedIterableDataset
 
 torch.manual_seed(0)
 model = LlamaForCausalLM(LlamaConfig(vocab_size=131_072, hidden_size=32, intermediate_size=64,
@@ -12,8 +12,10 @@ model = LlamaForCausalLM(LlamaConfig(vocab_size=131_072, hidden_size=32, interme
 # document boundaries (cu_seq_lens_q) to its rows: the dataset refuses it, so turn it off
 args = TrainingArguments(output_dir="hf-run", max_steps=2, per_device_train_batch_size=2,
                          accelerator_config={"dispatch_batches": False})
-# the model shifts labels itself: HFCollator always hands it unshifted labels
+# the model shifts labels itself: HFCollator always hands it unshifted labels; IsolationCheck
+# runs the model on a small packed batch of the collator's when training begins, and stops it
+# if a document's logits differ from that document run alone
 trainer = Trainer(model=model, args=args,
                   train_dataset=PackedIterableDataset("packed/", labels="unshifted"),
-                  data_collator=HFCollator())
+                  data_collator=HFCollator(), callbacks=[IsolationCheck()])
 trainer.train()

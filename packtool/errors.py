@@ -134,7 +134,9 @@ class ManifestError(PacktoolError):
 
 
 class VerifyError(PacktoolError):
-    """``packtool verify`` found a packed row that does not compute what separate documents do."""
+    """``packtool verify`` found a packed row that does not compute what separate documents do,
+    or :func:`packtool.loader.check_isolation` a model that, fed its collator's batch, does not
+    keep packed documents apart."""
 
 
 class MissingDependencyError(PacktoolError):

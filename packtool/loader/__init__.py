@@ -13,6 +13,9 @@ which is loaded on first access.
 - :func:`collate` ([B, C]), :func:`collate_flat` ([1, B * C], FlashAttention 2 keyword names),
   :class:`HFCollator` (``transformers.Trainer``, ``use_cache=False`` in every batch); all three
   give ``seq_idx`` (int32 document index per token) for hybrid and linear-attention layers.
+- :func:`check_isolation`, :class:`IsolationCheck` (a ``Trainer`` callback, loaded on first
+  access with transformers): before training, the model fed its collator's batch must give each
+  packed document the logits of the document alone.
 - :func:`unshifted_labels`, :func:`shifted_labels`: labels derived from ``input_ids`` and
   ``segment_ids`` when the output does not store them.
 """
@@ -23,9 +26,10 @@ from packtool.formats.packed import convert_labels, shifted_labels, unshifted_la
 from packtool.loader.collate import (batch_cu_seqlens, batch_cu_seqlens_unpadded, batch_seq_idx,
                                      collate, collate_flat, count_targets)
 from packtool.loader.dataset import PackedDataset
-from packtool.loader.hf import HFCollator
+from packtool.loader.hf import HFCollator, Isolation, check_isolation
 
 __all__ = ["PackedIterableDataset", "PackedDataset", "collate", "collate_flat", "HFCollator",
+           "check_isolation", "Isolation", "IsolationCheck",
            "batch_cu_seqlens", "batch_cu_seqlens_unpadded", "batch_seq_idx", "count_targets",
            "convert_labels", "unshifted_labels", "shifted_labels"]
 
@@ -35,4 +39,8 @@ def __getattr__(name: str):
         from packtool.loader.distributed import PackedIterableDataset
 
         return PackedIterableDataset
+    if name == "IsolationCheck":  # a transformers TrainerCallback: import it only now
+        from packtool.loader.hf import IsolationCheck
+
+        return IsolationCheck
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

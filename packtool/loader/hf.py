@@ -29,15 +29,29 @@ Nemotron-H, Qwen3-Next, ...) need more than positions: their convolution and rec
 carry one document into the next unless they get ``seq_idx`` (int32, each token's document
 index), which :class:`HFCollator` adds to every batch; Hugging Face passes it to the mamba-ssm /
 causal-conv1d kernels. Which models honour it where: ``docs/architectures.md``.
+
+Whether a model keeps the documents apart is a property of the model (its architecture, its
+attention implementation, a patched layer) and the collator together, which nothing at train
+time checks by itself: :func:`check_isolation` runs the model on a small packed batch of the
+collator's before training and refuses it when a document's logits differ from the document
+run alone, and :class:`IsolationCheck` runs it when ``Trainer`` begins (``docs/training.md``).
 """
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
 from packtool.loader.collate import (_cu, _deliver, _labels, _needs, _positions, _seq_idx,
-                                     _structure, _tensor, require_torch, rows_of)
+                                     _structure, _tensor, collate, require_torch, rows_of)
 from packtool.loader.wrappers import refuse_accelerate_wrapper
 
-__all__ = ["HFCollator"]
+# and IsolationCheck, made on first access (module __getattr__)
+__all__ = ["HFCollator", "check_isolation", "Isolation", "PROBE_DOCUMENTS", "PROBE_CAPACITY"]
+
+log = logging.getLogger(__name__)
 
 class HFCollator:
     """``data_collator`` for ``transformers.Trainer`` over packtool loader items.
@@ -98,6 +112,14 @@ class HFCollator:
         self.flash_attn_kwargs = bool(flash_attn_kwargs)
         self.seq_idx = bool(seq_idx)
 
+    def __repr__(self) -> str:
+        """``HFCollator()`` with the options that differ from the defaults."""
+        opts = [f"{k}={v!r}" for k, v, default in (
+            ("flatten", self.flatten, False), ("flash_attn_kwargs", self.flash_attn_kwargs, True),
+            ("labels_mode", self.labels_mode, "unshifted"), ("seq_idx", self.seq_idx, True))
+            if v != default]
+        return f"{type(self).__name__}({', '.join(opts)})"
+
     def needs_columns(self, columns) -> None:
         """Refuse item columns this collator cannot make a correct batch of.
 
@@ -130,3 +152,284 @@ class HFCollator:
             out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max_seqlen,
                        max_length_k=max_seqlen)
         return _deliver(out)
+
+
+# --- the check before training ----------------------------------------------------------------
+
+#: the documents (tokens) of each of the probe's two rows, a padding tail after them
+PROBE_DOCUMENTS = ((17, 6, 14), (19, 12, 9))
+#: C of the probe's rows
+PROBE_CAPACITY = 48
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What :func:`check_isolation` measured on a model that keeps packed documents apart."""
+
+    model: str  #: the model's class
+    attn_implementation: str | None  #: its ``config._attn_implementation``
+    collator: str  #: the data collator whose batch the model got
+    device: str
+    dtype: str
+    documents: int  #: packed documents compared with their forward alone
+    max_abs_diff: float  #: largest |packed - alone| logit over their tokens
+    max_change_other_docs: float  #: largest logit change of a document when another changed
+    tolerance: float  #: on both
+
+    def __str__(self) -> str:
+        return (f"documents kept apart: {self.model} (attn_implementation "
+                f"{self.attn_implementation}, {self.dtype} on {self.device}) fed the batch "
+                f"{self.collator} builds gives {self.documents} packed documents the "
+                f"logits of each alone within {self.max_abs_diff:.3g} (tolerance "
+                f"{self.tolerance:.3g}); changing one moved another by "
+                f"{self.max_change_other_docs:.3g}")
+
+
+def _probe_items(vocab: int, seed: int) -> tuple[list[dict], list[list[tuple[int, int]]]]:
+    """The probe's two rows as loader items (the keys and dtypes of
+    :class:`~packtool.loader.PackedDataset` items, unshifted labels) and each row's document
+    spans [(a, b)]: :data:`PROBE_DOCUMENTS` of random ids below ``vocab``, then a padding tail
+    of id 0."""
+    from packtool.formats.packed import Block, structure_from_cu, unshifted_labels
+
+    C, R = PROBE_CAPACITY, len(PROBE_DOCUMENTS)
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab, (R, C)).astype(np.int32)  # shape: (R, C)
+    cus = [np.cumsum((0,) + docs + (C - sum(docs),)) for docs in PROBE_DOCUMENTS]
+    spans = [[(int(a), int(b)) for a, b in zip(cu[:-2], cu[1:-1])] for cu in cus]
+    for r, cu in enumerate(cus):
+        ids[r, cu[-2]:] = 0
+    counts = np.array([len(d) for d in PROBE_DOCUMENTS])
+    cu_vals = np.concatenate(cus).astype(np.int32)
+    cu_offs = np.cumsum([0] + [cu.size for cu in cus]).astype(np.int64)
+    seg, pos = structure_from_cu(cu_vals, cu_offs, counts, C, "check_isolation")
+    labels = unshifted_labels(ids, seg)
+    doc_offs = np.cumsum(np.append(0, counts)).astype(np.int64)
+    block = Block(group=0, first=0, shard_row0=0, shard="check_isolation", num_rows=R,
+                  tokens={"input_ids": ids, "segment_ids": seg, "position_ids": pos,
+                          "labels": labels},
+                  ragged={"cu_seqlens": (cu_vals, cu_offs),
+                          "doc_ids": (np.arange(counts.sum(), dtype=np.int64), doc_offs),
+                          "doc_offsets": (np.zeros(counts.sum(), dtype=np.int64), doc_offs)},
+                  scalars={"max_seqlen": np.array([np.diff(cu).max() for cu in cus]),
+                           "num_targets": (labels != -100).sum(axis=1)})
+    return [block.row(r) for r in range(R)], spans
+
+
+def _name_of(collator) -> str:
+    inner = getattr(collator, "data_collator", collator)  # Trainer's RemoveColumnsCollator
+    if isinstance(inner, HFCollator):
+        return repr(inner)
+    return getattr(inner, "__name__", None) or type(inner).__name__
+
+
+def _gaps(batch: dict, rows: dict, config, what: str) -> dict:
+    """What the collator's ``batch`` lacks that a leaking layer needs, as
+    :func:`~packtool.verify.hf_model.leak_message`'s ``attention_need`` / ``state_need``
+    (``rows``: the :func:`~packtool.loader.collate.collate` batch of the same items)."""
+    impl = getattr(config, "_attn_implementation", None) or ""
+    torch = require_torch()
+    ids, pos = batch["input_ids"], batch.get("position_ids")
+    out = {}
+    if not torch.is_tensor(pos) or pos.numel() != rows["position_ids"].numel() or not bool(
+            (pos.reshape(rows["position_ids"].shape).cpu() == rows["position_ids"]).all()):
+        out["attention_need"] = (f"position_ids restarting at 0 at each document, which the "
+                                 f"batch of {what} does not hold: train with "
+                                 "data_collator=HFCollator()")
+    elif batch.get("use_cache", getattr(config, "use_cache", False)):
+        out["attention_need"] = (f"use_cache=False (with a key/value cache transformers builds "
+                                 f"one causal mask over the row), which the batch of {what} "
+                                 "does not hold: train with data_collator=HFCollator()")
+    elif "flash" in impl and ids.ndim == 2 and ids.shape[0] > 1 and "cu_seq_lens_q" not in batch:
+        out["attention_need"] = (f"cu_seq_lens_q/cu_seq_lens_k and max_length_q/max_length_k in "
+                                 f"a batch of {ids.shape[0]} rows ({impl} reads the boundaries "
+                                 "from position_ids for one row only), which the batch of "
+                                 f"{what} does not hold: use HFCollator() or "
+                                 "HFCollator(flatten=True)")
+    if "seq_idx" not in batch:
+        out["state_need"] = (f"seq_idx, which the batch of {what} does not hold, handed to the "
+                             "causal-conv1d / mamba-ssm CUDA kernels: use HFCollator() on a GPU "
+                             "with those kernels, or train this model on one document per row")
+    return out
+
+
+def check_isolation(model, collator=None, *, seed: int = 0) -> Isolation:
+    """Check before training that ``model`` fed ``collator``'s batches keeps packed documents
+    apart.
+
+    Two packed rows of :data:`PROBE_CAPACITY` tokens (documents of :data:`PROBE_DOCUMENTS`
+    tokens, random ids below the model's vocabulary drawn from ``seed``, then a padding tail of
+    id 0), as loader items, go through ``collator``, and the model gets that batch as
+    ``Trainer`` hands it (every key but ``labels``), in eval mode under ``torch.no_grad`` on
+    its own device and dtype. Each document's logits must equal those of the same document run
+    alone (its own forward, positions from 0), and changing document 1 of each row must move no
+    other document's (the ``logits_match`` and ``isolation`` checks of ``packtool verify``,
+    :mod:`packtool.verify.equivalence`, through
+    :class:`~packtool.verify.runners.ModelRunner`). About ten forwards of at most 96 tokens; TF32
+    is off while they run; every module's train/eval mode is restored afterwards, also on
+    error.
+
+    Tolerance on the logits: float32 ``1e-5 * max(1, max|logit|)`` on CPU, ``1e-4`` on a GPU;
+    bfloat16 / float16 ``4 * eps * max(1, max|logit|)``, four units of the dtype's rounding at
+    the largest logit; in every dtype at least twice the difference between the packed and the
+    alone logits of the documents that open a row, which no other document precedes.
+
+    Args:
+        model: a Hugging Face causal LM (``model(input_ids=..., **batch)`` returns ``.logits``;
+            its input embeddings give the vocabulary, device and dtype).
+        collator: the data collator training uses, called on a list of loader items (default
+            ``HFCollator()``; :class:`IsolationCheck` passes the trainer's).
+        seed: seeds the token ids.
+
+    Returns:
+        :class:`Isolation`: the largest differences and the tolerance.
+
+    Raises:
+        VerifyError: one line: the documents leak (the model's class and attention
+            implementation, the row and document that differ most from it alone and by how
+            much, the layer where the leak starts and what fixes it); the logits differ though
+            no document reads another (a position effect); the collator refuses the rows; or
+            the model refuses a keyword of the batch, as training would at its first step
+            (transformers' ValueError on ``seq_idx`` without the causal-conv1d / mamba-ssm
+            kernels, on any CPU).
+        MissingDependencyError: torch is not installed.
+    """
+    torch = require_torch()
+    from packtool.errors import VerifyError
+    from packtool.verify.equivalence import (Measurements, doc_refs, measure_batch,
+                                             place_effect, run_checks)
+    from packtool.verify.hf_model import REFUSAL_MARK, kernel_need, leak_message
+    from packtool.verify.report import FAIL, PASS
+    from packtool.verify.runners import ModelRunner, exact_float32
+
+    collator = HFCollator() if collator is None else collator
+    config = getattr(model, "config", None)
+    impl = getattr(config, "_attn_implementation", None)
+    what = _name_of(collator)
+    items, spans = _probe_items(int(model.get_input_embeddings().num_embeddings), seed)
+    try:
+        batch = collator(items)
+    except (ValueError, TypeError) as exc:
+        raise VerifyError(f"check_isolation: the data collator {what} refuses packed rows: "
+                          f"{_line(exc)}") from None
+    rows = collate(items)  # the rows as the checks read them: segments, labels, provenance
+    runner = ModelRunner(model, batch)
+    who = (f"{type(model).__name__} (attn_implementation {impl}, {runner.dtype_name} on "
+           f"{runner.device})")
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with exact_float32():
+            docs = [[rows["input_ids"][r, a:b] for a, b in sp] for r, sp in enumerate(spans)]
+            refs = doc_refs(runner, [d for row in docs for d in row], docs, 0, rows["labels"],
+                            spans, False, False)
+            try:
+                runner.calibrate(rows["input_ids"], spans, refs)
+            except ValueError as exc:
+                if REFUSAL_MARK not in str(exc):
+                    raise
+                need = kernel_need(_line(exc), "train on a GPU, or train this model on one "
+                                   "document per row (HFCollator(seq_idx=False) would run, "
+                                   "mixing the documents in those layers)")
+                raise VerifyError(f"check_isolation: {who} refuses the seq_idx of the "
+                                  f"batch {what} builds, as training would at its first step: "
+                                  f"this model needs {need}") from None
+            except TypeError as exc:
+                if "keyword" not in str(exc):
+                    raise
+                raise VerifyError(
+                    f"check_isolation: {who} refuses a keyword of the batch {what} builds "
+                    f"({_line(exc)}), as training would at its first step: "
+                    "HFCollator(flash_attn_kwargs=False) leaves out cu_seq_lens_q/_k and "
+                    "max_length_q/_k, HFCollator(seq_idx=False) seq_idx; then check "
+                    "again") from None
+            m = Measurements("hf", str(runner.device), runner.dtype_name, False,
+                             runner.no_backward_reason)
+            with torch.enable_grad():  # the loss figures' gradient (on a copy of the logits)
+                measure_batch(m, runner, rows, spans, refs, shifted=False)
+            res = run_checks(m, ("logits_match", "isolation"))
+            lm, iso = res["logits_match"], res["isolation"]
+            if lm.status == PASS and iso.status == PASS:
+                return Isolation(type(model).__name__, impl, what, str(runner.device),
+                                 runner.dtype_name, sum(len(sp) for sp in spans), m.logit.max,
+                                 m.iso_other.max, m.tol)
+
+            def doc(where) -> str:
+                r, q = where["row"], where["segment"]
+                a, b = spans[r][q - 1]
+                return f"row {r}, document {q} (tokens {a}..{b - 1})"
+
+            found = []
+            if lm.status == FAIL:
+                found.append(f"{doc(lm.where)} differs from that document run alone by "
+                             f"{m.logit.max:.3g} (tolerance {m.tol:.3g})")
+            # a leak moves a later document's layer outputs when document 1 changes, however
+            # little (a weak one stays under a bfloat16 tolerance); a position effect does not
+            located = runner.locate(rows, spans)
+            if located is not None or m.iso_other.max > m.tol:
+                if m.iso_other.max > 0:
+                    found.append(f"changing document 1 of each row moved "
+                                 f"{doc(m.iso_other.where)} by {m.iso_other.max:.3g}")
+                held = " and ".join(k for k in ("position_ids", "cu_seq_lens_q/cu_seq_lens_k")
+                                    if k.split("/")[0] in batch) or "neither"
+                why = leak_message(config, located, None, fed=f"the batch of {what} held {held}",
+                                   **_gaps(batch, rows, config, what))
+            elif lm.status == FAIL:
+                found[-1] += ", though changing document 1 moves no other document"
+                why = place_effect(runner.batch_position_effect())
+            else:  # changing document 1 did not change its own logits
+                why = f"{iso.message} (the model's logits do not follow its input_ids)"
+            raise VerifyError(f"check_isolation: {who}, fed the batch {what} builds, "
+                              f"does not compute each packed document as it computes it alone: "
+                              + "".join(f"{f}: " for f in ["; ".join(found)] if f) + why)
+    finally:
+        for mod, mode in modes:
+            mod.training = mode
+
+
+def _line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+
+
+def _isolation_check_class():
+    """:class:`IsolationCheck`, made on first use (it subclasses ``transformers.TrainerCallback``,
+    and ``import packtool.loader`` imports neither transformers nor torch)."""
+    from transformers import TrainerCallback
+
+    class IsolationCheck(TrainerCallback):
+        """``transformers.Trainer`` callback: :func:`check_isolation` on the trainer's model and
+        data collator when training begins, so that a model that would mix the documents of
+        the packed rows stops ``trainer.train()`` with its ``VerifyError`` before the first
+        step (``Trainer(..., callbacks=[IsolationCheck()])``). Each process checks its own
+        copy of the model.
+
+        Args:
+            collator: the collator to check with; None: the one the trainer's train DataLoader
+                calls (behind ``Trainer``'s column removal, as training calls it), else
+                ``HFCollator()``.
+            seed: seeds the token ids.
+
+        Attributes:
+            result: the last check's :class:`Isolation` (None before one ran), also logged
+                (``packtool.loader.hf``, INFO).
+        """
+
+        def __init__(self, collator=None, *, seed: int = 0) -> None:
+            self.collator, self.seed, self.result = collator, seed, None
+
+        def on_train_begin(self, args, state, control, model=None, train_dataloader=None,
+                           **kwargs):
+            collator = self.collator or getattr(train_dataloader, "collate_fn", None)
+            self.result = check_isolation(model, collator, seed=self.seed)
+            log.info("%s", self.result)
+            return control
+
+    IsolationCheck.__module__ = __name__
+    return IsolationCheck
+
+
+def __getattr__(name: str):
+    if name == "IsolationCheck":  # a transformers TrainerCallback: import it only now
+        cls = globals()["IsolationCheck"] = _isolation_check_class()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

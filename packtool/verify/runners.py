@@ -43,7 +43,7 @@ from packtool.verify import (has_cuda, has_flash_attn, has_flex_attention, has_t
 log = logging.getLogger(__name__)
 
 __all__ = ["ALL_BACKENDS", "MemoryBudget", "memory_budget", "parse_size", "unavailable",
-           "make_runner", "Runner", "HF_VOCAB", "exact_float32"]
+           "make_runner", "Runner", "ModelRunner", "HF_VOCAB", "exact_float32"]
 
 ALL_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
 #: layers of the hybrid test model that are mixers (the middle one is attention)
@@ -51,6 +51,9 @@ HYBRID_MIXER_LAYERS = (0, 2)
 FP32_RTOL_CPU = 1e-5
 FP32_RTOL_CUDA = 1e-4
 BF16_FLOOR = 1e-3
+#: units of a bfloat16 / float16 model's rounding at its largest logit that its packed logits may
+#: differ by from its own per-document ones (:class:`ModelRunner`)
+LOW_PRECISION_ULPS = 4
 HF_VOCAB = 512
 _GIB = 1 << 30
 #: bytes per token of one row's forward + backward activations of the test decoder (measured
@@ -478,6 +481,140 @@ class HFRunner(Runner):
     def row_bytes(self, capacity: int) -> int:
         # transformers builds the packed-sequence mask itself (bool and float copies)
         return capacity * _ACT_BYTES_PER_TOKEN + 2 * _MASK_BYTES_PER_PAIR * capacity * capacity
+
+
+class ModelRunner(HFRunner):
+    """A Hugging Face model as it is given (the one being trained), fed the batch a data
+    collator built of packed rows (:func:`packtool.loader.hf.check_isolation`).
+
+    The packed pass hands the model every key of the collator's batch but ``labels``
+    (``position_ids``, ``cu_seq_lens_q``/``_k``, ``max_length_q``/``_k``, ``seq_idx``,
+    ``use_cache``...) and the token ids as ``input_ids``, in the batch's own shape ([B, C], or
+    [1, B * C] flattened) and dtype; a document alone is the model's forward of its ids and
+    nothing else (positions from 0, ``use_cache=False``). Forward only, under ``torch.no_grad``,
+    on the device and in the dtype of the model's input embeddings; the caller sets eval mode.
+
+    Tolerance on logits (:meth:`tolerance`): in float32 the rule of :class:`Runner`
+    (``1e-5 * max(1, max|ref|)`` on CPU, ``1e-4`` on a GPU); in bfloat16 or float16
+    :data:`LOW_PRECISION_ULPS` ``* eps * max(1, max|ref|)`` (``eps``: the dtype's machine
+    epsilon); in every dtype at least twice :attr:`eager_error`, the largest difference between
+    the packed and the alone logits of the documents that open one of the model's sequences
+    (nothing precedes them, so what differs there is the rounding of the two forwards), which
+    :meth:`calibrate` measures.
+    """
+
+    def __init__(self, model, batch: dict):
+        torch = require_torch()
+        emb = model.get_input_embeddings()
+        ids = batch["input_ids"]
+        self.name, self.model, self.ref_model, self.config = "hf", model, model, None
+        self.device, self.dtype = emb.weight.device, emb.weight.dtype
+        self.vocab = int(emb.num_embeddings)
+        self.ids_shape, self.ids_dtype = tuple(ids.shape), ids.dtype
+        #: the collator's batch but its ids and labels, on the model's device
+        self.kwargs = {k: v.to(self.device) if torch.is_tensor(v) else v
+                       for k, v in batch.items() if k not in ("input_ids", "labels")}
+        self.refused = None
+        self.compiled, self.query_block, self.per_row = False, None, False
+        self.backward, self.no_backward_reason = False, "forward only"
+        self.eager_error = 0.0
+
+    def describe(self) -> dict:
+        return {"device": str(self.device), "dtype": self.dtype_name}
+
+    def embed(self, ids_BC):
+        """The token ids themselves (inside the vocabulary), on the model's device: the model
+        embeds them."""
+        return ids_BC.to(self.device) % self.vocab
+
+    def _model_ids(self, ids_BC):
+        return ids_BC.to(self.device, self.ids_dtype).reshape(self.ids_shape)
+
+    def _logits(self, out):
+        return out.logits if hasattr(out, "logits") else out[0]
+
+    def forward(self, ids_BC, batch=None, attend_factory=None):
+        """float32 logits [B, C, V] of the packed rows ``ids_BC`` (int [B, C]) through the
+        collator's batch."""
+        torch = require_torch()
+        B, C = ids_BC.shape
+        with torch.no_grad():
+            logits = self._logits(self.model(input_ids=self._model_ids(ids_BC), **self.kwargs))
+        if logits.shape[:-1].numel() != B * C:
+            raise ValueError(f"the model returned logits of shape {list(logits.shape)} for "
+                             f"{B} x {C} tokens")
+        return logits.reshape(B, C, -1).float()
+
+    def reference(self, docs, budget: int = 0, *, model=None):
+        """Per-document logits: float32 [L, V] of each 1-D token tensor of ``docs``, its own
+        forward (a batch of one, ``input_ids`` and ``use_cache=False`` only)."""
+        torch = require_torch()
+        out = []
+        with torch.no_grad():
+            for doc in docs:
+                ids_1L = doc.reshape(1, -1).to(self.device).long() % self.vocab
+                out.append(self._logits(self.model(input_ids=ids_1L, use_cache=False))[0]
+                           .float())
+        return out
+
+    def calibrate(self, ids_BC, spans: list, refs: list) -> None:
+        """Run the packed rows once and set :attr:`eager_error` from the documents that open
+        one of the model's sequences (each row's first document in a [B, C] batch, the batch's
+        first in a flattened one).
+
+        Args:
+            ids_BC: int [B, C] token ids; spans: per row, the documents' (a, b); refs: per
+                row, per document, (float32 logits [L, V], ...) of each alone.
+
+        Raises:
+            What the model raises on the collator's batch (transformers' ValueError on
+            ``seq_idx`` without its kernels).
+        """
+        packed = self.forward(self.embed(ids_BC))
+        C, L = ids_BC.shape[1], self.ids_shape[-1]
+        noise = 0.0
+        for r, row in enumerate(spans):
+            for (a, b), ref in zip(row, refs[r]):
+                if (r * C + a) % L == 0:
+                    d = float((packed[r, a:b] - ref[0].to(packed.device)).abs().max())
+                    noise = max(noise, d) if d == d else noise
+        self.eager_error = noise
+
+    def tolerance(self, ref_absmax: float) -> float:
+        torch = require_torch()
+        scale = max(1.0, ref_absmax)
+        fp = self.dtype if self.dtype.is_floating_point else torch.bfloat16
+        if torch.finfo(fp).bits >= 32:
+            rule = (FP32_RTOL_CPU if self.device.type == "cpu" else FP32_RTOL_CUDA) * scale
+        else:
+            rule = LOW_PRECISION_ULPS * torch.finfo(fp).eps * scale
+        return max(rule, 2 * self.eager_error)
+
+    def locate(self, batch, spans: list):
+        """Where document 1 of the first row holding two documents first reaches the others
+        (:func:`packtool.verify.hf_model.locate_leak`, fed the collator's batch): ``(layer
+        index, layer, sub-module name or None)``, or None when no layer's output on them moves.
+
+        Args:
+            batch: the :func:`~packtool.loader.collate` batch of the rows (its ``input_ids``).
+            spans: per row, the documents' (a, b).
+        """
+        from packtool.verify.hf_model import locate_leak
+
+        ids_BC = batch["input_ids"]
+        C, L = ids_BC.shape[1], self.ids_shape[-1]
+        row = next(r for r, sp in enumerate(spans) if len(sp) >= 2)
+        # the row's documents where the model sees them ([B, C] rows, or one flattened row)
+        at = [((row * C + a) % L, (row * C + b - 1) % L + 1) for a, b in spans[row]]
+        return locate_leak(self.model, lambda ids: self.model(input_ids=ids, **self.kwargs),
+                           self._model_ids(self.embed(ids_BC)), at, row * C // L, self.vocab)
+
+    def diagnose(self, batch, spans: list, **wording) -> str:
+        """``documents leak in <layer>: this model needs ...`` (:meth:`locate`, then
+        :func:`~packtool.verify.hf_model.leak_message` with ``wording``)."""
+        from packtool.verify.hf_model import leak_message
+
+        return leak_message(self.model.config, self.locate(batch, spans), None, **wording)
 
 
 @contextmanager

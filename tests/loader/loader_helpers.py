@@ -80,3 +80,38 @@ def stop_and_resume(make, stop_after: int) -> tuple[list, list, list]:
     again = make()
     again.load_state_dict(state)
     return full, head, list(again)
+
+
+def emulate_flash_attention_2(monkeypatch):
+    """transformers' own flash_attention_2 dispatch (which of flash / varlen it calls, with which
+    boundaries) over exact torch twins of the two flash-attn kernels, so it runs on CPU."""
+    torch = pytest.importorskip("torch")
+    fau = pytest.importorskip("transformers.modeling_flash_attention_utils")
+    if not all(hasattr(fau, n) for n in ("_flash_fn", "_flash_varlen_fn",
+                                         "_lazy_define_process_function")):
+        pytest.skip("this transformers lays out its flash-attention dispatch differently")
+    F = torch.nn.functional
+
+    def one(q, k, v, scale):  # [T, H, D] -> causal attention over the T tokens
+        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                           v.transpose(0, 1)[None], is_causal=True,
+                                           scale=scale, enable_gqa=True)
+        return o[0].transpose(0, 1)
+
+    def flash(q, k, v, causal=True, softmax_scale=None, **_):  # [B, T, H, D]: rows alone
+        return torch.stack([one(q[b], k[b], v[b], softmax_scale) for b in range(q.shape[0])])
+
+    def varlen(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+               max_seqlen_k=None, causal=True, softmax_scale=None, **_):  # [N, H, D]
+        assert torch.equal(cu_seqlens_q, cu_seqlens_k) and cu_seqlens_q.dtype == torch.int32
+        cu = cu_seqlens_q.tolist()
+        assert max_seqlen_q == max(b - a for a, b in zip(cu[:-1], cu[1:]))
+        return torch.cat([one(q[a:b], k[a:b], v[a:b], softmax_scale)
+                          for a, b in zip(cu[:-1], cu[1:])])
+
+    monkeypatch.setattr(fau, "_loaded_implementation", "flash_attention_2", raising=False)
+    monkeypatch.setattr(fau, "_flash_fn", flash)
+    monkeypatch.setattr(fau, "_flash_varlen_fn", varlen)
+    monkeypatch.setattr(fau, "_flash_with_kvcache_fn", None, raising=False)
+    monkeypatch.setattr(fau, "_process_flash_kwargs_fn", fau._lazy_define_process_function(varlen),
+                        raising=False)
