@@ -1052,7 +1052,8 @@ def export(output, dest, target, split, overwrite, as_json):
 
     With --to nemo: DEST/SPLIT_C.idx.parquet (the packtool rows, padding dropped, one sequence
     per segment, loss_mask carrying the labels; 500 rows per row group) and its entry in
-    DEST/C_metadata.jsonl, the layout NeMo and Megatron-Bridge train from.
+    DEST/C_metadata.jsonl, the layout NeMo and Megatron-Bridge train from. The padding inside
+    the spans of a --segment-multiple output is dropped too (a note says so).
     """
     import dataclasses
     import json
@@ -1087,6 +1088,9 @@ def export(output, dest, target, split, overwrite, as_json):
                 left += f", so {res.rows_left_out:,} row(s) of nothing else"
         click.echo(f"exported {res.rows:,} rows ({res.sequences:,} sequences, {res.tokens:,} "
                    f"tokens, {res.targets:,} loss-mask targets){left} -> {res.path}")
+    if not as_json:
+        for note in res.notes:
+            click.echo(f"  note: {note}")
     for w in res.warnings:  # on stderr, loud whatever the output format (as stats prints them)
         click.echo(f"WARNING: {w}", err=True)
 

@@ -29,7 +29,9 @@ has no target; a row of nothing else is left out whole, and the export counts bo
 collate function recomputes the mask from the tokens (0 on every EOS input) and ignores this
 column. A row of capacity C feeds at most C - k tokens (k segments) to a model of
 ``seq_length`` C. ``doc_ids`` and ``doc_offsets`` are stored too (their reader reads only its
-three columns), so every exported sequence names its document.
+three columns), so every exported sequence names its document. The padding inside the spans of
+a ``--segment-multiple`` output is dropped too (:func:`export_notes`): its sequences are not
+padded to multiples of N.
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ from packtool.signals import check, hold, interruptible, test_pause
 from packtool.types import IGNORE_INDEX
 
 __all__ = ["NEMO_ROWS_PER_GROUP", "NEMO_SPLITS", "nemo_schema", "nemo_file_name",
-           "to_nemo_batch", "export_nemo", "export_warnings", "NemoExport", "EXPORT_KEY",
-           "EXPORT_LOCK_NAME"]
+           "to_nemo_batch", "export_nemo", "export_warnings", "export_notes", "NemoExport",
+           "EXPORT_KEY", "EXPORT_LOCK_NAME"]
 
 #: Rows per Parquet row group, as NeMo / Megatron-Bridge's packed Parquet writer sets it.
 NEMO_ROWS_PER_GROUP = 500
@@ -163,10 +165,10 @@ def segment_lengths(seg: np.ndarray, k: np.ndarray) -> list[np.ndarray]:
             for row, n in zip(np.asarray(seg), np.asarray(k))]
 
 
-def _packed_blocks(out_dir) -> tuple[int, str, str, Iterator[dict], str, list[str]]:
+def _packed_blocks(out_dir) -> tuple[int, str, str, Iterator[dict], str, object, str]:
     """(capacity, labels convention, the output's fingerprint, blocks of NumPy columns, the
     split it holds: ``validation`` for the held-out output of ``pack --holdout``, else
-    ``training``, the warnings :func:`export_warnings` gives for it) of a
+    ``training``, its :class:`~packtool.formats.manifest.Manifest`, its display name) of a
     packed OUTPUT (path or URI), read through the one reader
     (:class:`packtool.formats.packed.PackedOutput`), labels asked for already shifted (derived
     by its read-side rule when not stored). The reader is closed when the blocks are exhausted
@@ -184,8 +186,7 @@ def _packed_blocks(out_dir) -> tuple[int, str, str, Iterator[dict], str, list[st
 
     held = reader.manifest.options.get("holdout_part") == "holdout"
     return (reader.capacity, "shifted", reader.manifest.fingerprint, blocks(),
-            "validation" if held else "training",
-            export_warnings(reader.manifest, reader.location.display))
+            "validation" if held else "training", reader.manifest, reader.location.display)
 
 
 def export_warnings(manifest, where: str) -> list[str]:
@@ -196,6 +197,18 @@ def export_warnings(manifest, where: str) -> list[str]:
     empty = [f"{where} holds 0 rows: the export holds no sequence to train on"] \
         if manifest.num_rows == 0 else []
     return empty + manifest.totals.output_warnings(manifest.options)
+
+
+def export_notes(manifest) -> list[str]:
+    """The lines an export prints after its summary for the packed output of ``manifest``:
+    packed with ``--segment-multiple N`` (N > 1), that the padding inside each span is
+    dropped, so the sequences are not multiples of N (the context-parallel layout is lost)."""
+    n = int(manifest.options.get("segment_multiple", 1) or 1)
+    if n <= 1:
+        return []
+    return [f"packed with --segment-multiple {n}: the export drops the padding inside each "
+            f"span, so its sequences keep their real lengths, not padded to multiples of "
+            f"{n}: the context-parallel layout is not kept (docs/python-and-text.md)"]
 
 
 @dataclass(frozen=True)
@@ -221,6 +234,9 @@ class NemoExport:
     #: loud lines, as ``packtool stats`` gives them for the output (:func:`export_warnings`):
     #: 0 rows, or no effective target
     warnings: tuple = ()
+    #: lines said after the summary (:func:`export_notes`): the ``--segment-multiple`` layout
+    #: not kept
+    notes: tuple = ()
 
 
 #: Key of the file's Parquet key-value metadata that records which export wrote it (the packed
@@ -342,7 +358,8 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
     Returns:
         :class:`NemoExport`; its ``warnings`` are those ``packtool stats`` gives for
         ``out_dir`` (:func:`export_warnings`): an output of 0 rows is exported (a file of no
-        row and its entry), and said so.
+        row and its entry), and said so; its ``notes`` say a ``--segment-multiple`` layout is
+        not kept (:func:`export_notes`).
 
     Raises:
         ManifestError: ``out_dir`` is not a complete packed output (a tokenized output is
@@ -366,7 +383,8 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
         raise OutputError(f"{dest}: exists and is a file; DEST must be a directory")
     with interruptible():
         try:
-            capacity, convention, source, blocks, holds, notes = _packed_blocks(out_dir)
+            capacity, convention, source, blocks, holds, manifest, where = \
+                _packed_blocks(out_dir)
         except KeyboardInterrupt:
             raise KeyboardInterrupt(f"nothing was written into {dest}") from None
         try:
@@ -374,7 +392,8 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
                            rows_per_group, source)
         finally:
             blocks.close()
-    return dataclasses.replace(done, warnings=tuple(notes))
+    return dataclasses.replace(done, warnings=tuple(export_warnings(manifest, where)),
+                               notes=tuple(export_notes(manifest)))
 
 
 def _export(blocks, convention: str, capacity: int, dest: Path, split: str, overwrite: bool,

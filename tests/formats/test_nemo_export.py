@@ -536,3 +536,31 @@ def test_an_export_with_nothing_to_train_on_warns_as_stats_does(tmp_path, flags,
     assert res.exit_code == 0
     assert json.loads(res.stdout)["warnings"] == [w[len("WARNING: "):] for w in warned]
     assert [ln for ln in res.stderr.splitlines() if ln.startswith("WARNING: ")] == warned
+
+
+def test_the_export_of_a_segment_multiple_output_says_its_layout_is_not_kept(tmp_path):
+    """--segment-multiple N pads every piece to a multiple of N inside its span (the
+    context-parallel layout); the export drops that padding, so its sequences are not multiples
+    of N. Only a docstring said so; the summary now has a note (in --json: notes), an output
+    packed without it none."""
+    src = tmp_path / "tiny.parquet"
+    pq.write_table(pa.table({"input_ids": [[11, 12, 13], [21, 22]]}), src)
+    for n in (1, 4):
+        out = tmp_path / f"out{n}"
+        assert invoke(["pack", "-q", "-c", 8, "--no-shuffle", "--segment-multiple", n, src,
+                       out]).exit_code == 0
+        res = invoke(["export", "--to", "nemo", out, tmp_path / f"nemo{n}"])
+        assert res.exit_code == 0, res.output
+        notes = [ln.strip() for ln in res.stdout.splitlines() if ln.strip().startswith("note:")]
+        row = pq.read_table(tmp_path / f"nemo{n}" / "training_8.idx.parquet").to_pylist()[0]
+        lengths = np.diff(row["seq_start_id"] + [len(row["input_ids"])]).tolist()
+        if n == 1:
+            assert notes == []
+            continue
+        assert lengths == [3, 2]  # not multiples of 4: the note says why
+        note = (f"packed with --segment-multiple {n}: the export drops the padding inside each "
+                f"span, so its sequences keep their real lengths, not padded to multiples of "
+                f"{n}: the context-parallel layout is not kept (docs/python-and-text.md)")
+        assert notes == [f"note: {note}"]
+        again = invoke(["export", "--to", "nemo", "--json", out, tmp_path / f"nemo{n}"])
+        assert json.loads(again.stdout)["notes"] == [note]
