@@ -1045,8 +1045,13 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
               help="Names the file DEST/SPLIT_C.idx.parquet [default: validation for the "
                    "held-out output of pack --holdout, else training].")
 @click.option("--overwrite", is_flag=True, help="Replace the file if it exists.")
+@click.option("--eos-id", type=click.IntRange(min=0), default=None, metavar="ID",
+              help="The EOS id of the trainer's tokenizer: documents holding it before their "
+                   "last token are counted, and a warning says when Megatron-Bridge's packed "
+                   "collate would train them otherwise (it treats a fed EOS as padding) "
+                   "[default: pack's --append-eos; none: not looked for].")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
-def export(output, dest, target, split, overwrite, as_json):
+def export(output, dest, target, split, overwrite, eos_id, as_json):
     """Write the packed rows of OUTPUT (a directory or a store URI) in another trainer's packed
     format, into the local directory DEST.
 
@@ -1065,7 +1070,7 @@ def export(output, dest, target, split, overwrite, as_json):
 
     _refuse_raw_input(output, "export --to nemo {} DEST")
     try:
-        res = export_nemo(output, dest, split=split, overwrite=overwrite)
+        res = export_nemo(output, dest, split=split, overwrite=overwrite, eos_id=eos_id)
     except KeyboardInterrupt as exc:
         from packtool.signals import exit_status, stop_word
 

@@ -71,7 +71,7 @@ from typing import Callable, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.errors import InputError, ManifestError, PacktoolError, raise_if_shortage
+from packtool.errors import InputError, ManifestError, PacktoolError, raise_if_shortage, row_ref
 from packtool.location import Location, StoreError
 from packtool.signals import result as task_result
 from packtool.stats import PackStats
@@ -335,6 +335,17 @@ class Manifest:
     def indexed(self) -> bool:
         """True when every shard's row groups are recorded (no footer needed to index)."""
         return all(s.row_groups or not s.rows for s in self.shards)
+
+    def input_row(self, doc: int) -> str:
+        """How a message names the input of global document ``doc`` (a ``doc_ids`` entry):
+        ``row 3 (0-based) of docs.parquet``, its file among :attr:`inputs` (document order)
+        and its row there; ``document 3 (doc_ids)`` when the inputs' rows do not reach it."""
+        first = 0
+        for entry in self.inputs:
+            if first <= doc < first + entry.rows:
+                return f"{row_ref(doc - first)} of {entry.path}"
+            first += entry.rows
+        return f"document {int(doc)} (doc_ids)"
 
     def shard(self, name: str) -> ShardEntry:
         """The entry of shard ``name``.

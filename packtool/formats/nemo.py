@@ -29,9 +29,17 @@ has no target; a row of nothing else is left out whole, and the export counts bo
 collate function recomputes the mask from the tokens (0 on every EOS input) and ignores this
 column. A row of capacity C feeds at most C - k tokens (k segments) to a model of
 ``seq_length`` C. ``doc_ids`` and ``doc_offsets`` are stored too (their reader reads only its
-three columns), so every exported sequence names its document. The padding inside the spans of
-a ``--segment-multiple`` output is dropped too (:func:`export_notes`): its sequences are not
-padded to multiples of N.
+three columns), so every exported sequence names its document.
+
+Except around an EOS inside a sequence: their collate function
+(``GPTSFTPackedDataset.collate_fn``) treats a fed token equal to the tokenizer's EOS id as
+padding, in releases up to 0.6.0 by setting ``loss_mask`` to 0 on it (the target after it is
+not trained), and with ``pad_seq_to_mult`` > 1 by ending ``cu_seqlens_q`` at a sequence's last
+fed token that is not EOS. So the mapping is exact when no document holds the EOS id before its
+last token, or when no such EOS precedes a target or is a sequence's next-to-last token;
+:class:`_EosScan` counts them for the EOS id the export knows and :func:`eos_warnings` says so.
+The padding inside the spans of a ``--segment-multiple`` output is dropped too
+(:func:`export_notes`): its sequences are not padded to multiples of N.
 """
 
 from __future__ import annotations
@@ -57,8 +65,8 @@ from packtool.signals import check, hold, interruptible, test_pause
 from packtool.types import IGNORE_INDEX
 
 __all__ = ["NEMO_ROWS_PER_GROUP", "NEMO_SPLITS", "nemo_schema", "nemo_file_name",
-           "to_nemo_batch", "export_nemo", "export_warnings", "export_notes", "NemoExport",
-           "EXPORT_KEY", "EXPORT_LOCK_NAME"]
+           "to_nemo_batch", "export_nemo", "export_warnings", "export_notes", "eos_warnings",
+           "NemoExport", "EXPORT_KEY", "EXPORT_LOCK_NAME"]
 
 #: Rows per Parquet row group, as NeMo / Megatron-Bridge's packed Parquet writer sets it.
 NEMO_ROWS_PER_GROUP = 500
@@ -211,6 +219,87 @@ def export_notes(manifest) -> list[str]:
             f"{n}: the context-parallel layout is not kept (docs/python-and-text.md)"]
 
 
+class _EosScan:
+    """Where NeMo rows hold the EOS id ``eos`` before a sequence's last token, block by block:
+    the fed EOS that Megatron-Bridge's packed collate treats as padding (module docstring).
+    ``eos`` None: nothing is looked for."""
+
+    def __init__(self, eos: int | None):
+        self.eos = eos
+        self.docs: list[np.ndarray] = []  # per block: distinct documents with such an EOS
+        self.targets = 0  # loss-mask ones on such an EOS: the target right after it
+        self.cut = 0  # sequences whose last fed token is EOS
+        self.first: int | None = None  # the first such document in row order
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        """Scan one block of :func:`nemo_schema` rows (each row holding >= 1 sequence of >= 2
+        tokens, as the export writes them)."""
+        if self.eos is None or batch.num_rows == 0:
+            return
+
+        def flat(name: str) -> np.ndarray:
+            return np.asarray(batch.column(name).flatten().to_numpy(zero_copy_only=False))
+
+        ids = flat("input_ids")  # shape: (tokens,)
+        lengths = np.diff(batch.column("input_ids").offsets.to_numpy()).astype(np.int64)
+        k = np.diff(batch.column("seq_start_id").offsets.to_numpy()).astype(np.int64)
+        row_base = np.cumsum(lengths) - lengths  # shape: (rows,)
+        starts = flat("seq_start_id").astype(np.int64) + np.repeat(row_base, k)  # (seqs,)
+        ends = np.append(starts[1:], ids.size)  # a row's last sequence ends where the next starts
+        inner = ids == self.eos  # shape: (tokens,)
+        inner[ends - 1] = False  # a sequence's last token is never fed
+        if not inner.any():
+            return
+        seq_of = np.repeat(np.arange(starts.size), ends - starts)  # shape: (tokens,)
+        held = np.zeros(starts.size, dtype=bool)  # shape: (seqs,)
+        held[seq_of[inner]] = True
+        docs = flat("doc_ids")[held]
+        if self.first is None:
+            self.first = int(docs[0])
+        self.docs.append(np.unique(docs))
+        self.targets += int(flat("loss_mask")[inner].astype(np.int64).sum())
+        self.cut += int(np.count_nonzero(ids[ends - 2] == self.eos))
+
+    def result(self) -> dict:
+        """``eos_id``, ``documents`` (distinct), ``targets``, ``cut``, ``first_doc``."""
+        docs = np.unique(np.concatenate(self.docs)).size if self.docs else 0
+        return {"eos_id": self.eos, "documents": int(docs), "targets": self.targets,
+                "cut": self.cut, "first_doc": self.first}
+
+
+def _eos_of_file(path: Path, eos: int | None) -> dict:
+    """:meth:`_EosScan.result` of an exported file (a rerun told another EOS id)."""
+    scan = _EosScan(eos)
+    if eos is not None:
+        for batch in pq.ParquetFile(path).iter_batches(
+                columns=["input_ids", "loss_mask", "seq_start_id", "doc_ids"]):
+            check()
+            scan.add(batch)
+    return scan.result()
+
+
+def eos_warnings(manifest, done: "NemoExport") -> list[str]:
+    """The line an export prints when documents hold its EOS id before their last token and
+    Megatron-Bridge's packed collate would train them otherwise than packtool: a target right
+    after such an EOS (releases up to 0.6.0 zero ``loss_mask`` on every EOS fed) or a sequence
+    whose last fed token is EOS (with ``pad_seq_to_mult`` > 1 it ends at its last fed token
+    that is not EOS). Empty when neither happens (the mapping is exact) or no EOS id is
+    known."""
+    if not (done.eos_targets or done.eos_cut):
+        return []
+    said = []
+    if done.eos_targets:
+        said.append(f"Megatron-Bridge releases up to 0.6.0 set loss_mask 0 on every EOS their "
+                    f"collate feeds, so {done.eos_targets:,} of the {done.targets:,} targets "
+                    "(each the token right after such an EOS) are not trained")
+    if done.eos_cut:
+        said.append(f"with pad_seq_to_mult > 1 their collate ends {done.eos_cut:,} sequence(s) "
+                    "at the last fed token that is not EOS, the EOS after it taken for padding")
+    return [f"{done.eos_documents:,} document(s) hold the EOS id {done.eos_id} before their "
+            f"last token (first: {manifest.input_row(done.eos_first_doc)}): "
+            + "; ".join(said) + " (docs/python-and-text.md)"]
+
+
 @dataclass(frozen=True)
 class NemoExport:
     """What :func:`export_nemo` wrote."""
@@ -232,11 +321,22 @@ class NemoExport:
     #: per group and packtool version): nothing was written, as a rerun of a finished pack
     already_complete: bool = False
     #: loud lines, as ``packtool stats`` gives them for the output (:func:`export_warnings`):
-    #: 0 rows, or no effective target
+    #: 0 rows, or no effective target; and :func:`eos_warnings`
     warnings: tuple = ()
     #: lines said after the summary (:func:`export_notes`): the ``--segment-multiple`` layout
     #: not kept
     notes: tuple = ()
+    #: the EOS id looked for (``eos_id`` of :func:`export_nemo`, else the output's
+    #: ``--append-eos``); None: unknown, not looked for
+    eos_id: int | None = None
+    #: documents holding ``eos_id`` before the last token of an exported sequence
+    eos_documents: int = 0
+    #: loss-mask ones on such an EOS: targets Megatron-Bridge releases up to 0.6.0 do not train
+    eos_targets: int = 0
+    #: sequences whose last fed token is ``eos_id`` (cut short with ``pad_seq_to_mult`` > 1)
+    eos_cut: int = 0
+    #: the first such document (its ``doc_ids`` entry) in row order; None when none
+    eos_first_doc: int | None = None
 
 
 #: Key of the file's Parquet key-value metadata that records which export wrote it (the packed
@@ -333,7 +433,8 @@ def _remove_stale_temps(dest: Path, *names: str) -> None:
 
 
 def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = False,
-                rows_per_group: int = NEMO_ROWS_PER_GROUP) -> NemoExport:
+                rows_per_group: int = NEMO_ROWS_PER_GROUP,
+                eos_id: int | None = None) -> NemoExport:
     """Write the rows of a packed OUTPUT as ``DEST/{split}_{C}.idx.parquet`` in the NeMo /
     Megatron-Bridge packed layout (module docstring), and its entry in
     ``DEST/{C}_metadata.jsonl``.
@@ -354,12 +455,17 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
             held-out output of ``pack --holdout`` (its manifest says so), else ``training``.
         overwrite: replace an existing file of that name.
         rows_per_group: rows per Parquet row group.
+        eos_id: the EOS id of the trainer's tokenizer; None: the output's ``--append-eos``
+            (none: nothing is looked for). Documents holding it before the last token of an
+            exported sequence are counted (``eos_documents``, ...) and said in a warning when
+            Megatron-Bridge's packed collate trains them otherwise than packtool
+            (:func:`eos_warnings`); the file is written all the same.
 
     Returns:
         :class:`NemoExport`; its ``warnings`` are those ``packtool stats`` gives for
-        ``out_dir`` (:func:`export_warnings`): an output of 0 rows is exported (a file of no
-        row and its entry), and said so; its ``notes`` say a ``--segment-multiple`` layout is
-        not kept (:func:`export_notes`).
+        ``out_dir`` (:func:`export_warnings`: an output of 0 rows is exported, a file of no
+        row and its entry, and said so), then the EOS line; its ``notes`` say a
+        ``--segment-multiple`` layout is not kept (:func:`export_notes`).
 
     Raises:
         ManifestError: ``out_dir`` is not a complete packed output (a tokenized output is
@@ -371,12 +477,14 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
             or DEST cannot be written (read-only, full). Nothing is written then, or DEST is
             left as it was.
         KeyboardInterrupt: Ctrl-C or SIGTERM; DEST is left as it was (its message says so).
-        ValueError: an unknown split or ``rows_per_group`` < 1.
+        ValueError: an unknown split, ``rows_per_group`` < 1 or ``eos_id`` < 0.
     """
     if split is not None and split not in NEMO_SPLITS:
         raise ValueError(f"split {split!r}: choose {' or '.join(NEMO_SPLITS)}")
     if rows_per_group < 1:
         raise ValueError("rows_per_group must be >= 1")
+    if eos_id is not None and int(eos_id) < 0:
+        raise ValueError(f"eos_id {eos_id}: must be a token id >= 0")
     _check_dest(out_dir, dest)
     dest = Path(dest)
     if dest.exists() and not dest.is_dir():
@@ -387,17 +495,26 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
                 _packed_blocks(out_dir)
         except KeyboardInterrupt:
             raise KeyboardInterrupt(f"nothing was written into {dest}") from None
+        eos = eos_id if eos_id is not None else manifest.options.get("append_eos")
         try:
             done = _export(blocks, convention, capacity, dest, split or holds, overwrite,
-                           rows_per_group, source)
+                           rows_per_group, source, None if eos is None else int(eos))
         finally:
             blocks.close()
-    return dataclasses.replace(done, warnings=tuple(export_warnings(manifest, where)),
-                               notes=tuple(export_notes(manifest)))
+    return dataclasses.replace(
+        done, warnings=tuple(export_warnings(manifest, where) + eos_warnings(manifest, done)),
+        notes=tuple(export_notes(manifest)))
+
+
+def _eos_fields(found: dict) -> dict:
+    """:class:`NemoExport`'s EOS fields of an :meth:`_EosScan.result`."""
+    return {"eos_id": found["eos_id"], "eos_documents": found["documents"],
+            "eos_targets": found["targets"], "eos_cut": found["cut"],
+            "eos_first_doc": found["first_doc"]}
 
 
 def _export(blocks, convention: str, capacity: int, dest: Path, split: str, overwrite: bool,
-            rows_per_group: int, source: str) -> NemoExport:
+            rows_per_group: int, source: str, eos: int | None) -> NemoExport:
     """:func:`export_nemo` once the packed output is open (inside ``interruptible``)."""
     created = not dest.exists()
     final = dest / nemo_file_name(split, capacity)
@@ -420,18 +537,24 @@ def _export(blocks, convention: str, capacity: int, dest: Path, split: str, over
             if done is None:
                 raise OutputError(f"{final}: exists; pass --overwrite to replace it or choose "
                                   "another DEST")
+            found = done.get("eos")  # what the export found, for the EOS id it was told
+            if not isinstance(found, dict) or found.get("eos_id") != eos:
+                found = _eos_of_file(final, eos)
             if _has_entry(meta, split, done["entry"]):  # this very export, finished: as pack
-                return NemoExport(str(final), str(meta), **done["counts"], already_complete=True)
+                return NemoExport(str(final), str(meta), **done["counts"], already_complete=True,
+                                  **_eos_fields(found))
             release = hold()  # the file is complete: its entry is written whatever comes
             try:
                 _update_metadata(meta, split, done["entry"])
             finally:
                 release()
-            return NemoExport(str(final), str(meta), **done["counts"], completed_entry=True)
+            return NemoExport(str(final), str(meta), **done["counts"], completed_entry=True,
+                              **_eos_fields(found))
         _read_metadata(meta)  # a metadata file that is not a JSON list: refused before writing
         tmp = dest / f".{final.name}.{uuid.uuid4().hex}.tmp"
         try:
-            counts, entry = _write(blocks, convention, capacity, tmp, rows_per_group, identity)
+            counts, entry, found = _write(blocks, convention, capacity, tmp, rows_per_group,
+                                          identity, eos)
             check()
             release = hold()  # the file and its entry are published together
             try:
@@ -464,16 +587,18 @@ def _export(blocks, convention: str, capacity: int, dest: Path, split: str, over
     finally:
         if lock is not None:
             _unlock_dest(dest, lock)
-    return NemoExport(str(final), str(meta), **counts)
+    return NemoExport(str(final), str(meta), **counts, **_eos_fields(found))
 
 
 def _write(blocks, convention: str, capacity: int, tmp: Path, rows_per_group: int,
-           identity: dict) -> tuple[dict, dict]:
+           identity: dict, eos: int | None) -> tuple[dict, dict, dict]:
     """Write every block to ``tmp``; return (the :class:`NemoExport` counts, the metadata
-    entry), both also recorded in the file under :data:`EXPORT_KEY`."""
+    entry, what :class:`_EosScan` found for ``eos``), all three also recorded in the file under
+    :data:`EXPORT_KEY`."""
     rows = seqs = tokens = targets = left_rows = left_seqs = 0
     max_k, max_len, min_fed = 0, 0, None
     pending: list[pa.RecordBatch] = []
+    scan = _EosScan(eos)
     with pq.ParquetWriter(tmp, nemo_schema(), compression="zstd") as w:
         def flush(all_rows: bool) -> None:
             table = pa.Table.from_batches(pending, schema=nemo_schema())
@@ -488,6 +613,7 @@ def _write(blocks, convention: str, capacity: int, tmp: Path, rows_per_group: in
             check()
             batch = to_nemo_batch(cols, convention)
             pending.append(batch)
+            scan.add(batch)
             # the stored rows' figures: tokens and sequences a row, each sequence's length
             stored = np.diff(batch.column(0).offsets.to_numpy()).astype(np.int64)
             k = np.diff(batch.column(2).offsets.to_numpy()).astype(np.int64)
@@ -518,9 +644,10 @@ def _write(blocks, convention: str, capacity: int, tmp: Path, rows_per_group: in
                  "pack_size": capacity, "min_packed_seqlen": min_fed or 0}
         counts = {"rows": rows, "sequences": seqs, "tokens": tokens, "targets": targets,
                   "one_token_sequences_left_out": left_seqs, "rows_left_out": left_rows}
+        found = scan.result()
         w.add_key_value_metadata({EXPORT_KEY: json.dumps(
-            {"identity": identity, "counts": counts, "entry": entry})})
-    return counts, entry
+            {"identity": identity, "counts": counts, "entry": entry, "eos": found})})
+    return counts, entry, found
 
 
 def _ones(arr: pa.Array) -> int:

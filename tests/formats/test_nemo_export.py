@@ -7,6 +7,7 @@ contract and equals the packed rows."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -536,6 +537,164 @@ def test_an_export_with_nothing_to_train_on_warns_as_stats_does(tmp_path, flags,
     assert res.exit_code == 0
     assert json.loads(res.stdout)["warnings"] == [w[len("WARNING: "):] for w in warned]
     assert [ln for ln in res.stderr.splitlines() if ln.startswith("WARNING: ")] == warned
+
+
+def bridge_collate(path, eos, *, cp_padded=False):
+    """Each row as Megatron-Bridge's ``GPTSFTPackedDataset.collate_fn`` (with
+    ``answer_only_loss=True``) builds it, its EOS rules written out: ``cu_seqlens`` from
+    ``seq_start_id`` (L - 1 a sequence); ``cu_seqlens_q`` with ``pad_seq_to_mult`` > 1
+    (``cp_padded``): each sequence ending at its last fed token that is not EOS (all versions
+    since 0.3.0); ``loss_mask`` of releases up to 0.6.0: 0 wherever the fed token is EOS;
+    ``nemo_cu``: NeMo's (NVIDIA/NeMo, its ``.npy`` reader) ``cu_seqlens_unpadded``, each
+    sequence ending after its second fed EOS when it feeds two or more."""
+    out = []
+    for r in pq.read_table(path).to_pylist():
+        ids, mask = r["input_ids"], r["loss_mask"]
+        bounds = r["seq_start_id"] + [len(ids)]
+        cu, cu_q, nemo_cu, fed_mask, released = [0], [0], [0], [], []
+        for s, e in zip(bounds, bounds[1:]):
+            fed = ids[s:e - 1]
+            cu.append(cu[-1] + len(fed))
+            not_eos = [i for i, t in enumerate(fed) if t != eos]
+            cu_q.append(cu_q[-1] + ((not_eos[-1] + 1 if not_eos else 0) if cp_padded
+                                    else len(fed)))
+            at = [i for i, t in enumerate(fed) if t == eos]
+            nemo_cu.append(nemo_cu[-1] + (at[1] + 1 if len(at) > 1 else len(fed)))
+            fed_mask += mask[s:e - 1]
+            released += [0 if t == eos else m for t, m in zip(fed, mask[s:e - 1])]
+        out.append({"cu_seqlens": cu, "cu_seqlens_q": cu_q, "nemo_cu": nemo_cu,
+                    "loss_mask": fed_mask, "released_loss_mask": released,
+                    "doc_ids": r["doc_ids"], "bounds": bounds, "ids": ids})
+    return out
+
+
+def _eos_line(res):
+    return [ln for ln in res.stderr.splitlines() if ln.startswith("WARNING: ")
+            and "the EOS id" in ln]
+
+
+def test_documents_holding_eos_before_their_end_are_counted_and_said(tmp_path):
+    """Multi-turn chat ending every turn with </s>: docs [1,10,11,2,12,13,2,14,15,2] and
+    [1,20,21,22,2], EOS 2, C = 16. Megatron-Bridge's collate does not end a sequence at an
+    inner EOS (cu_seqlens_q stays [0, 9, 13] even with pad_seq_to_mult > 1; the [0, 7, 11] of
+    NeMo's .npy reader is not this reader's), but its releases up to 0.6.0 zero loss_mask on
+    every fed EOS: the targets 12 and 14 are not trained. The export said nothing; it now warns
+    in one line, counting the document and naming its input row, with --append-eos known from
+    the manifest or --eos-id given."""
+    src = tmp_path / "chat.parquet"
+    pq.write_table(pa.table({"input_ids": [[1, 10, 11, 2, 12, 13, 2, 14, 15, 2],
+                                           [1, 20, 21, 22, 2]]}), src)
+    out, plain = tmp_path / "out", tmp_path / "plain"
+    assert invoke(["pack", "-q", "-c", 16, "--no-shuffle", "--append-eos", 2, src,
+                   out]).exit_code == 0
+    assert invoke(["pack", "-q", "-c", 16, "--no-shuffle", src, plain]).exit_code == 0
+    res = invoke(["export", "--to", "nemo", out, tmp_path / "nemo"])
+    assert res.exit_code == 0, res.output
+    path = tmp_path / "nemo" / "training_16.idx.parquet"
+    row, = bridge_collate(path, 2, cp_padded=True)
+    assert row["cu_seqlens"] == row["cu_seqlens_q"] == [0, 9, 13]
+    assert row["nemo_cu"] == [0, 7, 11]
+    lost = sum(row["loss_mask"]) - sum(row["released_loss_mask"])
+    assert lost == 2 and sum(row["loss_mask"]) == 13
+    line = ("WARNING: 1 document(s) hold the EOS id 2 before their last token (first: row 0 "
+            f"(0-based) of {src}): Megatron-Bridge releases up to 0.6.0 set loss_mask 0 on "
+            "every EOS their collate feeds, so 2 of the 13 targets (each the token right after "
+            "such an EOS) are not trained (docs/python-and-text.md)")
+    assert _eos_line(res) == [line]
+    docs = (Path(__file__).parents[2] / "docs" / "python-and-text.md").read_text()
+    assert line.replace(str(src), "chat.parquet") in docs.splitlines()  # the page shows it
+    done = json.loads(invoke(["export", "--to", "nemo", "--json", out,
+                              tmp_path / "nemo"]).stdout)  # a rerun: nothing to do, same word
+    assert done["already_complete"] and done["warnings"] == [line[len("WARNING: "):]]
+    assert (done["eos_id"], done["eos_documents"], done["eos_targets"], done["eos_cut"],
+            done["eos_first_doc"]) == (2, 1, 2, 0, 0)
+
+    # no --append-eos: the EOS id is unknown and nothing is looked for; --eos-id tells it
+    res = invoke(["export", "--to", "nemo", plain, tmp_path / "plain-nemo"])
+    assert res.exit_code == 0 and _eos_line(res) == []
+    res = invoke(["export", "--to", "nemo", "--json", plain, tmp_path / "plain-nemo"])
+    assert json.loads(res.stdout)["eos_id"] is None
+    res = invoke(["export", "--to", "nemo", "--eos-id", 2, plain, tmp_path / "plain-nemo"])
+    assert res.exit_code == 0 and _eos_line(res) == [line]
+    # another id asked of the finished export: its file is read again for that id
+    res = invoke(["export", "--to", "nemo", "--eos-id", 11, plain, tmp_path / "plain-nemo"])
+    assert _eos_line(res) and "1 of the 13 targets" in _eos_line(res)[0]
+    assert invoke(["export", "--to", "nemo", "--eos-id", -1, plain,
+                   tmp_path / "x"]).exit_code == 2
+
+
+def test_the_eos_counts_are_what_their_collate_does_with_the_rows(tmp_path):
+    """On many SFT documents holding EOS anywhere (prompt-masked, split across rows, ending
+    with two EOS), from two input files: the counts equal what the collate's rules do with the
+    exported rows (targets lost to the released loss-mask rule, sequences cut by the
+    pad_seq_to_mult rule), the documents are those feeding an EOS, and the first is named by
+    its file and row."""
+    eos = 2
+    rng = np.random.default_rng(5)
+    files = []
+    for f in range(2):
+        rows = []
+        for _ in range(300):
+            k = int(rng.integers(2, 40))
+            ids = rng.choice([eos, 3, 4, 5, 6, 7, 8], size=k, p=[.2] + [.8 / 6] * 6).tolist()
+            if rng.random() < .2:
+                ids[-2:] = [eos, eos]
+            p = int(rng.integers(0, k))
+            rows.append({"input_ids": ids, "labels": [IGNORE] * p + ids[p:]})
+        if f == 0:  # the first file: no EOS before a document's last token
+            rows = [{"input_ids": [t for t in r["input_ids"][:-1] if t != eos] + [eos]}
+                    for r in rows]
+            rows = [{**r, "labels": r["input_ids"]} for r in rows]
+        files.append(tmp_path / "in" / f"{'ab'[f]}.parquet")
+        files[-1].parent.mkdir(exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows), files[-1])
+    out = tmp_path / "out"
+    assert invoke(["pack", "-q", "-c", 24, "--overflow", "split", "--append-eos", eos,
+                   tmp_path / "in", out]).exit_code == 0
+    res = invoke(["export", "--to", "nemo", "--json", out, tmp_path / "nemo"])
+    assert res.exit_code == 0, res.output
+    done = json.loads(res.stdout)
+    rows = bridge_collate(tmp_path / "nemo" / "training_24.idx.parquet", eos, cp_padded=True)
+    lost = sum(sum(r["loss_mask"]) - sum(r["released_loss_mask"]) for r in rows)
+    cut = sum(sum(1 for a, b, c, d in zip(r["cu_seqlens"], r["cu_seqlens"][1:],
+                                          r["cu_seqlens_q"], r["cu_seqlens_q"][1:])
+                  if d - c < b - a) for r in rows)
+    feeding, first = set(), None
+    for r in rows:
+        for (s, e), d in zip(zip(r["bounds"], r["bounds"][1:]), r["doc_ids"]):
+            if eos in r["ids"][s:e - 1]:
+                feeding.add(d)
+                first = d if first is None else first
+    assert lost and cut and feeding and min(feeding) >= 300
+    assert (done["eos_targets"], done["eos_cut"], done["eos_documents"],
+            done["eos_first_doc"]) == (lost, cut, len(feeding), first)
+    warned, = [w for w in done["warnings"] if "the EOS id" in w]
+    assert warned.startswith(f"{len(feeding):,} document(s) hold the EOS id {eos} before their "
+                             f"last token (first: row {first - 300} (0-based) of {files[1]}): ")
+    assert f"so {lost:,} of the {done['targets']:,} targets" in warned
+    assert f"ends {cut:,} sequence(s) at the last fed token that is not EOS" in warned
+
+
+@pytest.mark.parametrize("docs", [
+    [[5, 6, 2], [7, 2], [8, 9, 10, 11, 12, 13, 14, 15, 16, 2]],  # EOS only at the end (split)
+    [{"input_ids": [5, 2, 6, 7, 2], "labels": [5, 2, IGNORE, 7, 2]}],  # no target after it
+], ids=["at the end", "no target after it"])
+def test_an_eos_their_collate_trains_as_packtool_does_is_not_warned(tmp_path, docs):
+    """EOS only as each piece's last token (never fed), or fed with no target after it (the
+    next turn's prompt masked): their collate trains the rows as packtool does, so no line."""
+    rows = [d if isinstance(d, dict) else {"input_ids": d} for d in docs]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
+    out = tmp_path / "out"
+    assert invoke(["pack", "-q", "-c", 8, "--append-eos", 2, tmp_path / "d.parquet",
+                   out]).exit_code == 0
+    res = invoke(["export", "--to", "nemo", "--json", out, tmp_path / "nemo"])
+    assert res.exit_code == 0 and _eos_line(res) == []
+    done = json.loads(res.stdout)
+    assert done["eos_id"] == 2 and done["eos_targets"] == done["eos_cut"] == 0
+    assert done["eos_documents"] == (1 if isinstance(docs[0], dict) else 0)
+    for r in bridge_collate(tmp_path / "nemo" / "training_8.idx.parquet", 2, cp_padded=True):
+        assert r["loss_mask"] == r["released_loss_mask"]
+        assert r["cu_seqlens_q"] == r["cu_seqlens"]
 
 
 def test_the_export_of_a_segment_multiple_output_says_its_layout_is_not_kept(tmp_path):
