@@ -826,11 +826,12 @@ def _refuse_raw_input(where, command: str) -> None:
 
 
 def _refuse_raw_store(loc, command: str) -> None:
-    """:func:`_refuse_raw_input` for a store prefix, from one listing of its top level: an
-    interrupted pack, packed shards without a manifest, or tokenized input. A prefix that
+    """:func:`_refuse_raw_input` for a store prefix, from one listing of its top level: a run
+    writing it now (or, its lock object's holder on another host, writing it or interrupted),
+    an interrupted pack, packed shards without a manifest, or tokenized input. A prefix that
     holds nothing, or a store that cannot be listed, is left to the reader (its line names the
     bucket or the store's fault)."""
-    from packtool.formats.manifest import MANIFEST_NAME
+    from packtool.formats.manifest import MANIFEST_NAME, writing_error
     from packtool.formats.reader import _format_of, first_data_file, packed_marker
 
     try:
@@ -840,6 +841,16 @@ def _refuse_raw_store(loc, command: str) -> None:
     except OSError:
         return
     if not entries:
+        return
+    # a run holding the lock is said first; one that finished since wrote its manifest before
+    # it released the lock, so the manifest is looked for again before "interrupted"
+    running = writing_error(loc, _command_line(command, shlex.quote(loc.display)))
+    if running is not None:
+        raise running
+    try:
+        if loc.join(MANIFEST_NAME).exists():
+            return
+    except OSError:
         return
     data = first_data_file(n for n, e in entries.items() if not e.is_dir and _format_of(n))
     from packtool.formats.manifest import version_1_error

@@ -693,12 +693,23 @@ def test_tokenize_reads_and_writes_a_store(tmp_path, hf_tokenizer, s3):
     fs.delete_file(f"{bucket}/tok/{MANIFEST_NAME}")
     with fs.open_output_stream(f"{bucket}/tok/{IN_PROGRESS_NAME}") as f:
         f.write(json.dumps({"fingerprint": "x", "kind": "tokenized"}).encode())
+    # a marker and no lock object: a run that stopped (a run releases its lock last)
     res = invoke(["pack", "-q", "-c", 64, f"s3://{bucket}/tok", tmp_path / "p3"])
-    assert res.exit_code == 1 and f"s3://{bucket}/tok: an unfinished (interrupted or running) " \
-        "packtool tokenize run" in res.output, res.output
+    assert res.exit_code == 1 and f"s3://{bucket}/tok: an interrupted packtool tokenize run" \
+        in res.output, res.output
     res = invoke(["stats", f"s3://{bucket}/tok"])
     assert res.exit_code == 1 and f"s3://{bucket}/tok: an interrupted packtool tokenize run" \
         in res.output, res.output
+    # a lock object of another host, which cannot be asked: running or interrupted
+    with fs.open_output_stream(f"{bucket}/tok/.packtool.lock") as f:
+        f.write(json.dumps({"run": "r", "host": "elsewhere", "pid": 7,
+                            "kind": "tokenized"}).encode())
+    res = invoke(["pack", "-q", "-c", 64, f"s3://{bucket}/tok", tmp_path / "p3"])
+    assert res.exit_code == 1 and f"s3://{bucket}/tok: an unfinished (interrupted or running) " \
+        "packtool tokenize run" in res.output and "host elsewhere" in res.output, res.output
+    res = invoke(["stats", f"s3://{bucket}/tok"])
+    assert res.exit_code == 1 and f"s3://{bucket}/tok: a packtool tokenize run is writing it " \
+        "now or was interrupted" in res.output, res.output
 
 
 @pytest.mark.parametrize("names,extra,column", [

@@ -77,7 +77,8 @@ from packtool.signals import result as task_result
 from packtool.stats import PackStats
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NAME", "LOCK_NAME",
-           "pack_running", "running_error", "marker_kind", "run_words",
+           "pack_running", "run_holding", "writing_error", "running_error", "marker_kind",
+           "run_words",
            "SHARD_GLOB", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry",
            "InputEntry", "LabelsInfo", "WindowEntry", "Windowing", "PACKED_KIND", "TOKENIZED_KIND",
            "KINDS",
@@ -560,22 +561,76 @@ def run_words(kind: str | None) -> str:
     return {TOKENIZED_KIND: "tokenize run", PACKED_KIND: "pack"}.get(kind, "run")
 
 
-def running_error(out, then: str = "read it again", kind: str | None = None) -> ManifestError:
+def run_holding(out) -> tuple[str | None, dict | None]:
+    """Whether a packtool run is writing OUTPUT ``out`` (a path or URI) now, as far as can be
+    told, and what a store's lock object says of it:
+
+    - ``("now", lock)``: a local lock held (:func:`pack_running`; ``lock`` None), or a store's
+      lock object (:data:`LOCK_NAME`) naming a live process of this host;
+    - ``("maybe", lock)``: a store's lock object naming a process of another host, which cannot
+      be asked (a run writing now, or one killed there);
+    - ``(None, None)``: no run holds it: no lock, or one a process known to be gone left (a run
+      stopped by Ctrl-C releases its lock and keeps its in-progress marker).
+
+    A run takes its lock before it writes its marker or removes a manifest and writes its
+    manifest before it releases the lock, so a marker without a held lock is an interrupted run.
+    """
+    loc = Location.parse(out)
+    if loc.is_local:
+        return ("now", None) if pack_running(loc) else (None, None)
+    from packtool.formats import object_store as store
+
+    held = store.lock_of(loc)
+    if held is None or store.holder_is_gone(held):
+        return None, None
+    return ("now" if store.holder_is_here(held) else "maybe"), held
+
+
+def writing_error(out, then: str = "read it again", kind: str | None = None
+                  ) -> ManifestError | None:
+    """The one-line error for OUTPUT ``out`` while a packtool run may be writing it
+    (:func:`run_holding`): :func:`running_error`, sure or not; None when no run holds it (then
+    an in-progress marker is an interrupted run's: the caller says so)."""
+    state, held = run_holding(out)
+    if state is None:
+        return None
+    return running_error(out, then, kind, held=held, sure=state == "now")
+
+
+def running_error(out, then: str = "read it again", kind: str | None = None, *,
+                  held: dict | None = None, sure: bool = True) -> ManifestError:
     """The one-line error for an OUTPUT a running packtool run holds: no manifest yet, or
     shards being replaced (``then``: what to do once it ends). ``kind``: what the run writes
-    (default: what OUTPUT's in-progress marker says, :func:`marker_kind`); a ``tokenize`` run
-    writes documents, so the fix is to pack them once it ends."""
+    (default: what the lock object ``held`` or OUTPUT's in-progress marker says,
+    :func:`marker_kind`); a ``tokenize`` run writes documents, so the fix is to pack them once
+    it ends. ``held``: a store's lock object (None: a local lock, held); ``sure`` False: its
+    holder, on another host, cannot be asked, so the run is writing it now or was interrupted
+    (wait for it, or rerun it to finish it)."""
     loc = Location.parse(out)
-    kind = kind or marker_kind(loc)
-    if kind == TOKENIZED_KIND:
-        return ManifestError(f"{loc.display}: a packtool tokenize run is writing it now (its "
-                             "lock is held): tokenized documents, not packed rows; wait for "
-                             "that tokenize run to end, then pack it: packtool pack --capacity "
-                             f"C {shlex.quote(loc.display)} OUTPUT")
+    said = (held or {}).get("kind")
+    kind = kind or (said if said in KINDS else None) or marker_kind(loc)
     word = run_words(kind)
-    return ManifestError(f"{loc.display}: a packtool {word} is writing it now (its lock is "
-                         f"held), so it has no complete {MANIFEST_NAME} yet; wait for that "
-                         f"{word} to end, then {then}")
+    if held is None:
+        lock = "its lock is held"
+    elif sure:
+        lock = (f"its lock object {LOCK_NAME} names run {held.get('run', '?')}, pid "
+                f"{held.get('pid', '?')} of this host, which is running")
+    else:
+        lock = (f"its lock object {LOCK_NAME} names run {held.get('run', '?')} on host "
+                f"{held.get('host', '?')} (pid {held.get('pid', '?')}), which cannot be asked "
+                "from here")
+    doing = "is writing it now" if sure else "is writing it now or was interrupted"
+    wait = f"wait for that {word} to end, then"
+    if not sure:
+        again = {TOKENIZED_KIND: "tokenize command", PACKED_KIND: "pack"}.get(kind, "command")
+        wait = (f"wait for that {word} to end, or, if it was stopped, rerun the same packtool "
+                f"{again} to finish it; then")
+    if kind == TOKENIZED_KIND:
+        return ManifestError(f"{loc.display}: a packtool tokenize run {doing} ({lock}): "
+                             f"tokenized documents, not packed rows; {wait} pack it: "
+                             f"packtool pack --capacity C {shlex.quote(loc.display)} OUTPUT")
+    return ManifestError(f"{loc.display}: a packtool {word} {doing} ({lock}), so it has no "
+                         f"complete {MANIFEST_NAME} yet; {wait} {then}")
 
 
 #: The manifest of format version 1 (a JSON file; version 2 made it Parquet), which this
@@ -617,6 +672,8 @@ def version_1_error(out) -> ManifestError | None:
 
 
 def _incomplete(out: Location) -> ManifestError:
+    """OUTPUT ``out`` has no manifest and no run holds its lock: an interrupted run (its
+    in-progress marker says which kind), or not a packtool output."""
     if marker_kind(out) == TOKENIZED_KIND:
         return ManifestError(f"{out.display}: no {MANIFEST_NAME}: an interrupted packtool "
                              "tokenize run (tokenized documents, not packed rows); rerun the "
@@ -650,8 +707,9 @@ def read_manifest_and_schema(output) -> tuple[Manifest, pa.Schema]:
         except (FileNotFoundError, IsADirectoryError):
             # no manifest: a pack replacing it holds the lock; one that wrote it since has
             # released the lock, so the lock is looked at first, then the manifest again
-            if pack_running(out):
-                raise running_error(out) from None
+            running = writing_error(out)
+            if running is not None:
+                raise running from None
             if look or not mloc.exists():
                 raise (_not_there(out) or version_1_error(out) or _incomplete(out)) from None
         except (OSError, pa.ArrowException) as exc:
@@ -806,7 +864,7 @@ def check_shards(output, manifest: Manifest, *, hashes: bool = False, threads: i
             raise gone
 
     def fault(message: str) -> ManifestError:  # a pack replacing the shards now: say so
-        return running_error(out) if pack_running(out) else ManifestError(message)
+        return writing_error(out) or ManifestError(message)
 
     # what wrote it, to be run again: ``pack`` or ``tokenize``
     rerun = (f"rerun the same packtool "

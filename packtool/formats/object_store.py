@@ -38,7 +38,8 @@ from packtool.formats.manifest import (KINDS, LOCK_NAME, PACKED_KIND, marker_kin
 from packtool.location import Location, StoreError
 
 __all__ = ["read_ranges", "read_session", "take_lock", "release_lock", "holder",
-           "holder_is_gone", "abort_uploads", "STORE_ERRORS", "first_line"]
+           "holder_is_gone", "holder_is_here", "lock_of", "abort_uploads", "STORE_ERRORS",
+           "first_line"]
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,19 @@ def holder_is_gone(lock: dict) -> bool:
     return bool(started and now and started != now)
 
 
+def holder_is_here(lock: dict) -> bool:
+    """True when the process a lock names runs on this host (so :func:`holder_is_gone` can
+    tell whether it lives); a holder on another host cannot be asked."""
+    return lock.get("host") == socket.gethostname()
+
+
+def lock_of(uri) -> dict | None:
+    """What the lock object of OUTPUT ``uri`` (a store prefix) says: its holder
+    (:func:`holder`) and the ``kind`` of output it writes; None when there is none (or it
+    cannot be read or parsed)."""
+    return _read_json(Location.parse(uri).join(LOCK_NAME))
+
+
 def take_lock(uri, *, overwrite: bool, kind: str = PACKED_KIND) -> dict:
     """Write the lock object of OUTPUT ``uri`` and read it back; returns what was written (who
     holds it, :func:`holder`, and the ``kind`` of output the run writes, so that a refused run
@@ -227,7 +241,7 @@ def take_lock(uri, *, overwrite: bool, kind: str = PACKED_KIND) -> dict:
     key = out.join(LOCK_NAME)
     try:
         held = _read_json(key)
-        here = held is not None and held.get("host") == socket.gethostname()
+        here = held is not None and holder_is_here(held)
         # a holder on this host is asked whether it lives (--overwrite never takes a live
         # run's lock: both would write the same shards); one on another host cannot be asked
         if held is not None and not holder_is_gone(held) and (here or not overwrite):

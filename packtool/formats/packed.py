@@ -719,15 +719,16 @@ class PackedOutput:
         """Shard ``s`` differs from the manifest this reader opened (missing, resized,
         rewritten): when the manifest now in OUTPUT records it otherwise, the output was packed
         again (``--overwrite``) since it was opened; when there is no manifest now, a pack is
-        replacing it (its lock is held) or one that did was interrupted (its in-progress marker
-        is there). None of these is damage.
+        replacing it (its lock is held; a store's lock object whose holder cannot be asked: it
+        is replacing it or was interrupted) or one that did was interrupted (its in-progress
+        marker is there). None of these is damage.
 
         Raises:
             ManifestError: says which, and to open the output again (once the pack has ended,
                 or been rerun to its end).
         """
-        from packtool.formats.manifest import (marker_kind, pack_running, read_manifest,
-                                               run_words, running_error)
+        from packtool.formats.manifest import (marker_kind, read_manifest, run_words,
+                                               writing_error)
 
         loc = self.location
         again = "open it again (a new dataset or PackedOutput.open)"
@@ -739,8 +740,9 @@ class PackedOutput:
                 pass
             # no manifest now: a pack replacing it holds the lock (one that has finished since
             # wrote its manifest before releasing it: looked for again), or was interrupted
-            if pack_running(loc):
-                raise running_error(loc, then=again) from None
+            running = writing_error(loc, then=again)
+            if running is not None:
+                raise running from None
             kind = marker_kind(loc)
             if kind is not None:
                 word = run_words(kind)

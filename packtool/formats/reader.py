@@ -58,8 +58,9 @@ from packtool.errors import (InputError, ManifestError, PacktoolError, SchemaErr
 from packtool.formats.arrays import list_parts, numpy_values
 from packtool.formats.manifest import (IN_PROGRESS_NAME, KINDS, MANIFEST_META_KEY,
                                        MANIFEST_NAME, PACKED_KIND, TOKENIZED_KIND,
-                                       V1_MANIFEST_NAME, Manifest, footer_of, pack_running,
-                                       read_manifest, version_1_listed)
+                                       V1_MANIFEST_NAME, LOCK_NAME, Manifest, footer_of,
+                                       read_manifest, run_holding,
+                                       version_1_listed)
 from packtool.formats.schema import (MASK_LIKE, check_single_column, check_token_column,
                                      is_integer_list, is_list_layout)
 from packtool.location import Location, StoreError
@@ -664,19 +665,30 @@ def _refuse_packed(where: Path | str, evidence: str, column: str | None = None) 
 
 def _refuse_unfinished_tokenize(place: _Place, directory: str, where) -> None:
     """The one refusal of a ``packtool tokenize`` OUTPUT that is not finished (its in-progress
-    marker says kind ``tokenized``): its documents are not all written, so none is read. A
-    local one whose lock is held is being written now; one that is not, interrupted (a store's
-    lock cannot be asked).
+    marker says kind ``tokenized``): its documents are not all written, so none is read. One
+    whose lock is held (a local lock, or a store's lock object naming a live process of this
+    host) is being written now; a store's lock object naming another host's process cannot be
+    asked: being written or interrupted; else interrupted
+    (:func:`~packtool.formats.manifest.run_holding`).
 
     Raises:
         InputError: names the folder (as ``where``), what it is and the fix.
     """
-    if not place.prefix and pack_running(directory):
-        raise InputError(f"{where}: a packtool tokenize run is writing it now (its lock is "
-                         "held), so not all of its documents are written yet; wait for that "
-                         "tokenize run to end, then pack it")
-    state = "an interrupted" if not place.prefix else "an unfinished (interrupted or running)"
-    raise InputError(f"{where}: {state} packtool tokenize run ({IN_PROGRESS_NAME}, no "
+    state, held = run_holding(str(place.show(directory)))
+    if state == "now":
+        lock = ("its lock is held" if held is None else f"its lock object {LOCK_NAME} names "
+                f"pid {held.get('pid', '?')} of this host, which is running")
+        raise InputError(f"{where}: a packtool tokenize run is writing it now ({lock}), so not "
+                         "all of its documents are written yet; wait for that tokenize run to "
+                         "end, then pack it")
+    if state == "maybe":
+        raise InputError(f"{where}: an unfinished (interrupted or running) packtool tokenize "
+                         f"run ({IN_PROGRESS_NAME}, no {MANIFEST_NAME} yet; its lock object "
+                         f"{LOCK_NAME} names host {held.get('host', '?')}, which cannot be asked "
+                         "from here), so not all of its documents are written; wait for that "
+                         "tokenize run to end, or, if it was stopped, rerun the same packtool "
+                         "tokenize command to finish it; then pack it")
+    raise InputError(f"{where}: an interrupted packtool tokenize run ({IN_PROGRESS_NAME}, no "
                      f"{MANIFEST_NAME} yet), so not all of its documents are written; rerun "
                      "the same packtool tokenize command to finish it, then pack it")
 

@@ -461,6 +461,96 @@ def test_a_store_prefix_that_is_not_a_packed_output_is_named_as_a_local_one_is(b
     assert res.exit_code == 1 and f"{uri}: an interrupted pack" in res.output
 
 
+def _refusals(uri, tmp_path) -> dict:
+    """What every reader of a packed output says of ``uri``: stats, verify, export, the
+    manifest reader, PackedOutput.open and (with torch) both datasets; one line each."""
+    from packtool.errors import ManifestError
+    from packtool.formats.manifest import read_manifest
+    from packtool.formats.packed import PackedOutput
+
+    said = {}
+    for cmd in (["stats"], ["verify", "--data-only"],
+                ["export", "--to", "nemo", uri, tmp_path / "exported"]):
+        res = invoke([*cmd, uri] if len(cmd) < 3 else cmd)
+        assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+        said[cmd[0]] = res.output
+    readers = {"read_manifest": read_manifest, "PackedOutput.open": PackedOutput.open}
+    try:
+        import torch  # noqa: F401
+        from packtool.loader import PackedDataset, PackedIterableDataset
+
+        readers.update(PackedDataset=PackedDataset, PackedIterableDataset=PackedIterableDataset)
+    except ImportError:
+        pass
+    for name, read in readers.items():
+        with pytest.raises(ManifestError) as err:
+            read(uri)
+        said[name] = str(err.value)
+    return said
+
+
+def test_a_store_output_a_pack_is_writing_is_never_called_interrupted(tmp_path, s3):
+    """A pack writing a store prefix (held at each phase) is named as one by every reader
+    (its lock object names a live process of this host), never as an interrupted pack to
+    rerun; killed, it is an interrupted pack; a lock object of another host, which cannot be
+    asked, is a pack writing it now or interrupted: wait, or rerun it to finish it."""
+    from packcheck import paused_pack
+
+    fs, bucket = s3
+    src = write_docs(tmp_path / "in" / "a.parquet", DOCS)
+    for phase in ("read:0", "write-shard:1", "manifest"):
+        uri = f"s3://{bucket}/live-{phase.replace(':', '-')}"
+        with paused_pack(src, uri, phase, PACK[2:]):
+            for reader, line in _refusals(uri, tmp_path).items():
+                assert f"{uri}: a packtool pack is writing it now (its lock object " \
+                       ".packtool.lock names run" in line, (phase, reader, line)
+                assert "of this host, which is running" in line, (phase, reader, line)
+                assert "interrupted" not in line, (phase, reader, line)
+        if phase == "read:0":
+            continue  # killed before its marker: no pack output is there yet
+        for reader, line in _refusals(uri, tmp_path).items():  # killed: its lock left behind
+            assert f"{uri}: " in line and "interrupted pack" in line, (reader, line)
+            assert "is writing it now" not in line, (reader, line)
+    fs.delete_file(f"{bucket}/live-manifest/.packtool.lock")
+    with fs.open_output_stream(f"{bucket}/live-manifest/.packtool.lock") as f:
+        f.write(json.dumps({"run": "r7", "host": "elsewhere", "pid": 7,
+                            "kind": "packed"}).encode())
+    uri = f"s3://{bucket}/live-manifest"
+    for reader, line in _refusals(uri, tmp_path).items():
+        assert f"{uri}: a packtool pack is writing it now or was interrupted (its lock object " \
+               ".packtool.lock names run r7 on host elsewhere (pid 7), which cannot be asked " \
+               "from here), so it has no complete .packtool-manifest.parquet yet; wait for " \
+               "that pack to end, or, if it was stopped, rerun the same packtool pack to " \
+               "finish it; then " in line, (reader, line)
+
+
+def test_a_store_output_open_while_pack_overwrite_rewrites_it_says_so(both, tmp_path):
+    """A reader opened on a store output that ``pack --overwrite`` of other options then
+    rewrites: a shard gone or another file while that pack writes is a pack writing it now
+    (open it again once it ends), as for a local directory; a hash check meeting a rewritten
+    shard likewise; once the pack is killed, a pack that was interrupted there."""
+    from packcheck import paused_pack
+
+    from packtool.errors import ManifestError
+    from packtool.formats.manifest import check_shards, read_manifest
+    from packtool.formats.packed import PackedOutput
+
+    _, uri, _, _ = both
+    src = tmp_path / "in" / "a.parquet"
+    reader, opened = PackedOutput.open(uri), read_manifest(uri)
+    with paused_pack(src, uri, "manifest", [*PACK[2:], "--overwrite", "--seed", "5"]):
+        for group in (reader.num_row_groups - 1, 0):  # the last shard gone, the first rewritten
+            with pytest.raises(ManifestError, match="a packtool pack is writing it now .*of "
+                                                    "this host, which is running.*open it "
+                                                    r"again \(a new dataset"):
+                reader.decode(group, ["input_ids"])
+        with pytest.raises(ManifestError, match="is writing it now"):
+            check_shards(uri, opened, hashes=True)
+    with pytest.raises(ManifestError, match="packed again since it was opened, by a packtool "
+                                            "pack that was interrupted .*rerun that pack"):
+        reader.decode(reader.num_row_groups - 1, ["input_ids"])
+
+
 def test_a_store_that_stops_answering_mid_read_is_no_damaged_shard(tmp_path, monkeypatch):
     """The store goes away after the output was opened: reading a row group of a shard already
     open, or opening another shard, is the one "cannot reach the store" line as an InputError
