@@ -779,13 +779,8 @@ def _refuse_raw_input(where, command: str) -> None:
     out = loc.path
     from packtool.formats.reader import _format_of, first_data_file, packed_marker
 
-    if out.is_file() and _format_of(out.name):  # one file: a shard, or tokenized input
-        if out.name == MANIFEST_NAME or packed_marker(out) is not None:
-            what = "the manifest" if out.name == MANIFEST_NAME else "one shard"
-            raise ManifestError(f"{out}: is {what} of a packed output; give its directory: "
-                                f"{_command_line(command, shlex.quote(str(out.parent)))}")
-        what, hint = _raw_hint(str(out), command, out)
-        raise ManifestError(f"{out}: is {what}, not a packed output; for it run: {hint}")
+    if out.is_file():
+        _refuse_file(loc, command)
     if not out.is_dir() or (out / MANIFEST_NAME).exists():
         return
     from packtool.formats.manifest import marker_kind, pack_running, running_error
@@ -825,21 +820,49 @@ def _refuse_raw_input(where, command: str) -> None:
             data_at=None if data is None else out / data, kind=marker_kind(out))
 
 
+def _refuse_file(loc, command: str) -> None:
+    """One line for the data file ``loc`` (a local file or a store object) given to ``stats``,
+    ``verify`` or ``export`` where a packed output's directory or prefix is wanted: a shard or
+    the manifest of an output (the command on the directory or prefix holding it), or
+    tokenized input (the command that fits it). Any other file is left to the reader.
+
+    Raises:
+        ManifestError: ``loc`` is a Parquet or Arrow file.
+    """
+    from packtool.errors import ManifestError
+    from packtool.formats.manifest import MANIFEST_NAME
+    from packtool.formats.reader import _format_of, packed_marker
+
+    if not _format_of(loc.name):
+        return
+    data_at = loc.path if loc.is_local else str(loc)
+    if loc.name == MANIFEST_NAME or packed_marker(data_at) is not None:
+        what = "the manifest" if loc.name == MANIFEST_NAME else "one shard"
+        place = "directory" if loc.is_local else "prefix"
+        raise ManifestError(f"{loc.display}: is {what} of a packed output; give its {place}: "
+                            f"{_command_line(command, shlex.quote(loc.parent.display))}")
+    what, hint = _raw_hint(loc.display, command, data_at)
+    raise ManifestError(f"{loc.display}: is {what}, not a packed output; for it run: {hint}")
+
+
 def _refuse_raw_store(loc, command: str) -> None:
     """:func:`_refuse_raw_input` for a store prefix, from one listing of its top level: a run
     writing it now (or, its lock object's holder on another host, writing it or interrupted),
-    an interrupted pack, packed shards without a manifest, or tokenized input. A prefix that
-    holds nothing, or a store that cannot be listed, is left to the reader (its line names the
-    bucket or the store's fault)."""
+    an interrupted pack, packed shards without a manifest, or tokenized input; one data object
+    as :func:`_refuse_file`. A prefix that holds nothing, or a store that cannot be listed, is
+    left to the reader (its line names the bucket or the store's fault)."""
     from packtool.formats.manifest import MANIFEST_NAME, writing_error
     from packtool.formats.reader import _format_of, first_data_file, packed_marker
 
     try:
         if loc.join(MANIFEST_NAME).exists():
             return
-        entries = loc.listdir()
+        one = loc.is_file()
+        entries = {} if one else loc.listdir()
     except OSError:
         return
+    if one:
+        return _refuse_file(loc, command)
     if not entries:
         return
     # a run holding the lock is said first; one that finished since wrote its manifest before

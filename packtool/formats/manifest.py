@@ -77,7 +77,8 @@ from packtool.signals import result as task_result
 from packtool.stats import PackStats
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NAME", "LOCK_NAME",
-           "pack_running", "run_holding", "writing_error", "running_error", "marker_kind",
+           "pack_running", "run_holding", "writing_error", "running_error", "a_file_error",
+           "marker_kind",
            "run_words",
            "SHARD_GLOB", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry",
            "InputEntry", "LabelsInfo", "WindowEntry", "Windowing", "PACKED_KIND", "TOKENIZED_KIND",
@@ -671,6 +672,27 @@ def version_1_error(out) -> ManifestError | None:
                          "same packtool pack command with --overwrite")
 
 
+def a_file_error(out) -> ManifestError | None:
+    """The one line for OUTPUT ``out`` (a path or URI) naming a file (a local file, a store
+    object) where the directory or prefix of a packed output is wanted; it names the directory
+    or prefix holding the file when that holds a :data:`MANIFEST_NAME` (the file is one of its
+    shards, or the manifest). None when ``out`` is no file (or cannot be asked)."""
+    loc = Location.parse(out)
+    try:
+        if not loc.is_file():
+            return None
+        parent = loc.parent
+        above = parent.join(MANIFEST_NAME).is_file()
+    except (OSError, pa.ArrowException) as exc:
+        raise_if_shortage(exc)
+        return None
+    what, place = (("a file, not a directory", "directory") if loc.is_local else
+                   ("an object (a file), not a prefix", "prefix"))
+    hint = f": {parent.display}, which holds it and its {MANIFEST_NAME}" if above else ""
+    return ManifestError(f"{loc.display}: is {what}; pass the OUTPUT {place} of packtool "
+                         f"pack{hint}")
+
+
 def _incomplete(out: Location) -> ManifestError:
     """OUTPUT ``out`` has no manifest and no run holds its lock: an interrupted run (its
     in-progress marker says which kind), or not a packtool output."""
@@ -702,8 +724,9 @@ def read_manifest_and_schema(output) -> tuple[Manifest, pa.Schema]:
             data = mloc.read_bytes()
             break
         except NotADirectoryError:
-            raise ManifestError(f"{out.display}: not a directory; pass the OUTPUT directory of "
-                                "packtool pack") from None
+            raise (a_file_error(out) or ManifestError(
+                f"{out.display}: not a directory; pass the OUTPUT directory of packtool pack")
+            ) from None
         except (FileNotFoundError, IsADirectoryError):
             # no manifest: a pack replacing it holds the lock; one that wrote it since has
             # released the lock, so the lock is looked at first, then the manifest again
@@ -711,7 +734,8 @@ def read_manifest_and_schema(output) -> tuple[Manifest, pa.Schema]:
             if running is not None:
                 raise running from None
             if look or not mloc.exists():
-                raise (_not_there(out) or version_1_error(out) or _incomplete(out)) from None
+                raise (_not_there(out) or a_file_error(out) or version_1_error(out)
+                       or _incomplete(out)) from None
         except (OSError, pa.ArrowException) as exc:
             raise_if_shortage(exc, mloc.display)
             gone = _not_there(out)

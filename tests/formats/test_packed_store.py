@@ -551,6 +551,47 @@ def test_a_store_output_open_while_pack_overwrite_rewrites_it_says_so(both, tmp_
         reader.decode(reader.num_row_groups - 1, ["input_ids"])
 
 
+def test_a_store_object_given_as_output_says_it_is_one(both, tmp_path, s3_endpoint,
+                                                       monkeypatch):
+    """A shard, the manifest or a tokenized file named by its object URI where the output's
+    prefix is wanted: the commands say what it is and give the prefix (as for a local file),
+    the readers that it is an object, not a prefix, naming the prefix holding its manifest;
+    never an interrupted pack. The endpoint given in the URI is kept in the prefix named."""
+    from packtool.errors import ManifestError
+    from packtool.formats.manifest import read_manifest
+
+    local, _, fs, bucket = both
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    opts = f"endpoint_override={s3_endpoint.split('://', 1)[1]}&scheme=http"
+    prefix = f"s3://{bucket}/packed?{opts}"
+    for name, what in (("part-00000.parquet", "one shard"),
+                       (".packtool-manifest.parquet", "the manifest")):
+        uri = f"s3://{bucket}/packed/{name}?{opts}"
+        said = _refusals(uri, tmp_path)
+        for cmd, line in (("stats", f"stats '{prefix}'"), ("verify", f"verify '{prefix}'"),
+                          ("export", f"export --to nemo '{prefix}' DEST")):
+            assert f"{uri}: is {what} of a packed output; give its prefix: packtool " \
+                   f"{line}" in said[cmd], said[cmd]
+        for reader in set(said) - {"stats", "verify", "export"}:
+            assert said[reader] == f"{uri}: is an object (a file), not a prefix; pass the " \
+                f"OUTPUT prefix of packtool pack: {prefix}, which holds it and its " \
+                ".packtool-manifest.parquet", (reader, said[reader])
+    with fs.open_output_stream(f"{bucket}/raw/a.parquet") as f:
+        f.write((tmp_path / "in" / "a.parquet").read_bytes())
+    uri = f"s3://{bucket}/raw/a.parquet?{opts}"
+    said = _refusals(uri, tmp_path)
+    assert f"{uri}: is tokenized input, not a packed output; for it run: packtool pack " \
+           "--capacity C" in said["verify"], said["verify"]
+    assert said["read_manifest"] == f"{uri}: is an object (a file), not a prefix; pass the " \
+        "OUTPUT prefix of packtool pack", said["read_manifest"]
+    # a local file likewise names the directory holding its manifest
+    shard = local / "part-00000.parquet"
+    with pytest.raises(ManifestError) as err:
+        read_manifest(shard)
+    assert str(err.value) == f"{shard}: is a file, not a directory; pass the OUTPUT " \
+        f"directory of packtool pack: {local}, which holds it and its .packtool-manifest.parquet"
+
+
 def test_a_store_that_stops_answering_mid_read_is_no_damaged_shard(tmp_path, monkeypatch):
     """The store goes away after the output was opened: reading a row group of a shard already
     open, or opening another shard, is the one "cannot reach the store" line as an InputError
