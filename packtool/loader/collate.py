@@ -524,14 +524,27 @@ def count_targets(labels) -> int:
     return int((labels != IGNORE_INDEX).sum())
 
 
-def _check_convention(lab: np.ndarray, ids: np.ndarray, seg: np.ndarray, mode: str) -> None:
+#: How the caller of a collate function says the convention of items that do not: in the items
+#: (:func:`collate`, :func:`collate_flat`: the dataset's items carry ``labels_mode``), or to
+#: :class:`~packtool.loader.HFCollator` (a Trainer drops the keys its model does not name).
+_SAY_CONVENTION = {
+    "collate": "keep each item's 'labels_mode' key (or give it 'labels_convention': '{other}')",
+    "HFCollator": "say what they are: HFCollator(labels_mode='{other}')",
+}
+
+
+def _check_convention(lab: np.ndarray, ids: np.ndarray, seg: np.ndarray, mode: str,
+                      caller: str = "HFCollator") -> None:
     """Refuse labels that contradict ``mode``: unshifted labels are token ``i`` or -100, and
     -100 on each segment's first token; shifted ones the next token of the same segment or
     -100, and -100 on each segment's last token; -100 on padding (``seg`` 0) in both. (Over a
-    repeated token, shifted labels look unshifted but for those boundaries.)
+    repeated token, shifted labels look unshifted but for those boundaries.) ``caller``: the
+    collate function asking, ``collate`` (also :func:`collate_flat`) or ``HFCollator``, whose
+    way of saying the convention the message names (:data:`_SAY_CONVENTION`).
 
     Raises:
-        ValueError: names the first row and position that does not fit, and the fix.
+        ValueError: names the first row and position that does not fit, and the fixes open to
+            ``caller``.
     """
     ignored = lab == IGNORE_INDEX
     same = seg[:, 1:] == seg[:, :-1]  # shape: (B, C - 1)
@@ -550,10 +563,10 @@ def _check_convention(lab: np.ndarray, ids: np.ndarray, seg: np.ndarray, mode: s
     other = "shifted" if mode == "unshifted" else "unshifted"
     raise ValueError(
         f"batch row {r}, position {i}: label {int(lab[r, i])} is not {mode} (token there: "
-        f"{int(ids[r, i])}); these items carry {other} labels but do not say so (a trainer "
-        f"dropped their 'labels_convention' key?): build the dataset with labels='{mode}', or "
-        f"say what they are (HFCollator(labels_mode='{other}')), so that no labels are shifted "
-        "twice")
+        f"{int(ids[r, i])}); these items carry {other} labels but do not say so (no "
+        "'labels_mode' or 'labels_convention' key: a trainer that drops the keys its model "
+        f"does not name removed it?): build the dataset with labels='{mode}', or "
+        f"{_SAY_CONVENTION[caller].format(other=other)}, so that no labels are shifted twice")
 
 
 def _derived_labels64(ids: np.ndarray, seg: np.ndarray, cu: np.ndarray,
@@ -590,13 +603,20 @@ def _derived_labels64(ids: np.ndarray, seg: np.ndarray, cu: np.ndarray,
 
 
 def _labels(rows: Rows, want: str | None = None, default_mode: str = "unshifted",
-            cu: np.ndarray | None = None) -> tuple[np.ndarray, str, int]:
+            cu: np.ndarray | None = None, caller: str = "HFCollator"
+            ) -> tuple[np.ndarray, str, int]:
     """int[B, C] labels of the batch, their convention and their effective targets.
 
     Args:
         want: the convention to hand out (converted inside each segment); None: the rows'.
         default_mode: the convention of rows that do not say (checked against the values).
         cu: the batch's boundaries (:func:`_cu`), used when labels are derived.
+        caller: the collate function asking (:func:`_check_convention`): ``collate`` or
+            ``HFCollator`` (the default: :mod:`packtool.loader.hf` passes none).
+
+    Raises:
+        ValueError: rows that do not say their convention, whose labels contradict
+            ``default_mode`` (:func:`_check_convention`).
     """
     mode = rows.labels_mode
     ids = rows.tokens["input_ids"]
@@ -609,7 +629,7 @@ def _labels(rows: Rows, want: str | None = None, default_mode: str = "unshifted"
         return lab, out, n
     if mode is None:
         mode = default_mode
-        _check_convention(lab, ids, _segments(rows), mode)
+        _check_convention(lab, ids, _segments(rows), mode, caller)
     out = want or mode
     lab = convert_labels(lab, _segments(rows), mode, out) if out != mode else lab
     return lab, out, count_targets(lab)
@@ -623,7 +643,9 @@ def _parts(rows: Rows, want: str | None = None) -> tuple:
     Rows that hold ``input_ids`` and the spans only (``cu_seqlens`` and ``doc_ids``: what the
     training batches read) get all of it in one pass over each row, labels and positions
     written as int64 at once (:func:`packtool.core.structure.row_structure`); other rows
-    column by column. ``want``: the labels convention to hand out (None: the rows').
+    column by column. ``want``: the labels convention to hand out (None: the rows'). Labels
+    that contradict the convention assumed for rows that do not say it are refused naming
+    the fixes open to a caller of :func:`collate` (:func:`_check_convention`).
     """
     ids = rows.tokens["input_ids"]
     if (rows.tokens.keys() == {"input_ids"} and "cu_seqlens_unpadded" not in rows.ragged
@@ -641,7 +663,7 @@ def _parts(rows: Rows, want: str | None = None) -> tuple:
         # a row breaks the output contract: the column path below names it
     _structure(rows)
     cu_seqlens, max_seqlen = _cu(rows)
-    labels, convention, targets = _labels(rows, want, cu=cu_seqlens)
+    labels, convention, targets = _labels(rows, want, cu=cu_seqlens, caller="collate")
     seg = _segments(rows)
     return (cu_seqlens, max_seqlen, labels, convention, targets, seg, _positions(rows),
             _seq_idx(cu_seqlens, seg.shape, flat=False))

@@ -142,15 +142,30 @@ def test_loader_hands_out_unshifted_labels_unless_asked_and_says_so(outputs):
 @pytest.mark.parametrize("make", [HFCollator(), HFCollator(flatten=True), collate_flat, collate])
 def test_items_that_lost_their_convention_are_never_shifted_twice(outputs, make):
     """Trainer strips every key its model does not take, the convention key included: shifted
-    labels handed to a collator that assumes unshifted are refused, naming the fix."""
+    labels handed to a collator that assumes unshifted are refused, naming the fixes that
+    collator has (collate and collate_flat take no option: the items say it; HFCollator its
+    labels_mode), each of which then works."""
     ds = PackedDataset(outputs["shifted"], labels="shifted")
     stripped = [{k: ds[i][k] for k in ("input_ids", "position_ids", "labels")}
                 for i in range(3)]
-    with pytest.raises(ValueError, match=r"labels='unshifted'.*shifted twice"):
+    with pytest.raises(ValueError, match=r"labels='unshifted'.*shifted twice") as err:
         make(stripped)
+    if isinstance(make, HFCollator):
+        assert "say what they are: HFCollator(labels_mode='shifted')" in str(err.value)
+        said = HFCollator(flatten=make.flatten, labels_mode="shifted")(stripped)
+    else:
+        assert "keep each item's 'labels_mode' key (or give it 'labels_convention': " \
+               "'shifted')" in str(err.value), err.value
+        assert "HFCollator" not in str(err.value), err.value  # no option collate takes
+        said = make([{**item, "labels_convention": "shifted"} for item in stripped])
+        assert make([{**item, "labels_mode": ds[i]["labels_mode"]}
+                     for i, item in enumerate(stripped)])["labels"].equal(said["labels"])
     ok = PackedDataset(outputs["shifted"])  # unshifted by default
     good = [{k: ok[i][k] for k in ("input_ids", "position_ids", "labels")} for i in range(3)]
     assert make(good)["labels"].numel() == 3 * 64
+    want = make(good)["labels"] if make is not collate else torch.from_numpy(
+        np.stack([item["labels"] for item in stripped])).long()  # collate keeps them shifted
+    assert said["labels"].equal(want)  # each fix hands out the items' labels, shifted once
 
 
 @pytest.mark.parametrize("make", [HFCollator(), HFCollator(flatten=True), collate_flat, collate])
