@@ -117,20 +117,41 @@ def require_torch():
 
 # --- what each form needs -------------------------------------------------------------------
 
-def _missing(have, padded: bool = False) -> str | None:
-    """What a batch lacks among columns ``have`` (None: nothing)."""
+#: The columns beside ``input_ids`` that tell the padding tail from a document: any one set
+#: will do (an output packed with ``--segment-multiple``: the spans it stores, only).
+_SPAN_SETS = (("segment_ids",), ("cu_seqlens", "doc_ids"), ("position_ids", "labels"))
+_PADDED_SPAN_SETS = (("cu_seqlens", "cu_seqlens_unpadded", "doc_ids"),)
+
+
+def _and(names) -> str:
+    return " and ".join(names)
+
+
+def _ways(have, padded: bool = False) -> list[str]:
+    """Every way to complete columns ``have`` into a batch, in words, the fewest columns to add
+    first ("doc_ids (beside cu_seqlens)"); empty when they already make one."""
     have = set(have)
-    if "input_ids" not in have:
-        return "input_ids"
-    if padded:  # a span is a document and its padding: only the stored spans say where
-        return next((c for c in ("cu_seqlens", "cu_seqlens_unpadded", "doc_ids")
-                     if c not in have), None)
-    if "segment_ids" in have or {"cu_seqlens", "doc_ids"} <= have \
-            or {"position_ids", "labels"} <= have:
-        return None
-    if "position_ids" in have:
-        return "labels"
-    return "segment_ids"
+    sets = _PADDED_SPAN_SETS if padded else _SPAN_SETS
+    if any(set(cols) <= have for cols in sets):
+        return []
+    ways = []
+    for cols in sorted(sets, key=lambda cols: len(set(cols) - have)):
+        lack = [c for c in cols if c not in have]
+        kept = [c for c in cols if c in have]
+        ways.append(_and(lack) + (f" (beside {_and(kept)})" if kept else ""))
+    return ways
+
+
+def _missing(have, padded: bool = False) -> str | None:
+    """What a batch lacks among columns ``have``, naming every set of columns that would
+    complete it: ``input_ids``, and one of :data:`_SPAN_SETS` ("one of: segment_ids; doc_ids
+    (beside cu_seqlens); position_ids and labels"). None: nothing."""
+    have = set(have)
+    ways = _ways(have, padded)
+    need = [] if "input_ids" in have else ["input_ids"]
+    if ways:
+        need.append(ways[0] if len(ways) == 1 else "one of: " + "; ".join(ways))
+    return ", and ".join(need) or None
 
 
 def check_item_columns(columns: Sequence[str], *, labels_stored: bool = True,
@@ -144,7 +165,8 @@ def check_item_columns(columns: Sequence[str], *, labels_stored: bool = True,
     stored spans will do: ``cu_seqlens``, ``cu_seqlens_unpadded`` and ``doc_ids``.
 
     Raises:
-        ValueError: names the columns given, what is missing and the fix.
+        ValueError: names the columns given, every set of columns that would complete them and
+            the fix.
     """
     missing = _missing(columns, padded)
     if missing and padded:
@@ -160,7 +182,8 @@ def check_item_columns(columns: Sequence[str], *, labels_stored: bool = True,
         # a Trainer keeps the columns its model's forward names: labels kept, positions not
         raise ValueError(
             f"a batch needs position_ids beside input_ids and labels (columns: "
-            f"{', '.join(sorted(have))}): keep it in columns=; TRL's SFTTrainer keeps only "
+            f"{', '.join(sorted(have))}; missing {missing}): keep position_ids in "
+            "columns=; TRL's SFTTrainer keeps only "
             "input_ids, labels and seq_lengths (pass remove_unused_columns=False in its "
             "config); Trainer's remove_unused_columns drops it only for a model whose forward "
             "takes no position_ids (BLOOM, MPT and a few more), which cannot keep the "
@@ -168,14 +191,14 @@ def check_item_columns(columns: Sequence[str], *, labels_stored: bool = True,
             "unpacked rows, or a model that takes position_ids (packtool verify --hf-config "
             "shows which keep documents apart)")
     if missing:
-        spans = "cu_seqlens and doc_ids"
         raise ValueError(
-            f"a batch needs input_ids and segment_ids (or {spans}, or position_ids and labels) "
-            f"(columns: {', '.join(sorted(set(columns))) or 'none'}; missing {missing}): "
-            "without segment_ids or labels the padding tail cannot be told from a document; keep "
-            "them in columns= (a trainer that drops item columns its model does not name, such "
-            "as TRL's SFTTrainer, needs remove_unused_columns=False, or the labels stored: pack "
-            "with --labels unshifted, or pack_dataset(..., labels='unshifted'))")
+            f"a batch needs input_ids and segment_ids (or cu_seqlens and doc_ids, or "
+            f"position_ids and labels) (columns: {', '.join(sorted(have)) or 'none'}; missing "
+            f"{missing}): without segment_ids, the spans (cu_seqlens and doc_ids) or labels the "
+            "padding tail cannot be told from a document; keep them in columns= (a trainer that "
+            "drops item columns its model does not name, such as TRL's SFTTrainer, needs "
+            "remove_unused_columns=False, or the labels stored: pack with --labels unshifted, "
+            "or pack_dataset(..., labels='unshifted'))")
 
 
 def _needs(columns) -> None:

@@ -85,6 +85,48 @@ def test_columns_no_collate_can_use_are_refused_when_the_dataset_is_built(padded
         PackedIterableDataset(padded, columns=["input_ids", "position_ids"], batch_size=2)
 
 
+def test_a_refusal_of_columns_names_every_set_of_columns_that_would_do(padded):
+    """columns=['input_ids', 'cu_seqlens'] was refused as "missing segment_ids", though doc_ids
+    would do as well: every refused subset of the columns names what it lacks of each set
+    that makes a batch (input_ids and one of segment_ids, cu_seqlens + doc_ids, position_ids +
+    labels), with what it holds of that set; a dataset given any one of them is built, and
+    every collate takes its items."""
+    from itertools import combinations
+
+    from packtool.loader.collate import check_item_columns
+
+    names = ("input_ids", "segment_ids", "cu_seqlens", "doc_ids", "position_ids", "labels")
+    sets = (("segment_ids",), ("cu_seqlens", "doc_ids"), ("position_ids", "labels"))
+    refused = 0
+    for n in range(len(names) + 1):
+        for cols in combinations(names, n):
+            have = set(cols)
+            if "input_ids" in have and any(set(s) <= have for s in sets):
+                check_item_columns(cols)
+                continue
+            with pytest.raises(ValueError) as err:
+                check_item_columns(cols)
+            refused += 1
+            msg = str(err.value)
+            said = msg.split("(columns: ", 1)[1].split("): ", 1)[0].split("; missing ", 1)[1]
+            assert ("input_ids" in said) == ("input_ids" not in have), (cols, msg)
+            if any(set(s) <= have for s in sets):
+                continue  # only input_ids lacks
+            for s in sets:
+                lack = " and ".join(c for c in s if c not in have)
+                kept = " and ".join(c for c in s if c in have)
+                assert lack + (f" (beside {kept})" if kept else "") in said, (cols, msg)
+    assert refused > 40
+    with pytest.raises(ValueError, match=r"missing one of: segment_ids; doc_ids \(beside "
+                                         r"cu_seqlens\); position_ids and labels\)"):
+        PackedDataset(padded, columns=["input_ids", "cu_seqlens"])
+    for added in (["segment_ids"], ["doc_ids"], ["position_ids", "labels"]):
+        ds = PackedDataset(padded, columns=["input_ids", "cu_seqlens", *added])
+        items = [ds[i] for i in range(len(ds))]
+        for name, make in COLLATES.items():
+            assert make(items)["labels"].numel() == len(ds) * 8, (added, name)
+
+
 @pytest.fixture(scope="module")
 def prompted(tmp_path_factory):
     """An SFT output: an input labels column masks each document's prompt (its first two
