@@ -626,8 +626,7 @@ def _derived_labels64(ids: np.ndarray, seg: np.ndarray, cu: np.ndarray,
 
 
 def _labels(rows: Rows, want: str | None = None, default_mode: str = "unshifted",
-            cu: np.ndarray | None = None, caller: str = "HFCollator"
-            ) -> tuple[np.ndarray, str, int]:
+            cu: np.ndarray | None = None, *, caller: str) -> tuple[np.ndarray, str, int]:
     """int[B, C] labels of the batch, their convention and their effective targets.
 
     Args:

@@ -140,7 +140,7 @@ class HFCollator:
         ids = rows.tokens["input_ids"]
         shape = (1, ids.size) if self.flatten else ids.shape
         labels = _labels(rows, want="unshifted", default_mode=self.labels_mode,
-                         cu=cu_seqlens)[0]
+                         cu=cu_seqlens, caller="HFCollator")[0]
         out = {"input_ids": _tensor(torch, ids, torch.int32, shape),
                "position_ids": _tensor(torch, _positions(rows), torch.int64, shape),
                "labels": _tensor(torch, labels, torch.int64, shape),
