@@ -240,6 +240,8 @@ class PackedIterableDataset(IterableDataset):
         # reached it (:meth:`_follow_epoch`)
         self._resync = 0
         self._await_board: tuple | None = None  # (tag, workers): the board to read first
+        #: (the loaded state's key, the Phase it closes at a resize): :meth:`_resolve`
+        self._closed: tuple | None = None
         #: the refusal of a loaded state of other options, unless the board says its epoch ended
         self._refusal: str | None = None
 
@@ -330,26 +332,21 @@ class PackedIterableDataset(IterableDataset):
             total += -(-max(0, n) // B)
         return total
 
-    def _phase_shapes(self) -> list[tuple[int, int]]:
-        """(L_k, W_k) of every phase of the epoch so far, the current one last."""
-        plan = self._current()
-        sizes = [p.world_size for p in plan.history] + [self.world_size]
-        return list(zip(plan.lengths, sizes))
-
     @property
     def repeated_rows(self) -> int:
         """Rows the epoch yields twice over all ranks (``drop_last=False``): the even-up
-        repeats of every phase (after an elastic resume, those of the world size before it,
-        yielded then or in the rest, and those of the new one)."""
-        if self.drop_last:
-            return 0
-        return sum(max(0, rank_rows(L, W, False) * W - L) for L, W in self._phase_shapes())
+        repeats of this world size; after an elastic resume, those of the new world size in
+        the rest of the epoch, plus the rows the ranks before it had already yielded twice (a
+        row and its even-up repeat both; the repeats they had not reached are not carried on:
+        :meth:`~packtool.loader.plan.EpochPlan.repeated_rows`)."""
+        return self._current().repeated_rows(self.world_size)
 
     @property
     def dropped_rows(self) -> int:
-        """Rows of the epoch no rank yields (``drop_last=True``), over every phase."""
-        return sum(max(0, L - rank_rows(L, W, self.drop_last) * W)
-                   for L, W in self._phase_shapes())
+        """Rows of the epoch no rank yields (``drop_last=True``): the remainder this world
+        size leaves out (after an elastic resume, of the rest; the remainder of the world size
+        before it is part of the rest)."""
+        return self._current().dropped_rows(self.world_size)
 
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s order from the next iteration on (a resume point loaded for
@@ -617,7 +614,10 @@ class PackedIterableDataset(IterableDataset):
             y = [y]
         if not any(y):  # nothing read in that phase: the epoch goes on as at this size
             return history, 0
-        return history + (Phase(W, K, tuple(y)),), 0
+        key = (st["epoch"], repr(st["phases"]), W, K, tuple(y))
+        if self._closed is None or self._closed[0] != key:  # counted once per loaded state
+            self._closed = (key, self._plan(history).close(W, K, y))
+        return history + (self._closed[1],), 0
 
     def state_dict(self) -> dict:
         """Where this process (this DataLoader worker) stands in the epoch: a dict of ints,
@@ -698,7 +698,8 @@ class PackedIterableDataset(IterableDataset):
                 self._await_board = (tag, info.num_workers)
                 return
             raise ValueError(refusal)
-        self._plan(tuple(Phase.from_list(p) for p in st["phases"]))  # validates the phases
+        # validates the phases (each one's rows yielded twice recounted from its slots)
+        self._plan(tuple(Phase.from_list(p) for p in st["phases"])).check()
         self.epoch = st["epoch"]
         self._history, self._yielded = (), 0
         self._pending = st

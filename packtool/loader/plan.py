@@ -60,19 +60,28 @@ stopped without reading a byte.
 each DataLoader takes batches from its workers in turn), so after a checkpoint worker ``w`` of
 *every* rank has yielded the same ``y_w`` rows: the state of any one rank (its workers' counts)
 says what every rank consumed. A :class:`Phase` records that (W, K, y). The rest of the epoch is
-the next phase's sequence: the unconsumed remainder of every slot, slot after slot (rank-major),
-each in the order it would have been yielded; it is cut again into the new W ranks and K
-workers by steps 4 and 5 (without a second shuffle). So the rest of the epoch is exactly the
-entries not yet consumed, each once; only the even-up repeats of each phase's own world size
-(step 4) come on top, counted. The next epoch starts again at step 1, as if the job had always
-run at the new size. Phases chain: a job resized twice in one epoch has two.
+the next phase's sequence: the rows of this phase's sequence that no rank yielded, each once,
+in the order they would have been yielded: the unconsumed remainder of every slot, slot after
+slot (rank-major), less the even-up repeats of step 4 (a row a copy of which, the row or its
+repeat, was yielded is left out; of a row neither copy of which was, the first copy stays),
+then the remainder ``drop_last`` left out (never yielded either). It is cut again into the new
+W ranks and K workers by steps 4 and 5 (without a second shuffle), with the even-up repeats or
+the dropped remainder of the new world size. So over the epoch every row comes exactly once,
+plus only the even-up repeats of the world size that ends the epoch (none at one rank) and the
+rows a phase's ranks had already yielded twice, a row and its repeat both, before a resize
+(each phase records how many: ``twice``); with ``drop_last``, minus only the remainder of the
+world size that ends it. The next epoch starts again at step 1, as if the job had always run
+at the new size. Phases chain: a job resized twice in one epoch has two. A phase saved before
+``twice`` was recorded (:data:`PHASE_RULE` 1: ``[W, K, y]``) is read by the rule of then: its
+unconsumed even-up repeats are carried into the rest and its dropped remainder left out, so
+its state resumes as it would have.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from fractions import Fraction
 from typing import Sequence
@@ -81,7 +90,7 @@ import numpy as np
 
 __all__ = ["ORDER_VERSION", "orders_agree", "check_seed", "apportion", "mix_prefix",
            "source_rows", "SourceStream",
-           "EpochOrder", "Phase",
+           "EpochOrder", "PHASE_RULE", "Phase",
            "EpochPlan", "rank_rows", "worker_bounds", "bounded_shuffle", "RankSplit",
            "split_ranks", "worker_rows"]
 
@@ -681,6 +690,14 @@ def _exact_ties(order: np.ndarray, key: np.ndarray, src: np.ndarray, k: np.ndarr
     return order
 
 
+#: How the rest of an epoch follows a finished phase (what a state's phases are read by):
+#: 1, the rule before it was recorded (a phase saved as ``[W, K, y]``): the rest is the
+#: unconsumed remainder of every slot, that phase's unconsumed even-up repeats included, its
+#: dropped remainder left out; 2 (``[W, K, y, twice]``): the rows no rank yielded, each once,
+#: the dropped remainder included (module docstring, *Elastic resume*).
+PHASE_RULE = 2
+
+
 @dataclass(frozen=True)
 class Phase:
     """One finished stretch of an epoch at one world size (see the module docstring).
@@ -689,11 +706,22 @@ class Phase:
         world_size: W, ranks.
         num_workers: K, DataLoader workers per rank (0 workers count as 1).
         yielded: K ints, rows worker ``w`` of every rank had yielded at the checkpoint.
+        twice: rows of the phase's sequence its ranks yielded twice (a row and its even-up
+            repeat both, ``drop_last=False``); None: not known yet (:class:`EpochPlan`
+            counts it from the phase's slots). Rule 1 phases do not record it.
+        rule: :data:`PHASE_RULE` of the packtool that recorded the phase (1: a state saved
+            before the rule was recorded, read as it was then, so it resumes exactly).
+
+    Raises:
+        ValueError: world_size or num_workers < 1, not one count per worker, a negative count
+            or ``twice``, or an unknown rule.
     """
 
     world_size: int
     num_workers: int
     yielded: tuple
+    twice: int | None = None
+    rule: int = PHASE_RULE
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or self.num_workers < 1 or len(self.yielded) != self.num_workers:
@@ -701,13 +729,52 @@ class Phase:
                              f"yielded {list(self.yielded)}")
         if any(int(y) < 0 for y in self.yielded):
             raise ValueError(f"bad phase: negative rows yielded {list(self.yielded)}")
+        if self.rule not in (1, PHASE_RULE):
+            raise ValueError(f"bad phase: rule {self.rule!r}, this packtool reads rules 1 to "
+                             f"{PHASE_RULE}: finish the epoch with the packtool that saved it")
+        if self.twice is not None and (self.rule == 1 or int(self.twice) < 0):
+            raise ValueError(f"bad phase: {self.twice!r} rows yielded twice under rule "
+                             f"{self.rule}")
 
     def to_list(self) -> list:
-        return [self.world_size, self.num_workers, [int(y) for y in self.yielded]]
+        """``[W, K, [y...]]`` (rule 1) or ``[W, K, [y...], twice]`` (rule 2), as states
+        record it.
+
+        Raises:
+            ValueError: a rule 2 phase whose ``twice`` is not known (not closed by a plan).
+        """
+        out = [self.world_size, self.num_workers, [int(y) for y in self.yielded]]
+        if self.rule == 1:
+            return out
+        if self.twice is None:
+            raise ValueError("a phase records the rows it yielded twice: close it with "
+                             "EpochPlan.close(...) before saving it")
+        return out + [int(self.twice)]
 
     @classmethod
     def from_list(cls, x) -> "Phase":
-        return cls(int(x[0]), int(x[1]), tuple(int(y) for y in x[2]))
+        """The phase a state records (:meth:`to_list`; three entries: rule 1)."""
+        if len(x) == 3:
+            return cls(int(x[0]), int(x[1]), tuple(int(y) for y in x[2]), rule=1)
+        return cls(int(x[0]), int(x[1]), tuple(int(y) for y in x[2]), int(x[3]))
+
+
+@dataclass(frozen=True)
+class _Rest:
+    """How phase ``k + 1``'s sequence is read from phase ``k``'s slots (:meth:`EpochPlan._rest`).
+
+    Attributes:
+        offsets: int64[W K + 1], where each slot's part (rank-major) starts in the sequence.
+        skip: (rank, worker) -> int64[...] sorted yield indices of that slot left out.
+        tail: (a, b): phase ``k``'s indices ``a .. b - 1`` after the slots' parts (the
+            remainder ``drop_last`` left out), or None.
+        twice: rows of phase ``k`` its ranks yielded twice.
+    """
+
+    offsets: np.ndarray
+    skip: dict
+    tail: tuple | None
+    twice: int
 
 
 def rank_rows(length: int, world_size: int, drop_last: bool) -> int:
@@ -739,21 +806,29 @@ def bounded_shuffle(n: int, *, seed: int, epoch: int, rank: int, worker: int, nu
 class EpochPlan:
     """Epoch positions each rank and worker yields, through the phases of one epoch.
 
-    Phase 0's sequence is epoch positions ``0 .. N - 1`` in order; phase ``k + 1``'s is the
-    unconsumed rest of phase ``k``'s slots (module docstring). Positions map to rows through
+    Phase 0's sequence is epoch positions ``0 .. N - 1`` in order; phase ``k + 1``'s is what
+    phase ``k`` left: its rows no rank yielded, each once, slot after slot, then the remainder
+    ``drop_last`` left out (module docstring, *Elastic resume*). Positions map to rows through
     :class:`EpochOrder`.
 
     Args:
         num_rows: N, rows of the epoch.
-        history: the finished phases of this epoch, oldest first.
+        history: the finished phases of this epoch, oldest first; a phase whose ``twice`` is
+            None is counted from its slots (:attr:`history` holds it counted).
         seed, epoch: as for :class:`EpochOrder` (seed the shuffle buffer).
         shuffle, shuffle_buffer: the bounded shuffle of phase 0 (step 5).
         drop_last: drop the remainder of each phase instead of repeating rows.
         order: the epoch's :class:`EpochOrder`; given, the bounded shuffle keeps each cycled
             source's passes in order (:meth:`EpochOrder.keep_passes`).
 
+    Attributes:
+        history: the finished phases, each with ``twice`` known.
+        lengths: L_k of every phase, the current one last.
+
     Raises:
-        ValueError: a phase says a worker yielded more rows than its run holds.
+        ValueError: a phase says a worker yielded more rows than its run holds, or more rows
+            yielded twice than the phase repeats (a phase's recorded ``twice`` is compared with
+            its slots when its rest is first read, and by :meth:`check`).
     """
 
     def __init__(self, num_rows: int, history: Sequence[Phase] = (), *, seed: int, epoch: int,
@@ -761,22 +836,123 @@ class EpochPlan:
                  order: "EpochOrder | None" = None) -> None:
         self.num_rows = int(num_rows)
         self.order = order
-        self.history = tuple(history)
         self.seed, self.epoch = check_seed(seed), check_seed(epoch, "epoch")
         self.shuffle, self.shuffle_buffer = bool(shuffle), int(shuffle_buffer)
         self.drop_last = bool(drop_last)
         self.lengths = [self.num_rows]  # L_k of every phase, the current one last
-        for k, ph in enumerate(self.history):
-            q = rank_rows(self.lengths[k], ph.world_size, self.drop_last)
-            runs = [worker_bounds(q, w, ph.num_workers) for w in range(ph.num_workers)]
-            over = [w for w, (a, b) in enumerate(runs) if ph.yielded[w] > b - a]
-            if over:
-                w = over[0]
-                raise ValueError(f"phase {k}: worker {w} yielded {ph.yielded[w]} rows of a run "
-                                 f"of {runs[w][1] - runs[w][0]}: the state does not belong to "
-                                 "this dataset")
-            self.lengths.append(ph.world_size * sum(b - a - y for (a, b), y
-                                                    in zip(runs, ph.yielded)))
+        self.history: tuple = ()
+        self._rests: dict = {}  # k -> _Rest of finished phase k
+        for k, ph in enumerate(history):
+            if ph.twice is None and ph.rule != 1:
+                ph = replace(ph, twice=self._count(k, ph).twice)
+            self.lengths.append(self._next_length(k, ph))
+            self.history += (ph,)
+
+    def _runs(self, k: int, ph: Phase) -> list[tuple[int, int]]:
+        """[a, b) of each worker's run in phase ``k`` at ``ph``'s shape, ``ph``'s counts
+        checked against them."""
+        q = rank_rows(self.lengths[k], ph.world_size, self.drop_last)
+        runs = [worker_bounds(q, w, ph.num_workers) for w in range(ph.num_workers)]
+        over = [w for w, (a, b) in enumerate(runs) if ph.yielded[w] > b - a]
+        if over:
+            w = over[0]
+            raise ValueError(f"phase {k}: worker {w} yielded {ph.yielded[w]} rows of a run "
+                             f"of {runs[w][1] - runs[w][0]}: the state does not belong to "
+                             "this dataset")
+        return runs
+
+    def _next_length(self, k: int, ph: Phase) -> int:
+        """L_{k + 1} after phase ``k`` closed as ``ph`` (its ``twice`` known)."""
+        L, W = self.lengths[k], ph.world_size
+        runs = self._runs(k, ph)
+        if ph.rule == 1:  # every slot's unconsumed remainder, repeats in, remainder out
+            return W * sum(b - a - y for (a, b), y in zip(runs, ph.yielded))
+        q = rank_rows(L, W, self.drop_last)
+        extra, twice = W * q - L, ph.twice
+        nxt = L - W * sum(ph.yielded) + twice  # the rows no rank yielded
+        if twice > max(0, extra) or nxt < 0:
+            raise ValueError(f"phase {k}: {twice} rows yielded twice where its ranks yielded "
+                             f"{W * sum(ph.yielded)} of {L} rows and {max(0, extra)} even-up "
+                             "repeats: the state does not belong to this dataset")
+        return nxt
+
+    def _count(self, k: int, ph: Phase) -> _Rest:
+        """How phase ``k`` closed as ``ph`` leaves the rest of the epoch (:class:`_Rest`).
+
+        Rule 2: the wrapped indices ``L .. W q - 1`` (the even-up repeats, step 4) repeat the
+        sequence's first rows; for each such row the copies are found in their slots (after
+        phase 0's shuffle, by position: a slot holds a position once). A row one of whose
+        copies was yielded is left out of the rest (each copy yielded beyond the first counts
+        in ``twice``); of a row no copy of which was yielded, the first copy stays. The
+        remainder ``drop_last`` left out follows the slots.
+        """
+        L, W, K, y = self.lengths[k], ph.world_size, ph.num_workers, ph.yielded
+        runs = self._runs(k, ph)
+        q = rank_rows(L, W, self.drop_last)
+        counts = np.tile(np.asarray([b - a - v for (a, b), v in zip(runs, y)],
+                                    dtype=np.int64), W)  # shape: (W K,)
+        skip: dict = {}
+        twice, tail = 0, None
+        if ph.rule != 1:
+            if W * q < L:
+                tail = (W * q, L)
+            permuted = k == 0 and self.shuffle
+            slots: dict = {}
+
+            def place(i: int) -> tuple[int, int, int]:
+                """(rank, worker, yield index) of index ``i`` of the phase's ranks."""
+                r, o = divmod(i, q)
+                w = next(w for w, (a, b) in enumerate(runs) if a <= o < b)
+                if not permuted:
+                    return r, w, o - runs[w][0]
+                if (r, w) not in slots:
+                    slots[r, w] = self.slot(0, r, w, W, K)
+                return r, w, int(np.flatnonzero(slots[r, w] == i % L)[0])
+
+            for j in range(min(L, W * q - L)):  # rows with an even-up repeat
+                copies = [place(i) for i in range(j, W * q, L)]
+                used = sum(t < y[w] for _, w, t in copies)
+                twice += max(0, used - 1)
+                for r, w, t in (copies if used else copies[1:]):
+                    if t >= y[w]:
+                        skip.setdefault((r, w), []).append(t)
+            for (r, w), ts in skip.items():
+                skip[r, w] = np.sort(np.asarray(ts, dtype=np.int64))
+                counts[r * K + w] -= len(ts)
+        offsets = np.zeros(W * K + 1, dtype=np.int64)  # shape: (W K + 1,)
+        np.cumsum(counts, out=offsets[1:])
+        if ph.twice is not None and ph.rule != 1 and ph.twice != twice:
+            raise ValueError(f"phase {k}: the state says its ranks yielded {ph.twice} rows "
+                             f"twice, its slots say {twice}: the state does not belong to "
+                             "this dataset")
+        return _Rest(offsets, skip, tail, twice)
+
+    def _rest(self, k: int) -> _Rest:
+        """:meth:`_count` of finished phase ``k`` (kept)."""
+        if k not in self._rests:
+            self._rests[k] = self._count(k, self.history[k])
+        return self._rests[k]
+
+    def check(self) -> None:
+        """Compare every finished phase's recorded ``twice`` with its slots.
+
+        Raises:
+            ValueError: a phase whose slots give another count (the state belongs to another
+                epoch order).
+        """
+        for k in range(self.phase):
+            self._rest(k)
+
+    def close(self, world_size: int, num_workers: int, yielded: Sequence[int]) -> Phase:
+        """The current phase, closed at ``world_size`` ranks x ``num_workers`` workers after
+        worker ``w`` of every rank yielded ``yielded[w]`` rows: the :class:`Phase` a resize
+        records, its ``twice`` counted.
+
+        Raises:
+            ValueError: a count larger than the worker's run.
+        """
+        ph = Phase(int(world_size), int(num_workers), tuple(int(v) for v in yielded))
+        return replace(ph, twice=self._count(self.phase, ph).twice)
 
     @property
     def phase(self) -> int:
@@ -794,22 +970,28 @@ class EpochPlan:
         if k == 0:
             return np.arange(a, b, dtype=np.int64)
         ph = self.history[k - 1]
-        q = rank_rows(self.lengths[k - 1], ph.world_size, self.drop_last)
-        runs = [worker_bounds(q, w, ph.num_workers) for w in range(ph.num_workers)]
-        rest = [max(0, (hi - lo) - y) for (lo, hi), y in zip(runs, ph.yielded)]
-        per_rank = sum(rest)
+        rest = self._rest(k - 1)
+        offs = rest.offsets
+        end = int(offs[-1])
         parts = []
-        for r in range(a // per_rank, -(-b // per_rank)):  # ranks overlapping [a, b)
-            base = r * per_rank
-            off = 0
-            for w in range(ph.num_workers):
-                lo, hi = max(a, base + off), min(b, base + off + rest[w])
-                if lo < hi:
-                    stream = self.slot(k - 1, r, w, ph.world_size, ph.num_workers)
-                    y = ph.yielded[w]
-                    parts.append(stream[y + lo - base - off:y + hi - base - off])
-                off += rest[w]
-        return np.concatenate(parts)
+        if a < end:
+            first = int(np.searchsorted(offs, a, side="right")) - 1
+            last = int(np.searchsorted(offs, min(b, end), side="left"))
+            for p in range(first, last):  # the slots' parts overlapping [a, b), rank-major
+                lo, hi = max(a, int(offs[p])), min(b, int(offs[p + 1]))
+                if lo >= hi:
+                    continue
+                r, w = divmod(p, ph.num_workers)
+                y = ph.yielded[w]
+                stream = self.slot(k - 1, r, w, ph.world_size, ph.num_workers)[y:]
+                left_out = rest.skip.get((r, w))
+                if left_out is not None:
+                    stream = np.delete(stream, left_out - y)
+                parts.append(stream[lo - int(offs[p]):hi - int(offs[p])])
+        if b > end and rest.tail is not None:  # the remainder drop_last left out
+            t0 = rest.tail[0]
+            parts.append(self.seq(k - 1, t0 + max(a, end) - end, t0 + b - end))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def slot(self, k: int, rank: int, worker: int, world_size: int,
              num_workers: int) -> np.ndarray:
@@ -844,6 +1026,31 @@ class EpochPlan:
     def rows_per_rank(self, world_size: int) -> int:
         """q of the current phase at ``world_size`` ranks."""
         return rank_rows(self.length(), world_size, self.drop_last)
+
+    def repeated_rows(self, world_size: int) -> int:
+        """Rows the epoch yields twice over all ranks (``drop_last=False``) when its current
+        phase runs to the end at ``world_size`` ranks: the rows each finished phase's ranks
+        yielded twice (a rule 1 phase: its even-up repeats, which its rest carried on) and the
+        current phase's even-up repeats."""
+        if self.drop_last:
+            return 0
+        n = 0
+        for k, ph in enumerate(self.history):
+            L, W = self.lengths[k], ph.world_size
+            n += ph.twice if ph.rule != 1 else max(0, rank_rows(L, W, False) * W - L)
+        L = self.length()
+        return n + max(0, rank_rows(L, world_size, False) * world_size - L)
+
+    def dropped_rows(self, world_size: int) -> int:
+        """Rows of the epoch no rank yields (``drop_last=True``) when its current phase runs
+        to the end at ``world_size`` ranks: the current phase's remainder (and a rule 1
+        phase's, which its rest left out)."""
+        if not self.drop_last:
+            return 0
+        n = sum(self.lengths[k] - rank_rows(self.lengths[k], ph.world_size, True)
+                * ph.world_size for k, ph in enumerate(self.history) if ph.rule == 1)
+        L = self.length()
+        return n + L - rank_rows(L, world_size, True) * world_size
 
 
 # --- the one-output form of the policy (kept for callers of the first loader) --------------

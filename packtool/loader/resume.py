@@ -7,7 +7,10 @@ A state is a dict of ints, bools, strings and lists (JSON- and ``torch.save``-sa
   ``seed``, ``shuffle``, ``shuffle_buffer``, ``drop_last`` and ``mixture`` (each source's name,
   rows and rows per epoch, and a digest of which rows it holds);
 - ``phases``: the finished phases of the epoch (``[world_size, num_workers, [rows yielded by
-  each worker]]``, :class:`~packtool.loader.plan.Phase`), empty until a job is resized;
+  each worker], rows yielded twice]``, :class:`~packtool.loader.plan.Phase`), empty until a job
+  is resized; a phase of three entries was saved before the rows yielded twice were recorded,
+  and is read by the rule of then (:data:`~packtool.loader.plan.PHASE_RULE` 1: its unconsumed
+  even-up repeats carried into the rest), so the state resumes as it would have;
 - ``world_size``, ``num_workers`` (0 workers count as 1) and ``rank`` of the process that saved
   it, and where it stands in the current phase: ``worker`` and ``yielded`` (an int, one
   worker's state: what torchdata's ``StatefulDataLoader`` keeps per worker), or ``worker``
@@ -124,11 +127,12 @@ def normalize(state) -> dict:
             out[k] = state[k] if k != "rank" else state.get("rank", 0)
         phases = state.get("phases") or []
         if not isinstance(phases, (list, tuple)) or not all(
-                isinstance(p, (list, tuple)) and len(p) == 3 and _int(p[0], 1)
+                isinstance(p, (list, tuple)) and len(p) in (3, 4) and _int(p[0], 1)
                 and _int(p[1], 1) and isinstance(p[2], (list, tuple))
-                and all(_int(v) for v in p[2]) for p in phases):
+                and all(_int(v) for v in p[2]) and (len(p) == 3 or _int(p[3]))
+                for p in phases):
             raise ValueError(f"phases {phases!r} are not [[world_size, num_workers, "
-                             "[rows per worker]], ...]")
+                             "[rows per worker], rows yielded twice], ...]")
         out["phases"] = [Phase.from_list(p).to_list() for p in phases]
         if isinstance(out["yielded"], tuple):
             out["yielded"] = list(out["yielded"])

@@ -191,3 +191,136 @@ def test_len_after_a_resume_counts_the_rest_of_the_epoch(rows_120):
         got = list(resumed)
         assert counted == (len(got), len(got), sum(len(b["index"]) for b in got)), world
     assert counted[0] < 20
+
+
+@pytest.fixture(scope="module")
+def rows_100(tmp_path_factory):
+    """100 rows (one 40-token document each at C = 64) in row groups of a few rows: a row
+    count 3 ranks do not divide, so a 3-rank phase has even-up repeats."""
+    from loader_helpers import pack, write_input
+
+    d = tmp_path_factory.mktemp("rows_100")
+    write_input(d / "in", [[r * 100 + p + 1 for p in range(40)] for r in range(100)])
+    return pack(d / "in", d / "out", 64, "--row-group-mb", "0.002")
+
+
+CHAINS = [[(2, 2, 4), (3, 1, 5), (1, 0, None)],
+          [(4, 0, 3), (3, 1, 4), (2, 2, None)],
+          [(3, 0, 4), (2, 0, 5), (3, 0, None)]]
+KINDS = {"one output": ({}, False), "drop_last": ({"drop_last": True}, False),
+         "mixture": ({"weights": {"web": 0.6, "code": 0.4}, "rows_per_epoch": 100}, True)}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("chain", CHAINS, ids=["2x2-3x1-1x0", "4x0-3x1-2x2", "3x0-2x0-3x0"])
+def test_two_resizes_in_one_epoch_yield_every_row_once_plus_only_the_last_size_s_repeats(
+        rows_100, web_and_code, chain, kind):
+    """Two resizes in one epoch of 100 rows (3 ranks leave a remainder): the last stage yields
+    exactly the epoch's rows no earlier stage yielded, each once, plus only the even-up
+    repeats its own world size needs (none at one rank; an earlier 3-rank stage's repeats its
+    ranks had not reached are not carried on), or with drop_last minus only its own
+    remainder (an earlier stage's remainder is read); repeated_rows and dropped_rows say so."""
+    kw, mixed = KINDS[kind]
+    out = web_and_code if mixed else rows_100
+    reference = Counter(_all_rows(out, **kw))  # the epoch: a cycled source's rows repeat
+    assert sum(reference.values()) == 100
+    seen, state = Counter(), None
+    for world, workers, batches in chain[:-1]:
+        rows, state = run_ranks(out, world, workers, batches=batches, state=state, **kw)
+        assert len(rows) == world * batches * 3
+        seen.update(rows)
+    world, workers, _ = chain[-1]
+    ds = PackedIterableDataset(out, rank=0, world_size=world, seed=4, **kw)
+    ds.load_state_dict(state)
+    q, repeated, dropped = ds.rows_per_rank, ds.repeated_rows, ds.dropped_rows
+    last, _ = run_ranks(out, world, workers, state=state, **kw)
+    last = Counter(last)
+    assert sum(last.values()) == world * q
+    twice = sum((seen - reference).values())  # a row and its repeat both read before a resize
+    unseen = reference - seen
+    rest = sum(unseen.values())
+    assert rest == 100 - sum(seen.values()) + twice
+    if kw.get("drop_last"):
+        assert twice == 0 and not last - unseen
+        assert sum((unseen - last).values()) == rest - world * q == dropped < world
+        assert repeated == 0
+    else:
+        assert not unseen - last  # every row no rank had yielded
+        extra = last - unseen  # beyond them: only this world size's even-up repeats
+        assert sum(extra.values()) == world * q - rest < world
+        assert set(extra) <= set(unseen)
+        assert repeated == twice + world * q - rest
+        assert dropped == 0
+
+
+def test_the_rest_after_two_resizes_at_one_rank_is_the_rows_not_yet_seen(rows_100):
+    """2 ranks x 2 workers take 10 rows each, 3 ranks x 1 worker 5 each (the 3-rank epoch
+    evens up with a repeat none of them reached), then 1 rank without workers reads to the
+    end: the 65 rows not yet seen, each once, and no repeated row counted."""
+    def stage(world, workers, take, state):
+        rows, state0 = [], None
+        for rank in range(world):
+            ds = PackedIterableDataset(rows_100, rank=rank, world_size=world, seed=4)
+            if state is not None:
+                ds.load_state_dict(state)
+            dl = stateful.StatefulDataLoader(ds, batch_size=None, num_workers=workers)
+            it = iter(dl)
+            for k, x in enumerate(it):
+                rows.append(x["index"])
+                if k + 1 == take:
+                    break
+            if rank == 0:
+                state0 = dl.state_dict()
+            del it, dl
+        return rows, state0, ds
+
+    first, state, _ = stage(2, 2, 10, None)
+    second, state, ds = stage(3, 1, 5, state)
+    assert ds.repeated_rows == 1
+    last, _, ds = stage(1, 0, None, state)
+    assert ds.repeated_rows == 0 and len(last) == 65
+    assert sorted(first + second + last) == list(range(100))
+
+
+def test_a_state_saved_by_the_rule_before_resumes_as_it_would_have(rows_100):
+    """States saved before phases recorded their rows read twice (phases of three entries):
+    a phase they record is read by the rule of then (the 3-rank repeats its ranks had not
+    reached come in the rest, counted), so the state resumes as it would have; a resize made
+    now follows today's rule. A phase recording another count of rows read twice than its
+    slots give is refused."""
+    from packtool.loader.resume import normalize
+
+    first, state = run_ranks(rows_100, 2, 2, batches=4)
+    second, state = run_ranks(rows_100, 3, 1, batches=5, state=state)  # 76 rows: 2 repeats
+    before = [i for _, i in first + second]
+    for st in (normalize(state), _rule_1(normalize(state))):  # resized now: today's rule
+        ds = PackedIterableDataset(rows_100, rank=0, world_size=1, seed=4)
+        ds.load_state_dict(st)
+        got = [x["index"] for x in ds]
+        assert len(got) == len(set(got)) == 100 - 4 * 3 * 2 - 5 * 3 * 3
+        assert ds.repeated_rows == 0
+    ds = PackedIterableDataset(rows_100, rank=0, world_size=1, seed=4)
+    ds.load_state_dict(state)
+    it = iter(ds)
+    head = [next(it)["index"] for _ in range(5)]
+    saved = ds.state_dict()
+    assert [len(p) for p in saved["phases"]] == [4, 4]
+    for st, extra in ((saved, 0), (_rule_1(saved), 2)):
+        ds = PackedIterableDataset(rows_100, rank=0, world_size=1, seed=4)
+        ds.load_state_dict(st)
+        got = [x["index"] for x in ds]
+        assert len(got) == 31 - 5 + extra
+        assert sorted(set(before + head + got)) == list(range(100))
+        assert len(before + head + got) == 100 + extra == 100 + ds.repeated_rows
+    _, state = run_ranks(rows_100, 3, 1, batches=2)  # 2 even-up repeats, neither reached
+    bad = normalize(state)
+    bad["world_size"], bad["num_workers"], bad["yielded"] = 2, 1, [1]
+    bad["phases"] = [[3, 1, [6], 1]]
+    ds = PackedIterableDataset(rows_100, rank=0, world_size=2, seed=4)
+    with pytest.raises(ValueError, match="yielded 1 rows twice, its slots say 0"):
+        ds.load_state_dict(bad)
+
+
+def _rule_1(state: dict) -> dict:
+    """``state`` as packtool saved it before phases recorded their rows read twice."""
+    return dict(state, phases=[p[:3] for p in state["phases"]])

@@ -292,40 +292,98 @@ def _consume(plan, W, K, ys):
     return out
 
 
-@settings(max_examples=80, deadline=None)
+def _mixed_order(N: int, epoch: int) -> EpochOrder | None:
+    """The order of an N-row epoch of two small sources (one cycled, one larger than its
+    share), whose shuffle keeps each source's passes (:meth:`EpochOrder.keep_passes`)."""
+    if N == 0:
+        return None
+    rg = [np.array([3, 2]), np.array([4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4,
+                                      4, 4, 4, 4, 4, 4, 4])]
+    return EpochOrder(rg, apportion([1, 2], N), seed=3, epoch=epoch, shuffle=True,
+                      salts=[11, 12])
+
+
+@settings(max_examples=150, deadline=None)
 @given(st.integers(0, 80), st.booleans(),
        st.lists(st.tuples(st.integers(1, 4), st.integers(1, 3), st.floats(0, 1)), min_size=1,
                 max_size=3),
-       st.integers(1, 4), st.integers(1, 3))
-def test_elastic_phases_consume_every_row_of_the_epoch_once(N, drop_last, stops, W_end, K_end):
-    """Stop at any point at any W x K, resume at any other, any number of times: over the
-    epoch every position comes exactly once, plus each phase's own even-up repeats
-    (drop_last=False), or minus its dropped remainder (drop_last=True)."""
-    kw = dict(seed=3, epoch=1, shuffle=True, shuffle_buffer=4, drop_last=drop_last)
+       st.integers(1, 4), st.integers(1, 3), st.sampled_from([1, 4, 30]), st.booleans())
+def test_elastic_phases_consume_every_row_of_the_epoch_once(N, drop_last, stops, W_end, K_end,
+                                                             buffer, mixed):
+    """Stop at any point at any W x K, resume at any other, any number of times: the rest of
+    the epoch after each resize is exactly the positions no rank yielded, each once, plus only
+    the even-up repeats of the world size that reads it (drop_last=False; an earlier size's
+    repeats its ranks had not reached are not carried on), or minus only its remainder
+    (drop_last=True; an earlier size's remainder is carried on). Positions yielded twice
+    before a resize (a row and its repeat both) are what the phases record as ``twice``."""
+    kw = dict(seed=3, epoch=1, shuffle=True, shuffle_buffer=buffer, drop_last=drop_last,
+              order=_mixed_order(N, 1) if mixed else None)
     plan = EpochPlan(N, **kw)
-    history, seen, extra, dropped = [], Counter(), 0, 0
+    history, seen = [], Counter()
     for W, K, frac in stops:
-        L = plan.length()
-        q = rank_rows(L, W, drop_last)
-        runs = [worker_bounds(q, w, K) for w in range(K)]
-        extra += max(0, W * q - L)
-        dropped += max(0, L - W * q)
-        ys = [int(frac * (b - a)) for a, b in runs]
+        q = rank_rows(plan.length(), W, drop_last)
+        ys = [int(frac * (b - a)) for a, b in (worker_bounds(q, w, K) for w in range(K))]
         seen += _consume(plan, W, K, ys)
+        closed = plan.close(W, K, ys)
         history.append(Phase(W, K, tuple(ys)))
         plan = EpochPlan(N, history, **kw)
+        assert plan.history[-1] == closed
+        history = list(plan.history)  # each with its rows yielded twice counted
     L = plan.length()
     q = rank_rows(L, W_end, drop_last)
-    extra += max(0, W_end * q - L)
-    dropped += max(0, L - W_end * q)
-    seen += _consume(plan, W_end, K_end, [b - a for a, b in
-                                          (worker_bounds(q, w, K_end) for w in range(K_end))])
-    assert set(seen) <= set(range(N))
+    unseen = set(range(N)) - set(seen)
+    assert sum(seen.values()) - len(seen) == sum(p.twice for p in history)
+    assert L == len(unseen)
+    rest = _consume(plan, W_end, K_end, [b - a for a, b in
+                                         (worker_bounds(q, w, K_end) for w in range(K_end))])
     if drop_last:
-        assert max(seen.values(), default=1) == 1 and len(seen) == N - dropped
+        assert max(rest.values(), default=1) == 1 and set(rest) <= unseen
+        assert len(unseen - set(rest)) == L - W_end * q == plan.dropped_rows(W_end) < W_end
     else:
-        assert set(seen) == set(range(N))
-        assert sum(seen.values()) - N == extra
+        assert set(rest) == unseen
+        assert sum(rest.values()) - L == W_end * q - L
+        assert plan.repeated_rows(W_end) == sum(p.twice for p in history) + W_end * q - L
+        assert sum((seen + rest).values()) - N == plan.repeated_rows(W_end)
+
+
+def test_a_row_whose_repeat_was_read_before_a_resize_is_not_read_again():
+    """5 positions at 4 ranks (2 each, 3 even-up repeats), shuffled, each rank reads 1: one
+    rank reads a repeat of a position whose own rank has not read it. The rest leaves that
+    position out (it was read), as every other one read, and gives each unread one once; the
+    phase counts the position read twice (a position and its repeat both)."""
+    kw = dict(seed=3, epoch=1, shuffle=True, shuffle_buffer=30, drop_last=False)
+    plan = EpochPlan(5, **kw)
+    seen = _consume(plan, 4, 1, [1])
+    first = plan.slot(0, 0, 0, 4, 1).tolist()
+    assert any(seen[v] and first.index(v) >= 1 for v in (0, 1))  # a repeat read first
+    rest = EpochPlan(5, [Phase(4, 1, (1,))], **kw)
+    assert rest.history[0].twice == sum(seen.values()) - len(seen)
+    assert sorted(rest.seq(1, 0, rest.length()).tolist()) == sorted(set(range(5)) - set(seen))
+    assert rest.repeated_rows(1) == rest.history[0].twice
+
+
+def test_a_phase_saved_before_its_rows_read_twice_were_recorded_reads_as_then():
+    """A phase of three entries (rule 1, as states saved it before) carries its unconsumed
+    even-up repeats into the rest and leaves its dropped remainder out, as it did, so such a
+    state resumes exactly; a phase recording more rows read twice than it repeats is
+    refused."""
+    kw = dict(seed=3, epoch=1, shuffle=False, shuffle_buffer=1, drop_last=False)
+    old = EpochPlan(10, [Phase.from_list([3, 1, [1]])], **kw)  # q = 4, 2 repeats unread
+    assert old.history[0].rule == 1 and old.history[0].to_list() == [3, 1, [1]]
+    assert old.length() == 9 and old.repeated_rows(1) == 2
+    assert old.seq(1, 0, 9).tolist() == [1, 2, 3, 5, 6, 7, 9, 0, 1]
+    new = EpochPlan(10, [Phase(3, 1, (1,))], **kw)
+    assert new.history[0].to_list() == [3, 1, [1], 0]
+    assert new.seq(1, 0, 7).tolist() == [1, 2, 3, 5, 6, 7, 9] and new.repeated_rows(1) == 0
+    dropped = dict(kw, drop_last=True)
+    assert EpochPlan(10, [Phase.from_list([3, 1, [1]])], **dropped).seq(1, 0, 6).tolist() \
+        == [1, 2, 4, 5, 7, 8]
+    assert EpochPlan(10, [Phase(3, 1, (1,))], **dropped).seq(1, 0, 7).tolist() \
+        == [1, 2, 4, 5, 7, 8, 9]
+    with pytest.raises(ValueError, match="does not belong"):
+        EpochPlan(10, [Phase(3, 1, (1,), 3)], **kw)
+    with pytest.raises(ValueError, match="its slots say 0: the state does not belong"):
+        EpochPlan(10, [Phase(3, 1, (1,), 1)], **kw).check()
 
 
 def test_a_phase_that_yielded_more_than_its_run_is_refused():
