@@ -102,11 +102,12 @@ class PackedIterableDataset(IterableDataset):
             source name -> OUTPUT for a mixture. Every output must have the same capacity and
             hand out the same columns (a one-line refusal otherwise).
         weights: source name -> non-negative weight (any scale), each source's share of every
-            epoch; None: every row of every source once per epoch. Weights can change between
-            runs (no repacking); a mid-epoch state resumes only with the weights it was saved
-            with, a state taken at an epoch's end with any.
-        rows_per_epoch: rows of an epoch over all sources (default: the rows of all sources);
-            without ``weights`` they are shared in proportion to the sources' rows.
+            epoch (weight 0: none); None: every row of every source once per epoch. Weights
+            can change between runs (no repacking); a mid-epoch state resumes only with the
+            weights it was saved with, a state taken at an epoch's end with any.
+        rows_per_epoch: rows of an epoch over all sources (default: the rows of the sources
+            with a positive weight, of every source without ``weights``); without ``weights``
+            they are shared in proportion to the sources' rows.
         rank, world_size: this process's rank and the number of ranks; default: from
             ``torch.distributed`` when initialised, else the ``RANK`` / ``WORLD_SIZE`` variables
             ``torchrun`` sets, else 0 / 1.

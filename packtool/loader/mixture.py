@@ -47,9 +47,12 @@ class Mixture:
         sources: a packed output (path, ``file:`` or store URI, or an open
             :class:`~packtool.formats.packed.PackedOutput`), or a mapping name -> output.
         weights: name -> non-negative weight (any scale; at least one positive), the share of
-            each source in every epoch; None: every row of every source once per epoch.
-        rows_per_epoch: rows of an epoch over all sources (default: the rows of all sources);
-            without ``weights`` they are shared in proportion to the sources' rows.
+            each source in every epoch (weight 0: none); None: every row of every source once
+            per epoch.
+        rows_per_epoch: rows of an epoch over all sources (default: the rows of the sources
+            with a positive weight, of every source without ``weights``, so weights in the
+            ratio of the sources' rows read every row once an epoch); without ``weights`` they
+            are shared in proportion to the sources' rows.
         labels: the labels convention items carry (None: the outputs' own, which must agree).
         columns: columns handed out (None: every column of the outputs, which must agree).
         open_kw: passed to :func:`packtool.loader.source.open_source` for each output.
@@ -111,8 +114,11 @@ class Mixture:
                 raise ValueError(f"rows_per_epoch must be a positive integer, got "
                                  f"{rows_per_epoch!r}")
             total = int(rows_per_epoch)
-        else:
+        elif self.weights is None:
             total = int(sizes.sum())
+        else:  # the sources that give rows: a source of weight 0 counts none
+            total = int(sum(int(n) for name, n in zip(self.names, sizes)
+                            if self.weights[name] > 0))
         if self.weights is None:
             if rows_per_epoch is not None and not sizes.sum():
                 raise ValueError(f"rows_per_epoch={total}, but the outputs hold no rows "

@@ -368,3 +368,19 @@ def test_flat_batches_name_their_rows_as_collate_does(web_and_code):
             assert flat[key] == full[key] == [it[key] for it in part]
         assert [d.tolist() for d in flat["doc_ids"]] == [it["doc_ids"].tolist() for it in part]
         assert torch.equal(flat["input_ids"].reshape(full["input_ids"].shape), full["input_ids"])
+
+
+def test_a_source_of_weight_0_counts_no_rows_of_the_epoch(web_and_code):
+    """weights {'web': 1, 'code': 0} by default read every web row once an epoch, as web
+    alone (code's rows were counted into the epoch, so web's rows came twice); weights in the
+    ratio of the sources' rows read every row of both once."""
+    n = {k: len(PackedDataset(v)) for k, v in web_and_code.items()}
+    ds = PackedIterableDataset(web_and_code, weights={"web": 1, "code": 0}, rank=0,
+                               world_size=1)
+    assert ds.source_shares == {"web": n["web"], "code": 0}
+    for e in (0, 1):
+        rows = epoch(web_and_code, 2, 1, epoch=e, weights={"web": 1, "code": 0})
+        assert sorted(rows) == [("web", i) for i in range(n["web"])]
+    both = epoch(web_and_code, 1, 0, weights={"web": 3 * n["web"], "code": 3 * n["code"]})
+    assert Counter(both) == Counter([(s, i) for s in n for i in range(n[s])])
+
