@@ -152,8 +152,8 @@ class PackedIterableDataset(IterableDataset):
         ManifestError: not a complete packed output, a shard that differs from its manifest
             (when it is opened), outputs of different capacity or columns.
         ValueError: unknown ``labels`` convention, bad rank, world_size, seed, epoch,
-            shuffle_buffer, max_open_files, batch_size, weights or rows_per_epoch, or columns
-            no batch can be made of.
+            shuffle_buffer, max_open_files, batch_size, weights or rows_per_epoch, one output
+            under two names, or columns no batch can be made of.
     """
 
     def __init__(self, path: str | os.PathLike | Mapping, *,

@@ -32,6 +32,18 @@ def _salt(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little") >> 1
 
 
+def _place(location) -> tuple:
+    """A value equal for two names of the same output: a local directory by its inode (links,
+    a trailing slash, relative and absolute paths alike), a store prefix by its URI without
+    credentials, its options in any order."""
+    from packtool.location import LocalPath
+
+    if isinstance(location, LocalPath):
+        return location.key()
+    uri, _, query = location.display.partition("?")
+    return ("store", uri, tuple(sorted(o for o in query.split("&") if o)))
+
+
 def _content(output) -> str:
     """16 hex digits naming the rows of a packed output: its shards' sha256s in row order."""
     h = hashlib.sha256()
@@ -66,9 +78,11 @@ class Mixture:
         capacity: C.
 
     Raises:
-        ValueError: no source, a list of outputs (a mixture is a dict), a bad name or weight,
-            weights for other sources than given, a non-positive ``rows_per_epoch``, or
-            ``labels=None`` with outputs of different conventions.
+        ValueError: no source, a list of outputs (a mixture is a dict), one output under two
+            names (a trailing slash, a relative and an absolute path, a link, a store URI with
+            its options in another order name the same one), a bad name or weight, weights for
+            other sources than given, a non-positive ``rows_per_epoch``, or ``labels=None``
+            with outputs of different conventions.
         ManifestError: an output that cannot be opened, outputs of different capacity or
             columns, or a requested column some output lacks.
     """
@@ -97,6 +111,7 @@ class Mixture:
             modes.append(mode)
         self.names = tuple(names)
         self.outputs = tuple(outputs)
+        self._distinct()
         if len(set(modes)) > 1:
             raise ValueError(
                 "the outputs hand out different labels conventions ("
@@ -169,6 +184,22 @@ class Mixture:
                     f"({', '.join(diff)} in one only); pass columns=[...] that both hold, "
                     "or repack them with the same options")
         return first
+
+    def _distinct(self) -> None:
+        """Refuse one output given under two names (every row would come twice an epoch).
+
+        Raises:
+            ValueError: names both sources, the output and the fix.
+        """
+        seen: dict = {}
+        for name, o in zip(self.names, self.outputs):
+            key = _place(o.location)
+            if key in seen:
+                raise ValueError(
+                    f"sources {seen[key]!r} and {name!r} are the same output "
+                    f"({o.location.display}), so each of its rows would come twice an epoch: "
+                    "give it once, under one name, and a larger weight to read it more")
+            seen[key] = name
 
     def _weights(self, weights):
         if weights is None:

@@ -3,6 +3,8 @@ decoded row groups) builds exactly the batch that collating items builds."""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -145,7 +147,7 @@ def prompted(tmp_path_factory):
 @pytest.mark.parametrize("cols", [["input_ids", "cu_seqlens", "doc_ids"],
                                   ["input_ids", "segment_ids"],
                                   ["input_ids", "segment_ids", "position_ids"]])
-def test_a_columns_subset_without_the_masked_labels_is_refused(prompted, cols):
+def test_a_columns_subset_without_the_masked_labels_is_refused(prompted, cols, tmp_path):
     """Labels rebuilt from the boundaries would train the masked prompt tokens (5 targets
     instead of 4): every dataset refuses such columns, a mixture too; with labels kept, every
     collate hands out the stored masks."""
@@ -155,8 +157,8 @@ def test_a_columns_subset_without_the_masked_labels_is_refused(prompted, cols):
         with pytest.raises(ValueError, match=r"labels.*-100 on purpose.*add 'labels'"):
             cls(prompted, columns=cols, **kw)
     with pytest.raises(ValueError, match=r"-100 on purpose"):
-        PackedIterableDataset({"a": prompted, "b": prompted}, weights={"a": 1, "b": 1},
-                              columns=cols, rank=0, world_size=1)
+        PackedIterableDataset({"a": prompted, "b": shutil.copytree(prompted, tmp_path / "b")},
+                              weights={"a": 1, "b": 1}, columns=cols, rank=0, world_size=1)
     ds = PackedDataset(prompted, columns=cols + ["labels"])
     for name, fn in COLLATES.items():
         batch = fn([ds[0]])

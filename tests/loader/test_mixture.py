@@ -4,6 +4,7 @@ without repacking, and outputs that cannot be mixed refused in one line."""
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 
 import numpy as np
@@ -155,7 +156,7 @@ def test_a_mid_epoch_refusal_names_the_sources_that_changed(web_and_code):
     assert "{" not in str(exc.value)
 
 
-def test_a_state_records_the_version_of_the_epoch_order(web_and_code):
+def test_a_state_records_the_version_of_the_epoch_order(web_and_code, tmp_path):
     """A state records the order version it was read under (states saved before carry none:
     version 1). A mid-epoch state of version 1 is refused where this packtool reads another
     order, naming the change (three sources: merged in a tree; a source whose rows per epoch
@@ -164,7 +165,7 @@ def test_a_state_records_the_version_of_the_epoch_order(web_and_code):
     epoch's end loads either way."""
     from packtool.loader.plan import ORDER_VERSION
 
-    three = {**web_and_code, "again": web_and_code["web"]}
+    three = {**web_and_code, "again": shutil.copytree(web_and_code["web"], tmp_path / "again")}
     for sources, rows, refused in [(three, None, "three or more sources"),
                                    (web_and_code, 40, "not a multiple of its rows"),
                                    (web_and_code, None, None), (web_and_code["web"], None, None)]:
@@ -383,4 +384,38 @@ def test_a_source_of_weight_0_counts_no_rows_of_the_epoch(web_and_code):
         assert sorted(rows) == [("web", i) for i in range(n["web"])]
     both = epoch(web_and_code, 1, 0, weights={"web": 3 * n["web"], "code": 3 * n["code"]})
     assert Counter(both) == Counter([(s, i) for s in n for i in range(n[s])])
+
+
+def test_one_output_under_two_names_is_refused(web_and_code, tmp_path, monkeypatch):
+    """The same output twice in one mixture gave every row twice an epoch: refused in one line
+    naming both sources and the fix, whether named alike, with a trailing slash, relative and
+    absolute, through a link, or opened once and given twice."""
+    from packtool.formats.packed import PackedOutput
+
+    web = web_and_code["web"]
+    monkeypatch.chdir(web.parent)
+    (tmp_path / "link").symlink_to(web, target_is_directory=True)
+    opened = PackedOutput.open(web)
+    for other in (str(web), str(web) + "/", web.name, f"./{web.name}/", tmp_path / "link"):
+        with pytest.raises(ValueError, match=r"^sources 'A' and 'A2' are the same output "
+                                             r"\(.*\), so each of its rows would come twice an "
+                                             r"epoch: give it once, under one name, and a larger "
+                                             r"weight to read it more$"):
+            PackedIterableDataset({"A": web, "A2": other}, rank=0, world_size=1)
+    with pytest.raises(ValueError, match="^sources 'A' and 'B' are the same output"):
+        PackedIterableDataset({"A": opened, "code": web_and_code["code"], "B": opened},
+                              weights={"A": 1, "code": 1, "B": 1})
+
+
+def test_a_store_output_is_named_the_same_whatever_its_options_order():
+    from packtool.loader.mixture import _place
+    from packtool.location import Location
+
+    same = ["s3://b/out?endpoint_override=h:9000&scheme=http",
+            "s3://b/out/?scheme=http&endpoint_override=h:9000",
+            "s3://KEY:SECRET@b/out?scheme=http&endpoint_override=h:9000&secret_key=x"]
+    assert len({_place(Location.parse(u)) for u in same}) == 1
+    other = ["s3://b/out2?scheme=http&endpoint_override=h:9000", "s3://b/out?scheme=https",
+             "gs://b/out?scheme=http&endpoint_override=h:9000"]
+    assert len({_place(Location.parse(u)) for u in same[:1] + other}) == 4
 

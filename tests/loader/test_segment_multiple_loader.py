@@ -6,6 +6,8 @@ items."""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -91,7 +93,8 @@ def test_a_subset_without_the_real_lengths_is_refused(padded):
 @pytest.mark.parametrize("cols", [["input_ids", "segment_ids"],
                                   ["input_ids", "position_ids", "labels"],
                                   ["input_ids", "segment_ids", "position_ids", "labels"]])
-def test_a_subset_that_rebuilds_spans_from_segments_or_positions_is_refused(padded, cols):
+def test_a_subset_that_rebuilds_spans_from_segments_or_positions_is_refused(padded, cols,
+                                                                            tmp_path):
     """segment_ids or positions were accepted: collate then made each document's padding a
     span of its own (cu_seqlens not multiples of N, no cu_seqlens_q), silently. Refused for
     either dataset and for a mixture holding such an output."""
@@ -102,7 +105,8 @@ def test_a_subset_that_rebuilds_spans_from_segments_or_positions_is_refused(padd
     with pytest.raises(ValueError, match=r"--segment-multiple.*missing cu_seqlens"):
         PackedIterableDataset(padded, columns=cols, rank=0, world_size=1)
     with pytest.raises(ValueError, match=r"--segment-multiple.*missing cu_seqlens"):
-        PackedIterableDataset({"a": padded, "b": padded}, columns=cols, rank=0, world_size=1)
+        PackedIterableDataset({"a": padded, "b": shutil.copytree(padded, tmp_path / "b")},
+                              columns=cols, rank=0, world_size=1)
 
 
 COLLATES = {"collate": collate, "collate_flat": collate_flat, "hf": HFCollator(),
