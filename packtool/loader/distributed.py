@@ -148,12 +148,17 @@ class PackedIterableDataset(IterableDataset):
             a node and kept across restarts (:class:`~packtool.formats.cache.ShardCache`).
         integrity: ``footer`` (default), ``size`` or ``sha256`` (:mod:`packtool.formats.packed`).
 
+    Warns:
+        UserWarning: without ``weights``, a source (or the output) that holds no rows, naming
+            it.
+
     Raises:
         ManifestError: not a complete packed output, a shard that differs from its manifest
             (when it is opened), outputs of different capacity or columns.
         ValueError: unknown ``labels`` convention, bad rank, world_size, seed, epoch,
             shuffle_buffer, max_open_files, batch_size, weights or rows_per_epoch, one output
-            under two names, or columns no batch can be made of.
+            under two names, a source with a positive weight and no rows, or columns no batch
+            can be made of.
     """
 
     def __init__(self, path: str | os.PathLike | Mapping, *,

@@ -77,12 +77,17 @@ class Mixture:
         columns: the columns items carry.
         capacity: C.
 
+    Warns:
+        UserWarning: without ``weights``, a source that holds no rows (naming it; every epoch
+            is empty when none holds a row).
+
     Raises:
         ValueError: no source, a list of outputs (a mixture is a dict), one output under two
             names (a trailing slash, a relative and an absolute path, a link, a store URI with
             its options in another order name the same one), a bad name or weight, weights for
-            other sources than given, a non-positive ``rows_per_epoch``, or ``labels=None``
-            with outputs of different conventions.
+            other sources than given, a source with a positive weight and no rows, a
+            non-positive ``rows_per_epoch``, or ``labels=None`` with outputs of different
+            conventions.
         ManifestError: an output that cannot be opened, outputs of different capacity or
             columns, or a requested column some output lacks.
     """
@@ -144,10 +149,7 @@ class Mixture:
                 self.shares = sizes.copy()
         else:
             self.shares = apportion([self.weights[n] for n in self.names], total)
-        empty = [n for n, c, r in zip(self.names, self.shares, sizes) if c > 0 and r == 0]
-        if empty:
-            raise ValueError(f"source {empty[0]!r} has no rows but a share of the epoch; give "
-                             "it weight 0 or remove it")
+        self._check_empty()
         self.rows_per_epoch = int(self.shares.sum())
         self.salts = None if len(self.names) == 1 else [_salt(n) for n in self.names]
         self.row_base = np.zeros(len(outputs) + 1, dtype=np.int64)  # shape: (S + 1,)
@@ -200,6 +202,37 @@ class Mixture:
                     f"({o.location.display}), so each of its rows would come twice an epoch: "
                     "give it once, under one name, and a larger weight to read it more")
             seen[key] = name
+
+    def _check_empty(self) -> None:
+        """A source that holds no rows: refused when it has a positive weight (it cannot give
+        its share, whatever the rows per epoch); without weights, a warning naming it (it gives
+        nothing to any epoch, and the epoch is empty when no source holds a row). A source of
+        weight 0 is left out on purpose.
+
+        Raises:
+            ValueError: a source with a positive weight and no rows.
+        """
+        empty = [(n, o) for n, o, r in zip(self.names, self.outputs, self.rows) if r == 0]
+        if self.weights is not None:
+            empty = [(n, o) for n, o in empty if self.weights[n] > 0]
+            if empty:
+                n, o = empty[0]
+                raise ValueError(f"source {n!r} ({o.location.display}) holds no rows but has "
+                                 f"weight {self.weights[n]!r}; give it weight 0 or remove it")
+            return
+        if empty:
+            import warnings
+
+            one = len(empty) == 1
+            it = "it" if one else "them"
+            if len(empty) == len(self.names):
+                then = f"every epoch is empty; pack rows into {it}"
+            else:
+                then = (f"{'it gives' if one else 'they give'} none to any epoch; pack rows into "
+                        f"{it}, or leave {it} out")
+            what = ", ".join(f"{n!r} ({o.location.display})" for n, o in empty)
+            warnings.warn(f"source{'' if one else 's'} {what} hold{'s' if one else ''} no rows: "
+                          f"{then}", stacklevel=4)
 
     def _weights(self, weights):
         if weights is None:

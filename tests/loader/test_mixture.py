@@ -419,3 +419,35 @@ def test_a_store_output_is_named_the_same_whatever_its_options_order():
              "gs://b/out?scheme=http&endpoint_override=h:9000"]
     assert len({_place(Location.parse(u)) for u in same[:1] + other}) == 4
 
+
+@pytest.fixture(scope="module")
+def no_rows(tmp_path_factory):
+    """An output of 0 rows (its one row left out by --min-fill)."""
+    d = tmp_path_factory.mktemp("no_rows")
+    return pack(write_input(d / "in", [[1, 2]]), d / "none", 16, "--min-fill", "0.5")
+
+
+def test_a_source_without_rows_is_named(web_and_code, no_rows):
+    """An output of 0 rows gave an empty epoch in silence, alone or as a source without
+    weights: a warning names it. With a positive weight it is refused whatever the rows per
+    epoch (a share rounded to 0 let it through in silence); weight 0 leaves it out."""
+    import warnings
+
+    with pytest.warns(UserWarning, match=r"^source 'none' \(.*none\) holds no rows: every "
+                                         r"epoch is empty; pack rows into it$"):
+        ds = PackedIterableDataset(no_rows, rank=0, world_size=1)
+    assert list(ds) == []
+    mix = {"web": web_and_code["web"], "none": no_rows}
+    with pytest.warns(UserWarning, match=r"^source 'none' \(.*\) holds no rows: it gives none "
+                                         r"to any epoch; pack rows into it, or leave it out$"):
+        PackedIterableDataset(mix, rank=0, world_size=1)
+    for kw in ({}, {"rows_per_epoch": 1}, {"rows_per_epoch": 50}):
+        with pytest.raises(ValueError, match=r"^source 'none' \(.*\) holds no rows but has "
+                                             r"weight 1; give it weight 0 or remove it$"):
+            PackedIterableDataset(mix, weights={"web": 1, "none": 1}, **kw)
+    with pytest.raises(ValueError, match=r"^source 'none' \(.*\) holds no rows but has weight"):
+        PackedIterableDataset(no_rows, weights={"none": 1})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ds = PackedIterableDataset(mix, weights={"web": 1, "none": 0}, rank=0, world_size=1)
+    assert ds.source_shares == {"web": len(PackedDataset(web_and_code["web"])), "none": 0}
