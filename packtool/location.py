@@ -123,8 +123,10 @@ class Location:
         """How messages and manifests name it (store options that are secrets left out)."""
         return str(self)
 
-    def key(self):
-        """A value equal for two names of the same file or folder (links followed locally)."""
+    def identity(self) -> tuple:
+        """A value equal for two names of the same file or folder: locally links followed (a
+        trailing slash, relative and absolute paths alike); in a store the URI without
+        credentials, its options in any order."""
         raise NotImplementedError
 
     def store_error(self, exc: BaseException, doing: str = "cannot be read") -> BaseException:
@@ -273,7 +275,7 @@ class LocalPath(Location):
         """The folder holding it."""
         return LocalPath(self.path.parent)
 
-    def key(self):
+    def identity(self) -> tuple:
         try:
             st = os.stat(self.path)  # follows links: a link and its target share a key
         except OSError:
@@ -454,8 +456,9 @@ class StoreURI(Location):
         """The prefix holding it."""
         return StoreURI(self.scheme, self.key.rpartition("/")[0], self.query)
 
-    def key(self):
-        return ("store", self.scheme, self.key)
+    def identity(self) -> tuple:
+        uri, _, query = self.display.partition("?")
+        return ("store", uri, tuple(sorted(o for o in query.split("&") if o)))
 
     def overlaps(self, other: Location) -> bool:
         if not isinstance(other, StoreURI) or other.scheme != self.scheme:

@@ -32,18 +32,6 @@ def _salt(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little") >> 1
 
 
-def _place(location) -> tuple:
-    """A value equal for two names of the same output: a local directory by its inode (links,
-    a trailing slash, relative and absolute paths alike), a store prefix by its URI without
-    credentials, its options in any order."""
-    from packtool.location import LocalPath
-
-    if isinstance(location, LocalPath):
-        return location.key()
-    uri, _, query = location.display.partition("?")
-    return ("store", uri, tuple(sorted(o for o in query.split("&") if o)))
-
-
 def _content(output) -> str:
     """16 hex digits naming the rows of a packed output: its shards' sha256s in row order."""
     h = hashlib.sha256()
@@ -195,7 +183,7 @@ class Mixture:
         """
         seen: dict = {}
         for name, o in zip(self.names, self.outputs):
-            key = _place(o.location)
+            key = o.location.identity()
             if key in seen:
                 raise ValueError(
                     f"sources {seen[key]!r} and {name!r} are the same output "

@@ -408,16 +408,15 @@ def test_one_output_under_two_names_is_refused(web_and_code, tmp_path, monkeypat
 
 
 def test_a_store_output_is_named_the_same_whatever_its_options_order():
-    from packtool.loader.mixture import _place
     from packtool.location import Location
 
     same = ["s3://b/out?endpoint_override=h:9000&scheme=http",
             "s3://b/out/?scheme=http&endpoint_override=h:9000",
             "s3://KEY:SECRET@b/out?scheme=http&endpoint_override=h:9000&secret_key=x"]
-    assert len({_place(Location.parse(u)) for u in same}) == 1
+    assert len({Location.parse(u).identity() for u in same}) == 1
     other = ["s3://b/out2?scheme=http&endpoint_override=h:9000", "s3://b/out?scheme=https",
              "gs://b/out?scheme=http&endpoint_override=h:9000"]
-    assert len({_place(Location.parse(u)) for u in same[:1] + other}) == 4
+    assert len({Location.parse(u).identity() for u in same[:1] + other}) == 4
 
 
 @pytest.fixture(scope="module")
