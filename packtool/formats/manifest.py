@@ -579,12 +579,12 @@ def run_holding(out) -> tuple[str | None, dict | None]:
     loc = Location.parse(out)
     if loc.is_local:
         return ("now", None) if pack_running(loc) else (None, None)
-    from packtool.formats import object_store as store
+    from packtool.formats.holders import holder_is_gone, holder_is_here, read_json
 
-    held = store.lock_of(loc)
-    if held is None or store.holder_is_gone(held):
+    held = read_json(loc.join(LOCK_NAME))
+    if held is None or holder_is_gone(held):
         return None, None
-    return ("now" if store.holder_is_here(held) else "maybe"), held
+    return ("now" if holder_is_here(held) else "maybe"), held
 
 
 def writing_error(out, then: str = "read it again", kind: str | None = None

@@ -23,10 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 import threading
-import uuid
 from collections import OrderedDict
 from contextlib import ExitStack, contextmanager
 
@@ -35,6 +32,8 @@ import pyarrow as pa
 from packtool.errors import OutputError, install_hint
 from packtool.formats.manifest import (KINDS, LOCK_NAME, PACKED_KIND, marker_kind,
                                        run_words)
+from packtool.formats.holders import holder, holder_is_gone, holder_is_here
+from packtool.formats.holders import read_json as _read_json
 from packtool.location import Location, StoreError
 
 __all__ = ["read_ranges", "read_session", "take_lock", "release_lock", "holder",
@@ -161,60 +160,6 @@ def read_ranges(uri: str, sizes: list[int], offsets: list[int]) -> bytes:
 
 # -- the lock object ----------------------------------------------------------------------------
 
-def _boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-def _start_time(pid: int) -> str | None:
-    """When process ``pid`` started (clock ticks since boot, Linux), None when unknown."""
-    try:
-        with open(f"/proc/{int(pid)}/stat") as f:
-            stat = f.read()
-    except (OSError, ValueError):
-        return None
-    return stat.rpartition(")")[2].split()[19]  # field 22 of proc(5), after the command
-
-
-def holder() -> dict:
-    """Who this process is, for a lock: run id, host, boot id, pid and process start time."""
-    pid = os.getpid()
-    return {"run": uuid.uuid4().hex, "host": socket.gethostname(), "boot_id": _boot_id(),
-            "pid": pid, "started": _start_time(pid)}
-
-
-def holder_is_gone(lock: dict) -> bool:
-    """True when the process a lock names is known to be gone: on this host, after a reboot
-    (another boot id), or no process with its pid, or one with its pid that started at another
-    time (the pid was reused). A holder on another host cannot be told dead from alive."""
-    if lock.get("host") != socket.gethostname():
-        return False
-    boot = _boot_id()
-    if lock.get("boot_id") and boot and lock["boot_id"] != boot:
-        return True
-    try:
-        pid = int(lock.get("pid", -1))
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        pass  # alive, another user's
-    except (OSError, ValueError, OverflowError):
-        return True
-    started = lock.get("started")
-    now = _start_time(pid)
-    return bool(started and now and started != now)
-
-
-def holder_is_here(lock: dict) -> bool:
-    """True when the process a lock names runs on this host (so :func:`holder_is_gone` can
-    tell whether it lives); a holder on another host cannot be asked."""
-    return lock.get("host") == socket.gethostname()
-
-
 def lock_of(uri) -> dict | None:
     """What the lock object of OUTPUT ``uri`` (a store prefix) says: its holder
     (:func:`holder`) and the ``kind`` of output it writes; None when there is none (or it
@@ -283,14 +228,6 @@ def release_lock(uri, mine: dict) -> None:
             key.delete()
     except STORE_ERRORS:
         pass
-
-
-def _read_json(loc: Location) -> dict | None:
-    try:
-        doc = json.loads(loc.read_bytes())
-    except (*STORE_ERRORS, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 # -- pending multipart uploads --------------------------------------------------------------------
