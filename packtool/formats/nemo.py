@@ -260,7 +260,7 @@ class _EosScan:
         self.targets += int(flat("loss_mask")[inner].astype(np.int64).sum())
         self.cut += int(np.count_nonzero(ids[ends - 2] == self.eos))
 
-    def result(self) -> dict:
+    def found(self) -> dict:
         """``eos_id``, ``documents`` (distinct), ``targets``, ``cut``, ``first_doc``."""
         docs = np.unique(np.concatenate(self.docs)).size if self.docs else 0
         return {"eos_id": self.eos, "documents": int(docs), "targets": self.targets,
@@ -268,14 +268,14 @@ class _EosScan:
 
 
 def _eos_of_file(path: Path, eos: int | None) -> dict:
-    """:meth:`_EosScan.result` of an exported file (a rerun told another EOS id)."""
+    """:meth:`_EosScan.found` of an exported file (a rerun told another EOS id)."""
     scan = _EosScan(eos)
     if eos is not None:
         for batch in pq.ParquetFile(path).iter_batches(
                 columns=["input_ids", "loss_mask", "seq_start_id", "doc_ids"]):
             check()
             scan.add(batch)
-    return scan.result()
+    return scan.found()
 
 
 def eos_warnings(manifest, done: "NemoExport") -> list[str]:
@@ -507,7 +507,7 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
 
 
 def _eos_fields(found: dict) -> dict:
-    """:class:`NemoExport`'s EOS fields of an :meth:`_EosScan.result`."""
+    """:class:`NemoExport`'s EOS fields of an :meth:`_EosScan.found`."""
     return {"eos_id": found["eos_id"], "eos_documents": found["documents"],
             "eos_targets": found["targets"], "eos_cut": found["cut"],
             "eos_first_doc": found["first_doc"]}
@@ -644,7 +644,7 @@ def _write(blocks, convention: str, capacity: int, tmp: Path, rows_per_group: in
                  "pack_size": capacity, "min_packed_seqlen": min_fed or 0}
         counts = {"rows": rows, "sequences": seqs, "tokens": tokens, "targets": targets,
                   "one_token_sequences_left_out": left_seqs, "rows_left_out": left_rows}
-        found = scan.result()
+        found = scan.found()
         w.add_key_value_metadata({EXPORT_KEY: json.dumps(
             {"identity": identity, "counts": counts, "entry": entry, "eos": found})})
     return counts, entry, found
