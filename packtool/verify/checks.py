@@ -57,6 +57,18 @@ def _find_multi_doc_row(reader, seed: int) -> int | None:
     return int(rows[np.random.default_rng(seed).integers(rows.size)])
 
 
+def _longest_span(reader) -> int:
+    """The longest ``cu_seqlens`` span of every row of the output (its largest
+    ``max_seqlen``, a document piece or the padding tail), reading that column alone: positions
+    restart at 0 in each span, so training feeds positions up to this less one."""
+    longest = 0
+    for block in reader.iter_blocks(["max_seqlen"]):
+        v = block.scalars["max_seqlen"]
+        if len(v):
+            longest = max(longest, int(np.max(v)))
+    return longest
+
+
 def _say(progress, msg):
     log.info(msg)
     if progress:
@@ -366,6 +378,8 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
                 required=bool(reason)))
         return
     base = build_model(seed=seed)
+    # the user's model is held against the positions training feeds it: every row's
+    longest = _longest_span(reader) if hf_config is not None else None
     runners = []
     for name in backends:
         reason = unavailable(name, dev)
@@ -373,10 +387,17 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
         if not reason:
             runner, reason = make_runner(name, base, device=dev, capacity=window,
                                          budget=budget, seed=seed, compile=compile,
-                                         hf_config=hf_config)
+                                         hf_config=hf_config, longest=longest, row=capacity)
         if runner is None:
             report.add(CheckResult(name, "all", SKIP, {}, None, reason, required=explicit))
             _say(progress, f"verify: {name}: skipped ({reason})")
+            continue
+        fault = getattr(runner, "position_fault", None)
+        if fault:  # training on these rows would raise: nothing the packed checks could add
+            report.add(CheckResult(name, "run", FAIL, {**runner.describe(),
+                                                       "longest_span": longest}, None, fault,
+                                   True, runner.device, runner.dtype_name))
+            _say(progress, f"verify: {name}: FAILED: {fault}")
             continue
         runners.append(runner)
     if not runners or not model_checks:
@@ -491,6 +512,9 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
                    + place_effect(effect() if effect is not None else None))
             for r in leaked:
                 r.message = f"{why}; {r.message}" if r.message else why
+        elif (not leaked and window < capacity and longest is not None
+              and res.get("logits_match") is not None):
+            _windows_below_switch(res["logits_match"], runner, window, longest)
         elif leaked and leak_probe is not None and hasattr(runner, "diagnose"):
             try:
                 why = runner.diagnose(*leak_probe)
@@ -506,6 +530,29 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
         bad = [c for c, r in res.items() if r.status == FAIL]
         _say(progress, f"verify: {name} ({runner.device}, {runner.dtype_name}): "
              f"{'FAIL ' + ', '.join(bad) if bad else 'pass'} in {elapsed[name]:.1f} s")
+
+
+def _windows_below_switch(lm, runner, window: int, longest: int) -> None:
+    """Fail ``lm`` (a passed ``logits_match`` of the ``hf`` backend on row windows) when the
+    user's rotary scaling follows the batch's largest position
+    (:func:`~packtool.verify.hf_model.position_switch`) and the output's longest span passes
+    its switch, which the windows' positions did not reach: training on whole rows would give
+    a document beside a longer one other logits than alone (the place effect whole rows
+    measure)."""
+    from packtool.verify.equivalence import place_effect
+    from packtool.verify.hf_model import position_switch
+
+    cfg = getattr(runner, "config", None)
+    switch = position_switch(cfg) if cfg is not None else None
+    if switch is None or not switch[1] or longest <= switch[1]:
+        return
+    lm.status, lm.where = FAIL, None  # no measured row shows it: the output's longest does
+    lm.figures["longest_span"] = longest
+    lm.message = (f"the windows of {window} tokens run through the model keep its positions "
+                  f"below {switch[2]} = {switch[1]}, but the output's longest span is {longest} "
+                  "tokens, which training on whole rows feeds: "
+                  + place_effect(runner.batch_position_effect())
+                  + " (--row-window 0 measures it)")
 
 
 def _unasked_faults(report, contract_bad: dict) -> dict:

@@ -32,7 +32,8 @@ from packtool.errors import InputError, MissingDependencyError, install_hint
 from packtool.verify import require_torch
 
 __all__ = ["load_hf_config", "refuse_remote_code", "shrink_config", "build_hf_model", "decoder_layers", "layer_kind",
-           "locate_leak", "leak_message", "kernel_need", "batch_position_effect", "REFUSAL_MARK",
+           "locate_leak", "leak_message", "kernel_need", "batch_position_effect", "position_limit",
+           "position_switch", "position_fault", "REFUSAL_MARK",
            "HF_CONFIG_VOCAB", "MAX_TEST_PARAMS"]
 
 #: vocabulary of the shrunk model (token ids are folded with ``% V``)
@@ -734,33 +735,177 @@ def locate_leak(model, forward, ids_BC, spans_row: list, row: int, vocab: int):
     return None
 
 
-def batch_position_effect(cfg) -> str | None:
-    """Why ``cfg``'s logits follow the largest position of the batch, or None.
+#: config fields naming a model's position limit, first found first (GPT-2 and CTRL say
+#: ``n_positions``, older GPT-2 configs ``n_ctx``; ``max_position_embeddings`` is also what
+#: ``attribute_map`` aliases of those resolve to)
+_POSITION_LIMITS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length",
+                    "max_seq_len", "seq_length")
 
-    Phi-3's ``longrope`` rotary embedding takes its long factors for every token of the batch
-    once ``max(position_ids) + 1`` passes ``original_max_position_embeddings`` (transformers
-    5.x), so a document packed beside a longer one, in its row or in another row of the batch,
-    gets other frequencies than alone. (Dynamic NTK scaling follows the batch's largest
-    position too, but only past ``max_position_embeddings``, which verify's model always
-    covers.)
-    """
+
+def _text_config(cfg):
     try:
         text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     except ValueError:  # several text configs (encoder-decoder audio models)
         text = cfg
+    return cfg if text is None else text
+
+
+def position_limit(cfg) -> tuple[str, int] | None:
+    """``(field, value)``: the position limit ``cfg`` (its text config) names, under whichever
+    name it uses (``max_position_embeddings``, ``n_positions``, ``n_ctx``...), or None."""
+    text = _text_config(cfg)
+    d = text.to_dict() if hasattr(text, "to_dict") else {}
+    # the name the config itself writes first, then the aliases its class resolves
+    for value_of in (d.get, lambda name: getattr(text, name, None)):
+        for name in _POSITION_LIMITS:
+            v = value_of(name)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return name, v
+    return None
+
+
+def position_switch(cfg) -> tuple[str, int, str] | None:
+    """``(rope_type, threshold, field)`` of a rotary embedding whose frequencies follow the
+    largest ``position_id`` of the batch (transformers 5.x): ``dynamic`` NTK scaling rescales
+    them once it reaches ``max_position_embeddings``, ``longrope`` switches from the short to the
+    long factors once it reaches ``original_max_position_embeddings``; None for every other
+    rotary type (their frequencies are fixed by the config)."""
+    text = _text_config(cfg)
     rp = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None)
     if not isinstance(rp, dict):
         return None
     for p in [rp] + [v for v in rp.values() if isinstance(v, dict)]:
-        if p.get("rope_type") == "longrope":
+        kind = str(p.get("rope_type") or p.get("type") or "")
+        if kind == "longrope":
             n = p.get("original_max_position_embeddings") or getattr(
                 text, "original_max_position_embeddings", None)
-            return (f"its rotary frequencies (rope_type longrope) switch from the short to the "
-                    f"long factors for the whole batch once its largest position_id reaches "
-                    f"original_max_position_embeddings = {n}, so a document packed beside a "
-                    "longer one (in its row or another row of the batch) gets the long factors, "
-                    f"and alone the short ones; pack with --capacity {n} or less, where no "
-                    "position reaches it")
+            return kind, n, "original_max_position_embeddings"
+        if "dynamic" in kind:
+            return kind, getattr(text, "max_position_embeddings", None), \
+                "max_position_embeddings"
+    return None
+
+
+def batch_position_effect(cfg) -> str | None:
+    """Why ``cfg``'s logits follow the largest position of the batch, or None
+    (:func:`position_switch`).
+
+    Phi-3's ``longrope`` rotary embedding takes its long factors for every token of the batch
+    once ``max(position_ids) + 1`` passes ``original_max_position_embeddings`` (transformers
+    5.x), and ``dynamic`` NTK scaling recomputes the frequencies of the whole batch from it once
+    it passes ``max_position_embeddings``; so a document packed beside a longer one, in its row
+    or in another row of the batch, gets other frequencies than alone.
+    """
+    switch = position_switch(cfg)
+    if switch is None:
+        return None
+    kind, n, field = switch
+    if kind == "longrope":
+        what = ("switch from the short to the long factors", "the long factors",
+                "the short ones")
+    else:
+        what = ("are rescaled (NTK scaling by that position)", "frequencies rescaled for "
+                "the longer one", "those of its own length (unscaled below the limit)")
+    return (f"its rotary frequencies (rope_type {kind}) {what[0]} for the whole batch once its "
+            f"largest position_id reaches {field} = {n}, so a document packed beside a "
+            f"longer one (in its row or another row of the batch) gets {what[1]}, and alone "
+            f"{what[2]}; pack with --capacity {n} or less, where no position reaches it")
+
+
+def _position_raises(exc: BaseException) -> bool:
+    """Whether ``exc`` is an index past a table's end (an embedding or a buffer indexed by
+    position): IndexError on CPU, or a RuntimeError saying so."""
+    text = str(exc)
+    return isinstance(exc, IndexError) or (isinstance(exc, RuntimeError) and (
+        "out of range" in text or "out of bounds" in text))
+
+
+def position_fault(model, cfg, longest: int, row: int | None = None) -> str | None:
+    """Why ``model`` cannot train on rows of ``row`` tokens whose longest ``cu_seqlens`` span
+    is ``longest`` tokens, or None.
+
+    Positions restart at 0 in each document (and in the padding tail), so the largest
+    ``position_id`` training feeds is ``longest - 1``. When the config names a limit below
+    ``longest`` (:func:`position_limit`; none named: always), the model is run on one token at
+    position ``longest - 1`` (and at 0): a model with a table of learned or precomputed
+    positions (GPT-2, OPT, GPT-J, CTRL...) raises an index error there, as training would;
+    rotary embeddings compute any position and pass. The largest position it takes is then
+    found (a bisection of one-token forwards) and named. When ``row`` passes the named limit,
+    the model is run on one sequence of ``limit + 1`` tokens (two documents, positions
+    restarting) after one of ``limit``: a model whose bias is built for at most that many
+    tokens, whatever the positions (MPT's ALiBi), raises there, as it would on whole rows.
+
+    Args:
+        model: the Hugging Face model, on the CPU (an index past a table's end on a GPU is a
+            device-side assert that ends the process's CUDA context).
+        cfg: its config.
+        longest: the output's longest span (its largest ``max_seqlen``).
+        row: tokens of a row as training feeds it (C), or None (not checked).
+
+    Returns:
+        One line naming the limit, the longest span (or the row) and the fix, or None.
+    """
+    torch = require_torch()
+    limit = position_limit(cfg)
+    dev = model.get_input_embeddings().weight.device
+    kind = getattr(cfg, "model_type", type(cfg).__name__)
+    probe = []  # a copy, made on first use: what a forward leaves in the model (dynamic
+    # RoPE's cached frequencies) stays out of the checks
+
+    def run(positions: list[int]) -> BaseException | None:
+        if not probe:
+            probe.append(copy.deepcopy(model))
+        ids = torch.ones((1, len(positions)), dtype=torch.long, device=dev)
+        try:
+            with torch.no_grad():
+                probe[0](inputs_embeds=probe[0].get_input_embeddings()(ids),
+                         position_ids=torch.tensor([positions], device=dev), use_cache=False)
+        except Exception as exc:  # noqa: BLE001 - what transformers raises is its own
+            if isinstance(exc, (KeyboardInterrupt, MemoryError)):
+                raise
+            return exc
+        return None
+
+    def takes(pos: int) -> bool | None:
+        exc = run([pos])
+        return True if exc is None else False if _position_raises(exc) else None
+
+    if longest > 1 and (limit is None or longest > limit[1]) and takes(0) is True \
+            and takes(longest - 1) is False:
+        lo, hi = 0, longest - 1  # takes lo, not hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if takes(mid):
+                lo = mid
+            else:
+                hi = mid
+        has = (f"has {limit[0]} = {limit[1]} positions" if limit is not None and limit[1] == hi
+               else f"takes positions 0..{lo} only"
+               + (f" (its {limit[0]} is {limit[1]})" if limit is not None else ""))
+        field = limit[0] if limit is not None else "a position limit"
+        return (f"the {kind} model of --hf-config {has} (a table of learned or precomputed "
+                f"positions), and the output's longest span is {longest} tokens (max_seqlen; "
+                f"positions restart at 0 in each document and in the padding, so they reach "
+                f"{longest - 1}): it raises an index error at position {hi}, as training on "
+                f"these rows would; pack with --capacity {hi} or less (--overflow split then "
+                f"cuts longer documents into pieces that fit), or train a model with {field} "
+                f">= {longest}")
+    if row is not None and limit is not None and row > limit[1] > 1:
+        n = limit[1]
+
+        def two_documents(k: int) -> list[int]:
+            return list(range(k // 2)) + list(range(k - k // 2))
+
+        if run(two_documents(n)) is None:
+            exc = run(two_documents(n + 1))
+            if exc is not None:
+                first = (str(exc).splitlines() or [""])[0]
+                return (f"the {kind} model of --hf-config takes sequences of at most "
+                        f"{limit[0]} = {n} tokens, whatever their positions (on {n + 1} tokens, "
+                        f"two documents, it raises {type(exc).__name__}: {first}), and the "
+                        f"output's rows are {row} tokens, which training feeds it whole; pack "
+                        f"with --capacity {n} or less, or train a model with {limit[0]} >= "
+                        f"{row}")
     return None
 
 

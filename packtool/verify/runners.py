@@ -357,10 +357,19 @@ class HFRunner(Runner):
     without it, as a training loop that drops it would, and :attr:`refused` keeps the message.
     """
 
-    def __init__(self, seed: int, capacity: int, device: str, config=None):
+    def __init__(self, seed: int, capacity: int, device: str, config=None,
+                 longest: int | None = None, row: int | None = None):
+        """Args: seed; capacity: C of the rows it runs (the tiny Llama's positions cover it);
+        device; config: the user's Hugging Face config, run as given (shrunk in its sizes, not
+        in its position limit or rotary scaling); longest: the output's longest span (its
+        largest ``max_seqlen``), which :attr:`position_fault` holds the model's position limit
+        against (None: not checked); row: C of the output's rows, held against the limit of
+        a model that takes sequences of at most so many tokens (None: not checked)."""
         torch = require_torch()
         self.name, self.device, self.dtype = "hf", device, torch.float32
         self.refused: str | None = None  #: transformers' message when it refused seq_idx
+        #: why the user's model cannot take the output's positions (one line), or None
+        self.position_fault: str | None = None
         if config is None:
             from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -373,12 +382,16 @@ class HFRunner(Runner):
                 model = LlamaForCausalLM(cfg).eval().to(device)
             self.config = None
         else:
-            from packtool.verify.hf_model import build_hf_model, shrink_config
+            from packtool.verify.hf_model import build_hf_model, position_fault, shrink_config
 
+            # the position limit and rotary scaling as given: the rows' positions are held
+            # against them (position_fault), and a rotary scaling that follows the batch's
+            # largest position shows as the place effect it is
             cfg = shrink_config(config)
-            if (getattr(cfg, "max_position_embeddings", None) or capacity) < capacity:
-                cfg.max_position_embeddings = capacity
-            model = build_hf_model(cfg, seed=seed, device=device)
+            model = build_hf_model(cfg, seed=seed, device="cpu")  # probed on the CPU first
+            if longest is not None:
+                self.position_fault = position_fault(model, cfg, longest, row)
+            model = model.to(device)
             self.config = cfg
         self.model = self.ref_model = model
         self.vocab = int(model.get_input_embeddings().num_embeddings)
@@ -631,7 +644,8 @@ def exact_float32():
 
 
 def make_runner(name: str, base_model, *, device: str, capacity: int, budget: MemoryBudget,
-                seed: int, compile: bool | None, hf_config=None):
+                seed: int, compile: bool | None, hf_config=None, longest: int | None = None,
+                row: int | None = None):
     """Build the runner of backend ``name``.
 
     Args:
@@ -645,13 +659,15 @@ def make_runner(name: str, base_model, *, device: str, capacity: int, budget: Me
             enough that eager FlexAttention (dense scores) fits the budget on CPU, always on CUDA.
         hf_config: a Hugging Face config whose architecture the ``hf`` backend builds (shrunk)
             instead of its tiny Llama.
+        longest, row: the output's longest span and C, held against ``hf_config``'s
+            position limit (:attr:`HFRunner.position_fault`).
 
     Returns:
         ``(runner, reason)``: a runner, or None and why the backend cannot run within the budget.
     """
     torch = require_torch()
     if name == "hf":
-        r = HFRunner(seed, capacity, device, hf_config)
+        r = HFRunner(seed, capacity, device, hf_config, longest, row)
     elif name in ("hybrid", "mamba"):
         r = HybridRunner(name, seed, "cuda" if name == "mamba" else device)
         if r.row_bytes(capacity) > budget.bytes:  # SDPA in query blocks, as the sdpa runner

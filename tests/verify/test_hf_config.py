@@ -508,3 +508,84 @@ def test_a_mistyped_local_path_is_no_such_directory_not_a_model_name(packed, tmp
     missing = "nonexist" if "nonexist" in given else "a"
     assert f"{given}: no such file or directory (cfg/ has no {missing})" in line, line
     assert "hf download" not in line, line
+
+
+def _long_docs() -> list:
+    """Documents of 10 to 64 tokens, a 64-token one among them (C = 64: spans up to 64)."""
+    return [[(5 * t + k) % 120 + 5 for t in range(n)] for k in range(3) for n in (64, 10, 40)]
+
+
+@pytest.mark.parametrize("model_type,field", [("gpt2", "n_positions"), ("opt",
+                                               "max_position_embeddings"),
+                                              ("gptj", "n_positions"), ("ctrl", "n_positions")])
+def test_a_position_table_shorter_than_the_longest_span_fails_in_one_line(tmp_path, model_type,
+                                                                          field):
+    """The config's position limit is tested as given: verify had raised it to C, so GPT-2
+    with n_positions 32 passed an output of 64-token spans on which training raises
+    IndexError. Learned (GPT-2, OPT), precomputed rotary (GPT-J) and sinusoidal (CTRL) tables
+    alike now fail the run in one line naming the limit, the longest span and the fix; the
+    config is left as it was, and at C = 32 the same config runs."""
+    from packtool.verify.runners import HFRunner
+
+    cfg = tmp_path / "cfg"
+    transformers.AutoConfig.for_model(model_type, **{field: 32}).save_pretrained(cfg)
+    out = pack_docs(tmp_path, _long_docs(), 64)
+    r = CliRunner().invoke(cli, ["verify", str(out), "--hf-config", str(cfg), "--no-progress"])
+    assert r.exit_code == 1 and "internal error" not in r.output, r.output
+    line = next(ln for ln in r.output.splitlines() if ln.startswith("Error:"))
+    assert f"has {field} = 32 positions" in line and "longest span is 64 tokens" in line, line
+    assert "index error at position 32" in line and "pack with --capacity 32 or less" in line
+    assert f"train a model with {field} >= 64" in line, line
+    runner = HFRunner(0, 64, "cpu", transformers.AutoConfig.from_pretrained(cfg), longest=64)
+    assert getattr(runner.config, field) == 32 and runner.position_fault, runner.config
+    short = pack_docs(tmp_path, [d[:32] for d in _long_docs()], 32, name="c32")
+    rep = run_verify(short, rows=0, hf_config=cfg)  # runs (OPT then leaks, as it does)
+    assert rep.get("hf", "isolation").status in ("pass", "fail"), rep.format_text()
+    assert "run" not in {r.check for r in rep.results if r.backend == "hf"}
+
+
+def test_a_model_that_takes_short_sequences_fails_naming_the_row_length(tmp_path):
+    """MPT builds its ALiBi bias for max_seq_len tokens whatever the positions: rows longer
+    than that raised a bare size mismatch ("transformers cannot run this config here"); the
+    run now fails naming the limit, the row length and the fix."""
+    cfg = tmp_path / "mpt"
+    transformers.AutoConfig.for_model("mpt", max_seq_len=32).save_pretrained(cfg)
+    rep = run_verify(pack_docs(tmp_path, _long_docs(), 64), rows=0, hf_config=cfg)
+    run = rep.get("hf", "run")
+    assert run is not None and run.status == "fail" and not rep.ok, rep.format_text()
+    assert "takes sequences of at most max_seq_len = 32 tokens" in run.message, run.message
+    assert "rows are 64 tokens" in run.message and "--capacity 32 or less" in run.message
+    assert "cannot run this config" not in run.message
+
+
+def _dynamic_rope(tmp_path: Path) -> Path:
+    d = tmp_path / "dynamic"
+    transformers.AutoConfig.for_model(
+        "llama", max_position_embeddings=32,
+        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4},
+    ).save_pretrained(d)
+    return d
+
+
+def test_dynamic_rope_past_its_limit_fails_as_a_place_effect(tmp_path):
+    """Dynamic NTK scaling rescales the rotary frequencies of the whole batch once its largest
+    position reaches max_position_embeddings: verify had raised that limit to C and passed,
+    though a 10-token document beside a 64-token one gets other logits than alone. It now
+    fails logits_match as the place effect it is (isolation passes), naming the scaling and
+    the capacity at which it passes, which it does; on row windows that stay below the limit
+    it fails all the same, from the output's longest span."""
+    cfg = _dynamic_rope(tmp_path)
+    out = pack_docs(tmp_path, _long_docs(), 64)
+    rep = run_verify(out, rows=0, hf_config=cfg)
+    lm, iso = rep.get("hf", "logits_match"), rep.get("hf", "isolation")
+    assert lm.status == "fail" and iso.status == "pass" and not rep.ok, rep.format_text()
+    assert lm.figures["max_abs_diff"] > 1e-4, lm.figures
+    assert "rope_type dynamic" in lm.message and "no document reads another" in lm.message
+    assert "pack with --capacity 32 or less" in lm.message, lm.message
+    win = run_verify(out, rows=0, hf_config=cfg, row_window=16)
+    lm = win.get("hf", "logits_match")
+    assert lm.status == "fail" and not win.ok, win.format_text()
+    assert "windows of 16 tokens" in lm.message and "longest span is 64" in lm.message
+    assert "rope_type dynamic" in lm.message, lm.message
+    short = pack_docs(tmp_path, [d[:32] for d in _long_docs()], 32, name="c32")
+    assert run_verify(short, rows=0, hf_config=cfg).ok
