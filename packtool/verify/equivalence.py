@@ -203,7 +203,10 @@ def measure_batch(m: Measurements, runner, batch: dict, spans: list, refs: list,
     ids = batch["input_ids"]
     h = runner.embed(ids).detach().requires_grad_(backward)
     with torch.set_grad_enabled(backward):
-        logits = runner.forward(h, batch, attend_factory)
+        # a copy, not the leaf: a model may scale its input embeddings in place (CTRL's
+        # ``inputs_embeds *= sqrt(d)``), which autograd refuses on a leaf; the gradient still
+        # reaches h
+        logits = runner.forward(h.clone(), batch, attend_factory)
     # the loss-side gradient runs on a leaf copy of the logits, so it exists on every backend
     leaf = logits.detach().requires_grad_(True)
     labels = batch["labels"].to(logits.device)

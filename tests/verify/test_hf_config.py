@@ -589,3 +589,17 @@ def test_dynamic_rope_past_its_limit_fails_as_a_place_effect(tmp_path):
     assert "rope_type dynamic" in lm.message, lm.message
     short = pack_docs(tmp_path, [d[:32] for d in _long_docs()], 32, name="c32")
     assert run_verify(short, rows=0, hf_config=cfg).ok
+
+
+def test_a_model_that_scales_its_input_embeddings_in_place_runs(packed, tmp_path):
+    """CTRL scales its input embeddings in place (``inputs_embeds *= sqrt(d)``): verify handed
+    it the leaf whose gradient it reads, autograd refused the in-place operation, and the run
+    failed ("transformers cannot run this config here"). The model now gets a copy: it runs,
+    the gradient still reaches the padding inputs (grad_zero_padding measured), and CTRL keeps
+    packed documents apart."""
+    rep = run_verify(packed, rows=0, hf_config=_config_file(tmp_path, "ctrl"))
+    assert rep.get("hf", "run") is None, rep.format_text()
+    assert rep.get("hf", "isolation").status == "pass", rep.format_text()
+    pad = rep.get("hf", "grad_zero_padding")
+    assert pad.status == "pass" and pad.figures["max_grad_padding_inputs"] == 0, pad
+    assert rep.ok, rep.format_text()
