@@ -358,7 +358,7 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
 
     torch = require_torch()
     from packtool.verify.equivalence import (MODEL_CHECKS, Measurements, doc_refs, measure_batch,
-                                             place_effect, run_checks)
+                                             nonfinite_only, place_effect, run_checks)
     from packtool.loader import PackedDataset, collate
     from packtool.verify.model import build_model
     from packtool.verify.runners import exact_float32, make_runner, memory_budget, unavailable
@@ -490,8 +490,9 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
         m.extra.update(runner.describe())  # what the run learnt (e.g. seq_idx refused)
         m.extra["seconds"] = round(elapsed[name], 2)
         res = run_checks(m, model_checks)
+        # NaN or inf is no leak (each check says so, and where it comes from)
         leaked = [r for c, r in res.items() if c in ("logits_match", "isolation")
-                  and r.status == FAIL]
+                  and r.status == FAIL and not nonfinite_only(r)]
         broken = sorted({r.check for r in report.results
                          if r.backend == "data" and r.status == FAIL})
         if leaked and (broken or unasked):  # the data, not the model, is at fault

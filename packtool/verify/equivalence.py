@@ -17,6 +17,11 @@ them, and :func:`run_checks` returns the results by name:
 * ``grad_zero_padding``: the gradient reaching padding inputs is exactly 0 (needs a backward pass
   through attention);
 * ``finite``: no NaN or inf in logits or gradients, padding included (B07, B22).
+
+NaN or inf is never read as a leak: each check counts its non-finite values apart
+(``nan_or_inf``), fails on them saying so, and says where they come from (:func:`nonfinite_cause`:
+the model on a document alone, the padding alone, or the packed rows); its leak figure is taken
+over the finite values.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from packtool.verify import require_torch
 from packtool.verify.report import FAIL, PASS, SKIP, CheckResult
 
 __all__ = ["MODEL_CHECKS", "CHECKS", "Measurements", "doc_refs", "measure_batch", "run_checks",
-           "per_target_loss", "place_effect"]
+           "per_target_loss", "place_effect", "nonfinite_cause", "nonfinite_only"]
 
 #: the model checks, in report order
 MODEL_CHECKS = ("logits_match", "isolation", "loss_denominator", "grad_zero_ignored",
@@ -36,25 +41,42 @@ MODEL_CHECKS = ("logits_match", "isolation", "loss_denominator", "grad_zero_igno
 
 
 class _Max:
-    """Running max (NaN counts as inf) and mean, with the location of the worst case."""
+    """Running max (NaN counts as inf) and mean, with the location of the worst case; the
+    non-finite values (NaN, inf) are also counted apart (:attr:`nonfinite`, the first one's
+    location :attr:`nonfinite_where`), and :attr:`finite_max` and :attr:`mean` are taken over
+    the finite ones."""
 
     def __init__(self):
         self.max, self.sum, self.n, self.where = 0.0, 0.0, 0, None
+        self.finite_max, self.finite_where = 0.0, None
+        self.nonfinite, self.nonfinite_where = 0, None
 
     def add(self, values, where):
         if values.numel() == 0:
             return
-        m = float(values.max())
-        if m != m:
-            m = float("inf")
-        self.sum += float(values.sum())
+        torch = require_torch()
+        ok = torch.isfinite(values)
+        bad = int(values.numel() - int(ok.sum()))
         self.n += values.numel()
+        if bad:
+            self.nonfinite += bad
+            self.nonfinite_where = self.nonfinite_where or where
+            if self.where is None or self.max < float("inf"):
+                self.max, self.where = float("inf"), where
+            values = values[ok]
+        if values.numel() == 0:
+            return
+        m = float(values.max())
+        self.sum += float(values.sum())
+        if self.finite_where is None or m > self.finite_max:
+            self.finite_max, self.finite_where = m, where
         if self.where is None or m > self.max:
             self.max, self.where = m, where
 
     @property
     def mean(self) -> float:
-        return self.sum / self.n if self.n else 0.0
+        n = self.n - self.nonfinite
+        return self.sum / n if n else 0.0
 
 
 @dataclass
@@ -77,6 +99,26 @@ class Measurements:
     grad_pad: _Max = field(default_factory=_Max)
     nonfinite_rows: int = 0
     nonfinite_where: dict | None = None
+    #: token positions with a NaN or inf in their logits or gradients: on padding, on a
+    #: document's tokens (each with the first one's location)
+    nonfinite_pad: int = 0
+    nonfinite_pad_where: dict | None = None
+    nonfinite_real: int = 0
+    nonfinite_real_where: dict | None = None
+    #: the input ids at the first padding position with a NaN or inf
+    nonfinite_pad_ids: tuple = ()
+    #: a document whose logits alone (its reference) hold a NaN or inf, or None
+    nonfinite_ref_where: dict | None = None
+    #: the padding run holding the first non-finite padding position, run alone (its tokens,
+    #: positions from 0, no document): (tokens, finite?), or None when not run
+    pad_alone: tuple | None = None
+    #: the document holding the first non-finite real token, run alone (forward and backward):
+    #: (where, finite?, its token ids folded into the model's vocabulary), or None
+    doc_alone: tuple | None = None
+    #: the model's vocabulary (token ids are folded into it with ``% vocab``)
+    vocab: int = 0
+    #: NaN or inf in document 1's own change (isolation), count
+    iso_effect_nonfinite: int = 0
     loss_packed_sum: float = 0.0
     loss_ref_sum: float = 0.0
     targets_packed: int = 0
@@ -216,22 +258,46 @@ def measure_batch(m: Measurements, runner, batch: dict, spans: list, refs: list,
     loss.backward()
     if backward:
         logits.backward(leaf.grad)
-    ref_absmax = max((float(d[0].abs().max()) for row in refs for d in row), default=1.0)
+    # over the finite values: a NaN or inf reference would make the tolerance infinite
+    ref_absmax = max((_finite_absmax(d[0]) for row in refs for d in row), default=1.0)
     m.tol = max(m.tol, runner.tolerance(ref_absmax))
+    seg = batch["segment_ids"].to(logits.device)
     with torch.no_grad():
         grads = [leaf.grad] + ([h.grad] if backward else [])
-        bad_rows = (~torch.isfinite(logits)).flatten(1).any(1)
+        bad_BC = (~torch.isfinite(logits)).any(-1)  # a NaN or inf at the token, shape: (B, C)
         for g in grads:
-            bad_rows |= (~torch.isfinite(g.float())).flatten(1).any(1).to(bad_rows.device)
+            bad_BC |= (~torch.isfinite(g.float())).any(-1).to(bad_BC.device)
+        bad_rows = bad_BC.any(1)
         if bool(bad_rows.any()):
             r = int(torch.nonzero(bad_rows)[0])
             m.nonfinite_rows += int(bad_rows.sum())
             m.nonfinite_where = m.nonfinite_where or _where(batch, r)
+            pad_BC = (seg == 0).to(bad_BC.device)
+            at_pad, at_real = bad_BC & pad_BC, bad_BC & ~pad_BC
+            if bool(at_real.any()):
+                m.nonfinite_real += int(at_real.sum())
+                r, j = (int(x) for x in torch.nonzero(at_real)[0])
+                m.nonfinite_real_where = m.nonfinite_real_where or _where(batch, r)
+                q = next((q for q, (a, b) in enumerate(spans[r], start=1) if a <= j < b), None)
+                if m.doc_alone is None and q is not None:  # that document alone
+                    a, b = spans[r][q - 1]
+                    m.vocab = int(runner.vocab)
+                    m.doc_alone = (_where(batch, r, q), _alone_finite(runner, ids[r, a:b]),
+                                   frozenset(int(x) % m.vocab for x in ids[r, a:b]))
+            if bool(at_pad.any()):
+                m.nonfinite_pad += int(at_pad.sum())
+                r, j = (int(x) for x in torch.nonzero(at_pad)[0])
+                if m.nonfinite_pad_where is None:
+                    m.nonfinite_pad_where = _where(batch, r)
+                    m.nonfinite_pad_ids = tuple(sorted({int(x) for x in ids[r][at_pad[r].cpu()]}))
+                if m.pad_alone is None:  # that padding run alone: the model, or the packing?
+                    a, b = _run_around(pad_BC[r].cpu(), j)
+                    run = ids[r, a:b]
+                    m.pad_alone = (b - a, _alone_finite(runner, run))
         g_BC = leaf.grad.abs().amax(-1)
         has_target = tmask.clone() if shifted else torch.zeros_like(tmask)
         if not shifted:
             has_target[:, :-1] = tmask[:, 1:]
-        seg = batch["segment_ids"].to(logits.device)
         for r in range(B):
             m.grad_ignored.add(g_BC[r][~has_target[r]], _where(batch, r))
             if backward:
@@ -244,6 +310,8 @@ def measure_batch(m: Measurements, runner, batch: dict, spans: list, refs: list,
             for q, (a, b) in enumerate(spans[r], start=1):
                 w = _where(batch, r, q)
                 ref_logits, ref_sum, ref_n = refs[r][q - 1]
+                if m.nonfinite_ref_where is None and not bool(torch.isfinite(ref_logits).all()):
+                    m.nonfinite_ref_where = w
                 m.logit.add((logits[r, a:b] - ref_logits.to(logits.device)).abs().amax(-1), w)
                 p_sum = float(ce[r, a:b].sum())
                 p_n = int(tmask[r, a:b].sum())
@@ -267,11 +335,114 @@ def measure_batch(m: Measurements, runner, batch: dict, spans: list, refs: list,
         for r in rows2:
             a, b = spans[r][0]
             eff = float((logits2[r, a:b] - logits[r, a:b]).abs().max())
-            if eff < m.iso_effect_min:
+            if eff != eff or eff == float("inf"):
+                m.iso_effect_nonfinite += 1
+            elif eff < m.iso_effect_min:
                 m.iso_effect_min, m.iso_effect_where = eff, _where(batch, r, 1)
             for q, (a, b) in enumerate(spans[r][1:], start=2):
                 m.iso_other.add((logits2[r, a:b] - logits[r, a:b]).abs().amax(-1),
                                 _where(batch, r, q))
+
+
+def _finite_absmax(t) -> float:
+    """The largest absolute finite value of tensor ``t`` (0.0 when it holds none)."""
+    torch = require_torch()
+    ok = t[torch.isfinite(t)]
+    return float(ok.abs().max()) if ok.numel() else 0.0
+
+
+def _run_around(pad_C, j: int) -> tuple[int, int]:
+    """(a, b): the run of consecutive True of bool [C] ``pad_C`` holding index ``j``."""
+    a, b = j, j + 1
+    while a > 0 and bool(pad_C[a - 1]):
+        a -= 1
+    while b < pad_C.shape[0] and bool(pad_C[b]):
+        b += 1
+    return a, b
+
+
+def _alone_finite(runner, ids_L) -> bool | None:
+    """Whether ``runner``'s model on the tokens ``ids_L`` (int [L]) alone, as one document
+    (positions 0..L-1), gives finite logits and input gradients (:meth:`alone_finite` of the
+    runner); None when the runner cannot tell or raises."""
+    fn = getattr(runner, "alone_finite", None)
+    if fn is None:
+        return None
+    try:
+        return bool(fn(ids_L))
+    except Exception:  # noqa: BLE001 - a help for the message, never a new failure
+        return None
+
+
+def _at(w: dict) -> str:
+    return f"shard {w.get('shard')} row {w.get('row')} segment {w.get('segment')}"
+
+
+def nonfinite_cause(m: Measurements) -> str:
+    """Where the NaN or inf values of ``m`` come from, in words: the model on a document alone
+    (no packing involved), the padding alone (the model on the pad id's embedding; then
+    ``--pad-id`` is named as the fix when no document alone gives them), or the packed rows
+    (that document or padding alone is finite)."""
+    parts = []
+    pad_ids = ", ".join(str(i) for i in m.nonfinite_pad_ids) or "?"
+    doc_w, doc_fin, doc_ids = m.doc_alone if m.doc_alone is not None else (None, None, ())
+    n_pad, pad_fin = m.pad_alone if m.pad_alone is not None else (0, None)
+    doc_bad = m.nonfinite_ref_where is not None or doc_fin is False
+    if doc_bad:
+        w = m.nonfinite_ref_where or doc_w
+        shared = sorted({i % m.vocab for i in m.nonfinite_pad_ids} & doc_ids) \
+            if m.vocab and doc_fin is False else []
+        parts.append(f"the model gives NaN or inf on a document run alone ({_at(w)}), no "
+                     "packing involved: the model itself, at this size and seed"
+                     + (f" (that document holds token id {shared[0]}, the padding's id, folded "
+                        f"into the test model's {m.vocab}-token vocabulary)" if shared else ""))
+    if m.nonfinite_pad:
+        where = f"at {m.nonfinite_pad} padding positions (input id {pad_ids})"
+        if pad_fin is False:
+            beside = ("; the documents' tokens in those rows get them from it in the backward "
+                      "pass (a NaN times the zero weight of a masked pair is NaN), though "
+                      "each alone is finite" if m.nonfinite_real and not doc_bad else
+                      ", never at a document's token" if not m.nonfinite_real else "")
+            parts.append(
+                f"{where}: that padding run alone ({n_pad} token{'s' if n_pad != 1 else ''}, "
+                "positions from 0, no document) gives NaN or inf too, so they come from the "
+                f"model on the pad id's embedding, not from packing{beside}"
+                + ("" if doc_bad else "; repack with another --pad-id (a token id whose "
+                   "embedding the model computes finitely)"))
+        elif pad_fin:
+            parts.append(f"{where}, though that padding run alone is finite: the packed rows "
+                         "cause them (a padding token with no key to attend to?)")
+        else:
+            parts.append(f"{where}: from the model on the pad id's embedding or from the "
+                         "packed rows")
+    if m.nonfinite_real and not doc_bad and pad_fin is not False:
+        parts.append("at documents' tokens of the packed rows, though "
+                     + ("that document alone is finite" if doc_fin else
+                        "each document's logits alone are finite")
+                     + ": the packed rows cause them")
+    return "; ".join(parts)
+
+
+#: the figure of each check that measures a leak or fault (over the finite values)
+_LEAK_FIGURE = {"logits_match": "max_abs_diff", "isolation": "max_change_other_docs",
+                "grad_zero_padding": "max_grad_padding_inputs",
+                "grad_zero_ignored": "max_grad_ignored_logits"}
+
+
+def nonfinite_only(r: CheckResult) -> bool:
+    """Whether failed check ``r`` failed on NaN or inf values alone (``nan_or_inf``), its
+    finite figures within the tolerance: no leak, whatever the check."""
+    if r.status != FAIL or not r.figures.get("nan_or_inf"):
+        return False
+    fig = _LEAK_FIGURE.get(r.check)
+    return fig is None or r.figures.get(fig, 0.0) <= r.figures.get("tol", 0.0)
+
+
+def _nonfinite_text(m: Measurements, what: str) -> str:
+    """``<what> (NaN or inf, no measure of a leak): <cause>``."""
+    cause = nonfinite_cause(m)
+    return f"{what} hold NaN or inf, which says nothing of a leak" + (f": {cause}" if cause
+                                                                       else "")
 
 
 def _result(m: Measurements, check: str, status: str, figures=None, where=None, message="",
@@ -284,30 +455,50 @@ def _result(m: Measurements, check: str, status: str, figures=None, where=None, 
 
 
 def logits_match(m: Measurements) -> CheckResult:
-    """Packed logits at every real token equal the per-document forward's, within ``m.tol``."""
-    ok = m.logit.max <= m.tol and m.logit.n > 0
-    figs = {"max_abs_diff": m.logit.max, "mean_abs_diff": m.logit.mean, "tol": m.tol,
+    """Packed logits at every real token equal the per-document forward's, within ``m.tol``
+    (over the finite ones; a NaN or inf in either fails, said as such)."""
+    figs = {"max_abs_diff": m.logit.finite_max, "mean_abs_diff": m.logit.mean, "tol": m.tol,
             "rows": m.rows, "rows_multi_doc": m.rows_multi_doc}
     if m.logit.n == 0:
         return _result(m, "logits_match", FAIL, figs, None, "no real token was compared")
-    return _result(m, "logits_match", PASS if ok else FAIL, figs, m.logit.where,
-                   "" if ok else f"packed logits differ from the per-document forward by "
-                   f"{m.logit.max:.3g} > {m.tol:.3g}")
+    differ = m.logit.finite_max > m.tol
+    if m.logit.nonfinite:
+        figs["nan_or_inf"] = m.logit.nonfinite
+        msg = _nonfinite_text(m, f"the logits of {m.logit.nonfinite} real tokens (packed or "
+                                 "alone)")
+        if differ:
+            msg += (f"; the finite ones differ from the per-document forward by "
+                    f"{m.logit.finite_max:.3g} > {m.tol:.3g}")
+        return _result(m, "logits_match", FAIL, figs,
+                       m.logit.finite_where if differ else m.logit.nonfinite_where, msg)
+    return _result(m, "logits_match", FAIL if differ else PASS, figs, m.logit.where,
+                   f"packed logits differ from the per-document forward by {m.logit.max:.3g} > "
+                   f"{m.tol:.3g}" if differ else "")
 
 
 def isolation(m: Measurements) -> CheckResult:
-    """Changing document 1 moves its own logits and leaves every other document's unchanged."""
-    figs = {"max_change_other_docs": m.iso_other.max,
+    """Changing document 1 moves its own logits and leaves every other document's unchanged
+    (over the finite ones; a NaN or inf in them fails, said as such)."""
+    figs = {"max_change_other_docs": m.iso_other.finite_max,
             "min_change_changed_doc": m.iso_effect_min, "rows_multi_doc": m.rows_multi_doc,
             "tol": m.tol}
     if not m.rows_multi_doc:
         return _result(m, "isolation", SKIP, {"rows_multi_doc": 0}, None,
                        "no row run through the model holds two documents")
-    if m.iso_other.max > m.tol:
-        return _result(m, "isolation", FAIL, figs, m.iso_other.where,
-                       f"changing document 1 moved another document's logits by "
-                       f"{m.iso_other.max:.3g} (documents not kept apart: attention, convolution "
-                       "or recurrent state crosses a boundary)")
+    leak = m.iso_other.finite_max > m.tol
+    leak_msg = (f"changing document 1 moved another document's logits by "
+                f"{m.iso_other.finite_max:.3g} (documents not kept apart: attention, "
+                "convolution or recurrent state crosses a boundary)")
+    bad = m.iso_other.nonfinite + m.iso_effect_nonfinite
+    if bad:
+        figs["nan_or_inf"] = bad
+        msg = _nonfinite_text(m, "the logits compared when document 1 changes")
+        return _result(m, "isolation", FAIL, figs,
+                       m.iso_other.finite_where if leak else
+                       m.iso_other.nonfinite_where or m.iso_effect_where,
+                       f"{leak_msg}; {msg}" if leak else msg)
+    if leak:
+        return _result(m, "isolation", FAIL, figs, m.iso_other.where, leak_msg)
     if not m.iso_effect_min > m.tol:
         return _result(m, "isolation", FAIL, figs, m.iso_effect_where,
                        "changing document 1 did not change its own logits; the check has no "
@@ -320,14 +511,16 @@ def loss_denominator(m: Measurements) -> CheckResult:
     target within ``4 * m.tol``: a token's cross-entropy moves by at most twice its logits'
     largest error, so a label on another token of the same count is caught however many
     targets the pooled mean dilutes it over); the token mean over effective targets equals the
-    token-weighted per-document loss (B19)."""
+    token-weighted per-document loss (B19). A NaN or inf loss fails, said as such."""
+    import math
+
     import numpy as np
 
     p_mean = m.loss_packed_sum / m.targets_packed if m.targets_packed else 0.0
     r_mean = m.loss_ref_sum / m.targets_ref if m.targets_ref else 0.0
-    tol = m.tol * max(1.0, abs(r_mean))
+    tol = m.tol * max(1.0, abs(r_mean)) if math.isfinite(r_mean) else m.tol
     figs = {"packed_loss": p_mean, "per_doc_token_weighted": r_mean,
-            "max_segment_loss_diff_per_target": m.seg_loss.max,
+            "max_segment_loss_diff_per_target": m.seg_loss.finite_max,
             "mean_of_doc_means": float(np.mean(m.doc_means)) if m.doc_means else 0.0,
             "targets_packed": m.targets_packed, "targets_per_doc": m.targets_ref, "tol": tol}
     if m.seg_count_bad is not None:
@@ -335,6 +528,10 @@ def loss_denominator(m: Measurements) -> CheckResult:
         return _result(m, "loss_denominator", FAIL, figs, w,
                        f"{p_n} targets in this segment, a separate document has {r_n} (a label "
                        "across a boundary?)")
+    if m.seg_loss.nonfinite or not (math.isfinite(p_mean) and math.isfinite(r_mean)):
+        figs["nan_or_inf"] = max(m.seg_loss.nonfinite, 1)
+        return _result(m, "loss_denominator", FAIL, figs, m.seg_loss.nonfinite_where,
+                       _nonfinite_text(m, "the packed or per-document losses"))
     if m.seg_loss.max > 4 * m.tol:
         # a token's cross-entropy moves by at most twice its logits' largest error: within that,
         # the packed logits (logits_match, isolation) explain it, not the labels
@@ -355,12 +552,21 @@ def loss_denominator(m: Measurements) -> CheckResult:
 
 
 def grad_zero_ignored(m: Measurements) -> CheckResult:
-    """The loss gradient on logits of positions without a target is exactly 0."""
-    ok = m.grad_ignored.max == 0.0
-    return _result(m, "grad_zero_ignored", PASS if ok else FAIL,
-                   {"max_grad_ignored_logits": m.grad_ignored.max},
-                   None if ok else m.grad_ignored.where,
-                   "" if ok else "non-zero gradient on the logits of a position without target")
+    """The loss gradient on logits of positions without a target is exactly 0 (a NaN or inf
+    there fails, said as such)."""
+    g = m.grad_ignored
+    figs = {"max_grad_ignored_logits": g.finite_max}
+    fault = "non-zero gradient on the logits of a position without target"
+    if g.nonfinite:
+        figs["nan_or_inf"] = g.nonfinite
+        msg = _nonfinite_text(m, "the loss gradients on the logits of positions without "
+                                 "target")
+        return _result(m, "grad_zero_ignored", FAIL, figs,
+                       g.finite_where if g.finite_max else g.nonfinite_where,
+                       f"{fault}; {msg}" if g.finite_max else msg)
+    ok = g.max == 0.0
+    return _result(m, "grad_zero_ignored", PASS if ok else FAIL, figs, None if ok else g.where,
+                   "" if ok else fault)
 
 
 #: why ``grad_zero_padding`` is skipped on rows without padding (required only when named)
@@ -369,28 +575,39 @@ NO_PADDING = "no padding in the rows run through the model"
 
 def grad_zero_padding(m: Measurements) -> CheckResult:
     """The gradient that reaches padding inputs through attention is exactly 0 (at most
-    ``m.grad_pad_tol``, 0 but for chunked kernels)."""
+    ``m.grad_pad_tol``, 0 but for chunked kernels), over its finite values; a NaN or inf there
+    is no measure of attention (it fails, said as such, with where it comes from)."""
     if not m.backward:
         return _result(m, "grad_zero_padding", SKIP, {}, None, m.no_backward_reason,
                        required=False)
     if not m.grad_pad.n:  # nothing to look at: passing would say what was never seen
         return _result(m, "grad_zero_padding", SKIP, {}, None, NO_PADDING, required=False)
-    ok = m.grad_pad.max <= m.grad_pad_tol
-    figs = {"max_grad_padding_inputs": m.grad_pad.max}
+    g = m.grad_pad
+    leak = g.finite_max > m.grad_pad_tol
+    figs = {"max_grad_padding_inputs": g.finite_max}
     if m.grad_pad_tol:
         figs["tol"] = m.grad_pad_tol
-    return _result(m, "grad_zero_padding", PASS if ok else FAIL, figs,
-                   None if ok else m.grad_pad.where,
-                   "" if ok else "non-zero gradient at a padding input (a real token attends "
-                   "padding)")
+    leak_msg = "non-zero gradient at a padding input (a real token attends padding)"
+    if g.nonfinite:
+        figs["nan_or_inf"] = g.nonfinite
+        msg = _nonfinite_text(m, f"{g.nonfinite} of the {g.n} gradient values at padding "
+                                 "inputs") + (
+            "; the finite ones are 0" if not leak and g.nonfinite < g.n else "")
+        return _result(m, "grad_zero_padding", FAIL, figs,
+                       g.finite_where if leak else g.nonfinite_where,
+                       f"{leak_msg}; {msg}" if leak else msg)
+    return _result(m, "grad_zero_padding", FAIL if leak else PASS, figs,
+                   g.where if leak else None, leak_msg if leak else "")
 
 
 def finite(m: Measurements) -> CheckResult:
-    """No NaN or inf in logits or gradients, padding included."""
+    """No NaN or inf in logits or gradients, padding included; a failure says where they come
+    from (:func:`nonfinite_cause`)."""
     ok = not m.nonfinite_rows
+    cause = nonfinite_cause(m) if not ok else ""
     return _result(m, "finite", PASS if ok else FAIL, {"rows_with_nan_or_inf": m.nonfinite_rows},
-                   m.nonfinite_where, "" if ok else "NaN or inf in logits or gradients "
-                   "(padding included)")
+                   m.nonfinite_where, "" if ok else "NaN or inf in logits or gradients"
+                   + (f": {cause}" if cause else " (padding included)"))
 
 
 CHECKS = {"logits_match": logits_match, "isolation": isolation,

@@ -252,6 +252,22 @@ class Runner:
                 out[i] = lg[j, :docs[i].shape[0]].float()
         return out
 
+    def alone_finite(self, ids_L) -> bool:
+        """Whether the float32 model on the tokens ``ids_L`` (int [L]) alone, one document at
+        positions 0..L-1 with the written-out causal attention, gives finite logits and a
+        finite gradient of their sum at its input embeddings."""
+        torch = require_torch()
+        from packtool.verify.model import reference_attend
+
+        m = self.ref_model
+        ids = ids_L.reshape(1, -1).to(self.device)
+        pos = torch.arange(ids.shape[1], device=self.device)[None]
+        with torch.enable_grad():
+            h = m.embed(ids).detach().requires_grad_(True)
+            lg = m.forward_embeds(h.clone(), pos, lambda q, k, v: reference_attend(q, k, v))
+            lg.float().sum().backward()
+        return bool(torch.isfinite(lg).all()) and bool(torch.isfinite(h.grad).all())
+
     def tolerance(self, ref_absmax: float) -> float:
         torch = require_torch()
         if self.dtype != torch.float32:
@@ -463,6 +479,17 @@ class HFRunner(Runner):
             out.append(lg_1LV[0].float())
         return out
 
+    def alone_finite(self, ids_L) -> bool:
+        """Whether the model on the tokens ``ids_L`` (int [L]) alone (a batch of one, no other
+        keyword) gives finite logits and a finite gradient of their sum at its input
+        embeddings."""
+        torch = require_torch()
+        with torch.enable_grad():
+            h = self.embed(ids_L.reshape(1, -1).long()).detach().requires_grad_(True)
+            lg = self.model(inputs_embeds=h.clone(), use_cache=False).logits
+            lg.float().sum().backward()
+        return bool(torch.isfinite(lg).all()) and bool(torch.isfinite(h.grad).all())
+
     def batch_position_effect(self) -> str | None:
         """Why this model's logits follow the batch's largest position (Phi-3 longrope), or
         None (:func:`packtool.verify.hf_model.batch_position_effect`)."""
@@ -569,6 +596,12 @@ class ModelRunner(HFRunner):
                 out.append(self._logits(self.model(input_ids=ids_1L, use_cache=False))[0]
                            .float())
         return out
+
+    def alone_finite(self, ids_L) -> bool:
+        """Whether the model's logits on the tokens ``ids_L`` (int [L]) alone are finite
+        (forward only, as every pass of this runner)."""
+        torch = require_torch()
+        return bool(torch.isfinite(self.reference([ids_L])[0]).all())
 
     def calibrate(self, ids_BC, spans: list, refs: list) -> None:
         """Run the packed rows once and set :attr:`eager_error` from the documents that open

@@ -603,3 +603,28 @@ def test_a_model_that_scales_its_input_embeddings_in_place_runs(packed, tmp_path
     pad = rep.get("hf", "grad_zero_padding")
     assert pad.status == "pass" and pad.figures["max_grad_padding_inputs"] == 0, pad
     assert rep.ok, rep.format_text()
+
+
+def test_nan_from_the_pad_ids_embedding_is_named_with_the_pad_id_not_as_a_leak(packed,
+                                                                               tmp_path):
+    """Gemma 3n's pad_token_id 0 has an all-zero embedding, and the model alone on a run of
+    them gives non-finite gradients; packtool's default --pad-id is 0. verify said "non-zero
+    gradient at a padding input (a real token attends padding)". It now says NaN or inf,
+    that the padding alone gives them too (the pad id's embedding, not packing), and to repack
+    with another --pad-id; with --pad-id 5 both checks pass."""
+    cfg = _config_file(tmp_path, "gemma3n_text")
+    rep = run_verify(packed, rows=0, hf_config=cfg)
+    pad, fin = rep.get("hf", "grad_zero_padding"), rep.get("hf", "finite")
+    assert pad.status == "fail" and fin.status == "fail", rep.format_text()
+    assert "a real token attends padding" not in pad.message, pad.message
+    assert "NaN or inf" in pad.message and "says nothing of a leak" in pad.message
+    assert "on a document run alone" not in fin.message, fin.message  # each alone is finite
+    assert "that padding run alone" in fin.message and "gives NaN or inf too" in fin.message
+    assert "repack with another --pad-id" in fin.message, fin.message
+    assert rep.get("hf", "isolation").status == "pass", rep.format_text()
+    docs = [[(7 * d + t) % 97_000 + 3 for t in range(n)]
+            for d, n in enumerate([9, 5, 7, 3, 12, 4, 6, 10])]
+    other = pack_docs(tmp_path, docs, 32, "--pad-id", "5", name="pad5")
+    rep = run_verify(other, rows=0, hf_config=cfg)
+    assert rep.get("hf", "grad_zero_padding").status == "pass", rep.format_text()
+    assert rep.get("hf", "finite").status == "pass" and rep.ok, rep.format_text()

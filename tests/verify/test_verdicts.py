@@ -440,3 +440,89 @@ def test_grad_zero_padding_on_rows_without_padding_is_skipped_not_passed(tmp_pat
     padded = pack_docs(tmp_path / "p", DOCS, 16)  # rows with padding: it runs and passes
     assert run_verify(padded, rows=2, backends=["sdpa"]).get(
         "sdpa", "grad_zero_padding").status == PASS
+
+
+def _clean_measurements():
+    m = Measurements("sdpa", rows=2, rows_multi_doc=2, tol=1e-5)
+    m.logit.add(torch.tensor([1e-7]), {"row": 0})
+    m.iso_other.add(torch.tensor([0.0]), {"row": 0})
+    m.iso_effect_min = 1.0
+    m.grad_pad.add(torch.tensor([0.0]), {"row": 0})
+    m.loss_packed_sum = m.loss_ref_sum = 6.0
+    m.targets_packed = m.targets_ref = 3
+    return m
+
+
+#: what each check said of a NaN or inf, read as a difference, a leak or a wrong label
+_LEAK_WORDS = ("documents not kept apart", "a real token attends padding", "differ from the "
+               "per-document forward by inf", "differ from the per-document forward by nan",
+               "a label on another token", "non-zero gradient on the logits")
+
+
+@pytest.mark.parametrize("name", ["logits_match", "isolation", "loss_denominator",
+                                  "grad_zero_ignored", "grad_zero_padding"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_or_inf_is_never_reported_as_a_leak(name, bad):
+    """A NaN or inf among the values a check compares was read as a difference of inf:
+    "changing document 1 moved another document's logits by inf (documents not kept apart)",
+    "non-zero gradient at a padding input (a real token attends padding)". Each check now fails
+    saying NaN or inf, counts them (nan_or_inf), keeps its leak figure over the finite values,
+    and the driver does not look for a leak (nonfinite_only); a real leak beside them is still
+    one."""
+    from packtool.verify.equivalence import nonfinite_only
+
+    put = {"logits_match": lambda m, v: m.logit.add(torch.tensor([1e-7, v]), {"row": 1}),
+           "isolation": lambda m, v: m.iso_other.add(torch.tensor([0.0, v]), {"row": 1}),
+           "loss_denominator": lambda m, v: m.seg_loss.add(torch.tensor([v]), {"row": 1}),
+           "grad_zero_ignored": lambda m, v: m.grad_ignored.add(torch.tensor([0.0, v]), {}),
+           "grad_zero_padding": lambda m, v: m.grad_pad.add(torch.tensor([0.0, v]), {})}
+    m = _clean_measurements()
+    put[name](m, bad)
+    r = run_checks(m)[name]
+    assert r.status == FAIL and r.figures["nan_or_inf"] == 1, r
+    assert "NaN or inf" in r.message and "says nothing of a leak" in r.message, r.message
+    assert not any(w in r.message for w in _LEAK_WORDS), r.message
+    assert nonfinite_only(r), r
+    if name in ("logits_match", "isolation", "grad_zero_padding"):
+        m = _clean_measurements()  # a finite leak beside the NaN is still reported
+        put[name](m, bad)
+        put[name](m, 0.5)
+        r = run_checks(m)[name]
+        assert r.status == FAIL and not nonfinite_only(r), r
+        assert any(w in r.message for w in _LEAK_WORDS[:2] + ("differ from the per-document "
+                                                              "forward by 0.5",)), r.message
+
+
+def test_an_infinite_reference_no_longer_widens_the_tolerance_to_infinity(good, monkeypatch):
+    """The tolerance is scaled by the references' largest logit: one inf there made it inf, and
+    verify passed whatever the packed rows computed. It is taken over the finite values now:
+    logits_match fails, saying the model gives inf on a document alone."""
+    from packtool.verify.runners import Runner
+
+    plain = Runner.reference
+
+    def infinite_first(self, docs, budget, *, model=None):
+        out = plain(self, docs, budget, model=model)
+        out[0] = out[0].clone()
+        out[0][0, 0] = float("inf")
+        return out
+
+    monkeypatch.setattr(Runner, "reference", infinite_first)
+    rep = run_verify(good, rows=0, backends=["sdpa"])
+    lm = rep.get("sdpa", "logits_match")
+    assert lm.status == FAIL and not rep.ok, rep.format_text()
+    assert lm.figures["tol"] < 1 and lm.figures["nan_or_inf"] >= 1, lm.figures
+    assert "the model gives NaN or inf on a document run alone" in lm.message, lm.message
+
+
+def test_nan_from_a_mask_without_a_key_for_padding_is_put_down_to_the_packed_rows(tmp_path):
+    """B22's broken mask (padding queries with no key) gives NaN: verify fails finite saying the
+    packed rows cause it (that padding and that document alone are finite), never suggesting
+    another --pad-id, and grad_zero_padding says NaN, not "a real token attends padding"."""
+    out = pack_docs(tmp_path, [[5, 6, 7], [8, 9, 10, 11]], 5)
+    rep = run_verify(out, rows=0, backends=["sdpa"], attend_overrides={"sdpa": no_padding_block})
+    fin, pad = rep.get("sdpa", "finite"), rep.get("sdpa", "grad_zero_padding")
+    assert fin.status == FAIL and pad.status == FAIL, rep.format_text()
+    assert "though that padding run alone is finite: the packed rows cause them" in fin.message
+    assert "--pad-id" not in fin.message, fin.message
+    assert "a real token attends padding" not in pad.message and "NaN or inf" in pad.message
