@@ -42,19 +42,43 @@ ALL_CHECKS = ("logits_match", "isolation", "loss_denominator", "grad_zero_ignore
               "grad_zero_padding", "finite") + CONTRACT_CHECKS
 
 
-def _find_multi_doc_row(reader, seed: int) -> int | None:
-    """Global index of a row holding two or more documents, reading only ``doc_ids``, or None
-    when no row has two (a seeded pick among all such rows)."""
-    hits = []
-    for block in reader.iter_blocks(["doc_ids"]):
-        n = np.diff(block.ragged["doc_ids"][1])
-        hit = np.flatnonzero(n >= 2)
+def _find_row(reader, seed: int, padded: bool = False) -> int | None:
+    """Global index of a row holding two or more documents (``padded``: a row holding padding,
+    one with two documents or more if any), reading only ``doc_ids`` and ``cu_seqlens`` (and
+    ``cu_seqlens_unpadded``), or None when no row has one (a seeded pick among all such rows).
+
+    A row holds padding when its documents' real tokens end before C: ``cu_seqlens`` (with
+    ``--segment-multiple``, ``cu_seqlens_unpadded``, the real lengths summed) at its
+    ``len(doc_ids)``-th entry is below C."""
+    ends = "cu_seqlens_unpadded" if "cu_seqlens_unpadded" in reader.columns else "cu_seqlens"
+    hits, firsts = [], []
+    for block in reader.iter_blocks(["doc_ids"] + ([ends] if padded else [])):
+        n = np.diff(block.ragged["doc_ids"][1])  # shape: (R,)
+        if padded:
+            v, off = block.ragged[ends]
+            at = np.minimum(off[:-1] + n, off[1:] - 1)  # each row's entry after its documents
+            has = v[np.maximum(at, 0)] < reader.capacity
+            hit, first = np.flatnonzero(has), np.flatnonzero(has & (n >= 2))
+        else:
+            hit, first = np.flatnonzero(n >= 2), np.zeros(0, dtype=np.int64)
         if hit.size:
             hits.append(block.first + hit)
+        if first.size:
+            firsts.append(block.first + first)
     if not hits:
         return None
-    rows = np.concatenate(hits)
+    rows = np.concatenate(firsts if firsts else hits)
     return int(rows[np.random.default_rng(seed).integers(rows.size)])
+
+
+def _scan_more(scan, reader, convention: str, row: int, label_masked: bool) -> None:
+    """Check the column contract of one more row and add what it found to ``scan``."""
+    more = scan_contract(reader, convention, indices=[row], label_masked=label_masked)
+    for k, v in more.bad.items():
+        scan.bad.setdefault(k, []).extend(v)
+    scan.segments.update(more.segments)
+    scan.padded.extend(more.padded)
+    scan.rows_checked += more.rows_checked
 
 
 def _longest_span(reader) -> int:
@@ -99,7 +123,9 @@ def run_verify(
     Args:
         path: the packed output: a directory, a ``file:`` URI or a store URI.
         rows: rows run through the models (``None``: :data:`DEFAULT_ROWS`; ``0``: all), spread
-            over all shards and drawn from rows holding two documents or more.
+            over all shards and drawn from rows holding two documents or more; when none of
+            them has padding and the output has some, one padded row more (holding two
+            documents if one does), so that the padding checks run.
         seed: seeds the row sample and the test models.
         backends: backends to run, each then required (a skip makes the verdict false); None runs
             every backend that can run here and lists the others as skipped, not required.
@@ -221,24 +247,35 @@ def run_verify(
         report.multi_doc_rows = bool(multi.size)
         pool = multi if multi.size else np.arange(n_rows)
         idx = pool[select_rows(pool.size, rows, seed)]
+        padded = scan.padded_rows()
+        if not data_only and padded.size and not np.isin(idx, padded).any():
+            # the padding checks need a padded row: one more, holding two documents if any does
+            both = np.intersect1d(padded, multi)
+            from_ = both if both.size else padded
+            extra = int(from_[np.random.default_rng(seed).integers(from_.size)])
+            report.notes.append(f"no sampled row has padding; added row {extra}, which does")
+            idx = np.sort(np.append(idx, extra))
     else:
         idx = select_rows(n_rows, rows, seed)
         scan = scan_contract(reader, convention, indices=idx, label_masked=label_masked)
         report.multi_doc_rows = any(scan.segments[int(i)] >= 2 for i in idx) or None
         if not data_only and not report.multi_doc_rows:
-            extra = _find_multi_doc_row(reader, seed)
+            extra = _find_row(reader, seed)
             report.multi_doc_rows = extra is not None
             if extra is None:
                 report.notes.append("no row of the output holds two or more documents")
             else:
                 report.notes.append(f"no sampled row held two documents; added row {extra}, "
                                     "found by reading doc_ids")
-                more = scan_contract(reader, convention, indices=[extra],
-                                     label_masked=label_masked)
-                for k, v in more.bad.items():
-                    scan.bad.setdefault(k, []).extend(v)
-                scan.segments.update(more.segments)
-                scan.rows_checked += more.rows_checked
+                _scan_more(scan, reader, convention, extra, label_masked)
+                idx = np.sort(np.append(idx, extra))
+        if not data_only and not np.isin(idx, scan.padded_rows()).any():
+            # the padding checks need a padded row: one more, found by reading cu_seqlens
+            extra = _find_row(reader, seed, padded=True)
+            if extra is not None:
+                report.notes.append(f"no sampled row has padding; added row {extra}, found by "
+                                    "reading cu_seqlens")
+                _scan_more(scan, reader, convention, extra, label_masked)
                 idx = np.sort(np.append(idx, extra))
     for check in CONTRACT_CHECKS:
         if check not in wanted:

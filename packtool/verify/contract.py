@@ -471,11 +471,20 @@ class ContractScan:
     bad: dict = field(default_factory=dict)
     #: global index -> segments (``len(doc_ids)``) of each scanned row
     segments: dict = field(default_factory=dict)
+    #: global indices of the scanned rows holding padding (a ``segment_ids`` 0), one int64
+    #: array per block read (:meth:`padded_rows`)
+    padded: list = field(default_factory=list)
     labels_stored: bool = True
     segment_multiple: int = 1  #: N of ``--segment-multiple`` the output was packed with
     #: the checks of :data:`WHOLE_OUTPUT_CHECKS` that did not run, and why (a scan of some
     #: rows only, or rows whose ``cu_seqlens`` cannot be counted)
     not_run: dict = field(default_factory=dict)
+
+    def padded_rows(self) -> np.ndarray:
+        """int64[P], sorted: the global indices of the scanned rows holding padding."""
+        if not self.padded:
+            return np.zeros(0, dtype=np.int64)
+        return np.unique(np.concatenate(self.padded))
 
 
 def schema_problem(schema, manifest) -> str | None:
@@ -591,6 +600,9 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
                     for k, v in cols.items()}
         for i, r in enumerate(rows.tolist()):
             scan.segments[block.first + r] = len(cols["doc_ids"][i])
+        pad = (np.asarray(cols["segment_ids"]) == 0).any(1)  # shape: (len(rows),)
+        if pad.any():
+            scan.padded.append(block.first + rows[pad].astype(np.int64))
         for i, check, q, msg in check_block(cols, reader.capacity, convention, label_masked,
                                             multiple, num_sources=num_sources, pad_id=pad_id,
                                             num_docs=num_docs):

@@ -526,3 +526,20 @@ def test_nan_from_a_mask_without_a_key_for_padding_is_put_down_to_the_packed_row
     assert "though that padding run alone is finite: the packed rows cause them" in fin.message
     assert "--pad-id" not in fin.message, fin.message
     assert "a real token attends padding" not in pad.message and "NaN or inf" in pad.message
+
+
+@pytest.mark.parametrize("scan_all", [True, False])
+def test_padding_is_checked_when_only_single_document_rows_have_it(tmp_path, scan_all):
+    """Rows of two 8-token documents fill C = 16; the one padded row holds a single 12-token
+    document. Only rows holding two documents were sampled, so grad_zero_padding was skipped
+    ("no padding in the rows run through the model") though the output has padding: one padded
+    row is now added when no sampled row has padding (with or without --no-scan)."""
+    rng = np.random.default_rng(5)
+    docs = [list(map(int, rng.integers(1, 500, n))) for n in [8] * 16 + [12]]
+    out = pack_docs(tmp_path, docs, 16)
+    for seed in range(3):
+        rep = run_verify(out, rows=2, seed=seed, backends=["sdpa"], scan_all=scan_all)
+        pad = rep.get("sdpa", "grad_zero_padding")
+        assert pad.status == PASS, rep.format_text()
+        assert any("no sampled row has padding; added row" in n for n in rep.notes), rep.notes
+        assert len(rep.rows) == 3 and rep.ok, rep.format_text()
