@@ -628,3 +628,47 @@ def test_nan_from_the_pad_ids_embedding_is_named_with_the_pad_id_not_as_a_leak(p
     rep = run_verify(other, rows=0, hf_config=cfg)
     assert rep.get("hf", "grad_zero_padding").status == "pass", rep.format_text()
     assert rep.get("hf", "finite").status == "pass" and rep.ok, rep.format_text()
+
+
+#: the causal LMs docs/architectures.md says leak whatever they are given, by model_type: the
+#: name the page gives them, and what verify --hf-config does with the default config ("leak":
+#: names the layer where documents leak; "cannot run": fails the run, no leak verdict)
+LEAK_WHATEVER_GIVEN = {
+    "opt": ("OPT", "leak"), "bloom": ("BLOOM", "leak"), "mpt": ("MPT", "leak"),
+    "gpt_oss": ("GPT-OSS", "leak"), "biogpt": ("BioGPT", "leak"), "xglm": ("XGLM", "leak"),
+    "openai-gpt": ("OpenAI-GPT", "leak"), "afmoe": ("AFMoE", "leak"), "zaya": ("Zaya", "leak"),
+    "inkling_text": ("`inkling_text` leaks", "leak"), "mamba": ("Mamba", "leak"),
+    "falcon_mamba": ("FalconMamba", "leak"), "rwkv": ("RWKV", "leak"),
+    "cpmant": ("CPM-Ant", "cannot run"), "deepseek_v4": ("DeepSeek-V4", "cannot run"),
+    "xlstm": ("xLSTM", "cannot run"),
+}
+
+
+def _leak_paragraph() -> str:
+    text = (ROOT / "docs" / "architectures.md").read_text()
+    start = text.index("**Hugging Face models that leak whatever they are given.**")
+    return " ".join(text[start:text.index("\n\n", start)].split())
+
+
+@pytest.mark.parametrize("model_type", sorted(LEAK_WHATEVER_GIVEN))
+def test_each_model_said_to_leak_whatever_it_is_given_gets_the_verdict_the_page_states(
+        packed, tmp_path, model_type):
+    """The page listed CPM-Ant, DeepSeek-V4 and xLSTM among the models verify "fails on every
+    one of" as leaks, though verify cannot run their default configs (it never gives them a
+    leak verdict), and left Zaya out, which leaks in its attention. Each listed model gets the
+    verdict the page states: a named leak, or a failed run ("transformers cannot run this
+    config"), which the page says of exactly those."""
+    name, verdict = LEAK_WHATEVER_GIVEN[model_type]
+    para = _leak_paragraph()
+    assert name in para, f"{name} missing from the page's list of models that leak"
+    cannot = para[para.index("Three it cannot run"):para.index("Of the Inkling")]
+    assert (name in cannot) == (verdict == "cannot run"), cannot
+    rep = run_verify(packed, rows=0, hf_config=_config_file(tmp_path, model_type))
+    assert not rep.ok, rep.format_text()
+    run = rep.get("hf", "run")
+    if verdict == "cannot run":
+        assert run is not None and "transformers cannot run this config here" in run.message
+        return
+    iso = rep.get("hf", "isolation")
+    assert run is None and iso.status == "fail", rep.format_text()
+    assert iso.message.startswith("documents leak in layer"), iso.message
