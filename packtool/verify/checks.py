@@ -415,7 +415,8 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
                 required=bool(reason)))
         return
     base = build_model(seed=seed)
-    # the user's model is held against the positions training feeds it: every row's
+    # what training feeds the user's model, held against its position limit: positions up to
+    # the longest span of every row less one, in rows of C tokens
     longest = _longest_span(reader) if hf_config is not None else None
     runners = []
     for name in backends:
@@ -551,7 +552,8 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
             for r in leaked:
                 r.message = f"{why}; {r.message}" if r.message else why
         elif (not leaked and window < capacity and longest is not None
-              and res.get("logits_match") is not None):
+              and res.get("logits_match") is not None
+              and res["logits_match"].status == PASS):
             _windows_below_switch(res["logits_match"], runner, window, longest)
         elif leaked and leak_probe is not None and hasattr(runner, "diagnose"):
             try:
