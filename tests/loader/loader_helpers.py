@@ -115,3 +115,15 @@ def emulate_flash_attention_2(monkeypatch):
     monkeypatch.setattr(fau, "_flash_with_kvcache_fn", None, raising=False)
     monkeypatch.setattr(fau, "_process_flash_kwargs_fn", fau._lazy_define_process_function(varlen),
                         raising=False)
+
+
+def tiny_llama(vocab: int, seed: int = 0):
+    """A 2-layer Llama of width 32 (4 heads, 2 key/value heads, 64 positions), seeded."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(cfg)

@@ -27,6 +27,7 @@ from packtool.errors import VerifyError  # noqa: E402
 from packtool.loader import HFCollator, PackedDataset, check_isolation  # noqa: E402
 
 from loader_helpers import emulate_flash_attention_2, pack, write_input  # noqa: E402
+import loader_helpers  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -35,11 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_llama(seed=0):
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=64)
-    return transformers.LlamaForCausalLM(cfg)
+    return loader_helpers.tiny_llama(VOCAB, seed)
 
 
 def tiny_opt(seed=0):

@@ -16,16 +16,13 @@ from packtool.loader import (HFCollator, PackedDataset, PackedIterableDataset,  
 
 from loader_helpers import (emulate_flash_attention_2, pack, random_docs,  # noqa: E402
                             write_input)
+import loader_helpers  # noqa: E402
 
 VOCAB = 64
 
 
 def tiny_llama(seed=0):
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=64)
-    return transformers.LlamaForCausalLM(cfg)
+    return loader_helpers.tiny_llama(VOCAB, seed)
 
 
 @pytest.fixture(scope="module")
