@@ -291,13 +291,15 @@ def check_isolation(model, collator=None, *, seed: int = 0) -> Isolation:
             no document reads another (a position effect); the collator refuses the rows; or
             the model refuses a keyword of the batch, as training would at its first step
             (transformers' ValueError on ``seq_idx`` without the causal-conv1d / mamba-ssm
-            kernels, on any CPU).
+            kernels, on any CPU); the logits hold NaN or inf (no measure of a leak: where
+            they come from is said, the model on a document or on the padding alone, or the
+            packed rows).
         MissingDependencyError: torch is not installed.
     """
     torch = require_torch()
     from packtool.errors import VerifyError
     from packtool.verify.equivalence import (Measurements, doc_refs, measure_batch,
-                                             place_effect, run_checks)
+                                             nonfinite_only, place_effect, run_checks)
     from packtool.verify.hf_model import REFUSAL_MARK, kernel_need, leak_message
     from packtool.verify.report import FAIL, PASS
     from packtool.verify.runners import ModelRunner, exact_float32
@@ -359,6 +361,10 @@ def check_isolation(model, collator=None, *, seed: int = 0) -> Isolation:
                 a, b = spans[r][q - 1]
                 return f"row {r}, document {q} (tokens {a}..{b - 1})"
 
+            failed = [r for r in (lm, iso) if r.status == FAIL]
+            if all(nonfinite_only(r) for r in failed):  # NaN or inf: no measure of a leak
+                raise VerifyError(f"check_isolation: {who}, fed the batch {what} builds, "
+                                  f"cannot be checked: {failed[0].message}")
             found = []
             if lm.status == FAIL:
                 found.append(f"{doc(lm.where)} differs from that document run alone by "

@@ -208,6 +208,22 @@ def test_a_hybrid_model_refusing_seq_idx_here_is_one_line():
            "HFCollator(seq_idx=False) does not hold" in msg
 
 
+def test_nan_or_inf_logits_are_said_as_such_never_as_a_leak():
+    """A model that gives NaN on some token ids (here their embeddings) has no measure of a
+    leak: the refusal says where the NaN comes from (that document run alone), never that
+    documents leak or that a layer needs a kernel resetting its state."""
+    model = tiny_llama()
+    with torch.no_grad():
+        model.model.embed_tokens.weight[5::7] = float("nan")
+    msg = refused(model)
+    assert "cannot be checked: the logits of " in msg and "hold NaN or inf, which says " \
+           "nothing of a leak: the model gives NaN or inf on a document run alone" in msg, msg
+    assert "leak in" not in msg and "kernel" not in msg and "differs" not in msg, msg
+    with torch.no_grad():  # finite again: the same model passes
+        model.model.embed_tokens.weight[5::7] = 0.01
+    assert check_isolation(model).max_change_other_docs == 0.0
+
+
 @pytest.mark.parametrize("make", [tiny_llama, tiny_opt])
 def test_the_modules_modes_come_back(make):
     """Train mode with one layer left in eval mode (a frozen part): each module's mode is as it
