@@ -30,6 +30,8 @@ __all__ = [
     "EXIT_USAGE",
     "EXIT_INTERRUPTED",
     "row_ref",
+    "first_line",
+    "exc_line",
     "install_hint",
     "PacktoolError",
     "ConfigError",
@@ -61,6 +63,23 @@ def row_ref(index: int) -> str:
         index: 0-based row index within the file (across row groups).
     """
     return f"row {int(index)} (0-based)"
+
+
+def first_line(exc: BaseException, default: str | None = None) -> str:
+    """The first non-empty line of ``exc``'s message, stripped (library errors run over several
+    lines, some begin with a newline), for a one-line message; ``default`` (else the
+    exception's class name) when the message is empty."""
+    for line in str(exc).splitlines():
+        if line.strip():
+            return line.strip()
+    return type(exc).__name__ if default is None else default
+
+
+def exc_line(exc: BaseException) -> str:
+    """``"ValueError: <first line>"``: the exception's class and :func:`first_line` (the class
+    alone when the message is empty)."""
+    text = first_line(exc, "")
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 #: where verify's torch comes from on a machine without a GPU (PyPI's Linux wheels are CUDA)
@@ -244,8 +263,7 @@ def shortage_error(exc: BaseException, *, memory: str = "", files: str = "", sta
     prefix = f"{where}: " if where else ""
     tail = f"; {state}" if state else ""
     if kind == "memory":
-        cause = (getattr(exc, "strerror", None)
-                 or (str(exc).strip().splitlines() or ["no memory left"])[0])
+        cause = getattr(exc, "strerror", None) or first_line(exc, "no memory left")
         more = f", {memory}" if memory else ""
         return OutOfMemoryError(f"{prefix}out of memory ({cause}); the data is not at fault: run "
                                 f"with more memory{more}{tail}")

@@ -37,6 +37,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from packtool.errors import first_line
+
 __all__ = ["Location", "LocalPath", "StoreURI", "Entry", "StoreError", "location", "is_store",
            "display"]
 
@@ -494,7 +496,7 @@ class StoreURI(Location):
             try:
                 fs, inner = from_uri(root)
             except ValueError as exc:
-                raise OSError(f"{self.display}: cannot open this location ({_first_line(exc)}); "
+                raise OSError(f"{self.display}: cannot open this location ({first_line(exc)}); "
                               "check the URI and the credentials in the environment") from None
             got = (fs, inner.rstrip("/"))
             with _FS_LOCK:
@@ -548,12 +550,12 @@ class StoreURI(Location):
         if isinstance(exc, StoreError):
             return exc
         if any(k in text for k in _NETWORK_WORDS):  # pyarrow names a curl code, not the fix
-            return StoreError(f"{self.display}: cannot reach the store ({_first_line(exc)}); check "
+            return StoreError(f"{self.display}: cannot reach the store ({first_line(exc)}); check "
                            "the endpoint (endpoint_override=HOST:PORT&scheme=http in the URI, or "
                            "AWS_ENDPOINT_URL) and that the server is up")
         if any(k in text for k in _DENIED_WORDS):
             return StoreError(f"{self.display}: {doing}: the store refused the credentials "
-                           f"({_first_line(exc)}); check the credentials (AWS_ACCESS_KEY_ID and "
+                           f"({first_line(exc)}); check the credentials (AWS_ACCESS_KEY_ID and "
                            "AWS_SECRET_ACCESS_KEY, or the URI's KEY:SECRET@ before the bucket) and "
                            f"that they may use bucket '{self.bucket}'")
         if any(k in text for k in _NO_BUCKET_WORDS):
@@ -654,7 +656,7 @@ class StoreURI(Location):
             try:
                 client.delete_object(Bucket=bucket, Key=key)
             except Exception as exc:  # botocore's errors are not OSError
-                raise OSError(f"{self.display}: cannot delete ({_first_line(exc)})") from None
+                raise OSError(f"{self.display}: cannot delete ({first_line(exc)})") from None
             return
         fs, path = self.filesystem()
         try:
@@ -678,7 +680,7 @@ class StoreURI(Location):
                                               Delete={"Objects": objs[lo:lo + 1000],
                                                       "Quiet": True})
             except Exception as exc:
-                raise OSError(f"{self.display}: cannot delete ({_first_line(exc)})") from None
+                raise OSError(f"{self.display}: cannot delete ({first_line(exc)})") from None
             return
         fs, path = self.filesystem()
         try:
@@ -716,11 +718,6 @@ def _file_uri_path(uri_path: str) -> str:
 
     path = re.split(r"[?#]", uri_path, maxsplit=1)[0]
     return os.fsdecode(unquote_to_bytes(path))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def credentialed_roots() -> dict:

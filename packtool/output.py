@@ -61,7 +61,8 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from packtool import signals
-from packtool.errors import ManifestError, OutputError, raise_if_shortage, shortage_error
+from packtool.errors import (ManifestError, OutputError, first_line, raise_if_shortage,
+                             shortage_error)
 from packtool.formats import object_store as store
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
                                        PACKED_KIND, TOKENIZED_KIND, Manifest, ShardEntry,
@@ -333,7 +334,7 @@ class Output:
             told = out.store_error(exc, "cannot write")
             if isinstance(told, StoreError):
                 raise OutputError(str(told)) from None
-            cause = getattr(exc, "strerror", None) or store.first_line(exc)
+            cause = getattr(exc, "strerror", None) or first_line(exc)
             raise OutputError(f"{out.display}: cannot write ({cause}); choose a writable "
                               f"{self.role}") from None
         self._lock()
@@ -689,7 +690,7 @@ class Output:
         note = self._full_disk_note(exc) if isinstance(exc, OSError) else None
         if note:
             return OutputError(f"{where}: {note} ({state})")
-        cause = (exc.strerror if isinstance(exc, OSError) else None) or store.first_line(exc)
+        cause = (exc.strerror if isinstance(exc, OSError) else None) or first_line(exc)
         return OutputError(f"{where}: {what} ({cause}); {state}")
 
 

@@ -310,3 +310,20 @@ def test_missing_token_column_names_the_obvious_one(tmp_path):
     two = _token_shards(tmp_path / "two", columns=("ids", "tokens"))
     res = invoke(["compare", two, "-c", 8])
     assert res.exit_code != 0 and res.output.rstrip().endswith("pass --column NAME"), res.output
+
+
+def test_a_library_message_opening_with_a_newline_is_quoted_by_its_first_written_line():
+    """transformers' ImportError for a missing backend opens with a newline: the one-line
+    messages quoted ``(ImportError: )``. Every quote of a library's error takes its first
+    non-empty line (one owner: packtool.errors.first_line / exc_line)."""
+    from packtool.errors import exc_line, first_line
+    from packtool.verify.hf_model import _build_error
+
+    exc = ImportError("\nTimmWrapperModel requires the timm library but it was not found.\n"
+                      "pip install timm\n")
+    assert first_line(exc) == "TimmWrapperModel requires the timm library but it was not found."
+    assert exc_line(exc) == f"ImportError: {first_line(exc)}"
+    assert first_line(ValueError("")) == "ValueError" and exc_line(ValueError()) == "ValueError"
+    assert first_line(OSError("  \n"), "no memory left") == "no memory left"
+    msg = str(_build_error("gemma3n", exc))
+    assert "(ImportError: TimmWrapperModel requires the timm library" in msg and "\n" not in msg

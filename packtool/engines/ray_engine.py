@@ -20,7 +20,8 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator, Sequence
 
-from packtool.errors import EngineError, MissingDependencyError, PacktoolError, install_hint
+from packtool.errors import (EngineError, MissingDependencyError, PacktoolError, exc_line,
+                             install_hint)
 from packtool.signals import TEST_ENVS, signals_held
 
 __all__ = ["RayEngine", "import_ray", "MAX_RETRIES", "CANCEL_WAIT_S"]
@@ -153,10 +154,10 @@ class RayEngine:
             if isinstance(cause, PacktoolError):
                 raise cause from None
             raise EngineError(f"a Ray task of {fn.__name__} failed: "
-                              f"{_first_line(cause or exc)}") from None
+                              f"{exc_line(cause or exc)}") from None
         except ray.exceptions.RayError as exc:
             raise EngineError(f"a Ray task of {fn.__name__} failed: "
-                              f"{_first_line(exc)}") from None
+                              f"{exc_line(exc)}") from None
 
     @staticmethod
     def _cancel(ray, refs) -> None:
@@ -213,6 +214,3 @@ def _in_task(roots: dict, fn: Callable, *args):
     return fn(*args)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"

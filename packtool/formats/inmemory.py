@@ -18,7 +18,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from packtool.errors import InputError, SchemaError, raise_if_shortage
+from packtool.errors import InputError, SchemaError, first_line, raise_if_shortage
 from packtool.formats.schema import is_integer_list, is_list_layout
 
 __all__ = ["streamed_tables", "INPUT_NAME", "INPUT_DESCRIPTION", "is_arrow_table", "table_from_list",
@@ -334,7 +334,7 @@ class _ContentDigest:
 def _read_batch_error(exc: pa.ArrowException, rows: int) -> SchemaError:
     """A streamed batch whose rows pyarrow could not type as one batch."""
     raise_if_shortage(exc)
-    reason = str(exc).strip().splitlines()[0].rstrip(": ")
+    reason = first_line(exc).rstrip(": ")
     return SchemaError(f"documents: the {_batch_ref(rows)} could not be read as one batch "
                        f"({reason}); give every document the same columns, of the same types")
 

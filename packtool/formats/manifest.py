@@ -71,7 +71,8 @@ from typing import Callable, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.errors import InputError, ManifestError, PacktoolError, raise_if_shortage, row_ref
+from packtool.errors import (InputError, ManifestError, PacktoolError, first_line,
+                             raise_if_shortage, row_ref)
 from packtool.location import Location, StoreError
 from packtool.signals import result as task_result
 from packtool.stats import PackStats
@@ -490,10 +491,10 @@ def unreadable(loc: Location, exc: BaseException) -> InputError:
     if isinstance(told, StoreError):
         return InputError(str(told))
     if loc.is_local:
-        cause = getattr(exc, "strerror", None) or _first(exc)
+        cause = getattr(exc, "strerror", None) or first_line(exc)
         return InputError(f"{loc.display}: cannot be read ({cause}); check the path and its "
                           "permissions")
-    return InputError(f"{loc.display}: cannot be read ({_first(exc)}); check the URI and the "
+    return InputError(f"{loc.display}: cannot be read ({first_line(exc)}); check the URI and the "
                       "credentials")
 
 
@@ -743,14 +744,14 @@ def read_manifest_and_schema(output) -> tuple[Manifest, pa.Schema]:
                 raise gone from None
             if isinstance(out.store_error(exc), StoreError):
                 raise unreadable(mloc, exc) from None
-            raise ManifestError(f"{mloc.display}: unreadable manifest ({_first(exc)}); rerun "
+            raise ManifestError(f"{mloc.display}: unreadable manifest ({first_line(exc)}); rerun "
                                 "the same packtool pack with --overwrite") from None
     try:
         schema = pq.read_schema(pa.BufferReader(data))
         doc = json.loads((schema.metadata or {})[MANIFEST_META_KEY])
     except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
         raise_if_shortage(exc, mloc.display)
-        raise ManifestError(f"{mloc.display}: unreadable manifest ({_first(exc)}); rerun the "
+        raise ManifestError(f"{mloc.display}: unreadable manifest ({first_line(exc)}); rerun the "
                             "same packtool pack with --overwrite") from None
     meta = {k: v for k, v in (schema.metadata or {}).items() if k != MANIFEST_META_KEY}
     return Manifest.from_dict(doc, mloc.display), schema.with_metadata(meta)
@@ -790,11 +791,6 @@ def load_manifest(output, *, check_hashes: bool = False) -> Manifest:
     manifest = read_manifest(output)
     check_shards(output, manifest, hashes=check_hashes)
     return manifest
-
-
-def _first(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def sha256_of(loc, chunk_bytes: int = 1 << 22) -> str:

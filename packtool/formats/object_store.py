@@ -29,7 +29,7 @@ from contextlib import ExitStack, contextmanager
 
 import pyarrow as pa
 
-from packtool.errors import OutputError, install_hint
+from packtool.errors import OutputError, first_line, install_hint
 from packtool.formats.manifest import (KINDS, LOCK_NAME, PACKED_KIND, marker_kind,
                                        run_words)
 from packtool.formats.holders import holder, holder_is_gone, holder_is_here
@@ -37,19 +37,12 @@ from packtool.formats.holders import read_json as _read_json
 from packtool.location import Location, StoreError
 
 __all__ = ["read_ranges", "read_session", "take_lock", "release_lock", "holder",
-           "holder_is_gone", "holder_is_here", "lock_of", "abort_uploads", "STORE_ERRORS",
-           "first_line"]
+           "holder_is_gone", "holder_is_here", "lock_of", "abort_uploads", "STORE_ERRORS"]
 
 log = logging.getLogger(__name__)
 
 #: What a store call raises on failure (pyarrow maps most to OSError).
 STORE_ERRORS = (OSError, pa.ArrowException)
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (store errors run over several lines)."""
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 #: Ranges of one object closer than this many bytes are fetched with one GET (the bytes

@@ -61,7 +61,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.errors import InputError, ManifestError, raise_if_shortage
+from packtool.errors import InputError, ManifestError, first_line, raise_if_shortage
 from packtool.formats.arrays import list_parts, numpy_values
 from packtool.formats.manifest import (Manifest, check_shards, footer_of,
                                        read_manifest_and_schema, require_packed)
@@ -815,7 +815,7 @@ class PackedOutput:
                 raise ManifestError(f"{where}: missing (deleted or moved since the output was "
                                     "opened); rerun the same packtool pack with --overwrite"
                                     ) from None
-            raise ManifestError(f"{where}: cannot open ({_first(exc)}); with many shards lower "
+            raise ManifestError(f"{where}: cannot open ({first_line(exc)}); with many shards lower "
                                 "max_open_files or raise `ulimit -n`") from None
         try:
             size = handle.size()
@@ -829,7 +829,7 @@ class PackedOutput:
                 md = pq.read_metadata(pa.BufferReader(b"PAR1" + footer))
             except (OSError, pa.ArrowException) as exc:
                 raise_if_shortage(exc, str(where))
-                raise ManifestError(f"{where}: unreadable Parquet footer ({_first(exc)}); the "
+                raise ManifestError(f"{where}: unreadable Parquet footer ({first_line(exc)}); the "
                                     "shard is damaged: rerun the same packtool pack with "
                                     "--overwrite") from None
             if (self.integrity != "size" and entry.footer_sha256 is not None
@@ -938,7 +938,7 @@ class PackedOutput:
                 # a cached copy damaged on this disk (a page checksum fails): fetched again
                 if attempt == 0 and self._drop_cached(s):
                     continue
-                raise ManifestError(f"{where}: row group {g} cannot be read ({_first(exc)}): "
+                raise ManifestError(f"{where}: row group {g} cannot be read ({first_line(exc)}): "
                                     "the shard is damaged; rerun the same packtool pack with "
                                     "--overwrite") from None
         C, R = self.capacity, table.num_rows
@@ -1106,6 +1106,3 @@ class _Where:
         return self.output._where(self.s)
 
 
-def _first(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -54,7 +54,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from packtool.errors import (InputError, ManifestError, PacktoolError, SchemaError,
-                             raise_if_shortage, row_ref)
+                             first_line, raise_if_shortage, row_ref)
 from packtool.formats.arrays import list_parts, numpy_values
 from packtool.formats.manifest import (IN_PROGRESS_NAME, KINDS, MANIFEST_META_KEY,
                                        MANIFEST_NAME, PACKED_KIND, TOKENIZED_KIND,
@@ -593,7 +593,7 @@ def _tokenized_shards(place: _Place, dpath: str, drel: str, infos, manifest: Man
         except (OSError, pa.ArrowException) as exc:
             raise_if_shortage(exc, str(shown))
             raise InputError(f"{shown}: not the shard the manifest of the tokenized output "
-                             f"{where} lists ({_first_line(exc)}); {fix}") from None
+                             f"{where} lists ({first_line(exc)}); {fix}") from None
         if (hashlib.sha256(footer).hexdigest() != s.footer_sha256 if rows is None
                 else rows != s.rows):
             raise InputError(f"{shown}: its Parquet footer differs from the manifest of the "
@@ -1197,16 +1197,11 @@ class InputSource:
             raise_if_shortage(exc, f"{self.path}: row group {row_group}")
             if "checksum" in str(exc).lower():
                 raise InputError(f"{self.path}: row group {row_group}: a page fails its CRC "
-                                 f"checksum ({_first_line(exc)}): the file was damaged after it "
+                                 f"checksum ({first_line(exc)}): the file was damaged after it "
                                  "was written; copy it again from its source or regenerate "
                                  "it") from None
             raise InputError(f"{self.path}: row group {row_group} cannot be read ({exc}); the "
                              "file is damaged or truncated: regenerate it") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def unreadable_error(shown, fs: pafs.FileSystem, path: str, kind: str,

@@ -297,7 +297,7 @@ def check_isolation(model, collator=None, *, seed: int = 0) -> Isolation:
         MissingDependencyError: torch is not installed.
     """
     torch = require_torch()
-    from packtool.errors import VerifyError
+    from packtool.errors import VerifyError, exc_line
     from packtool.verify.equivalence import (Measurements, doc_refs, measure_batch,
                                              nonfinite_only, place_effect, run_checks)
     from packtool.verify.hf_model import REFUSAL_MARK, kernel_need, leak_message
@@ -313,7 +313,7 @@ def check_isolation(model, collator=None, *, seed: int = 0) -> Isolation:
         batch = collator(items)
     except (ValueError, TypeError) as exc:
         raise VerifyError(f"check_isolation: the data collator {what} refuses packed rows: "
-                          f"{_line(exc)}") from None
+                          f"{exc_line(exc)}") from None
     rows = collate(items)  # the rows as the checks read them: segments, labels, provenance
     runner = ModelRunner(model, batch)
     who = (f"{type(model).__name__} (attn_implementation {impl}, {runner.dtype_name} on "
@@ -330,7 +330,7 @@ def check_isolation(model, collator=None, *, seed: int = 0) -> Isolation:
             except ValueError as exc:
                 if REFUSAL_MARK not in str(exc):
                     raise
-                need = kernel_need(_line(exc), "train on a GPU, or train this model on one "
+                need = kernel_need(exc_line(exc), "train on a GPU, or train this model on one "
                                    "document per row (HFCollator(seq_idx=False) would run, "
                                    "mixing the documents in those layers)")
                 raise VerifyError(f"check_isolation: {who} refuses the seq_idx of the "
@@ -341,7 +341,7 @@ def check_isolation(model, collator=None, *, seed: int = 0) -> Isolation:
                     raise
                 raise VerifyError(
                     f"check_isolation: {who} refuses a keyword of the batch {what} builds "
-                    f"({_line(exc)}), as training would at its first step: "
+                    f"({exc_line(exc)}), as training would at its first step: "
                     "HFCollator(flash_attn_kwargs=False) leaves out cu_seq_lens_q/_k and "
                     "max_length_q/_k, HFCollator(seq_idx=False) seq_idx; then check "
                     "again") from None
@@ -391,10 +391,6 @@ def check_isolation(model, collator=None, *, seed: int = 0) -> Isolation:
     finally:
         for mod, mode in modes:
             mod.training = mode
-
-
-def _line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
 
 
 def _isolation_check_class():

@@ -33,7 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from packtool.errors import ConfigError, InputError, MissingDependencyError, install_hint
+from packtool.errors import (ConfigError, InputError, MissingDependencyError, first_line,
+                             install_hint)
 
 __all__ = ["Tokenizer", "load_tokenizer", "TIKTOKEN_ENCODINGS"]
 
@@ -177,7 +178,7 @@ def _tiktoken_encoder(tiktoken, name: str, pattern: str, ranks: dict, specials: 
         enc = tiktoken.Encoding(name=name, pat_str=pattern, mergeable_ranks=ranks,
                                 special_tokens=specials)
     except ValueError as exc:  # the regex engine's parse error
-        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        cause = first_line(exc)
         if source is None:
             raise ConfigError(f"--tokenizer-pattern {pattern!r}: not a valid regex ({cause}); "
                               "give the tokenizer's pre-tokenisation regex") from None

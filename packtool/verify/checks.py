@@ -24,7 +24,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, exc_line
 from packtool.verify.contract import (CONTRACT_CHECKS, DEFAULT_ROWS, PADDED_CHECK,
                                       WHOLE_OUTPUT_CHECKS, check_row_contract, scan_contract,
                                       select_rows)
@@ -506,7 +506,7 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
                 except Exception as exc:  # an available backend that breaks is a failure
                     if isinstance(exc, (KeyboardInterrupt, MemoryError)):
                         raise
-                    msg = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                    msg = exc_line(exc)
                     failed[runner.name] = msg
                     log.debug("backend %s raised", runner.name, exc_info=True)
                 elapsed[runner.name] += time.perf_counter() - t

@@ -28,7 +28,7 @@ import json
 import re
 from pathlib import Path
 
-from packtool.errors import InputError, MissingDependencyError, install_hint
+from packtool.errors import InputError, MissingDependencyError, exc_line, install_hint
 from packtool.verify import require_torch
 
 __all__ = ["load_hf_config", "refuse_remote_code", "shrink_config", "build_hf_model", "decoder_layers", "layer_kind",
@@ -599,9 +599,8 @@ def build_hf_model(cfg, *, seed: int, device: str = "cpu"):
 
 
 def _build_error(kind: str, exc: Exception) -> InputError:
-    first = str(exc).splitlines()[0] if str(exc) else ""
     return InputError(f"transformers cannot build a causal LM from the {kind} config shrunk to a "
-                      f"test size ({type(exc).__name__}: {first}); give --hf-config a config "
+                      f"test size ({exc_line(exc)}); give --hf-config a config "
                       "transformers builds, already small")
 
 
@@ -899,10 +898,9 @@ def position_fault(model, cfg, longest: int, row: int | None = None) -> str | No
         if run(two_documents(n)) is None:
             exc = run(two_documents(n + 1))
             if exc is not None:
-                first = (str(exc).splitlines() or [""])[0]
                 return (f"the {kind} model of --hf-config takes sequences of at most "
                         f"{limit[0]} = {n} tokens, whatever their positions (on {n + 1} tokens, "
-                        f"two documents, it raises {type(exc).__name__}: {first}), and the "
+                        f"two documents, it raises {exc_line(exc)}), and the "
                         f"output's rows are {row} tokens, which training feeds it whole; pack "
                         f"with --capacity {n} or less, or train a model with {limit[0]} >= "
                         f"{row}")

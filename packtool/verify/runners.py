@@ -36,7 +36,7 @@ import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from packtool.errors import install_hint
+from packtool.errors import first_line, install_hint
 from packtool.verify import (has_cuda, has_flash_attn, has_flex_attention, has_transformers,
                              require_torch)
 
@@ -446,7 +446,7 @@ class HFRunner(Runner):
 
                 if REFUSAL_MARK not in str(exc):
                     raise
-                self.refused = str(exc).splitlines()[0]
+                self.refused = first_line(exc)
         return self.model(**kwargs).logits.float()
 
     def forward(self, h_BCE, batch, attend_factory=None):
