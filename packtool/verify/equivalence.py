@@ -107,6 +107,8 @@ class Measurements:
     nonfinite_real_where: dict | None = None
     #: the input ids at the first padding position with a NaN or inf
     nonfinite_pad_ids: tuple = ()
+    #: the same ids folded into the model's vocabulary (:meth:`~packtool.verify.runners.Runner.fold`)
+    nonfinite_pad_folded: frozenset = frozenset()
     #: a document whose logits alone (its reference) hold a NaN or inf, or None
     nonfinite_ref_where: dict | None = None
     #: the padding run holding the first non-finite padding position, run alone (its tokens,
@@ -115,7 +117,8 @@ class Measurements:
     #: the document holding the first non-finite real token, run alone (forward and backward):
     #: (where, finite?, its token ids folded into the model's vocabulary), or None
     doc_alone: tuple | None = None
-    #: the model's vocabulary (token ids are folded into it with ``% vocab``)
+    #: the model's vocabulary (token ids are folded into it:
+    #: :meth:`~packtool.verify.runners.Runner.fold`)
     vocab: int = 0
     #: NaN or inf in document 1's own change (isolation), count
     iso_effect_nonfinite: int = 0
@@ -132,7 +135,7 @@ class Measurements:
     grad_pad_tol: float = 0.0
 
 
-def per_target_loss(logits_BCV, labels_BC, shifted: bool, vocab: int):
+def per_target_loss(logits_BCV, labels_BC, shifted: bool, vocab: int, fold=None):
     """Per-target cross-entropy re-indexed by target token, and the target mask.
 
     Args:
@@ -140,6 +143,8 @@ def per_target_loss(logits_BCV, labels_BC, shifted: bool, vocab: int):
         shifted: labels already shifted (``labels[j]`` is predicted from logits j); else the
             model shifts (``labels[j]`` is predicted from logits j - 1).
         vocab: V; label ids are folded with ``% V`` like the model's inputs.
+        fold: ``fold(ids) -> ids`` folding label ids as the model's inputs are
+            (:meth:`~packtool.verify.runners.Runner.fold`); None: ``% V``.
 
     Returns:
         ``(ce_BC, mask_BC)``: float [B, C], 0 where ignored; bool [B, C]. Position j holds the
@@ -154,7 +159,8 @@ def per_target_loss(logits_BCV, labels_BC, shifted: bool, vocab: int):
     else:
         pred, tgt = logits_BCV[:, :-1], labels_BC[:, 1:]
     mask = tgt != IGNORE_INDEX
-    tgt_v = torch.where(mask, tgt % vocab, torch.full_like(tgt, IGNORE_INDEX))
+    tgt_v = torch.where(mask, tgt % vocab if fold is None else fold(tgt),
+                        torch.full_like(tgt, IGNORE_INDEX))
     ce = F.cross_entropy(pred.reshape(-1, V), tgt_v.reshape(-1), ignore_index=IGNORE_INDEX,
                          reduction="none").reshape(tgt.shape)
     if not shifted:
@@ -193,7 +199,8 @@ def doc_refs(runner, flat_docs, docs, budget_bytes, labels_BC, spans, shifted, l
             keep = ((lab != IGNORE_INDEX) if label_masked
                     else torch.ones(max(L - 1, 0), dtype=torch.bool)).to(lg.device)
             n = int(keep.sum()) if L > 1 else 0
-            tgt = toks[1:].to(lg.device).long() % lg.shape[-1]  # the loss takes Long targets
+            # folded as the inputs are; the loss takes Long targets
+            tgt = runner.fold(toks[1:].to(lg.device).long())
             s = float(F.cross_entropy(lg[:-1][keep], tgt[keep], reduction="sum")) if n else 0.0
             row_refs.append((lg, s, n))
         out.append(row_refs)
@@ -252,7 +259,7 @@ def measure_batch(m: Measurements, runner, batch: dict, spans: list, refs: list,
     # the loss-side gradient runs on a leaf copy of the logits, so it exists on every backend
     leaf = logits.detach().requires_grad_(True)
     labels = batch["labels"].to(logits.device)
-    ce, tmask = per_target_loss(leaf, labels, shifted, runner.vocab)
+    ce, tmask = per_target_loss(leaf, labels, shifted, runner.vocab, runner.fold)
     n_t = int(tmask.sum())
     loss = ce.sum() / max(n_t, 1)  # token mean over effective targets (B19)
     loss.backward()
@@ -283,13 +290,15 @@ def measure_batch(m: Measurements, runner, batch: dict, spans: list, refs: list,
                     a, b = spans[r][q - 1]
                     m.vocab = int(runner.vocab)
                     m.doc_alone = (_where(batch, r, q), _alone_finite(runner, ids[r, a:b]),
-                                   frozenset(int(x) % m.vocab for x in ids[r, a:b]))
+                                   frozenset(int(x) for x in runner.fold(ids[r, a:b])))
             if bool(at_pad.any()):
                 m.nonfinite_pad += int(at_pad.sum())
                 r, j = (int(x) for x in torch.nonzero(at_pad)[0])
                 if m.nonfinite_pad_where is None:
                     m.nonfinite_pad_where = _where(batch, r)
                     m.nonfinite_pad_ids = tuple(sorted({int(x) for x in ids[r][at_pad[r].cpu()]}))
+                    m.nonfinite_pad_folded = frozenset(
+                        int(x) for x in runner.fold(ids[r][at_pad[r].cpu()]))
                 if m.pad_alone is None:  # that padding run alone: the model, or the packing?
                     a, b = _run_around(pad_BC[r].cpu(), j)
                     run = ids[r, a:b]
@@ -330,7 +339,7 @@ def measure_batch(m: Measurements, runner, batch: dict, spans: list, refs: list,
         ids2 = ids.clone()
         for r in rows2:
             a, b = spans[r][0]
-            ids2[r, a:b] = ids2[r, a:b] + 1
+            ids2[r, a:b] = runner.changed_ids(ids2[r, a:b])
         logits2 = runner.forward(runner.embed(ids2), batch, attend_factory)
         for r in rows2:
             a, b = spans[r][0]
@@ -390,7 +399,7 @@ def nonfinite_cause(m: Measurements) -> str:
     doc_bad = m.nonfinite_ref_where is not None or doc_fin is False
     if doc_bad:
         w = m.nonfinite_ref_where or doc_w
-        shared = sorted({i % m.vocab for i in m.nonfinite_pad_ids} & doc_ids) \
+        shared = sorted(m.nonfinite_pad_folded & doc_ids) \
             if m.vocab and doc_fin is False else []
         parts.append(f"the model gives NaN or inf on a document run alone ({_at(w)}), no "
                      "packing involved: the model itself, at this size and seed"

@@ -667,7 +667,7 @@ def _first_tensor(out):
     return None
 
 
-def locate_leak(model, forward, ids_BC, spans_row: list, row: int, vocab: int):
+def locate_leak(model, forward, ids_BC, spans_row: list, row: int, change):
     """Where document 1 first reaches document 2: the first layer (and its first mixing
     sub-module) whose output at the later documents' tokens moves when document 1 changes.
 
@@ -677,7 +677,8 @@ def locate_leak(model, forward, ids_BC, spans_row: list, row: int, vocab: int):
         ids_BC: int64 [B, C] token ids of one batch.
         spans_row: the real document spans [(a, b)] of row ``row`` (two or more).
         row: the row to change.
-        vocab: the model vocabulary (changed ids stay inside it).
+        change: ``change(ids) -> ids`` of the same shape, every token another id of the
+            model (:meth:`packtool.verify.runners.Runner.changed_ids`).
 
     Returns:
         ``(layer index, layer module, sub-module name or None)``, or None when no layer output
@@ -704,7 +705,7 @@ def locate_leak(model, forward, ids_BC, spans_row: list, row: int, vocab: int):
             before = outs["_run"]
             changed = ids_BC.clone()
             a, b = spans_row[0]
-            changed[row, a:b] = (changed[row, a:b] + 1) % vocab
+            changed[row, a:b] = change(changed[row, a:b])
             outs["_run"] = {}
             forward(changed)
             after = outs["_run"]

@@ -187,6 +187,32 @@ class Runner:
         self.per_row = name == "flex" and compiled
         self.eager_error = 0.0  #: bf16 only: max |per-document forward in dtype - fp32 ref|
 
+    #: a token id of the model that folded ids never land on (the padding embedding of a
+    #: Hugging Face model, all zero, or NaN downstream in some: Gemma 3n); None: every id
+    reserved: int | None = None
+
+    def fold(self, ids):
+        """Token ids (int tensor, any shape) folded into the model's vocabulary of V ids:
+        ``ids % V``, except that an id of V or more landing on :attr:`reserved` takes the next
+        id, so a real token of a large vocabulary never becomes the test model's padding token
+        (an id below V is kept as it is: the data holds that very token). Same shape and dtype.
+        """
+        torch = require_torch()
+        v = ids % self.vocab
+        if self.reserved is None:
+            return v
+        return torch.where((v == self.reserved) & (ids != self.reserved), (v + 1) % self.vocab, v)
+
+    def changed_ids(self, ids):
+        """``ids`` (int tensor) with every token replaced by another id of the model (the
+        isolation check's changed document): the next id after :meth:`fold`, never
+        :attr:`reserved`; already folded. Same shape and dtype."""
+        torch = require_torch()
+        c = (self.fold(ids) + 1) % self.vocab
+        if self.reserved is None:
+            return c
+        return torch.where(c == self.reserved, (c + 1) % self.vocab, c)
+
     @property
     def ref_key(self):
         """Runners with the same key share their float32 per-document references."""
@@ -363,6 +389,17 @@ class HybridRunner(Runner):
                 + capacity * 64 * self.model.heads * 24)
 
 
+def padding_token(model, vocab: int) -> int | None:
+    """The padding token of a Hugging Face ``model`` (its input embedding's ``padding_idx``,
+    else its config's ``pad_token_id``), when it is one of its ``vocab`` ids; else None."""
+    pad = getattr(model.get_input_embeddings(), "padding_idx", None)
+    if pad is None:
+        cfg = getattr(model, "config", None)
+        cfg = getattr(cfg, "get_text_config", lambda: cfg)() if cfg is not None else None
+        pad = getattr(cfg, "pad_token_id", None)
+    return int(pad) if isinstance(pad, int) and 0 <= pad < vocab else None
+
+
 class HFRunner(Runner):
     """A tiny random Hugging Face causal LM fed the packed rows as :class:`HFCollator` feeds
     them (``position_ids``, ``seq_idx``, ``use_cache=False``, no ``attention_mask``): a Llama by
@@ -411,6 +448,7 @@ class HFRunner(Runner):
             self.config = cfg
         self.model = self.ref_model = model
         self.vocab = int(model.get_input_embeddings().num_embeddings)
+        self.reserved = padding_token(model, self.vocab)
         self.compiled, self.query_block = False, None
         self.backward, self.no_backward_reason, self.per_row = True, "", False
         self.eager_error = 0.0
@@ -432,7 +470,7 @@ class HFRunner(Runner):
         return d
 
     def embed(self, ids_BC):
-        return self.model.get_input_embeddings()(ids_BC.to(self.device) % self.vocab)
+        return self.model.get_input_embeddings()(self.fold(ids_BC.to(self.device)))
 
     def _call(self, h_BCE, position_ids_BC, seq_idx_BC, flash=None):
         kwargs = {"inputs_embeds": h_BCE, "position_ids": position_ids_BC, "use_cache": False}
@@ -514,7 +552,7 @@ class HFRunner(Runner):
             return self._call(self.embed(ids), pos, seq, flash)
 
         located = locate_leak(self.model, forward, batch["input_ids"], spans[row], row,
-                              self.vocab)
+                              self.changed_ids)
         return leak_message(self.config if self.config is not None else self.model.config,
                             located, self.refused)
 
@@ -550,6 +588,7 @@ class ModelRunner(HFRunner):
         self.name, self.model, self.ref_model, self.config = "hf", model, model, None
         self.device, self.dtype = emb.weight.device, emb.weight.dtype
         self.vocab = int(emb.num_embeddings)
+        self.reserved = padding_token(model, self.vocab)
         self.ids_shape, self.ids_dtype = tuple(ids.shape), ids.dtype
         #: the collator's batch but its ids and labels, on the model's device
         self.kwargs = {k: v.to(self.device) if torch.is_tensor(v) else v
@@ -565,7 +604,7 @@ class ModelRunner(HFRunner):
     def embed(self, ids_BC):
         """The token ids themselves (inside the vocabulary), on the model's device: the model
         embeds them."""
-        return ids_BC.to(self.device) % self.vocab
+        return self.fold(ids_BC.to(self.device))
 
     def _model_ids(self, ids_BC):
         return ids_BC.to(self.device, self.ids_dtype).reshape(self.ids_shape)
@@ -592,7 +631,7 @@ class ModelRunner(HFRunner):
         out = []
         with torch.no_grad():
             for doc in docs:
-                ids_1L = doc.reshape(1, -1).to(self.device).long() % self.vocab
+                ids_1L = self.fold(doc.reshape(1, -1).to(self.device).long())
                 out.append(self._logits(self.model(input_ids=ids_1L, use_cache=False))[0]
                            .float())
         return out
@@ -653,7 +692,8 @@ class ModelRunner(HFRunner):
         # the row's documents where the model sees them ([B, C] rows, or one flattened row)
         at = [((row * C + a) % L, (row * C + b - 1) % L + 1) for a, b in spans[row]]
         return locate_leak(self.model, lambda ids: self.model(input_ids=ids, **self.kwargs),
-                           self._model_ids(self.embed(ids_BC)), at, row * C // L, self.vocab)
+                           self._model_ids(self.embed(ids_BC)), at, row * C // L,
+                           self.changed_ids)
 
     def diagnose(self, batch, spans: list, **wording) -> str:
         """``documents leak in <layer>: this model needs ...`` (:meth:`locate`, then

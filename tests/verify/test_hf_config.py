@@ -630,6 +630,45 @@ def test_nan_from_the_pad_ids_embedding_is_named_with_the_pad_id_not_as_a_leak(p
     assert rep.get("hf", "finite").status == "pass" and rep.ok, rep.format_text()
 
 
+@pytest.mark.parametrize("reserved", [None, 0, 7, 511])
+def test_folding_keeps_ids_below_the_vocabulary_and_skips_the_padding_token(reserved):
+    from types import SimpleNamespace
+
+    from packtool.verify.runners import Runner
+
+    r = SimpleNamespace(vocab=512, reserved=reserved)
+    ids = torch.arange(0, 512 * 5 + 3)
+    got = Runner.fold(r, ids)
+    assert got.shape == ids.shape and got.dtype == ids.dtype
+    assert bool(((got >= 0) & (got < 512)).all())
+    assert torch.equal(got[:512], ids[:512])  # the data's own ids below V are kept
+    high = ids >= 512
+    if reserved is not None:
+        assert not bool((got[high] == reserved).any())
+    assert bool(((got[high] == ids[high] % 512) | (ids[high] % 512 == (reserved or 0))).all())
+    r.fold = lambda x: Runner.fold(r, x)
+    changed = Runner.changed_ids(r, ids)
+    assert bool((changed != got).all()) and bool(((changed >= 0) & (changed < 512)).all())
+    if reserved is not None:
+        assert not bool((changed == reserved).any())
+
+
+def test_real_tokens_never_fold_onto_the_test_models_padding_token(tmp_path):
+    """The shrunk model has 512 ids; real ids are folded into them. A real token of a large
+    vocabulary (512 k here) used to land on Gemma 3n's pad_token_id 0, whose all-zero embedding
+    gives the model alone NaN gradients, so a correct output packed with --pad-id 5 failed
+    'finite' ("the model gives NaN or inf on a document run alone"). Folded ids now skip the
+    model's padding token (an id below 512 stays as it is); the output passes."""
+    from packtool.verify.hf_model import HF_CONFIG_VOCAB as V
+
+    cfg = _config_file(tmp_path, "gemma3n_text")
+    docs = [[V * (d + t + 1) if t % 3 == 0 else (7 * d + t) % 97_000 + 3 for t in range(n)]
+            for d, n in enumerate([9, 5, 7, 3, 12, 4, 6, 10])]
+    out = pack_docs(tmp_path, docs, 32, "--pad-id", "5", name="fold")
+    rep = run_verify(out, rows=0, hf_config=cfg)
+    assert rep.get("hf", "finite").status == "pass" and rep.ok, rep.format_text()
+
+
 #: the causal LMs docs/architectures.md says leak whatever they are given, by model_type: the
 #: name the page gives them, and what verify --hf-config does with the default config ("leak":
 #: names the layer where documents leak; "cannot run": fails the run, no leak verdict)
