@@ -40,7 +40,7 @@ from pathlib import Path
 from packtool.errors import first_line
 
 __all__ = ["Location", "LocalPath", "StoreURI", "Entry", "StoreError", "location", "is_store",
-           "display"]
+           "display", "sweep_stages", "STAGE_HOLDER", "STAGE_UNRECORDED_DAYS"]
 
 #: ``scheme:`` + ``//`` (or ``/``, as pathlib folds it); a scheme of two characters or more, so a
 #: Windows drive letter is not one
@@ -58,6 +58,15 @@ _DENIED_WORDS = ("ACCESS_DENIED", "AccessDenied", "INVALID_ACCESS_KEY_ID", "Inva
 _NO_BUCKET_WORDS = ("NO_SUCH_BUCKET", "NoSuchBucket")
 #: URI options whose values are secrets: never shown in messages or recorded in a manifest
 _SECRET_OPTIONS = ("access_key", "secret_key", "session_token")
+#: The file a store's staging directory (:meth:`StoreURI.stage`) holds first: the JSON record of
+#: the process that made it (:func:`packtool.formats.holders.holder`); never uploaded
+STAGE_HOLDER = ".packtool-holder.json"
+#: Days after which a store's staging directory without a readable holder record (made by a
+#: packtool before these records) is removed when nothing in it changed since
+STAGE_UNRECORDED_DAYS = 7
+#: The name of a store's staging directory in the temporary directory: ``packtool-``, 32 hex
+#: digits, ``-`` and the unit's name (``tempfile.mkdtemp(prefix="packtool-")``'s are not)
+_STAGE_NAME = re.compile(r"^packtool-[0-9a-f]{32}-.")
 
 
 class StoreError(OSError):
@@ -224,14 +233,21 @@ class Location:
         raise NotImplementedError
 
     def stage(self, name: str) -> Path:
-        """A new empty local directory where files bound for this folder are written first: inside
-        it for a local folder (so a rename publishes them), in this process's temporary
-        directory (``TMPDIR``: on a cluster, the node's own disk) for a store. The caller removes
-        it (:func:`shutil.rmtree`) when done."""
+        """A new local directory where files bound for this folder are written first: inside it
+        for a local folder (so a rename publishes them; empty), in this process's temporary
+        directory (``TMPDIR``: on a cluster, the node's own disk) for a store (holding only its
+        holder record, :data:`STAGE_HOLDER`, so that a later run removes it once this process
+        is gone: :func:`sweep_stages`). The caller removes it (:func:`shutil.rmtree`) when
+        done.
+
+        Raises:
+            OSError: the directory cannot be made (a full disk, no permission).
+        """
         raise NotImplementedError
 
     #: True when a staging directory left behind (a killed or stopped task's) is found again
-    #: by :meth:`claim_stage`: inside a local folder; a store's are on the tasks' own disks.
+    #: by :meth:`claim_stage`: inside a local folder; a store's are on the tasks' own disks
+    #: (a killed task's is removed by the next run there: :func:`sweep_stages`).
     stages_found_again: bool = True
 
     def claim_stage(self, name: str, record: str) -> Path | None:
@@ -694,18 +710,111 @@ class StoreURI(Location):
         return None
 
     def stage(self, name: str) -> Path:
+        """``TMPDIR/packtool-<32 hex>-<name>``, holding the record of this process
+        (:data:`STAGE_HOLDER`); the first stage of a process first removes those of the
+        processes of this host that are gone (:func:`sweep_stages`)."""
+        import json
         import tempfile
 
-        work = Path(tempfile.gettempdir()) / f"packtool-{uuid.uuid4().hex}-{name}"
+        from packtool.formats.holders import holder
+
+        temp = Path(tempfile.gettempdir())
+        sweep_stages(temp, once=True)
+        work = temp / f"packtool-{uuid.uuid4().hex}-{name}"
         work.mkdir()
+        try:
+            (work / STAGE_HOLDER).write_text(json.dumps(holder()))
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
         return work
 
     def publish_dir(self, work: Path, last: str) -> None:
         try:
-            for p in sorted(work.iterdir(), key=lambda q: q.name == last):
+            files = [p for p in work.iterdir() if p.name != STAGE_HOLDER]
+            for p in sorted(files, key=lambda q: q.name == last):
                 self.join(p.name).publish_file(p)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+
+#: (pid, temporary directory) already swept by this process (:func:`sweep_stages` ``once``)
+_SWEPT: set = set()
+_SWEEP_LOCK = threading.Lock()
+
+
+def sweep_stages(temp: "str | os.PathLike | None" = None, *, once: bool = False) -> int:
+    """Remove the staging directories of store outputs (:meth:`StoreURI.stage`) that killed
+    runs left in the temporary directory ``temp`` (default: this process's ``TMPDIR``): a task
+    killed (SIGKILL, the OOM killer, a preempted node) cleans nothing up, and its spills or
+    shard would stay there for good. A run stopped otherwise (an error, Ctrl-C, SIGTERM)
+    removes its own.
+
+    A directory named ``packtool-<32 hex>-<unit>`` goes when its holder record
+    (:data:`STAGE_HOLDER`) names a process that is certainly gone
+    (:func:`packtool.formats.holders.holder_is_gone`: of this host, and this host rebooted
+    since, or no process has its pid, or one that started at another time). A live process's,
+    this user's or another's, and another host's (a shared ``TMPDIR``: its processes cannot be
+    asked) are kept. One without a readable record (made by a packtool before these records,
+    or being made this instant) goes only when nothing in it changed for
+    :data:`STAGE_UNRECORDED_DAYS` days: a live task writes its stage until it ends, and a
+    killed run's is not left for good. Other names (``tempfile.mkdtemp(prefix="packtool-")``,
+    which :func:`packtool.api.pack_dataset` uses) are never touched. A directory that cannot be
+    read or removed (another user's) is left as it is: this never raises.
+
+    Args:
+        temp: the temporary directory to sweep.
+        once: sweep ``temp`` at most once in this process (each task's :meth:`StoreURI.stage`);
+            without it (the start of a pack or tokenize run) always.
+
+    Returns:
+        How many directories were removed.
+    """
+    import tempfile
+
+    temp = Path(temp if temp is not None else tempfile.gettempdir())
+    key = (os.getpid(), str(temp))
+    with _SWEEP_LOCK:
+        if once and key in _SWEPT:
+            return 0
+        _SWEPT.add(key)
+    try:
+        found = [e for e in os.scandir(temp) if _STAGE_NAME.match(e.name)
+                 and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return 0
+    removed = 0
+    for e in found:
+        try:
+            if not _stage_abandoned(Path(e.path)):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(e.path, ignore_errors=True)
+        removed += not os.path.lexists(e.path)
+    return removed
+
+
+def _stage_abandoned(work: Path) -> bool:
+    """True when the staging directory ``work`` is a killed run's (see :func:`sweep_stages`).
+
+    Raises:
+        OSError: ``work`` cannot be listed (gone meanwhile, another user's).
+    """
+    import json
+    import time
+
+    from packtool.formats.holders import holder_is_gone
+
+    try:
+        record = json.loads((work / STAGE_HOLDER).read_text())
+    except (OSError, ValueError):
+        record = None
+    if isinstance(record, dict):
+        return holder_is_gone(record)
+    newest = max([work.lstat().st_mtime]
+                 + [e.stat(follow_symlinks=False).st_mtime for e in os.scandir(work)])
+    return time.time() - newest > STAGE_UNRECORDED_DAYS * 86400
 
 
 def _file_uri_path(uri_path: str) -> str:

@@ -24,7 +24,11 @@ a store offers less: the lock, the disk-space check and the cleanup of unfinishe
    reading them again.
 4. :meth:`Output.commit` writes the manifest last and removes the marker, scratch and lock.
 
-Every failure leaves through :meth:`Output.__exit__`, the one cleanup path. Ctrl-C leaves what
+Every failure leaves through :meth:`Output.__exit__`, the one cleanup path. With OUTPUT in a
+store the tasks stage their files in their own ``TMPDIR``; a task that fails or is stopped
+removes its staging directory, and those of killed runs (SIGKILL, the OOM killer) are removed by
+the next run on that host (:func:`packtool.location.sweep_stages`, at entry and at a process's
+first stage). Ctrl-C leaves what
 SIGKILL would, tidied: the scratch keeps its finished read parts (token spills), the staging
 directories of read parts begun with their progress records (where a rerun finds them again:
 :meth:`packtool.location.Location.claim_stage`), its finished windows (plans) and fingerprint;
@@ -71,7 +75,7 @@ from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAM
                                        run_words, shard_entry_of,
                                        V1_MANIFEST_NAME, version_1_shards)
 from packtool.formats.schema import written_as_shard
-from packtool.location import Location, StoreError
+from packtool.location import Location, StoreError, sweep_stages
 
 __all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256", "pack_running",
            "BYTE_DECIDING_PACKAGES", "WINDOW_DIR_PREFIX", "READ_DIR_PREFIX", "SCRATCH_UNITS",
@@ -309,6 +313,7 @@ class Output:
     # -- entry: checks, lock, decision ---------------------------------------------------------
     def __enter__(self) -> "Output":
         out = self.path
+        sweep_stages()  # what killed store runs of this host left in TMPDIR (never raises)
         for src in self.inputs:
             if out.overlaps(src):
                 raise OutputError(f"{out.display}: {self.role} overlaps INPUT {src.display}; "
@@ -839,7 +844,8 @@ class ScratchKept:
 def claim_partial(tmp, name: str, record: str = PARTIAL_PROGRESS) -> Path | None:
     """Take over the staging directory a killed run left for unit ``name`` (one holding
     ``record``), so that only one task resumes it (:meth:`packtool.location.Location.claim_stage`);
-    None when there is none (always in a store: staging is on the tasks' own disks)."""
+    None when there is none (always in a store: staging is on the tasks' own disks, where a
+    killed run's is removed instead, :func:`packtool.location.sweep_stages`)."""
     return Location.parse(tmp).claim_stage(name, record)
 
 

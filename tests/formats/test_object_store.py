@@ -539,3 +539,131 @@ def test_a_store_output_with_query_options_stages_under_plain_names(tmp_path, s3
     assert all("?" not in n and "/" not in n for n in names), names
     remote = _remote_tree(fs, f"{bucket}/out")
     assert {k: v for k, v in remote.items() if k != MANIFEST_NAME} == _shards(ref)
+
+
+# -- local staging of a store OUTPUT: never left behind by a killed pack ----------------------------
+
+STAGE_DOCS = [[i * 7 % 97 + 1 for _ in range(1 + i % 9)] for i in range(60)]
+STAGE_OPTS = ["-c", 16, "--rows-per-shard", 8, "--workers", 1]
+
+
+def _stages(node):
+    return sorted(p.name for p in node.iterdir() if p.name.startswith("packtool-"))
+
+
+def _plant(node, name, record=None, age_days=0.0):
+    """A staging directory ``node/packtool-<32 hex>-name`` holding one spill file, with the
+    holder record ``record`` (None: none, as a packtool before records wrote), ``age_days``
+    old."""
+    import time
+    import uuid
+
+    from packtool.location import STAGE_HOLDER
+
+    work = node / f"packtool-{uuid.uuid4().hex}-{name}"
+    work.mkdir()
+    (work / "tokens.int32").write_bytes(b"\0" * 64)
+    if record is not None:
+        (work / STAGE_HOLDER).write_text(json.dumps(record))
+    then = time.time() - age_days * 86400
+    for p in (*work.iterdir(), work):
+        os.utime(p, (then, then))
+    return work.name
+
+
+def test_a_killed_store_packs_local_stages_are_removed_by_the_next_run(tmp_path, s3,
+                                                                        monkeypatch):
+    """A store pack SIGKILLed leaves its tasks' staging directories (its spills, a shard) in its
+    TMPDIR; the next pack on this host removes them, as it does those of a process of this host
+    that is gone (its pid free or reused, or this host rebooted since). Stages of a live pack
+    (paused, or this very process), of another host (whose processes cannot be asked), stages
+    without a holder record touched within the last days, and other files are kept."""
+    import signal
+    import socket
+
+    from packcheck import paused_pack
+    from packtool.formats.holders import holder
+
+    fs, bucket = s3
+    src = write_docs(tmp_path / "in" / "a.parquet", STAGE_DOCS)
+    node = _node_temp(tmp_path, monkeypatch)
+    monkeypatch.setenv("TMPDIR", str(node))  # the paused packs' too
+    me = holder()
+    keep = {_plant(node, "read-00001", me),  # this process: live
+            _plant(node, "read-00002", {**me, "host": "elsewhere", "pid": 1}),
+            _plant(node, "read-00003", None, age_days=1)}  # no record, recent
+    gone = {_plant(node, "read-00004", {**me, "started": str(int(me["started"]) + 99)}),
+            _plant(node, "read-00005", {**me, "boot_id": "an-earlier-boot"}),
+            _plant(node, "read-00006", None, age_days=30)}  # no record, long untouched
+    others = {"packtool-notes", "packtool-abc_12xy"}  # not a stage's name: never touched
+    for name in others:
+        (node / name).mkdir()
+    assert socket.gethostname() == me["host"]
+    opts = [str(o) for o in STAGE_OPTS]
+    with paused_pack(src, f"s3://{bucket}/killed", "write-shard:1", opts):
+        live = set(_stages(node)) - keep - gone - others
+        assert any(n.endswith("-part-00001.parquet") for n in live), live
+        res = invoke(["pack", "-q", *STAGE_OPTS, src, f"s3://{bucket}/beside"])
+        assert res.exit_code == 0, res.output
+        assert set(_stages(node)) == keep | live | others  # the live pack's stages kept
+    assert set(_stages(node)) == keep | live | others  # killed: left in TMPDIR
+    res = invoke(["pack", "-q", *STAGE_OPTS, src, f"s3://{bucket}/killed"])
+    assert res.exit_code == 0, res.output
+    assert set(_stages(node)) == keep | others
+
+
+def test_a_stopped_store_pack_removes_its_local_stages(tmp_path, s3, monkeypatch):
+    """SIGTERM (as Ctrl-C) while a store pack reads (while it writes:
+    test_interrupted_s3_pack_resumes_with_the_same_bytes): its tasks' staging directories in
+    TMPDIR, a read part's spills among them, are gone when it exits (a store keeps no progress
+    on a task's own disk); so after bad input."""
+    import signal
+
+    from packcheck import paused_pack
+
+    fs, bucket = s3
+    src = write_docs(tmp_path / "in" / "a.parquet", STAGE_DOCS)
+    node = _node_temp(tmp_path, monkeypatch)
+    monkeypatch.setenv("TMPDIR", str(node))
+    opts = [str(o) for o in STAGE_OPTS]
+    with paused_pack(src, f"s3://{bucket}/out", "read:0", opts, stop=signal.SIGTERM):
+        assert any(n.endswith("-read-00000") for n in _stages(node)), _stages(node)
+    assert _stages(node) == []
+    bad = write_docs(tmp_path / "bad" / "a.parquet", [*STAGE_DOCS, [1, -5, 2]])
+    res = invoke(["pack", "-q", *STAGE_OPTS, bad, f"s3://{bucket}/bad"])
+    assert res.exit_code == 1 and "negative" in res.output, res.output
+    assert _stages(node) == []
+
+
+def test_a_task_s_first_stage_sweeps_its_node_and_its_record_is_never_uploaded(tmp_path, s3,
+                                                                               monkeypatch):
+    """A task on a node where no pack starts (a Ray worker) sweeps that node's TMPDIR at its
+    process's first stage, once; the holder record in each stage stays local: the files
+    published are the unit's alone."""
+    import shutil
+    import subprocess
+    import sys
+
+    from packtool.formats.holders import holder
+    from packtool.location import STAGE_HOLDER, Location
+
+    fs, bucket = s3
+    node = _node_temp(tmp_path, monkeypatch)
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)
+    dead = {**holder(), "pid": int(ended.stdout)}  # a process of this host that ended
+    first = _plant(node, "window-00000", dead)
+    out = Location.parse(f"s3://{bucket}/out/.packtool-tmp/window-00001")
+    work = out.stage("window-00001")
+    assert _stages(node) == [work.name], first  # swept
+    assert json.loads((work / STAGE_HOLDER).read_text())["pid"] == os.getpid()
+    again = _plant(node, "window-00002", dead)
+    (work / "segments.int64").write_bytes(b"\1" * 16)
+    (work / "done.json").write_text("{}")
+    second = out.parent.stage("part-00000.parquet")
+    assert _stages(node) == sorted([work.name, again, second.name])  # once per process
+    out.publish_dir(work, "done.json")
+    put = fs.get_file_info(pafs.FileSelector(f"{bucket}/out/.packtool-tmp/window-00001"))
+    assert sorted(i.base_name for i in put) == ["done.json", "segments.int64"]
+    assert not work.exists()
+    shutil.rmtree(second)
