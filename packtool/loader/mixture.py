@@ -176,12 +176,16 @@ class Mixture:
         return first
 
     def _distinct(self) -> None:
-        """Refuse one output given under two names (every row would come twice an epoch).
+        """Refuse one output given under two names, or two copies of one output (the same
+        shards, by their sha256 in the manifests: a copy in a store beside the local one, or
+        the same input packed twice with the same options): every row would come twice an
+        epoch.
 
         Raises:
-            ValueError: names both sources, the output and the fix.
+            ValueError: names both sources, the output(s) and the fix.
         """
         seen: dict = {}
+        copies: dict = {}
         for name, o in zip(self.names, self.outputs):
             key = o.location.identity()
             if key in seen:
@@ -190,6 +194,18 @@ class Mixture:
                     f"({o.location.display}), so each of its rows would come twice an epoch: "
                     "give it once, under one name, and a larger weight to read it more")
             seen[key] = name
+            shards = o.manifest.shards
+            if not shards or not all(s.sha256 for s in shards):
+                continue
+            content = tuple(s.sha256 for s in shards)
+            if content in copies:
+                first, where = copies[content]
+                raise ValueError(
+                    f"sources {first!r} ({where}) and {name!r} ({o.location.display}) hold the "
+                    f"same rows (their {len(shards)} shard(s) have the same sha256: copies of "
+                    "one output), so each row would come twice an epoch: give one of them, "
+                    "under one name, and a larger weight to read it more")
+            copies[content] = (name, o.location.display)
 
     def _check_empty(self) -> None:
         """A source that holds no rows: refused when it has a positive weight (it cannot give

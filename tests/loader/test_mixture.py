@@ -165,7 +165,9 @@ def test_a_state_records_the_version_of_the_epoch_order(web_and_code, tmp_path):
     epoch's end loads either way."""
     from packtool.loader.plan import ORDER_VERSION
 
-    three = {**web_and_code, "again": shutil.copytree(web_and_code["web"], tmp_path / "again")}
+    web_in = web_and_code["web"].parent / "web_in"  # web's documents in another row order
+    three = {**web_and_code, "again": pack(web_in, tmp_path / "again", 16, "--rows-per-shard",
+                                           "7", "--seed", "3")}
     for sources, rows, refused in [(three, None, "three or more sources"),
                                    (web_and_code, 40, "not a multiple of its rows"),
                                    (web_and_code, None, None), (web_and_code["web"], None, None)]:
@@ -405,6 +407,22 @@ def test_one_output_under_two_names_is_refused(web_and_code, tmp_path, monkeypat
     with pytest.raises(ValueError, match="^sources 'A' and 'B' are the same output"):
         PackedIterableDataset({"A": opened, "code": web_and_code["code"], "B": opened},
                               weights={"A": 1, "code": 1, "B": 1})
+
+
+def test_two_copies_of_one_output_are_refused(web_and_code, tmp_path):
+    """A copy of an output (the same shards, by sha256) under another name gave every row
+    twice an epoch, as the same output under two names did; refused naming both copies. An
+    output of other rows is mixed as before."""
+    web = web_and_code["web"]
+    copy = tmp_path / "web-copy"
+    shutil.copytree(web, copy)
+    with pytest.raises(ValueError, match=r"^sources 'web' \(.*\) and 'again' \(.*web-copy\) "
+                                         r"hold the same rows \(their \d+ shard\(s\) have the "
+                                         r"same sha256: copies of one output\), so each row "
+                                         r"would come twice an epoch"):
+        PackedIterableDataset({"web": web, "again": copy}, rank=0, world_size=1)
+    ds = PackedIterableDataset({"web": web, "code": web_and_code["code"]}, rank=0, world_size=1)
+    assert ds.source_shares
 
 
 def test_a_store_output_is_named_the_same_whatever_its_options_order():
