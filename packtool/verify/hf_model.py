@@ -65,6 +65,10 @@ _SMALL = {
     # the same sizes under older names (GPT-2, OPT, DBRX, T5...)
     "n_embd": _WIDTH, "d_model": _WIDTH, "word_embed_proj_dim": _WIDTH, "n_head": 4,
     "n_heads": 4, "ffn_dim": 128, "d_ff": 128, "d_kv": 16,
+    # the width under xLSTM's name; the output layer's real rows (Inkling 2) and its
+    # sliding-window attention's own head sizes
+    "embedding_dim": _WIDTH, "unpadded_vocab_size": HF_CONFIG_VOCAB,
+    "swa_num_attention_heads": 4, "swa_head_dim": 16,
 }
 #: counts lowered to these values, never raised (0 shared experts stays none, a router that
 #: picks 1 expert keeps 1; unset ones get the value); Gemma 3n / 4 per-layer input embeddings
@@ -358,9 +362,10 @@ def _shrink_sizes(d: dict) -> None:
             d[k] = min(d[k], v) if isinstance(d[k], int) and not isinstance(d[k], bool) else v
     for k in _DERIVED:
         d.pop(k, None)
-    if "num_key_value_heads" in d and d["num_key_value_heads"]:
-        d["num_key_value_heads"] = 4 if orig.get("num_key_value_heads") == orig.get(
-            "num_attention_heads") else 2
+    for kv, q in (("num_key_value_heads", "num_attention_heads"),
+                  ("swa_num_key_value_heads", "swa_num_attention_heads")):
+        if d.get(kv):
+            d[kv] = 4 if orig.get(kv) == orig.get(q) else 2
     if orig.get("qk_rope_head_dim") is not None:  # MLA: the rope part is the head_dim
         if "head_dim" in d and orig.get("head_dim") == orig["qk_rope_head_dim"]:
             d["head_dim"] = d["qk_rope_head_dim"]
