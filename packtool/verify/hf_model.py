@@ -372,10 +372,7 @@ def _shrink_sizes(d: dict) -> None:
         if "qk_head_dim" in d:
             d["qk_head_dim"] = d.get("qk_nope_head_dim", 0) + d["qk_rope_head_dim"]
     if isinstance(orig.get("rotary_dim"), int):  # GPT-J, CodeGen: rotary part of each head
-        hidden = next((orig[k] for k in ("hidden_size", "n_embd", "d_model") if orig.get(k)), 0)
-        heads = next((orig[k] for k in ("num_attention_heads", "n_head", "n_heads")
-                      if orig.get(k)), 0)
-        head = orig.get("head_dim") or (hidden // heads if heads else 0)
+        head = _rotary_head(orig)
         small = _SMALL["hidden_size"] // _SMALL["num_attention_heads"]
         d["rotary_dim"] = max(2, min(small, orig["rotary_dim"] * small // head // 2 * 2)
                               if head else small)
