@@ -340,7 +340,8 @@ def measure_batch(m: Measurements, runner, batch: dict, spans: list, refs: list,
         for r in rows2:
             a, b = spans[r][0]
             ids2[r, a:b] = runner.changed_ids(ids2[r, a:b])
-        logits2 = runner.forward(runner.embed(ids2), batch, attend_factory)
+        logits2 = runner.forward(runner.embed(ids2), {**batch, "input_ids": ids2},
+                                 attend_factory)
         for r in rows2:
             a, b = spans[r][0]
             eff = float((logits2[r, a:b] - logits[r, a:b]).abs().max())

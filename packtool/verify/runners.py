@@ -36,7 +36,7 @@ import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from packtool.errors import first_line, install_hint
+from packtool.errors import exc_line, first_line, install_hint
 from packtool.verify import (has_cuda, has_flash_attn, has_flex_attention, has_transformers,
                              require_torch)
 
@@ -400,6 +400,39 @@ def padding_token(model, vocab: int) -> int | None:
     return int(pad) if isinstance(pad, int) and 0 <= pad < vocab else None
 
 
+def embeds_refused(model, fold) -> str | None:
+    """Why a Hugging Face ``model`` refuses ``inputs_embeds`` where it takes ``input_ids``
+    (CPM-Ant checks the ids' dtype, DeepSeek-V4 routes its experts by token id), in one line;
+    None when it takes ``inputs_embeds``, or when it takes neither or calls its input embedding
+    other than once a forward (then the checks run it on ``inputs_embeds`` and say what it
+    raises). Probed on a copy (a forward may leave caches in the model), four tokens folded by
+    ``fold``."""
+    torch = require_torch()
+    probe = copy.deepcopy(model)
+    emb = probe.get_input_embeddings()
+    ids = fold(torch.arange(3, 7, device=emb.weight.device)[None])
+    try:
+        with torch.no_grad():
+            probe(inputs_embeds=emb(ids), use_cache=False)
+        return None
+    except Exception as exc:  # noqa: BLE001 - what transformers raises is its own
+        if isinstance(exc, (KeyboardInterrupt, MemoryError)):
+            raise
+        why = exc_line(exc)
+    calls = []
+    handle = emb.register_forward_hook(lambda mod, args, out: calls.append(tuple(out.shape)))
+    try:
+        with torch.no_grad():
+            probe(input_ids=ids, use_cache=False)
+    except Exception as exc:  # noqa: BLE001
+        if isinstance(exc, (KeyboardInterrupt, MemoryError)):
+            raise
+        return None
+    finally:
+        handle.remove()
+    return why if len(calls) == 1 and calls[0][:2] == (1, 4) else None
+
+
 class HFRunner(Runner):
     """A tiny random Hugging Face causal LM fed the packed rows as :class:`HFCollator` feeds
     them (``position_ids``, ``seq_idx``, ``use_cache=False``, no ``attention_mask``): a Llama by
@@ -408,6 +441,10 @@ class HFRunner(Runner):
 
     When transformers refuses ``seq_idx`` (hybrid layers without their CUDA kernels), the rows run
     without it, as a training loop that drops it would, and :attr:`refused` keeps the message.
+
+    The model is fed ``inputs_embeds`` (the embeddings the gradient checks differentiate); a
+    model that takes ``input_ids`` only (:attr:`ids_only`) is fed the ids, and its input
+    embedding's output is replaced by those embeddings (:meth:`_run`), so it computes the same.
     """
 
     def __init__(self, seed: int, capacity: int, device: str, config=None,
@@ -449,6 +486,9 @@ class HFRunner(Runner):
         self.model = self.ref_model = model
         self.vocab = int(model.get_input_embeddings().num_embeddings)
         self.reserved = padding_token(model, self.vocab)
+        #: why the model refuses ``inputs_embeds`` when it is fed ``input_ids`` instead
+        #: (:func:`embeds_refused`), or None
+        self.ids_only = embeds_refused(model, self.fold) if config is not None else None
         self.compiled, self.query_block = False, None
         self.backward, self.no_backward_reason, self.per_row = True, "", False
         self.eager_error = 0.0
@@ -467,17 +507,32 @@ class HFRunner(Runner):
         if self.refused:
             d["seq_idx"] = ("refused by transformers here; run without it and the "
                             "cu_seq_lens keywords")
+        if self.ids_only:
+            d["fed"] = f"input_ids (inputs_embeds refused: {self.ids_only})"
         return d
 
     def embed(self, ids_BC):
         return self.model.get_input_embeddings()(self.fold(ids_BC.to(self.device)))
 
-    def _call(self, h_BCE, position_ids_BC, seq_idx_BC, flash=None):
-        kwargs = {"inputs_embeds": h_BCE, "position_ids": position_ids_BC, "use_cache": False}
+    def _run(self, h_BCE, ids_BC, **kwargs):
+        """The model's output on the embeddings ``h_BCE`` of the token ids ``ids_BC``:
+        ``inputs_embeds``, or, for a model that takes ``input_ids`` only, the ids with its input
+        embedding's output replaced by ``h_BCE`` (a forward hook), so gradients reach it."""
+        if self.ids_only is None:
+            return self.model(inputs_embeds=h_BCE, **kwargs)
+        handle = self.model.get_input_embeddings().register_forward_hook(
+            lambda mod, args, out: h_BCE)
+        try:
+            return self.model(input_ids=self.fold(ids_BC.to(self.device)), **kwargs)
+        finally:
+            handle.remove()
+
+    def _call(self, h_BCE, position_ids_BC, seq_idx_BC, flash=None, ids_BC=None):
+        kwargs = {"position_ids": position_ids_BC, "use_cache": False}
         packed = {**(flash or {}), **({} if seq_idx_BC is None else {"seq_idx": seq_idx_BC})}
         if packed and self.refused is None:
             try:
-                return self.model(**kwargs, **packed).logits.float()
+                return self._run(h_BCE, ids_BC, **kwargs, **packed).logits.float()
             except ValueError as exc:
                 # hybrid layers without their kernels refuse seq_idx and cu_seq_lens alike
                 from packtool.verify.hf_model import REFUSAL_MARK
@@ -485,13 +540,16 @@ class HFRunner(Runner):
                 if REFUSAL_MARK not in str(exc):
                     raise
                 self.refused = first_line(exc)
-        return self.model(**kwargs).logits.float()
+        return self._run(h_BCE, ids_BC, **kwargs).logits.float()
 
     def forward(self, h_BCE, batch, attend_factory=None):
+        """float32 logits [B, C, V] of the packed rows: ``h_BCE`` the embeddings of the
+        batch's ``input_ids``."""
         # no attention_mask: transformers derives the document blocks from position_ids
         seq = batch.get("seq_idx")
         return self._call(h_BCE, batch["position_ids"].to(self.device),
-                          None if seq is None else seq.to(self.device), self._flash(batch))
+                          None if seq is None else seq.to(self.device), self._flash(batch),
+                          batch["input_ids"])
 
     def _flash(self, batch) -> dict:
         """The FlashAttention 2 keywords :class:`HFCollator` adds (over the batch's B * C
@@ -513,7 +571,7 @@ class HFRunner(Runner):
         for doc in docs:
             ids_1L = doc.reshape(1, -1).long()
             # embeddings in, as in the packed pass (some models scale input_ids' embeddings)
-            lg_1LV = self.model(inputs_embeds=self.embed(ids_1L), use_cache=False).logits
+            lg_1LV = self._run(self.embed(ids_1L), ids_1L, use_cache=False).logits
             out.append(lg_1LV[0].float())
         return out
 
@@ -523,8 +581,9 @@ class HFRunner(Runner):
         embeddings."""
         torch = require_torch()
         with torch.enable_grad():
-            h = self.embed(ids_L.reshape(1, -1).long()).detach().requires_grad_(True)
-            lg = self.model(inputs_embeds=h.clone(), use_cache=False).logits
+            ids_1L = ids_L.reshape(1, -1).long()
+            h = self.embed(ids_1L).detach().requires_grad_(True)
+            lg = self._run(h.clone(), ids_1L, use_cache=False).logits
             lg.float().sum().backward()
         return bool(torch.isfinite(lg).all()) and bool(torch.isfinite(h.grad).all())
 
@@ -549,7 +608,7 @@ class HFRunner(Runner):
         flash = self._flash(batch)
 
         def forward(ids):
-            return self._call(self.embed(ids), pos, seq, flash)
+            return self._call(self.embed(ids), pos, seq, flash, ids)
 
         located = locate_leak(self.model, forward, batch["input_ids"], spans[row], row,
                               self.changed_ids)

@@ -695,7 +695,7 @@ LEAK_WHATEVER_GIVEN = {
     "openai-gpt": ("OpenAI-GPT", "leak"), "afmoe": ("AFMoE", "leak"), "zaya": ("Zaya", "leak"),
     "inkling_text": ("`inkling_text` leaks", "leak"), "mamba": ("Mamba", "leak"),
     "falcon_mamba": ("FalconMamba", "leak"), "rwkv": ("RWKV", "leak"),
-    "cpmant": ("CPM-Ant", "cannot run"), "deepseek_v4": ("DeepSeek-V4", "cannot run"),
+    "cpmant": ("CPM-Ant", "cannot run"), "deepseek_v4": ("DeepSeek-V4", "leak"),
     "xlstm": ("xLSTM", "leak"),
 }
 
@@ -717,7 +717,7 @@ def test_each_model_said_to_leak_whatever_it_is_given_gets_the_verdict_the_page_
     name, verdict = LEAK_WHATEVER_GIVEN[model_type]
     para = _leak_paragraph()
     assert name in para, f"{name} missing from the page's list of models that leak"
-    cannot = para[para.index("Two it cannot run"):para.index("Of the Inkling")]
+    cannot = para[para.index("One it cannot run"):para.index("Of the Inkling")]
     assert (name in cannot) == (verdict == "cannot run"), cannot
     rep = run_verify(packed, rows=0, hf_config=_config_file(tmp_path, model_type))
     assert not rep.ok, rep.format_text()
