@@ -1112,3 +1112,25 @@ def test_a_kept_key_missing_from_an_empty_document_does_not_stop_the_pack(tmp_pa
         f"as null (here: {src}, document 5 (1-based; blank lines not counted)); fill it in the "
         "text input and tokenize it again ('packtool tokenize --overwrite' with the same "
         "options): a tokenized output's shards cannot be edited")
+
+
+@pytest.mark.parametrize("name,codec", [
+    ("c.jsonl.GZ", "gzip"), ("c.JSONL.GZ", "gzip"), ("c.ndjson.Gz", "gzip"),
+    ("c.jsonl.ZST", "zstd"), ("c.Jsonl.Zst", "zstd"), ("c.jsonl.BZ2", "bz2"),
+    ("c.NDJSON.bz2", "bz2")])
+def test_a_compressed_jsonl_is_decompressed_by_its_suffix_in_any_case(tmp_path, hf_tokenizer,
+                                                                      name, codec):
+    """A JSON Lines file whose compression suffix is written in capitals (c.jsonl.GZ,
+    c.JSONL.ZST) is found as compressed text and decompressed by that suffix, as its lower-case
+    twin is (it was read as plain text: 'line 1: not valid JSON (... byte 0x8b ...)')."""
+    raw = "".join(json.dumps({"text": t}) + "\n" for t in TEXTS).encode()
+    d = tmp_path / "d"
+    d.mkdir()
+    with pa.CompressedOutputStream(str(d / name), codec) as f:
+        f.write(raw)
+    (tmp_path / "plain.jsonl").write_bytes(raw)
+    for src, out in ((d, "o"), (tmp_path / "plain.jsonl", "p")):
+        res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, src, tmp_path / out])
+        assert res.exit_code == 0, res.output
+    assert (pq.read_table(tmp_path / "o").column("input_ids").to_pylist()
+            == pq.read_table(tmp_path / "p").column("input_ids").to_pylist())

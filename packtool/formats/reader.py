@@ -73,7 +73,7 @@ __all__ = ["InputFile", "RawBatch", "Discovery", "InputSource", "MaskColumns", "
            "list_parts", "resolve_mask_columns", "input_columns", "reads_labels",
            "check_source_column", "first_data_file",
            "filesystem_of", "is_remote", "SUPPORTED_FORMATS", "TEXT_FORMATS", "AUTO",
-           "LOSS_MASK_COLUMNS"]
+           "LOSS_MASK_COLUMNS", "text_compression"]
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +87,11 @@ DENIED = ("permission denied: fix its permissions (packtool must read it), or mo
           "INPUT")
 _PARQUET_SUFFIXES = (".parquet",)
 _IPC_SUFFIXES = (".arrow", ".feather", ".ipc", ".arrows")
+#: Whole-file compression of JSON Lines: suffix (matched in any case) -> the codec that
+#: decompresses it (:func:`text_compression`; None: plain text).
+_JSONL_CODECS = {"": None, ".gz": "gzip", ".zst": "zstd", ".bz2": "bz2"}
 #: JSON Lines, read as text input only (``packtool tokenize``)
-_JSONL_SUFFIXES = tuple(f"{s}{z}" for s in (".jsonl", ".ndjson")
-                        for z in ("", ".gz", ".zst", ".bz2"))
+_JSONL_SUFFIXES = tuple(f"{s}{z}" for s in (".jsonl", ".ndjson") for z in _JSONL_CODECS)
 #: One phrase naming what ``packtool tokenize`` reads.
 TEXT_FORMATS = ("Parquet (*.parquet), Arrow IPC/Feather v2 (*.arrow, *.feather, *.ipc, *.arrows), "
                 "Hugging Face save_to_disk folders with a text column and JSON Lines (*.jsonl, "
@@ -324,6 +326,17 @@ _COMPRESSED_SUFFIXES = (".gz", ".gzip", ".zst", ".zstd", ".bz2", ".xz", ".lz4", 
 _COMPRESSED_MAGIC = ((b"\x1f\x8b", "gzip", "gunzip"), (b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"),
                      (b"BZh", "bzip2", "bunzip2"), (b"\xfd7zXZ\x00", "xz", "unxz"),
                      (b"\x04\x22\x4d\x18", "lz4", "lz4 -d"), (b"PK\x03\x04", "zip", "unzip"))
+
+
+def text_compression(name: str) -> str | None:
+    """The codec that decompresses the JSON Lines file ``name`` (a file name or path), by the
+    suffix :func:`discover` recognised it by, in any case: ``gzip`` (``.gz``), ``zstd``
+    (``.zst``), ``bz2`` (``.bz2``); None for plain ``.jsonl`` / ``.ndjson``."""
+    low = str(name).lower()
+    for z, codec in _JSONL_CODECS.items():
+        if z and low.endswith(z):
+            return codec
+    return None
 
 
 def _compressed_data(name: str, text: bool = False) -> bool:

@@ -5,7 +5,8 @@ well as Parquet, Arrow IPC and Hugging Face ``save_to_disk`` folders; local path
 and read in batches of documents:
 
 - Parquet and Arrow: the text column (``string`` or ``large_string``), batch by batch;
-- JSON Lines (``*.jsonl``, ``*.ndjson``, compressed ``.gz``/``.zst``/``.bz2`` by suffix): one
+- JSON Lines (``*.jsonl``, ``*.ndjson``, compressed ``.gz``/``.zst``/``.bz2`` by suffix, in any
+  case: :func:`~packtool.formats.reader.text_compression`): one
   JSON object per line, read 8 MiB at a time and parsed line by line, so an error names its
   line; blank lines are skipped.
 
@@ -37,7 +38,7 @@ import pyarrow.parquet as pq
 from packtool.errors import InputError, SchemaError, row_ref
 from packtool.formats.manifest import ShardEntry
 from packtool.formats.reader import (DENIED, TEXT_FORMATS, check_stream_end, filesystem_of,
-                                     unreadable_error)
+                                     text_compression, unreadable_error)
 from packtool.formats.schema import check_single_column
 from packtool.formats.writer import write_shard
 from packtool.location import Location
@@ -154,9 +155,11 @@ def _json_text(value):
 
 
 def _open_stream(path):
+    """The decompressed bytes of a JSON Lines file, by the suffix it was recognised by (any
+    case: ``a.JSONL.GZ`` too)."""
     fs, inner, _ = filesystem_of(path)
     try:
-        return fs.open_input_stream(inner, compression="detect")
+        return fs.open_input_stream(inner, compression=text_compression(inner))
     except PermissionError:
         raise InputError(f"{path}: {DENIED}") from None
     except (pa.ArrowException, OSError) as exc:
