@@ -1134,3 +1134,50 @@ def test_a_compressed_jsonl_is_decompressed_by_its_suffix_in_any_case(tmp_path, 
         assert res.exit_code == 0, res.output
     assert (pq.read_table(tmp_path / "o").column("input_ids").to_pylist()
             == pq.read_table(tmp_path / "p").column("input_ids").to_pylist())
+
+
+def test_a_dictionary_kept_column_is_kept_as_its_values_beside_any_file(tmp_path, hf_tokenizer):
+    """A kept column dictionary-encoded in one file (a pandas Categorical) and plain in another
+    (string, large_string, JSON Lines text, or int64 beside a dictionary of int16) is written
+    as its values in the type both promote to, in every shard (it was refused: 'string here and
+    dictionary<values=string, ...> ... with no common type'); a column dictionary-encoded in
+    every file is kept as its values too, across row groups of different dictionaries."""
+    def run(name, files, want_type, want):
+        d = tmp_path / name
+        d.mkdir()
+        for fname, table in files:
+            if fname.endswith(".jsonl"):
+                (d / fname).write_text("".join(json.dumps(r) + "\n" for r in table))
+            else:
+                pq.write_table(table, d / fname, row_group_size=2)
+        res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column", "src",
+                      "--batch-docs", 3, "--rows-per-shard", 4, d, tmp_path / f"o-{name}"])
+        assert res.exit_code == 0, res.output
+        shards = sorted((tmp_path / f"o-{name}").glob("part-*.parquet"))
+        assert {pq.read_schema(p).field("src").type for p in shards} == {want_type}
+        t = pa.concat_tables(pq.read_table(p) for p in shards)
+        assert t.column("src").to_pylist() == want
+
+    cat = pa.array(["x", "y", "x", "z", "y"]).dictionary_encode()
+    texts = TEXTS[:5]
+    run("str", [("0.parquet", pa.table({"text": texts, "src": cat})),
+                ("1.parquet", pa.table({"text": ["b"], "src": pa.array(["w"])}))],
+        pa.string(), ["x", "y", "x", "z", "y", "w"])
+    run("str-first", [("0.parquet", pa.table({"text": ["b"], "src": pa.array(["w"])})),
+                      ("1.parquet", pa.table({"text": texts, "src": cat}))],
+        pa.string(), ["w", "x", "y", "x", "z", "y"])
+    run("large", [("0.parquet", pa.table({"text": texts, "src": cat})),
+                  ("1.parquet", pa.table({"text": ["b"], "src": pa.array(["w"],
+                                                                          pa.large_string())}))],
+        pa.large_string(), ["x", "y", "x", "z", "y", "w"])
+    run("jsonl", [("0.parquet", pa.table({"text": texts, "src": cat})),
+                  ("1.jsonl", [{"text": "b", "src": "w"}])],
+        pa.string(), ["x", "y", "x", "z", "y", "w"])
+    run("ints", [("0.parquet", pa.table({"text": texts, "src": pa.array(
+        [1, 2, 1, 3, 2], pa.int16()).dictionary_encode()})),
+                 ("1.parquet", pa.table({"text": ["b"], "src": pa.array([70000])}))],
+        pa.int64(), [1, 2, 1, 3, 2, 70000])
+    run("all", [("0.parquet", pa.table({"text": texts, "src": cat})),
+                ("1.parquet", pa.table({"text": ["b", "c"], "src": pa.array(
+                    ["v", "x"]).dictionary_encode()}))],
+        pa.string(), ["x", "y", "x", "z", "y", "v", "x"])

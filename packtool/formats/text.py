@@ -16,7 +16,7 @@ with one line naming the file, the row (Parquet: 0-based, labelled so) or the li
 
 Tokenized shards hold ``input_ids: list<int32>`` (what ``packtool pack`` reads), then the
 columns named by ``--keep-column`` carried from the text input as they are (Parquet and Arrow:
-their own type; JSON Lines: as text, a string kept as is and any other JSON value as its JSON
+their own type, a dictionary-encoded column as its values; JSON Lines: as text, a string kept as is and any other JSON value as its JSON
 text, a missing key or ``null`` as null), one row per document in input order, written as :mod:`packtool.formats.writer` writes packed shards
 (zstd, PLAIN ids, page checksums, sha256 taken while writing); each is recorded in the typed
 manifest as a :class:`~packtool.formats.manifest.ShardEntry`.
@@ -89,8 +89,9 @@ class TextBatch:
 def common_tokenized_schema(sources, keep: tuple[str, ...] = ()) -> pa.Schema:
     """The one schema of every shard tokenized from ``sources``: each kept column in the type
     all the files' types promote to (``int16`` in one file and ``int64`` in another: ``int64``;
-    ``string`` and ``large_string``: ``large_string``), so a later file's values are never cut
-    to the first file's type.
+    ``string`` and ``large_string``: ``large_string``; a dictionary, such as a pandas
+    ``Categorical``, as its values' type), so a later file's values are never cut to the first
+    file's type.
 
     Args:
         sources: (path, format) of every input file, in input order.
@@ -122,9 +123,25 @@ def common_tokenized_schema(sources, keep: tuple[str, ...] = ()) -> pa.Schema:
     return schema
 
 
+def _values_type(typ: pa.DataType) -> pa.DataType:
+    """The type of a kept column's values: a dictionary's (a pandas ``Categorical``) value
+    type, any other type as it is. The shards hold values, whichever way a file stores them."""
+    return typ.value_type if pa.types.is_dictionary(typ) else typ
+
+
+def _decoded(table: pa.Table) -> pa.Table:
+    """``table`` with every dictionary column replaced by its values (:func:`_values_type`)."""
+    for i, col in enumerate(table.columns):
+        if pa.types.is_dictionary(col.type):
+            table = table.set_column(i, table.field(i).with_type(_values_type(col.type)),
+                                     col.cast(_values_type(col.type)))
+    return table
+
+
 def tokenized_schema(path, fmt: str, keep: tuple[str, ...] = ()) -> pa.Schema:
     """The schema of the shards tokenized from the file ``path``: ``input_ids`` and the kept
-    columns (their type in a Parquet or Arrow file; ``string`` from JSON Lines).
+    columns (their type in a Parquet or Arrow file, a dictionary's as its values' type;
+    ``string`` from JSON Lines).
 
     Raises:
         SchemaError: a kept column the file does not hold, or holds more than once.
@@ -142,7 +159,8 @@ def tokenized_schema(path, fmt: str, keep: tuple[str, ...] = ()) -> pa.Schema:
                               f"columns: {', '.join(schema.names)}")
         for name in keep:
             check_single_column(schema, name, path)
-        fields = [schema.field(name) for name in keep]
+        fields = [schema.field(name).with_type(_values_type(schema.field(name).type))
+                  for name in keep]
     return pa.schema(list(TOKENIZED_SCHEMA) + fields)
 
 
@@ -338,7 +356,8 @@ def _table_texts(path, fmt: str, column: str, batch_docs: int, skip: int,
                 if nulls.size:
                     raise SchemaError(f"{path}: {row_ref(row + int(nulls[0]))}: {column!r} is "
                                       "null; drop or fill null texts before tokenizing")
-            kept = pa.Table.from_batches([b.slice(lo).select(list(keep))]) if keep else None
+            kept = (_decoded(pa.Table.from_batches([b.slice(lo).select(list(keep))]))
+                    if keep else None)
             yield row + lo, TextBatch(_pylist(arr.slice(lo), path, row + lo, column), kept)
             row += n
     except (pa.ArrowException, OSError) as exc:

@@ -73,8 +73,9 @@ class TokenizeResult:
 
 #: Revision of how a tokenized shard's rows are laid out (in the fingerprint, so a rerun never
 #: keeps shards of another layout). 2: row groups of ``batch_docs`` documents counted from the
-#: shard's first document, whatever batch the run or the reader began with.
-SHARD_LAYOUT = 2
+#: shard's first document, whatever batch the run or the reader began with. 3: a kept column
+#: dictionary-encoded in the text input (a pandas Categorical) is written as its values.
+SHARD_LAYOUT = 3
 
 
 def tokenized_shard_name(file_index: int, shard: int, width: int = 5) -> str:
