@@ -1181,3 +1181,44 @@ def test_a_dictionary_kept_column_is_kept_as_its_values_beside_any_file(tmp_path
                 ("1.parquet", pa.table({"text": ["b", "c"], "src": pa.array(
                     ["v", "x"]).dictionary_encode()}))],
         pa.string(), ["x", "y", "x", "z", "y", "v", "x"])
+
+
+@pytest.mark.parametrize("jsonl_first", [False, True], ids=["parquet-first", "jsonl-first"])
+def test_a_kept_key_no_line_holds_is_named_missing_beside_other_types(tmp_path, hf_tokenizer,
+                                                                      jsonl_first):
+    """--keep-column k over Parquet files holding an int16 'k' and a JSON Lines file none of
+    whose lines holds 'k' (a typo): refused naming the JSON Lines file and the missing key, as a
+    lone JSON Lines file is (it said 'string here and int16 ... no common type'), before
+    anything is written; a JSON Lines file that holds the key is refused as text beside
+    integers, naming both files."""
+    d = tmp_path / "kp"
+    d.mkdir()
+    names = ("0.jsonl", "1.parquet", "2.parquet") if jsonl_first else \
+        ("0.parquet", "1.parquet", "2.jsonl")
+    jsonl = d / next(n for n in names if n.endswith(".jsonl"))
+    parquets = [d / n for n in names if n.endswith(".parquet")]
+    for i, p in enumerate(parquets):
+        pq.write_table(pa.table({"text": TEXTS[i:i + 2], "k": pa.array([i, 7], pa.int16())}), p)
+    write_jsonl(jsonl, TEXTS[:3])  # keys: text, id
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column", "k", d,
+                  tmp_path / "o"])
+    assert res.exit_code == 1, res.output
+    assert res.output.strip() == (f"Error: {jsonl}: no line holds the key 'k' for --keep-column "
+                                  "(keys of the first line: text, id); check the name")
+    assert not (tmp_path / "o").exists()
+    jsonl.write_text(json.dumps({"text": "a", "k": 3}) + "\n")
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column", "k", d,
+                  tmp_path / "o"])
+    assert res.exit_code == 1, res.output
+    [line] = res.output.strip().splitlines()
+    here, there = (parquets[0], jsonl) if jsonl_first else (jsonl, parquets[0])
+    assert line.startswith(f"Error: {here}: kept column 'k' is "), line
+    assert f" in {there}, with no common type" in line and "JSON Lines" in line, line
+    assert not (tmp_path / "o").exists()
+    # a JSON Lines file of no document (blank lines) adds no type, wherever it lies
+    jsonl.write_text("\n\n")
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column", "k", d,
+                  tmp_path / "o"])
+    assert res.exit_code == 0, res.output
+    t = pq.read_table(tmp_path / "o")
+    assert t.schema.field("k").type == pa.int16() and t.column("k").to_pylist() == [0, 7, 1, 7]

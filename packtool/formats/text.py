@@ -99,28 +99,60 @@ def common_tokenized_schema(sources, keep: tuple[str, ...] = ()) -> pa.Schema:
 
     Raises:
         SchemaError: a kept column whose types in two files have no common type (``string``
-            from JSON Lines and ``int64`` from Parquet), naming both files; or as
-            :func:`tokenized_schema`.
+            from JSON Lines and ``int64`` from Parquet), naming both files; a key no line of a
+            JSON Lines file holds, where its text type would meet another (the key is named
+            missing, as :func:`iter_texts` names it); or as :func:`tokenized_schema`.
         InputError: an unreadable file.
     """
     sources = list(sources)
     if not keep or not sources:
         return TOKENIZED_SCHEMA
-    first = sources[0][0]
-    schema = tokenized_schema(first, sources[0][1], keep)
-    for path, fmt in sources[1:]:
-        other = tokenized_schema(path, fmt, keep)
-        if other.equals(schema):
-            continue
-        try:
-            schema = pa.unify_schemas([schema, other], promote_options="permissive")
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-            bad = next(f for f in other if f.type != schema.field(f.name).type)
-            raise SchemaError(f"{path}: kept column {bad.name!r} is {bad.type} here and "
-                              f"{schema.field(bad.name).type} in {first} (or a file between), "
-                              "with no common type; give the input files the same type for "
-                              "it") from None
-    return schema
+    schemas = [(path, fmt, tokenized_schema(path, fmt, keep)) for path, fmt in sources]
+    return pa.schema(list(TOKENIZED_SCHEMA) + [
+        _kept_field(name, [(path, fmt, s.field(name)) for path, fmt, s in schemas])
+        for name in keep])
+
+
+def _kept_field(name: str, files: list) -> pa.Field:
+    """The field of the kept column ``name`` that its field in each of ``files`` ((path,
+    format, field), in input order) promotes to.
+
+    A JSON Lines file's field is text; where it meets a type it does not promote with, the
+    file is read up to the first line holding the key: one that holds no document adds no
+    type, one where no line holds the key is refused as a typo.
+
+    Raises:
+        SchemaError: two files' types with no common type, naming both; a key no line of a
+            JSON Lines file holds.
+    """
+    files = list(files)
+    while True:
+        have = files[0][2]
+        origin = files[0]  # the first file of the type so far
+        for entry in files[1:]:
+            path, fmt, fld = entry
+            if fld.type == have.type:
+                continue
+            try:
+                merged = pa.unify_schemas([pa.schema([have]), pa.schema([fld])],
+                                          promote_options="permissive").field(0)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+                empty = next((e for e in (origin, entry)
+                              if e[1] == "jsonl" and not _jsonl_holds_key(e[0], name)), None)
+                if empty is None:
+                    text = (" (JSON Lines keeps a key's values as text)"
+                            if "jsonl" in (fmt, origin[1]) else "")
+                    raise SchemaError(f"{path}: kept column {name!r} is {fld.type} here and "
+                                      f"{have.type} in {origin[0]}, with no common type"
+                                      f"{text}; give the input files the same type for "
+                                      "it") from None
+                files.remove(empty)
+                break  # promoted again without it
+            if merged.type != have.type:
+                origin = entry
+            have = merged
+        else:
+            return have
 
 
 def _values_type(typ: pa.DataType) -> pa.DataType:
@@ -206,6 +238,40 @@ def _jsonl_lines(path) -> Iterator[tuple[int, bytes]]:
         yield n + 1, tail
 
 
+def _no_key_error(path, name: str, first_keys: list) -> SchemaError:
+    """The refusal of a ``--keep-column`` key that no line of the JSON Lines file holds."""
+    return SchemaError(f"{path}: no line holds the key {name!r} for --keep-column (keys of the "
+                       f"first line: {', '.join(first_keys[:8])}); check the name")
+
+
+def _jsonl_holds_key(path, name: str) -> bool:
+    """Read the JSON Lines file ``path`` up to the first line holding the key ``name``: True
+    when one does, False when the file holds no document (no JSON object).
+
+    Raises:
+        SchemaError: no line holds it (:func:`_no_key_error`).
+        InputError: an unreadable file.
+    """
+    needles = {json.dumps(name).encode(), json.dumps(name, ensure_ascii=False).encode(), b"\\u"}
+    first_keys = None
+    for _, line in _jsonl_lines(path):
+        if first_keys is not None and not any(n in line for n in needles):
+            continue  # a line whose bytes cannot hold the key
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue  # named where the file is read
+        if not isinstance(obj, dict):
+            continue
+        if name in obj:
+            return True
+        if first_keys is None:
+            first_keys = list(obj)
+    if first_keys is not None:
+        raise _no_key_error(path, name, first_keys)
+    return False
+
+
 def _jsonl_texts(path, column: str, batch_docs: int, skip: int,
                  keep: tuple[str, ...]) -> Iterator[tuple[int, TextBatch]]:
     batch, first, row = [], skip, 0
@@ -263,9 +329,7 @@ def _jsonl_texts(path, column: str, batch_docs: int, skip: int,
             yield first, done()
             first, batch = row, []
     if unseen and not skip and first_keys is not None:  # resumed: earlier lines were not parsed
-        name = sorted(unseen)[0]
-        raise SchemaError(f"{path}: no line holds the key {name!r} for --keep-column (keys of "
-                          f"the first line: {', '.join(first_keys[:8])}); check the name")
+        raise _no_key_error(path, sorted(unseen)[0], first_keys)
     if batch:
         yield first, done()
 
