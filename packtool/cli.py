@@ -442,6 +442,10 @@ def _input_notes(found, columns) -> list[str]:
     return notes
 
 
+#: The BOS/EOS counts of the input (``PackStats`` fields) that ``--json`` reports.
+_BOUNDARY_COUNTS = ("docs_bos_added", "docs_bos_present", "docs_eos_added", "docs_eos_present")
+
+
 def _mask_note(s) -> str:
     """One summary line on what masks and BOS/EOS did to the input (empty when none was in
     effect)."""
@@ -538,8 +542,7 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
                                "input_columns_unused": docs.columns.unused,
                                "input_masks": {k: getattr(masked, k) for k in (
                                    "tokens_attention_masked", "tokens_label_masked",
-                                   "docs_bos_added", "docs_bos_present", "docs_eos_added",
-                                   "docs_eos_present")},
+                                   *_BOUNDARY_COUNTS)},
                                "warnings": warnings}, indent=2))
     else:
         click.echo(analysis.format_compare(rows, cfg.capacity, int(lengths.size), tokens,
@@ -1052,10 +1055,12 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
             "same "
             "command to tokenize"), exit_status()) from None
     if as_json:
+        t = res.manifest.totals
         click.echo(json.dumps({"documents": res.documents, "tokens": res.tokens,
                                "shards": res.shards, "shards_reused": res.shards_reused,
                                "seconds": res.seconds, "inputs_not_read": res.skipped,
-                               "already_complete": res.already_complete}, indent=2))
+                               "already_complete": res.already_complete,
+                               **{k: getattr(t, k) for k in _BOUNDARY_COUNTS}}, indent=2))
     elif res.already_complete and not quiet:  # -q: nothing on success
         click.echo(f"{display(cfg.output)}: already holds this tokenization; nothing to do")
     elif not quiet:

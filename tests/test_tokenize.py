@@ -1222,3 +1222,24 @@ def test_a_kept_key_no_line_holds_is_named_missing_beside_other_types(tmp_path, 
     assert res.exit_code == 0, res.output
     t = pq.read_table(tmp_path / "o")
     assert t.schema.field("k").type == pa.int16() and t.column("k").to_pylist() == [0, 7, 1, 7]
+
+
+def test_tokenize_json_counts_the_bos_and_eos_added_and_present(tmp_path, hf_tokenizer):
+    """tokenize --json reports the BOS/EOS counts the text summary prints and the manifest
+    holds (docs_bos_added, docs_bos_present, docs_eos_added, docs_eos_present; it left them
+    out), a rerun of the finished output likewise; 0 without --prepend-bos / --append-eos."""
+    texts = ["hello world", "", "a b</s>", "x"]
+    src = write_jsonl(tmp_path / "a.jsonl", texts)
+    keys = ("docs_bos_added", "docs_bos_present", "docs_eos_added", "docs_eos_present")
+    args = ["tokenize", "--json", "--tokenizer", hf_tokenizer, "--prepend-bos", "<s>",
+            "--append-eos", "</s>", src, tmp_path / "o"]
+    for _ in range(2):  # then already complete
+        res = invoke(args)
+        assert res.exit_code == 0, res.output
+        got = json.loads(res.stdout)
+        totals = read_manifest(tmp_path / "o").totals
+        assert {k: got[k] for k in keys} == {k: getattr(totals, k) for k in keys}
+        assert got["docs_eos_added"] + got["docs_eos_present"] == 3 and got["docs_bos_added"] == 3
+    res = invoke(["tokenize", "--json", "--tokenizer", hf_tokenizer, src, tmp_path / "p"])
+    assert res.exit_code == 0, res.output
+    assert {k: json.loads(res.stdout)[k] for k in keys} == dict.fromkeys(keys, 0)
