@@ -1243,3 +1243,30 @@ def test_tokenize_json_counts_the_bos_and_eos_added_and_present(tmp_path, hf_tok
     res = invoke(["tokenize", "--json", "--tokenizer", hf_tokenizer, src, tmp_path / "p"])
     assert res.exit_code == 0, res.output
     assert {k: json.loads(res.stdout)[k] for k in keys} == dict.fromkeys(keys, 0)
+
+
+def test_a_tokenizer_naming_no_special_tokens_gets_advice_of_its_own_kind(tmp_path,
+                                                                         tokenizer_files):
+    """A special token string given to a tokenizer that names none: the id is asked for, and
+    Mistral's Tekken ids (<s> 1, </s> 2) are offered for a Tekken file only (they were offered
+    for a tiktoken BPE file read with --tokenizer-pattern and for a tokenizer.json too)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    src = write_jsonl(tmp_path / "t.jsonl", TEXTS[:4])
+    bpe = tmp_path / "mytok.tiktoken"  # a name of no tiktoken encoding: --tokenizer-pattern
+    bpe.write_bytes(tokenizer_files["tiktoken"][0].read_bytes())
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(TEXTS, trainers.BpeTrainer(vocab_size=300, special_tokens=[]))
+    bare = tmp_path / "bare.json"
+    tok.save(str(bare))
+    tekken = tokenizer_files["tekken"][0]  # lists no special tokens (v3)
+    for path, extra, tekken_advice in ((bpe, ["--tokenizer-pattern", r"\S+|\s+"], False),
+                                       (bare, [], False), (tekken, [], True)):
+        res = invoke(["tokenize", "-q", "--tokenizer", path, *extra, "--append-eos",
+                      "<|endoftext|>", src, tmp_path / "o"])
+        assert res.exit_code == 2, res.output
+        [line] = res.output.strip().splitlines()
+        assert f"{path} names no special tokens" in line and "give the token's id" in line, line
+        assert ("Tekken" in line and "</s> is 2" in line) == tekken_advice, line
+        assert not (tmp_path / "o").exists()

@@ -111,8 +111,7 @@ class Tokenizer:
         else:
             if not self.specials:
                 raise ConfigError(f"{option} {value!r}: {self.path} names no special tokens; "
-                                  "give the token's id instead (Mistral's Tekken files: <s> is "
-                                  "1, </s> is 2)")
+                                  f"give the token's id instead{_NO_SPECIALS[self.kind]}")
             names = ", ".join(sorted(self.specials)[:8])
             raise ConfigError(f"{option} {value!r} is not a special token of {self.path} (it has: "
                               f"{names}{', ...' if len(self.specials) > 8 else ''}); give the "
@@ -125,6 +124,14 @@ class Tokenizer:
                               f"{self.vocab_size - 1}); give an id of this tokenizer")
         return i
 
+
+#: Where the id of a special token is found, by the kind of a file that names none.
+_NO_SPECIALS = {
+    "tekken": " (Mistral's Tekken files: <s> is 1, </s> is 2)",
+    "tiktoken": (" (a BPE file lists its ranks only, the special tokens sit above them: the "
+                 "model's config.json names bos_token_id and eos_token_id)"),
+    "tokenizers": " (the model's config.json names bos_token_id and eos_token_id)",
+}
 
 #: an id on the command line: ASCII digits only (str.isdigit also takes '²', which int refuses)
 _INTEGER = re.compile(r"-?[0-9]+")
