@@ -14,7 +14,9 @@ import numpy as np
 
 from packtool.core.packing import MAX_CAPACITY
 from packtool.errors import ConfigError
-from packtool.types import DEFAULT_TOKEN_COLUMN, Engine, LabelMode, Overflow, Strategy
+from packtool.types import (ATTENTION_MASK_COLUMN, DEFAULT_TOKEN_COLUMN, LABELS_COLUMN,
+                            LOSS_MASK_COLUMNS, PACKED_COLUMNS, Engine, LabelMode, Overflow,
+                            Strategy)
 
 __all__ = ["PackConfig", "CompareConfig", "TokenizeConfig", "DEFAULT_RAY_WINDOW_DOCS",
            "DEFAULT_ROW_GROUP_MB", "rows_per_group_for", "option_value"]
@@ -461,6 +463,22 @@ class CompareConfig:
         return _read_options(self)
 
 
+def _read_by_pack(name: str) -> str:
+    """Why ``packtool pack`` cannot take a column named ``name`` kept beside tokenized
+    documents, in words (it reads such a column by its name under its default options: a
+    per-token mask, or a column of packed rows); empty for any other name."""
+    mask = {ATTENTION_MASK_COLUMN: ("attention mask", "--attention-mask-column"),
+            LABELS_COLUMN: ("labels", "--labels-column"),
+            **{n: ("loss mask", "--loss-mask-column") for n in LOSS_MASK_COLUMNS}}
+    if name in mask:
+        what, option = mask[name]
+        return (f"pack reads a column so named as the tokens' {what} ({option} auto), and one "
+                "carried from the text holds no value per token of the new input_ids")
+    if name in PACKED_COLUMNS:
+        return "pack takes a column so named for one of packed rows and would refuse the shards"
+    return ""
+
+
 @dataclass(frozen=True, kw_only=True)
 class TokenizeConfig:
     """Everything ``packtool tokenize`` needs."""
@@ -509,6 +527,10 @@ class TokenizeConfig:
             if name == "input_ids":
                 _bad("keep_column", name, "the column of the tokens written; keep other "
                      "columns")
+            why = _read_by_pack(name)
+            if why:
+                _bad("keep_column", name, f"{why}; rename it in the text input (say "
+                     f"{name + '_text'!r}) or leave it out")
             if self.keep_columns.count(name) > 1:
                 _bad("keep_column", name, f"given {self.keep_columns.count(name)} times; "
                      "give each column once")

@@ -8,10 +8,29 @@ from __future__ import annotations
 from enum import Enum
 
 __all__ = ["IGNORE_INDEX", "Strategy", "Overflow", "LabelMode", "Engine", "INT32_MAX",
-           "DEFAULT_TOKEN_COLUMN"]
+           "DEFAULT_TOKEN_COLUMN", "ATTENTION_MASK_COLUMN", "LABELS_COLUMN", "LOSS_MASK_COLUMNS",
+           "PACKED_COLUMNS"]
 
 #: the token column pack, compare and tokenize read (and write) unless told another
 DEFAULT_TOKEN_COLUMN = "input_ids"
+
+#: The per-token columns pack reads by name under ``--attention-mask-column auto``,
+#: ``--labels-column auto`` and ``--loss-mask-column auto``
+#: (:func:`packtool.formats.reader.resolve_mask_columns`).
+ATTENTION_MASK_COLUMN = "attention_mask"
+LABELS_COLUMN = "labels"
+#: Loss masks recognised under ``auto`` (TRL's SFT columns, 1 = a token to learn):
+#: ``completion_mask`` (prompt-completion data) and ``assistant_masks`` (chat templates with
+#: ``return_assistant_tokens_mask``).
+LOSS_MASK_COLUMNS = ("completion_mask", "assistant_masks")
+
+#: Columns only rows holding several documents carry, in the layouts of the field: TRL's
+#: ``bfd`` packing (``seq_lengths``), position ids restarting at each document (TRL, axolotl,
+#: VeOmni), flash-attn varlen / Hugging Face offsets (``cu_seqlens``, ``cu_seq_lens``), segment
+#: ids, Mamba's ``seq_idx``, NeMo's packed ``seq_start_id``. An input holding one is already
+#: packed: reading each row as one document would join its documents.
+PACKED_COLUMNS = ("seq_lengths", "position_ids", "cu_seqlens", "cu_seq_lens", "segment_ids",
+                  "seq_idx", "seq_start_id")
 
 #: Label value that loss functions skip (PyTorch ``cross_entropy(ignore_index=-100)``).
 IGNORE_INDEX = -100

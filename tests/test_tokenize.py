@@ -1270,3 +1270,26 @@ def test_a_tokenizer_naming_no_special_tokens_gets_advice_of_its_own_kind(tmp_pa
         assert f"{path} names no special tokens" in line and "give the token's id" in line, line
         assert ("Tekken" in line and "</s> is 2" in line) == tekken_advice, line
         assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("name", ["labels", "attention_mask", "completion_mask",
+                                  "assistant_masks", "position_ids", "segment_ids"])
+def test_a_kept_column_pack_would_read_as_a_mask_or_packed_rows_is_refused(tmp_path,
+                                                                          hf_tokenizer, name):
+    """--keep-column of a column pack reads by its name (under --labels-column auto and its
+    kin: per-token labels and masks; or as packed rows) is refused at tokenize in one line
+    naming why and the fix, exit 2, nothing written: carried beside new input_ids it was read
+    by pack as a mask (applied in silence when its lengths matched) or refused there."""
+    src = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"text": ["hello world", "a b"], name: [[1, 1], [1, 1]],
+                             "labels_text": ["pos", "neg"]}), src)
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column", name, src,
+                  tmp_path / "o"])
+    assert res.exit_code == 2, res.output
+    [line] = res.output.strip().splitlines()
+    assert line.startswith(f"Error: --keep-column {name!r}: pack ") and "rename" in line, line
+    assert not (tmp_path / "o").exists()
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column", "labels_text",
+                  src, tmp_path / "o"])
+    assert res.exit_code == 0, res.output
+    assert invoke(["pack", "-q", "-c", 16, tmp_path / "o", tmp_path / "p"]).exit_code == 0

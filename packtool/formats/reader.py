@@ -64,7 +64,8 @@ from packtool.formats.manifest import (IN_PROGRESS_NAME, KINDS, MANIFEST_META_KE
 from packtool.formats.schema import (MASK_LIKE, check_single_column, check_token_column,
                                      is_integer_list, is_list_layout)
 from packtool.location import Location, StoreError
-from packtool.types import IGNORE_INDEX, INT32_MAX
+from packtool.types import (ATTENTION_MASK_COLUMN, IGNORE_INDEX, INT32_MAX, LABELS_COLUMN,
+                            LOSS_MASK_COLUMNS, PACKED_COLUMNS)
 
 __all__ = ["InputFile", "RawBatch", "Discovery", "InputSource", "MaskColumns", "InputColumns",
            "discover", "discover_inputs", "open_input", "input_schema", "check_not_packed",
@@ -136,12 +137,6 @@ class RawBatch:
 
 #: Mask column option value: use the column of the default name when the file has it.
 AUTO = "auto"
-ATTENTION_MASK_COLUMN = "attention_mask"
-LABELS_COLUMN = "labels"
-#: Loss masks recognised under :data:`AUTO` (TRL's SFT columns, 1 = a token to learn):
-#: ``completion_mask`` (prompt-completion data) and ``assistant_masks`` (chat templates with
-#: ``return_assistant_tokens_mask``).
-LOSS_MASK_COLUMNS = ("completion_mask", "assistant_masks")
 
 
 @dataclass(frozen=True)
@@ -616,13 +611,6 @@ def _tokenized_shards(place: _Place, dpath: str, drel: str, infos, manifest: Man
     return found
 
 
-#: Columns only rows holding several documents carry, in the layouts of the field: TRL's
-#: ``bfd`` packing (``seq_lengths``), position ids restarting at each document (TRL, axolotl,
-#: VeOmni), flash-attn varlen / Hugging Face offsets (``cu_seqlens``, ``cu_seq_lens``), segment
-#: ids, Mamba's ``seq_idx``, NeMo's packed ``seq_start_id``. An input holding one is already
-#: packed: reading each row as one document would join its documents.
-PACKED_COLUMNS = ("seq_lengths", "position_ids", "cu_seqlens", "cu_seq_lens", "segment_ids",
-                  "seq_idx", "seq_start_id")
 #: The columns of a packtool output that together name it one (its schema metadata lost in a
 #: re-save by polars, pandas or ``datasets.to_parquet``).
 _PACKTOOL_COLUMNS = ("segment_ids", "cu_seqlens", "doc_ids", "doc_offsets")
