@@ -92,6 +92,24 @@ def test_json_has_no_float_noise(tmp_path, sample_lengths):
             assert x == round(x, 6), x
 
 
+def test_stats_json_of_an_unchanged_output_is_the_same_on_every_run(tmp_path, monkeypatch):
+    """CI diffs ``stats --json``: two runs on the same output print the same bytes, however long
+    the sha256 took (a clock that runs ever faster makes every interval differ); the text still
+    says how long it took."""
+    import itertools
+    import time
+
+    out = _packed_many_rows(tmp_path)
+    ticks = itertools.accumulate(itertools.count(1), lambda t, k: t + 0.001 * k * k)
+    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks))
+    first, second = (run("stats", out, "--json", "--per-bin") for _ in range(2))
+    assert first.exit_code == second.exit_code == 0, first.output
+    assert first.output == second.output
+    assert "seconds" not in first.output
+    assert json.loads(first.output)["integrity"]["shards_hashed"] > 1
+    assert " s; --no-hash skips it)" in run("stats", out).output
+
+
 def _packed_many_rows(tmp_path):
     write_docs(tmp_path / "in" / "a.parquet", [[1] * (3 + i % 5) for i in range(40)])
     args = ["pack", "-q", "-c", 8, "--no-shuffle", "--rows-per-shard", 7]
