@@ -10,7 +10,8 @@ B21) and targets per token, extra rows over ceil(tokens / C), the fill distribut
 work: sum over segments of len**2 with document masking against rows * C**2 for full causal rows.
 
 Reports are made to be compared across strategies: absolute units (rows, tokens, token^2), never
-a ratio whose denominator differs per strategy; JSON figures are integers or rounded decimals.
+a ratio whose denominator differs per strategy; JSON figures are integers, or ratios rounded by
+one rule (:func:`packtool.stats.json_ratio`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 
 from packtool.errors import OutputError, install_hint
 from packtool.recount import RECOUNTED, Recount
-from packtool.stats import PackStats
+from packtool.stats import PackStats, json_percent, json_ratio
 from packtool.types import Overflow, Strategy
 
 __all__ = ["PackedAnalysis", "analyze_packed", "compare_strategies", "input_lengths",
@@ -34,7 +35,6 @@ __all__ = ["PackedAnalysis", "analyze_packed", "compare_strategies", "input_leng
            "least_waste", "overflow_kept", "RECOUNTED"]
 
 _FILL_EDGES = np.arange(11) / 10  # 0.0, 0.1, ..., 1.0, each the double nearest the decimal
-_DECIMALS = 6  #: ratios in JSON are rounded to this many decimals (no float noise)
 
 
 @dataclass
@@ -118,7 +118,7 @@ def _quantiles(x: np.ndarray) -> dict:
     if x.size == 0:
         return {}
     q = np.quantile(x, [0.0, 0.1, 0.5, 0.9, 1.0])
-    return {k: round(float(v), _DECIMALS) for k, v in zip(("min", "p10", "p50", "p90", "max"), q)}
+    return {k: json_ratio(v) for k, v in zip(("min", "p10", "p50", "p90", "max"), q)}
 
 
 def _count_quantiles(counts: np.ndarray) -> dict:
@@ -134,7 +134,7 @@ def _count_quantiles(counts: np.ndarray) -> dict:
     vlo = np.searchsorted(ends, lo, side="right") / c
     vhi = np.searchsorted(ends, hi, side="right") / c
     q = vlo + (vhi - vlo) * (pos - lo)
-    return {k: round(float(v), _DECIMALS) for k, v in zip(("min", "p10", "p50", "p90", "max"), q)}
+    return {k: json_ratio(v) for k, v in zip(("min", "p10", "p50", "p90", "max"), q)}
 
 
 def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = None,
@@ -365,14 +365,16 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
         rows under ``min_fill``), ``warnings`` (the lines
         ``pack`` prints for these counts, :meth:`packtool.stats.PackStats.warnings`),
         ``tokens_processed`` (rows * C, what a training step computes on),
-        ``padding_tokens``, ``padding_pct`` (of ``tokens_processed``, 4 decimals), ``docs_cut``
+        ``padding_tokens``, ``padding_pct`` (of ``tokens_processed``), ``docs_cut``
         (documents spread over several segments), ``docs_cut_below_capacity`` (cut although
-        they fit in one row; after ``--overflow truncate`` every document does), ``docs_split``, ``segments``, ``effective_targets``,
-        ``targets_per_token`` (6 decimals), ``attention_work`` (token^2: sum of segment_len^2,
+        they fit in one row; after ``--overflow truncate`` every document does), ``docs_split``,
+        ``segments``, ``effective_targets``, ``targets_per_token``, ``attention_work``
+        (token^2: sum of segment_len^2,
         the score entries of document-masked attention), ``attention_work_full_rows``
         (token^2: rows * C^2, the same rows without document masking) and
         ``attention_work_vs_least`` (``attention_work`` over the smallest of the strategies
-        compared, 4 decimals).
+        compared). Ratios are rounded as in every JSON report
+        (:func:`packtool.stats.json_ratio`; ``padding_pct``: :func:`~packtool.stats.json_percent`).
 
     Raises:
         ConfigError, PackingError: as :func:`packtool.core.pack_lengths`.
@@ -422,20 +424,20 @@ def _compare(lengths: np.ndarray, capacity: int, overflow, strategies, targets, 
             "docs_dropped": s.docs_dropped, "tokens_dropped": s.tokens_dropped,
             "tokens_processed": slots,
             "padding_tokens": s.padding_tokens,
-            "padding_pct": round(100.0 * s.padding_tokens / slots, 4) if rows else 0.0,
+            "padding_pct": json_percent(100.0 * s.padding_tokens / slots) if rows else 0.0,
             "docs_cut": int(cut.sum()),
             "docs_cut_below_capacity": int((cut & fits).sum()),
             "docs_split": s.docs_split,
             "segments": s.segments,
             "effective_targets": effective,
-            "targets_per_token": round(effective / real, _DECIMALS) if real else 0.0,
+            "targets_per_token": json_ratio(effective / real) if real else 0.0,
             "attention_work": s.attention_work,
             "attention_work_full_rows": s.full_attention_work,
             "warnings": s.warnings(overflow, min_fill),
         })
     least = min((r["attention_work"] for r in out), default=0)
     for r in out:
-        r["attention_work_vs_least"] = round(r["attention_work"] / least, 4) if least else 1.0
+        r["attention_work_vs_least"] = json_ratio(r["attention_work"] / least) if least else 1.0
     return out, plans
 
 

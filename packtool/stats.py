@@ -12,13 +12,32 @@ from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
 
-__all__ = ["PackStats", "split_warning", "COUNTS_REVISION"]
+__all__ = ["PackStats", "split_warning", "COUNTS_REVISION", "RATIO_DECIMALS", "json_ratio",
+           "json_percent"]
 
 #: What the saved counts mean (recorded beside them where a later packtool reads them back:
 #: the manifest, through its format version, and a killed pack's finished windows).
 #: 1: ``tokens_dropped`` left out the tails ``--overflow truncate`` cut (only in
 #: ``tokens_truncated``). 2: ``tokens_dropped`` counts every token read and not written.
 COUNTS_REVISION = 2
+
+#: Decimals every ratio of a JSON report keeps (``stats``, ``compare``, ``pack --json`` and the
+#: manifest's totals): no float noise, one rule everywhere. A percentage keeps two fewer, the
+#: same precision of the whole. Counts are never rounded: they stay exact integers.
+RATIO_DECIMALS = 6
+
+
+def json_ratio(value: float) -> float:
+    """A ratio (a fraction such as a fill, or a quotient such as targets per token) as every
+    JSON report writes it: a float rounded to :data:`RATIO_DECIMALS` decimals."""
+    return round(float(value), RATIO_DECIMALS)
+
+
+def json_percent(value: float) -> float:
+    """A percentage (0 .. 100) as every JSON report writes it: rounded to
+    :data:`RATIO_DECIMALS` - 2 decimals, the precision :func:`json_ratio` gives its fraction."""
+    return round(float(value), RATIO_DECIMALS - 2)
+
 
 #: ``--overflow split`` warns when it splits more than this fraction of the non-empty
 #: documents: most documents then lose their context at a cut (and a target per piece).
@@ -138,14 +157,16 @@ class PackStats:
         return self.rows * self.capacity**2
 
     def to_dict(self) -> dict:
-        """Counts plus derived figures, JSON-ready."""
+        """Counts (ints) plus derived figures, JSON-ready: the ratios ``padding_fraction``,
+        ``fill`` and ``targets_per_token`` rounded by :func:`json_ratio` (the properties keep
+        every digit)."""
         d = asdict(self)
         d.update(
             lower_bound_rows=self.lower_bound_rows,
             extra_rows=self.extra_rows,
-            padding_fraction=self.padding_fraction,
-            fill=self.fill,
-            targets_per_token=self.targets_per_token,
+            padding_fraction=json_ratio(self.padding_fraction),
+            fill=json_ratio(self.fill),
+            targets_per_token=json_ratio(self.targets_per_token),
             tokens_lost=self.tokens_lost,
             full_attention_work=self.full_attention_work,
         )

@@ -110,6 +110,59 @@ def test_stats_json_of_an_unchanged_output_is_the_same_on_every_run(tmp_path, mo
     assert " s; --no-hash skips it)" in run("stats", out).output
 
 
+def _float_paths(obj, path=()):
+    """(key path, value) of every float in a JSON value."""
+    if isinstance(obj, float):
+        yield path, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _float_paths(v, path + (k,))
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _float_paths(v, path)
+
+
+def test_every_ratio_of_every_json_report_is_rounded_by_one_rule(tmp_path):
+    """stats (its figures and the manifest's totals), pack and compare round every ratio to
+    RATIO_DECIMALS, a percentage to 2 fewer; counts stay exact integers. Lengths at C = 7 and
+    a source column give ratios of endless decimals (fill 34 / 35)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packtool.stats import RATIO_DECIMALS, PackStats
+
+    docs = [[1] * n for n in (3, 5, 2, 6, 4, 1, 7, 2, 4)]
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32())),
+                             "src": [f"s{i % 3}" for i in range(len(docs))]}),
+                   tmp_path / "in" / "a.parquet")
+    res = run("pack", "-q", "-c", 7, "--source-column", "src", "--json", tmp_path / "in",
+              tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    packed = json.loads(res.output)
+    stats = json.loads(run("stats", tmp_path / "out", "--json").output)
+    compared = json.loads(run("compare", tmp_path / "in", "-c", 7, "--json").output)
+    s = analyze_packed(tmp_path / "out").stats
+    assert round(s.fill, 9) != round(s.fill, RATIO_DECIMALS)  # a ratio that needs rounding
+    assert stats["stats"]["fill"] == round(s.fill, RATIO_DECIMALS)
+    assert stats["stats"]["targets_per_token"] == round(s.targets_per_token, RATIO_DECIMALS)
+    counts = set(PackStats.__dataclass_fields__) | {"rows", "padding_tokens", "real_tokens"}
+    for report in (packed, stats, compared):
+        floats = list(_float_paths(report))
+        assert floats
+        for path, x in floats:
+            if path[-1] == "seconds":  # pack --json reports its run's time
+                assert path == ("seconds",)
+                continue
+            assert path[-1] not in counts, path
+            keep = RATIO_DECIMALS - 2 if path[-1].endswith("_pct") else RATIO_DECIMALS
+            assert x == round(x, keep), (path, x)
+    for totals in (stats["stats"], stats["manifest_totals"], packed["stats"]):
+        assert all(isinstance(totals[k], int) for k in PackStats.__dataclass_fields__)
+    assert stats["per_source"] and all(isinstance(v, int) for p in stats["per_source"]
+                                       for k, v in p.items() if k != "source")
+
+
 def _packed_many_rows(tmp_path):
     write_docs(tmp_path / "in" / "a.parquet", [[1] * (3 + i % 5) for i in range(40)])
     args = ["pack", "-q", "-c", 8, "--no-shuffle", "--rows-per-shard", 7]
