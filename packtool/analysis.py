@@ -59,6 +59,11 @@ class PackedAnalysis:
     #: shards and bytes whose sha256 was checked against the manifest, and the seconds it took
     #: (0 shards: skipped with ``check_hashes=False``)
     hashed: tuple = (0, 0, 0.0)
+    #: the shards' columns whose pages the recount decoded (their page checksums checked) and
+    #: the others, never read: without the sha256 (``check_hashes=False``) a changed page of
+    #: one of those goes unseen
+    columns_read: tuple = ()
+    columns_unread: tuple = ()
     segment_multiple: int = 1  #: N of ``--segment-multiple`` the output was packed with
     #: ``pack --source-column``: the column, and per source present in the rows (one segment
     #: or more; by id) a dict of ``source_id`` (its index in the manifest's table),
@@ -159,7 +164,8 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
         per_bin_limit: list at most this many rows (the first in manifest order); None lists
             all. Totals still count every row.
         check_hashes: compare every shard's sha256 with the manifest first (reads every byte;
-            False checks sizes, footers and page checksums of what is read).
+            False checks sizes, footers and the page checksums of the columns the recount
+            decodes, ``columns_read``: a changed page of ``columns_unread`` goes unseen).
         progress: ``callable(done, total)`` told about the sha256 of each shard.
 
     Returns:
@@ -189,6 +195,7 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                       per_bin_limit=per_bin_limit if per_bin else 0,
                       num_docs=reader.manifest.totals.docs_in,
                       concat=reader.manifest.options.get("strategy") == "concat")
+    read = reader.columns_read(recount.columns())
     for block in reader.iter_blocks(recount.columns()):
         recount.add(block)
     reader.close()
@@ -211,6 +218,8 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                           recount.seg_counts, recount.bins, recount.documents,
                           per_bin_limit if per_bin else None,
                           hashed=hashed, segment_multiple=multiple,
+                          columns_read=tuple(read),
+                          columns_unread=tuple(c for c in reader.columns if c not in read),
                           source_column=reader.manifest.source_column,
                           per_source=per_source, sources_in_table=len(table),
                           per_bin_asked=per_bin,
@@ -588,8 +597,13 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
     elif secs or not s.rows:  # hashed, or asked to: an output of no shards has none to check
         lines.append("  integrity                 no shards to check (an output of 0 rows)")
     else:
-        lines.append("  integrity                 sha256 not checked (--no-hash); the sizes, "
-                     "footers and page checksums of what was read were checked")
+        lines.append("  integrity                 sha256 not checked (--no-hash): the sizes, "
+                     "footers and the page checksums of " + ", ".join(a.columns_read)
+                     + " were checked"
+                     + (f"; the pages of {', '.join(a.columns_unread)} were not read, so a "
+                        "change there goes unseen (verify --no-hash, with its default --scan, "
+                        "decodes every column)"
+                        if a.columns_unread else ""))
     if a.source_column is not None:
         w = max([len("source")] + [_display_width(_cell(p["source"])) for p in a.per_source])
         seg = ", a segment's own padding to its source" if a.segment_multiple > 1 else ""

@@ -629,8 +629,13 @@ COMPARE_DEPRECATED = ("packtool stats --compare is deprecated and will be remove
                    "tokens (0 = all; --json lists every one).")
 @click.option("--no-hash", is_flag=True,
               help="Packed output: skip the sha256 of every shard against the manifest (it "
-                   "reads every byte; sizes, footers and the checksums of the pages stats "
-                   "reads are still checked: a changed input_ids page then goes unseen).")
+                   "reads every byte). Still checked: each shard's size and footer, and the "
+                   "page checksums of the columns stats decodes: cu_seqlens, doc_ids, "
+                   "num_targets (and cu_seqlens_unpadded, source_ids where stored; labels, "
+                   "input_ids and segment_ids when input labels masked targets). A changed "
+                   "page of any other column goes unseen: input_ids, segment_ids, "
+                   "position_ids, labels, max_seqlen, doc_offsets (the report names this "
+                   "output's; verify --no-hash decodes every column).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @_PLOT_OPTION
 @click.option("--capacity", "-c", type=int, default=None, metavar="C", hidden=True,
@@ -653,8 +658,8 @@ def stats(ctx, path, per_bin, per_bin_limit, per_source_limit, no_hash, as_json,
           labels_column, loss_mask_column, skip_unsupported, window_docs):
     """Figures of a packed OUTPUT (a directory or a store URI), recounted from the shards and
     checked against the manifest: rows, padding, effective targets, fill, attention work. Every
-    shard's sha256 is checked first (--no-hash skips it). Exits 1 when the recount disagrees
-    with the manifest or a shard differs from it.
+    shard's sha256 is checked first (--no-hash skips it, and with it every page stats does not
+    decode). Exits 1 when the recount disagrees with the manifest or a shard differs from it.
 
     For raw tokenized input, packtool compare INPUT --capacity C dry-runs every strategy
     (stats --capacity C --compare still does, deprecated).
@@ -1194,9 +1199,12 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
               help="A progress line per backend and batch on stderr [default: on, off with "
                    "--json].")
 @click.option("--no-hash", is_flag=True,
-              help="Skip the sha256 of every shard against the manifest (it reads every byte; "
-                   "sizes, footers and the checksums of every page verify decodes are still "
-                   "checked).")
+              help="Skip the sha256 of every shard against the manifest (it reads every "
+                   "byte). Still checked: each shard's size and footer, and the checksum of "
+                   "every page verify decodes: with the default --scan every page of every "
+                   "column, so a changed page is still refused; with --no-scan only the row "
+                   "groups of the sampled rows are decoded whole, so a changed page elsewhere "
+                   "can go unseen.")
 @click.option("--negative-control", is_flag=True,
               help="Also run the sdpa checks on the same rows with a plain causal mask (no "
                    "document blocks), which must fail: shows that verify catches a leak on "

@@ -879,6 +879,35 @@ class PackedOutput:
             handle.close()
 
     # -- decoding --------------------------------------------------------------------------------
+    def _plan_read(self, want: list, structure: str) -> tuple[list, set, tuple]:
+        """What :meth:`decode` reads to hand out ``want``: the stored columns it reads, those
+        it derives, and the helper columns a derivation needs."""
+        derive = {c for c in ("segment_ids", "position_ids")
+                  if structure == "derived" and c in want}
+        if structure == "derived" and "labels" in want:
+            derive.add("segment_ids")  # the label rule needs the segments
+        read = [c for c in want if (c != "labels" or self.labels.stored) and c not in derive]
+        if "labels" in want:
+            read += [c for c in ("input_ids", "segment_ids") if c not in read and c not in derive]
+        # --segment-multiple: the spans' real tokens too (a span is not its document)
+        helpers = ("cu_seqlens", "doc_ids") + (
+            ("cu_seqlens_unpadded",) if "cu_seqlens_unpadded" in self.columns else ())
+        if derive:
+            read += [c for c in helpers if c not in read]
+        return read, derive, helpers
+
+    def columns_read(self, columns: Sequence[str], *, structure: str = "stored") -> list[str]:
+        """The stored columns :meth:`decode` reads to hand out ``columns``, in the shards'
+        order: the pages whose checksums a read checks (``labels`` reads ``input_ids`` and
+        ``segment_ids`` too). A page of any other column is not read, so at the ``footer``
+        integrity level a change there goes unseen.
+
+        Raises:
+            ManifestError: as :meth:`check_columns`.
+        """
+        read = set(self._plan_read(self.check_columns(columns), structure)[0])
+        return [c for c in self.columns if c in read]
+
     def decode(self, group: int, columns: Sequence[str], labels: str | None = None, *,
                structure: str = "stored") -> Block:
         """Read whole row group ``group`` (over all shards) and decode ``columns``.
@@ -915,18 +944,7 @@ class PackedOutput:
         s, g = int(self.rg_shard[group]), int(self.rg_index[group])
         where = _Where(self, s)  # the shard's display name, built only for a message
         stored = self.labels.stored
-        derive = {c for c in ("segment_ids", "position_ids")
-                  if structure == "derived" and c in want}
-        if structure == "derived" and "labels" in want:
-            derive.add("segment_ids")  # the label rule needs the segments
-        read = [c for c in want if (c != "labels" or stored) and c not in derive]
-        if "labels" in want:
-            read += [c for c in ("input_ids", "segment_ids") if c not in read and c not in derive]
-        # --segment-multiple: the spans' real tokens too (a span is not its document)
-        helpers = ("cu_seqlens", "doc_ids") + (
-            ("cu_seqlens_unpadded",) if "cu_seqlens_unpadded" in self.columns else ())
-        if derive:
-            read += [c for c in helpers if c not in read]
+        read, derive, helpers = self._plan_read(want, structure)
         for attempt in (0, 1):
             pf = self._open.get(s)
             try:

@@ -248,6 +248,96 @@ def test_stats_no_hash_still_checks_sizes_and_says_what_it_skipped(clean, tmp_pa
     assert "sha256 of" in res.output and "--no-hash skips it" in res.output
 
 
+def _flip_column(path, column, group=0):
+    """One byte flipped in the middle of ``column``'s pages of row group ``group``."""
+    cc = next(c for c in (pq.read_metadata(path).row_group(group).column(i)
+                          for i in range(pq.read_metadata(path).num_columns))
+              if c.path_in_schema.split(".")[0] == column)
+    start = cc.dictionary_page_offset or cc.data_page_offset
+    data = bytearray(path.read_bytes())
+    data[start + cc.total_compressed_size // 2] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+def _unseen(text, lead):
+    """The column names listed after ``lead`` in ``text``, up to the next parenthesis."""
+    from packtool.formats.packed import KNOWN_COLUMNS
+
+    tail = " ".join(text.split()).split(lead, 1)[1].split("(", 1)[0]
+    return {c for c in tail.replace(",", " ").split() if c in KNOWN_COLUMNS}
+
+
+@pytest.fixture(scope="module")
+def every_column(tmp_path_factory):
+    """Outputs holding every column of the contract between them: stored labels, a source
+    column and --segment-multiple (cu_seqlens_unpadded, source_ids); and an SFT input whose
+    labels mask targets (stats then reads labels, input_ids and segment_ids)."""
+    base = tmp_path_factory.mktemp("every_column")
+    rng = np.random.default_rng(11)
+    docs = [rng.integers(2**20, 2**31 - 1, int(rng.integers(3, 40))).tolist() for _ in range(80)]
+    src = base / "in" / "a.parquet"
+    src.parent.mkdir()
+    pq.write_table(pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32())),
+                             "labels": pa.array([[t if k % 3 else IGNORE for k, t in enumerate(d)]
+                                                 for d in docs], pa.list_(pa.int32())),
+                             "src": [f"s{i % 4}" for i in range(len(docs))]}), src)
+    outs = {"full": base / "full", "sft": base / "sft"}
+    common = ["pack", "-q", "-c", 32, "--rows-per-shard", 12, "--row-group-mb", 0.0004]
+    for args in (["--labels", "unshifted", "--labels-column", "none", "--source-column", "src",
+                  "--segment-multiple", 2, src, outs["full"]], [src, outs["sft"]]):
+        res = invoke(common + args)
+        assert res.exit_code == 0, res.output
+    return outs
+
+
+@pytest.mark.parametrize("kind", ["full", "sft"])
+def test_no_hash_says_exactly_which_changed_pages_go_unseen(every_column, tmp_path, kind):
+    """Under --no-hash a changed page goes unseen by stats exactly when it belongs to a column
+    its integrity line (and, for the common case, the option's help) says it did not read; the
+    sha256 and verify's default scan refuse every one."""
+    from packtool.cli import cli
+
+    clean = every_column[kind]
+    shard = read_manifest(clean).shards[1].file
+    columns = [c.split(".")[0] for c in pq.read_schema(clean / shard).names]
+    line = next(x for x in invoke(["stats", "--no-hash", clean]).output.splitlines()
+                if "integrity" in x)
+    unread = _unseen(line, "the pages of")
+    assert unread and unread < set(columns)
+    if kind == "full":
+        help_ = next(p.help for p in cli.commands["stats"].params if p.name == "no_hash")
+        assert _unseen(help_, "goes unseen:") & set(columns) == unread
+    else:
+        assert {"labels", "input_ids", "segment_ids"}.isdisjoint(unread)
+    for col in columns:
+        out = tmp_path / col
+        shutil.copytree(clean, out)
+        _flip_column(out / shard, col)
+        got = invoke(["stats", "--no-hash", out])
+        assert (got.exit_code == 0) == (col in unread), (col, got.output)
+        assert invoke(["stats", out]).exit_code == 1, col
+        assert invoke(["verify", "--data-only", "--no-hash", out]).exit_code == 1, col
+
+
+def test_verify_no_hash_no_scan_can_miss_a_page_outside_the_sampled_rows(every_column, tmp_path):
+    """As its help says: with --no-scan only the sampled rows' row groups are decoded, so under
+    --no-hash a changed page in a row group none of them is in goes unseen (one row sampled, a
+    page changed in the first row group of each of the 5 shards: most are not read), while the
+    default scan refuses every one."""
+    clean = every_column["full"]
+    shards = [s.file for s in read_manifest(clean).shards]
+    assert len(shards) >= 5
+    cmd = ["verify", "--data-only", "--no-hash"]
+    seen = []
+    for shard in shards:
+        out = tmp_path / shard
+        shutil.copytree(clean, out)
+        _flip_column(out / shard, "input_ids")
+        seen.append(invoke(cmd + ["--no-scan", "--rows", 1, out]).exit_code == 1)
+        assert invoke(cmd + [out]).exit_code == 1
+    assert not all(seen)
+
+
 def test_the_loader_checks_pages_when_it_reads_them(clean, tmp_path):
     """With its default integrity (no whole-file hash) the loader still refuses the flipped
     byte: the shard opens (size and footer agree) and the damaged page fails its checksum."""
