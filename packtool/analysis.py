@@ -803,13 +803,27 @@ def _log_bins(x: np.ndarray, n: int = 50) -> np.ndarray:
     return np.unique(np.geomspace(1.0, hi * 1.0001, n + 1))
 
 
+def _count_scale(ax, any_positive: bool) -> str:
+    """Scale the y axis of counts of ``ax``: ``log`` (wide ranges: the few part-filled rows
+    show next to the full ones), or, when nothing is positive (no row, no segment), ``linear``
+    from 0 to 1: a log axis of no positive value is empty, and matplotlib warns about it.
+    Returns the scale set."""
+    if any_positive:
+        ax.set_yscale("log")
+        return "log"
+    ax.set_yscale("linear")
+    ax.set_ylim(0, 1)
+    return "linear"
+
+
 _STRATEGY_COLORS = {"concat": "tab:gray", "ordered": "tab:orange", "obfd": "tab:blue"}
 
 
 def plot_packed(a: PackedAnalysis, out: str | os.PathLike) -> None:
     """Write an image (format from the suffix) of a packed output: rows per fill (log count, so
     the few part-filled rows show next to the full ones) and segment lengths (log-spaced bins on
-    a log axis, capacity marked).
+    a log axis, capacity marked). An output of 0 rows gets empty panels on linear axes
+    (:func:`_count_scale`), without a matplotlib warning.
 
     Raises:
         MissingDependencyError: no matplotlib. OutputError: ``out`` cannot be written.
@@ -819,16 +833,17 @@ def plot_packed(a: PackedAnalysis, out: str | os.PathLike) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     fig.suptitle(f"packtool stats {a.path}: {s.rows:,} rows of C = {s.capacity:,}, "
                  f"{s.padding_tokens:,} padding tokens ({100 * s.padding_fraction:.2f}%)")
-    log = "log" if s.rows else "linear"  # no rows: empty axes (a log scale needs a count)
     ax1.hist(100 * a.row_fill, bins=np.linspace(0, 100, 51), color="tab:blue")
-    ax1.set(xlabel="row fill: real tokens / C (%)", ylabel=f"rows ({log} scale)", yscale=log,
+    log = _count_scale(ax1, s.rows > 0)  # no rows: empty axes
+    ax1.set(xlabel="row fill: real tokens / C (%)", ylabel=f"rows ({log} scale)",
             title="rows per fill level" if s.rows else "no rows", xlim=(0, 101))
     if a.segment_lengths.size:
         ax2.hist(a.segment_lengths, bins=_log_bins(a.segment_lengths), color="tab:blue")
         ax2.set_xscale("log")
+    log = _count_scale(ax2, a.segment_lengths.size > 0)
     ax2.axvline(s.capacity, color="red", ls="--", label=f"capacity {s.capacity:,}")
-    ax2.set(xlabel="segment length (tokens, log scale)", ylabel=f"segments ({log} scale)",
-            yscale=log,
+    ax2.set(xlabel="segment length (tokens" + (", log scale)" if log == "log" else ")"),
+            ylabel=f"segments ({log} scale)",
             title="segment lengths (documents and chunks)")
     ax2.legend()
     _save(plt, fig, out)
@@ -843,7 +858,8 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
     one row; rows per fill level per strategy (log count). Every bar and curve is a dict of
     :func:`compare_strategies` with the same options (``window_docs`` adds the windowed
     ``obfd``, ``min_fill`` leaves out the rows under it), so the image shows the figures the
-    table prints.
+    table prints. When no strategy writes a row the fill panel is empty on a linear axis and
+    says so (:func:`_count_scale`), without a matplotlib warning.
 
     Raises:
         ConfigError, PackingError: as :func:`compare_strategies`. MissingDependencyError: no
@@ -891,7 +907,9 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
     for r, plan, color in zip(res, plans, colors):
         ax_fill.hist(100 * plan.row_lengths() / capacity, bins=edges, histtype="step",
                      color=color, lw=1.5, label=f"{r['strategy']} ({r['rows']:,} rows)")
-    ax_fill.set(xlabel="row fill: real tokens / C (%)", ylabel="rows (log scale)", yscale="log",
-                title="rows per fill level", xlim=(0, 101))
+    log = _count_scale(ax_fill, any(r["rows"] for r in res))  # every row left out: empty axes
+    ax_fill.set(xlabel="row fill: real tokens / C (%)", ylabel=f"rows ({log} scale)",
+                title="rows per fill level" if log == "log" else
+                "rows per fill level: no strategy writes a row", xlim=(0, 101))
     ax_fill.legend(loc="upper left")
     _save(plt, fig, out)

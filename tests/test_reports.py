@@ -336,6 +336,47 @@ def test_plot_of_an_output_of_no_rows_is_drawn_without_warnings(tmp_path):
     assert (tmp_path / "p.png").stat().st_size > 0
 
 
+@pytest.mark.parametrize("docs,flags", [
+    ([list(range(1, 40))], ["-c", 16, "--overflow", "drop"]),  # no strategy writes a row
+    ([[1, 2]], ["-c", 4, "--min-fill", 1]),  # every row under --min-fill
+    ([list(range(1, 40)), [1, 2]], ["-c", 16, "--overflow", "drop"]),
+    ([[5]], ["-c", 4]),  # one segment of one token
+    ([[1, 2, 3, 4]] * 5, ["-c", 4]),  # every value equal: full rows, one length
+    ([list(range(1, 40))], ["-c", 16, "--overflow", "truncate"]),
+])
+def test_every_plot_is_drawn_without_library_warnings(tmp_path, docs, flags):
+    """compare --plot (alone, with --window-docs) and stats --plot of the same input: drawn,
+    exit 0, no warning from matplotlib (a log axis of no positive count warned, with a source
+    line); a panel with nothing to count says so on a linear axis from 0."""
+    import warnings
+
+    pytest.importorskip("matplotlib")
+    from packcheck import invoke
+
+    src = write_docs(tmp_path / "in.parquet", docs)
+    assert invoke(["pack", "-q", *flags, src, tmp_path / "o"]).exit_code == 0
+    runs = {"c.png": ["compare", *flags, src], "w.png": ["compare", *flags, "--window-docs", 1, src],
+            "s.png": ["stats", tmp_path / "o"]}
+    for png, cmd in runs.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = invoke([*cmd, "--plot", tmp_path / png])
+        assert res.exit_code == 0, res.output
+        assert [str(w.message) for w in caught] == [], cmd
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_plot_of_no_rows_says_so_on_a_linear_axis(monkeypatch):
+    pytest.importorskip("matplotlib")
+    figs = _capture_figure(monkeypatch)
+    analysis.plot_compare(np.array([39]), 16, "unused.png", overflow="drop")
+    (fig,) = figs
+    fill = next(ax for ax in fig.axes if "fill" in ax.get_title())
+    assert fill.get_title() == "rows per fill level: no strategy writes a row"
+    assert fill.get_yscale() == "linear" and fill.get_ylim() == (0, 1)
+    assert "no strategy writes a row" in fig._suptitle.get_text()
+
+
 @pytest.mark.parametrize("docs,flags,why", [
     ([[3]], ["--min-fill", "1"], "--min-fill 1 left out 1 planned row"),
     ([[3, 4, 5, 6, 7]], ["--overflow", "drop"], "--overflow drop"),
