@@ -6,7 +6,6 @@ items."""
 
 from __future__ import annotations
 
-import shutil
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -100,13 +99,18 @@ def test_a_subset_that_rebuilds_spans_from_segments_or_positions_is_refused(padd
     either dataset and for a mixture holding such an output."""
     from packtool.loader import PackedIterableDataset
 
+    from packtool.formats.manifest import read_manifest
+
+    info = read_manifest(padded).labels  # the same input, another row order
+    labels = info.convention if info.stored else "none"
+    other = pack(padded.parent / "in", tmp_path / "b", 64, "--segment-multiple", str(N),
+                 "--rows-per-shard", "6", "--labels", labels, "--seed", "9")
     with pytest.raises(ValueError, match=r"--segment-multiple.*missing cu_seqlens"):
         PackedDataset(padded, columns=cols)
     with pytest.raises(ValueError, match=r"--segment-multiple.*missing cu_seqlens"):
         PackedIterableDataset(padded, columns=cols, rank=0, world_size=1)
     with pytest.raises(ValueError, match=r"--segment-multiple.*missing cu_seqlens"):
-        PackedIterableDataset({"a": padded, "b": shutil.copytree(padded, tmp_path / "b")},
-                              columns=cols, rank=0, world_size=1)
+        PackedIterableDataset({"a": padded, "b": other}, columns=cols, rank=0, world_size=1)
 
 
 COLLATES = {"collate": collate, "collate_flat": collate_flat, "hf": HFCollator(),
