@@ -157,8 +157,7 @@ class PackedIterableDataset(IterableDataset):
             (when it is opened), outputs of different capacity or columns.
         ValueError: unknown ``labels`` convention, bad rank, world_size, seed, epoch,
             shuffle_buffer, max_open_files, batch_size, weights or rows_per_epoch, one output
-            under two names or two copies of one output (the same shards), a source with a
-            positive weight and no rows, or columns no batch
+            under two names, a source with a positive weight and no rows, or columns no batch
             can be made of.
     """
 

@@ -176,13 +176,13 @@ class Mixture:
         return first
 
     def _distinct(self) -> None:
-        """Refuse one output given under two names, or two copies of one output (the same
-        shards, by their sha256 in the manifests: a copy in a store beside the local one, or
-        the same input packed twice with the same options): every row would come twice an
-        epoch.
+        """Refuse one output given under two names (every row would come twice an epoch); warn
+        of two copies of one output (the same shards, by their sha256 in the manifests: a copy
+        in a store beside the local one, or the same input packed twice with the same options),
+        which read their rows twice as well, though a copy may be mixed on purpose.
 
         Raises:
-            ValueError: names both sources, the output(s) and the fix.
+            ValueError: one output under two names: names both sources, the output and the fix.
         """
         seen: dict = {}
         copies: dict = {}
@@ -199,13 +199,16 @@ class Mixture:
                 continue
             content = tuple(s.sha256 for s in shards)
             if content in copies:
+                import warnings
+
                 first, where = copies[content]
-                raise ValueError(
+                warnings.warn(
                     f"sources {first!r} ({where}) and {name!r} ({o.location.display}) hold the "
                     f"same rows (their {len(shards)} shard(s) have the same sha256: copies of "
-                    "one output), so each row would come twice an epoch: give one of them, "
-                    "under one name, and a larger weight to read it more")
-            copies[content] = (name, o.location.display)
+                    "one output), so each row comes twice an epoch; unless that is meant, give "
+                    "one of them, under one name, and a larger weight to read it more",
+                    stacklevel=4)
+            copies.setdefault(content, (name, o.location.display))
 
     def _check_empty(self) -> None:
         """A source that holds no rows: refused when it has a positive weight (it cannot give
