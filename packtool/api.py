@@ -205,6 +205,8 @@ def pack(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str | 
         ConfigError: an argument of the wrong type (a float, bool or string for an integer, a
             non-bool flag; :func:`packtool.config.option_value`) or out of range, named by its
             keyword: ``pad_id=1.5: must be an integer, not float``.
+        LocationError: an INPUT or OUTPUT that names no location (an empty path, a ``file:``
+            URI of another host or of no absolute path), before any work.
         InputError, SchemaError, PackingError, OutputError, EngineError: as ``packtool pack``;
             the message names the file, the row and the fix, options by their keywords
             (``pass overwrite=True``).
@@ -447,6 +449,8 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
     Raises:
         ConfigError: an argument of the wrong type or out of range, as :func:`pack` (checked
             before any document is read or directory made); ``holdout`` with a ``DatasetDict``.
+        LocationError: ``output`` names no location (an empty path, a ``file:`` URI of another
+            host or of no absolute path), before any document is read.
         InputError, SchemaError: data that is not a supported type, no documents, a missing
             column (or one the dataset's format hides), token ids that are not integers (floats, bools, strings: refused as the CLI
             refuses a Parquet file of them, never cut), bad token ids or masks (the message
@@ -518,15 +522,16 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
         _warn(result, pack_dataset)
         owner = _Owner(str(work), owned=True) if lazy else None
         outs = [cfg.output] + ([cfg.holdout_output] if result.holdout is not None else [])
-        packed = tuple(_result(Path(o), kind, owner) for o in outs)
+        packed = tuple(_result(o, kind, owner) for o in outs)
         done = True
     finally:
         shutil.rmtree(src if lazy and done else work, ignore_errors=True)
     return packed if holdout is not None else packed[0]
 
 
-def _result(out: Path, kind: str, owner: _Owner | None):
-    """The packed rows of ``out`` as the type ``kind`` names."""
+def _result(out: str, kind: str, owner: _Owner | None):
+    """The packed rows of the OUTPUT ``out`` (a path or URI, as given) as the type ``kind``
+    names."""
     from packtool.formats.inmemory import read_packed_table
 
     if kind == "IterableDataset":

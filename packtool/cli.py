@@ -406,12 +406,13 @@ def _plot_path(ctx: click.Context, param: click.Parameter, value: str | None) ->
         return None
     from packtool.location import Location
 
-    if not Location.parse(value).is_local:  # written to the store at the end: its suffix only
-        if Path(Location.parse(value).name).suffix.lower() not in PLOT_SUFFIXES:
+    loc = Location.parse(value)
+    if not loc.is_local:  # written to the store at the end: its suffix only
+        if Path(loc.name).suffix.lower() not in PLOT_SUFFIXES:
             raise ConfigError(f"--plot {value}: the file name must end in "
                               f"{', '.join(PLOT_SUFFIXES)} (the image format is taken from it)")
         return value
-    p = Path(value)
+    p = loc.path  # a file: URI is its local path
     if p.is_dir():
         raise ConfigError(f"--plot {value}: is a directory; give a file name such as "
                           f"{p / 'stats.png'}")

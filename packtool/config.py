@@ -157,6 +157,18 @@ def _check_types(cfg) -> None:
         object.__setattr__(cfg, f.name, option_value(f.name, getattr(cfg, f.name), f.type))
 
 
+def _check_locations(cfg) -> None:
+    """Every INPUT and OUTPUT of ``cfg`` read as a location (:meth:`Location.parse`), so that a
+    name that is none (an empty path, a ``file:`` URI of another host or of no absolute path)
+    is refused before any work: :class:`~packtool.errors.LocationError`."""
+    from packtool.location import Location
+
+    for name in ("inputs", "output", "holdout_output"):
+        value = getattr(cfg, name, None)
+        for given in (value if isinstance(value, tuple) else () if value is None else (value,)):
+            Location.parse(given)
+
+
 def _check_input_options(cfg, bad) -> None:
     """The checks shared by every config that reads INPUT (mask columns, BOS/EOS, capacity);
     ``none`` as a mask column name becomes None."""
@@ -283,6 +295,7 @@ class PackConfig:
     def __post_init__(self) -> None:
         bad = _bad
         _check_types(self)  # first: the checks below compare plain ints, floats and strings
+        _check_locations(self)
         if self.inputs_digest is not None and not re.fullmatch(r"[0-9a-f]{64}",
                                                                self.inputs_digest):
             bad("inputs_digest", self.inputs_digest, "must be a sha256 in 64 hex characters")
@@ -455,6 +468,7 @@ class CompareConfig:
         except ValueError:
             _bad("overflow", self.overflow, f"choose one of {', '.join(e.value for e in Overflow)}")
         object.__setattr__(self, "inputs", tuple(self.inputs))
+        _check_locations(self)
         _check_input_options(self, _bad)
 
     def read_options(self) -> dict:
@@ -519,6 +533,7 @@ class TokenizeConfig:
         _check_types(self)
         if not self.inputs:
             raise ConfigError("give at least one INPUT")
+        _check_locations(self)
         object.__setattr__(self, "keep_columns", tuple(self.keep_columns))
         for name in self.keep_columns:
             if name == self.text_column:

@@ -39,6 +39,7 @@ __all__ = [
     "SchemaError",
     "PackingError",
     "OutputError",
+    "LocationError",
     "ManifestError",
     "VerifyError",
     "MissingDependencyError",
@@ -146,6 +147,13 @@ class PackingError(PacktoolError):
 
 class OutputError(PacktoolError):
     """OUTPUT cannot be written (exists, is a file, lies inside INPUT, is not writable)."""
+
+
+class LocationError(InputError, OutputError):
+    """A name that is no location: an empty path, a ``file:`` URI that names another machine
+    or no absolute path (:meth:`packtool.location.Location.parse`), refused before anything is
+    read or written. An :class:`InputError` where it is given as INPUT, an
+    :class:`OutputError` where as OUTPUT: exit status 1, as a location that cannot be opened."""
 
 
 class ManifestError(PacktoolError):

@@ -3,10 +3,13 @@
 Every INPUT, OUTPUT, shard, scratch file and cache entry packtool names is a :class:`Location`,
 parsed once by :meth:`Location.parse` from what the user typed:
 
-- a local path (``out/``, ``/data/x.parquet``) or a ``file:`` URI (``file:///abs/out``, or
-  ``file:/abs/out`` as :mod:`pathlib` folds it), percent-decoded as RFC 8089 and pyarrow read it
-  (``file:///a/my%20data`` names ``/a/my data``; a ``?query`` or ``#fragment`` is no part of the
-  path): a :class:`LocalPath`;
+- a local path (``out/``, ``/data/x.parquet``) or a ``file:`` URI (``file:///abs/out``,
+  ``file://localhost/abs/out``, or ``file:/abs/out`` as :mod:`pathlib` folds it),
+  percent-decoded as RFC 8089 and pyarrow read it (``file:///a/my%20data`` names
+  ``/a/my data``; a ``?query`` or ``#fragment`` is no part of the path): a :class:`LocalPath`.
+  A ``file:`` URI naming another host (``file://example.com/p``, ``file://out``) or no
+  absolute path (``file:out``) is refused (:class:`~packtool.errors.LocationError`), never
+  read as a path under the filesystem root or the working directory;
 - a URI of any filesystem pyarrow provides (``s3://bucket/prefix``, ``gs://...``,
   ``hdfs://host:port/path``), with the filesystem's options in its query
   (``s3://bucket/prefix?endpoint_override=127.0.0.1:9000&scheme=http``): a :class:`StoreURI`.
@@ -37,7 +40,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from packtool.errors import first_line
+from packtool.errors import LocationError, first_line
 
 __all__ = ["Location", "LocalPath", "StoreURI", "Entry", "StoreError", "location", "is_store",
            "display", "sweep_stages", "STAGE_HOLDER", "STAGE_UNRECORDED_DAYS"]
@@ -45,8 +48,11 @@ __all__ = ["Location", "LocalPath", "StoreURI", "Entry", "StoreError", "location
 #: ``scheme:`` + ``//`` (or ``/``, as pathlib folds it); a scheme of two characters or more, so a
 #: Windows drive letter is not one
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):(//|/(?!/))")
-#: a ``file:`` URI's scheme and empty host before the absolute path it names
-_FILE_URI = re.compile(r"^file:(?://)?(?=/)", re.IGNORECASE)
+#: a ``file:`` URI's scheme, then ``//`` and its host (group 1: none, empty, ``localhost``,
+#: another) when given; the absolute path it names follows
+_FILE_URI = re.compile(r"^file:(?://([^/?#]*))?", re.IGNORECASE)
+#: the hosts a ``file:`` URI may name: this machine (RFC 8089: ``localhost`` is no host)
+_LOCAL_HOSTS = ("", "localhost")
 #: Words of a store error (pyarrow's S3 and GCS messages): the network failed ...
 _NETWORK_WORDS = ("NETWORK_CONNECTION", "curlCode", "resolve host", "Connection refused",
                   "Couldn't connect")
@@ -102,16 +108,18 @@ class Location:
                 options, or a :class:`Location` (returned as is).
 
         Raises:
-            ValueError: an empty string.
+            LocationError: an empty string; a ``file:`` URI that names another machine
+                (``file://example.com/p``, ``file://t3relout``) or no absolute path
+                (``file:t21/x``): one line naming the fix, before anything is read or written.
         """
         if isinstance(given, Location):
             return given
         text = os.fspath(given)
         if not text:
-            raise ValueError("an empty path names nothing; give a file or directory")
+            raise LocationError("an empty path names nothing; give a file or directory")
         f = _FILE_URI.match(text)
         if f:
-            return LocalPath(Path(_file_uri_path(text[f.end():])))
+            return LocalPath(Path(_file_uri_path(_file_uri_rest(text, f))))
         m = _SCHEME.match(text)
         if m is None:
             return LocalPath(Path(text))
@@ -815,6 +823,39 @@ def _stage_abandoned(work: Path) -> bool:
     newest = max([work.lstat().st_mtime]
                  + [e.stat(follow_symlinks=False).st_mtime for e in os.scandir(work)])
     return time.time() - newest > STAGE_UNRECORDED_DAYS * 86400
+
+
+def _file_uri_rest(text: str, match: "re.Match") -> str:
+    """The path part of the ``file:`` URI ``text`` (``_FILE_URI`` matched it): what follows
+    ``file:`` and the host, which must be none or this machine's (empty, ``localhost``, any
+    case), and which must begin with ``/``, as RFC 8089 and pyarrow read a local URI
+    (``file:///p``, ``file://localhost/p``, ``file:/p``: ``/p``).
+
+    Raises:
+        LocationError: another host (pyarrow: "Unsupported hostname in non-Windows local URI";
+            a local write there would land under ``/HOST`` at the filesystem root), or no
+            absolute path (``file:t21/x``, ``file://``).
+    """
+    from urllib.parse import unquote
+
+    host, rest = match.group(1), text[match.end():]
+    plain = "a plain path"
+    if host is not None and unquote(host).lower() not in _LOCAL_HOSTS:
+        user, at, name = host.rpartition("@")  # a user (and password) is never shown
+        if not rest.strip("/") and not at and ":" not in host:
+            plain += f" such as {host}"  # file://t3relout: a relative path was meant
+        raise LocationError(
+            f"{text.replace(host, '...@' + name, 1) if at else text}: names "
+            f"{'a user and ' if at else ''}the host '{name}', and a file: URI names a file of "
+            "this machine (its host empty or localhost, no user); write file:///ABS/PATH (or "
+            f"file://localhost/ABS/PATH), or {plain}")
+    if not rest.startswith("/"):
+        if host is None and rest and rest[0] not in "?#":
+            plain += f" such as {rest}"  # file:t21/x: a relative path was meant
+        raise LocationError(
+            f"{text}: not a file: URI (one names an absolute path: file:///ABS/PATH); write "
+            f"file:///ABS/PATH, or {plain}")
+    return rest
 
 
 def _file_uri_path(uri_path: str) -> str:

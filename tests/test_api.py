@@ -971,3 +971,25 @@ def test_pandas_frames_and_series_are_packed_as_their_rows():
         packtool.pack_dataset(docs, 8, shuffle=False)
     with pytest.raises(SchemaError, match="row 1"):
         packtool.pack_dataset(pd.DataFrame({"input_ids": [[1], [-2]]}), 8)
+
+
+def test_pack_dataset_and_pack_take_file_uris_of_localhost_and_refuse_other_hosts(tmp_path,
+                                                                                  monkeypatch):
+    """``output="file://localhost/ABS"`` packed into ``/ABS`` and then failed reading it back
+    (``Path`` folded the URI to ``file:/localhost/ABS``: "no such directory"); it now returns
+    the rows of the plain path. A ``file:`` URI of another host is a LocationError before any
+    document is read or anything written (it was a pack into ``/HOST/...``)."""
+    from packtool.errors import LocationError
+
+    monkeypatch.chdir(tmp_path)
+    docs = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10]]
+    plain = packtool.pack_dataset(docs, 4, output=tmp_path / "plain")
+    via_uri = packtool.pack_dataset(docs, 4, output=f"file://localhost{tmp_path}/uri")
+    assert via_uri == plain and (tmp_path / "uri" / ".packtool-manifest.parquet").is_file()
+    for call in (lambda: packtool.pack_dataset(docs, 4, output="file://otherhost/uri"),
+                 lambda: packtool.pack(tmp_path / "plain", "file://otherhost/uri", capacity=4)):
+        with pytest.raises(LocationError, match=r"^file://otherhost/uri: names the host "
+                                                r"'otherhost', and a file: URI names a file"):
+            call()
+    assert sorted(os.listdir(tmp_path)) == ["plain", "uri"]
+    assert not os.path.exists("/otherhost")

@@ -135,3 +135,95 @@ def test_file_uris_are_percent_decoded_as_rfc_8089_and_pyarrow_read_them(tmp_pat
     assert res.exit_code == 0, res.output
     assert pq.read_table(tmp_path / "out").column("input_ids").to_pylist() == [
         [1, 2, 3, 0, 0, 0, 0, 0]]
+
+
+def test_a_file_uri_names_localhost_or_is_refused_never_a_path_at_the_root(tmp_path,
+                                                                          monkeypatch):
+    """``file://localhost/p`` was read as the POSIX path ``//localhost/p``: pack wrote OUTPUT
+    under ``/localhost/...`` (exit 0), ``file://HOST/p`` under ``/HOST/p`` and ``file://out``
+    into ``/out`` at the filesystem root; as INPUT it was "no such file". RFC 8089: localhost
+    (any case) is this machine, so it names ``/p``; any other host, and ``file:out`` (no
+    absolute path: it was a folder literally named ``file:out``), is refused in one line
+    naming the fix, exit 1 (as a URI that cannot be opened), nothing written anywhere, by
+    every command that takes a location."""
+    import shutil
+    import uuid
+    from pathlib import Path
+
+    from packcheck import hash_tree, invoke, write_docs
+
+    monkeypatch.chdir(tmp_path)
+    write_docs(tmp_path / "in" / "a.parquet", [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10]])
+    assert invoke(["pack", "-q", "-c", 4, tmp_path / "in", "ref"]).exit_code == 0
+    res = invoke(["pack", "-c", 4, f"file://localhost{tmp_path}/in",
+                  f"file://LocalHost{tmp_path}/LH"])
+    assert res.exit_code == 0, res.output
+    assert hash_tree(tmp_path / "LH") == hash_tree(tmp_path / "ref")
+    assert f"-> {tmp_path}/LH\n" in res.output, res.output
+    local = invoke(["compare", "in", "-c", 4, "--json"])
+    uri = invoke(["compare", f"file://localhost{tmp_path}/in", "-c", 4, "--json"])
+    assert uri.exit_code == 0 and uri.output == local.output, uri.output
+    stats = invoke(["stats", f"file://localhost{tmp_path}/LH"])
+    assert stats.exit_code == 0 and f"packed output {tmp_path}/LH " in stats.output
+
+    host = f"packtool-test-{uuid.uuid4().hex[:12]}"  # what a mis-read would create at the root
+    made = [Path("/") / host, tmp_path / f"file:{host}", tmp_path / "file:"]
+    pack_out, ref = f"file://{host}/p", f"file://{host}{tmp_path}/in"
+    try:
+        for args, shown in (
+                (["pack", "-c", 4, "in", pack_out], pack_out),
+                (["pack", "-c", 4, "in", f"file://{host}"], f"file://{host}"),
+                (["pack", "-c", 4, ref, "out"], ref),
+                (["tokenize", "--tokenizer", "t.json", "in", pack_out], pack_out),
+                (["compare", ref, "-c", 4], ref),
+                (["stats", f"file://{host}{tmp_path}/ref"], f"file://{host}{tmp_path}/ref"),
+                (["verify", f"file://{host}{tmp_path}/ref"], f"file://{host}{tmp_path}/ref"),
+                (["export", "--to", "nemo", "ref", pack_out], pack_out),
+                (["stats", "ref", "--plot", f"file://{host}/p.png"], f"file://{host}/p.png")):
+            res = invoke(args)
+            assert res.exit_code == 1, (args, res.output)
+            assert res.output.strip().splitlines() == [
+                f"Error: {shown}: names the host '{host}', and a file: URI names a file of this "
+                "machine (its host empty or localhost, no user); write file:///ABS/PATH (or "
+                "file://localhost/ABS/PATH), or a plain path"
+                + (f" such as {host}" if shown == f"file://{host}" else "")], (args, res.output)
+        for given in ("file:out", "file:", "file://", "file://localhost"):
+            res = invoke(["pack", "-c", 4, "in", given])
+            assert res.exit_code == 1, res.output
+            fix = " such as out" if given == "file:out" else ""
+            assert res.output.strip().splitlines() == [
+                f"Error: {given}: not a file: URI (one names an absolute path: "
+                f"file:///ABS/PATH); write file:///ABS/PATH, or a plain path{fix}"], res.output
+        res = invoke(["pack", "-c", 4, "file:in", "out"])
+        assert res.exit_code == 1 and "Error: file:in: not a file: URI" in res.output
+        assert not any(p.exists() for p in made) and not (tmp_path / "out").exists()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["LH", "in", "ref"]
+    finally:
+        if made[0].exists():  # only without the fix: what it wrote at the root
+            shutil.rmtree(made[0])
+
+
+def test_location_parse_reads_file_uris_as_pyarrow_and_rfc_8089_do(tmp_path):
+    """Every ``file:`` URI pyarrow reads names the path pyarrow names; ``localhost`` (RFC 8089:
+    this machine) is no host; every other host, and a URI without an absolute path, is a
+    :class:`LocationError` (an InputError and an OutputError); an empty path too (it was an
+    internal error)."""
+    import pyarrow.fs as pafs
+    import pytest
+
+    from packtool.errors import InputError, LocationError, OutputError
+    from packtool.location import Location
+
+    for uri in ("file:///p/a", "file:/p/a", "file:////p", "file:///", "file:///a%20b?x#y"):
+        assert str(Location.parse(uri)) == pafs.FileSystem.from_uri(uri)[1], uri
+    for uri in ("file://localhost/p/a", "FILE://LOCALHOST/p/a", "file://%6Cocalhost/p/a"):
+        assert str(Location.parse(uri)) == "/p/a", uri
+    for bad in ("file://example.com/p", "file://t3relout", "file://u:secret@localhost/p",
+                "file://localhost:80/p", "file:t21/x", "file:", "file://", "file://localhost",
+                "file://localhost?x=1", "file:%2Fp", ""):
+        with pytest.raises(LocationError) as got:
+            Location.parse(bad)
+        assert isinstance(got.value, InputError) and isinstance(got.value, OutputError)
+        assert "\n" not in str(got.value) and "secret" not in str(got.value)
+    (tmp_path / "file:x").mkdir()  # a folder of that name: reached by any other spelling
+    assert Location.parse(tmp_path / "file:x").is_dir()

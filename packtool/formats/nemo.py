@@ -486,7 +486,7 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
     if eos_id is not None and int(eos_id) < 0:
         raise ValueError(f"eos_id {eos_id}: must be a token id >= 0")
     _check_dest(out_dir, dest)
-    dest = Path(dest)
+    dest = Location.parse(dest).path  # local (checked): a file: URI is its path
     if dest.exists() and not dest.is_dir():
         raise OutputError(f"{dest}: exists and is a file; DEST must be a directory")
     with interruptible():

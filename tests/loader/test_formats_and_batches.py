@@ -3,6 +3,7 @@ labels, windowed outputs mixed, the [B, C] and flattened batches with their chec
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -89,9 +90,10 @@ def test_labels_none_output_derives_unshifted_labels_B03(tmp_path):
                                                                         -100, -100]
 
 
-@pytest.mark.parametrize("spell", ["file://{}", "file:{}"])
+@pytest.mark.parametrize("spell", ["file://{}", "file:{}", "file://localhost{}"])
 def test_loaders_take_a_file_uri_as_its_local_directory(tmp_path, spell):
-    """``file:///abs/out`` (and ``file:/abs/out``, as pathlib folds it) names the local OUTPUT:
+    """``file:///abs/out`` (and ``file:/abs/out``, as pathlib folds it, and
+    ``file://localhost/abs/out``, RFC 8089's spelling of no host) names the local OUTPUT:
     both datasets read exactly the rows of the plain path."""
     from packtool.loader import PackedIterableDataset
 
@@ -103,6 +105,21 @@ def test_loaders_take_a_file_uri_as_its_local_directory(tmp_path, spell):
         assert via_uri[i]["input_ids"].tolist() == plain[i]["input_ids"].tolist()
     rows = [r["input_ids"].tolist() for r in PackedIterableDataset(uri, shuffle=False)]
     assert rows == [r["input_ids"].tolist() for r in PackedIterableDataset(out, shuffle=False)]
+
+
+def test_loaders_refuse_a_file_uri_of_another_host_or_of_no_absolute_path(tmp_path):
+    """``file://HOST/abs/out`` was read as the path ``//HOST/abs/out`` ("no such directory"),
+    and ``file:out`` as a folder named ``file:out``: both are a LocationError naming the
+    fix, from both datasets."""
+    from packtool.errors import LocationError
+    from packtool.loader import PackedIterableDataset
+
+    out = pack(write_input(tmp_path / "in", random_docs(40, 30)), tmp_path / "out", 32)
+    for uri, says in ((f"file://otherhost{out.resolve()}", "names the host 'otherhost'"),
+                      ("file:out", "not a file: URI")):
+        for make in (PackedDataset, PackedIterableDataset):
+            with pytest.raises(LocationError, match=f"^{re.escape(uri)}: {says}"):
+                make(uri)
 
 
 def test_label_conventions_convert_both_ways_B04_B05():
