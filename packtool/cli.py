@@ -88,7 +88,7 @@ class _ExistingPath(click.Path):
             return value
         value = str(loc)  # a file: URI is its local path
         if not os.path.lexists(value):
-            raise InputError(f"{value}: no such file or directory; check the path")
+            raise InputError(f"{value}: {loc.missing()}; {loc.missing_fix('check the path')}")
         return super().convert(value, param, ctx)
 
 

@@ -51,6 +51,9 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):(//|/(?!/))")
 #: a ``file:`` URI's scheme, then ``//`` and its host (group 1: none, empty, ``localhost``,
 #: another) when given; the absolute path it names follows
 _FILE_URI = re.compile(r"^file:(?://([^/?#]*))?", re.IGNORECASE)
+#: a character of a glob pattern (the shell's, :mod:`fnmatch`'s): packtool reads names as they
+#: are, so a missing name holding one was most likely meant as a pattern
+_PATTERN = re.compile(r"[*?\[]")
 #: the hosts a ``file:`` URI may name: this machine (RFC 8089: ``localhost`` is no host)
 _LOCAL_HOSTS = ("", "localhost")
 #: Words of a store error (pyarrow's S3 and GCS messages): the network failed ...
@@ -169,6 +172,29 @@ class Location:
             OSError: the store cannot be asked (:meth:`store_error`'s one line).
         """
         return "no such file or directory"
+
+    def missing_fix(self, fix: str, *, command_line: bool = True) -> str:
+        """The fix a message gives after :meth:`missing`: ``fix`` (``check the INPUT path``);
+        but when the name holds a glob pattern (``*``, ``?``, ``[``) where nothing is (locally:
+        in the first component that does not exist; a name that exists with such characters
+        is read as it is), that packtool does not expand patterns (the shell does), and on a
+        ``command_line`` what to do instead: leave the pattern unquoted for the shell to
+        expand, or pass the folder holding what it matches (in a store, which no shell
+        expands: the prefix); elsewhere (a Python argument) ``fix``."""
+        base = self._pattern_base()
+        if base is None:
+            return fix
+        note = "packtool does not expand patterns (*, ?, [...])"
+        if not command_line:
+            return f"{note}; {fix}"
+        if self.is_local:
+            return f"{note}: leave it unquoted for the shell to expand, or pass the folder {base}"
+        return f"{note}, and no shell expands a URI: pass the prefix {base}"
+
+    def _pattern_base(self) -> str | None:
+        """The folder (prefix) before the glob pattern in this missing name, as messages name
+        it; None when the name holds none (see :meth:`missing_fix`)."""
+        return None
 
     def overlaps(self, other: "Location") -> bool:
         """True when one of the two lies inside the other (or they are the same)."""
@@ -307,6 +333,13 @@ class LocalPath(Location):
         except OSError:
             return ("path", str(self.path.resolve()))
         return ("inode", st.st_dev, st.st_ino)
+
+    def _pattern_base(self) -> str | None:
+        parts = self.path.parts
+        for k, part in enumerate(parts):
+            if not os.path.lexists(Path(*parts[:k + 1])):  # the first missing component
+                return str(Path(*parts[:k])) if _PATTERN.search(part) else None
+        return None
 
     def overlaps(self, other: Location) -> bool:
         if not isinstance(other, LocalPath):
@@ -593,6 +626,13 @@ class StoreURI(Location):
             return (f"no bucket '{self.bucket}' in this store (check the bucket name and the "
                     "endpoint)")
         return f"nothing under this prefix of bucket '{self.bucket}'"
+
+    def _pattern_base(self) -> str | None:
+        m = _PATTERN.search(self.key)
+        if m is None:
+            return None
+        return StoreURI(self.scheme, self.key[:m.start()].rpartition("/")[0],
+                        self.query).display
 
     def listdir(self) -> dict[str, Entry]:
         from packtool.formats.filesystem import list_dir

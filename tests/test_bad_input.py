@@ -531,3 +531,41 @@ def test_a_file_of_the_other_format_is_told_to_be_renamed(tmp_path):
                 f"{name}: is an Arrow IPC file named like a Parquet file; rename it to *.arrow")
     refused(pack_args(tmp_path / "pq.arrow", out=out), out,
             "pq.arrow: is a Parquet file named like an Arrow IPC file; rename it to *.parquet")
+
+
+def test_a_quoted_glob_pattern_is_said_to_be_the_shells_to_expand(tmp_path, monkeypatch):
+    """A quoted pattern as INPUT (``"dir/year=2024/*"``) said only "no such file or directory;
+    check the INPUT path". packtool reads names as they are: the line now says so and the fix
+    (unquoted for the shell, or the folder), for pack, compare and the commands taking an
+    OUTPUT, and for a store prefix (no shell expands a URI) and the loader too. A name that
+    exists with such characters is read, and a missing file under it is a plain missing file."""
+    from packtool.loader import PackedDataset
+    from packtool.location import Location
+
+    monkeypatch.chdir(tmp_path)
+    docs = [[1, 2, 3], [4, 5]]
+    write_docs(tmp_path / "dir" / "year=2024" / "a.parquet", docs)
+    note = "packtool does not expand patterns (*, ?, [...]): leave it unquoted for the shell to "
+    for given, folder in (("dir/year=2024/*", "dir/year=2024"), ("dir/*/a.parquet", "dir"),
+                          ("dir/year=202[34]", "dir"), ("*.parquet", "."),
+                          (f"{tmp_path}/dir/year=2024/?.parquet", f"{tmp_path}/dir/year=2024")):
+        refused(["pack", "-c", 4, given, "out"], tmp_path / "out",
+                f"Error: {given}: no such file or directory; {note}expand, or pass the folder "
+                f"{folder}")
+    refused(["compare", "dir/*", "-c", 4], tmp_path / "out",
+            f"Error: dir/*: no such file or directory; {note}expand, or pass the folder dir")
+    for command in ("stats", "verify"):
+        refused([command, "out*"], tmp_path / "out",
+                f"Error: out*: no such file or directory; {note}expand, or pass the folder .")
+    with pytest.raises(ManifestError, match=r"^out\*: no such directory; packtool does not "
+                       r"expand patterns \(\*, \?, \[\.\.\.\]\); pass the OUTPUT directory of "):
+        PackedDataset("out*")
+    assert Location.parse("s3://b/dir/y=*/a?endpoint_override=h:1").missing_fix("check") == (
+        "packtool does not expand patterns (*, ?, [...]), and no shell expands a URI: pass the "
+        "prefix s3://b/dir?endpoint_override=h:1")
+    # a name that exists with such characters is read as it is
+    write_docs(tmp_path / "odd[1]" / "a*.parquet", docs)
+    res = invoke(["pack", "-q", "-c", 4, "odd[1]/a*.parquet", "out"])
+    assert res.exit_code == 0, res.output
+    refused(["pack", "-c", 4, "odd[1]/b.parquet", "out2"], tmp_path / "out2",
+            "Error: odd[1]/b.parquet: no such file or directory; check the INPUT path")

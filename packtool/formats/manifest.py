@@ -508,7 +508,8 @@ def _not_there(out: Location) -> PacktoolError | None:
     except (OSError, pa.ArrowException) as exc:
         raise_if_shortage(exc)
         return unreadable(out, exc)
-    return ManifestError(f"{out.display}: {why}; pass the OUTPUT directory of packtool pack")
+    fix = out.missing_fix("pass the OUTPUT directory of packtool pack", command_line=False)
+    return ManifestError(f"{out.display}: {why}; {fix}")
 
 
 def pack_running(directory) -> bool:

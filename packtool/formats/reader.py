@@ -1069,7 +1069,7 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
             raise InputError(f"{shown}: {place.dangling(path)}; fix the link or check the INPUT "
                              "path")
         if missing is not None:
-            raise InputError(f"{shown}: {missing}; check the INPUT path")
+            raise InputError(f"{shown}: {missing}; {loc.missing_fix('check the INPUT path')}")
         if info.type == pafs.FileType.Directory:
             if prefix:
                 def disp(rel, _p=path):
