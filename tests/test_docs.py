@@ -301,6 +301,7 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path, monkeypatc
     raw[mid:mid + 16] = bytes(16)
     (tmp_path / "crc.parquet").write_bytes(bytes(raw))
     (tmp_path / "locked").mkdir()
+    write_docs(tmp_path / "dir" / "year=2024" / "a.parquet", [[1, 2]])  # given as a pattern
 
     def pack(*args):
         return [*args[:-1], "-q", args[-1]]
@@ -333,7 +334,10 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path, monkeypatc
              pack(tmp_path / "resaved.parquet", tmp_path / "o"),
              pack(tmp_path / "cut.arrows", tmp_path / "o"),
              pack(tmp_path / "joined.arrows", tmp_path / "o"),
-             pack(tmp_path / "crc.parquet", tmp_path / "o")]
+             pack(tmp_path / "crc.parquet", tmp_path / "o"),
+             pack("dir/year=2024/*", tmp_path / "o"),  # relative: the working directory below
+             pack(good, "file://example.com/p"), pack(good, "file:out")]
+    monkeypatch.chdir(tmp_path)
     from click.testing import CliRunner
 
     printed = []
