@@ -16,7 +16,7 @@ from packtool.core.packing import MAX_CAPACITY
 from packtool.errors import ConfigError
 from packtool.types import (ATTENTION_MASK_COLUMN, DEFAULT_TOKEN_COLUMN, LABELS_COLUMN,
                             LOSS_MASK_COLUMNS, PACKED_COLUMNS, Engine, LabelMode, Overflow,
-                            Strategy)
+                            Strategy, token_column_fix)
 
 __all__ = ["PackConfig", "CompareConfig", "TokenizeConfig", "DEFAULT_RAY_WINDOW_DOCS",
            "DEFAULT_ROW_GROUP_MB", "rows_per_group_for", "option_value"]
@@ -185,7 +185,8 @@ def _check_input_options(cfg, bad) -> None:
         if value is not None and value.lower() == "none":
             object.__setattr__(cfg, name, None)
         elif value is not None and value == cfg.column:
-            bad(name, value, f"is the token column (--column {cfg.column})")
+            bad(name, value, f"is the token column (--column {cfg.column}); "
+                f"{token_column_fix('--' + name.replace('_', '-'), cfg.column)}")
 
 
 def _read_options(cfg) -> dict:
@@ -304,7 +305,7 @@ class PackConfig:
                 bad("source_column", self.source_column, "give a column name")
             if self.source_column == self.column:
                 bad("source_column", self.source_column, f"is the token column (--column "
-                    f"{self.column})")
+                    f"{self.column}); {token_column_fix('--source-column', self.column)}")
         for name, enum in (("strategy", Strategy), ("overflow", Overflow), ("labels", LabelMode),
                            ("engine", Engine)):
             try:

@@ -9,7 +9,7 @@ from enum import Enum
 
 __all__ = ["IGNORE_INDEX", "Strategy", "Overflow", "LabelMode", "Engine", "INT32_MAX",
            "DEFAULT_TOKEN_COLUMN", "ATTENTION_MASK_COLUMN", "LABELS_COLUMN", "LOSS_MASK_COLUMNS",
-           "PACKED_COLUMNS"]
+           "PACKED_COLUMNS", "COLUMN_OPTIONS", "token_column_fix"]
 
 #: the token column pack, compare and tokenize read (and write) unless told another
 DEFAULT_TOKEN_COLUMN = "input_ids"
@@ -31,6 +31,29 @@ LOSS_MASK_COLUMNS = ("completion_mask", "assistant_masks")
 #: packed: reading each row as one document would join its documents.
 PACKED_COLUMNS = ("seq_lengths", "position_ids", "cu_seqlens", "cu_seq_lens", "segment_ids",
                   "seq_idx", "seq_start_id")
+
+#: The options naming an input column read beside the tokens: what that column holds, and how
+#: to pack without it (the fix of a message refusing the option's value)
+COLUMN_OPTIONS = {
+    "--source-column": ("each document's source (a string or integer per document)",
+                        "drop --source-column"),
+    "--attention-mask-column": ("the attention mask (0 or 1 per token)",
+                                "pass --attention-mask-column none"),
+    "--labels-column": ("the labels (-100 or the token itself, per token)",
+                        "pass --labels-column none"),
+    "--loss-mask-column": ("the loss mask (1 on the tokens to learn, 0 elsewhere)",
+                           "pass --loss-mask-column none"),
+}
+
+
+def token_column_fix(option: str, column: str) -> str:
+    """The fix of a message refusing ``option`` (a key of :data:`COLUMN_OPTIONS`) naming the
+    token column ``column``: name another column, the one holding what the option reads, or
+    pack without it; or give the real token column with ``--column``."""
+    holds, without = COLUMN_OPTIONS[option]
+    return (f"name another column, the one holding {holds}, or {without}; if {column} is not "
+            "the token column, give the token column with --column NAME")
+
 
 #: Label value that loss functions skip (PyTorch ``cross_entropy(ignore_index=-100)``).
 IGNORE_INDEX = -100

@@ -569,3 +569,43 @@ def test_a_quoted_glob_pattern_is_said_to_be_the_shells_to_expand(tmp_path, monk
     assert res.exit_code == 0, res.output
     refused(["pack", "-c", 4, "odd[1]/b.parquet", "out2"], tmp_path / "out2",
             "Error: odd[1]/b.parquet: no such file or directory; check the INPUT path")
+
+
+@pytest.mark.parametrize("option, holds, without", [
+    ("--source-column", "each document's source (a string or integer per document)",
+     "drop --source-column"),
+    ("--attention-mask-column", "the attention mask (0 or 1 per token)",
+     "pass --attention-mask-column none"),
+    ("--labels-column", "the labels (-100 or the token itself, per token)",
+     "pass --labels-column none"),
+    ("--loss-mask-column", "the loss mask (1 on the tokens to learn, 0 elsewhere)",
+     "pass --loss-mask-column none")])
+def test_a_column_option_naming_the_token_column_says_the_fix(tmp_path, option, holds, without):
+    """``--source-column input_ids`` (and each mask column option) said only "is the token
+    column (--column input_ids)"; the line now names the fix: another column (what it holds),
+    packing without it, or the real token column with --column. The reader's own check (a
+    Python caller of resolve_mask_columns) lists the file's columns too."""
+    import packtool
+    from packtool.errors import ConfigError, SchemaError
+    from packtool.formats.reader import resolve_mask_columns
+
+    src = write_docs(tmp_path / "in" / "a.parquet", [[1, 2, 3], [4, 5]])
+    fix = (f"is the token column (--column input_ids); name another column, the one holding "
+           f"{holds}, or {without}; if input_ids is not the token column, give the token "
+           "column with --column NAME")
+    for command in (["pack", "-c", 4, option, "input_ids", src, tmp_path / "out"],
+                    ["compare", "-c", 4, option, "input_ids", src]):
+        if command[0] == "compare" and option == "--source-column":
+            continue  # compare takes no --source-column
+        refused(command, tmp_path / "out", f"Error: {option} 'input_ids': {fix}", code=2)
+    keyword = option[2:].replace("-", "_")
+    with pytest.raises(ConfigError, match=rf"^{keyword}='input_ids': is the token column "
+                       r"\(column='input_ids'\); name another column, the one holding "):
+        packtool.pack(src, tmp_path / "out", capacity=4, **{keyword: "input_ids"})
+    if option != "--source-column":
+        schema = pq.read_schema(src)
+        with pytest.raises(SchemaError) as got:
+            resolve_mask_columns(schema, src, "input_ids", **{keyword[:-len("_column")]:
+                                                               "input_ids"})
+        assert str(got.value) == (f"{src}: {option} 'input_ids' is the token column; "
+                                  + fix.split("; ", 1)[1] + " (its columns: input_ids)")

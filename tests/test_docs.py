@@ -336,7 +336,9 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path, monkeypatc
              pack(tmp_path / "joined.arrows", tmp_path / "o"),
              pack(tmp_path / "crc.parquet", tmp_path / "o"),
              pack("dir/year=2024/*", tmp_path / "o"),  # relative: the working directory below
-             pack(good, "file://example.com/p"), pack(good, "file:out")]
+             pack(good, "file://example.com/p"), pack(good, "file:out"),
+             ["--source-column", "input_ids", *pack(good, tmp_path / "o")],
+             ["--labels-column", "input_ids", *pack(good, tmp_path / "o")]]
     monkeypatch.chdir(tmp_path)
     from click.testing import CliRunner
 

@@ -65,7 +65,7 @@ from packtool.formats.schema import (MASK_LIKE, check_single_column, check_token
                                      is_integer_list, is_list_layout)
 from packtool.location import Location, StoreError
 from packtool.types import (ATTENTION_MASK_COLUMN, IGNORE_INDEX, INT32_MAX, LABELS_COLUMN,
-                            LOSS_MASK_COLUMNS, PACKED_COLUMNS)
+                            LOSS_MASK_COLUMNS, PACKED_COLUMNS, token_column_fix)
 
 __all__ = ["InputFile", "RawBatch", "Discovery", "InputSource", "MaskColumns", "InputColumns",
            "discover", "discover_inputs", "open_input", "input_schema", "check_not_packed",
@@ -192,8 +192,9 @@ def resolve_mask_columns(schema: pa.Schema, path, column: str, attention_mask: s
                 return None
             name = default  # present: used, or refused below; never skipped in silence
         elif name == column:
-            raise SchemaError(f"{path}: {option} {name!r} is the token column; name the mask "
-                              "column")
+            shown = ", ".join(schema.names[:8]) + (", ..." if len(schema.names) > 8 else "")
+            raise SchemaError(f"{path}: {option} {name!r} is the token column; "
+                              f"{token_column_fix(option, column)} (its columns: {shown})")
         if name not in schema.names:
             raise SchemaError(f"{path}: no column {name!r} for {option}; available columns: "
                               f"{', '.join(schema.names)}; pass {option} none to pack without it")
