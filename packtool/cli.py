@@ -130,8 +130,9 @@ _INPUT_OPTIONS = [
                  help="Prepend this beginning-of-document id to every document not already "
                       "starting with it."),
     click.option("--attention-mask-column", default="auto", show_default=True, metavar="NAME",
-                 help="Input column whose 0 entries are removed before packing (padding); auto: "
-                      "attention_mask when present; none: ignore."),
+                 help="Input column whose 0 entries are removed before packing (padding, at a "
+                      "row's ends; a 0 between 1s is refused); auto: attention_mask when "
+                      "present; none: ignore."),
     click.option("--labels-column", default="auto", show_default=True, metavar="NAME",
                  help="Input column of unshifted labels whose -100 entries (e.g. SFT prompts) "
                       "stay non-targets; auto: labels when present; none: ignore."),

@@ -232,7 +232,8 @@ class PackConfig:
     """If set, this id is prepended to every non-empty document not already starting with it."""
     attention_mask_column: str | None = "auto"
     """Input column whose 0 entries mark tokens to remove before packing (padding of a padded
-    tokenization); ``"auto"``: ``attention_mask`` when a file has it; None: ignore."""
+    tokenization, at a row's ends: a row with a 0 between two 1s is refused); ``"auto"``:
+    ``attention_mask`` when a file has it; None: ignore."""
     labels_column: str | None = "auto"
     """Input column of unshifted labels whose -100 entries stay non-targets after packing (SFT
     prompt masking); ``"auto"``: ``labels`` when a file has it; None: ignore. When such a

@@ -993,3 +993,38 @@ def test_pack_dataset_and_pack_take_file_uris_of_localhost_and_refuse_other_host
             call()
     assert sorted(os.listdir(tmp_path)) == ["plain", "uri"]
     assert not os.path.exists("/otherhost")
+
+
+def test_attention_mask_zeros_between_ones_are_refused_in_every_kind_of_dataset(tmp_path):
+    """Two padded examples laid end to end in one row: the zeros between them are not padding
+    (padding sits at a row's ends), and removing them joined the examples into one document.
+    A list, a Dataset, an IterableDataset, a Table and a DataFrame refuse the row alike,
+    naming it and the tokens, with the fix in Python keywords; padding at the ends packs."""
+    pd = pytest.importorskip("pandas")
+    rows = [{"input_ids": [0, 0, 3, 4], "attention_mask": [0, 0, 1, 1]},
+            {"input_ids": [101, 5, 6, 102, 0, 0, 101, 7, 8, 102],
+             "attention_mask": [1, 1, 1, 1, 0, 0, 1, 1, 1, 1]}]
+    table = pa.Table.from_pylist(rows)
+    kinds = {"list": rows, "Dataset": datasets.Dataset.from_list(rows),
+             "IterableDataset": datasets.Dataset.from_list(rows).to_iterable_dataset(),
+             "Table": table, "DataFrame": pd.DataFrame(rows)}
+    for kind, data in kinds.items():
+        with pytest.raises(SchemaError) as exc:
+            packtool.pack_dataset(data, capacity=16)
+        msg = str(exc.value)
+        assert "\n" not in msg, kind
+        assert ("row 1 (0-based): 'attention_mask' is 0 on tokens 4..5 (0-based) of its 10, "
+                "between tokens it marks 1") in msg, (kind, msg)
+        assert "split the examples into one row each" in msg, (kind, msg)
+        assert "attention_mask_column=None and remove the tokens yourself" in msg, (kind, msg)
+    src = tmp_path / "in.parquet"
+    pq.write_table(table, src)
+    with pytest.raises(SchemaError, match=r"in\.parquet: row 1 \(0-based\): 'attention_mask' "
+                                          r"is 0 on tokens 4\.\.5"):
+        packtool.pack(src, tmp_path / "out", capacity=16)
+    assert not (tmp_path / "out").exists()
+    got = packtool.pack_dataset(rows[:1], capacity=16)
+    assert [r["input_ids"][:2] for r in got] == [[3, 4]]
+    assert packtool.pack_dataset(rows, capacity=16, attention_mask_column=None, shuffle=False,
+                                 strategy="concat")[0]["input_ids"][:14] == [
+        0, 0, 3, 4, 101, 5, 6, 102, 0, 0, 101, 7, 8, 102]

@@ -244,3 +244,49 @@ def test_an_output_without_effective_targets_warns_in_pack_stats_and_compare(tmp
                  ["compare", "-c", 8, plain]):
         res = invoke(args)
         assert res.exit_code == 0 and "WARNING" not in res.stderr, res.output
+
+
+#: padding at a row's ends: right, left, both, none, all of it (an empty document)
+ENDS_IDS = [[11, 12, 13, 0, 0], [0, 0, 21, 22, 23], [0, 31, 32, 0], [41, 42], [0, 0]]
+ENDS_MASK = [[1, 1, 1, 0, 0], [0, 0, 1, 1, 1], [0, 1, 1, 0], [1, 1], [0, 0]]
+
+
+def test_padding_at_either_end_of_a_row_is_removed(tmp_path):
+    """Left padding, right padding and both are padding; a row of it alone is skipped."""
+    src = _write(tmp_path / "in" / "a.parquet", input_ids=ENDS_IDS, attention_mask=ENDS_MASK)
+    text, rows, manifest = _pack(src, tmp_path / "out")
+    check_output(rows, [[11, 12, 13], [21, 22, 23], [31, 32], [41, 42], []], 8, labels="none")
+    assert manifest.totals.tokens_attention_masked == 8
+    assert "attention mask removed 8 tokens" in text
+
+
+@pytest.mark.parametrize("mask,span", [([1, 1, 1, 1, 0, 0, 1, 1, 1, 1], "tokens 4..5"),
+                                       ([0, 1, 0, 1, 1, 1, 1, 1, 1, 0], "token 2"),
+                                       ([1, 0, 0, 0, 0, 0, 0, 0, 0, 1], "tokens 1..8")])
+@pytest.mark.parametrize("command", ["pack", "compare", "stats --compare"])
+def test_attention_mask_zeros_between_ones_are_refused_naming_the_row(tmp_path, mask, span,
+                                                                       command):
+    """Zeros between ones are not padding (padding sits at a row's ends): typically two padded
+    examples laid end to end in one row. Removing them joined the examples into one document
+    (the first one's last token trained to predict the next one's first, each attending to
+    the other); the row is refused in one line naming the file, the row and the tokens, by
+    pack and by the dry runs alike, and nothing is written."""
+    ids = [101, 5, 6, 102, 0, 0, 101, 7, 8, 102]
+    src = _write(tmp_path / "in" / "a.parquet", input_ids=ENDS_IDS + [ids],
+                 attention_mask=ENDS_MASK + [mask])
+    out = tmp_path / "out"
+    args = {"pack": ["pack", "-q", "--capacity", 16, src, out],
+            "compare": ["compare", src, "--capacity", 16],
+            "stats --compare": ["stats", src, "--capacity", 16, "--compare"]}[command]
+    res = invoke(args)
+    assert res.exit_code == 1, res.output
+    err = [line for line in res.stderr.splitlines() if line.startswith("Error")]
+    assert len(err) == 1 and err[0] == res.stderr.splitlines()[-1], res.stderr
+    assert f"a.parquet: row 5 (0-based): 'attention_mask' is 0 on {span} (0-based)" in err[0]
+    assert "between tokens it marks 1" in err[0]
+    assert "split the examples into one row each" in err[0]
+    assert "--attention-mask-column none and remove the tokens yourself" in err[0]
+    assert not out.exists()
+    # the documented way out: the mask not read, every token packed as the row holds it
+    _, rows, _ = _pack(src, out, "--attention-mask-column", "none", capacity=16)
+    check_output(rows, ENDS_IDS + [ids], 16, labels="none")

@@ -13,6 +13,10 @@ is not a target: its input label was -100, or a loss mask such as TRL's ``comple
 
 - :func:`drop_masked_tokens`: tokens whose ``attention_mask`` is 0 (padding of a padded
   tokenization) are removed before packing; a document may become empty.
+- :func:`inner_mask_zeros`: the attention-mask zeros lying between two ones of one document.
+  Padding sits at a row's ends (left, right or both); a run of zeros between ones is several
+  padded examples laid end to end in one row (or tokens masked inside a document), which
+  removing them would join into one document: the reader refuses such a row.
 - :func:`add_boundary_tokens`: ``--prepend-bos`` / ``--append-eos`` add the id to every non-empty
   document that does not already start / end with it (never a doubled BOS or EOS). An added BOS
   is the segment's first token, which the boundary rule never makes a target; an added EOS
@@ -37,7 +41,7 @@ from packtool.core.holdout import drop_documents
 from packtool.core.packing import PackPlan
 
 __all__ = ["BoundaryCounts", "TokenBatch", "prepare_documents", "target_flags",
-           "drop_masked_tokens", "add_boundary_tokens", "mask_labels", "segment_targets",
+           "drop_masked_tokens", "inner_mask_zeros", "add_boundary_tokens", "mask_labels", "segment_targets",
            "plan_segment_targets"]
 
 
@@ -218,6 +222,39 @@ def drop_masked_tokens(lengths: np.ndarray, tokens: np.ndarray, keep: np.ndarray
     new_lengths = np.bincount(_doc_of_token(lengths)[keep], minlength=lengths.size)
     return (new_lengths.astype(np.int64), tokens[keep],
             None if targets is None else targets[keep], removed)
+
+
+def inner_mask_zeros(lengths: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Flat indices of the attention-mask zeros that lie between two nonzero entries of the
+    same document: not padding (which sits at a document's ends), so removing them would join
+    what comes before to what comes after.
+
+    Args:
+        lengths: int64[docs], tokens per document.
+        keep: bool or integer [T], T = sum(lengths), the attention mask (nonzero = a real
+            token).
+
+    Returns:
+        int64[k], ascending; empty when every document's zeros sit at its ends (or it has
+        none).
+
+    Raises:
+        ValueError: ``keep`` does not have T entries.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    nz = np.asarray(keep) != 0
+    ends = np.cumsum(lengths)  # shape: (docs,), one past each document's last token
+    if nz.size != (int(ends[-1]) if ends.size else 0):
+        raise ValueError("keep must have one entry per token")
+    zeros = np.flatnonzero(~nz)  # shape: (z,)
+    if not zeros.size:
+        return zeros.astype(np.int64)
+    # before[i]: nonzero entries among the first i tokens; shape: (T + 1,)
+    before = np.concatenate(([0], np.cumsum(nz, dtype=np.int64)))
+    doc = np.searchsorted(ends, zeros, side="right")  # shape: (z,), each zero's document
+    start = ends[doc] - lengths[doc]
+    inner = (before[zeros] > before[start]) & (before[ends[doc]] > before[zeros + 1])
+    return zeros[inner].astype(np.int64)
 
 
 def add_boundary_tokens(lengths: np.ndarray, tokens: np.ndarray,

@@ -4,7 +4,8 @@ Plain Python lists and loops, no numpy tricks. Each function mirrors one public 
 :func:`reference_pack` <-> :func:`packtool.core.packing.pack_lengths` and
 :func:`reference_layout` <-> :func:`packtool.core.layout.layout_rows` (with ``targets``: and
 :func:`packtool.core.masks.mask_labels`), :func:`reference_drop_masked` <->
-:func:`packtool.core.masks.drop_masked_tokens`, :func:`reference_boundary_tokens` <->
+:func:`packtool.core.masks.drop_masked_tokens`, :func:`reference_inner_mask_zeros` <->
+:func:`packtool.core.masks.inner_mask_zeros`, :func:`reference_boundary_tokens` <->
 :func:`packtool.core.masks.add_boundary_tokens`, :func:`reference_prepare_documents` <->
 :func:`packtool.core.masks.prepare_documents`, :func:`reference_gather_segments` <->
 :func:`packtool.core.layout.gather_segments`, :func:`reference_row_structure` <->
@@ -14,8 +15,9 @@ Plain Python lists and loops, no numpy tricks. Each function mirrors one public 
 from __future__ import annotations
 
 __all__ = ["reference_chunks", "reference_pack", "reference_layout", "reference_drop_masked",
-           "reference_boundary_tokens", "reference_prepare_documents",
-           "reference_gather_segments", "reference_row_structure"]
+           "reference_inner_mask_zeros", "reference_boundary_tokens",
+           "reference_prepare_documents", "reference_gather_segments",
+           "reference_row_structure"]
 
 IGNORE = -100
 
@@ -207,6 +209,17 @@ def reference_drop_masked(docs, masks, targets=None):
             out_targets.append([f for f, m in zip(targets[i], mask) if m])
         removed += sum(1 for m in mask if not m)
     return out_docs, (out_targets if targets is not None else None), removed
+
+
+def reference_inner_mask_zeros(masks):
+    """(document, position) of every attention-mask zero with a nonzero entry before it and
+    one after it in its document, in order."""
+    out = []
+    for i, mask in enumerate(masks):
+        for j, m in enumerate(mask):
+            if not m and any(mask[:j]) and any(mask[j + 1:]):
+                out.append((i, j))
+    return out
 
 
 def reference_boundary_tokens(docs, targets=None, bos=None, eos=None):

@@ -1527,7 +1527,9 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
         SchemaError: a null document, a null token, a negative id or an id over int32; a mask
             row of another length than its document; a label that is neither -100 nor its
             token; an attention mask or loss mask value other than 0 or 1 (an attention mask
-            numbering the documents of packed rows among them); a source column missing or of
+            numbering the documents of packed rows among them); an attention mask 0 between two
+            1s of a row (not padding, which sits at a row's ends: several padded examples laid
+            end to end); a source column missing or of
             another type; a null mask, labels or source value of a document that is packed (one
             with a token left after its attention mask; on any other document a null is left
             alone, its source None); the message names the file and the row.
@@ -1650,10 +1652,46 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
                         f"{path}: {where}: {name!r} holds {int(keep[vi])}; an attention mask "
                         f"holds 1 on real tokens and 0 on padding{numbered}: fix it or pass "
                         "--attention-mask-column none")
+                # core.masks loads numba: only where an attention mask is read (stats and
+                # verify of a packed output never load it)
+                from packtool.core.masks import inner_mask_zeros
+
+                inner = inner_mask_zeros(lengths, keep)
+                if inner.size:
+                    _refuse_inner_zeros(path, row, name, lengths, keep, int(inner[0]))
             srcs = None if source is None else _source_values(batch.column(source), path, row,
                                                                 source, packed)
             yield RawBatch(row, lengths, tokens, keep, lab, tuple(loss), srcs)
             row += n
+
+
+def _refuse_inner_zeros(path, row: int, name: str, lengths: np.ndarray, keep: np.ndarray,
+                        vi: int) -> None:
+    """Refuse the row holding ``keep[vi]``, an attention-mask 0 between tokens marked 1
+    (:func:`packtool.core.masks.inner_mask_zeros`): padding sits at a row's ends, so these
+    zeros are not padding, and removing them would join the tokens before and after into one
+    document.
+
+    Args:
+        path: the file; row: file row of the batch's first document.
+        lengths: int64[docs] of the batch; keep: int[T] the attention mask.
+        vi: flat index in ``keep`` of the first such zero.
+
+    Raises:
+        SchemaError: one line naming the file, the row, the run of zeros and the fix.
+    """
+    r = _row_of_value(lengths, vi)
+    first = vi - (int(lengths[:r].sum()))
+    nonzero = np.flatnonzero(keep[vi:vi + int(lengths[r]) - first])  # the run ends before one
+    last = first + int(nonzero[0]) - 1
+    span = f"token {first}" if last == first else f"tokens {first}..{last}"
+    raise SchemaError(
+        f"{path}: {row_ref(row + r)}: {name!r} is 0 on {span} (0-based) of its "
+        f"{int(lengths[r])}, between tokens it marks 1; padding sits at a row's ends, so these "
+        "are not padding (likely several padded examples laid end to end in one row, or tokens "
+        "masked inside a document) and removing them would join what comes before and after "
+        "into one document: split the examples into one row each, or pass "
+        "--attention-mask-column none and remove the tokens yourself")
 
 
 def _mask_values(arr: pa.Array, lengths: np.ndarray, path, row: int, name: str,

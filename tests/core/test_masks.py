@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packtool.core import layout_rows, pack_lengths
-from packtool.core.masks import (add_boundary_tokens, drop_masked_tokens, mask_labels,
-                                 plan_segment_targets)
+from packtool.core.masks import (add_boundary_tokens, drop_masked_tokens, inner_mask_zeros,
+                                 mask_labels, plan_segment_targets)
 from packtool.core.reference import (IGNORE, reference_boundary_tokens, reference_drop_masked,
-                                     reference_layout)
+                                     reference_inner_mask_zeros, reference_layout)
 
 
 def flat(docs, dtype=np.int32):
@@ -54,6 +54,30 @@ def test_drop_masked_tokens_equals_twin(docs3):
     assert unflat(got_len, got_tok) == want_docs
     assert unflat(got_len, got_t) == want_t
     assert removed == want_removed
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.lists(st.lists(st.integers(0, 1), max_size=10), max_size=8))
+def test_inner_mask_zeros_equals_twin(masks):
+    """The attention-mask zeros between two ones of a document (not padding: that sits at a
+    document's ends) are found as the token-by-token twin finds them."""
+    lengths, keep = flat(masks, np.int8)
+    got = inner_mask_zeros(lengths, keep)
+    assert got.dtype == np.int64
+    starts = np.cumsum(lengths) - lengths
+    doc = np.searchsorted(np.cumsum(lengths), got, side="right")
+    assert list(zip(doc.tolist(), (got - starts[doc]).tolist())) == \
+        reference_inner_mask_zeros(masks)
+
+
+def test_inner_mask_zeros_are_only_those_between_ones():
+    masks = [[1, 1, 0, 0, 1, 1], [0, 0, 1, 1], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0], [],
+             [1, 0, 1, 0, 0, 1, 0]]
+    lengths, keep = flat(masks, np.int8)
+    assert inner_mask_zeros(lengths, keep).tolist() == [2, 3, 21, 23, 24]
+    assert inner_mask_zeros(lengths, keep.astype(bool)).tolist() == [2, 3, 21, 23, 24]
+    with pytest.raises(ValueError, match="one entry per token"):
+        inner_mask_zeros(lengths, keep[:-1])
 
 
 @settings(deadline=None, max_examples=200)
