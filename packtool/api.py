@@ -336,7 +336,7 @@ def _batches(data, kind: str, column: str, batch_rows: int):
     if kind == "DataFrame":
         from packtool.formats.inmemory import table_from_pandas
 
-        return [table_from_pandas(data)]
+        return [table_from_pandas(data, column)]
     if kind == "IterableDataset" and data.features is None:  # typed by us, batch by batch
         return tables_from_dicts(data.iter(batch_size=batch_rows), column)
     if kind == "IterableDataset":

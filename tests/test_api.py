@@ -1028,3 +1028,63 @@ def test_attention_mask_zeros_between_ones_are_refused_in_every_kind_of_dataset(
     assert packtool.pack_dataset(rows, capacity=16, attention_mask_column=None, shuffle=False,
                                  strategy="concat")[0]["input_ids"][:14] == [
         0, 0, 3, 4, 101, 5, 6, 102, 0, 0, 101, 7, 8, 102]
+
+
+MIXED_INTEGER_DTYPES = [(np.uint32, np.int64), (np.uint32, np.int32), (np.int8, np.uint16),
+                        (np.uint64, np.int8), (np.int16, np.uint32), (np.uint8, np.int64),
+                        (np.int32, np.int64), (np.uint16, np.uint8)]
+
+
+@pytest.mark.parametrize("first,second", MIXED_INTEGER_DTYPES)
+def test_numpy_integer_arrays_of_any_mix_of_dtypes_are_one_integer_column(first, second):
+    """pyarrow mixes int32 with int64 but refuses uint32 beside int64 (or int8 beside uint16);
+    pack_dataset refused those with 'give one sequence of integer token ids', which is what was
+    given. Any mix of integer dtypes now packs as the same documents given as lists do, in a
+    list, a Series, a DataFrame and in dicts (mask columns alike), and their range is checked
+    as for any input, naming the document."""
+    pd = pytest.importorskip("pandas")
+    docs = [np.array([1, 2], first), np.array([3], second), np.array([4, 5, 6], first)]
+    masks = [np.array([1, 1], second), np.array([1], first), np.array([0, 1, 1], second)]
+    lists = [d.tolist() for d in docs]
+    want = packtool.pack_dataset(lists, capacity=8, shuffle=False)
+    dicts = [{"input_ids": d, "attention_mask": m} for d, m in zip(docs, masks)]
+    want_masked = packtool.pack_dataset(
+        [{"input_ids": d.tolist(), "attention_mask": m.tolist()} for d, m in zip(docs, masks)],
+        capacity=8, shuffle=False)
+    assert packtool.pack_dataset(docs, capacity=8, shuffle=False) == want
+    assert packtool.pack_dataset(pd.Series(docs), capacity=8, shuffle=False) == want
+    assert packtool.pack_dataset(dicts, capacity=8, shuffle=False) == want_masked
+    frame = packtool.pack_dataset(pd.DataFrame({"input_ids": docs}), capacity=8, shuffle=False)
+    assert [r.tolist() for r in frame["input_ids"]] == [r["input_ids"] for r in want]
+    # scalars of several dtypes inside lists, too
+    scalars = [[first(1), second(2)], [second(3)], [first(4), first(5), second(6)]]
+    assert packtool.pack_dataset(scalars, capacity=8, shuffle=False) == \
+        packtool.pack_dataset([[1, 2], [3], [4, 5, 6]], capacity=8, shuffle=False)
+
+
+@pytest.mark.parametrize("bad,message", [
+    (np.array([-3], np.int8), "negative token id -3"),
+    (np.array([2**31], np.uint32), "token id 2147483648 does not fit int32"),
+    (np.array([2**64 - 1], np.uint64), "token id 18446744073709551615 does not fit int32")])
+def test_mixed_integer_dtypes_are_range_checked_naming_the_document(bad, message):
+    for good in (np.array([1, 2], np.int64), np.array([1, 2], np.uint16),
+                 [np.int16(1), np.int64(2)]):
+        for docs, row in (([good, bad], 1), ([bad, good], 0)):
+            with pytest.raises(SchemaError) as exc:
+                packtool.pack_dataset(docs, capacity=8)
+            assert str(exc.value).startswith(f"documents: row {row} (0-based): {message}"), \
+                str(exc.value)
+
+
+def test_a_column_of_two_kinds_of_values_is_named_never_asking_for_what_was_given():
+    """A bool mask beside an integer mask (pyarrow mixes no NumPy bool with integers): the
+    message names the column and both rows' kinds, not 'give one sequence of integer token
+    ids' (every document is one)."""
+    docs = [{"input_ids": [1, 2], "attention_mask": np.array([1, 1], np.int8)},
+            {"input_ids": [3], "attention_mask": np.array([True])}]
+    with pytest.raises(SchemaError) as exc:
+        packtool.pack_dataset(docs, capacity=8)
+    msg = str(exc.value)
+    assert msg.startswith("documents: row 1 (0-based): column 'attention_mask' holds a NumPy "
+                          "bool array, row 0 (0-based) a NumPy int8 array"), msg
+    assert "give one sequence" not in msg and "\n" not in msg

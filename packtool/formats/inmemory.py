@@ -37,17 +37,38 @@ def is_arrow_table(data) -> bool:
     return isinstance(data, (pa.Table, pa.RecordBatch))
 
 
-def table_from_pandas(frame) -> pa.Table:
+def table_from_pandas(frame, column: str) -> pa.Table:
     """The Arrow table of a ``pandas.DataFrame``'s columns (its index is not a column).
 
+    A column of NumPy integer arrays (or scalars) of several dtypes (``uint32`` beside
+    ``int64``, which pyarrow will not mix) is one integer column, as in :func:`table_from_list`.
+
+    Args:
+        frame: the DataFrame; column: the token column's name (for messages).
+
     Raises:
-        SchemaError: a column pyarrow cannot convert (the message names it).
+        SchemaError: a column pyarrow cannot convert: the message names it and the first row
+            (0-based position) whose values differ in type from the rows before, or a value
+            beyond int64.
     """
     try:
         return pa.Table.from_pandas(frame, preserve_index=False)
     except (pa.ArrowException, TypeError, ValueError) as exc:
-        raise SchemaError(f"the DataFrame's columns cannot be read as Arrow: {exc}; give "
-                          f"token ids as lists or arrays of integers") from None
+        raise_if_shortage(exc)
+    arrays = []
+    for name in frame.columns:
+        try:
+            arrays.append(pa.Array.from_pandas(frame[name]))
+            continue
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise_if_shortage(exc)
+        values = frame[name].tolist()
+        try:
+            arrays.append(_arrow_column(values, str(name), column, 0))
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+            raise_if_shortage(exc)
+            raise _column_error(values, str(name), column, exc, 0) from None
+    return pa.Table.from_arrays(arrays, names=[str(n) for n in frame.columns])
 
 
 def table_to_pandas(table: pa.Table):
@@ -64,7 +85,9 @@ def table_from_list(data: list, column: str, first_row: int = 0) -> pa.Table:
     from a mapping is null in that row, as in one Parquet file of those rows, so ``pack``'s
     null rules judge it (a mask column read is refused naming the row), never dropped.
     The column types are pyarrow's inference from the values, never a cast: NumPy arrays keep
-    their dtype, Python ints become ``int64``, floats ``double``, bools ``bool``. So ``pack``'s
+    their dtype, Python ints become ``int64``, floats ``double``, bools ``bool``; NumPy integer
+    data of several dtypes in one column (``uint32`` arrays beside ``int64`` ones, which pyarrow
+    will not mix) becomes ``int64``, every value kept. So ``pack``'s
     own schema and token checks judge the documents as they judge a Parquet file of the same
     values: floats, bools, strings and nested lists are refused (``SchemaError``, not cut to
     integers), as are null, negative and beyond-int32 ids. All-empty or all-null tokens (no type
@@ -81,8 +104,9 @@ def table_from_list(data: list, column: str, first_row: int = 0) -> pa.Table:
 
     Raises:
         InputError: an empty list, or an item that is neither a sequence nor a mapping.
-        SchemaError: items pyarrow cannot turn into one column (mixed types, a string among
-            ids, an id beyond int64, a 2-D array); the message names the first bad row.
+        SchemaError: items pyarrow cannot turn into one column (a float array beside integer
+            ones, a string among ids, an id beyond int64, a 2-D array); the message names the
+            first bad row.
     """
     if not data:
         raise InputError("no documents: the list is empty")
@@ -95,13 +119,16 @@ def table_from_list(data: list, column: str, first_row: int = 0) -> pa.Table:
     try:
         if mappings:  # the union of the keys: one missing from a row is null there
             keys = dict.fromkeys(k for d in data for k in d)
-            table = pa.Table.from_pydict({k: [d.get(k) for d in data] for k in keys})
+            table = pa.Table.from_arrays(
+                [_arrow_column([d.get(k) for d in data], k, column, first_row) for k in keys],
+                names=list(keys))
             typ = table.schema.field(column).type if column in table.schema.names else None
             if typ is not None and is_list_layout(typ) and not (
                     pa.types.is_integer(typ.value_type) or pa.types.is_null(typ.value_type)):
                 _refuse_non_integer(data, column, True, typ, first_row)
             return table
-        tokens = pa.array(data)  # inferred: a Parquet file of these values has this type
+        # inferred: a Parquet file of these values has this type
+        tokens = _arrow_column(data, column, column, first_row)
     except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
         raise_if_shortage(exc)
         raise _unconvertible(data, mappings, exc, column, first_row) from None
@@ -134,6 +161,121 @@ def tables_from_dicts(batches: Iterable[Mapping], column: str,
             rows = [{k: _plain(cols[k][i]) for k in names} for i in range(n)]
             yield table_from_list(rows, column, first)
         first += n
+
+
+def _arrow_column(values: list, name: str, column: str, first_row: int):
+    """``pa.array(values)``, one column's value per row, inferred; where pyarrow refuses to mix
+    NumPy integer dtypes (``uint32`` and ``int64``, ``int8`` and ``uint16``: it mixes only some
+    pairs), the values of :func:`_one_integer_type` instead: every integer dtype is one integer
+    column, as the docs promise (``pack`` then checks the ids' range, naming the row).
+
+    Raises:
+        whatever ``pa.array`` raises for values that are not integers of several dtypes;
+        SchemaError: a NumPy unsigned value beyond int64 (:func:`_beyond_int64_error`).
+    """
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        widened = _one_integer_type(values, name, column, first_row)
+        if widened is None:
+            raise
+    return pa.array(widened)
+
+
+def _numpy_integer_types(v) -> set:
+    """The NumPy integer dtypes in one row's value: an integer array's, an integer scalar's, or
+    those of the integer scalars inside a list or tuple."""
+    if isinstance(v, np.ndarray):
+        return {v.dtype} if v.dtype.kind in "iu" else set()
+    if isinstance(v, np.integer):
+        return {v.dtype}
+    if isinstance(v, (list, tuple)):
+        return {x.dtype for x in v if isinstance(x, np.integer)}
+    return set()
+
+
+def _one_integer_type(values: list, name: str, column: str, first_row: int) -> list | None:
+    """``values`` (one column's value per row) with NumPy integer data of several dtypes made
+    one type pyarrow infers as ``int64``: integer arrays as ``int64`` arrays, integer scalars
+    (alone or inside a list) as Python ints; None when the column holds fewer than two NumPy
+    integer dtypes (nothing to make one).
+
+    Raises:
+        SchemaError: an unsigned value beyond int64, naming the row
+            (:func:`_beyond_int64_error`).
+    """
+    kinds: set = set()
+    for v in values:
+        kinds |= _numpy_integer_types(v)
+    if len(kinds) < 2:
+        return None
+    top = np.iinfo(np.int64).max
+
+    def one(i, v):
+        if isinstance(v, np.ndarray):
+            if v.dtype.kind not in "iu":
+                return v
+            if v.dtype == np.uint64 and v.size and int(v.max()) > top:
+                raise _beyond_int64_error(name, column, first_row + i, int(v.max()))
+            return v.astype(np.int64)
+        if isinstance(v, np.integer):
+            if int(v) > top:
+                raise _beyond_int64_error(name, column, first_row + i, int(v))
+            return int(v)
+        if isinstance(v, (list, tuple)) and any(isinstance(x, np.integer) for x in v):
+            big = next((int(x) for x in v if isinstance(x, np.integer) and int(x) > top), None)
+            if big is not None:
+                raise _beyond_int64_error(name, column, first_row + i, big)
+            return [int(x) if isinstance(x, np.integer) else x for x in v]
+        return v
+
+    return [one(i, v) for i, v in enumerate(values)]
+
+
+def _beyond_int64_error(name: str, column: str, row: int, value: int) -> SchemaError:
+    """The one line for a value beyond int64 in a row of the documents (the token column: as
+    ``pack`` names an id beyond int32)."""
+    from packtool.errors import row_ref
+
+    where = f"documents: {row_ref(row)}"
+    if name == column:  # pack's own line for the id
+        return SchemaError(f"{where}: token id {value} does not fit int32; packed input_ids "
+                           "are int32 (vocabularies up to 2**31 - 1)")
+    return SchemaError(f"{where}: value {value} of column {name!r} does not fit int64; give "
+                       "values in range")
+
+
+def _value_kind(v) -> str | None:
+    """What a row's value is, for a message on values pyarrow cannot hold in one column:
+    ``NumPy float64 array``, ``list``, ``int``...; None for a null."""
+    if v is None:
+        return None
+    if isinstance(v, np.ndarray):
+        return f"NumPy {v.dtype} array"
+    if isinstance(v, np.generic):
+        return f"NumPy {v.dtype}"
+    return type(v).__name__
+
+
+def _column_error(values: list, name: str, column: str, exc: Exception,
+                  first_row: int) -> SchemaError:
+    """The error for one column's values that convert row by row but not together: names the
+    first row whose value is of another kind than the first row's (a float array after integer
+    ones), never asking for what every row already is."""
+    from packtool.errors import row_ref
+
+    kinds = [_value_kind(v) for v in values]
+    first = next((i for i, k in enumerate(kinds) if k is not None), None)
+    other = None if first is None else next(
+        (i for i in range(first + 1, len(kinds)) if kinds[i] not in (None, kinds[first])), None)
+    if other is None:
+        return SchemaError(f"documents: column {name!r} cannot be read as one Arrow column: "
+                           f"{first_line(exc)}")
+    what = "token ids" if name == column else "values"
+    return SchemaError(
+        f"documents: {row_ref(first_row + other)}: column {name!r} holds a {kinds[other]}, "
+        f"{row_ref(first_row + first)} a {kinds[first]}, which cannot be one Arrow column "
+        f"({first_line(exc)}); give the column's {what} one kind in every document")
 
 
 def _plain(value):
@@ -188,6 +330,14 @@ def _unconvertible(data: list, mappings: bool, exc: Exception, column: str,
             break
     else:
         row = _non_integer_row(data, column, mappings)
+        if row is None:  # every row converts alone and holds integer ids: columns disagree
+            keys = dict.fromkeys(k for d in data for k in d) if mappings else (column,)
+            for k in keys:
+                values = [d.get(k) for d in data] if mappings else data
+                try:
+                    _arrow_column(values, k, column, first_row)
+                except (pa.ArrowException, TypeError, ValueError) as one:
+                    return _column_error(values, k, column, one, first_row)
         where = "documents" if row is None else f"documents: {row_ref(first_row + row)}"
     if isinstance(exc, OverflowError):
         return SchemaError(f"{where}: a token id does not fit int64; packed input_ids are "
@@ -232,8 +382,6 @@ def _canonical(b, column: str, first_row: int):
     Raises:
         SchemaError: an id that does not fit int64 (the row is named).
     """
-    from packtool.errors import row_ref
-
     for i, f in enumerate(b.schema):
         want = _canonical_type(f.type, f.name == column)
         if want.equals(f.type):
@@ -245,13 +393,7 @@ def _canonical(b, column: str, first_row: int):
         if col is None:  # the only failing cast to int64: an unsigned value beyond it
             bad, value = next(((r, v) for r, v in enumerate(b.column(i).to_pylist())
                                if _beyond_int64(v) is not None), (0, None))
-            value = _beyond_int64(value)
-            where = f"documents: {row_ref(first_row + bad)}"
-            if f.name == column:  # pack's own line for the id
-                raise SchemaError(f"{where}: token id {value} does not fit int32; packed "
-                                  "input_ids are int32 (vocabularies up to 2**31 - 1)")
-            raise SchemaError(f"{where}: value {value} of column {f.name!r} does not fit "
-                              "int64; give values in range")
+            raise _beyond_int64_error(f.name, column, first_row + bad, _beyond_int64(value))
         b = b.set_column(i, pa.field(f.name, want), col)
     return b
 
