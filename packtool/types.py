@@ -24,11 +24,14 @@ LABELS_COLUMN = "labels"
 #: ``return_assistant_tokens_mask``).
 LOSS_MASK_COLUMNS = ("completion_mask", "assistant_masks")
 
-#: Columns only rows holding several documents carry, in the layouts of the field: TRL's
-#: ``bfd`` packing (``seq_lengths``), position ids restarting at each document (TRL, axolotl,
-#: VeOmni), flash-attn varlen / Hugging Face offsets (``cu_seqlens``, ``cu_seq_lens``), segment
-#: ids, Mamba's ``seq_idx``, NeMo's packed ``seq_start_id``. An input holding one is already
-#: packed: reading each row as one document would join its documents.
+#: Columns the packers of the field write beside rows they packed (several documents a row):
+#: TRL's ``bfd`` packing (``seq_lengths``), position ids restarting at each document (TRL,
+#: axolotl, VeOmni), flash-attn varlen / Hugging Face offsets (``cu_seqlens``,
+#: ``cu_seq_lens``), segment ids, Mamba's ``seq_idx``, NeMo's packed ``seq_start_id``. An input
+#: file holding one is refused from its schema alone (its values are never read): it marks rows
+#: another tool packed, whose documents reading each row as one document would join. A file
+#: whose rows are each one document and carry such a column is packed once the column is
+#: dropped; the refusal says so, never that the rows were found to hold several documents.
 PACKED_COLUMNS = ("seq_lengths", "position_ids", "cu_seqlens", "cu_seq_lens", "segment_ids",
                   "seq_idx", "seq_start_id")
 

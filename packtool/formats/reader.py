@@ -612,6 +612,17 @@ def _tokenized_shards(place: _Place, dpath: str, drel: str, infos, manifest: Man
     return found
 
 
+#: What a packer writes in each of :data:`packtool.types.PACKED_COLUMNS` beside a packed row,
+#: for the refusal.
+_PACKED_COLUMN_MEANING = {
+    "seq_lengths": "the lengths of the row's documents",
+    "position_ids": "positions restarting at each document of the row",
+    "cu_seqlens": "the offsets of the row's documents",
+    "cu_seq_lens": "the offsets of the row's documents",
+    "segment_ids": "each token's document",
+    "seq_idx": "each token's document",
+    "seq_start_id": "where each document of the row starts",
+}
 #: The columns of a packtool output that together name it one (its schema metadata lost in a
 #: re-save by polars, pandas or ``datasets.to_parquet``).
 _PACKTOOL_COLUMNS = ("segment_ids", "cu_seqlens", "doc_ids", "doc_offsets")
@@ -653,16 +664,20 @@ def check_not_packed(schema: pa.Schema, where, column: str | None = None) -> Non
 
 def _refuse_packed(where: Path | str, evidence: str, column: str | None = None) -> None:
     """The one refusal of packed rows given as INPUT (``evidence``: what shows them; ``column``:
-    the column of another tool's packed rows, None for a packtool output)."""
+    the column of another tool's packed rows, None for a packtool output). Another tool's
+    column is judged by its name alone (:data:`PACKED_COLUMNS`): the message says what such a
+    column marks and that its values were not read, never that the rows hold several
+    documents."""
     if column is None:
         raise InputError(f"{where}: is a packtool output ({evidence}), not tokenized documents: "
                          "packing it again would join the documents of each row; point INPUT "
                          "at the tokenized documents it was packed from (to inspect packed rows "
                          "use packtool stats)")
-    raise InputError(f"{where}: holds packed rows ({evidence}: each row already holds several "
-                     "documents): packing it again would join the documents of each row; pack "
-                     f"the unpacked documents instead, or drop {column!r} if each row truly is "
-                     "one document")
+    raise InputError(f"{where}: has a {column!r} column, which marks rows another tool packed "
+                     f"(a packer writes {_PACKED_COLUMN_MEANING[column]} in it; read as one "
+                     "document, a packed row would join its documents): refused from the "
+                     "schema, its values unread; pack the unpacked documents instead, or, if "
+                     f"each row is one document, drop the {column!r} column")
 
 
 def _refuse_unfinished_tokenize(place: _Place, directory: str, where) -> None:

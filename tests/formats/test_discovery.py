@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packcheck import invoke, read_output, write_docs
+from packcheck import check_output, invoke, read_output, write_docs
 from packtool.formats.manifest import MANIFEST_NAME
 from packtool.errors import InputError
 from packtool.formats.reader import PACKED_COLUMNS, discover
@@ -289,8 +289,10 @@ def test_another_tool_s_packed_rows_are_refused_from_the_footer(tmp_path, column
     else:
         with pa.ipc.new_file(src, table.schema) as w:
             w.write_table(table)
-    with pytest.raises(InputError, match=rf"packed\.{fmt}: holds packed rows \(column "
-                       rf"'{column}'.*join the documents.*unpacked documents.*drop '{column}'"):
+    with pytest.raises(InputError, match=rf"packed\.{fmt}: has a '{column}' column, which "
+                       r"marks rows another tool packed .*join its documents.*refused from the "
+                       rf"schema, its values unread; pack the unpacked documents.*drop the "
+                       rf"'{column}' column"):
         plan_reads(discover([src]).files, "input_ids")  # the footers only
     out = tmp_path / "out"
     res = invoke(["pack", "-q", "--capacity", 8, src, out])
@@ -313,6 +315,36 @@ def test_a_packtool_output_re_saved_without_its_metadata_is_refused(tmp_path):
     assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
     assert "resaved.parquet: is a packtool output" in res.output and "re-save" in res.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("column,values", [
+    ("position_ids", [[0, 1, 2], [0, 1, 2]]),  # positions that never restart: one document a row
+    ("segment_ids", [[1, 1, 1], [1, 1, 1]]), ("seq_idx", [[0, 0, 0], [0, 0, 0]]),
+    ("seq_lengths", [[3], [3]]), ("cu_seqlens", [[0, 3], [0, 3]]),
+    ("cu_seq_lens", [[0, 3], [0, 3]]), ("seq_start_id", [[0], [0]])])
+def test_a_packed_rows_column_is_refused_by_its_name_never_claiming_what_was_not_read(
+        tmp_path, column, values):
+    """A ``position_ids`` column of 0, 1, 2 in every row holds one document a row, yet the
+    refusal said "each row already holds several documents": the column is judged by its name
+    alone (its values are never read), so the message says what the column marks and that its
+    values were not read, and the fix it names (drop the column) packs the file."""
+    table = pa.table({"input_ids": pa.array([[5, 6, 7], [8, 9, 10]], pa.list_(pa.int32())),
+                      column: pa.array(values, pa.list_(pa.int32()))})
+    src = tmp_path / "one_doc_a_row.parquet"
+    pq.write_table(table, src)
+    out = tmp_path / "out"
+    res = invoke(["pack", "-q", "--capacity", 8, src, out])
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    line = res.output.strip()
+    assert f"one_doc_a_row.parquet: has a {column!r} column, which marks rows another tool " \
+        "packed" in line, line
+    assert "its values unread" in line and f"drop the {column!r} column" in line
+    assert "several documents" not in line and "holds packed rows" not in line
+    assert not out.exists()
+    pq.write_table(table.drop_columns([column]), tmp_path / "dropped.parquet")
+    res = invoke(["pack", "-q", "--capacity", 8, tmp_path / "dropped.parquet", tmp_path / "ok"])
+    assert res.exit_code == 0, res.output
+    check_output(read_output(tmp_path / "ok")[0], [[5, 6, 7], [8, 9, 10]], 8, labels="none")
 
 
 def test_an_attention_mask_that_numbers_packed_documents_is_refused(tmp_path):
