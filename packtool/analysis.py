@@ -81,6 +81,10 @@ class PackedAnalysis:
     per_bin_asked: bool = False
     #: the ``WARNING:`` lines of this output (:meth:`~packtool.stats.PackStats.output_warnings`)
     warnings: list = field(default_factory=list)
+    #: an output packed from ``packtool tokenize`` outputs of one tokenizer: that tokenizer and
+    #: the BOS/EOS ids tokenize added (:class:`~packtool.formats.manifest.Tokenization`, the
+    #: manifest's); None when not recorded
+    tokenized: object = None
 
     @property
     def row_fill(self) -> np.ndarray:
@@ -107,6 +111,8 @@ class PackedAnalysis:
              # no timing: an unchanged output gives the same JSON on every run (the text
              # says how long the sha256 took)
              "integrity": {"shards_hashed": self.hashed[0], "bytes_hashed": self.hashed[1]}}
+        if self.tokenized is not None:  # as the manifest records it (an id absent: differs)
+            d["tokenized"] = self.tokenized.to_dict()
         if self.source_column is not None:
             d["source_column"] = self.source_column
             d["sources_in_table"] = self.sources_in_table
@@ -223,7 +229,8 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                           source_column=reader.manifest.source_column,
                           per_source=per_source, sources_in_table=len(table),
                           per_bin_asked=per_bin,
-                          warnings=stats.output_warnings(reader.manifest.options))
+                          warnings=stats.output_warnings(reader.manifest.options),
+                          tokenized=reader.manifest.tokenized)
 
 
 @dataclass(frozen=True)
@@ -604,6 +611,9 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
                         "change there goes unseen (verify --no-hash, with its default --scan, "
                         "decodes every column)"
                         if a.columns_unread else ""))
+    if a.tokenized is not None:  # packed from packtool tokenize outputs of one tokenizer
+        lines.extend(f"  {label:<26}{value}"
+                     for label, value in a.tokenized.describe())
     if a.source_column is not None:
         w = max([len("source")] + [_display_width(_cell(p["source"])) for p in a.per_source])
         seg = ", a segment's own padding to its source" if a.segment_multiple > 1 else ""

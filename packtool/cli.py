@@ -1095,7 +1095,8 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
               help="The EOS id of the trainer's tokenizer: documents holding it before their "
                    "last token are counted, and a warning says when Megatron-Bridge's packed "
                    "collate would train them otherwise (it treats a fed EOS as padding) "
-                   "[default: pack's --append-eos; none: not looked for].")
+                   "[default: pack's --append-eos, else the --append-eos of the packtool "
+                   "tokenize it was packed from; none: not looked for].")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
 def export(output, dest, target, split, overwrite, eos_id, as_json):
     """Write the packed rows of OUTPUT (a directory or a store URI) in another trainer's packed

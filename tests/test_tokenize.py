@@ -1293,3 +1293,160 @@ def test_a_kept_column_pack_would_read_as_a_mask_or_packed_rows_is_refused(tmp_p
                   src, tmp_path / "o"])
     assert res.exit_code == 0, res.output
     assert invoke(["pack", "-q", "-c", 16, tmp_path / "o", tmp_path / "p"]).exit_code == 0
+
+
+def _tokenized(src, out, tokenizer, *flags):
+    """``packtool tokenize`` ``src`` into ``out`` with ``tokenizer``, asserting success."""
+    res = invoke(["tokenize", "-q", "--tokenizer", tokenizer, *flags, src, out])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def _tokenizer_lines(res):
+    return [ln for ln in res.stderr.splitlines() if "different tokenizers" in ln]
+
+
+def test_a_pack_of_tokenize_outputs_records_their_tokenizer_and_ids_for_export_and_stats(
+        tmp_path, hf_tokenizer):
+    """tokenize --prepend-bos </s> --append-eos </s> (every document [EOS, ..., EOS]), then
+    pack: the tokenizer and the ids were in the tokenize manifests only, so export --to nemo
+    knew no EOS id without --eos-id and said nothing of the EOS opening every document. The
+    packed manifest now records them (two tokenize outputs of one tokenizer agree); the export
+    looks for that EOS id by itself and warns as with --eos-id; stats names the tokenizer and
+    the ids."""
+    tok = tokenizers.Tokenizer.from_file(str(hf_tokenizer))
+    eos = tok.token_to_id("</s>")
+    flags = ("--prepend-bos", "</s>", "--append-eos", "</s>")
+    a = _tokenized(write_jsonl(tmp_path / "a.jsonl", TEXTS[:12]), tmp_path / "tok-a",
+                   hf_tokenizer, *flags)
+    b = _tokenized(write_jsonl(tmp_path / "b.jsonl", TEXTS[12:20]), tmp_path / "tok-b",
+                   hf_tokenizer, *flags)
+    out = tmp_path / "packed"
+    res = invoke(["pack", "-q", "-c", 64, "--no-shuffle", a, b, out])
+    assert res.exit_code == 0 and not _tokenizer_lines(res), res.output
+    m, made = read_manifest(out), read_manifest(a).options["tokenizer"]
+    assert m.options.get("append_eos") is None  # pack's own --append-eos was not given
+    t = m.tokenized
+    assert (t.tokenizer.kind, t.tokenizer.sha256, t.tokenizer.file, t.tokenizer.vocab_size,
+            t.tokenizer.library_version) == (made["kind"], made["sha256"], hf_tokenizer.name,
+                                             made["vocab_size"], made["library_version"])
+    assert (t.append_eos, t.prepend_bos, t.differs) == (eos, eos, ())
+
+    told = invoke(["export", "--to", "nemo", "--json", "--eos-id", eos, out, tmp_path / "told"])
+    found = invoke(["export", "--to", "nemo", "--json", out, tmp_path / "found"])
+    assert told.exit_code == found.exit_code == 0, found.output
+    said = [ln for ln in found.stderr.splitlines() if "the EOS id" in ln]
+    assert said and said == [ln for ln in told.stderr.splitlines() if "the EOS id" in ln]
+    assert f"hold the EOS id {eos} before their last token" in said[0]
+    got, want = json.loads(found.stdout), json.loads(told.stdout)
+    # every document but the empty ones (tokenize adds nothing to them) opens with EOS
+    assert got["eos_id"] == eos and got["eos_documents"] == sum(1 for x in TEXTS[:20] if x)
+    assert {k: v for k, v in got.items() if k not in ("path", "metadata")} == \
+        {k: v for k, v in want.items() if k not in ("path", "metadata")}
+
+    res = invoke(["stats", "--no-hash", out])
+    assert res.exit_code == 0, res.output
+    sha = made["sha256"][:12]
+    assert (f"  tokenizer                 tokenizer.json (tokenizers, {made['vocab_size']:,} ids, "
+            f"sha256 {sha})") in res.output.splitlines()
+    assert f"  EOS added by tokenize     id {eos}" in res.output.splitlines()
+    assert f"  BOS added by tokenize     id {eos}" in res.output.splitlines()
+    doc = json.loads(invoke(["stats", "--json", "--no-hash", out]).stdout)
+    assert doc["tokenized"] == {"tokenizer": t.tokenizer.to_dict(), "append_eos": eos,
+                                "prepend_bos": eos}
+    assert doc["tokenized"]["tokenizer"]["sha256"] == made["sha256"]
+
+
+def test_inputs_that_disagree_record_only_what_they_agree_on(tmp_path, hf_tokenizer,
+                                                             tokenizer_files):
+    """One tokenizer, --append-eos given to one tokenize only: the tokenizer and the BOS (none)
+    are recorded, the EOS id is not (export looks for none). Two tokenizers: nothing is
+    recorded (an id means nothing without its tokenizer) and pack warns in one line naming
+    both outputs and their tokenizers. A tokenize output with plain Parquet: nothing is
+    recorded (nothing says the Parquet's tokenizer), no warning. Plain Parquet alone: nothing.
+    The shards are those of the same pack without any record."""
+    src = write_jsonl(tmp_path / "t.jsonl", TEXTS[:10])
+    eos_a = _tokenized(src, tmp_path / "eos", hf_tokenizer, "--append-eos", "</s>")
+    bare = _tokenized(src, tmp_path / "bare", hf_tokenizer)
+    tekken = _tokenized(src, tmp_path / "tekken", tokenizer_files["tekken"][0],
+                        "--append-eos", 2)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    pq.write_table(pa.table({"input_ids": [[5, 6, 7], [8, 9]]}), plain / "d.parquet")
+
+    def pack(name, *inputs):
+        res = invoke(["pack", "-q", "-c", 64, *inputs, tmp_path / name])
+        assert res.exit_code == 0, res.output
+        return res, read_manifest(tmp_path / name)
+
+    res, m = pack("one-eos", eos_a, bare)
+    assert not _tokenizer_lines(res)
+    sha = read_manifest(bare).options["tokenizer"]["sha256"]
+    assert m.tokenized.tokenizer.sha256 == sha
+    assert (m.tokenized.append_eos, m.tokenized.prepend_bos) == (None, None)
+    assert m.tokenized.differs == ("append_eos",) and not m.tokenized.knows("append_eos")
+    assert "append_eos" not in m.to_dict()["tokenized"]
+    assert m.to_dict()["tokenized"]["prepend_bos"] is None  # recorded: no BOS was added
+    got = json.loads(invoke(["export", "--to", "nemo", "--json", tmp_path / "one-eos",
+                             tmp_path / "nemo"]).stdout)
+    assert got["eos_id"] is None
+
+    res, m = pack("two-tokenizers", eos_a, tekken)
+    assert m.tokenized is None and "tokenized" not in m.to_dict()
+    line, = _tokenizer_lines(res)
+    assert line.startswith(f"WARNING: INPUT holds the ids of different tokenizers: {eos_a} was "
+                           "tokenized with tokenizer.json (tokenizers, ")
+    assert f"{tekken} with tekken_t.json (tekken, {tokenizer_files['tekken'][1]:,} ids" in line
+    assert line.endswith("tokenize every input with one tokenizer (packtool tokenize "
+                         "--tokenizer FILE), then pack again with --overwrite")
+    res = invoke(["pack", "--json", "-c", 64, "--overwrite", eos_a, tekken,
+                  tmp_path / "two-tokenizers"])
+    assert any("different tokenizers" in w for w in json.loads(res.stdout)["warnings"])
+    assert "tokenizer " not in invoke(["stats", "--no-hash", tmp_path / "two-tokenizers"]).output
+
+    res, m = pack("with-plain", eos_a, plain)
+    assert m.tokenized is None and not _tokenizer_lines(res)
+    res, m = pack("plain-only", plain)
+    assert m.tokenized is None and "tokenized" not in m.to_dict()
+    # the record changes no shard: the same ids packed from plain Parquet give the same bytes
+    same = tmp_path / "same"
+    same.mkdir()
+    pq.write_table(pq.read_table(eos_a).select(["input_ids"]), same / "d.parquet")
+    _, p = pack("from-parquet", same)
+    _, t = pack("from-tokenize", eos_a)
+    assert t.tokenized is not None and p.tokenized is None
+    assert [s.sha256 for s in t.shards] == [s.sha256 for s in p.shards]
+
+
+def test_the_tokenized_record_reads_back_and_manifests_without_it_read_as_before(
+        tmp_path, hf_tokenizer):
+    """A manifest written before the record (no ``tokenized`` key) reads as before, with none;
+    the record reads back equal, through JSON and pickling; an id absent from it is one the
+    inputs disagreed on. A key this packtool does not know is ignored, as every reader of
+    version 4 ignores ``tokenized`` (the record needs no new format version)."""
+    import pickle
+
+    from packtool.formats.manifest import Manifest, Tokenization, TokenizerInfo
+
+    a = _tokenized(write_jsonl(tmp_path / "a.jsonl", TEXTS[:6]), tmp_path / "tok",
+                   hf_tokenizer, "--append-eos", "</s>")
+    assert invoke(["pack", "-q", "-c", 32, a, tmp_path / "out"]).exit_code == 0
+    m = read_manifest(tmp_path / "out")
+    d = json.loads(json.dumps(m.to_dict()))
+    assert d["format_version"] == 4 and d["tokenized"]["append_eos"] == m.tokenized.append_eos
+    assert Manifest.from_dict(d) == m and pickle.loads(pickle.dumps(m)) == m
+    older = {k: v for k, v in d.items() if k != "tokenized"}
+    o = Manifest.from_dict(older)
+    assert o.tokenized is None and o.to_dict() == older
+    assert Manifest.from_dict({**d, "written_by_a_later_packtool": {"x": 1}}) == m
+    d["tokenized"].pop("append_eos")
+    back = Manifest.from_dict(d).tokenized
+    assert back.differs == ("append_eos",) and back.append_eos is None
+    assert back.tokenizer == m.tokenized.tokenizer
+    one = TokenizerInfo("tokenizers", "a" * 64, "t.json", 10)
+    other = TokenizerInfo("tiktoken", "a" * 64, "t.json", 10)  # another kind: another reading
+    assert Tokenization.common([Tokenization(one, 2), Tokenization(other, 2)]) is None
+    assert Tokenization.common([Tokenization(one, 2), None]) is None
+    renamed = TokenizerInfo("tokenizers", "a" * 64, "copy.json", 10)
+    assert Tokenization.common([Tokenization(one, 2), Tokenization(renamed, 2)]) == \
+        Tokenization(TokenizerInfo("tokenizers", "a" * 64, None, 10), 2)

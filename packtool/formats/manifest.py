@@ -19,6 +19,15 @@ the BOS/EOS counts). A tokenized output is ``pack`` input, never packed rows: ev
 packed rows refuses it in one line (:func:`require_packed`). ``kind`` is written only when it is
 not ``packed``, so a packed output's manifest is what it was before kinds existed.
 
+**What tokenize did.** A pack of ``packtool tokenize`` outputs all made with one tokenizer
+records what their manifests agree on, the tokenizer and the BOS/EOS ids tokenize added
+(:attr:`Manifest.tokenized`, a :class:`Tokenization`; JSON ``tokenized``, written only when
+set), so ``export --to nemo`` knows the EOS id and ``stats`` names the tokenizer. It is an
+optional key added to version 4, not a new version: every packtool reading version 4 takes the
+keys it knows from the manifest and ignores the others (:meth:`Manifest.from_dict`; ``upgrade``
+rewrites only versions 2 and 3, which never hold it), so an older packtool reads such an output
+as before, without the record.
+
 **Format versions.** 4 (this one): the totals' ``tokens_dropped`` counts every token read and
 not written, the tails ``--overflow truncate`` cut included (``tokens_truncated`` is that part;
 :data:`packtool.stats.COUNTS_REVISION` 2); shards as version 3. 3: shards carry Parquet page
@@ -82,7 +91,8 @@ __all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NA
            "marker_kind",
            "run_words",
            "SHARD_GLOB", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry",
-           "InputEntry", "LabelsInfo", "WindowEntry", "Windowing", "PACKED_KIND", "TOKENIZED_KIND",
+           "InputEntry", "LabelsInfo", "WindowEntry", "Windowing", "TokenizerInfo", "Tokenization",
+           "TOKENIZATION_FACTS", "PACKED_KIND", "TOKENIZED_KIND",
            "KINDS",
            "require_packed", "manifest_bytes", "publish_manifest",
            "read_manifest", "read_manifest_and_schema", "load_manifest", "check_shards",
@@ -261,6 +271,196 @@ class Windowing:
         return cls(int(d["windows"]), int(d["block_docs"]))
 
 
+#: The ids a :class:`Tokenization` records beside its tokenizer, each when the inputs agree.
+TOKENIZATION_FACTS = ("append_eos", "prepend_bos")
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """The tokenizer a ``packtool tokenize`` output was made with, as its manifest records it
+    (``options.tokenizer``).
+
+    Attributes:
+        kind: ``tokenizers``, ``tekken`` or ``tiktoken``.
+        sha256: hex sha256 of the tokenizer file: with ``kind``, what says two outputs' ids
+            mean the same tokens (:meth:`same_ids`).
+        file: the file's name (no directory); None when the agreeing inputs named it otherwise.
+        vocab_size: ids are in 0 .. vocab_size - 1; None when not recorded.
+        library_version: the version of the library that encoded; None when not recorded (or
+            the agreeing inputs were encoded by different versions).
+        special_tokens_in_text: how a special-token string in a text was encoded (``text``);
+            None when not recorded (a tokenize of before it was).
+    """
+
+    kind: str
+    sha256: str
+    file: str | None = None
+    vocab_size: int | None = None
+    library_version: str | None = None
+    special_tokens_in_text: str | None = None
+
+    def same_ids(self, other: "TokenizerInfo") -> bool:
+        """True when ``other`` is the same tokenizer file read the same way (kind and sha256):
+        an id means the same token in both."""
+        return (self.kind, self.sha256) == (other.kind, other.sha256)
+
+    def describe(self) -> str:
+        """``tokenizer.json (tokenizers, 400 ids, sha256 1a2b3c4d5e6f)`` for a message."""
+        size = f", {self.vocab_size:,} ids" if self.vocab_size is not None else ""
+        name = self.file or "(file names differ)"
+        return f"{name} ({self.kind}{size}, sha256 {self.sha256[:12]})"
+
+    def to_dict(self) -> dict:
+        """The JSON form: ``kind`` and ``sha256``, then each other field that is known."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) is not None}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "TokenizerInfo":
+        """The record of a JSON dict (a tokenize manifest's ``options.tokenizer`` or a packed
+        manifest's ``tokenized.tokenizer``); keys it does not know are left out.
+
+        Raises:
+            KeyError, TypeError, ValueError: no ``kind`` or ``sha256``, or a malformed value.
+        """
+        def opt(name, cast):
+            return None if d.get(name) is None else cast(d[name])
+
+        return cls(str(d["kind"]), str(d["sha256"]), opt("file", str),
+                   opt("vocab_size", int), opt("library_version", str),
+                   opt("special_tokens_in_text", str))
+
+    @classmethod
+    def common(cls, infos: "list[TokenizerInfo]") -> "TokenizerInfo | None":
+        """The one tokenizer of ``infos`` (each field kept where they all agree, None where
+        they do not), or None when they are not all the same tokenizer (:meth:`same_ids`) or
+        ``infos`` is empty."""
+        if not infos or any(not infos[0].same_ids(i) for i in infos[1:]):
+            return None
+        values = {f.name: {getattr(i, f.name) for i in infos} for f in fields(cls)}
+        return cls(**{k: next(iter(v)) if len(v) == 1 else None for k, v in values.items()})
+
+
+@dataclass(frozen=True)
+class Tokenization:
+    """What ``packtool tokenize`` did to the documents of a packed output, as the manifests of
+    the tokenize outputs it was packed from say: the tokenizer whose ids the rows hold and the
+    BOS/EOS ids tokenize added (``--prepend-bos``, ``--append-eos``).
+
+    A pack records it (:attr:`Manifest.tokenized`, JSON ``tokenized``) only when every input
+    file is a shard of a finished tokenize output and all were made with one tokenizer
+    (:meth:`common`): an id means something only with its tokenizer, so inputs of two
+    tokenizers, or any input that is not a tokenize output (plain Parquet: nothing is known of
+    it), record nothing. Of the BOS/EOS ids, one the inputs disagree on (``--append-eos`` given
+    to one tokenize and not to another) is not recorded (named in :attr:`differs`, its field
+    None). The record is not in the pack's fingerprint: the input files, which the fingerprint
+    covers, decide it.
+
+    Attributes:
+        tokenizer: the tokenizer (:class:`TokenizerInfo`).
+        append_eos: the EOS id tokenize appended to every non-empty document; None: none was
+            appended (or the inputs disagree: ``"append_eos"`` in :attr:`differs`).
+        prepend_bos: the BOS id tokenize prepended, likewise.
+        differs: the ids (:data:`TOKENIZATION_FACTS`) the inputs disagree on, not recorded.
+
+    Raises:
+        ValueError: an unknown name in ``differs``, or a fact both recorded and said to differ.
+    """
+
+    tokenizer: TokenizerInfo
+    append_eos: int | None = None
+    prepend_bos: int | None = None
+    differs: tuple = ()
+
+    def __post_init__(self) -> None:
+        unknown = set(self.differs) - set(TOKENIZATION_FACTS)
+        if unknown:
+            raise ValueError(f"unknown tokenization facts {sorted(unknown)}: "
+                             f"{', '.join(TOKENIZATION_FACTS)}")
+        for name in self.differs:
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name} is recorded and said to differ")
+        object.__setattr__(self, "differs",
+                           tuple(n for n in TOKENIZATION_FACTS if n in self.differs))
+
+    def knows(self, fact: str) -> bool:
+        """True when the id ``fact`` (one of :data:`TOKENIZATION_FACTS`) is recorded."""
+        return fact not in self.differs
+
+    @classmethod
+    def of_manifest(cls, manifest: "Manifest") -> "Tokenization":
+        """What the manifest of a finished ``packtool tokenize`` output (kind ``tokenized``)
+        says of its documents (its options ``tokenizer``, ``append_eos`` and ``prepend_bos``).
+
+        Raises:
+            KeyError, TypeError, ValueError: a manifest without them, or malformed.
+        """
+        opts = manifest.options
+
+        def boundary(name):
+            return None if opts.get(name) is None else int(opts[name])
+
+        return cls(TokenizerInfo.from_dict(opts["tokenizer"]), boundary("append_eos"),
+                   boundary("prepend_bos"))
+
+    @classmethod
+    def common(cls, records) -> "Tokenization | None":
+        """What the records of every input file (a :class:`Tokenization`, or None for a file
+        that is not a shard of a tokenize output) agree on: their one tokenizer
+        (:meth:`TokenizerInfo.common`) and each id all agree on; None when ``records`` is
+        empty, holds a None, or holds two tokenizers (:meth:`TokenizerInfo.same_ids`)."""
+        records = list(records)
+        if not records or any(r is None for r in records):
+            return None
+        tokenizer = TokenizerInfo.common([r.tokenizer for r in records])
+        if tokenizer is None:
+            return None
+        known: dict = {}
+        for name in TOKENIZATION_FACTS:
+            if all(r.knows(name) for r in records):
+                values = {getattr(r, name) for r in records}
+                if len(values) == 1:
+                    known[name] = values.pop()
+        return cls(tokenizer, **known,
+                   differs=tuple(n for n in TOKENIZATION_FACTS if n not in known))
+
+    def to_dict(self) -> dict:
+        """The JSON form: the tokenizer and each id recorded (an id the inputs disagree on is
+        left out, so an absent key is one not known; null: tokenize added none)."""
+        d = {"tokenizer": self.tokenizer.to_dict()}
+        for name in TOKENIZATION_FACTS:
+            if self.knows(name):
+                d[name] = getattr(self, name)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "Tokenization":
+        """The record of its JSON form (:meth:`to_dict`): an id absent is one that differs.
+
+        Raises:
+            KeyError, TypeError, ValueError: no tokenizer, or a malformed value.
+        """
+        if not isinstance(d, Mapping):
+            raise TypeError(f"tokenized: a JSON object, not {type(d).__name__}")
+        return cls(TokenizerInfo.from_dict(d["tokenizer"]),
+                   None if d.get("append_eos") is None else int(d["append_eos"]),
+                   None if d.get("prepend_bos") is None else int(d["prepend_bos"]),
+                   differs=tuple(n for n in TOKENIZATION_FACTS if n not in d))
+
+    def describe(self) -> list[tuple[str, str]]:
+        """``(label, value)`` of each fact, for ``packtool stats``: the tokenizer
+        (:meth:`TokenizerInfo.describe`), then the EOS and BOS ids (``id 2``; ``none`` when
+        tokenize added none; ``differs between the inputs`` when not recorded)."""
+        differs = "differs between the inputs (not recorded)"
+        out = [("tokenizer", self.tokenizer.describe())]
+        for label, name in (("EOS added by tokenize", "append_eos"),
+                            ("BOS added by tokenize", "prepend_bos")):
+            value = getattr(self, name)
+            out.append((label, differs if not self.knows(name) else
+                        "none" if value is None else f"id {value}"))
+        return out
+
+
 @dataclass(frozen=True, kw_only=True)
 class Manifest:
     """The typed manifest of a packed output (see the module docstring).
@@ -284,10 +484,15 @@ class Manifest:
         source_column: the input column ``pack --source-column`` carried, or None.
         source_values: the id -> value table of the shards' ``source_ids`` (id ``i`` is
             ``source_values[i]``: strings or ints, sorted), empty without ``--source-column``.
+        tokenized: a pack of ``packtool tokenize`` outputs: what their manifests agree on (the
+            tokenizer, the BOS/EOS ids tokenize added: :class:`Tokenization`); None for any
+            other pack (and a tokenized output, whose options say it), and for one written
+            before it was recorded.
 
     Raises:
-        ValueError: an unknown kind, a packed manifest without a labels fact, or
-            ``source_values`` without a ``source_column``.
+        ValueError: an unknown kind, a packed manifest without a labels fact,
+            ``source_values`` without a ``source_column``, or ``tokenized`` on a tokenized
+            output.
     """
 
     format_version: int
@@ -304,6 +509,7 @@ class Manifest:
     kind: str = PACKED_KIND
     source_column: str | None = None
     source_values: tuple = ()
+    tokenized: Tokenization | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -312,6 +518,8 @@ class Manifest:
             raise ValueError("a packed manifest records its labels fact (LabelsInfo)")
         if self.source_values and self.source_column is None:
             raise ValueError("source_values without a source_column")
+        if self.tokenized is not None and self.kind != PACKED_KIND:
+            raise ValueError("a tokenized output records its tokenization in its options")
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
         object.__setattr__(self, "source_values", tuple(self.source_values))
 
@@ -363,7 +571,8 @@ class Manifest:
 
     def to_dict(self) -> dict:
         """The JSON form written in the manifest file (:data:`FORMAT_VERSION`; ``kind`` only when it is
-        not ``packed``; a tokenized output has no ``capacity`` or ``labels``)."""
+        not ``packed``; a tokenized output has no ``capacity`` or ``labels``; ``sources`` and
+        ``tokenized`` only when set)."""
         d = {"format_version": FORMAT_VERSION, "packtool_version": self.packtool_version,
              "fingerprint": self.fingerprint, "options": dict(self.options),
              "inputs": [{"path": i.path, "rows": i.rows, "bytes": i.bytes} for i in self.inputs],
@@ -384,6 +593,8 @@ class Manifest:
             d["windows"] = [w.to_dict() for w in self.windows]
         if self.source_column is not None:
             d["sources"] = {"column": self.source_column, "values": list(self.source_values)}
+        if self.tokenized is not None:
+            d["tokenized"] = self.tokenized.to_dict()
         return d
 
     @classmethod
@@ -449,7 +660,10 @@ class Manifest:
                            revision=2 if version >= _DROPPED_COUNTS_TRUNCATED else 1),
                        windows=windows, windowing=windowing, kind=kind,
                        source_column=None if not src else str(src["column"]),
-                       source_values=values)
+                       source_values=values,
+                       tokenized=(Tokenization.from_dict(d["tokenized"])
+                                  if kind == PACKED_KIND and d.get("tokenized")
+                                  else None))
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"{where}: malformed manifest ({type(exc).__name__}: {exc}); "
                                 "rerun the same packtool pack with --overwrite") from None

@@ -66,6 +66,7 @@ from packtool.types import IGNORE_INDEX
 
 __all__ = ["NEMO_ROWS_PER_GROUP", "NEMO_SPLITS", "nemo_schema", "nemo_file_name",
            "to_nemo_batch", "export_nemo", "export_warnings", "export_notes", "eos_warnings",
+           "output_eos",
            "NemoExport", "EXPORT_KEY", "EXPORT_LOCK_NAME"]
 
 #: Rows per Parquet row group, as NeMo / Megatron-Bridge's packed Parquet writer sets it.
@@ -326,8 +327,8 @@ class NemoExport:
     #: lines said after the summary (:func:`export_notes`): the ``--segment-multiple`` layout
     #: not kept
     notes: tuple = ()
-    #: the EOS id looked for (``eos_id`` of :func:`export_nemo`, else the output's
-    #: ``--append-eos``); None: unknown, not looked for
+    #: the EOS id looked for (``eos_id`` of :func:`export_nemo`, else the output's own:
+    #: :func:`output_eos`); None: unknown, not looked for
     eos_id: int | None = None
     #: documents holding ``eos_id`` before the last token of an exported sequence
     eos_documents: int = 0
@@ -455,11 +456,13 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
             held-out output of ``pack --holdout`` (its manifest says so), else ``training``.
         overwrite: replace an existing file of that name.
         rows_per_group: rows per Parquet row group.
-        eos_id: the EOS id of the trainer's tokenizer; None: the output's ``--append-eos``
-            (none: nothing is looked for). Documents holding it before the last token of an
-            exported sequence are counted (``eos_documents``, ...) and said in a warning when
-            Megatron-Bridge's packed collate trains them otherwise than packtool
-            (:func:`eos_warnings`); the file is written all the same.
+        eos_id: the EOS id of the trainer's tokenizer; None: the output's own
+            (:func:`output_eos`: pack's ``--append-eos``, else the ``--append-eos`` of the
+            ``packtool tokenize`` it was packed from; none: nothing is looked for). Documents
+            holding it before the last token of an exported sequence are counted
+            (``eos_documents``, ...) and said in a warning when Megatron-Bridge's packed
+            collate trains them otherwise than packtool (:func:`eos_warnings`); the file is
+            written all the same.
 
     Returns:
         :class:`NemoExport`; its ``warnings`` are those ``packtool stats`` gives for
@@ -495,7 +498,7 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
                 _packed_blocks(out_dir)
         except KeyboardInterrupt:
             raise KeyboardInterrupt(f"nothing was written into {dest}") from None
-        eos = eos_id if eos_id is not None else manifest.options.get("append_eos")
+        eos = eos_id if eos_id is not None else output_eos(manifest)
         try:
             done = _export(blocks, convention, capacity, dest, split or holds, overwrite,
                            rows_per_group, source, None if eos is None else int(eos))
@@ -504,6 +507,17 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
     return dataclasses.replace(
         done, warnings=tuple(export_warnings(manifest, where) + eos_warnings(manifest, done)),
         notes=tuple(export_notes(manifest)))
+
+
+def output_eos(manifest) -> int | None:
+    """The EOS id a packed output's documents end with, as its manifest says: pack's
+    ``--append-eos``, else the ``--append-eos`` every ``packtool tokenize`` output it was packed
+    from added (:attr:`~packtool.formats.manifest.Manifest.tokenized`); None when neither is
+    recorded."""
+    eos = manifest.options.get("append_eos")
+    if eos is None and manifest.tokenized is not None:
+        eos = manifest.tokenized.append_eos
+    return None if eos is None else int(eos)
 
 
 def _eos_fields(found: dict) -> dict:

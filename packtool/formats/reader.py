@@ -58,7 +58,8 @@ from packtool.errors import (InputError, ManifestError, PacktoolError, SchemaErr
 from packtool.formats.arrays import list_parts, numpy_values
 from packtool.formats.manifest import (IN_PROGRESS_NAME, KINDS, MANIFEST_META_KEY,
                                        MANIFEST_NAME, PACKED_KIND, TOKENIZED_KIND,
-                                       V1_MANIFEST_NAME, LOCK_NAME, Manifest, footer_of,
+                                       V1_MANIFEST_NAME, LOCK_NAME, Manifest, Tokenization,
+                                       footer_of,
                                        read_manifest, run_holding,
                                        version_1_listed)
 from packtool.formats.schema import (MASK_LIKE, check_single_column, check_token_column,
@@ -115,6 +116,10 @@ class InputFile:
     bytes: int
     mtime_ns: int
     format: str = "parquet"
+    #: a shard of a finished ``packtool tokenize`` output: what its manifest says tokenize did
+    #: (:class:`~packtool.formats.manifest.Tokenization`: the tokenizer, the BOS/EOS ids
+    #: added); None for any other file (nothing is known of it)
+    tokenization: Tokenization | None = None
 
 
 @dataclass(frozen=True)
@@ -529,6 +534,15 @@ def _output_mark(fs: pafs.FileSystem, names: set[str], directory: str) -> _Outpu
     return None
 
 
+def _tokenization(manifest: Manifest) -> Tokenization | None:
+    """What the manifest of a finished tokenize output says tokenize did to its documents, or
+    None when it does not say it whole (a manifest edited by hand): nothing is then known."""
+    try:
+        return Tokenization.of_manifest(manifest)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
 def _tokenized_shards(place: _Place, dpath: str, drel: str, infos, manifest: Manifest, disp,
                       skipped: list[str], other: list[tuple[str, str]],
                       linked: bool) -> list[_Found]:
@@ -544,6 +558,9 @@ def _tokenized_shards(place: _Place, dpath: str, drel: str, infos, manifest: Man
     reported (``skipped``); a file of another format goes to ``other`` (refused unless
     ``skip_unsupported``, as in any folder); a data file or folder the manifest does not list is
     refused: a copy of a shard would be packed twice, anything else is not that output's.
+
+    Each shard found carries what the manifest says tokenize did to its documents
+    (:func:`_tokenization`; ``InputFile.tokenization``), which ``pack`` records.
 
     Raises:
         InputError: one line naming the first shard missing, resized or rewritten, the
@@ -570,6 +587,7 @@ def _tokenized_shards(place: _Place, dpath: str, drel: str, infos, manifest: Man
                              f"manifest of the tokenized output {where} says {s.bytes:,}: the "
                              f"shard was changed or truncated; {fix}")
     unlisted, found = [], []
+    made = _tokenization(manifest)
     for name in sorted(by_name):
         info = by_name[name]
         if name == MANIFEST_NAME or name in listed:
@@ -608,7 +626,7 @@ def _tokenized_shards(place: _Place, dpath: str, drel: str, infos, manifest: Man
             raise InputError(f"{shown}: its Parquet footer differs from the manifest of the "
                              f"tokenized output {where}: the shard was rewritten; {fix}")
         found.append((info.path, f"{drel}{s.file}", "parquet", info, (drel, i),
-                      linked or (not place.prefix and os.path.islink(info.path))))
+                      linked or (not place.prefix and os.path.islink(info.path)), made))
     return found
 
 
@@ -824,7 +842,9 @@ def _utf8_entries(infos, drel: str, disp, skipped: list[str], skip_unsupported: 
     return good
 
 
-#: one walk entry: (path, relative path, format, FileInfo, sort key, reached through a link)
+#: one walk entry: (path, relative path, format, FileInfo, sort key, reached through a link,
+#: the :class:`~packtool.formats.manifest.Tokenization` of the tokenize output it is a shard of
+#: or None)
 _Found = tuple
 
 
@@ -908,7 +928,8 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
                 if info is None or info.type != pafs.FileType.File:
                     raise InputError(f"{place.show(f'{dpath}/{name}')}: listed in "
                                      f"{_HF_STATE} but missing; save the dataset again")
-                found.append((info.path, f"{drel}{name}", "arrow", info, (drel, i), linked))
+                found.append((info.path, f"{drel}{name}", "arrow", info, (drel, i), linked,
+                              None))
             for name in sorted(set(by_name) - set(listed) - {_HF_STATE, _HF_INFO}):
                 why = "hidden or '_'-prefixed" if name.startswith((".", "_")) else \
                     f"not listed in {_HF_STATE}"
@@ -939,7 +960,8 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
                 fmt = _format_of(name, text)
                 if fmt is not None:
                     found.append((info.path, f"{drel}{name}", fmt, info, (f"{drel}{name}", 0),
-                                  linked or (not place.prefix and os.path.islink(info.path))))
+                                  linked or (not place.prefix and os.path.islink(info.path)),
+                                  None))
                     read_here.append(name)
                 elif _DOC_NAMES.search(name):
                     skipped.append(f"{disp(drel + name)} (documentation)")
@@ -1099,16 +1121,17 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
             # if INPUT holds it, else at the name that sorts first
             found_keys = [place.key(t[0]) for t in found]
             first: dict = {}  # file key -> (reached through a link, relative path) read
-            for (_, rel, _, _, _, linked), key in zip(found, found_keys):
+            for (_, rel, _, _, _, linked, _), key in zip(found, found_keys):
                 if key not in first or (linked, rel) < first[key]:
                     first[key] = (linked, rel)
-            for (q, rel, fmt, qi, _, _), key in zip(found, found_keys):
+            for (q, rel, fmt, qi, _, _, made), key in zip(found, found_keys):
                 if first[key][1] != rel:
                     skipped.append(f"{disp(rel)} (another name of a file read at "
                                    f"{first[key][1]})")
                     continue
                 where = place.show(q) if prefix else Path(_location(given)) / rel
-                files.append(InputFile(where, rel, int(qi.size or 0), int(qi.mtime_ns or 0), fmt))
+                files.append(InputFile(where, rel, int(qi.size or 0), int(qi.mtime_ns or 0), fmt,
+                                       made))
                 keys.append(key)
                 origins.append(f"inside INPUT {shown}")
         else:

@@ -47,9 +47,9 @@ from packtool.config import PackConfig
 from packtool.engines import make_engine
 from packtool.errors import InputError, shortage_error
 from packtool.formats.manifest import (FORMAT_VERSION, InputEntry, LabelsInfo, Manifest,
-                                       WindowEntry, Windowing, shard_name)
+                                       Tokenization, WindowEntry, Windowing, shard_name)
 from packtool.formats.reader import discover_inputs
-from packtool.location import display
+from packtool.location import Location, display
 from packtool.formats.schema import labels_convention, packed_schema
 from packtool.output import FILES_FIX, MEMORY_FIXES, Output, fingerprint
 from packtool.pipeline import progress as _progress_mod
@@ -148,6 +148,10 @@ class _Run:
     parts: list
     windows: Windows
     fp: str  #: the output's fingerprint
+    #: what the tokenize outputs read agree on (:func:`tokenized_record`), None: nothing
+    tokenized: Tokenization | None = None
+    #: the pack's warning that the inputs hold the ids of different tokenizers, or None
+    tokenizers_note: str | None = None
 
     def output(self) -> Output:
         """OUTPUT of this pack, not entered yet (entering it runs every check on OUTPUT)."""
@@ -164,8 +168,56 @@ def _prepare(cfg: PackConfig) -> _Run:
     cfg = input_labels_config(cfg, files)  # an input labels column: labels are stored
     parts = plan_reads(files, cfg.column)  # footers only
     windows = plan_windows(sum(p.docs for p in parts), cfg.window_docs)
+    tokenized, note = tokenized_record(files)
+    if cfg.holdout_part == "holdout":  # said once, by the training pack of the same input
+        note = None
     return _Run(cfg, files, parts, windows,
-                fingerprint(cfg.layout_options(), files, cfg.inputs_digest))
+                fingerprint(cfg.layout_options(), files, cfg.inputs_digest), tokenized, note)
+
+
+def tokenized_record(files) -> tuple[Tokenization | None, str | None]:
+    """What a pack of ``files`` records of the tokenize outputs it reads, and its warning.
+
+    The record (:meth:`Tokenization.common`) is the one tokenizer of every input file's
+    tokenize manifest and each EOS or BOS id tokenize added that they agree on: nothing when
+    some file is not a shard of a finished tokenize output (plain Parquet: nothing is known of
+    it) or the files come from different tokenizers (an id means nothing without its
+    tokenizer).
+
+    Inputs tokenized by different tokenizers (by kind and sha256 of the tokenizer file) are
+    warned of, not refused: the ids of two tokenizers in one output are almost surely a mistake
+    (id 1000 is one token in the first and another in the second), but pack cannot tell it
+    from two files whose ids are the same (a ``tokenizer.json`` saved again with another layout
+    or metadata, or with special tokens appended after the vocabulary), and it lays out ids
+    without reading them; a refusal would need an option to override it. So it packs them,
+    says so in one line naming two of the outputs and their tokenizers, and records no
+    tokenizer, so that nothing downstream vouches for the ids. A mix of tokenize outputs and
+    other files is not warned of (nothing says the other files' tokenizer).
+
+    Args:
+        files: the :class:`~packtool.formats.reader.InputFile` list of the pack, in order.
+
+    Returns:
+        ``(record, warning)``: the :class:`Tokenization` (None: nothing recorded) and the
+        warning's line (None: no two tokenizers).
+    """
+    record = Tokenization.common(f.tokenization for f in files)
+    seen: list = []  # (tokenizer, first file) of each tokenizer, in input order
+    for f in files:
+        t = f.tokenization
+        if t is not None and not any(t.tokenizer.same_ids(s) for s, _ in seen):
+            seen.append((t.tokenizer, f))
+    if len(seen) < 2:
+        return record, None
+    (a, fa), (b, fb) = seen[:2]
+    more = f" and {len(seen) - 2} more" if len(seen) > 2 else ""
+    made_a, made_b = (Location.parse(f.path).parent.display for f in (fa, fb))  # the outputs
+    note = (f"INPUT holds the ids of different tokenizers: {made_a} was tokenized with "
+            f"{a.describe()}, {made_b} with {b.describe()}{more}; an id means another token in "
+            "each, so the rows mix vocabularies and the manifest records no tokenizer; "
+            "tokenize every input with one tokenizer (packtool tokenize --tokenizer FILE), "
+            "then pack again with --overwrite")
+    return record, note
 
 
 def _prepared(cfg: PackConfig) -> _Run:
@@ -237,11 +289,14 @@ def disk_peak(cfg: PackConfig, tokens: int, docs: int, windows: int,
 
 def _run(run: _Run, out: Output, show: bool, t0: float) -> PackResult:
     """The pack ``run`` inside its entered OUTPUT ``out``."""
+    said = [run.tokenizers_note] if run.tokenizers_note else []
     if out.complete:
         m = out.manifest
         return PackResult(m.totals, m, time.perf_counter() - t0, len(m.shards), True,
-                          _warnings(run.cfg, m.totals))
-    return _pack(run.cfg, run.files, run.parts, run.windows, run.fp, out, show, t0)
+                          said + _warnings(run.cfg, m.totals))
+    done = _pack(run.cfg, run.files, run.parts, run.windows, run.fp, out, show, t0,
+                 run.tokenized)
+    return dataclasses.replace(done, warnings=said + done.warnings)
 
 
 def _interrupted(cfg: PackConfig, outs: "list[Output | None]") -> KeyboardInterrupt:
@@ -316,7 +371,8 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
 
 
 def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: str,
-          out: Output, show: bool, t0: float) -> PackResult:
+          out: Output, show: bool, t0: float,
+          tokenized: Tokenization | None = None) -> PackResult:
     """The phases of :func:`run_pack` inside OUTPUT."""
     est_tokens = sum(p.tokens for p in parts) + (sum(p.docs for p in parts)
                                                    if cfg.append_eos is not None else 0)
@@ -412,7 +468,7 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
         shards=tuple(outputs), totals=total,
         windows=tuple(_window_record(w, i) for w, i in enumerate(infos)) if windowed else (),
         windowing=Windowing(windows.count, windows.block) if windowed else None,
-        source_column=cfg.source_column, source_values=source_values)
+        source_column=cfg.source_column, source_values=source_values, tokenized=tokenized)
     out.commit(manifest, packed_schema(cfg.capacity, labels_mode, cfg.segment_multiple,
                                        sources=cfg.source_column is not None))
     notes = _warnings(cfg, total) + ([space_note] if space_note else [])
