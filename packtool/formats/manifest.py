@@ -22,11 +22,11 @@ not ``packed``, so a packed output's manifest is what it was before kinds existe
 **What tokenize did.** A pack of ``packtool tokenize`` outputs all made with one tokenizer
 records what their manifests agree on, the tokenizer and the BOS/EOS ids tokenize added
 (:attr:`Manifest.tokenized`, a :class:`Tokenization`; JSON ``tokenized``, written only when
-set), so ``export --to nemo`` knows the EOS id and ``stats`` names the tokenizer. It is an
-optional key added to version 4, not a new version: every packtool reading version 4 takes the
-keys it knows from the manifest and ignores the others (:meth:`Manifest.from_dict`; ``upgrade``
-rewrites only versions 2 and 3, which never hold it), so an older packtool reads such an output
-as before, without the record.
+set), so ``export --to nemo`` knows the EOS id, ``stats`` names the tokenizer and the loader
+refuses to mix the ids of two tokenizers. It is an optional key added to version 4, not a new
+version: every packtool reading version 4 takes the keys it knows from the manifest and ignores
+the others (:meth:`Manifest.from_dict`; ``upgrade`` rewrites only versions 2 and 3, which never
+hold it), so an older packtool reads such an output as before, without the record.
 
 **Format versions.** 4 (this one): the totals' ``tokens_dropped`` counts every token read and
 not written, the tails ``--overflow truncate`` cut included (``tokens_truncated`` is that part;

@@ -77,7 +77,9 @@ class Mixture:
             non-positive ``rows_per_epoch``, or ``labels=None`` with outputs of different
             conventions.
         ManifestError: an output that cannot be opened, outputs of different capacity or
-            columns, or a requested column some output lacks.
+            columns, outputs whose manifests record different tokenizers (packed from
+            ``packtool tokenize`` outputs of another tokenizer file: an id means another token
+            in each), or a requested column some output lacks.
     """
 
     def __init__(self, sources, *, weights: Mapping[str, float] | None = None,
@@ -112,6 +114,7 @@ class Mixture:
                 + "); pass labels='unshifted' or labels='shifted'")
         self.labels_mode = modes[0]
         self.capacity = self._same_capacity()
+        self._same_tokenizer()
         self.columns = self._columns(columns)
         sizes = np.asarray([o.num_rows for o in outputs], dtype=np.int64)  # shape: (S,)
         self.rows = sizes
@@ -156,6 +159,31 @@ class Mixture:
                                             in zip(self.names, self.outputs))
                                 + "); pack them at one --capacity")
         return caps.pop()
+
+    def _same_tokenizer(self) -> None:
+        """Refuse outputs whose manifests record different tokenizers (by kind and sha256 of
+        the tokenizer file, :meth:`~packtool.formats.manifest.TokenizerInfo.same_ids`): id 1000
+        is one token in one and another in the other, so a model would learn both as one. An
+        output that records none (packed from plain Parquet, or from tokenize outputs of
+        different tokenizers) is not compared: nothing says its tokenizer.
+
+        Raises:
+            ManifestError: names both sources, their tokenizers and the fix.
+        """
+        first = None  # (name, tokenizer) of the first output that records one
+        for name, o in zip(self.names, self.outputs):
+            record = getattr(o.manifest, "tokenized", None)
+            if record is None:
+                continue
+            if first is None:
+                first = (name, record.tokenizer)
+            elif not first[1].same_ids(record.tokenizer):
+                raise ManifestError(
+                    f"outputs {first[0]!r} and {name!r} hold the ids of different tokenizers "
+                    f"({first[0]}: {first[1].describe()}; {name}: "
+                    f"{record.tokenizer.describe()}), so an id means another token in each; "
+                    "tokenize their text with one tokenizer (packtool tokenize --tokenizer "
+                    "FILE) and pack it again")
 
     def _columns(self, columns) -> list[str]:
         if columns is not None:

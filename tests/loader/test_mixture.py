@@ -471,3 +471,49 @@ def test_a_source_without_rows_is_named(web_and_code, no_rows):
         warnings.simplefilter("error")
         ds = PackedIterableDataset(mix, weights={"web": 1, "none": 0}, rank=0, world_size=1)
     assert ds.source_shares == {"web": len(PackedDataset(web_and_code["web"])), "none": 0}
+
+
+def _recorded(src, dst, tokenizer):
+    """A copy of the packed output ``src`` at ``dst`` whose manifest records that it was packed
+    from ``packtool tokenize`` outputs of ``tokenizer`` (a TokenizerInfo), its shards as they
+    were."""
+    import dataclasses
+
+    from packtool.formats.manifest import (Tokenization, publish_manifest,
+                                           read_manifest_and_schema)
+
+    shutil.copytree(src, dst)
+    manifest, schema = read_manifest_and_schema(dst)
+    publish_manifest(dst, dataclasses.replace(manifest, tokenized=Tokenization(tokenizer, 2)),
+                     schema)
+    return dst
+
+
+def test_outputs_of_different_tokenizers_are_refused(web_and_code, tmp_path):
+    """Outputs whose manifests record tokenizers of another sha256 hold ids that mean other
+    tokens: mixing them trained one vocabulary's id as another's token, without a word; refused
+    naming both sources and tokenizers. The same tokenizer (another file name), or an output
+    that records none, mixes as before."""
+    from packtool.formats.manifest import TokenizerInfo
+
+    one = TokenizerInfo("tokenizers", "1" * 64, "tokenizer.json", 32000)
+    other = TokenizerInfo("tokenizers", "2" * 64, "tokenizer.json", 32000)
+    renamed = TokenizerInfo("tokenizers", "1" * 64, "copy.json", 32000)
+    web = _recorded(web_and_code["web"], tmp_path / "web", one)
+    code = _recorded(web_and_code["code"], tmp_path / "code", other)
+    with pytest.raises(ManifestError, match=r"^outputs 'web' and 'code' hold the ids of "
+                                            r"different tokenizers \(web: tokenizer\.json "
+                                            r"\(tokenizers, 32,000 ids, sha256 111111111111\); "
+                                            r"code: tokenizer\.json \(tokenizers, 32,000 ids, "
+                                            r"sha256 222222222222\)\), so an id means another "
+                                            r"token in each; tokenize"):
+        PackedIterableDataset({"web": web, "code": code}, rank=0, world_size=1)
+    from packtool.loader.mixture import Mixture
+
+    with pytest.raises(ManifestError, match="different tokenizers"):
+        Mixture({"web": web, "code": code}, weights={"web": 1, "code": 1})
+    same = _recorded(web_and_code["code"], tmp_path / "same", renamed)
+    assert PackedIterableDataset({"web": web, "code": same}, rank=0,
+                                 world_size=1).source_shares
+    assert PackedIterableDataset({"web": web, "plain": web_and_code["code"]}, rank=0,
+                                 world_size=1).source_shares
