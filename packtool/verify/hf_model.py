@@ -631,16 +631,41 @@ def _from_config(cfg):
                 raise
 
 
+#: first words of the names of sub-models the text never goes through (a vision, audio or
+#: video tower: Qwen2.5-VL's ``visual``, Gemma 3's ``vision_tower``...)
+_TOWER_WORDS = ("vision", "visual", "audio", "image", "video", "speech")
+
+
 def decoder_layers(model) -> list:
-    """The model's decoder layers in order (the longest ``ModuleList`` named ``...layers``)."""
+    """The decoder layers of the model's language model, in order.
+
+    The longest ``ModuleList`` named ``layers``, ``h`` or ``blocks`` inside the module the text
+    goes through: ``model.get_decoder()`` (a causal LM's base model, a wrapper's
+    ``language_model`` or text model), else the whole model; never one inside a vision, audio
+    or video tower (:data:`_TOWER_WORDS`), which a text-only forward does not run (Qwen2.5-VL's
+    and Qwen3-VL's vision ``blocks`` are as many as the shrunk language model's layers, or more).
+
+    Returns:
+        A list of modules, empty when the model has no such list.
+    """
     torch = require_torch()
-    best = []
-    for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.ModuleList) and name.split(".")[-1] in ("layers", "h",
-                                                                            "blocks"):
-            if len(mod) > len(best):
+    roots = [model]
+    try:
+        dec = model.get_decoder() if callable(getattr(model, "get_decoder", None)) else None
+    except Exception:  # noqa: BLE001 - a model of its own kind with no decoder to name
+        dec = None
+    if isinstance(dec, torch.nn.Module) and dec is not model:
+        roots.insert(0, dec)
+    for root in roots:
+        best = []
+        for name, mod in root.named_modules():
+            parts = name.split(".")
+            if isinstance(mod, torch.nn.ModuleList) and parts[-1] in ("layers", "h", "blocks") \
+                    and not any(p.startswith(_TOWER_WORDS) for p in parts) and len(mod) > len(best):
                 best = list(mod)
-    return best
+        if best:
+            return best
+    return []
 
 
 def _mixers(layer) -> list:
@@ -950,6 +975,9 @@ def leak_message(cfg, located, refused: str | None, *, fed: str = VERIFY_FED,
         w in sub_cls for w in ("Linear", "Lightning", "DeltaNet", "Rwkv", "RWKV"))
     if refused:
         need = kernel_need(refused)
+    elif located is None:  # no layer to name, so no layer's need either
+        need = ("what packtool cannot name outside the layers (an embedding, a bias or a head "
+                "that reads the whole row): train it on one document per row")
     elif attention:  # it was given both, as HFCollator gives them, and still leaked
         need = attention_need or (
             "an attention mask that reads position_ids restarting at 0 or "

@@ -454,6 +454,45 @@ def test_attention_configs_that_now_shrink_keep_documents_apart(packed, name):
     assert rep.ok, rep.format_text()
 
 
+@pytest.mark.parametrize("model_type,layer", [
+    ("qwen2_5_vl", "Qwen2_5_VLDecoderLayer"), ("qwen3_vl", "Qwen3VLTextDecoderLayer"),
+    ("cosmos3_edge", "Cosmos3EdgeTextDecoderLayer"), ("llama", "LlamaDecoderLayer"),
+    ("bamba", "BambaDecoderLayer")])
+def test_the_decoder_layers_are_the_language_models_never_a_vision_towers(model_type, layer):
+    """The layers watched and reported are those the text goes through: Qwen2.5-VL's, Qwen3-VL's
+    and Cosmos 3's vision towers hold as many ``blocks`` / ``layers`` as their shrunk language
+    models, and theirs were taken (a leak in the attention was then put outside the layers);
+    plain models keep theirs."""
+    from packtool.verify.hf_model import build_hf_model, decoder_layers, shrink_config
+
+    small = shrink_config(transformers.AutoConfig.for_model(model_type))
+    layers = decoder_layers(build_hf_model(small, seed=0))
+    assert {type(x).__name__ for x in layers} == {layer}, layers
+    assert len(layers) == small.get_text_config().num_hidden_layers
+
+
+def test_a_vision_language_models_report_names_its_language_layers(packed, tmp_path):
+    """verify's model line lists Qwen3-VL's text decoder layers, not its vision blocks."""
+    rep = run_verify(packed, rows=0, hf_config=_config_file(tmp_path, "qwen3_vl"))
+    model = rep.get("hf", "logits_match").figures["model"]
+    assert rep.ok and "Qwen3VLTextDecoderLayer" in model and "Vision" not in model, model
+
+
+def test_a_leak_outside_the_layers_asks_for_no_kernel(packed, tmp_path, monkeypatch):
+    """When no decoder layer's output moves, no layer is named, and neither is a kernel that
+    resets a layer's state (the model may have no recurrent layer at all)."""
+    from packtool.verify import hf_model
+
+    monkeypatch.setattr(hf_model, "decoder_layers", lambda model: [])
+    iso = run_verify(packed, rows=0, hf_config=_config_file(tmp_path, "opt")).get(
+        "hf", "isolation")
+    assert iso.status == "fail", iso.message
+    assert iso.message.startswith("documents leak in the model (no decoder layer output "
+                                  "moved"), iso.message
+    assert "kernel" not in iso.message and "seq_idx" not in iso.message, iso.message
+    assert "one document per row" in iso.message, iso.message
+
+
 def test_mrope_sections_follow_the_head_size():
     """Multimodal RoPE sections sum to half the rotary head, which Cosmos 3's config checks:
     [24, 20, 20] on heads of 128 become sections summing to 8 on heads of 16 (it did not
