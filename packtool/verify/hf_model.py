@@ -24,6 +24,7 @@ refused.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 from pathlib import Path
@@ -250,7 +251,8 @@ def shrink_config(cfg):
     pattern, a first MoE layer after at most one leading dense one (``first_k_dense_replace``)
     and the first layer of each listed kind (``moe_layers``, ``full_attn_idxs``, a per-layer
     override...), and every per-layer field is cut with them (:func:`_cut_per_layer`); the
-    per-frequency RoPE lists (longrope factors, ``mrope_section``) follow the head size. Nested
+    per-frequency RoPE lists (longrope factors, ``mrope_section``, stated or left to the model
+    class's default) follow the head size. Nested
     sub-configs (the ``text_config`` of Llama 4, Qwen3.5, Qwen3-VL, Gemma 3 or Mistral 3
     wrappers, their ``vision_config``...) are shrunk the same way. ``use_cache`` is off.
 
@@ -264,6 +266,7 @@ def shrink_config(cfg):
     """
     d = cfg.to_dict()
     refuse_remote_code(d, f"the {d.get('model_type')} config")
+    _fill_rope_defaults(cfg, d)
     orig = copy.deepcopy(d)
     _shrink_sizes(d)
     cls = type(cfg)
@@ -394,6 +397,8 @@ def _shrink_sizes(d: dict) -> None:
             d[k] = [min(x, HF_CONFIG_VOCAB - 1) for x in v]
     if isinstance(d.get("depth"), int) and d["depth"] > 2 and "patch_size" in d:
         d["depth"] = 2  # vision towers (Qwen-VL) count their blocks as depth
+    if isinstance(d.get("embed_dim"), int) and d["embed_dim"] > _WIDTH and "patch_size" in d:
+        d["embed_dim"] = _WIDTH  # and Qwen2-VL's names its width embed_dim
     _shrink_rope_lists(d, orig)
     for k, v in d.items():  # per-layer overrides (Gemma 4's per_layer_config): small too
         if _layer_keyed(v):
@@ -457,6 +462,65 @@ def _shrink_rope_lists(d: dict, orig: dict) -> None:
                 v = p.get(name)
                 if _int_list(v) and sum(v) > 0:
                     p[name] = _scaled_sections(v, sum(v) * new // old)
+
+
+#: a modeling file reading a RoPE section list with a built-in default when the config leaves
+#: it out: ``config.rope_parameters.get("mrope_section", [16, 24, 24])`` (Qwen2-VL, Qwen2.5-VL)
+_SECTION_DEFAULT = re.compile(r"\.get\(\s*[\"'](\w+)[\"']\s*,\s*\[([\d,\s]+)\]\s*\)")
+
+
+@functools.lru_cache(maxsize=None)
+def _class_rope_defaults(config_module: str) -> tuple:
+    """``((name, sections), ...)``: the :data:`_ROPE_SECTIONS` lists the modeling file beside
+    the config module ``config_module`` reads with a default of its own (the first default
+    each name is read with); empty when it has none or cannot be found."""
+    import importlib.util
+
+    if ".configuration_" not in config_module:
+        return ()
+    try:
+        spec = importlib.util.find_spec(config_module.replace(".configuration_", ".modeling_"))
+        text = Path(spec.origin).read_text(encoding="utf-8") if spec and spec.origin else ""
+    except (ImportError, ValueError, OSError):
+        return ()
+    found: dict = {}
+    for name, nums in _SECTION_DEFAULT.findall(text):
+        if name in _ROPE_SECTIONS and name not in found:
+            found[name] = [int(x) for x in nums.split(",") if x.strip()]
+    return tuple(found.items())
+
+
+def _fill_rope_defaults(cfg, d: dict) -> None:
+    """Write into ``d`` (``cfg.to_dict()``), in place, the class default of each RoPE section
+    list the text config leaves out (Qwen2.5-VL's ``mrope_section`` [16, 24, 24], which its
+    rotary embedding takes when ``rope_parameters`` has none), so that it is scaled with the head
+    size as a stated one is (:func:`_shrink_rope_lists`); the rotary embedding would otherwise
+    split heads of 16 into sections summing to 64."""
+    text = _text_config(cfg)
+    path: list = []
+    if text is not cfg:  # where the text config sits among the nested sub-configs
+        def find(c, at):
+            for k, sub in _sub_configs(c).items():
+                if sub is text:
+                    return at + [k]
+                got = find(sub, at + [k])
+                if got is not None:
+                    return got
+            return None
+        path = find(cfg, [])
+        if path is None:
+            return
+    td = d
+    for k in path:
+        td = td.get(k) if isinstance(td, dict) else None
+    rp = td.get("rope_parameters") if isinstance(td, dict) else None
+    defaults = _class_rope_defaults(type(text).__module__)
+    if not defaults or not isinstance(rp, dict) or not rp:
+        return
+    nested = [v for v in rp.values() if isinstance(v, dict)]  # one dict a layer type
+    for p in nested or [rp]:
+        for name, sections in defaults:
+            p.setdefault(name, list(sections))
 
 
 def _scaled_sections(v: list, total: int) -> list:

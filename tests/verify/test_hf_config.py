@@ -507,6 +507,33 @@ def test_mrope_sections_follow_the_head_size():
     build_hf_model(small, seed=0)
 
 
+@pytest.mark.parametrize("model_type,default", [
+    ("qwen2_vl", [16, 24, 24]), ("qwen2_5_vl", [16, 24, 24]), ("qwen3_vl", [24, 20, 20]),
+    ("qwen3_5", [11, 11, 10])])
+def test_a_class_default_mrope_section_follows_the_head_size(model_type, default):
+    """A config that leaves mrope_section out gets its rotary embedding's built-in default
+    (Qwen2.5-VL: [16, 24, 24], halves of heads of 128), which was left at that size on heads of
+    16 ("split_sizes=[16, 24, 24] ... sum exactly to 8"): it is written into the shrunk config,
+    scaled as a stated one, and the model runs."""
+    from packtool.verify.hf_model import build_hf_model, shrink_config
+
+    cfg = transformers.AutoConfig.for_model(model_type)
+    assert "mrope_section" not in cfg.get_text_config().rope_parameters
+    small = shrink_config(cfg)
+    text = small.get_text_config()
+    head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    rotary = int(head * text.rope_parameters.get("partial_rotary_factor", 1.0))
+    sections = text.rope_parameters["mrope_section"]
+    assert len(sections) == 3 and sum(sections) == rotary // 2, text.rope_parameters
+    assert all(abs(x - d * sum(sections) / sum(default)) < 1 for x, d in zip(sections, default))
+    model = build_hf_model(small, seed=0)
+    rotary_emb = next(m for m in model.modules() if hasattr(m, "mrope_section"))
+    assert list(rotary_emb.mrope_section) == sections
+    ids = torch.arange(12).reshape(1, 12)
+    with torch.no_grad():
+        assert torch.isfinite(model(input_ids=ids, use_cache=False).logits).all()
+
+
 def test_a_config_that_still_cannot_shrink_names_the_fields():
     """When the config class refuses the shrunk config, the message names the fields: those
     transformers' message names (XLNet's d_head against d_model // n_head), else the fields
