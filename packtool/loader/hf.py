@@ -230,6 +230,8 @@ def _gaps(batch: dict, rows: dict, config, what: str) -> dict:
     impl = getattr(config, "_attn_implementation", None) or ""
     torch = require_torch()
     ids, pos = batch["input_ids"], batch.get("position_ids")
+    if torch.is_tensor(pos) and pos.ndim == 3 and pos.shape[0] == 4:
+        pos = pos[0]  # a multimodal-RoPE model's text positions, before its three axes
     out = {}
     if not torch.is_tensor(pos) or pos.numel() != rows["position_ids"].numel() or not bool(
             (pos.reshape(rows["position_ids"].shape).cpu() == rows["position_ids"]).all()):
@@ -378,8 +380,13 @@ def check_isolation(model, collator=None, *, seed: int = 0) -> Isolation:
                                  f"{doc(m.iso_other.where)} by {m.iso_other.max:.3g}")
                 held = " and ".join(k for k in ("position_ids", "cu_seq_lens_q/cu_seq_lens_k")
                                     if k.split("/")[0] in batch) or "neither"
+                gaps = _gaps(batch, rows, config, what)
+                if located is not None and "attention_need" not in gaps:
+                    need = runner.mrope_need(rows, spans, f"the batch of {what} gives it")
+                    if need is not None:  # positions right, in a form this model misreads
+                        gaps["attention_need"] = need
                 why = leak_message(config, located, None, fed=f"the batch of {what} held {held}",
-                                   **_gaps(batch, rows, config, what))
+                                   **gaps)
             elif lm.status == FAIL:
                 found[-1] += ", though changing document 1 moves no other document"
                 why = place_effect(runner.batch_position_effect())

@@ -34,7 +34,7 @@ from packtool.verify import require_torch
 
 __all__ = ["load_hf_config", "refuse_remote_code", "shrink_config", "build_hf_model", "decoder_layers", "layer_kind",
            "locate_leak", "leak_message", "kernel_need", "batch_position_effect", "position_limit",
-           "position_switch", "position_fault", "REFUSAL_MARK",
+           "position_switch", "position_fault", "reads_mrope", "mrope_need", "REFUSAL_MARK",
            "HF_CONFIG_VOCAB", "MAX_TEST_PARAMS"]
 
 #: vocabulary of the shrunk model (token ids are folded with ``% V``)
@@ -824,6 +824,71 @@ def locate_leak(model, forward, ids_BC, spans_row: list, row: int, change):
                 return i, layer, watched[k][1]
         return i, layer, None
     return None
+
+
+def reads_mrope(model) -> bool:
+    """Whether ``model`` has a multimodal rotary embedding (an ``mrope_section`` of integer
+    sections: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, ...), whose ``position_ids`` carry three axes."""
+    return any(_int_list(getattr(m, "mrope_section", None)) for m in model.modules())
+
+
+#: rows of ``position_ids`` a multimodal-RoPE model of transformers 5.x reads the text positions
+#: from, before its three RoPE axes (temporal, height, width)
+MROPE_ROWS = 4
+
+
+def mrope_need(model, forward, ids_BC, spans_row: list, row: int, change, position_ids,
+               fed: str) -> str | None:
+    """What a multimodal-RoPE model that leaks fed ``position_ids`` of shape [B, C] needs, when
+    the same per-document positions as [4, B, C] keep its documents apart; else None.
+
+    Qwen2-VL and Qwen2.5-VL (transformers 5.x) read position_ids [B, C] as their three RoPE axes
+    only and then build one causal mask over the row; they find packed documents only from the
+    text positions, the first row of position_ids [4, B, C] (Qwen3-VL expands [B, C] so itself).
+    This runs ``forward`` on the rows and on them with document 1 of ``row`` changed, both with
+    the positions as [4, B, C], and compares the later documents' logits.
+
+    Args:
+        model: the Hugging Face model (only models with :func:`reads_mrope` are probed).
+        forward: ``forward(ids, position_ids) -> logits`` [..., V] of the packed batch, the
+            other keywords as the leaking run had them.
+        ids_BC, spans_row, row, change: as :func:`locate_leak` takes them.
+        position_ids: int64 [B, C] (or [1, B * C]) the leaking run had, restarting at 0 at
+            each document.
+        fed: who gave the model ``position_ids`` in their shape, for the message.
+
+    Returns:
+        One clause for :func:`leak_message`'s ``attention_need``, or None.
+    """
+    torch = require_torch()
+    if position_ids is None or position_ids.ndim != 2 or not reads_mrope(model):
+        return None
+    rows = position_ids.expand(MROPE_ROWS, *position_ids.shape)
+    changed = ids_BC.clone()
+    a, b = spans_row[0]
+    changed[row, a:b] = change(changed[row, a:b])
+    try:
+        with torch.no_grad():
+            x0, x1 = (_first_tensor(forward(ids, rows)) for ids in (ids_BC, changed))
+    except Exception:  # noqa: BLE001 - a model that does not take that form: no such need
+        return None
+    if x0 is None or x1 is None or x0.shape[:2] != ids_BC.shape:
+        return None
+    later = torch.zeros(ids_BC.shape[1], dtype=torch.bool, device=x0.device)
+    for a, b in spans_row[1:]:
+        later[a:b] = True
+    tol = 1e-5 * max(1.0, float(x0[row].abs().max()))
+    if float((x1[row][later].float() - x0[row][later].float()).abs().max()) > tol:
+        return None
+    shape = list(position_ids.shape)
+    return (f"position_ids of shape {[MROPE_ROWS] + shape} (the text positions, then its three "
+            f"multimodal RoPE axes): {fed} position_ids of shape {shape}, which it reads as its "
+            "RoPE axes alone, and then it builds one causal mask over the row; fed the same "
+            f"positions, restarting at 0 at each document, as {[MROPE_ROWS] + shape} it keeps "
+            f"the documents apart: give it position_ids.expand({MROPE_ROWS}, "
+            "*position_ids.shape) (text "
+            "rows; a row with images needs each document's axes from the model's "
+            "get_rope_index, after the text positions), or train it on one document per row")
 
 
 #: config fields naming a model's position limit, first found first (GPT-2 and CTRL say

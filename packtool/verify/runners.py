@@ -598,7 +598,7 @@ class HFRunner(Runner):
     def diagnose(self, batch, spans: list) -> str:
         """For a model that leaked: ``documents leak in <layer>: this model needs ...``, found by
         changing document 1 of a row holding two documents (:mod:`packtool.verify.hf_model`)."""
-        from packtool.verify.hf_model import leak_message, locate_leak
+        from packtool.verify.hf_model import leak_message, locate_leak, mrope_need
 
         row = next(r for r, sp in enumerate(spans) if len(sp) >= 2)
         pos = batch["position_ids"].to(self.device)
@@ -612,8 +612,14 @@ class HFRunner(Runner):
 
         located = locate_leak(self.model, forward, batch["input_ids"], spans[row], row,
                               self.changed_ids)
+        need = None
+        if located is not None:  # a multimodal-RoPE model fed the positions in the wrong form
+            need = mrope_need(self.model, lambda ids, p: self._call(self.embed(ids), p, seq,
+                                                                    flash, ids),
+                              batch["input_ids"], spans[row], row, self.changed_ids, pos,
+                              "verify gave it, as HFCollator() does,")
         return leak_message(self.config if self.config is not None else self.model.config,
-                            located, self.refused)
+                            located, self.refused, attention_need=need)
 
     def row_bytes(self, capacity: int) -> int:
         # transformers builds the packed-sequence mask itself (bool and float copies)
@@ -734,6 +740,16 @@ class ModelRunner(HFRunner):
             rule = LOW_PRECISION_ULPS * torch.finfo(fp).eps * scale
         return max(rule, 2 * self.eager_error)
 
+    def _probe_row(self, batch, spans: list):
+        """``(ids as the model takes them, the documents (a, b) of the first row holding two
+        where the model sees them, that row of the model's)``: [B, C] rows, or one flattened
+        row."""
+        ids_BC = batch["input_ids"]
+        C, L = ids_BC.shape[1], self.ids_shape[-1]
+        row = next(r for r, sp in enumerate(spans) if len(sp) >= 2)
+        at = [((row * C + a) % L, (row * C + b - 1) % L + 1) for a, b in spans[row]]
+        return self._model_ids(self.embed(ids_BC)), at, row * C // L
+
     def locate(self, batch, spans: list):
         """Where document 1 of the first row holding two documents first reaches the others
         (:func:`packtool.verify.hf_model.locate_leak`, fed the collator's batch): ``(layer
@@ -745,14 +761,25 @@ class ModelRunner(HFRunner):
         """
         from packtool.verify.hf_model import locate_leak
 
-        ids_BC = batch["input_ids"]
-        C, L = ids_BC.shape[1], self.ids_shape[-1]
-        row = next(r for r, sp in enumerate(spans) if len(sp) >= 2)
-        # the row's documents where the model sees them ([B, C] rows, or one flattened row)
-        at = [((row * C + a) % L, (row * C + b - 1) % L + 1) for a, b in spans[row]]
+        ids, at, row = self._probe_row(batch, spans)
         return locate_leak(self.model, lambda ids: self.model(input_ids=ids, **self.kwargs),
-                           self._model_ids(self.embed(ids_BC)), at, row * C // L,
-                           self.changed_ids)
+                           ids, at, row, self.changed_ids)
+
+    def mrope_need(self, batch, spans: list, fed: str) -> str | None:
+        """What this model needs when it is a multimodal-RoPE model that keeps the documents
+        apart fed the collator's ``position_ids`` as [4, B, C], not as they are
+        (:func:`packtool.verify.hf_model.mrope_need`; ``batch``, ``spans`` as :meth:`locate`
+        takes them, ``fed``: who gave the positions, for the message), or None."""
+        from packtool.verify.hf_model import mrope_need
+
+        ids, at, row = self._probe_row(batch, spans)
+
+        def forward(ids, position_ids):
+            return self._logits(self.model(input_ids=ids, **{**self.kwargs,
+                                                             "position_ids": position_ids}))
+
+        return mrope_need(self.model, forward, ids, at, row, self.changed_ids,
+                          self.kwargs.get("position_ids"), fed)
 
     def diagnose(self, batch, spans: list, **wording) -> str:
         """``documents leak in <layer>: this model needs ...`` (:meth:`locate`, then

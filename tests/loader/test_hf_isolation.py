@@ -6,8 +6,9 @@ builds one causal mask over the row whatever it is given (shown leaking here fir
 check), and is refused naming the document and the layer; so are a wrapper that drops
 position_ids, a collator whose positions do not restart, a position embedding that ignores
 position_ids (no document reads another, the logits differ all the same), flash_attention_2 on
-several rows without the cu_seq_lens keywords, and a hybrid model whose seq_idx transformers
-refuses on CPU. Each module's train/eval mode comes back, also after a refusal.
+several rows without the cu_seq_lens keywords, Qwen2.5-VL fed position_ids [B, C] (it reads
+[4, B, C]), and a hybrid model whose seq_idx transformers refuses on CPU. Each module's
+train/eval mode comes back, also after a refusal.
 """
 
 from __future__ import annotations
@@ -189,6 +190,33 @@ def test_a_batch_without_use_cache_false_is_named():
     msg = refused(tiny_llama(), transformers.default_data_collator)
     assert "fed the batch default_data_collator builds" in msg
     assert "needs use_cache=False" in msg and "train with data_collator=HFCollator()" in msg
+
+
+def _doc_collator(page: str, name: str):
+    """The class ``name`` of the Python block of ``page`` that defines it, as printed there."""
+    text = (ROOT / page).read_text(encoding="utf-8")
+    code = next(b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S)
+                if f"class {name}(" in b)
+    scope = {"HFCollator": HFCollator}
+    exec(code, scope)  # noqa: S102 - the page's own example
+    return scope[name]
+
+
+def test_qwen2_5_vl_is_told_the_position_ids_form_it_reads_and_passes_in_it():
+    """Qwen2.5-VL reads position_ids [B, C] as its three RoPE axes and builds one causal mask
+    over the row: the refusal names its attention (it said the leak was outside the layers,
+    in its vision blocks, and asked for a kernel resetting a recurrent state) and position_ids
+    [4, B, C]; the collator docs/architectures.md prints gives them, and the model passes."""
+    from packtool.verify.hf_model import build_hf_model, shrink_config
+
+    model = build_hf_model(shrink_config(transformers.Qwen2_5_VLConfig()), seed=0)
+    msg = refused(model)
+    assert ("documents leak in layer 0 (full_attention, Qwen2_5_VLDecoderLayer), in its "
+            "Qwen2_5_VLAttention: this model needs position_ids of shape [4, 2, 48]") in msg, msg
+    assert "the batch of HFCollator() gives it position_ids of shape [2, 48]" in msg, msg
+    assert "kernel" not in msg and "Vision" not in msg, msg
+    got = check_isolation(model, _doc_collator("docs/architectures.md", "QwenVLCollator")())
+    assert got.max_change_other_docs == 0.0 and got.max_abs_diff <= got.tolerance, got
 
 
 def test_a_hybrid_model_refusing_seq_idx_here_is_one_line():

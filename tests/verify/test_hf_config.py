@@ -32,14 +32,21 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 ROOT = Path(__file__).resolve().parents[2]
 #: transformers (5.x) on CPU: "pass" (documents kept apart with packtool's keywords), "refuses"
-#: (transformers raises on seq_idx without the causal-conv1d kernels; without it documents leak)
-#: or "ignores" (seq_idx changes nothing; documents leak), and the layer class where the leak
-#: starts. Config overrides make a model hybrid where its default config is not.
+#: (transformers raises on seq_idx without the causal-conv1d kernels; without it documents leak),
+#: "ignores" (seq_idx changes nothing; documents leak) or "positions" (documents leak fed
+#: position_ids [B, C], and are kept apart fed them as [4, B, C]), and the layer class where the
+#: leak starts. Config overrides make a model hybrid where its default config is not.
 CPU_VERDICTS = {
     "llama": ("pass", None, {}),
     # partial rotary: shrinking kept rotary_dim 64 on heads of 16 (a shape error)
     "gptj": ("pass", None, {}),
     "codegen": ("pass", None, {}),
+    # multimodal RoPE: Qwen3-VL reads position_ids [B, C] as its text positions too
+    "qwen3_vl": ("pass", None, {}),
+    # they take position_ids [B, C] for their three RoPE axes alone and build one causal mask
+    # over the row; the text positions of [4, B, C] keep documents apart
+    "qwen2_vl": ("positions", "Qwen2VLAttention", {}),
+    "qwen2_5_vl": ("positions", "Qwen2_5_VLAttention", {}),
     "bamba": ("refuses", "BambaMixer", {}),
     "falcon_h1": ("refuses", "FalconH1Mixer", {}),
     "granitemoehybrid": ("refuses", "GraniteMoeHybridMambaLayer", {}),
@@ -139,12 +146,16 @@ def test_cpu_verdict_of_each_architecture(packed, tmp_path, model_type):
     assert refused == (verdict == "refuses"), rep.format_text()
     assert f"in its {culprit}: this model needs" in iso.message, iso.message
     assert ("transformers refused seq_idx" in iso.message) == refused
+    if verdict == "positions":
+        assert f"in its {culprit}: this model needs position_ids of shape [4, 2, 32]" in \
+            iso.message and "kernel" not in iso.message, iso.message
 
 
 def test_the_docs_table_states_the_tested_verdicts():
     """docs/architectures.md lists every architecture of the test with the same verdict."""
     text = (ROOT / "docs" / "architectures.md").read_text()
-    words = {"pass": "kept apart", "refuses": "refuses seq_idx", "ignores": "ignores seq_idx"}
+    words = {"pass": "kept apart", "refuses": "refuses seq_idx", "ignores": "ignores seq_idx",
+             "positions": "leaks fed position_ids [B, C]"}
     for model_type, (verdict, culprit, _) in CPU_VERDICTS.items():
         row = next((ln for ln in text.splitlines()
                     if ln.startswith("|") and f"`{model_type}`" in ln), None)
@@ -491,6 +502,31 @@ def test_a_leak_outside_the_layers_asks_for_no_kernel(packed, tmp_path, monkeypa
                                   "moved"), iso.message
     assert "kernel" not in iso.message and "seq_idx" not in iso.message, iso.message
     assert "one document per row" in iso.message, iso.message
+
+
+@pytest.mark.parametrize("config", [
+    {}, {"text_config": {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
+                                             "mrope_section": [16, 24, 24]}}}])
+def test_a_qwen2_5_vl_leak_names_the_position_ids_form_it_reads(packed, tmp_path, config):
+    """Qwen2.5-VL takes position_ids [B, C] for its three RoPE axes and builds one causal mask
+    over the row: the leak is in its attention, and the fix named is position_ids [4, B, C]
+    (the text positions first), which keep the documents apart; it was put outside the layers,
+    with a kernel to reset a state it does not have. Its config stated mrope_section, or left
+    it to the class's default, which did not run shrunk ("split_sizes=[16, 24, 24]")."""
+    path = tmp_path / "q25"
+    transformers.Qwen2_5_VLConfig(**config).save_pretrained(str(path))
+    r = CliRunner().invoke(cli, ["verify", str(packed), "--hf-config", str(path),
+                                 "--no-progress"])
+    assert r.exit_code == 1, r.output
+    assert "transformers cannot run this config" not in r.output, r.output
+    assert "Vision" not in r.output, r.output
+    line = r.output.strip().splitlines()[-1]
+    assert re.search(r"documents leak in layer 0 \(full_attention, Qwen2_5_VLDecoderLayer\), in "
+                     r"its Qwen2_5_VLAttention: this model needs position_ids of shape "
+                     r"\[4, 2, 32\] \(.*\): verify gave it, as HFCollator\(\) does, position_ids "
+                     r"of shape \[2, 32\]", line), line
+    assert "position_ids.expand(4, *position_ids.shape)" in line, line
+    assert "kernel" not in line and "outside the layers" not in line, line
 
 
 def test_mrope_sections_follow_the_head_size():
