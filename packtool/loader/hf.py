@@ -230,6 +230,7 @@ def _gaps(batch: dict, rows: dict, config, what: str) -> dict:
     impl = getattr(config, "_attn_implementation", None) or ""
     torch = require_torch()
     ids, pos = batch["input_ids"], batch.get("position_ids")
+    mask = batch.get("attention_mask")
     if torch.is_tensor(pos) and pos.ndim == 3 and pos.shape[0] == 4:
         pos = pos[0]  # a multimodal-RoPE model's text positions, before its three axes
     out = {}
@@ -238,6 +239,21 @@ def _gaps(batch: dict, rows: dict, config, what: str) -> dict:
         out["attention_need"] = (f"position_ids restarting at 0 at each document, which the "
                                  f"batch of {what} does not hold: train with "
                                  "data_collator=HFCollator()")
+    elif mask is not None and (not torch.is_tensor(mask) or mask.shape == ids.shape):
+        # transformers finds the documents from position_ids only when no mask is given
+        out["attention_need"] = (f"no attention_mask, which the batch of {what} holds: given "
+                                 "one, transformers builds the mask from it alone and never "
+                                 "looks for the documents in position_ids (an all-ones mask: "
+                                 "one causal mask over the row); drop attention_mask from the "
+                                 "batch: train with data_collator=HFCollator(), which leaves it "
+                                 "out")
+    elif mask is not None:
+        out["attention_need"] = (f"an attention_mask that keeps each document to itself: the "
+                                 f"batch of {what} holds one of shape {list(mask.shape)} that "
+                                 "lets a document attend to another; make it block-diagonal "
+                                 "by document, or drop it and train with "
+                                 "data_collator=HFCollator(), whose position_ids keep them "
+                                 "apart")
     elif batch.get("use_cache", getattr(config, "use_cache", False)):
         out["attention_need"] = (f"use_cache=False (with a key/value cache transformers builds "
                                  f"one causal mask over the row), which the batch of {what} "

@@ -6,9 +6,9 @@ builds one causal mask over the row whatever it is given (shown leaking here fir
 check), and is refused naming the document and the layer; so are a wrapper that drops
 position_ids, a collator whose positions do not restart, a position embedding that ignores
 position_ids (no document reads another, the logits differ all the same), flash_attention_2 on
-several rows without the cu_seq_lens keywords, Qwen2.5-VL fed position_ids [B, C] (it reads
-[4, B, C]), and a hybrid model whose seq_idx transformers refuses on CPU. Each module's
-train/eval mode comes back, also after a refusal.
+several rows without the cu_seq_lens keywords, a batch holding an attention_mask, Qwen2.5-VL
+fed position_ids [B, C] (it reads [4, B, C]), and a hybrid model whose seq_idx transformers
+refuses on CPU. Each module's train/eval mode comes back, also after a refusal.
 """
 
 from __future__ import annotations
@@ -190,6 +190,42 @@ def test_a_batch_without_use_cache_false_is_named():
     msg = refused(tiny_llama(), transformers.default_data_collator)
     assert "fed the batch default_data_collator builds" in msg
     assert "needs use_cache=False" in msg and "train with data_collator=HFCollator()" in msg
+
+
+class _WithMask(HFCollator):
+    """HFCollator's batch with an attention_mask added: all ones ([B, C], as a tokenizer's
+    padding gives it), or ``four_d``: one causal mask over each row, [B, 1, C, C]."""
+
+    def __init__(self, four_d=False):
+        super().__init__()
+        self.four_d = four_d
+
+    def __call__(self, items):
+        out = super().__call__(items)
+        ids = out["input_ids"]
+        out["attention_mask"] = torch.ones_like(ids) if not self.four_d else torch.tril(
+            torch.ones(ids.shape[-1], ids.shape[-1], dtype=torch.bool)).expand(
+            ids.shape[0], 1, -1, -1)
+        return out
+
+    def __repr__(self):
+        return f"_WithMask({'four_d=True' if self.four_d else ''})"
+
+
+def test_a_batch_holding_an_attention_mask_is_named():
+    """An all-ones attention_mask turns off transformers' search for the documents in
+    position_ids, so a Llama leaks: the refusal names the mask and its fix (drop it), never that
+    this attention reads neither keyword nor that the model needs one document per row."""
+    msg = refused(tiny_llama(), _WithMask())
+    assert "documents leak in layer 0 (LlamaDecoderLayer), in its LlamaAttention" in msg, msg
+    assert ("this model needs no attention_mask, which the batch of _WithMask() holds: given "
+            "one, transformers builds the mask from it alone") in msg, msg
+    assert "drop attention_mask from the batch: train with data_collator=HFCollator(), which " \
+        "leaves it out" in msg, msg
+    assert "reads neither" not in msg and "one document per row" not in msg, msg
+    msg = refused(tiny_llama(), _WithMask(four_d=True))
+    assert ("needs an attention_mask that keeps each document to itself: the batch of "
+            "_WithMask(four_d=True) holds one of shape [2, 1, 48, 48]") in msg, msg
 
 
 def _doc_collator(page: str, name: str):
