@@ -41,7 +41,8 @@ from packtool.core.holdout import drop_documents
 from packtool.core.packing import PackPlan
 
 __all__ = ["BoundaryCounts", "TokenBatch", "prepare_documents", "target_flags",
-           "drop_masked_tokens", "inner_mask_zeros", "add_boundary_tokens", "mask_labels", "segment_targets",
+           "drop_masked_tokens", "inner_mask_zeros", "add_boundary_tokens", "mask_labels",
+           "segment_targets",
            "plan_segment_targets"]
 
 

@@ -16,9 +16,10 @@ with one line naming the file, the row (Parquet: 0-based, labelled so) or the li
 
 Tokenized shards hold ``input_ids: list<int32>`` (what ``packtool pack`` reads), then the
 columns named by ``--keep-column`` carried from the text input as they are (Parquet and Arrow:
-their own type, a dictionary-encoded column as its values; JSON Lines: as text, a string kept as is and any other JSON value as its JSON
-text, a missing key or ``null`` as null), one row per document in input order, written as :mod:`packtool.formats.writer` writes packed shards
-(zstd, PLAIN ids, page checksums, sha256 taken while writing); each is recorded in the typed
+their own type, a dictionary-encoded column as its values; JSON Lines: as text, a string kept
+as is and any other JSON value as its JSON text, a missing key or ``null`` as null), one row per
+document in input order, written as :mod:`packtool.formats.writer` writes packed shards (zstd,
+PLAIN ids, page checksums, sha256 taken while writing); each is recorded in the typed
 manifest as a :class:`~packtool.formats.manifest.ShardEntry`.
 """
 

@@ -107,7 +107,8 @@ class Measurements:
     nonfinite_real_where: dict | None = None
     #: the input ids at the first padding position with a NaN or inf
     nonfinite_pad_ids: tuple = ()
-    #: the same ids folded into the model's vocabulary (:meth:`~packtool.verify.runners.Runner.fold`)
+    #: the same ids folded into the model's vocabulary
+    #: (:meth:`~packtool.verify.runners.Runner.fold`)
     nonfinite_pad_folded: frozenset = frozenset()
     #: a document whose logits alone (its reference) hold a NaN or inf, or None
     nonfinite_ref_where: dict | None = None
