@@ -1295,6 +1295,23 @@ def test_a_kept_column_pack_would_read_as_a_mask_or_packed_rows_is_refused(tmp_p
     assert invoke(["pack", "-q", "-c", 16, tmp_path / "o", tmp_path / "p"]).exit_code == 0
 
 
+@pytest.mark.parametrize("values", [pa.array(["5", "7"]), pa.array([5, 7], pa.int16()),
+                                    pa.array([["a"], ["b", "c"]], pa.list_(pa.string()))])
+def test_a_kept_column_named_as_a_packed_column_is_written_in_any_type(tmp_path, hf_tokenizer,
+                                                                       values):
+    """--keep-column doc_ids (strings, as JSON Lines keeps every key, or int16) failed at the
+    shard's write with pyarrow's 'DELTA_BINARY_PACKED encoder only supports INT32 and INT64':
+    the writer gave it the encoding of the packed doc_ids column by its name. A column of
+    another type keeps pyarrow's default encoding; its values come back as they were."""
+    src = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"text": ["hello world", "a b"], "doc_ids": values}), src)
+    _tokenized(src, tmp_path / "o", hf_tokenizer, "--keep-column", "doc_ids")
+    shards = sorted(p for p in (tmp_path / "o").glob("*.parquet") if "manifest" not in p.name)
+    assert pq.read_table(shards[0])["doc_ids"].to_pylist() == values.to_pylist()
+    (tmp_path / "j.jsonl").write_text('{"text": "hello world", "doc_ids": 5}\n')
+    _tokenized(tmp_path / "j.jsonl", tmp_path / "oj", hf_tokenizer, "--keep-column", "doc_ids")
+
+
 def _tokenized(src, out, tokenizer, *flags):
     """``packtool tokenize`` ``src`` into ``out`` with ``tokenizer``, asserting success."""
     res = invoke(["tokenize", "-q", "--tokenizer", tokenizer, *flags, src, out])

@@ -72,13 +72,20 @@ def column_encodings(schema: pa.Schema) -> dict:
 
     pyarrow matches the keys against Parquet leaf paths and silently ignores a top-level name
     of a list column, so list columns (fixed-size ones included) are addressed as
-    ``name.list.element``.
+    ``name.list.element``. A column of a packed column's name but of another type (a kept
+    ``doc_ids`` column of strings in a tokenized shard) keeps pyarrow's default:
+    ``DELTA_BINARY_PACKED`` takes 32- and 64-bit integers only.
     """
     out = {}
     for f in schema:
         if f.name in COLUMN_ENCODING:
             nested = pa.types.is_list(f.type) or pa.types.is_fixed_size_list(f.type)
-            out[f"{f.name}.list.element" if nested else f.name] = COLUMN_ENCODING[f.name]
+            values = f.type.value_type if nested else f.type
+            encoding = COLUMN_ENCODING[f.name]
+            if encoding == "DELTA_BINARY_PACKED" and not (
+                    pa.types.is_int32(values) or pa.types.is_int64(values)):
+                continue
+            out[f"{f.name}.list.element" if nested else f.name] = encoding
     return out
 
 
