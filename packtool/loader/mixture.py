@@ -77,9 +77,8 @@ class Mixture:
             non-positive ``rows_per_epoch``, or ``labels=None`` with outputs of different
             conventions.
         ManifestError: an output that cannot be opened, outputs of different capacity or
-            columns, outputs whose manifests record different tokenizers (packed from
-            ``packtool tokenize`` outputs of another tokenizer file: an id means another token
-            in each), or a requested column some output lacks.
+            columns, or a requested column some output lacks. (Outputs whose manifests record
+            different tokenizers, and copies of one output, are named in a warning.)
     """
 
     def __init__(self, sources, *, weights: Mapping[str, float] | None = None,
@@ -141,6 +140,7 @@ class Mixture:
         else:
             self.shares = apportion([self.weights[n] for n in self.names], total)
         self._check_empty()
+        self._warn_copies()
         self.rows_per_epoch = int(self.shares.sum())
         self.salts = None if len(self.names) == 1 else [_salt(n) for n in self.names]
         self.row_base = np.zeros(len(outputs) + 1, dtype=np.int64)  # shape: (S + 1,)
@@ -161,15 +161,13 @@ class Mixture:
         return caps.pop()
 
     def _same_tokenizer(self) -> None:
-        """Refuse outputs whose manifests record different tokenizers (by kind and sha256 of
+        """Warn of outputs whose manifests record different tokenizers (by kind and sha256 of
         the tokenizer file, :meth:`~packtool.formats.manifest.TokenizerInfo.same_ids`): id 1000
-        is one token in one and another in the other, so a model would learn both as one. An
-        output that records none (packed from plain Parquet, or from tokenize outputs of
-        different tokenizers) is not compared: nothing says its tokenizer.
-
-        Raises:
-            ManifestError: names both sources, their tokenizers and the fix.
-        """
+        is then most likely one token in one and another in the other, so a model would learn
+        both as one. A warning, as ``pack`` gives for its inputs, not a refusal: two files of
+        another sha256 may hold the same ids (a ``tokenizer.json`` saved again), which nothing
+        here can tell. An output that records none (packed from plain Parquet, or from tokenize
+        outputs of different tokenizers) is not compared: nothing says its tokenizer."""
         first = None  # (name, tokenizer) of the first output that records one
         for name, o in zip(self.names, self.outputs):
             record = getattr(o.manifest, "tokenized", None)
@@ -178,12 +176,16 @@ class Mixture:
             if first is None:
                 first = (name, record.tokenizer)
             elif not first[1].same_ids(record.tokenizer):
-                raise ManifestError(
+                import warnings
+
+                warnings.warn(
                     f"outputs {first[0]!r} and {name!r} hold the ids of different tokenizers "
                     f"({first[0]}: {first[1].describe()}; {name}: "
-                    f"{record.tokenizer.describe()}), so an id means another token in each; "
-                    "tokenize their text with one tokenizer (packtool tokenize --tokenizer "
-                    "FILE) and pack it again")
+                    f"{record.tokenizer.describe()}), so an id most likely means another token "
+                    "in each; unless the two files hold the same vocabulary, tokenize their "
+                    "text with one tokenizer (packtool tokenize --tokenizer FILE) and pack it "
+                    "again", stacklevel=4)
+                return
 
     def _columns(self, columns) -> list[str]:
         if columns is not None:
@@ -204,16 +206,12 @@ class Mixture:
         return first
 
     def _distinct(self) -> None:
-        """Refuse one output given under two names (every row would come twice an epoch); warn
-        of two copies of one output (the same shards, by their sha256 in the manifests: a copy
-        in a store beside the local one, or the same input packed twice with the same options),
-        which read their rows twice as well, though a copy may be mixed on purpose.
+        """Refuse one output given under two names (every row would come twice an epoch).
 
         Raises:
-            ValueError: one output under two names: names both sources, the output and the fix.
+            ValueError: names both sources, the output and the fix.
         """
         seen: dict = {}
-        copies: dict = {}
         for name, o in zip(self.names, self.outputs):
             key = o.location.identity()
             if key in seen:
@@ -222,6 +220,16 @@ class Mixture:
                     f"({o.location.display}), so each of its rows would come twice an epoch: "
                     "give it once, under one name, and a larger weight to read it more")
             seen[key] = name
+
+    def _warn_copies(self) -> None:
+        """Warn of two copies of one output that both give rows to the epoch (the same shards,
+        by their sha256 in the manifests: a copy in a store beside the local one, or the same
+        input packed twice with the same options): their rows come twice an epoch, though a
+        copy may be mixed on purpose. A copy of weight 0 gives none, and is not named."""
+        copies: dict = {}
+        for name, o, share in zip(self.names, self.outputs, self.shares):
+            if not share:
+                continue
             shards = o.manifest.shards
             if not shards or not all(s.sha256 for s in shards):
                 continue
