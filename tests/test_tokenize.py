@@ -1312,6 +1312,35 @@ def test_a_kept_column_named_as_a_packed_column_is_written_in_any_type(tmp_path,
     _tokenized(tmp_path / "j.jsonl", tmp_path / "oj", hf_tokenizer, "--keep-column", "doc_ids")
 
 
+def test_a_template_adding_special_tokens_leaves_the_bos_and_eos_unknown(tmp_path, hf_tokenizer):
+    """tokenize --add-special-tokens with a tokenizer whose post-processor adds <s> ... </s>:
+    every document ends in </s>, yet stats said 'EOS added by tokenize none' and export knew no
+    EOS id. An id no option gave is now not recorded (stats says why), never 'none'."""
+    from tokenizers import Tokenizer, processors
+
+    tok = Tokenizer.from_file(str(hf_tokenizer))
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", tok.token_to_id("<s>")),
+                                              ("</s>", tok.token_to_id("</s>"))])
+    templated = tmp_path / "templated.json"
+    tok.save(str(templated))
+    src = write_jsonl(tmp_path / "t.jsonl", ["hello world", "a b c"])
+    _tokenized(src, tmp_path / "tok", templated, "--add-special-tokens")
+    assert invoke(["pack", "-q", "-c", 16, tmp_path / "tok", tmp_path / "out"]).exit_code == 0
+    from packtool.formats.manifest import read_manifest
+
+    record = read_manifest(tmp_path / "out").tokenized
+    assert not record.knows("append_eos") and not record.knows("prepend_bos"), record
+    res = invoke(["stats", tmp_path / "out"])
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if "EOS added by tokenize" in ln)
+    assert "not recorded" in line and "--add-special-tokens" in line and "none" not in line
+    _tokenized(src, tmp_path / "tok2", templated, "--add-special-tokens", "--append-eos", "</s>")
+    assert invoke(["pack", "-q", "-c", 16, tmp_path / "tok2", tmp_path / "out2"]).exit_code == 0
+    record = read_manifest(tmp_path / "out2").tokenized  # given by the option: known
+    assert record.append_eos == tok.token_to_id("</s>") and not record.knows("prepend_bos")
+
+
 def _tokenized(src, out, tokenizer, *flags):
     """``packtool tokenize`` ``src`` into ``out`` with ``tokenizer``, asserting success."""
     res = invoke(["tokenize", "-q", "--tokenizer", tokenizer, *flags, src, out])

@@ -361,7 +361,8 @@ class Tokenization:
         append_eos: the EOS id tokenize appended to every non-empty document; None: none was
             appended (or the inputs disagree: ``"append_eos"`` in :attr:`differs`).
         prepend_bos: the BOS id tokenize prepended, likewise.
-        differs: the ids (:data:`TOKENIZATION_FACTS`) the inputs disagree on, not recorded.
+        differs: the ids (:data:`TOKENIZATION_FACTS`) not recorded: the inputs disagree on
+            them, or a tokenizer template may have added them (:meth:`of_manifest`).
 
     Raises:
         ValueError: an unknown name in ``differs``, or a fact both recorded and said to differ.
@@ -391,6 +392,9 @@ class Tokenization:
     def of_manifest(cls, manifest: "Manifest") -> "Tokenization":
         """What the manifest of a finished ``packtool tokenize`` output (kind ``tokenized``)
         says of its documents (its options ``tokenizer``, ``append_eos`` and ``prepend_bos``).
+        With ``--add-special-tokens`` the tokenizer's own template may have added a BOS or EOS
+        that no option names (a post-processor adding ``<s> ... </s>``): an id no option gave is
+        then not known (in :attr:`differs`), never recorded as none added.
 
         Raises:
             KeyError, TypeError, ValueError: a manifest without them, or malformed.
@@ -400,8 +404,11 @@ class Tokenization:
         def boundary(name):
             return None if opts.get(name) is None else int(opts[name])
 
-        return cls(TokenizerInfo.from_dict(opts["tokenizer"]), boundary("append_eos"),
-                   boundary("prepend_bos"))
+        given = {name: boundary(name) for name in TOKENIZATION_FACTS}
+        templated = bool(opts.get("add_special_tokens"))
+        return cls(TokenizerInfo.from_dict(opts["tokenizer"]), given["append_eos"],
+                   given["prepend_bos"],
+                   differs=tuple(n for n, v in given.items() if templated and v is None))
 
     @classmethod
     def common(cls, records) -> "Tokenization | None":
@@ -450,8 +457,10 @@ class Tokenization:
     def describe(self) -> list[tuple[str, str]]:
         """``(label, value)`` of each fact, for ``packtool stats``: the tokenizer
         (:meth:`TokenizerInfo.describe`), then the EOS and BOS ids (``id 2``; ``none`` when
-        tokenize added none; ``differs between the inputs`` when not recorded)."""
-        differs = "differs between the inputs (not recorded)"
+        tokenize added none; ``not recorded`` when the inputs disagree or the tokenizer's
+        template may have added one)."""
+        differs = ("not recorded (the inputs disagree, or --add-special-tokens let the "
+                   "tokenizer's template add one)")
         out = [("tokenizer", self.tokenizer.describe())]
         for label, name in (("EOS added by tokenize", "append_eos"),
                             ("BOS added by tokenize", "prepend_bos")):
