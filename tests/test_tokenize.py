@@ -1341,6 +1341,20 @@ def test_a_template_adding_special_tokens_leaves_the_bos_and_eos_unknown(tmp_pat
     assert record.append_eos == tok.token_to_id("</s>") and not record.knows("prepend_bos")
 
 
+def test_a_tokenizer_given_as_a_file_uri_is_read_as_its_local_path(tmp_path, hf_tokenizer):
+    """--tokenizer file:///abs/tokenizer.json was refused as 'read from a local file; download
+    it first', though it names one; it is read as that path (file://localhost too), a store
+    URI is still refused, and file:relative is refused as no location."""
+    src = write_jsonl(tmp_path / "t.jsonl", ["hello world"])
+    for i, uri in enumerate([f"file://{hf_tokenizer}", f"file://localhost{hf_tokenizer}"]):
+        _tokenized(src, tmp_path / f"o{i}", uri)
+    res = invoke(["tokenize", "-q", "--tokenizer", "s3://bucket/tokenizer.json", src,
+                  tmp_path / "o9"])
+    assert res.exit_code == 2 and "read from a local file" in res.output, res.output
+    res = invoke(["tokenize", "-q", "--tokenizer", "file:tokenizer.json", src, tmp_path / "o8"])
+    assert res.exit_code != 0 and "file:" in res.output and "Traceback" not in res.output
+
+
 def _tokenized(src, out, tokenizer, *flags):
     """``packtool tokenize`` ``src`` into ``out`` with ``tokenizer``, asserting success."""
     res = invoke(["tokenize", "-q", "--tokenizer", tokenizer, *flags, src, out])

@@ -328,10 +328,13 @@ def load_tokenizer(path: str | os.PathLike, *, pattern: str | None = None,
             ``pattern`` with a kind that has no use for it; ``pattern`` not a valid regex.
         MissingDependencyError: ``tokenizers`` or ``tiktoken`` is not installed.
     """
-    p = Path(path)
-    if "://" in str(path):
-        raise ConfigError(f"--tokenizer {path}: a tokenizer is read from a local file; download "
-                          "it first")
+    from packtool.location import Location
+
+    where = Location.parse(path)  # a file: URI names a local path (LocationError if no path)
+    if not where.is_local:
+        raise ConfigError(f"--tokenizer {where.display}: a tokenizer is read from a local file; "
+                          "download it first")
+    p = where.path
     if p.is_dir():
         p = _file_in_folder(p)
     if not p.is_file():
