@@ -78,7 +78,13 @@ def _failure_of(exc: Exception, command: str | None) -> _Failure:
 class _ExistingPath(click.Path):
     """A local path that must exist; a missing one is an input error (exit 1) in every command,
     not a usage error. A URI (``s3://bucket/key``) is passed on as given: the reader looks it up
-    in its filesystem and names it when it is missing."""
+    in its filesystem and names it when it is missing. ``packed_output``: the argument is one
+    OUTPUT of ``packtool pack`` (a quoted pattern's fix then says so:
+    :meth:`packtool.location.Location.missing_fix`)."""
+
+    def __init__(self, *, packed_output: bool = False):
+        super().__init__()
+        self.packed_output = packed_output
 
     def convert(self, value, param, ctx):
         from packtool.location import Location
@@ -88,7 +94,8 @@ class _ExistingPath(click.Path):
             return value
         value = str(loc)  # a file: URI is its local path
         if not os.path.lexists(value):
-            raise InputError(f"{value}: {loc.missing()}; {loc.missing_fix('check the path')}")
+            fix = loc.missing_fix("check the path", packed_output=self.packed_output)
+            raise InputError(f"{value}: {loc.missing()}; {fix}")
         return super().convert(value, param, ctx)
 
 
@@ -619,7 +626,8 @@ COMPARE_DEPRECATED = ("packtool stats --compare is deprecated and will be remove
 
 
 @cli.command()
-@click.argument("path", type=_ExistingPath(), metavar="OUTPUT", nargs=-1, required=True)
+@click.argument("path", type=_ExistingPath(packed_output=True), metavar="OUTPUT", nargs=-1,
+                required=True)
 @click.option("--per-bin", is_flag=True,
               help="List targets per row and per segment.")
 @click.option("--per-bin-limit", type=click.IntRange(min=0), default=None, metavar="N",
@@ -1082,7 +1090,7 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
 
 
 @cli.command()
-@click.argument("output", type=_ExistingPath(), metavar="OUTPUT")
+@click.argument("output", type=_ExistingPath(packed_output=True), metavar="OUTPUT")
 @click.argument("dest", type=click.Path(), metavar="DEST")
 @click.option("--to", "target", type=click.Choice(["nemo"]), required=True,
               help="nemo: the packed Parquet of NeMo / Megatron-Bridge "
@@ -1151,7 +1159,7 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
 
 
 @cli.command()
-@click.argument("output", type=_ExistingPath(), metavar="OUTPUT")
+@click.argument("output", type=_ExistingPath(packed_output=True), metavar="OUTPUT")
 @click.option("--rows", type=click.IntRange(min=0), default=None, metavar="N",
               help="Rows run through the models, spread over all shards, drawn from rows that "
                    "hold two documents or more (with --no-scan: drawn from all rows, one row of "
@@ -1298,7 +1306,7 @@ def _control_line(control: dict) -> str:
 
 
 @cli.command()
-@click.argument("output", type=_ExistingPath(), metavar="OUTPUT")
+@click.argument("output", type=_ExistingPath(packed_output=True), metavar="OUTPUT")
 def upgrade(output):
     """Rewrite the manifest of an OUTPUT packed by an older packtool in this version's format,
     without rewriting its shards (every shard's sha256 is checked first).

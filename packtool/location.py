@@ -173,27 +173,40 @@ class Location:
         """
         return "no such file or directory"
 
-    def missing_fix(self, fix: str, *, command_line: bool = True) -> str:
+    def missing_fix(self, fix: str, *, command_line: bool = True,
+                    packed_output: bool = False) -> str:
         """The fix a message gives after :meth:`missing`: ``fix`` (``check the INPUT path``);
         but when the name holds a glob pattern (``*``, ``?``, ``[``) where nothing is (locally:
         in the first component that does not exist; a name that exists with such characters
-        is read as it is), that packtool does not expand patterns (the shell does), and on a
-        ``command_line`` what to do instead: leave the pattern unquoted for the shell to
-        expand, or pass the folder holding what it matches (in a store, which no shell
-        expands: the prefix); elsewhere (a Python argument) ``fix``."""
+        is read as it is), that packtool does not expand patterns (the shell does), and what
+        to do instead:
+
+        - ``packed_output`` (the name is meant as one OUTPUT of ``packtool pack``: ``stats``,
+          ``verify``, ``export``, ``upgrade``, the loader): pass one OUTPUT directory (in a
+          store: its prefix), on a command line or not; neither the shell's expansion nor the
+          folder holding the outputs is one;
+        - else on a ``command_line``: leave the pattern unquoted for the shell to expand, or
+          pass the folder holding what it matches (named when the pattern has one before it;
+          in a store, which no shell expands: the prefix);
+        - elsewhere (a Python argument): ``fix``."""
         base = self._pattern_base()
         if base is None:
             return fix
         note = "packtool does not expand patterns (*, ?, [...])"
+        if packed_output:
+            return (f"{note}; pass one OUTPUT directory of packtool pack" if self.is_local
+                    else f"{note}; pass the prefix of one OUTPUT of packtool pack")
         if not command_line:
             return f"{note}; {fix}"
         if self.is_local:
-            return f"{note}: leave it unquoted for the shell to expand, or pass the folder {base}"
+            folder = f"the folder {base}" if base else "the folder holding the files"
+            return f"{note}: leave it unquoted for the shell to expand, or pass {folder}"
         return f"{note}, and no shell expands a URI: pass the prefix {base}"
 
     def _pattern_base(self) -> str | None:
         """The folder (prefix) before the glob pattern in this missing name, as messages name
-        it; None when the name holds none (see :meth:`missing_fix`)."""
+        it (``""`` for a local pattern with no folder before it); None when the name holds
+        none (see :meth:`missing_fix`)."""
         return None
 
     def overlaps(self, other: "Location") -> bool:
@@ -338,7 +351,9 @@ class LocalPath(Location):
         parts = self.path.parts
         for k, part in enumerate(parts):
             if not os.path.lexists(Path(*parts[:k + 1])):  # the first missing component
-                return str(Path(*parts[:k])) if _PATTERN.search(part) else None
+                if not _PATTERN.search(part):
+                    return None
+                return str(Path(*parts[:k])) if k else ""  # "": no folder before the pattern
         return None
 
     def overlaps(self, other: Location) -> bool:

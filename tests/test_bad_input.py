@@ -546,20 +546,35 @@ def test_a_quoted_glob_pattern_is_said_to_be_the_shells_to_expand(tmp_path, monk
     docs = [[1, 2, 3], [4, 5]]
     write_docs(tmp_path / "dir" / "year=2024" / "a.parquet", docs)
     note = "packtool does not expand patterns (*, ?, [...]): leave it unquoted for the shell to "
-    for given, folder in (("dir/year=2024/*", "dir/year=2024"), ("dir/*/a.parquet", "dir"),
-                          ("dir/year=202[34]", "dir"), ("*.parquet", "."),
-                          (f"{tmp_path}/dir/year=2024/?.parquet", f"{tmp_path}/dir/year=2024")):
+    for given, folder in (("dir/year=2024/*", "the folder dir/year=2024"),
+                          ("dir/*/a.parquet", "the folder dir"),
+                          ("dir/year=202[34]", "the folder dir"),
+                          ("*.parquet", "the folder holding the files"),
+                          (f"{tmp_path}/dir/year=2024/?.parquet",
+                           f"the folder {tmp_path}/dir/year=2024")):
         refused(["pack", "-c", 4, given, "out"], tmp_path / "out",
-                f"Error: {given}: no such file or directory; {note}expand, or pass the folder "
-                f"{folder}")
+                f"Error: {given}: no such file or directory; {note}expand, or pass {folder}")
     refused(["compare", "dir/*", "-c", 4], tmp_path / "out",
             f"Error: dir/*: no such file or directory; {note}expand, or pass the folder dir")
-    for command in ("stats", "verify"):
-        refused([command, "out*"], tmp_path / "out",
-                f"Error: out*: no such file or directory; {note}expand, or pass the folder .")
+    refused(["compare", "*.parquet", "-c", 4], tmp_path / "out",
+            f"Error: *.parquet: no such file or directory; {note}expand, or pass the folder "
+            "holding the files")
+    # an argument that is one packed OUTPUT: neither the shell's expansion (several names) nor
+    # the folder holding the outputs (no manifest there) is one; the fix is one OUTPUT
+    write_docs(tmp_path / "packs" / "keep.parquet", docs)
+    for args in (["stats", "pk*"], ["verify", "pk*"], ["export", "--to", "nemo", "pk*", "d"],
+                 ["upgrade", "pk*"], ["stats", "packs/pk*"], ["verify", "packs/pk[12]"]):
+        given = next(a for a in args if "pk" in a)
+        assert refused(args, tmp_path / "d") == (
+            f"Error: {given}: no such file or directory; packtool does not expand patterns "
+            "(*, ?, [...]); pass one OUTPUT directory of packtool pack")
     with pytest.raises(ManifestError, match=r"^out\*: no such directory; packtool does not "
-                       r"expand patterns \(\*, \?, \[\.\.\.\]\); pass the OUTPUT directory of "):
+                       r"expand patterns \(\*, \?, \[\.\.\.\]\); pass one OUTPUT directory "
+                       r"of packtool pack$"):
         PackedDataset("out*")
+    assert Location.parse("s3://b/pk*?endpoint_override=h:1").missing_fix(
+        "check", packed_output=True) == ("packtool does not expand patterns (*, ?, [...]); pass "
+                                         "the prefix of one OUTPUT of packtool pack")
     assert Location.parse("s3://b/dir/y=*/a?endpoint_override=h:1").missing_fix("check") == (
         "packtool does not expand patterns (*, ?, [...]), and no shell expands a URI: pass the "
         "prefix s3://b/dir?endpoint_override=h:1")

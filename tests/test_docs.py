@@ -336,6 +336,7 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path, monkeypatc
              pack(tmp_path / "joined.arrows", tmp_path / "o"),
              pack(tmp_path / "crc.parquet", tmp_path / "o"),
              pack("dir/year=2024/*", tmp_path / "o"),  # relative: the working directory below
+             pack("*.parquet", tmp_path / "o"),  # a pattern with no folder before it
              pack(good, "file://example.com/p"), pack(good, "file:out"),
              ["--source-column", "input_ids", *pack(good, tmp_path / "o")],
              ["--labels-column", "input_ids", *pack(good, tmp_path / "o")]]
@@ -347,6 +348,9 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path, monkeypatc
         res = CliRunner().invoke(cli, ["pack", *map(str, args)])
         assert res.exit_code in (1, 2), (args, res.output)
         printed.append(res.output.strip())
+    res = CliRunner().invoke(cli, ["stats", "pk*"])  # a pattern given as a packed OUTPUT
+    assert res.exit_code == 1, res.output
+    printed.append(res.output.strip())
     # what packtool prints for a folder it may not list (root reads any file: the listing
     # raises here as it raises for a user; tests/test_bad_input.py checks it for real)
     import pyarrow.fs as pafs

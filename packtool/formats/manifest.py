@@ -731,7 +731,7 @@ def _not_there(out: Location) -> PacktoolError | None:
     except (OSError, pa.ArrowException) as exc:
         raise_if_shortage(exc)
         return unreadable(out, exc)
-    fix = out.missing_fix("pass the OUTPUT directory of packtool pack", command_line=False)
+    fix = out.missing_fix("pass the OUTPUT directory of packtool pack", packed_output=True)
     return ManifestError(f"{out.display}: {why}; {fix}")
 
 
