@@ -382,8 +382,10 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
         ``pack`` prints for these counts, :meth:`packtool.stats.PackStats.warnings`),
         ``tokens_processed`` (rows * C, what a training step computes on),
         ``padding_tokens``, ``padding_pct`` (of ``tokens_processed``), ``docs_cut``
-        (documents spread over several segments), ``docs_cut_below_capacity`` (cut although
-        they fit in one row; after ``--overflow truncate`` every document does), ``docs_split``,
+        (documents written in pieces, whatever the strategy: spread over several segments, or
+        a piece kept of a document whose other rows ``min_fill`` left out, which
+        :attr:`packtool.stats.PackStats.docs_cut` does not count),
+        ``docs_cut_below_capacity`` (cut although they fit in one row; after ``--overflow truncate`` every document does), ``docs_split``,
         ``segments``, ``effective_targets``, ``targets_per_token``, ``attention_work``
         (token^2: sum of segment_len^2,
         the score entries of document-masked attention), ``attention_work_full_rows``
@@ -412,6 +414,10 @@ def _compare(lengths: np.ndarray, capacity: int, overflow, strategies, targets, 
     # documents that fit in one row as the plan sees them: after --overflow truncate, all
     fits = (np.ones(lengths.size, dtype=bool) if Overflow(overflow) is Overflow.TRUNCATE
             else lengths <= capacity)  # shape: (num_docs,)
+    # tokens of each document a plan writes when it cuts none: after --overflow truncate, C at
+    # most (a truncated document is not cut)
+    written = (np.minimum(lengths, capacity) if Overflow(overflow) is Overflow.TRUNCATE
+               else lengths)  # shape: (num_docs,)
     out, plans = [], []
     runs = [(str(s), s, None) for s in strategies]
     if window_docs is not None:
@@ -423,9 +429,7 @@ def _compare(lengths: np.ndarray, capacity: int, overflow, strategies, targets, 
         s = PackStats.from_plan(plan)  # the counts pack records for this plan
         real, rows = s.real_tokens, s.rows
         effective = int(plan_segment_targets(plan, doc_starts, targets).sum())
-        pieces = np.bincount(plan.seg_doc, minlength=lengths.size) if lengths.size else \
-            np.zeros(0, dtype=np.int64)
-        cut = pieces > 1
+        cut = _docs_cut(plan, written, lengths.size)
         slots = rows * capacity
         extra = {} if wd is None else {"window_docs": wd,
                                        "windows": plan_windows(lengths.size, wd).count}
@@ -455,6 +459,32 @@ def _compare(lengths: np.ndarray, capacity: int, overflow, strategies, targets, 
     for r in out:
         r["attention_work_vs_least"] = json_ratio(r["attention_work"] / least) if least else 1.0
     return out, plans
+
+
+def _docs_cut(plan, written: np.ndarray, num_docs: int) -> np.ndarray:
+    """Which documents ``plan`` writes cut, shape (num_docs,), bool: those with a piece in the
+    rows that is not the whole document (beginning past its start, or ending before the
+    ``written`` tokens it would have uncut), or with several pieces. Whatever the strategy
+    (ordered and obfd split documents longer than C, concat's stream cuts any document at a row
+    end), and after ``--min-fill`` left rows out: a document whose other piece was in a row
+    left out is still cut (its kept piece is part of it), one left out whole is dropped, not
+    cut.
+
+    Args:
+        plan: a :class:`packtool.core.packing.PackPlan` (after ``--min-fill``).
+        written: int64, shape (num_docs,): each document's tokens when not cut (its length, or
+            at most C after ``--overflow truncate``).
+        num_docs: documents of the input.
+    """
+    cut = np.zeros(num_docs, dtype=bool)
+    if not num_docs:
+        return cut
+    doc = np.asarray(plan.seg_doc, dtype=np.int64)  # shape: (S,)
+    offset = np.asarray(plan.seg_offset, dtype=np.int64)  # shape: (S,)
+    end = offset + np.asarray(plan.seg_len, dtype=np.int64)  # shape: (S,)
+    cut[doc[(offset > 0) | (end < written[doc])]] = True
+    cut |= np.bincount(doc, minlength=num_docs) > 1
+    return cut
 
 
 def _windowed_plan(lengths: np.ndarray, capacity: int, window_docs: int, overflow,
@@ -749,14 +779,19 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int, *,
                    "fits in a row cut)" if best["docs_cut_below_capacity"] == 0 else
                    f"least {'waste' if losing else 'padding'}: {best['strategy']} "
                    f"({best['padding_tokens']:,} padding tokens"
-                   + (f", {loss[:-2]})" if losing else ")"))
+                   + (f", {loss[:-2]}" if losing else "")
+                   + f", {_n(best['docs_cut_below_capacity'], 'document')} that fit"
+                   + ("s" if best['docs_cut_below_capacity'] == 1 else "") + " in a row "
+                   "cut)")
         if fewest is not best and _waste(fewest) < _waste(best):
             verdict += (f"; {fewest['strategy']} {'wastes' if losing else 'pads'} less "
                         f"({_waste(fewest):,}) but cuts {fewest['docs_cut_below_capacity']:,} "
                         "documents that fit in a row")
         out.append(verdict)
-    out.append("padding %: of rows * C; docs cut: documents spread over several segments (of "
-               "them <= C: ones that fit in one row);\nattention: sum of segment_len^2 with "
+    out.append("padding %: of rows * C; docs cut: documents written in pieces, spread over "
+               "several segments" + (" or with a piece in a row under --min-fill" if min_fill
+                                     else "")
+               + " (of them <= C: ones that fit in one row);\nattention: sum of segment_len^2 with "
                "document masking, in millions of token^2 (the same units for every strategy)")
     if truncated or dropped:
         out.append("waste: padding plus the tokens truncated or dropped (not written)"
