@@ -311,6 +311,9 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
                                "input_columns_unused": columns.unused if columns else {},
                                "already_complete": result.already_complete,
                                "warnings": result.warnings,
+                               **({"windows": _windows_breakdown(result.manifest, s,
+                                                                 cfg.window_docs)}
+                                  if result.manifest.windows else {}),
                                **_holdout_json(cfg, result)}, indent=2))
     elif result.already_complete and not quiet:  # -q: nothing on success
         click.echo(f"{display(cfg.output)}: already holds this pack (same inputs, options and "
@@ -339,16 +342,12 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
             + "".join(f"\n  INPUT: {n}" for n in input_notes)
             + (f"\n  {_mask_note(s)}" if _mask_note(s) else ""))
         if result.manifest.windows:
-            # extra rows over ceil(tokens/C) = packing inside each window (rows over the
-            # window's own bound) + rounding each window's tokens up to whole rows
-            ws = result.manifest.windows
-            extra = [w.extra_rows for w in ws]
-            docs = [w.docs for w in ws]
-            rounding = sum(w.lower_bound_rows for w in ws) - s.lower_bound_rows
-            click.echo(f"  windows {len(ws):,} of {min(docs):,}..{max(docs):,} documents "
-                       f"(--window-docs {cfg.window_docs}): extra rows {s.extra_rows:,} = "
-                       f"{sum(extra):,} from packing within windows (max {max(extra, default=0):,} "
-                       f"in one) + {rounding:,} from rounding each window up to whole rows")
+            w = _windows_breakdown(result.manifest, s, cfg.window_docs)
+            click.echo(f"  windows {w['windows']:,} of {w['docs_min']:,}..{w['docs_max']:,} "
+                       f"documents (--window-docs {w['window_docs']}): extra rows "
+                       f"{w['extra_rows']:,} = {w['extra_rows_within']:,} from packing within "
+                       f"windows (max {w['extra_rows_max']:,} in one) + "
+                       f"{w['extra_rows_rounding']:,} from rounding each window up to whole rows")
     if result.holdout is not None and not quiet and not as_json:
         h = result.holdout.stats
         lost = f"; {_losses(h, cfg.min_fill)}" if h.tokens_lost else ""
@@ -490,6 +489,21 @@ def _is_packed_output(path) -> bool:
         return read_manifest(loc).is_packed
     except ManifestError:
         return True  # a manifest packtool cannot read: not raw input either
+
+
+def _windows_breakdown(manifest, s, window_docs) -> dict:
+    """A windowed pack's windows in figures, for its summary (text and ``--json``): ``windows``,
+    ``docs_min`` / ``docs_max`` (documents a window), ``window_docs`` (the option), and the
+    extra rows over ceil(tokens / C) split as packing inside each window (``extra_rows_within``:
+    rows over each window's own bound, ``extra_rows_max`` the most in one) plus rounding each
+    window's tokens up to whole rows (``extra_rows_rounding``)."""
+    ws = manifest.windows
+    extra = [w.extra_rows for w in ws]
+    docs = [w.docs for w in ws]
+    return {"windows": len(ws), "docs_min": min(docs), "docs_max": max(docs),
+            "window_docs": window_docs, "extra_rows": s.extra_rows,
+            "extra_rows_within": sum(extra), "extra_rows_max": max(extra, default=0),
+            "extra_rows_rounding": sum(w.lower_bound_rows for w in ws) - s.lower_bound_rows}
 
 
 def _run_compare(cfg, as_json: bool, plot: str | None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -279,6 +280,20 @@ def test_cli_summary_reports_windows(tmp_path):
     r = CliRunner().invoke(cli, ["pack", "--window-docs", "0", str(tmp_path / "in"),
                                  str(tmp_path / "o2")])
     assert r.exit_code == 2
+    # --json carries the same breakdown (it had none: only the manifest held the windows)
+    r = CliRunner().invoke(cli, ["pack", "-c", str(C), "--window-docs", "30", "--json",
+                                 str(tmp_path / "in"), str(tmp_path / "o3")])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert got["windows"] == {"windows": 6, "docs_min": 27, "docs_max": 27, "window_docs": 30,
+                              "extra_rows": total, "extra_rows_within": packing,
+                              "extra_rows_max": got["windows"]["extra_rows_max"],
+                              "extra_rows_rounding": rounding}
+    assert got["stats"]["extra_rows"] == total
+    assert 0 <= got["windows"]["extra_rows_max"] <= packing
+    r = CliRunner().invoke(cli, ["pack", "-c", str(C), "--json", str(tmp_path / "in"),
+                                 str(tmp_path / "o4")])
+    assert "windows" not in json.loads(r.stdout)  # one global plan: no windows
 
 
 def _tree_bytes(out):
