@@ -217,8 +217,9 @@ def _input_options(f):
                    "--window-docs defaults to 250,000). Same bytes either way with the same "
                    "--window-docs.")
 @click.option("--ray-address", default=None, metavar="ADDRESS", envvar="RAY_ADDRESS",
-              help="Ray cluster to join with --engine ray [default: start a local Ray on "
-                   "--workers CPUs].")
+              show_envvar=True,
+              help="Ray cluster to join with --engine ray (HOST:PORT, auto, ray://...) "
+                   "[default: start a local Ray on --workers CPUs].")
 @click.option("--holdout", type=click.FloatRange(0, 1, min_open=True, max_open=True),
               default=None, metavar="FRACTION",
               help="Hold out this fraction of the documents (whole documents, drawn with "

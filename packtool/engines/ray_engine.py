@@ -16,15 +16,16 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator, Sequence
 
 from packtool.errors import (EngineError, MissingDependencyError, PacktoolError, exc_line,
-                             install_hint)
+                             first_line, install_hint, raise_if_shortage)
 from packtool.signals import TEST_ENVS, signals_held
 
-__all__ = ["RayEngine", "import_ray", "MAX_RETRIES", "CANCEL_WAIT_S"]
+__all__ = ["RayEngine", "import_ray", "MAX_RETRIES", "CANCEL_WAIT_S", "CONNECT_TIMEOUT_S"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,14 @@ MAX_RETRIES = 3
 
 #: Seconds the driver waits, after a failure, for the cancelled tasks' workers to be gone.
 CANCEL_WAIT_S = 30.0
+
+#: Seconds the driver waits for a cluster's address to accept a connection before ``ray.init``
+#: (Ray itself retries an address that does not answer for minutes, printing as it goes).
+CONNECT_TIMEOUT_S = 10.0
+
+#: Attempts ``ray.init`` makes to join a cluster whose address answers but whose GCS does not
+#: (each about 40 s; Ray's default is 20), unless ``RAY_gcs_server_port_wait_time_s`` is set.
+JOIN_ATTEMPTS = 2
 
 
 def import_ray():
@@ -48,16 +57,20 @@ def import_ray():
 class RayEngine:
     """Map tasks as Ray tasks (1 CPU each); results come back in task order.
 
-    Joins ``address`` when given, else starts a local Ray with ``workers`` CPUs; a Ray already
-    initialised in this process (a test, a notebook) is used as is. A Ray started here is shut
-    down on exit. Start-up happens in ``__enter__``, inside the run's measured wall time. The
+    Joins ``address`` when given, else starts a local Ray with ``workers`` CPUs (whatever
+    ``RAY_ADDRESS`` says: the command line reads that variable as ``--ray-address``); a Ray
+    already initialised in this process (a test, a notebook) is used as is. A Ray started here
+    is shut down on exit, and also when its start fails or is interrupted (Ctrl-C inside
+    ``ray.init``). Start-up happens in ``__enter__``, inside the run's measured wall time. The
     test hooks' variables (:data:`packtool.signals.TEST_ENVS`), when set in the driver, are
     handed to every task through the job's ``runtime_env`` (workers on other nodes do not
     inherit the driver's environment).
 
     Raises:
         MissingDependencyError: Ray is not installed.
-        ConnectionError: ``address`` cannot be reached (Ray's own message).
+        EngineError: ``address`` cannot be reached within :data:`CONNECT_TIMEOUT_S` or Ray
+            cannot join it (a wrong authentication token...), or a local Ray cannot start; one
+            line naming the address and the fix (raised by ``__enter__``).
     """
 
     name = "ray"
@@ -79,17 +92,28 @@ class RayEngine:
             # 15, OUTPUT left locked and unclean): packtool's own (packtool.signals) is put back
             main = threading.current_thread() is threading.main_thread()
             sigterm = signal.getsignal(signal.SIGTERM) if main else None
+            if self.address:
+                _probe(ray, self.address)
+            # set before ray.init: a failure or a Ctrl-C inside it still shuts down what it
+            # started (its agents and workers), and __exit__ is not called when __enter__ raises
+            self._started = True
             try:
-                with _no_failure_handler(ray):
+                with _no_failure_handler(ray), _join_attempts(bool(self.address)):
                     if self.address:
                         ray.init(address=self.address, **kw)
-                    else:
-                        ray.init(num_cpus=self.workers, include_dashboard=False, **kw)
+                    else:  # "local": never the cluster of RAY_ADDRESS (read by ray.init)
+                        ray.init(address="local", num_cpus=self.workers,
+                                 include_dashboard=False, **kw)
+            except BaseException as exc:
+                self.__exit__(None, None, None)
+                if not isinstance(exc, Exception) or isinstance(exc, PacktoolError):
+                    raise
+                raise_if_shortage(exc)
+                raise _init_error(self.address, exc) from None
             finally:
                 if main:
                     signal.signal(signal.SIGTERM,
                                   signal.SIG_DFL if sigterm is None else sigterm)
-            self._started = True
         return self
 
     def __exit__(self, *exc) -> bool:
@@ -182,6 +206,76 @@ class RayEngine:
                 ray.wait(pending, num_returns=len(pending), timeout=CANCEL_WAIT_S)
         except Exception:  # Ray itself going away (Ctrl-C during shutdown)
             pass
+
+
+def _address_fix(address: str) -> str:
+    """What to check about ``address``, naming ``RAY_ADDRESS`` when it came from there."""
+    env = os.environ.get("RAY_ADDRESS")
+    given = ("RAY_ADDRESS (read as --ray-address; unset it to start a local Ray)"
+             if env and env == address else "--ray-address")
+    return f"check {given} and that the cluster is up (`ray status` on its head node)"
+
+
+def _probe(ray, address: str) -> None:
+    """Refuse at once an ``address`` (``HOST:PORT``, or ``auto``) that accepts no connection
+    within :data:`CONNECT_TIMEOUT_S` (Ray retries such an address for many minutes, printing
+    "Failed to connect to GCS" lines); a ``ray://`` client address is left to Ray.
+
+    Raises:
+        EngineError: no Ray found for ``auto``, or the address does not answer.
+    """
+    if "://" in address:
+        return
+    # the address ray.init will connect to: "auto" looked up (RAY_ADDRESS, else the last Ray
+    # started on this machine), a local host name turned into this node's IP address
+    services = getattr(getattr(ray, "_private", None), "services", None)
+    try:
+        bootstrap = (services.canonicalize_bootstrap_address(address)
+                     if hasattr(services, "canonicalize_bootstrap_address") else address)
+    except Exception as exc:  # no running Ray found for "auto", a malformed address
+        raise _init_error(address, exc, token=False) from None
+    if not bootstrap or "://" in bootstrap:
+        return
+    host, _, port = bootstrap.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)),
+                                 timeout=CONNECT_TIMEOUT_S).close()
+    except (OSError, ValueError) as exc:
+        why = (f"no answer within {CONNECT_TIMEOUT_S:g} s" if isinstance(exc, TimeoutError)
+               else getattr(exc, "strerror", None) or first_line(exc))
+        raise EngineError(f"cannot reach the Ray cluster at {address} ({why}); "
+                          f"{_address_fix(address)}") from None
+
+
+def _init_error(address: str | None, exc: BaseException, token: bool = True) -> EngineError:
+    """The one-line error for a ``ray.init`` (or an address look-up) that failed: Ray's first
+    line and that of its cause (the token refused...), the address and the fix."""
+    cause = exc.__cause__ or exc.__context__
+    why = exc_line(exc) + (f" ({exc_line(cause).split('. Last connection error')[0]})"
+                           if cause is not None and first_line(cause, "") not in str(exc)
+                           else "")
+    if address:
+        tip = ("; with token authentication, give the cluster's token (RAY_AUTH_TOKEN or "
+               "RAY_AUTH_TOKEN_PATH)" if token else "")
+        return EngineError(f"cannot join the Ray cluster at {address}: {why}; "
+                           f"{_address_fix(address)}{tip}")
+    return EngineError(f"cannot start a local Ray: {why}")
+
+
+@contextmanager
+def _join_attempts(joining: bool) -> Iterator[None]:
+    """Inside: ``ray.init`` joining a cluster gives up after :data:`JOIN_ATTEMPTS` attempts
+    to reach its GCS (``RAY_gcs_server_port_wait_time_s``, read by Ray's node as it connects),
+    unless the variable is set already; put back as it was after."""
+    name = "RAY_gcs_server_port_wait_time_s"
+    if not joining or name in os.environ:
+        yield
+        return
+    os.environ[name] = str(JOIN_ATTEMPTS)
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
 
 
 @contextmanager
