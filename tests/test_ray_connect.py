@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 
 import numpy as np
@@ -29,6 +30,9 @@ def fake_ray(monkeypatch):
         calls["init"].append(kw)
         if calls["raise"] is not None:
             raise calls["raise"]
+        if calls.get("ctrl_c"):  # Ctrl-C while Ray starts its processes
+            signal.raise_signal(signal.SIGINT)
+            calls["init_done"] = True
 
     def shutdown():
         calls["shutdown"] += 1
@@ -106,6 +110,15 @@ def test_ray_started_here_is_shut_down_when_init_fails_or_is_interrupted(fake_ra
     with pytest.raises((KeyboardInterrupt, EngineError)):
         RayEngine(workers=1).__enter__()
     assert fake_ray["shutdown"] == 1
+
+
+def test_ctrl_c_while_a_local_ray_starts_waits_for_it_then_shuts_it_down(fake_ray):
+    """A Ctrl-C inside ray.init's start of the local processes left the agents it had started
+    running (unknown to ray.shutdown()); the start is finished first, then shut down whole."""
+    fake_ray["ctrl_c"] = True
+    with pytest.raises(KeyboardInterrupt):
+        RayEngine(workers=1).__enter__()
+    assert fake_ray.get("init_done") and fake_ray["shutdown"] == 1
 
 
 def test_refused_join_is_an_engine_error_not_an_output_error(fake_ray, open_port, tmp_path):

@@ -18,7 +18,7 @@ import os
 import signal
 import socket
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterator, Sequence
 
 from packtool.errors import (EngineError, MissingDependencyError, PacktoolError, exc_line,
@@ -98,7 +98,11 @@ class RayEngine:
             # started (its agents and workers), and __exit__ is not called when __enter__ raises
             self._started = True
             try:
-                with _no_failure_handler(ray), _join_attempts(bool(self.address)):
+                # a local start is not interrupted halfway: a Ctrl-C inside Node() left its
+                # agents running, unknown to ray.shutdown(); it is held until ray.init returns
+                # (seconds), then shuts the whole Ray down below. A join starts no process.
+                with (nullcontext() if self.address else signals_held()), \
+                        _no_failure_handler(ray), _join_attempts(bool(self.address)):
                     if self.address:
                         ray.init(address=self.address, **kw)
                     else:  # "local": never the cluster of RAY_ADDRESS (read by ray.init)
