@@ -148,3 +148,18 @@ def test_refused_join_is_an_engine_error_not_an_output_error(fake_ray, open_port
     assert fake_ray["init"][0]["gcs_wait"] == str(ray_engine.JOIN_ATTEMPTS)
     assert "RAY_gcs_server_port_wait_time_s" not in os.environ
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_ray_worker_messages_go_to_stderr_not_to_the_json_on_stdout(fake_ray, capsys):
+    """Ray printed '(raylet) A worker died ...' on the driver's stdout (log_to_driver=False does
+    not stop it), before the --json summary; they go to stderr while the engine holds Ray."""
+    from ray._private import worker
+
+    real = worker.print_to_stdstream
+    line = "A worker died or was killed while executing a task by an unexpected system error."
+    with RayEngine(workers=1):
+        worker.print_to_stdstream({"lines": [line], "pid": "raylet", "is_err": False},
+                                  ignore_prefix=False)
+    out, err = capsys.readouterr()
+    assert line not in out and line in err
+    assert worker.print_to_stdstream is real

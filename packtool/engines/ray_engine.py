@@ -80,6 +80,7 @@ class RayEngine:
         self.address = address
         self.ray = import_ray()
         self._started = False
+        self._restore_stdout: Callable[[], None] = lambda: None
 
     def __enter__(self) -> "RayEngine":
         ray = self.ray
@@ -97,6 +98,7 @@ class RayEngine:
             # set before ray.init: a failure or a Ctrl-C inside it still shuts down what it
             # started (its agents and workers), and __exit__ is not called when __enter__ raises
             self._started = True
+            self._restore_stdout = _ray_messages_to_stderr(ray)
             try:
                 # a local start is not interrupted halfway: a Ctrl-C inside Node() left its
                 # agents running, unknown to ray.shutdown(); it is held until ray.init returns
@@ -129,7 +131,10 @@ class RayEngine:
             # the default action meanwhile (see _no_failure_handler).
             self._started = False
             with signals_held():
-                self.ray.shutdown()
+                try:
+                    self.ray.shutdown()
+                finally:
+                    self._restore_stdout()
         return False
 
     def map(self, fn: Callable, items: Sequence[tuple]) -> Iterator:
@@ -264,6 +269,29 @@ def _init_error(address: str | None, exc: BaseException, token: bool = True) -> 
         return EngineError(f"cannot join the Ray cluster at {address}: {why}; "
                            f"{_address_fix(address)}{tip}")
     return EngineError(f"cannot start a local Ray: {why}")
+
+
+def _ray_messages_to_stderr(ray) -> Callable[[], None]:
+    """Send the messages Ray pushes to the driver ("(raylet) A worker died or was killed ...",
+    printed even with ``log_to_driver=False``) to stderr rather than stdout, which holds only
+    packtool's own output (the ``--json`` summary). Ray has no option for it: its printer
+    (``ray._private.worker.print_to_stdstream``, looked up by name at each message) is wrapped
+    to mark every message as an error line. Returns what puts Ray's printer back."""
+    worker = getattr(getattr(ray, "_private", None), "worker", None)
+    printer = getattr(worker, "print_to_stdstream", None)
+    if printer is None:  # another Ray layout: nothing to redirect
+        return lambda: None
+
+    def to_stderr(data, *args, **kwargs):
+        return printer({**data, "is_err": True}, *args, **kwargs)
+
+    worker.print_to_stdstream = to_stderr
+
+    def restore() -> None:
+        if worker.print_to_stdstream is to_stderr:
+            worker.print_to_stdstream = printer
+
+    return restore
 
 
 @contextmanager
