@@ -144,9 +144,12 @@ def _versions() -> dict:
 
 
 def _resolved(path) -> str:
-    """A local path made absolute with links resolved; a URI as it is (secrets left out)."""
+    """A local path made absolute with links resolved; a store URI without its options (the
+    endpoint and scheme say how the store is reached, not which file it is: the same input
+    named with ``?endpoint_override=`` or with ``AWS_ENDPOINT_URL`` is one input, and its size,
+    mtime and footer sha256 beside it say what it holds)."""
     loc = Location.parse(path)
-    return str(loc.path.resolve()) if loc.is_local else loc.display
+    return str(loc.path.resolve()) if loc.is_local else loc.display.partition("?")[0]
 
 
 def fingerprint(options: dict, files, inputs_digest: str | None = None) -> str:
@@ -155,8 +158,8 @@ def fingerprint(options: dict, files, inputs_digest: str | None = None) -> str:
     Args:
         options: the options that decide the bytes (``PackConfig.layout_options()``).
         files: :class:`~packtool.formats.reader.InputFile` list in document order; each is
-            recorded by resolved path (``in/`` and ``./in/`` agree), size, mtime and the
-            sha256 of its Parquet footer.
+            recorded by resolved path (``in/`` and ``./in/`` agree; a store URI without its
+            options), size, mtime and the sha256 of its Parquet footer.
         inputs_digest: the sha256 of the inputs' content where the caller knows it
             (``PackConfig.inputs_digest``): recorded instead of ``files``, so the same
             content written anew elsewhere keeps the fingerprint.

@@ -107,6 +107,12 @@ def test_the_endpoint_may_be_given_in_the_uri(tmp_path, s3, s3_endpoint, monkeyp
     assert m.totals.docs_in == len(DOCS) + 7
     assert invoke(["stats", out]).exit_code == 0
     assert len(PackedDataset(out)) == m.num_rows
+    # the same pack with the endpoint in the environment instead: the same inputs, so it is
+    # already done (the options in the URIs made another fingerprint: the whole pack again)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    res = invoke([*PACK, "--json", f"s3://{bucket}/corpus/", f"s3://{bucket}/out"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["already_complete"], res.output
+    assert read_manifest(out).fingerprint == m.fingerprint
 
 
 def test_secret_uri_options_never_reach_the_manifest(tmp_path, s3, s3_endpoint, monkeypatch):
