@@ -15,6 +15,7 @@ an id means the same value whichever output a row came from.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -176,8 +177,6 @@ class Mixture:
             if first is None:
                 first = (name, record.tokenizer)
             elif not first[1].same_ids(record.tokenizer):
-                import warnings
-
                 warnings.warn(
                     f"outputs {first[0]!r} and {name!r} hold the ids of different tokenizers "
                     f"({first[0]}: {first[1].describe()}; {name}: "
@@ -235,8 +234,6 @@ class Mixture:
                 continue
             content = tuple(s.sha256 for s in shards)
             if content in copies:
-                import warnings
-
                 first, where = copies[content]
                 warnings.warn(
                     f"sources {first!r} ({where}) and {name!r} ({o.location.display}) hold the "
@@ -264,8 +261,6 @@ class Mixture:
                                  f"weight {self.weights[n]!r}; give it weight 0 or remove it")
             return
         if empty:
-            import warnings
-
             one = len(empty) == 1
             it = "it" if one else "them"
             if len(empty) == len(self.names):
