@@ -928,8 +928,9 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
         ax_len.hist(pos, bins=_log_bins(pos), color="tab:gray")
         ax_len.set_xscale("log")
     ax_len.axvline(capacity, color="red", ls="--", label=f"capacity {capacity:,}")
-    ax_len.set(xlabel="document length (tokens, log scale)", ylabel="documents",
-               title="input: document lengths")
+    ax_len.set(xlabel="document length (tokens" + (", log scale)" if pos.size else ")"),
+               ylabel="documents", title="input: document lengths" if pos.size else
+               "input: document lengths: every document is empty")
     ax_len.legend()
 
     pad = [max(r["padding_tokens"], 0) for r in res]

@@ -377,6 +377,19 @@ def test_compare_plot_of_no_rows_says_so_on_a_linear_axis(monkeypatch):
     assert "no strategy writes a row" in fig._suptitle.get_text()
 
 
+def test_compare_plot_of_empty_documents_names_no_log_axis(monkeypatch):
+    """Documents of length 0 only: the lengths panel is drawn on a linear axis, so its label
+    says nothing of a log scale, and its title says why it is empty."""
+    pytest.importorskip("matplotlib")
+    figs = _capture_figure(monkeypatch)
+    analysis.plot_compare(np.array([0, 0]), 16, "unused.png")
+    (fig,) = figs
+    lengths = next(ax for ax in fig.axes if "document lengths" in ax.get_title())
+    assert lengths.get_xscale() == "linear"
+    assert "log" not in lengths.get_xlabel()
+    assert lengths.get_title() == "input: document lengths: every document is empty"
+
+
 @pytest.mark.parametrize("docs,flags,why", [
     ([[3]], ["--min-fill", "1"], "--min-fill 1 left out 1 planned row"),
     ([[3, 4, 5, 6, 7]], ["--overflow", "drop"], "--overflow drop"),
