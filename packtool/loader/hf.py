@@ -205,7 +205,7 @@ def _probe_items(vocab: int, seed: int) -> tuple[list[dict], list[list[tuple[int
     seg, pos = structure_from_cu(cu_vals, cu_offs, counts, C, "check_isolation")
     labels = unshifted_labels(ids, seg)
     doc_offs = np.cumsum(np.append(0, counts)).astype(np.int64)
-    block = Block(group=0, first=0, shard_row0=0, shard="check_isolation", num_rows=R,
+    block = Block(group=0, first=0, shard_row0=0, shard="", num_rows=R,
                   tokens={"input_ids": ids, "segment_ids": seg, "position_ids": pos,
                           "labels": labels},
                   ragged={"cu_seqlens": (cu_vals, cu_offs),

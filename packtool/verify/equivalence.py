@@ -386,7 +386,9 @@ def _alone_finite(runner, ids_L) -> bool | None:
 
 
 def _at(w: dict) -> str:
-    return f"shard {w.get('shard')} row {w.get('row')} segment {w.get('segment')}"
+    """Where ``w`` points, in words; a batch built in memory (no shard name) names its row."""
+    shard = f"shard {w['shard']} " if w.get("shard") else ""
+    return f"{shard}row {w.get('row')} segment {w.get('segment')}"
 
 
 def nonfinite_cause(m: Measurements) -> str:
