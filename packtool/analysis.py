@@ -250,6 +250,8 @@ class InputDocuments:
     first_docs: np.ndarray | None = None
     #: the options whose tokens the lengths count (``--prepend-bos and --append-eos``)
     added: str = ""
+    #: documents that held no token as read (the other empty ones lost theirs to the mask)
+    docs_empty_read: int = 0
 
     def locate(self, doc: int) -> tuple[str, int]:
         """The input file of global document ``doc`` and its row there (0-based)."""
@@ -273,7 +275,8 @@ class InputDocuments:
         from packtool.pipeline.read import require_tokens
 
         n = int(self.lengths.size)
-        require_tokens(self.discovery.files, n, int(self.lengths.sum()), column)
+        require_tokens(self.discovery.files, n, int(self.lengths.sum()), column,
+                       masked=self.masked_tokens, empty_read=self.docs_empty_read)
         if Overflow(overflow) is not Overflow.ERROR:
             return
         order = np.arange(n, dtype=np.int64)  # shape: (num_docs,)
@@ -317,7 +320,7 @@ def input_documents(inputs, column: str = "input_ids", *, attention_mask: str | 
 
     found = discover(list(inputs), skip_unsupported=skip_unsupported)
     cols = input_columns(found.files, column, attention_mask, labels, loss_mask)
-    lengths, flags, masked, counts = [], [], 0, BoundaryCounts()
+    lengths, flags, masked, counts, empty_read = [], [], 0, BoundaryCounts(), 0
     any_flags = False
     first_docs = np.zeros(len(found.files) + 1, dtype=np.int64)  # shape: (files + 1,)
     for i, f in enumerate(found.files):
@@ -328,12 +331,13 @@ def input_documents(inputs, column: str = "input_ids", *, attention_mask: str | 
             flags.append(tb.targets if tb.targets is not None
                          else np.ones(tb.tokens.size, dtype=np.uint8))
             masked += tb.masked_tokens
+            empty_read += tb.docs_empty_read
             counts = counts + tb.boundary
             first_docs[i + 1:] += tb.lengths.size
     cat = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
     targets = (np.concatenate(flags) if flags else np.zeros(0, np.uint8)) if any_flags else None
     return InputDocuments(cat, targets, masked, counts, found, cols, first_docs,
-                          added_by(bos, eos))
+                          added_by(bos, eos), empty_read)
 
 
 def input_lengths(inputs, column: str = "input_ids") -> np.ndarray:

@@ -200,6 +200,32 @@ def test_all_documents_empty(tmp_path):
             "all 3 documents", "--column")
 
 
+@pytest.mark.parametrize("empty_doc", [False, True])
+def test_all_documents_masked_are_said_masked_not_empty(tmp_path, empty_doc):
+    """Documents whose tokens all have attention mask 0 (one empty beside them with
+    ``empty_doc``): pack and compare refuse them as masked, with the counts and the mask's
+    option, not as "all 3 documents ... are empty" (they hold tokens)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from packtool.cli import cli
+
+    ids, mask = [[1, 2], [3, 4], [5, 6]], [[0, 0]] * 3
+    if empty_doc:
+        ids[1], mask[1] = [], []
+    src = tmp_path / "in" / "m.parquet"
+    src.parent.mkdir()
+    pq.write_table(pa.table({"input_ids": ids, "attention_mask": mask}), src)
+    out = tmp_path / "out"
+    what = ("are masked or empty (1 empty; the 4 tokens of the other 2 all have attention mask 0)"
+            if empty_doc else "are masked (their 6 tokens all have attention mask 0)")
+    refused(pack_args(src, out=out), out, "m.parquet", "no tokens to pack",
+            f"all 3 documents in column 'input_ids' {what}", "--attention-mask-column")
+    from click.testing import CliRunner
+    res = CliRunner().invoke(cli, ["compare", "-c", "4", str(src)])
+    assert res.exit_code == 1 and f"all 3 documents in column 'input_ids' {what}" in res.output
+
+
 @pytest.mark.parametrize("capacity", [0, 1, -4, 10**12])
 def test_bad_capacity(tmp_path, good, capacity):
     out = tmp_path / "out"

@@ -261,6 +261,8 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path, monkeypatc
     write_docs(tmp_path / "neg.parquet", [[1, -1]])
     write_docs(tmp_path / "big.parquet", [[2**31]])
     write_docs(tmp_path / "empty.parquet", [[]])
+    pq.write_table(pa.table({"input_ids": [[1, 2]], "attention_mask": [[0, 0]]}),
+                   tmp_path / "masked.parquet")
     (tmp_path / "afile").write_text("x")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
@@ -316,6 +318,7 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path, monkeypatc
              pack(tmp_path / "neg.parquet", tmp_path / "o"),
              pack(tmp_path / "big.parquet", tmp_path / "o"),
              pack(tmp_path / "empty.parquet", tmp_path / "o"),
+             pack(tmp_path / "masked.parquet", tmp_path / "o"),
              ["--capacity", "1", *pack(good, tmp_path / "o")],
              ["--pad-id", "-1", *pack(good, tmp_path / "o")],
              ["--capacity", "2", "--overflow", "error", *pack(good, tmp_path / "o")],

@@ -143,6 +143,45 @@ def test_a_side_of_only_empty_documents_is_refused_before_either_output_is_writt
     assert not out.exists() and not (tmp_path / "out-holdout").exists()
 
 
+@pytest.mark.parametrize("masked_side, empty_doc, extra", [
+    ("held-out side", False, ()), ("held-out side", False, ("--append-eos", "2")),
+    ("held-out side", False, ("--workers", "2", "--window-docs", "5")),
+    ("training side", False, ()), ("held-out side", True, ()), ("training side", True, ())])
+def test_a_side_of_only_masked_documents_is_refused_as_masked_before_either_is_written(
+        tmp_path, masked_side, empty_doc, extra):
+    """31 documents of 4 tokens, those of one side of --holdout 0.3 (seed 0) with attention
+    mask all 0 (and, with ``empty_doc``, one of them empty). That side has no token to pack:
+    refused before either output is written, its documents said masked (or masked or empty),
+    counted right. It used to write the training output and then fail on the held-out one
+    with "all 31 documents ... are empty" (the held-out tokens were counted before the mask),
+    and every rerun failed the same way."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    held = holdout_mask(0, 31, 0.3, 0)
+    dark = held if masked_side == "held-out side" else ~held  # the side fully masked
+    ids = [[5, 6, 7, 8] for _ in range(31)]
+    mask = [[0] * 4 if dark[d] else [1] * 4 for d in range(31)]
+    first = int(np.flatnonzero(dark)[0])
+    if empty_doc:
+        ids[first], mask[first] = [], []
+    src = tmp_path / "in" / "m.parquet"
+    src.parent.mkdir()
+    pq.write_table(pa.table({"input_ids": ids, "attention_mask": mask}), src)
+    out = tmp_path / "out"
+    res = invoke(["pack", "-q", "-c", 16, "--holdout", 0.3, *extra, src, out])
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    n, m = int(dark.sum()), 31 - int(dark.sum())
+    other = f"the {m} left for training" if masked_side == "held-out side" else f"the {m} held out"
+    what = (f"only masked or empty documents ({n}: 1 empty, the {4 * (n - 1)} tokens of the "
+            f"other {n - 1} all have attention mask 0" if empty_doc else
+            f"only masked documents ({n}: their {4 * n} tokens all have attention mask 0")
+    assert (f"--holdout 0.3 --seed 0: the {masked_side} gets {what}; the tokens to pack are "
+            f"all in {other}); check the attention mask") in res.output, res.output
+    assert "are empty" not in res.output
+    assert not out.exists() and not (tmp_path / "out-holdout").exists()
+
+
 @pytest.mark.parametrize("extra", [(), ("--window-docs", "6"), ("--append-eos", "2"),
                                    ("--workers", "2")])
 def test_overflow_error_refuses_a_long_document_on_either_side_before_either_is_written(

@@ -86,6 +86,12 @@ class TokenBatch:
     #: (index in the batch, length as it would be packed) of the longest document left out as
     #: the other part of a ``--holdout`` split, with ``measure_other``; (0, 0) otherwise
     other_longest: tuple[int, int] = (0, 0)
+    #: documents of this side that held no token as read (before the attention mask): what
+    #: tells an empty document from one whose tokens were all masked
+    docs_empty_read: int = 0
+    #: (documents empty as read, tokens left after the attention mask) of the documents left
+    #: out as the other part of a ``--holdout`` split: whether that side has a token to pack
+    other_packed: tuple[int, int] = (0, 0)
 
     def mask_counts(self) -> dict:
         """The batch's mask figures under their :class:`packtool.stats.PackStats` names
@@ -153,8 +159,9 @@ def prepare_documents(first_row: int, lengths: np.ndarray, tokens: np.ndarray, *
         loss_masks: int or bool [T] masks, 1 = learn.
         bos, eos: ``--prepend-bos`` / ``--append-eos`` ids, or None.
         keep_docs: bool[docs], False for a document of the other part of a held-out split
-            (it gets length 0 and is counted in ``other_split``, its tokens as read); None
-            keeps every document.
+            (it gets length 0 and is counted in ``other_split``, its tokens as read, and in
+            ``other_packed``, its tokens after the attention mask); None keeps every
+            document.
         measure_other: also find the longest document ``keep_docs`` leaves out, as it would be
             packed on its own side (masks and BOS/EOS applied):
             :attr:`TokenBatch.other_longest`, for ``--overflow error`` to refuse it before
@@ -178,10 +185,17 @@ def prepare_documents(first_row: int, lengths: np.ndarray, tokens: np.ndarray, *
         if theirs.lengths.size:
             i = int(np.argmax(theirs.lengths))
             longest = (i, int(theirs.lengths[i]))
+    other_packed = (0, 0)
+    empty_read = int(lengths.size - np.count_nonzero(lengths))
     if keep_docs is not None:
+        real = None if keep is None else int(np.count_nonzero(keep))
         lengths, n_docs, n_tokens, tokens, targets, keep = drop_documents(
             lengths, keep_docs, tokens, targets, None if keep is None else np.asarray(keep))
         other = (n_docs, n_tokens)
+        this_empty = int(lengths.size - np.count_nonzero(lengths)) - n_docs  # theirs are 0 now
+        other_packed = (empty_read - this_empty,
+                        n_tokens if real is None else real - int(np.count_nonzero(keep)))
+        empty_read = this_empty
     masked = 0
     if keep is not None:
         lengths, tokens, targets, masked = drop_masked_tokens(lengths, tokens, keep, targets)
@@ -190,7 +204,8 @@ def prepare_documents(first_row: int, lengths: np.ndarray, tokens: np.ndarray, *
         lengths, tokens, targets, boundary = add_boundary_tokens(lengths, tokens, targets,
                                                                  bos=bos, eos=eos)
     return TokenBatch(int(first_row), lengths, tokens, targets, masked, boundary,
-                      other_split=other, other_longest=longest)
+                      other_split=other, other_longest=longest, docs_empty_read=empty_read,
+                      other_packed=other_packed)
 
 
 def _doc_of_token(lengths: np.ndarray) -> np.ndarray:

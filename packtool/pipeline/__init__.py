@@ -314,24 +314,44 @@ def _interrupted(cfg: PackConfig, outs: "list[Output | None]") -> KeyboardInterr
     return KeyboardInterrupt("; ".join(words))
 
 
-def _refuse_empty_side(cfg, tokens: int, docs: int, total) -> None:
-    """``--holdout`` whose training or held-out side has documents but not one token (every
-    document it got is empty), told by the training pack's read, which counts both sides'
-    tokens, so before either output is written.
+def _refuse_empty_side(cfg, mine: tuple, theirs: tuple) -> None:
+    """``--holdout`` whose training or held-out side has documents but not one token to pack
+    (every document it got is empty, or its tokens all have attention mask 0), told by the
+    training pack's read, which counts both sides' tokens after the attention mask, so before
+    either output is written (and by the held-out pack's read alike).
+
+    Args:
+        cfg: the pack's :class:`~packtool.config.PackConfig` (``holdout_part`` says which side
+            ``mine`` is).
+        mine, theirs: ``(documents, tokens to pack, tokens the attention mask removed,
+            documents empty as read)`` of this pack's side and of the other side.
 
     Raises:
-        InputError: one side has no token (the split, the counts and the fix named).
+        InputError: one side has no token to pack (the split, the counts, whether its documents
+            are empty or masked, and the fix named).
     """
-    held_docs, held_tokens = total.docs_other_split, total.tokens_other_split
-    if (tokens and held_tokens) or not (tokens or held_tokens):  # none at all: require_tokens
+    if bool(mine[1]) == bool(theirs[1]):  # both have tokens, or neither: require_tokens
         return
-    train_docs = docs - held_docs
-    side, n, other = (("training side", train_docs, f"the {held_docs:,} held out")
-                      if not tokens else ("held-out side", held_docs,
-                                          f"the {train_docs:,} left for training"))
-    raise InputError(f"--holdout {cfg.holdout} --seed {cfg.seed}: the {side} gets only empty "
-                     f"documents ({n:,}, no tokens; the tokens are all in {other}); choose "
-                     "another --seed or fraction")
+    names = {"train": "training side", "holdout": "held-out side"}
+    this = cfg.holdout_part
+    that = "holdout" if this == "train" else "train"
+    (n, _, masked, empty), (m, *_), side, full = ((mine, theirs, this, that) if not mine[1]
+                                                  else (theirs, mine, that, this))
+    other = f"the {m:,} held out" if full == "holdout" else f"the {m:,} left for training"
+    if not masked:
+        what = f"only empty documents ({n:,}, no tokens; the tokens are all in {other})"
+    elif not empty:
+        what = (f"only masked documents ({n:,}: their {masked:,} tokens all have attention "
+                f"mask 0; the tokens to pack are all in {other})")
+    else:
+        what = (f"only masked or empty documents ({n:,}: {empty:,} empty, the {masked:,} "
+                f"tokens of the other {n - empty:,} all have attention mask 0; the tokens to "
+                f"pack are all in {other})")
+    fix = ("choose another --seed or fraction" if not masked else
+           "check the attention mask in the INPUT and --attention-mask-column, or choose "
+           "another --seed or fraction")
+    raise InputError(f"--holdout {cfg.holdout} --seed {cfg.seed}: the {names[side]} gets "
+                     f"{what}; {fix}")
 
 
 def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
@@ -405,9 +425,16 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
         index = PartIndex(tuple(i.directory for i in pinfos), tuple(firsts),
                           tuple(int(x) for x in bases), tuple(i.targets for i in pinfos),
                           tuple(parts), source_maps)
-        if cfg.holdout_part == "train":  # before either output is written
-            _refuse_empty_side(cfg, int(bases[-1]), windows.docs, total)
-        require_tokens(files, windows.docs, int(bases[-1]), cfg.column)
+        mine_docs = windows.docs - total.docs_other_split  # this side's documents
+        empty_read = sum(i.docs_empty_read for i in pinfos)
+        if cfg.holdout_part is not None:  # the training pack: before either output is written
+            theirs = [sum(x) for x in zip(*(i.other_packed for i in pinfos))] or [0, 0]
+            _refuse_empty_side(
+                cfg, (mine_docs, int(bases[-1]), total.tokens_attention_masked, empty_read),
+                (total.docs_other_split, theirs[1], total.tokens_other_split - theirs[1],
+                 theirs[0]))
+        require_tokens(files, mine_docs, int(bases[-1]), cfg.column,
+                       masked=total.tokens_attention_masked, empty_read=empty_read)
         infos: list[WindowInfo] = []
         sizes = windows.sizes()
         out.phase = "plan"

@@ -119,6 +119,12 @@ class PartInfo:
     #: ``--source-column``: the part's own id -> value table (in order of first appearance;
     #: each document's id in :data:`~packtool.pipeline.spill.DOC_SOURCES`), else empty
     sources: tuple = ()
+    #: documents of this side that held no token as read (the others read empty lost their
+    #: tokens to the attention mask)
+    docs_empty_read: int = 0
+    #: the other side of a ``--holdout`` split: (documents empty as read, tokens left after
+    #: the attention mask), what tells whether that side has a token to pack
+    other_packed: tuple = (0, 0)
 
 
 def _row_group_bytes(f: InputFile, md) -> list[int]:
@@ -226,7 +232,8 @@ def plan_reads(files: list[InputFile], column: str,
     return parts
 
 
-def require_tokens(files: list[InputFile], docs: int, tokens: int, column: str) -> None:
+def require_tokens(files: list[InputFile], docs: int, tokens: int, column: str, *,
+                   masked: int = 0, empty_read: int = 0) -> None:
     """Refuse an input with nothing to pack (``pack`` after reading it, ``compare`` likewise).
 
     Args:
@@ -234,17 +241,30 @@ def require_tokens(files: list[InputFile], docs: int, tokens: int, column: str) 
         docs: documents read (empty ones included).
         tokens: tokens read (after masks and BOS/EOS).
         column: the token column.
+        masked: tokens the attention mask removed (``tokens_attention_masked``).
+        empty_read: documents that held no token as read (before the attention mask): the
+            others lost every token to the mask.
 
     Raises:
-        InputError: ``tokens`` is 0: no documents, or only empty ones (the file, or the number
-            of files, named).
+        InputError: ``tokens`` is 0: no documents, or only empty ones, or only documents
+            whose tokens the attention mask removed (said as such: "masked", not "empty"),
+            the file, or the number of files, named.
     """
     if tokens:
         return
     where = files[0].path if len(files) == 1 else f"{len(files)} input files"
-    what = (f"all {docs} documents in column {column!r} are empty" if docs
-            else "no documents (empty shards)")
-    raise InputError(f"{where}: no tokens to pack: {what}; check the INPUT and --column")
+    fix = "check the INPUT and --column"
+    if not docs:
+        what = "no documents (empty shards)"
+    elif not masked:
+        what = f"all {docs:,} documents in column {column!r} are empty"
+    else:
+        what = f"all {docs:,} documents in column {column!r} are masked" + (
+            f" (their {masked:,} tokens all have attention mask 0)" if not empty_read else
+            f" or empty ({empty_read:,} empty; the {masked:,} tokens of the other "
+            f"{docs - empty_read:,} all have attention mask 0)")
+        fix = "check the attention mask in the INPUT and --attention-mask-column"
+    raise InputError(f"{where}: no tokens to pack: {what}; {fix}")
 
 
 def file_rows(parts: list[ReadPart], n_files: int) -> list[int]:
@@ -302,14 +322,18 @@ def part_dir(tmp: str | os.PathLike, index: int) -> str:
 
 
 def _info(part: ReadPart, final: str, done: dict, reused: bool, resumed: int = 0) -> PartInfo:
+    counts = PackStats.from_dict(done["counts"])
     return PartInfo(part.index, final, int(done["docs"]), int(done["tokens"]),
-                    bool(done["targets"]), PackStats.from_dict(done["counts"]), reused, resumed,
-                    tuple(done.get("sources") or ()))
+                    bool(done["targets"]), counts, reused, resumed,
+                    tuple(done.get("sources") or ()), int(done.get("empty_read", 0)),
+                    # a record without them: the other side's tokens as read
+                    tuple(done.get("other_packed") or (0, counts.tokens_other_split)))
 
 
 def _fresh_state() -> dict:
     return {"pieces": 0, "docs": 0, "tokens": 0, "targets": False,
-            "counts": PackStats().to_dict(), "sources": []}
+            "counts": PackStats().to_dict(), "sources": [], "empty_read": 0,
+            "other_packed": [0, 0]}
 
 
 def _resume_state(work: Path, with_sources: bool) -> dict:
@@ -331,6 +355,8 @@ def _resume_state(work: Path, with_sources: bool) -> dict:
             if (work / name).exists():
                 os.truncate(work / name, size)
         state.setdefault("sources", [])
+        state.setdefault("empty_read", 0)
+        state.setdefault("other_packed", [0, state["counts"].get("tokens_other_split", 0)])
         return state
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise_if_shortage(exc, str(work))  # the progress is fine: keep it for the rerun
@@ -382,6 +408,7 @@ def read_part(cfg, part: ReadPart, tmp: str) -> PartInfo:
             progress.advance(state["docs"], state["tokens"])
         counts = PackStats.from_dict(state["counts"])
         docs, tokens, flags = state["docs"], state["tokens"], state["targets"]
+        empty_read, other_packed = state["empty_read"], list(state["other_packed"])
         table = {v: i for i, v in enumerate(state["sources"])}  # value -> id, first seen first
         with spill_writer(work / TOKENS, append=True) as tok_f, \
                 spill_writer(work / STARTS, append=True) as start_f:
@@ -426,6 +453,8 @@ def read_part(cfg, part: ReadPart, tmp: str) -> PartInfo:
                         tokens += int(batch.tokens.size)
                         n += int(batch.lengths.size)
                         counts = counts + PackStats(**batch.mask_counts())
+                        empty_read += batch.docs_empty_read
+                        other_packed = [a + b for a, b in zip(other_packed, batch.other_packed)]
                         progress.advance(int(batch.lengths.size), int(batch.tokens.size))
                         test_pause("read", part.index)
                     if n != piece.docs:
@@ -441,13 +470,16 @@ def read_part(cfg, part: ReadPart, tmp: str) -> PartInfo:
                                 f.flush()
                         _write_progress(work, {"pieces": k + 1, "docs": docs, "tokens": tokens,
                                                "targets": flags, "counts": counts.to_dict(),
-                                               "sources": list(table)})
+                                               "sources": list(table),
+                                               "empty_read": empty_read,
+                                               "other_packed": other_packed})
             finally:
                 for f in (tgt_f, src_f):
                     if f is not None:
                         f.close()
         result = {"docs": docs, "tokens": tokens, "targets": flags, "counts": counts.to_dict(),
-                  "sources": list(table)}
+                  "sources": list(table), "empty_read": empty_read,
+                  "other_packed": other_packed}
         (work / PARTIAL).unlink(missing_ok=True)
         (work / WINDOW_DONE).write_text(json.dumps(result))
         publish_window(work, final)

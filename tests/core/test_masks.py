@@ -210,6 +210,13 @@ def test_prepare_documents_equals_twin(docs5, use_keep, use_labels, n_masks, bos
     left = [] if keep_docs is None else [d for d, k in zip(docs, keep_docs) if not k]
     assert tb.other_split == (len(left), sum(map(len, left)))
     assert tb.mask_counts()["docs_other_split"] == len(left)
+    # what tells empty from masked: documents empty as read on each side, and the other
+    # side's tokens after the attention mask (its own twin's)
+    mine = docs if keep_docs is None else [d for d, k in zip(docs, keep_docs) if k]
+    theirs = [] if keep_docs is None else reference_prepare_documents(
+        docs, keep, keep_docs=[not k for k in keep_docs])[0]
+    assert tb.docs_empty_read == sum(not d for d in mine)
+    assert tb.other_packed == (sum(not d for d in left), sum(map(len, theirs)))
     assert unflat(tb.lengths, tb.tokens) == want_docs
     if want_flags is None:
         assert tb.targets is None
