@@ -43,7 +43,8 @@ from pathlib import Path
 from packtool.errors import LocationError, first_line
 
 __all__ = ["Location", "LocalPath", "StoreURI", "Entry", "StoreError", "location", "is_store",
-           "display", "sweep_stages", "STAGE_HOLDER", "STAGE_UNRECORDED_DAYS"]
+           "display", "sweep_stages", "STAGE_HOLDER", "STAGE_UNRECORDED_DAYS", "make_dirs",
+           "remove_made"]
 
 #: ``scheme:`` + ``//`` (or ``/``, as pathlib folds it); a scheme of two characters or more, so a
 #: Windows drive letter is not one
@@ -263,8 +264,14 @@ class Location:
         raise NotImplementedError
 
     # -- writing ------------------------------------------------------------------------------
-    def makedirs(self) -> None:
-        """Create the folder and its parents (a store needs none: a no-op)."""
+    def makedirs(self) -> tuple:
+        """Create the folder and its parents (a store needs none: a no-op).
+
+        Returns:
+            The local folders created (:func:`make_dirs`: outermost first), for
+            :func:`remove_made` to take away on a failure; ``()`` in a store.
+        """
+        return ()
 
     def publish_bytes(self, data: bytes) -> None:
         """Make ``data`` the file's content, whole or not at all (see the module docstring)."""
@@ -403,8 +410,8 @@ class LocalPath(Location):
 
         return open_local(self.path)
 
-    def makedirs(self) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
+    def makedirs(self) -> tuple[Path, ...]:
+        return make_dirs(self.path)
 
     def _temp(self) -> Path:
         return self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}.tmp")
@@ -799,6 +806,44 @@ class StoreURI(Location):
                 self.join(p.name).publish_file(p)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def make_dirs(path: "str | os.PathLike") -> tuple[Path, ...]:
+    """Create the local folder ``path`` and its missing parents (``mkdir -p``), and say which
+    it created, so that a command failing before it writes anything there (an export, a pack,
+    a tokenize into ``x/y/z``) takes away every folder it made and no other
+    (:func:`remove_made`).
+
+    Returns:
+        The folders created, outermost first (``x``, ``x/y``, ``x/y/z``); ``()`` when ``path``
+        was there.
+
+    Raises:
+        OSError: a folder cannot be created (those made before it are removed first).
+    """
+    path = Path(path)
+    missing, p = [], path
+    while not (p.exists() or p.is_symlink()) and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    made = tuple(reversed(missing))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except BaseException:
+        remove_made(made)
+        raise
+    return made
+
+
+def remove_made(made) -> None:
+    """Remove the folders :func:`make_dirs` created (``made``), deepest first, each only when
+    it is empty: never a file or folder something else put there (removal stops at the first
+    folder that holds one, since its parents hold it too). Never raises."""
+    for d in reversed(tuple(made)):
+        try:
+            Path(d).rmdir()
+        except OSError:
+            return
 
 
 #: (pid, temporary directory) already swept by this process (:func:`sweep_stages` ``once``)

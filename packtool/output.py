@@ -75,7 +75,7 @@ from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAM
                                        run_words, shard_entry_of,
                                        V1_MANIFEST_NAME, version_1_shards)
 from packtool.formats.schema import written_as_shard
-from packtool.location import Location, StoreError, sweep_stages
+from packtool.location import Location, StoreError, remove_made, sweep_stages
 
 __all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256", "pack_running",
            "BYTE_DECIDING_PACKAGES", "WINDOW_DIR_PREFIX", "READ_DIR_PREFIX", "SCRATCH_UNITS",
@@ -249,7 +249,7 @@ class Output:
         self.windows_kept = 0  #: finished scratch units kept from a killed identical run
         self.kept = ScratchKept()  #: what the scratch holds for a rerun (after a trim)
         self.shards_done = 0  #: shards finished (written or kept) in this run
-        self._created = False
+        self._created: tuple = ()  # the local folders entering created (OUTPUT, its parents)
         self._writing = False
         #: the phase under way (``read``, ``plan``, ``write``, ``manifest``; None before), set
         #: by the pipeline: it words a failure's fixes
@@ -279,7 +279,8 @@ class Output:
         """Store only: abort unfinished uploads under OUTPUT."""
 
     def _remove_created(self) -> None:
-        """Remove OUTPUT when this run created it and it is empty again."""
+        """Remove OUTPUT, and the parents entering it created, when this run created them and
+        they are empty again."""
 
     def check_space(self, shards: int, scratch: int, *, scratch_written: bool = False) -> None:
         """Check OUTPUT's free space (a store: not checked) against what the pack still writes:
@@ -335,9 +336,8 @@ class Output:
                 return self
         except store.STORE_ERRORS as exc:
             raise self._os_error(exc, f"cannot list {self.role}") from None
-        self._created = e is None
         try:
-            out.makedirs()
+            self._created = out.makedirs()
         except store.STORE_ERRORS as exc:
             told = out.store_error(exc, "cannot write")
             if isinstance(told, StoreError):
@@ -739,11 +739,9 @@ class LocalOutput(Output):
             self._file_lock = None
 
     def _remove_created(self) -> None:
-        if self._created:
-            try:
-                self.path.path.rmdir()  # only when empty: never removes something not ours
-            except OSError:
-                pass
+        # each only when empty: never removes something not ours
+        remove_made(self._created)
+        self._created = ()
 
     def check_space(self, shards: int, scratch: int, *, scratch_written: bool = False) -> None:
         super().check_space(shards, scratch, scratch_written=scratch_written)

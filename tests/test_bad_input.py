@@ -226,6 +226,50 @@ def test_all_documents_masked_are_said_masked_not_empty(tmp_path, empty_doc):
     assert res.exit_code == 1 and f"all 3 documents in column 'input_ids' {what}" in res.output
 
 
+def test_a_pack_refused_before_writing_leaves_no_folder_it_created(tmp_path):
+    """OUTPUT x/y/z of a pack refused after entering it (an input of empty documents): no x/,
+    x/y/ nor x/y/z/ is left (it used to remove z alone); under a folder that was there, that
+    folder and what it held stay."""
+    write_docs(tmp_path / "e.parquet", [[], []])
+    out = tmp_path / "x" / "y" / "z"
+    refused(pack_args(tmp_path / "e.parquet", out=out), out, "no tokens to pack")
+    assert not (tmp_path / "x").exists()
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "mine.txt").write_text("x")
+    out = tmp_path / "keep" / "y" / "z"
+    refused(pack_args(tmp_path / "e.parquet", out=out), out, "no tokens to pack")
+    assert [p.name for p in (tmp_path / "keep").iterdir()] == ["mine.txt"]
+
+
+def test_make_dirs_says_what_it_made_and_remove_made_takes_away_only_that(tmp_path,
+                                                                        monkeypatch):
+    """make_dirs creates the missing folders and returns them outermost first; one that cannot
+    be created leaves none of those made before it; remove_made stops at a folder that holds
+    something else."""
+    import errno
+    from pathlib import Path
+
+    from packtool.location import make_dirs, remove_made
+
+    made = make_dirs(tmp_path / "a" / "b" / "c")
+    assert made == (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "c")
+    assert make_dirs(tmp_path / "a" / "b") == ()
+    (tmp_path / "a" / "b" / "other").write_text("x")
+    remove_made(made)  # c goes; b holds a file of its own: b and a stay
+    assert sorted(p.name for p in (tmp_path / "a" / "b").iterdir()) == ["other"]
+    real = Path.mkdir
+
+    def refuse_q(self, *a, **kw):
+        if self.name == "q":
+            raise OSError(errno.EACCES, "Permission denied", str(self))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "mkdir", refuse_q)
+    with pytest.raises(OSError):
+        make_dirs(tmp_path / "m" / "o" / "q" / "r")  # m and o are made, then q fails
+    assert not (tmp_path / "m").exists()
+
+
 @pytest.mark.parametrize("capacity", [0, 1, -4, 10**12])
 def test_bad_capacity(tmp_path, good, capacity):
     out = tmp_path / "out"

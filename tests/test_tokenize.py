@@ -301,6 +301,9 @@ def test_bad_text_input_gets_one_line_naming_file_and_line(tmp_path, hf_tokenize
         assert f"{src}: no text to tokenize: no documents (empty files or blank lines " \
                "only); check the INPUT and --text-column" in run(src, tmp_path / out)
         assert not (tmp_path / out).exists()
+    # refused into OUTPUT x/y/z: none of the folders it created is left (not z alone)
+    assert "no text to tokenize" in run(empty, tmp_path / "x" / "y" / "z")
+    assert not (tmp_path / "x").exists()
 
 
 def test_interrupted_tokenize_resumes_from_its_finished_shards(tmp_path, hf_tokenizer):

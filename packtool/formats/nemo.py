@@ -60,7 +60,7 @@ from filelock import FileLock, Timeout
 
 from packtool._version import __version__
 from packtool.errors import OutputError, PacktoolError, shortage_error
-from packtool.location import Location
+from packtool.location import Location, make_dirs, remove_made
 from packtool.signals import check, hold, interruptible, test_pause
 from packtool.types import IGNORE_INDEX
 
@@ -530,7 +530,7 @@ def _eos_fields(found: dict) -> dict:
 def _export(blocks, convention: str, capacity: int, dest: Path, split: str, overwrite: bool,
             rows_per_group: int, source: str, eos: int | None) -> NemoExport:
     """:func:`export_nemo` once the packed output is open (inside ``interruptible``)."""
-    created = not dest.exists()
+    made: tuple = ()  # the folders this export created (DEST and its parents)
     final = dest / nemo_file_name(split, capacity)
     meta = dest / f"{capacity}_metadata.jsonl"
     existed = final.exists()
@@ -539,7 +539,7 @@ def _export(blocks, convention: str, capacity: int, dest: Path, split: str, over
     lock = None
     try:
         try:
-            dest.mkdir(parents=True, exist_ok=True)
+            made = make_dirs(dest)
             lock = _lock_dest(dest)
             _remove_stale_temps(dest, final.name, meta.name)
         except OSError as exc:
@@ -590,11 +590,9 @@ def _export(blocks, convention: str, capacity: int, dest: Path, split: str, over
         if lock is not None:
             _unlock_dest(dest, lock)
             lock = None
-        if created:
-            try:
-                dest.rmdir()  # only when empty: an export that wrote nothing leaves no DEST
-            except OSError:
-                pass
+        # each only when empty: an export that wrote nothing leaves no DEST, nor the parents
+        # it created for it
+        remove_made(made)
         if isinstance(exc, KeyboardInterrupt):
             raise KeyboardInterrupt(as_before) from None
         raise

@@ -723,3 +723,25 @@ def test_the_export_of_a_segment_multiple_output_says_its_layout_is_not_kept(tmp
         assert notes == [f"note: {note}"]
         again = invoke(["export", "--to", "nemo", "--json", out, tmp_path / f"nemo{n}"])
         assert json.loads(again.stdout)["notes"] == [note]
+
+
+def test_a_failed_export_removes_every_folder_it_created_and_no_other(tmp_path):
+    """An export into x/y/z failing on a damaged shard (after it created DEST) leaves no x/,
+    x/y/ nor x/y/z/ (it used to remove z alone); into a DEST under a folder that was there
+    (holding a file of its own), only the folders it created go."""
+    src = tmp_path / "docs.parquet"
+    pq.write_table(pa.Table.from_pylist(sft_docs(40)), src)
+    out = tmp_path / "p3"
+    assert invoke(["pack", "-q", "-c", 24, src, out]).exit_code == 0
+    shard = next(out.glob("part-*.parquet"))
+    raw = bytearray(shard.read_bytes())
+    raw[100:140] = bytes(40)  # inside the first data page: it fails its checksum
+    shard.write_bytes(bytes(raw))
+    res = invoke(["export", "--to", "nemo", out, tmp_path / "x" / "y" / "z"])
+    assert res.exit_code == 1 and "damaged" in res.output, res.output
+    assert not (tmp_path / "x").exists()
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "mine.txt").write_text("not the export's")
+    res = invoke(["export", "--to", "nemo", out, tmp_path / "keep" / "y" / "z"])
+    assert res.exit_code == 1 and "damaged" in res.output, res.output
+    assert [p.name for p in (tmp_path / "keep").iterdir()] == ["mine.txt"]
