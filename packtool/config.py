@@ -13,7 +13,7 @@ from fractions import Fraction
 import numpy as np
 
 from packtool.core.packing import MAX_CAPACITY
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, LocationError
 from packtool.types import (ATTENTION_MASK_COLUMN, DEFAULT_TOKEN_COLUMN, LABELS_COLUMN,
                             LOSS_MASK_COLUMNS, PACKED_COLUMNS, Engine, LabelMode, Overflow,
                             Strategy, token_column_fix)
@@ -363,11 +363,13 @@ class PackConfig:
 
         out = Location.parse(self.output)
         if self.holdout_output is None:  # OUTPUT-holdout beside OUTPUT, same store options
-            if not out.is_local and "/" not in out.key:
-                bad("holdout", self.holdout, f"OUTPUT {out.display} is a whole bucket; give "
+            try:  # named from the folder OUTPUT names: "." is the working folder
+                held = out.beside("-holdout")
+            except LocationError:
+                what = ("is the filesystem root" if out.is_local else "is a whole bucket")
+                bad("holdout", self.holdout, f"OUTPUT {out.display} {what}; give "
                     "--holdout-output LOCATION")
-            object.__setattr__(self, "holdout_output",
-                               str(out.parent.join(f"{out.name}-holdout")))
+            object.__setattr__(self, "holdout_output", str(held))
         if self.holdout_part is not None:  # one of the two packs: its OUTPUT is set
             return
         if out.overlaps(Location.parse(self.holdout_output)):

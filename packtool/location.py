@@ -141,6 +141,21 @@ class Location:
         """The last component (file or folder name)."""
         raise NotImplementedError
 
+    def beside(self, suffix: str) -> "Location":
+        """The location beside this one named as it, followed by ``suffix`` (``out`` ->
+        ``out-holdout``), its name taken from the folder the path names, not from its spelling:
+        ``.`` is the working folder (``../dotout-holdout`` from inside ``dotout``), ``..``,
+        ``x/..`` and a trailing ``/.`` or ``/`` likewise; a relative path stays relative.
+
+        Returns:
+            A location of the same kind (a store's keeps its options).
+
+        Raises:
+            LocationError: the location has no name to follow (the filesystem root, a whole
+                bucket).
+        """
+        raise NotImplementedError
+
     @property
     def display(self) -> str:
         """How messages and manifests name it (store options that are secrets left out)."""
@@ -347,6 +362,17 @@ class LocalPath(Location):
         """The folder holding it."""
         return LocalPath(self.path.parent)
 
+    def beside(self, suffix: str) -> "LocalPath":
+        p = self.path
+        if p.name not in ("", "..", "."):  # pathlib keeps no "." inside nor a trailing "/"
+            return LocalPath(p.parent / f"{p.name}{suffix}")
+        full = p.resolve()  # ".", "..", "x/..", "/": the folder the system finds
+        if not full.name:
+            raise LocationError(f"{self.display}: is the filesystem root, which has no folder "
+                                "beside it")
+        near = full.parent / f"{full.name}{suffix}"
+        return LocalPath(near if p.is_absolute() else Path(os.path.relpath(near)))
+
     def identity(self) -> tuple:
         try:
             st = os.stat(self.path)  # follows links: a link and its target share a key
@@ -536,6 +562,17 @@ class StoreURI(Location):
     def parent(self) -> "StoreURI":
         """The prefix holding it."""
         return StoreURI(self.scheme, self.key.rpartition("/")[0], self.query)
+
+    def beside(self, suffix: str) -> "StoreURI":
+        import posixpath
+
+        key = self.key  # no trailing "/"; "." and ".." read as a path's (the URI's path)
+        if self.name in (".", ".."):
+            key = posixpath.normpath(key)
+        if "/" not in key.strip("/") or key.startswith(".."):
+            raise LocationError(f"{self.display}: is a whole bucket, which has no prefix "
+                                "beside it")
+        return StoreURI(self.scheme, f"{key}{suffix}", self.query)
 
     def identity(self) -> tuple:
         uri, _, query = self.display.partition("?")

@@ -442,3 +442,49 @@ def test_a_stop_while_the_training_manifest_is_written_stops_before_the_held_out
     res = invoke(args)
     assert res.exit_code == 0, res.output
     assert not _doc_ids(out) & _doc_ids(held)
+
+
+@pytest.mark.parametrize("given, want", [
+    (".", "../dotout-holdout"), ("./", "../dotout-holdout"), ("..", "../../work-holdout"),
+    ("out/", "out-holdout"), ("./x/.", "x-holdout"), ("x/..", "../dotout-holdout"),
+    ("x/y/", "x/y-holdout"), ("s3://b/p/out/", "s3://b/p/out-holdout"),
+    ("s3://b/p/out/.", "s3://b/p/out-holdout"), ("s3://b/p/out/x/..", "s3://b/p/out-holdout"),
+    ("s3://b/p/out?endpoint_override=h:9", "s3://b/p/out-holdout?endpoint_override=h:9")])
+def test_the_default_holdout_output_is_named_from_the_folder_output_names(
+        tmp_path, monkeypatch, given, want):
+    """The default --holdout-output is OUTPUT-holdout beside the folder OUTPUT names, whatever
+    its spelling: "." inside dotout/ is ../dotout-holdout (it was "-holdout", refused as
+    overlapping OUTPUT), a trailing slash, "..", "./x/." and "x/.." alike; a store URI's from
+    its path, its options kept."""
+    from packtool.config import PackConfig
+
+    (tmp_path / "work" / "dotout").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "work" / "dotout")
+    cfg = PackConfig(inputs=("s3://b/in" if "://" in given else "/in",), output=given,
+                     holdout=0.2)
+    assert cfg.holdout_output == want
+
+
+@pytest.mark.parametrize("whole", ["/", "s3://b/", "s3://b/x/.."])
+def test_an_output_with_nothing_beside_it_needs_a_holdout_output(whole):
+    """The filesystem root and a whole bucket (also spelt x/..) have no folder beside them: the
+    default --holdout-output is refused, naming the option to give."""
+    from packtool.config import PackConfig
+    from packtool.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="give --holdout-output LOCATION"):
+        PackConfig(inputs=("/in",), output=whole, holdout=0.2)
+
+
+def test_a_pack_into_the_working_folder_holds_out_beside_it(tmp_path, monkeypatch):
+    """cd dotout && pack --holdout 0.2 ../in/d.parquet . writes ../dotout-holdout (it was
+    refused: "--holdout-output '-holdout': overlaps OUTPUT .")."""
+    src = write_docs(tmp_path / "in" / "d.parquet", [[1, 2, 3][:1 + d % 3] for d in range(40)])
+    (tmp_path / "dotout").mkdir()
+    monkeypatch.chdir(tmp_path / "dotout")
+    res = invoke(["pack", "-q", "-c", 16, "--holdout", 0.2, src, "."])
+    assert res.exit_code == 0, res.output
+    held = read_manifest(tmp_path / "dotout-holdout")
+    assert held.options["holdout_part"] == "holdout"
+    assert read_manifest(tmp_path / "dotout").totals.docs_other_split == held.totals.docs_in - \
+        held.totals.docs_other_split
