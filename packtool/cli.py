@@ -792,9 +792,15 @@ def _command_line(command: str, where: str) -> str:
     return "packtool " + (command if "{}" in command else command + " {}").format(where)
 
 
+def _then(command: str, where: str) -> str:
+    """``, then packtool COMMAND WHERE``: what a message suggests running once the output is
+    packed; nothing for ``upgrade`` (a pack of this version writes this version's manifest)."""
+    return "" if command == "upgrade" else f", then {_command_line(command, where)}"
+
+
 def _refuse_raw_input(where, command: str) -> None:
-    """One line when the local directory given to ``stats`` or ``verify`` is not a packed
-    output: a pack still writing it, an interrupted pack, empty, packed shards whose manifest
+    """One line when the local directory given to ``stats``, ``verify``, ``export`` or
+    ``upgrade`` is not a packed output: a pack still writing it, an interrupted pack, empty, packed shards whose manifest
     is gone, or raw tokenized input (each with the command that fits); one data file (a shard
     of an output, or tokenized input) likewise; a store prefix the same way
     (:func:`_refuse_raw_store`).
@@ -961,15 +967,13 @@ def _raw_hint(out: str, command: str, data_at) -> tuple[str, str]:
     if column is None:  # no token ids at all: text, to be tokenized first
         name = str(data_at).rstrip("/").rsplit("/", 1)[-1]
         then = ("packtool compare TOKENIZED --capacity C" if command == "stats" else
-                f"packtool pack --capacity C TOKENIZED OUTPUT, then "
-                f"{_command_line(command, 'OUTPUT')}")
+                f"packtool pack --capacity C TOKENIZED OUTPUT{_then(command, 'OUTPUT')}")
         return (f"input with no column of token ids ({name} holds no list of integers)",
                 f"packtool tokenize --tokenizer FILE {q} TOKENIZED (--text-column NAME if its "
                 f"text is not in 'text'), then {then}")
     option, note = column
     hint = (f"packtool compare {q} --capacity C{option}" if command == "stats" else
-            f"packtool pack --capacity C{option} {q} OUTPUT, then "
-            f"{_command_line(command, 'OUTPUT')}")
+            f"packtool pack --capacity C{option} {q} OUTPUT{_then(command, 'OUTPUT')}")
     return "tokenized input", hint + note
 
 
@@ -989,8 +993,8 @@ def _refuse(out: str, command: str, *, leftovers: bool, empty: bool, packed: boo
                             f"packtool tokenize command to finish it, then run: {hint}")
     if leftovers:
         raise ManifestError(f"{out}: an interrupted pack (no {MANIFEST_NAME} yet); rerun the same "
-                            f"packtool pack command to finish it, then "
-                            f"{_command_line(command, shlex.quote(out))}")
+                            "packtool pack command to finish it"
+                            f"{_then(command, shlex.quote(out))}")
     if empty:
         raise ManifestError(f"{out}: is an empty directory, not a packed output; pack into it "
                             f"first: packtool pack --capacity C INPUT {shlex.quote(out)}")
@@ -1333,6 +1337,7 @@ def upgrade(output):
     from packtool.signals import exit_status, stop_word
 
     release_gc()  # the command's imports are done (packtool/startup.py)
+    _refuse_raw_input(output, "upgrade")  # the exact case, in the words of stats and export
     try:
         rewritten = upgrade_manifest(output)  # interruptible inside
     except KeyboardInterrupt:

@@ -15,18 +15,24 @@ def raw(tmp_path):
     return write_docs(tmp_path / "data" / "a.parquet", [[1, 2, 3], [4, 5]]).parent
 
 
-@pytest.mark.parametrize("command", ["verify", "stats"])
+@pytest.mark.parametrize("command", ["verify", "stats", "upgrade"])
 def test_raw_input_given_as_output_names_the_right_command(raw, command):
-    """Raw tokenized input is no interrupted pack: no 'rerun packtool pack to finish it'."""
+    """Raw tokenized input is no interrupted pack: no 'rerun packtool pack to finish it'
+    (upgrade said "not a complete packtool output (an interrupted pack ...; raw tokenized data
+    ...)", both cases at once; it names the one found, as stats and verify do, and no upgrade
+    after the pack, which writes this version's manifest)."""
     res = invoke([command, raw])
     assert res.exit_code == 1, res.output
     assert "finish it" not in res.output
     assert "tokenized input" in res.output and "a.parquet" in res.output
     fix = "packtool compare" if command == "stats" else "packtool pack --capacity C"
     assert fix in res.output and str(raw) in res.output
+    if command == "upgrade":
+        assert res.output.rstrip().endswith(f"for it run: packtool pack --capacity C {raw} "
+                                            "OUTPUT"), res.output
 
 
-@pytest.mark.parametrize("command", ["verify", "stats"])
+@pytest.mark.parametrize("command", ["verify", "stats", "upgrade"])
 def test_empty_folder_given_as_output_says_it_is_empty(tmp_path, command):
     empty = tmp_path / "nothing"
     empty.mkdir()
@@ -36,15 +42,17 @@ def test_empty_folder_given_as_output_says_it_is_empty(tmp_path, command):
     assert "packtool pack" in res.output
 
 
-def test_interrupted_pack_given_to_verify_still_says_rerun(tmp_path, raw):
+@pytest.mark.parametrize("command", ["verify", "upgrade"])
+def test_interrupted_pack_given_to_verify_still_says_rerun(tmp_path, raw, command):
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / ".packtool-in-progress.json").write_text("{}")
-    res = invoke(["verify", tmp_path / "half"])
+    res = invoke([command, tmp_path / "half"])
     assert res.exit_code == 1 and "interrupted pack" in res.output
     assert "rerun the same packtool pack" in res.output
+    assert "raw tokenized data" not in res.output
 
 
-@pytest.mark.parametrize("command", ["verify", "stats", "export --to nemo"])
+@pytest.mark.parametrize("command", ["verify", "stats", "export --to nemo", "upgrade"])
 def test_packed_shards_without_their_manifest_say_pack_again(tmp_path, raw, command):
     """A packed output whose manifest was deleted: not "tokenized input, run compare" (which
     sends the user back, since compare and pack refuse packed shards), but pack again."""
@@ -149,7 +157,7 @@ def test_text_given_to_pack_points_to_tokenize(tmp_path, raw):
     assert "packtool tokenize" not in res.output, res.output
 
 
-@pytest.mark.parametrize("command", ["stats", "verify"])
+@pytest.mark.parametrize("command", ["stats", "verify", "upgrade"])
 def test_one_file_given_as_output_says_what_it_is(tmp_path, raw, command):
     """A single file was 'not a directory': a shard or the manifest of an output names its
     directory, tokenized input the command that fits it."""
