@@ -182,6 +182,29 @@ def test_a_side_of_only_masked_documents_is_refused_as_masked_before_either_is_w
     assert not out.exists() and not (tmp_path / "out-holdout").exists()
 
 
+@pytest.mark.parametrize("empty_doc", [False, True])
+def test_both_sides_masked_are_said_of_the_whole_input(tmp_path, empty_doc):
+    """Every document's tokens masked (one empty document among them with ``empty_doc``) with
+    --holdout: neither side has a token, and the refusal counts the whole input (31 documents,
+    not the training side's 20), says masked, not empty, and writes nothing."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ids, mask = [[5, 6, 7, 8]] * 31, [[0] * 4] * 31
+    if empty_doc:
+        ids, mask = ids[:30] + [[]], mask[:30] + [[]]
+    src = tmp_path / "in" / "m.parquet"
+    src.parent.mkdir()
+    pq.write_table(pa.table({"input_ids": ids, "attention_mask": mask}), src)
+    out = tmp_path / "out"
+    res = invoke(["pack", "-q", "-c", 16, "--holdout", 0.3, src, out])
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    what = ("are masked or empty (1 empty; the 120 tokens of the other 30 all have attention "
+            "mask 0)" if empty_doc else "are masked (their 124 tokens all have attention mask 0)")
+    assert f"no tokens to pack: all 31 documents in column 'input_ids' {what}" in res.output
+    assert not out.exists() and not (tmp_path / "out-holdout").exists()
+
+
 @pytest.mark.parametrize("extra", [(), ("--window-docs", "6"), ("--append-eos", "2"),
                                    ("--workers", "2")])
 def test_overflow_error_refuses_a_long_document_on_either_side_before_either_is_written(

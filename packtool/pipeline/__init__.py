@@ -425,16 +425,17 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
         index = PartIndex(tuple(i.directory for i in pinfos), tuple(firsts),
                           tuple(int(x) for x in bases), tuple(i.targets for i in pinfos),
                           tuple(parts), source_maps)
-        mine_docs = windows.docs - total.docs_other_split  # this side's documents
-        empty_read = sum(i.docs_empty_read for i in pinfos)
+        # (documents, tokens after the masks, tokens the attention mask removed, documents
+        # empty as read) of this pack's side
+        mine = (windows.docs - total.docs_other_split, int(bases[-1]),
+                total.tokens_attention_masked, sum(i.docs_empty_read for i in pinfos))
         if cfg.holdout_part is not None:  # the training pack: before either output is written
-            theirs = [sum(x) for x in zip(*(i.other_packed for i in pinfos))] or [0, 0]
-            _refuse_empty_side(
-                cfg, (mine_docs, int(bases[-1]), total.tokens_attention_masked, empty_read),
-                (total.docs_other_split, theirs[1], total.tokens_other_split - theirs[1],
-                 theirs[0]))
-        require_tokens(files, mine_docs, int(bases[-1]), cfg.column,
-                       masked=total.tokens_attention_masked, empty_read=empty_read)
+            empty, packed = (sum(x) for x in zip((0, 0), *(i.other_packed for i in pinfos)))
+            theirs = (total.docs_other_split, packed, total.tokens_other_split - packed, empty)
+            _refuse_empty_side(cfg, mine, theirs)
+            if not mine[1]:  # neither side has a token: the whole input is said so
+                mine = tuple(a + b for a, b in zip(mine, theirs))
+        require_tokens(files, mine[0], mine[1], cfg.column, masked=mine[2], empty_read=mine[3])
         infos: list[WindowInfo] = []
         sizes = windows.sizes()
         out.phase = "plan"
