@@ -319,15 +319,28 @@ WRONG = {"int": ["8", 1.5, 8.0, 2.5, True, np.float64(8), [8]],
 
 
 def _temp_entries() -> set:
-    """packtool's entries in the temporary directory (other processes, the other test worker
-    among them, make entries of their own there meanwhile)."""
+    """packtool's entries in the temporary directory (the test's own: see ``private_tmp``)."""
     import tempfile
 
     return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("packtool")}
 
 
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch):
+    """A temporary directory of the test's own, so entries other processes make in the shared
+    one meanwhile (the other test worker's packs among them) are not counted as left behind."""
+    import tempfile
+
+    d = tmp_path / "tmpdir"
+    d.mkdir()
+    monkeypatch.setenv("TMPDIR", str(d))
+    monkeypatch.setattr(tempfile, "tempdir", str(d))
+    return d
+
+
 @pytest.mark.parametrize("func", ["pack", "pack_dataset"])
-def test_every_argument_of_the_wrong_type_is_one_config_error_naming_it(tmp_path, func):
+def test_every_argument_of_the_wrong_type_is_one_config_error_naming_it(tmp_path, func,
+                                                                        private_tmp):
     """Every argument of pack and pack_dataset, every kind of wrong value: one ConfigError that
     names the argument, the value and its type, and nothing left behind (pad_id=1.5 used to pad
     with 1, shuffle='no' to shuffle, capacity='512' to fail in string formatting)."""
@@ -366,7 +379,7 @@ def test_every_argument_of_the_wrong_type_is_one_config_error_naming_it(tmp_path
     assert not (tmp_path / "out").exists()
 
 
-def test_a_batch_size_below_one_is_refused_before_anything_is_written(tmp_path):
+def test_a_batch_size_below_one_is_refused_before_anything_is_written(tmp_path, private_tmp):
     """batch_rows=0 on a Dataset used to loop forever in its batch iterator (a temporary
     directory left behind), -1 to raise SystemError."""
 
