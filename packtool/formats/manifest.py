@@ -80,7 +80,7 @@ from typing import Callable, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.errors import (InputError, ManifestError, PacktoolError, first_line,
+from packtool.errors import (InputError, ManifestError, PacktoolError, exc_line, first_line,
                              raise_if_shortage, row_ref)
 from packtool.location import Location, StoreError
 from packtool.signals import result as task_result
@@ -674,7 +674,7 @@ class Manifest:
                                   if kind == PACKED_KIND and d.get("tokenized")
                                   else None))
         except (KeyError, TypeError, ValueError) as exc:
-            raise ManifestError(f"{where}: malformed manifest ({type(exc).__name__}: {exc}); "
+            raise ManifestError(f"{where}: malformed manifest ({exc_line(exc)}); "
                                 "rerun the same packtool pack with --overwrite") from None
 
     def replace_shards(self, shards) -> "Manifest":

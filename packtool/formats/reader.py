@@ -406,8 +406,8 @@ def filesystem_of(location) -> tuple[pafs.FileSystem, str, str]:
         raise InputError(str(exc)) from None
     except (pa.ArrowException, ValueError) as exc:
         raise_if_shortage(exc)
-        raise InputError(f"{loc.display}: cannot open this location ({exc}); check the URI and "
-                         "the credentials in the environment") from None
+        raise InputError(f"{loc.display}: cannot open this location ({first_line(exc)}); "
+                         "check the URI and the credentials in the environment") from None
     return fs, path, "" if loc.is_local else f"{loc.scheme}://"
 
 
@@ -745,7 +745,7 @@ def _hf_files(fs: pafs.FileSystem, directory: str, shown) -> list[str]:
             pa.ArrowException) as exc:
         raise_if_shortage(exc)
         raise InputError(f"{shown}/{_HF_STATE}: not a readable Hugging Face dataset state "
-                         f"({exc}); save the dataset again with save_to_disk") from None
+                         f"({first_line(exc)}); save the dataset again with save_to_disk") from None
     if indices:
         listed = ", ".join(str(d.get("filename", d)) if isinstance(d, dict) else str(d)
                            for d in indices)
@@ -1101,8 +1101,8 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
             told = loc.store_error(exc)
             if isinstance(told, StoreError):
                 raise InputError(str(told)) from None
-            raise InputError(f"{shown}: cannot be read ({exc}); check the INPUT path and the "
-                             "credentials") from None
+            raise InputError(f"{shown}: cannot be read ({first_line(exc)}); check the INPUT "
+                             "path and the credentials") from None
         if missing is not None and not prefix and os.path.islink(path):
             raise InputError(f"{shown}: {place.dangling(path)}; fix the link or check the INPUT "
                              "path")
@@ -1240,8 +1240,9 @@ class InputSource:
                                  f"checksum ({first_line(exc)}): the file was damaged after it "
                                  "was written; copy it again from its source or regenerate "
                                  "it") from None
-            raise InputError(f"{self.path}: row group {row_group} cannot be read ({exc}); the "
-                             "file is damaged or truncated: regenerate it") from None
+            raise InputError(f"{self.path}: row group {row_group} cannot be read "
+                             f"({first_line(exc)}); the file is damaged or truncated: "
+                             "regenerate it") from None
 
 
 def unreadable_error(shown, fs: pafs.FileSystem, path: str, kind: str,
@@ -1274,7 +1275,7 @@ def unreadable_error(shown, fs: pafs.FileSystem, path: str, kind: str,
     if kind != "Parquet" and head.startswith(b"PAR1"):
         return InputError(f"{shown}: is a Parquet file named like an Arrow IPC file; rename it "
                           "to *.parquet")
-    return InputError(f"{shown}: is not a readable {kind} file ({exc}); remove it or "
+    return InputError(f"{shown}: is not a readable {kind} file ({first_line(exc)}); remove it or "
                       "regenerate it")
 
 

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from packtool.errors import InputError, SchemaError, row_ref
+from packtool.errors import InputError, SchemaError, first_line, row_ref
 from packtool.formats.manifest import ShardEntry
 from packtool.formats.reader import (DENIED, TEXT_FORMATS, check_stream_end, filesystem_of,
                                      text_compression, unreadable_error)
@@ -214,7 +214,7 @@ def _open_stream(path):
     except PermissionError:
         raise InputError(f"{path}: {DENIED}") from None
     except (pa.ArrowException, OSError) as exc:
-        raise InputError(f"{path}: cannot be read ({exc}); check the path") from None
+        raise InputError(f"{path}: cannot be read ({first_line(exc)}); check the path") from None
 
 
 def _jsonl_lines(path) -> Iterator[tuple[int, bytes]]:
@@ -225,8 +225,9 @@ def _jsonl_lines(path) -> Iterator[tuple[int, bytes]]:
             try:
                 block = f.read(_READ_BYTES)
             except (pa.ArrowException, OSError) as exc:
-                raise InputError(f"{path}: cannot be read after line {n:,} ({exc}); the file is "
-                                 "damaged or truncated") from None
+                raise InputError(f"{path}: cannot be read after line {n:,} "
+                                 f"({first_line(exc)}); the file is damaged or truncated"
+                                 ) from None
             if not block:
                 break
             lines = (tail + block).split(b"\n")
@@ -293,8 +294,8 @@ def _jsonl_texts(path, column: str, batch_docs: int, skip: int,
         try:
             obj = json.loads(line)
         except ValueError as exc:
-            raise InputError(f"{path}: line {n}: not valid JSON ({exc}); fix or remove the "
-                             "line") from None
+            raise InputError(f"{path}: line {n}: not valid JSON ({first_line(exc)}); fix or "
+                             "remove the line") from None
         if not isinstance(obj, dict):
             raise InputError(f"{path}: line {n}: a JSON {type(obj).__name__}, not an object; "
                              "each line must be one object holding the text")
@@ -426,8 +427,8 @@ def _table_texts(path, fmt: str, column: str, batch_docs: int, skip: int,
             yield row + lo, TextBatch(_pylist(arr.slice(lo), path, row + lo, column), kept)
             row += n
     except (pa.ArrowException, OSError) as exc:
-        raise InputError(f"{path}: {row_ref(row)}: cannot be read ({exc}); the file is damaged "
-                         "or truncated: regenerate it") from None
+        raise InputError(f"{path}: {row_ref(row)}: cannot be read ({first_line(exc)}); the "
+                         "file is damaged or truncated: regenerate it") from None
 
 
 def iter_texts(path, fmt: str, column: str, *, batch_docs: int = 1024, skip: int = 0,
@@ -501,8 +502,9 @@ def write_tokenized_shard(path: Path, batches: Iterator[tuple[np.ndarray, np.nda
                     cols.append(col.cast(fld.type) if col.type != fld.type else col)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                     raise SchemaError(f"{source}kept column {fld.name!r}: values of type "
-                                      f"{col.type} do not fit the shards' {fld.type} ({exc}); "
-                                      "give the input files the same type") from None
+                                      f"{col.type} do not fit the shards' {fld.type} "
+                                      f"({first_line(exc)}); give the input files the same "
+                                      "type") from None
             yield pa.Table.from_arrays(cols, schema=schema)
 
     w = write_shard(path, schema, tables())
@@ -523,6 +525,7 @@ def tokenized_counts(loc) -> tuple[int, int]:
         with loc.open_input() as fh:
             col = pq.ParquetFile(fh).read(columns=["input_ids"]).column(0)
     except pa.ArrowException as exc:
-        raise OSError(f"{loc.display}: not a readable tokenized shard ({exc})") from None
+        raise OSError(f"{loc.display}: not a readable tokenized shard "
+                      f"({first_line(exc)})") from None
     tokens = int(sum(pc.sum(pc.list_value_length(c)).as_py() or 0 for c in col.chunks))
     return len(col), tokens

@@ -33,7 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from packtool.errors import (ConfigError, InputError, MissingDependencyError, first_line,
+from packtool.errors import (ConfigError, InputError, MissingDependencyError, exc_line,
+                             first_line,
                              install_hint)
 
 __all__ = ["Tokenizer", "load_tokenizer", "TIKTOKEN_ENCODINGS"]
@@ -150,8 +151,8 @@ def _hf(path: Path, digest: str, add_special_tokens: bool) -> Tokenizer:
     try:
         tok = tokenizers.Tokenizer.from_file(str(path))
     except Exception as exc:  # the library raises plain Exception for a bad file
-        raise InputError(f"{path}: not a readable tokenizers JSON ({exc}); give a tokenizer.json "
-                         "saved by the Hugging Face tokenizers library") from None
+        raise InputError(f"{path}: not a readable tokenizers JSON ({first_line(exc)}); give a "
+                         "tokenizer.json saved by the Hugging Face tokenizers library") from None
     # special-token strings written in a document ("</s>" in a page about tokenizers) are text:
     # encoded as the tokens of those characters, never as the control ids
     tok.encode_special_tokens = True
@@ -208,7 +209,7 @@ def _tekken(path: Path, data: dict, digest: str, threads: int) -> Tokenizer:
         pattern = cfg["pattern"]
         specials = {t["token_str"]: int(t["rank"]) for t in data.get("special_tokens", [])}
     except (KeyError, TypeError, ValueError) as exc:
-        raise InputError(f"{path}: not a readable Tekken tokenizer ({type(exc).__name__}: {exc});"
+        raise InputError(f"{path}: not a readable Tekken tokenizer ({exc_line(exc)});"
                          " give the tekken_*.json of mistral-common") from None
     if len(ranks) != inner:
         raise InputError(f"{path}: {len(ranks)} distinct BPE tokens, config says {inner}")
@@ -348,8 +349,8 @@ def load_tokenizer(path: str | os.PathLike, *, pattern: str | None = None,
         try:
             data = json.loads(p.read_bytes())
         except ValueError as exc:
-            raise InputError(f"{p}: not valid JSON ({exc}); give a tokenizer.json, a Tekken "
-                             "JSON or a tiktoken BPE file") from None
+            raise InputError(f"{p}: not valid JSON ({first_line(exc)}); give a tokenizer.json, "
+                             "a Tekken JSON or a tiktoken BPE file") from None
         if pattern is not None:
             raise ConfigError("--tokenizer-pattern applies to tiktoken BPE files only")
         if isinstance(data, dict) and "model" in data:
