@@ -830,13 +830,19 @@ def _refuse_raw_input(where, command: str) -> None:
     # What the directory holds is looked at first, then the lock and the manifest again: a
     # pack may have taken the lock (and written its marker) or written its manifest (and
     # released the lock) meanwhile, and then what was seen is no answer.
+    from packtool.formats.manifest import packed_outputs_below
+
     for look in range(2):
         try:
             leftovers = (out / IN_PROGRESS_NAME).exists() or any(
                 p.name != MANIFEST_NAME for p in out.glob(".packtool-*"))
             empty = not any(out.iterdir())
-            data = first_data_file(p.relative_to(out).as_posix() for p in out.rglob("*")
-                                    if p.is_file() and _format_of(p.name))
+            nested = [] if leftovers else packed_outputs_below(out)
+            # the shards of a packed output below are that output's, not loose data of out
+            data = first_data_file(
+                rel for rel in (p.relative_to(out).as_posix() for p in out.rglob("*")
+                                if p.is_file() and _format_of(p.name))
+                if not any(rel.startswith(f"{n}/") for n in nested))
             packed = data is not None and packed_marker(out / data) is not None
             break
         except FileNotFoundError:  # removed while listed: a pack at work, or look again
@@ -856,7 +862,8 @@ def _refuse_raw_input(where, command: str) -> None:
     if old is not None:
         raise old
     _refuse(str(out), command, leftovers=leftovers, empty=empty, packed=packed, data=data,
-            data_at=None if data is None else out / data, kind=marker_kind(out))
+            data_at=None if data is None else out / data, kind=marker_kind(out),
+            nested=nested)
 
 
 def _refuse_file(loc, command: str) -> None:
@@ -920,12 +927,14 @@ def _refuse_raw_store(loc, command: str) -> None:
     old = version_1_error(loc)
     if old is not None:
         raise old
-    from packtool.formats.manifest import IN_PROGRESS_NAME, marker_kind
+    from packtool.formats.manifest import IN_PROGRESS_NAME, marker_kind, packed_outputs_below
 
-    _refuse(loc.display, command, leftovers=any(n.startswith(".packtool-") for n in entries),
+    leftovers = any(n.startswith(".packtool-") for n in entries)
+    _refuse(loc.display, command, leftovers=leftovers,
             empty=False, packed=data is not None and packed_marker(str(loc.join(data)))
             is not None, data=data, data_at=None if data is None else str(loc.join(data)),
-            kind=marker_kind(loc) if IN_PROGRESS_NAME in entries else None)
+            kind=marker_kind(loc) if IN_PROGRESS_NAME in entries else None,
+            nested=[] if leftovers or data is not None else packed_outputs_below(loc))
 
 
 
@@ -978,13 +987,16 @@ def _raw_hint(out: str, command: str, data_at) -> tuple[str, str]:
 
 
 def _refuse(out: str, command: str, *, leftovers: bool, empty: bool, packed: bool,
-            data: str | None, data_at=None, kind: str | None = None) -> None:
+            data: str | None, data_at=None, kind: str | None = None, nested=()) -> None:
     """The one line for a directory or prefix ``out`` that is not a packed output (``data``:
-    its first data file, relative to it, :func:`~packtool.formats.reader.first_data_file`; ``data_at``: that file's
-    path or URI; ``kind``: what its in-progress marker says was being written,
-    :func:`packtool.formats.manifest.marker_kind`)."""
+    its first data file outside ``nested``, relative to it,
+    :func:`~packtool.formats.reader.first_data_file`; ``data_at``: that file's path or URI;
+    ``kind``: what its in-progress marker says was being written,
+    :func:`packtool.formats.manifest.marker_kind`; ``nested``: the packed outputs below it,
+    :func:`packtool.formats.manifest.packed_outputs_below`, named when it holds no other
+    data)."""
     from packtool.errors import ManifestError
-    from packtool.formats.manifest import MANIFEST_NAME, TOKENIZED_KIND
+    from packtool.formats.manifest import MANIFEST_NAME, TOKENIZED_KIND, nested_outputs_error
 
     if leftovers and kind == TOKENIZED_KIND:  # documents: packed once the tokenize is finished
         hint = _raw_hint(out, command, data_at)[1]
@@ -998,6 +1010,9 @@ def _refuse(out: str, command: str, *, leftovers: bool, empty: bool, packed: boo
     if empty:
         raise ManifestError(f"{out}: is an empty directory, not a packed output; pack into it "
                             f"first: packtool pack --capacity C INPUT {shlex.quote(out)}")
+    if nested and data is None:  # the outputs below are complete: give one of them
+        raise nested_outputs_error(out, nested, lambda shown: "run " + _command_line(
+            command, shlex.quote(shown)))
     if packed:
         raise ManifestError(f"{out}: holds packed shards ({data}) but no "
                             f"{MANIFEST_NAME}, which was removed or never written, so the shards "

@@ -39,3 +39,34 @@ def test_damaged_page_quotes_the_library_error_in_one_line(tmp_path):
     assert "cut.parquet: row group 0 cannot be read" in line
     assert "thrift" in line and "regenerate it" in line
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["stats", "verify", "export --to nemo"])
+def test_folder_above_a_packed_output_names_the_output(tmp_path, command):
+    """``pack IN o/par/run1`` then ``stats o/par`` said the manifest of o/par was removed and
+    to pack again with --overwrite: o/par is no output, run1 is a complete one."""
+    src = write_docs(tmp_path / "in.parquet", [[1, 2, 3], [4, 5]])
+    above = tmp_path / "o" / "par"
+    assert invoke(["pack", "-q", "-c", 8, src, above / "run1"]).exit_code == 0
+    extra = [tmp_path / "nemo"] if command.startswith("export") else []
+    line = error_line(command.split() + [above] + extra)
+    assert "run1/ is a packed output" in line, line
+    assert f"run packtool {command} {above / 'run1'}" in line
+    assert "--overwrite" not in line and "removed" not in line
+    assert invoke(["pack", "-q", "-c", 8, src, above / "run2"]).exit_code == 0
+    line = error_line(command.split() + [tmp_path / "o"] + extra)
+    assert "holds the packed outputs par/run1/, par/run2/" in line, line
+
+
+def test_loader_given_the_folder_above_a_packed_output_names_it(tmp_path):
+    from packtool.errors import ManifestError
+    from packtool.loader import PackedDataset
+
+    src = write_docs(tmp_path / "in.parquet", [[1, 2, 3], [4, 5]])
+    assert invoke(["pack", "-q", "-c", 8, src, tmp_path / "par" / "run1"]).exit_code == 0
+    with pytest.raises(ManifestError, match="run1/ is a packed output: give .*par/run1$"):
+        PackedDataset(tmp_path / "par")
+    # loose shards of a pack whose manifest is gone, beside no output: pack again
+    (tmp_path / "par" / "run1" / ".packtool-manifest.parquet").unlink()
+    line = error_line(["stats", tmp_path / "par"])
+    assert "--overwrite" in line and "is a packed output" not in line

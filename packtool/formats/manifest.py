@@ -88,7 +88,7 @@ from packtool.stats import PackStats
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NAME", "LOCK_NAME",
            "pack_running", "run_holding", "writing_error", "running_error", "a_file_error",
-           "marker_kind",
+           "marker_kind", "packed_outputs_below", "nested_outputs_error",
            "run_words",
            "SHARD_GLOB", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry",
            "InputEntry", "LabelsInfo", "WindowEntry", "Windowing", "TokenizerInfo", "Tokenization",
@@ -918,10 +918,76 @@ def a_file_error(out) -> ManifestError | None:
                          f"pack{hint}")
 
 
+#: the most manifests :func:`packed_outputs_below` reads
+_NESTED_READ = 16
+
+
+def packed_outputs_below(out) -> list[str]:
+    """The finished packed outputs in folders below ``out`` (a path or URI, itself no packed
+    output): each one's path relative to ``out`` (``/``-separated), sorted, none inside
+    another, hidden and ``_``-prefixed folders left out. Empty when there is none or ``out``
+    cannot be listed (its own message says why). Lists ``out`` recursively and reads at most
+    :data:`_NESTED_READ` manifests."""
+    loc = Location.parse(out)
+    try:
+        import pyarrow.fs as pafs
+
+        fs, root = loc.filesystem()
+        infos = fs.get_file_info(pafs.FileSelector(str(root), recursive=True))
+    except (OSError, pa.ArrowException) as exc:
+        raise_if_shortage(exc)
+        return []
+    root = str(root).rstrip("/")
+    folders = sorted({i.path[len(root) + 1:].rpartition("/")[0] for i in infos
+                      if i.type == pafs.FileType.File and i.base_name == MANIFEST_NAME
+                      and i.path.startswith(root + "/")} - {""})
+    found: list[str] = []
+    for rel in folders:
+        if len(found) >= _NESTED_READ:
+            break
+        parts = rel.split("/")
+        if any(p.startswith((".", "_")) for p in parts) or any(
+                rel.startswith(f + "/") for f in found):
+            continue
+        try:
+            kind = read_manifest(loc.join(*parts)).kind
+        except PacktoolError:
+            continue
+        if kind == PACKED_KIND:
+            found.append(rel)
+    return found
+
+
+def nested_outputs_error(out, nested, give: Callable[[str], str] | None = None
+                         ) -> ManifestError:
+    """The one line for a folder ``out`` (a path or URI) that is no packed output but holds
+    the packed outputs ``nested`` (:func:`packed_outputs_below`): which to give instead.
+
+    Args:
+        give: what to do with an output, from its path or URI as shown (``run packtool
+            stats OUT/run1``); default: ``give OUT/run1``.
+    """
+    loc = Location.parse(out)
+    give = give or (lambda shown: f"give {shown}")
+    first = give(loc.join(*nested[0].split("/")).display)
+    if len(nested) == 1:
+        return ManifestError(f"{loc.display}: no {MANIFEST_NAME}, so not a packed output itself; "
+                             f"{nested[0]}/ is a packed output: {first}")
+    names = ", ".join(f"{n}/" for n in nested[:3]) + (
+        f", ... ({len(nested)} in all)" if len(nested) > 3 else "")
+    return ManifestError(f"{loc.display}: no {MANIFEST_NAME}, so not a packed output itself; "
+                         f"it holds the packed outputs {names}: take one of them, e.g. {first}")
+
+
 def _incomplete(out: Location) -> ManifestError:
     """OUTPUT ``out`` has no manifest and no run holds its lock: an interrupted run (its
-    in-progress marker says which kind), or not a packtool output."""
-    if marker_kind(out) == TOKENIZED_KIND:
+    in-progress marker says which kind), a folder holding packed outputs
+    (:func:`nested_outputs_error`), or not a packtool output."""
+    kind = marker_kind(out)
+    nested = packed_outputs_below(out) if kind is None else []
+    if nested:
+        return nested_outputs_error(out, nested)
+    if kind == TOKENIZED_KIND:
         return ManifestError(f"{out.display}: no {MANIFEST_NAME}: an interrupted packtool "
                              "tokenize run (tokenized documents, not packed rows); rerun the "
                              "same packtool tokenize command to finish it, then pack it: "
