@@ -304,6 +304,12 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path, monkeypatc
     (tmp_path / "crc.parquet").write_bytes(bytes(raw))
     (tmp_path / "locked").mkdir()
     write_docs(tmp_path / "dir" / "year=2024" / "a.parquet", [[1, 2]])  # given as a pattern
+    write_docs(tmp_path / "twoname" / "a.parquet", [[1, 2]])
+    write_docs(tmp_path / "twoname" / "b.parquet", [[3]], column="tokens")
+    pq.write_table(pa.table({"ids": ids, "more": ids}), tmp_path / "twolists.parquet")
+    (tmp_path / "lfs.parquet").write_text("version https://git-lfs.github.com/spec/v1\n")
+    pq.write_table(table, tmp_path / "x.pq")
+    write_docs(tmp_path / "under" / "_data" / "a.parquet", [[1, 2]])
 
     def pack(*args):
         return [*args[:-1], "-q", args[-1]]
@@ -342,7 +348,12 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path, monkeypatc
              pack("*.parquet", tmp_path / "o"),  # a pattern with no folder before it
              pack(good, "file://example.com/p"), pack(good, "file:out"),
              ["--source-column", "input_ids", *pack(good, tmp_path / "o")],
-             ["--labels-column", "input_ids", *pack(good, tmp_path / "o")]]
+             ["--labels-column", "input_ids", *pack(good, tmp_path / "o")],
+             pack(tmp_path / "twoname", tmp_path / "o"),
+             pack(tmp_path / "twolists.parquet", tmp_path / "o"),
+             pack(tmp_path / "lfs.parquet", tmp_path / "o"),
+             pack(tmp_path / "x.pq", tmp_path / "o"),
+             pack(tmp_path / "under", tmp_path / "o")]
     monkeypatch.chdir(tmp_path)
     from click.testing import CliRunner
 

@@ -41,6 +41,156 @@ def test_damaged_page_quotes_the_library_error_in_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def tokens_table(docs, column="input_ids"):
+    return pa.table({column: pa.array(docs, pa.list_(pa.int32()))})
+
+
+@pytest.mark.parametrize("name", ["lfs.parquet", "lfs.arrow"])
+def test_git_lfs_pointer_says_git_lfs_pull(tmp_path, name):
+    """A clone without ``git lfs pull`` holds a small text pointer in place of each file."""
+    src = tmp_path / name
+    src.write_text("version https://git-lfs.github.com/spec/v1\n"
+                   "oid sha256:" + "0" * 64 + "\nsize 12345\n")
+    line = error_line(["pack", "-q", "-c", 8, src, tmp_path / "out"])
+    assert f"{name}: is a Git LFS pointer, not the data" in line
+    assert "git lfs pull" in line and "not a readable" not in line
+
+
+@pytest.mark.parametrize("name", ["x.pq", "noext"])
+def test_parquet_named_otherwise_says_rename_it(tmp_path, name):
+    """A Parquet file named .pq (or nothing) was told to be converted to Parquet."""
+    src = tmp_path / name
+    pq.write_table(tokens_table([[1, 2, 3]]), src)
+    line = error_line(["pack", "-q", "-c", 8, src, tmp_path / "out"])
+    assert "is a Parquet file" in line and "rename it to *.parquet" in line
+    assert "convert" not in line
+    renamed = tmp_path / "renamed.parquet"
+    src.rename(renamed)
+    assert invoke(["pack", "-q", "-c", 8, renamed, tmp_path / "out"]).exit_code == 0
+
+
+def test_parquet_named_otherwise_in_a_folder_is_named_refused_and_skipped(tmp_path):
+    from packtool.formats.reader import discover
+
+    d = tmp_path / "in"
+    d.mkdir()
+    pq.write_table(tokens_table([[1, 2, 3]]), d / "a.parquet")
+    pq.write_table(tokens_table([[4, 5]]), d / "b.pq")
+    line = error_line(["pack", "-q", "-c", 8, d, tmp_path / "out"])
+    assert "b.pq is a Parquet file" in line and "rename it to *.parquet" in line
+    assert "convert them" not in line
+    note = discover([d], skip_unsupported=True).skipped_note()
+    assert "b.pq" in note and "rename it to *.parquet" in note, note
+
+
+def test_data_only_under_an_underscore_folder_says_what_was_skipped(tmp_path):
+    d = tmp_path / "under"
+    (d / "_data").mkdir(parents=True)
+    pq.write_table(tokens_table([[1, 2, 3]]), d / "_data" / "a.parquet")
+    line = error_line(["pack", "-q", "-c", 8, d, tmp_path / "out"])
+    assert f"skipped {d / '_data'}" in line and "Spark/Hadoop" in line, line
+    assert invoke(["pack", "-q", "-c", 8, d / "_data", tmp_path / "out"]).exit_code == 0
+
+
+def test_text_column_given_to_pack_names_tokenize(tmp_path):
+    src = tmp_path / "text.parquet"
+    pq.write_table(pa.table({"content": ["hello", "world"]}), src)
+    line = error_line(["pack", "-q", "-c", 8, src, tmp_path / "out"])
+    assert "holds text ('content'), not token ids" in line
+    assert "packtool tokenize --tokenizer FILE --text-column content INPUT TOKENIZED" in line
+    # beside a list of integers the file names that column, not tokenize
+    pq.write_table(pa.table({"content": ["hello"], "ids": pa.array([[1, 2]])}), src)
+    line = error_line(["pack", "-q", "-c", 8, src, tmp_path / "out"])
+    assert "pass --column ids" in line and "tokenize" not in line, line
+
+
+def test_files_naming_the_token_column_differently_are_named(tmp_path):
+    """The fix one file's refusal gave (--column tokens) failed on the other file."""
+    d = tmp_path / "in"
+    d.mkdir()
+    pq.write_table(tokens_table([[1, 2, 3]]), d / "a.parquet")
+    pq.write_table(tokens_table([[4, 5]], "tokens"), d / "b.parquet")
+    pq.write_table(tokens_table([[6]], "tokens"), d / "c.parquet")
+    for args in (["pack", "-q", "-c", 8, d, tmp_path / "out"],
+                 ["pack", "-q", "-c", 8, "--column", "tokens", d, tmp_path / "out"],
+                 ["compare", "-c", 8, d]):
+        line = error_line(args)
+        assert "name their token column differently" in line, line
+        assert "a.parquet holds 'input_ids'" in line
+        assert "b.parquet and 1 more hold 'tokens'" in line
+
+
+def test_partition_key_in_paths_is_not_a_column(tmp_path):
+    d = tmp_path / "hive"
+    for lang, docs in (("en", [[1, 2]]), ("fr", [[3, 4, 5]])):
+        (d / f"lang={lang}").mkdir(parents=True)
+        pq.write_table(tokens_table(docs), d / f"lang={lang}" / "a.parquet")
+    line = error_line(["pack", "-q", "-c", 8, "--source-column", "lang", d, tmp_path / "out"])
+    assert "'lang' is a partition key in the folder names (lang=en/)" in line, line
+    command = line.split('python -c "')[1].split('"')[0]
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", command], check=True, cwd=tmp_path)
+    written = Path(str(d) + ".parquet")
+    assert written.exists()
+    res = invoke(["pack", "-q", "-c", 8, "--source-column", "lang", written, tmp_path / "out"])
+    assert res.exit_code == 0, res.output
+    # a column missing from files whose paths hold no such key: no word of partitions
+    line = error_line(["pack", "-q", "-c", 8, "--source-column", "src", d, tmp_path / "o2"])
+    assert "partition key" not in line
+
+
+@pytest.fixture(scope="module")
+def tokenizer_file(tmp_path_factory):
+    """A small tokenizer.json trained here (no download)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.train_from_iterator(["hello world"] * 10, tokenizers.trainers.BpeTrainer(vocab_size=50))
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+def test_jsonl_of_token_ids_says_how_to_get_parquet(tmp_path, tokenizer_file):
+    """JSON Lines of token lists were sent to tokenize, which then refused them; pack and
+    tokenize both give the conversion to Parquet, and following it packs."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "tok.jsonl"
+    src.write_text("".join(json.dumps({"input_ids": [1, 2, i + 3]}) + "\n" for i in range(5)))
+    (tmp_path / "only").mkdir()
+    (tmp_path / "only" / "t.jsonl").write_text(src.read_text())
+    lines = [error_line(["pack", "-q", "-c", 8, given, tmp_path / "out"])
+             for given in (src, tmp_path / "only")]
+    lines += [error_line(["tokenize", "-q", "--tokenizer", tokenizer_file, *extra, src,
+                          tmp_path / "tok"]) for extra in ([], ["--text-column", "input_ids"])]
+    for line in lines:
+        assert "holds token ids already (key 'input_ids'" in line, line
+        assert "pyarrow.json" in line and "packtool tokenize --tokenizer" not in line, line
+    command = lines[0].split('python -c "')[1].split('"')[0]
+    subprocess.run([sys.executable, "-c", command], check=True, cwd=os.getcwd())
+    assert (tmp_path / "tok.parquet").exists()
+    res = invoke(["pack", "-q", "-c", 8, tmp_path / "tok.parquet", tmp_path / "out"])
+    assert res.exit_code == 0, res.output
+
+
+def test_tokenize_of_tokenized_parquet_says_pack_it(tmp_path, tokenizer_file):
+    src = tmp_path / "ids.parquet"
+    pq.write_table(tokens_table([[1, 2, 3]], "tokens"), src)
+    line = error_line(["tokenize", "-q", "--tokenizer", tokenizer_file, src, tmp_path / "t"])
+    assert "already tokenized (column 'tokens'" in line
+    assert f"packtool pack --capacity C --column tokens {src} OUTPUT" in line
+    assert "--text-column NAME" not in line
+    # a file of text and ids under another name keeps its --text-column advice
+    both = tmp_path / "both.parquet"
+    pq.write_table(pa.table({"content": ["hi"], "input_ids": pa.array([[1]])}), both)
+    line = error_line(["tokenize", "-q", "--tokenizer", tokenizer_file, both, tmp_path / "t"])
+    assert "--text-column NAME" in line
+
+
 @pytest.mark.parametrize("command", ["stats", "verify", "export --to nemo"])
 def test_folder_above_a_packed_output_names_the_output(tmp_path, command):
     """``pack IN o/par/run1`` then ``stats o/par`` said the manifest of o/par was removed and

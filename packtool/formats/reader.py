@@ -63,7 +63,8 @@ from packtool.formats.manifest import (IN_PROGRESS_NAME, KINDS, MANIFEST_META_KE
                                        read_manifest, run_holding,
                                        version_1_listed)
 from packtool.formats.schema import (MASK_LIKE, check_single_column, check_token_column,
-                                     is_integer_list, is_list_layout)
+                                     is_integer_list, is_list_layout, token_column_candidates,
+                                     tokenize_first)
 from packtool.location import Location, StoreError
 from packtool.types import (ATTENTION_MASK_COLUMN, IGNORE_INDEX, INT32_MAX, LABELS_COLUMN,
                             LOSS_MASK_COLUMNS, PACKED_COLUMNS, token_column_fix)
@@ -73,7 +74,8 @@ __all__ = ["InputFile", "RawBatch", "Discovery", "InputSource", "MaskColumns", "
            "check_stream_end", "unreadable_error", "DENIED",
            "packed_evidence", "PACKED_COLUMNS", "iter_token_batches",
            "list_parts", "resolve_mask_columns", "input_columns", "reads_labels",
-           "check_source_column", "first_data_file",
+           "check_source_column", "first_data_file", "check_token_columns_agree",
+           "content_fix", "jsonl_token_keys", "jsonl_tokens_fix",
            "filesystem_of", "is_remote", "SUPPORTED_FORMATS", "TEXT_FORMATS", "AUTO",
            "LOSS_MASK_COLUMNS", "text_compression"]
 
@@ -253,9 +255,12 @@ def input_columns(files, column: str, attention_mask: str | None = AUTO,
         InputError, SchemaError: as :func:`input_schema` and :func:`resolve_mask_columns`; a
             file of packed rows (:func:`check_not_packed`).
     """
-    targets, unused = False, {}
+    targets, unused, agreed = False, {}, False
     for f in files:
         schema, shown = input_schema(f.path, getattr(f, "format", None))
+        if column not in schema.names and not agreed:  # files naming it otherwise: said of all
+            check_token_columns_agree(files, column)
+            agreed = True
         check_not_packed(schema, shown, column)  # before its columns are judged as masks
         cols = resolve_mask_columns(schema, shown, column, attention_mask, labels, loss_mask)
         targets |= cols.targets
@@ -355,13 +360,105 @@ def _has_text(names) -> bool:
     return any(n.lower().endswith(_JSONL_SUFFIXES) for n in names)
 
 
-def _convert_hint(names, them: str = "them") -> str:
-    """The fix for files ``pack`` cannot read: text (JSON Lines) is tokenized first, other
-    data converted to tokenized Parquet."""
-    if _has_text(names):
-        return ("text is tokenized first: packtool tokenize --tokenizer FILE INPUT TOKENIZED, "
-                "then pack TOKENIZED")
+def _convert_hint(paths, them: str = "them") -> str:
+    """The fix for files ``pack`` cannot read (``paths``: how they are shown, local paths or
+    URIs): JSON Lines of token ids (:func:`jsonl_token_keys`) are converted to Parquet, JSON
+    Lines of text tokenized first, a data file named otherwise renamed
+    (:func:`content_fix`), other data converted to tokenized Parquet."""
+    paths = list(paths)
+    text = [p for p in paths if _has_text([_name(str(p))])]
+    if text:
+        keys = jsonl_token_keys(text[0])
+        if not keys:
+            return tokenize_first()
+        return f"{'it' if them == 'it' else _name(str(text[0]))} {jsonl_tokens_fix(text[0], keys)}"
+    for p in paths[:_SNIFFED]:
+        fix = content_fix(_head_of(p))
+        if fix:
+            return f"{_name(str(p))} {fix}"
     return f"convert {them} to tokenized Parquet first"
+
+
+#: The first bytes of a Git LFS pointer: what a clone made without ``git lfs pull`` holds in
+#: place of each data file.
+_LFS_POINTER = b"version https://git-lfs"
+#: Files of an unknown format whose first bytes are read to say what they are (a folder of
+#: many such files is not read through).
+_SNIFFED = 64
+
+
+def _head_of(shown, n: int = 32) -> bytes:
+    """The first ``n`` bytes of file ``shown`` (a local path or URI); empty when it cannot be
+    read (its reader names that fault)."""
+    try:
+        fs, path, _ = filesystem_of(shown)
+        with fs.open_input_stream(path) as fh:
+            return fh.read(n)
+    except (PacktoolError, pa.ArrowException, OSError) as exc:
+        raise_if_shortage(exc, str(shown))
+        return b""
+
+
+def content_fix(head: bytes, named: str | None = None) -> str | None:
+    """What a file is, by its first bytes ``head``, and the fix, when that is not what its
+    name says (``named``: ``Parquet`` or ``Arrow IPC``, the format its name says; None: a
+    name of no format packtool reads); None when the bytes say nothing more.
+
+    The one owner of what first bytes tell: a Git LFS pointer (the data not fetched), Parquet
+    or Arrow IPC under another name.
+    """
+    if head.startswith(_LFS_POINTER):
+        return ("is a Git LFS pointer, not the data (the repository was cloned without its "
+                "LFS files): run git lfs pull in that repository")
+    if named != "Parquet" and head.startswith(b"PAR1"):
+        other = "an Arrow IPC file" if named else "no format packtool reads"
+        return f"is a Parquet file named like {other}; rename it to *.parquet"
+    if named != "Arrow IPC" and head.startswith((_IPC_FILE_MAGIC, b"\xff\xff\xff\xff")):
+        other = "a Parquet file" if named else "no format packtool reads"
+        return f"is an Arrow IPC file named like {other}; rename it to *.arrow"
+    return None
+
+
+def jsonl_token_keys(shown, limit: int = 1 << 20) -> list[str]:
+    """The keys of the first JSON object of the JSON Lines file ``shown`` (a local path or
+    URI, compressed as its suffix says) whose values are lists of integers: token ids, not
+    text. Empty when there is none, or the file cannot be read or parsed (within its first
+    ``limit`` bytes)."""
+    try:
+        fs, path, _ = filesystem_of(shown)
+        with fs.open_input_stream(path, compression=text_compression(path)) as fh:
+            data = fh.read(limit)
+    except (PacktoolError, pa.ArrowException, OSError) as exc:
+        raise_if_shortage(exc, str(shown))
+        return []
+    for line in data.splitlines():
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            return []
+        if not isinstance(obj, dict):
+            return []
+        return [k for k, v in obj.items() if isinstance(v, list) and v
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in v)]
+    return []
+
+
+def jsonl_tokens_fix(shown, keys: Sequence[str]) -> str:
+    """The one fix for JSON Lines of token ids (``keys``: its keys holding lists of integers,
+    :func:`jsonl_token_keys`): already tokenized, so not for ``packtool tokenize``, and
+    ``pack`` reads Parquet: the two lines of pyarrow that convert it, then ``pack``; to follow
+    the file's name (``tok.jsonl holds token ids ...``)."""
+    src = str(shown)
+    stem = re.sub(r"\.(jsonl|ndjson)(\.(gz|zst|bz2))?$", "", src, flags=re.IGNORECASE)
+    dest = f"{stem}.parquet"
+    column = "" if keys[0] == "input_ids" else f" --column {keys[0]}"
+    return (f"holds token ids already (key {keys[0]!r}, a list of integers), not text, and "
+            "packtool pack reads them from Parquet: convert it with python -c \"import "
+            "pyarrow.json as pj, pyarrow.parquet as pq; pq.write_table(pj.read_json("
+            f"{src!r}, read_options=pj.ReadOptions(block_size=1 << 28)), {dest!r})\", then "
+            f"packtool pack --capacity C{column} {dest} OUTPUT")
 
 
 def _decompress_hint(names: Sequence[str]) -> str:
@@ -866,6 +963,7 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
     """
     avoid = avoid or {}
     fs = place.fs
+    skipped_before = len(skipped)
     disp = disp or (lambda rel: place.show(f"{root}/{rel}" if rel else root))
     found: list[_Found] = []
     other: list[tuple[str, str]] = []  # files of another format: (relative path, shown)
@@ -975,14 +1073,18 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
         names = [_name(rel) for rel, _ in other]
         seen = f" (found {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})" \
             if other else ""
+        hint = _convert_hint([shown for _, shown in other]) if other else ""
+        if text and hint.startswith("text is tokenized"):
+            hint = ""  # what tokenize reads
+        hint = f"; {hint}" if hint and not hint.startswith("convert ") else ""
+        hidden = _hidden_note(skipped[skipped_before:])
         if text:
             raise InputError(f"{disp('')}: directory holds no *.parquet, *.jsonl, Arrow "
-                             f"IPC file or Hugging Face dataset{seen}; point INPUT at the text "
-                             f"(supported: {TEXT_FORMATS})")
+                             f"IPC file or Hugging Face dataset{seen}{hidden}; point INPUT at "
+                             f"the text (supported: {TEXT_FORMATS}){hint}")
         raise InputError(f"{disp('')}: directory holds no *.parquet, Arrow IPC file or "
-                         f"Hugging Face dataset{seen}; point INPUT at the tokenized shards "
-                         f"(supported: {SUPPORTED_FORMATS})"
-                         + (f"; {_convert_hint(names)}" if _has_text(names) else "")
+                         f"Hugging Face dataset{seen}{hidden}; point INPUT at the tokenized "
+                         f"shards (supported: {SUPPORTED_FORMATS}){hint}"
                          + _decompress_hint(names))
     if other and not skip_unsupported:
         names = ", ".join(rel for rel, _ in other[:5]) + (
@@ -996,13 +1098,35 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
         raise InputError(f"{disp('')}: holds {len(other)} file"
                          f"{'' if len(other) == 1 else 's'} of an unsupported format that would "
                          f"not be packed: {names}; supported: {SUPPORTED_FORMATS}; "
-                         f"{_convert_hint([_name(rel) for rel, _ in other])}; move them out of "
+                         f"{_convert_hint([shown for _, shown in other])}; move them out of "
                          "INPUT, or pass --skip-unsupported to pack the rest"
                          f"{_decompress_hint([rel for rel, _ in other])}")
-    skipped.extend(f"{shown} (compressed whole, decompress it to read it)"
-                   if _compressed_data(_name(rel))
-                   else f"{shown} (unsupported format)" for rel, shown in other)
+    for i, (rel, shown) in enumerate(other):
+        fix = content_fix(_head_of(shown)) if i < _SNIFFED else None
+        if _compressed_data(_name(rel)):
+            skipped.append(f"{shown} (compressed whole, decompress it to read it)")
+        elif fix:
+            skipped.append(f"{shown} ({fix.removeprefix('is ').replace('; ', ': ')})")
+        else:
+            skipped.append(f"{shown} (unsupported format)")
     return found
+
+
+#: the reason :func:`discover` gives a hidden or ``_``-prefixed entry it skips
+_HIDDEN = "(hidden or '_'-prefixed)"
+
+
+def _hidden_note(skipped: Sequence[str]) -> str:
+    """What a folder that holds no data says of the hidden and ``_``-prefixed entries it
+    skipped (empty when there is none): their names, why they are skipped, and that such an
+    entry given as INPUT itself is read."""
+    hidden = [e[:-len(_HIDDEN) - 1] for e in skipped if e.endswith(_HIDDEN)]
+    if not hidden:
+        return ""
+    names = ", ".join(hidden[:3]) + (f", ... ({len(hidden)} in all)" if len(hidden) > 3 else "")
+    return (f"; skipped {names}: names starting with '_' or '.' are skipped as Spark/Hadoop "
+            "metadata (_temporary, _SUCCESS) and hidden files; if the data is there, pass it "
+            f"as INPUT itself (e.g. {hidden[0]}) or rename it")
 
 
 def _check_utf8_path(path: str, given: str) -> None:
@@ -1139,12 +1263,15 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
             if fmt is None and _compressed_data(_name(path), text):
                 raise InputError(f"{shown}: is compressed whole; decompress it first (zstd -d, "
                                  "gunzip, ...): Parquet and Arrow IPC compress inside the file")
+            fix = content_fix(_head_of(shown)) if fmt is None else None
+            if fix:
+                raise InputError(f"{shown}: {fix}")
             if fmt is None and text:
                 raise InputError(f"{shown}: unsupported text format; packtool tokenize reads "
                                  f"{TEXT_FORMATS}")
             if fmt is None:
                 raise InputError(f"{shown}: unsupported input format; supported: "
-                                 f"{SUPPORTED_FORMATS}; {_convert_hint([_name(path)], 'it')}")
+                                 f"{SUPPORTED_FORMATS}; {_convert_hint([shown], 'it')}")
             files.append(InputFile(shown, _name(path), int(info.size or 0),
                                    int(info.mtime_ns or 0), fmt))
             keys.append(place.key(path))
@@ -1248,8 +1375,9 @@ class InputSource:
 def unreadable_error(shown, fs: pafs.FileSystem, path: str, kind: str,
                      exc: Exception) -> InputError:
     """The one line for an input file that does not open as ``kind`` (``Parquet``, ``Arrow
-    IPC``): no permission, empty, compressed whole, the other format under this one's name, or
-    damaged (``pack``, ``compare`` and ``tokenize`` alike).
+    IPC``): no permission, empty, compressed whole, a Git LFS pointer or the other format under
+    this one's name (:func:`content_fix`), or damaged (``pack``, ``compare`` and ``tokenize``
+    alike).
 
     Raises:
         ResourceError: the machine is short of memory or open files (not a bad file).
@@ -1260,7 +1388,7 @@ def unreadable_error(shown, fs: pafs.FileSystem, path: str, kind: str,
     try:
         size = fs.get_file_info(path).size or 0
         with fs.open_input_stream(path) as fh:
-            head = fh.read(8)
+            head = fh.read(32)
     except (pa.ArrowException, OSError):
         size, head = 0, b""
     if size == 0:
@@ -1269,12 +1397,9 @@ def unreadable_error(shown, fs: pafs.FileSystem, path: str, kind: str,
         if head.startswith(magic):
             return InputError(f"{shown}: is a {tool}-compressed file, not {kind}; decompress it "
                               f"({command}): {kind} compresses inside the file")
-    if kind == "Parquet" and head.startswith((_IPC_FILE_MAGIC, b"\xff\xff\xff\xff")):
-        return InputError(f"{shown}: is an Arrow IPC file named like a Parquet file; rename it "
-                          "to *.arrow")
-    if kind != "Parquet" and head.startswith(b"PAR1"):
-        return InputError(f"{shown}: is a Parquet file named like an Arrow IPC file; rename it "
-                          "to *.parquet")
+    fix = content_fix(head, kind)
+    if fix:
+        return InputError(f"{shown}: {fix}")
     return InputError(f"{shown}: is not a readable {kind} file ({first_line(exc)}); remove it or "
                       "regenerate it")
 
@@ -1441,7 +1566,7 @@ def check_source_column(schema: pa.Schema, name: str, path) -> None:
     """
     if name not in schema.names:
         raise SchemaError(f"{path}: no column {name!r} for --source-column; available columns: "
-                          f"{', '.join(schema.names) or '(none)'}")
+                          f"{', '.join(schema.names) or '(none)'}{_partition_note(path, name)}")
     check_single_column(schema, name, path)
     typ = schema.field(name).type
     if pa.types.is_dictionary(typ):
@@ -1451,6 +1576,58 @@ def check_source_column(schema: pa.Schema, name: str, path) -> None:
         raise SchemaError(f"{path}: --source-column {name!r} has type "
                           f"{schema.field(name).type}; it must hold one string or integer per "
                           "document (e.g. source, lang, a URL's domain)")
+
+
+def _partition_note(path, name: str) -> str:
+    """What a refusal of ``--source-column NAME`` adds when the file's path holds a folder
+    ``NAME=value`` (Hive partitioning, as Spark writes it): packtool reads columns from the
+    files only, never partition keys from their paths, and how to write the key into them;
+    empty otherwise."""
+    parts = str(path).replace("\\", "/").split("/")
+    at = next((i for i, p in enumerate(parts) if p.startswith(f"{name}=")), None)
+    if at is None:
+        return ""
+    root = "/".join(parts[:at]) or "."
+    return (f"; {name!r} is a partition key in the folder names ({parts[at]}/), and packtool "
+            "reads columns from the files only, never keys from their paths: write it into "
+            "the files first, e.g. python -c \"import pyarrow.dataset as ds, pyarrow.parquet "
+            f"as pq; pq.write_table(ds.dataset({root!r}, partitioning='hive').to_table(), "
+            f"{root.rstrip('/') + '.parquet'!r})\", then pack that file")
+
+
+def check_token_columns_agree(files, column: str) -> None:
+    """Refuse input files that name their token column differently (some ``input_ids``, some
+    ``tokens``): ``--column`` names one column for every file, so the ``--column`` one file's
+    refusal suggests would fail on the others. A file's name for it is ``column`` when it has
+    it, else its one candidate (:func:`~packtool.formats.schema.token_column_candidates`);
+    files with none or several candidates are left to :func:`open_input`'s message. Reads
+    the schemas only.
+
+    Raises:
+        SchemaError: one line naming, for each name, the files that use it, and the fix.
+        InputError: a file cannot be read (:func:`input_schema`).
+    """
+    by_name: dict[str, list[str]] = {}
+    for f in files:
+        schema, shown = input_schema(f.path, getattr(f, "format", None))
+        if column in schema.names:
+            name = column
+        else:
+            found = token_column_candidates(schema)
+            if len(found) != 1:
+                continue
+            name = found[0]
+        by_name.setdefault(name, []).append(str(shown))
+    if len(by_name) < 2:
+        return
+    parts = []
+    for name, shown in by_name.items():
+        more = f" and {len(shown) - 1} more" if len(shown) > 1 else ""
+        parts.append(f"{shown[0]}{more} hold{'s' if len(shown) == 1 else ''} {name!r}")
+    raise SchemaError(f"the input files name their token column differently: "
+                      f"{'; '.join(parts)}; --column names one column in every file: rename "
+                      "the column in one set of files to match the other (pyarrow: "
+                      "table.rename_columns), or pack each set on its own")
 
 
 def _nulls(arr, packed: np.ndarray, path, row: int, fix) -> np.ndarray | None:

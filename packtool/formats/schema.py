@@ -22,7 +22,8 @@ import pyarrow as pa
 from packtool.errors import SchemaError
 
 __all__ = ["packed_schema", "packed_columns", "labels_convention", "check_token_column",
-           "check_single_column", "token_column_candidates", "MASK_LIKE",
+           "check_single_column", "token_column_candidates", "MASK_LIKE", "text_columns",
+           "tokenize_first",
            "is_integer_list", "is_list_layout",
            "LABELS_CONVENTION_META_KEY", "CAPACITY_META_KEY", "FORMAT_VERSION_META_KEY",
            "SHARD_META_KEY", "SEGMENT_MULTIPLE_META_KEY", "shard_schema", "written_as_shard",
@@ -167,6 +168,11 @@ def check_token_column(schema: pa.Schema, column: str, path: str) -> None:
     if column not in schema.names:
         avail = ", ".join(schema.names) or "(none)"
         found = token_column_candidates(schema)
+        texts = text_columns(schema)
+        if not found and texts:  # text to be tokenized: --column NAME would name no token ids
+            raise SchemaError(f"{path}: no column {column!r}; available columns: {avail}; it "
+                              f"holds text ({', '.join(map(repr, texts[:3]))}), not token ids: "
+                              f"{tokenize_first(texts[0])}")
         name = found[0] if len(found) == 1 else "NAME"
         raise SchemaError(
             f"{path}: no column {column!r}; available columns: {avail}; pass --column {name}")
@@ -177,6 +183,28 @@ def check_token_column(schema: pa.Schema, column: str, path: str) -> None:
         raise SchemaError(
             f"{path}: column {column!r} has type {typ}, expected a list of integer token ids "
             "(list<int32> or similar); tokenize the text first or pass --column NAME")
+
+
+def _is_text(typ: pa.DataType) -> bool:
+    if pa.types.is_dictionary(typ):
+        typ = typ.value_type
+    return (pa.types.is_string(typ) or pa.types.is_large_string(typ)
+            or pa.types.is_string_view(typ))
+
+
+def text_columns(schema: pa.Schema) -> list[str]:
+    """The string columns of ``schema`` (plain, large, view or dictionary-encoded), in schema
+    order: text ``packtool tokenize`` can read."""
+    return [f.name for f in schema if _is_text(f.type)]
+
+
+def tokenize_first(text_column: str | None = None) -> str:
+    """The one fix for text given where token ids are read: ``packtool tokenize`` into a
+    tokenized output, then ``pack`` it (with ``--text-column`` when the text is not in
+    ``text``)."""
+    option = "" if text_column in (None, "text") else f" --text-column {text_column}"
+    return (f"text is tokenized first: packtool tokenize --tokenizer FILE{option} INPUT "
+            "TOKENIZED, then pack TOKENIZED")
 
 
 def token_column_candidates(schema: pa.Schema) -> list[str]:

@@ -39,8 +39,8 @@ import pyarrow.parquet as pq
 from packtool.errors import InputError, SchemaError, first_line, row_ref
 from packtool.formats.manifest import ShardEntry
 from packtool.formats.reader import (DENIED, TEXT_FORMATS, check_stream_end, filesystem_of,
-                                     text_compression, unreadable_error)
-from packtool.formats.schema import check_single_column
+                                     jsonl_tokens_fix, text_compression, unreadable_error)
+from packtool.formats.schema import check_single_column, text_columns, token_column_candidates
 from packtool.formats.writer import write_shard
 from packtool.location import Location
 
@@ -274,6 +274,27 @@ def _jsonl_holds_key(path, name: str) -> bool:
     return False
 
 
+def _token_ids(value) -> bool:
+    """True for a JSON value that is a list of integers: token ids, not text."""
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in value))
+
+
+def _tokenized_fix(path, schema: pa.Schema, column: str) -> str:
+    """The fix for a Parquet or Arrow input of ``tokenize`` that holds token ids, not text
+    (empty when ``schema`` holds none): it is packed as it is."""
+    found = token_column_candidates(schema)
+    if column in schema.names and column in found:
+        name = column
+    elif column not in schema.names and found and not text_columns(schema):
+        name = found[0]
+    else:
+        return ""
+    option = "" if name == "input_ids" else f" --column {name}"
+    return (f"already tokenized (column {name!r} holds lists of integer token ids): pack it "
+            f"with packtool pack --capacity C{option} {path} OUTPUT")
+
+
 def _jsonl_texts(path, column: str, batch_docs: int, skip: int,
                  keep: tuple[str, ...]) -> Iterator[tuple[int, TextBatch]]:
     batch, first, row = [], skip, 0
@@ -299,6 +320,13 @@ def _jsonl_texts(path, column: str, batch_docs: int, skip: int,
         if not isinstance(obj, dict):
             raise InputError(f"{path}: line {n}: a JSON {type(obj).__name__}, not an object; "
                              "each line must be one object holding the text")
+        tokens = [] if isinstance(obj.get(column), str) else \
+            [k for k, v in obj.items() if _token_ids(v)]
+        if tokens and (column not in obj or _token_ids(obj[column])):  # not text: tokenized
+            said = f"{column!r} is a list of integers" if column in obj else \
+                f"no key {column!r}"
+            raise SchemaError(f"{path}: line {n}: {said}; the file "
+                              f"{jsonl_tokens_fix(path, tokens)}")
         if column not in obj:
             keys = ", ".join(list(obj)[:8]) or "none"
             raise SchemaError(f"{path}: line {n}: no key {column!r} (keys: {keys}); pass "
@@ -388,9 +416,10 @@ def _pylist(arr, path, first: int, column: str) -> list:
 def _table_texts(path, fmt: str, column: str, batch_docs: int, skip: int,
                  keep: tuple[str, ...]) -> Iterator[tuple[int, TextBatch]]:
     schema, batches = _table_source(path, fmt)
+    fix = _tokenized_fix(path, schema, column) or "pass --text-column NAME"
     if column not in schema.names:
         raise SchemaError(f"{path}: no column {column!r}; available columns: "
-                          f"{', '.join(schema.names)}; pass --text-column NAME")
+                          f"{', '.join(schema.names)}; {fix}")
     check_single_column(schema, column, path)
     typ = schema.field(column).type
     if pa.types.is_dictionary(typ):  # e.g. a pandas Categorical: the texts are its values
@@ -398,7 +427,7 @@ def _table_texts(path, fmt: str, column: str, batch_docs: int, skip: int,
     if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)
             or pa.types.is_string_view(typ)):
         raise SchemaError(f"{path}: column {column!r} has type {typ}, expected text (string); "
-                          "pass --text-column NAME")
+                          f"{fix}")
     missing = [name for name in keep if name not in schema.names]
     if missing:
         raise SchemaError(f"{path}: no column {missing[0]!r} for --keep-column; available "

@@ -39,8 +39,9 @@ from typing import Callable, Iterator
 import numpy as np
 
 from packtool.core.masks import TokenBatch, prepare_documents
-from packtool.errors import InputError, PackingError, raise_if_shortage, row_ref
-from packtool.formats.reader import InputFile, iter_token_batches, open_input, reads_labels
+from packtool.errors import InputError, PackingError, SchemaError, raise_if_shortage, row_ref
+from packtool.formats.reader import (InputFile, check_token_columns_agree, iter_token_batches,
+                                     open_input, reads_labels)
 from packtool.location import Location
 from packtool.output import (PARTIAL_PROGRESS, READ_DIR_PREFIX, WINDOW_DONE, claim_partial,
                              keeps_stages, publish_window, window_done, window_file,
@@ -216,7 +217,13 @@ def plan_reads(files: list[InputFile], column: str,
     pieces: list[ReadPiece] = []
     first = 0
     for i, f in enumerate(files):
-        got = _file_pieces(i, f, column, first, max(1, part_bytes))
+        try:
+            got = _file_pieces(i, f, column, first, max(1, part_bytes))
+        except SchemaError:
+            # a file without the column: when the files name it differently, say so of them
+            # all (the --column its own message suggests would fail on the others)
+            check_token_columns_agree(files, column)
+            raise
         pieces += got
         first += sum(p.docs for p in got)
     parts: list[ReadPart] = []
