@@ -141,6 +141,29 @@ def test_partition_key_in_paths_is_not_a_column(tmp_path):
     assert "partition key" not in line
 
 
+def test_zero_row_shard_of_null_type_is_an_empty_shard(tmp_path):
+    """pandas writes an empty object column as type null: no documents, not a wrong type."""
+    pd = pytest.importorskip("pandas")
+    d = tmp_path / "in"
+    write_docs(d / "a.parquet", [[1, 2], [3, 4, 5]])
+    pd.DataFrame({"input_ids": pd.Series([], dtype=object)}).to_parquet(d / "b.parquet")
+    assert pq.read_schema(d / "b.parquet").field("input_ids").type == pa.null()
+    write_docs(d / "c.parquet", [[6]])
+    res = invoke(["pack", "-q", "--no-shuffle", "-c", 8, d, tmp_path / "out"])
+    assert res.exit_code == 0, res.output
+    from packtool.formats.manifest import read_manifest
+
+    m = read_manifest(tmp_path / "out")
+    assert m.totals.docs_in == 3 and [i.rows for i in m.inputs] == [2, 0, 1]
+    for args in (["compare", "-c", 8, d], ["stats", "--capacity", 8, "--compare", d]):
+        res = invoke(args)
+        assert res.exit_code == 0, res.output
+    # a file of rows whose column is null is still refused
+    pq.write_table(pa.table({"input_ids": pa.nulls(2)}), d / "d.parquet")
+    line = error_line(["pack", "-q", "-c", 8, d, tmp_path / "o2"])
+    assert "d.parquet" in line and "type null" in line
+
+
 @pytest.fixture(scope="module")
 def tokenizer_file(tmp_path_factory):
     """A small tokenizer.json trained here (no download)."""

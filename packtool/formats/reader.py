@@ -75,7 +75,7 @@ __all__ = ["InputFile", "RawBatch", "Discovery", "InputSource", "MaskColumns", "
            "packed_evidence", "PACKED_COLUMNS", "iter_token_batches",
            "list_parts", "resolve_mask_columns", "input_columns", "reads_labels",
            "check_source_column", "first_data_file", "check_token_columns_agree",
-           "content_fix", "jsonl_token_keys", "jsonl_tokens_fix",
+           "holds_no_documents", "content_fix", "jsonl_token_keys", "jsonl_tokens_fix",
            "filesystem_of", "is_remote", "SUPPORTED_FORMATS", "TEXT_FORMATS", "AUTO",
            "LOSS_MASK_COLUMNS", "text_compression"]
 
@@ -1500,8 +1500,17 @@ def open_input(path, column: str, fmt: str | None = None) -> InputSource:
                           [md.row_group(i).num_rows for i in range(md.num_row_groups)],
                           parquet=pf)
     check_not_packed(src.schema_arrow, shown, column)
-    check_token_column(src.schema_arrow, column, str(shown))
+    if not holds_no_documents(src.schema_arrow, column, src.num_rows):
+        check_token_column(src.schema_arrow, column, str(shown))
     return src
+
+
+def holds_no_documents(schema: pa.Schema, column: str, rows: int) -> bool:
+    """True for a file of no rows whose token column has type null (pandas writes an empty
+    object column so): it holds no documents, an empty shard like any other, not a column of
+    the wrong type."""
+    return (rows == 0 and column in schema.names
+            and pa.types.is_null(schema.field(column).type))
 
 
 def _packed_key(schema: pa.Schema) -> str | None:
@@ -1752,6 +1761,8 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
     """
     src = open_input(path, column, fmt)
     path = src.path  # a URI folded by pathlib is named as the URI
+    if holds_no_documents(src.schema_arrow, column, src.num_rows):
+        return
     masks = resolve_mask_columns(src.schema_arrow, path, column, attention_mask, labels,
                                  loss_mask)
     columns = [column] + [c for c in (masks.attention_mask, masks.labels, *masks.loss_masks)
