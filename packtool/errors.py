@@ -42,6 +42,7 @@ __all__ = [
     "LocationError",
     "ManifestError",
     "VerifyError",
+    "LoaderError",
     "MissingDependencyError",
     "EngineError",
     "ResourceError",
@@ -164,6 +165,13 @@ class VerifyError(PacktoolError):
     """``packtool verify`` found a packed row that does not compute what separate documents do,
     or :func:`packtool.loader.check_isolation` a model that, fed its collator's batch, does not
     keep packed documents apart."""
+
+
+class LoaderError(PacktoolError):
+    """The training loader's set-up cannot keep its promise (every row of an epoch once over
+    all ranks and workers), e.g. ranks of one job that disagree on the seed, the epoch or the
+    sources (:mod:`packtool.loader.ranks`); the message names which rank has which value and
+    the fix."""
 
 
 class MissingDependencyError(PacktoolError):

@@ -7,6 +7,11 @@ worker yields, and in which order, is the policy of :mod:`packtool.loader.plan`;
 their shares are :class:`~packtool.loader.mixture.Mixture`; the state is
 :mod:`packtool.loader.resume`.
 
+**Ranks.** Each rank computes the epoch's order itself and takes its slice, so every rank must
+compute the same one; with ``torch.distributed`` initialised the dataset checks that they do
+(:mod:`packtool.loader.ranks`, one collective at construction, ``set_epoch`` and
+``load_state_dict``; ``check_ranks=False`` turns it off).
+
 **Resume.** The order is a pure function of (seed, epoch, sources, shares, ranks, workers), so
 the state is the epoch, the phases of the epoch so far and the rows yielded, and a restored
 dataset recomputes its order and skips without reading.
@@ -147,6 +152,13 @@ class PackedIterableDataset(IterableDataset):
             most ``cache_limit`` bytes (an int or ``"20G"``), shared by the ranks and workers of
             a node and kept across restarts (:class:`~packtool.formats.cache.ShardCache`).
         integrity: ``footer`` (default), ``size`` or ``sha256`` (:mod:`packtool.formats.packed`).
+        check_ranks: with ``torch.distributed`` initialised over two or more processes, check
+            at construction, at each :meth:`set_epoch` and after :meth:`load_state_dict` (in the
+            training process, never in a DataLoader worker) that every rank splits the same
+            order: the same seed, epoch, world size, sources and shares, shuffle options and
+            resume point, and every dataset rank held (:mod:`packtool.loader.ranks`). The check
+            is a collective that every process of the default group must reach; False (no
+            check, no collective) where the dataset is built on some ranks only.
 
     Warns:
         UserWarning: without ``weights``, a source (or the output) that holds no rows, naming
@@ -155,6 +167,8 @@ class PackedIterableDataset(IterableDataset):
     Raises:
         ManifestError: not a complete packed output, a shard that differs from its manifest
             (when it is opened), outputs of different capacity or columns.
+        LoaderError: (``check_ranks``) ranks that disagree on what decides the order, a
+            dataset rank no process holds, or a process that did not reach the check in time.
         ValueError: unknown ``labels`` convention, bad rank, world_size, seed, epoch,
             shuffle_buffer, max_open_files, batch_size, weights or rows_per_epoch, one output
             under two names, a source with a positive weight and no rows, or columns no batch
@@ -170,7 +184,8 @@ class PackedIterableDataset(IterableDataset):
                  collate_fn: Callable | None = None, structure: str = "derived",
                  read_ahead: int | None = None, max_open_files: int = 64,
                  cache_dir: str | os.PathLike | None = None,
-                 cache_limit: int | str | None = None, integrity: str = "footer") -> None:
+                 cache_limit: int | str | None = None, integrity: str = "footer",
+                 check_ranks: bool = True) -> None:
         if rank is None or world_size is None:
             r, w = _default_rank_world()
             rank = r if rank is None else rank
@@ -250,6 +265,8 @@ class PackedIterableDataset(IterableDataset):
         self._closed: tuple | None = None
         #: the refusal of a loaded state of other options, unless the board says its epoch ended
         self._refusal: str | None = None
+        self.check_ranks = bool(check_ranks)
+        self._agree("at construction")
 
     # --- sources ------------------------------------------------------------------------------
 
@@ -363,9 +380,14 @@ class PackedIterableDataset(IterableDataset):
         read since: the pass after loading was empty (a DataLoader that batches items itself:
         ``docs/training.md``, "End of an epoch"), and epoch e + 1 would be skipped in silence.
 
+        With ``check_ranks`` (in the training process), a collective: every rank must call it,
+        with the same ``epoch``.
+
         Raises:
             ValueError: negative epoch; called by an accelerate wrapper that would cut this
                 dataset's batches or rows (:func:`~packtool.loader.wrappers.refuse_accelerate_wrapper`).
+            LoaderError: (``check_ranks``) the ranks' epochs (or anything else deciding the
+                order) differ, or not every rank called it in time.
         """
         epoch = check_seed(epoch, "epoch")
         refuse_accelerate_wrapper(self.rank, self.world_size, depth=16)
@@ -374,6 +396,7 @@ class PackedIterableDataset(IterableDataset):
         self._use_epoch(epoch)
         if get_worker_info() is None:  # the training process: its workers follow
             self._publish_epoch()
+            self._agree("at set_epoch")
 
     def _check_skipped_epoch(self, epoch: int) -> None:
         """Warn when the loop goes on to ``epoch`` >= e + 2 after a state of epoch ``e`` was
@@ -585,6 +608,41 @@ class PackedIterableDataset(IterableDataset):
 
     # --- resume -------------------------------------------------------------------------------
 
+    def _agree(self, where: str) -> None:
+        """In the training process, with ``check_ranks``: refuse ranks of the default
+        ``torch.distributed`` group that would split the epoch differently
+        (:func:`~packtool.loader.ranks.check_ranks_agree`, one collective; ``where`` names the
+        call site in the message). Never in a DataLoader worker.
+
+        Raises:
+            LoaderError: the ranks disagree on the seed, the epoch, the world size, the
+                sources and shares, the order's options or the loaded resume point, or leave a
+                dataset rank unread.
+        """
+        if not self.check_ranks or get_worker_info() is not None:
+            return
+        from packtool.loader.ranks import check_ranks_agree
+
+        mine = self._mine()
+        fp = mine.pop("mixture")
+        st = self._pending
+        resume = None
+        if st is not None:
+            resume = (f"{st['world_size']} ranks x {st['num_workers']} workers, rows yielded "
+                      f"{st['yielded']}")
+            if st["phases"]:
+                digest = hashlib.blake2b(repr(st["phases"]).encode(), digest_size=6).hexdigest()
+                resume += f", {len(st['phases'])} earlier phases {digest}"
+        mix = self.mixture
+        # a single output's name (its directory's) does not enter the order; a mixture's do
+        sources = (mix.describe() if len(mix) > 1
+                   else f"{int(mix.shares[0])} of {int(mix.rows[0])} rows")
+        check_ranks_agree({
+            **mine, "rank": self.rank, "world_size": self.world_size, "epoch": self.epoch,
+            "sources": sources, "resume": resume,
+            "content": hashlib.blake2b(repr(fp["content"]).encode(), digest_size=8).hexdigest()},
+            where)
+
     def _mine(self) -> dict:
         return {"order": ORDER_VERSION, "seed": self.seed, "shuffle": self.shuffle,
                 "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last,
@@ -662,10 +720,15 @@ class PackedIterableDataset(IterableDataset):
         workers (module docstring). A state saved after the epoch's last row starts the next
         epoch.
 
+        With ``check_ranks``, in the training process, a collective: every rank must load
+        a state (the same one, or each its own at the same world size and worker count).
+
         Raises:
             ValueError: a state of another output, mixture, seed or shuffle setting in
                 mid-epoch (the resume could not be exact), a malformed state, or (when
                 iteration starts) a resize from a single worker's state of several.
+            LoaderError: (``check_ranks``) the ranks' loaded states (or anything else deciding
+                the order) differ, or not every rank loaded one in time.
         """
         st = resume.normalize(state)
         info = get_worker_info()
@@ -676,6 +739,7 @@ class PackedIterableDataset(IterableDataset):
             st["epoch"] + 1, int(resume.finished(st)), 0)
         if info is None:  # this copy's state is the loaded one: no worker has read past it yet
             box[2] = 0
+            self._agree("after load_state_dict")
 
     def _load(self, st: dict, info) -> None:
         """:meth:`load_state_dict` of a normalized state ``st`` in this process (``info``:
