@@ -59,6 +59,7 @@ import json
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
@@ -68,7 +69,7 @@ from packtool import signals
 from packtool.errors import (ManifestError, OutputError, first_line, raise_if_shortage,
                              shortage_error)
 from packtool.formats import object_store as store
-from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
+from packtool.formats.manifest import (HELD_HERE, IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
                                        PACKED_KIND, TOKENIZED_KIND, Manifest, ShardEntry,
                                        footer_sha256, is_shard_name, marker_kind,
                                        pack_running, publish_manifest, read_manifest,
@@ -82,7 +83,7 @@ __all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256
            "PARTIAL_PROGRESS", "ScratchKept", "claim_partial", "keeps_stages", "WINDOW_DONE",
            "SCRATCH_FINGERPRINT", "LAYOUT_REVISION", "window_done", "window_workdir",
            "publish_window", "window_file", "shard_temp", "discard_shard_temp", "publish_shard",
-           "kept_shard", "MARKER_EVERY_S", "MEMORY_FIXES", "FILES_FIX"]
+           "kept_shard", "MARKER_EVERY_S", "MEMORY_FIXES", "FILES_FIX", "holding_lock"]
 
 #: Seconds a starting pack waits for OUTPUT's lock before refusing: ``stats``, ``verify`` and
 #: the loader probe it (:func:`packtool.formats.manifest.pack_running`) by taking it for a
@@ -789,6 +790,58 @@ class StoreOutput(Output):
 
     def _tidy_store(self) -> None:
         store.abort_uploads(self.path)
+
+
+@contextmanager
+def holding_lock(path, command: str):
+    """Hold OUTPUT's lock (:data:`~packtool.formats.manifest.LOCK_NAME`, the one every ``pack``
+    and ``tokenize`` writing OUTPUT holds) while ``command`` (``upgrade``) rewrites what is
+    there: a run writing OUTPUT refuses ``command``, and a run started meanwhile is refused
+    (another packtool run holds the lock). A local lock is released by the kernel when the
+    process dies; a store's is an object naming its holder
+    (:func:`packtool.formats.object_store.take_lock`).
+
+    Args:
+        path: the OUTPUT directory or store URI.
+        command: the packtool command, for the message.
+
+    Raises:
+        OutputError: a run holds the lock (one line naming what it writes and the fix), or
+            OUTPUT cannot be written.
+    """
+    loc = Location.parse(path)
+    key = loc.join(LOCK_NAME).display
+    if not loc.is_local:
+        try:
+            mine = store.take_lock(loc, overwrite=False)
+        except OutputError as exc:
+            raise OutputError(f"{exc}; then rerun packtool {command}") from None
+        HELD_HERE.add(key)
+        try:
+            yield
+        finally:
+            HELD_HERE.discard(key)
+            store.release_lock(loc, mine)
+        return
+    lock = FileLock(loc.join(LOCK_NAME).path)
+    try:
+        lock.acquire(timeout=LOCK_WAIT_S, poll_interval=0.02)
+    except Timeout:
+        # what the run writes, as its marker says; before its marker, OUTPUT's own kind: a pack
+        raise OutputError(f"{loc.display}: a packtool "
+                          f"{run_words(marker_kind(loc) or PACKED_KIND)} is writing "
+                          f"OUTPUT now (its lock {LOCK_NAME} is held); wait for it to end, then "
+                          f"rerun packtool {command}") from None
+    except OSError as exc:
+        raise OutputError(f"{loc.display}: cannot write ({exc.strerror}); packtool {command} "
+                          "rewrites OUTPUT's manifest, so it needs write access") from None
+    HELD_HERE.add(key)
+    try:
+        yield
+    finally:
+        HELD_HERE.discard(key)
+        loc.join(LOCK_NAME).delete()  # still held: nobody waits on it
+        lock.release()
 
 
 class ScratchKept:

@@ -269,7 +269,8 @@ def check() -> None:
 #: finished, the held-out pack not begun) makes ``pack`` print a line to stderr and wait
 #: there until it is killed or told to stop; ``tokenize-shard`` (n = shard of this run, before
 #: it is written) and ``export-block`` (n = block of rows read, its temporary file open) do the
-#: same in ``tokenize`` and ``export``. Unset, it costs one lookup.
+#: same in ``tokenize`` and ``export``, and ``upgrade`` (OUTPUT's lock taken, nothing checked
+#: or written yet) in ``upgrade``. Unset, it costs one lookup.
 PAUSE_ENV = "PACKTOOL_TEST_PAUSE_AT"
 
 #: With :data:`PAUSE_ENV`: ``PACKTOOL_TEST_PAUSE_ONCE=<file>`` pauses only the first process

@@ -735,6 +735,12 @@ def _not_there(out: Location) -> PacktoolError | None:
     return ManifestError(f"{out.display}: {why}; {fix}")
 
 
+#: The lock files (:data:`LOCK_NAME`, by display name) this process holds to rewrite an OUTPUT
+#: in place (``upgrade``: :func:`packtool.output.holding_lock`): its own reads of that OUTPUT
+#: are not told that a run is writing it.
+HELD_HERE: set = set()
+
+
 def pack_running(directory) -> bool:
     """Whether a packtool run (``pack`` or ``tokenize``: :func:`marker_kind` may say which)
     holds the lock (:data:`LOCK_NAME`) of the local OUTPUT ``directory`` right now (a lock file
@@ -747,7 +753,7 @@ def pack_running(directory) -> bool:
     from filelock import FileLock, Timeout
 
     loc = Location.parse(directory)
-    if not loc.is_local:
+    if not loc.is_local or loc.join(LOCK_NAME).display in HELD_HERE:
         return False
     path = loc.join(LOCK_NAME).path
     if not path.exists():
@@ -807,7 +813,7 @@ def run_holding(out) -> tuple[str | None, dict | None]:
     from packtool.formats.holders import holder_is_gone, holder_is_here, read_json
 
     held = read_json(loc.join(LOCK_NAME))
-    if held is None or holder_is_gone(held):
+    if held is None or holder_is_gone(held) or loc.join(LOCK_NAME).display in HELD_HERE:
         return None, None
     return ("now" if holder_is_here(held) else "maybe"), held
 

@@ -13,7 +13,8 @@ from packtool.formats.manifest import (FORMAT_VERSION, Manifest, check_rows_add_
                                        shard_entry_of)
 from packtool.formats.packed import PackedOutput
 from packtool.location import Location
-from packtool.signals import hold, interruptible
+from packtool.output import holding_lock
+from packtool.signals import hold, interruptible, test_pause
 
 __all__ = ["upgrade_manifest"]
 
@@ -28,6 +29,10 @@ def upgrade_manifest(output, *, progress: Callable[[int, int], None] | None = No
     footer and sha256). The totals are written in this version's meaning, as reading the old
     manifest converted them (``tokens_dropped`` counts the truncated tails too).
 
+    OUTPUT's lock (the one ``pack`` and ``tokenize`` hold while they write it) is held from
+    the checks to the rewrite (:func:`packtool.output.holding_lock`): a run writing OUTPUT
+    refuses the upgrade, and a run started meanwhile is refused.
+
     Ctrl-C or SIGTERM (:func:`packtool.signals.interruptible`, entered here) stops the checks
     with the output unchanged (``KeyboardInterrupt``); from the rewrite on they are held until
     it is done, and one after it finds the upgrade finished.
@@ -39,22 +44,34 @@ def upgrade_manifest(output, *, progress: Callable[[int, int], None] | None = No
         ManifestError: not a complete output, a shard that differs from the manifest, or a
             manifest every reader refuses (its capacity, labels or row counts contradict the
             shards' footers and schema metadata).
+        OutputError: a ``pack`` or ``tokenize`` is writing OUTPUT now (its lock is held), or
+            OUTPUT cannot be written.
         OSError: the manifest cannot be written.
     """
     out = Location.parse(output)
     with interruptible():  # left once the rewrite is done: a later signal finds it finished
         manifest, schema = read_manifest_and_schema(out)
         if manifest.format_version == FORMAT_VERSION:
-            return False
-        check_shards(out, manifest, hashes=True, progress=progress)
-        _check_readable(out, manifest, schema)
-        shards = [shard_entry_of(out.join(s.file), sha256=s.sha256) for s in manifest.shards]
-        release = hold()  # once begun, the rewrite ends (whole: a rename or one put)
-        try:
-            publish_manifest(out, manifest.replace_shards(shards), schema)
-        finally:
-            release()
-        return True
+            return False  # nothing written: no lock asked for (a read-only output is fine)
+        with holding_lock(out, "upgrade"):
+            return _upgrade(out, progress)
+
+
+def _upgrade(out: Location, progress) -> bool:
+    """:func:`upgrade_manifest` once OUTPUT's lock is held: the manifest read again under it."""
+    manifest, schema = read_manifest_and_schema(out)
+    if manifest.format_version == FORMAT_VERSION:
+        return False
+    test_pause("upgrade")
+    check_shards(out, manifest, hashes=True, progress=progress)
+    _check_readable(out, manifest, schema)
+    shards = [shard_entry_of(out.join(s.file), sha256=s.sha256) for s in manifest.shards]
+    release = hold()  # once begun, the rewrite ends (whole: a rename or one put)
+    try:
+        publish_manifest(out, manifest.replace_shards(shards), schema)
+    finally:
+        release()
+    return True
 
 
 def _check_readable(out: Location, manifest: Manifest, schema: pa.Schema) -> None:

@@ -669,3 +669,44 @@ def test_ctrl_c_once_the_upgrade_is_done_finishes_it(clean, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert f"manifest rewritten as format version {FORMAT_VERSION}" in proc.stdout, proc.stdout
     assert read_manifest(out).format_version == FORMAT_VERSION
+
+
+def test_upgrade_and_pack_hold_off_each_other_through_outputs_lock(clean, tmp_path):
+    """An upgrade while a pack writes OUTPUT (its lock held) is refused in one line and
+    rewrites nothing; a pack started while an upgrade holds the lock is refused, and the
+    upgrade then finishes."""
+    import signal
+    import subprocess
+    import sys
+
+    from packcheck import paused_pack
+
+    out = tmp_path / "v2"
+    shutil.copytree(clean, out)
+    _as_version_2(out)
+    before = (out / MANIFEST_NAME).read_bytes()
+    src = clean.parent / "in" / "a.parquet"
+    with paused_pack(src, out, "read:0", ["--overwrite", "-c", 32], stop=signal.SIGINT):
+        res = invoke(["upgrade", out])
+        assert res.exit_code == 1, res.output
+        assert res.output.strip() == (
+            f"Error: {out}: a packtool pack is writing OUTPUT now (its lock .packtool.lock is "
+            "held); wait for it to end, then rerun packtool upgrade")
+        assert (out / MANIFEST_NAME).read_bytes() == before
+    assert (out / MANIFEST_NAME).read_bytes() == before  # the pack stopped before writing
+    env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT="upgrade")
+    proc = subprocess.Popen([sys.executable, "-m", "packtool", "upgrade", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert "test pause at upgrade" in proc.stderr.readline()
+        res = invoke(["pack", "-q", "--overwrite", "-c", 32, src, out])
+        assert res.exit_code == 1, res.output
+        assert "is writing this OUTPUT (lock .packtool.lock is held)" in res.output, res.output
+        assert (out / MANIFEST_NAME).read_bytes() == before
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    assert proc.returncode == 130, proc.stderr.read()
+    assert read_manifest(out).format_version == 2 and not (out / ".packtool.lock").exists()
+    res = invoke(["upgrade", out])
+    assert res.exit_code == 0 and f"format version {FORMAT_VERSION}" in res.output, res.output
