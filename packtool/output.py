@@ -69,7 +69,8 @@ from packtool import signals
 from packtool.errors import (ManifestError, OutputError, first_line, raise_if_shortage,
                              shortage_error)
 from packtool.formats import object_store as store
-from packtool.formats.manifest import (HELD_HERE, IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
+from packtool.formats.manifest import (HELD_HERE, IN_PROGRESS_NAME, LOCK_NAME,
+                                       enclosing_output, output_words, MANIFEST_NAME, TMP_DIR_NAME,
                                        PACKED_KIND, TOKENIZED_KIND, Manifest, ShardEntry,
                                        footer_sha256, is_shard_name, marker_kind,
                                        pack_running, publish_manifest, read_manifest,
@@ -328,11 +329,13 @@ class Output:
             if e is not None and not e.is_dir:
                 raise OutputError(f"{out.display}: exists and is a file; {self.role} must be a "
                                   "directory")
-            for parent in out.ancestors():  # shards of another schema would break its dataset
-                if any(parent.join(n).is_file() for n in (MANIFEST_NAME, IN_PROGRESS_NAME)):
-                    what = ("tokenized" if _kind_of(parent) == TOKENIZED_KIND else "packed")
-                    raise OutputError(f"{out.display}: {self.role} is inside the {what} output "
-                                      f"{parent.display}; choose a location outside it")
+            # shards of another schema would break its dataset; an output being written (its
+            # lock or scratch only) too
+            parent = enclosing_output(out)
+            if parent is not None:
+                raise OutputError(f"{out.display}: {self.role} is inside the "
+                                  f"{output_words(parent)} {parent.display}; choose a location "
+                                  "outside it")
             if e is not None and not self.overwrite and self._complete_as_found():
                 return self
         except store.STORE_ERRORS as exc:
@@ -968,18 +971,6 @@ def kept_shard(output, name: str, promised: dict | None) -> ShardEntry | None:
                           promised["footer_sha256"],
                           tuple((int(r), int(n)) for r, n in promised.get("row_groups") or ()))
     return shard_entry_of(loc)
-
-
-def _kind_of(directory: Location) -> str:
-    """The kind of the packtool output at ``directory``: its in-progress marker's, else its
-    manifest's (a manifest that cannot be read: packed)."""
-    kind = marker_kind(directory)
-    if kind is not None:
-        return kind
-    try:
-        return read_manifest(directory).kind
-    except ManifestError:
-        return PACKED_KIND
 
 
 def _run_word(kind: str | None) -> str:

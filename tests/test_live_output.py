@@ -11,6 +11,7 @@ replay the two racy instants deterministically: the pack ends, or begins, betwee
 from __future__ import annotations
 
 import shutil
+import signal
 import threading
 from pathlib import Path
 
@@ -221,3 +222,27 @@ def test_a_hash_check_meeting_a_shard_rewritten_by_a_running_pack_says_writing(
     monkeypatch.setattr(manifest_mod, "pack_running", lambda directory: False)
     with pytest.raises(ManifestError, match="sha256 differs from the manifest"):
         check_shards(out, opened, hashes=True)
+
+
+def test_nothing_is_written_inside_an_output_a_pack_has_only_locked(complete, tmp_path):
+    """A pack reading its input holds OUTPUT's lock and scratch, no marker or manifest yet:
+    a pack, a --holdout-output or an export into a folder inside it is refused in one line
+    naming it, as inside a finished output, never written there to break it."""
+    src, _ = complete
+    out = tmp_path / "new"
+    with paused_pack(src, out, "read:0", OPTIONS, stop=signal.SIGINT):
+        assert not (out / IN_PROGRESS_NAME).exists() and not (out / MANIFEST_NAME).exists()
+        for args, role in [(["pack", "-q", *OPTIONS, src, out / "sub"], "OUTPUT"),
+                           (["pack", "-q", *OPTIONS, "--holdout", 0.3, "--holdout-output",
+                             out / "h", src, tmp_path / "t"], "--holdout-output")]:
+            res = invoke(args)
+            assert res.exit_code == 1, res.output
+            assert res.output.strip() == (f"Error: {args[-1] if role == 'OUTPUT' else out / 'h'}"
+                                          f": {role} is inside the packtool output "
+                                          f"{out.resolve()}; choose a location outside it")
+        res = invoke(["export", "--to", "nemo", complete[1], out / "x"])
+        assert res.exit_code == 1 and res.output.startswith(
+            f"Error: {out / 'x'}: DEST lies inside the packtool output {out.resolve()}: "), \
+            res.output
+        assert sorted(p.name for p in out.iterdir()) == [".packtool-tmp", ".packtool.lock"]
+    assert not (tmp_path / "t").exists()

@@ -1513,3 +1513,21 @@ def test_the_tokenized_record_reads_back_and_manifests_without_it_read_as_before
     renamed = TokenizerInfo("tokenizers", "a" * 64, "copy.json", 10)
     assert Tokenization.common([Tokenization(one, 2), Tokenization(renamed, 2)]) == \
         Tokenization(TokenizerInfo("tokenizers", "a" * 64, None, 10), 2)
+
+
+def test_tokenize_into_a_folder_inside_a_pack_being_written_is_refused(tmp_path, hf_tokenizer):
+    """A pack that holds only its lock and scratch (reading, no marker yet) is a packtool
+    output all the same: tokenize OUTPUT inside it is refused in one line, nothing written."""
+    import signal
+
+    from packcheck import paused_pack, write_docs
+
+    docs = write_docs(tmp_path / "in" / "a.parquet", [[1, 2, 3]] * 8)
+    out = tmp_path / "p"
+    src = write_jsonl(tmp_path / "a.jsonl", TEXTS[:6])
+    with paused_pack(docs, out, "read:0", ["-c", 16], stop=signal.SIGINT):
+        res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, src, out / "tok"])
+        assert res.exit_code == 1, res.output
+        assert res.output.strip() == (f"Error: {out / 'tok'}: OUTPUT is inside the packtool "
+                                      f"output {out.resolve()}; choose a location outside it")
+        assert not (out / "tok").exists()

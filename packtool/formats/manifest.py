@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
@@ -88,7 +89,8 @@ from packtool.stats import PackStats
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NAME", "LOCK_NAME",
            "pack_running", "run_holding", "writing_error", "running_error", "a_file_error",
-           "marker_kind", "packed_outputs_below", "nested_outputs_error",
+           "marker_kind", "packed_outputs_below", "nested_outputs_error", "OUTPUT_MARKS", "output_mark", "output_words", "enclosing_output",
+           "nested_output", "output_around",
            "run_words",
            "SHARD_GLOB", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry",
            "InputEntry", "LabelsInfo", "WindowEntry", "Windowing", "TokenizerInfo", "Tokenization",
@@ -785,6 +787,81 @@ def marker_kind(directory) -> str | None:
         doc = None
     kind = doc.get("kind") if isinstance(doc, dict) else None
     return kind if kind in KINDS else PACKED_KIND
+
+
+#: What a directory holds at its top level when it is a packtool output, finished or not: the
+#: manifest, the in-progress marker, the lock of a run writing it (taken before the marker is
+#: written), the scratch a run writes (kept by one interrupted while it read or planned).
+OUTPUT_MARKS = (MANIFEST_NAME, IN_PROGRESS_NAME, LOCK_NAME, TMP_DIR_NAME)
+
+
+def output_mark(directory) -> str | None:
+    """The first of :data:`OUTPUT_MARKS` the directory ``directory`` (a path or URI) holds: it
+    is a packtool output (finished, being written or interrupted); None when it holds none.
+
+    Raises:
+        OSError, pyarrow.ArrowException: a store cannot be asked.
+    """
+    loc = Location.parse(directory)
+    for name in OUTPUT_MARKS:
+        if loc.join(name).exists():
+            return name
+    return None
+
+
+def output_words(directory) -> str:
+    """What the packtool output at ``directory`` is, for a message: ``packed output`` or
+    ``tokenized output`` (its in-progress marker's kind, else its manifest's), or ``packtool
+    output`` when nothing says which (a run that has taken its lock and written no marker)."""
+    kind = marker_kind(directory)
+    if kind is None:
+        try:
+            kind = read_manifest(directory).kind
+        except PacktoolError:
+            kind = None
+    return f"{kind} output" if kind in KINDS else "packtool output"
+
+
+def enclosing_output(location) -> Location | None:
+    """The nearest folder holding ``location`` (a path or URI) that is a packtool output
+    (:func:`output_mark`), None when none is: a file written there would join that output's
+    Parquet dataset.
+
+    Raises:
+        OSError, pyarrow.ArrowException: a store cannot be asked.
+    """
+    for parent in Location.parse(location).ancestors():
+        if output_mark(parent) is not None:
+            return parent
+    return None
+
+
+def nested_output(directory) -> Location | None:
+    """A packtool output (:func:`output_mark`) at or below the local directory ``directory``,
+    found by walking it (links not followed); None when there is none, when ``directory`` does
+    not exist, or for a store URI (not walked)."""
+    loc = Location.parse(directory)
+    if not loc.is_local or not loc.path.is_dir():
+        return None
+    for top, dirs, files in os.walk(loc.path):
+        if set(OUTPUT_MARKS) & (set(dirs) | set(files)):
+            return Location.parse(top)
+        dirs.sort()
+    return None
+
+
+def output_around(location) -> tuple[str, Location] | None:
+    """``(how, output)`` when the local folder ``location`` is a packtool output (``is``), lies
+    inside one (``lies inside``) or holds one (``contains``); None when it touches none (a
+    store URI: only ``is`` and ``lies inside`` are asked)."""
+    loc = Location.parse(location)
+    above = enclosing_output(loc)
+    if above is not None:
+        return "lies inside", above
+    if output_mark(loc) is not None:
+        return "is", loc
+    below = nested_output(loc)
+    return None if below is None else ("contains", below)
 
 
 def run_words(kind: str | None) -> str:

@@ -60,6 +60,7 @@ from filelock import FileLock, Timeout
 
 from packtool._version import __version__
 from packtool.errors import OutputError, PacktoolError, shortage_error
+from packtool.formats.manifest import output_around, output_words
 from packtool.location import Location, make_dirs, remove_made
 from packtool.signals import check, hold, interruptible, test_pause
 from packtool.types import IGNORE_INDEX
@@ -386,8 +387,11 @@ def _written_by(final: Path, identity: dict) -> dict | None:
 
 
 def _check_dest(out_dir, dest) -> None:
-    """Refuse a DEST in a store, or one that is OUTPUT, lies inside it or contains it (the
-    files would join the packed output's dataset), before anything is written."""
+    """Refuse a DEST in a store, or one that is OUTPUT, lies inside it or contains it, or is,
+    lies inside or contains any other packtool output, finished or being written
+    (:func:`~packtool.formats.manifest.output_around`: the files would join that output's
+    dataset, and its next ``pack --overwrite`` would refuse the entries it did not write),
+    before anything is written."""
     where, out = Location.parse(dest), Location.parse(out_dir)
     if not where.is_local:
         raise OutputError(f"{where.display}: DEST must be a local directory; export into one, "
@@ -395,6 +399,12 @@ def _check_dest(out_dir, dest) -> None:
     if out.overlaps(where):
         raise OutputError(f"{where.display}: DEST overlaps the packed OUTPUT {out.display} (is "
                           "it, lies inside it or contains it); choose a directory outside it")
+    around = output_around(where)  # any other packtool output, finished or being written
+    if around is not None:
+        how, other = around
+        raise OutputError(f"{where.display}: DEST {how} the {output_words(other)} "
+                          f"{other.display}: the export's files and that output's would mix in "
+                          "one Parquet dataset; choose a directory outside every packtool output")
 
 
 def _dest_error(dest: Path, exc: OSError, state: str) -> PacktoolError:
@@ -476,7 +486,8 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
         OutputError: the file exists (without ``overwrite``), written by another export (this
             very export, finished, is nothing to do: ``already_complete``; missing its metadata
             entry, the entry is added: ``completed_entry``), DEST is a file, a store URI, or is ``out_dir``, lies inside it
-            or contains it, the metadata file is not a JSON list, another export holds DEST,
+            or contains it, or is, lies inside or contains another packtool output (finished,
+            or a run's lock, marker or scratch), the metadata file is not a JSON list, another export holds DEST,
             or DEST cannot be written (read-only, full). Nothing is written then, or DEST is
             left as it was.
         KeyboardInterrupt: Ctrl-C or SIGTERM; DEST is left as it was (its message says so).

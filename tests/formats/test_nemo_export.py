@@ -222,6 +222,38 @@ def test_export_refuses_a_dest_in_a_store_or_overlapping_output(tmp_path, monkey
     assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.parquet", "p"]
 
 
+def test_export_refuses_a_dest_that_is_inside_or_holds_another_packtool_output(tmp_path):
+    """pack --holdout, then the held-out output exported into the training OUTPUT (or inside
+    it, or into a folder holding another output, or into a pack's interrupted scratch): one
+    line naming that output, and nothing written, so that output stays a Parquet dataset
+    that pyarrow opens and that its own pack --overwrite replaces."""
+    import pyarrow.dataset as ds
+    from packcheck import hash_tree
+
+    src = tmp_path / "in" / "docs.parquet"
+    src.parent.mkdir()
+    pq.write_table(pa.table({"input_ids": [list(range(1, n % 20 + 3)) for n in range(200)]}),
+                   src)
+    train, held = tmp_path / "p", tmp_path / "p-holdout"
+    assert invoke(["pack", "-q", "-c", 16, "--holdout", 0.2, src, train]).exit_code == 0
+    other = tmp_path / "a" / "b" / "q"
+    assert invoke(["pack", "-q", "-c", 16, src, other]).exit_code == 0
+    stopped = tmp_path / "stopped"  # what an interrupted pack keeps: its scratch only
+    (stopped / ".packtool-tmp").mkdir(parents=True)
+    before = hash_tree(tmp_path)
+    for dest, how, what in [(train, "is", train), (train / "nemo", "lies inside", train),
+                            (tmp_path / "a", "contains", other),
+                            (stopped / "x", "lies inside", stopped)]:
+        res = invoke(["export", "--to", "nemo", held, dest])
+        assert res.exit_code == 1, (dest, res.output)
+        [line] = res.output.strip().splitlines()
+        assert line.startswith(f"Error: {dest}: DEST {how} the ") and f" {what}: " in line \
+            and line.endswith("choose a directory outside every packtool output"), line
+        assert hash_tree(tmp_path) == before
+    assert ds.dataset(train).count_rows() == len(read_output(train)[0])
+    assert invoke(["pack", "-q", "-c", 16, "--overwrite", src, train]).exit_code == 0
+
+
 @pytest.mark.parametrize("labels", ["none", "shifted"])
 def test_export_of_a_segment_multiple_output_keeps_real_tokens_only(tmp_path, labels):
     """--segment-multiple pads each document inside its span: the export drops that padding
