@@ -176,7 +176,9 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
 
     Returns:
         :class:`PackedAnalysis`; ``mismatches`` lists recounted fields that differ from the
-        manifest totals (and ``num_targets`` when the column disagrees with the segments).
+        manifest totals (and ``num_targets`` when the column disagrees with the segments);
+        ``warnings`` also say a held-out output of ``pack --holdout`` that its training output
+        no longer pairs with is stale (:func:`~packtool.formats.manifest.stale_holdout`).
 
     Raises:
         ManifestError: not a complete packed output, or a shard that differs from its manifest
@@ -184,6 +186,7 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
     """
     import time
 
+    from packtool.formats.manifest import stale_holdout
     from packtool.formats.packed import PackedOutput
 
     t0 = time.perf_counter()
@@ -220,6 +223,7 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                    "padding_tokens": int(by_src[3, i]), "effective_targets": int(by_src[4, i])}
                   for i, v in enumerate(table) if by_src[1, i]]  # the sources in these rows
     multiple = int(reader.manifest.options.get("segment_multiple", 1))
+    stale = stale_holdout(reader.manifest, reader.location)  # a held-out output left unpaired
     return PackedAnalysis(reader.location.display, stats, totals, mismatches, hist, fill_counts,
                           recount.seg_counts, recount.bins, recount.documents,
                           per_bin_limit if per_bin else None,
@@ -229,7 +233,8 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                           source_column=reader.manifest.source_column,
                           per_source=per_source, sources_in_table=len(table),
                           per_bin_asked=per_bin,
-                          warnings=stats.output_warnings(reader.manifest.options),
+                          warnings=stats.output_warnings(reader.manifest.options) + (
+                              [stale] if stale else []),
                           tokenized=reader.manifest.tokenized)
 
 

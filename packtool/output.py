@@ -71,7 +71,8 @@ from packtool.errors import (ManifestError, OutputError, first_line, raise_if_sh
 from packtool.formats import object_store as store
 from packtool.formats.manifest import (HELD_HERE, IN_PROGRESS_NAME, LOCK_NAME,
                                        enclosing_output, output_words, MANIFEST_NAME, TMP_DIR_NAME,
-                                       PACKED_KIND, TOKENIZED_KIND, Manifest, ShardEntry,
+                                       PACKED_KIND, TOKENIZED_KIND, HoldoutPairing,
+                                       Manifest, ShardEntry,
                                        footer_sha256, is_shard_name, marker_kind,
                                        pack_running, publish_manifest, read_manifest,
                                        run_words, shard_entry_of,
@@ -213,11 +214,16 @@ class Output:
         kind: what this run writes (:data:`~packtool.formats.manifest.PACKED_KIND`, or
             ``TOKENIZED_KIND`` for ``packtool tokenize``), recorded in the in-progress marker so
             messages say what a run found there (a pack, a tokenize).
+        role: how messages name it (``OUTPUT``, ``--holdout-output``).
+        pairing: one output of ``pack --holdout``: the pairing its manifest records; a finished
+            identical pack recording another pairing is not complete (it is packed again, to
+            record this one).
 
     Attributes after entry: ``path`` and ``tmp`` (:class:`~packtool.location.Location` of OUTPUT
     and of its scratch), ``complete`` (a finished identical output is there: nothing to do),
     ``resume`` (an interrupted identical pack is there: keep its shards), ``replaced`` (an
     interrupted pack of other options was there and is replaced: what it was, in words),
+    ``previous`` (the manifest of the finished pack found there, None when none),
     ``windows_kept`` (units kept in the scratch from an identical run that was killed: windows, read parts,
     read parts begun; what they are in ``kept``), ``shards_done`` (shards finished, written or
     kept, in this run), ``manifest`` (the :class:`~packtool.formats.manifest.Manifest` found
@@ -230,7 +236,8 @@ class Output:
         return super().__new__(cls)
 
     def __init__(self, path, inputs, fingerprint: str, *, overwrite: bool = False,
-                 options: dict | None = None, kind: str = PACKED_KIND, role: str = "OUTPUT"):
+                 options: dict | None = None, kind: str = PACKED_KIND, role: str = "OUTPUT",
+                 pairing: HoldoutPairing | None = None):
         self.path = Location.parse(path)
         #: how messages name this output: ``OUTPUT``, or the option that named it
         #: (``--holdout-output``)
@@ -241,6 +248,10 @@ class Output:
         self.tmp = self.path.join(TMP_DIR_NAME)
         self.inputs = [Location.parse(p) for p in inputs]
         self.fingerprint = fingerprint
+        #: the pairing this run records (one output of ``pack --holdout``), or None
+        self.pairing = pairing
+        #: the manifest of the finished pack found at entry (None: none), once decided
+        self.previous: Manifest | None = None
         self.overwrite = overwrite
         self.complete = False
         self.resume = False
@@ -371,8 +382,12 @@ class Output:
             m = read_manifest(self.path)
         except ManifestError:
             return None, False
+        # a pairing recorded with another held-out or training output (``--holdout-output``
+        # changed): the same rows, but not this run's pair (an output packed before pairings
+        # were recorded is taken as it is)
         ours = m.fingerprint == self.fingerprint and all(
-            s.file in found and found[s.file].size == s.bytes for s in m.shards)
+            s.file in found and found[s.file].size == s.bytes for s in m.shards) and (
+            m.holdout_pair is None or m.holdout_pair == self.pairing)
         return m, ours
 
     def _complete_as_found(self) -> bool:
@@ -402,6 +417,7 @@ class Output:
         found = {n: e for n, e in out.listdir().items() if n != LOCK_NAME}
         m, ours = self._manifest_of(found)
         self._found_finished = m is not None
+        self.previous = m
         if m is not None:
             if m.fingerprint == self.fingerprint and not ours:
                 self.overwrite = True  # this very pack, damaged since: ours to redo

@@ -9,7 +9,8 @@ import signal
 import numpy as np
 import pytest
 
-from packcheck import check_output, hash_tree, invoke, paused_pack, read_output, write_docs
+from packcheck import (check_output, hash_pack, hash_tree, invoke, paused_pack, read_output,
+                       write_docs)
 from packtool.core.holdout import count_held_out, drop_documents, holdout_mask
 from packtool.errors import ManifestError
 from packtool.formats.manifest import read_manifest
@@ -405,7 +406,7 @@ def test_an_overwrite_stopped_between_its_two_packs_never_pairs_new_and_old_rows
     ref, ref_held = tmp_path / "ref", tmp_path / "ref-held"
     assert invoke(["pack", "-q", *base[:-1], ref_held, "--seed", 2, src, ref]).exit_code == 0
     with paused_pack(src, out, "holdout", again, stop=getattr(signal, stop)) as proc:
-        assert hash_tree(out) == hash_tree(ref)  # the new training output is finished
+        assert hash_pack(out) == hash_pack(ref)  # the new training output is finished
         with pytest.raises(ManifestError, match="a packtool pack is writing it now"):
             read_manifest(held)
     if stop == "SIGINT":
@@ -415,7 +416,7 @@ def test_an_overwrite_stopped_between_its_two_packs_never_pairs_new_and_old_rows
     with pytest.raises(ManifestError, match="an interrupted pack: rerun"):
         read_manifest(held)
     assert invoke(["pack", "-q", *again, src, out]).exit_code == 0
-    assert hash_tree(out) == hash_tree(ref) and hash_tree(held) == hash_tree(ref_held)
+    assert hash_pack(out) == hash_pack(ref) and hash_pack(held) == hash_pack(ref_held)
     assert not _doc_ids(out) & _doc_ids(held)
 
 
@@ -511,3 +512,79 @@ def test_a_pack_into_the_working_folder_holds_out_beside_it(tmp_path, monkeypatc
     assert held.options["holdout_part"] == "holdout"
     assert read_manifest(tmp_path / "dotout").totals.docs_other_split == held.totals.docs_in - \
         held.totals.docs_other_split
+
+
+def _stale_lines(output: str) -> list[str]:
+    return [ln for ln in output.splitlines() if "stale held-out output" in ln]
+
+
+@pytest.mark.parametrize("repack", [
+    ["--overwrite"],  # --holdout dropped
+    ["--overwrite", "--holdout", 0.4, "--holdout-output", "{other}"],  # another fraction, place
+    ["--holdout", 0.3, "--holdout-output", "{other}"],  # the same split, written elsewhere
+], ids=["without holdout", "other fraction and place", "other place"])
+def test_a_held_out_output_a_repack_no_longer_writes_is_said_stale(tmp_path, repack):
+    """pack --holdout, then a repack of OUTPUT that does not write the held-out output again:
+    the repack warns in one line naming it and the fix, and stats, export and the loader of
+    it warn that it is stale (its documents may be training rows now); the outputs of the new
+    pack are not warned of, nor the pair before the repack."""
+    from packtool.loader.source import open_source
+
+    src = write_docs(tmp_path / "in" / "a.parquet", _docs(80))
+    out, held, other = tmp_path / "q", tmp_path / "q-holdout", tmp_path / "elsewhere"
+    assert invoke(["pack", "-q", "-c", 32, "--holdout", 0.3, src, out]).exit_code == 0
+    for cmd in (["stats", held], ["export", "--to", "nemo", held, tmp_path / "n0"]):
+        res = invoke(cmd)
+        assert res.exit_code == 0 and not _stale_lines(res.output), res.output
+    args = [str(a).format(other=other) for a in repack]
+    res = invoke(["pack", "-q", "-c", 32, *args, src, out])
+    assert res.exit_code == 0, res.output
+    assert _stale_lines(res.output) == [
+        f"WARNING: {held}: stale held-out output: the previous pack of {out} held these "
+        "documents out, this pack does not write it, so they may be among the training rows; "
+        "remove it"], res.output
+    said = (f"{held}: stale held-out output: its training output {out} was packed again "
+            "without it")
+    res = invoke(["stats", held])
+    assert res.exit_code == 0 and len(_stale_lines(res.output)) == 1, res.output
+    assert said in res.output
+    res = invoke(["export", "--to", "nemo", held, tmp_path / "n1"])
+    assert res.exit_code == 0 and said in res.output, res.output
+    with pytest.warns(UserWarning, match="stale held-out output"):
+        open_source(held, None)[0].close()
+    if "--holdout-output" in args:  # the new pair is not stale
+        res = invoke(["stats", other])
+        assert res.exit_code == 0 and not _stale_lines(res.output), res.output
+    res = invoke(["pack", "-q", "-c", 32, *args, src, out])  # a rerun: nothing to say again
+    assert res.exit_code == 0 and not _stale_lines(res.output), res.output
+
+
+def test_outputs_packed_before_pairings_were_recorded_are_read_as_before(tmp_path):
+    """A --holdout pair whose manifests carry no holdout_pair (an older packtool): no stale
+    warning when read or when OUTPUT is packed again without --holdout, and a rerun of the same
+    command is still a no-op; a manifest carrying one reads it back."""
+    from packtool.formats.manifest import (HoldoutPairing, MANIFEST_NAME, Manifest,
+                                           manifest_bytes, read_manifest_and_schema)
+
+    src = write_docs(tmp_path / "in" / "a.parquet", _docs(60))
+    out, held = tmp_path / "q", tmp_path / "q-holdout"
+    args = ["pack", "-q", "-c", 32, "--holdout", 0.3, src, out]
+    assert invoke(args).exit_code == 0
+    m, _ = read_manifest_and_schema(held)
+    assert isinstance(m.holdout_pair, HoldoutPairing)
+    assert Manifest.from_dict(m.to_dict()) == m
+    for o in (out, held):  # as an older packtool wrote them
+        m, schema = read_manifest_and_schema(o)
+        d = m.to_dict()
+        del d["holdout_pair"]
+        (o / MANIFEST_NAME).write_bytes(manifest_bytes(Manifest.from_dict(d), schema))
+        assert read_manifest(o).holdout_pair is None
+    res = invoke(["pack", "-c", 32, "--holdout", 0.3, src, out])
+    assert res.exit_code == 0 and "already holds this pack" in res.output, res.output
+    assert read_manifest(out).holdout_pair is None
+    res = invoke(["stats", held])
+    assert res.exit_code == 0 and not _stale_lines(res.output), res.output
+    res = invoke(["pack", "-q", "-c", 32, "--overwrite", src, out])
+    assert res.exit_code == 0 and not _stale_lines(res.output), res.output
+    res = invoke(["stats", held])
+    assert res.exit_code == 0 and not _stale_lines(res.output), res.output

@@ -28,6 +28,16 @@ version: every packtool reading version 4 takes the keys it knows from the manif
 the others (:meth:`Manifest.from_dict`; ``upgrade`` rewrites only versions 2 and 3, which never
 hold it), so an older packtool reads such an output as before, without the record.
 
+**Which held-out output pairs with which.** The two outputs of ``pack --holdout`` record
+their pairing (:attr:`Manifest.holdout_pair`, a :class:`HoldoutPairing`; JSON
+``holdout_pair``, written only when set): an id both carry and where the other one is. A
+repack of OUTPUT that no longer writes the held-out output its previous manifest named warns
+that this output is stale, and ``stats``, ``export`` and the loader warn when they read a
+held-out output whose training output no longer pairs with it (:func:`stale_holdout`): its
+documents may then be among the training rows. Like ``tokenized`` it is an optional key of
+version 4, not a new version; outputs without it (packed before it was recorded) are read as
+before, with no pairing asked of them.
+
 **Format versions.** 4 (this one): the totals' ``tokens_dropped`` counts every token read and
 not written, the tails ``--overflow truncate`` cut included (``tokens_truncated`` is that part;
 :data:`packtool.stats.COUNTS_REVISION` 2); shards as version 3. 3: shards carry Parquet page
@@ -72,6 +82,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import shlex
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
@@ -94,7 +105,8 @@ __all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NA
            "run_words",
            "SHARD_GLOB", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry",
            "InputEntry", "LabelsInfo", "WindowEntry", "Windowing", "TokenizerInfo", "Tokenization",
-           "TOKENIZATION_FACTS", "PACKED_KIND", "TOKENIZED_KIND",
+           "TOKENIZATION_FACTS", "PACKED_KIND", "TOKENIZED_KIND", "HoldoutPairing",
+           "stale_holdout", "dropped_holdout",
            "KINDS",
            "require_packed", "manifest_bytes", "publish_manifest",
            "read_manifest", "read_manifest_and_schema", "load_manifest", "check_shards",
@@ -472,6 +484,85 @@ class Tokenization:
         return out
 
 
+@dataclass(frozen=True)
+class HoldoutPairing:
+    """How one of the two outputs of ``pack --holdout`` names the other (its manifest's
+    ``holdout_pair``; which of the two it is, its options' ``holdout_part`` say).
+
+    Attributes:
+        pair: the id both outputs of one pair carry (:meth:`of_pack`: decided by both
+            fingerprints, so a rerun of the same command, resumed or not, writes the same id,
+            and a pack of other inputs or options another).
+        partner: where the other output is: a local path relative to this output's directory
+            (``../out-holdout``: the pair may be moved together), or a store URI without its
+            options and credentials.
+    """
+
+    pair: str
+    partner: str
+
+    @classmethod
+    def of_pack(cls, train, train_fp: str, held, held_fp: str
+                ) -> "tuple[HoldoutPairing, HoldoutPairing]":
+        """The pairings of the training output ``train`` (fingerprint ``train_fp``) and the
+        held-out output ``held`` (``held_fp``), in that order (paths or URIs)."""
+        a, b = Location.parse(train), Location.parse(held)
+        pair = hashlib.sha256(json.dumps([train_fp, held_fp]).encode()).hexdigest()[:24]
+        return cls(pair, _relative(b, a)), cls(pair, _relative(a, b))
+
+    def partner_of(self, here) -> Location:
+        """The partner's location, for the output at ``here`` (a path or URI) that records
+        this pairing: a relative partner is taken from ``here`` (a store's credentials and
+        options with it), an absolute one as it is (a store URI with ``here``'s options)."""
+        loc = Location.parse(here)
+        if "://" in self.partner or os.path.isabs(self.partner):
+            other = Location.parse(self.partner)
+            return other if other.is_local or loc.is_local else \
+                type(other)(other.scheme, other.key, loc.query)
+        if loc.is_local:
+            return Location.parse(os.path.normpath(os.path.join(loc.path, self.partner)))
+        key = posixpath.normpath(posixpath.join(loc.key, self.partner))
+        return type(loc)(loc.scheme, key, loc.query)
+
+    def names(self, here, other) -> bool:
+        """True when this pairing, recorded by the output at ``here``, names ``other``."""
+        return _place(self.partner_of(here)) == _place(Location.parse(other))
+
+    def to_dict(self) -> dict:
+        return {"pair": self.pair, "partner": self.partner}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "HoldoutPairing":
+        """The record of its JSON form.
+
+        Raises:
+            KeyError, TypeError: not an object with ``pair`` and ``partner``.
+        """
+        if not isinstance(d, Mapping):
+            raise TypeError(f"holdout_pair: a JSON object, not {type(d).__name__}")
+        return cls(str(d["pair"]), str(d["partner"]))
+
+
+def _place(loc: Location) -> tuple:
+    """A value equal for two names of one local folder (links followed) or one store prefix
+    (its credentials and options aside)."""
+    return (("local", loc.path.resolve().as_posix()) if loc.is_local else
+            ("store", loc.display.partition("?")[0]))
+
+
+def _relative(target: Location, base: Location) -> str:
+    """``target`` as a partner recorded by the output at ``base``: relative for two local
+    paths, or two prefixes of one bucket (never a credential), else the store URI without
+    credentials or options."""
+    if target.is_local and base.is_local:
+        return os.path.relpath(target.path.resolve(), base.path.resolve())
+    a, b = _place(target)[1], _place(base)[1]
+    if not (target.is_local or base.is_local) and target.scheme == base.scheme \
+            and a.split("/")[:3] == b.split("/")[:3]:  # scheme://bucket
+        return posixpath.relpath(a, b)
+    return a if not target.is_local else str(target.path.resolve())
+
+
 @dataclass(frozen=True, kw_only=True)
 class Manifest:
     """The typed manifest of a packed output (see the module docstring).
@@ -499,6 +590,9 @@ class Manifest:
             tokenizer, the BOS/EOS ids tokenize added: :class:`Tokenization`); None for any
             other pack (and a tokenized output, whose options say it), and for one written
             before it was recorded.
+        holdout_pair: one of the two outputs of ``pack --holdout``: its pairing with the other
+            (:class:`HoldoutPairing`); None for any other output, and for one packed before
+            pairings were recorded.
 
     Raises:
         ValueError: an unknown kind, a packed manifest without a labels fact,
@@ -521,6 +615,7 @@ class Manifest:
     source_column: str | None = None
     source_values: tuple = ()
     tokenized: Tokenization | None = None
+    holdout_pair: HoldoutPairing | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -582,8 +677,8 @@ class Manifest:
 
     def to_dict(self) -> dict:
         """The JSON form written in the manifest file (:data:`FORMAT_VERSION`; ``kind`` only when it is
-        not ``packed``; a tokenized output has no ``capacity`` or ``labels``; ``sources`` and
-        ``tokenized`` only when set)."""
+        not ``packed``; a tokenized output has no ``capacity`` or ``labels``; ``sources``,
+        ``tokenized`` and ``holdout_pair`` only when set)."""
         d = {"format_version": FORMAT_VERSION, "packtool_version": self.packtool_version,
              "fingerprint": self.fingerprint, "options": dict(self.options),
              "inputs": [{"path": i.path, "rows": i.rows, "bytes": i.bytes} for i in self.inputs],
@@ -606,6 +701,8 @@ class Manifest:
             d["sources"] = {"column": self.source_column, "values": list(self.source_values)}
         if self.tokenized is not None:
             d["tokenized"] = self.tokenized.to_dict()
+        if self.holdout_pair is not None:
+            d["holdout_pair"] = self.holdout_pair.to_dict()
         return d
 
     @classmethod
@@ -674,7 +771,10 @@ class Manifest:
                        source_values=values,
                        tokenized=(Tokenization.from_dict(d["tokenized"])
                                   if kind == PACKED_KIND and d.get("tokenized")
-                                  else None))
+                                  else None),
+                       holdout_pair=(HoldoutPairing.from_dict(d["holdout_pair"])
+                                     if kind == PACKED_KIND and d.get("holdout_pair")
+                                     else None))
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"{where}: malformed manifest ({exc_line(exc)}); "
                                 "rerun the same packtool pack with --overwrite") from None
@@ -1138,6 +1238,61 @@ def read_manifest(output) -> Manifest:
         ManifestError: as :func:`read_manifest_and_schema`.
     """
     return read_manifest_and_schema(output)[0]
+
+
+def stale_holdout(manifest: Manifest, where) -> str | None:
+    """The warning for reading the held-out output of ``pack --holdout`` at ``where`` (a path
+    or URI; ``manifest``: its manifest) whose training output no longer pairs with it: that
+    output has no readable manifest, or its manifest records no pairing with this one (it was
+    packed again without ``--holdout``, with another fraction or seed, or with another
+    ``--holdout-output``). Its documents may then be among the training rows. None for any
+    other output, for a held-out output still paired, and for one packed before pairings were
+    recorded (nothing to check). Reads one manifest.
+    """
+    paired = manifest.holdout_pair
+    if paired is None or manifest.options.get("holdout_part") != "holdout":
+        return None
+    here = Location.parse(where)
+    train = paired.partner_of(here)
+    try:
+        other = read_manifest(train)
+    except PacktoolError:
+        other = None
+    theirs = other.holdout_pair if other is not None else None
+    if (theirs is not None and theirs.pair == paired.pair
+            and other.options.get("holdout_part") == "train" and theirs.names(train, here)):
+        return None
+    why = ("has no readable manifest now" if other is None else
+           "was packed again without it (its manifest pairs it with no held-out output or "
+           "with another)")
+    return (f"{here.display}: stale held-out output: its training output {train.display} {why}, "
+            "so its documents may be among the training rows; remove it, or pack again with "
+            "--holdout to make a new pair")
+
+
+def dropped_holdout(previous: Manifest | None, where, pairing: HoldoutPairing | None
+                    ) -> str | None:
+    """The warning of a pack that replaced, at OUTPUT ``where`` (a path or URI), the training
+    output of a ``pack --holdout`` (``previous``: the manifest it found there) without writing
+    the held-out output that manifest named (``pairing``: the pairing this pack records, None
+    without ``--holdout``): that output, still there, is stale (its documents may be among the
+    new training rows). None when nothing was replaced, the previous pack recorded no pairing,
+    this pack writes the same held-out output, or that output is gone."""
+    old = previous.holdout_pair if previous is not None else None
+    if old is None or previous.options.get("holdout_part") != "train":
+        return None
+    held = old.partner_of(where)
+    if pairing is not None and pairing.names(where, held):
+        return None
+    try:
+        if output_mark(held) is None:
+            return None
+    except (OSError, pa.ArrowException) as exc:
+        raise_if_shortage(exc)
+        return None
+    return (f"{held.display}: stale held-out output: the previous pack of "
+            f"{Location.parse(where).display} held these documents out, this pack does not "
+            "write it, so they may be among the training rows; remove it")
 
 
 def require_packed(manifest: Manifest, where) -> Manifest:

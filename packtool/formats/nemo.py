@@ -60,7 +60,7 @@ from filelock import FileLock, Timeout
 
 from packtool._version import __version__
 from packtool.errors import OutputError, PacktoolError, shortage_error
-from packtool.formats.manifest import output_around, output_words
+from packtool.formats.manifest import output_around, output_words, stale_holdout
 from packtool.location import Location, make_dirs, remove_made
 from packtool.signals import check, hold, interruptible, test_pause
 from packtool.types import IGNORE_INDEX
@@ -477,7 +477,8 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
     Returns:
         :class:`NemoExport`; its ``warnings`` are those ``packtool stats`` gives for
         ``out_dir`` (:func:`export_warnings`: an output of 0 rows is exported, a file of no
-        row and its entry, and said so), then the EOS line; its ``notes`` say a
+        row and its entry, and said so; a held-out output its training output no longer pairs
+        with is stale: :func:`~packtool.formats.manifest.stale_holdout`), then the EOS line; its ``notes`` say a
         ``--segment-multiple`` layout is not kept (:func:`export_notes`).
 
     Raises:
@@ -515,8 +516,10 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
                            rows_per_group, source, None if eos is None else int(eos))
         finally:
             blocks.close()
+    stale = stale_holdout(manifest, out_dir)  # a held-out output left unpaired
     return dataclasses.replace(
-        done, warnings=tuple(export_warnings(manifest, where) + eos_warnings(manifest, done)),
+        done, warnings=tuple(export_warnings(manifest, where) + ([stale] if stale else [])
+                             + eos_warnings(manifest, done)),
         notes=tuple(export_notes(manifest)))
 
 

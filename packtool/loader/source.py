@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["check_label_masks", "check_rows_add_up", "open_source"]
+__all__ = ["check_label_masks", "check_rows_add_up", "open_source", "warn_if_stale"]
 
 
 def open_source(path, labels: str | None, *, max_open_files: int = 64,
@@ -25,6 +25,10 @@ def open_source(path, labels: str | None, *, max_open_files: int = 64,
         cache_dir, cache_limit: a :class:`~packtool.formats.cache.ShardCache` for a store output
             (both or neither).
         integrity: as :meth:`~packtool.formats.packed.PackedOutput.open`.
+
+    Warns:
+        UserWarning: a held-out output of ``pack --holdout`` that its training output no
+            longer pairs with (:func:`warn_if_stale`).
 
     Raises:
         ManifestError: not a complete packed output, a shard that differs from its manifest,
@@ -47,7 +51,22 @@ def open_source(path, labels: str | None, *, max_open_files: int = 64,
         cache = ShardCache(cache_dir, cache_limit)
     out = PackedOutput.open(path, integrity=integrity, cache=cache, max_open_files=max_open_files)
     check_rows_add_up(out)
+    warn_if_stale(out)
     return out, labels or out.labels.convention
+
+
+def warn_if_stale(output) -> None:
+    """Warn (``UserWarning``) when ``output`` (a
+    :class:`~packtool.formats.packed.PackedOutput`) is a held-out output of ``pack --holdout``
+    that its training output no longer pairs with: its documents may be among the training
+    rows (:func:`~packtool.formats.manifest.stale_holdout`; reads one manifest)."""
+    import warnings
+
+    from packtool.formats.manifest import stale_holdout
+
+    said = stale_holdout(output.manifest, output.location)
+    if said:
+        warnings.warn(said, stacklevel=3)
 
 
 def check_rows_add_up(output) -> None:

@@ -46,8 +46,9 @@ from packtool._version import __version__
 from packtool.config import PackConfig
 from packtool.engines import make_engine
 from packtool.errors import InputError, shortage_error
-from packtool.formats.manifest import (FORMAT_VERSION, InputEntry, LabelsInfo, Manifest,
-                                       Tokenization, WindowEntry, Windowing, shard_name)
+from packtool.formats.manifest import (FORMAT_VERSION, HoldoutPairing, InputEntry,
+                                       LabelsInfo, Manifest, Tokenization, WindowEntry,
+                                       Windowing, dropped_holdout, shard_name)
 from packtool.formats.reader import discover_inputs
 from packtool.location import Location, display
 from packtool.formats.schema import labels_convention, packed_schema
@@ -152,13 +153,17 @@ class _Run:
     tokenized: Tokenization | None = None
     #: the pack's warning that the inputs hold the ids of different tokenizers, or None
     tokenizers_note: str | None = None
+    #: one output of ``pack --holdout``: its pairing with the other (set by
+    #: :mod:`packtool.pipeline.holdout`), None otherwise
+    pairing: HoldoutPairing | None = None
 
     def output(self) -> Output:
         """OUTPUT of this pack, not entered yet (entering it runs every check on OUTPUT)."""
         cfg = self.cfg
         return Output(cfg.output, cfg.inputs, self.fp, overwrite=cfg.overwrite,
                       options=cfg.layout_options(),
-                      role="--holdout-output" if cfg.holdout_part == "holdout" else "OUTPUT")
+                      role="--holdout-output" if cfg.holdout_part == "holdout" else "OUTPUT",
+                      pairing=self.pairing)
 
 
 def _prepare(cfg: PackConfig) -> _Run:
@@ -295,7 +300,7 @@ def _run(run: _Run, out: Output, show: bool, t0: float) -> PackResult:
         return PackResult(m.totals, m, time.perf_counter() - t0, len(m.shards), True,
                           said + _warnings(run.cfg, m.totals))
     done = _pack(run.cfg, run.files, run.parts, run.windows, run.fp, out, show, t0,
-                 run.tokenized)
+                 run.tokenized, run.pairing)
     return dataclasses.replace(done, warnings=said + done.warnings)
 
 
@@ -392,7 +397,8 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
 
 def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: str,
           out: Output, show: bool, t0: float,
-          tokenized: Tokenization | None = None) -> PackResult:
+          tokenized: Tokenization | None = None,
+          pairing: HoldoutPairing | None = None) -> PackResult:
     """The phases of :func:`run_pack` inside OUTPUT."""
     est_tokens = sum(p.tokens for p in parts) + (sum(p.docs for p in parts)
                                                    if cfg.append_eos is not None else 0)
@@ -496,12 +502,16 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
         shards=tuple(outputs), totals=total,
         windows=tuple(_window_record(w, i) for w, i in enumerate(infos)) if windowed else (),
         windowing=Windowing(windows.count, windows.block) if windowed else None,
-        source_column=cfg.source_column, source_values=source_values, tokenized=tokenized)
+        source_column=cfg.source_column, source_values=source_values, tokenized=tokenized,
+        holdout_pair=pairing)
     out.commit(manifest, packed_schema(cfg.capacity, labels_mode, cfg.segment_multiple,
                                        sources=cfg.source_column is not None))
     notes = _warnings(cfg, total) + ([space_note] if space_note else [])
     if out.replaced:
         notes.insert(0, f"OUTPUT held {out.replaced}: replaced by this pack")
+    stale = dropped_holdout(out.previous, out.path, pairing)
+    if stale:
+        notes.insert(0, stale)
     return PackResult(total, manifest, time.perf_counter() - t0, reused, False,
                       notes, windows_reused=sum(i.reused for i in infos),
                       parts_reused=sum(i.reused for i in pinfos),

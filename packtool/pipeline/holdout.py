@@ -13,7 +13,10 @@ written stops the run before the training pack begins, and nothing is written to
 finished held-out pack that the run replaces goes (its manifest first) when the training pack
 begins writing (:meth:`packtool.output.Output.tie`): the new training rows are never readable
 beside the held-out rows of another run. ``doc_ids`` keep the global document index in both,
-so the two outputs never share a document.
+so the two outputs never share a document. Both manifests record their pairing
+(:class:`~packtool.formats.manifest.HoldoutPairing`: an id both carry and where the other is),
+so a held-out output that a later pack of OUTPUT does not write again is said to be stale: by
+that pack, and by every reader of it (:func:`~packtool.formats.manifest.stale_holdout`).
 
 The cost is a second read of the input (the held-out pack reads and validates every document to
 find its few); the plan and the writes of each pack cover only its own documents.
@@ -27,6 +30,7 @@ import time
 
 from packtool.core.holdout import count_held_out
 from packtool.errors import InputError
+from packtool.formats.manifest import HoldoutPairing
 from packtool.formats.reader import discover_inputs
 from packtool.pipeline.read import file_rows, plan_reads
 from packtool.signals import interruptible, stop_now, test_pause
@@ -71,6 +75,11 @@ def run_holdout(cfg, prepare, run, interrupted, *, progress: bool = True):
     t0 = time.perf_counter()
     train = prepare(dataclasses.replace(cfg, holdout_part="train"))
     held = prepare(dataclasses.replace(cfg, output=cfg.holdout_output, holdout_part="holdout"))
+    # each manifest names the other and an id both carry: a held-out output that a later
+    # pack of OUTPUT no longer pairs with is then told stale by its readers
+    pairs = HoldoutPairing.of_pack(cfg.output, train.fp, cfg.holdout_output, held.fp)
+    train = dataclasses.replace(train, pairing=pairs[0])
+    held = dataclasses.replace(held, pairing=pairs[1])
     out = held_out = None
     try:
         # the held-out output is entered (checked, locked) first and held while the training

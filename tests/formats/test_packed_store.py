@@ -213,6 +213,22 @@ def test_credentials_before_the_bucket_write_a_store_output_and_are_never_printe
         res = invoke(["pack", "-c", 16, *args])
         assert res.exit_code == 0, res.output
         assert "testing:testing" not in res.output and f"{bucket}/o" in res.output, res.output
+    # the pair in the store names each other (no credentials written), and a repack of its
+    # OUTPUT without --holdout makes the held-out output stale, said by pack and by stats
+    held = f"s3://testing:testing@{bucket}/o3-holdout?{opts}"
+    res = invoke(["stats", held])
+    assert res.exit_code == 0 and "stale" not in res.output, res.output
+    from packtool.formats.manifest import read_manifest
+
+    assert "testing:testing" not in json.dumps(read_manifest(held).holdout_pair.to_dict())
+    res = invoke(["pack", "-q", "-c", 16, "--overwrite", src,
+                  f"s3://testing:testing@{bucket}/o3?{opts}"])
+    assert res.exit_code == 0 and f"{bucket}/o3-holdout?{opts}: stale held-out output" in res.output, \
+        res.output
+    res = invoke(["stats", held])
+    assert res.exit_code == 0 and f"{bucket}/o3-holdout?{opts}: stale held-out output" in res.output, \
+        res.output
+    assert "testing:testing" not in res.output
 
 
 # -- the local cache ------------------------------------------------------------------------------
