@@ -224,6 +224,8 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                   for i, v in enumerate(table) if by_src[1, i]]  # the sources in these rows
     multiple = int(reader.manifest.options.get("segment_multiple", 1))
     stale = stale_holdout(reader.manifest, reader.location)  # a held-out output left unpaired
+    tok = reader.manifest.tokenized  # ids the pack wrote outside its tokenizer's vocabulary
+    vocab = tok.vocabulary_warnings(reader.manifest.options, repack=True) if tok else []
     return PackedAnalysis(reader.location.display, stats, totals, mismatches, hist, fill_counts,
                           recount.seg_counts, recount.bins, recount.documents,
                           per_bin_limit if per_bin else None,
@@ -233,7 +235,7 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                           source_column=reader.manifest.source_column,
                           per_source=per_source, sources_in_table=len(table),
                           per_bin_asked=per_bin,
-                          warnings=stats.output_warnings(reader.manifest.options) + (
+                          warnings=stats.output_warnings(reader.manifest.options) + vocab + (
                               [stale] if stale else []),
                           tokenized=reader.manifest.tokenized)
 

@@ -1531,3 +1531,60 @@ def test_tokenize_into_a_folder_inside_a_pack_being_written_is_refused(tmp_path,
         assert res.output.strip() == (f"Error: {out / 'tok'}: OUTPUT is inside the packtool "
                                       f"output {out.resolve()}; choose a location outside it")
         assert not (out / "tok").exists()
+
+
+def test_a_pack_id_outside_the_recorded_vocabulary_is_warned_by_pack_stats_export_and_api(
+        tmp_path, hf_tokenizer):
+    """pack --pad-id / --append-eos / --prepend-bos of an id >= V, the vocabulary of the
+    tokenizer the inputs were tokenized with (recorded by tokenize), packed silently: padding
+    and boundaries feed that id to the embedding (IndexError on CPU, a device assert on a
+    GPU). Each such id is now one WARNING line of pack (rc 0: a model's embedding may be
+    larger than the tokenizer), of stats and of export, naming V and the fix; an id below V,
+    or inputs with no recorded tokenizer, say nothing."""
+    import warnings
+
+    import packtool
+    from packtool.errors import PackWarning
+
+    v = tokenizers.Tokenizer.from_file(str(hf_tokenizer)).get_vocab_size(with_added_tokens=True)
+    eos = tokenizers.Tokenizer.from_file(str(hf_tokenizer)).token_to_id("</s>")
+    tok = _tokenized(write_jsonl(tmp_path / "t.jsonl", TEXTS[:10]), tmp_path / "tok",
+                     hf_tokenizer, "--append-eos", "</s>")
+
+    def vocab_lines(text):
+        return [ln for ln in text.splitlines() if "outside the vocabulary" in ln]
+
+    res = invoke(["pack", "-q", "-c", 64, "--pad-id", v, "--prepend-bos", v + 7,
+                  "--append-eos", eos, tok, tmp_path / "out"])
+    assert res.exit_code == 0, res.output
+    pad, bos = vocab_lines(res.stderr)
+    assert pad == (f"WARNING: --pad-id {v} is outside the vocabulary of tokenizer.json ({v} ids: "
+                   f"0..{v - 1}) the inputs were tokenized with: every padded position holds "
+                   f"id {v}, which fails at the model's embedding unless it has more than {v} "
+                   f"rows; pack with --pad-id <an id below {v}, e.g. the EOS id {eos}>")
+    assert bos.startswith(f"WARNING: --prepend-bos {v + 7} is outside the vocabulary")
+    res = invoke(["stats", "--no-hash", tmp_path / "out"])
+    assert res.exit_code == 0
+    lines = vocab_lines(res.stderr)
+    assert [ln.split(" is ")[0] for ln in lines] == [f"WARNING: --pad-id {v}",
+                                                     f"WARNING: --prepend-bos {v + 7}"]
+    assert all(ln.endswith("and --overwrite") for ln in lines)
+    got = json.loads(invoke(["stats", "--json", "--no-hash", tmp_path / "out"]).stdout)
+    assert len(vocab_lines("\n".join(got["warnings"]))) == 2
+    res = invoke(["export", "--to", "nemo", tmp_path / "out", tmp_path / "nemo.npy"])
+    assert len(vocab_lines(res.stderr)) == 2, res.output
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        packtool.pack([str(tok)], str(tmp_path / "api"), capacity=64, pad_id=v + 1,
+                      progress=False)
+    said = [str(w.message) for w in caught if issubclass(w.category, PackWarning)]
+    assert any(f"pad_id={v + 1} is outside the vocabulary" in s for s in said), said
+    # inside the vocabulary, or no tokenizer recorded (plain Parquet): nothing to say
+    res = invoke(["pack", "-q", "-c", 64, "--pad-id", v - 1, tok, tmp_path / "inside"])
+    assert res.exit_code == 0 and not vocab_lines(res.stderr)
+    assert not vocab_lines(invoke(["stats", "--no-hash", tmp_path / "inside"]).stderr)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    pq.write_table(pq.read_table(tok).select(["input_ids"]), plain / "d.parquet")
+    res = invoke(["pack", "-q", "-c", 64, "--pad-id", v, plain, tmp_path / "from-plain"])
+    assert res.exit_code == 0 and not vocab_lines(res.stderr)

@@ -468,6 +468,45 @@ class Tokenization:
                    None if d.get("prepend_bos") is None else int(d["prepend_bos"]),
                    differs=tuple(n for n in TOKENIZATION_FACTS if n not in d))
 
+    def vocabulary_warnings(self, options: Mapping, repack: bool = False) -> list[str]:
+        """One line for each id a pack wrote of its own that lies outside the recorded
+        vocabulary (0 .. ``vocab_size`` - 1): ``pad_id`` (every padded slot), ``append_eos``
+        and ``prepend_bos`` (a token of every document) of ``options`` (a packed manifest's
+        options, or ``PackConfig.layout_options()``). The documents' own ids come from the
+        recorded tokenizer, whose ids are all inside it, so these options are the only ids a
+        packed output can hold beyond it. Each such id is fed to the embedding and fails
+        there (IndexError, a device assert on a GPU) unless the model's embedding has more
+        rows than the tokenizer has ids, so it is warned of, not refused. Empty when the
+        vocabulary size is not recorded.
+
+        Args:
+            options: the ids by option name (``pad_id``, ``append_eos``, ``prepend_bos``;
+                None or absent: not given).
+            repack: word the fix for a finished output (``stats``): pack again with
+                ``--overwrite``.
+        """
+        v = self.tokenizer.vocab_size
+        if v is None:
+            return []
+        eos = self.append_eos if self.append_eos is not None and self.append_eos < v else None
+        example = f"the EOS id {eos}" if eos is not None else "the tokenizer's EOS id"
+        name = self.tokenizer.file or "the tokenizer"
+        again = " and --overwrite" if repack else ""
+        out = []
+        for key, flag, where in (("pad_id", "--pad-id", "every padded position"),
+                                 ("append_eos", "--append-eos", "the end of every document"),
+                                 ("prepend_bos", "--prepend-bos",
+                                  "the start of every document")):
+            value = options.get(key)
+            if value is None or 0 <= int(value) < v:
+                continue
+            out.append(f"{flag} {int(value)} is outside the vocabulary of {name} "
+                       f"({v:,} ids: 0..{v - 1}) the inputs were tokenized with: {where} holds "
+                       f"id {int(value)}, which fails at the model's embedding unless it has "
+                       f"more than {int(value)} rows; pack with {flag} <an id below {v:,}, "
+                       f"e.g. {example}>{again}")
+        return out
+
     def describe(self) -> list[tuple[str, str]]:
         """``(label, value)`` of each fact, for ``packtool stats``: the tokenizer
         (:meth:`TokenizerInfo.describe`), then the EOS and BOS ids (``id 2``; ``none`` when
@@ -636,6 +675,16 @@ class Manifest:
     def num_rows(self) -> int:
         """Rows over all shards."""
         return sum(s.rows for s in self.shards)
+
+    def output_warnings(self) -> list[str]:
+        """The loud lines a reader of this packed output prints (``stats``, ``export``): those
+        of its totals (:meth:`~packtool.stats.PackStats.output_warnings`), then each id its
+        pack wrote outside the recorded tokenizer's vocabulary
+        (:meth:`Tokenization.vocabulary_warnings`)."""
+        out = self.totals.output_warnings(self.options)
+        if self.tokenized is not None:
+            out += self.tokenized.vocabulary_warnings(self.options, repack=True)
+        return out
 
     @property
     def is_packed(self) -> bool:

@@ -203,10 +203,12 @@ def export_warnings(manifest, where: str) -> list[str]:
     """The loud lines an export of the packed output ``where`` (its ``manifest``) prints, as
     ``packtool stats`` prints them for it: an output of 0 rows exports a file of no sequence,
     said with the lines ``pack`` gave for it (what ``--overflow`` or ``--min-fill`` left out);
-    rows without one effective target, the no-targets line (a loss over them divides by 0)."""
+    rows without one effective target, the no-targets line (a loss over them divides by 0);
+    a padding or BOS/EOS id outside the recorded tokenizer's vocabulary
+    (:meth:`~packtool.formats.manifest.Manifest.output_warnings`)."""
     empty = [f"{where} holds 0 rows: the export holds no sequence to train on"] \
         if manifest.num_rows == 0 else []
-    return empty + manifest.totals.output_warnings(manifest.options)
+    return empty + manifest.output_warnings()
 
 
 def export_notes(manifest) -> list[str]:

@@ -99,11 +99,18 @@ def _window_record(w: int, info: WindowInfo) -> WindowEntry:
                        s.extra_rows)
 
 
-def _warnings(cfg: PackConfig, stats: PackStats) -> list[str]:
+def _warnings(cfg: PackConfig, stats: PackStats,
+              tokenized: Tokenization | None = None) -> list[str]:
     """The ``WARNING:`` lines of a pack: :meth:`PackStats.warnings` (``--overflow``,
-    ``--min-fill``), then :meth:`PackStats.no_targets_warning`."""
+    ``--min-fill``), then :meth:`PackStats.no_targets_warning`, then each of ``--pad-id``,
+    ``--append-eos`` and ``--prepend-bos`` outside the vocabulary of the tokenizer the inputs
+    were tokenized with (:meth:`Tokenization.vocabulary_warnings`; ``tokenized``: the record,
+    None when none)."""
     notes = stats.warnings(cfg.overflow, cfg.min_fill)
-    return notes + [w for w in (stats.no_targets_warning(),) if w]
+    notes += [w for w in (stats.no_targets_warning(),) if w]
+    if tokenized is not None:
+        notes += tokenized.vocabulary_warnings(cfg.layout_options())
+    return notes
 
 
 def _source_table(column: str | None, pinfos: list[PartInfo], files):
@@ -298,7 +305,7 @@ def _run(run: _Run, out: Output, show: bool, t0: float) -> PackResult:
     if out.complete:
         m = out.manifest
         return PackResult(m.totals, m, time.perf_counter() - t0, len(m.shards), True,
-                          said + _warnings(run.cfg, m.totals))
+                          said + _warnings(run.cfg, m.totals, run.tokenized))
     done = _pack(run.cfg, run.files, run.parts, run.windows, run.fp, out, show, t0,
                  run.tokenized, run.pairing)
     return dataclasses.replace(done, warnings=said + done.warnings)
@@ -506,7 +513,7 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
         holdout_pair=pairing)
     out.commit(manifest, packed_schema(cfg.capacity, labels_mode, cfg.segment_multiple,
                                        sources=cfg.source_column is not None))
-    notes = _warnings(cfg, total) + ([space_note] if space_note else [])
+    notes = _warnings(cfg, total, tokenized) + ([space_note] if space_note else [])
     if out.replaced:
         notes.insert(0, f"OUTPUT held {out.replaced}: replaced by this pack")
     stale = dropped_holdout(out.previous, out.path, pairing)
