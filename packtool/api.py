@@ -47,9 +47,10 @@ _FLAG = re.compile(r"(?<![\w./-])--[a-z][a-z0-9-]*")
 _QUOTED = re.compile("'[^']*'|\"[^\"]*\"")
 #: flags of the command line a Python caller has no keyword for, in words
 _NO_KEYWORD = {"--holdout-output": "the held-out output"}
-#: A value written after a flag: a repr, a number, a placeholder (NAME), or any word ending in
+#: A value written after a flag: a repr, a number, a placeholder (NAME), an object shown by its
+#: type (``<pandas.DataFrame>``, :func:`packtool.config.shown_value`), or any word ending in
 #: the ":" of ``--NAME VALUE: must be ...`` (``[8, 9]``, ``np.float64(8.0)``).
-_VALUE = re.compile(r"""\[[^\]]*\](?=:(?:\s|$))|\S+?(?=:(?:\s|$))|'[^']*'|"[^"]*"|-?\d[\w.+-]*"""
+_VALUE = re.compile(r"""\[[^\]]*\](?=:(?:\s|$))|<[^<>]*>(?=:(?:\s|$))|\S+?(?=:(?:\s|$))|'[^']*'|"[^"]*"|-?\d[\w.+-]*"""
                     r"|True\b|False\b|None\b|[A-Z][A-Z_]*\b")
 
 
@@ -204,7 +205,9 @@ def pack(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str | 
     Raises:
         ConfigError: an argument of the wrong type (a float, bool or string for an integer, a
             non-bool flag; :func:`packtool.config.option_value`) or out of range, named by its
-            keyword: ``pad_id=1.5: must be an integer, not float``.
+            keyword: ``pad_id=1.5: must be an integer, not float``; ``inputs`` that are not
+            paths (a Dataset, Table, DataFrame or token lists: the message names
+            :func:`pack_dataset`).
         LocationError: an INPUT or OUTPUT that names no location (an empty path, a ``file:``
             URI of another host or of no absolute path), before any work.
         InputError, SchemaError, PackingError, OutputError, EngineError: as ``packtool pack``;
@@ -220,6 +223,7 @@ def pack(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str | 
 
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
+    _require_paths(inputs)
     progress = option_value("progress", progress, "bool")
     cfg = _config(inputs, output, capacity=capacity, column=column, strategy=strategy,
                   overflow=overflow, segment_multiple=segment_multiple, labels=labels,
@@ -235,6 +239,32 @@ def pack(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str | 
     result = run_pack(cfg, progress=progress)
     _warn(result, pack)
     return result
+
+
+#: How a message says where documents in memory go.
+_IN_MEMORY = ("documents in memory (token lists, a datasets.Dataset, pyarrow.Table or "
+              "pandas DataFrame) are packed with packtool.pack_dataset(data, capacity=...)")
+
+
+def _require_paths(inputs) -> None:
+    """Refuse ``inputs`` of :func:`pack` that are not a list or tuple of paths: documents
+    handed over in memory (a Dataset, a Table, a DataFrame, token lists) belong to
+    :func:`pack_dataset`, which the one-line message names (the object by its type, never its
+    printed form).
+
+    Raises:
+        ConfigError: ``inputs`` is not a list or tuple, or an item of it is not a path.
+    """
+    from packtool.config import shown_value, type_name
+
+    if not isinstance(inputs, (list, tuple)):
+        raise ConfigError(f"inputs={shown_value(inputs)}: must be a path or a list of paths "
+                          f"(files, directories or URIs), not {type_name(inputs)}; "
+                          f"{_IN_MEMORY}")
+    for i, item in enumerate(inputs):
+        if not isinstance(item, (str, os.PathLike)):
+            raise ConfigError(f"inputs[{i}]={shown_value(item)}: must be a path (a file, "
+                              f"directory or URI), not {type_name(item)}; {_IN_MEMORY}")
 
 
 class _Owner:
@@ -290,6 +320,17 @@ def _as_documents(data):
 
 
 def _kind(data) -> str:
+    """What ``data`` (after :func:`_as_documents`) is to :func:`pack_dataset`: ``list``,
+    ``table``, ``DataFrame`` (pandas), ``columns`` (a mapping of column -> one value per row:
+    a ``dict``, what a tokenizer call returns), ``to_arrow`` (an object whose ``to_arrow()``
+    gives a ``pyarrow.Table``: a polars DataFrame) or the name of a ``datasets`` type.
+
+    Raises:
+        InputError: any other type (named with its package, with the conversion that fits).
+    """
+    from collections.abc import Mapping
+
+    from packtool.config import type_name
     from packtool.formats.inmemory import is_arrow_table
 
     if isinstance(data, list):
@@ -303,11 +344,56 @@ def _kind(data) -> str:
         name = type(data).__name__
         if name in ("Dataset", "IterableDataset", "DatasetDict", "IterableDatasetDict"):
             return name
+    if isinstance(data, Mapping):  # a DatasetDict is one too: named above
+        return "columns"
+    if callable(getattr(data, "to_arrow", None)):
+        return "to_arrow"
+    hint = "for files on disk use packtool.pack(INPUT, OUTPUT)"
+    if callable(getattr(data, "to_list", None)) or callable(getattr(data, "tolist", None)):
+        hint = ("a column of documents: pass its .to_list() (one list of ids per document); "
+                + hint)
     raise InputError(f"pack_dataset takes a datasets.Dataset, IterableDataset, DatasetDict, a "
-                     f"pyarrow.Table, a pandas DataFrame or Series, a list of token sequences "
-                     f"or a 2-D NumPy array, not "
-                     f"{type(data).__name__}; "
-                     "for files on disk use packtool.pack(INPUT, OUTPUT)")
+                     f"pyarrow.Table, a pandas or polars DataFrame, a pandas Series, a dict of "
+                     f"columns (what a tokenizer returns), a list of token sequences or a 2-D "
+                     f"NumPy array, not {type_name(data)}; {hint}")
+
+
+def _columns_table(data, column: str, batch_rows: int):
+    """The batches of a mapping of column -> one value per row (``dict``, a tokenizer's
+    ``BatchEncoding``; values lists, NumPy arrays or tensors), ``batch_rows`` rows at a time,
+    typed as the rows of a list of dicts (:func:`~packtool.formats.inmemory.tables_from_dicts`).
+
+    Raises:
+        InputError: no ``column`` key (the keys named), a value without a length, columns of
+            different lengths, or a token column of one document (ids, not lists of ids).
+    """
+    from packtool.config import shown_value, type_name
+    from packtool.formats.inmemory import tables_from_dicts
+
+    keys = [str(k) for k in data]
+    if column not in data:
+        raise InputError(f"the dict of columns has no column {column!r} (columns: "
+                         f"{shown_value(keys)}); pass column=NAME, or a list of token sequences")
+    sizes = {}
+    for k in data:
+        try:
+            sizes[k] = len(data[k])
+        except TypeError:
+            raise InputError(f"column {str(k)!r} of the dict of columns is of type "
+                             f"{type_name(data[k])}, not a list of one value per row") from None
+    if len(set(sizes.values())) > 1:
+        said = ", ".join(f"{str(k)!r} {n}" for k, n in sizes.items())
+        raise InputError(f"the dict of columns holds columns of different lengths ({said}); "
+                         "give one value per row in every column")
+    tokens = data[column]
+    first = tokens[0] if sizes[column] else None
+    if first is not None and not hasattr(first, "__len__") and hasattr(first, "__index__"):
+        raise InputError(f"column {column!r} of the dict of columns holds ids, one document "
+                         "(tokenizer(text) of one string); pass a list of documents "
+                         "(tokenizer(list_of_texts)), or wrap it: {" + repr(column) + ": [ids]}")
+    n = sizes[column]
+    return tables_from_dicts(({k: data[k][a:a + batch_rows] for k in data}
+                              for a in range(0, n, batch_rows)), column)
 
 
 def _read_columns(attention_mask, labels, loss_mask) -> list[str]:
@@ -333,6 +419,8 @@ def _batches(data, kind: str, column: str, batch_rows: int):
         return [table_from_list(data, column)]
     if kind == "table":
         return [data]
+    if kind == "columns":
+        return _columns_table(data, column, batch_rows)
     if kind == "DataFrame":
         from packtool.formats.inmemory import table_from_pandas
 
@@ -402,7 +490,10 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
             file of those rows; a stream's batches likewise), or
             a 2-D NumPy array of integer ids (one document per row, all of its width), or a
             1-D NumPy object array of documents (a pandas column's ``to_numpy()``), a
-            ``pandas.Series`` of documents, or a ``pandas.DataFrame`` (its columns). A
+            ``pandas.Series`` of documents, a ``pandas.DataFrame`` (its columns), a mapping
+            of column -> one value per row (a ``dict``; ``BatchEncoding``, what
+            ``tokenizer(list_of_texts)`` returns; lists, NumPy arrays or tensors), or an object
+            whose ``to_arrow()`` gives a ``pyarrow.Table`` (a ``polars.DataFrame``). A
             ``Dataset``'s format columns (``set_format(columns=...)``) are the only ones read. Mask
             columns (``attention_mask``, ``labels``, TRL's ``completion_mask`` and
             ``assistant_masks``, or the columns ``attention_mask_column``, ``labels_column`` and
@@ -434,9 +525,10 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
         ``num_targets``, ``doc_ids``, ``doc_offsets``, ``source_ids`` with ``source_column``):
         a ``datasets.Dataset`` (in memory), an ``IterableDataset`` (streamed from the packed
         output on disk), a ``DatasetDict`` of those, a ``pyarrow.Table`` (the shards' schema
-        and metadata), a ``pandas.DataFrame`` (list columns hold NumPy arrays), or a list of
+        and metadata), a ``pandas.DataFrame`` (list columns hold NumPy arrays), a list of
         dicts of Python values, one per row (for a list, tuple, NumPy array or pandas
-        Series).
+        Series), a dict of column -> list of Python values (for a mapping), or a
+        ``polars.DataFrame`` (for one; another ``to_arrow()`` object: a ``pyarrow.Table``).
 
         Labels convention (docs/labels.md): the ``labels`` column, when stored, is handed out
         as stored, never converted: ``unshifted`` (``labels[i]`` is token ``i`` or -100; the
@@ -451,7 +543,9 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
             before any document is read or directory made); ``holdout`` with a ``DatasetDict``.
         LocationError: ``output`` names no location (an empty path, a ``file:`` URI of another
             host or of no absolute path), before any document is read.
-        InputError, SchemaError: data that is not a supported type, no documents, a missing
+        InputError, SchemaError: data that is not a supported type (named with its package,
+            in one line), a mapping without ``column`` or of columns of different lengths,
+            no documents, a missing
             column (or one the dataset's format hides), token ids that are not integers (floats, bools, strings: refused as the CLI
             refuses a Parquet file of them, never cut), bad token ids or masks (the message
             names the row).
@@ -467,6 +561,9 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
 
     data = _as_documents(data)
     kind = _kind(data)
+    back = kind  # the type the rows are handed back as
+    if kind == "to_arrow":
+        data, kind, back = _via_arrow(data)
     batch_rows = option_value("batch_rows", batch_rows, "int", minimum=1)
     progress = option_value("progress", progress, "bool")
     options = dict(capacity=capacity, column=column, strategy=strategy, overflow=overflow,
@@ -522,11 +619,31 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
         _warn(result, pack_dataset)
         owner = _Owner(str(work), owned=True) if lazy else None
         outs = [cfg.output] + ([cfg.holdout_output] if result.holdout is not None else [])
-        packed = tuple(_result(o, kind, owner) for o in outs)
+        packed = tuple(_result(o, back, owner) for o in outs)
         done = True
     finally:
         shutil.rmtree(src if lazy and done else work, ignore_errors=True)
     return packed if holdout is not None else packed[0]
+
+
+def _via_arrow(data):
+    """``(table, "table", back)`` of an object whose ``to_arrow()`` gives its
+    ``pyarrow.Table`` (a polars DataFrame); ``back``: ``polars`` for a polars DataFrame (the rows
+    are handed back as one), else ``table``.
+
+    Raises:
+        InputError: ``to_arrow()`` gave no ``pyarrow.Table`` (a polars Series gives an array).
+    """
+    from packtool.config import type_name
+    from packtool.formats.inmemory import is_arrow_table
+
+    name = type_name(data)
+    table = data.to_arrow()
+    if not is_arrow_table(table):
+        raise InputError(f"pack_dataset takes a table of documents; {name}.to_arrow() gives "
+                         f"{type_name(table)}, not a pyarrow.Table; pass a DataFrame holding "
+                         "the token column, or .to_list() (one list of ids per document)")
+    return table, "table", "polars" if name == "polars.DataFrame" else "table"
 
 
 def _result(out: str, kind: str, owner: _Owner | None):
@@ -552,6 +669,12 @@ def _result(out: str, kind: str, owner: _Owner | None):
         return table.to_pylist()
     if kind == "table":
         return table
+    if kind == "columns":
+        return table.to_pydict()
+    if kind == "polars":
+        import polars
+
+        return polars.from_arrow(table)
     if kind == "DataFrame":
         from packtool.formats.inmemory import table_to_pandas
 

@@ -62,8 +62,35 @@ _TAKES = {
 }
 
 
+#: Characters of a value's repr a message shows at most; a longer repr, or one of several
+#: lines (a DataFrame, a Dataset, a Table), is shown as ``<package.Type>``.
+SHOWN_REPR_CHARS = 60
+
+
+def shown_value(value) -> str:
+    """``value`` as a one-line message shows it: its repr when that is one short line
+    (:data:`SHOWN_REPR_CHARS`; a string, path or number always, whole), else
+    ``<package.Type>`` (``<pandas.DataFrame>``, ``<list of 3 items>``), so no error spans
+    lines or quotes a whole object."""
+    r = repr(value)
+    if isinstance(value, (str, bytes, os.PathLike, numbers.Number)) or (
+            len(r) <= SHOWN_REPR_CHARS and "\n" not in r):
+        return r  # a name, a path or a number is shown whole, however long
+    if isinstance(value, (list, tuple)):
+        return f"<{type(value).__name__} of {len(value)} items>"
+    return f"<{type_name(value)}>"
+
+
+def type_name(value) -> str:
+    """The type of ``value`` with its top package (``pandas.DataFrame``, ``datasets.Dataset``,
+    ``polars.DataFrame``); a builtin type bare (``list``)."""
+    t = type(value)
+    top = (t.__module__ or "").split(".")[0]
+    return t.__name__ if top in ("", "builtins") else f"{top}.{t.__name__}"
+
+
 def _bad(name, value, why):
-    raise ConfigError(f"--{name.replace('_', '-')} {value!r}: {why}")
+    raise ConfigError(f"--{name.replace('_', '-')} {shown_value(value)}: {why}")
 
 
 def _refuse(name, value, kind: str, path: bool = False):

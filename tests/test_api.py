@@ -368,8 +368,10 @@ def test_every_argument_of_the_wrong_type_is_one_config_error_naming_it(tmp_path
             with pytest.raises(ConfigError) as exc:
                 fn(*call, **kw)
             msg = str(exc.value)
-            got = value[0] if name == "inputs" and isinstance(value, list) else value
-            assert msg.startswith(f"{name}={got!r}: "), msg  # the keyword, not the flag
+            # an item of the inputs list is named by its place in it
+            named = f"{name}[0]={value[0]!r}" if name == "inputs" and isinstance(value, list) \
+                else f"{name}={value!r}"
+            assert msg.startswith(f"{named}: "), msg  # the keyword, not the flag
         checked.append(name)
     assert {"capacity", "pad_id", "append_eos", "prepend_bos", "seed", "window_docs", "workers",
             "shuffle", "progress", "min_fill", "holdout", "compression"} <= set(checked)
@@ -468,7 +470,7 @@ def test_messages_name_the_python_keywords_not_the_command_lines_flags(tmp_path)
     packtool.pack_dataset([[1, 2]], 4, output=tmp_path / "o")
     with pytest.raises(OutputError, match=r"; pass overwrite=True to replace it or choose "):
         packtool.pack_dataset([[1, 2, 3]], 4, output=tmp_path / "o")
-    with pytest.raises(ConfigError, match=r"^inputs=5: must be a list of paths"):
+    with pytest.raises(ConfigError, match=r"^inputs=5: must be a path or a list of paths"):
         packtool.pack(5, tmp_path / "p")
     # the command line keeps its flags
     (tmp_path / "in").mkdir()
@@ -1101,3 +1103,103 @@ def test_a_column_of_two_kinds_of_values_is_named_never_asking_for_what_was_give
     assert msg.startswith("documents: row 1 (0-based): column 'attention_mask' holds a NumPy "
                           "bool array, row 0 (0-based) a NumPy int8 array"), msg
     assert "give one sequence" not in msg and "\n" not in msg
+
+
+def test_documents_given_to_pack_are_refused_in_one_line_naming_pack_dataset(tmp_path):
+    """packtool.pack(Dataset / DataFrame / Table / token lists, OUT) printed the whole object
+    over several lines (``inputs Dataset({ features: ... }): must be a list of paths``) or named
+    an inner token list as if it were the argument (``inputs=[1, 2, 3]: must be a path``),
+    without a word of pack_dataset. Each is now one line naming the argument (an item of the
+    list by its place), the type with its package, and pack_dataset; no output is made."""
+    pd = pytest.importorskip("pandas")
+    docs = [[1, 2, 3], [4, 5]]
+    out = tmp_path / "o"
+    cases = {"datasets.Dataset": datasets.Dataset.from_dict({"input_ids": docs}),
+             "pandas.DataFrame": pd.DataFrame({"input_ids": docs}),
+             "pyarrow.Table": pa.table({"input_ids": docs}), "dict": {"input_ids": docs}}
+    for name, data in cases.items():
+        with pytest.raises(ConfigError) as exc:
+            packtool.pack(data, out, capacity=8)
+        msg = str(exc.value)
+        assert "\n" not in msg and len(msg) < 300, msg
+        assert msg.startswith("inputs=") and f"not {name}; " in msg, msg
+        assert msg.endswith("are packed with packtool.pack_dataset(data, capacity=...)"), msg
+    for data, at, got in (([[1, 2, 3]], 0, "[1, 2, 3]"), ((str(tmp_path), [4, 5]), 1, "[4, 5]"),
+                          ([pa.table({"input_ids": docs})], 0, "<pyarrow.Table>")):
+        with pytest.raises(ConfigError) as exc:
+            packtool.pack(data, out, capacity=8)
+        msg = str(exc.value)
+        assert msg.startswith(f"inputs[{at}]={got}: must be a path (a file, directory or URI)"
+                              f", not "), msg
+        assert "token lists" in msg and "packtool.pack_dataset(" in msg and "\n" not in msg
+    assert not out.exists()
+
+
+def test_an_option_given_a_large_object_is_shown_by_its_type_in_one_line(tmp_path):
+    """A wrong value whose printed form spans lines or runs long (a DataFrame, a long list) was
+    quoted whole in the message; it is now shown by its type, the message one line."""
+    pd = pytest.importorskip("pandas")
+    for kw, shown in ((dict(output=pd.DataFrame({"a": range(50)})), "output=<pandas.DataFrame>"),
+                      (dict(column=list(range(100))), "column=<list of 100 items>"),
+                      (dict(column=np.arange(100)), "column=<numpy.ndarray>")):
+        with pytest.raises(ConfigError) as exc:
+            packtool.pack_dataset([[1, 2]], 8, **kw)
+        msg = str(exc.value)
+        assert msg.startswith(f"{shown}: must be ") and "\n" not in msg, msg
+
+
+def test_pack_dataset_takes_a_dict_of_columns_as_a_tokenizer_returns_it():
+    """tokenizer(list_of_texts) returns a BatchEncoding (a dict of column -> one list per
+    document): pack_dataset refused it with no hint. A mapping of columns is now packed as the
+    list of its rows would be (masks applied), returned as a dict of columns; a mapping with no
+    token column, of columns of different lengths, or holding one document's ids (tokenizer of
+    one string) is refused in one line saying what to pass."""
+    docs = [[5, 6, 7], [8], [9, 10, 11, 12]]
+    masks = [[1, 1, 0], [1], [1, 1, 1, 1]]
+    cols = {"input_ids": docs, "attention_mask": masks}
+    want = packtool.pack_dataset([{"input_ids": d, "attention_mask": m}
+                                  for d, m in zip(docs, masks)], 8, shuffle=False)
+    got = packtool.pack_dataset(cols, 8, shuffle=False, batch_rows=2)
+    assert isinstance(got, dict) and got == {k: [r[k] for r in want] for k in want[0]}
+    assert 7 not in sum(got["input_ids"], [])  # the masked 7 was removed
+    assert sorted(t for r in got["input_ids"] for t in r if t) == [5, 6, 8, 9, 10, 11, 12]
+    arrays = {k: np.array([(v + [0] * 4)[:4] for v in cols[k]]) for k in cols}  # padded
+    assert packtool.pack_dataset(arrays, 8, shuffle=False) == got
+    transformers = pytest.importorskip("transformers")
+    assert packtool.pack_dataset(transformers.BatchEncoding(cols), 8, shuffle=False) == got
+    for bad, words in (({"ids": docs}, "has no column 'input_ids' (columns: ['ids']); pass "
+                        "column=NAME"),
+                       ({"input_ids": docs, "x": [1]}, "columns of different lengths "
+                        "('input_ids' 3, 'x' 1)"),
+                       ({"input_ids": [5, 6, 7]}, "holds ids, one document (tokenizer(text) "
+                        "of one string); pass a list of documents")):
+        with pytest.raises(InputError) as exc:
+            packtool.pack_dataset(bad, 8)
+        assert words in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
+
+
+def test_pack_dataset_takes_a_polars_dataframe_and_names_unknown_types_with_their_package():
+    """pack_dataset(polars.DataFrame) said ``... a pandas DataFrame ..., not DataFrame``. An
+    object whose to_arrow() gives a table (polars) is now packed and handed back as a polars
+    DataFrame; one whose to_arrow() gives no table (a polars Series), or a type of no known
+    kind, is refused in one line naming its package and the conversion."""
+    pl = pytest.importorskip("polars")
+    docs = [[1, 2, 3], [4, 5], [6]]
+    want = packtool.pack_dataset(pa.table({"input_ids": docs}), 8, shuffle=False)
+    got = packtool.pack_dataset(pl.DataFrame({"input_ids": docs}), 8, shuffle=False)
+    assert isinstance(got, pl.DataFrame)
+    assert got["input_ids"].to_list() == want.column("input_ids").to_pylist()
+    with pytest.raises(InputError) as exc:
+        packtool.pack_dataset(pl.Series("input_ids", docs), 8)
+    msg = str(exc.value)
+    assert msg.startswith("pack_dataset takes a table of documents; polars.Series.to_arrow() "
+                          "gives pyarrow.") and ".to_list()" in msg, msg
+
+    class Frame:  # a column type of no library packtool knows
+        def to_list(self):
+            return docs
+    with pytest.raises(InputError) as exc:
+        packtool.pack_dataset(Frame(), 8)
+    msg = str(exc.value)
+    assert f"not {__name__.split('.')[0]}.Frame; a column of documents: pass its .to_list()" \
+        in msg and "\n" not in msg, msg
