@@ -550,6 +550,12 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
             refuses a Parquet file of them, never cut), bad token ids or masks (the message
             names the row).
         PackingError: a document over capacity with ``overflow="error"``.
+        ResourceError, OutputError: the machine ran short (memory, open files, disk); with
+            ``output=`` the message says what it keeps for the same call to finish, without it
+            that the temporary output was removed.
+        KeyboardInterrupt: Ctrl-C or SIGTERM; with ``output=`` its message says what it keeps
+            for the same call to resume, without it that the temporary output was removed
+            (:data:`STOPPED_TEMPORARY`).
         Messages name options by their keywords (``pass overwrite=True``).
 
     Warns:
@@ -612,10 +618,16 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
             cfg = dataclasses.replace(cfg, inputs_digest=digest)
         try:
             result = run_pack(cfg, progress=progress)
+        except KeyboardInterrupt as exc:
+            # without output= the packed output is the temporary one removed below: what it
+            # kept for a rerun goes with it
+            raise KeyboardInterrupt(str(exc) if output is not None else STOPPED_TEMPORARY) \
+                from None
         except PacktoolError as exc:  # name the rows as the caller knows them, not the file
-            raise type(exc)(str(exc).replace(str(src / INPUT_NAME), "documents")
-                            .replace("the INPUT", "the documents")
-                            .replace(" in INPUT", " in the documents")) from None
+            msg = (str(exc).replace(str(src / INPUT_NAME), "documents")
+                   .replace("the INPUT", "the documents")
+                   .replace(" in INPUT", " in the documents"))
+            raise type(exc)(_rerun_words(msg, output is None)) from None
         _warn(result, pack_dataset)
         owner = _Owner(str(work), owned=True) if lazy else None
         outs = [cfg.output] + ([cfg.holdout_output] if result.holdout is not None else [])
@@ -644,6 +656,32 @@ def _via_arrow(data):
                          f"{type_name(table)}, not a pyarrow.Table; pass a DataFrame holding "
                          "the token column, or .to_list() (one list of ids per document)")
     return table, "table", "polars" if name == "polars.DataFrame" else "table"
+
+
+#: The message of a ``KeyboardInterrupt`` (Ctrl-C, SIGTERM) that stops :func:`pack_dataset`
+#: without ``output=``: its packed output was a temporary directory, removed as the call ends.
+STOPPED_TEMPORARY = ("pack_dataset was stopped; its temporary output was removed, so nothing "
+                     "is kept to resume from: pass output=DIR to keep a stopped pack's work, "
+                     "and the same call again resumes it")
+
+#: What a failure's message says OUTPUT keeps and how to finish it
+#: (:meth:`packtool.output.Output._state`): the clause :func:`_rerun_words` rewords.
+_KEPT_TO_FINISH = re.compile(
+    r"(every shard is finished and kept, only the manifest is missing|no shard was finished "
+    r"\([^)]*\)|the finished shards are kept \(\d+\)): rerun the same command to finish")
+
+
+def _rerun_words(message: str, temporary: bool) -> str:
+    """A failure's ``message`` from :func:`~packtool.pipeline.run_pack` worded for a caller of
+    :func:`pack_dataset`: what OUTPUT keeps for a rerun is said only of an ``output=`` the
+    caller gave (the same call again finishes it); of the temporary output (``temporary``),
+    removed as the call ends, it says that nothing is kept and how to keep it."""
+    if temporary:
+        return _KEPT_TO_FINISH.sub(
+            "the temporary output was removed, so nothing is kept: pass output=DIR to keep the "
+            "finished shards, and the same call again finishes it", message)
+    return _KEPT_TO_FINISH.sub(lambda m: f"{m.group(1)}: call pack_dataset again with the same "
+                               "documents, options and output to finish", message)
 
 
 def _result(out: str, kind: str, owner: _Owner | None):

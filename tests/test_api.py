@@ -1203,3 +1203,96 @@ def test_pack_dataset_takes_a_polars_dataframe_and_names_unknown_types_with_thei
     msg = str(exc.value)
     assert f"not {__name__.split('.')[0]}.Frame; a column of documents: pass its .to_list()" \
         in msg and "\n" not in msg, msg
+
+
+_STOPPED_CALL = """
+import sys
+import packtool
+kw = {"output": sys.argv[1]} if len(sys.argv) > 1 else {}
+try:
+    packtool.pack_dataset([[1, 2, 3, 4]] * 40, 8, rows_per_shard=4, workers=1, **kw)
+except KeyboardInterrupt as exc:
+    print(f"stopped: {exc}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_stopped_pack_dataset_promises_a_resume_only_of_an_output_it_keeps(tmp_path, keep):
+    """Ctrl-C during pack_dataset without output= said ``/tmp/packtool-xxxx/packed has no
+    manifest; kept for the rerun: ...`` while the call removed that temporary directory on its
+    way out. The message now says the temporary output was removed and how to keep one
+    (output=); with output= it still says what that output keeps, and the same call resumes."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    out = tmp_path / "kept"
+    env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT="write-shard:1", TMPDIR=str(temp),
+               PYTHONPATH=os.pathsep.join([str(Path(packtool.__file__).parents[1]),
+                                           os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-c", _STOPPED_CALL] + ([str(out)] if keep else []),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        line = proc.stderr.readline()
+        assert "test pause at write-shard:1" in line, line + proc.stderr.read()
+        proc.send_signal(signal.SIGINT)
+        said, err = proc.communicate()
+    finally:
+        watchdog.cancel()
+        proc.kill()
+    assert said.startswith("stopped: "), said + err
+    if keep:
+        assert f"{out} has no manifest; kept for the rerun: " in said, said
+        env.pop("PACKTOOL_TEST_PAUSE_AT")
+        again = subprocess.run([sys.executable, "-c", _STOPPED_CALL, str(out)], env=env,
+                               capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0 and not again.stdout, again.stdout + again.stderr
+        assert read_output(out)[1].num_rows == 20
+    else:
+        assert said.strip() == ("stopped: pack_dataset was stopped; its temporary output was "
+                                "removed, so nothing is kept to resume from: pass output=DIR to "
+                                "keep a stopped pack's work, and the same call again resumes it")
+        assert "kept for the rerun" not in said
+    assert not [p for p in temp.iterdir() if p.name.startswith("packtool")]
+
+
+def test_a_failed_pack_dataset_promises_to_finish_only_an_output_it_keeps(tmp_path,
+                                                                          monkeypatch):
+    """Out of memory while writing shards said ``the finished shards are kept (2): rerun the
+    same command to finish`` also without output=, whose temporary output the call removes. The
+    message now says it was removed and to pass output=; with output= it says the same call
+    finishes it, and it does."""
+    from packtool.errors import OutOfMemoryError
+    from packtool.pipeline import write as write_mod
+
+    original = write_mod.write_shard
+    calls = []
+
+    def third_fails(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise MemoryError
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(write_mod, "write_shard", third_fails)
+    docs = [[1, 2, 3, 4]] * 40
+    with pytest.raises(OutOfMemoryError) as exc:
+        packtool.pack_dataset(docs, 8, rows_per_shard=4, workers=1)
+    msg = str(exc.value)
+    assert msg.endswith("; the temporary output was removed, so nothing is kept: pass "
+                        "output=DIR to keep the finished shards, and the same call again "
+                        "finishes it"), msg
+    assert "rerun" not in msg and "are kept" not in msg, msg
+    calls.clear()
+    with pytest.raises(OutOfMemoryError) as exc:
+        packtool.pack_dataset(docs, 8, rows_per_shard=4, workers=1, output=tmp_path / "o")
+    assert str(exc.value).endswith("the finished shards are kept (2): call pack_dataset again "
+                                   "with the same documents, options and output to finish")
+    monkeypatch.undo()
+    assert len(packtool.pack_dataset(docs, 8, rows_per_shard=4, workers=1,
+                                     output=tmp_path / "o")) == 20
