@@ -585,11 +585,39 @@ def _check_convention(lab: np.ndarray, ids: np.ndarray, seg: np.ndarray, mode: s
     r, i = (int(x[0]) for x in np.nonzero(~ok))
     other = "shifted" if mode == "unshifted" else "unshifted"
     raise ValueError(
-        f"batch row {r}, position {i}: label {int(lab[r, i])} is not {mode} (token there: "
-        f"{int(ids[r, i])}); these items carry {other} labels but do not say so (no "
-        "'labels_mode' or 'labels_convention' key: a trainer that drops the keys its model "
-        f"does not name removed it?): build the dataset with labels='{mode}', or "
+        f"batch row {r}, position {i}: label {int(lab[r, i])} is not {mode}: "
+        f"{_why_not(lab[r], ids[r], seg[r], i, mode)}; these items carry {other} labels but do "
+        "not say so (no 'labels_mode' or 'labels_convention' key: a trainer that drops the keys "
+        f"its model does not name removed it?): build the dataset with labels='{mode}', or "
         f"{_SAY_CONVENTION[caller].format(other=other)}, so that no labels are shifted twice")
+
+
+def _why_not(lab: np.ndarray, ids: np.ndarray, seg: np.ndarray, i: int, mode: str) -> str:
+    """Why label ``i`` of one row (``lab``, ``ids``, ``seg``: int[C]) breaks the rule of
+    ``mode`` (:func:`_check_convention`), in words: the rule it breaks, what the label had to
+    be there, and the neighbouring token that shows the other convention when one does (a
+    label equal to the next token: shifted; to the token itself: unshifted)."""
+    label, c = int(lab[i]), ids.size
+    if seg[i] == 0:
+        return f"position {i} is padding (segment_ids 0), whose label must be -100"
+    first = i == 0 or seg[i - 1] != seg[i]
+    last = i == c - 1 or seg[i + 1] != seg[i]
+    nxt = None if last else int(ids[i + 1])
+    if mode == "unshifted":
+        rule = (f"position {i} is the first token of its document (segment {int(seg[i])}), "
+                "whose unshifted label must be -100 (no token before it predicts it)" if first
+                else f"an unshifted label is the token at its own position or -100, so "
+                f"labels[{i}] must be input_ids[{i}] = {int(ids[i])} or -100")
+        shows = (f"; {label} is the next token, input_ids[{i + 1}] = {nxt}: a shifted label"
+                 if nxt == label else "")
+        return rule + shows
+    rule = (f"position {i} is the last token of its document (segment {int(seg[i])}), whose "
+            "shifted label must be -100 (no next token in its document)" if last
+            else f"a shifted label is the next token of its document or -100, so labels[{i}] "
+            f"must be input_ids[{i + 1}] = {nxt} or -100")
+    shows = (f"; {label} is the token at that position, input_ids[{i}] = {int(ids[i])}: an "
+             "unshifted label" if label == int(ids[i]) else "")
+    return rule + shows
 
 
 def _derived_labels64(ids: np.ndarray, seg: np.ndarray, cu: np.ndarray,

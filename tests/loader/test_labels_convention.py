@@ -210,3 +210,40 @@ def test_one_batch_of_items_in_two_conventions_is_refused(outputs, make, key):
     none = said(PackedDataset(outputs["none"], labels=None)[2])  # derived: unshifted
     assert make([b, none])["labels"].numel() == 2 * 64
     assert make([a, said(shifted[1])])["labels"].numel() == 2 * 64
+
+
+@pytest.mark.parametrize("make", [HFCollator, functools.partial(HFCollator, flatten=True)])
+def test_a_refused_label_says_the_rule_it_breaks_and_the_token_that_shows_the_shift(make):
+    """Shifted labels over a repeated token were refused with ``label 7 is not unshifted
+    (token there: 7)``, which reads as a contradiction. The message now says which rule the
+    label breaks and what it had to be there (-100 at a document's first token for unshifted
+    labels, at its last for shifted ones; else the token itself / the next token), and names
+    the neighbouring token that shows the other convention."""
+    def item(ids, pos, lab):
+        return {"input_ids": np.array(ids, np.int32), "position_ids": np.array(pos, np.int32),
+                "labels": np.array(lab, np.int64)}
+
+    cases = [
+        ({}, item([7, 7, 7, 7, 9, 9, 9], [0, 1, 2, 3, 0, 1, 2], [7, 7, 7, -100, 9, 9, -100]),
+         "position 0: label 7 is not unshifted: position 0 is the first token of its document "
+         "(segment 1), whose unshifted label must be -100 (no token before it predicts it); 7 "
+         "is the next token, input_ids[1] = 7: a shifted label; "),
+        ({}, item([3, 4, 5, 6], [0, 1, 2, 3], [-100, 5, 6, -100]),
+         "position 1: label 5 is not unshifted: an unshifted label is the token at its own "
+         "position or -100, so labels[1] must be input_ids[1] = 4 or -100; 5 is the next "
+         "token, input_ids[2] = 5: a shifted label; "),
+        ({"labels_mode": "shifted"}, item([7, 7, 7, 7], [0, 1, 2, 3], [-100, 7, 7, 7]),
+         "position 3: label 7 is not shifted: position 3 is the last token of its document "
+         "(segment 1), whose shifted label must be -100 (no next token in its document); 7 is "
+         "the token at that position, input_ids[3] = 7: an unshifted label; "),
+        ({"labels_mode": "shifted"}, item([3, 4, 5, 6], [0, 1, 2, 3], [-100, 4, 5, 6]),
+         "position 1: label 4 is not shifted: a shifted label is the next token of its document "
+         "or -100, so labels[1] must be input_ids[2] = 5 or -100; 4 is the token at that "
+         "position, input_ids[1] = 4: an unshifted label; "),
+    ]
+    for kw, bad, words in cases:
+        with pytest.raises(ValueError) as err:
+            make(**kw)([bad])
+        msg = str(err.value)
+        assert f"batch row 0, {words}these items carry " in msg, msg
+        assert "token there" not in msg and "\n" not in msg
