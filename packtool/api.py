@@ -349,13 +349,24 @@ def _kind(data) -> str:
     if callable(getattr(data, "to_arrow", None)):
         return "to_arrow"
     hint = "for files on disk use packtool.pack(INPUT, OUTPUT)"
-    if callable(getattr(data, "to_list", None)) or callable(getattr(data, "tolist", None)):
-        hint = ("a column of documents: pass its .to_list() (one list of ids per document); "
+    method = next((m for m in ("to_list", "tolist") if callable(getattr(data, m, None))), None)
+    if method is not None:
+        hint = (f"a column of documents: pass its .{method}() (one list of ids per document); "
                 + hint)
     raise InputError(f"pack_dataset takes a datasets.Dataset, IterableDataset, DatasetDict, a "
                      f"pyarrow.Table, a pandas or polars DataFrame, a pandas Series, a dict of "
                      f"columns (what a tokenizer returns), a list of token sequences or a 2-D "
                      f"NumPy array, not {type_name(data)}; {hint}")
+
+
+def _kind_or_none(data) -> str | None:
+    """:func:`_kind` of a dataset, table or frame (``list`` of a list); None for any other
+    value (a column's values that are no container pack_dataset takes)."""
+    try:
+        kind = _kind(data)
+    except InputError:
+        return None
+    return None if kind == "list" else kind
 
 
 def _columns_table(data, column: str, batch_rows: int):
@@ -372,6 +383,10 @@ def _columns_table(data, column: str, batch_rows: int):
 
     keys = [str(k) for k in data]
     if column not in data:
+        if data and all(_kind_or_none(v) not in (None, "columns") for v in data.values()):
+            raise InputError(f"a dict of {len(data)} datasets ({shown_value(keys)}) is no dict "
+                             "of columns; pack each one, or wrap them in datasets.DatasetDict "
+                             "(each split packed on its own)")
         raise InputError(f"the dict of columns has no column {column!r} (columns: "
                          f"{shown_value(keys)}); pass column=NAME, or a list of token sequences")
     sizes = {}

@@ -1172,7 +1172,11 @@ def test_pack_dataset_takes_a_dict_of_columns_as_a_tokenizer_returns_it():
                        ({"input_ids": docs, "x": [1]}, "columns of different lengths "
                         "('input_ids' 3, 'x' 1)"),
                        ({"input_ids": [5, 6, 7]}, "holds ids, one document (tokenizer(text) "
-                        "of one string); pass a list of documents")):
+                        "of one string); pass a list of documents"),
+                       ({"train": datasets.Dataset.from_dict({"input_ids": docs}),
+                         "test": pa.table({"input_ids": docs})},
+                        "a dict of 2 datasets (['train', 'test']) is no dict of columns; pack "
+                        "each one, or wrap them in datasets.DatasetDict")):
         with pytest.raises(InputError) as exc:
             packtool.pack_dataset(bad, 8)
         assert words in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
@@ -1203,6 +1207,10 @@ def test_pack_dataset_takes_a_polars_dataframe_and_names_unknown_types_with_thei
     msg = str(exc.value)
     assert f"not {__name__.split('.')[0]}.Frame; a column of documents: pass its .to_list()" \
         in msg and "\n" not in msg, msg
+    torch = pytest.importorskip("torch")
+    with pytest.raises(InputError, match=r"not torch\.Tensor; a column of documents: pass its "
+                                         r"\.tolist\(\)"):
+        packtool.pack_dataset(torch.tensor([[1, 2], [3, 4]]), 8)
 
 
 _STOPPED_CALL = """
