@@ -67,10 +67,20 @@ def row_ref(index: int) -> str:
     return f"row {int(index)} (0-based)"
 
 
+#: pyarrow's refusal of a Python value, quoting the value's printed form (which spans lines
+#: for a DataFrame or a 2-D array): ``Could not convert <repr> with type T: reason``.
+_ARROW_CONVERT = re.compile(r"\s*Could not convert (.*?) with type ([\w.]+)(:[^\n]*)?", re.S)
+
+
 def first_line(exc: BaseException, default: str | None = None) -> str:
     """The first non-empty line of ``exc``'s message, stripped (library errors run over several
     lines, some begin with a newline), for a one-line message; ``default`` (else the
-    exception's class name) when the message is empty."""
+    exception's class name) when the message is empty. pyarrow's ``Could not convert <value>
+    with type T: reason`` whose value's printed form spans lines or runs long is told as
+    ``Could not convert a value of type T: reason``."""
+    m = _ARROW_CONVERT.match(str(exc))
+    if m and ("\n" in m.group(1) or len(m.group(1)) > 60):
+        return f"Could not convert a value of type {m.group(2)}{m.group(3) or ''}"
     for line in str(exc).splitlines():
         if line.strip():
             return line.strip()

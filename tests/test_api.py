@@ -1304,3 +1304,19 @@ def test_a_failed_pack_dataset_promises_to_finish_only_an_output_it_keeps(tmp_pa
     monkeypatch.undo()
     assert len(packtool.pack_dataset(docs, 8, rows_per_shard=4, workers=1,
                                      output=tmp_path / "o")) == 20
+
+
+def test_a_document_pyarrow_cannot_convert_is_told_in_one_line():
+    """A document that is an object printed over many lines (a DataFrame where a list of ids
+    belongs) was refused with pyarrow's ``Could not convert <the whole printed frame> with
+    type DataFrame: ...``, the message running over 30 lines, or cut to its first line
+    (``Could not convert      a``). It is now one line naming the value's type."""
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"a": range(30)})
+    for data in ([{"input_ids": frame}], [{"input_ids": [1, 2], "labels": frame}],
+                 pd.DataFrame({"input_ids": [frame, frame]})):
+        with pytest.raises(SchemaError) as exc:
+            packtool.pack_dataset(data, 8)
+        msg = str(exc.value)
+        assert "\n" not in msg and "Could not convert a value of type DataFrame: did not " \
+            "recognize Python value type" in msg, msg

@@ -342,8 +342,8 @@ def _unconvertible(data: list, mappings: bool, exc: Exception, column: str,
     if isinstance(exc, OverflowError):
         return SchemaError(f"{where}: a token id does not fit int64; packed input_ids are "
                            "int32 (vocabularies up to 2**31 - 1)")
-    return SchemaError(f"{where}: {exc}; give one sequence of integer token ids (or one dict "
-                       "of columns) per document")
+    return SchemaError(f"{where}: {first_line(exc)}; give one sequence of integer token ids "
+                       "(or one dict of columns) per document")
 
 
 def _canonical_type(typ: pa.DataType, token: bool) -> pa.DataType:
