@@ -50,8 +50,8 @@ _NO_KEYWORD = {"--holdout-output": "the held-out output"}
 #: A value written after a flag: a repr, a number, a placeholder (NAME), an object shown by its
 #: type (``<pandas.DataFrame>``, :func:`packtool.config.shown_value`), or any word ending in
 #: the ":" of ``--NAME VALUE: must be ...`` (``[8, 9]``, ``np.float64(8.0)``).
-_VALUE = re.compile(r"""\[[^\]]*\](?=:(?:\s|$))|<[^<>]*>(?=:(?:\s|$))|\S+?(?=:(?:\s|$))|'[^']*'|"[^"]*"|-?\d[\w.+-]*"""
-                    r"|True\b|False\b|None\b|[A-Z][A-Z_]*\b")
+_VALUE = re.compile(r"""\[[^\]]*\](?=:(?:\s|$))|<[^<>]*>(?=:(?:\s|$))|\S+?(?=:(?:\s|$))"""
+                    r"""|'[^']*'|"[^"]*"|-?\d[\w.+-]*|True\b|False\b|None\b|[A-Z][A-Z_]*\b""")
 
 
 @functools.lru_cache(maxsize=4)
@@ -382,8 +382,10 @@ def _columns_table(data, column: str, batch_rows: int):
     from packtool.formats.inmemory import tables_from_dicts
 
     keys = [str(k) for k in data]
+    if not keys:
+        raise InputError("no documents: the dict of columns is empty")
     if column not in data:
-        if data and all(_kind_or_none(v) not in (None, "columns") for v in data.values()):
+        if all(_kind_or_none(v) not in (None, "columns") for v in data.values()):
             raise InputError(f"a dict of {len(data)} datasets ({shown_value(keys)}) is no dict "
                              "of columns; pack each one, or wrap them in datasets.DatasetDict "
                              "(each split packed on its own)")

@@ -1169,6 +1169,7 @@ def test_pack_dataset_takes_a_dict_of_columns_as_a_tokenizer_returns_it():
     assert packtool.pack_dataset(transformers.BatchEncoding(cols), 8, shuffle=False) == got
     for bad, words in (({"ids": docs}, "has no column 'input_ids' (columns: ['ids']); pass "
                         "column=NAME"),
+                       ({}, "no documents: the dict of columns is empty"),
                        ({"input_ids": docs, "x": [1]}, "columns of different lengths "
                         "('input_ids' 3, 'x' 1)"),
                        ({"input_ids": [5, 6, 7]}, "holds ids, one document (tokenizer(text) "
