@@ -12,10 +12,14 @@ model = LlamaForCausalLM(LlamaConfig(vocab_size=131_072, hidden_size=32, interme
 # document boundaries (cu_seq_lens_q) to its rows: the dataset refuses it, so turn it off
 args = TrainingArguments(output_dir="hf-run", max_steps=2, per_device_train_batch_size=2,
                          accelerator_config={"dispatch_batches": False})
+# the Trainer batches the rows itself and runs len(DataLoader) steps an epoch: with DataLoader
+# workers (dataloader_num_workers), dataloader_batch_size cuts each worker's rows into whole
+# batches, so no worker's partial batch falls past that length and out of training
+ds = PackedIterableDataset("packed/", labels="unshifted",
+                           dataloader_batch_size=args.per_device_train_batch_size)
 # the model shifts labels itself: HFCollator always hands it unshifted labels; IsolationCheck
 # runs the model on a small packed batch of the collator's when training begins, and stops it
 # if a document's logits differ from that document run alone
-trainer = Trainer(model=model, args=args,
-                  train_dataset=PackedIterableDataset("packed/", labels="unshifted"),
-                  data_collator=HFCollator(), callbacks=[IsolationCheck()])
+trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=HFCollator(),
+                  callbacks=[IsolationCheck()])
 trainer.train()

@@ -12,7 +12,8 @@ compute the same one; with ``torch.distributed`` initialised the dataset checks 
 (:mod:`packtool.loader.ranks`, one collective at construction, ``set_epoch`` and
 ``load_state_dict``; ``check_ranks=False`` turns it off).
 
-**Resume.** The order is a pure function of (seed, epoch, sources, shares, ranks, workers), so
+**Resume.** The order is a pure function of (seed, epoch, sources, shares, ranks, workers and
+``dataloader_batch_size``), so
 the state is the epoch, the phases of the epoch so far and the rows yielded, and a restored
 dataset recomputes its order and skips without reading.
 
@@ -22,7 +23,7 @@ dataset recomputes its order and skips without reading.
   DataLoader is built gives exactly the remaining rows, each worker's in the same order, but a
   new DataLoader asks worker 0 first, so when the checkpoint fell inside a round of the
   DataLoader's round robin the workers' batches interleave in another turn.
-- *Elastic* (another world size or worker count): ``ds.load_state_dict(state)`` on every new
+- *Elastic* (another world size, worker count or ``dataloader_batch_size``): ``ds.load_state_dict(state)`` on every new
   rank, before its DataLoader is built, with the ``StatefulDataLoader.state_dict()`` that any
   one rank saved (rank 0's: ranks advance in step, so one rank's workers' counts say what every
   rank consumed), or a dataset's own ``state_dict()`` when it ran without workers. The rest of
@@ -135,6 +136,16 @@ class PackedIterableDataset(IterableDataset):
             shorter), built by ``collate_fn``; in DataLoader workers, built where they arrive,
             the rows crossing through a shared-memory ring per worker
             (:mod:`packtool.loader.transfer`).
+        dataloader_batch_size: for rows (``batch_size`` None) that the DataLoader batches
+            itself: its ``batch_size`` (``per_device_train_batch_size`` under the Hugging Face
+            ``Trainer``). Each DataLoader worker then gets a whole number of batches of the
+            rank's rows (only the worker holding the rank's last rows ends on a partial batch),
+            so a DataLoader with any number of workers yields exactly ``len(DataLoader)``
+            batches, every row included (with ``drop_last=True`` on the DataLoader, only the
+            rank's last ``rows_per_rank % B`` rows are left out, as without workers). Without
+            it each worker ends on its own partial batch: up to K - 1 batches more than
+            ``len(DataLoader)``, which a loop sized by that length (the ``Trainer``, an LR
+            schedule) never reaches, so their rows are never trained (a warning says so).
         collate_fn: the batch builder with ``batch_size`` (default
             :func:`~packtool.loader.collate.collate`; also ``collate_flat`` or an
             :class:`~packtool.loader.hf.HFCollator`): called with a
@@ -162,7 +173,9 @@ class PackedIterableDataset(IterableDataset):
 
     Warns:
         UserWarning: without ``weights``, a source (or the output) that holds no rows, naming
-            it.
+            it; once per dataset, when a DataLoader with K >= 2 workers batches its rows and
+            ``dataloader_batch_size`` was not given (rows left out by a loop sized by
+            ``len(DataLoader)``).
 
     Raises:
         ManifestError: not a complete packed output, a shard that differs from its manifest
@@ -170,7 +183,8 @@ class PackedIterableDataset(IterableDataset):
         LoaderError: (``check_ranks``) ranks that disagree on what decides the order, a
             dataset rank no process holds, or a process that did not reach the check in time.
         ValueError: unknown ``labels`` convention, bad rank, world_size, seed, epoch,
-            shuffle_buffer, max_open_files, batch_size, weights or rows_per_epoch, one output
+            shuffle_buffer, max_open_files, batch_size, dataloader_batch_size (or both it and
+            batch_size), weights or rows_per_epoch, one output
             under two names, a source with a positive weight and no rows, or columns no batch
             can be made of.
     """
@@ -185,7 +199,8 @@ class PackedIterableDataset(IterableDataset):
                  read_ahead: int | None = None, max_open_files: int = 64,
                  cache_dir: str | os.PathLike | None = None,
                  cache_limit: int | str | None = None, integrity: str = "footer",
-                 check_ranks: bool = True) -> None:
+                 check_ranks: bool = True,
+                 dataloader_batch_size: int | None = None) -> None:
         if rank is None or world_size is None:
             r, w = _default_rank_world()
             rank = r if rank is None else rank
@@ -199,6 +214,16 @@ class PackedIterableDataset(IterableDataset):
                                        or not isinstance(batch_size, numbers.Integral)
                                        or batch_size < 1):
             raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        if dataloader_batch_size is not None and (
+                isinstance(dataloader_batch_size, bool)
+                or not isinstance(dataloader_batch_size, numbers.Integral)
+                or dataloader_batch_size < 1):
+            raise ValueError("dataloader_batch_size must be a positive integer (the "
+                             f"DataLoader's batch_size) or None, got {dataloader_batch_size!r}")
+        if dataloader_batch_size is not None and batch_size is not None:
+            raise ValueError(f"batch_size={batch_size} makes the dataset yield whole batches "
+                             "and dataloader_batch_size is for rows a DataLoader batches: give "
+                             "one of them")
         if collate_fn is not None and batch_size is None:
             raise ValueError("collate_fn needs batch_size (without it, give collate_fn to the "
                              "DataLoader)")
@@ -220,6 +245,8 @@ class PackedIterableDataset(IterableDataset):
         self.shuffle, self.shuffle_buffer = bool(shuffle), int(shuffle_buffer)
         self.drop_last = bool(drop_last)
         self.batch_size = None if batch_size is None else int(batch_size)
+        self.dataloader_batch_size = (None if dataloader_batch_size is None
+                                      else int(dataloader_batch_size))
         if self.batch_size is not None:
             from packtool.loader.collate import collate
 
@@ -309,7 +336,7 @@ class PackedIterableDataset(IterableDataset):
         return EpochPlan(self.mixture.rows_per_epoch, self._history if history is None
                          else history, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
                          shuffle_buffer=self.shuffle_buffer, drop_last=self.drop_last,
-                         order=order)
+                         order=order, batch=self.dataloader_batch_size)
 
     def _current(self) -> EpochPlan:
         """The plan of the current phase (a loaded state counted in, as a DataLoader without
@@ -337,7 +364,10 @@ class PackedIterableDataset(IterableDataset):
         """Batches this rank yields in the current epoch (the rest of it after a resume point
         is loaded) through a DataLoader with ``num_workers`` workers: each worker ends on its
         own partial batch, so with workers there can be up to ``num_workers - 1`` more than
-        ``len(ds)`` (what ``len(DataLoader)`` says). Rows without ``batch_size``.
+        ``len(ds)`` (what ``len(DataLoader)`` says). With ``dataloader_batch_size`` B (rows
+        a DataLoader batches), the DataLoader's batches: ``ceil(len(ds) / B)`` at any number
+        of workers (each worker's run is whole batches but the last), what
+        ``len(DataLoader)`` says. Rows without either.
 
         Raises:
             ValueError: ``num_workers`` < 0.
@@ -345,7 +375,7 @@ class PackedIterableDataset(IterableDataset):
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         K = max(1, int(num_workers))
-        B = self.batch_size or 1
+        B = self.batch_size or self.dataloader_batch_size or 1
         total = 0
         for w in range(K):
             history, start = (self._resolve(w, K, counting=True) if self._pending is not None
@@ -507,8 +537,10 @@ class PackedIterableDataset(IterableDataset):
         refuse_accelerate_wrapper(self.rank, self.world_size, depth=16,
                                   workers=info.num_workers if info is not None else 0)
         # batches must not be batched again; items not by torch's default collate
-        refuse_dataloader_batching(self, self.batch_size)
+        batched = refuse_dataloader_batching(self, self.batch_size)
         worker, num_workers = self._worker()
+        if batched and num_workers >= 2 and self.dataloader_batch_size is None:
+            self._warn_worker_batches(num_workers)
         self._follow_epoch()
         if self._await_board is not None:
             return self._after_board()
@@ -519,6 +551,24 @@ class PackedIterableDataset(IterableDataset):
         keys = order.rows_at(plan.slot(plan.phase, self.rank, worker, self.world_size,
                                        num_workers))
         return self._generate(keys, start, history)
+
+    def _warn_worker_batches(self, num_workers: int) -> None:
+        """Warn, once per dataset (the first worker to start: the flag is in the shared epoch
+        box), that a DataLoader batching this rank's rows in ``num_workers`` workers yields up
+        to ``num_workers - 1`` batches more than its length, as ``dataloader_batch_size`` was
+        not given."""
+        box = self._epoch_box
+        if int(box[_WARNED]):
+            return
+        box[_WARNED] = 1
+        import warnings
+
+        warnings.warn(
+            f"with {num_workers} DataLoader workers each ending on its own partial batch, a "
+            f"DataLoader batching these rows yields up to {num_workers - 1} batches more than "
+            "len(DataLoader), and a loop sized by that length (the Hugging Face Trainer, an LR "
+            "schedule) leaves their rows out: pass PackedIterableDataset(..., "
+            "dataloader_batch_size=<the DataLoader's batch_size>)", stacklevel=3)
 
     def _after_board(self) -> Iterator:
         """The iteration of a worker that loaded its own finished run of several, decided at
@@ -660,7 +710,8 @@ class PackedIterableDataset(IterableDataset):
         st = self._pending
         history = tuple(Phase.from_list(p) for p in st["phases"])
         W, K, y = st["world_size"], st["num_workers"], st["yielded"]
-        if (W, K) == (self.world_size, num_workers):
+        B = st.get("dataloader_batch_size")
+        if (W, K, B) == (self.world_size, num_workers, self.dataloader_batch_size):
             if isinstance(y, list):
                 return history, y[worker]
             if st["worker"] == worker:
@@ -669,7 +720,9 @@ class PackedIterableDataset(IterableDataset):
             if K != 1:
                 what = ("len() and the row counts cannot count the rest of the epoch from it"
                         if counting else f"it cannot resume at {self.world_size} ranks x "
-                        f"{num_workers} workers")
+                        f"{num_workers} workers" + (
+                            f", dataloader_batch_size={self.dataloader_batch_size} (saved "
+                            f"with {B})" if B != self.dataloader_batch_size else ""))
                 raise ValueError(
                     f"this state is worker {st['worker']}'s of {K}: it cannot say what the "
                     f"other workers consumed, so {what}; load the StatefulDataLoader's whole "
@@ -678,9 +731,9 @@ class PackedIterableDataset(IterableDataset):
             y = [y]
         if not any(y):  # nothing read in that phase: the epoch goes on as at this size
             return history, 0
-        key = (st["epoch"], repr(st["phases"]), W, K, tuple(y))
+        key = (st["epoch"], repr(st["phases"]), W, K, B, tuple(y))
         if self._closed is None or self._closed[0] != key:  # counted once per loaded state
-            self._closed = (key, self._plan(history).close(W, K, y))
+            self._closed = (key, self._plan(history).close(W, K, y, batch=B))
         return history + (self._closed[1],), 0
 
     def state_dict(self) -> dict:
@@ -709,7 +762,7 @@ class PackedIterableDataset(IterableDataset):
         return {"version": resume.STATE_VERSION, "epoch": self.epoch, **self._mine(),
                 "phases": [p.to_list() for p in history], "world_size": self.world_size,
                 "num_workers": num_workers, "rank": self.rank, "worker": worker,
-                "yielded": yielded}
+                "yielded": yielded, "dataloader_batch_size": self.dataloader_batch_size}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: this dataset's :meth:`state_dict` (any worker, any rank:
@@ -787,7 +840,8 @@ class PackedIterableDataset(IterableDataset):
         taken; the board lets each worker read the others' before it yields anything."""
         K = info.num_workers
         if (isinstance(st["yielded"], list) or st["num_workers"] != K or not 2 <= K <= _BOARD
-                or st["worker"] != info.id or st["world_size"] != self.world_size):
+                or st["worker"] != info.id or st["world_size"] != self.world_size
+                or st.get("dataloader_batch_size") != self.dataloader_batch_size):
             return None
         key = repr((st["epoch"], st["phases"], st["world_size"], K, st["seed"],
                     int(info.seed) - int(info.id)))
@@ -829,16 +883,18 @@ _BOARD = 64
 #: or looked at by set_epoch), 1 when it was finished, and the epoch + 1 of the latest epoch
 #: a copy yielded a row of since that load.
 _LOADED, _LOADED_END, _YIELDED_EPOCH = 3 + _BOARD, 4 + _BOARD, 5 + _BOARD
+#: Set once a DataLoader worker warned that its rows lack ``dataloader_batch_size``.
+_WARNED = 6 + _BOARD
 
 
 def _shared_epoch(epoch: int):
-    """int64[6 + _BOARD] ``[generation, epoch, workers yielded, board..., loaded epoch,
-    loaded finished, yielded epoch]`` in shared memory (a torch tensor:
+    """int64[7 + _BOARD] ``[generation, epoch, workers yielded, board..., loaded epoch,
+    loaded finished, yielded epoch, warned]`` in shared memory (a torch tensor:
     fork children share its pages, spawn and forkserver workers receive it through torch's
     shared-memory pickling; a plain pickle copies it)."""
     import torch
 
-    box = torch.zeros(6 + _BOARD, dtype=torch.int64)
+    box = torch.zeros(7 + _BOARD, dtype=torch.int64)
     box[1] = epoch
     try:
         box.share_memory_()

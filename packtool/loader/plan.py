@@ -3,8 +3,8 @@
 Shape legend: G = row groups of one output, S = sources, N = rows of the epoch, W = ranks,
 K = DataLoader workers of a rank (0 workers count as 1), P = pieces.
 
-Every step is a pure function of (seed, epoch, sources, weights, ranks, workers) and the
-row-group sizes, so any epoch is reproducible and a resumed job recomputes exactly where it
+Every step is a pure function of (seed, epoch, sources, weights, ranks, workers, the
+DataLoader batch size the workers' runs are cut to, if any) and the row-group sizes, so any epoch is reproducible and a resumed job recomputes exactly where it
 stopped without reading a byte.
 
 1. **Shares.** Source ``s`` (one packed output, ``n_s`` rows) contributes ``c_s`` rows to every
@@ -46,7 +46,11 @@ stopped without reading a byte.
    rows, so collectives stay in step.
 5. **Workers and the shuffle buffer.** A rank's range is cut into K contiguous runs of
    ``q // K`` or one more rows (the first ``q % K`` runs get the extra row), one per DataLoader
-   worker (a *slot*): workers read whole row groups too, and every rank's workers yield the
+   worker (a *slot*); with a DataLoader batch size B (``dataloader_batch_size``) the runs are
+   of whole B-row batches instead (the rank's ``ceil(q / B)`` batches, the last runs holding
+   the extra ones), so only the last run ends on a partial batch, and a DataLoader batching the
+   workers' rows in turn yields exactly ``ceil(q / B)`` batches, only its last one short.
+   Workers read whole row groups too, and every rank's workers yield the
    same counts. With ``shuffle`` each slot is permuted inside a bounded window: row ``p`` gets
    the key ``p + u * shuffle_buffer``, ``u`` uniform in [0, 1) from
    ``default_rng((seed, epoch, rank, worker, K))``; no row moves ``shuffle_buffer`` positions
@@ -711,10 +715,12 @@ class Phase:
             counts it from the phase's slots). Rule 1 phases do not record it.
         rule: :data:`PHASE_RULE` of the packtool that recorded the phase (1: a state saved
             before the rule was recorded, read as it was then, so it resumes exactly).
+        batch: the DataLoader batch size its workers' runs were cut to (``dataloader_batch_size``
+            of :class:`~packtool.loader.distributed.PackedIterableDataset`, step 5), or None.
 
     Raises:
         ValueError: world_size or num_workers < 1, not one count per worker, a negative count
-            or ``twice``, or an unknown rule.
+            or ``twice``, a batch < 1 or under rule 1, or an unknown rule.
     """
 
     world_size: int
@@ -722,6 +728,7 @@ class Phase:
     yielded: tuple
     twice: int | None = None
     rule: int = PHASE_RULE
+    batch: int | None = None
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or self.num_workers < 1 or len(self.yielded) != self.num_workers:
@@ -735,10 +742,14 @@ class Phase:
         if self.twice is not None and (self.rule == 1 or int(self.twice) < 0):
             raise ValueError(f"bad phase: {self.twice!r} rows yielded twice under rule "
                              f"{self.rule}")
+        if self.batch is not None and (self.rule == 1 or isinstance(self.batch, bool)
+                                       or not isinstance(self.batch, (int, np.integer))
+                                       or self.batch < 1):
+            raise ValueError(f"bad phase: batch {self.batch!r} under rule {self.rule}")
 
     def to_list(self) -> list:
-        """``[W, K, [y...]]`` (rule 1) or ``[W, K, [y...], twice]`` (rule 2), as states
-        record it.
+        """``[W, K, [y...]]`` (rule 1), ``[W, K, [y...], twice]`` (rule 2) or
+        ``[W, K, [y...], twice, batch]`` (rule 2, runs of whole batches), as states record it.
 
         Raises:
             ValueError: a rule 2 phase whose ``twice`` is not known (not closed by a plan).
@@ -749,14 +760,16 @@ class Phase:
         if self.twice is None:
             raise ValueError("a phase records the rows it yielded twice: close it with "
                              "EpochPlan.close(...) before saving it")
-        return out + [int(self.twice)]
+        out.append(int(self.twice))
+        return out if self.batch is None else out + [int(self.batch)]
 
     @classmethod
     def from_list(cls, x) -> "Phase":
         """The phase a state records (:meth:`to_list`; three entries: rule 1)."""
         if len(x) == 3:
             return cls(int(x[0]), int(x[1]), tuple(int(y) for y in x[2]), rule=1)
-        return cls(int(x[0]), int(x[1]), tuple(int(y) for y in x[2]), int(x[3]))
+        return cls(int(x[0]), int(x[1]), tuple(int(y) for y in x[2]), int(x[3]),
+                   batch=int(x[4]) if len(x) > 4 else None)
 
 
 @dataclass(frozen=True)
@@ -784,8 +797,25 @@ def rank_rows(length: int, world_size: int, drop_last: bool) -> int:
     return -(-length // world_size)
 
 
-def worker_bounds(q: int, worker: int, num_workers: int) -> tuple[int, int]:
-    """[a, b): worker ``worker``'s run of a rank's ``q`` rows (step 5)."""
+def worker_bounds(q: int, worker: int, num_workers: int,
+                  batch: int | None = None) -> tuple[int, int]:
+    """[a, b): worker ``worker``'s run of a rank's ``q`` rows (step 5).
+
+    Args:
+        batch: None: runs of ``q // num_workers`` or one more rows (the first ``q %
+            num_workers`` runs the longer); B (the DataLoader's batch size): runs of whole
+            B-row batches, ``nb // num_workers`` or one more of the rank's ``nb = ceil(q / B)``
+            batches, the *last* ``nb % num_workers`` runs the longer: only the last run ends on
+            a partial batch, and as a DataLoader takes one batch from each worker in turn it
+            is the last batch it yields, as without workers.
+    """
+    if batch is not None:
+        nb = -(-q // batch)
+        base, extra = divmod(nb, num_workers)
+        first = num_workers - extra  # the runs from this one on hold one batch more
+        a = worker * base + max(0, worker - first)
+        b = a + base + (worker >= first)
+        return min(a * batch, q), min(b * batch, q)
     base, extra = divmod(q, num_workers)
     a = worker * base + min(worker, extra)
     return a, a + base + (worker < extra)
@@ -820,6 +850,9 @@ class EpochPlan:
         drop_last: drop the remainder of each phase instead of repeating rows.
         order: the epoch's :class:`EpochOrder`; given, the bounded shuffle keeps each cycled
             source's passes in order (:meth:`EpochOrder.keep_passes`).
+        batch: the current phase's workers' runs are whole batches of ``batch`` rows
+            (:func:`worker_bounds`); None: rows. Each finished phase keeps its own
+            (:attr:`Phase.batch`).
 
     Attributes:
         history: the finished phases, each with ``twice`` known.
@@ -833,8 +866,9 @@ class EpochPlan:
 
     def __init__(self, num_rows: int, history: Sequence[Phase] = (), *, seed: int, epoch: int,
                  shuffle: bool, shuffle_buffer: int, drop_last: bool,
-                 order: "EpochOrder | None" = None) -> None:
+                 order: "EpochOrder | None" = None, batch: int | None = None) -> None:
         self.num_rows = int(num_rows)
+        self.batch = None if batch is None else int(batch)
         self.order = order
         self.seed, self.epoch = check_seed(seed), check_seed(epoch, "epoch")
         self.shuffle, self.shuffle_buffer = bool(shuffle), int(shuffle_buffer)
@@ -852,7 +886,7 @@ class EpochPlan:
         """[a, b) of each worker's run in phase ``k`` at ``ph``'s shape, ``ph``'s counts
         checked against them."""
         q = rank_rows(self.lengths[k], ph.world_size, self.drop_last)
-        runs = [worker_bounds(q, w, ph.num_workers) for w in range(ph.num_workers)]
+        runs = [worker_bounds(q, w, ph.num_workers, ph.batch) for w in range(ph.num_workers)]
         over = [w for w, (a, b) in enumerate(runs) if ph.yielded[w] > b - a]
         if over:
             w = over[0]
@@ -906,7 +940,7 @@ class EpochPlan:
                 if not permuted:
                     return r, w, o - runs[w][0]
                 if (r, w) not in slots:
-                    slots[r, w] = self.slot(0, r, w, W, K)
+                    slots[r, w] = self._slot(0, r, w, W, K, ph.batch)
                 return r, w, int(np.flatnonzero(slots[r, w] == i % L)[0])
 
             for j in range(min(L, W * q - L)):  # rows with an even-up repeat
@@ -943,15 +977,17 @@ class EpochPlan:
         for k in range(self.phase):
             self._rest(k)
 
-    def close(self, world_size: int, num_workers: int, yielded: Sequence[int]) -> Phase:
-        """The current phase, closed at ``world_size`` ranks x ``num_workers`` workers after
-        worker ``w`` of every rank yielded ``yielded[w]`` rows: the :class:`Phase` a resize
-        records, its ``twice`` counted.
+    def close(self, world_size: int, num_workers: int, yielded: Sequence[int],
+              batch: int | None = None) -> Phase:
+        """The current phase, closed at ``world_size`` ranks x ``num_workers`` workers (their
+        runs whole batches of ``batch`` rows, or None) after worker ``w`` of every rank yielded
+        ``yielded[w]`` rows: the :class:`Phase` a resize records, its ``twice`` counted.
 
         Raises:
             ValueError: a count larger than the worker's run.
         """
-        ph = Phase(int(world_size), int(num_workers), tuple(int(v) for v in yielded))
+        ph = Phase(int(world_size), int(num_workers), tuple(int(v) for v in yielded),
+                   batch=None if batch is None else int(batch))
         return replace(ph, twice=self._count(self.phase, ph).twice)
 
     @property
@@ -996,7 +1032,15 @@ class EpochPlan:
     def slot(self, k: int, rank: int, worker: int, world_size: int,
              num_workers: int) -> np.ndarray:
         """int64[n], epoch positions worker ``worker`` of rank ``rank`` yields in phase ``k``
-        at ``world_size`` ranks x ``num_workers`` workers, in order (steps 4-5)."""
+        at ``world_size`` ranks x ``num_workers`` workers, in order (steps 4-5; the runs cut
+        to whole batches as phase ``k`` was: :attr:`Phase.batch`, :attr:`batch` for the
+        current phase)."""
+        batch = self.history[k].batch if k < len(self.history) else self.batch
+        return self._slot(k, rank, worker, world_size, num_workers, batch)
+
+    def _slot(self, k: int, rank: int, worker: int, world_size: int, num_workers: int,
+              batch: int | None) -> np.ndarray:
+        """:meth:`slot` with the runs cut to whole batches of ``batch`` rows (or None)."""
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, "
                              f"world_size={world_size}")
@@ -1004,7 +1048,7 @@ class EpochPlan:
             raise ValueError(f"need 0 <= worker < num_workers, got {worker}, {num_workers}")
         L = self.lengths[k]
         q = rank_rows(L, world_size, self.drop_last)
-        a, b = worker_bounds(q, worker, num_workers)
+        a, b = worker_bounds(q, worker, num_workers, batch)
         a, b = rank * q + a, rank * q + b
         parts = []
         first = a

@@ -7,12 +7,14 @@ A state is a dict of ints, bools, strings and lists (JSON- and ``torch.save``-sa
   ``seed``, ``shuffle``, ``shuffle_buffer``, ``drop_last`` and ``mixture`` (each source's name,
   rows and rows per epoch, and a digest of which rows it holds);
 - ``phases``: the finished phases of the epoch (``[world_size, num_workers, [rows yielded by
-  each worker], rows yielded twice]``, :class:`~packtool.loader.plan.Phase`), empty until a job
-  is resized; a phase of three entries was saved before the rows yielded twice were recorded,
+  each worker], rows yielded twice]``, and a fifth entry, the DataLoader batch size, when its
+  workers' runs were cut to whole batches: :class:`~packtool.loader.plan.Phase`), empty until
+  a job is resized; a phase of three entries was saved before the rows yielded twice were recorded,
   and is read by the rule of then (:data:`~packtool.loader.plan.PHASE_RULE` 1: its unconsumed
   even-up repeats carried into the rest), so the state resumes as it would have;
-- ``world_size``, ``num_workers`` (0 workers count as 1) and ``rank`` of the process that saved
-  it, and where it stands in the current phase: ``worker`` and ``yielded`` (an int, one
+- ``world_size``, ``num_workers`` (0 workers count as 1), ``rank`` and
+  ``dataloader_batch_size`` (None, or the B its workers' runs are whole batches of; absent in
+  states saved before it was recorded: None) of the process that saved it, and where it stands in the current phase: ``worker`` and ``yielded`` (an int, one
   worker's state: what torchdata's ``StatefulDataLoader`` keeps per worker), or ``worker``
   None and ``yielded`` a list (every worker of the rank: a *whole* state).
 
@@ -74,7 +76,7 @@ def _loader_state(state: dict) -> dict | None:
 def _merge(subs: list[dict]) -> dict:
     """One whole state from the states of every worker of one rank."""
     first = subs[0]
-    same = ("epoch", "phases", "world_size", "num_workers") + ORDER_FIELDS
+    same = ("epoch", "phases", "world_size", "num_workers", "dataloader_batch_size") + ORDER_FIELDS
     for s in subs[1:]:
         bad = [k for k in same if s.get(k) != first.get(k)]
         if bad:
@@ -114,7 +116,8 @@ def normalize(state) -> dict:
                    "drop_last": state["drop_last"], "mixture": {"num_rows": state["num_rows"]},
                    "phases": [], "world_size": state["world_size"],
                    "num_workers": state["num_workers"], "rank": state["rank"],
-                   "worker": state["worker"], "yielded": state["yielded"]}
+                   "worker": state["worker"], "yielded": state["yielded"],
+                   "dataloader_batch_size": None}
         except KeyError as exc:
             raise ValueError(f"malformed state (KeyError: {exc})") from None
         _check(out)
@@ -125,14 +128,16 @@ def normalize(state) -> dict:
         out = dict(state)
         for k in ("epoch", "world_size", "num_workers", "rank", "yielded", "worker"):
             out[k] = state[k] if k != "rank" else state.get("rank", 0)
+        out["dataloader_batch_size"] = state.get("dataloader_batch_size")
         phases = state.get("phases") or []
         if not isinstance(phases, (list, tuple)) or not all(
-                isinstance(p, (list, tuple)) and len(p) in (3, 4) and _int(p[0], 1)
+                isinstance(p, (list, tuple)) and len(p) in (3, 4, 5) and _int(p[0], 1)
                 and _int(p[1], 1) and isinstance(p[2], (list, tuple))
                 and all(_int(v) for v in p[2]) and (len(p) == 3 or _int(p[3]))
+                and (len(p) < 5 or _int(p[4], 1))
                 for p in phases):
             raise ValueError(f"phases {phases!r} are not [[world_size, num_workers, "
-                             "[rows per worker], rows yielded twice], ...]")
+                             "[rows per worker], rows yielded twice(, batch size)], ...]")
         out["phases"] = [Phase.from_list(p).to_list() for p in phases]
         if isinstance(out["yielded"], tuple):
             out["yielded"] = list(out["yielded"])
@@ -187,6 +192,9 @@ def _check(st: dict) -> None:
         bad("world_size / num_workers", f"are {W!r} / {K!r}, not integers >= 1")
     if not _int(rank) or rank >= W:
         bad("rank", f"is {rank!r}, not in 0 .. {W - 1}")
+    B = st.get("dataloader_batch_size")
+    if B is not None and not _int(B, 1):
+        bad("dataloader_batch_size", f"is {B!r}, not None or an integer >= 1")
     if isinstance(y, list):
         if worker is not None or len(y) != K or not all(_int(v) for v in y):
             bad("yielded", f"is {y!r}, not {K} non-negative integers (one per worker)")
@@ -219,7 +227,8 @@ def runs(state: dict) -> list[int]:
                      seed=state["seed"], epoch=state["epoch"], shuffle=False, shuffle_buffer=1,
                      drop_last=state["drop_last"])
     q = rank_rows(plan.length(), W, state["drop_last"])
-    return [b - a for a, b in (worker_bounds(q, w, K) for w in range(K))]
+    B = state.get("dataloader_batch_size")
+    return [b - a for a, b in (worker_bounds(q, w, K, B) for w in range(K))]
 
 
 def finished(state: dict) -> bool:

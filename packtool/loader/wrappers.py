@@ -64,7 +64,7 @@ def _refuse_default_collate(fetcher, dataset, other_fix: str = "") -> None:
             "collate_fn=collate (packtool.loader; or collate_flat, HFCollator())" + other_fix)
 
 
-def refuse_dataloader_batching(dataset, batch_size: int | None, *, depth: int = 8) -> None:
+def refuse_dataloader_batching(dataset, batch_size: int | None, *, depth: int = 8) -> bool:
     """Refuse a torch DataLoader that batches ``dataset``'s output in a way that cannot work,
     found as the fetcher iterating this very dataset among the ``depth`` frames from the
     caller's caller up, with automatic batching on:
@@ -75,6 +75,10 @@ def refuse_dataloader_batching(dataset, batch_size: int | None, *, depth: int = 
     - ``batch_size`` None (the dataset yields items) and torch's ``default_collate``: the
       items' ragged columns (``cu_seqlens``, ``doc_ids``: one entry per document) cannot be
       stacked, and it failed inside torch ("stack expects each tensor to be equal size").
+
+    Returns:
+        True when a DataLoader fetcher of ``dataset`` batches what it yields (automatic
+        batching on), False otherwise (none found, or ``batch_size=None`` on the DataLoader).
 
     Raises:
         ValueError: names the fix (``batch_size=None`` on the DataLoader; or
@@ -92,7 +96,8 @@ def refuse_dataloader_batching(dataset, batch_size: int | None, *, depth: int = 
                     "collate_fn; the dataset's collate_fn= builds each batch)")
             _refuse_default_collate(owner, dataset, ", or build the dataset with batch_size=B "
                                                     "and give the DataLoader batch_size=None")
-            return
+            return bool(owner.auto_collation)
+    return False
 
 
 def map_fetcher_checked(dataset, *, depth: int = 4) -> bool:
