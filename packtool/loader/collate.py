@@ -269,13 +269,59 @@ def _same_columns(batch) -> None:
             "each output's rows apart")
 
 
+_ROW_DICTS = ("items must be a list of row dicts (python, numpy or torch format: "
+              "[d[i] for i in range(...)], with d.with_format('numpy') for a datasets.Dataset)")
+
+
+def _kind(x) -> str | None:
+    """What a table-like ``x`` is (``pandas DataFrame``, ``pyarrow Table``, ...) when it
+    comes from pandas, pyarrow or polars, else None."""
+    module = type(x).__module__.split(".")[0]
+    if module in ("pandas", "pyarrow", "polars"):
+        return f"{module} {type(x).__name__}"
+    return None
+
+
+def _made_batch(batch: Mapping) -> bool:
+    """True when the dict ``batch`` looks like a batch this module built (torch ``input_ids``;
+    ``cu_seqlens``, when present, one flat tensor for the whole batch), False when it holds
+    several rows' columns side by side (a ``datasets`` slice such as ``d[0:4]``)."""
+    ids, cu = batch.get("input_ids"), batch.get("cu_seqlens")
+    return hasattr(ids, "dim") and (cu is None or (hasattr(cu, "dim") and cu.dim() == 1))
+
+
+def _refuse_not_rows(batch) -> None:
+    """Refuse, in one line, a batch that is not a list of row dicts: a table (a pandas
+    DataFrame, a pyarrow Table: a ``datasets`` slice in pandas or arrow format), items that are
+    tables (rows of a ``datasets.Dataset`` in pandas or arrow format), or a dict of columns of
+    several rows (a ``datasets`` slice ``d[0:4]``). Each otherwise failed deep inside (a
+    DataFrame's truth value, ``cu_seqlens`` against C = 1, a Table without ``keys``) or was
+    taken for a batch a dataset had already made."""
+    kind = _kind(batch)
+    if kind is not None:
+        raise ValueError(f"got one {kind} (a datasets slice in pandas or arrow format?); "
+                         + _ROW_DICTS)
+    if isinstance(batch, Mapping):
+        if _made_batch(batch):
+            return
+        raise ValueError("got a dict of columns of several rows (a datasets slice d[0:4]?); "
+                         + _ROW_DICTS)
+    for i, item in enumerate(batch if isinstance(batch, (list, tuple)) else ()):
+        if not isinstance(item, Mapping):
+            what = _kind(item) or type(item).__name__
+            raise ValueError(f"batch item {i} is a {what} (a datasets row in pandas or arrow "
+                             "format?), not a dict; " + _ROW_DICTS)
+
+
 def rows_of(batch) -> Rows:
     """The batch as :class:`~packtool.formats.packed.Rows` (items are stacked once per column;
     a ``Rows`` is returned as it is). The labels convention is the items' (``labels_convention``
     or ``labels_mode`` key), or None when they do not say.
 
     Raises:
-        ValueError: an empty batch, a batch already made (a dict), rows of different capacity,
+        ValueError: an empty batch, a batch already made (a dict), not a list of row dicts
+            (a pandas or pyarrow table, items that are, a dict of several rows' columns: a
+            ``datasets`` slice), rows of different capacity,
             an item whose per-token columns differ in length or whose ``cu_seqlens`` does
             not rise from 0 to C, items with different columns (both items named), or
             items that say different labels conventions (or one says and another does not).
@@ -284,6 +330,7 @@ def rows_of(batch) -> Rows:
     """
     if isinstance(batch, Rows):
         return batch
+    _refuse_not_rows(batch)
     if isinstance(batch, Mapping):  # a DataLoader handed over what a dataset already batched
         raise ValueError("collate takes a list of items (or gathered Rows), not one batch (a "
                          "dict): a dataset with batch_size= yields batches already made; give "

@@ -354,3 +354,31 @@ def test_a_dataloader_batching_items_with_torchs_default_collate_is_told_to_pass
     per_token = ["input_ids", "segment_ids", "position_ids", "labels"]
     batch = next(iter(DataLoader(make(out, columns=per_token), batch_size=2)))
     assert batch["segment_ids"].shape == (2, 8)
+
+
+@pytest.mark.parametrize("name", list(COLLATES))
+def test_rows_in_a_datasets_table_format_or_a_slice_are_refused_in_one_line(padded, name):
+    """Rows of a datasets.Dataset in pandas or arrow format (items that are DataFrames or
+    Tables, or one of them for a slice), or a slice d[0:2] in any format (a dict of columns of
+    several rows): one line saying items must be a list of row dicts, naming the forms that
+    work; those forms (python, numpy, torch rows) build the same batch as the packed items."""
+    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("pandas")
+    items = [PackedDataset(padded)[i] for i in range(2)]
+    d = datasets.Dataset.from_list([{k: v.tolist() if hasattr(v, "tolist") else v
+                                     for k, v in it.items()} for it in items])
+    fn = COLLATES[name]
+    bad = [[d.with_format("pandas")[i] for i in range(2)], d.with_format("pandas")[0:2],
+           [d.with_format("arrow")[i] for i in range(2)], d.with_format("arrow")[0:2],
+           d[0:2], d.with_format("numpy")[0:2], d.with_format("torch")[0:2]]
+    for batch in bad:
+        with pytest.raises(ValueError, match=r"items must be a list of row dicts \(python, "
+                                             r"numpy or torch format.*with_format\('numpy'\)"
+                           ) as err:
+            fn(batch)
+        assert "\n" not in str(err.value)
+    want = fn(items)
+    for fmt in (None, "numpy", "torch"):
+        got = fn([d.with_format(fmt)[i] for i in range(2)])
+        for k in ("input_ids", "position_ids", "labels"):
+            assert torch.equal(got[k], want[k]), (fmt, k)
