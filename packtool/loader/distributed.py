@@ -23,15 +23,15 @@ dataset recomputes its order and skips without reading.
   DataLoader is built gives exactly the remaining rows, each worker's in the same order, but a
   new DataLoader asks worker 0 first, so when the checkpoint fell inside a round of the
   DataLoader's round robin the workers' batches interleave in another turn.
-- *Elastic* (another world size, worker count or ``dataloader_batch_size``): ``ds.load_state_dict(state)`` on every new
-  rank, before its DataLoader is built, with the ``StatefulDataLoader.state_dict()`` that any
-  one rank saved (rank 0's: ranks advance in step, so one rank's workers' counts say what every
-  rank consumed), or a dataset's own ``state_dict()`` when it ran without workers. The rest of
-  the epoch is then exactly the rows not yet consumed over all ranks, each once (plus the
-  even-up repeats of the new world size, counted in :attr:`~PackedIterableDataset.repeated_rows`),
-  spread over the new ranks and workers; the next epoch is as if the job had always run at the
-  new size. A single worker's state (of a loader with several) cannot say what its siblings
-  consumed and is refused for a resize.
+- *Elastic* (another world size, worker count or ``dataloader_batch_size``):
+  ``ds.load_state_dict(state)`` on every new rank, before its DataLoader is built, with the
+  ``StatefulDataLoader.state_dict()`` that any one rank saved (rank 0's: ranks advance in step, so
+  one rank's workers' counts say what every rank consumed), or a dataset's own ``state_dict()`` when
+  it ran without workers. The rest of the epoch is then exactly the rows not yet consumed over all
+  ranks, each once (plus the even-up repeats of the new world size, counted in
+  :attr:`~PackedIterableDataset.repeated_rows`), spread over the new ranks and workers; the next
+  epoch is as if the job had always run at the new size. A single worker's state (of a loader with
+  several) cannot say what its siblings consumed and is refused for a resize.
 - A state saved after the epoch's last row starts the next epoch at its first row, whenever it
   is loaded (before or after ``set_epoch``), never the finished epoch again. Each worker of a
   ``StatefulDataLoader`` gets only its own state; the workers tell each other through a board in
@@ -415,7 +415,8 @@ class PackedIterableDataset(IterableDataset):
 
         Raises:
             ValueError: negative epoch; called by an accelerate wrapper that would cut this
-                dataset's batches or rows (:func:`~packtool.loader.wrappers.refuse_accelerate_wrapper`).
+                dataset's batches or rows
+                (:func:`~packtool.loader.wrappers.refuse_accelerate_wrapper`).
             LoaderError: (``check_ranks``) the ranks' epochs (or anything else deciding the
                 order) differ, or not every rank called it in time.
         """

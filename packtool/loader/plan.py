@@ -4,8 +4,9 @@ Shape legend: G = row groups of one output, S = sources, N = rows of the epoch, 
 K = DataLoader workers of a rank (0 workers count as 1), P = pieces.
 
 Every step is a pure function of (seed, epoch, sources, weights, ranks, workers, the
-DataLoader batch size the workers' runs are cut to, if any) and the row-group sizes, so any epoch is reproducible and a resumed job recomputes exactly where it
-stopped without reading a byte.
+DataLoader batch size the workers' runs are cut to, if any) and the row-group sizes, so any
+epoch is reproducible and a resumed job recomputes exactly where it stopped without reading a
+byte.
 
 1. **Shares.** Source ``s`` (one packed output, ``n_s`` rows) contributes ``c_s`` rows to every
    epoch: its exact share of the epoch's ``N`` rows by weight (:func:`apportion`: largest

@@ -14,7 +14,8 @@ A state is a dict of ints, bools, strings and lists (JSON- and ``torch.save``-sa
   even-up repeats carried into the rest), so the state resumes as it would have;
 - ``world_size``, ``num_workers`` (0 workers count as 1), ``rank`` and
   ``dataloader_batch_size`` (None, or the B its workers' runs are whole batches of; absent in
-  states saved before it was recorded: None) of the process that saved it, and where it stands in the current phase: ``worker`` and ``yielded`` (an int, one
+  states saved before it was recorded: None) of the process that saved it, and where it
+  stands in the current phase: ``worker`` and ``yielded`` (an int, one
   worker's state: what torchdata's ``StatefulDataLoader`` keeps per worker), or ``worker``
   None and ``yielded`` a list (every worker of the rank: a *whole* state).
 
