@@ -974,10 +974,9 @@ def _raw_hint(out: str, command: str, data_at) -> tuple[str, str]:
     q = shlex.quote(out)
     column = _column_option(data_at)
     if column is None:  # no token ids at all: text, to be tokenized first
-        name = str(data_at).rstrip("/").rsplit("/", 1)[-1]
         then = ("packtool compare TOKENIZED --capacity C" if command == "stats" else
                 f"packtool pack --capacity C TOKENIZED OUTPUT{_then(command, 'OUTPUT')}")
-        return (f"input with no column of token ids ({name} holds no list of integers)",
+        return ("data with no column of token ids (no list of integers)",
                 f"packtool tokenize --tokenizer FILE {q} TOKENIZED (--text-column NAME if its "
                 f"text is not in 'text'), then {then}")
     option, note = column

@@ -297,6 +297,7 @@ def test_text_input_given_to_stats_says_tokenize_it_first(tmp_path):
         res = invoke([command, tmp_path / "text"])
         assert res.exit_code == 1, res.output
         assert "no column of token ids" in res.output and "tokenized input" not in res.output
+        assert res.output.count("a.parquet") == 1, res.output  # the file is named once
         assert "run: packtool tokenize --tokenizer FILE" in res.output
 
 
