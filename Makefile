@@ -51,9 +51,10 @@ demo: $(CORE_STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadscope
 
-# the same tests with the Numba kernels run as plain Python (coverage of kernel bodies)
+# the core tests with the Numba kernels run as plain Python (coverage of kernel bodies), and
+# whole packs and pack_dataset run that way, byte for byte against the compiled ones
 test-nojit: $(STAMP)
-	NUMBA_DISABLE_JIT=1 $(BIN)/python -m pytest -q tests/core
+	NUMBA_DISABLE_JIT=1 $(BIN)/python -m pytest -q tests/core tests/test_nojit.py
 
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu

@@ -31,8 +31,9 @@ in the window's row order.
 
 Reading: a local spill is read with ``pread`` straight into the caller's buffer
 (:func:`gather_spill`: one call per segment, into the row being laid out, no intermediate copy
-and no memory map, so the spill's pages never count in a task's resident set); in an object
-store with ranged GETs (:func:`read_spill`, nearby ranges coalesced).
+and no memory map, so the spill's pages never count in a task's resident set; with Numba's JIT
+disabled, ``NUMBA_DISABLE_JIT=1``, the same reads are ``os.preadv`` calls); in an object store
+with ranged GETs (:func:`read_spill`, nearby ranges coalesced).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from collections import OrderedDict
 from contextlib import ExitStack, contextmanager
 from typing import BinaryIO, Iterator
 
+import numba
 import numpy as np
 from numba import njit, types
 
@@ -176,6 +178,28 @@ def _pread_segments(fds, src, lens, out, dest):
                 return q
             done += got
     return -1
+
+
+def _pread_segments_python(fds, src, lens, out, dest):
+    """:func:`_pread_segments` with ``os.preadv`` into a view of ``out``: the one used when
+    Numba's JIT is disabled (``NUMBA_DISABLE_JIT=1``), where the kernel's ``pread``, a C
+    function typed for compiled code only, cannot be called."""
+    view = memoryview(out).cast("B")
+    item = out.itemsize
+    for q in range(src.shape[0]):
+        fd, at, want = int(fds[q]), int(dest[q]) * item, int(lens[q]) * item
+        off = int(src[q]) * item
+        done = 0
+        while done < want:
+            got = os.preadv(fd, [view[at + done:at + min(want, done + _MAX_READ)]], off + done)
+            if got <= 0:
+                return q
+            done += got
+    return -1
+
+
+if numba.config.DISABLE_JIT:
+    _pread_segments = _pread_segments_python  # noqa: F811
 
 
 def _open_files_limit() -> int:
