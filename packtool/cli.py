@@ -1195,11 +1195,12 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
 @click.argument("output", type=_ExistingPath(packed_output=True), metavar="OUTPUT")
 @click.option("--rows", type=click.IntRange(min=0), default=None, metavar="N",
               help="Rows run through the models, spread over all shards, drawn from rows that "
-                   "hold two documents or more (with --no-scan: drawn from all rows, one row of "
-                   "two documents added if none is) [default: 8; 0 = all].")
+                   "hold two documents or more and a target (with --no-scan: drawn from all "
+                   "rows); a row of two documents, one holding a target and one holding "
+                   "padding added where none of them does [default: 8; 0 = all].")
 @click.option("--scan/--no-scan", "scan_all", default=True, show_default=True,
               help="Check the columns of every row (NumPy only); --no-scan checks only the "
-                   "sampled rows (and looks for one row holding two documents if none does).")
+                   "sampled rows (and looks for the rows the sample lacks, as --rows says).")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the row sample and the test models.")
 @click.option("--backend", "backends", multiple=True, type=click.Choice(_BACKENDS),

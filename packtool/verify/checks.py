@@ -42,33 +42,74 @@ ALL_CHECKS = ("logits_match", "isolation", "loss_denominator", "grad_zero_ignore
               "grad_zero_padding", "finite") + CONTRACT_CHECKS
 
 
-def _find_row(reader, seed: int, padded: bool = False) -> int | None:
-    """Global index of a row holding two or more documents (``padded``: a row holding padding,
-    one with two documents or more if any), reading only ``doc_ids`` and ``cu_seqlens`` (and
-    ``cu_seqlens_unpadded``), or None when no row has one (a seeded pick among all such rows).
+def _row_sets(reader) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Global indices (int64, sorted) of the rows holding two or more documents, of those holding
+    a target, and of those holding padding, reading only ``doc_ids``, ``num_targets`` and
+    ``cu_seqlens`` (with ``--segment-multiple``, ``cu_seqlens_unpadded``).
 
     A row holds padding when its documents' real tokens end before C: ``cu_seqlens`` (with
     ``--segment-multiple``, ``cu_seqlens_unpadded``, the real lengths summed) at its
     ``len(doc_ids)``-th entry is below C."""
     ends = "cu_seqlens_unpadded" if "cu_seqlens_unpadded" in reader.columns else "cu_seqlens"
-    hits, firsts = [], []
-    for block in reader.iter_blocks(["doc_ids"] + ([ends] if padded else [])):
+    multi, targeted, padded = [], [], []
+    for block in reader.iter_blocks(["doc_ids", "num_targets", ends]):
         n = np.diff(block.ragged["doc_ids"][1])  # shape: (R,)
-        if padded:
-            v, off = block.ragged[ends]
-            at = np.minimum(off[:-1] + n, off[1:] - 1)  # each row's entry after its documents
-            has = v[np.maximum(at, 0)] < reader.capacity
-            hit, first = np.flatnonzero(has), np.flatnonzero(has & (n >= 2))
-        else:
-            hit, first = np.flatnonzero(n >= 2), np.zeros(0, dtype=np.int64)
-        if hit.size:
-            hits.append(block.first + hit)
-        if first.size:
-            firsts.append(block.first + first)
-    if not hits:
-        return None
-    rows = np.concatenate(firsts if firsts else hits)
-    return int(rows[np.random.default_rng(seed).integers(rows.size)])
+        v, off = block.ragged[ends]
+        at = np.minimum(off[:-1] + n, off[1:] - 1)  # each row's entry after its documents
+        multi.append(block.first + np.flatnonzero(n >= 2))
+        targeted.append(block.first + np.flatnonzero(np.asarray(block.scalars["num_targets"]) > 0))
+        padded.append(block.first + np.flatnonzero(v[np.maximum(at, 0)] < reader.capacity))
+    join = (lambda parts: np.concatenate(parts).astype(np.int64) if parts
+            else np.zeros(0, dtype=np.int64))
+    return join(multi), join(targeted), join(padded)
+
+
+def _pick(seed: int, *tiers: np.ndarray) -> int | None:
+    """A seeded pick among the rows of the first non-empty tier, or None when all are empty."""
+    for t in tiers:
+        if t.size:
+            return int(t[np.random.default_rng(seed).integers(t.size)])
+    return None
+
+
+def _rows_to_add(idx: np.ndarray, multi: np.ndarray, targeted: np.ndarray, padded: np.ndarray,
+                 seed: int, found: str = "") -> list[tuple[int, str]]:
+    """The rows to run beside the sampled ``idx`` so that every model check has something to
+    measure where the output has it, each with the note that says why: a row holding two
+    documents (``isolation``), a row holding a target (``loss_denominator``, the gradient
+    checks: without a target there is no loss), a row holding padding and a target
+    (``grad_zero_padding``); each holding the others' features too where a row does.
+
+    Args:
+        idx: int64[k], the sampled rows; multi, targeted, padded: int64 sorted global indices
+            of the rows holding two documents, a target, padding (all of them or those known).
+        found: how the rows were found, added to each note.
+    """
+    out: list[tuple[int, str]] = []
+    run = set(idx.tolist())
+    multi_t = np.intersect1d(multi, targeted)
+
+    def add(row, note):
+        out.append((row, note))
+        run.add(row)
+
+    def has(rows) -> bool:
+        return bool(np.isin(np.fromiter(run, np.int64, len(run)), rows).any())
+
+    if multi.size and not has(multi):
+        row = _pick(seed, multi_t, multi)
+        add(row, f"no sampled row held two documents; added row {row}{found}")
+    if targeted.size and not has(targeted):
+        row = _pick(seed, multi_t, targeted)
+        add(row, f"no sampled row holds a target; added row {row}, which does{found}")
+    padded_t = np.intersect1d(padded, targeted)
+    need = padded_t if padded_t.size else padded
+    if need.size and not has(need):
+        row = _pick(seed, np.intersect1d(need, multi), need)
+        what = ("no sampled row has padding" if not has(padded) else
+                "no sampled row with padding holds a target")
+        add(row, f"{what}; added row {row}, which does{found}")
+    return out
 
 
 def _scan_more(scan, reader, convention: str, row: int, label_masked: bool) -> None:
@@ -78,6 +119,7 @@ def _scan_more(scan, reader, convention: str, row: int, label_masked: bool) -> N
         scan.bad.setdefault(k, []).extend(v)
     scan.segments.update(more.segments)
     scan.padded.extend(more.padded)
+    scan.targeted.extend(more.targeted)
     scan.rows_checked += more.rows_checked
 
 
@@ -244,39 +286,41 @@ def run_verify(
         for g, k in scan.segments.items():
             seg[g] = k
         multi = np.flatnonzero(seg >= 2)
+        targeted = scan.target_rows()
         report.multi_doc_rows = bool(multi.size)
-        pool = multi if multi.size else np.arange(n_rows)
+        # what the output holds for the loss and gradient checks to measure
+        has_targets = bool(targeted.size)
+        has_padded_targets = bool(np.intersect1d(scan.padded_rows(), targeted).size)
+        # rows holding two documents and a target first: every model check measures them
+        multi_t = np.intersect1d(multi, targeted)
+        pool = next(p for p in (multi_t, multi, targeted, np.arange(n_rows)) if p.size)
         idx = pool[select_rows(pool.size, rows, seed)]
-        padded = scan.padded_rows()
-        if not data_only and padded.size and not np.isin(idx, padded).any():
-            # the padding checks need a padded row: one more, holding two documents if any does
-            both = np.intersect1d(padded, multi)
-            from_ = both if both.size else padded
-            extra = int(from_[np.random.default_rng(seed).integers(from_.size)])
-            report.notes.append(f"no sampled row has padding; added row {extra}, which does")
-            idx = np.sort(np.append(idx, extra))
+        if not data_only:
+            extra = _rows_to_add(idx, multi, targeted, scan.padded_rows(), seed)
+            report.notes.extend(note for _, note in extra)
+            idx = np.unique(np.append(idx, [r for r, _ in extra]).astype(np.int64))
     else:
         idx = select_rows(n_rows, rows, seed)
         scan = scan_contract(reader, convention, indices=idx, label_masked=label_masked)
-        report.multi_doc_rows = any(scan.segments[int(i)] >= 2 for i in idx) or None
-        if not data_only and not report.multi_doc_rows:
-            extra = _find_row(reader, seed)
-            report.multi_doc_rows = extra is not None
-            if extra is None:
+        multi = np.array([i for i in idx.tolist() if scan.segments[i] >= 2], dtype=np.int64)
+        targeted = scan.target_rows()
+        report.multi_doc_rows = bool(multi.size) or None
+        has_targets = bool(targeted.size)
+        has_padded_targets = bool(np.intersect1d(scan.padded_rows(), targeted).size)
+        if not data_only and not (np.intersect1d(multi, targeted).size and has_padded_targets):
+            # what the sample lacks may be elsewhere: the cheap columns of every row say
+            multi, targeted, padded = _row_sets(reader)
+            report.multi_doc_rows = bool(multi.size)
+            has_targets = bool(targeted.size)
+            has_padded_targets = bool(np.intersect1d(padded, targeted).size)
+            if not multi.size:
                 report.notes.append("no row of the output holds two or more documents")
-            else:
-                report.notes.append(f"no sampled row held two documents; added row {extra}, "
-                                    "found by reading doc_ids")
-                _scan_more(scan, reader, convention, extra, label_masked)
-                idx = np.sort(np.append(idx, extra))
-        if not data_only and not np.isin(idx, scan.padded_rows()).any():
-            # the padding checks need a padded row: one more, found by reading cu_seqlens
-            extra = _find_row(reader, seed, padded=True)
-            if extra is not None:
-                report.notes.append(f"no sampled row has padding; added row {extra}, found by "
-                                    "reading cu_seqlens")
-                _scan_more(scan, reader, convention, extra, label_masked)
-                idx = np.sort(np.append(idx, extra))
+            for row, note in _rows_to_add(idx, multi, targeted, padded, seed,
+                                          ", found by reading doc_ids, num_targets and "
+                                          "cu_seqlens"):
+                report.notes.append(note)
+                _scan_more(scan, reader, convention, row, label_masked)
+                idx = np.sort(np.append(idx, row))
     for check in CONTRACT_CHECKS:
         if check not in wanted:
             continue
@@ -313,16 +357,25 @@ def run_verify(
     _run_models(report, reader, [int(i) for i in idx], reader.capacity, convention, explicit,
                 backends, wanted, seed, batch_size, compile, attend_overrides or {}, device,
                 max_memory, progress, label_masked, window, hf_config, scan.bad)
-    from packtool.verify.equivalence import NO_PADDING
+    from packtool.verify.equivalence import NO_PADDED_TARGETS, NO_PADDING, NO_TARGETS
 
     # a check the output gives nothing to look at (no padding in the rows run; no boundary
-    # between documents anywhere, B22) is skipped, required only when named with --check
+    # between documents anywhere, B22; no target anywhere, so no loss) is skipped, required
+    # only when named with --check
     for r in report.results:
         no_boundary = r.check == "isolation" and report.multi_doc_rows is False
-        if r.status == SKIP and (no_boundary or r.message == NO_PADDING):
+        no_targets = ((r.message == NO_TARGETS and not has_targets)
+                      or (r.message == NO_PADDED_TARGETS and not has_padded_targets))
+        if r.status == SKIP and (no_boundary or no_targets or r.message == NO_PADDING):
             r.required = checks is not None and r.check in checks
             if no_boundary:
                 r.message = "no row of the output holds two or more documents"
+            elif r.message == NO_TARGETS:
+                r.message = ("no row of the output holds a target (a label other than -100): "
+                             "no loss, so nothing to compare and no gradient to look at")
+            elif no_targets:
+                r.message = ("no row of the output holds both padding and a target: no loss "
+                             "gradient could reach the padding")
         elif (r.status == SKIP and r.check == "isolation" and report.windows
               and report.multi_doc_rows and not r.figures.get("rows_multi_doc")):
             # rows with two documents were run, but no window of them held a boundary (a

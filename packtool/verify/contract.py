@@ -474,6 +474,9 @@ class ContractScan:
     #: global indices of the scanned rows holding padding (a ``segment_ids`` 0), one int64
     #: array per block read (:meth:`padded_rows`)
     padded: list = field(default_factory=list)
+    #: global indices of the scanned rows holding a target (a label other than -100 in the
+    #: labels the reader gives), one int64 array per block read (:meth:`target_rows`)
+    targeted: list = field(default_factory=list)
     labels_stored: bool = True
     segment_multiple: int = 1  #: N of ``--segment-multiple`` the output was packed with
     #: the checks of :data:`WHOLE_OUTPUT_CHECKS` that did not run, and why (a scan of some
@@ -485,6 +488,12 @@ class ContractScan:
         if not self.padded:
             return np.zeros(0, dtype=np.int64)
         return np.unique(np.concatenate(self.padded))
+
+    def target_rows(self) -> np.ndarray:
+        """int64[T], sorted: the global indices of the scanned rows holding a target."""
+        if not self.targeted:
+            return np.zeros(0, dtype=np.int64)
+        return np.unique(np.concatenate(self.targeted))
 
 
 def schema_problem(schema, manifest) -> str | None:
@@ -603,6 +612,9 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
         pad = (np.asarray(cols["segment_ids"]) == 0).any(1)  # shape: (len(rows),)
         if pad.any():
             scan.padded.append(block.first + rows[pad].astype(np.int64))
+        has_t = (np.asarray(cols["labels"]) != IGNORE_INDEX).any(1)  # shape: (len(rows),)
+        if has_t.any():
+            scan.targeted.append(block.first + rows[has_t].astype(np.int64))
         for i, check, q, msg in check_block(cols, reader.capacity, convention, label_masked,
                                             multiple, num_sources=num_sources, pad_id=pad_id,
                                             num_docs=num_docs):

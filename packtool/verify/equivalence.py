@@ -18,6 +18,12 @@ them, and :func:`run_checks` returns the results by name:
   through attention);
 * ``finite``: no NaN or inf in logits or gradients, padding included (B07, B22).
 
+A check with nothing to measure is skipped, with the reason, never passed: ``isolation`` on rows
+holding one document each, ``loss_denominator`` and the gradient checks on rows without a target
+(no loss: the gradients are 0 whatever the masks; only rows holding a target count for them),
+``grad_zero_padding`` on rows without padding. :func:`packtool.verify.checks.run_verify` decides
+whether such a skip is required (always when named with ``--check``).
+
 NaN or inf is never read as a leak: each check counts its non-finite values apart
 (``nan_or_inf``), fails on them saying so, and says where they come from (:func:`nonfinite_cause`:
 the model on a document alone, the padding alone, or the packed rows); its leak figure is taken
@@ -95,8 +101,14 @@ class Measurements:
     iso_other: _Max = field(default_factory=_Max)
     iso_effect_min: float = float("inf")
     iso_effect_where: dict | None = None
+    #: the loss gradient on the logits of positions without a target, and the gradient at
+    #: padding inputs: measured in rows holding a target only (in a row without one the loss
+    #: has no gradient at all, so a 0 there shows nothing)
     grad_ignored: _Max = field(default_factory=_Max)
     grad_pad: _Max = field(default_factory=_Max)
+    #: rows run holding at least one target; rows run holding padding
+    rows_with_targets: int = 0
+    rows_padded: int = 0
     nonfinite_rows: int = 0
     nonfinite_where: dict | None = None
     #: token positions with a NaN or inf in their logits or gradients: on padding, on a
@@ -308,10 +320,16 @@ def measure_batch(m: Measurements, runner, batch: dict, spans: list, refs: list,
         has_target = tmask.clone() if shifted else torch.zeros_like(tmask)
         if not shifted:
             has_target[:, :-1] = tmask[:, 1:]
+        row_targets = tmask.any(1)  # shape: (B,)
         for r in range(B):
+            padding = seg[r] == 0
+            m.rows_padded += bool(padding.any())
+            if not bool(row_targets[r]):  # no loss in this row: its gradients are 0 whatever
+                continue
+            m.rows_with_targets += 1
             m.grad_ignored.add(g_BC[r][~has_target[r]], _where(batch, r))
             if backward:
-                m.grad_pad.add(h.grad[r][seg[r] == 0].float().abs(), _where(batch, r))
+                m.grad_pad.add(h.grad[r][padding].float().abs(), _where(batch, r))
         m.loss_packed_sum += float(ce.sum())
         m.targets_packed += n_t
         for r in range(B):
@@ -557,6 +575,9 @@ def loss_denominator(m: Measurements) -> CheckResult:
                        f"this segment's loss differs from its document's alone by "
                        f"{m.seg_loss.max:.3g} per target (> {4 * m.tol:.3g}) with as many "
                        f"targets: {cause}")
+    if not m.targets_packed and not m.targets_ref:  # nothing to compare: 0 == 0 shows nothing
+        return _result(m, "loss_denominator", SKIP, {"targets_packed": 0, "targets_per_doc": 0},
+                       None, NO_TARGETS)
     if m.targets_packed != m.targets_ref or abs(p_mean - r_mean) > tol:
         return _result(m, "loss_denominator", FAIL, figs, m.seg_loss.where,
                        f"packed loss {p_mean:.6g} over {m.targets_packed} targets != "
@@ -568,7 +589,11 @@ def grad_zero_ignored(m: Measurements) -> CheckResult:
     """The loss gradient on logits of positions without a target is exactly 0 (a NaN or inf
     there fails, said as such)."""
     g = m.grad_ignored
-    figs = {"max_grad_ignored_logits": g.finite_max}
+    if not g.n:  # no row with a target (or, never seen, no position without one)
+        return _result(m, "grad_zero_ignored", SKIP, {}, None,
+                       NO_TARGETS if not m.rows_with_targets else
+                       "no position without a target in the rows run through the model")
+    figs = {"max_grad_ignored_logits": g.finite_max, "rows_with_targets": m.rows_with_targets}
     fault = "non-zero gradient on the logits of a position without target"
     if g.nonfinite:
         figs["nan_or_inf"] = g.nonfinite
@@ -584,6 +609,13 @@ def grad_zero_ignored(m: Measurements) -> CheckResult:
 
 #: why ``grad_zero_padding`` is skipped on rows without padding (required only when named)
 NO_PADDING = "no padding in the rows run through the model"
+#: why ``loss_denominator`` and the gradient checks are skipped when no row run holds a target
+#: (required only when named, or when rows of the output hold targets)
+NO_TARGETS = ("no target in the rows run through the model: no loss, so nothing to compare and "
+              "no gradient to look at")
+#: why ``grad_zero_padding`` is skipped when the padded rows run hold no target
+NO_PADDED_TARGETS = ("no row run through the model holds both padding and a target: no loss "
+                     "gradient could reach the padding")
 
 
 def grad_zero_padding(m: Measurements) -> CheckResult:
@@ -594,7 +626,10 @@ def grad_zero_padding(m: Measurements) -> CheckResult:
         return _result(m, "grad_zero_padding", SKIP, {}, None, m.no_backward_reason,
                        required=False)
     if not m.grad_pad.n:  # nothing to look at: passing would say what was never seen
-        return _result(m, "grad_zero_padding", SKIP, {}, None, NO_PADDING, required=False)
+        if not m.rows_padded:
+            return _result(m, "grad_zero_padding", SKIP, {}, None, NO_PADDING, required=False)
+        return _result(m, "grad_zero_padding", SKIP, {}, None,
+                       NO_TARGETS if not m.rows_with_targets else NO_PADDED_TARGETS)
     g = m.grad_pad
     leak = g.finite_max > m.grad_pad_tol
     figs = {"max_grad_padding_inputs": g.finite_max}

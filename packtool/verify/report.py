@@ -16,6 +16,12 @@ Every result is ``pass``, ``fail`` or ``skip``; a skip carries its reason and wh
   document per row: no boundary between documents exists; a model check must still have run,
   and ``isolation`` is listed as skipped, not required, unless asked for with ``--check``).
 
+A model check with nothing to measure in the rows run is skipped with its reason, never passed:
+``isolation`` without a row holding two documents, ``loss_denominator`` and the gradient checks
+without a row holding a target (no loss), ``grad_zero_padding`` without padding. Such a skip is
+required (the verdict is false) when the check was named with ``--check``, or when the output
+has what the rows run lacked.
+
 :meth:`VerifyReport.problems` lists, in words, every reason the verdict is false.
 """
 

@@ -230,6 +230,8 @@ def test_named_checks_each_read_their_own_measurement():
         m.iso_other.add(torch.tensor([0.0]), {"row": 0})
         m.iso_effect_min = 1.0
         m.grad_pad.add(torch.tensor([0.0]), {"row": 0})  # padding was seen, its gradient 0
+        m.grad_ignored.add(torch.tensor([0.0]), {"row": 0})  # and a position without target
+        m.rows_with_targets = m.rows_padded = 1
         m.loss_packed_sum = m.loss_ref_sum = 6.0
         m.targets_packed = m.targets_ref = 3
         return m
@@ -448,6 +450,8 @@ def _clean_measurements():
     m.iso_other.add(torch.tensor([0.0]), {"row": 0})
     m.iso_effect_min = 1.0
     m.grad_pad.add(torch.tensor([0.0]), {"row": 0})
+    m.grad_ignored.add(torch.tensor([0.0]), {"row": 0})
+    m.rows_with_targets = m.rows_padded = 1
     m.loss_packed_sum = m.loss_ref_sum = 6.0
     m.targets_packed = m.targets_ref = 3
     return m
@@ -543,3 +547,84 @@ def test_padding_is_checked_when_only_single_document_rows_have_it(tmp_path, sca
         assert pad.status == PASS, rep.format_text()
         assert any("no sampled row has padding; added row" in n for n in rep.notes), rep.notes
         assert len(rep.rows) == 3 and rep.ok, rep.format_text()
+
+
+def test_checks_with_nothing_to_measure_are_skipped_with_their_reason_never_passed():
+    """No target in the rows run: no loss, so loss_denominator compared 0 with 0 and the
+    gradient checks looked at gradients that are 0 whatever the masks; each passed. They are
+    skipped now, saying why, as isolation is without a row holding two documents."""
+    from packtool.verify.equivalence import NO_PADDED_TARGETS, NO_PADDING, NO_TARGETS
+
+    m = Measurements("sdpa", rows=2, rows_multi_doc=1, tol=1e-5)
+    m.logit.add(torch.tensor([1e-7]), {"row": 0})
+    m.iso_other.add(torch.tensor([0.0]), {"row": 0})
+    m.iso_effect_min = 1.0
+    m.rows_padded = 1
+    res = run_checks(m)
+    for name in ("loss_denominator", "grad_zero_ignored", "grad_zero_padding"):
+        assert res[name].status == SKIP and res[name].message == NO_TARGETS, res[name]
+    assert res["loss_denominator"].figures == {"targets_packed": 0, "targets_per_doc": 0}
+    assert {res[n].status for n in ("logits_match", "isolation", "finite")} == {PASS}
+    m.rows_with_targets = 1  # targets, but not in the padded row
+    m.targets_packed = m.targets_ref = 2
+    m.loss_packed_sum = m.loss_ref_sum = 4.0
+    m.grad_ignored.add(torch.tensor([0.0, 0.0]), {"row": 0})
+    res = run_checks(m)
+    assert res["grad_zero_padding"].message == NO_PADDED_TARGETS, res["grad_zero_padding"]
+    assert res["loss_denominator"].status == res["grad_zero_ignored"].status == PASS
+    assert res["grad_zero_ignored"].figures["rows_with_targets"] == 1
+    m.rows_padded = 0
+    assert run_checks(m)["grad_zero_padding"].message == NO_PADDING
+
+
+def _one_multi_row_without_targets(tmp_path):
+    """C = 2, labels shifted: [3, 4] and [6, 7] (one target each), [1, 2] (two one-token
+    documents: the only row holding two documents has no target), [5, pad] (no target)."""
+    return pack_docs(tmp_path, [[1], [2], [3, 4, 5], [6, 7]], 2, "--labels", "shifted")
+
+
+@pytest.mark.parametrize("scan", [(), ("--no-scan",)])
+def test_loss_checks_run_on_rows_holding_targets(tmp_path, scan):
+    """The sample took the one row holding two documents and the padded row, neither with a
+    target: loss_denominator passed with packed_loss=0 over targets_packed=0 and
+    grad_zero_ignored passed, measuring nothing. A row holding a target is now added."""
+    out = _one_multi_row_without_targets(tmp_path)
+    r = _verify(out, *scan, "--backend", "sdpa", "--rows", "1", "--check", "loss_denominator",
+                "--check", "grad_zero_ignored", "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output[r.output.index("{"):])
+    res = {x["check"]: x for x in rep["results"] if x["backend"] == "sdpa"}
+    assert res["loss_denominator"]["status"] == PASS
+    assert res["loss_denominator"]["figures"]["targets_packed"] >= 1, res
+    assert res["grad_zero_ignored"]["status"] == PASS
+    assert res["grad_zero_ignored"]["figures"]["rows_with_targets"] >= 1, res
+    if not scan:  # the sample is drawn from the rows holding two documents: row 2
+        assert any("no sampled row holds a target; added row" in n for n in rep["notes"]), rep
+    # the padded row holds no target, nor does any other padded row: grad_zero_padding has
+    # nothing to look at; skipped, not required, unless named
+    full = run_verify(out, backends=["sdpa"], scan_all=not scan)
+    pad = full.get("sdpa", "grad_zero_padding")
+    assert pad.status == SKIP and not pad.required and full.ok, full.format_text()
+    assert "no row of the output holds both padding and a target" in pad.message
+    r = _verify(out, *scan, "--backend", "sdpa", "--check", "grad_zero_padding")
+    assert r.exit_code == 1 and "check grad_zero_padding on backend sdpa did not run" in r.output
+
+
+@pytest.mark.parametrize("scan", [(), ("--no-scan",)])
+def test_an_output_without_targets_skips_the_loss_checks_and_fails_them_when_named(tmp_path,
+                                                                                  scan):
+    """Every document one token long: no row of the output holds a target. The loss and
+    gradient checks are skipped, not required, saying so, and fail the verdict when named with
+    --check, exactly as isolation does on an output of one document per row."""
+    out = pack_docs(tmp_path, [[1], [2], [3], [4], [5]], 2, "--labels", "shifted")
+    r = _verify(out, *scan, "--backend", "sdpa")
+    assert r.exit_code == 0, r.output
+    for name in ("loss_denominator", "grad_zero_ignored", "grad_zero_padding"):
+        line = next(ln for ln in r.output.splitlines() if f" {name} " in ln)
+        assert line.startswith("SKIP") and "no row of the output holds a target" in line, line
+        assert line.endswith("[not required]"), line
+    for name in ("loss_denominator", "grad_zero_ignored", "grad_zero_padding"):
+        r = _verify(out, *scan, "--backend", "sdpa", "--check", name)
+        assert r.exit_code == 1, r.output
+        assert f"check {name} on backend sdpa did not run: no row of the output holds a " \
+               "target" in r.output, r.output
