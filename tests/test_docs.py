@@ -392,3 +392,35 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path, monkeypatc
         pat = _pattern(msg)
         assert any(pat.search(p) for p in printed), f"docs/robustness.md quotes {msg!r}, " \
             f"which packtool does not print:\n" + "\n".join(printed)
+
+
+# ---- docs/output.md: the doc_offsets example is what pack writes --------------------------------
+
+DOC_OFFSETS_EXAMPLE = (
+    "Example of `doc_offsets`: the input row `input_ids [0,0,5,6,7,8,9]`, `attention_mask\n"
+    "[0,0,1,1,1,1,1]` packed with `--prepend-bos 1` at C = 4 is the document `[1,5,6,7,8,9]` (the\n"
+    "mask's 0s removed, the BOS added), split into the segments `[1,5,6,7]` with `doc_offsets` 0 and\n"
+    "`[8,9]` with `doc_offsets` 4: token 8 is token 4 of the document as packed (token 5 of the input\n"
+    "row).")
+
+
+@pytest.mark.parametrize("more", [[], ["--segment-multiple", "2"]])
+def test_output_doc_offsets_example_is_what_pack_writes(tmp_path, more):
+    """docs/output.md says what doc_offsets counts (tokens of the document as packed: the
+    attention mask's 0s removed, an added BOS counted, no --segment-multiple padding) with an
+    example; packing that example writes it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from click.testing import CliRunner
+    from conftest import read_rows
+
+    assert DOC_OFFSETS_EXAMPLE in (ROOT / "docs" / "output.md").read_text()
+    pq.write_table(pa.table({"input_ids": [[0, 0, 5, 6, 7, 8, 9]],
+                             "attention_mask": [[0, 0, 1, 1, 1, 1, 1]]}), tmp_path / "a.parquet")
+    res = CliRunner().invoke(cli, ["pack", "-q", "-c", "4", "--prepend-bos", "1", *more,
+                                   str(tmp_path / "a.parquet"), str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    pieces = sorted((r["doc_offsets"][0], [t for t, s in zip(r["input_ids"], r["segment_ids"])
+                                           if s]) for r in read_rows(tmp_path / "out"))
+    assert pieces == [(0, [1, 5, 6, 7]), (4, [8, 9])]
