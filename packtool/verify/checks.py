@@ -334,6 +334,9 @@ def run_verify(
         why = scan.not_run.get(check)
         if check == "padding" and "pad_id" not in reader.manifest.options:
             why = "the manifest records no pad_id"
+        elif (check == "padding" and not scan.padded_rows().size
+              and not scan.bad.get("segment_ids")):  # segment_ids rebuilt from cu_seqlens
+            why = "no padding in the rows checked: no token outside a document to compare"
         if why and not bad:
             report.add(CheckResult("data", check, SKIP, {"rows_checked": scan.rows_checked},
                                    None, why, required=checks is not None))

@@ -628,3 +628,22 @@ def test_an_output_without_targets_skips_the_loss_checks_and_fails_them_when_nam
         assert r.exit_code == 1, r.output
         assert f"check {name} on backend sdpa did not run: no row of the output holds a " \
                "target" in r.output, r.output
+
+
+def test_the_padding_column_check_is_skipped_on_rows_without_padding(tmp_path):
+    """[11,12,13] and [21,22] fill C = 5: no token outside a document. The padding column check
+    passed having compared nothing; it is skipped, not required, saying why, and fails the
+    verdict when named with --check. With padding it runs and passes."""
+    out = pack_docs(tmp_path, [[11, 12, 13], [21, 22]], 5)
+    r = _verify(out, "--data-only")
+    assert r.exit_code == 0, r.output
+    line = next(ln for ln in r.output.splitlines() if " padding " in ln)
+    assert line.startswith("SKIP") and "no padding in the rows checked" in line, line
+    assert line.endswith("[not required]"), line
+    r = _verify(out, "--data-only", "--check", "padding")
+    assert r.exit_code == 1 and "check padding on backend data did not run" in r.output, r.output
+    padded = pack_docs(tmp_path, [[11, 12, 13], [21, 22]], 6, name="padded")
+    r = _verify(padded, "--data-only", "--check", "padding")
+    assert r.exit_code == 0 and any(ln.startswith("PASS") and " padding " in ln
+                                    for ln in r.output.splitlines()), r.output
+
