@@ -291,10 +291,16 @@ def run_verify(
         # what the output holds for the loss and gradient checks to measure
         has_targets = bool(targeted.size)
         has_padded_targets = bool(np.intersect1d(scan.padded_rows(), targeted).size)
-        # rows holding two documents and a target first: every model check measures them
-        multi_t = np.intersect1d(multi, targeted)
-        pool = next(p for p in (multi_t, multi, targeted, np.arange(n_rows)) if p.size)
-        idx = pool[select_rows(pool.size, rows, seed)]
+        # drawn from the rows holding two documents (all rows when none does), those holding a
+        # target first: every model check measures them
+        pool = multi if multi.size else np.arange(n_rows, dtype=np.int64)
+        first = np.intersect1d(pool, targeted)
+        idx = first[select_rows(first.size, rows, seed)]
+        want = DEFAULT_ROWS if rows is None else rows
+        rest = np.setdiff1d(pool, first)
+        if rest.size and (want <= 0 or idx.size < want):
+            idx = np.union1d(idx, rest[select_rows(rest.size, want - idx.size if want > 0 else 0,
+                                                   seed)])
         if not data_only:
             extra = _rows_to_add(idx, multi, targeted, scan.padded_rows(), seed)
             report.notes.extend(note for _, note in extra)

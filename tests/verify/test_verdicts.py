@@ -647,3 +647,13 @@ def test_the_padding_column_check_is_skipped_on_rows_without_padding(tmp_path):
     assert r.exit_code == 0 and any(ln.startswith("PASS") and " padding " in ln
                                     for ln in r.output.splitlines()), r.output
 
+
+def test_the_sample_takes_rows_with_targets_first_then_the_other_multi_document_rows(tmp_path):
+    """C = 4: three rows of two 2-token documents (targets) and three of four 1-token documents
+    (no target). --rows 4 runs the three rows with targets and one other, not fewer."""
+    docs = [[10 + i, 20 + i] for i in range(6)] + [[30 + i] for i in range(12)]
+    out = pack_docs(tmp_path, docs, 4, "--labels", "shifted")
+    rep = run_verify(out, rows=4, backends=["sdpa"], checks=["loss_denominator"])
+    assert rep.ok and len(rep.rows) == 4, rep.format_text()
+    den = rep.get("sdpa", "loss_denominator")
+    assert den.figures["targets_packed"] == 6, den.figures  # every target of the output
