@@ -85,6 +85,9 @@ class PackedAnalysis:
     #: the BOS/EOS ids tokenize added (:class:`~packtool.formats.manifest.Tokenization`, the
     #: manifest's); None when not recorded
     tokenized: object = None
+    #: one line per fault of the rows that no total shows, each naming its shard and row: a
+    #: document whose pieces carry two ``source_ids`` (the per-source figures are then wrong)
+    faults: list = field(default_factory=list)
 
     @property
     def row_fill(self) -> np.ndarray:
@@ -106,6 +109,7 @@ class PackedAnalysis:
              "manifest_totals": self.manifest_totals,
              "mismatches": {k: {"recounted": a, "manifest": b}
                             for k, (a, b) in self.mismatches.items()},
+             "faults": list(self.faults),
              "fill_histogram": {"edges": _FILL_EDGES.tolist(), "rows": self.fill_hist},
              "fill_quantiles": _count_quantiles(self.fill_counts),
              # no timing: an unchanged output gives the same JSON on every run (the text
@@ -204,10 +208,28 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                       per_bin_limit=per_bin_limit if per_bin else 0,
                       num_docs=reader.manifest.totals.docs_in,
                       concat=reader.manifest.options.get("strategy") == "concat")
-    read = reader.columns_read(recount.columns())
-    for block in reader.iter_blocks(recount.columns()):
-        recount.add(block)
+    cols = recount.columns()
+    pieces = None  # a document comes from one source: its pieces' source_ids must agree
+    if recount.n_src and "doc_offsets" in reader.columns:
+        from packtool.verify.contract import DocumentPieces
+
+        pieces = DocumentPieces(C)
+        cols.append("doc_offsets")
+        if "cu_seqlens_unpadded" in reader.columns and "cu_seqlens_unpadded" not in cols:
+            cols.append("cu_seqlens_unpadded")
+    read = reader.columns_read(cols)
+    for block in reader.iter_blocks(cols):
+        recount.add(block)  # refuses rows whose ragged columns cannot be counted on
+        if pieces is not None:
+            pieces.add(block)
     reader.close()
+
+    def name(g):
+        s, r = reader.locate(g)
+        return f"{reader.shards[s]} row {r}"
+
+    mixed = pieces.source_problem(name) if pieces is not None else None
+    faults = [mixed[2]] if mixed is not None else []
     totals = reader.manifest.totals.to_dict()
     figures = recount.figures(totals)
     base = {k: v for k, v in totals.items() if k in PackStats.__dataclass_fields__}
@@ -237,7 +259,8 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                           per_bin_asked=per_bin,
                           warnings=stats.output_warnings(reader.manifest.options) + vocab + (
                               [stale] if stale else []),
-                          tokenized=reader.manifest.tokenized)
+                          tokenized=reader.manifest.tokenized,
+                          faults=faults)
 
 
 @dataclass(frozen=True)
@@ -684,6 +707,7 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
             lines.append(f"  MISMATCH {k}: recounted {rc:,}, manifest {int(m):,}")
     else:
         lines.append("  manifest totals agree with the recount")
+    lines.extend(f"  FAULT {f}" for f in a.faults)
     if a.per_bin_asked and not a.per_bin:
         lines.append(f"  total targets {s.effective_targets:,} over {s.rows:,} rows")
     if a.per_bin:

@@ -766,6 +766,9 @@ def stats(ctx, path, per_bin, per_bin_limit, per_source_limit, no_hash, as_json,
         analysis.plot_packed(a, plot)
         if not as_json:
             click.echo(f"wrote {plot}")
+    if a.faults:
+        raise PacktoolError(f"{display(path[0])}: {a.faults[0]}: rerun the same packtool pack "
+                            "with --overwrite")
     if a.mismatches:
         k, (rc, m) = next(iter(a.mismatches.items()))
         raise PacktoolError(f"{display(path[0])}: recounted {k} {rc} differs from the "

@@ -362,6 +362,8 @@ class DocumentPieces:
     at offset 0. Checked:
 
     * no two segments hold a document at offset 0 (a duplicated row or segment), always;
+    * every piece of a document carries the same ``source_ids`` entry (``pack --source-column``:
+      a document comes from one source), always;
     * when the manifest says no planned row was left out (``--min-fill`` drops pieces), every
       document seen has its piece at offset 0, and each later piece starts where the one
       before it ends (no gap, no overlap, no duplicate).
@@ -373,24 +375,35 @@ class DocumentPieces:
     def __init__(self, capacity: int) -> None:
         self.C = int(capacity)
         self.start_bits = np.zeros(0, dtype=np.uint8)  # one bit per doc id: a piece at offset 0
-        self.parts: list = []  # (doc, offset, end, global row) of the kept pieces, per block
+        #: (doc, offset, end, global row, source id or -1) of the kept pieces, per block
+        self.parts: list = []
         self.twice: tuple | None = None  # (doc, global row) of the first start seen twice
         self.negative: tuple | None = None  # (doc, offset, global row) of a negative offset
 
-    def add(self, block, real_len_S: np.ndarray, span_end_S: np.ndarray) -> None:
+    def add(self, block, real_len_S: np.ndarray | None = None,
+            span_end_S: np.ndarray | None = None) -> None:
         """Count one row group's segments.
 
         Args:
             block: a :class:`~packtool.formats.packed.Block` holding ``doc_ids`` and
-                ``doc_offsets``.
+                ``doc_offsets`` (and ``source_ids``, when the output has them, whose entries
+                the pieces of a document must agree on), whose ragged columns passed
+                :func:`packtool.recount.ragged_faults`.
             real_len_S: int64[S], the real tokens of each document segment (S = the block's
-                ``doc_ids`` entries, in order).
-            span_end_S: int64[S], where each segment's span ends in its row.
+                ``doc_ids`` entries, in order); None: computed from the block's
+                ``cu_seqlens`` (and ``cu_seqlens_unpadded`` when it holds them).
+            span_end_S: int64[S], where each segment's span ends in its row (None: as
+                ``real_len_S``).
         """
+        if real_len_S is None or span_end_S is None:
+            real_len_S, span_end_S = _document_segments(
+                block, self.C, "cu_seqlens_unpadded" in block.ragged)
         doc, k_off = block.ragged["doc_ids"]
         off = block.ragged["doc_offsets"][0].astype(np.int64)  # shape: (S,)
         if doc.size == 0:
             return
+        src = (block.ragged["source_ids"][0].astype(np.int64) if "source_ids" in block.ragged
+               else np.full(doc.size, -1, dtype=np.int64))  # shape: (S,)
         doc = doc.astype(np.int64)
         row_S = block.first + np.repeat(np.arange(block.num_rows, dtype=np.int64),
                                         np.diff(k_off))  # shape: (S,), global rows
@@ -407,9 +420,47 @@ class DocumentPieces:
         keep = ~zero | (span_end_S == self.C)
         if keep.any():
             self.parts.append(np.stack([doc[keep], off[keep], off[keep] + real_len_S[keep],
-                                        row_S[keep]]))
+                                        row_S[keep], src[keep]]))
 
-    def problems(self, seen_bits: np.ndarray, lossless: bool) -> list[tuple[int, int, str]]:
+    def _kept(self) -> np.ndarray:
+        """int64[5, kept pieces]: doc, offset, end, global row, source id of every kept piece."""
+        return (np.concatenate(self.parts, axis=1) if self.parts
+                else np.zeros((5, 0), dtype=np.int64))
+
+    def source_problem(self, locate=None) -> tuple[int, int, str] | None:
+        """``(global row, document, message)`` of the first document whose pieces carry two
+        ``source_ids`` (each piece compared with the document's piece of the lowest offset);
+        None when every document's pieces agree or the output has no ``source_ids``.
+
+        Every piece of a split document is kept (its first fills its row, the later ones are
+        at an offset over 0), so no disagreement among them goes unseen.
+
+        Args:
+            locate: ``callable(global row) -> str`` naming a row in the message (e.g.
+                ``part-00000.parquet row 3``); None: ``row N`` of the whole output.
+        """
+        doc, off, _, row, src = self._kept()
+        if not (src >= 0).any():
+            return None
+        name = locate or (lambda g: f"row {g}")
+        order = np.lexsort((off, doc))
+        doc, off, row, src = doc[order], off[order], row[order], src[order]
+        head = np.ones(doc.size, dtype=bool)  # first piece (lowest offset) of each document
+        head[1:] = doc[1:] != doc[:-1]
+        first = np.maximum.accumulate(np.where(head, np.arange(doc.size), 0))  # shape: (K,)
+        bad = src != src[first]
+        if not bad.any():
+            return None
+        j = int(np.argmax(bad))
+        i, d = int(first[j]), int(doc[j])
+        return (int(row[j]), d, f"document {d} has pieces of two sources: its piece at "
+                f"doc_offsets {int(off[j])} ({name(int(row[j]))}) has source_id {int(src[j])}, "
+                f"its piece at doc_offsets {int(off[i])} ({name(int(row[i]))}) has source_id "
+                f"{int(src[i])}; a document comes from one source, so a source id was changed "
+                "after packing (the per-source figures count its tokens to the wrong source)")
+
+    def problems(self, seen_bits: np.ndarray, lossless: bool,
+                 locate=None) -> list[tuple[int, int, str]]:
         """``[(global row, document, message)]`` (the first of each kind).
 
         Args:
@@ -417,6 +468,7 @@ class DocumentPieces:
                 (:attr:`packtool.recount.Recount.seen_bits`).
             lossless: no planned row was left out (the manifest's ``rows_dropped`` is 0), so
                 every piece of every document seen is in the output.
+            locate: names a row in messages that speak of two (:meth:`source_problem`).
         """
         out = []
         if self.negative is not None:
@@ -426,11 +478,12 @@ class DocumentPieces:
             d, r = self.twice
             out.append((r, d, f"document {d} starts (doc_offsets 0) in two segments, the second "
                         "here: a duplicated row or segment (its tokens train twice)"))
+        mixed = self.source_problem(locate)
+        if mixed is not None:
+            out.append(mixed)
         if not lossless:
             return out
-        parts = (np.concatenate(self.parts, axis=1) if self.parts
-                 else np.zeros((4, 0), dtype=np.int64))  # shape: (4, kept pieces)
-        doc, off, end, row = parts
+        doc, off, end, row, _ = self._kept()  # shape: (kept pieces,) each
         starts = np.zeros(seen_bits.size, dtype=np.uint8)
         starts[:min(self.start_bits.size, seen_bits.size)] = self.start_bits[:seen_bits.size]
         lacking = np.flatnonzero(np.unpackbits(seen_bits & ~starts, bitorder="little"))
@@ -658,7 +711,11 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
                                   ] * len(wrong)
         if pieces is not None and not scan.not_run.get("doc_offsets"):
             lossless = not int(totals.get("rows_dropped", 0))
-            for row, _, msg in pieces.problems(recount.seen_bits, lossless)[:1]:
+            def name(g):
+                s, r = reader.locate(g)
+                return f"{reader.shards[s]} row {r}"
+
+            for row, _, msg in pieces.problems(recount.seen_bits, lossless, name)[:1]:
                 s, r = reader.locate(row) if row >= 0 else (0, -1)
                 where = {"shard": reader.shards[s], "row": r} if row >= 0 else None
                 scan.bad["doc_offsets"] = [(where, msg)]

@@ -154,3 +154,47 @@ def test_tied_figures_of_untouched_outputs_agree(tmp_path, options):
     for o in [out] + ([out.with_name(out.name + "-holdout")] if "--holdout" in options else []):
         assert not analyze_packed(o, check_hashes=False).mismatches, o
         assert run_verify(o, data_only=True, check_hashes=False).ok
+
+
+@pytest.mark.parametrize("piece", [0, 1, -1])
+def test_a_piece_of_a_split_document_given_another_source_fails_verify_and_stats(tmp_path,
+                                                                                  piece):
+    """A document split into pieces comes from one source: one piece (first, middle or last)
+    rewritten to carry another valid source id passed verify and stats, which then counted its
+    tokens to the wrong source. Both now fail naming the document, both ids, shard and row."""
+    src = tmp_path / "in" / "a.parquet"
+    src.parent.mkdir()
+    docs = LONG + SHORT
+    pq.write_table(pa.table({"input_ids": pa.array(docs, pa.list_(pa.int64())),
+                             "s": ["a" if i % 2 else "b" for i in range(len(docs))]}), src)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(cli, ["pack", "-c", "16", "--no-shuffle", "-q", "--source-column",
+                                   "s", str(src.parent), str(out)])
+    assert res.exit_code == 0, res.output
+    assert run_verify(out, data_only=True, check_hashes=False).ok
+    assert CliRunner().invoke(cli, ["stats", "--no-hash", str(out)]).exit_code == 0
+    rows = pq.read_table(next(out.glob("part-*.parquet"))).to_pylist()
+    held = [i for i, r in enumerate(rows) if 0 in r["doc_ids"]]  # document 0: 70 tokens
+    assert len(held) == 5
+    row = held[piece]
+    j = rows[row]["doc_ids"].index(0)
+    was = rows[row]["source_ids"][j]
+
+    def other(r):
+        s = list(r["source_ids"])
+        s[j] = 1 - was  # the other source of the table: in range, so no row check sees it
+        return s
+
+    edit_rows(out, _set(row, "source_ids", other))
+    rep = run_verify(out, data_only=True, check_hashes=False)
+    res = {r.check: r for r in rep.results}
+    assert not rep.ok and res["doc_ids"].status == PASS
+    msg = res["doc_offsets"].message
+    assert res["doc_offsets"].status == FAIL, rep.format_text()
+    assert "document 0" in msg and f"source_id {1 - was}" in msg and f"source_id {was}" in msg
+    assert "part-00000.parquet" in msg and f"row {row}" in msg
+    a = analyze_packed(out, check_hashes=False)
+    assert len(a.faults) == 1 and "document 0" in a.faults[0] and f"row {row}" in a.faults[0]
+    run = CliRunner().invoke(cli, ["stats", "--no-hash", str(out)])
+    assert run.exit_code == 1 and "document 0" in run.output, run.output
+    assert "part-00000.parquet" in run.output and "internal error" not in run.output
