@@ -85,6 +85,9 @@ class PackedAnalysis:
     #: the BOS/EOS ids tokenize added (:class:`~packtool.formats.manifest.Tokenization`, the
     #: manifest's); None when not recorded
     tokenized: object = None
+    #: field of :attr:`mismatches` -> where rows show it first (the shard and row of the first
+    #: row whose ``num_targets`` disagrees with its segments), for those rows hold
+    mismatch_where: dict = field(default_factory=dict)
     #: one line per fault of the rows that no total shows, each naming its shard and row: a
     #: document whose pieces carry two ``source_ids`` (the per-source figures are then wrong)
     faults: list = field(default_factory=list)
@@ -107,7 +110,9 @@ class PackedAnalysis:
         gives the same dict on every run."""
         d = {"path": self.path, "stats": self.stats.to_dict(), "documents": self.documents,
              "manifest_totals": self.manifest_totals,
-             "mismatches": {k: {"recounted": a, "manifest": b}
+             "mismatches": {k: {"recounted": a, "manifest": b,
+                                **({"where": self.mismatch_where[k]}
+                                   if k in self.mismatch_where else {})}
                             for k, (a, b) in self.mismatches.items()},
              "faults": list(self.faults),
              "fill_histogram": {"edges": _FILL_EDGES.tolist(), "rows": self.fill_hist},
@@ -260,7 +265,7 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                           warnings=stats.output_warnings(reader.manifest.options) + vocab + (
                               [stale] if stale else []),
                           tokenized=reader.manifest.tokenized,
-                          faults=faults)
+                          mismatch_where=recount.mismatch_where(), faults=faults)
 
 
 @dataclass(frozen=True)
@@ -704,7 +709,8 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
                          "(--per-source-limit 0 lists all; --json holds every one)")
     if a.mismatches:
         for k, (rc, m) in a.mismatches.items():
-            lines.append(f"  MISMATCH {k}: recounted {rc:,}, manifest {int(m):,}")
+            where = f"; {a.mismatch_where[k]}" if k in a.mismatch_where else ""
+            lines.append(f"  MISMATCH {k}: recounted {rc:,}, manifest {int(m):,}{where}")
     else:
         lines.append("  manifest totals agree with the recount")
     lines.extend(f"  FAULT {f}" for f in a.faults)

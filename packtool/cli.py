@@ -771,9 +771,10 @@ def stats(ctx, path, per_bin, per_bin_limit, per_source_limit, no_hash, as_json,
                             "with --overwrite")
     if a.mismatches:
         k, (rc, m) = next(iter(a.mismatches.items()))
+        where = f" ({a.mismatch_where[k]})" if k in a.mismatch_where else ""
         raise PacktoolError(f"{display(path[0])}: recounted {k} {rc} differs from the "
-                            f"manifest's {m}; the shards or the manifest were changed after "
-                            "packing: rerun the same packtool pack with --overwrite")
+                            f"manifest's {m}{where}; the shards or the manifest were changed "
+                            "after packing: rerun the same packtool pack with --overwrite")
 
 
 def _dry_run_column(paths, carried: str) -> tuple[str, str]:

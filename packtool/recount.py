@@ -197,6 +197,9 @@ class Recount:
         self.by_src = np.zeros((5, self.n_src), dtype=np.int64)  # shape: (5, sources)
         self.rows = self.segs = self.real = self.targets = self.work = 0
         self.bad_num_targets = self.seg_pad = 0
+        #: where ``num_targets`` (or a segment's labels) first disagrees with the segments:
+        #: (shard, row in the shard, what it holds against what they give); None while none
+        self.first_bad_num_targets: tuple | None = None
         self.fill_counts = np.zeros(self.C + 1, dtype=np.int64)  # shape: (C + 1,)
         self.seg_counts = np.zeros(self.C + 1, dtype=np.int64)  # shape: (C + 1,)
         # one bit per document id: seen in a segment, seen in more than one (``--min-fill`` can
@@ -255,7 +258,15 @@ class Recount:
             cs = np.concatenate([[0], np.cumsum(lab != IGNORE_INDEX, dtype=np.int64)])
             seg_row = np.repeat(np.arange(n, dtype=np.int64) * C, k)
             kept = cs[seg_row + cu64[start + 1]] - cs[seg_row + cu64[start]]
-            self.bad_num_targets += int(np.count_nonzero(kept > seg_t))
+            over = kept > seg_t  # shape: (segments,): more labels than len - 1
+            self.bad_num_targets += int(np.count_nonzero(over))
+            if over.any() and self.first_bad_num_targets is None:
+                j = int(np.argmax(over))
+                i = int(np.searchsorted(k_off, j, side="right") - 1)
+                self.first_bad_num_targets = (
+                    block.shard, block.shard_row0 + i,
+                    f"segment {j - int(k_off[i]) + 1} holds {int(kept[j])} labels != -100, "
+                    f"more than its {int(seg_t[j]) + 1} tokens less one")
             seg_t = np.minimum(kept, seg_t)
         row_t = np.add.reduceat(seg_t, k_off[:-1]) if lens.size else np.zeros(n, np.int64)
         row_t[k == 0] = 0  # reduceat's value for empty rows is not a sum
@@ -273,7 +284,15 @@ class Recount:
                  + np.bincount(src, weights=spans - lens, minlength=n_src)).astype(np.int64),
                 np.bincount(src, weights=seg_t, minlength=n_src).astype(np.int64)])
         nt = block.scalars["num_targets"]
-        self.bad_num_targets += int(np.count_nonzero(nt != row_t))
+        wrong = nt != row_t  # shape: (n,)
+        self.bad_num_targets += int(np.count_nonzero(wrong))
+        if wrong.any() and self.first_bad_num_targets is None:
+            i = int(np.argmax(wrong))
+            self.first_bad_num_targets = (
+                block.shard, block.shard_row0 + i, f"num_targets {int(nt[i])}, its segments "
+                f"give {int(row_t[i])} (sum(len - 1)"
+                + (", less the labels an input labels column set to -100)" if self.label_masked
+                   else ")"))
         self.rows += n
         self.segs += int(k.sum())
         self.real += int(real_R.sum())
@@ -322,6 +341,15 @@ class Recount:
         if self.bad_num_targets:
             out["num_targets_rows_wrong"] = (self.bad_num_targets, 0)
         return out
+
+    def mismatch_where(self) -> dict:
+        """``{name: text}``: where a mismatch of :meth:`mismatches` that rows hold first shows
+        (``num_targets_rows_wrong``: how many, and the first shard and row with what it
+        stores against what its segments give); empty when there is none."""
+        if self.first_bad_num_targets is None:
+            return {}
+        shard, row, what = self.first_bad_num_targets
+        return {"num_targets_rows_wrong": f"the first at {shard} row {row}: {what}"}
 
     def tied(self, totals: dict) -> dict:
         """``{name: (expected, manifest)}`` for each manifest figure of :data:`TIED` that breaks

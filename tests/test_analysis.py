@@ -179,6 +179,32 @@ def test_recount_flags_a_num_targets_column_that_disagrees_with_the_segments(tmp
     assert analyze_packed(out).mismatches["num_targets_rows_wrong"] == (1, 0)
 
 
+def test_stats_names_the_first_shard_and_row_whose_num_targets_is_wrong(tmp_path):
+    """``MISMATCH num_targets_rows_wrong: recounted 1, manifest 0`` named no row: the text,
+    the JSON and the error now name how many rows, the first shard and row, and what it holds
+    against what its segments give."""
+    from packtool.analysis import format_packed
+
+    out = pack_docs(tmp_path, [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10, 11, 12], [13, 14, 15, 16]], 8)
+
+    def edit(rows):
+        assert len(rows) >= 3
+        rows[1]["num_targets"] -= 1
+        rows[2]["num_targets"] += 2
+        return rows
+
+    edit_rows(out, edit)
+    a = analyze_packed(out)
+    assert a.mismatches["num_targets_rows_wrong"] == (2, 0)
+    where = a.mismatch_where["num_targets_rows_wrong"]
+    assert "part-00000.parquet row 1:" in where and "row 2" not in where
+    line = next(ln for ln in format_packed(a).splitlines() if "num_targets_rows_wrong" in ln)
+    assert "recounted 2" in line and "part-00000.parquet row 1: num_targets" in line
+    assert a.to_dict()["mismatches"]["num_targets_rows_wrong"]["where"] == where
+    run = CliRunner().invoke(cli, ["stats", str(out)])
+    assert run.exit_code == 1 and "part-00000.parquet row 1" in run.output, run.output
+
+
 def test_compare_shows_the_windowed_cost_that_pack_then_has(tmp_path):
     """``compare --window-docs N`` (and the deprecated ``stats --compare --window-docs N``)
     dry-runs the windows as ``pack --window-docs N`` deals them: the same rows, padding and
