@@ -685,9 +685,20 @@ def _spans(item) -> list:
         real = np.diff(np.asarray(unpadded, dtype=np.int64))
         return [(cu[q], cu[q] + int(real[q])) for q in range(min(len(item["doc_ids"]),
                                                                   len(cu) - 1))]
-    seg = np.asarray(item["segment_ids"])
-    real = int(np.count_nonzero(seg))
+    real = _padding_start(item)
     return [(a, min(b, real)) for a, b in zip(cu[:-1], cu[1:]) if a < real]
+
+
+def _padding_start(item) -> int:
+    """Where one row's padding tail starts (C when it has none), by its stored ``cu_seqlens``:
+    the end of its first len(doc_ids) spans (the documents; one more span is the padding);
+    only when ``doc_ids`` do not fit ``cu_seqlens`` (a broken row), the count of its
+    non-zero ``segment_ids``. Without ``--segment-multiple``."""
+    cu = np.asarray(item["cu_seqlens"], dtype=np.int64)
+    k = len(item["doc_ids"])
+    if 0 <= cu.size - 1 - k <= 1:
+        return int(cu[k])
+    return int(np.count_nonzero(np.asarray(item["segment_ids"])))
 
 
 #: Tokens of each sampled row that the model checks run on (a window across document
@@ -743,7 +754,7 @@ def row_windows(item: dict, window: int) -> list[dict]:
     C = seg.size
     unpadded = item.get("cu_seqlens_unpadded")
     if unpadded is None:  # documents back to back, then the padding tail
-        tail = int(np.count_nonzero(seg))  # where the padding tail starts
+        tail = _padding_start(item)  # where the padding tail starts
         starts = cu[:-1][cu[:-1] < tail]  # first token of each document
         ends = np.append(starts[1:], tail)  # end of its real tokens
         span_ends = ends

@@ -4,7 +4,9 @@ Shape legend: R = rows in a block (one Parquet row group), C = capacity, S = seg
 rows together (documents plus one padding segment per padded row, as stored in ``cu_seqlens``).
 
 For every row, ``cu_seqlens`` is taken as the truth (0, strictly increasing, ending at C) and the
-other columns are rebuilt from it and compared:
+other columns are rebuilt from it and compared; its first len(``doc_ids``) spans are the
+documents and one more span is the padding tail (``segment_ids`` decide where the padding starts
+only on a row whose ``doc_ids`` do not fit its ``cu_seqlens``):
 
 * ``segment_ids``: q on the q-th span while the span starts before the padding, 0 after;
 * ``position_ids``: 0..len-1 on every span (the padding tail is one pseudo-segment);
@@ -211,9 +213,19 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
             out.append((int(r), "doc_ids", None, prov_bad[int(r)]))
     if rows.size == 0:
         return out
-    real_R = np.count_nonzero(seg[rows], axis=1).astype(np.int64)  # shape: (Rv,)
     starts = [cus[r][:-1] for r in rows]
     n_spans = np.array([s.size for s in starts], dtype=np.int64)  # shape: (Rv,)
+    # where the padding tail starts: cu_seqlens decides (its first len(doc_ids) spans are the
+    # documents, one more span is the padding), never segment_ids, which are checked against
+    # it; only a row whose doc_ids do not fit its cu_seqlens falls back on segment_ids
+    real_R = np.count_nonzero(seg[rows], axis=1).astype(np.int64)  # shape: (Rv,)
+    # rows whose real tokens are counted from segment_ids (True: compared with cu_seqlens)
+    by_seg = np.full(rows.size, doc_ids is None, dtype=bool)  # shape: (Rv,)
+    if doc_ids is not None and not padded:  # (padded: the spans of doc_ids, below)
+        k_doc = np.array([len(doc_ids[r]) for r in rows], dtype=np.int64)  # shape: (Rv,)
+        fits = (n_spans - k_doc >= 0) & (n_spans - k_doc <= 1)
+        real_R[fits] = [cus[r][k] for r, k in zip(rows[fits], k_doc[fits])]
+        by_seg = ~fits
     starts_S = np.concatenate(starts)  # shape: (S,)
     lens_S = np.concatenate([np.diff(cus[r]) for r in rows])  # shape: (S,)
     row_of_S = np.repeat(np.arange(rows.size), n_spans)  # shape: (S,)
@@ -271,7 +283,7 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
     # segment_ids agree with the spans (this also catches a boundary moved in cu_seqlens)
     for i, r in enumerate(rows):
         k = len(doc_ids[r]) if doc_ids is not None else int(k_R[i])
-        if k != k_R[i] or (k and last_real_end[i] != real_R[i]):
+        if k != k_R[i] or (k and by_seg[i] and last_real_end[i] != real_R[i]):
             out.append((int(r), "cu_seqlens", None, f"cu_seqlens {cus[r].tolist()[:10]} does not "
                         f"cut the {int(real_R[i])} real tokens into the {k} documents of "
                         "doc_ids"))
@@ -281,9 +293,26 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
         elif int(r) in prov_bad:
             out.append((int(r), "doc_ids", None, prov_bad[int(r)]))
     seg_v = seg[rows]
-    report("segment_ids", seg_v != span_id,
-           lambda i, j: f"segment_id at token {j} is {int(seg_v[i, j])}, cu_seqlens says "
-           f"{int(span_id[i, j])}")
+    # where each row's padding tail starts by cu_seqlens: the end of its last document's span
+    tail_R = np.zeros(rows.size, dtype=np.int64)  # shape: (Rv,)
+    np.maximum.at(tail_R, row_of_S[real_span_S], (starts_S + lens_S)[real_span_S])
+    first_S = np.cumsum(n_spans) - n_spans  # shape: (Rv,), each row's first span in S
+
+    def seg_message(i, j):
+        got, want, q = int(seg_v[i, j]), int(span_id[i, j]), int(span_q[i, j])
+        if want == 0 and got != 0:  # padding by cu_seqlens
+            if real_span_S[first_S[i] + q - 1]:  # inside a document's span
+                return (f"padding token {j} (after the {int(real_len_S[first_S[i] + q - 1])} "
+                        f"real tokens of span {q} by cu_seqlens_unpadded) has segment_id {got}, "
+                        "must be 0")
+            return (f"padding token {j} (after cu_seqlens' last boundary {int(tail_R[i])}) "
+                    f"has segment_id {got}, must be 0")
+        if got == 0:
+            return (f"token {j} is a real token of segment {want} by cu_seqlens, and its "
+                    "segment_id 0 marks it as padding")
+        return f"segment_id at token {j} is {got}, cu_seqlens says {want}"
+
+    report("segment_ids", seg_v != span_id, seg_message)
     pos_v = pos[rows]
     report("position_ids", pos_v != want_pos,
            lambda i, j: f"position at token {j} is {int(pos_v[i, j])}, expected "

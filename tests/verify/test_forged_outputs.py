@@ -136,6 +136,58 @@ def test_a_padding_token_other_than_the_pad_id_fails_verify(tmp_path):
     assert res["padding"].where["row"] == row[0]
 
 
+@pytest.mark.parametrize("multiple", [1, 4])
+def test_padding_given_a_real_segment_id_is_blamed_on_segment_ids_not_cu_seqlens(tmp_path,
+                                                                                 multiple):
+    """Padding given its document's segment id: segment_ids decided what was padding, so the
+    scan said cu_seqlens does not cut the tokens and that doc_ids were too few. cu_seqlens
+    (with cu_seqlens_unpadded) decides it now: segment_ids fails at the first such token,
+    saying where the padding starts, and cu_seqlens and doc_ids pass."""
+    out = pack_docs(tmp_path, SHORT, 16, "--segment-multiple", str(multiple))
+    found = {}
+
+    def edit(rows):
+        for i, r in enumerate(rows):
+            cu, k = r["cu_seqlens"], len(r["doc_ids"])
+            real = (r["cu_seqlens_unpadded"][1] - r["cu_seqlens_unpadded"][0] if multiple > 1
+                    else None)
+            if multiple > 1 and k >= 2 and real < cu[1]:  # padding inside the first span
+                a, b, q = real, cu[1], 1
+            elif multiple == 1 and k >= 2 and len(cu) == k + 2:  # a padding tail
+                a, b, q = cu[k], cu[k + 1], k
+            else:
+                continue
+            r["segment_ids"][a:b] = [q] * (b - a)
+            found.update(row=i, at=a, q=q)
+            return rows
+        raise AssertionError("no row to edit")
+
+    edit_rows(out, edit)
+    res, ok = _data(out)
+    assert not ok
+    seg = res["segment_ids"]
+    assert seg.status == FAIL and seg.where["row"] == found["row"], seg.message
+    assert seg.message.startswith(f"padding token {found['at']} (after ")
+    assert seg.message.endswith(f"has segment_id {found['q']}, must be 0")
+    if multiple == 1:
+        assert f"after cu_seqlens' last boundary {found['at']})" in seg.message
+    for check in ("cu_seqlens", "doc_ids", "cu_seqlens_unpadded"):
+        if check in res:
+            assert res[check].status == PASS, res[check].message
+
+
+def test_the_model_checks_take_padding_from_cu_seqlens_not_segment_ids():
+    """The rows run through the models: their documents' spans and windows ended where
+    segment_ids said the padding starts, so padding given a segment id became a document."""
+    from packtool.verify.checks import _spans
+
+    item = {"cu_seqlens": np.array([0, 5, 9, 16]), "doc_ids": [3, 4],
+            "segment_ids": np.array([1] * 5 + [2] * 11), "input_ids": np.zeros(16, np.int64)}
+    assert _spans(item) == [(0, 5), (5, 9)]
+    item["segment_ids"][9:] = 0
+    assert _spans(item) == [(0, 5), (5, 9)]
+
+
 def test_no_scan_lists_the_whole_output_checks_as_not_run(short):
     """--no-scan checks sampled rows only: the totals and document pieces cannot be told, and
     the report says so (skipped, not required) instead of passing them."""
