@@ -511,6 +511,8 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
     items = [ds[i] for i in idx]
     report.rows = [(it["shard"], it["row"]) for it in items]
     unasked = _unasked_faults(report, contract_bad or {})
+    row_faults = _row_faults(report, contract_bad or {})
+    reported = {r.check for r in report.results if r.backend == "data"}
     if window < capacity:
         items = [w for it in items for w in row_windows(it, window)]
         report.windows = len(items)
@@ -590,9 +592,13 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
         m.extra.update(runner.describe())  # what the run learnt (e.g. seq_idx refused)
         m.extra["seconds"] = round(elapsed[name], 2)
         res = run_checks(m, model_checks)
+        # a model check failing on a row whose columns break the contract follows from that
+        # column fault: it names the row and the column checks at fault, never the model
+        linked = _link_to_column_faults(res.values(), row_faults, reported)
         # NaN or inf is no leak (each check says so, and where it comes from)
         leaked = [r for c, r in res.items() if c in ("logits_match", "isolation")
-                  and r.status == FAIL and not nonfinite_only(r)]
+                  and r.status == FAIL and not nonfinite_only(r)
+                  and not any(r is x for x in linked)]
         broken = sorted({r.check for r in report.results
                          if r.backend == "data" and r.status == FAIL})
         if leaked and (broken or unasked):  # the data, not the model, is at fault
@@ -655,6 +661,45 @@ def _windows_below_switch(lm, runner, window: int, longest: int) -> None:
                   "tokens, which training on whole rows feeds: "
                   + place_effect(runner.batch_position_effect())
                   + " (--row-window 0 measures it)")
+
+
+def _row_faults(report, contract_bad: dict) -> dict:
+    """``{(shard, row): {check: message}}``: the column checks (asked for or not) that fail on
+    each row run through the models (``report.rows``), in report order, with the first message
+    of each. The checks of the whole output and the schema name no row: left out."""
+    fed = set(report.rows)
+    out: dict = {}
+    for check in CONTRACT_CHECKS:
+        if check in WHOLE_OUTPUT_CHECKS or check == "schema":
+            continue
+        for w, msg in contract_bad.get(check, ()):
+            key = (w["shard"], w["row"]) if w and "row" in w else None
+            if key in fed:
+                out.setdefault(key, {}).setdefault(check, msg)
+    return out
+
+
+def _link_to_column_faults(results, row_faults: dict, reported: set) -> list:
+    """Prefix the message of every failed model check of ``results`` whose row (its
+    ``where``) breaks the column contract (``row_faults``, :func:`_row_faults`) with that
+    fault: ``row 340 breaks the labels contract (see labels): ...``; a column check that
+    ``--check`` left out of the report (not in ``reported``) is named with its message.
+    Returns the results changed."""
+    linked = []
+    for r in results:
+        w = r.where or {}
+        faults = row_faults.get((w.get("shard"), w.get("row"))) if r.status == FAIL else None
+        if not faults:
+            continue
+        names = ", ".join(faults)
+        see = "; ".join(c if c in reported else f"{c} (a column check --check left out) "
+                        f"fails there: {msg}" for c, msg in faults.items())
+        why = (f"row {w['row']} breaks the {names} contract (see {see}): the {r.check} failure "
+               "follows from that column fault, not from the model: rerun the same packtool "
+               "pack with --overwrite")
+        r.message = f"{why}; {r.message}" if r.message else why
+        linked.append(r)
+    return linked
 
 
 def _unasked_faults(report, contract_bad: dict) -> dict:

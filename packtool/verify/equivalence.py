@@ -142,6 +142,9 @@ class Measurements:
     doc_means: list = field(default_factory=list)
     seg_loss: _Max = field(default_factory=_Max)
     seg_count_bad: tuple | None = None
+    #: (where, count) of the first row holding targets outside its documents' spans (a label
+    #: on padding): the row whose packed target count exceeds its documents'
+    outside_targets: tuple | None = None
     extra: dict = field(default_factory=dict)
     #: largest gradient at a padding input that still counts as 0: 0 (exact) for every backend
     #: but kernels whose backward sums over whole chunks (rounding residues, far below 1e-9)
@@ -335,6 +338,9 @@ def measure_batch(m: Measurements, runner, batch: dict, spans: list, refs: list,
         for r in range(B):
             m.rows += 1
             m.rows_multi_doc += len(spans[r]) >= 2
+            outside = int(tmask[r].sum()) - sum(int(tmask[r, a:b].sum()) for a, b in spans[r])
+            if outside and m.outside_targets is None:
+                m.outside_targets = (_where(batch, r), outside)
             for q, (a, b) in enumerate(spans[r], start=1):
                 w = _where(batch, r, q)
                 ref_logits, ref_sum, ref_n = refs[r][q - 1]
@@ -578,6 +584,13 @@ def loss_denominator(m: Measurements) -> CheckResult:
     if not m.targets_packed and not m.targets_ref:  # nothing to compare: 0 == 0 shows nothing
         return _result(m, "loss_denominator", SKIP, {"targets_packed": 0, "targets_per_doc": 0},
                        None, NO_TARGETS)
+    if m.outside_targets is not None:  # the packed count is over because of that row
+        w, n = m.outside_targets
+        return _result(m, "loss_denominator", FAIL, figs, w,
+                       f"packed loss {p_mean:.6g} over {m.targets_packed} targets != "
+                       f"token-weighted per-document loss {r_mean:.6g} over {m.targets_ref}: "
+                       f"this row holds {n} target{'s' if n > 1 else ''} outside its documents "
+                       "(a label on padding?)")
     if m.targets_packed != m.targets_ref or abs(p_mean - r_mean) > tol:
         return _result(m, "loss_denominator", FAIL, figs, m.seg_loss.where,
                        f"packed loss {p_mean:.6g} over {m.targets_packed} targets != "

@@ -392,7 +392,8 @@ def test_a_model_failure_on_broken_rows_blames_the_data_not_the_model(good):
     for backend in ("hf", "sdpa"):
         r = rep.get(backend, "logits_match")
         assert r.status == FAIL, rep.format_text()
-        assert "the rows break the output contract (position_ids failed above)" in r.message
+        assert "breaks the position_ids contract (see position_ids)" in r.message
+        assert "rerun the same packtool pack" in r.message
         assert "train it on one document per row" not in r.message
 
 
@@ -413,8 +414,9 @@ def test_model_checks_alone_on_broken_rows_still_blame_the_data(good):
     assert not [r for r in rep.results if r.backend == "data"], rep.format_text()
     r = rep.get("sdpa", "logits_match")
     assert r.status == FAIL and not rep.ok, rep.format_text()
-    assert "the rows break the output contract (position_ids (a column check --check left " \
-        "out) fails at shard" in r.message and "rerun the same packtool pack" in r.message
+    assert "breaks the position_ids contract (see position_ids (a column check --check left " \
+        "out) fails there: position at token" in r.message
+    assert "rerun the same packtool pack" in r.message
     assert "train it on one document per row" not in r.message
     r = _verify(good, "--rows", "0", "--backend", "sdpa", "--check", "logits_match")
     assert r.exit_code == 1 and "position_ids (a column check --check left out)" in r.output
@@ -425,6 +427,42 @@ def test_model_checks_alone_on_broken_rows_still_blame_the_data(good):
     assert rep.get("data", "labels").status == PASS
     assert "position_ids (a column check --check left out)" in \
         rep.get("sdpa", "logits_match").message
+
+
+def test_model_checks_failing_on_a_row_with_a_label_fault_name_the_column_check(tmp_path):
+    """A label on padding (num_targets raised with it): loss_denominator and grad_zero_padding
+    blamed the model ("packed loss over 10 targets != 9", "a real token attends padding").
+    On a row whose column checks failed, every failed model check says it follows from them:
+    "row N breaks the labels, num_targets contract (see labels, num_targets)", and names a
+    column check --check left out with its message."""
+    from packed_helpers import edit_rows
+
+    out = pack_docs(tmp_path, DOCS, 16, "--labels", "unshifted")
+    hit = []
+
+    def edit(rows):
+        i = next(i for i, r in enumerate(rows)
+                 if len(r["doc_ids"]) >= 2 and r["segment_ids"][-2] == 0)
+        rows[i]["labels"][-1] = rows[i]["input_ids"][-1]  # the last padding token is a target
+        rows[i]["num_targets"] += 1
+        hit.append(i)
+        return rows
+
+    edit_rows(out, edit)
+    rep = run_verify(out, backends=["sdpa"], rows=0)
+    assert rep.get("data", "labels").status == FAIL and not rep.ok
+    failed = [r for r in rep.results if r.backend == "sdpa" and r.status == FAIL]
+    assert {r.check for r in failed} >= {"loss_denominator", "grad_zero_padding"}, \
+        rep.format_text()
+    for r in failed:
+        assert r.where["row"] == hit[0]
+        assert r.message.startswith(f"row {hit[0]} breaks the labels, num_targets contract "
+                                    "(see labels; num_targets): "), r.message
+        assert f"the {r.check} failure follows from that column fault" in r.message
+    rep = run_verify(out, backends=["sdpa"], rows=0, checks=["loss_denominator"])
+    r = rep.get("sdpa", "loss_denominator")
+    assert r.status == FAIL and "labels (a column check --check left out) fails there: " \
+        "label at token 15" in r.message, r.message
 
 
 def test_grad_zero_padding_on_rows_without_padding_is_skipped_not_passed(tmp_path):
