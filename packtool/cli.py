@@ -656,11 +656,12 @@ COMPARE_DEPRECATED = ("packtool stats --compare is deprecated and will be remove
               help="Packed output: skip the sha256 of every shard against the manifest (it "
                    "reads every byte). Still checked: each shard's size and footer, and the "
                    "page checksums of the columns stats decodes: cu_seqlens, doc_ids, "
-                   "num_targets (and cu_seqlens_unpadded, source_ids where stored; labels, "
-                   "input_ids and segment_ids when input labels masked targets). A changed "
-                   "page of any other column goes unseen: input_ids, segment_ids, "
-                   "position_ids, labels, max_seqlen, doc_offsets (the report names this "
-                   "output's; verify --no-hash decodes every column).")
+                   "num_targets (and cu_seqlens_unpadded, source_ids where stored, with "
+                   "source_ids doc_offsets too; labels, input_ids and segment_ids when input "
+                   "labels masked targets). A changed page of any other column goes unseen: "
+                   "input_ids, segment_ids, position_ids, labels, max_seqlen (and doc_offsets "
+                   "without source_ids; the report names this output's; verify --no-hash "
+                   "decodes every column).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @_PLOT_OPTION
 @click.option("--capacity", "-c", type=int, default=None, metavar="C", hidden=True,
