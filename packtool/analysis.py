@@ -167,7 +167,10 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
     targets) row group by row group, vectorised per group (NumPy), so time is linear in rows and
     segments and memory does not grow with them: O(C) for the fill and segment-length counts, plus
     two bits per document id, for the documents seen and those cut (docs/benchmarks.md,
-    "stats").
+    "stats"). An output packed with ``--source-column`` also has its ``doc_offsets`` read and
+    the pieces that can be followed kept (:class:`packtool.verify.contract.DocumentPieces`: at
+    most rows + split pieces, 40 bytes each), so a document whose pieces carry two
+    ``source_ids`` is reported in ``faults``.
     Segment lengths come from ``cu_seqlens`` (the first k differences, k = len(doc_ids));
     effective targets are sum(len - 1) (B21), checked against the ``num_targets`` column row by
     row; a document is cut when more than one segment holds it (its ``doc_ids``).
@@ -185,7 +188,9 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
 
     Returns:
         :class:`PackedAnalysis`; ``mismatches`` lists recounted fields that differ from the
-        manifest totals (and ``num_targets`` when the column disagrees with the segments);
+        manifest totals (and ``num_targets`` when the column disagrees with the segments,
+        its first shard and row in ``mismatch_where``); ``faults`` the faults of the rows no
+        total shows (a document of two sources), one line each naming shard and row.
         ``warnings`` also say a held-out output of ``pack --holdout`` that its training output
         no longer pairs with is stale (:func:`~packtool.formats.manifest.stale_holdout`).
 
