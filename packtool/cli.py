@@ -685,7 +685,8 @@ def stats(ctx, path, per_bin, per_bin_limit, per_source_limit, no_hash, as_json,
     """Figures of a packed OUTPUT (a directory or a store URI), recounted from the shards and
     checked against the manifest: rows, padding, effective targets, fill, attention work. Every
     shard's sha256 is checked first (--no-hash skips it, and with it every page stats does not
-    decode). Exits 1 when the recount disagrees with the manifest or a shard differs from it.
+    decode). Exits 1 when the recount disagrees with the manifest, a shard differs from it,
+    or the pieces of one document carry two source ids (--source-column).
 
     For raw tokenized input, packtool compare INPUT --capacity C dry-runs every strategy
     (stats --capacity C --compare still does, deprecated).
