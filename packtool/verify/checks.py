@@ -25,9 +25,10 @@ from typing import Callable, Iterable
 import numpy as np
 
 from packtool.errors import ConfigError, exc_line
+from packtool.types import IGNORE_INDEX
 from packtool.verify.contract import (CONTRACT_CHECKS, DEFAULT_ROWS, PADDED_CHECK,
-                                      WHOLE_OUTPUT_CHECKS, check_row_contract, scan_contract,
-                                      select_rows)
+                                      WHOLE_OUTPUT_CHECKS, check_row_contract, pad_target_span,
+                                      scan_contract, select_rows)
 from packtool.verify.report import FAIL, PASS, SKIP, CheckResult, VerifyReport
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,8 @@ def _pick(seed: int, *tiers: np.ndarray) -> int | None:
 
 
 def _rows_to_add(idx: np.ndarray, multi: np.ndarray, targeted: np.ndarray, padded: np.ndarray,
-                 seed: int, found: str = "") -> list[tuple[int, str]]:
+                 seed: int, found: str = "",
+                 reachable: np.ndarray | None = None) -> list[tuple[int, str]]:
     """The rows to run beside the sampled ``idx`` so that every model check has something to
     measure where the output has it, each with the note that says why: a row holding two
     documents (``isolation``), a row holding a target (``loss_denominator``, the gradient
@@ -84,6 +86,9 @@ def _rows_to_add(idx: np.ndarray, multi: np.ndarray, targeted: np.ndarray, padde
         idx: int64[k], the sampled rows; multi, targeted, padded: int64 sorted global indices
             of the rows holding two documents, a target, padding (all of them or those known).
         found: how the rows were found, added to each note.
+        reachable: int64 sorted global indices of the rows holding padding and a target that
+            one row window holds together (``ContractScan.pad_target_rows``), taken first for
+            ``grad_zero_padding``; None: not known (``--no-scan``).
     """
     out: list[tuple[int, str]] = []
     run = set(idx.tolist())
@@ -103,11 +108,13 @@ def _rows_to_add(idx: np.ndarray, multi: np.ndarray, targeted: np.ndarray, padde
         row = _pick(seed, multi_t, targeted)
         add(row, f"no sampled row holds a target; added row {row}, which does{found}")
     padded_t = np.intersect1d(padded, targeted)
-    need = padded_t if padded_t.size else padded
+    reach = np.zeros(0, dtype=np.int64) if reachable is None else reachable
+    need = next((p for p in (reach, padded_t) if p.size), padded)
     if need.size and not has(need):
         row = _pick(seed, np.intersect1d(need, multi), need)
         what = ("no sampled row has padding" if not has(padded) else
-                "no sampled row with padding holds a target")
+                "no sampled row with padding holds a target" if not has(padded_t) else
+                "no sampled row holds padding and a target close enough for one window")
         add(row, f"{what}; added row {row}, which does{found}")
     return out
 
@@ -120,6 +127,7 @@ def _scan_more(scan, reader, convention: str, row: int, label_masked: bool) -> N
     scan.segments.update(more.segments)
     scan.padded.extend(more.padded)
     scan.targeted.extend(more.targeted)
+    scan.pad_target.update(more.pad_target)
     scan.rows_checked += more.rows_checked
 
 
@@ -194,8 +202,9 @@ def run_verify(
             ``hf`` runs. A leak is reported as "documents leak in <layer>: this model needs ...".
         row_window: the model checks run on windows of this many tokens of each sampled row
             (:func:`row_windows`: each across a document boundary, one into the padding tail
-            when the row has one), at least 2; None: :data:`DEFAULT_ROW_WINDOW`; 0 or at
-            least C: whole rows. The column scan always covers every token of every row.
+            when the row has one, and where the row lets one hold them, padding with a target
+            and a target), at least 2; None: :data:`DEFAULT_ROW_WINDOW`; 0 or at least C: whole
+            rows. The column scan always covers every token of every row.
 
     Returns:
         A :class:`VerifyReport`; ``report.ok`` is the verdict.
@@ -290,7 +299,8 @@ def run_verify(
         report.multi_doc_rows = bool(multi.size)
         # what the output holds for the loss and gradient checks to measure
         has_targets = bool(targeted.size)
-        has_padded_targets = bool(np.intersect1d(scan.padded_rows(), targeted).size)
+        # grad_zero_padding measures a window holding both padding and a target
+        has_padded_targets = bool(scan.pad_target_rows(window).size)
         # drawn from the rows holding two documents (all rows when none does), those holding a
         # target first: every model check measures them
         pool = multi if multi.size else np.arange(n_rows, dtype=np.int64)
@@ -302,7 +312,8 @@ def run_verify(
             idx = np.union1d(idx, rest[select_rows(rest.size, want - idx.size if want > 0 else 0,
                                                    seed)])
         if not data_only:
-            extra = _rows_to_add(idx, multi, targeted, scan.padded_rows(), seed)
+            extra = _rows_to_add(idx, multi, targeted, scan.padded_rows(), seed,
+                                 reachable=scan.pad_target_rows(window))
             report.notes.extend(note for _, note in extra)
             idx = np.unique(np.append(idx, [r for r, _ in extra]).astype(np.int64))
     else:
@@ -312,13 +323,12 @@ def run_verify(
         targeted = scan.target_rows()
         report.multi_doc_rows = bool(multi.size) or None
         has_targets = bool(targeted.size)
-        has_padded_targets = bool(np.intersect1d(scan.padded_rows(), targeted).size)
+        has_padded_targets = bool(scan.pad_target_rows(window).size)
         if not data_only and not (np.intersect1d(multi, targeted).size and has_padded_targets):
             # what the sample lacks may be elsewhere: the cheap columns of every row say
             multi, targeted, padded = _row_sets(reader)
             report.multi_doc_rows = bool(multi.size)
             has_targets = bool(targeted.size)
-            has_padded_targets = bool(np.intersect1d(padded, targeted).size)
             if not multi.size:
                 report.notes.append("no row of the output holds two or more documents")
             for row, note in _rows_to_add(idx, multi, targeted, padded, seed,
@@ -327,6 +337,8 @@ def run_verify(
                 report.notes.append(note)
                 _scan_more(scan, reader, convention, row, label_masked)
                 idx = np.sort(np.append(idx, row))
+            # the labels of the rows scanned say whether a window holds padding and a target
+            has_padded_targets = bool(scan.pad_target_rows(window).size)
     for check in CONTRACT_CHECKS:
         if check not in wanted:
             continue
@@ -382,6 +394,15 @@ def run_verify(
             elif r.message == NO_TARGETS:
                 r.message = ("no row of the output holds a target (a label other than -100): "
                              "no loss, so nothing to compare and no gradient to look at")
+            elif no_targets and window < reader.capacity and scan.pad_target:
+                # rows hold both, but never within one window: no window verify could run
+                # holds what the check needs
+                closest = min(scan.pad_target.values())
+                r.message = (f"no window of --row-window {window} tokens holds both padding "
+                             f"and a target: the closest such pair in the rows "
+                             f"{'scanned' if not scan_all else 'of the output'} takes "
+                             f"{closest} tokens; pass --row-window {closest} or more (0: "
+                             "whole rows) to measure it")
             elif no_targets:
                 r.message = ("no row of the output holds both padding and a target: no loss "
                              "gradient could reach the padding")
@@ -766,7 +787,11 @@ def row_windows(item: dict, window: int) -> list[dict]:
     document is longer, it is centred on the first boundary. When
     the row has a padding tail that this window does not reach, a second window holds the
     boundary from the last document into the padding (whose gradients and finiteness are
-    checked). A window starts at a document's first token whenever one lets it hold its
+    checked). Then, where the row lets a window hold what none of these holds, one does: padding
+    and a target with the token it is predicted from (``grad_zero_padding`` measures only such
+    windows: see :func:`~packtool.verify.contract.pad_target_span`), else padding alone; a
+    target (the loss checks). That window takes the padding window's place when it holds the
+    boundary into the padding tail too, else it is one more. A window starts at a document's first token whenever one lets it hold its
     boundary; else (a long document before the boundary, near the row's end) it starts inside
     that document, and the window's part of it is then a document of its own, as the
     per-document reference computes it: its ``position_ids`` rebased to start at 0, and its
@@ -790,7 +815,7 @@ def row_windows(item: dict, window: int) -> list[dict]:
         window: tokens (>= 2).
 
     Returns:
-        One or two items of C = ``window`` with the row's keys, plus ``window`` = (first
+        One to three items of C = ``window`` with the row's keys, plus ``window`` = (first
         token, end) in the row and ``segment_base``: the row's segment number of the window's
         first document, less one (reports name the row's segments).
     """
@@ -821,18 +846,16 @@ def row_windows(item: dict, window: int) -> list[dict]:
         firsts = [max(0, int(starts[1]) - window // 2) if starts.size > 1 else 0]
     if tail < C and not tail < min(firsts[0], C - window) + window:  # the padding boundary
         firsts.append(max(int(starts[-1]), tail - window // 2))
-    out = []
-    for a in firsts:
-        a = min(a, C - window)
+
+    def make(a: int, to_start: bool = True) -> dict:
+        a = max(0, min(a, C - window))
         q0 = int(np.searchsorted(starts, a, side="right")) - 1  # the document holding a
         s0 = int(starts[q0])
         if a > s0:
-            if ((cu > s0) & (cu < s0 + window)).any():
+            if to_start and ((cu > s0) & (cu < s0 + window)).any():
                 a = s0  # from the document's start the window still holds a boundary
             elif a >= ends[q0]:  # not inside a span's own padding: from a real token
                 a = int(ends[q0]) - 1
-        if out and out[-1]["window"][0] == a:
-            continue
         b = a + window
         mid = a > s0  # the window enters document q0 mid-way
         w = {k: v for k, v in item.items() if k != "source_ids"}
@@ -872,8 +895,79 @@ def row_windows(item: dict, window: int) -> list[dict]:
             w["labels"] = lab
         w["window"] = (a, b)
         w["segment_base"] = q0
-        out.append(w)
+        return w
+
+    out = []
+    for a in firsts:
+        w = make(a)
+        if not out or out[-1]["window"][0] != w["window"][0]:
+            out.append(w)
+    # the loss and gradient checks measure windows holding a target (grad_zero_padding and
+    # finite, windows holding padding too): where the row lets a window hold what none above
+    # holds, one does, in the padding window's place when it holds that boundary too
+    shifted = item.get("labels_mode") == "shifted"
+    labels = item.get("labels")
+    lab = None if labels is None else np.asarray(labels)
+    tgt = np.zeros(0, dtype=np.int64) if lab is None else np.flatnonzero(lab != IGNORE_INDEX)
+    if not shifted:
+        tgt = tgt[tgt > 0]  # nothing predicts a row's first token
+    pad = np.flatnonzero(seg == 0)
+    extra = 0 if shifted else 1  # the token a target is predicted from
+
+    def padded(w):
+        return bool((np.asarray(w["segment_ids"]) == 0).any())
+
+    def both(w):
+        return padded(w) and _holds(w, shifted)
+
+    w = None
+    span = (int(pad_target_span(lab[None], seg[None], "shifted" if shifted else "unshifted")[0])
+            if pad.size and tgt.size else window + 1)
+    if span <= window and not any(both(w) for w in out):  # the closest target and padding
+        k = np.searchsorted(pad, tgt)  # shape: (T,)
+        before, after = pad[np.maximum(k - 1, 0)], pad[np.minimum(k, pad.size - 1)]
+        need_b = np.where(before < tgt, tgt - before + 1, C + 1)
+        need_a = np.where(after > tgt, after - tgt + 1 + extra, C + 1)
+        i = int(np.argmin(np.minimum(need_b, need_a)))
+        t = int(tgt[i])
+        p = int(before[i] if need_b[i] <= need_a[i] else after[i])
+        lo, hi = min(p, t - extra), max(p, t)
+        w = _first_holding(make, (lo, hi - window + 1, (lo + hi + 1 - window) // 2), both)
+    elif pad.size and not any(padded(w) for w in out):  # the padding alone
+        w = _first_holding(make, (tail - window // 2, tail - 1, int(pad[0]) - 1), padded)
+    if w is not None:
+        a, b = w["window"]
+        if len(firsts) > 1 and len(out) > 1 and a < int(ends[-1]) and tail < b:
+            out[-1] = w  # it holds the padding boundary too: in the padding window's place
+        else:
+            out.append(w)
+    if tgt.size and not any(_holds(w, shifted) for w in out):  # the row's first target
+        t = int(tgt[0])
+        w = _first_holding(make, (t - extra, t - window // 2), lambda w: _holds(w, shifted))
+        if w is not None:
+            out.append(w)
     return out
+
+
+def _holds(w: dict, shifted: bool, padding: bool = False) -> bool:
+    """Whether a row window holds a target with the token it is predicted from (and, with
+    ``padding``, a padding token too)."""
+    lab = np.asarray(w["labels"])
+    if not ((lab if shifted else lab[1:]) != IGNORE_INDEX).any():
+        return False
+    return not padding or bool((np.asarray(w["segment_ids"]) == 0).any())
+
+
+def _first_holding(make, firsts, holds) -> dict | None:
+    """The first window ``make(a)`` of the starts ``firsts`` that ``holds``, or None: each placed
+    as :func:`row_windows` places a window (at a document's first token where one lets it hold
+    a boundary), then, none holding, each exactly there."""
+    for to_start in (True, False):
+        for a in firsts:
+            w = make(int(a), to_start)
+            if holds(w):
+                return w
+    return None
 
 
 # -- how long verify expects to take ----------------------------------------------------------

@@ -44,7 +44,8 @@ from packtool.types import IGNORE_INDEX
 
 __all__ = ["CONTRACT_CHECKS", "PADDED_CHECK", "DEFAULT_ROWS", "WHOLE_OUTPUT_CHECKS",
            "ContractScan", "DocumentPieces", "check_block", "check_row_contract",
-           "expected_labels", "select_rows", "scan_contract", "segment_multiple_of"]
+           "expected_labels", "select_rows", "scan_contract", "segment_multiple_of",
+           "NO_SPAN", "pad_target_span"]
 
 #: the column checks, in report order
 CONTRACT_CHECKS = ("schema", "input_ids", "cu_seqlens", "cu_seqlens_unpadded", "segment_ids", "position_ids",
@@ -559,6 +560,8 @@ class ContractScan:
     #: global indices of the scanned rows holding a target (a label other than -100 in the
     #: labels the reader gives), one int64 array per block read (:meth:`target_rows`)
     targeted: list = field(default_factory=list)
+    #: global index -> :func:`pad_target_span` of each scanned row holding padding and a target
+    pad_target: dict = field(default_factory=dict)
     labels_stored: bool = True
     segment_multiple: int = 1  #: N of ``--segment-multiple`` the output was packed with
     #: the checks of :data:`WHOLE_OUTPUT_CHECKS` that did not run, and why (a scan of some
@@ -571,11 +574,59 @@ class ContractScan:
             return np.zeros(0, dtype=np.int64)
         return np.unique(np.concatenate(self.padded))
 
+    def pad_target_rows(self, window: int) -> np.ndarray:
+        """int64[K], sorted: the global indices of the scanned rows holding padding and a target
+        that a window of ``window`` tokens holds together (:func:`pad_target_span`)."""
+        return np.array(sorted(g for g, n in self.pad_target.items() if n <= window),
+                        dtype=np.int64)
+
     def target_rows(self) -> np.ndarray:
         """int64[T], sorted: the global indices of the scanned rows holding a target."""
         if not self.targeted:
             return np.zeros(0, dtype=np.int64)
         return np.unique(np.concatenate(self.targeted))
+
+
+#: :func:`pad_target_span` of a row without padding or without a target: no window holds both
+NO_SPAN = np.iinfo(np.int64).max
+
+
+def pad_target_span(labels_RC: np.ndarray, segment_ids_RC: np.ndarray,
+                    convention: str) -> np.ndarray:
+    """The fewest consecutive tokens of each row that hold both a padding token (a
+    ``segment_ids`` 0) and a target with the token it is predicted from: the smallest row window
+    (:func:`packtool.verify.checks.row_windows`) in which ``grad_zero_padding`` can measure
+    anything (its gradients are looked at in windows holding a target only).
+
+    Args:
+        labels_RC: int [R, C], the labels a reader gives (-100: no target).
+        segment_ids_RC: int [R, C] (0: padding).
+        convention: ``shifted`` (``labels[j]`` is predicted at j: the target takes one token)
+            or ``unshifted`` (predicted at j - 1: it takes two).
+
+    Returns:
+        int64 [R]: tokens per row; :data:`NO_SPAN` for a row without padding or without a target.
+    """
+    lab = np.asarray(labels_RC)
+    seg = np.asarray(segment_ids_RC)
+    R, C = seg.shape
+    out = np.full(R, NO_SPAN, dtype=np.int64)
+    if not R or not C:
+        return out
+    tgt = lab != IGNORE_INDEX  # shape: (R, C)
+    if convention != "shifted":
+        tgt[:, 0] = False  # nothing predicts a row's first token
+    pad = seg == 0  # shape: (R, C)
+    j = np.broadcast_to(np.arange(C, dtype=np.int64), (R, C))
+    big = np.int64(4 * C)
+    left = np.maximum.accumulate(np.where(pad, j, -big), axis=1)  # nearest padding at or before j
+    right = np.minimum.accumulate(np.where(pad, j, 2 * big)[:, ::-1], axis=1)[:, ::-1]
+    extra = 0 if convention == "shifted" else 1  # the token the target is predicted from
+    need = np.minimum(j - left + 1 + extra * (left == j), right - j + 1 + extra)  # shape: (R, C)
+    need = np.where(tgt, need, big).min(axis=1)
+    ok = need <= C
+    out[ok] = need[ok]
+    return out
 
 
 def schema_problem(schema, manifest) -> str | None:
@@ -697,6 +748,13 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
         has_t = (np.asarray(cols["labels"]) != IGNORE_INDEX).any(1)  # shape: (len(rows),)
         if has_t.any():
             scan.targeted.append(block.first + rows[has_t].astype(np.int64))
+        both = np.flatnonzero(pad & has_t)
+        if both.size:
+            span = pad_target_span(np.asarray(cols["labels"])[both],
+                                   np.asarray(cols["segment_ids"])[both], convention)
+            for i, n in zip(both.tolist(), span.tolist()):
+                if n != NO_SPAN:
+                    scan.pad_target[int(block.first + rows[i])] = int(n)
         for i, check, q, msg in check_block(cols, reader.capacity, convention, label_masked,
                                             multiple, num_sources=num_sources, pad_id=pad_id,
                                             num_docs=num_docs):

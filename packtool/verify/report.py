@@ -19,8 +19,10 @@ Every result is ``pass``, ``fail`` or ``skip``; a skip carries its reason and wh
 A model check with nothing to measure in the rows run is skipped with its reason, never passed:
 ``isolation`` without a row holding two documents, ``loss_denominator`` and the gradient checks
 without a row holding a target (no loss), ``grad_zero_padding`` without padding. Such a skip is
-required (the verdict is false) when the check was named with ``--check``, or when the output
-has what the rows run lacked.
+required (the verdict is false) when the check was named with ``--check``, or when the rows
+and row windows verify could have run held what those run lacked (a row whose targets all lie
+further from its padding than ``--row-window`` tokens gives ``grad_zero_padding`` nothing any
+window could measure: not required, the skip says which ``--row-window`` would measure it).
 
 :meth:`VerifyReport.problems` lists, in words, every reason the verdict is false.
 """

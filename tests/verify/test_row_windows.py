@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 from packcheck import withhold_seq_idx  # noqa: E402
 from packtool.verify.checks import _spans, row_windows, run_verify  # noqa: E402
+from packtool.verify.report import PASS  # noqa: E402
 
 from packed_helpers import edit_rows, pack_docs  # noqa: E402
 
@@ -41,18 +42,24 @@ def _items(out):
 
 @pytest.mark.parametrize("multiple", [1, 4])
 def test_windows_of_a_padded_row_hold_the_real_lengths_of_their_spans(tmp_path, multiple):
-    """Every window starts at a document's span, its spans cut by cu_seqlens_unpadded cover
-    exactly the tokens of a document (segment id != 0) inside the window, and the document
-    lists name the documents whose spans start in it."""
+    """Every window starts at a document's span (or, to reach the padding at the row's end,
+    inside its last documents: that document then counts as the window's first), its spans cut
+    by cu_seqlens_unpadded cover exactly the tokens of a document (segment id != 0) inside the
+    window, the document lists name the documents whose spans overlap it, and a padded row has
+    a window holding padding (the padding window at 30..46 of a row padded from 47 held none)."""
     extra = ["--segment-multiple", str(multiple)] if multiple > 1 else []
     out = pack_docs(tmp_path, DOCS, CW, *extra)
     items = _items(out)
     for it in items:
         whole = _spans(it)
         starts = [a for a, _ in whole]
-        for w in row_windows(it, WINDOW):
+        wins = row_windows(it, WINDOW)
+        if (np.asarray(it["segment_ids"]) == 0).any():
+            assert any((np.asarray(w["segment_ids"]) == 0).any() for w in wins), it["row"]
+        for w in wins:
             a, b = w["window"]
-            assert b - a == WINDOW and a in starts
+            q0 = int(np.searchsorted(starts, a, side="right")) - 1  # the document holding a
+            assert b - a == WINDOW and (a in starts or a > CW - 2 * WINDOW)
             cu = np.asarray(w["cu_seqlens"])
             assert cu[0] == 0 and cu[-1] == WINDOW and (np.diff(cu) > 0).all()
             if multiple > 1:
@@ -65,8 +72,8 @@ def test_windows_of_a_padded_row_hold_the_real_lengths_of_their_spans(tmp_path, 
                 got[s:e] = True
             assert np.array_equal(got, seg != 0), (it["row"], w["window"])
             firsts = [d for d, (s, _) in zip(it["doc_ids"], whole) if a <= s < b]
-            assert list(w["doc_ids"]) == firsts
-            assert w["segment_base"] == starts.index(a)
+            assert list(w["doc_ids"]) == ([] if a in starts else [it["doc_ids"][q0]]) + firsts
+            assert w["segment_base"] == q0
 
 
 @pytest.mark.parametrize("multiple", [1, 4])
@@ -238,3 +245,70 @@ def test_windows_too_small_for_a_boundary_ask_for_a_larger_window(tmp_path):
     assert "--data-only" not in res.output
     res = invoke(["verify", "--backend", "sdpa", "--row-window", "4", out])
     assert res.exit_code == 0, res.output
+
+
+def _sft_output(tmp_path, capacity=64, docs=None):
+    """SFT-style input: ``docs`` ``[(tokens, target positions)]`` (default: documents of 20..26
+    tokens with targets only at tokens 3 and 4) in an input labels column, -100 elsewhere,
+    packed in order into rows of ``capacity`` tokens."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from packcheck import invoke
+
+    rng = np.random.default_rng(0)
+    if docs is None:
+        docs = [(int(rng.integers(20, 27)), (3, 4)) for _ in range(12)]
+    ids, labs = [], []
+    for n, where in docs:
+        t = rng.integers(1, 500, n).tolist()
+        ids.append(t)
+        labs.append([t[i] if i in where else -100 for i in range(n)])
+    src = tmp_path / "in"
+    src.mkdir()
+    pq.write_table(pa.table({"input_ids": ids, "labels": labs}), src / "a.parquet")
+    res = invoke(["pack", "-q", "--no-shuffle", "-c", str(capacity), str(src),
+                  str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    return tmp_path / "out"
+
+
+def test_grad_zero_padding_that_no_window_can_measure_is_not_a_failure(tmp_path):
+    """Targets only near each document's start, 16 or more tokens before the padding: no window
+    of 16 tokens holds both padding and a target, so grad_zero_padding cannot measure anything.
+    verify failed a correct output ("check grad_zero_padding on backend sdpa did not run"); the
+    skip is now not required, named with --check it fails saying which --row-window measures it,
+    and with that window a window holding both is run and the check passes."""
+    from packcheck import invoke
+
+    out = _sft_output(tmp_path)
+    res = invoke(["verify", "--backend", "sdpa", "--row-window", "16", str(out)])
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if " grad_zero_padding " in ln)
+    assert line.startswith("SKIP") and line.endswith("[not required]"), line
+    assert "no window of --row-window 16 tokens holds both padding and a target" in line, line
+    for name in ("loss_denominator", "grad_zero_ignored"):
+        assert any(ln.startswith("PASS") and f" {name} " in ln
+                   for ln in res.output.splitlines()), res.output
+    res = invoke(["verify", "--backend", "sdpa", "--row-window", "16", "--check",
+                  "grad_zero_padding", str(out)])
+    assert res.exit_code == 1, res.output
+    closest = int(res.output.split("pass --row-window ")[1].split()[0])
+    assert 16 < closest < 64, res.output
+    rep = run_verify(out, backends=["sdpa"], row_window=closest)
+    pad = rep.get("sdpa", "grad_zero_padding")
+    assert pad.status == PASS and rep.ok, rep.format_text()
+    rep = run_verify(out, backends=["sdpa"], row_window=closest, scan_all=False)
+    assert rep.ok, rep.format_text()
+
+
+def test_a_row_whose_targets_no_window_reached_gets_a_window_holding_one(tmp_path):
+    """A 5-token document without targets, then a 40-token one with targets only at its tokens
+    30 and 31, C = 64, --row-window 8: the window across the boundary and the one into the
+    padding held no target, so the loss checks measured nothing and the verdict failed on a
+    correct output. A window holding a target is now run and they pass."""
+    out = _sft_output(tmp_path, docs=[(5, ()), (40, (30, 31))])
+    rep = run_verify(out, backends=["sdpa"], row_window=8)
+    assert rep.ok, rep.format_text()
+    den = rep.get("sdpa", "loss_denominator")
+    assert den.status == PASS and den.figures["targets_packed"] >= 1, rep.format_text()
+    assert rep.get("sdpa", "grad_zero_ignored").status == PASS, rep.format_text()
