@@ -59,6 +59,7 @@ from __future__ import annotations
 import hashlib
 import numbers
 import os
+import sys
 from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -67,7 +68,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 from packtool.loader import resume
 from packtool.loader.collate import check_item_columns
 from packtool.loader.mixture import Mixture
-from packtool.loader.plan import ORDER_VERSION, EpochPlan, Phase, check_seed, rank_rows
+from packtool.loader.plan import (ORDER_VERSION, EpochPlan, Phase, check_seed, rank_rows,
+                                  worker_bounds)
 from packtool.loader.transfer import in_transit
 from packtool.loader.wrappers import refuse_accelerate_wrapper, refuse_dataloader_batching
 
@@ -540,8 +542,6 @@ class PackedIterableDataset(IterableDataset):
         # batches must not be batched again; items not by torch's default collate
         batched = refuse_dataloader_batching(self, self.batch_size)
         worker, num_workers = self._worker()
-        if batched and num_workers >= 2 and self.dataloader_batch_size is None:
-            self._warn_worker_batches(num_workers)
         self._follow_epoch()
         if self._await_board is not None:
             return self._after_board()
@@ -551,25 +551,47 @@ class PackedIterableDataset(IterableDataset):
         order = self.mixture.order(seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
         keys = order.rows_at(plan.slot(plan.phase, self.rank, worker, self.world_size,
                                        num_workers))
-        return self._generate(keys, start, history)
+        rows = self._generate(keys, start, history)
+        if batched and num_workers >= 2 and self.dataloader_batch_size is None \
+                and not int(self._epoch_box[_WARNED]):
+            return self._warn_worker_batches(rows, plan, num_workers)
+        return rows
 
-    def _warn_worker_batches(self, num_workers: int) -> None:
-        """Warn, once per dataset (the first worker to start: the flag is in the shared epoch
-        box), that a DataLoader batching this rank's rows in ``num_workers`` workers yields up
-        to ``num_workers - 1`` batches more than its length, as ``dataloader_batch_size`` was
-        not given."""
-        box = self._epoch_box
-        if int(box[_WARNED]):
+    def _warn_worker_batches(self, rows: Iterator, plan: EpochPlan,
+                             num_workers: int) -> Iterator:
+        """``rows``, after warning (once per dataset: the first worker to find it, the flag is
+        in the shared epoch box) that a DataLoader batching this rank's rows in
+        ``num_workers`` workers yields more batches than its length, as
+        ``dataloader_batch_size`` was not given. The DataLoader's batch size B is the length
+        of the index list its fetcher asks rows for (known at the first row): no warning when
+        the workers' runs, each ending on its own partial batch, make no more batches than
+        ``ceil(q / B)`` (B = 1, or runs that are whole batches)."""
+        it = iter(rows)
+        try:
+            first = next(it)
+        except StopIteration:
             return
-        box[_WARNED] = 1
-        import warnings
+        B = _fetch_batch_size(self)
+        q = rank_rows(plan.length(), self.world_size, self.drop_last)
+        if B is None:
+            extra, say = num_workers - 1, f"up to {num_workers - 1}"
+        else:
+            runs = [worker_bounds(q, w, num_workers) for w in range(num_workers)]
+            extra = sum(-(-(b - a) // B) for a, b in runs) - -(-q // B)
+            say = str(extra)
+        if extra > 0 and not int(self._epoch_box[_WARNED]):
+            self._epoch_box[_WARNED] = 1
+            import warnings
 
-        warnings.warn(
-            f"with {num_workers} DataLoader workers each ending on its own partial batch, a "
-            f"DataLoader batching these rows yields up to {num_workers - 1} batches more than "
-            "len(DataLoader), and a loop sized by that length (the Hugging Face Trainer, an LR "
-            "schedule) leaves their rows out: pass PackedIterableDataset(..., "
-            "dataloader_batch_size=<the DataLoader's batch_size>)", stacklevel=3)
+            warnings.warn(
+                f"with {num_workers} DataLoader workers each ending on its own partial batch, "
+                f"a DataLoader batching these rows yields {say} "
+                f"batch{'es' if extra != 1 else ''} more than len(DataLoader), and a loop sized "
+                "by that length (the Hugging Face Trainer, an LR schedule) leaves their rows "
+                "out: pass PackedIterableDataset(..., dataloader_batch_size=<the DataLoader's "
+                "batch_size>)", stacklevel=2)
+        yield first
+        yield from it
 
     def _after_board(self) -> Iterator:
         """The iteration of a worker that loaded its own finished run of several, decided at
@@ -884,6 +906,27 @@ _BOARD = 64
 #: or looked at by set_epoch), 1 when it was finished, and the epoch + 1 of the latest epoch
 #: a copy yielded a row of since that load.
 _LOADED, _LOADED_END, _YIELDED_EPOCH = 3 + _BOARD, 4 + _BOARD, 5 + _BOARD
+def _fetch_batch_size(dataset) -> int | None:
+    """The batch size of the torch DataLoader fetcher asking ``dataset`` for rows now (the
+    length of the index list its ``fetch`` holds), found among the frames above the caller;
+    None when no such fetcher is found."""
+    from torch.utils.data._utils.fetch import _IterableDatasetFetcher
+
+    f = sys._getframe(1)
+    for _ in range(6):
+        if f is None:
+            return None
+        owner = f.f_locals.get("self")
+        if isinstance(owner, _IterableDatasetFetcher) and owner.dataset is dataset:
+            index = f.f_locals.get("possibly_batched_index")
+            try:
+                return len(index) if owner.auto_collation else None
+            except TypeError:
+                return None
+        f = f.f_back
+    return None
+
+
 #: Set once a DataLoader worker warned that its rows lack ``dataloader_batch_size``.
 _WARNED = 6 + _BOARD
 

@@ -118,7 +118,7 @@ def test_without_it_several_workers_yield_more_batches_and_warn_once(rows_120):
     assert out == "[16, 16] 15 120"
     lines = [x for x in err.splitlines() if "dataloader_batch_size=" in x]
     assert len(lines) == 1, err
-    assert "with 4 DataLoader workers" in lines[0] and "up to 3 batches more" in lines[0]
+    assert "with 4 DataLoader workers" in lines[0] and "yields 1 batch more than" in lines[0]
     # the flag the warning sets in the box the training process shares with its workers
     from packtool.loader.distributed import _WARNED
 
@@ -129,9 +129,16 @@ def test_without_it_several_workers_yield_more_batches_and_warn_once(rows_120):
               {"batch_size": 8, "collate_fn": collate, "num_workers": 1}),
              (PackedIterableDataset(rows_120, seed=3),
               {"batch_size": 8, "collate_fn": collate, "num_workers": 2})]
+    quiet += [(PackedIterableDataset(rows_120, seed=3),  # batches of 1: never one more
+               {"batch_size": 1, "collate_fn": collate, "num_workers": 2}),
+              (PackedIterableDataset(rows_120, seed=3),  # runs of 60 rows: whole batches of 6
+               {"batch_size": 6, "collate_fn": collate, "num_workers": 2})]
     for i, (ds, dl_kw) in enumerate(quiet):
-        list(DataLoader(ds, **dl_kw))
+        dl = DataLoader(ds, **dl_kw)
+        got = len(list(dl))
         assert int(ds._epoch_box[_WARNED]) == (i == 3), dl_kw
+        if dl_kw["batch_size"]:
+            assert got == len(dl) + (i == 3), dl_kw  # a warning exactly where one more came
 
 
 @pytest.mark.parametrize("bad", [0, -2, True, 2.0, "8"])
