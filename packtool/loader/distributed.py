@@ -118,7 +118,8 @@ class PackedIterableDataset(IterableDataset):
             they are shared in proportion to the sources' rows.
         rank, world_size: this process's rank and the number of ranks; default: from
             ``torch.distributed`` when initialised, else the ``RANK`` / ``WORLD_SIZE`` variables
-            ``torchrun`` sets, else 0 / 1.
+            ``torchrun`` sets, else 0 / 1 (``world_size=1`` alone: rank 0; another
+            ``world_size`` than torch.distributed's needs ``rank`` too).
         seed: non-negative; with ``epoch`` it fixes the order.
         epoch: the starting epoch (non-negative).
         shuffle: shuffle row-group order and rows within ``shuffle_buffer``; False reads in
@@ -203,8 +204,14 @@ class PackedIterableDataset(IterableDataset):
                  cache_limit: int | str | None = None, integrity: str = "footer",
                  check_ranks: bool = True,
                  dataloader_batch_size: int | None = None) -> None:
-        if rank is None or world_size is None:
+        if rank is None and world_size == 1:
+            rank = 0  # one split: rank 0 of it, whatever torch.distributed's rank
+        elif rank is None or world_size is None:
             r, w = _default_rank_world()
+            if rank is None and world_size is not None and world_size != w:
+                raise ValueError(f"world_size={world_size} without rank=: the rank would be "
+                                 f"torch.distributed's ({r} of {w}), which does not split "
+                                 f"{world_size} ways; pass rank= too")
             rank = r if rank is None else rank
             world_size = w if world_size is None else world_size
         if world_size < 1 or not 0 <= rank < world_size:
@@ -703,6 +710,8 @@ class PackedIterableDataset(IterableDataset):
         if st is not None:
             resume = (f"{st['world_size']} ranks x {st['num_workers']} workers, rows yielded "
                       f"{st['yielded']}")
+            if st.get("dataloader_batch_size") is not None:
+                resume += f", runs of batches of {st['dataloader_batch_size']}"
             if st["phases"]:
                 digest = hashlib.blake2b(repr(st["phases"]).encode(), digest_size=6).hexdigest()
                 resume += f", {len(st['phases'])} earlier phases {digest}"
@@ -713,6 +722,7 @@ class PackedIterableDataset(IterableDataset):
         check_ranks_agree({
             **mine, "rank": self.rank, "world_size": self.world_size, "epoch": self.epoch,
             "sources": sources, "resume": resume,
+            "dataloader_batch_size": self.dataloader_batch_size,
             "content": hashlib.blake2b(repr(fp["content"]).encode(), digest_size=8).hexdigest()},
             where)
 

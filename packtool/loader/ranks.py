@@ -48,6 +48,9 @@ FIELDS = (
     ("shuffle", "shuffle", "pass the same shuffle on every rank"),
     ("shuffle_buffer", "shuffle_buffer", "pass the same shuffle_buffer on every rank"),
     ("drop_last", "drop_last", "pass the same drop_last on every rank"),
+    ("dataloader_batch_size", "dataloader_batch_size",
+     "pass the same dataloader_batch_size on every rank (the DataLoader's batch_size): "
+     "otherwise the ranks' DataLoaders yield different numbers of batches"),
     ("resume", "resume point (the loaded state's epoch and phases)",
      "load the same state on every rank (one rank's StatefulDataLoader state_dict()), or none "
      "on any"),
@@ -88,15 +91,25 @@ def verdict(gathered: list[dict], where: str) -> str | None:
     each, or one per member of a tensor- or pipeline-parallel group)."""
     tail = ("; check_ranks=False turns this check off, for a dataset not built on every rank "
             "of the default process group only")
+    effect = "their slices of the epoch overlap and miss each other"
     for key, name, fix in FIELDS:
         values = [g.get(key) for g in gathered]
+        if key == "world_size" and values[0] == 1 and all(v == 1 for v in values):
+            if any(g.get(k) != gathered[0].get(k) for g in gathered
+                   for k in ("sources", "content")):
+                return None  # each process reads data of its own, whole: nothing to share
+            # one stream read whole by every process: what splits it afterwards (accelerate's
+            # IterableDatasetShard under the Trainer) needs it the same on every process
+            effect = ("the one stream each process reads whole, and a Trainer's data loader "
+                      "then splits among them, differs between processes")
+            continue
         if any(v != values[0] for v in values):
             return (f"the ranks disagree {where} on the dataset's {name}: "
-                    f"{describe_ranks(values)}, so their slices of the epoch overlap and miss "
-                    f"each other (some rows twice, others never); {fix}" + tail)
-        if key == "world_size" and values[0] < 2:
-            return None  # no rank split: each process reads the whole epoch by itself
+                    f"{describe_ranks(values)}, so {effect} (some rows twice, others never); "
+                    f"{fix}" + tail)
     size = gathered[0]["world_size"]
+    if size < 2:
+        return None  # no rank split
     held: dict = {}
     for p, g in enumerate(gathered):
         held.setdefault(g["rank"], []).append(p)

@@ -156,7 +156,7 @@ def test_check_ranks_false_skips_the_collective(two_ranks):
 def g(rank, world_size=2, **kw):
     base = {"world_size": world_size, "seed": 0, "epoch": 0, "sources": "100 of 100 rows",
             "content": "c", "order": 3, "shuffle": True, "shuffle_buffer": 1024,
-            "drop_last": False, "resume": None}
+            "drop_last": False, "resume": None, "dataloader_batch_size": None}
     return {**base, "rank": rank, **kw}
 
 
@@ -167,11 +167,40 @@ def test_tensor_parallel_copies_of_a_rank_pass_uneven_ones_do_not():
     assert "0 on process ranks 0-2, 1 on process rank 3" in bad
 
 
-def test_no_rank_split_lets_each_process_read_its_own_order():
-    """world_size=1 on every process: nothing is split, so the seeds may differ."""
-    assert verdict([g(0, 1, seed=0), g(0, 1, seed=1)], "at construction") is None
+def test_no_rank_split_of_one_stream_still_needs_one_order():
+    """world_size=1 on every process over the same data (the Trainer's setup: accelerate's
+    IterableDatasetShard splits the one stream each process reads whole): a per-process seed,
+    epoch or dataloader_batch_size makes the streams differ, so rows come twice or never, and
+    is refused; processes reading data of their own (other outputs) are free."""
+    for kw in ({"seed": 1}, {"epoch": 1}, {"dataloader_batch_size": 3}, {"shuffle": False}):
+        bad = verdict([g(0, 1), g(0, 1, **kw)], "at construction")
+        assert bad is not None and "a Trainer's data loader then splits" in bad, kw
+        assert next(iter(kw)) in bad, bad
+    assert verdict([g(0, 1, seed=0), g(0, 1, seed=1, content="other")],
+                   "at construction") is None
+    assert verdict([g(0, 1), g(0, 1)], "at construction") is None
     bad = verdict([g(0, 1), g(1, 2)], "at construction")
     assert bad is not None and "world_size" in bad
+
+
+def test_ranks_of_another_dataloader_batch_size_are_refused():
+    """Ranks whose dataloader_batch_size differs yield different numbers of batches (one rank
+    steps once more, its collective waits for ever): refused like a seed."""
+    bad = verdict([g(0), g(1, dataloader_batch_size=4)], "at construction")
+    assert bad is not None and "dataloader_batch_size: None on process rank 0, 4 on " in bad
+
+
+def test_world_size_without_rank_is_rank_0_of_1_or_refused(monkeypatch, rows_120):
+    """world_size=1 alone under torchrun is rank 0 of it (it was torch's rank: 'need 0 <= rank
+    < world_size, got rank=1'); another world_size than torch's without rank= is refused."""
+    from packtool.loader import PackedIterableDataset
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ds = PackedIterableDataset(rows_120, world_size=1)
+    assert (ds.rank, ds.world_size) == (0, 1)
+    with pytest.raises(ValueError, match="world_size=3 without rank=: .* pass rank= too"):
+        PackedIterableDataset(rows_120, world_size=3)
 
 
 def test_describe_ranks_groups_and_caps():
