@@ -588,3 +588,35 @@ def test_outputs_packed_before_pairings_were_recorded_are_read_as_before(tmp_pat
     assert res.exit_code == 0 and not _stale_lines(res.output), res.output
     res = invoke(["stats", held])
     assert res.exit_code == 0 and not _stale_lines(res.output), res.output
+
+
+def test_a_held_out_output_copied_without_its_training_output_is_not_said_stale(tmp_path):
+    """A held-out output copied (or moved) alone: its training output is not there to read,
+    which says nothing about staleness, so stats, export and the loader read it without a stale
+    warning; a training output that is read and pairs with no held-out output still makes it
+    stale."""
+    import shutil
+    import warnings
+
+    from packtool.loader.source import open_source
+
+    src = write_docs(tmp_path / "in" / "a.parquet", _docs(80))
+    out = tmp_path / "q"
+    assert invoke(["pack", "-q", "-c", 32, "--holdout", 0.3, src, out]).exit_code == 0
+    alone = tmp_path / "other" / "q-holdout"
+    shutil.copytree(tmp_path / "q-holdout", alone)
+    res = invoke(["stats", alone])
+    assert res.exit_code == 0 and "stale" not in res.output and "remove it" not in res.output, \
+        res.output
+    res = invoke(["export", "--to", "nemo", alone, tmp_path / "n"])
+    assert res.exit_code == 0 and "stale" not in res.output, res.output
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        open_source(alone, None)[0].close()
+    (tmp_path / "other" / "q").mkdir()  # a training output there that is no pack: unreadable
+    res = invoke(["stats", alone])
+    assert res.exit_code == 0 and "stale" not in res.output, res.output
+    shutil.rmtree(tmp_path / "other" / "q")
+    assert invoke(["pack", "-q", "-c", 32, src, tmp_path / "other" / "q"]).exit_code == 0
+    res = invoke(["stats", alone])  # read, and it pairs with no held-out output: stale
+    assert res.exit_code == 0 and len(_stale_lines(res.output)) == 1, res.output

@@ -33,8 +33,9 @@ their pairing (:attr:`Manifest.holdout_pair`, a :class:`HoldoutPairing`; JSON
 ``holdout_pair``, written only when set): an id both carry and where the other one is. A
 repack of OUTPUT that no longer writes the held-out output its previous manifest named warns
 that this output is stale, and ``stats``, ``export`` and the loader warn when they read a
-held-out output whose training output no longer pairs with it (:func:`stale_holdout`): its
-documents may then be among the training rows. Like ``tokenized`` it is an optional key of
+held-out output whose training output, read, no longer pairs with it (:func:`stale_holdout`;
+one whose training output is not there to read is not called stale): its documents may then be
+among the training rows. Like ``tokenized`` it is an optional key of
 version 4, not a new version; outputs without it (packed before it was recorded) are read as
 before, with no pairing asked of them.
 
@@ -1292,10 +1293,11 @@ def read_manifest(output) -> Manifest:
 def stale_holdout(manifest: Manifest, where) -> str | None:
     """The warning for reading the held-out output of ``pack --holdout`` at ``where`` (a path
     or URI; ``manifest``: its manifest) whose training output no longer pairs with it: that
-    output has no readable manifest, or its manifest records no pairing with this one (it was
-    packed again without ``--holdout``, with another fraction or seed, or with another
-    ``--holdout-output``). Its documents may then be among the training rows. None for any
-    other output, for a held-out output still paired, and for one packed before pairings were
+    output's manifest, read, records no pairing with this one (it was packed again without
+    ``--holdout``, with another fraction or seed, or with another ``--holdout-output``). Its
+    documents may then be among the training rows. None for any other output, for a held-out
+    output still paired, for one whose training output has no readable manifest there (copied
+    or moved without it: nothing says it is stale), and for one packed before pairings were
     recorded (nothing to check). Reads one manifest.
     """
     paired = manifest.holdout_pair
@@ -1305,18 +1307,16 @@ def stale_holdout(manifest: Manifest, where) -> str | None:
     train = paired.partner_of(here)
     try:
         other = read_manifest(train)
-    except PacktoolError:
-        other = None
-    theirs = other.holdout_pair if other is not None else None
+    except PacktoolError:  # absent or unreadable there: no evidence either way
+        return None
+    theirs = other.holdout_pair
     if (theirs is not None and theirs.pair == paired.pair
             and other.options.get("holdout_part") == "train" and theirs.names(train, here)):
         return None
-    why = ("has no readable manifest now" if other is None else
-           "was packed again without it (its manifest pairs it with no held-out output or "
-           "with another)")
-    return (f"{here.display}: stale held-out output: its training output {train.display} {why}, "
-            "so its documents may be among the training rows; remove it, or pack again with "
-            "--holdout to make a new pair")
+    return (f"{here.display}: stale held-out output: its training output {train.display} was "
+            "packed again without it (its manifest pairs it with no held-out output or with "
+            "another), so its documents may be among the training rows; remove it, or pack "
+            "again with --holdout to make a new pair")
 
 
 def dropped_holdout(previous: Manifest | None, where, pairing: HoldoutPairing | None
