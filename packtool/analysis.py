@@ -257,7 +257,8 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
     multiple = int(reader.manifest.options.get("segment_multiple", 1))
     stale = stale_holdout(reader.manifest, reader.location)  # a held-out output left unpaired
     tok = reader.manifest.tokenized  # ids the pack wrote outside its tokenizer's vocabulary
-    vocab = tok.vocabulary_warnings(reader.manifest.options, repack=True) if tok else []
+    vocab = tok.vocabulary_warnings(reader.manifest.options, repack=True,
+                                    padding_tokens=stats.padding_tokens) if tok else []
     return PackedAnalysis(reader.location.display, stats, totals, mismatches, hist, fill_counts,
                           recount.seg_counts, recount.bins, recount.documents,
                           per_bin_limit if per_bin else None,

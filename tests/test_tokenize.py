@@ -1572,7 +1572,9 @@ def test_a_pack_id_outside_the_recorded_vocabulary_is_warned_by_pack_stats_expor
     got = json.loads(invoke(["stats", "--json", "--no-hash", tmp_path / "out"]).stdout)
     assert len(vocab_lines("\n".join(got["warnings"]))) == 2
     res = invoke(["export", "--to", "nemo", tmp_path / "out", tmp_path / "nemo.npy"])
-    assert len(vocab_lines(res.stderr)) == 2, res.output
+    # the export writes no padding: only the BOS id is in its tokens
+    assert [ln.split(" is ")[0] for ln in vocab_lines(res.stderr)] == [
+        f"WARNING: --prepend-bos {v + 7}"], res.output
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         packtool.pack([str(tok)], str(tmp_path / "api"), capacity=64, pad_id=v + 1,
@@ -1588,3 +1590,34 @@ def test_a_pack_id_outside_the_recorded_vocabulary_is_warned_by_pack_stats_expor
     pq.write_table(pq.read_table(tok).select(["input_ids"]), plain / "d.parquet")
     res = invoke(["pack", "-q", "-c", 64, "--pad-id", v, plain, tmp_path / "from-plain"])
     assert res.exit_code == 0 and not vocab_lines(res.stderr)
+
+
+def test_a_pad_id_outside_the_vocabulary_is_not_warned_of_when_no_padding_is_written(
+        tmp_path, hf_tokenizer):
+    """pack --pad-id V (outside the recorded vocabulary) --min-fill 1 writes only full rows:
+    no position holds the pad id, so neither pack nor stats warn of it (an --append-eos id
+    outside it still is, by both); export never writes padding, so it does not warn of the pad
+    id even when the rows hold padding."""
+    v = tokenizers.Tokenizer.from_file(str(hf_tokenizer)).get_vocab_size(with_added_tokens=True)
+    tok = _tokenized(write_jsonl(tmp_path / "t.jsonl", TEXTS[:10]), tmp_path / "tok",
+                     hf_tokenizer)
+
+    def vocab_lines(text):
+        return [ln.split(" is ")[0] for ln in text.splitlines() if "outside the vocabulary" in ln]
+
+    full = tmp_path / "full"
+    res = invoke(["pack", "-q", "-c", 4, "--pad-id", v, "--append-eos", v + 3, "--min-fill", 1,
+                  tok, full])
+    assert res.exit_code == 0, res.output
+    totals = read_manifest(full).totals
+    assert totals.rows > 0 and totals.padding_tokens == 0
+    assert vocab_lines(res.stderr) == [f"WARNING: --append-eos {v + 3}"], res.output
+    res = invoke(["stats", "--no-hash", full])
+    assert res.exit_code == 0 and vocab_lines(res.stderr) == [f"WARNING: --append-eos {v + 3}"], \
+        res.output
+    padded = tmp_path / "padded"
+    res = invoke(["pack", "-q", "-c", 64, "--pad-id", v, tok, padded])
+    assert res.exit_code == 0 and vocab_lines(res.stderr) == [f"WARNING: --pad-id {v}"]
+    assert read_manifest(padded).totals.padding_tokens > 0
+    res = invoke(["export", "--to", "nemo", padded, tmp_path / "nemo.npy"])
+    assert res.exit_code == 0 and not vocab_lines(res.stderr), res.output

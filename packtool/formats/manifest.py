@@ -469,9 +469,11 @@ class Tokenization:
                    None if d.get("prepend_bos") is None else int(d["prepend_bos"]),
                    differs=tuple(n for n in TOKENIZATION_FACTS if n not in d))
 
-    def vocabulary_warnings(self, options: Mapping, repack: bool = False) -> list[str]:
+    def vocabulary_warnings(self, options: Mapping, repack: bool = False,
+                            padding_tokens: int | None = None) -> list[str]:
         """One line for each id a pack wrote of its own that lies outside the recorded
-        vocabulary (0 .. ``vocab_size`` - 1): ``pad_id`` (every padded slot), ``append_eos``
+        vocabulary (0 .. ``vocab_size`` - 1): ``pad_id`` (every padded slot; only when the
+        output holds padding tokens), ``append_eos``
         and ``prepend_bos`` (a token of every document) of ``options`` (a packed manifest's
         options, or ``PackConfig.layout_options()``). The documents' own ids come from the
         recorded tokenizer, whose ids are all inside it, so these options are the only ids a
@@ -485,6 +487,8 @@ class Tokenization:
                 None or absent: not given).
             repack: word the fix for a finished output (``stats``): pack again with
                 ``--overwrite``.
+            padding_tokens: how many padding tokens the output holds (its totals); 0: no
+                position holds ``pad_id``, so it is not warned of; None: not known, warned of.
         """
         v = self.tokenizer.vocab_size
         if v is None:
@@ -499,7 +503,7 @@ class Tokenization:
                                  ("prepend_bos", "--prepend-bos",
                                   "the start of every document")):
             value = options.get(key)
-            if value is None or 0 <= int(value) < v:
+            if value is None or 0 <= int(value) < v or (key == "pad_id" and padding_tokens == 0):
                 continue
             out.append(f"{flag} {int(value)} is outside the vocabulary of {name} "
                        f"({v:,} ids: 0..{v - 1}) the inputs were tokenized with: {where} holds "
@@ -677,14 +681,18 @@ class Manifest:
         """Rows over all shards."""
         return sum(s.rows for s in self.shards)
 
-    def output_warnings(self) -> list[str]:
+    def output_warnings(self, padding: bool = True) -> list[str]:
         """The loud lines a reader of this packed output prints (``stats``, ``export``): those
         of its totals (:meth:`~packtool.stats.PackStats.output_warnings`), then each id its
         pack wrote outside the recorded tokenizer's vocabulary
-        (:meth:`Tokenization.vocabulary_warnings`)."""
+        (:meth:`Tokenization.vocabulary_warnings`): ``--pad-id`` only when the rows hold
+        padding tokens and ``padding`` is True (False: a reader that writes no padding, as
+        an export, whose output holds no pad id)."""
         out = self.totals.output_warnings(self.options)
         if self.tokenized is not None:
-            out += self.tokenized.vocabulary_warnings(self.options, repack=True)
+            out += self.tokenized.vocabulary_warnings(
+                self.options, repack=True,
+                padding_tokens=self.totals.padding_tokens if padding else 0)
         return out
 
     @property

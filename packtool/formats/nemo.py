@@ -204,11 +204,12 @@ def export_warnings(manifest, where: str) -> list[str]:
     ``packtool stats`` prints them for it: an output of 0 rows exports a file of no sequence,
     said with the lines ``pack`` gave for it (what ``--overflow`` or ``--min-fill`` left out);
     rows without one effective target, the no-targets line (a loss over them divides by 0);
-    a padding or BOS/EOS id outside the recorded tokenizer's vocabulary
-    (:meth:`~packtool.formats.manifest.Manifest.output_warnings`)."""
+    a BOS/EOS id outside the recorded tokenizer's vocabulary
+    (:meth:`~packtool.formats.manifest.Manifest.output_warnings`; not the padding id: the
+    export writes no padding)."""
     empty = [f"{where} holds 0 rows: the export holds no sequence to train on"] \
         if manifest.num_rows == 0 else []
-    return empty + manifest.output_warnings()
+    return empty + manifest.output_warnings(padding=False)
 
 
 def export_notes(manifest) -> list[str]:
