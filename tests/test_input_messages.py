@@ -164,6 +164,33 @@ def test_zero_row_shard_of_null_type_is_an_empty_shard(tmp_path):
     assert "d.parquet" in line and "type null" in line
 
 
+@pytest.mark.parametrize("column", [pa.array([], pa.float64()), pa.array([], pa.string()),
+                                    pa.array([], pa.list_(pa.float32()))],
+                         ids=["double", "string", "list of float"])
+def test_zero_row_shard_of_any_type_is_an_empty_shard(tmp_path, column):
+    """A file of no rows holds no documents whatever its token column's type (pandas 3 writes
+    ``pd.DataFrame({'input_ids': []})`` as double): an empty shard for pack, compare and
+    stats --compare; a file of rows in that type is still refused."""
+    from packtool.formats.manifest import read_manifest
+
+    d = tmp_path / "in"
+    write_docs(d / "a.parquet", [[1, 2], [3, 4, 5]])
+    pq.write_table(pa.table({"input_ids": column}), d / "b.parquet")
+    write_docs(d / "c.parquet", [[6]])
+    res = invoke(["pack", "-q", "--no-shuffle", "-c", 8, d, tmp_path / "out"])
+    assert res.exit_code == 0, res.output
+    m = read_manifest(tmp_path / "out")
+    assert m.totals.docs_in == 3 and [i.rows for i in m.inputs] == [2, 0, 1]
+    for args in (["compare", "-c", 8, d], ["stats", "--capacity", 8, "--compare", d]):
+        res = invoke(args)
+        assert res.exit_code == 0, res.output
+    rows = pa.array([[1.5]], pa.list_(pa.float32())) if pa.types.is_list(column.type) else \
+        pa.array([1.5 if pa.types.is_floating(column.type) else "x"], column.type)
+    pq.write_table(pa.table({"input_ids": rows}), d / "d.parquet")
+    line = error_line(["pack", "-q", "-c", 8, d, tmp_path / "o2"])
+    assert "d.parquet" in line and "input_ids" in line, line
+
+
 @pytest.fixture(scope="module")
 def tokenizer_file(tmp_path_factory):
     """A small tokenizer.json trained here (no download)."""

@@ -1506,11 +1506,11 @@ def open_input(path, column: str, fmt: str | None = None) -> InputSource:
 
 
 def holds_no_documents(schema: pa.Schema, column: str, rows: int) -> bool:
-    """True for a file of no rows whose token column has type null (pandas writes an empty
-    object column so): it holds no documents, an empty shard like any other, not a column of
-    the wrong type."""
-    return (rows == 0 and column in schema.names
-            and pa.types.is_null(schema.field(column).type))
+    """True for a file of no rows that has the token column ``column``, whatever its type
+    (pandas writes an empty column as null, or as double when pandas 3 infers a float): it
+    holds no documents, an empty shard like any other, not a column of the wrong type. A file
+    with rows is typed by :func:`check_token_column`."""
+    return rows == 0 and column in schema.names
 
 
 def _packed_key(schema: pa.Schema) -> str | None:
