@@ -940,7 +940,7 @@ def _refuse_raw_store(loc, command: str) -> None:
             empty=False, packed=data is not None and packed_marker(str(loc.join(data)))
             is not None, data=data, data_at=None if data is None else str(loc.join(data)),
             kind=marker_kind(loc) if IN_PROGRESS_NAME in entries else None,
-            nested=[] if leftovers or data is not None else packed_outputs_below(loc))
+            nested=[] if leftovers else packed_outputs_below(loc))
 
 
 
@@ -998,8 +998,8 @@ def _refuse(out: str, command: str, *, leftovers: bool, empty: bool, packed: boo
     :func:`~packtool.formats.reader.first_data_file`; ``data_at``: that file's path or URI;
     ``kind``: what its in-progress marker says was being written,
     :func:`packtool.formats.manifest.marker_kind`; ``nested``: the packed outputs below it,
-    :func:`packtool.formats.manifest.packed_outputs_below`, named when it holds no other
-    data)."""
+    :func:`packtool.formats.manifest.packed_outputs_below`, named unless ``out`` holds
+    packed shards of its own; ``data`` is then said to be beside them)."""
     from packtool.errors import ManifestError
     from packtool.formats.manifest import MANIFEST_NAME, TOKENIZED_KIND, nested_outputs_error
 
@@ -1015,9 +1015,9 @@ def _refuse(out: str, command: str, *, leftovers: bool, empty: bool, packed: boo
     if empty:
         raise ManifestError(f"{out}: is an empty directory, not a packed output; pack into it "
                             f"first: packtool pack --capacity C INPUT {shlex.quote(out)}")
-    if nested and data is None:  # the outputs below are complete: give one of them
+    if nested and not packed:  # the outputs below are complete: give one of them
         raise nested_outputs_error(out, nested, lambda shown: "run " + _command_line(
-            command, shlex.quote(shown)))
+            command, shlex.quote(shown)), other=data)
     if packed:
         raise ManifestError(f"{out}: holds packed shards ({data}) but no "
                             f"{MANIFEST_NAME}, which was removed or never written, so the shards "

@@ -258,6 +258,28 @@ def test_folder_above_a_packed_output_names_the_output(tmp_path, command):
     assert "holds the packed outputs par/run1/, par/run2/" in line, line
 
 
+@pytest.mark.parametrize("command", ["stats", "verify"])
+def test_folder_above_a_packed_output_and_other_data_names_the_output(tmp_path, command):
+    """A folder holding a packed output par/run1 and other data (its NeMo export, a loose
+    tokenized file) was said to hold tokenized input and pointed at compare of the folder;
+    it names the packed output below, and the other data as no part of it."""
+    src = write_docs(tmp_path / "in.parquet", [[1, 2, 3], [4, 5]])
+    q = tmp_path / "q"
+    assert invoke(["pack", "-q", "-c", 8, src, q / "par" / "run1"]).exit_code == 0
+    res = invoke(["export", "--to", "nemo", q / "par" / "run1", q / "nemo"])
+    assert res.exit_code == 0, res.output
+    exported = sorted(p.relative_to(q).as_posix() for p in (q / "nemo").rglob("*.parquet"))
+    assert exported, list((q / "nemo").iterdir())
+    line = error_line([command, q])
+    assert f"par/run1/ is a packed output: run packtool {command} {q / 'par' / 'run1'}" in line, \
+        line
+    assert f"{exported[0]} beside it is no packed output" in line, line
+    assert "compare" not in line and "tokenized input" not in line, line
+    write_docs(q / "loose.parquet", [[7, 8]])
+    line = error_line([command, q])
+    assert "par/run1/ is a packed output" in line and "beside it" in line, line
+
+
 def test_loader_given_the_folder_above_a_packed_output_names_it(tmp_path):
     from packtool.errors import ManifestError
     from packtool.loader import PackedDataset

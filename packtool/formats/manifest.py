@@ -1199,25 +1199,30 @@ def packed_outputs_below(out) -> list[str]:
     return found
 
 
-def nested_outputs_error(out, nested, give: Callable[[str], str] | None = None
-                         ) -> ManifestError:
+def nested_outputs_error(out, nested, give: Callable[[str], str] | None = None,
+                         other: str | None = None) -> ManifestError:
     """The one line for a folder ``out`` (a path or URI) that is no packed output but holds
     the packed outputs ``nested`` (:func:`packed_outputs_below`): which to give instead.
 
     Args:
         give: what to do with an output, from its path or URI as shown (``run packtool
             stats OUT/run1``); default: ``give OUT/run1``.
+        other: a data file of ``out`` outside those outputs (relative to it), said to be no
+            part of them; None: none.
     """
     loc = Location.parse(out)
     give = give or (lambda shown: f"give {shown}")
     first = give(loc.join(*nested[0].split("/")).display)
+    beside = f" ({other} beside {'it' if len(nested) == 1 else 'them'} is no packed " \
+        "output)" if other else ""
     if len(nested) == 1:
         return ManifestError(f"{loc.display}: no {MANIFEST_NAME}, so not a packed output itself; "
-                             f"{nested[0]}/ is a packed output: {first}")
+                             f"{nested[0]}/ is a packed output: {first}{beside}")
     names = ", ".join(f"{n}/" for n in nested[:3]) + (
         f", ... ({len(nested)} in all)" if len(nested) > 3 else "")
     return ManifestError(f"{loc.display}: no {MANIFEST_NAME}, so not a packed output itself; "
-                         f"it holds the packed outputs {names}: take one of them, e.g. {first}")
+                         f"it holds the packed outputs {names}: take one of them, e.g. "
+                         f"{first}{beside}")
 
 
 def _incomplete(out: Location) -> ManifestError:
