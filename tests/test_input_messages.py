@@ -234,11 +234,19 @@ def test_tokenize_of_tokenized_parquet_says_pack_it(tmp_path, tokenizer_file):
     assert "already tokenized (column 'tokens'" in line
     assert f"packtool pack --capacity C --column tokens {src} OUTPUT" in line
     assert "--text-column NAME" not in line
-    # a file of text and ids under another name keeps its --text-column advice
+    # a file of ids and a string column (the text under another name, or only a source
+    # name): it looks tokenized, pack it; --text-column NAME is offered second
     both = tmp_path / "both.parquet"
-    pq.write_table(pa.table({"content": ["hi"], "input_ids": pa.array([[1]])}), both)
-    line = error_line(["tokenize", "-q", "--tokenizer", tokenizer_file, both, tmp_path / "t"])
-    assert "--text-column NAME" in line
+    for names in (["content", "input_ids"], ["input_ids", "source"]):
+        pq.write_table(pa.table({n: pa.array([[1]]) if n == "input_ids" else pa.array(["hi"])
+                                 for n in names}), both)
+        line = error_line(["tokenize", "-q", "--tokenizer", tokenizer_file, both,
+                           tmp_path / "t"])
+        assert line.endswith(f"no column 'text'; available columns: {', '.join(names)}; it "
+                             "looks already tokenized (column 'input_ids' holds lists of "
+                             f"integer token ids): pack it with packtool pack --capacity C "
+                             f"{both} OUTPUT, or pass --text-column NAME if its text is in "
+                             "another column"), line
 
 
 @pytest.mark.parametrize("command", ["stats", "verify", "export --to nemo"])

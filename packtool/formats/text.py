@@ -282,17 +282,23 @@ def _token_ids(value) -> bool:
 
 def _tokenized_fix(path, schema: pa.Schema, column: str) -> str:
     """The fix for a Parquet or Arrow input of ``tokenize`` that holds token ids, not text
-    (empty when ``schema`` holds none): it is packed as it is."""
+    (empty when ``schema`` holds none): it is packed as it is. When the text column
+    ``column`` is missing and string columns lie beside the ids (a ``source`` or ``url``
+    column), it looks tokenized all the same, with ``--text-column NAME`` offered second for
+    text in another column."""
     found = token_column_candidates(schema)
+    other = ""
     if column in schema.names and column in found:
         name = column
-    elif column not in schema.names and found and not text_columns(schema):
+    elif column not in schema.names and found:
         name = found[0]
+        if text_columns(schema):
+            other = ", or pass --text-column NAME if its text is in another column"
     else:
         return ""
     option = "" if name == "input_ids" else f" --column {name}"
-    return (f"already tokenized (column {name!r} holds lists of integer token ids): pack it "
-            f"with packtool pack --capacity C{option} {path} OUTPUT")
+    return (f"it looks already tokenized (column {name!r} holds lists of integer token ids): "
+            f"pack it with packtool pack --capacity C{option} {path} OUTPUT{other}")
 
 
 def _jsonl_texts(path, column: str, batch_docs: int, skip: int,
