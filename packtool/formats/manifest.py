@@ -1486,8 +1486,12 @@ def check_shards(output, manifest: Manifest, *, hashes: bool = False, threads: i
         if e is None or e.is_dir:
             raise fault(f"{where}: shard listed in the manifest is missing; {rerun}")
         if e.size != s.bytes:
-            raise fault(f"{where}: size {e.size} bytes, the manifest says {s.bytes}: "
-                        f"the shard was modified or truncated; {rerun}")
+            from packtool.formats.reader import shard_content_fix
+
+            what = shard_content_fix(out.join(s.file))
+            raise fault(f"{where}: size {e.size} bytes, the manifest says {s.bytes}: " + (
+                f"the shard {what}" if what else
+                f"the shard was modified or truncated; {rerun}"))
     extra = sorted(n for n, e in found.items() if not e.is_dir and is_shard_name(n)
                    and n not in listed)
     if extra:

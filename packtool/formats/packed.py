@@ -821,9 +821,13 @@ class PackedOutput:
             size = handle.size()
             if size != entry.bytes:
                 self._raise_if_repacked(s)
+                from packtool.formats.reader import shard_content_fix
+
+                what = shard_content_fix(self.location.join(entry.file))
                 raise ManifestError(f"{where}: size {size} bytes, the manifest says "
-                                    f"{entry.bytes}: the shard was modified or truncated; rerun "
-                                    "the same packtool pack with --overwrite")
+                                    f"{entry.bytes}: " + (f"the shard {what}" if what else
+                                    "the shard was modified or truncated; rerun the same "
+                                    "packtool pack with --overwrite"))
             try:
                 footer = footer_of(handle, size)
                 md = pq.read_metadata(pa.BufferReader(b"PAR1" + footer))

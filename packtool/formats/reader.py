@@ -75,7 +75,7 @@ __all__ = ["InputFile", "RawBatch", "Discovery", "InputSource", "MaskColumns", "
            "packed_evidence", "PACKED_COLUMNS", "iter_token_batches",
            "list_parts", "resolve_mask_columns", "input_columns", "reads_labels",
            "check_source_column", "first_data_file", "check_token_columns_agree",
-           "holds_no_documents", "content_fix", "jsonl_token_keys", "jsonl_tokens_fix",
+           "holds_no_documents", "content_fix", "shard_content_fix", "jsonl_token_keys", "jsonl_tokens_fix",
            "filesystem_of", "is_remote", "SUPPORTED_FORMATS", "TEXT_FORMATS", "AUTO",
            "LOSS_MASK_COLUMNS", "text_compression"]
 
@@ -417,6 +417,14 @@ def content_fix(head: bytes, named: str | None = None) -> str | None:
         other = "a Parquet file" if named else "no format packtool reads"
         return f"is an Arrow IPC file named like {other}; rename it to *.arrow"
     return None
+
+
+def shard_content_fix(shown) -> str | None:
+    """What a packed shard ``shown`` (a path, URI or :class:`~packtool.location.Location`)
+    whose size differs from its manifest's is instead, by its first bytes
+    (:func:`content_fix`): ``is a Git LFS pointer, ...: run git lfs pull ...`` for a clone
+    made without its LFS files; None when they say nothing more or cannot be read."""
+    return content_fix(_head_of(shown), "Parquet")
 
 
 def jsonl_token_keys(shown, limit: int = 1 << 20) -> list[str]:

@@ -710,3 +710,32 @@ def test_upgrade_and_pack_hold_off_each_other_through_outputs_lock(clean, tmp_pa
     assert read_manifest(out).format_version == 2 and not (out / ".packtool.lock").exists()
     res = invoke(["upgrade", out])
     assert res.exit_code == 0 and f"format version {FORMAT_VERSION}" in res.output, res.output
+
+
+def test_a_shard_that_is_a_git_lfs_pointer_says_git_lfs_pull(clean, tmp_path):
+    """A packed output cloned without git-lfs holds pointers in place of its shards: the size
+    check said the shard was modified or truncated and to pack again; stats, verify and a
+    dataset opened before the shard was replaced say it is a Git LFS pointer and to run
+    git lfs pull."""
+    from packtool.loader import PackedDataset
+
+    out = tmp_path / "lfs"
+    shutil.copytree(clean, out)
+    ds = PackedDataset(out)
+    shard = out / "part-00002.parquet"
+    pointer = (b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"0" * 64
+               + b"\nsize %d\n" % shard.stat().st_size)
+    shard.write_bytes(pointer)
+    for command in (["stats", "--no-hash"], ["verify"]):
+        res = invoke([*command, out])
+        assert res.exit_code != 0, res.output
+        assert "part-00002.parquet: size " in res.output, res.output
+        assert "the shard is a Git LFS pointer" in res.output and "git lfs pull" in res.output
+        assert "--overwrite" not in res.output and "truncated" not in res.output, res.output
+    with pytest.raises(ManifestError, match=r"part-00002\.parquet: size .*the shard is a Git "
+                                            r"LFS pointer.*git lfs pull"):
+        ds[len(ds) - 1]
+    shard.write_bytes(b"PAR1" + pointer)  # truncated Parquet: still to pack again
+    with pytest.raises(ManifestError, match="modified or truncated; rerun the same packtool "
+                                            "pack with --overwrite"):
+        PackedDataset(out)
