@@ -1271,8 +1271,10 @@ def verify(output, rows, seed, backends, hf_config, checks, data_only, device, m
     model (a Llama, or your architecture with --hf-config) on sampled rows with each backend and
     compares with per-document forwards: logits, isolation, the loss denominator, gradients at ignored
     positions and padding, finiteness. Exit 0 only when every requested check ran and passed
-    and an attention check ran on a row holding two or more documents (or --data-only); a
-    0-row output, a skipped requested backend, or a failed check exit 1 saying why.
+    and an attention check ran on a row holding two or more documents (or --data-only; an
+    output of one document per row has no such row: isolation is skipped there, not
+    required); a 0-row output, a skipped requested backend, or a failed check exit 1 saying
+    why.
     """
     import json
 

@@ -82,6 +82,9 @@ def test_a_row_window_of_one_token_is_a_usage_error(docs_dir, tmp_path):
         assert res.exit_code == 0, res.output
     text = " ".join(run("verify", "--help").output.split())
     assert "2 or more, or 0 for whole rows" in text
+    # the exit rule names its exception: no row of two documents, no isolation to require
+    assert ("an output of one document per row has no such row: isolation is skipped there, "
+            "not required") in text
 
 
 def test_debug_shows_the_exception(docs_dir, tmp_path):
