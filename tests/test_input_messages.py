@@ -217,8 +217,13 @@ def test_jsonl_of_token_ids_says_how_to_get_parquet(tmp_path, tokenizer_file):
              for given in (src, tmp_path / "only")]
     lines += [error_line(["tokenize", "-q", "--tokenizer", tokenizer_file, *extra, src,
                           tmp_path / "tok"]) for extra in ([], ["--text-column", "input_ids"])]
-    for line in lines:
+    for line in lines[:2]:  # pack wants token ids: only their format is wrong
+        assert ("holds token ids (key 'input_ids', a list of integers) as JSON Lines, and "
+                "packtool pack reads them from Parquet or Arrow only: convert it") in line, line
+        assert "already" not in line and "not text" not in line, line
+    for line in lines[2:]:
         assert "holds token ids already (key 'input_ids'" in line, line
+    for line in lines:
         assert "pyarrow.json" in line and "packtool tokenize --tokenizer" not in line, line
     command = lines[0].split('python -c "')[1].split('"')[0]
     subprocess.run([sys.executable, "-c", command], check=True, cwd=os.getcwd())

@@ -371,7 +371,8 @@ def _convert_hint(paths, them: str = "them") -> str:
         keys = jsonl_token_keys(text[0])
         if not keys:
             return tokenize_first()
-        return f"{'it' if them == 'it' else _name(str(text[0]))} {jsonl_tokens_fix(text[0], keys)}"
+        return (f"{'it' if them == 'it' else _name(str(text[0]))} "
+                f"{jsonl_tokens_fix(text[0], keys, packing=True)}")
     for p in paths[:_SNIFFED]:
         fix = content_fix(_head_of(p))
         if fix:
@@ -453,17 +454,21 @@ def jsonl_token_keys(shown, limit: int = 1 << 20) -> list[str]:
     return []
 
 
-def jsonl_tokens_fix(shown, keys: Sequence[str]) -> str:
+def jsonl_tokens_fix(shown, keys: Sequence[str], packing: bool = False) -> str:
     """The one fix for JSON Lines of token ids (``keys``: its keys holding lists of integers,
-    :func:`jsonl_token_keys`): already tokenized, so not for ``packtool tokenize``, and
-    ``pack`` reads Parquet: the two lines of pyarrow that convert it, then ``pack``; to follow
-    the file's name (``tok.jsonl holds token ids ...``)."""
+    :func:`jsonl_token_keys`): ``pack`` reads Parquet or Arrow, not JSON Lines: the two lines
+    of pyarrow that convert it, then ``pack``; to follow the file's name (``tok.jsonl holds
+    token ids ...``). ``packing``: said to a reader of token ids (``pack``, ``compare``),
+    which are what it wants; False: to ``tokenize``, already tokenized, not text."""
     src = str(shown)
     stem = re.sub(r"\.(jsonl|ndjson)(\.(gz|zst|bz2))?$", "", src, flags=re.IGNORECASE)
     dest = f"{stem}.parquet"
     column = "" if keys[0] == "input_ids" else f" --column {keys[0]}"
-    return (f"holds token ids already (key {keys[0]!r}, a list of integers), not text, and "
-            "packtool pack reads them from Parquet: convert it with python -c \"import "
+    what = (f"holds token ids (key {keys[0]!r}, a list of integers) as JSON Lines, and "
+            "packtool pack reads them from Parquet or Arrow only" if packing else
+            f"holds token ids already (key {keys[0]!r}, a list of integers), not text, and "
+            "packtool pack reads them from Parquet")
+    return (f"{what}: convert it with python -c \"import "
             "pyarrow.json as pj, pyarrow.parquet as pq; pq.write_table(pj.read_json("
             f"{src!r}, read_options=pj.ReadOptions(block_size=1 << 28)), {dest!r})\", then "
             f"packtool pack --capacity C{column} {dest} OUTPUT")
