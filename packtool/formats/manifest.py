@@ -1486,7 +1486,7 @@ def check_shards(output, manifest: Manifest, *, hashes: bool = False, threads: i
         if e is None or e.is_dir:
             raise fault(f"{where}: shard listed in the manifest is missing; {rerun}")
         if e.size != s.bytes:
-            from packtool.formats.reader import shard_content_fix
+            from packtool.formats.sniff import shard_content_fix
 
             what = shard_content_fix(out.join(s.file))
             raise fault(f"{where}: size {e.size} bytes, the manifest says {s.bytes}: " + (

@@ -821,7 +821,7 @@ class PackedOutput:
             size = handle.size()
             if size != entry.bytes:
                 self._raise_if_repacked(s)
-                from packtool.formats.reader import shard_content_fix
+                from packtool.formats.sniff import shard_content_fix
 
                 what = shard_content_fix(self.location.join(entry.file))
                 raise ManifestError(f"{where}: size {size} bytes, the manifest says "

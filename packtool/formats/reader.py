@@ -62,6 +62,7 @@ from packtool.formats.manifest import (IN_PROGRESS_NAME, KINDS, MANIFEST_META_KE
                                        footer_of,
                                        read_manifest, run_holding,
                                        version_1_listed)
+from packtool.formats.sniff import IPC_FILE_MAGIC, content_fix
 from packtool.formats.schema import (MASK_LIKE, check_single_column, check_token_column,
                                      is_integer_list, is_list_layout, token_column_candidates,
                                      tokenize_first)
@@ -75,7 +76,7 @@ __all__ = ["InputFile", "RawBatch", "Discovery", "InputSource", "MaskColumns", "
            "packed_evidence", "PACKED_COLUMNS", "iter_token_batches",
            "list_parts", "resolve_mask_columns", "input_columns", "reads_labels",
            "check_source_column", "first_data_file", "check_token_columns_agree",
-           "holds_no_documents", "content_fix", "shard_content_fix", "jsonl_token_keys", "jsonl_tokens_fix",
+           "holds_no_documents", "jsonl_token_keys", "jsonl_tokens_fix",
            "filesystem_of", "is_remote", "SUPPORTED_FORMATS", "TEXT_FORMATS", "AUTO",
            "LOSS_MASK_COLUMNS", "text_compression"]
 
@@ -104,7 +105,6 @@ _PACKED_META_PREFIX = b"packtool."
 _HF_STATE = "state.json"
 _HF_INFO = "dataset_info.json"
 _HF_DICT = "dataset_dict.json"
-_IPC_FILE_MAGIC = b"ARROW1"
 _FEATHER_V1_MAGIC = b"FEA1"
 
 
@@ -364,7 +364,7 @@ def _convert_hint(paths, them: str = "them") -> str:
     """The fix for files ``pack`` cannot read (``paths``: how they are shown, local paths or
     URIs): JSON Lines of token ids (:func:`jsonl_token_keys`) are converted to Parquet, JSON
     Lines of text tokenized first, a data file named otherwise renamed
-    (:func:`content_fix`), other data converted to tokenized Parquet."""
+    (:func:`~packtool.formats.sniff.content_fix`), other data converted to tokenized Parquet."""
     paths = list(paths)
     text = [p for p in paths if _has_text([_name(str(p))])]
     if text:
@@ -380,9 +380,6 @@ def _convert_hint(paths, them: str = "them") -> str:
     return f"convert {them} to tokenized Parquet first"
 
 
-#: The first bytes of a Git LFS pointer: what a clone made without ``git lfs pull`` holds in
-#: place of each data file.
-_LFS_POINTER = b"version https://git-lfs"
 #: Files of an unknown format whose first bytes are read to say what they are (a folder of
 #: many such files is not read through).
 _SNIFFED = 64
@@ -398,34 +395,6 @@ def _head_of(shown, n: int = 32) -> bytes:
     except (PacktoolError, pa.ArrowException, OSError) as exc:
         raise_if_shortage(exc, str(shown))
         return b""
-
-
-def content_fix(head: bytes, named: str | None = None) -> str | None:
-    """What a file is, by its first bytes ``head``, and the fix, when that is not what its
-    name says (``named``: ``Parquet`` or ``Arrow IPC``, the format its name says; None: a
-    name of no format packtool reads); None when the bytes say nothing more.
-
-    The one owner of what first bytes tell: a Git LFS pointer (the data not fetched), Parquet
-    or Arrow IPC under another name.
-    """
-    if head.startswith(_LFS_POINTER):
-        return ("is a Git LFS pointer, not the data (the repository was cloned without its "
-                "LFS files): run git lfs pull in that repository")
-    if named != "Parquet" and head.startswith(b"PAR1"):
-        other = "an Arrow IPC file" if named else "no format packtool reads"
-        return f"is a Parquet file named like {other}; rename it to *.parquet"
-    if named != "Arrow IPC" and head.startswith((_IPC_FILE_MAGIC, b"\xff\xff\xff\xff")):
-        other = "a Parquet file" if named else "no format packtool reads"
-        return f"is an Arrow IPC file named like {other}; rename it to *.arrow"
-    return None
-
-
-def shard_content_fix(shown) -> str | None:
-    """What a packed shard ``shown`` (a path, URI or :class:`~packtool.location.Location`)
-    whose size differs from its manifest's is instead, by its first bytes
-    (:func:`content_fix`): ``is a Git LFS pointer, ...: run git lfs pull ...`` for a clone
-    made without its LFS files; None when they say nothing more or cannot be read."""
-    return content_fix(_head_of(shown), "Parquet")
 
 
 def jsonl_token_keys(shown, limit: int = 1 << 20) -> list[str]:
@@ -1389,8 +1358,8 @@ def unreadable_error(shown, fs: pafs.FileSystem, path: str, kind: str,
                      exc: Exception) -> InputError:
     """The one line for an input file that does not open as ``kind`` (``Parquet``, ``Arrow
     IPC``): no permission, empty, compressed whole, a Git LFS pointer or the other format under
-    this one's name (:func:`content_fix`), or damaged (``pack``, ``compare`` and ``tokenize``
-    alike).
+    this one's name (:func:`~packtool.formats.sniff.content_fix`), or damaged (``pack``,
+    ``compare`` and ``tokenize`` alike).
 
     Raises:
         ResourceError: the machine is short of memory or open files (not a bad file).
@@ -1425,7 +1394,7 @@ def _open_arrow(shown, fs: pafs.FileSystem, path: str, local: bool) -> tuple[pa.
                          "(pyarrow.feather.write_feather) or Parquet")
     # local: zero-copy, batches point into a memory map; remote: read into memory
     source = pa.memory_map(path, "r") if local else fs.open_input_file(path)
-    if head.startswith(_IPC_FILE_MAGIC):
+    if head.startswith(IPC_FILE_MAGIC):
         reader = pa.ipc.open_file(source)
         return reader.schema, [reader.get_batch(i) for i in range(reader.num_record_batches)]
     data = source.read_buffer()  # local: a view of the memory map
@@ -1567,7 +1536,7 @@ def input_schema(path, fmt: str | None = None) -> tuple[pa.Schema, object]:
             if head.startswith(_FEATHER_V1_MAGIC):
                 return open_input(path, "", fmt).schema_arrow, shown  # refused there
             fh.seek(0)
-            if head.startswith(_IPC_FILE_MAGIC):
+            if head.startswith(IPC_FILE_MAGIC):
                 return pa.ipc.open_file(fh).schema, shown
             return pa.ipc.open_stream(fh).schema, shown
     except (pa.ArrowException, OSError) as exc:

@@ -1,0 +1,57 @@
+"""What a file is, by its first bytes: the one owner of that reading, below the readers of
+inputs (:mod:`packtool.formats.reader`) and of packed outputs (:mod:`packtool.formats.manifest`,
+:mod:`packtool.formats.packed`), which name the fix it gives in their messages.
+
+A file's name says its format; its first bytes may say otherwise: a Git LFS pointer (a clone
+made without ``git lfs pull``: the data was never fetched), Parquet (``PAR1``) or Arrow IPC
+(``ARROW1``, or a stream's continuation marker) under another name.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from packtool.errors import PacktoolError, raise_if_shortage
+from packtool.location import Location
+
+__all__ = ["LFS_POINTER", "IPC_FILE_MAGIC", "content_fix", "shard_content_fix"]
+
+#: The first bytes of a Git LFS pointer: what a clone made without ``git lfs pull`` holds in
+#: place of each data file.
+LFS_POINTER = b"version https://git-lfs"
+#: The first bytes of an Arrow IPC file (a stream starts with ``0xFFFFFFFF`` instead).
+IPC_FILE_MAGIC = b"ARROW1"
+
+
+def content_fix(head: bytes, named: str | None = None) -> str | None:
+    """What a file is, by its first bytes ``head``, and the fix, when that is not what its
+    name says (``named``: ``Parquet`` or ``Arrow IPC``, the format its name says; None: a
+    name of no format packtool reads); None when the bytes say nothing more.
+    """
+    if head.startswith(LFS_POINTER):
+        return ("is a Git LFS pointer, not the data (the repository was cloned without its "
+                "LFS files): run git lfs pull in that repository")
+    if named != "Parquet" and head.startswith(b"PAR1"):
+        other = "an Arrow IPC file" if named else "no format packtool reads"
+        return f"is a Parquet file named like {other}; rename it to *.parquet"
+    if named != "Arrow IPC" and head.startswith((IPC_FILE_MAGIC, b"\xff\xff\xff\xff")):
+        other = "a Parquet file" if named else "no format packtool reads"
+        return f"is an Arrow IPC file named like {other}; rename it to *.arrow"
+    return None
+
+
+def shard_content_fix(shown) -> str | None:
+    """What a packed shard ``shown`` (a path, URI or :class:`~packtool.location.Location`)
+    whose size differs from its manifest's is instead, by its first 32 bytes
+    (:func:`content_fix`): ``is a Git LFS pointer, ...: run git lfs pull ...`` for a clone
+    made without its LFS files; None when they say nothing more or cannot be read."""
+    try:
+        f = Location.parse(shown).open_input()
+        try:
+            head = f.read_at(min(32, f.size()), 0)
+        finally:
+            f.close()
+    except (PacktoolError, pa.ArrowException, OSError) as exc:
+        raise_if_shortage(exc, str(shown))
+        return None
+    return content_fix(bytes(head), "Parquet")
