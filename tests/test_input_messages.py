@@ -141,41 +141,21 @@ def test_partition_key_in_paths_is_not_a_column(tmp_path):
     assert "partition key" not in line
 
 
-def test_zero_row_shard_of_null_type_is_an_empty_shard(tmp_path):
-    """pandas writes an empty object column as type null: no documents, not a wrong type."""
-    pd = pytest.importorskip("pandas")
-    d = tmp_path / "in"
-    write_docs(d / "a.parquet", [[1, 2], [3, 4, 5]])
-    pd.DataFrame({"input_ids": pd.Series([], dtype=object)}).to_parquet(d / "b.parquet")
-    assert pq.read_schema(d / "b.parquet").field("input_ids").type == pa.null()
-    write_docs(d / "c.parquet", [[6]])
-    res = invoke(["pack", "-q", "--no-shuffle", "-c", 8, d, tmp_path / "out"])
-    assert res.exit_code == 0, res.output
-    from packtool.formats.manifest import read_manifest
-
-    m = read_manifest(tmp_path / "out")
-    assert m.totals.docs_in == 3 and [i.rows for i in m.inputs] == [2, 0, 1]
-    for args in (["compare", "-c", 8, d], ["stats", "--capacity", 8, "--compare", d]):
-        res = invoke(args)
-        assert res.exit_code == 0, res.output
-    # a file of rows whose column is null is still refused
-    pq.write_table(pa.table({"input_ids": pa.nulls(2)}), d / "d.parquet")
-    line = error_line(["pack", "-q", "-c", 8, d, tmp_path / "o2"])
-    assert "d.parquet" in line and "type null" in line
-
-
-@pytest.mark.parametrize("column", [pa.array([], pa.float64()), pa.array([], pa.string()),
+@pytest.mark.parametrize("column", [pa.array([], pa.null()), pa.array([], pa.float64()),
+                                    pa.array([], pa.string()),
                                     pa.array([], pa.list_(pa.float32()))],
-                         ids=["double", "string", "list of float"])
+                         ids=["null", "double", "string", "list of float"])
 def test_zero_row_shard_of_any_type_is_an_empty_shard(tmp_path, column):
-    """A file of no rows holds no documents whatever its token column's type (pandas 3 writes
-    ``pd.DataFrame({'input_ids': []})`` as double): an empty shard for pack, compare and
-    stats --compare; a file of rows in that type is still refused."""
+    """A file of no rows holds no documents whatever its token column's type (pandas writes
+    an empty object column as null, pandas 3 ``pd.DataFrame({'input_ids': []})`` as double):
+    an empty shard for pack, compare and stats --compare; a file of rows in that type is
+    still refused."""
     from packtool.formats.manifest import read_manifest
 
     d = tmp_path / "in"
     write_docs(d / "a.parquet", [[1, 2], [3, 4, 5]])
     pq.write_table(pa.table({"input_ids": column}), d / "b.parquet")
+    assert pq.read_schema(d / "b.parquet").field("input_ids").type == column.type
     write_docs(d / "c.parquet", [[6]])
     res = invoke(["pack", "-q", "--no-shuffle", "-c", 8, d, tmp_path / "out"])
     assert res.exit_code == 0, res.output
@@ -184,8 +164,9 @@ def test_zero_row_shard_of_any_type_is_an_empty_shard(tmp_path, column):
     for args in (["compare", "-c", 8, d], ["stats", "--capacity", 8, "--compare", d]):
         res = invoke(args)
         assert res.exit_code == 0, res.output
-    rows = pa.array([[1.5]], pa.list_(pa.float32())) if pa.types.is_list(column.type) else \
-        pa.array([1.5 if pa.types.is_floating(column.type) else "x"], column.type)
+    rows = (pa.nulls(2) if pa.types.is_null(column.type) else
+            pa.array([[1.5]], pa.list_(pa.float32())) if pa.types.is_list(column.type) else
+            pa.array([1.5 if pa.types.is_floating(column.type) else "x"], column.type))
     pq.write_table(pa.table({"input_ids": rows}), d / "d.parquet")
     line = error_line(["pack", "-q", "-c", 8, d, tmp_path / "o2"])
     assert "d.parquet" in line and "input_ids" in line, line
