@@ -33,18 +33,24 @@ SHORT = [list(map(int, RNG.integers(1, 1000, n))) for n in [9, 5, 7, 3, 12, 4, 6
 LONG = [list(map(int, RNG.integers(1, 1000, n))) for n in [70, 53, 0, 41]]
 
 
-@pytest.fixture
-def sourced(tmp_path):
-    """SHORT packed at C = 16 with ``--source-column``: two sources, ids 0 and 1."""
+def _pack_sourced(tmp_path, docs, every: int):
+    """``docs`` packed at C = 16 with ``--source-column``: source ``a``, or ``b`` for every
+    ``every``-th document (from the first)."""
     src = tmp_path / "in" / "a.parquet"
     src.parent.mkdir()
-    pq.write_table(pa.table({"input_ids": pa.array(SHORT, pa.list_(pa.int64())),
-                             "s": ["a" if i % 3 else "b" for i in range(len(SHORT))]}), src)
+    pq.write_table(pa.table({"input_ids": pa.array(docs, pa.list_(pa.int64())),
+                             "s": ["a" if i % every else "b" for i in range(len(docs))]}), src)
     out = tmp_path / "out"
     res = CliRunner().invoke(cli, ["pack", "-c", "16", "--no-shuffle", "-q", "--source-column",
                                    "s", str(src.parent), str(out)])
     assert res.exit_code == 0, res.output
     return out
+
+
+@pytest.fixture
+def sourced(tmp_path):
+    """SHORT packed at C = 16 with ``--source-column``: two sources, ids 0 and 1."""
+    return _pack_sourced(tmp_path, SHORT, 3)
 
 
 def _set(row, column, fn):
@@ -162,15 +168,7 @@ def test_a_piece_of_a_split_document_given_another_source_fails_verify_and_stats
     """A document split into pieces comes from one source: one piece (first, middle or last)
     rewritten to carry another valid source id passed verify and stats, which then counted its
     tokens to the wrong source. Both now fail naming the document, both ids, shard and row."""
-    src = tmp_path / "in" / "a.parquet"
-    src.parent.mkdir()
-    docs = LONG + SHORT
-    pq.write_table(pa.table({"input_ids": pa.array(docs, pa.list_(pa.int64())),
-                             "s": ["a" if i % 2 else "b" for i in range(len(docs))]}), src)
-    out = tmp_path / "out"
-    res = CliRunner().invoke(cli, ["pack", "-c", "16", "--no-shuffle", "-q", "--source-column",
-                                   "s", str(src.parent), str(out)])
-    assert res.exit_code == 0, res.output
+    out = _pack_sourced(tmp_path, LONG + SHORT, 2)
     assert run_verify(out, data_only=True, check_hashes=False).ok
     assert CliRunner().invoke(cli, ["stats", "--no-hash", str(out)]).exit_code == 0
     rows = pq.read_table(next(out.glob("part-*.parquet"))).to_pylist()
