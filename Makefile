@@ -15,6 +15,8 @@ STAMP := $(VENV)/.installed-stamp
 TORCH_VERSION ?= 2.13.0
 TORCH_BUILD ?= auto
 TORCH_INDEX ?=
+# the versions the suite last passed with (test-constraints.txt); CONSTRAINTS= takes the newest
+CONSTRAINTS ?= test-constraints.txt
 
 .PHONY: install demo test test-nojit test-gpu bench docs sample clean
 
@@ -32,11 +34,11 @@ $(CORE_STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 # everything the tests use: torch, transformers, matplotlib, ray, pytest, hypothesis
-$(STAMP): pyproject.toml $(CORE_STAMP)
+$(STAMP): pyproject.toml $(CONSTRAINTS) $(CORE_STAMP)
 	@sh scripts/install_torch.sh $(BIN)/python $(TORCH_VERSION) $(TORCH_BUILD) "$(TORCH_INDEX)"
 	@echo "==> installing the test dependencies and the verify, hf, plot and ray extras" \
 	      "(a few minutes on a fresh machine)"
-	$(PIP) install --progress-bar on -e ".[dev]"
+	$(PIP) install --progress-bar on -e ".[dev]" $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 	touch $@
 
 install: $(STAMP)
