@@ -269,7 +269,7 @@ def test_bad_text_input_gets_one_line_naming_file_and_line(tmp_path, hf_tokenize
     assert f"{nokey}: line 1: no key 'text' (keys: content, id); pass --text-column NAME" in line
     notobj = tmp_path / "list.jsonl"
     notobj.write_text('["text"]\n')
-    assert "line 1: a JSON list, not an object" in run(notobj, tmp_path / "o3")
+    assert "line 1: a JSON array, not an object" in run(notobj, tmp_path / "o3")
     nulls = tmp_path / "null.jsonl"
     nulls.write_text('{"text": "a"}\n{"text": null}\n')
     assert "line 2: 'text' is null, not a string" in run(nulls, tmp_path / "o4")
@@ -1621,3 +1621,178 @@ def test_a_pad_id_outside_the_vocabulary_is_not_warned_of_when_no_padding_is_wri
     assert read_manifest(padded).totals.padding_tokens > 0
     res = invoke(["export", "--to", "nemo", padded, tmp_path / "nemo.npy"])
     assert res.exit_code == 0 and not vocab_lines(res.stderr), res.output
+
+
+def _one_error(res, status=1):
+    """The one ``Error:`` line of a refused run (never an internal error)."""
+    assert res.exit_code == status, res.output
+    [line] = res.output.strip().splitlines()
+    assert line.startswith("Error: ") and "internal error" not in line, line
+    return line
+
+
+#: half a surrogate pair written as UTF-8 bytes (CESU-8 and WTF-8 writers do): not UTF-8
+CESU = b"\xed\xa0\xbd"
+
+
+@pytest.mark.parametrize("kind", ["tokenizers", "tekken", "tiktoken"])
+def test_bytes_that_are_not_utf8_are_refused_for_every_tokenizer_and_input(tmp_path,
+                                                                           tokenizer_files, kind):
+    """Surrogate bytes (ED A0 BD) in a JSON Lines line, plain or compressed, in its text or a
+    kept key, and in a kept Parquet or Arrow string column: one line naming the file and the
+    line or row, 'not valid UTF-8; re-encode ... as UTF-8', exit 1, nothing written. They were
+    decoded with surrogatepass: an internal error with a tokenizer.json or a kept key, the
+    character silently replaced by U+FFFD with tiktoken and Tekken."""
+    import gzip
+
+    path, _ = tokenizer_files[kind]
+    raw = b'{"text": "ok", "k": "a"}\n{"text": "half ' + CESU + b' pair", "k": "b"}\n'
+    kept = b'{"text": "ok", "k": "a"}\n{"text": "b", "k": "x ' + CESU + b'"}\n'
+    (tmp_path / "raw.jsonl").write_bytes(raw)
+    (tmp_path / "raw.jsonl.gz").write_bytes(gzip.compress(raw))
+    (tmp_path / "kept.jsonl").write_bytes(kept)
+    bad = pa.array([b"fine", b"x " + CESU], pa.binary()).view(pa.string())
+    pq.write_table(pa.table({"text": ["a", "b"], "k": bad}), tmp_path / "kept.parquet")
+    with pa.OSFile(str(tmp_path / "kept.arrow"), "wb") as f:
+        with pa.ipc.new_file(f, pa.schema([("text", pa.string()), ("k", pa.string())])) as w:
+            w.write_table(pa.table({"text": ["a", "b"], "k": bad}))
+    pq.write_table(pa.table({"text": bad}), tmp_path / "text.parquet")
+    cases = [("raw.jsonl", (), "line 2: 'text'"), ("raw.jsonl.gz", (), "line 2: 'text'"),
+             ("raw.jsonl", ("--keep-column", "k"), "line 2: 'text'"),
+             ("kept.jsonl", ("--keep-column", "k"), "line 2: 'k'"),
+             ("kept.parquet", ("--keep-column", "k"), "row 1 (0-based): kept column 'k'"),
+             ("kept.arrow", ("--keep-column", "k"), "row 1 (0-based): kept column 'k'"),
+             ("text.parquet", (), "row 1 (0-based): 'text'")]
+    for i, (name, flags, where) in enumerate(cases):
+        out = tmp_path / f"o{i}"
+        line = _one_error(invoke(["tokenize", "-q", "--tokenizer", path, *flags,
+                                  tmp_path / name, out]))
+        assert line.startswith(f"Error: {tmp_path / name}: {where} is not valid UTF-8"), line
+        assert "re-encode" in line and "as UTF-8" in line, line
+        assert not out.exists()
+    # the same text, valid: tokenized as ever
+    (tmp_path / "good.jsonl").write_bytes(raw.replace(CESU, "\U0001F600".encode()))
+    assert invoke(["tokenize", "-q", "--tokenizer", path, tmp_path / "good.jsonl",
+                   tmp_path / "g"]).exit_code == 0
+
+
+def _refused_jsonl(tmp_path, tokenizer, name, data, *flags):
+    """The one Error line of tokenize of a file ``name`` holding ``data``."""
+    (tmp_path / name).write_bytes(data)
+    return _one_error(invoke(["tokenize", "-q", "--tokenizer", tokenizer, *flags,
+                              tmp_path / name, tmp_path / f"o-{name}"]))
+
+
+def test_jsonl_whose_bytes_say_another_compression_than_its_name(tmp_path, hf_tokenizer):
+    """JSON Lines whose first bytes disagree with its name (gzip or zstd named .jsonl, plain
+    text or zstd named .jsonl.gz, plain named .bz2): what it is and the name to give it (it
+    said 'not valid JSON (... byte 0x8b)' or 'cannot be read after line 0'); a damaged start of
+    a real gzip file is damaged, with no count of lines never read."""
+    import gzip
+
+    body = b'{"text": "a"}\n{"text": "b"}\n'
+
+    def err(name, data):
+        return _refused_jsonl(tmp_path, hf_tokenizer, name, data)
+
+    def zstd(data):
+        sink = pa.BufferOutputStream()
+        with pa.CompressedOutputStream(sink, "zstd") as f:
+            f.write(data)
+        return sink.getvalue().to_pybytes()
+
+    line = err("x.jsonl", gzip.compress(body))
+    assert line == (f"Error: {tmp_path / 'x.jsonl'}: is compressed with gzip but named .jsonl: "
+                    "rename it to x.jsonl.gz"), line
+    line = err("z.ndjson", zstd(body))
+    assert "is compressed with zstd but named .ndjson: rename it to z.ndjson.zst" in line, line
+    line = err("p.jsonl.gz", body)
+    assert line == (f"Error: {tmp_path / 'p.jsonl.gz'}: is not gzip-compressed (its bytes are "
+                    "plain): rename it to p.jsonl"), line
+    line = err("q.jsonl.gz", zstd(body))
+    assert "q.jsonl.gz: is not gzip-compressed (its bytes are zstd): rename it to " \
+           "q.jsonl.zst" in line, line
+    line = err("r.jsonl.bz2", body)
+    assert "r.jsonl.bz2: is not bz2-compressed (its bytes are plain): rename it to r.jsonl" \
+        in line, line
+    line = err("d.jsonl.gz", gzip.compress(body)[:12] + b"\x00" * 40)
+    assert "d.jsonl.gz: cannot be read (" in line and "after line" not in line, line
+
+
+def test_jsonl_bytes_that_are_not_utf8_are_named_not_utf8(tmp_path, hf_tokenizer):
+    """Latin-1 or UTF-16 JSON Lines: 'not valid UTF-8' with the line (and the key holding the
+    bytes where the line parses) and 're-encode the file as UTF-8', not 'not valid JSON'."""
+    for name, data, where in (
+            ("latin.jsonl", '{"text": "ok"}\n{"text": "café"}\n'.encode("latin-1"),
+             "line 2: 'text' is"),
+            ("utf16.jsonl", '{"text": "ok"}\n'.encode("utf-16"), "line 1:")):
+        line = _refused_jsonl(tmp_path, hf_tokenizer, name, data)
+        assert f"{name}: {where} not valid UTF-8 (" in line, line
+        assert line.endswith("re-encode the file as UTF-8 or drop the line"), line
+        assert "not valid JSON" not in line
+    assert "UTF-16 byte-order mark" in line, line
+
+
+def test_a_byte_order_mark_alone_on_the_first_line_is_a_blank_line(tmp_path, hf_tokenizer):
+    """A UTF-8 byte-order mark then a newline: a blank first line, skipped as the docs say
+    (it was 'line 1: not valid JSON'); before a JSON object it is no part of it."""
+    body = b'{"text": "a"}\n{"text": "b"}\n'
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf\n" + body)
+    (tmp_path / "bom2.jsonl").write_bytes(b"\xef\xbb\xbf" + body)
+    for name in ("bom.jsonl", "bom2.jsonl"):
+        res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, tmp_path / name,
+                      tmp_path / f"t-{name}"])
+        assert res.exit_code == 0, res.output
+        assert read_manifest(tmp_path / f"t-{name}").totals.docs_in == 2
+
+
+def test_a_line_of_another_json_value_is_named_by_json_s_word(tmp_path, hf_tokenizer):
+    """A line holding null, a number, a string, a boolean or an array: named so, not by the
+    Python type it parses to ('a JSON NoneType', 'a JSON int')."""
+    for value, word in (("null", "null"), ("3", "number"), ("2.5", "number"), ('"t"', "string"),
+                        ("true", "boolean"), ('["t"]', "array")):
+        line = _refused_jsonl(tmp_path, hf_tokenizer, "v.jsonl",
+                              f'{{"text": "a"}}\n{value}\n'.encode())
+        assert f"v.jsonl: line 2: a JSON {word}, not an object;" in line, line
+
+
+def test_an_input_given_twice_to_tokenize_would_be_tokenized_twice(tmp_path, hf_tokenizer):
+    """The same INPUT twice: tokenize says its documents would be tokenized twice (it said
+    packed, the word of pack, which still says it)."""
+    src = write_jsonl(tmp_path / "a.jsonl", ["x"])
+    line = _one_error(invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, src, src,
+                              tmp_path / "o"]))
+    assert "its documents would be tokenized twice: list each input once" in line, line
+    ids = tmp_path / "x.parquet"
+    pq.write_table(pa.table({"input_ids": [[1, 2]]}), ids)
+    line = _one_error(invoke(["pack", "-q", "-c", 8, ids, ids, tmp_path / "p"]))
+    assert "its documents would be packed twice" in line, line
+
+
+def test_a_binary_text_column_is_named_binary_with_its_cast(tmp_path, hf_tokenizer):
+    """Parquet text stored as binary (bytes, not string): named binary, with the cast to
+    string; not 'pass --text-column NAME', which names the right column already."""
+    for typ in (pa.binary(), pa.large_binary()):
+        pq.write_table(pa.table({"text": pa.array([b"a", b"b"], typ)}), tmp_path / "b.parquet")
+        line = _one_error(invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer,
+                                  tmp_path / "b.parquet", tmp_path / "o"]))
+        assert f"b.parquet: column 'text' has type {typ}: bytes, not text; cast it to string" \
+            in line, line
+        assert "--text-column" not in line, line
+
+
+def test_a_kept_json_value_keeps_its_characters(tmp_path, hf_tokenizer):
+    """--keep-column of a JSON object or list is kept as its JSON text with its characters as
+    they are ('日本', not '\\u65e5\\u672c'); a lone surrogate inside one is still refused."""
+    src = tmp_path / "k.jsonl"
+    src.write_text(json.dumps({"text": "a", "meta": {"lang": "日本", "n": [1, "é"]}},
+                              ensure_ascii=False) + "\n", encoding="utf-8")
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column", "meta", src,
+                  tmp_path / "o"])
+    assert res.exit_code == 0, res.output
+    assert pq.read_table(tmp_path / "o").column("meta").to_pylist() == [
+        '{"lang": "日本", "n": [1, "é"]}']
+    src.write_text('{"text": "a", "meta": {"x": ["\\ud800"]}}\n')
+    line = _one_error(invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column",
+                              "meta", src, tmp_path / "o2"]))
+    assert "line 1: 'meta' holds a lone surrogate (\\ud800)" in line, line

@@ -62,7 +62,7 @@ from packtool.formats.manifest import (IN_PROGRESS_NAME, KINDS, MANIFEST_META_KE
                                        footer_of,
                                        read_manifest, run_holding,
                                        version_1_listed)
-from packtool.formats.sniff import IPC_FILE_MAGIC, content_fix
+from packtool.formats.sniff import IPC_FILE_MAGIC, compression_of, content_fix
 from packtool.formats.schema import (MASK_LIKE, check_single_column, check_token_column,
                                      is_integer_list, is_list_layout, token_column_candidates,
                                      tokenize_first)
@@ -328,10 +328,6 @@ def _format_of(name: str, text: bool = False) -> str | None:
 #: Suffixes of a whole file compressed by a general-purpose tool (never read: Parquet and Arrow
 #: IPC compress inside the file).
 _COMPRESSED_SUFFIXES = (".gz", ".gzip", ".zst", ".zstd", ".bz2", ".xz", ".lz4", ".zip")
-#: (leading bytes, tool, command that decompresses) of those tools' files.
-_COMPRESSED_MAGIC = ((b"\x1f\x8b", "gzip", "gunzip"), (b"\x28\xb5\x2f\xfd", "zstd", "zstd -d"),
-                     (b"BZh", "bzip2", "bunzip2"), (b"\xfd7zXZ\x00", "xz", "unxz"),
-                     (b"\x04\x22\x4d\x18", "lz4", "lz4 -d"), (b"PK\x03\x04", "zip", "unzip"))
 
 
 def text_compression(name: str) -> str | None:
@@ -1263,8 +1259,8 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
         if key in seen:
             path, before = seen[key]
             also = f"{before} and {origin}" if path == str(f.path) else f"also as {path}"
-            raise InputError(f"{f.path}: given twice ({also}); its documents would be packed "
-                             "twice: list each input once")
+            raise InputError(f"{f.path}: given twice ({also}); its documents would be "
+                             f"{'tokenized' if text else 'packed'} twice: list each input once")
         seen[key] = (str(f.path), origin)
     return Discovery(files, skipped, notes)
 
@@ -1375,10 +1371,11 @@ def unreadable_error(shown, fs: pafs.FileSystem, path: str, kind: str,
         size, head = 0, b""
     if size == 0:
         return InputError(f"{shown}: is empty (0 bytes); remove it or regenerate it")
-    for magic, tool, command in _COMPRESSED_MAGIC:
-        if head.startswith(magic):
-            return InputError(f"{shown}: is a {tool}-compressed file, not {kind}; decompress it "
-                              f"({command}): {kind} compresses inside the file")
+    packed = compression_of(head)
+    if packed:
+        tool, command, _ = packed
+        return InputError(f"{shown}: is a {tool}-compressed file, not {kind}; decompress it "
+                          f"({command}): {kind} compresses inside the file")
     fix = content_fix(head, kind)
     if fix:
         return InputError(f"{shown}: {fix}")

@@ -4,7 +4,8 @@ inputs (:mod:`packtool.formats.reader`) and of packed outputs (:mod:`packtool.fo
 
 A file's name says its format; its first bytes may say otherwise: a Git LFS pointer (a clone
 made without ``git lfs pull``: the data was never fetched), Parquet (``PAR1``) or Arrow IPC
-(``ARROW1``, or a stream's continuation marker) under another name.
+(``ARROW1``, or a stream's continuation marker) under another name, or a compressed file
+(gzip, zstd, bzip2, ...) under a plain name, or a plain one under a compressed name.
 """
 
 from __future__ import annotations
@@ -14,13 +15,30 @@ import pyarrow as pa
 from packtool.errors import PacktoolError, raise_if_shortage
 from packtool.location import Location
 
-__all__ = ["LFS_POINTER", "IPC_FILE_MAGIC", "content_fix", "shard_content_fix"]
+__all__ = ["LFS_POINTER", "IPC_FILE_MAGIC", "COMPRESSED_MAGIC", "compression_of", "content_fix",
+           "shard_content_fix"]
 
 #: The first bytes of a Git LFS pointer: what a clone made without ``git lfs pull`` holds in
 #: place of each data file.
 LFS_POINTER = b"version https://git-lfs"
 #: The first bytes of an Arrow IPC file (a stream starts with ``0xFFFFFFFF`` instead).
 IPC_FILE_MAGIC = b"ARROW1"
+#: (leading bytes, tool, command that decompresses, file suffix) of compressed files.
+COMPRESSED_MAGIC = ((b"\x1f\x8b", "gzip", "gunzip", ".gz"),
+                    (b"\x28\xb5\x2f\xfd", "zstd", "zstd -d", ".zst"),
+                    (b"BZh", "bzip2", "bunzip2", ".bz2"), (b"\xfd7zXZ\x00", "xz", "unxz", ".xz"),
+                    (b"\x04\x22\x4d\x18", "lz4", "lz4 -d", ".lz4"),
+                    (b"PK\x03\x04", "zip", "unzip", ".zip"))
+
+
+def compression_of(head: bytes) -> tuple[str, str, str] | None:
+    """(tool, command that decompresses, file suffix) of the compression a file's first bytes
+    ``head`` say it is in (``("gzip", "gunzip", ".gz")``); None for bytes of no compression
+    :data:`COMPRESSED_MAGIC` knows."""
+    for magic, tool, command, suffix in COMPRESSED_MAGIC:
+        if head.startswith(magic):
+            return tool, command, suffix
+    return None
 
 
 def content_fix(head: bytes, named: str | None = None) -> str | None:

@@ -6,18 +6,22 @@ and read in batches of documents:
 
 - Parquet and Arrow: the text column (``string`` or ``large_string``), batch by batch;
 - JSON Lines (``*.jsonl``, ``*.ndjson``, compressed ``.gz``/``.zst``/``.bz2`` by suffix, in any
-  case: :func:`~packtool.formats.reader.text_compression`): one
-  JSON object per line, read 8 MiB at a time and parsed line by line, so an error names its
-  line; blank lines are skipped.
+  case: :func:`~packtool.formats.reader.text_compression`, the file's first bytes checked
+  against it: :func:`~packtool.formats.sniff.compression_of`): one JSON object per line in
+  UTF-8, read 1 MiB at a time and parsed line by line, so an error names its line; blank lines
+  are skipped (a UTF-8 byte-order mark before the first line is no part of it).
 
-A null or non-string text, a missing column or a line that is not a JSON object stops the run
-with one line naming the file, the row (Parquet: 0-based, labelled so) or the line (JSON Lines:
-1-based, as editors count) and the fix.
+A null or non-string text, a missing column, a line that is not a JSON object, and text that is
+not Unicode (bytes that are not UTF-8, in a JSON Lines line or a Parquet or Arrow string column,
+text or kept; half a surrogate pair written as a JSON ``\\u`` escape) stop the run before any of
+it is encoded, with one line naming the file, the row (Parquet: 0-based, labelled so) or the line
+(JSON Lines: 1-based, as editors count) and the fix.
 
 Tokenized shards hold ``input_ids: list<int32>`` (what ``packtool pack`` reads), then the
 columns named by ``--keep-column`` carried from the text input as they are (Parquet and Arrow:
 their own type, a dictionary-encoded column as its values; JSON Lines: as text, a string kept
-as is and any other JSON value as its JSON text, a missing key or ``null`` as null), one row per
+as is and any other JSON value as its JSON text with its characters as they are (no ``\\u``
+escapes), a missing key or ``null`` as null), one row per
 document in input order, written as :mod:`packtool.formats.writer` writes packed shards (zstd,
 PLAIN ids, page checksums, sha256 taken while writing); each is recorded in the typed
 manifest as a :class:`~packtool.formats.manifest.ShardEntry`.
@@ -41,6 +45,7 @@ from packtool.formats.manifest import ShardEntry
 from packtool.formats.reader import (DENIED, TEXT_FORMATS, check_stream_end, filesystem_of,
                                      jsonl_tokens_fix, text_compression, unreadable_error)
 from packtool.formats.schema import check_single_column, text_columns, token_column_candidates
+from packtool.formats.sniff import compression_of
 from packtool.formats.writer import write_shard
 from packtool.location import Location
 
@@ -199,10 +204,64 @@ def tokenized_schema(path, fmt: str, keep: tuple[str, ...] = ()) -> pa.Schema:
 
 #: half of a UTF-16 surrogate pair, which a JSON \u escape can write but no text holds
 _SURROGATE = re.compile("[\ud800-\udfff]")
+#: a byte that is not UTF-8, as ``surrogateescape`` decodes it
+_ESCAPED = re.compile("[\udc80-\udcff]")
+_BOM = b"\xef\xbb\xbf"
+#: the tool of each codec of :func:`~packtool.formats.reader.text_compression`, as
+#: :func:`~packtool.formats.sniff.compression_of` names it
+_CODEC_TOOL = {"gzip": "gzip", "zstd": "zstd", "bz2": "bzip2"}
+#: JSON's name of a parsed value's Python type
+_JSON_NAMES = {type(None): "null", bool: "boolean", int: "number", float: "number",
+               str: "string", list: "array", dict: "object"}
 
 
 def _json_text(value):
-    return value if value is None or isinstance(value, str) else json.dumps(value)
+    """A kept JSON Lines value as text: a string as it is, anything else as its JSON with its
+    characters as they are (``{"lang": "日本"}``, not ``\\u65e5``), None as None."""
+    return value if value is None or isinstance(value, str) else \
+        json.dumps(value, ensure_ascii=False)
+
+
+def _file_name(path) -> str:
+    return str(path).rstrip("/").rsplit("/", 1)[-1]
+
+
+def _misnamed_fix(path, head: bytes, codec: str | None) -> str | None:
+    """What a JSON Lines file is and the fix, when its first bytes ``head`` (as stored, not
+    decompressed) disagree with the compression its name says (``codec``:
+    :func:`~packtool.formats.reader.text_compression`); None when they agree."""
+    name = _file_name(path)
+    found = compression_of(head)
+    if codec is None:
+        if found is None:
+            return None
+        tool, command, suffix = found
+        if tool in _CODEC_TOOL.values():
+            return (f"is compressed with {tool} but named {name[name.rfind('.'):]}: rename it "
+                    f"to {name}{suffix}")
+        return (f"is compressed with {tool}, which packtool does not read: decompress it "
+                f"({command}), or compress it with gzip or zstd instead")
+    if not head or (found is not None and found[0] == _CODEC_TOOL[codec]):
+        return None
+    base = name[:name.rfind(".")]
+    if found is None:
+        return f"is not {codec}-compressed (its bytes are plain): rename it to {base}"
+    tool, command, suffix = found
+    if tool in _CODEC_TOOL.values():
+        return f"is not {codec}-compressed (its bytes are {tool}): rename it to {base}{suffix}"
+    return (f"is not {codec}-compressed (its bytes are {tool}, which packtool does not read): "
+            f"decompress it ({command})")
+
+
+def _stored_head(path, n: int = 8) -> bytes:
+    """The first ``n`` bytes of ``path`` as stored (not decompressed); empty when they cannot
+    be read (the reader names that fault)."""
+    try:
+        fs, inner, _ = filesystem_of(path)
+        with fs.open_input_stream(inner, compression=None) as fh:  # not by the suffix
+            return fh.read(n)
+    except (pa.ArrowException, OSError):
+        return b""
 
 
 def _open_stream(path):
@@ -218,16 +277,32 @@ def _open_stream(path):
 
 
 def _jsonl_lines(path) -> Iterator[tuple[int, bytes]]:
-    """(1-based line number, line) of every non-blank line."""
-    n, tail = 0, b""
+    """(1-based line number, line) of every non-blank line; a UTF-8 byte-order mark before
+    the first line is no part of it (a mark alone makes a blank line).
+
+    Raises:
+        InputError: the file cannot be read, is damaged, or its first bytes say another
+            compression than its name (:func:`_misnamed_fix`).
+    """
+    n, tail, first = 0, b"", True
+    codec = text_compression(_file_name(path))
     with _open_stream(path) as f:
         while True:
             try:
                 block = f.read(_READ_BYTES)
             except (pa.ArrowException, OSError) as exc:
-                raise InputError(f"{path}: cannot be read after line {n:,} "
-                                 f"({first_line(exc)}); the file is damaged or truncated"
-                                 ) from None
+                fix = _misnamed_fix(path, _stored_head(path), codec) if first else None
+                if fix:
+                    raise InputError(f"{path}: {fix}") from None
+                after = f" after line {n:,}" if n else ""
+                raise InputError(f"{path}: cannot be read{after} ({first_line(exc)}); the "
+                                 "file is damaged or truncated") from None
+            if first:
+                first = False
+                fix = _misnamed_fix(path, block[:8], None) if codec is None else None
+                if fix:
+                    raise InputError(f"{path}: {fix}")
+                block = block.removeprefix(_BOM)
             if not block:
                 break
             lines = (tail + block).split(b"\n")
@@ -319,12 +394,15 @@ def _jsonl_texts(path, column: str, batch_docs: int, skip: int,
             row += 1
             continue
         try:
-            obj = json.loads(line)
+            obj = json.loads(line.decode("utf-8"))  # strict: never surrogate bytes (CESU-8)
+        except UnicodeDecodeError as exc:
+            raise _not_utf8_error(path, n, line, exc) from None
         except ValueError as exc:
             raise InputError(f"{path}: line {n}: not valid JSON ({first_line(exc)}); fix or "
                              "remove the line") from None
         if not isinstance(obj, dict):
-            raise InputError(f"{path}: line {n}: a JSON {type(obj).__name__}, not an object; "
+            raise InputError(f"{path}: line {n}: a JSON "
+                             f"{_JSON_NAMES.get(type(obj), type(obj).__name__)}, not an object; "
                              "each line must be one object holding the text")
         tokens = [] if isinstance(obj.get(column), str) else \
             [k for k, v in obj.items() if _token_ids(v)]
@@ -368,6 +446,54 @@ def _jsonl_texts(path, column: str, batch_docs: int, skip: int,
         raise _no_key_error(path, sorted(unseen)[0], first_keys)
     if batch:
         yield first, done()
+
+
+def _not_utf8_error(path, n: int, line: bytes, exc: UnicodeDecodeError) -> InputError:
+    """The refusal of JSON Lines line ``n`` whose bytes ``line`` are not UTF-8 (Latin-1,
+    UTF-16, surrogates written as bytes by a CESU-8 or WTF-8 writer), naming the key whose
+    value holds them where the line parses."""
+    bad = line[exc.start:exc.start + 2]
+    if n == 1 and line.startswith((b"\xff\xfe", b"\xfe\xff")):
+        why = "UTF-16 text: the file begins with a UTF-16 byte-order mark"
+    elif bad[:1] == b"\xed" and bad[1:2] >= b"\xa0":
+        why = (f"half a UTF-16 surrogate pair written as bytes (CESU-8, WTF-8) at byte "
+               f"{exc.start:,} of the line")
+    else:
+        why = f"{exc.reason}: 0x{line[exc.start]:02x} at byte {exc.start:,} of the line"
+    where = ""
+    try:
+        obj = json.loads(line.decode("utf-8", "surrogateescape"))
+    except ValueError:
+        obj = None
+    if isinstance(obj, dict):
+        where = next((f"{k!r} is " for k, v in obj.items()
+                      if _ESCAPED.search(v if isinstance(v, str) else json.dumps(
+                          v, ensure_ascii=False))), "")
+    return InputError(f"{path}: line {n}: {where}not valid UTF-8 ({why}); re-encode the file as "
+                      "UTF-8 or drop the line")
+
+
+def _check_kept_utf8(path, kept: pa.Table, first: int) -> None:
+    """Refuse kept Parquet or Arrow columns whose strings are not UTF-8 (Arrow's string types
+    promise UTF-8, but a writer can break the promise): SchemaError naming the file, the row
+    (``first``: the row of ``kept``'s first) and the column. Other damage is raised as
+    pyarrow's ArrowInvalid."""
+    for name, col in zip(kept.column_names, kept.columns):
+        try:
+            col.validate(full=True)
+        except pa.ArrowInvalid as exc:
+            if "UTF8" not in str(exc):
+                raise
+            row = 0
+            for i in range(len(col)):
+                try:
+                    col.slice(i, 1).validate(full=True)
+                except pa.ArrowInvalid:
+                    row = i
+                    break
+            raise SchemaError(f"{path}: {row_ref(first + row)}: kept column {name!r} is not "
+                              "valid UTF-8; re-encode it as UTF-8 (or drop the row) before "
+                              "tokenizing") from None
 
 
 def _table_source(path, fmt: str):
@@ -415,7 +541,7 @@ def _pylist(arr, path, first: int, column: str) -> list:
         else:
             i = 0
         raise SchemaError(f"{path}: {row_ref(first + i)}: {column!r} is not valid UTF-8 "
-                          f"({exc.reason} at byte {exc.start}); re-encode the texts as UTF-8 "
+                          f"({exc.reason} at byte {exc.start:,}); re-encode the texts as UTF-8 "
                           "(or drop the row) before tokenizing") from None
 
 
@@ -430,6 +556,12 @@ def _table_texts(path, fmt: str, column: str, batch_docs: int, skip: int,
     typ = schema.field(column).type
     if pa.types.is_dictionary(typ):  # e.g. a pandas Categorical: the texts are its values
         typ = typ.value_type
+    if (pa.types.is_binary(typ) or pa.types.is_large_binary(typ)
+            or pa.types.is_fixed_size_binary(typ) or pa.types.is_binary_view(typ)):
+        raise SchemaError(f"{path}: column {column!r} has type {typ}: bytes, not text; cast it "
+                          "to string where its bytes are UTF-8 text (pyarrow: "
+                          "table.cast(schema with pa.string()); pandas: .str.decode('utf-8')) "
+                          "and write the file again")
     if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)
             or pa.types.is_string_view(typ)):
         raise SchemaError(f"{path}: column {column!r} has type {typ}, expected text (string); "
@@ -459,6 +591,8 @@ def _table_texts(path, fmt: str, column: str, batch_docs: int, skip: int,
                                       "null; drop or fill null texts before tokenizing")
             kept = (_decoded(pa.Table.from_batches([b.slice(lo).select(list(keep))]))
                     if keep else None)
+            if kept is not None:
+                _check_kept_utf8(path, kept, row + lo)
             yield row + lo, TextBatch(_pylist(arr.slice(lo), path, row + lo, column), kept)
             row += n
     except (pa.ArrowException, OSError) as exc:
@@ -484,8 +618,11 @@ def iter_texts(path, fmt: str, column: str, *, batch_docs: int = 1024, skip: int
         (index of the batch's first document in the file, :class:`TextBatch`).
 
     Raises:
-        InputError: an unreadable file, a line that is not a JSON object.
-        SchemaError: a missing text column or key, a null or non-string text, a kept column
+        InputError: an unreadable file, a JSON Lines file whose first bytes say another
+            compression than its name, a line that is not a JSON object or not UTF-8 (any key),
+            a text or kept value holding half a surrogate pair.
+        SchemaError: a missing text column or key, a null or non-string text, a Parquet or
+            Arrow text or kept string that is not UTF-8, a binary text column, a kept column
             missing from a Parquet or Arrow file or from every line of a JSON Lines file (raised
             at the end of the file).
     """
