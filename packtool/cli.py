@@ -1060,7 +1060,8 @@ def _refuse(out: str, command: str, *, leftovers: bool, empty: bool, packed: boo
               show_default=True, metavar="N",
               help="Documents per output shard; a rerun after a crash keeps finished shards.")
 @click.option("--workers", "-j", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Encoding threads [default: all cores].")
+              help="Encoding threads, for every tokenizer kind (a tokenizer.json too) "
+                   "[default: all cores].")
 @click.option("--skip-unsupported", is_flag=True,
               help="Read the supported files of an INPUT directory and list the others in the "
                    "summary [default: refuse a directory holding files of another format].")

@@ -554,7 +554,7 @@ class TokenizeConfig:
     rows_per_shard: int = 100_000
     """Documents per output shard (each input file starts a new shard): the unit of resume."""
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
-    """Encoding threads (tiktoken; tokenizers sizes its own pool: RAYON_NUM_THREADS)."""
+    """Encoding threads, for every tokenizer kind (a tokenizer.json too: packtool's threads)."""
     overwrite: bool = False
     """Replace a non-empty OUTPUT."""
     skip_unsupported: bool = False

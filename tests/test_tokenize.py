@@ -1676,6 +1676,52 @@ def test_bytes_that_are_not_utf8_are_refused_for_every_tokenizer_and_input(tmp_p
                    tmp_path / "g"]).exit_code == 0
 
 
+def _encoding_threads(path, threads: int) -> int:
+    """Threads of this process that spent at least a tenth of the CPU time of encoding a large
+    batch with :func:`load_tokenizer` ``(path, threads=threads)`` (their CPU time read from
+    /proc/self/task/*/stat before and after)."""
+    import os
+
+    from packtool.text.tokenizer import load_tokenizer
+
+    def cpu():
+        got = {}
+        for t in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{t}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            got[t] = int(fields[11]) + int(fields[12])  # utime + stime, clock ticks
+        return got
+
+    tok = load_tokenizer(path, threads=threads)
+    texts = [f"{i} " + " ".join(TEXTS) for i in range(3000)]
+    tok.encode(texts[:10])
+    before = cpu()
+    tok.encode(texts)
+    after = cpu()
+    used = {t: after[t] - before.get(t, 0) for t in after}
+    total = sum(used.values())
+    assert total > 20, used  # enough work to see where it ran
+    return sum(1 for v in used.values() if v >= total / 10)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_workers_bounds_the_threads_encoding_with_a_tokenizer_json(hf_tokenizer):
+    """-j 1 encodes a tokenizer.json on one thread: the tokenizers library's own pool took
+    every core whatever -j said; -j 2 uses at most two, and the ids are the same."""
+    import os
+
+    assert _encoding_threads(hf_tokenizer, 1) == 1
+    if (os.cpu_count() or 1) >= 2:
+        assert _encoding_threads(hf_tokenizer, 2) <= 2
+    from packtool.text.tokenizer import load_tokenizer
+
+    one, two = (load_tokenizer(hf_tokenizer, threads=n).encode(TEXTS) for n in (1, 2))
+    assert [a.tolist() for a in one] == [b.tolist() for b in two]
+
+
 def _refused_jsonl(tmp_path, tokenizer, name, data, *flags):
     """The one Error line of tokenize of a file ``name`` holding ``data``."""
     (tmp_path / name).write_bytes(data)

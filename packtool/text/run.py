@@ -10,7 +10,7 @@
    of kind ``tokenized``: one :class:`~packtool.formats.manifest.ShardEntry` per shard, totals
    ``docs_in``, ``tokens_in`` and the BOS/EOS counts).
 3. Each input file is read ``batch_docs`` documents at a time (a reader thread parses the next
-   batch while this one is encoded), encoded by the tokenizer's own thread pool, BOS/EOS added
+   batch while this one is encoded), encoded on ``--workers`` threads, BOS/EOS added
    by id (:func:`packtool.core.masks.add_boundary_tokens`: never doubled), and written as one
    Parquet row group; every ``rows_per_shard`` documents of a file make one shard
    ``part-FFFFF-KKKKK.parquet`` (file F, shard K), so the shards in name order hold the documents

@@ -3,8 +3,11 @@
 Three kinds of file, recognised by content:
 
 - a Hugging Face ``tokenizers`` JSON (``tokenizer.json``: a ``"model"`` object), loaded with
-  ``tokenizers.Tokenizer.from_file``; texts are encoded with the library's own thread pool
-  (``encode_batch_fast`` where the version has it: no offsets);
+  ``tokenizers.Tokenizer.from_file``; texts are encoded on ``threads`` threads of packtool's
+  own, each encoding its share of a batch serially (``encode_batch_fast`` where the version has
+  it: no offsets). The library's Rayon pool is not used: it takes every core whatever it is
+  asked, and is sized once per process (``RAYON_NUM_THREADS`` read when it first starts), so
+  loading one sets ``TOKENIZERS_PARALLELISM=false`` in this process;
 - a Mistral Tekken JSON (``tekken_*.json`` of the ``mistral-common`` wheel: ``"config"`` and a
   ``"vocab"`` list of base64 ``token_bytes``), read into ``tiktoken``: the BPE ranks are the first
   ``default_vocab_size - default_num_special_tokens`` entries of ``vocab``, the pre-tokenisation
@@ -28,6 +31,7 @@ import itertools
 import json
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,7 +150,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _hf(path: Path, digest: str, add_special_tokens: bool) -> Tokenizer:
+def _hf(path: Path, digest: str, add_special_tokens: bool, threads: int) -> Tokenizer:
     tokenizers = _require("tokenizers")
     try:
         tok = tokenizers.Tokenizer.from_file(str(path))
@@ -162,9 +166,23 @@ def _hf(path: Path, digest: str, add_special_tokens: bool) -> Tokenizer:
     tok.no_padding()
     tok.no_truncation()
     fast = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
+    # the library's Rayon pool takes every core, whatever -j says, once it starts (and
+    # RAYON_NUM_THREADS counts only before that, once per process): it stays off, each call
+    # below encodes serially with the GIL released, on the threads of packtool's own pool
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    pool = ThreadPoolExecutor(threads, "packtool-encode") if threads > 1 else None
+
+    def part(texts):
+        return [e.ids for e in fast(texts, add_special_tokens=add_special_tokens)]
 
     def encode(texts):
-        out = [e.ids for e in fast(texts, add_special_tokens=add_special_tokens)]
+        if pool is None or len(texts) < 2:
+            out = part(texts)
+        else:  # a few parts a thread: documents of unequal length still share the work
+            step = -(-len(texts) // (threads * 4))
+            out = [ids for ids_of in pool.map(part, [texts[i:i + step]
+                                                     for i in range(0, len(texts), step)])
+                   for ids in ids_of]
         if add_special_tokens:  # an empty text stays empty: no [BOS, EOS] document of nothing
             out = [ids if t else [] for t, ids in zip(texts, out)]
         return out
@@ -318,8 +336,8 @@ def load_tokenizer(path: str | os.PathLike, *, pattern: str | None = None,
             encoding.
         add_special_tokens: ``tokenizers`` only: run the tokenizer's post-processor (the BOS
             or EOS its template adds).
-        threads: encoding threads (``tiktoken``; ``tokenizers`` uses its own pool, sized by
-            ``RAYON_NUM_THREADS``); default: all cores.
+        threads: encoding threads, for every kind (``tokenizers``: packtool's threads, the
+            library's own pool turned off); default: all cores.
 
     Raises:
         InputError: the file is missing or not one of the three kinds (the message says which
@@ -354,7 +372,7 @@ def load_tokenizer(path: str | os.PathLike, *, pattern: str | None = None,
         if pattern is not None:
             raise ConfigError("--tokenizer-pattern applies to tiktoken BPE files only")
         if isinstance(data, dict) and "model" in data:
-            return _hf(p, digest, add_special_tokens)
+            return _hf(p, digest, add_special_tokens, threads)
         if isinstance(data, dict) and "config" in data and "vocab" in data:
             if add_special_tokens:
                 raise ConfigError("--add-special-tokens applies to tokenizers JSON files only; "
