@@ -1722,6 +1722,22 @@ def test_workers_bounds_the_threads_encoding_with_a_tokenizer_json(hf_tokenizer)
     assert [a.tolist() for a in one] == [b.tolist() for b in two]
 
 
+@pytest.mark.parametrize("before", [None, "true"])
+def test_the_callers_tokenizers_parallelism_is_put_back(hf_tokenizer, monkeypatch, before):
+    """The library's pool is off only while packtool encodes: the process's own
+    TOKENIZERS_PARALLELISM (or none) is what other code using tokenizers sees after it."""
+    import os
+
+    from packtool.text.tokenizer import load_tokenizer
+
+    if before is None:
+        monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    else:
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", before)
+    load_tokenizer(hf_tokenizer, threads=2).encode(TEXTS)
+    assert os.environ.get("TOKENIZERS_PARALLELISM") == before
+
+
 def _refused_jsonl(tmp_path, tokenizer, name, data, *flags):
     """The one Error line of tokenize of a file ``name`` holding ``data``."""
     (tmp_path / name).write_bytes(data)

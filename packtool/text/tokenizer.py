@@ -7,7 +7,8 @@ Three kinds of file, recognised by content:
   own, each encoding its share of a batch serially (``encode_batch_fast`` where the version has
   it: no offsets). The library's Rayon pool is not used: it takes every core whatever it is
   asked, and is sized once per process (``RAYON_NUM_THREADS`` read when it first starts), so
-  loading one sets ``TOKENIZERS_PARALLELISM=false`` in this process;
+  ``TOKENIZERS_PARALLELISM`` is ``false`` while packtool encodes a batch and the caller's value
+  (or none) is put back after it;
 - a Mistral Tekken JSON (``tekken_*.json`` of the ``mistral-common`` wheel: ``"config"`` and a
   ``"vocab"`` list of base64 ``token_bytes``), read into ``tiktoken``: the BPE ranks are the first
   ``default_vocab_size - default_num_special_tokens`` entries of ``vocab``, the pre-tokenisation
@@ -167,22 +168,31 @@ def _hf(path: Path, digest: str, add_special_tokens: bool, threads: int) -> Toke
     tok.no_truncation()
     fast = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
     # the library's Rayon pool takes every core, whatever -j says, once it starts (and
-    # RAYON_NUM_THREADS counts only before that, once per process): it stays off, each call
-    # below encodes serially with the GIL released, on the threads of packtool's own pool
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    # RAYON_NUM_THREADS counts only before that, once per process): it is off while a batch is
+    # encoded (the library reads TOKENIZERS_PARALLELISM at each call; the caller's value is put
+    # back after it), each call below encoding serially with the GIL released, on the threads
+    # of packtool's own pool
     pool = ThreadPoolExecutor(threads, "packtool-encode") if threads > 1 else None
 
     def part(texts):
         return [e.ids for e in fast(texts, add_special_tokens=add_special_tokens)]
 
     def encode(texts):
-        if pool is None or len(texts) < 2:
-            out = part(texts)
-        else:  # a few parts a thread: documents of unequal length still share the work
-            step = -(-len(texts) // (threads * 4))
-            out = [ids for ids_of in pool.map(part, [texts[i:i + step]
-                                                     for i in range(0, len(texts), step)])
-                   for ids in ids_of]
+        before = os.environ.get("TOKENIZERS_PARALLELISM")
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        try:
+            if pool is None or len(texts) < 2:
+                out = part(texts)
+            else:  # a few parts a thread: documents of unequal length still share the work
+                step = -(-len(texts) // (threads * 4))
+                out = [ids for ids_of in pool.map(part, [texts[i:i + step]
+                                                         for i in range(0, len(texts), step)])
+                       for ids in ids_of]
+        finally:
+            if before is None:
+                del os.environ["TOKENIZERS_PARALLELISM"]
+            else:
+                os.environ["TOKENIZERS_PARALLELISM"] = before
         if add_special_tokens:  # an empty text stays empty: no [BOS, EOS] document of nothing
             out = [ids if t else [] for t, ids in zip(texts, out)]
         return out
