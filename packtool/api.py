@@ -30,7 +30,7 @@ import weakref
 from pathlib import Path
 from typing import Sequence
 
-from packtool.errors import ConfigError, InputError, PacktoolError, PackWarning
+from packtool.errors import ConfigError, InputError, ManifestError, PacktoolError, PackWarning
 from packtool.types import Engine, LabelMode, Overflow, Strategy
 
 __all__ = ["pack", "pack_dataset"]
@@ -267,25 +267,73 @@ def _require_paths(inputs) -> None:
                               f"directory or URI), not {type_name(item)}; {_IN_MEMORY}")
 
 
+#: The live owner of each temporary directory of this process, by path: what a copy of an
+#: ``IterableDataset`` made from it shares (:meth:`_Owner.__reduce__`).
+_OWNERS = weakref.WeakValueDictionary()
+
+
 class _Owner:
     """Keeps a temporary directory of packed outputs alive while an ``IterableDataset`` made from
-    it (or one derived from that) exists, and removes it after the last one. A pickled copy (a
-    DataLoader worker's) never removes it."""
+    it, a copy of one or a dataset derived from one exists, and removes it after the last one
+    (or as the process ends, a Ctrl-C included).
+
+    A copy is the owner itself: ``copy.copy``, ``copy.deepcopy`` (what ``interleave_datasets``
+    and ``concatenate_datasets`` do) and a pickle round trip in the same process all give the
+    one object, so each copy keeps the directory as long as it lives. In another process (a
+    ``spawn`` DataLoader worker) a pickled owner only names the directory; in a ``fork``ed one
+    the inherited owner never removes it: only the process that made the directory does.
+    """
 
     def __init__(self, path: str, owned: bool = False) -> None:
         self.path = path
+        self.pid = os.getpid()
         if owned:
-            weakref.finalize(self, shutil.rmtree, path, True)
+            _OWNERS[path] = self
+            weakref.finalize(self, _remove_owned, path, self.pid)
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
 
     def __reduce__(self):
-        return (_Owner, (self.path, False))
+        return (_owner_of, (self.path, self.pid))
+
+    def gone_error(self) -> PacktoolError:
+        """The one-line error for this directory's packed output found removed."""
+        return ManifestError(
+            f"{self.path}: the temporary output of pack_dataset holding this IterableDataset's "
+            "rows was removed (by hand or by a cleaner of the temporary directory); pack again, "
+            "and pass output=DIR to keep the packed output in a directory of your own")
+
+
+def _owner_of(path: str, pid: int) -> _Owner:
+    """The owner a pickled :class:`_Owner` of ``path`` (made in process ``pid``) stands for
+    here: the live one of this process when there is one, else one that only names it."""
+    owner = _OWNERS.get(path) if pid == os.getpid() else None
+    return owner if owner is not None else _Owner(path)
+
+
+def _remove_owned(path: str, pid: int) -> None:
+    """Remove the temporary directory ``path`` in the process that made it (``pid``), never in a
+    ``fork``ed child that inherited its owner."""
+    if os.getpid() == pid:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _iter_packed_rows(path: str, groups: list, owner: _Owner | None = None):
     """The rows of row groups ``groups`` of the packed output ``path``, in order: the
-    ``datasets`` library hands each DataLoader worker a contiguous share of the list."""
+    ``datasets`` library hands each DataLoader worker a contiguous share of the list.
+
+    Raises:
+        ManifestError: the packed output is not there; of ``owner``'s temporary directory, the
+            message says pack_dataset's temporary output was removed and how to keep one.
+    """
     from packtool.formats.inmemory import packed_batches
 
+    if owner is not None and not os.path.isdir(path):
+        raise owner.gone_error()
     for batch in packed_batches(path, groups):
         yield from batch.to_pylist()
 

@@ -155,6 +155,117 @@ def test_iterable_result_keeps_its_rows_on_disk_until_released(tmp_path, monkeyp
     assert ours() == set()
 
 
+def _packed_stream(n=40, seed=0):
+    return packtool.pack_dataset(
+        datasets.Dataset.from_list(sft_docs(n, seed=seed)).to_iterable_dataset(), 128)
+
+
+@pytest.mark.parametrize("derive", ["deepcopy", "copy", "pickle", "interleave", "concatenate"])
+def test_iterable_result_copies_keep_the_rows_until_the_last_is_released(tmp_path, monkeypatch,
+                                                                         derive):
+    """Every copy of the IterableDataset (copy.deepcopy, copy.copy, a pickle round trip in the
+    process) and every dataset derived from it (datasets' interleave_datasets and
+    concatenate_datasets deep-copy their inputs) keeps its temporary output alive after the
+    original is released, and the output is removed once the last of them is gone."""
+    import copy
+    import pickle
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def ours():
+        return {p for p in os.listdir(tmp_path) if p.startswith("packtool-")}
+
+    it = _packed_stream()
+    want = list(it)
+    if derive == "deepcopy":
+        other = copy.deepcopy(it)
+    elif derive == "copy":
+        other = copy.copy(it)
+    elif derive == "pickle":
+        other = pickle.loads(pickle.dumps(it))
+    elif derive == "interleave":
+        other = datasets.interleave_datasets([it, _packed_stream(seed=1)],
+                                             probabilities=[0.7, 0.3], seed=0)
+    else:
+        other = datasets.concatenate_datasets([it])
+    del it
+    gc.collect()
+    got = list(other)
+    if derive in ("interleave",):
+        assert {tuple(r["input_ids"]) for r in want} & {tuple(r["input_ids"]) for r in got}
+    else:
+        assert got == want
+    del other
+    gc.collect()
+    assert ours() == set()
+
+
+def test_iterable_result_whose_temporary_output_is_gone_says_so(tmp_path, monkeypatch):
+    """A temporary output removed under its dataset (by hand, a cleaner of /tmp) is named as
+    pack_dataset's, with the fix (output=DIR), never as an OUTPUT of packtool pack to pass."""
+    import shutil
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    it = _packed_stream()
+    for p in os.listdir(tmp_path):
+        shutil.rmtree(tmp_path / p)
+    with pytest.raises(packtool.errors.ManifestError) as info:
+        list(it)
+    msg = str(info.value)
+    assert "OUTPUT directory of packtool pack" not in msg and "\n" not in msg
+    assert "temporary output of pack_dataset" in msg and "output=DIR" in msg
+
+
+_LOADER_CALL = """
+import gc, os, signal, sys
+import datasets, packtool, torch
+ctx, stop = sys.argv[1], sys.argv[2] == "stop"
+docs = [{"input_ids": list(range(1, 2 + i % 20))} for i in range(300)]
+it = packtool.pack_dataset(datasets.Dataset.from_list(docs).to_iterable_dataset(), 32,
+                           rows_per_shard=16, row_group_mb=0.0001)
+want = sorted(tuple(r["input_ids"]) for r in it)
+def rows(ds):
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                         multiprocessing_context=ctx)
+    return sorted(tuple(int(x) for x in r["input_ids"]) for r in loader)
+if stop:
+    for r in torch.utils.data.DataLoader(it, batch_size=None, num_workers=2,
+                                         multiprocessing_context=ctx):
+        os.kill(os.getpid(), signal.SIGINT)
+assert rows(it) == want
+assert rows(it) == want  # the workers of the first epoch removed nothing
+derived = it.shuffle(seed=0, buffer_size=4)
+del it
+gc.collect()
+assert rows(derived) == want
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+@pytest.mark.parametrize("stop", [False, True], ids=["released", "ctrl-c"])
+def test_iterable_result_in_dataloader_workers_leaves_no_temporary_output(tmp_path, ctx, stop):
+    """DataLoader workers (fork and spawn) read the IterableDataset's packed output, epoch after
+    epoch, without removing it under the training process; when the process ends (released,
+    or stopped by Ctrl-C while the workers read), no temporary output is left."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    env = {**os.environ, "TMPDIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                          os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", _LOADER_CALL, ctx, "stop" if stop else "run"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    if stop:
+        assert proc.returncode != 0 and "KeyboardInterrupt" in proc.stderr, proc.stderr
+    else:
+        assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+    assert [p for p in os.listdir(tmp_path) if p.startswith("packtool-")] == []
+
+
 def test_pack_dataset_errors_name_the_row_and_the_fix(tmp_path):
     with pytest.raises(SchemaError, match=r"^documents: row 1 \(0-based\): negative token id -5"):
         packtool.pack_dataset([[1, 2], [3, -5]], 8)
