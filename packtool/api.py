@@ -570,8 +570,14 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
             input labels column or loss mask is read: then ``unshifted``), ``unshifted`` or
             ``shifted``.
         source_column: a column of one string or integer per document (``--source-column``)
-            carried into the rows as each segment's ``source_ids``; the id -> value table is in
-            the manifest (``read_manifest(output).source_values``).
+            carried into the rows as each segment's ``source_ids``; the id -> value table
+            (``sorted(set(values))`` over every document read, empty and left-out ones
+            included) is in the manifest (``read_manifest(output).source_values``) and comes
+            with the rows: a ``Table``'s schema metadata :data:`SOURCE_VALUES_META_KEY`
+            (JSON), a ``DataFrame``'s ``attrs["source_values"]``, a ``Dataset``'s or
+            ``IterableDataset``'s ``source_ids`` feature (a list of ``ClassLabel`` named by
+            the values, integers as decimal strings; stored as int64); not with a list, dict
+            or polars DataFrame.
         holdout: also pack a held-out fraction of the documents (``--holdout``); the result is
             then a pair ``(training rows, held-out rows)``.
         output: keep the packed output (shards and manifest) in this directory; default: a
@@ -695,8 +701,9 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
             raise type(exc)(_rerun_words(msg, output is None)) from None
         _warn(result, pack_dataset)
         owner = _Owner(str(work), owned=True) if lazy else None
-        outs = [cfg.output] + ([cfg.holdout_output] if result.holdout is not None else [])
-        packed = tuple(_result(o, back, owner) for o in outs)
+        outs = [(cfg.output, result)] + ([(cfg.holdout_output, result.holdout)]
+                                         if result.holdout is not None else [])
+        packed = tuple(_result(o, back, owner, r.manifest.source_values) for o, r in outs)
         done = True
     finally:
         shutil.rmtree(src if lazy and done else work, ignore_errors=True)
@@ -749,9 +756,21 @@ def _rerun_words(message: str, temporary: bool) -> str:
                                "documents, options and output to finish", message)
 
 
-def _result(out: str, kind: str, owner: _Owner | None):
+#: Schema metadata key of a ``pyarrow.Table`` that :func:`pack_dataset` returns with
+#: ``source_column``: the id -> value table of ``source_ids``, as JSON (a list of strings or
+#: integers; id ``i`` is item ``i``).
+SOURCE_VALUES_META_KEY = b"packtool.source_values"
+
+
+def _result(out: str, kind: str, owner: _Owner | None, sources: tuple = ()):
     """The packed rows of the OUTPUT ``out`` (a path or URI, as given) as the type ``kind``
-    names."""
+    names, with ``sources`` (the manifest's ``source_values``; empty without
+    ``source_column``) attached where the type holds it: a ``Table``'s schema metadata
+    (:data:`SOURCE_VALUES_META_KEY`), a ``DataFrame``'s ``attrs["source_values"]``, a
+    ``Dataset``'s or ``IterableDataset``'s ``source_ids`` feature (a list of ``ClassLabel``
+    whose names are the values, integers as decimal strings)."""
+    import json
+
     from packtool.formats.inmemory import read_packed_table
 
     if kind == "IterableDataset":
@@ -761,13 +780,17 @@ def _result(out: str, kind: str, owner: _Owner | None):
 
         reader = PackedOutput.open(out)  # the manifest's schema and the row-group count, once
         groups = list(range(reader.num_row_groups))
-        features = datasets.Features.from_arrow_schema(reader.schema)
+        features = _with_source_names(datasets.Features.from_arrow_schema(reader.schema),
+                                      sources)
         reader.close()
         # one dataset shard per row group, so DataLoader workers read in parallel
         return datasets.IterableDataset.from_generator(
             _iter_packed_rows, features=features,
             gen_kwargs={"path": str(out), "groups": groups, "owner": owner})
     table = read_packed_table(out)
+    if sources:
+        table = table.replace_schema_metadata(
+            {**(table.schema.metadata or {}), SOURCE_VALUES_META_KEY: json.dumps(list(sources))})
     if kind == "list":
         return table.to_pylist()
     if kind == "table":
@@ -781,7 +804,28 @@ def _result(out: str, kind: str, owner: _Owner | None):
     if kind == "DataFrame":
         from packtool.formats.inmemory import table_to_pandas
 
-        return table_to_pandas(table)
+        frame = table_to_pandas(table)
+        if sources:
+            frame.attrs["source_values"] = tuple(sources)
+        return frame
     import datasets
 
-    return datasets.Dataset(table)
+    if not sources:
+        return datasets.Dataset(table)
+    features = _with_source_names(datasets.Features.from_arrow_schema(table.schema), sources)
+    return datasets.Dataset(table.cast(features.arrow_schema),
+                            info=datasets.DatasetInfo(features=features))
+
+
+def _with_source_names(features, sources: tuple):
+    """``features`` (``datasets.Features`` of the packed schema) with ``source_ids`` a list of
+    ``ClassLabel`` named by ``sources`` (the id -> value table, integers as decimal strings);
+    unchanged without sources."""
+    if not sources:
+        return features
+    import datasets
+
+    names = [v if isinstance(v, str) else str(v) for v in sources]
+    features = features.copy()
+    features["source_ids"] = datasets.List(datasets.ClassLabel(names=names))
+    return features

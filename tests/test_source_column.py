@@ -454,3 +454,66 @@ def test_a_null_beside_a_packed_document_is_refused(tmp_path, column, values, sa
                   tmp_path / "out"])
     assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
     assert f"a.parquet: row 1 (0-based): {said}" in res.output, res.output
+
+
+@pytest.mark.parametrize("kind", ["table", "DataFrame", "Dataset", "IterableDataset"])
+def test_pack_dataset_hands_the_source_table_with_its_rows(kind):
+    """Without output= the id -> value table of source_ids was only in the manifest of a
+    temporary directory, removed as the call ended: it comes with the rows (the Table's schema
+    metadata, the DataFrame's attrs, the Dataset's source_ids ClassLabel names). It is
+    sorted(set(values)) over every document read, empty ones and those overflow='drop' left
+    out included."""
+    import packtool
+
+    docs = [[1, 2, 3], [], [4] * 30, [5, 6], [7]]
+    values = ["web", "zeta", "alpha", "web", "code"]
+    table = pa.table({"input_ids": docs, "source": values})
+    want = ("alpha", "code", "web", "zeta")
+    if kind == "table":
+        got = packtool.pack_dataset(table, 8, source_column="source", overflow="drop")
+        table_of = json.loads(got.schema.metadata[packtool.api.SOURCE_VALUES_META_KEY])
+        ids = got.column("source_ids").to_pylist()
+        docs_of = got.column("doc_ids").to_pylist()
+    elif kind == "DataFrame":
+        got = packtool.pack_dataset(table.to_pandas(), 8, source_column="source",
+                                    overflow="drop")
+        table_of = got.attrs["source_values"]
+        ids = [list(x) for x in got["source_ids"]]
+        docs_of = [list(x) for x in got["doc_ids"]]
+    else:
+        datasets = pytest.importorskip("datasets")
+        ds = datasets.Dataset(table)
+        ds = ds if kind == "Dataset" else ds.to_iterable_dataset()
+        got = packtool.pack_dataset(ds, 8, source_column="source", overflow="drop")
+        feature = got.features["source_ids"].feature
+        assert isinstance(feature, datasets.ClassLabel)
+        table_of = feature.names
+        rows = list(got)
+        ids = [r["source_ids"] for r in rows]
+        docs_of = [r["doc_ids"] for r in rows]
+        derived = got.shuffle(seed=1)  # a transform keeps it
+        assert derived.features["source_ids"].feature.names == list(want)
+    assert tuple(table_of) == want
+    for row_ids, row_docs in zip(ids, docs_of):
+        assert [table_of[i] for i in row_ids] == [values[d] for d in row_docs]
+
+
+def test_pack_dataset_source_table_of_integers_and_of_a_holdout():
+    """Integer sources: the Table's metadata keeps them as integers, the ClassLabel names are
+    their decimal strings; with holdout= each side's table is that of its own documents."""
+    import packtool
+
+    datasets = pytest.importorskip("datasets")
+    docs = [[i + 1] * (1 + i % 5) for i in range(60)]
+    values = [(i * 7) % 11 for i in range(60)]
+    table = pa.table({"input_ids": docs, "source": values})
+    got = packtool.pack_dataset(table, 16, source_column="source")
+    assert json.loads(got.schema.metadata[packtool.api.SOURCE_VALUES_META_KEY]) == \
+        sorted(set(values))
+    ds = packtool.pack_dataset(datasets.Dataset(table), 16, source_column="source")
+    assert ds.features["source_ids"].feature.names == [str(v) for v in sorted(set(values))]
+    train, held = packtool.pack_dataset(table, 16, source_column="source", holdout=0.3, seed=2)
+    for side in (train, held):
+        side_docs = {d for r in side.column("doc_ids").to_pylist() for d in r}
+        assert json.loads(side.schema.metadata[packtool.api.SOURCE_VALUES_META_KEY]) == \
+            sorted({values[d] for d in side_docs})
