@@ -759,6 +759,49 @@ def test_a_whole_row_of_another_type_among_thousands_is_named(bad):
         packtool.pack_dataset([{"input_ids": d} for d in docs], 8)
 
 
+def _shapes(docs):
+    """The documents in every shape pack_dataset takes, by name."""
+    import pandas as pd
+
+    shapes = {"list": lambda: docs, "dicts": lambda: [{"input_ids": d} for d in docs],
+              "columns": lambda: {"input_ids": docs}, "Series": lambda: pd.Series(docs),
+              "DataFrame": lambda: pd.DataFrame({"input_ids": docs}),
+              "Table": lambda: pa.table({"input_ids": pa.array([list(d) for d in docs])}),
+              "Dataset": lambda: datasets.Dataset.from_dict({"input_ids": [list(d)
+                                                                           for d in docs]}),
+              "IterableDataset": lambda: datasets.Dataset.from_dict(
+                  {"input_ids": [list(d) for d in docs]}).to_iterable_dataset()}
+    try:
+        import polars as pl
+
+        shapes["polars"] = lambda: pl.from_arrow(shapes["Table"]())
+    except ImportError:
+        pass
+    return shapes
+
+
+@pytest.mark.parametrize("shape", ["list", "dicts", "columns", "Series", "DataFrame", "Table",
+                                   "Dataset", "IterableDataset", "polars"])
+@pytest.mark.parametrize("bad", [np.array([1.5, 2.0]), [4.5], np.array([2.0])],
+                         ids=["float-array", "float-list", "integral-float-array"])
+def test_a_float_document_is_named_by_its_row_in_every_shape(shape, bad):
+    """One float document among 1,000 NumPy integer arrays: a pandas DataFrame said row 0 (its
+    object column converts as one list<double> column), a list, dict or Series row 737. Every
+    shape names row 737; a column typed as a whole (a Table, a Dataset, polars) names the first
+    row holding a value that is no integer, as a float with no fraction is not told apart there
+    (every row of such a column is float)."""
+    docs = [np.array([1, 2, 3]) for _ in range(1000)]
+    docs[737] = bad
+    shapes = _shapes(docs)
+    if shape not in shapes:
+        pytest.skip("polars is not installed")
+    typed = shape in ("Table", "Dataset", "IterableDataset", "polars")
+    row = 0 if typed and not any(float(x) % 1 for x in bad) else 737
+    with pytest.raises(SchemaError, match=rf"^documents: row {row} \(0-based\): column "
+                                          r"'input_ids' has type [^\n]*$"):
+        packtool.pack_dataset(shapes[shape](), 8)
+
+
 @pytest.mark.parametrize("column, values", [("labels", [0, 1]),
                                             ("attention_mask", ["a", "b"]),
                                             ("completion_mask", [1.0, 2.0])])

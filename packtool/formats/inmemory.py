@@ -52,9 +52,17 @@ def table_from_pandas(frame, column: str) -> pa.Table:
             beyond int64.
     """
     try:
-        return pa.Table.from_pandas(frame, preserve_index=False)
+        table = pa.Table.from_pandas(frame, preserve_index=False)
     except (pa.ArrowException, TypeError, ValueError) as exc:
         raise_if_shortage(exc)
+    else:
+        typ = table.schema.field(column).type if column in table.schema.names else None
+        if typ is not None and is_list_layout(typ) and frame[column].dtype == object and not (
+                pa.types.is_integer(typ.value_type) or pa.types.is_null(typ.value_type)):
+            # an object column of documents is typed as a whole (one float array makes every
+            # row float): name the row that holds it, as a list of the documents does
+            _refuse_non_integer(frame[column].tolist(), column, False, typ, 0)
+        return table
     arrays = []
     for name in frame.columns:
         try:
@@ -376,6 +384,25 @@ def _first_valued(arr) -> int:
     return int(hits[0]) if hits.size else 0
 
 
+def _first_telling(arr) -> int:
+    """Index of the row of a token column that shows its type is no integer list: of a column
+    of floating lists (typed as a whole: one float among integers makes every row float), the
+    first holding a value with a fraction, an infinity or a NaN; else the first valued row
+    (:func:`_first_valued`)."""
+    import pyarrow.compute as pc
+
+    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    if (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)
+            or pa.types.is_fixed_size_list(arr.type)) and pa.types.is_floating(
+                arr.type.value_type):
+        values = pc.list_flatten(arr).to_numpy(zero_copy_only=False).astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            odd = np.flatnonzero(~np.isfinite(values) | (np.floor(values) != values))
+        if odd.size:
+            return int(pc.list_parent_indices(arr)[int(odd[0])].as_py())
+    return _first_valued(arr)
+
+
 def _canonical(b, column: str, first_row: int):
     """``b`` with each column cast to :func:`_canonical_type`.
 
@@ -600,7 +627,7 @@ def write_input(batches: Iterable, path: str | os.PathLike, column: str,
                 typ = b.schema.field(column).type
                 if not is_integer_list(typ) and b.num_rows:
                     raise _type_error(column, column, typ, None,
-                                      rows + _first_valued(b.column(column)))
+                                      rows + _first_telling(b.column(column)))
             if writer is None:
                 schema = b.schema
                 writer = pa.ipc.new_file(path, schema)
