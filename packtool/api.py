@@ -339,25 +339,30 @@ def _iter_packed_rows(path: str, groups: list, owner: _Owner | None = None):
 
 
 def _as_documents(data):
-    """A tuple of documents, a 2-D NumPy array (one document per row), or a 1-D NumPy object
-    array of documents (lists, arrays or dicts: a pandas column's ``to_numpy()``), as the list
-    of documents the list input takes; anything else unchanged.
+    """A tuple of documents, a 2-D NumPy array or tensor (one document per row), or a 1-D NumPy
+    object array of documents (lists, arrays, tensors or dicts: a pandas column's
+    ``to_numpy()``), as the list of documents the list input takes; anything else unchanged.
 
     Raises:
         InputError: any other NumPy array (a 1-D array of ids is one document: wrap it in a
             list).
     """
+    from packtool.formats.inmemory import is_tensor, plain_array
+
     if isinstance(data, tuple):
         return list(data)
     mod = type(data).__module__ or ""
     if mod.startswith("pandas") and type(data).__name__ == "Series":
         data, mod = data.to_numpy(), "numpy"  # its values, one document each (not the index)
+    if is_tensor(data) and getattr(data, "ndim", None) == 2:  # as the 2-D array of its values
+        data, mod = plain_array(data), "numpy"
     if mod == "numpy" and type(data).__name__ == "ndarray":
         import numpy as np
         from collections.abc import Mapping
 
         if data.ndim == 1 and data.dtype == object and (not data.size or any(
-                isinstance(d, (list, tuple, np.ndarray, Mapping)) for d in data)):
+                isinstance(d, (list, tuple, np.ndarray, Mapping)) or is_tensor(d)
+                for d in data)):
             return list(data)  # documents, each judged as an item of a list
         if data.ndim != 2:
             raise InputError(f"pack_dataset takes a 2-D NumPy array (one document per row) or "
@@ -550,12 +555,16 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
             ``with_transform`` / ``set_transform`` applied, read in batches; an
             ``IterableDataset`` is read one batch of ``batch_rows`` at a time), a
             ``DatasetDict`` / ``IterableDatasetDict`` (each split packed on its own), a
-            ``pyarrow.Table``, a list or tuple of token sequences (or of dicts of columns: the
+            ``pyarrow.Table``, a list or tuple of token sequences (lists, NumPy arrays or 1-D
+            integer tensors, on any device: read as the NumPy arrays of their values; or dicts
+            of columns: the
             union of their keys, a key missing from a dict null in its row, as in one Parquet
             file of those rows; a stream's batches likewise), or
-            a 2-D NumPy array of integer ids (one document per row, all of its width), or a
+            a 2-D NumPy array or tensor of integer ids (one document per row, all of its
+            width), or a
             1-D NumPy object array of documents (a pandas column's ``to_numpy()``), a
-            ``pandas.Series`` of documents, a ``pandas.DataFrame`` (its columns), a mapping
+            ``pandas.Series`` of documents, a ``pandas.DataFrame`` (its columns; tensors in
+            its cells as in a list), a mapping
             of column -> one value per row (a ``dict``; ``BatchEncoding``, what
             ``tokenizer(list_of_texts)`` returns; lists, NumPy arrays or tensors), or an object
             whose ``to_arrow()`` gives a ``pyarrow.Table`` (a ``polars.DataFrame``). A

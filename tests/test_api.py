@@ -1362,10 +1362,6 @@ def test_pack_dataset_takes_a_polars_dataframe_and_names_unknown_types_with_thei
     msg = str(exc.value)
     assert f"not {__name__.split('.')[0]}.Frame; a column of documents: pass its .to_list()" \
         in msg and "\n" not in msg, msg
-    torch = pytest.importorskip("torch")
-    with pytest.raises(InputError, match=r"not torch\.Tensor; a column of documents: pass its "
-                                         r"\.tolist\(\)"):
-        packtool.pack_dataset(torch.tensor([[1, 2], [3, 4]]), 8)
 
 
 _STOPPED_CALL = """
@@ -1475,3 +1471,39 @@ def test_a_document_pyarrow_cannot_convert_is_told_in_one_line():
         msg = str(exc.value)
         assert "\n" not in msg and "Could not convert a value of type DataFrame: did not " \
             "recognize Python value type" in msg, msg
+
+
+def test_tensors_are_documents_in_every_shape():
+    """{"input_ids": [tensor, ...]} packed while a list of tensors ("item 0 is of type Tensor")
+    and [{"input_ids": tensor}] (pyarrow's "did not recognize Python value type") were refused:
+    1-D integer tensors are documents wherever NumPy arrays are (a list, dicts, a dict of
+    columns, a pandas Series or DataFrame column, a 2-D tensor as a 2-D array), of any mix of
+    integer dtypes, packed as the same lists; a float tensor is refused naming its row."""
+    import pandas as pd
+
+    torch = pytest.importorskip("torch")
+    docs = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
+    want = packtool.pack_dataset(docs, 8, shuffle=False)
+    tensors = [torch.tensor(d, dtype=torch.int32 if i % 2 else torch.int64)
+               for i, d in enumerate(docs)]
+    shapes = {"list": tensors, "tuple": tuple(tensors),
+              "dicts": [{"input_ids": t} for t in tensors],
+              "columns": {"input_ids": tensors},
+              "Series": pd.Series(tensors, dtype=object),
+              "DataFrame": pd.DataFrame({"input_ids": pd.Series(tensors, dtype=object)})}
+    for name, data in shapes.items():
+        got = packtool.pack_dataset(data, 8, shuffle=False)
+        if name == "columns":
+            got = [dict(zip(got, v)) for v in zip(*got.values())]
+        elif name == "DataFrame":
+            got = pa.Table.from_pandas(got, preserve_index=False).to_pylist()
+        assert [r["input_ids"] for r in got] == [r["input_ids"] for r in want], name
+    square = [[1, 2], [3, 4]]
+    assert packtool.pack_dataset(torch.tensor(square), 8, shuffle=False) == \
+        packtool.pack_dataset(np.array(square), 8, shuffle=False)
+    bad = list(tensors)
+    bad[2] = torch.tensor([1.5])
+    for data in (bad, [{"input_ids": t} for t in bad], {"input_ids": bad}, pd.Series(bad),
+                 pd.DataFrame({"input_ids": pd.Series(bad, dtype=object)})):
+        with pytest.raises(SchemaError, match=r"^documents: row 2 \(0-based\): [^\n]*$"):
+            packtool.pack_dataset(data, 8)

@@ -70,7 +70,7 @@ def table_from_pandas(frame, column: str) -> pa.Table:
             continue
         except (pa.ArrowException, TypeError, ValueError) as exc:
             raise_if_shortage(exc)
-        values = frame[name].tolist()
+        values = [plain_array(v) for v in frame[name].tolist()]  # tensors as NumPy arrays
         try:
             arrays.append(_arrow_column(values, str(name), column, 0))
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
@@ -119,6 +119,9 @@ def table_from_list(data: list, column: str, first_row: int = 0) -> pa.Table:
     if not data:
         raise InputError("no documents: the list is empty")
     mappings = isinstance(data[0], Mapping)
+    # tensors (torch, JAX, TensorFlow) are documents as the NumPy arrays of their values
+    data = [{k: plain_array(v) for k, v in d.items()} if isinstance(d, Mapping)
+            else plain_array(d) for d in data]
     want = Mapping if mappings else (list, tuple, np.ndarray, type(None))
     bad = next((i for i, d in enumerate(data) if not isinstance(d, want)), None)
     if bad is not None:
@@ -163,10 +166,10 @@ def tables_from_dicts(batches: Iterable[Mapping], column: str,
     first = first_row
     for batch in batches:
         names = list(batch)
-        cols = {k: _plain(batch[k]) for k in names}
+        cols = {k: plain_array(batch[k]) for k in names}
         n = len(cols[names[0]]) if names else 0
         if n:
-            rows = [{k: _plain(cols[k][i]) for k in names} for i in range(n)]
+            rows = [{k: plain_array(cols[k][i]) for k in names} for i in range(n)]
             yield table_from_list(rows, column, first)
         first += n
 
@@ -286,13 +289,30 @@ def _column_error(values: list, name: str, column: str, exc: Exception,
         f"({first_line(exc)}); give the column's {what} one kind in every document")
 
 
-def _plain(value):
-    """A tensor (torch, JAX, TensorFlow: what a ``datasets`` transform may return) as the NumPy
+def plain_array(value):
+    """A tensor (torch, JAX, TensorFlow: what a ``datasets`` transform may return, or a
+    document handed over as one; a torch tensor on a GPU is copied to the CPU) as the NumPy
     array of its values, its dtype kept; anything else unchanged."""
     if value is None or isinstance(value, (list, tuple, np.ndarray, np.generic, str, bytes,
                                            int, float, bool, Mapping)):
         return value
-    return np.asarray(value) if hasattr(value, "__array__") else value
+    if not hasattr(value, "__array__"):
+        return value
+    if callable(getattr(value, "detach", None)) and callable(getattr(value, "cpu", None)):
+        value = value.detach().cpu()  # torch: no NumPy view of a GPU (or grad) tensor
+    return np.asarray(value)
+
+
+#: Packages whose arrays are tensors to :func:`is_tensor` (not tables or frames, which also
+#: have ``__array__``).
+_TENSOR_PACKAGES = ("torch", "jax", "jaxlib", "tensorflow", "cupy", "mlx")
+
+
+def is_tensor(value) -> bool:
+    """True for a tensor of torch, JAX, TensorFlow, CuPy or MLX: an array :func:`plain_array`
+    makes the NumPy array of its values (a DataFrame, which has ``__array__`` too, is none)."""
+    root = (type(value).__module__ or "").split(".")[0]
+    return root in _TENSOR_PACKAGES and hasattr(value, "__array__")
 
 
 def _non_integer_row(data: list, column: str, mappings: bool) -> int | None:
