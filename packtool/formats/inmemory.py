@@ -70,7 +70,7 @@ def table_from_pandas(frame, column: str) -> pa.Table:
             continue
         except (pa.ArrowException, TypeError, ValueError) as exc:
             raise_if_shortage(exc)
-        values = [plain_array(v) for v in frame[name].tolist()]  # tensors as NumPy arrays
+        values = [_tensor_as_array(v) for v in frame[name].tolist()]
         try:
             arrays.append(_arrow_column(values, str(name), column, 0))
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
@@ -120,8 +120,8 @@ def table_from_list(data: list, column: str, first_row: int = 0) -> pa.Table:
         raise InputError("no documents: the list is empty")
     mappings = isinstance(data[0], Mapping)
     # tensors (torch, JAX, TensorFlow) are documents as the NumPy arrays of their values
-    data = [{k: plain_array(v) for k, v in d.items()} if isinstance(d, Mapping)
-            else plain_array(d) for d in data]
+    data = [{k: _tensor_as_array(v) for k, v in d.items()} if isinstance(d, Mapping)
+            else _tensor_as_array(d) for d in data]
     want = Mapping if mappings else (list, tuple, np.ndarray, type(None))
     bad = next((i for i, d in enumerate(data) if not isinstance(d, want)), None)
     if bad is not None:
@@ -301,6 +301,13 @@ def plain_array(value):
     if callable(getattr(value, "detach", None)) and callable(getattr(value, "cpu", None)):
         value = value.detach().cpu()  # torch: no NumPy view of a GPU (or grad) tensor
     return np.asarray(value)
+
+
+def _tensor_as_array(value):
+    """A tensor (:func:`is_tensor`) as the NumPy array of its values (:func:`plain_array`);
+    anything else, a DataFrame where a document belongs included, unchanged (for the
+    messages to name)."""
+    return plain_array(value) if is_tensor(value) else value
 
 
 #: Packages whose arrays are tensors to :func:`is_tensor` (not tables or frames, which also
