@@ -402,6 +402,11 @@ def _kind(data) -> str:
     if callable(getattr(data, "to_arrow", None)):
         return "to_arrow"
     hint = "for files on disk use packtool.pack(INPUT, OUTPUT)"
+    if inspect.isgenerator(data) or (callable(getattr(data, "__next__", None))
+                                     and callable(getattr(data, "__iter__", None))):
+        hint = ("a generator or iterator of documents: pass list(...) of it, or stream it "
+                "with datasets.IterableDataset.from_generator (or Dataset.from_generator); "
+                + hint)
     method = next((m for m in ("to_list", "tolist") if callable(getattr(data, m, None))), None)
     if method is not None:
         hint = (f"a column of documents: pass its .{method}() (one list of ids per document); "
@@ -620,7 +625,9 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
 
     Raises:
         ConfigError: an argument of the wrong type or out of range, as :func:`pack` (checked
-            before any document is read or directory made); ``holdout`` with a ``DatasetDict``.
+            before any document is read or directory made); ``holdout`` or ``output`` with a
+            ``DatasetDict`` (each split is packed into its own temporary output: pack the
+            splits one by one, each with its ``output``, to keep them).
         LocationError: ``output`` names no location (an empty path, a ``file:`` URI of another
             host or of no absolute path), before any document is read.
         InputError, SchemaError: data that is not a supported type (named with its package,
@@ -661,6 +668,8 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
                    window_docs=window_docs, rows_per_shard=rows_per_shard,
                    row_group_mb=row_group_mb, compression=compression, workers=workers)
     if kind.endswith("DatasetDict"):
+        if not data:
+            raise InputError(f"no documents: the {kind} holds no split")
         if holdout is not None:
             raise ConfigError("holdout: a DatasetDict has its splits already; pack each split")
         if output is not None:
@@ -689,7 +698,7 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
                       overwrite=overwrite, holdout=holdout, inputs_name=INPUT_DESCRIPTION,
                       **options)
         src.mkdir()
-        _, digest = write_input(
+        written, digest = write_input(
             _batches(data, kind, column, batch_rows), src / INPUT_NAME, column,
             _read_columns(attention_mask_column, labels_column, loss_mask_column)
             + ([source_column] if source_column is not None else []),
@@ -707,6 +716,8 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
             msg = (str(exc).replace(str(src / INPUT_NAME), "documents")
                    .replace("the INPUT", "the documents")
                    .replace(" in INPUT", " in the documents"))
+            if output is not None:
+                msg = _other_documents(msg, cfg.output, written)
             raise type(exc)(_rerun_words(msg, output is None)) from None
         _warn(result, pack_dataset)
         owner = _Owner(str(work), owned=True) if lazy else None
@@ -750,6 +761,28 @@ STOPPED_TEMPORARY = ("pack_dataset was stopped; its temporary output was removed
 _KEPT_TO_FINISH = re.compile(
     r"(every shard is finished and kept, only the manifest is missing|no shard was finished "
     r"\([^)]*\)|the finished shards are kept \(\d+\)): rerun the same command to finish")
+
+
+#: What :func:`packtool.output._differences` says of a finished pack whose options agree.
+_OTHER_INPUTS = "a finished pack of other inputs (or another packtool version)"
+
+
+def _other_documents(message: str, output, docs: int) -> str:
+    """``message`` refusing a finished ``output`` of other inputs, worded for
+    :func:`pack_dataset`: the documents differ, with the counts (``docs`` handed over now, the
+    manifest's ``docs_in``); any other message unchanged."""
+    if _OTHER_INPUTS not in message:
+        return message
+    from packtool.formats.manifest import read_manifest
+
+    try:
+        was = read_manifest(output).totals.docs_in
+    except PacktoolError:
+        return message.replace(_OTHER_INPUTS, "a finished pack of other documents (or "
+                               "another packtool version)")
+    said = (f"the same number, {docs:,}, with other content; or another packtool version"
+            if was == docs else f"{docs:,} documents now, {was:,} in it")
+    return message.replace(_OTHER_INPUTS, f"a finished pack of other documents ({said})")
 
 
 def _rerun_words(message: str, temporary: bool) -> str:

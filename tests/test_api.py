@@ -124,7 +124,8 @@ def test_pack_dataset_into_an_output_twice_finds_it_done_and_other_documents_ref
     assert [r for r in again[0]] == first[0] and [r for r in again[1]] == first[1]
     assert {p: (p.stat().st_mtime_ns, p.read_bytes())
             for d in (out, held) for p in sorted(d.rglob("*")) if p.is_file()} == files
-    with pytest.raises(packtool.errors.OutputError, match="other inputs"):
+    with pytest.raises(packtool.errors.OutputError, match=r"other documents \(49 documents "
+                                                          r"now, 50 in it\)"):
         packtool.pack_dataset(rows[:-1], 32, output=out, holdout=0.2)
     with pytest.raises(packtool.errors.OutputError, match="other options"):
         packtool.pack_dataset(rows, 32, output=out, holdout=0.2, seed=5)
@@ -1507,3 +1508,47 @@ def test_tensors_are_documents_in_every_shape():
                  pd.DataFrame({"input_ids": pd.Series(bad, dtype=object)})):
         with pytest.raises(SchemaError, match=r"^documents: row 2 \(0-based\): [^\n]*$"):
             packtool.pack_dataset(data, 8)
+
+
+def test_empty_inputs_are_refused_alike_and_said_so(tmp_path):
+    """An empty DatasetDict came back as an empty DatasetDict while every other empty input is
+    refused; an empty Table or DataFrame said ``no documents (empty shards)``, words for the
+    CLI's files: each says the input holds no rows (or no split)."""
+    import pandas as pd
+
+    empty = [pa.table({"input_ids": pa.array([], pa.list_(pa.int64()))}),
+             pd.DataFrame({"input_ids": []}), datasets.Dataset.from_dict({"input_ids": []})]
+    for data in empty:
+        with pytest.raises(InputError, match=r"^no documents: the data holds no rows$"):
+            packtool.pack_dataset(data, 8)
+    for dd in (datasets.DatasetDict({}), datasets.IterableDatasetDict({})):
+        with pytest.raises(InputError, match=r"^no documents: the \w+ holds no split$"):
+            packtool.pack_dataset(dd, 8)
+
+
+def test_a_generator_is_refused_with_the_conversions_that_fit():
+    for gen in ((d for d in [[1, 2]]), iter([[1, 2]])):
+        with pytest.raises(InputError) as info:
+            packtool.pack_dataset(gen, 8)
+        msg = str(info.value)
+        assert "list(" in msg and "Dataset.from_generator" in msg and "\n" not in msg, msg
+
+
+def test_a_dataset_dict_with_output_is_refused_as_documented():
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"input_ids": [[1, 2]]})})
+    with pytest.raises(ConfigError, match="^output: a DatasetDict"):
+        packtool.pack_dataset(dd, 8, output="somewhere")
+    doc = packtool.pack_dataset.__doc__
+    raises = doc[doc.index("Raises:"):]
+    assert "DatasetDict" in raises and "output" in raises[:raises.index("LocationError")]
+
+
+def test_other_documents_into_a_finished_output_name_the_counts(tmp_path):
+    out = tmp_path / "out"
+    packtool.pack_dataset([[1, 2, 3], [4, 5]], 8, output=out)
+    with pytest.raises(OutputError, match=r"other documents \(the same number, 2, with other "
+                                          r"content; or another packtool version\); pass "
+                                          r"overwrite=True"):
+        packtool.pack_dataset([[1, 2, 3], [4, 6]], 8, output=out)
+    with pytest.raises(OutputError, match=r"other documents \(3 documents now, 2 in it\)"):
+        packtool.pack_dataset([[1, 2, 3], [4, 5], [7]], 8, output=out)

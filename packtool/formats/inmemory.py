@@ -678,7 +678,7 @@ def write_input(batches: Iterable, path: str | os.PathLike, column: str,
             else:
                 writer.write_batch(b)
             rows += b.num_rows
-        if writer is None:
+        if writer is None or not rows:  # no batch, or only batches of no row
             raise InputError("no documents: the data holds no rows")
         writer.close()
         writer = None
