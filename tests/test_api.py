@@ -843,7 +843,7 @@ def test_the_output_fingerprint_is_the_documents_not_how_they_were_batched(tmp_p
     got = packtool.pack_dataset(_streamed(docs), 8, output=out, batch_rows=3)
     assert [r["input_ids"] for r in got] == [r["input_ids"] for r in first]
     assert (out / MANIFEST_NAME).stat().st_mtime_ns == stamp  # found done, never rewritten
-    with pytest.raises(OutputError, match="other inputs"):
+    with pytest.raises(OutputError, match="other documents"):
         packtool.pack_dataset([[1, 2, 3], [4, 5], [], [7]], 8, output=out)
 
 
@@ -1061,7 +1061,7 @@ def test_the_output_fingerprint_covers_the_columns_read_only(tmp_path):
     assert packtool.pack_dataset(untagged, 8, output=out) == first
     assert (out / MANIFEST_NAME).stat().st_mtime_ns == stamp  # found done, never rewritten
     relabelled = [{**d, "labels": [-100] * len(d["input_ids"])} for d in docs]
-    with pytest.raises(OutputError, match="other inputs"):
+    with pytest.raises(OutputError, match="other documents"):
         packtool.pack_dataset(relabelled, 8, output=out)
     with pytest.raises(OutputError, match="other options"):  # tags read as a loss mask
         packtool.pack_dataset(docs, 8, output=out, loss_mask_column="tags")
