@@ -59,7 +59,7 @@ import json
 import os
 import shutil
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from importlib import metadata
 from pathlib import Path
 
@@ -351,16 +351,19 @@ class Output:
                 return self
         except store.STORE_ERRORS as exc:
             raise self._os_error(exc, f"cannot list {self.role}") from None
+        # a Ctrl-C or SIGTERM while OUTPUT is made and locked waits until both are recorded
+        # (at most the lock's wait, LOCK_WAIT_S), so the cleanup below takes away exactly what
+        # this run made: never an empty OUTPUT or a lock file left behind a run that says
+        # nothing was kept. A store's lock (a request) is not held up.
+        held = signals.signals_held() if out.is_local else nullcontext()
         try:
-            self._created = out.makedirs()
-        except store.STORE_ERRORS as exc:
-            told = out.store_error(exc, "cannot write")
-            if isinstance(told, StoreError):
-                raise OutputError(str(told)) from None
-            cause = getattr(exc, "strerror", None) or first_line(exc)
-            raise OutputError(f"{out.display}: cannot write ({cause}); choose a writable "
-                              f"{self.role}") from None
-        self._lock()
+            with held:
+                self._make()
+                self._lock()
+        except KeyboardInterrupt:
+            self._unlock()
+            self._remove_created()
+            raise
         try:
             self._tidy_store()
             self._decide()
@@ -372,6 +375,19 @@ class Output:
                 raise self._os_error(exc) from None
             raise
         return self
+
+    def _make(self) -> None:
+        """Create OUTPUT and its missing parents, recording what was made (:attr:`_created`)."""
+        out = self.path
+        try:
+            self._created = out.makedirs()
+        except store.STORE_ERRORS as exc:
+            told = out.store_error(exc, "cannot write")
+            if isinstance(told, StoreError):
+                raise OutputError(str(told)) from None
+            cause = getattr(exc, "strerror", None) or first_line(exc)
+            raise OutputError(f"{out.display}: cannot write ({cause}); choose a writable "
+                              f"{self.role}") from None
 
     def _manifest_of(self, found: dict) -> tuple[Manifest | None, bool]:
         """OUTPUT's manifest (None: none, or unreadable) and whether it is this very pack's

@@ -473,3 +473,45 @@ def test_an_input_replaced_during_the_pack_is_refused(tmp_path, monkeypatch, fac
     assert swapped and res.exit_code == 1, res.output
     assert f"{src}: the file changed during the pack" in res.output, res.output
     assert not (out / ".packtool-manifest.parquet").exists()
+
+
+@pytest.mark.parametrize("step", ["make_dirs", "lock"])
+@pytest.mark.parametrize("existing", [False, True])
+def test_ctrl_c_as_output_is_created_or_locked_leaves_it_as_before(tmp_path, src, monkeypatch,
+                                                                    step, existing):
+    """SIGINT arriving just after OUTPUT (and its parents) is made, or just after its lock is
+    taken: the run says nothing was kept, and that is true: a new OUTPUT is gone with the
+    parents it made, an existing empty one holds nothing (no lock file)."""
+    import signal
+
+    from packtool import location, output
+
+    def interrupt():
+        os.kill(os.getpid(), signal.SIGINT)
+
+    if step == "make_dirs":
+        real = location.make_dirs
+
+        def make(path):
+            made = real(path)
+            interrupt()
+            return made
+
+        monkeypatch.setattr(location, "make_dirs", make)
+    else:
+        class Lock(output.FileLock):
+            def acquire(self, *a, **k):
+                got = super().acquire(*a, **k)
+                interrupt()
+                return got
+
+        monkeypatch.setattr(output, "FileLock", Lock)
+    out = tmp_path / "new" / "out"
+    if existing:
+        out.mkdir(parents=True)
+    with pytest.raises(KeyboardInterrupt, match="nothing was kept"):
+        run_pack(_cfg(src, out), progress=False)
+    if existing:
+        assert list(out.iterdir()) == []
+    else:
+        assert not (tmp_path / "new").exists()
