@@ -620,3 +620,45 @@ def test_a_held_out_output_copied_without_its_training_output_is_not_said_stale(
     assert invoke(["pack", "-q", "-c", 32, src, tmp_path / "other" / "q"]).exit_code == 0
     res = invoke(["stats", alone])  # read, and it pairs with no held-out output: stale
     assert res.exit_code == 0 and len(_stale_lines(res.output)) == 1, res.output
+
+
+def _small_disk(monkeypatch, disk, capacity):
+    """The free space packtool sees: ``capacity`` bytes less what the files under ``disk``
+    hold, as on a disk of that size."""
+    import shutil as sh
+
+    usage = sh.disk_usage
+
+    def free(path):
+        used = sum(f.stat().st_size for f in disk.rglob("*") if f.is_file())
+        return usage(path)._replace(free=capacity - used)
+
+    monkeypatch.setattr("packtool.output.shutil.disk_usage", free)
+
+
+def test_the_held_out_pack_asks_for_the_space_of_its_own_documents(tmp_path, monkeypatch):
+    """On a disk where the training pack fits and leaves less free than the whole input's
+    scratch, the held-out pack (a tenth of the documents) is not refused for the space of the
+    whole input: each side's need counts its own documents, and both outputs are finished."""
+    from packtool.config import PackConfig
+    from packtool.pipeline import _prepare, disk_peak
+
+    rng = np.random.default_rng(4)
+    src = write_docs(tmp_path / "in" / "a.parquet",
+                     [rng.integers(0, 50_000, int(k)).tolist()
+                      for k in rng.integers(100, 900, 1500)])
+    args = ["pack", "-q", "-c", 2048, "--rows-per-shard", 64, "--holdout", 0.1, src]
+    ref = tmp_path / "ref"
+    assert invoke([*args, ref / "out"]).exit_code == 0
+    trained = sum(f.stat().st_size for f in (ref / "out").iterdir())
+    run = _prepare(PackConfig(inputs=(str(src),), output=str(ref / "x"), capacity=2048,
+                              rows_per_shard=64))
+    whole, _ = disk_peak(run.cfg, sum(p.tokens for p in run.parts),
+                         sum(p.docs for p in run.parts), run.windows.count)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    _small_disk(monkeypatch, disk, whole + trained // 2)
+    res = invoke([*args, disk / "out"])
+    assert res.exit_code == 0, res.output
+    assert hash_tree(disk / "out") == hash_tree(ref / "out")
+    assert hash_tree(disk / "out-holdout") == hash_tree(ref / "out-holdout")

@@ -49,7 +49,7 @@ from packtool.errors import InputError, shortage_error
 from packtool.formats.manifest import (FORMAT_VERSION, HoldoutPairing, InputEntry,
                                        LabelsInfo, Manifest, Tokenization, WindowEntry,
                                        Windowing, dropped_holdout, shard_name)
-from packtool.formats.reader import discover_inputs
+from packtool.formats.reader import discover_inputs, reads_labels
 from packtool.location import Location, display
 from packtool.formats.schema import labels_convention, packed_schema
 from packtool.output import FILES_FIX, MEMORY_FIXES, Output, fingerprint
@@ -165,6 +165,10 @@ class _Run:
     #: one output of ``pack --holdout``: its pairing with the other (set by
     #: :mod:`packtool.pipeline.holdout`), None otherwise
     pairing: HoldoutPairing | None = None
+    #: the held-out pack of ``--holdout``: ``(documents, tokens)`` of its side as the training
+    #: pack's read counted them (tokens as read), so that its disk check counts its own
+    #: documents, not the whole input's; None: this pack's read parts say
+    side: tuple[int, int] | None = None
 
     def output(self) -> Output:
         """OUTPUT of this pack, not entered yet (entering it runs every check on OUTPUT)."""
@@ -260,7 +264,7 @@ SHARD_OVERHEAD = 64 * 1024
 
 
 def disk_peak(cfg: PackConfig, tokens: int, docs: int, windows: int,
-              rows: int | None = None) -> tuple[int, int]:
+              rows: int | None = None, *, flags: bool = True) -> tuple[int, int]:
     """Bytes a pack writes on OUTPUT's disk at its peak (just before the manifest, when every
     shard is written and the scratch not yet removed), as (scratch, shards): an upper bound
     under the assumptions below, checked before reading and again before writing.
@@ -275,9 +279,12 @@ def disk_peak(cfg: PackConfig, tokens: int, docs: int, windows: int,
             rows are assumed (``ceil(tokens / capacity)`` plus one per window), so the
             estimate before reading can be under the real need by the padding of the rows;
             the check before writing uses the exact count.
+        flags: target flags are spilled (a labels column or loss mask is read:
+            :func:`~packtool.formats.reader.reads_labels`); False counts none.
 
     Returns:
-        ``scratch``: the read parts' spills (4 bytes a token, 1 of target flags, 8 + 4 a
+        ``scratch``: the read parts' spills (4 bytes a token, 1 of target flags when
+        ``flags``, 8 + 4 a
         document) and the plans (32 + 4 bytes a document piece, 8 a row), where pieces are at
         most ``docs + tokens / capacity`` (a document over capacity is cut into pieces of at
         most ``capacity``); ``shards``: :data:`SLOT_BYTES` per slot of every per-token column
@@ -293,7 +300,7 @@ def disk_peak(cfg: PackConfig, tokens: int, docs: int, windows: int,
     pieces = docs + -(-tokens_eff // c)
     if rows is None:
         rows = -(-tokens_eff // c) + windows
-    scratch = 5 * tokens_eff + 12 * docs + 36 * pieces + 8 * (rows + windows)
+    scratch = (4 + int(flags)) * tokens_eff + 12 * docs + 36 * pieces + 8 * (rows + windows)
     columns = 3 + (cfg.labels.value != "none")
     shards = -(-rows // cfg.rows_per_shard)
     written = (SLOT_BYTES * columns * c * rows + PIECE_BYTES * pieces + ROW_BYTES * rows
@@ -309,7 +316,7 @@ def _run(run: _Run, out: Output, show: bool, t0: float) -> PackResult:
         return PackResult(m.totals, m, time.perf_counter() - t0, len(m.shards), True,
                           said + _warnings(run.cfg, m.totals, run.tokenized))
     done = _pack(run.cfg, run.files, run.parts, run.windows, run.fp, out, show, t0,
-                 run.tokenized, run.pairing)
+                 run.tokenized, run.pairing, run.side)
     return dataclasses.replace(done, warnings=said + done.warnings)
 
 
@@ -407,15 +414,20 @@ def run_pack(cfg: PackConfig, *, progress: bool = True) -> PackResult:
 def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: str,
           out: Output, show: bool, t0: float,
           tokenized: Tokenization | None = None,
-          pairing: HoldoutPairing | None = None) -> PackResult:
+          pairing: HoldoutPairing | None = None,
+          side: tuple[int, int] | None = None) -> PackResult:
     """The phases of :func:`run_pack` inside OUTPUT."""
     est_tokens = sum(p.tokens for p in parts) + (sum(p.docs for p in parts)
                                                    if cfg.append_eos is not None else 0)
     # the read parts' token spills (4 bytes a token, 1 more for target flags at most) and the
     # plans (about 2 segments of 32 bytes per 300 tokens); checked on a local disk only
     out.phase = "read"
-    docs = sum(p.docs for p in parts)
-    scratch, shards = disk_peak(cfg, sum(p.tokens for p in parts), docs, windows.count)
+    # this pack's documents and tokens: the held-out pack's side as the training pack's read
+    # counted it; else the read parts' (a training side's share is known only once read)
+    docs, tokens = side if side is not None else (sum(p.docs for p in parts),
+                                                  sum(p.tokens for p in parts))
+    flags = reads_labels(files, cfg.column, cfg.labels_column, cfg.loss_mask_column)
+    scratch, shards = disk_peak(cfg, tokens, docs, windows.count, flags=flags)
     c_row = SLOT_BYTES * cfg.capacity * (3 + (cfg.labels.value != "none"))
     out.check_space(max(0, shards - c_row * out.kept_rows), scratch)  # a local disk only
     space_note = out.space_note
@@ -472,8 +484,8 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
                                cfg.source_column is not None)
         jobs = _shard_jobs(labels, len(infos), cfg.rows_per_shard, out)
         # the rows are known: the shards' bound with them, against what is free now
-        _, shards = disk_peak(cfg, sum(p.tokens for p in parts), docs, windows.count,
-                              rows=int(labels.size))
+        _, shards = disk_peak(cfg, mine[1], mine[0], windows.count, rows=int(labels.size),
+                              flags=flags)
         asked = out.bytes_needed  # before reading: what a rerun's own first check asks
         out.check_space(max(0, shards - c_row * out.kept_rows), scratch, scratch_written=True)
         if out.space_note and not space_note:  # the exact rows can tip it

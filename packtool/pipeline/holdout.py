@@ -94,6 +94,10 @@ def run_holdout(cfg, prepare, run, interrupted, *, progress: bool = True):
             if out.stop_noted:  # Ctrl-C or SIGTERM while the training manifest was committed
                 stop_now(out.stop_noted)
             test_pause("holdout")
+            # the held-out side's documents and tokens, as the training pack's read counted
+            # them: its disk check asks for the space of those alone
+            s = trained.stats
+            held = dataclasses.replace(held, side=(s.docs_other_split, s.tokens_other_split))
             return dataclasses.replace(trained,
                                        holdout=run(held, held_out, show, time.perf_counter()))
     except KeyboardInterrupt:
