@@ -356,3 +356,44 @@ def test_free_space_check_refuses_what_cannot_fit_and_warns_what_may_not(tmp_pat
             warned = [w for w in res.warnings if "bytes free, and this pack may need" in w]
             assert bool(warned) == (expect == "warned"), res.warnings
         monkeypatch.undo()
+
+
+@pytest.mark.parametrize("labels_column", [False, True])
+def test_the_scratch_asked_for_is_what_the_pack_spills(tmp_path, monkeypatch, labels_column):
+    """The free-space check refuses a pack whose scratch cannot fit, so the scratch it asks for
+    must be what the pack spills, not more: a rerun after a full disk (its finished shards
+    taking room) was refused though it fitted, when a byte of target flags was asked for per
+    token with no labels column read. Asked: at least the scratch measured at its peak, within
+    a tenth of it; with a labels column read, its flags counted too."""
+    import pyarrow as pa
+    from pathlib import Path
+
+    from packtool import output
+    from packtool.formats.reader import reads_labels
+    from packtool.pipeline import _prepare, disk_peak
+
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(0, 50_000, int(k)).tolist() for k in rng.integers(50, 400, 600)]
+    table = {"input_ids": pa.array(docs, pa.list_(pa.int64()))}
+    if labels_column:
+        table["labels"] = pa.array(docs, pa.list_(pa.int64()))
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table(table), tmp_path / "in" / "a.parquet")
+    cfg = PackConfig(inputs=(str(tmp_path / "in"),), output=str(tmp_path / "out"), capacity=512,
+                     workers=1, rows_per_shard=32,
+                     labels_column="labels" if labels_column else None)
+    seen, real = [], output.Output.commit
+
+    def commit(self, manifest, schema):
+        seen.append(sum(p.stat().st_size for p in Path(self.tmp.path).rglob("*")
+                        if p.is_file()))
+        real(self, manifest, schema)
+
+    monkeypatch.setattr(output.Output, "commit", commit)
+    run_pack(cfg, progress=False)
+    run = _prepare(cfg)
+    flags = reads_labels(run.files, run.cfg.column, run.cfg.labels_column)
+    assert flags == labels_column
+    scratch, _ = disk_peak(run.cfg, sum(p.tokens for p in run.parts),
+                           sum(p.docs for p in run.parts), run.windows.count, flags=flags)
+    assert seen[0] <= scratch <= 1.1 * seen[0], (scratch, seen[0])
