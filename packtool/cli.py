@@ -294,12 +294,17 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
         raise Interrupted(f"{stop_word()}: {held}; rerun the same command to resume and "
                           "finish it", exit_status()) from None
     s = result.stats
-    if not result.already_complete:  # once, on stderr, loud whatever the output format
+    # once, on stderr, loud whatever the output format (what the run logged as it went, the
+    # low-space note, was said then)
+    if not result.already_complete:
         for w in result.warnings:
-            click.echo(f"WARNING: {w}", err=True)
+            if w not in result.said:
+                click.echo(f"WARNING: {w}", err=True)
     if result.holdout is not None and not result.holdout.already_complete:
         for w in result.holdout.warnings:
-            click.echo(f"WARNING: held-out pack ({display(cfg.holdout_output)}): {w}", err=True)
+            if w not in result.holdout.said:
+                click.echo(f"WARNING: held-out pack ({display(cfg.holdout_output)}): {w}",
+                           err=True)
     if as_json:
         click.echo(json.dumps({"stats": s.to_dict(), "seconds": result.seconds,
                                "shards_reused": result.shards_reused,

@@ -397,3 +397,33 @@ def test_the_scratch_asked_for_is_what_the_pack_spills(tmp_path, monkeypatch, la
     scratch, _ = disk_peak(run.cfg, sum(p.tokens for p in run.parts),
                            sum(p.docs for p in run.parts), run.windows.count, flags=flags)
     assert seen[0] <= scratch <= 1.1 * seen[0], (scratch, seen[0])
+
+
+@pytest.mark.parametrize("quiet", [[], ["-q"]])
+def test_the_low_space_warning_is_printed_once(tmp_path, quiet):
+    """Less free than the scratch and the shards' bound: the WARNING line is printed on stderr
+    once, as soon as it is known (it was printed again with the summary's warnings), with or
+    without -q; ``--json`` lists it in its warnings."""
+    import json
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(3)
+    write_docs(tmp_path / "in" / "a.parquet",
+               [rng.integers(0, 50_000, int(k)).tolist() for k in rng.integers(50, 400, 300)])
+    # free: a little over the scratch, far under the shards counted uncompressed
+    script = ("import shutil, sys\n"
+              "usage = shutil.disk_usage\n"
+              "shutil.disk_usage = lambda p: usage(p)._replace(free=500_000)\n"
+              "from packtool.cli import cli\n"
+              "cli(sys.argv[1:])\n")
+    for args in (quiet, ["--json"]):
+        out = tmp_path / f"out{len(args)}{args[:1]}"
+        proc = subprocess.run([sys.executable, "-c", script, "pack", *args, "-c", "512",
+                               str(tmp_path / "in"), str(out)],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr.count("bytes free, and this pack may need") == 1, proc.stderr
+        if args == ["--json"]:
+            said = json.loads(proc.stdout)["warnings"]
+            assert any("bytes free, and this pack may need" in w for w in said), said

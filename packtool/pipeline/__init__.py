@@ -82,6 +82,9 @@ class PackResult:
     parts_reused: int = 0  #: read parts kept finished from an identical run that was killed
     docs_reused: int = 0  #: documents not read again (kept parts, and parts begun)
     holdout: "PackResult | None" = None  #: the held-out pack of ``--holdout``, when asked for
+    #: the ``warnings`` already logged as the run went (the low-space note, said before the
+    #: disk may fill): a caller printing ``warnings`` leaves these out
+    said: tuple = ()
 
 
 def _progress(total, desc, unit, enabled):
@@ -536,4 +539,5 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
     return PackResult(total, manifest, time.perf_counter() - t0, reused, False,
                       notes, windows_reused=sum(i.reused for i in infos),
                       parts_reused=sum(i.reused for i in pinfos),
-                      docs_reused=sum(i.docs if i.reused else i.resumed_docs for i in pinfos))
+                      docs_reused=sum(i.docs if i.reused else i.resumed_docs for i in pinfos),
+                      said=(space_note,) if space_note else ())
