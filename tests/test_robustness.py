@@ -407,9 +407,8 @@ def test_overwrite_replaces_a_previous_pack(tmp_path, src, reference):
 
 
 def test_damaged_output_is_restored_by_the_rerun_the_messages_name(tmp_path, src, reference):
-    """A shard cut short or edited in place: stats refuses it and says to rerun the same pack
-    with --overwrite; that rerun (and, for a shard of another size, a plain rerun) restores the
-    exact bytes. An intact output rerun with --overwrite is written anew, identically."""
+    """A shard cut short: stats refuses it and says to rerun the same pack, which restores the
+    exact bytes; a shard edited in place (the same size) needs --overwrite, which does too. An intact output rerun with --overwrite is written anew, identically."""
     import shutil
     opts = ["-c", C, "--rows-per-shard", 4, "--workers", 1, "--seed", 3, "--window-docs", 15]
     out = tmp_path / "out"
@@ -417,10 +416,17 @@ def test_damaged_output_is_restored_by_the_rerun_the_messages_name(tmp_path, src
     shard = sorted(out.glob("part-*.parquet"))[1]
     data = bytearray(shard.read_bytes())
     shard.write_bytes(bytes(data[:-7]))  # another size: a plain rerun redoes this very pack
-    res = invoke(["stats", out])
-    assert res.exit_code == 1 and "with --overwrite" in res.output, res.output
+    res = invoke(["stats", out])  # the plain rerun it names packs it again
+    assert res.exit_code == 1 and "rerun the same packtool pack command, which packs it " \
+        "again" in res.output, res.output
     res = invoke(["pack", "-q", *opts, src, out])
     assert res.exit_code == 0, res.output
+    assert hash_tree(out) == hash_tree(reference)
+    shard.unlink()  # deleted: the same
+    res = invoke(["stats", out])
+    assert res.exit_code == 1 and "missing; rerun the same packtool pack command, which packs " \
+        "it again" in res.output, res.output
+    assert invoke(["pack", "-q", *opts, src, out]).exit_code == 0
     assert hash_tree(out) == hash_tree(reference)
     data[len(data) // 2] ^= 0xFF  # same size, edited in place
     shard.write_bytes(bytes(data))

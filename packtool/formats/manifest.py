@@ -99,7 +99,7 @@ from packtool.location import Location, StoreError
 from packtool.signals import result as task_result
 from packtool.stats import PackStats
 
-__all__ = ["MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NAME", "LOCK_NAME",
+__all__ = ["REPACK_MISSING", "MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NAME", "LOCK_NAME",
            "pack_running", "run_holding", "writing_error", "running_error", "a_file_error",
            "marker_kind", "packed_outputs_below", "nested_outputs_error", "OUTPUT_MARKS", "output_mark", "output_words", "enclosing_output",
            "nested_output", "output_around",
@@ -1446,6 +1446,13 @@ def footer_sha256(loc, tail_bytes: int = 1 << 16) -> str:
             return hashlib.sha256(f.read_at(n, size - n) if n else b"").hexdigest()
 
 
+#: The fix for a packed output whose shard is missing or of another size than its manifest
+#: records: the same ``pack`` finds its own manifest with shards not all there and packs the
+#: output again, byte-identical, without ``--overwrite`` (:class:`packtool.output.Output`).
+#: A shard edited in place (its size kept) looks finished to it: that needs ``--overwrite``.
+REPACK_MISSING = "rerun the same packtool pack command, which packs it again"
+
+
 def check_shards(output, manifest: Manifest, *, hashes: bool = False, threads: int = 4,
                  progress: Callable[[int, int], None] | None = None) -> None:
     """Check that OUTPUT holds exactly the manifest's shards, each with its recorded size (and
@@ -1479,19 +1486,21 @@ def check_shards(output, manifest: Manifest, *, hashes: bool = False, threads: i
     # what wrote it, to be run again: ``pack`` or ``tokenize``
     rerun = (f"rerun the same packtool "
              f"{'tokenize' if manifest.kind == TOKENIZED_KIND else 'pack'} with --overwrite")
+    # a shard missing or resized: a pack's plain rerun packs it again
+    again = rerun if manifest.kind == TOKENIZED_KIND else REPACK_MISSING
     listed = {s.file for s in manifest.shards}
     for s in manifest.shards:
         e = found.get(s.file)
         where = out.join(s.file).display
         if e is None or e.is_dir:
-            raise fault(f"{where}: shard listed in the manifest is missing; {rerun}")
+            raise fault(f"{where}: shard listed in the manifest is missing; {again}")
         if e.size != s.bytes:
             from packtool.formats.sniff import shard_content_fix
 
             what = shard_content_fix(out.join(s.file))
             raise fault(f"{where}: size {e.size} bytes, the manifest says {s.bytes}: " + (
                 f"the shard {what}" if what else
-                f"the shard was modified or truncated; {rerun}"))
+                f"the shard was modified or truncated; {again}"))
     extra = sorted(n for n, e in found.items() if not e.is_dir and is_shard_name(n)
                    and n not in listed)
     if extra:
@@ -1508,7 +1517,7 @@ def check_shards(output, manifest: Manifest, *, hashes: bool = False, threads: i
                     same = task_result(digest) == s.sha256
                 except FileNotFoundError:  # gone since it was listed
                     raise fault(f"{out.join(s.file).display}: shard listed in the manifest is "
-                                f"missing; {rerun}") from None
+                                f"missing; {again}") from None
                 if not same:  # a pack replacing the shards now is no damage: said so
                     raise fault(f"{out.join(s.file).display}: sha256 differs from the "
                                 f"manifest: the shard was modified; {rerun}")

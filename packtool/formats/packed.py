@@ -63,7 +63,7 @@ import pyarrow.parquet as pq
 
 from packtool.errors import InputError, ManifestError, first_line, raise_if_shortage
 from packtool.formats.arrays import list_parts, numpy_values
-from packtool.formats.manifest import (Manifest, check_shards, footer_of,
+from packtool.formats.manifest import (REPACK_MISSING, Manifest, check_shards, footer_of,
                                        read_manifest_and_schema, require_packed)
 from packtool.formats.schema import (CAPACITY_META_KEY, LABELS_CONVENTION_META_KEY,
                                      RAGGED_COLUMNS, SCALAR_COLUMNS, SEGMENT_MULTIPLE_META_KEY,
@@ -813,8 +813,7 @@ class PackedOutput:
             self._raise_if_repacked(s)
             if isinstance(exc, FileNotFoundError):
                 raise ManifestError(f"{where}: missing (deleted or moved since the output was "
-                                    "opened); rerun the same packtool pack with --overwrite"
-                                    ) from None
+                                    f"opened); {REPACK_MISSING}") from None
             raise ManifestError(f"{where}: cannot open ({first_line(exc)}); with many shards lower "
                                 "max_open_files or raise `ulimit -n`") from None
         try:
@@ -826,8 +825,7 @@ class PackedOutput:
                 what = shard_content_fix(self.location.join(entry.file))
                 raise ManifestError(f"{where}: size {size} bytes, the manifest says "
                                     f"{entry.bytes}: " + (f"the shard {what}" if what else
-                                    "the shard was modified or truncated; rerun the same "
-                                    "packtool pack with --overwrite"))
+                                    f"the shard was modified or truncated; {REPACK_MISSING}"))
             try:
                 footer = footer_of(handle, size)
                 md = pq.read_metadata(pa.BufferReader(b"PAR1" + footer))
