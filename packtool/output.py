@@ -280,6 +280,8 @@ class Output:
         self._promised: dict = {}  # shard -> manifest entry dict from an interrupted run's marker
         self._written: dict = {}  # shard -> manifest entry dict finished in this run
         self._marker_at = 0.0  # when the marker last listed the finished shards
+        #: a full disk too small to hold the scratch beside the shards kept (no rerun fits)
+        self._disk_too_small = False
 
     # -- what differs between a directory and a store -------------------------------------------
     def _lock(self) -> None:
@@ -679,20 +681,20 @@ class Output:
         return (f"{d} has no manifest; kept for the rerun: {kept}" if kept else
                 f"{d} has no manifest; nothing was kept ({self.role} is as before the run)")
 
-    def _state(self) -> str:
+    def _state(self, rerun: bool = True) -> str:
         """What OUTPUT holds after a failed run, in words, true in every phase: as before
         (nothing written outside the scratch, which is gone), or the marker with the shards
-        finished so far (none, some, all but the manifest) and how to finish."""
+        finished so far (none, some, all but the manifest) and how to finish (not said when
+        ``rerun`` is False: a disk no rerun fits on, said by the message)."""
         if self._untouched or not self._writing:
             return f"{self.role} is as it was before the run"
         done = self.shards_kept()
+        how = ": rerun the same command to finish" if rerun else ""
         if self.phase == "manifest":
-            return ("every shard is finished and kept, only the manifest is missing: rerun the "
-                    "same command to finish")
+            return f"every shard is finished and kept, only the manifest is missing{how}"
         if done == 0:
-            return (f"no shard was finished ({self.role} holds only the in-progress marker): "
-                    "rerun the same command to finish")
-        return (f"the finished shards are kept ({done}): rerun the same command to finish")
+            return f"no shard was finished ({self.role} holds only the in-progress marker){how}"
+        return f"the finished shards are kept ({done}){how}"
 
     def _keeps_windows(self, exc: BaseException | None) -> bool:
         """Ctrl-C leaves what a rerun of the same command resumes from, as SIGKILL would: the
@@ -727,11 +729,12 @@ class Output:
 
     def _os_error(self, exc: BaseException, what: str = "cannot write") -> OutputError:
         where = getattr(exc, "filename", None) or self.path.display
-        state = self._state()
         told = self.path.store_error(exc, what)
         if isinstance(told, StoreError):  # credentials, bucket, endpoint: one wording
-            return OutputError(f"{told} ({state})")
+            return OutputError(f"{told} ({self._state()})")
         note = self._full_disk_note(exc) if isinstance(exc, OSError) else None
+        # a disk no rerun fits on: what is kept is said, never "rerun the same command"
+        state = self._state(rerun=not self._disk_too_small)
         if note:
             return OutputError(f"{where}: {note} ({state})")
         cause = (exc.strerror if isinstance(exc, OSError) else None) or first_line(exc)
@@ -795,17 +798,39 @@ class LocalOutput(Output):
         if not _is_full_disk(exc):
             return None
         try:
-            free = shutil.disk_usage(self.path.path if self.path.path.exists()
-                                     else self.path.path.parent).free
+            usage = shutil.disk_usage(self.path.path if self.path.path.exists()
+                                      else self.path.path.parent)
+            free, total = usage.free, usage.total
         except OSError:
-            free = 0
+            free = total = 0
         # while shards are written, bytes_needed counts the shards left; the scratch (the window
         # spills, removed on the way out) is written again by the rerun. The scratch is exact
         # (uncompressed), the shards an upper bound (counted uncompressed): said apart, so that
         # a user frees what is needed, knowing what may be
-        return (f"no space left on device: this pack needs {self._scratch_needed:,} bytes for "
+        need = (f"no space left on device: this pack needs {self._scratch_needed:,} bytes for "
                 f"its scratch and up to {self.bytes_needed:,} more for its shards (counted "
-                f"uncompressed; {free:,} free); free space or choose another {self.role}")
+                f"uncompressed; {free:,} free)")
+        # the rerun writes the whole scratch again beside the shards kept: a disk smaller than
+        # both cannot finish this OUTPUT whatever is freed (removing OUTPUT only makes the
+        # pack write those shards again)
+        kept, n = self._kept_shard_bytes()
+        if kept and total and self._scratch_needed + kept > total:
+            self._disk_too_small = True
+            return (f"{need}; this disk ({total:,} bytes) cannot hold the scratch a rerun writes "
+                    f"again beside the {kept:,} bytes of the {n} finished shard"
+                    f"{'s' * (n != 1)} kept in {self.role}: choose another {self.role}, on a "
+                    "larger disk")
+        return f"{need}; free space or choose another {self.role}"
+
+    def _kept_shard_bytes(self) -> tuple[int, int]:
+        """(bytes, count) of the finished shards in OUTPUT now; (0, 0) when it cannot be
+        listed."""
+        try:
+            sizes = [e.size or 0 for n, e in self.path.listdir().items()
+                     if not e.is_dir and is_shard_name(n)]
+        except OSError:
+            return 0, 0
+        return sum(sizes), len(sizes)
 
 
 class StoreOutput(Output):

@@ -521,3 +521,27 @@ def test_ctrl_c_as_output_is_created_or_locked_leaves_it_as_before(tmp_path, src
         assert list(out.iterdir()) == []
     else:
         assert not (tmp_path / "new").exists()
+
+
+def test_full_disk_that_no_rerun_can_fit_says_so(tmp_path, src, reference, monkeypatch):
+    """A full disk while writing shards, on a disk too small to hold the scratch a rerun
+    writes again beside the finished shards kept: the line says to choose another OUTPUT, not
+    to rerun (the rerun would be refused, or fill the disk again)."""
+    import shutil as sh
+
+    from packtool.pipeline import write as write_mod
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(write_mod, "write_shard",
+                        _fail_on_call(write_mod.write_shard, 3, _full_disk))
+    usage = sh.disk_usage
+    monkeypatch.setattr("packtool.output.shutil.disk_usage",
+                        lambda p: usage(p)._replace(total=14_000, free=20_000))
+    with pytest.raises(OutputError) as err:
+        run_pack(_cfg(src, out), progress=False)
+    msg = str(err.value)
+    assert "\n" not in msg and "no space left on device" in msg, msg
+    assert re.search(r"this disk \([\d,]+ bytes\) cannot hold the scratch .* beside the [\d,]+ "
+                     r"bytes of the 2 finished shards kept in OUTPUT: choose another OUTPUT",
+                     msg), msg
+    assert "rerun the same command" not in msg, msg
