@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -142,6 +143,83 @@ def test_negative_id(tmp_path):
     out = tmp_path / "out"
     refused(pack_args(tmp_path / "neg.parquet", out=out), out, "neg.parquet", "row 1",
             "negative token id -5", ">= 0")
+
+
+# ---- a shard damaged after it was written: its footer statistics and vocabulary catch it ---
+
+
+def damaged_shard(path: Path, new: int, statistics: bool = True, **kw) -> Path:
+    """Three row groups of int32 ids, PLAIN-encoded, uncompressed, with footer statistics
+    (min/max of each row group's ids) unless ``statistics`` is False; then the stored bytes of
+    id 3000 (row 3, in row group 1, neither its min nor its max: stored once, in the data
+    page only) overwritten with ``new``, as a flipped disk or network byte would: the file
+    still decodes, the footer is untouched."""
+    docs = [[1000, 1001], [1002], [2000, 2001], [2500, 3000, 3600], [4000], [4001, 4002]]
+    pq.write_table(pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32()))}), path,
+                   row_group_size=2, compression="none", use_dictionary=False,
+                   write_statistics=statistics, **kw)
+    data = bytearray(path.read_bytes())
+    old = np.int32(3000).tobytes()
+    assert data.count(old) == 1
+    at = data.index(old)
+    data[at:at + 4] = np.int32(new).tobytes()
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("extra", [(), ("--workers", "2"), ("--window-docs", "2")])
+def test_an_id_outside_its_row_groups_footer_statistics_is_refused(tmp_path, extra):
+    """A damaged byte turns id 3000 into 6,311,564, outside 2000..3600, what the footer
+    statistics of its row group record: the file was damaged after it was written; refused
+    naming the file, row group and row, whatever the read path (one worker, several,
+    windows)."""
+    src = damaged_shard(tmp_path / "d.parquet", 6_311_564)
+    out = tmp_path / "out"
+    refused(pack_args(src, out=out, extra=extra), out, "d.parquet", "row group 1",
+            "row 3 (0-based)", "token id 6311564", "outside 2000..3600", "footer statistics",
+            "damaged", "re-download it) or regenerate it")
+
+
+def test_a_damaged_byte_read_as_a_negative_id_says_the_file_is_damaged(tmp_path):
+    src = damaged_shard(tmp_path / "d.parquet", -3000)
+    out = tmp_path / "out"
+    refused(pack_args(src, out=out), out, "d.parquet", "row group 1", "row 3 (0-based)",
+            "negative token id -3000", "outside 2000..3600", "footer statistics", "damaged")
+
+
+def test_a_damaged_shard_without_statistics_is_read_as_before(tmp_path):
+    """No footer statistics: nothing to compare with, the ids are packed as read."""
+    src = damaged_shard(tmp_path / "d.parquet", 6_311_564, statistics=False)
+    out = tmp_path / "out"
+    res = invoke(pack_args(src, out=out, capacity=8, extra=("--no-shuffle",)))
+    assert res.exit_code == 0, res.output
+    rows, _ = read_output(out)
+    assert 6_311_564 in [i for r in rows for i in r["input_ids"]]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_an_id_at_or_over_the_declared_vocabulary_size_is_refused(tmp_path, fmt):
+    """A shard whose schema metadata declares its tokenizer's vocabulary size (as sample_data's
+    does: tokenizer_vocab_size): an id at or over it is no token of that tokenizer."""
+    table = pa.table({"input_ids": pa.array([[1, 2], [3, 4095], [4096, 7]], pa.list_(
+        pa.int32()))}).replace_schema_metadata({b"tokenizer_vocab_size": b"4096"})
+    src = tmp_path / "in" / f"v.{fmt}"
+    src.parent.mkdir()
+    if fmt == "parquet":
+        pq.write_table(table, src)
+    else:
+        with pa.ipc.new_file(src, table.schema) as w:
+            w.write_table(table)
+    out = tmp_path / "out"
+    refused(pack_args(src, out=out), out, f"v.{fmt}", "row 2 (0-based)", "token id 4096",
+            "vocabulary of 4,096 ids (0..4095)", "tokenizer_vocab_size", "regenerate")
+    ok = table.slice(0, 2)  # id 4095, the last of the vocabulary, is packed
+    if fmt == "parquet":
+        pq.write_table(ok, src)
+    else:
+        with pa.ipc.new_file(src, ok.schema) as w:
+            w.write_table(ok)
+    assert invoke(pack_args(src, out=out)).exit_code == 0
 
 
 @pytest.mark.parametrize("value,typ", [(2**31, pa.int64()), (2**31, pa.uint32()),

@@ -63,7 +63,8 @@ from packtool.formats.manifest import (IN_PROGRESS_NAME, KINDS, MANIFEST_META_KE
                                        read_manifest, run_holding,
                                        version_1_listed)
 from packtool.formats.sniff import IPC_FILE_MAGIC, compression_of, content_fix
-from packtool.formats.schema import (MASK_LIKE, check_single_column, check_token_column,
+from packtool.formats.schema import (MASK_LIKE, VOCAB_SIZE_META_KEY, check_single_column,
+                                     check_token_column, declared_vocab_size,
                                      is_integer_list, is_list_layout, token_column_candidates,
                                      tokenize_first)
 from packtool.location import Location, StoreError
@@ -78,7 +79,8 @@ __all__ = ["InputFile", "RawBatch", "Discovery", "InputSource", "MaskColumns", "
            "check_source_column", "first_data_file", "check_token_columns_agree",
            "holds_no_documents", "jsonl_token_keys", "jsonl_tokens_fix",
            "filesystem_of", "is_remote", "SUPPORTED_FORMATS", "TEXT_FORMATS", "AUTO",
-           "LOSS_MASK_COLUMNS", "text_compression"]
+           "LOSS_MASK_COLUMNS", "text_compression", "declared_vocab_size",
+           "VOCAB_SIZE_META_KEY"]
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +124,12 @@ class InputFile:
     #: (:class:`~packtool.formats.manifest.Tokenization`: the tokenizer, the BOS/EOS ids
     #: added); None for any other file (nothing is known of it)
     tokenization: Tokenization | None = None
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The vocabulary size its tokenize manifest records (ids 0 .. size - 1), else None
+        (the file's own schema metadata may still declare one: :func:`declared_vocab_size`)."""
+        return None if self.tokenization is None else self.tokenization.tokenizer.vocab_size
 
 
 @dataclass(frozen=True)
@@ -1321,6 +1329,29 @@ class InputSource:
         """Row group ``i``: its ``num_rows``."""
         return _RowGroup(self.row_group_rows[i])
 
+    def value_bounds(self, row_group: int, column: str) -> tuple[int, int] | None:
+        """``(min, max)`` of the values of list column ``column`` in row group ``row_group`` as
+        the Parquet footer's statistics of that column chunk record them (written with the
+        file, so a decoded value outside them was damaged after); None where there are none
+        (Arrow IPC, a file written without statistics, a column of several leaves)."""
+        if self._parquet is None:
+            return None
+        try:
+            md = self._parquet.metadata
+            leaf = [i for i in range(md.num_columns)
+                    if md.schema.column(i).path.split(".")[0] == column]
+            if len(leaf) != 1:
+                return None
+            st = md.row_group(row_group).column(leaf[0]).statistics
+            if st is None or not st.has_min_max:
+                return None
+            lo, hi = st.min, st.max
+        except (pa.ArrowException, OSError, ValueError, TypeError, IndexError):
+            return None
+        if isinstance(lo, bool) or not isinstance(lo, int) or not isinstance(hi, int):
+            return None
+        return int(lo), int(hi)
+
     def iter_batches(self, row_group: int, columns: list[str],
                      batch_rows: int = 8192) -> Iterator[pa.RecordBatch]:
         """Record batches of row group ``row_group`` holding ``columns``.
@@ -1540,6 +1571,35 @@ def input_schema(path, fmt: str | None = None) -> tuple[pa.Schema, object]:
         raise unreadable_error(shown, fs, fpath, kind, exc) from None
 
 
+def _refuse_out_of_bounds(path, column: str, rg: int, row: int, lengths: np.ndarray,
+                          flat: np.ndarray, lo: int, hi: int,
+                          bounds: tuple[int, int] | None,
+                          vocab: tuple[int, str] | None) -> None:
+    """Refuse a batch whose ids (``flat``, of min ``lo`` and max ``hi``) are not what the file
+    says of them: outside the footer statistics of its row group ``rg`` (``bounds``: the file
+    was damaged after it was written), or at or over its declared vocabulary size (``vocab``,
+    :func:`declared_vocab_size`).
+
+    Raises:
+        InputError: one line naming the file, the row group and row, the id and the fix.
+    """
+    if bounds is not None and (lo < bounds[0] or hi > bounds[1]):
+        vi = int(np.argmax((flat < bounds[0]) | (flat > bounds[1])))
+        what = "negative token id" if flat[vi] < 0 else "token id"
+        raise InputError(f"{path}: row group {rg}, {row_ref(row + _row_of_value(lengths, vi))}: "
+                         f"{what} {int(flat[vi])} lies outside {bounds[0]}..{bounds[1]}, the "
+                         f"range the file's footer statistics record for {column!r} in this "
+                         "row group: the file was damaged after it was written; copy it again "
+                         "from its source (re-download it) or regenerate it")
+    if vocab is not None and hi >= vocab[0]:
+        vi = int(np.argmax(flat >= vocab[0]))
+        raise InputError(f"{path}: {row_ref(row + _row_of_value(lengths, vi))}: "
+                         f"token id {int(flat[vi])} is outside the vocabulary of {vocab[0]:,} "
+                         f"ids (0..{vocab[0] - 1}) that {vocab[1]} declares: the file is "
+                         "damaged or its ids are not that tokenizer's; regenerate or "
+                         "re-download it")
+
+
 def _row_of_value(lengths: np.ndarray, value_index: int) -> int:
     """Row holding flat value ``value_index``, given the rows' lengths."""
     return int(np.searchsorted(np.cumsum(lengths), value_index, side="right"))
@@ -1711,7 +1771,8 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
                        row_range: tuple[int, int] | None = None,
                        fmt: str | None = None, *, attention_mask: str | None = None,
                        labels: str | None = None, loss_mask: str | None = None,
-                       source: str | None = None) -> Iterator[RawBatch]:
+                       source: str | None = None,
+                       vocab_size: int | None = None) -> Iterator[RawBatch]:
     """Stream one file's documents and mask columns as :class:`RawBatch` es, checked, as stored.
 
     ``row_groups`` (ascending indices) restricts the read to those row groups (Arrow IPC: record
@@ -1726,8 +1787,17 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
     :func:`packtool.core.masks.prepare_documents` does that, for ``pack`` and ``compare`` alike
     (:func:`packtool.pipeline.read.iter_documents`).
 
+    ``vocab_size``: the vocabulary size the manifest of the ``packtool tokenize`` output the
+    file is a shard of records (:attr:`InputFile.tokenization`), else None. Every id must lie
+    under the declared vocabulary size (:func:`declared_vocab_size`: that record, else the
+    file's schema metadata) and, in a Parquet file written with statistics, inside the min/max
+    its footer records for the row group (:meth:`InputSource.value_bounds`): one min and max of
+    each batch's ids, compared with them.
+
     Raises:
-        InputError: the file cannot be read (the message names the row group).
+        InputError: the file cannot be read (the message names the row group); an id outside
+            its row group's footer statistics (the file was damaged after it was written) or
+            at or over the declared vocabulary size (file, row group and row named).
         SchemaError: a null document, a null token, a negative id or an id over int32; a mask
             row of another length than its document; a label that is neither -100 nor its
             token; an attention mask or loss mask value other than 0 or 1 (an attention mask
@@ -1758,8 +1828,10 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
     else:
         groups = [g for g in range(src.num_row_groups)
                   if row_range is None or (rg_start[g] < hi and rg_start[g + 1] > lo)]
+    vocab = declared_vocab_size(src.schema_arrow, vocab_size)
     for rg in groups:
         row = int(rg_start[rg])
+        bounds = src.value_bounds(rg, column)
         for batch in src.iter_batches(rg, columns, batch_rows):
             if row >= hi:
                 break
@@ -1784,13 +1856,21 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
                 raise SchemaError(f"{path}: {where}: a token id is null; fix the tokenizer output")
             flat = numpy_values(values)
             if flat.size:
+                vmin = vmax = None
+                if bounds is not None or vocab is not None:  # one min and max of the batch
+                    vmin, vmax = int(flat.min()), int(flat.max())
+                    if (bounds is not None and (vmin < bounds[0] or vmax > bounds[1])
+                            or vocab is not None and vmax >= vocab[0]):
+                        _refuse_out_of_bounds(path, column, rg, row, lengths, flat, vmin, vmax,
+                                              bounds, vocab)
                 # a pass over the ids only where their type can hold a value out of range
-                if flat.dtype.kind == "i" and flat.min() < 0:
+                if flat.dtype.kind == "i" and (flat.min() if vmin is None else vmin) < 0:
                     vi = int(np.argmax(flat < 0))
                     where = row_ref(row + _row_of_value(lengths, vi))
                     raise SchemaError(f"{path}: {where}: negative token id {int(flat[vi])}; "
                                       "token ids must be >= 0")
-                if np.iinfo(flat.dtype).max > INT32_MAX and flat.max() > INT32_MAX:
+                if np.iinfo(flat.dtype).max > INT32_MAX and (flat.max() if vmax is None
+                                                              else vmax) > INT32_MAX:
                     vi = int(np.argmax(flat > INT32_MAX))
                     where = row_ref(row + _row_of_value(lengths, vi))
                     raise SchemaError(f"{path}: {where}: token id "
