@@ -14,12 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packcheck import check_output, hash_tree, invoke, read_output, write_docs
+from packcheck import check_output, damaged_shard, hash_tree, invoke, read_output, write_docs
 from packtool.formats.manifest import MANIFEST_NAME, read_manifest
 from packtool.errors import ManifestError
 from packtool.formats.manifest import load_manifest
@@ -146,25 +145,6 @@ def test_negative_id(tmp_path):
 
 
 # ---- a shard damaged after it was written: its footer statistics and vocabulary catch it ---
-
-
-def damaged_shard(path: Path, new: int, statistics: bool = True, **kw) -> Path:
-    """Three row groups of int32 ids, PLAIN-encoded, uncompressed, with footer statistics
-    (min/max of each row group's ids) unless ``statistics`` is False; then the stored bytes of
-    id 3000 (row 3, in row group 1, neither its min nor its max: stored once, in the data
-    page only) overwritten with ``new``, as a flipped disk or network byte would: the file
-    still decodes, the footer is untouched."""
-    docs = [[1000, 1001], [1002], [2000, 2001], [2500, 3000, 3600], [4000], [4001, 4002]]
-    pq.write_table(pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32()))}), path,
-                   row_group_size=2, compression="none", use_dictionary=False,
-                   write_statistics=statistics, **kw)
-    data = bytearray(path.read_bytes())
-    old = np.int32(3000).tobytes()
-    assert data.count(old) == 1
-    at = data.index(old)
-    data[at:at + 4] = np.int32(new).tobytes()
-    path.write_bytes(bytes(data))
-    return path
 
 
 @pytest.mark.parametrize("extra", [(), ("--workers", "2"), ("--window-docs", "2")])

@@ -310,6 +310,12 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path, monkeypatc
     (tmp_path / "lfs.parquet").write_text("version https://git-lfs.github.com/spec/v1\n")
     pq.write_table(table, tmp_path / "x.pq")
     write_docs(tmp_path / "under" / "_data" / "a.parquet", [[1, 2]])
+    from packcheck import damaged_shard
+
+    damaged_shard(tmp_path / "flip.parquet", 6_311_564)
+    damaged_shard(tmp_path / "flipneg.parquet", -3000)
+    pq.write_table(table.replace_schema_metadata({b"tokenizer_vocab_size": b"2"}),
+                   tmp_path / "vocab.parquet")
 
     def pack(*args):
         return [*args[:-1], "-q", args[-1]]
@@ -353,7 +359,10 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path, monkeypatc
              pack(tmp_path / "twolists.parquet", tmp_path / "o"),
              pack(tmp_path / "lfs.parquet", tmp_path / "o"),
              pack(tmp_path / "x.pq", tmp_path / "o"),
-             pack(tmp_path / "under", tmp_path / "o")]
+             pack(tmp_path / "under", tmp_path / "o"),
+             pack(tmp_path / "flip.parquet", tmp_path / "o"),
+             pack(tmp_path / "flipneg.parquet", tmp_path / "o"),
+             pack(tmp_path / "vocab.parquet", tmp_path / "o")]
     monkeypatch.chdir(tmp_path)
     from click.testing import CliRunner
 
