@@ -12,7 +12,9 @@ Formats (chosen by file name, then checked by content):
 The token column may be any Arrow integer list layout: ``list``, ``large_list``,
 ``fixed_size_list``, ``list_view`` and ``large_list_view`` of any integer width. No shard is
 materialised as Python lists. Every value is checked on the way in (nulls, negative ids, ids
-over int32) and errors name the file, the row and the fix.
+over int32, ids outside the min/max a Parquet footer's statistics record for their row group or
+at or over the vocabulary size the input declares) and errors name the file, the row and the
+fix.
 
 Discovery (:func:`discover`) lists directories through :mod:`pyarrow.fs`, one level at a time so
 that it can prune and report: hidden (``.``) and ``_``-prefixed entries (Spark/Hadoop
