@@ -668,12 +668,13 @@ class StoreURI(Location):
         if any(k in text for k in _NETWORK_WORDS):  # pyarrow names a curl code, not the fix
             return StoreError(f"{self.display}: cannot reach the store ({first_line(exc)}); check "
                            "the endpoint (endpoint_override=HOST:PORT&scheme=http in the URI, or "
-                           "AWS_ENDPOINT_URL) and that the server is up")
+                           "AWS_ENDPOINT_URL) and that the server is up, then rerun")
         if any(k in text for k in _DENIED_WORDS):
             return StoreError(f"{self.display}: {doing}: the store refused the credentials "
                            f"({first_line(exc)}); check the credentials (AWS_ACCESS_KEY_ID and "
                            "AWS_SECRET_ACCESS_KEY, or the URI's KEY:SECRET@ before the bucket) and "
-                           f"that they may use bucket '{self.bucket}'")
+                           f"that they may use bucket '{self.bucket}' (its permissions), "
+                           "then rerun")
         if any(k in text for k in _NO_BUCKET_WORDS):
             return StoreError(f"{self.display}: no bucket '{self.bucket}' in this store; check the "
                            "bucket name in the URI and the endpoint")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from click.testing import CliRunner
 
@@ -345,3 +346,161 @@ def signals_after_run(module: str, fn: str, count: int, args) -> subprocess.Comp
     code = _SIGNAL_AFTER_RUN.format(module=module, fn=fn, count=count)
     return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True,
                           text=True, timeout=300)
+
+
+# -- a store that refuses or drops the reads of objects it lists ----------------------------
+
+#: What pyarrow's S3 filesystem raises (an OSError) when the store refuses a read ...
+DENIED_TEXT = ("When reading information for key 'corpus/a.parquet' in bucket 'b': AWS Error "
+               "ACCESS_DENIED during HeadObject operation: No response body.")
+#: ... and when the server has gone
+DOWN_TEXT = ("AWS Error NETWORK_CONNECTION during GetObject operation: curlCode: 7, Couldn't "
+             "connect to server")
+
+
+class _Dropping:
+    """A file of the store whose reads fail with ``text`` where ``fails(pos, n, size)``."""
+
+    def __init__(self, f, text, fails):
+        self.f, self.text, self.fails, self.closed = f, text, fails, False
+
+    def seek(self, pos, whence=0):
+        return self.f.seek(pos, whence)
+
+    def tell(self):
+        return self.f.tell()
+
+    def read(self, n=-1):
+        pos, size = self.f.tell(), self.f.size()
+        if self.fails(pos, size - pos if n is None or n < 0 else n, size):
+            raise OSError(self.text)
+        return self.f.read(n)
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def writable(self):
+        return False
+
+    def close(self):
+        self.closed = True
+        self.f.close()
+
+
+class _FaultyStore(pafs.FileSystemHandler):
+    """The store itself, but its data objects (``.parquet``, ``.arrow``, ``.jsonl``, not
+    packtool's own ``.packtool-*``; listing works) fail as a store fails:
+
+    - ``head``: every request about the object is refused (HEAD and GET answered 403 or the
+      server gone: ``text``);
+    - ``footer``: the object opens, the read of its end fails (a Parquet footer);
+    - ``body``: the object opens and its end reads, any other read fails (the server went down
+      once the footer was read: the row groups)."""
+
+    def __init__(self, fs, fault, text):
+        self.fs, self.fault, self.text = fs, fault, text
+
+    def _data(self, path):
+        name = path.rstrip("/").rpartition("/")[2]
+        return name.endswith((".parquet", ".arrow", ".jsonl")) and not name.startswith(".")
+
+    def _refused(self, path):
+        return self.fault == "head" and self._data(path)
+
+    def get_type_name(self):
+        return "faulty"
+
+    def normalize_path(self, path):
+        return self.fs.normalize_path(path)
+
+    def get_file_info(self, paths):
+        if any(self._refused(p) for p in paths):
+            raise OSError(self.text)
+        return self.fs.get_file_info(paths)
+
+    def get_file_info_selector(self, selector):
+        return self.fs.get_file_info(selector)
+
+    def _wrap(self, path, f):
+        if not self._data(path) or self.fault == "head":
+            return f
+        if self.fault == "footer":
+            def fails(pos, n, size):
+                return pos + n >= size
+        else:
+            def fails(pos, n, size):
+                return pos + n < size
+        return pa.PythonFile(_Dropping(f, self.text, fails), mode="r")
+
+    def open_input_file(self, path):
+        if self._refused(path):
+            raise OSError(self.text)
+        return self._wrap(path, self.fs.open_input_file(path))
+
+    def open_input_stream(self, path, *args):
+        if self._refused(path):
+            raise OSError(self.text)
+        if not self._data(path) or self.fault != "body":
+            return self.fs.open_input_stream(path, *args)
+        return self._wrap(path, self.fs.open_input_file(path))
+
+    def create_dir(self, path, recursive):
+        self.fs.create_dir(path, recursive=recursive)
+
+    def delete_dir(self, path):
+        self.fs.delete_dir(path)
+
+    def delete_dir_contents(self, path, missing_dir_ok=False):
+        self.fs.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+
+    def delete_root_dir_contents(self):
+        self.fs.delete_dir_contents("/", accept_root_dir=True)
+
+    def delete_file(self, path):
+        self.fs.delete_file(path)
+
+    def move(self, src, dest):
+        self.fs.move(src, dest)
+
+    def copy_file(self, src, dest):
+        self.fs.copy_file(src, dest)
+
+    def open_output_stream(self, path, metadata):
+        return self.fs.open_output_stream(path, metadata=metadata)
+
+    def open_append_stream(self, path, metadata):
+        return self.fs.open_append_stream(path, metadata=metadata)
+
+
+def faulty_store(monkeypatch, fault, text):
+    """From here on, every store this process opens fails as :class:`_FaultyStore` says
+    (``fault``, with pyarrow's ``text``)."""
+    from packtool import location
+    from packtool.formats import filesystem
+
+    real = filesystem.from_uri
+
+    def from_uri(root):
+        fs, inner = real(root)
+        return pafs.PyFileSystem(_FaultyStore(fs, fault, text)), inner
+
+    monkeypatch.setattr(filesystem, "from_uri", from_uri)
+    monkeypatch.setattr(location, "_FS", {})
+
+
+_STORE_LINES = {DENIED_TEXT: "the store refused the credentials",
+                DOWN_TEXT: "cannot reach the store"}
+
+
+def one_store_line(res, uri, text):
+    """``res`` failed with exit 1 and one line naming object ``uri`` and the store's fault,
+    never the object's content."""
+    assert res.exit_code == 1, res.output
+    [line] = res.output.strip().splitlines()
+    assert line.startswith(f"Error: {uri}: ") and _STORE_LINES[text] in line, line
+    for blame in ("empty", "damaged", "truncated", "not a readable", "regenerate"):
+        assert blame not in line, line
+    return line

@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packcheck import hash_tree, invoke, read_output, signals_after_run
+from packcheck import (DENIED_TEXT, DOWN_TEXT, faulty_store, hash_tree, invoke, one_store_line,
+                       read_output, signals_after_run)
 from packtool.formats.manifest import IN_PROGRESS_NAME, MANIFEST_NAME, read_manifest
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -713,6 +714,31 @@ def test_tokenize_reads_and_writes_a_store(tmp_path, hf_tokenizer, s3):
     res = invoke(["stats", f"s3://{bucket}/tok"])
     assert res.exit_code == 1 and f"s3://{bucket}/tok: a packtool tokenize run is writing it " \
         "now or was interrupted" in res.output, res.output
+
+
+@pytest.mark.parametrize("text", [DENIED_TEXT, DOWN_TEXT], ids=["denied", "down"])
+@pytest.mark.parametrize("fault", ["head", "body"])
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_store_failing_to_read_a_text_input_is_named_not_the_file(tmp_path, hf_tokenizer, s3,
+                                                                    monkeypatch, fault, text,
+                                                                    fmt):
+    """Text in a store that refuses its objects (HEAD or GET answered 403) or goes down while
+    tokenize reads them: the store's one line naming the object, as pack gives it, never
+    "damaged or truncated"; no OUTPUT left behind."""
+    fs, bucket = s3
+    bucket = f"{bucket}/{fmt}-{fault}-{'down' if text == DOWN_TEXT else 'denied'}"  # one each
+    texts = [f"document {i}: " + "word " * (i % 50) for i in range(12_000)]  # over 1 MiB
+    if fmt == "jsonl":
+        with fs.open_output_stream(f"{bucket}/raw/a.jsonl") as f:
+            f.write(write_jsonl(tmp_path / "a.jsonl", texts).read_bytes())
+    else:
+        pq.write_table(pa.table({"text": texts}), f"{bucket}/raw/a.parquet", filesystem=fs,
+                       row_group_size=3000)
+    faulty_store(monkeypatch, fault, text)
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, f"s3://{bucket}/raw/",
+                  tmp_path / "tok"])
+    one_store_line(res, f"s3://{bucket}/raw/a.{fmt}", text)
+    assert not (tmp_path / "tok").exists()
 
 
 @pytest.mark.parametrize("names,extra,column", [

@@ -111,7 +111,7 @@ __all__ = ["REPACK_MISSING", "MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_
            "KINDS",
            "require_packed", "manifest_bytes", "publish_manifest",
            "read_manifest", "read_manifest_and_schema", "load_manifest", "check_shards",
-           "sha256_of",
+           "sha256_of", "store_failure",
            "footer_sha256", "footer_of", "shard_entry_of", "shard_name",
            "is_shard_name"]
 
@@ -866,13 +866,26 @@ def publish_manifest(output, manifest: Manifest, schema: pa.Schema) -> None:
     Location.parse(output).join(MANIFEST_NAME).publish_bytes(manifest_bytes(manifest, schema))
 
 
+def store_failure(where, exc: BaseException) -> InputError | None:
+    """The one line for a store's failure met while ``where`` (a path, URI or
+    :class:`~packtool.location.Location`: an input file, a shard) was opened or read: the store
+    cannot be reached, refused the request (credentials, permissions) or has no such bucket, as
+    :meth:`packtool.location.Location.store_error` words them for every command. None for any
+    other error (a fault of the file itself, for its reader to name) and for every local path.
+
+    Every reader of a store's files asks this before it blames the file (``empty``,
+    ``damaged or truncated``): an object the store will not hand out is no bad object."""
+    told = Location.parse(where).store_error(exc)
+    return InputError(str(told)) if isinstance(told, StoreError) else None
+
+
 def unreadable(loc: Location, exc: BaseException) -> InputError:
     """One line for a location that cannot be read: a store's refused credentials, missing
     bucket or unreachable endpoint as :meth:`packtool.location.Location.store_error` words them
-    for every command, else the cause and what to check."""
-    told = loc.store_error(exc)
-    if isinstance(told, StoreError):
-        return InputError(str(told))
+    for every command (:func:`store_failure`), else the cause and what to check."""
+    told = store_failure(loc, exc)
+    if told is not None:
+        return told
     if loc.is_local:
         cause = getattr(exc, "strerror", None) or first_line(exc)
         return InputError(f"{loc.display}: cannot be read ({cause}); check the path and its "
@@ -1387,7 +1400,8 @@ def sha256_of(loc, chunk_bytes: int = 1 << 22) -> str:
     """Hex sha256 of a file (local path or store object), read in chunks of ``chunk_bytes``.
 
     Raises:
-        OSError: the file cannot be read.
+        OSError: the file cannot be read (a store's failure worded by
+            :meth:`packtool.location.Location.store_error`).
     """
     loc = Location.parse(loc)
     h = hashlib.sha256()
@@ -1397,9 +1411,12 @@ def sha256_of(loc, chunk_bytes: int = 1 << 22) -> str:
                 h.update(block)
         return h.hexdigest()
     fs, path = loc.filesystem()
-    with fs.open_input_stream(path) as f:
-        while block := f.read(chunk_bytes):
-            h.update(block)
+    try:
+        with fs.open_input_stream(path) as f:
+            while block := f.read(chunk_bytes):
+                h.update(block)
+    except OSError as exc:  # the store, not the shard: its one line
+        raise loc.store_error(exc) from None
     return h.hexdigest()
 
 

@@ -61,14 +61,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.errors import InputError, ManifestError, first_line, raise_if_shortage
+from packtool.errors import ManifestError, first_line, raise_if_shortage
 from packtool.formats.arrays import list_parts, numpy_values
 from packtool.formats.manifest import (REPACK_MISSING, Manifest, check_shards, footer_of,
-                                       read_manifest_and_schema, require_packed)
+                                       read_manifest_and_schema, require_packed,
+                                       store_failure)
 from packtool.formats.schema import (CAPACITY_META_KEY, LABELS_CONVENTION_META_KEY,
                                      RAGGED_COLUMNS, SCALAR_COLUMNS, SEGMENT_MULTIPLE_META_KEY,
                                      SHARD_META_KEY, TOKEN_COLUMNS)
-from packtool.location import Location, StoreError
+from packtool.location import Location
 from packtool.signals import result as task_result
 from packtool.types import IGNORE_INDEX
 
@@ -766,11 +767,9 @@ class PackedOutput:
         Raises:
             InputError: names the URI and what to check (the endpoint, the credentials).
         """
-        if self.location.is_local:
-            return
-        told = self.location.join(self.shards[s]).store_error(exc)
-        if isinstance(told, StoreError):
-            raise InputError(str(told)) from None
+        told = store_failure(self.location.join(self.shards[s]), exc)
+        if told is not None:
+            raise told from None
 
     def _drop_cached(self, s: int, close: bool = True) -> bool:
         """Shard ``s`` was read from a cached copy that turned out damaged: close it (``close``:
@@ -831,6 +830,7 @@ class PackedOutput:
                 md = pq.read_metadata(pa.BufferReader(b"PAR1" + footer))
             except (OSError, pa.ArrowException) as exc:
                 raise_if_shortage(exc, str(where))
+                self._raise_if_store_failed(s, exc)  # the store, not the shard
                 raise ManifestError(f"{where}: unreadable Parquet footer ({first_line(exc)}); the "
                                     "shard is damaged: rerun the same packtool pack with "
                                     "--overwrite") from None

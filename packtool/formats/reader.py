@@ -63,7 +63,7 @@ from packtool.formats.manifest import (IN_PROGRESS_NAME, KINDS, MANIFEST_META_KE
                                        V1_MANIFEST_NAME, LOCK_NAME, Manifest, Tokenization,
                                        footer_of,
                                        read_manifest, run_holding,
-                                       version_1_listed)
+                                       store_failure, unreadable, version_1_listed)
 from packtool.formats.sniff import IPC_FILE_MAGIC, compression_of, content_fix
 from packtool.formats.schema import (MASK_LIKE, VOCAB_SIZE_META_KEY, check_single_column,
                                      check_token_column, declared_vocab_size,
@@ -1360,7 +1360,8 @@ class InputSource:
 
         Raises:
             InputError: the row group cannot be read (damaged or truncated file, a Parquet
-                page that fails its CRC checksum).
+                page that fails its CRC checksum; a store that failed:
+                :func:`~packtool.formats.manifest.store_failure`).
         """
         try:
             if self._parquet is not None:  # lazily: a huge row group is never held whole
@@ -1373,6 +1374,9 @@ class InputSource:
                     yield batch.slice(lo, batch_rows)
         except (pa.ArrowException, OSError, MemoryError) as exc:
             raise_if_shortage(exc, f"{self.path}: row group {row_group}")
+            told = store_failure(self.path, exc)  # the store failed, not the file
+            if told is not None:
+                raise told from None
             if "checksum" in str(exc).lower():
                 raise InputError(f"{self.path}: row group {row_group}: a page fails its CRC "
                                  f"checksum ({first_line(exc)}): the file was damaged after it "
@@ -1386,9 +1390,11 @@ class InputSource:
 def unreadable_error(shown, fs: pafs.FileSystem, path: str, kind: str,
                      exc: Exception) -> InputError:
     """The one line for an input file that does not open as ``kind`` (``Parquet``, ``Arrow
-    IPC``): no permission, empty, compressed whole, a Git LFS pointer or the other format under
-    this one's name (:func:`~packtool.formats.sniff.content_fix`), or damaged (``pack``,
-    ``compare`` and ``tokenize`` alike).
+    IPC``): no permission; a store that cannot be reached, refuses the read or lost the bucket
+    (:func:`~packtool.formats.manifest.store_failure`: the object is not blamed); gone since
+    it was listed; empty (its size is 0); compressed whole, a Git LFS pointer or the other
+    format under this one's name (:func:`~packtool.formats.sniff.content_fix`), or damaged
+    (``pack``, ``compare`` and ``tokenize`` alike).
 
     Raises:
         ResourceError: the machine is short of memory or open files (not a bad file).
@@ -1396,13 +1402,24 @@ def unreadable_error(shown, fs: pafs.FileSystem, path: str, kind: str,
     raise_if_shortage(exc, str(shown))  # a machine short of memory or files: not a bad file
     if isinstance(exc, PermissionError):
         return InputError(f"{shown}: {DENIED}")
-    try:
-        size = fs.get_file_info(path).size or 0
-        with fs.open_input_stream(path) as fh:
-            head = fh.read(32)
-    except (pa.ArrowException, OSError):
-        size, head = 0, b""
-    if size == 0:
+    told = store_failure(shown, exc)
+    if told is not None:
+        return told
+    try:  # what the file is, from its size and first bytes
+        info = fs.get_file_info(path)
+        head = b""
+        if info.type != pafs.FileType.NotFound and info.size:
+            with fs.open_input_stream(path) as fh:
+                head = fh.read(32)
+    except (pa.ArrowException, OSError) as again:  # it cannot be read at all: no size is known
+        raise_if_shortage(again, str(shown))
+        if isinstance(again, PermissionError):
+            return InputError(f"{shown}: {DENIED}")
+        return unreadable(Location.parse(shown), again)
+    if info.type == pafs.FileType.NotFound:
+        return InputError(f"{shown}: is gone (deleted or moved since INPUT was listed); check "
+                          "the INPUT path and rerun")
+    if not info.size:
         return InputError(f"{shown}: is empty (0 bytes); remove it or regenerate it")
     packed = compression_of(head)
     if packed:

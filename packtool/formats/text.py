@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from packtool.errors import InputError, SchemaError, first_line, row_ref
-from packtool.formats.manifest import ShardEntry
+from packtool.formats.manifest import ShardEntry, store_failure
 from packtool.formats.reader import (DENIED, TEXT_FORMATS, check_stream_end, filesystem_of,
                                      jsonl_tokens_fix, text_compression, unreadable_error)
 from packtool.formats.schema import check_single_column, text_columns, token_column_candidates
@@ -273,7 +273,8 @@ def _open_stream(path):
     except PermissionError:
         raise InputError(f"{path}: {DENIED}") from None
     except (pa.ArrowException, OSError) as exc:
-        raise InputError(f"{path}: cannot be read ({first_line(exc)}); check the path") from None
+        raise (store_failure(path, exc) or InputError(
+            f"{path}: cannot be read ({first_line(exc)}); check the path")) from None
 
 
 def _jsonl_lines(path) -> Iterator[tuple[int, bytes]]:
@@ -291,6 +292,9 @@ def _jsonl_lines(path) -> Iterator[tuple[int, bytes]]:
             try:
                 block = f.read(_READ_BYTES)
             except (pa.ArrowException, OSError) as exc:
+                told = store_failure(path, exc)  # the store failed, not the file
+                if told is not None:
+                    raise told from None
                 fix = _misnamed_fix(path, _stored_head(path), codec) if first else None
                 if fix:
                     raise InputError(f"{path}: {fix}") from None
@@ -596,6 +600,9 @@ def _table_texts(path, fmt: str, column: str, batch_docs: int, skip: int,
             yield row + lo, TextBatch(_pylist(arr.slice(lo), path, row + lo, column), kept)
             row += n
     except (pa.ArrowException, OSError) as exc:
+        told = store_failure(path, exc)  # the store failed, not the file
+        if told is not None:
+            raise told from None
         raise InputError(f"{path}: {row_ref(row)}: cannot be read ({first_line(exc)}); the "
                          "file is damaged or truncated: regenerate it") from None
 

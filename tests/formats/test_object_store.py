@@ -13,7 +13,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from packcheck import hash_tree, invoke, write_docs
+from packcheck import (DENIED_TEXT, DOWN_TEXT, faulty_store, hash_tree, invoke, one_store_line,
+                       write_docs)
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
                                        LabelsInfo, Manifest, manifest_bytes, publish_manifest,
                                        read_manifest)
@@ -667,3 +668,58 @@ def test_a_task_s_first_stage_sweeps_its_node_and_its_record_is_never_uploaded(t
     assert sorted(i.base_name for i in put) == ["done.json", "segments.int64"]
     assert not work.exists()
     shutil.rmtree(second)
+
+
+@pytest.mark.parametrize("text", [DENIED_TEXT, DOWN_TEXT], ids=["denied", "down"])
+@pytest.mark.parametrize("fault", ["head", "footer", "body"])
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_a_store_failing_to_read_an_input_is_named_not_the_file(tmp_path, s3, monkeypatch,
+                                                                fault, text, fmt):
+    """An object the store lists but will not let be read (HEAD or GET refused: 403), or a
+    server gone while pack or compare reads it: the one line every command gives for that
+    store fault, naming the object and what to check; never "empty", "damaged" or
+    "truncated" (the object is fine), and nothing written."""
+    fs, bucket = s3
+    bucket = f"{bucket}/{fmt}-{fault}-{'down' if text == DOWN_TEXT else 'denied'}"  # one each
+    table = pa.table({"input_ids": pa.array([[i + 1] * (1 + i % 7) for i in range(200)],
+                                            pa.list_(pa.int32()))})
+    if fmt == "parquet":
+        pq.write_table(table, f"{bucket}/corpus/a.parquet", filesystem=fs, row_group_size=50)
+    else:
+        with fs.open_output_stream(f"{bucket}/corpus/a.arrow") as fh:
+            with pa.ipc.new_file(fh, table.schema) as w:
+                w.write_table(table)
+    if fmt == "arrow" and fault == "body":
+        pytest.skip("an Arrow file is read whole with its end: no later read to fail")
+    faulty_store(monkeypatch, fault, text)
+    uri = f"s3://{bucket}/corpus/a.{fmt}"
+    out = tmp_path / "out"
+    one_store_line(invoke(["pack", "-c", 16, f"s3://{bucket}/corpus", out]), uri, text)
+    assert not out.exists()
+    one_store_line(invoke(["compare", "-c", 16, f"s3://{bucket}/corpus"]), uri, text)
+
+
+@pytest.mark.parametrize("text", [DENIED_TEXT, DOWN_TEXT], ids=["denied", "down"])
+@pytest.mark.parametrize("fault", ["head", "footer", "body"])
+def test_a_store_failing_to_read_a_packed_shard_is_named_not_the_shard(tmp_path, s3,
+                                                                       monkeypatch, fault, text):
+    """The shards of a packed output in a store, read by stats and the loader while the store
+    refuses them or has gone (the sha256, the footer, a row group): the store's one line
+    naming the shard, not a damaged shard to pack again."""
+    from packtool.errors import InputError
+    from packtool.formats.packed import PackedOutput
+
+    fs, bucket = s3
+    bucket = f"{bucket}/{fault}-{'down' if text == DOWN_TEXT else 'denied'}"  # one each
+    docs = [[i + 1] * (1 + i % 7) for i in range(200)]
+    write_docs(tmp_path / "in" / "a.parquet", docs)
+    assert invoke(["pack", "-q", "-c", 16, tmp_path / "in", tmp_path / "out"]).exit_code == 0
+    pafs.copy_files(str(tmp_path / "out"), f"{bucket}/packed", destination_filesystem=fs)
+    uri = f"s3://{bucket}/packed"
+    shard = f"{uri}/{read_manifest(tmp_path / 'out').shards[0].file}"
+    faulty_store(monkeypatch, fault, text)
+    one_store_line(invoke(["stats", uri]), shard, text)
+    with pytest.raises(InputError) as err:
+        PackedOutput.open(uri, integrity="footer").decode(0, ["input_ids"])
+    one_store_line(type("R", (), {"exit_code": 1, "output": f"Error: {err.value}\n"}), shard,
+                   text)
