@@ -182,7 +182,8 @@ class Location:
     def missing(self) -> str:
         """Why nothing is here, for a message (the caller adds the fix): ``no such file or
         directory`` (local), or in a store whether the bucket itself is missing or only the
-        prefix (one request more).
+        prefix (one request more; for a missing bucket :meth:`missing_fix` names what to
+        check: the bucket name and the endpoint).
 
         Raises:
             OSError: the store cannot be asked (:meth:`store_error`'s one line).
@@ -681,11 +682,25 @@ class StoreURI(Location):
         return exc
 
     def missing(self) -> str:
-        root = StoreURI(self.scheme, self._root, self.query)
-        if root == self or root.entry() is None:
-            return (f"no bucket '{self.bucket}' in this store (check the bucket name and the "
-                    "endpoint)")
+        if self._no_bucket():
+            return f"no bucket '{self.bucket}' in this store"
         return f"nothing under this prefix of bucket '{self.bucket}'"
+
+    def missing_fix(self, fix: str, *, command_line: bool = True,
+                    packed_output: bool = False) -> str:
+        # no bucket: what to check is its name and the endpoint, not the rest of the path
+        if self._pattern_base() is None and self._no_bucket():
+            return "check the bucket name and the endpoint"
+        return super().missing_fix(fix, command_line=command_line, packed_output=packed_output)
+
+    def _no_bucket(self) -> bool:
+        """True when the store has no bucket this URI names (one request; a missing name is
+        asked about twice: :meth:`missing`, then :meth:`missing_fix`).
+
+        Raises:
+            OSError: the store cannot be asked (:meth:`store_error`'s one line)."""
+        root = StoreURI(self.scheme, self._root, self.query)
+        return root == self or root.entry() is None
 
     def _pattern_base(self) -> str | None:
         m = _PATTERN.search(self.key)

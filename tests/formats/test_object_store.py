@@ -501,11 +501,13 @@ def test_a_missing_bucket_or_prefix_is_named_by_every_reader(tmp_path, s3):
     write_docs(tmp_path / "in" / "a.parquet", DOCS_A)
     nob = f"s3://{bucket}-none/packed"
     for args in (["stats", nob], ["verify", nob], ["pack", "-q", "-c", 8, nob, tmp_path / "o"],
+                 ["compare", "-c", 8, nob],
                  ["pack", "-q", "-c", 8, tmp_path / "in", nob]):
         res = invoke(args)
         assert res.exit_code == 1, (args, res.output)
         [line] = res.output.strip().splitlines()
         assert line.startswith(f"Error: {nob}: no bucket '{bucket}-none' in this store"), line
+        assert line.count("check") == 1, line  # one fix: the bucket name and the endpoint
     res = invoke(["stats", f"s3://{bucket}/nothing"])
     assert res.output.strip().splitlines() == [
         f"Error: s3://{bucket}/nothing: nothing under this prefix of bucket '{bucket}'; pass the "
