@@ -662,3 +662,29 @@ def test_the_held_out_pack_asks_for_the_space_of_its_own_documents(tmp_path, mon
     assert res.exit_code == 0, res.output
     assert hash_tree(disk / "out") == hash_tree(ref / "out")
     assert hash_tree(disk / "out-holdout") == hash_tree(ref / "out-holdout")
+
+
+def test_a_refused_held_out_output_named_by_packtool_says_which_destination(tmp_path, s3):
+    """Given OUTPUT alone, the held-out output packtool names beside it (OUTPUT-holdout) is
+    named in its refusals as the held-out output, with the OUTPUT its name comes from: a
+    missing bucket or a file in its place is not blamed on a name the user never typed. One
+    the user named with --holdout-output is named as given."""
+    _, bucket = s3
+    src = write_docs(tmp_path / "in" / "a.parquet", _docs(40))
+    nob = f"s3://{bucket}-none/out"
+    res = invoke(["pack", "-q", "-c", 16, "--holdout", 0.3, src, nob])
+    assert res.exit_code == 1, res.output
+    assert res.output.strip().splitlines() == [
+        f"Error: {nob}-holdout (the held-out output, named after OUTPUT {nob}): no bucket "
+        f"'{bucket}-none' in this store; check the bucket name in the URI and the endpoint"]
+    (tmp_path / "out-holdout").write_text("x")
+    res = invoke(["pack", "-q", "-c", 16, "--holdout", 0.3, src, tmp_path / "out"])
+    assert res.output.strip().splitlines() == [
+        f"Error: {tmp_path / 'out-holdout'} (the held-out output, named after OUTPUT "
+        f"{tmp_path / 'out'}): exists and is a file; held-out output must be a directory"]
+    assert not (tmp_path / "out").exists()
+    res = invoke(["pack", "-q", "-c", 16, "--holdout", 0.3, "--holdout-output",
+                  f"s3://{bucket}-none/val", src, tmp_path / "out"])
+    assert res.output.strip().splitlines() == [
+        f"Error: s3://{bucket}-none/val: no bucket '{bucket}-none' in this store; check the "
+        "bucket name in the URI and the endpoint"]

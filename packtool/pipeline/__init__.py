@@ -172,14 +172,17 @@ class _Run:
     #: pack's read counted them (tokens as read), so that its disk check counts its own
     #: documents, not the whole input's; None: this pack's read parts say
     side: tuple[int, int] | None = None
+    #: how messages name this pack's output; None: ``OUTPUT``, or ``--holdout-output`` for
+    #: the held-out pack (:mod:`packtool.pipeline.holdout` says ``held-out output`` when
+    #: packtool named it beside OUTPUT)
+    role: str | None = None
 
     def output(self) -> Output:
         """OUTPUT of this pack, not entered yet (entering it runs every check on OUTPUT)."""
         cfg = self.cfg
+        role = self.role or ("--holdout-output" if cfg.holdout_part == "holdout" else "OUTPUT")
         return Output(cfg.output, cfg.inputs, self.fp, overwrite=cfg.overwrite,
-                      options=cfg.layout_options(),
-                      role="--holdout-output" if cfg.holdout_part == "holdout" else "OUTPUT",
-                      pairing=self.pairing)
+                      options=cfg.layout_options(), role=role, pairing=self.pairing)
 
 
 def _prepare(cfg: PackConfig) -> _Run:

@@ -29,13 +29,43 @@ import sys
 import time
 
 from packtool.core.holdout import count_held_out
-from packtool.errors import InputError
+from packtool.errors import InputError, LocationError, PacktoolError
 from packtool.formats.manifest import HoldoutPairing
+from packtool.location import Location
 from packtool.formats.reader import discover_inputs
 from packtool.pipeline.read import file_rows, plan_reads
 from packtool.signals import interruptible, stop_now, test_pause
 
 __all__ = ["run_holdout"]
+
+#: How messages name the held-out output when packtool named it (OUTPUT-holdout, beside
+#: OUTPUT): the user gave no --holdout-output to be told about
+DERIVED_ROLE = "held-out output"
+
+
+def _derived_note(cfg) -> str | None:
+    """What a message about the held-out output adds after its name when packtool named it
+    ``OUTPUT-holdout`` (no ``--holdout-output`` given, or the same name): which destination it
+    is and where its name comes from. None when the user named it otherwise."""
+    out = Location.parse(cfg.output)
+    try:
+        beside = out.beside("-holdout")
+    except LocationError:
+        return None
+    held = Location.parse(cfg.holdout_output)
+    if held.identity() != beside.identity():
+        return None
+    return f"the held-out output, named after OUTPUT {out.display}"
+
+
+def _name_held(exc: PacktoolError, cfg, note: str) -> None:
+    """Add ``note`` after the held-out output's name that begins the message of ``exc`` (a
+    store's missing bucket, unreachable endpoint or refused credentials, a lock held, ...), so
+    that a user who gave only OUTPUT is told which destination failed."""
+    shown = Location.parse(cfg.holdout_output).display
+    text = str(exc)
+    if text.startswith(f"{shown}:") and len(exc.args) == 1:
+        exc.args = (f"{shown} ({note}){text[len(shown):]}",)
 
 
 def _check_sizes(cfg) -> None:
@@ -79,7 +109,9 @@ def run_holdout(cfg, prepare, run, interrupted, *, progress: bool = True):
     # pack of OUTPUT no longer pairs with is then told stale by its readers
     pairs = HoldoutPairing.of_pack(cfg.output, train.fp, cfg.holdout_output, held.fp)
     train = dataclasses.replace(train, pairing=pairs[0])
-    held = dataclasses.replace(held, pairing=pairs[1])
+    note = _derived_note(cfg)
+    held = dataclasses.replace(held, pairing=pairs[1],
+                               **({"role": DERIVED_ROLE} if note else {}))
     out = held_out = None
     try:
         # the held-out output is entered (checked, locked) first and held while the training
@@ -102,3 +134,7 @@ def run_holdout(cfg, prepare, run, interrupted, *, progress: bool = True):
                                        holdout=run(held, held_out, show, time.perf_counter()))
     except KeyboardInterrupt:
         raise interrupted(cfg, [out, held_out]) from None
+    except PacktoolError as exc:
+        if note:
+            _name_held(exc, cfg, note)
+        raise
