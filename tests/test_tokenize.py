@@ -741,6 +741,25 @@ def test_a_store_failing_to_read_a_text_input_is_named_not_the_file(tmp_path, hf
     assert not (tmp_path / "tok").exists()
 
 
+@pytest.mark.parametrize("text", [DENIED_TEXT, DOWN_TEXT], ids=["denied", "down"])
+def test_a_store_failing_to_read_a_tokenized_shard_is_named_not_the_shard(tmp_path, hf_tokenizer,
+                                                                         s3, monkeypatch, text):
+    """A finished tokenize output in a store, packed while the store refuses its shards or has
+    gone (their footers, checked against the manifest): the store's one line naming the
+    shard, not "not the shard the manifest lists"."""
+    fs, bucket = s3
+    bucket = f"{bucket}/{'down' if text == DOWN_TEXT else 'denied'}"  # one each
+    with fs.open_output_stream(f"{bucket}/raw/a.jsonl") as f:
+        f.write(write_jsonl(tmp_path / "a.jsonl", TEXTS).read_bytes())
+    assert invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, f"s3://{bucket}/raw/",
+                   f"s3://{bucket}/tok"]).exit_code == 0
+    shard = f"s3://{bucket}/tok/{read_manifest(f's3://{bucket}/tok').shards[0].file}"
+    faulty_store(monkeypatch, "footer", text)
+    res = invoke(["pack", "-q", "-c", 64, f"s3://{bucket}/tok", tmp_path / "out"])
+    one_store_line(res, shard, text)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("names,extra,column", [
     (["text", "text"], [], "text"),
     (["text", "source", "source"], ["--keep-column", "source"], "source"),

@@ -704,6 +704,9 @@ def _tokenized_shards(place: _Place, dpath: str, drel: str, infos, manifest: Man
                     pq.read_metadata(pa.BufferReader(b"PAR1" + footer)).num_rows)
         except (OSError, pa.ArrowException) as exc:
             raise_if_shortage(exc, str(shown))
+            told = store_failure(shown, exc)  # the store failed, not the shard
+            if told is not None:
+                raise told from None
             raise InputError(f"{shown}: not the shard the manifest of the tokenized output "
                              f"{where} lists ({first_line(exc)}); {fix}") from None
         if (hashlib.sha256(footer).hexdigest() != s.footer_sha256 if rows is None
