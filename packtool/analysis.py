@@ -26,7 +26,7 @@ import numpy as np
 
 from packtool.errors import OutputError, install_hint
 from packtool.recount import RECOUNTED, Recount
-from packtool.stats import PackStats, json_percent, json_ratio
+from packtool.stats import PackStats, json_percent, json_ratio, percent, plural
 from packtool.types import Overflow, Strategy
 
 __all__ = ["PackedAnalysis", "analyze_packed", "compare_strategies", "input_lengths",
@@ -91,6 +91,7 @@ class PackedAnalysis:
     #: one line per fault of the rows that no total shows, each naming its shard and row: a
     #: document whose pieces carry two ``source_ids`` (the per-source figures are then wrong)
     faults: list = field(default_factory=list)
+    concat: bool = False  #: packed with ``--strategy concat`` (it splits no document)
 
     @property
     def row_fill(self) -> np.ndarray:
@@ -271,7 +272,8 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                           warnings=stats.output_warnings(reader.manifest.options) + vocab + (
                               [stale] if stale else []),
                           tokenized=reader.manifest.tokenized,
-                          mismatch_where=recount.mismatch_where(), faults=faults)
+                          mismatch_where=recount.mismatch_where(), faults=faults,
+                          concat=reader.manifest.options.get("strategy") == "concat")
 
 
 @dataclass(frozen=True)
@@ -570,7 +572,8 @@ def least_waste(rows: list) -> dict | None:
     not written (``tokens_dropped``: by ``--overflow truncate|drop`` and, in a dry run with
     ``min_fill``, by the rows under it); only strategies that cut no
     document that fits in one row compete (cutting such a document costs a target and breaks
-    its context); ties go to fewer rows, then to the order given.
+    its context); ties go to fewer rows, then to more effective targets (each cut costs one),
+    fewer documents cut, fewer segments, and last to the order given.
 
     Returns:
         The winning dict of ``rows`` among those that write rows, or of all of them when every
@@ -582,7 +585,8 @@ def least_waste(rows: list) -> dict | None:
     if not rows:
         return None
     whole = [r for r in rows if r["docs_cut_below_capacity"] == 0] or rows
-    return min(whole, key=lambda r: (_waste(r), r["rows"]))
+    return min(whole, key=lambda r: (_waste(r), r["rows"], -r.get("effective_targets", 0),
+                                     r.get("docs_cut", 0), r.get("segments", 0)))
 
 
 def _waste(r: dict) -> int:
@@ -592,9 +596,24 @@ def _waste(r: dict) -> int:
     return r["padding_tokens"] + r.get("tokens_dropped", 0)
 
 
-def _n(count: int, noun: str) -> str:
-    """``"1 row"``, ``"2 rows"``."""
-    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+def _cut_words(s: PackStats, concat: bool) -> str:
+    """What ``docs_cut`` counts, in words: the documents in more than one segment written
+    (split by ordered or obfd, or cut by concat's stream). After ``--min-fill`` left rows out,
+    ``compare``'s *docs cut* also counts a document with one piece written and its others in
+    those rows: the line says so, with its figure when the counts give it (``docs_split``)."""
+    words = (f"{plural(s.docs_cut, 'document')} in more than one segment written ("
+             + ("cut by the concat stream)" if concat else "split ones)"))
+    if not s.rows_dropped:
+        return words
+    part = s.docs_split - s.docs_cut
+    if concat:
+        return (words + "; compare's docs cut also counts a document with one piece written, "
+                "its others in rows under --min-fill")
+    if part > 0:
+        return (words + f"; compare's docs cut: {s.docs_split:,}, with the "
+                f"{plural(part, 'document')} of one piece written, the others in rows under "
+                "--min-fill")
+    return words
 
 
 def _width(values, minimum: int) -> int:
@@ -635,6 +654,8 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
     s = a.stats
     C = s.capacity
     q = _count_quantiles(a.fill_counts)
+    # a manifest of before the documents of the rows under --min-fill were counted apart
+    recorded = "docs_under_min_fill" in a.manifest_totals or not s.rows_dropped
     lines = [
         f"packed output {a.path} (capacity {C})",
         f"  rows                      {s.rows:,}  (ceil(tokens/C) = {s.lower_bound_rows:,}, "
@@ -645,37 +666,36 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
            "--holdout output"
            if s.docs_other_split else "")
         + f", empty skipped {s.docs_empty:,})",
-        f"  split                     {s.docs_split:,} documents (+{s.split_fragments:,} pieces)",
-        f"  cut across segments       {s.docs_cut:,} documents (split ones, or cut by the "
-        "concat stream)",
+        f"  split                     {s.split_words(a.concat)}",
+        f"  cut across segments       {_cut_words(s, a.concat)}",
         f"  tokens dropped            {s.tokens_dropped:,} (every token read and not written: "
         "the truncated tails, the dropped documents' tokens"
         + (", the rows under --min-fill)" if s.rows_dropped else ")"),
-        f"  truncated                 {s.docs_truncated:,} documents, {s.tokens_truncated:,} "
-        "tokens cut",
-        f"  dropped                   {s.docs_dropped:,} documents, "
-        f"{s.tokens_of_dropped_docs:,} tokens"
-        + (f" ({s.rows_dropped:,} planned row(s) under --min-fill left out, "
-           f"{s.tokens_under_min_fill:,} tokens)" if s.rows_dropped else ""),
+        f"  truncated                 {plural(s.docs_truncated, 'document')}, "
+        f"{plural(s.tokens_truncated, 'token')} cut",
+        f"  dropped                   {s.dropped_words(recorded)}",
+        *([f"  rows under --min-fill     {s.under_min_fill_words(recorded)}"]
+          if s.rows_dropped else []),
         f"  real tokens               {s.real_tokens:,}",
-        f"  padding tokens            {s.padding_tokens:,} ({100 * s.padding_fraction:.3f}% of "
-        f"rows * C)",
+        f"  padding tokens            {s.padding_tokens:,} "
+        f"({percent(s.padding_tokens, s.rows * C, 3)} of rows * C)",
         *([f"  {s.segment_padding_note(a.segment_multiple)}"] if a.segment_multiple > 1 else []),
         f"  effective targets         {s.effective_targets:,} "
         f"({s.targets_per_token:.4f} per real token)",
+        *([f"  input                     {s.input_note()}"] if s.input_note() else []),
         f"  attention work (masked)   {s.attention_work:,} token^2 (sum of segment_len^2) = "
-        f"{100 * s.attention_work / s.full_attention_work if s.full_attention_work else 0:.2f}% "
+        f"{percent(s.attention_work, s.full_attention_work, 2)} "
         f"of the same rows unmasked ({s.full_attention_work:,} = rows * C^2)",
     ]
     if q:
-        lines.append(f"  fill per row              min {100 * q['min']:.1f}%  p10 "
-                     f"{100 * q['p10']:.1f}%  median {100 * q['p50']:.1f}%  max "
-                     f"{100 * q['max']:.1f}%")
+        lines.append("  fill per row              " + "  ".join(
+            f"{k} {percent(q[v], 1)}" for k, v in (("min", "min"), ("p10", "p10"),
+                                                   ("median", "p50"), ("max", "max"))))
         lines.append("  rows per fill decile      " + " ".join(
             f"{10 * i}-{10 * i + 10}%:{n:,}" for i, n in enumerate(a.fill_hist)))
     n, nbytes, secs = a.hashed
     if n:
-        lines.append(f"  integrity                 sha256 of {n:,} shard(s), {nbytes / 2**20:,.1f} "
+        lines.append(f"  integrity                 sha256 of {plural(n, 'shard')}, {nbytes / 2**20:,.1f} "
                      f"MiB, match the manifest ({secs:.2f} s; --no-hash skips it)")
     elif secs or not s.rows:  # hashed, or asked to: an output of no shards has none to check
         lines.append("  integrity                 no shards to check (an output of 0 rows)")
@@ -748,7 +768,8 @@ def overflow_kept(rows: list, tokens: int) -> int:
 
 
 def format_compare(rows: list, capacity: int, num_docs: int, tokens: int, *,
-                   overflow: str = Overflow.SPLIT, docs_over_capacity: int = 0) -> str:
+                   overflow: str = Overflow.SPLIT, docs_over_capacity: int = 0,
+                   docs_empty: int = 0) -> str:
     """Human side-by-side table of :func:`compare_strategies`, then which strategy wastes least
     (:func:`least_waste`). Every column is absolute, so rows compare across strategies.
 
@@ -759,21 +780,29 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int, *,
         overflow: the ``--overflow`` the dry run planned with (named in the header).
         docs_over_capacity: documents longer than C (named in the header when ``overflow``
             truncates or drops them).
+        docs_empty: the documents of ``num_docs`` with no token (named in the header when
+            some are: ``pack`` skips them, so ``stats`` counts them apart).
     """
     min_fill = bool(rows) and "rows_dropped" in rows[0]  # a dry run with --min-fill
     truncated = overflow == Overflow.TRUNCATE or any(r["tokens_truncated"] for r in rows)
     dropped = (overflow == Overflow.DROP or min_fill
                or any(r["tokens_dropped"] > r["tokens_truncated"] for r in rows))
     kept = overflow_kept(rows, tokens)
+    # millions of token^2 when every figure keeps 3 digits or more there, else exact: a small
+    # input's attention work is not shown as 0
+    millions = all(r["attention_work"] >= 10**8 for r in rows)
+    attention = (("attention M token^2", ",.0f", lambda r: r["attention_work"] / 1e6) if millions
+                 else ("attention token^2", ",", lambda r: r["attention_work"]))
     cols = [("strategy", "s", lambda r: r["strategy"]),
             ("rows", ",", lambda r: r["rows"]),
             ("extra rows", ",", lambda r: r["extra_rows"]),
             ("padding tokens", ",", lambda r: r["padding_tokens"]),
-            ("padding %", ".3f", lambda r: r["padding_pct"]),
+            ("padding %", "s", lambda r: percent(r["padding_tokens"], r["tokens_processed"],
+                                                 3)[:-1]),
             ("docs cut", ",", lambda r: r["docs_cut"]),
             ("of them <= C", ",", lambda r: r["docs_cut_below_capacity"]),
             ("effective targets", ",", lambda r: r["effective_targets"]),
-            ("attention M token^2", ",.0f", lambda r: r["attention_work"] / 1e6)]
+            attention]
     lost = []
     if min_fill:
         lost.append(("rows dropped", ",", lambda r: r["rows_dropped"]))
@@ -792,25 +821,27 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int, *,
         return "  ".join(v.ljust(w) if i == 0 else v.rjust(w)
                          for i, (v, w) in enumerate(zip(values, widths)))
 
-    head = f"dry run: {num_docs:,} documents, {tokens:,} tokens, capacity {capacity}; "
+    head = (f"dry run: {plural(num_docs, 'document')}, "
+            + (f"{docs_empty:,} of them empty, " if docs_empty else "")
+            + f"{plural(tokens, 'token')}, capacity {capacity}; ")
     if kept == tokens:
-        head += f"ceil(tokens/C) = {_n(-(-tokens // capacity), 'row')}"
+        head += f"ceil(tokens/C) = {plural(-(-tokens // capacity), 'row')}"
         bound = "ceil(tokens/C)"
     else:
         what = ("cuts {} longer than C to C ({} lost)" if overflow == Overflow.TRUNCATE
                 else "leaves out {} longer than C ({})")
-        head += (f"--overflow {overflow} " + what.format(_n(docs_over_capacity, "document"),
-                                                         _n(tokens - kept, "token"))
+        head += (f"--overflow {overflow} " + what.format(plural(docs_over_capacity, "document"),
+                                                         plural(tokens - kept, "token"))
                  + f": {kept:,} tokens kept, ceil(tokens kept/C) = "
-                 + _n(-(-kept // capacity), "row"))
+                 + plural(-(-kept // capacity), "row"))
         bound = "ceil(tokens kept/C)"
     if min_fill:
         bound = "ceil(tokens written/C)"
     out = [head, line([h for h, _, _ in cols])] + [line(c) for c in cells]
     best = least_waste(rows) if rows else None
     if rows and best is None:
-        parts = ([f"{_n(tokens - kept, 'token')} lost to --overflow {overflow}"]
-                 if tokens > kept else []) + ([f"{_n(kept, 'token')} lost to --min-fill"]
+        parts = ([f"{plural(tokens - kept, 'token')} lost to --overflow {overflow}"]
+                 if tokens > kept else []) + ([f"{plural(kept, 'token')} lost to --min-fill"]
                                               if kept else [])
         out.append(f"no strategy writes a row: {', '.join(parts) or 'no tokens'}; nothing to "
                    "choose between")
@@ -818,17 +849,17 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int, *,
         losing = truncated or dropped
         fewest = min(rows, key=_waste)
         # tokens_dropped counts the truncated tails too: named once, with their part
-        loss = ((f"{_n(best['tokens_dropped'], 'token')} dropped"
+        loss = ((f"{plural(best['tokens_dropped'], 'token')} dropped"
                  + (f" ({best['tokens_truncated']:,} of them truncated), " if truncated else ", "))
-                if dropped else f"{_n(best['tokens_truncated'], 'token')} truncated, "
+                if dropped else f"{plural(best['tokens_truncated'], 'token')} truncated, "
                 if truncated else "")
         verdict = (f"least waste: {best['strategy']} ({best['padding_tokens']:,} padding tokens, "
-                   f"{loss}{_n(best['extra_rows'], 'row')} over {bound}, no document that "
+                   f"{loss}{plural(best['extra_rows'], 'row')} over {bound}, no document that "
                    "fits in a row cut)" if best["docs_cut_below_capacity"] == 0 else
                    f"least {'waste' if losing else 'padding'}: {best['strategy']} "
                    f"({best['padding_tokens']:,} padding tokens"
                    + (f", {loss[:-2]}" if losing else "")
-                   + f", {_n(best['docs_cut_below_capacity'], 'document')} that fit"
+                   + f", {plural(best['docs_cut_below_capacity'], 'document')} that fit"
                    + ("s" if best['docs_cut_below_capacity'] == 1 else "") + " in a row "
                    "cut)")
         if fewest is not best and _waste(fewest) < _waste(best):
@@ -839,8 +870,12 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int, *,
     out.append("padding %: of rows * C; docs cut: documents written in pieces, spread over "
                "several segments" + (" or with a piece in a row under --min-fill" if min_fill
                                      else "")
-               + " (of them <= C: ones that fit in one row);\nattention: sum of segment_len^2 with "
-               "document masking, in millions of token^2 (the same units for every strategy)")
+               + " (of them <= C: ones that fit in one row)"
+               + ("; stats' cut across segments counts only those in several segments"
+                  if min_fill else "")
+               + ";\nattention: sum of segment_len^2 with document masking, in "
+               + ("millions of token^2" if millions else "token^2")
+               + " (the same units for every strategy)")
     if truncated or dropped:
         out.append("waste: padding plus the tokens truncated or dropped (not written)"
                    + ("; extra rows: over ceil(tokens written/C), each strategy's own (--min-fill "
@@ -925,7 +960,8 @@ def plot_packed(a: PackedAnalysis, out: str | os.PathLike) -> None:
     s = a.stats
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     fig.suptitle(f"packtool stats {a.path}: {s.rows:,} rows of C = {s.capacity:,}, "
-                 f"{s.padding_tokens:,} padding tokens ({100 * s.padding_fraction:.2f}%)")
+                 f"{s.padding_tokens:,} padding tokens "
+                 f"({percent(s.padding_tokens, s.rows * s.capacity, 2)})")
     ax1.hist(100 * a.row_fill, bins=np.linspace(0, 100, 51), color="tab:blue")
     log = _count_scale(ax1, s.rows > 0)  # no rows: empty axes
     ax1.set(xlabel="row fill: real tokens / C (%)", ylabel=f"rows ({log} scale)",
@@ -985,7 +1021,7 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
     bars = ax_pad.bar(names, pad, color=colors)
     ax_pad.set_yscale("symlog", linthresh=1)
     ax_pad.set_ylim(0, max(pad + [1]) * 10)
-    ax_pad.bar_label(bars, labels=[f"{r['padding_tokens']:,}\n{_n(r['extra_rows'], 'extra row')}"
+    ax_pad.bar_label(bars, labels=[f"{r['padding_tokens']:,}\n{plural(r['extra_rows'], 'extra row')}"
                                    for r in res], fontsize=8)
     ax_pad.set(ylabel="padding tokens (log scale)",
                title="waste: padding tokens per strategy (lower is better)")

@@ -293,6 +293,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
         held = str(exc) or f"nothing was kept ({display(cfg.output)} is as before the run)"
         raise Interrupted(f"{stop_word()}: {held}; rerun the same command to resume and "
                           "finish it", exit_status()) from None
+    from packtool.stats import percent, plural  # NumPy: after the start-up hook, not at import
+
     s = result.stats
     # once, on stderr, loud whatever the output format (what the run logged as it went, the
     # low-space note, was said then)
@@ -327,26 +329,36 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
                    "nothing to do")
     elif not quiet:
         rate = s.tokens_in / result.seconds if result.seconds else 0.0
+        concat = cfg.strategy == Strategy.CONCAT
         click.echo(
-            f"packed {s.docs_in - s.docs_other_split:,} documents ({s.tokens_in:,} tokens in, "
-            f"{s.rows * s.capacity - s.padding_tokens:,} packed) into {s.rows:,} rows of "
-            f"{s.capacity} in {len(result.manifest.shards)} shard(s) -> {display(cfg.output)}\n"
-            f"  fill {100 * s.fill:.2f}%  padding {s.padding_tokens:,} tokens "
-            f"({100 * s.padding_fraction:.2f}%)  extra rows over ceil(tokens/C): {s.extra_rows}\n"
+            f"packed {s.docs_written:,} of {plural(s.docs_in - s.docs_other_split, 'document')} "
+            f"read ({s.real_tokens:,} of {plural(s.tokens_in, 'token')}) into "
+            f"{plural(s.rows, 'row')} of {s.capacity} in "
+            f"{plural(len(result.manifest.shards), 'shard')} -> {display(cfg.output)}\n"
+            f"  fill {percent(s.real_tokens, s.rows * s.capacity, 2)}  padding "
+            f"{plural(s.padding_tokens, 'token')} "
+            f"({percent(s.padding_tokens, s.rows * s.capacity, 2)})  extra rows over "
+            f"ceil(tokens/C): {s.extra_rows}\n"
             + (f"  {s.segment_padding_note(cfg.segment_multiple)}\n"
                if cfg.segment_multiple > 1 else "") +
             f"  effective targets {s.effective_targets:,} ({s.targets_per_token:.4f} per token)  "
             f"segments {s.segments:,}\n"
             f"  empty skipped {s.docs_empty:,}  cut across segments {s.docs_cut:,}  split "
-            f"{s.docs_split:,} (+{s.split_fragments:,} pieces)  {_losses(s, cfg.min_fill)}\n"
+            + ("none (concat cuts the stream at row ends, it splits no document)" if concat
+               else f"{s.docs_split:,}" + (" in the plan" if s.rows_dropped else "")
+               + f" (+{plural(s.split_fragments, 'piece')}"
+               + (" written)" if s.rows_dropped else ")"))
+            + f"  {_losses(s, cfg.min_fill)}\n"
             f"  {result.seconds:.2f} s ({cfg.engine.value} engine, start-up included), "
             f"{rate / 1e6:.2f} M tokens/s"
-            + (f", {result.shards_reused} shard(s) reused" if result.shards_reused else "")
+            + (f", {plural(result.shards_reused, 'shard')} reused" if result.shards_reused
+               else "")
             + (f", {result.docs_reused:,} documents not read again" if result.docs_reused
                else "")
-            + (f", {result.windows_reused} window(s) reused" if result.windows_reused else "")
+            + (f", {plural(result.windows_reused, 'window')} reused" if result.windows_reused
+               else "")
             + "".join(f"\n  INPUT: {n}" for n in input_notes)
-            + (f"\n  {_mask_note(s)}" if _mask_note(s) else ""))
+            + (f"\n  input: {s.input_note()}" if s.input_note() else ""))
         if result.manifest.windows:
             w = _windows_breakdown(result.manifest, s, cfg.window_docs)
             click.echo(f"  windows {w['windows']:,} of {w['docs_min']:,}..{w['docs_max']:,} "
@@ -358,7 +370,7 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
         h = result.holdout.stats
         lost = f"; {_losses(h, cfg.min_fill)}" if h.tokens_lost else ""
         click.echo(f"held out {s.docs_other_split:,} documents ({s.tokens_other_split:,} tokens) "
-                   f"of --holdout {cfg.holdout} into {h.rows:,} row{'' if h.rows == 1 else 's'} "
+                   f"of --holdout {cfg.holdout} into {plural(h.rows, 'row')} "
                    f"of {h.capacity} -> "
                    f"{display(cfg.holdout_output)}{lost}"
                    + (" (already complete)" if result.holdout.already_complete else ""))
@@ -366,13 +378,15 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
 
 def _losses(s, min_fill: float) -> str:
     """What a pack did not write, for its summary: every token not written
-    (``tokens_dropped``), then truncated and dropped documents with their share of those tokens,
-    and the rows ``--min-fill`` left out (when it left any)."""
-    return (f"tokens dropped {s.tokens_dropped:,}: "
-            f"truncated {s.docs_truncated:,} (-{s.tokens_truncated:,} tokens)  "
-            f"dropped {s.docs_dropped:,} (-{s.tokens_of_dropped_docs:,} tokens)"
-            + (f", {s.rows_dropped:,} row(s) under --min-fill {min_fill:g} left out"
-               if s.rows_dropped else ""))
+    (``tokens_dropped``), the truncated documents with their tails, the dropped documents with
+    their tokens by cause (:meth:`~packtool.stats.PackStats.dropped_words`), and the rows
+    ``--min-fill`` left out (when it left any)."""
+    from packtool.stats import plural
+
+    return (f"tokens dropped {s.tokens_dropped:,}: truncated "
+            f"{plural(s.docs_truncated, 'document')} ({plural(s.tokens_truncated, 'token')} cut), "
+            f"dropped {s.dropped_words()}"
+            + (f"; --min-fill {min_fill:g}: {s.under_min_fill_words()}" if s.rows_dropped else ""))
 
 
 def _holdout_json(cfg, result) -> dict:
@@ -460,22 +474,6 @@ def _input_notes(found, columns) -> list[str]:
 _BOUNDARY_COUNTS = ("docs_bos_added", "docs_bos_present", "docs_eos_added", "docs_eos_present")
 
 
-def _mask_note(s) -> str:
-    """One summary line on what masks and BOS/EOS did to the input (empty when none was in
-    effect)."""
-    parts = []
-    if s.tokens_attention_masked:
-        parts.append(f"attention mask removed {s.tokens_attention_masked:,} tokens")
-    if s.tokens_label_masked:
-        parts.append(f"input labels -100 and loss masks kept {s.tokens_label_masked:,} tokens "
-                     "out of the targets")
-    for what, added, present in (("BOS", s.docs_bos_added, s.docs_bos_present),
-                                 ("EOS", s.docs_eos_added, s.docs_eos_present)):
-        if added or present:
-            parts.append(f"{what} added to {added:,} documents ({present:,} had it already)")
-    return "input: " + "; ".join(parts) if parts else ""
-
-
 _PLOT_OPTION = click.option(
     "--plot", default=None, metavar="FILE.png", callback=_plot_path,
     help="Write the figures as an image (.png, .svg or .pdf; needs matplotlib).")
@@ -540,7 +538,7 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
                                        min_fill=cfg.min_fill)
     notes = _input_notes(docs.discovery, docs.columns)
     masked = _input_mask_stats(docs)
-    mask = _mask_note(masked)  # its own line, "input: ...", as pack's summary prints it
+    mask = masked.input_note()  # its own line, "input: ...", as pack's summary prints it
     # the lines pack prints with these options, each once: a line not every strategy's pack
     # prints names the strategies (and windowing) whose pack prints it
     whose: dict = {}
@@ -559,9 +557,11 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
         click.echo(f"WARNING: {w}", err=True)
     tokens = int(lengths.sum())
     over = int((lengths > cfg.capacity).sum())
+    empty = int((lengths == 0).sum())  # pack skips them: stats counts the others
     if as_json:
         kept = analysis.overflow_kept(rows, tokens)
         click.echo(json.dumps({"capacity": cfg.capacity, "documents": int(lengths.size),
+                               "documents_empty": empty,
                                "tokens": tokens, "overflow": cfg.overflow.value,
                                "documents_over_capacity": over, "tokens_kept": kept,
                                "lower_bound_rows": -(-kept // cfg.capacity),
@@ -575,11 +575,12 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
                                "warnings": warnings}, indent=2))
     else:
         click.echo(analysis.format_compare(rows, cfg.capacity, int(lengths.size), tokens,
-                                           overflow=cfg.overflow, docs_over_capacity=over))
+                                           overflow=cfg.overflow, docs_over_capacity=over,
+                                           docs_empty=empty))
         for n in notes:
             click.echo(f"  INPUT: {n}" if not n.startswith("masks:") else f"  {n}")
         if mask:
-            click.echo(f"  {mask}")
+            click.echo(f"  input: {mask}")
     if plot:
         analysis.plot_compare(lengths, cfg.capacity, plot, overflow=cfg.overflow,
                               targets=docs.targets, window_docs=cfg.window_docs,
@@ -1124,13 +1125,17 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
     elif res.already_complete and not quiet:  # -q: nothing on success
         click.echo(f"{display(cfg.output)}: already holds this tokenization; nothing to do")
     elif not quiet:
+        from packtool.stats import plural
+
         rate = res.tokens / res.seconds if res.seconds else 0.0
         t = res.manifest.totals
-        click.echo(f"tokenized {res.documents:,} documents into {res.tokens:,} tokens in "
-                   f"{res.shards} shard(s) -> {display(cfg.output)}\n"
+        click.echo(f"tokenized {plural(res.documents, 'document')} into "
+                   f"{plural(res.tokens, 'token')} in {plural(res.shards, 'shard')} -> "
+                   f"{display(cfg.output)}\n"
                    f"  {res.seconds:.2f} s, {rate / 1e6:.2f} M tokens/s"
-                   + (f", {res.shards_reused} shard(s) reused" if res.shards_reused else "")
-                   + (f"\n  {_mask_note(t)}" if _mask_note(t) else "")
+                   + (f", {plural(res.shards_reused, 'shard')} reused" if res.shards_reused
+                      else "")
+                   + (f"\n  input: {t.input_note()}" if t.input_note() else "")
                    + (f"\n  INPUT: {res.skipped_note}" if res.skipped_note else ""))
 
 
@@ -1185,12 +1190,15 @@ def export(output, dest, target, split, overwrite, eos_id, as_json):
         click.echo(f"{res.path}: already exported (by a run stopped before its metadata "
                    f"entry); entry written to {res.metadata}")
     else:
+        from packtool.stats import plural
+
         left = ""
         if res.one_token_sequences_left_out:
-            left = (f"; {res.one_token_sequences_left_out:,} one-token sequence(s) left out (no "
+            left = (f"; {plural(res.one_token_sequences_left_out, 'one-token sequence')} left "
+                    "out (no "
                     "input, no target; a zero-length sequence to their collate)")
             if res.rows_left_out:
-                left += f", so {res.rows_left_out:,} row(s) of nothing else"
+                left += f", so {plural(res.rows_left_out, 'row')} of nothing else"
         click.echo(f"exported {res.rows:,} rows ({res.sequences:,} sequences, {res.tokens:,} "
                    f"tokens, {res.targets:,} loss-mask targets){left} -> {res.path}")
     if not as_json:

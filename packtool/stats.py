@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields, replace
 import numpy as np
 
 __all__ = ["PackStats", "split_warning", "COUNTS_REVISION", "RATIO_DECIMALS", "json_ratio",
-           "json_percent"]
+           "json_percent", "percent", "plural"]
 
 #: What the saved counts mean (recorded beside them where a later packtool reads them back:
 #: the manifest, through its format version, and a killed pack's finished windows).
@@ -39,6 +39,29 @@ def json_percent(value: float) -> float:
     return round(float(value), RATIO_DECIMALS - 2)
 
 
+def percent(part: float, whole: float, decimals: int = 1) -> str:
+    """``part`` of ``whole`` as every text report prints a percentage: ``"12.3%"`` with
+    ``decimals`` decimals, never rounded to 0 or 100 when it is not exactly that (13,193 of
+    13,197 is ``">99.9%"``, 1 of 100,000 ``"<0.1%"``). ``whole`` 0 gives ``"0.0%"``."""
+    if not whole:
+        return f"{0:.{decimals}f}%"
+    value = 100 * part / whole
+    shown = f"{value:.{decimals}f}"
+    step = 10.0 ** -decimals
+    if 0 < part < whole:
+        if float(shown) >= 100:
+            return f">{100 - step:.{decimals}f}%"
+        if float(shown) <= 0:
+            return f"<{step:.{decimals}f}%"
+    return shown + "%"
+
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """``count`` with thousands separators and ``noun``, or ``nouns`` (default ``noun + "s"``)
+    when ``count`` is not 1: ``"1 row"``, ``"2 rows"``, ``"1,000 documents"``."""
+    return f"{count:,} {noun if count == 1 else nouns or noun + 's'}"
+
+
 #: ``--overflow split`` warns when it splits more than this fraction of the non-empty
 #: documents: most documents then lose their context at a cut (and a target per piece).
 SPLIT_WARNING_FRACTION = 0.5
@@ -50,7 +73,7 @@ def split_warning(docs_split: int, docs_nonempty: int, capacity: int,
     one half) of the non-empty documents into pieces of ``capacity`` tokens; None otherwise."""
     if not docs_nonempty or docs_split <= threshold * docs_nonempty:
         return None
-    return (f"--overflow split cut {100 * docs_split / docs_nonempty:.1f}% of the documents "
+    return (f"--overflow split cut {percent(docs_split, docs_nonempty)} of the documents "
             f"({docs_split:,} of {docs_nonempty:,}) into pieces of --capacity {capacity}: "
             "each piece trains without the context before it; a larger --capacity keeps them "
             "whole")
@@ -102,6 +125,12 @@ class PackStats:
     rows_dropped: int = 0
     #: the real tokens of those rows (counted in ``tokens_dropped`` too)
     tokens_under_min_fill: int = 0
+    #: documents every piece of which was in those rows, so left out whole (counted in
+    #: ``docs_dropped`` too; the others of ``docs_dropped`` are ``--overflow drop``'s)
+    docs_under_min_fill: int = 0
+    #: those documents' tokens in the rows (part of ``tokens_under_min_fill``; the rest are
+    #: pieces of documents written in part)
+    doc_tokens_under_min_fill: int = 0
 
     def __add__(self, other: "PackStats") -> "PackStats":
         if not isinstance(other, PackStats):
@@ -123,6 +152,81 @@ class PackStats:
         """The part of :attr:`tokens_dropped` that dropped documents held (``--overflow drop``;
         not the truncated tails nor the rows under ``--min-fill``)."""
         return self.tokens_dropped - self.tokens_truncated - self.tokens_under_min_fill
+
+    @property
+    def docs_dropped_by_overflow(self) -> int:
+        """The documents ``--overflow drop`` left out (:attr:`docs_dropped` less those of the
+        rows under ``--min-fill``)."""
+        return self.docs_dropped - self.docs_under_min_fill
+
+    @property
+    def docs_written(self) -> int:
+        """Documents with a token in the rows: those read for this output less the empty and
+        the dropped ones."""
+        return self.docs_in - self.docs_other_split - self.docs_empty - self.docs_dropped
+
+    def dropped_words(self, recorded: bool = True) -> str:
+        """The documents left out and their tokens, one set, by cause: ``"6 documents, 13,197
+        tokens: 4 documents (13,193 tokens) by --overflow drop, 2 documents (4 tokens) in rows
+        under --min-fill"``. ``recorded`` False (a manifest written before the documents of
+        the rows under ``--min-fill`` were counted apart): says which part is not known."""
+        over, over_tok = self.docs_dropped_by_overflow, self.tokens_of_dropped_docs
+        fill, fill_tok = self.docs_under_min_fill, self.doc_tokens_under_min_fill
+        if self.rows_dropped and not recorded:
+            return (f"{plural(self.docs_dropped, 'document')} (by --overflow drop and in the "
+                    f"rows under --min-fill, not counted apart in this output's manifest); "
+                    f"{plural(over_tok, 'token')} of them by --overflow drop")
+        words = f"{plural(self.docs_dropped, 'document')}, {plural(over_tok + fill_tok, 'token')}"
+        if over and fill:
+            return (f"{words}: {plural(over, 'document')} ({plural(over_tok, 'token')}) by "
+                    f"--overflow drop, {plural(fill, 'document')} ({plural(fill_tok, 'token')}) "
+                    "in rows under --min-fill")
+        if fill:
+            return f"{words}, in rows under --min-fill"
+        return words
+
+    def under_min_fill_words(self, recorded: bool = True) -> str:
+        """The rows ``--min-fill`` left out and what their tokens were: ``"1 planned row left
+        out, 909 tokens: 4 of the documents dropped, 905 of documents written in part"``."""
+        words = (f"{plural(self.rows_dropped, 'planned row')} left out, "
+                 f"{plural(self.tokens_under_min_fill, 'token')}")
+        if not recorded:
+            return words
+        return (f"{words}: {self.doc_tokens_under_min_fill:,} of the documents dropped, "
+                f"{self.tokens_under_min_fill - self.doc_tokens_under_min_fill:,} of documents "
+                "written in part")
+
+    def split_words(self, concat: bool) -> str:
+        """What ``docs_split`` and ``split_fragments`` count, in words: the plan's split
+        documents (after ``--min-fill``: those with a piece written) and the pieces written
+        beyond their first; with ``--strategy concat``, that it splits none (its stream is cut
+        at row ends: ``docs_cut``)."""
+        if concat:
+            return ("none: --strategy concat cuts the stream at row ends, it splits no document "
+                    "(the documents it cuts are counted as cut across segments)")
+        if self.rows_dropped:
+            return (f"{plural(self.docs_split, 'document')} in the plan, a piece of each "
+                    f"written (+{plural(self.split_fragments, 'piece')} written beyond their "
+                    "first)")
+        return (f"{plural(self.docs_split, 'document')} (+{plural(self.split_fragments, 'piece')} "
+                "beyond their first)")
+
+    def input_note(self) -> str:
+        """One line on what masks and BOS/EOS did to the input (empty when none was in
+        effect): the tokens an attention mask removed, those input labels and loss masks kept
+        out of the targets, and the documents given a BOS or EOS."""
+        parts = []
+        if self.tokens_attention_masked:
+            parts.append(f"attention mask removed {plural(self.tokens_attention_masked, 'token')}")
+        if self.tokens_label_masked:
+            parts.append(f"input labels -100 and loss masks kept "
+                         f"{plural(self.tokens_label_masked, 'token')} out of the targets")
+        for what, added, present in (("BOS", self.docs_bos_added, self.docs_bos_present),
+                                     ("EOS", self.docs_eos_added, self.docs_eos_present)):
+            if added or present:
+                parts.append(f"{what} added to {plural(added, 'document')} ({present:,} had it "
+                             "already)")
+        return "; ".join(parts)
 
     @property
     def lower_bound_rows(self) -> int:
@@ -201,9 +305,9 @@ class PackStats:
         """One line: what ``--segment-multiple multiple`` costs against N = 1 (the padding inside
         rows, and the rows over those the same documents take with N = 1, when known)."""
         slots = self.rows * self.capacity
-        pct = 100 * self.segment_padding_tokens / slots if slots else 0.0
         line = (f"segment padding (--segment-multiple {multiple}): "
-                f"{self.segment_padding_tokens:,} tokens inside rows ({pct:.2f}% of rows * C)")
+                f"{self.segment_padding_tokens:,} tokens inside rows "
+                f"({percent(self.segment_padding_tokens, slots, 2)} of rows * C)")
         if self.rows_without_segment_padding:
             more = self.rows - self.rows_without_segment_padding
             line += (f"; {self.rows:,} rows against {self.rows_without_segment_padding:,} with "
@@ -222,9 +326,11 @@ class PackStats:
         lost = self.tokens_dropped - self.tokens_under_min_fill  # --overflow's own
         if not self.tokens_in or lost <= threshold * self.tokens_in:
             return None
-        # with --min-fill some dropped documents are its own, not long: no count of them then
-        docs = "" if self.rows_dropped else f"{self.docs_dropped + self.docs_truncated:,} "
-        return (f"--overflow {overflow} removed {100 * lost / self.tokens_in:.1f}% "
+        # with --min-fill some dropped documents are its own, not long: only --overflow's
+        docs = f"{self.docs_dropped_by_overflow + self.docs_truncated:,} "
+        if self.rows_dropped and not (self.docs_under_min_fill or self.doc_tokens_under_min_fill):
+            docs = ""  # counts of an older manifest: the documents of each cause not apart
+        return (f"--overflow {overflow} removed {percent(lost, self.tokens_in)} "
                 f"of the tokens ({lost:,} of {self.tokens_in:,}, {docs}documents "
                 "over --capacity); use --overflow split or a larger --capacity to keep them")
 
@@ -234,8 +340,8 @@ class PackStats:
         lost = self.tokens_under_min_fill
         if not self.tokens_in or lost <= threshold * self.tokens_in:
             return None
-        return (f"--min-fill {min_fill:g} left out {self.rows_dropped:,} planned "
-                f"row{'' if self.rows_dropped == 1 else 's'}: {100 * lost / self.tokens_in:.1f}% "
+        return (f"--min-fill {min_fill:g} left out {plural(self.rows_dropped, 'planned row')}: "
+                f"{percent(lost, self.tokens_in)} "
                 f"of the tokens read ({lost:,} of {self.tokens_in:,}) are not written; lower "
                 "--min-fill to keep them")
 

@@ -32,6 +32,7 @@ CAPACITY = 2048
 def compare_block(sample: Path = SAMPLE, capacity: int = CAPACITY) -> str:
     """The Markdown table of the strategy comparison on ``sample``, then the verdict line."""
     from packtool.analysis import compare_strategies, input_lengths, least_waste
+    from packtool.stats import percent, plural
 
     lengths = input_lengths([sample])
     rows = compare_strategies(lengths, capacity)
@@ -47,28 +48,26 @@ def compare_block(sample: Path = SAMPLE, capacity: int = CAPACITY) -> str:
     for r in rows:
         name = f"**{r['strategy']}**" if r is best else r["strategy"]
         lines.append(f"| {name} | {r['rows']:,} | {r['extra_rows']:,} | "
-                     f"{r['padding_tokens']:,} | {r['padding_pct']:.3f} | {r['docs_cut']:,} | "
+                     f"{r['padding_tokens']:,} | {percent(r['padding_tokens'], r['tokens_processed'], 3)[:-1]} | {r['docs_cut']:,} | "
                      f"{r['docs_cut_below_capacity']:,} | {r['effective_targets']:,} | "
                      f"{r['attention_work'] / 1e6:,.0f} |")
     text = (f"Least waste: **{best['strategy']}**, {best['padding_tokens']:,} padding tokens and "
-            f"{_n(best['extra_rows'], 'row')} over ceil(tokens/C), without cutting a document "
+            f"{plural(best['extra_rows'], 'row')} over ceil(tokens/C), without cutting a document "
             "that fits in a row.")
     for r in rows:
         if r is best:
             continue
         d = r["rows"] - best["rows"]
-        more = f"{_n(abs(d), 'row')} {'more' if d > 0 else 'fewer'}" if d else "the same rows"
+        more = f"{plural(abs(d), 'row')} {'more' if d > 0 else 'fewer'}" if d else "the same rows"
         work = ("the same attention work" if r["attention_work"] == best["attention_work"] else
-                f"{r['attention_work'] / best['attention_work']:.1%} of its attention work")
+                f"{percent(r['attention_work'], best['attention_work'])} of its attention work")
         cut = r["docs_cut_below_capacity"]
         text += (f" {r['strategy']}: {more} than {best['strategy']} "
                  f"({r['padding_tokens']:,} padding tokens), {work}"
-                 + (f", and {_n(cut, 'document')} that would fit in a row cut." if cut else "."))
+                 + (f", and {plural(cut, 'document')} that would fit in a row cut." if cut else "."))
     return "\n".join(lines + ["", text])
 
 
-def _n(count: int, noun: str) -> str:
-    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def verify_block(out: Path) -> str:

@@ -487,8 +487,179 @@ def test_compare_json_carries_the_mask_and_eos_counts_the_text_prints(tmp_path):
     args = ["compare", str(src), "-c", "8", "--append-eos", "2"]
     text = CliRunner().invoke(cli, args)
     assert text.exit_code == 0, text.output
-    assert "  input: attention mask removed 1 tokens" in text.output
+    assert "  input: attention mask removed 1 token;" in text.output
     assert "INPUT: input:" not in text.output
     got = json.loads(CliRunner().invoke(cli, args + ["--json"]).stdout)["input_masks"]
     assert got == {"tokens_attention_masked": 1, "tokens_label_masked": 3, "docs_bos_added": 0,
                    "docs_bos_present": 0, "docs_eos_added": 2, "docs_eos_present": 0}
+
+
+# --- what each line of stats, compare and the pack summary counts ----------------------------
+
+_A = [list(range(1, n + 1)) for n in (1, 2048, 2049, 4096, 5000, 0, 3)]  # one empty document
+_M = [[5, 6, 7, 8], [5, 6, 7, 8], [9]]
+
+
+def _line(text: str, label: str) -> str:
+    """The text of the stats line labelled ``label`` (after the label's column)."""
+    found = [ln[28:] for ln in text.splitlines() if ln[2:28].rstrip() == label]
+    assert len(found) == 1, (label, text)
+    return found[0]
+
+
+@pytest.mark.parametrize("docs, capacity, extra, dropped, under, summary", [
+    # --min-fill 1 leaves out the row of [9]: 1 document of 1 token
+    (_M, 4, ("--min-fill", "1"), "1 document, 1 token, in rows under --min-fill",
+     "1 planned row left out, 1 token: 1 of the documents dropped, 0 of documents written in "
+     "part", "packed 2 of 3 documents read (8 of 9 tokens) into 2 rows of 4 in 1 shard"),
+    # the row left out holds the documents of 1 and 3 tokens whole and 905 tokens of a split one
+    (_A, 2048, ("--min-fill", "0.5"), "2 documents, 4 tokens, in rows under --min-fill",
+     "1 planned row left out, 909 tokens: 4 of the documents dropped, 905 of documents "
+     "written in part", "packed 4 of 7 documents read (12,288 of 13,197 tokens) into 6 rows"),
+    # 4 documents over C dropped by --overflow drop, the 2 others in the row under --min-fill
+    (_A, 7, ("--overflow", "drop", "--min-fill", "0.9"),
+     "6 documents, 13,197 tokens: 4 documents (13,193 tokens) by --overflow drop, 2 documents "
+     "(4 tokens) in rows under --min-fill",
+     "1 planned row left out, 4 tokens: 4 of the documents dropped, 0 of documents written in "
+     "part", "packed 0 of 7 documents read (0 of 13,197 tokens) into 0 rows"),
+    (_A, 7, ("--overflow", "drop"), "4 documents, 13,193 tokens", None,
+     "packed 2 of 7 documents read (4 of 13,197 tokens) into 1 row of 7 in 1 shard"),
+])
+def test_the_dropped_line_counts_one_set_of_documents_and_their_tokens(
+        tmp_path, docs, capacity, extra, dropped, under, summary):
+    """stats printed "dropped 1 documents, 0 tokens (1 planned row(s) under --min-fill left
+    out, 1 tokens)": the documents of every cause beside the tokens of --overflow drop's alone.
+    The line's documents and tokens now describe the same documents, split by cause; the rows
+    under --min-fill have their own line (their tokens: the documents dropped with them and
+    the pieces of documents written in part). The pack summary said "packed 3 documents" when
+    it wrote 2: it says how many of those read it wrote."""
+    from conftest import write_docs
+
+    src = write_docs(tmp_path / "in" / "a.parquet", docs)
+    res = CliRunner().invoke(cli, ["pack", "-c", str(capacity), "--no-shuffle", *extra,
+                                   str(src.parent), str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    assert summary in res.stdout
+    text = CliRunner().invoke(cli, ["stats", str(tmp_path / "o")])
+    assert text.exit_code == 0, text.output
+    assert _line(text.stdout, "dropped") == dropped
+    if under is None:
+        assert "under --min-fill" not in text.stdout.replace("the rows under --min-fill", "")
+    else:
+        assert _line(text.stdout, "rows under --min-fill") == under
+    s = analyze_packed(tmp_path / "o").stats
+    # the parts add up to every token not written
+    assert (s.tokens_truncated + s.tokens_of_dropped_docs + s.doc_tokens_under_min_fill
+            + s.tokens_under_min_fill - s.doc_tokens_under_min_fill) == s.tokens_dropped
+
+
+def test_percentages_never_round_to_0_or_100_when_not_exact():
+    """"--overflow drop removed 100.0% of the tokens (13,193 of 13,197)": one helper formats
+    every percentage of the text, and shows >99.9% / <0.1% there."""
+    from packtool.stats import PackStats, percent
+
+    assert percent(13193, 13197) == ">99.9%"
+    assert percent(1, 100000) == "<0.1%"
+    assert percent(1, 100000, 3) == "0.001%"
+    assert percent(1, 10**9, 3) == "<0.001%"
+    assert (percent(0, 5), percent(5, 5), percent(0, 0)) == ("0.0%", "100.0%", "0.0%")
+    assert percent(1, 3, 2) == "33.33%"
+    s = PackStats(capacity=7, docs_in=7, docs_dropped=4, tokens_in=13197, tokens_dropped=13193)
+    assert ">99.9% of the tokens (13,193 of 13,197" in s.overflow_warning("drop")
+
+
+def test_fill_and_padding_near_full_do_not_print_100_percent(tmp_path):
+    """A row of 4,095 real tokens of 4,096 is not 100.0% full, nor is its padding 0.000%."""
+    out = pack_docs(tmp_path, [list(range(1, 4096))] + [[1] * 4096] * 999, 4096)
+    text = CliRunner().invoke(cli, ["stats", str(out)]).stdout
+    assert _line(text, "fill per row").startswith("min >99.9%  p10 100.0%")
+    assert "(0.000%" not in _line(text, "padding tokens")
+
+
+def test_split_and_cut_lines_say_what_each_counts_after_min_fill(tmp_path):
+    """After --min-fill, "split 3 documents (+2 pieces)" sat beside "cut across segments 2":
+    the split documents are the plan's with a piece written, and one of them kept a single
+    piece. The lines say so, and the cut line gives compare's figure, which counts it."""
+    from conftest import write_docs
+
+    src = write_docs(tmp_path / "in" / "a.parquet", _A)
+    assert CliRunner().invoke(cli, ["pack", "-c", "2048", "--min-fill", "0.5", "-q",
+                                    str(src.parent), str(tmp_path / "o")]).exit_code == 0
+    text = CliRunner().invoke(cli, ["stats", str(tmp_path / "o")]).stdout
+    assert _line(text, "split") == ("3 documents in the plan, a piece of each written (+2 "
+                                    "pieces written beyond their first)")
+    cut = _line(text, "cut across segments")
+    assert cut.startswith("2 documents in more than one segment written")
+    assert "compare's docs cut: 3" in cut
+    obfd = _compare_json(src, "-c", 2048, "--min-fill", 0.5)["strategies"][2]
+    assert obfd["strategy"] == "obfd" and obfd["docs_cut"] == 3
+
+
+def test_concat_says_it_splits_no_document(tmp_path):
+    """--strategy concat: "documents 6 in 12 segments" then "split 0 documents (+0 pieces)"."""
+    from conftest import write_docs
+
+    src = write_docs(tmp_path / "in" / "a.parquet", _A)
+    res = CliRunner().invoke(cli, ["pack", "-c", "2048", "--strategy", "concat", "--no-shuffle",
+                                   str(src.parent), str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    assert "split 0 (+0 pieces)" not in res.stdout and "split none (concat" in res.stdout
+    text = CliRunner().invoke(cli, ["stats", str(tmp_path / "o")]).stdout
+    assert _line(text, "split").startswith("none: --strategy concat cuts the stream at row "
+                                           "ends, it splits no document")
+
+
+def test_compare_header_says_how_many_documents_are_empty(tmp_path):
+    from conftest import write_docs
+
+    src = write_docs(tmp_path / "in.parquet", _A)
+    got = _compare_json(src, "-c", 2048)
+    assert (got["documents"], got["documents_empty"]) == (7, 1)
+    text = CliRunner().invoke(cli, ["compare", "-c", "2048", str(src)]).stdout
+    assert text.startswith("dry run: 7 documents, 1 of them empty, 13,197 tokens")
+
+
+def test_least_waste_ties_go_to_more_targets_then_fewer_cuts():
+    """[5]*100 and [6]*4000 at C = 2048: every strategy 3 rows and 2,044 padding; concat keeps
+    4,096 targets, ordered and obfd 4,097, and concat was named for coming first."""
+    from packtool.analysis import least_waste
+
+    rows = compare_strategies(np.array([100, 4000]), 2048)
+    assert {r["padding_tokens"] for r in rows} == {2044}
+    assert [r["effective_targets"] for r in rows] == [4096, 4097, 4097]
+    assert least_waste(rows)["strategy"] == "ordered"
+    # equal targets and cuts: fewer segments, then the order given
+    a = {"strategy": "a", "rows": 1, "padding_tokens": 0, "docs_cut_below_capacity": 0,
+         "effective_targets": 5, "docs_cut": 1, "segments": 3}
+    b = dict(a, strategy="b", segments=2)
+    assert least_waste([a, b])["strategy"] == "b"
+    assert least_waste([a, dict(a, strategy="c")])["strategy"] == "a"
+
+
+def test_stats_text_shows_masked_labels_and_added_eos(tmp_path):
+    """stats printed "effective targets 2 (0.5000 per real token)" without the masks that
+    explain it; the JSON had tokens_label_masked. Plurals come from one helper."""
+    src = tmp_path / "in" / "a.parquet"
+    src.parent.mkdir()
+    pq.write_table(pa.table({"input_ids": pa.array([[1, 2, 3]], pa.list_(pa.int64())),
+                             "labels": pa.array([[-100, -100, 3]], pa.list_(pa.int64()))}),
+                   src)
+    res = CliRunner().invoke(cli, ["pack", "-c", "8", "--append-eos", "2", "-q",
+                                   str(src.parent), str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    text = CliRunner().invoke(cli, ["stats", str(tmp_path / "o")]).stdout
+    note = _line(text, "input")
+    assert "kept 2 tokens out of the targets" in note and "EOS added to 1 document " in note
+    assert "(s)" not in text and "1 documents" not in text and "1 tokens" not in text
+
+
+def test_compare_attention_column_shows_small_figures_exactly(tmp_path):
+    """"attention M token^2" printed 0 for inputs of a few thousand tokens."""
+    from conftest import write_docs
+
+    src = write_docs(tmp_path / "in.parquet", _M)
+    text = CliRunner().invoke(cli, ["compare", "-c", "4", str(src)]).stdout
+    head = next(ln for ln in text.splitlines() if ln.startswith("strategy"))
+    assert "attention token^2" in head
+    obfd = next(ln for ln in text.splitlines() if ln.startswith("obfd"))
+    assert obfd.split()[-1] == "33"  # 16 + 16 + 1

@@ -129,7 +129,7 @@ def test_eos_is_not_doubled_and_counted(tmp_path):
     check_output(rows, [[5, 6, 2], [7, 8, 2], [9, 2]], 8, labels="none")
     t = manifest.totals.to_dict()
     assert (t["docs_eos_added"], t["docs_eos_present"]) == (1, 2)
-    assert "EOS added to 1 documents (2 had it already)" in text
+    assert "EOS added to 1 document (2 had it already)" in text
 
 
 def test_bos_is_prepended_once(tmp_path):

@@ -208,7 +208,7 @@ def test_summary_is_printed(docs_dir, tmp_path):
     src = docs_dir([[1, 2, 3], [4, 5]])
     res = CliRunner().invoke(cli, ["pack", str(src), str(tmp_path / "o"), "--capacity", "6"])
     assert res.exit_code == 0
-    assert "packed 2 documents (5 tokens in, 5 packed) into 1 rows" in res.output
+    assert "packed 2 of 2 documents read (5 of 5 tokens) into 1 row of 6" in res.output
     assert "effective targets 3" in res.output
 
 

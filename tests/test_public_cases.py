@@ -409,7 +409,7 @@ def test_B15_min_fill_leaves_the_partial_row_out_and_stats_describe_what_remains
     assert (s["docs_dropped"], s["tokens_dropped"], s["rows_dropped"]) == (1, 1, 1)
     assert not got["mismatches"]
     text = invoke(["stats", tmp_path / "out"]).output
-    assert "1 planned row(s) under --min-fill left out" in text
+    assert "rows under --min-fill     1 planned row left out, 1 token" in text
 
 
 def test_B15_dropping_every_row_reports_zeros_and_does_not_crash(tmp_path):
@@ -531,7 +531,7 @@ def test_min_fill_losses_of_the_held_out_pack_are_said_too(tmp_path):
     got = json.loads(invoke(["stats", "--json", f"{out}-holdout"]).output)["stats"]
     assert got["rows_dropped"] > 0
     assert f"WARNING: held-out pack ({out}-holdout): --min-fill 0.9 left out" in res.output
-    assert f"{got['rows_dropped']} row(s) under --min-fill 0.9 left out" in res.output
+    assert f"--min-fill 0.9: {got['rows_dropped']} planned rows left out" in res.output
     res = invoke(["pack", "--json", "--overwrite", "-c", 10, "--holdout", 0.3, "--min-fill", 0.9,
                   src, out])
     h = json.loads(res.output[res.output.index("{"):])["holdout"]

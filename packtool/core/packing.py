@@ -259,7 +259,8 @@ def drop_underfilled(plan: PackPlan, min_tokens: int) -> PackPlan:
     The kept rows stay in their order, their segments unchanged. Counts: ``rows_dropped``,
     ``tokens_under_min_fill`` (the real tokens of the dropped rows); ``tokens_dropped`` grows by
     those tokens too, ``docs_dropped`` by the documents none of whose pieces is kept (a split
-    document that keeps some pieces counts only its lost tokens); ``docs_cut`` becomes the
+    document that keeps some pieces counts only its lost tokens), counted apart in
+    ``docs_under_min_fill`` with their tokens in ``doc_tokens_under_min_fill``; ``docs_cut`` becomes the
     documents spread over more than one kept segment, and ``docs_split`` / ``split_fragments``
     the split documents with a piece kept and their kept pieces beyond the first.
 
@@ -290,6 +291,13 @@ def drop_underfilled(plan: PackPlan, min_tokens: int) -> PackPlan:
     counts["tokens_dropped"] = counts.get("tokens_dropped", 0) + lost
     counts["tokens_under_min_fill"] = counts.get("tokens_under_min_fill", 0) + lost
     counts["docs_dropped"] = counts.get("docs_dropped", 0) + int(all_docs.size - kept_docs.size)
+    # the documents left out whole with those rows, and their tokens there (the rest of the
+    # rows' tokens are pieces of documents written in part)
+    gone = ~np.isin(plan.seg_doc, kept_docs)  # shape: (S,)
+    counts["docs_under_min_fill"] = (counts.get("docs_under_min_fill", 0)
+                                     + int(all_docs.size - kept_docs.size))
+    counts["doc_tokens_under_min_fill"] = (counts.get("doc_tokens_under_min_fill", 0)
+                                           + int(plan.seg_len[gone].sum()))
     counts["docs_cut"] = int(np.count_nonzero(kept_pieces > 1))
     return PackPlan(plan.capacity, row_offsets, plan.seg_doc[seg_keep],
                     plan.seg_offset[seg_keep], plan.seg_len[seg_keep], counts,

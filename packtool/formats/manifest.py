@@ -743,7 +743,8 @@ class Manifest:
              "shards": [s.to_dict() for s in self.shards],
              "totals": self.totals.to_dict()}
         if "min_fill" not in self.options:  # listed only with --min-fill: older manifests
-            for k in ("rows_dropped", "tokens_under_min_fill"):  # keep their form
+            for k in ("rows_dropped", "tokens_under_min_fill", "docs_under_min_fill",
+                      "doc_tokens_under_min_fill"):  # keep their form
                 if not d["totals"][k]:
                     del d["totals"][k]
         if self.kind == PACKED_KIND:

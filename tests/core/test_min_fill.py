@@ -95,6 +95,13 @@ def test_rows_left_out_equal_the_reference_and_every_count_adds_up(lengths, C, s
     assert c.get("tokens_under_min_fill", 0) == tokens_lost
     assert c["tokens_dropped"] - c0["tokens_dropped"] == tokens_lost
     assert c["docs_dropped"] - c0["docs_dropped"] == docs_lost
+    # the documents left out whole with those rows, apart from --overflow drop's, and their
+    # tokens there (the rest of the rows' tokens are pieces of documents written in part)
+    kept_docs = {d for row in kept for d, _, _ in row}
+    gone = [(d, n) for row in reference_pack(lengths, C, strategy, overflow, multiple)
+            if sum(n for _, _, n in row) < need for d, _, n in row if d not in kept_docs]
+    assert c.get("docs_under_min_fill", 0) == len({d for d, _ in gone}) == docs_lost
+    assert c.get("doc_tokens_under_min_fill", 0) == sum(n for _, n in gone) <= tokens_lost
     if rows_lost:
         assert c["docs_cut"] == cut
         if strategy != "concat":  # concat splits nothing: its pieces are cuts of the stream

@@ -515,7 +515,7 @@ def test_one_token_segments_never_reach_their_collate_as_zero_length_sequences(t
     meta = json.loads((dest / "4_metadata.jsonl").read_text())[0]
     assert meta["min_packed_seqlen"] == 1 and meta["dataset_max_seqlen"] == 3
     text = invoke(["export", "--to", "nemo", "--overwrite", out, dest]).output
-    assert "2 one-token sequence(s) left out" in text and "1 row(s) of nothing else" in text
+    assert "2 one-token sequences left out" in text and "1 row of nothing else" in text
 
 
 def test_a_held_out_output_is_exported_as_the_validation_split(tmp_path):
