@@ -92,6 +92,9 @@ class PackedAnalysis:
     #: document whose pieces carry two ``source_ids`` (the per-source figures are then wrong)
     faults: list = field(default_factory=list)
     concat: bool = False  #: packed with ``--strategy concat`` (it splits no document)
+    #: the manifest counts apart the documents the rows under ``--min-fill`` left out whole
+    #: (:attr:`packtool.formats.manifest.Manifest.min_fill_docs_recorded`)
+    min_fill_docs_recorded: bool = True
 
     @property
     def row_fill(self) -> np.ndarray:
@@ -273,7 +276,8 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                               [stale] if stale else []),
                           tokenized=reader.manifest.tokenized,
                           mismatch_where=recount.mismatch_where(), faults=faults,
-                          concat=reader.manifest.options.get("strategy") == "concat")
+                          concat=reader.manifest.options.get("strategy") == "concat",
+                          min_fill_docs_recorded=reader.manifest.min_fill_docs_recorded)
 
 
 @dataclass(frozen=True)
@@ -655,7 +659,7 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
     C = s.capacity
     q = _count_quantiles(a.fill_counts)
     # a manifest of before the documents of the rows under --min-fill were counted apart
-    recorded = "docs_under_min_fill" in a.manifest_totals or not s.rows_dropped
+    recorded = a.min_fill_docs_recorded
     lines = [
         f"packed output {a.path} (capacity {C})",
         f"  rows                      {s.rows:,}  (ceil(tokens/C) = {s.lower_bound_rows:,}, "

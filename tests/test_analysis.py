@@ -663,3 +663,23 @@ def test_compare_attention_column_shows_small_figures_exactly(tmp_path):
     assert "attention token^2" in head
     obfd = next(ln for ln in text.splitlines() if ln.startswith("obfd"))
     assert obfd.split()[-1] == "33"  # 16 + 16 + 1
+
+
+def test_a_manifest_that_did_not_count_the_min_fill_documents_apart_says_so(tmp_path):
+    """A manifest written before docs_under_min_fill was recorded: its docs_dropped mixes
+    --overflow drop's documents with those of the rows under --min-fill, and stats says that
+    rather than give them all to one cause."""
+    from packcheck import reseal
+    from conftest import write_docs
+
+    src = write_docs(tmp_path / "in" / "a.parquet", _A + [list(range(1, 8))])  # a full row
+    assert CliRunner().invoke(cli, ["pack", "-c", "7", "--overflow", "drop", "--min-fill", "0.9",
+                                    "-q", str(src.parent), str(tmp_path / "o")]).exit_code == 0
+    reseal(tmp_path / "o", min_fill_docs_recorded=False)
+    raw = read_manifest(tmp_path / "o")
+    assert not raw.min_fill_docs_recorded and raw.totals.docs_under_min_fill == 0
+    text = CliRunner().invoke(cli, ["stats", str(tmp_path / "o")]).stdout
+    assert _line(text, "dropped") == (
+        "6 documents (by --overflow drop and in the rows under --min-fill, not counted apart "
+        "in this output's manifest); 13,193 tokens of them by --overflow drop")
+    assert _line(text, "rows under --min-fill") == "1 planned row left out, 4 tokens"

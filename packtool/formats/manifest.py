@@ -660,6 +660,10 @@ class Manifest:
     source_values: tuple = ()
     tokenized: Tokenization | None = None
     holdout_pair: HoldoutPairing | None = None
+    #: the totals count apart the documents the rows under ``--min-fill`` left out whole
+    #: (``docs_under_min_fill``, ``doc_tokens_under_min_fill``); False for a manifest written
+    #: before they were, whose ``docs_dropped`` mixes them with ``--overflow drop``'s
+    min_fill_docs_recorded: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -747,6 +751,9 @@ class Manifest:
                       "doc_tokens_under_min_fill"):  # keep their form
                 if not d["totals"][k]:
                     del d["totals"][k]
+        if not self.min_fill_docs_recorded:  # as it was read: the counts it did not record
+            for k in ("docs_under_min_fill", "doc_tokens_under_min_fill"):
+                d["totals"].pop(k, None)
         if self.kind == PACKED_KIND:
             d["capacity"] = self.capacity
             d["labels"] = {"stored": self.labels.stored, "convention": self.labels.convention}
@@ -826,6 +833,9 @@ class Manifest:
                            d.get("totals") or {},
                            revision=2 if version >= _DROPPED_COUNTS_TRUNCATED else 1),
                        windows=windows, windowing=windowing, kind=kind,
+                       min_fill_docs_recorded=("docs_under_min_fill" in (d.get("totals") or {})
+                                               or not int((d.get("totals") or {}).get(
+                                                   "rows_dropped", 0))),
                        source_column=None if not src else str(src["column"]),
                        source_values=values,
                        tokenized=(Tokenization.from_dict(d["tokenized"])
