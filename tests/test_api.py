@@ -698,7 +698,8 @@ def test_paths_and_names_passed_are_never_reworded(tmp_path):
     (held / "y").write_text("mine")
     with pytest.raises(OutputError) as exc:
         packtool.pack_dataset([[1] * 4] * 40, 8, holdout=0.3, output=tmp_path / "h")
-    assert "the held-out output holds 1 entry" in str(exc.value), str(exc.value)
+    assert f"{held} (the held-out output, named after OUTPUT {tmp_path / 'h'}): held-out " \
+        "output holds 1 entry packtool did not write (y)" in str(exc.value), str(exc.value)
     assert "holdout_output" not in str(exc.value)
 
 
