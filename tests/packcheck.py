@@ -37,6 +37,17 @@ def write_docs(path: Path, docs, value_type=pa.int64(), column: str = "input_ids
     return path
 
 
+def write_table_as(table: pa.Table, path: Path, fmt: str) -> Path:
+    """``table`` written at ``path`` as a Parquet file (``fmt`` "parquet") or an Arrow IPC
+    file ("arrow"), whatever the name's extension."""
+    if fmt == "parquet":
+        pq.write_table(table, path)
+    else:
+        with pa.ipc.new_file(path, table.schema) as w:
+            w.write_table(table)
+    return path
+
+
 def damaged_shard(path: Path, new: int, statistics: bool = True, **kw) -> Path:
     """Three row groups of int32 ids, PLAIN-encoded, uncompressed, with footer statistics
     (min/max of each row group's ids) unless ``statistics`` is False; then the stored bytes of

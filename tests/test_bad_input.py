@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packcheck import check_output, damaged_shard, hash_tree, invoke, read_output, write_docs
+from packcheck import (check_output, damaged_shard, hash_tree, invoke, read_output,
+                       write_docs, write_table_as)
 from packtool.formats.manifest import MANIFEST_NAME, read_manifest
 from packtool.errors import ManifestError
 from packtool.formats.manifest import load_manifest
@@ -185,20 +186,11 @@ def test_an_id_at_or_over_the_declared_vocabulary_size_is_refused(tmp_path, fmt)
         pa.int32()))}).replace_schema_metadata({b"tokenizer_vocab_size": b"4096"})
     src = tmp_path / "in" / f"v.{fmt}"
     src.parent.mkdir()
-    if fmt == "parquet":
-        pq.write_table(table, src)
-    else:
-        with pa.ipc.new_file(src, table.schema) as w:
-            w.write_table(table)
+    write_table_as(table, src, fmt)
     out = tmp_path / "out"
     refused(pack_args(src, out=out), out, f"v.{fmt}", "row 2 (0-based)", "token id 4096",
             "vocabulary of 4,096 ids (0..4095)", "tokenizer_vocab_size", "regenerate")
-    ok = table.slice(0, 2)  # id 4095, the last of the vocabulary, is packed
-    if fmt == "parquet":
-        pq.write_table(ok, src)
-    else:
-        with pa.ipc.new_file(src, ok.schema) as w:
-            w.write_table(ok)
+    write_table_as(table.slice(0, 2), src, fmt)  # id 4095, the last of the vocabulary, is packed
     assert invoke(pack_args(src, out=out)).exit_code == 0
 
 

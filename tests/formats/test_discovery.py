@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packcheck import check_output, invoke, read_output, write_docs
+from packcheck import check_output, invoke, read_output, write_docs, write_table_as
 from packtool.formats.manifest import MANIFEST_NAME
 from packtool.errors import InputError
 from packtool.formats.reader import PACKED_COLUMNS, discover
@@ -284,11 +284,7 @@ def test_another_tool_s_packed_rows_are_refused_from_the_footer(tmp_path, column
                       column: pa.array([[3, 1], [2, 3]], pa.list_(pa.int32()))})
     src = tmp_path / "in" / f"packed.{fmt}"
     src.parent.mkdir()
-    if fmt == "parquet":
-        pq.write_table(table, src)
-    else:
-        with pa.ipc.new_file(src, table.schema) as w:
-            w.write_table(table)
+    write_table_as(table, src, fmt)
     with pytest.raises(InputError, match=rf"packed\.{fmt}: has a '{column}' column, which "
                        r"marks rows another tool packed .*join its documents.*refused from the "
                        rf"schema, its values unread; pack the unpacked documents.*drop the "
