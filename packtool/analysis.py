@@ -699,8 +699,9 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
             f"{10 * i}-{10 * i + 10}%:{n:,}" for i, n in enumerate(a.fill_hist)))
     n, nbytes, secs = a.hashed
     if n:
-        lines.append(f"  integrity                 sha256 of {plural(n, 'shard')}, {nbytes / 2**20:,.1f} "
-                     f"MiB, match the manifest ({secs:.2f} s; --no-hash skips it)")
+        lines.append(f"  integrity                 sha256 of {plural(n, 'shard')}, "
+                     f"{nbytes / 2**20:,.1f} MiB, match the manifest ({secs:.2f} s; --no-hash "
+                     "skips it)")
     elif secs or not s.rows:  # hashed, or asked to: an output of no shards has none to check
         lines.append("  integrity                 no shards to check (an output of 0 rows)")
     else:
@@ -1025,7 +1026,8 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
     bars = ax_pad.bar(names, pad, color=colors)
     ax_pad.set_yscale("symlog", linthresh=1)
     ax_pad.set_ylim(0, max(pad + [1]) * 10)
-    ax_pad.bar_label(bars, labels=[f"{r['padding_tokens']:,}\n{plural(r['extra_rows'], 'extra row')}"
+    ax_pad.bar_label(bars, labels=[f"{r['padding_tokens']:,}\n"
+                                   f"{plural(r['extra_rows'], 'extra row')}"
                                    for r in res], fontsize=8)
     ax_pad.set(ylabel="padding tokens (log scale)",
                title="waste: padding tokens per strategy (lower is better)")

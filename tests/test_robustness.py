@@ -408,7 +408,8 @@ def test_overwrite_replaces_a_previous_pack(tmp_path, src, reference):
 
 def test_damaged_output_is_restored_by_the_rerun_the_messages_name(tmp_path, src, reference):
     """A shard cut short: stats refuses it and says to rerun the same pack, which restores the
-    exact bytes; a shard edited in place (the same size) needs --overwrite, which does too. An intact output rerun with --overwrite is written anew, identically."""
+    exact bytes; a shard edited in place (the same size) needs --overwrite, which does too. An
+    intact output rerun with --overwrite is written anew, identically."""
     import shutil
     opts = ["-c", C, "--rows-per-shard", 4, "--workers", 1, "--seed", 3, "--window-docs", 15]
     out = tmp_path / "out"

@@ -260,9 +260,10 @@ def drop_underfilled(plan: PackPlan, min_tokens: int) -> PackPlan:
     ``tokens_under_min_fill`` (the real tokens of the dropped rows); ``tokens_dropped`` grows by
     those tokens too, ``docs_dropped`` by the documents none of whose pieces is kept (a split
     document that keeps some pieces counts only its lost tokens), counted apart in
-    ``docs_under_min_fill`` with their tokens in ``doc_tokens_under_min_fill``; ``docs_cut`` becomes the
-    documents spread over more than one kept segment, and ``docs_split`` / ``split_fragments``
-    the split documents with a piece kept and their kept pieces beyond the first.
+    ``docs_under_min_fill`` with their tokens in ``doc_tokens_under_min_fill``; ``docs_cut``
+    becomes the documents spread over more than one kept segment, and ``docs_split`` /
+    ``split_fragments`` the split documents with a piece kept and their kept pieces beyond the
+    first.
 
     Args:
         plan: a :class:`PackPlan`.

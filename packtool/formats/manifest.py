@@ -99,7 +99,8 @@ from packtool.location import Location, StoreError
 from packtool.signals import result as task_result
 from packtool.stats import PackStats
 
-__all__ = ["REPACK_MISSING", "MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME", "TMP_DIR_NAME", "LOCK_NAME",
+__all__ = ["REPACK_MISSING", "MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_NAME",
+           "TMP_DIR_NAME", "LOCK_NAME",
            "pack_running", "run_holding", "writing_error", "running_error", "a_file_error",
            "marker_kind", "packed_outputs_below", "nested_outputs_error", "OUTPUT_MARKS", "output_mark", "output_words", "enclosing_output",
            "nested_output", "output_around",

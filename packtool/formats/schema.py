@@ -21,7 +21,8 @@ import pyarrow as pa
 
 from packtool.errors import SchemaError
 
-__all__ = ["VOCAB_SIZE_META_KEY", "declared_vocab_size", "packed_schema", "packed_columns", "labels_convention", "check_token_column",
+__all__ = ["VOCAB_SIZE_META_KEY", "declared_vocab_size", "packed_schema", "packed_columns",
+           "labels_convention", "check_token_column",
            "check_single_column", "token_column_candidates", "MASK_LIKE", "text_columns",
            "tokenize_first",
            "is_integer_list", "is_list_layout",
