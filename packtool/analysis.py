@@ -372,8 +372,7 @@ def input_documents(inputs, column: str = "input_ids", *, attention_mask: str | 
     first_docs = np.zeros(len(found.files) + 1, dtype=np.int64)  # shape: (files + 1,)
     for i, f in enumerate(found.files):
         for tb in iter_documents(f.path, column, fmt=f.format, attention_mask=attention_mask,
-                                 labels=labels, loss_mask=loss_mask, bos=bos, eos=eos,
-                                 vocab_size=f.vocab_size):
+                                 labels=labels, loss_mask=loss_mask, bos=bos, eos=eos):
             any_flags |= tb.targets is not None
             lengths.append(tb.lengths)
             flags.append(tb.targets if tb.targets is not None

@@ -179,19 +179,26 @@ def test_a_damaged_shard_without_statistics_is_read_as_before(tmp_path):
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "arrow"])
-def test_an_id_at_or_over_the_declared_vocabulary_size_is_refused(tmp_path, fmt):
-    """A shard whose schema metadata declares its tokenizer's vocabulary size (as sample_data's
-    does: tokenizer_vocab_size): an id at or over it is no token of that tokenizer."""
-    table = pa.table({"input_ids": pa.array([[1, 2], [3, 4095], [4096, 7]], pa.list_(
-        pa.int32()))}).replace_schema_metadata({b"tokenizer_vocab_size": b"4096"})
+def test_ids_at_or_over_a_declared_vocabulary_size_are_packed(tmp_path, fmt):
+    """A shard whose schema metadata declares a vocabulary size (tokenizer_vocab_size, as
+    sample_data's does) does not bound its ids: an id at or over it (a BOS/EOS added above a
+    BPE file's ranks, a vocabulary whose ids skip numbers) and padding ids the attention mask
+    removes are packed as read, and verify --data-only passes the output."""
+    table = pa.table({"input_ids": pa.array([[1, 2], [3, 4095], [4096, 7], [5, 9999, 9999]],
+                                            pa.list_(pa.int32())),
+                      "attention_mask": pa.array([[1, 1], [1, 1], [1, 1], [1, 0, 0]],
+                                                 pa.list_(pa.int8()))}
+                     ).replace_schema_metadata({b"tokenizer_vocab_size": b"4096"})
     src = tmp_path / "in" / f"v.{fmt}"
     src.parent.mkdir()
     write_table_as(table, src, fmt)
     out = tmp_path / "out"
-    refused(pack_args(src, out=out), out, f"v.{fmt}", "row 2 (0-based)", "token id 4096",
-            "vocabulary of 4,096 ids (0..4095)", "tokenizer_vocab_size", "regenerate")
-    write_table_as(table.slice(0, 2), src, fmt)  # id 4095, the last of the vocabulary, is packed
-    assert invoke(pack_args(src, out=out)).exit_code == 0
+    res = invoke(pack_args(src, out=out, capacity=8, extra=("--no-shuffle",)))
+    assert res.exit_code == 0, res.output
+    ids = [i for r in read_output(out)[0] for i in r["input_ids"]]
+    assert 4096 in ids and 9999 not in ids
+    res = invoke(["verify", "--data-only", out])
+    assert res.exit_code == 0, res.output
 
 
 @pytest.mark.parametrize("value,typ", [(2**31, pa.int64()), (2**31, pa.uint32()),

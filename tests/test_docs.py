@@ -314,8 +314,6 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path, monkeypatc
 
     damaged_shard(tmp_path / "flip.parquet", 6_311_564)
     damaged_shard(tmp_path / "flipneg.parquet", -3000)
-    pq.write_table(table.replace_schema_metadata({b"tokenizer_vocab_size": b"2"}),
-                   tmp_path / "vocab.parquet")
 
     def pack(*args):
         return [*args[:-1], "-q", args[-1]]
@@ -361,8 +359,7 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path, monkeypatc
              pack(tmp_path / "x.pq", tmp_path / "o"),
              pack(tmp_path / "under", tmp_path / "o"),
              pack(tmp_path / "flip.parquet", tmp_path / "o"),
-             pack(tmp_path / "flipneg.parquet", tmp_path / "o"),
-             pack(tmp_path / "vocab.parquet", tmp_path / "o")]
+             pack(tmp_path / "flipneg.parquet", tmp_path / "o")]
     monkeypatch.chdir(tmp_path)
     from click.testing import CliRunner
 

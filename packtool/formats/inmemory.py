@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from packtool.errors import InputError, SchemaError, first_line, raise_if_shortage
-from packtool.formats.schema import VOCAB_SIZE_META_KEY, is_integer_list, is_list_layout
+from packtool.formats.schema import is_integer_list, is_list_layout
 
 __all__ = ["streamed_tables", "INPUT_NAME", "INPUT_DESCRIPTION", "is_arrow_table", "table_from_list",
            "table_from_pandas", "table_to_pandas",
@@ -596,8 +596,6 @@ def write_input(batches: Iterable, path: str | os.PathLike, column: str,
 
     Kept: the token ``column``, the ``named`` columns that exist, and every other list column
     (a mask column ``pack`` may find by its default name); text and scalar columns are left out.
-    Of the first batch's schema metadata only a declared vocabulary size is kept
-    (:data:`~packtool.formats.schema.VOCAB_SIZE_META_KEY`: ``pack`` refuses ids at or over it).
     The file's columns are the union of the batches' kept columns, as one table of all the
     rows would have them: a column a batch lacks is null in its rows, a column first seen in a
     later batch is null in the rows before it (the file is rewritten once with it), so
@@ -651,9 +649,6 @@ def write_input(batches: Iterable, path: str | os.PathLike, column: str,
                                   f"{', '.join(b.schema.names)}; pass column=NAME")
             keep = [f.name for f in b.schema
                     if f.name == column or f.name in named or is_list_layout(f.type)]
-            if schema is None:  # a vocabulary size the data declares is checked as in a file
-                declared = {k: v for k, v in (b.schema.metadata or {}).items()
-                            if k == VOCAB_SIZE_META_KEY}
             b = _canonical(b.select(keep), column, rows).replace_schema_metadata(None)
             if column in b.schema.names:
                 typ = b.schema.field(column).type
@@ -661,10 +656,10 @@ def write_input(batches: Iterable, path: str | os.PathLike, column: str,
                     raise _type_error(column, column, typ, None,
                                       rows + _first_telling(b.column(column)))
             if writer is None:
-                schema = b.schema.with_metadata(declared)
+                schema = b.schema
                 writer = pa.ipc.new_file(path, schema)
             else:
-                wider = _widened(schema, b, column, rows).with_metadata(schema.metadata)
+                wider = _widened(schema, b, column, rows)
                 if not wider.equals(schema):  # the rows so far get the column, null
                     writer.close()
                     writer = None

@@ -12,9 +12,11 @@ Formats (chosen by file name, then checked by content):
 The token column may be any Arrow integer list layout: ``list``, ``large_list``,
 ``fixed_size_list``, ``list_view`` and ``large_list_view`` of any integer width. No shard is
 materialised as Python lists. Every value is checked on the way in (nulls, negative ids, ids
-over int32, ids outside the min/max a Parquet footer's statistics record for their row group or
-at or over the vocabulary size the input declares) and errors name the file, the row and the
-fix.
+over int32, ids outside the min/max a Parquet footer's statistics record for their row group:
+a file damaged after it was written) and errors name the file, the row and the fix. No id is
+held to a vocabulary size: a tokenize manifest's record or a ``tokenizer_vocab_size`` schema
+metadata does not bound the ids a valid corpus holds (a BOS/EOS added above a BPE file's ranks,
+a vocabulary with gaps, a column the tokenizer did not write).
 
 Discovery (:func:`discover`) lists directories through :mod:`pyarrow.fs`, one level at a time so
 that it can prune and report: hidden (``.``) and ``_``-prefixed entries (Spark/Hadoop
@@ -65,8 +67,7 @@ from packtool.formats.manifest import (IN_PROGRESS_NAME, KINDS, MANIFEST_META_KE
                                        read_manifest, run_holding,
                                        store_failure, unreadable, version_1_listed)
 from packtool.formats.sniff import IPC_FILE_MAGIC, compression_of, content_fix
-from packtool.formats.schema import (MASK_LIKE, VOCAB_SIZE_META_KEY, check_single_column,
-                                     check_token_column, declared_vocab_size,
+from packtool.formats.schema import (MASK_LIKE, check_single_column, check_token_column,
                                      is_integer_list, is_list_layout, token_column_candidates,
                                      tokenize_first)
 from packtool.location import Location, StoreError
@@ -81,8 +82,7 @@ __all__ = ["InputFile", "RawBatch", "Discovery", "InputSource", "MaskColumns", "
            "check_source_column", "first_data_file", "check_token_columns_agree",
            "holds_no_documents", "jsonl_token_keys", "jsonl_tokens_fix",
            "filesystem_of", "is_remote", "SUPPORTED_FORMATS", "TEXT_FORMATS", "AUTO",
-           "LOSS_MASK_COLUMNS", "text_compression", "declared_vocab_size",
-           "VOCAB_SIZE_META_KEY"]
+           "LOSS_MASK_COLUMNS", "text_compression"]
 
 log = logging.getLogger(__name__)
 
@@ -126,12 +126,6 @@ class InputFile:
     #: (:class:`~packtool.formats.manifest.Tokenization`: the tokenizer, the BOS/EOS ids
     #: added); None for any other file (nothing is known of it)
     tokenization: Tokenization | None = None
-
-    @property
-    def vocab_size(self) -> int | None:
-        """The vocabulary size its tokenize manifest records (ids 0 .. size - 1), else None
-        (the file's own schema metadata may still declare one: :func:`declared_vocab_size`)."""
-        return None if self.tokenization is None else self.tokenization.tokenizer.vocab_size
 
 
 @dataclass(frozen=True)
@@ -1595,17 +1589,14 @@ def input_schema(path, fmt: str | None = None) -> tuple[pa.Schema, object]:
 
 def _refuse_out_of_bounds(path, column: str, rg: int, row: int, lengths: np.ndarray,
                           flat: np.ndarray, lo: int, hi: int,
-                          bounds: tuple[int, int] | None,
-                          vocab: tuple[int, str] | None) -> None:
-    """Refuse a batch whose ids (``flat``, of min ``lo`` and max ``hi``) are not what the file
-    says of them: outside the footer statistics of its row group ``rg`` (``bounds``: the file
-    was damaged after it was written), or at or over its declared vocabulary size (``vocab``,
-    :func:`declared_vocab_size`).
+                          bounds: tuple[int, int]) -> None:
+    """Refuse a batch whose ids (``flat``, of min ``lo`` and max ``hi``) lie outside the footer
+    statistics of its row group ``rg`` (``bounds``: the file was damaged after it was written).
 
     Raises:
         InputError: one line naming the file, the row group and row, the id and the fix.
     """
-    if bounds is not None and (lo < bounds[0] or hi > bounds[1]):
+    if lo < bounds[0] or hi > bounds[1]:
         vi = int(np.argmax((flat < bounds[0]) | (flat > bounds[1])))
         what = "negative token id" if flat[vi] < 0 else "token id"
         raise InputError(f"{path}: row group {rg}, {row_ref(row + _row_of_value(lengths, vi))}: "
@@ -1613,13 +1604,6 @@ def _refuse_out_of_bounds(path, column: str, rg: int, row: int, lengths: np.ndar
                          f"range the file's footer statistics record for {column!r} in this "
                          "row group: the file was damaged after it was written; copy it again "
                          "from its source (re-download it) or regenerate it")
-    if vocab is not None and hi >= vocab[0]:
-        vi = int(np.argmax(flat >= vocab[0]))
-        raise InputError(f"{path}: {row_ref(row + _row_of_value(lengths, vi))}: "
-                         f"token id {int(flat[vi])} is outside the vocabulary of {vocab[0]:,} "
-                         f"ids (0..{vocab[0] - 1}) that {vocab[1]} declares: the file is "
-                         "damaged or its ids are not that tokenizer's; regenerate or "
-                         "re-download it")
 
 
 def _row_of_value(lengths: np.ndarray, value_index: int) -> int:
@@ -1793,8 +1777,7 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
                        row_range: tuple[int, int] | None = None,
                        fmt: str | None = None, *, attention_mask: str | None = None,
                        labels: str | None = None, loss_mask: str | None = None,
-                       source: str | None = None,
-                       vocab_size: int | None = None) -> Iterator[RawBatch]:
+                       source: str | None = None) -> Iterator[RawBatch]:
     """Stream one file's documents and mask columns as :class:`RawBatch` es, checked, as stored.
 
     ``row_groups`` (ascending indices) restricts the read to those row groups (Arrow IPC: record
@@ -1809,17 +1792,15 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
     :func:`packtool.core.masks.prepare_documents` does that, for ``pack`` and ``compare`` alike
     (:func:`packtool.pipeline.read.iter_documents`).
 
-    ``vocab_size``: the vocabulary size the manifest of the ``packtool tokenize`` output the
-    file is a shard of records (:attr:`InputFile.tokenization`), else None. Every id must lie
-    under the declared vocabulary size (:func:`declared_vocab_size`: that record, else the
-    file's schema metadata) and, in a Parquet file written with statistics, inside the min/max
-    its footer records for the row group (:meth:`InputSource.value_bounds`): one min and max of
-    each batch's ids, compared with them.
+    In a Parquet file written with statistics every id must lie inside the min/max its footer
+    records for the row group (:meth:`InputSource.value_bounds`): one min and max of each
+    batch's ids, compared with them. No id is held to a vocabulary size (a tokenize manifest's
+    record or a schema metadata declaration does not bound a valid corpus's ids).
 
     Raises:
         InputError: the file cannot be read (the message names the row group); an id outside
-            its row group's footer statistics (the file was damaged after it was written) or
-            at or over the declared vocabulary size (file, row group and row named).
+            its row group's footer statistics (the file was damaged after it was written; file,
+            row group and row named).
         SchemaError: a null document, a null token, a negative id or an id over int32; a mask
             row of another length than its document; a label that is neither -100 nor its
             token; an attention mask or loss mask value other than 0 or 1 (an attention mask
@@ -1850,7 +1831,6 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
     else:
         groups = [g for g in range(src.num_row_groups)
                   if row_range is None or (rg_start[g] < hi and rg_start[g + 1] > lo)]
-    vocab = declared_vocab_size(src.schema_arrow, vocab_size)
     for rg in groups:
         row = int(rg_start[rg])
         bounds = src.value_bounds(rg, column)
@@ -1879,12 +1859,11 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
             flat = numpy_values(values)
             if flat.size:
                 vmin = vmax = None
-                if bounds is not None or vocab is not None:  # one min and max of the batch
+                if bounds is not None:  # one min and max of the batch
                     vmin, vmax = int(flat.min()), int(flat.max())
-                    if (bounds is not None and (vmin < bounds[0] or vmax > bounds[1])
-                            or vocab is not None and vmax >= vocab[0]):
+                    if vmin < bounds[0] or vmax > bounds[1]:
                         _refuse_out_of_bounds(path, column, rg, row, lengths, flat, vmin, vmax,
-                                              bounds, vocab)
+                                              bounds)
                 # a pass over the ids only where their type can hold a value out of range
                 if flat.dtype.kind == "i" and (flat.min() if vmin is None else vmin) < 0:
                     vi = int(np.argmax(flat < 0))

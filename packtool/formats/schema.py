@@ -21,8 +21,7 @@ import pyarrow as pa
 
 from packtool.errors import SchemaError
 
-__all__ = ["VOCAB_SIZE_META_KEY", "declared_vocab_size", "packed_schema", "packed_columns",
-           "labels_convention", "check_token_column",
+__all__ = ["packed_schema", "packed_columns", "labels_convention", "check_token_column",
            "check_single_column", "token_column_candidates", "MASK_LIKE", "text_columns",
            "tokenize_first",
            "is_integer_list", "is_list_layout",
@@ -236,27 +235,3 @@ def written_as_shard(loc) -> bool:
         raise_if_shortage(exc, loc.display)
         return False
     return (md.metadata or {}).get(SHARD_META_KEY) == loc.name.encode()
-
-
-#: The schema metadata key in which a tokenized shard may declare its tokenizer's vocabulary
-#: size (ids 0 .. size - 1; ``sample_data/`` and other corpora write it).
-VOCAB_SIZE_META_KEY = b"tokenizer_vocab_size"
-
-
-def declared_vocab_size(schema: pa.Schema, recorded: int | None = None) -> tuple[int, str] | None:
-    """The vocabulary size a file's ids must lie under, and who declares it, for messages: the
-    tokenizer record of the ``packtool tokenize`` output the file is a shard of (``recorded``:
-    :attr:`packtool.formats.manifest.TokenizerInfo.vocab_size`, the
-    one record of a vocabulary size), else the file's schema metadata
-    (:data:`VOCAB_SIZE_META_KEY`, a positive decimal integer; anything else is not a
-    declaration); None when neither declares one."""
-    if recorded is not None and recorded > 0:
-        return int(recorded), "the manifest of the tokenize output it belongs to"
-    raw = (schema.metadata or {}).get(VOCAB_SIZE_META_KEY)
-    try:
-        size = int(raw.decode("ascii").strip()) if raw is not None else 0
-    except (UnicodeDecodeError, ValueError):
-        size = 0
-    if size <= 0:
-        return None
-    return size, f"its schema metadata ({VOCAB_SIZE_META_KEY.decode()})"

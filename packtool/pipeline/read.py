@@ -83,8 +83,6 @@ class ReadPiece:
     tokens: int  #: token values per the footer (an estimate before masks and EOS)
     file_bytes: int = -1  #: the file's size when discovered (-1: not known)
     mtime_ns: int = 0  #: its modification time then (0: not known)
-    #: the vocabulary size its tokenize manifest records (:attr:`InputFile.vocab_size`)
-    vocab_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -170,7 +168,7 @@ def _file_pieces(i: int, f: InputFile, column: str, first_doc: int,
         if acc[0]:
             pieces.append(ReadPiece(i, str(f.path), f.format, row - acc[0], acc[0],
                                     first_doc + row - acc[0], acc[1], acc[2], f.bytes,
-                                    f.mtime_ns, f.vocab_size))
+                                    f.mtime_ns))
         acc[:] = [0, 0, 0]
 
     for n, b, t in zip(rows, sizes, toks):
@@ -291,8 +289,7 @@ def iter_documents(path, column: str, *, fmt: str | None = None,
                    loss_mask: str | None = None, bos: int | None = None,
                    eos: int | None = None, source: str | None = None,
                    keep_docs: Callable[[int, int], np.ndarray] | None = None,
-                   measure_other: bool = False,
-                   vocab_size: int | None = None) -> Iterator[TokenBatch]:
+                   measure_other: bool = False) -> Iterator[TokenBatch]:
     """One file's documents as they are packed: the one read path of ``pack`` and ``compare``.
 
     The file's columns are read and checked by
@@ -312,16 +309,13 @@ def iter_documents(path, column: str, *, fmt: str | None = None,
             counted in ``TokenBatch.other_split``); None keeps every document.
         measure_other: each batch also gives the longest document left out, as its own side
             would pack it (``TokenBatch.other_longest``).
-        vocab_size: the vocabulary size the file's tokenize manifest records
-            (:attr:`~packtool.formats.reader.InputFile.vocab_size`), or None.
 
     Raises:
         InputError, SchemaError: as :func:`~packtool.formats.reader.iter_token_batches`.
     """
     for raw in iter_token_batches(path, column, batch_rows, row_range=row_range, fmt=fmt,
                                   attention_mask=attention_mask, labels=labels,
-                                  loss_mask=loss_mask, source=source,
-                                  vocab_size=vocab_size):
+                                  loss_mask=loss_mask, source=source):
         kept = None if keep_docs is None else keep_docs(raw.first_row, raw.lengths.size)
         batch = prepare_documents(raw.first_row, raw.lengths, raw.tokens, keep=raw.keep,
                                   labels=raw.labels, loss_masks=raw.loss_masks, bos=bos, eos=eos,
@@ -442,7 +436,7 @@ def read_part(cfg, part: ReadPart, tmp: str) -> PartInfo:
                             piece.path, cfg.column, fmt=piece.format,
                             row_range=(piece.first_row, piece.first_row + piece.docs),
                             keep_docs=keep_docs, measure_other=measure_other,
-                            vocab_size=piece.vocab_size, **cfg.read_options()):
+                            **cfg.read_options()):
                         check()
                         if batch.other_longest[1] > cfg.capacity:
                             _refuse_other_side(cfg.capacity, piece, batch,

@@ -43,7 +43,7 @@ from packtool.recount import Recount, mark_ids, ragged_faults
 from packtool.types import IGNORE_INDEX
 
 __all__ = ["CONTRACT_CHECKS", "PADDED_CHECK", "DEFAULT_ROWS", "WHOLE_OUTPUT_CHECKS",
-           "ContractScan", "DocumentPieces", "check_block", "check_row_contract", "vocabulary_of",
+           "ContractScan", "DocumentPieces", "check_block", "check_row_contract",
            "expected_labels", "select_rows", "scan_contract", "segment_multiple_of",
            "NO_SPAN", "pad_target_span"]
 
@@ -122,24 +122,10 @@ def _first_bad(bad_RC: np.ndarray) -> np.ndarray:
     return np.where(any_R, bad_RC.argmax(axis=1), -1)
 
 
-def vocabulary_of(manifest) -> tuple[int, frozenset] | None:
-    """``(V, own ids)`` of a packed manifest for :func:`check_block`: the vocabulary size it
-    records for its inputs' tokenizer (:attr:`Manifest.tokenized
-    <packtool.formats.manifest.Manifest.tokenized>`) and the ids the pack wrote of its own
-    (``pad_id``, ``append_eos``, ``prepend_bos``); None when it records no vocabulary size."""
-    t = getattr(manifest, "tokenized", None)
-    if t is None or t.tokenizer.vocab_size is None:
-        return None
-    own = frozenset(int(manifest.options[k]) for k in ("pad_id", "append_eos", "prepend_bos")
-                    if manifest.options.get(k) is not None)
-    return int(t.tokenizer.vocab_size), own
-
-
 def check_block(cols: dict, capacity: int, convention: str, label_masked: bool = False,
                 segment_multiple: int = 1, *, num_sources: int | None = None,
-                pad_id: int | None = None, num_docs: int | None = None,
-                vocab: tuple[int, frozenset] | None = None
-                ) -> list[tuple[int, str, int | None, str]]:
+                pad_id: int | None = None,
+                num_docs: int | None = None) -> list[tuple[int, str, int | None, str]]:
     """Contract violations of a block of rows.
 
     Args:
@@ -165,10 +151,6 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
             entry must be in 0 .. num_docs - 1; None: only >= 0. ``doc_offsets``, when
             ``cols`` holds it (a list of R arrays), needs one entry per ``doc_ids`` entry
             (reported as ``doc_ids``).
-        vocab: ``(V, own ids)``: the vocabulary size the manifest records for the tokenizer
-            of the inputs (:meth:`vocabulary_of`) and the ids the pack wrote of its own
-            (``--pad-id``, ``--append-eos``, ``--prepend-bos``: warned of, not refused, when
-            outside it); any other id >= V fails ``input_ids``; None: not checked.
 
     Returns:
         ``[(row in block, check, segment or None, message)]``, at most one per (row, check),
@@ -191,19 +173,6 @@ def check_block(cols: dict, capacity: int, convention: str, label_masked: bool =
         j = int(neg[r])
         out.append((int(r), "input_ids", None, f"token {j} holds the negative token id "
                     f"{int(ids[r, j])}; token ids must be >= 0 (pack refuses them as input)"))
-    if vocab is not None:  # ids of no token of the inputs' tokenizer (a damaged input)
-        V, own = vocab
-        over = ids >= V
-        if own and over.any():
-            over &= ~np.isin(ids, np.fromiter(own, dtype=np.int64))
-        big = _first_bad(over)
-        for r in np.flatnonzero((big >= 0) & (neg < 0)):
-            j = int(big[r])
-            out.append((int(r), "input_ids", None, f"token {j} holds id {int(ids[r, j])}, "
-                        f"outside the vocabulary of {V:,} ids (0..{V - 1}) the manifest records "
-                        "for the inputs' tokenizer: an input shard was damaged (it fails at the "
-                        "model's embedding); regenerate the input and pack again with "
-                        "--overwrite"))
     doc_ids = cols.get("doc_ids")
     # provenance lists: lengths and ranges, before any of them is used (reported as doc_ids)
     prov_bad: dict = {}
@@ -748,7 +717,6 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
         want.append("doc_offsets")
         pieces = DocumentPieces(reader.capacity)
     pad_id = m.options.get("pad_id")
-    vocab = vocabulary_of(m)
     scan = ContractScan(labels_stored=reader.labels.stored, segment_multiple=multiple)
     problem = schema_problem(reader.schema, m)
     if problem:  # one schema for every shard (each checked against it when opened)
@@ -789,7 +757,7 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
                     scan.pad_target[int(block.first + rows[i])] = int(n)
         for i, check, q, msg in check_block(cols, reader.capacity, convention, label_masked,
                                             multiple, num_sources=num_sources, pad_id=pad_id,
-                                            num_docs=num_docs, vocab=vocab):
+                                            num_docs=num_docs):
             r = int(rows[i])
             where = {"shard": block.shard, "row": block.shard_row0 + r,
                      **({"segment": q} if q else {})}

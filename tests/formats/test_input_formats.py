@@ -335,28 +335,3 @@ def test_tokenize_refuses_a_text_stream_without_its_end_marker(tmp_path):
     src.write_bytes(src.read_bytes()[:-8])
     with pytest.raises(InputError, match="ends without the Arrow end-of-stream marker"):
         list(iter_texts(src, "arrow", "text"))
-
-
-def test_the_vocabulary_a_tokenize_manifest_records_bounds_its_shards_ids(tmp_path):
-    """A shard of a ``packtool tokenize`` output: the vocabulary size its manifest records
-    (``InputFile.vocab_size``, carried by each read piece to the read) bounds the ids, before
-    any the shard's own schema metadata declares; an id at or over it is refused."""
-    import dataclasses
-
-    from packtool.formats.manifest import Tokenization, TokenizerInfo
-    from packtool.formats.reader import discover
-    from packtool.pipeline.read import iter_documents, plan_reads
-
-    src = write_docs(tmp_path / "t" / "a.parquet", [[1, 2], [3, 50]])
-    f = discover([src]).files[0]
-    assert f.vocab_size is None
-    f = dataclasses.replace(f, tokenization=Tokenization(
-        TokenizerInfo("tokenizers", "0" * 64, vocab_size=50)))
-    assert f.vocab_size == 50
-    piece = plan_reads([f], "input_ids")[0].pieces[0]
-    assert piece.vocab_size == 50
-    with pytest.raises(InputError, match=r"a\.parquet: row 1 \(0-based\): token id 50 is outside "
-                                         r"the vocabulary of 50 ids \(0\.\.49\) that the manifest "
-                                         "of the tokenize output it belongs to declares"):
-        list(iter_documents(piece.path, "input_ids", vocab_size=piece.vocab_size))
-    assert len(list(iter_documents(piece.path, "input_ids", vocab_size=51))) == 1
