@@ -1903,3 +1903,53 @@ def test_a_kept_json_value_keeps_its_characters(tmp_path, hf_tokenizer):
     line = _one_error(invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column",
                               "meta", src, tmp_path / "o2"]))
     assert "line 1: 'meta' holds a lone surrogate (\\ud800)" in line, line
+
+
+def _gapped_word_level(path):
+    """A tokenizer.json whose ids skip numbers: 3 entries, ids 0, 2 and 7."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 2, "world": 7}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path))
+    return path
+
+
+@pytest.mark.parametrize("case", ["bos-eos-above-the-ranks", "vocabulary-with-gaps",
+                                  "kept-list-column"])
+def test_a_valid_tokenized_corpus_packs_and_verifies(tmp_path, tokenizer_files, case):
+    """No id of a tokenize output is held to the vocabulary size its manifest records: a BOS
+    and EOS added by id above the ranks of a BPE file naming no special tokens (Llama 3's
+    tokenizer.model and --append-eos 128001), a tokenizer.json whose ids skip numbers (its size
+    is its largest id + 1, not its entry count), and a kept list column packed with --column
+    (ids the tokenizer never wrote) all pack, and verify --data-only passes the output."""
+    src = tmp_path / "t.parquet"
+    texts = ["hello world", "world hello hello", "hello", "the world"]
+    pq.write_table(pa.table({"text": texts, "other": pa.array(
+        [[5000, 1], [70000], [2, 3, 4], [123456]], pa.list_(pa.int32()))}), src)
+    tok, out, column = tmp_path / "tok", tmp_path / "packed", []
+    if case == "bos-eos-above-the-ranks":
+        model = tmp_path / "tokenizer.model"
+        model.write_bytes(tokenizer_files["tiktoken"][0].read_bytes())
+        n = len(tiny_ranks())
+        args = ["--tokenizer", model, "--tokenizer-pattern", r"\p{L}+|\s+|.",
+                "--prepend-bos", n, "--append-eos", n + 1]
+        want = n + 1
+    elif case == "vocabulary-with-gaps":
+        args = ["--tokenizer", _gapped_word_level(tmp_path / "tokenizer.json")]
+        want = 7
+    else:
+        args = ["--tokenizer", tokenizer_files["tokenizers"][0], "--keep-column", "other"]
+        column, want = ["--column", "other"], 123456
+    res = invoke(["tokenize", "-q", *args, src, tok])
+    assert res.exit_code == 0, res.output
+    res = invoke(["pack", "-q", "-c", 16, *column, tok, out])
+    assert res.exit_code == 0, res.output
+    assert want in [i for r in read_output(out)[0] for i in r["input_ids"]]
+    res = invoke(["verify", "--data-only", out])
+    assert res.exit_code == 0, res.output
+    size = read_manifest(out).tokenized.tokenizer.vocab_size
+    if case == "vocabulary-with-gaps":  # ids 0 .. 7, not the 3 entries
+        assert size == 8
+    elif case == "bos-eos-above-the-ranks":  # the file does not say how many ids the model has
+        assert size is None

@@ -206,7 +206,7 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
     options = {**cfg.layout_options(), "prepend_bos": bos, "append_eos": eos,
                "shard_layout": SHARD_LAYOUT,
                "tokenizer": {"kind": tok.kind, "file": Path(tok.path).name,
-                             "sha256": tok.sha256, "vocab_size": tok.vocab_size,
+                             "sha256": tok.sha256, "vocab_size": tok.recorded_vocab_size,
                              "library_version": tok.version,
                              # special-token strings in the text are encoded as text
                              "special_tokens_in_text": "text"}}

@@ -66,7 +66,9 @@ class Tokenizer:
         kind: ``tokenizers``, ``tekken`` or ``tiktoken``.
         path: the file it was loaded from.
         sha256: hex sha256 of that file (recorded in the output's manifest and fingerprint).
-        vocab_size: ids are in 0 .. vocab_size - 1.
+        vocab_size: ids are in 0 .. vocab_size - 1 (the largest id of the file + 1, gaps
+            included; a BPE file read with ``--tokenizer-pattern``: its ranks only, the special
+            tokens above them being unknown, :attr:`recorded_vocab_size`).
         specials: special token string -> id (for ``--append-eos </s>`` and friends).
         specials_known: False for a BPE file read with ``--tokenizer-pattern``: its special
             tokens live above its ranks (Llama 3's ``<|end_of_text|>`` is 128001 over 128,000
@@ -82,6 +84,14 @@ class Tokenizer:
     _offset: int = 0  #: added to every id the encoder returns (Tekken)
     version: str = ""  #: the library's version (recorded: it can change the ids)
     specials_known: bool = True
+
+    @property
+    def recorded_vocab_size(self) -> int | None:
+        """The vocabulary size a tokenize output's manifest records (``ids 0 .. size - 1``
+        holds every id the model takes): :attr:`vocab_size`, None for a file whose special
+        tokens are not known (:attr:`specials_known`: they sit above its ranks, how far the
+        file does not say, so no id of the model's is known to lie outside a size)."""
+        return self.vocab_size if self.specials_known else None
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Encode a batch of documents.
@@ -198,7 +208,10 @@ def _hf(path: Path, digest: str, add_special_tokens: bool, threads: int) -> Toke
         return out
 
     specials = {t.content: i for i, t in tok.get_added_tokens_decoder().items()}
-    return Tokenizer("tokenizers", str(path), digest, tok.get_vocab_size(with_added_tokens=True),
+    # ids 0 .. the largest id + 1: a vocabulary may skip ids (a WordLevel {"[UNK]": 0,
+    # "world": 7} holds 2 entries and id 7), so its entry count is not its size
+    size = max(tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+    return Tokenizer("tokenizers", str(path), digest, size,
                      specials, encode, 0, tokenizers.__version__)
 
 
