@@ -67,11 +67,13 @@ def web_and_code(tmp_path_factory):
     return {"web": web, "code": code}
 
 
-def stop_and_resume(make, stop_after: int) -> tuple[list, list, list]:
+def stop_and_resume(make, stop_after: int, full: list | None = None
+                    ) -> tuple[list, list, list, dict]:
     """(every batch of an uninterrupted run, the first ``stop_after`` batches of a second run,
-    the batches of a third loader restarted from the second's ``state_dict()``): ``make()``
-    builds a fresh ``StatefulDataLoader`` each time."""
-    full = list(make())
+    the batches of a third loader restarted from the second's ``state_dict()``, that state):
+    ``make()`` builds a fresh ``StatefulDataLoader`` each time; ``full``, when given, is the
+    uninterrupted run's batches already collected (not run again)."""
+    full = list(make()) if full is None else full
     dl = make()
     it = iter(dl)
     head = [next(it) for _ in range(stop_after)]
@@ -79,7 +81,7 @@ def stop_and_resume(make, stop_after: int) -> tuple[list, list, list]:
     del it, dl
     again = make()
     again.load_state_dict(state)
-    return full, head, list(again)
+    return full, head, list(again), state
 
 
 def emulate_flash_attention_2(monkeypatch):

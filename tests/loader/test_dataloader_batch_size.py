@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader  # noqa: E402
 from packtool.loader import PackedIterableDataset, collate  # noqa: E402
 from packtool.loader.plan import worker_bounds  # noqa: E402
 
-from loader_helpers import pack, rows_120, web_and_code, write_input  # noqa: E402,F401
+from loader_helpers import (pack, rows_120, stop_and_resume, web_and_code,  # noqa: E402,F401
+                            write_input)
 import loader_helpers  # noqa: E402
 
 
@@ -169,14 +170,7 @@ def test_resume_mid_epoch_is_exact(rows_120, num_workers):
     full = list(make())
     assert len(full) == -(-60 // 7)
     for k in (1, 3, len(full) - 1):
-        dl = make()
-        it = iter(dl)
-        head = [next(it) for _ in range(k)]
-        state = dl.state_dict()
-        del it, dl
-        again = make()
-        again.load_state_dict(state)
-        rest = list(again)
+        _, head, rest, state = stop_and_resume(make, k, full)
         assert indices(head) + indices(rest) == indices(full), k
         fresh = PackedIterableDataset(rows_120, rank=1, world_size=2, seed=4, shuffle_buffer=8,
                                       dataloader_batch_size=7)

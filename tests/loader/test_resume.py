@@ -124,7 +124,7 @@ def test_whole_batches_from_workers_resume_exactly(many_groups):
         ds = PackedIterableDataset(many_groups, rank=0, world_size=1, seed=2, batch_size=6)
         return stateful.StatefulDataLoader(ds, batch_size=None, num_workers=2)
 
-    full, before, after = stop_and_resume(make, 5)
+    full, before, after, _ = stop_and_resume(make, 5)
     assert all(b["input_ids"].dtype == torch.int32 for b in full)
     assert len(before) + len(after) == len(full)
     for a, b in zip(before + after, full):

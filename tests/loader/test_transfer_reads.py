@@ -172,7 +172,7 @@ def test_resume_with_a_collate_fn_that_reads_in_the_worker(many_groups):
         return stateful.StatefulDataLoader(dataset(many_groups, shuffle=True), batch_size=None,
                                            num_workers=2, collate_fn=edit)
 
-    full, head, rest = stop_and_resume(make, 5)
+    full, head, rest, _ = stop_and_resume(make, 5)
     assert len(head) + len(rest) == len(full)
     for a, b in zip(head + rest, full):
         assert_same(a, b)
