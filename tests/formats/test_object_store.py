@@ -581,7 +581,6 @@ def test_a_killed_store_packs_local_stages_are_removed_by_the_next_run(tmp_path,
     that is gone (its pid free or reused, or this host rebooted since). Stages of a live pack
     (paused, or this very process), of another host (whose processes cannot be asked), stages
     without a holder record touched within the last days, and other files are kept."""
-    import signal
     import socket
 
     from packcheck import paused_pack
