@@ -831,6 +831,7 @@ class PackedOutput:
             except (OSError, pa.ArrowException) as exc:
                 raise_if_shortage(exc, str(where))
                 self._raise_if_store_failed(s, exc)  # the store, not the shard
+                self._raise_if_repacked(s)
                 raise ManifestError(f"{where}: unreadable Parquet footer ({first_line(exc)}); the "
                                     "shard is damaged: rerun the same packtool pack with "
                                     "--overwrite") from None
@@ -958,6 +959,8 @@ class PackedOutput:
                 # a cached copy damaged on this disk (a page checksum fails): fetched again
                 if attempt == 0 and self._drop_cached(s):
                     continue
+                # a store object rewritten under this reader is read by ranges of the new one
+                self._raise_if_repacked(s)
                 raise ManifestError(f"{where}: row group {g} cannot be read ({first_line(exc)}): "
                                     "the shard is damaged; rerun the same packtool pack with "
                                     "--overwrite") from None

@@ -51,9 +51,10 @@ def _loader_state(state: dict) -> dict | None:
     if _SNAPSHOT in state:  # worker processes
         if state.get(_STEPS, 0):
             raise ValueError(
-                f"this DataLoader state is {state[_STEPS]} batches past its last snapshot; "
-                "save it with StatefulDataLoader(snapshot_every_n_steps=1) (the default) to "
-                "resume at another world size or worker count")
+                f"this DataLoader state is {state[_STEPS]} batches past its last snapshot, "
+                "which only StatefulDataLoader.load_state_dict can replay (same world size, "
+                "worker count and batch size); to load it into the dataset (another size), "
+                "save it with StatefulDataLoader(snapshot_every_n_steps=1) (the default)")
         workers = state[_SNAPSHOT].get(_WORKERS) or {}
         subs = []
         for key in sorted(workers, key=lambda k: int(str(k).rsplit("_", 1)[-1])):

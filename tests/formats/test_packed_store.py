@@ -571,6 +571,31 @@ def test_a_store_output_open_while_pack_overwrite_rewrites_it_says_so(both, tmp_
         reader.decode(reader.num_row_groups - 1, ["input_ids"])
 
 
+def test_a_store_shard_rewritten_under_an_open_reader_is_no_damaged_shard(both, tmp_path):
+    """A reader that already read a row group of a store shard, then ``pack --overwrite`` of
+    other options rewrote the output to its end: the next row group of that shard is read by
+    ranges of the new object (its footer was the old one's), so pyarrow fails to decode it.
+    That is the output packed again (open it again), as when a shard's size or footer
+    changed, never "the shard is damaged; rerun the same packtool pack"."""
+    from packtool.errors import ManifestError
+    from packtool.formats.packed import PackedOutput
+
+    _, uri, _, _ = both
+    src = tmp_path / "in" / "a.parquet"
+    reader = PackedOutput.open(uri)
+    groups = [g for g in range(reader.num_row_groups) if reader.rg_shard[g] == 0]
+    assert len(groups) > 1
+    reader.decode(groups[0], ["input_ids"])  # shard 0 open, its footer read
+    res = invoke([*PACK, "--overwrite", "--seed", "9", src, uri])
+    assert res.exit_code == 0, res.output
+    with pytest.raises(ManifestError) as err:
+        for g in groups[1:]:
+            reader.decode(g, ["input_ids", "labels", "cu_seqlens"])
+    line = str(err.value)
+    assert "packed again since it was opened" in line and "open it again" in line, line
+    assert "damaged" not in line, line
+
+
 def test_a_store_object_given_as_output_says_it_is_one(both, tmp_path, s3_endpoint,
                                                        monkeypatch):
     """A shard, the manifest or a tokenized file named by its object URI where the output's

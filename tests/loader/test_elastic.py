@@ -193,6 +193,40 @@ def test_len_after_a_resume_counts_the_rest_of_the_epoch(rows_120):
     assert counted[0] < 20
 
 
+def test_a_state_between_snapshots_resumes_in_its_loader_and_is_refused_elsewhere(rows_120):
+    """A StatefulDataLoader saved 2 batches past its last snapshot (snapshot_every_n_steps=3,
+    2 workers): a new StatefulDataLoader of the same size loads it and finishes the epoch
+    exactly (torchdata replays the batches since the snapshot); the dataset's own
+    load_state_dict, the elastic path, cannot replay them and refuses it in one line that
+    names both ways, without calling it another size when it is the same one."""
+    ds = PackedIterableDataset(rows_120, rank=0, world_size=1, seed=4)
+    loader = stateful.StatefulDataLoader(ds, batch_size=3, collate_fn=collate, num_workers=2,
+                                         snapshot_every_n_steps=3)
+    before = []
+    for k, b in enumerate(loader):
+        before += [(s, i) for s, i in zip(b["source"], b["index"])]
+        if k == 4:
+            break
+    state = loader.state_dict()
+    assert state["_steps_since_snapshot"] == 2
+    again = stateful.StatefulDataLoader(PackedIterableDataset(rows_120, rank=0, world_size=1,
+                                                              seed=4),
+                                        batch_size=3, collate_fn=collate, num_workers=2,
+                                        snapshot_every_n_steps=3)
+    again.load_state_dict(copy.deepcopy(state))
+    after = [(s, i) for b in again for s, i in zip(b["source"], b["index"])]
+    assert Counter(before + after) == Counter(_all_rows(rows_120))
+    for world in (1, 2):
+        fresh = PackedIterableDataset(rows_120, rank=0, world_size=world, seed=4)
+        with pytest.raises(ValueError) as err:
+            fresh.load_state_dict(copy.deepcopy(state))
+        line = str(err.value)
+        assert "2 batches past its last snapshot" in line, line
+        assert "StatefulDataLoader.load_state_dict" in line, line
+        assert "snapshot_every_n_steps=1" in line, line
+        assert "\n" not in line
+
+
 @pytest.fixture(scope="module")
 def rows_100(tmp_path_factory):
     """100 rows (one 40-token document each at C = 64) in row groups of a few rows: a row
