@@ -99,6 +99,33 @@ class _ExistingPath(click.Path):
         return super().convert(value, param, ctx)
 
 
+def _new_folder(value, what: str) -> None:
+    """Refuse a folder to be created whose name is that of a data file (``part-0001.parquet``,
+    ``docs.jsonl.gz``: :func:`~packtool.formats.reader.data_file_suffix`) and that does not
+    exist: most likely a mistyped INPUT file taken as the last positional, which would pack
+    the other inputs alone into a new folder of that name. Given with a trailing slash
+    (``x.parquet/``, a Spark-style folder) it is taken as asked; an existing entry is left to
+    the command (a folder of that name is fine). Local paths only (a store prefix is not
+    listed for this).
+
+    Raises:
+        click.UsageError: one line naming ``value`` and the two fixes.
+    """
+    from packtool.formats.reader import data_file_suffix
+    from packtool.location import Location
+
+    text = os.fspath(value)
+    if text.endswith(("/", os.sep)) or not Location.parse(text).is_local:
+        return
+    suffix = data_file_suffix(text)
+    if suffix is None or os.path.lexists(text):
+        return
+    raise click.UsageError(f"{what} {text}: does not exist and its name ends in {suffix}, so "
+                           f"it looks like a mistyped INPUT file; check the INPUT names, or to "
+                           f"create a folder of that name pass it with a trailing slash: "
+                           f"{shlex.quote(text + '/')}")
+
+
 def _choice(enum) -> click.Choice:
     return click.Choice([e.value for e in enum])
 
@@ -258,6 +285,9 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
     if (ray_address is not None and engine != Engine.RAY.value
             and ctx.get_parameter_source("ray_address") is ParameterSource.COMMANDLINE):
         raise click.UsageError("--ray-address applies only with --engine ray")
+    _new_folder(paths[-1], "OUTPUT")
+    if holdout_output is not None:
+        _new_folder(holdout_output, "--holdout-output")
     cfg = PackConfig(inputs=tuple(paths[:-1]), output=paths[-1], capacity=capacity,
                      column=column, strategy=strategy, overflow=overflow,
                      segment_multiple=segment_multiple, labels=labels, min_fill=min_fill,
@@ -1094,6 +1124,7 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
 
     if len(paths) < 2:
         raise click.UsageError("give at least one INPUT and an OUTPUT directory")
+    _new_folder(paths[-1], "OUTPUT")
     cfg = TokenizeConfig(inputs=tuple(paths[:-1]), output=paths[-1], tokenizer=tokenizer,
                          text_column=text_column, keep_columns=keep_columns,
                          append_eos=append_eos,
@@ -1173,6 +1204,7 @@ def export(output, dest, target, split, overwrite, eos_id, as_json):
 
     release_gc()  # the command's imports are done (packtool/startup.py)
 
+    _new_folder(dest, "DEST")
     _refuse_raw_input(output, "export --to nemo {} DEST")
     try:
         res = export_nemo(output, dest, split=split, overwrite=overwrite, eos_id=eos_id)

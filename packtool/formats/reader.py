@@ -329,6 +329,21 @@ def _format_of(name: str, text: bool = False) -> str | None:
     return None
 
 
+def data_file_suffix(name: str) -> str | None:
+    """The suffix by which ``name`` (a file name or path) is a data file some command reads
+    (``pack``: Parquet, Arrow IPC; ``tokenize``: JSON Lines too, optionally compressed), in
+    any case, as written in ``name``; None for any other name. A folder named so (a Spark-style
+    ``x.parquet/``) is still a folder: this looks at the name alone."""
+    low = str(name).rstrip("/").lower()
+    if _format_of(low, text=True) is None:
+        return None
+    for s in sorted((*_PARQUET_SUFFIXES, *_IPC_SUFFIXES, *_JSONL_SUFFIXES), key=len,
+                    reverse=True):
+        if low.endswith(s):
+            return str(name).rstrip("/")[-len(s):]
+    return None
+
+
 #: Suffixes of a whole file compressed by a general-purpose tool (never read: Parquet and Arrow
 #: IPC compress inside the file).
 _COMPRESSED_SUFFIXES = (".gz", ".gzip", ".zst", ".zstd", ".bz2", ".xz", ".lz4", ".zip")
