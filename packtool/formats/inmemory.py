@@ -19,7 +19,8 @@ import numpy as np
 import pyarrow as pa
 
 from packtool.errors import InputError, SchemaError, first_line, raise_if_shortage
-from packtool.formats.schema import is_integer_list, is_list_layout
+from packtool.formats.schema import (is_integer_list, is_list_layout, token_column_candidates,
+                                     token_type_fix)
 
 __all__ = ["streamed_tables", "INPUT_NAME", "INPUT_DESCRIPTION", "is_arrow_table", "table_from_list",
            "table_from_pandas", "table_to_pandas",
@@ -463,14 +464,16 @@ def _batch_ref(first_row: int) -> str:
     return f"rows from {int(first_row)} (0-based)"
 
 
-def _type_error(column: str, name: str, typ, before, row: int) -> SchemaError:
-    """One line for a batch column of a type the documents cannot be packed with."""
+def _type_error(column: str, name: str, typ, before, row: int, schema=None) -> SchemaError:
+    """One line for a batch column of a type the documents cannot be packed with (``schema``:
+    the batch's, whose lists of integers the fix names)."""
     from packtool.errors import row_ref
 
     where = f"documents: {row_ref(row)}: column {name!r} has type {typ}"
     if name == column:  # pack's own line for such a file, with the row that shows the type
+        found = [n for n in token_column_candidates(schema) if n != column] if schema else []
         return SchemaError(f"{where}, expected a list of integer token ids (list<int32> or "
-                           "similar); tokenize the text first or pass column=NAME")
+                           f"similar); {token_type_fix(typ, column, found, 'column=', 'these documents')}")
     return SchemaError(f"{where}, the documents before it {before}; give every document the "
                        "same type in each column")
 
@@ -654,7 +657,7 @@ def write_input(batches: Iterable, path: str | os.PathLike, column: str,
                 typ = b.schema.field(column).type
                 if not is_integer_list(typ) and b.num_rows:
                     raise _type_error(column, column, typ, None,
-                                      rows + _first_telling(b.column(column)))
+                                      rows + _first_telling(b.column(column)), b.schema)
             if writer is None:
                 schema = b.schema
                 writer = pa.ipc.new_file(path, schema)

@@ -178,11 +178,38 @@ def check_token_column(schema: pa.Schema, column: str, path: str) -> None:
             f"{path}: no column {column!r}; available columns: {avail}; pass --column {name}")
     check_single_column(schema, column, path)
     typ = schema.field(column).type
-    ok = is_integer_list(typ)
-    if not ok:
-        raise SchemaError(
-            f"{path}: column {column!r} has type {typ}, expected a list of integer token ids "
-            "(list<int32> or similar); tokenize the text first or pass --column NAME")
+    if not is_integer_list(typ):
+        found = [n for n in token_column_candidates(schema) if n != column]
+        raise SchemaError(f"{path}: column {column!r} has type {typ}, expected a list of "
+                          f"integer token ids (list<int32> or similar); "
+                          f"{token_type_fix(typ, column, found)}")
+
+
+def token_type_fix(typ: pa.DataType, column: str, candidates=(), option: str = "--column",
+                   holder: str = "this file") -> str:
+    """The fix for a token column ``column`` of type ``typ`` that is no list of integers:
+    a list of floats is cast to integers (how, with pyarrow); another column that is a list
+    of integers (``candidates``, :func:`token_column_candidates`) is named for ``option``
+    (``--column``, or the Python API's ``column=``); a string per document with none is text,
+    tokenized first (:func:`tokenize_first`); else the column to give. ``holder``: what
+    holds the columns, as the message names it."""
+    if is_list_layout(typ) and pa.types.is_floating(typ.value_type):
+        return (f"token ids are integers: cast the column first, e.g. with pyarrow: "
+                f"t = t.set_column(t.schema.get_field_index({column!r}), {column!r}, "
+                f"t[{column!r}].cast(pa.list_(pa.int32()))), then write t again")
+    if candidates:
+        listed = ", ".join(candidates[:3]) + (", ..." if len(candidates) > 3 else "")
+        sep = "" if option.endswith("=") else " "
+        what = "a value per document" if not is_list_layout(typ) else "no list of integers"
+        return (f"{column!r} is {what}, not token ids; the lists of integers in {holder}: "
+                f"{listed}: pass {option}{sep}{candidates[0]}")
+    if _is_text(typ):
+        return (tokenize_first(column) if not option.endswith("=") else
+                f"{column!r} holds text: tokenize it first (your tokenizer, or packtool "
+                "tokenize on a file of it)")
+    sep = "" if option.endswith("=") else " "
+    return (f"{column!r} holds no token ids and {holder} has no list of integers: tokenize "
+            f"its text first (packtool tokenize), or pass {option}{sep}NAME")
 
 
 def _is_text(typ: pa.DataType) -> bool:
