@@ -78,7 +78,8 @@ from packtool.formats.manifest import (HELD_HERE, IN_PROGRESS_NAME, LOCK_NAME,
                                        run_words, shard_entry_of,
                                        V1_MANIFEST_NAME, version_1_shards)
 from packtool.formats.schema import written_as_shard
-from packtool.location import Location, StoreError, remove_made, sweep_stages
+from packtool.location import Location, StoreError, display, remove_made, sweep_stages
+from packtool.stats import plural
 
 __all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256", "pack_running",
            "BYTE_DECIDING_PACKAGES", "WINDOW_DIR_PREFIX", "READ_DIR_PREFIX", "SCRATCH_UNITS",
@@ -218,6 +219,9 @@ class Output:
         pairing: one output of ``pack --holdout``: the pairing its manifest records; a finished
             identical pack recording another pairing is not complete (it is packed again, to
             record this one).
+        files: the input files read now, in order (``InputFile``): a finished pack of other
+            inputs is refused naming the files added, removed or changed; None: not named (the
+            Python API's documents, recorded by their content).
 
     Attributes after entry: ``path`` and ``tmp`` (:class:`~packtool.location.Location` of OUTPUT
     and of its scratch), ``complete`` (a finished identical output is there: nothing to do),
@@ -237,8 +241,11 @@ class Output:
 
     def __init__(self, path, inputs, fingerprint: str, *, overwrite: bool = False,
                  options: dict | None = None, kind: str = PACKED_KIND, role: str = "OUTPUT",
-                 pairing: HoldoutPairing | None = None):
+                 pairing: HoldoutPairing | None = None, files=None):
         self.path = Location.parse(path)
+        #: the input files read now (:class:`~packtool.formats.reader.InputFile`), to name
+        #: what changed against a finished pack's recorded inputs; None: not named
+        self.files = files
         #: how messages name this output: ``OUTPUT``, or the option that named it
         #: (``--holdout-output``)
         self.role = role
@@ -492,9 +499,17 @@ class Output:
                 was = dict(m.options)
                 if m.labels is not None:  # recorded apart as the labels fact
                     was["labels"] = m.labels.convention if m.labels.stored else "none"
+                differs = _differences(was, self.options)
+                if differs.startswith("other inputs") and self.files is not None:
+                    at = None
+                    if out.is_local:
+                        try:
+                            at = os.stat(out.path / MANIFEST_NAME).st_mtime
+                        except OSError:
+                            pass
+                    differs = f"other inputs ({_input_changes(m, self.files, at)})"
                 raise OutputError(f"{out.display}: {self.role} holds a finished "
-                                  f"{_run_word(m.kind)} of "
-                                  f"{_differences(was, self.options)}; pass --overwrite "
+                                  f"{_run_word(m.kind)} of {differs}; pass --overwrite "
                                   "to replace it or choose another location")
             if old is not None:
                 raise OutputError(f"{out.display}: {self.role} holds a pack of format version 1 "
@@ -1075,9 +1090,70 @@ def _differences(was, now) -> str:
                 "read in one pack and not in the other)")
     chosen = [k for k in keys if k not in _DERIVED_OPTIONS]
     keys = chosen or keys  # what follows from a chosen option is not news
-
-    def show(d, k):
-        return "default" if k not in d else repr(d[k])
-
-    changes = ", ".join(f"{k}: {show(was, k)} -> {show(now, k)}" for k in keys[:4])
+    changes = ", ".join(_option_change(k, was, now) for k in keys[:4])
     return f"other options ({changes}{', ...' if len(keys) > 4 else ''})"
+
+
+def _option_change(key: str, was: dict, now: dict) -> str:
+    """One recorded option that differs, as the command line spells it: ``--rows-per-shard
+    8192 -> 100``, ``--no-shuffle not given -> given``, ``--compression default -> lz4``; an
+    option no flag sets (``rows_per_group``, which ``--row-group-mb`` and ``--capacity``
+    decide) by its recorded name."""
+    def show(d):
+        if key not in d:
+            return "default"
+        v = d[key]
+        if key == "shuffle":
+            return "not given" if v else "given"
+        if v is None:
+            return "none"
+        if isinstance(v, dict):  # the tokenizer: its file
+            return str(v.get("file") or "another") + (
+                f" (sha256 {str(v['sha256'])[:12]})" if v.get("sha256") else "")
+        return str(v)
+
+    if key == "shuffle":
+        name = "--no-shuffle"
+    elif key in _DERIVED_OPTIONS or key == "shard_layout":
+        name = key.replace("_", " ")
+    else:
+        name = "--" + key.replace("_", "-")
+    return f"{name} {show(was)} -> {show(now)}"
+
+
+def _input_changes(manifest: Manifest, files, found_at: float | None) -> str:
+    """What differs between the inputs ``manifest`` records and ``files`` (the
+    :class:`~packtool.formats.reader.InputFile` list read now), for a message: files added,
+    removed or of another size (the first two of each and a count); with none of those, the
+    files whose mtime is after the manifest was written (``found_at``, its mtime in seconds;
+    the fingerprint records each file's mtime, docs/robustness.md), or that the content or
+    mtime changed in place, or another version packed it."""
+    def key(path) -> str:
+        return _resolved(path) if Location.parse(path).is_local else display(path)
+
+    was = {key(e.path): e for e in manifest.inputs}
+    now = {key(f.path): f for f in files}
+
+    def some(names, what) -> str:
+        shown = ", ".join(Location.parse(n).display for n in names[:2])
+        more = f" and {len(names) - 2} more" if len(names) > 2 else ""
+        return f"{plural(len(names), 'file')} {what}: {shown}{more}"
+
+    added = [n for n in now if n not in was]
+    removed = [n for n in was if n not in now]
+    resized = [n for n in now if n in was and was[n].bytes != now[n].bytes]
+    said = [some(names, what) for names, what in ((added, "added"), (removed, "removed"),
+                                                  (resized, "modified, another size"))
+            if names]
+    if said:
+        return "; ".join(said)
+    touched = [n for n in now if found_at is not None and now[n].mtime_ns / 1e9 > found_at]
+    version = ("" if manifest.packtool_version == _versions()["packtool"] else
+               f"; packtool {manifest.packtool_version} packed it, this is "
+               f"{_versions()['packtool']}")
+    if touched:
+        return (some(touched, "touched or changed in place since the pack, same size, later "
+                     "mtime (the fingerprint includes each file's mtime)") + version)
+    return ("the same files and sizes, so a file changed in place or only its mtime did (the "
+            "fingerprint includes each file's mtime), or another version of packtool or of "
+            "pyarrow or numpy packed it" + version)

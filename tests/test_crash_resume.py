@@ -91,7 +91,7 @@ def test_rerun_with_other_options_does_not_reuse_stale_shards(tmp_path, src):
     result = rerun(src, out, other, said)
     assert result["shards_reused"] == 0
     # the run says what it replaced
-    assert any("OUTPUT held an interrupted pack of other options (seed: 3 -> 4) (" in w
+    assert any("OUTPUT held an interrupted pack of other options (--seed 3 -> 4) (" in w
                and "finished shards): replaced by this pack" in w for w in said), said
     fresh = tmp_path / "fresh"
     rerun(src, fresh, other)

@@ -245,7 +245,7 @@ def test_a_rerun_with_other_options_and_a_column_kept_twice_are_told_plainly(tmp
     res = invoke(args[:4] + ["--append-eos", "</s>"] + args[4:])
     assert res.exit_code == 1, res.output
     assert res.output.strip() == (f"Error: {tmp_path / 'o'}: OUTPUT holds a finished tokenize run "
-                                  "of other options (append_eos: None -> 1); pass --overwrite to "
+                                  "of other options (--append-eos none -> 1); pass --overwrite to "
                                   "replace it or choose another location")
     res = invoke(args[:4] + ["--keep-column", "id", "--keep-column", "id", src, tmp_path / "k"])
     assert res.exit_code == 2, res.output
@@ -655,7 +655,7 @@ def test_invalid_utf8_and_dictionary_text_columns(tmp_path, hf_tokenizer):
             w.write_table(pa.table({"text": bad}))
     for name in ("b.parquet", "b.arrow"):
         res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, tmp_path / name,
-                      tmp_path / f"o-{name}"])
+                      f"{tmp_path}/o-{name}/"])
         assert res.exit_code == 1, res.output
         line = res.output.strip()
         assert len(line.splitlines()) == 1 and "internal error" not in line, line
@@ -1199,7 +1199,7 @@ def test_a_dictionary_kept_column_is_kept_as_its_values_beside_any_file(tmp_path
             else:
                 pq.write_table(table, d / fname, row_group_size=2)
         res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column", "src",
-                      "--batch-docs", 3, "--rows-per-shard", 4, d, tmp_path / f"o-{name}"])
+                      "--batch-docs", 3, "--rows-per-shard", 4, d, f"{tmp_path}/o-{name}/"])
         assert res.exit_code == 0, res.output
         shards = sorted((tmp_path / f"o-{name}").glob("part-*.parquet"))
         assert {pq.read_schema(p).field("src").type for p in shards} == {want_type}

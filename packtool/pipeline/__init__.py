@@ -181,8 +181,10 @@ class _Run:
         """OUTPUT of this pack, not entered yet (entering it runs every check on OUTPUT)."""
         cfg = self.cfg
         role = self.role or ("--holdout-output" if cfg.holdout_part == "holdout" else "OUTPUT")
+        named = cfg.inputs_digest is None and cfg.inputs_name is None  # files, not documents
         return Output(cfg.output, cfg.inputs, self.fp, overwrite=cfg.overwrite,
-                      options=cfg.layout_options(), role=role, pairing=self.pairing)
+                      options=cfg.layout_options(), role=role, pairing=self.pairing,
+                      files=self.files if named else None)
 
 
 def _prepare(cfg: PackConfig) -> _Run:

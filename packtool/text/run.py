@@ -219,7 +219,8 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
     out = None
     try:
         with interruptible(), Output(cfg.output, cfg.inputs, fp, overwrite=cfg.overwrite,
-                                     options=options, kind=TOKENIZED_KIND) as out:
+                                     options=options, kind=TOKENIZED_KIND,
+                                     files=files) as out:
             return _tokenize(cfg, out, tok, bos, eos, files, fp, options, width, schema, show,
                              t0, found_info)
     except KeyboardInterrupt:

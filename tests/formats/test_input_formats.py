@@ -305,7 +305,7 @@ def test_a_stream_cut_at_a_message_boundary_or_joined_to_another_is_refused(tmp_
     (tmp_path / "joined.arrow").write_bytes(data + data)
     for name, words in (("cut.arrow", "ends without the Arrow end-of-stream marker"),
                         ("joined.arrow", f"holds {len(data)} bytes after the Arrow end-of-stream")):
-        out = tmp_path / f"out-{name}"
+        out = tmp_path / f"out-{name.split('.')[0]}"
         res = invoke(["pack", "-q", "--capacity", 8, tmp_path / name, out])
         assert res.exit_code == 1 and words in res.output and name in res.output, res.output
         assert not out.exists()

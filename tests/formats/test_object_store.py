@@ -168,7 +168,7 @@ def test_pack_s3_to_s3_gives_the_same_bytes_as_local(tmp_path, s3, monkeypatch):
     other = invoke(["pack", "-q", *OPTS[:-2], "--workers", 2, "--seed", 3,
                     f"s3://{bucket}/in", f"s3://{bucket}/out"])
     assert other.exit_code == 1 and "holds a finished pack of other options (" in other.output \
-        and "seed: 0 -> 3" in other.output, other.output
+        and "--seed 0 -> 3" in other.output, other.output
     back = invoke(["pack", "-q", *OPTS, f"s3://{bucket}/out", tmp_path / "x"])
     assert back.exit_code == 1 and "packtool output" in back.output
 

@@ -230,8 +230,8 @@ def test_a_finished_pack_of_other_options_is_refused_naming_them(tmp_path, sampl
     before = {f.name: f.read_bytes() for f in out.iterdir()}
     res = CliRunner().invoke(cli, args[:4] + ["--compression", "lz4", "--seed", "2"] + args[4:])
     assert res.exit_code == 1
-    assert "holds a finished pack of other options (seed: 0 -> 2, compression: default -> " \
-           "'lz4'); pass --overwrite" in res.output, res.output
+    assert "holds a finished pack of other options (--seed 0 -> 2, --compression default -> " \
+           "lz4); pass --overwrite" in res.output, res.output
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before
     again = CliRunner().invoke(cli, args[:4] + ["--labels", "shifted"] + args[4:])
     # rows_per_group follows from the labels column and the capacity: no flag sets it, so it
