@@ -126,6 +126,25 @@ def _new_folder(value, what: str) -> None:
                            f"{shlex.quote(text + '/')}")
 
 
+class _TokenId(click.ParamType):
+    """A token id (an integer) of ``pack`` and ``compare``; a token string (``'</s>'``) is
+    refused saying that ``packtool tokenize`` takes those (it has the tokenizer to look them
+    up)."""
+
+    name = "integer"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return int(value)
+        except ValueError:
+            flag = param.opts[0] if param is not None else "--append-eos"
+            self.fail(f"{value!r}: this command takes a token id (an integer such as 2); a "
+                      f"token string is looked up by packtool tokenize {flag} {value!r} "
+                      "--tokenizer FILE, which has the tokenizer", param, ctx)
+
+
 def _choice(enum) -> click.Choice:
     return click.Choice([e.value for e in enum])
 
@@ -157,10 +176,10 @@ class _LogFormat(logging.Formatter):
 #: options saying how INPUT is read, the same for pack and compare (one code path reads it:
 #: :func:`packtool.pipeline.read.iter_documents`)
 _INPUT_OPTIONS = [
-    click.option("--append-eos", type=int, default=None, metavar="ID",
+    click.option("--append-eos", type=_TokenId(), default=None, metavar="ID",
                  help="Append this end-of-document id to every document not already ending "
                       "with it."),
-    click.option("--prepend-bos", type=int, default=None, metavar="ID",
+    click.option("--prepend-bos", type=_TokenId(), default=None, metavar="ID",
                  help="Prepend this beginning-of-document id to every document not already "
                       "starting with it."),
     click.option("--attention-mask-column", default="auto", show_default=True, metavar="NAME",
@@ -383,7 +402,7 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
             f"{rate / 1e6:.2f} M tokens/s"
             + (f", {plural(result.shards_reused, 'shard')} reused" if result.shards_reused
                else "")
-            + (f", {result.docs_reused:,} documents not read again" if result.docs_reused
+            + (f", {plural(result.docs_reused, 'document')} not read again" if result.docs_reused
                else "")
             + (f", {plural(result.windows_reused, 'window')} reused" if result.windows_reused
                else "")
@@ -399,7 +418,8 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
     if result.holdout is not None and not quiet and not as_json:
         h = result.holdout.stats
         lost = f"; {_losses(h, cfg.min_fill)}" if h.tokens_lost else ""
-        click.echo(f"held out {s.docs_other_split:,} documents ({s.tokens_other_split:,} tokens) "
+        click.echo(f"held out {plural(s.docs_other_split, 'document')} "
+                   f"({plural(s.tokens_other_split, 'token')}) "
                    f"of --holdout {cfg.holdout} into {plural(h.rows, 'row')} "
                    f"of {h.capacity} -> "
                    f"{display(cfg.holdout_output)}{lost}"
@@ -1217,7 +1237,10 @@ def export(output, dest, target, split, overwrite, eos_id, as_json):
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(res), indent=2))
     elif res.already_complete:
-        click.echo(f"{res.path}: already holds this export ({res.rows:,} rows); nothing to do")
+        from packtool.stats import plural
+
+        click.echo(f"{res.path}: already holds this export ({plural(res.rows, 'row')}); "
+                   "nothing to do")
     elif res.completed_entry:
         click.echo(f"{res.path}: already exported (by a run stopped before its metadata "
                    f"entry); entry written to {res.metadata}")
@@ -1231,8 +1254,9 @@ def export(output, dest, target, split, overwrite, eos_id, as_json):
                     "input, no target; a zero-length sequence to their collate)")
             if res.rows_left_out:
                 left += f", so {plural(res.rows_left_out, 'row')} of nothing else"
-        click.echo(f"exported {res.rows:,} rows ({res.sequences:,} sequences, {res.tokens:,} "
-                   f"tokens, {res.targets:,} loss-mask targets){left} -> {res.path}")
+        click.echo(f"exported {plural(res.rows, 'row')} ({plural(res.sequences, 'sequence')}, "
+                   f"{plural(res.tokens, 'token')}, {plural(res.targets, 'loss-mask target')})"
+                   f"{left} -> {res.path}")
     if not as_json:
         for note in res.notes:
             click.echo(f"  note: {note}")

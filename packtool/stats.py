@@ -67,6 +67,10 @@ def plural(count: int, noun: str, nouns: str | None = None) -> str:
 SPLIT_WARNING_FRACTION = 0.5
 
 
+#: pack warns when padding is more than this fraction of the rows' tokens (rows x C).
+PADDING_WARNING_FRACTION = 0.5
+
+
 def split_warning(docs_split: int, docs_nonempty: int, capacity: int,
                   threshold: float = SPLIT_WARNING_FRACTION) -> str | None:
     """A loud line when ``--overflow split`` cut more than ``threshold`` (a fraction, default
@@ -327,11 +331,11 @@ class PackStats:
         if not self.tokens_in or lost <= threshold * self.tokens_in:
             return None
         # with --min-fill some dropped documents are its own, not long: only --overflow's
-        docs = f"{self.docs_dropped_by_overflow + self.docs_truncated:,} "
+        docs = plural(self.docs_dropped_by_overflow + self.docs_truncated, "document")
         if self.rows_dropped and not (self.docs_under_min_fill or self.doc_tokens_under_min_fill):
-            docs = ""  # counts of an older manifest: the documents of each cause not apart
+            docs = "documents"  # counts of an older manifest: the documents of each cause not apart
         return (f"--overflow {overflow} removed {percent(lost, self.tokens_in)} "
-                f"of the tokens ({lost:,} of {self.tokens_in:,}, {docs}documents "
+                f"of the tokens ({lost:,} of {self.tokens_in:,}, {docs} "
                 "over --capacity); use --overflow split or a larger --capacity to keep them")
 
     def min_fill_warning(self, min_fill: float, threshold: float = 0.01) -> str | None:
@@ -345,12 +349,26 @@ class PackStats:
                 f"of the tokens read ({lost:,} of {self.tokens_in:,}) are not written; lower "
                 "--min-fill to keep them")
 
+    def padding_warning(self, threshold: float = PADDING_WARNING_FRACTION) -> str | None:
+        """A loud line when padding is more than ``threshold`` (a fraction, default one half)
+        of the rows' tokens (rows x C): most of every step is then spent on padding, as when C
+        is larger than the documents can fill (one row of 82 % padding, C above the whole
+        input); None otherwise."""
+        slots = self.rows * self.capacity
+        if not slots or self.padding_tokens <= threshold * slots:
+            return None
+        return (f"padding is {percent(self.padding_tokens, slots)} of the rows' tokens "
+                f"({self.padding_tokens:,} of {slots:,} in {plural(self.rows, 'row')} of "
+                f"--capacity {self.capacity}): the documents fill rows of this size poorly; a "
+                "smaller --capacity wastes less (packtool compare INPUT --capacity C shows the "
+                "padding of each C first)")
+
     def warnings(self, overflow: str, min_fill: float) -> list[str]:
         """The loud lines ``pack --overflow overflow --min-fill min_fill`` prints for these
-        counts (:meth:`overflow_warning`, then :meth:`min_fill_warning`); ``compare`` prints
-        the same for its dry run."""
+        counts (:meth:`overflow_warning`, then :meth:`min_fill_warning`, then
+        :meth:`padding_warning`); ``compare`` prints the same for its dry run."""
         return [w for w in (self.overflow_warning(str(overflow)),
-                            self.min_fill_warning(min_fill)) if w]
+                            self.min_fill_warning(min_fill), self.padding_warning()) if w]
 
     def output_warnings(self, options) -> list[str]:
         """The loud lines a reader of a packed output with these totals prints (``stats``,

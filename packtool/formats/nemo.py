@@ -64,6 +64,7 @@ from packtool.formats.manifest import output_around, output_words, stale_holdout
 from packtool.location import Location, make_dirs, remove_made
 from packtool.signals import check, hold, interruptible, test_pause
 from packtool.types import IGNORE_INDEX
+from packtool.stats import plural
 
 __all__ = ["NEMO_ROWS_PER_GROUP", "NEMO_SPLITS", "nemo_schema", "nemo_file_name",
            "to_nemo_batch", "export_nemo", "export_warnings", "export_notes", "eos_warnings",
@@ -298,9 +299,9 @@ def eos_warnings(manifest, done: "NemoExport") -> list[str]:
                     f"collate feeds, so {done.eos_targets:,} of the {done.targets:,} targets "
                     "(each the token right after such an EOS) are not trained")
     if done.eos_cut:
-        said.append(f"with pad_seq_to_mult > 1 their collate ends {done.eos_cut:,} sequence(s) "
+        said.append(f"with pad_seq_to_mult > 1 their collate ends {plural(done.eos_cut, 'sequence')} "
                     "at the last fed token that is not EOS, the EOS after it taken for padding")
-    return [f"{done.eos_documents:,} document(s) hold the EOS id {done.eos_id} before their "
+    return [f"{plural(done.eos_documents, 'document holds', 'documents hold')} the EOS id {done.eos_id} before their "
             f"last token (first: {manifest.input_row(done.eos_first_doc)}): "
             + "; ".join(said) + " (docs/python-and-text.md)"]
 

@@ -380,8 +380,10 @@ def load_tokenizer(path: str | os.PathLike, *, pattern: str | None = None,
     if p.is_dir():
         p = _file_in_folder(p)
     if not p.is_file():
-        raise InputError(f"{p}: no such tokenizer file; give a local tokenizer.json, Tekken JSON "
-                         "or tiktoken BPE file")
+        raise InputError(f"{p}: no such tokenizer file (packtool downloads nothing, so a "
+                         "model name such as gpt2 is not looked up); give the path of a local "
+                         "tokenizer.json, Tekken JSON or tiktoken BPE file (e.g. the "
+                         "tokenizer.json of a downloaded model folder)")
     threads = threads or os.cpu_count() or 1
     digest = _sha256(p)
     with open(p, "rb") as f:  # JSON may begin with a byte-order mark and white space

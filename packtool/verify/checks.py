@@ -30,6 +30,7 @@ from packtool.verify.contract import (CONTRACT_CHECKS, DEFAULT_ROWS, PADDED_CHEC
                                       WHOLE_OUTPUT_CHECKS, check_row_contract, pad_target_span,
                                       scan_contract, select_rows)
 from packtool.verify.report import FAIL, PASS, SKIP, CheckResult, VerifyReport
+from packtool.stats import plural
 
 log = logging.getLogger(__name__)
 
@@ -287,8 +288,8 @@ def run_verify(
     window = _window_tokens(reader.capacity, row_window)
 
     # 1. the column contract
-    _say(progress, f"verify: data: checking the column contract of "
-         f"{'all ' + str(n_rows) if scan_all else 'the sampled'} rows")
+    _say(progress, "verify: data: checking the column contract of "
+         + ("all " + plural(n_rows, "row") if scan_all else "the sampled rows"))
     if scan_all:
         scan = scan_contract(reader, convention, label_masked=label_masked)
         seg = np.zeros(n_rows, dtype=np.int64)  # shape: (num_rows,)
@@ -370,7 +371,7 @@ def run_verify(
             figs["labels"] = f"not stored; derived ({convention})"
         report.add(CheckResult("data", check, FAIL if bad else PASS, figs,
                                bad[0][0] if bad else None, bad[0][1] if bad else ""))
-    _say(progress, f"verify: data: {scan.rows_checked} rows checked "
+    _say(progress, f"verify: data: {plural(scan.rows_checked, 'row')} checked "
          f"({time.perf_counter() - t0:.1f} s)")
     if data_only:
         return report
@@ -537,11 +538,12 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
     if window < capacity:
         items = [w for it in items for w in row_windows(it, window)]
         report.windows = len(items)
-        report.notes.append(f"{len(idx)} rows in batches of {B}; the model checks on "
-                            f"{len(items)} windows of {window} of their {capacity} tokens "
+        report.notes.append(f"{plural(len(idx), 'row')} in batches of {B}; the model checks on "
+                            f"{plural(len(items), 'window')} of {window} of their {capacity} "
+                            "tokens "
                             f"(first tokens {[it['window'][0] for it in items]})")
     else:
-        report.notes.append(f"{len(idx)} rows in batches of {B}")
+        report.notes.append(f"{plural(len(idx), 'row')} in batches of {B}")
     shifted = convention == "shifted"
     meas = {r.name: Measurements(r.name, r.device, r.dtype_name, r.backward,
                                  r.no_backward_reason, extra=r.describe(),
@@ -569,8 +571,8 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
                 t = time.perf_counter()
                 _say(progress, f"verify: batch {bi + 1}/{nb}: {runner.name} ({runner.device}, "
                      f"{runner.dtype_name}): "
-                     + (f"{len(chunk)} rows of {capacity}" if window >= capacity
-                        else f"{len(chunk)} window{'s' if len(chunk) > 1 else ''} of "
+                     + (f"{plural(len(chunk), 'row')} of {capacity}" if window >= capacity
+                        else f"{plural(len(chunk), 'window')} of "
                         f"{window} of a row's {capacity} tokens"))
                 try:
                     with torch.no_grad():
@@ -1038,8 +1040,8 @@ def estimate_seconds(scan_rows: int, capacity: int, model_rows: int, window: int
         compiled = "flex" in runs and (compile if compile is not None
                                        else cuda or window >= 2048)
         total += models + start + (_COMPILE_S if compiled else 0.0)
-        what = (f"{model_rows} rows of {window} tokens" if window >= capacity
-                else f"{model_rows} rows in windows of {window} tokens")
+        what = (f"{plural(model_rows, 'row')} of {window} tokens" if window >= capacity
+                else f"{plural(model_rows, 'row')} in windows of {window} tokens")
         parts.append(f"{', '.join(runs) or 'no backend'} on {what} {_duration(models)}, "
                      f"torch start-up {_duration(start)}")
         if compiled:

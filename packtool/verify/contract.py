@@ -41,6 +41,7 @@ import numpy as np
 
 from packtool.recount import Recount, mark_ids, ragged_faults
 from packtool.types import IGNORE_INDEX
+from packtool.stats import plural
 
 __all__ = ["CONTRACT_CHECKS", "PADDED_CHECK", "DEFAULT_ROWS", "WHOLE_OUTPUT_CHECKS",
            "ContractScan", "DocumentPieces", "check_block", "check_row_contract",
@@ -808,7 +809,8 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
                 scan.bad["doc_offsets"] = [(where, msg)]
     if progress:
         bad = sum(len(v) for v in scan.bad.values())
-        progress(f"data: {scan.rows_checked} rows checked, {bad} contract violations")
+        progress(f"data: {plural(scan.rows_checked, 'row')} checked, "
+                 f"{plural(bad, 'contract violation')}")
     return scan
 
 
