@@ -230,3 +230,109 @@ def test_location_parse_reads_file_uris_as_pyarrow_and_rfc_8089_do(tmp_path):
         assert "\n" not in str(got.value) and "secret" not in str(got.value)
     (tmp_path / "file:x").mkdir()  # a folder of that name: reached by any other spelling
     assert Location.parse(tmp_path / "file:x").is_dir()
+
+
+# -- a mistyped last INPUT taken as OUTPUT; messages that name the fix -------------------------
+
+
+def test_missing_output_named_like_an_input_file_is_refused(docs_dir, tmp_path, monkeypatch):
+    """pack a.parquet b.parquet with b mistyped packed a alone into a new folder b.parquet."""
+    src = docs_dir([[1, 2, 3]])
+    monkeypatch.chdir(src)
+    for args in (("pack", "a.parquet", "part-0001.parquet"),
+                 ("pack", "a.parquet", "o", "--holdout", "0.5", "--holdout-output",
+                  "held.parquet"),
+                 ("tokenize", "--tokenizer", "tok.json", "a.parquet", "b.jsonl.gz"),
+                 ("pack", "a.parquet", "x.arrow")):
+        res = run(*args)
+        assert res.exit_code == 2, (args, res.output)
+        line = res.output.strip().splitlines()[-1]
+        name = args[-1]
+        assert name in line and "mistyped INPUT" in line and f"{name}/" in line, line
+    assert sorted(p.name for p in src.iterdir()) == ["a.parquet"]
+    res = run("pack", "a.parquet", "part-0001.parquet/", "-q")  # the slash: a folder, as asked
+    assert res.exit_code == 0, res.output
+    assert (src / "part-0001.parquet" / ".packtool-manifest.parquet").exists() or any(
+        (src / "part-0001.parquet").iterdir())
+    res = run("pack", "a.parquet", "part-0001.parquet", "-q")  # exists now: fine
+    assert res.exit_code == 0, res.output
+
+
+def test_export_dest_named_like_an_input_file_is_refused(docs_dir, tmp_path):
+    src = docs_dir([[1, 2, 3], [4, 5]])
+    out = tmp_path / "o"
+    assert run("pack", src, out, "-c", "4", "-q").exit_code == 0
+    res = run("export", out, tmp_path / "nemo.parquet", "--to", "nemo")
+    assert res.exit_code == 2 and "mistyped" in res.output and "nemo.parquet/" in res.output
+    assert not (tmp_path / "nemo.parquet").exists()
+
+
+def test_float_and_string_token_columns_name_the_fix(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"input_ids": pa.array([[1.0, 2.0]], pa.list_(pa.float64())),
+                             "ids": [[1, 2]], "source": ["a"]}), tmp_path / "f.parquet")
+    pq.write_table(pa.table({"text": ["hello"]}), tmp_path / "t.parquet")
+    res = run("pack", tmp_path / "f.parquet", tmp_path / "o")
+    assert res.exit_code == 1 and "cast" in res.output and "tokenize the text" not in res.output
+    res = run("pack", tmp_path / "f.parquet", tmp_path / "o", "--column", "source")
+    assert res.exit_code == 1 and "--column ids" in res.output, res.output
+    assert "tokenize" not in res.output
+    res = run("pack", tmp_path / "t.parquet", tmp_path / "o", "--column", "text")
+    assert res.exit_code == 1 and "packtool tokenize --tokenizer FILE" in res.output, res.output
+
+
+def test_rerun_refusal_names_what_changed(docs_dir, tmp_path):
+    import os
+    import time
+
+    src = docs_dir([[1, 2, 3], [4, 5]])
+    out = tmp_path / "o"
+    assert run("pack", src, out, "-c", "4", "-q").exit_code == 0
+    res = run("pack", src, out, "-c", "4", "--rows-per-shard", "100", "-q")
+    assert res.exit_code == 1 and "--rows-per-shard 8192 -> 100" in res.output, res.output
+    f = src / "a.parquet"
+    st = f.stat()
+    os.utime(f, ns=(st.st_atime_ns, time.time_ns() + 10**9))  # touched after the pack
+    res = run("pack", src, out, "-c", "4", "-q")
+    assert res.exit_code == 1 and "mtime" in res.output and "a.parquet" in res.output, res.output
+    docs_dir([[7, 8]], name="b.parquet")
+    res = run("pack", src, out, "-c", "4", "-q")
+    assert res.exit_code == 1 and "added" in res.output and "b.parquet" in res.output, res.output
+
+
+def test_counts_agree_with_their_nouns(docs_dir, tmp_path):
+    src = docs_dir([[1, 2, 3, 4, 5, 6]])
+    res = run("pack", src, tmp_path / "o", "-c", "4", "--overflow", "truncate", "-q")
+    assert "1 documents" not in res.output and "1 document over" in res.output, res.output
+    res = run("export", tmp_path / "o", tmp_path / "n", "--to", "nemo")
+    assert res.exit_code == 0 and "exported 1 row " in res.output, res.output
+
+
+def test_append_eos_token_string_and_named_tokenizer_say_what_to_pass(docs_dir, tmp_path):
+    src = docs_dir([[1, 2, 3]])
+    res = run("pack", src, tmp_path / "o", "--append-eos", "</s>")
+    assert res.exit_code == 2 and "packtool tokenize" in res.output, res.output
+    res = run("tokenize", "--tokenizer", "gpt2", src, tmp_path / "t")
+    assert res.exit_code != 0 and "download" in res.output and "tokenizer.json" in res.output
+
+
+def test_mostly_padding_warns(docs_dir, tmp_path):
+    src = docs_dir([[1] * 300, [2] * 200])
+    res = run("pack", src, tmp_path / "o", "-c", "4096", "-q")
+    assert res.exit_code == 0 and "WARNING" in res.output and "padding" in res.output, res.output
+
+
+def test_stats_suggestion_on_raw_input_with_other_files_runs(docs_dir, tmp_path):
+    src = docs_dir([[1, 2, 3], [4, 5]])
+    (src / "data.csv").write_text("a,b\n")
+    res = run("stats", src)
+    assert res.exit_code == 1
+    import shlex
+
+    cmd = res.output.split("run: ", 1)[1].strip().split(" (NAME")[0]
+    args = shlex.split(cmd.replace("--capacity C", "--capacity 8"))
+    assert args[0] == "packtool"
+    again = run(*args[1:])
+    assert again.exit_code == 0, (cmd, again.output)

@@ -430,3 +430,17 @@ def test_output_doc_offsets_example_is_what_pack_writes(tmp_path, more):
     pieces = sorted((r["doc_offsets"][0], [t for t, s in zip(r["input_ids"], r["segment_ids"])
                                            if s]) for r in read_rows(tmp_path / "out"))
     assert pieces == [(0, [1, 5, 6, 7]), (4, [8, 9])]
+
+
+def test_usage_options_table_lists_every_pack_option():
+    """The README calls docs/usage.md's table every option; --column and --segment-multiple
+    were missing from it."""
+    from packtool.cli import pack
+
+    doc = (Path(__file__).parents[1] / "docs" / "usage.md").read_text()
+    table = doc[doc.index("| option | default | meaning |"):]
+    table = table[:table.index("\n\n")]
+    missing = [o for p in pack.params for o in (*p.opts, *p.secondary_opts)
+               if o.startswith("--") and f"`{o}" not in table and f" {o}" not in table
+               and o not in ("--help",)]
+    assert not missing, missing
