@@ -1039,12 +1039,32 @@ def _raw_hint(out: str, command: str, data_at) -> tuple[str, str]:
         then = ("packtool compare TOKENIZED --capacity C" if command == "stats" else
                 f"packtool pack --capacity C TOKENIZED OUTPUT{_then(command, 'OUTPUT')}")
         return ("data with no column of token ids (no list of integers)",
-                f"packtool tokenize --tokenizer FILE {q} TOKENIZED (--text-column NAME if its "
-                f"text is not in 'text'), then {then}")
+                f"packtool tokenize --tokenizer FILE {q}{_skip_option(out, text=True)} "
+                f"TOKENIZED (--text-column NAME if its text is not in 'text'), then {then}")
     option, note = column
+    option += _skip_option(out)
     hint = (f"packtool compare {q} --capacity C{option}" if command == "stats" else
             f"packtool pack --capacity C{option} {q} OUTPUT{_then(command, 'OUTPUT')}")
     return "tokenized input", hint + note
+
+
+def _skip_option(out: str, text: bool = False) -> str:
+    """`` --skip-unsupported`` when the input ``out`` is refused for files of another format
+    (``data.csv`` beside the shards) and read without them, so that a command suggested for it
+    runs as printed; else empty (also when ``out`` cannot be listed: the command will say why).
+    """
+    from packtool.formats.reader import discover
+
+    try:
+        discover([out], text=text)
+        return ""
+    except Exception:
+        pass
+    try:
+        discover([out], text=text, skip_unsupported=True)
+    except Exception:
+        return ""
+    return " --skip-unsupported"
 
 
 def _refuse(out: str, command: str, *, leftovers: bool, empty: bool, packed: bool,
