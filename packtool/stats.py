@@ -360,8 +360,8 @@ class PackStats:
         return (f"padding is {percent(self.padding_tokens, slots)} of the rows' tokens "
                 f"({self.padding_tokens:,} of {slots:,} in {plural(self.rows, 'row')} of "
                 f"--capacity {self.capacity}): the documents fill rows of this size poorly; a "
-                "smaller --capacity wastes less (packtool compare INPUT --capacity C shows the "
-                "padding of each C first)")
+                "smaller --capacity wastes less (packtool compare shows the padding of each "
+                "capacity before packing)")
 
     def warnings(self, overflow: str, min_fill: float) -> list[str]:
         """The loud lines ``pack --overflow overflow --min-fill min_fill`` prints for these

@@ -666,8 +666,14 @@ def test_the_notes_pack_prints_are_python_warnings(tmp_path, sample_data):
     import warnings
 
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a pack that loses nothing warns of nothing
+        warnings.simplefilter("error")  # a pack that loses nothing and fills its rows: nothing
+        packtool.pack_dataset([[1, 2, 3], [4, 5]], 8)
+    with pytest.warns(PackWarning) as got:  # a row mostly padding: said with the keyword
         packtool.pack_dataset([[1, 2, 3]], 8)
+    assert [str(w.message) for w in got] == [
+        "padding is 62.5% of the rows' tokens (5 of 8 in 1 row of capacity=8): the documents "
+        "fill rows of this size poorly; a smaller capacity wastes less (packtool compare shows "
+        "the padding of each capacity before packing)"]
 
 
 def test_paths_and_names_passed_are_never_reworded(tmp_path):
@@ -1038,12 +1044,11 @@ def test_a_refused_output_names_the_option_changed_not_the_labels_it_implies(tmp
     docs[1]["labels"] = [4, 5]
     out = tmp_path / "fp"
     packtool.pack_dataset(docs, 8, output=out)
-    with pytest.raises(OutputError, match=r"other options \(labels_column: 'auto' -> None\);"):
+    with pytest.raises(OutputError, match=r"other options \(labels_column auto -> none\);"):
         packtool.pack_dataset(docs, 8, output=out, labels_column=None)
     masked = [{"input_ids": [1, 2, 3], "completion_mask": [0, 1, 1]}]
     packtool.pack_dataset(masked, 8, output=tmp_path / "lm")
-    with pytest.raises(OutputError, match=r"other options \(loss_mask_column: 'auto' -> "
-                                          r"None\);"):
+    with pytest.raises(OutputError, match=r"other options \(loss_mask_column auto -> none\);"):
         packtool.pack_dataset(masked, 8, output=tmp_path / "lm", loss_mask_column=None)
     plain = [{"input_ids": d["input_ids"]} for d in docs]
     with pytest.raises(OutputError, match=r"other options or inputs \(labels stored: "
