@@ -21,6 +21,10 @@ The handlers, swapped by the pack driver:
   printing its summary), one signal is let pass when the run had finished: the command exits 0
   (a second one ends it at once, saying that the output is complete); when the run was already
   stopping, a signal ends the command at once. Never with "nothing was written".
+
+A handler that C code installed (a torch DataLoader worker's SIGTERM handler, which ends the
+worker quietly when the training process terminates it) is never swapped: Python could not put
+it back, and the default action it would set instead makes the worker die by the signal.
 """
 
 from __future__ import annotations
@@ -133,12 +137,13 @@ def interruptible() -> Iterator[None]:
     restored on exit. Outside the main thread (where signal handlers cannot be set) only
     :data:`STOP` is managed. Used as a library (not the ``packtool`` command), a SIGTERM that
     stopped the run is raised again on exit, after the cleanup inside the block, for the handler
-    that was there before (the default one ends the process, as without packtool).
+    that was there before (the default one ends the process, as without packtool). A handler
+    installed in C is left in place (:func:`_swappable`): that signal does what it did.
     """
     STOP.clear()
     _stopped_by.clear()
     main = threading.current_thread() is threading.main_thread()
-    previous = {sig: signal.signal(sig, _raise) for sig in STOP_SIGNALS} if main else {}
+    previous = {sig: signal.signal(sig, _raise) for sig in _swappable()} if main else {}
     finished = False
     try:
         yield
@@ -147,7 +152,7 @@ def interruptible() -> Iterator[None]:
         for sig, handler in previous.items():
             if handler in (_early, _finished, _stopping):  # the command's own: no longer
                 handler = _finished if finished else _stopping  # "nothing was written"
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: set in C
+            signal.signal(sig, handler)
         if (main and not _command and _stopped_by == [signal.SIGTERM]
                 and previous.get(signal.SIGTERM) is not _raise):
             signal.raise_signal(signal.SIGTERM)
@@ -173,17 +178,46 @@ def hold() -> Callable[[], "int | None"]:
     return release
 
 
+def _set_outside_python(sig: int) -> bool:
+    """Whether the handler of ``sig`` was installed outside Python, by C code: a torch
+    DataLoader worker's SIGTERM handler (it ends the worker with status 0 when the training
+    process terminates it). Python cannot put such a handler back once it swapped it: its own
+    record says None, or the default action or ignore it saw at start-up (or in the process it
+    was forked from), so "restoring" it sets that action. Seen as: Python's record is None, or
+    (Linux) Python's record is the default action or ignore while the kernel says the signal
+    is caught (``SigCgt`` of ``/proc/self/status``)."""
+    known = signal.getsignal(sig)
+    if known is None:
+        return True
+    if known not in (signal.SIG_DFL, signal.SIG_IGN):
+        return False
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _swappable() -> list[int]:
+    """The :data:`STOP_SIGNALS` whose handlers packtool may swap and put back: not one
+    installed in C (:func:`_set_outside_python`), which is left to do what it does."""
+    return [sig for sig in STOP_SIGNALS if not _set_outside_python(sig)]
+
+
 def _note_signals() -> tuple[list[int], Callable[[], None]]:
     """Swap the SIGINT and SIGTERM handlers (main thread) for ones that only note the signal:
-    returns the list they note into and ``restore()``, which puts the previous handlers back
-    (a handler set in C, seen as None, as the default)."""
+    returns the list they note into and ``restore()``, which puts the previous handlers back.
+    A handler installed in C is left in place (:func:`_swappable`)."""
     noted: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, frame: noted.append(signum))
-                for sig in STOP_SIGNALS}
+                for sig in _swappable()}
 
     def restore() -> None:
         for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+            signal.signal(sig, handler)
 
     return noted, restore
 

@@ -111,3 +111,42 @@ def test_a_signal_while_the_command_imports_its_handlers_exits_with_one_line(sig
     assert p.returncode == 128 + getattr(signal, sig), (p.returncode, p.stderr)
     assert p.stderr == f"packtool: {word}; nothing was written\n", p.stderr
     assert p.stdout == ""
+
+
+_HANDLER_SET_IN_C = """
+import signal, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
+from torch.utils.data._utils.signal_handling import _set_worker_signal_handlers
+from packtool.signals import hold, interruptible, result, signals_held
+
+_set_worker_signal_handlers()  # what a DataLoader worker runs first: SIGTERM handled in C
+with ThreadPoolExecutor(1) as pool:
+    result(pool.submit(time.sleep, 0.2))  # a wait for a row group the read-ahead decodes
+hold()()
+with signals_held():
+    pass
+with interruptible():
+    pass
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_handler_set_in_c_is_left_in_place():
+    """A SIGTERM handler that Python did not install (a torch DataLoader worker's, which ends
+    the worker with status 0 when the training process terminates it) stays after packtool's
+    waits and holds. It was swapped and then restored as the default action: the training
+    process's exit terminated such workers, and torch reported each one "killed by signal:
+    Terminated" from an atexit callback."""
+    pytest.importorskip("torch")
+    proc = subprocess.Popen([sys.executable, "-c", _HANDLER_SET_IN_C], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline().strip()
+        if line == "ready":
+            proc.send_signal(signal.SIGTERM)  # from its parent: torch's handler exits 0
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert line == "ready", (line, err)
+    assert proc.returncode == 0, (proc.returncode, err)

@@ -4,6 +4,9 @@ repeats the first one's order."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from loader_helpers import many_groups  # noqa: F401
@@ -122,3 +125,32 @@ def test_the_training_process_state_warns_whatever_it_read_itself(many_groups, b
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert ds.state_dict()["yielded"] == 8  # 2 batches of 4 rows
+
+
+_EXIT_WITH_WORKERS = """
+import sys, torch
+from packtool.loader import PackedIterableDataset
+
+for _ in range(2):
+    ds = PackedIterableDataset(sys.argv[1], rank=0, world_size=1, seed=7, read_ahead=2)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                     persistent_workers=True, multiprocessing_context="fork")
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        for _ in dl:
+            pass
+"""
+
+
+def test_persistent_workers_end_quietly_when_the_training_process_exits(many_groups):
+    """A script that leaves persistent workers running when it exits: Python's multiprocessing
+    terminates them, and torch's SIGTERM handler in each worker ends it with status 0. The
+    read-ahead's waits (``read_ahead``) replaced that handler with the default action, so the
+    workers died by the signal and torch printed "Exception ignored in atexit callback ...
+    DataLoader worker (pid N) is killed by signal: Terminated" (exit status still 0)."""
+    for _ in range(3):
+        p = subprocess.run([sys.executable, "-c", _EXIT_WITH_WORKERS, str(many_groups)],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        assert "killed by signal" not in p.stderr, p.stderr
+        assert "Exception ignored" not in p.stderr, p.stderr
