@@ -208,8 +208,9 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
     from packtool.formats.packed import PackedOutput
 
     t0 = time.perf_counter()
+    # rows_add_up=False: the recount below names every total that differs (rows included)
     reader = PackedOutput.open(path, integrity="sha256" if check_hashes else "footer",
-                               progress=progress)
+                               progress=progress, rows_add_up=False)
     hashed = ((len(reader.shards), sum(s.bytes for s in reader.manifest.shards),
                time.perf_counter() - t0) if check_hashes else (0, 0, 0.0))
     C = reader.capacity
@@ -221,7 +222,8 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
                       if reader.manifest.source_column is not None else 0,
                       per_bin_limit=per_bin_limit if per_bin else 0,
                       num_docs=reader.manifest.totals.docs_in,
-                      concat=reader.manifest.options.get("strategy") == "concat")
+                      concat=reader.manifest.options.get("strategy") == "concat",
+                      location=reader.location)
     cols = recount.columns()
     pieces = None  # a document comes from one source: its pieces' source_ids must agree
     if recount.n_src and "doc_offsets" in reader.columns:

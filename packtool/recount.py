@@ -177,6 +177,8 @@ class Recount:
             entry must be below it (None: only >= 0); the bitsets are sized by the ids.
         concat: the output was packed with ``--strategy concat`` (its stream cuts documents
             without counting them split: ``docs_split`` and ``split_fragments`` are 0).
+        location: the OUTPUT (a :class:`~packtool.location.Location`): messages name a shard
+            by its full path or URI; None: by its file name.
 
     Raises:
         ManifestError: from :meth:`add`, a row whose ragged columns cannot be counted on
@@ -185,8 +187,9 @@ class Recount:
 
     def __init__(self, capacity: int, *, padded: bool = False, label_masked: bool = False,
                  num_sources: int = 0, per_bin_limit: int | None = 0,
-                 num_docs: int | None = None, concat: bool = False) -> None:
+                 num_docs: int | None = None, concat: bool = False, location=None) -> None:
         self.C = int(capacity)
+        self.location = location
         self.num_docs = num_docs
         self.concat = concat
         self.padded = padded
@@ -226,15 +229,22 @@ class Recount:
         Raises:
             ManifestError: a row whose ``cu_seqlens``, ``cu_seqlens_unpadded``, ``doc_ids`` or
                 ``source_ids`` break the contract (:func:`ragged_faults`): nothing of the block
-                is counted.
+                is counted. ``doc_ids`` and ``source_ids`` are held to the manifest's
+                ``docs_in`` and source table, so for them the message says the manifest or the
+                shards changed.
         """
         faults = ragged_faults(block.ragged, self.C, num_docs=self.num_docs,
                                num_sources=self.n_src)
         if faults:
-            r, _, msg = faults[0]
-            raise ManifestError(f"{block.shard}: {row_ref(block.shard_row0 + r)}: {msg}; the "
-                                "shards were changed after packing: rerun the same packtool "
-                                "pack with --overwrite")
+            r, column, msg = faults[0]
+            changed = {"doc_ids": "the manifest's totals or the shards were",
+                       "source_ids": "the manifest's source table or the shards were"
+                       }.get(column, "the shards were")
+            shard = (block.shard if self.location is None
+                     else self.location.join(block.shard).display)
+            raise ManifestError(f"{shard}: {row_ref(block.shard_row0 + r)}: {msg}; {changed} "
+                                "changed after packing: rerun the same packtool pack with "
+                                "--overwrite")
         C, n = self.C, block.num_rows
         cu, cu_off = block.ragged["cu_seqlens"]
         doc, k_off = block.ragged["doc_ids"]

@@ -779,8 +779,9 @@ class Manifest:
         too; :meth:`packtool.stats.PackStats.from_dict`).
 
         Raises:
-            ManifestError: another version, or a missing or malformed field (``where`` names the
-                manifest file).
+            ManifestError: another version, a version its layout contradicts (a packed
+                manifest's shards are ``outputs`` in version 2, ``shards`` in 3 and 4), or a
+                missing or malformed field (``where`` names the manifest file).
         """
         version = d.get("format_version") if isinstance(d, dict) else None
         if version not in READABLE_VERSIONS:
@@ -791,6 +792,13 @@ class Manifest:
         if kind not in KINDS:
             raise ManifestError(f"{where}: manifest of kind {kind!r}; this packtool reads "
                                 f"{', '.join(KINDS)}: use the packtool that wrote it")
+        listed = "outputs" if "outputs" in d else "shards" if "shards" in d else None
+        if kind == PACKED_KIND and listed is not None and (listed == "outputs") != (version == 2):
+            raise ManifestError(
+                f"{where}: format_version {version} contradicts its layout (shards listed "
+                f"under {listed!r}, as version {'2' if listed == 'outputs' else '3 and 4'} "
+                "list them): the manifest was edited or damaged; restore it from a copy of "
+                "this output, or rerun the same packtool pack with --overwrite")
         try:
             opts = dict(d.get("options") or {})
             if kind != PACKED_KIND:
@@ -1277,7 +1285,9 @@ def read_manifest_and_schema(output) -> tuple[Manifest, pa.Schema]:
 
     Raises:
         ManifestError: no manifest (an incomplete pack or not a packtool output), or one that is
-            not readable or of a version this packtool does not read.
+            not readable, of a version this packtool does not read, or whose two copies of its
+            JSON (the file's key-value metadata and its ``ARROW:schema``) differ: a damaged or
+            edited file (:func:`_copies_differ`).
     """
     out = Location.parse(output)
     mloc = out.join(MANIFEST_NAME)
@@ -1310,12 +1320,54 @@ def read_manifest_and_schema(output) -> tuple[Manifest, pa.Schema]:
     try:
         schema = pq.read_schema(pa.BufferReader(data))
         doc = json.loads((schema.metadata or {})[MANIFEST_META_KEY])
+        differs = _copies_differ(data)
     except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
         raise_if_shortage(exc, mloc.display)
         raise ManifestError(f"{mloc.display}: unreadable manifest ({first_line(exc)}); rerun the "
                             "same packtool pack with --overwrite") from None
+    if differs is not None:
+        kind = doc.get("kind") if isinstance(doc, dict) else None
+        raise ManifestError(
+            f"{mloc.display}: its two copies of the manifest differ ({differs} in the Parquet "
+            "key-value metadata and in ARROW:schema): the manifest file was damaged or edited; "
+            "restore it from a copy of this output, or rerun the same packtool "
+            f"{'tokenize' if kind == TOKENIZED_KIND else 'pack'} with --overwrite")
     meta = {k: v for k, v in (schema.metadata or {}).items() if k != MANIFEST_META_KEY}
     return Manifest.from_dict(doc, mloc.display), schema.with_metadata(meta)
+
+
+#: The key-value metadata key under which Parquet files written by Arrow carry their Arrow
+#: schema (base64), its metadata a second copy of the file's key-value metadata.
+_ARROW_SCHEMA_KEY = b"ARROW:schema"
+
+
+def _copies_differ(data: bytes) -> str | None:
+    """The first key (``packtool.manifest``, say) whose value differs between the two copies
+    a manifest file holds of its metadata, the manifest JSON with it: the Parquet key-value
+    metadata and the metadata of the Arrow schema base64-encoded under ``ARROW:schema``
+    (pyarrow reads the second and never compares them, so a byte changed in either would go
+    unseen). None when they agree, or when the file holds one copy (written without the
+    Arrow schema).
+
+    Args:
+        data: the bytes of the manifest file.
+
+    Raises:
+        pyarrow.ArrowException, OSError, ValueError: the file or its Arrow schema copy cannot
+            be read (an unreadable manifest).
+    """
+    import base64
+
+    plain = dict(pq.read_metadata(pa.BufferReader(data)).metadata or {})
+    encoded = plain.pop(_ARROW_SCHEMA_KEY, None)
+    if encoded is None:
+        return None
+    arrow = dict(pa.ipc.read_schema(pa.py_buffer(base64.b64decode(encoded, validate=True)))
+                 .metadata or {})
+    for key in sorted(set(plain) | set(arrow)):
+        if plain.get(key) != arrow.get(key):
+            return key.decode("utf-8", "replace")
+    return None
 
 
 def read_manifest(output) -> Manifest:
@@ -1560,8 +1612,10 @@ def check_shards(output, manifest: Manifest, *, hashes: bool = False, threads: i
 
 def check_rows_add_up(manifest: Manifest, where: str) -> None:
     """Refuse a manifest that lists shards of other rows than its totals count (a shard's entry
-    dropped or emptied, or the totals edited): ``stats`` and ``verify`` recount and name the
-    figure; a loader would serve the rows left without a word.
+    dropped or emptied, or the totals edited): a reader would serve or export the rows left
+    without a word. :meth:`packtool.formats.packed.PackedOutput.open` runs it for every reader
+    of packed rows (stats, verify, export, the loader, ``pack_dataset``'s results);
+    ``upgrade`` before it rewrites a manifest.
 
     Raises:
         ManifestError: names ``where`` (the output), both counts and the fix.

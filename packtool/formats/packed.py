@@ -63,9 +63,9 @@ import pyarrow.parquet as pq
 
 from packtool.errors import ManifestError, first_line, raise_if_shortage
 from packtool.formats.arrays import list_parts, numpy_values
-from packtool.formats.manifest import (REPACK_MISSING, Manifest, check_shards, footer_of,
-                                       read_manifest_and_schema, require_packed,
-                                       store_failure)
+from packtool.formats.manifest import (REPACK_MISSING, Manifest, check_rows_add_up,
+                                       check_shards, footer_of, read_manifest_and_schema,
+                                       require_packed, store_failure)
 from packtool.formats.schema import (CAPACITY_META_KEY, LABELS_CONVENTION_META_KEY,
                                      RAGGED_COLUMNS, SCALAR_COLUMNS, SEGMENT_MULTIPLE_META_KEY,
                                      SHARD_META_KEY, TOKEN_COLUMNS)
@@ -601,7 +601,7 @@ class PackedOutput:
 
     @classmethod
     def open(cls, path, *, integrity: str = "footer", cache=None, max_open_files: int = 64,
-             progress=None) -> "PackedOutput":
+             progress=None, rows_add_up: bool = True) -> "PackedOutput":
         """Open the packed output at ``path``.
 
         Args:
@@ -610,19 +610,33 @@ class PackedOutput:
             cache: a :class:`~packtool.formats.cache.ShardCache` for a store output, or None.
             max_open_files: open shard handles per process (>= 1).
             progress: ``callable(done, total)`` told about the sha256 of each shard.
+            rows_add_up: refuse a manifest whose shards' rows do not add up to its totals
+                (:func:`~packtool.formats.manifest.check_rows_add_up`); False only for a
+                reader that recounts every total from the rows and reports the difference
+                itself (``stats``, ``verify``).
 
         Raises:
             ManifestError: not a complete packed output (no manifest: an interrupted pack or not
                 a packtool output; a ``packtool tokenize`` output: documents, not packed rows),
-                a missing, extra, resized or (``sha256``) edited shard.
+                a missing, extra, resized or (``sha256``) edited shard, or (``rows_add_up``)
+                a manifest whose shards' rows do not add up to its totals
+                (:func:`~packtool.formats.manifest.check_rows_add_up`: an entry dropped with
+                its shard, or the totals edited; every reader refuses it here).
             ValueError: unknown ``integrity`` or ``max_open_files < 1``.
         """
         loc = Location.parse(path)
         manifest, schema = read_manifest_and_schema(loc)
         require_packed(manifest, loc.display)  # before any shard is checked or hashed
         check_shards(loc, manifest, hashes=integrity == "sha256", progress=progress)
-        return cls(loc, manifest, schema, integrity=integrity, cache=cache,
-                   max_open_files=max_open_files)
+        reader = cls(loc, manifest, schema, integrity=integrity, cache=cache,
+                     max_open_files=max_open_files)
+        try:  # after the shards' own checks, which name the shard at fault
+            if rows_add_up:  # no reader serves or exports a subset of the rows in silence
+                check_rows_add_up(manifest, loc.display)
+        except ManifestError:
+            reader.close()
+            raise
+        return reader
 
     # -- pickling: plain data, no handles --------------------------------------------------------
     def __getstate__(self) -> dict:

@@ -49,8 +49,8 @@ def open_source(path, labels: str | None, *, max_open_files: int = 64,
         from packtool.formats.cache import ShardCache
 
         cache = ShardCache(cache_dir, cache_limit)
+    # PackedOutput.open refuses rows that do not add up to the totals (check_rows_add_up)
     out = PackedOutput.open(path, integrity=integrity, cache=cache, max_open_files=max_open_files)
-    check_rows_add_up(out)
     warn_if_stale(out)
     return out, labels or out.labels.convention
 
@@ -71,8 +71,10 @@ def warn_if_stale(output) -> None:
 
 def check_rows_add_up(output) -> None:
     """Refuse an output whose manifest lists shards of other rows than its totals count (a
-    shard's entry dropped or emptied, or the totals edited): ``stats`` and ``verify`` recount
-    and name the figure; a loader would serve the rows left without a word.
+    shard's entry dropped or emptied, or the totals edited), for a
+    :class:`~packtool.formats.packed.PackedOutput` handed over already open (one
+    :meth:`~packtool.formats.packed.PackedOutput.open` opened is checked there): a loader
+    would serve the rows left without a word.
 
     Raises:
         ManifestError: names the output, both counts and the fix.

@@ -273,7 +273,10 @@ def run_verify(
             progress(f"verify: expecting about {_duration(est['total'])} on an idle machine "
                      f"({est['detail']})")
     t0 = time.perf_counter()  # the sha256 alone, not the estimate above
-    reader = PackedOutput.open(path, integrity="sha256" if check_hashes else "footer")
+    # with the scan, its totals check recounts every total (rows included) and fails; without
+    # it (--no-scan: no totals check) rows that do not add up are refused as every reader does
+    reader = PackedOutput.open(path, integrity="sha256" if check_hashes else "footer",
+                               rows_add_up=not scan_all)
     if check_hashes:
         _say(progress, f"verify: sha256 of {len(reader.shards)} shard(s) checked "
              f"({time.perf_counter() - t0:.1f} s; --no-hash skips it)")

@@ -728,7 +728,8 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
     recount = Recount(reader.capacity, padded=padded,
                       label_masked=label_masked and reader.labels.stored,
                       num_sources=num_sources or 0, num_docs=num_docs,
-                      concat=m.options.get("strategy") == "concat") if indices is None else None
+                      concat=m.options.get("strategy") == "concat",
+                      location=reader.location) if indices is None else None
     if indices is not None:
         scan.not_run = {c: "needs every row: the scan checked the sampled rows only (--no-scan)"
                         for c in WHOLE_OUTPUT_CHECKS}
