@@ -1226,15 +1226,25 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
                    "collate would train them otherwise (it treats a fed EOS as padding) "
                    "[default: pack's --append-eos, else the --append-eos of the packtool "
                    "tokenize it was packed from; none: not looked for].")
+@click.option("--no-hash", is_flag=True,
+              help="Skip the sha256 of every shard against the manifest (it reads every "
+                   "byte; stats and verify check it too). Still checked: each shard's size and "
+                   "footer, and the page checksums of the columns the export decodes: "
+                   "input_ids, segment_ids, cu_seqlens, doc_ids, doc_offsets (and labels where "
+                   "stored). A changed page of any other column goes unseen: position_ids, "
+                   "max_seqlen, num_targets (and cu_seqlens_unpadded, source_ids where "
+                   "stored).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
-def export(output, dest, target, split, overwrite, eos_id, as_json):
+def export(output, dest, target, split, overwrite, eos_id, no_hash, as_json):
     """Write the packed rows of OUTPUT (a directory or a store URI) in another trainer's packed
     format, into the local directory DEST.
 
     With --to nemo: DEST/SPLIT_C.idx.parquet (the packtool rows, padding dropped, one sequence
     per segment, loss_mask carrying the labels; 500 rows per row group) and its entry in
     DEST/C_metadata.jsonl, the layout NeMo and Megatron-Bridge train from. The padding inside
-    the spans of a --segment-multiple output is dropped too (a note says so).
+    the spans of a --segment-multiple output is dropped too (a note says so). Every shard's
+    sha256 is checked first, as stats and verify check it (--no-hash skips it), and a manifest
+    whose shards' rows do not add up to its totals is refused: nothing is written then.
     """
     import dataclasses
     import json
@@ -1247,7 +1257,8 @@ def export(output, dest, target, split, overwrite, eos_id, as_json):
     _new_folder(dest, "DEST")
     _refuse_raw_input(output, "export --to nemo {} DEST")
     try:
-        res = export_nemo(output, dest, split=split, overwrite=overwrite, eos_id=eos_id)
+        res = export_nemo(output, dest, split=split, overwrite=overwrite, eos_id=eos_id,
+                          check_hashes=not no_hash)
     except KeyboardInterrupt as exc:
         from packtool.signals import exit_status, stop_word
 
@@ -1278,6 +1289,11 @@ def export(output, dest, target, split, overwrite, eos_id, as_json):
                    f"{plural(res.tokens, 'token')}, {plural(res.targets, 'loss-mask target')})"
                    f"{left} -> {res.path}")
     if not as_json:
+        if res.shards_hashed:
+            from packtool.stats import plural
+
+            click.echo(f"  integrity: sha256 of {plural(res.shards_hashed, 'shard')} matches "
+                       "the manifest (--no-hash skips it)")
         for note in res.notes:
             click.echo(f"  note: {note}")
     for w in res.warnings:  # on stderr, loud whatever the output format (as stats prints them)

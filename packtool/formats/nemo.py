@@ -76,6 +76,10 @@ NEMO_ROWS_PER_GROUP = 500
 #: The split names of their default file names.
 NEMO_SPLITS = ("training", "validation")
 _COLUMNS = ["input_ids", "segment_ids", "labels", "cu_seqlens", "doc_ids", "doc_offsets"]
+#: What an export with ``--no-hash`` still checks of the shards it reads: their sizes and
+#: footers, and the page checksums of the columns it decodes (``labels`` when stored); a
+#: changed page of any other column goes unseen (``--no-hash``'s help says so).
+HASHLESS_CHECKED = tuple(_COLUMNS)
 
 
 def nemo_schema() -> pa.Schema:
@@ -176,17 +180,19 @@ def segment_lengths(seg: np.ndarray, k: np.ndarray) -> list[np.ndarray]:
             for row, n in zip(np.asarray(seg), np.asarray(k))]
 
 
-def _packed_blocks(out_dir) -> tuple[int, str, str, Iterator[dict], str, object, str]:
+def _packed_blocks(out_dir, check_hashes: bool = True
+                   ) -> tuple[int, str, str, Iterator[dict], str, object, str]:
     """(capacity, labels convention, the output's fingerprint, blocks of NumPy columns, the
     split it holds: ``validation`` for the held-out output of ``pack --holdout``, else
     ``training``, its :class:`~packtool.formats.manifest.Manifest`, its display name) of a
     packed OUTPUT (path or URI), read through the one reader
-    (:class:`packtool.formats.packed.PackedOutput`), labels asked for already shifted (derived
-    by its read-side rule when not stored). The reader is closed when the blocks are exhausted
-    or closed."""
+    (:class:`packtool.formats.packed.PackedOutput`; every shard's sha256 checked first when
+    ``check_hashes``, as ``stats`` and ``verify`` do), labels asked for already shifted
+    (derived by its read-side rule when not stored). The reader is closed when the blocks are
+    exhausted or closed."""
     from packtool.formats.packed import PackedOutput
 
-    reader = PackedOutput.open(out_dir)
+    reader = PackedOutput.open(out_dir, integrity="sha256" if check_hashes else "footer")
 
     def blocks():
         try:
@@ -343,6 +349,9 @@ class NemoExport:
     eos_cut: int = 0
     #: the first such document (its ``doc_ids`` entry) in row order; None when none
     eos_first_doc: int | None = None
+    #: shards whose sha256 was checked against the manifest before the export (0: ``--no-hash``,
+    #: ``check_hashes`` False)
+    shards_hashed: int = 0
 
 
 #: Key of the file's Parquet key-value metadata that records which export wrote it (the packed
@@ -449,7 +458,7 @@ def _remove_stale_temps(dest: Path, *names: str) -> None:
 
 def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = False,
                 rows_per_group: int = NEMO_ROWS_PER_GROUP,
-                eos_id: int | None = None) -> NemoExport:
+                eos_id: int | None = None, check_hashes: bool = True) -> NemoExport:
     """Write the rows of a packed OUTPUT as ``DEST/{split}_{C}.idx.parquet`` in the NeMo /
     Megatron-Bridge packed layout (module docstring), and its entry in
     ``DEST/{C}_metadata.jsonl``.
@@ -477,6 +486,11 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
             (``eos_documents``, ...) and said in a warning when Megatron-Bridge's packed
             collate trains them otherwise than packtool (:func:`eos_warnings`); the file is
             written all the same.
+        check_hashes: check every shard's sha256 against the manifest before anything is
+            written, as ``stats`` and ``verify`` do (it reads every byte; ``--no-hash``:
+            False). Without it the sizes, footers and the page checksums of the columns the
+            export decodes (:data:`HASHLESS_CHECKED`) are checked, and a changed page of any
+            other column goes unseen.
 
     Returns:
         :class:`NemoExport`; its ``warnings`` are those ``packtool stats`` gives for
@@ -487,7 +501,9 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
 
     Raises:
         ManifestError: ``out_dir`` is not a complete packed output (a tokenized output is
-            refused: pack it first).
+            refused: pack it first), a shard differs from its manifest (missing, resized, its
+            sha256 with ``check_hashes``), or its shards' rows do not add up to its totals
+            (:func:`~packtool.formats.manifest.check_rows_add_up`). Nothing is written then.
         OutputError: the file exists (without ``overwrite``), written by another export (this
             very export, finished, is nothing to do: ``already_complete``; missing its metadata
             entry, the entry is added: ``completed_entry``), DEST is a file, a store URI, or is ``out_dir``, lies inside it
@@ -511,7 +527,7 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
     with interruptible():
         try:
             capacity, convention, source, blocks, holds, manifest, where = \
-                _packed_blocks(out_dir)
+                _packed_blocks(out_dir, check_hashes)
         except KeyboardInterrupt:
             raise KeyboardInterrupt(f"nothing was written into {dest}") from None
         eos = eos_id if eos_id is not None else output_eos(manifest)
@@ -522,7 +538,7 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
             blocks.close()
     stale = stale_holdout(manifest, out_dir)  # a held-out output left unpaired
     return dataclasses.replace(
-        done, warnings=tuple(export_warnings(manifest, where) + ([stale] if stale else [])
+        done, shards_hashed=len(manifest.shards) if check_hashes else 0, warnings=tuple(export_warnings(manifest, where) + ([stale] if stale else [])
                              + eos_warnings(manifest, done)),
         notes=tuple(export_notes(manifest)))
 

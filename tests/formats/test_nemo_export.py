@@ -760,7 +760,8 @@ def test_the_export_of_a_segment_multiple_output_says_its_layout_is_not_kept(tmp
 def test_a_failed_export_removes_every_folder_it_created_and_no_other(tmp_path):
     """An export into x/y/z failing on a damaged shard (after it created DEST) leaves no x/,
     x/y/ nor x/y/z/ (it used to remove z alone); into a DEST under a folder that was there
-    (holding a file of its own), only the folders it created go."""
+    (holding a file of its own), only the folders it created go. (--no-hash: the damage is
+    then found by its page checksum, once DEST is there; the sha256 would refuse it before.)"""
     src = tmp_path / "docs.parquet"
     pq.write_table(pa.Table.from_pylist(sft_docs(40)), src)
     out = tmp_path / "p3"
@@ -769,11 +770,78 @@ def test_a_failed_export_removes_every_folder_it_created_and_no_other(tmp_path):
     raw = bytearray(shard.read_bytes())
     raw[100:140] = bytes(40)  # inside the first data page: it fails its checksum
     shard.write_bytes(bytes(raw))
-    res = invoke(["export", "--to", "nemo", out, tmp_path / "x" / "y" / "z"])
+    res = invoke(["export", "--to", "nemo", "--no-hash", out, tmp_path / "x" / "y" / "z"])
     assert res.exit_code == 1 and "damaged" in res.output, res.output
     assert not (tmp_path / "x").exists()
     (tmp_path / "keep").mkdir()
     (tmp_path / "keep" / "mine.txt").write_text("not the export's")
-    res = invoke(["export", "--to", "nemo", out, tmp_path / "keep" / "y" / "z"])
+    res = invoke(["export", "--to", "nemo", "--no-hash", out, tmp_path / "keep" / "y" / "z"])
     assert res.exit_code == 1 and "damaged" in res.output, res.output
     assert [p.name for p in (tmp_path / "keep").iterdir()] == ["mine.txt"]
+
+
+def _flip_page_byte(shard: Path, column: str) -> None:
+    """XOR one byte in the middle of ``column``'s first data page of ``shard`` (its size and
+    footer kept), as a disk or network fault would."""
+    g = pq.ParquetFile(shard).metadata.row_group(0)
+    c = next(g.column(i) for i in range(g.num_columns)
+             if g.column(i).path_in_schema.split(".")[0] == column)
+    data = bytearray(shard.read_bytes())
+    data[c.data_page_offset + c.total_compressed_size // 2] ^= 0x5A
+    shard.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("column", ["position_ids", "segment_ids", "max_seqlen", "num_targets",
+                                    "source_ids"])
+def test_export_checks_every_shards_sha256_as_stats_and_verify_do(tmp_path, column):
+    """A flipped byte in a page the export does not decode (position_ids, max_seqlen, ...) was
+    exported with exit 0 where stats and verify refused the shard by its sha256. The export
+    checks the sha256 of every shard first, in their words, and writes nothing; --no-hash skips
+    it as theirs does."""
+    src = tmp_path / "in.parquet"
+    docs = sft_docs(120)
+    pq.write_table(pa.table({"input_ids": [d["input_ids"] for d in docs],
+                             "source": [f"s{i % 3}" for i in range(len(docs))]}), src)
+    out, dest = tmp_path / "out", tmp_path / "nemo"
+    res = invoke(["pack", "-q", "-c", 64, "--rows-per-shard", 10, "--source-column", "source",
+                  src, out])
+    assert res.exit_code == 0, res.output
+    shard = out / "part-00001.parquet"
+    _flip_page_byte(shard, column)
+    words = f"{shard}: sha256 differs from the manifest: the shard was modified"
+    for cmd in (["stats", out], ["verify", "--data-only", out],
+                ["export", "--to", "nemo", out, dest]):
+        res = invoke(cmd)
+        assert res.exit_code == 1 and words in res.output, (cmd, res.output)
+    assert not dest.exists()
+    from packtool.errors import ManifestError
+    from packtool.formats.nemo import export_nemo
+
+    with pytest.raises(ManifestError, match="sha256 differs"):
+        export_nemo(out, dest)
+    assert not dest.exists()
+    if column in ("position_ids", "max_seqlen", "num_targets", "source_ids"):  # not decoded
+        res = invoke(["export", "--to", "nemo", "--no-hash", out, dest])
+        assert res.exit_code == 0, res.output
+        assert "sha256" not in res.output
+        export_nemo(out, tmp_path / "nemo2", check_hashes=False)
+
+
+def test_export_says_the_sha256_was_checked_and_how_to_skip_it(tmp_path):
+    src = write_docs_sft(tmp_path / "in.parquet", sft_docs(50))
+    out, dest = tmp_path / "out", tmp_path / "nemo"
+    assert invoke(["pack", "-q", "-c", 64, src, out]).exit_code == 0
+    res = invoke(["export", "--to", "nemo", out, dest])
+    assert res.exit_code == 0, res.output
+    assert "sha256 of 1 shard" in res.output and "--no-hash skips it" in res.output
+    res = invoke(["export", "--to", "nemo", "--json", "--overwrite", out, dest])
+    assert json.loads(res.output)["shards_hashed"] == 1
+    res = invoke(["export", "--to", "nemo", "--json", "--overwrite", "--no-hash", out, dest])
+    assert json.loads(res.output)["shards_hashed"] == 0
+    help_text = invoke(["export", "--help"]).output
+    assert "--no-hash" in help_text
+
+
+def write_docs_sft(path: Path, docs) -> Path:
+    pq.write_table(pa.table({"input_ids": [d["input_ids"] for d in docs]}), path)
+    return path
