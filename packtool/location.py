@@ -302,6 +302,17 @@ class Location:
         """Delete the file; absent is fine."""
         raise NotImplementedError
 
+    def move_to(self, dest: "Location") -> None:
+        """Make this file ``dest`` (a location of the same folder or store) and remove it here:
+        a rename locally; in a store, which has no rename, a copy inside the store (no byte
+        passes through this machine), then a delete. ``dest`` is whole or absent at every
+        instant.
+
+        Raises:
+            OSError: the file is not there, or cannot be moved.
+        """
+        raise NotImplementedError
+
     def stage(self, name: str) -> Path:
         """A new local directory where files bound for this folder are written first: inside it
         for a local folder (so a rename publishes them; empty), in this process's temporary
@@ -481,6 +492,9 @@ class LocalPath(Location):
             self.path.unlink()
         except FileNotFoundError:
             pass
+
+    def move_to(self, dest: Location) -> None:
+        os.replace(self.path, dest.path)
 
     def delete_tree(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
@@ -802,6 +816,26 @@ class StoreURI(Location):
             fs.delete_file(path)
         except FileNotFoundError:
             pass
+
+    def move_to(self, dest: Location) -> None:
+        """A copy inside the store, then a delete: on S3 with boto3 its managed copy (in parts
+        above its threshold, so objects over 5 GB copy too), else pyarrow's ``move``."""
+        client = self.s3_client()
+        if client is not None:
+            bucket, key = self.bucket_key
+            to_bucket, to_key = dest.bucket_key
+            try:
+                client.copy({"Bucket": bucket, "Key": key}, to_bucket, to_key)
+            except Exception as exc:  # botocore's errors are not OSError
+                raise OSError(f"{self.display}: cannot copy to {dest.display} "
+                              f"({first_line(exc)})") from None
+            self.delete()
+            return
+        fs, path = self.filesystem()
+        try:
+            fs.move(path, dest.filesystem()[1])
+        except OSError as exc:
+            raise self.store_error(exc, "cannot be moved") from None
 
     def delete_tree(self) -> None:
         """Delete every object under this prefix; absent is fine (no folder object left

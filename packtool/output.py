@@ -18,11 +18,13 @@ a store offers less: the lock, the disk-space check and the cleanup of unfinishe
    is written; an existing output is left as it was. :meth:`Output.begin_write` then removes what
    ``--overwrite`` replaces (manifest first) and writes the in-progress marker.
 3. Shards are written in a staging directory (:meth:`packtool.location.Location.stage`) and
-   published whole under their final name (:func:`publish_shard`: a rename, or one upload); the
-   marker lists the finished shards with their manifest entries (rewritten at most every
-   :data:`MARKER_EVERY_S` seconds and when the run fails), so a rerun keeps them without
+   published whole under their pending name (:func:`publish_shard`: a rename, or one upload;
+   :func:`~packtool.formats.manifest.pending_name`, a name no Parquet reader of the folder
+   takes); the marker lists the finished shards with their manifest entries (rewritten at most
+   every :data:`MARKER_EVERY_S` seconds and when the run fails), so a rerun keeps them without
    reading them again.
-4. :meth:`Output.commit` writes the manifest last and removes the marker, scratch and lock.
+4. :meth:`Output.commit` moves every shard to its final name (a rename; a server-side copy in a
+   store), writes the manifest right after, and removes the marker, scratch and lock.
 
 Every failure leaves through :meth:`Output.__exit__`, the one cleanup path. With OUTPUT in a
 store the tasks stage their files in their own ``TMPDIR``; a task that fails or is stopped
@@ -53,12 +55,14 @@ finds the output complete all the same and removes them.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from importlib import metadata
 from pathlib import Path
@@ -73,8 +77,10 @@ from packtool.formats.manifest import (HELD_HERE, IN_PROGRESS_NAME, LOCK_NAME,
                                        enclosing_output, output_words, MANIFEST_NAME, TMP_DIR_NAME,
                                        PACKED_KIND, TOKENIZED_KIND, HoldoutPairing,
                                        Manifest, ShardEntry,
-                                       footer_sha256, is_shard_name, marker_kind,
-                                       pack_running, publish_manifest, read_manifest,
+                                       footer_sha256, is_pending_name, is_shard_name,
+                                       manifest_bytes, marker_kind, pack_running,
+                                       pending_name, publish_manifest, read_manifest,
+                                       shard_files,
                                        run_words, shard_entry_of,
                                        V1_MANIFEST_NAME, version_1_shards)
 from packtool.formats.schema import written_as_shard
@@ -86,7 +92,7 @@ __all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256
            "PARTIAL_PROGRESS", "ScratchKept", "claim_partial", "keeps_stages", "WINDOW_DONE",
            "SCRATCH_FINGERPRINT", "LAYOUT_REVISION", "window_done", "window_workdir",
            "publish_window", "window_file", "shard_temp", "discard_shard_temp", "publish_shard",
-           "kept_shard", "MARKER_EVERY_S", "MEMORY_FIXES", "FILES_FIX", "holding_lock"]
+           "kept_shard", "finished_shard", "MARKER_EVERY_S", "MEMORY_FIXES", "FILES_FIX", "holding_lock"]
 
 #: Seconds a starting pack waits for OUTPUT's lock before refusing: ``stats``, ``verify`` and
 #: the loader probe it (:func:`packtool.formats.manifest.pack_running`) by taking it for a
@@ -464,7 +470,7 @@ class Output:
             self.resume = marker.get("fingerprint") == self.fingerprint
             if not self.resume:
                 self.overwrite = True  # an interrupted pack of other options: ours to replace
-                done = sum(1 for n, e in found.items() if not e.is_dir and is_shard_name(n))
+                done = len(shard_files(found))
                 self.replaced = (f"an interrupted {_run_word(marker.get('kind'))} of "
                                  f"{_differences(marker.get('options'), self.options)} "
                                  f"({done} finished shard{'' if done == 1 else 's'})")
@@ -481,6 +487,7 @@ class Output:
         # a shard's name is not enough (pyarrow's write_dataset names files part-0.parquet):
         # it is packtool's when the manifest lists it or its footer names it
         foreign = sorted(n for n in others if n not in own
+                         and not (not found[n].is_dir and is_pending_name(n))
                          and not (not found[n].is_dir and is_shard_name(n)
                                   and (n in listed or written_as_shard(out.join(n)))))
         if foreign:  # never deleted, and beside the shards they would break Parquet readers
@@ -595,7 +602,7 @@ class Output:
             if V1_MANIFEST_NAME in found and version_1_shards(out) is not None:
                 out.join(V1_MANIFEST_NAME).delete()  # a replaced output of format version 1
             for name, e in found.items():
-                if not e.is_dir and is_shard_name(name):
+                if not e.is_dir and (is_shard_name(name) or is_pending_name(name)):
                     out.join(name).delete()
         self._write_marker()
         self._writing = self._began = True
@@ -609,8 +616,7 @@ class Output:
         if not self._writing:
             return self.shards_done
         try:
-            return sum(1 for n, e in self.path.listdir().items()
-                       if not e.is_dir and is_shard_name(n))
+            return len(shard_files(self.path.listdir()))
         except OSError:
             return self.shards_done
 
@@ -638,8 +644,16 @@ class Output:
         self._marker_at = time.monotonic()
 
     def commit(self, manifest: Manifest, schema) -> None:
-        """Write the manifest (whole, last; ``schema``: the shards' schema), then drop the marker
-        and the scratch.
+        """Move every shard of ``manifest`` from its pending name to its final one, write the
+        manifest (whole, last; ``schema``: the shards' schema), then drop the marker and the
+        scratch.
+
+        Until the first move no Parquet reader of the folder sees a row of this pack; the
+        manifest's bytes are made and the marker lists every shard before it, so only the moves
+        (renames; in a store a server-side copy each, :meth:`packtool.location.Location.move_to`)
+        and the manifest's write lie between the first shard readable under its final name and
+        the manifest. A run killed in between leaves the marker: its rerun keeps every shard,
+        under either name, moves the rest and writes the manifest.
 
         From here to the end of :meth:`__exit__` Ctrl-C is held (:func:`packtool.signals.hold`):
         once the manifest is written the pack is complete, so the marker, scratch and lock are
@@ -647,12 +661,30 @@ class Output:
         if self._release_sigint is None:
             self._release_sigint = signals.hold()
         self.phase = "manifest"
-        publish_manifest(self.path, manifest, schema)
+        data = manifest_bytes(manifest, schema)
+        self._write_marker()  # every shard listed: a rerun after a kill below keeps them all
+        self._move_pending([s.file for s in manifest.shards])
+        publish_manifest(self.path, manifest, schema, data=data)
         self._writing = False
         self._committed = True
         self.manifest = manifest
         self.path.join(IN_PROGRESS_NAME).delete()
         self.tmp.delete_tree()
+
+    def _move_pending(self, names) -> None:
+        """Move each shard of ``names`` still under its pending name to its final name (one
+        kept from an interrupted commit is there already)."""
+        found = self.path.listdir()
+        moves = [(self.path.join(pending_name(n)), self.path.join(n)) for n in names
+                 if pending_name(n) in found]
+        if self.path.is_local or len(moves) < 2:
+            for src, dest in moves:
+                src.move_to(dest)
+            return
+        # copies inside the store, several at once (the signals are held: commit())
+        with ThreadPoolExecutor(min(16, len(moves))) as pool:
+            for _ in pool.map(lambda move: move[0].move_to(move[1]), moves):
+                pass
 
     # -- exit: the one cleanup path --------------------------------------------------------------
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -842,7 +874,7 @@ class LocalOutput(Output):
         listed."""
         try:
             sizes = [e.size or 0 for n, e in self.path.listdir().items()
-                     if not e.is_dir and is_shard_name(n)]
+                     if not e.is_dir and (is_shard_name(n) or is_pending_name(n))]
         except OSError:
             return 0, 0
         return sum(sizes), len(sizes)
@@ -1008,11 +1040,17 @@ def window_file(directory, name: str) -> str:
     return str(Location.parse(directory).join(name))
 
 
+#: The suffix of a shard being written in its staging directory (:func:`shard_temp`): not
+#: ``.parquet``, so polars and duckdb, which scan hidden folders too, never read it as rows.
+PARTIAL_SUFFIX = ".partial"
+
+
 def shard_temp(tmp, name: str) -> Path:
     """A unique local path where a shard task writes shard ``name`` before publishing it, in a
-    new staging directory of the scratch named after it (:meth:`packtool.location.Location.stage`);
-    :func:`discard_shard_temp` removes what is left of it."""
-    return Location.parse(tmp).stage(name) / name
+    new staging directory of the scratch named after it (:meth:`packtool.location.Location.stage`),
+    ``name`` with :data:`PARTIAL_SUFFIX` added; :func:`discard_shard_temp` removes what is left
+    of it."""
+    return Location.parse(tmp).stage(name) / f"{name}{PARTIAL_SUFFIX}"
 
 
 def discard_shard_temp(path: Path, tmp=None) -> None:
@@ -1021,28 +1059,41 @@ def discard_shard_temp(path: Path, tmp=None) -> None:
 
 
 def publish_shard(written: Path, output, name: str) -> None:
-    """Publish the finished shard file ``written`` as ``output/name``, whole: a rename locally,
-    one upload to a store."""
-    Location.parse(output).join(name).publish_file(written)
+    """Publish the finished shard file ``written`` as shard ``name`` of ``output``, whole (a
+    rename locally, one upload to a store), under its pending name
+    (:func:`~packtool.formats.manifest.pending_name`): :meth:`Output.commit` gives it its final
+    name just before the manifest is written."""
+    Location.parse(output).join(pending_name(name)).publish_file(written)
+
+
+def finished_shard(output, name: str) -> Location | None:
+    """Where finished shard ``name`` of ``output`` is now: under its pending name (published by
+    this or an interrupted run), or under its final name (moved by an interrupted commit); None
+    when it is under neither."""
+    out = Location.parse(output)
+    for loc in (out.join(pending_name(name)), out.join(name)):
+        if loc.size() is not None:
+            return loc
+    return None
 
 
 def kept_shard(output, name: str, promised: dict | None) -> ShardEntry | None:
-    """The manifest entry of shard ``name`` already in OUTPUT from an interrupted identical run,
-    or None when it must be written.
+    """The manifest entry of shard ``name`` already in OUTPUT from an interrupted identical run
+    (:func:`finished_shard`), or None when it must be written.
 
-    A shard is published whole (a rename, or one put), so a file at its final name is complete:
-    its entry is the one the marker ``promised`` when the size agrees, else it is read back (sha256
-    and footer) from the file (:func:`~packtool.formats.manifest.shard_entry_of`).
+    A shard is published whole (a rename, or one put), so a file at its pending or final name is
+    complete: its entry is the one the marker ``promised`` when the size agrees, else it is read
+    back (sha256 and footer) from the file (:func:`~packtool.formats.manifest.shard_entry_of`).
     """
-    loc = Location.parse(output).join(name)
-    size = loc.size()
-    if size is None:
+    loc = finished_shard(output, name)
+    if loc is None:
         return None
+    size = loc.size()
     if promised and promised.get("bytes") == size and promised.get("footer_sha256"):
         return ShardEntry(name, int(promised["rows"]), size, str(promised["sha256"]),
                           promised["footer_sha256"],
                           tuple((int(r), int(n)) for r, n in promised.get("row_groups") or ()))
-    return shard_entry_of(loc)
+    return dataclasses.replace(shard_entry_of(loc), file=name)
 
 
 def _run_word(kind: str | None) -> str:

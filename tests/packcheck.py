@@ -96,6 +96,22 @@ def pack_docs(tmp_path: Path, docs, capacity: int, *extra, value_type=pa.int64()
     return read_output(out)
 
 
+def finished_shards(directory: Path) -> list[str]:
+    """The finished shards in an output directory, by their final names: those under them and
+    those still under their pending names (``.part-00000.parquet.pending``: an interrupted
+    run's, before its commit)."""
+    final = {p.name for p in directory.glob("part-*.parquet")}
+    waiting = {p.name[1:-len(".pending")] for p in directory.glob(".part-*.parquet.pending")}
+    return sorted(final | waiting)
+
+
+def pending(directory: Path, name: str) -> Path:
+    """Where finished shard ``name`` waits in ``directory`` until the manifest is written."""
+    from packtool.formats.manifest import pending_name
+
+    return directory / pending_name(name)
+
+
 def hash_tree(directory: Path) -> dict[str, str]:
     """sha256 of every file under ``directory`` (relative path -> hex digest)."""
     return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from packcheck import hash_pack, hash_tree, invoke, paused_pack, write_docs
+from packcheck import finished_shards, hash_pack, hash_tree, invoke, paused_pack, pending, write_docs
 from packtool.errors import ManifestError
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
                                        load_manifest, read_manifest)
@@ -74,6 +74,7 @@ def test_killed_pack_is_incomplete_and_rerun_finishes_identically(tmp_path, src,
     if phase.startswith("write-shard"):  # the shard being written is only a temporary file
         shard = int(phase.split(":")[1])
         assert not (out / f"part-{shard:05d}.parquet").exists()
+        assert not pending(out, f"part-{shard:05d}.parquet").exists()
         assert list((out / TMP_DIR_NAME).glob(f"*part-{shard:05d}.parquet*"))
     result = rerun(src, out)
     n_shards = len(read_manifest(reference).shards)
@@ -85,7 +86,7 @@ def test_killed_pack_is_incomplete_and_rerun_finishes_identically(tmp_path, src,
 def test_rerun_with_other_options_does_not_reuse_stale_shards(tmp_path, src):
     out = tmp_path / "out"
     kill_at("write-shard:2", src, out)
-    assert (out / "part-00001.parquet").exists()
+    assert pending(out, "part-00001.parquet").exists()
     other = [o if o != "3" else "4" for o in OPTIONS]  # another --seed: other shard contents
     said = []
     result = rerun(src, out, other, said)
@@ -158,7 +159,8 @@ def _clean_or_resumable(out: Path) -> int:
         return 0
     names = {p.name for p in out.iterdir()}
     assert MANIFEST_NAME not in names and LOCK_NAME not in names
-    assert names <= {IN_PROGRESS_NAME, TMP_DIR_NAME} | {p.name for p in out.glob("part-*.parquet")}
+    assert names <= {IN_PROGRESS_NAME, TMP_DIR_NAME} | {
+        pending(out, n).name for n in finished_shards(out)}
     if TMP_DIR_NAME not in names:
         return 0
     kept = {p.name for p in (out / TMP_DIR_NAME).iterdir()} - {SCRATCH_FINGERPRINT}
@@ -183,7 +185,7 @@ def test_sigint_at_any_moment_exits_130_clean_or_resumable(tmp_path, src, refere
     assert "interrupted" in err, err
     kept = _clean_or_resumable(out)
     if delay == "write":
-        assert (out / "part-00000.parquet").is_file()
+        assert pending(out, "part-00000.parquet").is_file()
         assert kept == 1  # the one window was planned before writing began
     assert rerun(src, out)["windows_reused"] == kept
     assert hash_tree(out) == hash_tree(reference)
@@ -308,6 +310,108 @@ def test_a_rerun_tidies_what_a_pack_killed_after_its_manifest_left(tmp_path, src
     assert res.exit_code == 0 and "nothing to do" in res.output, res.output
     assert hash_tree(out) == hash_tree(reference)
     assert {p.name for p in out.iterdir()} == {p.name for p in reference.iterdir()}
+
+
+def rows_readers_see(out: Path) -> dict:
+    """What each third-party Parquet reader of the folder ``out`` reads from it: rows, or the
+    error it raised (polars and duckdb raise when their ``*.parquet`` glob matches no file, and
+    datasets when the folder holds no data file)."""
+    import pyarrow.dataset as pads
+
+    def attempt(read):
+        try:
+            return read()
+        except Exception as exc:  # each reader's own "no files" error
+            return type(exc).__name__
+
+    seen = {"pyarrow": attempt(lambda: pads.dataset(out).count_rows())}
+    polars = pytest.importorskip("polars")
+    seen["polars"] = attempt(lambda: polars.scan_parquet(f"{out}/*.parquet")
+                             .select(polars.len()).collect().item())
+    seen["polars-dir"] = attempt(lambda: polars.scan_parquet(out).select(polars.len())
+                                 .collect().item())
+    duckdb = pytest.importorskip("duckdb")
+    for name, what in (("duckdb", f"{out}/*.parquet"), ("duckdb-dir", f"{out}/**/*.parquet")):
+        seen[name] = attempt(lambda: duckdb.connect().execute(
+            f"select count(*) from read_parquet('{what}')").fetchall()[0][0])
+    datasets = pytest.importorskip("datasets")
+    seen["datasets"] = attempt(lambda: datasets.load_dataset(
+        "parquet", data_dir=str(out), split="train",
+        cache_dir=str(out.parent / f"hf-{os.urandom(4).hex()}")).num_rows)
+    return seen
+
+
+def no_rows(seen: dict) -> bool:
+    """Every reader read 0 rows or refused the folder."""
+    return all(v == 0 or isinstance(v, str) for v in seen.values())
+
+
+@pytest.mark.parametrize("phase,stop", [("write-shard:2", signal.SIGKILL),
+                                        ("write-shard:2", signal.SIGINT),
+                                        ("manifest", signal.SIGKILL),
+                                        ("manifest", signal.SIGTERM)])
+def test_an_unfinished_pack_shows_no_row_to_third_party_readers(tmp_path, src, reference,
+                                                               phase, stop, monkeypatch):
+    """pyarrow.dataset, polars, duckdb and datasets know no manifest: while a pack writes and
+    once it was killed or stopped, its finished shards wait under names none of them reads
+    (never a partial training set); the rerun keeps them and ends byte-identical."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    out = tmp_path / "out"
+    with paused_pack(src, out, phase, OPTIONS, stop=stop):
+        assert finished_shards(out), "finished shards are kept for the rerun"
+        live = rows_readers_see(out)
+        assert no_rows(live), live
+    assert finished_shards(out)
+    stopped = rows_readers_see(out)
+    assert no_rows(stopped), stopped
+    n_shards = len(read_manifest(reference).shards)
+    result = rerun(src, out)
+    assert result["shards_reused"] == (n_shards if phase == "manifest" else 2)
+    assert hash_tree(out) == hash_tree(reference)
+    assert rows_readers_see(out)["pyarrow"] == read_manifest(reference).totals.rows
+
+
+_KILLED_IN_THE_COMMIT = """
+import os, signal, sys
+from packtool import location
+original = location.LocalPath.move_to
+moved = []
+
+def then_kill(self, dest):
+    original(self, dest)
+    moved.append(dest)
+    if len(moved) == int(os.environ["KILL_AFTER_MOVES"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+location.LocalPath.move_to = then_kill
+sys.argv = ["packtool", *sys.argv[1:]]
+from packtool.__main__ import main
+main()
+"""
+
+
+@pytest.mark.parametrize("moves", [1, "all"])
+def test_a_pack_killed_while_its_shards_take_their_final_names_is_finished_by_a_rerun(
+        tmp_path, src, reference, moves):
+    """The one moment a reader sees shards of an unfinished pack: between the first shard
+    taking its final name and the manifest (the moves alone, the manifest's bytes made before
+    them). SIGKILL there leaves the marker; the same command keeps every shard, under either
+    name, moves the rest and writes the manifest."""
+    n_shards = len(read_manifest(reference).shards)
+    out = tmp_path / "out"
+    env = dict(os.environ, KILL_AFTER_MOVES=str(n_shards if moves == "all" else moves))
+    proc = subprocess.run([sys.executable, "-c", _KILLED_IN_THE_COMMIT, "pack", "-q",
+                           *OPTIONS, str(src), str(out)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert not (out / MANIFEST_NAME).exists() and (out / IN_PROGRESS_NAME).is_file()
+    assert len(list(out.glob("part-*.parquet"))) == (n_shards if moves == "all" else 1)
+    assert len(finished_shards(out)) == n_shards
+    with pytest.raises(ManifestError, match=f"no {MANIFEST_NAME}"):
+        load_manifest(out)
+    result = rerun(src, out)
+    assert result["shards_reused"] == n_shards
+    assert hash_tree(out) == hash_tree(reference)
 
 
 def _ctrl_c_at(pause: str, src: Path, out: Path, options, *, delay: float | None = None,
@@ -508,7 +612,7 @@ def test_ctrl_c_during_the_writes_counts_every_shard_already_published(tmp_path,
     try:
         assert "test pause at write-shard:1" in proc.stderr.readline()
         deadline = time.monotonic() + 60
-        while not (out / "part-00002.parquet").exists() and time.monotonic() < deadline:
+        while not pending(out, "part-00002.parquet").exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         os.kill(proc.pid, signal.SIGINT)
         assert proc.wait() == 130
@@ -517,8 +621,8 @@ def test_ctrl_c_during_the_writes_counts_every_shard_already_published(tmp_path,
         watchdog.cancel()
         proc.kill()
         proc.stderr.close()
-    on_disk = sum(1 for p in out.glob("part-*.parquet"))
-    assert (out / "part-00002.parquet").exists() and on_disk >= 2
+    on_disk = len(finished_shards(out))
+    assert pending(out, "part-00002.parquet").exists() and on_disk >= 2
     said = re.search(r"(\d+) finished shards?", err)
     assert said and int(said.group(1)) == on_disk, (err, on_disk)
     assert rerun(src, out, options)["shards_reused"] == on_disk

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packcheck import (DENIED_TEXT, DOWN_TEXT, faulty_store, hash_tree, invoke, one_store_line,
+from packcheck import (DENIED_TEXT, DOWN_TEXT, faulty_store, finished_shards, hash_tree, invoke, one_store_line,
                        read_output, signals_after_run)
 from packtool.formats.manifest import IN_PROGRESS_NAME, MANIFEST_NAME, read_manifest
 
@@ -891,7 +891,7 @@ def test_a_tokenize_stopped_at_any_shard_resumes_to_the_bytes_of_an_undisturbed_
         assert line == (f"Error: terminated (SIGTERM): {out} has no manifest; kept for the rerun:"
                         f" {shard} finished shard{'s' * (shard != 1)}; rerun the same command to "
                         "resume and finish it"), line
-        assert len(list(out.glob("part-*.parquet"))) == shard
+        assert len(finished_shards(out)) == shard
     res = invoke([*args, out])
     assert res.exit_code == 0, res.output
     assert hash_tree(out) == hash_tree(tmp_path / "whole")

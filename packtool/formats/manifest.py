@@ -114,7 +114,7 @@ __all__ = ["REPACK_MISSING", "MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_
            "read_manifest", "read_manifest_and_schema", "load_manifest", "check_shards",
            "sha256_of", "store_failure",
            "footer_sha256", "footer_of", "shard_entry_of", "shard_name",
-           "is_shard_name"]
+           "is_shard_name", "PENDING_SUFFIX", "pending_name", "is_pending_name", "shard_files"]
 
 #: File name of the manifest inside OUTPUT (a zero-row Parquet file, see the module docstring).
 MANIFEST_NAME = ".packtool-manifest.parquet"
@@ -128,6 +128,11 @@ TMP_DIR_NAME = ".packtool-tmp"
 LOCK_NAME = ".packtool.lock"
 #: Glob of the output shards at OUTPUT's top level.
 SHARD_GLOB = "part-*.parquet"
+#: A finished shard waits under its pending name (:func:`pending_name`) until the manifest is
+#: written: hidden (``pyarrow.dataset`` and ``datasets`` skip names starting with ``.``) and not
+#: ending in ``.parquet`` (polars' and duckdb's ``*.parquet`` globs, which match hidden names
+#: too), so no Parquet reader sees the rows of a pack not yet complete.
+PENDING_SUFFIX = ".pending"
 #: The version this packtool writes.
 FORMAT_VERSION = 4
 #: The versions this packtool reads (2, 3: see the module docstring).
@@ -152,6 +157,27 @@ def shard_name(index: int) -> str:
 def is_shard_name(name: str) -> bool:
     """True for a name of the :data:`SHARD_GLOB` form."""
     return name.startswith("part-") and name.endswith(".parquet")
+
+
+def pending_name(name: str) -> str:
+    """Where finished shard ``name`` waits until the manifest is written
+    (``.part-00000.parquet.pending``; :data:`PENDING_SUFFIX`)."""
+    return f".{name}{PENDING_SUFFIX}"
+
+
+def is_pending_name(name: str) -> bool:
+    """True for the pending name of a shard (:func:`pending_name`)."""
+    return (name.startswith(".") and name.endswith(PENDING_SUFFIX)
+            and is_shard_name(name[1:-len(PENDING_SUFFIX)]))
+
+
+def shard_files(found: Mapping) -> list[str]:
+    """The finished shards in a listing of OUTPUT (name -> :class:`~packtool.location.Entry`),
+    by their final names: those under it and those still pending (:func:`pending_name`)."""
+    names = {n for n, e in found.items() if not e.is_dir and is_shard_name(n)}
+    names |= {n[1:-len(PENDING_SUFFIX)] for n, e in found.items()
+              if not e.is_dir and is_pending_name(n)}
+    return sorted(names)
 
 
 @dataclass(frozen=True)
@@ -880,10 +906,14 @@ def manifest_bytes(manifest: Manifest, schema: pa.Schema) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def publish_manifest(output, manifest: Manifest, schema: pa.Schema) -> None:
+def publish_manifest(output, manifest: Manifest, schema: pa.Schema, *,
+                     data: bytes | None = None) -> None:
     """Write the manifest of OUTPUT ``output`` (a path or URI), whole or not at all
-    (:meth:`packtool.location.Location.publish_bytes`)."""
-    Location.parse(output).join(MANIFEST_NAME).publish_bytes(manifest_bytes(manifest, schema))
+    (:meth:`packtool.location.Location.publish_bytes`); ``data``: its bytes made beforehand
+    (:func:`manifest_bytes`), None to make them here."""
+    if data is None:
+        data = manifest_bytes(manifest, schema)
+    Location.parse(output).join(MANIFEST_NAME).publish_bytes(data)
 
 
 def store_failure(where, exc: BaseException) -> InputError | None:

@@ -641,16 +641,18 @@ def iter_texts(path, fmt: str, column: str, *, batch_docs: int = 1024, skip: int
 
 def write_tokenized_shard(path: Path, batches: Iterator[tuple[np.ndarray, np.ndarray, object]],
                           schema: pa.Schema = TOKENIZED_SCHEMA,
-                          source: str | None = None) -> tuple[ShardEntry, int]:
+                          source: str | None = None, name: str | None = None
+                          ) -> tuple[ShardEntry, int]:
     """Write tokenized documents to ``path`` (one row group per batch), a temporary name the
-    caller publishes under the same file name.
+    caller publishes as shard ``name``.
 
     Args:
-        path: the file to write (``shard_temp``: its name is the shard's).
+        path: the file to write (``shard_temp``).
         batches: (lengths int64[docs], ids int32[sum(lengths)], kept columns: a
             ``pyarrow.Table`` of docs rows or None) per batch.
         schema: :func:`common_tokenized_schema` of the input files.
         source: the input file the documents come from (named in messages).
+        name: the shard's file name in its manifest entry (None: ``path``'s name).
 
     Returns:
         (the shard's manifest entry, tokens written).
@@ -687,7 +689,7 @@ def write_tokenized_shard(path: Path, batches: Iterator[tuple[np.ndarray, np.nda
             yield pa.Table.from_arrays(cols, schema=schema)
 
     w = write_shard(path, schema, tables())
-    entry = ShardEntry(Path(path).name, counts[0], w.bytes, w.sha256, w.footer_sha256,
+    entry = ShardEntry(name or Path(path).name, counts[0], w.bytes, w.sha256, w.footer_sha256,
                        ShardEntry.run_lengths(w.group_rows))
     return entry, counts[1]
 

@@ -2,8 +2,9 @@
 
 A shard is ``rows_per_shard`` output rows, laid out ``rows_per_group`` at a time (one Parquet row
 group each, so memory stays at one row group per worker), written under a unique temporary name
-locally and published whole under its final name (a rename in a directory, one upload to an
-object store). Its bytes depend only on the windows' plans, the read parts' spills and on which window each of
+locally and published whole under its pending name (a rename in a directory, one upload to an
+object store), which the commit changes to its final name just before the manifest is written.
+Its bytes depend only on the windows' plans, the read parts' spills and on which window each of
 its rows comes from, never on the engine or the worker count.
 """
 
@@ -17,8 +18,8 @@ from packtool.formats.manifest import ShardEntry
 from packtool.formats.object_store import read_session
 from packtool.formats.schema import packed_schema, shard_schema
 from packtool.formats.writer import rows_to_table, shard_num_targets, write_shard
-from packtool.location import Location
-from packtool.output import discard_shard_temp, kept_shard, publish_shard, shard_temp
+from packtool.output import (discard_shard_temp, finished_shard, kept_shard, publish_shard,
+                             shard_temp)
 from packtool.pipeline.layout import RowBuffers, ShardRows, ShardSources, layout_group
 from packtool.pipeline.spill import SpillReader
 from packtool.signals import check, test_pause
@@ -67,7 +68,7 @@ def write_shard_task(cfg, job: ShardJob, sources: ShardSources
     if job.reuse:
         kept = kept_shard(job.output, job.name, job.promised)
         if kept is not None:
-            where = Location.parse(job.output).join(job.name)
+            where = finished_shard(job.output, job.name)
             targets = shard_num_targets(where) if sources.any_targets else 0
             return kept, True, targets
     schema = shard_schema(packed_schema(cfg.capacity, cfg.labels.value, cfg.segment_multiple,

@@ -38,15 +38,15 @@ from pathlib import Path
 
 from packtool._version import __version__
 from packtool.formats.manifest import (FORMAT_VERSION, IN_PROGRESS_NAME, TOKENIZED_KIND,
-                                       InputEntry, Manifest, ShardEntry, is_shard_name)
+                                       InputEntry, Manifest, ShardEntry, shard_files)
 from packtool.formats.object_store import STORE_ERRORS
 from packtool.errors import InputError
 from packtool.formats.reader import discover
 from packtool.formats.text import (TextBatch, common_tokenized_schema, iter_texts,
                                    tokenized_counts, write_tokenized_shard)
 from packtool.location import Location
-from packtool.output import Output, discard_shard_temp, fingerprint, kept_shard, publish_shard, \
-    shard_temp
+from packtool.output import Output, discard_shard_temp, finished_shard, fingerprint, kept_shard, \
+    publish_shard, shard_temp
 from packtool.signals import check, interruptible, test_pause
 from packtool.stats import PackStats
 from packtool.text.tokenizer import load_tokenizer
@@ -162,7 +162,7 @@ def _file_shards(out: Output, file_index: int, width: int,
         if counts is None:
             if boundary:  # written again, same bytes, so its BOS/EOS are counted
                 break
-            docs, tokens = tokenized_counts(out.path.join(name))
+            docs, tokens = tokenized_counts(finished_shard(out.path, name))
             counts = PackStats(docs_in=docs, tokens_in=tokens)
         kept.append((entry, counts))
         k += 1
@@ -240,7 +240,7 @@ def _kept(out: Output | None) -> str:
         return ""
     if IN_PROGRESS_NAME not in found:
         return ""
-    n = sum(1 for name, e in found.items() if not e.is_dir and is_shard_name(name))
+    n = len(shard_files(found))
     return f"{n} finished shard{'s' * (n != 1)}"
 
 
@@ -328,7 +328,8 @@ def _tokenize(cfg, out: Output, tok, bos, eos, files, fp: str, options: dict, wi
                     name = tokenized_shard_name(i, k, width)
                     tmp = shard_temp(out.tmp, name)
                     try:
-                        entry, tokens = write_tokenized_shard(tmp, batches(), schema, f.path)
+                        entry, tokens = write_tokenized_shard(tmp, batches(), schema, f.path,
+                                                               name=name)
                         check()
                         begin()
                         publish_shard(tmp, out.path, name)

@@ -16,8 +16,8 @@ import pytest
 from packcheck import (DENIED_TEXT, DOWN_TEXT, faulty_store, hash_tree, invoke, one_store_line,
                        write_docs)
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
-                                       LabelsInfo, Manifest, manifest_bytes, publish_manifest,
-                                       read_manifest)
+                                       LabelsInfo, Manifest, is_pending_name, manifest_bytes,
+                                       publish_manifest, read_manifest)
 from packtool.formats.reader import discover, iter_token_batches
 from packtool.output import SCRATCH_FINGERPRINT
 from packtool.formats.schema import packed_schema
@@ -245,6 +245,9 @@ def test_interrupted_s3_pack_resumes_with_the_same_bytes(tmp_path, s3, phase, si
         proc.kill()
     remote = _remote_tree(fs, f"{bucket}/{out}")
     assert MANIFEST_NAME not in remote and IN_PROGRESS_NAME in remote
+    # the finished shards wait under names no Parquet reader of the prefix takes as rows
+    assert not [k for k in remote if k.endswith(".parquet")], sorted(remote)
+    assert [k for k in remote if is_pending_name(k)], sorted(remote)
     scratch = sorted(k for k in remote if k.startswith(TMP_DIR_NAME + "/"))
     if sig == "SIGINT":
         assert proc.returncode == 130
@@ -271,6 +274,25 @@ def test_interrupted_s3_pack_resumes_with_the_same_bytes(tmp_path, s3, phase, si
     remote = _remote_tree(fs, f"{bucket}/{out}")
     assert {k: v for k, v in remote.items() if k != MANIFEST_NAME} == _shards(ref)
     assert [k for k in remote if k.startswith(".")] == [MANIFEST_NAME]
+
+
+@pytest.mark.parametrize("client", ["boto3", "pyarrow"])
+def test_a_store_object_is_moved_by_a_copy_inside_the_store(s3, monkeypatch, client):
+    """A store has no rename: the commit gives a shard its final key by a copy inside the store
+    (boto3's managed copy, else pyarrow's move), the pending object then deleted."""
+    from packtool.location import Location, StoreURI
+
+    fs, bucket = s3
+    if client == "pyarrow":
+        monkeypatch.setattr(StoreURI, "s3_client", lambda self: None)
+    src = Location.parse(f"s3://{bucket}/m/.part-00000.parquet.pending")
+    src.publish_bytes(b"PAR1 shard bytes")
+    dest = Location.parse(f"s3://{bucket}/m/part-00000.parquet")
+    src.move_to(dest)
+    assert dest.read_bytes() == b"PAR1 shard bytes" and src.size() is None
+    assert sorted(Location.parse(f"s3://{bucket}/m").listdir()) == ["part-00000.parquet"]
+    with pytest.raises(OSError):
+        src.move_to(dest)  # not there any more
 
 
 def test_manifest_bytes_equal_the_manifest_file(tmp_path):
