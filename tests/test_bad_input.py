@@ -466,6 +466,48 @@ def test_manifest_refuses_extra_shard(packed):
         load_manifest(packed)
 
 
+@pytest.mark.parametrize("stray", [
+    "backup.parquet",  # every reader of the folder reads it
+    "old/part-00000.parquet",  # pyarrow, datasets, polars' and duckdb's folder scans
+    "a/b/c/part-00000.parquet",
+    ".backup.parquet",  # polars' and duckdb's *.parquet globs match hidden names
+    "_old/part-00000.parquet",  # and '_' folders (datasets reads those too)
+    "backup.pq",  # pyarrow.dataset and datasets read any file not hidden, Parquet by content
+    "old/part-00000",
+])
+def test_a_parquet_file_the_manifest_does_not_list_is_refused_by_stats_and_verify(packed, stray):
+    """A copy of a shard anywhere under OUTPUT that a third-party reader of the folder reads
+    (pq.read_table(OUT) then returns duplicated rows): the integrity check every reader shares
+    refuses it, in one line naming it and the fix, as stats and verify --data-only do."""
+    target = packed / stray
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes((packed / "part-00000.parquet").read_bytes())
+    with pytest.raises(ManifestError) as err:
+        load_manifest(packed)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{target}: a Parquet file the manifest does not "
+                                              "list"), msg
+    assert msg.endswith(f"move it out of {packed}"), msg
+    for args in (["stats", packed], ["verify", "--data-only", packed]):
+        res = invoke(args)
+        assert res.exit_code == 1 and f"{target}: a Parquet file the manifest" in res.output, (
+            args, res.output)
+    target.unlink()
+    load_manifest(packed, check_hashes=True)
+
+
+@pytest.mark.parametrize("other", ["README.md", "notes/run.log", ".cache/x.bin", "_logs/a.txt",
+                                   ".old/part-00000"])
+def test_files_no_reader_takes_as_rows_are_left_alone(packed, other):
+    """Not Parquet, or Parquet under a hidden name without the .parquet suffix (which no reader
+    of the folder reads): not refused."""
+    target = packed / other
+    target.parent.mkdir(parents=True, exist_ok=True)
+    data = (packed / "part-00000.parquet").read_bytes() if "part" in other else b"text\n"
+    target.write_bytes(data)
+    load_manifest(packed, check_hashes=True)
+
+
 def test_manifest_refuses_directory_without_manifest(packed):
     (packed / MANIFEST_NAME).unlink()
     with pytest.raises(ManifestError, match="no .packtool-manifest.parquet"):

@@ -114,7 +114,8 @@ __all__ = ["REPACK_MISSING", "MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_
            "read_manifest", "read_manifest_and_schema", "load_manifest", "check_shards",
            "sha256_of", "store_failure",
            "footer_sha256", "footer_of", "shard_entry_of", "shard_name",
-           "is_shard_name", "PENDING_SUFFIX", "pending_name", "is_pending_name", "shard_files"]
+           "is_shard_name", "PENDING_SUFFIX", "pending_name", "is_pending_name", "shard_files",
+           "stray_data_files"]
 
 #: File name of the manifest inside OUTPUT (a zero-row Parquet file, see the module docstring).
 MANIFEST_NAME = ".packtool-manifest.parquet"
@@ -1578,7 +1579,8 @@ def check_shards(output, manifest: Manifest, *, hashes: bool = False, threads: i
 
     Raises:
         ManifestError: a listed shard is missing or of another size or sha256 (the message names
-            the first such shard in manifest order), or a ``part-*.parquet`` not listed.
+            the first such shard in manifest order), a ``part-*.parquet`` not listed, or another
+            Parquet file a third-party reader of OUTPUT reads (:func:`stray_data_files`).
     """
     out = Location.parse(output)
     try:
@@ -1617,6 +1619,13 @@ def check_shards(output, manifest: Manifest, *, hashes: bool = False, threads: i
     if extra:
         raise fault(f"{out.join(extra[0]).display}: shard not listed in the manifest; "
                     f"remove it or {rerun}")
+    stray = stray_data_files(out, found, listed)
+    if stray:
+        more = f" (and {len(stray) - 1} more)" if len(stray) > 1 else ""
+        raise fault(f"{out.join(stray[0]).display}: a Parquet file the manifest does not "
+                    f"list{more}, which Parquet readers of the folder (pyarrow.dataset, "
+                    "polars, duckdb, datasets) read as more rows beside its shards; move it "
+                    f"out of {out.display}")
     if not hashes:
         return
     done = 0
@@ -1638,6 +1647,62 @@ def check_shards(output, manifest: Manifest, *, hashes: bool = False, threads: i
         finally:  # an error or Ctrl-C: the shards not begun are not hashed
             for digest in digests:
                 digest.cancel()
+
+
+#: packtool's own entries at OUTPUT's top level, never a stray (:func:`stray_data_files`): the
+#: manifest, the in-progress marker, the lock and the scratch of a run.
+_OWN_ENTRIES = frozenset({MANIFEST_NAME, IN_PROGRESS_NAME, LOCK_NAME, TMP_DIR_NAME})
+
+
+def _is_parquet_file(loc: Location) -> bool:
+    """The file begins with Parquet's magic bytes (False when it cannot be read)."""
+    try:
+        with loc.open_input() as f:
+            return f.read(4) == b"PAR1"
+    except (OSError, pa.ArrowException):
+        return False
+
+
+def stray_data_files(output, found: Mapping, listed) -> list[str]:
+    """The files under OUTPUT, at any depth, that a third-party Parquet reader of the folder
+    reads and the manifest does not list (a copy of a shard beside them, a folder of old
+    shards), as paths relative to OUTPUT, sorted.
+
+    What those readers take (checked in ``tests/formats/test_dataset_readers.py``): polars and
+    duckdb read every ``*.parquet`` below the folder (their ``*.parquet`` globs and folder scans
+    match hidden and ``_``-prefixed names too); ``pyarrow.dataset`` reads every file whose path
+    has no part starting with ``.`` or ``_``, and ``datasets`` every one with no part starting
+    with ``.``, whatever its suffix. So: a name ending in ``.parquet``, or a Parquet file (its
+    magic bytes) outside hidden names. packtool's own entries (:data:`_OWN_ENTRIES`, the
+    pending shards of a run: :func:`pending_name`) and the listed shards are not strays;
+    another file is left alone (pyarrow fails on it, it adds no rows).
+
+    Args:
+        output: the OUTPUT directory or URI.
+        found: its top-level listing (name -> :class:`~packtool.location.Entry`).
+        listed: the shard names its manifest lists.
+
+    Raises:
+        OSError: a folder below OUTPUT cannot be listed.
+    """
+    out = Location.parse(output)
+    stray = []
+
+    def walk(where: Location, entries: Mapping, rel: str, hidden: bool) -> None:
+        for name in sorted(entries):
+            e = entries[name]
+            if not rel and (name in _OWN_ENTRIES or name in listed or is_pending_name(name)):
+                continue
+            path = f"{rel}{name}"
+            dark = hidden or name.startswith(".")
+            if e.is_dir:
+                walk(where.join(name), where.join(name).listdir(), f"{path}/", dark)
+            elif name.lower().endswith(".parquet") or (
+                    not dark and _is_parquet_file(where.join(name))):
+                stray.append(path)
+
+    walk(out, found, "", False)
+    return stray
 
 
 def check_rows_add_up(manifest: Manifest, where: str) -> None:
