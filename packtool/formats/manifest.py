@@ -1668,7 +1668,7 @@ def stray_data_files(output, found: Mapping, listed) -> list[str]:
     reads and the manifest does not list (a copy of a shard beside them, a folder of old
     shards), as paths relative to OUTPUT, sorted.
 
-    What those readers take (checked in ``tests/formats/test_dataset_readers.py``): polars and
+    What those readers take (``tests/formats/test_dataset_readers.py``): polars and
     duckdb read every ``*.parquet`` below the folder (their ``*.parquet`` globs and folder scans
     match hidden and ``_``-prefixed names too); ``pyarrow.dataset`` reads every file whose path
     has no part starting with ``.`` or ``_``, and ``datasets`` every one with no part starting

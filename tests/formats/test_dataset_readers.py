@@ -5,6 +5,7 @@ packed rows: the manifest is a zero-row Parquet file of the same schema that pya
 from __future__ import annotations
 
 import os
+import shutil
 
 import numpy as np
 import pyarrow as pa
@@ -13,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from packtool.config import PackConfig
-from packtool.formats.manifest import MANIFEST_NAME, read_manifest
+from packtool.errors import ManifestError
+from packtool.formats.manifest import MANIFEST_NAME, load_manifest, pending_name, read_manifest
 from packtool.formats.packed import PackedOutput
 from packtool.pipeline import run_pack
 
@@ -80,3 +82,60 @@ def test_hf_datasets_opens_the_directory(packed, tmp_path, monkeypatch):
     assert int(np.asarray(ids, dtype=np.int64).sum()) == total
     assert datasets.load_dataset(str(packed), split="train",
                                  cache_dir=str(tmp_path / "hf2")).num_rows == n
+
+
+def _rows_each_reader_reads(out):
+    """Rows pyarrow, polars and duckdb read from the folder ``out`` (folder and glob forms;
+    an error: None)."""
+    pl = pytest.importorskip("polars")
+    duckdb = pytest.importorskip("duckdb")
+
+    def attempt(read):
+        try:
+            return read()
+        except Exception:
+            return None
+
+    return {
+        "pyarrow": attempt(lambda: ds.dataset(out).count_rows()),
+        "polars": attempt(lambda: pl.scan_parquet(f"{out}/*.parquet").select(pl.len())
+                          .collect().item()),
+        "polars-dir": attempt(lambda: pl.scan_parquet(out).select(pl.len()).collect().item()),
+        "duckdb": attempt(lambda: duckdb.connect().execute(
+            f"select count(*) from read_parquet('{out}/*.parquet')").fetchall()[0][0]),
+        "duckdb-dir": attempt(lambda: duckdb.connect().execute(
+            f"select count(*) from read_parquet('{out}/**/*.parquet')").fetchall()[0][0]),
+    }
+
+
+@pytest.mark.parametrize("stray", ["backup.parquet", ".backup.parquet", "old/part-00000.parquet",
+                                   "_old/part-00000.parquet", ".old/part-00000.parquet",
+                                   "backup.pq"])
+def test_a_copy_a_reader_reads_beside_the_shards_is_refused_by_the_shared_check(packed, tmp_path,
+                                                                                stray):
+    """What the stray rule (:func:`packtool.formats.manifest.stray_data_files`) rests on: each
+    of these copies of a shard makes at least one reader of the folder read more rows than the
+    manifest counts, and the check every packtool reader shares refuses it."""
+    out = tmp_path / "out"
+    shutil.copytree(packed, out)
+    n, _ = _expected(out)
+    copy = out / stray
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(out / read_manifest(out).shards[0].file, copy)
+    seen = _rows_each_reader_reads(out)
+    assert any(v is not None and v > n for v in seen.values()), seen
+    with pytest.raises(ManifestError, match="a Parquet file the manifest does not list"):
+        load_manifest(out)
+
+
+def test_a_pending_shard_is_read_by_no_reader(packed, tmp_path):
+    """A shard under its pending name (a pack's, before its commit) adds no row in any reader
+    of the folder (polars given the folder refuses the odd name), and is no stray."""
+    out = tmp_path / "out"
+    shutil.copytree(packed, out)
+    n, _ = _expected(out)
+    first = read_manifest(out).shards[0].file
+    shutil.copy(out / first, out / pending_name(first))
+    seen = _rows_each_reader_reads(out)
+    assert all(v is None or v == n for v in seen.values()), seen
+    load_manifest(out, check_hashes=True)
