@@ -92,7 +92,8 @@ __all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256
            "PARTIAL_PROGRESS", "ScratchKept", "claim_partial", "keeps_stages", "WINDOW_DONE",
            "SCRATCH_FINGERPRINT", "LAYOUT_REVISION", "window_done", "window_workdir",
            "publish_window", "window_file", "shard_temp", "discard_shard_temp", "publish_shard",
-           "kept_shard", "finished_shard", "MARKER_EVERY_S", "MEMORY_FIXES", "FILES_FIX", "holding_lock"]
+           "kept_shard", "finished_shard", "MARKER_EVERY_S", "MEMORY_FIXES", "FILES_FIX",
+           "holding_lock"]
 
 #: Seconds a starting pack waits for OUTPUT's lock before refusing: ``stats``, ``verify`` and
 #: the loader probe it (:func:`packtool.formats.manifest.pack_running`) by taking it for a

@@ -803,7 +803,7 @@ def test_kept_columns_travel_beside_input_ids_into_pack(tmp_path, hf_tokenizer):
             ("t.parquet", pa.int64(), list(range(n)), sources),
             ("t.jsonl", pa.string(), [str(i) for i in range(n)],
              [None if i == 3 else s for i, s in enumerate(sources)])):
-        out = tmp_path / f"tok-{name}"
+        out = tmp_path / f"tok-{name}-out"
         assert invoke(args + [tmp_path / name, out]).exit_code == 0
         t = pa.concat_tables(pq.read_table(p) for p in sorted(out.glob("part-*.parquet")))
         assert t.column_names == ["input_ids", "source", "doc"]
@@ -821,16 +821,16 @@ def test_kept_columns_travel_beside_input_ids_into_pack(tmp_path, hf_tokenizer):
         assert hash_tree(out) == whole
     packed = tmp_path / "packed"
     res = invoke(["pack", "-q", "-c", 64, "--source-column", "source",
-                  tmp_path / "tok-t.parquet", packed])
+                  tmp_path / "tok-t.parquet-out", packed])
     assert res.exit_code == 0, res.output
     assert read_manifest(packed).source_values == ("books", "code", "web")
 
     for name in ("t.parquet", "t.jsonl"):  # a typo: refused, Parquet at once, JSON Lines at
         res = invoke(args[:-4] + ["--keep-column", "url", tmp_path / name,  # the file's end
-                                  tmp_path / f"x-{name}"])
+                                  tmp_path / f"x-{name}-out"])
         assert res.exit_code == 1 and name in res.output and "'url'" in res.output, res.output
         assert len(res.output.strip().splitlines()) == 1, res.output
-        assert not (tmp_path / f"x-{name}" / MANIFEST_NAME).exists()
+        assert not (tmp_path / f"x-{name}-out" / MANIFEST_NAME).exists()
     res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column", "text",
                   tmp_path / "t.parquet", tmp_path / "y"])
     assert res.exit_code == 2 and "--keep-column 'text'" in res.output, res.output
@@ -1787,7 +1787,7 @@ def _refused_jsonl(tmp_path, tokenizer, name, data, *flags):
     """The one Error line of tokenize of a file ``name`` holding ``data``."""
     (tmp_path / name).write_bytes(data)
     return _one_error(invoke(["tokenize", "-q", "--tokenizer", tokenizer, *flags,
-                              tmp_path / name, tmp_path / f"o-{name}"]))
+                              tmp_path / name, tmp_path / f"o-{name}-tokenized"]))
 
 
 def test_jsonl_whose_bytes_say_another_compression_than_its_name(tmp_path, hf_tokenizer):
@@ -1848,9 +1848,9 @@ def test_a_byte_order_mark_alone_on_the_first_line_is_a_blank_line(tmp_path, hf_
     (tmp_path / "bom2.jsonl").write_bytes(b"\xef\xbb\xbf" + body)
     for name in ("bom.jsonl", "bom2.jsonl"):
         res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, tmp_path / name,
-                      tmp_path / f"t-{name}"])
+                      tmp_path / f"t-{name}-out"])
         assert res.exit_code == 0, res.output
-        assert read_manifest(tmp_path / f"t-{name}").totals.docs_in == 2
+        assert read_manifest(tmp_path / f"t-{name}-out").totals.docs_in == 2
 
 
 def test_a_line_of_another_json_value_is_named_by_json_s_word(tmp_path, hf_tokenizer):

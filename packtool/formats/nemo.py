@@ -305,10 +305,13 @@ def eos_warnings(manifest, done: "NemoExport") -> list[str]:
                     f"collate feeds, so {done.eos_targets:,} of the {done.targets:,} targets "
                     "(each the token right after such an EOS) are not trained")
     if done.eos_cut:
-        said.append(f"with pad_seq_to_mult > 1 their collate ends {plural(done.eos_cut, 'sequence')} "
-                    "at the last fed token that is not EOS, the EOS after it taken for padding")
-    return [f"{plural(done.eos_documents, 'document holds', 'documents hold')} the EOS id {done.eos_id} before their "
-            f"last token (first: {manifest.input_row(done.eos_first_doc)}): "
+        said.append(f"with pad_seq_to_mult > 1 their collate ends "
+                    f"{plural(done.eos_cut, 'sequence')} at the last fed token that is not EOS, "
+                    "the EOS after it taken for padding")
+    one = done.eos_documents == 1
+    holds = plural(done.eos_documents, "document holds", "documents hold")
+    return [f"{holds} the EOS id {done.eos_id} before {'its' if one else 'their'} last token "
+            f"(first: {manifest.input_row(done.eos_first_doc)}): "
             + "; ".join(said) + " (docs/python-and-text.md)"]
 
 
@@ -538,8 +541,9 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
             blocks.close()
     stale = stale_holdout(manifest, out_dir)  # a held-out output left unpaired
     return dataclasses.replace(
-        done, shards_hashed=len(manifest.shards) if check_hashes else 0, warnings=tuple(export_warnings(manifest, where) + ([stale] if stale else [])
-                             + eos_warnings(manifest, done)),
+        done, shards_hashed=len(manifest.shards) if check_hashes else 0,
+        warnings=tuple(export_warnings(manifest, where) + ([stale] if stale else [])
+                       + eos_warnings(manifest, done)),
         notes=tuple(export_notes(manifest)))
 
 

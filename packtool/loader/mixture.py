@@ -237,7 +237,9 @@ class Mixture:
                 first, where = copies[content]
                 warnings.warn(
                     f"sources {first!r} ({where}) and {name!r} ({o.location.display}) hold the "
-                    f"same rows (their {len(shards)} shard(s) have the same sha256: copies of "
+                    f"same rows (their {len(shards)} "
+                    f"{'shard has' if len(shards) == 1 else 'shards have'} the same sha256: "
+                    "copies of "
                     "one output), so each row comes twice an epoch; unless that is meant, give "
                     "one of them, under one name, and a larger weight to read it more",
                     stacklevel=4)

@@ -278,7 +278,7 @@ def run_verify(
     reader = PackedOutput.open(path, integrity="sha256" if check_hashes else "footer",
                                rows_add_up=not scan_all)
     if check_hashes:
-        _say(progress, f"verify: sha256 of {len(reader.shards)} shard(s) checked "
+        _say(progress, f"verify: sha256 of {plural(len(reader.shards), 'shard')} checked "
              f"({time.perf_counter() - t0:.1f} s; --no-hash skips it)")
     convention = reader.labels.convention
     n_rows = reader.num_rows

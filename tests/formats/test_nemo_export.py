@@ -628,7 +628,7 @@ def test_documents_holding_eos_before_their_end_are_counted_and_said(tmp_path):
     assert row["nemo_cu"] == [0, 7, 11]
     lost = sum(row["loss_mask"]) - sum(row["released_loss_mask"])
     assert lost == 2 and sum(row["loss_mask"]) == 13
-    line = ("WARNING: 1 document(s) hold the EOS id 2 before their last token (first: row 0 "
+    line = ("WARNING: 1 document holds the EOS id 2 before its last token (first: row 0 "
             f"(0-based) of {src}): Megatron-Bridge releases up to 0.6.0 set loss_mask 0 on "
             "every EOS their collate feeds, so 2 of the 13 targets (each the token right after "
             "such an EOS) are not trained (docs/python-and-text.md)")
@@ -701,10 +701,10 @@ def test_the_eos_counts_are_what_their_collate_does_with_the_rows(tmp_path):
     assert (done["eos_targets"], done["eos_cut"], done["eos_documents"],
             done["eos_first_doc"]) == (lost, cut, len(feeding), first)
     warned, = [w for w in done["warnings"] if "the EOS id" in w]
-    assert warned.startswith(f"{len(feeding):,} document(s) hold the EOS id {eos} before their "
+    assert warned.startswith(f"{len(feeding):,} documents hold the EOS id {eos} before their "
                              f"last token (first: row {first - 300} (0-based) of {files[1]}): ")
     assert f"so {lost:,} of the {done['targets']:,} targets" in warned
-    assert f"ends {cut:,} sequence(s) at the last fed token that is not EOS" in warned
+    assert f"ends {cut:,} sequences at the last fed token that is not EOS" in warned
 
 
 @pytest.mark.parametrize("docs", [

@@ -236,9 +236,9 @@ def test_a_finished_pack_of_other_options_is_refused_naming_them(tmp_path, sampl
     again = CliRunner().invoke(cli, args[:4] + ["--labels", "shifted"] + args[4:])
     # rows_per_group follows from the labels column and the capacity: no flag sets it, so it
     # is not named beside what the user changed
-    assert "(labels: 'none' -> 'shifted'); pass" in again.output, again.output
+    assert "(--labels none -> shifted); pass" in again.output, again.output
     again = CliRunner().invoke(cli, args[:3] + ["2048"] + args[4:])
-    assert "(capacity: 1024 -> 2048); pass" in again.output, again.output
+    assert "(--capacity 1024 -> 2048); pass" in again.output, again.output
 
 
 def test_decode_takes_groups_counted_from_the_end_and_refuses_others(three_outputs):

@@ -419,7 +419,7 @@ def test_two_copies_of_one_output_are_named_in_a_warning(web_and_code, tmp_path)
     copy = tmp_path / "web-copy"
     shutil.copytree(web, copy)
     with pytest.warns(UserWarning, match=r"^sources 'web' \(.*\) and 'again' \(.*web-copy\) "
-                                         r"hold the same rows \(their \d+ shard\(s\) have the "
+                                         r"hold the same rows \(their \d+ shards have the "
                                          r"same sha256: copies of one output\), so each row "
                                          r"comes twice an epoch; unless that is meant"):
         PackedIterableDataset({"web": web, "again": copy}, rank=0, world_size=1)

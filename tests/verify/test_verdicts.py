@@ -207,7 +207,7 @@ def test_verify_says_how_long_it_expects_to_take_before_it_starts(good, tmp_path
     assert re.match(r"verify: expecting about \d+ s on an idle machine \(sha256 of \d+ MiB "
                     r"\d+ s; column scan \d+ s; "
                     r"sdpa on 2 rows of 16 tokens \d+ s, torch start-up \d+ s\)$", first), r.stderr
-    assert r.stderr.splitlines()[1].startswith("verify: sha256 of 1 shard(s) checked"), r.stderr
+    assert r.stderr.splitlines()[1].startswith("verify: sha256 of 1 shard checked"), r.stderr
     r = _verify(good, "--data-only", "--no-hash")
     assert r.stderr.splitlines()[0].startswith(
         "verify: expecting about 0 s on an idle machine (column scan"), \
