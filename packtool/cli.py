@@ -1265,24 +1265,21 @@ def export(output, dest, target, split, overwrite, eos_id, no_hash, as_json):
         said = str(exc) or f"nothing was written into {dest}"
         raise Interrupted(f"{stop_word()}: {said}; rerun the same command to export",
                           exit_status()) from None
+    from packtool.stats import plural
+
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(res), indent=2))
     elif res.already_complete:
-        from packtool.stats import plural
-
         click.echo(f"{res.path}: already holds this export ({plural(res.rows, 'row')}); "
                    "nothing to do")
     elif res.completed_entry:
         click.echo(f"{res.path}: already exported (by a run stopped before its metadata "
                    f"entry); entry written to {res.metadata}")
     else:
-        from packtool.stats import plural
-
         left = ""
         if res.one_token_sequences_left_out:
             left = (f"; {plural(res.one_token_sequences_left_out, 'one-token sequence')} left "
-                    "out (no "
-                    "input, no target; a zero-length sequence to their collate)")
+                    "out (no input, no target; a zero-length sequence to their collate)")
             if res.rows_left_out:
                 left += f", so {plural(res.rows_left_out, 'row')} of nothing else"
         click.echo(f"exported {plural(res.rows, 'row')} ({plural(res.sequences, 'sequence')}, "
@@ -1290,8 +1287,6 @@ def export(output, dest, target, split, overwrite, eos_id, no_hash, as_json):
                    f"{left} -> {res.path}")
     if not as_json:
         if res.shards_hashed:
-            from packtool.stats import plural
-
             click.echo(f"  integrity: sha256 of {plural(res.shards_hashed, 'shard')} matches "
                        "the manifest (--no-hash skips it)")
         for note in res.notes:
