@@ -508,6 +508,20 @@ def test_files_no_reader_takes_as_rows_are_left_alone(packed, other):
     load_manifest(packed, check_hashes=True)
 
 
+
+def test_a_named_pipe_in_output_is_no_stray_and_never_blocks_the_check(packed):
+    """A FIFO (or another file that is not a regular one) under OUTPUT: no reader takes it as
+    rows, and the check, which reads the first bytes of the files it does not know, must not
+    open it (the open waits for a writer forever: stats and verify hung, deaf to Ctrl-C). Run
+    in a subprocess with a timeout so that a hang fails the test instead of the suite."""
+    os.mkfifo(packed / "pipe")
+    (packed / "sub").mkdir()
+    os.mkfifo(packed / "sub" / "data")
+    res = subprocess.run([sys.executable, "-m", "packtool", "verify", "--data-only", packed],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert res.returncode == 0, res.stderr
+
 def test_manifest_refuses_directory_without_manifest(packed):
     (packed / MANIFEST_NAME).unlink()
     with pytest.raises(ManifestError, match="no .packtool-manifest.parquet"):

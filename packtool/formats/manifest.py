@@ -85,6 +85,7 @@ import json
 import os
 import posixpath
 import shlex
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
@@ -1655,8 +1656,11 @@ _OWN_ENTRIES = frozenset({MANIFEST_NAME, IN_PROGRESS_NAME, LOCK_NAME, TMP_DIR_NA
 
 
 def _is_parquet_file(loc: Location) -> bool:
-    """The file begins with Parquet's magic bytes (False when it cannot be read)."""
+    """The file begins with Parquet's magic bytes (False when it cannot be read, or is no
+    regular file: opening a named pipe would wait for a writer forever)."""
     try:
+        if loc.is_local and not stat.S_ISREG(os.stat(loc.path).st_mode):
+            return False
         with loc.open_input() as f:
             return f.read(4) == b"PAR1"
     except (OSError, pa.ArrowException):
