@@ -44,7 +44,20 @@ from packtool.errors import LocationError, first_line
 
 __all__ = ["Location", "LocalPath", "StoreURI", "Entry", "StoreError", "location", "is_store",
            "display", "sweep_stages", "STAGE_HOLDER", "STAGE_UNRECORDED_DAYS", "make_dirs",
-           "remove_made"]
+           "remove_made", "published_temp_of"]
+
+#: The temporary name :meth:`LocalPath.publish_bytes` writes a file under before its rename
+#: (``.NAME.<32 hex>.tmp``): what a process killed between the two leaves behind.
+_TEMP_NAME = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{32}\.tmp")
+
+
+def published_temp_of(name: str) -> str | None:
+    """The file a temporary named ``name`` was being published as (:meth:`LocalPath.
+    publish_bytes`, killed before its rename: ``..packtool-manifest.parquet.<hex>.tmp`` ->
+    ``.packtool-manifest.parquet``); None for any other name."""
+    m = _TEMP_NAME.fullmatch(name)
+    return m.group("name") if m else None
+
 
 #: ``scheme:`` + ``//`` (or ``/``, as pathlib folds it); a scheme of two characters or more, so a
 #: Windows drive letter is not one
@@ -452,7 +465,7 @@ class LocalPath(Location):
         return make_dirs(self.path)
 
     def _temp(self) -> Path:
-        return self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}.tmp")
+        return self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}.tmp")  # _TEMP_NAME
 
     def publish_bytes(self, data: bytes) -> None:
         """Write ``data`` under a unique temporary name beside the file, fsync, rename; on any

@@ -84,7 +84,8 @@ from packtool.formats.manifest import (HELD_HERE, IN_PROGRESS_NAME, LOCK_NAME,
                                        run_words, shard_entry_of,
                                        V1_MANIFEST_NAME, version_1_shards)
 from packtool.formats.schema import written_as_shard
-from packtool.location import Location, StoreError, display, remove_made, sweep_stages
+from packtool.location import (Location, StoreError, display, published_temp_of,
+                               remove_made, sweep_stages)
 from packtool.stats import plural
 
 __all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256", "pack_running",
@@ -447,6 +448,13 @@ class Output:
         """The decision table over one listing of OUTPUT (module docstring, step 1)."""
         out = self.path
         found = {n: e for n, e in out.listdir().items() if n != LOCK_NAME}
+        # a run killed between writing its manifest or marker and renaming it left the
+        # temporary (this run holds the lock: no live run's): packtool's own, removed
+        for name in [n for n, e in found.items() if not e.is_dir
+                     and published_temp_of(n) in (MANIFEST_NAME, IN_PROGRESS_NAME)]:
+            if self._writable():
+                out.join(name).delete()
+            del found[name]
         m, ours = self._manifest_of(found)
         self._found_finished = m is not None
         self.previous = m
@@ -682,8 +690,9 @@ class Output:
             for src, dest in moves:
                 src.move_to(dest)
             return
-        # copies inside the store, several at once (the signals are held: commit())
-        with ThreadPoolExecutor(min(16, len(moves))) as pool:
+        # copies inside the store, several at once (the signals are held: commit()); no more
+        # than the S3 client's connection pool holds (10), which warns of each one beyond it
+        with ThreadPoolExecutor(min(8, len(moves))) as pool:
             for _ in pool.map(lambda move: move[0].move_to(move[1]), moves):
                 pass
 

@@ -724,3 +724,34 @@ def test_a_window_finished_before_tokens_dropped_counted_truncation_resumes_in_i
     assert rerun(src, out, options)["windows_reused"] == 1
     assert read_manifest(out).totals == want
     assert hash_tree(out) == hash_tree(ref)
+
+
+@pytest.mark.parametrize("kept", [MANIFEST_NAME, IN_PROGRESS_NAME])
+def test_the_temporary_of_a_manifest_or_marker_killed_before_its_rename_is_packtool_s(
+        tmp_path, kept):
+    """A kill between writing the manifest or the marker under its temporary name and the
+    rename left ``.<name>.<hex>.tmp`` in OUTPUT, which every later run refused as an entry
+    packtool did not write, rerun and --overwrite alike (a first marker's: the output could
+    never be made). It is packtool's own: the next run that writes removes it and goes on; a
+    rerun that finds the output complete writes nothing and is not refused."""
+    src = write_docs(tmp_path / "in" / "a.parquet", [[i + 1] * (i % 7 + 1) for i in range(60)])
+    args = ["pack", "-q", "-c", 8, "--rows-per-shard", 5, src]
+    temp = f".{kept}.{'ab' * 16}.tmp"
+    fresh = tmp_path / "fresh"  # killed at the first marker write: only the temporary
+    fresh.mkdir()
+    (fresh / temp).write_bytes(b"{\"fingerprint\": ")
+    res = invoke([*args, fresh])
+    assert res.exit_code == 0, res.output
+    assert not (fresh / temp).exists()
+    done = tmp_path / "done"  # killed later: the rerun and an --overwrite go on
+    assert invoke([*args, done]).exit_code == 0
+    (done / temp).write_bytes(b"PAR1")
+    res = invoke([a for a in args if a != "-q"] + [done])  # reads only: left to a writing run
+    assert res.exit_code == 0 and "nothing to do" in res.output, res.output
+    res = invoke(["pack", "-q", "-c", 8, "--rows-per-shard", 9, "--overwrite", src, done])
+    assert res.exit_code == 0, res.output
+    assert not (done / temp).exists()
+    other = f".notes.txt.{'ab' * 16}.tmp"  # a name of packtool's pattern for another file
+    (done / other).write_text("mine")
+    res = invoke(["pack", "-q", "-c", 8, "--overwrite", src, done])
+    assert res.exit_code == 1 and other in res.output, res.output

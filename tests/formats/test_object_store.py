@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -746,3 +749,19 @@ def test_a_store_failing_to_read_a_packed_shard_is_named_not_the_shard(tmp_path,
         PackedOutput.open(uri, integrity="footer").decode(0, ["input_ids"])
     one_store_line(type("R", (), {"exit_code": 1, "output": f"Error: {err.value}\n"}), shard,
                    text)
+
+
+def test_a_store_commit_of_many_shards_prints_no_connection_pool_warning(s3, tmp_path):
+    """The commit copies the shards inside the store several at once; more at once than the S3
+    client's connection pool holds (10) printed urllib3's "Connection pool is full, discarding
+    connection" WARNING lines, even under -q, that look like packtool's own."""
+    fs, bucket = s3
+    src = write_docs(tmp_path / "in" / "a.parquet", [[i % 97 + 1] * (i % 5 + 1)
+                                                     for i in range(400)])
+    res = subprocess.run([sys.executable, "-m", "packtool", "pack", "-q", "-c", "8",
+                          "--rows-per-shard", "4", src, f"s3://{bucket}/many"],
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert res.returncode == 0, res.stderr
+    assert len(read_manifest(f"s3://{bucket}/many").shards) > 30
+    assert "Connection pool is full" not in res.stderr, res.stderr
