@@ -193,13 +193,13 @@ def token_type_fix(typ: pa.DataType, column: str, candidates=(), option: str = "
     (``--column``, or the Python API's ``column=``); a string per document with none is text,
     tokenized first (:func:`tokenize_first`); else the column to give. ``holder``: what
     holds the columns, as the message names it."""
+    sep = "" if option.endswith("=") else " "  # --column NAME, column=NAME
     if is_list_layout(typ) and pa.types.is_floating(typ.value_type):
         return (f"token ids are integers: cast the column first, e.g. with pyarrow: "
                 f"t = t.set_column(t.schema.get_field_index({column!r}), {column!r}, "
                 f"t[{column!r}].cast(pa.list_(pa.int32()))), then write t again")
     if candidates:
         listed = ", ".join(candidates[:3]) + (", ..." if len(candidates) > 3 else "")
-        sep = "" if option.endswith("=") else " "
         what = "a value per document" if not is_list_layout(typ) else "no list of integers"
         return (f"{column!r} is {what}, not token ids; the lists of integers in {holder}: "
                 f"{listed}: pass {option}{sep}{candidates[0]}")
@@ -207,7 +207,6 @@ def token_type_fix(typ: pa.DataType, column: str, candidates=(), option: str = "
         return (tokenize_first(column) if not option.endswith("=") else
                 f"{column!r} holds text: tokenize it first (your tokenizer, or packtool "
                 "tokenize on a file of it)")
-    sep = "" if option.endswith("=") else " "
     return (f"{column!r} holds no token ids and {holder} has no list of integers: tokenize "
             f"its text first (packtool tokenize), or pass {option}{sep}NAME")
 
