@@ -1570,3 +1570,78 @@ def test_other_documents_into_a_finished_output_name_the_counts(tmp_path):
         packtool.pack_dataset([[1, 2, 3], [4, 6]], 8, output=out)
     with pytest.raises(OutputError, match=r"other documents \(3 documents now, 2 in it\)"):
         packtool.pack_dataset([[1, 2, 3], [4, 5], [7]], 8, output=out)
+
+
+def _scalar_token_inputs():
+    """One integer per document in every shape pack_dataset takes, with its Arrow type."""
+    import pandas as pd
+
+    return {
+        "table": (pa.table({"input_ids": [5, 6]}), "int64"),
+        "dataset": (datasets.Dataset.from_dict({"input_ids": [5, 6]}), "int32"),  # its choice
+        "DataFrame": (pd.DataFrame({"input_ids": [5, 6]}), "int64"),
+        "dicts": ([{"input_ids": 5}], "int64"),
+        "uint8": (pa.table({"input_ids": pa.array([5, 6], pa.uint8())}), "uint8"),
+        "uint64": (pa.table({"input_ids": pa.array([5, 6], pa.uint64())}), "uint64"),
+        "uint64 beyond int64": (pa.table({"input_ids": pa.array([5, 2**63 + 1],
+                                                               pa.uint64())}), "uint64"),
+        "numpy uint8 dicts": ([{"input_ids": np.uint8(5)}], "uint8"),
+    }
+
+
+@pytest.mark.parametrize("case", ["table", "dataset", "DataFrame", "dicts", "uint8", "uint64",
+                                  "uint64 beyond int64", "numpy uint8 dicts"])
+def test_a_token_column_of_one_integer_per_document_is_refused_as_the_cli_refuses_it(
+        tmp_path, case):
+    """A column of one integer per document was cast to a list of ids, the cast failed, and the
+    failure was told as ``token id None does not fit int32``: it is the type the CLI names for
+    the same Parquet file, with the API's fix (column=NAME)."""
+    data, typ = _scalar_token_inputs()[case]
+    with pytest.raises(SchemaError) as exc:
+        packtool.pack_dataset(data, 8)
+    msg = str(exc.value)
+    assert msg.startswith(f"documents: row 0 (0-based): column 'input_ids' has type {typ}, "
+                          "expected a list of integer token ids"), msg
+    assert "None" not in msg and "does not fit" not in msg and "tokenize" not in msg, msg
+    assert msg.endswith("pass column=NAME") and "--" not in msg and "\n" not in msg, msg
+    pq.write_table(pa.table({"input_ids": pa.array([5, 6], typ)}), tmp_path / "d.parquet")
+    res = invoke(["pack", "-q", "-c", 8, tmp_path / "d.parquet", tmp_path / "out"])
+    assert res.exit_code == 1 and f"has type {typ}, expected" in res.output, res.output
+    assert " ".join(res.output.split()).endswith("pass --column NAME"), res.output
+
+
+def _no_token_list_inputs():
+    """Token columns of no list of integers, each with what its fix says (and never says)."""
+    nested = [[[1, 2]], [[3]]]
+    return {
+        "nested lists": (pa.table({"input_ids": nested}), "flatten", "tokenize"),
+        "nested list dicts": ([{"input_ids": d} for d in nested], "flatten", "tokenize"),
+        "bool": (pa.table({"input_ids": [True, False]}), "column=NAME", "tokenize"),
+        "struct": (pa.table({"input_ids": [{"a": 1}, {"a": 2}]}), "column=NAME", "tokenize"),
+        "binary": (pa.table({"input_ids": [b"a", b"b"]}), "column=NAME", "tokenize"),
+        "decimal": (pa.table({"input_ids": pa.array([1, 2], pa.decimal128(5, 0))}),
+                    "column=NAME", "tokenize"),
+        "float": (pa.table({"input_ids": [1.5, 2.0]}), "column=NAME", "tokenize"),
+        "2-D bool array": (np.array([[True, False]]), "column=NAME", "tokenize"),
+        "2-D string array": (np.array([["a", "b"]]), "column=NAME", "tokenize"),
+        "text": (pa.table({"input_ids": ["a b", "c"]}), "tokenize", "column=NAME"),
+        "nested beside ids": (pa.table({"input_ids": nested, "ids": [[1], [2]]}),
+                              "pass column='ids'", "tokenize"),
+        "bool beside ids": (pa.table({"input_ids": [True, False], "ids": [[1], [2]]}),
+                            "pass column='ids'", "tokenize"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_no_token_list_inputs()))
+def test_a_token_column_of_no_list_of_integers_gets_the_fix_for_its_type(case):
+    """Every such column was told ``holds no token ids and these documents has no list of
+    integers: tokenize its text first``: bad grammar, and tokenize fits text alone. Text is
+    tokenized, nested lists flattened, and any other type names the column to pass (the lists
+    of integers there are, if any)."""
+    data, says, never = _no_token_list_inputs()[case]
+    with pytest.raises(SchemaError) as exc:
+        packtool.pack_dataset(data, 8)
+    msg = str(exc.value)
+    assert says in msg and never not in msg, msg
+    assert "documents has" not in msg and "this file" not in msg and "--" not in msg, msg
+    assert "\n" not in msg, msg

@@ -104,6 +104,23 @@ def test_text_column_given_to_pack_names_tokenize(tmp_path):
     assert "pass --column ids" in line and "tokenize" not in line, line
 
 
+@pytest.mark.parametrize("column,says", [
+    (pa.array([[[1, 2]], [[3]]]), "flatten"),
+    (pa.array([7, 8]), "pass --column NAME"),
+    (pa.array([True, False]), "pass --column NAME"),
+    (pa.array([[True, False]]), "pass --column NAME"),
+    (pa.array([{"a": 1}]), "pass --column NAME"),
+    (pa.array([b"ab"]), "pass --column NAME"),
+], ids=["nested-list", "int", "bool", "list-bool", "struct", "binary"])
+def test_a_token_column_of_no_text_given_to_pack_is_not_told_to_tokenize(tmp_path, column, says):
+    """Every token column of no list of integers was told to tokenize its text first: a nested
+    list is flattened, and a column of another type names the column to pass."""
+    src = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"input_ids": column}), src)
+    line = error_line(["pack", "-q", "-c", 8, src, tmp_path / "out"])
+    assert says in line and "tokenize" not in line and "file has" not in line, line
+
+
 def test_files_naming_the_token_column_differently_are_named(tmp_path):
     """The fix one file's refusal gave (--column tokens) failed on the other file."""
     d = tmp_path / "in"

@@ -387,14 +387,15 @@ def _canonical_type(typ: pa.DataType, token: bool) -> pa.DataType:
     lists (list, large_list, fixed_size_list) and lists with no value at all become
     ``list<int64>``, integers ``int64`` (so batches of one dataset that pyarrow or a streaming
     dataset typed apart agree without cutting a value); a token column of nulls only is
-    ``list<int64>``; anything else is kept for ``pack`` (or the check here) to judge."""
+    ``list<int64>``, one of any other type that is no list (an integer per document) is kept;
+    anything else is kept for ``pack`` (or the check here) to judge."""
     layout = (pa.types.is_list(typ) or pa.types.is_large_list(typ)
               or pa.types.is_fixed_size_list(typ))
     if layout and (pa.types.is_integer(typ.value_type) or pa.types.is_null(typ.value_type)):
         return pa.list_(pa.int64())
-    if pa.types.is_integer(typ) or (token and pa.types.is_null(typ)):
-        return pa.list_(pa.int64()) if token else pa.int64()
-    return typ
+    if token:  # one value per document is no token ids: kept for the check to name its type
+        return pa.list_(pa.int64()) if pa.types.is_null(typ) else typ
+    return pa.int64() if pa.types.is_integer(typ) else typ
 
 
 def _first_valued(arr) -> int:
@@ -435,7 +436,8 @@ def _canonical(b, column: str, first_row: int):
     """``b`` with each column cast to :func:`_canonical_type`.
 
     Raises:
-        SchemaError: an id that does not fit int64 (the row is named).
+        SchemaError: an id that does not fit int64 (the row is named), or a column that cannot
+            be cast for another reason (named, with pyarrow's reason).
     """
     for i, f in enumerate(b.schema):
         want = _canonical_type(f.type, f.name == column)
@@ -443,12 +445,16 @@ def _canonical(b, column: str, first_row: int):
             continue
         try:
             col = b.column(i).cast(want)
-        except (pa.ArrowException, ValueError):
-            col = None
-        if col is None:  # the only failing cast to int64: an unsigned value beyond it
-            bad, value = next(((r, v) for r, v in enumerate(b.column(i).to_pylist())
-                               if _beyond_int64(v) is not None), (0, None))
-            raise _beyond_int64_error(f.name, column, first_row + bad, _beyond_int64(value))
+        except (pa.ArrowException, ValueError) as exc:
+            raise_if_shortage(exc)
+            bad = next(((r, _beyond_int64(v)) for r, v in enumerate(b.column(i).to_pylist())
+                        if _beyond_int64(v) is not None), None)
+            if bad is not None:  # an unsigned value beyond int64
+                raise _beyond_int64_error(f.name, column, first_row + bad[0], bad[1]) from None
+            raise SchemaError(f"documents: {_batch_ref(first_row)}: column {f.name!r} of type "
+                              f"{f.type} could not be written as {want} "
+                              f"({first_line(exc).rstrip(': ')}); give it as one list of "
+                              "integers per document") from None
         b = b.set_column(i, pa.field(f.name, want), col)
     return b
 

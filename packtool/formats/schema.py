@@ -187,28 +187,56 @@ def check_token_column(schema: pa.Schema, column: str, path: str) -> None:
 
 def token_type_fix(typ: pa.DataType, column: str, candidates=(), option: str = "--column",
                    holder: str = "this file") -> str:
-    """The fix for a token column ``column`` of type ``typ`` that is no list of integers:
-    a list of floats is cast to integers (how, with pyarrow); another column that is a list
-    of integers (``candidates``, :func:`token_column_candidates`) is named for ``option``
+    """The fix for a token column ``column`` of type ``typ`` that is no list of integers, by
+    what it holds: a list of floats is cast to integers (how, with pyarrow); nested lists of
+    integers are flattened to one list per document; another column that is a list of
+    integers (``candidates``, :func:`token_column_candidates`) is named for ``option``
     (``--column``, or the Python API's ``column=``); a string per document with none is text,
-    tokenized first (:func:`tokenize_first`); else the column to give. ``holder``: what
-    holds the columns, as the message names it."""
-    sep = "" if option.endswith("=") else " "  # --column NAME, column=NAME
+    tokenized first (:func:`tokenize_first`); any other type (one integer, bool, struct,
+    bytes or decimal per document, lists of bools or strings) names ``option`` with no
+    tokenize advice. ``holder``: what holds the columns, as the message names it (``this
+    file``, ``these documents``)."""
+    keyword = option.endswith("=")  # the Python API's column=, its value quoted
+
+    def named(name: str) -> str:  # --column NAME, column='NAME'
+        return f"{option}{name!r}" if keyword else f"{option} {name}"
+
+    listed = ", ".join(candidates[:3]) + (", ..." if len(candidates) > 3 else "")
     if is_list_layout(typ) and pa.types.is_floating(typ.value_type):
         return (f"token ids are integers: cast the column first, e.g. with pyarrow: "
                 f"t = t.set_column(t.schema.get_field_index({column!r}), {column!r}, "
                 f"t[{column!r}].cast(pa.list_(pa.int32()))), then write t again")
+    if _nested_integer_lists(typ):
+        other = (f", or pass {named(candidates[0])} (the lists of integers in {holder}: "
+                 f"{listed})") if candidates else ""
+        return (f"{column!r} holds lists of lists, not one list of token ids per document: "
+                f"flatten each document's lists into one list of ids first{other}")
     if candidates:
-        listed = ", ".join(candidates[:3]) + (", ..." if len(candidates) > 3 else "")
-        what = "a value per document" if not is_list_layout(typ) else "no list of integers"
-        return (f"{column!r} is {what}, not token ids; the lists of integers in {holder}: "
-                f"{listed}: pass {option}{sep}{candidates[0]}")
+        return (f"{column!r} holds {_held(typ)}, not token ids; the lists of integers in "
+                f"{holder}: {listed}: pass {named(candidates[0])}")
     if _is_text(typ):
-        return (tokenize_first(column) if not option.endswith("=") else
+        return (tokenize_first(column) if not keyword else
                 f"{column!r} holds text: tokenize it first (your tokenizer, or packtool "
                 "tokenize on a file of it)")
-    return (f"{column!r} holds no token ids and {holder} has no list of integers: tokenize "
-            f"its text first (packtool tokenize), or pass {option}{sep}NAME")
+    return (f"{column!r} holds {_held(typ)}, not one list of token ids per document, and no "
+            f"column of {holder} holds one: pass {option}{'' if keyword else ' '}NAME")
+
+
+def _nested_integer_lists(typ: pa.DataType) -> bool:
+    """True for lists of lists (at any depth) whose innermost values are integers."""
+    if not (is_list_layout(typ) and is_list_layout(typ.value_type)):
+        return False
+    while is_list_layout(typ):
+        typ = typ.value_type
+    return pa.types.is_integer(typ)
+
+
+def _held(typ: pa.DataType) -> str:
+    """What a column of ``typ`` holds, for a message: ``one int64 value per document``,
+    ``lists of bool values``."""
+    if is_list_layout(typ):
+        return f"lists of {typ.value_type} values"
+    return f"one {typ} value per document"
 
 
 def _is_text(typ: pa.DataType) -> bool:
