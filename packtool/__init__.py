@@ -48,4 +48,5 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_LAZY))
+    # a lazy name once loaded is in globals() too: each name once
+    return sorted(set(globals()) | set(_LAZY))

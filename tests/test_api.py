@@ -1645,3 +1645,11 @@ def test_a_token_column_of_no_list_of_integers_gets_the_fix_for_its_type(case):
     assert says in msg and never not in msg, msg
     assert "documents has" not in msg and "this file" not in msg and "--" not in msg, msg
     assert "\n" not in msg, msg
+
+
+def test_dir_of_packtool_lists_each_name_once():
+    """A name loaded on first use (pack, PackStats) was listed twice by dir(packtool) after."""
+    packtool.pack, packtool.PackStats  # noqa: B018  (loaded: now in the module's globals)
+    names = dir(packtool)
+    assert len(names) == len(set(names)) and names == sorted(names)
+    assert set(packtool.__all__) <= set(names)
