@@ -198,7 +198,8 @@ def pack(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str | 
 
     Returns:
         :class:`packtool.pipeline.PackResult`: ``stats`` (the summary's counts,
-        :class:`packtool.stats.PackStats`; ``stats.to_dict()`` is what ``pack --json`` prints),
+        :class:`packtool.stats.PackStats`; ``stats.to_dict()`` is the ``"stats"`` member of
+        what ``pack --json`` prints),
         ``manifest``, ``seconds``, ``warnings``, ``already_complete``, and ``holdout`` (the
         held-out pack's result) with ``holdout=``.
 

@@ -301,7 +301,14 @@ def test_pack_is_the_cli_pack_as_a_function(tmp_path, sample_data):
     cli = invoke(["pack", "--json", "-c", 1024, "--no-shuffle", "--append-eos", 2,
                   sample_data, tmp_path / "cli"])
     assert cli.exit_code == 0, cli.output
-    assert res.stats.to_dict() == json.loads(cli.stdout)["stats"]  # stderr: the split warning
+    said = json.loads(cli.stdout)
+    assert res.stats.to_dict() == said["stats"]  # stderr: the split warning
+    assert set(said) != {"stats"}  # to_dict() is its "stats" member, not all it prints
+    for text in (packtool.pack.__doc__, (Path(__file__).parents[1] / "docs" /
+                                         "python-and-text.md").read_text()):
+        text = " ".join(text.split())
+        assert "is what pack --json prints" not in text.replace("`", "")
+        assert re.search(r"the ``?\"stats\"``? member of what ``?pack --json``? prints", text)
     assert read_output(tmp_path / "api")[0] == read_output(tmp_path / "cli")[0]
     again = packtool.pack([sample_data], tmp_path / "api", capacity=1024, shuffle=False,
                           append_eos=2)
