@@ -77,7 +77,8 @@ from packtool.formats.manifest import (HELD_HERE, IN_PROGRESS_NAME, LOCK_NAME,
                                        enclosing_output, output_words, MANIFEST_NAME, TMP_DIR_NAME,
                                        PACKED_KIND, TOKENIZED_KIND, HoldoutPairing,
                                        Manifest, ShardEntry,
-                                       footer_sha256, is_pending_name, is_shard_name,
+                                       footer_sha256, input_display, is_pending_name,
+                                       is_shard_name, IN_MEMORY_INPUT,
                                        manifest_bytes, marker_kind, pack_running,
                                        pending_name, publish_manifest, read_manifest,
                                        shard_files,
@@ -1190,15 +1191,18 @@ def _input_changes(manifest: Manifest, files, found_at: float | None) -> str:
     the fingerprint records each file's mtime, docs/robustness.md), or that the content or
     mtime changed in place, or another version packed it."""
     def key(path) -> str:
+        if path == IN_MEMORY_INPUT:  # no file: never resolved as a path
+            return path
         return _resolved(path) if Location.parse(path).is_local else display(path)
 
     was = {key(e.path): e for e in manifest.inputs}
     now = {key(f.path): f for f in files}
 
     def some(names, what) -> str:
-        shown = ", ".join(Location.parse(n).display for n in names[:2])
+        shown = ", ".join(input_display(n) for n in names[:2])
         more = f" and {len(names) - 2} more" if len(names) > 2 else ""
-        return f"{plural(len(names), 'file')} {what}: {shown}{more}"
+        noun = "input" if IN_MEMORY_INPUT in names else "file"  # documents are no file
+        return f"{plural(len(names), noun)} {what}: {shown}{more}"
 
     added = [n for n in now if n not in was]
     removed = [n for n in was if n not in now]

@@ -1660,3 +1660,19 @@ def test_dir_of_packtool_lists_each_name_once():
     names = dir(packtool)
     assert len(names) == len(set(names)) and names == sorted(names)
     assert set(packtool.__all__) <= set(names)
+
+
+def test_pack_into_an_output_of_in_memory_documents_names_them_as_such(tmp_path, sample_data):
+    """The output of pack_dataset(output=) records its documents by a placeholder, which a
+    refusal showed as a file in the current directory (``1 file removed:
+    /cwd/<in-memory documents: packtool.pack_dataset>``); the CLI and the API name them as the
+    documents they are."""
+    out = tmp_path / "out"
+    packtool.pack_dataset([[1, 2, 3], [4, 5]], 8, output=out)
+    with pytest.raises(OutputError) as exc:
+        packtool.pack(sample_data, out, capacity=8)
+    res = invoke(["pack", "-q", "-c", 8, sample_data, out])
+    assert res.exit_code != 0
+    for msg in (str(exc.value), " ".join(res.output.split())):
+        assert "; 1 input removed: the in-memory documents of packtool.pack_dataset)" in msg, msg
+        assert "<in-memory" not in msg, msg

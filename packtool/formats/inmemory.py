@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from packtool.errors import InputError, SchemaError, first_line, raise_if_shortage
+from packtool.formats.manifest import IN_MEMORY_INPUT
 from packtool.formats.schema import (is_integer_list, is_list_layout, token_column_candidates,
                                      token_type_fix)
 
@@ -30,7 +31,7 @@ __all__ = ["streamed_tables", "INPUT_NAME", "INPUT_DESCRIPTION", "is_arrow_table
 #: File name of the in-memory input once written (Arrow IPC file form).
 INPUT_NAME = "documents.arrow"
 #: How a manifest names that input: its temporary path is gone once the documents are packed.
-INPUT_DESCRIPTION = "<in-memory documents: packtool.pack_dataset>"
+INPUT_DESCRIPTION = IN_MEMORY_INPUT
 
 
 def is_arrow_table(data) -> bool:

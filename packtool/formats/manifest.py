@@ -107,7 +107,7 @@ __all__ = ["REPACK_MISSING", "MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_
            "nested_output", "output_around",
            "run_words",
            "SHARD_GLOB", "FORMAT_VERSION", "READABLE_VERSIONS", "Manifest", "ShardEntry",
-           "InputEntry", "LabelsInfo", "WindowEntry", "Windowing", "TokenizerInfo", "Tokenization",
+           "InputEntry", "IN_MEMORY_INPUT", "input_display", "LabelsInfo", "WindowEntry", "Windowing", "TokenizerInfo", "Tokenization",
            "TOKENIZATION_FACTS", "PACKED_KIND", "TOKENIZED_KIND", "HoldoutPairing",
            "stale_holdout", "dropped_holdout",
            "KINDS",
@@ -117,6 +117,20 @@ __all__ = ["REPACK_MISSING", "MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_
            "footer_sha256", "footer_of", "shard_entry_of", "shard_name",
            "is_shard_name", "PENDING_SUFFIX", "pending_name", "is_pending_name", "shard_files",
            "stray_data_files"]
+
+#: How a manifest names the in-memory documents of ``packtool.pack_dataset`` among its inputs
+#: (the temporary file they went through is gone once they are packed); not a path.
+IN_MEMORY_INPUT = "<in-memory documents: packtool.pack_dataset>"
+
+
+def input_display(path: str) -> str:
+    """How a message names an input a manifest records (:attr:`InputEntry.path`): a path or URI
+    as :func:`packtool.location.display` shows it; :data:`IN_MEMORY_INPUT` as the documents it
+    stands for, never as a file."""
+    if path == IN_MEMORY_INPUT:
+        return "the in-memory documents of packtool.pack_dataset"
+    return Location.parse(path).display
+
 
 #: File name of the manifest inside OUTPUT (a zero-row Parquet file, see the module docstring).
 MANIFEST_NAME = ".packtool-manifest.parquet"
@@ -751,7 +765,7 @@ class Manifest:
         first = 0
         for entry in self.inputs:
             if first <= doc < first + entry.rows:
-                return f"{row_ref(doc - first)} of {entry.path}"
+                return f"{row_ref(doc - first)} of {input_display(entry.path)}"
             first += entry.rows
         return f"document {int(doc)} (doc_ids)"
 
