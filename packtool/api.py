@@ -368,19 +368,32 @@ def _as_documents(data):
         if data.ndim != 2:
             raise InputError(f"pack_dataset takes a 2-D NumPy array (one document per row) or "
                              f"a 1-D object array of documents (lists or arrays), not a "
-                             f"{data.ndim}-D one; one document of ids is [array]")
+                             f"{_array_words(data)}; one document of ids is [array]")
         return list(data)  # rows as arrays: their dtype is judged as a column of them
     return data
 
 
-def _kind(data) -> str:
+def _array_words(data) -> str:
+    """What a NumPy array that is no documents holds, for a message: ``1-D array of int64``,
+    ``1-D object array of int`` (the types of its values), ``0-D one``."""
+    if data.ndim != 1:
+        return f"{data.ndim}-D one"
+    if data.dtype != object:
+        return f"1-D array of {data.dtype}"
+    names = sorted({type(v).__name__ for v in data if v is not None}) or ["None"]
+    return f"1-D object array of {', '.join(names[:3])}{', ...' if len(names) > 3 else ''}"
+
+
+def _kind(data, column: str = "input_ids") -> str:
     """What ``data`` (after :func:`_as_documents`) is to :func:`pack_dataset`: ``list``,
     ``table``, ``DataFrame`` (pandas), ``columns`` (a mapping of column -> one value per row:
     a ``dict``, what a tokenizer call returns), ``to_arrow`` (an object whose ``to_arrow()``
     gives a ``pyarrow.Table``: a polars DataFrame) or the name of a ``datasets`` type.
 
     Raises:
-        InputError: any other type (named with its package, with the conversion that fits).
+        InputError: any other type (named with its package, with the conversion that fits:
+            ``pyarrow.table({column: it})`` for a pyarrow array, ``.collect()`` for a polars
+            LazyFrame).
     """
     from collections.abc import Mapping
 
@@ -409,7 +422,14 @@ def _kind(data) -> str:
                 "with datasets.IterableDataset.from_generator (or Dataset.from_generator); "
                 + hint)
     method = next((m for m in ("to_list", "tolist") if callable(getattr(data, m, None))), None)
-    if method is not None:
+    if mod.startswith("pyarrow") and callable(getattr(data, "to_pylist", None)):
+        # an Array or ChunkedArray: a table of it keeps its type
+        listed = ".tolist()" if method else ".combine_chunks().tolist()"
+        hint = (f"a column of documents: pass pyarrow.table({{{column!r}: it}}) (or its "
+                f"{listed}, one list of ids per document); " + hint)
+    elif type_name(data) == "polars.LazyFrame":
+        hint = "a polars LazyFrame: pass its .collect() (the DataFrame of its rows); " + hint
+    elif method is not None:
         hint = (f"a column of documents: pass its .{method}() (one list of ids per document); "
                 + hint)
     raise InputError(f"pack_dataset takes a datasets.Dataset, IterableDataset, DatasetDict, a "
@@ -654,7 +674,7 @@ def pack_dataset(data, capacity: int = 2048, *, column: str = "input_ids",
     from packtool.pipeline import run_pack
 
     data = _as_documents(data)
-    kind = _kind(data)
+    kind = _kind(data, column)
     back = kind  # the type the rows are handed back as
     if kind == "to_arrow":
         data, kind, back = _via_arrow(data)

@@ -1030,7 +1030,7 @@ def test_a_1d_numpy_object_array_of_documents_is_their_list():
     dicts = np.array([{"input_ids": d} for d in docs], dtype=object)
     for arr in (lists, arrays, dicts):
         assert packtool.pack_dataset(arr, 8, shuffle=False) == want
-    with pytest.raises(InputError, match="not a 1-D one; one document"):  # ids: one document
+    with pytest.raises(InputError, match="not a 1-D object array of int; one document"):
         packtool.pack_dataset(np.array([1, 2, 3], dtype=object), 8)
     with pytest.raises(InputError, match="not a 0-D one"):
         packtool.pack_dataset(np.array(5), 8)
@@ -1676,3 +1676,29 @@ def test_pack_into_an_output_of_in_memory_documents_names_them_as_such(tmp_path,
     for msg in (str(exc.value), " ".join(res.output.split())):
         assert "; 1 input removed: the in-memory documents of packtool.pack_dataset)" in msg, msg
         assert "<in-memory" not in msg, msg
+
+
+def test_arrays_and_frames_pack_dataset_does_not_take_are_told_what_to_pass():
+    """A 1-D object array of ids was told ``takes ... a 1-D object array of documents, not a
+    1-D one``; a pyarrow.ChunkedArray and a polars.LazyFrame were refused with no conversion."""
+    with pytest.raises(InputError) as exc:
+        packtool.pack_dataset(np.array([1, 2, 3], dtype=object), 8)
+    msg = str(exc.value)
+    assert "not a 1-D one" not in msg and "1-D object array of int" in msg, msg
+    assert "one document of ids is [array]" in msg, msg
+    with pytest.raises(InputError) as exc:
+        packtool.pack_dataset(np.array([1, 2, 3]), 8)
+    assert "1-D array of int64" in str(exc.value) and "[array]" in str(exc.value), exc.value
+    with pytest.raises(InputError) as exc:
+        packtool.pack_dataset(pa.chunked_array([[[1, 2]], [[3]]]), 8)
+    msg = str(exc.value)
+    assert "not pyarrow.ChunkedArray" in msg and "pyarrow.table({'input_ids': it})" in msg, msg
+    assert ".combine_chunks()" in msg, msg
+    with pytest.raises(InputError) as exc:
+        packtool.pack_dataset(pa.chunked_array([[[1, 2]]]), 8, column="ids")
+    assert "pyarrow.table({'ids': it})" in str(exc.value), exc.value
+    pl = pytest.importorskip("polars")
+    with pytest.raises(InputError) as exc:
+        packtool.pack_dataset(pl.DataFrame({"input_ids": [[1, 2]]}).lazy(), 8)
+    msg = str(exc.value)
+    assert "not polars.LazyFrame" in msg and "pass its .collect()" in msg, msg
