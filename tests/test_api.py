@@ -560,7 +560,7 @@ def test_pack_dataset_takes_a_2d_numpy_array_and_a_tuple_as_the_list_of_their_ro
     assert sum(n for r in want for n in [r["num_targets"]]) == 37 * 10
     with pytest.raises(SchemaError):
         packtool.pack_dataset(arr.astype(np.float64), 16)
-    with pytest.raises(InputError, match="2-D NumPy array.*not a 1-D one; one document"):
+    with pytest.raises(InputError, match="2-D NumPy array.*not a 1-D array of int32; one document"):
         packtool.pack_dataset(arr[0], 16)
 
 
