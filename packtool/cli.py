@@ -1178,11 +1178,9 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
     except KeyboardInterrupt as exc:
         from packtool.signals import exit_status, stop_word
 
-        kept = str(exc)
+        kept = str(exc)  # what OUTPUT holds, from run_tokenize
         raise Interrupted(f"{stop_word()}: " + (
-            f"{display(cfg.output)} has no manifest; kept for the rerun: {kept}; rerun the same "
-            "command "
-            "to resume and finish it" if kept else
+            f"{kept}; rerun the same command to resume and finish it" if kept else
             f"nothing was written ({display(cfg.output)} is as it was before the run); rerun the "
             "same "
             "command to tokenize"), exit_status()) from None

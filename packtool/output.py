@@ -289,7 +289,8 @@ class Output:
         #: is complete); None when none did. A caller with more to do decides whether it stops
         self.stop_noted: int | None = None
         self._found_finished = False  # a finished pack (a manifest) was there at entry
-        self._began = False  # begin_write() ran: what this run replaces is gone
+        self._began = False  # begin_write() ran: OUTPUT is marked in progress
+        self._replaced_gone = False  # the finished pack this run replaces was removed
         self._committed = False  # commit() wrote the manifest
         self._tied: list[Output] = []  # outputs whose replaced pack goes when this one writes
         self._scratch_needed = 0  # bytes of scratch the run asked for (check_space)
@@ -465,10 +466,22 @@ class Output:
             elif ours and not self.overwrite:  # --overwrite asks for the shards anew
                 self.complete, self.manifest = True, m
                 # a run killed once its manifest was written left its marker (and its scratch
-                # and lock file, removed on the way out): stale beside the manifest
+                # and lock file, removed on the way out): stale beside the manifest; so are
+                # the pending shards of an interrupted --overwrite of other options
                 if IN_PROGRESS_NAME in found:
                     out.join(IN_PROGRESS_NAME).delete()
+                    for name, e in found.items():
+                        if not e.is_dir and is_pending_name(name):
+                            out.join(name).delete()
                 return
+            if self.overwrite and IN_PROGRESS_NAME in found:
+                # an --overwrite of this very pack was stopped before its commit: the finished
+                # pack it replaces is still there, its finished shards wait beside it
+                marker = _read_json(out.join(IN_PROGRESS_NAME)) or {}
+                self.resume = (marker.get("fingerprint") == self.fingerprint
+                               and marker.get("kind") in (None, self.kind))
+                if self.resume and isinstance(marker.get("shards"), dict):
+                    self._promised = dict(marker["shards"])
         elif IN_PROGRESS_NAME in found:
             marker = _read_json(out.join(IN_PROGRESS_NAME)) or {}
             kind = marker.get("kind")  # markers before this version name no kind
@@ -591,32 +604,58 @@ class Output:
         self._tied.append(other)
 
     def invalidate(self) -> None:
-        """When this output holds a finished pack that this run replaces, remove it now and
-        mark the output as in progress (:meth:`begin_write`): readers then refuse it as a pack
-        being written (or, once the run has stopped, an interrupted one to rerun). A finished
-        pack this run keeps (``complete``), an interrupted one it resumes and an output
-        holding no finished pack are left as they are."""
-        if self._found_finished and not (self.complete or self.resume or self._began):
+        """When this output still holds a finished pack that this run replaces
+        (:attr:`keeps_finished`), remove it now, marking the output as in progress first
+        (:meth:`begin_write`): readers then refuse it as a pack being written (or, once the run
+        has stopped, an interrupted one to rerun). A finished pack this run keeps
+        (``complete``) and an output holding no finished pack are left as they are."""
+        if self.keeps_finished:
             self.begin_write()
+            self._remove_replaced(())
+
+    @property
+    def keeps_finished(self) -> bool:
+        """A finished pack found at entry, which this run replaces, is still in OUTPUT, whole
+        and readable: it goes only at :meth:`commit`, just before the new shards take their
+        final names (they wait beside it under pending names), so a file under a shard's final
+        name is the old pack's, never this run's."""
+        return self._found_finished and not (self.complete or self._replaced_gone)
 
     def begin_write(self) -> None:
-        """Remove what this run replaces (the manifest first, so a replaced pack never looks
-        complete, then the shards; other files stay) and mark OUTPUT as in progress; the tied
-        outputs (:meth:`tie`) lose theirs first."""
-        for other in self._tied:
-            other.invalidate()
+        """Mark OUTPUT as in progress, removing first what an interrupted run of other options
+        left (its pending shards; with no finished pack there, its shards and an unreadable or
+        format-version-1 manifest too). A finished pack this run replaces stays, whole and
+        readable, until :meth:`commit` (:attr:`keeps_finished`). Other files stay."""
         out = self.path
         if not self.resume:  # packtool's own files only; anything else is left alone
-            out.join(MANIFEST_NAME).delete()
+            keep = self.keeps_finished
+            if not keep:
+                out.join(MANIFEST_NAME).delete()
             found = out.listdir()
-            if V1_MANIFEST_NAME in found and version_1_shards(out) is not None:
+            if not keep and V1_MANIFEST_NAME in found and version_1_shards(out) is not None:
                 out.join(V1_MANIFEST_NAME).delete()  # a replaced output of format version 1
             for name, e in found.items():
-                if not e.is_dir and (is_shard_name(name) or is_pending_name(name)):
+                if not e.is_dir and (is_pending_name(name) or (not keep and is_shard_name(name))):
                     out.join(name).delete()
         self._write_marker()
         self._writing = self._began = True
         self.phase = "write"
+
+    def _remove_replaced(self, names) -> None:
+        """Remove the finished pack this run replaces, the manifest first (a replaced pack never
+        looks complete), then every file under a shard's final name that is not one of this
+        run's shards ``names`` (those are replaced by the moves). Run at the commit, after the
+        marker lists every new shard: a run killed in it is resumed, finding each new shard
+        under its pending name (preferred) or its final one."""
+        out = self.path
+        found = out.listdir()
+        if MANIFEST_NAME in found:
+            out.join(MANIFEST_NAME).delete()
+        names = set(names)
+        for name, e in found.items():
+            if not e.is_dir and is_shard_name(name) and name not in names:
+                out.join(name).delete()
+        self._replaced_gone = True
 
     def shards_kept(self) -> int:
         """Finished shards in OUTPUT now, for an interrupted run's message: the files at a
@@ -626,9 +665,12 @@ class Output:
         if not self._writing:
             return self.shards_done
         try:
-            return len(shard_files(self.path.listdir()))
+            found = self.path.listdir()
         except OSError:
             return self.shards_done
+        if self.keeps_finished:  # the final names hold the replaced pack's shards
+            return sum(1 for n, e in found.items() if not e.is_dir and is_pending_name(n))
+        return len(shard_files(found))
 
     def promised(self, name: str) -> dict | None:
         """The manifest entry (dict) of shard ``name`` as an interrupted identical run finished
@@ -673,6 +715,9 @@ class Output:
         self.phase = "manifest"
         data = manifest_bytes(manifest, schema)
         self._write_marker()  # every shard listed: a rerun after a kill below keeps them all
+        for other in self._tied:  # their replaced packs go before this one's rows show
+            other.invalidate()
+        self._remove_replaced([s.file for s in manifest.shards])
         self._move_pending([s.file for s in manifest.shards])
         publish_manifest(self.path, manifest, schema, data=data)
         self._writing = False
@@ -730,12 +775,12 @@ class Output:
         if self.finished:
             return f"{d} is finished"
         kept = self.kept.describe(self.shards_kept())
+        if self.keeps_finished:
+            return (f"{d} still holds its earlier finished {_run_word(self.previous.kind)}, "
+                    "untouched" + (f"; kept for the rerun: {kept}" if kept else ""))
         if self._began:
             return (f"{d} has no manifest; kept for the rerun: {kept}" if kept else
                     f"{d} has no manifest (its in-progress marker only; nothing was kept)")
-        if self._found_finished:
-            return (f"{d} still holds its earlier finished pack, untouched"
-                    + (f"; kept for the rerun: {kept}" if kept else ""))
         return (f"{d} has no manifest; kept for the rerun: {kept}" if kept else
                 f"{d} has no manifest; nothing was kept ({self.role} is as before the run)")
 
@@ -776,7 +821,10 @@ class Output:
                 if not keep:
                     self.tmp.delete_tree()
                 if exc is not None and self._writing:
-                    self._write_marker()  # every shard finished, for the rerun
+                    if self.keeps_finished and not isinstance(exc, KeyboardInterrupt):
+                        self._discard_own()  # the replaced pack is left exactly as it was
+                    else:
+                        self._write_marker()  # every shard finished, for the rerun
                 self._tidy_store()
             except store.STORE_ERRORS:
                 pass
@@ -784,6 +832,17 @@ class Output:
             self._unlock()
             if exc is not None and not self._writing and not keep:
                 self._remove_created()
+
+    def _discard_own(self) -> None:
+        """Remove this run's pending shards and marker beside the finished pack it was to
+        replace (:attr:`keeps_finished`), after a failure other than Ctrl-C or SIGTERM: OUTPUT
+        is then exactly as it was before the run (the same command, once the fault is fixed,
+        writes them again)."""
+        for name, e in self.path.listdir().items():
+            if not e.is_dir and is_pending_name(name):
+                self.path.join(name).delete()
+        self.path.join(IN_PROGRESS_NAME).delete()
+        self._writing = False
 
     def _os_error(self, exc: BaseException, what: str = "cannot write") -> OutputError:
         where = getattr(exc, "filename", None) or self.path.display
@@ -871,6 +930,10 @@ class LocalOutput(Output):
         # the rerun writes the whole scratch again beside the shards kept: a disk smaller than
         # both cannot finish this OUTPUT whatever is freed (removing OUTPUT only makes the
         # pack write those shards again)
+        if self.keeps_finished:  # removed at the commit only: both must fit until then
+            return (f"{need}; the finished {_run_word(self.previous.kind)} this run replaces "
+                    f"stays in {self.role} until the new one is complete, so both must fit: "
+                    f"free space, choose another {self.role}, or remove the old one first")
         kept, n = self._kept_shard_bytes()
         if kept and total and self._scratch_needed + kept > total:
             self._disk_too_small = True
@@ -1077,18 +1140,20 @@ def publish_shard(written: Path, output, name: str) -> None:
     Location.parse(output).join(pending_name(name)).publish_file(written)
 
 
-def finished_shard(output, name: str) -> Location | None:
+def finished_shard(output, name: str, final: bool = True) -> Location | None:
     """Where finished shard ``name`` of ``output`` is now: under its pending name (published by
-    this or an interrupted run), or under its final name (moved by an interrupted commit); None
-    when it is under neither."""
+    this or an interrupted run), or under its final name (moved by an interrupted commit; not
+    looked at when ``final`` is False: the final names hold the finished pack this run
+    replaces, :attr:`Output.keeps_finished`); None when it is under neither."""
     out = Location.parse(output)
-    for loc in (out.join(pending_name(name)), out.join(name)):
+    for loc in (out.join(pending_name(name)), out.join(name))[:2 if final else 1]:
         if loc.size() is not None:
             return loc
     return None
 
 
-def kept_shard(output, name: str, promised: dict | None) -> ShardEntry | None:
+def kept_shard(output, name: str, promised: dict | None, final: bool = True
+               ) -> ShardEntry | None:
     """The manifest entry of shard ``name`` already in OUTPUT from an interrupted identical run
     (:func:`finished_shard`), or None when it must be written.
 
@@ -1096,7 +1161,7 @@ def kept_shard(output, name: str, promised: dict | None) -> ShardEntry | None:
     complete: its entry is the one the marker ``promised`` when the size agrees, else it is read
     back (sha256 and footer) from the file (:func:`~packtool.formats.manifest.shard_entry_of`).
     """
-    loc = finished_shard(output, name)
+    loc = finished_shard(output, name, final)
     if loc is None:
         return None
     size = loc.size()

@@ -481,12 +481,15 @@ def test_ctrl_c_after_a_window_finished_keeps_it_for_the_rerun(tmp_path, src):
     assert not (other / TMP_DIR_NAME).exists()
 
 
-@pytest.mark.parametrize("pause", ["read", "plan:0"])
-def test_an_overwrite_stopped_before_it_writes_says_the_finished_output_is_untouched(
+@pytest.mark.parametrize("pause", ["read", "plan:0", "write-shard:2", "manifest"])
+def test_an_overwrite_stopped_before_it_commits_says_the_finished_output_is_untouched(
         tmp_path, src, reference, pause):
-    """``pack --overwrite`` of other options over a finished output, Ctrl-C while it reads or
-    plans: the old output is still complete and untouched, and the line says so (it said
-    OUTPUT "has no manifest"), with what the rerun keeps; the same command then replaces it."""
+    """``pack --overwrite`` of other options over a finished output, Ctrl-C while it reads,
+    plans, writes its shards or is about to commit: the old output is still complete, untouched
+    and readable (the new run's shards wait beside it under pending names), and the line says
+    so (it said OUTPUT "has no manifest"), with what the rerun keeps; the same command then
+    replaces it, ending with the bytes of an undisturbed run. The old output used to be
+    deleted when the first shard was written."""
     out = tmp_path / "out"
     rerun(src, out)
     before = hash_tree(out)
@@ -496,9 +499,14 @@ def test_an_overwrite_stopped_before_it_writes_says_the_finished_output_is_untou
     assert "has no manifest" not in err, err
     if pause == "plan:0":
         assert "untouched; kept for the rerun: 1 read part (80 documents" in err, err
-    assert {k: v for k, v in hash_tree(out).items() if not k.startswith(TMP_DIR_NAME)} == before
+    if pause.startswith(("write", "manifest")):
+        assert "finished shard" in err.split("untouched; kept for the rerun: ")[1], err
+    assert {k: v for k, v in hash_tree(out).items() if k in before} == before
+    assert not [k for k in hash_tree(out) if k not in before and not k.startswith(
+        (TMP_DIR_NAME, IN_PROGRESS_NAME)) and not k.endswith(".pending")]
     assert LOCK_NAME not in {p.name for p in out.iterdir()}
-    assert rerun(src, out, other)["parts_reused"] == (pause == "plan:0")
+    assert invoke(["stats", out]).exit_code == 0 and invoke(["verify", out]).exit_code == 0
+    assert rerun(src, out, other)["parts_reused"] == (pause != "read")
     fresh = tmp_path / "fresh"
     rerun(src, fresh, other)
     assert hash_tree(out) == hash_tree(fresh)

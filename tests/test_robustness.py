@@ -82,6 +82,36 @@ def test_bad_value_under_overwrite_keeps_the_previous_output(tmp_path, src):
     _no_scratch(out)
 
 
+@pytest.mark.parametrize("point", ["shard-2", "memory"])
+def test_a_write_failure_under_overwrite_keeps_the_previous_output(tmp_path, src, monkeypatch,
+                                                                  point):
+    """--overwrite with other options over a finished output, then a full disk while shard 2
+    is written, or memory running short in it: the old output is as it was, byte for byte (the new run's pending shards and marker are removed), and the message
+    says so; it was deleted when the first new shard was written. The same command then
+    replaces it."""
+    from packtool.errors import ResourceError
+    from packtool.pipeline import write as write_mod
+
+    out = tmp_path / "out"
+    run_pack(_cfg(src, out), progress=False)
+    before = hash_tree(out)
+    def short():
+        raise MemoryError
+
+    monkeypatch.setattr(write_mod, "write_shard", _fail_on_call(
+        write_mod.write_shard, 3, short if point == "memory" else _full_disk))
+    with pytest.raises(ResourceError if point == "memory" else OutputError) as err:
+        run_pack(_cfg(src, out, seed=4, overwrite=True), progress=False)
+    assert "OUTPUT is as it was before the run" in str(err.value), err.value
+    assert hash_tree(out) == before
+    _no_scratch(out)
+    monkeypatch.undo()
+    run_pack(_cfg(src, out, seed=4, overwrite=True), progress=False)
+    fresh = tmp_path / "fresh"
+    run_pack(_cfg(src, fresh, seed=4), progress=False)
+    assert hash_tree(out) == hash_tree(fresh)
+
+
 def _full_disk(*_a, **_k):
     raise OSError(errno.ENOSPC, "No space left on device")
 

@@ -1953,3 +1953,76 @@ def test_a_valid_tokenized_corpus_packs_and_verifies(tmp_path, tokenizer_files, 
         assert size == 8
     elif case == "bos-eos-above-the-ranks":  # the file does not say how many ids the model has
         assert size is None
+
+
+def _store_tree(fs, prefix):
+    """sha256 of every object under ``prefix`` of a store (relative key -> hex digest)."""
+    import hashlib
+
+    import pyarrow.fs as pafs
+
+    out = {}
+    for info in fs.get_file_info(pafs.FileSelector(prefix, recursive=True)):
+        if info.type == pafs.FileType.File:
+            with fs.open_input_stream(info.path) as f:
+                out[info.path[len(prefix) + 1:]] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+@pytest.mark.parametrize("where", ["local", "store"])
+def test_a_failed_overwrite_leaves_the_finished_output_as_it_was(tmp_path, hf_tokenizer, where,
+                                                                request):
+    """--overwrite of a finished tokenize output whose new input holds a bad line after a
+    first shard was written: the old output stays byte for byte (no marker, no pending shard
+    left) and readable by pack; it was deleted before the new input had been read."""
+    src = tmp_path / "in"
+    src.mkdir()
+    write_jsonl(src / "a.jsonl", TEXTS)
+    if where == "store":
+        fs, bucket = request.getfixturevalue("s3")
+        out, tree = f"s3://{bucket}/tok", (lambda: _store_tree(fs, f"{bucket}/tok"))
+    else:
+        out, tree = tmp_path / "out", (lambda: hash_tree(tmp_path / "out"))
+    args = ["tokenize", "-q", "--tokenizer", hf_tokenizer, "--rows-per-shard", 10]
+    assert invoke([*args, src, out]).exit_code == 0
+    before, m = tree(), read_manifest(out)
+    (src / "b.jsonl").write_text('{"text": "x"}\n' * 12 + '{"text": null}\n')
+    res = invoke([*args, "--overwrite", src, out])
+    assert res.exit_code == 1 and "line 13: 'text' is null" in res.output, res.output
+    assert tree() == before
+    assert read_manifest(out) == m
+    assert invoke(["pack", "-q", "-c", 64, out, tmp_path / "p"]).exit_code == 0
+
+
+def test_an_interrupted_overwrite_keeps_the_finished_output_readable_and_resumes(
+        tmp_path, hf_tokenizer, monkeypatch):
+    """Ctrl-C in an --overwrite of a finished output after its first new shard: the old
+    output is untouched and readable (its files as they were; the new run's pending shard and
+    marker beside them, which no reader takes), the message says so, and the same command
+    rerun keeps that shard and ends with the bytes of an undisturbed run."""
+    from packtool.text import run
+
+    src = tmp_path / "in"
+    src.mkdir()
+    write_jsonl(src / "a.jsonl", TEXTS[:20])
+    out = tmp_path / "out"
+    args = ["tokenize", "-q", "--tokenizer", hf_tokenizer, "--rows-per-shard", 10]
+    assert invoke([*args, src, out]).exit_code == 0
+    before, m = hash_tree(out), read_manifest(out)
+    write_jsonl(src / "b.jsonl", TEXTS)
+    new = [*args, "--overwrite", src, out]
+    assert invoke([*args, src, tmp_path / "whole"]).exit_code == 0
+    real = _stop_publishing_at(monkeypatch, 2)
+    res = invoke(new)
+    assert res.exit_code == 130
+    assert res.output.strip() == (
+        f"Error: interrupted: {out} still holds its earlier finished tokenize run, untouched; "
+        "kept for the rerun: 1 finished shard; rerun the same command to resume and finish it")
+    monkeypatch.setattr(run, "publish_shard", real)
+    assert {k: v for k, v in hash_tree(out).items() if k in before} == before
+    assert read_manifest(out) == m
+    assert invoke(["pack", "-q", "-c", 64, out, tmp_path / "p"]).exit_code == 0
+    res = invoke(["tokenize", "--json", *new[2:]])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["shards_reused"] == 1
+    assert hash_tree(out) == hash_tree(tmp_path / "whole")

@@ -590,10 +590,27 @@ class _OutputMark:
 
 
 def _output_mark(fs: pafs.FileSystem, names: set[str], directory: str) -> _OutputMark | None:
-    """What marks ``directory`` as a packtool output, or None. An in-progress marker comes
-    first (a run writes the folder, or was interrupted: its kind is the marker's; a marker
-    written before kinds existed is a pack's); then the manifest (an unreadable one is taken
-    for packed rows, never read as documents); then a format-version-1 manifest."""
+    """What marks ``directory`` as a packtool output, or None. A readable manifest comes first
+    (a finished output: the in-progress marker beside it is a run killed once it was written,
+    or an ``--overwrite`` run not yet committed, which leaves it whole until then); then an
+    in-progress marker (a run writes the folder, or was interrupted: its kind is the marker's;
+    a marker written before kinds existed is a pack's); then an unreadable manifest (taken for
+    packed rows, never read as documents); then a format-version-1 manifest."""
+    unreadable = None
+    if MANIFEST_NAME in names:
+        try:
+            with fs.open_input_file(f"{directory}/{MANIFEST_NAME}") as fh:
+                meta = pq.read_schema(fh).metadata or {}
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            raise_if_shortage(exc)
+            meta = None
+        if meta is not None and MANIFEST_META_KEY in meta:
+            try:
+                manifest = Manifest.from_dict(json.loads(meta[MANIFEST_META_KEY]))
+            except (ManifestError, ValueError):  # unreadable: refused as packed
+                unreadable = _OutputMark(MANIFEST_NAME, PACKED_KIND)
+            else:
+                return _OutputMark(MANIFEST_NAME, manifest.kind, manifest)
     if IN_PROGRESS_NAME in names:
         try:
             with fs.open_input_stream(f"{directory}/{IN_PROGRESS_NAME}") as fh:
@@ -603,19 +620,10 @@ def _output_mark(fs: pafs.FileSystem, names: set[str], directory: str) -> _Outpu
             doc = None
         kind = doc.get("kind") if isinstance(doc, dict) else None
         return _OutputMark(IN_PROGRESS_NAME, kind if kind in KINDS else PACKED_KIND)
-    if MANIFEST_NAME in names:
-        try:
-            with fs.open_input_file(f"{directory}/{MANIFEST_NAME}") as fh:
-                meta = pq.read_schema(fh).metadata or {}
-        except (OSError, ValueError, pa.ArrowException) as exc:
-            raise_if_shortage(exc)
-            return None
-        if MANIFEST_META_KEY in meta:
-            try:
-                manifest = Manifest.from_dict(json.loads(meta[MANIFEST_META_KEY]))
-            except (ManifestError, ValueError):  # unreadable: refused as packed
-                return _OutputMark(MANIFEST_NAME, PACKED_KIND)
-            return _OutputMark(MANIFEST_NAME, manifest.kind, manifest)
+    if unreadable is not None:
+        return unreadable
+    if MANIFEST_NAME in names and meta is None:
+        return None
     if V1_MANIFEST_NAME in names:  # an output of format version 1
         try:
             with fs.open_input_stream(f"{directory}/{V1_MANIFEST_NAME}") as fh:

@@ -147,7 +147,8 @@ def _shard_jobs(labels: np.ndarray, n_windows: int, per: int, out: Output) -> li
         windows = labels[s * per:(s + 1) * per]
         present, counts = np.unique(windows, return_counts=True)
         jobs.append(ShardJob(s, shard_name(s), windows, taken[present].copy(), str(out.path),
-                             str(out.tmp), out.resume, out.promised(shard_name(s))))
+                             str(out.tmp), out.resume, out.promised(shard_name(s)),
+                             not out.keeps_finished))
         taken[present] += counts
     return jobs
 

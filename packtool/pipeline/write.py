@@ -39,6 +39,9 @@ class ShardJob:
     tmp: str  #: scratch directory or URI
     reuse: bool  #: keep the shard if it is there already (resuming an identical pack)
     promised: dict | None = None  #: its manifest entry from an interrupted run's marker
+    #: a kept shard may be under its final name (False: those hold the finished pack the run
+    #: replaces, :attr:`packtool.output.Output.keeps_finished`)
+    final: bool = True
 
 
 def write_shard_task(cfg, job: ShardJob, sources: ShardSources
@@ -66,9 +69,9 @@ def write_shard_task(cfg, job: ShardJob, sources: ShardSources
         KeyboardInterrupt: the run was told to stop (checked between row groups).
     """
     if job.reuse:
-        kept = kept_shard(job.output, job.name, job.promised)
+        kept = kept_shard(job.output, job.name, job.promised, job.final)
         if kept is not None:
-            where = finished_shard(job.output, job.name)
+            where = finished_shard(job.output, job.name, job.final)
             targets = shard_num_targets(where) if sources.any_targets else 0
             return kept, True, targets
     schema = shard_schema(packed_schema(cfg.capacity, cfg.labels.value, cfg.segment_multiple,

@@ -16,7 +16,10 @@
    ``part-FFFFF-KKKKK.parquet`` (file F, shard K), so the shards in name order hold the documents
    in input order and the global document index ``pack`` assigns is the input's.
 4. OUTPUT is changed only when the first shard is ready (a bad document in it leaves OUTPUT as
-   it was); after that a failure keeps the finished shards. A rerun of an interrupted
+   it was); after that a failure keeps the finished shards. With ``--overwrite`` a finished
+   output found there stays whole and readable until the commit (the new shards wait beside it
+   under pending names, :attr:`packtool.output.Output.keeps_finished`): a failure removes this
+   run's shards and marker (OUTPUT exactly as before), Ctrl-C keeps them for the rerun. A rerun of an interrupted
    tokenize keeps the finished shards (a shard is published whole) and reads on from the first
    document they do not hold, without encoding the kept ones; a kept shard's counts come from
    the in-progress marker, or are read back from the shard (a shard whose BOS/EOS counts the
@@ -155,14 +158,15 @@ def _file_shards(out: Output, file_index: int, width: int,
     while out.resume:
         name = tokenized_shard_name(file_index, k, width)
         promised = out.promised(name)
-        entry = kept_shard(out.path, name, promised)
+        entry = kept_shard(out.path, name, promised, not out.keeps_finished)
         if entry is None:
             break
         counts = _counts(entry, promised)
         if counts is None:
             if boundary:  # written again, same bytes, so its BOS/EOS are counted
                 break
-            docs, tokens = tokenized_counts(finished_shard(out.path, name))
+            docs, tokens = tokenized_counts(finished_shard(out.path, name,
+                                                           not out.keeps_finished))
             counts = PackStats(docs_in=docs, tokens_in=tokens)
         kept.append((entry, counts))
         k += 1
@@ -187,13 +191,16 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
 
     Raises:
         InputError, SchemaError: bad input (file and row or line named); OUTPUT left resumable
-            (finished shards kept) or as before.
+            (finished shards kept) or as before (always with ``--overwrite`` of a finished
+            output: it is removed at the commit only, and the run's own shards go).
         ConfigError: a BOS/EOS that is neither an id of the tokenizer's vocabulary nor one of
             its special tokens; an invalid ``--tokenizer-pattern``.
         OutputError: OUTPUT cannot be used (another run holds it, not empty, full disk...).
         MissingDependencyError: ``tokenizers`` / ``tiktoken`` missing.
         KeyboardInterrupt: Ctrl-C or SIGTERM; rerunning the same command resumes. Its message
-            names the finished shards kept (empty: OUTPUT is as before the run).
+            says what OUTPUT holds: no manifest and the finished shards kept, or its earlier
+            finished output untouched (``--overwrite``) with the shards kept beside it (empty:
+            OUTPUT is as before the run).
     """
     t0 = time.perf_counter()
     tok = load_tokenizer(cfg.tokenizer, pattern=cfg.tokenizer_pattern,
@@ -229,19 +236,24 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
 
 def _kept(out: Output | None) -> str:
     """What a stopped run left in OUTPUT for the rerun, in words, read from OUTPUT once it is
-    released: its finished shards when the in-progress marker is there (this run's, or the
-    earlier run's it had not yet taken over); empty when OUTPUT is as it was before the run
-    (absent, when the run created it)."""
+    released: ``OUT has no manifest; kept for the rerun: N finished shards`` when the
+    in-progress marker is there (this run's, or the earlier run's it had not yet taken over),
+    ``OUT still holds its earlier finished tokenize run, untouched`` (and what is kept beside
+    it) for an ``--overwrite`` stopped before its commit; empty when OUTPUT is as it was before
+    the run (absent, when the run created it)."""
     if out is None:
         return ""
     try:
         found = out.path.listdir()
     except STORE_ERRORS:
         return ""
+    if out.keeps_finished:
+        return out.stopped_words()
     if IN_PROGRESS_NAME not in found:
         return ""
     n = len(shard_files(found))
-    return f"{n} finished shard{'s' * (n != 1)}"
+    return (f"{out.path.display} has no manifest; kept for the rerun: {n} finished "
+            f"shard{'s' * (n != 1)}")
 
 
 def _tokenize(cfg, out: Output, tok, bos, eos, files, fp: str, options: dict, width: int,
