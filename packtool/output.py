@@ -1278,12 +1278,14 @@ def _input_changes(manifest: Manifest, files, found_at: float | None) -> str:
     if said:
         return "; ".join(said)
     touched = [n for n in now if found_at is not None and now[n].mtime_ns / 1e9 > found_at]
+    run = _run_word(manifest.kind)  # the run that wrote it: "pack", "tokenize run"
+    verb = "tokenized" if manifest.kind == TOKENIZED_KIND else "packed"
     version = ("" if manifest.packtool_version == _versions()["packtool"] else
-               f"; packtool {manifest.packtool_version} packed it, this is "
+               f"; packtool {manifest.packtool_version} {verb} it, this is "
                f"{_versions()['packtool']}")
     if touched:
-        return (some(touched, "touched or changed in place since the pack, same size, later "
+        return (some(touched, f"touched or changed in place since the {run}, same size, later "
                      "mtime (the fingerprint includes each file's mtime)") + version)
     return ("the same files and sizes, so a file changed in place or only its mtime did (the "
             "fingerprint includes each file's mtime), or another version of packtool or of "
-            "pyarrow or numpy packed it" + version)
+            f"pyarrow or numpy {verb} it" + version)

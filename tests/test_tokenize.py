@@ -2026,3 +2026,22 @@ def test_an_interrupted_overwrite_keeps_the_finished_output_readable_and_resumes
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["shards_reused"] == 1
     assert hash_tree(out) == hash_tree(tmp_path / "whole")
+
+
+def test_a_rerun_after_an_input_was_touched_names_the_tokenize_run(tmp_path, hf_tokenizer):
+    """Tokenize, touch the input, rerun: the refusal says the file was touched since the
+    tokenize run (it said "since the pack")."""
+    import os
+
+    src = write_jsonl(tmp_path / "a.jsonl", TEXTS)
+    out = tmp_path / "out"
+    args = ["tokenize", "-q", "--tokenizer", hf_tokenizer, src, out]
+    assert invoke(args).exit_code == 0
+    later = (out / MANIFEST_NAME).stat().st_mtime + 60
+    os.utime(src, (later, later))
+    res = invoke(args)
+    assert res.exit_code == 1, res.output
+    assert "(1 file touched or changed in place since the tokenize run, same size" \
+        in res.output, res.output
+    assert "pack" not in res.output.split("holds a finished tokenize run of other inputs")[1], \
+        res.output
