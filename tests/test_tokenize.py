@@ -2045,3 +2045,66 @@ def test_a_rerun_after_an_input_was_touched_names_the_tokenize_run(tmp_path, hf_
         in res.output, res.output
     assert "pack" not in res.output.split("holds a finished tokenize run of other inputs")[1], \
         res.output
+
+
+def test_kept_json_numbers_keep_their_characters_and_nan_is_refused(tmp_path, hf_tokenizer):
+    """A kept JSON Lines value is its JSON with its characters as they are, numbers included
+    (nested ones too): 1e400 stays 1e400 (it was 'Infinity', not JSON), 1.0e2 stays 1.0e2 (it
+    was '100.0'), long digits are not rounded. NaN and Infinity, which are not JSON, are
+    refused in one line naming the file, the line and the fix, in the text key too (it was
+    called a number); in a key neither read nor kept they are left alone."""
+    lines = ['{"text": "a", "m": 1e400}', '{"text": "b", "m": 3.14159265358979323846}',
+             '{"text": "c", "m": 1.0e2}', '{"text": "d", "m": 12345678901234567890.5}',
+             '{"text": "e", "m": {"x": [1.0e2, -0, 7, 2E-3]}, "other": NaN}',
+             '{"text": "f", "m": 12}']
+    src = tmp_path / "a.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column", "m", src, out])
+    assert res.exit_code == 0, res.output
+    [shard] = sorted(out.glob("part-*.parquet"))
+    assert pq.read_table(shard).column("m").to_pylist() == [
+        "1e400", "3.14159265358979323846", "1.0e2", "12345678901234567890.5",
+        '{"x": [1.0e2, -0, 7, 2E-3]}', "12"]
+    for n, (line, key) in enumerate([('{"text": "a", "m": NaN}', "'m'"),
+                                     ('{"text": "a", "m": [1, -Infinity]}', "'m'"),
+                                     ('{"text": Infinity}', "'text'")]):
+        bad = tmp_path / f"bad{n}.jsonl"
+        bad.write_text('{"text": "ok", "m": 1}\n' + line + "\n")
+        res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column", "m", bad,
+                      tmp_path / f"o{n}"])
+        lit = "NaN" if "NaN" in line else ("-Infinity" if "-Inf" in line else "Infinity")
+        assert res.exit_code == 1 and res.output.strip() == (
+            f"Error: {bad}: line 2: {key} holds {lit}, which is not JSON (Python's json module "
+            "writes it for a float that is not a number); write null or a string there, or "
+            "drop the line"), res.output
+    for n, (line, said) in enumerate([('{"text": 1.5e3}', "'text' is a number, not a string"),
+                                      ('{"text": -0}', "'text' is an integer, not a string"),
+                                      ("2.5", "a JSON number, not an object")]):
+        bad = tmp_path / f"num{n}.jsonl"
+        bad.write_text(line + "\n")
+        res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, bad, tmp_path / f"n{n}"])
+        assert res.exit_code == 1 and f"line 1: {said}" in res.output, res.output
+
+
+def test_utf16_without_a_mark_and_a_mark_in_a_later_line_are_named(tmp_path, hf_tokenizer):
+    """A UTF-16 file without its byte-order mark (NUL bytes between the characters) is said to
+    look UTF-16, with the command that converts it; a UTF-8 byte-order mark at the start of a
+    later line (files joined with cat) is named as such, with the fix. Both got a raw JSON
+    error."""
+    body = '{"text": "hello"}\n{"text": "world"}\n'
+    for enc in ("utf-16-le", "utf-16-be"):
+        src = tmp_path / f"{enc}.jsonl"
+        src.write_bytes(body.encode(enc))
+        res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, src, tmp_path / enc])
+        assert res.exit_code == 1 and res.output.strip() == (
+            f"Error: {src}: line 1: looks like UTF-16 text without a byte-order mark (NUL bytes "
+            "between its characters), not UTF-8; convert it: iconv -f UTF-16"
+            f"{enc[-2:].upper()} -t UTF-8 {src} > {tmp_path / enc}.utf8.jsonl"), res.output
+    joined = tmp_path / "joined.jsonl"
+    joined.write_bytes(b"\xef\xbb\xbf" + body.encode() + b"\xef\xbb\xbf" + body.encode())
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, joined, tmp_path / "j"])
+    assert res.exit_code == 1 and res.output.strip() == (
+        f"Error: {joined}: line 3: begins with a UTF-8 byte-order mark in the middle of the "
+        "file (files joined with cat, each with its mark); remove the marks: sed -i "
+        f"'s/^\\xEF\\xBB\\xBF//' {joined}"), res.output

@@ -215,11 +215,101 @@ _JSON_NAMES = {type(None): "null", bool: "boolean", int: "number", float: "numbe
                str: "string", list: "array", dict: "object"}
 
 
+class _Number(float):
+    """A JSON number with a fraction or an exponent as parsed, its characters kept in ``raw``
+    (``1.0e2``, ``1e400``: a float would write ``100.0``, ``inf``)."""
+
+    raw: str
+
+    def __new__(cls, raw: str) -> "_Number":
+        self = super().__new__(cls, raw)
+        self.raw = raw
+        return self
+
+
+class _Integer(int):
+    """A JSON integer as parsed, its characters kept in ``raw`` (``-0``)."""
+
+    raw: str
+
+    def __new__(cls, raw: str) -> "_Integer":
+        self = super().__new__(cls, raw)
+        self.raw = raw
+        return self
+
+
+class _NotJSON:
+    """``NaN``, ``Infinity`` or ``-Infinity`` where a value stands: Python's json module writes
+    them and reads them back, but they are not JSON. Refused where the text or a kept value
+    holds one (:func:`_not_json_in`), left alone in a key neither read nor kept."""
+
+    def __init__(self, literal: str) -> None:
+        self.literal = literal
+
+
+#: parses a JSON Lines line keeping each number's characters (:class:`_Number`,
+#: :class:`_Integer`, written back by :func:`_json_text`) and marking the literals that are
+#: not JSON (:class:`_NotJSON`)
+_DECODER = json.JSONDecoder(parse_float=_Number, parse_constant=_NotJSON,
+                            parse_int=lambda raw: _Integer(raw) if raw == "-0" else int(raw))
+
+
+def _not_json_in(value) -> str | None:
+    """The first :class:`_NotJSON` literal in a parsed value (nested too), None when none."""
+    if isinstance(value, _NotJSON):
+        return value.literal
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) \
+        else ()
+    return next((lit for lit in map(_not_json_in, items) if lit is not None), None)
+
+
+def _dumps(value) -> str:
+    """A parsed JSON value written back as JSON, as ``json.dumps(value, ensure_ascii=False)``
+    writes it, each number with the characters it was read with."""
+    if isinstance(value, (_Number, _Integer)):
+        return value.raw
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_dumps, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {_dumps(v)}"
+                               for k, v in value.items()) + "}"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _json_name(value) -> str:
+    """JSON's name of a parsed value's type (``number`` for :class:`_Number` too)."""
+    return next((name for t, name in _JSON_NAMES.items() if type(value) is t), None) or next(
+        (name for t, name in _JSON_NAMES.items() if isinstance(value, t)), type(value).__name__)
+
+
 def _json_text(value):
     """A kept JSON Lines value as text: a string as it is, anything else as its JSON with its
-    characters as they are (``{"lang": "日本"}``, not ``\\u65e5``), None as None."""
-    return value if value is None or isinstance(value, str) else \
-        json.dumps(value, ensure_ascii=False)
+    characters as they are (``{"lang": "日本"}``, not ``\\u65e5``; ``1.0e2``, not ``100.0``),
+    None as None."""
+    return value if value is None or isinstance(value, str) else _dumps(value)
+
+
+def _encoding_error(path, n: int, line: bytes) -> InputError | None:
+    """The refusal of JSON Lines line ``n`` (its bytes ``line``) that is not UTF-8 JSON because
+    of how the file was written: UTF-16 without a byte-order mark (NUL bytes between its
+    characters), or a UTF-8 byte-order mark at the start of a line after the first (files
+    joined with ``cat``); None for any other line."""
+    if n > 1 and line.startswith(_BOM):
+        return InputError(f"{path}: line {n}: begins with a UTF-8 byte-order mark in the middle "
+                          "of the file (files joined with cat, each with its mark); remove the "
+                          f"marks: sed -i 's/^\\xEF\\xBB\\xBF//' {path}")
+    nul = line.count(0)
+    if nul < 2 or nul * 4 < len(line):
+        return None
+    order = "LE" if line[1::2].count(0) >= line[0::2].count(0) else "BE"
+    name = str(path)
+    if text_compression(_file_name(path)) is not None:
+        how = f"decompress it, then convert it: iconv -f UTF-16{order} -t UTF-8"
+    else:
+        stem = name[:name.rfind(".")] if "." in _file_name(path) else name
+        how = f"convert it: iconv -f UTF-16{order} -t UTF-8 {name} > {stem}.utf8.jsonl"
+    return InputError(f"{path}: line {n}: looks like UTF-16 text without a byte-order mark (NUL "
+                      f"bytes between its characters), not UTF-8; {how}")
 
 
 def _file_name(path) -> str:
@@ -398,15 +488,17 @@ def _jsonl_texts(path, column: str, batch_docs: int, skip: int,
             row += 1
             continue
         try:
-            obj = json.loads(line.decode("utf-8"))  # strict: never surrogate bytes (CESU-8)
+            obj = _DECODER.decode(line.decode("utf-8"))  # strict: never surrogates (CESU-8)
         except UnicodeDecodeError as exc:
-            raise _not_utf8_error(path, n, line, exc) from None
+            raise (_encoding_error(path, n, line)
+                   or _not_utf8_error(path, n, line, exc)) from None
         except ValueError as exc:
-            raise InputError(f"{path}: line {n}: not valid JSON ({first_line(exc)}); fix or "
-                             "remove the line") from None
+            raise (_encoding_error(path, n, line) or InputError(
+                f"{path}: line {n}: not valid JSON ({first_line(exc)}); fix or remove the line")
+            ) from None
         if not isinstance(obj, dict):
             raise InputError(f"{path}: line {n}: a JSON "
-                             f"{_JSON_NAMES.get(type(obj), type(obj).__name__)}, not an object; "
+                             f"{_json_name(obj)}, not an object; "
                              "each line must be one object holding the text")
         tokens = [] if isinstance(obj.get(column), str) else \
             [k for k, v in obj.items() if _token_ids(v)]
@@ -420,11 +512,19 @@ def _jsonl_texts(path, column: str, batch_docs: int, skip: int,
             raise SchemaError(f"{path}: line {n}: no key {column!r} (keys: {keys}); pass "
                               "--text-column NAME")
         text = obj[column]
+        if b"NaN" in line or b"Infinity" in line:  # maybe a literal that is not JSON
+            for name, value in [(column, text), *((k, obj.get(k)) for k in keep)]:
+                lit = _not_json_in(value)
+                if lit is not None:
+                    raise InputError(f"{path}: line {n}: {name!r} holds {lit}, which is not JSON "
+                                     "(Python's json module writes it for a float that is not "
+                                     "a number); write null or a string there, or drop the line")
         if not isinstance(text, str):
-            what = "null" if text is None else {"int": "an integer", "float": "a number",
-                                                 "bool": "a boolean", "list": "a list",
-                                                 "dict": "an object"}.get(
-                type(text).__name__, f"a {type(text).__name__}")
+            what = "null" if text is None else next(
+                (word for t, word in ((bool, "a boolean"), (int, "an integer"),
+                                      (float, "a number"), (list, "a list"),
+                                      (dict, "an object")) if isinstance(text, t)),
+                f"a {type(text).__name__}")
             raise SchemaError(f"{path}: line {n}: {column!r} is {what}, not a string; fix the "
                               "line or drop it")
         values = [_json_text(obj.get(name)) for name in keep]
