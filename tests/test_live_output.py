@@ -178,11 +178,12 @@ def test_a_reader_probing_the_lock_as_a_pack_starts_does_not_make_it_fail(comple
 def test_a_dataset_open_while_pack_overwrite_rewrites_its_output_says_so(complete, tmp_path,
                                                                         phase):
     """A dataset (and a PackedOutput: stats, verify) opened on an output that ``pack
-    --overwrite`` of other options then rewrites: reading a shard that is gone or another
-    file while the pack writes says a pack is writing the output and to open it again once it
-    ends (it said the shard was missing or truncated: damage, repack); once that pack is
-    killed, that a pack was interrupted there, to rerun before opening it again; a hash check
-    running into a rewritten shard says the same as the reads."""
+    --overwrite`` of other options then rewrites: while that pack writes its shards (up to its
+    commit) the old output is whole and read as before. Once the commit has removed it (as
+    done here by hand, the pack held), reading a shard that is gone says a pack is writing the
+    output and to open it again once it ends (it said the shard was missing or truncated:
+    damage, repack); once that pack is killed, that a pack was interrupted there, to rerun
+    before opening it again; a hash check running into it says the same as the reads."""
     from packtool.formats.manifest import check_shards
     from packtool.loader import PackedDataset
 
@@ -190,18 +191,25 @@ def test_a_dataset_open_while_pack_overwrite_rewrites_its_output_says_so(complet
     out = _copy(done, tmp_path / "o_c")
     ds, reader = PackedDataset(out), PackedOutput.open(out)
     opened = read_manifest(out)
+    last = ds[len(ds) - 1]
     with paused_pack(src, out, phase, ["--overwrite", *OPTIONS, "--seed", "5"]):
-        for row in (len(ds) - 1, 0):  # the last shard is gone, the first one rewritten
-            with pytest.raises(ManifestError, match="a packtool pack is writing it now .*open "
-                                                    r"it again \(a new dataset"):
-                ds[row]
+        again = ds[len(ds) - 1]
+        assert repr(again) == repr(last)
+        reader.decode(-1, ["input_ids"])
+        check_shards(out, opened, hashes=True)
+        assert PackedDataset(out)[0] is not None and read_manifest(out) == opened
+        (out / MANIFEST_NAME).unlink()  # what the commit removes first, then the old shards
+        (out / opened.shards[0].file).unlink()  # one this dataset has not opened yet
+        with pytest.raises(ManifestError, match="a packtool pack is writing it now .*open "
+                                                r"it again \(a new dataset"):
+            ds[0]
         with pytest.raises(ManifestError, match="is writing it now"):
-            reader.decode(-1, ["input_ids"])
+            reader.decode(0, ["input_ids"])
         with pytest.raises(ManifestError, match="is writing it now"):
             check_shards(out, opened, hashes=True)
     with pytest.raises(ManifestError, match="packed again since it was opened, by a packtool "
                                             "pack that was interrupted .*rerun that pack"):
-        ds[len(ds) - 1]
+        ds[0]
 
 
 def test_a_hash_check_meeting_a_shard_rewritten_by_a_running_pack_says_writing(

@@ -546,9 +546,10 @@ def test_a_store_output_a_pack_is_writing_is_never_called_interrupted(tmp_path, 
 
 def test_a_store_output_open_while_pack_overwrite_rewrites_it_says_so(both, tmp_path):
     """A reader opened on a store output that ``pack --overwrite`` of other options then
-    rewrites: a shard gone or another file while that pack writes is a pack writing it now
-    (open it again once it ends), as for a local directory; a hash check meeting a rewritten
-    shard likewise; once the pack is killed, a pack that was interrupted there."""
+    rewrites: until that pack commits the old output is whole and read as before; once the
+    commit removed it (done here by hand, the pack held), a shard gone while that pack writes
+    is a pack writing it now (open it again once it ends), as for a local directory; a hash
+    check likewise; once the pack is killed, a pack that was interrupted there."""
     from packcheck import paused_pack
 
     from packtool.errors import ManifestError
@@ -558,8 +559,16 @@ def test_a_store_output_open_while_pack_overwrite_rewrites_it_says_so(both, tmp_
     _, uri, _, _ = both
     src = tmp_path / "in" / "a.parquet"
     reader, opened = PackedOutput.open(uri), read_manifest(uri)
+    from packtool.formats.manifest import MANIFEST_NAME
+    from packtool.location import Location
+
     with paused_pack(src, uri, "manifest", [*PACK[2:], "--overwrite", "--seed", "5"]):
-        for group in (reader.num_row_groups - 1, 0):  # the last shard gone, the first rewritten
+        reader.decode(reader.num_row_groups - 1, ["input_ids"])
+        check_shards(uri, opened, hashes=True)
+        assert read_manifest(uri) == opened
+        Location.parse(uri).join(MANIFEST_NAME).delete()  # as the commit does, then shards
+        Location.parse(uri).join(opened.shards[-1].file).delete()
+        for group in (reader.num_row_groups - 1,):  # the last shard gone
             with pytest.raises(ManifestError, match="a packtool pack is writing it now .*of "
                                                     "this host, which is running.*open it "
                                                     r"again \(a new dataset"):
