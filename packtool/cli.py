@@ -1356,7 +1356,8 @@ _BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
                    "groups of the sampled rows are decoded whole, so a changed page elsewhere "
                    "can go unseen.")
 @click.option("--negative-control", is_flag=True,
-              help="Also run the sdpa checks on the same rows with a plain causal mask (no "
+              help="Also run the sdpa checks on exactly the rows (and row windows) the model "
+                   "checks ran on, with a plain causal mask (no "
                    "document blocks), which must fail: shows that verify catches a leak on "
                    "this output; exit 1 when it does not.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -1413,8 +1414,10 @@ def verify(output, rows, seed, backends, hf_config, checks, data_only, device, m
             if show:
                 click.echo("verify: negative control: sdpa with a plain causal mask on the same "
                            "rows (must fail)", err=True)
-            control = run_control(output, rows=rows, seed=seed, batch_size=batch_size,
-                                  device=device, max_memory=budget, row_window=row_window)
+            # exactly the rows (and windows) the model checks above ran on
+            control = run_control(output, indices=report.indices, seed=seed,
+                                  batch_size=batch_size, device=device, max_memory=budget,
+                                  row_window=row_window)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     if as_json:

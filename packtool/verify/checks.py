@@ -168,6 +168,7 @@ def run_verify(
     check_hashes: bool = True,
     hf_config=None,
     row_window: int | None = None,
+    indices: Iterable[int] | None = None,
 ) -> VerifyReport:
     """Verify a packed output directory.
 
@@ -206,13 +207,18 @@ def run_verify(
             when the row has one, and where the row lets one hold them, padding with a target
             and a target), at least 2; None: :data:`DEFAULT_ROW_WINDOW`; 0 or at least C: whole
             rows. The column scan always covers every token of every row.
+        indices: global row indices (int, 0 .. num_rows - 1) to run through the models
+            exactly, no row sampled or added (``report.indices`` of an earlier run: the
+            negative control, :func:`negative_control`); the column contract is then checked
+            on these rows only, as with ``scan_all=False``. None: sample as above.
 
     Returns:
-        A :class:`VerifyReport`; ``report.ok`` is the verdict.
+        A :class:`VerifyReport`; ``report.ok`` is the verdict, ``report.indices`` the global
+        indices of the rows run through the models.
 
     Raises:
         ConfigError: unknown backend or check, batch_size < 1, bad device or memory size, a
-            ``row_window`` below 0 or of 1.
+            ``row_window`` below 0 or of 1, an index in ``indices`` outside the output's rows.
         InputError: ``hf_config`` names no usable config (:func:`~packtool.verify.hf_model.load_hf_config`).
         ManifestError: not a complete packed output, or a shard that differs from its manifest.
         MissingDependencyError: torch is missing and ``data_only`` is False.
@@ -293,7 +299,18 @@ def run_verify(
     # 1. the column contract
     _say(progress, "verify: data: checking the column contract of "
          + ("all " + plural(n_rows, "row") if scan_all else "the sampled rows"))
-    if scan_all:
+    if indices is not None:  # exactly these rows (the negative control: the main run's)
+        idx = np.unique(np.asarray(list(indices), dtype=np.int64))
+        out_of_range = idx[(idx < 0) | (idx >= n_rows)]
+        if out_of_range.size:
+            raise ConfigError(f"row index {int(out_of_range[0])} is outside the output's "
+                              f"{plural(n_rows, 'row')} (0 .. {n_rows - 1})")
+        scan = scan_contract(reader, convention, indices=idx, label_masked=label_masked)
+        multi = np.array([i for i in idx.tolist() if scan.segments[i] >= 2], dtype=np.int64)
+        report.multi_doc_rows = bool(multi.size) or None
+        has_targets = bool(scan.target_rows().size)
+        has_padded_targets = bool(scan.pad_target_rows(window).size)
+    elif scan_all:
         scan = scan_contract(reader, convention, label_masked=label_masked)
         seg = np.zeros(n_rows, dtype=np.int64)  # shape: (num_rows,)
         for g, k in scan.segments.items():
@@ -379,6 +396,7 @@ def run_verify(
     if data_only:
         return report
 
+    report.indices = [int(i) for i in idx]
     _run_models(report, reader, [int(i) for i in idx], reader.capacity, convention, explicit,
                 backends, wanted, seed, batch_size, compile, attend_overrides or {}, device,
                 max_memory, progress, label_masked, window, hf_config, scan.bad)
@@ -423,21 +441,27 @@ def run_verify(
 
 def negative_control(path: str | os.PathLike, *, rows: int | None = None, seed: int = 0,
                      batch_size: int = 4, device: str = "auto", max_memory: int | None = None,
-                     row_window: int | None = None) -> dict:
+                     row_window: int | None = None, scan_all: bool = True,
+                     indices: Iterable[int] | None = None) -> dict:
     """Run the ``sdpa`` checks once more on the same sampled rows with a plain causal mask (no
     document blocks, what packing without a mask computes), which a packed row must fail: the
     proof that verify would have caught a leak on this output (B02, B29).
 
     Args:
-        path, rows, seed, batch_size, device, max_memory, row_window: as :func:`run_verify`
-            (the same row sample for the same ``rows`` and ``seed``).
+        path, rows, seed, batch_size, device, max_memory, row_window, scan_all: as
+            :func:`run_verify`; without ``indices`` the rows are sampled as it samples them
+            with these (the column scan of every row included with ``scan_all``).
+        indices: the global row indices the model checks ran on (``report.indices`` of the
+            :func:`run_verify` this controls): exactly these rows, and their row windows, run
+            again, with no new sample and no column scan of the other rows.
 
     Returns:
         ``{"mask": "plain causal", "backend": "sdpa", "caught": bool, "check": str | None,
-        "where": dict | None, "figures": dict}``: ``caught`` when ``isolation`` or
-        ``logits_match`` failed (``check``, ``where`` and ``figures`` of the first such
-        failure); False means verify could not tell this broken mask from a good one here
-        (no sampled row holds two documents).
+        "where": dict | None, "figures": dict, "rows": [{"shard", "row"}], "windows": int}``:
+        ``caught`` when ``isolation`` or ``logits_match`` failed (``check``, ``where`` and
+        ``figures`` of the first such failure); False means verify could not tell this broken
+        mask from a good one here (no row run holds two documents); ``rows`` and ``windows``
+        as in the report of :func:`run_verify`.
 
     Raises:
         As :func:`run_verify`.
@@ -452,14 +476,16 @@ def negative_control(path: str | os.PathLike, *, rows: int | None = None, seed: 
 
     rep = run_verify(path, rows=rows, seed=seed, backends=["sdpa"],
                      checks=["isolation", "logits_match"], batch_size=batch_size,
-                     attend_overrides={"sdpa": plain}, scan_all=False, device=device,
-                     max_memory=max_memory, check_hashes=False, row_window=row_window)
+                     attend_overrides={"sdpa": plain}, scan_all=scan_all, device=device,
+                     max_memory=max_memory, check_hashes=False, row_window=row_window,
+                     indices=indices)
     bad = [r for r in rep.results if r.backend == "sdpa" and r.status == FAIL
            and r.check in ("isolation", "logits_match")]
     first = bad[0] if bad else None
     return {"mask": "plain causal", "backend": "sdpa", "caught": first is not None,
             "check": first.check if first else None, "where": first.where if first else None,
-            "figures": dict(first.figures) if first else {}}
+            "figures": dict(first.figures) if first else {},
+            "rows": [{"shard": s, "row": r} for s, r in rep.rows], "windows": rep.windows}
 
 
 def row_window_ok(window: int) -> bool:
@@ -621,6 +647,8 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
         # a model check failing on a row whose columns break the contract follows from that
         # column fault: it names the row and the column checks at fault, never the model
         linked = _link_to_column_faults(res.values(), row_faults, reported)
+        linked += _link_skips_to_column_faults(res.values(), row_faults, report.rows, reported,
+                                               m.rows_multi_doc)
         # NaN or inf is no leak (each check says so, and where it comes from)
         leaked = [r for c, r in res.items() if c in ("logits_match", "isolation")
                   and r.status == FAIL and not nonfinite_only(r)
@@ -717,13 +745,53 @@ def _link_to_column_faults(results, row_faults: dict, reported: set) -> list:
         faults = row_faults.get((w.get("shard"), w.get("row"))) if r.status == FAIL else None
         if not faults:
             continue
-        names = ", ".join(faults)
-        see = "; ".join(c if c in reported else f"{c} (a column check --check left out) "
-                        f"fails there: {msg}" for c, msg in faults.items())
-        why = (f"row {w['row']} breaks the {names} contract (see {see}): the {r.check} failure "
-               "follows from that column fault, not from the model: rerun the same packtool "
-               "pack with --overwrite")
+        why = (f"{_breaks(w['row'], faults, reported)}: the {r.check} failure follows from "
+               "that column fault, not from the model: rerun the same packtool pack with "
+               "--overwrite")
         r.message = f"{why}; {r.message}" if r.message else why
+        linked.append(r)
+    return linked
+
+
+def _breaks(row: int, faults: dict, reported: set) -> str:
+    """``row 340 breaks the labels contract (see labels)``: the column checks ``faults``
+    (``{check: message}``) failing on one row, a check left out of the report (not in
+    ``reported``) named with its message."""
+    see = "; ".join(c if c in reported else f"{c} (a column check --check left out) "
+                    f"fails there: {msg}" for c, msg in faults.items())
+    return f"row {row} breaks the {', '.join(faults)} contract (see {see})"
+
+
+def _link_skips_to_column_faults(results, row_faults: dict, rows: list, reported: set,
+                                 rows_multi_doc: int) -> list:
+    """Fail every model check of ``results`` skipped for having nothing to measure in the rows
+    run (no padding, no target, no row of two documents:
+    :data:`~packtool.verify.equivalence.SKIP_COLUMNS`) when one of those rows (``rows``,
+    ``[(shard, row)]`` in run order) breaks a column check that the skip read: padding given a
+    segment id hides the padding from the model, labels all -100 the targets, a doc_ids entry
+    left out a document. The check then names the first such row and its column faults
+    (:func:`_breaks`), never "nothing to measure"; ``rows_multi_doc`` (the rows run holding
+    two documents) goes into its figures, as for a check that ran. Returns the results
+    changed."""
+    from packtool.verify.equivalence import SKIP_COLUMNS
+
+    linked = []
+    for r in results:
+        columns = SKIP_COLUMNS.get(r.message) if r.status == SKIP else None
+        if not columns:
+            continue
+        for shard, row in rows:
+            faults = {c: msg for c, msg in row_faults.get((shard, row), {}).items()
+                      if c in columns}
+            if faults:
+                break
+        else:
+            continue
+        r.message = (f"{_breaks(row, faults, reported)}: {r.check} found nothing to measure "
+                     f"({r.message}) because of that column fault, not because the output "
+                     "lacks it: rerun the same packtool pack with --overwrite")
+        r.status, r.where, r.required = FAIL, {"shard": shard, "row": row}, True
+        r.figures = {**r.figures, "rows_multi_doc": rows_multi_doc}
         linked.append(r)
     return linked
 

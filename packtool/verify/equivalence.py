@@ -520,8 +520,7 @@ def isolation(m: Measurements) -> CheckResult:
             "min_change_changed_doc": m.iso_effect_min, "rows_multi_doc": m.rows_multi_doc,
             "tol": m.tol}
     if not m.rows_multi_doc:
-        return _result(m, "isolation", SKIP, {"rows_multi_doc": 0}, None,
-                       "no row run through the model holds two documents")
+        return _result(m, "isolation", SKIP, {"rows_multi_doc": 0}, None, NO_MULTI_DOC)
     leak = m.iso_other.finite_max > m.tol
     leak_msg = (f"changing document 1 moved another document's logits by "
                 f"{m.iso_other.finite_max:.3g} (documents not kept apart: attention, "
@@ -604,8 +603,7 @@ def grad_zero_ignored(m: Measurements) -> CheckResult:
     g = m.grad_ignored
     if not g.n:  # no row with a target (or, never seen, no position without one)
         return _result(m, "grad_zero_ignored", SKIP, {}, None,
-                       NO_TARGETS if not m.rows_with_targets else
-                       "no position without a target in the rows run through the model")
+                       NO_TARGETS if not m.rows_with_targets else NO_UNTARGETED)
     figs = {"max_grad_ignored_logits": g.finite_max, "rows_with_targets": m.rows_with_targets}
     fault = "non-zero gradient on the logits of a position without target"
     if g.nonfinite:
@@ -629,6 +627,22 @@ NO_TARGETS = ("no target in the rows run through the model: no loss, so nothing 
 #: why ``grad_zero_padding`` is skipped when the padded rows run hold no target
 NO_PADDED_TARGETS = ("no row run through the model holds both padding and a target: no loss "
                      "gradient could reach the padding")
+#: why ``isolation`` is skipped when no row run holds two documents
+NO_MULTI_DOC = "no row run through the model holds two documents"
+#: why ``grad_zero_ignored`` is skipped when every position of the rows run holds a target
+NO_UNTARGETED = "no position without a target in the rows run through the model"
+#: the columns each "nothing to measure" skip above read (the stored segment_ids say where
+#: padding is, the stored labels where the targets are, cu_seqlens and doc_ids where the
+#: documents are): a row breaking one of them can hide what the check needs
+#: (:func:`packtool.verify.checks._link_skips_to_column_faults`)
+SKIP_COLUMNS = {
+    NO_PADDING: ("segment_ids", "cu_seqlens", "cu_seqlens_unpadded", "doc_ids"),
+    NO_TARGETS: ("labels", "num_targets"),
+    NO_PADDED_TARGETS: ("labels", "num_targets", "segment_ids", "cu_seqlens",
+                        "cu_seqlens_unpadded", "doc_ids"),
+    NO_MULTI_DOC: ("doc_ids", "cu_seqlens", "cu_seqlens_unpadded", "segment_ids"),
+    NO_UNTARGETED: ("labels", "num_targets"),
+}
 
 
 def grad_zero_padding(m: Measurements) -> CheckResult:

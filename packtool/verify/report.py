@@ -24,7 +24,10 @@ and row windows verify could have run held what those run lacked (a row whose ta
 further from its padding than ``--row-window`` tokens gives ``grad_zero_padding`` nothing any
 window could measure: not required, the skip says which ``--row-window`` would measure it).
 
-:meth:`VerifyReport.problems` lists, in words, every reason the verdict is false.
+:meth:`VerifyReport.problems` lists, in words, every reason the verdict is false; the summary
+line counts the failed checks and, through :meth:`VerifyReport.unmet`, every other reason (a
+required backend unavailable, a required check not run, no check or no attention check run,
+no rows), so a false verdict never reads "0 failed" alone.
 """
 
 from __future__ import annotations
@@ -96,6 +99,8 @@ class VerifyReport:
     models_wanted: bool = True
     #: some row of the output holds two or more documents (None: not known)
     multi_doc_rows: bool | None = None
+    #: global indices of the rows run through the models (``rows`` in manifest order)
+    indices: list = field(default_factory=list)
 
     def add(self, result: CheckResult) -> CheckResult:
         self.results.append(result)
@@ -122,6 +127,37 @@ class VerifyReport:
         return any(r.status in (PASS, FAIL) and r.backend != "data"
                    and r.figures.get("rows_multi_doc", 0) >= 1 for r in self.results)
 
+    @property
+    def backends_run(self) -> list[str]:
+        """The model backends that ran on the rows (each gave a result of a named check, not
+        a skip or failure of the whole backend), in report order."""
+        return list(dict.fromkeys(r.backend for r in self.results if r.backend != "data"
+                                  and r.check not in ("all", "run")))
+
+    def unmet(self) -> list[str]:
+        """What makes the verdict false beside the failed checks, counted in words for the
+        summary line (``1 required backend unavailable``, ``2 required checks not run``,
+        ``no check ran``, ``no attention check ran``, ``nothing to verify``): a verdict that
+        is false with 0 checks failed says why. Empty when :attr:`ok` or when only failed
+        checks make it false."""
+        if self.num_rows == 0:
+            return ["nothing to verify"]
+        skips = self.required_skips
+        backends = sum(r.check == "all" for r in skips)
+        checks = len(skips) - backends
+        out = []
+        if backends:
+            out.append(f"{backends} required backend{'s' if backends > 1 else ''} "
+                       "unavailable")
+        if checks:
+            out.append(f"{checks} required check{'s' if checks > 1 else ''} not run")
+        probs = self.problems()
+        if any(p.startswith("no check ran") for p in probs):
+            out.append("no check ran")
+        if any(p.startswith("no attention check ran") for p in probs):
+            out.append("no attention check ran")
+        return out
+
     def problems(self) -> list[str]:
         """Every reason the verdict is false, in words (empty when :attr:`ok`)."""
         out = []
@@ -142,7 +178,11 @@ class VerifyReport:
                 and not (ran_any if self.multi_doc_rows is False else self.attention_ran)):
             why = ("no attention check ran on a row holding two or more documents, so a "
                    "boundary fault could not have shown")
-            if not ran_any:
+            ran = self.backends_run
+            if not ran_any and ran:  # the backends ran; every check asked for found nothing
+                why = (f"no attention check ran ({', '.join(ran)} ran, but every check asked "
+                       "for was skipped, reasons above)")
+            elif not ran_any:
                 why = "no attention check ran (every attention backend was skipped)"
             if ran_any and self.windows and self.multi_doc_rows:
                 out.append(why + "; pass a larger --row-window (0: whole rows) so a window "
@@ -172,8 +212,9 @@ class VerifyReport:
                    if self.windows > len(self.rows) else ""))
         lines = [head] + [r.line() for r in self.results]
         n = {s: sum(r.status == s for r in self.results) for s in (PASS, FAIL, SKIP)}
+        unmet = self.unmet()
         summary = (f"{'OK' if self.ok else 'FAILED'}: {n[PASS]} passed, {n[FAIL]} failed, "
-                   f"{n[SKIP]} skipped")
+                   f"{n[SKIP]} skipped" + (f"; {', '.join(unmet)}" if unmet else ""))
         lines.append(summary)
         lines += [f"  - {p}" for p in self.problems()]
         return "\n".join(lines)

@@ -695,3 +695,111 @@ def test_the_sample_takes_rows_with_targets_first_then_the_other_multi_document_
     assert rep.ok and len(rep.rows) == 4, rep.format_text()
     den = rep.get("sdpa", "loss_denominator")
     assert den.figures["targets_packed"] == 6, den.figures  # every target of the output
+
+
+def _padding_given_segment_1(rows):
+    for r in rows:
+        e = r["cu_seqlens"][len(r["doc_ids"])]
+        r["segment_ids"][e:] = [1] * (len(r["segment_ids"]) - e)
+    return rows
+
+
+def _labels_all_ignored(rows):
+    for r in rows:
+        r["labels"] = [-100] * len(r["labels"])
+    return rows
+
+
+def _one_doc_id_per_row(rows):
+    for r in rows:
+        r["doc_ids"] = r["doc_ids"][:1]
+    return rows
+
+
+@pytest.mark.parametrize("edit, docs, checks, columns, scan_all", [
+    # the model finds padding by segment_ids == 0, the contract by cu_seqlens and doc_ids
+    (_padding_given_segment_1, DOCS, ["grad_zero_padding"], ["segment_ids"], True),
+    (_padding_given_segment_1, DOCS, ["grad_zero_padding"], ["segment_ids"], False),
+    # the model finds targets in the stored labels
+    (_labels_all_ignored, DOCS, ["loss_denominator", "grad_zero_ignored", "grad_zero_padding"],
+     ["labels"], True),
+    # the rows holding two documents are found by doc_ids (two 8-token documents per row)
+    (_one_doc_id_per_row, [list(range(1, 9))] * 6, ["isolation", "grad_zero_padding"],
+     ["doc_ids"], True),
+])
+def test_a_model_check_with_nothing_to_measure_in_broken_rows_names_the_broken_column(
+        tmp_path, edit, docs, checks, columns, scan_all):
+    """Padding given segment id 1 in every row, --check grad_zero_padding: the check was
+    skipped, "no padding in the rows run through the model", and the verdict said no
+    attention check ran though sdpa did, never naming segment_ids. A model check that finds
+    nothing to measure (padding, a target, two documents) in rows whose columns break the
+    contract on exactly that fails naming the column check at fault, with or without it in
+    --check, and the backend is not called skipped."""
+    from packed_helpers import edit_rows
+
+    out = pack_docs(tmp_path, docs, 16, "--labels", "unshifted")
+    edit_rows(out, edit)
+    for asked in (checks, None):
+        rep = run_verify(out, backends=["sdpa"], rows=0, checks=asked, scan_all=scan_all)
+        text = rep.format_text()
+        assert not rep.ok, text
+        for name in checks:
+            r = rep.get("sdpa", name)
+            assert r.status == FAIL, text
+            assert r.message.startswith(f"row {r.where['row']} breaks the "), r.message
+            assert all(c in r.message.split(" contract")[0] for c in columns), r.message
+            assert (f"{name} found nothing to measure (" in r.message
+                    and "because of that column fault" in r.message
+                    or f"the {name} failure follows from that column fault" in r.message), \
+                r.message
+            if asked is not None:
+                assert f"{columns[0]} (a column check --check left out) fails there: " \
+                    in r.message, r.message
+        assert "every attention backend was skipped" not in text, text
+        assert "no check ran" not in text, text
+
+
+def test_verify_on_padding_given_segment_id_1_names_segment_ids_from_the_command_line(good):
+    from packed_helpers import edit_rows
+
+    edit_rows(good, _padding_given_segment_1)
+    r = _verify(good, "--check", "grad_zero_padding", "--backend", "sdpa")
+    assert r.exit_code == 1, r.output
+    assert "has segment_id 1, must be 0" in r.output and "breaks the segment_ids" in r.output
+    assert "did not run: no padding" not in r.output, r.output
+    assert "every attention backend was skipped" not in r.output, r.output
+
+
+def test_a_backend_that_ran_with_every_check_skipped_is_not_called_skipped(tmp_path):
+    """--check grad_zero_padding on an output without padding: sdpa ran, the check had nothing
+    to look at; the verdict said "every attention backend was skipped"."""
+    out = pack_docs(tmp_path, [[11, 12, 13], [21, 22]], 5)
+    rep = run_verify(out, backends=["sdpa"], checks=["grad_zero_padding"])
+    assert not rep.ok
+    text = rep.format_text()
+    assert "every attention backend was skipped" not in text, text
+    assert "sdpa ran" in text, text
+
+
+@pytest.mark.parametrize("case", ["backend", "check", "nothing", "empty"])
+def test_a_failed_verdict_with_no_check_failed_says_why_in_its_summary(good, tmp_path, case):
+    """`--backend varlen` on CPU printed "FAILED: 12 passed, 0 failed, 1 skipped" and exited
+    1: the summary line counts what made the verdict fail beside the failed checks."""
+    if case == "backend":
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is present")
+        r, want = _verify(good, "--backend", "sdpa", "--backend", "varlen"), \
+            "1 required backend unavailable"
+    elif case == "check":
+        out = pack_docs(tmp_path, [[11, 12, 13], [21, 22]], 5, name="full")
+        r, want = _verify(out, "--backend", "sdpa", "--check", "grad_zero_padding"), \
+            "1 required check not run"
+    elif case == "nothing":
+        r, want = _verify(good, "--data-only", "--check", "cu_seqlens_unpadded"), \
+            "no check ran"
+    else:
+        out = pack_docs(tmp_path, [[1, 2]], 4, "--min-fill", "0.9", name="empty")
+        r, want = _verify(out, "--backend", "sdpa"), "nothing to verify"
+    assert r.exit_code == 1, r.output
+    summary = next(ln for ln in r.output.splitlines() if ln.startswith("FAILED:"))
+    assert want in summary, r.output

@@ -366,3 +366,24 @@ def _sdpa_ignoring_is_causal(F):
         mask = (seg[:, None] == seg[None, :]) & (pos[:, None] >= pos[None, :])
         return real(q, k, v, attn_mask=mask, **kw)
     return sdpa
+
+
+@pytest.mark.parametrize("seed, opts", [(0, []), (1, ["--rows", "2"]), (3, ["--no-scan"]),
+                                        (2, ["--no-scan", "--rows", "3", "--row-window", "6"]),
+                                        (3, ["--row-window", "4"])])
+def test_the_negative_control_runs_on_the_rows_the_model_checks_ran(tmp_path, seed, opts):
+    """--negative-control said it ran "on the same sampled rows" but sampled its own (as
+    --no-scan does): 9 rows, 2 of them multi-document, against the main run's 8 multi-document
+    rows. It runs on exactly the rows (and row windows) the model checks ran."""
+    rng = np.random.default_rng(seed)  # rows of one 16-token document among packed ones
+    docs = [list(map(int, rng.integers(1, 1000, n)))
+            for n in rng.choice([16, 16, 16, 3, 5, 7], 60)]
+    out = pack_docs(tmp_path, docs, 16, "--labels", "unshifted")
+    r = CliRunner().invoke(cli, ["verify", str(out), "--backend", "sdpa", "--seed", str(seed),
+                                 "--negative-control", "--json", *opts])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    control = rep["negative_control"]
+    assert control["rows"] == rep["rows"], (control["rows"], rep["rows"])
+    assert control["windows"] == rep["windows"]
+    assert control["caught"], control
