@@ -665,7 +665,7 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
         f"packed output {a.path} (capacity {C})",
         f"  rows                      {s.rows:,}  (ceil(tokens/C) = {s.lower_bound_rows:,}, "
         f"extra {s.extra_rows:,})",
-        f"  documents                 {a.documents:,} in {s.segments:,} segments "
+        f"  documents                 {a.documents:,} in {plural(s.segments, 'segment')} "
         f"(in: {s.docs_in:,}"
         + (f" read, {s.docs_other_split:,} of them, empty ones included, for the other "
            "--holdout output"
@@ -719,7 +719,7 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
     if a.source_column is not None:
         w = max([len("source")] + [_display_width(_cell(p["source"])) for p in a.per_source])
         seg = ", a segment's own padding to its source" if a.segment_multiple > 1 else ""
-        held = (f"; {len(a.per_source):,} of the {a.sources_in_table:,} sources of the "
+        held = (f"; {len(a.per_source):,} of the {plural(a.sources_in_table, 'source')} of the "
                 "manifest's table hold segments here, the others none"
                 if len(a.per_source) < a.sources_in_table else "")
         lines.append(f"  per source ({a.source_column}; rows: those holding one of its segments, "
@@ -737,8 +737,8 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
                          f"{p['effective_targets']:14,}")
         if len(shown) < len(a.per_source):
             rest = [p for p in a.per_source if not any(p is q for q in shown)]
-            lines.append(f"    ... {len(rest):,} more sources, "
-                         f"{sum(p['real_tokens'] for p in rest):,} real tokens "
+            lines.append(f"    ... {plural(len(rest), 'more source', 'more sources')}, "
+                         f"{plural(sum(p['real_tokens'] for p in rest), 'real token')} "
                          "(--per-source-limit 0 lists all; --json holds every one)")
     if a.mismatches:
         for k, (rc, m) in a.mismatches.items():
@@ -748,7 +748,7 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
         lines.append("  manifest totals agree with the recount")
     lines.extend(f"  FAULT {f}" for f in a.faults)
     if a.per_bin_asked and not a.per_bin:
-        lines.append(f"  total targets {s.effective_targets:,} over {s.rows:,} rows")
+        lines.append(f"  total targets {s.effective_targets:,} over {plural(s.rows, 'row')}")
     if a.per_bin:
         w = _width((b["shard"] for b in a.per_bin), len("shard"))
         lines.append(f"  {'shard':{w}} {'row':>7} {'segments':>8} {'real':>7} {'targets':>7}  "
@@ -758,9 +758,9 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
                          f"{b['real_tokens']:7,} {b['targets']:7,}  {b['segment_targets']}")
         listed = len(a.per_bin)
         if listed < s.rows:
-            lines.append(f"  (first {listed:,} of {s.rows:,} rows; --per-bin-limit N lists more, "
+            lines.append(f"  (first {listed:,} of {plural(s.rows, 'row')}; --per-bin-limit N lists more, "
                          "0 lists all)")
-        lines.append(f"  total targets {s.effective_targets:,} over {s.rows:,} rows")
+        lines.append(f"  total targets {s.effective_targets:,} over {plural(s.rows, 'row')}")
     return "\n".join(lines)
 
 
@@ -838,7 +838,7 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int, *,
                 else "leaves out {} longer than C ({})")
         head += (f"--overflow {overflow} " + what.format(plural(docs_over_capacity, "document"),
                                                          plural(tokens - kept, "token"))
-                 + f": {kept:,} tokens kept, ceil(tokens kept/C) = "
+                 + f": {plural(kept, 'token')} kept, ceil(tokens kept/C) = "
                  + plural(-(-kept // capacity), "row"))
         bound = "ceil(tokens kept/C)"
     if min_fill:
@@ -859,19 +859,21 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int, *,
                  + (f" ({best['tokens_truncated']:,} of them truncated), " if truncated else ", "))
                 if dropped else f"{plural(best['tokens_truncated'], 'token')} truncated, "
                 if truncated else "")
-        verdict = (f"least waste: {best['strategy']} ({best['padding_tokens']:,} padding tokens, "
+        verdict = (f"least waste: {best['strategy']} "
+                   f"({plural(best['padding_tokens'], 'padding token')}, "
                    f"{loss}{plural(best['extra_rows'], 'row')} over {bound}, no document that "
                    "fits in a row cut)" if best["docs_cut_below_capacity"] == 0 else
                    f"least {'waste' if losing else 'padding'}: {best['strategy']} "
-                   f"({best['padding_tokens']:,} padding tokens"
+                   f"({plural(best['padding_tokens'], 'padding token')}"
                    + (f", {loss[:-2]}" if losing else "")
                    + f", {plural(best['docs_cut_below_capacity'], 'document')} that fit"
                    + ("s" if best['docs_cut_below_capacity'] == 1 else "") + " in a row "
                    "cut)")
         if fewest is not best and _waste(fewest) < _waste(best):
             verdict += (f"; {fewest['strategy']} {'wastes' if losing else 'pads'} less "
-                        f"({_waste(fewest):,}) but cuts {fewest['docs_cut_below_capacity']:,} "
-                        "documents that fit in a row")
+                        f"({_waste(fewest):,}) but cuts "
+                        f"{plural(fewest['docs_cut_below_capacity'], 'document')} that fit"
+                        + ("s" if fewest["docs_cut_below_capacity"] == 1 else "") + " in a row")
         out.append(verdict)
     out.append("padding %: of rows * C; docs cut: documents written in pieces, spread over "
                "several segments" + (" or with a piece in a row under --min-fill" if min_fill
@@ -965,8 +967,8 @@ def plot_packed(a: PackedAnalysis, out: str | os.PathLike) -> None:
     plt = require_matplotlib()
     s = a.stats
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    fig.suptitle(f"packtool stats {a.path}: {s.rows:,} rows of C = {s.capacity:,}, "
-                 f"{s.padding_tokens:,} padding tokens "
+    fig.suptitle(f"packtool stats {a.path}: {plural(s.rows, 'row')} of C = {s.capacity:,}, "
+                 f"{plural(s.padding_tokens, 'padding token')} "
                  f"({percent(s.padding_tokens, s.rows * s.capacity, 2)})")
     ax1.hist(100 * a.row_fill, bins=np.linspace(0, 100, 51), color="tab:blue")
     log = _count_scale(ax1, s.rows > 0)  # no rows: empty axes
@@ -1011,8 +1013,8 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
     colors = [_STRATEGY_COLORS.get(n, "tab:green") for n in names]
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     (ax_len, ax_pad), (ax_cut, ax_fill) = axes
-    fig.suptitle(f"packtool compare: {lengths.size:,} documents, {int(lengths.sum()):,} "
-                 f"tokens, capacity {capacity:,}; {verdict}")
+    fig.suptitle(f"packtool compare: {plural(lengths.size, 'document')}, "
+                 f"{plural(int(lengths.sum()), 'token')}, capacity {capacity:,}; {verdict}")
     pos = lengths[lengths > 0]
     if pos.size:
         ax_len.hist(pos, bins=_log_bins(pos), color="tab:gray")
@@ -1043,7 +1045,7 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
     edges = np.linspace(0, 100, 51)
     for r, plan, color in zip(res, plans, colors):
         ax_fill.hist(100 * plan.row_lengths() / capacity, bins=edges, histtype="step",
-                     color=color, lw=1.5, label=f"{r['strategy']} ({r['rows']:,} rows)")
+                     color=color, lw=1.5, label=f"{r['strategy']} ({plural(r['rows'], 'row')})")
     log = _count_scale(ax_fill, any(r["rows"] for r in res))  # every row left out: empty axes
     ax_fill.set(xlabel="row fill: real tokens / C (%)", ylabel=f"rows ({log} scale)",
                 title="rows per fill level" if log == "log" else

@@ -410,8 +410,9 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
             + (f"\n  input: {s.input_note()}" if s.input_note() else ""))
         if result.manifest.windows:
             w = _windows_breakdown(result.manifest, s, cfg.window_docs)
-            click.echo(f"  windows {w['windows']:,} of {w['docs_min']:,}..{w['docs_max']:,} "
-                       f"documents (--window-docs {w['window_docs']}): extra rows "
+            click.echo(f"  windows {w['windows']:,} of {w['docs_min']:,}.."
+                       f"{plural(w['docs_max'], 'document')} (--window-docs {w['window_docs']}): "
+                       "extra rows "
                        f"{w['extra_rows']:,} = {w['extra_rows_within']:,} from packing within "
                        f"windows (max {w['extra_rows_max']:,} in one) + "
                        f"{w['extra_rows_rounding']:,} from rounding each window up to whole rows")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from packtool.errors import ManifestError, row_ref
+from packtool.stats import plural
 from packtool.types import IGNORE_INDEX
 
 __all__ = ["RECOUNTED", "TIED", "Recount", "mark_ids", "ragged_faults"]
@@ -275,8 +276,8 @@ class Recount:
                 i = int(np.searchsorted(k_off, j, side="right") - 1)
                 self.first_bad_num_targets = (
                     block.shard, block.shard_row0 + i,
-                    f"segment {j - int(k_off[i]) + 1} holds {int(kept[j])} labels != -100, "
-                    f"more than its {int(seg_t[j]) + 1} tokens less one")
+                    f"segment {j - int(k_off[i]) + 1} holds {plural(int(kept[j]), 'label')} "
+                    f"!= -100, more than its {plural(int(seg_t[j]) + 1, 'token')} less one")
             seg_t = np.minimum(kept, seg_t)
         row_t = np.add.reduceat(seg_t, k_off[:-1]) if lens.size else np.zeros(n, np.int64)
         row_t[k == 0] = 0  # reduceat's value for empty rows is not a sum

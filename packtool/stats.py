@@ -56,10 +56,13 @@ def percent(part: float, whole: float, decimals: int = 1) -> str:
     return shown + "%"
 
 
-def plural(count: int, noun: str, nouns: str | None = None) -> str:
+def plural(count: int, noun: str, nouns: str | None = None, *, signed: bool = False) -> str:
     """``count`` with thousands separators and ``noun``, or ``nouns`` (default ``noun + "s"``)
-    when ``count`` is not 1: ``"1 row"``, ``"2 rows"``, ``"1,000 documents"``."""
-    return f"{count:,} {noun if count == 1 else nouns or noun + 's'}"
+    when ``count`` is not 1 nor -1: ``"1 row"``, ``"2 rows"``, ``"1,000 documents"``; with
+    ``signed``, the count's sign always shown (a difference): ``"+1 row"``, ``"-3 rows"``,
+    ``"+0 rows"``. Every report that prints a count before its noun takes the noun from here."""
+    return (f"{count:{'+' if signed else ''},} "
+            f"{noun if abs(count) == 1 else nouns or noun + 's'}")
 
 
 #: ``--overflow split`` warns when it splits more than this fraction of the non-empty
@@ -310,12 +313,14 @@ class PackStats:
         rows, and the rows over those the same documents take with N = 1, when known)."""
         slots = self.rows * self.capacity
         line = (f"segment padding (--segment-multiple {multiple}): "
-                f"{self.segment_padding_tokens:,} tokens inside rows "
+                f"{plural(self.segment_padding_tokens, 'token')} inside rows "
                 f"({percent(self.segment_padding_tokens, slots, 2)} of rows * C)")
         if self.rows_without_segment_padding:
             more = self.rows - self.rows_without_segment_padding
-            line += (f"; {self.rows:,} rows against {self.rows_without_segment_padding:,} with "
-                     f"N = 1 ({more:+,} rows, {more * self.capacity:+,} tokens per epoch)")
+            line += (f"; {plural(self.rows, 'row')} against "
+                     f"{self.rows_without_segment_padding:,} with N = 1 "
+                     f"({plural(more, 'row', signed=True)}, "
+                     f"{plural(more * self.capacity, 'token', signed=True)} per epoch)")
         return line
 
     def overflow_warning(self, overflow: str, threshold: float = 0.01) -> str | None:
@@ -394,8 +399,9 @@ class PackStats:
                    "loss-mask columns (--labels-column / --loss-mask-column none ignores one)")
         elif self.tokens_label_masked:
             why = (f"input labels -100 and loss masks kept {self.tokens_label_masked:,} of the "
-                   f"{self.tokens_in:,} tokens read out of the targets, and each segment has one "
-                   "target fewer than its tokens; check the labels and loss-mask columns")
+                   f"{plural(self.tokens_in, 'token')} read out of the targets, and each segment "
+                   "has one target fewer than its tokens; check the labels and loss-mask "
+                   "columns")
         else:
             why = ("every segment holds one token, and each segment has one target fewer than "
                    "its tokens")

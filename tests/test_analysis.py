@@ -683,3 +683,98 @@ def test_a_manifest_that_did_not_count_the_min_fill_documents_apart_says_so(tmp_
         "6 documents (by --overflow drop and in the rows under --min-fill, not counted apart "
         "in this output's manifest); 13,193 tokens of them by --overflow drop")
     assert _line(text, "rows under --min-fill") == "1 planned row left out, 4 tokens"
+
+
+#: a count formatted straight before a plural noun in an f-string ("{n:,} rows"): "1 rows"
+#: when n is 1; such counts go through packtool.stats.plural
+_COUNT_BEFORE_PLURAL = r"^\s+(?:more |extra |padding |real |planned )?" \
+    r"(?:rows|documents|tokens|segments|pieces|shards|sources|windows|files|targets)\b"
+
+
+def test_no_report_puts_a_count_before_a_plural_noun_outside_the_helper():
+    """Every f-string of the stats, compare, pack and recount reports that prints a count
+    before its noun takes the noun from ``plural``: none formats a value straight before
+    "rows", "documents", "tokens", ... (compare printed "cuts 1 documents that fit in a row",
+    "1 padding tokens")."""
+    import ast
+    import re
+
+    pat = re.compile(_COUNT_BEFORE_PLURAL)
+    found = []
+    for name in ("stats.py", "analysis.py", "cli.py", "recount.py"):
+        path = ROOT / "packtool" / name
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.JoinedStr):
+                continue
+            for v, after in zip(node.values, node.values[1:]):
+                if (isinstance(v, ast.FormattedValue) and isinstance(after, ast.Constant)
+                        and not isinstance(v.value, ast.Constant)  # a column's heading
+                        and pat.match(after.value)):
+                    found.append(f"{name}:{v.lineno}: {ast.unparse(v)}{after.value[:30]}")
+    assert not found, "\n".join(found)
+
+
+def _verdict(args):
+    r = CliRunner().invoke(cli, ["compare", *map(str, args)])
+    assert r.exit_code == 0, r.output
+    return r.stdout
+
+
+def test_compare_and_stats_say_1_of_a_noun_in_the_singular(tmp_path):
+    """The singular case of every count compare and stats print before a noun: the verdict's
+    padding, truncated tokens and the documents a strategy that wastes less cuts; the header's
+    tokens kept; stats' documents, segments, rows of --per-bin, the sources not listed; the
+    segment padding line."""
+    from conftest import write_docs
+
+    from packtool.analysis import format_packed
+    from packtool.stats import PackStats
+
+    t1 = write_docs(tmp_path / "t1" / "a.parquet", [[1] * 3, [2] * 3, [3] * 2])
+    text = _verdict(["-c", 4, t1.parent])
+    assert "concat pads less (0) but cuts 1 document that fits in a row" in text, text
+    t2 = write_docs(tmp_path / "t2" / "a.parquet", [[9] * 2048] * 99 + [[8] * 2047])
+    text = _verdict(["-c", 2048, t2.parent])
+    assert "least waste: concat (1 padding token, 0 rows over" in text, text
+    t3 = write_docs(tmp_path / "t3" / "a.parquet", [[1] * 5, [2] * 3])
+    text = _verdict(["-c", 4, "--overflow", "truncate", t3.parent])
+    assert "(1 padding token, 1 token truncated, 0 rows over" in text, text
+    t4 = write_docs(tmp_path / "t4" / "a.parquet", [[1], [2] * 5])
+    text = _verdict(["-c", 4, "--overflow", "drop", t4.parent])
+    assert "1 token kept, ceil(tokens kept/C) = 1 row" in text, text
+    assert "1 tokens" not in text and "1 documents" not in text and "1 rows" not in text
+
+    # stats: one document of one segment in one row, listed by --per-bin
+    out = pack_docs(tmp_path, [[1, 2, 3]], 4, name="one")
+    text = CliRunner().invoke(cli, ["stats", str(out), "--per-bin"]).stdout
+    assert "1 in 1 segment (in: 1" in _line(text, "documents"), text
+    assert "total targets 2 over 1 row" in text, text
+    # the sources beyond --per-source-limit: 1 more source of 1 real token
+    (tmp_path / "src").mkdir()
+    pq.write_table(pa.table({"input_ids": pa.array([[1] * 3, [2]], pa.list_(pa.int32())),
+                             "src": ["a", "b"]}), tmp_path / "src" / "a.parquet")
+    assert CliRunner().invoke(cli, ["pack", "-q", "-c", "4", "--source-column", "src",
+                                    str(tmp_path / "src"), str(tmp_path / "so")]).exit_code == 0
+    text = format_packed(analyze_packed(tmp_path / "so"), per_source_limit=1)
+    assert "... 1 more source, 1 real token " in text, text
+    note = PackStats(capacity=4, rows=2, segment_padding_tokens=1,
+                     rows_without_segment_padding=1).segment_padding_note(2)
+    assert "1 token inside rows" in note and "(+1 row, +4 tokens per epoch)" in note, note
+
+
+def test_plot_titles_say_1_of_a_noun_in_the_singular(tmp_path, monkeypatch):
+    """The titles and legends of stats --plot and compare --plot take their nouns from the
+    helper: 1 document, 1 token, 1 row, 1 padding token."""
+    from packtool import analysis
+
+    figures = []
+    monkeypatch.setattr(analysis, "_save", lambda plt, fig, out: figures.append(fig))
+    analysis.plot_compare(np.array([3]), 4, tmp_path / "c.png")
+    analysis.plot_packed(analyze_packed(pack_docs(tmp_path, [[1, 2, 3]], 4)), tmp_path / "p.png")
+    texts = [t.get_text() for f in figures for t in f.findobj()
+             if hasattr(t, "get_text")]
+    joined = "\n".join(texts)
+    assert "1 document, 3 tokens" in joined and "(1 row)" in joined, joined
+    assert "1 row of C = 4, 1 padding token" in joined, joined
+    assert "1 rows" not in joined and "1 documents" not in joined, joined
+
