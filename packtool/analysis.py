@@ -138,27 +138,35 @@ class PackedAnalysis:
         return d
 
 
+#: the quantiles of the fill that ``stats --json`` reports (``fill_quantiles``), always all of
+#: them: an output of 0 rows gives 0.0 for each, as its ``fill`` is 0.0
+_QUANTILES = (("min", 0.0), ("p10", 0.1), ("p50", 0.5), ("p90", 0.9), ("max", 1.0))
+
+
 def _quantiles(x: np.ndarray) -> dict:
+    """float[n] -> {"min", "p10", "p50", "p90", "max"}: ratios rounded by
+    :func:`~packtool.stats.json_ratio`; every key 0.0 when ``x`` is empty."""
     if x.size == 0:
-        return {}
-    q = np.quantile(x, [0.0, 0.1, 0.5, 0.9, 1.0])
-    return {k: json_ratio(v) for k, v in zip(("min", "p10", "p50", "p90", "max"), q)}
+        return {k: 0.0 for k, _ in _QUANTILES}
+    q = np.quantile(x, [p for _, p in _QUANTILES])
+    return {k: json_ratio(v) for (k, _), v in zip(_QUANTILES, q)}
 
 
 def _count_quantiles(counts: np.ndarray) -> dict:
     """:func:`_quantiles` of the fill values ``i / C`` repeated ``counts[i]`` times, without
-    expanding them (same linear interpolation as ``np.quantile``)."""
+    expanding them (same linear interpolation as ``np.quantile``); every key 0.0 when no
+    count is positive (an output of 0 rows)."""
     n = int(counts.sum())
     if n == 0:
-        return {}
+        return {k: 0.0 for k, _ in _QUANTILES}
     c = max(counts.size - 1, 1)
     ends = np.cumsum(counts)  # sorted value at position j is the i with ends[i-1] <= j < ends[i]
-    pos = np.array([0.0, 0.1, 0.5, 0.9, 1.0]) * (n - 1)
+    pos = np.array([p for _, p in _QUANTILES]) * (n - 1)
     lo, hi = np.floor(pos).astype(np.int64), np.ceil(pos).astype(np.int64)
     vlo = np.searchsorted(ends, lo, side="right") / c
     vhi = np.searchsorted(ends, hi, side="right") / c
     q = vlo + (vhi - vlo) * (pos - lo)
-    return {k: json_ratio(v) for k, v in zip(("min", "p10", "p50", "p90", "max"), q)}
+    return {k: json_ratio(v) for (k, _), v in zip(_QUANTILES, q)}
 
 
 def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = None,
@@ -692,7 +700,7 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
         f"{percent(s.attention_work, s.full_attention_work, 2)} "
         f"of the same rows unmasked ({s.full_attention_work:,} = rows * C^2)",
     ]
-    if q:
+    if s.rows:  # an output of 0 rows has no fill to show (its JSON quantiles are 0.0)
         lines.append("  fill per row              " + "  ".join(
             f"{k} {percent(q[v], 1)}" for k, v in (("min", "min"), ("p10", "p10"),
                                                    ("median", "p50"), ("max", "max"))))

@@ -778,3 +778,34 @@ def test_plot_titles_say_1_of_a_noun_in_the_singular(tmp_path, monkeypatch):
     assert "1 row of C = 4, 1 padding token" in joined, joined
     assert "1 rows" not in joined and "1 documents" not in joined, joined
 
+def _keys(d, path=()):
+    """Every key path of the dicts nested in ``d`` (lists of dicts: the keys of their items)."""
+    out = set()
+    items = d.items() if isinstance(d, dict) else enumerate(d) if isinstance(d, list) else ()
+    for k, v in items:
+        p = path + ((k if isinstance(d, dict) else "[]"),)
+        if isinstance(d, dict):
+            out.add(p)
+        out |= _keys(v, p)
+    return out
+
+
+def test_stats_json_of_an_output_of_no_rows_has_the_keys_of_every_other(tmp_path):
+    """stats --json on an output of 0 rows (every document dropped) gave "fill_quantiles": {};
+    it carries the same keys as any output's, each 0 (a reader of ['p10'] does not fail)."""
+    from conftest import write_docs
+
+    src = write_docs(tmp_path / "in" / "a.parquet", [[1] * 100, [2] * 70])
+    for name, opts in (("z", ["--overflow", "drop"]), ("full", [])):
+        r = CliRunner().invoke(cli, ["pack", "-q", "-c", "64", *opts, str(src.parent),
+                                     str(tmp_path / name)])
+        assert r.exit_code == 0, r.output
+    got = {}
+    for name in ("z", "full"):
+        r = CliRunner().invoke(cli, ["stats", str(tmp_path / name), "--json"])
+        assert r.exit_code == 0, r.output
+        got[name] = json.loads(r.stdout)
+    assert got["z"]["stats"]["rows"] == 0 and got["full"]["stats"]["rows"] > 0
+    assert got["z"]["fill_quantiles"] == {k: 0.0 for k in ("min", "p10", "p50", "p90", "max")}
+    assert _keys(got["z"]) == _keys(got["full"])
+
