@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import unicodedata
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -413,7 +413,8 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
                        overflow: str = Overflow.SPLIT,
                        strategies=(Strategy.CONCAT, Strategy.ORDERED, Strategy.OBFD),
                        targets: np.ndarray | None = None,
-                       window_docs: int | None = None, min_fill: float = 0.0) -> list:
+                       window_docs: int | None = None, min_fill: float = 0.0,
+                       segment_multiple: int = 1) -> list:
     """Dry-run each strategy on document lengths alone.
 
     Every figure is in absolute units, so the dicts compare directly across strategies.
@@ -426,21 +427,29 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
             effective targets then leave those tokens out, as ``pack`` does.
         window_docs: also dry-run ``obfd`` in windows of this many documents, dealt as
             ``pack --window-docs`` deals them (:mod:`packtool.core.windows`): one more dict,
-            with ``window_docs`` and ``windows`` set (it takes no part in
+            with ``window_docs`` and ``windows`` set (None in the others; it takes no part in
             :func:`least_waste`).
         min_fill: as ``pack --min-fill``: each plan without its rows under
-            ``ceil(min_fill * capacity)`` real tokens (:func:`packtool.core.packing.pack_lengths`);
-            every dict then also has ``rows_dropped`` and ``tokens_under_min_fill`` (those rows'
-            real tokens, counted in ``tokens_dropped`` too).
+            ``ceil(min_fill * capacity)`` real tokens (:func:`packtool.core.packing.pack_lengths`),
+            counted in ``rows_dropped`` and ``tokens_under_min_fill`` (those rows' real tokens,
+            counted in ``tokens_dropped`` too; both 0 without it).
+        segment_multiple: as ``pack --segment-multiple N``: every piece planned to take a
+            multiple of N slots of its row; ``padding_tokens`` then counts the padding inside
+            rows too (``segment_padding_tokens``), and ``rows_without_segment_padding`` the
+            rows of the same plan with N = 1 (equal to ``rows`` when N is 1).
 
     Returns:
-        One dict per strategy, its counts those ``pack --strategy S`` with the same options
-        records (:meth:`packtool.stats.PackStats.from_plan`): ``strategy``, ``rows``,
+        One dict per strategy, every dict with the same keys whatever the options (0, or None
+        for ``window_docs`` and ``windows``, where one does not apply), its counts those
+        ``pack --strategy S`` with the same options records
+        (:meth:`packtool.stats.PackStats.from_plan`): ``strategy``, ``rows``,
         ``lower_bound_rows`` (ceil(tokens written / C)), ``extra_rows``, ``docs_truncated``,
         ``tokens_truncated`` (``--overflow truncate``), ``docs_dropped``, ``tokens_dropped``
         (every token not written: the truncated tails, ``--overflow drop``'s documents and the
         rows under ``min_fill``), ``warnings`` (the lines
         ``pack`` prints for these counts, :meth:`packtool.stats.PackStats.warnings`),
+        ``rows_dropped``, ``tokens_under_min_fill``, ``segment_padding_tokens``,
+        ``rows_without_segment_padding``,
         ``tokens_processed`` (rows * C, what a training step computes on),
         ``padding_tokens``, ``padding_pct`` (of ``tokens_processed``), ``docs_cut``
         (documents written in pieces, whatever the strategy: spread over several segments, or
@@ -456,13 +465,15 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
         (:func:`packtool.stats.json_ratio`; ``padding_pct``: :func:`~packtool.stats.json_percent`).
 
     Raises:
-        ConfigError, PackingError: as :func:`packtool.core.pack_lengths`.
+        ConfigError, PackingError: as :func:`packtool.core.pack_lengths` (``segment_multiple``
+            under 1 or not a divisor of ``capacity`` included).
     """
-    return _compare(lengths, capacity, overflow, strategies, targets, window_docs, min_fill)[0]
+    return _compare(lengths, capacity, overflow, strategies, targets, window_docs, min_fill,
+                    segment_multiple)[0]
 
 
 def _compare(lengths: np.ndarray, capacity: int, overflow, strategies, targets, window_docs,
-             min_fill) -> tuple:
+             min_fill, segment_multiple: int = 1) -> tuple:
     """:func:`compare_strategies`' dicts and, beside each, the plan it counts."""
     from packtool.core.masks import plan_segment_targets
     from packtool.core.packing import pack_lengths
@@ -483,28 +494,35 @@ def _compare(lengths: np.ndarray, capacity: int, overflow, strategies, targets, 
     runs = [(str(s), s, None) for s in strategies]
     if window_docs is not None:
         runs.append((f"obfd, windows of {window_docs:,}", Strategy.OBFD, window_docs))
-    for label, s, wd in runs:
-        plan = (pack_lengths(lengths, capacity, strategy=s, overflow=overflow, min_fill=min_fill)
-                if wd is None else _windowed_plan(lengths, capacity, wd, overflow, min_fill))
+    for label, strategy, wd in runs:
+        def plan_of(multiple, strategy=strategy, wd=wd):
+            return (pack_lengths(lengths, capacity, strategy=strategy, overflow=overflow,
+                                 min_fill=min_fill, segment_multiple=multiple)
+                    if wd is None else _windowed_plan(lengths, capacity, wd, overflow, min_fill,
+                                                      multiple))
+
+        plan = plan_of(segment_multiple)
         plans.append(plan)
         s = PackStats.from_plan(plan)  # the counts pack records for this plan
+        if segment_multiple > 1:  # and what the padding inside rows costs: the rows without it
+            s = replace(s, rows_without_segment_padding=plan_of(1).num_rows)
         real, rows = s.real_tokens, s.rows
         effective = int(plan_segment_targets(plan, doc_starts, targets).sum())
         cut = _docs_cut(plan, written, lengths.size)
         slots = rows * capacity
-        extra = {} if wd is None else {"window_docs": wd,
-                                       "windows": plan_windows(lengths.size, wd).count}
-        if min_fill:
-            extra.update(rows_dropped=s.rows_dropped,
-                         tokens_under_min_fill=s.tokens_under_min_fill)
         out.append({
-            **extra,
+            # one key set whatever the options: None, or 0, where one does not apply
+            "window_docs": wd,
+            "windows": None if wd is None else plan_windows(lengths.size, wd).count,
             "strategy": label, "rows": rows, "lower_bound_rows": s.lower_bound_rows,
             "extra_rows": s.extra_rows,
             "docs_truncated": s.docs_truncated, "tokens_truncated": s.tokens_truncated,
             "docs_dropped": s.docs_dropped, "tokens_dropped": s.tokens_dropped,
+            "rows_dropped": s.rows_dropped, "tokens_under_min_fill": s.tokens_under_min_fill,
             "tokens_processed": slots,
             "padding_tokens": s.padding_tokens,
+            "segment_padding_tokens": s.segment_padding_tokens,
+            "rows_without_segment_padding": s.rows_without_segment_padding,
             "padding_pct": json_percent(100.0 * s.padding_tokens / slots) if rows else 0.0,
             "docs_cut": int(cut.sum()),
             "docs_cut_below_capacity": int((cut & fits).sum()),
@@ -549,10 +567,11 @@ def _docs_cut(plan, written: np.ndarray, num_docs: int) -> np.ndarray:
 
 
 def _windowed_plan(lengths: np.ndarray, capacity: int, window_docs: int, overflow,
-                   min_fill: float = 0.0):
+                   min_fill: float = 0.0, segment_multiple: int = 1):
     """One plan of every window of ``pack --window-docs``, planned alone and concatenated
     (documents numbered globally): what the windowed pack's rows hold, without the tokens
-    (a :class:`packtool.core.packing.PackPlan`)."""
+    (a :class:`packtool.core.packing.PackPlan`, its pieces planned to multiples of
+    ``segment_multiple``)."""
     from packtool.core.packing import PackPlan, pack_lengths
     from packtool.core.windows import plan_windows
 
@@ -560,7 +579,8 @@ def _windowed_plan(lengths: np.ndarray, capacity: int, window_docs: int, overflo
     plans, counts = [], {}
     for w in range(ws.count):
         docs = ws.members(w)
-        p = pack_lengths(lengths[docs], capacity, overflow=overflow, min_fill=min_fill)
+        p = pack_lengths(lengths[docs], capacity, overflow=overflow, min_fill=min_fill,
+                         segment_multiple=segment_multiple)
         plans.append((p, docs))
         for k, v in p.counts.items():
             counts[k] = counts.get(k, 0) + v
@@ -575,7 +595,7 @@ def _windowed_plan(lengths: np.ndarray, capacity: int, window_docs: int, overflo
                     seg_offset=np.concatenate([p.seg_offset for p, _ in plans]) if plans
                     else empty,
                     seg_len=np.concatenate([p.seg_len for p, _ in plans]) if plans else empty,
-                    counts=counts)
+                    counts=counts, segment_multiple=segment_multiple)
 
 
 def least_waste(rows: list) -> dict | None:
@@ -593,7 +613,7 @@ def least_waste(rows: list) -> dict | None:
         one cuts such documents (after ``--overflow truncate`` every document fits); None when
         no strategy writes a row (every token lost: nothing to choose between).
     """
-    rows = [r for r in rows if "window_docs" not in r] or rows  # strategies, not windowings
+    rows = [r for r in rows if r.get("window_docs") is None] or rows  # not windowings
     rows = [r for r in rows if r["rows"]]  # one that writes nothing is no choice
     if not rows:
         return None
@@ -783,7 +803,8 @@ def overflow_kept(rows: list, tokens: int) -> int:
 
 def format_compare(rows: list, capacity: int, num_docs: int, tokens: int, *,
                    overflow: str = Overflow.SPLIT, docs_over_capacity: int = 0,
-                   docs_empty: int = 0) -> str:
+                   docs_empty: int = 0, min_fill: float | None = None,
+                   segment_multiple: int = 1) -> str:
     """Human side-by-side table of :func:`compare_strategies`, then which strategy wastes least
     (:func:`least_waste`). Every column is absolute, so rows compare across strategies.
 
@@ -796,8 +817,13 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int, *,
             truncates or drops them).
         docs_empty: the documents of ``num_docs`` with no token (named in the header when
             some are: ``pack`` skips them, so ``stats`` counts them apart).
+        min_fill: the ``--min-fill`` the dry run planned with (a column of the rows it drops
+            when > 0); None: shown when a strategy drops a row.
+        segment_multiple: the ``--segment-multiple`` it planned with (named in the header, a
+            column of the padding inside rows when > 1).
     """
-    min_fill = bool(rows) and "rows_dropped" in rows[0]  # a dry run with --min-fill
+    min_fill = (any(r["rows_dropped"] for r in rows) if min_fill is None
+                else bool(rows) and min_fill > 0)  # a dry run with --min-fill
     truncated = overflow == Overflow.TRUNCATE or any(r["tokens_truncated"] for r in rows)
     dropped = (overflow == Overflow.DROP or min_fill
                or any(r["tokens_dropped"] > r["tokens_truncated"] for r in rows))
@@ -811,6 +837,8 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int, *,
             ("rows", ",", lambda r: r["rows"]),
             ("extra rows", ",", lambda r: r["extra_rows"]),
             ("padding tokens", ",", lambda r: r["padding_tokens"]),
+            *([("of it in segments", ",", lambda r: r["segment_padding_tokens"])]
+              if segment_multiple > 1 else []),
             ("padding %", "s", lambda r: percent(r["padding_tokens"], r["tokens_processed"],
                                                  3)[:-1]),
             ("docs cut", ",", lambda r: r["docs_cut"]),
@@ -827,7 +855,8 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int, *,
         lost += [("docs dropped", ",", lambda r: r["docs_dropped"])]
     if truncated or dropped:  # every token not written, the truncated ones included
         lost += [("tokens dropped", ",", lambda r: r["tokens_dropped"])]
-    cols[4:4] = lost
+    at = next(i for i, c in enumerate(cols) if c[0] == "padding %")
+    cols[at:at] = lost
     cells = [[format(f(r), spec) for _, spec, f in cols] for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _, _) in enumerate(cols)]
 
@@ -837,7 +866,9 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int, *,
 
     head = (f"dry run: {plural(num_docs, 'document')}, "
             + (f"{docs_empty:,} of them empty, " if docs_empty else "")
-            + f"{plural(tokens, 'token')}, capacity {capacity}; ")
+            + f"{plural(tokens, 'token')}, capacity {capacity}"
+            + (f", each piece padded to a multiple of {segment_multiple} (--segment-multiple "
+               f"{segment_multiple})" if segment_multiple > 1 else "") + "; ")
     if kept == tokens:
         head += f"ceil(tokens/C) = {plural(-(-tokens // capacity), 'row')}"
         bound = "ceil(tokens/C)"
@@ -891,7 +922,10 @@ def format_compare(rows: list, capacity: int, num_docs: int, tokens: int, *,
                   if min_fill else "")
                + ";\nattention: sum of segment_len^2 with document masking, in "
                + ("millions of token^2" if millions else "token^2")
-               + " (the same units for every strategy)")
+               + " (the same units for every strategy)"
+               + (f";\nof it in segments: the padding inside rows after each piece "
+                  f"(--segment-multiple {segment_multiple}), part of the padding tokens"
+                  if segment_multiple > 1 else ""))
     if truncated or dropped:
         out.append("waste: padding plus the tokens truncated or dropped (not written)"
                    + ("; extra rows: over ceil(tokens written/C), each strategy's own (--min-fill "
@@ -996,13 +1030,15 @@ def plot_packed(a: PackedAnalysis, out: str | os.PathLike) -> None:
 
 def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
                  overflow: str = Overflow.SPLIT, *, targets: np.ndarray | None = None,
-                 window_docs: int | None = None, min_fill: float = 0.0) -> None:
+                 window_docs: int | None = None, min_fill: float = 0.0,
+                 segment_multiple: int = 1) -> None:
     """Write an image (format from the suffix) comparing the strategies on the same lengths:
     document lengths (log-spaced bins, log axis, capacity marked); padding tokens per strategy
     (log axis: 0.1 % and 10 % both show, values written on the bars); documents cut that fit in
     one row; rows per fill level per strategy (log count). Every bar and curve is a dict of
     :func:`compare_strategies` with the same options (``window_docs`` adds the windowed
-    ``obfd``, ``min_fill`` leaves out the rows under it), so the image shows the figures the
+    ``obfd``, ``min_fill`` leaves out the rows under it, ``segment_multiple`` pads every piece
+    to a multiple of it), so the image shows the figures the
     table prints. When no strategy writes a row the fill panel is empty on a linear axis and
     says so (:func:`_count_scale`), without a matplotlib warning.
 
@@ -1014,7 +1050,7 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     res, plans = _compare(lengths, capacity, overflow,
                           (Strategy.CONCAT, Strategy.ORDERED, Strategy.OBFD), targets,
-                          window_docs, min_fill)
+                          window_docs, min_fill, segment_multiple)
     best = least_waste(res)
     verdict = f"least waste: {best['strategy']}" if best else "no strategy writes a row"
     names = [r["strategy"] for r in res]

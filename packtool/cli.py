@@ -173,37 +173,51 @@ class _LogFormat(logging.Formatter):
         return super().format(record)  # with a traceback when the record has one
 
 
+def _spec(*decls, **attrs) -> tuple:
+    """A click option as data (its declarations and attributes): one list of them makes the
+    options of two commands (:func:`_options`), so they cannot drift apart."""
+    return decls, attrs
+
+
+def _options(specs, **changes):
+    """A decorator adding the options ``specs`` (:func:`_spec`) in their order, each with the
+    attributes ``changes`` set (``hidden=True``: a deprecated alias's)."""
+    def add(f):
+        for decls, attrs in reversed(specs):
+            f = click.option(*decls, **{**attrs, **changes})(f)
+        return f
+    return add
+
+
 #: options saying how INPUT is read, the same for pack and compare (one code path reads it:
 #: :func:`packtool.pipeline.read.iter_documents`)
 _INPUT_OPTIONS = [
-    click.option("--append-eos", type=_TokenId(), default=None, metavar="ID",
-                 help="Append this end-of-document id to every document not already ending "
-                      "with it."),
-    click.option("--prepend-bos", type=_TokenId(), default=None, metavar="ID",
-                 help="Prepend this beginning-of-document id to every document not already "
-                      "starting with it."),
-    click.option("--attention-mask-column", default="auto", show_default=True, metavar="NAME",
-                 help="Input column whose 0 entries are removed before packing (padding, at a "
-                      "row's ends; a 0 between 1s is refused); auto: attention_mask when "
-                      "present; none: ignore."),
-    click.option("--labels-column", default="auto", show_default=True, metavar="NAME",
-                 help="Input column of unshifted labels whose -100 entries (e.g. SFT prompts) "
-                      "stay non-targets; auto: labels when present; none: ignore."),
-    click.option("--loss-mask-column", default="auto", show_default=True, metavar="NAME",
-                 help="Input column, 1 on the tokens to learn and 0 elsewhere (TRL's SFT "
-                      "masks); auto: completion_mask and assistant_masks when present; none: "
-                      "ignore."),
-    click.option("--skip-unsupported", is_flag=True,
-                 help="Read the supported files of an INPUT directory and list the others in "
-                      "the summary [default: refuse a directory holding files of another "
-                      "format]."),
+    _spec("--append-eos", type=_TokenId(), default=None, metavar="ID",
+          help="Append this end-of-document id to every document not already ending "
+               "with it."),
+    _spec("--prepend-bos", type=_TokenId(), default=None, metavar="ID",
+          help="Prepend this beginning-of-document id to every document not already "
+               "starting with it."),
+    _spec("--attention-mask-column", default="auto", show_default=True, metavar="NAME",
+          help="Input column whose 0 entries are removed before packing (padding, at a "
+               "row's ends; a 0 between 1s is refused); auto: attention_mask when "
+               "present; none: ignore."),
+    _spec("--labels-column", default="auto", show_default=True, metavar="NAME",
+          help="Input column of unshifted labels whose -100 entries (e.g. SFT prompts) "
+               "stay non-targets; auto: labels when present; none: ignore."),
+    _spec("--loss-mask-column", default="auto", show_default=True, metavar="NAME",
+          help="Input column, 1 on the tokens to learn and 0 elsewhere (TRL's SFT "
+               "masks); auto: completion_mask and assistant_masks when present; none: "
+               "ignore."),
+    _spec("--skip-unsupported", is_flag=True,
+          help="Read the supported files of an INPUT directory and list the others in "
+               "the summary [default: refuse a directory holding files of another "
+               "format]."),
 ]
 
 
 def _input_options(f):
-    for option in reversed(_INPUT_OPTIONS):
-        f = option(f)
-    return f
+    return _options(_INPUT_OPTIONS)(f)
 
 
 @cli.command()
@@ -586,7 +600,8 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
     docs.refuse_as_pack(cfg.capacity, cfg.overflow, cfg.column, cfg.window_docs)
     rows = analysis.compare_strategies(lengths, cfg.capacity, overflow=cfg.overflow,
                                        targets=docs.targets, window_docs=cfg.window_docs,
-                                       min_fill=cfg.min_fill)
+                                       min_fill=cfg.min_fill,
+                                       segment_multiple=cfg.segment_multiple)
     notes = _input_notes(docs.discovery, docs.columns)
     masked = _input_mask_stats(docs)
     mask = masked.input_note()  # its own line, "input: ...", as pack's summary prints it
@@ -614,6 +629,8 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
         click.echo(json.dumps({"capacity": cfg.capacity, "documents": int(lengths.size),
                                "documents_empty": empty,
                                "tokens": tokens, "overflow": cfg.overflow.value,
+                               "min_fill": cfg.min_fill,
+                               "segment_multiple": cfg.segment_multiple,
                                "documents_over_capacity": over, "tokens_kept": kept,
                                "lower_bound_rows": -(-kept // cfg.capacity),
                                "strategies": rows,
@@ -627,7 +644,8 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
     else:
         click.echo(analysis.format_compare(rows, cfg.capacity, int(lengths.size), tokens,
                                            overflow=cfg.overflow, docs_over_capacity=over,
-                                           docs_empty=empty))
+                                           docs_empty=empty, min_fill=cfg.min_fill,
+                                           segment_multiple=cfg.segment_multiple))
         for n in notes:
             click.echo(f"  INPUT: {n}" if not n.startswith("masks:") else f"  {n}")
         if mask:
@@ -635,7 +653,7 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
     if plot:
         analysis.plot_compare(lengths, cfg.capacity, plot, overflow=cfg.overflow,
                               targets=docs.targets, window_docs=cfg.window_docs,
-                              min_fill=cfg.min_fill)
+                              min_fill=cfg.min_fill, segment_multiple=cfg.segment_multiple)
         if not as_json:
             click.echo(f"wrote {plot}")
 
@@ -651,29 +669,45 @@ def _input_mask_stats(docs):
                      docs_eos_added=b.eos_added, docs_eos_present=b.eos_present)
 
 
+#: the options of the dry run, ``packtool compare``'s own and those of the deprecated
+#: ``stats --capacity C --compare`` (hidden there): one list, so the alias takes every one
+#: (each a field of :class:`packtool.config.CompareConfig`)
+_COMPARE_OPTIONS = [
+    _spec("--capacity", "-c", type=int, required=True, metavar="C",
+          help="Tokens per row of the dry run."),
+    _spec("--column", default=DEFAULT_TOKEN_COLUMN, show_default=True, metavar="NAME",
+          help="Token column of the input (list of integer ids)."),
+    _spec("--overflow", type=_choice(Overflow), default="split", show_default=True,
+          help="Documents longer than C: split into chunks (ordered and obfd; concat's "
+               "stream cuts them itself), truncate, drop, or error; what is lost is "
+               "counted as waste."),
+    *_INPUT_OPTIONS,
+    _spec("--window-docs", type=click.IntRange(min=1), default=None, metavar="N",
+          help="Also dry-run obfd in windows of N documents, as pack --window-docs deals "
+               "them."),
+    _spec("--min-fill", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+          metavar="FRACTION",
+          help="As pack --min-fill: each plan without its rows under FRACTION x C real "
+               "tokens; adds the rows and tokens dropped, counted as waste."),
+    _spec("--segment-multiple", type=click.IntRange(min=1), default=1, show_default=True,
+          metavar="N",
+          help="As pack --segment-multiple: every document piece padded to a multiple of N "
+               "tokens inside its row (context parallelism); adds that padding, counted in "
+               "the padding. C must be a multiple of N."),
+]
+#: the names of the dry run's options (their parameters), capacity first
+_COMPARE_NAMES = tuple(d[0].lstrip("-").replace("-", "_") for d, _ in _COMPARE_OPTIONS)
+#: those of them that are flags (given without a value)
+_COMPARE_FLAGS = tuple(n for n, (_, a) in zip(_COMPARE_NAMES, _COMPARE_OPTIONS)
+                       if a.get("is_flag"))
+
+
 @cli.command()
 @click.argument("inputs", type=_ExistingPath(), metavar="INPUT...", nargs=-1, required=True)
-@click.option("--capacity", "-c", type=int, required=True, metavar="C",
-              help="Tokens per row of the dry run.")
-@click.option("--column", default=DEFAULT_TOKEN_COLUMN, show_default=True, metavar="NAME",
-              help="Token column of the input (list of integer ids).")
-@click.option("--overflow", type=_choice(Overflow), default="split", show_default=True,
-              help="Documents longer than C: split into chunks (ordered and obfd; concat's "
-                   "stream cuts them itself), truncate, drop, or error; what is lost is "
-                   "counted as waste.")
-@_input_options
-@click.option("--window-docs", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Also dry-run obfd in windows of N documents, as pack --window-docs deals "
-                   "them.")
-@click.option("--min-fill", type=click.FloatRange(0, 1), default=0.0, show_default=True,
-              metavar="FRACTION",
-              help="As pack --min-fill: each plan without its rows under FRACTION x C real "
-                   "tokens; adds the rows and tokens dropped, counted as waste.")
+@_options(_COMPARE_OPTIONS)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @_PLOT_OPTION
-def compare(inputs, capacity, column, overflow, append_eos, prepend_bos, attention_mask_column,
-            labels_column, loss_mask_column, skip_unsupported, window_docs, min_fill, as_json,
-            plot):
+def compare(inputs, as_json, plot, **options):
     """Dry-run concat, ordered and obfd on raw tokenized INPUT side by side, at capacity C.
 
     INPUT is read exactly as packtool pack reads it (the same files, mask columns and
@@ -684,11 +718,7 @@ def compare(inputs, capacity, column, overflow, append_eos, prepend_bos, attenti
     """
     from packtool.config import CompareConfig
 
-    cfg = CompareConfig(inputs=inputs, capacity=capacity, column=column, overflow=overflow,
-                        append_eos=append_eos, prepend_bos=prepend_bos,
-                        attention_mask_column=attention_mask_column, labels_column=labels_column,
-                        loss_mask_column=loss_mask_column, skip_unsupported=skip_unsupported,
-                        window_docs=window_docs, min_fill=min_fill)
+    cfg = CompareConfig(inputs=inputs, **options)
     _run_compare(cfg, as_json, plot)
 
 
@@ -721,24 +751,13 @@ COMPARE_DEPRECATED = ("packtool stats --compare is deprecated and will be remove
                    "decodes every column).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @_PLOT_OPTION
-@click.option("--capacity", "-c", type=int, default=None, metavar="C", hidden=True,
-              help="Deprecated, with --compare (use packtool compare).")
 @click.option("--compare", is_flag=True, hidden=True,
               help="Deprecated: use packtool compare INPUT --capacity C.")
-@click.option("--column", default=DEFAULT_TOKEN_COLUMN, metavar="NAME", hidden=True)
-@click.option("--overflow", type=_choice(Overflow), default="split", hidden=True)
-@click.option("--append-eos", type=int, default=None, metavar="ID", hidden=True)
-@click.option("--prepend-bos", type=int, default=None, metavar="ID", hidden=True)
-@click.option("--attention-mask-column", default="auto", metavar="NAME", hidden=True)
-@click.option("--labels-column", default="auto", metavar="NAME", hidden=True)
-@click.option("--loss-mask-column", default="auto", metavar="NAME", hidden=True)
-@click.option("--skip-unsupported", is_flag=True, hidden=True)
-@click.option("--window-docs", type=click.IntRange(min=1), default=None, metavar="N",
-              hidden=True)
+# compare's options, hidden: the deprecated stats --capacity C --compare takes every one
+@_options(_COMPARE_OPTIONS, hidden=True, required=False)
 @click.pass_context
-def stats(ctx, path, per_bin, per_bin_limit, per_source_limit, no_hash, as_json, plot, capacity,
-          compare, column, overflow, append_eos, prepend_bos, attention_mask_column,
-          labels_column, loss_mask_column, skip_unsupported, window_docs):
+def stats(ctx, path, per_bin, per_bin_limit, per_source_limit, no_hash, as_json, plot, compare,
+          **dry):
     """Figures of a packed OUTPUT (a directory or a store URI), recounted from the shards and
     checked against the manifest: rows, padding, effective targets, fill, attention work. Every
     shard's sha256 is checked first (--no-hash skips it, and with it every page stats does not
@@ -761,11 +780,11 @@ def stats(ctx, path, per_bin, per_bin_limit, per_source_limit, no_hash, as_json,
 
     if per_bin_limit is not None and not per_bin:
         raise ConfigError("--per-bin-limit applies with --per-bin only")
-    read_opts = ("column", "overflow", "append_eos", "prepend_bos", "attention_mask_column",
-                 "labels_column", "loss_mask_column", "skip_unsupported", "window_docs")
+    capacity = dry["capacity"]
+    read_opts = _COMPARE_NAMES[1:]  # compare's options but --capacity
     # the read options given, as compare takes them (a suggested compare carries them)
     carried = "".join(
-        f" --{n.replace('_', '-')}" + ("" if n == "skip_unsupported" else
+        f" --{n.replace('_', '-')}" + ("" if n in _COMPARE_FLAGS else
                                        f" {shlex.quote(str(ctx.params[n]))}")
         for n in read_opts if given(n))
     if compare:
@@ -781,11 +800,7 @@ def stats(ctx, path, per_bin, per_bin_limit, per_source_limit, no_hash, as_json,
         if capacity is None:
             raise ConfigError("--compare needs --capacity C (better: packtool compare INPUT "
                               "--capacity C)")
-        cfg = CompareConfig(inputs=path, capacity=capacity, column=column, overflow=overflow,
-                            append_eos=append_eos, prepend_bos=prepend_bos,
-                            attention_mask_column=attention_mask_column,
-                            labels_column=labels_column, loss_mask_column=loss_mask_column,
-                            skip_unsupported=skip_unsupported, window_docs=window_docs)
+        cfg = CompareConfig(inputs=path, **dry)
         _run_compare(cfg, as_json, plot)
         return
     dry_run = [f"--{n.replace('_', '-')}" for n in ("capacity",) + read_opts if given(n)]

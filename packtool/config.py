@@ -340,14 +340,7 @@ class PackConfig:
                 object.__setattr__(self, name, enum(getattr(self, name)))
             except ValueError:
                 bad(name, getattr(self, name), f"choose one of {', '.join(e.value for e in enum)}")
-        if self.segment_multiple < 1:
-            bad("segment_multiple", self.segment_multiple, "must be an integer >= 1")
-        if self.capacity % self.segment_multiple:
-            n = self.segment_multiple
-            lo, hi = self.capacity // n * n, -(-self.capacity // n) * n
-            bad("segment_multiple", n, f"--capacity {self.capacity} is not a multiple of it; "
-                "every padded document and the padding tail must be multiples of N: use "
-                "--capacity " + (f"{lo} or {hi}" if lo >= 2 else f"{hi}"))
+        _check_segment_multiple(self, bad)
         if not 0 <= self.pad_id < 2**31:
             # a negative id would index an embedding table out of range
             bad("pad_id", self.pad_id, "must be a token id in 0..2**31-1 (int32, not negative)")
@@ -451,6 +444,19 @@ class PackConfig:
         return d
 
 
+def _check_segment_multiple(cfg, bad) -> None:
+    """Refuse a ``segment_multiple`` under 1 or that ``capacity`` is not a multiple of (``bad``
+    raises, naming the capacities that would do)."""
+    if cfg.segment_multiple < 1:
+        bad("segment_multiple", cfg.segment_multiple, "must be an integer >= 1")
+    if cfg.capacity % cfg.segment_multiple:
+        n = cfg.segment_multiple
+        lo, hi = cfg.capacity // n * n, -(-cfg.capacity // n) * n
+        bad("segment_multiple", n, f"--capacity {cfg.capacity} is not a multiple of it; "
+            "every padded document and the padding tail must be multiples of N: use "
+            "--capacity " + (f"{lo} or {hi}" if lo >= 2 else f"{hi}"))
+
+
 def _check_min_fill(cfg, bad) -> None:
     """Refuse a ``min_fill`` outside [0, 1] (``bad`` raises); :func:`option_value` has made it
     the float of the number it prints as (a NumPy float32 0.3 is 0.3, a Fraction 1/2 is 0.5)."""
@@ -488,12 +494,16 @@ class CompareConfig:
     deals them; None: one global plan only."""
     min_fill: float = 0.0
     """As :attr:`PackConfig.min_fill`: each plan without its rows under the fill fraction."""
+    segment_multiple: int = 1
+    """As :attr:`PackConfig.segment_multiple`: every document piece planned to take a multiple
+    of N slots of its row (``capacity`` must be a multiple of N)."""
 
     def __post_init__(self) -> None:
         _check_types(self)
         if self.window_docs is not None and self.window_docs < 1:
             _bad("window_docs", self.window_docs, "must be >= 1")
         _check_min_fill(self, _bad)
+        _check_segment_multiple(self, _bad)
         try:
             object.__setattr__(self, "overflow", Overflow(self.overflow))
         except ValueError:

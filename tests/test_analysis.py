@@ -241,7 +241,9 @@ def test_compare_shows_the_windowed_cost_that_pack_then_has(tmp_path):
 #: figures of a compare dict that are PackStats figures of the pack with the same options
 _PACK_FIGURES = ("rows", "lower_bound_rows", "extra_rows", "padding_tokens", "segments",
                  "docs_split", "docs_truncated", "tokens_truncated", "docs_dropped",
-                 "tokens_dropped", "effective_targets", "attention_work")
+                 "tokens_dropped", "effective_targets", "attention_work", "rows_dropped",
+                 "tokens_under_min_fill", "segment_padding_tokens",
+                 "rows_without_segment_padding")
 
 
 def _compare_json(*args):
@@ -251,7 +253,7 @@ def _compare_json(*args):
 
 
 def _assert_compare_predicts_pack(got, src, out, capacity, overflow, min_fill, window_docs,
-                                  strategies):
+                                  strategies, segment_multiple=1):
     """Each named compare row equals the manifest totals and warnings of the real pack."""
     from packtool.config import PackConfig
     from packtool.pipeline import run_pack
@@ -264,11 +266,12 @@ def _assert_compare_predicts_pack(got, src, out, capacity, overflow, min_fill, w
         res = run_pack(PackConfig(inputs=(str(src),), output=str(out / strategy),
                                   capacity=capacity, overflow=overflow, min_fill=min_fill,
                                   strategy="obfd" if strategy == "windows" else strategy,
-                                  window_docs=window_docs if strategy == "windows" else None),
+                                  window_docs=window_docs if strategy == "windows" else None,
+                                  segment_multiple=segment_multiple),
                        progress=False)
         t = read_manifest(out / strategy).totals
-        keys = _PACK_FIGURES + (("rows_dropped", "tokens_under_min_fill") if min_fill else ())
-        case = (strategy, overflow, min_fill)
+        keys = _PACK_FIGURES
+        case = (strategy, overflow, min_fill, segment_multiple)
         assert {k: row[k] for k in keys} == {k: getattr(t, k) for k in keys}, case
         assert row["warnings"] == res.warnings, case  # in the pack's words
         for w in res.warnings:  # printed once, naming the strategies whose pack says it
@@ -298,8 +301,11 @@ def _cut_in_output(src, out, capacity, overflow) -> tuple:
                .column("input_ids").to_pylist()]
     pieces, tokens = {}, {}
     for f in sorted(Path(out).glob("part-*.parquet")):
-        for r in pq.read_table(f, columns=["doc_ids", "cu_seqlens"]).to_pylist():
-            for d, n in zip(r["doc_ids"], np.diff(r["cu_seqlens"])):
+        # the real ends (--segment-multiple pads each span: cu_seqlens holds the padded ones)
+        cu = ("cu_seqlens_unpadded" if "cu_seqlens_unpadded" in pq.read_schema(f).names
+              else "cu_seqlens")
+        for r in pq.read_table(f, columns=["doc_ids", cu]).to_pylist():
+            for d, n in zip(r["doc_ids"], np.diff(r[cu])):
                 pieces[d] = pieces.get(d, 0) + 1
                 tokens[d] = tokens.get(d, 0) + int(n)
     whole = {d: min(lengths[d], capacity) if overflow == "truncate" else lengths[d]
@@ -347,7 +353,7 @@ def test_compare_predicts_the_pack_for_every_overflow_mode_and_min_fill(tmp_path
                                     "--min-fill", "1"]).output
     assert "rows dropped" in text and "tokens dropped" in text
     plain = compare_strategies(np.array([5, 300, 700, 20]), 512)
-    assert all("rows_dropped" not in x for x in plain)
+    assert all(x["rows_dropped"] == x["tokens_under_min_fill"] == 0 for x in plain)
 
     from conftest import write_docs
 
@@ -778,6 +784,7 @@ def test_plot_titles_say_1_of_a_noun_in_the_singular(tmp_path, monkeypatch):
     assert "1 row of C = 4, 1 padding token" in joined, joined
     assert "1 rows" not in joined and "1 documents" not in joined, joined
 
+
 def _keys(d, path=()):
     """Every key path of the dicts nested in ``d`` (lists of dicts: the keys of their items)."""
     out = set()
@@ -809,3 +816,80 @@ def test_stats_json_of_an_output_of_no_rows_has_the_keys_of_every_other(tmp_path
     assert got["z"]["fill_quantiles"] == {k: 0.0 for k in ("min", "p10", "p50", "p90", "max")}
     assert _keys(got["z"]) == _keys(got["full"])
 
+
+def test_compare_json_keys_are_the_same_whatever_the_options(tmp_path):
+    """compare --json gave rows_dropped and tokens_under_min_fill only with --min-fill (and
+    window_docs, windows only on the windowed row): every strategy's dict now has one key set,
+    with and without each option, 0 (or null: no windows) when it does not apply."""
+    from conftest import write_docs
+
+    src = write_docs(tmp_path / "in" / "a.parquet", [[1] * n for n in (3, 9, 2, 17, 5, 8)])
+    base = _compare_json(src, "-c", 8)
+    keys = set(base["strategies"][0])
+    assert {"rows_dropped", "tokens_under_min_fill", "window_docs", "windows"} <= keys
+    assert base["strategies"][0]["rows_dropped"] == 0
+    for opts in (["--min-fill", 0.5], ["--window-docs", 2], ["--overflow", "truncate"],
+                 ["--overflow", "drop"], ["--segment-multiple", 4],
+                 ["--min-fill", 1, "--window-docs", 3, "--segment-multiple", 2]):
+        got = _compare_json(src, "-c", 8, *opts)
+        assert set(got) == set(base), opts
+        for row in got["strategies"]:
+            assert set(row) == keys, (opts, row["strategy"], set(row) ^ keys)
+
+
+def test_deprecated_stats_compare_takes_every_option_of_compare(tmp_path):
+    """stats --capacity C --compare refused --min-fill (No such option) while it took
+    --window-docs: the alias's options are now compare's own, the same names, types and
+    defaults, and give the same report."""
+    from packtool.cli import compare, stats
+
+    theirs = {p.name: p for p in stats.params}
+    for p in compare.params:
+        if p.name in ("inputs", "as_json", "plot"):
+            continue
+        q = theirs.get(p.name)
+        assert q is not None, p.name
+        assert (q.opts, type(q.type), q.is_flag) == (p.opts, type(p.type), p.is_flag), p.name
+        if p.name != "capacity":  # required by compare, needed with --compare by stats
+            assert q.default == p.default, p.name
+    args = ["--capacity", "512", "--json", "--min-fill", "0.5", "--segment-multiple", "8",
+            "--window-docs", "100"]
+    new = CliRunner().invoke(cli, ["compare", str(ROOT / "sample_data"), *args])
+    old = CliRunner().invoke(cli, ["stats", str(ROOT / "sample_data"), "--compare", *args])
+    assert new.exit_code == old.exit_code == 0, (new.output, old.output)
+    assert json.loads(old.stdout) == json.loads(new.stdout)
+    # on a packed output, the dry-run options say where they belong
+    out = pack_docs(tmp_path, [[1, 2, 3]], 4)
+    r = CliRunner().invoke(cli, ["stats", str(out), "--min-fill", "0.5"])
+    assert r.exit_code == 2 and "--min-fill is an option of the dry run" in r.output, r.output
+
+
+def test_compare_segment_multiple_predicts_the_pack(tmp_path):
+    """compare --segment-multiple N dry-runs pack --segment-multiple N: every strategy's rows,
+    padding (the segments' own included), rows without the padding, targets and the rest equal
+    the pack's manifest, with --min-fill, --window-docs and each --overflow too."""
+    from conftest import write_docs
+
+    C, wd, case = 16, 7, 0
+    for seed in (3, 4):
+        rng = np.random.default_rng(seed)
+        lengths = rng.choice([0, 1, 3, 5, 9, 15, 16, 17, 40], size=30) * (rng.random(30) < 0.9)
+        src = tmp_path / f"in{seed}"
+        write_docs(src / "a.parquet", [list(range(1, n + 1)) for n in lengths])
+        for overflow in ("split", "truncate", "drop"):
+            for multiple, min_fill in ((4, 0.0), (8, 0.5)):
+                got = _compare_json(src, "-c", C, "--overflow", overflow, "--min-fill",
+                                    min_fill, "--window-docs", wd, "--segment-multiple",
+                                    multiple)
+                assert got["segment_multiple"] == multiple
+                strategies = (("concat", "ordered", "obfd")[case % 3], "windows")
+                case += 1
+                _assert_compare_predicts_pack(got, src, tmp_path / f"o{case}", C, overflow,
+                                              min_fill, wd, strategies,
+                                              segment_multiple=multiple)
+    text = CliRunner().invoke(cli, ["compare", "-c", "16", "--segment-multiple", "8",
+                                    str(tmp_path / "in3")]).stdout
+    assert "--segment-multiple 8" in text.splitlines()[0], text
+    bad = CliRunner().invoke(cli, ["compare", "-c", "16", "--segment-multiple", "5",
+                                   str(tmp_path / "in3")])
+    assert bad.exit_code != 0 and "multiple" in bad.output, bad.output
