@@ -84,7 +84,7 @@ import numpy as np
 
 from packtool.formats.packed import Rows, convert_labels
 from packtool.loader import pool
-from packtool.loader.wrappers import refuse_accelerate_wrapper
+from packtool.loader.wrappers import refuse_accelerate_wrapper, refuse_trainer_collate
 from packtool.types import IGNORE_INDEX
 
 __all__ = ["collate", "collate_flat", "batch_cu_seqlens", "batch_cu_seqlens_unpadded",
@@ -898,11 +898,16 @@ def collate(batch) -> dict:
             above (the padding tail could not be told from a document); items that do not say
             their labels convention and whose labels are not unshifted; called under
             accelerate's batch dispatching, which would cut ``cu_seqlens`` to the batch's rows
-            (:func:`~packtool.loader.wrappers.refuse_accelerate_wrapper`).
+            (:func:`~packtool.loader.wrappers.refuse_accelerate_wrapper`); called as
+            ``transformers.Trainer``'s ``data_collator``, which hands every key to the model
+            (provenance ``source`` clashed with its loss function's argument; names
+            :class:`~packtool.loader.hf.HFCollator`,
+            :func:`~packtool.loader.wrappers.refuse_trainer_collate`).
         OverflowError: B * C does not fit int32 ``cu_seqlens``.
         MissingDependencyError: torch is missing.
     """
     torch = require_torch()
+    refuse_trainer_collate("collate")  # every key would reach the model's forward
     refuse_accelerate_wrapper(depth=64)  # boundaries it would cut
     rows = rows_of(batch)
     _needs(set(rows.tokens) | set(rows.ragged))
@@ -929,6 +934,8 @@ def collate(batch) -> dict:
 
 
 collate.needs_columns = _needs
+#: its batch is not a set of model forward keywords (refused as Trainer's data_collator)
+collate.forward_keywords = False
 
 
 def collate_flat(batch) -> dict:
@@ -956,9 +963,11 @@ def collate_flat(batch) -> dict:
 
     Raises:
         ValueError, OverflowError, MissingDependencyError: as :func:`collate` (items without
-            the columns named above).
+            the columns named above; ``Trainer``'s ``data_collator``: use
+            ``HFCollator(flatten=True)``).
     """
     torch = require_torch()
+    refuse_trainer_collate("collate_flat")  # every key would reach the model's forward
     refuse_accelerate_wrapper(depth=64)  # boundaries it would cut
     rows = rows_of(batch)
     _needs(set(rows.tokens) | set(rows.ragged))
@@ -991,3 +1000,4 @@ def collate_flat(batch) -> dict:
 
 
 collate_flat.needs_columns = _needs
+collate_flat.forward_keywords = False

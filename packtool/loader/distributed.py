@@ -71,7 +71,8 @@ from packtool.loader.mixture import Mixture
 from packtool.loader.plan import (ORDER_VERSION, EpochPlan, Phase, check_seed, rank_rows,
                                   worker_bounds)
 from packtool.loader.transfer import in_transit
-from packtool.loader.wrappers import refuse_accelerate_wrapper, refuse_dataloader_batching
+from packtool.loader.wrappers import (refuse_accelerate_wrapper, refuse_dataloader_batching,
+                                     refuse_trainer_collate_fn)
 
 __all__ = ["PackedIterableDataset"]
 
@@ -425,12 +426,15 @@ class PackedIterableDataset(IterableDataset):
         Raises:
             ValueError: negative epoch; called by an accelerate wrapper that would cut this
                 dataset's batches or rows
-                (:func:`~packtool.loader.wrappers.refuse_accelerate_wrapper`).
+                (:func:`~packtool.loader.wrappers.refuse_accelerate_wrapper`); called by
+                ``transformers.Trainer`` whose DataLoader collates with ``collate`` or
+                ``collate_flat`` (:func:`~packtool.loader.wrappers.refuse_trainer_collate_fn`).
             LoaderError: (``check_ranks``) the ranks' epochs (or anything else deciding the
                 order) differ, or not every rank called it in time.
         """
         epoch = check_seed(epoch, "epoch")
         refuse_accelerate_wrapper(self.rank, self.world_size, depth=16)
+        refuse_trainer_collate_fn(depth=16)  # collate in Trainer's workers, unseen there
         if get_worker_info() is None:
             self._check_skipped_epoch(epoch)
         self._use_epoch(epoch)

@@ -7,15 +7,18 @@ process and slices every tensor of a batch to its rows, cutting ``cu_seqlens`` /
 ``dispatch_batches=False`` in an ``IterableDatasetShard``, which gives each process a share of
 the dataset's items. The datasets and collate functions of :mod:`packtool.loader` look for them
 in the Python stack and refuse, naming the fix (``docs/training.md``); so does a dataset that
-yields whole batches for a torch DataLoader that would batch them again.
+yields whole batches for a torch DataLoader that would batch them again, and
+:func:`~packtool.loader.collate.collate` / :func:`~packtool.loader.collate.collate_flat` made
+``transformers.Trainer``'s data collator, whose every key the Trainer hands to the model.
 """
 
 from __future__ import annotations
 
 import sys
+import weakref
 
 __all__ = ["refuse_accelerate_wrapper", "refuse_dataloader_batching",
-           "map_fetcher_checked"]
+           "map_fetcher_checked", "refuse_trainer_collate", "refuse_trainer_collate_fn"]
 
 _DISPATCH_FIX = ("set dispatch_batches=False (TrainingArguments(accelerator_config={"
                  "'dispatch_batches': False}), or Accelerator(dataloader_config="
@@ -175,3 +178,90 @@ def refuse_accelerate_wrapper(rank: int = 0, world_size: int = 1, *, depth: int 
             "so most rows would never be read: build it with rank=0, world_size=1 under "
             "Trainer / accelerate (each process then reads every row and keeps its own share), "
             "or use PackedDataset, which accelerate shards by index")
+
+
+def _trainer_fix(name: str) -> str:
+    """The one-line refusal of collate function ``name`` as ``transformers.Trainer``'s
+    ``data_collator``."""
+    flat = name == "collate_flat"
+    form = "HFCollator(flatten=True)" if flat else "HFCollator()"
+    return (f"{name} as transformers.Trainer's data_collator: Trainer hands every key of the "
+            f"batch to the model's forward, and {name}'s are for a loop of one's own (its "
+            "provenance key source clashes with the loss function's own source argument, "
+            + ("" if flat else "segment_ids, cu_seqlens, max_seqlen, ")
+            + "num_targets, labels_convention, shard, row, index and doc_ids are not model "
+            "inputs, and without use_cache=False a Hugging Face model "
+            f"lets packed documents attend to each other): give the Trainer data_collator="
+            f"{form} (packtool.loader), which holds only keywords the model takes")
+
+
+def _trainer_above(frame, depth: int) -> bool:
+    """Whether ``frame`` or one of the ``depth - 1`` frames that called it runs code of
+    ``transformers.trainer`` (``Trainer``'s training or evaluation loop, subclasses included)."""
+    if "transformers.trainer" not in sys.modules:  # no Trainer in this process
+        return False
+    return any(f.f_globals.get("__name__") == "transformers.trainer"
+               for f in _frames(frame, depth))
+
+
+#: DataLoader fetchers (one per DataLoader iteration) found outside a Trainer's loop
+_FETCHERS_OUTSIDE_TRAINER: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def refuse_trainer_collate(name: str, *, depth: int = 64) -> None:
+    """Refuse collate function ``name`` (``collate``, ``collate_flat``) called as
+    ``transformers.Trainer``'s ``data_collator``, found from the function that calls this one:
+
+    - called by Trainer's ``RemoveColumnsCollator`` (``remove_unused_columns``, the default), in
+      the training process or a DataLoader worker, one frame looked at;
+    - called by a torch DataLoader fetcher in a process whose stack, ``depth`` frames up, holds
+      Trainer's loop (``remove_unused_columns=False`` without DataLoader workers), looked for
+      once per fetcher (one per iteration of a DataLoader) while ``transformers.trainer`` is
+      imported. In a worker no Trainer is seen there: :meth:`PackedIterableDataset.set_epoch
+      <packtool.loader.distributed.PackedIterableDataset.set_epoch>` looks at the DataLoader's
+      ``collate_fn`` in the training process instead (:func:`refuse_trainer_collate_fn`); a
+      ``PackedDataset`` read by workers without the column removal goes unseen.
+
+    A function of one's own that calls ``name`` and hands the Trainer other keys is not refused.
+
+    Raises:
+        ValueError: naming ``HFCollator`` (its batches hold only keywords the model takes).
+    """
+    caller = sys._getframe(2)  # the collate function's caller
+    module = caller.f_globals.get("__name__", "")
+    if module == "transformers.trainer_utils":
+        if type(caller.f_locals.get("self")).__name__ == "RemoveColumnsCollator":
+            raise ValueError(_trainer_fix(name))
+    elif module == "torch.utils.data._utils.fetch" and "transformers.trainer" in sys.modules:
+        fetcher = caller.f_locals.get("self")
+        if fetcher in _FETCHERS_OUTSIDE_TRAINER:  # looked at already: the same loop drives it
+            return
+        if _trainer_above(caller, depth):
+            raise ValueError(_trainer_fix(name))
+        if fetcher is not None:
+            _FETCHERS_OUTSIDE_TRAINER.add(fetcher)
+
+
+def refuse_trainer_collate_fn(*, depth: int = 16) -> None:
+    """In a dataset's ``set_epoch`` (the training process, before the epoch's first batch):
+    refuse ``collate`` / ``collate_flat`` as the ``collate_fn`` of the accelerate DataLoader
+    that ``transformers.Trainer`` calls it through, found among the ``depth`` frames from the
+    caller's caller up (``Trainer`` -> accelerate's ``DataLoaderShard.set_epoch`` -> the
+    dataset), Trainer's ``RemoveColumnsCollator`` around it or not. It catches what
+    :func:`refuse_trainer_collate` cannot see: the collate run in DataLoader workers with
+    ``remove_unused_columns=False``.
+
+    Raises:
+        ValueError: as :func:`refuse_trainer_collate`.
+    """
+    if "transformers.trainer" not in sys.modules:
+        return
+    for f in _frames(sys._getframe(2), depth):
+        if f.f_globals.get("__name__", "").startswith("accelerate."):
+            fn = getattr(f.f_locals.get("self"), "collate_fn", None)  # a DataLoaderShard's
+            if fn is None:
+                continue
+            fn = getattr(fn, "data_collator", fn)  # inside Trainer's RemoveColumnsCollator
+            if getattr(fn, "forward_keywords", True) is False and _trainer_above(f, depth):
+                raise ValueError(_trainer_fix(fn.__name__))
+            return

@@ -196,8 +196,8 @@ def test_accelerate_dispatching_that_would_cut_the_boundaries_is_refused(packed,
     """accelerate's default for an IterableDataset (dispatch_batches) slices every tensor of a
     batch to its rows: cu_seq_lens_q [0, 7, 8, 14, 16] arrived as [0, 7] (FlashAttention varlen
     on wrong boundaries), cu_seqlens of collate likewise. The dataset refuses it when the epoch
-    begins, and HFCollator (its flash keywords), collate and collate_flat for any
-    IterableDataset, naming dispatch_batches=False."""
+    begins, and HFCollator (its flash keywords) under Trainer, collate and collate_flat in an
+    accelerate loop of one's own, for any IterableDataset, naming dispatch_batches=False."""
     import datasets
 
     model = tiny_llama()
@@ -210,12 +210,21 @@ def test_accelerate_dispatching_that_would_cut_the_boundaries_is_refused(packed,
         ds = datasets.Dataset.from_list([{k: items[i][k] for k in ("input_ids", "position_ids",
                                                                    "labels")}
                                          for i in range(4)]).to_iterable_dataset()
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=ds,
-                                   data_collator=make())
     fix = r"dispatch_batches=False" + (r".*rank=0, world_size=1" if dataset == "packtool"
                                        and world > 1 else "")
+    if make is HFCollator:
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=ds,
+                                       data_collator=make())
+        with pytest.raises(ValueError, match=fix):
+            trainer.train()
+        return
+    # collate and collate_flat are for a loop of one's own (refused as Trainer's collator)
+    import accelerate
+
+    loader = accelerate.Accelerator(cpu=True).prepare(
+        torch.utils.data.DataLoader(ds, batch_size=2, collate_fn=make()))
     with pytest.raises(ValueError, match=fix):
-        trainer.train()
+        next(iter(loader))
 
 
 def test_a_rank_share_under_accelerates_iterable_shard_is_refused_and_one_stream_is_split(
@@ -303,3 +312,49 @@ def test_a_model_without_position_ids_is_refused_naming_the_cause(packed, tmp_pa
     msg = str(exc.value)
     assert msg.startswith("a batch needs position_ids beside input_ids and labels"), msg
     assert "takes no position_ids" in msg and "cannot keep the documents" in msg
+
+
+@pytest.mark.parametrize("make, dataset, workers, remove", [
+    (collate, "map", 0, True), (collate_flat, "map", 0, True),  # RemoveColumnsCollator calls it
+    (collate, "map", 0, False),  # the DataLoader calls it, Trainer's loop up the stack
+    (collate_flat, "map", 1, True),  # RemoveColumnsCollator in a worker
+    (collate_flat, "iterable", 0, False),
+    (collate, "iterable", 1, False)])  # unseen in the worker: the dataset's set_epoch
+def test_collate_under_trainer_is_refused_naming_hfcollator(packed, tmp_path, make, dataset,
+                                                            workers, remove):
+    """Trainer hands every key of the batch to the model's forward: collate's and collate_flat's
+    provenance key ``source`` met the loss function's own ``source`` argument
+    (``TypeError: fixed_cross_entropy() got multiple values for argument 'source'``), the other
+    keys were ignored and no use_cache=False reached the model (documents attending to each
+    other). Refused before the first step in one line naming HFCollator, with or without
+    Trainer's column removal and DataLoader workers."""
+    model = tiny_llama()
+    before = [p.detach().clone() for p in model.parameters()]
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "run"), max_steps=1, per_device_train_batch_size=2,
+        report_to=[], save_strategy="no", use_cpu=True, remove_unused_columns=remove,
+        dataloader_num_workers=workers, **NO_DISPATCH)
+    ds = PackedDataset(packed) if dataset == "map" else PackedIterableDataset(packed, seed=0)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=ds, data_collator=make)
+    with pytest.raises(ValueError) as exc:
+        trainer.train()
+    msg = str(exc.value).strip().splitlines()[-1]
+    assert make.__name__ in msg and "HFCollator(" in msg and "Trainer" in msg, msg
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_collate_in_a_loop_of_ones_own_and_hfcollator_under_trainer_still_work(packed,
+                                                                              tmp_path):
+    """The refusal is for Trainer's DataLoader only: collate in a plain DataLoader (transformers
+    imported, a Trainer built) and HFCollator under Trainer go on working."""
+    model = tiny_llama()
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=1,
+                                          per_device_train_batch_size=2, report_to=[],
+                                          save_strategy="no", use_cpu=True)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=PackedDataset(packed),
+                                   data_collator=HFCollator())
+    for make in (collate, collate_flat):
+        b = next(iter(torch.utils.data.DataLoader(PackedDataset(packed), batch_size=2,
+                                                  collate_fn=make)))
+        assert "source" in b and b["input_ids"].numel() == 64
+    assert trainer.train().global_step == 1
