@@ -299,8 +299,8 @@ def _encoding_error(path, n: int, line: bytes) -> InputError | None:
                           "of the file (files joined with cat, each with its mark); remove the "
                           f"marks: sed -i 's/^\\xEF\\xBB\\xBF//' {path}")
     nul = line.count(0)
-    if nul < 2 or nul * 4 < len(line):
-        return None
+    if nul < 2 or nul * 4 < len(line) or (n == 1 and line[:2] in (b"\xff\xfe", b"\xfe\xff")):
+        return None  # a UTF-16 byte-order mark is named by the not-UTF-8 refusal
     order = "LE" if line[1::2].count(0) >= line[0::2].count(0) else "BE"
     name = str(path)
     if text_compression(_file_name(path)) is not None:
