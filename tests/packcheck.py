@@ -118,6 +118,17 @@ def hash_tree(directory: Path) -> dict[str, str]:
             for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
+def hash_store_tree(fs: pafs.FileSystem, prefix: str) -> dict[str, str]:
+    """:func:`hash_tree` of the objects under ``prefix`` of a store (relative key -> hex
+    digest)."""
+    out = {}
+    for info in fs.get_file_info(pafs.FileSelector(prefix, recursive=True)):
+        if info.type == pafs.FileType.File:
+            with fs.open_input_stream(info.path) as fh:
+                out[info.path[len(prefix) + 1:]] = hashlib.sha256(fh.read()).hexdigest()
+    return out
+
+
 def hash_pack(directory: Path) -> dict[str, str]:
     """:func:`hash_tree` of a packed output, its manifest taken as what it records apart from
     where the other output of a ``--holdout`` pair is (``holdout_pair.partner``, which names

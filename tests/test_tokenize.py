@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packcheck import (DENIED_TEXT, DOWN_TEXT, faulty_store, finished_shards, hash_tree, invoke, one_store_line,
+from packcheck import (DENIED_TEXT, DOWN_TEXT, faulty_store, finished_shards, hash_store_tree,
+                       hash_tree, invoke, one_store_line,
                        read_output, signals_after_run)
 from packtool.formats.manifest import IN_PROGRESS_NAME, MANIFEST_NAME, read_manifest
 
@@ -1955,20 +1956,6 @@ def test_a_valid_tokenized_corpus_packs_and_verifies(tmp_path, tokenizer_files, 
         assert size is None
 
 
-def _store_tree(fs, prefix):
-    """sha256 of every object under ``prefix`` of a store (relative key -> hex digest)."""
-    import hashlib
-
-    import pyarrow.fs as pafs
-
-    out = {}
-    for info in fs.get_file_info(pafs.FileSelector(prefix, recursive=True)):
-        if info.type == pafs.FileType.File:
-            with fs.open_input_stream(info.path) as f:
-                out[info.path[len(prefix) + 1:]] = hashlib.sha256(f.read()).hexdigest()
-    return out
-
-
 @pytest.mark.parametrize("where", ["local", "store"])
 def test_a_failed_overwrite_leaves_the_finished_output_as_it_was(tmp_path, hf_tokenizer, where,
                                                                 request):
@@ -1980,7 +1967,7 @@ def test_a_failed_overwrite_leaves_the_finished_output_as_it_was(tmp_path, hf_to
     write_jsonl(src / "a.jsonl", TEXTS)
     if where == "store":
         fs, bucket = request.getfixturevalue("s3")
-        out, tree = f"s3://{bucket}/tok", (lambda: _store_tree(fs, f"{bucket}/tok"))
+        out, tree = f"s3://{bucket}/tok", (lambda: hash_store_tree(fs, f"{bucket}/tok"))
     else:
         out, tree = tmp_path / "out", (lambda: hash_tree(tmp_path / "out"))
     args = ["tokenize", "-q", "--tokenizer", hf_tokenizer, "--rows-per-shard", 10]

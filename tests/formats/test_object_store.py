@@ -16,7 +16,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from packcheck import (DENIED_TEXT, DOWN_TEXT, faulty_store, hash_tree, invoke, one_store_line,
+from packcheck import (DENIED_TEXT, DOWN_TEXT, faulty_store, hash_store_tree, hash_tree, invoke,
+                       one_store_line,
                        write_docs)
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
                                        LabelsInfo, Manifest, is_pending_name, manifest_bytes,
@@ -118,17 +119,6 @@ def test_s3_input_errors_are_one_line(tmp_path, s3, what):
     assert not out.exists()
 
 
-def _remote_tree(fs, base):
-    import hashlib
-
-    out = {}
-    for info in fs.get_file_info(pafs.FileSelector(base, recursive=True)):
-        if info.type == pafs.FileType.File:
-            with fs.open_input_stream(info.path) as fh:
-                out[info.path[len(base) + 1:]] = hashlib.sha256(fh.read()).hexdigest()
-    return out
-
-
 OPTS = ["-c", 8, "--rows-per-shard", 2, "--workers", 1]
 
 
@@ -157,7 +147,7 @@ def test_pack_s3_to_s3_gives_the_same_bytes_as_local(tmp_path, s3, monkeypatch):
     ref = _corpus(fs, bucket, tmp_path)
     res = invoke(["pack", "-q", *OPTS, f"s3://{bucket}/in", f"s3://{bucket}/out"])
     assert res.exit_code == 0, res.output
-    remote = _remote_tree(fs, f"{bucket}/out")
+    remote = hash_store_tree(fs, f"{bucket}/out")
     assert {k: v for k, v in remote.items() if k != MANIFEST_NAME} == _shards(ref)
     assert [k for k in remote if k.startswith(".")] == [MANIFEST_NAME], "scratch, lock removed"
     assert not any(node.iterdir()), "the local files written before each upload are removed"
@@ -166,7 +156,7 @@ def test_pack_s3_to_s3_gives_the_same_bytes_as_local(tmp_path, s3, monkeypatch):
     # the same command again: the finished pack is kept (a no-op), as in a directory
     again = invoke(["pack", *OPTS, f"s3://{bucket}/in", f"s3://{bucket}/out"])
     assert again.exit_code == 0 and "already holds this pack" in again.output, again.output
-    assert _remote_tree(fs, f"{bucket}/out") == remote
+    assert hash_store_tree(fs, f"{bucket}/out") == remote
     # other options: refused without --overwrite; a packed output is refused as INPUT
     other = invoke(["pack", "-q", *OPTS[:-2], "--workers", 2, "--seed", 3,
                     f"s3://{bucket}/in", f"s3://{bucket}/out"])
@@ -196,7 +186,7 @@ def test_s3_output_refuses_foreign_objects_and_a_held_lock(tmp_path, s3, monkeyp
     # --overwrite beside a live run of this host ran anyway: two packs wrote the same shards
     res = invoke(["pack", "-q", *OPTS, "--overwrite", f"s3://{bucket}/in", f"s3://{bucket}/o2"])
     assert res.exit_code == 1 and "another packtool run (run r1" in res.output, res.output
-    assert set(_remote_tree(fs, f"{bucket}/o2")) == {LOCK_NAME}
+    assert set(hash_store_tree(fs, f"{bucket}/o2")) == {LOCK_NAME}
     for kind, said in (("tokenized", "tokenize run"), ("packed", "pack")):  # what it records
         with fs.open_output_stream(f"{bucket}/o2/{LOCK_NAME}") as fh:
             fh.write(json.dumps({"run": "r1", "host": socket.gethostname(), "pid": os.getpid(),
@@ -246,7 +236,7 @@ def test_interrupted_s3_pack_resumes_with_the_same_bytes(tmp_path, s3, phase, si
         proc.wait(timeout=60)
     finally:
         proc.kill()
-    remote = _remote_tree(fs, f"{bucket}/{out}")
+    remote = hash_store_tree(fs, f"{bucket}/{out}")
     assert MANIFEST_NAME not in remote and IN_PROGRESS_NAME in remote
     # the finished shards wait under names no Parquet reader of the prefix takes as rows
     assert not [k for k in remote if k.endswith(".parquet")], sorted(remote)
@@ -274,7 +264,7 @@ def test_interrupted_s3_pack_resumes_with_the_same_bytes(tmp_path, s3, phase, si
         assert report["parts_reused"] == 1, report
     else:
         assert report["windows_reused"] == 1, report
-    remote = _remote_tree(fs, f"{bucket}/{out}")
+    remote = hash_store_tree(fs, f"{bucket}/{out}")
     assert {k: v for k, v in remote.items() if k != MANIFEST_NAME} == _shards(ref)
     assert [k for k in remote if k.startswith(".")] == [MANIFEST_NAME]
 
@@ -565,7 +555,7 @@ def test_a_store_output_with_query_options_stages_under_plain_names(tmp_path, s3
     assert res.exit_code == 0, res.output
     assert {"read-00000", "window-00000", "part-00000.parquet"} <= set(names), names
     assert all("?" not in n and "/" not in n for n in names), names
-    remote = _remote_tree(fs, f"{bucket}/out")
+    remote = hash_store_tree(fs, f"{bucket}/out")
     assert {k: v for k, v in remote.items() if k != MANIFEST_NAME} == _shards(ref)
 
 
