@@ -807,3 +807,58 @@ def test_a_column_option_naming_the_token_column_says_the_fix(tmp_path, option, 
                                                                "input_ids"})
         assert str(got.value) == (f"{src}: {option} 'input_ids' is the token column; "
                                   + fix.split("; ", 1)[1] + " (its columns: input_ids)")
+
+
+def _run_cli(*args, timeout=120):
+    """``python -m packtool ARGS`` in a subprocess with a timeout: a hang fails the test, not
+    the suite."""
+    return subprocess.run([sys.executable, "-m", "packtool", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+@pytest.mark.parametrize("command", [("pack", "-q", "--capacity", "4"), ("compare", "--capacity", "4")])
+def test_a_named_pipe_given_as_input_is_refused_without_opening_it(tmp_path, command):
+    """A FIFO as INPUT: opening it waits for a writer forever, deaf to Ctrl-C and SIGTERM (the
+    open is in C). Every command that lists inputs refuses it in one line, before any open
+    (tokenize: tests/test_tokenize.py)."""
+    fifo = tmp_path / "f.parquet"
+    os.mkfifo(fifo)
+    out = [tmp_path / "out"] if command[0] != "compare" else []
+    res = _run_cli(*command, fifo, *out)
+    assert res.returncode == 1, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:"), res.stderr
+    assert f"{fifo}: not a regular file (a named pipe); pass a file" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo") or not os.path.exists("/dev/urandom"),
+                    reason="no named pipes or /dev/urandom here")
+def test_a_named_pipe_or_device_inside_input_is_listed_as_skipped(tmp_path, good):
+    """A FIFO or a link to /dev/urandom named *.parquet inside an INPUT folder is never
+    opened (it would hang or read forever) and is named among the entries not read."""
+    os.mkfifo(good.parent / "f.parquet")
+    os.symlink("/dev/urandom", good.parent / "u.parquet")
+    from packtool.formats.reader import discover
+
+    d = discover([good.parent])
+    assert [f.path.name for f in d.files] == ["a.parquet"]
+    assert f"{good.parent / 'f.parquet'} (not a regular file: a named pipe)" in d.skipped
+    assert f"{good.parent / 'u.parquet'} (not a regular file: a character device)" in d.skipped
+    res = _run_cli("pack", "--capacity", 4, good.parent, tmp_path / "out")
+    assert res.returncode == 0, res.stderr
+    assert "not a regular file: a named pipe:" in res.stderr + res.stdout
+    assert "not a regular file: a character device:" in res.stderr + res.stdout
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/null"), reason="no /dev/null here")
+def test_a_device_given_as_input_is_refused():
+    from packtool.errors import InputError
+    from packtool.formats.reader import discover
+
+    for text in (False, True):
+        with pytest.raises(InputError, match=r"/dev/null: not a regular file \(a character "
+                                             r"device\); pass a file"):
+            discover(["/dev/null"], text=text)

@@ -2095,3 +2095,25 @@ def test_utf16_without_a_mark_and_a_mark_in_a_later_line_are_named(tmp_path, hf_
         f"Error: {joined}: line 3: begins with a UTF-8 byte-order mark in the middle of the "
         "file (files joined with cat, each with its mark); remove the marks: sed -i "
         f"'s/^\\xEF\\xBB\\xBF//' {joined}"), res.output
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="no named pipes here")
+def test_a_named_pipe_given_as_text_is_refused_without_opening_it(tmp_path, hf_tokenizer):
+    """A FIFO as INPUT (or a shell's <(zcat x)): opening it waits for a writer forever, deaf
+    to Ctrl-C; tokenize refuses it in one line before any open. In a subprocess with a
+    timeout, so that a hang fails this test instead of the suite."""
+    import os
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "f.jsonl"
+    os.mkfifo(fifo)
+    res = subprocess.run([sys.executable, "-m", "packtool", "tokenize", "-q", "--tokenizer",
+                          str(hf_tokenizer), str(fifo), str(tmp_path / "tok")],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        res.stderr.strip()], "one line"
+    assert f"Error: {fifo}: not a regular file (a named pipe); pass a file" in res.stderr
+    assert not (tmp_path / "tok").exists()

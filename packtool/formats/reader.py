@@ -400,6 +400,38 @@ def _convert_hint(paths, them: str = "them") -> str:
 _SNIFFED = 64
 
 
+#: What a local entry that is neither a regular file nor a folder is, by its mode's file type
+_SPECIAL_KINDS = (("S_ISFIFO", "a named pipe"), ("S_ISCHR", "a character device"),
+                  ("S_ISBLK", "a block device"), ("S_ISSOCK", "a socket"))
+
+
+def special_file(path) -> str | None:
+    """What local ``path`` is when it is neither a regular file nor a folder (symbolic links
+    followed): ``"a named pipe"`` (a FIFO, or the ``/dev/fd/N`` pipe of a shell's process
+    substitution ``<(zcat x)``), ``"a character device"`` (``/dev/urandom``), ``"a block
+    device"``, ``"a socket"``; None for a regular file, a folder, or a path that cannot be
+    looked at (its reader names that fault). Never opens ``path``: opening a named pipe waits
+    for a writer forever, deaf to Ctrl-C."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    for test, kind in _SPECIAL_KINDS:
+        if getattr(stat, test)(mode):
+            return kind
+    return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else "not a file"
+
+
+def _refuse_special(shown, kind: str) -> InputError:
+    """The one-line refusal of INPUT ``shown`` that is ``kind`` (:func:`special_file`)."""
+    return InputError(f"{shown}: not a regular file ({kind}); pass a file: packtool reads its "
+                      "inputs whole, never a stream (a Parquet footer is at the end), so write "
+                      "the stream to a file first (e.g. zcat x.jsonl.gz > x.jsonl, not <(zcat "
+                      "x.jsonl.gz))")
+
+
 def _head_of(shown, n: int = 32) -> bytes:
     """The first ``n`` bytes of file ``shown`` (a local path or URI); empty when it cannot be
     read (its reader names that fault)."""
@@ -1073,6 +1105,9 @@ def _walk(place: _Place, root: str, skipped: list[str], notes: list[str],
                     skipped.append(f"{disp(drel + name)} (documentation)")
                 else:
                     other.append((f"{drel}{name}", str(disp(drel + name))))
+            elif not place.prefix and (kind := special_file(info.path)) is not None:
+                # a named pipe or a device (a link to /dev/urandom) is never opened
+                skipped.append(f"{disp(drel + name)} (not a regular file: {kind})")
         note = _order_note(disp(drel.rstrip("/")), read_here)
         if note:
             notes.append(note)
@@ -1184,7 +1219,9 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
     Every entry that is not read is reported in :attr:`Discovery.skipped` with the reason:
     hidden or ``_``-prefixed entries, link loops, second names of a file or folder,
     documentation files (``README*``, ``LICENSE*``, ``*.md``), files a ``save_to_disk``
-    folder does not list, and, with ``skip_unsupported``, files of another format.
+    folder does not list, entries that are no regular file (a named pipe, a link to a device:
+    never opened, :func:`special_file`), and, with ``skip_unsupported``, files of another
+    format.
 
     Args:
         inputs: INPUT paths or URIs.
@@ -1209,7 +1246,9 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
             mapping; the same file is reached from two INPUT arguments (by path,
             symbolic link or hard link); a local path, or a folder or data file under INPUT,
             whose name is not valid UTF-8; a symbolic link (not hidden) leads nowhere
-            or into a loop of links; a folder link leads to one of ``outputs``.
+            or into a loop of links; a folder link leads to one of ``outputs``; a local INPUT
+            that is no regular file or folder (a named pipe, ``<(zcat x)``'s ``/dev/fd/N``,
+            a device), refused without opening it (pass a file).
     """
     files: list[InputFile] = []
     skipped: list[str] = []
@@ -1240,6 +1279,10 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
                              "path")
         if missing is not None:
             raise InputError(f"{shown}: {missing}; {loc.missing_fix('check the INPUT path')}")
+        kind = special_file(path) if not prefix and info.type not in (
+            pafs.FileType.File, pafs.FileType.Directory) else None
+        if kind is not None:  # checked before any open: a named pipe's waits forever
+            raise _refuse_special(shown, kind)
         if info.type == pafs.FileType.Directory:
             if prefix:
                 def disp(rel, _p=path):
