@@ -51,6 +51,9 @@ __all__ = [
     "shortage",
     "raise_if_shortage",
     "shortage_error",
+    "is_full_disk",
+    "inodes_exhausted",
+    "inodes_note",
 ]
 
 EXIT_DATA = 1  #: bad input/output data, a failed check, a missing dependency
@@ -296,6 +299,46 @@ def shortage_error(exc: BaseException, *, memory: str = "", files: str = "", sta
     more = f" or {files}" if files else ""
     return ResourceError(f"{prefix}too many open files{_open_files_limit()}; the data is not "
                          f"at fault: raise the limit (ulimit -n 65536){more}{tail}")
+
+
+def is_full_disk(exc: BaseException) -> bool:
+    """Whether ``exc`` is a full disk or quota: ``ENOSPC`` or ``EDQUOT`` (or their text in an
+    error without an errno, as pyarrow raises some). A full disk is no shortage of the
+    machine's memory or files (:func:`shortage`): the layer that writes words it, with the
+    bytes it needs, or with :func:`inodes_exhausted` when files, not bytes, ran out."""
+    code = _errno_of(exc)
+    return code in (errno.ENOSPC, errno.EDQUOT) or (
+        code is None and "No space left" in str(exc))
+
+
+def inodes_exhausted(path, *, bytes_suffice: bool = False) -> bool:
+    """Whether a full disk (:func:`is_full_disk`) at local ``path`` (a file or folder, or the
+    nearest existing folder above it) is the filesystem out of inodes (files), not bytes: it
+    has no inode free (``os.statvfs``'s ``f_favail`` is 0 on a filesystem that counts them),
+    or ``bytes_suffice`` (the caller found as many bytes free as the write needs: the disk
+    said full all the same). False when it cannot be told (no ``statvfs``, a store)."""
+    import os
+
+    probe = os.fspath(path)
+    while probe and not os.path.exists(probe):
+        parent = os.path.dirname(probe.rstrip("/")) or "/"
+        if parent == probe:
+            break
+        probe = parent
+    try:
+        st = os.statvfs(probe)
+    except (AttributeError, OSError, ValueError):
+        return bytes_suffice
+    if st.f_files > 0 and st.f_favail == 0:
+        return True
+    return bytes_suffice
+
+
+def inodes_note(path, free: int) -> str:
+    """The words of a full disk that is out of inodes (:func:`inodes_exhausted`), ``free``
+    bytes free: what ran out and how to see it; the caller adds the fix and what is kept."""
+    return (f"no space left on device: the filesystem has run out of inodes (files), not bytes "
+            f"({free:,} bytes free, no new file can be made; see df -i {path})")
 
 
 class Interrupted(PacktoolError):

@@ -70,8 +70,8 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from packtool import signals
-from packtool.errors import (ManifestError, OutputError, first_line, raise_if_shortage,
-                             shortage_error)
+from packtool.errors import (ManifestError, OutputError, first_line, inodes_exhausted,
+                             inodes_note, is_full_disk, raise_if_shortage, shortage_error)
 from packtool.formats import object_store as store
 from packtool.formats.manifest import (HELD_HERE, IN_PROGRESS_NAME, LOCK_NAME,
                                        enclosing_output, output_words, MANIFEST_NAME, TMP_DIR_NAME,
@@ -196,10 +196,6 @@ def fingerprint(options: dict, files, inputs_digest: str | None = None) -> str:
 _LEFTOVERS = (LOCK_NAME, TMP_DIR_NAME, IN_PROGRESS_NAME)
 
 
-def _is_full_disk(exc: OSError) -> bool:
-    return exc.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(exc)
-
-
 def _read_json(loc: Location) -> dict | None:
     try:
         doc = json.loads(loc.read_bytes())
@@ -299,6 +295,10 @@ class Output:
         self._marker_at = 0.0  # when the marker last listed the finished shards
         #: a full disk too small to hold the scratch beside the shards kept (no rerun fits)
         self._disk_too_small = False
+        self._inodes_out = False  # a full disk found out of inodes when the run failed
+        #: bytes a packed row counts in the shards' bound (set by the pipeline): with the
+        #: rows of the finished shards, how much the shards compress (a full disk's advice)
+        self.row_bytes = 0
 
     # -- what differs between a directory and a store -------------------------------------------
     def _lock(self) -> None:
@@ -744,6 +744,9 @@ class Output:
 
     # -- exit: the one cleanup path --------------------------------------------------------------
     def __exit__(self, exc_type, exc, tb) -> bool:
+        if isinstance(exc, OSError) and is_full_disk(exc) and self.path.is_local:
+            # looked at before the cleanup frees the scratch's files: out of inodes now?
+            self._inodes_out = inodes_exhausted(self.path.path)
         if not self._untouched:
             try:
                 self._cleanup(exc)
@@ -912,36 +915,90 @@ class LocalOutput(Output):
                                "command resumes once space is freed")
 
     def _full_disk_note(self, exc: OSError) -> str | None:
-        if not _is_full_disk(exc):
+        """The words of a full disk (or quota) while this run wrote, with the fix its figures
+        allow: out of inodes (files) when the filesystem has none free or as many bytes are
+        free as the run needs; a pack's scratch (exact) and shards' bound (counted
+        uncompressed) against the bytes free, and, when the disk cannot hold what a rerun
+        writes beside the finished shards kept, another OUTPUT rather than a rerun
+        (:attr:`_disk_too_small`); a tokenize run's free bytes (it counts no need ahead).
+        None when ``exc`` is no full disk."""
+        if not is_full_disk(exc):
             return None
+        at = self.path.path if self.path.path.exists() else self.path.path.parent
         try:
-            usage = shutil.disk_usage(self.path.path if self.path.path.exists()
-                                      else self.path.path.parent)
+            usage = shutil.disk_usage(at)
             free, total = usage.free, usage.total
         except OSError:
             free = total = 0
-        # while shards are written, bytes_needed counts the shards left; the scratch (the window
-        # spills, removed on the way out) is written again by the rerun. The scratch is exact
-        # (uncompressed), the shards an upper bound (counted uncompressed): said apart, so that
-        # a user frees what is needed, knowing what may be
-        need = (f"no space left on device: this pack needs {self._scratch_needed:,} bytes for "
-                f"its scratch and up to {self.bytes_needed:,} more for its shards (counted "
-                f"uncompressed; {free:,} free)")
-        # the rerun writes the whole scratch again beside the shards kept: a disk smaller than
-        # both cannot finish this OUTPUT whatever is freed (removing OUTPUT only makes the
-        # pack write those shards again)
+        scratch, shards = self._scratch_needed, self.bytes_needed
+        kept, n = self._kept_shard_bytes() if self._writing else (0, 0)
+        left = self._shards_left_estimate(shards, kept)
+        counted = self.kind != TOKENIZED_KIND and scratch + shards > 0
+        # the bytes free now (the scratch removed) against what the phase that failed writes
+        # (the scratch while reading and planning; the shards left beside it while writing):
+        # enough, and the disk said full, is inodes. Not for a quota (EDQUOT): its limit is
+        # not the disk's free bytes
+        asked = scratch + (left if self._writing else 0)
+        if self._inodes_out or inodes_exhausted(at, bytes_suffice=(
+                counted and getattr(exc, "errno", None) == errno.ENOSPC and free >= asked)):
+            return (f"{inodes_note(at, free)}: remove files on it that are not "
+                    f"needed, or choose another {self.role}, on a filesystem with more inodes")
+        if not counted:  # a tokenize run: what it writes is known only once written
+            need = (f"no space left on device: this {_run_word(self.kind)} filled the disk "
+                    f"while writing {self.role} ({free:,} bytes free)")
+        else:
+            # while shards are written, bytes_needed counts the shards left; the scratch (the
+            # window spills, removed on the way out) is written again by the rerun. The scratch
+            # is exact (uncompressed), the shards an upper bound (counted uncompressed): said
+            # apart, so that a user frees what is needed, knowing what may be
+            need = (f"no space left on device: this pack needs {scratch:,} bytes for its "
+                    f"scratch and up to {shards:,} more for its shards (counted uncompressed; "
+                    f"{free:,} free)")
         if self.keeps_finished:  # removed at the commit only: both must fit until then
             return (f"{need}; the finished {_run_word(self.previous.kind)} this run replaces "
                     f"stays in {self.role} until the new one is complete, so both must fit: "
                     f"free space, choose another {self.role}, or remove the old one first")
-        kept, n = self._kept_shard_bytes()
-        if kept and total and self._scratch_needed + kept > total:
+        if not counted:
+            return f"{need}; free space or choose another {self.role}"
+        # the rerun writes the whole scratch again beside the shards kept: a disk smaller than
+        # both cannot finish this OUTPUT whatever is freed (removing OUTPUT only makes the
+        # pack write those shards again)
+        if kept and total and scratch + kept > total:
             self._disk_too_small = True
             return (f"{need}; this disk ({total:,} bytes) cannot hold the scratch a rerun writes "
                     f"again beside the {kept:,} bytes of the {n} finished shard"
                     f"{'s' * (n != 1)} kept in {self.role}: choose another {self.role}, on a "
                     "larger disk")
+        # what a rerun writes: the scratch again and the shards left, at the finished shards'
+        # compression when some are kept (else the bound)
+        rerun = (f"about {scratch + left:,} bytes (the scratch again and the shards left, at "
+                 "the compression of the shards kept)" if left != shards else
+                 f"up to {scratch + shards:,} bytes (the scratch again and the shards left)")
+        if self._writing and total and scratch + left > total - kept:
+            # the most this disk can give a rerun, all else freed, is less than it writes
+            self._disk_too_small = True
+            return (f"{need}; this disk ({total:,} bytes) has room for at most "
+                    f"{total - kept:,} beside the {kept:,} bytes of the "
+                    f"{plural(n, 'finished shard')} kept in {self.role}, and a rerun writes "
+                    f"{rerun}: choose another {self.role}, on a larger disk")
+        if self._writing and scratch + left > free:
+            return (f"{need}; a rerun writes {rerun}: free {scratch + left - free:,} more bytes "
+                    f"before it, or choose another {self.role}")
         return f"{need}; free space or choose another {self.role}"
+
+    def _shards_left_estimate(self, shards: int, kept: int) -> int:
+        """The bytes of the shards left (``shards``: their bound, counted uncompressed) at the
+        compression of the ``kept`` bytes of finished shards (bytes per row of bound over
+        bytes on disk); ``shards`` when none is kept or the rows are not known."""
+        entries = {**self._promised, **self._written}.values()
+        try:
+            rows = sum(int(e.get("rows", 0)) for e in entries)
+        except (TypeError, ValueError, AttributeError):
+            rows = 0
+        bound = rows * self.row_bytes
+        if not kept or not bound or kept >= bound:
+            return shards
+        return -(-shards * kept // bound)
 
     def _kept_shard_bytes(self) -> tuple[int, int]:
         """(bytes, count) of the finished shards in OUTPUT now; (0, 0) when it cannot be

@@ -116,6 +116,21 @@ def _full_disk(*_a, **_k):
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
+def _disk_fills(monkeypatch, free: int = 0):
+    """A full disk as it is: ENOSPC raised, and from then on ``free`` bytes free (a disk
+    that said full with as many bytes free as the pack needs is out of inodes)."""
+    import shutil as sh
+
+    usage = sh.disk_usage
+
+    def fail(*_a, **_k):
+        monkeypatch.setattr("packtool.output.shutil.disk_usage",
+                            lambda p: usage(p)._replace(free=free))
+        _full_disk()
+
+    return fail
+
+
 def _io_error(*_a, **_k):
     raise OSError(errno.EIO, "Input/output error")
 
@@ -153,19 +168,19 @@ def test_full_disk_at_any_write_point_is_one_line_and_leaves_no_spill(tmp_path, 
         from packtool.pipeline import read as read_mod
 
         monkeypatch.setattr(read_mod, "spill_writer",
-                            _fail_on_call(read_mod.spill_writer, 2, _full_disk))
+                            _fail_on_call(read_mod.spill_writer, 2, _disk_fills(monkeypatch)))
     elif point == "row-spill":  # window 3's plan (2 files per window before it)
         monkeypatch.setattr(plan_mod, "spill_writer",
-                            _fail_on_call(plan_mod.spill_writer, 7, _full_disk))
+                            _fail_on_call(plan_mod.spill_writer, 7, _disk_fills(monkeypatch)))
     elif point.startswith("shard"):
         k = int(point.split("-")[1])
         monkeypatch.setattr(write_mod, "write_shard",
-                            _fail_on_call(write_mod.write_shard, k + 1, _full_disk))
+                            _fail_on_call(write_mod.write_shard, k + 1, _disk_fills(monkeypatch)))
     else:
         from packtool import output
 
         monkeypatch.setattr(output, "publish_manifest",
-                            _fail_on_call(output.publish_manifest, 1, _full_disk))
+                            _fail_on_call(output.publish_manifest, 1, _disk_fills(monkeypatch)))
     with pytest.raises(OutputError) as err:
         run_pack(_cfg(src, out), progress=False)
     msg = str(err.value)
@@ -200,7 +215,7 @@ def test_full_disk_while_writing_names_what_a_rerun_needs(tmp_path, src, referen
     out = tmp_path / "out"
     k = int(point.split("-")[1])
     monkeypatch.setattr(write_mod, "write_shard",
-                        _fail_on_call(write_mod.write_shard, k + 1, _full_disk))
+                        _fail_on_call(write_mod.write_shard, k + 1, _disk_fills(monkeypatch)))
     with pytest.raises(OutputError) as err:
         run_pack(_cfg(src, out), progress=False)
     monkeypatch.undo()
@@ -576,3 +591,102 @@ def test_full_disk_that_no_rerun_can_fit_says_so(tmp_path, src, reference, monke
                      r"bytes of the 2 finished shards kept in OUTPUT: choose another OUTPUT",
                      msg), msg
     assert "rerun the same command" not in msg, msg
+
+
+def _shard_bytes(out):
+    """Bytes of the finished shards in ``out`` (kept pending beside no manifest)."""
+    return sum(p.stat().st_size for p in out.iterdir() if ".part-" in p.name or
+               p.name.startswith("part-"))
+
+
+def test_full_disk_advice_follows_its_figures(tmp_path, monkeypatch):
+    """A full disk while writing shards, with less free than the scratch a rerun writes again
+    plus the shards left: the line asks for that much more before a rerun; on a disk that,
+    beside the finished shards kept, can never hold it, the line says so and advises another
+    OUTPUT, never a rerun (which would fill the disk again)."""
+    from packtool.pipeline import write as write_mod
+
+    rng = np.random.default_rng(0)
+    src = write_docs(tmp_path / "in" / "a.parquet",
+                     [rng.integers(0, 50, int(n)).tolist() for n in rng.integers(20, 200, 2000)])
+    out = tmp_path / "out"
+    monkeypatch.setattr(write_mod, "write_shard",
+                        _fail_on_call(write_mod.write_shard, 3, _disk_fills(monkeypatch)))
+    with pytest.raises(OutputError) as err:
+        run_pack(_cfg(src, out, capacity=128, rows_per_shard=200), progress=False)
+    msg = str(err.value)
+    scratch, shards = (int(x.replace(",", "")) for x in re.search(
+        r"needs ([\d,]+) bytes for its scratch and up to ([\d,]+) more", msg).groups())
+    kept = _shard_bytes(out)
+    found = re.search(r"a rerun writes about ([\d,]+) bytes", msg)
+    assert found, msg
+    asked = int(found.group(1).replace(",", ""))
+    assert scratch < asked < scratch + shards  # the shards left at the kept shards' compression
+    assert f"(counted uncompressed; 0 free); a rerun writes about {asked:,} bytes (the scratch " \
+           "again and the shards left, at the compression of the shards kept): free " \
+           f"{asked:,} more bytes before it, or choose another OUTPUT (the finished shards are " \
+           "kept (2): rerun the same command to finish)" in msg, msg
+    monkeypatch.undo()
+
+    out2 = tmp_path / "out2"
+    total = kept + asked - 1  # the scratch fits beside the kept shards, not the rest
+    import shutil as sh
+
+    usage = sh.disk_usage
+    monkeypatch.setattr("packtool.output.shutil.disk_usage",
+                        lambda p: usage(p)._replace(total=total))
+    monkeypatch.setattr(write_mod, "write_shard",
+                        _fail_on_call(write_mod.write_shard, 3, _disk_fills(monkeypatch)))
+    with pytest.raises(OutputError) as err:
+        run_pack(_cfg(src, out2, capacity=128, rows_per_shard=200), progress=False)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert f"this disk ({total:,} bytes) has room for at most {total - kept:,} beside the " \
+           f"{kept:,} bytes of the 2 finished shards kept in OUTPUT, and a rerun writes about " \
+           f"{asked:,} bytes (the scratch again and the shards left, at the compression of the " \
+           "shards kept): choose another OUTPUT, on a larger disk" in msg, msg
+    assert "rerun the same command" not in msg, msg
+
+
+@pytest.mark.parametrize("how", ["no inode free", "bytes to spare"])
+def test_full_disk_out_of_inodes_is_said_so(tmp_path, src, monkeypatch, how):
+    """ENOSPC from a filesystem out of inodes (files) while bytes are free (tmpfs
+    nr_inodes=, a disk of many small files): the line names inodes and df -i, not a byte
+    shortage its own figures contradict; told by statvfs's f_favail of 0, or by as many bytes
+    free as the pack needs. A quota (EDQUOT) is no inode shortage."""
+    from packtool.pipeline import write as write_mod
+
+    if how == "no inode free":
+        real = os.statvfs
+
+        def statvfs(path):
+            st = real(path)
+            return os.statvfs_result((st.f_bsize, st.f_frsize, st.f_blocks, st.f_bfree,
+                                      st.f_bavail, 1000, 0, 0, st.f_flag, st.f_namemax))
+
+        monkeypatch.setattr(os, "statvfs", statvfs)
+        fail = _disk_fills(monkeypatch)  # no byte free either: the inodes are what is said
+    else:
+        fail = _full_disk  # the real disk's free bytes: more than this small pack needs
+    out = tmp_path / "out"
+    monkeypatch.setattr(write_mod, "write_shard", _fail_on_call(write_mod.write_shard, 2, fail))
+    with pytest.raises(OutputError) as err:
+        run_pack(_cfg(src, out), progress=False)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert re.search(r"out: no space left on device: the filesystem has run out of inodes "
+                     r"\(files\), not bytes \([\d,]+ bytes free, no new file can be made; see "
+                     r"df -i .*out\): remove files on it that are not needed, or choose another "
+                     r"OUTPUT, on a filesystem with more inodes \(the finished shards are kept "
+                     r"\(1\): rerun the same command to finish\)", msg), msg
+    assert "bytes for its scratch" not in msg
+    monkeypatch.undo()
+    if how == "bytes to spare":  # a quota: its limit is not the disk's free bytes
+        def quota(*_a, **_k):
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+        monkeypatch.setattr(write_mod, "write_shard",
+                            _fail_on_call(write_mod.write_shard, 2, quota))
+        with pytest.raises(OutputError) as err:
+            run_pack(_cfg(src, tmp_path / "out2"), progress=False)
+        assert "run out of inodes" not in str(err.value) and "bytes for its scratch" in str(err.value)

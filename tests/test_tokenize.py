@@ -2117,3 +2117,36 @@ def test_a_named_pipe_given_as_text_is_refused_without_opening_it(tmp_path, hf_t
         res.stderr.strip()], "one line"
     assert f"Error: {fifo}: not a regular file (a named pipe); pass a file" in res.stderr
     assert not (tmp_path / "tok").exists()
+
+
+def test_a_full_disk_while_tokenizing_is_said_in_tokenize_words(tmp_path, hf_tokenizer,
+                                                                monkeypatch):
+    """ENOSPC while tokenize publishes a shard: one line naming the tokenize run and the bytes
+    free, never a pack's scratch and shards of 0 bytes it did not count; the finished shards
+    are kept for the rerun."""
+    import errno
+    import shutil as sh
+
+    from packtool.text import run
+
+    real, calls = run.publish_shard, []
+    usage = sh.disk_usage
+
+    def full(*a):
+        calls.append(a)
+        if len(calls) == 3:
+            monkeypatch.setattr("packtool.output.shutil.disk_usage",
+                                lambda p: usage(p)._replace(free=4096))
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*a)
+
+    monkeypatch.setattr(run, "publish_shard", full)
+    src = write_jsonl(tmp_path / "a.jsonl", TEXTS)
+    out = tmp_path / "tok"
+    res = invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--rows-per-shard", 10, src,
+                  out])
+    assert res.exit_code == 1, res.output
+    assert res.output.strip() == (
+        f"Error: {out}: no space left on device: this tokenize run filled the disk while "
+        "writing OUTPUT (4,096 bytes free); free space or choose another OUTPUT (the finished "
+        "shards are kept (2): rerun the same command to finish)"), res.output

@@ -505,6 +505,7 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
         # first check will want (it counts rows as full)
         out.bytes_needed = max(out.bytes_needed, asked)
         per_row = c_row  # what a rerun's check takes off for a kept row
+        out.row_bytes = per_row  # a full disk's advice: how much the shards compress
         outputs, reused, targets = [], 0, 0
         with _progress(len(jobs), "write", "shard", show) as bar:
             for entry, was_reused, shard_targets in engine.map(
