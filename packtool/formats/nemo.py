@@ -59,7 +59,8 @@ import pyarrow.parquet as pq
 from filelock import FileLock, Timeout
 
 from packtool._version import __version__
-from packtool.errors import OutputError, PacktoolError, shortage_error
+from packtool.errors import (OutputError, PacktoolError, inodes_exhausted, inodes_note,
+                             shortage_error)
 from packtool.formats.manifest import output_around, output_words, stale_holdout
 from packtool.location import Location, make_dirs, remove_made
 from packtool.signals import check, hold, interruptible, test_pause
@@ -431,8 +432,25 @@ def _dest_error(dest: Path, exc: OSError, state: str) -> PacktoolError:
         return short
     cause = exc.strerror or str(exc) or type(exc).__name__
     full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if exc.errno == errno.ENOSPC and inodes_exhausted(dest):
+        return OutputError(f"{dest}: DEST cannot be written ({inodes_note(dest, _free(dest))}); "
+                           f"{state}; remove files on it that are not needed, or choose another "
+                           "DEST, on a filesystem with more inodes")
     fix = "free space or choose another DEST" if full else "choose a writable DEST"
     return OutputError(f"{dest}: DEST cannot be written ({cause}); {state}; {fix}")
+
+
+def _free(dest: Path) -> int:
+    """Bytes free on the filesystem of ``dest`` (or the nearest folder above it); 0 when it
+    cannot be asked."""
+    import shutil
+
+    for at in (dest, *dest.parents):
+        try:
+            return shutil.disk_usage(at).free
+        except OSError:
+            continue
+    return 0
 
 
 def _lock_dest(dest: Path) -> FileLock:

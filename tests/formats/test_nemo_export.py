@@ -845,3 +845,33 @@ def test_export_says_the_sha256_was_checked_and_how_to_skip_it(tmp_path):
 def write_docs_sft(path: Path, docs) -> Path:
     pq.write_table(pa.table({"input_ids": [d["input_ids"] for d in docs]}), path)
     return path
+
+
+def test_a_dest_out_of_inodes_says_so_not_bytes(tmp_path, two_outputs, monkeypatch):
+    """ENOSPC from a filesystem with no inode free (statvfs's f_favail 0, bytes to spare):
+    one line naming inodes and df -i and the fix, not "free space"."""
+    import errno
+    import os
+
+    import pyarrow.parquet as pq
+
+    real = os.statvfs
+
+    def statvfs(path):
+        st = real(path)
+        return os.statvfs_result((st.f_bsize, st.f_frsize, st.f_blocks, st.f_bfree,
+                                  st.f_bavail, 1000, 0, 0, st.f_flag, st.f_namemax))
+
+    def full(*a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "statvfs", statvfs)
+    monkeypatch.setattr(pq, "ParquetWriter", full)
+    dest = tmp_path / "nemo"
+    res = invoke(["export", "--to", "nemo", two_outputs[0], dest])
+    assert res.exit_code == 1, res.output
+    [line] = res.output.strip().splitlines()
+    assert f"{dest}: DEST cannot be written (no space left on device: the filesystem has run " \
+           "out of inodes (files), not bytes (" in line, line
+    assert line.endswith("remove files on it that are not needed, or choose another DEST, on a "
+                         "filesystem with more inodes"), line
