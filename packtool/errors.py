@@ -54,6 +54,8 @@ __all__ = [
     "is_full_disk",
     "inodes_exhausted",
     "inodes_note",
+    "as_read",
+    "is_read",
 ]
 
 EXIT_DATA = 1  #: bad input/output data, a failed check, a missing dependency
@@ -339,6 +341,20 @@ def inodes_note(path, free: int) -> str:
     bytes free: what ran out and how to see it; the caller adds the fix and what is kept."""
     return (f"no space left on device: the filesystem has run out of inodes (files), not bytes "
             f"({free:,} bytes free, no new file can be made; see df -i {path})")
+
+
+def as_read(exc: OSError) -> OSError:
+    """Mark ``exc`` as raised while reading a file the run wrote itself (a scratch file gone,
+    or truncated: a short read), so that the layer that words it says "cannot read", not
+    "cannot write"; returns ``exc``."""
+    exc.packtool_read = True
+    return exc
+
+
+def is_read(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while reading (:func:`as_read`, or a ``short read`` told in
+    its text, as a mark lost on the way back from a worker process)."""
+    return bool(getattr(exc, "packtool_read", False)) or "short read" in str(exc)
 
 
 class Interrupted(PacktoolError):

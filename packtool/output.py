@@ -71,7 +71,8 @@ from filelock import FileLock, Timeout
 
 from packtool import signals
 from packtool.errors import (ManifestError, OutputError, first_line, inodes_exhausted,
-                             inodes_note, is_full_disk, raise_if_shortage, shortage_error)
+                             inodes_note, is_full_disk, is_read, raise_if_shortage,
+                             shortage_error)
 from packtool.formats import object_store as store
 from packtool.formats.manifest import (HELD_HERE, IN_PROGRESS_NAME, LOCK_NAME,
                                        enclosing_output, output_words, MANIFEST_NAME, TMP_DIR_NAME,
@@ -848,6 +849,8 @@ class Output:
         self._writing = False
 
     def _os_error(self, exc: BaseException, what: str = "cannot write") -> OutputError:
+        if what == "cannot write" and is_read(exc):  # a scratch file gone or truncated
+            what = "cannot read"
         where = getattr(exc, "filename", None) or self.path.display
         told = self.path.store_error(exc, what)
         if isinstance(told, StoreError):  # credentials, bucket, endpoint: one wording

@@ -690,3 +690,26 @@ def test_full_disk_out_of_inodes_is_said_so(tmp_path, src, monkeypatch, how):
         with pytest.raises(OutputError) as err:
             run_pack(_cfg(src, tmp_path / "out2"), progress=False)
         assert "run out of inodes" not in str(err.value) and "bytes for its scratch" in str(err.value)
+
+
+def test_a_scratch_file_that_cannot_be_read_back_is_told_as_a_read(tmp_path, src, monkeypatch):
+    """A scratch spill removed (or truncated) under a running pack: the line says "cannot
+    read", never "cannot write", naming the file."""
+    from packtool.pipeline import write as write_mod
+
+    out = tmp_path / "out"
+    real = write_mod.write_shard
+
+    def gone(*a, **k):
+        for p in (out / TMP_DIR_NAME).rglob("*"):
+            if p.is_file() and p.name.startswith("tokens"):  # the token spills
+                p.unlink()
+        return real(*a, **k)
+
+    monkeypatch.setattr(write_mod, "write_shard", gone)
+    with pytest.raises(OutputError) as err:
+        run_pack(_cfg(src, out), progress=False)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert re.search(r"tokens[^:]*: cannot read \(No such file or directory\)", msg), msg
+    assert "cannot write" not in msg, msg

@@ -49,6 +49,7 @@ import numpy as np
 from numba import njit, types
 
 from packtool.core.layout import gather_segments
+from packtool.errors import as_read
 from packtool.formats.reader import is_remote
 
 __all__ = ["spill_writer", "read_spill", "read_records", "gather_spill", "SpillReader",
@@ -85,6 +86,15 @@ def spill_writer(location: str | os.PathLike, append: bool = False) -> Iterator[
     """
     with open(location, "ab" if append else "wb") as f:
         yield f
+
+
+def _open_read(location) -> int:
+    """A descriptor of scratch file ``location`` opened to read; an OSError (the file gone)
+    is marked a read (:func:`packtool.errors.as_read`)."""
+    try:
+        return os.open(location, os.O_RDONLY)
+    except OSError as exc:
+        raise as_read(exc) from None
 
 
 def read_spill(location: str | os.PathLike, offsets, sizes) -> np.ndarray:
@@ -125,14 +135,14 @@ def read_spill(location: str | os.PathLike, offsets, sizes) -> np.ndarray:
     run_size = (offsets[last] + sizes[last] - offsets[first]).tolist()
     view = memoryview(out)
     pos = 0
-    fd = os.open(location, os.O_RDONLY)
+    fd = _open_read(location)
     try:
         for off, n in zip(run_off, run_size):
             while n:  # a short read only at the end of the file
                 got = os.preadv(fd, [view[pos:pos + min(n, _MAX_READ)]], off)
                 if got <= 0:
-                    raise OSError(f"{location}: short read at byte {off} ({n} bytes missing): "
-                                  "the spill file is truncated")
+                    raise as_read(OSError(f"{location}: short read at byte {off} ({n} bytes missing): "
+                                  "the spill file is truncated"))
                 pos, off, n = pos + got, off + got, n - got
     finally:
         os.close(fd)
@@ -251,7 +261,7 @@ class SpillReader:
         for i, p in enumerate(paths):
             fd = self._fds.get(p)
             if fd is None:
-                fd = os.open(p, os.O_RDONLY)
+                fd = _open_read(p)
                 if len(self._fds) >= self.limit:
                     extra.append(fd)
                 else:
@@ -307,8 +317,9 @@ class SpillReader:
             where = (locations[int(which[bad])] if locations is not None and which is not None
                      else f"descriptor {int(fds[bad])}")
             size = out.dtype.itemsize
-            raise OSError(f"{where}: short read of {int(lens[bad]) * size} bytes at byte "
-                          f"{int(src[bad]) * size}: the spill file is truncated or unreadable")
+            raise as_read(OSError(f"{where}: short read of {int(lens[bad]) * size} bytes at "
+                                  f"byte {int(src[bad]) * size}: the spill file is truncated "
+                                  "or unreadable"))
         return out
 
 
@@ -373,8 +384,9 @@ def gather_spill(locations: list[str], which: np.ndarray, src: np.ndarray, lens:
             reader.close()
     if bad >= 0:
         loc = locations[int(which[bad])]
-        raise OSError(f"{loc}: short read of {int(lens[bad]) * size} bytes at byte "
-                      f"{int(src[bad]) * size}: the spill file is truncated or unreadable")
+        raise as_read(OSError(f"{loc}: short read of {int(lens[bad]) * size} bytes at byte "
+                              f"{int(src[bad]) * size}: the spill file is truncated or "
+                              "unreadable"))
     return out
 
 
