@@ -83,7 +83,9 @@ class _ExistingPath(click.Path):
     :meth:`packtool.location.Location.missing_fix`)."""
 
     def __init__(self, *, packed_output: bool = False):
-        super().__init__()
+        # not click's readability check (a usage error of three lines): the reader refuses an
+        # unreadable path in its one line (permission denied: fix its permissions ...)
+        super().__init__(readable=False)
         self.packed_output = packed_output
 
     def convert(self, value, param, ctx):
@@ -221,7 +223,8 @@ def _input_options(f):
 
 
 @cli.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path(), metavar="INPUT... OUTPUT")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(readable=False),
+              metavar="INPUT... OUTPUT")
 @click.option("--capacity", "-c", type=int, default=2048, show_default=True, metavar="C",
               help="Tokens per packed row.")
 @click.option("--column", default=DEFAULT_TOKEN_COLUMN, show_default=True, metavar="NAME",
@@ -1124,7 +1127,8 @@ def _refuse(out: str, command: str, *, leftovers: bool, empty: bool, packed: boo
 
 
 @cli.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path(), metavar="INPUT... OUTPUT")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(readable=False),
+              metavar="INPUT... OUTPUT")
 @click.option("--tokenizer", required=True, metavar="FILE",
               help="Local tokenizer file: a Hugging Face tokenizer.json, a Tekken JSON "
                    "(mistral-common) or a tiktoken BPE file (never downloaded); or a folder "

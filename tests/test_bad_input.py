@@ -862,3 +862,31 @@ def test_a_device_given_as_input_is_refused():
         with pytest.raises(InputError, match=r"/dev/null: not a regular file \(a character "
                                              r"device\); pass a file"):
             discover(["/dev/null"], text=text)
+
+
+@pytest.mark.parametrize("what", ["file", "folder"])
+@pytest.mark.parametrize("command", ["pack", "compare", "tokenize"])
+def test_an_unreadable_input_given_directly_is_one_line(tmp_path, good, monkeypatch, what,
+                                                        command):
+    """An INPUT file or folder packtool may not read (chmod 000), given as INPUT itself: the
+    one line a file inside an INPUT folder gets (permission denied: fix its permissions ...),
+    exit 1, not click's three-line usage error (exit 2). The permission is simulated (root
+    reads everything)."""
+    denied = good if what == "file" else good.parent
+    real = os.access
+    monkeypatch.setattr(os, "access",
+                        lambda p, mode, *a, **k: False if Path(p) == denied
+                        else real(p, mode, *a, **k))
+    out = tmp_path / "out"
+    args = {"pack": ["pack", "-q", "--capacity", 4, denied, out],
+            "compare": ["compare", "--capacity", 4, denied],
+            "tokenize": ["tokenize", "-q", "--tokenizer", good, denied, out]}[command]
+    if command == "tokenize":  # its tokenizer file is looked at first: a real one is not needed
+        pytest.importorskip("tokenizers")
+    line = refused(args, out, f"{denied}: permission denied: fix its permissions", code=1) \
+        if command != "tokenize" else None
+    if command == "tokenize":
+        res = invoke(args)
+        assert "is not readable" not in res.output and "Usage:" not in res.output, res.output
+    else:
+        assert "is not readable" not in line

@@ -1283,6 +1283,9 @@ def discover(inputs: Sequence[str | os.PathLike], *, skip_unsupported: bool = Fa
             pafs.FileType.File, pafs.FileType.Directory) else None
         if kind is not None:  # checked before any open: a named pipe's waits forever
             raise _refuse_special(shown, kind)
+        if not prefix and not os.access(path, os.R_OK | (
+                os.X_OK if info.type == pafs.FileType.Directory else 0)):
+            raise InputError(f"{shown}: {DENIED}")  # as a file inside an INPUT folder
         if info.type == pafs.FileType.Directory:
             if prefix:
                 def disp(rel, _p=path):
