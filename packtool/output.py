@@ -907,6 +907,12 @@ class LocalOutput(Output):
 
     def check_space(self, shards: int, scratch: int, *, scratch_written: bool = False) -> None:
         super().check_space(shards, scratch, scratch_written=scratch_written)
+        try:  # a read-only mount: its one line now, never a free-space warning before it
+            read_only = bool(os.statvfs(self.path.path).f_flag & getattr(os, "ST_RDONLY", 0))
+        except (AttributeError, OSError):
+            read_only = False
+        if read_only:
+            raise OSError(errno.EROFS, "Read-only file system", str(self.path))
         certain = 0 if scratch_written else scratch
         free = shutil.disk_usage(self.path.path).free
         if free < certain:

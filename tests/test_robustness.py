@@ -713,3 +713,31 @@ def test_a_scratch_file_that_cannot_be_read_back_is_told_as_a_read(tmp_path, src
     assert "\n" not in msg
     assert re.search(r"tokens[^:]*: cannot read \(No such file or directory\)", msg), msg
     assert "cannot write" not in msg, msg
+
+
+def test_a_read_only_output_is_refused_without_a_space_warning(tmp_path, src, monkeypatch,
+                                                               caplog):
+    """OUTPUT on a read-only mount (statvfs's ST_RDONLY; a mount that reports little free):
+    the one "cannot write (Read-only file system)" line, with no free-space WARNING before it
+    (the pack would not fill the disk: it cannot write at all)."""
+    import logging
+    import shutil as sh
+
+    out = tmp_path / "out"
+    real, usage = os.statvfs, sh.disk_usage
+
+    def statvfs(path):
+        st = real(path)
+        if str(path).startswith(str(out)):
+            return os.statvfs_result((*st[:8], st.f_flag | os.ST_RDONLY, st.f_namemax))
+        return st
+
+    monkeypatch.setattr(os, "statvfs", statvfs)
+    monkeypatch.setattr("packtool.output.shutil.disk_usage",
+                        lambda p: usage(p)._replace(free=10))
+    caplog.set_level(logging.WARNING)
+    with pytest.raises(OutputError) as err:
+        run_pack(_cfg(src, out, overwrite=True), progress=False)
+    assert "cannot write (Read-only file system)" in str(err.value), err.value
+    assert "no space left" not in str(err.value)
+    assert not [r for r in caplog.records if "bytes free" in r.getMessage()], caplog.text
