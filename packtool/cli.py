@@ -69,6 +69,9 @@ def _failure_of(exc: Exception, command: str | None) -> _Failure:
         return _Failure(str(short), short.exit_code)
     if isinstance(exc, OSError):
         where = f"{exc.filename}: " if exc.filename else ""
+        if isinstance(exc, PermissionError):  # the fix, as discovery words it for INPUT
+            return _Failure(f"{where}permission denied: fix its permissions (packtool must "
+                            "read or write it), or run as a user allowed to", EXIT_DATA)
         return _Failure(f"{where}{exc.strerror or exc}", EXIT_DATA)
     return _Failure(f"internal error ({type(exc).__name__}: {exc}); rerun as "
                     f"`packtool --debug {command or ''} ...` for the traceback and report it",

@@ -685,6 +685,25 @@ def test_permission_denied_says_to_fix_the_permissions(tmp_path, good, what):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("command", [["stats"], ["verify", "--data-only"],
+                                     ["export", "--to", "nemo"]])
+def test_an_unreadable_packed_output_says_to_fix_the_permissions(tmp_path, good, command):
+    """stats, verify and export of an OUTPUT its user may not read: one line naming the file and
+    the fix, exit 1 (it was the bare 'Permission denied')."""
+    out = tmp_path / "out"
+    assert invoke(["pack", "-q", "--capacity", 4, good.parent, out]).exit_code == 0
+    args = [*command, out] + ([tmp_path / "dest"] if command[0] == "export" else [])
+    out.chmod(0)
+    try:
+        proc = _run_without_root_powers(args)
+    finally:
+        out.chmod(0o755)
+    assert proc.returncode == 1, proc.stderr
+    line = proc.stderr.strip()
+    assert line.count("\n") == 0 and line.startswith(f"Error: {out}"), line
+    assert "permission denied: fix its permissions" in line, line
+
+
 def test_a_file_compressed_whole_is_told_to_be_decompressed(tmp_path, good):
     import gzip
 
