@@ -239,7 +239,8 @@ def test_ctrl_c_exits_130_in_every_command(packed, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("exc,code,words", [
     (ValueError("boom"), EXIT_DATA, ["internal error", "ValueError: boom", "--debug"]),
-    (PermissionError(13, "Permission denied", "/x/y"), EXIT_DATA, ["/x/y: Permission denied"]),
+    (PermissionError(13, "Permission denied", "/x/y"), EXIT_DATA,
+     ["/x/y: permission denied: fix its permissions"]),
     (InputError("bad input"), EXIT_DATA, ["bad input"]),
     (ConfigError("--x 1: bad"), EXIT_USAGE, ["--x 1: bad"]),
 ])
