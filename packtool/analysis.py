@@ -786,8 +786,8 @@ def format_packed(a: PackedAnalysis, per_source_limit: int | None = None) -> str
                          f"{b['real_tokens']:7,} {b['targets']:7,}  {b['segment_targets']}")
         listed = len(a.per_bin)
         if listed < s.rows:
-            lines.append(f"  (first {listed:,} of {plural(s.rows, 'row')}; --per-bin-limit N lists more, "
-                         "0 lists all)")
+            lines.append(f"  (first {listed:,} of {plural(s.rows, 'row')}; --per-bin-limit N "
+                         "lists more, 0 lists all)")
         lines.append(f"  total targets {s.effective_targets:,} over {plural(s.rows, 'row')}")
     return "\n".join(lines)
 

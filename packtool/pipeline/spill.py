@@ -141,8 +141,8 @@ def read_spill(location: str | os.PathLike, offsets, sizes) -> np.ndarray:
             while n:  # a short read only at the end of the file
                 got = os.preadv(fd, [view[pos:pos + min(n, _MAX_READ)]], off)
                 if got <= 0:
-                    raise as_read(OSError(f"{location}: short read at byte {off} ({n} bytes missing): "
-                                  "the spill file is truncated"))
+                    raise as_read(OSError(f"{location}: short read at byte {off} ({n} bytes "
+                                          "missing): the spill file is truncated"))
                 pos, off, n = pos + got, off + got, n - got
     finally:
         os.close(fd)

@@ -19,8 +19,8 @@
    it was); after that a failure keeps the finished shards. With ``--overwrite`` a finished
    output found there stays whole and readable until the commit (the new shards wait beside it
    under pending names, :attr:`packtool.output.Output.keeps_finished`): a failure removes this
-   run's shards and marker (OUTPUT exactly as before), Ctrl-C keeps them for the rerun. A rerun of an interrupted
-   tokenize keeps the finished shards (a shard is published whole) and reads on from the first
+   run's shards and marker (OUTPUT exactly as before), Ctrl-C keeps them for the rerun. A rerun
+   of an interrupted tokenize keeps the finished shards (a shard is published whole) and reads on from the first
    document they do not hold, without encoding the kept ones; a kept shard's counts come from
    the in-progress marker, or are read back from the shard (a shard whose BOS/EOS counts the
    marker lost is written again: the same bytes); a rerun of a finished one does nothing.
