@@ -387,24 +387,28 @@ def _doc_ids(out) -> set[int]:
     return {int(d) for r in rows for d in r["doc_ids"]}
 
 
+@pytest.mark.parametrize("named", [True, False], ids=["holdout-output", "derived-name"])
 @pytest.mark.parametrize("stop", ["SIGINT", "SIGKILL"])
 def test_an_overwrite_stopped_between_its_two_packs_never_pairs_new_and_old_rows(tmp_path,
-                                                                                 stop):
+                                                                                 stop, named):
     """``pack --overwrite --holdout`` over a finished pair of another --seed, stopped once the
     new training output is finished and before the held-out pack begins: the earlier held-out
     pack (which holds documents the new training rows hold) went when the training pack began
     writing, so a reader of the held-out output is told a pack is writing it (after the stop:
     an interrupted pack to rerun), never handed the old rows beside the new ones (it used to
     be). The Ctrl-C line says which output is finished and which is not; the same command
-    then finishes the pair as an undisturbed run does."""
+    then finishes the pair as an undisturbed run does; with the held-out output named after
+    OUTPUT (no --holdout-output) too, where the line said it was "as it was before the run"."""
     src = write_docs(tmp_path / "in" / "a.parquet", _docs(80))
-    out, held = tmp_path / "out", tmp_path / "held"
+    out = tmp_path / "out"
+    held = tmp_path / "held" if named else tmp_path / "out-holdout"
     base = ["-c", 64, "--rows-per-shard", 2, "--workers", 1, "--holdout", 0.3,
-            "--holdout-output", held]
+            *(["--holdout-output", held] if named else [])]
     assert invoke(["pack", "-q", *base, "--seed", 1, src, out]).exit_code == 0
     again = [*base, "--seed", 2, "--overwrite"]
     ref, ref_held = tmp_path / "ref", tmp_path / "ref-held"
-    assert invoke(["pack", "-q", *base[:-1], ref_held, "--seed", 2, src, ref]).exit_code == 0
+    assert invoke(["pack", "-q", *base[:8], "--holdout-output", ref_held, "--seed", 2, src,
+                   ref]).exit_code == 0
     with paused_pack(src, out, "holdout", again, stop=getattr(signal, stop)) as proc:
         assert hash_pack(out) == hash_pack(ref)  # the new training output is finished
         with pytest.raises(ManifestError, match="a packtool pack is writing it now"):

@@ -334,11 +334,12 @@ def _interrupted(cfg: PackConfig, outs: "list[Output | None]") -> KeyboardInterr
     what each output of ``cfg`` (OUTPUT, and the held-out output of ``--holdout``) holds now
     (:meth:`Output.stopped_words`: finished, its earlier pack untouched, or no manifest and
     what was kept for the rerun); ``outs``: the outputs entered (None for one that was not,
-    which is as before the run)."""
-    entered = {o.role: o for o in outs if o is not None}
+    which is as before the run). Each is found by its location, not by how messages name it
+    (a held-out output named after OUTPUT is not the ``--holdout-output`` role)."""
+    entered = {o.path.identity(): o for o in outs if o is not None}
     words = []
-    for path, role in cfg.own_outputs():
-        out = entered.get(role)
+    for path, _role in cfg.own_outputs():
+        out = entered.get(Location.parse(path).identity())
         words.append(out.stopped_words() if out is not None else
                      f"nothing was kept ({display(path)} is as it was before the run)")
     return KeyboardInterrupt("; ".join(words))
