@@ -203,6 +203,9 @@ def test_the_loader_hands_out_per_token_source_ids(src, tmp_path):
 
     out = pack(src, tmp_path / "out")
     ds = PackedDataset(out)
+    # the map-style dataset names its table as the iterable one does
+    assert ds.source_values == PackedIterableDataset(out).source_values == \
+        read_manifest(out).source_values
     items = [ds[i] for i in range(4)]
     b = collate(items)
     assert b["token_source_ids"].dtype == torch.int32

@@ -128,6 +128,13 @@ class PackedDataset:
         return self.labels_mode
 
     @property
+    def source_values(self) -> tuple:
+        """The id -> value table of the per-segment ``source_ids`` items carry (an output
+        packed with ``--source-column``; empty otherwise): ``source_values[id]`` is the input
+        column's value, a str or an int."""
+        return tuple(getattr(self.output.manifest, "source_values", ()) or ())
+
+    @property
     def open_files(self) -> int:
         """Shard handles this process holds open now."""
         return self.output.open_files
