@@ -13,7 +13,10 @@ parsed once by :meth:`Location.parse` from what the user typed:
 - a URI of any filesystem pyarrow provides (``s3://bucket/prefix``, ``gs://...``,
   ``hdfs://host:port/path``), with the filesystem's options in its query
   (``s3://bucket/prefix?endpoint_override=127.0.0.1:9000&scheme=http``): a :class:`StoreURI`.
-  A URI folded by :mod:`pathlib` (``s3:/bucket/key``) is read as the URI.
+  A URI folded by :mod:`pathlib` (``s3:/bucket/key``) is read as the URI. Its key is kept as
+  spelt, trailing ``/`` aside; one holding a ``.``, ``..`` or empty segment (``s3://b/./out``,
+  ``s3://b//out``), which pyarrow's clients address differently from call to call, is refused
+  (:class:`~packtool.errors.LocationError` naming the plain spelling), never rewritten.
 
 A location made from another (:meth:`Location.join`, a listing) keeps its filesystem and its
 options, so a file found under ``s3://b/p?endpoint_override=...`` is reopened through the same
@@ -127,7 +130,9 @@ class Location:
         Raises:
             LocationError: an empty string; a ``file:`` URI that names another machine
                 (``file://example.com/p``, ``file://t3relout``) or no absolute path
-                (``file:t21/x``): one line naming the fix, before anything is read or written.
+                (``file:t21/x``); a store URI whose key holds a ``.``, ``..`` or empty
+                segment (``s3://b/./out``, ``s3://b/q/../out``, ``s3://b//out``; a trailing
+                ``/`` is none): one line naming the fix, before anything is read or written.
         """
         if isinstance(given, Location):
             return given
@@ -142,7 +147,7 @@ class Location:
             return LocalPath(Path(text))
         rest = text[m.end():]
         rest, _, query = rest.partition("?")
-        return StoreURI(m.group(1).lower(), rest.strip("/"), query)
+        return _plain_key(StoreURI(m.group(1).lower(), rest.strip("/"), query))
 
     # -- naming -------------------------------------------------------------------------------
     def join(self, *names: str) -> "Location":
@@ -592,15 +597,10 @@ class StoreURI(Location):
         return StoreURI(self.scheme, self.key.rpartition("/")[0], self.query)
 
     def beside(self, suffix: str) -> "StoreURI":
-        import posixpath
-
-        key = self.key  # no trailing "/"; "." and ".." read as a path's (the URI's path)
-        if self.name in (".", ".."):
-            key = posixpath.normpath(key)
-        if "/" not in key.strip("/") or key.startswith(".."):
+        if "/" not in self.key:  # no trailing "/", no "." or ".." (Location.parse)
             raise LocationError(f"{self.display}: is a whole bucket, which has no prefix "
                                 "beside it")
-        return StoreURI(self.scheme, f"{key}{suffix}", self.query)
+        return StoreURI(self.scheme, f"{self.key}{suffix}", self.query)
 
     def identity(self) -> tuple:
         uri, _, query = self.display.partition("?")
@@ -1023,6 +1023,50 @@ def _stage_abandoned(work: Path) -> bool:
     newest = max([work.lstat().st_mtime]
                  + [e.stat(follow_symlinks=False).st_mtime for e in os.scandir(work)])
     return time.time() - newest > STAGE_UNRECORDED_DAYS * 86400
+
+
+def _plain_key(uri: "StoreURI") -> "StoreURI":
+    """``uri`` when its key (bucket included) has no ``.``, ``..`` or empty segment.
+
+    Such a key is not addressed as written on every call: pyarrow's S3 client drops ``./``
+    and resolves ``../`` when it writes an object but lists the prefix as spelt; ``b//x``
+    reached pyarrow as ``b/x`` but boto3 (the commit's copy, the deletes) as the key ``/x``,
+    and pyarrow refuses an empty segment further in (``b/x//y``). A pack into ``s3://b/./out``
+    found nothing under ``./out/``, wrote into ``out/`` and replaced the manifest of a
+    finished output there. Such a URI is refused, never normalized: S3 keys may hold ``./`` or
+    ``//`` literally, and a key read one way here and another way by the user's other tools
+    would be a second name for the same objects (or for others); the plain spelling is named
+    as the fix instead.
+
+    Raises:
+        LocationError: one line naming the URI (without its secrets) and the plain spelling
+            to write, or, when ``..`` climbs to the bucket or the bucket is ``.``, ``..`` or
+            missing (``s3://``), that the bucket comes first.
+    """
+    if not uri.key:
+        raise LocationError(f"{uri.display}: names no bucket; write {uri.scheme}://BUCKET/KEY")
+    parts = uri.key.split("/")
+    odd = [p for p in ("", ".", "..") if p in parts]
+    if not odd:
+        return uri
+    kept: list[str] = []
+    for p in parts:
+        if p == "..":
+            if len(kept) < 2:  # would climb to or above the bucket
+                kept = []
+                break
+            kept.pop()
+        elif p not in ("", "."):
+            kept.append(p)
+    holds = " and ".join(f"'{'//' if p == '' else p}'" for p in odd)
+    why = (f"{uri.display}: the key holds {holds}, which pyarrow's store client drops or "
+           "resolves on some calls and not on others, so packtool would write and find "
+           "different objects")
+    if not kept or parts[0] in (".", ".."):
+        raise LocationError(f"{why}; the bucket comes first: write SCHEME://BUCKET/KEY without "
+                            "'.', '..' or empty segments")
+    raise LocationError(f"{why}; write it as "
+                        f"{StoreURI(uri.scheme, '/'.join(kept), uri.query).display}")
 
 
 def _file_uri_rest(text: str, match: "re.Match") -> str:

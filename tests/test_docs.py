@@ -351,6 +351,7 @@ def test_robustness_doc_quotes_the_messages_packtool_prints(tmp_path, monkeypatc
              pack("dir/year=2024/*", tmp_path / "o"),  # relative: the working directory below
              pack("*.parquet", tmp_path / "o"),  # a pattern with no folder before it
              pack(good, "file://example.com/p"), pack(good, "file:out"),
+             pack(good, "s3://b/./out"),
              ["--source-column", "input_ids", *pack(good, tmp_path / "o")],
              ["--labels-column", "input_ids", *pack(good, tmp_path / "o")],
              pack(tmp_path / "twoname", tmp_path / "o"),

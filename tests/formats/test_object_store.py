@@ -755,3 +755,65 @@ def test_a_store_commit_of_many_shards_prints_no_connection_pool_warning(s3, tmp
     assert res.returncode == 0, res.stderr
     assert len(read_manifest(f"s3://{bucket}/many").shards) > 30
     assert "Connection pool is full" not in res.stderr, res.stderr
+
+
+def test_a_store_uri_with_dot_or_empty_segments_is_refused_before_any_work(tmp_path, s3):
+    """``pack IN s3://b/./tr`` beside a finished ``s3://b/tr``, without --overwrite, exited 0:
+    pyarrow's S3 client wrote ``tr/...`` (it drops ``./`` and resolves ``../`` in a key) while
+    packtool listed ``./tr/`` and found nothing, so the finished output's manifest was replaced
+    and no shard promoted (stats: "size ... the manifest says ..."); into a new prefix
+    (``./dot2``, ``q/../dd``) a manifest without shards, exit 0. ``s3://b//dbl/`` did all the
+    work, then failed at the commit (written as ``dbl/...``, copied as ``/dbl/...``) on every
+    rerun. Such a URI is now refused in one line naming its plain spelling, exit 1, before
+    anything is read or written, by every command and Python entry point taking a store URI;
+    a trailing ``/`` is no segment and stays accepted."""
+    import packtool
+    from packtool.errors import LocationError
+    from packtool.formats.packed import PackedOutput
+    from packtool.loader import PackedDataset
+
+    fs, bucket = s3
+    _put(fs, f"{bucket}/in/a.parquet", DOCS_A + DOCS_B)
+    src, tr = f"s3://{bucket}/in", f"s3://{bucket}/tr"
+    assert invoke(["pack", "-q", "-c", 8, src, tr]).exit_code == 0
+    before = hash_store_tree(fs, bucket)
+    why = ("which pyarrow's store client drops or resolves on some calls and not on others, so "
+           "packtool would write and find different objects; write it as ")
+    for given, shown, plain, holds in (
+            (f"s3://{bucket}/./tr", f"s3://{bucket}/./tr", tr, "'.'"),
+            (f"s3://{bucket}/./dot2", f"s3://{bucket}/./dot2", f"s3://{bucket}/dot2", "'.'"),
+            (f"s3://{bucket}/q/../dd", f"s3://{bucket}/q/../dd", f"s3://{bucket}/dd", "'..'"),
+            (f"s3://{bucket}//dbl/", f"s3://{bucket}//dbl", f"s3://{bucket}/dbl", "'//'"),
+            (f"s3://{bucket}/tr/./", f"s3://{bucket}/tr/.", tr, "'.'")):
+        want = f"Error: {shown}: the key holds {holds}, {why}{plain}"
+        held = f"s3://{bucket}/tr-h"
+        for args in (["pack", "-c", 4, src, given], ["pack", "-c", 4, given, tmp_path / "o"],
+                     ["pack", "-c", 4, "--holdout", 0.5, "--holdout-output", given, src,
+                      f"s3://{bucket}/new"],
+                     ["pack", "-c", 4, "--overwrite", "--holdout", 0.5, src, held,
+                      "--holdout-output", given],
+                     ["tokenize", "--tokenizer", tmp_path / "t.json", src, given],
+                     ["tokenize", "--tokenizer", tmp_path / "t.json", given, tmp_path / "o"],
+                     ["compare", "-c", 4, given], ["stats", given], ["verify", given],
+                     ["export", "--to", "nemo", given, tmp_path / "nemo"], ["upgrade", given],
+                     ["stats", tr, "--plot", f"{shown}/s.png"]):
+            res = invoke(args)
+            line = (f"Error: {shown}/s.png: the key holds {holds}, {why}{plain}/s.png"
+                    if "--plot" in args else want)
+            assert res.exit_code == 1, (args, res.output)
+            assert res.output.strip().splitlines() == [line], (args, res.output)
+        for call in (lambda: packtool.pack([src], given, capacity=4),
+                     lambda: packtool.pack([given], tmp_path / "o", capacity=4),
+                     lambda: PackedDataset(given), lambda: PackedOutput.open(given),
+                     lambda: read_manifest(given)):
+            with pytest.raises(LocationError) as err:
+                call()
+            assert f"Error: {err.value}" == want
+        assert hash_store_tree(fs, bucket) == before, given
+    assert not (tmp_path / "o").exists() and not (tmp_path / "nemo").exists()
+    for spelt in (f"{tr}/", f"{tr}///", f"s3:/{bucket}/tr"):  # no segment: read as tr
+        res = invoke(["stats", spelt])
+        assert res.exit_code == 0, (spelt, res.output)
+    again = invoke(["pack", "-c", 8, src, f"{tr}/"])
+    assert again.exit_code == 0 and "already holds this pack" in again.output, again.output
+    assert hash_store_tree(fs, bucket) == before
