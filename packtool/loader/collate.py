@@ -294,9 +294,10 @@ def _refuse_not_rows(batch) -> None:
     """Refuse, in one line, a batch that is not a list of row dicts: a table (a pandas
     DataFrame, a pyarrow Table: a ``datasets`` slice in pandas or arrow format), items that are
     tables (rows of a ``datasets.Dataset`` in pandas or arrow format), or a dict of columns of
-    several rows (a ``datasets`` slice ``d[0:4]``). Each otherwise failed deep inside (a
-    DataFrame's truth value, ``cu_seqlens`` against C = 1, a Table without ``keys``) or was
-    taken for a batch a dataset had already made."""
+    several rows (a ``datasets`` slice ``d[0:4]``), or items that are batches already made
+    (``input_ids`` of two dimensions). Each otherwise failed deep inside (a DataFrame's truth
+    value, ``cu_seqlens`` against C = 1, a Table without ``keys``), was taken for a batch a
+    dataset had already made, or was told to repack at one capacity."""
     kind = _kind(batch)
     if kind is not None:
         raise ValueError(f"got one {kind} (a datasets slice in pandas or arrow format?); "
@@ -311,6 +312,13 @@ def _refuse_not_rows(batch) -> None:
             what = _kind(item) or type(item).__name__
             raise ValueError(f"batch item {i} is a {what} (a datasets row in pandas or arrow "
                              "format?), not a dict; " + _ROW_DICTS)
+        shape = getattr(item.get("input_ids"), "shape", None)
+        if shape is not None and len(shape) == 2:  # a row's input_ids are [C]
+            raise ValueError(f"batch item {i} is a batch already made (input_ids of shape "
+                             f"{list(shape)}), not one row: a dataset given batch_size= and "
+                             "every collate function yield whole batches; hand each to the "
+                             "model as it is, or collate a list of rows (dataset[i], or the "
+                             "items of a dataset read without batch_size=)")
 
 
 def rows_of(batch) -> Rows:
@@ -319,9 +327,9 @@ def rows_of(batch) -> Rows:
     or ``labels_mode`` key), or None when they do not say.
 
     Raises:
-        ValueError: an empty batch, a batch already made (a dict), not a list of row dicts
-            (a pandas or pyarrow table, items that are, a dict of several rows' columns: a
-            ``datasets`` slice), rows of different capacity,
+        ValueError: an empty batch, a batch already made (a dict, or a list of them), not a
+            list of row dicts (a pandas or pyarrow table, items that are, a dict of several
+            rows' columns: a ``datasets`` slice), rows of different capacity,
             an item whose per-token columns differ in length or whose ``cu_seqlens`` does
             not rise from 0 to C, items with different columns (both items named), or
             items that say different labels conventions (or one says and another does not).

@@ -259,6 +259,24 @@ def test_a_dataloader_that_batches_the_datasets_batches_is_refused(many_groups, 
 
 
 @pytest.mark.parametrize("name", list(COLLATES))
+@pytest.mark.parametrize("made_by", ["collate", "collate_flat", "dataset"])
+def test_a_list_of_batches_already_made_is_refused_as_batches(many_groups, name, made_by):
+    """Batches already made (by a dataset given batch_size=, or by a collate) handed to a
+    collate as if they were rows: refused in one line saying so, naming the fix. It said the
+    items were of different capacity (pack every output with the same --capacity), or that a
+    cu_seqlens must rise from 0 to C = 2: advice about packing for a mistake in the loop."""
+    if made_by == "dataset":
+        made = list(PackedIterableDataset(many_groups, rank=0, world_size=1, batch_size=2))
+    else:
+        items = [PackedDataset(many_groups)[i] for i in range(4)]
+        made = [COLLATES[made_by](items[:2]), COLLATES[made_by](items[2:])]
+    for batches in (made[:2], made[:1]):
+        with pytest.raises(ValueError, match=r"batch item 0 is a batch already made .*not one "
+                                             r"row.*as it is"):
+            COLLATES[name](batches)
+
+
+@pytest.mark.parametrize("name", list(COLLATES))
 @pytest.mark.parametrize("column,length", [("position_ids", 7), ("position_ids", 9),
                                            ("labels", 10), ("segment_ids", 7)])
 def test_per_token_columns_of_another_length_are_refused_by_every_collate(padded, name,
