@@ -76,6 +76,9 @@ _LOCAL_HOSTS = ("", "localhost")
 #: Words of a store error (pyarrow's S3 and GCS messages): the network failed ...
 _NETWORK_WORDS = ("NETWORK_CONNECTION", "curlCode", "resolve host", "Connection refused",
                   "Couldn't connect")
+#: ... a gs:// client found no credentials to get a token with (on a machine outside Google
+#: Cloud it then asks the metadata server, which it cannot resolve: a network error)
+_GCS_NO_TOKEN = "Could not create a OAuth2 access token"
 #: ... the store refused the credentials ...
 _DENIED_WORDS = ("ACCESS_DENIED", "AccessDenied", "INVALID_ACCESS_KEY_ID", "InvalidAccessKeyId",
                  "SIGNATURE_DOES_NOT_MATCH", "SignatureDoesNotMatch", "EXPIRED_TOKEN",
@@ -548,6 +551,23 @@ class LocalPath(Location):
             shutil.rmtree(work, ignore_errors=True)  # another attempt finished the same bytes
 
 
+#: Options a store URI gets unless it gives them: pyarrow's GCS client retries a failed call
+#: for 15 minutes, so a gs:// URI on a machine without Google credentials (or naming a bucket
+#: it may not read) waited that long with no message; 20 s (a call then fails within about a
+#: minute, backoff included) still rides out a passing outage
+GCS_RETRY_LIMIT_S = 20
+_STORE_DEFAULTS = {"gs": {"retry_limit_seconds": str(GCS_RETRY_LIMIT_S)},
+                   "gcs": {"retry_limit_seconds": str(GCS_RETRY_LIMIT_S)}}
+
+
+def _with_store_defaults(scheme: str, query: str) -> str:
+    """``query`` (a store URI's options, ``a=1&b=2``) with :data:`_STORE_DEFAULTS` of
+    ``scheme`` added where it does not give them."""
+    given = {o.partition("=")[0] for o in query.split("&") if o}
+    extra = [f"{k}={v}" for k, v in _STORE_DEFAULTS.get(scheme, {}).items() if k not in given]
+    return "&".join(([query] if query else []) + extra)
+
+
 _FS: dict = {}
 _FS_LOCK = threading.Lock()
 #: (scheme, bucket, query) -> the root with the ``KEY:SECRET@`` it was first given with, so a
@@ -636,7 +656,8 @@ class StoreURI(Location):
         with _FS_LOCK:
             got = _FS.get(cache_key)
         if got is None:
-            root = f"{self.scheme}://{base}" + (f"?{self.query}" if self.query else "")
+            query = _with_store_defaults(self.scheme, self.query)
+            root = f"{self.scheme}://{base}" + (f"?{query}" if query else "")
             try:
                 fs, inner = from_uri(root)
             except ValueError as exc:
@@ -693,10 +714,18 @@ class StoreURI(Location):
         text = str(exc)
         if isinstance(exc, StoreError):
             return exc
+        if self.scheme in ("gs", "gcs") and _GCS_NO_TOKEN in text:  # before the network words:
+            # the client names the unreachable token server, not the missing credentials
+            return StoreError(f"{self.display}: {doing}: no Google credentials to use "
+                              f"({first_line(exc)[:200]}...); set GOOGLE_APPLICATION_CREDENTIALS "
+                              "to a service account's key file, or run 'gcloud auth "
+                              "application-default login', then rerun")
         if any(k in text for k in _NETWORK_WORDS):  # pyarrow names a curl code, not the fix
+            where = ("endpoint_override=HOST:PORT&scheme=http in the URI, or AWS_ENDPOINT_URL"
+                     if self.scheme == "s3" else "endpoint_override=HOST:PORT in the URI")
             return StoreError(f"{self.display}: cannot reach the store ({first_line(exc)}); check "
-                           "the endpoint (endpoint_override=HOST:PORT&scheme=http in the URI, or "
-                           "AWS_ENDPOINT_URL) and that the server is up, then rerun")
+                              f"the network and the endpoint ({where}) and that the server is "
+                              "up, then rerun")
         if any(k in text for k in _DENIED_WORDS):
             return StoreError(f"{self.display}: {doing}: the store refused the credentials "
                            f"({first_line(exc)}); check the credentials (AWS_ACCESS_KEY_ID and "

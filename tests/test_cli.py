@@ -421,3 +421,36 @@ def test_stats_suggestion_on_raw_input_with_other_files_runs(docs_dir, tmp_path)
     assert again.exit_code == 0, (cmd, again.output)
     (src / "data.csv").unlink()  # nothing to skip: the option is not suggested
     assert "--skip-unsupported" not in run("stats", src).output
+
+
+@pytest.mark.parametrize("query,seconds", [("", 20), ("?retry_limit_seconds=5", 5)])
+def test_a_gcs_location_stops_retrying_soon_unless_told_otherwise(query, seconds):
+    """pyarrow's GCS client retries for 15 minutes by default, so a gs:// URI without
+    credentials (or a typo of a bucket on a machine without them) waited 15 minutes with no
+    message: a gs:// location retries for 20 s unless its URI gives retry_limit_seconds."""
+    import datetime
+
+    pytest.importorskip("pyarrow._gcsfs")
+    from packtool.location import Location
+
+    fs, _ = Location.parse(f"gs://some-bucket/x{query}").filesystem()
+    assert fs.__reduce__()[1][0]["retry_time_limit"] == datetime.timedelta(seconds=seconds)
+
+
+def test_a_gcs_location_without_credentials_is_told_to_set_them_not_to_check_an_endpoint():
+    """A gs:// call on a machine without Google credentials fails with the client's network
+    error (it asks a metadata server it cannot resolve), which was worded as S3's: check
+    endpoint_override or AWS_ENDPOINT_URL. It now names the credentials and how to set them;
+    an unreachable store of another scheme is not told about AWS_ENDPOINT_URL either."""
+    from packtool.location import Location
+
+    text = ("google::cloud::Status(UNAVAILABLE: Retry policy exhausted, with a last message of "
+            "Could not create a OAuth2 access token to authenticate the request. The underlying "
+            "error message was: PerformWork() - CURL error [6]=Could not resolve hostname)")
+    told = str(Location.parse("gs://some-bucket/x").store_error(OSError(text)))
+    assert "no Google credentials" in told and "GOOGLE_APPLICATION_CREDENTIALS" in told, told
+    assert "AWS" not in told and "\n" not in told
+    down = str(Location.parse("hdfs://host:1/x").store_error(OSError("Couldn't connect")))
+    assert "cannot reach the store" in down and "AWS_ENDPOINT_URL" not in down, down
+    s3 = str(Location.parse("s3://bkt/x").store_error(OSError("Couldn't connect")))
+    assert "AWS_ENDPOINT_URL" in s3, s3
