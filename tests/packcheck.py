@@ -72,6 +72,22 @@ def invoke(args, **kw):
     return CliRunner().invoke(cli, [str(a) for a in args], **kw)
 
 
+def run_without_root_powers(cmd, **kw) -> subprocess.CompletedProcess:
+    """Run ``cmd`` (a list) in a process that obeys permission bits: as it is for a user, as
+    root without the capabilities that override them (root reads and writes any file); skips
+    the test as root without ``setpriv``."""
+    import shutil
+
+    import pytest
+
+    cmd = list(map(str, cmd))
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("root ignores permission bits and setpriv is missing")
+        cmd = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False, **kw)
+
+
 def read_output(out: Path) -> tuple[list[dict], dict]:
     """All rows of a packed output in manifest order, and the manifest."""
     manifest = read_manifest(out)

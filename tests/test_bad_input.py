@@ -653,16 +653,11 @@ def test_a_hidden_name_that_is_not_utf8_is_skipped_like_any_hidden_entry(tmp_pat
 
 
 def _run_without_root_powers(args):
-    """``python -m packtool ARGS`` in a process that obeys permission bits: as it is for a user,
-    as root without the capabilities that override them (root reads any file)."""
-    import shutil
+    """``python -m packtool ARGS`` in a process that obeys permission bits
+    (:func:`packcheck.run_without_root_powers`)."""
+    from packcheck import run_without_root_powers
 
-    cmd = [sys.executable, "-m", "packtool", *map(str, args)]
-    if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("root ignores permission bits and setpriv is missing")
-        cmd = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    return run_without_root_powers([sys.executable, "-m", "packtool", *args])
 
 
 @pytest.mark.parametrize("what", ["file", "folder"])

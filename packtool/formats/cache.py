@@ -73,16 +73,23 @@ class ShardCache:
         max_bytes: the cap, an int or a size string (``20G``).
 
     Raises:
-        ConfigError: a bad size, or a directory that cannot be created.
+        ConfigError: a bad size, or a directory that cannot be created or written (a read-only
+            mount, no write permission: a probe file is created and removed here, so the first
+            read does not fail on the shard's lock file).
     """
 
     def __init__(self, directory: "str | os.PathLike", max_bytes: "int | str") -> None:
         self.directory = Path(directory)
         self.max_bytes = parse_bytes(max_bytes)
+        doing = "created"
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
+            doing = "written"
+            probe = self.directory / f".probe.{uuid.uuid4().hex}"
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            probe.unlink()
         except OSError as exc:
-            raise ConfigError(f"cache directory {self.directory}: cannot be created "
+            raise ConfigError(f"cache directory {self.directory}: cannot be {doing} "
                               f"({exc.strerror or exc}); choose a writable directory") from None
 
     def __repr__(self) -> str:

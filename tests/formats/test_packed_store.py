@@ -675,3 +675,42 @@ def test_a_store_that_stops_answering_mid_read_is_no_damaged_shard(tmp_path, mon
         with pytest.raises(InputError, match=r"s3://gone/out/part-0000\d\.parquet.*cannot "
                                              r"reach the store.*check the endpoint"):
             out.decode(group, ["input_ids"])
+
+
+READ_ONE = """
+import sys
+from packtool.errors import ConfigError
+from packtool.loader import PackedDataset, PackedIterableDataset
+uri, cache, kind = sys.argv[1], sys.argv[2], sys.argv[3]
+try:
+    if kind == "map":
+        ds = PackedDataset(uri, cache_dir=cache, cache_limit="20M")
+        ds[0]
+    else:
+        ds = PackedIterableDataset(uri, seed=0, cache_dir=cache, cache_limit="20M")
+        next(iter(ds))
+except ConfigError as exc:
+    print("ConfigError:", exc)
+"""
+
+
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+def test_unwritable_cache_dir_is_one_line(both, tmp_path, kind):
+    """An existing ``cache_dir`` its user may not write (a read-only mount alike): one line
+    naming the directory and the fix when the dataset is built, as for one that cannot be
+    created (it was filelock's bare ``OSError`` on the first item)."""
+    from packcheck import run_without_root_powers
+
+    _, uri, _, _ = both
+    cache = tmp_path / "ro-cache"
+    cache.mkdir()
+    cache.chmod(0o555)
+    try:
+        proc = run_without_root_powers([sys.executable, "-c", READ_ONE, uri, cache, kind],
+                                       cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    finally:
+        cache.chmod(0o755)
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
+    assert proc.stdout.strip() == (f"ConfigError: cache directory {cache}: cannot be written "
+                                   "(Permission denied); choose a writable directory"), proc.stdout
+    assert not list(cache.iterdir())
