@@ -284,6 +284,15 @@ class Location:
         e = self.entry()
         return e.size if e is not None and not e.is_dir else None
 
+    def version(self) -> tuple | None:
+        """A value that changes whenever the file here is replaced or rewritten (compare two
+        values of one location; None: no file). One request on a store (S3: its ``ETag``).
+
+        Raises:
+            OSError: the store cannot be asked (worded by :meth:`store_error`).
+        """
+        raise NotImplementedError
+
     def listdir(self) -> dict[str, Entry]:
         """Entries directly inside this folder by name; empty when it does not exist."""
         raise NotImplementedError
@@ -443,6 +452,13 @@ class LocalPath(Location):
             return None
         is_dir = os.path.isdir(self.path)
         return Entry(self.name, is_dir, 0 if is_dir else st.st_size, st.st_mtime_ns)
+
+    def version(self) -> tuple | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
     def listdir(self) -> dict[str, Entry]:
         out = {}
@@ -688,6 +704,14 @@ class StoreURI(Location):
         except OSError as exc:
             raise self.store_error(exc) from None
         return None if info is None else Entry(self.name, *info)
+
+    def version(self) -> tuple | None:
+        from packtool.formats.filesystem import file_version
+
+        try:
+            return file_version(*self.filesystem())
+        except OSError as exc:
+            raise self.store_error(exc) from None
 
     @property
     def bucket(self) -> str:

@@ -56,6 +56,29 @@ def file_info(fs: pafs.FileSystem, path: str) -> tuple[bool, int, int] | None:
     return is_dir, 0 if is_dir else int(info.size or 0), int(info.mtime_ns or 0)
 
 
+def file_version(fs: pafs.FileSystem, path: str) -> tuple | None:
+    """A value that changes whenever the file at ``path`` is replaced or rewritten: its size and
+    what the store says of this version of it (S3: ``ETag``, ``Last-Modified``), else its mtime;
+    None when there is no file. One request on a store (S3: the HEAD that opening makes).
+
+    Raises:
+        OSError: the store cannot be asked (for :meth:`~packtool.location.Location.store_error`).
+    """
+    try:
+        f = fs.open_input_file(path)
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    try:
+        said = tuple(sorted((str(k), bytes(v)) for k, v in (f.metadata() or {}).items()))
+        size = f.size()
+    finally:
+        f.close()
+    if not said:  # a store that says nothing of the version: its mtime
+        info = fs.get_file_info(path)
+        said = (int(info.mtime_ns or 0),)
+    return (size, *said)
+
+
 def list_dir(fs: pafs.FileSystem, path: str) -> list[tuple[str, bool, int, int]]:
     """(name, is a folder, size in bytes, mtime in ns) of each entry directly inside ``path``;
     empty when it does not exist."""

@@ -63,9 +63,10 @@ import pyarrow.parquet as pq
 
 from packtool.errors import ManifestError, first_line, raise_if_shortage
 from packtool.formats.arrays import list_parts, numpy_values
-from packtool.formats.manifest import (REPACK_MISSING, Manifest, check_rows_add_up,
-                                       check_shards, footer_of, read_manifest_and_schema,
-                                       require_packed, store_failure)
+from packtool.formats.manifest import (MANIFEST_NAME, REPACK_MISSING, Manifest,
+                                       check_rows_add_up, check_shards, footer_of,
+                                       read_manifest_and_schema, require_packed, store_failure,
+                                       unreadable)
 from packtool.formats.schema import (CAPACITY_META_KEY, LABELS_CONVENTION_META_KEY,
                                      RAGGED_COLUMNS, SCALAR_COLUMNS, SEGMENT_MULTIPLE_META_KEY,
                                      SHARD_META_KEY, TOKEN_COLUMNS)
@@ -80,6 +81,9 @@ __all__ = ["PackedOutput", "Block", "Rows", "INTEGRITY", "LABEL_CONVENTIONS", "K
 
 #: Integrity levels of :meth:`PackedOutput.open`, weakest first (see the module docstring).
 INTEGRITY = ("size", "footer", "sha256")
+#: A manifest version not taken (:meth:`PackedOutput._raise_if_repacked_since_read`): equal to
+#: no :meth:`~packtool.location.Location.version`, so the manifest is read at each open.
+_UNSEEN = ("not taken",)
 #: The two labels conventions a reader hands out.
 LABEL_CONVENTIONS = ("unshifted", "shifted")
 #: Every column of the output contract, in schema order.
@@ -556,6 +560,9 @@ class PackedOutput:
         self.schema = schema
         self.integrity = integrity
         self.cache = cache
+        # the manifest's version when it was read (Location.version), for the shards opened
+        # from a cache (_raise_if_repacked_since_read); _UNSEEN: not taken (checked at each open)
+        self._manifest_seen = _UNSEEN
         self.capacity = int(manifest.capacity)
         self.labels = manifest.labels
         self.columns = tuple(schema.names)
@@ -607,7 +614,9 @@ class PackedOutput:
         Args:
             path: the OUTPUT directory, a ``file:`` URI or a store URI.
             integrity: ``size``, ``footer`` (default) or ``sha256`` (module docstring).
-            cache: a :class:`~packtool.formats.cache.ShardCache` for a store output, or None.
+            cache: a :class:`~packtool.formats.cache.ShardCache` for a store output, or None
+                (with a cache the manifest's version is taken first, and compared before each
+                shard is opened from the cache: :meth:`_raise_if_repacked_since_read`).
             max_open_files: open shard handles per process (>= 1).
             progress: ``callable(done, total)`` told about the sha256 of each shard.
             rows_add_up: refuse a manifest whose shards' rows do not add up to its totals
@@ -625,11 +634,20 @@ class PackedOutput:
             ValueError: unknown ``integrity`` or ``max_open_files < 1``.
         """
         loc = Location.parse(path)
+        # a cached copy is named by its sha256: the manifest's version, taken before it is read,
+        # is what tells a shard opened from the cache that the output was packed again since
+        seen = _UNSEEN
+        if cache is not None and not loc.is_local:
+            try:
+                seen = loc.join(MANIFEST_NAME).version()
+            except OSError:
+                pass  # a store that cannot be asked: said by the manifest's read, next
         manifest, schema = read_manifest_and_schema(loc)
         require_packed(manifest, loc.display)  # before any shard is checked or hashed
         check_shards(loc, manifest, hashes=integrity == "sha256", progress=progress)
         reader = cls(loc, manifest, schema, integrity=integrity, cache=cache,
                      max_open_files=max_open_files)
+        reader._manifest_seen = seen
         try:  # after the shards' own checks, which name the shard at fault
             if rows_add_up:  # no reader serves or exports a subset of the rows in silence
                 check_rows_add_up(manifest, loc.display)
@@ -730,13 +748,22 @@ class PackedOutput:
                 return local, False
         return loc.open_input(), not loc.is_local
 
-    def _raise_if_repacked(self, s: int) -> None:
+    def _raise_if_repacked(self, s: int, *, same_shard_ok: bool = False) -> None:
         """Shard ``s`` differs from the manifest this reader opened (missing, resized,
-        rewritten): when the manifest now in OUTPUT records it otherwise, the output was packed
+        rewritten), or (``same_shard_ok``) the manifest in OUTPUT changed since it was read:
+        when the manifest now in OUTPUT records it otherwise, the output was packed
         again (``--overwrite``) since it was opened; when there is no manifest now, a pack is
         replacing it (its lock is held; a store's lock object whose holder cannot be asked: it
         is replacing it or was interrupted) or one that did was interrupted (its in-progress
-        marker is there). None of these is damage.
+        marker is there). None of these is damage. The one owner of "packed again since it was
+        opened", for the shards read where they lie and those opened from a cache
+        (:meth:`_raise_if_repacked_since_read`).
+
+        Args:
+            s: the shard about to be read.
+            same_shard_ok: refuse only when the manifest now records shard ``s`` otherwise (a
+                pack of other options that wrote this shard byte for byte again leaves its
+                rows as they were, as a reader of the store's shard finds them).
 
         Raises:
             ManifestError: says which, and to open the output again (once the pack has ended,
@@ -768,10 +795,38 @@ class PackedOutput:
         else:
             return  # no manifest and no pack replacing it: damaged, said by the caller
         entry = self.manifest.shards[s]
-        if now.fingerprint != self.manifest.fingerprint or entry not in now.shards:
+        if entry not in now.shards or (now.fingerprint != self.manifest.fingerprint
+                                       and not same_shard_ok):
             raise ManifestError(f"{self.location.display}: packed again since it was opened "
                                 f"(its manifest changed; {entry.file} is another file now): "
                                 "open it again (a new dataset or PackedOutput.open)")
+
+    def _raise_if_repacked_since_read(self, s: int) -> None:
+        """Before shard ``s`` is opened through the cache: its cached copy is named by its
+        sha256, so it never differs from the manifest, and the size and footer checks that
+        tell a reader of the store's shard that the output was packed again see nothing. So the
+        manifest's version (:meth:`~packtool.location.Location.version`: one request, S3's
+        ``ETag``) is compared with the one taken when the output was opened; when it changed,
+        :meth:`_raise_if_repacked` reads the manifest now there and refuses the shard it
+        records otherwise, as a reader without a cache refuses it when it opens it. A local
+        output or no cache: nothing to do (the shard itself is read).
+
+        Raises:
+            ManifestError: packed again since it was opened, or a pack replacing it now.
+            InputError: the store cannot be asked (its one line).
+        """
+        if self.cache is None or self.location.is_local:
+            return
+        mloc = self.location.join(MANIFEST_NAME)
+        try:
+            now = mloc.version()
+        except OSError as exc:
+            raise_if_shortage(exc, mloc.display)
+            raise unreadable(mloc, exc) from None
+        if now is not None and now == self._manifest_seen:
+            return
+        self._raise_if_repacked(s, same_shard_ok=True)
+        self._manifest_seen = now  # taken before that read: a later change is seen again
 
     def _raise_if_store_failed(self, s: int, exc: BaseException) -> None:
         """A store that stopped answering, refused the credentials or lost its bucket while
@@ -797,7 +852,9 @@ class PackedOutput:
         return self.cache.discard(self.manifest.shards[s].sha256)
 
     def _open_shard(self, s: int):
-        """Open shard ``s`` (a cached copy that fails the checks is fetched again, once)."""
+        """Open shard ``s`` (a cached copy that fails the checks is fetched again, once). An
+        output packed again since it was opened is refused first, the cached copy kept."""
+        self._raise_if_repacked_since_read(s)
         try:
             return self._open_checked(s)
         except ManifestError:

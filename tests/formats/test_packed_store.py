@@ -677,6 +677,38 @@ def test_a_store_that_stops_answering_mid_read_is_no_damaged_shard(tmp_path, mon
             out.decode(group, ["input_ids"])
 
 
+@pytest.mark.parametrize("kind", ["iterable", "map"])
+def test_repack_under_a_warm_cache(both, tmp_path, kind):
+    """A reader of a warm cache (every shard's copy on the local disk) of an output that
+    ``pack --overwrite`` of other content then replaces: the next shard it opens is refused
+    (packed again, open it again), as without a cache, never served from the old copies."""
+    torch = pytest.importorskip("torch")  # noqa: F841
+    from packtool.errors import ManifestError
+    from packtool.loader import PackedDataset, PackedIterableDataset
+
+    _, uri, _, _ = both
+    src = tmp_path / "in" / "a.parquet"
+    cache = tmp_path / "cache"
+    kw = dict(cache_dir=cache, cache_limit="20M", max_open_files=1)
+    if kind == "iterable":
+        make = lambda: PackedIterableDataset(uri, seed=0, **kw)  # noqa: E731
+        rows = lambda ds: (it["input_ids"].tolist() for it in ds)  # noqa: E731
+    else:
+        make = lambda: PackedDataset(uri, cached_row_groups=1, **kw)  # noqa: E731
+        rows = lambda ds: (ds[i]["input_ids"].tolist() for i in range(len(ds)))  # noqa: E731
+    old = list(rows(make()))  # the cache is warm from here on
+    reader = rows(make())
+    head = [next(reader) for _ in range(10)]
+    assert head == old[:10]
+    res = invoke([*PACK, "--overwrite", "--seed", "9", src, uri])
+    assert res.exit_code == 0, res.output
+    with pytest.raises(ManifestError, match=r"packed again since it was opened .*open it again"):
+        for _ in reader:
+            pass
+    new = list(rows(make()))  # a new dataset reads the new pack
+    assert sorted(map(tuple, new)) != sorted(map(tuple, old)) or new != old
+
+
 READ_ONE = """
 import sys
 from packtool.errors import ConfigError
@@ -714,3 +746,29 @@ def test_unwritable_cache_dir_is_one_line(both, tmp_path, kind):
     assert proc.stdout.strip() == (f"ConfigError: cache directory {cache}: cannot be written "
                                    "(Permission denied); choose a writable directory"), proc.stdout
     assert not list(cache.iterdir())
+
+
+def test_repack_of_one_source_under_cached_workers(both, tmp_path):
+    """A mixture of two store outputs read through one warm cache by two DataLoader workers
+    (each holds its own copy of the opened outputs): ``pack --overwrite`` of one of them with
+    other content is refused in the worker that next opens one of its shards, as without a
+    cache."""
+    torch = pytest.importorskip("torch")
+    from packtool.loader import PackedIterableDataset
+
+    _, uri, _, bucket = both
+    src = tmp_path / "in" / "a.parquet"
+    other = f"s3://{bucket}/other"
+    assert invoke([*PACK, "--seed", "3", src, other]).exit_code == 0
+    kw = dict(seed=0, cache_dir=tmp_path / "cache", cache_limit="20M", max_open_files=1)
+    sources = {"a": uri, "b": other}
+    assert len(list(PackedIterableDataset(sources, **kw))) > 20  # the cache is warm
+    loader = torch.utils.data.DataLoader(PackedIterableDataset(sources, **kw), batch_size=None,
+                                         num_workers=2, prefetch_factor=1)
+    it = iter(loader)
+    for _ in range(4):
+        next(it)
+    assert invoke([*PACK, "--overwrite", "--seed", "9", src, other]).exit_code == 0
+    with pytest.raises(Exception, match=r"packed again since it was opened .*open it again"):
+        for _ in it:
+            pass
