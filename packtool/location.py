@@ -748,8 +748,8 @@ class StoreURI(Location):
             where = ("endpoint_override=HOST:PORT&scheme=http in the URI, or AWS_ENDPOINT_URL"
                      if self.scheme == "s3" else "endpoint_override=HOST:PORT in the URI")
             return StoreError(f"{self.display}: cannot reach the store ({first_line(exc)}); check "
-                              f"the network and the endpoint ({where}) and that the server is "
-                              "up, then rerun")
+                              f"the endpoint ({where}) and that the server is up, then "
+                              "rerun")
         if any(k in text for k in _DENIED_WORDS):
             return StoreError(f"{self.display}: {doing}: the store refused the credentials "
                            f"({first_line(exc)}); check the credentials (AWS_ACCESS_KEY_ID and "
