@@ -10,6 +10,7 @@ exact resume) reads whole row groups in a seeded order; this class is for random
 from __future__ import annotations
 
 import os
+import weakref
 from collections import OrderedDict
 from typing import Sequence
 
@@ -107,12 +108,12 @@ class PackedDataset:
         self.cached_row_groups = int(cached_row_groups)
         self._blocks: OrderedDict = OrderedDict()
         self._pid = os.getpid()
-        self._fetcher_ok = False
+        self._fetcher = None  # weakref to the DataLoader fetcher last checked (wrappers.py)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_blocks"] = OrderedDict()
-        state["_fetcher_ok"] = False
+        state["_fetcher"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -158,9 +159,11 @@ class PackedDataset:
             raise IndexError(f"row {index} out of range for {n} rows in {self.path}")
         if self._pid != os.getpid():
             self._blocks, self._pid = OrderedDict(), os.getpid()
-            self._fetcher_ok = False
-        if not self._fetcher_ok:  # until a DataLoader's fetcher was seen to batch items fine
-            self._fetcher_ok = map_fetcher_checked(self)
+            self._fetcher = None
+        seen = self._fetcher() if self._fetcher is not None else None
+        fetcher = map_fetcher_checked(self, seen)  # each DataLoader's fetcher checked once
+        if fetcher is not None and fetcher is not seen:
+            self._fetcher = weakref.ref(fetcher)
         g = self.output.group_of(i)
         block = self._blocks.get(g)
         if block is None:

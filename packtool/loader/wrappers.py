@@ -103,25 +103,33 @@ def refuse_dataloader_batching(dataset, batch_size: int | None, *, depth: int = 
     return False
 
 
-def map_fetcher_checked(dataset, *, depth: int = 4) -> bool:
+def map_fetcher_checked(dataset, checked=None, *, depth: int = 4):
     """For a map-style ``dataset``'s ``__getitem__``: refuse torch's ``default_collate`` as the
     DataLoader fetcher that calls it batches the items (their per-document columns cannot be
     stacked; it failed inside torch), found among the ``depth`` frames from the caller's
-    caller up. Returns True once a fetcher of this dataset was found and is fine (the dataset
-    need not look again in this process), False when none calls it (a direct ``dataset[i]``).
+    caller up. A fetcher is looked at once: ``checked``, the one this returned before, is not
+    checked again; every other fetcher is (a dataset read by a DataLoader that batches fine,
+    then by one with the default collate, is refused there).
+
+    Returns:
+        The DataLoader fetcher calling it (fine), or None when none does (a direct
+        ``dataset[i]``).
 
     Raises:
         ValueError: names the fix (``collate_fn=collate`` and its kin).
     """
     fetch = sys.modules.get("torch.utils.data._utils.fetch")
     if fetch is None:  # no DataLoader in this process
-        return False
+        return None
     for f in _frames(sys._getframe(2), depth):
+        if f.f_code.co_name != "fetch":  # a method's frame; locals only of that one
+            continue
         owner = f.f_locals.get("self")
         if isinstance(owner, fetch._MapDatasetFetcher) and owner.dataset is dataset:
-            _refuse_default_collate(owner, dataset)
-            return True
-    return False
+            if owner is not checked:
+                _refuse_default_collate(owner, dataset)
+            return owner
+    return None
 
 
 def refuse_accelerate_wrapper(rank: int = 0, world_size: int = 1, *, depth: int = 1,

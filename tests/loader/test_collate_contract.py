@@ -372,6 +372,14 @@ def test_a_dataloader_batching_items_with_torchs_default_collate_is_told_to_pass
     per_token = ["input_ids", "segment_ids", "position_ids", "labels"]
     batch = next(iter(DataLoader(make(out, columns=per_token), batch_size=2)))
     assert batch["segment_ids"].shape == (2, 8)
+    # one dataset object read by a DataLoader that batches fine, then by one that does not:
+    # the second is refused too (the map-style dataset took the first as leave to stop looking)
+    ds = make(out)
+    for _ in range(2):
+        assert next(iter(DataLoader(ds, batch_size=2, collate_fn=collate)))["input_ids"].shape \
+            == (2, 8)
+        with pytest.raises(ValueError, match=r"torch's default collate, which cannot stack "):
+            next(iter(DataLoader(ds, batch_size=2)))
 
 
 @pytest.mark.parametrize("name", list(COLLATES))
