@@ -14,8 +14,10 @@ args = TrainingArguments(output_dir="hf-run", max_steps=2, per_device_train_batc
                          accelerator_config={"dispatch_batches": False})
 # the Trainer batches the rows itself and runs len(DataLoader) steps an epoch: with DataLoader
 # workers (dataloader_num_workers), dataloader_batch_size cuts each worker's rows into whole
-# batches, so no worker's partial batch falls past that length and out of training
-ds = PackedIterableDataset("packed/", labels="unshifted",
+# batches, so no worker's partial batch falls past that length and out of training; on several
+# processes (torchrun) accelerate hands each its share of the rows, so every process builds
+# the whole epoch: rank=0, world_size=1 (not RANK / WORLD_SIZE, which would share it twice)
+ds = PackedIterableDataset("packed/", labels="unshifted", rank=0, world_size=1,
                            dataloader_batch_size=args.per_device_train_batch_size)
 # the model shifts labels itself: HFCollator always hands it unshifted labels; IsolationCheck
 # runs the model on a small packed batch of the collator's when training begins, and stops it

@@ -75,3 +75,33 @@ def test_two_ranks_under_torchrun_cover_the_epoch_once(many_groups, tmp_path):
     assert [len(rk["rows"]) for rk in ranks] == [rk["len"] for rk in ranks]
     shared = set(ranks[0]["groups"]) & set(ranks[1]["groups"])
     assert len(shared) <= 2  # only the row groups at the ends of the two ranges
+
+
+def test_the_trainer_example_trains_on_two_processes(tmp_path):
+    """examples/train_hf.py with the Trainer on two processes (torchrun, DDP on CPU through
+    use_cpu=True, as on GPUs by default): the dataset it builds stopped both ranks at the first
+    step (accelerate's IterableDatasetShard over a dataset that was one rank's share already,
+    read from RANK / WORLD_SIZE); the example now builds it as docs/training.md says, rank=0,
+    world_size=1, and both ranks train."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    if torchrun is None:
+        pytest.skip("torchrun not found beside this Python")
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    body = (root / "examples" / "train_hf.py").read_text()
+    assert body.count("accelerator_config=") == 1
+    script = tmp_path / "train_hf.py"
+    script.write_text(body.replace("accelerator_config=", "use_cpu=True, accelerator_config="))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    packed = subprocess.run([sys.executable, "-m", "packtool", "pack", "-q", "-c", "256",
+                             str(root / "sample_data"), str(tmp_path / "packed")],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert packed.returncode == 0, packed.stderr
+    res = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", str(script)],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "IterableDatasetShard" not in res.stderr
