@@ -131,6 +131,20 @@ def _new_folder(value, what: str) -> None:
                            f"{shlex.quote(text + '/')}")
 
 
+def _early_stop_words(outputs) -> None:
+    """Until the run enters its ``outputs`` (``(path, role)`` pairs), a Ctrl-C or SIGTERM ends
+    the command at once (:func:`packtool.signals.install_early_handler`): its line says what
+    they hold when one keeps what a stopped run left for its rerun (:func:`packtool.output.untouched_words`),
+    not "nothing was written", which reads as if that work were gone."""
+    from packtool.output import held_words, untouched_words
+    from packtool.signals import early_words, test_pause
+
+    held = any(held_words(path) for path, _role in outputs)
+    early_words("; ".join(untouched_words(path) for path, _role in outputs)
+                + "; rerun the same command to resume and finish it" if held else None)
+    test_pause("start")
+
+
 class _TokenId(click.ParamType):
     """A token id (an integer) of ``pack`` and ``compare``; a token string (``'</s>'``) is
     refused saying that ``packtool tokenize`` takes those (it has the tokenizer to look them
@@ -340,6 +354,7 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
                      ray_address=ray_address if engine == Engine.RAY.value else None,
                      skip_unsupported=skip_unsupported, holdout=holdout,
                      holdout_output=holdout_output, source_column=source_column)
+    _early_stop_words(cfg.own_outputs())
     # what discovery did not read, and mask-like columns not used, are part of the summary
     # (the pack walks INPUT again)
     summary = as_json or not quiet  # -q --json still reports what was not read
@@ -1196,6 +1211,7 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
                          rows_per_shard=rows_per_shard,
                          workers=(os.cpu_count() or 1) if workers is None else workers,
                          overwrite=overwrite, skip_unsupported=skip_unsupported)
+    _early_stop_words(((cfg.output, "OUTPUT"),))
     try:
         res = run_tokenize(cfg, progress=not quiet)
     except KeyboardInterrupt as exc:

@@ -96,7 +96,7 @@ __all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256
            "SCRATCH_FINGERPRINT", "LAYOUT_REVISION", "window_done", "window_workdir",
            "publish_window", "window_file", "shard_temp", "discard_shard_temp", "publish_shard",
            "kept_shard", "finished_shard", "MARKER_EVERY_S", "MEMORY_FIXES", "FILES_FIX",
-           "holding_lock"]
+           "holding_lock", "held_words", "untouched_words"]
 
 #: Seconds a starting pack waits for OUTPUT's lock before refusing: ``stats``, ``verify`` and
 #: the loader probe it (:func:`packtool.formats.manifest.pack_running`) by taking it for a
@@ -578,22 +578,9 @@ class Output:
         and read parts: ``done.json`` in them) and the staging directories of read parts begun
         (a :data:`PARTIAL_PROGRESS` record in them: in a store none, staging is on the tasks'
         own disks); return how many of those are there (what they are: :attr:`kept`)."""
-        kept = ScratchKept()
-        for name, e in self.tmp.listdir().items():
-            if name == SCRATCH_FINGERPRINT:
-                continue
-            where = self.tmp.join(name)
-            if e.is_dir and name.startswith(SCRATCH_UNITS):
-                done = _read_json(where.join(WINDOW_DONE))
-                if done is not None:
-                    kept.add(name, done)
-                    continue
-            elif e.is_dir and f"-{READ_DIR_PREFIX}" in name:
-                record = _read_json(where.join(PARTIAL_PROGRESS))
-                if record is not None:
-                    kept.add(name, record, partial=True)
-                    continue
-            where.delete_tree() if e.is_dir else where.delete()
+        kept, others = _scratch_units(self.tmp)
+        for where, is_dir in others:
+            where.delete_tree() if is_dir else where.delete()
         self.kept = kept
         return kept.units
 
@@ -1089,6 +1076,84 @@ def holding_lock(path, command: str):
         HELD_HERE.discard(key)
         loc.join(LOCK_NAME).delete()  # still held: nobody waits on it
         lock.release()
+
+
+def _scratch_units(tmp: Location) -> "tuple[ScratchKept, list[tuple[Location, bool]]]":
+    """What the scratch ``tmp`` keeps for a rerun: its finished units (windows and read parts:
+    ``done.json`` in them) and the staging directories of read parts begun (a
+    :data:`PARTIAL_PROGRESS` record in them), as a :class:`ScratchKept`; and ``(location,
+    is a directory)`` of everything else in it but its fingerprint (what a trim removes).
+    Reads only."""
+    kept, others = ScratchKept(), []
+    for name, e in tmp.listdir().items():
+        if name == SCRATCH_FINGERPRINT:
+            continue
+        where = tmp.join(name)
+        if e.is_dir and name.startswith(SCRATCH_UNITS):
+            done = _read_json(where.join(WINDOW_DONE))
+            if done is not None:
+                kept.add(name, done)
+                continue
+        elif e.is_dir and f"-{READ_DIR_PREFIX}" in name:
+            record = _read_json(where.join(PARTIAL_PROGRESS))
+            if record is not None:
+                kept.add(name, record, partial=True)
+                continue
+        others.append((where, e.is_dir))
+    return kept, others
+
+
+def held_words(path) -> str | None:
+    """What the local output ``path`` keeps of a run stopped before its end (Ctrl-C, SIGTERM,
+    SIGKILL), in the words of :meth:`Output.stopped_words`, for a run stopped before it entered
+    that output (which is then as the run found it): ``OUT has no manifest; kept for the rerun:
+    ...`` (the read parts, read parts begun and planned windows of its scratch, the finished
+    shards), ``OUT has no manifest (its in-progress marker only; nothing was kept)``, or ``OUT
+    still holds its earlier finished pack, untouched; kept for the rerun: ...`` (an
+    ``--overwrite`` stopped before its commit). Whose options that work is of is not known
+    here: the rerun of the command that left it reuses it.
+
+    Returns:
+        the words; None when the output keeps nothing of such a run (absent, empty, a finished
+        output alone, a scratch with no finished unit), cannot be listed, or is in a store
+        (not listed for a message: a request, which may wait long on a store out of reach).
+    """
+    loc = Location.parse(path)
+    if not loc.is_local:
+        return None
+    try:
+        found = loc.listdir()
+        if IN_PROGRESS_NAME not in found and TMP_DIR_NAME not in found:
+            return None
+        kept = (_scratch_units(loc.join(TMP_DIR_NAME))[0] if TMP_DIR_NAME in found
+                else ScratchKept())
+    except OSError:
+        return None
+    d = loc.display
+    if MANIFEST_NAME in found:  # the new shards wait under their pending names
+        what = kept.describe(sum(1 for n, e in found.items()
+                                 if not e.is_dir and is_pending_name(n)))
+        if not what:
+            return None
+        try:
+            kind = read_manifest(loc).kind
+        except ManifestError:
+            kind = None
+        return f"{d} still holds its earlier finished {_run_word(kind)}, untouched; kept for " \
+               f"the rerun: {what}"
+    what = kept.describe(len(shard_files(found)))
+    if what:
+        return f"{d} has no manifest; kept for the rerun: {what}"
+    if IN_PROGRESS_NAME in found:
+        return f"{d} has no manifest (its in-progress marker only; nothing was kept)"
+    return None
+
+
+def untouched_words(path) -> str:
+    """What the output ``path`` of a run stopped before it entered it holds, in words for the
+    interrupted message: :func:`held_words`, else ``nothing was kept (OUT is as it was before
+    the run)``."""
+    return held_words(path) or f"nothing was kept ({display(path)} is as it was before the run)"
 
 
 class ScratchKept:

@@ -9,7 +9,9 @@ The handlers, swapped by the pack driver:
 
 - before OUTPUT is touched (start-up, imports, argument parsing, reading footers) there is
   nothing to clean up, so :func:`install_early_handler` (called by the ``packtool`` command
-  alone) makes SIGINT and SIGTERM print one line and end the process at once;
+  alone) makes SIGINT and SIGTERM print one line and end the process at once: "nothing was
+  written", or what OUTPUT keeps of an earlier stopped run for its rerun, once the command
+  has said so (:func:`early_words`);
 - while a pack owns OUTPUT, :func:`interruptible` makes SIGINT and SIGTERM set :data:`STOP` and
   raise ``KeyboardInterrupt`` in the main thread, so the run leaves through its one cleanup path
   (:mod:`packtool.output`). Worker threads call :func:`check` between record batches and row
@@ -38,7 +40,7 @@ from typing import Callable, Iterator
 
 __all__ = ["EXIT_INTERRUPTED", "STOP", "STOP_SIGNALS", "install_early_handler", "interruptible",
            "check", "hold", "signals_held", "stop_now", "stop_signal", "exit_status", "stop_word",
-           "result", "test_pause", "PAUSE_ENV", "PAUSE_ONCE_ENV", "TEST_ENVS"]
+           "result", "test_pause", "PAUSE_ENV", "PAUSE_ONCE_ENV", "TEST_ENVS", "early_words"]
 
 #: Exit status of an interrupted command (128 + SIGINT, what shells report for Ctrl-C).
 EXIT_INTERRUPTED = 130
@@ -70,9 +72,22 @@ def stop_word() -> str:
     return "terminated (SIGTERM)" if stop_signal() == signal.SIGTERM else "interrupted"
 
 
+#: What :func:`_early` says instead of "nothing was written" (set by :func:`early_words`)
+_early_said: list[bytes] = []
+
+
+def early_words(words: str | None) -> None:
+    """What a Ctrl-C or SIGTERM before the command's run has entered its output says, instead
+    of ``nothing was written``: ``packtool: interrupted: WORDS`` (the command, once it knows
+    what its output holds: the work a stopped run kept there for its rerun). None: the plain
+    line again."""
+    _early_said[:] = [words.encode("utf-8", "replace")] if words else []
+
+
 def _early(signum, frame) -> None:  # pragma: no cover - runs in a subprocess
     word = b"terminated (SIGTERM)" if signum == signal.SIGTERM else b"interrupted"
-    os.write(2, b"packtool: " + word + b"; nothing was written\n")
+    said = b": " + _early_said[0] if _early_said else b"; nothing was written"
+    os.write(2, b"packtool: " + word + said + b"\n")
     os._exit(128 + signum)
 
 
@@ -312,7 +327,9 @@ def check() -> None:
 
 
 #: Test hook (used only by the crash, interrupt and cluster tests):
-#: ``PACKTOOL_TEST_PAUSE_AT=<phase>[:<n>]`` with phase ``read`` (n = read part),
+#: ``PACKTOOL_TEST_PAUSE_AT=<phase>[:<n>]`` with phase ``start`` (the ``pack`` or
+#: ``tokenize`` command knows its outputs, has not touched them: the start-up handler is in
+#: place), ``read`` (n = read part),
 #: ``read-piece`` (n = piece of its read part, before it is read), ``plan`` (n = window),
 #: ``write-shard`` (n = shard), ``manifest`` or ``holdout`` (``--holdout``: the training output
 #: finished, the held-out pack not begun) makes ``pack`` print a line to stderr and wait

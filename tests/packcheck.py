@@ -374,6 +374,28 @@ def paused_pack(src, out, phase: str, options=(), stop: int = signal.SIGKILL):
         proc.stderr.close()
 
 
+def stopped_at(args, phase: str, sig: int = signal.SIGINT) -> tuple[int, str]:
+    """``packtool ARGS`` as a process, held at the test pause ``phase``
+    (``PACKTOOL_TEST_PAUSE_AT``; ``start``: before the command touched its OUTPUT), then sent
+    ``sig``; returns its exit status and what it printed on stderr after the pause (120 s
+    watchdog)."""
+    env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT=phase)
+    proc = subprocess.Popen([sys.executable, "-m", "packtool", *map(str, args)],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        line = proc.stderr.readline()
+        assert f"test pause at {phase}" in line, f"no pause at {phase}: {line!r}"
+        os.kill(proc.pid, sig)
+        code = proc.wait()
+        return code, proc.stderr.read()
+    finally:
+        watchdog.cancel()
+        proc.kill()
+        proc.stderr.close()
+
+
 _SIGNAL_AFTER_RUN = """
 import os, signal, sys, time
 import {module} as m

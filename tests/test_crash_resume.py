@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from packcheck import finished_shards, hash_pack, hash_tree, invoke, paused_pack, pending, write_docs
+from packcheck import (finished_shards, hash_pack, hash_tree, invoke, paused_pack, pending,
+                       stopped_at, write_docs)
 from packtool.errors import ManifestError
 from packtool.formats.manifest import (IN_PROGRESS_NAME, LOCK_NAME, MANIFEST_NAME, TMP_DIR_NAME,
                                        load_manifest, read_manifest)
@@ -510,6 +511,79 @@ def test_an_overwrite_stopped_before_it_commits_says_the_finished_output_is_unto
     fresh = tmp_path / "fresh"
     rerun(src, fresh, other)
     assert hash_tree(out) == hash_tree(fresh)
+
+
+def _held(err: str) -> str:
+    """What an interrupted pack's line says OUTPUT holds (between the stop word and the
+    rerun's advice)."""
+    [line] = err.strip().splitlines()
+    assert line.startswith("Error: interrupted: "), line
+    assert line.endswith("; rerun the same command to resume and finish it"), line
+    return line[len("Error: interrupted: "):-len("; rerun the same command to resume and finish it")]
+
+
+@pytest.mark.parametrize("first", ["plan:1", "write-shard:2", "overwrite"])
+def test_a_rerun_stopped_before_it_enters_output_says_what_output_keeps(tmp_path, src, reference,
+                                                                       first):
+    """A pack stopped while it plans window 1 or writes shard 2 (or an --overwrite of a finished
+    output stopped while it plans) keeps its work for the rerun. That rerun, stopped by SIGTERM
+    before it touched OUTPUT (the test pause ``start``: reading the input's footers), said
+    "nothing was written" while OUTPUT held that work, which the next rerun then reused. It
+    now says what OUTPUT holds, in the words of the first stop, and the work is still reused."""
+    options = [*OPTIONS, "--window-docs", "25"]
+    out = tmp_path / "out"
+    if first == "overwrite":
+        rerun(src, out)
+        options = [o if o != "3" else "4" for o in options] + ["--overwrite"]
+    held = _held(_ctrl_c_at("plan:1" if first == "overwrite" else first, src, out, options))
+    assert "kept for the rerun: " in held, held
+    before = hash_tree(out)
+    code, err = stopped_at(["pack", "-q", *options, src, out], "start", signal.SIGTERM)
+    assert code == 143, err
+    assert err == (f"packtool: terminated (SIGTERM): {held}; rerun the same command to resume "
+                   "and finish it\n"), err
+    assert hash_tree(out) == before
+    report = rerun(src, out, options)
+    assert report["parts_reused"] == 1 and report["windows_reused"] >= 1, report
+    fresh = tmp_path / "fresh"
+    rerun(src, fresh, options)
+    assert hash_tree(out) == hash_tree(fresh)
+
+
+def test_a_pack_stopped_before_it_enters_a_new_or_finished_output_says_nothing_was_written(
+        tmp_path, src, reference):
+    """Stopped before it touched OUTPUT (the test pause ``start``), a pack into a new OUTPUT or
+    a finished one, which hold nothing of a stopped run, says the one start-up line."""
+    new = tmp_path / "new"
+    code, err = stopped_at(["pack", "-q", *OPTIONS, src, new], "start")
+    assert (code, err) == (130, "packtool: interrupted; nothing was written\n"), err
+    assert not new.exists()
+    code, err = stopped_at(["pack", "-q", "--overwrite", *OPTIONS, src, reference], "start",
+                           signal.SIGTERM)
+    assert (code, err) == (143, "packtool: terminated (SIGTERM); nothing was written\n"), err
+
+
+def test_a_pack_stopped_while_it_takes_output_says_what_output_keeps(tmp_path, src,
+                                                                    monkeypatch):
+    """Ctrl-C while the rerun of a stopped pack creates and locks OUTPUT (the run is stopping,
+    OUTPUT not yet entered): the line said "nothing was kept (OUTPUT is as before the run)";
+    it says what OUTPUT keeps for the rerun, which is still reused."""
+    import packtool.output as output
+
+    options = [*OPTIONS, "--window-docs", "25"]
+    out = tmp_path / "out"
+    held = _held(_ctrl_c_at("plan:1", src, out, options))
+
+    def ctrl_c(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(output.LocalOutput, "_lock", ctrl_c)
+    res = invoke(["pack", "-q", *options, src, out])
+    assert res.exit_code == 130, res.output
+    assert res.output.strip() == (f"Error: interrupted: {held}; rerun the same command to "
+                                  "resume and finish it"), res.output
+    monkeypatch.undo()
+    assert rerun(src, out, options)["windows_reused"] == 1
 
 
 @pytest.fixture(scope="module")

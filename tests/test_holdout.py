@@ -3,6 +3,7 @@ shares no document with the training rows, with the same contract and its own ma
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from packcheck import (check_output, hash_pack, hash_tree, invoke, paused_pack, read_output,
-                       write_docs)
+                       stopped_at, write_docs)
 from packtool.core.holdout import count_held_out, drop_documents, holdout_mask
 from packtool.errors import ManifestError
 from packtool.formats.manifest import read_manifest
@@ -380,6 +381,29 @@ def test_ctrl_c_during_the_held_out_pack_names_the_held_out_output(tmp_path, mon
     monkeypatch.undo()
     assert invoke(args).exit_code == 0
     read_manifest(held)
+
+
+def test_a_resumed_holdout_pack_stopped_before_it_enters_its_outputs_says_what_they_keep(
+        tmp_path):
+    """``pack --holdout`` stopped while the training pack plans keeps its read part for the
+    rerun. That rerun, stopped before it touched either output (the test pause ``start``), said
+    "nothing was written"; it now says what each output holds, and the next rerun reuses the
+    read part."""
+    src = write_docs(tmp_path / "in" / "a.parquet", _docs(60))
+    out, held = tmp_path / "out", tmp_path / "held"
+    args = ["pack", "-q", "-c", 64, "--holdout", 0.2, "--holdout-output", held, src, out]
+    code, err = stopped_at(args, "plan:0")
+    assert code == 130, err
+    kept = err.split(f"{out} has no manifest; kept for the rerun: ", 1)[1].split(";")[0]
+    assert kept.startswith("1 read part ("), err
+    code, err = stopped_at(args, "start", signal.SIGTERM)
+    assert code == 143, err
+    assert err == (f"packtool: terminated (SIGTERM): {out} has no manifest; kept for the rerun: "
+                   f"{kept}; nothing was kept ({held} is as it was before the run); rerun the "
+                   "same command to resume and finish it\n"), err
+    res = invoke([*args[:2], "--json", *args[2:]])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["parts_reused"] == 1
 
 
 def _doc_ids(out) -> set[int]:

@@ -16,7 +16,7 @@ import pytest
 
 from packcheck import (DENIED_TEXT, DOWN_TEXT, faulty_store, finished_shards, hash_store_tree,
                        hash_tree, invoke, one_store_line,
-                       read_output, signals_after_run)
+                       read_output, signals_after_run, stopped_at)
 from packtool.formats.manifest import IN_PROGRESS_NAME, MANIFEST_NAME, read_manifest
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -896,6 +896,40 @@ def test_a_tokenize_stopped_at_any_shard_resumes_to_the_bytes_of_an_undisturbed_
     res = invoke([*args, out])
     assert res.exit_code == 0, res.output
     assert hash_tree(out) == hash_tree(tmp_path / "whole")
+
+
+def test_a_resumed_tokenize_stopped_before_it_enters_output_says_what_output_keeps(
+        tmp_path, hf_tokenizer, two_text_files, monkeypatch):
+    """A tokenize stopped before shard 3 keeps 3 finished shards. Its rerun stopped before it
+    touched OUTPUT (the test pause ``start``: the tokenizer loading, the input listed) said
+    "nothing was written", and stopped while it took OUTPUT said "nothing was written (OUTPUT
+    is as it was before the run); rerun the same command to tokenize", while the shards were
+    there and the next rerun reused them. Both now say what OUTPUT keeps."""
+    import signal
+
+    import packtool.output as output
+
+    args = ["tokenize", "-q", "--tokenizer", hf_tokenizer, *RESUME_OPTIONS, two_text_files]
+    out = tmp_path / "out"
+    assert stopped_at([*args, out], "tokenize-shard:3", signal.SIGTERM)[0] == 143
+    held = f"{out} has no manifest; kept for the rerun: 3 finished shards"
+    code, err = stopped_at([*args, out], "start")
+    assert code == 130, err
+    assert err == (f"packtool: interrupted: {held}; rerun the same command to resume and finish "
+                   "it\n"), err
+
+    def ctrl_c(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(output.LocalOutput, "_lock", ctrl_c)
+    res = invoke([*args, out])
+    assert res.exit_code == 130, res.output
+    assert res.output.strip() == (f"Error: interrupted: {held}; rerun the same command to "
+                                  "resume and finish it"), res.output
+    monkeypatch.undo()
+    res = invoke(["tokenize", "--json", *args[2:], out])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["shards_reused"] == 3
 
 
 def test_a_shards_row_groups_hold_batch_docs_documents_from_its_first(tmp_path, hf_tokenizer,

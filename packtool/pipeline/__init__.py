@@ -52,7 +52,7 @@ from packtool.formats.manifest import (FORMAT_VERSION, HoldoutPairing, InputEntr
 from packtool.formats.reader import discover_inputs, reads_labels
 from packtool.location import Location, display
 from packtool.formats.schema import labels_convention, packed_schema
-from packtool.output import FILES_FIX, MEMORY_FIXES, Output, fingerprint
+from packtool.output import FILES_FIX, MEMORY_FIXES, Output, fingerprint, untouched_words
 from packtool.pipeline import progress as _progress_mod
 from packtool.pipeline.layout import ShardSources
 from packtool.pipeline.plan import (PartIndex, WindowInfo, Windows, merge_windows, plan_window,
@@ -334,14 +334,14 @@ def _interrupted(cfg: PackConfig, outs: "list[Output | None]") -> KeyboardInterr
     what each output of ``cfg`` (OUTPUT, and the held-out output of ``--holdout``) holds now
     (:meth:`Output.stopped_words`: finished, its earlier pack untouched, or no manifest and
     what was kept for the rerun); ``outs``: the outputs entered (None for one that was not,
-    which is as before the run). Each is found by its location, not by how messages name it
+    which is as the run found it: :func:`~packtool.output.untouched_words`, what an earlier
+    stopped run kept there included). Each is found by its location, not by how messages name it
     (a held-out output named after OUTPUT is not the ``--holdout-output`` role)."""
     entered = {o.path.identity(): o for o in outs if o is not None}
     words = []
     for path, _role in cfg.own_outputs():
         out = entered.get(Location.parse(path).identity())
-        words.append(out.stopped_words() if out is not None else
-                     f"nothing was kept ({display(path)} is as it was before the run)")
+        words.append(out.stopped_words() if out is not None else untouched_words(path))
     return KeyboardInterrupt("; ".join(words))
 
 

@@ -49,7 +49,7 @@ from packtool.formats.text import (TextBatch, common_tokenized_schema, iter_text
                                    tokenized_counts, write_tokenized_shard)
 from packtool.location import Location
 from packtool.output import Output, discard_shard_temp, finished_shard, fingerprint, kept_shard, \
-    publish_shard, shard_temp
+    held_words, publish_shard, shard_temp
 from packtool.signals import check, interruptible, test_pause
 from packtool.stats import PackStats
 from packtool.text.tokenizer import load_tokenizer
@@ -231,18 +231,20 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
             return _tokenize(cfg, out, tok, bos, eos, files, fp, options, width, schema, show,
                              t0, found_info)
     except KeyboardInterrupt:
-        raise KeyboardInterrupt(_kept(out)) from None
+        raise KeyboardInterrupt(_kept(out, cfg.output)) from None
 
 
-def _kept(out: Output | None) -> str:
+def _kept(out: Output | None, path) -> str:
     """What a stopped run left in OUTPUT for the rerun, in words, read from OUTPUT once it is
     released: ``OUT has no manifest; kept for the rerun: N finished shards`` when the
     in-progress marker is there (this run's, or the earlier run's it had not yet taken over),
     ``OUT still holds its earlier finished tokenize run, untouched`` (and what is kept beside
     it) for an ``--overwrite`` stopped before its commit; empty when OUTPUT is as it was before
-    the run (absent, when the run created it)."""
+    the run (absent, when the run created it). ``out`` None: the run had not entered OUTPUT,
+    which is as it found it: what an earlier stopped run kept there
+    (:func:`packtool.output.held_words`), else empty."""
     if out is None:
-        return ""
+        return held_words(path) or ""
     try:
         found = out.path.listdir()
     except STORE_ERRORS:
