@@ -1702,3 +1702,40 @@ def test_arrays_and_frames_pack_dataset_does_not_take_are_told_what_to_pass():
         packtool.pack_dataset(pl.DataFrame({"input_ids": [[1, 2]]}).lazy(), 8)
     msg = str(exc.value)
     assert "not polars.LazyFrame" in msg and "pass its .collect()" in msg, msg
+
+
+def _missing_token_column_inputs():
+    """Documents without ``input_ids``, each with the fix pack names for the same file."""
+    import pandas as pd
+
+    return {
+        "DataFrame": (pd.DataFrame({"tokens": [[1, 2], [3]]}), "tokens",
+                      "pass column='tokens'", "pass --column tokens"),
+        "table": (pa.table({"tokens": [[1, 2], [3]], "text": ["a", "b"]}), "tokens, text",
+                  "pass column='tokens'", "pass --column tokens"),
+        "dicts": ([{"tokens": [1, 2], "labels": [-100, 2]}], "tokens, labels",
+                  "pass column='tokens'", "pass --column tokens"),
+        "two candidates": (pd.DataFrame({"ids": [[1]], "tokens": [[2]]}), "ids, tokens",
+                           "pass column=NAME", "pass --column NAME"),
+        "text": (pd.DataFrame({"body": ["a b"]}), "body",
+                 "it holds text ('body'), not token ids: tokenize it first",
+                 "it holds text ('body'), not token ids: text is tokenized first"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_missing_token_column_inputs()))
+def test_documents_without_the_token_column_are_told_the_fix_the_cli_names(tmp_path, case):
+    """pack_dataset of documents without ``input_ids`` said only "pass column=NAME" where pack
+    of the same file names the one list of integers there (``pass --column tokens``), or that
+    the file holds text: the same fix now, as the API's keyword."""
+    data, avail, api, cli = _missing_token_column_inputs()[case]
+    with pytest.raises(SchemaError) as exc:
+        packtool.pack_dataset(data, 8)
+    msg = str(exc.value)
+    assert msg.startswith(f"documents: no column 'input_ids'; available columns: {avail}; "), msg
+    assert api in msg and "--" not in msg and "\n" not in msg, msg
+    table = data if isinstance(data, pa.Table) else (
+        pa.Table.from_pylist(data) if isinstance(data, list) else pa.Table.from_pandas(data))
+    pq.write_table(table, tmp_path / "d.parquet")
+    res = invoke(["pack", "-q", "-c", 8, tmp_path / "d.parquet", tmp_path / "out"])
+    assert res.exit_code == 1 and cli in " ".join(res.output.split()), res.output

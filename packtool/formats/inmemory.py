@@ -20,8 +20,8 @@ import pyarrow as pa
 
 from packtool.errors import InputError, SchemaError, first_line, raise_if_shortage
 from packtool.formats.manifest import IN_MEMORY_INPUT
-from packtool.formats.schema import (is_integer_list, is_list_layout, token_column_candidates,
-                                     token_type_fix)
+from packtool.formats.schema import (is_integer_list, is_list_layout, missing_token_column,
+                                     token_column_candidates, token_type_fix)
 
 __all__ = ["streamed_tables", "INPUT_NAME", "INPUT_DESCRIPTION", "is_arrow_table", "table_from_list",
            "table_from_pandas", "table_to_pandas",
@@ -655,8 +655,7 @@ def write_input(batches: Iterable, path: str | os.PathLike, column: str,
             except pa.ArrowException as exc:  # a streamed batch whose rows are typed apart
                 raise _read_batch_error(exc, rows) from None
             if schema is None and column not in b.schema.names:
-                raise SchemaError(f"documents: no column {column!r}; available columns: "
-                                  f"{', '.join(b.schema.names)}; pass column=NAME")
+                raise missing_token_column(b.schema, column, "documents", "column=")
             keep = [f.name for f in b.schema
                     if f.name == column or f.name in named or is_list_layout(f.type)]
             b = _canonical(b.select(keep), column, rows).replace_schema_metadata(None)

@@ -23,7 +23,7 @@ from packtool.errors import SchemaError
 
 __all__ = ["packed_schema", "packed_columns", "labels_convention", "check_token_column",
            "check_single_column", "token_column_candidates", "MASK_LIKE", "text_columns",
-           "tokenize_first",
+           "tokenize_first", "missing_token_column",
            "is_integer_list", "is_list_layout",
            "LABELS_CONVENTION_META_KEY", "CAPACITY_META_KEY", "FORMAT_VERSION_META_KEY",
            "SHARD_META_KEY", "SEGMENT_MULTIPLE_META_KEY", "shard_schema", "written_as_shard",
@@ -166,16 +166,7 @@ def check_token_column(schema: pa.Schema, column: str, path: str) -> None:
             nested lists, ...).
     """
     if column not in schema.names:
-        avail = ", ".join(schema.names) or "(none)"
-        found = token_column_candidates(schema)
-        texts = text_columns(schema)
-        if not found and texts:  # text to be tokenized: --column NAME would name no token ids
-            raise SchemaError(f"{path}: no column {column!r}; available columns: {avail}; it "
-                              f"holds text ({', '.join(map(repr, texts[:3]))}), not token ids: "
-                              f"{tokenize_first(texts[0])}")
-        name = found[0] if len(found) == 1 else "NAME"
-        raise SchemaError(
-            f"{path}: no column {column!r}; available columns: {avail}; pass --column {name}")
+        raise missing_token_column(schema, column, path)
     check_single_column(schema, column, path)
     typ = schema.field(column).type
     if not is_integer_list(typ):
@@ -183,6 +174,37 @@ def check_token_column(schema: pa.Schema, column: str, path: str) -> None:
         raise SchemaError(f"{path}: column {column!r} has type {typ}, expected a list of "
                           f"integer token ids (list<int32> or similar); "
                           f"{token_type_fix(typ, column, found)}")
+
+
+def missing_token_column(schema: pa.Schema, column: str, where, option: str = "--column"
+                         ) -> SchemaError:
+    """The one line for token column ``column`` that ``schema`` lacks, naming the fix: the one
+    list of integers there (:func:`token_column_candidates`: ``pass --column tokens``), else
+    ``pass --column NAME``; a file of text and no list of integers is tokenized first.
+
+    Args:
+        schema: the columns there are (a file's, or the Python API's documents').
+        column: the token column asked for.
+        where: what the line names first (the file, or ``documents``).
+        option: how the fix names the option: ``--column``, or the Python API's ``column=``
+            (the name quoted).
+    """
+    keyword = option.endswith("=")
+    avail = ", ".join(schema.names) or "(none)"
+    found = token_column_candidates(schema)
+    texts = text_columns(schema)
+    if not found and texts:  # text to be tokenized: --column NAME would name no token ids
+        return SchemaError(f"{where}: no column {column!r}; available columns: {avail}; it "
+                           f"holds text ({', '.join(map(repr, texts[:3]))}), not token ids: "
+                           + (_TOKENIZE_IT_FIRST if keyword else tokenize_first(texts[0])))
+    name = (repr(found[0]) if keyword else found[0]) if len(found) == 1 else "NAME"
+    return SchemaError(f"{where}: no column {column!r}; available columns: {avail}; pass "
+                       f"{option}{'' if keyword else ' '}{name}")
+
+
+#: The Python API's fix for text where token ids are read (the command line's:
+#: :func:`tokenize_first`).
+_TOKENIZE_IT_FIRST = "tokenize it first (your tokenizer, or packtool tokenize on a file of it)"
 
 
 def token_type_fix(typ: pa.DataType, column: str, candidates=(), option: str = "--column",
@@ -216,8 +238,7 @@ def token_type_fix(typ: pa.DataType, column: str, candidates=(), option: str = "
                 f"{holder}: {listed}: pass {named(candidates[0])}")
     if _is_text(typ):
         return (tokenize_first(column) if not keyword else
-                f"{column!r} holds text: tokenize it first (your tokenizer, or packtool "
-                "tokenize on a file of it)")
+                f"{column!r} holds text: {_TOKENIZE_IT_FIRST}")
     return (f"{column!r} holds {_held(typ)}, not one list of token ids per document, and no "
             f"column of {holder} holds one: pass {option}{'' if keyword else ' '}NAME")
 
