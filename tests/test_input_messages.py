@@ -121,6 +121,85 @@ def test_a_token_column_of_no_text_given_to_pack_is_not_told_to_tokenize(tmp_pat
     assert says in line and "tokenize" not in line and "file has" not in line, line
 
 
+def _sft_file(path, **extra):
+    """An SFT file: input_ids, attention_mask, labels (-100 on the prompt), and ``extra``."""
+    ids = [[5, 6, 7, 8], [9, 10, 11]]
+    pq.write_table(pa.table({"input_ids": ids, "attention_mask": [[1] * 4, [1] * 3],
+                             "labels": [[-100, -100, 7, 8], [-100, 10, 11]],
+                             "completion_mask": [[0, 0, 1, 1], [0, 1, 1]], **extra}), path)
+    return path
+
+
+@pytest.mark.parametrize("column,option,holds", [
+    ("labels", "--labels-column", "the labels"),
+    ("attention_mask", "--attention-mask-column", "the attention mask"),
+    ("completion_mask", "--loss-mask-column", "the loss mask"),
+])
+def test_a_labels_or_mask_column_given_as_the_token_column_is_named_as_such(tmp_path, column,
+                                                                            option, holds):
+    """``--column labels`` of an SFT file said only "negative token id -100"; ``--column
+    attention_mask`` that a label "is neither -100 nor its token 1 ... pass --labels-column
+    none" (the labels column blamed for the wrong --column); ``--column completion_mask``
+    packed the loss mask as token ids. Each is refused naming what the column is (the one
+    the mask option reads under auto) and the token column to pass; the option's ``none``
+    lets such a column be the token column."""
+    import packtool
+    from packtool.errors import SchemaError
+
+    src = _sft_file(tmp_path / "sft.parquet")
+    for command in (["pack", "-q", "-c", 64, "--column", column, src, tmp_path / "out"],
+                    ["compare", "-c", 64, "--column", column, src]):
+        line = error_line(command)
+        assert line.startswith(f"Error: {src}: --column {column!r} is the column read as "
+                               f"{holds} ("), line
+        assert line.endswith(f"under {option} auto, not the token ids; pass --column input_ids; "
+                             f"if {column!r} does hold the token ids, pass {option} none"), line
+        assert not (tmp_path / "out").exists()
+    keyword = option[2:].replace("-", "_")
+    with pytest.raises(SchemaError) as exc:
+        packtool.pack_dataset(pq.read_table(src), 64, column=column)
+    msg = str(exc.value)
+    assert msg.startswith(f"documents: column={column!r} is the column read as {holds} ("), msg
+    assert msg.endswith(f"under {keyword}='auto', not the token ids; pass column='input_ids'; "
+                        f"if {column!r} does hold the token ids, pass {keyword}=None"), msg
+    if column != "labels":  # told so, the column is packed as the token ids
+        res = invoke(["pack", "-q", "-c", 64, "--column", column, option, "none",
+                      "--labels-column", "none", src, tmp_path / "out"])
+        assert res.exit_code == 0, res.output
+
+
+@pytest.mark.parametrize("name,fix", [("lbl", "pass --column input_ids"),
+                                      ("target_labels", "pass --column input_ids"),
+                                      ("lbl", "pass --column NAME")],
+                         ids=["-100", "named-labels", "no-candidate"])
+def test_a_token_column_holding_minus_100_is_told_it_looks_like_labels(tmp_path, name, fix):
+    """A token column holding -100 (labels of another name, or the labels column with
+    --labels-column none) said only "negative token id -100; token ids must be >= 0": the line
+    says -100 is the ignore index of labels and names the token column to pass."""
+    import packtool
+    from packtool.errors import SchemaError
+
+    src = tmp_path / "d.parquet"
+    labels = [[-100, -100, 7, 8], [-100, 10, 11]]
+    cols = {name: labels} if fix.endswith("NAME") else {"input_ids": [[5, 6, 7, 8], [9, 10, 11]],
+                                                         name: labels}
+    pq.write_table(pa.table(cols), src)
+    line = error_line(["pack", "-q", "-c", 64, "--column", name, src, tmp_path / "out"])
+    assert line == (f"Error: {src}: row 0 (0-based): negative token id -100; token ids must be "
+                    f">= 0; -100 is the ignore index of labels: {name!r} looks like a labels "
+                    f"column, not the token ids; {fix}"), line
+    with pytest.raises(SchemaError) as exc:
+        packtool.pack_dataset(pa.table(cols), 64, column=name)
+    assert str(exc.value).endswith(fix.replace("--column ", "column=").replace(
+        "=input_ids", "='input_ids'")), str(exc.value)
+    # the labels column itself, --labels-column none: the same line
+    sft = _sft_file(tmp_path / "sft.parquet")
+    line = error_line(["pack", "-q", "-c", 64, "--column", "labels", "--labels-column", "none",
+                       sft, tmp_path / "out"])
+    assert line.endswith("-100 is the ignore index of labels: 'labels' looks like a labels "
+                         "column, not the token ids; pass --column input_ids"), line
+
+
 def test_files_naming_the_token_column_differently_are_named(tmp_path):
     """The fix one file's refusal gave (--column tokens) failed on the other file."""
     d = tmp_path / "in"

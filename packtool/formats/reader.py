@@ -68,11 +68,11 @@ from packtool.formats.manifest import (IN_PROGRESS_NAME, KINDS, MANIFEST_META_KE
                                        store_failure, unreadable, version_1_listed)
 from packtool.formats.sniff import IPC_FILE_MAGIC, compression_of, content_fix
 from packtool.formats.schema import (MASK_LIKE, check_single_column, check_token_column,
-                                     is_integer_list, is_list_layout, token_column_candidates,
-                                     tokenize_first)
+                                     is_integer_list, is_list_layout, pass_token_column,
+                                     token_column_candidates, tokenize_first)
 from packtool.location import Location, StoreError
-from packtool.types import (ATTENTION_MASK_COLUMN, IGNORE_INDEX, INT32_MAX, LABELS_COLUMN,
-                            LOSS_MASK_COLUMNS, PACKED_COLUMNS, token_column_fix)
+from packtool.types import (ATTENTION_MASK_COLUMN, COLUMN_OPTIONS, IGNORE_INDEX, INT32_MAX,
+                            LABELS_COLUMN, LOSS_MASK_COLUMNS, PACKED_COLUMNS, token_column_fix)
 
 __all__ = ["InputFile", "RawBatch", "Discovery", "InputSource", "MaskColumns", "InputColumns",
            "discover", "discover_inputs", "open_input", "input_schema", "check_not_packed",
@@ -199,8 +199,14 @@ def resolve_mask_columns(schema: pa.Schema, path, column: str, attention_mask: s
         if name is None:
             return None
         if name == AUTO:
-            if default not in schema.names or default == column:
+            if default not in schema.names:
                 return None
+            if default == column:  # told so, not packed as ids nor checked against the others
+                raise SchemaError(
+                    f"{path}: --column {column!r} is the column read as "
+                    f"{COLUMN_OPTIONS[option][0]} under {option} auto, not the token ids; "
+                    f"{pass_token_column(schema, column)}; if {column!r} does hold the token "
+                    f"ids, pass {option} none")
             name = default  # present: used, or refused below; never skipped in silence
         elif name == column:
             shown = ", ".join(schema.names[:8]) + (", ..." if len(schema.names) > 8 else "")
@@ -1675,6 +1681,20 @@ def _refuse_out_of_bounds(path, column: str, rg: int, row: int, lengths: np.ndar
                          "from its source (re-download it) or regenerate it")
 
 
+def _labels_as_tokens(schema: pa.Schema, column: str, value: int) -> str:
+    """What a negative id ``value`` in token column ``column`` says of it, for the end of the
+    line refusing it: -100 is the ignore index of labels, and a name holding ``mask`` or
+    ``label`` (:data:`MASK_LIKE`) says what the column is; either way the token column to pass
+    instead (:func:`~packtool.formats.schema.pass_token_column`). Empty otherwise."""
+    if value == IGNORE_INDEX:
+        why = f"; -100 is the ignore index of labels: {column!r} looks like a labels column"
+    elif MASK_LIKE.search(column):
+        why = f"; {column!r} is named as a mask or labels column"
+    else:
+        return ""
+    return f"{why}, not the token ids; {pass_token_column(schema, column)}"
+
+
 def _row_of_value(lengths: np.ndarray, value_index: int) -> int:
     """Row holding flat value ``value_index``, given the rows' lengths."""
     return int(np.searchsorted(np.cumsum(lengths), value_index, side="right"))
@@ -1938,7 +1958,9 @@ def iter_token_batches(path, column: str, batch_rows: int = 8192,
                     vi = int(np.argmax(flat < 0))
                     where = row_ref(row + _row_of_value(lengths, vi))
                     raise SchemaError(f"{path}: {where}: negative token id {int(flat[vi])}; "
-                                      "token ids must be >= 0")
+                                      "token ids must be >= 0"
+                                      + _labels_as_tokens(src.schema_arrow, column,
+                                                          int(flat[vi])))
                 if np.iinfo(flat.dtype).max > INT32_MAX and (flat.max() if vmax is None
                                                               else vmax) > INT32_MAX:
                     vi = int(np.argmax(flat > INT32_MAX))

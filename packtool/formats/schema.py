@@ -20,10 +20,11 @@ import re
 import pyarrow as pa
 
 from packtool.errors import SchemaError
+from packtool.types import DEFAULT_TOKEN_COLUMN
 
 __all__ = ["packed_schema", "packed_columns", "labels_convention", "check_token_column",
            "check_single_column", "token_column_candidates", "MASK_LIKE", "text_columns",
-           "tokenize_first", "missing_token_column",
+           "tokenize_first", "missing_token_column", "pass_token_column",
            "is_integer_list", "is_list_layout",
            "LABELS_CONVENTION_META_KEY", "CAPACITY_META_KEY", "FORMAT_VERSION_META_KEY",
            "SHARD_META_KEY", "SEGMENT_MULTIPLE_META_KEY", "shard_schema", "written_as_shard",
@@ -197,9 +198,23 @@ def missing_token_column(schema: pa.Schema, column: str, where, option: str = "-
         return SchemaError(f"{where}: no column {column!r}; available columns: {avail}; it "
                            f"holds text ({', '.join(map(repr, texts[:3]))}), not token ids: "
                            + (_TOKENIZE_IT_FIRST if keyword else tokenize_first(texts[0])))
-    name = (repr(found[0]) if keyword else found[0]) if len(found) == 1 else "NAME"
-    return SchemaError(f"{where}: no column {column!r}; available columns: {avail}; pass "
-                       f"{option}{'' if keyword else ' '}{name}")
+    return SchemaError(f"{where}: no column {column!r}; available columns: {avail}; "
+                       f"{pass_token_column(schema, column, option)}")
+
+
+def pass_token_column(schema: pa.Schema, column: str, option: str = "--column") -> str:
+    """The fix naming the token column to read instead of ``column`` (missing, or holding
+    something else: labels, a mask): ``pass --column input_ids`` when ``schema`` has
+    ``input_ids`` as a list of integers, else the one other list of integers whose name says
+    no mask or label (:func:`token_column_candidates`), else ``pass --column NAME``.
+    ``option``: ``--column``, or the Python API's ``column=`` (the name quoted)."""
+    keyword = option.endswith("=")
+    found = [n for n in token_column_candidates(schema) if n != column]
+    name = (DEFAULT_TOKEN_COLUMN if DEFAULT_TOKEN_COLUMN in found
+            else found[0] if len(found) == 1 else None)
+    if name is None:
+        return f"pass {option}{'' if keyword else ' '}NAME"
+    return f"pass {option}{name!r}" if keyword else f"pass {option} {name}"
 
 
 #: The Python API's fix for text where token ids are read (the command line's:
