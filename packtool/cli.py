@@ -168,18 +168,35 @@ def _choice(enum) -> click.Choice:
     return click.Choice([e.value for e in enum])
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Group, invoke_without_command=True,
+             context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="packtool")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug logs).")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
     """Pack tokenized documents into fixed-capacity rows for document-masked LLM training."""
+    if ctx.invoked_subcommand is None:  # bare packtool: the help, as asked for (exit 0)
+        click.echo(ctx.get_help(), color=ctx.color)
+        ctx.exit(0)
     ctx.meta["packtool.debug"] = debug
     level = logging.WARNING - 10 * min(verbose, 2)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_LogFormat("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level, handlers=[handler])
+
+
+@cli.command("help")
+@click.argument("command", required=False, metavar="[COMMAND]")
+@click.pass_context
+def help_(ctx: click.Context, command: str | None) -> None:
+    """Show the help of packtool, or of COMMAND (as COMMAND --help)."""
+    top = ctx.parent
+    if command is None:
+        click.echo(top.get_help(), color=ctx.color)
+        return
+    name, cmd, _ = top.command.resolve_command(top, [command])  # unknown: click's usage error
+    click.echo(click.Context(cmd, info_name=name, parent=top).get_help(), color=ctx.color)
 
 
 class _LogFormat(logging.Formatter):

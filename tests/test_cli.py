@@ -23,6 +23,24 @@ def test_help_lists_commands_and_pack_options():
         assert opt in res.output
 
 
+def test_help_command_and_bare_packtool_print_help_and_exit_0():
+    """``packtool help`` was "No such command 'help'." (exit 2) and bare ``packtool`` printed
+    the help with exit 2: ``packtool help [COMMAND]`` prints the help of packtool or of
+    COMMAND and bare ``packtool`` the help, exit 0; an unknown COMMAND is click's usage
+    error."""
+    whole = run("--help")
+    for args in ((), ("help",)):
+        res = run(*args)
+        assert res.exit_code == 0, res.output
+        assert res.output == whole.output, res.output
+    for command in ("pack", "verify", "help"):
+        res = run("help", command)
+        assert res.exit_code == 0, res.output
+        assert res.output == run(command, "--help").output, res.output
+    res = run("help", "pakc")
+    assert res.exit_code == 2 and "No such command 'pakc'" in res.output, res.output
+
+
 def test_verify_help_names_every_check_it_accepts():
     """--check took schema, input_ids, padding, doc_offsets and totals; its help left them out."""
     import re
