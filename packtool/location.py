@@ -47,7 +47,7 @@ from packtool.errors import LocationError, first_line
 
 __all__ = ["Location", "LocalPath", "StoreURI", "Entry", "StoreError", "location", "is_store",
            "display", "sweep_stages", "STAGE_HOLDER", "STAGE_UNRECORDED_DAYS", "make_dirs",
-           "remove_made", "published_temp_of"]
+           "remove_made", "published_temp_of", "shared_storage_fix"]
 
 #: The temporary name :meth:`LocalPath.publish_bytes` writes a file under before its rename
 #: (``.NAME.<32 hex>.tmp``): what a process killed between the two leaves behind.
@@ -1181,6 +1181,12 @@ def remember_credentialed_roots(roots: dict) -> None:
     with _FS_LOCK:
         for k, v in roots.items():
             _CREDENTIALED_ROOTS.setdefault(k, v)
+
+
+def shared_storage_fix(role: str) -> str:
+    """What a joined Ray cluster needs of ``role`` (``INPUT``, ``OUTPUT``), for a message."""
+    return (f"with a joined Ray cluster {role} must be on storage every node sees at the same "
+            "path (or a store URI)")
 
 
 def location(given: "str | os.PathLike | Location") -> Location:

@@ -87,7 +87,7 @@ from packtool.formats.manifest import (HELD_HERE, IN_PROGRESS_NAME, LOCK_NAME,
                                        V1_MANIFEST_NAME, version_1_shards)
 from packtool.formats.schema import written_as_shard
 from packtool.location import (Location, StoreError, display, published_temp_of,
-                               remove_made, sweep_stages)
+                               remove_made, shared_storage_fix, sweep_stages)
 from packtool.stats import plural
 
 __all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256", "pack_running",
@@ -289,6 +289,8 @@ class Output:
         self._began = False  # begin_write() ran: OUTPUT is marked in progress
         self._replaced_gone = False  # the finished pack this run replaces was removed
         self._committed = False  # commit() wrote the manifest
+        #: a shard of the manifest was not in OUTPUT at the commit (:meth:`_check_shards`)
+        self._lost = False
         self._tied: list[Output] = []  # outputs whose replaced pack goes when this one writes
         self._scratch_needed = 0  # bytes of scratch the run asked for (check_space)
         self._promised: dict = {}  # shard -> manifest entry dict from an interrupted run's marker
@@ -701,6 +703,7 @@ class Output:
         if self._release_sigint is None:
             self._release_sigint = signals.hold()
         self.phase = "manifest"
+        self._check_shards(manifest)  # before anything is removed or the manifest written
         data = manifest_bytes(manifest, schema)
         self._write_marker()  # every shard listed: a rerun after a kill below keeps them all
         for other in self._tied:  # their replaced packs go before this one's rows show
@@ -713,6 +716,36 @@ class Output:
         self.manifest = manifest
         self.path.join(IN_PROGRESS_NAME).delete()
         self.tmp.delete_tree()
+
+    def _check_shards(self, manifest: Manifest) -> None:
+        """Refuse to commit unless every shard of ``manifest`` is in OUTPUT, as its driver sees
+        it, under its pending name (or its final one, unless those hold the finished pack this
+        run replaces: :attr:`keeps_finished`) with the size its task recorded: one listing.
+
+        A shard is missing when someone removed it during the run, or when the tasks wrote it
+        somewhere else: Ray workers on other nodes writing OUTPUT on their own disks. Nothing
+        has been removed yet, so the run's own files are discarded on the way out
+        (:meth:`_discard_own`) and OUTPUT is left as it was before the run.
+
+        Raises:
+            OutputError: the first shard missing or of another size, with the fix.
+        """
+        found = self.path.listdir()
+        final = not self.keeps_finished
+        for s in manifest.shards:
+            names = (pending_name(s.file), s.file)[:2 if final else 1]
+            sizes = [found[n].size for n in names if n in found and not found[n].is_dir]
+            if s.bytes in sizes:
+                continue
+            self._lost = True
+            seen = (f"{sizes[0]:,} bytes there, {s.bytes:,} written" if sizes else
+                    f"{s.bytes:,} bytes, as {names[0]}")
+            state = (f"{self.role} is as it was before the run" if not self.resume else
+                     f"the unfinished pack in {self.role} is removed")
+            raise OutputError(
+                f"{self.path.display}: shard {s.file} was not found where its task wrote it "
+                f"({seen}): it was removed during the run, or the tasks wrote {self.role} "
+                f"somewhere else; {shared_storage_fix(self.role)}; {state}")
 
     def _move_pending(self, names) -> None:
         """Move each shard of ``names`` still under its pending name to its final name (one
@@ -812,7 +845,8 @@ class Output:
                 if not keep:
                     self.tmp.delete_tree()
                 if exc is not None and self._writing:
-                    if self.keeps_finished and not isinstance(exc, KeyboardInterrupt):
+                    if (self.keeps_finished or self._lost) and \
+                            not isinstance(exc, KeyboardInterrupt):
                         self._discard_own()  # the replaced pack is left exactly as it was
                     else:
                         self._write_marker()  # every shard finished, for the rerun
@@ -826,9 +860,10 @@ class Output:
 
     def _discard_own(self) -> None:
         """Remove this run's pending shards and marker beside the finished pack it was to
-        replace (:attr:`keeps_finished`), after a failure other than Ctrl-C or SIGTERM: OUTPUT
-        is then exactly as it was before the run (the same command, once the fault is fixed,
-        writes them again)."""
+        replace (:attr:`keeps_finished`), after a failure other than Ctrl-C or SIGTERM, or
+        after a shard was found missing at the commit (:meth:`_check_shards`): OUTPUT is then
+        exactly as it was before the run (the same command, once the fault is fixed, writes
+        them again)."""
         for name, e in self.path.listdir().items():
             if not e.is_dir and is_pending_name(name):
                 self.path.join(name).delete()

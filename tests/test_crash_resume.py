@@ -837,3 +837,49 @@ def test_the_temporary_of_a_manifest_or_marker_killed_before_its_rename_is_packt
     (done / other).write_text("mine")
     res = invoke(["pack", "-q", "-c", 8, "--overwrite", src, done])
     assert res.exit_code == 1 and other in res.output, res.output
+
+
+@pytest.mark.parametrize("lost", ["deleted", "truncated"])
+@pytest.mark.parametrize("over", [False, True])
+def test_a_shard_not_where_its_task_wrote_it_fails_the_commit_and_leaves_output_as_before(
+        tmp_path, src, monkeypatch, lost, over):
+    """A shard missing from OUTPUT at the commit (deleted during the run; written by Ray tasks
+    on a node's own disk) was skipped by the moves: the run exited 0 with a manifest listing a
+    shard that is not there, and with --overwrite deleted the old pack's shards first. Now the
+    commit checks every shard (name and size) before touching anything: one line naming the
+    shard and the fix, exit 1, OUTPUT as before the run (the old pack untouched)."""
+    import packtool.pipeline.write as write
+
+    original = write.publish_shard
+
+    def then_lose(written, output, name):
+        original(written, output, name)
+        if name == "part-00002.parquet":
+            where = pending(Path(output), name)
+            if lost == "deleted":
+                where.unlink()
+            else:
+                where.write_bytes(where.read_bytes()[:-10])
+
+    out = tmp_path / "out"
+    other = [o if o != "3" else "4" for o in OPTIONS]
+    if over:
+        rerun(src, out, other)
+    before = hash_tree(out) if over else None
+    monkeypatch.setattr(write, "publish_shard", then_lose)
+    res = invoke(["pack", "-q", *OPTIONS, *(["--overwrite"] if over else []), src, out])
+    assert res.exit_code == 1, res.output
+    msg = res.output.strip()
+    assert len(msg.splitlines()) == 1 and "Traceback" not in msg, msg
+    assert msg.startswith(f"Error: {out}: shard part-00002.parquet was not found where its task "
+                          "wrote it"), msg
+    assert "storage every node sees at the same path (or a store URI)" in msg, msg
+    assert msg.endswith("OUTPUT is as it was before the run"), msg
+    if over:
+        assert hash_tree(out) == before
+        assert invoke(["verify", out]).exit_code == 0
+    else:
+        assert not out.exists(), sorted(p.name for p in out.iterdir())
+    monkeypatch.setattr(write, "publish_shard", original)
+    rerun(src, out, [*OPTIONS, "--overwrite"] if over else OPTIONS)
+    assert invoke(["verify", out]).exit_code == 0
