@@ -47,7 +47,8 @@ from packtool.errors import LocationError, first_line
 
 __all__ = ["Location", "LocalPath", "StoreURI", "Entry", "StoreError", "location", "is_store",
            "display", "sweep_stages", "STAGE_HOLDER", "STAGE_UNRECORDED_DAYS", "make_dirs",
-           "remove_made", "published_temp_of", "shared_storage_fix"]
+           "remove_made", "published_temp_of", "for_tasks", "task_node", "remember_task_node",
+           "shared_storage_fix"]
 
 #: The temporary name :meth:`LocalPath.publish_bytes` writes a file under before its rename
 #: (``.NAME.<32 hex>.tmp``): what a process killed between the two leaves behind.
@@ -1183,10 +1184,36 @@ def remember_credentialed_roots(roots: dict) -> None:
             _CREDENTIALED_ROOTS.setdefault(k, v)
 
 
+#: The node of a joined Ray cluster this process runs the pack's tasks on, as messages name
+#: it (set by every task there, :func:`remember_task_node`); None elsewhere (the driver, a local
+#: engine, a Ray the driver started itself).
+_TASK_NODE: list = [None]
+
+
+def remember_task_node(node: str | None) -> None:
+    """Record that this process runs tasks on ``node`` of a joined Ray cluster (None: not)."""
+    _TASK_NODE[0] = node
+
+
+def task_node() -> str | None:
+    """The node of a joined Ray cluster this process runs tasks on, None when it runs none
+    (:func:`remember_task_node`): a local path this process does not find, though the driver
+    did, is then on a disk that node does not share."""
+    return _TASK_NODE[0]
+
+
 def shared_storage_fix(role: str) -> str:
     """What a joined Ray cluster needs of ``role`` (``INPUT``, ``OUTPUT``), for a message."""
     return (f"with a joined Ray cluster {role} must be on storage every node sees at the same "
             "path (or a store URI)")
+
+
+def for_tasks(given: "str | os.PathLike | Location") -> str:
+    """``given`` as it is handed to a task that may run in another process, in another working
+    directory (a Ray worker: the directory its ``ray start`` ran in): a local path made absolute
+    against this process's working directory (links kept as they are); a store URI as is."""
+    loc = Location.parse(given)
+    return str(loc.path.absolute()) if loc.is_local else str(loc)
 
 
 def location(given: "str | os.PathLike | Location") -> Location:

@@ -87,7 +87,7 @@ from packtool.formats.manifest import (HELD_HERE, IN_PROGRESS_NAME, LOCK_NAME,
                                        V1_MANIFEST_NAME, version_1_shards)
 from packtool.formats.schema import written_as_shard
 from packtool.location import (Location, StoreError, display, published_temp_of,
-                               remove_made, shared_storage_fix, sweep_stages)
+                               remove_made, shared_storage_fix, sweep_stages, task_node)
 from packtool.stats import plural
 
 __all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256", "pack_running",
@@ -96,7 +96,7 @@ __all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256
            "SCRATCH_FINGERPRINT", "LAYOUT_REVISION", "window_done", "window_workdir",
            "publish_window", "window_file", "shard_temp", "discard_shard_temp", "publish_shard",
            "kept_shard", "finished_shard", "MARKER_EVERY_S", "MEMORY_FIXES", "FILES_FIX",
-           "holding_lock", "held_words", "untouched_words"]
+           "holding_lock", "held_words", "untouched_words", "check_scratch_seen"]
 
 #: Seconds a starting pack waits for OUTPUT's lock before refusing: ``stats``, ``verify`` and
 #: the loader probe it (:func:`packtool.formats.manifest.pack_running`) by taking it for a
@@ -1241,6 +1241,33 @@ class ScratchKept:
 
 
 # -- the I/O of the pack's tasks: a scratch directory or prefix, shards, on any node --------------
+
+#: The local scratches this process found where the driver made them (:func:`check_scratch_seen`).
+_SCRATCH_SEEN: set = set()
+
+
+def check_scratch_seen(tmp) -> None:
+    """Refuse at once, in a task on a node of a joined Ray cluster
+    (:func:`packtool.location.task_node`), a local scratch ``tmp`` this node does not see.
+
+    The driver makes the scratch (its :data:`SCRATCH_FINGERPRINT`) before any task runs, so a
+    node that does not find it sees another OUTPUT at that path (its own disk): without this the
+    tasks would do all the work there. One stat per process and scratch; nothing in the driver's
+    own processes or for a store (every node reaches the one store).
+
+    Raises:
+        OutputError: the scratch is not there; one line naming OUTPUT, the node and the fix.
+    """
+    node = task_node()
+    if node is None or tmp in _SCRATCH_SEEN:
+        return
+    loc = Location.parse(tmp)
+    if loc.is_local and loc.join(SCRATCH_FINGERPRINT).size() is None:
+        raise OutputError(f"{loc.parent.display}: the Ray worker on node {node} does not see "
+                          f"OUTPUT as the driver made it (no {TMP_DIR_NAME}/"
+                          f"{SCRATCH_FINGERPRINT} there): {shared_storage_fix('OUTPUT')}")
+    _SCRATCH_SEEN.add(tmp)
+
 
 def claim_partial(tmp, name: str, record: str = PARTIAL_PROGRESS) -> Path | None:
     """Take over the staging directory a killed run left for unit ``name`` (one holding

@@ -120,12 +120,16 @@ class Cluster:
         root: a short directory path (Ray's socket paths must stay under 108 bytes).
         workers: nodes besides the head, each with ``cpus`` CPUs.
         env: environment of every Ray process (the tasks inherit it: object-store credentials).
+        head_cpus: CPUs of the head (0: it runs only the driver).
+        cwd: the working directory of every ``ray start`` (its workers' too), None: this one.
     """
 
     root: Path
     workers: int = 2
     cpus: int = 1
     env: dict = field(default_factory=dict)
+    head_cpus: int = 0
+    cwd: Path | None = None
     nodes: list = field(default_factory=list)
     address: str = ""
     seen: list = field(default_factory=list)  #: every process stopped (to check none is left)
@@ -146,7 +150,7 @@ class Cluster:
         env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", **self.env, TMPDIR=str(tmpdir))
         with open(log, "wb") as f:
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True)
+                                    start_new_session=True, cwd=self.cwd)
         node = Node(name, proc, temp, log, args=list(args))
         self.nodes.append(node)
         t0 = time.monotonic()
@@ -167,7 +171,8 @@ class Cluster:
         self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
         try:
             port = free_port()
-            self._start("head", ["--head", "--port", str(port), "--num-cpus", "0",
+            self._start("head", ["--head", "--port", str(port), "--num-cpus",
+                                 str(self.head_cpus),
                                  "--include-dashboard", "false",
                                  "--resources", json.dumps({"head": 1})])
             self.address = f"127.0.0.1:{port}"

@@ -8,7 +8,8 @@ records (counts, names, sizes, hashes); no tokens go through the Ray object stor
 worker dies is retried by Ray (:data:`MAX_RETRIES`); every task publishes whole files only (a
 rename, or one upload to a store), so a retry beside a slow first attempt never exposes a
 half-written file. Needs the ``ray`` extra (``pip install "packtool[ray] @ git+URL"``; the
-same version on every node).
+same version on every node: every task checks that its worker imports the driver's packtool
+before any work, :func:`_checked_task`).
 """
 
 from __future__ import annotations
@@ -149,8 +150,10 @@ class RayEngine:
 
         Raises:
             PacktoolError: the one a task raised (bad input found inside a task).
-            EngineError: a task failed for another reason (worker or node lost after its
-                retries, unexpected exception), with Ray's first line.
+            EngineError: a task's worker imports another packtool than the driver's, or none
+                (:func:`_checked_task`: one line naming both and the node); a task failed for
+                another reason (worker or node lost after its retries, unexpected exception),
+                with Ray's first line.
         """
         from packtool.location import credentialed_roots
 
@@ -158,9 +161,12 @@ class RayEngine:
         # store files found under a KEY:SECRET@ URI are named without the credentials; the
         # tasks, in other processes, must open them with those too (not the environment's)
         roots = credentialed_roots()
-        task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(_in_task).options(
+        task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(_checked_task()).options(
             name=fn.__name__)
-        refs = [task.remote(roots, fn, *item) for item in items]
+        driver = _driver_packtool()
+        joined = bool(self.address)
+        refs = [task.remote(driver, joined, roots, ray.cloudpickle.dumps((fn, item)))
+                for item in items]
         index = {ref: i for i, ref in enumerate(refs)}
         done: dict[int, object] = {}
         pending = list(refs)
@@ -181,7 +187,10 @@ class RayEngine:
     @staticmethod
     def _get(ray, ref, fn):
         try:
-            return ray.get(ref)
+            ran, value = ray.get(ref)
+            if not ran:  # the worker's packtool is not the driver's (or none): one line
+                raise EngineError(value)
+            return value
         except ray.exceptions.RayTaskError as exc:
             cause = getattr(exc, "cause", None)
             if isinstance(cause, PacktoolError):
@@ -332,11 +341,82 @@ def _no_failure_handler(ray) -> Iterator[None]:
         setattr(ray_constants, name, was)
 
 
-def _in_task(roots: dict, fn: Callable, *args):
-    """Run ``fn(*args)`` in a Ray worker, with the driver's credentialed store roots."""
-    from packtool.location import remember_credentialed_roots
+def _driver_packtool() -> tuple[str, str, str]:
+    """This process's packtool, as every task compares it with the one its worker imports:
+    (version, :func:`~packtool._version.code_identity`, where it is)."""
+    from packtool import _version
+
+    return (_version.__version__, _version.code_identity(),
+            os.path.dirname(os.path.abspath(_version.__file__)))
+
+
+def _checked_task() -> Callable:
+    """The function every Ray task runs: ``(ran, value)`` for ``(driver, joined, roots,
+    payload)``.
+
+    It is defined inside this function so that Ray ships it by value, not as a name to import:
+    a worker whose packtool cannot be imported, or is another version (its ``PYTHONPATH`` or
+    environment on ``ray start`` is not the driver's), still runs it. Before anything else it
+    imports the worker's packtool and compares its version and code identity with the driver's
+    (``driver``, from :func:`_driver_packtool`); when they differ (or the import fails) it
+    returns ``(False, line)``, the one line naming both and the fix, and does no work. Otherwise
+    it unpickles ``payload`` (the task's function and arguments, pickled by the driver: only
+    now, by the same packtool) and returns ``(True, fn(*args))`` through :func:`_in_task`
+    (``joined``: the cluster was joined, not started by the driver; ``roots``: the driver's
+    credentialed store roots). Cost per task: one tuple compared; the identity is computed once
+    per worker process."""
+
+    def packtool_task(driver, joined, roots, payload):
+        import os
+        import socket
+
+        def node() -> str:
+            try:
+                import ray
+
+                ip = ray.util.get_node_ip_address()
+            except Exception:  # no Ray API here: the host alone
+                ip = None
+            host = socket.gethostname()
+            return f"{host} ({ip})" if ip and ip != host else host
+
+        version, identity, at = driver
+        fix = ("install the driver's packtool on every node of the cluster (one image, or the "
+               "same commit), or start the nodes with a PYTHONPATH that holds it, then rerun")
+        try:
+            from packtool import _version
+
+            mine = (_version.__version__,
+                    getattr(_version, "code_identity", lambda: "unknown")(),
+                    os.path.dirname(os.path.abspath(_version.__file__)))
+        except Exception as exc:
+            why = (str(exc).splitlines() or [""])[0]
+            return False, (f"a Ray worker on node {node()} cannot import packtool "
+                           f"({type(exc).__name__}: {why}), the driver runs packtool {version} "
+                           f"from {at}; {fix}")
+        if mine[:2] != (version, identity):
+            what = (f"packtool {mine[0]} from {mine[2]}, the driver packtool {version} "
+                    f"from {at}" if mine[0] != version else
+                    f"packtool {version} from {mine[2]} with other code than the driver's, "
+                    f"from {at} (source sha256 {mine[1][:12]} against {identity[:12]})")
+            return False, f"a Ray worker on node {node()} imports {what}; {fix}"
+        from packtool.engines.ray_engine import _in_task
+        from ray import cloudpickle
+
+        fn, args = cloudpickle.loads(payload)
+        return True, _in_task(roots, node() if joined else None, fn, *args)
+
+    return packtool_task
+
+
+def _in_task(roots: dict, node: str | None, fn: Callable, *args):
+    """Run ``fn(*args)`` in a Ray worker, with the driver's credentialed store roots; ``node``:
+    this worker's node when the driver joined a cluster (else None), named by the tasks'
+    messages about what this node does not see (:func:`packtool.location.task_node`)."""
+    from packtool.location import remember_credentialed_roots, remember_task_node
 
     remember_credentialed_roots(roots)
+    remember_task_node(node)
     return fn(*args)
 
 

@@ -50,7 +50,7 @@ from packtool.formats.manifest import (FORMAT_VERSION, HoldoutPairing, InputEntr
                                        LabelsInfo, Manifest, Tokenization, WindowEntry,
                                        Windowing, dropped_holdout, shard_name)
 from packtool.formats.reader import discover_inputs, reads_labels
-from packtool.location import Location, display
+from packtool.location import Location, display, for_tasks
 from packtool.formats.schema import labels_convention, packed_schema
 from packtool.output import FILES_FIX, MEMORY_FIXES, Output, fingerprint, untouched_words
 from packtool.pipeline import progress as _progress_mod
@@ -138,19 +138,39 @@ def _source_table(column: str | None, pinfos: list[PartInfo], files):
     return table, tuple(tuple(index[v] for v in i.sources) for i in pinfos)
 
 
-def _shard_jobs(labels: np.ndarray, n_windows: int, per: int, out: Output) -> list[ShardJob]:
+def _shard_jobs(labels: np.ndarray, n_windows: int, per: int, out: Output,
+                paths=str) -> list[ShardJob]:
     """One job per ``per`` output rows: the window of each row and, per window present, the
-    position in its row order of its first row in the shard (the rows it took before)."""
+    position in its row order of its first row in the shard (the rows it took before);
+    ``paths``: how OUTPUT and its scratch are handed to the tasks (:func:`_task_paths`)."""
     taken = np.zeros(n_windows, dtype=np.int64)  # rows of each window in earlier shards
     jobs = []
+    output, tmp = paths(out.path), paths(out.tmp)
     for s in range(-(-labels.size // per)):
         windows = labels[s * per:(s + 1) * per]
         present, counts = np.unique(windows, return_counts=True)
-        jobs.append(ShardJob(s, shard_name(s), windows, taken[present].copy(), str(out.path),
-                             str(out.tmp), out.resume, out.promised(shard_name(s)),
+        jobs.append(ShardJob(s, shard_name(s), windows, taken[present].copy(), output,
+                             tmp, out.resume, out.promised(shard_name(s)),
                              not out.keeps_finished))
         taken[present] += counts
     return jobs
+
+
+def _task_paths(engine):
+    """How local paths are handed to ``engine``'s tasks: as given (``str``) to the threads of
+    this process; made absolute (:func:`~packtool.location.for_tasks`) for tasks in other
+    processes, which resolve a relative path in their own working directory (a joined Ray
+    cluster's: where its ``ray start`` ran), never in this one's. The manifest and the bytes
+    written do not depend on it."""
+    return str if engine.name == "local" else for_tasks
+
+
+def _parts_for_tasks(parts: list[ReadPart], paths) -> list[ReadPart]:
+    """``parts`` with each piece's file named as ``paths`` hands it to the tasks."""
+    if paths is str:
+        return parts
+    return [dataclasses.replace(p, pieces=tuple(dataclasses.replace(q, path=paths(q.path))
+                                                for q in p.pieces)) for p in parts]
 
 
 @dataclass(frozen=True)
@@ -446,9 +466,12 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
     with make_engine(cfg.engine.value, workers=cfg.workers,
                      ray_address=cfg.ray_address) as engine:
         local = engine.name == "local"
+        paths = _task_paths(engine)
+        tmp = paths(out.tmp)
         pinfos: list[PartInfo] = []
         with _progress_mod.phase("read", est_tokens, windows.docs, show) as bar:
-            for info in engine.map(read_part, [(cfg, part, str(out.tmp)) for part in parts]):
+            for info in engine.map(read_part, [(cfg, part, tmp)
+                                               for part in _parts_for_tasks(parts, paths)]):
                 pinfos.append(info)
                 if info.reused or not local:  # local tasks report as they read
                     bar.advance(info.docs, info.tokens)
@@ -477,7 +500,7 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
         sizes = windows.sizes()
         out.phase = "plan"
         with _progress_mod.phase("plan", int(bases[-1]), windows.docs, show) as bar:
-            for info in engine.map(plan_window, [(cfg, windows, w, index, str(out.tmp))
+            for info in engine.map(plan_window, [(cfg, windows, w, index, tmp)
                                                  for w in range(windows.count)]):
                 infos.append(info)
                 share = int(bases[-1]) * int(sizes[info.index]) // max(windows.docs, 1)
@@ -492,7 +515,7 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
                                tuple(i.targets for i in infos), index.dirs, index.token_bases,
                                index.targets, cfg.capacity, cfg.segment_multiple,
                                cfg.source_column is not None)
-        jobs = _shard_jobs(labels, len(infos), cfg.rows_per_shard, out)
+        jobs = _shard_jobs(labels, len(infos), cfg.rows_per_shard, out, paths)
         # the rows are known: the shards' bound with them, against what is free now
         _, shards = disk_peak(cfg, mine[1], mine[0], windows.count, rows=int(labels.size),
                               flags=flags)

@@ -45,8 +45,8 @@ from packtool.core.packing import PackPlan, pack_lengths
 from packtool.core.windows import DEAL_BLOCKS, Windows, plan_windows
 from packtool.formats.reader import is_remote
 from packtool.location import Location
-from packtool.output import (WINDOW_DIR_PREFIX, WINDOW_DONE, publish_window, window_done,
-                             window_file, window_workdir)
+from packtool.output import (WINDOW_DIR_PREFIX, WINDOW_DONE, check_scratch_seen,
+                             publish_window, window_done, window_file, window_workdir)
 from packtool.pipeline.read import ReadPart, added_by, check_overflow
 from packtool.pipeline.spill import (DOC_SOURCES, ROW_INDEX, ROW_TARGETS, ROW_TOKENS,
                                      SEG_SOURCES, SEGMENTS, STARTS, TARGETS, TOKENS, DocSpill,
@@ -234,6 +234,7 @@ def plan_window(cfg, windows: Windows, w: int, index: PartIndex, tmp: str) -> Wi
         PackingError: a document over capacity with ``--overflow error`` (file and row named).
         OSError: a spill file cannot be read or written (e.g. a full disk).
     """
+    check_scratch_seen(tmp)  # a node of a joined cluster with OUTPUT on a disk of its own
     final = window_dir(tmp, w)
     done = window_done(final)
     if done is not None:  # finished by an identical run that was killed

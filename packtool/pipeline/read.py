@@ -42,10 +42,10 @@ from packtool.core.masks import TokenBatch, prepare_documents
 from packtool.errors import InputError, PackingError, SchemaError, raise_if_shortage, row_ref
 from packtool.formats.reader import (InputFile, check_token_columns_agree, iter_token_batches,
                                      open_input, reads_labels)
-from packtool.location import Location
-from packtool.output import (PARTIAL_PROGRESS, READ_DIR_PREFIX, WINDOW_DONE, claim_partial,
-                             keeps_stages, publish_window, window_done, window_file,
-                             window_workdir)
+from packtool.location import Location, shared_storage_fix, task_node
+from packtool.output import (PARTIAL_PROGRESS, READ_DIR_PREFIX, WINDOW_DONE,
+                             check_scratch_seen, claim_partial, keeps_stages, publish_window,
+                             window_done, window_file, window_workdir)
 from packtool.pipeline import progress
 from packtool.pipeline.spill import DOC_SOURCES, STARTS, TARGETS, TOKENS, spill_writer
 from packtool.signals import check, test_pause
@@ -390,9 +390,12 @@ def read_part(cfg, part: ReadPart, tmp: str) -> PartInfo:
     Raises:
         InputError, SchemaError: bad input (file and row named); a file holding another number
             of rows than its footer said when the parts were cut.
+        OutputError: on a node of a joined Ray cluster, ``tmp`` is not the scratch the
+            driver made (:func:`packtool.output.check_scratch_seen`).
         OSError: a spill file cannot be written (e.g. a full disk).
         KeyboardInterrupt: the run was told to stop (:func:`packtool.signals.check`).
     """
+    check_scratch_seen(tmp)  # a node of a joined cluster with OUTPUT on a disk of its own
     final = part_dir(tmp, part.index)
     done = window_done(final)
     if done is not None:  # finished by an identical run that was killed
@@ -426,6 +429,8 @@ def read_part(cfg, part: ReadPart, tmp: str) -> PartInfo:
             try:
                 for k in range(state["pieces"], len(part.pieces)):
                     piece = part.pieces[k]
+                    if task_node() is not None and Location.parse(piece.path).is_local:
+                        _check_unchanged(piece)  # a node that does not see the file: at once
                     test_pause("read-piece", k)
                     keep_docs = None
                     if split is not None:  # file row -> global document index
@@ -556,6 +561,11 @@ def _check_unchanged(piece: ReadPiece) -> None:
     time): a file replaced during the pack by one of as many rows or more was read in part, its
     rows counted right, under the old file's fingerprint.
 
+    In a task on a node of a joined Ray cluster (:func:`packtool.location.task_node`), a local
+    file not found, or another one found, is said to be as that node sees it: INPUT may be on a
+    disk the driver's node does not share with it (:func:`read_part` checks that before reading
+    each piece there, one stat).
+
     Raises:
         InputError: names the file and the fix.
     """
@@ -563,9 +573,18 @@ def _check_unchanged(piece: ReadPiece) -> None:
 
     if piece.file_bytes < 0:
         return
-    now = Location.parse(piece.path).entry()
+    loc = Location.parse(piece.path)
+    now = loc.entry()
     if now is None or now.size != piece.file_bytes or (
             piece.mtime_ns and now.mtime_ns and now.mtime_ns != piece.mtime_ns):
+        node = task_node() if loc.is_local else None
+        if node is not None:  # a node of a joined cluster: maybe not the driver's disk
+            seen, since = (("not found", "deleted or moved") if now is None else
+                           (f"another file found ({now.size:,} bytes, {piece.file_bytes:,} "
+                            "listed, or another modification time)", "changed"))
+            raise InputError(f"{display(piece.path)}: {seen} by the Ray worker on node {node}, "
+                             f"though the driver listed it: {shared_storage_fix('INPUT')}; "
+                             f"else it was {since} since INPUT was listed: rerun then")
         raise InputError(f"{display(piece.path)}: the file changed during the "
                          f"pack (size {piece.file_bytes:,} -> "
                          f"{'gone' if now is None else f'{now.size:,}'} bytes, or its "

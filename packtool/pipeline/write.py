@@ -18,8 +18,8 @@ from packtool.formats.manifest import ShardEntry
 from packtool.formats.object_store import read_session
 from packtool.formats.schema import packed_schema, shard_schema
 from packtool.formats.writer import rows_to_table, shard_num_targets, write_shard
-from packtool.output import (discard_shard_temp, finished_shard, kept_shard, publish_shard,
-                             shard_temp)
+from packtool.output import (check_scratch_seen, discard_shard_temp, finished_shard,
+                             kept_shard, publish_shard, shard_temp)
 from packtool.pipeline.layout import RowBuffers, ShardRows, ShardSources, layout_group
 from packtool.pipeline.spill import SpillReader
 from packtool.signals import check, test_pause
@@ -68,6 +68,7 @@ def write_shard_task(cfg, job: ShardJob, sources: ShardSources
             spill cannot be read.
         KeyboardInterrupt: the run was told to stop (checked between row groups).
     """
+    check_scratch_seen(job.tmp)  # a node of a joined cluster with OUTPUT on a disk of its own
     if job.reuse:
         kept = kept_shard(job.output, job.name, job.promised, job.final)
         if kept is not None:
