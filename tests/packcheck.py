@@ -374,11 +374,12 @@ def paused_pack(src, out, phase: str, options=(), stop: int = signal.SIGKILL):
         proc.stderr.close()
 
 
-def stopped_at(args, phase: str, sig: int = signal.SIGINT) -> tuple[int, str]:
+def stopped_at(args, phase: str, sig: int = signal.SIGINT, *,
+               at_pause=None) -> tuple[int, str]:
     """``packtool ARGS`` as a process, held at the test pause ``phase``
     (``PACKTOOL_TEST_PAUSE_AT``; ``start``: before the command touched its OUTPUT), then sent
-    ``sig``; returns its exit status and what it printed on stderr after the pause (120 s
-    watchdog)."""
+    ``sig`` (after ``at_pause()``, a check of what the paused run left, when given); returns
+    its exit status and what it printed on stderr after the pause (120 s watchdog)."""
     env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT=phase)
     proc = subprocess.Popen([sys.executable, "-m", "packtool", *map(str, args)],
                             stderr=subprocess.PIPE, text=True, env=env)
@@ -387,6 +388,8 @@ def stopped_at(args, phase: str, sig: int = signal.SIGINT) -> tuple[int, str]:
     try:
         line = proc.stderr.readline()
         assert f"test pause at {phase}" in line, f"no pause at {phase}: {line!r}"
+        if at_pause is not None:
+            at_pause()
         os.kill(proc.pid, sig)
         code = proc.wait()
         return code, proc.stderr.read()

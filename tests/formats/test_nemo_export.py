@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packcheck import invoke, read_output
+from packcheck import invoke, read_output, stopped_at
 from packtool.verify.contract import check_block
 
 IGNORE = -100
@@ -314,27 +314,11 @@ def two_outputs(tmp_path_factory):
 def _stop_export(out, dest, sig, *extra) -> tuple[int, str]:
     """``packtool export`` as a process, paused once its temporary file is open, then sent
     ``sig``; returns (exit status, stderr)."""
-    import os
-    import subprocess
-    import sys
-    import threading
-
-    env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT="export-block:1")
-    proc = subprocess.Popen([sys.executable, "-m", "packtool", "export", "--to", "nemo", *extra,
-                             str(out), str(dest)], stderr=subprocess.PIPE, text=True, env=env)
-    watchdog = threading.Timer(120, proc.kill)
-    watchdog.start()
-    try:
-        line = proc.stderr.readline()
-        assert "test pause at export-block:1" in line, line
+    def tmp_open():
         assert list(dest.glob(".training_24.idx.parquet.*.tmp")), "no temporary file yet"
-        os.kill(proc.pid, sig)
-        code = proc.wait()
-        return code, proc.stderr.read()
-    finally:
-        watchdog.cancel()
-        proc.kill()
-        proc.stderr.close()
+
+    return stopped_at(["export", "--to", "nemo", *extra, out, dest], "export-block:1", sig,
+                      at_pause=tmp_open)
 
 
 @pytest.mark.parametrize("sig,existing", [("SIGINT", False), ("SIGTERM", True),
