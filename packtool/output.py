@@ -800,13 +800,10 @@ class Output:
             return f"{d} is finished"
         kept = self.kept.describe(self.shards_kept())
         if self.keeps_finished:
-            return (f"{d} still holds its earlier finished {_run_word(self.previous.kind)}, "
-                    "untouched" + (f"; kept for the rerun: {kept}" if kept else ""))
-        if self._began:
-            return (f"{d} has no manifest; kept for the rerun: {kept}" if kept else
-                    f"{d} has no manifest (its in-progress marker only; nothing was kept)")
-        return (f"{d} has no manifest; kept for the rerun: {kept}" if kept else
-                f"{d} has no manifest; nothing was kept ({self.role} is as before the run)")
+            return _kept_words(d, kept, replaced=True, kind=self.previous.kind)
+        if self._began or kept:
+            return _kept_words(d, kept)
+        return f"{d} has no manifest; nothing was kept ({self.role} is as before the run)"
 
     def _state(self, rerun: bool = True) -> str:
         """What OUTPUT holds after a failed run, in words, true in every phase: as before
@@ -1174,14 +1171,24 @@ def held_words(path) -> str | None:
             kind = read_manifest(loc).kind
         except ManifestError:
             kind = None
-        return f"{d} still holds its earlier finished {_run_word(kind)}, untouched; kept for " \
-               f"the rerun: {what}"
+        return _kept_words(d, what, replaced=True, kind=kind)
     what = kept.describe(len(shard_files(found)))
-    if what:
-        return f"{d} has no manifest; kept for the rerun: {what}"
-    if IN_PROGRESS_NAME in found:
-        return f"{d} has no manifest (its in-progress marker only; nothing was kept)"
+    if what or IN_PROGRESS_NAME in found:
+        return _kept_words(d, what)
     return None
+
+
+def _kept_words(d: str, kept: str, *, replaced: bool = False, kind: str | None = None) -> str:
+    """The words of an interrupted message for output ``d`` (as displayed) stopped before its
+    commit, keeping ``kept`` (:meth:`ScratchKept.describe`; empty: nothing) for the rerun: beside
+    the earlier finished pack (of ``kind``) it replaces, when ``replaced``, else without a
+    manifest (its in-progress marker at least). One wording for :meth:`Output.stopped_words`
+    and :func:`held_words`."""
+    if replaced:
+        return (f"{d} still holds its earlier finished {_run_word(kind)}, untouched"
+                + (f"; kept for the rerun: {kept}" if kept else ""))
+    return (f"{d} has no manifest; kept for the rerun: {kept}" if kept else
+            f"{d} has no manifest (its in-progress marker only; nothing was kept)")
 
 
 def untouched_words(path) -> str:
