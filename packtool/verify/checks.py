@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ALL_BACKENDS", "ALL_CHECKS", "DEFAULT_ROWS", "DEFAULT_ROW_WINDOW", "CheckResult",
            "VerifyReport", "run_verify", "row_windows", "row_window_ok", "estimate_seconds",
+           "place_probe",
            "select_rows", "check_row_contract", "negative_control"]
 
 ALL_BACKENDS = ("sdpa", "flex", "varlen", "flash", "hf", "hybrid", "mamba")
@@ -677,6 +678,9 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
               and res.get("logits_match") is not None
               and res["logits_match"].status == PASS):
             _windows_below_switch(res["logits_match"], runner, window, longest)
+            if res["logits_match"].status == PASS:
+                _windows_before_far_tokens(res["logits_match"], runner, window, capacity,
+                                           longest, budget.bytes, seed)
         elif leaked and leak_probe is not None and hasattr(runner, "diagnose"):
             try:
                 why = runner.diagnose(*leak_probe)
@@ -715,6 +719,76 @@ def _windows_below_switch(lm, runner, window: int, longest: int) -> None:
                   "tokens, which training on whole rows feeds: "
                   + place_effect(runner.batch_position_effect())
                   + " (--row-window 0 measures it)")
+
+
+def place_probe(runner, capacity: int, longest: int, seed: int) -> tuple[float, float, int]:
+    """How far the logits of a short document at the end of a full row of C tokens are from
+    the same document's alone: the effect of a token's index in the row (ALiBi built from the
+    token's index, as Falcon and BLOOM build it), which row windows, whose tokens sit at
+    indices below the window, never reach.
+
+    The row is documents of ``longest`` tokens back to back (positions restarting in each, as
+    training feeds the output's longest spans), then one of L = min(64, longest, C // 2)
+    tokens ending at token C - 1; one forward pass without gradients.
+
+    Args:
+        runner: a :class:`~packtool.verify.runners.Runner` (``forward``, ``reference``).
+        capacity: C of the output's rows (tokens); longest: the output's longest span
+            (tokens, >= 1).
+        seed: random token ids from this seed.
+
+    Returns:
+        (largest absolute difference of the document's float32 logits, the runner's tolerance
+        for them, the document's first token in the row).
+    """
+    from packtool.loader import collate
+    from packtool.verify import require_torch
+
+    torch = require_torch()
+    L = max(1, min(64, longest, capacity // 2))
+    start = capacity - L
+    lengths = [longest] * (start // longest) + ([start % longest] if start % longest else [])
+    lengths.append(L)
+    seg = np.repeat(np.arange(1, len(lengths) + 1, dtype=np.int32), lengths)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, runner.vocab, (capacity,), generator=g, dtype=torch.int32)
+    if getattr(runner, "reserved", None) is not None:  # never the test model's padding token
+        ids = torch.where(ids == runner.reserved, (ids + 1) % runner.vocab, ids)
+    batch = collate([{"input_ids": ids.numpy(), "segment_ids": seg}])
+    with torch.no_grad():
+        packed = runner.forward(runner.embed(batch["input_ids"]), batch)[0, start:].float()
+        alone = runner.reference([batch["input_ids"][0, start:]], 0)[0].float()
+    diff = float((packed.to(alone.device) - alone).abs().max())
+    return diff, runner.tolerance(float(alone.abs().max())), start
+
+
+def _windows_before_far_tokens(lm, runner, window: int, capacity: int, longest: int,
+                               budget_bytes: int, seed: int) -> None:
+    """Fail ``lm`` (a passed ``logits_match`` of the ``hf`` backend of ``--hf-config`` on row
+    windows) when the user's model gives a document at the end of a whole row other logits
+    than alone (:func:`place_probe`): the windows' tokens sit at indices below ``window``,
+    whole rows reach C - 1. Other backends are packtool's own model, whose output follows
+    ``position_ids`` alone; a probe row that does not fit the memory budget is said in the
+    figures."""
+    from packtool.verify.equivalence import place_effect
+
+    if getattr(runner, "config", None) is None:
+        return
+    if runner.row_bytes(capacity) > budget_bytes:
+        lm.figures["far_tokens"] = (f"not probed: a row of {capacity} tokens does not fit the "
+                                    "memory budget (--row-window 0 with more memory measures it)")
+        return
+    diff, tol, start = place_probe(runner, capacity, longest, seed)
+    lm.figures["far_tokens_max_abs_diff"] = float(f"{diff:.3g}")
+    if diff <= tol:
+        return
+    lm.status, lm.where = FAIL, None  # no measured window shows it: a whole row does
+    lm.message = (f"the windows of {window} tokens run through the model keep each token at an "
+                  f"index below {window}, but in a whole row of {capacity} tokens a document "
+                  f"starting at token {start} gets logits that differ by {diff:.3g} (> {tol:.3g}) "
+                  "from its own alone, though no document reads another (isolation passed): "
+                  + place_effect(runner.batch_position_effect())
+                  + " (--row-window 0 measures it on the output's rows)")
 
 
 def _row_faults(report, contract_bad: dict) -> dict:

@@ -570,9 +570,14 @@ def loss_denominator(m: Measurements) -> CheckResult:
                        _nonfinite_text(m, "the packed or per-document losses"))
     if m.seg_loss.max > 4 * m.tol:
         # a token's cross-entropy moves by at most twice its logits' largest error: within that,
-        # the packed logits (logits_match, isolation) explain it, not the labels
+        # the packed logits (logits_match, and isolation where it failed) explain it, not the
+        # labels
+        iso = isolation(m).status
+        which = {FAIL: "logits_match, isolation",
+                 PASS: "logits_match; isolation passed: no document reads another"}.get(
+                     iso, "logits_match")
         cause = ("follows from the packed logits, which differ from the per-document forward "
-                 f"by up to {m.logit.max:.3g} (logits_match, isolation); the labels and target "
+                 f"by up to {m.logit.max:.3g} ({which}); the labels and target "
                  "counts agree" if m.logit.max > m.tol
                  and m.seg_loss.max <= 2 * m.logit.max + 4 * m.tol
                  else "a label on another token?")

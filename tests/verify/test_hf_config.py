@@ -714,6 +714,31 @@ def test_dynamic_rope_past_its_limit_fails_as_a_place_effect(tmp_path):
     assert run_verify(short, rows=0, hf_config=cfg).ok
 
 
+def test_alibi_from_the_token_index_fails_on_row_windows_too(tmp_path):
+    """Falcon with alibi=True builds its bias from a token's index in the sequence, which is
+    not exact past 256 tokens: whole rows of 512 fail logits_match (isolation passes), but
+    row windows of 64 tokens, whose tokens all sit below index 64, passed. They now fail it
+    too, from a document at the end of a whole row run against itself alone, naming the
+    windows, the row and the index effect; at C = 256 both pass."""
+    cfg = tmp_path / "falcon"
+    transformers.AutoConfig.for_model("falcon", alibi=True).save_pretrained(cfg)
+    docs = [[(11 * t + k) % 300 + 5 for t in range(n)] for k in range(6) for n in (200, 37, 120)]
+    out = pack_docs(tmp_path, docs, 512)
+    whole = run_verify(out, rows=0, hf_config=cfg, row_window=0)
+    lm, iso = whole.get("hf", "logits_match"), whole.get("hf", "isolation")
+    assert lm.status == "fail" and iso.status == "pass" and not whole.ok, whole.format_text()
+    win = run_verify(out, rows=0, hf_config=cfg, row_window=64)
+    lm, iso = win.get("hf", "logits_match"), win.get("hf", "isolation")
+    assert lm.status == "fail" and iso.status == "pass" and not win.ok, win.format_text()
+    assert "windows of 64 tokens" in lm.message and "row of 512 tokens" in lm.message
+    assert "where a token sits in the row" in lm.message and "leak" not in lm.message
+    assert lm.figures["far_tokens_max_abs_diff"] > 1e-4, lm.figures
+    small = pack_docs(tmp_path, [d[:100] for d in docs], 256, name="c256")
+    rep = run_verify(small, rows=0, hf_config=cfg, row_window=64)
+    assert rep.ok, rep.format_text()
+    assert rep.get("hf", "logits_match").figures["far_tokens_max_abs_diff"] < 1e-5
+
+
 def test_a_model_that_scales_its_input_embeddings_in_place_runs(packed, tmp_path):
     """CTRL scales its input embeddings in place (``inputs_embeds *= sqrt(d)``): verify handed
     it the leaf whose gradient it reads, autograd refused the in-place operation, and the run

@@ -299,6 +299,11 @@ def test_logits_that_differ_without_a_leak_are_not_called_a_leak(good):
     assert lm.status == FAIL and iso.status == PASS and not rep.ok, rep.format_text()
     assert "no document reads another (isolation passed)" in lm.message, lm.message
     assert "leak" not in lm.message
+    # the loss that follows from those logits names logits_match, and isolation as passed
+    # (it named "logits_match, isolation" as the cause whatever isolation found)
+    ld = rep.get("sdpa", "loss_denominator")
+    assert ld.status == FAIL and "follows from the packed logits" in ld.message, ld.message
+    assert "(logits_match; isolation passed: no document reads another)" in ld.message
 
 
 def test_a_backend_that_raises_is_a_failure_not_a_skip(good):
