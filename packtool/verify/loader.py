@@ -4,7 +4,8 @@
 :mod:`packtool.loader` (importing this module warns with ``DeprecationWarning``).
 ``PackedDataset`` here keeps the old ``reader`` attribute (the dataset's
 :class:`~packtool.formats.packed.PackedOutput`) and reports ``labels_mode == "none"`` for outputs
-that store no labels, as before.
+that store no labels read with the unshifted labels derived from them, as before (labels asked
+``shifted`` say ``shifted``).
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ warnings.warn("packtool.verify.loader is deprecated; import PackedDataset, colla
 
 class PackedDataset(_PackedDataset):
     """:class:`packtool.loader.PackedDataset` with the old ``reader`` attribute and
-    ``labels_mode`` (``none`` when the shards store no labels; items still carry the derived
-    unshifted labels)."""
+    ``labels_mode`` (``none`` when the shards store no labels and the items carry the unshifted
+    labels derived from the segments; the convention itself otherwise)."""
 
     def __init__(self, path, **kwargs) -> None:
         super().__init__(path, **kwargs)
-        self._shown_mode = self.labels_mode if self.output.labels.stored else "none"
+        # "none" meant the labels derived by the unshifted rule; derived shifted labels say so
+        derived = not self.output.labels.stored and self.labels_mode == "unshifted"
+        self._shown_mode = "none" if derived else self.labels_mode
 
     @property
     def reader(self):

@@ -137,3 +137,23 @@ def test_labels_none_output_trains_with_derived_labels(tmp_path):
     assert rep.ok, rep.format_text()
     loss = next(r for r in rep.results if r.backend == "sdpa" and r.check == "loss_denominator")
     assert loss.status == "pass"
+
+
+def test_deprecated_dataset_says_shifted_for_shifted_labels_derived_from_no_column(tmp_path):
+    """B05 through the deprecated packtool.verify.loader: an output without a labels column read
+    with labels="shifted" gave shifted labels under labels_mode "none" (read as unshifted), so
+    collate called them unshifted and HFCollator / collate_flat passed them on unconverted: a
+    model that shifts again trained each token on the one two ahead. Items now say the
+    convention of the labels they carry; "none" stays for the derived unshifted labels."""
+    from packtool.loader import HFCollator, collate_flat
+
+    out = pack_docs(tmp_path, [[11, 12, 13, 14]], 4, "--labels", "none")
+    shifted = PackedDataset(out, labels="shifted")[0]
+    assert shifted["labels"].tolist() == [12, 13, 14, -100]
+    assert shifted["labels_mode"] == "shifted"
+    assert collate([shifted])["labels_convention"] == "shifted"
+    assert collate_flat([shifted])["labels"].tolist() == [[-100, 12, 13, 14]]
+    assert HFCollator()([shifted])["labels"].tolist() == [[-100, 12, 13, 14]]
+    plain = PackedDataset(out)[0]
+    assert plain["labels_mode"] == "none" and plain["labels"].tolist() == [-100, 12, 13, 14]
+    assert collate_flat([plain])["labels"].tolist() == [[-100, 12, 13, 14]]
