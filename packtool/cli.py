@@ -1474,6 +1474,8 @@ def verify(output, rows, seed, backends, hf_config, checks, data_only, device, m
             control = run_control(output, indices=report.indices, seed=seed,
                                   batch_size=batch_size, device=device, max_memory=budget,
                                   row_window=row_window)
+            # an output of one document per row has no boundary a mask could leak across
+            control["applicable"] = report.multi_doc_rows is not False
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     if as_json:
@@ -1486,15 +1488,26 @@ def verify(output, rows, seed, backends, hf_config, checks, data_only, device, m
             click.echo(_control_line(control))
     if not report.ok:
         raise PacktoolError(report.first_failure_message())
-    if control is not None and not control["caught"]:
+    if control is not None and not control["caught"] and control["applicable"]:
+        if report.windows and report.multi_doc_rows:
+            fix = ("no row window run holds two documents?): pass a larger --row-window (0: "
+                   "whole rows)")
+        elif rows is not None and rows <= 0:
+            fix = ("though every row ran, rows of two documents among them): the checks "
+                   "cannot tell a leaking mask from a good one on this machine")
+        else:
+            fix = "no sampled row holds two documents?): verify more rows (--rows 0)"
         raise PacktoolError("negative control: a plain causal mask passed the sdpa checks on "
-                            "these rows, so this verify could not have caught a leak here (no "
-                            "sampled row holds two documents?): verify more rows (--rows 0)")
+                            "these rows, so this verify could not have caught a leak here ("
+                            + fix)
 
 
 def _control_line(control: dict) -> str:
     """The report's line for ``verify --negative-control``."""
     head = "CONTROL sdpa         plain causal mask   "
+    if not control["caught"] and not control.get("applicable", True):
+        return head + ("not applicable: no row of the output holds two documents, so no mask "
+                       "can let one read another here")
     if not control["caught"]:
         return head + "NOT caught: the checks passed with a leaking mask"
     where = " ".join(f"{k}={v}" for k, v in (control["where"] or {}).items())

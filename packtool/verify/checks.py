@@ -461,8 +461,11 @@ def negative_control(path: str | os.PathLike, *, rows: int | None = None, seed: 
         "where": dict | None, "figures": dict, "rows": [{"shard", "row"}], "windows": int}``:
         ``caught`` when ``isolation`` or ``logits_match`` failed (``check``, ``where`` and
         ``figures`` of the first such failure); False means verify could not tell this broken
-        mask from a good one here (no row run holds two documents); ``rows`` and ``windows``
-        as in the report of :func:`run_verify`.
+        mask from a good one here (no row run holds two documents); ``applicable``: False
+        when it is known that no row of the output holds two documents (nothing can leak
+        between documents, so no check can catch the mask; with ``indices``, known only when
+        none of them does and the caller knows the rest: ``verify --negative-control`` sets it
+        from its report); ``rows`` and ``windows`` as in the report of :func:`run_verify`.
 
     Raises:
         As :func:`run_verify`.
@@ -486,6 +489,7 @@ def negative_control(path: str | os.PathLike, *, rows: int | None = None, seed: 
     return {"mask": "plain causal", "backend": "sdpa", "caught": first is not None,
             "check": first.check if first else None, "where": first.where if first else None,
             "figures": dict(first.figures) if first else {},
+            "applicable": rep.multi_doc_rows is not False,
             "rows": [{"shard": s, "row": r} for s, r in rep.rows], "windows": rep.windows}
 
 

@@ -352,6 +352,25 @@ def test_b02_negative_control_from_the_command_line(tmp_path, monkeypatch):
     assert "NOT caught" in r.output and "could not have caught a leak" in r.output
 
 
+def test_the_negative_control_on_one_document_per_row_is_not_applicable(tmp_path):
+    """No row holds two documents (documents of at least C / 2 tokens): the control had
+    exited 1 telling to "verify more rows (--rows 0)", which --rows 0 already was and no row
+    count could change. The CONTROL line now says it is not applicable, --json has
+    applicable false, and the exit is the report's (0)."""
+    out = pack_docs(tmp_path, [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10], [11, 12, 13, 14]], 6)
+    r = CliRunner().invoke(cli, ["verify", str(out), "--backend", "sdpa", "--rows", "0",
+                                 "--row-window", "0", "--negative-control", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    line = r.output.strip().splitlines()[-1]
+    assert line.startswith("CONTROL sdpa") and "not applicable" in line, line
+    assert "--rows 0" not in r.output
+    r = CliRunner().invoke(cli, ["verify", str(out), "--backend", "sdpa", "--rows", "0",
+                                 "--negative-control", "--json"])
+    assert r.exit_code == 0, r.output
+    control = json.loads(r.stdout)["negative_control"]
+    assert control["applicable"] is False and control["caught"] is False
+
+
 def _sdpa_ignoring_is_causal(F):
     """SDPA that applies a given mask as usual, and for is_causal=True the block-diagonal
     causal mask of the one row of the test (documents of 3 and 2 tokens): a control that
