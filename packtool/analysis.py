@@ -218,7 +218,8 @@ def analyze_packed(path, *, per_bin: bool = False, per_bin_limit: int | None = N
     t0 = time.perf_counter()
     # rows_add_up=False: the recount below names every total that differs (rows included)
     reader = PackedOutput.open(path, integrity="sha256" if check_hashes else "footer",
-                               progress=progress, rows_add_up=False)
+                               progress=progress, rows_add_up=False,
+                               reopen="rerun the same packtool stats")
     hashed = ((len(reader.shards), sum(s.bytes for s in reader.manifest.shards),
                time.perf_counter() - t0) if check_hashes else (0, 0, 0.0))
     C = reader.capacity

@@ -72,6 +72,9 @@ __all__ = ["NEMO_ROWS_PER_GROUP", "NEMO_SPLITS", "nemo_schema", "nemo_file_name"
            "output_eos",
            "NemoExport", "EXPORT_KEY", "EXPORT_LOCK_NAME"]
 
+#: What an export's "packed again since it was opened" line (the output re-packed while it was
+#: read; :meth:`~packtool.formats.packed.PackedOutput.open`'s ``reopen``) tells to do.
+REOPEN_FIX = "rerun the same packtool export"
 #: Rows per Parquet row group, as NeMo / Megatron-Bridge's packed Parquet writer sets it.
 NEMO_ROWS_PER_GROUP = 500
 #: The split names of their default file names.
@@ -193,7 +196,9 @@ def _packed_blocks(out_dir, check_hashes: bool = True
     exhausted or closed."""
     from packtool.formats.packed import PackedOutput
 
-    reader = PackedOutput.open(out_dir, integrity="sha256" if check_hashes else "footer")
+    # packed again while read: the fix is the export's, not a loader's "open it again"
+    reader = PackedOutput.open(out_dir, integrity="sha256" if check_hashes else "footer",
+                               reopen=REOPEN_FIX)
 
     def blocks():
         try:

@@ -77,13 +77,17 @@ from packtool.types import IGNORE_INDEX
 __all__ = ["PackedOutput", "Block", "Rows", "INTEGRITY", "LABEL_CONVENTIONS", "KNOWN_COLUMNS",
            "STRUCTURE", "unshifted_labels", "shifted_labels", "convert_labels", "labels_in",
            "structure_from_cu", "iter_decoded", "TOKEN_COLUMNS", "RAGGED_COLUMNS",
-           "SCALAR_COLUMNS"]
+           "SCALAR_COLUMNS", "REOPEN_FIX"]
 
 #: Integrity levels of :meth:`PackedOutput.open`, weakest first (see the module docstring).
 INTEGRITY = ("size", "footer", "sha256")
 #: A manifest version not taken (:meth:`PackedOutput._raise_if_repacked_since_read`): equal to
 #: no :meth:`~packtool.location.Location.version`, so the manifest is read at each open.
 _UNSEEN = ("not taken",)
+#: What a reader's "packed again since it was opened" line tells a caller to do by default (a
+#: dataset or a :class:`PackedOutput` of one's own); a command gives its own
+#: (:meth:`PackedOutput.open`'s ``reopen``: ``rerun the same packtool export``).
+REOPEN_FIX = "open it again (a new dataset or PackedOutput.open)"
 #: The two labels conventions a reader hands out.
 LABEL_CONVENTIONS = ("unshifted", "shifted")
 #: Every column of the output contract, in schema order.
@@ -542,14 +546,16 @@ class PackedOutput:
     Build with :meth:`open`. Attributes: ``location`` (:class:`~packtool.location.Location`),
     ``manifest`` (:class:`~packtool.formats.manifest.Manifest`), ``schema`` (the shards' Arrow
     schema), ``capacity`` (C), ``labels`` (the manifest's :class:`LabelsInfo`), ``columns`` (the
-    stored columns), ``shards`` (file names in manifest order), and the index arrays
+    stored columns), ``shards`` (file names in manifest order), ``reopen`` (the fix a "packed
+    again since it was opened" line ends with: :meth:`open`), and the index arrays
     ``rg_shard`` int32[G], ``rg_index`` int32[G] (row group inside its shard), ``rg_first``
     int64[G + 1] (global row of each group's first row, then the row count), ``shard_first``
     int64[S + 1].
     """
 
     def __init__(self, location: Location, manifest: Manifest, schema: pa.Schema, *,
-                 integrity: str = "footer", cache=None, max_open_files: int = 64) -> None:
+                 integrity: str = "footer", cache=None, max_open_files: int = 64,
+                 reopen: str = REOPEN_FIX) -> None:
         if integrity not in INTEGRITY:
             raise ValueError(f"integrity {integrity!r}: choose one of {', '.join(INTEGRITY)}")
         if max_open_files < 1:
@@ -560,6 +566,7 @@ class PackedOutput:
         self.schema = schema
         self.integrity = integrity
         self.cache = cache
+        self.reopen = reopen  # the fix of a "packed again since it was opened" line
         # the manifest's version when it was read (Location.version), for the shards opened
         # from a cache (_raise_if_repacked_since_read); _UNSEEN: not taken (checked at each open)
         self._manifest_seen = _UNSEEN
@@ -608,7 +615,8 @@ class PackedOutput:
 
     @classmethod
     def open(cls, path, *, integrity: str = "footer", cache=None, max_open_files: int = 64,
-             progress=None, rows_add_up: bool = True) -> "PackedOutput":
+             progress=None, rows_add_up: bool = True,
+             reopen: str = REOPEN_FIX) -> "PackedOutput":
         """Open the packed output at ``path``.
 
         Args:
@@ -623,6 +631,9 @@ class PackedOutput:
                 (:func:`~packtool.formats.manifest.check_rows_add_up`); False only for a
                 reader that recounts every total from the rows and reports the difference
                 itself (``stats``, ``verify``).
+            reopen: what the caller's user does once the output turns out packed again since
+                it was opened (:meth:`_raise_if_repacked`: the fix ending that line): by
+                default :data:`REOPEN_FIX`; a command says to rerun itself.
 
         Raises:
             ManifestError: not a complete packed output (no manifest: an interrupted pack or not
@@ -646,7 +657,7 @@ class PackedOutput:
         require_packed(manifest, loc.display)  # before any shard is checked or hashed
         check_shards(loc, manifest, hashes=integrity == "sha256", progress=progress)
         reader = cls(loc, manifest, schema, integrity=integrity, cache=cache,
-                     max_open_files=max_open_files)
+                     max_open_files=max_open_files, reopen=reopen)
         reader._manifest_seen = seen
         try:  # after the shards' own checks, which name the shard at fault
             if rows_add_up:  # no reader serves or exports a subset of the rows in silence
@@ -766,14 +777,15 @@ class PackedOutput:
                 rows as they were, as a reader of the store's shard finds them).
 
         Raises:
-            ManifestError: says which, and to open the output again (once the pack has ended,
-                or been rerun to its end).
+            ManifestError: says which, and the caller's fix (``reopen`` of :meth:`open`: by
+                default to open the output again) once the pack has ended, or been rerun to
+                its end.
         """
         from packtool.formats.manifest import (marker_kind, read_manifest, run_words,
                                                writing_error)
 
         loc = self.location
-        again = "open it again (a new dataset or PackedOutput.open)"
+        again = self.reopen
         for look in range(2):
             try:
                 now = read_manifest(loc)
@@ -799,7 +811,7 @@ class PackedOutput:
                                        and not same_shard_ok):
             raise ManifestError(f"{self.location.display}: packed again since it was opened "
                                 f"(its manifest changed; {entry.file} is another file now): "
-                                "open it again (a new dataset or PackedOutput.open)")
+                                f"{again}")
 
     def _raise_if_repacked_since_read(self, s: int) -> None:
         """Before shard ``s`` is opened through the cache: its cached copy is named by its

@@ -283,7 +283,7 @@ def run_verify(
     # with the scan, its totals check recounts every total (rows included) and fails; without
     # it (--no-scan: no totals check) rows that do not add up are refused as every reader does
     reader = PackedOutput.open(path, integrity="sha256" if check_hashes else "footer",
-                               rows_add_up=not scan_all)
+                               rows_add_up=not scan_all, reopen="rerun the same packtool verify")
     if check_hashes:
         _say(progress, f"verify: sha256 of {plural(len(reader.shards), 'shard')} checked "
              f"({time.perf_counter() - t0:.1f} s; --no-hash skips it)")

@@ -859,3 +859,40 @@ def test_a_dest_out_of_inodes_says_so_not_bytes(tmp_path, two_outputs, monkeypat
            "out of inodes (files), not bytes (" in line, line
     assert line.endswith("remove files on it that are not needed, or choose another DEST, on a "
                          "filesystem with more inodes"), line
+
+
+@pytest.mark.parametrize("command", [["export", "--to", "nemo"], ["stats"],
+                                     ["verify", "--data-only"]])
+def test_an_output_packed_again_while_read_says_to_rerun_the_command(tmp_path, command,
+                                                                     monkeypatch):
+    """OUTPUT packed again (--overwrite, other rows) after the command read its first block:
+    refused (DEST of an export left absent), and the line's fix is to rerun that command, not
+    the loader's "open it again (a new dataset or PackedOutput.open)"."""
+    import subprocess
+    import sys
+
+    from packtool.formats.packed import PackedOutput
+
+    src = tmp_path / "docs.parquet"
+    pq.write_table(pa.Table.from_pylist(sft_docs(900)), src)
+    out, dest = tmp_path / "out", tmp_path / "nemo"
+    pack = ["pack", "-q", "-c", 24, "--rows-per-shard", 20]
+    assert invoke([*pack, src, out]).exit_code == 0
+    real = PackedOutput.iter_blocks
+
+    def repacked_after_the_first(self, *args, **kwargs):
+        for n, block in enumerate(real(self, *args, **kwargs)):
+            if n == 1:  # the reader has read ahead: the pack replaces shards not yet opened
+                subprocess.run([sys.executable, "-m", "packtool", *map(str, pack), "--overwrite",
+                                "--seed", "7", src, out], check=True, capture_output=True)
+            yield block
+
+    monkeypatch.setattr(PackedOutput, "iter_blocks", repacked_after_the_first)
+    args = [*command, out] + ([dest] if command[0] == "export" else [])
+    res = invoke(args)
+    assert res.exit_code != 0, res.output
+    [line] = [ln for ln in res.output.splitlines() if ln.startswith("Error: ")]
+    assert "packed again since it was opened" in line, line
+    assert line.endswith(f"rerun the same packtool {command[0]}"), line
+    assert "PackedOutput.open" not in line and "dataset" not in line, line
+    assert not dest.exists()
