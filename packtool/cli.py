@@ -1334,8 +1334,9 @@ def export(output, dest, target, split, overwrite, eos_id, no_hash, as_json):
         if res.one_token_sequences_left_out:
             left = (f"; {plural(res.one_token_sequences_left_out, 'one-token sequence')} left "
                     "out (no input, no target; a zero-length sequence to their collate)")
-            if res.rows_left_out:
-                left += f", so {plural(res.rows_left_out, 'row')} of nothing else"
+            if res.rows_left_out:  # whole rows, of those sequences only
+                left += (f", with the {plural(res.rows_left_out, 'row')} that held nothing "
+                         "else")
         click.echo(f"exported {plural(res.rows, 'row')} ({plural(res.sequences, 'sequence')}, "
                    f"{plural(res.tokens, 'token')}, {plural(res.targets, 'loss-mask target')})"
                    f"{left} -> {res.path}")

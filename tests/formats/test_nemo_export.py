@@ -499,7 +499,43 @@ def test_one_token_segments_never_reach_their_collate_as_zero_length_sequences(t
     meta = json.loads((dest / "4_metadata.jsonl").read_text())[0]
     assert meta["min_packed_seqlen"] == 1 and meta["dataset_max_seqlen"] == 3
     text = invoke(["export", "--to", "nemo", "--overwrite", out, dest]).output
-    assert "2 one-token sequences left out" in text and "1 row of nothing else" in text
+    assert text.splitlines()[0] == (
+        "exported 2 rows (2 sequences, 6 tokens, 4 loss-mask targets); 2 one-token sequences "
+        "left out (no input, no target; a zero-length sequence to their collate), with the 1 row "
+        f"that held nothing else -> {dest / 'training_4.idx.parquet'}")
+
+
+@pytest.mark.parametrize("docs, rows, left", [
+    ([[5, 6, 7, 8, 9], [1, 2, 3, 4, 5]], "2 rows (2 sequences, 10 tokens, 8 loss-mask "
+     "targets)", ""),
+    ([[5, 6, 7], [8]], "1 row (1 sequence, 3 tokens, 2 loss-mask targets)",
+     "; 1 one-token sequence left out (no input, no target; a zero-length sequence to their "
+     "collate)"),
+    ([[5], [6], [7]], "0 rows (0 sequences, 0 tokens, 0 loss-mask targets)",
+     "; 3 one-token sequences left out (no input, no target; a zero-length sequence to their "
+     "collate), with the 1 row that held nothing else"),
+    ([[5, 6, 7, 8, 9], [1], [2, 3, 4, 5, 6], [3]], "2 rows (2 sequences, 8 tokens, 6 loss-mask "
+     "targets)", "; 4 one-token sequences left out (no input, no target; a zero-length "
+     "sequence to their collate), with the 2 rows that held nothing else"),
+], ids=["none left out", "one sequence", "one row", "two rows"])
+def test_the_summary_says_what_was_left_out_in_whole_words(tmp_path, docs, rows, left):
+    """`pack -c 8` of documents [[5],[6],[7]], exported: the summary said "3 one-token
+    sequences left out (...), so 1 row of nothing else ->", its words after "row" missing.
+    Every count of sequences and rows left out (0, 1, many) now reads whole, and equals
+    --json's."""
+    pq.write_table(pa.table({"input_ids": docs}), tmp_path / "d.parquet")
+    out, dest = tmp_path / "out", tmp_path / "nemo"
+    C = 4 if len(docs) == 4 else 8
+    assert invoke(["pack", "-q", "-c", C, "--no-shuffle", "--strategy", "ordered",
+                   tmp_path / "d.parquet", out]).exit_code == 0
+    res = invoke(["export", "--to", "nemo", out, dest])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines()[0] == \
+        f"exported {rows}{left} -> {dest / f'training_{C}.idx.parquet'}"
+    done = json.loads(invoke(["export", "--to", "nemo", "--json", out, dest]).stdout)
+    assert f"{done['one_token_sequences_left_out']} one-token" in left or not left
+    assert done["rows_left_out"] == (int(left.split("with the ")[1][0]) if "with the" in left
+                                     else 0)
 
 
 def test_a_held_out_output_is_exported_as_the_validation_split(tmp_path):
