@@ -1279,7 +1279,8 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
                    "last token are counted, and a warning says when Megatron-Bridge's packed "
                    "collate would train them otherwise (it treats a fed EOS as padding) "
                    "[default: pack's --append-eos, else the --append-eos of the packtool "
-                   "tokenize it was packed from; none: not looked for].")
+                   "tokenize it was packed from; none: not looked for; a note names another "
+                   "EOS id the manifest records].")
 @click.option("--no-hash", is_flag=True,
               help="Skip the sha256 of every shard against the manifest (it reads every "
                    "byte; stats and verify check it too). Still checked: each shard's size and "

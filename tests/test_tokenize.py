@@ -1500,6 +1500,55 @@ def test_a_pack_of_tokenize_outputs_records_their_tokenizer_and_ids_for_export_a
     assert doc["tokenized"]["tokenizer"]["sha256"] == made["sha256"]
 
 
+def test_an_export_names_an_eos_id_the_manifest_records_that_it_did_not_look_for(
+        tmp_path, hf_tokenizer):
+    """tokenize --append-eos </s>, then pack --append-eos <s> (every document [..., </s>, <s>]):
+    the export looks for pack's id (the documented order) and said nothing of the tokenizer's
+    </s>, fed before every document's last token. It now says, in a note, that tokenize appended
+    another EOS id and how to look for it (--eos-id); told that id, it counts the documents
+    holding it and names pack's other id likewise; one id recorded once is no note."""
+    from packtool.formats.nemo import export_nemo
+
+    tok = tokenizers.Tokenizer.from_file(str(hf_tokenizer))
+    eos, other = tok.token_to_id("</s>"), tok.token_to_id("<s>")
+    a = _tokenized(write_jsonl(tmp_path / "a.jsonl", TEXTS[:12]), tmp_path / "tok-a",
+                   hf_tokenizer, "--append-eos", "</s>")
+    out = tmp_path / "packed"
+    res = invoke(["pack", "-q", "-c", 64, "--append-eos", other, a, out])
+    assert res.exit_code == 0, res.output
+    assert read_manifest(out).tokenized.append_eos == eos
+
+    def notes(res):
+        return [ln[len("  note: "):] for ln in res.stdout.splitlines()
+                if ln.startswith("  note: ")]
+
+    res = invoke(["export", "--to", "nemo", out, tmp_path / "nemo"])
+    assert res.exit_code == 0, res.output
+    assert notes(res) == [
+        f"packtool tokenize appended the EOS id {eos} to the documents (the manifest's "
+        f"tokenized.append_eos), and this export looked for {other} only: if {eos} is the "
+        f"trainer's tokenizer's EOS id, rerun with --eos-id {eos} (Python: eos_id={eos}) to count "
+        "the documents holding it before their last token (docs/python-and-text.md)"]
+    done = json.loads(invoke(["export", "--to", "nemo", "--json", out,
+                              tmp_path / "nemo"]).stdout)  # finished already: the same note
+    assert done["already_complete"] and done["notes"] == notes(res)
+    assert export_nemo(out, tmp_path / "py").notes == tuple(notes(res))
+
+    told = invoke(["export", "--to", "nemo", "--eos-id", eos, out, tmp_path / "told"])
+    assert told.exit_code == 0, told.output
+    assert notes(told) == [
+        f"pack --append-eos appended the EOS id {other} to the documents, and this export "
+        f"looked for {eos} only: if {other} is the trainer's tokenizer's EOS id, rerun with "
+        f"--eos-id {other} (Python: eos_id={other}) to count the documents holding it before "
+        "their last token (docs/python-and-text.md)"]
+    assert [ln for ln in told.stderr.splitlines() if f"the EOS id {eos} before" in ln]
+
+    same = tmp_path / "same"
+    assert invoke(["pack", "-q", "-c", 64, "--append-eos", eos, a, same]).exit_code == 0
+    res = invoke(["export", "--to", "nemo", same, tmp_path / "same-nemo"])
+    assert res.exit_code == 0 and notes(res) == [], res.output
+
+
 def test_inputs_that_disagree_record_only_what_they_agree_on(tmp_path, hf_tokenizer,
                                                              tokenizer_files):
     """One tokenizer, --append-eos given to one tokenize only: the tokenizer and the BOS (none)

@@ -69,7 +69,7 @@ from packtool.stats import plural
 
 __all__ = ["NEMO_ROWS_PER_GROUP", "NEMO_SPLITS", "nemo_schema", "nemo_file_name",
            "to_nemo_batch", "export_nemo", "export_warnings", "export_notes", "eos_warnings",
-           "output_eos",
+           "output_eos", "recorded_eos",
            "NemoExport", "EXPORT_KEY", "EXPORT_LOCK_NAME"]
 
 #: What an export's "packed again since it was opened" line (the output re-packed while it was
@@ -225,16 +225,33 @@ def export_warnings(manifest, where: str) -> list[str]:
     return empty + manifest.output_warnings(padding=False)
 
 
-def export_notes(manifest) -> list[str]:
+def export_notes(manifest, eos_id: int | None = None) -> list[str]:
     """The lines an export prints after its summary for the packed output of ``manifest``:
     packed with ``--segment-multiple N`` (N > 1), that the padding inside each span is
-    dropped, so the sequences are not multiples of N (the context-parallel layout is lost)."""
+    dropped, so the sequences are not multiples of N (the context-parallel layout is lost);
+    then, for each EOS id the manifest records as appended to the documents (pack's
+    ``--append-eos``, the ``--append-eos`` of the ``packtool tokenize`` it was packed from:
+    :func:`recorded_eos`) other than ``eos_id`` (the one the export looked for; None: none),
+    who appended it and how to look for it instead (``--eos-id``): only the trainer's
+    tokenizer knows which one its collate treats as EOS."""
     n = int(manifest.options.get("segment_multiple", 1) or 1)
-    if n <= 1:
-        return []
-    return [f"packed with --segment-multiple {n}: the export drops the padding inside each "
-            f"span, so its sequences keep their real lengths, not padded to multiples of "
-            f"{n}: the context-parallel layout is not kept (docs/python-and-text.md)"]
+    notes = [] if n <= 1 else [
+        f"packed with --segment-multiple {n}: the export drops the padding inside each "
+        f"span, so its sequences keep their real lengths, not padded to multiples of "
+        f"{n}: the context-parallel layout is not kept (docs/python-and-text.md)"]
+    if eos_id is None:  # none recorded (else the export looks for one): nothing else to name
+        return notes
+    said = {"pack": "pack --append-eos appended the EOS id {} to the documents",
+            "tokenize": "packtool tokenize appended the EOS id {} to the documents (the "
+                        "manifest's tokenized.append_eos)"}
+    for by, other in recorded_eos(manifest):
+        if other != int(eos_id):
+            notes.append(said[by].format(other) + ", and this export "
+                         f"looked for {int(eos_id)} only: if {other} is the trainer's "
+                         f"tokenizer's EOS id, rerun with --eos-id {other} (Python: "
+                         f"eos_id={other}) to count the documents holding it before their last "
+                         "token (docs/python-and-text.md)")
+    return notes
 
 
 class _EosScan:
@@ -345,7 +362,7 @@ class NemoExport:
     #: 0 rows, or no effective target; and :func:`eos_warnings`
     warnings: tuple = ()
     #: lines said after the summary (:func:`export_notes`): the ``--segment-multiple`` layout
-    #: not kept
+    #: not kept; an EOS id the manifest records that the export did not look for
     notes: tuple = ()
     #: the EOS id looked for (``eos_id`` of :func:`export_nemo`, else the output's own:
     #: :func:`output_eos`); None: unknown, not looked for
@@ -511,7 +528,8 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
             holding it before the last token of an exported sequence are counted
             (``eos_documents``, ...) and said in a warning when Megatron-Bridge's packed
             collate trains them otherwise than packtool (:func:`eos_warnings`); the file is
-            written all the same.
+            written all the same. Another EOS id the manifest records (:func:`recorded_eos`)
+            is named in a note, with how to look for it instead (:func:`export_notes`).
         check_hashes: check every shard's sha256 against the manifest before anything is
             written, as ``stats`` and ``verify`` do (it reads every byte; ``--no-hash``:
             False). Without it the sizes, footers and the page checksums of the columns the
@@ -567,18 +585,33 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
         done, shards_hashed=len(manifest.shards) if check_hashes else 0,
         warnings=tuple(export_warnings(manifest, where) + ([stale] if stale else [])
                        + eos_warnings(manifest, done)),
-        notes=tuple(export_notes(manifest)))
+        notes=tuple(export_notes(manifest, eos)))
+
+
+def recorded_eos(manifest) -> list[tuple[str, int]]:
+    """``(what appended it, id)`` of each EOS id a packed output's manifest records as appended
+    to its documents, in the order :func:`output_eos` chooses from: ``pack`` (its
+    ``--append-eos``), then ``tokenize`` (the ``--append-eos`` every ``packtool tokenize``
+    output it was packed from added:
+    :attr:`~packtool.formats.manifest.Manifest.tokenized`); an id recorded by both once."""
+    found = []
+    eos = manifest.options.get("append_eos")
+    if eos is not None:
+        found.append(("pack", int(eos)))
+    if manifest.tokenized is not None and manifest.tokenized.append_eos is not None:
+        eos = int(manifest.tokenized.append_eos)
+        if all(eos != known for _, known in found):
+            found.append(("tokenize", eos))
+    return found
 
 
 def output_eos(manifest) -> int | None:
     """The EOS id a packed output's documents end with, as its manifest says: pack's
     ``--append-eos``, else the ``--append-eos`` every ``packtool tokenize`` output it was packed
     from added (:attr:`~packtool.formats.manifest.Manifest.tokenized`); None when neither is
-    recorded."""
-    eos = manifest.options.get("append_eos")
-    if eos is None and manifest.tokenized is not None:
-        eos = manifest.tokenized.append_eos
-    return None if eos is None else int(eos)
+    recorded (:func:`recorded_eos`, the first)."""
+    found = recorded_eos(manifest)
+    return found[0][1] if found else None
 
 
 def _eos_fields(found: dict) -> dict:
