@@ -48,8 +48,9 @@ def rows_per_group_for(row_group_mb: float, capacity: int, token_columns: int) -
 DEFAULT_RAY_WINDOW_DOCS = 250_000
 
 
-#: Fields that hold a path or URI: ``os.PathLike`` values are taken as their ``os.fspath``.
-_PATH_FIELDS = frozenset({"inputs", "output", "holdout_output", "tokenizer"})
+#: Fields (and arguments of ``export_nemo``) that hold a path or URI: ``os.PathLike`` values
+#: are taken as their ``os.fspath``.
+_PATH_FIELDS = frozenset({"inputs", "output", "holdout_output", "tokenizer", "out_dir", "dest"})
 
 #: What each annotation of a config field takes, as messages say it.
 _TAKES = {
@@ -89,18 +90,21 @@ def type_name(value) -> str:
     return t.__name__ if top in ("", "builtins") else f"{top}.{t.__name__}"
 
 
-def _bad(name, value, why):
-    raise ConfigError(f"--{name.replace('_', '-')} {shown_value(value)}: {why}")
+def _bad(name, value, why, python: bool = False):
+    said = (f"{name}={shown_value(value)}" if python
+            else f"--{name.replace('_', '-')} {shown_value(value)}")
+    raise ConfigError(f"{said}: {why}")
 
 
-def _refuse(name, value, kind: str, path: bool = False):
+def _refuse(name, value, kind: str, path: bool = False, python: bool = False):
     takes = _TAKES[kind]
     if path:
         takes = "a list of paths" if kind.startswith("tuple") else "a path"
-    _bad(name, value, f"must be {takes}, not {type(value).__name__}")
+    _bad(name, value, f"must be {takes}, not {type(value).__name__}", python)
 
 
-def option_value(name: str, value, kind: str, *, minimum: int | None = None):
+def option_value(name: str, value, kind: str, *, minimum: int | None = None,
+                 python: bool = False):
     """``value`` of the option ``name`` checked against ``kind`` (a config field's annotation:
     ``int``, ``float``, ``bool``, ``str``, ``tuple[str, ...]``, ``int | str``, each optionally
     ``| None``) and returned as the plain Python value every config holds.
@@ -124,9 +128,13 @@ def option_value(name: str, value, kind: str, *, minimum: int | None = None):
         value: what was given.
         kind: the annotation it must match.
         minimum: an ``int`` below it is refused too.
+        python: name it as the keyword of a Python function that is no command's
+            (``eos_id=True: ...``), not as its flag (``--eos-id True: ...``, which
+            :func:`packtool.api.pack` words as its keyword in turn).
 
     Raises:
-        ConfigError: ``--NAME VALUE: must be WHAT, not TYPE`` (or ``must be >= MINIMUM``).
+        ConfigError: ``--NAME VALUE: must be WHAT, not TYPE`` (or ``must be >= MINIMUM``;
+            ``python``: ``NAME=VALUE: ...``).
     """
     kind = kind.replace(" ", "")
     if kind.endswith("|None"):
@@ -137,23 +145,23 @@ def option_value(name: str, value, kind: str, *, minimum: int | None = None):
     path = name in _PATH_FIELDS
     if kind == "int" or (kind == "int | str" and not isinstance(value, str)):
         if isinstance(value, bool):  # True is 1 to operator.index, not a capacity
-            _refuse(name, value, kind)
+            _refuse(name, value, kind, python=python)
         try:
             value = operator.index(value)
         except TypeError:  # a float, a string, a NumPy bool
-            _refuse(name, value, kind)
+            _refuse(name, value, kind, python=python)
         if minimum is not None and value < minimum:
-            _bad(name, value, f"must be >= {minimum}")
+            _bad(name, value, f"must be >= {minimum}", python)
         return value
     if kind in ("str", "int | str"):
         if path and isinstance(value, os.PathLike):
             value = os.fspath(value)
         if not isinstance(value, str):
-            _refuse(name, value, kind, path)
+            _refuse(name, value, kind, path, python)
         return value
     if kind == "float":
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            _refuse(name, value, kind)
+            _refuse(name, value, kind, python=python)
         f = float(value)
         try:
             return float(Fraction(str(value))) if math.isfinite(f) else f
@@ -161,12 +169,12 @@ def option_value(name: str, value, kind: str, *, minimum: int | None = None):
             return f
     if kind == "bool":
         if not isinstance(value, (bool, np.bool_)):
-            _refuse(name, value, kind)
+            _refuse(name, value, kind, python=python)
         return bool(value)
     if kind == "tuple[str, ...]":
         if not isinstance(value, (list, tuple)):
-            _refuse(name, value, kind, path)
-        return tuple(option_value(name, v, "str") for v in value)
+            _refuse(name, value, kind, path, python)
+        return tuple(option_value(name, v, "str", python=python) for v in value)
     raise TypeError(f"option {name}: no check for the annotation {kind!r}")  # a new field
 
 

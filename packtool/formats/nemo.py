@@ -59,8 +59,8 @@ import pyarrow.parquet as pq
 from filelock import FileLock, Timeout
 
 from packtool._version import __version__
-from packtool.errors import (OutputError, PacktoolError, inodes_exhausted, inodes_note,
-                             shortage_error)
+from packtool.errors import (ConfigError, OutputError, PacktoolError, inodes_exhausted,
+                             inodes_note, shortage_error)
 from packtool.formats.manifest import output_around, output_words, stale_holdout
 from packtool.location import Location, make_dirs, remove_made
 from packtool.signals import check, hold, interruptible, test_pause
@@ -499,12 +499,23 @@ def _remove_stale_temps(dest: Path, *names: str) -> None:
             stale.unlink(missing_ok=True)
 
 
-def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = False,
+def export_nemo(out_dir: str | os.PathLike, dest: str | os.PathLike, *,
+                split: str | None = None, overwrite: bool = False,
                 rows_per_group: int = NEMO_ROWS_PER_GROUP,
                 eos_id: int | None = None, check_hashes: bool = True) -> NemoExport:
-    """Write the rows of a packed OUTPUT as ``DEST/{split}_{C}.idx.parquet`` in the NeMo /
-    Megatron-Bridge packed layout (module docstring), and its entry in
-    ``DEST/{C}_metadata.jsonl``.
+    """``packtool export --to nemo OUTPUT DEST`` as a function: write the rows of a packed
+    OUTPUT as ``DEST/{split}_{C}.idx.parquet`` in the NeMo / Megatron-Bridge packed layout
+    (module docstring), and its entry in ``DEST/{C}_metadata.jsonl``.
+
+    The file holds one Parquet row per packed row that keeps a sequence (:func:`nemo_schema`):
+    ``input_ids`` list<int32>[n] (the row's real tokens, n <= C, padding dropped),
+    ``loss_mask`` list<int8>[n] (1 where the token after it is a target of the same
+    sequence), ``seq_start_id`` list<int32>[k] (each sequence's first offset in the row, from
+    0), ``doc_ids`` and ``doc_offsets`` list<int64>[k] (each sequence's document and its
+    offset in it, in tokens); ``rows_per_group`` rows per row group, zstd-compressed. The
+    metadata file is a JSON list of one entry per split (``pack_size`` C in tokens,
+    ``max_samples_per_bin``, ``dataset_max_seqlen`` and ``min_packed_seqlen`` in tokens fed,
+    ``packing_factor``, ``packing_efficiency`` in percent).
 
     The file is written under a unique temporary name in DEST, one block of row groups in
     memory at a time (rows keep the output's order), then renamed and its metadata entry
@@ -516,19 +527,20 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
     process killed between the two steps) writes the entry and is done.
 
     Args:
-        out_dir: a packed OUTPUT (directory or store URI).
+        out_dir: a packed OUTPUT: a directory path (``str`` or ``os.PathLike``), a ``file:``
+            or store URI.
         dest: the local directory to write into (created), outside ``out_dir``.
         split: ``training`` or ``validation`` (the file name); None: ``validation`` for the
             held-out output of ``pack --holdout`` (its manifest says so), else ``training``.
-        overwrite: replace an existing file of that name.
-        rows_per_group: rows per Parquet row group.
-        eos_id: the EOS id of the trainer's tokenizer; None: the output's own
-            (:func:`output_eos`: pack's ``--append-eos``, else the ``--append-eos`` of the
-            ``packtool tokenize`` it was packed from; none: nothing is looked for). Documents
-            holding it before the last token of an exported sequence are counted
-            (``eos_documents``, ...) and said in a warning when Megatron-Bridge's packed
-            collate trains them otherwise than packtool (:func:`eos_warnings`); the file is
-            written all the same. Another EOS id the manifest records (:func:`recorded_eos`)
+        overwrite: replace an existing file of that name (``True``/``False``).
+        rows_per_group: rows per Parquet row group, an ``int`` >= 1 (NumPy integers taken).
+        eos_id: the EOS token id of the trainer's tokenizer, an ``int`` >= 0; None: the
+            output's own (:func:`output_eos`: pack's ``--append-eos``, else the
+            ``--append-eos`` of the ``packtool tokenize`` it was packed from; none: nothing is
+            looked for). Documents holding it before the last token of an exported sequence
+            are counted (``eos_documents``, ...) and said in a warning when Megatron-Bridge's
+            packed collate trains them otherwise than packtool (:func:`eos_warnings`); the file
+            is written all the same. Another EOS id the manifest records (:func:`recorded_eos`)
             is named in a note, with how to look for it instead (:func:`export_notes`).
         check_hashes: check every shard's sha256 against the manifest before anything is
             written, as ``stats`` and ``verify`` do (it reads every byte; ``--no-hash``:
@@ -537,33 +549,37 @@ def export_nemo(out_dir, dest, *, split: str | None = None, overwrite: bool = Fa
             other column goes unseen.
 
     Returns:
-        :class:`NemoExport`; its ``warnings`` are those ``packtool stats`` gives for
-        ``out_dir`` (:func:`export_warnings`: an output of 0 rows is exported, a file of no
-        row and its entry, and said so; a held-out output its training output no longer pairs
-        with is stale: :func:`~packtool.formats.manifest.stale_holdout`), then the EOS line; its ``notes`` say a
-        ``--segment-multiple`` layout is not kept (:func:`export_notes`).
+        :class:`NemoExport`: the file's and the metadata file's paths, its counts (``rows``,
+        ``sequences``, ``tokens``, ``targets``: loss-mask ones; the one-token sequences and
+        rows left out), the EOS counts; its ``warnings`` are those ``packtool stats`` gives
+        for ``out_dir`` (:func:`export_warnings`: an output of 0 rows is exported, a file of
+        no row and its entry, and said so; a held-out output its training output no longer
+        pairs with is stale: :func:`~packtool.formats.manifest.stale_holdout`), then the EOS
+        line; its ``notes`` say a ``--segment-multiple`` layout is not kept and name an EOS
+        id the manifest records that was not looked for (:func:`export_notes`).
 
     Raises:
+        ConfigError: an argument of another type or range, checked as :func:`packtool.pack`
+            checks its own (:func:`packtool.config.option_value`: a bool or a float is no
+            integer), in one line naming its keyword: ``eos_id=True: must be an integer, not
+            bool``, ``rows_per_group=0: must be >= 1``, ``split='train': choose training or
+            validation``. Nothing is read or written then.
         ManifestError: ``out_dir`` is not a complete packed output (a tokenized output is
             refused: pack it first), a shard differs from its manifest (missing, resized, its
-            sha256 with ``check_hashes``), or its shards' rows do not add up to its totals
-            (:func:`~packtool.formats.manifest.check_rows_add_up`). Nothing is written then.
+            sha256 with ``check_hashes``), its shards' rows do not add up to its totals
+            (:func:`~packtool.formats.manifest.check_rows_add_up`), or it was packed again
+            while read (``rerun the same packtool export``). Nothing is written then.
         OutputError: the file exists (without ``overwrite``), written by another export (this
             very export, finished, is nothing to do: ``already_complete``; missing its metadata
-            entry, the entry is added: ``completed_entry``), DEST is a file, a store URI, or is ``out_dir``, lies inside it
-            or contains it, or is, lies inside or contains another packtool output (finished,
-            or a run's lock, marker or scratch), the metadata file is not a JSON list, another export holds DEST,
-            or DEST cannot be written (read-only, full). Nothing is written then, or DEST is
-            left as it was.
+            entry, the entry is added: ``completed_entry``), DEST is a file, a store URI, or is
+            ``out_dir``, lies inside it or contains it, or is, lies inside or contains another
+            packtool output (finished, or a run's lock, marker or scratch), the metadata file is
+            not a JSON list, another export holds DEST, or DEST cannot be written (read-only,
+            full). Nothing is written then, or DEST is left as it was.
         KeyboardInterrupt: Ctrl-C or SIGTERM; DEST is left as it was (its message says so).
-        ValueError: an unknown split, ``rows_per_group`` < 1 or ``eos_id`` < 0.
     """
-    if split is not None and split not in NEMO_SPLITS:
-        raise ValueError(f"split {split!r}: choose {' or '.join(NEMO_SPLITS)}")
-    if rows_per_group < 1:
-        raise ValueError("rows_per_group must be >= 1")
-    if eos_id is not None and int(eos_id) < 0:
-        raise ValueError(f"eos_id {eos_id}: must be a token id >= 0")
+    out_dir, dest, split, overwrite, rows_per_group, eos_id, check_hashes = _checked_arguments(
+        out_dir, dest, split, overwrite, rows_per_group, eos_id, check_hashes)
     _check_dest(out_dir, dest)
     dest = Location.parse(dest).path  # local (checked): a file: URI is its path
     if dest.exists() and not dest.is_dir():
@@ -603,6 +619,29 @@ def recorded_eos(manifest) -> list[tuple[str, int]]:
         if all(eos != known for _, known in found):
             found.append(("tokenize", eos))
     return found
+
+
+def _checked_arguments(out_dir, dest, split, overwrite, rows_per_group, eos_id, check_hashes
+                       ) -> tuple:
+    """:func:`export_nemo`'s arguments, each checked as :func:`packtool.pack` checks its own
+    (:func:`packtool.config.option_value`: a bool is no integer, a float is refused, a NumPy
+    integer is the equal ``int``, a path may be an ``os.PathLike``) and returned plain.
+
+    Raises:
+        ConfigError: one line naming the keyword and the value (``eos_id=True: must be an
+            integer, not bool``; ``split='train': choose training or validation``).
+    """
+    from packtool.config import option_value
+
+    split = option_value("split", split, "str | None", python=True)
+    if split is not None and split not in NEMO_SPLITS:
+        raise ConfigError(f"split={split!r}: choose {' or '.join(NEMO_SPLITS)}")
+    return (option_value("out_dir", out_dir, "str", python=True),
+            option_value("dest", dest, "str", python=True), split,
+            option_value("overwrite", overwrite, "bool", python=True),
+            option_value("rows_per_group", rows_per_group, "int", minimum=1, python=True),
+            option_value("eos_id", eos_id, "int | None", minimum=0, python=True),
+            option_value("check_hashes", check_hashes, "bool", python=True))
 
 
 def output_eos(manifest) -> int | None:

@@ -932,3 +932,72 @@ def test_an_output_packed_again_while_read_says_to_rerun_the_command(tmp_path, c
     assert line.endswith(f"rerun the same packtool {command[0]}"), line
     assert "PackedOutput.open" not in line and "dataset" not in line, line
     assert not dest.exists()
+
+
+@pytest.mark.parametrize("kwargs, said", [
+    ({"eos_id": True}, "eos_id=True: must be an integer, not bool"),
+    ({"eos_id": 2.7}, "eos_id=2.7: must be an integer, not float"),
+    ({"eos_id": 2.0}, "eos_id=2.0: must be an integer, not float"),
+    ({"eos_id": "2"}, "eos_id='2': must be an integer, not str"),
+    ({"eos_id": -1}, "eos_id=-1: must be >= 0"),
+    ({"rows_per_group": True}, "rows_per_group=True: must be an integer, not bool"),
+    ({"rows_per_group": 500.0}, "rows_per_group=500.0: must be an integer, not float"),
+    ({"rows_per_group": 0}, "rows_per_group=0: must be >= 1"),
+    ({"overwrite": "yes"}, "overwrite='yes': must be True or False, not str"),
+    ({"check_hashes": 1}, "check_hashes=1: must be True or False, not int"),
+    ({"split": "train"}, "split='train': choose training or validation"),
+    ({"split": 1}, "split=1: must be a string, not int"),
+    ({"dest": 5}, "dest=5: must be a path, not int"),
+    ({"out_dir": None}, "out_dir=None: must be a path, not NoneType"),
+], ids=lambda v: "-".join(map(str, v)) if isinstance(v, dict) else "")
+def test_export_nemo_refuses_arguments_of_another_type_as_pack_does(tmp_path, two_outputs,
+                                                                    kwargs, said):
+    """export_nemo took eos_id=True (as 1), eos_id=2.7 (as 2) and rows_per_group=True: each
+    argument is now checked as packtool.pack checks its own (packtool.config.option_value: a
+    bool is not an integer, a float is refused), in one line naming it by its keyword, before
+    anything is read or written. A NumPy integer is taken as the equal int."""
+    from packtool.errors import ConfigError
+    from packtool.formats.nemo import export_nemo
+
+    out, _, _ = two_outputs
+    dest = tmp_path / "nemo"
+    args = {"out_dir": out, "dest": dest, **kwargs}
+    with pytest.raises(ConfigError) as err:
+        export_nemo(args.pop("out_dir"), args.pop("dest"), **args)
+    assert str(err.value) == said
+    assert not dest.exists()
+    done = export_nemo(out, dest, eos_id=np.int64(7), rows_per_group=np.int32(9))
+    assert type(done.eos_id) is int and done.eos_id == 7
+    assert pq.ParquetFile(done.path).metadata.row_group(0).num_rows == 9
+
+
+def test_the_docs_name_export_nemo_with_its_arguments_and_its_block_runs(tmp_path, monkeypatch,
+                                                                         capsys):
+    """The docs said "NemoExport.warnings from Python" but named no function: the export
+    section names export_nemo with its signature as it is, and its Python block runs as pasted
+    on a packed output, giving the command's file."""
+    import inspect
+    import re
+
+    from packtool.formats.nemo import export_nemo
+
+    page = (Path(__file__).parents[2] / "docs" / "python-and-text.md").read_text()
+    sec = page.split("## To NeMo / Megatron-Bridge: `packtool export --to nemo`", 1)[1]
+    sec = sec.split("\n## ", 1)[0]
+    named = re.search(r"`packtool\.formats\.nemo\.export_nemo\((.*?)\)`", sec, flags=re.S)
+    assert named, "the export section names no export_nemo(...)"
+    params = [p for p in inspect.signature(export_nemo).parameters.values()]
+    said = ", ".join([p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD] + ["*"] + [
+        f"{p.name}={p.default!r}" for p in params if p.kind is p.KEYWORD_ONLY])
+    assert " ".join(named.group(1).split()) == said
+    [code] = re.findall(r"```python\n(.*?)```", sec, flags=re.S)
+    src = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(sft_docs(60)), src)
+    monkeypatch.chdir(tmp_path)
+    assert invoke(["pack", "-q", "-c", 24, src, "packed"]).exit_code == 0
+    exec(compile(code, "python-and-text.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    done = pq.read_metadata(tmp_path / "nemo" / "training_24.idx.parquet")
+    assert printed[0].startswith(f"{done.num_rows} rows, ")
+    res = invoke(["export", "--to", "nemo", "--json", "packed", "nemo"])  # the command's file
+    assert res.exit_code == 0 and json.loads(res.stdout)["already_complete"], res.output
