@@ -139,9 +139,16 @@ def _early_stop_words(outputs) -> None:
     from packtool.output import held_words, untouched_words
     from packtool.signals import early_words, test_pause
 
+    from packtool.location import Location
+
     held = any(held_words(path) for path, _role in outputs)
+    # a store output is not listed for a message: it may hold a stopped run's work all the same
+    store = any(not Location.parse(path).is_local for path, _role in outputs)
     early_words("; ".join(untouched_words(path) for path, _role in outputs)
-                + "; rerun the same command to resume and finish it" if held else None)
+                + "; rerun the same command to resume and finish it" if held else
+                "nothing was written: " + "; ".join(untouched_words(path)
+                                                    for path, _role in outputs)
+                if store else None)
     test_pause("start")
 
 

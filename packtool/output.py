@@ -1194,8 +1194,16 @@ def _kept_words(d: str, kept: str, *, replaced: bool = False, kind: str | None =
 def untouched_words(path) -> str:
     """What the output ``path`` of a run stopped before it entered it holds, in words for the
     interrupted message: :func:`held_words`, else ``nothing was kept (OUT is as it was before
-    the run)``."""
-    return held_words(path) or f"nothing was kept ({display(path)} is as it was before the run)"
+    the run)``; for a store output, which is not listed for a message, ``OUT is as it was
+    before the run (...: a rerun of the same command resumes what a stopped run kept there)``,
+    since it may hold an earlier stopped run's work."""
+    said = held_words(path)
+    if said:
+        return said
+    if not Location.parse(path).is_local:
+        return (f"{display(path)} is as it was before the run (a store output, not listed "
+                "here: a rerun of the same command resumes what a stopped run kept there)")
+    return f"nothing was kept ({display(path)} is as it was before the run)"
 
 
 class ScratchKept:

@@ -563,6 +563,22 @@ def test_a_pack_stopped_before_it_enters_a_new_or_finished_output_says_nothing_w
     assert (code, err) == (143, "packtool: terminated (SIGTERM); nothing was written\n"), err
 
 
+def test_a_pack_stopped_before_it_enters_a_store_output_does_not_say_it_kept_nothing(
+        tmp_path, src, s3):
+    """A store OUTPUT is not listed for the interrupted line, so a pack stopped before it
+    touched one said "nothing was written" whether or not it held a stopped run's finished
+    shards for the rerun: the line now says the store output is as it was and that the rerun
+    resumes what a stopped run kept there."""
+    fs, bucket = s3
+    out = f"s3://{bucket}/packed"
+    code, err = stopped_at(["pack", "-q", *OPTIONS, src, out], "start")
+    assert code == 130, err
+    assert err == (f"packtool: interrupted: nothing was written: {out} is as it was before "
+                   "the run (a store output, not listed here: a rerun of the same command "
+                   "resumes what a stopped run kept there)\n"), err
+    assert fs.get_file_info(f"{bucket}/packed").type.name == "NotFound"
+
+
 def test_a_pack_stopped_while_it_takes_output_says_what_output_keeps(tmp_path, src,
                                                                     monkeypatch):
     """Ctrl-C while the rerun of a stopped pack creates and locks OUTPUT (the run is stopping,
