@@ -1247,12 +1247,16 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
             f"nothing was written ({display(cfg.output)} is as it was before the run); rerun the "
             "same "
             "command to tokenize"), exit_status()) from None
+    for w in res.warnings:  # on stderr, loud whatever the output format (as pack's)
+        if w not in res.said:
+            click.echo(f"WARNING: {w}", err=True)
     if as_json:
         t = res.manifest.totals
         click.echo(json.dumps({"documents": res.documents, "tokens": res.tokens,
                                "shards": res.shards, "shards_reused": res.shards_reused,
                                "seconds": res.seconds, "inputs_not_read": res.skipped,
                                "already_complete": res.already_complete,
+                               "warnings": res.warnings,
                                **{k: getattr(t, k) for k in _BOUNDARY_COUNTS}}, indent=2))
     elif res.already_complete and not quiet:  # -q: nothing on success
         click.echo(f"{display(cfg.output)}: already holds this tokenization; nothing to do")

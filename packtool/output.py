@@ -662,6 +662,15 @@ class Output:
             return sum(1 for n, e in found.items() if not e.is_dir and is_pending_name(n))
         return len(shard_files(found))
 
+    def replaced_note(self) -> str | None:
+        """The warning that this run replaces what an interrupted run of other options left in
+        OUTPUT (:attr:`replaced`), the options that differ named as the command line spells
+        them: ``OUTPUT held an interrupted pack of other options (--capacity 4096 -> 2048) (8
+        finished shards): replaced by this pack``; None when it replaces nothing."""
+        if not self.replaced:
+            return None
+        return f"OUTPUT held {self.replaced}: replaced by this {_run_word(self.kind)}"
+
     def promised(self, name: str) -> dict | None:
         """The manifest entry (dict) of shard ``name`` as an interrupted identical run finished
         it (from its marker), None when it is not known."""
@@ -1395,6 +1404,8 @@ def _kind_words(kind: str | None) -> str:
 #: ``--row-group-mb`` and ``--capacity``, ``holdout_part`` from ``--holdout``), so a message
 #: names them only when nothing else differs.
 _DERIVED_OPTIONS = frozenset({"rows_per_group", "holdout_part"})
+#: Recorded options whose flag is not their name in dashes.
+_FLAG_NAMES = {"shuffle": "--no-shuffle", "keep_columns": "--keep-column"}
 
 
 #: The options that read input labels: with one read, ``--labels none`` is recorded as
@@ -1438,17 +1449,19 @@ def _option_change(key: str, was: dict, now: dict) -> str:
         if key not in d:
             return "default"
         v = d[key]
-        if key == "shuffle":
-            return "not given" if v else "given"
-        if v is None:
+        if isinstance(v, bool):  # a flag; --no-shuffle records shuffle: True when not given
+            return "not given" if v == (key == "shuffle") else "given"
+        if v is None or v == []:
             return "none"
+        if isinstance(v, list):  # a repeatable option (--keep-column): every value given
+            return ",".join(map(str, v))
         if isinstance(v, dict):  # the tokenizer: its file
             return str(v.get("file") or "another") + (
                 f" (sha256 {str(v['sha256'])[:12]})" if v.get("sha256") else "")
         return str(v)
 
-    if key == "shuffle":
-        name = "--no-shuffle"
+    if key in _FLAG_NAMES:
+        name = _FLAG_NAMES[key]
     elif key in _DERIVED_OPTIONS or key == "shard_layout":
         name = key.replace("_", " ")
     else:

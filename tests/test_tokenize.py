@@ -248,6 +248,11 @@ def test_a_rerun_with_other_options_and_a_column_kept_twice_are_told_plainly(tmp
     assert res.output.strip() == (f"Error: {tmp_path / 'o'}: OUTPUT holds a finished tokenize run "
                                   "of other options (--append-eos none -> 1); pass --overwrite to "
                                   "replace it or choose another location")
+    # a repeatable option and a flag as the command line spells them
+    res = invoke(args[:4] + ["--keep-column", "id", "--add-special-tokens"] + args[4:])
+    assert res.exit_code == 1 and ("of other options (--keep-column none -> id, "
+                                   "--add-special-tokens not given -> given);") in res.output, \
+        res.output
     res = invoke(args[:4] + ["--keep-column", "id", "--keep-column", "id", src, tmp_path / "k"])
     assert res.exit_code == 2, res.output
     assert res.output.strip() == "Error: --keep-column 'id': given 2 times; give each column once"
@@ -930,6 +935,43 @@ def test_a_resumed_tokenize_stopped_before_it_enters_output_says_what_output_kee
     res = invoke(["tokenize", "--json", *args[2:], out])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["shards_reused"] == 3
+
+
+@pytest.mark.parametrize("change,said", [
+    (["--batch-docs", 8], "--batch-docs 7 -> 8"),
+    (["--rows-per-shard", 11], "--rows-per-shard 10 -> 11"),
+    (["--add-special-tokens"], "--add-special-tokens not given -> given"),
+])
+def test_a_rerun_with_other_options_says_it_replaces_the_interrupted_tokenize(
+        tmp_path, hf_tokenizer, two_text_files, change, said):
+    """A tokenize stopped after 3 shards, rerun with other options (--batch-docs sets the row
+    groups, so it decides the shards' bytes too): the kept shards are not this run's, so every
+    shard is written again, to the bytes of a fresh run of those options, and the run says so
+    on stderr, once, naming the options that differ, as pack does. It exited 0 with
+    shards_reused 0 and said nothing."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    args = ["tokenize", "-q", "--tokenizer", hf_tokenizer, *RESUME_OPTIONS, two_text_files]
+    out = tmp_path / "out"
+    assert stopped_at([*args, out], "tokenize-shard:3", signal.SIGTERM)[0] == 143
+    other = ["tokenize", "--json", "--tokenizer", hf_tokenizer, *RESUME_OPTIONS, *change,
+             two_text_files]
+    res = subprocess.run([sys.executable, "-m", "packtool", *map(str, other), str(out)],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ,
+                              "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert res.returncode == 0, res.stderr
+    note = (f"OUTPUT held an interrupted tokenize run of other options ({said}) (3 finished "
+            "shards): replaced by this tokenize run")
+    assert [line for line in res.stderr.splitlines() if "WARNING" in line] == \
+        [f"WARNING: {note}"], res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["shards_reused"] == 0 and summary["warnings"] == [note], summary
+    assert invoke([*other, tmp_path / "fresh"]).exit_code == 0
+    assert hash_tree(out) == hash_tree(tmp_path / "fresh")
 
 
 def test_a_shards_row_groups_hold_batch_docs_documents_from_its_first(tmp_path, hf_tokenizer,

@@ -563,7 +563,7 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
                                        sources=cfg.source_column is not None))
     notes = _warnings(cfg, total, tokenized) + ([space_note] if space_note else [])
     if out.replaced:
-        notes.insert(0, f"OUTPUT held {out.replaced}: replaced by this pack")
+        notes.insert(0, out.replaced_note())
     stale = dropped_holdout(out.previous, out.path, pairing)
     if stale:
         notes.insert(0, stale)

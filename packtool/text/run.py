@@ -32,6 +32,7 @@ of the input.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import queue
 import sys
 import threading
@@ -56,6 +57,8 @@ from packtool.text.tokenizer import load_tokenizer
 
 __all__ = ["run_tokenize", "TokenizeResult", "tokenized_shard_name"]
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class TokenizeResult:
@@ -72,6 +75,11 @@ class TokenizeResult:
     #: entries under INPUT not read, as ``"path (reason)"`` (:class:`~packtool.formats.reader.Discovery`)
     skipped: list = field(default_factory=list)
     skipped_note: str = ""  #: one line naming them (empty when every file was read)
+    #: what the caller should warn of, one line each: an interrupted tokenize run of other
+    #: options that OUTPUT held, replaced by this run (:meth:`packtool.output.Output.replaced_note`)
+    warnings: list = field(default_factory=list)
+    #: the ``warnings`` already logged as the run went (said before anything was replaced)
+    said: tuple = ()
 
 
 #: Revision of how a tokenized shard's rows are laid out (in the fingerprint, so a rerun never
@@ -267,6 +275,12 @@ def _tokenize(cfg, out: Output, tok, bos, eos, files, fp: str, options: dict, wi
                               len(m.shards), time.perf_counter() - t0, m, True, **found_info)
     from tqdm import tqdm
 
+    # said now, before a shard of the run it replaces goes (only once this run's first shard is
+    # ready): a run stopped here leaves them, for a rerun with the earlier options
+    note = out.replaced_note()
+    if note:
+        log.warning(note)
+    said = (note,) if note else ()
     outputs: list[ShardEntry] = []
     inputs: list[InputEntry] = []
     total, reused = PackStats(), 0
@@ -374,4 +388,5 @@ def _tokenize(cfg, out: Output, tok, bos, eos, files, fp: str, options: dict, wi
     begin()
     out.commit(manifest, schema)
     return TokenizeResult(total.docs_in, total.tokens_in, len(outputs), reused,
-                          time.perf_counter() - t0, manifest, False, **found_info)
+                          time.perf_counter() - t0, manifest, False, **found_info,
+                          warnings=list(said), said=said)
