@@ -1952,6 +1952,99 @@ def test_jsonl_whose_bytes_say_another_compression_than_its_name(tmp_path, hf_to
     assert "d.jsonl.gz: cannot be read (" in line and "after line" not in line, line
 
 
+def _compressed(data: bytes, codec: str) -> bytes:
+    """``data`` compressed with ``codec`` (pyarrow's codec names), as its tool writes it."""
+    sink = pa.BufferOutputStream()
+    with pa.CompressedOutputStream(sink, codec) as f:
+        f.write(data)
+    return sink.getvalue().to_pybytes()
+
+
+def test_jsonl_holding_another_container_names_it_not_its_text_encoding(tmp_path, hf_tokenizer):
+    """JSON Lines whose content (decompressed by its name) is a known container: gzip inside
+    gzip, inside .bz2 or .zst (compressed twice); xz, lz4 or zip inside gzip; Parquet or Arrow
+    IPC under a .jsonl name, compressed or not; a Git LFS pointer, under a plain or a
+    compressed name. Each is named, with the fix (it said "looks like UTF-16 ... iconv",
+    "re-encode the file as UTF-8", "not valid JSON" or "its bytes are plain")."""
+    import gzip
+    import io
+    import lzma
+    import zipfile
+
+    body = b'{"text": "a"}\n{"text": "b"}\n'
+    table = pa.table({"text": ["a", "b"]})
+    parquet = io.BytesIO()
+    pq.write_table(table, parquet)
+    arrow = pa.BufferOutputStream()
+    with pa.ipc.new_file(arrow, table.schema) as w:
+        w.write_table(table)
+    stream = pa.BufferOutputStream()
+    with pa.ipc.new_stream(stream, table.schema) as w:
+        w.write_table(table)
+    zipped = io.BytesIO()
+    with zipfile.ZipFile(zipped, "w") as z:
+        z.writestr("a.jsonl", body)
+    lz4 = _compressed(body, "lz4")
+    pointer = (b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"0" * 64
+               + b"\nsize 1234\n")
+    cases = {
+        "gg.jsonl.gz": (gzip.compress(gzip.compress(body)),
+                        "is compressed twice (gzip inside gzip); decompress both: gunzip -c "
+                        "{p} | gunzip > {d}/gg.jsonl"),
+        "gb.jsonl.bz2": (_compressed(gzip.compress(body), "bz2"),
+                         "is compressed twice (gzip inside bzip2); decompress both: bunzip2 -c "
+                         "{p} | gunzip > {d}/gb.jsonl"),
+        "gz.jsonl.zst": (_compressed(gzip.compress(body), "zstd"),
+                         "is compressed twice (gzip inside zstd); decompress both: zstd -dc "
+                         "{p} | gunzip > {d}/gz.jsonl"),
+        "zg.ndjson.gz": (gzip.compress(_compressed(body, "zstd")),
+                         "is compressed twice (zstd inside gzip); decompress both: gunzip -c "
+                         "{p} | zstd -d > {d}/zg.ndjson"),
+        "xg.jsonl.gz": (gzip.compress(lzma.compress(body)),
+                        "is compressed twice (xz inside gzip); decompress both: gunzip -c "
+                        "{p} | unxz > {d}/xg.jsonl"),
+        "lg.jsonl.gz": (gzip.compress(lz4),
+                        "is compressed twice (lz4 inside gzip); decompress both: gunzip -c "
+                        "{p} | lz4 -d > {d}/lg.jsonl"),
+        "zip.jsonl.gz": (gzip.compress(zipped.getvalue()),
+                         "is a zip archive compressed with gzip; decompress it: gunzip -c {p} > "
+                         "{d}/zip.zip, then unzip that"),
+        "pq.jsonl": (parquet.getvalue(),
+                     "is a Parquet file named like JSON Lines; rename it to *.parquet"),
+        "ar.jsonl": (arrow.getvalue().to_pybytes(),
+                     "is an Arrow IPC file named like JSON Lines; rename it to *.arrow"),
+        "st.jsonl": (stream.getvalue().to_pybytes(),
+                     "is an Arrow IPC file named like JSON Lines; rename it to *.arrow"),
+        "pq.jsonl.gz": (gzip.compress(parquet.getvalue()),
+                        "is a Parquet file compressed with gzip, not JSON Lines; decompress it: "
+                        "gunzip -c {p} > {d}/pq.parquet (Parquet compresses inside the file)"),
+        "ar.jsonl.bz2": (_compressed(arrow.getvalue().to_pybytes(), "bz2"),
+                         "is an Arrow IPC file compressed with bzip2, not JSON Lines; decompress "
+                         "it: bunzip2 -c {p} > {d}/ar.arrow (Arrow IPC compresses inside the "
+                         "file)"),
+        "lfs.jsonl": (pointer, "is a Git LFS pointer, not the data (the repository was cloned "
+                      "without its LFS files): run git lfs pull in that repository"),
+        # stored as it is under a compressed name: what it is, not "its bytes are plain"
+        "lfs.jsonl.gz": (pointer, "is a Git LFS pointer, not the data (the repository was "
+                         "cloned without its LFS files): run git lfs pull in that repository"),
+        "pq2.jsonl.zst": (parquet.getvalue(),
+                          "is a Parquet file named like JSON Lines; rename it to *.parquet"),
+    }
+    for name, (data, fix) in cases.items():
+        p = tmp_path / name
+        line = _refused_jsonl(tmp_path, hf_tokenizer, name, data)
+        assert line == f"Error: {p}: " + fix.format(p=p, d=tmp_path), line
+        for wrong in ("UTF-16", "iconv", "UTF-8", "not valid JSON"):
+            assert wrong not in line, line
+    # the same content under a directory INPUT, and read for --keep-column first
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "gg.jsonl.gz").write_bytes(cases["gg.jsonl.gz"][0])
+    line = _one_error(invoke(["tokenize", "-q", "--tokenizer", hf_tokenizer, "--keep-column",
+                              "id", folder, tmp_path / "o-folder"]))
+    assert "gg.jsonl.gz: is compressed twice (gzip inside gzip)" in line, line
+
+
 def test_jsonl_bytes_that_are_not_utf8_are_named_not_utf8(tmp_path, hf_tokenizer):
     """Latin-1 or UTF-16 JSON Lines: 'not valid UTF-8' with the line (and the key holding the
     bytes where the line parses) and 're-encode the file as UTF-8', not 'not valid JSON'."""

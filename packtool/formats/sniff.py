@@ -16,7 +16,7 @@ from packtool.errors import PacktoolError, raise_if_shortage
 from packtool.location import Location
 
 __all__ = ["LFS_POINTER", "IPC_FILE_MAGIC", "COMPRESSED_MAGIC", "compression_of", "content_fix",
-           "shard_content_fix"]
+           "table_format_of", "shard_content_fix"]
 
 #: The first bytes of a Git LFS pointer: what a clone made without ``git lfs pull`` holds in
 #: place of each data file.
@@ -41,20 +41,35 @@ def compression_of(head: bytes) -> tuple[str, str, str] | None:
     return None
 
 
+#: How :func:`content_fix` names the format a file's name says.
+_NAMED_LIKE = {"Parquet": "a Parquet file", "Arrow IPC": "an Arrow IPC file",
+               "JSON Lines": "JSON Lines"}
+
+
+def table_format_of(head: bytes) -> str | None:
+    """``Parquet`` or ``Arrow IPC`` when a file's first bytes ``head`` are that format's magic
+    (``PAR1``; ``ARROW1``, or an IPC stream's continuation marker); None otherwise."""
+    if head.startswith(b"PAR1"):
+        return "Parquet"
+    if head.startswith((IPC_FILE_MAGIC, b"\xff\xff\xff\xff")):
+        return "Arrow IPC"
+    return None
+
+
 def content_fix(head: bytes, named: str | None = None) -> str | None:
     """What a file is, by its first bytes ``head``, and the fix, when that is not what its
-    name says (``named``: ``Parquet`` or ``Arrow IPC``, the format its name says; None: a
-    name of no format packtool reads); None when the bytes say nothing more.
+    name says (``named``: ``Parquet``, ``Arrow IPC`` or ``JSON Lines``, the format its name
+    says; None: a name of no format packtool reads); None when the bytes say nothing more.
     """
     if head.startswith(LFS_POINTER):
         return ("is a Git LFS pointer, not the data (the repository was cloned without its "
                 "LFS files): run git lfs pull in that repository")
-    if named != "Parquet" and head.startswith(b"PAR1"):
-        other = "an Arrow IPC file" if named else "no format packtool reads"
-        return f"is a Parquet file named like {other}; rename it to *.parquet"
-    if named != "Arrow IPC" and head.startswith((IPC_FILE_MAGIC, b"\xff\xff\xff\xff")):
-        other = "a Parquet file" if named else "no format packtool reads"
-        return f"is an Arrow IPC file named like {other}; rename it to *.arrow"
+    found = table_format_of(head)
+    if found is not None and found != named:
+        other = _NAMED_LIKE.get(named, "no format packtool reads")
+        article = "a" if found == "Parquet" else "an"
+        suffix = ".parquet" if found == "Parquet" else ".arrow"
+        return f"is {article} {found} file named like {other}; rename it to *{suffix}"
     return None
 
 

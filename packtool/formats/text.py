@@ -7,7 +7,9 @@ and read in batches of documents:
 - Parquet and Arrow: the text column (``string`` or ``large_string``), batch by batch;
 - JSON Lines (``*.jsonl``, ``*.ndjson``, compressed ``.gz``/``.zst``/``.bz2`` by suffix, in any
   case: :func:`~packtool.formats.reader.text_compression`, the file's first bytes checked
-  against it: :func:`~packtool.formats.sniff.compression_of`): one JSON object per line in
+  against it: :func:`~packtool.formats.sniff.compression_of`, and its content's for another
+  container, compressed twice, Parquet, Arrow IPC or a Git LFS pointer, named with the fix
+  instead of read as text): one JSON object per line in
   UTF-8, read 1 MiB at a time and parsed line by line, so an error names its line; blank lines
   are skipped (a UTF-8 byte-order mark before the first line is no part of it).
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -45,7 +48,7 @@ from packtool.formats.manifest import ShardEntry, store_failure
 from packtool.formats.reader import (DENIED, TEXT_FORMATS, check_stream_end, filesystem_of,
                                      jsonl_tokens_fix, text_compression, unreadable_error)
 from packtool.formats.schema import check_single_column, text_columns, token_column_candidates
-from packtool.formats.sniff import compression_of
+from packtool.formats.sniff import compression_of, content_fix, table_format_of
 from packtool.formats.writer import write_shard
 from packtool.location import Location
 
@@ -210,6 +213,10 @@ _BOM = b"\xef\xbb\xbf"
 #: the tool of each codec of :func:`~packtool.formats.reader.text_compression`, as
 #: :func:`~packtool.formats.sniff.compression_of` names it
 _CODEC_TOOL = {"gzip": "gzip", "zstd": "zstd", "bz2": "bzip2"}
+#: the command writing a file of each such tool decompressed to standard output
+_TO_STDOUT = {"gzip": "gunzip -c", "zstd": "zstd -dc", "bzip2": "bunzip2 -c"}
+#: the first bytes of a JSON Lines file's content that :func:`_content_fix` looks at
+_HEAD_BYTES = 32
 #: JSON's name of a parsed value's Python type
 _JSON_NAMES = {type(None): "null", bool: "boolean", int: "number", float: "number",
                str: "string", list: "array", dict: "object"}
@@ -319,7 +326,9 @@ def _file_name(path) -> str:
 def _misnamed_fix(path, head: bytes, codec: str | None) -> str | None:
     """What a JSON Lines file is and the fix, when its first bytes ``head`` (as stored, not
     decompressed) disagree with the compression its name says (``codec``:
-    :func:`~packtool.formats.reader.text_compression`); None when they agree."""
+    :func:`~packtool.formats.reader.text_compression`): another compression, none (plain
+    text, or an LFS pointer, Parquet or Arrow IPC: :func:`~packtool.formats.sniff.content_fix`);
+    None when they agree."""
     name = _file_name(path)
     found = compression_of(head)
     if codec is None:
@@ -334,8 +343,9 @@ def _misnamed_fix(path, head: bytes, codec: str | None) -> str | None:
     if not head or (found is not None and found[0] == _CODEC_TOOL[codec]):
         return None
     base = name[:name.rfind(".")]
-    if found is None:
-        return f"is not {codec}-compressed (its bytes are plain): rename it to {base}"
+    if found is None:  # an LFS pointer, Parquet or Arrow IPC is no text to rename
+        return content_fix(head, "JSON Lines") or (
+            f"is not {codec}-compressed (its bytes are plain): rename it to {base}")
     tool, command, suffix = found
     if tool in _CODEC_TOOL.values():
         return f"is not {codec}-compressed (its bytes are {tool}): rename it to {base}{suffix}"
@@ -343,7 +353,37 @@ def _misnamed_fix(path, head: bytes, codec: str | None) -> str | None:
             f"decompress it ({command})")
 
 
-def _stored_head(path, n: int = 8) -> bytes:
+def _content_fix(path, head: bytes, codec: str | None) -> str | None:
+    """What a JSON Lines file holds instead of text and the fix, by the first bytes ``head``
+    of its content (decompressed by the compression its name says: ``codec``,
+    :func:`~packtool.formats.reader.text_compression`; None: read as it is stored), with the
+    magic bytes :mod:`packtool.formats.sniff` knows: a compression (under a compressed name:
+    compressed twice; under a plain one: :func:`_misnamed_fix`), a Parquet or Arrow IPC file,
+    a Git LFS pointer. None when they say nothing more (the line is then read as text)."""
+    if codec is None:
+        return _misnamed_fix(path, head, None) or content_fix(head, "JSON Lines")
+    shown = str(path)
+    outer = _CODEC_TOOL[codec]
+    unpack = f"{_TO_STDOUT[outer]} {shlex.quote(shown)}"
+    base = shown[:shown.rfind(".")]  # a.jsonl.gz -> a.jsonl
+    found = compression_of(head)
+    if found is not None:
+        tool, command, _ = found
+        if tool == "zip":  # an archive: unzip reads a file, not a stream
+            return (f"is a zip archive compressed with {outer}; decompress it: {unpack} > "
+                    f"{shlex.quote(base[:base.rfind('.')] + '.zip')}, then unzip that")
+        return (f"is compressed twice ({tool} inside {outer}); decompress both: {unpack} | "
+                f"{command} > {shlex.quote(base)}")
+    table = table_format_of(head)
+    if table is not None:
+        stem = base[:base.rfind(".")] + (".parquet" if table == "Parquet" else ".arrow")
+        return (f"is {'a' if table == 'Parquet' else 'an'} {table} file compressed with {outer}, "
+                f"not JSON Lines; decompress it: {unpack} > {shlex.quote(stem)} ({table} "
+                "compresses inside the file)")
+    return content_fix(head, "JSON Lines")
+
+
+def _stored_head(path, n: int = _HEAD_BYTES) -> bytes:
     """The first ``n`` bytes of ``path`` as stored (not decompressed); empty when they cannot
     be read (the reader names that fault)."""
     try:
@@ -391,9 +431,9 @@ def _jsonl_lines(path) -> Iterator[tuple[int, bytes]]:
                 after = f" after line {n:,}" if n else ""
                 raise InputError(f"{path}: cannot be read{after} ({first_line(exc)}); the "
                                  "file is damaged or truncated") from None
-            if first:
+            if first:  # the content is another container: named, never read as text
                 first = False
-                fix = _misnamed_fix(path, block[:8], None) if codec is None else None
+                fix = _content_fix(path, block[:_HEAD_BYTES], codec)
                 if fix:
                     raise InputError(f"{path}: {fix}")
                 block = block.removeprefix(_BOM)
