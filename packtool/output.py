@@ -1073,8 +1073,9 @@ def holding_lock(path, command: str):
     and ``tokenize`` writing OUTPUT holds) while ``command`` (``upgrade``) rewrites what is
     there: a run writing OUTPUT refuses ``command``, and a run started meanwhile is refused
     (another packtool run holds the lock). A local lock is released by the kernel when the
-    process dies; a store's is an object naming its holder
-    (:func:`packtool.formats.object_store.take_lock`).
+    process dies (its file records nothing: what holds it is named by OUTPUT's in-progress
+    marker, else as another packtool run); a store's is an object naming its holder and
+    ``command`` (:func:`packtool.formats.object_store.take_lock`).
 
     Args:
         path: the OUTPUT directory or store URI.
@@ -1087,8 +1088,8 @@ def holding_lock(path, command: str):
     loc = Location.parse(path)
     key = loc.join(LOCK_NAME).display
     if not loc.is_local:
-        try:
-            mine = store.take_lock(loc, overwrite=False)
+        try:  # the lock object names this command to the runs it holds off
+            mine = store.take_lock(loc, overwrite=False, kind=None, command=command)
         except OutputError as exc:
             raise OutputError(f"{exc}; then rerun packtool {command}") from None
         HELD_HERE.add(key)
@@ -1102,11 +1103,11 @@ def holding_lock(path, command: str):
     try:
         lock.acquire(timeout=LOCK_WAIT_S, poll_interval=0.02)
     except Timeout:
-        # what the run writes, as its marker says; before its marker, OUTPUT's own kind: a pack
-        raise OutputError(f"{loc.display}: a packtool "
-                          f"{run_words(marker_kind(loc) or PACKED_KIND)} is writing "
-                          f"OUTPUT now (its lock {LOCK_NAME} is held); wait for it to end, then "
-                          f"rerun packtool {command}") from None
+        # what the run writes, as its marker says; before its marker (or an upgrade, which
+        # writes none) nothing says which command holds it: another packtool run
+        raise OutputError(f"{loc.display}: another packtool {run_words(marker_kind(loc))} is "
+                          f"writing OUTPUT now (its lock {LOCK_NAME} is held); wait for it to "
+                          f"end, then rerun packtool {command}") from None
     except OSError as exc:
         raise OutputError(f"{loc.display}: cannot write ({exc.strerror}); packtool {command} "
                           "rewrites OUTPUT's manifest, so it needs write access") from None

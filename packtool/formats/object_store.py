@@ -160,10 +160,12 @@ def lock_of(uri) -> dict | None:
     return _read_json(Location.parse(uri).join(LOCK_NAME))
 
 
-def take_lock(uri, *, overwrite: bool, kind: str = PACKED_KIND) -> dict:
+def take_lock(uri, *, overwrite: bool, kind: str | None = PACKED_KIND,
+              command: str | None = None) -> dict:
     """Write the lock object of OUTPUT ``uri`` and read it back; returns what was written (who
     holds it, :func:`holder`, and the ``kind`` of output the run writes, so that a refused run
-    is told whether a pack or a tokenize holds it).
+    is told whether a pack or a tokenize holds it; ``command``: the packtool command taking
+    it when it writes no output of a kind (``upgrade``; ``kind`` None), named instead).
 
     A lock held by another live run refuses the run with its id and host, ``overwrite`` or not.
     A lock whose holder is gone (:func:`holder_is_gone`) is taken over, so a plain rerun
@@ -189,7 +191,8 @@ def take_lock(uri, *, overwrite: bool, kind: str = PACKED_KIND) -> dict:
                               f"this OUTPUT (lock {LOCK_NAME}); wait for it to end"
                               + ("" if here else ", or pass --overwrite if it was killed (its "
                                  "host cannot be asked)"))
-        mine = {**holder(), "kind": kind}
+        mine = {**holder(), **({"kind": kind} if kind else {}),
+                **({"command": command} if command else {})}
         key.publish_bytes(json.dumps(mine).encode())
     except STORE_ERRORS as exc:
         told = out.store_error(exc, "cannot write")
@@ -206,9 +209,12 @@ def take_lock(uri, *, overwrite: bool, kind: str = PACKED_KIND) -> dict:
 
 
 def _holder_words(held: dict, out) -> str:
-    """What the run holding lock ``held`` of OUTPUT ``out`` is, for a message: the kind its
-    lock records, else the one OUTPUT's in-progress marker says (``pack``, ``tokenize run``;
-    ``run`` when neither says)."""
+    """What the run holding lock ``held`` of OUTPUT ``out`` is, for a message: the command its
+    lock records (``upgrade``), else the kind it records, else the one OUTPUT's in-progress
+    marker says (``pack``, ``tokenize run``; ``run`` when none says)."""
+    command = held.get("command")
+    if isinstance(command, str) and command.isidentifier():
+        return command
     kind = held.get("kind")
     return run_words(kind if kind in KINDS else marker_kind(out))
 

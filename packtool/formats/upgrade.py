@@ -44,8 +44,9 @@ def upgrade_manifest(output, *, progress: Callable[[int, int], None] | None = No
         ManifestError: not a complete output, a shard that differs from the manifest, or a
             manifest every reader refuses (its capacity, labels or row counts contradict the
             shards' footers and schema metadata).
-        OutputError: a ``pack`` or ``tokenize`` is writing OUTPUT now (its lock is held), or
-            OUTPUT cannot be written.
+        OutputError: another packtool run (``pack``, ``tokenize``, ``upgrade``) holds OUTPUT's
+            lock now (named by its in-progress marker or a store's lock object, else as another
+            packtool run), or OUTPUT cannot be written.
         OSError: the manifest cannot be written.
     """
     out = Location.parse(output)

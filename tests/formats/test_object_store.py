@@ -209,6 +209,29 @@ def test_s3_output_refuses_foreign_objects_and_a_held_lock(tmp_path, s3, monkeyp
     assert res.exit_code == 0, res.output
 
 
+def test_an_upgrades_lock_in_a_store_names_the_upgrade(tmp_path, s3, monkeypatch):
+    """The lock object an upgrade takes records its command: a second upgrade, and a pack,
+    are told another packtool upgrade holds OUTPUT (its lock said it was a pack)."""
+    from packtool.errors import OutputError
+    from packtool.output import holding_lock
+
+    fs, bucket = s3
+    _node_temp(tmp_path, monkeypatch)
+    _corpus(fs, bucket, tmp_path)
+    out = f"s3://{bucket}/out"
+    assert invoke(["pack", "-q", *OPTS, f"s3://{bucket}/in", out]).exit_code == 0
+    with holding_lock(out, "upgrade"):
+        with pytest.raises(OutputError) as told:
+            with holding_lock(out, "upgrade"):
+                pass
+        said = str(told.value)
+        assert said.startswith(f"{out}: another packtool upgrade (run ") and \
+            said.endswith("then rerun packtool upgrade"), said
+        res = invoke(["pack", "-q", *OPTS, "--overwrite", f"s3://{bucket}/in", out])
+        assert res.exit_code == 1 and "another packtool upgrade (run " in res.output, res.output
+    assert LOCK_NAME not in hash_store_tree(fs, f"{bucket}/out")
+
+
 @pytest.mark.parametrize("phase, sig", [("write-shard:2", "SIGKILL"), ("write-shard:3", "SIGINT")])
 def test_interrupted_s3_pack_resumes_with_the_same_bytes(tmp_path, s3, phase, sig):
     """SIGKILL (no cleanup: the scratch windows stay in the store and are reused) or Ctrl-C

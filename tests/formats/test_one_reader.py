@@ -20,7 +20,8 @@ import pytest
 
 from packcheck import invoke, write_docs
 from packtool.errors import ManifestError
-from packtool.formats.manifest import FORMAT_VERSION, MANIFEST_NAME, read_manifest
+from packtool.formats.manifest import (FORMAT_VERSION, IN_PROGRESS_NAME, MANIFEST_NAME,
+                                       read_manifest)
 from packtool.formats.packed import PackedOutput
 
 IGNORE = -100
@@ -680,8 +681,10 @@ def test_ctrl_c_once_the_upgrade_is_done_finishes_it(clean, tmp_path):
 
 def test_upgrade_and_pack_hold_off_each_other_through_outputs_lock(clean, tmp_path):
     """An upgrade while a pack writes OUTPUT (its lock held) is refused in one line and
-    rewrites nothing; a pack started while an upgrade holds the lock is refused, and the
-    upgrade then finishes."""
+    rewrites nothing; a pack, or a second upgrade, started while an upgrade holds the lock is
+    refused, and the upgrade then finishes. A lock held before any marker is written names no
+    command it cannot know: another packtool run (an upgrade held off by an upgrade was told
+    a pack was writing)."""
     import signal
     import subprocess
     import sys
@@ -697,8 +700,8 @@ def test_upgrade_and_pack_hold_off_each_other_through_outputs_lock(clean, tmp_pa
         res = invoke(["upgrade", out])
         assert res.exit_code == 1, res.output
         assert res.output.strip() == (
-            f"Error: {out}: a packtool pack is writing OUTPUT now (its lock .packtool.lock is "
-            "held); wait for it to end, then rerun packtool upgrade")
+            f"Error: {out}: another packtool run is writing OUTPUT now (its lock "
+            ".packtool.lock is held); wait for it to end, then rerun packtool upgrade")
         assert (out / MANIFEST_NAME).read_bytes() == before
     assert (out / MANIFEST_NAME).read_bytes() == before  # the pack stopped before writing
     env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT="upgrade")
@@ -710,6 +713,11 @@ def test_upgrade_and_pack_hold_off_each_other_through_outputs_lock(clean, tmp_pa
         assert res.exit_code == 1, res.output
         assert "is writing this OUTPUT (lock .packtool.lock is held)" in res.output, res.output
         assert (out / MANIFEST_NAME).read_bytes() == before
+        res = invoke(["upgrade", out])
+        assert res.exit_code == 1 and res.output.strip() == (
+            f"Error: {out}: another packtool run is writing OUTPUT now (its lock "
+            ".packtool.lock is held); wait for it to end, then rerun packtool upgrade"), \
+            res.output
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
@@ -717,6 +725,26 @@ def test_upgrade_and_pack_hold_off_each_other_through_outputs_lock(clean, tmp_pa
     assert read_manifest(out).format_version == 2 and not (out / ".packtool.lock").exists()
     res = invoke(["upgrade", out])
     assert res.exit_code == 0 and f"format version {FORMAT_VERSION}" in res.output, res.output
+
+
+def test_an_upgrade_held_off_by_a_pack_that_marked_output_names_the_pack(clean, tmp_path):
+    """Once the run holding OUTPUT's lock wrote its in-progress marker, the marker says what
+    it is: the upgrade names that pack."""
+    import signal
+
+    from packcheck import paused_pack
+
+    out = tmp_path / "v2"
+    shutil.copytree(clean, out)
+    _as_version_2(out)
+    src = clean.parent / "in" / "a.parquet"
+    with paused_pack(src, out, "write-shard:0", ["--overwrite", "-c", 32], stop=signal.SIGINT):
+        assert (out / IN_PROGRESS_NAME).is_file()
+        res = invoke(["upgrade", out])
+        assert res.exit_code == 1 and res.output.strip() == (
+            f"Error: {out}: another packtool pack is writing OUTPUT now (its lock "
+            ".packtool.lock is held); wait for it to end, then rerun packtool upgrade"), \
+            res.output
 
 
 def test_a_shard_that_is_a_git_lfs_pointer_says_git_lfs_pull(clean, tmp_path):
