@@ -432,8 +432,10 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
                                   if result.manifest.windows else {}),
                                **_holdout_json(cfg, result)}, indent=2))
     elif result.already_complete and not quiet:  # -q: nothing on success
+        from packtool.formats.manifest import older_version_note
+
         click.echo(f"{display(cfg.output)}: already holds this pack (same inputs, options and "
-                   "versions); "
+                   f"versions){older_version_note(result.manifest, display(cfg.output))}; "
                    "nothing to do")
     elif not quiet:
         rate = s.tokens_in / result.seconds if result.seconds else 0.0
@@ -1259,7 +1261,10 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
                                "warnings": res.warnings,
                                **{k: getattr(t, k) for k in _BOUNDARY_COUNTS}}, indent=2))
     elif res.already_complete and not quiet:  # -q: nothing on success
-        click.echo(f"{display(cfg.output)}: already holds this tokenization; nothing to do")
+        from packtool.formats.manifest import older_version_note
+
+        click.echo(f"{display(cfg.output)}: already holds this tokenization"
+                   f"{older_version_note(res.manifest, display(cfg.output))}; nothing to do")
     elif not quiet:
         from packtool.stats import plural
 
@@ -1534,8 +1539,8 @@ def _control_line(control: dict) -> str:
 @cli.command()
 @click.argument("output", type=_ExistingPath(packed_output=True), metavar="OUTPUT")
 def upgrade(output):
-    """Rewrite the manifest of an OUTPUT packed by an older packtool in this version's format,
-    without rewriting its shards (every shard's sha256 is checked first).
+    """Rewrite the manifest of an OUTPUT written by an older packtool (pack, or tokenize) in
+    this version's format, without rewriting its shards (every shard's sha256 is checked first).
     """
     from packtool.formats.manifest import FORMAT_VERSION
     from packtool.formats.upgrade import upgrade_manifest

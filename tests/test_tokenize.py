@@ -594,6 +594,74 @@ def test_pack_and_compare_read_exactly_the_shards_a_tokenized_manifest_lists(
     assert not (tmp_path / "p").exists()
 
 
+def _rewrite_manifest(out, edit) -> None:
+    """Rewrite OUTPUT's manifest JSON through ``edit(dict)`` (as an older packtool, or a hand,
+    wrote it), both of its copies."""
+    from packtool.formats.manifest import MANIFEST_META_KEY
+
+    schema = pq.read_schema(out / MANIFEST_NAME)
+    m = json.loads(schema.metadata[MANIFEST_META_KEY])
+    edit(m)
+    meta = {**schema.metadata, MANIFEST_META_KEY: json.dumps(m).encode()}
+    pq.write_table(schema.with_metadata(meta).empty_table(), out / MANIFEST_NAME)
+
+
+def _as_version_3(strip: bool):
+    def edit(m):
+        m["format_version"] = 3
+        for s in m["shards"] if strip else ():  # what the manifest may lack: read back
+            s.pop("footer_sha256", None)
+            s.pop("row_groups", None)
+    return edit
+
+
+@pytest.mark.parametrize("strip", [False, True], ids=["indexed", "unindexed"])
+def test_upgrade_brings_a_tokenized_output_of_format_version_3_to_this_version(
+        tmp_path, hf_tokenizer, strip):
+    """Tokenize outputs existed at format version 3; version 4 changed only what the totals'
+    tokens_dropped counts (0 in a tokenized output), so upgrade rewrites such a manifest as
+    this version's, shards untouched, once every shard's sha256 and footer agree with it (it
+    refused: "a packtool tokenized output ...; pack it first"). A rerun of the same tokenize
+    finds the tokenization there and says the manifest is an older version's and how to
+    upgrade it. A manifest whose rows contradict its shards is refused, unchanged."""
+    from packtool.formats.manifest import FORMAT_VERSION
+
+    src = write_jsonl(tmp_path / "a.jsonl", TEXTS)
+    out = tmp_path / "tok"
+    args = ["tokenize", "--tokenizer", hf_tokenizer, "--append-eos", "</s>", "--rows-per-shard",
+            10, src, out]
+    assert invoke(args).exit_code == 0
+    whole, m = hash_tree(out), read_manifest(out)
+    _rewrite_manifest(out, _as_version_3(strip))
+    assert read_manifest(out).format_version == 3
+    res = invoke(args)
+    assert res.exit_code == 0 and res.output.strip() == (
+        f"{out}: already holds this tokenization (its manifest is format version 3: packtool "
+        f"upgrade {out} rewrites it as version {FORMAT_VERSION}); nothing to do"), res.output
+    res = invoke(["upgrade", out])
+    assert res.exit_code == 0 and res.output.strip() == (
+        f"{out}: manifest rewritten as format version {FORMAT_VERSION}; shards unchanged"), \
+        res.output
+    assert read_manifest(out) == m and hash_tree(out) == whole
+    assert invoke(args).output.strip() == f"{out}: already holds this tokenization; nothing to do"
+    res = invoke(["upgrade", out])
+    assert res.exit_code == 0 and "nothing to do" in res.output, res.output
+    for edit, said in ((lambda d: d["shards"][1].update(rows=3),
+                        f"{out / m.shards[1].file}: its Parquet footer holds 10 documents, the "
+                        "manifest says 3"),
+                       (lambda d: d["totals"].update(docs_in=5),
+                        f"{out}: its shards hold {m.totals.docs_in:,} documents, its totals "
+                        "say 5")):
+        _rewrite_manifest(out, lambda d: (_as_version_3(strip)(d), edit(d)))
+        before = (out / MANIFEST_NAME).read_bytes()
+        res = invoke(["upgrade", out])
+        assert res.exit_code == 1 and said in res.output and "tokenize" in res.output, \
+            res.output
+        assert "pack it first" not in res.output, res.output
+        assert (out / MANIFEST_NAME).read_bytes() == before
+        _rewrite_manifest(out, lambda d: d.update(m.to_dict()))
+
+
 def test_a_tokenized_output_packs_every_document_its_manifest_counts(tmp_path, hf_tokenizer):
     """The shards of a tokenized output are packed whole, in its manifest's order; what else
     its folder holds is reported as in any folder: documentation and hidden entries always, a

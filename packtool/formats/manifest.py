@@ -112,7 +112,7 @@ __all__ = ["REPACK_MISSING", "MANIFEST_NAME", "MANIFEST_META_KEY", "IN_PROGRESS_
            "TOKENIZATION_FACTS", "PACKED_KIND", "TOKENIZED_KIND", "HoldoutPairing",
            "stale_holdout", "dropped_holdout",
            "KINDS",
-           "require_packed", "manifest_bytes", "publish_manifest",
+           "require_packed", "older_version_note", "manifest_bytes", "publish_manifest",
            "read_manifest", "read_manifest_and_schema", "load_manifest", "check_shards",
            "sha256_of", "store_failure",
            "footer_sha256", "footer_of", "shard_entry_of", "shard_name",
@@ -1481,6 +1481,17 @@ def dropped_holdout(previous: Manifest | None, where, pairing: HoldoutPairing | 
             "write it, so they may be among the training rows; remove it")
 
 
+def older_version_note(manifest: Manifest, where) -> str:
+    """For the line of a rerun that finds its output already there (``pack``, ``tokenize``):
+    `` (its manifest is format version 3: packtool upgrade OUT rewrites it as version 4)``
+    when ``manifest`` was written as an older version (read as it is; a rerun does not rewrite
+    it), empty otherwise. ``where`` names the output as given."""
+    if manifest.format_version == FORMAT_VERSION:
+        return ""
+    return (f" (its manifest is format version {manifest.format_version}: packtool upgrade "
+            f"{shlex.quote(str(where))} rewrites it as version {FORMAT_VERSION})")
+
+
 def require_packed(manifest: Manifest, where) -> Manifest:
     """``manifest`` when it is of packed rows.
 
@@ -1731,10 +1742,19 @@ def check_rows_add_up(manifest: Manifest, where: str) -> None:
     of packed rows (stats, verify, export, the loader, ``pack_dataset``'s results);
     ``upgrade`` before it rewrites a manifest.
 
+    A tokenized output (one document per row) is held to its ``docs_in`` in the same way.
+
     Raises:
         ManifestError: names ``where`` (the output), both counts and the fix.
     """
     listed = sum(s.rows for s in manifest.shards)
+    if manifest.kind == TOKENIZED_KIND:
+        if listed != manifest.totals.docs_in:
+            raise ManifestError(f"{where}: its shards hold {listed:,} documents, its totals say "
+                                f"{manifest.totals.docs_in:,}: the manifest of this tokenized "
+                                "output was edited or damaged; rerun the same packtool tokenize "
+                                "command with --overwrite")
+        return
     if listed != manifest.totals.rows:
         raise ManifestError(f"{where}: its shards hold {listed:,} rows, its totals say "
                             f"{manifest.totals.rows:,}: the manifest was edited or damaged; "

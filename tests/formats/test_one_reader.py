@@ -421,6 +421,13 @@ def test_an_older_manifest_counting_truncation_apart_reads_in_this_versions_mean
     assert (s["tokens_dropped"], s["tokens_truncated"], s["real_tokens"], s["tokens_in"]) == \
         (2, 2, 4, 6)
     assert not got["mismatches"]
+    # the same pack rerun finds it there, read as it is, and says how to rewrite it
+    res = invoke(["pack", "--no-shuffle", "-c", 4, "--overflow", "truncate", src, out])
+    assert res.exit_code == 0 and res.output.strip() == (
+        f"{out}: already holds this pack (same inputs, options and versions) (its manifest is "
+        f"format version {version}: packtool upgrade {out} rewrites it as version "
+        f"{FORMAT_VERSION}); nothing to do"), res.output
+    assert read_manifest(out).format_version == version
     res = invoke(["upgrade", out])
     assert res.exit_code == 0 and f"format version {FORMAT_VERSION}" in res.output, res.output
     m, _ = _manifest_json(out)
