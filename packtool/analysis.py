@@ -491,6 +491,9 @@ def _compare(lengths: np.ndarray, capacity: int, overflow, strategies, targets, 
     # most (a truncated document is not cut)
     written = (np.minimum(lengths, capacity) if Overflow(overflow) is Overflow.TRUNCATE
                else lengths)  # shape: (num_docs,)
+    # tokens read kept out of the targets by input labels and loss masks (pack's count: its
+    # no-effective-targets warning names them)
+    label_masked = 0 if targets is None else int(targets.size - np.count_nonzero(targets))
     out, plans = [], []
     runs = [(str(s), s, None) for s in strategies]
     if window_docs is not None:
@@ -507,8 +510,10 @@ def _compare(lengths: np.ndarray, capacity: int, overflow, strategies, targets, 
         s = PackStats.from_plan(plan)  # the counts pack records for this plan
         if segment_multiple > 1:  # and what the padding inside rows costs: the rows without it
             s = replace(s, rows_without_segment_padding=plan_of(1).num_rows)
-        real, rows = s.real_tokens, s.rows
         effective = int(plan_segment_targets(plan, doc_starts, targets).sum())
+        # what pack records with the input's labels: its warnings follow from these counts
+        s = replace(s, effective_targets=effective, tokens_label_masked=label_masked)
+        real, rows = s.real_tokens, s.rows
         cut = _docs_cut(plan, written, lengths.size)
         slots = rows * capacity
         out.append({

@@ -624,7 +624,6 @@ def _windows_breakdown(manifest, s, window_docs) -> dict:
 
 def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
     """The dry run of ``packtool compare`` (and of the deprecated ``stats --compare``)."""
-    import dataclasses
     import json
 
     from packtool import analysis
@@ -660,12 +659,6 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
             whose.setdefault(w, []).append(r["strategy"])
     warnings = [w if len(names) == len(rows) else f"{', '.join(names)}: {w}"
                 for w, names in whose.items()]
-    r = next(r for r in rows if r["strategy"] == Strategy.OBFD)
-    w = dataclasses.replace(masked, tokens_in=int(lengths.sum()),
-                            real_tokens=r["tokens_processed"] - r["padding_tokens"],
-                            effective_targets=r["effective_targets"]).no_targets_warning()
-    if w:
-        warnings.append(w)
     for w in warnings:
         click.echo(f"WARNING: {w}", err=True)
     tokens = int(lengths.sum())

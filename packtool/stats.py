@@ -371,20 +371,22 @@ class PackStats:
     def warnings(self, overflow: str, min_fill: float) -> list[str]:
         """The loud lines ``pack --overflow overflow --min-fill min_fill`` prints for these
         counts (:meth:`overflow_warning`, then :meth:`min_fill_warning`, then
-        :meth:`padding_warning`); ``compare`` prints the same for its dry run."""
+        :meth:`padding_warning`, then :meth:`no_targets_warning`); ``compare`` prints the same
+        for each strategy's dry run (its counts with the targets and ``tokens_label_masked`` of
+        the input)."""
         return [w for w in (self.overflow_warning(str(overflow)),
-                            self.min_fill_warning(min_fill), self.padding_warning()) if w]
+                            self.min_fill_warning(min_fill), self.padding_warning(),
+                            self.no_targets_warning()) if w]
 
     def output_warnings(self, options) -> list[str]:
         """The loud lines a reader of a packed output with these totals prints (``stats``,
         ``export``): :meth:`no_targets_warning`, and for an output of 0 rows the lines its pack
         gave (:meth:`warnings` with the ``overflow`` and ``min_fill`` of ``options``, the
         manifest's options), which say why nothing was written."""
-        out = [w for w in (self.no_targets_warning(),) if w]
-        if self.rows == 0:
-            out += self.warnings(str(options.get("overflow", "split")),
+        if self.rows == 0:  # no row, no token: no_targets_warning says nothing of it
+            return self.warnings(str(options.get("overflow", "split")),
                                  float(options.get("min_fill") or 0.0))
-        return out
+        return [w for w in (self.no_targets_warning(),) if w]
 
     def no_targets_warning(self) -> str | None:
         """A loud line when the rows hold tokens but not one effective target (every label

@@ -500,6 +500,36 @@ def test_compare_json_carries_the_mask_and_eos_counts_the_text_prints(tmp_path):
                    "docs_bos_present": 0, "docs_eos_added": 2, "docs_eos_present": 0}
 
 
+@pytest.mark.parametrize("ids, labels, whose", [
+    # concat's rows [1 | 2] and [3,4] keep the target 4; ordered's and obfd's [1], [2,3] and
+    # [4] keep none
+    ([[1], [2, 3, 4]], [[-100], [-100, -100, 4]], ("ordered", "obfd")),
+    # ordered's and obfd's piece [2,3] keeps the target 3; concat's rows [1 | 2], [3,4] and
+    # [5] keep none
+    ([[1], [2, 3, 4], [5]], [[-100], [-100, 3, -100], [-100]], ("concat",)),
+])
+def test_compare_warns_of_no_effective_targets_for_each_strategy_whose_pack_would(
+        tmp_path, ids, labels, whose):
+    """compare decided the no-effective-targets warning from obfd's row alone: it warned with
+    no strategy named though concat kept a target, and said nothing when concat alone kept
+    none. Each strategy's dict now carries the line its pack prints, and the text and --json
+    name the strategies whose pack prints it, as every other warning."""
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"input_ids": ids, "labels": labels}), src)
+    got = _compare_json(src, "-c", 2)
+    _assert_compare_predicts_pack(got, src, tmp_path / "o", 2, "split", 0.0, None,
+                                  ("concat", "ordered", "obfd"))
+    warned = {r["strategy"] for r in got["strategies"]
+              if any(w.startswith("no effective targets") for w in r["warnings"])}
+    assert warned == set(whose)
+    line = [w for w in got["warnings"] if "no effective targets" in w]
+    assert len(line) == 1 and line[0].startswith(", ".join(whose) + ": no effective targets")
+    text = CliRunner().invoke(cli, ["compare", str(src), "-c", "2"])
+    assert text.exit_code == 0, text.output
+    assert [w for w in text.stderr.splitlines() if "no effective targets" in w] == \
+        [f"WARNING: {line[0]}"]
+
+
 # --- what each line of stats, compare and the pack summary counts ----------------------------
 
 _A = [list(range(1, n + 1)) for n in (1, 2048, 2049, 4096, 5000, 0, 3)]  # one empty document

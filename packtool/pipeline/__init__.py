@@ -105,13 +105,12 @@ def _window_record(w: int, info: WindowInfo) -> WindowEntry:
 def _warnings(cfg: PackConfig, stats: PackStats,
               tokenized: Tokenization | None = None) -> list[str]:
     """The ``WARNING:`` lines of a pack: :meth:`PackStats.warnings` (``--overflow``,
-    ``--min-fill``), then :meth:`PackStats.no_targets_warning`, then each of ``--pad-id``,
+    ``--min-fill``, padding, no effective targets), then each of ``--pad-id``,
     ``--append-eos`` and ``--prepend-bos`` outside the vocabulary (``--pad-id`` only when
     padding tokens were written) of the tokenizer the inputs
     were tokenized with (:meth:`Tokenization.vocabulary_warnings`; ``tokenized``: the record,
     None when none)."""
     notes = stats.warnings(cfg.overflow, cfg.min_fill)
-    notes += [w for w in (stats.no_targets_warning(),) if w]
     if tokenized is not None:
         notes += tokenized.vocabulary_warnings(cfg.layout_options(),
                                                padding_tokens=stats.padding_tokens)
