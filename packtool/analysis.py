@@ -462,8 +462,11 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
         the score entries of document-masked attention), ``attention_work_full_rows``
         (token^2: rows * C^2, the same rows without document masking) and
         ``attention_work_vs_least`` (``attention_work`` over the smallest of the strategies
-        compared). Ratios are rounded as in every JSON report
-        (:func:`packtool.stats.json_ratio`; ``padding_pct``: :func:`~packtool.stats.json_percent`).
+        compared that write rows; None for a strategy that writes none). Ratios are rounded
+        as in every JSON report (:func:`packtool.stats.json_ratio`; ``padding_pct``:
+        :func:`~packtool.stats.json_percent`); a strategy that writes no row has
+        ``padding_pct`` and ``targets_per_token`` 0.0 (no padding, no target, of no token), as
+        the figures of an output of 0 rows are.
 
     Raises:
         ConfigError, PackingError: as :func:`packtool.core.pack_lengths` (``segment_multiple``
@@ -540,9 +543,12 @@ def _compare(lengths: np.ndarray, capacity: int, overflow, strategies, targets, 
             "attention_work_full_rows": s.full_attention_work,
             "warnings": s.warnings(overflow, min_fill),
         })
-    least = min((r["attention_work"] for r in out), default=0)
+    # the least of the strategies that write rows: one that writes none has no attention work
+    # to compare (0, no ratio: None), and is no least to divide by
+    least = min((r["attention_work"] for r in out if r["rows"]), default=0)
     for r in out:
-        r["attention_work_vs_least"] = json_ratio(r["attention_work"] / least) if least else 1.0
+        r["attention_work_vs_least"] = (json_ratio(r["attention_work"] / least)
+                                        if r["rows"] else None)
     return out, plans
 
 

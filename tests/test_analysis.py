@@ -483,6 +483,26 @@ def test_a_strategy_that_writes_no_row_is_never_least_waste():
     assert least_waste([r for r in res if r["rows"] == 0]) is None
 
 
+def test_attention_work_vs_least_is_over_the_strategies_that_write_rows(tmp_path):
+    """attention_work_vs_least divided by the least attention work of every strategy, 0 for
+    one that writes no row, and put 1.0 for every ratio then: concat's 124 token^2 beside
+    obfd's 40 read as the least. The least is now taken over the strategies that write rows,
+    and a strategy that writes none has no ratio (null)."""
+    res = {r["strategy"]: r for r in compare_strategies(np.array([7, 4, 5, 2, 6]), 8,
+                                                        min_fill=1.0)}
+    assert [(r["rows"], r["attention_work"]) for r in res.values()] == [(3, 124), (0, 0),
+                                                                         (1, 40)]
+    assert [r["attention_work_vs_least"] for r in res.values()] == [3.1, None, 1.0]
+    from conftest import write_docs
+
+    src = write_docs(tmp_path / "in.parquet", [[1, 2, 3], [4, 5, 6], [7, 8, 9]])
+    got = _compare_json(src, "-c", 4, "--min-fill", 1)
+    assert [(r["rows"], r["attention_work_vs_least"]) for r in got["strategies"]] == \
+        [(2, 1.0), (0, None), (0, None)]
+    got = _compare_json(src, "-c", 2, "--overflow", "drop")  # no strategy writes a row
+    assert [r["attention_work_vs_least"] for r in got["strategies"]] == [None] * 3
+
+
 def test_compare_json_carries_the_mask_and_eos_counts_the_text_prints(tmp_path):
     """compare printed 'INPUT: input: attention mask removed ...' and its --json had none of
     those counts; both say them now, once."""
