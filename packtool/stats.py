@@ -193,15 +193,17 @@ class PackStats:
         return words
 
     def under_min_fill_words(self, recorded: bool = True) -> str:
-        """The rows ``--min-fill`` left out and what their tokens were: ``"1 planned row left
-        out, 909 tokens: 4 of the documents dropped, 905 of documents written in part"``."""
+        """The rows ``--min-fill`` left out and what their tokens were, each count with its
+        unit: ``"1 planned row left out, 909 tokens: 4 tokens of the 2 documents dropped, 905
+        tokens of documents written in part"`` (``recorded`` False: the first part alone)."""
         words = (f"{plural(self.rows_dropped, 'planned row')} left out, "
                  f"{plural(self.tokens_under_min_fill, 'token')}")
         if not recorded:
             return words
-        return (f"{words}: {self.doc_tokens_under_min_fill:,} of the documents dropped, "
-                f"{self.tokens_under_min_fill - self.doc_tokens_under_min_fill:,} of documents "
-                "written in part")
+        return (f"{words}: {plural(self.doc_tokens_under_min_fill, 'token')} of the "
+                f"{plural(self.docs_under_min_fill, 'document')} dropped, "
+                f"{plural(self.tokens_under_min_fill - self.doc_tokens_under_min_fill, 'token')}"
+                " of documents written in part")
 
     def split_words(self, concat: bool) -> str:
         """What ``docs_split`` and ``split_fragments`` count, in words: the plan's split

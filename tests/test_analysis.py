@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -566,18 +567,18 @@ def _line(text: str, label: str) -> str:
 @pytest.mark.parametrize("docs, capacity, extra, dropped, under, summary", [
     # --min-fill 1 leaves out the row of [9]: 1 document of 1 token
     (_M, 4, ("--min-fill", "1"), "1 document, 1 token, in rows under --min-fill",
-     "1 planned row left out, 1 token: 1 of the documents dropped, 0 of documents written in "
-     "part", "packed 2 of 3 documents read (8 of 9 tokens) into 2 rows of 4 in 1 shard"),
+     "1 planned row left out, 1 token: 1 token of the 1 document dropped, 0 tokens of documents "
+     "written in part", "packed 2 of 3 documents read (8 of 9 tokens) into 2 rows of 4 in 1 shard"),
     # the row left out holds the documents of 1 and 3 tokens whole and 905 tokens of a split one
     (_A, 2048, ("--min-fill", "0.5"), "2 documents, 4 tokens, in rows under --min-fill",
-     "1 planned row left out, 909 tokens: 4 of the documents dropped, 905 of documents "
-     "written in part", "packed 4 of 7 documents read (12,288 of 13,197 tokens) into 6 rows"),
+     "1 planned row left out, 909 tokens: 4 tokens of the 2 documents dropped, 905 tokens of "
+     "documents written in part", "packed 4 of 7 documents read (12,288 of 13,197 tokens) into 6 rows"),
     # 4 documents over C dropped by --overflow drop, the 2 others in the row under --min-fill
     (_A, 7, ("--overflow", "drop", "--min-fill", "0.9"),
      "6 documents, 13,197 tokens: 4 documents (13,193 tokens) by --overflow drop, 2 documents "
      "(4 tokens) in rows under --min-fill",
-     "1 planned row left out, 4 tokens: 4 of the documents dropped, 0 of documents written in "
-     "part", "packed 0 of 7 documents read (0 of 13,197 tokens) into 0 rows"),
+     "1 planned row left out, 4 tokens: 4 tokens of the 2 documents dropped, 0 tokens of "
+     "documents written in part", "packed 0 of 7 documents read (0 of 13,197 tokens) into 0 rows"),
     (_A, 7, ("--overflow", "drop"), "4 documents, 13,193 tokens", None,
      "packed 2 of 7 documents read (4 of 13,197 tokens) into 1 row of 7 in 1 shard"),
 ])
@@ -603,6 +604,15 @@ def test_the_dropped_line_counts_one_set_of_documents_and_their_tokens(
         assert "under --min-fill" not in text.stdout.replace("the rows under --min-fill", "")
     else:
         assert _line(text.stdout, "rows under --min-fill") == under
+        # every count names its unit (the tokens of the documents dropped read as documents)
+        assert re.fullmatch(r"\d+ planned rows? left out, [\d,]+ tokens?: [\d,]+ tokens? of the "
+                            r"[\d,]+ documents? dropped, [\d,]+ tokens? of documents written "
+                            r"in part", under)
+        assert f"; --min-fill {extra[-1]}: {under}" in res.stdout  # the pack's summary
+    if extra == ("--overflow", "drop", "--min-fill", "0.9"):  # docs/stats.md's example
+        lines = [ln for ln in text.stdout.splitlines()
+                 if ln.startswith(("  dropped ", "  rows under --min-fill "))]
+        assert "```\n" + "\n".join(lines) + "\n```" in (ROOT / "docs" / "stats.md").read_text()
     s = analyze_packed(tmp_path / "o").stats
     # the parts add up to every token not written
     assert (s.tokens_truncated + s.tokens_of_dropped_docs + s.doc_tokens_under_min_fill
