@@ -426,10 +426,11 @@ def compare_strategies(lengths: np.ndarray, capacity: int, *,
         overflow: long-document policy for ``ordered`` and ``obfd``.
         targets: optional uint8[sum(lengths)] input target flags (0: input label -100); the
             effective targets then leave those tokens out, as ``pack`` does.
-        window_docs: also dry-run ``obfd`` in windows of this many documents, dealt as
-            ``pack --window-docs`` deals them (:mod:`packtool.core.windows`): one more dict,
-            with ``window_docs`` and ``windows`` set (None in the others; it takes no part in
-            :func:`least_waste`).
+        window_docs: also dry-run each of ``strategies`` in windows of this many documents,
+            dealt and planned as ``pack --strategy S --window-docs`` deals and plans them
+            (:mod:`packtool.core.windows`): one more dict per strategy, after the others,
+            named ``"S, windows of N"``, with ``window_docs`` and ``windows`` set (None in the
+            others; they take no part in :func:`least_waste`).
         min_fill: as ``pack --min-fill``: each plan without its rows under
             ``ceil(min_fill * capacity)`` real tokens (:func:`packtool.core.packing.pack_lengths`),
             counted in ``rows_dropped`` and ``tokens_under_min_fill`` (those rows' real tokens,
@@ -499,14 +500,14 @@ def _compare(lengths: np.ndarray, capacity: int, overflow, strategies, targets, 
     label_masked = 0 if targets is None else int(targets.size - np.count_nonzero(targets))
     out, plans = [], []
     runs = [(str(s), s, None) for s in strategies]
-    if window_docs is not None:
-        runs.append((f"obfd, windows of {window_docs:,}", Strategy.OBFD, window_docs))
+    if window_docs is not None:  # pack --strategy S --window-docs N plans every window alone
+        runs += [(f"{s}, windows of {window_docs:,}", s, window_docs) for s in strategies]
     for label, strategy, wd in runs:
         def plan_of(multiple, strategy=strategy, wd=wd):
             return (pack_lengths(lengths, capacity, strategy=strategy, overflow=overflow,
                                  min_fill=min_fill, segment_multiple=multiple)
                     if wd is None else _windowed_plan(lengths, capacity, wd, overflow, min_fill,
-                                                      multiple))
+                                                      multiple, strategy))
 
         plan = plan_of(segment_multiple)
         plans.append(plan)
@@ -579,11 +580,12 @@ def _docs_cut(plan, written: np.ndarray, num_docs: int) -> np.ndarray:
 
 
 def _windowed_plan(lengths: np.ndarray, capacity: int, window_docs: int, overflow,
-                   min_fill: float = 0.0, segment_multiple: int = 1):
-    """One plan of every window of ``pack --window-docs``, planned alone and concatenated
-    (documents numbered globally): what the windowed pack's rows hold, without the tokens
-    (a :class:`packtool.core.packing.PackPlan`, its pieces planned to multiples of
-    ``segment_multiple``)."""
+                   min_fill: float = 0.0, segment_multiple: int = 1,
+                   strategy: Strategy = Strategy.OBFD):
+    """One plan of every window of ``pack --strategy strategy --window-docs``, each window
+    planned alone and the plans concatenated (documents numbered globally): what the windowed
+    pack's rows hold, without the tokens (a :class:`packtool.core.packing.PackPlan`, its
+    pieces planned to multiples of ``segment_multiple``)."""
     from packtool.core.packing import PackPlan, pack_lengths
     from packtool.core.windows import plan_windows
 
@@ -591,8 +593,8 @@ def _windowed_plan(lengths: np.ndarray, capacity: int, window_docs: int, overflo
     plans, counts = [], {}
     for w in range(ws.count):
         docs = ws.members(w)
-        p = pack_lengths(lengths[docs], capacity, overflow=overflow, min_fill=min_fill,
-                         segment_multiple=segment_multiple)
+        p = pack_lengths(lengths[docs], capacity, strategy=strategy, overflow=overflow,
+                         min_fill=min_fill, segment_multiple=segment_multiple)
         plans.append((p, docs))
         for k, v in p.counts.items():
             counts[k] = counts.get(k, 0) + v
@@ -1048,9 +1050,10 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
     document lengths (log-spaced bins, log axis, capacity marked); padding tokens per strategy
     (log axis: 0.1 % and 10 % both show, values written on the bars); documents cut that fit in
     one row; rows per fill level per strategy (log count). Every bar and curve is a dict of
-    :func:`compare_strategies` with the same options (``window_docs`` adds the windowed
-    ``obfd``, ``min_fill`` leaves out the rows under it, ``segment_multiple`` pads every piece
-    to a multiple of it), so the image shows the figures the
+    :func:`compare_strategies` with the same options (``window_docs`` adds each strategy in
+    windows, in its strategy's colour, its fill curve dashed; ``min_fill`` leaves out the rows
+    under it, ``segment_multiple`` pads every piece to a multiple of it), so the image shows
+    the figures the
     table prints. When no strategy writes a row the fill panel is empty on a linear axis and
     says so (:func:`_count_scale`), without a matplotlib warning.
 
@@ -1066,7 +1069,8 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
     best = least_waste(res)
     verdict = f"least waste: {best['strategy']}" if best else "no strategy writes a row"
     names = [r["strategy"] for r in res]
-    colors = [_STRATEGY_COLORS.get(n, "tab:green") for n in names]
+    # a windowing in the colour of its strategy ("obfd, windows of N": obfd's)
+    colors = [_STRATEGY_COLORS.get(n.split(",")[0], "tab:green") for n in names]
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     (ax_len, ax_pad), (ax_cut, ax_fill) = axes
     fig.suptitle(f"packtool compare: {plural(lengths.size, 'document')}, "
@@ -1094,6 +1098,9 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
     cut = [r["docs_cut_below_capacity"] for r in res]
     bars = ax_cut.bar(names, cut, color=colors)
     ax_cut.bar_label(bars, labels=[f"{c:,}" for c in cut], fontsize=8)
+    if len(names) > 3:  # the windowings' longer names side by side
+        for ax in (ax_pad, ax_cut):
+            ax.tick_params(axis="x", labelrotation=20, labelsize=8)
     ax_cut.set_ylim(0, max(cut + [1]) * 1.25)
     ax_cut.set(ylabel="documents",
                title="documents cut although they fit in one row (lower is better)")
@@ -1101,7 +1108,7 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
     edges = np.linspace(0, 100, 51)
     for r, plan, color in zip(res, plans, colors):
         ax_fill.hist(100 * plan.row_lengths() / capacity, bins=edges, histtype="step",
-                     color=color, lw=1.5, label=f"{r['strategy']} ({plural(r['rows'], 'row')})")
+                     color=color, lw=1.5, ls="--" if r["window_docs"] else "-", label=f"{r['strategy']} ({plural(r['rows'], 'row')})")
     log = _count_scale(ax_fill, any(r["rows"] for r in res))  # every row left out: empty axes
     ax_fill.set(xlabel="row fill: real tokens / C (%)", ylabel=f"rows ({log} scale)",
                 title="rows per fill level" if log == "log" else

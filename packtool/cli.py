@@ -723,8 +723,8 @@ _COMPARE_OPTIONS = [
                "counted as waste."),
     *_INPUT_OPTIONS,
     _spec("--window-docs", type=click.IntRange(min=1), default=None, metavar="N",
-          help="Also dry-run obfd in windows of N documents, as pack --window-docs deals "
-               "them."),
+          help="Also dry-run each strategy in windows of N documents, as pack --strategy S "
+               "--window-docs N deals and plans them."),
     _spec("--min-fill", type=click.FloatRange(0, 1), default=0.0, show_default=True,
           metavar="FRACTION",
           help="As pack --min-fill: each plan without its rows under FRACTION x C real "

@@ -498,8 +498,8 @@ class CompareConfig:
     skip_unsupported: bool = False
     """As :attr:`PackConfig.skip_unsupported`."""
     window_docs: int | None = None
-    """Also dry-run ``obfd`` in windows of this many documents, dealt as ``pack --window-docs``
-    deals them; None: one global plan only."""
+    """Also dry-run every strategy in windows of this many documents, dealt and planned as
+    ``pack --strategy S --window-docs`` deals and plans them; None: one global plan only."""
     min_fill: float = 0.0
     """As :attr:`PackConfig.min_fill`: each plan without its rows under the fill fraction."""
     segment_multiple: int = 1

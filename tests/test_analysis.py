@@ -209,7 +209,9 @@ def test_stats_names_the_first_shard_and_row_whose_num_targets_is_wrong(tmp_path
 def test_compare_shows_the_windowed_cost_that_pack_then_has(tmp_path):
     """``compare --window-docs N`` (and the deprecated ``stats --compare --window-docs N``)
     dry-runs the windows as ``pack --window-docs N`` deals them: the same rows, padding and
-    segments as the pack (a windowing row beside the strategies, not competing with them)."""
+    segments as the pack (a windowing row beside the strategies, not competing with them).
+    It windowed obfd alone, though ``pack --strategy concat --window-docs N`` (and ordered)
+    writes other rows than the same pack without windows: each strategy has its windowed row."""
     from packtool.config import PackConfig
     from packtool.pipeline import run_pack
 
@@ -222,21 +224,27 @@ def test_compare_shows_the_windowed_cost_that_pack_then_has(tmp_path):
     assert old.exit_code == 0, old.output
     assert json.loads(old.stdout)["strategies"] == rows
     assert [s["strategy"] for s in rows] == ["concat", "ordered", "obfd",
+                                             "concat, windows of 100",
+                                             "ordered, windows of 100",
                                              "obfd, windows of 100"]
-    win = rows[-1]
-    assert win["window_docs"] == 100 and win["windows"] == 9
-    res = run_pack(PackConfig(inputs=(str(ROOT / "sample_data"),), output=str(tmp_path / "o"),
-                              capacity=512, window_docs=100), progress=False)
-    s = res.stats
-    assert (win["rows"], win["padding_tokens"], win["segments"], win["extra_rows"]) == \
-        (s.rows, s.padding_tokens, s.segments, s.extra_rows)
-    assert win["rows"] >= rows[2]["rows"]
-    r = CliRunner().invoke(cli, ["stats", str(tmp_path / "o"), "--window-docs", "100"])
+    for i, strategy in enumerate(("concat", "ordered", "obfd")):
+        win = rows[3 + i]
+        assert win["window_docs"] == 100 and win["windows"] == 9
+        res = run_pack(PackConfig(inputs=(str(ROOT / "sample_data"),),
+                                  output=str(tmp_path / f"o_{strategy}"), capacity=512,
+                                  strategy=strategy, window_docs=100), progress=False)
+        s = res.stats
+        assert (win["rows"], win["padding_tokens"], win["segments"], win["extra_rows"]) == \
+            (s.rows, s.padding_tokens, s.segments, s.extra_rows), strategy
+    assert rows[5]["rows"] >= rows[2]["rows"]
+    # windows change concat's rows: the unwindowed row is not what the windowed pack writes
+    assert rows[3]["rows"] != rows[0]["rows"]
+    r = CliRunner().invoke(cli, ["stats", str(tmp_path / "o_obfd"), "--window-docs", "100"])
     assert r.exit_code == 2 and "--window-docs is an option of the dry run" in r.output
     # not compare of the packed output, which compare refuses: of the INPUT it was packed from
     assert "packtool compare INPUT --capacity C --window-docs 100 on the tokenized INPUT it was " \
         "packed from" in \
-        r.output and str(tmp_path / "o") not in r.output.split("run:")[-1]
+        r.output and str(tmp_path / "o_obfd") not in r.output.split("run:")[-1]
 
 
 #: figures of a compare dict that are PackStats figures of the pack with the same options
@@ -260,14 +268,13 @@ def _assert_compare_predicts_pack(got, src, out, capacity, overflow, min_fill, w
     from packtool.pipeline import run_pack
 
     rows = {r["strategy"]: r for r in got["strategies"]}
-    names = {"concat": "concat", "ordered": "ordered", "obfd": "obfd",
-             "windows": f"obfd, windows of {window_docs:,}" if window_docs else None}
-    for strategy in strategies:
-        row = rows[names[strategy]]
+    for strategy in strategies:  # "concat", ..., or "concat windows", ... ("windows": obfd's)
+        base, windowed = (strategy.split()[0] if strategy != "windows" else "obfd",
+                          strategy.endswith("windows"))
+        row = rows[f"{base}, windows of {window_docs:,}" if windowed else base]
         res = run_pack(PackConfig(inputs=(str(src),), output=str(out / strategy),
                                   capacity=capacity, overflow=overflow, min_fill=min_fill,
-                                  strategy="obfd" if strategy == "windows" else strategy,
-                                  window_docs=window_docs if strategy == "windows" else None,
+                                  strategy=base, window_docs=window_docs if windowed else None,
                                   segment_multiple=segment_multiple),
                        progress=False)
         t = read_manifest(out / strategy).totals
@@ -369,8 +376,11 @@ def test_compare_predicts_the_pack_for_every_overflow_mode_and_min_fill(tmp_path
             for min_fill in (0.0, 0.75):
                 got = _compare_json(src, "-c", C, "--overflow", overflow, "--min-fill",
                                     min_fill, "--window-docs", wd)
-                # every strategy once per input and mode, the windowed plan every time
-                strategies = (("concat", "ordered", "obfd")[case % 3], "windows")
+                # every strategy once per input and mode, with its windowed plan, and obfd's
+                # windowed plan every time
+                base = ("concat", "ordered", "obfd")[case % 3]
+                strategies = (base, "windows") + (() if base == "obfd" else
+                                                  (f"{base} windows",))
                 case += 1
                 _assert_compare_predicts_pack(got, src, tmp_path / f"o{case}", C, overflow,
                                               min_fill, wd, strategies)

@@ -235,8 +235,9 @@ def test_compare_plot_uses_log_scales_and_says_what_it_compares(monkeypatch, sam
 
 
 def test_compare_plot_shows_the_options_of_the_table(monkeypatch):
-    """--window-docs and --min-fill change the table; the plot draws the same runs (the windowed
-    obfd beside the strategies, the rows under --min-fill left out), not a default dry run."""
+    """--window-docs and --min-fill change the table; the plot draws the same runs (each
+    strategy windowed beside the strategies, in its colour, the rows under --min-fill left
+    out), not a default dry run."""
     pytest.importorskip("matplotlib")
     lengths = np.random.default_rng(3).integers(1, 300, 2_000)
     opts = dict(window_docs=300, min_fill=0.9)
@@ -249,6 +250,9 @@ def test_compare_plot_shows_the_options_of_the_table(monkeypatch):
     fill = next(ax for t, ax in axes.items() if "fill" in t)
     assert [t.get_text() for t in padding.get_xticklabels()] == [r["strategy"] for r in rows]
     assert "obfd, windows of 300" in [t.get_text() for t in padding.get_xticklabels()]
+    assert "concat, windows of 300" in [t.get_text() for t in padding.get_xticklabels()]
+    colour = {r["strategy"]: b.get_facecolor() for r, b in zip(rows, padding.patches)}
+    assert all(colour[f"{s}, windows of 300"] == colour[s] for s in ("concat", "ordered", "obfd"))
     assert [round(b.get_height()) for b in padding.patches] == [r["padding_tokens"] for r in rows]
     assert len(fill.patches) == len(rows)  # one fill curve a run
     assert [lg.get_text() for lg in fill.get_legend().get_texts()] == \
