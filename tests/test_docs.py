@@ -445,3 +445,25 @@ def test_usage_options_table_lists_every_pack_option():
                if o.startswith("--") and f"`{o}" not in table and f" {o}" not in table
                and o not in ("--help",)]
     assert not missing, missing
+
+
+@pytest.mark.parametrize("command", ["pack", "compare"])
+def test_usage_says_what_pack_and_compare_do_with_a_column_of_floats(tmp_path, command):
+    """docs/usage.md said of --column that "a list of floats is cast to integers first", but
+    pack and compare refuse a list<double> column, telling how to cast it: the row says that,
+    in the words of the message."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from click.testing import CliRunner
+
+    src = tmp_path / "f.parquet"
+    pq.write_table(pa.table({"input_ids": pa.array([[1.0, 2.0], [3.0]],
+                                                   pa.list_(pa.float64()))}), src)
+    args = ([command, str(src), str(tmp_path / "o")] if command == "pack"
+            else [command, str(src)]) + ["-c", "4"]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 1 and "token ids are integers: cast the column first" in res.output
+    doc = (ROOT / "docs" / "usage.md").read_text()
+    row = next(ln for ln in doc.splitlines() if ln.startswith("| `--column NAME` |"))
+    assert "cast to integers first" not in row
+    assert "is refused" in row and "token ids are integers: cast the column first" in row
