@@ -666,6 +666,7 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
     empty = int((lengths == 0).sum())  # pack skips them: stats counts the others
     if as_json:
         kept = analysis.overflow_kept(rows, tokens)
+        best = analysis.least_waste(rows)  # the strategy the text's last line names
         click.echo(json.dumps({"capacity": cfg.capacity, "documents": int(lengths.size),
                                "documents_empty": empty,
                                "tokens": tokens, "overflow": cfg.overflow.value,
@@ -674,6 +675,7 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
                                "documents_over_capacity": over, "tokens_kept": kept,
                                "lower_bound_rows": -(-kept // cfg.capacity),
                                "strategies": rows,
+                               "least_waste": best["strategy"] if best else None,
                                "inputs_not_read": docs.discovery.skipped,
                                "input_notes": docs.discovery.notes,
                                "input_columns_unused": docs.columns.unused,

@@ -712,6 +712,30 @@ def test_least_waste_ties_go_to_more_targets_then_fewer_cuts():
     assert least_waste([a, dict(a, strategy="c")])["strategy"] == "a"
 
 
+@pytest.mark.parametrize("docs, args", [
+    ([[5] * 100, [6] * 4000], ("-c", 2048)),  # the tie that goes to ordered's target
+    ([list(range(1, 9))] * 3 + [[1, 2, 3]], ("-c", 8)),
+    ([[1, 2, 3]] * 3, ("-c", 4, "--min-fill", 1)),  # concat alone writes rows
+    ([[1, 2, 3]] * 3, ("-c", 2, "--overflow", "drop")),  # no strategy writes a row: null
+    ([[1, 2, 3, 4, 5]] * 2, ("-c", 4, "--overflow", "truncate", "--window-docs", 1)),
+])
+def test_compare_json_names_the_strategy_the_text_names_least_waste(tmp_path, docs, args):
+    """compare's text names the strategy that wastes least and its --json did not: its
+    ``least_waste`` is that strategy, from the same function (null when the text names none);
+    a windowing is never it."""
+    from conftest import write_docs
+
+    src = write_docs(tmp_path / "in.parquet", docs)
+    got = _compare_json(src, *args)
+    verdict = [ln for ln in _verdict([src, *args]).splitlines()
+               if ln.startswith(("least waste: ", "least padding: "))]
+    named = verdict[0].split(": ", 1)[1].split(" (", 1)[0] if verdict else None
+    assert got["least_waste"] == named
+    assert named is None or named in ("concat", "ordered", "obfd")
+    if docs[0] == [5] * 100:
+        assert named == "ordered"
+
+
 def test_stats_text_shows_masked_labels_and_added_eos(tmp_path):
     """stats printed "effective targets 2 (0.5000 per real token)" without the masks that
     explain it; the JSON had tokens_label_masked. Plurals come from one helper."""

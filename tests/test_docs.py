@@ -467,3 +467,63 @@ def test_usage_says_what_pack_and_compare_do_with_a_column_of_floats(tmp_path, c
     row = next(ln for ln in doc.splitlines() if ln.startswith("| `--column NAME` |"))
     assert "cast to integers first" not in row
     assert "is refused" in row and "token ids are integers: cast the column first" in row
+
+
+def _json_keys(d, skip=(), names=None) -> set:
+    """Every key of a JSON report, at any depth (a key of ``skip`` is kept, its value's keys,
+    which are data, not names, left out; ``mismatches``' keys are field names, its entries'
+    keys are kept)."""
+    names = set() if names is None else names
+    if isinstance(d, dict):
+        for k, v in d.items():
+            names.add(k)
+            if k in skip:
+                continue
+            if k == "mismatches":
+                for entry in v.values():
+                    _json_keys(entry, skip, names)
+            else:
+                _json_keys(v, skip, names)
+    elif isinstance(d, list):
+        for v in d:
+            _json_keys(v, skip, names)
+    return names
+
+
+def test_stats_doc_describes_every_key_of_stats_and_compare_json(tmp_path):
+    """docs/stats.md left keys of ``stats --json`` (``documents``, ``fill_histogram``,
+    ``integrity``, ``per_bin_rows_listed``...) and ``compare --json`` (``tokens_processed``,
+    ``input_masks``...) undescribed: every key either report prints, at any depth, is named
+    there (in backticks), with the options that add keys (``--per-bin``, ``--source-column``,
+    ``--window-docs``) and a recount that disagrees with the manifest."""
+    import json
+
+    from click.testing import CliRunner
+
+    out = tmp_path / "o"
+    run = CliRunner().invoke(cli, ["pack", "-q", "-c", "2048", "--source-column", "source",
+                                   str(ROOT / "sample_data"), str(out)])
+    assert run.exit_code == 0, run.output
+    got = CliRunner().invoke(cli, ["stats", "--json", "--per-bin", "--per-bin-limit", "2",
+                                   str(out)])
+    assert got.exit_code == 0, got.output
+    keys = _json_keys(json.loads(got.stdout))
+    got = CliRunner().invoke(cli, ["compare", "--json", "-c", "2048", "--window-docs", "100",
+                                   str(ROOT / "sample_data")])
+    assert got.exit_code == 0, got.output
+    keys |= _json_keys(json.loads(got.stdout), skip=("input_columns_unused",))
+    # a recount that disagrees with the manifest: its entry's keys
+    from packtool.analysis import analyze_packed
+
+    a = analyze_packed(out, check_hashes=False)
+    a.mismatches["rows"] = (1, 2)
+    a.mismatch_where["rows"] = "part-00000.parquet row 0"
+    keys |= _json_keys(a.to_dict())
+    doc = (ROOT / "docs" / "stats.md").read_text()
+    named = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", doc))
+    assert not sorted(keys - named), sorted(keys - named)
+    for key in ("documents", "fill_histogram", "integrity", "full_attention_work",
+                "per_bin_rows_listed", "segment_targets", "tokens_processed",
+                "attention_work_full_rows", "documents_over_capacity", "input_masks",
+                "least_waste"):
+        assert key in keys, key  # the keys found missing are those of the reports
