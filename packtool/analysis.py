@@ -1108,7 +1108,8 @@ def plot_compare(lengths: np.ndarray, capacity: int, out: str | os.PathLike,
     edges = np.linspace(0, 100, 51)
     for r, plan, color in zip(res, plans, colors):
         ax_fill.hist(100 * plan.row_lengths() / capacity, bins=edges, histtype="step",
-                     color=color, lw=1.5, ls="--" if r["window_docs"] else "-", label=f"{r['strategy']} ({plural(r['rows'], 'row')})")
+                     color=color, lw=1.5, ls="--" if r["window_docs"] else "-",
+                     label=f"{r['strategy']} ({plural(r['rows'], 'row')})")
     log = _count_scale(ax_fill, any(r["rows"] for r in res))  # every row left out: empty axes
     ax_fill.set(xlabel="row fill: real tokens / C (%)", ylabel=f"rows ({log} scale)",
                 title="rows per fill level" if log == "log" else
