@@ -9,6 +9,7 @@ exact resume) reads whole row groups in a seeded order; this class is for random
 
 from __future__ import annotations
 
+import operator
 import os
 import weakref
 from collections import OrderedDict
@@ -144,15 +145,22 @@ class PackedDataset:
         """Row ``index`` (global, manifest order; negative counts from the end).
 
         Raises:
-            TypeError: not an integer (a float or a bool, as a list refuses them; NumPy
-                integers are accepted).
+            TypeError: not an integer (a float, as a list refuses it, or a bool); an integer
+                of NumPy or a one-element integer tensor (what torch's samplers such as
+                ``SubsetRandomSampler`` yield) is accepted, as a list accepts it.
             IndexError: out of range.
         """
         n = len(self)
-        if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)):
+        boolean = isinstance(index, (bool, np.bool_)) or str(getattr(index, "dtype", "")) in (
+            "bool", "torch.bool")
+        try:
+            i = None if boolean else operator.index(index)
+        except TypeError:
+            i = None
+        if i is None:
             raise TypeError(f"row indexes are integers, not {type(index).__name__} "
                             f"({index!r})")
-        i = int(index)
+        index = i
         if i < 0:
             i += n
         if not 0 <= i < n:

@@ -45,6 +45,28 @@ def test_row_indexes_are_integers(many_groups):
     assert ds[np.int32(-1)]["index"] == len(ds) - 1
 
 
+def test_row_indexes_from_torch_samplers_are_taken(many_groups):
+    """SubsetRandomSampler(torch.arange(n)) and sampler=torch.randperm(n) yield 0-d integer
+    tensors, which a list takes as indexes: the dataset refused them ("row indexes are
+    integers, not Tensor"), so such a DataLoader failed at its first batch. A float, a bool
+    or a bool tensor is still refused."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, SubsetRandomSampler
+
+    from packtool.loader import collate
+
+    ds = PackedDataset(many_groups)
+    assert ds[torch.tensor(3)]["index"] == 3 and ds[torch.tensor(-1)]["index"] == len(ds) - 1
+    for bad in (torch.tensor(True), torch.tensor(2.0)):
+        with pytest.raises(TypeError, match="row indexes are integers"):
+            ds[bad]
+    picked = torch.arange(10)
+    for sampler in (SubsetRandomSampler(picked), torch.randperm(10)):
+        dl = DataLoader(ds, batch_size=3, sampler=sampler, collate_fn=collate)
+        seen = sorted(i for b in dl for i in b["index"])
+        assert seen == list(range(10)), seen
+
+
 def test_repeated_rows_counts_every_phase_of_the_epoch(many_groups):
     """4 ranks x 2 workers (3 even-up repeats of 153 rows) stop after 5 rows per worker; one
     process without workers reads the rest: the epoch's duplicates over both runs are what
