@@ -582,25 +582,35 @@ class PackedIterableDataset(IterableDataset):
             first = next(it)
         except StopIteration:
             return
-        B = _fetch_batch_size(self)
+        B, dropping = _fetch_batching(self)
         q = rank_rows(plan.length(), self.world_size, self.drop_last)
+        runs = [worker_bounds(q, w, num_workers) for w in range(num_workers)]
+        fix = ("pass PackedIterableDataset(..., dataloader_batch_size=<the DataLoader's "
+               "batch_size>)")
         if B is None:
-            extra, say = num_workers - 1, f"up to {num_workers - 1}"
+            extra, said = num_workers - 1, None
+        elif dropping:  # each worker drops its own partial batch: fewer batches, rows unread
+            made = sum((b - a) // B for a, b in runs)
+            extra = q // B - made
+            said = (f"with {num_workers} DataLoader workers each dropping its own partial "
+                    f"batch (drop_last=True), a DataLoader batching these rows yields "
+                    f"{extra} batch{'es' if extra != 1 else ''} fewer than len(DataLoader) and leaves "
+                    f"{q - B * made:,} of this rank's {q:,} rows unread this epoch ({q % B:,} "
+                    f"without workers): {fix}")
         else:
-            runs = [worker_bounds(q, w, num_workers) for w in range(num_workers)]
             extra = sum(-(-(b - a) // B) for a, b in runs) - -(-q // B)
-            say = str(extra)
+            said = None
         if extra > 0 and not int(self._epoch_box[_WARNED]):
             self._epoch_box[_WARNED] = 1
             import warnings
 
-            warnings.warn(
+            say = f"up to {num_workers - 1}" if B is None else str(extra)
+            warnings.warn(said or (
                 f"with {num_workers} DataLoader workers each ending on its own partial batch, "
                 f"a DataLoader batching these rows yields {say} "
                 f"batch{'es' if extra != 1 else ''} more than len(DataLoader), and a loop sized "
-                "by that length (the Hugging Face Trainer, an LR schedule) leaves their rows "
-                "out: pass PackedIterableDataset(..., dataloader_batch_size=<the DataLoader's "
-                "batch_size>)", stacklevel=2)
+                f"by that length (the Hugging Face Trainer, an LR schedule) leaves their rows "
+                f"out: {fix}"), stacklevel=2)
         yield first
         yield from it
 
@@ -920,10 +930,10 @@ _BOARD = 64
 #: or looked at by set_epoch), 1 when it was finished, and the epoch + 1 of the latest epoch
 #: a copy yielded a row of since that load.
 _LOADED, _LOADED_END, _YIELDED_EPOCH = 3 + _BOARD, 4 + _BOARD, 5 + _BOARD
-def _fetch_batch_size(dataset) -> int | None:
+def _fetch_batching(dataset) -> tuple[int | None, bool]:
     """The batch size of the torch DataLoader fetcher asking ``dataset`` for rows now (the
-    length of the index list its ``fetch`` holds), found among the frames above the caller;
-    None when no such fetcher is found."""
+    length of the index list its ``fetch`` holds) and its ``drop_last``, found among the frames
+    above the caller; (None, False) when no such fetcher is found."""
     from torch.utils.data._utils.fetch import _IterableDatasetFetcher
 
     f = sys._getframe(1)
@@ -933,12 +943,13 @@ def _fetch_batch_size(dataset) -> int | None:
         owner = f.f_locals.get("self")
         if isinstance(owner, _IterableDatasetFetcher) and owner.dataset is dataset:
             index = f.f_locals.get("possibly_batched_index")
+            dropping = bool(getattr(owner, "drop_last", False))
             try:
-                return len(index) if owner.auto_collation else None
+                return (len(index) if owner.auto_collation else None), dropping
             except TypeError:
-                return None
+                return None, dropping
         f = f.f_back
-    return None
+    return None, False
 
 
 #: Set once a DataLoader worker warned that its rows lack ``dataloader_batch_size``.

@@ -142,6 +142,37 @@ def test_without_it_several_workers_yield_more_batches_and_warn_once(rows_120):
             assert got == len(dl) + (i == 3), dl_kw  # a warning exactly where one more came
 
 
+@pytest.mark.parametrize("B,K,batches,read", [(27, 2, 0, 0), (5, 3, 3, 15), (5, 2, 4, 20)])
+def test_drop_last_in_several_workers_warns_of_the_rows_left_unread(tmp_path, B, K, batches,
+                                                                    read):
+    """27 rows, DataLoader(drop_last=True) batching them in K workers: each worker drops its
+    own partial batch, so fewer batches than len(DataLoader) come and up to K * (B - 1) rows
+    go unread (B = 27, K = 2: an empty epoch). The warning said "1 batch more than
+    len(DataLoader)" (B = 27) or nothing; it now says how many batches fewer and how many rows
+    unread; with dataloader_batch_size=B every batch of len(DataLoader) comes, no warning."""
+    src = write_input(tmp_path / "in", [list(range(1, 9))] * 27)
+    out = pack(src, tmp_path / "out", 8)  # 27 rows of one document each
+    from packtool.loader.distributed import _WARNED
+
+    ds = PackedIterableDataset(out, seed=3)
+    assert len(ds) == 27
+    dl = DataLoader(ds, batch_size=B, num_workers=K, collate_fn=collate, drop_last=True)
+    got = list(dl)
+    assert (len(got), len(indices(got))) == (batches, read) and int(ds._epoch_box[_WARNED])
+    fewer = len(dl) - batches
+    _, err = run_loader(out, {}, {"batch_size": B, "num_workers": K, "drop_last": True})
+    said = [x for x in err.splitlines() if "dataloader_batch_size=" in x]
+    assert len(said) == 1 and "more than len(DataLoader)" not in said[0], err
+    assert (f"yields {fewer} batch{'es' if fewer != 1 else ''} fewer than len(DataLoader) and "
+            f"leaves {27 - read} of this rank's 27 rows unread this epoch ({27 % B} without "
+            "workers)") in said[0], said[0]
+    whole = PackedIterableDataset(out, seed=3, dataloader_batch_size=B)
+    dl = DataLoader(whole, batch_size=B, num_workers=K, collate_fn=collate, drop_last=True)
+    got = list(dl)
+    assert len(got) == len(dl) and len(indices(got)) == B * len(dl)
+    assert not int(whole._epoch_box[_WARNED])
+
+
 @pytest.mark.parametrize("bad", [0, -2, True, 2.0, "8"])
 def test_bad_values_are_refused(rows_120, bad):
     with pytest.raises(ValueError, match="dataloader_batch_size must be a positive integer"):
