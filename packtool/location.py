@@ -677,9 +677,13 @@ class StoreURI(Location):
             root = f"{self.scheme}://{base}" + (f"?{query}" if query else "")
             try:
                 fs, inner = from_uri(root)
-            except ValueError as exc:
-                raise OSError(f"{self.display}: cannot open this location ({first_line(exc)}); "
-                              "check the URI and the credentials in the environment") from None
+            except ValueError as exc:  # worded once here: readers pass a StoreError on
+                said = first_line(exc)
+                fix = ("check the spelling of the URI's options (docs/reading.md lists them)"
+                       if "query parameter" in said.lower() or "option" in said.lower()
+                       else "check the URI and the credentials in the environment")
+                raise StoreError(f"{self.display}: cannot open this location ({said}); "
+                                 f"{fix}") from None
             got = (fs, inner.rstrip("/"))
             with _FS_LOCK:
                 got = _FS.setdefault(cache_key, got)

@@ -484,6 +484,31 @@ def test_an_unreachable_store_gets_one_line_naming_the_endpoint_fix(tmp_path, mo
     assert f"127.0.0.1:{port}" in lines[0] and "endpoint_override" in lines[0]
 
 
+def test_a_misspelt_uri_option_is_named_once_with_its_fix(tmp_path):
+    """A URI option pyarrow does not know (``endpoint_overide``): stats, pack and the loader
+    said the URI and "check the URI and the credentials" twice, in a line wrapped in another;
+    now one line each: the URI, pyarrow's words naming the option, and to check the
+    options' spelling."""
+    from packcheck import invoke
+
+    uri = "s3://corpus/packed/?endpoint_overide=127.0.0.1:9&scheme=http"
+    shown = "s3://corpus/packed?endpoint_overide=127.0.0.1:9&scheme=http"
+    want = (f"{shown}: cannot open this location (Unexpected query parameter in S3 URI: "
+            "'endpoint_overide'); check the spelling of the URI's options (docs/reading.md "
+            "lists them)")
+    for args in (["stats", uri], ["pack", "-c", 8, uri, tmp_path / "out"]):
+        res = invoke(args)
+        assert res.exit_code == 1, res.output
+        assert res.output.strip().splitlines() == [f"Error: {want}"], res.output
+    pytest.importorskip("torch")
+    from packtool.errors import InputError
+    from packtool.loader import PackedDataset
+
+    with pytest.raises(InputError) as err:
+        PackedDataset(uri)
+    assert str(err.value) == want
+
+
 @pytest.fixture(scope="module")
 def s3_checking_credentials():
     """A second local S3 server that checks credentials (moto's INITIAL_NO_AUTH_ACTION_COUNT=0):
