@@ -62,6 +62,14 @@ _ACT_BYTES_PER_TOKEN = 32 << 10
 #: bytes per C x C element of a dense mask pass (the bool mask, its intermediates and SDPA's
 #: additive copy; measured about 5 at C = 16,384)
 _MASK_BYTES_PER_PAIR = 6
+#: copies of one layer's float32 attention scores [H, C, C] that a Hugging Face model's eager
+#: attention keeps for the backward: the softmax's output, and the scores before it where the
+#: model soft-caps them (tanh, as Gemma 2 does)
+_EAGER_SAVED_PER_LAYER = 2
+#: copies of [H, C, C] alive at once beside those: an operation's input and output in the
+#: forward (scaling, soft-capping, the mask added, the softmax), the gradients in the backward.
+#: Gemma 2 shrunk (2 layers, 4 heads) measured 2.5 forward only, 6 forward + backward at once
+_EAGER_TRANSIENT = 3
 
 
 @dataclass(frozen=True)
@@ -621,9 +629,44 @@ class HFRunner(Runner):
         return leak_message(self.config if self.config is not None else self.model.config,
                             located, self.refused, attention_need=need)
 
-    def row_bytes(self, capacity: int) -> int:
-        # transformers builds the packed-sequence mask itself (bool and float copies)
-        return capacity * _ACT_BYTES_PER_TOKEN + 2 * _MASK_BYTES_PER_PAIR * capacity * capacity
+    def row_bytes(self, capacity: int, backward: bool = True) -> int:
+        """Estimated bytes of one row's packed forward (+ backward) at capacity C (tokens):
+        the activations, the packed-sequence mask transformers builds (bool and float copies),
+        and, for the attention implementation the model runs (:func:`attention_scores`),
+        the per-head score matrices it holds: eager attention keeps float32 [H, C, C] scores
+        per layer for the backward (:data:`_EAGER_SAVED_PER_LAYER`) beside those alive at once
+        (:data:`_EAGER_TRANSIENT`); SDPA with an ALiBi bias (Falcon) adds it to a float mask of
+        one [C, C] per head (and a copy). ``backward=False``: a forward without gradients (the
+        far-token probe)."""
+        pairs = capacity * capacity
+        out = capacity * _ACT_BYTES_PER_TOKEN + 2 * _MASK_BYTES_PER_PAIR * pairs
+        impl, heads, layers, alibi = attention_scores(self.model)
+        if impl == "eager":
+            copies = _EAGER_TRANSIENT + (_EAGER_SAVED_PER_LAYER * layers if backward else 0)
+            out += 4 * heads * copies * pairs
+        elif alibi:
+            out += 4 * heads * 2 * pairs
+        return out
+
+
+def attention_scores(model) -> tuple[str, int, int, bool]:
+    """What decides the attention memory of a Hugging Face ``model`` per C x C pair:
+    ``(implementation, heads, layers, alibi)``: the attention implementation its language model
+    runs (``eager``, ``sdpa``...; ``sdpa`` when the config does not say), the most query heads
+    its config gives a layer, its decoder layers
+    (:func:`~packtool.verify.hf_model.decoder_layers`, at least 1) and whether it adds an ALiBi
+    bias (a config's ``alibi``)."""
+    from packtool.verify.hf_model import decoder_layers
+
+    cfg = model.config
+    text = cfg.get_text_config() if callable(getattr(cfg, "get_text_config", None)) else cfg
+    impl = (getattr(text, "_attn_implementation", None)
+            or getattr(cfg, "_attn_implementation", None) or "sdpa")
+    heads = [getattr(text, k, None) for k in ("num_attention_heads", "n_head", "n_heads",
+                                             "num_heads")]
+    heads = max([h for h in heads if isinstance(h, int) and h > 0], default=4)
+    layers = max(1, len(decoder_layers(model)))
+    return str(impl), heads, layers, getattr(text, "alibi", False) is True
 
 
 class ModelRunner(HFRunner):
