@@ -18,6 +18,7 @@ skipped, or no row holding two documents all give a non-zero exit).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from typing import Callable, Iterable
@@ -143,6 +144,23 @@ def _longest_span(reader) -> int:
         if len(v):
             longest = max(longest, int(np.max(v)))
     return longest
+
+
+def _later_documents(reader) -> tuple[int, int]:
+    """:func:`~packtool.verify.contract.later_documents` over every row of the output, reading
+    ``doc_ids`` and ``cu_seqlens`` alone (with ``--segment-multiple`` also
+    ``cu_seqlens_unpadded``): ``(start, end)`` in tokens, ``(0, 0)`` when no row holds two
+    documents."""
+    from packtool.verify.contract import later_documents
+
+    cols = ["doc_ids", "cu_seqlens"]
+    if "cu_seqlens_unpadded" in reader.columns:
+        cols.append("cu_seqlens_unpadded")
+    start = end = 0
+    for block in reader.iter_blocks(cols):
+        a, b = later_documents(block.ragged, reader.capacity)
+        start, end = max(start, a), max(end, b)
+    return start, end
 
 
 def _say(progress, msg):
@@ -296,6 +314,9 @@ def run_verify(
     if n_rows == 0:
         return report
     window = _window_tokens(reader.capacity, row_window)
+    # where the output's documents after a row's first lie at the farthest (start, end); None:
+    # not known from the rows scanned (read from cu_seqlens when the far-token probe asks)
+    reach = None
 
     # 1. the column contract
     _say(progress, "verify: data: checking the column contract of "
@@ -319,6 +340,7 @@ def run_verify(
         multi = np.flatnonzero(seg >= 2)
         targeted = scan.target_rows()
         report.multi_doc_rows = bool(multi.size)
+        reach = (scan.far_start, scan.far_end)  # every row scanned: the output's own
         # what the output holds for the loss and gradient checks to measure
         has_targets = bool(targeted.size)
         # grad_zero_padding measures a window holding both padding and a target
@@ -398,9 +420,11 @@ def run_verify(
         return report
 
     report.indices = [int(i) for i in idx]
+    if report.multi_doc_rows is False:
+        reach = (0, 0)
     _run_models(report, reader, [int(i) for i in idx], reader.capacity, convention, explicit,
                 backends, wanted, seed, batch_size, compile, attend_overrides or {}, device,
-                max_memory, progress, label_masked, window, hf_config, scan.bad)
+                max_memory, progress, label_masked, window, hf_config, scan.bad, reach)
     from packtool.verify.equivalence import NO_PADDED_TARGETS, NO_PADDING, NO_TARGETS
 
     # a check the output gives nothing to look at (no padding in the rows run; no boundary
@@ -501,13 +525,15 @@ def row_window_ok(window: int) -> bool:
 
 def _run_models(report, reader, idx, capacity, convention, explicit, backends, wanted, seed,
                 batch_size, compile, overrides, device, max_memory, progress, label_masked,
-                window, hf_config=None, contract_bad=None):
+                window, hf_config=None, contract_bad=None, reach=None):
     """Run the sampled rows (their row windows of ``window`` tokens) through every backend and
     add the model checks to ``report``.
 
     ``contract_bad`` is the column scan's ``{check: [(where, message)]}`` (every column check,
     asked for or not): a model check that fails on rows breaking the contract blames the data,
-    also when ``--check`` left the column check that found it out of the report.
+    also when ``--check`` left the column check that found it out of the report. ``reach``:
+    ``(start, end)`` of the output's documents after a row's first, at the farthest
+    (:func:`~packtool.verify.contract.later_documents`); None: read when needed.
     """
     from packtool.verify import has_cuda, require_torch
 
@@ -569,9 +595,11 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
     unasked = _unasked_faults(report, contract_bad or {})
     row_faults = _row_faults(report, contract_bad or {})
     reported = {r.check for r in report.results if r.backend == "data"}
+    reached = 0  # the farthest end (tokens) of a document after a window's first, run below
     if window < capacity:
         items = [w for it in items for w in row_windows(it, window)]
         report.windows = len(items)
+        reached = max((b for it in items for _, b in _spans(it)[1:]), default=0)
         report.notes.append(f"{plural(len(idx), 'row')} in batches of {B}; the model checks on "
                             f"{plural(len(items), 'window')} of {window} of their {capacity} "
                             "tokens "
@@ -682,9 +710,13 @@ def _run_models(report, reader, idx, capacity, convention, explicit, backends, w
               and res.get("logits_match") is not None
               and res["logits_match"].status == PASS):
             _windows_below_switch(res["logits_match"], runner, window, longest)
-            if res["logits_match"].status == PASS:
+            if (res["logits_match"].status == PASS
+                    and getattr(runner, "config", None) is not None):
+                if reach is None:
+                    reach = _later_documents(reader)
                 _windows_before_far_tokens(res["logits_match"], runner, window, capacity,
-                                           longest, budget.bytes, seed)
+                                           longest, budget, seed, reach, reached,
+                                           res.get("isolation"), report.warnings)
         elif leaked and leak_probe is not None and hasattr(runner, "diagnose"):
             try:
                 why = runner.diagnose(*leak_probe)
@@ -725,21 +757,29 @@ def _windows_below_switch(lm, runner, window: int, longest: int) -> None:
                   + " (--row-window 0 measures it)")
 
 
-def place_probe(runner, capacity: int, longest: int, seed: int) -> tuple[float, float, int]:
-    """How far the logits of a short document at the end of a full row of C tokens are from
-    the same document's alone: the effect of a token's index in the row (ALiBi built from the
-    token's index, as Falcon and BLOOM build it), which row windows, whose tokens sit at
-    indices below the window, never reach.
+def place_probe(runner, capacity: int, longest: int, seed: int, start: int | None = None,
+                end: int | None = None) -> tuple[float, float, int]:
+    """How far the logits of a document placed late in a full row of C tokens are from the same
+    document's alone: the effect of a token's index in the row (ALiBi built from the token's
+    index, as Falcon and BLOOM build it), which row windows, whose tokens sit at indices below
+    the window, never reach.
 
     The row is documents of ``longest`` tokens back to back (positions restarting in each, as
-    training feeds the output's longest spans), then one of L = min(64, longest, C // 2)
-    tokens ending at token C - 1; one forward pass without gradients.
+    training feeds the output's longest spans), then the probed document, ending at token
+    ``end`` - 1 and starting at ``start`` or before, so that it holds L = min(64, longest,
+    C // 2) tokens or more, then documents of ``longest`` tokens again up to C; one forward
+    pass without gradients, and one of the document alone.
 
     Args:
         runner: a :class:`~packtool.verify.runners.Runner` (``forward``, ``reference``).
         capacity: C of the output's rows (tokens); longest: the output's longest span
             (tokens, >= 1).
         seed: random token ids from this seed.
+        start: the farthest first token (index in the row) the document may take: the
+            output's farthest document start (:func:`~packtool.verify.contract.later_documents`);
+            None: ``end`` - L.
+        end: one past the document's last token (tokens, <= C): the farthest end of the
+            output's documents after a row's first; None: C.
 
     Returns:
         (largest absolute difference of the document's float32 logits, the runner's tolerance
@@ -750,9 +790,14 @@ def place_probe(runner, capacity: int, longest: int, seed: int) -> tuple[float, 
 
     torch = require_torch()
     L = max(1, min(64, longest, capacity // 2))
-    start = capacity - L
-    lengths = [longest] * (start // longest) + ([start % longest] if start % longest else [])
-    lengths.append(L)
+    end = capacity if end is None else max(1, min(int(end), capacity))
+    first = end - L if start is None else min(int(start), end - L)
+    first = max(first, end - max(longest, 1), 1 if end > 1 else 0)  # a document the output holds
+
+    def fill(n):
+        return [longest] * (n // longest) + ([n % longest] if n % longest else [])
+
+    lengths = fill(first) + [end - first] + fill(capacity - end)
     seg = np.repeat(np.arange(1, len(lengths) + 1, dtype=np.int32), lengths)
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, runner.vocab, (capacity,), generator=g, dtype=torch.int32)
@@ -760,38 +805,77 @@ def place_probe(runner, capacity: int, longest: int, seed: int) -> tuple[float, 
         ids = torch.where(ids == runner.reserved, (ids + 1) % runner.vocab, ids)
     batch = collate([{"input_ids": ids.numpy(), "segment_ids": seg}])
     with torch.no_grad():
-        packed = runner.forward(runner.embed(batch["input_ids"]), batch)[0, start:].float()
-        alone = runner.reference([batch["input_ids"][0, start:]], 0)[0].float()
+        packed = runner.forward(runner.embed(batch["input_ids"]), batch)[0, first:end].float()
+        alone = runner.reference([batch["input_ids"][0, first:end]], 0)[0].float()
     diff = float((packed.to(alone.device) - alone).abs().max())
-    return diff, runner.tolerance(float(alone.abs().max())), start
+    return diff, runner.tolerance(float(alone.abs().max())), first
 
 
-def _windows_before_far_tokens(lm, runner, window: int, capacity: int, longest: int,
-                               budget_bytes: int, seed: int) -> None:
+def _windows_before_far_tokens(lm, runner, window: int, capacity: int, longest: int, budget,
+                               seed: int, reach: tuple[int, int], reached: int, isolation,
+                               warnings: list) -> None:
     """Fail ``lm`` (a passed ``logits_match`` of the ``hf`` backend of ``--hf-config`` on row
-    windows) when the user's model gives a document at the end of a whole row other logits
-    than alone (:func:`place_probe`): the windows' tokens sit at indices below ``window``,
-    whole rows reach C - 1. Other backends are packtool's own model, whose output follows
-    ``position_ids`` alone; a probe row that does not fit the memory budget is said in the
-    figures."""
+    windows) when the user's model gives a document where the output's own documents sit in a
+    whole row other logits than alone (:func:`place_probe`): the windows' tokens sit at indices
+    below ``window``, whole rows reach C - 1. Other backends are packtool's own model, whose
+    output follows ``position_ids`` alone.
+
+    ``reach`` is ``(start, end)`` of the output's documents after a row's first, at the
+    farthest (:func:`~packtool.verify.contract.later_documents`): with none (one document per
+    row, every document at token 0 as alone), or none ending past ``reached`` (the farthest end
+    of a document after a window's first in the windows run), there is nothing to probe; the
+    probe's document starts at ``start`` or before and ends at ``end`` - 1. A probe row that
+    does not fit ``budget`` (a :class:`~packtool.verify.runners.MemoryBudget`) is said in the
+    figures and as one of the report's ``warnings``, naming the ``--max-memory`` it needs.
+    ``isolation`` (the backend's result, or None when not run) words the failure."""
     from packtool.verify.equivalence import place_effect
 
     if getattr(runner, "config", None) is None:
         return
-    if runner.row_bytes(capacity) > budget_bytes:
-        lm.figures["far_tokens"] = (f"not probed: a row of {capacity} tokens does not fit the "
-                                    "memory budget (--row-window 0 with more memory measures it)")
+    far_start, far_end = reach
+    lm.figures["far_start"] = far_start
+    if far_start <= 0:
+        lm.figures["far_tokens"] = ("not probed: no row holds two documents, so every document "
+                                    "starts at token 0, as alone")
         return
-    diff, tol, start = place_probe(runner, capacity, longest, seed)
+    if far_end <= reached:
+        lm.figures["far_tokens"] = (f"not probed: the output's later documents end by token "
+                                    f"{far_end - 1}, within the windows run (to token "
+                                    f"{reached - 1})")
+        return
+    need = runner.row_bytes(capacity, backward=False)
+    if need > budget.bytes:
+        size = (f"{math.ceil(need / (1 << 20))}M" if need < 1 << 30
+                else f"{math.ceil(need / (1 << 30) * 10) / 10:g}G")
+        lm.figures["far_tokens"] = (f"not probed: a row of {capacity} tokens needs about "
+                                    f"{size}, over the memory budget")
+        warnings.append(
+            f"{runner.name}: the far-token probe did not run: one forward of a whole row of "
+            f"{capacity} tokens needs about {size}, over the memory budget {budget}, so a model "
+            "whose output follows a token's index in the row (ALiBi) could pass these windows "
+            f"of {window} tokens and still differ on whole rows; pass --max-memory {size} or "
+            "more to probe it")
+        return
+    diff, tol, start = place_probe(runner, capacity, longest, seed, start=far_start,
+                                   end=far_end)
+    lm.figures["far_tokens_start"] = start
     lm.figures["far_tokens_max_abs_diff"] = float(f"{diff:.3g}")
     if diff <= tol:
         return
+    effect = place_effect(runner.batch_position_effect())
+    if isolation is not None and isolation.status == PASS:
+        why = "though no document reads another (isolation passed): " + effect
+    else:
+        did = ("was not run (--check left it out)" if isolation is None
+               else "was skipped" if isolation.status == SKIP else "failed")
+        why = (f"and isolation {did}, so a leak between documents is not ruled out; if no "
+               "document reads another, " + effect)
     lm.status, lm.where = FAIL, None  # no measured window shows it: a whole row does
     lm.message = (f"the windows of {window} tokens run through the model keep each token at an "
                   f"index below {window}, but in a whole row of {capacity} tokens a document "
-                  f"starting at token {start} gets logits that differ by {diff:.3g} (> {tol:.3g}) "
-                  "from its own alone, though no document reads another (isolation passed): "
-                  + place_effect(runner.batch_position_effect())
+                  f"starting at token {start} (the output's later documents start by token "
+                  f"{far_start} and reach token {far_end - 1}) gets logits that differ by "
+                  f"{diff:.3g} (> {tol:.3g}) from its own alone, " + why
                   + " (--row-window 0 measures it on the output's rows)")
 
 

@@ -46,7 +46,7 @@ from packtool.stats import plural
 __all__ = ["CONTRACT_CHECKS", "PADDED_CHECK", "DEFAULT_ROWS", "WHOLE_OUTPUT_CHECKS",
            "ContractScan", "DocumentPieces", "check_block", "check_row_contract",
            "expected_labels", "select_rows", "scan_contract", "segment_multiple_of",
-           "NO_SPAN", "pad_target_span"]
+           "NO_SPAN", "pad_target_span", "later_documents"]
 
 #: the column checks, in report order
 CONTRACT_CHECKS = ("schema", "input_ids", "cu_seqlens", "cu_seqlens_unpadded", "segment_ids", "position_ids",
@@ -568,6 +568,11 @@ class ContractScan:
     #: the checks of :data:`WHOLE_OUTPUT_CHECKS` that did not run, and why (a scan of some
     #: rows only, or rows whose ``cu_seqlens`` cannot be counted)
     not_run: dict = field(default_factory=dict)
+    #: the largest first token (index in its row) of a document after its row's first, over
+    #: the scanned rows (0: none holds two documents; :func:`later_documents`)
+    far_start: int = 0
+    #: the largest end (exclusive index in its row) of such a document's real tokens
+    far_end: int = 0
 
     def padded_rows(self) -> np.ndarray:
         """int64[P], sorted: the global indices of the scanned rows holding padding."""
@@ -744,6 +749,8 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
                     for k, v in cols.items()}
         for i, r in enumerate(rows.tolist()):
             scan.segments[block.first + r] = len(cols["doc_ids"][i])
+        start, end = later_documents(block.ragged, reader.capacity, rows)
+        scan.far_start, scan.far_end = max(scan.far_start, start), max(scan.far_end, end)
         pad = (np.asarray(cols["segment_ids"]) == 0).any(1)  # shape: (len(rows),)
         if pad.any():
             scan.padded.append(block.first + rows[pad].astype(np.int64))
@@ -813,6 +820,52 @@ def scan_contract(reader, convention: str, *, indices=None, progress=None,
         progress(f"data: {plural(scan.rows_checked, 'row')} checked, "
                  f"{plural(bad, 'contract violation')}")
     return scan
+
+
+def later_documents(ragged: dict, capacity: int, rows=None) -> tuple[int, int]:
+    """Where the documents after each row's first lie, at the farthest, from ``cu_seqlens``
+    alone (NumPy, no per-row loop): the ones a model that reads a token's index in its row
+    (ALiBi from the index) sees elsewhere than alone.
+
+    Args:
+        ragged: a block's ragged columns, name -> (values, offsets int64[R + 1]): ``doc_ids``
+            and ``cu_seqlens`` (with ``--segment-multiple`` also ``cu_seqlens_unpadded``, whose
+            spans give the real tokens).
+        capacity: C (tokens); rows: local row numbers (int[k]) to look at; None: all R.
+
+    Returns:
+        ``(start, end)`` in tokens: the largest first token of a row's last document over the
+        rows holding two documents or more, and the largest end (exclusive) of such a
+        document's real tokens; ``(0, 0)`` when no row holds two. Entries a broken row places
+        outside 0 .. C are left out (the column checks report that row).
+    """
+    cu, cu_off = ragged["cu_seqlens"]
+    k = np.diff(ragged["doc_ids"][1])  # documents per row, shape: (R,)
+    lo, hi = cu_off[:-1], cu_off[1:]
+    if rows is not None:
+        rows = np.asarray(rows, dtype=np.int64)
+        k, lo, hi = k[rows], lo[rows], hi[rows]
+    last = lo + k - 1  # each row's last document's entry, shape: (R,)
+    ok = (k >= 2) & (last + 1 < hi)
+    if not ok.any():
+        return 0, 0
+    at = last[ok]
+    start = cu[at].astype(np.int64)
+    end = cu[at + 1].astype(np.int64)
+    if "cu_seqlens_unpadded" in ragged:  # spans padded to N: the real tokens are fewer
+        un, un_off = ragged["cu_seqlens_unpadded"]
+        ulo, uhi = un_off[:-1], un_off[1:]
+        if rows is not None:
+            ulo, uhi = ulo[rows], uhi[rows]
+        uat = ulo[ok] + k[ok] - 1
+        fits = uat + 1 < uhi[ok]
+        real = np.zeros_like(start)
+        real[fits] = un[uat[fits] + 1].astype(np.int64) - un[uat[fits]]
+        end = np.minimum(end, start + real)
+    good = (start > 0) & (start < end) & (end <= capacity)
+    if not good.any():
+        return 0, 0
+    return int(start[good].max()), int(end[good].max())
 
 
 def _document_segments(block, capacity: int, padded: bool):

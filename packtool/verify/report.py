@@ -101,6 +101,9 @@ class VerifyReport:
     multi_doc_rows: bool | None = None
     #: global indices of the rows run through the models (``rows`` in manifest order)
     indices: list = field(default_factory=list)
+    #: what the checks could not measure though the verdict does not ask for it (one line
+    #: each, printed as ``warning:`` lines above the summary: a probe the memory budget left out)
+    warnings: list = field(default_factory=list)
 
     def add(self, result: CheckResult) -> CheckResult:
         self.results.append(result)
@@ -203,6 +206,7 @@ class VerifyReport:
                 "rows": [{"shard": s, "row": r} for s, r in self.rows],
                 "windows": self.windows,
                 "notes": list(self.notes),
+                "warnings": list(self.warnings),
                 "results": [asdict(r) for r in self.results]}
 
     def format_text(self) -> str:
@@ -211,6 +215,7 @@ class VerifyReport:
                 + (f" ({self.windows} windows: a row's padding tail gets one of its own)"
                    if self.windows > len(self.rows) else ""))
         lines = [head] + [r.line() for r in self.results]
+        lines += [f"warning: {w}" for w in self.warnings]
         n = {s: sum(r.status == s for r in self.results) for s in (PASS, FAIL, SKIP)}
         unmet = self.unmet()
         summary = (f"{'OK' if self.ok else 'FAILED'}: {n[PASS]} passed, {n[FAIL]} failed, "
