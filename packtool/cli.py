@@ -652,12 +652,13 @@ def _run_compare(cfg, as_json: bool, plot: str | None) -> None:
     masked = _input_mask_stats(docs)
     mask = masked.input_note()  # its own line, "input: ...", as pack's summary prints it
     # the lines pack prints with these options, each once: a line not every strategy's pack
-    # prints names the strategies (and windowing) whose pack prints it
+    # prints names the strategies (and windowing) whose pack prints it, separated by "; " (a
+    # windowed name holds a comma: "obfd, windows of 20,000")
     whose: dict = {}
     for r in rows:
         for w in r["warnings"]:
             whose.setdefault(w, []).append(r["strategy"])
-    warnings = [w if len(names) == len(rows) else f"{', '.join(names)}: {w}"
+    warnings = [w if len(names) == len(rows) else f"{'; '.join(names)}: {w}"
                 for w, names in whose.items()]
     for w in warnings:
         click.echo(f"WARNING: {w}", err=True)

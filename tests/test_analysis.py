@@ -285,7 +285,7 @@ def _assert_compare_predicts_pack(got, src, out, capacity, overflow, min_fill, w
         for w in res.warnings:  # printed once, naming the strategies whose pack says it
             # when not every one's does
             whose = [x["strategy"] for x in got["strategies"] if w in x["warnings"]]
-            want = w if len(whose) == len(got["strategies"]) else f"{', '.join(whose)}: {w}"
+            want = w if len(whose) == len(got["strategies"]) else f"{'; '.join(whose)}: {w}"
             assert row["strategy"] in whose and got["warnings"].count(want) == 1, case
         # the header's bound counts the tokens --overflow keeps (before --min-fill)
         kept = t.tokens_in - t.tokens_dropped + t.tokens_under_min_fill
@@ -554,7 +554,7 @@ def test_compare_warns_of_no_effective_targets_for_each_strategy_whose_pack_woul
               if any(w.startswith("no effective targets") for w in r["warnings"])}
     assert warned == set(whose)
     line = [w for w in got["warnings"] if "no effective targets" in w]
-    assert len(line) == 1 and line[0].startswith(", ".join(whose) + ": no effective targets")
+    assert len(line) == 1 and line[0].startswith("; ".join(whose) + ": no effective targets")
     text = CliRunner().invoke(cli, ["compare", str(src), "-c", "2"])
     assert text.exit_code == 0, text.output
     assert [w for w in text.stderr.splitlines() if "no effective targets" in w] == \
@@ -987,3 +987,28 @@ def test_compare_segment_multiple_predicts_the_pack(tmp_path):
     bad = CliRunner().invoke(cli, ["compare", "-c", "16", "--segment-multiple", "5",
                                    str(tmp_path / "in3")])
     assert bad.exit_code != 0 and "multiple" in bad.output, bad.output
+
+
+def test_compare_names_windowed_strategies_in_a_warning_so_they_split_back(tmp_path):
+    """compare prefixed a warning some strategies' packs print with their names joined by ", ",
+    and a windowed strategy's name holds a comma ("obfd, windows of 1,000"): "ordered, obfd,
+    ordered, windows of 1,000, ..." could not be read back into names. The names are now
+    separated by "; ", and the prefix splits back into exactly the strategies (and windowings)
+    whose own lines hold the warning."""
+    src = tmp_path / "in.parquet"
+    # documents of 5 tokens at C = 4: every strategy but concat cuts each into pieces
+    pq.write_table(pa.table({"input_ids": [list(range(1, 6))] * 1200}), src)
+    got = _compare_json(src, "-c", 4, "--window-docs", 1000)
+    names = [r["strategy"] for r in got["strategies"]]
+    assert any("," in n for n in names)  # the windowed names hold commas
+    checked = 0
+    for line in got["warnings"]:
+        whose = sorted(r["strategy"] for r in got["strategies"]
+                       if any(line.endswith(w) for w in r["warnings"]))
+        if len(whose) == len(names):
+            continue  # every strategy's pack prints it: no prefix
+        prefix = next(line[:-len(w) - 2] for r in got["strategies"] for w in r["warnings"]
+                      if line.endswith(w) and line[:-len(w)].endswith(": "))
+        assert sorted(prefix.split("; ")) == whose, line
+        checked += 1
+    assert checked >= 1, got["warnings"]
