@@ -46,10 +46,8 @@ REFUSAL_MARK = "packed sequences"
 #: config fields set to small values when the config has them (None: removed, recomputed by
 #: the config class from the others)
 _SMALL = {
-    "vocab_size": HF_CONFIG_VOCAB, "hidden_size": _WIDTH, "intermediate_size": 128,
-    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
-    "shared_intermediate_size": 32, "moe_shared_expert_intermediate_size": 32,
-    "num_attention_heads": 4, "head_dim": 16, "n_group": 1, "topk_group": 1,
+    "vocab_size": HF_CONFIG_VOCAB, "hidden_size": _WIDTH, "num_attention_heads": 4,
+    "head_dim": 16, "n_group": 1, "topk_group": 1,
     "num_expert_group": 1,
     # Mamba-2 / SSD layers (Bamba, Falcon-H1, Granite hybrid, Nemotron-H, Zamba2, Mamba2)
     "mamba_n_heads": 4, "mamba_d_state": 16, "mamba_n_groups": 1, "mamba_chunk_size": 32,
@@ -65,12 +63,27 @@ _SMALL = {
     "lru_width": _WIDTH, "block_multiple_of": 16, "block_size": 16,
     # the same sizes under older names (GPT-2, OPT, DBRX, T5...)
     "n_embd": _WIDTH, "d_model": _WIDTH, "word_embed_proj_dim": _WIDTH, "n_head": 4,
-    "n_heads": 4, "ffn_dim": 128, "d_ff": 128, "d_kv": 16,
+    "n_heads": 4, "d_kv": 16,
     # the width under xLSTM's name; the output layer's real rows (Inkling 2) and its
     # sliding-window attention's own head sizes
     "embedding_dim": _WIDTH, "unpadded_vocab_size": HF_CONFIG_VOCAB,
     "swa_num_attention_heads": 4, "swa_head_dim": 16,
 }
+#: feed-forward (intermediate) sizes under every name transformers gives them (Llama's
+#: intermediate_size, Falcon's and DBRX's ffn_hidden_size, OPT's ffn_dim, T5's d_ff, GPT-2's
+#: n_inner, Llama 4's intermediate_size_mlp, BART's decoder_ffn_dim...): 128, or 32 for an
+#: expert's or a shared expert's (:func:`_ffn_size`)
+_FFN_SIZE = re.compile(r"(?:^|_)(?:intermediate_size|intermediate_dim|ffn_dim|ffn_hidden_size|"
+                       r"ffn_size|d_ff|n_inner|d_inner|feed_forward_size|feed_forward_hidden_size|"
+                       r"mlp_hidden_size|mlp_dim)(?:_mlp)?$")
+_FFN_SMALL, _EXPERT_FFN_SMALL = 128, 32
+#: key/value head counts under every name transformers gives them (num_key_value_heads,
+#: Falcon's num_kv_heads, DBRX's kv_n_heads, an indexer's indexer_kv_heads, per-layer lists...)
+#: and the query-head fields each is paired with: the same prefix and suffix first
+_KV_HEADS = re.compile(r"^(?P<pre>\w*?)(?:num_key_value_heads|num_key_value_attention_heads|"
+                       r"num_kv_heads|n_kv_heads|kv_n_heads|kv_heads|n_head_kv|num_heads_kv)"
+                       r"(?P<post>_per_layer)?$")
+_QUERY_HEADS = ("num_attention_heads", "n_heads", "n_head", "num_heads", "attention_heads")
 #: counts lowered to these values, never raised (0 shared experts stays none, a router that
 #: picks 1 expert keeps 1; unset ones get the value); Gemma 3n / 4 per-layer input embeddings
 _AT_MOST = {
@@ -245,8 +258,12 @@ def _layer_types(cfg) -> list | None:
 def shrink_config(cfg):
     """A tiny copy of ``cfg``: the same model type and layer pattern, small everywhere else.
 
-    Width 64, 4 heads of 16, vocabulary 512, at most 4 experts, small state and head sizes for
-    SSM and linear-attention layers (MLA: rope and no-rope query heads of 8, a latent of 16);
+    Width 64, 4 heads of 16, feed-forward sizes 128 (32 an expert's; every name of
+    :data:`_FFN_SIZE`), key/value heads that follow the query heads (:func:`_kv_count`: Falcon's
+    ``num_kv_heads`` 8 of 128 become 2 of 4), vocabulary 512, at most 4 experts, small state and
+    head sizes for SSM and linear-attention layers (MLA: rope and no-rope query heads of 8, a
+    latent of 16); a model whose ALiBi slopes follow its number of heads (Falcon with
+    ``alibi=True``, BLOOM, MPT) keeps its heads, of ``max(4, 64 // H)`` dimensions each;
     the layers are cut to the fewest leading ones (at least 2) that hold every layer type of the
     pattern, a first MoE layer after at most one leading dense one (``first_k_dense_replace``)
     and the first layer of each listed kind (``moe_layers``, ``full_attn_idxs``, a per-layer
@@ -345,30 +362,41 @@ def _sub_configs(cfg) -> dict:
     return {k: v for k, v in vars(cfg).items() if isinstance(v, PretrainedConfig)}
 
 
-def _shrink_sizes(d: dict) -> None:
-    """Set the sizes of ``d`` and of its nested sub-configs to test values, in place."""
+def _shrink_sizes(d: dict, parent_heads: tuple | None = None) -> None:
+    """Set the sizes of ``d`` and of its nested sub-configs to test values, in place.
+
+    ``parent_heads``: ``(original, shrunk)`` query heads of the config ``d`` is part of, for a
+    sub-config that holds key/value heads but not the query heads (DBRX's ``attn_config``).
+    A model whose position bias follows its number of heads (:func:`_alibi`) keeps its heads,
+    each of 4 or more dimensions (:func:`_keep_alibi_heads`).
+    """
     orig = dict(d)
-    for k, v in _SMALL.items():
-        if k in d:
-            if v is None:
-                d.pop(k)
-            elif _int_list(d[k]):  # one size a layer or a stage (Gemma 3n, Swin): each small
-                d[k] = [v] * len(d[k])
-            else:
-                d[k] = v
+    for k in d:
+        v = _small_value(k)
+        if v is None and k in _SMALL:
+            d[k] = None
+        elif v is not None and _int_list(d[k]):  # one size a layer or a stage (Gemma 3n, Swin)
+            d[k] = [v] * len(d[k])
+        elif v is not None and (k in _SMALL or _size(d[k])):  # 0 or None: no such layer
+            d[k] = v
+    for k in [k for k in _SMALL if _SMALL[k] is None]:
+        d.pop(k, None)
     for k, v in orig.items():  # num_attention_heads_per_layer...
         base = k.removesuffix("_per_layer")
-        if base != k and _SMALL.get(base) is not None and _int_list(v):
-            d[k] = [_SMALL[base]] * len(v)
+        if base != k and _small_value(base) is not None and _int_list(v):
+            d[k] = [_small_value(base)] * len(v)
     for k, v in _AT_MOST.items():
         if k in d:
             d[k] = min(d[k], v) if isinstance(d[k], int) and not isinstance(d[k], bool) else v
     for k in _DERIVED:
         d.pop(k, None)
-    for kv, q in (("num_key_value_heads", "num_attention_heads"),
-                  ("swa_num_key_value_heads", "swa_num_attention_heads")):
-        if d.get(kv):
-            d[kv] = 4 if orig.get(kv) == orig.get(q) else 2
+    if _alibi(orig):
+        _keep_alibi_heads(d, orig)
+    heads = _query_heads(orig, d) or parent_heads
+    for name, before, after in _kv_pairs(orig, d, parent_heads):
+        d[name] = (_kv_count(orig[name], before, after) if not _int_list(orig[name]) else
+                   [_kv_count(k, _at(before, i), _at(after, i))
+                    for i, k in enumerate(orig[name])])
     if orig.get("qk_rope_head_dim") is not None:  # MLA: the rope part is the head_dim
         if "head_dim" in d and orig.get("head_dim") == orig["qk_rope_head_dim"]:
             d["head_dim"] = d["qk_rope_head_dim"]
@@ -404,12 +432,130 @@ def _shrink_sizes(d: dict) -> None:
         if _layer_keyed(v):
             for over in v.values():
                 for name in list(over):
-                    if name == "num_key_value_heads" and d.get(name):
+                    if _KV_HEADS.match(name) and d.get(name):
                         over[name] = d[name]
-                    elif _SMALL.get(name) is not None and isinstance(over[name], int):
-                        over[name] = _SMALL[name]
+                    elif _small_value(name) is not None and isinstance(over[name], int):
+                        over[name] = _small_value(name)
     for sub in _sub_dicts(d).values():
-        _shrink_sizes(sub)
+        _shrink_sizes(sub, heads)
+
+
+def _size(v) -> bool:
+    """Whether ``v`` is a positive int (a size; 0 or None says there is no such layer)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _ffn_size(name: str) -> int | None:
+    """The test size of the feed-forward (intermediate) size field ``name`` (:data:`_FFN_SIZE`):
+    32 for an expert's or a shared expert's, 128 for the others; None when ``name`` is not one."""
+    if not _FFN_SIZE.search(name):
+        return None
+    return _EXPERT_FFN_SMALL if re.search(r"moe|expert|shared", name) else _FFN_SMALL
+
+
+def _small_value(name: str):
+    """The test value of field ``name``: :data:`_SMALL`'s, else a feed-forward size's, else
+    None."""
+    v = _SMALL.get(name)
+    return v if v is not None else _ffn_size(name)
+
+
+def _alibi(d: dict) -> bool:
+    """Whether the model of config dict ``d`` adds an ALiBi bias, whose slopes follow its number
+    of heads: an ``alibi`` field that is set (Falcon; MPT's in its ``attn_config``), or, where
+    the config has none, a modeling file that builds one always (BLOOM)."""
+    parts = [d] + [v for v in d.values() if isinstance(v, dict) and not v.get("model_type")]
+    said = [p["alibi"] for p in parts if "alibi" in p]
+    if said:
+        return any(bool(x) for x in said)
+    return _builds_alibi(str(d.get("model_type") or ""))
+
+
+@functools.lru_cache(maxsize=None)
+def _builds_alibi(model_type: str) -> bool:
+    """Whether transformers' modeling file of ``model_type`` builds an ALiBi bias."""
+    import importlib.util
+
+    try:
+        from transformers import CONFIG_MAPPING
+
+        module = CONFIG_MAPPING[model_type].__module__
+        spec = importlib.util.find_spec(module.replace(".configuration_", ".modeling_"))
+        text = Path(spec.origin).read_text(encoding="utf-8") if spec and spec.origin else ""
+    except (KeyError, ImportError, ValueError, OSError):
+        return False
+    return "build_alibi_tensor" in text or "build_mpt_alibi_tensor" in text
+
+
+def _keep_alibi_heads(d: dict, orig: dict) -> None:
+    """Give the shrunk ``d`` the query heads of ``orig``, in place, each of ``max(4, 64 // H)``
+    dimensions (the width follows): ALiBi's slopes are taken from the number of heads (Falcon's
+    and BLOOM's, 2^(-8 i / H) over the nearest power of two), and a model of 4 heads has other
+    slopes than one of 32 or 71 (Falcon rounds the bias to bfloat16: exact with slopes that are
+    powers of two, inexact with the others)."""
+    for k in _QUERY_HEADS:
+        if _size(orig.get(k)) and k in d:
+            d[k] = orig[k]
+    H = next((d[k] for k in _QUERY_HEADS if _size(d.get(k))), None)
+    if H is None:
+        return
+    head = max(4, _WIDTH // H)
+    for k, v in _SMALL.items():
+        if v == _WIDTH and k in d:
+            d[k] = H * head
+    if "head_dim" in d:
+        d["head_dim"] = head
+
+
+def _query_heads(orig: dict, d: dict, name: str | None = None) -> tuple | None:
+    """``(original, shrunk)`` query heads of config dicts ``orig`` / ``d``: the field paired
+    with the key/value-head field ``name`` (same prefix and suffix: ``swa_num_attention_heads``
+    for ``swa_num_key_value_heads``), else the config's own; None when it has none."""
+    m = _KV_HEADS.match(name) if name else None
+    pre, post = (m["pre"], m["post"] or "") if m else ("", "")
+    tries = [pre + q + post for q in _QUERY_HEADS] + [pre + q for q in _QUERY_HEADS] + \
+        list(_QUERY_HEADS)
+    for q in tries:
+        a, b = orig.get(q), d.get(q)
+        if (_size(a) or _int_list(a)) and (_size(b) or _int_list(b)):
+            return a, b
+    return None
+
+
+def _kv_pairs(orig: dict, d: dict | None = None, parent_heads: tuple | None = None):
+    """``(field, key/value heads, query heads)`` of each key/value head count of ``orig``
+    (:data:`_KV_HEADS`; ``d`` the shrunk dict, else ``orig`` itself), with the query heads it
+    is paired with: before and after shrinking when ``d`` is given, else those of ``orig``."""
+    for name, v in orig.items():
+        if not _KV_HEADS.match(name) or not (_size(v) or _int_list(v)):
+            continue
+        pair = _query_heads(orig, d if d is not None else orig, name) or parent_heads
+        if pair is None:
+            continue
+        if d is None:
+            for i, k in enumerate(v if _int_list(v) else [v]):
+                yield name, k, _at(pair[1], i)
+        else:
+            yield name, pair[0], pair[1]
+
+
+def _at(v, i: int):
+    """``v[i]`` of a per-layer list, or ``v`` itself."""
+    return v[min(i, len(v) - 1)] if isinstance(v, (list, tuple)) else v
+
+
+def _kv_count(kv: int, before: int, after: int) -> int:
+    """Key/value heads for ``after`` query heads where the model had ``kv`` for ``before``: the
+    heads unchanged keep them; as many as the query heads (or more, which no model takes) stay
+    as many; one for all stays one; a group of query heads a key/value head stays grouped (the
+    largest divisor of ``after`` at most ``kv`` and at most ``after // 2``: 8 of 128 -> 2 of 4)."""
+    if not _size(kv) or not _size(before) or not _size(after) or after == before:
+        return kv
+    if kv >= before:
+        return after
+    if kv == 1:
+        return 1
+    return max(g for g in range(1, max(1, after // 2) + 1) if after % g == 0 and g <= kv)
 
 
 def _int_list(v) -> bool:

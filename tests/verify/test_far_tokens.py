@@ -1,8 +1,9 @@
 """The far-token probe of the ``hf`` backend on row windows (``place_probe``): a user's model whose
-output follows a token's index in the row (Falcon with ``alibi=True``) passes on windows, whose
-tokens sit below the window's length, what whole rows fail. The probe places its document where
-the output's own documents sit, never farther, and runs only where the windows did not already
-reach; what it could not run, and what isolation said, is worded from what happened."""
+output follows a token's index in the row (Falcon with ``alibi=True`` and 8 heads, exact below
+index 256 only) passes on windows, whose tokens sit below the window's length, what whole rows
+fail. The probe places its document where the output's own documents sit, never farther, and
+runs only where the windows did not already reach; what it could not run, and what isolation
+said, is worded from what happened."""
 
 from __future__ import annotations
 
@@ -24,8 +25,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
 def _falcon(tmp_path: Path) -> Path:
+    """Falcon with alibi=True and 8 heads: exact below index 256 (slopes 2^-1 .. 2^-8 in its
+    bfloat16 bias), not past it (16 heads or more: at no index)."""
     cfg = tmp_path / "falcon"
-    transformers.AutoConfig.for_model("falcon", alibi=True).save_pretrained(cfg)
+    transformers.AutoConfig.for_model("falcon", alibi=True, num_attention_heads=8,
+                                      hidden_size=512).save_pretrained(cfg)
     return cfg
 
 

@@ -715,13 +715,16 @@ def test_dynamic_rope_past_its_limit_fails_as_a_place_effect(tmp_path):
 
 
 def test_alibi_from_the_token_index_fails_on_row_windows_too(tmp_path):
-    """Falcon with alibi=True builds its bias from a token's index in the sequence, which is
-    not exact past 256 tokens: whole rows of 512 fail logits_match (isolation passes), but
-    row windows of 64 tokens, whose tokens all sit below index 64, passed. They now fail it
-    too, from a document at the end of a whole row run against itself alone, naming the
-    windows, the row and the index effect; at C = 256 both pass."""
-    cfg = tmp_path / "falcon"
-    transformers.AutoConfig.for_model("falcon", alibi=True).save_pretrained(cfg)
+    """Falcon with alibi=True builds its bias from a token's index in the sequence, rounded to
+    bfloat16. With 8 heads (slopes 2^-1 .. 2^-8) it is exact below index 256: whole rows of 512
+    fail logits_match (isolation passes), but row windows of 64 tokens, whose tokens all sit
+    below index 64, passed. They now fail it too, from a document at the end of a whole row run
+    against itself alone, naming the windows, the row and the index effect; at C = 256 both
+    pass. Falcon's default 71 heads are kept (their slopes are not powers of two): it fails at
+    C = 256 too, on windows as on whole rows."""
+    cfg = tmp_path / "falcon8"
+    transformers.AutoConfig.for_model("falcon", alibi=True, num_attention_heads=8,
+                                      hidden_size=512).save_pretrained(cfg)
     docs = [[(11 * t + k) % 300 + 5 for t in range(n)] for k in range(6) for n in (200, 37, 120)]
     out = pack_docs(tmp_path, docs, 512)
     whole = run_verify(out, rows=0, hf_config=cfg, row_window=0)
@@ -737,6 +740,13 @@ def test_alibi_from_the_token_index_fails_on_row_windows_too(tmp_path):
     rep = run_verify(small, rows=0, hf_config=cfg, row_window=64)
     assert rep.ok, rep.format_text()
     assert rep.get("hf", "logits_match").figures["far_tokens_max_abs_diff"] < 1e-5
+    seventy_one = tmp_path / "falcon"
+    transformers.AutoConfig.for_model("falcon", alibi=True).save_pretrained(seventy_one)
+    for window in (0, 64):
+        rep = run_verify(small, rows=0, hf_config=seventy_one, row_window=window)
+        lm, iso = rep.get("hf", "logits_match"), rep.get("hf", "isolation")
+        assert lm.status == "fail" and iso.status == "pass", rep.format_text()
+        assert lm.figures["max_abs_diff"] > 1e-3 and "where a token sits" in lm.message
 
 
 def test_a_model_that_scales_its_input_embeddings_in_place_runs(packed, tmp_path):
@@ -876,3 +886,145 @@ def test_each_model_said_to_leak_whatever_it_is_given_gets_the_verdict_the_page_
     iso = rep.get("hf", "isolation")
     assert run is None and iso.status == "fail", rep.format_text()
     assert iso.message.startswith("documents leak in layer"), iso.message
+
+
+#: configs whose key/value heads (each name transformers gives them) are more than the 4 query
+#: heads of a shrunk model, or one for all (multi-query): built from real sizes
+GROUPED_QUERY = {
+    # Falcon-40B / 180B: 128 query heads, 8 key/value heads (num_kv_heads)
+    "falcon_new_decoder": lambda: transformers.FalconConfig(
+        new_decoder_architecture=True, hidden_size=8192, num_attention_heads=128, num_kv_heads=8,
+        ffn_hidden_size=32768, num_hidden_layers=60, vocab_size=65024),
+    "falcon_multi_query": lambda: transformers.FalconConfig(multi_query=True),
+    "llama_gqa": lambda: transformers.LlamaConfig(hidden_size=8192, num_attention_heads=64,
+                                                  num_key_value_heads=8),
+    "llama_mqa": lambda: transformers.LlamaConfig(num_attention_heads=32, num_key_value_heads=1),
+    "gpt_bigcode": lambda: transformers.GPTBigCodeConfig(n_embd=6144, n_head=48,
+                                                         multi_query=True),
+    # the key/value heads in a sub-config, the query heads in the config (kv_n_heads)
+    "dbrx": lambda: transformers.DbrxConfig(d_model=6144, n_heads=48,
+                                            attn_config={"kv_n_heads": 8}),
+    "inkling2_text": lambda: transformers.AutoConfig.for_model(
+        "inkling2_text", swa_num_attention_heads=64, swa_num_key_value_heads=8,
+        num_attention_heads=64, num_key_value_heads=8),
+    # one query-head count a layer, one key/value-head count for all
+    "laguna": lambda: transformers.AutoConfig.for_model("laguna", num_attention_heads=64,
+                                                        num_key_value_heads=8),
+}
+#: configs transformers cannot build here whatever their sizes (DBRX's attention reads a
+#: rope_theta its attn_config lacks): their shrunk config is checked, not run
+NOT_BUILT = {"dbrx"}
+
+
+@pytest.mark.parametrize("name", sorted(GROUPED_QUERY))
+def test_key_value_heads_stay_consistent_with_the_shrunk_query_heads(name):
+    """Falcon-40B's num_kv_heads (8) was kept beside the 4 shrunk query heads: the model failed
+    to run (a reshape to 8 key/value heads). Every key/value head count now follows its query
+    heads (as many as them, one for all, or a group of them), and the model runs."""
+    from packtool.verify.hf_model import _kv_pairs, build_hf_model, shrink_config
+
+    small = shrink_config(GROUPED_QUERY[name]())
+    d = small.to_dict()
+    pairs = list(_kv_pairs(d))
+    assert pairs or name == "gpt_bigcode", d
+    for kv_name, kv, heads in pairs:
+        assert 0 < kv <= heads and heads % kv == 0, (kv_name, kv, heads)
+    if name == "falcon_new_decoder":
+        assert (small.num_attention_heads, small.num_kv_heads) == (4, 2), d
+    if name.endswith("mqa") or name == "falcon_multi_query":
+        assert small.num_key_value_heads == 1, d
+    if name == "dbrx":
+        assert (small.n_heads, small.attn_config.kv_n_heads) == (4, 2), d
+    if name in NOT_BUILT:
+        return
+    model = build_hf_model(small, seed=0)
+    with torch.no_grad():
+        logits = model(input_ids=torch.arange(12)[None] % 500 + 3, use_cache=False).logits
+    assert logits.shape[:2] == (1, 12) and bool(torch.isfinite(logits).all())
+
+
+def _config_fields(pattern: str) -> set:
+    """The int (or int list) fields transformers' config classes declare whose names match."""
+    names = set()
+    for path in (Path(transformers.__file__).parent / "models").glob("*/configuration_*.py"):
+        names.update(re.findall(rf"^\s+({pattern})\s*:\s*(?:int|list\[int\])", path.read_text(),
+                                re.M))
+    return names
+
+
+def test_every_key_value_head_field_transformers_declares_is_paired_with_its_query_heads():
+    """Each key/value head count any config class declares is one the shrink keeps consistent
+    with its query heads (a new name would be left as it is, beside 4 query heads)."""
+    from packtool.verify.hf_model import _KV_HEADS
+
+    names = _config_fields(r"\w*(?:key_value|kv)\w*heads\w*|\w*heads?_kv\w*")
+    assert {"num_key_value_heads", "num_kv_heads", "kv_n_heads"} <= names, names
+    assert [n for n in sorted(names) if not _KV_HEADS.search(n)] == []
+
+
+#: int fields with "intermediate" / "ffn" / "inner" in their names that are not a layer's size
+NOT_FFN_SIZES = {"centroid_intermediate_top_k", "intermediate_multiple_size",
+                 "intermediate_layers_indices", "intermediate_hook_ids",
+                 "intermediate_hidden_state_indices", "intermediate_groups",
+                 "intermediate_feature_dims", "inner_group_num", "ffn_round_up_to_multiple_of",
+                 "ffn_multiplier", "ffn_kernel_size", "ffn_expansion", "aligner_ffn_mult"}
+
+
+def test_every_feed_forward_size_transformers_declares_is_shrunk():
+    """Falcon's ffn_hidden_size (18,176) was left whole: a "tiny" model of 4.7M parameters.
+    Every intermediate / feed-forward size a config class declares, under any name, is one the
+    shrink makes small (the fields of those words that are not sizes are listed)."""
+    from packtool.verify.hf_model import _ffn_size
+
+    names = _config_fields(r"\w*(?:intermediate|ffn|d_ff|inner|feed_forward|mlp_dim|mlp_hidden)\w*")
+    assert {"intermediate_size", "ffn_hidden_size", "n_inner", "d_ff"} <= names, names
+    assert [n for n in sorted(names) if (_ffn_size(n) is None) != (n in NOT_FFN_SIZES)] == []
+
+
+@pytest.mark.parametrize("model_type,overrides", [
+    ("falcon", {}), ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 8}),
+    ("llama4_text", {}), ("gpt2", {"n_inner": 3072}), ("longcat_flash", {}),
+    ("opt", {}), ("nemotron_h", {})])
+def test_feed_forward_sizes_are_shrunk_under_every_name(model_type, overrides):
+    """No weight of the shrunk model keeps a full-size feed-forward dimension: the largest
+    tensor (a table of positions aside) is at most the 512-token embedding's rows by a few
+    widths."""
+    from packtool.verify.hf_model import build_hf_model, shrink_config
+
+    small = shrink_config(transformers.AutoConfig.for_model(model_type, **overrides))
+    model = build_hf_model(small, seed=0)
+    biggest = max((p.numel(), n, tuple(p.shape)) for n, p in model.named_parameters()
+                  if "position" not in n)
+    assert biggest[0] <= 512 * 4 * 64, biggest
+    assert sum(p.numel() for p in model.parameters()) < 2_000_000
+
+
+@pytest.mark.parametrize("model_type,overrides,field", [
+    ("falcon", {"alibi": True}, "num_attention_heads"),
+    ("falcon", {"alibi": True, "num_attention_heads": 32, "hidden_size": 2048,
+                "new_decoder_architecture": True, "num_kv_heads": 8}, "num_attention_heads"),
+    ("bloom", {"n_head": 112, "hidden_size": 14336}, "n_head"),
+    ("mpt", {"n_heads": 32, "d_model": 4096}, "n_heads")])
+def test_a_model_whose_alibi_slopes_follow_its_heads_keeps_them(model_type, overrides, field):
+    """ALiBi's slopes are taken from the number of heads: Falcon shrunk from 71 alibi heads to
+    4 got slopes 2^-2 .. 2^-8, exact in its bfloat16 bias below index 256, and passed configs
+    that are inexact at any C. Falcon (alibi=True), BLOOM (always ALiBi) and MPT (its
+    attn_config's alibi) keep their heads, of 4 or more dimensions each; key/value heads stay
+    those of the config; without ALiBi they shrink to 4."""
+    from packtool.verify.hf_model import build_hf_model, shrink_config
+
+    cfg = transformers.AutoConfig.for_model(model_type, **overrides)
+    small = shrink_config(cfg)
+    heads = getattr(cfg, field)
+    assert getattr(small, field) == heads and small.hidden_size == heads * max(4, 64 // heads)
+    if overrides.get("num_kv_heads"):
+        assert small.num_kv_heads == overrides["num_kv_heads"]
+    model = build_hf_model(small, seed=0)
+    with torch.no_grad():
+        logits = model(input_ids=torch.arange(12)[None] + 3, use_cache=False).logits
+    assert bool(torch.isfinite(logits).all())
+    plain = {"falcon": {"alibi": False}, "bloom": None, "mpt": {"attn_config": {"alibi": False}}}
+    if plain[model_type] is not None:
+        off = shrink_config(transformers.AutoConfig.for_model(model_type, **{
+            **overrides, **plain[model_type]}))
+        assert getattr(off, field) == 4, off
