@@ -35,7 +35,7 @@ from packtool.verify import require_torch
 __all__ = ["load_hf_config", "refuse_remote_code", "shrink_config", "build_hf_model", "decoder_layers", "layer_kind",
            "locate_leak", "leak_message", "kernel_need", "batch_position_effect", "position_limit",
            "position_switch", "position_fault", "reads_mrope", "mrope_need", "REFUSAL_MARK",
-           "HF_CONFIG_VOCAB", "MAX_TEST_PARAMS"]
+           "HF_CONFIG_VOCAB", "MAX_TEST_PARAMS", "adds_alibi"]
 
 #: vocabulary of the shrunk model (token ids are folded with ``% V``)
 HF_CONFIG_VOCAB = 512
@@ -367,7 +367,7 @@ def _shrink_sizes(d: dict, parent_heads: tuple | None = None) -> None:
 
     ``parent_heads``: ``(original, shrunk)`` query heads of the config ``d`` is part of, for a
     sub-config that holds key/value heads but not the query heads (DBRX's ``attn_config``).
-    A model whose position bias follows its number of heads (:func:`_alibi`) keeps its heads,
+    A model whose position bias follows its number of heads (:func:`adds_alibi`) keeps its heads,
     each of 4 or more dimensions (:func:`_keep_alibi_heads`).
     """
     orig = dict(d)
@@ -390,7 +390,7 @@ def _shrink_sizes(d: dict, parent_heads: tuple | None = None) -> None:
             d[k] = min(d[k], v) if isinstance(d[k], int) and not isinstance(d[k], bool) else v
     for k in _DERIVED:
         d.pop(k, None)
-    if _alibi(orig):
+    if adds_alibi(orig):
         _keep_alibi_heads(d, orig)
     heads = _query_heads(orig, d) or parent_heads
     for name, before, after in _kv_pairs(orig, d, parent_heads):
@@ -460,10 +460,18 @@ def _small_value(name: str):
     return v if v is not None else _ffn_size(name)
 
 
-def _alibi(d: dict) -> bool:
+def adds_alibi(d: dict) -> bool:
     """Whether the model of config dict ``d`` adds an ALiBi bias, whose slopes follow its number
     of heads: an ``alibi`` field that is set (Falcon; MPT's in its ``attn_config``), or, where
-    the config has none, a modeling file that builds one always (BLOOM)."""
+    the config has none, a modeling file that builds one always (BLOOM).
+
+    Args:
+        d: a config as a dict (``PretrainedConfig.to_dict()``), nested dicts included.
+
+    Returns:
+        True when the model adds an ALiBi bias; False otherwise, and for a model type this
+        transformers does not know. Raises nothing.
+    """
     parts = [d] + [v for v in d.values() if isinstance(v, dict) and not v.get("model_type")]
     said = [p["alibi"] for p in parts if "alibi" in p]
     if said:

@@ -655,8 +655,9 @@ def attention_scores(model) -> tuple[str, int, int, bool]:
     runs (``eager``, ``sdpa``...; ``sdpa`` when the config does not say), the most query heads
     its config gives a layer, its decoder layers
     (:func:`~packtool.verify.hf_model.decoder_layers`, at least 1) and whether it adds an ALiBi
-    bias (a config's ``alibi``)."""
-    from packtool.verify.hf_model import decoder_layers
+    bias (a config's ``alibi``, MPT's in its ``attn_config``, or a model that always builds one:
+    BLOOM; :func:`~packtool.verify.hf_model.adds_alibi`)."""
+    from packtool.verify.hf_model import adds_alibi, decoder_layers
 
     cfg = model.config
     text = cfg.get_text_config() if callable(getattr(cfg, "get_text_config", None)) else cfg
@@ -666,7 +667,7 @@ def attention_scores(model) -> tuple[str, int, int, bool]:
                                              "num_heads")]
     heads = max([h for h in heads if isinstance(h, int) and h > 0], default=4)
     layers = max(1, len(decoder_layers(model)))
-    return str(impl), heads, layers, getattr(text, "alibi", False) is True
+    return str(impl), heads, layers, adds_alibi(text.to_dict())
 
 
 class ModelRunner(HFRunner):

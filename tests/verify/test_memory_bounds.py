@@ -170,3 +170,25 @@ def test_hf_row_estimate_covers_the_attention_the_model_runs(model_type):
     assert fwd.peak <= r.row_bytes(C, backward=False) <= r.row_bytes(C), fwd.peak
     if model_type == "gemma2":  # forward + backward hold more than twice the forward's scores
         assert r.row_bytes(C, backward=False) <= 3 * fwd.peak, fwd.peak
+
+
+@pytest.mark.parametrize("model_type, options, alibi", [
+    ("bloom", {"n_layer": 2, "hidden_size": 64, "n_head": 4}, True),   # builds ALiBi always
+    ("mpt", {"n_layers": 2, "d_model": 64, "n_heads": 4, "attn_config": {"alibi": True}}, True),
+    ("falcon", {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                "alibi": True}, True),
+    ("falcon", {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                "alibi": False}, False),
+    ("llama", {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+               "intermediate_size": 128}, False),
+])
+def test_attention_estimate_knows_every_alibi_model(model_type, options, alibi):
+    """The row estimate took ALiBi from a config's own ``alibi`` field only, so BLOOM (no such
+    field: it always builds the bias) and MPT (the field inside ``attn_config``) were sized
+    as models without the per-head bias."""
+    transformers = pytest.importorskip("transformers")
+    from packtool.verify.runners import attention_scores
+
+    cfg = transformers.AutoConfig.for_model(model_type, vocab_size=512, **options)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    assert attention_scores(model)[3] is alibi
