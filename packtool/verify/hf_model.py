@@ -91,6 +91,15 @@ _AT_MOST = {
     "num_experts_per_token": 2, "n_shared_experts": 1, "num_shared_experts": 1,
     "vocab_size_per_layer_input": HF_CONFIG_VOCAB, "hidden_size_per_layer_input": 16,
 }
+#: scales of the random weights raised to at least these values, never lowered: a leak through
+#: a recurrence or a convolution shrinks with the third or fourth power of the weights' scale,
+#: so a config's small ``initializer_range`` (Jamba or LFM2 at 0.002 to 0.005) gave the test
+#: model a leak below the checks' tolerance (1e-5 of the largest logit); at 0.02, the scale most
+#: configs give, the same leaks are 46x to 270x over it
+_INIT_AT_LEAST = {
+    "initializer_range": 0.02, "init_std": 0.02, "initializer_std": 0.02,
+    "embedding_initializer_range": 0.02, "embed_init_std": 0.02, "initializer_factor": 1.0,
+}
 #: counts of trailing layers of their own kind (Gemma 3n's layers reusing earlier layers' keys
 #: and values): one such layer is kept after the leading ones
 _TRAILING_LAYER_COUNTS = ("num_kv_shared_layers",)
@@ -258,7 +267,9 @@ def _layer_types(cfg) -> list | None:
 def shrink_config(cfg):
     """A tiny copy of ``cfg``: the same model type and layer pattern, small everywhere else.
 
-    Width 64, 4 heads of 16, feed-forward sizes 128 (32 an expert's; every name of
+    Random weights at least at the usual scale (``initializer_range`` 0.02 or more:
+    :data:`_INIT_AT_LEAST`), so that a leak shows over the checks' tolerance. Width 64, 4 heads
+    of 16, feed-forward sizes 128 (32 an expert's; every name of
     :data:`_FFN_SIZE`), key/value heads that follow the query heads (:func:`_kv_count`: Falcon's
     ``num_kv_heads`` 8 of 128 become 2 of 4), vocabulary 512, at most 4 experts, small state and
     head sizes for SSM and linear-attention layers (MLA: rope and no-rope query heads of 8, a
@@ -388,6 +399,9 @@ def _shrink_sizes(d: dict, parent_heads: tuple | None = None) -> None:
     for k, v in _AT_MOST.items():
         if k in d:
             d[k] = min(d[k], v) if isinstance(d[k], int) and not isinstance(d[k], bool) else v
+    for k, v in _INIT_AT_LEAST.items():
+        if isinstance(d.get(k), (int, float)) and not isinstance(d[k], bool):
+            d[k] = max(d[k], v)
     for k in _DERIVED:
         d.pop(k, None)
     if adds_alibi(orig):

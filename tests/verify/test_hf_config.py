@@ -172,6 +172,24 @@ def test_cpu_verdict_of_each_architecture(packed, tmp_path, model_type):
             iso.message and "kernel" not in iso.message, iso.message
 
 
+@pytest.mark.parametrize("model_type, init", [("jamba", 0.002), ("lfm2", 0.005)])
+def test_a_leak_is_caught_whatever_the_config_weight_scale(packed, tmp_path, model_type, init):
+    """The test model took its random weights at the config's initializer_range, and a leak
+    through a recurrence or a convolution shrinks with the third or fourth power of that scale:
+    Jamba at 0.002 and LFM2 at 0.005 leaked 1e-7 to 1e-6 of their largest logit, under the
+    checks' 1e-5, so verify passed them (exit 0) and their leak grew once training began. The
+    shrunk config's weight scales are raised to the usual 0.02 at least."""
+    from packtool.verify.hf_model import load_hf_config, shrink_config
+
+    overrides = dict(CPU_VERDICTS[model_type][2], initializer_range=init)
+    path = _config_file(tmp_path, model_type, **overrides)
+    assert shrink_config(load_hf_config(path)).initializer_range == 0.02
+    rep = run_verify(packed, rows=0, hf_config=path)
+    iso = rep.get("hf", "isolation")
+    assert iso.status == "fail" and not rep.ok, rep.format_text()
+    assert f"in its {CPU_VERDICTS[model_type][1]}" in iso.message, iso.message
+
+
 def test_the_docs_table_states_the_tested_verdicts():
     """docs/architectures.md lists every architecture of the test with the same verdict."""
     text = (ROOT / "docs" / "architectures.md").read_text()
