@@ -904,3 +904,26 @@ def test_an_unreadable_input_given_directly_is_one_line(tmp_path, good, monkeypa
         assert "is not readable" not in res.output and "Usage:" not in res.output, res.output
     else:
         assert "is not readable" not in line
+
+
+def test_a_shard_of_empty_lists_typed_null_names_the_cast(tmp_path, good):
+    """pyarrow infers list<null> for a column whose lists are all empty (a shard whose documents
+    were all filtered away): the refusal said it 'holds lists of null values, not one list of
+    token ids per document ... pass --column NAME', a fix that does not apply. It now says what
+    the type means and gives the cast that makes the shard's documents empty ones, which the
+    pack then skips."""
+    bad = tmp_path / "in" / "b.parquet"
+    bad.parent.mkdir()
+    pq.write_table(pa.table({"input_ids": pa.array([[], []])}), bad)
+    assert pq.read_schema(bad).field("input_ids").type == pa.list_(pa.null())
+    line = refused(pack_args(good, bad, out=tmp_path / "out"), tmp_path / "out", str(bad),
+                   "Arrow infers when every list is empty", "cast(pa.list_(pa.int32()))")
+    assert "--column" not in line
+    # the fix the line gives works: the cast shard packs, its two documents skipped as empty
+    t = pq.read_table(bad)
+    t = t.set_column(t.schema.get_field_index("input_ids"), "input_ids",
+                     t["input_ids"].cast(pa.list_(pa.int32())))
+    pq.write_table(t, bad)
+    res = invoke(pack_args(good, bad, out=tmp_path / "out"))
+    assert res.exit_code == 0, res.output
+    assert read_manifest(tmp_path / "out").totals.docs_empty == 2

@@ -227,7 +227,8 @@ def token_type_fix(typ: pa.DataType, column: str, candidates=(), option: str = "
     """The fix for a token column ``column`` of type ``typ`` that is no list of integers, by
     what it holds: a list of floats is cast to integers (how, with pyarrow); nested lists of
     integers are flattened to one list per document; another column that is a list of
-    integers (``candidates``, :func:`token_column_candidates`) is named for ``option``
+    integers (``candidates``, :func:`token_column_candidates`) is named for ``option``; lists of
+    the null type (Arrow's inference for lists all empty) are cast to integers first
     (``--column``, or the Python API's ``column=``); a string per document with none is text,
     tokenized first (:func:`tokenize_first`); any other type (one integer, bool, struct,
     bytes or decimal per document, lists of bools or strings) names ``option`` with no
@@ -243,6 +244,13 @@ def token_type_fix(typ: pa.DataType, column: str, candidates=(), option: str = "
         return (f"token ids are integers: cast the column first, e.g. with pyarrow: "
                 f"t = t.set_column(t.schema.get_field_index({column!r}), {column!r}, "
                 f"t[{column!r}].cast(pa.list_(pa.int32()))), then write t again")
+    if is_list_layout(typ) and pa.types.is_null(typ.value_type):
+        # what Arrow infers for lists that are all empty (or hold only nulls): no type to read
+        return (f"{column!r} holds lists of the null type, which Arrow infers when every list "
+                f"is empty or holds only nulls: write the column with an integer type, e.g. "
+                f"with pyarrow: t = t.set_column(t.schema.get_field_index({column!r}), "
+                f"{column!r}, t[{column!r}].cast(pa.list_(pa.int32()))), then write t again "
+                f"(its empty documents are then skipped as empty)")
     if _nested_integer_lists(typ):
         other = (f", or pass {named(candidates[0])} (the lists of integers in {holder}: "
                  f"{listed})") if candidates else ""
