@@ -399,8 +399,10 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
 
         # what each output holds now (finished, as before, or what the rerun resumes from)
         held = str(exc) or f"nothing was kept ({display(cfg.output)} is as before the run)"
-        raise Interrupted(f"{stop_word()}: {held}; rerun the same command to resume and "
-                          "finish it", exit_status()) from None
+        rerun = ("rerun the same command to resume and finish it"
+                 if str(exc) and getattr(exc, "kept_any", True) else
+                 "a rerun starts from the beginning")
+        raise Interrupted(f"{stop_word()}: {held}; {rerun}", exit_status()) from None
     from packtool.stats import percent, plural  # NumPy: after the start-up hook, not at import
 
     s = result.stats

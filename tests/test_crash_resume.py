@@ -466,6 +466,11 @@ def test_ctrl_c_after_a_window_finished_keeps_it_for_the_rerun(tmp_path, src):
     early = tmp_path / "early"
     err = _ctrl_c_at("read", src, early, options)
     assert not early.exists() and "nothing was kept" in err, err
+    # and it does not advise resuming what is not there (it said "rerun the same command to
+    # resume and finish it")
+    assert err.rstrip().endswith("nothing was kept; a rerun starts from the beginning") or \
+        err.rstrip().endswith("is as before the run); a rerun starts from the beginning"), err
+    assert "resume" not in err, err
     # before any window finished, the read parts are kept, and the message says so
     planning = tmp_path / "planning"
     err = _ctrl_c_at("plan:0", src, planning, options)

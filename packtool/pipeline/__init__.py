@@ -361,7 +361,11 @@ def _interrupted(cfg: PackConfig, outs: "list[Output | None]") -> KeyboardInterr
     for path, _role in cfg.own_outputs():
         out = entered.get(Location.parse(path).identity())
         words.append(out.stopped_words() if out is not None else untouched_words(path))
-    return KeyboardInterrupt("; ".join(words))
+    stop = KeyboardInterrupt("; ".join(words))
+    # whether a rerun finds anything of this run (a finished output, kept read parts, windows
+    # or shards): the command line's advice is to resume, else to start again
+    stop.kept_any = any("nothing was kept" not in w for w in words)
+    return stop
 
 
 def _refuse_empty_side(cfg, mine: tuple, theirs: tuple) -> None:
