@@ -65,6 +65,31 @@ def parse_bytes(value: "int | str") -> int:
     return n
 
 
+def _not_a_directory(directory: Path) -> str | None:
+    """Why ``directory`` cannot be created as a directory when it, or the nearest of its
+    parents that exists, is not one: a file, a link to a file or to nothing, a socket...
+    (the rest of a one-line message: what is in the way and the fix), or None where that
+    is not why."""
+    for p in (directory, *directory.parents):
+        if not os.path.lexists(p):
+            continue
+        if p.is_dir():
+            return None
+        where = "" if p == directory else f"{p} "
+        other = "or give cache_dir another path"
+        if p.is_symlink():
+            target = os.readlink(p)
+            if not p.exists():
+                return (f"{where}is a link to {target}, which does not exist; create that "
+                        f"directory {other}")
+            return (f"{where}is a link to the file {target}, not a directory; remove the link "
+                    f"{other}")
+        if p.is_file():
+            return f"{where}is a file, not a directory; move the file away {other}"
+        return f"{where}exists and is not a directory; move it away {other}"
+    return None
+
+
 class ShardCache:
     """Whole shard files in ``directory``, at most ``max_bytes`` in all (see the module docstring).
 
@@ -75,7 +100,8 @@ class ShardCache:
     Raises:
         ConfigError: a bad size, or a directory that cannot be created or written (a read-only
             mount, no write permission: a probe file is created and removed here, so the first
-            read does not fail on the shard's lock file).
+            read does not fail on the shard's lock file); a path that is a file, lies under a
+            file, or is a link to a file or to nothing names that file or link and the fix.
     """
 
     def __init__(self, directory: "str | os.PathLike", max_bytes: "int | str") -> None:
@@ -89,6 +115,9 @@ class ShardCache:
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             probe.unlink()
         except OSError as exc:
+            blocked = _not_a_directory(self.directory) if doing == "created" else None
+            if blocked is not None:
+                raise ConfigError(f"cache directory {self.directory}: {blocked}") from None
             raise ConfigError(f"cache directory {self.directory}: cannot be {doing} "
                               f"({exc.strerror or exc}); choose a writable directory") from None
 

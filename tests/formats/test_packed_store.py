@@ -748,6 +748,49 @@ def test_unwritable_cache_dir_is_one_line(both, tmp_path, kind):
     assert not list(cache.iterdir())
 
 
+def _in_the_way(tmp_path, case):
+    """(cache_dir, what the message says of it) for a cache_dir that cannot be a directory."""
+    f = tmp_path / "notes.txt"
+    f.write_text("keep me")
+    if case == "file":
+        return f, f"cache directory {f}: is a file, not a directory; move the file away or " \
+                  "give cache_dir another path"
+    if case == "under a file":
+        return f / "cache", f"cache directory {f / 'cache'}: {f} is a file, not a directory; " \
+                            "move the file away or give cache_dir another path"
+    link = tmp_path / "cache-link"
+    if case == "link to a file":
+        link.symlink_to(f)
+        return link, f"cache directory {link}: is a link to the file {f}, not a directory; " \
+                     "remove the link or give cache_dir another path"
+    link.symlink_to(tmp_path / "gone")
+    return link, f"cache directory {link}: is a link to {tmp_path / 'gone'}, which does not " \
+                 "exist; create that directory or give cache_dir another path"
+
+
+@pytest.mark.parametrize("case", ["file", "under a file", "link to a file", "dangling link"])
+def test_a_cache_dir_that_is_a_file_says_so(tmp_path, case):
+    """A cache_dir that is an existing file (or lies under one, or links to a file or to
+    nothing) said only "cannot be created (File exists)" ("(Not a directory)" under a file),
+    naming neither the file nor the fix; it names the file and the fix now, and leaves it."""
+    from packtool.errors import ConfigError
+    from packtool.formats.cache import ShardCache
+    from packtool.loader import PackedDataset
+
+    cache, says = _in_the_way(tmp_path, case)
+    with pytest.raises(ConfigError) as err:
+        ShardCache(cache, "1G")
+    assert str(err.value) == says
+    src = write_docs(tmp_path / "in" / "a.parquet", DOCS[:20])
+    out = tmp_path / "packed"
+    assert invoke([*PACK, src, out]).exit_code == 0
+    with pytest.raises(ConfigError) as err:
+        PackedDataset(out, cache_dir=cache, cache_limit="1G")
+    assert str(err.value) == says
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
+    assert not (tmp_path / "gone").exists()
+
+
 def test_repack_of_one_source_under_cached_workers(both, tmp_path):
     """A mixture of two store outputs read through one warm cache by two DataLoader workers
     (each holds its own copy of the opened outputs): ``pack --overwrite`` of one of them with
