@@ -399,9 +399,10 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
 
         # what each output holds now (finished, as before, or what the rerun resumes from)
         held = str(exc) or f"nothing was kept ({display(cfg.output)} is as before the run)"
-        rerun = ("rerun the same command to resume and finish it"
-                 if str(exc) and getattr(exc, "kept_any", True) else
-                 "a rerun starts from the beginning")
+        rerun = getattr(exc, "rerun", None) or (
+            "rerun the same command to resume and finish it"
+            if str(exc) and getattr(exc, "kept_any", True) else
+            "a rerun starts from the beginning")
         raise Interrupted(f"{stop_word()}: {held}; {rerun}", exit_status()) from None
     from packtool.stats import percent, plural  # NumPy: after the start-up hook, not at import
 
@@ -1242,8 +1243,11 @@ def tokenize(paths, tokenizer, text_column, keep_columns, append_eos, prepend_bo
         from packtool.signals import exit_status, stop_word
 
         kept = str(exc)  # what OUTPUT holds, from run_tokenize
+        # the advice where the same command would not resume what is kept
+        # (Output.replaced_untouched)
+        rerun = getattr(exc, "rerun", None) or "rerun the same command to resume and finish it"
         raise Interrupted(f"{stop_word()}: " + (
-            f"{kept}; rerun the same command to resume and finish it" if kept else
+            f"{kept}; {rerun}" if kept else
             f"nothing was written ({display(cfg.output)} is as it was before the run); rerun the "
             "same "
             "command to tokenize"), exit_status()) from None

@@ -671,6 +671,18 @@ class Output:
             return None
         return f"OUTPUT held {self.replaced}: replaced by this {_run_word(self.kind)}"
 
+    def replaced_untouched(self) -> str | None:
+        """What OUTPUT holds when this run stopped before it began to replace the interrupted
+        run of other options there (:attr:`replaced`; its shards go when this run's first
+        shard is ready): ``OUT still holds an interrupted tokenize run of other options
+        (--batch-docs 7 -> 8) (3 finished shards), untouched``, for the interrupted message,
+        whose advice is then :data:`REPLACED_RERUN` (a rerun of this command replaces those
+        shards, it does not resume them); None when this run replaces nothing or had begun
+        writing."""
+        if not self.replaced or self._began:
+            return None
+        return f"{self.path.display} still holds {self.replaced}, untouched"
+
     def promised(self, name: str) -> dict | None:
         """The manifest entry (dict) of shard ``name`` as an interrupted identical run finished
         it (from its marker), None when it is not known."""
@@ -808,6 +820,9 @@ class Output:
         if self.finished:
             return f"{d} is finished"
         kept = self.kept.describe(self.shards_kept())
+        untouched = self.replaced_untouched()
+        if untouched:  # what this run kept (its scratch) is resumed by its own command
+            return untouched + (f"; kept for a rerun of this command: {kept}" if kept else "")
         if self.keeps_finished:
             return _kept_words(d, kept, replaced=True, kind=self.previous.kind)
         if self._began or kept:
@@ -1143,6 +1158,11 @@ def _scratch_units(tmp: Location) -> "tuple[ScratchKept, list[tuple[Location, bo
                 continue
         others.append((where, e.is_dir))
     return kept, others
+
+
+#: The advice of an interrupted message after :meth:`Output.replaced_untouched` words, in place of
+#: "rerun the same command": that command replaces what OUTPUT keeps, the earlier one resumes it.
+REPLACED_RERUN = "rerun the command of those options to resume it, or this one to replace it"
 
 
 def held_words(path) -> str | None:

@@ -904,3 +904,24 @@ def test_a_shard_not_where_its_task_wrote_it_fails_the_commit_and_leaves_output_
     monkeypatch.setattr(write, "publish_shard", original)
     rerun(src, out, [*OPTIONS, "--overwrite"] if over else OPTIONS)
     assert invoke(["verify", out]).exit_code == 0
+
+
+@pytest.mark.parametrize("phase", ["read", "plan"])
+def test_a_rerun_with_other_options_stopped_before_it_replaced_anything_says_whose_shards_stay(
+        tmp_path, src, phase):
+    """A pack killed after 2 shards, rerun with --seed 4 and stopped (Ctrl-C) before its first
+    shard: the 2 shards of the first run are still there, and the same command would replace
+    them, not resume them. The line says whose they are and what each command does with
+    them (it said "nothing was kept ... rerun the same command to resume and finish it", or
+    only what this run's scratch keeps), and the first command still resumes them."""
+    out = tmp_path / "out"
+    kill_at("write-shard:2", src, out)
+    other = [o if o != "3" else "4" for o in OPTIONS]
+    code, err = stopped_at(["pack", "-q", *other, src, out], phase)
+    assert code == 130, err
+    own = "; kept for a rerun of this command: 1 read part (80 documents, 372 tokens read)"
+    assert err.strip().splitlines()[-1] == (
+        f"Error: interrupted: {out} still holds an interrupted pack of other options (--seed 3 "
+        f"-> 4) (2 finished shards), untouched{own if phase == 'plan' else ''}; rerun the "
+        "command of those options to resume it, or this one to replace it"), err
+    assert rerun(src, out)["shards_reused"] == 2

@@ -1042,6 +1042,52 @@ def test_a_rerun_with_other_options_says_it_replaces_the_interrupted_tokenize(
     assert hash_tree(out) == hash_tree(tmp_path / "fresh")
 
 
+@pytest.mark.parametrize("sig,code,word", [(2, 130, "interrupted"),
+                                            (15, 143, "terminated (SIGTERM)")])
+def test_a_rerun_with_other_options_stopped_before_its_first_shard_says_whose_shards_stay(
+        tmp_path, hf_tokenizer, two_text_files, sig, code, word):
+    """A tokenize stopped after 3 shards, rerun with --batch-docs 8 and stopped before its own
+    first shard: the 3 shards of the first run are still there, untouched, and the same
+    command would replace them, not resume them. It said "kept for the rerun: 3 finished
+    shards; rerun the same command to resume and finish it"; it says whose shards they are
+    and what each command does with them, and the first command still resumes them."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    args = ["tokenize", "-q", "--tokenizer", hf_tokenizer, *RESUME_OPTIONS, two_text_files]
+    out = tmp_path / "out"
+    assert stopped_at([*args, out], "tokenize-shard:3", signal.SIGTERM)[0] == 143
+    other = [*args[:-1], "--batch-docs", 8, two_text_files, out]
+    env = dict(os.environ, PACKTOOL_TEST_PAUSE_AT="tokenize-shard:0")
+    proc = subprocess.Popen([sys.executable, "-m", "packtool", *map(str, other)],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:  # the warning that this run replaces the first run's shards comes before the pause
+        said = [proc.stderr.readline(), proc.stderr.readline()]
+        assert said[0].startswith("WARNING: OUTPUT held an interrupted tokenize run of other "
+                                  "options (--batch-docs 7 -> 8)"), said
+        assert "test pause at tokenize-shard:0" in said[1], said
+        os.kill(proc.pid, sig)
+        got, err = proc.wait(), proc.stderr.read()
+    finally:
+        watchdog.cancel()
+        proc.kill()
+        proc.stderr.close()
+    assert got == code, err
+    assert err.strip().splitlines()[-1] == (
+        f"Error: {word}: {out} still holds an interrupted tokenize run of other options "
+        "(--batch-docs 7 -> 8) (3 finished shards), untouched; rerun the command of those "
+        "options to resume it, or this one to replace it"), err
+    assert len(finished_shards(out)) == 3
+    res = invoke(["tokenize", "--json", *args[2:], out])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["shards_reused"] == 3
+
+
 def test_a_shards_row_groups_hold_batch_docs_documents_from_its_first(tmp_path, hf_tokenizer,
                                                                       two_text_files):
     """Row groups are a function of the shard's rows alone: batch_docs documents from its first

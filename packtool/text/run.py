@@ -49,8 +49,8 @@ from packtool.formats.reader import discover
 from packtool.formats.text import (TextBatch, common_tokenized_schema, iter_texts,
                                    tokenized_counts, write_tokenized_shard)
 from packtool.location import Location
-from packtool.output import Output, discard_shard_temp, finished_shard, fingerprint, kept_shard, \
-    held_words, publish_shard, shard_temp
+from packtool.output import REPLACED_RERUN, Output, discard_shard_temp, finished_shard, \
+    fingerprint, held_words, kept_shard, publish_shard, shard_temp
 from packtool.signals import check, interruptible, test_pause
 from packtool.stats import PackStats
 from packtool.text.tokenizer import load_tokenizer
@@ -239,13 +239,18 @@ def run_tokenize(cfg, *, progress: bool = True) -> TokenizeResult:
             return _tokenize(cfg, out, tok, bos, eos, files, fp, options, width, schema, show,
                              t0, found_info)
     except KeyboardInterrupt:
-        raise KeyboardInterrupt(_kept(out, cfg.output)) from None
+        stop = KeyboardInterrupt(_kept(out, cfg.output))
+        if out is not None and out.replaced_untouched():
+            stop.rerun = REPLACED_RERUN  # the same command would replace what is kept
+        raise stop from None
 
 
 def _kept(out: Output | None, path) -> str:
     """What a stopped run left in OUTPUT for the rerun, in words, read from OUTPUT once it is
     released: ``OUT has no manifest; kept for the rerun: N finished shards`` when the
     in-progress marker is there (this run's, or the earlier run's it had not yet taken over),
+    ``OUT still holds an interrupted tokenize run of other options (...), untouched``
+    (:meth:`Output.replaced_untouched`) when this run was to replace that one and had not begun,
     ``OUT still holds its earlier finished tokenize run, untouched`` (and what is kept beside
     it) for an ``--overwrite`` stopped before its commit; empty when OUTPUT is as it was before
     the run (absent, when the run created it). ``out`` None: the run had not entered OUTPUT,
@@ -253,6 +258,9 @@ def _kept(out: Output | None, path) -> str:
     (:func:`packtool.output.held_words`), else empty."""
     if out is None:
         return held_words(path) or ""
+    untouched = out.replaced_untouched()
+    if untouched:  # an interrupted run of other options, which this run had not yet replaced
+        return untouched
     try:
         found = out.path.listdir()
     except STORE_ERRORS:
