@@ -258,6 +258,9 @@ class Output:
         self.options = options
         self.kind = kind
         self.replaced: str | None = None  #: what of another run this one replaced, in words
+        #: the work an interrupted run of other options kept in the scratch alone (no marker:
+        #: stopped before it wrote a shard), removed when this run opened it, in words
+        self.scratch_replaced: str | None = None
         self.tmp = self.path.join(TMP_DIR_NAME)
         self.inputs = [Location.parse(p) for p in inputs]
         self.fingerprint = fingerprint
@@ -562,6 +565,15 @@ class Output:
         staged shards) is removed. Any other scratch is removed whole.
         """
         if not self._scratch_is_ours():
+            if not self.replaced:  # a marker would have said it: the scratch alone held it
+                try:
+                    kept = _scratch_units(self.tmp)[0].describe()
+                except store.STORE_ERRORS:
+                    kept = ""
+                if kept:
+                    self.scratch_replaced = (f"the kept work of an interrupted "
+                                             f"{_run_word(self.kind)} of other options or "
+                                             f"inputs ({kept})")
             self.tmp.delete_tree()
             self.tmp.makedirs()
             self.tmp.join(SCRATCH_FINGERPRINT).publish_bytes(self.fingerprint.encode())
@@ -666,10 +678,13 @@ class Output:
         """The warning that this run replaces what an interrupted run of other options left in
         OUTPUT (:attr:`replaced`), the options that differ named as the command line spells
         them: ``OUTPUT held an interrupted pack of other options (--capacity 4096 -> 2048) (8
-        finished shards): replaced by this pack``; None when it replaces nothing."""
-        if not self.replaced:
+        finished shards): replaced by this pack``, or the work such a run kept in the scratch
+        alone (:attr:`scratch_replaced`: stopped before its first shard); None when it replaces
+        nothing."""
+        held = self.replaced or self.scratch_replaced
+        if not held:
             return None
-        return f"OUTPUT held {self.replaced}: replaced by this {_run_word(self.kind)}"
+        return f"OUTPUT held {held}: replaced by this {_run_word(self.kind)}"
 
     def replaced_untouched(self) -> str | None:
         """What OUTPUT holds when this run stopped before it began to replace the interrupted

@@ -236,7 +236,13 @@ def test_killed_during_the_windows_rerun_reuses_the_finished_windows(tmp_path, s
     other = tmp_path / "other"
     kill_at("plan:1", src, other, options)
     seeded = [o if o != "3" else "4" for o in options]  # --seed: a different fingerprint
-    assert rerun(src, other, seeded)["windows_reused"] == 0
+    warned: list = []
+    assert rerun(src, other, seeded, warned)["windows_reused"] == 0
+    # and says so: the scratch alone held that work (stopped before a shard, so no marker), and
+    # it went without a word while the same run stopped later was warned of
+    assert [w for w in warned if "OUTPUT held the kept work of an interrupted pack of other "
+            "options or inputs (1 read part (80 documents" in w
+            and w.endswith("planned window): replaced by this pack")] == [warned[0]], warned
 
 
 def test_ctrl_c_once_the_pack_has_ended_leaves_exit_0_and_no_interrupted_line(tmp_path, src,
@@ -483,7 +489,10 @@ def test_ctrl_c_after_a_window_finished_keeps_it_for_the_rerun(tmp_path, src):
     other = tmp_path / "other"
     _ctrl_c_at("plan:1", src, other, options)
     seeded = [o if o != "3" else "4" for o in options]  # --seed: a different fingerprint
-    assert rerun(src, other, seeded)["windows_reused"] == 0
+    warned: list = []
+    assert rerun(src, other, seeded, warned)["windows_reused"] == 0
+    assert any("OUTPUT held the kept work of an interrupted pack of other options or inputs"
+               in w for w in warned), warned  # it was replaced without a word
     assert not (other / TMP_DIR_NAME).exists()
 
 

@@ -568,7 +568,7 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
     out.commit(manifest, packed_schema(cfg.capacity, labels_mode, cfg.segment_multiple,
                                        sources=cfg.source_column is not None))
     notes = _warnings(cfg, total, tokenized) + ([space_note] if space_note else [])
-    if out.replaced:
+    if out.replaced_note():
         notes.insert(0, out.replaced_note())
     stale = dropped_holdout(out.previous, out.path, pairing)
     if stale:
