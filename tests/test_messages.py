@@ -116,7 +116,7 @@ def test_split_of_most_documents_warns_like_truncate_and_drop(tmp_path):
     assert len(warn) == 1 and "--overflow split" in warn[0] and "100.0%" in warn[0], res.stderr
     assert "20 of 20" in warn[0] and "--capacity" in warn[0]
     res = invoke(["compare", "--capacity", 8, src])
-    assert res.stderr.splitlines() == [warn[0].replace("WARNING: ", "WARNING: ordered, obfd: ",
+    assert res.stderr.splitlines() == [warn[0].replace("WARNING: ", "WARNING: ordered; obfd: ",
                                                        1)]
     quiet = write_docs(tmp_path / "in2" / "a.parquet", [[1] * 3] * 19 + [[2] * 12])
     res = invoke(["pack", "--capacity", 8, quiet, tmp_path / "out2"])
