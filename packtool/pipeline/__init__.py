@@ -568,8 +568,9 @@ def _pack(cfg: PackConfig, files, parts: list[ReadPart], windows: Windows, fp: s
     out.commit(manifest, packed_schema(cfg.capacity, labels_mode, cfg.segment_multiple,
                                        sources=cfg.source_column is not None))
     notes = _warnings(cfg, total, tokenized) + ([space_note] if space_note else [])
-    if out.replaced_note():
-        notes.insert(0, out.replaced_note())
+    replaced = out.replaced_note()
+    if replaced:
+        notes.insert(0, replaced)
     stale = dropped_holdout(out.previous, out.path, pairing)
     if stale:
         notes.insert(0, stale)
