@@ -797,9 +797,14 @@ def build_hf_model(cfg, *, seed: int, device: str = "cpu"):
     LLaVA), else its image-text model (Qwen3-VL), fed text only. The model is first laid out without memory (``meta`` device) and
     refused above :data:`MAX_TEST_PARAMS` parameters.
 
+    The model is then checked to be causal (:func:`_refuse_non_causal`): a token whose logits
+    move when a later token changes (BERT's ``BertLMHeadModel`` without ``is_decoder``, another
+    encoder) reads what packed rows cannot keep apart, whatever the mask.
+
     Raises:
-        InputError: transformers has no causal LM for this config, cannot build it, or the model
-            would be larger than :data:`MAX_TEST_PARAMS`; the message names the config.
+        InputError: transformers has no causal LM for this config, cannot build it, the model
+            would be larger than :data:`MAX_TEST_PARAMS`, or its tokens read later ones; the
+            message names the config.
     """
     torch = require_torch()
 
@@ -829,7 +834,38 @@ def build_hf_model(cfg, *, seed: int, device: str = "cpu"):
             if isinstance(exc, (KeyboardInterrupt, MemoryError)):
                 raise
             raise _build_error(kind, exc) from None
-    return model.float().eval().to(device)
+    model = model.float().eval()
+    _refuse_non_causal(model, kind, seed)
+    return model.to(device)
+
+
+def _refuse_non_causal(model, kind: str, seed: int, length: int = 16) -> None:
+    """Raise :class:`InputError` when the logits of tokens 0 .. ``length`` - 2 of one sequence
+    of random ids move (over ``1e-5 * max(1, max|logit|)``, float32 on the CPU) when its last
+    token changes: the model reads later tokens, as an encoder does, so no packing keeps a
+    document from its successors. Two forwards of ``length`` tokens; a model that cannot run
+    this plain forward is left to the checks, which say why."""
+    torch = require_torch()
+    try:
+        vocab = int(model.get_input_embeddings().num_embeddings)
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, vocab, (1, length), generator=g)
+        other = ids.clone()
+        other[0, -1] = (ids[0, -1] + 1) % vocab
+        with torch.no_grad():
+            a, b = (model(input_ids=x, use_cache=False).logits[0, :-1].float()
+                    for x in (ids, other))
+    except Exception as exc:  # noqa: BLE001 - the checks run the model and say what fails
+        if isinstance(exc, (KeyboardInterrupt, MemoryError)):
+            raise
+        return
+    moved = float((a - b).abs().max())
+    if moved > 1e-5 * max(1.0, float(a.abs().max())):
+        raise InputError(
+            f"the {kind} config builds a model whose tokens read later ones: the logits of "
+            f"tokens 0..{length - 2} moved by {moved:.3g} when token {length - 1} changed (an "
+            "encoder or bidirectional model, or one not configured as a decoder); packed rows "
+            "are for causal LMs, where a token reads only earlier tokens of its document")
 
 
 def _build_error(kind: str, exc: Exception) -> InputError:

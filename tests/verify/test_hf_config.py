@@ -864,14 +864,15 @@ def test_widths_under_a_models_own_names_are_shrunk(model_type, fields):
 
 #: the causal LMs docs/architectures.md says leak whatever they are given, by model_type: the
 #: name the page gives them, and what verify --hf-config does with the default config ("leak":
-#: names the layer where documents leak; "cannot run": fails the run, no leak verdict)
+#: names the layer where documents leak; "refused": its tokens read later ones, refused in one
+#: line before any check, no leak verdict)
 LEAK_WHATEVER_GIVEN = {
     "opt": ("OPT", "leak"), "bloom": ("BLOOM", "leak"), "mpt": ("MPT", "leak"),
     "gpt_oss": ("GPT-OSS", "leak"), "biogpt": ("BioGPT", "leak"), "xglm": ("XGLM", "leak"),
     "openai-gpt": ("OpenAI-GPT", "leak"), "afmoe": ("AFMoE", "leak"), "zaya": ("Zaya", "leak"),
     "inkling_text": ("`inkling_text` leaks", "leak"), "mamba": ("Mamba", "leak"),
     "falcon_mamba": ("FalconMamba", "leak"), "rwkv": ("RWKV", "leak"),
-    "cpmant": ("CPM-Ant", "cannot run"), "deepseek_v4": ("DeepSeek-V4", "leak"),
+    "cpmant": ("CPM-Ant", "refused"), "deepseek_v4": ("DeepSeek-V4", "leak"),
     "xlstm": ("xLSTM", "leak"),
 }
 
@@ -888,19 +889,23 @@ def test_each_model_said_to_leak_whatever_it_is_given_gets_the_verdict_the_page_
     """The page listed CPM-Ant, DeepSeek-V4 and xLSTM among the models verify "fails on every
     one of" as leaks, though verify cannot run their default configs (it never gives them a
     leak verdict), and left Zaya out, which leaks in its attention. Each listed model gets the
-    verdict the page states: a named leak, or a failed run ("transformers cannot run this
-    config"), which the page says of exactly those."""
+    verdict the page states: a named leak, or (CPM-Ant, whose tokens read later ones) a refusal
+    before any check, which the page says of exactly those."""
     name, verdict = LEAK_WHATEVER_GIVEN[model_type]
     para = _leak_paragraph()
     assert name in para, f"{name} missing from the page's list of models that leak"
-    cannot = para[para.index("One it cannot run"):para.index("Of the Inkling")]
-    assert (name in cannot) == (verdict == "cannot run"), cannot
+    refused = para[para.index("One it refuses"):para.index("Of the Inkling")]
+    assert (name in refused) == (verdict == "refused"), refused
+    if verdict == "refused":  # its tokens read later ones: refused before any check
+        from packtool.errors import InputError
+
+        with pytest.raises(InputError, match=f"the {model_type} config builds a model whose "
+                                             "tokens read later ones"):
+            run_verify(packed, rows=0, hf_config=_config_file(tmp_path, model_type))
+        return
     rep = run_verify(packed, rows=0, hf_config=_config_file(tmp_path, model_type))
     assert not rep.ok, rep.format_text()
     run = rep.get("hf", "run")
-    if verdict == "cannot run":
-        assert run is not None and "transformers cannot run this config here" in run.message
-        return
     iso = rep.get("hf", "isolation")
     assert run is None and iso.status == "fail", rep.format_text()
     assert iso.message.startswith("documents leak in layer"), iso.message
@@ -1046,3 +1051,15 @@ def test_a_model_whose_alibi_slopes_follow_its_heads_keeps_them(model_type, over
         off = shrink_config(transformers.AutoConfig.for_model(model_type, **{
             **overrides, **plain[model_type]}))
         assert getattr(off, field) == 4, off
+
+
+def test_a_model_whose_tokens_read_later_ones_is_refused(packed, tmp_path):
+    """A BERT config builds BertLMHeadModel without is_decoder: each token reads the later ones,
+    so no packing keeps a document from the next, yet packed and alone agreed and verify passed
+    every check (exit 0). verify now refuses it in one line, before any check."""
+    res = CliRunner().invoke(cli, ["verify", str(packed), "--hf-config",
+                                   str(_config_file(tmp_path, "bert")), "--no-progress"])
+    assert res.exit_code != 0, res.output
+    line = res.output.strip().splitlines()[-1]
+    assert "the bert config builds a model whose tokens read later ones" in line, line
+    assert "causal LMs" in line, line
