@@ -398,7 +398,9 @@ def pack(ctx, paths, capacity, column, strategy, overflow, segment_multiple, lab
         from packtool.signals import exit_status, stop_word
 
         # what each output holds now (finished, as before, or what the rerun resumes from)
-        held = str(exc) or f"nothing was kept ({display(cfg.output)} is as before the run)"
+        from packtool.output import NOTHING_KEPT
+
+        held = str(exc) or f"{NOTHING_KEPT} ({display(cfg.output)} is as before the run)"
         rerun = getattr(exc, "rerun", None) or (
             "rerun the same command to resume and finish it"
             if str(exc) and getattr(exc, "kept_any", True) else

@@ -96,7 +96,8 @@ __all__ = ["Output", "LocalOutput", "StoreOutput", "fingerprint", "footer_sha256
            "SCRATCH_FINGERPRINT", "LAYOUT_REVISION", "window_done", "window_workdir",
            "publish_window", "window_file", "shard_temp", "discard_shard_temp", "publish_shard",
            "kept_shard", "finished_shard", "MARKER_EVERY_S", "MEMORY_FIXES", "FILES_FIX",
-           "holding_lock", "held_words", "untouched_words", "check_scratch_seen"]
+           "holding_lock", "held_words", "untouched_words", "check_scratch_seen", "NOTHING_KEPT",
+           "REPLACED_RERUN"]
 
 #: Seconds a starting pack waits for OUTPUT's lock before refusing: ``stats``, ``verify`` and
 #: the loader probe it (:func:`packtool.formats.manifest.pack_running`) by taking it for a
@@ -842,7 +843,7 @@ class Output:
             return _kept_words(d, kept, replaced=True, kind=self.previous.kind)
         if self._began or kept:
             return _kept_words(d, kept)
-        return f"{d} has no manifest; nothing was kept ({self.role} is as before the run)"
+        return f"{d} has no manifest; {NOTHING_KEPT} ({self.role} is as before the run)"
 
     def _state(self, rerun: bool = True) -> str:
         """What OUTPUT holds after a failed run, in words, true in every phase: as before
@@ -1175,6 +1176,12 @@ def _scratch_units(tmp: Location) -> "tuple[ScratchKept, list[tuple[Location, bo
     return kept, others
 
 
+#: The words of an output a stopped run left nothing in for its rerun (:meth:`Output.stopped_words`,
+#: :func:`held_words`, :func:`untouched_words`): a stop whose every output says them has nothing
+#: to resume.
+NOTHING_KEPT = "nothing was kept"
+
+
 #: The advice of an interrupted message after :meth:`Output.replaced_untouched` words, in place of
 #: "rerun the same command": that command replaces what OUTPUT keeps, the earlier one resumes it.
 REPLACED_RERUN = "rerun the command of those options to resume it, or this one to replace it"
@@ -1233,7 +1240,7 @@ def _kept_words(d: str, kept: str, *, replaced: bool = False, kind: str | None =
         return (f"{d} still holds its earlier finished {_run_word(kind)}, untouched"
                 + (f"; kept for the rerun: {kept}" if kept else ""))
     return (f"{d} has no manifest; kept for the rerun: {kept}" if kept else
-            f"{d} has no manifest (its in-progress marker only; nothing was kept)")
+            f"{d} has no manifest (its in-progress marker only; {NOTHING_KEPT})")
 
 
 def untouched_words(path) -> str:
@@ -1248,7 +1255,7 @@ def untouched_words(path) -> str:
     if not Location.parse(path).is_local:
         return (f"{display(path)} is as it was before the run (a store output, not listed "
                 "here: a rerun of the same command resumes what a stopped run kept there)")
-    return f"nothing was kept ({display(path)} is as it was before the run)"
+    return f"{NOTHING_KEPT} ({display(path)} is as it was before the run)"
 
 
 class ScratchKept:

@@ -52,8 +52,8 @@ from packtool.formats.manifest import (FORMAT_VERSION, HoldoutPairing, InputEntr
 from packtool.formats.reader import discover_inputs, reads_labels
 from packtool.location import Location, display, for_tasks
 from packtool.formats.schema import labels_convention, packed_schema
-from packtool.output import (FILES_FIX, MEMORY_FIXES, REPLACED_RERUN, Output, fingerprint,
-                             untouched_words)
+from packtool.output import (FILES_FIX, MEMORY_FIXES, NOTHING_KEPT, REPLACED_RERUN, Output,
+                             fingerprint, untouched_words)
 from packtool.pipeline import progress as _progress_mod
 from packtool.pipeline.layout import ShardSources
 from packtool.pipeline.plan import (PartIndex, WindowInfo, Windows, merge_windows, plan_window,
@@ -365,7 +365,7 @@ def _interrupted(cfg: PackConfig, outs: "list[Output | None]") -> KeyboardInterr
     stop = KeyboardInterrupt("; ".join(words))
     # whether a rerun finds anything of this run (a finished output, kept read parts, windows
     # or shards): the command line's advice is to resume, else to start again
-    stop.kept_any = any("nothing was kept" not in w for w in words)
+    stop.kept_any = any(NOTHING_KEPT not in w for w in words)
     if any(o is not None and o.replaced_untouched() for o in outs):
         stop.rerun = REPLACED_RERUN  # the same command would replace what is kept
     return stop
